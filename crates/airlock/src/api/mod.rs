@@ -1,0 +1,242 @@
+//! The REST API the daemon serves and every CLI command uses.
+//!
+//! Work that must not stop half-way (forks, deletes, golden builds) runs in its
+//! own task, so a client that hangs up mid-request leaves nothing half-made.
+//! Errors are JSON: `{"code", "message", "hint"}` with the status from
+//! [`ErrorCode::http_status`](crate::error::ErrorCode::http_status).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode};
+use crate::events::DeleteReason;
+use crate::golden::{self, CreateGolden};
+use crate::sandbox::{self, ForkRequest};
+use crate::store::SandboxFilter;
+use crate::validate;
+
+/// The OpenAPI document served at `/openapi.json`.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// What handlers share.
+#[derive(Clone)]
+pub struct AppState {
+    /// The daemon's engine.
+    pub engine: Arc<Engine>,
+    /// Notified when a client asks the daemon to stop.
+    pub shutdown: Arc<Notify>,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(self)).into_response()
+    }
+}
+
+type ApiResult<T> = Result<Json<T>, Error>;
+
+/// A JSON request body, with a malformed one answered in the API's error format.
+fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, Error> {
+    parsed.map(|Json(v)| v).map_err(|e| {
+        Error::new(ErrorCode::InvalidRequest, format!("bad request body: {}", e.body_text()), "see /openapi.json")
+    })
+}
+
+/// Runs `work` to completion in its own task, whatever happens to the request.
+async fn detached<T, F>(work: F) -> Result<T, Error>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, Error>> + Send + 'static,
+{
+    tokio::spawn(work).await?
+}
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
+        .route("/v1/health", get(health))
+        .route("/v1/doctor", get(doctor))
+        .route("/v1/shutdown", post(shutdown))
+        .route("/v1/goldens", get(list_goldens).post(create_golden))
+        .route("/v1/goldens/{name}", get(show_golden).delete(remove_golden))
+        .route("/v1/goldens/{name}/refresh", post(refresh_golden))
+        .route("/v1/sandboxes", get(list_sandboxes).post(fork))
+        .route("/v1/sandboxes/{id}", get(show_sandbox).delete(remove_sandbox))
+        .route("/v1/sandboxes/{id}/extend", post(extend))
+        .route("/v1/events", get(events))
+        .fallback(|| async {
+            Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
+        })
+        .with_state(state)
+}
+
+/// Rejects TCP requests without the configured bearer token.
+pub async fn require_token(
+    State(token): State<Arc<String>>,
+    headers: HeaderMap,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if constant_time_eq(given.as_bytes(), token.as_bytes()) {
+        next.run(req).await
+    } else {
+        Error::new(
+            ErrorCode::Unauthorized,
+            "missing or wrong bearer token",
+            "send `Authorization: Bearer TOKEN` (the CLI reads it from AIRLOCK_TOKEN or --token-file)",
+        )
+        .into_response()
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(Serialize, Deserialize)]
+struct Health {
+    ok: bool,
+    version: String,
+}
+
+async fn health() -> Json<Health> {
+    Json(Health { ok: true, version: env!("CARGO_PKG_VERSION").into() })
+}
+
+async fn doctor(State(s): State<AppState>) -> Json<crate::engine::Doctor> {
+    Json(s.engine.doctor())
+}
+
+async fn shutdown(State(s): State<AppState>) -> StatusCode {
+    s.shutdown.notify_one();
+    StatusCode::ACCEPTED
+}
+
+async fn list_goldens(State(s): State<AppState>) -> ApiResult<Vec<golden::Golden>> {
+    Ok(Json(s.engine.store().goldens()?))
+}
+
+async fn create_golden(
+    State(s): State<AppState>,
+    req: Result<Json<CreateGolden>, JsonRejection>,
+) -> Result<Response, Error> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    let g = detached(async move { golden::create(&engine, &req).await }).await?;
+    Ok((StatusCode::CREATED, Json(g)).into_response())
+}
+
+async fn show_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
+    Ok(Json(s.engine.store().golden(&name)?))
+}
+
+#[derive(Deserialize)]
+struct RemoveQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn remove_golden(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    Query(q): Query<RemoveQuery>,
+) -> ApiResult<golden::Golden> {
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { golden::remove(&engine, &name, q.force).await }).await?))
+}
+
+async fn refresh_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { golden::refresh(&engine, &name).await }).await?))
+}
+
+/// Parses `?golden=G&label=k=v&label=k2=v2` (labels repeat, so serde's query form won't do).
+fn sandbox_filter(query: Option<String>) -> Result<SandboxFilter, Error> {
+    let mut filter = SandboxFilter::default();
+    let mut labels = Vec::new();
+    for (k, v) in form_urlencoded::parse(query.unwrap_or_default().as_bytes()) {
+        match k.as_ref() {
+            "golden" => filter.golden = Some(v.into_owned()),
+            "label" => labels.push(v.into_owned()),
+            _ => {}
+        }
+    }
+    filter.labels = validate::labels(&labels)?;
+    Ok(filter)
+}
+
+async fn list_sandboxes(State(s): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Vec<sandbox::Sandbox>> {
+    let filter = sandbox_filter(q)?;
+    Ok(Json(s.engine.store().sandboxes(&filter)?))
+}
+
+async fn fork(State(s): State<AppState>, req: Result<Json<ForkRequest>, JsonRejection>) -> Result<Response, Error> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    let forked = detached(async move { sandbox::fork(&engine, &req).await }).await?;
+    Ok((StatusCode::CREATED, Json(forked)).into_response())
+}
+
+async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
+    Ok(Json(s.engine.store().sandbox(&id)?))
+}
+
+async fn remove_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
+    let engine = s.engine.clone();
+    let mut sb = detached(async move { sandbox::delete(&engine, &id, DeleteReason::User).await }).await?;
+    sb.dsn = None;
+    Ok(Json(sb))
+}
+
+/// Body of `POST /v1/sandboxes/{id}/extend`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ExtendRequest {
+    /// The sandbox expires this many seconds from now.
+    pub ttl_seconds: i64,
+}
+
+async fn extend(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<ExtendRequest>, JsonRejection>,
+) -> ApiResult<sandbox::Sandbox> {
+    let req = body(req)?;
+    Ok(Json(sandbox::extend(&s.engine, &id, req.ttl_seconds)?))
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    sandbox: Option<String>,
+    limit: Option<i64>,
+}
+
+async fn events(State(s): State<AppState>, Query(q): Query<EventsQuery>) -> ApiResult<Vec<crate::events::Event>> {
+    let store = s.engine.store();
+    // Accept a live sandbox's name as well as an id.
+    let id = match &q.sandbox {
+        Some(key) => Some(store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone())),
+        None => None,
+    };
+    Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
+}
+
+/// Labels as a map, for clients building requests.
+pub type Labels = BTreeMap<String, String>;

@@ -1,0 +1,264 @@
+//! `airlock bench fork`: time from a fork request to the first query answered,
+//! against the ways a user would otherwise get a fresh database, in one run.
+//!
+//! Baselines run on a scratch PostgreSQL instance with the same server settings
+//! as sandboxes, loaded from a dump of the same golden:
+//! - `template`: `CREATE DATABASE ... TEMPLATE` of a database holding the golden;
+//! - `pg_restore`: a new database, then `pg_restore` of the dump;
+//! - `initdb_seed`: initdb, start, then `pg_restore` of the dump.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Instant;
+
+use clap::Subcommand;
+use hyper::Method;
+use serde::Serialize;
+
+use super::output::{self, Table};
+use super::Cli;
+use crate::error::{Error, Result};
+use crate::layout::InstanceDir;
+use crate::pg::admin::Admin;
+use crate::pg::{self, instance, PgBin};
+use crate::sandbox::{ForkRequest, Forked, Sandbox};
+use crate::users::Identity;
+
+/// Benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Fork request to first query answered, with baselines.
+    Fork {
+        /// The golden to fork.
+        #[arg(long)]
+        golden: String,
+        /// Forks to time.
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+        /// Runs of each baseline (default: as many as --iterations).
+        #[arg(long)]
+        baseline_iterations: Option<usize>,
+        /// Skip the baselines.
+        #[arg(long)]
+        no_baselines: bool,
+    },
+}
+
+/// Timings of one method, in milliseconds.
+#[derive(Debug, Serialize)]
+pub struct Series {
+    /// `airlock_fork`, `template`, `pg_restore` or `initdb_seed`.
+    pub method: String,
+    /// Number of runs.
+    pub runs: usize,
+    /// Median.
+    pub p50_ms: f64,
+    /// 99th percentile (nearest rank).
+    pub p99_ms: f64,
+    /// Fastest.
+    pub min_ms: f64,
+    /// Slowest.
+    pub max_ms: f64,
+    /// This method's median over Airlock's.
+    pub vs_airlock: f64,
+}
+
+fn series(method: &str, mut ms: Vec<f64>) -> Series {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let rank = |p: f64| ms[((p * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
+    Series {
+        method: method.into(),
+        runs: ms.len(),
+        p50_ms: rank(0.5),
+        p99_ms: rank(0.99),
+        min_ms: ms[0],
+        max_ms: ms[ms.len() - 1],
+        vs_airlock: 1.0,
+    }
+}
+
+fn elapsed_ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// Connects with a DSN and runs `SELECT 1`.
+async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
+    let (client, conn) = config
+        .connect(tokio_postgres::NoTls)
+        .await
+        .map_err(|e| Error::postgres(format!("benchmark connection failed: {e}")))?;
+    tokio::spawn(conn);
+    client.simple_query("SELECT 1").await.map_err(|e| Error::postgres(e.to_string()))?;
+    Ok(())
+}
+
+pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
+    let BenchCommand::Fork { golden, iterations, baseline_iterations, no_baselines } = cmd;
+    let client = cli.client()?;
+    let iterations = (*iterations).max(1);
+    let req = ForkRequest { golden: golden.clone(), ttl_seconds: Some(600), ..Default::default() };
+    let bar = output::spinner(cli.json, format!("forking {golden} {iterations} times"));
+    let mut fork_ms = Vec::new();
+    for _ in 0..iterations {
+        let t = Instant::now();
+        let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
+        let dsn = forked.sandbox.dsn.clone().unwrap_or_default();
+        let config: tokio_postgres::Config =
+            dsn.parse().map_err(|e| Error::internal(format!("sandbox DSN did not parse: {e}")))?;
+        first_query(&config).await?;
+        fork_ms.push(elapsed_ms(t));
+        let _: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY).await?;
+    }
+    bar.finish_and_clear();
+    let mut all = vec![series("airlock_fork", fork_ms)];
+    if !no_baselines {
+        let runs = baseline_iterations.unwrap_or(iterations).max(1);
+        let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));
+        let result = baselines(cli, &client, &req, runs).await;
+        bar.finish_and_clear();
+        all.extend(result?);
+    }
+    let base = all[0].p50_ms;
+    for s in &mut all {
+        s.vs_airlock = (s.p50_ms / base * 100.0).round() / 100.0;
+    }
+    let report = serde_json::json!({"golden": golden, "results": all});
+    output::print(cli.json, &report, || {
+        let mut t = Table::new(&["METHOD", "RUNS", "P50 MS", "P99 MS", "MIN MS", "MAX MS", "VS AIRLOCK"]);
+        for s in &all {
+            t.row(vec![
+                s.method.clone(),
+                s.runs.to_string(),
+                format!("{:.1}", s.p50_ms),
+                format!("{:.1}", s.p99_ms),
+                format!("{:.1}", s.min_ms),
+                format!("{:.1}", s.max_ms),
+                format!("{:.2}x", s.vs_airlock),
+            ]);
+        }
+        format!("golden {golden}: fork request to first query answered\n\n{}", t.render())
+    });
+    Ok(0)
+}
+
+/// A scratch instance for baselines, removed on drop of its directory.
+struct Scratch {
+    bin: PgBin,
+    me: Identity,
+    user: Identity,
+    root: std::path::PathBuf,
+}
+
+impl Scratch {
+    fn dir(&self, name: &str) -> InstanceDir {
+        InstanceDir { root: self.root.join(name) }
+    }
+
+    /// initdb + start; returns the running instance.
+    async fn up(&self, name: &str) -> Result<(InstanceDir, instance::Started)> {
+        let dir = self.dir(name);
+        pg::load::private_dir(&dir.root)?;
+        self.user.own(&dir.root)?;
+        instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
+        pg::load::private_dir(&dir.socket_dir())?;
+        self.user.own(&dir.socket_dir())?;
+        let users = [self.me.name.as_str(), self.user.name.as_str()];
+        instance::write_access_files(&dir.pgdata(), &users, &self.user)?;
+        let mut started = instance::start(&self.bin, &dir, &self.user)?;
+        started.wait_ready(&dir).await?;
+        Ok((dir, started))
+    }
+
+    async fn restore(&self, dir: &InstanceDir, database: &str, dump: &Path) -> Result<()> {
+        let out = tokio::process::Command::new(self.bin.tool("pg_restore"))
+            .env_clear()
+            .env("PGHOST", dir.socket_dir())
+            .env("PGUSER", pg::dsn::ADMIN_ROLE)
+            .args(["--no-owner", "--no-acl", "--exit-on-error", "--dbname", database])
+            .arg(dump)
+            .stdin(Stdio::null())
+            .output()
+            .await?;
+        if !out.status.success() {
+            return Err(Error::postgres(format!("pg_restore failed: {}", String::from_utf8_lossy(&out.stderr))));
+        }
+        Ok(())
+    }
+}
+
+async fn baselines(cli: &Cli, client: &crate::client::Client, req: &ForkRequest, runs: usize) -> Result<Vec<Series>> {
+    let me = Identity::current()?;
+    let user = Identity::for_instances(None)?;
+    let bin = PgBin::locate(std::env::var_os("AIRLOCK_PG_BIN").map(std::path::PathBuf::from).as_deref())?;
+    let root = cli.layout().volume().join(format!("bench-{}", crate::secret::sandbox_id()));
+    pg::load::private_dir(&root)?;
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
+    let scratch = Scratch { bin, me, user, root: root.clone() };
+    let result = measure(&scratch, client, req, runs).await;
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}
+
+async fn measure(s: &Scratch, client: &crate::client::Client, req: &ForkRequest, runs: usize) -> Result<Vec<Series>> {
+    // A dump of the golden, taken from a sandbox with the agent's own credential.
+    let dump = s.root.join("golden.dump");
+    let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
+    let dsn = forked.sandbox.dsn.clone().unwrap_or_default();
+    let passfile = s.root.join("pgpass");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&passfile)?;
+        writeln!(f, "*:*:*:*:{}", pg::dsn::password(&dsn).unwrap_or_default())?;
+    }
+    let out = tokio::process::Command::new(s.bin.tool("pg_dump"))
+        .env("PGPASSFILE", &passfile)
+        .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])
+        .arg(&dump)
+        .arg(pg::dsn::redact(&dsn))
+        .output()
+        .await?;
+    let _: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY).await?;
+    if !out.status.success() {
+        return Err(Error::postgres(format!("pg_dump of the golden failed: {}", String::from_utf8_lossy(&out.stderr))));
+    }
+
+    let (dir, server) = s.up("server").await?;
+    let admin = Admin::connect(&dir, "postgres").await?;
+    admin.execute("CREATE DATABASE tmpl").await?;
+    s.restore(&dir, "tmpl", &dump).await?;
+    admin.execute("VACUUM FREEZE").await.ok();
+    let mut cfg = instance::admin_config(&dir, "postgres");
+
+    let mut template = Vec::new();
+    let mut restore = Vec::new();
+    for i in 0..runs {
+        let t = Instant::now();
+        admin.execute(&format!("CREATE DATABASE t{i} TEMPLATE tmpl")).await?;
+        first_query(cfg.dbname(format!("t{i}"))).await?;
+        template.push(elapsed_ms(t));
+        admin.execute(&format!("DROP DATABASE t{i}")).await?;
+
+        let t = Instant::now();
+        admin.execute(&format!("CREATE DATABASE r{i}")).await?;
+        s.restore(&dir, &format!("r{i}"), &dump).await?;
+        first_query(cfg.dbname(format!("r{i}"))).await?;
+        restore.push(elapsed_ms(t));
+        admin.execute(&format!("DROP DATABASE r{i}")).await?;
+    }
+    drop(admin);
+    server.stop_clean(&dir).await?;
+
+    let mut fresh = Vec::new();
+    for i in 0..runs {
+        let t = Instant::now();
+        let (d, started) = s.up(&format!("fresh{i}")).await?;
+        Admin::connect(&d, "postgres").await?.execute("CREATE DATABASE app").await?;
+        s.restore(&d, "app", &dump).await?;
+        first_query(&instance::admin_config(&d, "app")).await?;
+        fresh.push(elapsed_ms(t));
+        started.stop_clean(&d).await?;
+        let _ = std::fs::remove_dir_all(&d.root);
+    }
+    Ok(vec![series("template", template), series("pg_restore", restore), series("initdb_seed", fresh)])
+}

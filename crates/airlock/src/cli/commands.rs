@@ -1,0 +1,304 @@
+//! What each subcommand does.
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper::Method;
+
+use super::output;
+use super::{Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, ServeArgs, StorageCommand};
+use crate::api::ExtendRequest;
+use crate::engine::{Config, Doctor};
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::Event;
+use crate::golden::{CreateGolden, Golden};
+use crate::sandbox::{ForkRequest, Forked, Sandbox};
+use crate::{daemon, pg, storage, validate};
+
+pub(super) const NO_BODY: Option<&()> = None;
+
+fn encode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+pub(super) async fn run(cli: Cli) -> Result<i32> {
+    let json = cli.json;
+    match &cli.command {
+        Command::Serve(args) => serve(&cli, args).await,
+        Command::Storage(StorageCommand::Init { size }) => {
+            let size = storage::volume::parse_size(size)?;
+            let layout = cli.layout();
+            if std::os::unix::net::UnixStream::connect(layout.api_socket()).is_ok() {
+                return Err(Error::new(
+                    ErrorCode::StorageFailed,
+                    "a daemon is serving this data root",
+                    "stop it first (`airlock daemon stop`), then run storage init",
+                ));
+            }
+            crate::engine::prepare_home(layout.home())?;
+            let report = storage::volume::init(&layout, size)?;
+            output::print(json, &report, || {
+                if report.created {
+                    format!("mounted a {} XFS image (reflink={}) on {}", output::bytes(report.size_bytes), report.reflink, report.mount_point)
+                } else {
+                    format!("{} is already a prepared {} volume (reflink={})", report.mount_point, report.filesystem, report.reflink)
+                }
+            });
+            Ok(0)
+        }
+        Command::Daemon(DaemonCommand::Stop) => {
+            let layout = cli.layout();
+            if std::os::unix::net::UnixStream::connect(layout.api_socket()).is_err() {
+                output::print(json, &serde_json::json!({"stopped": false}), || "no daemon is running".into());
+                return Ok(0);
+            }
+            cli.client()?.call_raw(Method::POST, "/v1/shutdown", None).await?;
+            for _ in 0..500 {
+                if !layout.api_socket().exists() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            output::print(json, &serde_json::json!({"stopped": true}), || "daemon stopped; sandboxes keep running".into());
+            Ok(0)
+        }
+        Command::Daemon(DaemonCommand::Status) => {
+            let up = std::os::unix::net::UnixStream::connect(cli.layout().api_socket()).is_ok();
+            output::print(json, &serde_json::json!({"running": up}), || {
+                if up { "running".into() } else { "not running".into() }
+            });
+            Ok(if up { 0 } else { ErrorCode::DaemonUnreachable.exit_code() })
+        }
+        Command::Bench(cmd) => super::bench::run(&cli, cmd).await,
+        Command::Golden(cmd) => golden(&cli, cmd).await,
+        Command::Fork(args) => fork(&cli, args).await,
+        Command::Ls { golden, labels } => {
+            validate::labels(labels)?;
+            let mut query = Vec::new();
+            if let Some(g) = golden {
+                query.push(format!("golden={}", encode(g)));
+            }
+            query.extend(labels.iter().map(|l| format!("label={}", encode(l))));
+            let list: Vec<Sandbox> =
+                cli.client()?.call(Method::GET, &format!("/v1/sandboxes?{}", query.join("&")), NO_BODY).await?;
+            let list: Vec<Sandbox> = list.into_iter().map(|mut s| { s.dsn = None; s }).collect();
+            output::print(json, &list, || output::sandboxes(&list));
+            Ok(0)
+        }
+        Command::Show { id } => {
+            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            output::print(json, &sb, || output::sandbox(&sb));
+            Ok(0)
+        }
+        Command::Rm { ids } => {
+            let client = cli.client()?;
+            let mut removed = Vec::new();
+            for id in ids {
+                let sb: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+                if !json {
+                    println!("deleted {}", sb.id);
+                }
+                removed.push(sb);
+            }
+            if json {
+                output::print(json, &removed, String::new);
+            }
+            Ok(0)
+        }
+        Command::Extend { id, ttl } => {
+            let ttl = validate::parse_ttl(ttl)?;
+            let body = ExtendRequest { ttl_seconds: ttl.as_secs().max(1) as i64 };
+            let sb: Sandbox =
+                cli.client()?.call(Method::POST, &format!("/v1/sandboxes/{}/extend", encode(id)), Some(&body)).await?;
+            output::print(json, &sb, || format!("{} now expires at {}", sb.id, sb.expires_at.to_rfc3339()));
+            Ok(0)
+        }
+        Command::Dsn { id } => {
+            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            let dsn = sb.dsn.clone().unwrap_or_default();
+            output::print(json, &serde_json::json!({"id": sb.id, "dsn": dsn}), || dsn.clone());
+            Ok(0)
+        }
+        Command::Psql { id, args } => {
+            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            psql(&sb, args)
+        }
+        Command::Events { sandbox, limit } => {
+            let mut path = format!("/v1/events?limit={limit}");
+            if let Some(s) = sandbox {
+                path.push_str(&format!("&sandbox={}", encode(s)));
+            }
+            let events: Vec<Event> = cli.client()?.call(Method::GET, &path, NO_BODY).await?;
+            output::print(json, &events, || output::events(&events));
+            Ok(0)
+        }
+        Command::Doctor => {
+            let d: Doctor = cli.client()?.call(Method::GET, "/v1/doctor", NO_BODY).await?;
+            output::print(json, &d, || output::doctor(&d));
+            Ok(0)
+        }
+    }
+}
+
+async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG").unwrap_or_else(|_| "info".into());
+    {
+        use std::io::IsTerminal;
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let mut config = Config::new(cli.layout().home());
+    config.max_sandboxes = args.max_sandboxes;
+    config.default_ttl = validate::parse_ttl(&args.default_ttl)?;
+    config.max_ttl = validate::parse_ttl(&args.max_ttl)?;
+    if config.default_ttl > config.max_ttl {
+        return Err(Error::new(ErrorCode::InvalidTtl, "the default TTL is over the maximum TTL", "raise --max-ttl or lower --default-ttl"));
+    }
+    config.instance_user = args.instance_user.clone();
+    config.pg_bin = args.pg_bin.clone();
+    config.force_copy = match args.storage.as_str() {
+        "auto" => false,
+        "copy" => true,
+        other => {
+            return Err(Error::new(ErrorCode::InvalidRequest, format!("unknown storage mode {other:?}"), "use auto or copy"))
+        }
+    };
+    let token = match (&cli.token_file, std::env::var("AIRLOCK_TOKEN").ok()) {
+        (Some(f), _) => Some(std::fs::read_to_string(f)?.trim().to_owned()),
+        (None, t) => t,
+    };
+    daemon::serve(config, daemon::Listen { tcp: args.tcp, token }).await?;
+    Ok(0)
+}
+
+fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    paths
+        .iter()
+        .map(|p| {
+            std::fs::canonicalize(p).map_err(|e| {
+                Error::new(ErrorCode::FileUnreadable, format!("cannot read {}: {e}", p.display()), "check the path")
+            })
+        })
+        .collect()
+}
+
+async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
+    let json = cli.json;
+    let client = cli.client()?;
+    match cmd {
+        GoldenCommand::Create { name, schema, seed, from_url, from_dump } => {
+            validate::name("golden", name)?;
+            let from_url = match from_url.as_deref() {
+                Some("-") => {
+                    let mut text = String::new();
+                    std::io::stdin().read_to_string(&mut text)?;
+                    Some(text.trim().to_owned())
+                }
+                other => other.map(str::to_owned),
+            };
+            let req = CreateGolden {
+                name: name.clone(),
+                schema: absolute(schema)?,
+                seed: absolute(seed)?,
+                from_url,
+                from_dump: from_dump.as_ref().map(|p| absolute(std::slice::from_ref(p))).transpose()?.map(|mut v| v.remove(0)),
+            };
+            req.source()?;
+            let spinner = output::spinner(json, format!("building golden {name}"));
+            let g: Result<Golden> = client.call(Method::POST, "/v1/goldens", Some(&req)).await;
+            spinner.finish_and_clear();
+            let g = g?;
+            output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
+        GoldenCommand::Refresh { name } => {
+            let spinner = output::spinner(json, format!("building a new generation of {name}"));
+            let g: Result<Golden> =
+                client.call(Method::POST, &format!("/v1/goldens/{}/refresh", encode(name)), NO_BODY).await;
+            spinner.finish_and_clear();
+            let g = g?;
+            output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
+        GoldenCommand::Ls => {
+            let list: Vec<Golden> = client.call(Method::GET, "/v1/goldens", NO_BODY).await?;
+            output::print(json, &list, || output::goldens(&list));
+            Ok(0)
+        }
+        GoldenCommand::Show { name } => {
+            let g: Golden = client.call(Method::GET, &format!("/v1/goldens/{}", encode(name)), NO_BODY).await?;
+            output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
+        GoldenCommand::Rm { name, force } => {
+            let g: Golden =
+                client.call(Method::DELETE, &format!("/v1/goldens/{}?force={force}", encode(name)), NO_BODY).await?;
+            output::print(json, &g, || format!("deleted golden {}", g.name));
+            Ok(0)
+        }
+    }
+}
+
+async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
+    let ttl_seconds = match &args.ttl {
+        Some(t) => Some(validate::parse_ttl(t)?.as_secs().max(1) as i64),
+        None => None,
+    };
+    if let Some(n) = &args.name {
+        validate::name("sandbox", n)?;
+    }
+    let req = ForkRequest {
+        golden: args.golden.clone(),
+        ttl_seconds,
+        labels: validate::labels(&args.labels)?,
+        name: args.name.clone(),
+    };
+    let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
+    for w in &forked.warnings {
+        eprintln!("warning: {w}");
+    }
+    if cli.json {
+        output::print(true, &forked, String::new);
+    } else {
+        println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
+    }
+    Ok(0)
+}
+
+/// Runs psql on a sandbox; the password reaches psql through a private password
+/// file, never its command line or environment.
+fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
+    let dsn = sb.dsn.as_deref().unwrap_or_default();
+    let password = pg::dsn::password(dsn).unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("airlock-psql-{}", crate::secret::sandbox_id()));
+    pg::load::private_dir(&dir)?;
+    let passfile = dir.join("pgpass");
+    {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&passfile)?;
+        writeln!(f, "*:*:*:*:{password}")?;
+    }
+    let psql = which_psql();
+    let status = std::process::Command::new(psql)
+        .arg(pg::dsn::redact(dsn))
+        .args(args)
+        .env("PGPASSFILE", &passfile)
+        .status();
+    let _ = std::fs::remove_dir_all(&dir);
+    let status = status.map_err(|e| Error::new(ErrorCode::Internal, format!("could not run psql: {e}"), "install the PostgreSQL client (`apt-get install postgresql-client`)"))?;
+    Ok(status.code().unwrap_or(1))
+}
+
+fn which_psql() -> PathBuf {
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("psql"))
+        .find(|p| p.exists())
+        .or_else(|| pg::PgBin::locate(None).ok().map(|b| b.tool("psql")))
+        .unwrap_or_else(|| Path::new("psql").to_path_buf())
+}

@@ -1,0 +1,248 @@
+//! The `airlock` command line. `serve` runs the daemon; `storage init` prepares
+//! the host; every other command is a client of the daemon's REST API.
+
+mod bench;
+mod commands;
+mod output;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::client::{Client, Target};
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::Layout;
+
+/// Throwaway copy-on-write PostgreSQL databases for AI-agent tasks.
+#[derive(Debug, Parser)]
+#[command(name = "airlock", version, about, propagate_version = true)]
+pub struct Cli {
+    /// The data root (default: $AIRLOCK_HOME, /var/lib/airlock as root, else ~/.local/share/airlock).
+    #[arg(long, global = true, env = "AIRLOCK_HOME")]
+    home: Option<PathBuf>,
+    /// A remote daemon's TCP address (host:port) instead of the local one.
+    #[arg(long, global = true, env = "AIRLOCK_URL")]
+    url: Option<String>,
+    /// File holding the bearer token for --url (or set AIRLOCK_TOKEN).
+    #[arg(long, global = true)]
+    token_file: Option<PathBuf>,
+    /// Print JSON instead of human output.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the daemon in the foreground.
+    Serve(ServeArgs),
+    /// Make, refresh, list, show and delete goldens.
+    #[command(subcommand)]
+    Golden(GoldenCommand),
+    /// Fork a sandbox from a golden; prints its connection string.
+    Fork(ForkArgs),
+    /// List live sandboxes.
+    Ls {
+        /// Only sandboxes of this golden.
+        #[arg(long)]
+        golden: Option<String>,
+        /// Only sandboxes with this label (key=value; repeatable, all must match).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+    },
+    /// Show one sandbox.
+    Show {
+        /// Sandbox id or name.
+        id: String,
+    },
+    /// Delete sandboxes.
+    Rm {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Make a sandbox expire a new TTL from now.
+    Extend {
+        /// Sandbox id or name.
+        id: String,
+        /// The new TTL, counted from now (e.g. 30m).
+        #[arg(long)]
+        ttl: String,
+    },
+    /// Print a sandbox's connection string.
+    Dsn {
+        /// Sandbox id or name.
+        id: String,
+    },
+    /// Open psql on a sandbox (arguments after `--` go to psql).
+    Psql {
+        /// Sandbox id or name.
+        id: String,
+        /// Arguments for psql.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Show recorded events.
+    Events {
+        /// Only events of this sandbox (id or name).
+        #[arg(long)]
+        sandbox: Option<String>,
+        /// At most this many, the most recent.
+        #[arg(long, default_value_t = 200)]
+        limit: i64,
+    },
+    /// Report how this host is set up: storage backend, PostgreSQL, users.
+    Doctor,
+    /// Prepare copy-on-write storage.
+    #[command(subcommand)]
+    Storage(StorageCommand),
+    /// Control the daemon.
+    #[command(subcommand)]
+    Daemon(DaemonCommand),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// Also serve the API on this TCP address (needs a token).
+    #[arg(long, env = "AIRLOCK_TCP")]
+    tcp: Option<std::net::SocketAddr>,
+    /// Live sandboxes allowed at once.
+    #[arg(long, env = "AIRLOCK_MAX_SANDBOXES", default_value_t = 100)]
+    max_sandboxes: usize,
+    /// TTL of a fork that names none.
+    #[arg(long, env = "AIRLOCK_DEFAULT_TTL", default_value = "15m")]
+    default_ttl: String,
+    /// Longest TTL a fork or extend may ask for.
+    #[arg(long, env = "AIRLOCK_MAX_TTL", default_value = "24h")]
+    max_ttl: String,
+    /// Unprivileged OS user for instances when running as root (created if missing).
+    #[arg(long, env = "AIRLOCK_INSTANCE_USER")]
+    instance_user: Option<String>,
+    /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
+    #[arg(long, env = "AIRLOCK_PG_BIN")]
+    pg_bin: Option<PathBuf>,
+    /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
+    #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
+    storage: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum GoldenCommand {
+    /// Build a golden from schema and seed files, a live database or a dump.
+    Create {
+        /// The golden's name.
+        name: String,
+        /// A schema file (repeatable; run in order, before seeds).
+        #[arg(long)]
+        schema: Vec<PathBuf>,
+        /// A seed file (repeatable; run in order, after schemas).
+        #[arg(long)]
+        seed: Vec<PathBuf>,
+        /// A live database to copy; `-` reads the DSN from stdin, so its password stays out of `ps`.
+        #[arg(long, env = "AIRLOCK_FROM_URL", hide_env_values = true)]
+        from_url: Option<String>,
+        /// A pg_dump file (custom, tar or plain).
+        #[arg(long)]
+        from_dump: Option<PathBuf>,
+    },
+    /// Build a new generation from the same source; prune unused old ones.
+    Refresh {
+        /// The golden's name.
+        name: String,
+    },
+    /// List goldens.
+    Ls,
+    /// Show a golden and its generations.
+    Show {
+        /// The golden's name.
+        name: String,
+    },
+    /// Delete a golden (refused while sandboxes use it, unless --force).
+    Rm {
+        /// The golden's name.
+        name: String,
+        /// Delete its sandboxes first.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ForkArgs {
+    /// The golden to fork.
+    golden: String,
+    /// Time to live (default: the daemon's, 15m).
+    #[arg(long)]
+    ttl: Option<String>,
+    /// A label, key=value (repeatable).
+    #[arg(long = "label")]
+    labels: Vec<String>,
+    /// A unique name to address the sandbox by.
+    #[arg(long)]
+    name: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum StorageCommand {
+    /// Make and mount a loop XFS image with reflink=1 as the volume (root only).
+    Init {
+        /// Image size (sparse).
+        #[arg(long, default_value = "20G")]
+        size: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DaemonCommand {
+    /// Ask the local daemon to stop (sandboxes keep running).
+    Stop,
+    /// Say whether a daemon answers, without starting one.
+    Status,
+}
+
+/// Parses arguments, runs the command, prints errors, and exits with the code for them.
+pub fn main() -> ! {
+    let cli = Cli::parse();
+    let json = cli.json;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let result = runtime.block_on(run(cli));
+    let code = match result {
+        Ok(code) => code,
+        Err(e) => {
+            output::error(&e, json);
+            e.code.exit_code()
+        }
+    };
+    std::process::exit(code)
+}
+
+impl Cli {
+    fn layout(&self) -> Layout {
+        Layout::new(self.home.clone().unwrap_or_else(Layout::default_home))
+    }
+
+    fn client(&self) -> Result<Client> {
+        let Some(addr) = &self.url else {
+            return Ok(Client::new(Target::Local(self.layout())));
+        };
+        let token = match &self.token_file {
+            Some(f) => std::fs::read_to_string(f)
+                .map_err(|e| Error::new(ErrorCode::FileUnreadable, format!("cannot read {}: {e}", f.display()), "check --token-file"))?
+                .trim()
+                .to_owned(),
+            None => std::env::var("AIRLOCK_TOKEN").map_err(|_| {
+                Error::new(ErrorCode::Unauthorized, "--url needs a bearer token", "set AIRLOCK_TOKEN or pass --token-file")
+            })?,
+        };
+        let addr = addr.trim_start_matches("http://").trim_end_matches('/').to_owned();
+        Ok(Client::new(Target::Remote { addr, token }))
+    }
+}
+
+async fn run(cli: Cli) -> Result<i32> {
+    commands::run(cli).await
+}

@@ -1,0 +1,208 @@
+//! Human and JSON output, and error reporting.
+
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+
+use crate::clock::Timestamp;
+use crate::engine::Doctor;
+use crate::error::Error;
+use crate::events::Event;
+use crate::golden::Golden;
+use crate::sandbox::Sandbox;
+
+/// Prints `value` as JSON, or the human text `human` makes.
+pub fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(value).expect("output serializes"));
+    } else {
+        let text = human();
+        if !text.is_empty() {
+            println!("{}", text.trim_end());
+        }
+    }
+}
+
+/// Reports an error: JSON on stdout with `--json`, else `error[code]` and a hint on stderr.
+pub fn error(e: &Error, json: bool) {
+    if json {
+        println!("{}", serde_json::json!({ "error": e }));
+    } else {
+        eprintln!("error[{}]: {}\n  hint: {}", e.code.as_str(), e.message, e.hint);
+    }
+}
+
+/// A spinner with elapsed time on stderr for long requests; hidden for JSON or without a terminal.
+pub fn spinner(json: bool, message: String) -> ProgressBar {
+    if json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
+    bar.set_message(message);
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar
+}
+
+/// A plain text table with left-aligned columns.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headings.
+    pub fn new(headings: &[&str]) -> Table {
+        Table { rows: vec![headings.iter().map(|h| h.to_string()).collect()] }
+    }
+
+    /// Adds a row.
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table as text.
+    pub fn render(&self) -> String {
+        let cols = self.rows[0].len();
+        let widths: Vec<usize> =
+            (0..cols).map(|c| self.rows.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0)).collect();
+        let mut out = String::new();
+        for row in &self.rows {
+            let line: Vec<String> = row.iter().enumerate().map(|(i, s)| format!("{s:<w$}", w = widths[i])).collect();
+            out.push_str(line.join("  ").trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Bytes as B/KiB/MiB/GiB.
+pub fn bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{n} B") } else { format!("{v:.1} {}", units[i]) }
+}
+
+fn remaining(t: Timestamp) -> String {
+    let d = t.remaining();
+    humantime::format_duration(Duration::from_secs(d.as_secs())).to_string()
+}
+
+fn labels(sb: &Sandbox) -> String {
+    sb.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+}
+
+/// The sandbox list.
+pub fn sandboxes(list: &[Sandbox]) -> String {
+    if list.is_empty() {
+        return "no sandboxes".into();
+    }
+    let mut t = Table::new(&["ID", "NAME", "GOLDEN", "STATE", "EXPIRES IN", "LABELS"]);
+    for sb in list {
+        t.row(vec![
+            sb.id.clone(),
+            sb.name.clone().unwrap_or_default(),
+            format!("{}@{}", sb.golden, sb.generation),
+            sb.state.as_str().into(),
+            remaining(sb.expires_at),
+            labels(sb),
+        ]);
+    }
+    t.render()
+}
+
+/// One sandbox, field by field (the DSN only through `airlock dsn`).
+pub fn sandbox(sb: &Sandbox) -> String {
+    let mut t = Table::new(&["FIELD", "VALUE"]);
+    t.row(vec!["id".into(), sb.id.clone()]);
+    t.row(vec!["name".into(), sb.name.clone().unwrap_or_default()]);
+    t.row(vec!["golden".into(), format!("{}@{}", sb.golden, sb.generation)]);
+    t.row(vec!["state".into(), sb.state.as_str().into()]);
+    t.row(vec!["created_at".into(), sb.created_at.to_rfc3339()]);
+    t.row(vec!["expires_at".into(), format!("{} (in {})", sb.expires_at.to_rfc3339(), remaining(sb.expires_at))]);
+    t.row(vec!["labels".into(), labels(sb)]);
+    t.row(vec!["dsn".into(), format!("`airlock dsn {}`", sb.id)]);
+    t.render()
+}
+
+/// The golden list.
+pub fn goldens(list: &[Golden]) -> String {
+    if list.is_empty() {
+        return "no goldens".into();
+    }
+    let mut t = Table::new(&["NAME", "GENERATION", "SIZE", "SANDBOXES", "CREATED"]);
+    for g in list {
+        let cur = g.current();
+        t.row(vec![
+            g.name.clone(),
+            g.current_generation.to_string(),
+            cur.map(|m| bytes(m.size_bytes)).unwrap_or_default(),
+            g.sandboxes.to_string(),
+            cur.map(|m| m.created_at.to_rfc3339()).unwrap_or_default(),
+        ]);
+    }
+    t.render()
+}
+
+/// One golden and its generations.
+pub fn golden(g: &Golden) -> String {
+    let mut out = format!(
+        "golden {} (current generation {}, {} sandboxes)\nsource: {}\n\n",
+        g.name,
+        g.current_generation,
+        g.sandboxes,
+        serde_json::to_string(&g.source).unwrap_or_default()
+    );
+    let mut t = Table::new(&["GENERATION", "POSTGRES", "SIZE", "SCHEMA HASH", "CREATED"]);
+    for m in &g.generations {
+        t.row(vec![
+            m.generation.to_string(),
+            m.postgres_version.clone(),
+            bytes(m.size_bytes),
+            m.schema_hash.chars().take(12).collect(),
+            m.created_at.to_rfc3339(),
+        ]);
+    }
+    out.push_str(&t.render());
+    out
+}
+
+/// The event list.
+pub fn events(list: &[Event]) -> String {
+    let mut t = Table::new(&["TIME", "KIND", "SANDBOX", "GOLDEN", "REASON", "DETAIL"]);
+    for e in list {
+        t.row(vec![
+            e.at.to_rfc3339(),
+            e.kind.clone(),
+            e.sandbox.clone().unwrap_or_default(),
+            e.golden.clone().unwrap_or_default(),
+            e.reason.clone().unwrap_or_default(),
+            if e.detail.as_object().is_some_and(|o| o.is_empty()) { String::new() } else { e.detail.to_string() },
+        ]);
+    }
+    t.render()
+}
+
+/// The doctor report.
+pub fn doctor(d: &Doctor) -> String {
+    let mut t = Table::new(&["CHECK", "VALUE"]);
+    t.row(vec!["airlock".into(), d.version.clone()]);
+    t.row(vec!["data root".into(), d.home.clone()]);
+    t.row(vec!["volume".into(), format!("{} ({})", d.volume, d.filesystem)]);
+    t.row(vec!["storage backend".into(), format!("{:?}", d.storage_backend).to_lowercase()]);
+    t.row(vec!["postgres".into(), format!("{} ({})", d.postgres_version, d.postgres_bin)]);
+    t.row(vec!["daemon user".into(), d.daemon_user.clone()]);
+    t.row(vec!["instance user".into(), d.instance_user.clone()]);
+    t.row(vec!["max sandboxes".into(), d.max_sandboxes.to_string()]);
+    t.row(vec!["default / max TTL".into(), format!("{}s / {}s", d.default_ttl_seconds, d.max_ttl_seconds)]);
+    let mut out = t.render();
+    for w in &d.warnings {
+        out.push_str(&format!("warning: {w}\n"));
+    }
+    out
+}

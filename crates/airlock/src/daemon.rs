@@ -1,0 +1,110 @@
+//! `airlock serve`: one daemon per data root, owning the store, reconciling at
+//! start, running the reaper and serving the API on a unix socket (and on TCP
+//! with a bearer token when configured).
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use tokio::sync::Notify;
+
+use crate::api::{self, AppState};
+use crate::engine::{prepare_home, Config, Engine};
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::Layout;
+use crate::reaper;
+
+/// Where the API listens besides its unix socket.
+#[derive(Debug, Clone, Default)]
+pub struct Listen {
+    /// A TCP address, served only with a bearer token.
+    pub tcp: Option<SocketAddr>,
+    /// The bearer token TCP clients must send.
+    pub token: Option<String>,
+}
+
+/// Runs the daemon until SIGTERM, SIGINT or `POST /v1/shutdown`. Sandboxes keep
+/// running after it exits; the next daemon picks them up.
+pub async fn serve(config: Config, listen: Listen) -> Result<()> {
+    let layout = Layout::new(&config.home);
+    prepare_home(layout.home())?;
+    let _lock = lock(&layout)?;
+    let engine = Arc::new(Engine::open(config)?);
+    let reconciled = reaper::reconcile(&engine).await?;
+    tracing::info!(?reconciled, "reconciled state, processes and directories");
+    let doctor = engine.doctor();
+    tracing::info!(backend = ?doctor.storage_backend, filesystem = %doctor.filesystem, instance_user = %doctor.instance_user, "storage probed");
+    for w in &doctor.warnings {
+        tracing::warn!("{w}");
+    }
+    reaper::spawn(engine.clone());
+
+    let shutdown = Arc::new(Notify::new());
+    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone() };
+    let socket = layout.api_socket();
+    let _ = std::fs::remove_file(&socket);
+    let unix = tokio::net::UnixListener::bind(&socket)?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    tracing::info!(socket = %socket.display(), "serving the API");
+
+    let stop = {
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .expect("SIGTERM handler");
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+                _ = shutdown.notified() => {}
+            }
+        }
+    };
+    let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
+    let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let unix_server = axum::serve(unix, api::router(state.clone())).with_graceful_shutdown(stopped_signal(stopped.clone()));
+
+    let tcp_server = match (listen.tcp, listen.token) {
+        (Some(addr), Some(token)) => {
+            let tcp = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(%addr, "serving the API on TCP (bearer token required)");
+            let app = api::router(state).layer(axum::middleware::from_fn_with_state(
+                Arc::new(token),
+                api::require_token,
+            ));
+            let signal = stopped_signal(stopped.clone());
+            Some(tokio::spawn(async move { axum::serve(tcp, app).with_graceful_shutdown(signal).await }))
+        }
+        (Some(_), None) => {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                "a TCP listener needs a bearer token",
+                "pass --token-file FILE (or set AIRLOCK_TOKEN) together with --tcp",
+            ))
+        }
+        _ => None,
+    };
+    let unix_task = tokio::spawn(async move { unix_server.await });
+    stop.await;
+    tracing::info!("stopping the API; sandboxes keep running");
+    let _ = stopped_tx.send(true);
+    let _ = unix_task.await;
+    if let Some(t) = tcp_server {
+        let _ = t.await;
+    }
+    let _ = std::fs::remove_file(&socket);
+    Ok(())
+}
+
+/// Takes the data root's exclusive lock, so only one daemon serves it.
+fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(layout.daemon_lock())?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("another daemon already serves {}", layout.home().display()),
+            "use that one, or stop it first (`airlock daemon stop`)",
+        )
+    })
+}

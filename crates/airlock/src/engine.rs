@@ -1,0 +1,232 @@
+//! The daemon's shared state: configuration, the state store, the cloner, the
+//! PostgreSQL binaries and the OS identities. Golden, sandbox and reaper code
+//! take an `&Engine`.
+
+use std::collections::HashSet;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::Layout;
+use crate::pg::PgBin;
+use crate::storage::{Backend, Cloner, COPY_WARNING};
+use crate::store::Store;
+use crate::users::Identity;
+
+/// Daemon settings (flags of `airlock serve`, or their environment variables).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The data root.
+    pub home: PathBuf,
+    /// Live sandboxes allowed at once; forks past it fail with `capacity_exhausted`.
+    pub max_sandboxes: usize,
+    /// TTL of a fork that names none.
+    pub default_ttl: Duration,
+    /// Longest TTL a fork or extend may ask for.
+    pub max_ttl: Duration,
+    /// The unprivileged user instances run as when the daemon is root.
+    pub instance_user: Option<String>,
+    /// Where the PostgreSQL binaries are.
+    pub pg_bin: Option<PathBuf>,
+    /// Copy every byte even where reflinks work (to exercise the fallback).
+    pub force_copy: bool,
+}
+
+impl Config {
+    /// Defaults for a data root: 100 sandboxes, 15 minute TTL, 24 hour maximum.
+    pub fn new(home: impl Into<PathBuf>) -> Config {
+        Config {
+            home: home.into(),
+            max_sandboxes: 100,
+            default_ttl: Duration::from_secs(15 * 60),
+            max_ttl: Duration::from_secs(24 * 3600),
+            instance_user: None,
+            pg_bin: None,
+            force_copy: false,
+        }
+    }
+}
+
+/// Everything the daemon's operations share.
+pub struct Engine {
+    /// The settings it was started with.
+    pub config: Config,
+    /// Paths under the data root.
+    pub layout: Layout,
+    /// How data directories are cloned.
+    pub cloner: Cloner,
+    /// The PostgreSQL binaries.
+    pub pg: PgBin,
+    /// The daemon's own OS user (the only one with admin access to instances).
+    pub daemon_user: Identity,
+    /// The OS user instances run as.
+    pub instance_user: Identity,
+    store: Mutex<Store>,
+    building: Mutex<HashSet<String>>,
+}
+
+/// Makes the data root and checks that it can be written.
+pub fn prepare_home(home: &Path) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        Error::new(
+            ErrorCode::DataRootNotWritable,
+            format!("the data root {} cannot be written: {e}", home.display()),
+            "point AIRLOCK_HOME (or --home) at a directory this user can write, or fix its permissions",
+        )
+    };
+    std::fs::create_dir_all(home).map_err(fail)?;
+    let probe = home.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
+fn mkdir(path: &Path, mode: u32) -> Result<()> {
+    std::fs::create_dir_all(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+impl Engine {
+    /// Prepares the data root (mounting the volume if `storage init` made one),
+    /// opens the store, probes storage and finds PostgreSQL.
+    pub fn open(config: Config) -> Result<Engine> {
+        let layout = Layout::new(&config.home);
+        prepare_home(layout.home())?;
+        crate::storage::volume::ensure_mounted(&layout)?;
+        // Instance users must traverse into their own sandbox directory; goldens stay private.
+        mkdir(layout.home(), 0o711)?;
+        mkdir(&layout.volume(), 0o711)?;
+        mkdir(&layout.goldens(), 0o700)?;
+        mkdir(&layout.sandboxes(), 0o711)?;
+        mkdir(&layout.staging(), 0o711)?;
+        let store = Store::open(&layout.state_db())?;
+        let cloner = if config.force_copy {
+            Cloner::copying(&layout.volume())
+        } else {
+            Cloner::probe(&layout.volume())?
+        };
+        let pg = PgBin::locate(config.pg_bin.as_deref())?;
+        let daemon_user = Identity::current()?;
+        let instance_user = Identity::for_instances(config.instance_user.as_deref())?;
+        Ok(Engine {
+            config,
+            layout,
+            cloner,
+            pg,
+            daemon_user,
+            instance_user,
+            store: Mutex::new(store),
+            building: Mutex::new(HashSet::new()),
+        })
+    }
+
+    /// The state store, locked for a short synchronous use.
+    pub fn store(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// OS users allowed to connect as the admin role: the daemon's and the instances'.
+    pub fn admin_os_users(&self) -> Vec<&str> {
+        let mut users = vec![self.daemon_user.name.as_str()];
+        if self.instance_user.name != self.daemon_user.name {
+            users.push(self.instance_user.name.as_str());
+        }
+        users
+    }
+
+    /// Warnings every fork carries (the copy fallback).
+    pub fn fork_warnings(&self) -> Vec<String> {
+        match self.cloner.backend() {
+            Backend::Reflink => vec![],
+            Backend::Copy => vec![COPY_WARNING.to_owned()],
+        }
+    }
+
+    /// Marks a golden name as being built; fails if it already is.
+    pub fn reserve_build(&self, name: &str) -> Result<BuildGuard<'_>> {
+        let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
+        if !building.insert(name.to_owned()) {
+            return Err(Error::new(
+                ErrorCode::GoldenExists,
+                format!("golden {name:?} is being built right now"),
+                "wait for the other build to finish",
+            ));
+        }
+        Ok(BuildGuard { engine: self, name: name.to_owned() })
+    }
+
+    /// A report for `airlock doctor`.
+    pub fn doctor(&self) -> Doctor {
+        let mut warnings = self.fork_warnings();
+        if !self.daemon_user.is_root() {
+            warnings.push(
+                "the daemon is not root: instances run as the daemon's own user, and `storage init` is unavailable"
+                    .into(),
+            );
+        }
+        Doctor {
+            version: env!("CARGO_PKG_VERSION").into(),
+            home: self.layout.home().display().to_string(),
+            volume: self.layout.volume().display().to_string(),
+            filesystem: self.cloner.filesystem().to_owned(),
+            storage_backend: self.cloner.backend(),
+            postgres_bin: self.pg.dir().display().to_string(),
+            postgres_version: self.pg.version(),
+            daemon_user: self.daemon_user.name.clone(),
+            instance_user: self.instance_user.name.clone(),
+            max_sandboxes: self.config.max_sandboxes,
+            default_ttl_seconds: self.config.default_ttl.as_secs(),
+            max_ttl_seconds: self.config.max_ttl.as_secs(),
+            warnings,
+        }
+    }
+}
+
+/// Releases a golden name reserved by [`Engine::reserve_build`] when dropped.
+pub struct BuildGuard<'a> {
+    engine: &'a Engine,
+    name: String,
+}
+
+impl Drop for BuildGuard<'_> {
+    fn drop(&mut self) {
+        let mut building = self.engine.building.lock().unwrap_or_else(|p| p.into_inner());
+        building.remove(&self.name);
+    }
+}
+
+/// What `airlock doctor` reports about the daemon's host.
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+pub struct Doctor {
+    /// Airlock's version.
+    pub version: String,
+    /// The data root.
+    pub home: String,
+    /// The copy-on-write volume.
+    pub volume: String,
+    /// The volume's filesystem type.
+    pub filesystem: String,
+    /// `reflink` or `copy`.
+    pub storage_backend: Backend,
+    /// Where the PostgreSQL binaries are.
+    pub postgres_bin: String,
+    /// `postgres --version`.
+    pub postgres_version: String,
+    /// The daemon's OS user.
+    pub daemon_user: String,
+    /// The OS user instances run as.
+    pub instance_user: String,
+    /// The sandbox limit.
+    pub max_sandboxes: usize,
+    /// Default TTL, seconds.
+    pub default_ttl_seconds: u64,
+    /// Maximum TTL, seconds.
+    pub max_ttl_seconds: u64,
+    /// Things that work but not as well as they could.
+    pub warnings: Vec<String>,
+}

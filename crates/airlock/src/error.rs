@@ -1,0 +1,170 @@
+//! Errors with stable codes, mapped once to HTTP statuses and CLI exit codes.
+//!
+//! Every failure a user can see carries an [`ErrorCode`] (a stable snake_case
+//! string scripts can match on), a message saying what was wrong, and a hint
+//! saying how to fix it. The daemon sends them as JSON; the CLI turns the code
+//! back into an exit code (see `docs/CLI.md`).
+
+use serde::{Deserialize, Serialize};
+
+/// The stable, documented kinds of failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The request itself was malformed (bad JSON, missing field, bad combination).
+    InvalidRequest,
+    /// A name (golden or sandbox) does not match the allowed pattern.
+    InvalidName,
+    /// A TTL of zero, negative, unparsable or above the configured maximum.
+    InvalidTtl,
+    /// A label not of the form `key=value` with an allowed key.
+    InvalidLabel,
+    /// No golden of that name.
+    GoldenNotFound,
+    /// No live sandbox with that id or name.
+    SandboxNotFound,
+    /// A golden of that name exists already.
+    GoldenExists,
+    /// A live sandbox already has that name.
+    NameTaken,
+    /// The golden still has sandboxes and `--force` was not given.
+    GoldenInUse,
+    /// `max_sandboxes` is reached.
+    CapacityExhausted,
+    /// A schema or seed file failed; the message names file, line and PostgreSQL's error.
+    SeedFailed,
+    /// Copying from a live database or a dump failed.
+    SourceFailed,
+    /// A file named in the request cannot be read.
+    FileUnreadable,
+    /// The data root cannot be created or written.
+    DataRootNotWritable,
+    /// Preparing copy-on-write storage failed or was refused.
+    StorageFailed,
+    /// A PostgreSQL instance failed to start or answer.
+    PostgresFailed,
+    /// The API needs a bearer token and none (or a wrong one) was given.
+    Unauthorized,
+    /// The CLI could not reach or start a daemon.
+    DaemonUnreachable,
+    /// Anything else: a bug or an unexpected host condition.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The HTTP status the REST API answers with.
+    pub fn http_status(self) -> u16 {
+        use ErrorCode::*;
+        match self {
+            InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 400,
+            Unauthorized => 401,
+            GoldenNotFound | SandboxNotFound => 404,
+            GoldenExists | NameTaken | GoldenInUse => 409,
+            SeedFailed | SourceFailed => 422,
+            CapacityExhausted => 503,
+            DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => {
+                500
+            }
+        }
+    }
+
+    /// The process exit code the CLI ends with (documented in `docs/CLI.md`).
+    pub fn exit_code(self) -> i32 {
+        use ErrorCode::*;
+        match self {
+            Internal => 1,
+            InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 3,
+            GoldenNotFound | SandboxNotFound => 4,
+            GoldenExists | NameTaken | GoldenInUse => 5,
+            CapacityExhausted => 6,
+            SeedFailed | SourceFailed => 7,
+            DataRootNotWritable | StorageFailed | PostgresFailed => 8,
+            Unauthorized | DaemonUnreachable => 9,
+        }
+    }
+
+    /// The snake_case string form, as sent on the wire.
+    pub fn as_str(self) -> String {
+        serde_json::to_value(self)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "internal".into())
+    }
+}
+
+/// A failure with a stable code, a message and a hint.
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
+#[error("{message}")]
+pub struct Error {
+    /// What kind of failure this is.
+    pub code: ErrorCode,
+    /// What was wrong, in a sentence.
+    pub message: String,
+    /// How to fix it.
+    pub hint: String,
+}
+
+impl Error {
+    /// Makes an error from its three parts.
+    pub fn new(code: ErrorCode, message: impl Into<String>, hint: impl Into<String>) -> Self {
+        Error { code, message: message.into(), hint: hint.into() }
+    }
+
+    /// An unexpected failure; the hint points at the daemon log.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Error::new(
+            ErrorCode::Internal,
+            message,
+            "this is unexpected; the daemon log ($AIRLOCK_HOME/daemon.log) has details",
+        )
+    }
+
+    /// A PostgreSQL instance that would not start or answer.
+    pub fn postgres(message: impl Into<String>) -> Self {
+        Error::new(
+            ErrorCode::PostgresFailed,
+            message,
+            "check `airlock doctor` and the instance log named in the message",
+        )
+    }
+}
+
+/// Shorthand for results carrying an [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl From<rusqlite::Error> for Error {
+    fn from(e: rusqlite::Error) -> Self {
+        Error::internal(format!("state store: {e}"))
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(e: std::io::Error) -> Self {
+        Error::internal(format!("i/o: {e}"))
+    }
+}
+
+impl From<tokio::task::JoinError> for Error {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Error::internal(format!("background task: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_serialize_as_snake_case() {
+        assert_eq!(ErrorCode::GoldenNotFound.as_str(), "golden_not_found");
+        assert_eq!(ErrorCode::InvalidTtl.as_str(), "invalid_ttl");
+    }
+
+    #[test]
+    fn client_errors_are_4xx_and_never_exit_zero() {
+        for code in [ErrorCode::InvalidTtl, ErrorCode::InvalidLabel, ErrorCode::NameTaken] {
+            assert!((400..500).contains(&code.http_status()));
+            assert_ne!(code.exit_code(), 0);
+        }
+    }
+}

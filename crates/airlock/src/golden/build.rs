@@ -1,0 +1,137 @@
+//! Building one golden generation: initdb, load the source as the owner role,
+//! freeze, shut down cleanly, write the manifest, then move it into place.
+//!
+//! The build happens in `volume/staging/`; only a finished, cleanly shut down
+//! generation is renamed into `goldens/`. A failure removes the staging
+//! directory, so nothing half-made is ever visible.
+
+use std::path::Path;
+
+use crate::clock::Timestamp;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::golden::{Manifest, Source};
+use crate::layout::InstanceDir;
+use crate::pg::admin::Admin;
+use crate::pg::dsn::{DATABASE, OWNER_ROLE};
+use crate::pg::{instance, load};
+use crate::{secret, storage};
+
+/// Builds generation `generation` of golden `name` from `source` and moves it into place.
+pub async fn build(engine: &Engine, name: &str, generation: i64, source: &Source) -> Result<Manifest> {
+    let tag = secret::sandbox_id();
+    let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
+    let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
+    let dir = InstanceDir { root: root.clone() };
+    let result = build_in(engine, &dir, &work, name, generation, source).await;
+    let _ = std::fs::remove_dir_all(&work);
+    let manifest = match result {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&root);
+            return Err(e);
+        }
+    };
+    let target = engine.layout.golden_generation(name, generation);
+    let placed = (|| -> std::io::Result<()> {
+        if engine.daemon_user.is_root() {
+            // Goldens belong to the daemon, so no instance user can change them.
+            engine.daemon_user.own_tree(&root)?;
+        }
+        std::fs::create_dir_all(target.parent().expect("generation has a parent"))?;
+        std::fs::rename(&root, &target)
+    })();
+    if let Err(e) = placed {
+        let _ = std::fs::remove_dir_all(&root);
+        return Err(e.into());
+    }
+    Ok(manifest)
+}
+
+async fn build_in(
+    engine: &Engine,
+    dir: &InstanceDir,
+    work: &Path,
+    name: &str,
+    generation: i64,
+    source: &Source,
+) -> Result<Manifest> {
+    let user = &engine.instance_user;
+    load::private_dir(&dir.root)?;
+    user.own(&dir.root)?;
+    load::private_dir(work)?;
+    instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?;
+    load::private_dir(&dir.socket_dir())?;
+    user.own(&dir.socket_dir())?;
+    instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
+
+    let mut started = instance::start(&engine.pg, dir, user)?;
+    if let Err(e) = started.wait_ready(dir).await {
+        instance::kill(started.pid, &dir.pgdata()).await;
+        return Err(e);
+    }
+    let loaded = load_and_describe(engine, dir, work, source).await;
+    let (postgres_version, schema_hash) = match loaded {
+        Ok(v) => v,
+        Err(e) => {
+            instance::kill(started.pid, &dir.pgdata()).await;
+            return Err(e);
+        }
+    };
+    started.stop_clean(dir).await?;
+    let _ = std::fs::remove_dir_all(dir.socket_dir());
+    let _ = std::fs::remove_file(dir.log());
+    // A golden must survive a host crash: flush it before anyone forks it.
+    if let Ok(f) = std::fs::File::open(dir.pgdata()) {
+        let _ = nix::unistd::syncfs(&f);
+    }
+    let manifest = Manifest {
+        name: name.to_owned(),
+        generation,
+        postgres_version,
+        size_bytes: storage::tree_size(&dir.pgdata()),
+        schema_hash,
+        created_at: Timestamp::now(),
+        source: source.redacted(),
+    };
+    let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+    std::fs::write(dir.root.join("manifest.json"), json)?;
+    Ok(manifest)
+}
+
+/// Creates the owner role and app database, loads the source, freezes and
+/// checkpoints; returns the server version and schema hash.
+async fn load_and_describe(
+    engine: &Engine,
+    dir: &InstanceDir,
+    work: &Path,
+    source: &Source,
+) -> Result<(String, String)> {
+    let admin = Admin::connect(dir, "postgres").await?;
+    // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
+    admin
+        .execute(&format!(
+            "CREATE ROLE {OWNER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+        ))
+        .await?;
+    admin.execute(&format!("CREATE DATABASE {DATABASE} OWNER {OWNER_ROLE}")).await?;
+    drop(admin);
+    match source {
+        Source::Files { schema, seed } => {
+            for file in schema.iter().chain(seed) {
+                load::run_sql_file(&engine.pg, dir, file, crate::error::ErrorCode::SeedFailed).await?;
+            }
+        }
+        Source::Url { dsn } => load::copy_from_url(&engine.pg, dir, dsn, work).await?,
+        Source::Dump { path } => load::restore_dump(&engine.pg, dir, path).await?,
+    }
+    let admin = Admin::connect(dir, DATABASE).await?;
+    // Frozen, analysed tuples mean forks never rewrite pages just to set hint
+    // bits, so their blocks stay shared with the golden.
+    admin.execute("VACUUM (FREEZE, ANALYZE)").await?;
+    admin.execute("CHECKPOINT").await?;
+    let version = admin.value("SHOW server_version").await?;
+    drop(admin);
+    let hash = load::schema_hash(&engine.pg, dir).await?;
+    Ok((version, hash))
+}

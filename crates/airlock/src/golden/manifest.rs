@@ -1,0 +1,82 @@
+//! What a golden is built from and what each generation records about itself.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::pg::dsn;
+
+/// Where a golden's data comes from; kept so `golden refresh` can build again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Source {
+    /// Schema files, then seed files, run in order with psql.
+    Files {
+        /// DDL files, run first.
+        schema: Vec<PathBuf>,
+        /// Data files, run after the schema.
+        seed: Vec<PathBuf>,
+    },
+    /// A live database copied with pg_dump and pg_restore.
+    Url {
+        /// The connection string; it may hold a password, so it is shown only redacted.
+        dsn: String,
+    },
+    /// A pg_dump file, custom, tar or plain format.
+    Dump {
+        /// The dump file.
+        path: PathBuf,
+    },
+}
+
+impl Source {
+    /// The same source with any password removed, fit for manifests, events and output.
+    pub fn redacted(&self) -> Source {
+        match self {
+            Source::Url { dsn } => Source::Url { dsn: dsn::redact(dsn) },
+            other => other.clone(),
+        }
+    }
+}
+
+/// Facts about one immutable golden generation, written to `manifest.json` beside its pgdata.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The golden's name.
+    pub name: String,
+    /// The generation number, from 1.
+    pub generation: i64,
+    /// `server_version` of the instance that built it.
+    pub postgres_version: String,
+    /// Bytes on disk of the data directory.
+    pub size_bytes: u64,
+    /// SHA-256 of the schema-only dump of the application database.
+    pub schema_hash: String,
+    /// When the build finished.
+    pub created_at: Timestamp,
+    /// Where the data came from (redacted).
+    pub source: Source,
+}
+
+/// A golden and its generations, as listed and shown.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Golden {
+    /// The golden's name.
+    pub name: String,
+    /// The generation new forks use.
+    pub current_generation: i64,
+    /// Live sandboxes forked from any of its generations.
+    pub sandboxes: i64,
+    /// Every generation kept on disk, oldest first.
+    pub generations: Vec<Manifest>,
+    /// Where its data comes from (redacted).
+    pub source: Source,
+}
+
+impl Golden {
+    /// The manifest of the current generation.
+    pub fn current(&self) -> Option<&Manifest> {
+        self.generations.iter().find(|m| m.generation == self.current_generation)
+    }
+}

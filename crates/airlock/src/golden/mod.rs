@@ -1,0 +1,184 @@
+//! Goldens: named, immutable, versioned snapshots that sandboxes fork from.
+
+mod build;
+mod manifest;
+
+pub use manifest::{Golden, Manifest, Source};
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DeleteReason, NewEvent};
+use crate::sandbox;
+use crate::store::SandboxFilter;
+use crate::validate;
+
+/// A request to make a golden: exactly one kind of source.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CreateGolden {
+    /// The new golden's name.
+    pub name: String,
+    /// Schema files (absolute paths), run first, in order.
+    #[serde(default)]
+    pub schema: Vec<PathBuf>,
+    /// Seed files (absolute paths), run after the schema, in order.
+    #[serde(default)]
+    pub seed: Vec<PathBuf>,
+    /// A live database to copy.
+    #[serde(default)]
+    pub from_url: Option<String>,
+    /// A dump file to restore (absolute path).
+    #[serde(default)]
+    pub from_dump: Option<PathBuf>,
+}
+
+impl CreateGolden {
+    /// The one source this request names, checked.
+    pub fn source(&self) -> Result<Source> {
+        let files = !self.schema.is_empty() || !self.seed.is_empty();
+        let kinds = [files, self.from_url.is_some(), self.from_dump.is_some()];
+        let invalid = |msg: &str| {
+            Error::new(
+                ErrorCode::InvalidRequest,
+                msg,
+                "give --schema/--seed files, or --from-url DSN, or --from-dump FILE",
+            )
+        };
+        match kinds.iter().filter(|k| **k).count() {
+            0 => return Err(invalid("no source given for the golden")),
+            1 => {}
+            _ => return Err(invalid("more than one kind of source given for the golden")),
+        }
+        for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump) {
+            if !path.is_absolute() {
+                return Err(invalid(&format!("{} is not an absolute path", path.display())));
+            }
+        }
+        Ok(if let Some(dsn) = &self.from_url {
+            Source::Url { dsn: dsn.clone() }
+        } else if let Some(path) = &self.from_dump {
+            Source::Dump { path: path.clone() }
+        } else {
+            Source::Files { schema: self.schema.clone(), seed: self.seed.clone() }
+        })
+    }
+}
+
+/// Builds generation 1 of a new golden.
+pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
+    validate::name("golden", &req.name)?;
+    let source = req.source()?;
+    let _guard = engine.reserve_build(&req.name)?;
+    if engine.store().golden(&req.name).is_ok() {
+        return Err(Error::new(
+            ErrorCode::GoldenExists,
+            format!("a golden named {:?} exists already", req.name),
+            "use `airlock golden refresh` to build a new generation, or pick another name",
+        ));
+    }
+    let started = std::time::Instant::now();
+    let manifest = build::build(engine, &req.name, 1, &source).await?;
+    let mut store = engine.store();
+    if let Err(e) = store.insert_golden(&manifest, &source) {
+        let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
+        return Err(e);
+    }
+    store.record(NewEvent {
+        kind: "golden_created",
+        golden: Some(req.name.clone()),
+        detail: json!({"generation": 1, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
+        ..Default::default()
+    })?;
+    store.golden(&req.name)
+}
+
+/// Builds a new generation from the golden's stored source, makes it current,
+/// and prunes generations no sandbox uses.
+pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
+    let _guard = engine.reserve_build(name)?;
+    let (source, next) = {
+        let store = engine.store();
+        let golden = store.golden(name)?;
+        let last = golden.generations.iter().map(|m| m.generation).max().unwrap_or(0);
+        (store.golden_source(name)?, last + 1)
+    };
+    let started = std::time::Instant::now();
+    let manifest = build::build(engine, name, next, &source).await?;
+    {
+        let mut store = engine.store();
+        if let Err(e) = store.add_generation(&manifest) {
+            let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, next));
+            return Err(e);
+        }
+        store.record(NewEvent {
+            kind: "golden_refreshed",
+            golden: Some(name.to_owned()),
+            detail: json!({"generation": next, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
+            ..Default::default()
+        })?;
+    }
+    prune(engine, name)?;
+    engine.store().golden(name)
+}
+
+/// Deletes the generations of `name` that are neither current nor used by a sandbox.
+pub fn prune(engine: &Engine, name: &str) -> Result<()> {
+    let mut store = engine.store();
+    let Ok(golden) = store.golden(name) else { return Ok(()) };
+    let in_use = store.generations_in_use(name)?;
+    for m in &golden.generations {
+        if m.generation == golden.current_generation || in_use.contains(&m.generation) {
+            continue;
+        }
+        let dir = engine.layout.golden_generation(name, m.generation);
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(e.into());
+            }
+        }
+        store.delete_generation(name, m.generation)?;
+        store.record(NewEvent {
+            kind: "generation_pruned",
+            golden: Some(name.to_owned()),
+            detail: json!({"generation": m.generation}),
+            ..Default::default()
+        })?;
+    }
+    Ok(())
+}
+
+/// Deletes a golden; refuses while sandboxes use it unless `force`, which deletes them first.
+pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> {
+    let golden = engine.store().golden(name)?;
+    let users = engine
+        .store()
+        .sandboxes(&SandboxFilter { golden: Some(name.to_owned()), ..Default::default() })?;
+    if !users.is_empty() && !force {
+        return Err(Error::new(
+            ErrorCode::GoldenInUse,
+            format!("golden {name:?} has {} live sandboxes", users.len()),
+            "delete them first, or pass --force to delete them along with the golden",
+        ));
+    }
+    for sb in users {
+        match sandbox::delete(engine, &sb.id, DeleteReason::User).await {
+            Ok(_) => {}
+            Err(e) if e.code == ErrorCode::SandboxNotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let dir = engine.layout.goldens().join(name);
+    if let Err(e) = std::fs::remove_dir_all(&dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(e.into());
+        }
+    }
+    let mut store = engine.store();
+    store.delete_golden(name)?;
+    store.record(NewEvent { kind: "golden_deleted", golden: Some(name.to_owned()), ..Default::default() })?;
+    Ok(golden)
+}

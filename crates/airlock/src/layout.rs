@@ -1,0 +1,114 @@
+//! Where everything lives under the data root (`$AIRLOCK_HOME`).
+//!
+//! ```text
+//! state.db  daemon.lock  daemon.log  airlock.sock  storage.xfs
+//! volume/                        the copy-on-write filesystem (a mount point after `storage init`)
+//!   goldens/<name>/<gen>/        pgdata/, manifest.json
+//!   sandboxes/<id>/              pgdata/, run/ (private socket dir), postgres.log
+//!   staging/                     goldens being built; removed at start if left over
+//! ```
+//!
+//! Goldens and sandboxes share one filesystem (`volume/`) because a reflink
+//! cannot cross filesystems.
+
+use std::path::{Path, PathBuf};
+
+/// Paths under one data root.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    home: PathBuf,
+}
+
+impl Layout {
+    /// A layout rooted at `home`.
+    pub fn new(home: impl Into<PathBuf>) -> Self {
+        Layout { home: home.into() }
+    }
+
+    /// The default data root: `$AIRLOCK_HOME`, else `/var/lib/airlock` for root,
+    /// else `$XDG_DATA_HOME/airlock` or `~/.local/share/airlock`.
+    pub fn default_home() -> PathBuf {
+        if let Some(h) = std::env::var_os("AIRLOCK_HOME") {
+            return PathBuf::from(h);
+        }
+        if nix::unistd::geteuid().is_root() {
+            return PathBuf::from("/var/lib/airlock");
+        }
+        if let Some(x) = std::env::var_os("XDG_DATA_HOME") {
+            return PathBuf::from(x).join("airlock");
+        }
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into());
+        PathBuf::from(home).join(".local/share/airlock")
+    }
+
+    /// The data root itself.
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+    /// The embedded state store.
+    pub fn state_db(&self) -> PathBuf {
+        self.home.join("state.db")
+    }
+    /// The REST API's unix socket.
+    pub fn api_socket(&self) -> PathBuf {
+        self.home.join("airlock.sock")
+    }
+    /// The lock file that makes one daemon per data root.
+    pub fn daemon_lock(&self) -> PathBuf {
+        self.home.join("daemon.lock")
+    }
+    /// Where an auto-started daemon writes its log.
+    pub fn daemon_log(&self) -> PathBuf {
+        self.home.join("daemon.log")
+    }
+    /// The XFS image made by `airlock storage init`.
+    pub fn storage_image(&self) -> PathBuf {
+        self.home.join("storage.xfs")
+    }
+    /// The copy-on-write volume holding goldens and sandboxes.
+    pub fn volume(&self) -> PathBuf {
+        self.home.join("volume")
+    }
+    /// All goldens.
+    pub fn goldens(&self) -> PathBuf {
+        self.volume().join("goldens")
+    }
+    /// One golden generation's directory.
+    pub fn golden_generation(&self, name: &str, generation: i64) -> PathBuf {
+        self.goldens().join(name).join(generation.to_string())
+    }
+    /// Goldens under construction (same filesystem, so a finished one is renamed into place).
+    pub fn staging(&self) -> PathBuf {
+        self.volume().join("staging")
+    }
+    /// All sandboxes.
+    pub fn sandboxes(&self) -> PathBuf {
+        self.volume().join("sandboxes")
+    }
+    /// One sandbox's directory.
+    pub fn sandbox(&self, id: &str) -> PathBuf {
+        self.sandboxes().join(id)
+    }
+}
+
+/// The files inside one instance directory (a sandbox, or a golden being built).
+#[derive(Debug, Clone)]
+pub struct InstanceDir {
+    /// The directory holding `pgdata/` and `run/`.
+    pub root: PathBuf,
+}
+
+impl InstanceDir {
+    /// The PostgreSQL data directory.
+    pub fn pgdata(&self) -> PathBuf {
+        self.root.join("pgdata")
+    }
+    /// The private directory holding the instance's unix socket.
+    pub fn socket_dir(&self) -> PathBuf {
+        self.root.join("run")
+    }
+    /// The instance's server log.
+    pub fn log(&self) -> PathBuf {
+        self.root.join("postgres.log")
+    }
+}

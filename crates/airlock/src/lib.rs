@@ -1,0 +1,24 @@
+//! Airlock: every AI-agent task gets its own throwaway PostgreSQL, forked
+//! copy-on-write from a seeded golden snapshot, reachable only with a credential
+//! the harness holds, and gone when the task ends or its TTL passes.
+//!
+//! The map of this crate is in `docs/ARCHITECTURE.md`.
+
+pub mod api;
+pub mod cli;
+pub mod client;
+pub mod clock;
+pub mod daemon;
+pub mod engine;
+pub mod error;
+pub mod events;
+pub mod golden;
+pub mod layout;
+pub mod pg;
+pub mod reaper;
+pub mod sandbox;
+pub mod secret;
+pub mod storage;
+pub mod store;
+pub mod users;
+pub mod validate;

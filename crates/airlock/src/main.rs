@@ -1,0 +1,5 @@
+//! The `airlock` binary: the daemon and its command-line client.
+
+fn main() {
+    airlock::cli::main()
+}

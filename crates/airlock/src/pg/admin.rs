@@ -1,0 +1,58 @@
+//! Admin work inside an instance, over its private socket with peer authentication.
+
+use crate::error::{Error, Result};
+use crate::layout::InstanceDir;
+use crate::pg::dsn::{AGENT_ROLE, OWNER_ROLE};
+use crate::pg::instance::admin_config;
+
+/// An open admin session on one instance.
+pub struct Admin {
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    /// Connects as the admin role to `database`.
+    pub async fn connect(dir: &InstanceDir, database: &str) -> Result<Admin> {
+        let (client, connection) = admin_config(dir, database)
+            .connect(tokio_postgres::NoTls)
+            .await
+            .map_err(|e| Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display())))?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Admin { client })
+    }
+
+    /// Runs statements that return nothing.
+    pub async fn execute(&self, sql: &str) -> Result<()> {
+        self.client.batch_execute(sql).await.map_err(|e| Error::postgres(describe(&e)))
+    }
+
+    /// Runs a query returning one text value.
+    pub async fn value(&self, sql: &str) -> Result<String> {
+        let row = self.client.query_one(sql, &[]).await.map_err(|e| Error::postgres(describe(&e)))?;
+        Ok(row.get::<_, String>(0))
+    }
+
+    /// Creates the agent role with a fresh password. Only the SCRAM verifier is
+    /// sent, so the password itself never reaches the server or its log.
+    pub async fn mint_agent(&self, password: &str) -> Result<()> {
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        self.execute(&format!(
+            "CREATE ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' IN ROLE {OWNER_ROLE} \
+             NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+        ))
+        .await
+    }
+}
+
+/// PostgreSQL's own message for an error, with its detail.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(d) => format!("{}: {} ({d})", db.code().code(), db.message()),
+            None => format!("{}: {}", db.code().code(), db.message()),
+        },
+        None => e.to_string(),
+    }
+}

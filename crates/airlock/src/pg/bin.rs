@@ -1,0 +1,72 @@
+//! Finding the PostgreSQL server binaries.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, ErrorCode, Result};
+
+/// A directory holding `postgres`, `initdb`, `psql`, `pg_dump` and `pg_restore`.
+#[derive(Debug, Clone)]
+pub struct PgBin {
+    dir: PathBuf,
+}
+
+impl PgBin {
+    /// Uses `configured` if given, else the newest `/usr/lib/postgresql/*/bin` with a server in it.
+    pub fn locate(configured: Option<&Path>) -> Result<PgBin> {
+        if let Some(dir) = configured {
+            return PgBin::check(dir.to_path_buf());
+        }
+        let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let major: u32 = e.file_name().to_str()?.parse().ok()?;
+                let bin = e.path().join("bin");
+                bin.join("postgres").exists().then_some((major, bin))
+            })
+            .collect();
+        found.sort();
+        match found.pop() {
+            Some((_, dir)) => PgBin::check(dir),
+            None => Err(Error::new(
+                ErrorCode::PostgresFailed,
+                "no PostgreSQL server found under /usr/lib/postgresql",
+                "install one (`apt-get install postgresql`), or pass --pg-bin DIR (or set AIRLOCK_PG_BIN)",
+            )),
+        }
+    }
+
+    fn check(dir: PathBuf) -> Result<PgBin> {
+        for tool in ["postgres", "initdb", "psql", "pg_dump", "pg_restore"] {
+            if !dir.join(tool).exists() {
+                return Err(Error::new(
+                    ErrorCode::PostgresFailed,
+                    format!("{} has no `{tool}`", dir.display()),
+                    "point --pg-bin (AIRLOCK_PG_BIN) at a PostgreSQL bin directory with the server and client tools",
+                ));
+            }
+        }
+        Ok(PgBin { dir })
+    }
+
+    /// The full path of one tool.
+    pub fn tool(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The directory itself.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The server's version string, as `postgres --version` prints it.
+    pub fn version(&self) -> String {
+        std::process::Command::new(self.tool("postgres"))
+            .arg("--version")
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,271 @@
+//! One PostgreSQL server process: start it on a private socket, wait until it is
+//! ready, stop it cleanly or kill it.
+//!
+//! Instances listen on no TCP port (`listen_addresses = ''`); their only way in is
+//! a unix socket in a directory only their OS user (and root) can enter. Each runs
+//! in its own process group so the daemon can die without taking it along, and so
+//! one signal reaches every backend of the instance.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use crate::error::{Error, Result};
+use crate::layout::InstanceDir;
+use crate::pg::bin::PgBin;
+use crate::pg::dsn::{ADMIN_ROLE, DATABASE, SOCKET_PORT};
+use crate::users::Identity;
+
+/// How long an instance may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Server settings every instance gets. Sandboxes are disposable, so durability is
+/// traded for speed (no fsync), and dynamic shared memory lives in the data
+/// directory so nothing is left in /dev/shm when an instance is killed.
+const SETTINGS: &[(&str, &str)] = &[
+    ("listen_addresses", ""),
+    ("port", "5432"),
+    ("unix_socket_permissions", "0700"),
+    ("fsync", "off"),
+    ("synchronous_commit", "off"),
+    ("full_page_writes", "off"),
+    ("shared_buffers", "16MB"),
+    ("max_connections", "40"),
+    ("dynamic_shared_memory_type", "mmap"),
+    ("max_wal_size", "256MB"),
+    ("logging_collector", "off"),
+    ("log_min_messages", "warning"),
+    ("log_line_prefix", "%m [%p] "),
+    ("jit", "off"),
+];
+
+/// Who may connect and how: the admin role only by peer authentication from the
+/// daemon's OS user (no superuser password exists), everyone else by SCRAM and
+/// only to the application database.
+fn hba(admin_os_users: &[&str]) -> (String, String) {
+    let hba = format!(
+        "# written by airlock at every start\n\
+         local all {ADMIN_ROLE} peer map=airlock\n\
+         local {DATABASE} all scram-sha-256\n"
+    );
+    let mut ident = String::from("# written by airlock at every start\n");
+    for user in admin_os_users {
+        ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));
+    }
+    (hba, ident)
+}
+
+/// Writes the access files into a data directory.
+pub fn write_access_files(pgdata: &Path, admin_os_users: &[&str], owner: &Identity) -> Result<()> {
+    let (hba, ident) = hba(admin_os_users);
+    for (name, text) in [("pg_hba.conf", hba), ("pg_ident.conf", ident)] {
+        let path = pgdata.join(name);
+        std::fs::write(&path, text)?;
+        owner.own(&path)?;
+    }
+    Ok(())
+}
+
+/// Makes a new data directory with the admin role as bootstrap superuser and
+/// peer authentication only. Runs as `instance_user` when `daemon_user` is root.
+pub async fn initdb(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, instance_user: &Identity) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(bin.tool("initdb"));
+    cmd.arg("-D")
+        .arg(pgdata)
+        .args(["-U", ADMIN_ROLE, "--auth-local=peer", "--auth-host=reject", "--no-locale"])
+        .args(["--encoding=UTF8", "--no-sync", "--no-instructions"])
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null());
+    if daemon_user.is_root() {
+        cmd.uid(instance_user.uid.as_raw()).gid(instance_user.gid.as_raw());
+    }
+    let out = cmd.output().await?;
+    if !out.status.success() {
+        return Err(Error::postgres(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+/// A started server process.
+#[derive(Debug)]
+pub struct Started {
+    /// The postmaster's pid (also its process group id).
+    pub pid: i32,
+    child: tokio::process::Child,
+}
+
+/// Starts `postgres` on `dir` as `user`, in its own process group, logging to `dir/postgres.log`.
+pub fn start(bin: &PgBin, dir: &InstanceDir, user: &Identity) -> Result<Started> {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.log())?;
+    user.own(&dir.log())?;
+    let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
+    cmd.arg("-D").arg(dir.pgdata());
+    for (k, v) in SETTINGS {
+        cmd.arg("-c").arg(format!("{k}={v}"));
+    }
+    cmd.arg("-c").arg(format!("unix_socket_directories={}", dir.socket_dir().display()));
+    cmd.env_clear()
+        .env("LC_ALL", "C")
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    if nix::unistd::geteuid().is_root() {
+        cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| Error::postgres(format!("could not start postgres for {}: {e}", dir.root.display())))?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    Ok(Started { pid, child })
+}
+
+impl Started {
+    /// Waits until the server says it is ready to accept connections, polling its
+    /// `postmaster.pid` with a 1 ms back-off; fails with the log's tail if it exits.
+    pub async fn wait_ready(&mut self, dir: &InstanceDir) -> Result<()> {
+        let pidfile = dir.pgdata().join("postmaster.pid");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&pidfile) {
+                if text.lines().nth(7).is_some_and(|l| l.trim() == "ready") {
+                    return Ok(());
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::postgres(format!(
+                    "postgres exited ({status}) before it was ready: {}",
+                    log_tail(&dir.log())
+                )));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::postgres(format!(
+                    "postgres was not ready after {READY_TIMEOUT:?}: {}",
+                    log_tail(&dir.log())
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Hands the child to a background task that reaps it when it exits, so no
+    /// zombie is left; the process keeps running if the daemon dies first.
+    pub fn detach(self) -> i32 {
+        let mut child = self.child;
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        self.pid
+    }
+
+    /// Stops the server cleanly (fast shutdown: a checkpoint, no waiting for
+    /// clients) and waits for it to exit.
+    pub async fn stop_clean(mut self, dir: &InstanceDir) -> Result<()> {
+        let _ = signal::kill(Pid::from_raw(self.pid), Signal::SIGINT);
+        match tokio::time::timeout(READY_TIMEOUT, self.child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(Error::postgres(format!(
+                "postgres shut down uncleanly ({status}): {}",
+                log_tail(&dir.log())
+            ))),
+            _ => {
+                kill(self.pid, &dir.pgdata()).await;
+                Err(Error::postgres("postgres did not shut down in time; it was killed"))
+            }
+        }
+    }
+}
+
+/// Stops an instance for good: immediate shutdown (which also removes its shared
+/// memory), then SIGKILL to the whole process group if it lingers. Safe to call
+/// on a pid that is gone or that belongs to someone else: it only signals a
+/// process whose command line names `pgdata`.
+pub async fn kill(pid: i32, pgdata: &Path) {
+    if !is_postmaster_of(pid, pgdata) {
+        remove_stale_shared_memory(pgdata);
+        return;
+    }
+    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGQUIT);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut wait = Duration::from_micros(500);
+    while is_alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(20));
+    }
+    if is_alive(pid) {
+        let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while is_alive(pid) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    remove_stale_shared_memory(pgdata);
+}
+
+/// Whether `pid` is a running (not zombie) postmaster serving `pgdata`.
+pub fn is_postmaster_of(pid: i32, pgdata: &Path) -> bool {
+    pid > 0 && is_alive(pid) && postmaster_data_dir(pid).as_deref() == Some(pgdata)
+}
+
+/// The `-D` argument of a running postgres process, if `pid` is one.
+pub fn postmaster_data_dir(pid: i32) -> Option<PathBuf> {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    if !args.first()?.ends_with(b"postgres") {
+        return None;
+    }
+    let i = args.iter().position(|a| *a == b"-D")?;
+    let dir = std::str::from_utf8(args.get(i + 1)?).ok()?;
+    Some(PathBuf::from(dir))
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn is_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// After an instance died without shutting down, its small System V segment
+/// would stay behind; `postmaster.pid` names it, so remove it.
+fn remove_stale_shared_memory(pgdata: &Path) {
+    let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid")) else { return };
+    let Some(line) = text.lines().nth(6) else { return };
+    let Some(shmid) = line.split_whitespace().nth(1).and_then(|s| s.parse::<i32>().ok()) else { return };
+    // SAFETY: IPC_RMID with a null buffer only marks the segment for removal.
+    unsafe {
+        nix::libc::shmctl(shmid, nix::libc::IPC_RMID, std::ptr::null_mut());
+    }
+}
+
+/// The last few lines of an instance log, for error messages.
+pub fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(5).collect();
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    format!("{} (log: {})", tail.join(" | "), log.display())
+}
+
+/// A tokio-postgres configuration for the admin role over an instance's socket.
+pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(dir.socket_dir())
+        .port(SOCKET_PORT)
+        .user(ADMIN_ROLE)
+        .dbname(database)
+        .application_name("airlock")
+        .connect_timeout(Duration::from_secs(10));
+    config
+}

@@ -1,0 +1,10 @@
+//! Everything that talks to PostgreSQL: binaries, instances, admin sessions,
+//! loading scripts and dumps, connection strings.
+
+pub mod admin;
+pub mod bin;
+pub mod dsn;
+pub mod instance;
+pub mod load;
+
+pub use bin::PgBin;

@@ -1,0 +1,153 @@
+//! Start-up reconciliation after a crash or restart: the store, the processes and
+//! the directories are made to agree.
+//!
+//! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
+//! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
+//! - a running sandbox whose process is gone (host restart) is started again;
+//! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
+//! - a half-built golden in `staging/` and a generation directory with no row are removed.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::clock::Timestamp;
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::events::{DeleteReason, NewEvent};
+use crate::pg::instance;
+use crate::sandbox::{self, SandboxState};
+use crate::store::SandboxFilter;
+
+/// What reconciliation did, for the daemon log.
+#[derive(Debug, Default, Serialize)]
+pub struct Reconciled {
+    /// Running sandboxes left as they were.
+    pub kept: usize,
+    /// Running sandboxes whose process had to be started again.
+    pub restarted: usize,
+    /// Sandboxes deleted because their TTL passed.
+    pub expired: usize,
+    /// Half-made or unknown sandboxes, processes and directories removed.
+    pub orphans: usize,
+}
+
+/// Reconciles store, processes and directories; run once before serving.
+pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
+    let mut done = Reconciled::default();
+    let layout = &engine.layout;
+
+    // Processes first: anything under the volume not known to be running goes.
+    let rows = engine.store().sandboxes(&SandboxFilter::default())?;
+    let running: HashSet<String> =
+        rows.iter().filter(|s| s.state == SandboxState::Running).map(|s| s.id.clone()).collect();
+    for (pid, pgdata) in postmasters_under(&layout.volume()) {
+        let id = sandbox_id_of(&layout.sandboxes(), &pgdata);
+        if id.as_ref().is_some_and(|id| running.contains(id)) {
+            continue;
+        }
+        tracing::warn!(pid, pgdata = %pgdata.display(), "stopping a postgres process the store does not know");
+        instance::kill(pid, &pgdata).await;
+        done.orphans += 1;
+    }
+
+    for entry in std::fs::read_dir(layout.staging())?.flatten() {
+        tracing::warn!(path = %entry.path().display(), "removing a half-built golden");
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
+
+    let now = Timestamp::now();
+    for sb in rows {
+        match sb.state {
+            SandboxState::Creating | SandboxState::Deleting => {
+                sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+                done.orphans += 1;
+            }
+            SandboxState::Running if sb.expires_at <= now => {
+                engine.store().begin_delete(&sb.id)?;
+                sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
+                done.expired += 1;
+            }
+            SandboxState::Running => {
+                let pgdata = layout.sandbox(&sb.id).join("pgdata");
+                if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
+                    done.kept += 1;
+                    continue;
+                }
+                match sandbox::restart(engine, &sb).await {
+                    Ok(_) => done.restarted += 1,
+                    Err(e) => {
+                        tracing::error!(sandbox = %sb.id, error = %e, "could not restart; deleting");
+                        sandbox::teardown(engine, &sb, DeleteReason::Failed).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    // Directories nobody owns: a fork that died before its row was written, or a
+    // teardown that died after the row went.
+    let known: HashSet<String> = engine
+        .store()
+        .sandboxes(&SandboxFilter::default())?
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    for entry in std::fs::read_dir(layout.sandboxes())?.flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        if known.contains(&id) {
+            continue;
+        }
+        let _ = std::fs::remove_dir_all(entry.path());
+        engine.store().record(NewEvent {
+            kind: "deleted",
+            sandbox: Some(id),
+            reason: Some(DeleteReason::Orphan.as_str()),
+            detail: json!({"found": "directory without state"}),
+            ..Default::default()
+        })?;
+        done.orphans += 1;
+    }
+
+    // Golden generations on disk that the store does not list (a crash between
+    // the rename into place and the row).
+    for golden_dir in std::fs::read_dir(layout.goldens())?.flatten() {
+        let name = golden_dir.file_name().to_string_lossy().into_owned();
+        let generations: HashSet<i64> = match engine.store().golden(&name) {
+            Ok(g) => g.generations.iter().map(|m| m.generation).collect(),
+            Err(_) => HashSet::new(),
+        };
+        for gen_dir in std::fs::read_dir(golden_dir.path())?.flatten() {
+            let known = gen_dir.file_name().to_str().and_then(|s| s.parse().ok()).is_some_and(|g| generations.contains(&g));
+            if !known {
+                tracing::warn!(path = %gen_dir.path().display(), "removing a golden generation the store does not list");
+                let _ = std::fs::remove_dir_all(gen_dir.path());
+            }
+        }
+        if generations.is_empty() {
+            let _ = std::fs::remove_dir(golden_dir.path());
+        }
+    }
+    Ok(done)
+}
+
+/// Every postmaster whose data directory lies under `root`, with that directory.
+fn postmasters_under(root: &Path) -> Vec<(i32, std::path::PathBuf)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return vec![] };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let dir = instance::postmaster_data_dir(pid)?;
+            (dir.starts_with(root) && instance::is_alive(pid)).then_some((pid, dir))
+        })
+        .collect()
+}
+
+/// The sandbox id in `<sandboxes>/<id>/pgdata`.
+fn sandbox_id_of(sandboxes: &Path, pgdata: &Path) -> Option<String> {
+    let rest = pgdata.strip_prefix(sandboxes).ok()?;
+    Some(rest.components().next()?.as_os_str().to_string_lossy().into_owned())
+}

@@ -1,0 +1,276 @@
+//! Sandboxes: one disposable PostgreSQL instance per task, forked from a golden.
+//!
+//! The fork path: record the sandbox (`creating`) → clone the golden's data
+//! directory → write access files → start postgres on a private socket → wait
+//! for "ready" → mint the agent credential → mark it `running`. Each step's
+//! time goes into the `ready` event. Any failure tears down whatever was made.
+
+mod record;
+
+pub use record::{Sandbox, SandboxState};
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::clock::Timestamp;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DeleteReason, NewEvent};
+use crate::layout::InstanceDir;
+use crate::pg::admin::Admin;
+use crate::pg::dsn::{self, DATABASE};
+use crate::pg::instance;
+use crate::{golden, secret, validate};
+
+/// A request to fork a golden.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ForkRequest {
+    /// The golden to fork (its current generation).
+    pub golden: String,
+    /// Seconds until the reaper deletes it; the daemon default if absent.
+    #[serde(default)]
+    pub ttl_seconds: Option<i64>,
+    /// Labels to find it by.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// A unique name to address it by besides its id.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// What a fork answers: the sandbox, and warnings (such as the copy fallback).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Forked {
+    /// The new sandbox.
+    #[serde(flatten)]
+    pub sandbox: Sandbox,
+    /// Things the caller should know.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+/// Time spent in each step of one fork.
+#[derive(Debug, Default, Serialize)]
+struct Steps {
+    clone_ms: f64,
+    start_ms: f64,
+    ready_ms: f64,
+    credential_ms: f64,
+}
+
+fn ms(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// Makes a sandbox from the current generation of a golden.
+pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
+    let began = Instant::now();
+    if let Some(name) = &req.name {
+        validate::name("sandbox", name)?;
+    }
+    for (k, v) in &req.labels {
+        validate::label(k, v)?;
+    }
+    let ttl = match req.ttl_seconds {
+        Some(s) => validate::ttl_seconds(s, engine.config.max_ttl)?,
+        None => engine.config.default_ttl,
+    };
+    let now = Timestamp::now();
+    let mut sb = {
+        let mut store = engine.store();
+        let golden = store.golden(&req.golden)?;
+        let sb = Sandbox {
+            id: secret::sandbox_id(),
+            name: req.name.clone(),
+            golden: golden.name,
+            generation: golden.current_generation,
+            dsn: None,
+            state: SandboxState::Creating,
+            labels: req.labels.clone(),
+            created_at: now,
+            expires_at: now.plus(ttl),
+            pid: None,
+        };
+        store.insert_sandbox(&sb, engine.config.max_sandboxes)?;
+        store.record(NewEvent {
+            kind: "created",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels}),
+            ..Default::default()
+        })?;
+        sb
+    };
+    let mut steps = Steps::default();
+    match bring_up(engine, &sb, &mut steps).await {
+        Ok((pid, dsn)) => {
+            let mut store = engine.store();
+            store.set_running(&sb.id, pid, &dsn)?;
+            store.record(NewEvent {
+                kind: "ready",
+                sandbox: Some(sb.id.clone()),
+                golden: Some(sb.golden.clone()),
+                detail: json!({"fork_ms": ms(began), "steps": steps, "storage": engine.cloner.backend()}),
+                ..Default::default()
+            })?;
+            sb.state = SandboxState::Running;
+            sb.pid = Some(pid);
+            sb.dsn = Some(dsn);
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "fork failed; tearing down");
+            teardown(engine, &sb, DeleteReason::Failed).await?;
+            return Err(e);
+        }
+    }
+    let warnings = engine.fork_warnings();
+    for w in &warnings {
+        tracing::warn!(sandbox = %sb.id, "{w}");
+    }
+    Ok(Forked { sandbox: sb, warnings })
+}
+
+fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
+    InstanceDir { root: engine.layout.sandbox(id) }
+}
+
+/// Clones, starts and credentials one sandbox; returns its pid and DSN.
+async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i32, String)> {
+    let dir = instance_dir(engine, &sb.id);
+    let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
+    let t = Instant::now();
+    {
+        let user = &engine.instance_user;
+        crate::pg::load::private_dir(&dir.root)?;
+        user.own(&dir.root)?;
+        engine
+            .cloner
+            .clone_tree(&golden_pgdata, &dir.pgdata(), Some(user))
+            .map_err(|e| Error::internal(format!("cloning {} failed: {e}", golden_pgdata.display())))?;
+        crate::pg::load::private_dir(&dir.socket_dir())?;
+        user.own(&dir.socket_dir())?;
+        instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
+    }
+    steps.clone_ms = ms(t);
+    start(engine, &dir, steps).await
+}
+
+/// Starts the instance in `dir`, waits for it, and mints a fresh agent credential.
+async fn start(engine: &Engine, dir: &InstanceDir, steps: &mut Steps) -> Result<(i32, String)> {
+    let t = Instant::now();
+    let mut started = instance::start(&engine.pg, dir, &engine.instance_user)?;
+    steps.start_ms = ms(t);
+    let t = Instant::now();
+    started.wait_ready(dir).await?;
+    let pid = started.detach();
+    steps.ready_ms = ms(t);
+    let t = Instant::now();
+    let password = secret::password();
+    Admin::connect(dir, DATABASE).await?.mint_agent(&password).await?;
+    steps.credential_ms = ms(t);
+    Ok((pid, dsn::sandbox(&dir.socket_dir(), &password)))
+}
+
+/// Starts a running sandbox whose process is gone (after a host restart, say),
+/// keeping its data and credential.
+pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
+    let dir = instance_dir(engine, &sb.id);
+    let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
+    let mut started = instance::start(&engine.pg, &dir, &engine.instance_user)?;
+    started.wait_ready(&dir).await?;
+    let pid = started.detach();
+    let dsn = sb.dsn.clone().unwrap_or_default();
+    engine.store().set_running(&sb.id, pid, &dsn)?;
+    Ok(pid)
+}
+
+/// Deletes a sandbox by id or name. Waits for a fork in progress to finish first;
+/// if another caller is already deleting it, waits for that.
+pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<Sandbox> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen: Option<Sandbox> = None;
+    loop {
+        let sb = match engine.store().sandbox(key) {
+            Ok(sb) => sb,
+            // Someone else finished deleting it while we waited: that is what was asked.
+            Err(e) if e.code == ErrorCode::SandboxNotFound && seen.is_some() => {
+                return Ok(seen.take().expect("checked"))
+            }
+            Err(e) => return Err(e),
+        };
+        match sb.state {
+            SandboxState::Running => {
+                if engine.store().begin_delete(&sb.id)? {
+                    teardown(engine, &sb, reason).await?;
+                    return Ok(sb);
+                }
+            }
+            SandboxState::Creating | SandboxState::Deleting if Instant::now() < deadline => {}
+            _ => {
+                return Err(Error::internal(format!("sandbox {} is stuck in state {}", sb.id, sb.state.as_str())))
+            }
+        }
+        seen = Some(sb);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Stops a sandbox's processes, removes its files and its state row, and records
+/// why. Used for every kind of deletion, including failed forks and orphans.
+pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
+    let dir = instance_dir(engine, &sb.id);
+    let pid = sb.pid.or_else(|| postmaster_pid(&dir));
+    if let Some(pid) = pid {
+        instance::kill(pid, &dir.pgdata()).await;
+    }
+    if let Err(e) = std::fs::remove_dir_all(&dir.root) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            return Err(Error::internal(format!("removing {} failed: {e}", dir.root.display())));
+        }
+    }
+    {
+        let mut store = engine.store();
+        store.delete_sandbox(&sb.id)?;
+        store.record(NewEvent {
+            kind: "deleted",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            reason: Some(reason.as_str()),
+            detail: json!({"generation": sb.generation}),
+        })?;
+    }
+    golden::prune(engine, &sb.golden)
+}
+
+/// The pid in a data directory's `postmaster.pid`, if any.
+pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
+    let text = std::fs::read_to_string(dir.pgdata().join("postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+/// Sets a sandbox to expire `ttl_seconds` from now.
+pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
+    let ttl = validate::ttl_seconds(ttl_seconds, engine.config.max_ttl)?;
+    let mut store = engine.store();
+    let sb = store.sandbox(key)?;
+    if sb.state != SandboxState::Running {
+        return Err(Error::new(
+            ErrorCode::SandboxNotFound,
+            format!("sandbox {} is {}", sb.id, sb.state.as_str()),
+            "only running sandboxes can be extended",
+        ));
+    }
+    let expires_at = Timestamp::now().plus(ttl);
+    store.set_expiry(&sb.id, expires_at)?;
+    store.record(NewEvent {
+        kind: "extended",
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        detail: json!({"expires_at": expires_at}),
+        ..Default::default()
+    })?;
+    store.sandbox(&sb.id)
+}

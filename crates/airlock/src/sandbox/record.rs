@@ -1,0 +1,66 @@
+//! A sandbox as stored, listed and shown.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    /// Being cloned and started; torn down at daemon start if the daemon died meanwhile.
+    Creating,
+    /// Up and answering.
+    Running,
+    /// Being torn down.
+    Deleting,
+}
+
+impl SandboxState {
+    /// The snake_case name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Deleting => "deleting",
+        }
+    }
+
+    /// Parses the stored name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "deleting" => SandboxState::Deleting,
+            _ => return None,
+        })
+    }
+}
+
+/// One sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// Unique id, `sb-` and ten characters.
+    pub id: String,
+    /// Optional unique name among live sandboxes.
+    pub name: Option<String>,
+    /// The golden it was forked from.
+    pub golden: String,
+    /// The golden generation it was forked from.
+    pub generation: i64,
+    /// The connection string with its credential; only set once running.
+    pub dsn: Option<String>,
+    /// Lifecycle state.
+    pub state: SandboxState,
+    /// Free-form labels for finding it again.
+    pub labels: BTreeMap<String, String>,
+    /// When the fork was asked for.
+    pub created_at: Timestamp,
+    /// When the reaper deletes it.
+    pub expires_at: Timestamp,
+    /// The postmaster's process id while running.
+    #[serde(skip)]
+    pub pid: Option<i32>,
+}

@@ -1,0 +1,34 @@
+//! Random identifiers and credentials from the operating system's CSPRNG.
+
+const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
+
+fn random_bytes<const N: usize>() -> [u8; N] {
+    let mut buf = [0u8; N];
+    getrandom::fill(&mut buf).expect("the OS random source failed");
+    buf
+}
+
+/// A short sandbox id such as `sb-k3v9q2mx7a`: 50 bits, unambiguous characters.
+pub fn sandbox_id() -> String {
+    let bytes = random_bytes::<10>();
+    let tail: String = bytes.iter().map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char).collect();
+    format!("sb-{tail}")
+}
+
+/// A fresh password: 256 random bits, hex-encoded so it needs no quoting in a DSN.
+pub fn password() -> String {
+    random_bytes::<32>().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ids_and_passwords_are_distinct_and_well_formed() {
+        let a = super::sandbox_id();
+        assert_ne!(a, super::sandbox_id());
+        assert!(a.starts_with("sb-") && a.len() == 13);
+        let p = super::password();
+        assert_eq!(p.len(), 64);
+        assert_ne!(p, super::password());
+    }
+}

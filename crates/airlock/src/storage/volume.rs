@@ -1,0 +1,189 @@
+//! Preparing a copy-on-write volume on a host that has none: a sparse XFS image
+//! made with `reflink=1`, loop-mounted on `$AIRLOCK_HOME/volume`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::Command;
+
+use serde::Serialize;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::Layout;
+use crate::storage::{filesystem_name, Cloner};
+
+/// What `storage init` did.
+#[derive(Debug, Serialize)]
+pub struct InitReport {
+    /// The image file.
+    pub image: String,
+    /// Where it is mounted.
+    pub mount_point: String,
+    /// Its size in bytes.
+    pub size_bytes: u64,
+    /// The filesystem now under the volume.
+    pub filesystem: String,
+    /// Whether reflinks work there.
+    pub reflink: bool,
+    /// False when the volume was already prepared and nothing was done.
+    pub created: bool,
+}
+
+fn storage_error(message: impl Into<String>, hint: impl Into<String>) -> Error {
+    Error::new(ErrorCode::StorageFailed, message, hint)
+}
+
+/// Parses sizes such as `20G`, `512M` or `1073741824`.
+pub fn parse_size(text: &str) -> Result<u64> {
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = digits.parse().map_err(|_| bad_size(text))?;
+    let mult: u64 = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(bad_size(text)),
+    };
+    let bytes = n.checked_mul(mult).ok_or_else(|| bad_size(text))?;
+    if bytes < 512 << 20 {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("a volume of {text} is too small"),
+            "give at least 512M; the image is sparse, so a large size costs nothing until used",
+        ));
+    }
+    Ok(bytes)
+}
+
+fn bad_size(text: &str) -> Error {
+    Error::new(ErrorCode::InvalidRequest, format!("invalid size {text:?}"), "write a size such as 20G or 512M")
+}
+
+/// Whether `path` is the root of a mount (a different device from its parent).
+pub fn is_mount_point(path: &Path) -> bool {
+    let (Ok(me), Some(Ok(parent))) = (std::fs::metadata(path), path.parent().map(std::fs::metadata)) else {
+        return false;
+    };
+    me.dev() != parent.dev()
+}
+
+/// Makes and mounts the XFS image. Refuses without root, when the volume already
+/// holds goldens or sandboxes, or when the tools are missing.
+pub fn init(layout: &Layout, size: u64) -> Result<InitReport> {
+    let volume = layout.volume();
+    let image = layout.storage_image();
+    let report = |created: bool| {
+        let cloner = Cloner::probe(&volume)?;
+        Ok(InitReport {
+            image: image.display().to_string(),
+            mount_point: volume.display().to_string(),
+            size_bytes: std::fs::metadata(&image).map(|m| m.len()).unwrap_or(size),
+            filesystem: cloner.filesystem().to_owned(),
+            reflink: cloner.backend() == super::Backend::Reflink,
+            created,
+        })
+    };
+    if is_mount_point(&volume) && image.exists() {
+        return report(false);
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(storage_error(
+            "storage init needs root to make and mount a loop device",
+            "run it with sudo, or put AIRLOCK_HOME on an XFS (reflink=1) or Btrfs filesystem yourself",
+        ));
+    }
+    std::fs::create_dir_all(&volume)?;
+    let occupied = std::fs::read_dir(&volume)?.flatten().any(|e| {
+        std::fs::read_dir(e.path()).map(|mut d| d.next().is_some()).unwrap_or(true)
+    });
+    if occupied {
+        return Err(storage_error(
+            format!("{} already holds goldens or sandboxes", volume.display()),
+            "delete them first (`airlock golden rm NAME --force`), or use a fresh AIRLOCK_HOME",
+        ));
+    }
+    if which("mkfs.xfs").is_none() {
+        return Err(storage_error(
+            "mkfs.xfs is not installed",
+            "install it with `apt-get install xfsprogs` and run again",
+        ));
+    }
+    if !image.exists() {
+        let f = std::fs::File::create(&image)?;
+        f.set_len(size)?;
+        drop(f);
+        run(Command::new("mkfs.xfs").args(["-q", "-m", "reflink=1"]).arg(&image), "mkfs.xfs").inspect_err(
+            |_| {
+                let _ = std::fs::remove_file(&image);
+            },
+        )?;
+    }
+    for entry in std::fs::read_dir(&volume)?.flatten() {
+        let _ = std::fs::remove_dir(entry.path());
+    }
+    mount(layout)?;
+    report(true)
+}
+
+/// Mounts the image on the volume if an image exists and nothing is mounted there
+/// (after a reboot, say). Returns whether it mounted.
+pub fn ensure_mounted(layout: &Layout) -> Result<bool> {
+    let volume = layout.volume();
+    if !layout.storage_image().exists() || is_mount_point(&volume) {
+        return Ok(false);
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(false);
+    }
+    std::fs::create_dir_all(&volume)?;
+    mount(layout)?;
+    Ok(true)
+}
+
+fn mount(layout: &Layout) -> Result<()> {
+    let volume = layout.volume();
+    run(
+        Command::new("mount").args(["-o", "loop,noatime"]).arg(layout.storage_image()).arg(&volume),
+        "mount",
+    )?;
+    // The volume root must be traversable by instance users.
+    std::fs::set_permissions(&volume, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
+    let fs = filesystem_name(&volume);
+    if fs != "xfs" {
+        return Err(storage_error(format!("mounted {} but found {fs}", volume.display()), "check `mount`"));
+    }
+    Ok(())
+}
+
+fn run(cmd: &mut Command, what: &str) -> Result<()> {
+    let out = cmd.output().map_err(|e| storage_error(format!("{what} could not run: {e}"), "is it installed?"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(storage_error(
+            format!("{what} failed: {}", String::from_utf8_lossy(&out.stderr).trim()),
+            "loop devices need root and a kernel with XFS; see `airlock doctor`",
+        ))
+    }
+}
+
+fn which(tool: &str) -> Option<std::path::PathBuf> {
+    let path = std::env::var("PATH").unwrap_or_default();
+    std::env::split_paths(&format!("{path}:/usr/sbin:/sbin")).map(|d| d.join(tool)).find(|p| p.exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("20G").unwrap(), 20 << 30);
+        assert_eq!(parse_size("512M").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert!(parse_size("10M").is_err());
+        assert!(parse_size("big").is_err());
+        assert!(parse_size("5Q").is_err());
+    }
+}

@@ -1,0 +1,392 @@
+//! The daemon's embedded state: goldens, generations, sandboxes and events in SQLite (WAL).
+//!
+//! Calls are short and synchronous; the daemon wraps the store in a mutex, which
+//! also makes check-then-insert steps (capacity, unique names) atomic.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{Event, NewEvent};
+use crate::golden::{Golden, Manifest, Source};
+use crate::sandbox::{Sandbox, SandboxState};
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS goldens (
+    name TEXT PRIMARY KEY,
+    current_generation INTEGER NOT NULL,
+    source TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS generations (
+    golden TEXT NOT NULL REFERENCES goldens(name) ON DELETE CASCADE,
+    generation INTEGER NOT NULL,
+    manifest TEXT NOT NULL,
+    PRIMARY KEY (golden, generation)
+);
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    name TEXT UNIQUE,
+    golden TEXT NOT NULL,
+    generation INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    pid INTEGER,
+    dsn TEXT
+);
+CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(expires_at);
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    sandbox TEXT,
+    golden TEXT,
+    reason TEXT,
+    detail TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox);
+";
+
+/// The open state database.
+pub struct Store {
+    conn: Connection,
+}
+
+/// Filters for listing sandboxes.
+#[derive(Debug, Default, Clone)]
+pub struct SandboxFilter {
+    /// Only sandboxes of this golden.
+    pub golden: Option<String>,
+    /// Only sandboxes carrying every one of these labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the store at `path`, readable by its owner only.
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path)?;
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        conn.execute_batch(SCHEMA)?;
+        Ok(Store { conn })
+    }
+
+    // ---- goldens ----
+
+    /// Records a new golden with its first generation.
+    pub fn insert_golden(&mut self, manifest: &Manifest, source: &Source) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO goldens (name, current_generation, source) VALUES (?1, ?2, ?3)",
+            params![manifest.name, manifest.generation, to_json(source)],
+        )?;
+        tx.execute(
+            "INSERT INTO generations (golden, generation, manifest) VALUES (?1, ?2, ?3)",
+            params![manifest.name, manifest.generation, to_json(manifest)],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Records a new generation and makes it current.
+    pub fn add_generation(&mut self, manifest: &Manifest) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "INSERT INTO generations (golden, generation, manifest) VALUES (?1, ?2, ?3)",
+            params![manifest.name, manifest.generation, to_json(manifest)],
+        )?;
+        tx.execute(
+            "UPDATE goldens SET current_generation = ?2 WHERE name = ?1",
+            params![manifest.name, manifest.generation],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The stored source of a golden, secrets included (for refresh only).
+    pub fn golden_source(&self, name: &str) -> Result<Source> {
+        let text: Option<String> = self
+            .conn
+            .query_row("SELECT source FROM goldens WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?;
+        match text {
+            Some(t) => from_json(&t),
+            None => Err(golden_not_found(name)),
+        }
+    }
+
+    /// One golden with its generations and sandbox count.
+    pub fn golden(&self, name: &str) -> Result<Golden> {
+        let row: Option<(i64, String)> = self
+            .conn
+            .query_row(
+                "SELECT current_generation, source FROM goldens WHERE name = ?1",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (current_generation, source) = row.ok_or_else(|| golden_not_found(name))?;
+        let source: Source = from_json(&source)?;
+        let mut stmt = self
+            .conn
+            .prepare("SELECT manifest FROM generations WHERE golden = ?1 ORDER BY generation")?;
+        let generations = stmt
+            .query_map([name], |r| r.get::<_, String>(0))?
+            .map(|t| from_json(&t?))
+            .collect::<Result<Vec<Manifest>>>()?;
+        let sandboxes: i64 = self.conn.query_row(
+            "SELECT count(*) FROM sandboxes WHERE golden = ?1",
+            [name],
+            |r| r.get(0),
+        )?;
+        Ok(Golden {
+            name: name.to_owned(),
+            current_generation,
+            sandboxes,
+            generations,
+            source: source.redacted(),
+        })
+    }
+
+    /// Every golden, by name.
+    pub fn goldens(&self) -> Result<Vec<Golden>> {
+        let names: Vec<String> = self
+            .conn
+            .prepare("SELECT name FROM goldens ORDER BY name")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        names.iter().map(|n| self.golden(n)).collect()
+    }
+
+    /// Generations of a golden that some sandbox still uses.
+    pub fn generations_in_use(&self, name: &str) -> Result<Vec<i64>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT DISTINCT generation FROM sandboxes WHERE golden = ?1")?;
+        let rows = stmt.query_map([name], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    /// Forgets one generation.
+    pub fn delete_generation(&mut self, name: &str, generation: i64) -> Result<()> {
+        self.conn.execute(
+            "DELETE FROM generations WHERE golden = ?1 AND generation = ?2",
+            params![name, generation],
+        )?;
+        Ok(())
+    }
+
+    /// Forgets a golden and all its generations.
+    pub fn delete_golden(&mut self, name: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM goldens WHERE name = ?1", [name])?;
+        Ok(())
+    }
+
+    // ---- sandboxes ----
+
+    /// Records a sandbox in state `creating`, refusing past `max_sandboxes` or on a taken name.
+    pub fn insert_sandbox(&mut self, sb: &Sandbox, max_sandboxes: usize) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        let count: i64 = tx.query_row("SELECT count(*) FROM sandboxes", [], |r| r.get(0))?;
+        if count as usize >= max_sandboxes {
+            return Err(Error::new(
+                ErrorCode::CapacityExhausted,
+                format!("this host already has {count} sandboxes, the configured maximum"),
+                "delete sandboxes you no longer need (`airlock rm`), or start the daemon with a larger --max-sandboxes",
+            ));
+        }
+        let inserted = tx.execute(
+            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                sb.id,
+                sb.name,
+                sb.golden,
+                sb.generation,
+                sb.state.as_str(),
+                to_json(&sb.labels),
+                sb.created_at.0,
+                sb.expires_at.0
+            ],
+        );
+        match inserted {
+            Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                return Err(Error::new(
+                    ErrorCode::NameTaken,
+                    format!("a live sandbox is already named {:?}", sb.name.as_deref().unwrap_or("")),
+                    "pick another --name, or delete the other sandbox first",
+                ));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Marks a sandbox running, with its postmaster pid and connection string.
+    pub fn set_running(&mut self, id: &str, pid: i32, dsn: &str) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sandboxes SET state = 'running', pid = ?2, dsn = ?3 WHERE id = ?1",
+            params![id, pid, dsn],
+        )?;
+        Ok(())
+    }
+
+    /// Moves a running sandbox to `deleting`; false if it was not running (someone
+    /// else is deleting it, or it is still being made).
+    pub fn begin_delete(&mut self, id: &str) -> Result<bool> {
+        let n = self
+            .conn
+            .execute("UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state = 'running'", [id])?;
+        Ok(n == 1)
+    }
+
+    /// Changes a sandbox's state.
+    pub fn set_state(&mut self, id: &str, state: SandboxState) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id, state.as_str()])?;
+        Ok(())
+    }
+
+    /// Sets a sandbox's expiry.
+    pub fn set_expiry(&mut self, id: &str, expires_at: Timestamp) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1", params![id, expires_at.0])?;
+        Ok(())
+    }
+
+    /// Forgets a sandbox (its credential goes with the row).
+    pub fn delete_sandbox(&mut self, id: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// A sandbox by id or by name.
+    pub fn sandbox(&self, id_or_name: &str) -> Result<Sandbox> {
+        self.conn
+            .query_row(
+                &format!("{SELECT_SANDBOX} WHERE id = ?1 OR name = ?1"),
+                [id_or_name],
+                sandbox_from_row,
+            )
+            .optional()?
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorCode::SandboxNotFound,
+                    format!("no sandbox with id or name {id_or_name:?}"),
+                    "list live sandboxes with `airlock ls`; deleted and expired ones are gone",
+                )
+            })
+    }
+
+    /// Sandboxes matching a filter, oldest first.
+    pub fn sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<Sandbox>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("{SELECT_SANDBOX} WHERE (?1 IS NULL OR golden = ?1) ORDER BY created_at, id"))?;
+        let all = stmt
+            .query_map([&filter.golden], sandbox_from_row)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(all
+            .into_iter()
+            .filter(|s| filter.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .collect())
+    }
+
+    /// Ids of sandboxes whose expiry has passed and that are not already being deleted.
+    pub fn expired(&self, now: Timestamp) -> Result<Vec<String>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id FROM sandboxes WHERE expires_at <= ?1 AND state = 'running' ORDER BY expires_at",
+        )?;
+        let ids = stmt.query_map([now.0], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
+        Ok(ids)
+    }
+
+    // ---- events ----
+
+    /// Appends an event.
+    pub fn record(&mut self, e: NewEvent) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO events (at, kind, sandbox, golden, reason, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                Timestamp::now().0,
+                e.kind,
+                e.sandbox,
+                e.golden,
+                e.reason,
+                if e.detail.is_null() { "{}".to_owned() } else { e.detail.to_string() }
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Events, oldest first, optionally for one sandbox (by id), the most recent `limit`.
+    pub fn events(&self, sandbox: Option<&str>, limit: i64) -> Result<Vec<Event>> {
+        let mut stmt = self.conn.prepare(
+            "SELECT id, at, kind, sandbox, golden, reason, detail FROM (
+                SELECT * FROM events WHERE (?1 IS NULL OR sandbox = ?1) ORDER BY id DESC LIMIT ?2
+             ) ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map(params![sandbox, limit], |r| {
+                let detail: String = r.get(6)?;
+                Ok(Event {
+                    id: r.get(0)?,
+                    at: Timestamp(r.get(1)?),
+                    kind: r.get(2)?,
+                    sandbox: r.get(3)?,
+                    golden: r.get(4)?,
+                    reason: r.get(5)?,
+                    detail: serde_json::from_str(&detail).unwrap_or_default(),
+                })
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+}
+
+const SELECT_SANDBOX: &str =
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn FROM sandboxes";
+
+fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
+    let state: String = r.get(4)?;
+    let labels: String = r.get(5)?;
+    Ok(Sandbox {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        golden: r.get(2)?,
+        generation: r.get(3)?,
+        state: SandboxState::parse(&state).unwrap_or(SandboxState::Deleting),
+        labels: serde_json::from_str(&labels).unwrap_or_default(),
+        created_at: Timestamp(r.get(6)?),
+        expires_at: Timestamp(r.get(7)?),
+        pid: r.get(8)?,
+        dsn: r.get(9)?,
+    })
+}
+
+fn golden_not_found(name: &str) -> Error {
+    Error::new(
+        ErrorCode::GoldenNotFound,
+        format!("no golden named {name:?}"),
+        "list goldens with `airlock golden ls`, or make one with `airlock golden create`",
+    )
+}
+
+fn to_json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("state values serialize")
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|e| Error::internal(format!("state store holds bad JSON: {e}")))
+}

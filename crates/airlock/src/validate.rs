@@ -1,0 +1,141 @@
+//! Checks of user input (names, labels, TTLs), each failing with a code and a hint.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::error::{Error, ErrorCode, Result};
+
+/// Checks a golden or sandbox name: 1–48 of `a-z 0-9 _ -`, starting with a letter.
+pub fn name(kind: &str, value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 48
+        && value.starts_with(|c: char| c.is_ascii_lowercase())
+        && value.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorCode::InvalidName,
+            format!("invalid {kind} name {value:?}"),
+            "use 1 to 48 characters of a-z, 0-9, '_' and '-', starting with a letter",
+        ))
+    }
+}
+
+/// Parses `key=value` labels into a map; keys are `[A-Za-z0-9_./-]{1,63}`, values up to 255 printable characters.
+pub fn labels<S: AsRef<str>>(items: &[S]) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for item in items {
+        let item = item.as_ref();
+        let bad = || {
+            Error::new(
+                ErrorCode::InvalidLabel,
+                format!("malformed label {item:?}"),
+                "write labels as key=value; keys use A-Z a-z 0-9 _ . / - (at most 63), values at most 255 printable characters",
+            )
+        };
+        let (k, v) = item.split_once('=').ok_or_else(bad)?;
+        label(k, v).map_err(|_| bad())?;
+        out.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(out)
+}
+
+/// Checks one label key and value.
+pub fn label(key: &str, value: &str) -> Result<()> {
+    let key_ok = !key.is_empty()
+        && key.len() <= 63
+        && key.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c));
+    let value_ok = value.len() <= 255 && !value.chars().any(char::is_control);
+    if key_ok && value_ok {
+        Ok(())
+    } else {
+        Err(Error::new(
+            ErrorCode::InvalidLabel,
+            format!("malformed label {key:?}={value:?}"),
+            "keys use A-Z a-z 0-9 _ . / - (at most 63), values at most 255 printable characters",
+        ))
+    }
+}
+
+/// Parses a human TTL such as `15m`, `90s` or `1h30m`.
+pub fn parse_ttl(text: &str) -> Result<Duration> {
+    let bad = |why: &str| {
+        Error::new(
+            ErrorCode::InvalidTtl,
+            format!("invalid TTL {text:?}: {why}"),
+            "give a positive duration such as 90s, 15m or 2h",
+        )
+    };
+    let text = text.trim();
+    if text.starts_with('-') {
+        return Err(bad("it is negative"));
+    }
+    let d = humantime::parse_duration(text).map_err(|e| bad(&e.to_string()))?;
+    if d.is_zero() {
+        return Err(bad("it is zero"));
+    }
+    Ok(d)
+}
+
+/// Checks a TTL in seconds against the configured maximum.
+pub fn ttl_seconds(seconds: i64, max: Duration) -> Result<Duration> {
+    if seconds <= 0 {
+        return Err(Error::new(
+            ErrorCode::InvalidTtl,
+            format!("TTL must be positive, got {seconds} seconds"),
+            "give a positive duration such as 90s, 15m or 2h",
+        ));
+    }
+    let d = Duration::from_secs(seconds as u64);
+    if d > max {
+        return Err(Error::new(
+            ErrorCode::InvalidTtl,
+            format!(
+                "TTL of {} is over the maximum of {}",
+                humantime::format_duration(d),
+                humantime::format_duration(max)
+            ),
+            "ask for a shorter TTL, or start the daemon with a larger --max-ttl",
+        ));
+    }
+    Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert!(name("golden", "shop").is_ok());
+        assert!(name("golden", "shop_2-b").is_ok());
+        for bad in ["", "Shop", "1shop", "shop!", "a/b", &"x".repeat(49)] {
+            assert_eq!(name("golden", bad).unwrap_err().code, ErrorCode::InvalidName, "{bad}");
+        }
+    }
+
+    #[test]
+    fn labels_parse_and_reject() {
+        let m = labels(&["team=evals", "run.id=42", "empty="]).unwrap();
+        assert_eq!(m["team"], "evals");
+        assert_eq!(m["empty"], "");
+        for bad in ["novalue", "=x", "sp ace=x", "k=\u{7}"] {
+            assert_eq!(labels(&[bad]).unwrap_err().code, ErrorCode::InvalidLabel, "{bad}");
+        }
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(parse_ttl("15m").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_ttl("1h30m").unwrap(), Duration::from_secs(5400));
+        for bad in ["0s", "-5m", "soon", ""] {
+            assert_eq!(parse_ttl(bad).unwrap_err().code, ErrorCode::InvalidTtl, "{bad}");
+        }
+        let max = Duration::from_secs(3600);
+        assert!(ttl_seconds(60, max).is_ok());
+        assert_eq!(ttl_seconds(0, max).unwrap_err().code, ErrorCode::InvalidTtl);
+        assert_eq!(ttl_seconds(-1, max).unwrap_err().code, ErrorCode::InvalidTtl);
+        assert_eq!(ttl_seconds(3601, max).unwrap_err().code, ErrorCode::InvalidTtl);
+    }
+}
