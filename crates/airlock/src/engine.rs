@@ -130,13 +130,9 @@ impl Engine {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// OS users allowed to connect as the admin role: the daemon's and the instances'.
+    /// OS users allowed to connect as the admin role: the daemon's own, and no other.
     pub fn admin_os_users(&self) -> Vec<&str> {
-        let mut users = vec![self.daemon_user.name.as_str()];
-        if self.instance_user.name != self.daemon_user.name {
-            users.push(self.instance_user.name.as_str());
-        }
-        users
+        vec![self.daemon_user.name.as_str()]
     }
 
     /// Warnings every fork carries (the copy fallback).

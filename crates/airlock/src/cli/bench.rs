@@ -163,7 +163,7 @@ impl Scratch {
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         pg::load::private_dir(&dir.socket_dir())?;
         self.user.own(&dir.socket_dir())?;
-        let users = [self.me.name.as_str(), self.user.name.as_str()];
+        let users = [self.me.name.as_str()];
         instance::write_access_files(&dir.pgdata(), &users, &self.user)?;
         let mut started = instance::start(&self.bin, &dir, &self.user)?;
         started.wait_ready(&dir).await?;

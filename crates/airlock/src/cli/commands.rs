@@ -88,7 +88,10 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Show { id } => {
-            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            let mut sb: Sandbox =
+                cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            // The credential is printed only when asked for (`airlock dsn`).
+            sb.dsn = None;
             output::print(json, &sb, || output::sandbox(&sb));
             Ok(0)
         }

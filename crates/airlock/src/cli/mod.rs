@@ -67,7 +67,7 @@ enum Command {
         /// Sandbox id or name.
         id: String,
         /// The new TTL, counted from now (e.g. 30m).
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         ttl: String,
     },
     /// Print a sandbox's connection string.
@@ -176,7 +176,7 @@ struct ForkArgs {
     /// The golden to fork.
     golden: String,
     /// Time to live (default: the daemon's, 15m).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     ttl: Option<String>,
     /// A label, key=value (repeatable).
     #[arg(long = "label")]

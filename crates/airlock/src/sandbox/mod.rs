@@ -178,7 +178,12 @@ async fn start(engine: &Engine, dir: &InstanceDir, steps: &mut Steps) -> Result<
 /// keeping its data and credential.
 pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
+    // The dead server's lock files name a pid that may live on as a zombie or be
+    // reused; the caller has checked no postmaster serves this directory.
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
+    for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
+        let _ = std::fs::remove_file(entry.path());
+    }
     let mut started = instance::start(&engine.pg, &dir, &engine.instance_user)?;
     started.wait_ready(&dir).await?;
     let pid = started.detach();

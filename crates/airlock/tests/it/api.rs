@@ -1,0 +1,114 @@
+//! The REST API itself: its OpenAPI document, its error format, and TCP with a bearer token.
+
+use std::io::{Read, Write};
+
+use serde_json::Value;
+
+use crate::harness::Daemon;
+
+/// One raw HTTP/1.0 request; returns the status and the body.
+fn http(stream: &mut dyn ReadWrite, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}
+
+fn unix(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+    http(&mut s, method, path, "", body)
+}
+
+#[test]
+fn openapi_documents_every_route() {
+    let d = Daemon::start(&[]);
+    let (status, body) = unix(&d, "GET", "/openapi.json", "");
+    assert_eq!(status, 200);
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let paths = doc["paths"].as_object().unwrap();
+    for (path, methods) in [
+        ("/v1/health", &["get"][..]),
+        ("/v1/doctor", &["get"]),
+        ("/v1/shutdown", &["post"]),
+        ("/v1/goldens", &["get", "post"]),
+        ("/v1/goldens/{name}", &["get", "delete"]),
+        ("/v1/goldens/{name}/refresh", &["post"]),
+        ("/v1/sandboxes", &["get", "post"]),
+        ("/v1/sandboxes/{id}", &["get", "delete"]),
+        ("/v1/sandboxes/{id}/extend", &["post"]),
+        ("/v1/events", &["get"]),
+    ] {
+        for m in methods {
+            assert!(paths[path][m].is_object(), "{m} {path} is not documented");
+        }
+    }
+    // Every documented error code is one the daemon can send.
+    let codes = doc["components"]["schemas"]["Error"]["properties"]["code"]["enum"].as_array().unwrap();
+    assert!(codes.iter().any(|c| c == "capacity_exhausted"));
+}
+
+#[test]
+fn errors_are_json_with_code_message_and_hint() {
+    let d = Daemon::start(&[]);
+    for (method, path, body, status, code) in [
+        ("GET", "/v1/nowhere", "", 400, "invalid_request"),
+        ("POST", "/v1/sandboxes", "{not json", 400, "invalid_request"),
+        ("POST", "/v1/sandboxes", r#"{"golden":"none"}"#, 404, "golden_not_found"),
+        ("GET", "/v1/sandboxes/sb-none", "", 404, "sandbox_not_found"),
+        ("POST", "/v1/sandboxes/sb-none/extend", r#"{"ttl_seconds":0}"#, 400, "invalid_ttl"),
+        ("GET", "/v1/sandboxes?label=bad", "", 400, "invalid_label"),
+        ("POST", "/v1/goldens", r#"{"name":"x","schema":["relative.sql"]}"#, 400, "invalid_request"),
+    ] {
+        let (got, body) = unix(&d, method, path, body);
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {body}"));
+        assert_eq!(v["code"], code, "{method} {path}: {body}");
+        assert!(!v["message"].as_str().unwrap().is_empty());
+        assert!(!v["hint"].as_str().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn tcp_needs_the_bearer_token() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let base = crate::harness::cow_base().unwrap_or_else(std::env::temp_dir);
+    let home = crate::harness::fresh_home(&base);
+    std::fs::create_dir_all(&home).unwrap();
+    let token_file = home.join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let addr = format!("127.0.0.1:{port}");
+    let mut d = Daemon::unstarted(home, &["--tcp", &addr, "--token-file", token_file.to_str().unwrap()]);
+    d.spawn();
+    let tcp = |headers: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        http(&mut s, "GET", "/v1/sandboxes", headers, "")
+    };
+    let (status, body) = tcp("");
+    assert_eq!(status, 401);
+    assert!(body.contains("unauthorized"));
+    assert_eq!(tcp("Authorization: Bearer wrong\r\n").0, 401);
+    let (status, body) = tcp("Authorization: Bearer s3cret-token\r\n");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body, "[]");
+    // The CLI reaches it too, with the token from the environment.
+    let out = std::process::Command::new(crate::harness::BIN)
+        .args(["--url", &addr, "ls", "--json"])
+        .env("AIRLOCK_TOKEN", "s3cret-token")
+        .env("AIRLOCK_HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}

@@ -1,0 +1,329 @@
+//! A real daemon on a private data root, driven through the real CLI, with real
+//! PostgreSQL instances and the real psql client.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_airlock");
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Where test data roots go: the XFS volume `make test` mounts (AIRLOCK_TEST_XFS),
+/// else the temp directory.
+pub fn cow_base() -> Option<PathBuf> {
+    std::env::var_os("AIRLOCK_TEST_XFS").map(PathBuf::from).filter(|p| p.is_dir())
+}
+
+/// A fresh, unique directory name under `base`.
+pub fn fresh_home(base: &Path) -> PathBuf {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let home = base.join(format!("al-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&home);
+    home
+}
+
+/// A CLI run's result.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Out {
+    fn from(o: Output) -> Self {
+        Out {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+/// A daemon serving one private data root; everything under it is removed on drop.
+pub struct Daemon {
+    pub home: PathBuf,
+    args: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// A daemon on the copy-on-write test volume if there is one, else on /tmp.
+    pub fn start(args: &[&str]) -> Daemon {
+        let base = cow_base().unwrap_or_else(std::env::temp_dir);
+        Daemon::start_in(&base, args)
+    }
+
+    /// A daemon whose data root is under `base`.
+    pub fn start_in(base: &Path, args: &[&str]) -> Daemon {
+        let mut d = Daemon::unstarted(fresh_home(base), args);
+        d.spawn();
+        d
+    }
+
+    /// A data root with no daemon yet (the CLI may start one itself).
+    pub fn unstarted(home: PathBuf, args: &[&str]) -> Daemon {
+        Daemon { home, args: args.iter().map(|s| s.to_string()).collect(), child: None }
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.home.join("airlock.sock")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.home.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Starts `airlock serve` and waits until its socket answers.
+    pub fn spawn(&mut self) {
+        std::fs::create_dir_all(&self.home).unwrap();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.home.join("daemon.log")).unwrap();
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .args(&self.args)
+            .env("AIRLOCK_HOME", &self.home)
+            .env("AIRLOCK_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .process_group(0);
+        self.child = Some(cmd.spawn().expect("airlock serve starts"));
+        self.wait_answering();
+    }
+
+    fn wait_answering(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::os::unix::net::UnixStream::connect(self.socket()).is_err() {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("daemon exited ({status}); log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "daemon did not answer; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL to the daemon only (sandboxes keep running).
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs the CLI against this data root.
+    pub fn cli(&self, args: &[&str]) -> Out {
+        self.cli_with(args, None)
+    }
+
+    /// Runs the CLI with something on stdin.
+    pub fn cli_with(&self, args: &[&str], stdin: Option<&str>) -> Out {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args).env("AIRLOCK_HOME", &self.home).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
+        let mut child = cmd.spawn().expect("airlock runs");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        }
+        child.wait_with_output().unwrap().into()
+    }
+
+    /// Runs the CLI and insists it succeeds; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert_eq!(out.code, 0, "airlock {args:?} failed: {out:?}\nlog:\n{}", self.log());
+        out.stdout
+    }
+
+    /// Runs the CLI with --json and insists it succeeds.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let text = self.ok(&all);
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+    }
+
+    /// Runs the CLI with --json and insists it fails; returns the exit code and the error object.
+    pub fn fails(&self, args: &[&str]) -> (i32, Value) {
+        let mut all = args.to_vec();
+        all.push("--json");
+        let out = self.cli(&all);
+        assert_ne!(out.code, 0, "airlock {args:?} should have failed: {out:?}");
+        let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+        let err = v["error"].clone();
+        assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "error has a message: {v}");
+        assert!(err["hint"].as_str().is_some_and(|m| !m.is_empty()), "error has a hint: {v}");
+        (out.code, err)
+    }
+
+    /// Makes a golden from SQL text (written to files under the data root).
+    pub fn golden(&self, name: &str, schema: &str, seed: &str) -> Value {
+        let dir = self.home.join("sql");
+        std::fs::create_dir_all(&dir).unwrap();
+        let schema_file = dir.join(format!("{name}-schema.sql"));
+        let seed_file = dir.join(format!("{name}-seed.sql"));
+        std::fs::write(&schema_file, schema).unwrap();
+        std::fs::write(&seed_file, seed).unwrap();
+        self.json(&[
+            "golden",
+            "create",
+            name,
+            "--schema",
+            schema_file.to_str().unwrap(),
+            "--seed",
+            seed_file.to_str().unwrap(),
+        ])
+    }
+
+    /// A small golden with an `orders` table of 1,000 rows (250 pending).
+    pub fn shop(&self, name: &str) -> Value {
+        self.golden(
+            name,
+            "CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL, total numeric NOT NULL);",
+            "INSERT INTO orders SELECT g, (ARRAY['pending','paid','shipped','cancelled'])[1 + g % 4], g * 1.5 \
+             FROM generate_series(1, 1000) g;",
+        )
+    }
+
+    /// Forks and returns the JSON answer.
+    pub fn fork(&self, golden: &str, extra: &[&str]) -> Value {
+        let mut args = vec!["fork", golden];
+        args.extend_from_slice(extra);
+        self.json(&args)
+    }
+
+    /// Sandbox ids the daemon lists.
+    pub fn ids(&self) -> Vec<String> {
+        self.json(&["ls"]).as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect()
+    }
+
+    /// Directories under volume/sandboxes.
+    pub fn sandbox_dirs(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.home.join("volume/sandboxes"))
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Pids of postmasters serving data directories under this data root.
+    pub fn postmasters(&self) -> Vec<i32> {
+        postmasters_under(&self.home)
+    }
+
+    /// Waits until `cond` holds, for up to `limit`.
+    pub fn wait_for(&self, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+        // A daemon the CLI started on its own is not our child: find it by its lock.
+        for pid in processes_mentioning(&self.home) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        for pid in postmasters_under(&self.home) {
+            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let volume = self.home.join("volume");
+        if is_mount_point(&volume) {
+            let _ = Command::new("umount").arg("-l").arg(&volume).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+pub fn is_mount_point(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(path), path.parent().map(std::fs::metadata)) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
+    }
+}
+
+fn cmdline(pid: i32) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(String::from_utf8_lossy(&raw).replace('\0', " "))
+}
+
+fn pids() -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(')').map(|(_, r)| !r.trim_start().starts_with('Z')).unwrap_or(false))
+        .unwrap_or(false)
+}
+
+/// Postmasters (processes run with `-D DIR`) whose DIR is under `root`.
+pub fn postmasters_under(root: &Path) -> Vec<i32> {
+    let needle = format!("-D {}/", root.display());
+    pids().into_iter().filter(|p| alive(*p) && cmdline(*p).is_some_and(|c| c.contains(&needle))).collect()
+}
+
+/// Airlock daemons whose environment names this data root.
+fn processes_mentioning(home: &Path) -> Vec<i32> {
+    let needle = format!("AIRLOCK_HOME={}", home.display());
+    pids()
+        .into_iter()
+        .filter(|p| {
+            cmdline(*p).is_some_and(|c| c.contains(" serve"))
+                && std::fs::read(format!("/proc/{p}/environ"))
+                    .map(|e| e.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
+                    .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Runs SQL with psql over a DSN; Ok(stdout) or Err(stderr). The password goes by environment.
+pub fn psql(dsn: &str, sql: &str) -> Result<String, String> {
+    let (plain, password) = split_password(dsn);
+    let out = Command::new("psql")
+        .arg(plain)
+        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env("PGPASSWORD", password)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .output()
+        .expect("psql runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Splits `postgresql://user:pw@/db?...` into the DSN without the password, and the password.
+pub fn split_password(dsn: &str) -> (String, String) {
+    let rest = dsn.strip_prefix("postgresql://").expect("URL DSN");
+    let (userinfo, tail) = rest.split_once('@').expect("userinfo");
+    let (user, pw) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    (format!("postgresql://{user}@{tail}"), pw.to_owned())
+}
+
+/// psql that must succeed.
+pub fn sql(dsn: &str, q: &str) -> String {
+    psql(dsn, q).unwrap_or_else(|e| panic!("{q} failed: {e}"))
+}
+
+/// The DSN field of a fork answer.
+pub fn dsn(v: &Value) -> String {
+    v["dsn"].as_str().expect("dsn").to_owned()
+}

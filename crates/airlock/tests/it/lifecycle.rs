@@ -1,0 +1,192 @@
+//! TTL expiry, crashes and restarts, reconciliation, failed forks, auto-start.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{dsn, psql, sql, Daemon, BIN};
+
+#[test]
+fn an_expired_sandbox_is_gone_within_about_a_second() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--ttl", "2s"]);
+    let keep = d.fork("shop", &["--ttl", "10m"]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1");
+    let pids_before = d.postmasters().len();
+    assert_eq!(pids_before, 2);
+    // Expiry is 2 s after the fork; allow the promised second plus scheduling slack.
+    d.wait_for(Duration::from_secs(5), "TTL reaping", || !d.ids().contains(&id));
+    assert!(!d.sandbox_dirs().contains(&id), "files gone");
+    assert_eq!(d.postmasters().len(), 1, "process gone");
+    assert!(psql(&dsn(&sb), "SELECT 1").is_err());
+    assert_eq!(sql(&dsn(&keep), "SELECT count(*) FROM orders"), "1000");
+    let events = d.json(&["events", "--sandbox", &id]);
+    let last = events.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["kind"], "deleted");
+    assert_eq!(last["reason"], "ttl");
+    // Deleted within about a second of the expiry it was given.
+    let expires = sb["expires_at"].as_str().unwrap();
+    let deleted = last["at"].as_str().unwrap();
+    let lag = parse_ms(deleted) - parse_ms(expires);
+    assert!((0..1500).contains(&lag), "deleted {lag} ms after expiry");
+}
+
+fn parse_ms(rfc3339: &str) -> i64 {
+    let t = humantime::parse_rfc3339_weak(rfc3339).unwrap();
+    t.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[test]
+fn sandboxes_outlive_a_daemon_crash_and_expired_ones_are_reaped_at_restart() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let lives = d.fork("shop", &["--ttl", "10m"]);
+    let dies = d.fork("shop", &["--ttl", "2s"]);
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(2500));
+    // With no daemon, both instances still run.
+    assert_eq!(sql(&dsn(&lives), "SELECT count(*) FROM orders"), "1000");
+    assert_eq!(d.postmasters().len(), 2);
+    d.spawn();
+    let ids = d.ids();
+    assert_eq!(ids, [lives["id"].as_str().unwrap()]);
+    assert_eq!(d.postmasters().len(), 1);
+    assert_eq!(d.sandbox_dirs(), [lives["id"].as_str().unwrap()]);
+    assert_eq!(sql(&dsn(&lives), "SELECT count(*) FROM orders"), "1000", "kept running, same credential");
+    let events = d.json(&["events", "--sandbox", dies["id"].as_str().unwrap()]);
+    assert_eq!(events.as_array().unwrap().last().unwrap()["reason"], "ttl");
+}
+
+#[test]
+fn kill_9_in_the_middle_of_forks_and_deletes_leaks_nothing() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let existing: Vec<String> = (0..3).map(|_| d.fork("shop", &[])["id"].as_str().unwrap().to_owned()).collect();
+    // Fire forks and deletes at the daemon and kill it while they are in flight.
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(spawn_cli(&d, &["fork", "shop", "--json"]));
+    }
+    for id in &existing {
+        clients.push(spawn_cli(&d, &["rm", id]));
+    }
+    std::thread::sleep(Duration::from_millis(60));
+    // The work runs inside the daemon; the clients only wait. Stop them first so
+    // none of them starts a fresh daemon when this one vanishes.
+    for mut c in clients {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    d.kill9();
+    d.spawn();
+    // After reconciliation, state, processes and directories agree exactly.
+    let ids = d.ids();
+    let mut dirs = d.sandbox_dirs();
+    dirs.sort();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(dirs, sorted, "directories match state rows");
+    assert_eq!(d.postmasters().len(), ids.len(), "one process per row, none leaked");
+    for sb in d.json(&["ls"]).as_array().unwrap() {
+        assert_eq!(sb["state"], "running");
+        let dsn = d.ok(&["dsn", sb["id"].as_str().unwrap()]);
+        assert_eq!(sql(dsn.trim(), "SELECT count(*) FROM orders"), "1000");
+    }
+    let staging: Vec<_> = std::fs::read_dir(d.home.join("volume/staging")).unwrap().collect();
+    assert!(staging.is_empty());
+}
+
+fn spawn_cli(d: &Daemon, args: &[&str]) -> std::process::Child {
+    Command::new(BIN)
+        .args(args)
+        .env("AIRLOCK_HOME", &d.home)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn reconcile_removes_what_the_store_does_not_know() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let known = d.fork("shop", &[]);
+    let stray = d.fork("shop", &[]);
+    let stray_id = stray["id"].as_str().unwrap();
+    d.kill9();
+    // Make the store forget one running sandbox, and leave a stray directory.
+    let db = rusqlite::Connection::open(d.home.join("state.db")).unwrap();
+    db.execute("DELETE FROM sandboxes WHERE id = ?1", [stray_id]).unwrap();
+    drop(db);
+    std::fs::create_dir_all(d.home.join("volume/sandboxes/sb-leftover/pgdata")).unwrap();
+    std::fs::create_dir_all(d.home.join("volume/staging/half-built-1-x")).unwrap();
+    d.spawn();
+    assert_eq!(d.ids(), [known["id"].as_str().unwrap()]);
+    assert_eq!(d.sandbox_dirs(), [known["id"].as_str().unwrap()]);
+    assert_eq!(d.postmasters().len(), 1);
+    assert!(psql(&dsn(&stray), "SELECT 1").is_err());
+    assert!(std::fs::read_dir(d.home.join("volume/staging")).unwrap().next().is_none());
+    let events = d.ok(&["events", "--json"]);
+    assert!(events.contains("sb-leftover"), "orphan removal is recorded");
+}
+
+#[test]
+fn a_running_sandbox_whose_process_died_is_started_again() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    sql(&dsn(&sb), "CREATE TABLE kept (x int); INSERT INTO kept VALUES (42)");
+    d.kill9();
+    for pid in d.postmasters() {
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    d.wait_for(Duration::from_secs(5), "instance death", || d.postmasters().is_empty());
+    d.spawn();
+    assert_eq!(sql(&dsn(&sb), "SELECT x FROM kept"), "42", "same data, same credential");
+}
+
+#[test]
+fn a_failed_fork_leaves_nothing() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    // Break the golden so postgres cannot start from it.
+    std::fs::remove_file(d.home.join("volume/goldens/shop/1/pgdata/global/pg_control")).unwrap();
+    let (exit, err) = d.fails(&["fork", "shop"]);
+    assert_eq!(err["code"], "postgres_failed");
+    assert_eq!(exit, 8);
+    assert!(d.ids().is_empty());
+    assert!(d.sandbox_dirs().is_empty());
+    assert!(d.postmasters().is_empty());
+    let events = d.json(&["events"]);
+    let last = events.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["kind"], "deleted");
+    assert_eq!(last["reason"], "failed");
+}
+
+#[test]
+fn the_cli_starts_a_daemon_when_none_answers_and_daemon_stop_stops_it() {
+    let base = crate::harness::cow_base().unwrap_or_else(std::env::temp_dir);
+    let d = Daemon::unstarted(crate::harness::fresh_home(&base), &[]);
+    let t = Instant::now();
+    assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 0);
+    assert!(t.elapsed() < Duration::from_secs(60));
+    assert!(d.socket().exists());
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    assert!(d.ok(&["daemon", "status"]).contains("running"));
+    d.ok(&["daemon", "stop"]);
+    assert_eq!(d.cli(&["daemon", "status"]).code, 9);
+    assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1", "sandboxes outlive the daemon");
+    // The next command starts it again, and it still knows the sandbox.
+    assert_eq!(d.ids(), [sb["id"].as_str().unwrap()]);
+}
+
+#[test]
+fn a_data_root_that_cannot_be_written_is_a_clear_error() {
+    let d = Daemon::unstarted("/proc/airlock-cannot-write".into(), &[]);
+    let (exit, err) = d.fails(&["ls"]);
+    assert_eq!(err["code"], "data_root_not_writable");
+    assert_eq!(exit, 8);
+    assert!(err["message"].as_str().unwrap().contains("/proc/airlock-cannot-write"));
+}

@@ -1,0 +1,11 @@
+//! Integration tests: a real daemon, real PostgreSQL instances, the real CLI and psql.
+//! `make test` mounts an XFS volume (reflink=1) and points AIRLOCK_TEST_XFS at it.
+
+mod harness;
+
+mod api;
+mod goldens;
+mod lifecycle;
+mod sandboxes;
+mod security;
+mod storage;
