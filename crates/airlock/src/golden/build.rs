@@ -131,6 +131,9 @@ async fn load_and_describe(
     admin.execute("VACUUM (FREEZE, ANALYZE)").await?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
+    // Nothing connects to the default database (agents are allowed only into the
+    // application database), and its few hundred files would be cloned at every fork.
+    admin.execute("DROP DATABASE postgres").await?;
     drop(admin);
     let hash = load::schema_hash(&engine.pg, dir).await?;
     Ok((version, hash))

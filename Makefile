@@ -1,0 +1,23 @@
+# The two commands of the Quick start, and a few more for development.
+.PHONY: demo test deps build bench clean
+
+deps:
+	@scripts/deps.sh
+
+build: deps
+	cargo build --release --locked
+
+## demo: the main job end to end on a small shop database
+demo: build
+	@scripts/demo.sh
+
+## test: every test, against real PostgreSQL on real filesystems
+test: deps
+	@scripts/test.sh
+
+## bench: fork benchmarks against the baselines (see docs/BENCHMARKS.md)
+bench: build
+	@scripts/bench.sh
+
+clean:
+	cargo clean

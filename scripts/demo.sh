@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The main job end to end: build a golden of a small shop (tens of thousands of
+# rows), fork two sandboxes, let an "agent" run a destructive statement in one,
+# and show that the other sandbox and the golden still hold every row. Then clean up.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+airlock() { ./target/release/airlock "$@"; }
+export AIRLOCK_HOME=${AIRLOCK_DEMO_HOME:-/var/tmp/airlock-demo}
+step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+count() { airlock psql "$1" -- -XtAc "SELECT count(*) FROM orders"; }
+
+cleanup() {
+  airlock rm agent-a agent-b auditor >/dev/null 2>&1 || true
+  airlock golden rm shop --force >/dev/null 2>&1 || true
+  airlock daemon stop >/dev/null 2>&1 || true
+  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
+  rm -rf "$AIRLOCK_HOME"
+}
+trap cleanup EXIT
+cleanup
+
+step "Storage"
+if [ "$(id -u)" -eq 0 ]; then
+  airlock storage init --size 8G
+else
+  echo "warning: not root, so no copy-on-write volume can be made; forks will copy every byte (slow)" >&2
+fi
+airlock doctor
+
+step "Build the golden 'shop' from examples/demo (schema + seed)"
+airlock golden create shop --schema examples/demo/schema.sql --seed examples/demo/seed.sql
+airlock psql "$(airlock fork shop --name auditor --ttl 5m >/dev/null; echo auditor)" -- -XAc \
+  "SELECT 'customers' AS t, count(*) FROM customers UNION ALL SELECT 'products', count(*) FROM products
+   UNION ALL SELECT 'orders', count(*) FROM orders UNION ALL SELECT 'order_items', count(*) FROM order_items" \
+  | column -t -s'|'
+airlock rm auditor >/dev/null
+
+step "Fork two sandboxes, one per agent task"
+start=$(date +%s%N)
+export DATABASE_URL=$(airlock fork shop --name agent-a --ttl 10m --label task=cleanup)
+end=$(date +%s%N)
+airlock fork shop --name agent-b --ttl 10m --label task=report >/dev/null
+echo "agent-a's DATABASE_URL is ready (fork took $(( (end - start) / 1000000 )) ms, CLI included)"
+airlock ls
+
+step "Agent A runs its confident, destructive statement"
+echo "agent-a> DELETE FROM orders WHERE status = 'pending' OR TRUE;"
+airlock psql agent-a -- -Xc "DELETE FROM orders WHERE status = 'pending' OR TRUE"
+echo "orders in agent-a: $(count agent-a)"
+
+step "Nothing else changed"
+echo "orders in agent-b:           $(count agent-b)"
+airlock fork shop --name auditor --ttl 5m >/dev/null
+echo "orders in a fresh fork of the golden: $(count auditor)"
+
+step "Events"
+airlock events --limit 12
+
+step "Clean up"
+airlock rm agent-a agent-b auditor
+airlock golden rm shop
+echo "done: sandboxes and golden deleted"

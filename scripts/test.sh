@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Runs every test: unit tests, and integration tests against real PostgreSQL
+# instances on a loop-mounted XFS volume (reflink=1) when run as root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+volume=""
+if [ "$(id -u)" -eq 0 ]; then
+  volume=$(scripts/test-volume.sh up)
+  trap 'scripts/test-volume.sh down "$volume"' EXIT
+  export AIRLOCK_TEST_XFS="$volume"
+else
+  echo "not root: integration tests run on the copy fallback; storage init is tested for its refusal" >&2
+fi
+
+cargo build --locked --all-targets
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --locked --no-fail-fast
+else
+  cargo test --locked --no-fail-fast
+fi
