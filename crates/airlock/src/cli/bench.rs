@@ -7,7 +7,6 @@
 //! - `pg_restore`: a new database, then `pg_restore` of the dump;
 //! - `initdb_seed`: initdb, start, then `pg_restore` of the dump.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Instant;
@@ -206,11 +205,7 @@ async fn measure(s: &Scratch, client: &crate::client::Client, req: &ForkRequest,
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
     let dsn = forked.sandbox.dsn.clone().unwrap_or_default();
     let passfile = s.root.join("pgpass");
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&passfile)?;
-        writeln!(f, "*:*:*:*:{}", pg::dsn::password(&dsn).unwrap_or_default())?;
-    }
+    pg::dsn::write_passfile(&passfile, &pg::dsn::password(&dsn).unwrap_or_default())?;
     let out = tokio::process::Command::new(s.bin.tool("pg_dump"))
         .env("PGPASSFILE", &passfile)
         .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])

@@ -1,7 +1,6 @@
 //! What each subcommand does.
 
 use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -202,7 +201,17 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                     std::io::stdin().read_to_string(&mut text)?;
                     Some(text.trim().to_owned())
                 }
-                other => other.map(str::to_owned),
+                Some(dsn) => {
+                    let from_env = std::env::var("AIRLOCK_FROM_URL").ok().as_deref() == Some(dsn);
+                    if !from_env && pg::dsn::password(dsn).is_some() {
+                        eprintln!(
+                            "warning: a password on the command line is visible to `ps` while this runs; \
+                             use `--from-url -` (DSN on stdin) or AIRLOCK_FROM_URL instead"
+                        );
+                    }
+                    Some(dsn.to_owned())
+                }
+                None => None,
             };
             let req = CreateGolden {
                 name: name.clone(),
@@ -281,11 +290,7 @@ fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
     let dir = std::env::temp_dir().join(format!("airlock-psql-{}", crate::secret::sandbox_id()));
     pg::load::private_dir(&dir)?;
     let passfile = dir.join("pgpass");
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&passfile)?;
-        writeln!(f, "*:*:*:*:{password}")?;
-    }
+    pg::dsn::write_passfile(&passfile, &password)?;
     let psql = which_psql();
     let status = std::process::Command::new(psql)
         .arg(pg::dsn::redact(dsn))

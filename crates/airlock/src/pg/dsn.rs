@@ -106,6 +106,17 @@ fn redact_key_value(dsn: &str) -> String {
     out.join(" ")
 }
 
+/// Writes a libpq password file (mode 0600, created new) that gives `password` to
+/// any server, so a client tool gets it through `PGPASSFILE` rather than its
+/// command line or environment.
+pub fn write_passfile(path: &Path, password: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(path)?;
+    let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
+    writeln!(f, "*:*:*:*:{escaped}")
+}
+
 /// The password inside a DSN, if it has one.
 pub fn password(dsn: &str) -> Option<String> {
     let config: tokio_postgres::Config = dsn.parse().ok()?;

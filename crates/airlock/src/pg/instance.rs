@@ -38,6 +38,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("max_connections", "40"),
     ("dynamic_shared_memory_type", "mmap"),
     ("max_wal_size", "256MB"),
+    ("min_wal_size", "32MB"),
     ("logging_collector", "off"),
     ("log_min_messages", "warning"),
     ("log_line_prefix", "%m [%p] "),

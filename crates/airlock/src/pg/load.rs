@@ -5,7 +5,7 @@
 //! so every object belongs to a role that is not a superuser.
 
 use std::io::Read;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Stdio;
 
@@ -84,12 +84,7 @@ pub async fn copy_from_url(bin: &PgBin, dir: &InstanceDir, source: &str, workdir
     let redacted = dsn::redact(source);
     let passfile = workdir.join("source.pgpass");
     let password = dsn::password(source).unwrap_or_default();
-    {
-        use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&passfile)?;
-        let escaped = password.replace('\\', "\\\\").replace(':', "\\:");
-        writeln!(f, "*:*:*:*:{escaped}")?;
-    }
+    dsn::write_passfile(&passfile, &password)?;
     let dump = workdir.join("source.dump");
     let out = Command::new(bin.tool("pg_dump"))
         .env_clear()

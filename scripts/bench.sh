@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Fork benchmark: time from fork request to first query answered, for a ~40 MB and
+# a ~1.5 GB golden, with the baselines (CREATE DATABASE ... TEMPLATE, pg_restore,
+# initdb + seed) measured in the same run. Results go to bench/results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+airlock() { ./target/release/airlock "$@"; }
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench}
+iterations=${ITERATIONS:-30}
+large_baselines=${LARGE_BASELINE_ITERATIONS:-5}
+out=bench/results
+mkdir -p "$out"
+
+cleanup() {
+  airlock golden rm bench-40mb --force >/dev/null 2>&1 || true
+  airlock golden rm bench-1500mb --force >/dev/null 2>&1 || true
+  airlock daemon stop >/dev/null 2>&1 || true
+  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
+  rm -rf "$AIRLOCK_HOME"
+}
+trap cleanup EXIT
+cleanup
+if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G; fi
+airlock doctor
+
+echo "building goldens (the large one takes a few minutes)"
+airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+airlock golden create bench-1500mb --schema bench/schema.sql --seed bench/seed-1500mb.sql >/dev/null
+airlock golden ls
+
+{
+  echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r)"
+  airlock bench fork --golden bench-40mb --iterations "$iterations"
+  echo
+  airlock bench fork --golden bench-1500mb --iterations "$iterations" --baseline-iterations "$large_baselines"
+} | tee "$out/fork.txt"
+airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines --json > "$out/fork-40mb.json"
+airlock bench fork --golden bench-1500mb --iterations "$iterations" --no-baselines --json > "$out/fork-1500mb.json"
