@@ -3,4 +3,4 @@ INSERT INTO accounts SELECT g, 'account ' || g, (ARRAY['free','team','enterprise
 FROM generate_series(1, 100000) g;
 INSERT INTO events SELECT g, 1 + g % 100000, (ARRAY['login','click','purchase','logout'])[1 + g % 4],
        timestamptz '2025-01-01' + (g || ' seconds')::interval, md5(g::text) || repeat('x', 150)
-FROM generate_series(1, 6500000) g;
+FROM generate_series(1, 4600000) g;

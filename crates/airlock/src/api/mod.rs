@@ -5,7 +5,6 @@
 //! Errors are JSON: `{"code", "message", "hint"}` with the status from
 //! [`ErrorCode::http_status`](crate::error::ErrorCode::http_status).
 
-use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -237,6 +236,3 @@ async fn events(State(s): State<AppState>, Query(q): Query<EventsQuery>) -> ApiR
     };
     Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
 }
-
-/// Labels as a map, for clients building requests.
-pub type Labels = BTreeMap<String, String>;
