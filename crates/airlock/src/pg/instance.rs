@@ -38,7 +38,7 @@ const SETTINGS: &[(&str, &str)] = &[
     ("max_connections", "40"),
     ("dynamic_shared_memory_type", "mmap"),
     ("max_wal_size", "256MB"),
-    ("min_wal_size", "8MB"),
+    ("min_wal_size", "32MB"),
     ("logging_collector", "off"),
     ("log_min_messages", "warning"),
     ("log_line_prefix", "%m [%p] "),
@@ -79,8 +79,7 @@ pub async fn initdb(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, instance
     cmd.arg("-D")
         .arg(pgdata)
         .args(["-U", ADMIN_ROLE, "--auth-local=peer", "--auth-host=reject", "--no-locale"])
-        // 4 MB WAL segments: a golden keeps two, not two of 16 MB.
-        .args(["--encoding=UTF8", "--wal-segsize=4", "--no-sync", "--no-instructions"])
+        .args(["--encoding=UTF8", "--no-sync", "--no-instructions"])
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C")
