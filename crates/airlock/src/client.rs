@@ -62,7 +62,9 @@ impl Client {
 
     async fn connect(&self) -> std::io::Result<Stream> {
         match &self.target {
-            Target::Local(layout) => Ok(Stream::Unix(tokio::net::UnixStream::connect(layout.api_socket()).await?)),
+            Target::Local(layout) => {
+                Ok(Stream::Unix(tokio::net::UnixStream::connect(layout.api_socket()).await?))
+            }
             Target::Remote { addr, .. } => Ok(Stream::Tcp(tokio::net::TcpStream::connect(addr).await?)),
         }
     }
@@ -70,7 +72,7 @@ impl Client {
     /// Connects, starting the local daemon first if none answers.
     async fn connect_or_start(&self) -> Result<Stream> {
         match self.connect().await {
-            Ok(s) => return Ok(s),
+            Ok(s) => Ok(s),
             Err(e) => {
                 let Target::Local(layout) = &self.target else {
                     return Err(unreachable(format!("cannot reach the daemon: {e}")));
@@ -82,7 +84,9 @@ impl Client {
                         Ok(s) => return Ok(s),
                         Err(_) if Instant::now() < deadline => {}
                         Err(e) => {
-                            return Err(unreachable(format!("started a daemon, but it did not answer in time: {e}")))
+                            return Err(unreachable(format!(
+                                "started a daemon, but it did not answer in time: {e}"
+                            )))
                         }
                     }
                     let exited = child.try_wait().ok().flatten();
@@ -103,9 +107,17 @@ impl Client {
     }
 
     /// Sends a request and decodes the JSON answer, or the API's error.
-    pub async fn call<T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&impl Serialize>) -> Result<T> {
-        let bytes = self.call_raw(method, path, body.map(|b| serde_json::to_vec(b).expect("request serializes"))).await?;
-        serde_json::from_slice(&bytes).map_err(|e| Error::internal(format!("the daemon's answer did not parse: {e}")))
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<T> {
+        let bytes = self
+            .call_raw(method, path, body.map(|b| serde_json::to_vec(b).expect("request serializes")))
+            .await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| Error::internal(format!("the daemon's answer did not parse: {e}")))
     }
 
     /// Sends a request and returns the body of a successful answer.
@@ -113,11 +125,13 @@ impl Client {
         let stream = self.connect_or_start().await?;
         let (mut sender, conn) = match stream {
             Stream::Unix(s) => {
-                let (tx, c) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(http_error)?;
+                let (tx, c) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(http_error)?;
                 (tx, tokio::spawn(async move { c.await.map_err(|e| e.to_string()) }))
             }
             Stream::Tcp(s) => {
-                let (tx, c) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(http_error)?;
+                let (tx, c) =
+                    hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(http_error)?;
                 (tx, tokio::spawn(async move { c.await.map_err(|e| e.to_string()) }))
             }
         };

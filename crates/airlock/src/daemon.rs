@@ -63,16 +63,15 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let unix_server = axum::serve(unix, api::router(state.clone())).with_graceful_shutdown(stopped_signal(stopped.clone()));
+    let unix_server =
+        axum::serve(unix, api::router(state.clone())).with_graceful_shutdown(stopped_signal(stopped.clone()));
 
     let tcp_server = match (listen.tcp, listen.token) {
         (Some(addr), Some(token)) => {
             let tcp = tokio::net::TcpListener::bind(addr).await?;
             tracing::info!(%addr, "serving the API on TCP (bearer token required)");
-            let app = api::router(state).layer(axum::middleware::from_fn_with_state(
-                Arc::new(token),
-                api::require_token,
-            ));
+            let app = api::router(state)
+                .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
             let signal = stopped_signal(stopped.clone());
             Some(tokio::spawn(async move { axum::serve(tcp, app).with_graceful_shutdown(signal).await }))
         }
@@ -99,7 +98,8 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
 
 /// Takes the data root's exclusive lock, so only one daemon serves it.
 fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(layout.daemon_lock())?;
+    let file =
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(layout.daemon_lock())?;
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
         Error::new(
             ErrorCode::InvalidRequest,

@@ -62,9 +62,7 @@ impl ErrorCode {
             GoldenExists | NameTaken | GoldenInUse => 409,
             SeedFailed | SourceFailed => 422,
             CapacityExhausted => 503,
-            DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => {
-                500
-            }
+            DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
         }
     }
 

@@ -46,7 +46,8 @@ impl Identity {
                 .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
                 .args(["--shell", "/usr/sbin/nologin", name])
                 .status();
-            if !status.map(|s| s.success()).unwrap_or(false) && User::from_name(name).ok().flatten().is_none() {
+            if !status.map(|s| s.success()).unwrap_or(false) && User::from_name(name).ok().flatten().is_none()
+            {
                 return Err(Error::new(
                     ErrorCode::PostgresFailed,
                     format!("could not create the unprivileged user {name:?} that instances run as"),

@@ -39,7 +39,8 @@ pub struct AppState {
 
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status =
+            StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, Json(self)).into_response()
     }
 }
@@ -49,7 +50,11 @@ type ApiResult<T> = Result<Json<T>, Error>;
 /// A JSON request body, with a malformed one answered in the API's error format.
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, Error> {
     parsed.map(|Json(v)| v).map_err(|e| {
-        Error::new(ErrorCode::InvalidRequest, format!("bad request body: {}", e.body_text()), "see /openapi.json")
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("bad request body: {}", e.body_text()),
+            "see /openapi.json",
+        )
     })
 }
 
@@ -182,12 +187,18 @@ fn sandbox_filter(query: Option<String>) -> Result<SandboxFilter, Error> {
     Ok(filter)
 }
 
-async fn list_sandboxes(State(s): State<AppState>, RawQuery(q): RawQuery) -> ApiResult<Vec<sandbox::Sandbox>> {
+async fn list_sandboxes(
+    State(s): State<AppState>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Vec<sandbox::Sandbox>> {
     let filter = sandbox_filter(q)?;
     Ok(Json(s.engine.store().sandboxes(&filter)?))
 }
 
-async fn fork(State(s): State<AppState>, req: Result<Json<ForkRequest>, JsonRejection>) -> Result<Response, Error> {
+async fn fork(
+    State(s): State<AppState>,
+    req: Result<Json<ForkRequest>, JsonRejection>,
+) -> Result<Response, Error> {
     let req = body(req)?;
     let engine = s.engine.clone();
     let forked = detached(async move { sandbox::fork(&engine, &req).await }).await?;
@@ -227,12 +238,12 @@ struct EventsQuery {
     limit: Option<i64>,
 }
 
-async fn events(State(s): State<AppState>, Query(q): Query<EventsQuery>) -> ApiResult<Vec<crate::events::Event>> {
+async fn events(
+    State(s): State<AppState>,
+    Query(q): Query<EventsQuery>,
+) -> ApiResult<Vec<crate::events::Event>> {
     let store = s.engine.store();
     // Accept a live sandbox's name as well as an id.
-    let id = match &q.sandbox {
-        Some(key) => Some(store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone())),
-        None => None,
-    };
+    let id = q.sandbox.as_ref().map(|key| store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone()));
     Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
 }

@@ -107,7 +107,9 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
             dsn.parse().map_err(|e| Error::internal(format!("sandbox DSN did not parse: {e}")))?;
         first_query(&config).await?;
         fork_ms.push(elapsed_ms(t));
-        let _: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY).await?;
+        let _: Sandbox = client
+            .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
+            .await?;
     }
     bar.finish_and_clear();
     let mut all = vec![series("airlock_fork", fork_ms)];
@@ -180,13 +182,21 @@ impl Scratch {
             .output()
             .await?;
         if !out.status.success() {
-            return Err(Error::postgres(format!("pg_restore failed: {}", String::from_utf8_lossy(&out.stderr))));
+            return Err(Error::postgres(format!(
+                "pg_restore failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
         }
         Ok(())
     }
 }
 
-async fn baselines(cli: &Cli, client: &crate::client::Client, req: &ForkRequest, runs: usize) -> Result<Vec<Series>> {
+async fn baselines(
+    cli: &Cli,
+    client: &crate::client::Client,
+    req: &ForkRequest,
+    runs: usize,
+) -> Result<Vec<Series>> {
     let me = Identity::current()?;
     let user = Identity::for_instances(None)?;
     let bin = PgBin::locate(std::env::var_os("AIRLOCK_PG_BIN").map(std::path::PathBuf::from).as_deref())?;
@@ -199,7 +209,12 @@ async fn baselines(cli: &Cli, client: &crate::client::Client, req: &ForkRequest,
     result
 }
 
-async fn measure(s: &Scratch, client: &crate::client::Client, req: &ForkRequest, runs: usize) -> Result<Vec<Series>> {
+async fn measure(
+    s: &Scratch,
+    client: &crate::client::Client,
+    req: &ForkRequest,
+    runs: usize,
+) -> Result<Vec<Series>> {
     // A dump of the golden, taken from a sandbox with the agent's own credential.
     let dump = s.root.join("golden.dump");
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
@@ -213,9 +228,14 @@ async fn measure(s: &Scratch, client: &crate::client::Client, req: &ForkRequest,
         .arg(pg::dsn::redact(&dsn))
         .output()
         .await?;
-    let _: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY).await?;
+    let _: Sandbox = client
+        .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
+        .await?;
     if !out.status.success() {
-        return Err(Error::postgres(format!("pg_dump of the golden failed: {}", String::from_utf8_lossy(&out.stderr))));
+        return Err(Error::postgres(format!(
+            "pg_dump of the golden failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
     }
 
     let (dir, server) = s.up("server").await?;

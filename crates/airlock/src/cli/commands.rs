@@ -40,9 +40,17 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             let report = storage::volume::init(&layout, size)?;
             output::print(json, &report, || {
                 if report.created {
-                    format!("mounted a {} XFS image (reflink={}) on {}", output::bytes(report.size_bytes), report.reflink, report.mount_point)
+                    format!(
+                        "mounted a {} XFS image (reflink={}) on {}",
+                        output::bytes(report.size_bytes),
+                        report.reflink,
+                        report.mount_point
+                    )
                 } else {
-                    format!("{} is already a prepared {} volume (reflink={})", report.mount_point, report.filesystem, report.reflink)
+                    format!(
+                        "{} is already a prepared {} volume (reflink={})",
+                        report.mount_point, report.filesystem, report.reflink
+                    )
                 }
             });
             Ok(0)
@@ -60,13 +68,19 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 }
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            output::print(json, &serde_json::json!({"stopped": true}), || "daemon stopped; sandboxes keep running".into());
+            output::print(json, &serde_json::json!({"stopped": true}), || {
+                "daemon stopped; sandboxes keep running".into()
+            });
             Ok(0)
         }
         Command::Daemon(DaemonCommand::Status) => {
             let up = std::os::unix::net::UnixStream::connect(cli.layout().api_socket()).is_ok();
             output::print(json, &serde_json::json!({"running": up}), || {
-                if up { "running".into() } else { "not running".into() }
+                if up {
+                    "running".into()
+                } else {
+                    "not running".into()
+                }
             });
             Ok(if up { 0 } else { ErrorCode::DaemonUnreachable.exit_code() })
         }
@@ -80,9 +94,17 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 query.push(format!("golden={}", encode(g)));
             }
             query.extend(labels.iter().map(|l| format!("label={}", encode(l))));
-            let list: Vec<Sandbox> =
-                cli.client()?.call(Method::GET, &format!("/v1/sandboxes?{}", query.join("&")), NO_BODY).await?;
-            let list: Vec<Sandbox> = list.into_iter().map(|mut s| { s.dsn = None; s }).collect();
+            let list: Vec<Sandbox> = cli
+                .client()?
+                .call(Method::GET, &format!("/v1/sandboxes?{}", query.join("&")), NO_BODY)
+                .await?;
+            let list: Vec<Sandbox> = list
+                .into_iter()
+                .map(|mut s| {
+                    s.dsn = None;
+                    s
+                })
+                .collect();
             output::print(json, &list, || output::sandboxes(&list));
             Ok(0)
         }
@@ -98,7 +120,8 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             let client = cli.client()?;
             let mut removed = Vec::new();
             for id in ids {
-                let sb: Sandbox = client.call(Method::DELETE, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+                let sb: Sandbox =
+                    client.call(Method::DELETE, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
                 if !json {
                     println!("deleted {}", sb.id);
                 }
@@ -112,19 +135,23 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Extend { id, ttl } => {
             let ttl = validate::parse_ttl(ttl)?;
             let body = ExtendRequest { ttl_seconds: ttl.as_secs().max(1) as i64 };
-            let sb: Sandbox =
-                cli.client()?.call(Method::POST, &format!("/v1/sandboxes/{}/extend", encode(id)), Some(&body)).await?;
+            let sb: Sandbox = cli
+                .client()?
+                .call(Method::POST, &format!("/v1/sandboxes/{}/extend", encode(id)), Some(&body))
+                .await?;
             output::print(json, &sb, || format!("{} now expires at {}", sb.id, sb.expires_at.to_rfc3339()));
             Ok(0)
         }
         Command::Dsn { id } => {
-            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            let sb: Sandbox =
+                cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             let dsn = sb.dsn.clone().unwrap_or_default();
             output::print(json, &serde_json::json!({"id": sb.id, "dsn": dsn}), || dsn.clone());
             Ok(0)
         }
         Command::Psql { id, args } => {
-            let sb: Sandbox = cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
+            let sb: Sandbox =
+                cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             psql(&sb, args)
         }
         Command::Events { sandbox, limit } => {
@@ -159,7 +186,11 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     config.default_ttl = validate::parse_ttl(&args.default_ttl)?;
     config.max_ttl = validate::parse_ttl(&args.max_ttl)?;
     if config.default_ttl > config.max_ttl {
-        return Err(Error::new(ErrorCode::InvalidTtl, "the default TTL is over the maximum TTL", "raise --max-ttl or lower --default-ttl"));
+        return Err(Error::new(
+            ErrorCode::InvalidTtl,
+            "the default TTL is over the maximum TTL",
+            "raise --max-ttl or lower --default-ttl",
+        ));
     }
     config.instance_user = args.instance_user.clone();
     config.pg_bin = args.pg_bin.clone();
@@ -167,7 +198,11 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         "auto" => false,
         "copy" => true,
         other => {
-            return Err(Error::new(ErrorCode::InvalidRequest, format!("unknown storage mode {other:?}"), "use auto or copy"))
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!("unknown storage mode {other:?}"),
+                "use auto or copy",
+            ))
         }
     };
     let token = match (&cli.token_file, std::env::var("AIRLOCK_TOKEN").ok()) {
@@ -183,7 +218,11 @@ fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .iter()
         .map(|p| {
             std::fs::canonicalize(p).map_err(|e| {
-                Error::new(ErrorCode::FileUnreadable, format!("cannot read {}: {e}", p.display()), "check the path")
+                Error::new(
+                    ErrorCode::FileUnreadable,
+                    format!("cannot read {}: {e}", p.display()),
+                    "check the path",
+                )
             })
         })
         .collect()
@@ -218,7 +257,11 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 schema: absolute(schema)?,
                 seed: absolute(seed)?,
                 from_url,
-                from_dump: from_dump.as_ref().map(|p| absolute(std::slice::from_ref(p))).transpose()?.map(|mut v| v.remove(0)),
+                from_dump: from_dump
+                    .as_ref()
+                    .map(|p| absolute(std::slice::from_ref(p)))
+                    .transpose()?
+                    .map(|mut v| v.remove(0)),
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));
@@ -243,13 +286,15 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             Ok(0)
         }
         GoldenCommand::Show { name } => {
-            let g: Golden = client.call(Method::GET, &format!("/v1/goldens/{}", encode(name)), NO_BODY).await?;
+            let g: Golden =
+                client.call(Method::GET, &format!("/v1/goldens/{}", encode(name)), NO_BODY).await?;
             output::print(json, &g, || output::golden(&g));
             Ok(0)
         }
         GoldenCommand::Rm { name, force } => {
-            let g: Golden =
-                client.call(Method::DELETE, &format!("/v1/goldens/{}?force={force}", encode(name)), NO_BODY).await?;
+            let g: Golden = client
+                .call(Method::DELETE, &format!("/v1/goldens/{}?force={force}", encode(name)), NO_BODY)
+                .await?;
             output::print(json, &g, || format!("deleted golden {}", g.name));
             Ok(0)
         }
@@ -298,7 +343,13 @@ fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
         .env("PGPASSFILE", &passfile)
         .status();
     let _ = std::fs::remove_dir_all(&dir);
-    let status = status.map_err(|e| Error::new(ErrorCode::Internal, format!("could not run psql: {e}"), "install the PostgreSQL client (`apt-get install postgresql-client`)"))?;
+    let status = status.map_err(|e| {
+        Error::new(
+            ErrorCode::Internal,
+            format!("could not run psql: {e}"),
+            "install the PostgreSQL client (`apt-get install postgresql-client`)",
+        )
+    })?;
     Ok(status.code().unwrap_or(1))
 }
 

@@ -231,11 +231,21 @@ impl Cli {
         };
         let token = match &self.token_file {
             Some(f) => std::fs::read_to_string(f)
-                .map_err(|e| Error::new(ErrorCode::FileUnreadable, format!("cannot read {}: {e}", f.display()), "check --token-file"))?
+                .map_err(|e| {
+                    Error::new(
+                        ErrorCode::FileUnreadable,
+                        format!("cannot read {}: {e}", f.display()),
+                        "check --token-file",
+                    )
+                })?
                 .trim()
                 .to_owned(),
             None => std::env::var("AIRLOCK_TOKEN").map_err(|_| {
-                Error::new(ErrorCode::Unauthorized, "--url needs a bearer token", "set AIRLOCK_TOKEN or pass --token-file")
+                Error::new(
+                    ErrorCode::Unauthorized,
+                    "--url needs a bearer token",
+                    "set AIRLOCK_TOKEN or pass --token-file",
+                )
             })?,
         };
         let addr = addr.trim_start_matches("http://").trim_end_matches('/').to_owned();

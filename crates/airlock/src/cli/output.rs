@@ -64,11 +64,13 @@ impl Table {
     /// The table as text.
     pub fn render(&self) -> String {
         let cols = self.rows[0].len();
-        let widths: Vec<usize> =
-            (0..cols).map(|c| self.rows.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0)).collect();
+        let widths: Vec<usize> = (0..cols)
+            .map(|c| self.rows.iter().map(|r| r.get(c).map_or(0, |s| s.chars().count())).max().unwrap_or(0))
+            .collect();
         let mut out = String::new();
         for row in &self.rows {
-            let line: Vec<String> = row.iter().enumerate().map(|(i, s)| format!("{s:<w$}", w = widths[i])).collect();
+            let line: Vec<String> =
+                row.iter().enumerate().map(|(i, s)| format!("{s:<w$}", w = widths[i])).collect();
             out.push_str(line.join("  ").trim_end());
             out.push('\n');
         }
@@ -85,7 +87,11 @@ pub fn bytes(n: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{n} B") } else { format!("{v:.1} {}", units[i]) }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
 }
 
 fn remaining(t: Timestamp) -> String {
@@ -124,7 +130,10 @@ pub fn sandbox(sb: &Sandbox) -> String {
     t.row(vec!["golden".into(), format!("{}@{}", sb.golden, sb.generation)]);
     t.row(vec!["state".into(), sb.state.as_str().into()]);
     t.row(vec!["created_at".into(), sb.created_at.to_rfc3339()]);
-    t.row(vec!["expires_at".into(), format!("{} (in {})", sb.expires_at.to_rfc3339(), remaining(sb.expires_at))]);
+    t.row(vec![
+        "expires_at".into(),
+        format!("{} (in {})", sb.expires_at.to_rfc3339(), remaining(sb.expires_at)),
+    ]);
     t.row(vec!["labels".into(), labels(sb)]);
     t.row(vec!["dsn".into(), format!("`airlock dsn {}`", sb.id)]);
     t.render()
@@ -182,7 +191,11 @@ pub fn events(list: &[Event]) -> String {
             e.sandbox.clone().unwrap_or_default(),
             e.golden.clone().unwrap_or_default(),
             e.reason.clone().unwrap_or_default(),
-            if e.detail.as_object().is_some_and(|o| o.is_empty()) { String::new() } else { e.detail.to_string() },
+            if e.detail.as_object().is_some_and(|o| o.is_empty()) {
+                String::new()
+            } else {
+                e.detail.to_string()
+            },
         ]);
     }
     t.render()

@@ -154,9 +154,8 @@ pub fn prune(engine: &Engine, name: &str) -> Result<()> {
 /// Deletes a golden; refuses while sandboxes use it unless `force`, which deletes them first.
 pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> {
     let golden = engine.store().golden(name)?;
-    let users = engine
-        .store()
-        .sandboxes(&SandboxFilter { golden: Some(name.to_owned()), ..Default::default() })?;
+    let users =
+        engine.store().sandboxes(&SandboxFilter { golden: Some(name.to_owned()), ..Default::default() })?;
     if !users.is_empty() && !force {
         return Err(Error::new(
             ErrorCode::GoldenInUse,

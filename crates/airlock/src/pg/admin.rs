@@ -13,10 +13,10 @@ pub struct Admin {
 impl Admin {
     /// Connects as the admin role to `database`.
     pub async fn connect(dir: &InstanceDir, database: &str) -> Result<Admin> {
-        let (client, connection) = admin_config(dir, database)
-            .connect(tokio_postgres::NoTls)
-            .await
-            .map_err(|e| Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display())))?;
+        let (client, connection) =
+            admin_config(dir, database).connect(tokio_postgres::NoTls).await.map_err(|e| {
+                Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display()))
+            })?;
         tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -27,7 +27,8 @@ pub fn sandbox(socket_dir: &Path, password: &str) -> String {
 /// (`host=h password='p w'`) forms.
 pub fn redact(dsn: &str) -> String {
     let trimmed = dsn.trim();
-    if let Some(rest) = trimmed.strip_prefix("postgresql://").or_else(|| trimmed.strip_prefix("postgres://")) {
+    if let Some(rest) = trimmed.strip_prefix("postgresql://").or_else(|| trimmed.strip_prefix("postgres://"))
+    {
         let scheme = &trimmed[..trimmed.len() - rest.len()];
         let (authority, tail) = match rest.find(['/', '?']) {
             Some(i) => rest.split_at(i),
@@ -44,7 +45,11 @@ pub fn redact(dsn: &str) -> String {
             Some((path, query)) => {
                 let kept: Vec<&str> =
                     query.split('&').filter(|kv| !kv.to_ascii_lowercase().starts_with("password=")).collect();
-                if kept.is_empty() { path.to_owned() } else { format!("{path}?{}", kept.join("&")) }
+                if kept.is_empty() {
+                    path.to_owned()
+                } else {
+                    format!("{path}?{}", kept.join("&"))
+                }
             }
             None => tail.to_owned(),
         };
@@ -129,10 +134,19 @@ mod tests {
 
     #[test]
     fn redacts_url_passwords() {
-        assert_eq!(redact("postgresql://bob:s3cret@db.example:5432/shop"), "postgresql://bob@db.example:5432/shop");
-        assert_eq!(redact("postgres://bob:s3cret@h/shop?sslmode=require&password=x"), "postgres://bob@h/shop?sslmode=require");
+        assert_eq!(
+            redact("postgresql://bob:s3cret@db.example:5432/shop"),
+            "postgresql://bob@db.example:5432/shop"
+        );
+        assert_eq!(
+            redact("postgres://bob:s3cret@h/shop?sslmode=require&password=x"),
+            "postgres://bob@h/shop?sslmode=require"
+        );
         assert_eq!(redact("postgresql://h/shop"), "postgresql://h/shop");
-        assert_eq!(redact("postgresql://a:b@/app?host=/tmp/x&port=5432"), "postgresql://a@/app?host=/tmp/x&port=5432");
+        assert_eq!(
+            redact("postgresql://a:b@/app?host=/tmp/x&port=5432"),
+            "postgresql://a@/app?host=/tmp/x&port=5432"
+        );
     }
 
     #[test]

@@ -74,7 +74,12 @@ pub fn write_access_files(pgdata: &Path, admin_os_users: &[&str], owner: &Identi
 
 /// Makes a new data directory with the admin role as bootstrap superuser and
 /// peer authentication only. Runs as `instance_user` when `daemon_user` is root.
-pub async fn initdb(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, instance_user: &Identity) -> Result<()> {
+pub async fn initdb(
+    bin: &PgBin,
+    pgdata: &Path,
+    daemon_user: &Identity,
+    instance_user: &Identity,
+) -> Result<()> {
     let mut cmd = tokio::process::Command::new(bin.tool("initdb"));
     cmd.arg("-D")
         .arg(pgdata)
@@ -89,7 +94,10 @@ pub async fn initdb(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, instance
     }
     let out = cmd.output().await?;
     if !out.status.success() {
-        return Err(Error::postgres(format!("initdb failed: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(Error::postgres(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
     Ok(())
 }

@@ -48,11 +48,8 @@ fn check_readable(path: &Path) -> Result<()> {
 /// file, the line and PostgreSQL's message.
 pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: ErrorCode) -> Result<()> {
     check_readable(file)?;
-    let out = client(bin, "psql", dir)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
-        .arg(file)
-        .output()
-        .await?;
+    let out =
+        client(bin, "psql", dir).args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"]).arg(file).output().await?;
     if out.status.success() {
         return Ok(());
     }
@@ -70,7 +67,8 @@ fn psql_error(stderr: &str, file: &Path) -> String {
     let Some(first) = lines.next() else {
         return format!("{}: {}", file.display(), stderr.trim());
     };
-    let mut msg = first.strip_prefix("psql:").unwrap_or(first).split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut msg =
+        first.strip_prefix("psql:").unwrap_or(first).split_whitespace().collect::<Vec<_>>().join(" ");
     for extra in lines.filter(|l| l.starts_with("DETAIL:") || l.starts_with("HINT:")) {
         msg.push_str(&format!(" ({})", extra.split_whitespace().collect::<Vec<_>>().join(" ")));
     }
@@ -158,10 +156,7 @@ pub async fn restore_dump(bin: &PgBin, dir: &InstanceDir, path: &Path) -> Result
 /// SHA-256 of the application database's schema-only dump, ignoring comments and
 /// the random `\restrict` keys newer pg_dump versions write.
 pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir) -> Result<String> {
-    let out = client(bin, "pg_dump", dir)
-        .args(["--schema-only", "--no-owner", "--no-acl"])
-        .output()
-        .await?;
+    let out = client(bin, "pg_dump", dir).args(["--schema-only", "--no-owner", "--no-acl"]).output().await?;
     if !out.status.success() {
         return Err(Error::postgres(format!(
             "pg_dump --schema-only failed: {}",

@@ -37,7 +37,9 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
                 tokio::spawn(async move {
                     match sandbox::delete(&engine, &id, DeleteReason::Ttl).await {
                         Ok(_) => tracing::info!(sandbox = %id, "expired and deleted"),
-                        Err(e) => tracing::error!(sandbox = %id, error = %e, "could not delete expired sandbox"),
+                        Err(e) => {
+                            tracing::error!(sandbox = %id, error = %e, "could not delete expired sandbox")
+                        }
                     }
                 });
             }

@@ -89,12 +89,8 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 
     // Directories nobody owns: a fork that died before its row was written, or a
     // teardown that died after the row went.
-    let known: HashSet<String> = engine
-        .store()
-        .sandboxes(&SandboxFilter::default())?
-        .into_iter()
-        .map(|s| s.id)
-        .collect();
+    let known: HashSet<String> =
+        engine.store().sandboxes(&SandboxFilter::default())?.into_iter().map(|s| s.id).collect();
     for entry in std::fs::read_dir(layout.sandboxes())?.flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
         if known.contains(&id) {
@@ -120,7 +116,11 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             Err(_) => HashSet::new(),
         };
         for gen_dir in std::fs::read_dir(golden_dir.path())?.flatten() {
-            let known = gen_dir.file_name().to_str().and_then(|s| s.parse().ok()).is_some_and(|g| generations.contains(&g));
+            let known = gen_dir
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse().ok())
+                .is_some_and(|g| generations.contains(&g));
             if !known {
                 tracing::warn!(path = %gen_dir.path().display(), "removing a golden generation the store does not list");
                 let _ = std::fs::remove_dir_all(gen_dir.path());

@@ -215,7 +215,11 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
             }
             SandboxState::Creating | SandboxState::Deleting if Instant::now() < deadline => {}
             _ => {
-                return Err(Error::internal(format!("sandbox {} is stuck in state {}", sb.id, sb.state.as_str())))
+                return Err(Error::internal(format!(
+                    "sandbox {} is stuck in state {}",
+                    sb.id,
+                    sb.state.as_str()
+                )))
             }
         }
         seen = Some(sb);

@@ -95,7 +95,11 @@ impl Cloner {
         std::thread::scope(|scope| {
             let handles: Vec<_> = files
                 .chunks(chunk)
-                .map(|part| scope.spawn(move || part.iter().try_for_each(|(from, to)| self.clone_file(from, to, owner))))
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter().try_for_each(|(from, to)| self.clone_file(from, to, owner))
+                    })
+                })
                 .collect();
             handles.into_iter().try_for_each(|h| h.join().expect("clone worker panicked"))
         })?;

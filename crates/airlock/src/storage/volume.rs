@@ -57,7 +57,11 @@ pub fn parse_size(text: &str) -> Result<u64> {
 }
 
 fn bad_size(text: &str) -> Error {
-    Error::new(ErrorCode::InvalidRequest, format!("invalid size {text:?}"), "write a size such as 20G or 512M")
+    Error::new(
+        ErrorCode::InvalidRequest,
+        format!("invalid size {text:?}"),
+        "write a size such as 20G or 512M",
+    )
 }
 
 /// Whether `path` is the root of a mount (a different device from its parent).
@@ -94,9 +98,9 @@ pub fn init(layout: &Layout, size: u64) -> Result<InitReport> {
         ));
     }
     std::fs::create_dir_all(&volume)?;
-    let occupied = std::fs::read_dir(&volume)?.flatten().any(|e| {
-        std::fs::read_dir(e.path()).map(|mut d| d.next().is_some()).unwrap_or(true)
-    });
+    let occupied = std::fs::read_dir(&volume)?
+        .flatten()
+        .any(|e| std::fs::read_dir(e.path()).map(|mut d| d.next().is_some()).unwrap_or(true));
     if occupied {
         return Err(storage_error(
             format!("{} already holds goldens or sandboxes", volume.display()),
@@ -157,7 +161,8 @@ fn mount(layout: &Layout) -> Result<()> {
 }
 
 fn run(cmd: &mut Command, what: &str) -> Result<()> {
-    let out = cmd.output().map_err(|e| storage_error(format!("{what} could not run: {e}"), "is it installed?"))?;
+    let out =
+        cmd.output().map_err(|e| storage_error(format!("{what} could not run: {e}"), "is it installed?"))?;
     if out.status.success() {
         Ok(())
     } else {

@@ -126,26 +126,20 @@ impl Store {
     pub fn golden(&self, name: &str) -> Result<Golden> {
         let row: Option<(i64, String)> = self
             .conn
-            .query_row(
-                "SELECT current_generation, source FROM goldens WHERE name = ?1",
-                [name],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
+            .query_row("SELECT current_generation, source FROM goldens WHERE name = ?1", [name], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
             .optional()?;
         let (current_generation, source) = row.ok_or_else(|| golden_not_found(name))?;
         let source: Source = from_json(&source)?;
-        let mut stmt = self
-            .conn
-            .prepare("SELECT manifest FROM generations WHERE golden = ?1 ORDER BY generation")?;
+        let mut stmt =
+            self.conn.prepare("SELECT manifest FROM generations WHERE golden = ?1 ORDER BY generation")?;
         let generations = stmt
             .query_map([name], |r| r.get::<_, String>(0))?
             .map(|t| from_json(&t?))
             .collect::<Result<Vec<Manifest>>>()?;
-        let sandboxes: i64 = self.conn.query_row(
-            "SELECT count(*) FROM sandboxes WHERE golden = ?1",
-            [name],
-            |r| r.get(0),
-        )?;
+        let sandboxes: i64 =
+            self.conn.query_row("SELECT count(*) FROM sandboxes WHERE golden = ?1", [name], |r| r.get(0))?;
         Ok(Golden {
             name: name.to_owned(),
             current_generation,
@@ -167,9 +161,7 @@ impl Store {
 
     /// Generations of a golden that some sandbox still uses.
     pub fn generations_in_use(&self, name: &str) -> Result<Vec<i64>> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT DISTINCT generation FROM sandboxes WHERE golden = ?1")?;
+        let mut stmt = self.conn.prepare("SELECT DISTINCT generation FROM sandboxes WHERE golden = ?1")?;
         let rows = stmt.query_map([name], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         Ok(rows)
     }
@@ -253,15 +245,13 @@ impl Store {
 
     /// Changes a sandbox's state.
     pub fn set_state(&mut self, id: &str, state: SandboxState) -> Result<()> {
-        self.conn
-            .execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id, state.as_str()])?;
+        self.conn.execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id, state.as_str()])?;
         Ok(())
     }
 
     /// Sets a sandbox's expiry.
     pub fn set_expiry(&mut self, id: &str, expires_at: Timestamp) -> Result<()> {
-        self.conn
-            .execute("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1", params![id, expires_at.0])?;
+        self.conn.execute("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1", params![id, expires_at.0])?;
         Ok(())
     }
 
@@ -291,12 +281,11 @@ impl Store {
 
     /// Sandboxes matching a filter, oldest first.
     pub fn sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<Sandbox>> {
-        let mut stmt = self
-            .conn
-            .prepare(&format!("{SELECT_SANDBOX} WHERE (?1 IS NULL OR golden = ?1) ORDER BY created_at, id"))?;
-        let all = stmt
-            .query_map([&filter.golden], sandbox_from_row)?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
+        let mut stmt = self.conn.prepare(&format!(
+            "{SELECT_SANDBOX} WHERE (?1 IS NULL OR golden = ?1) ORDER BY created_at, id"
+        ))?;
+        let all =
+            stmt.query_map([&filter.golden], sandbox_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(all
             .into_iter()
             .filter(|s| filter.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))

@@ -71,7 +71,8 @@ fn errors_are_json_with_code_message_and_hint() {
     ] {
         let (got, body) = unix(&d, method, path, body);
         assert_eq!(got, status, "{method} {path}: {body}");
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {body}"));
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|_| panic!("{method} {path}: not JSON: {body}"));
         assert_eq!(v["code"], code, "{method} {path}: {body}");
         assert!(!v["message"].as_str().unwrap().is_empty());
         assert!(!v["hint"].as_str().unwrap().is_empty());

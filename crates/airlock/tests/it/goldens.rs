@@ -10,11 +10,19 @@ fn a_failing_seed_names_file_and_line_and_leaves_nothing() {
     let dir = d.home.join("sql");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("schema.sql"), "CREATE TABLE t (id int PRIMARY KEY);\n").unwrap();
-    std::fs::write(dir.join("seed.sql"), "INSERT INTO t VALUES (1);\n\nINSERT INTO t VALUES (1);\nINSERT INTO t VALUES (3);\n").unwrap();
+    std::fs::write(
+        dir.join("seed.sql"),
+        "INSERT INTO t VALUES (1);\n\nINSERT INTO t VALUES (1);\nINSERT INTO t VALUES (3);\n",
+    )
+    .unwrap();
     let (exit, err) = d.fails(&[
-        "golden", "create", "broken",
-        "--schema", dir.join("schema.sql").to_str().unwrap(),
-        "--seed", dir.join("seed.sql").to_str().unwrap(),
+        "golden",
+        "create",
+        "broken",
+        "--schema",
+        dir.join("schema.sql").to_str().unwrap(),
+        "--seed",
+        dir.join("seed.sql").to_str().unwrap(),
     ]);
     assert_eq!(err["code"], "seed_failed");
     assert_eq!(exit, 7);
@@ -28,7 +36,15 @@ fn a_failing_seed_names_file_and_line_and_leaves_nothing() {
     assert!(d.postmasters().is_empty(), "no build instance is left running");
     // The same name can be used once the file is fixed.
     std::fs::write(dir.join("seed.sql"), "INSERT INTO t VALUES (1);\n").unwrap();
-    d.ok(&["golden", "create", "broken", "--schema", dir.join("schema.sql").to_str().unwrap(), "--seed", dir.join("seed.sql").to_str().unwrap()]);
+    d.ok(&[
+        "golden",
+        "create",
+        "broken",
+        "--schema",
+        dir.join("schema.sql").to_str().unwrap(),
+        "--seed",
+        dir.join("seed.sql").to_str().unwrap(),
+    ]);
 }
 
 #[test]
@@ -61,7 +77,8 @@ fn goldens_record_a_manifest_and_objects_belong_to_a_non_superuser_owner() {
     assert!(m["created_at"].as_str().is_some());
     assert_eq!(m["source"]["kind"], "files");
     let on_disk: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(d.home.join("volume/goldens/shop/1/manifest.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(d.home.join("volume/goldens/shop/1/manifest.json")).unwrap())
+            .unwrap();
     assert_eq!(on_disk["schema_hash"], m["schema_hash"]);
 
     let sb = d.fork("shop", &[]);
@@ -69,7 +86,10 @@ fn goldens_record_a_manifest_and_objects_belong_to_a_non_superuser_owner() {
     assert_eq!(owner, "airlock_owner");
     assert_eq!(sql(&dsn(&sb), "SELECT rolsuper FROM pg_roles WHERE rolname = 'airlock_owner'"), "f");
     // The agent can change what the owner owns: a migration works.
-    sql(&dsn(&sb), "ALTER TABLE orders ADD COLUMN note text; CREATE INDEX ON orders(status); DROP TABLE orders");
+    sql(
+        &dsn(&sb),
+        "ALTER TABLE orders ADD COLUMN note text; CREATE INDEX ON orders(status); DROP TABLE orders",
+    );
 
     let listed = d.json(&["golden", "ls"]);
     assert_eq!(listed[0]["name"], "shop");
@@ -89,7 +109,10 @@ fn from_url_copies_a_live_database_without_showing_its_password() {
     assert!(!out.stdout.contains(&password));
     let copy = d.fork("copy", &[]);
     assert_eq!(sql(&dsn(&copy), "SELECT count(*) FROM orders"), "1001");
-    assert_eq!(sql(&dsn(&copy), "SELECT tableowner FROM pg_tables WHERE tablename = 'orders'"), "airlock_owner");
+    assert_eq!(
+        sql(&dsn(&copy), "SELECT tableowner FROM pg_tables WHERE tablename = 'orders'"),
+        "airlock_owner"
+    );
     let shown = d.ok(&["golden", "show", "copy", "--json"]);
     assert!(!shown.contains(&password), "golden show redacts");
     assert!(shown.contains("airlock_agent@"), "but keeps the rest of the DSN: {shown}");
@@ -160,7 +183,8 @@ fn refresh_keeps_generations_in_use_and_prunes_the_rest() {
     assert!(!d.home.join("volume/goldens/shop/1").exists());
     d.json(&["golden", "refresh", "shop"]);
     let g = d.json(&["golden", "show", "shop"]);
-    let gens: Vec<i64> = g["generations"].as_array().unwrap().iter().map(|m| m["generation"].as_i64().unwrap()).collect();
+    let gens: Vec<i64> =
+        g["generations"].as_array().unwrap().iter().map(|m| m["generation"].as_i64().unwrap()).collect();
     assert_eq!(gens, [2, 3], "generation 2 is kept for its sandbox");
 }
 

@@ -82,7 +82,8 @@ impl Daemon {
     /// Starts `airlock serve` and waits until its socket answers.
     pub fn spawn(&mut self) {
         std::fs::create_dir_all(&self.home).unwrap();
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.home.join("daemon.log")).unwrap();
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(self.home.join("daemon.log")).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.arg("serve")
             .args(&self.args)
@@ -154,7 +155,8 @@ impl Daemon {
         all.push("--json");
         let out = self.cli(&all);
         assert_ne!(out.code, 0, "airlock {args:?} should have failed: {out:?}");
-        let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+        let v: Value =
+            serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
         let err = v["error"].clone();
         assert!(err["message"].as_str().is_some_and(|m| !m.is_empty()), "error has a message: {v}");
         assert!(err["hint"].as_str().is_some_and(|m| !m.is_empty()), "error has a hint: {v}");
@@ -231,10 +233,12 @@ impl Drop for Daemon {
         self.kill9();
         // A daemon the CLI started on its own is not our child: find it by its lock.
         for pid in processes_mentioning(&self.home) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         for pid in postmasters_under(&self.home) {
-            let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(50));
         let volume = self.home.join("volume");

@@ -62,7 +62,8 @@ fn sandboxes_outlive_a_daemon_crash_and_expired_ones_are_reaped_at_restart() {
 fn kill_9_in_the_middle_of_forks_and_deletes_leaks_nothing() {
     let mut d = Daemon::start(&[]);
     d.shop("shop");
-    let existing: Vec<String> = (0..3).map(|_| d.fork("shop", &[])["id"].as_str().unwrap().to_owned()).collect();
+    let existing: Vec<String> =
+        (0..3).map(|_| d.fork("shop", &[])["id"].as_str().unwrap().to_owned()).collect();
     // Fire forks and deletes at the daemon and kill it while they are in flight.
     let mut clients = Vec::new();
     for _ in 0..4 {

@@ -16,7 +16,10 @@ fn the_destructive_statement_stays_in_its_own_sandbox() {
     assert!(psql(&dsn(&b), "SELECT * FROM poisoned").is_err());
     // And so does the golden: a new fork sees the original data.
     let c = d.fork("shop", &[]);
-    assert_eq!(sql(&dsn(&c), "SELECT count(*), count(*) FILTER (WHERE status = 'pending') FROM orders"), "1000|250");
+    assert_eq!(
+        sql(&dsn(&c), "SELECT count(*), count(*) FILTER (WHERE status = 'pending') FROM orders"),
+        "1000|250"
+    );
 }
 
 #[test]

@@ -11,7 +11,10 @@ fn the_agent_credential_is_not_a_superuser_and_cannot_become_one() {
     d.shop("shop");
     let sb = d.fork("shop", &[]);
     let url = dsn(&sb);
-    assert_eq!(sql(&url, "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user"), "f|f|f");
+    assert_eq!(
+        sql(&url, "SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user"),
+        "f|f|f"
+    );
     assert_eq!(sql(&url, "SELECT count(*) FROM pg_roles WHERE rolsuper AND rolname <> 'airlock_admin'"), "0");
     for attempt in [
         "ALTER ROLE airlock_agent SUPERUSER",
@@ -108,7 +111,12 @@ fn each_sandbox_has_its_own_credential_that_is_never_logged_or_kept_in_the_golde
     assert!(pw_a.len() >= 32);
     // A's password does not open B.
     let (plain_b, _) = split_password(&dsn(&b));
-    let out = Command::new("psql").arg(&plain_b).args(["-XtAc", "SELECT 1"]).env("PGPASSWORD", &pw_a).output().unwrap();
+    let out = Command::new("psql")
+        .arg(&plain_b)
+        .args(["-XtAc", "SELECT 1"])
+        .env("PGPASSWORD", &pw_a)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     // Not in the log, the events, the listing or any golden file.
     assert!(!d.log().contains(&pw_a));
@@ -132,7 +140,11 @@ fn walk(root: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let p = e.path();
-        if p.is_dir() { out.extend(walk(&p)) } else { out.push(p) }
+        if p.is_dir() {
+            out.extend(walk(&p))
+        } else {
+            out.push(p)
+        }
     }
     out
 }
@@ -149,7 +161,15 @@ fn instances_run_as_an_unprivileged_user_when_the_daemon_is_root() {
     let doctor = d.json(&["doctor"]);
     let pid = d.postmasters()[0];
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let uid: u32 = status.lines().find(|l| l.starts_with("Uid:")).unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    let uid: u32 = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     if nix::unistd::geteuid().is_root() {
         assert_ne!(uid, 0, "postgres runs as root");
         assert_eq!(doctor["instance_user"], "airlock");

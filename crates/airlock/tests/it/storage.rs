@@ -23,7 +23,11 @@ fn golden_digest(root: &Path) -> String {
 fn collect(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
         let p = e.path();
-        if p.is_dir() { collect(&p, out) } else { out.push(p) }
+        if p.is_dir() {
+            collect(&p, out)
+        } else {
+            out.push(p)
+        }
     }
 }
 
