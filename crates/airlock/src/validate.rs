@@ -102,6 +102,30 @@ pub fn ttl_seconds(seconds: i64, max: Duration) -> Result<Duration> {
     Ok(d)
 }
 
+/// Parses a size such as `4MB`, `64kB`, `20G`, `1GiB` or `1073741824` (bytes).
+pub fn bytes(text: &str) -> Result<u64> {
+    let bad = || {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("invalid size {text:?}"),
+            "write a size such as 64kB, 4MB or 20G",
+        )
+    };
+    let t = text.trim();
+    let (digits, unit) = t.split_at(t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len()));
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let unit = unit.trim().to_ascii_uppercase();
+    let mult: u64 = match unit.trim_end_matches("IB").trim_end_matches('B') {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).ok_or_else(bad)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +147,17 @@ mod tests {
         for bad in ["novalue", "=x", "sp ace=x", "k=\u{7}"] {
             assert_eq!(labels(&[bad]).unwrap_err().code, ErrorCode::InvalidLabel, "{bad}");
         }
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(bytes("20G").unwrap(), 20 << 30);
+        assert_eq!(bytes("4MB").unwrap(), 4 << 20);
+        assert_eq!(bytes("64kB").unwrap(), 64 << 10);
+        assert_eq!(bytes("1GiB").unwrap(), 1 << 30);
+        assert_eq!(bytes("512").unwrap(), 512);
+        assert!(bytes("big").is_err());
+        assert!(bytes("5Q").is_err());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::golden::{CreateGolden, Golden};
-use crate::sandbox::{ForkRequest, Forked, Sandbox};
+use crate::sandbox::{Access, ForkRequest, Forked, Limits, Mode, Sandbox};
 use crate::{daemon, pg, storage, validate};
 
 pub(super) const NO_BODY: Option<&()> = None;
@@ -309,11 +309,36 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
     if let Some(n) = &args.name {
         validate::name("sandbox", n)?;
     }
+    let millis = |what: &str, text: &str| -> Result<u64> {
+        humantime::parse_duration(text).map(|d| d.as_millis() as u64).map_err(|e| {
+            Error::new(
+                ErrorCode::InvalidRequest,
+                format!("invalid {what} {text:?}: {e}"),
+                "give a duration such as 500ms, 30s or 5m",
+            )
+        })
+    };
+    let access = Access {
+        mode: Mode::parse(&args.mode)?,
+        limits: Limits {
+            statement_timeout_ms: millis("statement timeout", &args.statement_timeout)?,
+            lock_timeout_ms: millis("lock timeout", &args.lock_timeout)?,
+            idle_in_transaction_timeout_ms: millis(
+                "idle-in-transaction timeout",
+                &args.idle_in_transaction_timeout,
+            )?,
+            temp_file_limit_kb: validate::bytes(&args.temp_file_limit)? / 1024,
+            work_mem_kb: validate::bytes(&args.work_mem)? / 1024,
+            connection_limit: args.connection_limit,
+        },
+    };
+    access.validate()?;
     let req = ForkRequest {
         golden: args.golden.clone(),
         ttl_seconds,
         labels: validate::labels(&args.labels)?,
         name: args.name.clone(),
+        access,
     };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     for w in &forked.warnings {

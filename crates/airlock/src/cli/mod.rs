@@ -184,6 +184,27 @@ struct ForkArgs {
     /// A unique name to address the sandbox by.
     #[arg(long)]
     name: Option<String>,
+    /// Access mode of the credential: owner (DDL and DML) or readonly.
+    #[arg(long, default_value = "owner")]
+    mode: String,
+    /// statement_timeout of the agent's role.
+    #[arg(long, default_value = "30s")]
+    statement_timeout: String,
+    /// lock_timeout of the agent's role.
+    #[arg(long, default_value = "10s")]
+    lock_timeout: String,
+    /// idle_in_transaction_session_timeout of the agent's role.
+    #[arg(long, default_value = "60s")]
+    idle_in_transaction_timeout: String,
+    /// temp_file_limit of the agent's role.
+    #[arg(long, default_value = "1GB")]
+    temp_file_limit: String,
+    /// work_mem of the agent's role.
+    #[arg(long, default_value = "4MB")]
+    work_mem: String,
+    /// Most connections the agent's role may hold at once.
+    #[arg(long, default_value_t = 20)]
+    connection_limit: u32,
 }
 
 #[derive(Debug, Subcommand)]

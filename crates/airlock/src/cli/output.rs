@@ -135,6 +135,15 @@ pub fn sandbox(sb: &Sandbox) -> String {
         format!("{} (in {})", sb.expires_at.to_rfc3339(), remaining(sb.expires_at)),
     ]);
     t.row(vec!["labels".into(), labels(sb)]);
+    t.row(vec!["mode".into(), format!("{:?}", sb.access.mode).to_lowercase()]);
+    let l = &sb.access.limits;
+    t.row(vec![
+        "limits".into(),
+        format!(
+            "statement_timeout={}ms lock_timeout={}ms idle_in_transaction={}ms temp_file_limit={}kB work_mem={}kB connections={}",
+            l.statement_timeout_ms, l.lock_timeout_ms, l.idle_in_transaction_timeout_ms, l.temp_file_limit_kb, l.work_mem_kb, l.connection_limit
+        ),
+    ]);
     t.row(vec!["dsn".into(), format!("`airlock dsn {}`", sb.id)]);
     t.render()
 }

@@ -2,8 +2,8 @@
 
 use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
-use crate::pg::dsn::{AGENT_ROLE, OWNER_ROLE};
 use crate::pg::instance::admin_config;
+use crate::sandbox::Access;
 
 /// An open admin session on one instance.
 pub struct Admin {
@@ -34,15 +34,12 @@ impl Admin {
         Ok(row.get::<_, String>(0))
     }
 
-    /// Creates the agent role with a fresh password. Only the SCRAM verifier is
-    /// sent, so the password itself never reaches the server or its log.
-    pub async fn mint_agent(&self, password: &str) -> Result<()> {
+    /// Creates the agent role with a fresh password, its access mode and limits.
+    /// Only the SCRAM verifier is sent, so the password itself never reaches the
+    /// server or its log.
+    pub async fn mint_agent(&self, password: &str, access: &Access) -> Result<()> {
         let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-        self.execute(&format!(
-            "CREATE ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' IN ROLE {OWNER_ROLE} \
-             NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
-        ))
-        .await
+        self.execute(&access.create_role_sql(&verifier)).await
     }
 }
 

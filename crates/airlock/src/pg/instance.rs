@@ -102,6 +102,17 @@ pub async fn initdb(
     Ok(())
 }
 
+/// In the child, before exec: a network namespace of its own (no interfaces up,
+/// so no route anywhere: the server only needs its unix socket), then the
+/// unprivileged user. The namespace must come first, while the process is root.
+fn contain(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> std::io::Result<()> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+    nix::unistd::setgroups(&[])?;
+    nix::unistd::setgid(gid)?;
+    nix::unistd::setuid(uid)?;
+    Ok(())
+}
+
 /// A started server process.
 #[derive(Debug)]
 pub struct Started {
@@ -129,7 +140,11 @@ pub fn start(bin: &PgBin, dir: &InstanceDir, user: &Identity) -> Result<Started>
         .process_group(0)
         .kill_on_drop(false);
     if nix::unistd::geteuid().is_root() {
-        cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+        let (uid, gid) = (user.uid, user.gid);
+        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || contain(uid, gid));
+        }
     }
     let child = cmd
         .spawn()

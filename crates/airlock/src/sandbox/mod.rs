@@ -5,8 +5,10 @@
 //! for "ready" → mint the agent credential → mark it `running`. Each step's
 //! time goes into the `ready` event. Any failure tears down whatever was made.
 
+mod access;
 mod record;
 
+pub use access::{Access, Limits, Mode};
 pub use record::{Sandbox, SandboxState};
 
 use std::collections::BTreeMap;
@@ -39,6 +41,9 @@ pub struct ForkRequest {
     /// A unique name to address it by besides its id.
     #[serde(default)]
     pub name: Option<String>,
+    /// The credential's access mode and limits.
+    #[serde(default)]
+    pub access: Access,
 }
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
@@ -74,6 +79,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     for (k, v) in &req.labels {
         validate::label(k, v)?;
     }
+    req.access.validate()?;
     let ttl = match req.ttl_seconds {
         Some(s) => validate::ttl_seconds(s, engine.config.max_ttl)?,
         None => engine.config.default_ttl,
@@ -92,6 +98,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             labels: req.labels.clone(),
             created_at: now,
             expires_at: now.plus(ttl),
+            access: req.access,
             pid: None,
         };
         store.insert_sandbox(&sb, engine.config.max_sandboxes)?;
@@ -155,11 +162,16 @@ async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i
         instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
     }
     steps.clone_ms = ms(t);
-    start(engine, &dir, steps).await
+    start(engine, &dir, &sb.access, steps).await
 }
 
 /// Starts the instance in `dir`, waits for it, and mints a fresh agent credential.
-async fn start(engine: &Engine, dir: &InstanceDir, steps: &mut Steps) -> Result<(i32, String)> {
+async fn start(
+    engine: &Engine,
+    dir: &InstanceDir,
+    access: &Access,
+    steps: &mut Steps,
+) -> Result<(i32, String)> {
     let t = Instant::now();
     let mut started = instance::start(&engine.pg, dir, &engine.instance_user)?;
     steps.start_ms = ms(t);
@@ -169,7 +181,7 @@ async fn start(engine: &Engine, dir: &InstanceDir, steps: &mut Steps) -> Result<
     steps.ready_ms = ms(t);
     let t = Instant::now();
     let password = secret::password();
-    Admin::connect(dir, DATABASE).await?.mint_agent(&password).await?;
+    Admin::connect(dir, DATABASE).await?.mint_agent(&password, access).await?;
     steps.credential_ms = ms(t);
     Ok((pid, dsn::sandbox(&dir.socket_dir(), &password)))
 }

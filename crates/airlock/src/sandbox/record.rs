@@ -60,6 +60,9 @@ pub struct Sandbox {
     pub created_at: Timestamp,
     /// When the reaper deletes it.
     pub expires_at: Timestamp,
+    /// The credential's access mode and limits.
+    #[serde(default)]
+    pub access: super::Access,
     /// The postmaster's process id while running.
     #[serde(skip)]
     pub pid: Option<i32>,

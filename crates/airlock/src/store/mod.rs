@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     created_at INTEGER NOT NULL,
     expires_at INTEGER NOT NULL,
     pid INTEGER,
-    dsn TEXT
+    dsn TEXT,
+    access TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(expires_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -75,6 +76,7 @@ impl Store {
         conn.pragma_update(None, "foreign_keys", "ON")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         Ok(Store { conn })
     }
 
@@ -195,8 +197,8 @@ impl Store {
             ));
         }
         let inserted = tx.execute(
-            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 sb.id,
                 sb.name,
@@ -205,7 +207,8 @@ impl Store {
                 sb.state.as_str(),
                 to_json(&sb.labels),
                 sb.created_at.0,
-                sb.expires_at.0
+                sb.expires_at.0,
+                to_json(&sb.access)
             ],
         );
         match inserted {
@@ -344,8 +347,18 @@ impl Store {
     }
 }
 
+/// Brings a store made by an earlier version up to the current schema.
+fn migrate(conn: &Connection) -> Result<()> {
+    let has_access: bool =
+        conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'access'")?.exists([])?;
+    if !has_access {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN access TEXT NOT NULL DEFAULT '{}'")?;
+    }
+    Ok(())
+}
+
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -361,6 +374,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         expires_at: Timestamp(r.get(7)?),
         pid: r.get(8)?,
         dsn: r.get(9)?,
+        access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
     })
 }
 

@@ -3,7 +3,9 @@
 
 mod harness;
 
+mod adversarial;
 mod api;
+mod containment;
 mod goldens;
 mod lifecycle;
 mod sandboxes;

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 use crate::harness::{dsn, sql, Daemon};
 
 /// A hash of every file (path and contents) under a golden.
-fn golden_digest(root: &Path) -> String {
+pub fn golden_digest(root: &Path) -> String {
     let mut files = Vec::new();
     collect(root, &mut files);
     files.sort();

@@ -1,0 +1,141 @@
+//! Access modes, role limits, network namespaces and noisy neighbours.
+
+use std::time::{Duration, Instant};
+
+use crate::harness::{dsn, psql, sql, Daemon};
+
+#[test]
+fn readonly_mode_reads_and_every_write_fails_with_postgres_own_error() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let ro = d.fork("shop", &["--mode", "readonly"]);
+    assert_eq!(ro["access"]["mode"], "readonly");
+    let url = dsn(&ro);
+    assert_eq!(sql(&url, "SELECT count(*) FROM orders WHERE status = 'pending'"), "250");
+    let err = psql(&url, "DELETE FROM orders").unwrap_err();
+    assert!(err.contains("cannot execute DELETE in a read-only transaction"), "{err}");
+    // Turning the session read-write does not help: the role has SELECT only.
+    let err = psql(&url, "BEGIN READ WRITE; INSERT INTO orders VALUES (9999, 'x', 1); COMMIT").unwrap_err();
+    assert!(err.contains("permission denied for table orders"), "{err}");
+    for attempt in [
+        "BEGIN READ WRITE; CREATE TABLE t (x int); COMMIT",
+        "BEGIN READ WRITE; CREATE TEMP TABLE t (x int); COMMIT",
+        "BEGIN READ WRITE; DROP TABLE orders; COMMIT",
+        "BEGIN READ WRITE; ALTER TABLE orders ADD COLUMN y int; COMMIT",
+        "BEGIN READ WRITE; TRUNCATE orders; COMMIT",
+        "SET ROLE airlock_owner",
+    ] {
+        assert!(psql(&url, attempt).is_err(), "{attempt} should fail in readonly mode");
+    }
+    assert_eq!(sql(&url, "SELECT count(*) FROM orders"), "1000");
+    // The same golden forked in owner mode can write.
+    let owner = d.fork("shop", &[]);
+    assert_eq!(owner["access"]["mode"], "owner");
+    sql(&dsn(&owner), "CREATE TEMP TABLE scratch (x int); INSERT INTO orders VALUES (9999, 'x', 1)");
+}
+
+#[test]
+fn role_limits_have_defaults_and_can_be_set_per_fork() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let def = dsn(&d.fork("shop", &[]));
+    assert_eq!(sql(&def, "SHOW statement_timeout"), "30s");
+    assert_eq!(sql(&def, "SHOW lock_timeout"), "10s");
+    assert_eq!(sql(&def, "SHOW idle_in_transaction_session_timeout"), "1min");
+    assert_eq!(sql(&def, "SHOW work_mem"), "4MB");
+    assert_eq!(sql(&def, "SHOW temp_file_limit"), "1GB");
+    assert_eq!(sql(&def, "SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user"), "20");
+    // temp_file_limit is the superuser's to change.
+    assert!(psql(&def, "SET temp_file_limit = -1").is_err());
+
+    let tight = dsn(&d.fork(
+        "shop",
+        &[
+            "--statement-timeout",
+            "300ms",
+            "--work-mem",
+            "64kB",
+            "--temp-file-limit",
+            "1MB",
+            "--connection-limit",
+            "2",
+        ],
+    ));
+    let err = psql(&tight, "SELECT pg_sleep(5)").unwrap_err();
+    assert!(err.contains("canceling statement due to statement timeout"), "{err}");
+    let err = psql(&tight, "SET statement_timeout = '30s'; SELECT count(*) FROM (SELECT g FROM generate_series(1, 2000000) g ORDER BY g DESC) s").unwrap_err();
+    assert!(err.contains("temporary file size exceeds temp_file_limit"), "{err}");
+    assert_eq!(sql(&tight, "SELECT rolconnlimit FROM pg_roles WHERE rolname = current_user"), "2");
+
+    for (flag, value) in [
+        ("--connection-limit", "0"),
+        ("--statement-timeout", "0s"),
+        ("--work-mem", "1kB"),
+        ("--mode", "admin"),
+    ] {
+        let (exit, err) = d.fails(&["fork", "shop", flag, value]);
+        assert_eq!(err["code"], "invalid_request", "{flag} {value}: {err}");
+        assert_eq!(exit, 3);
+    }
+    assert_eq!(d.ids().len(), 2);
+}
+
+#[test]
+fn instances_have_their_own_network_namespace_when_root() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    d.fork("shop", &[]);
+    d.fork("shop", &[]);
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let mut seen = Vec::new();
+    for pid in d.postmasters() {
+        let ns = std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+        assert_ne!(ns, host, "postmaster {pid} shares the host's network namespace");
+        assert!(!seen.contains(&ns), "two sandboxes share a network namespace");
+        seen.push(ns);
+        // No interface is up in it: not even loopback carries traffic out.
+        let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
+        assert!(dev.lines().skip(2).all(|l| l.trim_start().starts_with("lo:")), "{dev}");
+        let routes = std::fs::read_to_string(format!("/proc/{pid}/net/route")).unwrap();
+        assert!(routes.lines().count() <= 1, "no routes: {routes}");
+    }
+}
+
+#[test]
+fn a_runaway_neighbour_does_not_stop_another_sandbox_answering() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let noisy = dsn(&d.fork("shop", &["--statement-timeout", "3s"]));
+    let quiet = dsn(&d.fork("shop", &[]));
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        let cartesian =
+            s.spawn(|| psql(&noisy, "SELECT count(*) FROM orders a, orders b, orders c, orders d"));
+        let hog = s.spawn(|| {
+            psql(
+                &noisy,
+                "SELECT length(string_agg(repeat(md5(g::text), 20), '')) FROM generate_series(1, 3000000) g",
+            )
+        });
+        // Meanwhile the quiet sandbox keeps answering simple queries promptly.
+        let mut answered = 0;
+        while started.elapsed() < Duration::from_millis(2500) {
+            let t = Instant::now();
+            assert_eq!(sql(&quiet, "SELECT count(*) FROM orders WHERE id < 10"), "9");
+            assert!(t.elapsed() < Duration::from_secs(2), "a simple query took {:?}", t.elapsed());
+            answered += 1;
+        }
+        assert!(answered > 5, "only {answered} queries answered");
+        let err = cartesian.join().unwrap().unwrap_err();
+        assert!(err.contains("statement timeout"), "the runaway join was cancelled: {err}");
+        let hog = hog.join().unwrap();
+        assert!(
+            hog.is_err_and(|e| e.contains("statement timeout") || e.contains("out of memory")),
+            "the memory hog was stopped"
+        );
+    });
+    assert!(started.elapsed() < Duration::from_secs(20));
+}
