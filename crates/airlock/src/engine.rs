@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::{Error, ErrorCode, Result};
 use crate::layout::Layout;
 use crate::pg::PgBin;
+use crate::sandbox::Sandbox;
 use crate::storage::{Backend, Cloner, COPY_WARNING};
 use crate::store::Store;
 use crate::users::Identity;
@@ -34,6 +36,8 @@ pub struct Config {
     pub pg_bin: Option<PathBuf>,
     /// Copy every byte even where reflinks work (to exercise the fallback).
     pub force_copy: bool,
+    /// Memory, pids and CPU weight of each sandbox (applied where cgroups are available).
+    pub cgroup_limits: CgroupLimits,
 }
 
 impl Config {
@@ -47,6 +51,7 @@ impl Config {
             instance_user: None,
             pg_bin: None,
             force_copy: false,
+            cgroup_limits: CgroupLimits::default(),
         }
     }
 }
@@ -63,8 +68,10 @@ pub struct Engine {
     pub pg: PgBin,
     /// The daemon's own OS user (the only one with admin access to instances).
     pub daemon_user: Identity,
-    /// The OS user instances run as.
+    /// The OS user goldens are built as (and sandboxes run as when not root).
     pub instance_user: Identity,
+    /// The host's cgroups, for per-sandbox limits.
+    pub cgroups: Cgroups,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
 }
@@ -113,6 +120,7 @@ impl Engine {
         let pg = PgBin::locate(config.pg_bin.as_deref())?;
         let daemon_user = Identity::current()?;
         let instance_user = Identity::for_instances(config.instance_user.as_deref())?;
+        let cgroups = Cgroups::detect(&layout.tag());
         Ok(Engine {
             config,
             layout,
@@ -120,6 +128,7 @@ impl Engine {
             pg,
             daemon_user,
             instance_user,
+            cgroups,
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
         })
@@ -133,6 +142,15 @@ impl Engine {
     /// OS users allowed to connect as the admin role: the daemon's own, and no other.
     pub fn admin_os_users(&self) -> Vec<&str> {
         vec![self.daemon_user.name.as_str()]
+    }
+
+    /// The OS user a sandbox runs as: one per slot when root, so no instance can
+    /// read a neighbour's files; otherwise the daemon's own user.
+    pub fn sandbox_user(&self, sb: &Sandbox) -> Result<Identity> {
+        match (self.daemon_user.is_root(), sb.slot) {
+            (true, Some(slot)) => Identity::ensure(&format!("{}-{slot}", self.instance_user.name)),
+            _ => Ok(self.instance_user.clone()),
+        }
     }
 
     /// Warnings every fork carries (the copy fallback).
@@ -159,11 +177,15 @@ impl Engine {
     /// A report for `airlock doctor`.
     pub fn doctor(&self) -> Doctor {
         let mut warnings = self.fork_warnings();
-        if !self.daemon_user.is_root() {
+        let root = self.daemon_user.is_root();
+        if !root {
             warnings.push(
-                "the daemon is not root: instances run as the daemon's own user, and `storage init` is unavailable"
+                "the daemon is not root: sandboxes run as the daemon's own user in the host's network namespace, \
+                 without cgroup limits, and `storage init` is unavailable"
                     .into(),
             );
+        } else if !self.cgroups.available() {
+            warnings.push("no usable cgroups (v2 with memory, pids and cpu, or v1): sandboxes run without memory, pids and CPU limits".into());
         }
         Doctor {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -175,6 +197,10 @@ impl Engine {
             postgres_version: self.pg.version(),
             daemon_user: self.daemon_user.name.clone(),
             instance_user: self.instance_user.name.clone(),
+            per_sandbox_users: root,
+            network_namespaces: root,
+            cgroups: self.cgroups.clone(),
+            cgroup_limits: self.config.cgroup_limits,
             max_sandboxes: self.config.max_sandboxes,
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),
@@ -215,8 +241,16 @@ pub struct Doctor {
     pub postgres_version: String,
     /// The daemon's OS user.
     pub daemon_user: String,
-    /// The OS user instances run as.
+    /// The OS user goldens are built as; sandboxes run as `<it>-<slot>` when root.
     pub instance_user: String,
+    /// Whether each sandbox runs as its own OS user.
+    pub per_sandbox_users: bool,
+    /// Whether each sandbox has its own network namespace (no egress).
+    pub network_namespaces: bool,
+    /// The cgroup layout used for limits.
+    pub cgroups: Cgroups,
+    /// The limits each sandbox gets when cgroups are available.
+    pub cgroup_limits: CgroupLimits,
     /// The sandbox limit.
     pub max_sandboxes: usize,
     /// Default TTL, seconds.

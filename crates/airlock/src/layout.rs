@@ -41,6 +41,14 @@ impl Layout {
         PathBuf::from(home).join(".local/share/airlock")
     }
 
+    /// A short name for this data root, stable across restarts (for host-wide
+    /// names such as cgroups).
+    pub fn tag(&self) -> String {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(self.home.as_os_str().as_encoded_bytes());
+        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+    }
+
     /// The data root itself.
     pub fn home(&self) -> &Path {
         &self.home

@@ -5,6 +5,7 @@
 //! The map of this crate is in `docs/ARCHITECTURE.md`.
 
 pub mod api;
+pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod clock;

@@ -40,18 +40,27 @@ impl Identity {
         if !me.is_root() {
             return Ok(me);
         }
-        let name = configured.unwrap_or("airlock");
+        Identity::ensure(configured.unwrap_or("airlock"))
+    }
+
+    /// An unprivileged system user of this name, created if missing (as root only).
+    pub fn ensure(name: &str) -> Result<Identity> {
+        // useradd takes a lock on /etc/passwd; concurrent forks would fight over it.
+        static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = CREATING.lock().unwrap_or_else(|p| p.into_inner());
         if User::from_name(name).ok().flatten().is_none() {
             let status = std::process::Command::new("useradd")
                 .args(["--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"])
                 .args(["--shell", "/usr/sbin/nologin", name])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
                 .status();
             if !status.map(|s| s.success()).unwrap_or(false) && User::from_name(name).ok().flatten().is_none()
             {
                 return Err(Error::new(
                     ErrorCode::PostgresFailed,
                     format!("could not create the unprivileged user {name:?} that instances run as"),
-                    "create it yourself (`useradd --system airlock`), or name an existing one with --instance-user",
+                    "create it yourself (`useradd --system NAME`), or name an existing one with --instance-user",
                 ));
             }
         }

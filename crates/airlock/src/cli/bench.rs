@@ -166,7 +166,7 @@ impl Scratch {
         self.user.own(&dir.socket_dir())?;
         let users = [self.me.name.as_str()];
         instance::write_access_files(&dir.pgdata(), &users, &self.user)?;
-        let mut started = instance::start(&self.bin, &dir, &self.user)?;
+        let mut started = instance::start(&self.bin, &dir, &self.user, &[])?;
         started.wait_ready(&dir).await?;
         Ok((dir, started))
     }

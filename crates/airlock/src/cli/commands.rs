@@ -193,6 +193,21 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
+    config.cgroup_limits = crate::cgroup::CgroupLimits {
+        memory_bytes: validate::bytes(&args.memory_limit)?,
+        pids: args.pids_limit,
+        cpu_weight: args.cpu_weight,
+    };
+    if config.cgroup_limits.memory_bytes < 64 << 20
+        || !(32..=100_000).contains(&args.pids_limit)
+        || !(1..=10_000).contains(&args.cpu_weight)
+    {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "a sandbox limit is out of range",
+            "give --memory-limit of at least 64M, --pids-limit between 32 and 100000, --cpu-weight between 1 and 10000",
+        ));
+    }
     config.pg_bin = args.pg_bin.clone();
     config.force_copy = match args.storage.as_str() {
         "auto" => false,

@@ -125,6 +125,15 @@ struct ServeArgs {
     /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
     #[arg(long, env = "AIRLOCK_PG_BIN")]
     pg_bin: Option<PathBuf>,
+    /// Memory limit of each sandbox (cgroups; root only).
+    #[arg(long, env = "AIRLOCK_MEMORY_LIMIT", default_value = "1G")]
+    memory_limit: String,
+    /// Most processes and threads in each sandbox (cgroups; root only).
+    #[arg(long, env = "AIRLOCK_PIDS_LIMIT", default_value_t = 256)]
+    pids_limit: u64,
+    /// CPU weight of each sandbox, 1 to 10000 (cgroups; root only).
+    #[arg(long, env = "AIRLOCK_CPU_WEIGHT", default_value_t = 100)]
+    cpu_weight: u64,
     /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
     #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
     storage: String,

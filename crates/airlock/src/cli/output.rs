@@ -220,6 +220,22 @@ pub fn doctor(d: &Doctor) -> String {
     t.row(vec!["postgres".into(), format!("{} ({})", d.postgres_version, d.postgres_bin)]);
     t.row(vec!["daemon user".into(), d.daemon_user.clone()]);
     t.row(vec!["instance user".into(), d.instance_user.clone()]);
+    t.row(vec!["one OS user per sandbox".into(), d.per_sandbox_users.to_string()]);
+    t.row(vec!["network namespace per sandbox".into(), d.network_namespaces.to_string()]);
+    let cg = match &d.cgroups {
+        crate::cgroup::Cgroups::V2 { .. } => "v2",
+        crate::cgroup::Cgroups::V1 { .. } => "v1",
+        crate::cgroup::Cgroups::Unavailable => "unavailable",
+    };
+    t.row(vec![
+        "cgroup limits".into(),
+        format!(
+            "{cg}: memory {}, pids {}, cpu weight {}",
+            bytes(d.cgroup_limits.memory_bytes),
+            d.cgroup_limits.pids,
+            d.cgroup_limits.cpu_weight
+        ),
+    ]);
     t.row(vec!["max sandboxes".into(), d.max_sandboxes.to_string()]);
     t.row(vec!["default / max TTL".into(), format!("{}s / {}s", d.default_ttl_seconds, d.max_ttl_seconds)]);
     let mut out = t.render();

@@ -65,7 +65,7 @@ async fn build_in(
     user.own(&dir.socket_dir())?;
     instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
 
-    let mut started = instance::start(&engine.pg, dir, user)?;
+    let mut started = instance::start(&engine.pg, dir, user, &[])?;
     if let Err(e) = started.wait_ready(dir).await {
         instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);

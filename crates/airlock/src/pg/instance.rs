@@ -102,10 +102,15 @@ pub async fn initdb(
     Ok(())
 }
 
-/// In the child, before exec: a network namespace of its own (no interfaces up,
-/// so no route anywhere: the server only needs its unix socket), then the
-/// unprivileged user. The namespace must come first, while the process is root.
-fn contain(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> std::io::Result<()> {
+/// In the child, before exec: its cgroups, a network namespace of its own (no
+/// interfaces up, so no route anywhere: the server only needs its unix socket),
+/// then the unprivileged user. All but the last need root, so the user comes last.
+pub fn contain(
+    uid: nix::unistd::Uid,
+    gid: nix::unistd::Gid,
+    cgroups: &[std::ffi::CString],
+) -> std::io::Result<()> {
+    crate::cgroup::join(cgroups)?;
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
     nix::unistd::setgroups(&[])?;
     nix::unistd::setgid(gid)?;
@@ -121,8 +126,15 @@ pub struct Started {
     child: tokio::process::Child,
 }
 
-/// Starts `postgres` on `dir` as `user`, in its own process group, logging to `dir/postgres.log`.
-pub fn start(bin: &PgBin, dir: &InstanceDir, user: &Identity) -> Result<Started> {
+/// Starts `postgres` on `dir` as `user`, in its own process group, logging to
+/// `dir/postgres.log`. As root it also joins the cgroups whose `cgroup.procs`
+/// files are given and gets a network namespace of its own.
+pub fn start(
+    bin: &PgBin,
+    dir: &InstanceDir,
+    user: &Identity,
+    cgroups: &[std::ffi::CString],
+) -> Result<Started> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.log())?;
     user.own(&dir.log())?;
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
@@ -141,9 +153,10 @@ pub fn start(bin: &PgBin, dir: &InstanceDir, user: &Identity) -> Result<Started>
         .kill_on_drop(false);
     if nix::unistd::geteuid().is_root() {
         let (uid, gid) = (user.uid, user.gid);
+        let cgroups = cgroups.to_vec();
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(uid, gid));
+            cmd.pre_exec(move || contain(uid, gid, &cgroups));
         }
     }
     let child = cmd

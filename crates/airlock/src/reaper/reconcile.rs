@@ -107,6 +107,14 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         done.orphans += 1;
     }
 
+    // Cgroups of sandboxes that are gone (their processes are killed first).
+    for id in engine.cgroups.existing() {
+        if !known.contains(&id) {
+            sandbox::kill_cgroup_members(engine, &id).await;
+            done.orphans += 1;
+        }
+    }
+
     // Golden generations on disk that the store does not list (a crash between
     // the rename into place and the row).
     for golden_dir in std::fs::read_dir(layout.goldens())?.flatten() {

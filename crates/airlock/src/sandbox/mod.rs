@@ -12,6 +12,7 @@ pub use access::{Access, Limits, Mode};
 pub use record::{Sandbox, SandboxState};
 
 use std::collections::BTreeMap;
+use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -25,6 +26,7 @@ use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{self, DATABASE};
 use crate::pg::instance;
+use crate::users::Identity;
 use crate::{golden, secret, validate};
 
 /// A request to fork a golden.
@@ -100,8 +102,10 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             expires_at: now.plus(ttl),
             access: req.access,
             pid: None,
+            slot: None,
         };
-        store.insert_sandbox(&sb, engine.config.max_sandboxes)?;
+        let mut sb = sb;
+        store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
         store.record(NewEvent {
             kind: "created",
             sandbox: Some(sb.id.clone()),
@@ -149,8 +153,9 @@ async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i
     let dir = instance_dir(engine, &sb.id);
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let t = Instant::now();
+    let user = engine.sandbox_user(sb)?;
     {
-        let user = &engine.instance_user;
+        let user = &user;
         crate::pg::load::private_dir(&dir.root)?;
         user.own(&dir.root)?;
         engine
@@ -162,18 +167,24 @@ async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i
         instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
     }
     steps.clone_ms = ms(t);
-    start(engine, &dir, &sb.access, steps).await
+    let cgroups = engine
+        .cgroups
+        .create(&sb.id, &engine.config.cgroup_limits)
+        .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
+    start(engine, &dir, &user, &cgroups, &sb.access, steps).await
 }
 
 /// Starts the instance in `dir`, waits for it, and mints a fresh agent credential.
 async fn start(
     engine: &Engine,
     dir: &InstanceDir,
+    user: &Identity,
+    cgroups: &[CString],
     access: &Access,
     steps: &mut Steps,
 ) -> Result<(i32, String)> {
     let t = Instant::now();
-    let mut started = instance::start(&engine.pg, dir, &engine.instance_user)?;
+    let mut started = instance::start(&engine.pg, dir, user, cgroups)?;
     steps.start_ms = ms(t);
     let t = Instant::now();
     started.wait_ready(dir).await?;
@@ -196,7 +207,12 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
         let _ = std::fs::remove_file(entry.path());
     }
-    let mut started = instance::start(&engine.pg, &dir, &engine.instance_user)?;
+    let user = engine.sandbox_user(sb)?;
+    let mut cgroups = engine.cgroups.procs_files(&sb.id);
+    if cgroups.is_empty() {
+        cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
+    }
+    let mut started = instance::start(&engine.pg, &dir, &user, &cgroups)?;
     started.wait_ready(&dir).await?;
     let pid = started.detach();
     let dsn = sb.dsn.clone().unwrap_or_default();
@@ -247,6 +263,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
     if let Some(pid) = pid {
         instance::kill(pid, &dir.pgdata()).await;
     }
+    kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = std::fs::remove_dir_all(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
             return Err(Error::internal(format!("removing {} failed: {e}", dir.root.display())));
@@ -264,6 +281,23 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
         })?;
     }
     golden::prune(engine, &sb.golden)
+}
+
+/// Kills whatever is left in a sandbox's cgroups (backends of a killed server,
+/// `exec` processes), then removes the cgroups.
+pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
+    for _ in 0..200 {
+        let members = engine.cgroups.members(id);
+        if members.is_empty() {
+            break;
+        }
+        for pid in members {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    engine.cgroups.remove(id);
 }
 
 /// The pid in a data directory's `postmaster.pid`, if any.

@@ -66,4 +66,7 @@ pub struct Sandbox {
     /// The postmaster's process id while running.
     #[serde(skip)]
     pub pid: Option<i32>,
+    /// Which per-sandbox OS user (and cgroup) it has; unique among live sandboxes.
+    #[serde(skip)]
+    pub slot: Option<i64>,
 }

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     expires_at INTEGER NOT NULL,
     pid INTEGER,
     dsn TEXT,
-    access TEXT NOT NULL DEFAULT '{}'
+    access TEXT NOT NULL DEFAULT '{}',
+    slot INTEGER
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(expires_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -185,8 +186,9 @@ impl Store {
 
     // ---- sandboxes ----
 
-    /// Records a sandbox in state `creating`, refusing past `max_sandboxes` or on a taken name.
-    pub fn insert_sandbox(&mut self, sb: &Sandbox, max_sandboxes: usize) -> Result<()> {
+    /// Records a sandbox in state `creating`, refusing past `max_sandboxes` or on a
+    /// taken name, and gives it the lowest slot no live sandbox holds.
+    pub fn insert_sandbox(&mut self, sb: &mut Sandbox, max_sandboxes: usize) -> Result<()> {
         let tx = self.conn.transaction()?;
         let count: i64 = tx.query_row("SELECT count(*) FROM sandboxes", [], |r| r.get(0))?;
         if count as usize >= max_sandboxes {
@@ -196,9 +198,15 @@ impl Store {
                 "delete sandboxes you no longer need (`airlock rm`), or start the daemon with a larger --max-sandboxes",
             ));
         }
+        let taken: std::collections::HashSet<i64> = tx
+            .prepare("SELECT slot FROM sandboxes WHERE slot IS NOT NULL")?
+            .query_map([], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        let slot = (0..).find(|s| !taken.contains(s)).expect("a free slot");
+        sb.slot = Some(slot);
         let inserted = tx.execute(
-            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access, slot)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 sb.id,
                 sb.name,
@@ -208,7 +216,8 @@ impl Store {
                 to_json(&sb.labels),
                 sb.created_at.0,
                 sb.expires_at.0,
-                to_json(&sb.access)
+                to_json(&sb.access),
+                slot
             ],
         );
         match inserted {
@@ -354,11 +363,16 @@ fn migrate(conn: &Connection) -> Result<()> {
     if !has_access {
         conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN access TEXT NOT NULL DEFAULT '{}'")?;
     }
+    let has_slot: bool =
+        conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'slot'")?.exists([])?;
+    if !has_slot {
+        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN slot INTEGER")?;
+    }
     Ok(())
 }
 
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -375,6 +389,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         pid: r.get(8)?,
         dsn: r.get(9)?,
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
+        slot: r.get(11)?,
     })
 }
 

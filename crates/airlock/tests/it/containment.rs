@@ -1,5 +1,6 @@
 //! Access modes, role limits, network namespaces and noisy neighbours.
 
+use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
 use crate::harness::{dsn, psql, sql, Daemon};
@@ -138,4 +139,91 @@ fn a_runaway_neighbour_does_not_stop_another_sandbox_answering() {
         );
     });
     assert!(started.elapsed() < Duration::from_secs(20));
+}
+
+/// The uid a process runs as.
+fn uid_of(pid: i32) -> u32 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).unwrap().uid()
+}
+
+#[test]
+fn each_sandbox_runs_as_its_own_user_and_cannot_read_a_neighbours_files() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let a = d.fork("shop", &[]);
+    let b = d.fork("shop", &[]);
+    let pids = d.postmasters();
+    let uids: Vec<u32> = pids.iter().map(|p| uid_of(*p)).collect();
+    assert_eq!(uids.len(), 2);
+    assert_ne!(uids[0], uids[1], "two sandboxes share a uid");
+    assert!(uids.iter().all(|u| *u != 0));
+    // As sandbox A's user, B's data directory, and the golden, cannot be read.
+    let a_dir = d.home.join("volume/sandboxes").join(a["id"].as_str().unwrap());
+    let b_dir = d.home.join("volume/sandboxes").join(b["id"].as_str().unwrap());
+    use std::os::unix::fs::MetadataExt;
+    let a_meta = std::fs::metadata(&a_dir).unwrap();
+    let golden = d.home.join("volume/goldens/shop/1/pgdata/PG_VERSION");
+    for target in [b_dir.join("pgdata/PG_VERSION"), golden] {
+        let out = std::process::Command::new("cat")
+            .arg(&target)
+            .uid(a_meta.uid())
+            .gid(a_meta.gid())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "A's user read {}", target.display());
+    }
+    // A fork reuses a freed user only after its sandbox and files are gone.
+    d.ok(&["rm", a["id"].as_str().unwrap()]);
+    let c = d.fork("shop", &[]);
+    assert_eq!(sql(&dsn(&c), "SELECT count(*) FROM orders"), "1000");
+}
+
+#[test]
+fn cgroup_limits_contain_a_memory_hog_to_its_own_sandbox() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let d = Daemon::start(&["--memory-limit", "200M", "--pids-limit", "64"]);
+    let doctor = d.json(&["doctor"]);
+    if doctor["cgroups"] == "unavailable" {
+        panic!("running as root but no usable cgroups: {doctor}");
+    }
+    d.shop("shop");
+    let hog = d.fork("shop", &["--statement-timeout", "60s", "--work-mem", "1GB"]);
+    let quiet = dsn(&d.fork("shop", &[]));
+    let hog_id = hog["id"].as_str().unwrap();
+    // The postmaster is in its sandbox's cgroups.
+    let pid = d
+        .postmasters()
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap().contains(hog_id))
+        .unwrap();
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cg.contains(&format!("/{hog_id}\n")) && cg.contains("/airlock/"), "{cg}");
+    // A query that wants far more memory than the limit fails in that sandbox only.
+    let err = psql(&dsn(&hog), "SELECT count(DISTINCT x) FROM (SELECT repeat(md5(g::text), 30) || g AS x FROM generate_series(1, 3000000) g) s").unwrap_err();
+    assert!(
+        err.contains("terminated") || err.contains("closed the connection") || err.contains("out of memory"),
+        "{err}"
+    );
+    assert_eq!(sql(&quiet, "SELECT count(*) FROM orders"), "1000");
+    // The hog's sandbox recovers and answers again.
+    d.wait_for(Duration::from_secs(20), "the hog's sandbox to recover", || {
+        psql(&dsn(&hog), "SELECT 1").is_ok()
+    });
+    let events = d.ok(&["events", "--json"]);
+    assert!(!events.contains("\"reason\": \"failed\""));
+    // Deleting the sandbox removes its cgroups.
+    let memory_line = cg.lines().find(|l| l.contains(":memory:") || l.starts_with("0::")).unwrap();
+    let cgroup_dir = match memory_line.split_once(":memory:") {
+        Some((_, path)) => format!("/sys/fs/cgroup/memory{path}"),
+        None => format!("/sys/fs/cgroup{}", memory_line.trim_start_matches("0::")),
+    };
+    assert!(std::path::Path::new(&cgroup_dir).exists(), "{cgroup_dir}");
+    d.ok(&["rm", hog_id]);
+    assert!(!std::path::Path::new(&cgroup_dir).exists(), "{cgroup_dir} is left behind");
 }
