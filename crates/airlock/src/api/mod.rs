@@ -80,6 +80,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes", get(list_sandboxes).post(fork))
         .route("/v1/sandboxes/{id}", get(show_sandbox).delete(remove_sandbox))
         .route("/v1/sandboxes/{id}/extend", post(extend))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -230,6 +231,16 @@ async fn extend(
 ) -> ApiResult<sandbox::Sandbox> {
     let req = body(req)?;
     Ok(Json(sandbox::extend(&s.engine, &id, req.ttl_seconds)?))
+}
+
+async fn exec(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<sandbox::ExecRequest>, JsonRejection>,
+) -> ApiResult<sandbox::ExecResult> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { sandbox::exec::exec(&engine, &id, &req).await }).await?))
 }
 
 #[derive(Deserialize)]

@@ -13,7 +13,7 @@ use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::golden::{CreateGolden, Golden};
-use crate::sandbox::{Access, ForkRequest, Forked, Limits, Mode, Sandbox};
+use crate::sandbox::{Access, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox};
 use crate::{daemon, pg, storage, validate};
 
 pub(super) const NO_BODY: Option<&()> = None;
@@ -153,6 +153,39 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             psql(&sb, args)
+        }
+        Command::Exec { id, timeout, command } => {
+            let timeout = humantime::parse_duration(timeout).map_err(|e| {
+                Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("invalid timeout {timeout:?}: {e}"),
+                    "give a duration such as 30s or 5m",
+                )
+            })?;
+            let req = ExecRequest {
+                argv: command.clone(),
+                timeout_seconds: Some(timeout.as_secs().max(1)),
+                stdin: None,
+            };
+            let result: ExecResult = cli
+                .client()?
+                .call(Method::POST, &format!("/v1/sandboxes/{}/exec", encode(id)), Some(&req))
+                .await?;
+            if json {
+                output::print(true, &result, String::new);
+            } else {
+                use std::io::Write;
+                let _ = std::io::stdout().write_all(result.stdout.as_bytes());
+                let _ = std::io::stderr().write_all(result.stderr.as_bytes());
+                if result.timed_out {
+                    eprintln!(
+                        "airlock: the command was killed after {}",
+                        humantime::format_duration(timeout)
+                    );
+                }
+            }
+            // Like `timeout(1)`: 124 when the time ran out, 137 when a signal ended it.
+            Ok(if result.timed_out { 124 } else { result.exit_code.unwrap_or(137) })
         }
         Command::Events { sandbox, limit } => {
             let mut path = format!("/v1/events?limit={limit}");

@@ -83,6 +83,17 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
+    /// Run a command inside a sandbox's boundary, with DATABASE_URL set.
+    Exec {
+        /// Sandbox id or name.
+        id: String,
+        /// Kill it after this long.
+        #[arg(long, default_value = "60s")]
+        timeout: String,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// Show recorded events.
     Events {
         /// Only events of this sandbox (id or name).

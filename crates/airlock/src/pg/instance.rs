@@ -102,16 +102,21 @@ pub async fn initdb(
     Ok(())
 }
 
-/// In the child, before exec: its cgroups, a network namespace of its own (no
-/// interfaces up, so no route anywhere: the server only needs its unix socket),
-/// then the unprivileged user. All but the last need root, so the user comes last.
+/// In the child, before exec: its cgroups, a network namespace (a new one, with
+/// no interface up and so no route anywhere, or the sandbox's own given as an open
+/// `/proc/<pid>/ns/net`), then the unprivileged user. All but the last need root,
+/// so the user comes last. Only async-signal-safe system calls.
 pub fn contain(
     uid: nix::unistd::Uid,
     gid: nix::unistd::Gid,
     cgroups: &[std::ffi::CString],
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
 ) -> std::io::Result<()> {
     crate::cgroup::join(cgroups)?;
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+    match netns {
+        None => nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?,
+        Some(fd) => nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?,
+    }
     nix::unistd::setgroups(&[])?;
     nix::unistd::setgid(gid)?;
     nix::unistd::setuid(uid)?;
@@ -156,7 +161,7 @@ pub fn start(
         let cgroups = cgroups.to_vec();
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(uid, gid, &cgroups));
+            cmd.pre_exec(move || contain(uid, gid, &cgroups, None));
         }
     }
     let child = cmd

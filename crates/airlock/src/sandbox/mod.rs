@@ -6,9 +6,11 @@
 //! time goes into the `ready` event. Any failure tears down whatever was made.
 
 mod access;
+pub mod exec;
 mod record;
 
 pub use access::{Access, Limits, Mode};
+pub use exec::{ExecRequest, ExecResult};
 pub use record::{Sandbox, SandboxState};
 
 use std::collections::BTreeMap;

@@ -6,6 +6,7 @@ mod harness;
 mod adversarial;
 mod api;
 mod containment;
+mod exec;
 mod goldens;
 mod lifecycle;
 mod sandboxes;

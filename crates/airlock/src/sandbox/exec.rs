@@ -1,0 +1,188 @@
+//! `airlock exec`: run agent-written code inside a sandbox's boundary.
+//!
+//! The command runs as the sandbox's OS user, in its network namespace (so the
+//! only thing it can reach is its own database, over the unix socket) and its
+//! cgroups, with the connection string in `DATABASE_URL` (never on a command
+//! line), in a private working directory, under a timeout. When it ends — or
+//! times out — every process it started is killed: its process group, and
+//! anything else in the sandbox's cgroups that is not the database server.
+
+use std::os::fd::AsFd;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::pg::instance;
+use crate::sandbox::{Sandbox, SandboxState};
+
+/// Most bytes of stdout and of stderr returned; the rest is counted and dropped.
+pub const OUTPUT_CAP: usize = 1 << 20;
+
+/// A command to run in a sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// The program and its arguments.
+    pub argv: Vec<String>,
+    /// Seconds before it is killed (1 to 3600; default 60).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    /// Text for its standard input.
+    #[serde(default)]
+    pub stdin: Option<String>,
+}
+
+/// What a command did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Its exit code; absent when a signal ended it.
+    pub exit_code: Option<i32>,
+    /// Whether the timeout ended it.
+    pub timed_out: bool,
+    /// Standard output (at most [`OUTPUT_CAP`] bytes, lossily UTF-8).
+    pub stdout: String,
+    /// Standard error (at most [`OUTPUT_CAP`] bytes, lossily UTF-8).
+    pub stderr: String,
+    /// Whether either output was cut at the cap.
+    pub truncated: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: u64,
+}
+
+fn invalid(message: impl Into<String>, hint: &str) -> Error {
+    Error::new(ErrorCode::InvalidRequest, message, hint)
+}
+
+/// Runs a command inside a running sandbox's boundary.
+pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecResult> {
+    if req.argv.is_empty() || req.argv[0].is_empty() {
+        return Err(invalid(
+            "no command given",
+            "put the command after `--`, e.g. `airlock exec ID -- python3 job.py`",
+        ));
+    }
+    let timeout = req.timeout_seconds.unwrap_or(60);
+    if !(1..=3600).contains(&timeout) {
+        return Err(invalid(format!("a timeout of {timeout}s is out of range"), "give between 1s and 1h"));
+    }
+    let sb = engine.store().sandbox(key)?;
+    if sb.state != SandboxState::Running {
+        return Err(Error::new(
+            ErrorCode::SandboxNotFound,
+            format!("sandbox {} is {}", sb.id, sb.state.as_str()),
+            "exec needs a running sandbox",
+        ));
+    }
+    let workdir = engine.layout.sandbox(&sb.id).join("exec");
+    let user = engine.sandbox_user(&sb)?;
+    if !workdir.exists() {
+        crate::pg::load::private_dir(&workdir)?;
+        user.own(&workdir)?;
+    }
+    let mut cmd = tokio::process::Command::new(&req.argv[0]);
+    cmd.args(&req.argv[1..])
+        .current_dir(&workdir)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", &workdir)
+        .env("LANG", "C.UTF-8")
+        .env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default())
+        .stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let netns = match (engine.daemon_user.is_root(), sb.pid) {
+        (true, Some(pid))
+            if instance::is_postmaster_of(pid, &engine.layout.sandbox(&sb.id).join("pgdata")) =>
+        {
+            Some(std::fs::File::open(format!("/proc/{pid}/ns/net"))?)
+        }
+        (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),
+        (false, _) => None,
+    };
+    if let Some(ns) = &netns {
+        let (uid, gid) = (user.uid, user.gid);
+        let cgroups = engine.cgroups.procs_files(&sb.id);
+        let ns = ns.try_clone()?;
+        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || instance::contain(uid, gid, &cgroups, Some(ns.as_fd())));
+        }
+    }
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| {
+        invalid(
+            format!("could not run {:?}: {e}", req.argv[0]),
+            "check the program exists inside the sandbox's view (PATH is /usr/local/bin:/usr/bin:/bin)",
+        )
+    })?;
+    let group = child.id().map(|p| p as i32);
+    if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), child.stdin.take()) {
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(text.as_bytes()).await;
+        });
+    }
+    let out = tokio::spawn(capped(child.stdout.take()));
+    let err = tokio::spawn(capped(child.stderr.take()));
+    let status = tokio::time::timeout(Duration::from_secs(timeout), child.wait()).await;
+    let timed_out = status.is_err();
+    if let Some(pgid) = group {
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+    }
+    let status = match status {
+        Ok(s) => s.ok(),
+        Err(_) => child.wait().await.ok(),
+    };
+    kill_strays(engine, &sb);
+    let (stdout, cut_out) = out.await?;
+    let (stderr, cut_err) = err.await?;
+    Ok(ExecResult {
+        exit_code: status.and_then(|s| s.code()),
+        timed_out,
+        stdout,
+        stderr,
+        truncated: cut_out || cut_err,
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+/// Reads a pipe to its end, keeping at most [`OUTPUT_CAP`] bytes.
+async fn capped<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>) -> (String, bool) {
+    let Some(mut pipe) = pipe else { return (String::new(), false) };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 8192];
+    let mut cut = false;
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = OUTPUT_CAP.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                cut |= n > room;
+            }
+        }
+    }
+    (String::from_utf8_lossy(&kept).into_owned(), cut)
+}
+
+/// Kills what an exec left in the sandbox's cgroups (a process that left its
+/// group with setsid, say): everything but the server and its own children.
+fn kill_strays(engine: &Engine, sb: &Sandbox) {
+    let Some(server) = sb.pid else { return };
+    for pid in engine.cgroups.members(&sb.id) {
+        if pid == server || parent_of(pid) == Some(server) {
+            continue;
+        }
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
