@@ -11,7 +11,10 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::engine::Engine;
 use crate::events::DeleteReason;
-use crate::sandbox;
+use crate::events::NewEvent;
+use crate::pg::instance;
+use crate::sandbox::{self, SandboxState};
+use crate::store::SandboxFilter;
 
 /// How often the reaper looks for expired sandboxes; with teardown this keeps
 /// deletion within about a second of expiry.
@@ -22,8 +25,13 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
         loop {
             tick.tick().await;
+            ticks += 1;
+            if ticks % 5 == 0 {
+                watch_servers(&engine);
+            }
             let expired = match engine.store().expired(Timestamp::now()) {
                 Ok(ids) => ids,
                 Err(e) => {
@@ -45,4 +53,33 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
             }
         }
     })
+}
+
+/// Deletes running sandboxes whose server is gone (killed by a limit, or crashed),
+/// with an event saying so, so nothing dead is left looking alive.
+fn watch_servers(engine: &Arc<Engine>) {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
+    for sb in all.into_iter().filter(|s| s.state == SandboxState::Running) {
+        let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
+        if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
+            continue;
+        }
+        if !engine.store().begin_delete(&sb.id).unwrap_or(false) {
+            continue;
+        }
+        let _ = engine.store().record(NewEvent {
+            kind: "server_exited",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail: serde_json::json!({"log": instance::log_tail(&engine.layout.sandbox(&sb.id).join("postgres.log"))}),
+            ..Default::default()
+        });
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            tracing::warn!(sandbox = %sb.id, "its server exited; deleting it");
+            if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
+                tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox whose server exited");
+            }
+        });
+    }
 }

@@ -191,3 +191,25 @@ fn a_data_root_that_cannot_be_written_is_a_clear_error() {
     assert_eq!(exit, 8);
     assert!(err["message"].as_str().unwrap().contains("/proc/airlock-cannot-write"));
 }
+
+#[test]
+fn a_sandbox_whose_server_dies_is_removed_with_a_clear_event() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let doomed = d.fork("shop", &[]);
+    let keep = d.fork("shop", &[]);
+    let id = doomed["id"].as_str().unwrap().to_owned();
+    let pid = d
+        .postmasters()
+        .into_iter()
+        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap().contains(&id))
+        .unwrap();
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    d.wait_for(Duration::from_secs(10), "the dead sandbox to be removed", || !d.ids().contains(&id));
+    assert!(!d.sandbox_dirs().contains(&id));
+    let events = d.json(&["events", "--sandbox", &id]);
+    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["created", "ready", "server_exited", "deleted"]);
+    assert_eq!(events[3]["reason"], "failed");
+    assert_eq!(sql(&dsn(&keep), "SELECT count(*) FROM orders"), "1000");
+}
