@@ -38,6 +38,8 @@ pub struct Config {
     pub force_copy: bool,
     /// Memory, pids and CPU weight of each sandbox (applied where cgroups are available).
     pub cgroup_limits: CgroupLimits,
+    /// How far a sandbox's files may grow beyond its golden before it is deleted.
+    pub disk_limit_bytes: u64,
 }
 
 impl Config {
@@ -52,6 +54,7 @@ impl Config {
             pg_bin: None,
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
+            disk_limit_bytes: 10 << 30,
         }
     }
 }
@@ -201,6 +204,7 @@ impl Engine {
             network_namespaces: root,
             cgroups: self.cgroups.clone(),
             cgroup_limits: self.config.cgroup_limits,
+            disk_limit_bytes: self.config.disk_limit_bytes,
             max_sandboxes: self.config.max_sandboxes,
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),
@@ -251,6 +255,8 @@ pub struct Doctor {
     pub cgroups: Cgroups,
     /// The limits each sandbox gets when cgroups are available.
     pub cgroup_limits: CgroupLimits,
+    /// How far a sandbox may grow beyond its golden, bytes.
+    pub disk_limit_bytes: u64,
     /// The sandbox limit.
     pub max_sandboxes: usize,
     /// Default TTL, seconds.

@@ -226,6 +226,14 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
+    config.disk_limit_bytes = validate::bytes(&args.disk_limit)?;
+    if config.disk_limit_bytes < 1 << 20 {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "--disk-limit is below 1MB",
+            "give a size such as 500M or 10G",
+        ));
+    }
     config.cgroup_limits = crate::cgroup::CgroupLimits {
         memory_bytes: validate::bytes(&args.memory_limit)?,
         pids: args.pids_limit,

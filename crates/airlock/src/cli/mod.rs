@@ -145,6 +145,9 @@ struct ServeArgs {
     /// CPU weight of each sandbox, 1 to 10000 (cgroups; root only).
     #[arg(long, env = "AIRLOCK_CPU_WEIGHT", default_value_t = 100)]
     cpu_weight: u64,
+    /// How far a sandbox's files may grow beyond its golden before it is deleted.
+    #[arg(long, env = "AIRLOCK_DISK_LIMIT", default_value = "10G")]
+    disk_limit: String,
     /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
     #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
     storage: String,

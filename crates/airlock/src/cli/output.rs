@@ -236,6 +236,7 @@ pub fn doctor(d: &Doctor) -> String {
             d.cgroup_limits.cpu_weight
         ),
     ]);
+    t.row(vec!["disk limit (growth)".into(), bytes(d.disk_limit_bytes)]);
     t.row(vec!["max sandboxes".into(), d.max_sandboxes.to_string()]);
     t.row(vec!["default / max TTL".into(), format!("{}s / {}s", d.default_ttl_seconds, d.max_ttl_seconds)]);
     let mut out = t.render();

@@ -26,11 +26,13 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
+        let mut disk_cursor = 0usize;
         loop {
             tick.tick().await;
             ticks += 1;
-            if ticks % 5 == 0 {
+            if ticks.is_multiple_of(5) {
                 watch_servers(&engine);
+                disk_cursor = watch_disk(&engine, disk_cursor).await;
             }
             let expired = match engine.store().expired(Timestamp::now()) {
                 Ok(ids) => ids,
@@ -82,4 +84,52 @@ fn watch_servers(engine: &Arc<Engine>) {
             }
         });
     }
+}
+
+/// Sandboxes whose disk use is checked per second: the check walks a data
+/// directory, so a large host checks each sandbox every few seconds, round robin.
+const DISK_CHECKS_PER_SECOND: usize = 20;
+
+/// Deletes sandboxes that grew past the disk limit beyond their golden, with an
+/// event saying so. Returns where the next round starts. (The host kernel may
+/// lack filesystem quotas, so this is a watch, not a hard quota: a sandbox can
+/// overshoot by what it writes between two checks.)
+async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return 0 };
+    let running: Vec<_> = all.into_iter().filter(|s| s.state == SandboxState::Running).collect();
+    if running.is_empty() {
+        return 0;
+    }
+    let start = cursor % running.len();
+    let batch: Vec<_> =
+        running.iter().cycle().skip(start).take(DISK_CHECKS_PER_SECOND.min(running.len())).cloned().collect();
+    for sb in batch {
+        let golden_size = engine
+            .store()
+            .golden(&sb.golden)
+            .ok()
+            .and_then(|g| g.generations.iter().find(|m| m.generation == sb.generation).map(|m| m.size_bytes))
+            .unwrap_or(0);
+        let dir = engine.layout.sandbox(&sb.id);
+        let used = tokio::task::spawn_blocking(move || crate::storage::tree_size(&dir)).await.unwrap_or(0);
+        let grown = used.saturating_sub(golden_size);
+        if grown <= engine.config.disk_limit_bytes || !engine.store().begin_delete(&sb.id).unwrap_or(false) {
+            continue;
+        }
+        let _ = engine.store().record(NewEvent {
+            kind: "disk_limit_exceeded",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail: serde_json::json!({"grown_bytes": grown, "limit_bytes": engine.config.disk_limit_bytes}),
+            ..Default::default()
+        });
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            tracing::warn!(sandbox = %sb.id, grown, "over its disk limit; deleting it");
+            if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
+                tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox over its disk limit");
+            }
+        });
+    }
+    start + DISK_CHECKS_PER_SECOND
 }

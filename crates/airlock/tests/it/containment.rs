@@ -227,3 +227,27 @@ fn cgroup_limits_contain_a_memory_hog_to_its_own_sandbox() {
     d.ok(&["rm", hog_id]);
     assert!(!std::path::Path::new(&cgroup_dir).exists(), "{cgroup_dir} is left behind");
 }
+
+#[test]
+fn a_sandbox_that_outgrows_its_disk_limit_is_removed_with_a_clear_event() {
+    let d = Daemon::start(&["--disk-limit", "20M"]);
+    d.shop("shop");
+    let fat = d.fork("shop", &[]);
+    let thin = d.fork("shop", &[]);
+    let id = fat["id"].as_str().unwrap().to_owned();
+    // Small writes stay within the limit.
+    sql(&dsn(&fat), "CREATE TABLE little AS SELECT g FROM generate_series(1, 1000) g");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(d.ids().contains(&id));
+    let _ = psql(
+        &dsn(&fat),
+        "CREATE TABLE big AS SELECT g, repeat('x', 1000) AS pad FROM generate_series(1, 60000) g",
+    );
+    d.wait_for(Duration::from_secs(15), "the oversized sandbox to be removed", || !d.ids().contains(&id));
+    let events = d.json(&["events", "--sandbox", &id]);
+    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"disk_limit_exceeded"), "{kinds:?}");
+    assert_eq!(events.as_array().unwrap().last().unwrap()["reason"], "failed");
+    assert_eq!(sql(&dsn(&thin), "SELECT count(*) FROM orders"), "1000");
+    assert!(d.ids().contains(&thin["id"].as_str().unwrap().to_owned()));
+}
