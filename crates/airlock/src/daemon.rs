@@ -29,6 +29,10 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;
+    // A dead daemon's listening socket can outlive it for a moment in a child that
+    // has not yet called exec; unlink its path now, so no client queues up on it
+    // while this daemon reconciles.
+    let _ = std::fs::remove_file(layout.api_socket());
     let engine = Arc::new(Engine::open(config)?);
     let reconciled = reaper::reconcile(&engine).await?;
     tracing::info!(?reconciled, "reconciled state, processes and directories");

@@ -82,6 +82,9 @@ impl Daemon {
     /// Starts `airlock serve` and waits until its socket answers.
     pub fn spawn(&mut self) {
         std::fs::create_dir_all(&self.home).unwrap();
+        // A killed daemon's socket path may still lead to a listener held by a
+        // child between fork and exec; only the new daemon's socket counts.
+        let _ = std::fs::remove_file(self.socket());
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.home.join("daemon.log")).unwrap();
         let mut cmd = Command::new(BIN);
