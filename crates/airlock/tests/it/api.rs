@@ -82,18 +82,7 @@ fn errors_are_json_with_code_message_and_hint() {
 
 #[test]
 fn tcp_needs_the_bearer_token() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let base = crate::harness::cow_base().unwrap_or_else(std::env::temp_dir);
-    let home = crate::harness::fresh_home(&base);
-    std::fs::create_dir_all(&home).unwrap();
-    let token_file = home.join("token");
-    std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    let addr = format!("127.0.0.1:{port}");
-    let mut d = Daemon::unstarted(home, &["--tcp", &addr, "--token-file", token_file.to_str().unwrap()]);
-    d.spawn();
+    let (_d, addr) = Daemon::start_with_tcp("s3cret-token");
     let tcp = |headers: &str| {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         http(&mut s, "GET", "/v1/sandboxes", headers, "")

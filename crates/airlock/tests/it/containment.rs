@@ -197,11 +197,7 @@ fn cgroup_limits_contain_a_memory_hog_to_its_own_sandbox() {
     let quiet = dsn(&d.fork("shop", &[]));
     let hog_id = hog["id"].as_str().unwrap();
     // The postmaster is in its sandbox's cgroups.
-    let pid = d
-        .postmasters()
-        .into_iter()
-        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap().contains(hog_id))
-        .unwrap();
+    let pid = d.postmaster_of(hog_id);
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(cg.contains(&format!("/{hog_id}\n")) && cg.contains("/airlock/"), "{cg}");
     // A query that wants far more memory than the limit fails in that sandbox only.

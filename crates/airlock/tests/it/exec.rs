@@ -108,20 +108,7 @@ fn no_egress_from_exec_or_from_the_server() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let base = crate::harness::cow_base().unwrap_or_else(std::env::temp_dir);
-    let home = crate::harness::fresh_home(&base);
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::write(home.join("token"), "t0ken").unwrap();
-    let api = format!("127.0.0.1:{port}");
-    let mut d = Daemon::unstarted(
-        home.clone(),
-        &["--tcp", &api, "--token-file", home.join("token").to_str().unwrap()],
-    );
-    d.spawn();
+    let (d, api) = Daemon::start_with_tcp("t0ken");
     d.shop("shop");
     let id = d.fork("shop", &[])["id"].as_str().unwrap().to_owned();
     // Something else listening on the host's loopback.
@@ -129,7 +116,7 @@ fn no_egress_from_exec_or_from_the_server() {
     let outside_port = outside.local_addr().unwrap().port();
     let sock = d.socket();
     for (what, script) in [
-        ("the daemon's TCP API", format!("exec 3<>/dev/tcp/127.0.0.1/{port}")),
+        ("the daemon's TCP API", format!("exec 3<>/dev/tcp/{}", api.replace(':', "/"))),
         ("a host service on loopback", format!("exec 3<>/dev/tcp/127.0.0.1/{outside_port}")),
         ("the daemon's unix socket", format!("exec 3<>'{}' || python3 -c 'import socket; s=socket.socket(socket.AF_UNIX); s.connect(\"{}\")'", sock.display(), sock.display())),
         ("DNS", "getent hosts deb.debian.org".to_owned()),

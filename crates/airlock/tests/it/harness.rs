@@ -66,6 +66,28 @@ impl Daemon {
         d
     }
 
+    /// A daemon that also serves the API on a free loopback TCP port with `token`;
+    /// returns it and the `host:port`.
+    pub fn start_with_tcp(token: &str) -> (Daemon, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let home = fresh_home(&cow_base().unwrap_or_else(std::env::temp_dir));
+        std::fs::create_dir_all(&home).unwrap();
+        let token_file = home.join("token");
+        std::fs::write(&token_file, format!("{token}\n")).unwrap();
+        let addr = format!("127.0.0.1:{port}");
+        let mut d = Daemon::unstarted(home, &["--tcp", &addr, "--token-file", token_file.to_str().unwrap()]);
+        d.spawn();
+        (d, addr)
+    }
+
+    /// The postmaster serving one sandbox.
+    pub fn postmaster_of(&self, id: &str) -> i32 {
+        self.postmasters()
+            .into_iter()
+            .find(|p| cmdline(*p).is_some_and(|c| c.contains(&format!("/{id}/pgdata"))))
+            .unwrap_or_else(|| panic!("no postmaster for {id}"))
+    }
+
     /// A data root with no daemon yet (the CLI may start one itself).
     pub fn unstarted(home: PathBuf, args: &[&str]) -> Daemon {
         Daemon { home, args: args.iter().map(|s| s.to_string()).collect(), child: None }

@@ -199,11 +199,7 @@ fn a_sandbox_whose_server_dies_is_removed_with_a_clear_event() {
     let doomed = d.fork("shop", &[]);
     let keep = d.fork("shop", &[]);
     let id = doomed["id"].as_str().unwrap().to_owned();
-    let pid = d
-        .postmasters()
-        .into_iter()
-        .find(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap().contains(&id))
-        .unwrap();
+    let pid = d.postmaster_of(&id);
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     d.wait_for(Duration::from_secs(10), "the dead sandbox to be removed", || !d.ids().contains(&id));
     assert!(!d.sandbox_dirs().contains(&id));
