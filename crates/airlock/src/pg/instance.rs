@@ -103,8 +103,8 @@ pub async fn initdb(
 }
 
 /// In the child, before exec: its cgroups, a network namespace (a new one, with
-/// no interface up and so no route anywhere, or the sandbox's own given as an open
-/// `/proc/<pid>/ns/net`), then the unprivileged user. All but the last need root,
+/// only loopback up and so no route anywhere else, or the sandbox's own given as
+/// an open `/proc/<pid>/ns/net`), then the unprivileged user. All but the last need root,
 /// so the user comes last. Only async-signal-safe system calls.
 pub fn contain(
     uid: nix::unistd::Uid,
@@ -114,12 +114,43 @@ pub fn contain(
 ) -> std::io::Result<()> {
     crate::cgroup::join(cgroups)?;
     match netns {
-        None => nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?,
+        None => {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+            loopback_up()?;
+        }
         Some(fd) => nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?,
     }
     nix::unistd::setgroups(&[])?;
     nix::unistd::setgid(gid)?;
     nix::unistd::setuid(uid)?;
+    Ok(())
+}
+
+/// Brings up `lo` in a fresh network namespace (two ioctls on a throwaway socket;
+/// async-signal-safe). Code inside may then talk to itself on 127.0.0.1, and to
+/// nothing else.
+fn loopback_up() -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: plain system calls on a socket owned here and a zeroed ifreq naming "lo".
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        let mut rc = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        if rc == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            rc = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            return Err(err);
+        }
+    }
     Ok(())
 }
 

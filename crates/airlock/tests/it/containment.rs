@@ -82,7 +82,7 @@ fn role_limits_have_defaults_and_can_be_set_per_fork() {
 }
 
 #[test]
-fn instances_have_their_own_network_namespace_when_root() {
+fn instances_have_their_own_network_namespace_with_only_loopback_when_root() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
@@ -97,7 +97,14 @@ fn instances_have_their_own_network_namespace_when_root() {
         assert_ne!(ns, host, "postmaster {pid} shares the host's network namespace");
         assert!(!seen.contains(&ns), "two sandboxes share a network namespace");
         seen.push(ns);
-        // No interface is up in it: not even loopback carries traffic out.
+        // Only loopback, and it is up: code inside can talk to itself, nothing else.
+        let link = std::process::Command::new("nsenter")
+            .arg(format!("--net=/proc/{pid}/ns/net"))
+            .args(["ip", "-o", "link", "show", "lo"])
+            .output()
+            .unwrap();
+        let link = String::from_utf8_lossy(&link.stdout);
+        assert!(link.contains("LOOPBACK") && link.contains(",UP"), "{link}");
         let dev = std::fs::read_to_string(format!("/proc/{pid}/net/dev")).unwrap();
         assert!(dev.lines().skip(2).all(|l| l.trim_start().starts_with("lo:")), "{dev}");
         let routes = std::fs::read_to_string(format!("/proc/{pid}/net/route")).unwrap();
