@@ -81,6 +81,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}", get(show_sandbox).delete(remove_sandbox))
         .route("/v1/sandboxes/{id}/extend", post(extend))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/reset", post(reset))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -231,6 +232,13 @@ async fn extend(
 ) -> ApiResult<sandbox::Sandbox> {
     let req = body(req)?;
     Ok(Json(sandbox::extend(&s.engine, &id, req.ttl_seconds)?))
+}
+
+async fn reset(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
+    let engine = s.engine.clone();
+    let mut sb = detached(async move { sandbox::reset(&engine, &id).await }).await?;
+    sb.dsn = None;
+    Ok(Json(sb))
 }
 
 async fn exec(

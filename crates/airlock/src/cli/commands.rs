@@ -132,6 +132,14 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Reset { id } => {
+            let sb: Sandbox = cli
+                .client()?
+                .call(Method::POST, &format!("/v1/sandboxes/{}/reset", encode(id)), NO_BODY)
+                .await?;
+            output::print(json, &sb, || format!("{} is back to {}@{}", sb.id, sb.golden, sb.generation));
+            Ok(0)
+        }
         Command::Extend { id, ttl } => {
             let ttl = validate::parse_ttl(ttl)?;
             let body = ExtendRequest { ttl_seconds: ttl.as_secs().max(1) as i64 };

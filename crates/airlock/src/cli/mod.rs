@@ -62,6 +62,11 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Put a sandbox back to its golden's state, keeping its id, address and credential.
+    Reset {
+        /// Sandbox id or name.
+        id: String,
+    },
     /// Make a sandbox expire a new TTL from now.
     Extend {
         /// Sandbox id or name.

@@ -118,8 +118,10 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         sb
     };
     let mut steps = Steps::default();
-    match bring_up(engine, &sb, &mut steps).await {
-        Ok((pid, dsn)) => {
+    let password = secret::password();
+    match bring_up(engine, &sb, &password, &mut steps).await {
+        Ok(pid) => {
+            let dsn = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), &password);
             let mut store = engine.store();
             store.set_running(&sb.id, pid, &dsn)?;
             store.record(NewEvent {
@@ -150,8 +152,8 @@ fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
     InstanceDir { root: engine.layout.sandbox(id) }
 }
 
-/// Clones, starts and credentials one sandbox; returns its pid and DSN.
-async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i32, String)> {
+/// Clones, starts and credentials one sandbox with `password`; returns its pid.
+async fn bring_up(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let t = Instant::now();
@@ -173,18 +175,20 @@ async fn bring_up(engine: &Engine, sb: &Sandbox, steps: &mut Steps) -> Result<(i
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
-    start(engine, &dir, &user, &cgroups, &sb.access, steps).await
+    start(engine, &dir, &user, &cgroups, &sb.access, password, steps).await
 }
 
-/// Starts the instance in `dir`, waits for it, and mints a fresh agent credential.
+/// Starts the instance in `dir`, waits for it, and creates the agent role with
+/// `password`; returns the postmaster's pid.
 async fn start(
     engine: &Engine,
     dir: &InstanceDir,
     user: &Identity,
     cgroups: &[CString],
     access: &Access,
+    password: &str,
     steps: &mut Steps,
-) -> Result<(i32, String)> {
+) -> Result<i32> {
     let t = Instant::now();
     let mut started = instance::start(&engine.pg, dir, user, cgroups)?;
     steps.start_ms = ms(t);
@@ -193,10 +197,60 @@ async fn start(
     let pid = started.detach();
     steps.ready_ms = ms(t);
     let t = Instant::now();
-    let password = secret::password();
-    Admin::connect(dir, DATABASE).await?.mint_agent(&password, access).await?;
+    Admin::connect(dir, DATABASE).await?.mint_agent(password, access).await?;
     steps.credential_ms = ms(t);
-    Ok((pid, dsn::sandbox(&dir.socket_dir(), &password)))
+    Ok(pid)
+}
+
+/// Puts a running sandbox back to its golden's state, keeping its id, address and
+/// credential: the server is stopped, its data directory cloned again from the
+/// generation it was forked from, and the same role created again.
+pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
+    let began = Instant::now();
+    let sb = engine.store().sandbox(key)?;
+    // Marked `creating` while it is rebuilt: deletes wait, and a daemon crash in
+    // between tears it down at start rather than leaving it half-made.
+    if sb.state != SandboxState::Running || !engine.store().begin_reset(&sb.id)? {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("sandbox {} is {}, not running", sb.id, sb.state.as_str()),
+            "wait for the operation in progress to finish, then reset again",
+        ));
+    }
+    let dir = instance_dir(engine, &sb.id);
+    let password = sb.dsn.as_deref().and_then(dsn::password).unwrap_or_default();
+    let mut steps = Steps::default();
+    let rebuilt = async {
+        if let Some(pid) = sb.pid {
+            instance::kill(pid, &dir.pgdata()).await;
+        }
+        kill_cgroup_members(engine, &sb.id).await;
+        std::fs::remove_dir_all(dir.pgdata())?;
+        for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
+            let _ = std::fs::remove_file(entry.path());
+        }
+        bring_up(engine, &sb, &password, &mut steps).await
+    }
+    .await;
+    match rebuilt {
+        Ok(pid) => {
+            let mut store = engine.store();
+            store.set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
+            store.record(NewEvent {
+                kind: "reset",
+                sandbox: Some(sb.id.clone()),
+                golden: Some(sb.golden.clone()),
+                detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation}),
+                ..Default::default()
+            })?;
+            store.sandbox(&sb.id)
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "reset failed; deleting the sandbox");
+            teardown(engine, &sb, DeleteReason::Failed).await?;
+            Err(e)
+        }
+    }
 }
 
 /// Starts a running sandbox whose process is gone (after a host restart, say),

@@ -255,6 +255,14 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Moves a running sandbox to `creating` for a reset; false if it was not running.
+    pub fn begin_reset(&mut self, id: &str) -> Result<bool> {
+        let n = self
+            .conn
+            .execute("UPDATE sandboxes SET state = 'creating' WHERE id = ?1 AND state = 'running'", [id])?;
+        Ok(n == 1)
+    }
+
     /// Changes a sandbox's state.
     pub fn set_state(&mut self, id: &str, state: SandboxState) -> Result<()> {
         self.conn.execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id, state.as_str()])?;

@@ -47,6 +47,7 @@ fn openapi_documents_every_route() {
         ("/v1/sandboxes/{id}", &["get", "delete"]),
         ("/v1/sandboxes/{id}/extend", &["post"]),
         ("/v1/sandboxes/{id}/exec", &["post"]),
+        ("/v1/sandboxes/{id}/reset", &["post"]),
         ("/v1/events", &["get"]),
     ] {
         for m in methods {

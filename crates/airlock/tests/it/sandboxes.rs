@@ -144,3 +144,35 @@ fn concurrent_forks_each_get_their_own_instance() {
     }
     assert_eq!(d.postmasters().len(), 6);
 }
+
+#[test]
+fn reset_puts_a_sandbox_back_to_its_golden_keeping_its_address_and_credential() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--name", "agent", "--mode", "readonly"]);
+    let owner = d.fork("shop", &[]);
+    let url = dsn(&owner);
+    sql(&url, "DELETE FROM orders; DROP TABLE orders; CREATE TABLE junk (x int)");
+    let id = owner["id"].as_str().unwrap();
+    let reset = d.json(&["reset", id]);
+    assert_eq!(reset["id"], id);
+    assert_eq!(reset["state"], "running");
+    // Same DSN, original data, no trace of what the agent did.
+    assert_eq!(sql(&url, "SELECT count(*) FROM orders"), "1000");
+    assert!(psql(&url, "SELECT * FROM junk").is_err());
+    assert_eq!(d.ok(&["dsn", id]).trim(), url);
+    // The access mode survives a reset too.
+    d.ok(&["reset", "agent"]);
+    assert!(psql(&dsn(&sb), "DELETE FROM orders").unwrap_err().contains("read-only transaction"));
+    let kinds: Vec<String> = d
+        .json(&["events", "--sandbox", id])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["created", "ready", "reset"]);
+    assert_eq!(d.postmasters().len(), 2);
+    let (_, err) = d.fails(&["reset", "sb-nope"]);
+    assert_eq!(err["code"], "sandbox_not_found");
+}
