@@ -42,6 +42,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
         tracing::warn!("{w}");
     }
     reaper::spawn(engine.clone());
+    crate::sandbox::pool::spawn(engine.clone());
 
     let shutdown = Arc::new(Notify::new());
     let state = AppState { engine: engine.clone(), shutdown: shutdown.clone() };

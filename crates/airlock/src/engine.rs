@@ -40,6 +40,8 @@ pub struct Config {
     pub cgroup_limits: CgroupLimits,
     /// How far a sandbox's files may grow beyond its golden before it is deleted.
     pub disk_limit_bytes: u64,
+    /// Warm-pool size of a golden created without one.
+    pub default_pool_size: i64,
 }
 
 impl Config {
@@ -55,6 +57,7 @@ impl Config {
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
             disk_limit_bytes: 10 << 30,
+            default_pool_size: 0,
         }
     }
 }
@@ -75,6 +78,10 @@ pub struct Engine {
     pub instance_user: Identity,
     /// The host's cgroups, for per-sandbox limits.
     pub cgroups: Cgroups,
+    /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
+    pub pool_wanted: tokio::sync::Notify,
+    /// Open admin sessions to pool members, so a claim only has to create the role.
+    pub pool_admins: Mutex<std::collections::HashMap<String, crate::pg::admin::Admin>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
 }
@@ -132,6 +139,8 @@ impl Engine {
             daemon_user,
             instance_user,
             cgroups,
+            pool_wanted: tokio::sync::Notify::new(),
+            pool_admins: Mutex::new(std::collections::HashMap::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
         })

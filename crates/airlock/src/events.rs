@@ -18,6 +18,8 @@ pub enum DeleteReason {
     Orphan,
     /// Making it failed.
     Failed,
+    /// A warm-pool member no longer needed (pool shrunk, new golden generation).
+    Drained,
 }
 
 impl DeleteReason {
@@ -28,6 +30,7 @@ impl DeleteReason {
             DeleteReason::Ttl => "ttl",
             DeleteReason::Orphan => "orphan",
             DeleteReason::Failed => "failed",
+            DeleteReason::Drained => "drained",
         }
     }
 }

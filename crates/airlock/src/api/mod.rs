@@ -77,6 +77,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/goldens", get(list_goldens).post(create_golden))
         .route("/v1/goldens/{name}", get(show_golden).delete(remove_golden))
         .route("/v1/goldens/{name}/refresh", post(refresh_golden))
+        .route("/v1/goldens/{name}/pool", post(pool_golden))
         .route("/v1/sandboxes", get(list_sandboxes).post(fork))
         .route("/v1/sandboxes/{id}", get(show_sandbox).delete(remove_sandbox))
         .route("/v1/sandboxes/{id}/extend", post(extend))
@@ -172,6 +173,22 @@ async fn remove_golden(
 async fn refresh_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
     let engine = s.engine.clone();
     Ok(Json(detached(async move { golden::refresh(&engine, &name).await }).await?))
+}
+
+/// Body of `POST /v1/goldens/{name}/pool`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PoolRequest {
+    /// Started, credential-less sandboxes to keep ready.
+    pub size: i64,
+}
+
+async fn pool_golden(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+    req: Result<Json<PoolRequest>, JsonRejection>,
+) -> ApiResult<golden::Golden> {
+    let req = body(req)?;
+    Ok(Json(golden::set_pool_size(&s.engine, &name, req.size)?))
 }
 
 /// Parses `?golden=G&label=k=v&label=k2=v2` (labels repeat, so serde's query form won't do).

@@ -234,6 +234,14 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
+    config.default_pool_size = args.pool_size;
+    if args.pool_size < 0 || args.pool_size as usize > args.max_sandboxes {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "--pool-size is out of range",
+            "give between 0 and --max-sandboxes",
+        ));
+    }
     config.disk_limit_bytes = validate::bytes(&args.disk_limit)?;
     if config.disk_limit_bytes < 1 << 20 {
         return Err(Error::new(
@@ -296,7 +304,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
     let json = cli.json;
     let client = cli.client()?;
     match cmd {
-        GoldenCommand::Create { name, schema, seed, from_url, from_dump } => {
+        GoldenCommand::Create { name, schema, seed, from_url, from_dump, pool } => {
             validate::name("golden", name)?;
             let from_url = match from_url.as_deref() {
                 Some("-") => {
@@ -326,6 +334,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                     .map(|p| absolute(std::slice::from_ref(p)))
                     .transpose()?
                     .map(|mut v| v.remove(0)),
+                pool_size: *pool,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));
@@ -342,6 +351,15 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             spinner.finish_and_clear();
             let g = g?;
             output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
+        GoldenCommand::Pool { name, size } => {
+            let body = crate::api::PoolRequest { size: *size };
+            let g: Golden =
+                client.call(Method::POST, &format!("/v1/goldens/{}/pool", encode(name)), Some(&body)).await?;
+            output::print(json, &g, || {
+                format!("golden {} keeps {} started sandboxes ready", g.name, g.pool_size)
+            });
             Ok(0)
         }
         GoldenCommand::Ls => {

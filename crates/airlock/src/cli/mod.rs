@@ -150,6 +150,9 @@ struct ServeArgs {
     /// CPU weight of each sandbox, 1 to 10000 (cgroups; root only).
     #[arg(long, env = "AIRLOCK_CPU_WEIGHT", default_value_t = 100)]
     cpu_weight: u64,
+    /// Warm-pool size of goldens created without --pool.
+    #[arg(long, env = "AIRLOCK_POOL_SIZE", default_value_t = 0)]
+    pool_size: i64,
     /// How far a sandbox's files may grow beyond its golden before it is deleted.
     #[arg(long, env = "AIRLOCK_DISK_LIMIT", default_value = "10G")]
     disk_limit: String,
@@ -176,6 +179,17 @@ enum GoldenCommand {
         /// A pg_dump file (custom, tar or plain).
         #[arg(long)]
         from_dump: Option<PathBuf>,
+        /// Started sandboxes to keep ready for forks (default: the daemon's --pool-size).
+        #[arg(long)]
+        pool: Option<i64>,
+    },
+    /// Set how many started, credential-less sandboxes the golden keeps ready.
+    Pool {
+        /// The golden's name.
+        name: String,
+        /// Pool size (0 turns the pool off).
+        #[arg(long)]
+        size: i64,
     },
     /// Build a new generation from the same source; prune unused old ones.
     Refresh {

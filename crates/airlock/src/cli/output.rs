@@ -153,7 +153,7 @@ pub fn goldens(list: &[Golden]) -> String {
     if list.is_empty() {
         return "no goldens".into();
     }
-    let mut t = Table::new(&["NAME", "GENERATION", "SIZE", "SANDBOXES", "CREATED"]);
+    let mut t = Table::new(&["NAME", "GENERATION", "SIZE", "SANDBOXES", "POOL", "CREATED"]);
     for g in list {
         let cur = g.current();
         t.row(vec![
@@ -161,6 +161,7 @@ pub fn goldens(list: &[Golden]) -> String {
             g.current_generation.to_string(),
             cur.map(|m| bytes(m.size_bytes)).unwrap_or_default(),
             g.sandboxes.to_string(),
+            format!("{}/{}", g.pooled, g.pool_size),
             cur.map(|m| m.created_at.to_rfc3339()).unwrap_or_default(),
         ]);
     }
@@ -170,10 +171,12 @@ pub fn goldens(list: &[Golden]) -> String {
 /// One golden and its generations.
 pub fn golden(g: &Golden) -> String {
     let mut out = format!(
-        "golden {} (current generation {}, {} sandboxes)\nsource: {}\n\n",
+        "golden {} (current generation {}, {} sandboxes, pool {}/{})\nsource: {}\n\n",
         g.name,
         g.current_generation,
         g.sandboxes,
+        g.pooled,
+        g.pool_size,
         serde_json::to_string(&g.source).unwrap_or_default()
     );
     let mut t = Table::new(&["GENERATION", "POSTGRES", "SIZE", "SCHEMA HASH", "CREATED"]);

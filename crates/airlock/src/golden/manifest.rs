@@ -68,6 +68,12 @@ pub struct Golden {
     pub current_generation: i64,
     /// Live sandboxes forked from any of its generations.
     pub sandboxes: i64,
+    /// How many started, credential-less sandboxes its warm pool keeps.
+    #[serde(default)]
+    pub pool_size: i64,
+    /// How many are in the pool now.
+    #[serde(default)]
+    pub pooled: i64,
     /// Every generation kept on disk, oldest first.
     pub generations: Vec<Manifest>,
     /// Where its data comes from (redacted).

@@ -34,6 +34,9 @@ pub struct CreateGolden {
     /// A dump file to restore (absolute path).
     #[serde(default)]
     pub from_dump: Option<PathBuf>,
+    /// Warm-pool size (the daemon's `--pool-size` if absent).
+    #[serde(default)]
+    pub pool_size: Option<i64>,
 }
 
 impl CreateGolden {
@@ -80,13 +83,19 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
             "use `airlock golden refresh` to build a new generation, or pick another name",
         ));
     }
+    let pool_size = req.pool_size.unwrap_or(engine.config.default_pool_size);
+    check_pool_size(pool_size, engine)?;
     let started = std::time::Instant::now();
     let manifest = build::build(engine, &req.name, 1, &source).await?;
     let mut store = engine.store();
-    if let Err(e) = store.insert_golden(&manifest, &source) {
+    if let Err(e) =
+        store.insert_golden(&manifest, &source).and_then(|_| store.set_pool_size(&req.name, pool_size))
+    {
+        let _ = store.delete_golden(&req.name);
         let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
         return Err(e);
     }
+    engine.pool_wanted.notify_one();
     store.record(NewEvent {
         kind: "golden_created",
         golden: Some(req.name.clone()),
@@ -122,7 +131,29 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
         })?;
     }
     prune(engine, name)?;
+    // The pool drains the old generation and fills with the new one.
+    engine.pool_wanted.notify_one();
     engine.store().golden(name)
+}
+
+fn check_pool_size(size: i64, engine: &Engine) -> Result<()> {
+    if size < 0 || size as usize > engine.config.max_sandboxes {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("a pool of {size} is out of range"),
+            format!("give between 0 and the daemon's --max-sandboxes ({})", engine.config.max_sandboxes),
+        ));
+    }
+    Ok(())
+}
+
+/// Sets how many started, credential-less sandboxes a golden's warm pool keeps.
+pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
+    check_pool_size(size, engine)?;
+    let mut store = engine.store();
+    store.set_pool_size(name, size)?;
+    engine.pool_wanted.notify_one();
+    store.golden(name)
 }
 
 /// Deletes the generations of `name` that are neither current nor used by a sandbox.
@@ -168,6 +199,15 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
             Ok(_) => {}
             Err(e) if e.code == ErrorCode::SandboxNotFound => {}
             Err(e) => return Err(e),
+        }
+    }
+    // Empty its warm pool: no new members, then none of the old.
+    engine.store().set_pool_size(name, 0)?;
+    let pool = SandboxFilter { golden: Some(name.to_owned()), pooled: true, ..Default::default() };
+    let members = engine.store().sandboxes(&pool)?;
+    for m in members {
+        if engine.store().begin_delete(&m.id)? {
+            sandbox::teardown(engine, &m, DeleteReason::Drained).await?;
         }
     }
     let dir = engine.layout.goldens().join(name);

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
+use crate::pg::dsn::AGENT_ROLE;
 use crate::pg::instance::admin_config;
 use crate::sandbox::Access;
 
@@ -39,7 +40,25 @@ impl Admin {
     /// server or its log.
     pub async fn mint_agent(&self, password: &str, access: &Access) -> Result<()> {
         let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-        self.execute(&access.create_role_sql(&verifier)).await
+        self.execute(&access.create_role_sql(Some(&verifier))).await
+    }
+
+    /// Creates the agent role with the default access but no way to log in (for
+    /// a pool member, so that a claim is one statement).
+    pub async fn prepare_agent(&self) -> Result<()> {
+        self.execute(&Access::default().create_role_sql(None)).await
+    }
+
+    /// Gives a prepared agent role its access and a fresh password: one statement
+    /// when the access is the default the role was prepared with.
+    pub async fn claim_agent(&self, password: &str, access: &Access) -> Result<()> {
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        if *access == Access::default() {
+            self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}'")).await
+        } else {
+            self.execute(&format!("DROP ROLE {AGENT_ROLE}; {}", access.create_role_sql(Some(&verifier))))
+                .await
+        }
     }
 }
 

@@ -60,8 +60,10 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
 /// Deletes running sandboxes whose server is gone (killed by a limit, or crashed),
 /// with an event saying so, so nothing dead is left looking alive.
 fn watch_servers(engine: &Arc<Engine>) {
-    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
-    for sb in all.into_iter().filter(|s| s.state == SandboxState::Running) {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter { pooled: true, ..Default::default() }) else {
+        return;
+    };
+    for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
         let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
         if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
             continue;

@@ -40,9 +40,13 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
     let layout = &engine.layout;
 
     // Processes first: anything under the volume not known to be running goes.
-    let rows = engine.store().sandboxes(&SandboxFilter::default())?;
-    let running: HashSet<String> =
-        rows.iter().filter(|s| s.state == SandboxState::Running).map(|s| s.id.clone()).collect();
+    let all = SandboxFilter { pooled: true, ..Default::default() };
+    let rows = engine.store().sandboxes(&all)?;
+    let running: HashSet<String> = rows
+        .iter()
+        .filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled))
+        .map(|s| s.id.clone())
+        .collect();
     for (pid, pgdata) in postmasters_under(&layout.volume()) {
         let id = sandbox_id_of(&layout.sandboxes(), &pgdata);
         if id.as_ref().is_some_and(|id| running.contains(id)) {
@@ -70,6 +74,15 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
                 sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
                 done.expired += 1;
             }
+            SandboxState::Pooled => {
+                let pgdata = layout.sandbox(&sb.id).join("pgdata");
+                if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
+                    done.kept += 1;
+                } else {
+                    // A pool member holds nothing anyone waits for: the pool makes another.
+                    sandbox::teardown(engine, &sb, DeleteReason::Drained).await?;
+                }
+            }
             SandboxState::Running => {
                 let pgdata = layout.sandbox(&sb.id).join("pgdata");
                 if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
@@ -89,8 +102,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 
     // Directories nobody owns: a fork that died before its row was written, or a
     // teardown that died after the row went.
-    let known: HashSet<String> =
-        engine.store().sandboxes(&SandboxFilter::default())?.into_iter().map(|s| s.id).collect();
+    let known: HashSet<String> = engine.store().sandboxes(&all)?.into_iter().map(|s| s.id).collect();
     for entry in std::fs::read_dir(layout.sandboxes())?.flatten() {
         let id = entry.file_name().to_string_lossy().into_owned();
         if known.contains(&id) {

@@ -113,17 +113,24 @@ impl Access {
     }
 
     /// The statements that create the agent role for this access, given the
-    /// password's SCRAM verifier. Run by the admin in the application database.
-    pub fn create_role_sql(&self, verifier: &str) -> String {
+    /// password's SCRAM verifier; without one the role cannot log in (a pool
+    /// member's, until a claim gives it a password). Run by the admin in the
+    /// application database.
+    pub fn create_role_sql(&self, verifier: Option<&str>) -> String {
         let l = &self.limits;
+        let login = match verifier {
+            Some(v) => format!("LOGIN PASSWORD '{v}'"),
+            None => "NOLOGIN".to_owned(),
+        };
+        let verifier = login;
         let attrs = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS";
         let mut sql = match self.mode {
             Mode::Owner => format!(
-                "CREATE ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' IN ROLE {OWNER_ROLE} {attrs} CONNECTION LIMIT {};",
+                "CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {OWNER_ROLE} {attrs} CONNECTION LIMIT {};",
                 l.connection_limit
             ),
             Mode::Readonly => format!(
-                "CREATE ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' {attrs} CONNECTION LIMIT {};
+                "CREATE ROLE {AGENT_ROLE} {verifier} {attrs} CONNECTION LIMIT {};
                  REVOKE TEMPORARY ON DATABASE {DATABASE} FROM PUBLIC;
                  DO $$ DECLARE s text; BEGIN
                    FOR s IN SELECT nspname FROM pg_namespace
@@ -171,9 +178,10 @@ mod tests {
     fn modes_parse_and_shape_the_role() {
         assert_eq!(Mode::parse("readonly").unwrap(), Mode::Readonly);
         assert!(Mode::parse("admin").is_err());
-        let owner = Access::default().create_role_sql("SCRAM");
+        let owner = Access::default().create_role_sql(Some("SCRAM"));
         assert!(owner.contains("IN ROLE airlock_owner") && owner.contains("statement_timeout = '30000ms'"));
-        let ro = Access { mode: Mode::Readonly, ..Default::default() }.create_role_sql("SCRAM");
+        let ro = Access { mode: Mode::Readonly, ..Default::default() }.create_role_sql(Some("SCRAM"));
+        assert!(Access::default().create_role_sql(None).contains("NOLOGIN"));
         assert!(!ro.contains("IN ROLE") && ro.contains("default_transaction_read_only = on"));
     }
 }

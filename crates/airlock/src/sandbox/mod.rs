@@ -7,6 +7,7 @@
 
 mod access;
 pub mod exec;
+pub mod pool;
 mod record;
 
 pub use access::{Access, Limits, Mode};
@@ -63,7 +64,7 @@ pub struct Forked {
 
 /// Time spent in each step of one fork.
 #[derive(Debug, Default, Serialize)]
-struct Steps {
+pub(crate) struct Steps {
     clone_ms: f64,
     start_ms: f64,
     ready_ms: f64,
@@ -89,10 +90,10 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         None => engine.config.default_ttl,
     };
     let now = Timestamp::now();
-    let mut sb = {
+    let (mut sb, claimed) = {
         let mut store = engine.store();
         let golden = store.golden(&req.golden)?;
-        let sb = Sandbox {
+        let mut sb = Sandbox {
             id: secret::sandbox_id(),
             name: req.name.clone(),
             golden: golden.name,
@@ -106,20 +107,37 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             pid: None,
             slot: None,
         };
-        let mut sb = sb;
-        store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+        // A started sandbox from the warm pool if there is one; else a cold fork.
+        let claimed = match store.claim_pooled(&sb)? {
+            Some(pooled) => {
+                sb = pooled;
+                true
+            }
+            None => {
+                store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+                false
+            }
+        };
         store.record(NewEvent {
             kind: "created",
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
-            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels}),
+            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
             ..Default::default()
         })?;
-        sb
+        (sb, claimed)
     };
+    if claimed {
+        engine.pool_wanted.notify_one();
+    }
     let mut steps = Steps::default();
     let password = secret::password();
-    match bring_up(engine, &sb, &password, &mut steps).await {
+    let up = if claimed {
+        mint(engine, &sb, &password, &mut steps).await.map(|_| sb.pid.unwrap_or_default())
+    } else {
+        bring_up(engine, &sb, Some(&password), &mut steps).await
+    };
+    match up {
         Ok(pid) => {
             let dsn = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), &password);
             let mut store = engine.store();
@@ -128,7 +146,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
                 kind: "ready",
                 sandbox: Some(sb.id.clone()),
                 golden: Some(sb.golden.clone()),
-                detail: json!({"fork_ms": ms(began), "steps": steps, "storage": engine.cloner.backend()}),
+                detail: json!({"fork_ms": ms(began), "from_pool": claimed, "steps": steps, "storage": engine.cloner.backend()}),
                 ..Default::default()
             })?;
             sb.state = SandboxState::Running;
@@ -152,8 +170,14 @@ fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
     InstanceDir { root: engine.layout.sandbox(id) }
 }
 
-/// Clones, starts and credentials one sandbox with `password`; returns its pid.
-async fn bring_up(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) -> Result<i32> {
+/// Clones and starts one sandbox, and creates its agent role when given a
+/// password (pool members get theirs when claimed); returns its pid.
+pub(crate) async fn bring_up(
+    engine: &Engine,
+    sb: &Sandbox,
+    password: Option<&str>,
+    steps: &mut Steps,
+) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let t = Instant::now();
@@ -179,14 +203,14 @@ async fn bring_up(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Ste
 }
 
 /// Starts the instance in `dir`, waits for it, and creates the agent role with
-/// `password`; returns the postmaster's pid.
+/// `password` if given; returns the postmaster's pid.
 async fn start(
     engine: &Engine,
     dir: &InstanceDir,
     user: &Identity,
     cgroups: &[CString],
     access: &Access,
-    password: &str,
+    password: Option<&str>,
     steps: &mut Steps,
 ) -> Result<i32> {
     let t = Instant::now();
@@ -196,10 +220,26 @@ async fn start(
     started.wait_ready(dir).await?;
     let pid = started.detach();
     steps.ready_ms = ms(t);
-    let t = Instant::now();
-    Admin::connect(dir, DATABASE).await?.mint_agent(password, access).await?;
-    steps.credential_ms = ms(t);
+    if let Some(password) = password {
+        let t = Instant::now();
+        Admin::connect(dir, DATABASE).await?.mint_agent(password, access).await?;
+        steps.credential_ms = ms(t);
+    }
     Ok(pid)
+}
+
+/// Creates the agent role in a started sandbox (one claimed from the pool), on
+/// the admin session the pool kept open for it if there is one.
+async fn mint(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) -> Result<()> {
+    let t = Instant::now();
+    let kept = engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
+    let admin = match kept {
+        Some(admin) => admin,
+        None => Admin::connect(&instance_dir(engine, &sb.id), DATABASE).await?,
+    };
+    admin.claim_agent(password, &sb.access).await?;
+    steps.credential_ms = ms(t);
+    Ok(())
 }
 
 /// Puts a running sandbox back to its golden's state, keeping its id, address and
@@ -229,7 +269,7 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
         for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
             let _ = std::fs::remove_file(entry.path());
         }
-        bring_up(engine, &sb, &password, &mut steps).await
+        bring_up(engine, &sb, Some(&password), &mut steps).await
     }
     .await;
     match rebuilt {
@@ -314,6 +354,7 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
 /// Stops a sandbox's processes, removes its files and its state row, and records
 /// why. Used for every kind of deletion, including failed forks and orphans.
 pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
+    engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);
     let pid = sb.pid.or_else(|| postmaster_pid(&dir));
     if let Some(pid) = pid {

@@ -16,6 +16,9 @@ pub enum SandboxState {
     Running,
     /// Being torn down.
     Deleting,
+    /// Started ahead of demand in a golden's warm pool, with no credential yet;
+    /// never listed or handed out until a fork claims it.
+    Pooled,
 }
 
 impl SandboxState {
@@ -25,6 +28,7 @@ impl SandboxState {
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
             SandboxState::Deleting => "deleting",
+            SandboxState::Pooled => "pooled",
         }
     }
 
@@ -34,6 +38,7 @@ impl SandboxState {
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
             "deleting" => SandboxState::Deleting,
+            "pooled" => SandboxState::Pooled,
             _ => return None,
         })
     }

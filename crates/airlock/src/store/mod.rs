@@ -18,7 +18,8 @@ const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS goldens (
     name TEXT PRIMARY KEY,
     current_generation INTEGER NOT NULL,
-    source TEXT NOT NULL
+    source TEXT NOT NULL,
+    pool_size INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS generations (
     golden TEXT NOT NULL REFERENCES goldens(name) ON DELETE CASCADE,
@@ -61,6 +62,8 @@ pub struct Store {
 /// Filters for listing sandboxes.
 #[derive(Debug, Default, Clone)]
 pub struct SandboxFilter {
+    /// Include warm-pool members (never shown to users).
+    pub pooled: bool,
     /// Only sandboxes of this golden.
     pub golden: Option<String>,
     /// Only sandboxes carrying every one of these labels.
@@ -127,13 +130,15 @@ impl Store {
 
     /// One golden with its generations and sandbox count.
     pub fn golden(&self, name: &str) -> Result<Golden> {
-        let row: Option<(i64, String)> = self
+        let row: Option<(i64, String, i64)> = self
             .conn
-            .query_row("SELECT current_generation, source FROM goldens WHERE name = ?1", [name], |r| {
-                Ok((r.get(0)?, r.get(1)?))
-            })
+            .query_row(
+                "SELECT current_generation, source, pool_size FROM goldens WHERE name = ?1",
+                [name],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
             .optional()?;
-        let (current_generation, source) = row.ok_or_else(|| golden_not_found(name))?;
+        let (current_generation, source, pool_size) = row.ok_or_else(|| golden_not_found(name))?;
         let source: Source = from_json(&source)?;
         let mut stmt =
             self.conn.prepare("SELECT manifest FROM generations WHERE golden = ?1 ORDER BY generation")?;
@@ -141,15 +146,29 @@ impl Store {
             .query_map([name], |r| r.get::<_, String>(0))?
             .map(|t| from_json(&t?))
             .collect::<Result<Vec<Manifest>>>()?;
-        let sandboxes: i64 =
-            self.conn.query_row("SELECT count(*) FROM sandboxes WHERE golden = ?1", [name], |r| r.get(0))?;
+        let (sandboxes, pooled): (i64, i64) = self.conn.query_row(
+            "SELECT count(*) FILTER (WHERE state <> 'pooled'), count(*) FILTER (WHERE state = 'pooled')
+             FROM sandboxes WHERE golden = ?1",
+            [name],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
         Ok(Golden {
             name: name.to_owned(),
             current_generation,
             sandboxes,
+            pool_size,
+            pooled,
             generations,
             source: source.redacted(),
         })
+    }
+
+    /// Sets how many sandboxes a golden's warm pool keeps.
+    pub fn set_pool_size(&mut self, name: &str, size: i64) -> Result<()> {
+        if self.conn.execute("UPDATE goldens SET pool_size = ?2 WHERE name = ?1", params![name, size])? == 0 {
+            return Err(golden_not_found(name));
+        }
+        Ok(())
     }
 
     /// Every golden, by name.
@@ -225,11 +244,7 @@ impl Store {
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.code == rusqlite::ErrorCode::ConstraintViolation =>
             {
-                return Err(Error::new(
-                    ErrorCode::NameTaken,
-                    format!("a live sandbox is already named {:?}", sb.name.as_deref().unwrap_or("")),
-                    "pick another --name, or delete the other sandbox first",
-                ));
+                return Err(name_taken(sb.name.as_deref()));
             }
             Err(e) => return Err(e.into()),
         }
@@ -249,10 +264,51 @@ impl Store {
     /// Moves a running sandbox to `deleting`; false if it was not running (someone
     /// else is deleting it, or it is still being made).
     pub fn begin_delete(&mut self, id: &str) -> Result<bool> {
-        let n = self
-            .conn
-            .execute("UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state = 'running'", [id])?;
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state IN ('running', 'pooled')",
+            [id],
+        )?;
         Ok(n == 1)
+    }
+
+    /// Marks a sandbox built for the pool as ready to be claimed.
+    pub fn set_pooled(&mut self, id: &str, pid: i32) -> Result<()> {
+        self.conn
+            .execute("UPDATE sandboxes SET state = 'pooled', pid = ?2 WHERE id = ?1", params![id, pid])?;
+        Ok(())
+    }
+
+    /// Takes one pooled sandbox of a golden generation for a fork, giving it the
+    /// fork's name, labels, access and times, in state `creating`. None when the
+    /// pool is empty.
+    pub fn claim_pooled(&mut self, fork: &Sandbox) -> Result<Option<Sandbox>> {
+        let tx = self.conn.transaction()?;
+        let id: Option<String> = tx
+            .query_row(
+                "SELECT id FROM sandboxes WHERE golden = ?1 AND generation = ?2 AND state = 'pooled'
+                 ORDER BY created_at LIMIT 1",
+                params![fork.golden, fork.generation],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let Some(id) = id else { return Ok(None) };
+        let updated = tx.execute(
+            "UPDATE sandboxes SET state = 'creating', name = ?2, labels = ?3, access = ?4, created_at = ?5, expires_at = ?6
+             WHERE id = ?1",
+            params![id, fork.name, to_json(&fork.labels), to_json(&fork.access), fork.created_at.0, fork.expires_at.0],
+        );
+        match updated {
+            Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::ConstraintViolation =>
+            {
+                return Err(name_taken(fork.name.as_deref()));
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let sb = tx.query_row(&format!("{SELECT_SANDBOX} WHERE id = ?1"), [&id], sandbox_from_row)?;
+        tx.commit()?;
+        Ok(Some(sb))
     }
 
     /// Moves a running sandbox to `creating` for a reset; false if it was not running.
@@ -285,7 +341,7 @@ impl Store {
     pub fn sandbox(&self, id_or_name: &str) -> Result<Sandbox> {
         self.conn
             .query_row(
-                &format!("{SELECT_SANDBOX} WHERE id = ?1 OR name = ?1"),
+                &format!("{SELECT_SANDBOX} WHERE (id = ?1 OR name = ?1) AND state <> 'pooled'"),
                 [id_or_name],
                 sandbox_from_row,
             )
@@ -308,6 +364,7 @@ impl Store {
             stmt.query_map([&filter.golden], sandbox_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(all
             .into_iter()
+            .filter(|s| filter.pooled || s.state != SandboxState::Pooled)
             .filter(|s| filter.labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect())
     }
@@ -371,6 +428,11 @@ fn migrate(conn: &Connection) -> Result<()> {
     if !has_access {
         conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN access TEXT NOT NULL DEFAULT '{}'")?;
     }
+    let has_pool: bool =
+        conn.prepare("SELECT 1 FROM pragma_table_info('goldens') WHERE name = 'pool_size'")?.exists([])?;
+    if !has_pool {
+        conn.execute_batch("ALTER TABLE goldens ADD COLUMN pool_size INTEGER NOT NULL DEFAULT 0")?;
+    }
     let has_slot: bool =
         conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'slot'")?.exists([])?;
     if !has_slot {
@@ -399,6 +461,14 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
         slot: r.get(11)?,
     })
+}
+
+fn name_taken(name: Option<&str>) -> Error {
+    Error::new(
+        ErrorCode::NameTaken,
+        format!("a live sandbox is already named {:?}", name.unwrap_or("")),
+        "pick another --name, or delete the other sandbox first",
+    )
 }
 
 fn golden_not_found(name: &str) -> Error {

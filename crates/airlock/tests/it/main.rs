@@ -9,6 +9,7 @@ mod containment;
 mod exec;
 mod goldens;
 mod lifecycle;
+mod pool;
 mod sandboxes;
 mod security;
 mod storage;

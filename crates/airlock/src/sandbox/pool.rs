@@ -1,0 +1,130 @@
+//! The warm pool: per golden, a configured number of sandboxes already cloned
+//! and started, with no credential, so a fork only has to mint one.
+//!
+//! One background task keeps every pool at its size, building one member at a
+//! time so claims keep the CPU; it drains members of a replaced generation and
+//! members beyond the size. A claim is a single store update (see
+//! `Store::claim_pooled`) and wakes the task to build a replacement.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::engine::Engine;
+use crate::error::{ErrorCode, Result};
+use crate::events::DeleteReason;
+use crate::golden::Golden;
+use crate::pg::admin::Admin;
+use crate::pg::dsn::DATABASE;
+use crate::sandbox::{self, Access, Sandbox, SandboxState, Steps};
+use crate::secret;
+use crate::store::SandboxFilter;
+
+/// How often the filler looks even when nothing woke it.
+const TICK: Duration = Duration::from_millis(500);
+
+/// Pool members never expire on their own: a claim sets the real expiry.
+const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// Runs the pool filler until the daemon exits.
+pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = engine.pool_wanted.notified() => {}
+                _ = tokio::time::sleep(TICK) => {}
+            }
+            if let Err(e) = fill(&engine).await {
+                tracing::warn!(error = %e, "could not fill the warm pools");
+            }
+        }
+    })
+}
+
+/// Brings every pool to its size: drains what is stale or surplus, then builds
+/// one member at a time until all are full or the host is.
+pub async fn fill(engine: &Engine) -> Result<()> {
+    loop {
+        let mut built = false;
+        let goldens = engine.store().goldens()?;
+        for golden in goldens {
+            drain(engine, &golden).await?;
+            let fresh = members(engine, &golden.name)?
+                .iter()
+                .filter(|m| m.generation == golden.current_generation)
+                .count() as i64;
+            if fresh < golden.pool_size {
+                match build_one(engine, &golden).await {
+                    Ok(()) => built = true,
+                    Err(e) if e.code == ErrorCode::CapacityExhausted => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        if !built {
+            return Ok(());
+        }
+    }
+}
+
+fn members(engine: &Engine, golden: &str) -> Result<Vec<Sandbox>> {
+    let filter = SandboxFilter { golden: Some(golden.to_owned()), pooled: true, ..Default::default() };
+    Ok(engine.store().sandboxes(&filter)?.into_iter().filter(|s| s.state == SandboxState::Pooled).collect())
+}
+
+/// Deletes members of an older generation, and members beyond the pool's size.
+async fn drain(engine: &Engine, golden: &Golden) -> Result<()> {
+    let all = members(engine, &golden.name)?;
+    let (current, stale): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|m| m.generation == golden.current_generation);
+    let surplus = current.len().saturating_sub(golden.pool_size.max(0) as usize);
+    for m in stale.into_iter().chain(current.into_iter().take(surplus)) {
+        if engine.store().begin_delete(&m.id)? {
+            sandbox::teardown(engine, &m, DeleteReason::Drained).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Clones and starts one credential-less member of a golden's pool.
+async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
+    let now = Timestamp::now();
+    let mut sb = Sandbox {
+        id: secret::sandbox_id(),
+        name: None,
+        golden: golden.name.clone(),
+        generation: golden.current_generation,
+        dsn: None,
+        state: SandboxState::Creating,
+        labels: Default::default(),
+        created_at: now,
+        expires_at: now.plus(NEVER),
+        access: Access::default(),
+        pid: None,
+        slot: None,
+    };
+    engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+    let mut steps = Steps::default();
+    let made = async {
+        let pid = sandbox::bring_up(engine, &sb, None, &mut steps).await?;
+        // A first connection builds the catalog caches and writes the relcache
+        // init file, so the claim's admin connection and the agent's are quick.
+        // That session stays open for the claim.
+        let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
+        let admin = Admin::connect(&dir, DATABASE).await?;
+        admin.prepare_agent().await?;
+        Ok::<_, crate::error::Error>((pid, admin))
+    }
+    .await;
+    match made {
+        Ok((pid, admin)) => {
+            engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
+            engine.store().set_pooled(&sb.id, pid)
+        }
+        Err(e) => {
+            tracing::warn!(golden = %golden.name, error = %e, "could not build a pool member");
+            sandbox::teardown(engine, &sb, DeleteReason::Failed).await?;
+            Err(e)
+        }
+    }
+}
