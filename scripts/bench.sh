@@ -37,3 +37,11 @@ airlock golden ls
 } | tee "$out/fork.txt"
 airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines --json > "$out/fork-40mb.json"
 airlock bench fork --golden bench-1500mb --iterations "$iterations" --no-baselines --json > "$out/fork-1500mb.json"
+
+# Forks claimed from a warm pool of 4 (each fork waits, off the clock, for the pool to refill).
+for g in bench-40mb bench-1500mb; do
+  airlock golden pool "$g" --size 4 >/dev/null
+  airlock bench fork --golden "$g" --iterations "$iterations" --no-baselines | tee -a "$out/fork.txt"
+  airlock bench fork --golden "$g" --iterations "$iterations" --no-baselines --json > "$out/pool-${g#bench-}.json"
+  airlock golden pool "$g" --size 0 >/dev/null
+done

@@ -182,7 +182,8 @@ pub(crate) async fn bring_up(
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let t = Instant::now();
     let user = engine.sandbox_user(sb)?;
-    {
+    // Cloning is blocking file work: keep it off the async workers' other tasks.
+    tokio::task::block_in_place(|| -> Result<()> {
         let user = &user;
         crate::pg::load::private_dir(&dir.root)?;
         user.own(&dir.root)?;
@@ -192,8 +193,8 @@ pub(crate) async fn bring_up(
             .map_err(|e| Error::internal(format!("cloning {} failed: {e}", golden_pgdata.display())))?;
         crate::pg::load::private_dir(&dir.socket_dir())?;
         user.own(&dir.socket_dir())?;
-        instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
-    }
+        instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)
+    })?;
     steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups

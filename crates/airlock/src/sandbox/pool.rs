@@ -23,6 +23,10 @@ use crate::store::SandboxFilter;
 /// How often the filler looks even when nothing woke it.
 const TICK: Duration = Duration::from_millis(500);
 
+/// How long the filler waits after a claim woke it, so the claim and the agent's
+/// first connection get the CPU before a replacement is cloned and started.
+const AFTER_CLAIM: Duration = Duration::from_millis(150);
+
 /// Pool members never expire on their own: a claim sets the real expiry.
 const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
@@ -31,7 +35,7 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = engine.pool_wanted.notified() => {}
+                _ = engine.pool_wanted.notified() => tokio::time::sleep(AFTER_CLAIM).await,
                 _ = tokio::time::sleep(TICK) => {}
             }
             if let Err(e) = fill(&engine).await {

@@ -43,6 +43,7 @@ fn openapi_documents_every_route() {
         ("/v1/goldens", &["get", "post"]),
         ("/v1/goldens/{name}", &["get", "delete"]),
         ("/v1/goldens/{name}/refresh", &["post"]),
+        ("/v1/goldens/{name}/pool", &["post"]),
         ("/v1/sandboxes", &["get", "post"]),
         ("/v1/sandboxes/{id}", &["get", "delete"]),
         ("/v1/sandboxes/{id}/extend", &["post"]),
