@@ -183,7 +183,7 @@ pub(crate) async fn bring_up(
     let t = Instant::now();
     let user = engine.sandbox_user(sb)?;
     // Cloning is blocking file work done in place: moving it to another thread
-    // (block_in_place, spawn_blocking) measured 10-15 ms slower per fork here.
+    // with block_in_place measured 10-15 ms slower per fork here.
     (|| -> Result<()> {
         let user = &user;
         crate::pg::load::private_dir(&dir.root)?;
