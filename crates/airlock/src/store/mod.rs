@@ -423,20 +423,18 @@ impl Store {
 
 /// Brings a store made by an earlier version up to the current schema.
 fn migrate(conn: &Connection) -> Result<()> {
-    let has_access: bool =
-        conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'access'")?.exists([])?;
-    if !has_access {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN access TEXT NOT NULL DEFAULT '{}'")?;
-    }
-    let has_pool: bool =
-        conn.prepare("SELECT 1 FROM pragma_table_info('goldens') WHERE name = 'pool_size'")?.exists([])?;
-    if !has_pool {
-        conn.execute_batch("ALTER TABLE goldens ADD COLUMN pool_size INTEGER NOT NULL DEFAULT 0")?;
-    }
-    let has_slot: bool =
-        conn.prepare("SELECT 1 FROM pragma_table_info('sandboxes') WHERE name = 'slot'")?.exists([])?;
-    if !has_slot {
-        conn.execute_batch("ALTER TABLE sandboxes ADD COLUMN slot INTEGER")?;
+    // Columns added after the first release of the schema, with their definitions.
+    for (table, column, definition) in [
+        ("sandboxes", "access", "TEXT NOT NULL DEFAULT '{}'"),
+        ("sandboxes", "slot", "INTEGER"),
+        ("goldens", "pool_size", "INTEGER NOT NULL DEFAULT 0"),
+    ] {
+        let present = conn
+            .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
+            .exists(params![table, column])?;
+        if !present {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}"))?;
+        }
     }
     Ok(())
 }
@@ -485,4 +483,28 @@ fn to_json<T: serde::Serialize>(v: &T) -> String {
 
 fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
     serde_json::from_str(text).map_err(|e| Error::internal(format!("state store holds bad JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_from_the_first_schema_is_migrated() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TABLE goldens (name TEXT PRIMARY KEY, current_generation INTEGER NOT NULL, source TEXT NOT NULL);
+             CREATE TABLE sandboxes (id TEXT PRIMARY KEY, name TEXT UNIQUE, golden TEXT NOT NULL,
+                 generation INTEGER NOT NULL, state TEXT NOT NULL, labels TEXT NOT NULL,
+                 created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, pid INTEGER, dsn TEXT);
+             INSERT INTO sandboxes VALUES ('sb-old', NULL, 'shop', 1, 'running', '{}', 0, 0, NULL, NULL);",
+        )
+        .unwrap();
+        migrate(&conn).unwrap();
+        migrate(&conn).unwrap();
+        let store = Store { conn };
+        let sb = store.sandbox("sb-old").unwrap();
+        assert_eq!(sb.access, crate::sandbox::Access::default());
+        assert_eq!(sb.slot, None);
+    }
 }
