@@ -83,6 +83,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/extend", post(extend))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/reset", post(reset))
+        .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -256,6 +257,17 @@ async fn reset(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<s
     let mut sb = detached(async move { sandbox::reset(&engine, &id).await }).await?;
     sb.dsn = None;
     Ok(Json(sb))
+}
+
+async fn branch(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<sandbox::BranchRequest>, JsonRejection>,
+) -> Result<Response, Error> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    let forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
+    Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
 
 async fn exec(

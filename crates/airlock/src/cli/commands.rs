@@ -13,7 +13,9 @@ use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
 use crate::golden::{CreateGolden, Golden};
-use crate::sandbox::{Access, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox};
+use crate::sandbox::{
+    Access, BranchRequest, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox,
+};
 use crate::{daemon, pg, storage, validate};
 
 pub(super) const NO_BODY: Option<&()> = None;
@@ -129,6 +131,29 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             }
             if json {
                 output::print(json, &removed, String::new);
+            }
+            Ok(0)
+        }
+        Command::Branch { id, ttl, labels, name } => {
+            let ttl_seconds = match ttl {
+                Some(t) => Some(validate::parse_ttl(t)?.as_secs().max(1) as i64),
+                None => None,
+            };
+            if let Some(n) = name {
+                validate::name("sandbox", n)?;
+            }
+            let req = BranchRequest { ttl_seconds, labels: validate::labels(labels)?, name: name.clone() };
+            let forked: Forked = cli
+                .client()?
+                .call(Method::POST, &format!("/v1/sandboxes/{}/branch", encode(id)), Some(&req))
+                .await?;
+            for w in &forked.warnings {
+                eprintln!("warning: {w}");
+            }
+            if json {
+                output::print(true, &forked, String::new);
+            } else {
+                println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
             }
             Ok(0)
         }

@@ -62,6 +62,20 @@ enum Command {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Fork a live sandbox's state at one instant into a new sandbox; prints its DSN.
+    Branch {
+        /// Sandbox id or name to branch.
+        id: String,
+        /// Time to live of the branch.
+        #[arg(long, allow_hyphen_values = true)]
+        ttl: Option<String>,
+        /// A label, key=value (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        /// A unique name for the branch.
+        #[arg(long)]
+        name: Option<String>,
+    },
     /// Put a sandbox back to its golden's state, keeping its id, address and credential.
     Reset {
         /// Sandbox id or name.

@@ -6,11 +6,13 @@
 //! time goes into the `ready` event. Any failure tears down whatever was made.
 
 mod access;
+pub mod branch;
 pub mod exec;
 pub mod pool;
 mod record;
 
 pub use access::{Access, Limits, Mode};
+pub use branch::BranchRequest;
 pub use exec::{ExecRequest, ExecResult};
 pub use record::{Sandbox, SandboxState};
 

@@ -49,6 +49,7 @@ fn openapi_documents_every_route() {
         ("/v1/sandboxes/{id}/extend", &["post"]),
         ("/v1/sandboxes/{id}/exec", &["post"]),
         ("/v1/sandboxes/{id}/reset", &["post"]),
+        ("/v1/sandboxes/{id}/branch", &["post"]),
         ("/v1/events", &["get"]),
     ] {
         for m in methods {

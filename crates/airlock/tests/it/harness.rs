@@ -224,6 +224,19 @@ impl Daemon {
         self.json(&args)
     }
 
+    /// Branches the sandbox whose DSN is given; returns the branch's DSN.
+    pub fn fork_branch(&self, source_dsn: &str) -> String {
+        let id = self
+            .json(&["ls"])
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .find(|id| source_dsn.contains(&format!("/{id}/run")))
+            .expect("source sandbox");
+        self.ok(&["branch", &id]).trim().to_owned()
+    }
+
     /// Sandbox ids the daemon lists.
     pub fn ids(&self) -> Vec<String> {
         self.json(&["ls"]).as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect()

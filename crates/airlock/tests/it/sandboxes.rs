@@ -176,3 +176,69 @@ fn reset_puts_a_sandbox_back_to_its_golden_keeping_its_address_and_credential() 
     let (_, err) = d.fails(&["reset", "sb-nope"]);
     assert_eq!(err["code"], "sandbox_not_found");
 }
+
+#[test]
+fn branch_copies_a_live_sandbox_at_one_instant_with_its_own_credential() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let src = d.fork("shop", &["--name", "src"]);
+    let src_url = dsn(&src);
+    sql(&src_url, "DELETE FROM orders WHERE status = 'pending'; CREATE TABLE notes (x text); INSERT INTO notes VALUES ('kept')");
+    let out = d.cli(&["branch", "src", "--name", "copy", "--label", "from=src", "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let br: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let br_url = dsn(&br);
+    assert_ne!(br_url, src_url);
+    assert_eq!(br["golden"], "shop");
+    assert_eq!(br["labels"]["from"], "src");
+    assert_eq!(sql(&br_url, "SELECT count(*) FROM orders"), "750");
+    assert_eq!(sql(&br_url, "SELECT x FROM notes"), "kept");
+    // Each goes its own way after the branch; the source never stopped being usable.
+    sql(&br_url, "DROP TABLE notes");
+    assert_eq!(sql(&src_url, "SELECT x FROM notes"), "kept");
+    sql(&src_url, "INSERT INTO notes VALUES ('later')");
+    assert!(psql(&br_url, "SELECT * FROM notes").is_err());
+    // Its own credential: the source's password does not open the branch.
+    let (_, src_pw) = crate::harness::split_password(&src_url);
+    let (br_plain, _) = crate::harness::split_password(&br_url);
+    let out = std::process::Command::new("psql")
+        .arg(&br_plain)
+        .args(["-XtAc", "SELECT 1"])
+        .env("PGPASSWORD", src_pw)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let ready = d.json(&["events", "--sandbox", br["id"].as_str().unwrap()]);
+    assert_eq!(ready[1]["detail"]["branched_from"], src["id"]);
+    let (_, err) = d.fails(&["branch", "sb-nope"]);
+    assert_eq!(err["code"], "sandbox_not_found");
+    assert_eq!(d.postmasters().len(), 2);
+}
+
+#[test]
+fn a_branch_taken_under_writes_recovers_to_whole_transactions() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let src = dsn(&d.fork("shop", &[]));
+    sql(&src, "CREATE TABLE pairs (n int)");
+    // Each transaction inserts two rows; a consistent copy always holds an even number.
+    let script = d.home.join("pairs.sql");
+    std::fs::write(&script, "INSERT INTO pairs SELECT g FROM generate_series(1, 2) g;\n".repeat(3000))
+        .unwrap();
+    let (plain, pw) = crate::harness::split_password(&src);
+    let mut writer = std::process::Command::new("psql")
+        .arg(&plain)
+        .args(["-X", "-q", "-f"])
+        .arg(&script)
+        .env("PGPASSWORD", pw)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let br = d.fork_branch(&src);
+    let copied: i64 = sql(&br, "SELECT count(*) FROM pairs").parse().unwrap();
+    assert!(writer.wait().unwrap().success(), "the writer was disturbed by the branch");
+    assert_eq!(copied % 2, 0, "the branch holds half a transaction: {copied} rows");
+    assert!(copied > 0, "the branch was taken before any write");
+    assert_eq!(sql(&src, "SELECT count(*) FROM pairs"), "6000");
+}

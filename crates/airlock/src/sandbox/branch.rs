@@ -1,0 +1,185 @@
+//! `airlock branch`: a new sandbox from a live one's state at one instant.
+//!
+//! Every process of the source's server is stopped (SIGSTOP to its process
+//! group), its data directory is cloned, and the processes continue: the clone
+//! is what a crash at that instant would have left on disk, which PostgreSQL
+//! recovers from when the branch starts. (A stopped process has finished any
+//! write in progress, so no page is torn.) The branch gets its own id, user,
+//! cgroups and a fresh password for the same role.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{instance_dir, ms, start, teardown, Forked, Sandbox, SandboxState, Steps};
+use crate::clock::Timestamp;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DeleteReason, NewEvent};
+use crate::pg::admin::Admin;
+use crate::pg::dsn::{self, DATABASE};
+use crate::{secret, validate};
+
+/// A request to branch a live sandbox.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BranchRequest {
+    /// Seconds until the branch expires; the daemon default if absent.
+    #[serde(default)]
+    pub ttl_seconds: Option<i64>,
+    /// Labels of the branch.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// A unique name for the branch.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// Makes a new sandbox holding a running sandbox's state at one instant.
+pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<Forked> {
+    let began = Instant::now();
+    if let Some(name) = &req.name {
+        validate::name("sandbox", name)?;
+    }
+    for (k, v) in &req.labels {
+        validate::label(k, v)?;
+    }
+    let ttl = match req.ttl_seconds {
+        Some(s) => validate::ttl_seconds(s, engine.config.max_ttl)?,
+        None => engine.config.default_ttl,
+    };
+    let source = engine.store().sandbox(key)?;
+    let Some(source_pid) = source.pid.filter(|_| source.state == SandboxState::Running) else {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("sandbox {} is {}, not running", source.id, source.state.as_str()),
+            "branch a running sandbox",
+        ));
+    };
+    let now = Timestamp::now();
+    let mut sb = Sandbox {
+        id: secret::sandbox_id(),
+        name: req.name.clone(),
+        golden: source.golden.clone(),
+        generation: source.generation,
+        dsn: None,
+        state: SandboxState::Creating,
+        labels: req.labels.clone(),
+        created_at: now,
+        expires_at: now.plus(ttl),
+        access: source.access,
+        pid: None,
+        slot: None,
+    };
+    {
+        let mut store = engine.store();
+        store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+        store.record(NewEvent {
+            kind: "created",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "branched_from": source.id}),
+            ..Default::default()
+        })?;
+    }
+    let mut steps = Steps::default();
+    let password = secret::password();
+    let mut paused_ms = 0.0;
+    let made = async {
+        let dir = instance_dir(engine, &sb.id);
+        let user = engine.sandbox_user(&sb)?;
+        crate::pg::load::private_dir(&dir.root)?;
+        user.own(&dir.root)?;
+        let t = Instant::now();
+        let source_pgdata = instance_dir(engine, &source.id).pgdata();
+        let cloned = {
+            let _paused = Paused::new(source_pid)?;
+            engine.cloner.clone_tree(&source_pgdata, &dir.pgdata(), Some(&user))
+        };
+        paused_ms = ms(t);
+        cloned.map_err(|e| Error::internal(format!("cloning {} failed: {e}", source_pgdata.display())))?;
+        steps.clone_ms = paused_ms;
+        crate::pg::load::private_dir(&dir.socket_dir())?;
+        user.own(&dir.socket_dir())?;
+        crate::pg::instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), &user)?;
+        let cgroups = engine
+            .cgroups
+            .create(&sb.id, &engine.config.cgroup_limits)
+            .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
+        let pid = start(engine, &dir, &user, &cgroups, &sb.access, None, &mut steps).await?;
+        // The clone carries the source's role and password: give the branch its own.
+        let t = Instant::now();
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        Admin::connect(&dir, DATABASE)
+            .await?
+            .execute(&format!("ALTER ROLE {} PASSWORD '{verifier}'", dsn::AGENT_ROLE))
+            .await?;
+        steps.credential_ms = ms(t);
+        Ok::<i32, Error>(pid)
+    }
+    .await;
+    match made {
+        Ok(pid) => {
+            let url = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), &password);
+            let mut store = engine.store();
+            store.set_running(&sb.id, pid, &url)?;
+            store.record(NewEvent {
+                kind: "ready",
+                sandbox: Some(sb.id.clone()),
+                golden: Some(sb.golden.clone()),
+                detail: json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps}),
+                ..Default::default()
+            })?;
+            sb.state = SandboxState::Running;
+            sb.pid = Some(pid);
+            sb.dsn = Some(url);
+            Ok(Forked { sandbox: sb, warnings: engine.fork_warnings() })
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "branch failed; tearing down");
+            teardown(engine, &sb, DeleteReason::Failed).await?;
+            Err(e)
+        }
+    }
+}
+
+/// A server's process group held stopped; continued when dropped, whatever happens.
+struct Paused {
+    group: Pid,
+}
+
+impl Paused {
+    fn new(postmaster: i32) -> Result<Paused> {
+        let group = Pid::from_raw(postmaster);
+        killpg(group, Signal::SIGSTOP)
+            .map_err(|e| Error::postgres(format!("could not pause the source: {e}")))?;
+        let paused = Paused { group };
+        // Wait until every process of the group has actually stopped.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !all_stopped(postmaster) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Ok(paused)
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = killpg(self.group, Signal::SIGCONT);
+    }
+}
+
+/// Whether every live process in `pgid`'s group is stopped.
+fn all_stopped(pgid: i32) -> bool {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return true };
+    procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).all(|pid| {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
+        let Some((_, rest)) = stat.rsplit_once(')') else { return true };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        // fields[0] is the state, fields[2] the process group.
+        fields.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(pgid)
+            || matches!(fields[0], "T" | "t" | "Z" | "X")
+    })
+}
