@@ -84,6 +84,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/reset", post(reset))
         .route("/v1/sandboxes/{id}/branch", post(branch))
+        .route("/v1/sandboxes/{id}/promote", post(promote))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -268,6 +269,23 @@ async fn branch(
     let engine = s.engine.clone();
     let forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
     Ok((StatusCode::CREATED, Json(forked)).into_response())
+}
+
+/// Body of `POST /v1/sandboxes/{id}/promote`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PromoteRequest {
+    /// The golden to make (or to add a generation to).
+    pub golden: String,
+}
+
+async fn promote(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<PromoteRequest>, JsonRejection>,
+) -> ApiResult<golden::Golden> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { golden::promote(&engine, &id, &req.golden).await }).await?))
 }
 
 async fn exec(

@@ -157,6 +157,19 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Command::Promote { id, golden } => {
+            validate::name("golden", golden)?;
+            let body = crate::api::PromoteRequest { golden: golden.clone() };
+            let spinner = output::spinner(json, format!("promoting {id} to golden {golden}"));
+            let g: Result<Golden> = cli
+                .client()?
+                .call(Method::POST, &format!("/v1/sandboxes/{}/promote", encode(id)), Some(&body))
+                .await;
+            spinner.finish_and_clear();
+            let g = g?;
+            output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
         Command::Reset { id } => {
             let sb: Sandbox = cli
                 .client()?

@@ -76,6 +76,14 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
     },
+    /// Turn a sandbox's state into a golden (new, or a new generation of it).
+    Promote {
+        /// Sandbox id or name.
+        id: String,
+        /// The golden to make or add a generation to.
+        #[arg(long)]
+        golden: String,
+    },
     /// Put a sandbox back to its golden's state, keeping its id, address and credential.
     Reset {
         /// Sandbox id or name.

@@ -9,11 +9,11 @@ use std::path::Path;
 
 use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::error::Result;
+use crate::error::{Error, ErrorCode, Result};
 use crate::golden::{Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
-use crate::pg::dsn::{DATABASE, OWNER_ROLE};
+use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
 use crate::pg::{instance, load};
 use crate::{secret, storage};
 
@@ -60,7 +60,10 @@ async fn build_in(
     load::private_dir(&dir.root)?;
     user.own(&dir.root)?;
     load::private_dir(work)?;
-    instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?;
+    match source {
+        Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir)?,
+        _ => instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?,
+    }
     load::private_dir(&dir.socket_dir())?;
     user.own(&dir.socket_dir())?;
     instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
@@ -99,14 +102,46 @@ async fn build_in(
     Ok(manifest)
 }
 
-/// Creates the owner role and app database, loads the source, freezes and
-/// checkpoints; returns the server version and schema hash.
+/// Clones a running sandbox's data directory at one instant (its server paused
+/// meanwhile); the build instance then starts from it with crash recovery.
+fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir) -> Result<()> {
+    let sb = engine.store().sandbox(sandbox)?;
+    let pid = sb.pid.filter(|_| sb.state == crate::sandbox::SandboxState::Running).ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("sandbox {} is not running", sb.id),
+            "promote a running sandbox",
+        )
+    })?;
+    let source = engine.layout.sandbox(&sb.id).join("pgdata");
+    let _paused = crate::sandbox::branch::Paused::new(pid)?;
+    engine
+        .cloner
+        .clone_tree(&source, &dir.pgdata(), Some(&engine.instance_user))
+        .map_err(|e| Error::internal(format!("cloning {} failed: {e}", source.display())))?;
+    Ok(())
+}
+
+/// Creates the owner role and app database, loads the source (or, for a
+/// promoted sandbox, removes its agent role), freezes and checkpoints; returns
+/// the server version and schema hash.
 async fn load_and_describe(
     engine: &Engine,
     dir: &InstanceDir,
     work: &Path,
     source: &Source,
 ) -> Result<(String, String)> {
+    if let Source::Promoted { .. } = source {
+        // No credential may live in a golden: what the agent owned goes to the
+        // owner role, and the agent role goes.
+        let admin = Admin::connect(dir, DATABASE).await?;
+        admin
+            .execute(&format!(
+                "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
+            ))
+            .await?;
+        return describe(engine, dir).await;
+    }
     let admin = Admin::connect(dir, "postgres").await?;
     // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
     admin
@@ -124,7 +159,14 @@ async fn load_and_describe(
         }
         Source::Url { dsn } => load::copy_from_url(&engine.pg, dir, dsn, work).await?,
         Source::Dump { path } => load::restore_dump(&engine.pg, dir, path).await?,
+        Source::Promoted { .. } => unreachable!("handled above"),
     }
+    describe(engine, dir).await
+}
+
+/// Freezes, analyses and checkpoints the application database, drops the
+/// default database; returns the server version and schema hash.
+async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)> {
     let admin = Admin::connect(dir, DATABASE).await?;
     // Frozen, analysed tuples mean forks never rewrite pages just to set hint
     // bits, so their blocks stay shared with the golden.
@@ -133,7 +175,7 @@ async fn load_and_describe(
     let version = admin.value("SHOW server_version").await?;
     // Nothing connects to the default database (agents are allowed only into the
     // application database), and its few hundred files would be cloned at every fork.
-    admin.execute("DROP DATABASE postgres").await?;
+    admin.execute("DROP DATABASE IF EXISTS postgres").await?;
     drop(admin);
     let hash = load::schema_hash(&engine.pg, dir).await?;
     Ok((version, hash))

@@ -28,6 +28,15 @@ pub enum Source {
         /// The dump file.
         path: PathBuf,
     },
+    /// A live sandbox's state at one instant (`airlock promote`); cannot be refreshed.
+    Promoted {
+        /// The sandbox it was taken from.
+        sandbox: String,
+        /// That sandbox's golden.
+        golden: String,
+        /// That sandbox's golden generation.
+        generation: i64,
+    },
 }
 
 impl Source {

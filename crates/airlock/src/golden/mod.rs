@@ -115,6 +115,15 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
         let last = golden.generations.iter().map(|m| m.generation).max().unwrap_or(0);
         (store.golden_source(name)?, last + 1)
     };
+    if let Source::Promoted { sandbox, .. } = &source {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "golden {name:?} was promoted from sandbox {sandbox}, so there is no source to build again"
+            ),
+            "promote a sandbox again (`airlock promote ID --golden NAME`) to make a new generation",
+        ));
+    }
     let started = std::time::Instant::now();
     let manifest = build::build(engine, name, next, &source).await?;
     {
@@ -154,6 +163,45 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
     store.set_pool_size(name, size)?;
     engine.pool_wanted.notify_one();
     store.golden(name)
+}
+
+/// Turns a running sandbox's state (at one instant) into a golden: a new golden,
+/// or a new generation of an existing one. The agent role and its credential are
+/// removed; what the agent owned is given to the owner role.
+pub async fn promote(engine: &Engine, sandbox: &str, name: &str) -> Result<Golden> {
+    validate::name("golden", name)?;
+    let sb = engine.store().sandbox(sandbox)?;
+    let _guard = engine.reserve_build(name)?;
+    let existing = engine.store().golden(name).ok();
+    let generation = existing
+        .as_ref()
+        .map(|g| g.generations.iter().map(|m| m.generation).max().unwrap_or(0) + 1)
+        .unwrap_or(1);
+    let source =
+        Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
+    let started = std::time::Instant::now();
+    let manifest = build::build(engine, name, generation, &source).await?;
+    {
+        let mut store = engine.store();
+        let stored = match existing {
+            Some(_) => store.add_generation(&manifest),
+            None => store.insert_golden(&manifest, &source),
+        };
+        if let Err(e) = stored {
+            let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, generation));
+            return Err(e);
+        }
+        store.record(NewEvent {
+            kind: "golden_promoted",
+            golden: Some(name.to_owned()),
+            sandbox: Some(sb.id.clone()),
+            detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
+            ..Default::default()
+        })?;
+    }
+    prune(engine, name)?;
+    engine.pool_wanted.notify_one();
+    engine.store().golden(name)
 }
 
 /// Deletes the generations of `name` that are neither current nor used by a sandbox.

@@ -146,12 +146,13 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
 }
 
 /// A server's process group held stopped; continued when dropped, whatever happens.
-struct Paused {
+pub(crate) struct Paused {
     group: Pid,
 }
 
 impl Paused {
-    fn new(postmaster: i32) -> Result<Paused> {
+    /// Stops every process of the server whose postmaster is `postmaster`.
+    pub(crate) fn new(postmaster: i32) -> Result<Paused> {
         let group = Pid::from_raw(postmaster);
         killpg(group, Signal::SIGSTOP)
             .map_err(|e| Error::postgres(format!("could not pause the source: {e}")))?;

@@ -50,6 +50,7 @@ fn openapi_documents_every_route() {
         ("/v1/sandboxes/{id}/exec", &["post"]),
         ("/v1/sandboxes/{id}/reset", &["post"]),
         ("/v1/sandboxes/{id}/branch", &["post"]),
+        ("/v1/sandboxes/{id}/promote", &["post"]),
         ("/v1/events", &["get"]),
     ] {
         for m in methods {

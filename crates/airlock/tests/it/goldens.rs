@@ -204,3 +204,44 @@ fn golden_rm_refuses_while_in_use_unless_forced() {
     assert!(!d.home.join("volume/goldens/shop").exists());
     assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty());
 }
+
+#[test]
+fn promote_turns_a_sandbox_into_a_golden_without_its_credential() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let url = dsn(&sb);
+    sql(&url, "DELETE FROM orders WHERE status = 'cancelled'; CREATE TABLE agent_made (x int); INSERT INTO agent_made VALUES (7)");
+    let id = sb["id"].as_str().unwrap();
+    let g = d.json(&["promote", id, "--golden", "curated"]);
+    assert_eq!(g["name"], "curated");
+    assert_eq!(g["current_generation"], 1);
+    assert_eq!(g["source"]["kind"], "promoted");
+    // Forks of it hold the sandbox's state, under the owner role, with a fresh credential.
+    let f = d.fork("curated", &[]);
+    assert_eq!(sql(&dsn(&f), "SELECT count(*) FROM orders"), "750");
+    assert_eq!(sql(&dsn(&f), "SELECT x FROM agent_made"), "7");
+    assert_eq!(
+        sql(&dsn(&f), "SELECT tableowner FROM pg_tables WHERE tablename = 'agent_made'"),
+        "airlock_owner"
+    );
+    let (_, old_pw) = split_password(&url);
+    let (plain, _) = split_password(&dsn(&f));
+    let out = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "SELECT 1"])
+        .env("PGPASSWORD", old_pw)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "the promoted sandbox's password opens a fork of its golden");
+    // The source sandbox carries on untouched.
+    sql(&url, "INSERT INTO agent_made VALUES (8)");
+    // Promoting into an existing golden adds a generation; a promoted golden has no source to refresh.
+    let g = d.json(&["promote", id, "--golden", "curated"]);
+    assert_eq!(g["current_generation"], 2);
+    assert_eq!(sql(&dsn(&d.fork("curated", &[])), "SELECT count(*) FROM agent_made"), "2");
+    let (_, err) = d.fails(&["golden", "refresh", "curated"]);
+    assert_eq!(err["code"], "invalid_request");
+    let (_, err) = d.fails(&["promote", "sb-nope", "--golden", "x"]);
+    assert_eq!(err["code"], "sandbox_not_found");
+}
