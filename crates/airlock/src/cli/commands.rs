@@ -7,7 +7,7 @@ use std::time::Duration;
 use hyper::Method;
 
 use super::output;
-use super::{Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, ServeArgs, StorageCommand};
+use super::{Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, Placement, ServeArgs, StorageCommand};
 use crate::api::ExtendRequest;
 use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
@@ -134,27 +134,13 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Command::Branch { id, ttl, labels, name } => {
-            let ttl_seconds = match ttl {
-                Some(t) => Some(validate::parse_ttl(t)?.as_secs().max(1) as i64),
-                None => None,
-            };
-            if let Some(n) = name {
-                validate::name("sandbox", n)?;
-            }
-            let req = BranchRequest { ttl_seconds, labels: validate::labels(labels)?, name: name.clone() };
+        Command::Branch { id, placement } => {
+            let req = placement.checked()?;
             let forked: Forked = cli
                 .client()?
                 .call(Method::POST, &format!("/v1/sandboxes/{}/branch", encode(id)), Some(&req))
                 .await?;
-            for w in &forked.warnings {
-                eprintln!("warning: {w}");
-            }
-            if json {
-                output::print(true, &forked, String::new);
-            } else {
-                println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
-            }
+            print_forked(&forked, json);
             Ok(0)
         }
         Command::Promote { id, golden } => {
@@ -421,14 +407,36 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
     }
 }
 
-async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
-    let ttl_seconds = match &args.ttl {
-        Some(t) => Some(validate::parse_ttl(t)?.as_secs().max(1) as i64),
-        None => None,
-    };
-    if let Some(n) = &args.name {
-        validate::name("sandbox", n)?;
+impl Placement {
+    /// The TTL in seconds, labels and name, checked before anything is sent (the
+    /// fields of a branch request, and of a fork request besides its golden and access).
+    fn checked(&self) -> Result<BranchRequest> {
+        let ttl_seconds = match &self.ttl {
+            Some(t) => Some(validate::parse_ttl(t)?.as_secs().max(1) as i64),
+            None => None,
+        };
+        if let Some(n) = &self.name {
+            validate::name("sandbox", n)?;
+        }
+        Ok(BranchRequest { ttl_seconds, labels: validate::labels(&self.labels)?, name: self.name.clone() })
     }
+}
+
+/// Prints a new sandbox: only its DSN (so `$(airlock fork ...)` works), or JSON;
+/// warnings go to stderr.
+fn print_forked(forked: &Forked, json: bool) {
+    for w in &forked.warnings {
+        eprintln!("warning: {w}");
+    }
+    if json {
+        output::print(true, forked, String::new);
+    } else {
+        println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
+    }
+}
+
+async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
+    let BranchRequest { ttl_seconds, labels, name } = args.placement.checked()?;
     let millis = |what: &str, text: &str| -> Result<u64> {
         humantime::parse_duration(text).map(|d| d.as_millis() as u64).map_err(|e| {
             Error::new(
@@ -453,22 +461,9 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
         },
     };
     access.validate()?;
-    let req = ForkRequest {
-        golden: args.golden.clone(),
-        ttl_seconds,
-        labels: validate::labels(&args.labels)?,
-        name: args.name.clone(),
-        access,
-    };
+    let req = ForkRequest { golden: args.golden.clone(), ttl_seconds, labels, name, access };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
-    for w in &forked.warnings {
-        eprintln!("warning: {w}");
-    }
-    if cli.json {
-        output::print(true, &forked, String::new);
-    } else {
-        println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
-    }
+    print_forked(&forked, cli.json);
     Ok(0)
 }
 

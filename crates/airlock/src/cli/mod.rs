@@ -66,15 +66,8 @@ enum Command {
     Branch {
         /// Sandbox id or name to branch.
         id: String,
-        /// Time to live of the branch.
-        #[arg(long, allow_hyphen_values = true)]
-        ttl: Option<String>,
-        /// A label, key=value (repeatable).
-        #[arg(long = "label")]
-        labels: Vec<String>,
-        /// A unique name for the branch.
-        #[arg(long)]
-        name: Option<String>,
+        #[command(flatten)]
+        placement: Placement,
     },
     /// Turn a sandbox's state into a golden (new, or a new generation of it).
     Promote {
@@ -235,10 +228,9 @@ enum GoldenCommand {
     },
 }
 
+/// What every new sandbox can be given: a TTL, labels, a name.
 #[derive(Debug, Args)]
-struct ForkArgs {
-    /// The golden to fork.
-    golden: String,
+struct Placement {
     /// Time to live (default: the daemon's, 15m).
     #[arg(long, allow_hyphen_values = true)]
     ttl: Option<String>,
@@ -248,6 +240,14 @@ struct ForkArgs {
     /// A unique name to address the sandbox by.
     #[arg(long)]
     name: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ForkArgs {
+    /// The golden to fork.
+    golden: String,
+    #[command(flatten)]
+    placement: Placement,
     /// Access mode of the credential: owner (DDL and DML) or readonly.
     #[arg(long, default_value = "owner")]
     mode: String,

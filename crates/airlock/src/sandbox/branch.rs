@@ -14,14 +14,13 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{instance_dir, ms, start, teardown, Forked, Sandbox, SandboxState, Steps};
-use crate::clock::Timestamp;
+use super::{instance_dir, ms, start, Forked, Sandbox, SandboxState, Steps};
 use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
-use crate::events::{DeleteReason, NewEvent};
+use crate::events::NewEvent;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{self, DATABASE};
-use crate::{secret, validate};
+use crate::secret;
 
 /// A request to branch a live sandbox.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -40,16 +39,7 @@ pub struct BranchRequest {
 /// Makes a new sandbox holding a running sandbox's state at one instant.
 pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<Forked> {
     let began = Instant::now();
-    if let Some(name) = &req.name {
-        validate::name("sandbox", name)?;
-    }
-    for (k, v) in &req.labels {
-        validate::label(k, v)?;
-    }
-    let ttl = match req.ttl_seconds {
-        Some(s) => validate::ttl_seconds(s, engine.config.max_ttl)?,
-        None => engine.config.default_ttl,
-    };
+    let ttl = super::placement(engine, req.name.as_deref(), &req.labels, req.ttl_seconds)?;
     let source = engine.store().sandbox(key)?;
     let Some(source_pid) = source.pid.filter(|_| source.state == SandboxState::Running) else {
         return Err(Error::new(
@@ -58,21 +48,14 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             "branch a running sandbox",
         ));
     };
-    let now = Timestamp::now();
-    let mut sb = Sandbox {
-        id: secret::sandbox_id(),
-        name: req.name.clone(),
-        golden: source.golden.clone(),
-        generation: source.generation,
-        dsn: None,
-        state: SandboxState::Creating,
-        labels: req.labels.clone(),
-        created_at: now,
-        expires_at: now.plus(ttl),
-        access: source.access,
-        pid: None,
-        slot: None,
-    };
+    let mut sb = Sandbox::creating(
+        &source.golden,
+        source.generation,
+        req.name.clone(),
+        req.labels.clone(),
+        source.access,
+        ttl,
+    );
     {
         let mut store = engine.store();
         store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
@@ -120,29 +103,8 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         Ok::<i32, Error>(pid)
     }
     .await;
-    match made {
-        Ok(pid) => {
-            let url = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), &password);
-            let mut store = engine.store();
-            store.set_running(&sb.id, pid, &url)?;
-            store.record(NewEvent {
-                kind: "ready",
-                sandbox: Some(sb.id.clone()),
-                golden: Some(sb.golden.clone()),
-                detail: json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps}),
-                ..Default::default()
-            })?;
-            sb.state = SandboxState::Running;
-            sb.pid = Some(pid);
-            sb.dsn = Some(url);
-            Ok(Forked { sandbox: sb, warnings: engine.fork_warnings() })
-        }
-        Err(e) => {
-            tracing::warn!(sandbox = %sb.id, error = %e, "branch failed; tearing down");
-            teardown(engine, &sb, DeleteReason::Failed).await?;
-            Err(e)
-        }
-    }
+    let detail = json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps});
+    super::finish(engine, sb, made, &password, detail).await
 }
 
 /// A server's process group held stopped; continued when dropped, whatever happens.

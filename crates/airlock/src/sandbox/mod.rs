@@ -77,38 +77,80 @@ fn ms(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
 }
 
+/// Checks a new sandbox's name, labels and TTL; returns the TTL to use.
+fn placement(
+    engine: &Engine,
+    name: Option<&str>,
+    labels: &BTreeMap<String, String>,
+    ttl_seconds: Option<i64>,
+) -> Result<Duration> {
+    if let Some(name) = name {
+        validate::name("sandbox", name)?;
+    }
+    for (k, v) in labels {
+        validate::label(k, v)?;
+    }
+    match ttl_seconds {
+        Some(s) => validate::ttl_seconds(s, engine.config.max_ttl),
+        None => Ok(engine.config.default_ttl),
+    }
+}
+
+/// Ends a fork or branch: marks the sandbox running with its DSN and records
+/// `ready` with `detail`; or, if making it failed, tears down what was made.
+async fn finish(
+    engine: &Engine,
+    mut sb: Sandbox,
+    made: Result<i32>,
+    password: &str,
+    detail: serde_json::Value,
+) -> Result<Forked> {
+    let pid = match made {
+        Ok(pid) => pid,
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "making a sandbox failed; tearing down");
+            teardown(engine, &sb, DeleteReason::Failed).await?;
+            return Err(e);
+        }
+    };
+    let url = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), password);
+    {
+        let mut store = engine.store();
+        store.set_running(&sb.id, pid, &url)?;
+        store.record(NewEvent {
+            kind: "ready",
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail,
+            ..Default::default()
+        })?;
+    }
+    sb.state = SandboxState::Running;
+    sb.pid = Some(pid);
+    sb.dsn = Some(url);
+    let warnings = engine.fork_warnings();
+    for w in &warnings {
+        tracing::warn!(sandbox = %sb.id, "{w}");
+    }
+    Ok(Forked { sandbox: sb, warnings })
+}
+
 /// Makes a sandbox from the current generation of a golden.
 pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     let began = Instant::now();
-    if let Some(name) = &req.name {
-        validate::name("sandbox", name)?;
-    }
-    for (k, v) in &req.labels {
-        validate::label(k, v)?;
-    }
+    let ttl = placement(engine, req.name.as_deref(), &req.labels, req.ttl_seconds)?;
     req.access.validate()?;
-    let ttl = match req.ttl_seconds {
-        Some(s) => validate::ttl_seconds(s, engine.config.max_ttl)?,
-        None => engine.config.default_ttl,
-    };
-    let now = Timestamp::now();
-    let (mut sb, claimed) = {
+    let (sb, claimed) = {
         let mut store = engine.store();
         let golden = store.golden(&req.golden)?;
-        let mut sb = Sandbox {
-            id: secret::sandbox_id(),
-            name: req.name.clone(),
-            golden: golden.name,
-            generation: golden.current_generation,
-            dsn: None,
-            state: SandboxState::Creating,
-            labels: req.labels.clone(),
-            created_at: now,
-            expires_at: now.plus(ttl),
-            access: req.access,
-            pid: None,
-            slot: None,
-        };
+        let mut sb = Sandbox::creating(
+            &golden.name,
+            golden.current_generation,
+            req.name.clone(),
+            req.labels.clone(),
+            req.access,
+            ttl,
+        );
         // A started sandbox from the warm pool if there is one; else a cold fork.
         let claimed = match store.claim_pooled(&sb)? {
             Some(pooled) => {
@@ -134,38 +176,13 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     }
     let mut steps = Steps::default();
     let password = secret::password();
-    let up = if claimed {
+    let made = if claimed {
         mint(engine, &sb, &password, &mut steps).await.map(|_| sb.pid.unwrap_or_default())
     } else {
         bring_up(engine, &sb, Some(&password), &mut steps).await
     };
-    match up {
-        Ok(pid) => {
-            let dsn = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), &password);
-            let mut store = engine.store();
-            store.set_running(&sb.id, pid, &dsn)?;
-            store.record(NewEvent {
-                kind: "ready",
-                sandbox: Some(sb.id.clone()),
-                golden: Some(sb.golden.clone()),
-                detail: json!({"fork_ms": ms(began), "from_pool": claimed, "steps": steps, "storage": engine.cloner.backend()}),
-                ..Default::default()
-            })?;
-            sb.state = SandboxState::Running;
-            sb.pid = Some(pid);
-            sb.dsn = Some(dsn);
-        }
-        Err(e) => {
-            tracing::warn!(sandbox = %sb.id, error = %e, "fork failed; tearing down");
-            teardown(engine, &sb, DeleteReason::Failed).await?;
-            return Err(e);
-        }
-    }
-    let warnings = engine.fork_warnings();
-    for w in &warnings {
-        tracing::warn!(sandbox = %sb.id, "{w}");
-    }
-    Ok(Forked { sandbox: sb, warnings })
+    let detail = json!({"fork_ms": ms(began), "from_pool": claimed, "steps": steps, "storage": engine.cloner.backend()});
+    finish(engine, sb, made, &password, detail).await
 }
 
 fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {

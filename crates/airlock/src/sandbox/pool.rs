@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Timestamp;
 use crate::engine::Engine;
 use crate::error::{ErrorCode, Result};
 use crate::events::DeleteReason;
@@ -17,7 +16,6 @@ use crate::golden::Golden;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::DATABASE;
 use crate::sandbox::{self, Access, Sandbox, SandboxState, Steps};
-use crate::secret;
 use crate::store::SandboxFilter;
 
 /// How often the filler looks even when nothing woke it.
@@ -92,21 +90,14 @@ async fn drain(engine: &Engine, golden: &Golden) -> Result<()> {
 
 /// Clones and starts one credential-less member of a golden's pool.
 async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
-    let now = Timestamp::now();
-    let mut sb = Sandbox {
-        id: secret::sandbox_id(),
-        name: None,
-        golden: golden.name.clone(),
-        generation: golden.current_generation,
-        dsn: None,
-        state: SandboxState::Creating,
-        labels: Default::default(),
-        created_at: now,
-        expires_at: now.plus(NEVER),
-        access: Access::default(),
-        pid: None,
-        slot: None,
-    };
+    let mut sb = Sandbox::creating(
+        &golden.name,
+        golden.current_generation,
+        None,
+        Default::default(),
+        Access::default(),
+        NEVER,
+    );
     engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
     let mut steps = Steps::default();
     let made = async {

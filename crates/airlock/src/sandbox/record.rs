@@ -1,6 +1,7 @@
 //! A sandbox as stored, listed and shown.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -74,4 +75,32 @@ pub struct Sandbox {
     /// Which per-sandbox OS user (and cgroup) it has; unique among live sandboxes.
     #[serde(skip)]
     pub slot: Option<i64>,
+}
+
+impl Sandbox {
+    /// A new sandbox record in state `creating`, with a fresh id, expiring `ttl` from now.
+    pub fn creating(
+        golden: &str,
+        generation: i64,
+        name: Option<String>,
+        labels: BTreeMap<String, String>,
+        access: super::Access,
+        ttl: Duration,
+    ) -> Sandbox {
+        let now = Timestamp::now();
+        Sandbox {
+            id: crate::secret::sandbox_id(),
+            name,
+            golden: golden.to_owned(),
+            generation,
+            dsn: None,
+            state: SandboxState::Creating,
+            labels,
+            created_at: now,
+            expires_at: now.plus(ttl),
+            access,
+            pid: None,
+            slot: None,
+        }
+    }
 }
