@@ -102,14 +102,30 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
 }
 
 /// Takes the data root's exclusive lock, so only one daemon serves it.
+///
+/// A daemon killed with SIGKILL can leave the lock for a few milliseconds in a
+/// child it forked that has not yet reached exec (the descriptor closes there), so
+/// a busy lock is retried briefly before it counts as another live daemon.
 fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    let file =
-        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(layout.daemon_lock())?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|_| {
-        Error::new(
-            ErrorCode::InvalidRequest,
-            format!("another daemon already serves {}", layout.home().display()),
-            "use that one, or stop it first (`airlock daemon stop`)",
-        )
-    })
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(layout.daemon_lock())?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+            Err(_) => {
+                return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("another daemon already serves {}", layout.home().display()),
+                    "use that one, or stop it first (`airlock daemon stop`)",
+                ))
+            }
+        }
+    }
 }
