@@ -41,6 +41,9 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     for w in &doctor.warnings {
         tracing::warn!("{w}");
     }
+    if let Some(address) = crate::router::start(engine.clone(), &engine.config.router).await? {
+        let _ = engine.router.set(address);
+    }
     reaper::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
 

@@ -2,10 +2,10 @@
 //! PostgreSQL binaries and the OS identities. Golden, sandbox and reaper code
 //! take an `&Engine`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -42,6 +42,17 @@ pub struct Config {
     pub disk_limit_bytes: u64,
     /// Warm-pool size of a golden created without one.
     pub default_pool_size: i64,
+    /// Sandboxes with a running server allowed at once (pool members count);
+    /// past it, idle ones are suspended, least recently used first.
+    pub max_running: usize,
+    /// Bytes the copy-on-write volume may hold before forks wait; no limit if unset.
+    pub max_disk_bytes: Option<u64>,
+    /// Idle time after which a sandbox is suspended, unless its fork names one; zero never.
+    pub default_idle_suspend: Duration,
+    /// How long a wake through the router waits for a running slot.
+    pub wake_wait: Duration,
+    /// The PostgreSQL router.
+    pub router: crate::router::RouterConfig,
 }
 
 impl Config {
@@ -58,6 +69,11 @@ impl Config {
             cgroup_limits: CgroupLimits::default(),
             disk_limit_bytes: 10 << 30,
             default_pool_size: 0,
+            max_running: 100,
+            max_disk_bytes: None,
+            default_idle_suspend: Duration::from_secs(10 * 60),
+            wake_wait: Duration::from_secs(10),
+            router: crate::router::RouterConfig::default(),
         }
     }
 }
@@ -82,6 +98,15 @@ pub struct Engine {
     pub pool_wanted: tokio::sync::Notify,
     /// Open admin sessions to pool members, so a claim only has to create the role.
     pub pool_admins: Mutex<std::collections::HashMap<String, crate::pg::admin::Admin>>,
+    /// Open router connections per sandbox, and backend keys for cancel requests.
+    pub connections: crate::router::Connections,
+    /// The queue forks and wakes wait in for room (tokio's mutex is first-in, first-out).
+    pub admission: tokio::sync::Mutex<()>,
+    /// Wakes queued forks when a sandbox is deleted or suspended.
+    pub capacity_freed: tokio::sync::Notify,
+    /// Where the router listens, once it does.
+    pub router: std::sync::OnceLock<crate::router::Address>,
+    sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
 }
@@ -141,6 +166,11 @@ impl Engine {
             cgroups,
             pool_wanted: tokio::sync::Notify::new(),
             pool_admins: Mutex::new(std::collections::HashMap::new()),
+            connections: crate::router::Connections::default(),
+            admission: tokio::sync::Mutex::new(()),
+            capacity_freed: tokio::sync::Notify::new(),
+            router: std::sync::OnceLock::new(),
+            sandbox_ops: Mutex::new(HashMap::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
         })
@@ -149,6 +179,35 @@ impl Engine {
     /// The state store, locked for a short synchronous use.
     pub fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Serializes suspend, wake and delete of one sandbox.
+    pub async fn sandbox_lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .sandbox_ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    /// Forgets a deleted sandbox's lock and connection records.
+    pub fn forget_sandbox(&self, id: &str) {
+        self.sandbox_ops.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.connections.forget(id);
+    }
+
+    /// A sandbox as clients see it: its DSN through the router when the router is
+    /// on (the private socket's in `socket_dsn`).
+    pub fn present(&self, mut sb: Sandbox) -> Sandbox {
+        if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
+            let password = crate::pg::dsn::password(&socket).unwrap_or_default();
+            sb.dsn = Some(router.dsn(&sb.id, &password));
+            sb.socket_dsn = Some(socket);
+        }
+        sb
     }
 
     /// OS users allowed to connect as the admin role: the daemon's own, and no other.
@@ -215,6 +274,10 @@ impl Engine {
             cgroup_limits: self.config.cgroup_limits,
             disk_limit_bytes: self.config.disk_limit_bytes,
             max_sandboxes: self.config.max_sandboxes,
+            max_running: self.config.max_running,
+            max_disk_bytes: self.config.max_disk_bytes,
+            default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
+            router: self.router.get().cloned(),
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),
             warnings,
@@ -268,6 +331,14 @@ pub struct Doctor {
     pub disk_limit_bytes: u64,
     /// The sandbox limit.
     pub max_sandboxes: usize,
+    /// The running-sandbox limit.
+    pub max_running: usize,
+    /// The volume's disk limit, bytes.
+    pub max_disk_bytes: Option<u64>,
+    /// Idle time before a sandbox is suspended unless its fork says otherwise; 0 never.
+    pub default_idle_suspend_seconds: u64,
+    /// Where the router listens; absent when it is off.
+    pub router: Option<crate::router::Address>,
     /// Default TTL, seconds.
     pub default_ttl_seconds: u64,
     /// Maximum TTL, seconds.

@@ -97,6 +97,14 @@ impl Layout {
     pub fn sandbox(&self, id: &str) -> PathBuf {
         self.sandboxes().join(id)
     }
+    /// One sandbox's instance files.
+    pub fn sandbox_instance(&self, id: &str) -> InstanceDir {
+        InstanceDir { root: self.sandbox(id) }
+    }
+    /// The router's certificates.
+    pub fn tls(&self) -> PathBuf {
+        self.home.join("tls")
+    }
 }
 
 /// The files inside one instance directory (a sandbox, or a golden being built).
@@ -114,6 +122,10 @@ impl InstanceDir {
     /// The private directory holding the instance's unix socket.
     pub fn socket_dir(&self) -> PathBuf {
         self.root.join("run")
+    }
+    /// The instance's unix socket.
+    pub fn socket(&self) -> PathBuf {
+        self.socket_dir().join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT))
     }
     /// The instance's server log.
     pub fn log(&self) -> PathBuf {

@@ -17,6 +17,7 @@ pub mod golden;
 pub mod layout;
 pub mod pg;
 pub mod reaper;
+pub mod router;
 pub mod sandbox;
 pub mod secret;
 pub mod storage;

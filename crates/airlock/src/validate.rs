@@ -78,6 +78,21 @@ pub fn parse_ttl(text: &str) -> Result<Duration> {
     Ok(d)
 }
 
+/// Parses a non-negative duration such as `0`, `500ms`, `30s` or `5m` given for `what`.
+pub fn duration(what: &str, text: &str) -> Result<Duration> {
+    let text = text.trim();
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(text).map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("invalid {what} {text:?}: {e}"),
+            "give a duration such as 0, 500ms, 30s or 5m",
+        )
+    })
+}
+
 /// Checks a TTL in seconds against the configured maximum.
 pub fn ttl_seconds(seconds: i64, max: Duration) -> Result<Duration> {
     if seconds <= 0 {

@@ -83,6 +83,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/extend", post(extend))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/reset", post(reset))
+        .route("/v1/sandboxes/{id}/suspend", post(suspend))
+        .route("/v1/sandboxes/{id}/wake", post(wake))
         .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/sandboxes/{id}/promote", post(promote))
         .route("/v1/events", get(events))
@@ -213,7 +215,8 @@ async fn list_sandboxes(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Vec<sandbox::Sandbox>> {
     let filter = sandbox_filter(q)?;
-    Ok(Json(s.engine.store().sandboxes(&filter)?))
+    let list = s.engine.store().sandboxes(&filter)?;
+    Ok(Json(list.into_iter().map(|sb| s.engine.present(sb)).collect()))
 }
 
 async fn fork(
@@ -222,12 +225,14 @@ async fn fork(
 ) -> Result<Response, Error> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    let forked = detached(async move { sandbox::fork(&engine, &req).await }).await?;
+    let mut forked = detached(async move { sandbox::fork(&engine, &req).await }).await?;
+    forked.sandbox = s.engine.present(forked.sandbox);
     Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
 
 async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
-    Ok(Json(s.engine.store().sandbox(&id)?))
+    let sb = s.engine.store().sandbox(&id)?;
+    Ok(Json(s.engine.present(sb)))
 }
 
 async fn remove_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
@@ -250,7 +255,8 @@ async fn extend(
     req: Result<Json<ExtendRequest>, JsonRejection>,
 ) -> ApiResult<sandbox::Sandbox> {
     let req = body(req)?;
-    Ok(Json(sandbox::extend(&s.engine, &id, req.ttl_seconds)?))
+    let sb = sandbox::extend(&s.engine, &id, req.ttl_seconds)?;
+    Ok(Json(s.engine.present(sb)))
 }
 
 async fn reset(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
@@ -267,8 +273,24 @@ async fn branch(
 ) -> Result<Response, Error> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    let forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
+    let mut forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
+    forked.sandbox = s.engine.present(forked.sandbox);
     Ok((StatusCode::CREATED, Json(forked)).into_response())
+}
+
+async fn suspend(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
+    let engine = s.engine.clone();
+    let mut sb =
+        detached(async move { sandbox::suspend(&engine, &id, sandbox::SuspendReason::User).await }).await?;
+    sb.dsn = None;
+    Ok(Json(sb))
+}
+
+async fn wake(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
+    let engine = s.engine.clone();
+    let mut sb = detached(async move { sandbox::wake(&engine, &id).await }).await?;
+    sb.dsn = None;
+    Ok(Json(sb))
 }
 
 /// Body of `POST /v1/sandboxes/{id}/promote`.

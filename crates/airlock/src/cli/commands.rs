@@ -104,6 +104,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 .into_iter()
                 .map(|mut s| {
                     s.dsn = None;
+                    s.socket_dsn = None;
                     s
                 })
                 .collect();
@@ -115,6 +116,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             // The credential is printed only when asked for (`airlock dsn`).
             sb.dsn = None;
+            sb.socket_dsn = None;
             output::print(json, &sb, || output::sandbox(&sb));
             Ok(0)
         }
@@ -156,6 +158,26 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &g, || output::golden(&g));
             Ok(0)
         }
+        Command::Suspend { ids } | Command::Wake { ids } => {
+            let (verb, done) =
+                if matches!(cli.command, Command::Suspend { .. }) { ("suspend", "suspended") } else { ("wake", "running") };
+            let client = cli.client()?;
+            let mut changed = Vec::new();
+            for id in ids {
+                let mut sb: Sandbox =
+                    client.call(Method::POST, &format!("/v1/sandboxes/{}/{verb}", encode(id)), NO_BODY).await?;
+                sb.dsn = None;
+                sb.socket_dsn = None;
+                if !json {
+                    println!("{} is {done}", sb.id);
+                }
+                changed.push(sb);
+            }
+            if json {
+                output::print(json, &changed, String::new);
+            }
+            Ok(0)
+        }
         Command::Reset { id } => {
             let sb: Sandbox = cli
                 .client()?
@@ -174,10 +196,11 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &sb, || format!("{} now expires at {}", sb.id, sb.expires_at.to_rfc3339()));
             Ok(0)
         }
-        Command::Dsn { id } => {
+        Command::Dsn { id, socket } => {
             let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
-            let dsn = sb.dsn.clone().unwrap_or_default();
+            let dsn = if *socket { sb.socket_dsn.clone().or(sb.dsn.clone()) } else { sb.dsn.clone() };
+            let dsn = dsn.unwrap_or_default();
             output::print(json, &serde_json::json!({"id": sb.id, "dsn": dsn}), || dsn.clone());
             Ok(0)
         }
@@ -300,6 +323,29 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
                 "use auto or copy",
             ))
         }
+    };
+    config.max_running = args.max_running;
+    config.max_disk_bytes = args.max_disk.as_deref().map(validate::bytes).transpose()?;
+    config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
+    config.router = crate::router::RouterConfig {
+        listen: match args.router.as_str() {
+            "off" => None,
+            addr => Some(addr.parse().map_err(|_| {
+                Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("--router {addr:?} is not HOST:PORT"),
+                    "give an address such as 127.0.0.1:7432 (port 0 picks a free one), or off",
+                )
+            })?),
+        },
+        advertise: args.router_host.clone(),
+        tls: args.tls,
+        cert: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(crate::router::tls::CertFiles { cert: cert.clone(), key: key.clone() }),
+            _ => None,
+        },
+        startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,
+        max_connections: args.router_max_connections.max(1),
     };
     let token = match (&cli.token_file, std::env::var("AIRLOCK_TOKEN").ok()) {
         (Some(f), _) => Some(std::fs::read_to_string(f)?.trim().to_owned()),
@@ -461,7 +507,17 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
         },
     };
     access.validate()?;
-    let req = ForkRequest { golden: args.golden.clone(), ttl_seconds, labels, name, access };
+    let idle_suspend_seconds =
+        args.idle_suspend.as_deref().map(|t| validate::duration("--idle-suspend", t)).transpose()?;
+    let req = ForkRequest {
+        golden: args.golden.clone(),
+        ttl_seconds,
+        labels,
+        name,
+        access,
+        idle_suspend_seconds: idle_suspend_seconds.map(|d| d.as_secs() as i64),
+        wait_seconds: Some(validate::duration("--wait", &args.wait)?.as_secs() as i64),
+    };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     print_forked(&forked, cli.json);
     Ok(0)

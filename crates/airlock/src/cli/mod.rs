@@ -77,6 +77,18 @@ enum Command {
         #[arg(long)]
         golden: String,
     },
+    /// Stop a sandbox's server to free its memory, keeping files, credential and address.
+    Suspend {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Start a suspended sandbox again (a connection through the router also does).
+    Wake {
+        /// Sandbox ids or names.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
     /// Put a sandbox back to its golden's state, keeping its id, address and credential.
     Reset {
         /// Sandbox id or name.
@@ -94,6 +106,9 @@ enum Command {
     Dsn {
         /// Sandbox id or name.
         id: String,
+        /// The private unix-socket DSN (for tools on this host) instead of the router's.
+        #[arg(long)]
+        socket: bool,
     },
     /// Open psql on a sandbox (arguments after `--` go to psql).
     Psql {
@@ -174,6 +189,37 @@ struct ServeArgs {
     /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
     #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
     storage: String,
+    /// Sandboxes with a running server allowed at once (pool members count);
+    /// past it, idle ones are suspended, least recently used first.
+    #[arg(long, env = "AIRLOCK_MAX_RUNNING", default_value_t = 100)]
+    max_running: usize,
+    /// Bytes the volume may hold before forks wait or fail (e.g. 50G); no limit if unset.
+    #[arg(long, env = "AIRLOCK_MAX_DISK")]
+    max_disk: Option<String>,
+    /// Suspend a sandbox after this long without a connection (0 never), unless its fork says.
+    #[arg(long, env = "AIRLOCK_IDLE_SUSPEND", default_value = "10m")]
+    idle_suspend: String,
+    /// The PostgreSQL router's address (HOST:PORT, port 0 for a free one), or `off`.
+    #[arg(long, env = "AIRLOCK_ROUTER", default_value = "127.0.0.1:7432")]
+    router: String,
+    /// The host name DSNs carry (default: the router's listen address).
+    #[arg(long, env = "AIRLOCK_ROUTER_HOST")]
+    router_host: Option<String>,
+    /// TLS on the router: optional (offered), required (plaintext refused) or off.
+    #[arg(long, env = "AIRLOCK_TLS", value_enum, default_value = "optional")]
+    tls: crate::router::TlsMode,
+    /// PEM certificate chain for the router (default: one generated under tls/).
+    #[arg(long, env = "AIRLOCK_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "AIRLOCK_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How long a client has to finish connecting through the router.
+    #[arg(long, env = "AIRLOCK_ROUTER_STARTUP_TIMEOUT", default_value = "10s")]
+    router_startup_timeout: String,
+    /// Client connections the router holds open at once.
+    #[arg(long, env = "AIRLOCK_ROUTER_MAX_CONNECTIONS", default_value_t = 1000)]
+    router_max_connections: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -269,6 +315,12 @@ struct ForkArgs {
     /// Most connections the agent's role may hold at once.
     #[arg(long, default_value_t = 20)]
     connection_limit: u32,
+    /// Suspend it after this long without a connection (0 never; default: the daemon's, 10m).
+    #[arg(long)]
+    idle_suspend: Option<String>,
+    /// When the host is full, wait up to this long for room (first come, first served).
+    #[arg(long, default_value = "0s")]
+    wait: String,
 }
 
 #[derive(Debug, Subcommand)]

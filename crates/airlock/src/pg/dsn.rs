@@ -122,10 +122,46 @@ pub fn write_passfile(path: &Path, password: &str) -> std::io::Result<()> {
     writeln!(f, "*:*:*:*:{escaped}")
 }
 
-/// The password inside a DSN, if it has one.
+/// The password inside a DSN, if it has one. URLs are read by hand, since libpq
+/// options such as `sslrootcert` are unknown to tokio-postgres's parser.
 pub fn password(dsn: &str) -> Option<String> {
-    let config: tokio_postgres::Config = dsn.parse().ok()?;
-    config.get_password().map(|p| String::from_utf8_lossy(p).into_owned())
+    let trimmed = dsn.trim();
+    let Some(rest) = trimmed.strip_prefix("postgresql://").or_else(|| trimmed.strip_prefix("postgres://")) else {
+        let config: tokio_postgres::Config = trimmed.parse().ok()?;
+        return config.get_password().map(|p| String::from_utf8_lossy(p).into_owned());
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    let from_query = tail.split_once('?').and_then(|(_, query)| {
+        form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "password").map(|(_, v)| v.into_owned())
+    });
+    let from_userinfo = authority
+        .rsplit_once('@')
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, pw)| percent_decode(pw));
+    from_query.or(from_userinfo)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -160,6 +196,8 @@ mod tests {
         assert_eq!(password("postgresql://bob:s3cret@h/shop").as_deref(), Some("s3cret"));
         assert_eq!(password("host=h password=pw dbname=x").as_deref(), Some("pw"));
         assert_eq!(password("postgresql://bob@h/shop"), None);
+        assert_eq!(password("postgresql://bob:a%40b@h:7432/sb-1?sslmode=verify-full&sslrootcert=/x/ca.crt").as_deref(), Some("a@b"));
+        assert_eq!(password("postgresql://bob@h/shop?password=q%20r").as_deref(), Some("q r"));
         let dsn = sandbox(Path::new("/x/run"), "abc");
         assert_eq!(password(&dsn).as_deref(), Some("abc"));
         assert!(!redact(&dsn).contains("abc"));

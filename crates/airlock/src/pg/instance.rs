@@ -258,6 +258,24 @@ impl Started {
     }
 }
 
+/// Stops a detached instance cleanly (fast shutdown: running sessions are
+/// ended, a checkpoint written), killing it if it has not exited in time.
+pub async fn stop(pid: i32, pgdata: &Path) {
+    if !is_postmaster_of(pid, pgdata) {
+        return;
+    }
+    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGINT);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut wait = Duration::from_micros(500);
+    while is_alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(10));
+    }
+    if is_alive(pid) {
+        kill(pid, pgdata).await;
+    }
+}
+
 /// Stops an instance for good: immediate shutdown (which also removes its shared
 /// memory), then SIGKILL to the whole process group if it lingers. Safe to call
 /// on a pid that is gone or that belongs to someone else: it only signals a

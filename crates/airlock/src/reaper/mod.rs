@@ -1,4 +1,5 @@
-//! The lifecycle loop: deletes sandboxes whose TTL has passed, and at daemon start
+//! The lifecycle loop: deletes sandboxes whose TTL has passed, suspends idle
+//! ones, and at daemon start
 //! reconciles state, processes and directories ([`reconcile`]).
 
 mod reconcile;
@@ -20,8 +21,20 @@ use crate::store::SandboxFilter;
 /// deletion within about a second of expiry.
 const TICK: Duration = Duration::from_millis(200);
 
-/// Runs the TTL loop until the daemon exits.
+/// How often idle sandboxes are looked for.
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
+/// Runs the TTL loop and the idle-suspend loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    let idle = engine.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(IDLE_TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            sandbox::suspend_idle(&idle).await;
+        }
+    });
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -68,7 +81,8 @@ fn watch_servers(engine: &Arc<Engine>) {
         if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
             continue;
         }
-        if !engine.store().begin_delete(&sb.id).unwrap_or(false) {
+        // Only if it is still the same live row (a suspend stops servers on purpose).
+        if !engine.store().begin_delete_dead(&sb.id, sb.pid).unwrap_or(false) {
             continue;
         }
         let _ = engine.store().record(NewEvent {

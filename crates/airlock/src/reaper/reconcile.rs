@@ -4,6 +4,7 @@
 //! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
 //! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
 //! - a running sandbox whose process is gone (host restart) is started again;
+//! - a suspended sandbox stays suspended (a server left by an interrupted suspend is stopped);
 //! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
 //! - a half-built golden in `staging/` and a generation directory with no row are removed.
 
@@ -69,11 +70,13 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
                 sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
                 done.orphans += 1;
             }
-            SandboxState::Running if sb.expires_at <= now => {
+            SandboxState::Running | SandboxState::Suspended if sb.expires_at <= now => {
                 engine.store().begin_delete(&sb.id)?;
                 sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
                 done.expired += 1;
             }
+            // Its server was stopped above if a crash interrupted the suspend.
+            SandboxState::Suspended => done.kept += 1,
             SandboxState::Pooled => {
                 let pgdata = layout.sandbox(&sb.id).join("pgdata");
                 if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {

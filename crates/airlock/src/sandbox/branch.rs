@@ -40,7 +40,10 @@ pub struct BranchRequest {
 pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<Forked> {
     let began = Instant::now();
     let ttl = super::placement(engine, req.name.as_deref(), &req.labels, req.ttl_seconds)?;
-    let source = engine.store().sandbox(key)?;
+    let mut source = engine.store().sandbox(key)?;
+    if source.state == SandboxState::Suspended {
+        source = super::wake(engine, &source.id).await?;
+    }
     let Some(source_pid) = source.pid.filter(|_| source.state == SandboxState::Running) else {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
@@ -55,7 +58,10 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         req.labels.clone(),
         source.access,
         ttl,
+        std::time::Duration::from_secs(source.idle_suspend_seconds),
     );
+    let admitted =
+        super::capacity::admit(engine, std::time::Duration::ZERO, super::capacity::Need::New, None).await?;
     {
         let mut store = engine.store();
         store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
@@ -67,6 +73,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             ..Default::default()
         })?;
     }
+    drop(admitted);
     let mut steps = Steps::default();
     let password = secret::password();
     let mut paused_ms = 0.0;

@@ -7,14 +7,19 @@
 
 mod access;
 pub mod branch;
+pub mod capacity;
 pub mod exec;
+mod idle;
 pub mod pool;
 mod record;
+pub mod suspend;
 
 pub use access::{Access, Limits, Mode};
 pub use branch::BranchRequest;
 pub use exec::{ExecRequest, ExecResult};
+pub use idle::suspend_idle;
 pub use record::{Sandbox, SandboxState};
+pub use suspend::{suspend, wake, SuspendReason};
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -51,6 +56,13 @@ pub struct ForkRequest {
     /// The credential's access mode and limits.
     #[serde(default)]
     pub access: Access,
+    /// Seconds without a connection before it is suspended (0 never); the
+    /// daemon default if absent.
+    #[serde(default)]
+    pub idle_suspend_seconds: Option<i64>,
+    /// Seconds to wait in the queue when the host is full; 0 (the default) fails at once.
+    #[serde(default)]
+    pub wait_seconds: Option<i64>,
 }
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
@@ -96,6 +108,31 @@ fn placement(
     }
 }
 
+/// The idle-suspend time a fork asked for, or the daemon default.
+fn idle_suspend(engine: &Engine, seconds: Option<i64>) -> Result<Duration> {
+    match seconds {
+        None => Ok(engine.config.default_idle_suspend),
+        Some(s) if s >= 0 => Ok(Duration::from_secs(s as u64)),
+        Some(s) => Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("idle suspend of {s} seconds is negative"),
+            "give a duration such as 5m, or 0 to never suspend",
+        )),
+    }
+}
+
+/// How long a fork may wait for room.
+fn queue_wait(seconds: Option<i64>) -> Result<Duration> {
+    match seconds.unwrap_or(0) {
+        s if (0..=3600).contains(&s) => Ok(Duration::from_secs(s as u64)),
+        s => Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("a wait of {s} seconds is out of range"),
+            "give --wait between 0s and 1h",
+        )),
+    }
+}
+
 /// Ends a fork or branch: marks the sandbox running with its DSN and records
 /// `ready` with `detail`; or, if making it failed, tears down what was made.
 async fn finish(
@@ -128,6 +165,7 @@ async fn finish(
     sb.state = SandboxState::Running;
     sb.pid = Some(pid);
     sb.dsn = Some(url);
+    engine.connections.touch(&sb.id);
     let warnings = engine.fork_warnings();
     for w in &warnings {
         tracing::warn!(sandbox = %sb.id, "{w}");
@@ -140,28 +178,31 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     let began = Instant::now();
     let ttl = placement(engine, req.name.as_deref(), &req.labels, req.ttl_seconds)?;
     req.access.validate()?;
-    let (sb, claimed) = {
+    let idle = idle_suspend(engine, req.idle_suspend_seconds)?;
+    let wait = queue_wait(req.wait_seconds)?;
+    let golden = engine.store().golden(&req.golden)?;
+    let mut sb = Sandbox::creating(
+        &golden.name,
+        golden.current_generation,
+        req.name.clone(),
+        req.labels.clone(),
+        req.access,
+        ttl,
+        idle,
+    );
+    // A started sandbox from the warm pool if there is one (it needs no room);
+    // else a cold fork, once there is room for it.
+    let pooled = engine.store().claim_pooled(&sb)?;
+    let claimed = pooled.is_some();
+    match pooled {
+        Some(pooled) => sb = pooled,
+        None => {
+            let _admitted = capacity::admit(engine, wait, capacity::Need::New, None).await?;
+            engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+        }
+    }
+    let sb = {
         let mut store = engine.store();
-        let golden = store.golden(&req.golden)?;
-        let mut sb = Sandbox::creating(
-            &golden.name,
-            golden.current_generation,
-            req.name.clone(),
-            req.labels.clone(),
-            req.access,
-            ttl,
-        );
-        // A started sandbox from the warm pool if there is one; else a cold fork.
-        let claimed = match store.claim_pooled(&sb)? {
-            Some(pooled) => {
-                sb = pooled;
-                true
-            }
-            None => {
-                store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
-                false
-            }
-        };
         store.record(NewEvent {
             kind: "created",
             sandbox: Some(sb.id.clone()),
@@ -169,7 +210,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
             ..Default::default()
         })?;
-        (sb, claimed)
+        sb
     };
     if claimed {
         engine.pool_wanted.notify_one();
@@ -186,7 +227,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
 }
 
 fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
-    InstanceDir { root: engine.layout.sandbox(id) }
+    engine.layout.sandbox_instance(id)
 }
 
 /// Clones and starts one sandbox, and creates its agent role when given a
@@ -268,7 +309,10 @@ async fn mint(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) 
 /// generation it was forked from, and the same role created again.
 pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
     let began = Instant::now();
-    let sb = engine.store().sandbox(key)?;
+    let mut sb = engine.store().sandbox(key)?;
+    if sb.state == SandboxState::Suspended {
+        sb = wake(engine, &sb.id).await?;
+    }
     // Marked `creating` while it is rebuilt: deletes wait, and a daemon crash in
     // between tears it down at start rather than leaving it half-made.
     if sb.state != SandboxState::Running || !engine.store().begin_reset(&sb.id)? {
@@ -352,7 +396,10 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
             Err(e) => return Err(e),
         };
         match sb.state {
-            SandboxState::Running => {
+            SandboxState::Running | SandboxState::Suspended => {
+                // Not while a suspend or wake is stopping or starting its server.
+                let _op = engine.sandbox_lock(&sb.id).await;
+                let sb = engine.store().sandbox(&sb.id)?;
                 if engine.store().begin_delete(&sb.id)? {
                     teardown(engine, &sb, reason).await?;
                     return Ok(sb);
@@ -398,6 +445,8 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             detail: json!({"generation": sb.generation}),
         })?;
     }
+    engine.forget_sandbox(&sb.id);
+    engine.capacity_freed.notify_waiters();
     golden::prune(engine, &sb.golden)
 }
 
@@ -429,11 +478,11 @@ pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
     let ttl = validate::ttl_seconds(ttl_seconds, engine.config.max_ttl)?;
     let mut store = engine.store();
     let sb = store.sandbox(key)?;
-    if sb.state != SandboxState::Running {
+    if !matches!(sb.state, SandboxState::Running | SandboxState::Suspended) {
         return Err(Error::new(
             ErrorCode::SandboxNotFound,
             format!("sandbox {} is {}", sb.id, sb.state.as_str()),
-            "only running sandboxes can be extended",
+            "only running or suspended sandboxes can be extended",
         ));
     }
     let expires_at = Timestamp::now().plus(ttl);

@@ -97,7 +97,13 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         Default::default(),
         Access::default(),
         NEVER,
+        Duration::ZERO,
     );
+    // The pool takes only free room: it never suspends a sandbox or queues.
+    let (all, running) = engine.store().counts()?;
+    if running >= engine.config.max_running || all >= engine.config.max_sandboxes {
+        return Err(crate::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", ""));
+    }
     engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
     let mut steps = Steps::default();
     let made = async {

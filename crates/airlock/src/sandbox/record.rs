@@ -20,6 +20,9 @@ pub enum SandboxState {
     /// Started ahead of demand in a golden's warm pool, with no credential yet;
     /// never listed or handed out until a fork claims it.
     Pooled,
+    /// Stopped to free memory, files, credential and address kept; the next
+    /// connection through the router (or `airlock wake`) starts it again.
+    Suspended,
 }
 
 impl SandboxState {
@@ -30,6 +33,7 @@ impl SandboxState {
             SandboxState::Running => "running",
             SandboxState::Deleting => "deleting",
             SandboxState::Pooled => "pooled",
+            SandboxState::Suspended => "suspended",
         }
     }
 
@@ -40,6 +44,7 @@ impl SandboxState {
             "running" => SandboxState::Running,
             "deleting" => SandboxState::Deleting,
             "pooled" => SandboxState::Pooled,
+            "suspended" => SandboxState::Suspended,
             _ => return None,
         })
     }
@@ -56,8 +61,13 @@ pub struct Sandbox {
     pub golden: String,
     /// The golden generation it was forked from.
     pub generation: i64,
-    /// The connection string with its credential; only set once running.
+    /// The connection string with its credential; only set once running. Through
+    /// the router when it is on, else the private socket.
     pub dsn: Option<String>,
+    /// The same credential over the sandbox's private unix socket (for tools on
+    /// this host that bypass the router).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_dsn: Option<String>,
     /// Lifecycle state.
     pub state: SandboxState,
     /// Free-form labels for finding it again.
@@ -69,6 +79,9 @@ pub struct Sandbox {
     /// The credential's access mode and limits.
     #[serde(default)]
     pub access: super::Access,
+    /// Seconds without a connection after which it is suspended; 0 never.
+    #[serde(default)]
+    pub idle_suspend_seconds: u64,
     /// The postmaster's process id while running.
     #[serde(skip)]
     pub pid: Option<i32>,
@@ -86,6 +99,7 @@ impl Sandbox {
         labels: BTreeMap<String, String>,
         access: super::Access,
         ttl: Duration,
+        idle_suspend: Duration,
     ) -> Sandbox {
         let now = Timestamp::now();
         Sandbox {
@@ -94,11 +108,13 @@ impl Sandbox {
             golden: golden.to_owned(),
             generation,
             dsn: None,
+            socket_dsn: None,
             state: SandboxState::Creating,
             labels,
             created_at: now,
             expires_at: now.plus(ttl),
             access,
+            idle_suspend_seconds: idle_suspend.as_secs(),
             pid: None,
             slot: None,
         }

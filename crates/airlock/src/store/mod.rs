@@ -39,7 +39,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     pid INTEGER,
     dsn TEXT,
     access TEXT NOT NULL DEFAULT '{}',
-    slot INTEGER
+    slot INTEGER,
+    idle_suspend INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(expires_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -224,8 +225,8 @@ impl Store {
         let slot = (0..).find(|s| !taken.contains(s)).expect("a free slot");
         sb.slot = Some(slot);
         let inserted = tx.execute(
-            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access, slot)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access, slot, idle_suspend)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             params![
                 sb.id,
                 sb.name,
@@ -236,7 +237,8 @@ impl Store {
                 sb.created_at.0,
                 sb.expires_at.0,
                 to_json(&sb.access),
-                slot
+                slot,
+                sb.idle_suspend_seconds as i64
             ],
         );
         match inserted {
@@ -265,8 +267,18 @@ impl Store {
     /// else is deleting it, or it is still being made).
     pub fn begin_delete(&mut self, id: &str) -> Result<bool> {
         let n = self.conn.execute(
-            "UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state IN ('running', 'pooled')",
+            "UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state IN ('running', 'pooled', 'suspended')",
             [id],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Moves a running or pooled sandbox whose server (`pid`) died to `deleting`;
+    /// false if it changed meanwhile (suspended, deleted, restarted).
+    pub fn begin_delete_dead(&mut self, id: &str, pid: Option<i32>) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state IN ('running', 'pooled') AND pid IS ?2",
+            params![id, pid],
         )?;
         Ok(n == 1)
     }
@@ -293,9 +305,17 @@ impl Store {
             .optional()?;
         let Some(id) = id else { return Ok(None) };
         let updated = tx.execute(
-            "UPDATE sandboxes SET state = 'creating', name = ?2, labels = ?3, access = ?4, created_at = ?5, expires_at = ?6
-             WHERE id = ?1",
-            params![id, fork.name, to_json(&fork.labels), to_json(&fork.access), fork.created_at.0, fork.expires_at.0],
+            "UPDATE sandboxes SET state = 'creating', name = ?2, labels = ?3, access = ?4, created_at = ?5, expires_at = ?6,
+             idle_suspend = ?7 WHERE id = ?1",
+            params![
+                id,
+                fork.name,
+                to_json(&fork.labels),
+                to_json(&fork.access),
+                fork.created_at.0,
+                fork.expires_at.0,
+                fork.idle_suspend_seconds as i64
+            ],
         );
         match updated {
             Ok(_) => {}
@@ -317,6 +337,27 @@ impl Store {
             .conn
             .execute("UPDATE sandboxes SET state = 'creating' WHERE id = ?1 AND state = 'running'", [id])?;
         Ok(n == 1)
+    }
+
+    /// Moves a running sandbox to `suspended` (its process about to stop); false if
+    /// it was not running.
+    pub fn begin_suspend(&mut self, id: &str) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'suspended', pid = NULL WHERE id = ?1 AND state = 'running'",
+            [id],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// How many sandboxes exist, and how many of them have (or are about to have)
+    /// a running server: all but the suspended ones.
+    pub fn counts(&self) -> Result<(usize, usize)> {
+        let (all, running): (i64, i64) = self.conn.query_row(
+            "SELECT count(*), count(*) FILTER (WHERE state <> 'suspended') FROM sandboxes",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((all as usize, running as usize))
     }
 
     /// Changes a sandbox's state.
@@ -372,7 +413,7 @@ impl Store {
     /// Ids of sandboxes whose expiry has passed and that are not already being deleted.
     pub fn expired(&self, now: Timestamp) -> Result<Vec<String>> {
         let mut stmt = self.conn.prepare(
-            "SELECT id FROM sandboxes WHERE expires_at <= ?1 AND state = 'running' ORDER BY expires_at",
+            "SELECT id FROM sandboxes WHERE expires_at <= ?1 AND state IN ('running', 'suspended') ORDER BY expires_at",
         )?;
         let ids = stmt.query_map([now.0], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         Ok(ids)
@@ -428,6 +469,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "access", "TEXT NOT NULL DEFAULT '{}'"),
         ("sandboxes", "slot", "INTEGER"),
         ("goldens", "pool_size", "INTEGER NOT NULL DEFAULT 0"),
+        ("sandboxes", "idle_suspend", "INTEGER NOT NULL DEFAULT 0"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -440,7 +482,7 @@ fn migrate(conn: &Connection) -> Result<()> {
 }
 
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -456,7 +498,9 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         expires_at: Timestamp(r.get(7)?),
         pid: r.get(8)?,
         dsn: r.get(9)?,
+        socket_dsn: None,
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
+        idle_suspend_seconds: r.get::<_, i64>(12)?.max(0) as u64,
         slot: r.get(11)?,
     })
 }

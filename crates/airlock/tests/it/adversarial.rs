@@ -8,7 +8,10 @@ use crate::storage::golden_digest;
 /// A daemon, a golden, the agent's sandbox and a neighbour.
 struct Scene {
     d: Daemon,
+    /// The agent's DSN through the router.
     agent: String,
+    /// The same credential on the agent's private socket.
+    agent_socket: String,
     neighbour: String,
     golden_before: String,
 }
@@ -18,10 +21,12 @@ impl Scene {
         let d = Daemon::start(&[]);
         d.shop("shop");
         let golden_before = golden_digest(&d.home.join("volume/goldens/shop/1"));
-        let agent = dsn(&d.fork("shop", &[]));
+        let forked = d.fork("shop", &[]);
+        let agent = dsn(&forked);
+        let agent_socket = forked["socket_dsn"].as_str().expect("socket_dsn").to_owned();
         let neighbour = dsn(&d.fork("shop", &[]));
         sql(&agent, "SELECT lo_from_bytea(4242, 'secret')");
-        Scene { d, agent, neighbour, golden_before }
+        Scene { d, agent, agent_socket, neighbour, golden_before }
     }
 
     /// Runs the attempt as the agent; it must fail with `expected` in PostgreSQL's message.
@@ -121,23 +126,34 @@ fn the_design_story_transcript() {
 #[test]
 fn connecting_to_another_database_or_sandbox_with_a_guessed_name_fails() {
     let s = Scene::new();
+    let id = |dsn: &str| dsn.split('/').nth(3).unwrap().split('?').next().unwrap().to_owned();
+    let (agent_id, neighbour_id) = (id(&s.agent), id(&s.neighbour));
+    // On the private socket: other databases of the same server are closed to the agent.
     for db in ["postgres", "template1", "template0"] {
-        let url = s.agent.replace("@/app?", &format!("@/{db}?"));
+        let url = s.agent_socket.replace("@/app?", &format!("@/{db}?"));
         assert!(psql(&url, "SELECT 1").is_err(), "the agent reached {db}");
     }
-    // The neighbour's socket with the agent's own credential, and guessed sandbox ids.
+    // Through the router: a database name is a sandbox id or name, nothing else.
+    for db in ["postgres", "template1", "app", "sb-aaaaaaaaaa"] {
+        let err = psql(&s.agent.replace(&agent_id, db), "SELECT 1").unwrap_err();
+        assert!(err.contains(&format!("sandbox \"{db}\" does not exist")), "{db}: {err}");
+    }
+    // The agent's own password does not open the neighbour, through the router or its socket.
+    let err = psql(&s.agent.replace(&agent_id, &neighbour_id), "SELECT 1").unwrap_err();
+    assert!(err.contains("password authentication failed"), "{err}");
     let (_, pw) = crate::harness::split_password(&s.agent);
-    let (neighbour, _) = crate::harness::split_password(&s.neighbour);
+    let neighbour_socket = s.agent_socket.replace(&agent_id, &neighbour_id);
+    let (neighbour_socket, _) = crate::harness::split_password(&neighbour_socket);
     let out = std::process::Command::new("psql")
-        .arg(&neighbour)
+        .arg(&neighbour_socket)
         .args(["-XtAc", "SELECT 1"])
         .env("PGPASSWORD", pw)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    let guessed = s
-        .agent
-        .replace(s.agent.split("sandboxes/").nth(1).unwrap().split('/').next().unwrap(), "sb-aaaaaaaaaa");
-    assert!(psql(&guessed, "SELECT 1").is_err());
+    // The admin role is not reachable through the router, with or without a password.
+    let admin = s.agent.replace("airlock_agent:", "airlock_admin:");
+    let err = psql(&admin, "SELECT 1").unwrap_err();
+    assert!(err.contains("cannot connect through the router"), "{err}");
     s.untouched();
 }

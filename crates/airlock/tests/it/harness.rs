@@ -48,6 +48,8 @@ impl From<Output> for Out {
 /// A daemon serving one private data root; everything under it is removed on drop.
 pub struct Daemon {
     pub home: PathBuf,
+    /// The router's address, the same across restarts so DSNs stay valid.
+    pub router: String,
     args: Vec<String>,
     child: Option<Child>,
 }
@@ -90,7 +92,9 @@ impl Daemon {
 
     /// A data root with no daemon yet (the CLI may start one itself).
     pub fn unstarted(home: PathBuf, args: &[&str]) -> Daemon {
-        Daemon { home, args: args.iter().map(|s| s.to_string()).collect(), child: None }
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let router = format!("127.0.0.1:{port}");
+        Daemon { home, router, args: args.iter().map(|s| s.to_string()).collect(), child: None }
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -114,6 +118,7 @@ impl Daemon {
             .args(&self.args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_LOG", "debug")
+            .env("AIRLOCK_ROUTER", &self.router)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -149,7 +154,12 @@ impl Daemon {
     /// Runs the CLI with something on stdin.
     pub fn cli_with(&self, args: &[&str], stdin: Option<&str>) -> Out {
         let mut cmd = Command::new(BIN);
-        cmd.args(args).env("AIRLOCK_HOME", &self.home).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // A daemon the CLI starts itself must not take the router's default port.
+        cmd.args(args)
+            .env("AIRLOCK_HOME", &self.home)
+            .env("AIRLOCK_ROUTER", &self.router)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let mut child = cmd.spawn().expect("airlock runs");
         if let Some(text) = stdin {
@@ -232,7 +242,7 @@ impl Daemon {
             .unwrap()
             .iter()
             .map(|s| s["id"].as_str().unwrap().to_owned())
-            .find(|id| source_dsn.contains(&format!("/{id}/run")))
+            .find(|id| source_dsn.contains(&format!("/{id}?")) || source_dsn.contains(&format!("/{id}/run")))
             .expect("source sandbox");
         self.ok(&["branch", &id]).trim().to_owned()
     }

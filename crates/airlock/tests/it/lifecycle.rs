@@ -45,8 +45,8 @@ fn sandboxes_outlive_a_daemon_crash_and_expired_ones_are_reaped_at_restart() {
     let dies = d.fork("shop", &["--ttl", "2s"]);
     d.kill9();
     std::thread::sleep(Duration::from_millis(2500));
-    // With no daemon, both instances still run.
-    assert_eq!(sql(&dsn(&lives), "SELECT count(*) FROM orders"), "1000");
+    // With no daemon (so no router), both instances still run.
+    assert_eq!(sql(lives["socket_dsn"].as_str().unwrap(), "SELECT count(*) FROM orders"), "1000");
     assert_eq!(d.postmasters().len(), 2);
     d.spawn();
     let ids = d.ids();
@@ -102,6 +102,7 @@ fn spawn_cli(d: &Daemon, args: &[&str]) -> std::process::Child {
     Command::new(BIN)
         .args(args)
         .env("AIRLOCK_HOME", &d.home)
+        .env("AIRLOCK_ROUTER", &d.router)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -178,9 +179,11 @@ fn the_cli_starts_a_daemon_when_none_answers_and_daemon_stop_stops_it() {
     assert!(d.ok(&["daemon", "status"]).contains("running"));
     d.ok(&["daemon", "stop"]);
     assert_eq!(d.cli(&["daemon", "status"]).code, 9);
-    assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1", "sandboxes outlive the daemon");
-    // The next command starts it again, and it still knows the sandbox.
+    // The router goes with the daemon; the server itself keeps running.
+    assert_eq!(sql(sb["socket_dsn"].as_str().unwrap(), "SELECT 1"), "1", "sandboxes outlive the daemon");
+    // The next command starts it again, and it still knows the sandbox, at the same address.
     assert_eq!(d.ids(), [sb["id"].as_str().unwrap()]);
+    assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1");
 }
 
 #[test]

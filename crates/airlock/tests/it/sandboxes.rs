@@ -80,8 +80,11 @@ fn ls_show_dsn_extend_and_rm() {
 
     let events = d.json(&["events", "--sandbox", id]);
     let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
-    assert_eq!(kinds, ["created", "ready", "extended", "deleted"]);
-    assert_eq!(events[3]["reason"], "user");
+    // The psql session through the router is recorded too.
+    assert_eq!(kinds, ["created", "ready", "connected", "extended", "deleted"]);
+    assert_eq!(events[2]["detail"]["tls"], true);
+    assert!(events[2]["detail"]["client"].as_str().unwrap().starts_with("127.0.0.1:"));
+    assert_eq!(events[4]["reason"], "user");
 }
 
 #[test]
@@ -170,6 +173,7 @@ fn reset_puts_a_sandbox_back_to_its_golden_keeping_its_address_and_credential() 
         .unwrap()
         .iter()
         .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .filter(|k| k != "connected")
         .collect();
     assert_eq!(kinds, ["created", "ready", "reset"]);
     assert_eq!(d.postmasters().len(), 2);

@@ -1,0 +1,128 @@
+//! What the router knows about open connections: how many each sandbox has and
+//! when its last one ended (for idle suspend), and which backend key belongs to
+//! which sandbox (so a cancel request reaches the right server).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[derive(Debug)]
+struct Activity {
+    open: usize,
+    last_active: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    activity: HashMap<String, Activity>,
+    backends: HashMap<(i32, i32), String>,
+}
+
+/// Shared between the router's connections and the reaper.
+#[derive(Debug, Clone, Default)]
+pub struct Connections {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a connection to `sandbox` as open until the returned guard drops.
+    pub fn open(&self, sandbox: &str) -> Open {
+        let mut inner = self.lock();
+        let a = inner
+            .activity
+            .entry(sandbox.to_owned())
+            .or_insert(Activity { open: 0, last_active: Instant::now() });
+        a.open += 1;
+        a.last_active = Instant::now();
+        Open { connections: self.clone(), sandbox: sandbox.to_owned(), backend: None }
+    }
+
+    /// Marks `sandbox` as used now (a fork, a wake, an API call on it).
+    pub fn touch(&self, sandbox: &str) {
+        let mut inner = self.lock();
+        let a = inner
+            .activity
+            .entry(sandbox.to_owned())
+            .or_insert(Activity { open: 0, last_active: Instant::now() });
+        a.last_active = Instant::now();
+    }
+
+    /// How many router connections `sandbox` has open.
+    pub fn open_count(&self, sandbox: &str) -> usize {
+        self.lock().activity.get(sandbox).map_or(0, |a| a.open)
+    }
+
+    /// When `sandbox` was last used, if it has no open connection and was ever seen.
+    pub fn idle_since(&self, sandbox: &str) -> Option<Instant> {
+        self.lock().activity.get(sandbox).filter(|a| a.open == 0).map(|a| a.last_active)
+    }
+
+    /// Forgets a deleted sandbox.
+    pub fn forget(&self, sandbox: &str) {
+        let mut inner = self.lock();
+        inner.activity.remove(sandbox);
+        inner.backends.retain(|_, s| s != sandbox);
+    }
+
+    /// The sandbox serving the backend with this pid and secret key.
+    pub fn backend_owner(&self, pid: i32, key: i32) -> Option<String> {
+        self.lock().backends.get(&(pid, key)).cloned()
+    }
+}
+
+/// One open router connection; closes its count (and its backend key) on drop.
+#[derive(Debug)]
+pub struct Open {
+    connections: Connections,
+    sandbox: String,
+    backend: Option<(i32, i32)>,
+}
+
+impl Open {
+    /// Records the backend key the server sent for this connection.
+    pub fn set_backend(&mut self, pid: i32, key: i32) {
+        self.connections.lock().backends.insert((pid, key), self.sandbox.clone());
+        self.backend = Some((pid, key));
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let mut inner = self.connections.lock();
+        if let Some(k) = self.backend {
+            inner.backends.remove(&k);
+        }
+        if let Some(a) = inner.activity.get_mut(&self.sandbox) {
+            a.open = a.open.saturating_sub(1);
+            a.last_active = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_connections_and_backend_keys() {
+        let c = Connections::default();
+        assert_eq!(c.idle_since("a"), None);
+        let mut one = c.open("a");
+        let two = c.open("a");
+        one.set_backend(10, 99);
+        assert_eq!(c.open_count("a"), 2);
+        assert_eq!(c.idle_since("a"), None);
+        assert_eq!(c.backend_owner(10, 99).as_deref(), Some("a"));
+        assert_eq!(c.backend_owner(10, 98), None);
+        drop(one);
+        assert_eq!(c.backend_owner(10, 99), None);
+        drop(two);
+        assert!(c.idle_since("a").is_some());
+        c.forget("a");
+        assert_eq!(c.idle_since("a"), None);
+    }
+}

@@ -1,0 +1,187 @@
+//! The router: one TCP port speaking the PostgreSQL wire protocol in front of
+//! every sandbox. It reads a client's startup packet, picks the sandbox from the
+//! database name (its id or name), wakes it if it is suspended, and passes bytes
+//! through to the sandbox's private socket.
+//!
+//! It never reads a password (authentication messages are passed on whole) and
+//! never logs message bodies. Each client is bounded: its startup must finish
+//! within [`RouterConfig::startup_timeout`], its packets are size-limited, and
+//! at most [`RouterConfig::max_connections`] connections are open at once.
+
+mod connections;
+pub mod protocol;
+mod session;
+pub mod tls;
+
+pub use connections::{Connections, Open};
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+
+/// Whether clients may, must or cannot use TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum TlsMode {
+    /// TLS offered, plaintext accepted.
+    Optional,
+    /// Plaintext refused (cancel requests excepted: they carry no credential).
+    Required,
+    /// No TLS; every client talks plaintext.
+    Off,
+}
+
+/// Router settings (flags of `airlock serve`).
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// Where to listen; `None` turns the router off.
+    pub listen: Option<SocketAddr>,
+    /// The host name DSNs carry (and the certificate names); the listen address if unset.
+    pub advertise: Option<String>,
+    /// TLS policy.
+    pub tls: TlsMode,
+    /// Operator-supplied certificate instead of a generated one.
+    pub cert: Option<tls::CertFiles>,
+    /// How long a client has to finish its startup (TLS, authentication included).
+    pub startup_timeout: Duration,
+    /// Open client connections allowed at once.
+    pub max_connections: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))),
+            advertise: None,
+            tls: TlsMode::Optional,
+            cert: None,
+            startup_timeout: Duration::from_secs(10),
+            max_connections: 1000,
+        }
+    }
+}
+
+/// The router's default port.
+pub const DEFAULT_PORT: u16 = 7432;
+
+/// Where clients reach the router; what DSNs are built from.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Address {
+    /// The host name or address in DSNs.
+    pub host: String,
+    /// The port it listens on.
+    pub port: u16,
+    /// Whether TLS is offered.
+    pub tls: TlsMode,
+    /// The CA file clients pass as `sslrootcert` (for a generated certificate).
+    pub ca: Option<PathBuf>,
+}
+
+impl Address {
+    /// A sandbox's DSN through the router.
+    pub fn dsn(&self, sandbox: &str, password: &str) -> String {
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        let mut url = format!(
+            "postgresql://{}:{password}@{host}:{}/{sandbox}",
+            crate::pg::dsn::AGENT_ROLE,
+            self.port
+        );
+        match (self.tls, &self.ca) {
+            (TlsMode::Off, _) => url.push_str("?sslmode=disable"),
+            (_, Some(ca)) => url.push_str(&format!("?sslmode=verify-full&sslrootcert={}", ca.display())),
+            (_, None) => url.push_str("?sslmode=require"),
+        }
+        url
+    }
+}
+
+/// What every connection task shares.
+struct Shared {
+    engine: Arc<Engine>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    require_tls: bool,
+    startup_timeout: Duration,
+}
+
+/// Binds the router's port and loads its TLS identity; returns its address and
+/// the task that serves it. Fails clearly if the port is taken.
+pub async fn start(engine: Arc<Engine>, config: &RouterConfig) -> Result<Option<Address>> {
+    let Some(listen) = config.listen else { return Ok(None) };
+    let listener = TcpListener::bind(listen).await.map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("the router cannot listen on {listen}: {e}"),
+            "pick another address with `airlock serve --router HOST:PORT` (port 0 picks a free one), or --router off",
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    let host = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
+        ip if ip.is_unspecified() => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into()),
+        ip => ip.to_string(),
+    });
+    let identity = match config.tls {
+        TlsMode::Off => None,
+        _ => Some(tls::identity(&engine.layout.tls(), config.cert.as_ref(), &host)?),
+    };
+    let address = Address {
+        host,
+        port: bound.port(),
+        tls: config.tls,
+        ca: identity.as_ref().and_then(|i| i.ca.clone()),
+    };
+    let shared = Arc::new(Shared {
+        engine,
+        tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
+        require_tls: config.tls == TlsMode::Required,
+        startup_timeout: config.startup_timeout,
+    });
+    tracing::info!(%bound, tls = ?config.tls, "router listening");
+    tokio::spawn(accept_loop(listener, shared, Arc::new(Semaphore::new(config.max_connections))));
+    Ok(Some(address))
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Semaphore>) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, usually: back off rather than spin.
+                tracing::warn!(error = %e, "router accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                tokio::spawn(async move {
+                    session::serve(&shared, tcp, peer).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::spawn(async move {
+                    let refusal = protocol::ErrorResponse::fatal(
+                        "53300",
+                        "too many connections to the Airlock router",
+                        "close idle connections, or raise `airlock serve --router-max-connections`",
+                    );
+                    let mut tcp = tcp;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal.encode())).await;
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! One client connection through the router: negotiate TLS, read the startup
+//! message, find (and wake) the sandbox, relay authentication, then pass bytes
+//! both ways until either side closes.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpStream, UnixStream};
+
+use super::protocol::{self, ErrorResponse, FirstPacket, PacketError, Startup};
+use super::Shared;
+use crate::error::ErrorCode;
+use crate::events::NewEvent;
+use crate::pg::dsn::{AGENT_ROLE, DATABASE};
+use crate::sandbox::{self, Sandbox, SandboxState};
+
+/// A client stream, plaintext or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+type Client = Box<dyn Io>;
+
+/// Serves one client until it or its sandbox hangs up.
+pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
+    let _ = tcp.set_nodelay(true);
+    let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
+    // A client that has not finished its startup in time is simply dropped.
+    let Ok(Some((mut client, mut server, open))) = established else { return };
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    drop(open);
+}
+
+/// Sends a refusal and flushes it; the caller then drops the connection.
+async fn refuse(client: &mut Client, error: ErrorResponse) {
+    let _ = client.write_all(&error.encode()).await;
+    let _ = client.flush().await;
+    let _ = client.shutdown().await;
+}
+
+fn shown(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
+async fn establish(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) -> Option<(Client, UnixStream, super::Open)> {
+    let mut client: Client = Box::new(tcp);
+    let mut tls = false;
+    let startup = loop {
+        match protocol::read_first_packet(&mut client).await {
+            Ok(FirstPacket::SslRequest) if !tls => match &shared.tls {
+                Some(acceptor) => {
+                    client.write_all(b"S").await.ok()?;
+                    client.flush().await.ok()?;
+                    client = Box::new(acceptor.accept(client).await.ok()?);
+                    tls = true;
+                }
+                None => client.write_all(b"N").await.ok()?,
+            },
+            Ok(FirstPacket::GssEncRequest) if !tls => client.write_all(b"N").await.ok()?,
+            Ok(FirstPacket::SslRequest | FirstPacket::GssEncRequest) => {
+                let e = ErrorResponse::fatal("08P01", "encryption requested twice", "send one SSLRequest");
+                refuse(&mut client, e).await;
+                return None;
+            }
+            Ok(FirstPacket::Cancel { pid, key }) => {
+                forward_cancel(shared, pid, key).await;
+                return None;
+            }
+            Ok(FirstPacket::Startup(startup)) => break startup,
+            Err(PacketError::Io(_)) => return None,
+            Err(e) => {
+                let hint = "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN";
+                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), hint)).await;
+                return None;
+            }
+        }
+    };
+    if shared.require_tls && !tls {
+        let e = ErrorResponse::fatal(
+            "28000",
+            "the Airlock router accepts only TLS connections",
+            "connect with sslmode=require or verify-full (the DSN `airlock fork` prints does)",
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    let user = startup.param("user").unwrap_or_default();
+    // Only the agent role: the admin role is reached by the daemon's OS identity
+    // over the socket, which is what the router's own connection carries.
+    if user != AGENT_ROLE {
+        let e = ErrorResponse::fatal(
+            "28000",
+            format!("role \"{}\" cannot connect through the router", shown(user)),
+            format!("connect as {AGENT_ROLE} with the DSN `airlock fork` printed"),
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    let key = startup.database().unwrap_or_default().to_owned();
+    let (sb, server, mut open) = match connect(shared, &key).await {
+        Ok(connected) => connected,
+        Err(e) => {
+            refuse(&mut client, e).await;
+            return None;
+        }
+    };
+    match authenticate(&mut client, server, &startup, &mut open).await {
+        Ok(Some(server)) => {
+            record(shared, &sb, "connected", peer, tls);
+            Some((client, server, open))
+        }
+        Ok(None) => {
+            record(shared, &sb, "connection_refused", peer, tls);
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+fn record(shared: &Shared, sb: &Sandbox, kind: &'static str, peer: SocketAddr, tls: bool) {
+    let event = NewEvent {
+        kind,
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        detail: json!({"client": peer.to_string(), "tls": tls}),
+        ..Default::default()
+    };
+    if let Err(e) = shared.engine.store().record(event) {
+        tracing::warn!(error = %e, "recording a router connection failed");
+    }
+}
+
+fn not_found(key: &str) -> ErrorResponse {
+    ErrorResponse::fatal(
+        "3D000",
+        format!("sandbox \"{}\" does not exist", shown(key)),
+        "it may have expired or been deleted: fork a new one (`airlock fork GOLDEN`) and connect with the DSN it prints",
+    )
+}
+
+/// Finds the sandbox, wakes it if suspended, waits out a reset in progress, and
+/// opens its socket. A sandbox suspended between lookup and connect is woken on
+/// the next round.
+async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, super::Open), ErrorResponse> {
+    let engine = &shared.engine;
+    loop {
+        let sb = match engine.store().sandbox(key) {
+            Ok(sb) => sb,
+            Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => {
+                return Err(not_found(key))
+            }
+            Err(e) => return Err(ErrorResponse::fatal("XX000", e.message, e.hint)),
+        };
+        match sb.state {
+            SandboxState::Running => {}
+            SandboxState::Suspended => {
+                if let Err(e) = sandbox::suspend::wake(engine, &sb.id).await {
+                    let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
+                    return Err(ErrorResponse::fatal(code, format!("waking sandbox {} failed: {}", sb.id, e.message), e.hint));
+                }
+                continue;
+            }
+            // A reset or wake in progress: the sandbox comes back at the same address.
+            SandboxState::Creating => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            SandboxState::Deleting | SandboxState::Pooled => return Err(not_found(key)),
+        }
+        let open = engine.connections.open(&sb.id);
+        let socket = engine.layout.sandbox_instance(&sb.id).socket();
+        match UnixStream::connect(&socket).await {
+            Ok(server) => return Ok((sb, server, open)),
+            // Suspended or deleted since the lookup: look again.
+            Err(_) => {
+                drop(open);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+}
+
+/// Sends the startup message (with the sandbox's database) and relays
+/// authentication until the server is ready for queries; returns the server
+/// stream then, or `None` if the server refused (its error already passed on).
+async fn authenticate(
+    client: &mut Client,
+    mut server: UnixStream,
+    startup: &Startup,
+    open: &mut super::Open,
+) -> Result<Option<UnixStream>, PacketError> {
+    server.write_all(&startup.encode_with_database(DATABASE)).await?;
+    loop {
+        let m = protocol::read_server_message(&mut server).await?;
+        client.write_all(&m.bytes).await?;
+        match m.tag {
+            b'R' if m.auth_code().is_some_and(protocol::expects_client_answer) => {
+                client.flush().await?;
+                let answer = protocol::read_client_auth(client).await?;
+                server.write_all(&answer.bytes).await?;
+            }
+            b'K' => {
+                if let Some((pid, key)) = m.backend_key() {
+                    open.set_backend(pid, key);
+                }
+            }
+            b'Z' => {
+                client.flush().await?;
+                return Ok(Some(server));
+            }
+            b'E' => {
+                client.flush().await?;
+                return Ok(None);
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Passes a cancel request to the sandbox whose backend has this key; unknown
+/// keys are dropped silently, as PostgreSQL does.
+async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
+    let Some(owner) = shared.engine.connections.backend_owner(pid, key) else { return };
+    let socket = shared.engine.layout.sandbox_instance(&owner).socket();
+    let Ok(mut server) = UnixStream::connect(&socket).await else { return };
+    let mut packet = Vec::with_capacity(16);
+    packet.extend_from_slice(&16i32.to_be_bytes());
+    packet.extend_from_slice(&80877102i32.to_be_bytes());
+    packet.extend_from_slice(&pid.to_be_bytes());
+    packet.extend_from_slice(&key.to_be_bytes());
+    let _ = server.write_all(&packet).await;
+    let _ = server.shutdown().await;
+}

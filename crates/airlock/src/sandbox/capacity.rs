@@ -1,0 +1,131 @@
+//! Capacity: limits on running sandboxes, on all sandboxes and on the volume's
+//! disk use. When a fork or wake finds no room, idle sandboxes are suspended
+//! first (least recently used), then it waits its turn in a first-in-first-out
+//! queue for up to its `--wait`, then fails with `capacity_exhausted`.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::MutexGuard;
+
+use super::suspend::{suspend, SuspendReason};
+use super::SandboxState;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::store::SandboxFilter;
+
+/// What the caller is about to add.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// A new sandbox with a running server (a cold fork or a branch).
+    New,
+    /// A running server for an existing sandbox (a wake).
+    Start,
+}
+
+/// Room granted; hold it until the new sandbox's row is recorded (or the woken
+/// server is up), so the next in the queue counts it.
+pub struct Admitted<'a> {
+    _turn: MutexGuard<'a, ()>,
+}
+
+/// Waits (first come, first served) until there is room for `need`, suspending
+/// idle sandboxes to make it; `except` is never suspended (the one being woken).
+pub async fn admit<'a>(
+    engine: &'a Engine,
+    wait: Duration,
+    need: Need,
+    except: Option<&str>,
+) -> Result<Admitted<'a>> {
+    let deadline = Instant::now() + wait;
+    let turn = match tokio::time::timeout_at(deadline.into(), engine.admission.lock()).await {
+        Ok(turn) => turn,
+        Err(_) => return Err(full(engine, "other forks are ahead in the queue")),
+    };
+    loop {
+        let freed = engine.capacity_freed.notified();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let why = match room(engine, need)? {
+            None => return Ok(Admitted { _turn: turn }),
+            Some(why) => why,
+        };
+        if why.running_only && suspend_least_recently_used(engine, except).await {
+            continue;
+        }
+        if tokio::time::timeout_at(deadline.into(), freed).await.is_err() {
+            return Err(full(engine, &why.message));
+        }
+    }
+}
+
+struct NoRoom {
+    message: String,
+    /// Suspending a sandbox would make room.
+    running_only: bool,
+}
+
+fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
+    let (all, running) = engine.store().counts()?;
+    let c = &engine.config;
+    if need == Need::New && all >= c.max_sandboxes {
+        return Ok(Some(NoRoom { message: format!("{all} sandboxes exist, the limit"), running_only: false }));
+    }
+    if let Some(max) = c.max_disk_bytes {
+        let used = volume_used(engine);
+        if used >= max {
+            return Ok(Some(NoRoom {
+                message: format!("the volume holds {used} bytes, the limit is {max}"),
+                running_only: false,
+            }));
+        }
+    }
+    if running >= c.max_running {
+        return Ok(Some(NoRoom {
+            message: format!("{running} sandboxes are running, the limit, and none is idle"),
+            running_only: true,
+        }));
+    }
+    Ok(None)
+}
+
+fn full(engine: &Engine, why: &str) -> Error {
+    let c = &engine.config;
+    Error::new(
+        ErrorCode::CapacityExhausted,
+        format!("no room for another sandbox: {why}"),
+        format!(
+            "wait longer (--wait 30s), delete or suspend sandboxes you no longer need, or raise the daemon's limits \
+             (--max-running {}, --max-sandboxes {})",
+            c.max_running, c.max_sandboxes
+        ),
+    )
+}
+
+/// Bytes in use on the copy-on-write volume (shared reflinked blocks count once).
+pub fn volume_used(engine: &Engine) -> u64 {
+    match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
+        Ok(s) => (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64,
+        Err(_) => 0,
+    }
+}
+
+/// Suspends the running sandbox unused for longest that has no connection open;
+/// false if there is none.
+async fn suspend_least_recently_used(engine: &Engine, except: Option<&str>) -> bool {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return false };
+    let mut idle: Vec<_> = all
+        .into_iter()
+        .filter(|s| s.state == SandboxState::Running && Some(s.id.as_str()) != except)
+        .filter_map(|s| engine.connections.idle_since(&s.id).map(|t| (t, s.id)))
+        .collect();
+    idle.sort();
+    for (_, id) in idle {
+        if super::idle::has_direct_sessions(engine, &id).await {
+            continue;
+        }
+        if suspend(engine, &id, SuspendReason::Capacity).await.is_ok() {
+            return true;
+        }
+    }
+    false
+}

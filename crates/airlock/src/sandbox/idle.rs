@@ -1,0 +1,57 @@
+//! Idle suspend: a running sandbox with no connection for its idle time is
+//! suspended. The router counts its own connections; sessions opened straight on
+//! the private socket (`airlock psql`, tools on the host) are asked of the server
+//! itself before anything is stopped.
+
+use std::time::Duration;
+
+use super::suspend::{suspend, SuspendReason};
+use super::SandboxState;
+use crate::engine::Engine;
+use crate::pg::admin::Admin;
+use crate::pg::dsn::DATABASE;
+use crate::store::SandboxFilter;
+
+/// Whether the sandbox's server has client sessions other than the asking one.
+/// Counts as yes when the server cannot be asked, so nothing in use is stopped.
+pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
+    let dir = engine.layout.sandbox_instance(id);
+    let asked = async {
+        let admin = Admin::connect(&dir, DATABASE).await?;
+        admin
+            .value(
+                "SELECT count(*)::text FROM pg_stat_activity
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            )
+            .await
+    };
+    match tokio::time::timeout(Duration::from_secs(5), asked).await {
+        Ok(Ok(n)) => n != "0",
+        _ => true,
+    }
+}
+
+/// Suspends every running sandbox idle for longer than its idle time. Run by
+/// the reaper about once a second.
+pub async fn suspend_idle(engine: &Engine) {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
+    for sb in all.into_iter().filter(|s| s.state == SandboxState::Running && s.idle_suspend_seconds > 0) {
+        let Some(since) = engine.connections.idle_since(&sb.id) else {
+            // First sight (a daemon restart): count from now.
+            if engine.connections.open_count(&sb.id) == 0 {
+                engine.connections.touch(&sb.id);
+            }
+            continue;
+        };
+        if since.elapsed() < Duration::from_secs(sb.idle_suspend_seconds) {
+            continue;
+        }
+        if has_direct_sessions(engine, &sb.id).await {
+            engine.connections.touch(&sb.id);
+            continue;
+        }
+        if let Err(e) = suspend(engine, &sb.id, SuspendReason::Idle).await {
+            tracing::debug!(sandbox = %sb.id, error = %e, "idle suspend skipped");
+        }
+    }
+}
