@@ -41,7 +41,43 @@ pub enum BenchCommand {
         /// Skip the baselines.
         #[arg(long)]
         no_baselines: bool,
+        /// Where the first query goes: through the router (plaintext on loopback) or
+        /// straight to the sandbox's socket.
+        #[arg(long, value_enum, default_value = "router")]
+        via: Via,
     },
+}
+
+/// The path a benchmark's first query takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Via {
+    /// The router's TCP port.
+    Router,
+    /// The sandbox's private unix socket.
+    Socket,
+}
+
+/// The agent's connection settings for a new sandbox, by the chosen path.
+fn agent_config(
+    sb: &Sandbox,
+    router: Option<&crate::router::Address>,
+    via: Via,
+) -> Result<tokio_postgres::Config> {
+    let socket = sb.socket_dsn.as_deref().or(sb.dsn.as_deref()).unwrap_or_default();
+    let mut config: tokio_postgres::Config =
+        socket.parse().map_err(|e| Error::internal(format!("sandbox DSN did not parse: {e}")))?;
+    if let (Via::Router, Some(router)) = (via, router) {
+        let password = pg::dsn::password(socket).unwrap_or_default();
+        config = tokio_postgres::Config::new();
+        config
+            .host(&router.host)
+            .port(router.port)
+            .user(pg::dsn::AGENT_ROLE)
+            .password(password)
+            .dbname(&sb.id)
+            .ssl_mode(tokio_postgres::config::SslMode::Disable);
+    }
+    Ok(config)
 }
 
 /// Timings of one method, in milliseconds.
@@ -93,8 +129,11 @@ async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
 }
 
 pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
-    let BenchCommand::Fork { golden, iterations, baseline_iterations, no_baselines } = cmd;
+    let BenchCommand::Fork { golden, iterations, baseline_iterations, no_baselines, via } = cmd;
     let client = cli.client()?;
+    let doctor: crate::engine::Doctor =
+        client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
+    let router = doctor.router.as_ref();
     let iterations = (*iterations).max(1);
     let req = ForkRequest { golden: golden.clone(), ttl_seconds: Some(600), ..Default::default() };
     let bar = output::spinner(cli.json, format!("forking {golden} {iterations} times"));
@@ -119,17 +158,20 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         }
         let t = Instant::now();
         let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
-        let dsn = forked.sandbox.dsn.clone().unwrap_or_default();
-        let config: tokio_postgres::Config =
-            dsn.parse().map_err(|e| Error::internal(format!("sandbox DSN did not parse: {e}")))?;
-        first_query(&config).await?;
+        first_query(&agent_config(&forked.sandbox, router, *via)?).await?;
         fork_ms.push(elapsed_ms(t));
         let _: Sandbox = client
             .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
             .await?;
     }
     bar.finish_and_clear();
-    let mut all = vec![series(if pooled { "airlock_fork_from_pool" } else { "airlock_fork" }, fork_ms)];
+    let name = match (pooled, via) {
+        (true, Via::Router) => "airlock_fork_from_pool",
+        (false, Via::Router) => "airlock_fork",
+        (true, Via::Socket) => "airlock_fork_from_pool_via_socket",
+        (false, Via::Socket) => "airlock_fork_via_socket",
+    };
+    let mut all = vec![series(name, fork_ms)];
     if !no_baselines {
         let runs = baseline_iterations.unwrap_or(iterations).max(1);
         let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));
@@ -235,7 +277,7 @@ async fn measure(
     // A dump of the golden, taken from a sandbox with the agent's own credential.
     let dump = s.root.join("golden.dump");
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
-    let dsn = forked.sandbox.dsn.clone().unwrap_or_default();
+    let dsn = forked.sandbox.socket_dsn.clone().or(forked.sandbox.dsn.clone()).unwrap_or_default();
     let passfile = s.root.join("pgpass");
     pg::dsn::write_passfile(&passfile, &pg::dsn::password(&dsn).unwrap_or_default())?;
     let out = tokio::process::Command::new(s.bin.tool("pg_dump"))

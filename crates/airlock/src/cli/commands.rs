@@ -159,13 +159,17 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Suspend { ids } | Command::Wake { ids } => {
-            let (verb, done) =
-                if matches!(cli.command, Command::Suspend { .. }) { ("suspend", "suspended") } else { ("wake", "running") };
+            let (verb, done) = if matches!(cli.command, Command::Suspend { .. }) {
+                ("suspend", "suspended")
+            } else {
+                ("wake", "running")
+            };
             let client = cli.client()?;
             let mut changed = Vec::new();
             for id in ids {
-                let mut sb: Sandbox =
-                    client.call(Method::POST, &format!("/v1/sandboxes/{}/{verb}", encode(id)), NO_BODY).await?;
+                let mut sb: Sandbox = client
+                    .call(Method::POST, &format!("/v1/sandboxes/{}/{verb}", encode(id)), NO_BODY)
+                    .await?;
                 sb.dsn = None;
                 sb.socket_dsn = None;
                 if !json {
@@ -341,7 +345,9 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         advertise: args.router_host.clone(),
         tls: args.tls,
         cert: match (&args.tls_cert, &args.tls_key) {
-            (Some(cert), Some(key)) => Some(crate::router::tls::CertFiles { cert: cert.clone(), key: key.clone() }),
+            (Some(cert), Some(key)) => {
+                Some(crate::router::tls::CertFiles { cert: cert.clone(), key: key.clone() })
+            }
             _ => None,
         },
         startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,

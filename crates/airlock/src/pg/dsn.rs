@@ -126,7 +126,8 @@ pub fn write_passfile(path: &Path, password: &str) -> std::io::Result<()> {
 /// options such as `sslrootcert` are unknown to tokio-postgres's parser.
 pub fn password(dsn: &str) -> Option<String> {
     let trimmed = dsn.trim();
-    let Some(rest) = trimmed.strip_prefix("postgresql://").or_else(|| trimmed.strip_prefix("postgres://")) else {
+    let Some(rest) = trimmed.strip_prefix("postgresql://").or_else(|| trimmed.strip_prefix("postgres://"))
+    else {
         let config: tokio_postgres::Config = trimmed.parse().ok()?;
         return config.get_password().map(|p| String::from_utf8_lossy(p).into_owned());
     };
@@ -196,7 +197,11 @@ mod tests {
         assert_eq!(password("postgresql://bob:s3cret@h/shop").as_deref(), Some("s3cret"));
         assert_eq!(password("host=h password=pw dbname=x").as_deref(), Some("pw"));
         assert_eq!(password("postgresql://bob@h/shop"), None);
-        assert_eq!(password("postgresql://bob:a%40b@h:7432/sb-1?sslmode=verify-full&sslrootcert=/x/ca.crt").as_deref(), Some("a@b"));
+        assert_eq!(
+            password("postgresql://bob:a%40b@h:7432/sb-1?sslmode=verify-full&sslrootcert=/x/ca.crt")
+                .as_deref(),
+            Some("a@b")
+        );
         assert_eq!(password("postgresql://bob@h/shop?password=q%20r").as_deref(), Some("q r"));
         let dsn = sandbox(Path::new("/x/run"), "abc");
         assert_eq!(password(&dsn).as_deref(), Some("abc"));

@@ -90,11 +90,8 @@ impl Address {
     /// A sandbox's DSN through the router.
     pub fn dsn(&self, sandbox: &str, password: &str) -> String {
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        let mut url = format!(
-            "postgresql://{}:{password}@{host}:{}/{sandbox}",
-            crate::pg::dsn::AGENT_ROLE,
-            self.port
-        );
+        let mut url =
+            format!("postgresql://{}:{password}@{host}:{}/{sandbox}", crate::pg::dsn::AGENT_ROLE, self.port);
         match (self.tls, &self.ca) {
             (TlsMode::Off, _) => url.push_str("?sslmode=disable"),
             (_, Some(ca)) => url.push_str(&format!("?sslmode=verify-full&sslrootcert={}", ca.display())),
@@ -179,7 +176,8 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Sema
                         "close idle connections, or raise `airlock serve --router-max-connections`",
                     );
                     let mut tcp = tcp;
-                    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal.encode())).await;
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal.encode())).await;
                 });
             }
         }

@@ -118,8 +118,12 @@ fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, PacketError> {
             pid: i32::from_be_bytes(body[4..8].try_into().expect("sized")),
             key: i32::from_be_bytes(body[8..12].try_into().expect("sized")),
         }),
-        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => Err(PacketError::Invalid("wrong length for its code")),
-        version if version >> 16 == 3 => Ok(FirstPacket::Startup(Startup { version, params: params(&body[4..])? })),
+        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => {
+            Err(PacketError::Invalid("wrong length for its code"))
+        }
+        version if version >> 16 == 3 => {
+            Ok(FirstPacket::Startup(Startup { version, params: params(&body[4..])? }))
+        }
         version => Err(PacketError::Unsupported(version >> 16, version & 0xffff)),
     }
 }
@@ -177,7 +181,10 @@ impl Message {
     pub fn backend_key(&self) -> Option<(i32, i32)> {
         (self.tag == b'K' && self.body().len() == 8).then(|| {
             let b = self.body();
-            (i32::from_be_bytes(b[..4].try_into().expect("sized")), i32::from_be_bytes(b[4..].try_into().expect("sized")))
+            (
+                i32::from_be_bytes(b[..4].try_into().expect("sized")),
+                i32::from_be_bytes(b[4..].try_into().expect("sized")),
+            )
         })
     }
 }

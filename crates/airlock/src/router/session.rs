@@ -161,7 +161,11 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
             SandboxState::Suspended => {
                 if let Err(e) = sandbox::suspend::wake(engine, &sb.id).await {
                     let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
-                    return Err(ErrorResponse::fatal(code, format!("waking sandbox {} failed: {}", sb.id, e.message), e.hint));
+                    return Err(ErrorResponse::fatal(
+                        code,
+                        format!("waking sandbox {} failed: {}", sb.id, e.message),
+                        e.hint,
+                    ));
                 }
                 continue;
             }

@@ -38,7 +38,10 @@ pub fn identity(dir: &Path, configured: Option<&CertFiles>, advertised_host: &st
         Some(files) => (files.clone(), None),
         None => {
             generated(dir, advertised_host)?;
-            (CertFiles { cert: dir.join("server.crt"), key: dir.join("server.key") }, Some(dir.join("ca.crt")))
+            (
+                CertFiles { cert: dir.join("server.crt"), key: dir.join("server.key") },
+                Some(dir.join("ca.crt")),
+            )
         }
     };
     let bad = |what: &str, path: &Path, e: &dyn std::fmt::Display| {
@@ -55,12 +58,13 @@ pub fn identity(dir: &Path, configured: Option<&CertFiles>, advertised_host: &st
         return Err(bad("certificate", &files.cert, &"no certificate in it"));
     }
     let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| bad("key", &files.key, &e))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::internal(format!("TLS setup failed: {e}")))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| bad("certificate and key", &files.cert, &e))?;
+    let config =
+        rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::internal(format!("TLS setup failed: {e}")))?
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .map_err(|e| bad("certificate and key", &files.cert, &e))?;
     Ok(Identity { config: Arc::new(config), ca })
 }
 
@@ -81,7 +85,8 @@ fn generated(dir: &Path, host: &str) -> Result<()> {
         return Ok(());
     }
     std::fs::create_dir_all(dir)?;
-    let failed = |e: rcgen::Error| Error::internal(format!("generating the router's certificate failed: {e}"));
+    let failed =
+        |e: rcgen::Error| Error::internal(format!("generating the router's certificate failed: {e}"));
     let ca_key = match std::fs::read_to_string(dir.join("ca.key")) {
         Ok(pem) if complete => rcgen::KeyPair::from_pem(&pem).map_err(failed)?,
         _ => rcgen::KeyPair::generate().map_err(failed)?,

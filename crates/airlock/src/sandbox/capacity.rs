@@ -68,7 +68,10 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
     let (all, running) = engine.store().counts()?;
     let c = &engine.config;
     if need == Need::New && all >= c.max_sandboxes {
-        return Ok(Some(NoRoom { message: format!("{all} sandboxes exist, the limit"), running_only: false }));
+        return Ok(Some(NoRoom {
+            message: format!("{all} sandboxes exist, the limit"),
+            running_only: false,
+        }));
     }
     if let Some(max) = c.max_disk_bytes {
         let used = volume_used(engine);

@@ -10,6 +10,8 @@ mod exec;
 mod goldens;
 mod lifecycle;
 mod pool;
+mod router;
 mod sandboxes;
 mod security;
 mod storage;
+mod suspend;

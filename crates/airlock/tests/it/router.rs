@@ -1,0 +1,201 @@
+//! The router: one TCP port in front of every sandbox, driven with real psql and
+//! with raw (hostile) bytes.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{dsn, psql, split_password, sql, Daemon};
+
+/// Reads what the router sends until it closes (or `limit` passes); returns the bytes
+/// and whether it closed.
+fn read_until_closed(s: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    s.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return (got, true),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return (got, true),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+fn with_sslmode(dsn: &str, mode: &str) -> String {
+    let base = dsn.split('?').next().unwrap();
+    format!("{base}?sslmode={mode}")
+}
+
+#[test]
+fn tls_verify_full_and_plaintext_both_reach_the_sandbox() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let url = dsn(&sb);
+    assert!(
+        url.contains(&format!(
+            "@{}/{}?sslmode=verify-full&sslrootcert=",
+            d.router,
+            sb["id"].as_str().unwrap()
+        )),
+        "{url}"
+    );
+    assert_eq!(
+        sql(&url, "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"),
+        "f",
+        "TLS ends at the router"
+    );
+    // The TLS session is the router's: psql reports it.
+    let (plain, pw) = split_password(&url);
+    let out = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "\\conninfo"])
+        .env("PGPASSWORD", &pw)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("SSL connection"), "{out:?}");
+    // verify-full checks the name: the same address under a name the certificate lacks fails.
+    let by_other_name =
+        url.replace("@127.0.0.1:", "@router.invalid:").replace("?sslmode", "?hostaddr=127.0.0.1&sslmode");
+    assert!(psql(&by_other_name, "SELECT 1").unwrap_err().contains("does not match"));
+    // ... and the CA: without the generated one, verification fails.
+    let no_ca = url.split("&sslrootcert=").next().unwrap().to_owned() + "&sslrootcert=/dev/null";
+    assert!(psql(&no_ca, "SELECT 1").is_err());
+    // sslmode=require and plaintext work too (TLS is optional by default).
+    assert_eq!(sql(&with_sslmode(&url, "require"), "SELECT count(*) FROM orders"), "1000");
+    assert_eq!(sql(&with_sslmode(&url, "disable"), "SELECT count(*) FROM orders"), "1000");
+    // By name as well as by id.
+    d.fork("shop", &["--name", "alpha"]);
+    let alpha = d.ok(&["dsn", "alpha"]);
+    let by_name = alpha
+        .trim()
+        .replace(&format!("/{}?", alpha.split('/').nth(3).unwrap().split('?').next().unwrap()), "/alpha?");
+    assert_eq!(sql(&by_name, "SELECT 1"), "1");
+}
+
+#[test]
+fn required_tls_refuses_plaintext_with_a_hint() {
+    let d = Daemon::start(&["--tls", "required"]);
+    d.shop("shop");
+    let url = dsn(&d.fork("shop", &[]));
+    let err = psql(&with_sslmode(&url, "disable"), "SELECT 1").unwrap_err();
+    assert!(err.contains("accepts only TLS connections") && err.contains("sslmode=require"), "{err}");
+    assert_eq!(sql(&url, "SELECT 1"), "1");
+}
+
+#[test]
+fn a_cancel_request_reaches_the_right_sandbox() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let url = dsn(&d.fork("shop", &[]));
+    let other = dsn(&d.fork("shop", &[]));
+    let (plain, pw) = split_password(&url);
+    let mut slow = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "SELECT pg_sleep(30)"])
+        .env("PGPASSWORD", &pw)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the query runs, then interrupt psql: it sends a cancel request.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sql(&url, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'") != "1" {
+        assert!(Instant::now() < deadline, "the slow query never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    assert!(Command::new("kill").args(["-INT", &slow.id().to_string()]).status().unwrap().success());
+    let out = slow.wait_with_output().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("canceling statement due to user request"),
+        "{out:?}"
+    );
+    assert_eq!(sql(&other, "SELECT 1"), "1");
+}
+
+#[test]
+fn a_sandbox_deleted_while_connected_ends_the_session_at_once() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (plain, pw) = split_password(&dsn(&sb));
+    let mut session = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "SELECT pg_sleep(60)"])
+        .env("PGPASSWORD", &pw)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    d.ok(&["rm", sb["id"].as_str().unwrap()]);
+    let out = session.wait_with_output().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "the client hung");
+    assert!(!out.status.success());
+    // And a new connection is told the sandbox is gone, with a hint.
+    let err = psql(&dsn(&sb), "SELECT 1").unwrap_err();
+    assert!(err.contains("does not exist") && err.contains("fork a new one"), "{err}");
+}
+
+#[test]
+fn garbage_slow_and_flooding_clients_are_bounded() {
+    let d = Daemon::start(&["--router-startup-timeout", "1s", "--router-max-connections", "4"]);
+    d.shop("shop");
+    let url = dsn(&d.fork("shop", &[]));
+    // Garbage: an HTTP request, a huge length, a wrong protocol version.
+    for bytes in [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        vec![0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0],
+        vec![0, 0, 0, 8, 0, 2, 0, 0],
+    ] {
+        let mut s = TcpStream::connect(&d.router).unwrap();
+        s.write_all(&bytes).unwrap();
+        let (got, closed) = read_until_closed(&mut s, Duration::from_secs(5));
+        assert!(closed, "the router kept a garbage connection open");
+        assert!(got.is_empty() || got[0] == b'E', "{got:?}");
+    }
+    // A client that never finishes its startup packet is dropped after the timeout.
+    let mut slow = TcpStream::connect(&d.router).unwrap();
+    slow.write_all(&[0, 0, 0, 40, 0, 3]).unwrap();
+    let t = Instant::now();
+    let (_, closed) = read_until_closed(&mut slow, Duration::from_secs(5));
+    assert!(closed && t.elapsed() < Duration::from_secs(4), "the slow client was kept {:?}", t.elapsed());
+    // A flood: past the connection limit, clients are refused at once.
+    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&d.router).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(100));
+    let mut extra = TcpStream::connect(&d.router).unwrap();
+    let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(5));
+    assert!(closed && String::from_utf8_lossy(&got).contains("too many connections"), "{got:?}");
+    drop(held);
+    // The held ones time out or close; then the router serves again.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while psql(&url, "SELECT 1").is_err() {
+        assert!(Instant::now() < deadline, "the router did not recover");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn each_connection_is_an_event_without_secrets() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let url = dsn(&sb);
+    sql(&url, "SELECT 1");
+    let (plain, _) = split_password(&url);
+    let bad = plain.replace("airlock_agent@", "airlock_agent:wrong@");
+    assert!(psql(&bad, "SELECT 1").unwrap_err().contains("password authentication failed"));
+    let events = d.json(&["events", "--sandbox", sb["id"].as_str().unwrap()]);
+    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["created", "ready", "connected", "connection_refused"]);
+    let (_, pw) = split_password(&url);
+    let all = d.ok(&["events", "--json"]);
+    assert!(!all.contains(&pw) && !all.contains("wrong"));
+    assert!(!d.log().contains(&pw));
+}

@@ -1,0 +1,209 @@
+//! Suspend and wake, idle suspend, and capacity: limits, least-recently-used
+//! suspension and the first-in-first-out queue.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::{dsn, psql, split_password, sql, Daemon};
+
+fn state(d: &Daemon, id: &str) -> String {
+    d.json(&["show", id])["state"].as_str().unwrap().to_owned()
+}
+
+fn id(v: &serde_json::Value) -> String {
+    v["id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_suspended_sandbox_keeps_its_data_address_and_credential_and_wakes_on_connect() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (sid, url) = (id(&sb), dsn(&sb));
+    sql(&url, "CREATE TABLE kept AS SELECT 42 AS x");
+    let pid = d.postmaster_of(&sid);
+    let out = d.json(&["suspend", &sid]);
+    assert_eq!(out[0]["state"], "suspended");
+    assert_eq!(state(&d, &sid), "suspended");
+    assert!(d.postmasters().is_empty(), "memory freed: no server left");
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || d.postmasters().is_empty());
+    assert!(d.ok(&["ls"]).contains("suspended"));
+    // The next connection wakes it: one slower connect, not an error.
+    assert_eq!(sql(&url, "SELECT x FROM kept"), "42");
+    assert_eq!(state(&d, &sid), "running");
+    let kinds: Vec<String> = d
+        .json(&["events", "--sandbox", &sid])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(kinds.windows(2).any(|w| w == ["suspended", "woken"]), "{kinds:?}");
+    // `airlock wake` and suspend are idempotent, and the TTL still applies while suspended.
+    d.ok(&["suspend", &sid]);
+    d.ok(&["suspend", &sid]);
+    d.ok(&["wake", &sid]);
+    d.ok(&["wake", &sid]);
+    assert_eq!(sql(&url, "SELECT x FROM kept"), "42");
+    d.ok(&["suspend", &sid]);
+    d.ok(&["extend", &sid, "--ttl", "1s"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while d.cli(&["show", &sid]).code == 0 {
+        assert!(Instant::now() < deadline, "a suspended sandbox outlived its TTL");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(d.sandbox_dirs().is_empty());
+}
+
+#[test]
+fn clients_connecting_during_a_suspend_get_an_answer() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (sid, url) = (id(&sb), dsn(&sb));
+    for _ in 0..3 {
+        let (plain, pw) = split_password(&url);
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                Command::new("psql")
+                    .arg(&plain)
+                    .args(["-XtAc", "SELECT count(*) FROM orders"])
+                    .env("PGPASSWORD", &pw)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        d.ok(&["suspend", &sid]);
+        for c in clients {
+            let out = c.wait_with_output().unwrap();
+            // A client that was answered before the suspend, or after the wake; a
+            // session cut by the suspend itself reports that, never a hang.
+            let text =
+                format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(text.contains("1000") || text.contains("terminating connection"), "{text}");
+        }
+        assert_eq!(sql(&url, "SELECT count(*) FROM orders"), "1000");
+    }
+}
+
+#[test]
+fn an_idle_sandbox_is_suspended_but_not_one_with_an_open_session() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let idle = d.fork("shop", &["--idle-suspend", "1s"]);
+    let busy = d.fork("shop", &["--idle-suspend", "1s"]);
+    let never = d.fork("shop", &["--idle-suspend", "0"]);
+    assert_eq!(idle["idle_suspend_seconds"], 1);
+    // An open session, straight on the socket (the router does not see it).
+    let (plain, pw) = split_password(busy["socket_dsn"].as_str().unwrap());
+    let mut session = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "SELECT pg_sleep(6)"])
+        .env("PGPASSWORD", &pw)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while state(&d, &id(&idle)) != "suspended" {
+        assert!(Instant::now() < deadline, "the idle sandbox was not suspended");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(state(&d, &id(&busy)), "running", "a sandbox in use was suspended");
+    assert_eq!(state(&d, &id(&never)), "running");
+    let _ = session.kill();
+    let _ = session.wait();
+    let event = d.json(&["events", "--sandbox", &id(&idle)]);
+    assert!(event.as_array().unwrap().iter().any(|e| e["kind"] == "suspended" && e["reason"] == "idle"));
+    assert_eq!(sql(&dsn(&idle), "SELECT count(*) FROM orders"), "1000");
+}
+
+#[test]
+fn past_the_running_limit_the_least_recently_used_idle_sandbox_is_suspended() {
+    let d = Daemon::start(&["--max-running", "2"]);
+    d.shop("shop");
+    let a = d.fork("shop", &[]);
+    let b = d.fork("shop", &[]);
+    sql(&dsn(&b), "SELECT 1");
+    let c = d.fork("shop", &[]);
+    assert_eq!(state(&d, &id(&a)), "suspended", "a was used least recently");
+    assert_eq!(state(&d, &id(&b)), "running");
+    assert_eq!(d.postmasters().len(), 2);
+    // Waking a makes room by suspending the least recently used of b and c.
+    assert_eq!(sql(&dsn(&a), "SELECT count(*) FROM orders"), "1000");
+    assert_eq!(state(&d, &id(&b)), "suspended");
+    assert_eq!(state(&d, &id(&c)), "running");
+    assert_eq!(d.postmasters().len(), 2);
+    let events = d.json(&["events", "--sandbox", &id(&b)]);
+    assert!(events.as_array().unwrap().iter().any(|e| e["kind"] == "suspended" && e["reason"] == "capacity"));
+}
+
+#[test]
+fn when_nothing_is_idle_forks_fail_clearly_or_wait_their_turn_in_order() {
+    let d = Daemon::start(&["--max-sandboxes", "2"]);
+    d.shop("shop");
+    let a = d.fork("shop", &[]);
+    let b = d.fork("shop", &[]);
+    let (code, err) = d.fails(&["fork", "shop"]);
+    assert_eq!(err["code"], "capacity_exhausted");
+    assert!(err["hint"].as_str().unwrap().contains("--wait"));
+    assert_eq!(code, 6);
+    assert_eq!(d.ids().len(), 2, "nothing half-made");
+    // Two queued forks: the first to ask gets the first free place.
+    let queued = |name: &str| {
+        Command::new(crate::harness::BIN)
+            .args(["fork", "shop", "--wait", "20s", "--name", name, "--json"])
+            .env("AIRLOCK_HOME", &d.home)
+            .env("AIRLOCK_ROUTER", &d.router)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = queued("first");
+    std::thread::sleep(Duration::from_millis(300));
+    let mut second = queued("second");
+    std::thread::sleep(Duration::from_millis(300));
+    d.ok(&["rm", &id(&a)]);
+    let out = first.wait().unwrap();
+    assert!(out.success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(second.try_wait().unwrap().is_none(), "the second fork jumped the queue");
+    d.ok(&["rm", &id(&b)]);
+    assert!(second.wait().unwrap().success());
+    let mut names: Vec<String> =
+        d.json(&["ls"]).as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap().to_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["first", "second"]);
+    // A fork that waits past its --wait fails with the same code.
+    let t = Instant::now();
+    let (_, err) = d.fails(&["fork", "shop", "--wait", "1s"]);
+    assert_eq!(err["code"], "capacity_exhausted");
+    assert!(t.elapsed() >= Duration::from_secs(1));
+}
+
+#[test]
+fn a_busy_host_refuses_rather_than_suspending_a_sandbox_in_use() {
+    let d = Daemon::start(&["--max-running", "1"]);
+    d.shop("shop");
+    let a = d.fork("shop", &[]);
+    let (plain, pw) = split_password(&dsn(&a));
+    let mut session = Command::new("psql")
+        .arg(&plain)
+        .args(["-XtAc", "SELECT pg_sleep(10)"])
+        .env("PGPASSWORD", &pw)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, err) = d.fails(&["fork", "shop"]);
+    assert_eq!(err["code"], "capacity_exhausted");
+    assert_eq!(state(&d, &id(&a)), "running");
+    let _ = session.kill();
+    let _ = session.wait();
+    assert!(psql(&dsn(&a), "SELECT 1").is_ok());
+}
