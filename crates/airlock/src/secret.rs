@@ -2,7 +2,8 @@
 
 const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyz23456789";
 
-fn random_bytes<const N: usize>() -> [u8; N] {
+/// `N` bytes from the operating system's random source.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
     let mut buf = [0u8; N];
     getrandom::fill(&mut buf).expect("the OS random source failed");
     buf

@@ -46,6 +46,27 @@ pub enum BenchCommand {
         #[arg(long, value_enum, default_value = "router")]
         via: Via,
     },
+    /// Sustained fork, first query and delete, from several clients at once.
+    Churn {
+        /// The golden to fork.
+        #[arg(long)]
+        golden: String,
+        /// How long to keep going.
+        #[arg(long, default_value = "60s")]
+        duration: String,
+        /// Clients forking at once.
+        #[arg(long, default_value_t = 2)]
+        clients: usize,
+    },
+    /// Time from connecting to a suspended sandbox through the router to its first answer.
+    Wake {
+        /// The golden to fork.
+        #[arg(long)]
+        golden: String,
+        /// Wakes to time.
+        #[arg(long, default_value_t = 20)]
+        iterations: usize,
+    },
 }
 
 /// The path a benchmark's first query takes.
@@ -129,7 +150,15 @@ async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
 }
 
 pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
-    let BenchCommand::Fork { golden, iterations, baseline_iterations, no_baselines, via } = cmd;
+    let (golden, iterations, baseline_iterations, no_baselines, via) = match cmd {
+        BenchCommand::Fork { golden, iterations, baseline_iterations, no_baselines, via } => {
+            (golden, iterations, baseline_iterations, no_baselines, via)
+        }
+        BenchCommand::Churn { golden, duration, clients } => {
+            return churn(cli, golden, duration, *clients).await
+        }
+        BenchCommand::Wake { golden, iterations } => return wake(cli, golden, *iterations).await,
+    };
     let client = cli.client()?;
     let doctor: crate::engine::Doctor =
         client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
@@ -143,6 +172,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         client.call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY).await?;
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
+    let mut answer_ms = Vec::new();
     for _ in 0..iterations {
         if pooled {
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
@@ -158,6 +188,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         }
         let t = Instant::now();
         let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
+        answer_ms.push(elapsed_ms(t));
         first_query(&agent_config(&forked.sandbox, router, *via)?).await?;
         fork_ms.push(elapsed_ms(t));
         let _: Sandbox = client
@@ -171,7 +202,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         (true, Via::Socket) => "airlock_fork_from_pool_via_socket",
         (false, Via::Socket) => "airlock_fork_via_socket",
     };
-    let mut all = vec![series(name, fork_ms)];
+    let mut all = vec![series(name, fork_ms), series("  of which: API answer with the DSN", answer_ms)];
     if !no_baselines {
         let runs = baseline_iterations.unwrap_or(iterations).max(1);
         let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));
@@ -199,6 +230,105 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         }
         format!("golden {golden}: fork request to first query answered\n\n{}", t.render())
     });
+    Ok(0)
+}
+
+fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series]) {
+    let mut value = serde_json::json!({"results": all});
+    if let (Some(v), serde_json::Value::Object(extra)) = (value.as_object_mut(), extra) {
+        v.extend(extra);
+    }
+    output::print(cli.json, &value, || {
+        let mut t = Table::new(&["METHOD", "RUNS", "P50 MS", "P99 MS", "MIN MS", "MAX MS"]);
+        for s in all {
+            t.row(vec![
+                s.method.clone(),
+                s.runs.to_string(),
+                format!("{:.1}", s.p50_ms),
+                format!("{:.1}", s.p99_ms),
+                format!("{:.1}", s.min_ms),
+                format!("{:.1}", s.max_ms),
+            ]);
+        }
+        format!("{title}\n\n{}", t.render())
+    });
+}
+
+/// Forks, answers a first query through the router and deletes, from `clients`
+/// loops at once, for `duration`; reports the rate and each cycle's time.
+async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Result<i32> {
+    let duration = crate::validate::duration("--duration", duration)?;
+    let client = std::sync::Arc::new(cli.client()?);
+    let doctor: crate::engine::Doctor =
+        client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
+    let router = std::sync::Arc::new(doctor.router);
+    let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
+    let bar = output::spinner(
+        cli.json,
+        format!("forking and deleting {golden} for {duration:?} from {clients} clients"),
+    );
+    let began = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients.max(1) {
+        let (client, router, req) = (client.clone(), router.clone(), req.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut cycles = Vec::new();
+            while began.elapsed() < duration {
+                let t = Instant::now();
+                let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
+                first_query(&agent_config(&forked.sandbox, router.as_ref().as_ref(), Via::Router)?).await?;
+                let path = format!("/v1/sandboxes/{}", forked.sandbox.id);
+                let _: Sandbox = client.call(Method::DELETE, &path, super::commands::NO_BODY).await?;
+                cycles.push(elapsed_ms(t));
+            }
+            Ok::<_, Error>(cycles)
+        }));
+    }
+    let mut cycles = Vec::new();
+    for t in tasks {
+        cycles.extend(t.await??);
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    let rate = cycles.len() as f64 / seconds;
+    let all = [series("fork_query_delete_cycle", cycles)];
+    let title =
+        format!("golden {golden}: {:.1} fork-query-delete cycles per second over {seconds:.0} s", rate);
+    report(cli, &title, serde_json::json!({"golden": golden, "per_second": rate, "seconds": seconds}), &all);
+    Ok(0)
+}
+
+/// Suspends one sandbox again and again and times a router connection's first
+/// answer (the wake included), against the same connection to it running.
+async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
+    let client = cli.client()?;
+    let doctor: crate::engine::Doctor =
+        client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
+    let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
+    let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
+    let config = agent_config(&forked.sandbox, doctor.router.as_ref(), Via::Router)?;
+    let path = format!("/v1/sandboxes/{}", forked.sandbox.id);
+    let bar = output::spinner(cli.json, format!("waking a sandbox of {golden} {iterations} times"));
+    let (mut woken, mut running) = (Vec::new(), Vec::new());
+    for _ in 0..iterations.max(1) {
+        let _: Sandbox =
+            client.call(Method::POST, &format!("{path}/suspend"), super::commands::NO_BODY).await?;
+        let t = Instant::now();
+        first_query(&config).await?;
+        woken.push(elapsed_ms(t));
+        let t = Instant::now();
+        first_query(&config).await?;
+        running.push(elapsed_ms(t));
+    }
+    let _: Sandbox = client.call(Method::DELETE, &path, super::commands::NO_BODY).await?;
+    bar.finish_and_clear();
+    let all = [series("connect_to_suspended", woken), series("connect_to_running", running)];
+    report(
+        cli,
+        &format!("golden {golden}: connect and first query through the router"),
+        serde_json::json!({"golden": golden}),
+        &all,
+    );
     Ok(0)
 }
 

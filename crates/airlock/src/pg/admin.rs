@@ -39,7 +39,7 @@ impl Admin {
     /// Only the SCRAM verifier is sent, so the password itself never reaches the
     /// server or its log.
     pub async fn mint_agent(&self, password: &str, access: &Access) -> Result<()> {
-        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        let verifier = crate::pg::scram::verifier(password, crate::pg::scram::AGENT_ITERATIONS);
         self.execute(&access.create_role_sql(Some(&verifier))).await
     }
 
@@ -52,7 +52,7 @@ impl Admin {
     /// Gives a prepared agent role its access and a fresh password: one statement
     /// when the access is the default the role was prepared with.
     pub async fn claim_agent(&self, password: &str, access: &Access) -> Result<()> {
-        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        let verifier = crate::pg::scram::verifier(password, crate::pg::scram::AGENT_ITERATIONS);
         if *access == Access::default() {
             self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}'")).await
         } else {

@@ -6,5 +6,6 @@ pub mod bin;
 pub mod dsn;
 pub mod instance;
 pub mod load;
+pub mod scram;
 
 pub use bin::PgBin;

@@ -122,6 +122,8 @@ async fn establish(
     }
 }
 
+/// Records the connection off the client's path: the client's first query is
+/// already on its way and must not wait for the store.
 fn record(shared: &Shared, sb: &Sandbox, kind: &'static str, peer: SocketAddr, tls: bool) {
     let event = NewEvent {
         kind,
@@ -130,9 +132,12 @@ fn record(shared: &Shared, sb: &Sandbox, kind: &'static str, peer: SocketAddr, t
         detail: json!({"client": peer.to_string(), "tls": tls}),
         ..Default::default()
     };
-    if let Err(e) = shared.engine.store().record(event) {
-        tracing::warn!(error = %e, "recording a router connection failed");
-    }
+    let engine = shared.engine.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = engine.store().record(event) {
+            tracing::warn!(error = %e, "recording a router connection failed");
+        }
+    });
 }
 
 fn not_found(key: &str) -> ErrorResponse {
@@ -192,34 +197,41 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
 /// Sends the startup message (with the sandbox's database) and relays
 /// authentication until the server is ready for queries; returns the server
 /// stream then, or `None` if the server refused (its error already passed on).
+///
+/// Server messages are read through a buffer and passed on in batches, flushed
+/// only when the client must answer or the server is done: a session start is a
+/// dozen small messages, and one write each would cost a segment each.
 async fn authenticate(
     client: &mut Client,
-    mut server: UnixStream,
+    server: UnixStream,
     startup: &Startup,
     open: &mut super::Open,
 ) -> Result<Option<UnixStream>, PacketError> {
-    server.write_all(&startup.encode_with_database(DATABASE)).await?;
+    let mut server = tokio::io::BufReader::new(server);
+    server.get_mut().write_all(&startup.encode_with_database(DATABASE)).await?;
+    let mut pending = Vec::new();
     loop {
         let m = protocol::read_server_message(&mut server).await?;
-        client.write_all(&m.bytes).await?;
+        pending.extend_from_slice(&m.bytes);
         match m.tag {
             b'R' if m.auth_code().is_some_and(protocol::expects_client_answer) => {
+                client.write_all(&pending).await?;
                 client.flush().await?;
+                pending.clear();
                 let answer = protocol::read_client_auth(client).await?;
-                server.write_all(&answer.bytes).await?;
+                server.get_mut().write_all(&answer.bytes).await?;
             }
             b'K' => {
                 if let Some((pid, key)) = m.backend_key() {
                     open.set_backend(pid, key);
                 }
             }
-            b'Z' => {
+            b'Z' | b'E' => {
+                // Nothing follows until the client speaks, but pass on anything buffered.
+                pending.extend_from_slice(server.buffer());
+                client.write_all(&pending).await?;
                 client.flush().await?;
-                return Ok(Some(server));
-            }
-            b'E' => {
-                client.flush().await?;
-                return Ok(None);
+                return Ok((m.tag == b'Z').then(|| server.into_inner()));
             }
             _ => {}
         }

@@ -101,7 +101,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let pid = start(engine, &dir, &user, &cgroups, &sb.access, None, &mut steps).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
-        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        let verifier = crate::pg::scram::verifier(&password, crate::pg::scram::AGENT_ITERATIONS);
         Admin::connect(&dir, DATABASE)
             .await?
             .execute(&format!("ALTER ROLE {} PASSWORD '{verifier}'", dsn::AGENT_ROLE))

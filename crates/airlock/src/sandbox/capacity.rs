@@ -107,7 +107,7 @@ fn full(engine: &Engine, why: &str) -> Error {
 /// Bytes in use on the copy-on-write volume (shared reflinked blocks count once).
 pub fn volume_used(engine: &Engine) -> u64 {
     match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
-        Ok(s) => (s.blocks() - s.blocks_free()) as u64 * s.fragment_size() as u64,
+        Ok(s) => s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size(),
         Err(_) => 0,
     }
 }

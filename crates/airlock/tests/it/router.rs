@@ -93,7 +93,7 @@ fn a_cancel_request_reaches_the_right_sandbox() {
     let url = dsn(&d.fork("shop", &[]));
     let other = dsn(&d.fork("shop", &[]));
     let (plain, pw) = split_password(&url);
-    let mut slow = Command::new("psql")
+    let slow = Command::new("psql")
         .arg(&plain)
         .args(["-XtAc", "SELECT pg_sleep(30)"])
         .env("PGPASSWORD", &pw)
@@ -124,7 +124,7 @@ fn a_sandbox_deleted_while_connected_ends_the_session_at_once() {
     d.shop("shop");
     let sb = d.fork("shop", &[]);
     let (plain, pw) = split_password(&dsn(&sb));
-    let mut session = Command::new("psql")
+    let session = Command::new("psql")
         .arg(&plain)
         .args(["-XtAc", "SELECT pg_sleep(60)"])
         .env("PGPASSWORD", &pw)
