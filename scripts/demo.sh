@@ -41,7 +41,9 @@ start=$(date +%s%N)
 export DATABASE_URL=$(airlock fork shop --name agent-a --ttl 10m --label task=cleanup)
 end=$(date +%s%N)
 airlock fork shop --name agent-b --ttl 10m --label task=report >/dev/null
-echo "agent-a's DATABASE_URL is ready (fork took $(( (end - start) / 1000000 )) ms, CLI included)"
+echo "agent-a's DATABASE_URL is ready (fork took $(( (end - start) / 1000000 )) ms, CLI included):"
+echo "  ${DATABASE_URL/airlock_agent:*@/airlock_agent:********@}"
+echo "  (one TLS port for every sandbox; the database name picks the sandbox)"
 airlock ls
 
 step "Agent A runs its confident, destructive statement"
@@ -53,6 +55,14 @@ step "Nothing else changed"
 echo "orders in agent-b:           $(count agent-b)"
 airlock fork shop --name auditor --ttl 5m >/dev/null
 echo "orders in a fresh fork of the golden: $(count auditor)"
+
+step "An idle sandbox is suspended, and wakes on its next connection"
+airlock suspend agent-b
+airlock ls
+start=$(date +%s%N)
+echo "orders in agent-b, through the router: $(psql "$(airlock dsn agent-b)" -XtAc 'SELECT count(*) FROM orders')"
+end=$(date +%s%N)
+echo "(that connection woke it: $(( (end - start) / 1000000 )) ms, psql included)"
 
 step "Events"
 airlock events --limit 12
