@@ -15,9 +15,11 @@ demo: build
 test: deps
 	@scripts/test.sh
 
-## bench: fork benchmarks against the baselines (see docs/BENCHMARKS.md)
+## bench: fork benchmarks against the baselines, then router, pool, suspend,
+## density and mitosis-db (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
+	@scripts/bench-router.sh
 
 clean:
 	cargo clean

@@ -140,10 +140,9 @@ fn elapsed_ms(t: Instant) -> f64 {
 
 /// Connects with a DSN and runs `SELECT 1`.
 async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
-    let (client, conn) = config
-        .connect(tokio_postgres::NoTls)
-        .await
-        .map_err(|e| Error::postgres(format!("benchmark connection failed: {e}")))?;
+    let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
+        Error::postgres(format!("benchmark connection failed: {}", crate::pg::admin::describe(&e)))
+    })?;
     tokio::spawn(conn);
     client.simple_query("SELECT 1").await.map_err(|e| Error::postgres(e.to_string()))?;
     Ok(())

@@ -173,9 +173,19 @@ async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)
     admin.execute("VACUUM (FREEZE, ANALYZE)").await?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
-    // Nothing connects to the default database (agents are allowed only into the
-    // application database), and its few hundred files would be cloned at every fork.
+    // Nothing connects to the default database or the templates (agents are allowed
+    // only into the application database and cannot create databases), and their
+    // six hundred files would be cloned, and later unlinked, at every fork.
     admin.execute("DROP DATABASE IF EXISTS postgres").await?;
+    for template in ["template1", "template0"] {
+        let present = admin
+            .value(&format!("SELECT count(*)::text FROM pg_database WHERE datname = '{template}'"))
+            .await?;
+        if present != "0" {
+            admin.execute(&format!("ALTER DATABASE {template} IS_TEMPLATE false")).await?;
+            admin.execute(&format!("DROP DATABASE {template}")).await?;
+        }
+    }
     drop(admin);
     let hash = load::schema_hash(&engine.pg, dir).await?;
     Ok((version, hash))

@@ -332,7 +332,7 @@ pub fn is_alive(pid: i32) -> bool {
 
 /// After an instance died without shutting down, its small System V segment
 /// would stay behind; `postmaster.pid` names it, so remove it.
-fn remove_stale_shared_memory(pgdata: &Path) {
+pub fn remove_stale_shared_memory(pgdata: &Path) {
     let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid")) else { return };
     let Some(line) = text.lines().nth(6) else { return };
     let Some(shmid) = line.split_whitespace().nth(1).and_then(|s| s.parse::<i32>().ok()) else { return };

@@ -363,7 +363,9 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
 pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     // The dead server's lock files name a pid that may live on as a zombie or be
-    // reused; the caller has checked no postmaster serves this directory.
+    // reused; the caller has checked no postmaster serves this directory. The
+    // System V segment it names would otherwise outlive it.
+    instance::remove_stale_shared_memory(&dir.pgdata());
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
     for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
         let _ = std::fs::remove_file(entry.path());

@@ -138,6 +138,21 @@ impl Daemon {
         }
     }
 
+    /// Runs `airlock serve` expecting it to refuse to start; returns its output.
+    pub fn serve_fails(&mut self) -> String {
+        std::fs::create_dir_all(&self.home).unwrap();
+        let out = Command::new(BIN)
+            .arg("serve")
+            .args(&self.args)
+            .env("AIRLOCK_HOME", &self.home)
+            .env("AIRLOCK_ROUTER", &self.router)
+            .stdin(Stdio::null())
+            .output()
+            .expect("airlock serve runs");
+        assert!(!out.status.success(), "the daemon started");
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    }
+
     /// SIGKILL to the daemon only (sandboxes keep running).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -284,16 +299,47 @@ impl Drop for Daemon {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
-        for pid in postmasters_under(&self.home) {
+        // Immediate shutdown first: it removes the server's System V segment, which
+        // SIGKILL would leave behind until the host runs out of segment ids.
+        let servers = postmasters_under(&self.home);
+        for pid in &servers {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGQUIT);
+        }
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while servers.iter().any(|p| alive(*p)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for pid in servers {
             let _ =
                 nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
         std::thread::sleep(Duration::from_millis(50));
+        for parent in ["sandboxes", "staging"] {
+            for dir in
+                std::fs::read_dir(self.home.join("volume").join(parent)).into_iter().flatten().flatten()
+            {
+                remove_segment_named_in(&dir.path().join("pgdata/postmaster.pid"));
+            }
+        }
         let volume = self.home.join("volume");
         if is_mount_point(&volume) {
             let _ = Command::new("umount").arg("-l").arg(&volume).status();
         }
         let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// Removes the System V segment a dead server's `postmaster.pid` names.
+fn remove_segment_named_in(pidfile: &Path) {
+    let text = std::fs::read_to_string(pidfile).unwrap_or_default();
+    let shmid =
+        text.lines().nth(6).and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse::<i32>().ok());
+    if let Some(shmid) = shmid {
+        // SAFETY: IPC_RMID with a null buffer only marks the segment for removal.
+        unsafe {
+            nix::libc::shmctl(shmid, nix::libc::IPC_RMID, std::ptr::null_mut());
+        }
     }
 }
 

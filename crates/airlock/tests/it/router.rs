@@ -199,3 +199,30 @@ fn each_connection_is_an_event_without_secrets() {
     assert!(!all.contains(&pw) && !all.contains("wrong"));
     assert!(!d.log().contains(&pw));
 }
+
+#[test]
+fn a_configured_certificate_is_served_and_a_bad_one_is_a_clear_error() {
+    // Another daemon's generated CA and certificate stand in for an operator's own.
+    let issuer = Daemon::start(&[]);
+    let tls = issuer.home.join("tls");
+    let (cert, key) = (tls.join("server.crt"), tls.join("server.key"));
+    let d = Daemon::start(&["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()]);
+    d.shop("shop");
+    let url = dsn(&d.fork("shop", &[]));
+    assert!(url.ends_with("?sslmode=require"), "{url}");
+    assert!(!d.home.join("tls/ca.key").exists(), "no CA generated when a certificate is configured");
+    assert_eq!(sql(&url, "SELECT 1"), "1");
+    let verified = format!(
+        "{}?sslmode=verify-full&sslrootcert={}",
+        url.split('?').next().unwrap(),
+        tls.join("ca.crt").display()
+    );
+    assert_eq!(sql(&verified, "SELECT 1"), "1");
+    // A key that is not a key: the daemon refuses to start and says which file.
+    let mut bad = Daemon::unstarted(
+        crate::harness::fresh_home(&std::env::temp_dir()),
+        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", cert.to_str().unwrap()],
+    );
+    let out = bad.serve_fails();
+    assert!(out.contains("the router's TLS key") && out.contains("server.crt"), "{out}");
+}

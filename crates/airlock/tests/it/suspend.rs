@@ -207,3 +207,14 @@ fn a_busy_host_refuses_rather_than_suspending_a_sandbox_in_use() {
     let _ = session.wait();
     assert!(psql(&dsn(&a), "SELECT 1").is_ok());
 }
+
+#[test]
+fn past_the_disk_limit_forks_fail_clearly_and_leave_nothing() {
+    let d = Daemon::start(&["--max-disk", "1M"]);
+    d.shop("shop");
+    let (code, err) = d.fails(&["fork", "shop"]);
+    assert_eq!(err["code"], "capacity_exhausted");
+    assert!(err["message"].as_str().unwrap().contains("the volume holds"), "{err}");
+    assert_eq!(code, 6);
+    assert!(d.ids().is_empty() && d.sandbox_dirs().is_empty() && d.postmasters().is_empty());
+}
