@@ -27,6 +27,8 @@ finish() {
 }
 trap finish EXIT
 now() { date +%s%N; }
+# The database name of a URL: for Airlock, the sandbox id; for mitosis, the clone id.
+sandbox_of() { echo "$1" | sed -E 's|^[^/]*//[^/]*/([^?]*).*|\1|'; }
 ms() { python3 -c "print(round(($2 - $1) / 1e6, 2))"; }
 
 M template init --seed 'psql -q "$DATABASE_URL" -f schema.sql -f seed-40mb.sql' >/dev/null
@@ -35,17 +37,17 @@ results=$(mktemp)
 for i in $(seq "$iterations"); do
   t=$(now); url=$(M clone --ttl 10m); "$pgbin/psql" "$url" -XtAc "SELECT 1" >/dev/null; e=$(now)
   echo "mitosis_clone $(ms "$t" "$e")" >> "$results"
-  M destroy "$(echo "$url" | sed 's|.*/||')" >/dev/null
+  M destroy "$(sandbox_of "$url")" >/dev/null
   t=$(now); url=$(airlock fork bench-40mb --ttl 10m --idle-suspend 0); "$pgbin/psql" "$url" -XtAc "SELECT 1" >/dev/null; e=$(now)
   echo "airlock_fork_cold $(ms "$t" "$e")" >> "$results"
-  airlock rm "$(echo "$url" | sed 's|.*/||; s|?.*||')" >/dev/null
+  airlock rm "$(sandbox_of "$url")" >/dev/null
 done
 airlock golden pool bench-40mb --size 2 >/dev/null
 for i in $(seq "$iterations"); do
   while [ "$(airlock golden show bench-40mb --json | python3 -c 'import json,sys; g=json.load(sys.stdin); print(g["pooled"] >= g["pool_size"])')" != True ]; do sleep 0.05; done
   t=$(now); url=$(airlock fork bench-40mb --ttl 10m --idle-suspend 0); "$pgbin/psql" "$url" -XtAc "SELECT 1" >/dev/null; e=$(now)
   echo "airlock_fork_from_pool $(ms "$t" "$e")" >> "$results"
-  airlock rm "$(echo "$url" | sed 's|.*/||; s|?.*||')" >/dev/null
+  airlock rm "$(sandbox_of "$url")" >/dev/null
 done
 airlock golden pool bench-40mb --size 0 >/dev/null
 echo "## CLI to first psql answer, same golden, same XFS volume, $iterations runs each (mitosis-db $(M --version | awk '{print $2}'))"

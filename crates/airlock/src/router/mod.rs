@@ -10,6 +10,7 @@
 
 mod connections;
 pub mod protocol;
+mod relay;
 mod session;
 pub mod tls;
 

@@ -3,6 +3,8 @@
 //! both ways until either side closes.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::json;
@@ -10,6 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
 use super::protocol::{self, ErrorResponse, FirstPacket, PacketError, Startup};
+use super::relay;
 use super::Shared;
 use crate::error::ErrorCode;
 use crate::events::NewEvent;
@@ -17,18 +20,63 @@ use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{self, Sandbox, SandboxState};
 
 /// A client stream, plaintext or TLS.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+enum Client {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
 
-type Client = Box<dyn Io>;
+impl AsyncRead for Client {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Client::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Client {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Client::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_flush(cx),
+            Client::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Client::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
 
 /// Serves one client until it or its sandbox hangs up.
 pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
     // A client that has not finished its startup in time is simply dropped.
-    let Ok(Some((mut client, mut server, open))) = established else { return };
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+    let Ok(Some((client, mut server, open))) = established else { return };
+    match client {
+        Client::Plain(tcp) => {
+            if let Err(e) = relay::plain(tcp, server).await {
+                tracing::debug!(error = %e, "plaintext relay ended with an error");
+            }
+        }
+        Client::Tls(mut tls) => {
+            let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+        }
+    }
     drop(open);
 }
 
@@ -48,18 +96,20 @@ async fn establish(
     tcp: TcpStream,
     peer: SocketAddr,
 ) -> Option<(Client, UnixStream, super::Open)> {
-    let mut client: Client = Box::new(tcp);
+    let mut client = Client::Plain(tcp);
     let mut tls = false;
     let startup = loop {
         match protocol::read_first_packet(&mut client).await {
-            Ok(FirstPacket::SslRequest) if !tls => match &shared.tls {
-                Some(acceptor) => {
-                    client.write_all(b"S").await.ok()?;
-                    client.flush().await.ok()?;
-                    client = Box::new(acceptor.accept(client).await.ok()?);
+            Ok(FirstPacket::SslRequest) if !tls => match (&shared.tls, client) {
+                (Some(acceptor), Client::Plain(mut tcp)) => {
+                    tcp.write_all(b"S").await.ok()?;
+                    client = Client::Tls(Box::new(acceptor.accept(tcp).await.ok()?));
                     tls = true;
                 }
-                None => client.write_all(b"N").await.ok()?,
+                (_, mut plain) => {
+                    plain.write_all(b"N").await.ok()?;
+                    client = plain;
+                }
             },
             Ok(FirstPacket::GssEncRequest) if !tls => client.write_all(b"N").await.ok()?,
             Ok(FirstPacket::SslRequest | FirstPacket::GssEncRequest) => {

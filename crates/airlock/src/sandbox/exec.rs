@@ -68,7 +68,13 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     if !(1..=3600).contains(&timeout) {
         return Err(invalid(format!("a timeout of {timeout}s is out of range"), "give between 1s and 1h"));
     }
-    let sb = engine.store().sandbox(key)?;
+    let mut sb = engine.store().sandbox(key)?;
+    if sb.state == SandboxState::Suspended {
+        sb = super::wake(engine, &sb.id).await?;
+    }
+    // A command in progress counts as a connection: the sandbox is not idle, and
+    // is not suspended (which would kill the command) to make room.
+    let _busy = engine.connections.open(&sb.id);
     if sb.state != SandboxState::Running {
         return Err(Error::new(
             ErrorCode::SandboxNotFound,

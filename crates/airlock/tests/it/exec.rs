@@ -137,3 +137,24 @@ fn no_egress_from_exec_or_from_the_server() {
     assert!(std::net::TcpStream::connect(&api).is_ok());
     drop(d);
 }
+
+#[test]
+fn exec_wakes_a_suspended_sandbox_and_keeps_it_from_idle_suspend() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let id = d.fork("shop", &["--idle-suspend", "1s"])["id"].as_str().unwrap().to_owned();
+    d.ok(&["suspend", &id]);
+    // Three seconds of work without a query: past the idle time, yet not suspended.
+    let out = exec(&d, &id, "sleep 3; psql \"$DATABASE_URL\" -XtAc 'SELECT count(*) FROM orders'", "30s");
+    assert_eq!(out["exit_code"], 0, "{out}");
+    assert_eq!(out["stdout"].as_str().unwrap().trim(), "1000");
+    let kinds: Vec<String> = d
+        .json(&["events", "--sandbox", &id])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds.iter().filter(|k| *k == "woken").count(), 1, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|k| *k == "suspended").count(), 1, "{kinds:?}");
+}

@@ -90,7 +90,7 @@ fn required_tls_refuses_plaintext_with_a_hint() {
 fn a_cancel_request_reaches_the_right_sandbox() {
     let d = Daemon::start(&[]);
     d.shop("shop");
-    let url = dsn(&d.fork("shop", &[]));
+    let url = with_sslmode(&dsn(&d.fork("shop", &[])), "disable");
     let other = dsn(&d.fork("shop", &[]));
     let (plain, pw) = split_password(&url);
     let slow = Command::new("psql")
@@ -122,25 +122,29 @@ fn a_cancel_request_reaches_the_right_sandbox() {
 fn a_sandbox_deleted_while_connected_ends_the_session_at_once() {
     let d = Daemon::start(&[]);
     d.shop("shop");
-    let sb = d.fork("shop", &[]);
-    let (plain, pw) = split_password(&dsn(&sb));
-    let session = Command::new("psql")
-        .arg(&plain)
-        .args(["-XtAc", "SELECT pg_sleep(60)"])
-        .env("PGPASSWORD", &pw)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(500));
-    let t = Instant::now();
-    d.ok(&["rm", sb["id"].as_str().unwrap()]);
-    let out = session.wait_with_output().unwrap();
-    assert!(t.elapsed() < Duration::from_secs(10), "the client hung");
-    assert!(!out.status.success());
-    // And a new connection is told the sandbox is gone, with a hint.
-    let err = psql(&dsn(&sb), "SELECT 1").unwrap_err();
-    assert!(err.contains("does not exist") && err.contains("fork a new one"), "{err}");
+    // TLS sessions and plaintext ones (relayed by different code) alike.
+    for sslmode in ["verify-full", "disable"] {
+        let sb = d.fork("shop", &[]);
+        let url = if sslmode == "disable" { with_sslmode(&dsn(&sb), "disable") } else { dsn(&sb) };
+        let (plain, pw) = split_password(&url);
+        let session = Command::new("psql")
+            .arg(&plain)
+            .args(["-XtAc", "SELECT pg_sleep(60)"])
+            .env("PGPASSWORD", &pw)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        let t = Instant::now();
+        d.ok(&["rm", sb["id"].as_str().unwrap()]);
+        let out = session.wait_with_output().unwrap();
+        assert!(t.elapsed() < Duration::from_secs(10), "the {sslmode} client hung");
+        assert!(!out.status.success());
+        // And a new connection is told the sandbox is gone, with a hint.
+        let err = psql(&url, "SELECT 1").unwrap_err();
+        assert!(err.contains("does not exist") && err.contains("fork a new one"), "{err}");
+    }
 }
 
 #[test]
