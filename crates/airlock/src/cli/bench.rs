@@ -172,6 +172,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
     let mut answer_ms = Vec::new();
+    let mut floor_ms = Vec::new();
     for _ in 0..iterations {
         if pooled {
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
@@ -188,8 +189,13 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         let t = Instant::now();
         let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
         answer_ms.push(elapsed_ms(t));
-        first_query(&agent_config(&forked.sandbox, router, *via)?).await?;
+        let agent = agent_config(&forked.sandbox, router, *via)?;
+        first_query(&agent).await?;
         fork_ms.push(elapsed_ms(t));
+        // The floor: the same connection and query again, on a server already up.
+        let t = Instant::now();
+        first_query(&agent).await?;
+        floor_ms.push(elapsed_ms(t));
         let _: Sandbox = client
             .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
             .await?;
@@ -201,7 +207,11 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         (true, Via::Socket) => "airlock_fork_from_pool_via_socket",
         (false, Via::Socket) => "airlock_fork_via_socket",
     };
-    let mut all = vec![series(name, fork_ms), series("  of which: API answer with the DSN", answer_ms)];
+    let mut all = vec![
+        series(name, fork_ms),
+        series("  of which: API answer with the DSN", answer_ms),
+        series("  floor: a second connect + query", floor_ms),
+    ];
     if !no_baselines {
         let runs = baseline_iterations.unwrap_or(iterations).max(1);
         let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));

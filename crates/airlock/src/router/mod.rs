@@ -95,10 +95,44 @@ impl Address {
             format!("postgresql://{}:{password}@{host}:{}/{sandbox}", crate::pg::dsn::AGENT_ROLE, self.port);
         match (self.tls, &self.ca) {
             (TlsMode::Off, _) => url.push_str("?sslmode=disable"),
-            (_, Some(ca)) => url.push_str(&format!("?sslmode=verify-full&sslrootcert={}", ca.display())),
+            (_, Some(ca)) => {
+                url.push_str(&format!("?sslmode=verify-full&sslrootcert={}", percent_encode_path(ca)))
+            }
             (_, None) => url.push_str("?sslmode=require"),
         }
         url
+    }
+}
+
+/// A path as a URI query value: libpq decodes `%XX` (and nothing else, not `+`).
+fn percent_encode_path(path: &std::path::Path) -> String {
+    let mut out = String::new();
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsns_name_the_sandbox_and_how_to_verify_the_router() {
+        let mut a = Address { host: "127.0.0.1".into(), port: 7432, tls: TlsMode::Optional, ca: None };
+        assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
+        a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
+        assert_eq!(
+            a.dsn("sb-1", "pw"),
+            "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=verify-full&sslrootcert=/var/lib/air%20lock/tls/ca.crt"
+        );
+        a.host = "::1".into();
+        a.tls = TlsMode::Off;
+        assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
     }
 }
 
