@@ -223,41 +223,37 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     for s in &mut all {
         s.vs_airlock = (s.p50_ms / base * 100.0).round() / 100.0;
     }
-    let report = serde_json::json!({"golden": golden, "results": all});
-    output::print(cli.json, &report, || {
-        let mut t = Table::new(&["METHOD", "RUNS", "P50 MS", "P99 MS", "MIN MS", "MAX MS", "VS AIRLOCK"]);
-        for s in &all {
-            t.row(vec![
-                s.method.clone(),
-                s.runs.to_string(),
-                format!("{:.1}", s.p50_ms),
-                format!("{:.1}", s.p99_ms),
-                format!("{:.1}", s.min_ms),
-                format!("{:.1}", s.max_ms),
-                format!("{:.2}x", s.vs_airlock),
-            ]);
-        }
-        format!("golden {golden}: fork request to first query answered\n\n{}", t.render())
-    });
+    let title = format!("golden {golden}: fork request to first query answered");
+    report(cli, &title, serde_json::json!({"golden": golden}), &all, true);
     Ok(0)
 }
 
-fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series]) {
+/// Prints series as a table (or JSON with `extra` fields), with a column comparing
+/// each median to the first series' when `compare`.
+fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series], compare: bool) {
     let mut value = serde_json::json!({"results": all});
     if let (Some(v), serde_json::Value::Object(extra)) = (value.as_object_mut(), extra) {
         v.extend(extra);
     }
     output::print(cli.json, &value, || {
-        let mut t = Table::new(&["METHOD", "RUNS", "P50 MS", "P99 MS", "MIN MS", "MAX MS"]);
+        let mut columns = vec!["METHOD", "RUNS", "P50 MS", "P99 MS", "MIN MS", "MAX MS"];
+        if compare {
+            columns.push("VS AIRLOCK");
+        }
+        let mut t = Table::new(&columns);
         for s in all {
-            t.row(vec![
+            let mut row = vec![
                 s.method.clone(),
                 s.runs.to_string(),
                 format!("{:.1}", s.p50_ms),
                 format!("{:.1}", s.p99_ms),
                 format!("{:.1}", s.min_ms),
                 format!("{:.1}", s.max_ms),
-            ]);
+            ];
+            if compare {
+                row.push(format!("{:.2}x", s.vs_airlock));
+            }
+            t.row(row);
         }
         format!("{title}\n\n{}", t.render())
     });
@@ -303,7 +299,13 @@ async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Resul
     let all = [series("fork_query_delete_cycle", cycles)];
     let title =
         format!("golden {golden}: {:.1} fork-query-delete cycles per second over {seconds:.0} s", rate);
-    report(cli, &title, serde_json::json!({"golden": golden, "per_second": rate, "seconds": seconds}), &all);
+    report(
+        cli,
+        &title,
+        serde_json::json!({"golden": golden, "per_second": rate, "seconds": seconds}),
+        &all,
+        false,
+    );
     Ok(0)
 }
 
@@ -337,6 +339,7 @@ async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
         &format!("golden {golden}: connect and first query through the router"),
         serde_json::json!({"golden": golden}),
         &all,
+        false,
     );
     Ok(0)
 }

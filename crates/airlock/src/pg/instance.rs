@@ -265,15 +265,24 @@ pub async fn stop(pid: i32, pgdata: &Path) {
         return;
     }
     let _ = signal::kill(Pid::from_raw(pid), Signal::SIGINT);
-    let deadline = Instant::now() + Duration::from_secs(10);
+    if !exits_within(pid, Duration::from_secs(10)).await {
+        kill(pid, pgdata).await;
+    }
+}
+
+/// Waits, polling with a short back-off, until `pid` is gone; false if it is
+/// still there after `limit`.
+async fn exits_within(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
     let mut wait = Duration::from_micros(500);
-    while is_alive(pid) && Instant::now() < deadline {
+    while is_alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(Duration::from_millis(10));
     }
-    if is_alive(pid) {
-        kill(pid, pgdata).await;
-    }
+    true
 }
 
 /// Stops an instance for good: immediate shutdown (which also removes its shared
@@ -286,18 +295,9 @@ pub async fn kill(pid: i32, pgdata: &Path) {
         return;
     }
     let _ = signal::kill(Pid::from_raw(pid), Signal::SIGQUIT);
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut wait = Duration::from_micros(500);
-    while is_alive(pid) && Instant::now() < deadline {
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_millis(20));
-    }
-    if is_alive(pid) {
+    if !exits_within(pid, Duration::from_secs(2)).await {
         let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while is_alive(pid) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        exits_within(pid, Duration::from_secs(5)).await;
     }
     remove_stale_shared_memory(pgdata);
 }

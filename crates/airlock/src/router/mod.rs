@@ -117,25 +117,6 @@ fn percent_encode_path(path: &std::path::Path) -> String {
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dsns_name_the_sandbox_and_how_to_verify_the_router() {
-        let mut a = Address { host: "127.0.0.1".into(), port: 7432, tls: TlsMode::Optional, ca: None };
-        assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
-        a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
-        assert_eq!(
-            a.dsn("sb-1", "pw"),
-            "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=verify-full&sslrootcert=/var/lib/air%20lock/tls/ca.crt"
-        );
-        a.host = "::1".into();
-        a.tls = TlsMode::Off;
-        assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
-    }
-}
-
 /// What every connection task shares.
 struct Shared {
     engine: Arc<Engine>,
@@ -216,5 +197,24 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Sema
                 });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsns_name_the_sandbox_and_how_to_verify_the_router() {
+        let mut a = Address { host: "127.0.0.1".into(), port: 7432, tls: TlsMode::Optional, ca: None };
+        assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
+        a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
+        assert_eq!(
+            a.dsn("sb-1", "pw"),
+            "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=verify-full&sslrootcert=/var/lib/air%20lock/tls/ca.crt"
+        );
+        a.host = "::1".into();
+        a.tls = TlsMode::Off;
+        assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
     }
 }

@@ -148,13 +148,7 @@ fn exec_wakes_a_suspended_sandbox_and_keeps_it_from_idle_suspend() {
     let out = exec(&d, &id, "sleep 3; psql \"$DATABASE_URL\" -XtAc 'SELECT count(*) FROM orders'", "30s");
     assert_eq!(out["exit_code"], 0, "{out}");
     assert_eq!(out["stdout"].as_str().unwrap().trim(), "1000");
-    let kinds: Vec<String> = d
-        .json(&["events", "--sandbox", &id])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_owned())
-        .collect();
+    let kinds = d.event_kinds(&id);
     assert_eq!(kinds.iter().filter(|k| *k == "woken").count(), 1, "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| *k == "suspended").count(), 1, "{kinds:?}");
 }

@@ -249,6 +249,12 @@ impl Daemon {
         self.json(&args)
     }
 
+    /// The kinds of a sandbox's events, oldest first.
+    pub fn event_kinds(&self, sandbox: &str) -> Vec<String> {
+        let events = self.json(&["events", "--sandbox", sandbox]);
+        events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+    }
+
     /// Branches the sandbox whose DSN is given; returns the branch's DSN.
     pub fn fork_branch(&self, source_dsn: &str) -> String {
         let id = self
@@ -406,6 +412,19 @@ pub fn psql(dsn: &str, sql: &str) -> Result<String, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).into_owned())
     }
+}
+
+/// Starts psql running `sql` in the background (the password in its environment).
+pub fn spawn_psql(dsn: &str, sql: &str) -> std::process::Child {
+    let (plain, password) = split_password(dsn);
+    Command::new("psql")
+        .arg(plain)
+        .args(["-XtAc", sql])
+        .env("PGPASSWORD", password)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("psql starts")
 }
 
 /// Splits `postgresql://user:pw@/db?...` into the DSN without the password, and the password.

@@ -3,10 +3,10 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::harness::{dsn, psql, split_password, sql, Daemon};
+use crate::harness::{dsn, psql, spawn_psql, split_password, sql, Daemon};
 
 /// Reads what the router sends until it closes (or `limit` passes); returns the bytes
 /// and whether it closed.
@@ -92,15 +92,7 @@ fn a_cancel_request_reaches_the_right_sandbox() {
     d.shop("shop");
     let url = with_sslmode(&dsn(&d.fork("shop", &[])), "disable");
     let other = dsn(&d.fork("shop", &[]));
-    let (plain, pw) = split_password(&url);
-    let slow = Command::new("psql")
-        .arg(&plain)
-        .args(["-XtAc", "SELECT pg_sleep(30)"])
-        .env("PGPASSWORD", &pw)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let slow = spawn_psql(&url, "SELECT pg_sleep(30)");
     // Wait until the query runs, then interrupt psql: it sends a cancel request.
     let deadline = Instant::now() + Duration::from_secs(10);
     while sql(&url, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'") != "1" {
@@ -126,15 +118,7 @@ fn a_sandbox_deleted_while_connected_ends_the_session_at_once() {
     for sslmode in ["verify-full", "disable"] {
         let sb = d.fork("shop", &[]);
         let url = if sslmode == "disable" { with_sslmode(&dsn(&sb), "disable") } else { dsn(&sb) };
-        let (plain, pw) = split_password(&url);
-        let session = Command::new("psql")
-            .arg(&plain)
-            .args(["-XtAc", "SELECT pg_sleep(60)"])
-            .env("PGPASSWORD", &pw)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let session = spawn_psql(&url, "SELECT pg_sleep(60)");
         std::thread::sleep(Duration::from_millis(500));
         let t = Instant::now();
         d.ok(&["rm", sb["id"].as_str().unwrap()]);

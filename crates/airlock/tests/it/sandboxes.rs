@@ -167,14 +167,7 @@ fn reset_puts_a_sandbox_back_to_its_golden_keeping_its_address_and_credential() 
     // The access mode survives a reset too.
     d.ok(&["reset", "agent"]);
     assert!(psql(&dsn(&sb), "DELETE FROM orders").unwrap_err().contains("read-only transaction"));
-    let kinds: Vec<String> = d
-        .json(&["events", "--sandbox", id])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_owned())
-        .filter(|k| k != "connected")
-        .collect();
+    let kinds: Vec<String> = d.event_kinds(id).into_iter().filter(|k| k != "connected").collect();
     assert_eq!(kinds, ["created", "ready", "reset"]);
     assert_eq!(d.postmasters().len(), 2);
     let (_, err) = d.fails(&["reset", "sb-nope"]);

@@ -4,7 +4,7 @@
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{dsn, psql, split_password, sql, Daemon};
+use crate::harness::{dsn, psql, spawn_psql, sql, Daemon};
 
 fn state(d: &Daemon, id: &str) -> String {
     d.json(&["show", id])["state"].as_str().unwrap().to_owned()
@@ -31,13 +31,7 @@ fn a_suspended_sandbox_keeps_its_data_address_and_credential_and_wakes_on_connec
     // The next connection wakes it: one slower connect, not an error.
     assert_eq!(sql(&url, "SELECT x FROM kept"), "42");
     assert_eq!(state(&d, &sid), "running");
-    let kinds: Vec<String> = d
-        .json(&["events", "--sandbox", &sid])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["kind"].as_str().unwrap().to_owned())
-        .collect();
+    let kinds = d.event_kinds(&sid);
     assert!(kinds.windows(2).any(|w| w == ["suspended", "woken"]), "{kinds:?}");
     // `airlock wake` and suspend are idempotent, and the TTL still applies while suspended.
     d.ok(&["suspend", &sid]);
@@ -62,19 +56,7 @@ fn clients_connecting_during_a_suspend_get_an_answer() {
     let sb = d.fork("shop", &[]);
     let (sid, url) = (id(&sb), dsn(&sb));
     for _ in 0..3 {
-        let (plain, pw) = split_password(&url);
-        let clients: Vec<_> = (0..4)
-            .map(|_| {
-                Command::new("psql")
-                    .arg(&plain)
-                    .args(["-XtAc", "SELECT count(*) FROM orders"])
-                    .env("PGPASSWORD", &pw)
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
+        let clients: Vec<_> = (0..4).map(|_| spawn_psql(&url, "SELECT count(*) FROM orders")).collect();
         d.ok(&["suspend", &sid]);
         for c in clients {
             let out = c.wait_with_output().unwrap();
@@ -97,15 +79,7 @@ fn an_idle_sandbox_is_suspended_but_not_one_with_an_open_session() {
     let never = d.fork("shop", &["--idle-suspend", "0"]);
     assert_eq!(idle["idle_suspend_seconds"], 1);
     // An open session, straight on the socket (the router does not see it).
-    let (plain, pw) = split_password(busy["socket_dsn"].as_str().unwrap());
-    let mut session = Command::new("psql")
-        .arg(&plain)
-        .args(["-XtAc", "SELECT pg_sleep(6)"])
-        .env("PGPASSWORD", &pw)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut session = spawn_psql(busy["socket_dsn"].as_str().unwrap(), "SELECT pg_sleep(6)");
     let deadline = Instant::now() + Duration::from_secs(10);
     while state(&d, &id(&idle)) != "suspended" {
         assert!(Instant::now() < deadline, "the idle sandbox was not suspended");
@@ -190,15 +164,7 @@ fn a_busy_host_refuses_rather_than_suspending_a_sandbox_in_use() {
     let d = Daemon::start(&["--max-running", "1"]);
     d.shop("shop");
     let a = d.fork("shop", &[]);
-    let (plain, pw) = split_password(&dsn(&a));
-    let mut session = Command::new("psql")
-        .arg(&plain)
-        .args(["-XtAc", "SELECT pg_sleep(10)"])
-        .env("PGPASSWORD", &pw)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut session = spawn_psql(&dsn(&a), "SELECT pg_sleep(10)");
     std::thread::sleep(Duration::from_millis(500));
     let (_, err) = d.fails(&["fork", "shop"]);
     assert_eq!(err["code"], "capacity_exhausted");
