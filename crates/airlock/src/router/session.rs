@@ -66,15 +66,17 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
     // A client that has not finished its startup in time is simply dropped.
-    let Ok(Some((client, mut server, open))) = established else { return };
+    let Ok(Some((client, server, open))) = established else { return };
     match client {
         Client::Plain(tcp) => {
             if let Err(e) = relay::plain(tcp, server).await {
                 tracing::debug!(error = %e, "plaintext relay ended with an error");
             }
         }
-        Client::Tls(mut tls) => {
-            let _ = tokio::io::copy_bidirectional(&mut tls, &mut server).await;
+        Client::Tls(tls) => {
+            if let Err(e) = relay::tls(*tls, server).await {
+                tracing::debug!(error = %e, "TLS relay ended with an error");
+            }
         }
     }
     drop(open);

@@ -214,3 +214,31 @@ fn a_configured_certificate_is_served_and_a_bad_one_is_a_clear_error() {
     let out = bad.serve_fails();
     assert!(out.contains("the router's TLS key") && out.contains("server.crt"), "{out}");
 }
+
+#[test]
+fn large_results_and_copy_pass_through_tls_and_plaintext_intact() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let url = dsn(&d.fork("shop", &[]));
+    let rows = d.home.join("rows.csv");
+    let text: String = (0..200_000u64).map(|i| format!("{i},{:x}{:x}\n", i * 7919, i * 104_729)).collect();
+    std::fs::write(&rows, &text).unwrap();
+    for (n, url) in [with_sslmode(&url, "disable"), url.clone()].iter().enumerate() {
+        let table = format!("t{n}");
+        sql(url, &format!("CREATE TABLE {table} (id int, v text)"));
+        // Several MB up (COPY from the client) and down (one large value, then all rows).
+        let (plain, pw) = split_password(url);
+        let out = Command::new("psql")
+            .arg(&plain)
+            .args(["-XtAc", &format!("\\copy {table} FROM '{}' CSV", rows.display())])
+            .env("PGPASSWORD", &pw)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(sql(url, &format!("SELECT count(*) FROM {table}")), "200000");
+        let big = sql(url, "SELECT string_agg(md5(g::text), '') FROM generate_series(1, 100000) g");
+        assert_eq!(big.len(), 3_200_000);
+        let back = sql(url, &format!("SELECT string_agg(id || ',' || v, E'\\n' ORDER BY id) FROM {table}"));
+        assert_eq!(back + "\n", text);
+    }
+}
