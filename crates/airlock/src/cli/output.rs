@@ -240,7 +240,31 @@ pub fn doctor(d: &Doctor) -> String {
         ),
     ]);
     t.row(vec!["disk limit (growth)".into(), bytes(d.disk_limit_bytes)]);
-    t.row(vec!["max sandboxes".into(), d.max_sandboxes.to_string()]);
+    t.row(vec!["max sandboxes / running".into(), format!("{} / {}", d.max_sandboxes, d.max_running)]);
+    t.row(vec![
+        "max disk (volume)".into(),
+        d.max_disk_bytes.map_or_else(|| "no limit".to_owned(), bytes),
+    ]);
+    t.row(vec![
+        "idle suspend (default)".into(),
+        match d.default_idle_suspend_seconds {
+            0 => "never".to_owned(),
+            s => format!("{s}s"),
+        },
+    ]);
+    let router = match &d.router {
+        None => "off".to_owned(),
+        Some(r) => {
+            let mode = format!("{:?}", r.tls).to_lowercase();
+            let tls = match (r.tls, &r.ca) {
+                (crate::router::TlsMode::Off, _) => "no TLS".to_owned(),
+                (_, Some(ca)) => format!("TLS {mode}, CA {}", ca.display()),
+                (_, None) => format!("TLS {mode}, configured certificate"),
+            };
+            format!("{}:{} ({tls})", r.host, r.port)
+        }
+    };
+    t.row(vec!["router".into(), router]);
     t.row(vec!["default / max TTL".into(), format!("{}s / {}s", d.default_ttl_seconds, d.max_ttl_seconds)]);
     let mut out = t.render();
     for w in &d.warnings {
