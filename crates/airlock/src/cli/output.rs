@@ -241,10 +241,7 @@ pub fn doctor(d: &Doctor) -> String {
     ]);
     t.row(vec!["disk limit (growth)".into(), bytes(d.disk_limit_bytes)]);
     t.row(vec!["max sandboxes / running".into(), format!("{} / {}", d.max_sandboxes, d.max_running)]);
-    t.row(vec![
-        "max disk (volume)".into(),
-        d.max_disk_bytes.map_or_else(|| "no limit".to_owned(), bytes),
-    ]);
+    t.row(vec!["max disk (volume)".into(), d.max_disk_bytes.map_or_else(|| "no limit".to_owned(), bytes)]);
     t.row(vec![
         "idle suspend (default)".into(),
         match d.default_idle_suspend_seconds {

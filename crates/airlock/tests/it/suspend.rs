@@ -184,3 +184,45 @@ fn past_the_disk_limit_forks_fail_clearly_and_leave_nothing() {
     assert_eq!(code, 6);
     assert!(d.ids().is_empty() && d.sandbox_dirs().is_empty() && d.postmasters().is_empty());
 }
+
+#[test]
+fn kill_9_in_the_middle_of_suspends_and_wakes_leaves_every_sandbox_whole() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let sbs: Vec<_> = (0..4).map(|_| d.fork("shop", &[])).collect();
+    for sb in &sbs[..2] {
+        d.ok(&["suspend", &id(sb)]);
+    }
+    // Suspend the running ones and wake the suspended ones, and kill the daemon meanwhile.
+    let mut clients: Vec<_> = sbs[2..]
+        .iter()
+        .map(|sb| {
+            Command::new(crate::harness::BIN)
+                .args(["suspend", &id(sb)])
+                .env("AIRLOCK_HOME", &d.home)
+                .env("AIRLOCK_ROUTER", &d.router)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    clients.extend(sbs[..2].iter().map(|sb| spawn_psql(&dsn(sb), "SELECT 1")));
+    std::thread::sleep(Duration::from_millis(15));
+    for mut c in clients {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    d.kill9();
+    d.spawn();
+    // Every sandbox is either running with its server or suspended without one,
+    // and each answers through the router with its data.
+    let listed = d.json(&["ls"]);
+    assert_eq!(listed.as_array().unwrap().len(), 4);
+    let running = listed.as_array().unwrap().iter().filter(|s| s["state"] == "running").count();
+    assert_eq!(d.postmasters().len(), running, "{listed}");
+    for sb in &sbs {
+        assert_eq!(sql(&dsn(sb), "SELECT count(*) FROM orders"), "1000");
+    }
+    assert_eq!(d.postmasters().len(), 4);
+}
