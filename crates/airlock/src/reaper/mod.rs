@@ -24,6 +24,10 @@ const TICK: Duration = Duration::from_millis(200);
 /// How often idle sandboxes are looked for.
 const IDLE_TICK: Duration = Duration::from_secs(1);
 
+/// Events kept: every router connection is one, so without a bound the store
+/// would grow with traffic. The newest are kept.
+pub const EVENTS_KEPT: i64 = 200_000;
+
 /// Runs the TTL loop and the idle-suspend loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
     let idle = engine.clone();
@@ -46,6 +50,13 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
             if ticks.is_multiple_of(5) {
                 watch_servers(&engine);
                 disk_cursor = watch_disk(&engine, disk_cursor).await;
+            }
+            if ticks.is_multiple_of(300) {
+                match engine.store().trim_events(EVENTS_KEPT) {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(trimmed = n, kept = EVENTS_KEPT, "trimmed old events"),
+                    Err(e) => tracing::warn!(error = %e, "could not trim old events"),
+                }
             }
             let expired = match engine.store().expired(Timestamp::now()) {
                 Ok(ids) => ids,

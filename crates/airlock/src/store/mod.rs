@@ -437,6 +437,11 @@ impl Store {
         Ok(())
     }
 
+    /// Deletes all but the newest `keep` events; returns how many went.
+    pub fn trim_events(&mut self, keep: i64) -> Result<usize> {
+        Ok(self.conn.execute("DELETE FROM events WHERE id <= (SELECT max(id) FROM events) - ?1", [keep])?)
+    }
+
     /// Events, oldest first, optionally for one sandbox (by id), the most recent `limit`.
     pub fn events(&self, sandbox: Option<&str>, limit: i64) -> Result<Vec<Event>> {
         let mut stmt = self.conn.prepare(
@@ -550,5 +555,28 @@ mod tests {
         let sb = store.sandbox("sb-old").unwrap();
         assert_eq!(sb.access, crate::sandbox::Access::default());
         assert_eq!(sb.slot, None);
+        assert_eq!(sb.idle_suspend_seconds, 0);
+    }
+
+    #[test]
+    fn trimming_keeps_the_newest_events() {
+        let dir = std::env::temp_dir().join(format!("airlock-store-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut store = Store::open(&dir.join("state.db")).unwrap();
+        for i in 0..10 {
+            store
+                .record(NewEvent {
+                    kind: "connected",
+                    detail: serde_json::json!({"n": i}),
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        assert_eq!(store.trim_events(4).unwrap(), 6);
+        let left = store.events(None, 100).unwrap();
+        let kept: Vec<i64> = left.iter().map(|e| e.detail["n"].as_i64().unwrap()).collect();
+        assert_eq!(kept, [6, 7, 8, 9]);
+        assert_eq!(store.trim_events(4).unwrap(), 0);
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
