@@ -1,7 +1,8 @@
 //! Capacity: limits on running sandboxes, on all sandboxes and on the volume's
 //! disk use. When a fork or wake finds no room, idle sandboxes are suspended
-//! first (least recently used), then it waits its turn in a first-in-first-out
-//! queue for up to its `--wait`, then fails with `capacity_exhausted`.
+//! first (least recently used), then warm-pool members are given up, then it
+//! waits its turn in a first-in-first-out queue for up to its `--wait`, then
+//! fails with `capacity_exhausted`.
 
 use std::time::{Duration, Instant};
 
@@ -11,6 +12,7 @@ use super::suspend::{suspend, SuspendReason};
 use super::SandboxState;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
+use crate::events::DeleteReason;
 use crate::store::SandboxFilter;
 
 /// What the caller is about to add.
@@ -29,7 +31,8 @@ pub struct Admitted<'a> {
 }
 
 /// Waits (first come, first served) until there is room for `need`, suspending
-/// idle sandboxes to make it; `except` is never suspended (the one being woken).
+/// idle sandboxes or draining pool members to make it; `except` is never
+/// suspended (the one being woken).
 pub async fn admit<'a>(
     engine: &'a Engine,
     wait: Duration,
@@ -52,6 +55,9 @@ pub async fn admit<'a>(
         if why.running_only && suspend_least_recently_used(engine, except).await {
             continue;
         }
+        if why.pool_helps && drain_a_pool_member(engine).await {
+            continue;
+        }
         if tokio::time::timeout_at(deadline.into(), freed).await.is_err() {
             return Err(full(engine, &why.message));
         }
@@ -62,6 +68,8 @@ struct NoRoom {
     message: String,
     /// Suspending a sandbox would make room.
     running_only: bool,
+    /// Giving up a pool member would make room.
+    pool_helps: bool,
 }
 
 fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
@@ -71,6 +79,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
         return Ok(Some(NoRoom {
             message: format!("{all} sandboxes exist, the limit"),
             running_only: false,
+            pool_helps: true,
         }));
     }
     if let Some(max) = c.max_disk_bytes {
@@ -79,6 +88,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             return Ok(Some(NoRoom {
                 message: format!("the volume holds {used} bytes, the limit is {max}"),
                 running_only: false,
+                pool_helps: false,
             }));
         }
     }
@@ -86,6 +96,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
         return Ok(Some(NoRoom {
             message: format!("{running} sandboxes are running, the limit, and none is idle"),
             running_only: true,
+            pool_helps: true,
         }));
     }
     Ok(None)
@@ -110,6 +121,19 @@ pub fn volume_used(engine: &Engine) -> u64 {
         Ok(s) => s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size(),
         Err(_) => 0,
     }
+}
+
+/// Deletes the oldest warm-pool member of any golden (the pool refills when there
+/// is room again); false if there is none.
+async fn drain_a_pool_member(engine: &Engine) -> bool {
+    let filter = SandboxFilter { pooled: true, ..Default::default() };
+    let Ok(all) = engine.store().sandboxes(&filter) else { return false };
+    for member in all.into_iter().filter(|s| s.state == SandboxState::Pooled) {
+        if engine.store().begin_delete(&member.id).unwrap_or(false) {
+            return super::teardown(engine, &member, DeleteReason::Drained).await.is_ok();
+        }
+    }
+    false
 }
 
 /// Suspends the running sandbox unused for longest that has no connection open;

@@ -363,8 +363,13 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
 pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     // The dead server's lock files name a pid that may live on as a zombie or be
-    // reused; the caller has checked no postmaster serves this directory. The
-    // System V segment it names would otherwise outlive it.
+    // reused. Should a server still serve this directory (one the caller missed),
+    // it is stopped first: two on one data directory would corrupt it. The System V
+    // segment a dead one names would otherwise outlive it.
+    if let Some(pid) = postmaster_pid(&dir).filter(|p| instance::is_postmaster_of(*p, &dir.pgdata())) {
+        tracing::warn!(sandbox = %sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
+        instance::kill(pid, &dir.pgdata()).await;
+    }
     instance::remove_stale_shared_memory(&dir.pgdata());
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
     for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {

@@ -379,7 +379,15 @@ fn alive(pid: i32) -> bool {
 /// Postmasters (processes run with `-D DIR`) whose DIR is under `root`.
 pub fn postmasters_under(root: &Path) -> Vec<i32> {
     let needle = format!("-D {}/", root.display());
-    pids().into_iter().filter(|p| alive(*p) && cmdline(*p).is_some_and(|c| c.contains(&needle))).collect()
+    let serves = |p: i32| alive(p) && cmdline(p).is_some_and(|c| c.contains(&needle));
+    // A backend the postmaster has just forked carries its command line until it
+    // sets its own title: count only processes whose parent is not a server too.
+    pids().into_iter().filter(|p| serves(*p) && !parent(*p).is_some_and(serves)).collect()
+}
+
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Airlock daemons whose environment names this data root.

@@ -224,5 +224,27 @@ fn kill_9_in_the_middle_of_suspends_and_wakes_leaves_every_sandbox_whole() {
     for sb in &sbs {
         assert_eq!(sql(&dsn(sb), "SELECT count(*) FROM orders"), "1000");
     }
-    assert_eq!(d.postmasters().len(), 4);
+    let servers: Vec<String> = d
+        .postmasters()
+        .iter()
+        .map(|p| std::fs::read_to_string(format!("/proc/{p}/cmdline")).unwrap_or_default().replace('\0', " "))
+        .collect();
+    assert_eq!(servers.len(), 4, "{servers:#?}\n{}", d.log());
+}
+
+#[test]
+fn a_cold_fork_on_a_host_full_of_pool_members_takes_a_pool_members_place() {
+    let d = Daemon::start(&["--max-running", "2"]);
+    d.shop("shop");
+    d.shop("other");
+    d.ok(&["golden", "pool", "shop", "--size", "2"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.json(&["golden", "show", "shop"])["pooled"] != 2 {
+        assert!(Instant::now() < deadline, "the pool did not fill");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let sb = d.fork("other", &[]);
+    assert_eq!(sql(&dsn(&sb), "SELECT count(*) FROM orders"), "1000");
+    assert_eq!(d.json(&["golden", "show", "shop"])["pooled"], 1);
+    assert_eq!(d.postmasters().len(), 2);
 }
