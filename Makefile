@@ -16,10 +16,11 @@ test: deps
 	@scripts/test.sh
 
 ## bench: fork benchmarks against the baselines, then router, pool, suspend,
-## density and mitosis-db (see docs/BENCHMARKS.md)
+## mitosis-db and density (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
+	@scripts/bench-density.sh
 
 clean:
 	cargo clean
