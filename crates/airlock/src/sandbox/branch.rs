@@ -58,10 +58,11 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         req.labels.clone(),
         source.access,
         ttl,
-        std::time::Duration::from_secs(source.idle_suspend_seconds),
+        Duration::from_secs(source.idle_suspend_seconds),
     );
+    // Room for the branch, never made by suspending the sandbox being branched.
     let admitted =
-        super::capacity::admit(engine, std::time::Duration::ZERO, super::capacity::Need::New, None).await?;
+        super::capacity::admit(engine, Duration::ZERO, super::capacity::Need::New, Some(&source.id)).await?;
     {
         let mut store = engine.store();
         store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;

@@ -198,7 +198,11 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         Some(pooled) => sb = pooled,
         None => {
             let _admitted = capacity::admit(engine, wait, capacity::Need::New, None).await?;
-            engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+            // The queue may have waited through a refresh: fork the generation that
+            // is current now, recorded in the same breath so it is not pruned.
+            let mut store = engine.store();
+            sb.generation = store.golden(&req.golden)?.current_generation;
+            store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
         }
     }
     let sb = {
