@@ -8,24 +8,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-airlock() { ./target/release/airlock "$@"; }
 n=${DENSITY:-200}
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-density}
 export AIRLOCK_MAX_RUNNING=$n AIRLOCK_MAX_SANDBOXES=$((2 * n)) AIRLOCK_ROUTER=127.0.0.1:7434
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-out=bench/results
-mkdir -p "$out"
-cleanup() {
-  airlock golden rm bench-40mb --force >/dev/null 2>&1 || true
-  airlock daemon stop >/dev/null 2>&1 || true
-  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
-  rm -rf "$AIRLOCK_HOME"
-}
-trap cleanup EXIT
-cleanup
-if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G >/dev/null; fi
+GOLDENS=bench-40mb
+source scripts/bench-lib.sh
+bench_fresh_root
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
-json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 used_mb() { free -m | awk '/Mem:/ {print $3}'; }
 volume_mb() { df -m --output=used "$AIRLOCK_HOME/volume" | tail -1 | tr -d ' '; }
 servers() { pgrep -fc "postgres -D $AIRLOCK_HOME/volume/sandboxes/" || true; }

@@ -9,9 +9,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-airlock() { ./target/release/airlock "$@"; }
+source scripts/bench-lib.sh
 iterations=${ITERATIONS:-30}
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 id airlock-mitosis >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin airlock-mitosis
 mhome="$AIRLOCK_HOME/volume/mitosis"
 seed=$(mktemp -d)

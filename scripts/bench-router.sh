@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Router, pool, suspend and density benchmarks (run after scripts/bench.sh or on
+# Router, pool and suspend benchmarks (run after scripts/bench.sh or on
 # their own): sustained fork-query-delete rate with the pool refilling, pgbench -S
 # through the router against the sandbox's socket in the same run, wake time,
 # memory per idle sandbox, and mitosis-db side by side when it is installed.
@@ -7,25 +7,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-airlock() { ./target/release/airlock "$@"; }
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-router}
-# Limits for the daemon the CLI starts (the density run holds 40 sandboxes).
+# Limits for the daemon the CLI starts (the memory run holds 40 sandboxes).
 export AIRLOCK_MAX_RUNNING=200 AIRLOCK_MAX_SANDBOXES=400 AIRLOCK_ROUTER=127.0.0.1:7433
-pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
-out=bench/results
-mkdir -p "$out"
-cleanup() {
-  airlock golden rm bench-40mb --force >/dev/null 2>&1 || true
-  airlock daemon stop >/dev/null 2>&1 || true
-  pkill -u airlock-mitosis -f mitosis >/dev/null 2>&1 || true
-  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
-  rm -rf "$AIRLOCK_HOME"
-}
-trap cleanup EXIT
-cleanup
-if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G >/dev/null; fi
+GOLDENS=bench-40mb
+source scripts/bench-lib.sh
+bench_fresh_root
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
-json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 
 {
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r)"

@@ -5,23 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-airlock() { ./target/release/airlock "$@"; }
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench}
 iterations=${ITERATIONS:-30}
 large_baselines=${LARGE_BASELINE_ITERATIONS:-5}
-out=bench/results
-mkdir -p "$out"
-
-cleanup() {
-  airlock golden rm bench-40mb --force >/dev/null 2>&1 || true
-  airlock golden rm bench-1500mb --force >/dev/null 2>&1 || true
-  airlock daemon stop >/dev/null 2>&1 || true
-  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
-  rm -rf "$AIRLOCK_HOME"
-}
-trap cleanup EXIT
-cleanup
-if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G; fi
+GOLDENS="bench-40mb bench-1500mb"
+source scripts/bench-lib.sh
+bench_fresh_root
 airlock doctor
 
 echo "building goldens (the large one takes a few minutes)"

@@ -161,6 +161,18 @@ impl Daemon {
         }
     }
 
+    /// Starts the CLI against this data root in the background (output discarded).
+    pub fn spawn_cli(&self, args: &[&str]) -> Child {
+        Command::new(BIN)
+            .args(args)
+            .env("AIRLOCK_HOME", &self.home)
+            .env("AIRLOCK_ROUTER", &self.router)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("airlock runs")
+    }
+
     /// Runs the CLI against this data root.
     pub fn cli(&self, args: &[&str]) -> Out {
         self.cli_with(args, None)

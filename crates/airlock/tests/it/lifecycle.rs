@@ -1,9 +1,8 @@
 //! TTL expiry, crashes and restarts, reconciliation, failed forks, auto-start.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{dsn, psql, sql, Daemon, BIN};
+use crate::harness::{dsn, psql, sql, Daemon};
 
 #[test]
 fn an_expired_sandbox_is_gone_within_about_a_second() {
@@ -67,10 +66,10 @@ fn kill_9_in_the_middle_of_forks_and_deletes_leaks_nothing() {
     // Fire forks and deletes at the daemon and kill it while they are in flight.
     let mut clients = Vec::new();
     for _ in 0..4 {
-        clients.push(spawn_cli(&d, &["fork", "shop", "--json"]));
+        clients.push(d.spawn_cli(&["fork", "shop", "--json"]));
     }
     for id in &existing {
-        clients.push(spawn_cli(&d, &["rm", id]));
+        clients.push(d.spawn_cli(&["rm", id]));
     }
     std::thread::sleep(Duration::from_millis(60));
     // The work runs inside the daemon; the clients only wait. Stop them first so
@@ -96,17 +95,6 @@ fn kill_9_in_the_middle_of_forks_and_deletes_leaks_nothing() {
     }
     let staging: Vec<_> = std::fs::read_dir(d.home.join("volume/staging")).unwrap().collect();
     assert!(staging.is_empty());
-}
-
-fn spawn_cli(d: &Daemon, args: &[&str]) -> std::process::Child {
-    Command::new(BIN)
-        .args(args)
-        .env("AIRLOCK_HOME", &d.home)
-        .env("AIRLOCK_ROUTER", &d.router)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap()
 }
 
 #[test]

@@ -1,7 +1,6 @@
 //! Suspend and wake, idle suspend, and capacity: limits, least-recently-used
 //! suspension and the first-in-first-out queue.
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::{dsn, psql, spawn_psql, sql, Daemon};
@@ -127,16 +126,7 @@ fn when_nothing_is_idle_forks_fail_clearly_or_wait_their_turn_in_order() {
     assert_eq!(code, 6);
     assert_eq!(d.ids().len(), 2, "nothing half-made");
     // Two queued forks: the first to ask gets the first free place.
-    let queued = |name: &str| {
-        Command::new(crate::harness::BIN)
-            .args(["fork", "shop", "--wait", "20s", "--name", name, "--json"])
-            .env("AIRLOCK_HOME", &d.home)
-            .env("AIRLOCK_ROUTER", &d.router)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    };
+    let queued = |name: &str| d.spawn_cli(&["fork", "shop", "--wait", "20s", "--name", name, "--json"]);
     let mut first = queued("first");
     std::thread::sleep(Duration::from_millis(300));
     let mut second = queued("second");
@@ -194,19 +184,7 @@ fn kill_9_in_the_middle_of_suspends_and_wakes_leaves_every_sandbox_whole() {
         d.ok(&["suspend", &id(sb)]);
     }
     // Suspend the running ones and wake the suspended ones, and kill the daemon meanwhile.
-    let mut clients: Vec<_> = sbs[2..]
-        .iter()
-        .map(|sb| {
-            Command::new(crate::harness::BIN)
-                .args(["suspend", &id(sb)])
-                .env("AIRLOCK_HOME", &d.home)
-                .env("AIRLOCK_ROUTER", &d.router)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap()
-        })
-        .collect();
+    let mut clients: Vec<_> = sbs[2..].iter().map(|sb| d.spawn_cli(&["suspend", &id(sb)])).collect();
     clients.extend(sbs[..2].iter().map(|sb| spawn_psql(&dsn(sb), "SELECT 1")));
     std::thread::sleep(Duration::from_millis(15));
     for mut c in clients {

@@ -1,0 +1,23 @@
+# Shared by the benchmark scripts (sourced, not run): the CLI, JSON fields, and a
+# fresh data root on its own XFS volume that is removed again on exit. A script
+# sets AIRLOCK_HOME and GOLDENS (the goldens it builds) before sourcing this.
+
+airlock() { ./target/release/airlock "$@"; }
+json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
+pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+out=bench/results
+mkdir -p "$out"
+
+bench_cleanup() {
+  for g in $GOLDENS; do airlock golden rm "$g" --force >/dev/null 2>&1 || true; done
+  airlock daemon stop >/dev/null 2>&1 || true
+  if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
+  rm -rf "$AIRLOCK_HOME"
+}
+
+# Starts from nothing (as root, on a new 40G XFS image) and cleans up on exit.
+bench_fresh_root() {
+  trap bench_cleanup EXIT
+  bench_cleanup
+  if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G >/dev/null; fi
+}
