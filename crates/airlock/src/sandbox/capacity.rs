@@ -129,7 +129,7 @@ async fn drain_a_pool_member(engine: &Engine) -> bool {
     let filter = SandboxFilter { pooled: true, ..Default::default() };
     let Ok(all) = engine.store().sandboxes(&filter) else { return false };
     for member in all.into_iter().filter(|s| s.state == SandboxState::Pooled) {
-        if engine.store().begin_delete(&member.id).unwrap_or(false) {
+        if engine.store().begin_drain(&member.id).unwrap_or(false) {
             return super::teardown(engine, &member, DeleteReason::Drained).await.is_ok();
         }
     }

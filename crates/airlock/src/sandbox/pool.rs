@@ -81,7 +81,7 @@ async fn drain(engine: &Engine, golden: &Golden) -> Result<()> {
         all.into_iter().partition(|m| m.generation == golden.current_generation);
     let surplus = current.len().saturating_sub(golden.pool_size.max(0) as usize);
     for m in stale.into_iter().chain(current.into_iter().take(surplus)) {
-        if engine.store().begin_delete(&m.id)? {
+        if engine.store().begin_drain(&m.id)? {
             sandbox::teardown(engine, &m, DeleteReason::Drained).await?;
         }
     }

@@ -283,6 +283,15 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Moves a warm-pool member that no fork has claimed to `deleting`; false if a
+    /// fork claimed it meanwhile (a claimed member is a user's sandbox now).
+    pub fn begin_drain(&mut self, id: &str) -> Result<bool> {
+        let n = self
+            .conn
+            .execute("UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state = 'pooled'", [id])?;
+        Ok(n == 1)
+    }
+
     /// Marks a sandbox built for the pool as ready to be claimed.
     pub fn set_pooled(&mut self, id: &str, pid: i32) -> Result<()> {
         self.conn

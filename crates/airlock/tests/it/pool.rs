@@ -118,3 +118,26 @@ fn the_pool_survives_a_daemon_crash_and_counts_toward_capacity() {
     let (_, err) = d.fails(&["fork", "shop"]);
     assert_eq!(err["code"], "capacity_exhausted");
 }
+
+#[test]
+fn shrinking_the_pool_never_takes_a_member_a_fork_just_claimed() {
+    let d = Daemon::start(&["--max-sandboxes", "20"]);
+    d.shop("shop");
+    d.json(&["golden", "pool", "shop", "--size", "8"]);
+    pool_is(&d, "shop", 8);
+    // The filler starts draining the old members ~150 ms after the size changes,
+    // one teardown at a time; forks claim members while it does.
+    d.json(&["golden", "pool", "shop", "--size", "0"]);
+    std::thread::sleep(Duration::from_millis(170));
+    let forks: Vec<Value> = std::thread::scope(|s| {
+        let running: Vec<_> = (0..4).map(|_| s.spawn(|| d.fork("shop", &[]))).collect();
+        running.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    pool_is(&d, "shop", 0);
+    for f in &forks {
+        let kinds = d.event_kinds(f["id"].as_str().unwrap());
+        assert!(!kinds.contains(&"deleted".to_owned()), "a claimed sandbox was drained: {kinds:?}");
+        assert_eq!(sql(&dsn(f), "SELECT count(*) FROM orders"), "1000");
+    }
+    assert_eq!(d.ids().len(), 4);
+}
