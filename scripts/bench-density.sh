@@ -28,13 +28,7 @@ first=()
 for _ in $(seq "$n"); do first+=("$(airlock fork bench-40mb --json --idle-suspend 0 --ttl 1h | json "['id']")"); done
 echo "forked $n in $(( $(date +%s) - t )) s"
 sleep 5
-pss=0
-for pid in $(pgrep -f "postgres -D $AIRLOCK_HOME/volume/sandboxes/" || true); do
-  for p in $pid $(pgrep -P "$pid"); do
-    kb=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
-    pss=$((pss + kb))
-  done
-done
+pss=$(sandbox_pss_kb)
 mem1=$(used_mb)
 echo "$n running: $(servers) servers, PSS $((pss / 1024)) MiB ($((pss / n / 1024)) MiB each), host used memory +$((mem1 - mem0)) MiB ($(( (mem1 - mem0) / n )) MiB each)"
 t=$(date +%s)

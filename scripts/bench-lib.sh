@@ -21,3 +21,15 @@ bench_fresh_root() {
   bench_cleanup
   if [ "$(id -u)" -eq 0 ]; then airlock storage init --size 40G >/dev/null; fi
 }
+
+# Proportional set size, in KiB, of every sandbox server and its backends.
+sandbox_pss_kb() {
+  local total=0 kb
+  for pid in $(pgrep -f "postgres -D $AIRLOCK_HOME/volume/sandboxes/" || true); do
+    for p in $pid $(pgrep -P "$pid"); do
+      kb=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
+      total=$((total + kb))
+    done
+  done
+  echo "$total"
+}

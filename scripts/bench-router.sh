@@ -56,13 +56,7 @@ free_before=$(free -m | awk '/Mem:/ {print $3}')
 ids=()
 for i in $(seq 40); do ids+=("$(airlock fork bench-40mb --json --idle-suspend 0 | json "['id']")"); done
 sleep 5
-pss=0
-for pid in $(pgrep -f "postgres -D $AIRLOCK_HOME/volume/sandboxes/" || true); do
-  for p in $pid $(pgrep -P "$pid"); do
-    kb=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
-    pss=$((pss + kb))
-  done
-done
+pss=$(sandbox_pss_kb)
 free_after=$(free -m | awk '/Mem:/ {print $3}')
 echo "PSS of all sandbox processes: $((pss / 1024)) MiB, $((pss / 40 / 1024)) MiB per idle sandbox"
 echo "host used memory grew by $((free_after - free_before)) MiB for 40 sandboxes"
