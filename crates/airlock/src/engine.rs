@@ -104,6 +104,8 @@ pub struct Engine {
     pub admission: tokio::sync::Mutex<()>,
     /// Wakes queued forks when a sandbox is deleted or suspended.
     pub capacity_freed: tokio::sync::Notify,
+    /// Forks and wakes in the queue that are waiting for room to be freed.
+    pub waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Where the router listens, once it does.
     pub router: std::sync::OnceLock<crate::router::Address>,
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -169,6 +171,7 @@ impl Engine {
             connections: crate::router::Connections::default(),
             admission: tokio::sync::Mutex::new(()),
             capacity_freed: tokio::sync::Notify::new(),
+            waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
             sandbox_ops: Mutex::new(HashMap::new()),
             store: Mutex::new(store),

@@ -40,7 +40,14 @@ pub async fn admit<'a>(
     except: Option<&str>,
 ) -> Result<Admitted<'a>> {
     let deadline = Instant::now() + wait;
-    let turn = match tokio::time::timeout_at(deadline.into(), engine.admission.lock()).await {
+    // The queue is held briefly by each admission, and for long only by forks
+    // waiting for room. Queue behind the first kind even without `--wait`; behind
+    // the second only if willing to wait.
+    if wait.is_zero() && engine.waiting_for_room.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        return Err(full(engine, "other forks are already waiting for room"));
+    }
+    let turn_deadline = Instant::now() + wait.max(QUICK_TURN);
+    let turn = match tokio::time::timeout_at(turn_deadline.into(), engine.admission.lock()).await {
         Ok(turn) => turn,
         Err(_) => return Err(full(engine, "other forks are ahead in the queue")),
     };
@@ -58,11 +65,35 @@ pub async fn admit<'a>(
         if why.pool_helps && drain_a_pool_member(engine).await {
             continue;
         }
-        if tokio::time::timeout_at(deadline.into(), freed).await.is_err() {
+        let waiting = WaitingForRoom::new(engine);
+        let waited = tokio::time::timeout_at(deadline.into(), freed).await;
+        drop(waiting);
+        if waited.is_err() {
             return Err(full(engine, &why.message));
         }
     }
 }
+
+/// Counts a queued admission as waiting for room while it lives (also when the
+/// waiting future is dropped, as a router connection's is when its client goes).
+struct WaitingForRoom<'a>(&'a Engine);
+
+impl<'a> WaitingForRoom<'a> {
+    fn new(engine: &'a Engine) -> Self {
+        engine.waiting_for_room.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        WaitingForRoom(engine)
+    }
+}
+
+impl Drop for WaitingForRoom<'_> {
+    fn drop(&mut self) {
+        self.0.waiting_for_room.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How long a fork without `--wait` may queue behind admissions that are not
+/// waiting for room (each only checks the limits and records a row).
+const QUICK_TURN: Duration = Duration::from_secs(30);
 
 struct NoRoom {
     message: String,
