@@ -237,8 +237,18 @@ async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiR
 
 async fn remove_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
-    let mut sb = detached(async move { sandbox::delete(&engine, &id, DeleteReason::User).await }).await?;
+    without_credential(async move { sandbox::delete(&engine, &id, DeleteReason::User).await }).await
+}
+
+/// Runs a sandbox operation to completion (see [`detached`]) and answers with the
+/// sandbox, its connection strings left out.
+async fn without_credential<F>(work: F) -> ApiResult<sandbox::Sandbox>
+where
+    F: Future<Output = Result<sandbox::Sandbox, Error>> + Send + 'static,
+{
+    let mut sb = detached(work).await?;
     sb.dsn = None;
+    sb.socket_dsn = None;
     Ok(Json(sb))
 }
 
@@ -261,9 +271,7 @@ async fn extend(
 
 async fn reset(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
-    let mut sb = detached(async move { sandbox::reset(&engine, &id).await }).await?;
-    sb.dsn = None;
-    Ok(Json(sb))
+    without_credential(async move { sandbox::reset(&engine, &id).await }).await
 }
 
 async fn branch(
@@ -280,17 +288,13 @@ async fn branch(
 
 async fn suspend(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
-    let mut sb =
-        detached(async move { sandbox::suspend(&engine, &id, sandbox::SuspendReason::User).await }).await?;
-    sb.dsn = None;
-    Ok(Json(sb))
+    without_credential(async move { sandbox::suspend(&engine, &id, sandbox::SuspendReason::User).await })
+        .await
 }
 
 async fn wake(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
-    let mut sb = detached(async move { sandbox::wake(&engine, &id).await }).await?;
-    sb.dsn = None;
-    Ok(Json(sb))
+    without_credential(async move { sandbox::wake(&engine, &id).await }).await
 }
 
 /// Body of `POST /v1/sandboxes/{id}/promote`.

@@ -167,11 +167,10 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             let client = cli.client()?;
             let mut changed = Vec::new();
             for id in ids {
-                let mut sb: Sandbox = client
+                // The API leaves the connection strings out of this answer.
+                let sb: Sandbox = client
                     .call(Method::POST, &format!("/v1/sandboxes/{}/{verb}", encode(id)), NO_BODY)
                     .await?;
-                sb.dsn = None;
-                sb.socket_dsn = None;
                 if !json {
                     println!("{} is {done}", sb.id);
                 }

@@ -29,26 +29,25 @@ impl Connections {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Counts a connection to `sandbox` as open until the returned guard drops.
-    pub fn open(&self, sandbox: &str) -> Open {
-        let mut inner = self.lock();
+    /// Marks `sandbox` as used now; returns its record.
+    fn used<'a>(inner: &'a mut Inner, sandbox: &str) -> &'a mut Activity {
         let a = inner
             .activity
             .entry(sandbox.to_owned())
             .or_insert(Activity { open: 0, last_active: Instant::now() });
-        a.open += 1;
         a.last_active = Instant::now();
+        a
+    }
+
+    /// Counts a connection to `sandbox` as open until the returned guard drops.
+    pub fn open(&self, sandbox: &str) -> Open {
+        Self::used(&mut self.lock(), sandbox).open += 1;
         Open { connections: self.clone(), sandbox: sandbox.to_owned(), backend: None }
     }
 
     /// Marks `sandbox` as used now (a fork, a wake, an API call on it).
     pub fn touch(&self, sandbox: &str) {
-        let mut inner = self.lock();
-        let a = inner
-            .activity
-            .entry(sandbox.to_owned())
-            .or_insert(Activity { open: 0, last_active: Instant::now() });
-        a.last_active = Instant::now();
+        Self::used(&mut self.lock(), sandbox);
     }
 
     /// How many router connections `sandbox` has open.
