@@ -171,6 +171,14 @@ async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)
     // Frozen, analysed tuples mean forks never rewrite pages just to set hint
     // bits, so their blocks stay shared with the golden.
     admin.execute("VACUUM (FREEZE, ANALYZE)").await?;
+    // What the golden holds, kept so forks can be compared with it later.
+    let catalog = crate::catalog::read(admin.client()).await?;
+    let unbounded = std::time::Duration::from_secs(24 * 3600);
+    let rows = crate::catalog::count_rows(admin.client(), &catalog, unbounded, unbounded).await;
+    crate::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
+    // Forks then count rows inserted, updated and deleted from zero.
+    admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;
+    admin.execute("RESET search_path").await?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
     // Nothing connects to the default database or the templates (agents are allowed

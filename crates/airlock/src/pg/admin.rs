@@ -24,6 +24,11 @@ impl Admin {
         Ok(Admin { client })
     }
 
+    /// The session itself, for queries with typed rows.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
     /// Runs statements that return nothing.
     pub async fn execute(&self, sql: &str) -> Result<()> {
         self.client.batch_execute(sql).await.map_err(|e| Error::postgres(describe(&e)))

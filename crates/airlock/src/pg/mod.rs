@@ -7,5 +7,6 @@ pub mod dsn;
 pub mod instance;
 pub mod load;
 pub mod scram;
+pub mod wire;
 
 pub use bin::PgBin;

@@ -1,0 +1,353 @@
+//! What a database holds, read from its catalogs: tables with their columns,
+//! constraints, indexes and triggers; views, functions, sequences, types and
+//! extensions; and how many rows each table has.
+//!
+//! A golden's catalog is recorded when it is built (`catalog.json` beside its
+//! manifest), so a sandbox's can be compared with it later without starting the
+//! golden. Everything is read as the admin role with `search_path` pinned to
+//! `pg_catalog`, so nothing an agent created can stand in for a catalog function.
+
+pub mod describe;
+pub mod diff;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The objects of one database, keyed by schema-qualified name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Catalog {
+    /// Tables (ordinary, partitioned, foreign) by `schema.name`.
+    pub tables: BTreeMap<String, Table>,
+    /// Views and materialized views by `schema.name`: their definitions.
+    pub views: BTreeMap<String, String>,
+    /// Functions and procedures by `schema.name(argument types)`: a digest of
+    /// their definition and their result type.
+    pub functions: BTreeMap<String, String>,
+    /// Sequences by `schema.name`: their data type.
+    pub sequences: BTreeMap<String, String>,
+    /// Enum and domain types by `schema.name`: their labels or base type.
+    pub types: BTreeMap<String, String>,
+    /// Installed extensions: their versions.
+    pub extensions: BTreeMap<String, String>,
+}
+
+/// One table.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    /// `table`, `partitioned table` or `foreign table`.
+    pub kind: String,
+    /// Columns in their order.
+    pub columns: Vec<Column>,
+    /// Constraints by name: `PRIMARY KEY (id)`, `FOREIGN KEY ...`, `CHECK ...`.
+    pub constraints: BTreeMap<String, String>,
+    /// Indexes by name: their `CREATE INDEX` statements.
+    pub indexes: BTreeMap<String, String>,
+    /// Triggers by name: their `CREATE TRIGGER` statements.
+    pub triggers: BTreeMap<String, String>,
+    /// The planner's row estimate (not compared: it moves with ANALYZE).
+    #[serde(default)]
+    pub row_estimate: i64,
+}
+
+/// One column.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Column {
+    /// Its name.
+    pub name: String,
+    /// Its type as `format_type` spells it.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Whether it may hold NULL.
+    pub nullable: bool,
+    /// Its default or generation expression, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default: Option<String>,
+}
+
+/// How many rows a table has.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RowCount {
+    /// The count.
+    pub rows: i64,
+    /// Whether it was counted (true) or is the planner's estimate.
+    pub exact: bool,
+}
+
+/// What a golden records at build time.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Snapshot {
+    /// Its objects.
+    pub catalog: Catalog,
+    /// Each table's rows, by `schema.name`.
+    pub rows: BTreeMap<String, RowCount>,
+}
+
+/// The file a golden generation's snapshot is kept in.
+pub fn snapshot_path(generation_dir: &Path) -> std::path::PathBuf {
+    generation_dir.join("catalog.json")
+}
+
+impl Snapshot {
+    /// Reads a golden generation's snapshot.
+    pub fn load(generation_dir: &Path) -> Result<Snapshot> {
+        let path = snapshot_path(generation_dir);
+        let text = std::fs::read(&path).map_err(|_| {
+            Error::new(
+                crate::error::ErrorCode::GoldenNotFound,
+                "the golden this sandbox was forked from has no recorded catalog",
+                "goldens built before catalogs were recorded lack one: run `airlock golden refresh NAME` and fork again",
+            )
+        })?;
+        serde_json::from_slice(&text).map_err(|e| Error::internal(format!("{}: {e}", path.display())))
+    }
+
+    /// Writes it beside a generation's manifest.
+    pub fn save(&self, generation_dir: &Path) -> Result<()> {
+        let json = serde_json::to_vec(self).expect("snapshot serializes");
+        std::fs::write(snapshot_path(generation_dir), json)?;
+        Ok(())
+    }
+}
+
+/// Schemas that are PostgreSQL's own.
+const SYSTEM_SCHEMAS: &str = "n.nspname NOT IN ('pg_catalog', 'information_schema') \
+     AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'";
+
+/// Objects an extension created are the extension's, not the application's.
+fn not_from_extension(class: &str, oid: &str) -> String {
+    format!(
+        "NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = '{class}'::regclass \
+         AND d.objid = {oid} AND d.deptype = 'e')"
+    )
+}
+
+fn query_error(e: tokio_postgres::Error) -> Error {
+    Error::postgres(format!("reading the catalog failed: {}", crate::pg::admin::describe(&e)))
+}
+
+/// Reads every application object of the database `client` is connected to.
+pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
+    client.batch_execute("SET search_path = pg_catalog").await.map_err(query_error)?;
+    let mut catalog = Catalog::default();
+    let mut by_oid: BTreeMap<i64, String> = BTreeMap::new();
+    let rows = client
+        .query(
+            &format!(
+                "SELECT c.oid::int8, n.nspname, c.relname, c.relkind::text, c.reltuples::int8,
+                        CASE WHEN c.relkind IN ('v', 'm') THEN pg_get_viewdef(c.oid) END
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S') AND {SYSTEM_SCHEMAS}
+                   AND {}",
+                not_from_extension("pg_class", "c.oid")
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in rows {
+        let name = qualified(r.get(1), r.get(2));
+        match r.get::<_, String>(3).as_str() {
+            "v" | "m" => {
+                catalog.views.insert(name, r.get::<_, Option<String>>(5).unwrap_or_default());
+            }
+            "S" => {
+                catalog.sequences.insert(name, String::new());
+            }
+            kind => {
+                let kind = match kind {
+                    "p" => "partitioned table",
+                    "f" => "foreign table",
+                    _ => "table",
+                };
+                by_oid.insert(r.get(0), name.clone());
+                let table =
+                    Table { kind: kind.into(), row_estimate: r.get::<_, i64>(4), ..Default::default() };
+                catalog.tables.insert(name, table);
+            }
+        }
+    }
+    let oids: Vec<i64> = by_oid.keys().copied().collect();
+
+    let columns = client
+        .query(
+            "SELECT a.attrelid::int8, a.attname::text, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull,
+                    CASE WHEN a.attidentity <> '' THEN 'generated ' || CASE a.attidentity WHEN 'a' THEN 'always' ELSE 'by default' END || ' as identity'
+                         WHEN a.attgenerated <> '' THEN 'generated always as (' || pg_get_expr(d.adbin, d.adrelid) || ') stored'
+                         ELSE pg_get_expr(d.adbin, d.adrelid) END
+             FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+             WHERE a.attrelid::int8 = ANY($1) AND a.attnum > 0 AND NOT a.attisdropped
+             ORDER BY a.attrelid, a.attnum",
+            &[&oids],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in columns {
+        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+            t.columns.push(Column {
+                name: r.get(1),
+                type_name: r.get(2),
+                nullable: r.get(3),
+                default: r.get(4),
+            });
+        }
+    }
+    let constraints = client
+        .query(
+            "SELECT conrelid::int8, conname::text, pg_get_constraintdef(oid) FROM pg_constraint
+             WHERE conrelid::int8 = ANY($1)",
+            &[&oids],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in constraints {
+        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+            t.constraints.insert(r.get(1), r.get(2));
+        }
+    }
+    let indexes = client
+        .query(
+            "SELECT i.indrelid::int8, c.relname::text, pg_get_indexdef(i.indexrelid)
+             FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid::int8 = ANY($1)",
+            &[&oids],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in indexes {
+        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+            t.indexes.insert(r.get(1), r.get(2));
+        }
+    }
+    let triggers = client
+        .query(
+            "SELECT tgrelid::int8, tgname::text, pg_get_triggerdef(oid) FROM pg_trigger
+             WHERE tgrelid::int8 = ANY($1) AND NOT tgisinternal",
+            &[&oids],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in triggers {
+        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+            t.triggers.insert(r.get(1), r.get(2));
+        }
+    }
+    let functions = client
+        .query(
+            &format!(
+                "SELECT n.nspname::text, p.proname::text, pg_get_function_identity_arguments(p.oid),
+                        coalesce(pg_get_function_result(p.oid), 'procedure'),
+                        CASE WHEN p.prokind IN ('f', 'p') THEN md5(pg_get_functiondef(p.oid)) ELSE '' END
+                 FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                 WHERE {SYSTEM_SCHEMAS} AND {}",
+                not_from_extension("pg_proc", "p.oid")
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in functions {
+        let name = format!("{}({})", qualified(r.get(0), r.get(1)), r.get::<_, String>(2));
+        catalog
+            .functions
+            .insert(name, format!("returns {} [{}]", r.get::<_, String>(3), r.get::<_, String>(4)));
+    }
+    let sequences = client
+        .query("SELECT schemaname::text, sequencename::text, data_type::regtype::text FROM pg_sequences", &[])
+        .await
+        .map_err(query_error)?;
+    for r in sequences {
+        let name = qualified(r.get(0), r.get(1));
+        if let Some(s) = catalog.sequences.get_mut(&name) {
+            *s = r.get(2);
+        }
+    }
+    let types = client
+        .query(
+            &format!(
+                "SELECT n.nspname::text, t.typname::text,
+                        CASE t.typtype WHEN 'e' THEN 'enum (' || (SELECT string_agg(quote_literal(e.enumlabel), ', ' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid) || ')'
+                                       ELSE 'domain over ' || format_type(t.typbasetype, t.typtypmod) END
+                 FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+                 WHERE t.typtype IN ('e', 'd') AND {SYSTEM_SCHEMAS} AND {}",
+                not_from_extension("pg_type", "t.oid")
+            ),
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    for r in types {
+        catalog
+            .types
+            .insert(qualified(r.get(0), r.get(1)), r.get::<_, Option<String>>(2).unwrap_or_default());
+    }
+    let extensions = client
+        .query("SELECT extname::text, extversion FROM pg_extension WHERE extname <> 'plpgsql'", &[])
+        .await
+        .map_err(query_error)?;
+    for r in extensions {
+        catalog.extensions.insert(r.get(0), r.get(1));
+    }
+    Ok(catalog)
+}
+
+/// Counts each table's rows, giving up on a table after `per_table` and on
+/// counting at all after `budget` (the planner's estimate stands in).
+pub async fn count_rows(
+    client: &tokio_postgres::Client,
+    catalog: &Catalog,
+    per_table: Duration,
+    budget: Duration,
+) -> BTreeMap<String, RowCount> {
+    let began = Instant::now();
+    let _ = client.batch_execute(&format!("SET statement_timeout = {}", per_table.as_millis())).await;
+    let mut counts = BTreeMap::new();
+    for (name, table) in &catalog.tables {
+        let estimate = RowCount { rows: table.row_estimate, exact: false };
+        if table.kind == "foreign table" || began.elapsed() > budget {
+            counts.insert(name.clone(), estimate);
+            continue;
+        }
+        let (schema, relation) = name.split_once('.').unwrap_or(("public", name));
+        // ONLY: a partitioned table's rows are its partitions', counted once each.
+        let sql = format!("SELECT count(*) FROM ONLY {}.{}", quote_ident(schema), quote_ident(relation));
+        let count = match client.query_one(&sql, &[]).await {
+            Ok(row) => RowCount { rows: row.get(0), exact: true },
+            Err(_) => estimate,
+        };
+        counts.insert(name.clone(), count);
+    }
+    let _ = client.batch_execute("RESET statement_timeout").await;
+    counts
+}
+
+/// Rows inserted, updated and deleted per table since the statistics were last
+/// reset (for a fork: since the golden was built).
+pub async fn row_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<String, [i64; 3]>> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, relname::text, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables",
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    Ok(rows.into_iter().map(|r| (qualified(r.get(0), r.get(1)), [r.get(2), r.get(3), r.get(4)])).collect())
+}
+
+/// `schema.name`.
+fn qualified(schema: String, name: String) -> String {
+    format!("{schema}.{name}")
+}
+
+/// An identifier quoted for SQL.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// A name without its `public.` schema, as people write it.
+pub fn short_name(name: &str) -> &str {
+    name.strip_prefix("public.").unwrap_or(name)
+}

@@ -1,0 +1,305 @@
+//! A small simple-query client for running agent SQL, built on `postgres-protocol`.
+//!
+//! tokio-postgres hides what the SQL tool must report: a simple query's command
+//! tags ("INSERT 0 3"), its columns' type ids, and every field of an error
+//! (hint, position). So the tool speaks the protocol itself, over the sandbox's
+//! private socket, as the agent role, and hands each message to a [`Sink`] as it
+//! arrives: nothing is collected here, so a caller can keep the first rows and
+//! count the rest without ever holding a whole result.
+
+use std::path::Path;
+
+use bytes::BytesMut;
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// The longest row message kept; a longer one is skipped unread and reported as such.
+pub const MAX_ROW_MESSAGE: usize = 8 << 20;
+/// The longest message of any other kind accepted from the server.
+const MAX_OTHER_MESSAGE: usize = 1 << 20;
+
+/// Why a session could not be opened or a query could not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The socket failed or closed.
+    #[error("connection to the sandbox failed: {0}")]
+    Io(#[from] std::io::Error),
+    /// The server refused the session or sent something this client does not expect.
+    #[error("{0}")]
+    Protocol(String),
+    /// The server sent an error while the session was being opened.
+    #[error("{}: {}", .0.sqlstate, .0.message)]
+    Refused(Box<DbError>),
+}
+
+/// Every field of a PostgreSQL `ErrorResponse` worth showing a user.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+pub struct DbError {
+    /// The five-character SQLSTATE.
+    pub sqlstate: String,
+    /// The primary message.
+    pub message: String,
+    /// More about the error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    /// What to do about it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+    /// The 1-based character position in the query text where the error was found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u32>,
+    /// The call stack (PL/pgSQL) or the internal query context.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+}
+
+/// One column of a result set.
+#[derive(Debug, Clone)]
+pub struct Field {
+    /// The column's name.
+    pub name: String,
+    /// Its type's OID.
+    pub type_oid: u32,
+    /// Its type modifier (such as a varchar's length), -1 when none.
+    pub type_modifier: i32,
+}
+
+/// Receives a query's messages in order.
+pub trait Sink {
+    /// A result set begins.
+    fn columns(&mut self, fields: Vec<Field>);
+    /// One row; `None` for SQL NULL. `Err(len)` when the row message was longer
+    /// than [`MAX_ROW_MESSAGE`] and was skipped.
+    fn row(&mut self, values: Result<Vec<Option<&[u8]>>, usize>);
+    /// A statement finished with this command tag.
+    fn complete(&mut self, tag: &str);
+    /// The server refused a statement; the rest of the query string is not run.
+    fn error(&mut self, error: DbError);
+}
+
+/// An open session as one role on one instance.
+pub struct Session {
+    stream: UnixStream,
+    read: BytesMut,
+    backend_key: Option<(i32, i32)>,
+}
+
+impl Session {
+    /// Connects to the instance whose socket directory is `socket_dir` and
+    /// authenticates with SCRAM-SHA-256.
+    pub async fn connect(
+        socket_dir: &Path,
+        user: &str,
+        password: &str,
+        database: &str,
+    ) -> Result<Session, WireError> {
+        let path = socket_dir.join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT));
+        let stream = UnixStream::connect(&path).await?;
+        let mut session = Session { stream, read: BytesMut::with_capacity(16 << 10), backend_key: None };
+        let mut buf = BytesMut::new();
+        let params = [
+            ("user", user),
+            ("database", database),
+            ("application_name", "airlock-sql"),
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(params.iter().copied(), &mut buf)?;
+        session.stream.write_all(&buf).await?;
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            match session.next_message(MAX_OTHER_MESSAGE).await? {
+                Incoming::Message(Message::AuthenticationOk) => {}
+                Incoming::Message(Message::AuthenticationSasl(body)) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut offered = false;
+                    while let Some(m) = mechanisms.next()? {
+                        offered |= m == SCRAM_SHA_256;
+                    }
+                    if !offered {
+                        return Err(WireError::Protocol("the server does not offer SCRAM-SHA-256".into()));
+                    }
+                    let s = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+                    buf.clear();
+                    frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut buf)?;
+                    session.stream.write_all(&buf).await?;
+                    scram = Some(s);
+                }
+                Incoming::Message(Message::AuthenticationSaslContinue(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| WireError::Protocol("SASL out of order".into()))?;
+                    s.update(body.data())?;
+                    buf.clear();
+                    frontend::sasl_response(s.message(), &mut buf)?;
+                    session.stream.write_all(&buf).await?;
+                }
+                Incoming::Message(Message::AuthenticationSaslFinal(body)) => {
+                    let s = scram.as_mut().ok_or_else(|| WireError::Protocol("SASL out of order".into()))?;
+                    s.finish(body.data())?;
+                }
+                Incoming::Message(Message::BackendKeyData(body)) => {
+                    session.backend_key = Some((body.process_id(), body.secret_key()));
+                }
+                Incoming::Message(Message::ParameterStatus(_))
+                | Incoming::Message(Message::NoticeResponse(_)) => {}
+                Incoming::Message(Message::ReadyForQuery(_)) => return Ok(session),
+                Incoming::Message(Message::ErrorResponse(body)) => {
+                    return Err(WireError::Refused(Box::new(db_error(body.fields())?)))
+                }
+                Incoming::Message(_) | Incoming::SkippedRow(_) => {
+                    return Err(WireError::Protocol("unexpected message while connecting".into()))
+                }
+            }
+        }
+    }
+
+    /// The server process id and cancel key, for a cancel request.
+    pub fn backend_key(&self) -> Option<(i32, i32)> {
+        self.backend_key
+    }
+
+    /// Runs a query string (one or more statements) with the simple protocol,
+    /// passing each result message to `sink` as it arrives. Returns the session's
+    /// transaction status after it: `I` idle, `T` in a transaction block, `E` in
+    /// a failed one.
+    pub async fn simple_query(&mut self, sql: &str, sink: &mut (dyn Sink + Send)) -> Result<u8, WireError> {
+        let mut buf = BytesMut::new();
+        frontend::query(sql, &mut buf)?;
+        self.stream.write_all(&buf).await?;
+        self.results(sink).await
+    }
+
+    /// Reads the results of the query in progress up to its end (after a cancel
+    /// request, say), passing them to `sink`; returns the transaction status.
+    pub async fn results(&mut self, sink: &mut (dyn Sink + Send)) -> Result<u8, WireError> {
+        let mut buf = BytesMut::new();
+        loop {
+            match self.next_message(MAX_ROW_MESSAGE).await? {
+                Incoming::SkippedRow(len) => sink.row(Err(len)),
+                Incoming::Message(message) => match message {
+                    Message::RowDescription(body) => {
+                        let fields = body
+                            .fields()
+                            .map(|f| {
+                                Ok(Field {
+                                    name: f.name().to_owned(),
+                                    type_oid: f.type_oid(),
+                                    type_modifier: f.type_modifier(),
+                                })
+                            })
+                            .collect()?;
+                        sink.columns(fields);
+                    }
+                    Message::DataRow(body) => {
+                        let buffer = body.buffer();
+                        let values: Vec<Option<&[u8]>> =
+                            body.ranges().map(|r| Ok(r.map(|r| &buffer[r]))).collect()?;
+                        sink.row(Ok(values));
+                    }
+                    Message::CommandComplete(body) => sink.complete(body.tag()?),
+                    Message::EmptyQueryResponse => {}
+                    Message::ErrorResponse(body) => sink.error(db_error(body.fields())?),
+                    Message::CopyInResponse(_) => {
+                        buf.clear();
+                        frontend::copy_fail(
+                            "COPY FROM STDIN is not available here: send the rows as INSERT statements",
+                            &mut buf,
+                        )?;
+                        self.stream.write_all(&buf).await?;
+                    }
+                    Message::ReadyForQuery(body) => return Ok(body.status()),
+                    // COPY TO STDOUT data, notices and notifications are not results.
+                    _ => {}
+                },
+            }
+        }
+    }
+
+    /// Ends the session politely.
+    pub async fn close(mut self) {
+        let mut buf = BytesMut::new();
+        frontend::terminate(&mut buf);
+        let _ = self.stream.write_all(&buf).await;
+    }
+
+    async fn next_message(&mut self, max: usize) -> Result<Incoming, WireError> {
+        self.fill(5).await?;
+        let tag = self.read[0];
+        let len = u32::from_be_bytes([self.read[1], self.read[2], self.read[3], self.read[4]]) as usize;
+        if len < 4 {
+            return Err(WireError::Protocol("malformed message from the server".into()));
+        }
+        if len + 1 > max {
+            if tag != b'D' {
+                return Err(WireError::Protocol(format!("a {len}-byte message from the server is too long")));
+            }
+            self.skip(len + 1).await?;
+            return Ok(Incoming::SkippedRow(len + 1));
+        }
+        self.fill(len + 1).await?;
+        let message = Message::parse(&mut self.read)?
+            .ok_or_else(|| WireError::Protocol("incomplete message from the server".into()))?;
+        Ok(Incoming::Message(message))
+    }
+
+    /// Reads until at least `n` bytes are buffered.
+    async fn fill(&mut self, n: usize) -> Result<(), WireError> {
+        while self.read.len() < n {
+            self.read.reserve(n - self.read.len());
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops `n` bytes from the stream, reading at most a buffer at a time.
+    async fn skip(&mut self, mut n: usize) -> Result<(), WireError> {
+        loop {
+            let have = self.read.len().min(n);
+            let _ = self.read.split_to(have);
+            n -= have;
+            if n == 0 {
+                return Ok(());
+            }
+            self.read.reserve(64 << 10);
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Err(WireError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+    }
+}
+
+/// Asks the server behind `socket_dir` to cancel the query running in the session `key`.
+pub async fn cancel(socket_dir: &Path, key: (i32, i32)) {
+    let path = socket_dir.join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT));
+    if let Ok(mut stream) = UnixStream::connect(&path).await {
+        let mut buf = BytesMut::new();
+        frontend::cancel_request(key.0, key.1, &mut buf);
+        let _ = stream.write_all(&buf).await;
+    }
+}
+
+enum Incoming {
+    Message(Message),
+    SkippedRow(usize),
+}
+
+fn db_error(mut fields: postgres_protocol::message::backend::ErrorFields<'_>) -> Result<DbError, WireError> {
+    let mut e = DbError::default();
+    while let Some(f) = fields.next()? {
+        let value = String::from_utf8_lossy(f.value_bytes()).into_owned();
+        match f.type_() {
+            b'C' => e.sqlstate = value,
+            b'M' => e.message = value,
+            b'D' => e.detail = Some(value),
+            b'H' => e.hint = Some(value),
+            b'P' => e.position = value.parse().ok(),
+            b'W' => e.context = Some(value),
+            _ => {}
+        }
+    }
+    Ok(e)
+}
