@@ -44,6 +44,11 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     if let Some(address) = crate::router::start(engine.clone(), &engine.config.router).await? {
         let _ = engine.router.set(address);
     }
+    if let Some(addr) = engine.config.gateway {
+        let advertise = engine.config.router.advertise.clone();
+        let base = crate::gateway::http::start(engine.clone(), addr, advertise.as_deref()).await?;
+        let _ = engine.gateway.set(base);
+    }
     reaper::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
 

@@ -53,6 +53,8 @@ pub struct Config {
     pub wake_wait: Duration,
     /// The PostgreSQL router.
     pub router: crate::router::RouterConfig,
+    /// Where the MCP gateway listens; `None` turns it off.
+    pub gateway: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -74,6 +76,7 @@ impl Config {
             default_idle_suspend: Duration::from_secs(10 * 60),
             wake_wait: Duration::from_secs(10),
             router: crate::router::RouterConfig::default(),
+            gateway: Some(crate::gateway::http::DEFAULT_ADDR.parse().expect("default gateway address")),
         }
     }
 }
@@ -108,6 +111,8 @@ pub struct Engine {
     pub waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Where the router listens, once it does.
     pub router: std::sync::OnceLock<crate::router::Address>,
+    /// The MCP gateway's base URL, once it listens.
+    pub gateway: std::sync::OnceLock<String>,
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
@@ -173,6 +178,7 @@ impl Engine {
             capacity_freed: tokio::sync::Notify::new(),
             waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
+            gateway: std::sync::OnceLock::new(),
             sandbox_ops: Mutex::new(HashMap::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
@@ -281,6 +287,7 @@ impl Engine {
             max_disk_bytes: self.config.max_disk_bytes,
             default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
             router: self.router.get().cloned(),
+            gateway: self.gateway.get().cloned(),
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),
             warnings,
@@ -342,6 +349,9 @@ pub struct Doctor {
     pub default_idle_suspend_seconds: u64,
     /// Where the router listens; absent when it is off.
     pub router: Option<crate::router::Address>,
+    /// The MCP gateway's base URL; absent when it is off.
+    #[serde(default)]
+    pub gateway: Option<String>,
     /// Default TTL, seconds.
     pub default_ttl_seconds: u64,
     /// Maximum TTL, seconds.

@@ -5,6 +5,7 @@
 //! The map of this crate is in `docs/ARCHITECTURE.md`.
 
 pub mod api;
+pub mod catalog;
 pub mod cgroup;
 pub mod cli;
 pub mod client;
@@ -13,6 +14,7 @@ pub mod daemon;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod gateway;
 pub mod golden;
 pub mod layout;
 pub mod pg;

@@ -87,6 +87,9 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/wake", post(wake))
         .route("/v1/sandboxes/{id}/branch", post(branch))
         .route("/v1/sandboxes/{id}/promote", post(promote))
+        .route("/v1/sandboxes/{id}/sql", post(sql))
+        .route("/v1/sandboxes/{id}/tools/{tool}", post(call_tool))
+        .route("/v1/tools", get(list_tools))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -224,10 +227,67 @@ async fn fork(
     req: Result<Json<ForkRequest>, JsonRejection>,
 ) -> Result<Response, Error> {
     let req = body(req)?;
+    if req.mcp && s.engine.gateway.get().is_none() {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "an MCP endpoint was asked for but the MCP gateway is off",
+            "start the daemon with --gateway HOST:PORT (the default is 127.0.0.1:7433)",
+        ));
+    }
     let engine = s.engine.clone();
-    let mut forked = detached(async move { sandbox::fork(&engine, &req).await }).await?;
+    let mut forked = detached(async move {
+        let mut forked = sandbox::fork(&engine, &req).await?;
+        if req.mcp {
+            match crate::gateway::http::mint(&engine, &forked.sandbox.id) {
+                Ok(url) => forked.mcp_url = Some(url),
+                Err(e) => {
+                    // Nothing half-made: without its endpoint the sandbox goes too.
+                    let _ = sandbox::delete(&engine, &forked.sandbox.id, DeleteReason::Failed).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(forked)
+    })
+    .await?;
     forked.sandbox = s.engine.present(forked.sandbox);
     Ok((StatusCode::CREATED, Json(forked)).into_response())
+}
+
+/// Body of `POST /v1/sandboxes/{id}/sql`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct SqlRequest {
+    /// One or more SQL statements.
+    pub sql: String,
+}
+
+async fn sql(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<SqlRequest>, JsonRejection>,
+) -> ApiResult<serde_json::Value> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    let args = serde_json::json!({ "sql": req.sql });
+    let out = detached(async move {
+        crate::gateway::tools::call(&engine, &id, crate::gateway::tools::RUN_SQL, &args).await
+    })
+    .await?;
+    Ok(Json(out.result))
+}
+
+async fn call_tool(
+    State(s): State<AppState>,
+    Path((id, tool)): Path<(String, String)>,
+    args: Result<Json<serde_json::Value>, JsonRejection>,
+) -> ApiResult<crate::gateway::tools::ToolOutput> {
+    let args = body(args)?;
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args).await }).await?))
+}
+
+async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {
+    Json(crate::gateway::tools::specs())
 }
 
 async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {

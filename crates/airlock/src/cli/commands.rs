@@ -7,7 +7,9 @@ use std::time::Duration;
 use hyper::Method;
 
 use super::output;
-use super::{Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, Placement, ServeArgs, StorageCommand};
+use super::{
+    Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, McpArgs, Placement, ServeArgs, StorageCommand,
+};
 use crate::api::ExtendRequest;
 use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
@@ -89,6 +91,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Bench(cmd) => super::bench::run(&cli, cmd).await,
         Command::Golden(cmd) => golden(&cli, cmd).await,
         Command::Fork(args) => fork(&cli, args).await,
+        Command::Mcp(args) => mcp(&cli, args).await,
         Command::Ls { golden, labels } => {
             validate::labels(labels)?;
             let mut query = Vec::new();
@@ -330,6 +333,16 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     config.max_running = args.max_running;
     config.max_disk_bytes = args.max_disk.as_deref().map(validate::bytes).transpose()?;
     config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
+    config.gateway = match args.gateway.as_str() {
+        "off" => None,
+        addr => Some(addr.parse().map_err(|_| {
+            Error::new(
+                ErrorCode::InvalidRequest,
+                format!("--gateway {addr:?} is not HOST:PORT"),
+                "give an address such as 127.0.0.1:7433 (port 0 picks a free one), or off",
+            )
+        })?),
+    };
     config.router = crate::router::RouterConfig {
         listen: match args.router.as_str() {
             "off" => None,
@@ -481,6 +494,8 @@ fn print_forked(forked: &Forked, json: bool) {
     }
     if json {
         output::print(true, forked, String::new);
+    } else if let Some(url) = &forked.mcp_url {
+        println!("{url}");
     } else {
         println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
     }
@@ -522,10 +537,24 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
         access,
         idle_suspend_seconds: idle_suspend_seconds.map(|d| d.as_secs() as i64),
         wait_seconds: Some(validate::duration("--wait", &args.wait)?.as_secs() as i64),
+        mcp: args.mcp,
     };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     print_forked(&forked, cli.json);
     Ok(0)
+}
+
+/// `airlock mcp`: one sandbox for one MCP session on stdio.
+async fn mcp(cli: &Cli, args: &McpArgs) -> Result<i32> {
+    let req = ForkRequest {
+        golden: args.golden.clone(),
+        ttl_seconds: Some(validate::parse_ttl(&args.ttl)?.as_secs().max(1) as i64),
+        labels: validate::labels(&args.labels)?,
+        access: Access { mode: Mode::parse(&args.mode)?, ..Default::default() },
+        ..Default::default()
+    };
+    let home = cli.layout().home().display().to_string();
+    crate::gateway::stdio::serve(cli.client()?, home, req).await
 }
 
 /// Runs psql on a sandbox; the password reaches psql through a private password

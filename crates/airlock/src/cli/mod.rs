@@ -42,6 +42,9 @@ enum Command {
     Golden(GoldenCommand),
     /// Fork a sandbox from a golden; prints its connection string.
     Fork(ForkArgs),
+    /// Serve MCP on stdio with one sandbox for the session: tools run_sql,
+    /// describe_schema, reset_database, changes_since_fork. Deleted when the session ends.
+    Mcp(McpArgs),
     /// List live sandboxes.
     Ls {
         /// Only sandboxes of this golden.
@@ -196,6 +199,9 @@ struct ServeArgs {
     /// Bytes the volume may hold before forks wait or fail (e.g. 50G); no limit if unset.
     #[arg(long, env = "AIRLOCK_MAX_DISK")]
     max_disk: Option<String>,
+    /// The MCP gateway's address (HOST:PORT, port 0 for a free one), or `off`.
+    #[arg(long, env = "AIRLOCK_GATEWAY", default_value = crate::gateway::http::DEFAULT_ADDR)]
+    gateway: String,
     /// Suspend a sandbox after this long without a connection (0 never), unless its fork says.
     #[arg(long, env = "AIRLOCK_IDLE_SUSPEND", default_value = "10m")]
     idle_suspend: String,
@@ -321,6 +327,25 @@ struct ForkArgs {
     /// When the host is full, wait up to this long for room (first come, first served).
     #[arg(long, default_value = "0s")]
     wait: String,
+    /// Also mint a task-scoped MCP endpoint: prints its URL (with --json, `mcp_url`).
+    #[arg(long)]
+    mcp: bool,
+}
+
+#[derive(Debug, Args)]
+struct McpArgs {
+    /// The golden each session's sandbox is forked from.
+    #[arg(long)]
+    golden: String,
+    /// Access mode: owner (DDL and DML) or readonly.
+    #[arg(long, default_value = "owner")]
+    mode: String,
+    /// Time to live: the backstop should this process be killed.
+    #[arg(long, default_value = "15m", allow_hyphen_values = true)]
+    ttl: String,
+    /// A label, key=value (repeatable).
+    #[arg(long = "label")]
+    labels: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]

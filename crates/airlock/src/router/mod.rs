@@ -8,7 +8,7 @@
 //! within [`RouterConfig::startup_timeout`], its packets are size-limited, and
 //! at most [`RouterConfig::max_connections`] connections are open at once.
 
-mod connections;
+pub mod connections;
 pub mod protocol;
 mod relay;
 mod session;

@@ -63,6 +63,9 @@ pub struct ForkRequest {
     /// Seconds to wait in the queue when the host is full; 0 (the default) fails at once.
     #[serde(default)]
     pub wait_seconds: Option<i64>,
+    /// Also mint a task-scoped MCP endpoint (`mcp_url` in the answer).
+    #[serde(default)]
+    pub mcp: bool,
 }
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
@@ -74,6 +77,10 @@ pub struct Forked {
     /// Things the caller should know.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
+    /// The task-scoped MCP endpoint, when asked for: a URL whose token is bound
+    /// to this sandbox alone. A secret, like the DSN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_url: Option<String>,
 }
 
 /// Time spent in each step of one fork.
@@ -170,7 +177,7 @@ async fn finish(
     for w in &warnings {
         tracing::warn!(sandbox = %sb.id, "{w}");
     }
-    Ok(Forked { sandbox: sb, warnings })
+    Ok(Forked { sandbox: sb, warnings, mcp_url: None })
 }
 
 /// Makes a sandbox from the current generation of a golden.

@@ -53,6 +53,11 @@ CREATE TABLE IF NOT EXISTS events (
     detail TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox);
+CREATE TABLE IF NOT EXISTS mcp_tokens (
+    hash TEXT PRIMARY KEY,
+    sandbox TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS mcp_tokens_sandbox ON mcp_tokens(sandbox);
 ";
 
 /// The open state database.
@@ -375,6 +380,26 @@ impl Store {
         Ok(())
     }
 
+    /// Binds an MCP gateway token (by its hash) to a sandbox.
+    pub fn add_mcp_token(&mut self, sandbox: &str, hash: &str) -> Result<()> {
+        self.conn
+            .execute("INSERT INTO mcp_tokens (hash, sandbox) VALUES (?1, ?2)", params![hash, sandbox])?;
+        Ok(())
+    }
+
+    /// The live sandbox an MCP gateway token (by its hash) is bound to.
+    pub fn mcp_token_sandbox(&self, hash: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT t.sandbox FROM mcp_tokens t JOIN sandboxes s ON s.id = t.sandbox
+                 WHERE t.hash = ?1 AND s.state IN ('running', 'suspended')",
+                [hash],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// Sets a sandbox's expiry.
     pub fn set_expiry(&mut self, id: &str, expires_at: Timestamp) -> Result<()> {
         self.conn.execute("UPDATE sandboxes SET expires_at = ?2 WHERE id = ?1", params![id, expires_at.0])?;
@@ -383,6 +408,7 @@ impl Store {
 
     /// Forgets a sandbox (its credential goes with the row).
     pub fn delete_sandbox(&mut self, id: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM mcp_tokens WHERE sandbox = ?1", [id])?;
         self.conn.execute("DELETE FROM sandboxes WHERE id = ?1", [id])?;
         Ok(())
     }

@@ -1,0 +1,103 @@
+//! The task-scoped MCP gateway over streamable HTTP.
+//!
+//! A fork asked for with `mcp: true` gets a URL `http://HOST:PORT/mcp/TOKEN`: the
+//! token is 256 random bits, bound to that one sandbox, and kept only as its
+//! SHA-256 in the state store. An agent framework given the URL can call the four
+//! tools on that sandbox and reach nothing else: the gateway port serves no API.
+//! A wrong token, or one whose sandbox is gone, gets a bare 404 that says nothing
+//! about why. The sandbox is looked up again on every call, so a token dies the
+//! moment its sandbox does.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use sha2::{Digest, Sha256};
+
+use super::mcp::Gateway;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+
+/// The gateway's default address.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7433";
+
+/// Mints a token for `sandbox` and returns its URL.
+pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
+    let base = engine.gateway.get().ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            "the MCP gateway is off",
+            "start the daemon with --gateway HOST:PORT (the default is 127.0.0.1:7433)",
+        )
+    })?;
+    let token = crate::secret::password();
+    engine.store().add_mcp_token(sandbox, &digest(&token))?;
+    Ok(format!("{base}/mcp/{token}"))
+}
+
+fn digest(token: &str) -> String {
+    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The token in a gateway path (`/mcp/TOKEN`).
+pub fn token_of(path: &str) -> Option<&str> {
+    path.strip_prefix("/mcp/").filter(|t| !t.is_empty() && !t.contains('/'))
+}
+
+/// The live sandbox a token is bound to.
+pub fn sandbox_for(engine: &Engine, token: &str) -> Result<String> {
+    engine.store().mcp_token_sandbox(&digest(token))?.ok_or_else(super::mcp::gone)
+}
+
+/// Starts the gateway on `addr`; returns the base URL its tokens' URLs start with.
+pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str>) -> Result<String> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("the MCP gateway cannot listen on {addr}: {e}"),
+            "pick another address with --gateway HOST:PORT (port 0 for a free one), or --gateway off",
+        )
+    })?;
+    let bound = listener.local_addr()?;
+    let host = match advertise {
+        Some(h) => h.to_owned(),
+        None if bound.ip().is_ipv6() => format!("[{}]", bound.ip()),
+        None => bound.ip().to_string(),
+    };
+    let mut hosts = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+    hosts.push(host.trim_start_matches('[').trim_end_matches(']').to_owned());
+    let mut config = StreamableHttpServerConfig::default().with_allowed_hosts(hosts);
+    // Stateless: each request stands alone, so no session outlives its sandbox.
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    let tools = Gateway::for_tokens(engine.clone());
+    let service =
+        StreamableHttpService::new(move || Ok(tools.clone()), LocalSessionManager::default().into(), config);
+    let app = Router::new()
+        .route_service("/mcp/{token}", service)
+        .layer(axum::middleware::from_fn_with_state(engine.clone(), known_token))
+        .fallback(|| async { StatusCode::NOT_FOUND });
+    tracing::info!(%bound, "serving the MCP gateway");
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::error!(error = %e, "the MCP gateway stopped");
+        }
+    });
+    Ok(format!("http://{host}:{}", bound.port()))
+}
+
+/// Answers 404, and nothing else, unless the URL's token is bound to a live sandbox.
+async fn known_token(State(engine): State<Arc<Engine>>, request: Request, next: Next) -> Response {
+    let known = token_of(request.uri().path()).is_some_and(|t| sandbox_for(&engine, t).is_ok());
+    if known {
+        next.run(request).await
+    } else {
+        StatusCode::NOT_FOUND.into_response()
+    }
+}

@@ -1,0 +1,167 @@
+//! `describe_schema` and `changes_since_fork`: a sandbox's catalog, alone or
+//! compared with the golden it was forked from.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{self, diff::Change, Catalog, RowCount, Snapshot};
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::pg::admin::Admin;
+use crate::pg::dsn::DATABASE;
+use crate::sandbox::Sandbox;
+
+/// A sandbox's schema: its catalog, its tables' rows, and the text rendering.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Schema {
+    /// Every object, or the one table asked for.
+    pub catalog: Catalog,
+    /// Rows per table (counted where quick, else estimated).
+    pub rows: BTreeMap<String, RowCount>,
+    /// The compact text a model reads.
+    pub text: String,
+}
+
+/// What changed in a sandbox since it was forked (or last reset).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Changes {
+    /// The golden and generation compared with.
+    pub golden: String,
+    /// See [`Changes::golden`].
+    pub generation: i64,
+    /// Objects added, dropped or changed.
+    pub schema_changes: Vec<Change>,
+    /// Tables whose rows changed.
+    pub row_changes: Vec<RowChange>,
+}
+
+/// One table's rows then and now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RowChange {
+    /// `schema.name`.
+    pub table: String,
+    /// Rows in the golden; absent for a table the sandbox added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub golden_rows: Option<i64>,
+    /// Rows now; absent for a table the sandbox dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows: Option<i64>,
+    /// Whether `rows` was counted (true) or estimated.
+    pub exact: bool,
+    /// Rows inserted, updated and deleted since the fork, from the server's
+    /// statistics (TRUNCATE is not counted there).
+    pub inserted: i64,
+    /// See [`RowChange::inserted`].
+    pub updated: i64,
+    /// See [`RowChange::inserted`].
+    pub deleted: i64,
+}
+
+/// Counting stops at this per table and in all; estimates stand in after.
+const COUNT_PER_TABLE: Duration = Duration::from_secs(2);
+const COUNT_BUDGET: Duration = Duration::from_secs(10);
+
+async fn admin(engine: &Engine, sb: &Sandbox) -> Result<Admin> {
+    Admin::connect(&engine.layout.sandbox_instance(&sb.id), DATABASE).await.map_err(|e| {
+        tracing::warn!(sandbox = %sb.id, error = %e, "catalog session refused");
+        super::sql::unanswered(sb)
+    })
+}
+
+/// Describes a sandbox's schema, or one table of it.
+pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result<Schema> {
+    let (sb, _busy) = super::running(engine, key).await?;
+    let admin = admin(engine, &sb).await?;
+    let mut catalog = catalog::read(admin.client()).await?;
+    if let Some(wanted) = table {
+        let Some(found) = catalog::describe::find(&catalog, wanted) else {
+            let known: Vec<&str> = catalog.tables.keys().map(|t| catalog::short_name(t)).collect();
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!("no table or view named {wanted:?}"),
+                format!(
+                    "the tables are: {}",
+                    if known.is_empty() { "(none)".into() } else { known.join(", ") }
+                ),
+            ));
+        };
+        catalog.tables.retain(|k, _| *k == found);
+        catalog.views.retain(|k, _| *k == found);
+        catalog.functions.clear();
+        catalog.sequences.clear();
+        catalog.types.clear();
+        catalog.extensions.clear();
+    }
+    let rows = catalog::count_rows(admin.client(), &catalog, COUNT_PER_TABLE, COUNT_BUDGET).await;
+    let text = catalog::describe::render(&catalog, &rows, table).unwrap_or_default();
+    Ok(Schema { catalog, rows, text })
+}
+
+/// Compares a sandbox with the golden generation it was forked from.
+pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
+    let (sb, _busy) = super::running(engine, key).await?;
+    let golden = Snapshot::load(&engine.layout.golden_generation(&sb.golden, sb.generation))?;
+    let admin = admin(engine, &sb).await?;
+    let now = catalog::read(admin.client()).await?;
+    let rows = catalog::count_rows(admin.client(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
+    let activity = catalog::row_activity(admin.client()).await?;
+    let mut row_changes = Vec::new();
+    let tables: std::collections::BTreeSet<&String> = golden.rows.keys().chain(rows.keys()).collect();
+    for table in tables {
+        let then = golden.rows.get(table).map(|r| r.rows);
+        let current = rows.get(table);
+        let [inserted, updated, deleted] = activity.get(table).copied().unwrap_or_default();
+        if then == current.map(|r| r.rows) && inserted + updated + deleted == 0 {
+            continue;
+        }
+        row_changes.push(RowChange {
+            table: catalog::short_name(table).to_owned(),
+            golden_rows: then,
+            rows: current.map(|r| r.rows),
+            exact: current.is_none_or(|r| r.exact),
+            inserted,
+            updated,
+            deleted,
+        });
+    }
+    Ok(Changes {
+        golden: sb.golden.clone(),
+        generation: sb.generation,
+        schema_changes: catalog::diff::diff(&golden.catalog, &now),
+        row_changes,
+    })
+}
+
+impl Changes {
+    /// The changes as lines a model reads.
+    pub fn text(&self) -> String {
+        let mut out = Vec::new();
+        if self.schema_changes.is_empty() {
+            out.push("Schema: unchanged.".to_owned());
+        } else {
+            out.push(format!("Schema: {} changes", self.schema_changes.len()));
+            out.extend(self.schema_changes.iter().map(|c| format!("  {}", c.line())));
+        }
+        if self.row_changes.is_empty() {
+            out.push("Rows: unchanged.".to_owned());
+        } else {
+            out.push("Rows (golden -> now; inserted/updated/deleted since the fork):".to_owned());
+            for r in &self.row_changes {
+                let count = |n: Option<i64>| n.map_or("-".to_owned(), |n| n.to_string());
+                let approx = if r.exact { "" } else { "~" };
+                out.push(format!(
+                    "  {}: {} -> {approx}{} (+{} ~{} -{})",
+                    r.table,
+                    count(r.golden_rows),
+                    count(r.rows),
+                    r.inserted,
+                    r.updated,
+                    r.deleted
+                ));
+            }
+        }
+        out.join("\n")
+    }
+}

@@ -1,0 +1,240 @@
+//! The four tools, their input schemas, and one function that runs any of them
+//! against a sandbox and records the call.
+
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use super::envelope;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::NewEvent;
+
+/// Runs SQL and returns the result.
+pub const RUN_SQL: &str = "run_sql";
+/// Lists tables, columns, keys, indexes and row counts.
+pub const DESCRIBE_SCHEMA: &str = "describe_schema";
+/// Puts the database back to its starting state.
+pub const RESET_DATABASE: &str = "reset_database";
+/// Reports schema and row changes since the fork.
+pub const CHANGES_SINCE_FORK: &str = "changes_since_fork";
+
+/// Longest statement text kept in an event.
+const EVENT_STATEMENT_CAP: usize = 2000;
+
+/// A tool as offered to an agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Its name.
+    pub name: &'static str,
+    /// What it does, for the model.
+    pub description: &'static str,
+    /// The JSON schema of its input.
+    pub input_schema: Value,
+}
+
+/// The tools, in the order they are listed.
+pub fn specs() -> Vec<ToolSpec> {
+    let no_input = json!({"type": "object", "properties": {}, "additionalProperties": false});
+    vec![
+        ToolSpec {
+            name: RUN_SQL,
+            description: "Run SQL on this task's own PostgreSQL database, a disposable copy: any statement \
+                is allowed and nothing outside this task is affected. Several statements separated by \
+                semicolons run in order; each one's command tag is reported and the last result set is \
+                returned (at most 200 rows and about 64 KB; the rest is counted). Errors come back with \
+                their SQLSTATE, message, detail, hint and position.",
+            input_schema: json!({
+                "type": "object",
+                "properties": {"sql": {"type": "string", "description": "One or more SQL statements."}},
+                "required": ["sql"],
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: DESCRIBE_SCHEMA,
+            description:
+                "Describe the database: tables with their columns, types, keys, indexes and row \
+                counts, then views, functions, sequences, types and extensions. Give `table` to see just one.",
+            input_schema: json!({
+                "type": "object",
+                "properties": {"table": {"type": "string", "description": "A table or view name; omit for all."}},
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: RESET_DATABASE,
+            description: "Throw away every change and put the database back to its starting state.",
+            input_schema: no_input.clone(),
+        },
+        ToolSpec {
+            name: CHANGES_SINCE_FORK,
+            description: "Show what changed since the database was created (or last reset): schema \
+                objects added, dropped or altered, and per-table row counts then and now.",
+            input_schema: no_input,
+        },
+    ]
+}
+
+/// What a tool call returned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolOutput {
+    /// Whether the call failed in a way the agent should act on (a SQL error).
+    pub is_error: bool,
+    /// The structured result, for harnesses.
+    pub result: Value,
+    /// The text for a model, database content inside the untrusted-data envelope.
+    pub text: String,
+}
+
+/// Runs tool `tool` with `args` on sandbox `key`, and records the call as an event.
+pub async fn call(engine: &Engine, key: &str, tool: &str, args: &Value) -> Result<ToolOutput> {
+    let began = Instant::now();
+    let mut detail = json!({"tool": tool});
+    let outcome = dispatch(engine, key, tool, args, &mut detail).await;
+    detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
+    match &outcome {
+        Ok(out) if out.is_error => {
+            detail["error"] = out.result.pointer("/error/sqlstate").cloned().unwrap_or(Value::Null);
+        }
+        Ok(_) => {}
+        Err(e) => detail["error"] = json!(e.code.as_str()),
+    }
+    let sandbox = engine.store().sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.to_owned());
+    let _ = engine.store().record(NewEvent {
+        kind: "tool_call",
+        sandbox: Some(sandbox),
+        detail,
+        ..Default::default()
+    });
+    outcome
+}
+
+async fn dispatch(
+    engine: &Engine,
+    key: &str,
+    tool: &str,
+    args: &Value,
+    detail: &mut Value,
+) -> Result<ToolOutput> {
+    let args = arguments(tool, args)?;
+    match tool {
+        RUN_SQL => {
+            let sql = string_arg(&args, "sql")?.ok_or_else(|| {
+                invalid("run_sql needs `sql`", "call run_sql with {\"sql\": \"SELECT ...\"}")
+            })?;
+            detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
+            let result = super::sql::run(engine, key, sql).await?;
+            detail["rows"] = json!(result.row_count);
+            let summary = match &result.error {
+                Some(e) => format!(
+                    "The SQL failed with SQLSTATE {} after {} statement(s) had finished.",
+                    e.sqlstate,
+                    result.statements.len()
+                ),
+                None => {
+                    let tags: Vec<&str> = result.statements.iter().map(|s| s.tag.as_str()).collect();
+                    match &result.note {
+                        Some(note) => format!("{} {note}", tags.join("; ")),
+                        None => tags.join("; "),
+                    }
+                }
+            };
+            let value = serde_json::to_value(&result).expect("result serializes");
+            let text = envelope::wrap(&summary, &serde_json::to_string(&value).expect("json"));
+            Ok(ToolOutput { is_error: result.error.is_some(), result: value, text })
+        }
+        DESCRIBE_SCHEMA => {
+            let table = string_arg(&args, "table")?;
+            let schema = super::schema::describe(engine, key, table).await?;
+            let text = envelope::wrap("The database schema:", schema.text.trim_end());
+            Ok(ToolOutput { is_error: false, result: serde_json::to_value(&schema).expect("json"), text })
+        }
+        RESET_DATABASE => {
+            let sb = crate::sandbox::reset(engine, key).await?;
+            let text = format!(
+                "The database is back to its starting state (golden {} generation {}): everything written since is gone.",
+                sb.golden, sb.generation
+            );
+            let result = json!({"reset": true, "golden": sb.golden, "generation": sb.generation});
+            Ok(ToolOutput { is_error: false, result, text })
+        }
+        CHANGES_SINCE_FORK => {
+            let changes = super::schema::changes(engine, key).await?;
+            let text = envelope::wrap("Changes since the database was created:", &changes.text());
+            Ok(ToolOutput { is_error: false, result: serde_json::to_value(&changes).expect("json"), text })
+        }
+        other => Err(invalid(
+            format!("no tool named {other:?}"),
+            "the tools are run_sql, describe_schema, reset_database and changes_since_fork",
+        )),
+    }
+}
+
+/// The arguments as an object holding only the properties the tool's schema names.
+fn arguments(tool: &str, args: &Value) -> Result<Map<String, Value>> {
+    let map = match args {
+        Value::Null => Map::new(),
+        Value::Object(m) => m.clone(),
+        _ => return Err(invalid(format!("{tool} takes a JSON object"), "send the arguments as an object")),
+    };
+    if let Some(spec) = specs().into_iter().find(|s| s.name == tool) {
+        let allowed = spec.input_schema["properties"].as_object().cloned().unwrap_or_default();
+        if let Some(extra) = map.keys().find(|k| !allowed.contains_key(k.as_str())) {
+            let names: Vec<&String> = allowed.keys().collect();
+            return Err(invalid(
+                format!("{tool} has no argument {extra:?}"),
+                if names.is_empty() {
+                    format!("{tool} takes no arguments")
+                } else {
+                    format!("{tool} takes only {names:?}")
+                },
+            ));
+        }
+    }
+    Ok(map)
+}
+
+fn string_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>> {
+    match args.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(invalid(format!("`{name}` must be a string"), "send it as a JSON string")),
+    }
+}
+
+fn invalid(message: impl Into<String>, hint: impl Into<String>) -> Error {
+    Error::new(ErrorCode::InvalidRequest, message, hint)
+}
+
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// The text an agent sees for an Airlock error (not a SQL one): code, message, hint.
+pub fn error_text(e: &Error) -> String {
+    format!("{} ({}). {}", e.message, e.code.as_str(), e.hint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_sql_takes_exactly_one_property() {
+        let spec = specs().into_iter().find(|s| s.name == RUN_SQL).unwrap();
+        let props = spec.input_schema["properties"].as_object().unwrap();
+        assert_eq!(props.keys().collect::<Vec<_>>(), ["sql"]);
+        assert!(arguments(RUN_SQL, &json!({"sql": "select 1", "dsn": "x"})).is_err());
+        assert!(arguments(RESET_DATABASE, &json!({"x": 1})).is_err());
+        assert!(arguments(RESET_DATABASE, &Value::Null).is_ok());
+    }
+}
