@@ -1,31 +1,11 @@
 //! The REST API itself: its OpenAPI document, its error format, and TCP with a bearer token.
 
-use std::io::{Read, Write};
-
 use serde_json::Value;
 
-use crate::harness::Daemon;
-
-/// One raw HTTP/1.0 request; returns the status and the body.
-fn http(stream: &mut dyn ReadWrite, method: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n{body}",
-        body.len()
-    );
-    stream.write_all(req.as_bytes()).unwrap();
-    let mut resp = String::new();
-    stream.read_to_string(&mut resp).unwrap();
-    let status = resp[9..12].parse().unwrap();
-    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
-}
-
-trait ReadWrite: Read + Write {}
-impl<T: Read + Write> ReadWrite for T {}
+use crate::harness::{http, Daemon};
 
 fn unix(d: &Daemon, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
-    http(&mut s, method, path, "", body)
+    d.api(method, path, body)
 }
 
 #[test]

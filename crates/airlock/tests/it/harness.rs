@@ -50,6 +50,8 @@ pub struct Daemon {
     pub home: PathBuf,
     /// The router's address, the same across restarts so DSNs stay valid.
     pub router: String,
+    /// The MCP gateway's address, likewise.
+    pub gateway: String,
     args: Vec<String>,
     child: Option<Child>,
 }
@@ -92,9 +94,16 @@ impl Daemon {
 
     /// A data root with no daemon yet (the CLI may start one itself).
     pub fn unstarted(home: PathBuf, args: &[&str]) -> Daemon {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let router = format!("127.0.0.1:{port}");
-        Daemon { home, router, args: args.iter().map(|s| s.to_string()).collect(), child: None }
+        let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let router = format!("127.0.0.1:{}", free());
+        let gateway = format!("127.0.0.1:{}", free());
+        Daemon { home, router, gateway, args: args.iter().map(|s| s.to_string()).collect(), child: None }
+    }
+
+    /// One request to the REST API on its unix socket; returns the status and body.
+    pub fn api(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut s = std::os::unix::net::UnixStream::connect(self.socket()).unwrap();
+        http(&mut s, method, path, "", body)
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -119,6 +128,7 @@ impl Daemon {
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_LOG", "debug")
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -146,6 +156,7 @@ impl Daemon {
             .args(&self.args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdin(Stdio::null())
             .output()
             .expect("airlock serve runs");
@@ -167,6 +178,7 @@ impl Daemon {
             .args(args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -185,6 +197,7 @@ impl Daemon {
         cmd.args(args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         cmd.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
@@ -464,3 +477,28 @@ pub fn sql(dsn: &str, q: &str) -> String {
 pub fn dsn(v: &Value) -> String {
     v["dsn"].as_str().expect("dsn").to_owned()
 }
+
+/// One raw HTTP/1.0 request on `stream`; returns the status and the body.
+pub fn http(
+    stream: &mut dyn ReadWrite,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
+    let host = if headers.contains("Host:") { "" } else { "Host: x\r\n" };
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\n{host}Content-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).unwrap();
+    let mut resp = String::new();
+    stream.read_to_string(&mut resp).unwrap();
+    let status = resp[9..12].parse().unwrap();
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// A byte stream both ways (a unix or TCP socket).
+pub trait ReadWrite: std::io::Read + std::io::Write {}
+impl<T: std::io::Read + std::io::Write> ReadWrite for T {}

@@ -7,6 +7,7 @@ mod adversarial;
 mod api;
 mod containment;
 mod exec;
+mod gateway;
 mod goldens;
 mod lifecycle;
 mod pool;
