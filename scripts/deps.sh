@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Airlock needs and the machine lacks, through the system package
-# manager: the PostgreSQL server and client tools, and xfsprogs for copy-on-write
-# storage. Safe to run again; it installs nothing that is already there.
+# manager: the PostgreSQL server and client tools, xfsprogs for copy-on-write
+# storage, and Python 3 with venv for the Python client's tests. Safe to run
+# again; it installs nothing that is already there.
 set -euo pipefail
 
 need=()
@@ -9,6 +10,9 @@ ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 && command -v pg_dump >/dev/null 2>&1 || need+=(postgresql-client)
 command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || need+=(xfsprogs)
 command -v mount >/dev/null 2>&1 || need+=(mount)
+# The Python client's and the MCP tests run in a virtual environment.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

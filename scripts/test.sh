@@ -14,8 +14,13 @@ else
 fi
 
 cargo build --locked --all-targets
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --locked --no-fail-fast
+  cargo nextest run --locked --no-fail-fast || status=$?
 else
-  cargo test --locked --no-fail-fast
+  cargo test --locked --no-fail-fast || status=$?
 fi
+
+# The Python client and the MCP servers, driven by the official MCP Python SDK.
+scripts/python-tests.sh || status=$?
+exit $status

@@ -13,11 +13,16 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::mcp::Gateway;
 use crate::client::Client;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sandbox::{ForkRequest, Forked};
 
 /// Forks, serves MCP on stdin/stdout until the session ends, then deletes the sandbox.
 pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result<i32> {
+    // Taken before the fork, so a signal that arrives meanwhile is not lost: it
+    // ends the session as soon as the sandbox exists, and the sandbox goes.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&request)).await?;
     let id = forked.sandbox.id.clone();
     for w in &forked.warnings {
@@ -27,29 +32,26 @@ pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result
     drop(forked); // its DSN is not needed here
 
     let gateway = Gateway::for_sandbox(client.clone(), id.clone(), home);
-    let ended = async {
-        let mut term = signal(SignalKind::terminate())?;
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut hup = signal(SignalKind::hangup())?;
-        let running = gateway
-            .serve(rmcp::transport::stdio())
-            .await
-            .map_err(|e| Error::internal(format!("MCP session did not start: {e}")))?;
-        tokio::select! {
-            r = running.waiting() => { let _ = r; }
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = hup.recv() => {}
+    let session = async {
+        match gateway.serve(rmcp::transport::stdio()).await {
+            Ok(running) => {
+                let _ = running.waiting().await;
+            }
+            // Most often the client went away before initializing: nothing to serve.
+            Err(e) => eprintln!("airlock mcp: the session did not start: {e}"),
         }
-        Ok::<(), Error>(())
+    };
+    tokio::select! {
+        _ = session => {}
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+        _ = hup.recv() => {}
     }
-    .await;
     let deleted: Result<serde_json::Value> =
         client.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None::<&()>).await;
     match &deleted {
         Ok(_) => eprintln!("airlock mcp: session ended; sandbox {id} deleted"),
         Err(e) => eprintln!("airlock mcp: session ended; deleting sandbox {id} failed ({e}); its TTL will"),
     }
-    ended?;
     Ok(0)
 }

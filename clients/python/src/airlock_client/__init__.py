@@ -1,0 +1,18 @@
+"""Client for Airlock: a throwaway copy-on-write PostgreSQL per AI-agent task.
+
+The harness forks a sandbox per task, keeps its connection string to itself, and
+hands the model a tool that takes only SQL::
+
+    from airlock_client import Client, scratch_db, sql_tool
+
+    client = Client()
+    with scratch_db("shop", ttl="15m", client=client) as sandbox:
+        tool = sql_tool(client, sandbox)
+        print(tool("SELECT count(*) FROM orders"))
+"""
+
+from .client import AirlockError, Client, Sandbox
+from .scratch import scratch_db
+from .tool import SqlTool, sql_tool
+
+__all__ = ["AirlockError", "Client", "Sandbox", "SqlTool", "scratch_db", "sql_tool"]
