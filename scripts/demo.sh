@@ -64,6 +64,29 @@ echo "orders in agent-b, through the router: $(psql "$(airlock dsn agent-b)" -Xt
 end=$(date +%s%N)
 echo "(that connection woke it: $(( (end - start) / 1000000 )) ms, psql included)"
 
+step "What an agent gets instead of a DSN: MCP tools (airlock mcp)"
+echo "An MCP client starts 'airlock mcp --golden shop'; the session gets its own sandbox."
+echo "Here a scripted client sends three tool calls over stdio:"
+{
+  echo '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"demo","version":"1"}}}'
+  echo '{"jsonrpc":"2.0","method":"notifications/initialized"}'
+  echo '{"jsonrpc":"2.0","id":2,"method":"tools/list"}'
+  echo '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"UPDATE orders SET status = '"'"'cancelled'"'"' WHERE id % 10 = 0; SELECT status, count(*) FROM orders GROUP BY 1 ORDER BY 1"}}}'
+  echo '{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"changes_since_fork","arguments":{}}}'
+  sleep 2
+} | airlock mcp --golden shop --ttl 5m --label demo=mcp | python3 -c '
+import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    result = msg.get("result", {})
+    for tool in result.get("tools", []):
+        print("tool %s: input %s" % (tool["name"], list(tool["inputSchema"]["properties"])))
+    for block in result.get("content", []):
+        print("--- tool result (call %s) ---" % msg["id"])
+        print(block["text"])
+'
+echo "(the session ended, so its sandbox was deleted; the tools never showed a DSN)"
+
 step "Events"
 airlock events --limit 12
 

@@ -147,12 +147,12 @@ impl Changes {
         if self.row_changes.is_empty() {
             out.push("Rows: unchanged.".to_owned());
         } else {
-            out.push("Rows (golden -> now; inserted/updated/deleted since the fork):".to_owned());
+            out.push("Rows (golden -> now; ~ marks an estimate):".to_owned());
             for r in &self.row_changes {
                 let count = |n: Option<i64>| n.map_or("-".to_owned(), |n| n.to_string());
                 let approx = if r.exact { "" } else { "~" };
                 out.push(format!(
-                    "  {}: {} -> {approx}{} (+{} ~{} -{})",
+                    "  {}: {} -> {approx}{} rows (inserted {}, updated {}, deleted {})",
                     r.table,
                     count(r.golden_rows),
                     count(r.rows),

@@ -31,6 +31,9 @@ fn openapi_documents_every_route() {
         ("/v1/sandboxes/{id}/reset", &["post"]),
         ("/v1/sandboxes/{id}/branch", &["post"]),
         ("/v1/sandboxes/{id}/promote", &["post"]),
+        ("/v1/sandboxes/{id}/sql", &["post"]),
+        ("/v1/sandboxes/{id}/tools/{tool}", &["post"]),
+        ("/v1/tools", &["get"]),
         ("/v1/events", &["get"]),
     ] {
         for m in methods {
