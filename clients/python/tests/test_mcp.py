@@ -88,8 +88,10 @@ def test_stdio_session_gets_its_own_sandbox_and_deletes_it_at_the_end(daemon):
     while sandboxes_labelled(daemon, label) and time.time() < deadline:
         time.sleep(0.1)
     assert sandboxes_labelled(daemon, label) == []
-    kinds = [e["kind"] for e in daemon.json("events", "--sandbox", sb)]
+    events = daemon.json("events", "--sandbox", sb)
+    kinds = [e["kind"] for e in events]
     assert kinds.count("tool_call") == 10 and kinds[-1] == "deleted"
+    assert {e["detail"]["via"] for e in events if e["kind"] == "tool_call"} == {"mcp_stdio"}
 
 
 def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
@@ -104,7 +106,7 @@ def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
 
     asyncio.run(main(sb.mcp_url))
     events = [e for e in daemon.json("events", "--sandbox", sb.id) if e["kind"] == "tool_call"]
-    assert len(events) == 10
+    assert len(events) == 10 and {e["detail"]["via"] for e in events} == {"mcp_http"}
     assert all(sb.mcp_url.rsplit("/", 1)[1] not in json.dumps(e) for e in events)
     client.delete(sb)
 

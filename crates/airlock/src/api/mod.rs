@@ -270,20 +270,32 @@ async fn sql(
     let engine = s.engine.clone();
     let args = serde_json::json!({ "sql": req.sql });
     let out = detached(async move {
-        crate::gateway::tools::call(&engine, &id, crate::gateway::tools::RUN_SQL, &args).await
+        crate::gateway::tools::call(&engine, &id, crate::gateway::tools::RUN_SQL, &args, Default::default())
+            .await
     })
     .await?;
     Ok(Json(out.result))
 }
 
+/// Query of `POST /v1/sandboxes/{id}/tools/{tool}`.
+#[derive(Deserialize)]
+struct ToolQuery {
+    /// The door the call came through, for its event (`airlock mcp` says `mcp_stdio`).
+    #[serde(default)]
+    via: crate::gateway::tools::Via,
+}
+
 async fn call_tool(
     State(s): State<AppState>,
     Path((id, tool)): Path<(String, String)>,
+    Query(q): Query<ToolQuery>,
     args: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult<crate::gateway::tools::ToolOutput> {
     let args = body(args)?;
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args).await }).await?))
+    Ok(Json(
+        detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args, q.via).await }).await?,
+    ))
 }
 
 async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {

@@ -262,6 +262,7 @@ pub fn doctor(d: &Doctor) -> String {
         }
     };
     t.row(vec!["router".into(), router]);
+    t.row(vec!["mcp gateway".into(), d.gateway.clone().map_or("off".into(), |g| format!("{g}/mcp/TOKEN"))]);
     t.row(vec!["default / max TTL".into(), format!("{}s / {}s", d.default_ttl_seconds, d.max_ttl_seconds)]);
     let mut out = t.render();
     for w in &d.warnings {

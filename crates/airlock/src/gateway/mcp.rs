@@ -53,10 +53,10 @@ impl Gateway {
             Target::Token(engine) => {
                 let token = parts.and_then(|p| super::http::token_of(p.uri.path())).unwrap_or_default();
                 let sandbox = super::http::sandbox_for(engine, token)?;
-                tools::call(engine, &sandbox, tool, &args).await
+                tools::call(engine, &sandbox, tool, &args, tools::Via::McpHttp).await
             }
             Target::Daemon { client, sandbox, .. } => {
-                let path = format!("/v1/sandboxes/{}/tools/{}", sandbox, encode(tool));
+                let path = format!("/v1/sandboxes/{}/tools/{}?via=mcp_stdio", sandbox, encode(tool));
                 client.call(axum::http::Method::POST, &path, Some(&args)).await
             }
         }

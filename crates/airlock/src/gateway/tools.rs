@@ -77,6 +77,19 @@ pub fn specs() -> Vec<ToolSpec> {
     ]
 }
 
+/// Which door a tool call came through, recorded in its event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// The REST API (`/sql`, `/tools/{tool}`).
+    #[default]
+    Rest,
+    /// `airlock mcp` on stdio (through the REST API).
+    McpStdio,
+    /// The daemon's streamable HTTP gateway.
+    McpHttp,
+}
+
 /// What a tool call returned.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ToolOutput {
@@ -89,9 +102,9 @@ pub struct ToolOutput {
 }
 
 /// Runs tool `tool` with `args` on sandbox `key`, and records the call as an event.
-pub async fn call(engine: &Engine, key: &str, tool: &str, args: &Value) -> Result<ToolOutput> {
+pub async fn call(engine: &Engine, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     let began = Instant::now();
-    let mut detail = json!({"tool": tool});
+    let mut detail = json!({"tool": tool, "via": via});
     let outcome = dispatch(engine, key, tool, args, &mut detail).await;
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {

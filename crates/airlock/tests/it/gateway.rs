@@ -234,7 +234,7 @@ fn every_tool_call_is_an_event_and_nothing_reveals_how_to_reach_the_database() {
         (first["tool"].as_str(), first["statement"].as_str()),
         (Some("run_sql"), Some("SELECT count(*) FROM orders"))
     );
-    assert_eq!(first["rows"], 1);
+    assert_eq!((first["rows"].as_u64(), first["via"].as_str()), (Some(1), Some("rest")));
     assert!(first["duration_ms"].is_u64());
     assert_eq!(calls[1]["detail"]["error"], "42P01");
     assert_eq!(calls[6]["detail"]["error"], "invalid_request");
