@@ -20,6 +20,7 @@ test: deps
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
+	@scripts/bench-tools.sh
 	@scripts/bench-density.sh
 
 clean:

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 n=${DENSITY:-200}
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-density}
-export AIRLOCK_MAX_RUNNING=$n AIRLOCK_MAX_SANDBOXES=$((2 * n)) AIRLOCK_ROUTER=127.0.0.1:7434
+export AIRLOCK_MAX_RUNNING=$n AIRLOCK_MAX_SANDBOXES=$((2 * n)) AIRLOCK_ROUTER=127.0.0.1:7434 AIRLOCK_GATEWAY=127.0.0.1:7437
 GOLDENS=bench-40mb
 source scripts/bench-lib.sh
 bench_fresh_root
