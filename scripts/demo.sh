@@ -66,26 +66,28 @@ echo "(that connection woke it: $(( (end - start) / 1000000 )) ms, psql included
 
 step "What an agent gets instead of a DSN: MCP tools (airlock mcp)"
 echo "An MCP client starts 'airlock mcp --golden shop'; the session gets its own sandbox."
-echo "Here a scripted client sends three tool calls over stdio:"
-{
-  echo '{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"demo","version":"1"}}}'
-  echo '{"jsonrpc":"2.0","method":"notifications/initialized"}'
-  echo '{"jsonrpc":"2.0","id":2,"method":"tools/list"}'
-  echo '{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"run_sql","arguments":{"sql":"UPDATE orders SET status = '"'"'cancelled'"'"' WHERE id % 10 = 0; SELECT status, count(*) FROM orders GROUP BY 1 ORDER BY 1"}}}'
-  echo '{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"changes_since_fork","arguments":{}}}'
-  sleep 2
-} | airlock mcp --golden shop --ttl 5m --label demo=mcp | python3 -c '
-import json, sys
-for line in sys.stdin:
-    msg = json.loads(line)
-    result = msg.get("result", {})
-    for tool in result.get("tools", []):
-        print("tool %s: input %s" % (tool["name"], list(tool["inputSchema"]["properties"])))
-    for block in result.get("content", []):
-        print("--- tool result (call %s) ---" % msg["id"])
-        print(block["text"])
-'
-echo "(the session ended, so its sandbox was deleted; the tools never showed a DSN)"
+echo "Here a scripted client lists the tools and makes two calls over stdio:"
+python3 - <<'PY'
+import json, subprocess
+mcp = subprocess.Popen(["./target/release/airlock", "mcp", "--golden", "shop", "--ttl", "5m", "--label", "demo=mcp"],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def send(msg):
+    mcp.stdin.write(json.dumps(msg) + "\n"); mcp.stdin.flush()
+def ask(i, method, params):
+    send({"jsonrpc": "2.0", "id": i, "method": method, "params": params})
+    return json.loads(mcp.stdout.readline())["result"]
+ask(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "demo", "version": "1"}})
+send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+for tool in ask(2, "tools/list", {})["tools"]:
+    print("tool %s: input %s" % (tool["name"], list(tool["inputSchema"]["properties"])))
+sql = "UPDATE orders SET status = 'cancelled' WHERE id % 10 = 0; SELECT status, count(*) FROM orders GROUP BY 1 ORDER BY 1"
+for i, (name, args) in enumerate([("run_sql", {"sql": sql}), ("changes_since_fork", {})], start=3):
+    print("--- %s ---" % name)
+    print(ask(i, "tools/call", {"name": name, "arguments": args})["content"][0]["text"])
+mcp.stdin.close()
+mcp.wait()
+PY
+echo "(the session ended, so its sandbox was deleted; no tool ever showed a DSN)"
 
 step "Events"
 airlock events --limit 12
