@@ -196,43 +196,29 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
             });
         }
     }
-    let constraints = client
-        .query(
+    let parts: [(&str, fn(&mut Table) -> &mut BTreeMap<String, String>); 3] = [
+        (
             "SELECT conrelid::int8, conname::text, pg_get_constraintdef(oid) FROM pg_constraint
              WHERE conrelid::int8 = ANY($1)",
-            &[&oids],
-        )
-        .await
-        .map_err(query_error)?;
-    for r in constraints {
-        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
-            t.constraints.insert(r.get(1), r.get(2));
-        }
-    }
-    let indexes = client
-        .query(
+            |t| &mut t.constraints,
+        ),
+        (
             "SELECT i.indrelid::int8, c.relname::text, pg_get_indexdef(i.indexrelid)
              FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE i.indrelid::int8 = ANY($1)",
-            &[&oids],
-        )
-        .await
-        .map_err(query_error)?;
-    for r in indexes {
-        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
-            t.indexes.insert(r.get(1), r.get(2));
-        }
-    }
-    let triggers = client
-        .query(
+            |t| &mut t.indexes,
+        ),
+        (
             "SELECT tgrelid::int8, tgname::text, pg_get_triggerdef(oid) FROM pg_trigger
              WHERE tgrelid::int8 = ANY($1) AND NOT tgisinternal",
-            &[&oids],
-        )
-        .await
-        .map_err(query_error)?;
-    for r in triggers {
-        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
-            t.triggers.insert(r.get(1), r.get(2));
+            |t| &mut t.triggers,
+        ),
+    ];
+    // Each query gives (table, name, definition) rows for one kind of table part.
+    for (sql, field) in parts {
+        for r in client.query(sql, &[&oids]).await.map_err(query_error)? {
+            if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+                field(t).insert(r.get(1), r.get(2));
+            }
         }
     }
     let functions = client
