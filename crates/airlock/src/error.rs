@@ -47,6 +47,10 @@ pub enum ErrorCode {
     Unauthorized,
     /// The CLI could not reach or start a daemon.
     DaemonUnreachable,
+    /// `migrate promote` refused: the file changed, its test failed, or the target drifted.
+    MigrationRefused,
+    /// A migration failed on the target; the message says what was kept.
+    MigrationFailed,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -59,8 +63,8 @@ impl ErrorCode {
             InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 400,
             Unauthorized => 401,
             GoldenNotFound | SandboxNotFound => 404,
-            GoldenExists | NameTaken | GoldenInUse => 409,
-            SeedFailed | SourceFailed => 422,
+            GoldenExists | NameTaken | GoldenInUse | MigrationRefused => 409,
+            SeedFailed | SourceFailed | MigrationFailed => 422,
             CapacityExhausted => 503,
             DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
         }
@@ -78,6 +82,8 @@ impl ErrorCode {
             SeedFailed | SourceFailed => 7,
             DataRootNotWritable | StorageFailed | PostgresFailed => 8,
             Unauthorized | DaemonUnreachable => 9,
+            MigrationRefused => 10,
+            MigrationFailed => 11,
         }
     }
 

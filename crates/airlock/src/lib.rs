@@ -17,6 +17,7 @@ pub mod events;
 pub mod gateway;
 pub mod golden;
 pub mod layout;
+pub mod migrate;
 pub mod pg;
 pub mod reaper;
 pub mod router;

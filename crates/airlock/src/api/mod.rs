@@ -90,6 +90,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/sql", post(sql))
         .route("/v1/sandboxes/{id}/tools/{tool}", post(call_tool))
         .route("/v1/tools", get(list_tools))
+        .route("/v1/migrations/test", post(migrate_test))
+        .route("/v1/migrations/promote", post(migrate_promote))
         .route("/v1/events", get(events))
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
@@ -296,6 +298,24 @@ async fn call_tool(
     Ok(Json(
         detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args, q.via).await }).await?,
     ))
+}
+
+async fn migrate_test(
+    State(s): State<AppState>,
+    req: Result<Json<crate::migrate::TestRequest>, JsonRejection>,
+) -> ApiResult<crate::migrate::report::Report> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { crate::migrate::test(engine, req).await }).await?))
+}
+
+async fn migrate_promote(
+    State(s): State<AppState>,
+    req: Result<Json<crate::migrate::promote::PromoteRequest>, JsonRejection>,
+) -> ApiResult<crate::migrate::promote::Promoted> {
+    let req = body(req)?;
+    let engine = s.engine.clone();
+    Ok(Json(detached(async move { crate::migrate::promote::promote(&engine, &req).await }).await?))
 }
 
 async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {

@@ -115,7 +115,7 @@ impl Snapshot {
 }
 
 /// Schemas that are PostgreSQL's own.
-const SYSTEM_SCHEMAS: &str = "n.nspname NOT IN ('pg_catalog', 'information_schema') \
+const SYSTEM_SCHEMAS: &str = "n.nspname NOT IN ('pg_catalog', 'information_schema', 'airlock_probe') \
      AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'";
 
 /// Objects an extension created are the extension's, not the application's.
@@ -277,6 +277,8 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     for r in extensions {
         catalog.extensions.insert(r.get(0), r.get(1));
     }
+    // The session may go on to run other work (a promoted migration, say).
+    client.batch_execute("RESET search_path").await.map_err(query_error)?;
     Ok(catalog)
 }
 

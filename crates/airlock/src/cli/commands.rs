@@ -8,7 +8,8 @@ use hyper::Method;
 
 use super::output;
 use super::{
-    Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, McpArgs, Placement, ServeArgs, StorageCommand,
+    Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, McpArgs, MigrateCommand, MigratePromoteArgs,
+    MigrateTestArgs, Placement, ServeArgs, StorageCommand,
 };
 use crate::api::ExtendRequest;
 use crate::engine::{Config, Doctor};
@@ -92,6 +93,8 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Golden(cmd) => golden(&cli, cmd).await,
         Command::Fork(args) => fork(&cli, args).await,
         Command::Mcp(args) => mcp(&cli, args).await,
+        Command::Migrate(MigrateCommand::Test(args)) => migrate_test(&cli, args).await,
+        Command::Migrate(MigrateCommand::Promote(args)) => migrate_promote(&cli, args).await,
         Command::Ls { golden, labels } => {
             validate::labels(labels)?;
             let mut query = Vec::new();
@@ -541,6 +544,106 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
     };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     print_forked(&forked, cli.json);
+    Ok(0)
+}
+
+/// Reads a file the user named, with an error that says which.
+fn read_file(path: &Path, what: &str) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| {
+        Error::new(
+            ErrorCode::FileUnreadable,
+            format!("cannot read {what} {}: {e}", path.display()),
+            "check the path",
+        )
+    })
+}
+
+/// `airlock migrate test`.
+async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
+    use crate::migrate::{Candidate, TestRequest};
+    let mut candidates: Vec<Candidate> = Vec::new();
+    for path in &args.candidates {
+        let name =
+            path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let name = if candidates.iter().any(|c| c.name == name) { path.display().to_string() } else { name };
+        candidates.push(Candidate { name, sql: Some(read_file(path, "candidate")?), exec: None });
+    }
+    for (i, cmd) in args.exec.iter().enumerate() {
+        candidates.push(Candidate { name: format!("exec-{}", i + 1), sql: None, exec: Some(cmd.clone()) });
+    }
+    let mut assertions = Vec::new();
+    for path in &args.asserts {
+        let text = read_file(path, "assertion file")?;
+        assertions.extend(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql));
+    }
+    let millis = |flag: &str, text: &str| validate::duration(flag, text).map(|d| d.as_millis() as u64);
+    let req = TestRequest {
+        golden: args.golden.clone(),
+        candidates,
+        assertions,
+        expect_golden: args.expect_golden.clone(),
+        expect_files: absolute(&args.expect)?,
+        parallel: Some(args.parallel),
+        statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
+        lock_threshold_ms: Some(millis("--max-lock", &args.max_lock)?),
+    };
+    let what = format!("testing {} candidate(s) on golden {}", req.candidates.len(), req.golden);
+    let spinner = output::spinner(cli.json, what);
+    let report: Result<crate::migrate::report::Report> =
+        cli.client()?.call(Method::POST, "/v1/migrations/test", Some(&req)).await;
+    spinner.finish_and_clear();
+    let report = report?;
+    if let Some(path) = &args.report {
+        let json = serde_json::to_vec_pretty(&report).expect("report serializes");
+        std::fs::write(path, json).map_err(|e| {
+            let message = format!("cannot write the report {}: {e}", path.display());
+            Error::new(ErrorCode::FileUnreadable, message, "check the path")
+        })?;
+    }
+    output::print(cli.json, &report, || report.text());
+    Ok(if report.passed { 0 } else { 12 })
+}
+
+/// `airlock migrate promote`.
+async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
+    use crate::migrate::promote::{PromoteRequest, Promoted};
+    let report = serde_json::from_str(&read_file(&args.report, "report")?).map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("{} is not a migrate test report: {e}", args.report.display()),
+            "pass the file `migrate test --report` wrote",
+        )
+    })?;
+    let name = args.candidate.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let candidate =
+        crate::migrate::Candidate { name, sql: Some(read_file(&args.candidate, "candidate")?), exec: None };
+    let target_dsn = if args.target == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s.trim().to_owned()
+    } else {
+        args.target.clone()
+    };
+    let millis = |flag: &str, text: &str| validate::duration(flag, text).map(|d| d.as_millis() as u64);
+    let req = PromoteRequest {
+        report,
+        candidate,
+        target_dsn,
+        allow_hazards: args.allow_hazards.clone(),
+        lock_timeout_ms: Some(millis("--lock-timeout", &args.lock_timeout)?),
+        statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
+    };
+    let done: Promoted = cli.client()?.call(Method::POST, "/v1/migrations/promote", Some(&req)).await?;
+    output::print(cli.json, &done, || {
+        format!(
+            "applied {} ({} statements{}) to {} in {:.0} ms\n",
+            done.candidate,
+            done.statements,
+            if done.single_transaction { ", in one transaction" } else { "" },
+            done.target,
+            done.duration_ms
+        )
+    });
     Ok(0)
 }
 

@@ -42,6 +42,9 @@ enum Command {
     Golden(GoldenCommand),
     /// Fork a sandbox from a golden; prints its connection string.
     Fork(ForkArgs),
+    /// Test candidate migrations on forks with real data; promote one behind guards.
+    #[command(subcommand)]
+    Migrate(MigrateCommand),
     /// Serve MCP on stdio with one sandbox for the session: tools run_sql,
     /// describe_schema, reset_database, changes_since_fork. Deleted when the session ends.
     Mcp(McpArgs),
@@ -330,6 +333,71 @@ struct ForkArgs {
     /// Also mint a task-scoped MCP endpoint: prints its URL (with --json, `mcp_url`).
     #[arg(long)]
     mcp: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum MigrateCommand {
+    /// Run each candidate on its own fork of the golden, measure it statement by
+    /// statement, verify it, and report hazards (exit 12 when any candidate fails).
+    Test(MigrateTestArgs),
+    /// Apply a tested file to a real database, only if it is unchanged, passed,
+    /// and the target's schema is still the golden's.
+    Promote(MigratePromoteArgs),
+}
+
+#[derive(Debug, Args)]
+struct MigrateTestArgs {
+    /// The golden whose data the candidates run on.
+    #[arg(long)]
+    golden: String,
+    /// Candidate SQL files.
+    candidates: Vec<PathBuf>,
+    /// A candidate run as a command inside the fork's boundary with DATABASE_URL set (repeatable).
+    #[arg(long = "exec")]
+    exec: Vec<String>,
+    /// SQL files whose schema the result must match.
+    #[arg(long = "expect", conflicts_with = "expect_golden")]
+    expect: Vec<PathBuf>,
+    /// A golden whose schema the result must match.
+    #[arg(long)]
+    expect_golden: Option<String>,
+    /// A file of assertion queries, each of which must return true or no rows (repeatable).
+    #[arg(long = "assert")]
+    asserts: Vec<PathBuf>,
+    /// Candidates tested at once.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    /// Each statement's timeout.
+    #[arg(long, default_value = "5m")]
+    statement_timeout: String,
+    /// A blocking lock held longer than this on a table with rows is a hazard.
+    #[arg(long, default_value = "1s")]
+    max_lock: String,
+    /// Also write the JSON report to this file (for `migrate promote`).
+    #[arg(long)]
+    report: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct MigratePromoteArgs {
+    /// The JSON report `migrate test --report` wrote.
+    #[arg(long)]
+    report: PathBuf,
+    /// The database to apply it to; `-` reads the DSN from stdin, so its password
+    /// is never on a command line.
+    #[arg(long, env = "AIRLOCK_TARGET_DSN")]
+    target: String,
+    /// The tested SQL file, unchanged.
+    candidate: PathBuf,
+    /// Accept a hazard the test reported, by kind (repeatable).
+    #[arg(long = "allow-hazard")]
+    allow_hazards: Vec<String>,
+    /// lock_timeout on the target.
+    #[arg(long, default_value = "5s")]
+    lock_timeout: String,
+    /// statement_timeout on the target.
+    #[arg(long, default_value = "10m")]
+    statement_timeout: String,
 }
 
 #[derive(Debug, Args)]

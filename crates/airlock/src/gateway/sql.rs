@@ -147,7 +147,7 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
 }
 
 /// Opens a session as the agent role with the sandbox's own credential.
-pub(super) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
+pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
     let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
     let socket_dir = engine.layout.sandbox_instance(&sb.id).socket_dir();
     Session::connect(&socket_dir, AGENT_ROLE, &password, DATABASE).await.map_err(|e| match e {

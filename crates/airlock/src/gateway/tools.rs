@@ -1,6 +1,7 @@
 //! The four tools, their input schemas, and one function that runs any of them
 //! against a sandbox and records the call.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -19,6 +20,8 @@ pub const DESCRIBE_SCHEMA: &str = "describe_schema";
 pub const RESET_DATABASE: &str = "reset_database";
 /// Reports schema and row changes since the fork.
 pub const CHANGES_SINCE_FORK: &str = "changes_since_fork";
+/// Tests a migration on a fresh fork of the same golden and reports its hazards.
+pub const TEST_MIGRATION: &str = "test_migration";
 
 /// Longest statement text kept in an event.
 const EVENT_STATEMENT_CAP: usize = 2000;
@@ -74,6 +77,20 @@ pub fn specs() -> Vec<ToolSpec> {
                 objects added, dropped or altered, and per-table row counts then and now.",
             input_schema: no_input,
         },
+        ToolSpec {
+            name: TEST_MIGRATION,
+            description: "Test a migration before anyone applies it: it runs on a fresh copy of this \
+                database's starting state (not on this database), statement by statement, and the report \
+                says what it would do to real data: locks and how long they are held, table rewrites, rows \
+                deleted, objects dropped (CASCADE included), failures that only real data causes, and the \
+                resulting schema changes. Nothing is applied anywhere.",
+            input_schema: json!({
+                "type": "object",
+                "properties": {"sql": {"type": "string", "description": "The migration's SQL."}},
+                "required": ["sql"],
+                "additionalProperties": false
+            }),
+        },
     ]
 }
 
@@ -102,7 +119,7 @@ pub struct ToolOutput {
 }
 
 /// Runs tool `tool` with `args` on sandbox `key`, and records the call as an event.
-pub async fn call(engine: &Engine, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
+pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
     let outcome = dispatch(engine, key, tool, args, &mut detail).await;
@@ -125,7 +142,7 @@ pub async fn call(engine: &Engine, key: &str, tool: &str, args: &Value, via: Via
 }
 
 async fn dispatch(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     key: &str,
     tool: &str,
     args: &Value,
@@ -178,9 +195,41 @@ async fn dispatch(
             let text = envelope::wrap("Changes since the database was created:", &changes.text());
             Ok(ToolOutput { is_error: false, result: serde_json::to_value(&changes).expect("json"), text })
         }
+        TEST_MIGRATION => {
+            let sql = string_arg(&args, "sql")?.ok_or_else(|| {
+                invalid(
+                    "test_migration needs `sql`",
+                    "call test_migration with {\"sql\": \"ALTER TABLE ...\"}",
+                )
+            })?;
+            detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
+            let golden = engine.store().sandbox(key)?.golden;
+            let request = crate::migrate::TestRequest {
+                golden,
+                candidates: vec![crate::migrate::Candidate {
+                    name: "migration.sql".into(),
+                    sql: Some(sql.to_owned()),
+                    exec: None,
+                }],
+                ..Default::default()
+            };
+            let report = crate::migrate::test(engine.clone(), request).await?;
+            let mut value = serde_json::to_value(&report).expect("report serializes");
+            // The golden's whole catalog is there for promote, not for the model.
+            if let Some(o) = value.as_object_mut() {
+                o.remove("golden_catalog");
+            }
+            let summary = if report.passed {
+                "The migration passed its test on a copy of the data."
+            } else {
+                "The migration FAILED its test on a copy of the data; see the hazards."
+            };
+            let text = envelope::wrap(summary, report.text().trim_end());
+            Ok(ToolOutput { is_error: false, result: value, text })
+        }
         other => Err(invalid(
             format!("no tool named {other:?}"),
-            "the tools are run_sql, describe_schema, reset_database and changes_since_fork",
+            "the tools are run_sql, describe_schema, reset_database, changes_since_fork and test_migration",
         )),
     }
 }

@@ -178,7 +178,6 @@ async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)
     crate::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
     // Forks then count rows inserted, updated and deleted from zero.
     admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;
-    admin.execute("RESET search_path").await?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
     // Nothing connects to the default database or the templates (agents are allowed

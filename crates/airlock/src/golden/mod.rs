@@ -1,6 +1,8 @@
 //! Goldens: named, immutable, versioned snapshots that sandboxes fork from.
 
 mod build;
+
+pub use build::build as build_generation;
 mod manifest;
 
 pub use manifest::{Golden, Manifest, Source};

@@ -303,3 +303,41 @@ fn db_error(mut fields: postgres_protocol::message::backend::ErrorFields<'_>) ->
     }
     Ok(e)
 }
+
+/// A [`Sink`] that keeps every row as text, the tags and the error: for small
+/// results of the daemon's own queries.
+#[derive(Debug, Default)]
+pub struct TextRows {
+    /// Rows of every result set, in order.
+    pub rows: Vec<Vec<Option<String>>>,
+    /// Command tags, in order.
+    pub tags: Vec<String>,
+    /// The error, if a statement failed.
+    pub error: Option<DbError>,
+}
+
+impl Sink for TextRows {
+    fn columns(&mut self, _fields: Vec<Field>) {}
+
+    fn row(&mut self, values: Result<Vec<Option<&[u8]>>, usize>) {
+        if let Ok(values) = values {
+            self.rows
+                .push(values.iter().map(|v| v.map(|b| String::from_utf8_lossy(b).into_owned())).collect());
+        }
+    }
+
+    fn complete(&mut self, tag: &str) {
+        self.tags.push(tag.to_owned());
+    }
+
+    fn error(&mut self, error: DbError) {
+        self.error = Some(error);
+    }
+}
+
+impl TextRows {
+    /// The first column of the first row.
+    pub fn value(&self) -> Option<&str> {
+        self.rows.first().and_then(|r| r.first()).and_then(|v| v.as_deref())
+    }
+}

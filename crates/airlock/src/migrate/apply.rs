@@ -1,0 +1,463 @@
+//! Applying a candidate the way it would be applied, measuring each statement.
+//!
+//! SQL candidates run statement by statement on one session as the agent role,
+//! with psql's semantics: a statement outside the file's own `BEGIN ... COMMIT`
+//! commits on its own. To see what it did before that commit, each such statement
+//! runs inside a transaction of its own, `BEGIN; statement; reading; COMMIT` —
+//! the same effect, with the locks still held when the reading is taken.
+//! Statements that cannot run in a transaction block run alone while a second
+//! session polls `pg_locks`. Command candidates run inside the sandbox's boundary
+//! under the same polling, and are compared before and after.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::probe::{self, Lock, Reading};
+use super::report::{Dropped, Failure, LockHeld, Rewrite, RowsChanged, StatementReport};
+use super::split::{self, Kind, Statement};
+use crate::error::{Error, Result};
+use crate::pg::admin::Admin;
+use crate::pg::wire::{DbError, Session, TextRows};
+
+/// Longest statement text kept in a report.
+const SQL_IN_REPORT: usize = 500;
+/// How often locks are polled for statements outside a transaction and commands.
+const POLL: Duration = Duration::from_millis(5);
+
+/// What applying a candidate measured.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Each statement (for a command: one entry standing for all it did).
+    pub statements: Vec<StatementReport>,
+    /// The failure that stopped it.
+    pub failure: Option<Failure>,
+    /// Rows per table afterwards (`schema.name`), as tracked from the golden's counts.
+    pub rows: BTreeMap<String, i64>,
+    /// Wall time, milliseconds.
+    pub duration_ms: f64,
+}
+
+/// What is known about the database while a candidate runs.
+struct Tracker {
+    names: BTreeMap<i64, (String, String)>,
+    filenodes: BTreeMap<i64, i64>,
+    rows: BTreeMap<String, i64>,
+    after_rewrite: i64,
+    after_drop: i64,
+    /// Locks taken in the open transaction: which statement took each, and when it started.
+    txn_locks: BTreeMap<Lock, (usize, Instant)>,
+    /// Row counters at the previous reading in the open transaction.
+    txn_rows: BTreeMap<i64, [i64; 3]>,
+    /// Statements in the open transaction.
+    txn_statements: Vec<usize>,
+}
+
+impl Tracker {
+    fn new(rows: BTreeMap<String, i64>) -> Tracker {
+        Tracker {
+            names: BTreeMap::new(),
+            filenodes: BTreeMap::new(),
+            rows,
+            after_rewrite: 0,
+            after_drop: 0,
+            txn_locks: BTreeMap::new(),
+            txn_rows: BTreeMap::new(),
+            txn_statements: Vec::new(),
+        }
+    }
+
+    /// Takes in a reading made after statement `index` (started at `started`,
+    /// ended with `tag`), adding what it did to `report`.
+    fn absorb(
+        &mut self,
+        r: Reading,
+        index: usize,
+        started: Instant,
+        tag: &str,
+        report: &mut StatementReport,
+    ) {
+        for rel in &r.relations {
+            self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
+        }
+        for lock in r.locks {
+            if self.names.contains_key(&lock.relid) {
+                self.txn_locks.entry(lock).or_insert((index, started));
+            }
+        }
+        let mut rewritten = BTreeSet::new();
+        for w in &r.probe.rewrites {
+            let table = w.relname.clone().unwrap_or_else(|| self.name(w.relid));
+            let rows = self.rows.get(&table).copied().unwrap_or(0);
+            report.rewrites.push(Rewrite { table, reason: probe::rewrite_reason(w.reason), rows });
+            rewritten.insert(w.relid);
+            self.after_rewrite = self.after_rewrite.max(w.id);
+        }
+        for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "m") {
+            let before = self.filenodes.insert(rel.relid, rel.filenode);
+            if before.is_some_and(|f| f != rel.filenode) && !rewritten.contains(&rel.relid) {
+                let rows = self.rows.get(&rel.name).copied().unwrap_or(0);
+                if tag.starts_with("TRUNCATE") {
+                    report.rows.push(RowsChanged {
+                        table: rel.name.clone(),
+                        inserted: 0,
+                        updated: 0,
+                        deleted: rows,
+                        truncated: true,
+                    });
+                    self.rows.insert(rel.name.clone(), 0);
+                } else {
+                    let reason = if tag.is_empty() {
+                        "its storage was replaced (TRUNCATE, VACUUM FULL or CLUSTER)".to_owned()
+                    } else {
+                        "its storage was rebuilt (VACUUM FULL, CLUSTER or similar)".to_owned()
+                    };
+                    report.rewrites.push(Rewrite { table: rel.name.clone(), reason, rows });
+                }
+            }
+        }
+        // Only application tables: the probe's own log tables are not among them.
+        for s in r.rows.into_iter().filter(|s| self.names.contains_key(&s.relid)) {
+            let now = [s.ins, s.upd, s.del];
+            let before = self.txn_rows.insert(s.relid, now).unwrap_or_default();
+            let [ins, upd, del] = [now[0] - before[0], now[1] - before[1], now[2] - before[2]];
+            if ins == 0 && upd == 0 && del == 0 {
+                continue;
+            }
+            let table = self.name(s.relid);
+            *self.rows.entry(table.clone()).or_default() += ins - del;
+            report.rows.push(RowsChanged {
+                table,
+                inserted: ins,
+                updated: upd,
+                deleted: del,
+                truncated: false,
+            });
+        }
+        for d in r.probe.dropped {
+            self.after_drop = self.after_drop.max(d.id);
+            let cascade = !d.original && d.normal;
+            // A view's own rewrite rule goes with the view; it says nothing more.
+            let view_rule = d.object_type == "rule"
+                && d.identity.as_deref().is_some_and(|i| i.starts_with("\"_RETURN\""));
+            if (d.original || cascade) && !view_rule {
+                report.dropped.push(Dropped {
+                    object_type: d.object_type,
+                    identity: d.identity.unwrap_or_default(),
+                    cascade,
+                });
+            }
+        }
+        self.txn_statements.push(index);
+    }
+
+    fn name(&self, relid: i64) -> String {
+        self.names.get(&relid).map_or_else(|| format!("oid {relid}"), |(n, _)| n.clone())
+    }
+
+    /// The open transaction ended at `at`: each lock was held until then.
+    fn end_transaction(&mut self, at: Instant, reports: &mut [StatementReport], rolled_back: bool) {
+        for (lock, (index, since)) in std::mem::take(&mut self.txn_locks) {
+            let (relation, _) = self.names.get(&lock.relid).cloned().unwrap_or_default();
+            reports[index].locks.push(LockHeld {
+                relation,
+                blocking: probe::blocks_writes(&lock.mode),
+                mode: probe::mode_name(&lock.mode),
+                held_ms: ms(at.duration_since(since)),
+                observed: false,
+            });
+        }
+        for index in std::mem::take(&mut self.txn_statements) {
+            reports[index].rolled_back |= rolled_back;
+        }
+        self.txn_rows.clear();
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
+}
+
+/// One statement's text on the session; returns its result and wall time.
+async fn run(session: &mut Session, sql: &str, limit: Duration) -> Result<(TextRows, Duration)> {
+    let started = Instant::now();
+    let mut out = TextRows::default();
+    match tokio::time::timeout(limit, session.simple_query(sql, &mut out)).await {
+        Ok(Ok(_)) => Ok((out, started.elapsed())),
+        Ok(Err(e)) => Err(Error::postgres(format!("the candidate's session failed: {e}"))),
+        Err(_) => {
+            Err(Error::postgres("a statement outlived its statement timeout and did not answer a cancel"))
+        }
+    }
+}
+
+async fn reading(session: &mut Session, t: &Tracker, limit: Duration) -> Result<Reading> {
+    let (out, _) = run(session, &probe::reading_sql(t.after_rewrite, t.after_drop, false), limit).await?;
+    if let Some(e) = out.error {
+        return Err(Error::postgres(format!("reading the measurements failed: {}", e.message)));
+    }
+    serde_json::from_str(out.value().unwrap_or("{}")).map_err(|e| Error::internal(format!("reading: {e}")))
+}
+
+/// The open transaction's row counters, as the baseline for its next statement.
+/// (PostgreSQL keeps a session's counters until it flushes them, which happens
+/// only between transactions, so deltas are taken within one transaction.)
+async fn baseline_rows(session: &mut Session, t: &mut Tracker, limit: Duration) -> Result<()> {
+    let sql = "SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del)), '[]')::text \
+               FROM pg_catalog.pg_stat_xact_user_tables";
+    let (out, _) = run(session, sql, limit).await?;
+    let rows: Vec<[i64; 4]> = serde_json::from_str(out.value().unwrap_or("[]")).unwrap_or_default();
+    t.txn_rows = rows.into_iter().map(|[relid, ins, upd, del]| (relid, [ins, upd, del])).collect();
+    Ok(())
+}
+
+fn statement_report(st: &Statement, transaction: &str) -> StatementReport {
+    StatementReport {
+        line: st.line,
+        sql: super::report::cut(&st.sql, SQL_IN_REPORT),
+        tag: None,
+        transaction: transaction.to_owned(),
+        duration_ms: 0.0,
+        locks: vec![],
+        rewrites: vec![],
+        rows: vec![],
+        dropped: vec![],
+        rolled_back: false,
+    }
+}
+
+fn failure(st: &Statement, error: DbError) -> Failure {
+    let line = match error.position {
+        Some(p) => st.line + st.sql.chars().take(p.saturating_sub(1) as usize).filter(|c| *c == '\n').count(),
+        None => st.line,
+    };
+    Failure { line, sql: super::report::cut(&st.sql, SQL_IN_REPORT), error }
+}
+
+/// Applies SQL statements on `session` (the agent's), polling locks from `monitor`
+/// for statements that cannot run in a transaction.
+pub async fn apply_sql(
+    session: &mut Session,
+    monitor: &Admin,
+    statements: &[Statement],
+    golden_rows: BTreeMap<String, i64>,
+    statement_timeout: Duration,
+) -> Result<Applied> {
+    let limit = statement_timeout + Duration::from_secs(10);
+    let began = Instant::now();
+    let mut t = Tracker::new(golden_rows);
+    let first = reading(session, &t, limit).await?;
+    for rel in &first.relations {
+        t.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
+        t.filenodes.insert(rel.relid, rel.filenode);
+    }
+    let (pid_rows, _) = run(session, "SELECT pg_catalog.pg_backend_pid()", limit).await?;
+    let pid: i32 = pid_rows.value().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let mut reports: Vec<StatementReport> = Vec::new();
+    let mut explicit: Option<usize> = None; // the line of the file's open BEGIN
+    let mut stopped: Option<Failure> = None;
+
+    for (index, st) in statements.iter().enumerate() {
+        let kind = split::kind(&st.sql);
+        let in_txn = explicit.is_some();
+        let mut report = statement_report(
+            st,
+            match (kind, in_txn) {
+                (Kind::NoTransaction, false) => "none",
+                (_, true) | (Kind::Begin, _) => "explicit",
+                _ => "implicit",
+            },
+        );
+        reports.push(report.clone());
+        let started = Instant::now();
+        match kind {
+            Kind::Begin | Kind::Commit | Kind::Rollback => {
+                let (out, took) = run(session, &st.sql, limit).await?;
+                report.tag = out.tags.last().cloned();
+                report.duration_ms = ms(took);
+                if let Some(e) = out.error {
+                    reports[index] = report;
+                    stopped = Some(failure(st, e));
+                    break;
+                }
+                match kind {
+                    Kind::Begin => {
+                        explicit = Some(st.line);
+                        baseline_rows(session, &mut t, limit).await?;
+                    }
+                    _ => {
+                        reports[index] = report;
+                        t.end_transaction(Instant::now(), &mut reports, kind == Kind::Rollback);
+                        explicit = None;
+                        continue;
+                    }
+                }
+            }
+            Kind::NoTransaction if !in_txn => {
+                let stop = Notify::new();
+                let (ran, observed) = tokio::join!(
+                    async {
+                        let r = run(session, &st.sql, limit).await;
+                        stop.notify_one();
+                        r
+                    },
+                    poll_locks(monitor, pid, &stop)
+                );
+                let (out, took) = ran?;
+                report.tag = out.tags.last().cloned();
+                report.duration_ms = ms(took);
+                if let Some(e) = out.error {
+                    reports[index] = report;
+                    stopped = Some(failure(st, e));
+                    break;
+                }
+                let mut r = reading(session, &t, limit).await?;
+                r.rows.clear(); // counters outside a transaction are not this statement's
+                let tag = report.tag.clone().unwrap_or_default();
+                t.absorb(r, index, started, &tag, &mut report);
+                t.txn_locks.clear();
+                t.txn_statements.clear();
+                report.locks = observed_locks(&observed, &t.names);
+            }
+            _ => {
+                if !in_txn {
+                    run(session, "BEGIN", limit).await?;
+                    baseline_rows(session, &mut t, limit).await?;
+                }
+                let (out, took) = run(session, &st.sql, limit).await?;
+                report.tag = out.tags.last().cloned();
+                report.duration_ms = ms(took);
+                if let Some(e) = out.error {
+                    reports[index] = report;
+                    stopped = Some(failure(st, e));
+                    let _ = run(session, "ROLLBACK", limit).await;
+                    t.end_transaction(Instant::now(), &mut reports, true);
+                    explicit = None;
+                    break;
+                }
+                let r = reading(session, &t, limit).await?;
+                let tag = report.tag.clone().unwrap_or_default();
+                t.absorb(r, index, started, &tag, &mut report);
+                if !in_txn {
+                    let (out, _) = run(session, "COMMIT", limit).await?;
+                    reports[index] = report;
+                    if let Some(e) = out.error {
+                        stopped = Some(failure(st, e));
+                        break;
+                    }
+                    t.end_transaction(Instant::now(), &mut reports, false);
+                    continue;
+                }
+            }
+        }
+        reports[index] = report;
+    }
+    if let Some(line) = explicit.filter(|_| stopped.is_none()) {
+        let _ = run(session, "ROLLBACK", limit).await;
+        t.end_transaction(Instant::now(), &mut reports, true);
+        stopped = Some(Failure {
+            line,
+            sql: "BEGIN".into(),
+            error: DbError {
+                sqlstate: "25P01".into(),
+                message: format!(
+                    "the transaction begun at line {line} is never committed, so nothing in it would be kept"
+                ),
+                hint: Some("end the file's transaction with COMMIT".into()),
+                ..Default::default()
+            },
+        });
+    }
+    Ok(Applied { statements: reports, failure: stopped, rows: t.rows, duration_ms: ms(began.elapsed()) })
+}
+
+/// Polls `pg_locks` until `stop` is notified: relation locks granted to `pid`
+/// (or to any session but the monitor's when `pid` is 0), with when each was
+/// first and last seen.
+pub async fn poll_locks(monitor: &Admin, pid: i32, stop: &Notify) -> BTreeMap<Lock, (Instant, Instant)> {
+    let mut seen: BTreeMap<Lock, (Instant, Instant)> = BTreeMap::new();
+    let sql = "SELECT relation::int8, mode FROM pg_catalog.pg_locks
+               WHERE locktype = 'relation' AND granted AND pid <> pg_catalog.pg_backend_pid()
+                 AND ($1 = 0 OR pid = $1)";
+    loop {
+        if let Ok(rows) = monitor.client().query(sql, &[&pid]).await {
+            let now = Instant::now();
+            for row in rows {
+                let lock = Lock { relid: row.get(0), mode: row.get(1) };
+                seen.entry(lock).and_modify(|e| e.1 = now).or_insert((now, now));
+            }
+        }
+        tokio::select! {
+            _ = stop.notified() => return seen,
+            _ = tokio::time::sleep(POLL) => {}
+        }
+    }
+}
+
+/// Polled locks on application relations, as reported.
+pub fn observed_locks(
+    seen: &BTreeMap<Lock, (Instant, Instant)>,
+    names: &BTreeMap<i64, (String, String)>,
+) -> Vec<LockHeld> {
+    seen.iter()
+        .filter_map(|(lock, (first, last))| {
+            let (relation, _) = names.get(&lock.relid)?;
+            Some(LockHeld {
+                relation: relation.clone(),
+                mode: probe::mode_name(&lock.mode),
+                held_ms: ms(last.duration_since(*first) + POLL),
+                blocking: probe::blocks_writes(&lock.mode),
+                observed: true,
+            })
+        })
+        .collect()
+}
+
+/// The admin session's reading of everything since the fork (for commands).
+pub async fn admin_reading(monitor: &Admin) -> Result<Reading> {
+    let row = monitor
+        .client()
+        .query_one(&probe::reading_sql(0, 0, true), &[])
+        .await
+        .map_err(|e| Error::postgres(format!("reading the measurements failed: {e}")))?;
+    let text: String = row.get(0);
+    serde_json::from_str(&text).map_err(|e| Error::internal(format!("reading: {e}")))
+}
+
+/// Turns before-and-after readings around a command into one report entry.
+pub fn command_report(
+    before: &Reading,
+    after: Reading,
+    observed: &BTreeMap<Lock, (Instant, Instant)>,
+    golden_rows: BTreeMap<String, i64>,
+    took: Duration,
+) -> (StatementReport, BTreeMap<String, i64>) {
+    let mut t = Tracker::new(golden_rows);
+    for rel in before.relations.iter().chain(&after.relations) {
+        t.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
+    }
+    for rel in &before.relations {
+        t.filenodes.insert(rel.relid, rel.filenode);
+    }
+    for s in &before.rows {
+        t.txn_rows.insert(s.relid, [s.ins, s.upd, s.del]);
+    }
+    let mut report = StatementReport {
+        line: 0,
+        sql: "(the command)".into(),
+        tag: None,
+        transaction: "none".into(),
+        duration_ms: ms(took),
+        locks: vec![],
+        rewrites: vec![],
+        rows: vec![],
+        dropped: vec![],
+        rolled_back: false,
+    };
+    let mut after = after;
+    after.locks.clear();
+    t.absorb(after, 0, Instant::now(), "", &mut report);
+    report.locks = observed_locks(observed, &t.names);
+    (report, t.rows)
+}

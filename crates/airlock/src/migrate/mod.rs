@@ -1,0 +1,378 @@
+//! The migration airlock: candidate migrations tested on forks of a golden with
+//! real data, measured statement by statement, verified, judged and ranked; then
+//! applied to a real database only behind guards (`promote`).
+//!
+//! Each candidate gets its own fork, so candidates never share state, and they run
+//! in parallel. Before a candidate runs, its fork gets the measuring machinery
+//! (`probe`); the candidate then runs as the agent role, as it would be applied
+//! (`apply`); assertions and a schema comparison follow; `hazards` turns it all
+//! into a verdict.
+
+pub mod apply;
+pub mod hazards;
+pub mod probe;
+pub mod promote;
+pub mod report;
+pub mod split;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::catalog::{self, Catalog, Snapshot};
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{DeleteReason, NewEvent};
+use crate::pg::admin::Admin;
+use crate::pg::dsn::DATABASE;
+use crate::pg::wire::TextRows;
+use crate::sandbox::{self, Access, ForkRequest, Limits, Mode, Sandbox};
+use report::{Assertion, CandidateReport, ExecOutcome, Report};
+
+/// Most candidates in one run.
+pub const MAX_CANDIDATES: usize = 32;
+
+/// One candidate migration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Candidate {
+    /// How it is named in the report (a file name, say).
+    pub name: String,
+    /// Its SQL text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sql: Option<String>,
+    /// Or a command run inside the fork's boundary with `DATABASE_URL` set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<String>,
+}
+
+impl Candidate {
+    /// SHA-256 of what will be applied: the file's bytes, or the command.
+    pub fn sha256(&self) -> String {
+        let bytes = self.sql.as_deref().or(self.exec.as_deref()).unwrap_or_default();
+        Sha256::digest(bytes.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+/// Body of `POST /v1/migrations/test`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TestRequest {
+    /// The golden to test on (its current generation).
+    pub golden: String,
+    /// The candidates.
+    pub candidates: Vec<Candidate>,
+    /// Queries that must each return true, or no rows, after a candidate.
+    #[serde(default)]
+    pub assertions: Vec<String>,
+    /// Compare the result with this golden's schema.
+    #[serde(default)]
+    pub expect_golden: Option<String>,
+    /// Or with the schema these SQL files make (absolute paths).
+    #[serde(default)]
+    pub expect_files: Vec<PathBuf>,
+    /// Candidates run at once (default 4).
+    #[serde(default)]
+    pub parallel: Option<usize>,
+    /// Each statement's timeout, milliseconds (default 300,000).
+    #[serde(default)]
+    pub statement_timeout_ms: Option<u64>,
+    /// A blocking lock held longer than this on a table with rows is a hazard,
+    /// milliseconds (default 1,000).
+    #[serde(default)]
+    pub lock_threshold_ms: Option<u64>,
+}
+
+fn invalid(message: impl Into<String>, hint: impl Into<String>) -> Error {
+    Error::new(ErrorCode::InvalidRequest, message, hint)
+}
+
+/// Tests every candidate on its own fork; returns the report.
+pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
+    if req.candidates.is_empty() || req.candidates.len() > MAX_CANDIDATES {
+        return Err(invalid(
+            format!("{} candidates given", req.candidates.len()),
+            format!("give between 1 and {MAX_CANDIDATES} candidate files (or --exec commands)"),
+        ));
+    }
+    for c in &req.candidates {
+        match (&c.sql, &c.exec) {
+            (Some(sql), None) => {
+                split::split(sql).map_err(|e| invalid(format!("{}: {}", c.name, e.message), e.hint))?;
+            }
+            (None, Some(cmd)) if !cmd.trim().is_empty() => {}
+            _ => {
+                return Err(invalid(
+                    format!("candidate {:?} needs SQL or a command", c.name),
+                    "give a file or --exec",
+                ))
+            }
+        }
+    }
+    if !req.expect_files.is_empty() && req.expect_golden.is_some() {
+        return Err(invalid("both --expect and --expect-golden given", "compare with one expected schema"));
+    }
+    let golden = engine.store().golden(&req.golden)?;
+    let generation = golden.current_generation;
+    let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
+    let expected = expected_catalog(&engine, &req).await?;
+    let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
+    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, candidate) in req.candidates.iter().cloned().enumerate() {
+        let (engine, req, snapshot, expected, permits) =
+            (engine.clone(), req.clone(), snapshot.clone(), expected.clone(), permits.clone());
+        tasks.spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            (i, test_one(&engine, &req, &candidate, &snapshot, expected.as_ref()).await)
+        });
+    }
+    let mut results: Vec<Option<CandidateReport>> = vec![None; req.candidates.len()];
+    while let Some(joined) = tasks.join_next().await {
+        let (i, result) = joined?;
+        results[i] = Some(result?);
+    }
+    let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
+    let ranking = hazards::rank(&candidates);
+    let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
+    let report = Report {
+        golden: req.golden.clone(),
+        generation,
+        golden_catalog: snapshot.catalog,
+        passed: candidates.iter().all(|c| c.passed),
+        best,
+        ranking,
+        candidates,
+    };
+    let summary: Vec<serde_json::Value> = report
+        .candidates
+        .iter()
+        .map(|c| {
+            serde_json::json!({"name": c.name, "sha256": c.sha256, "passed": c.passed,
+            "hazards": c.hazards.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>()})
+        })
+        .collect();
+    engine.store().record(NewEvent {
+        kind: "migration_tested",
+        golden: Some(req.golden.clone()),
+        detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best}),
+        ..Default::default()
+    })?;
+    Ok(report)
+}
+
+/// The expected schema, when one was asked for.
+async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<Catalog>> {
+    if let Some(name) = &req.expect_golden {
+        let g = engine.store().golden(name)?;
+        return Ok(Some(
+            Snapshot::load(&engine.layout.golden_generation(name, g.current_generation))?.catalog,
+        ));
+    }
+    if req.expect_files.is_empty() {
+        return Ok(None);
+    }
+    // A throwaway generation built from the files, read, and removed; never a golden.
+    let name = format!("expect-{}", &crate::secret::sandbox_id()[3..]);
+    let source = crate::golden::Source::Files { schema: req.expect_files.clone(), seed: vec![] };
+    let built = crate::golden::build_generation(engine, &name, 1, &source).await;
+    let dir = engine.layout.goldens().join(&name);
+    let result = built.and_then(|_| Snapshot::load(&engine.layout.golden_generation(&name, 1)));
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Some(result?.catalog))
+}
+
+/// Forks, measures, verifies and judges one candidate; the fork is always deleted.
+async fn test_one(
+    engine: &Engine,
+    req: &TestRequest,
+    candidate: &Candidate,
+    snapshot: &Snapshot,
+    expected: Option<&Catalog>,
+) -> Result<CandidateReport> {
+    let timeout = Duration::from_millis(req.statement_timeout_ms.unwrap_or(300_000).clamp(1_000, 3_600_000));
+    let fork = ForkRequest {
+        golden: req.golden.clone(),
+        ttl_seconds: Some((timeout.as_secs() as i64 * 4).max(3600)),
+        labels: BTreeMap::from([("airlock".to_owned(), "migration-test".to_owned())]),
+        access: Access {
+            mode: Mode::Owner,
+            limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
+        },
+        idle_suspend_seconds: Some(0),
+        wait_seconds: Some(300),
+        ..Default::default()
+    };
+    let sb = sandbox::fork(engine, &fork).await?.sandbox;
+    let _busy = engine.connections.open(&sb.id);
+    let result = measure(engine, req, candidate, snapshot, expected, &sb, timeout).await;
+    let _ = sandbox::delete(engine, &sb.id, DeleteReason::User).await;
+    result
+}
+
+async fn measure(
+    engine: &Engine,
+    req: &TestRequest,
+    candidate: &Candidate,
+    snapshot: &Snapshot,
+    expected: Option<&Catalog>,
+    sb: &Sandbox,
+    timeout: Duration,
+) -> Result<CandidateReport> {
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let admin = Admin::connect(&dir, DATABASE).await?;
+    admin.execute(&probe::install_sql()).await?;
+    let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    let (applied, exec) = match (&candidate.sql, &candidate.exec) {
+        (Some(sql), _) => {
+            let statements = split::split(sql)?;
+            let mut session = crate::gateway::sql::connect(engine, sb).await?;
+            let applied =
+                apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout).await;
+            session.close().await;
+            (applied?, None)
+        }
+        (None, Some(cmd)) => run_command(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await?,
+        (None, None) => unreachable!("checked before forking"),
+    };
+    let assertions =
+        if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
+    let now = catalog::read(admin.client()).await?;
+    let changes = catalog::diff::diff(&snapshot.catalog, &now);
+    let drift = expected.map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
+    let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
+    let failed_command = exec.as_ref().is_some_and(|e: &ExecOutcome| e.exit_code != Some(0));
+    let mut found = hazards::assess(
+        &applied.statements,
+        applied.failure.as_ref(),
+        &assertions,
+        &drift,
+        &golden_rows,
+        &applied.rows,
+        threshold,
+    );
+    if failed_command {
+        let e = exec.as_ref().expect("command outcome");
+        let why = if e.timed_out { "timed out".to_owned() } else { format!("exited with {:?}", e.exit_code) };
+        let tail = e.stderr.lines().last().unwrap_or("").to_owned();
+        found.insert(
+            0,
+            report::Hazard {
+                kind: "failed".into(),
+                severity: report::Severity::Critical,
+                message: format!("the command {why}: {tail}"),
+                line: None,
+            },
+        );
+    }
+    Ok(CandidateReport {
+        name: candidate.name.clone(),
+        sha256: candidate.sha256(),
+        kind: if candidate.sql.is_some() { "sql" } else { "exec" }.into(),
+        passed: found.is_empty(),
+        hazards: found,
+        statements: applied.statements,
+        failure: applied.failure,
+        exec,
+        assertions,
+        changes,
+        drift,
+        duration_ms: applied.duration_ms,
+    })
+}
+
+/// Runs a command candidate inside the fork's boundary while locks are polled.
+async fn run_command(
+    engine: &Engine,
+    sb: &Sandbox,
+    admin: &Admin,
+    cmd: &str,
+    golden_rows: BTreeMap<String, i64>,
+    timeout: Duration,
+) -> Result<(apply::Applied, Option<ExecOutcome>)> {
+    let before = apply::admin_reading(admin).await?;
+    let request = sandbox::ExecRequest {
+        argv: vec!["bash".into(), "-c".into(), cmd.to_owned()],
+        timeout_seconds: Some(timeout.as_secs().clamp(1, 3600)),
+        stdin: None,
+    };
+    let stop = tokio::sync::Notify::new();
+    let started = std::time::Instant::now();
+    let (ran, observed) = tokio::join!(
+        async {
+            let r = sandbox::exec::exec(engine, &sb.id, &request).await;
+            stop.notify_one();
+            r
+        },
+        apply::poll_locks(admin, 0, &stop)
+    );
+    let ran = ran?;
+    let took = started.elapsed();
+    // Statistics reach the shared counters when a session ends: wait for the
+    // command's sessions to be gone.
+    for _ in 0..200 {
+        let others: i64 = admin
+            .client()
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .map(|r| r.get(0))
+            .unwrap_or(0);
+        if others == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = apply::admin_reading(admin).await?;
+    let (statement, rows) = apply::command_report(&before, after, &observed, golden_rows, took);
+    let tail = |s: &str| {
+        let start = s.len().saturating_sub(4096);
+        let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
+        s[start..].to_owned()
+    };
+    let outcome = ExecOutcome {
+        exit_code: ran.exit_code,
+        timed_out: ran.timed_out,
+        stdout: tail(&ran.stdout),
+        stderr: tail(&ran.stderr),
+    };
+    let applied = apply::Applied {
+        statements: vec![statement],
+        failure: None,
+        rows,
+        duration_ms: took.as_secs_f64() * 1e3,
+    };
+    Ok((applied, Some(outcome)))
+}
+
+/// Runs each assertion as the agent role: it passes when it returns no rows, or
+/// only rows whose first column is true.
+async fn assert_all(engine: &Engine, sb: &Sandbox, queries: &[String]) -> Result<Vec<Assertion>> {
+    let mut out = Vec::new();
+    for sql in queries {
+        let mut session = crate::gateway::sql::connect(engine, sb).await?;
+        let mut rows = TextRows::default();
+        let ran = session.simple_query(sql, &mut rows).await;
+        session.close().await;
+        let (passed, detail) = match (ran, rows.error) {
+            (Err(e), _) => (false, Some(format!("session failed: {e}"))),
+            (_, Some(e)) => (false, Some(format!("{} ({})", e.message, e.sqlstate))),
+            (Ok(_), None) => {
+                let bad = rows.rows.iter().find(|r| r.first().and_then(|v| v.as_deref()) != Some("t"));
+                match bad {
+                    None => (true, None),
+                    Some(row) => {
+                        let shown: Vec<&str> = row.iter().map(|v| v.as_deref().unwrap_or("NULL")).collect();
+                        (false, Some(format!("returned ({})", shown.join(", "))))
+                    }
+                }
+            }
+        };
+        out.push(Assertion { sql: sql.clone(), passed, detail });
+    }
+    Ok(out)
+}

@@ -1,0 +1,232 @@
+//! The measuring machinery a candidate's fork gets before the candidate runs, and
+//! the readings taken after each statement.
+//!
+//! Installed by the admin role in schema `airlock_probe`: two event triggers log
+//! table rewrites (with PostgreSQL's reason) and dropped objects (with whether a
+//! CASCADE reached them) into tables the agent role cannot write, and two
+//! `SECURITY DEFINER` functions let the candidate's own session read them inside
+//! its transaction. The catalog reader skips the schema, and event triggers are
+//! not part of a catalog, so none of it shows in a schema diff.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+use crate::pg::dsn::AGENT_ROLE;
+
+/// The schema everything lives in.
+pub const SCHEMA: &str = "airlock_probe";
+
+/// Installs the machinery (run as the admin role).
+pub fn install_sql() -> String {
+    format!(
+        "CREATE SCHEMA {SCHEMA};
+         CREATE TABLE {SCHEMA}.rewrites (id bigserial PRIMARY KEY, relid oid, relname text, reason int);
+         CREATE TABLE {SCHEMA}.dropped (id bigserial PRIMARY KEY, object_type text, identity text,
+                                        original bool, normal bool, is_temporary bool);
+         CREATE FUNCTION {SCHEMA}.log_rewrite() RETURNS event_trigger LANGUAGE plpgsql
+           SECURITY DEFINER SET search_path = pg_catalog AS $$
+           BEGIN
+             INSERT INTO {SCHEMA}.rewrites (relid, relname, reason)
+             SELECT pg_event_trigger_table_rewrite_oid(),
+                    n.nspname || '.' || c.relname, pg_event_trigger_table_rewrite_reason()
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE c.oid = pg_event_trigger_table_rewrite_oid();
+           END $$;
+         CREATE FUNCTION {SCHEMA}.log_drop() RETURNS event_trigger LANGUAGE plpgsql
+           SECURITY DEFINER SET search_path = pg_catalog AS $$
+           BEGIN
+             INSERT INTO {SCHEMA}.dropped (object_type, identity, original, normal, is_temporary)
+             SELECT object_type, object_identity, original, normal, is_temporary
+             FROM pg_event_trigger_dropped_objects();
+           END $$;
+         CREATE EVENT TRIGGER airlock_probe_rewrite ON table_rewrite EXECUTE FUNCTION {SCHEMA}.log_rewrite();
+         CREATE EVENT TRIGGER airlock_probe_drop ON sql_drop EXECUTE FUNCTION {SCHEMA}.log_drop();
+         CREATE FUNCTION {SCHEMA}.reading(after_rewrite bigint, after_drop bigint) RETURNS text
+           LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+           SELECT json_build_object(
+             'rewrites', (SELECT coalesce(json_agg(json_build_object('id', id, 'relid', relid::int8,
+                            'relname', relname, 'reason', reason) ORDER BY id), '[]')
+                          FROM {SCHEMA}.rewrites WHERE id > after_rewrite),
+             'dropped', (SELECT coalesce(json_agg(json_build_object('id', id, 'object_type', object_type,
+                            'identity', identity, 'original', original, 'normal', normal) ORDER BY id), '[]')
+                         FROM {SCHEMA}.dropped WHERE id > after_drop AND NOT is_temporary)
+           )::text $$;
+         REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
+         REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;
+         GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_ROLE};
+         GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint) TO {AGENT_ROLE};"
+    )
+}
+
+/// One query, run in the candidate's own session (inside its transaction), that
+/// returns everything measured so far as one JSON text value. Row counters are
+/// the transaction's own, or with `cumulative` everything since the fork (the
+/// golden's statistics were reset when it was built).
+pub fn reading_sql(after_rewrite: i64, after_drop: i64, cumulative: bool) -> String {
+    let stats = if cumulative { "pg_stat_user_tables" } else { "pg_stat_xact_user_tables" };
+    format!(
+        "SELECT json_build_object(
+           'probe', {SCHEMA}.reading({after_rewrite}, {after_drop})::json,
+           'locks', (SELECT coalesce(json_agg(json_build_object('relid', l.relation::int8, 'mode', l.mode)), '[]')
+                     FROM pg_catalog.pg_locks l
+                     WHERE l.pid = pg_catalog.pg_backend_pid() AND l.locktype = 'relation' AND l.granted),
+           'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
+                           'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8)), '[]')
+                         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                         WHERE c.relkind IN ('r', 'p', 'i', 'm', 'S')
+                           AND n.nspname NOT IN ('pg_catalog', 'information_schema', '{SCHEMA}')
+                           AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%'),
+           'rows', (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
+                      'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]')
+                    FROM pg_catalog.{stats})
+         )::text"
+    )
+}
+
+/// What one reading returned.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Reading {
+    /// The probe's logs since the last reading.
+    pub probe: ProbeLog,
+    /// Relation locks the session holds.
+    pub locks: Vec<Lock>,
+    /// Every application relation with its file node.
+    pub relations: Vec<Relation>,
+    /// Rows inserted, updated and deleted in the current transaction, per table.
+    pub rows: Vec<RowStats>,
+}
+
+/// Rewrites and drops logged by the event triggers.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ProbeLog {
+    /// Tables rewritten.
+    pub rewrites: Vec<RewriteLog>,
+    /// Objects dropped.
+    pub dropped: Vec<DropLog>,
+}
+
+/// One `table_rewrite` event.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RewriteLog {
+    /// Log sequence number.
+    pub id: i64,
+    /// The table's OID.
+    pub relid: i64,
+    /// `schema.name`.
+    pub relname: Option<String>,
+    /// PostgreSQL's reason bits.
+    pub reason: i32,
+}
+
+/// One object from `pg_event_trigger_dropped_objects()`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct DropLog {
+    /// Log sequence number.
+    pub id: i64,
+    /// `table`, `view`, `index`, `table column`...
+    pub object_type: String,
+    /// Its identity, as PostgreSQL spells it.
+    pub identity: Option<String>,
+    /// Whether it was named by the statement (rather than reached from one that was).
+    pub original: bool,
+    /// Whether a normal dependency led to it (what CASCADE follows).
+    pub normal: bool,
+}
+
+/// A lock held.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+pub struct Lock {
+    /// The relation's OID.
+    pub relid: i64,
+    /// `AccessExclusiveLock` and so on.
+    pub mode: String,
+}
+
+/// An application relation.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Relation {
+    /// Its OID.
+    pub relid: i64,
+    /// `schema.name`.
+    pub name: String,
+    /// `r`, `p`, `i`, `m` or `S`.
+    pub kind: String,
+    /// Its file node (changes when it is rewritten or truncated).
+    pub filenode: i64,
+}
+
+/// Row counts of one table in the current transaction.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RowStats {
+    /// The table's OID.
+    pub relid: i64,
+    /// Rows inserted.
+    pub ins: i64,
+    /// Rows updated.
+    pub upd: i64,
+    /// Rows deleted.
+    pub del: i64,
+}
+
+impl Reading {
+    /// Relations by OID.
+    pub fn relation_map(&self) -> BTreeMap<i64, &Relation> {
+        self.relations.iter().map(|r| (r.relid, r)).collect()
+    }
+}
+
+/// PostgreSQL's table-rewrite reason bits, in words.
+pub fn rewrite_reason(bits: i32) -> String {
+    let mut why = Vec::new();
+    if bits & 1 != 0 {
+        why.push("its persistence changed (SET LOGGED/UNLOGGED)");
+    }
+    if bits & 2 != 0 {
+        why.push("a column was added with a volatile default");
+    }
+    if bits & 4 != 0 {
+        why.push("a column's type changed");
+    }
+    if bits & 8 != 0 {
+        why.push("its access method changed");
+    }
+    if why.is_empty() {
+        return format!("reason {bits}");
+    }
+    why.join(" and ")
+}
+
+/// Lock modes that block ordinary reads or writes of the table while held.
+pub fn blocks_writes(mode: &str) -> bool {
+    matches!(mode, "ShareLock" | "ShareRowExclusiveLock" | "ExclusiveLock" | "AccessExclusiveLock")
+}
+
+/// Lock modes that block even reads.
+pub fn blocks_reads(mode: &str) -> bool {
+    mode == "AccessExclusiveLock"
+}
+
+/// The SQL spelling of a lock mode (`AccessExclusiveLock` → `ACCESS EXCLUSIVE`).
+pub fn mode_name(mode: &str) -> String {
+    let base = mode.strip_suffix("Lock").unwrap_or(mode);
+    let mut out = String::new();
+    for (i, ch) in base.char_indices() {
+        if ch.is_uppercase() && i > 0 {
+            out.push(' ');
+        }
+        out.push(ch.to_ascii_uppercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn modes_and_reasons_read_well() {
+        assert_eq!(super::mode_name("AccessExclusiveLock"), "ACCESS EXCLUSIVE");
+        assert_eq!(super::mode_name("RowExclusiveLock"), "ROW EXCLUSIVE");
+        assert!(super::rewrite_reason(4).contains("type changed"));
+        assert!(super::blocks_writes("ShareLock") && !super::blocks_writes("RowExclusiveLock"));
+    }
+}

@@ -1,0 +1,195 @@
+//! `migrate promote`: the tested file, applied to a real database behind guards.
+//!
+//! The file must be the one tested (same SHA-256), its test must have passed (or
+//! each hazard be allowed by name), and the target's schema must still be the
+//! schema the test ran on — otherwise the target has drifted and the test says
+//! nothing about it. Then the file is applied with `lock_timeout` and
+//! `statement_timeout`, in one transaction unless it manages transactions itself
+//! or holds a statement that cannot run in one.
+
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::report::Report;
+use super::split::{self, Kind};
+use super::Candidate;
+use crate::engine::Engine;
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::NewEvent;
+use crate::pg::dsn::redact;
+
+/// Body of `POST /v1/migrations/promote`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PromoteRequest {
+    /// The report `migrate test` wrote.
+    pub report: Report,
+    /// The candidate file to apply (its name and contents).
+    pub candidate: Candidate,
+    /// The database to apply it to. Its password is never logged or shown.
+    pub target_dsn: String,
+    /// Hazard kinds accepted even though the test reported them.
+    #[serde(default)]
+    pub allow_hazards: Vec<String>,
+    /// `lock_timeout` on the target, milliseconds (default 5,000).
+    #[serde(default)]
+    pub lock_timeout_ms: Option<u64>,
+    /// `statement_timeout` on the target, milliseconds (default 600,000).
+    #[serde(default)]
+    pub statement_timeout_ms: Option<u64>,
+}
+
+/// What `migrate promote` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Promoted {
+    /// The candidate's name in the report.
+    pub candidate: String,
+    /// Its SHA-256.
+    pub sha256: String,
+    /// The target, its password removed.
+    pub target: String,
+    /// Statements applied.
+    pub statements: usize,
+    /// Whether they ran in one transaction.
+    pub single_transaction: bool,
+    /// Wall time, milliseconds.
+    pub duration_ms: f64,
+}
+
+fn refused(message: impl Into<String>, hint: impl Into<String>) -> Error {
+    Error::new(ErrorCode::MigrationRefused, message, hint)
+}
+
+/// Applies the candidate to the target if every guard holds.
+pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> {
+    let sql = req.candidate.sql.as_deref().ok_or_else(|| {
+        refused("only SQL files can be promoted", "apply a command candidate with its own tool")
+    })?;
+    let hash = req.candidate.sha256();
+    let tested = req.report.candidates.iter().find(|c| c.sha256 == hash).ok_or_else(|| {
+        match req.report.candidates.iter().find(|c| c.name == req.candidate.name) {
+            Some(c) => refused(
+                format!(
+                    "{} changed since it was tested (sha256 {} now, {} tested)",
+                    req.candidate.name,
+                    &hash[..12],
+                    &c.sha256[..12]
+                ),
+                "test the file as it is now with `airlock migrate test`, then promote with the new report",
+            ),
+            None => refused(
+                format!("{} is not in the report", req.candidate.name),
+                "promote a file the report tested, unchanged",
+            ),
+        }
+    })?;
+    let unallowed: Vec<&str> = tested
+        .hazards
+        .iter()
+        .map(|h| h.kind.as_str())
+        .filter(|k| !req.allow_hazards.iter().any(|a| a == k))
+        .collect();
+    if !unallowed.is_empty() {
+        let mut kinds = unallowed.clone();
+        kinds.dedup();
+        return Err(refused(
+            format!("{} did not pass its test: {}", tested.name, kinds.join(", ")),
+            format!(
+                "fix the migration, or accept each hazard by name: {}",
+                kinds.iter().map(|k| format!("--allow-hazard {k}")).collect::<Vec<_>>().join(" ")
+            ),
+        ));
+    }
+    let statements = split::split(sql)?;
+    let target = redact(&req.target_dsn);
+    let config: tokio_postgres::Config = req.target_dsn.parse().map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("the target DSN cannot be read: {e}"),
+            "give a postgresql:// URL or key=value DSN",
+        )
+    })?;
+    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "the target asks for TLS (sslmode=require), which promote does not speak yet",
+            "reach the target over a unix socket or a trusted network with sslmode=disable or prefer",
+        ));
+    }
+    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
+        Error::new(
+            ErrorCode::SourceFailed,
+            format!("cannot connect to the target {target}: {}", crate::pg::admin::describe(&e)),
+            "check the DSN, that the server is up, and that the role may connect",
+        )
+    })?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let now = crate::catalog::read(&client).await?;
+    let drift = crate::catalog::diff::diff(&req.report.golden_catalog, &now);
+    if !drift.is_empty() {
+        let lines: Vec<String> = drift.iter().map(|c| c.line()).collect();
+        return Err(refused(
+            format!(
+                "the target's schema has drifted from golden {}@{} the test ran on: {}",
+                req.report.golden,
+                req.report.generation,
+                lines.join("; ")
+            ),
+            "refresh the golden from the target (`airlock golden refresh`) and test again",
+        ));
+    }
+    let lock = req.lock_timeout_ms.unwrap_or(5_000);
+    let statement = req.statement_timeout_ms.unwrap_or(600_000);
+    let run = |sql: String| {
+        let client = &client;
+        async move { client.batch_execute(&sql).await }
+    };
+    run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
+    let single = statements.iter().all(|s| split::kind(&s.sql) == Kind::Plain);
+    let began = Instant::now();
+    if single {
+        run("BEGIN".into()).await.map_err(pg_error)?;
+    }
+    for s in &statements {
+        if let Err(e) = run(s.sql.clone()).await {
+            if single {
+                let _ = run("ROLLBACK".into()).await;
+            }
+            let undone = if single { "nothing was applied" } else { "statements before it stay applied" };
+            return Err(Error::new(
+                ErrorCode::MigrationFailed,
+                format!("line {}: {} ({undone})", s.line, crate::pg::admin::describe(&e)),
+                "a lock_timeout error (55P03) means the target is busy: retry when it is quieter",
+            ));
+        }
+    }
+    if single {
+        run("COMMIT".into()).await.map_err(pg_error)?;
+    }
+    let took = Duration::from_secs_f64(began.elapsed().as_secs_f64());
+    let promoted = Promoted {
+        candidate: tested.name.clone(),
+        sha256: hash,
+        target,
+        statements: statements.len(),
+        single_transaction: single,
+        duration_ms: took.as_secs_f64() * 1e3,
+    };
+    engine.store().record(NewEvent {
+        kind: "migration_promoted",
+        golden: Some(req.report.golden.clone()),
+        detail: serde_json::to_value(&promoted).expect("promoted serializes"),
+        ..Default::default()
+    })?;
+    Ok(promoted)
+}
+
+fn pg_error(e: tokio_postgres::Error) -> Error {
+    Error::new(
+        ErrorCode::MigrationFailed,
+        crate::pg::admin::describe(&e),
+        "the target refused; nothing was applied",
+    )
+}
