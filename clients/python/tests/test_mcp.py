@@ -34,7 +34,7 @@ async def exercise(session: ClientSession, secrets: list) -> dict:
     """Lists tools and calls each one; returns what it saw, every text checked for leaks."""
     seen = {}
     tools = {t.name: t for t in (await session.list_tools()).tools}
-    assert sorted(tools) == ["changes_since_fork", "describe_schema", "reset_database", "run_sql"]
+    assert sorted(tools) == ["changes_since_fork", "describe_schema", "reset_database", "run_sql", "test_migration"]
     schema = tools["run_sql"].input_schema
     assert list(schema["properties"]) == ["sql"] and schema["required"] == ["sql"]
 

@@ -77,8 +77,10 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
                 }
             }
             b'\'' | b'"' => {
-                let escapes =
-                    c == b'\'' && i > 0 && matches!(bytes[i - 1], b'E' | b'e') && !ident_char(bytes, i - 1);
+                let escapes = c == b'\''
+                    && i > 0
+                    && matches!(bytes[i - 1], b'E' | b'e')
+                    && (i < 2 || !ident_char(bytes, i - 2));
                 i += 1;
                 while i < bytes.len() {
                     if escapes && bytes[i] == b'\\' {
@@ -134,14 +136,25 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
 }
 
 /// Adds a statement unless it is only whitespace and comments; its line is that of
-/// its first non-blank character.
+/// its first character outside leading comments.
 fn push(out: &mut Vec<Statement>, piece: &str, line: usize) {
-    let trimmed = piece.trim_start();
-    let skipped_lines = piece[..piece.len() - trimmed.len()].matches('\n').count();
-    let sql = trimmed.trim_end();
+    let sql = piece.trim();
     if strip_comments(sql).trim().is_empty() {
         return;
     }
+    let mut rest = piece;
+    loop {
+        let trimmed = rest.trim_start();
+        if let Some(after) = trimmed.strip_prefix("--") {
+            rest = after.find('\n').map_or("", |n| &after[n..]);
+        } else if trimmed.starts_with("/*") {
+            rest = trimmed.find("*/").map_or("", |e| &trimmed[e + 2..]);
+        } else {
+            rest = trimmed;
+            break;
+        }
+    }
+    let skipped_lines = piece[..piece.len() - rest.len()].matches('\n').count();
     out.push(Statement { sql: sql.to_owned(), line: line + skipped_lines });
 }
 
@@ -231,7 +244,7 @@ mod tests {
                    SELECT $$a;b$$, $1";
         let got = texts(sql);
         assert_eq!(got.len(), 6, "{got:#?}");
-        assert_eq!(got[0], ("CREATE TABLE a (x text DEFAULT ';')".into(), 2));
+        assert_eq!(got[0], ("-- header; not a statement\nCREATE TABLE a (x text DEFAULT ';')".into(), 2));
         assert_eq!(got[1].1, 4);
         assert!(got[2].0.ends_with("$body$"));
         assert_eq!(got[3].1, 6);

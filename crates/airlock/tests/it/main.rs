@@ -10,6 +10,7 @@ mod exec;
 mod gateway;
 mod goldens;
 mod lifecycle;
+mod migrate;
 mod pool;
 mod router;
 mod sandboxes;

@@ -1,0 +1,421 @@
+//! The migration airlock: real migrations on forks of a golden with realistic row
+//! counts, what each is measured to do, the verdicts, and promote's guards.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+use crate::harness::{sql, Daemon, BIN};
+
+const SCHEMA: &str = "
+CREATE TABLE tenants (id int PRIMARY KEY, name text NOT NULL);
+CREATE TABLE users (id bigserial PRIMARY KEY, tenant_id int NOT NULL REFERENCES tenants(id),
+                    email text NOT NULL, nickname text, score int NOT NULL DEFAULT 0);
+CREATE TABLE orders (id int PRIMARY KEY, user_id bigint NOT NULL REFERENCES users(id) ON DELETE CASCADE,
+                     total numeric(10,2) NOT NULL, note text);
+CREATE INDEX orders_user ON orders (user_id);
+CREATE VIEW big_orders AS SELECT * FROM orders WHERE total > 500;";
+
+const SEED: &str = "
+INSERT INTO tenants SELECT g, 'tenant ' || g FROM generate_series(1, 10) g;
+INSERT INTO users (tenant_id, email, nickname)
+  SELECT 1 + g % 10, 'u' || (g % 19000) || '@x.test', CASE WHEN g % 3 = 0 THEN NULL ELSE 'n' || g END
+  FROM generate_series(1, 20000) g;
+INSERT INTO orders SELECT g, 1 + g % 20000, g % 1000, NULL FROM generate_series(1, 100000) g;";
+
+/// A daemon with the `app` golden (10 tenants, 20,000 users, 100,000 orders).
+fn daemon() -> Daemon {
+    let d = Daemon::start(&[]);
+    d.golden("app", SCHEMA, SEED);
+    d
+}
+
+/// Writes candidate files under the data root; returns their paths.
+fn files(d: &Daemon, candidates: &[(&str, &str)]) -> Vec<PathBuf> {
+    let dir = d.home.join("migrations");
+    std::fs::create_dir_all(&dir).unwrap();
+    candidates
+        .iter()
+        .map(|(name, text)| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        })
+        .collect()
+}
+
+/// Runs `migrate test --json` with `args`; returns the exit code and the report.
+fn test(d: &Daemon, args: &[&str]) -> (i32, Value) {
+    let mut all = vec!["migrate", "test", "--golden", "app", "--json"];
+    all.extend_from_slice(args);
+    let out = d.cli(&all);
+    let v = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"));
+    (out.code, v)
+}
+
+fn by_name(report: &Value) -> BTreeMap<String, Value> {
+    report["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap().to_owned(), c.clone()))
+        .collect()
+}
+
+fn hazard_kinds(c: &Value) -> Vec<&str> {
+    c["hazards"].as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect()
+}
+
+fn change_lines(c: &Value, field: &str) -> Vec<String> {
+    c[field]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|ch| {
+            format!(
+                "{} {} {}",
+                ch["change"].as_str().unwrap(),
+                ch["object"].as_str().unwrap(),
+                ch["name"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+fn path_strs(paths: &[PathBuf]) -> Vec<&str> {
+    paths.iter().map(|p| p.to_str().unwrap()).collect()
+}
+
+#[test]
+fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            ("safe.sql", "ALTER TABLE users ADD COLUMN bio text;"),
+            ("volatile.sql", "ALTER TABLE orders ADD COLUMN created_at timestamptz DEFAULT clock_timestamp();"),
+            ("bigint.sql", "ALTER TABLE users ALTER COLUMN score TYPE bigint;"),
+            ("notnull.sql", "-- every user has a nickname, surely\nALTER TABLE users ALTER COLUMN nickname SET NOT NULL;"),
+            ("unique.sql", "CREATE UNIQUE INDEX users_email ON users (email);"),
+            ("no_tenant_filter.sql", "DELETE FROM users WHERE score = 0;"),
+            ("drop_cascade.sql", "DROP TABLE orders CASCADE;"),
+            ("concurrently.sql", "CREATE INDEX CONCURRENTLY orders_total ON orders (total);"),
+            (
+                "dynamic.sql",
+                "DO $$\nDECLARE t text;\nBEGIN\n  FOR t IN SELECT unnest(ARRAY['users', 'orders']) LOOP\n    \
+                 EXECUTE format('ALTER TABLE %I ADD COLUMN archived boolean NOT NULL DEFAULT false', t);\n  \
+                 END LOOP;\nEND $$;",
+            ),
+            (
+                "explicit.sql",
+                "BEGIN;\nALTER TABLE users ADD COLUMN plan text;\nUPDATE users SET plan = 'free' WHERE id % 2 = 0;\nCOMMIT;\n\
+                 CREATE INDEX CONCURRENTLY users_plan ON users (plan);",
+            ),
+            ("late_error.sql", "ALTER TABLE users ADD COLUMN a int;\n\nSELECT 1;\nALTER TABLE users ADD COLUMN a int;"),
+        ],
+    );
+    let (code, report) = test(&d, &path_strs(&paths));
+    assert_eq!(code, 12, "some candidates fail: {report}");
+    assert_eq!(report["passed"], false);
+    let c = by_name(&report);
+
+    // A nullable column: fast, no rewrite, only its column in the diff (the probe never shows).
+    let safe = &c["safe.sql"];
+    assert_eq!((safe["passed"].as_bool(), hazard_kinds(safe).len()), (Some(true), 0), "{safe}");
+    assert_eq!(change_lines(safe, "changes"), ["added column users.bio"]);
+    assert_eq!(safe["statements"][0]["tag"], "ALTER TABLE");
+    assert_eq!(safe["sha256"].as_str().unwrap().len(), 64);
+
+    // A volatile default rewrites the table.
+    let volatile = &c["volatile.sql"];
+    assert_eq!(hazard_kinds(volatile), ["table_rewrite"]);
+    let rewrite = &volatile["statements"][0]["rewrites"][0];
+    assert_eq!((rewrite["table"].as_str(), rewrite["rows"].as_i64()), (Some("public.orders"), Some(100000)));
+    assert!(rewrite["reason"].as_str().unwrap().contains("volatile default"));
+    assert_eq!(volatile["hazards"][0]["severity"], "high");
+
+    // integer to bigint: a rewrite under ACCESS EXCLUSIVE, held until the commit.
+    let bigint = &c["bigint.sql"];
+    assert_eq!(hazard_kinds(bigint), ["table_rewrite"]);
+    assert!(bigint["statements"][0]["rewrites"][0]["reason"].as_str().unwrap().contains("type changed"));
+    let lock = bigint["statements"][0]["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["relation"] == "public.users" && l["mode"] == "ACCESS EXCLUSIVE")
+        .expect("ACCESS EXCLUSIVE on users");
+    assert!(lock["held_ms"].as_f64().unwrap() >= bigint["statements"][0]["duration_ms"].as_f64().unwrap());
+    assert_eq!(change_lines(bigint, "changes"), ["changed column users.score"]);
+
+    // Failures that only real data causes, with the statement's line and PostgreSQL's error.
+    let notnull = &c["notnull.sql"];
+    assert_eq!(hazard_kinds(notnull), ["fails_on_data"]);
+    assert_eq!(
+        (notnull["failure"]["line"].as_u64(), notnull["failure"]["error"]["sqlstate"].as_str()),
+        (Some(2), Some("23502"))
+    );
+    let unique = &c["unique.sql"];
+    assert_eq!(hazard_kinds(unique), ["fails_on_data"]);
+    assert!(unique["failure"]["error"]["detail"].as_str().unwrap().contains("is duplicated"));
+
+    // A DELETE without a tenant filter: every user, and by cascade every order.
+    let delete = &c["no_tenant_filter.sql"];
+    assert_eq!(delete["statements"][0]["tag"], "DELETE 20000");
+    let rows: BTreeMap<&str, i64> = delete["statements"][0]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["table"].as_str().unwrap(), r["deleted"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(rows, BTreeMap::from([("public.users", 20000), ("public.orders", 100000)]));
+    assert_eq!(hazard_kinds(delete), ["rows_deleted", "rows_deleted"]);
+
+    // DROP TABLE ... CASCADE takes a view with it.
+    let drop = &c["drop_cascade.sql"];
+    assert_eq!(hazard_kinds(drop), ["table_dropped", "cascade"]);
+    assert!(drop["hazards"][0]["message"].as_str().unwrap().contains("holding 100000 rows"));
+    assert!(drop["hazards"][1]["message"].as_str().unwrap().contains("view public.big_orders"));
+    assert_eq!(change_lines(drop, "changes"), ["dropped table orders", "dropped view big_orders"]);
+
+    // CREATE INDEX CONCURRENTLY runs outside a transaction, its lock does not block writes.
+    let cic = &c["concurrently.sql"];
+    assert_eq!(cic["passed"], true, "{cic}");
+    assert_eq!(cic["statements"][0]["transaction"], "none");
+    assert!(cic["statements"][0]["locks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|l| l["blocking"] == false && l["observed"] == true));
+
+    // A DO block with dynamic SQL: both tables altered, without rewrites (a constant default).
+    let dynamic = &c["dynamic.sql"];
+    assert_eq!(dynamic["passed"], true, "{dynamic}");
+    assert_eq!(
+        change_lines(dynamic, "changes"),
+        ["added column orders.archived", "added column users.archived"]
+    );
+
+    // The file's own transaction is respected: locks are held to its COMMIT.
+    let explicit = &c["explicit.sql"];
+    let statements = explicit["statements"].as_array().unwrap();
+    let kinds: Vec<&str> = statements.iter().map(|s| s["transaction"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["explicit", "explicit", "explicit", "explicit", "none"]);
+    assert_eq!(statements[2]["rows"][0]["updated"], 10000);
+    let users_lock =
+        statements[1]["locks"].as_array().unwrap().iter().find(|l| l["relation"] == "public.users").unwrap();
+    let held = users_lock["held_ms"].as_f64().unwrap();
+    assert!(held >= statements[2]["duration_ms"].as_f64().unwrap(), "{explicit}");
+
+    // The first failing statement stops the candidate; its line is the file's.
+    let late = &c["late_error.sql"];
+    assert_eq!(
+        (late["failure"]["line"].as_u64(), late["statements"].as_array().unwrap().len()),
+        (Some(4), 3)
+    );
+    assert_eq!(hazard_kinds(late), ["failed"]);
+
+    // The ranking names the best passing candidate; the golden is untouched.
+    let ranking: Vec<&str> =
+        report["ranking"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    assert!(
+        ["safe.sql", "concurrently.sql", "dynamic.sql", "explicit.sql"].contains(&ranking[0]),
+        "{ranking:?}"
+    );
+    assert_eq!(report["best"].as_str(), Some(ranking[0]));
+    assert_eq!(*ranking.last().unwrap(), "drop_cascade.sql");
+    let fresh = d.fork("app", &[]);
+    assert_eq!(sql(&crate::harness::dsn(&fresh), "SELECT count(*) FROM orders"), "100000");
+    // Every fork it made is gone.
+    assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn commands_expectations_and_assertions() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            ("add_plan.sql", "ALTER TABLE users ADD COLUMN plan text NOT NULL DEFAULT 'free';"),
+            ("expected.sql", &format!("{SCHEMA}\nALTER TABLE users ADD COLUMN plan text NOT NULL DEFAULT 'free';")),
+            ("checks.sql", "SELECT count(*) = 20000 FROM users WHERE plan = 'free';\nSELECT id FROM users WHERE plan IS NULL;"),
+            ("failing_check.sql", "SELECT count(*) = 0 FROM users;"),
+        ],
+    );
+    let (code, report) = test(
+        &d,
+        &[
+            paths[0].to_str().unwrap(),
+            "--exec",
+            "psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c \"ALTER TABLE users ADD COLUMN plan text NOT NULL DEFAULT 'free'\"",
+            "--exec",
+            "psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c 'DELETE FROM orders WHERE id <= 10' -c 'ALTER TABLE users ADD COLUMN plan text'",
+            "--exec",
+            "echo migrating; exit 3",
+            "--expect",
+            paths[1].to_str().unwrap(),
+            "--assert",
+            paths[2].to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 12, "{report}");
+    let c = by_name(&report);
+    assert_eq!(c["add_plan.sql"]["passed"], true, "{}", c["add_plan.sql"]);
+    assert!(c["add_plan.sql"]["assertions"].as_array().unwrap().iter().all(|a| a["passed"] == true));
+    // An ORM-style command: run inside the fork's boundary, compared before and after.
+    let orm = &c["exec-1"];
+    assert_eq!((orm["kind"].as_str(), orm["passed"].as_bool()), (Some("exec"), Some(true)), "{orm}");
+    assert_eq!(orm["exec"]["exit_code"], 0);
+    let sloppy = &c["exec-2"];
+    let mut kinds = hazard_kinds(sloppy);
+    kinds.sort();
+    kinds.dedup();
+    assert_eq!(kinds, ["assertion_failed", "rows_deleted", "schema_drift"], "{sloppy}");
+    assert_eq!(sloppy["statements"][0]["rows"][0]["deleted"], 10);
+    assert_eq!(change_lines(sloppy, "drift"), ["changed column users.plan"]);
+    assert!(sloppy["assertions"].as_array().unwrap().iter().any(|a| a["passed"] == false));
+    let broken = &c["exec-3"];
+    assert_eq!(hazard_kinds(broken)[0], "failed");
+    assert!(broken["exec"]["stdout"].as_str().unwrap().contains("migrating"));
+
+    // Matching a golden's schema, and an assertion that fails.
+    let (_, report) = test(
+        &d,
+        &[paths[0].to_str().unwrap(), "--expect-golden", "app", "--assert", paths[3].to_str().unwrap()],
+    );
+    let c = &report["candidates"][0];
+    assert_eq!(hazard_kinds(c), ["assertion_failed", "schema_drift"]);
+    assert_eq!(change_lines(c, "drift"), ["added column users.plan"]);
+
+    // Bad requests are refused before anything is forked.
+    for (args, code) in [
+        (vec!["migrate", "test", "--golden", "app"], "invalid_request"),
+        (vec!["migrate", "test", "--golden", "nope", paths[0].to_str().unwrap()], "golden_not_found"),
+        (vec!["migrate", "test", "--golden", "app", "/nonexistent.sql"], "file_unreadable"),
+    ] {
+        let (_, e) = d.fails(&args);
+        assert_eq!(e["code"], code, "{args:?}");
+    }
+    let meta = files(&d, &[("meta.sql", "\\set x 1\nSELECT 1;")]);
+    let (_, e) = d.fails(&["migrate", "test", "--golden", "app", meta[0].to_str().unwrap()]);
+    assert!(e["message"].as_str().unwrap().contains("meta-command"), "{e}");
+    assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 0);
+}
+
+/// `migrate promote` with the target DSN on stdin; returns the exit code and output.
+fn promote(d: &Daemon, report: &str, target: &str, candidate: &str, extra: &[&str]) -> (i32, String) {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["migrate", "promote", "--json", "--report", report, "--target", "-", candidate])
+        .args(extra)
+        .env("AIRLOCK_HOME", &d.home)
+        .env("AIRLOCK_ROUTER", &d.router)
+        .env("AIRLOCK_GATEWAY", &d.gateway)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    child.stdin.take().unwrap().write_all(target.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn promote_applies_only_the_tested_passing_file_to_a_target_that_has_not_drifted() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            (
+                "add_bio.sql",
+                "ALTER TABLE users ADD COLUMN bio text;\nCREATE INDEX users_tenant ON users (tenant_id);",
+            ),
+            ("rewrite.sql", "ALTER TABLE users ALTER COLUMN score TYPE bigint;"),
+        ],
+    );
+    let report = d.home.join("report.json");
+    let (code, _) = test(
+        &d,
+        &[paths[0].to_str().unwrap(), paths[1].to_str().unwrap(), "--report", report.to_str().unwrap()],
+    );
+    assert_eq!(code, 12);
+    let report = report.to_str().unwrap();
+    // Targets: forks of the golden, reached on their sockets (no TLS).
+    let clean = d.fork("app", &[]);
+    let target = clean["socket_dsn"].as_str().unwrap();
+    let (_, password) = crate::harness::split_password(target);
+
+    // A changed file is refused.
+    let changed = files(&d, &[("add_bio.sql", "ALTER TABLE users ADD COLUMN bio varchar(10);")]);
+    let edited = d.home.join("edited");
+    std::fs::create_dir_all(&edited).unwrap();
+    std::fs::copy(&changed[0], edited.join("add_bio.sql")).unwrap();
+    let (code, out) = promote(&d, report, target, edited.join("add_bio.sql").to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("changed since it was tested"), "{out}");
+    std::fs::write(
+        &paths[0],
+        "ALTER TABLE users ADD COLUMN bio text;\nCREATE INDEX users_tenant ON users (tenant_id);",
+    )
+    .unwrap();
+
+    // A failed test is refused unless each hazard is accepted by name.
+    let (code, out) = promote(&d, report, target, paths[1].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("--allow-hazard table_rewrite"), "{out}");
+
+    // The passing file applies, in one transaction, and an event records it without the password.
+    let (code, out) = promote(&d, report, target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+    let done: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((done["statements"].as_u64(), done["single_transaction"].as_bool()), (Some(2), Some(true)));
+    assert!(!out.contains(&password));
+    assert_eq!(sql(target, "SELECT count(*) FROM information_schema.columns WHERE column_name = 'bio'"), "1");
+    let events = d.json(&["events"]).to_string();
+    assert!(events.contains("migration_promoted") && events.contains("migration_tested"));
+    assert!(!events.contains(&password));
+
+    // The same target has now drifted from the golden: the next promote is refused with the diff.
+    let (code, out) =
+        promote(&d, report, target, paths[1].to_str().unwrap(), &["--allow-hazard", "table_rewrite"]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("drifted") && out.contains("+ column users.bio"), "{out}");
+    // On a clean target, an accepted hazard applies.
+    let other = d.fork("app", &[]);
+    let other_dsn = other["socket_dsn"].as_str().unwrap();
+    let (code, out) =
+        promote(&d, report, other_dsn, paths[1].to_str().unwrap(), &["--allow-hazard", "table_rewrite"]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        sql(other_dsn, "SELECT data_type FROM information_schema.columns WHERE column_name = 'score'"),
+        "bigint"
+    );
+}
+
+#[test]
+fn the_test_migration_tool_reports_without_touching_the_agents_database() {
+    let d = daemon();
+    let id = d.fork("app", &[])["id"].as_str().unwrap().to_owned();
+    let args = json!({"sql": "ALTER TABLE orders ADD COLUMN at timestamptz DEFAULT clock_timestamp(); DELETE FROM tenants WHERE id = 1;"});
+    let (status, body) =
+        d.api("POST", &format!("/v1/sandboxes/{id}/tools/test_migration"), &args.to_string());
+    assert_eq!(status, 200, "{body}");
+    let out: Value = serde_json::from_str(&body).unwrap();
+    let text = out["text"].as_str().unwrap();
+    assert!(
+        text.contains("FAILED") && text.contains("table_rewrite") && text.contains("<untrusted-data-"),
+        "{text}"
+    );
+    let kinds = hazard_kinds(&out["result"]["candidates"][0]);
+    assert!(kinds.contains(&"table_rewrite") && kinds.contains(&"fails_on_data"), "{kinds:?}");
+    assert!(out["result"].get("golden_catalog").is_none());
+    // Nothing reached the agent's own database.
+    let (_, r) = d.api(
+        "POST",
+        &format!("/v1/sandboxes/{id}/sql"),
+        r#"{"sql": "SELECT count(*) FROM information_schema.columns WHERE column_name = 'at'"}"#,
+    );
+    assert!(r.contains("[[0]]"), "{r}");
+    assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 1);
+}
