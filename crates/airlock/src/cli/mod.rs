@@ -46,7 +46,7 @@ enum Command {
     #[command(subcommand)]
     Migrate(MigrateCommand),
     /// Serve MCP on stdio with one sandbox for the session: tools run_sql,
-    /// describe_schema, reset_database, changes_since_fork. Deleted when the session ends.
+    /// describe_schema, reset_database, changes_since_fork, test_migration. Deleted when the session ends.
     Mcp(McpArgs),
     /// List live sandboxes.
     Ls {

@@ -137,7 +137,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 req.report.generation,
                 lines.join("; ")
             ),
-            "refresh the golden from the target (`airlock golden refresh`) and test again",
+            "was it applied already, or changed by hand? Build a golden from the target \
+             (`airlock golden create NAME --from-url -`), test against it, then promote",
         ));
     }
     let lock = req.lock_timeout_ms.unwrap_or(5_000);

@@ -244,7 +244,8 @@ impl Report {
                 out.push(format!("  [{}] {}: {}{line}", h.severity.as_str(), h.kind, h.message));
             }
             for s in &c.statements {
-                let first = s.sql.lines().next().unwrap_or("");
+                let first = s.sql.lines().find(|l| !l.trim().is_empty() && !l.trim_start().starts_with("--"));
+                let first = first.unwrap_or("");
                 let at = if s.line == 0 { "command  ".to_owned() } else { format!("line {:>4}", s.line) };
                 out.push(format!(
                     "  {at}  {:>9.1} ms  {}{}",

@@ -34,6 +34,8 @@ fn openapi_documents_every_route() {
         ("/v1/sandboxes/{id}/sql", &["post"]),
         ("/v1/sandboxes/{id}/tools/{tool}", &["post"]),
         ("/v1/tools", &["get"]),
+        ("/v1/migrations/test", &["post"]),
+        ("/v1/migrations/promote", &["post"]),
         ("/v1/events", &["get"]),
     ] {
         for m in methods {
