@@ -21,6 +21,7 @@ bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
 	@scripts/bench-tools.sh
+	@scripts/bench-migrate.sh
 	@scripts/bench-density.sh
 
 clean:

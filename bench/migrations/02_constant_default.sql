@@ -1,0 +1,1 @@
+ALTER TABLE events ADD COLUMN processed boolean NOT NULL DEFAULT false;

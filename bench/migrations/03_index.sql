@@ -1,0 +1,1 @@
+CREATE INDEX events_kind ON events (kind);

@@ -1,0 +1,1 @@
+CREATE INDEX CONCURRENTLY events_at ON events (at);

@@ -1,0 +1,1 @@
+ALTER TABLE accounts ADD CONSTRAINT accounts_plan_known CHECK (plan <> '');

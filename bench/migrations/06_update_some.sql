@@ -1,0 +1,1 @@
+UPDATE accounts SET plan = 'pro' WHERE id % 10 = 0;

@@ -1,0 +1,1 @@
+ALTER TABLE accounts ALTER COLUMN name TYPE varchar(200);

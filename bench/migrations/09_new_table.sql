@@ -1,0 +1,1 @@
+CREATE TABLE audit (id bigserial PRIMARY KEY, account_id bigint REFERENCES accounts(id), at timestamptz DEFAULT now());

@@ -1,0 +1,1 @@
+ALTER TABLE events ADD COLUMN seen_at timestamptz DEFAULT clock_timestamp();
