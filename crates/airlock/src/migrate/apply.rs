@@ -227,6 +227,13 @@ fn statement_report(st: &Statement, transaction: &str) -> StatementReport {
     }
 }
 
+/// Puts a statement's tag and time into its report; returns PostgreSQL's error, if any.
+fn outcome(report: &mut StatementReport, out: TextRows, took: Duration) -> Option<DbError> {
+    report.tag = out.tags.last().cloned();
+    report.duration_ms = ms(took);
+    out.error
+}
+
 fn failure(st: &Statement, error: DbError) -> Failure {
     let line = match error.position {
         Some(p) => st.line + st.sql.chars().take(p.saturating_sub(1) as usize).filter(|c| *c == '\n').count(),
@@ -274,9 +281,7 @@ pub async fn apply_sql(
         match kind {
             Kind::Begin | Kind::Commit | Kind::Rollback => {
                 let (out, took) = run(session, &st.sql, limit).await?;
-                report.tag = out.tags.last().cloned();
-                report.duration_ms = ms(took);
-                if let Some(e) = out.error {
+                if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
                     stopped = Some(failure(st, e));
                     break;
@@ -305,9 +310,7 @@ pub async fn apply_sql(
                     poll_locks(monitor, pid, &stop)
                 );
                 let (out, took) = ran?;
-                report.tag = out.tags.last().cloned();
-                report.duration_ms = ms(took);
-                if let Some(e) = out.error {
+                if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
                     stopped = Some(failure(st, e));
                     break;
@@ -326,9 +329,7 @@ pub async fn apply_sql(
                     baseline_rows(session, &mut t, limit).await?;
                 }
                 let (out, took) = run(session, &st.sql, limit).await?;
-                report.tag = out.tags.last().cloned();
-                report.duration_ms = ms(took);
-                if let Some(e) = out.error {
+                if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
                     stopped = Some(failure(st, e));
                     let _ = run(session, "ROLLBACK", limit).await;
