@@ -107,6 +107,17 @@ def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
     asyncio.run(main(sb.mcp_url))
     events = [e for e in daemon.json("events", "--sandbox", sb.id) if e["kind"] == "tool_call"]
     assert len(events) == 10 and {e["detail"]["via"] for e in events} == {"mcp_http"}
+
+    async def migration(url):
+        async with streamable_http_client(url) as (read, write, *_):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                return await session.call_tool("test_migration", {"sql": "ALTER TABLE orders ALTER COLUMN total TYPE float8"})
+
+    r = asyncio.run(migration(sb.mcp_url))
+    text = text_of(r)
+    assert "FAILED" in text and "table_rewrite" in text and "<untrusted-data-" in text, text
+    assert_no_secrets(text, daemon.password_of(sb.id), str(daemon.home))
     assert all(sb.mcp_url.rsplit("/", 1)[1] not in json.dumps(e) for e in events)
     client.delete(sb)
 
