@@ -89,6 +89,14 @@ mcp.wait()
 PY
 echo "(the session ended, so its sandbox was deleted; no tool ever showed a DSN)"
 
+step "Test two candidate migrations on forks with the real data"
+migrations=$(mktemp -d)
+echo "ALTER TABLE orders ADD COLUMN gift boolean NOT NULL DEFAULT false;" > "$migrations/gift_constant_default.sql"
+echo "ALTER TABLE orders ADD COLUMN received_at timestamptz DEFAULT clock_timestamp();" > "$migrations/received_volatile_default.sql"
+head -n1 "$migrations"/*.sql
+airlock migrate test --golden shop "$migrations"/*.sql || true
+rm -rf "$migrations"
+
 step "Events"
 airlock events --limit 12
 
