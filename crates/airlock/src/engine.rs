@@ -113,6 +113,8 @@ pub struct Engine {
     pub router: std::sync::OnceLock<crate::router::Address>,
     /// The MCP gateway's base URL, once it listens.
     pub gateway: std::sync::OnceLock<String>,
+    /// Idle agent sessions kept between `run_sql` calls.
+    pub sql_sessions: crate::gateway::sessions::SessionCache,
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
@@ -179,6 +181,7 @@ impl Engine {
             waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
             gateway: std::sync::OnceLock::new(),
+            sql_sessions: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
@@ -206,6 +209,7 @@ impl Engine {
     pub fn forget_sandbox(&self, id: &str) {
         self.sandbox_ops.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
         self.connections.forget(id);
+        self.sql_sessions.forget(id);
     }
 
     /// A sandbox as clients see it: its DSN through the router when the router is

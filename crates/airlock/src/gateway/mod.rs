@@ -13,6 +13,7 @@ pub mod envelope;
 pub mod http;
 pub mod mcp;
 pub mod schema;
+pub mod sessions;
 pub mod sql;
 pub mod stdio;
 pub mod tools;

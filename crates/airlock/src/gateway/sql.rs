@@ -104,11 +104,24 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     let began = Instant::now();
     let (sb, _busy) = super::running(engine, key).await?;
     let socket_dir = engine.layout.sandbox_instance(&sb.id).socket_dir();
-    let mut session = connect(engine, &sb).await?;
+    let kept = engine.sql_sessions.take(&sb.id, sb.pid);
+    let reused = kept.is_some();
+    let mut session = match kept {
+        Some(session) => session,
+        None => connect(engine, &sb).await?,
+    };
     let mut collector = Collector::default();
     let deadline = Duration::from_millis(sb.access.limits.statement_timeout_ms) + GRACE;
-    let ran = tokio::time::timeout(deadline, session.simple_query(sql, &mut collector)).await;
+    let mut ran = tokio::time::timeout(deadline, session.simple_query(sql, &mut collector)).await;
+    // A kept session whose backend went away fails before answering anything:
+    // the statement never ran, so it runs once more on a fresh session.
+    if reused && matches!(ran, Ok(Err(wire::WireError::Io(_)))) && collector.untouched() {
+        session = connect(engine, &sb).await?;
+        collector = Collector::default();
+        ran = tokio::time::timeout(deadline, session.simple_query(sql, &mut collector)).await;
+    }
     let mut status = b'I';
+    let mut clean = true;
     let ran = match ran {
         Ok(Ok(s)) => {
             status = s;
@@ -116,6 +129,7 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
         }
         Ok(Err(e)) => Err(e),
         Err(_) => {
+            clean = false;
             // Several statements each get the whole statement timeout; the call
             // as a whole does not.
             if let Some(key) = session.backend_key() {
@@ -142,7 +156,13 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
         return Err(unanswered(&sb));
     }
     let names = type_names(&mut session, &collector.fields).await;
-    session.close().await;
+    if clean && super::sessions::reset(&mut session, status).await {
+        if let Some(extra) = engine.sql_sessions.put(&sb.id, sb.pid, session) {
+            extra.close().await;
+        }
+    } else {
+        session.close().await;
+    }
     Ok(collector.finish(&names, status, began))
 }
 
@@ -312,6 +332,11 @@ impl Sink for Collector {
 }
 
 impl Collector {
+    /// Whether nothing at all has arrived yet.
+    fn untouched(&self) -> bool {
+        self.statements.is_empty() && self.fields.is_empty() && self.error.is_none() && self.seen == 0
+    }
+
     fn finish(self, names: &HashMap<u32, String>, status: u8, began: Instant) -> SqlResult {
         let columns = self
             .fields

@@ -16,13 +16,17 @@ use crate::store::SandboxFilter;
 /// Counts as yes when the server cannot be asked, so nothing in use is stopped.
 pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     let dir = engine.layout.sandbox_instance(id);
+    // Sessions the daemon keeps for the next tool call are not a client's.
+    let kept: Vec<String> = engine.sql_sessions.backend_pids(id).iter().map(|p| p.to_string()).collect();
     let asked = async {
         let admin = Admin::connect(&dir, DATABASE).await?;
         admin
-            .value(
+            .value(&format!(
                 "SELECT count(*)::text FROM pg_stat_activity
-                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-            )
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                   AND pid <> ALL('{{{}}}'::int[])",
+                kept.join(",")
+            ))
             .await
     };
     match tokio::time::timeout(Duration::from_secs(5), asked).await {

@@ -300,3 +300,40 @@ fn an_mcp_url_reaches_its_own_sandbox_only_and_dies_with_it() {
     assert_eq!((code, e["code"].as_str()), (3, Some("invalid_request")));
     assert!(off.json(&["ls"]).as_array().unwrap().is_empty());
 }
+
+#[test]
+fn each_call_sees_a_fresh_session_though_the_daemon_reuses_one() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let id = d.fork("shop", &["--idle-suspend", "1s"])["id"].as_str().unwrap().to_owned();
+    let first = ok_sql(
+        &d,
+        &id,
+        "SET work_mem = '64kB'; SET ROLE airlock_owner; CREATE TEMP TABLE scratch (x int);
+         PREPARE p AS SELECT 1; LISTEN somewhere; SELECT pg_advisory_lock(42); SELECT pg_backend_pid()",
+    );
+    let pid = first["rows"][0][0].clone();
+    let state = "SELECT pg_backend_pid(), current_setting('work_mem'), current_user,
+                        (SELECT count(*) FROM pg_prepared_statements), (SELECT count(*) FROM pg_listening_channels()),
+                        (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'), to_regclass('pg_temp.scratch') IS NULL";
+    let second = ok_sql(&d, &id, state);
+    assert_eq!(second["rows"][0], json!([pid, "4MB", "airlock_agent", 0, 0, 0, true]), "{second}");
+    // A transaction left open is rolled back before the session is used again.
+    let (_, open) = run_sql(&d, &id, "BEGIN; CREATE TABLE half (x int)");
+    assert_eq!(open["rolled_back"], 1);
+    assert_eq!(ok_sql(&d, &id, "SELECT to_regclass('half') IS NULL")["rows"], json!([[true]]));
+    // The kept session does not keep the sandbox awake, and is not used after a wake.
+    d.wait_for(std::time::Duration::from_secs(20), "idle suspend", || {
+        d.json(&["show", &id])["state"] == "suspended"
+    });
+    let after = ok_sql(&d, &id, "SELECT pg_backend_pid()");
+    assert_ne!(after["rows"][0][0], pid);
+    // A killed backend is replaced without the caller noticing.
+    let steady = d.fork("shop", &["--idle-suspend", "0"])["id"].as_str().unwrap().to_owned();
+    let victim = ok_sql(&d, &steady, "SELECT pg_backend_pid()")["rows"][0][0].as_i64().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let again = ok_sql(&d, &steady, "SELECT pg_backend_pid()")["rows"][0][0].as_i64().unwrap();
+    assert_ne!(again, victim);
+}
