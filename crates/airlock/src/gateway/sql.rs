@@ -1,10 +1,11 @@
 //! `run_sql`: one query string run as the agent role, with its result capped
 //! while it streams.
 //!
-//! Each call is its own session on the sandbox's private socket, logged in as the
+//! Each call runs on a session on the sandbox's private socket, logged in as the
 //! agent role with the sandbox's own credential, so the access mode and its limits
 //! (statement timeout, lock timeout, read-only) apply exactly as they do to any
-//! client. Several statements run in order as one simple query: each one's tag is
+//! client. The session is kept for the next call but reset first
+//! ([`super::sessions`]), so every call sees a fresh one. Several statements run in order as one simple query: each one's tag is
 //! reported, and the last result set is returned, its first [`ROW_CAP`] rows and
 //! at most about [`BYTE_CAP`] bytes; later rows are counted, not kept.
 
