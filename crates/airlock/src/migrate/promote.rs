@@ -102,30 +102,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     }
     let statements = split::split(sql)?;
     let target = redact(&req.target_dsn);
-    let config: tokio_postgres::Config = req.target_dsn.parse().map_err(|e| {
-        Error::new(
-            ErrorCode::InvalidRequest,
-            format!("the target DSN cannot be read: {e}"),
-            "give a postgresql:// URL or key=value DSN",
-        )
-    })?;
-    if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
-        return Err(Error::new(
-            ErrorCode::InvalidRequest,
-            "the target asks for TLS (sslmode=require), which promote does not speak yet",
-            "reach the target over a unix socket or a trusted network with sslmode=disable or prefer",
-        ));
-    }
-    let (client, connection) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
-        Error::new(
-            ErrorCode::SourceFailed,
-            format!("cannot connect to the target {target}: {}", crate::pg::admin::describe(&e)),
-            "check the DSN, that the server is up, and that the role may connect",
-        )
-    })?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
+    let client = crate::pg::target::connect(&req.target_dsn).await?;
     let now = crate::catalog::read(&client).await?;
     let drift = crate::catalog::diff::diff(&req.report.golden_catalog, &now);
     if !drift.is_empty() {

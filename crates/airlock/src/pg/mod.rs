@@ -7,6 +7,7 @@ pub mod dsn;
 pub mod instance;
 pub mod load;
 pub mod scram;
+pub mod target;
 pub mod wire;
 
 pub use bin::PgBin;

@@ -391,6 +391,27 @@ fn promote_applies_only_the_tested_passing_file_to_a_target_that_has_not_drifted
         sql(other_dsn, "SELECT data_type FROM information_schema.columns WHERE column_name = 'score'"),
         "bigint"
     );
+
+    // Targets over TLS (through the router): verify-full with its CA, or a CA that did
+    // not sign it (refused), and require (encrypted, not verified, as libpq).
+    let tls = d.fork("app", &[]);
+    let verified = tls["dsn"].as_str().unwrap();
+    assert!(verified.contains("sslmode=verify-full"), "{verified}");
+    let (base, _) = verified.split_once('?').unwrap();
+    let wrong_ca = format!("{base}?sslmode=verify-full&sslrootcert=/etc/ssl/certs/ca-certificates.crt");
+    let (code, out) = promote(&d, report, &wrong_ca, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 7, "{out}");
+    assert!(
+        out.contains("source_failed") && !out.contains(&crate::harness::split_password(verified).1),
+        "{out}"
+    );
+    let (code, out) = promote(&d, report, verified, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+    let required = d.fork("app", &[]);
+    let (base, _) = required["dsn"].as_str().unwrap().split_once('?').unwrap();
+    let (code, out) =
+        promote(&d, report, &format!("{base}?sslmode=require"), paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
 }
 
 #[test]
