@@ -97,10 +97,15 @@ impl Snapshot {
     pub fn load(generation_dir: &Path) -> Result<Snapshot> {
         let path = snapshot_path(generation_dir);
         let text = std::fs::read(&path).map_err(|_| {
+            // Named as name@generation: a path would show agents where the data lives.
+            let part = |p: Option<&Path>| p.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            let golden = part(generation_dir.parent()).unwrap_or_default();
+            let generation = part(Some(generation_dir)).unwrap_or_default();
             Error::new(
                 crate::error::ErrorCode::GoldenNotFound,
-                "the golden this sandbox was forked from has no recorded catalog",
-                "goldens built before catalogs were recorded lack one: run `airlock golden refresh NAME` and fork again",
+                format!("golden {golden}@{generation} has no recorded catalog"),
+                "it was built before Airlock recorded catalogs: build a new generation \
+                 (`airlock golden refresh NAME`) and use forks of it",
             )
         })?;
         serde_json::from_slice(&text).map_err(|e| Error::internal(format!("{}: {e}", path.display())))
