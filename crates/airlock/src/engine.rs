@@ -115,6 +115,8 @@ pub struct Engine {
     pub gateway: std::sync::OnceLock<String>,
     /// Idle agent sessions kept between `run_sql` calls.
     pub sql_sessions: crate::gateway::sessions::SessionCache,
+    /// Sandboxes whose agent has a `test_migration` running.
+    pub migration_tests: crate::migrate::InFlight,
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
@@ -182,6 +184,7 @@ impl Engine {
             router: std::sync::OnceLock::new(),
             gateway: std::sync::OnceLock::new(),
             sql_sessions: Default::default(),
+            migration_tests: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),

@@ -98,7 +98,8 @@ impl Snapshot {
         let path = snapshot_path(generation_dir);
         let text = std::fs::read(&path).map_err(|_| {
             // Named as name@generation: a path would show agents where the data lives.
-            let part = |p: Option<&Path>| p.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+            let part =
+                |p: Option<&Path>| p.and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
             let golden = part(generation_dir.parent()).unwrap_or_default();
             let generation = part(Some(generation_dir)).unwrap_or_default();
             Error::new(

@@ -203,14 +203,25 @@ async fn dispatch(
                 )
             })?;
             detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
-            let golden = engine.store().sandbox(key)?.golden;
+            let sb = engine.store().sandbox(key)?;
+            // Each test takes a fork: one at a time per agent, and each statement
+            // bounded by the agent's own statement timeout, so an agent cannot tie
+            // up the host's room with tests.
+            let _only = engine.migration_tests.begin(&sb.id).ok_or_else(|| {
+                Error::new(
+                    ErrorCode::CapacityExhausted,
+                    "a migration test from this session is still running",
+                    "wait for its report, then test the next migration",
+                )
+            })?;
             let request = crate::migrate::TestRequest {
-                golden,
+                golden: sb.golden.clone(),
                 candidates: vec![crate::migrate::Candidate {
                     name: "migration.sql".into(),
                     sql: Some(sql.to_owned()),
                     exec: None,
                 }],
+                statement_timeout_ms: Some(sb.access.limits.statement_timeout_ms),
                 ..Default::default()
             };
             let report = crate::migrate::test(engine.clone(), request).await?;

@@ -33,6 +33,27 @@ use crate::pg::wire::TextRows;
 use crate::sandbox::{self, Access, ForkRequest, Limits, Mode, Sandbox};
 use report::{Assertion, CandidateReport, ExecOutcome, Report};
 
+/// Keys with an operation in progress: at most one each.
+#[derive(Default)]
+pub struct InFlight(std::sync::Mutex<std::collections::HashSet<String>>);
+
+/// Marks a key busy until dropped.
+pub struct Busy<'a>(&'a InFlight, String);
+
+impl InFlight {
+    /// Marks `key` busy, unless it is already.
+    pub fn begin(&self, key: &str) -> Option<Busy<'_>> {
+        let mut set = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(key.to_owned()).then(|| Busy(self, key.to_owned()))
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0 .0.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.1);
+    }
+}
+
 /// Most candidates in one run.
 pub const MAX_CANDIDATES: usize = 32;
 

@@ -439,4 +439,14 @@ fn the_test_migration_tool_reports_without_touching_the_agents_database() {
     );
     assert!(r.contains("[[0]]"), "{r}");
     assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 1);
+    // One test at a time per agent: each takes a fork.
+    let path = format!("/v1/sandboxes/{id}/tools/test_migration");
+    std::thread::scope(|scope| {
+        let slow = scope.spawn(|| d.api("POST", &path, r#"{"sql": "SELECT pg_sleep(2)"}"#));
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let (status, body) = d.api("POST", &path, r#"{"sql": "SELECT 1"}"#);
+        assert_eq!(status, 503, "{body}");
+        assert!(body.contains("still running"), "{body}");
+        assert_eq!(slow.join().unwrap().0, 200);
+    });
 }
