@@ -120,6 +120,9 @@ impl Snapshot {
     }
 }
 
+/// Picks one kind of named part (constraints, indexes, triggers) out of a table.
+type TablePart = fn(&mut Table) -> &mut BTreeMap<String, String>;
+
 /// Schemas that are PostgreSQL's own.
 const SYSTEM_SCHEMAS: &str = "n.nspname NOT IN ('pg_catalog', 'information_schema', 'airlock_probe') \
      AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'";
@@ -202,7 +205,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
             });
         }
     }
-    let parts: [(&str, fn(&mut Table) -> &mut BTreeMap<String, String>); 3] = [
+    let parts: [(&str, TablePart); 3] = [
         (
             "SELECT conrelid::int8, conname::text, pg_get_constraintdef(oid) FROM pg_constraint
              WHERE conrelid::int8 = ANY($1)",

@@ -120,7 +120,7 @@ pub fn assess(
             );
         }
     }
-    out.sort_by(|a, b| b.severity.cmp(&a.severity));
+    out.sort_by_key(|h| std::cmp::Reverse(h.severity));
     out
 }
 

@@ -117,11 +117,11 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
             c if c.is_ascii_alphabetic() && (i == 0 || !ident_char(bytes, i - 1)) => {
                 let word_end = (i..bytes.len()).find(|&j| !ident_char(bytes, j)).unwrap_or(bytes.len());
                 let word = &text[i..word_end];
-                if word.eq_ignore_ascii_case("atomic")
-                    && previous_word(&text[start..i]).eq_ignore_ascii_case("begin")
-                {
-                    atomic_depth += 1;
-                } else if atomic_depth > 0 && word.eq_ignore_ascii_case("case") {
+                // A body opens at BEGIN ATOMIC; inside it, CASE ... END nests too.
+                let opens = (word.eq_ignore_ascii_case("atomic")
+                    && previous_word(&text[start..i]).eq_ignore_ascii_case("begin"))
+                    || (atomic_depth > 0 && word.eq_ignore_ascii_case("case"));
+                if opens {
                     atomic_depth += 1;
                 } else if atomic_depth > 0 && word.eq_ignore_ascii_case("end") {
                     atomic_depth -= 1;
