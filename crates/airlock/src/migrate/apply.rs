@@ -159,9 +159,10 @@ impl Tracker {
     /// The open transaction ended at `at`: each lock was held until then.
     fn end_transaction(&mut self, at: Instant, reports: &mut [StatementReport], rolled_back: bool) {
         for (lock, (index, since)) in std::mem::take(&mut self.txn_locks) {
-            let (relation, _) = self.names.get(&lock.relid).cloned().unwrap_or_default();
+            let (relation, kind) = self.names.get(&lock.relid).cloned().unwrap_or_default();
             reports[index].locks.push(LockHeld {
                 relation,
+                kind: probe::relation_kind(&kind).to_owned(),
                 blocking: probe::blocks_writes(&lock.mode),
                 mode: probe::mode_name(&lock.mode),
                 held_ms: ms(at.duration_since(since)),
@@ -403,9 +404,10 @@ pub fn observed_locks(
 ) -> Vec<LockHeld> {
     seen.iter()
         .filter_map(|(lock, (first, last))| {
-            let (relation, _) = names.get(&lock.relid)?;
+            let (relation, kind) = names.get(&lock.relid)?;
             Some(LockHeld {
                 relation: relation.clone(),
+                kind: probe::relation_kind(kind).to_owned(),
                 mode: probe::mode_name(&lock.mode),
                 held_ms: ms(last.duration_since(*first) + POLL),
                 blocking: probe::blocks_writes(&lock.mode),

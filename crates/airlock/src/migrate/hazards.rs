@@ -106,7 +106,7 @@ pub fn assess(
                 line,
             );
         }
-        for l in s.locks.iter().filter(|l| l.blocking && l.held_ms > lock_threshold_ms) {
+        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && l.held_ms > lock_threshold_ms) {
             if rows_of(&l.relation) == 0 {
                 continue;
             }

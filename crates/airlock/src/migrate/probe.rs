@@ -197,6 +197,17 @@ pub fn rewrite_reason(bits: i32) -> String {
     why.join(" and ")
 }
 
+/// A `pg_class.relkind` in words.
+pub fn relation_kind(relkind: &str) -> &'static str {
+    match relkind {
+        "r" | "p" => "table",
+        "i" => "index",
+        "m" => "materialized view",
+        "S" => "sequence",
+        _ => "relation",
+    }
+}
+
 /// Lock modes that block ordinary reads or writes of the table while held.
 pub fn blocks_writes(mode: &str) -> bool {
     matches!(mode, "ShareLock" | "ShareRowExclusiveLock" | "ExclusiveLock" | "AccessExclusiveLock")

@@ -91,6 +91,9 @@ pub struct StatementReport {
 pub struct LockHeld {
     /// `schema.name`.
     pub relation: String,
+    /// `table`, `index`, `materialized view` or `sequence`.
+    #[serde(default)]
+    pub kind: String,
     /// `ACCESS EXCLUSIVE` and so on.
     pub mode: String,
     /// From the statement's start to the commit (or end of statement), milliseconds.
@@ -254,7 +257,7 @@ impl Report {
                     if s.rolled_back { " (rolled back)" } else { "" }
                 ));
                 out.push(format!("             {}", cut(first, 90)));
-                for l in s.locks.iter().filter(|l| l.blocking) {
+                for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table") {
                     out.push(format!(
                         "             lock {} on {} held {:.1} ms",
                         l.mode, l.relation, l.held_ms

@@ -147,6 +147,7 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
         .iter()
         .find(|l| l["relation"] == "public.users" && l["mode"] == "ACCESS EXCLUSIVE")
         .expect("ACCESS EXCLUSIVE on users");
+    assert_eq!(lock["kind"], "table");
     assert!(lock["held_ms"].as_f64().unwrap() >= bigint["statements"][0]["duration_ms"].as_f64().unwrap());
     assert_eq!(change_lines(bigint, "changes"), ["changed column users.score"]);
 
