@@ -8,8 +8,6 @@
 //! its transaction. The catalog reader skips the schema, and event triggers are
 //! not part of a catalog, so none of it shows in a schema diff.
 
-use std::collections::BTreeMap;
-
 use serde::Deserialize;
 
 use crate::pg::dsn::AGENT_ROLE;
@@ -169,13 +167,6 @@ pub struct RowStats {
     pub del: i64,
 }
 
-impl Reading {
-    /// Relations by OID.
-    pub fn relation_map(&self) -> BTreeMap<i64, &Relation> {
-        self.relations.iter().map(|r| (r.relid, r)).collect()
-    }
-}
-
 /// PostgreSQL's table-rewrite reason bits, in words.
 pub fn rewrite_reason(bits: i32) -> String {
     let mut why = Vec::new();
@@ -211,11 +202,6 @@ pub fn relation_kind(relkind: &str) -> &'static str {
 /// Lock modes that block ordinary reads or writes of the table while held.
 pub fn blocks_writes(mode: &str) -> bool {
     matches!(mode, "ShareLock" | "ShareRowExclusiveLock" | "ExclusiveLock" | "AccessExclusiveLock")
-}
-
-/// Lock modes that block even reads.
-pub fn blocks_reads(mode: &str) -> bool {
-    mode == "AccessExclusiveLock"
 }
 
 /// The SQL spelling of a lock mode (`AccessExclusiveLock` → `ACCESS EXCLUSIVE`).
