@@ -333,9 +333,12 @@ impl Sink for Collector {
 }
 
 impl Collector {
-    /// Whether nothing at all has arrived yet.
+    /// Whether nothing of the query's own has arrived: no result, and no error but
+    /// the notice of a server ending the session (SQLSTATE 57P01-57P03), which a
+    /// killed backend sends before it goes.
     fn untouched(&self) -> bool {
-        self.statements.is_empty() && self.fields.is_empty() && self.error.is_none() && self.seen == 0
+        let ended = self.error.as_ref().is_none_or(|e| e.sqlstate.starts_with("57P"));
+        self.statements.is_empty() && self.fields.is_empty() && self.seen == 0 && ended
     }
 
     fn finish(self, names: &HashMap<u32, String>, status: u8, began: Instant) -> SqlResult {
