@@ -157,6 +157,11 @@ impl Client {
     }
 }
 
+/// Percent-encodes a path segment or query value of an API URL.
+pub fn encode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
 fn http_error(e: impl std::fmt::Display) -> Error {
     unreachable(format!("talking to the daemon failed: {e}"))
 }

@@ -12,6 +12,7 @@ use super::{
     MigrateTestArgs, Placement, ServeArgs, StorageCommand,
 };
 use crate::api::ExtendRequest;
+use crate::client::encode;
 use crate::engine::{Config, Doctor};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::Event;
@@ -22,10 +23,6 @@ use crate::sandbox::{
 use crate::{daemon, pg, storage, validate};
 
 pub(super) const NO_BODY: Option<&()> = None;
-
-fn encode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
 
 pub(super) async fn run(cli: Cli) -> Result<i32> {
     let json = cli.json;

@@ -2,11 +2,12 @@
 //!
 //! A fork asked for with `mcp: true` gets a URL `http://HOST:PORT/mcp/TOKEN`: the
 //! token is 256 random bits, bound to that one sandbox, and kept only as its
-//! SHA-256 in the state store. An agent framework given the URL can call the four
+//! SHA-256 in the state store. An agent framework given the URL can call the agent
 //! tools on that sandbox and reach nothing else: the gateway port serves no API.
 //! A wrong token, or one whose sandbox is gone, gets a bare 404 that says nothing
-//! about why. The sandbox is looked up again on every call, so a token dies the
-//! moment its sandbox does.
+//! about why. The token is looked up on every request, and the sandbox it names is
+//! handed to the tool handler with the request, so a token dies the moment its
+//! sandbox does.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -45,13 +46,18 @@ fn digest(token: &str) -> String {
     Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The sandbox a gateway request's token is bound to, put in the request's
+/// extensions by the token check for the tool handler to read.
+#[derive(Debug, Clone)]
+pub struct BoundSandbox(pub String);
+
 /// The token in a gateway path (`/mcp/TOKEN`).
-pub fn token_of(path: &str) -> Option<&str> {
+fn token_of(path: &str) -> Option<&str> {
     path.strip_prefix("/mcp/").filter(|t| !t.is_empty() && !t.contains('/'))
 }
 
 /// The live sandbox a token is bound to.
-pub fn sandbox_for(engine: &Engine, token: &str) -> Result<String> {
+fn sandbox_for(engine: &Engine, token: &str) -> Result<String> {
     engine.store().mcp_token_sandbox(&digest(token))?.ok_or_else(super::mcp::gone)
 }
 
@@ -92,12 +98,14 @@ pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str
     Ok(format!("http://{host}:{}", bound.port()))
 }
 
-/// Answers 404, and nothing else, unless the URL's token is bound to a live sandbox.
-async fn known_token(State(engine): State<Arc<Engine>>, request: Request, next: Next) -> Response {
-    let known = token_of(request.uri().path()).is_some_and(|t| sandbox_for(&engine, t).is_ok());
-    if known {
-        next.run(request).await
-    } else {
-        StatusCode::NOT_FOUND.into_response()
+/// Answers 404, and nothing else, unless the URL's token is bound to a live
+/// sandbox; passes that sandbox on with the request.
+async fn known_token(State(engine): State<Arc<Engine>>, mut request: Request, next: Next) -> Response {
+    match token_of(request.uri().path()).and_then(|t| sandbox_for(&engine, t).ok()) {
+        Some(sandbox) => {
+            request.extensions_mut().insert(BoundSandbox(sandbox));
+            next.run(request).await
+        }
+        None => StatusCode::NOT_FOUND.into_response(),
     }
 }

@@ -26,7 +26,7 @@ enum Target {
     Daemon { client: Arc<Client>, sandbox: String, home: String },
 }
 
-/// An MCP server offering the four tools for one sandbox.
+/// An MCP server offering the agent tools for one sandbox.
 #[derive(Clone)]
 pub struct Gateway {
     target: Target,
@@ -52,12 +52,13 @@ impl Gateway {
     async fn run(&self, tool: &str, args: Value, parts: Option<&Parts>) -> Result<ToolOutput> {
         match &self.target {
             Target::Token(engine) => {
-                let token = parts.and_then(|p| super::http::token_of(p.uri.path())).unwrap_or_default();
-                let sandbox = super::http::sandbox_for(engine, token)?;
-                tools::call(engine, &sandbox, tool, &args, tools::Via::McpHttp).await
+                let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
+                let super::http::BoundSandbox(sandbox) = bound.ok_or_else(gone)?;
+                tools::call(engine, sandbox, tool, &args, tools::Via::McpHttp).await
             }
             Target::Daemon { client, sandbox, .. } => {
-                let path = format!("/v1/sandboxes/{}/tools/{}?via=mcp_stdio", sandbox, encode(tool));
+                let path =
+                    format!("/v1/sandboxes/{}/tools/{}?via=mcp_stdio", sandbox, crate::client::encode(tool));
                 client.call(axum::http::Method::POST, &path, Some(&args)).await
             }
         }
@@ -69,10 +70,6 @@ impl Gateway {
             _ => text,
         }
     }
-}
-
-fn encode(s: &str) -> String {
-    form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 /// The tools as MCP describes them.

@@ -1,4 +1,4 @@
-//! The four tools, their input schemas, and one function that runs any of them
+//! The agent tools, their input schemas, and one function that runs any of them
 //! against a sandbox and records the call.
 
 use std::sync::Arc;

@@ -1,10 +1,9 @@
 //! Goldens: named, immutable, versioned snapshots that sandboxes fork from.
 
 mod build;
-
-pub use build::build as build_generation;
 mod manifest;
 
+pub use build::build as build_generation;
 pub use manifest::{Golden, Manifest, Source};
 
 use std::path::PathBuf;

@@ -446,18 +446,9 @@ pub fn command_report(
     for s in &before.rows {
         t.txn_rows.insert(s.relid, [s.ins, s.upd, s.del]);
     }
-    let mut report = StatementReport {
-        line: 0,
-        sql: "(the command)".into(),
-        tag: None,
-        transaction: "none".into(),
-        duration_ms: ms(took),
-        locks: vec![],
-        rewrites: vec![],
-        rows: vec![],
-        dropped: vec![],
-        rolled_back: false,
-    };
+    let command = Statement { sql: "(the command)".into(), line: 0 };
+    let mut report = statement_report(&command, "none");
+    report.duration_ms = ms(took);
     let mut after = after;
     after.locks.clear();
     t.absorb(after, 0, Instant::now(), "", &mut report);
