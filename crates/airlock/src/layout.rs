@@ -46,7 +46,7 @@ impl Layout {
     pub fn tag(&self) -> String {
         use sha2::Digest;
         let digest = sha2::Sha256::digest(self.home.as_os_str().as_encoded_bytes());
-        digest.iter().take(6).map(|b| format!("{b:02x}")).collect()
+        crate::secret::hex(&digest[..6])
     }
 
     /// The data root itself.

@@ -9,6 +9,11 @@ pub fn random_bytes<const N: usize>() -> [u8; N] {
     buf
 }
 
+/// Lowercase hex of `bytes`: how ids, tokens and digests are written.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// A short sandbox id such as `sb-k3v9q2mx7a`: 50 bits, unambiguous characters.
 pub fn sandbox_id() -> String {
     let bytes = random_bytes::<10>();
@@ -18,7 +23,7 @@ pub fn sandbox_id() -> String {
 
 /// A fresh password: 256 random bits, hex-encoded so it needs no quoting in a DSN.
 pub fn password() -> String {
-    random_bytes::<32>().iter().map(|b| format!("{b:02x}")).collect()
+    hex(&random_bytes::<32>())
 }
 
 #[cfg(test)]

@@ -43,7 +43,7 @@ pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
 }
 
 fn digest(token: &str) -> String {
-    Sha256::digest(token.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    crate::secret::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// The sandbox a gateway request's token is bound to, put in the request's

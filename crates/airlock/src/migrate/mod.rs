@@ -74,7 +74,7 @@ impl Candidate {
     /// SHA-256 of what will be applied: the file's bytes, or the command.
     pub fn sha256(&self) -> String {
         let bytes = self.sql.as_deref().or(self.exec.as_deref()).unwrap_or_default();
-        Sha256::digest(bytes.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+        crate::secret::hex(&Sha256::digest(bytes.as_bytes()))
     }
 }
 

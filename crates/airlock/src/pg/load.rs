@@ -171,7 +171,7 @@ pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir) -> Result<String> {
         hasher.update(line.as_bytes());
         hasher.update(b"\n");
     }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::secret::hex(&hasher.finalize()))
 }
 
 /// Makes a private (0700) scratch directory for temporary files.
