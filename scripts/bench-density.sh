@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 n=${DENSITY:-200}
-export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-density}
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-density}
 export AIRLOCK_MAX_RUNNING=$n AIRLOCK_MAX_SANDBOXES=$((2 * n)) AIRLOCK_ROUTER=127.0.0.1:7434 AIRLOCK_GATEWAY=127.0.0.1:7437
 GOLDENS=bench-40mb
 source scripts/bench-lib.sh

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-migrate}
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-migrate}
 export AIRLOCK_ROUTER=127.0.0.1:7440 AIRLOCK_GATEWAY=127.0.0.1:7441
 GOLDENS=bench-1500mb
 source scripts/bench-lib.sh

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-router}
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-router}
 # Limits for the daemon the CLI starts (the memory run holds 40 sandboxes).
 export AIRLOCK_MAX_RUNNING=200 AIRLOCK_MAX_SANDBOXES=400 AIRLOCK_ROUTER=127.0.0.1:7435 AIRLOCK_GATEWAY=127.0.0.1:7436
 GOLDENS=bench-40mb

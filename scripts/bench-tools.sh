@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench-tools}
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-tools}
 export AIRLOCK_ROUTER=127.0.0.1:7438 AIRLOCK_GATEWAY=127.0.0.1:7439
 GOLDENS=bench-40mb
 source scripts/bench-lib.sh

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/tmp/airlock-bench}
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench}
 iterations=${ITERATIONS:-30}
 large_baselines=${LARGE_BASELINE_ITERATIONS:-5}
 GOLDENS="bench-40mb bench-1500mb"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 airlock() { ./target/release/airlock "$@"; }
-export AIRLOCK_HOME=${AIRLOCK_DEMO_HOME:-/var/tmp/airlock-demo}
+export AIRLOCK_HOME=${AIRLOCK_DEMO_HOME:-/var/lib/airlock-demo}
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 count() { airlock psql "$1" -- -XtAc "SELECT count(*) FROM orders"; }
 

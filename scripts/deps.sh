@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Installs what Airlock needs and the machine lacks, through the system package
-# manager: the PostgreSQL server and client tools, xfsprogs for copy-on-write
-# storage, and Python 3 with venv for the Python client's tests. Safe to run
-# again; it installs nothing that is already there.
+# manager: the PostgreSQL server, its client tools and its server headers (the
+# in-server guard is built against them), xfsprogs and btrfs-progs for
+# copy-on-write storage, and Python 3 with venv for the Python client's tests.
+# Safe to run again; it installs nothing that is already there.
 set -euo pipefail
 
 need=()
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || need+=(postgresql)
 command -v psql >/dev/null 2>&1 && command -v pg_dump >/dev/null 2>&1 || need+=(postgresql-client)
+# The guard is compiled against the server headers of every installed major
+# (Debian's postgresql-server-dev-N); the newest server is the one Airlock runs.
+for bin in /usr/lib/postgresql/*/bin/postgres; do
+  [ -x "$bin" ] || continue
+  major=$(basename "$(dirname "$(dirname "$bin")")")
+  [ -f "/usr/include/postgresql/$major/server/postgres.h" ] || need+=("postgresql-server-dev-$major")
+done
 command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || need+=(xfsprogs)
+command -v mkfs.btrfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.btrfs ] || [ -x /sbin/mkfs.btrfs ] || need+=(btrfs-progs)
 command -v mount >/dev/null 2>&1 || need+=(mount)
 # The Python client's and the MCP tests run in a virtual environment.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
@@ -26,6 +35,16 @@ if [ ${#need[@]} -gt 0 ]; then
   # Debian's server package starts a cluster of its own; Airlock runs its own instances.
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop postgresql >/dev/null 2>&1 || true; fi
 fi
+# A server installed just now brings its headers' package name only now.
+for bin in /usr/lib/postgresql/*/bin/postgres; do
+  [ -x "$bin" ] || continue
+  major=$(basename "$(dirname "$(dirname "$bin")")")
+  if [ ! -f "/usr/include/postgresql/$major/server/postgres.h" ]; then
+    sudo=""; [ "$(id -u)" -ne 0 ] && sudo=sudo
+    echo "installing: postgresql-server-dev-$major"
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "postgresql-server-dev-$major" >/dev/null
+  fi
+done
 
 if ! command -v cargo >/dev/null 2>&1; then
   echo "Airlock is built with Rust (cargo 1.80 or newer); install it with rustup, then run this again." >&2

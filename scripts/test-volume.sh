@@ -3,7 +3,7 @@
 # Usage: scripts/test-volume.sh up|down [DIR]   (prints DIR on `up`; needs root)
 set -euo pipefail
 action=${1:?up or down}
-dir=${2:-/var/tmp/airlock-test-xfs}
+dir=${2:-/var/lib/airlock-test-xfs}
 image="$dir.img"
 case "$action" in
   up)

@@ -50,10 +50,23 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
         let _ = engine.gateway.set(base);
     }
     reaper::spawn(engine.clone());
+    reaper::watchdog::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
 
     let shutdown = Arc::new(Notify::new());
     let state = AppState { engine: engine.clone(), shutdown: shutdown.clone() };
+    // TCP first: a client that finds the unix socket answering may go on to use TCP.
+    let tcp = match (listen.tcp, &listen.token) {
+        (Some(addr), Some(_)) => Some((addr, tokio::net::TcpListener::bind(addr).await?)),
+        (Some(_), None) => {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                "a TCP listener needs a bearer token",
+                "pass --token-file FILE (or set AIRLOCK_TOKEN) together with --tcp",
+            ))
+        }
+        _ => None,
+    };
     let socket = layout.api_socket();
     let _ = std::fs::remove_file(&socket);
     let unix = tokio::net::UnixListener::bind(&socket)?;
@@ -78,25 +91,14 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     };
     let unix_server =
         axum::serve(unix, api::router(state.clone())).with_graceful_shutdown(stopped_signal(stopped.clone()));
+    let tcp_server = tcp.zip(listen.token).map(|((addr, tcp), token)| {
+        tracing::info!(%addr, "serving the API on TCP (bearer token required)");
+        let app = api::router(state)
+            .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
+        let signal = stopped_signal(stopped.clone());
+        tokio::spawn(async move { axum::serve(tcp, app).with_graceful_shutdown(signal).await })
+    });
 
-    let tcp_server = match (listen.tcp, listen.token) {
-        (Some(addr), Some(token)) => {
-            let tcp = tokio::net::TcpListener::bind(addr).await?;
-            tracing::info!(%addr, "serving the API on TCP (bearer token required)");
-            let app = api::router(state)
-                .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
-            let signal = stopped_signal(stopped.clone());
-            Some(tokio::spawn(async move { axum::serve(tcp, app).with_graceful_shutdown(signal).await }))
-        }
-        (Some(_), None) => {
-            return Err(Error::new(
-                ErrorCode::InvalidRequest,
-                "a TCP listener needs a bearer token",
-                "pass --token-file FILE (or set AIRLOCK_TOKEN) together with --tcp",
-            ))
-        }
-        _ => None,
-    };
     let unix_task = tokio::spawn(async move { unix_server.await });
     stop.await;
     tracing::info!("stopping the API; sandboxes keep running");

@@ -17,7 +17,7 @@ use crate::pg::PgBin;
 use crate::sandbox::Sandbox;
 use crate::storage::{Backend, Cloner, COPY_WARNING};
 use crate::store::Store;
-use crate::users::Identity;
+use crate::users::{Identity, Leases};
 
 /// Daemon settings (flags of `airlock serve`, or their environment variables).
 #[derive(Debug, Clone)]
@@ -30,8 +30,12 @@ pub struct Config {
     pub default_ttl: Duration,
     /// Longest TTL a fork or extend may ask for.
     pub max_ttl: Duration,
-    /// The unprivileged user instances run as when the daemon is root.
+    /// The unprivileged user goldens are built as when the daemon is root.
     pub instance_user: Option<String>,
+    /// The uids sandboxes run as when the daemon is root, leased host-wide.
+    pub uid_range: crate::users::UidRange,
+    /// Where the host-wide identity leases are kept.
+    pub lease_dir: PathBuf,
     /// Where the PostgreSQL binaries are.
     pub pg_bin: Option<PathBuf>,
     /// Copy every byte even where reflinks work (to exercise the fallback).
@@ -66,6 +70,8 @@ impl Config {
             default_ttl: Duration::from_secs(15 * 60),
             max_ttl: Duration::from_secs(24 * 3600),
             instance_user: None,
+            uid_range: crate::users::UidRange::default(),
+            lease_dir: PathBuf::from(crate::users::DEFAULT_LEASE_DIR),
             pg_bin: None,
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
@@ -95,6 +101,10 @@ pub struct Engine {
     pub daemon_user: Identity,
     /// The OS user goldens are built as (and sandboxes run as when not root).
     pub instance_user: Identity,
+    /// Host-wide leases of sandbox identities (root only).
+    pub leases: Option<Leases>,
+    /// The in-server guard library every sandbox's server preloads.
+    pub guard: PathBuf,
     /// The host's cgroups, for per-sandbox limits.
     pub cgroups: Cgroups,
     /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
@@ -150,9 +160,21 @@ impl Engine {
     pub fn open(config: Config) -> Result<Engine> {
         let layout = Layout::new(&config.home);
         prepare_home(layout.home())?;
+        let root = nix::unistd::geteuid().is_root();
+        if let (true, Some(dir)) = (root, crate::pg::instance::under_private_dir(layout.home())) {
+            return Err(Error::new(
+                ErrorCode::DataRootNotWritable,
+                format!(
+                    "the data root {} is under {dir}, which every sandbox gets a private, empty copy of",
+                    layout.home().display()
+                ),
+                "put the data root elsewhere (the default for root is /var/lib/airlock)",
+            ));
+        }
         crate::storage::volume::ensure_mounted(&layout)?;
         // Instance users must traverse into their own sandbox directory; goldens stay private.
         mkdir(layout.home(), 0o711)?;
+        mkdir(&layout.lib(), 0o755)?;
         mkdir(&layout.volume(), 0o711)?;
         mkdir(&layout.goldens(), 0o700)?;
         mkdir(&layout.sandboxes(), 0o711)?;
@@ -164,8 +186,20 @@ impl Engine {
             Cloner::probe(&layout.volume())?
         };
         let pg = PgBin::locate(config.pg_bin.as_deref())?;
+        let major = pg.major().ok_or_else(|| {
+            Error::new(
+                ErrorCode::PostgresFailed,
+                format!("cannot tell the version of {}", pg.dir().display()),
+                "check `postgres --version` runs",
+            )
+        })?;
+        let guard = crate::pg::guard::install(&layout.lib(), major)?;
         let daemon_user = Identity::current()?;
         let instance_user = Identity::for_instances(config.instance_user.as_deref())?;
+        let leases = match root {
+            true => Some(Leases::open(&config.lease_dir, config.uid_range, layout.home())?),
+            false => None,
+        };
         let cgroups = Cgroups::detect(&layout.tag());
         Ok(Engine {
             config,
@@ -174,6 +208,8 @@ impl Engine {
             pg,
             daemon_user,
             instance_user,
+            leases,
+            guard,
             cgroups,
             pool_wanted: tokio::sync::Notify::new(),
             pool_admins: Mutex::new(std::collections::HashMap::new()),
@@ -231,12 +267,43 @@ impl Engine {
         vec![self.daemon_user.name.as_str()]
     }
 
-    /// The OS user a sandbox runs as: one per slot when root, so no instance can
-    /// read a neighbour's files; otherwise the daemon's own user.
+    /// The OS user a sandbox runs as: its own leased uid when root, so no
+    /// instance can read or signal a neighbour's (of any data root on the host);
+    /// otherwise the daemon's own user.
     pub fn sandbox_user(&self, sb: &Sandbox) -> Result<Identity> {
-        match (self.daemon_user.is_root(), sb.slot) {
-            (true, Some(slot)) => Identity::ensure(&format!("{}-{slot}", self.instance_user.name)),
+        match (self.daemon_user.is_root(), sb.uid, sb.slot) {
+            (true, Some(uid), _) => Ok(Identity::leased(uid)),
+            // A sandbox made before identities were leased keeps its named user.
+            (true, None, Some(slot)) => Identity::ensure(&format!("{}-{slot}", self.instance_user.name)),
             _ => Ok(self.instance_user.clone()),
+        }
+    }
+
+    /// Records a new sandbox (state `creating`), leasing it an identity first when
+    /// root; `settle` runs on the store in the same breath, just before the
+    /// record is made. The lease goes back if the record cannot be made.
+    pub fn insert_sandbox(
+        &self,
+        sb: &mut Sandbox,
+        settle: impl FnOnce(&Store, &mut Sandbox) -> Result<()>,
+    ) -> Result<()> {
+        if let Some(leases) = &self.leases {
+            sb.uid = Some(leases.take(&sb.id)?);
+        }
+        let inserted = {
+            let mut store = self.store();
+            settle(&store, sb).and_then(|()| store.insert_sandbox(sb, self.config.max_sandboxes))
+        };
+        if inserted.is_err() {
+            self.release_identity(sb);
+        }
+        inserted
+    }
+
+    /// Gives a sandbox's identity back (once its processes and files are gone).
+    pub fn release_identity(&self, sb: &Sandbox) {
+        if let (Some(leases), Some(uid)) = (&self.leases, sb.uid) {
+            leases.release(uid, &sb.id);
         }
     }
 
@@ -285,6 +352,7 @@ impl Engine {
             daemon_user: self.daemon_user.name.clone(),
             instance_user: self.instance_user.name.clone(),
             per_sandbox_users: root,
+            sandbox_uids: self.leases.as_ref().map(|l| l.range()),
             network_namespaces: root,
             cgroups: self.cgroups.clone(),
             cgroup_limits: self.config.cgroup_limits,
@@ -338,6 +406,9 @@ pub struct Doctor {
     pub instance_user: String,
     /// Whether each sandbox runs as its own OS user.
     pub per_sandbox_users: bool,
+    /// The uids sandboxes are leased from (root only).
+    #[serde(default)]
+    pub sandbox_uids: Option<crate::users::UidRange>,
     /// Whether each sandbox has its own network namespace (no egress).
     pub network_namespaces: bool,
     /// The cgroup layout used for limits.

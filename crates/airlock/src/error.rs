@@ -51,6 +51,9 @@ pub enum ErrorCode {
     MigrationRefused,
     /// A migration failed on the target; the message says what was kept.
     MigrationFailed,
+    /// `promote` refused: the sandbox carries settings or objects that could
+    /// steer other sessions, and keeping them was not asked for.
+    PromotionRefused,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -63,7 +66,7 @@ impl ErrorCode {
             InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 400,
             Unauthorized => 401,
             GoldenNotFound | SandboxNotFound => 404,
-            GoldenExists | NameTaken | GoldenInUse | MigrationRefused => 409,
+            GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
             SeedFailed | SourceFailed | MigrationFailed => 422,
             CapacityExhausted => 503,
             DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
@@ -82,7 +85,7 @@ impl ErrorCode {
             SeedFailed | SourceFailed => 7,
             DataRootNotWritable | StorageFailed | PostgresFailed => 8,
             Unauthorized | DaemonUnreachable => 9,
-            MigrationRefused => 10,
+            MigrationRefused | PromotionRefused => 10,
             MigrationFailed => 11,
         }
     }

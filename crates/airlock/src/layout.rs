@@ -2,11 +2,17 @@
 //!
 //! ```text
 //! state.db  daemon.lock  daemon.log  airlock.sock  storage.xfs
+//! lib/                           the in-server guard library (root-owned, world-readable)
 //! volume/                        the copy-on-write filesystem (a mount point after `storage init`)
 //!   goldens/<name>/<gen>/        pgdata/, manifest.json
-//!   sandboxes/<id>/              pgdata/, run/ (private socket dir), postgres.log
+//!   sandboxes/<id>/              root-owned: pg_hba.conf, pg_ident.conf, postgres.log;
+//!                                the sandbox's own: pgdata/, run/ (socket), exec/
 //!   staging/                     goldens being built; removed at start if left over
 //! ```
+//!
+//! An instance directory belongs to root and only its `pgdata/`, `run/` and
+//! `exec/` to the instance's user, so the names root opens inside it (access
+//! files, the log) cannot be swapped for links by code running as that user.
 //!
 //! Goldens and sandboxes share one filesystem (`volume/`) because a reflink
 //! cannot cross filesystems.
@@ -101,6 +107,10 @@ impl Layout {
     pub fn sandbox_instance(&self, id: &str) -> InstanceDir {
         InstanceDir { root: self.sandbox(id) }
     }
+    /// Libraries the daemon gives its instances (the in-server guard).
+    pub fn lib(&self) -> PathBuf {
+        self.home.join("lib")
+    }
     /// The router's certificates.
     pub fn tls(&self) -> PathBuf {
         self.home.join("tls")
@@ -127,8 +137,21 @@ impl InstanceDir {
     pub fn socket(&self) -> PathBuf {
         self.socket_dir().join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT))
     }
-    /// The instance's server log.
+    /// The instance's server log (root's; the server writes it through the
+    /// descriptor it was started with).
     pub fn log(&self) -> PathBuf {
         self.root.join("postgres.log")
+    }
+    /// The access rules the server reads (root's, outside the data directory).
+    pub fn hba_file(&self) -> PathBuf {
+        self.root.join("pg_hba.conf")
+    }
+    /// The peer-authentication map the server reads (root's, outside the data directory).
+    pub fn ident_file(&self) -> PathBuf {
+        self.root.join("pg_ident.conf")
+    }
+    /// The working directory `airlock exec` commands start in (the instance user's).
+    pub fn exec_dir(&self) -> PathBuf {
+        self.root.join("exec")
     }
 }

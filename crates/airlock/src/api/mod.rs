@@ -394,6 +394,10 @@ async fn wake(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sa
 pub struct PromoteRequest {
     /// The golden to make (or to add a generation to).
     pub golden: String,
+    /// Keep settings and catalog-shadowing objects the sandbox carries instead
+    /// of refusing (they are listed in the new generation's manifest).
+    #[serde(default)]
+    pub allow_planted: bool,
 }
 
 async fn promote(
@@ -403,7 +407,9 @@ async fn promote(
 ) -> ApiResult<golden::Golden> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { golden::promote(&engine, &id, &req.golden).await }).await?))
+    Ok(Json(
+        detached(async move { golden::promote(&engine, &id, &req.golden, req.allow_planted).await }).await?,
+    ))
 }
 
 async fn exec(

@@ -9,6 +9,7 @@
 
 pub mod describe;
 pub mod diff;
+pub mod planted;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -123,9 +124,10 @@ impl Snapshot {
 /// Picks one kind of named part (constraints, indexes, triggers) out of a table.
 type TablePart = fn(&mut Table) -> &mut BTreeMap<String, String>;
 
-/// Schemas that are PostgreSQL's own.
-const SYSTEM_SCHEMAS: &str = "n.nspname NOT IN ('pg_catalog', 'information_schema', 'airlock_probe') \
-     AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp\\_%'";
+/// Schemas that are not the application's: PostgreSQL's own and Airlock's
+/// probe. Only a superuser can make a schema whose name starts with `pg_`, so no
+/// agent can hide an object here by naming its schema like one of these.
+const SYSTEM_SCHEMAS: &str = "n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'";
 
 /// Objects an extension created are the extension's, not the application's.
 fn not_from_extension(class: &str, oid: &str) -> String {
@@ -141,7 +143,7 @@ fn query_error(e: tokio_postgres::Error) -> Error {
 
 /// Reads every application object of the database `client` is connected to.
 pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
-    client.batch_execute("SET search_path = pg_catalog").await.map_err(query_error)?;
+    client.batch_execute("SET search_path = pg_catalog, pg_temp").await.map_err(query_error)?;
     let mut catalog = Catalog::default();
     let mut by_oid: BTreeMap<i64, String> = BTreeMap::new();
     let rows = client

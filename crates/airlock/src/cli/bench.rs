@@ -360,14 +360,13 @@ impl Scratch {
     /// initdb + start; returns the running instance.
     async fn up(&self, name: &str) -> Result<(InstanceDir, instance::Started)> {
         let dir = self.dir(name);
-        pg::load::private_dir(&dir.root)?;
-        self.user.own(&dir.root)?;
+        instance::prepare_dir(&dir, &self.user)?;
+        pg::load::private_dir(&dir.pgdata())?;
+        self.user.own(&dir.pgdata())?;
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
-        pg::load::private_dir(&dir.socket_dir())?;
-        self.user.own(&dir.socket_dir())?;
         let users = [self.me.name.as_str()];
-        instance::write_access_files(&dir.pgdata(), &users, &self.user)?;
-        let mut started = instance::start(&self.bin, &dir, &self.user, &[])?;
+        instance::write_access_files(&dir, &users)?;
+        let mut started = instance::start(&self.bin, &dir, &self.user, &[], None)?;
         started.wait_ready(&dir).await?;
         Ok((dir, started))
     }

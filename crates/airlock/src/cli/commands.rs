@@ -148,9 +148,9 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             print_forked(&forked, json);
             Ok(0)
         }
-        Command::Promote { id, golden } => {
+        Command::Promote { id, golden, allow_planted } => {
             validate::name("golden", golden)?;
-            let body = crate::api::PromoteRequest { golden: golden.clone() };
+            let body = crate::api::PromoteRequest { golden: golden.clone(), allow_planted: *allow_planted };
             let spinner = output::spinner(json, format!("promoting {id} to golden {golden}"));
             let g: Result<Golden> = cli
                 .client()?
@@ -287,6 +287,8 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
+    config.uid_range = crate::users::UidRange::parse(&args.uid_range)?;
+    config.lease_dir = args.lease_dir.clone();
     config.default_pool_size = args.pool_size;
     if args.pool_size < 0 || args.pool_size as usize > args.max_sandboxes {
         return Err(Error::new(

@@ -82,6 +82,10 @@ enum Command {
         /// The golden to make or add a generation to.
         #[arg(long)]
         golden: String,
+        /// Keep database or role settings and objects named like PostgreSQL's
+        /// own that the sandbox carries (refused otherwise; listed in the manifest).
+        #[arg(long)]
+        allow_planted: bool,
     },
     /// Stop a sandbox's server to free its memory, keeping files, credential and address.
     Suspend {
@@ -171,9 +175,16 @@ struct ServeArgs {
     /// Longest TTL a fork or extend may ask for.
     #[arg(long, env = "AIRLOCK_MAX_TTL", default_value = "24h")]
     max_ttl: String,
-    /// Unprivileged OS user for instances when running as root (created if missing).
+    /// Unprivileged OS user goldens are built as when running as root (created if missing).
     #[arg(long, env = "AIRLOCK_INSTANCE_USER")]
     instance_user: Option<String>,
+    /// Uids sandboxes run as when root (FIRST-LAST), leased host-wide so no two
+    /// sandboxes of any data root share one.
+    #[arg(long, env = "AIRLOCK_UID_RANGE", default_value = "1000000000-1000065535")]
+    uid_range: String,
+    /// Where the host-wide uid leases are kept (every daemon on a host must share it).
+    #[arg(long, env = "AIRLOCK_LEASE_DIR", default_value = crate::users::DEFAULT_LEASE_DIR)]
+    lease_dir: PathBuf,
     /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
     #[arg(long, env = "AIRLOCK_PG_BIN")]
     pg_bin: Option<PathBuf>,

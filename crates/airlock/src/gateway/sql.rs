@@ -104,7 +104,7 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     }
     let began = Instant::now();
     let (sb, _busy) = super::running(engine, key).await?;
-    let socket_dir = engine.layout.sandbox_instance(&sb.id).socket_dir();
+    let socket = engine.layout.sandbox_instance(&sb.id).socket();
     let kept = engine.sql_sessions.take(&sb.id, sb.pid);
     let reused = kept.is_some();
     let mut session = match kept {
@@ -133,8 +133,8 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
             clean = false;
             // Several statements each get the whole statement timeout; the call
             // as a whole does not.
-            if let Some(key) = session.backend_key() {
-                wire::cancel(&socket_dir, key).await;
+            if let (Some(key), Ok(user)) = (session.backend_key(), engine.sandbox_user(&sb)) {
+                wire::cancel(&socket, &user, key).await;
             }
             match tokio::time::timeout(GRACE, session.results(&mut collector)).await {
                 Ok(Ok(s)) => status = s,
@@ -167,11 +167,17 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     Ok(collector.finish(&names, status, began))
 }
 
-/// Opens a session as the agent role with the sandbox's own credential.
+/// Opens a session as the agent role with the sandbox's own credential, on a
+/// connection made with the sandbox's OS identity (never the daemon's).
 pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
     let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
-    let socket_dir = engine.layout.sandbox_instance(&sb.id).socket_dir();
-    Session::connect(&socket_dir, AGENT_ROLE, &password, DATABASE).await.map_err(|e| match e {
+    let socket = engine.layout.sandbox_instance(&sb.id).socket();
+    let user = engine.sandbox_user(sb)?;
+    let stream = crate::pg::socket::connect_as(&socket, &user).await.map_err(|e| {
+        tracing::warn!(sandbox = %sb.id, error = %e, "agent session could not connect");
+        unanswered(sb)
+    })?;
+    Session::connect(stream, AGENT_ROLE, &password, DATABASE).await.map_err(|e| match e {
         wire::WireError::Refused(db) if db.sqlstate == "53300" => Error::new(
             ErrorCode::CapacityExhausted,
             format!("sandbox {} has no free connection: {}", sb.id, db.message),

@@ -122,7 +122,8 @@ pub struct ToolOutput {
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
-    let outcome = dispatch(engine, key, tool, args, &mut detail).await;
+    let outcome =
+        dispatch(engine, key, tool, args, &mut detail).await.map_err(|e| for_agent(engine, key, tool, e));
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
         Ok(out) if out.is_error => {
@@ -290,6 +291,38 @@ fn cut(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
+}
+
+/// Codes whose messages say only what the agent asked for and how to ask better.
+const AGENT_FACING: &[ErrorCode] = &[
+    ErrorCode::InvalidRequest,
+    ErrorCode::SandboxNotFound,
+    ErrorCode::CapacityExhausted,
+    ErrorCode::GoldenNotFound,
+];
+
+/// An error as the model may see it. Airlock's own failures (a server that would
+/// not start, a file that could not be cloned) carry paths, socket names and log
+/// lines that are the operator's, not the model's: those go to the daemon log,
+/// and the model gets the code and a sentence. Any message that still names the
+/// data root, a socket or a log is treated the same way.
+fn for_agent(engine: &Engine, key: &str, tool: &str, e: Error) -> Error {
+    let home = engine.layout.home().to_string_lossy().into_owned();
+    let internal = |text: &str| {
+        text.contains(home.as_str())
+            || text.contains(".s.PGSQL")
+            || text.contains("postgres.log")
+            || text.contains("pgdata")
+    };
+    if AGENT_FACING.contains(&e.code) && !internal(&e.message) && !internal(&e.hint) {
+        return e;
+    }
+    tracing::warn!(sandbox = key, tool, code = e.code.as_str(), error = %e.message, "a tool call failed");
+    Error::new(
+        e.code,
+        format!("{tool} could not finish: Airlock's own work on this database failed ({})", e.code.as_str()),
+        "try again; if it keeps failing, the operator can find the cause in the daemon log",
+    )
 }
 
 /// The text an agent sees for an Airlock error (not a SQL one): code, message, hint.

@@ -13,17 +13,25 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::golden::{Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
-use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
+use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
 use crate::pg::{instance, load};
 use crate::{secret, storage};
 
-/// Builds generation `generation` of golden `name` from `source` and moves it into place.
-pub async fn build(engine: &Engine, name: &str, generation: i64, source: &Source) -> Result<Manifest> {
+/// Builds generation `generation` of golden `name` from `source` and moves it into
+/// place. A promoted sandbox carrying planted settings or objects
+/// ([`crate::catalog::planted`]) is refused unless `allow_planted`.
+pub async fn build(
+    engine: &Engine,
+    name: &str,
+    generation: i64,
+    source: &Source,
+    allow_planted: bool,
+) -> Result<Manifest> {
     let tag = secret::sandbox_id();
     let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
-    let result = build_in(engine, &dir, &work, name, generation, source).await;
+    let result = build_in(engine, &dir, &work, name, generation, source, allow_planted).await;
     let _ = std::fs::remove_dir_all(&work);
     let manifest = match result {
         Ok(m) => m,
@@ -36,7 +44,7 @@ pub async fn build(engine: &Engine, name: &str, generation: i64, source: &Source
     let placed = (|| -> std::io::Result<()> {
         if engine.daemon_user.is_root() {
             // Goldens belong to the daemon, so no instance user can change them.
-            engine.daemon_user.own_tree(&root)?;
+            storage::tree::chown_tree(&root, &engine.daemon_user)?;
         }
         std::fs::create_dir_all(target.parent().expect("generation has a parent"))?;
         std::fs::rename(&root, &target)
@@ -55,26 +63,31 @@ async fn build_in(
     name: &str,
     generation: i64,
     source: &Source,
+    allow_planted: bool,
 ) -> Result<Manifest> {
     let user = &engine.instance_user;
-    load::private_dir(&dir.root)?;
-    user.own(&dir.root)?;
+    instance::prepare_dir(dir, user)?;
     load::private_dir(work)?;
     match source {
         Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir)?,
-        _ => instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?,
+        _ => {
+            // initdb (as the instance user) fills an empty directory it owns.
+            load::private_dir(&dir.pgdata())?;
+            user.own(&dir.pgdata())?;
+            instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
+        }
     }
-    load::private_dir(&dir.socket_dir())?;
-    user.own(&dir.socket_dir())?;
-    instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)?;
+    instance::write_access_files(dir, &engine.admin_os_users())?;
 
-    let mut started = instance::start(&engine.pg, dir, user, &[])?;
+    // The build is the operator's own act on trusted input: no guard, so a
+    // schema may set database defaults while its owner role still owns it.
+    let mut started = instance::start(&engine.pg, dir, user, &[], None)?;
     if let Err(e) = started.wait_ready(dir).await {
         instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
     }
-    let loaded = load_and_describe(engine, dir, work, source).await;
-    let (postgres_version, schema_hash) = match loaded {
+    let loaded = load_and_describe(engine, dir, work, source, allow_planted).await;
+    let (postgres_version, schema_hash, planted) = match loaded {
         Ok(v) => v,
         Err(e) => {
             instance::kill(started.pid, &dir.pgdata()).await;
@@ -82,8 +95,10 @@ async fn build_in(
         }
     };
     started.stop_clean(dir).await?;
+    for leftover in [dir.log(), dir.hba_file(), dir.ident_file()] {
+        let _ = std::fs::remove_file(leftover);
+    }
     let _ = std::fs::remove_dir_all(dir.socket_dir());
-    let _ = std::fs::remove_file(dir.log());
     // A golden must survive a host crash: flush it before anyone forks it.
     if let Ok(f) = std::fs::File::open(dir.pgdata()) {
         let _ = nix::unistd::syncfs(&f);
@@ -96,6 +111,7 @@ async fn build_in(
         schema_hash,
         created_at: Timestamp::now(),
         source: source.redacted(),
+        planted,
     };
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     std::fs::write(dir.root.join("manifest.json"), json)?;
@@ -114,24 +130,27 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir) -> Result<()> {
         )
     })?;
     let source = engine.layout.sandbox(&sb.id).join("pgdata");
+    let source_user = engine.sandbox_user(&sb)?;
     let _paused = crate::sandbox::branch::Paused::new(pid)?;
     engine
         .cloner
-        .clone_tree(&source, &dir.pgdata(), Some(&engine.instance_user))
+        .clone_tree(&source, &dir.pgdata(), Some(&engine.instance_user), Some(source_user.uid))
         .map_err(|e| Error::internal(format!("cloning {} failed: {e}", source.display())))?;
     Ok(())
 }
 
 /// Creates the owner role and app database, loads the source (or, for a
-/// promoted sandbox, removes its agent role), freezes and checkpoints; returns
-/// the server version and schema hash.
+/// promoted sandbox, removes its agent role and checks for planted settings and
+/// objects), freezes and checkpoints; returns the server version, schema hash
+/// and what planted things were kept.
 async fn load_and_describe(
     engine: &Engine,
     dir: &InstanceDir,
     work: &Path,
     source: &Source,
-) -> Result<(String, String)> {
-    if let Source::Promoted { .. } = source {
+    allow_planted: bool,
+) -> Result<(String, String, Vec<crate::catalog::planted::Planted>)> {
+    if let Source::Promoted { sandbox, .. } = source {
         // No credential may live in a golden: what the agent owned goes to the
         // owner role, and the agent role goes.
         let admin = Admin::connect(dir, DATABASE).await?;
@@ -140,7 +159,24 @@ async fn load_and_describe(
                 "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
             ))
             .await?;
-        return describe(engine, dir).await;
+        // Whatever the agent left that could steer later sessions (the daemon's
+        // admin sessions pin their own settings, but every fork's agent would
+        // inherit it) is refused unless the caller says to keep it.
+        let planted = crate::catalog::planted::read(admin.client()).await?;
+        if !planted.is_empty() && !allow_planted {
+            return Err(Error::new(
+                ErrorCode::PromotionRefused,
+                format!(
+                    "sandbox {sandbox} carries settings or objects named like PostgreSQL's own, which every fork of the golden would inherit: {}",
+                    crate::catalog::planted::list(&planted, 20)
+                ),
+                "remove them from the sandbox (RESET the settings, DROP or rename the objects) and promote again, \
+                 or pass --allow-planted to keep them",
+            ));
+        }
+        drop(admin);
+        let (version, hash) = describe(engine, dir).await?;
+        return Ok((version, hash, planted));
     }
     let admin = Admin::connect(dir, "postgres").await?;
     // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
@@ -161,13 +197,31 @@ async fn load_and_describe(
         Source::Dump { path } => load::restore_dump(&engine.pg, dir, path).await?,
         Source::Promoted { .. } => unreachable!("handled above"),
     }
-    describe(engine, dir).await
+    let (version, hash) = describe(engine, dir).await?;
+    Ok((version, hash, Vec::new()))
 }
 
 /// Freezes, analyses and checkpoints the application database, drops the
 /// default database; returns the server version and schema hash.
 async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)> {
     let admin = Admin::connect(dir, DATABASE).await?;
+    // The owner role (and so the agent) owns the application's objects but not
+    // the database: a database's owner could change its settings and options,
+    // which would outlive any session. The owner role keeps what it needs to
+    // build the application: CREATE and TEMPORARY on the database, and the
+    // public schema, which belonged to the database's owner.
+    admin
+        .execute(&format!(
+            "ALTER DATABASE {DATABASE} OWNER TO {ADMIN_ROLE};
+             GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {DATABASE} TO {OWNER_ROLE};
+             DO $$ BEGIN
+               IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public'
+                          AND nspowner IN ('pg_database_owner'::pg_catalog.regrole, '{ADMIN_ROLE}'::pg_catalog.regrole)) THEN
+                 ALTER SCHEMA public OWNER TO {OWNER_ROLE};
+               END IF;
+             END $$;"
+        ))
+        .await?;
     // Frozen, analysed tuples mean forks never rewrite pages just to set hint
     // bits, so their blocks stay shared with the golden.
     admin.execute("VACUUM (FREEZE, ANALYZE)").await?;

@@ -66,6 +66,10 @@ pub struct Manifest {
     pub created_at: Timestamp,
     /// Where the data came from (redacted).
     pub source: Source,
+    /// Settings and catalog-shadowing objects a promoted sandbox carried and
+    /// the promotion was told to keep (`promote --allow-planted`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub planted: Vec<crate::catalog::planted::Planted>,
 }
 
 /// A golden and its generations, as listed and shown.

@@ -87,7 +87,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     let pool_size = req.pool_size.unwrap_or(engine.config.default_pool_size);
     check_pool_size(pool_size, engine)?;
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, &req.name, 1, &source).await?;
+    let manifest = build::build(engine, &req.name, 1, &source, false).await?;
     let mut store = engine.store();
     if let Err(e) =
         store.insert_golden(&manifest, &source).and_then(|_| store.set_pool_size(&req.name, pool_size))
@@ -126,7 +126,7 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
         ));
     }
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, next, &source).await?;
+    let manifest = build::build(engine, name, next, &source, false).await?;
     {
         let mut store = engine.store();
         if let Err(e) = store.add_generation(&manifest) {
@@ -168,8 +168,9 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
 
 /// Turns a running sandbox's state (at one instant) into a golden: a new golden,
 /// or a new generation of an existing one. The agent role and its credential are
-/// removed; what the agent owned is given to the owner role.
-pub async fn promote(engine: &Engine, sandbox: &str, name: &str) -> Result<Golden> {
+/// removed; what the agent owned is given to the owner role. Settings and
+/// objects that could steer later sessions are refused unless `allow_planted`.
+pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: bool) -> Result<Golden> {
     validate::name("golden", name)?;
     let sb = engine.store().sandbox(sandbox)?;
     let _guard = engine.reserve_build(name)?;
@@ -181,7 +182,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str) -> Result<Golde
     let source =
         Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, generation, &source).await?;
+    let manifest = build::build(engine, name, generation, &source, allow_planted).await?;
     {
         let mut store = engine.store();
         let stored = match existing {
@@ -196,7 +197,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str) -> Result<Golde
             kind: "golden_promoted",
             golden: Some(name.to_owned()),
             sandbox: Some(sb.id.clone()),
-            detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
+            detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64, "planted_kept": manifest.planted}),
             ..Default::default()
         })?;
     }

@@ -205,9 +205,7 @@ async fn reading(session: &mut Session, t: &Tracker, limit: Duration) -> Result<
 /// (PostgreSQL keeps a session's counters until it flushes them, which happens
 /// only between transactions, so deltas are taken within one transaction.)
 async fn baseline_rows(session: &mut Session, t: &mut Tracker, limit: Duration) -> Result<()> {
-    let sql = "SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del)), '[]')::text \
-               FROM pg_catalog.pg_stat_xact_user_tables";
-    let (out, _) = run(session, sql, limit).await?;
+    let (out, _) = run(session, &probe::transaction_rows_sql(), limit).await?;
     let rows: Vec<[i64; 4]> = serde_json::from_str(out.value().unwrap_or("[]")).unwrap_or_default();
     t.txn_rows = rows.into_iter().map(|[relid, ins, upd, del]| (relid, [ins, upd, del])).collect();
     Ok(())

@@ -198,7 +198,7 @@ async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<C
     // A throwaway generation built from the files, read, and removed; never a golden.
     let name = format!("expect-{}", &crate::secret::sandbox_id()[3..]);
     let source = crate::golden::Source::Files { schema: req.expect_files.clone(), seed: vec![] };
-    let built = crate::golden::build_generation(engine, &name, 1, &source).await;
+    let built = crate::golden::build_generation(engine, &name, 1, &source, false).await;
     let dir = engine.layout.goldens().join(&name);
     let result = built.and_then(|_| Snapshot::load(&engine.layout.golden_generation(&name, 1)));
     let _ = std::fs::remove_dir_all(&dir);
@@ -245,6 +245,7 @@ async fn measure(
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE).await?;
     admin.execute(&probe::install_sql()).await?;
+    let planted_before = catalog::planted::read(admin.client()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
     let (applied, exec) = match (&candidate.sql, &candidate.exec) {
         (Some(sql), _) => {
@@ -274,6 +275,28 @@ async fn measure(
         &applied.rows,
         threshold,
     );
+    // Objects named like PostgreSQL's own can take the place of a built-in in
+    // other sessions (an overload that matches better, a search path with the
+    // schema first): a candidate that makes one fails, whatever else it did.
+    let planted: Vec<_> = catalog::planted::read(admin.client())
+        .await?
+        .into_iter()
+        .filter(|p| !planted_before.contains(p))
+        .collect();
+    if !planted.is_empty() {
+        found.insert(
+            0,
+            report::Hazard {
+                kind: "shadows_catalog".into(),
+                severity: report::Severity::Critical,
+                message: format!(
+                    "the migration makes objects or settings named like PostgreSQL's own, which can stand in for the built-in in other sessions: {}",
+                    catalog::planted::list(&planted, 10)
+                ),
+                line: None,
+            },
+        );
+    }
     if failed_command {
         let e = exec.as_ref().expect("command outcome");
         let why = if e.timed_out { "timed out".to_owned() } else { format!("exited with {:?}", e.exit_code) };

@@ -1,29 +1,38 @@
 //! The measuring machinery a candidate's fork gets before the candidate runs, and
 //! the readings taken after each statement.
 //!
-//! Installed by the admin role in schema `airlock_probe`: two event triggers log
-//! table rewrites (with PostgreSQL's reason) and dropped objects (with whether a
-//! CASCADE reached them) into tables the agent role cannot write, and two
-//! `SECURITY DEFINER` functions let the candidate's own session read them inside
-//! its transaction. The catalog reader skips the schema, and event triggers are
-//! not part of a catalog, so none of it shows in a schema diff.
+//! Installed by the admin role in schema `pg_airlock_probe`: a name the agent
+//! can neither create beforehand nor imitate (PostgreSQL reserves the `pg_`
+//! prefix to superusers, and the catalog reader skips every such schema), so a
+//! candidate cannot take the probe's place or hide objects beside it. Two event
+//! triggers log table rewrites (with PostgreSQL's reason) and dropped objects
+//! (with whether a CASCADE reached them) into tables the agent role cannot write.
+//!
+//! A reading is taken in the candidate's own session (its transaction's locks and
+//! row counters are visible only there), but entirely inside `SECURITY DEFINER`
+//! functions whose `search_path` is pinned to `pg_catalog, pg_temp`: the
+//! statement the session sends names nothing but the probe's own function, so
+//! no search path, function, operator or temporary table the candidate made can
+//! change what a reading says.
 
 use serde::Deserialize;
 
 use crate::pg::dsn::AGENT_ROLE;
 
 /// The schema everything lives in.
-pub const SCHEMA: &str = "airlock_probe";
+pub const SCHEMA: &str = "pg_airlock_probe";
 
 /// Installs the machinery (run as the admin role).
 pub fn install_sql() -> String {
     format!(
-        "CREATE SCHEMA {SCHEMA};
+        "SET allow_system_table_mods = on;
+         CREATE SCHEMA {SCHEMA};
+         RESET allow_system_table_mods;
          CREATE TABLE {SCHEMA}.rewrites (id bigserial PRIMARY KEY, relid oid, relname text, reason int);
          CREATE TABLE {SCHEMA}.dropped (id bigserial PRIMARY KEY, object_type text, identity text,
                                         original bool, normal bool, is_temporary bool);
          CREATE FUNCTION {SCHEMA}.log_rewrite() RETURNS event_trigger LANGUAGE plpgsql
-           SECURITY DEFINER SET search_path = pg_catalog AS $$
+           SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            BEGIN
              INSERT INTO {SCHEMA}.rewrites (relid, relname, reason)
              SELECT pg_event_trigger_table_rewrite_oid(),
@@ -32,7 +41,7 @@ pub fn install_sql() -> String {
              WHERE c.oid = pg_event_trigger_table_rewrite_oid();
            END $$;
          CREATE FUNCTION {SCHEMA}.log_drop() RETURNS event_trigger LANGUAGE plpgsql
-           SECURITY DEFINER SET search_path = pg_catalog AS $$
+           SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            BEGIN
              INSERT INTO {SCHEMA}.dropped (object_type, identity, original, normal, is_temporary)
              SELECT object_type, object_identity, original, normal, is_temporary
@@ -40,46 +49,55 @@ pub fn install_sql() -> String {
            END $$;
          CREATE EVENT TRIGGER airlock_probe_rewrite ON table_rewrite EXECUTE FUNCTION {SCHEMA}.log_rewrite();
          CREATE EVENT TRIGGER airlock_probe_drop ON sql_drop EXECUTE FUNCTION {SCHEMA}.log_drop();
-         CREATE FUNCTION {SCHEMA}.reading(after_rewrite bigint, after_drop bigint) RETURNS text
-           LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog AS $$
+         CREATE FUNCTION {SCHEMA}.reading(after_rewrite bigint, after_drop bigint, cumulative boolean) RETURNS text
+           LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            SELECT json_build_object(
-             'rewrites', (SELECT coalesce(json_agg(json_build_object('id', id, 'relid', relid::int8,
-                            'relname', relname, 'reason', reason) ORDER BY id), '[]')
-                          FROM {SCHEMA}.rewrites WHERE id > after_rewrite),
-             'dropped', (SELECT coalesce(json_agg(json_build_object('id', id, 'object_type', object_type,
-                            'identity', identity, 'original', original, 'normal', normal) ORDER BY id), '[]')
-                         FROM {SCHEMA}.dropped WHERE id > after_drop AND NOT is_temporary)
+             'probe', json_build_object(
+               'rewrites', (SELECT coalesce(json_agg(json_build_object('id', id, 'relid', relid::int8,
+                              'relname', relname, 'reason', reason) ORDER BY id), '[]')
+                            FROM {SCHEMA}.rewrites WHERE id > after_rewrite),
+               'dropped', (SELECT coalesce(json_agg(json_build_object('id', id, 'object_type', object_type,
+                              'identity', identity, 'original', original, 'normal', normal) ORDER BY id), '[]')
+                           FROM {SCHEMA}.dropped WHERE id > after_drop AND NOT is_temporary)),
+             'locks', (SELECT coalesce(json_agg(json_build_object('relid', l.relation::int8, 'mode', l.mode)), '[]')
+                       FROM pg_locks l
+                       WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.granted),
+             'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
+                             'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8)), '[]')
+                           FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                           WHERE c.relkind IN ('r', 'p', 'i', 'm', 'S')
+                             AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'),
+             'rows', CASE WHEN cumulative
+                       THEN (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
+                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]') FROM pg_stat_user_tables)
+                       ELSE (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
+                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]') FROM pg_stat_xact_user_tables)
+                     END
            )::text $$;
+         CREATE FUNCTION {SCHEMA}.transaction_rows() RETURNS text
+           LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+           SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del)), '[]')::text
+           FROM pg_stat_xact_user_tables $$;
          REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
          REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;
          GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_ROLE};
-         GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint) TO {AGENT_ROLE};"
+         GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint, boolean), {SCHEMA}.transaction_rows()
+           TO {AGENT_ROLE};"
     )
 }
 
-/// One query, run in the candidate's own session (inside its transaction), that
-/// returns everything measured so far as one JSON text value. Row counters are
-/// the transaction's own, or with `cumulative` everything since the fork (the
-/// golden's statistics were reset when it was built).
+/// The one statement, run in the candidate's own session (inside its
+/// transaction), that returns everything measured so far as one JSON text
+/// value. Row counters are the transaction's own, or with `cumulative`
+/// everything since the fork (the golden's statistics were reset when it was
+/// built).
 pub fn reading_sql(after_rewrite: i64, after_drop: i64, cumulative: bool) -> String {
-    let stats = if cumulative { "pg_stat_user_tables" } else { "pg_stat_xact_user_tables" };
-    format!(
-        "SELECT json_build_object(
-           'probe', {SCHEMA}.reading({after_rewrite}, {after_drop})::json,
-           'locks', (SELECT coalesce(json_agg(json_build_object('relid', l.relation::int8, 'mode', l.mode)), '[]')
-                     FROM pg_catalog.pg_locks l
-                     WHERE l.pid = pg_catalog.pg_backend_pid() AND l.locktype = 'relation' AND l.granted),
-           'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
-                           'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8)), '[]')
-                         FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                         WHERE c.relkind IN ('r', 'p', 'i', 'm', 'S')
-                           AND n.nspname NOT IN ('pg_catalog', 'information_schema', '{SCHEMA}')
-                           AND n.nspname NOT LIKE 'pg\\_toast%' AND n.nspname NOT LIKE 'pg\\_temp%'),
-           'rows', (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
-                      'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]')
-                    FROM pg_catalog.{stats})
-         )::text"
-    )
+    format!("SELECT {SCHEMA}.reading({after_rewrite}::pg_catalog.int8, {after_drop}::pg_catalog.int8, {cumulative})")
+}
+
+/// The open transaction's row counters per table, as JSON `[[relid, ins, upd, del], ...]`.
+pub fn transaction_rows_sql() -> String {
+    format!("SELECT {SCHEMA}.transaction_rows()")
 }
 
 /// What one reading returned.

@@ -60,6 +60,13 @@ impl PgBin {
         &self.dir
     }
 
+    /// The server's major version (15 for 15.18).
+    pub fn major(&self) -> Option<u32> {
+        let version = self.version();
+        let number = version.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+        number.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+    }
+
     /// The server's version string, as `postgres --version` prints it.
     pub fn version(&self) -> String {
         std::process::Command::new(self.tool("postgres"))

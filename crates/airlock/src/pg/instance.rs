@@ -43,6 +43,8 @@ const SETTINGS: &[(&str, &str)] = &[
     ("log_min_messages", "warning"),
     ("log_line_prefix", "%m [%p] "),
     ("jit", "off"),
+    // A client that went away mid-query is noticed within a second.
+    ("client_connection_check_interval", "1s"),
 ];
 
 /// Who may connect and how: the admin role only by peer authentication from the
@@ -61,13 +63,59 @@ fn hba(admin_os_users: &[&str]) -> (String, String) {
     (hba, ident)
 }
 
-/// Writes the access files into a data directory.
-pub fn write_access_files(pgdata: &Path, admin_os_users: &[&str], owner: &Identity) -> Result<()> {
+/// Writes the access files of an instance beside its data directory, in the
+/// root-owned instance directory: the server reads them (`hba_file`,
+/// `ident_file`) but neither it nor anything running as its user can change them.
+pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str]) -> Result<()> {
     let (hba, ident) = hba(admin_os_users);
-    for (name, text) in [("pg_hba.conf", hba), ("pg_ident.conf", ident)] {
-        let path = pgdata.join(name);
-        std::fs::write(&path, text)?;
-        owner.own(&path)?;
+    for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
+        crate::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
+    }
+    Ok(())
+}
+
+/// Makes an instance directory ready for a server, or takes an existing one
+/// back before a restart: the directory itself root's (0711, so the instance
+/// user can reach inside but not rename or plant anything there), and its socket
+/// directory `run/` empty and the instance user's (0700). An entry of the
+/// directory that is not what it should be (a link planted under an older
+/// layout, say) is removed, never followed.
+pub fn prepare_dir(dir: &InstanceDir, user: &Identity) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::create_dir(&dir.root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    let root = nix::unistd::geteuid();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &dir.root,
+        Some(root),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)?;
+    if !std::fs::symlink_metadata(&dir.root)?.is_dir() {
+        return Err(Error::internal(format!("{} is not a directory", dir.root.display())));
+    }
+    std::fs::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
+    let run = dir.socket_dir();
+    match std::fs::symlink_metadata(&run) {
+        Ok(m) if m.is_dir() => crate::storage::tree::empty_dir(&run)?,
+        Ok(_) => {
+            std::fs::remove_file(&run)?;
+            std::fs::create_dir(&run)?;
+        }
+        Err(_) => std::fs::create_dir(&run)?,
+    }
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700))?;
+    user.own(&run)?;
+    for name in ["postgres.log", "pg_hba.conf", "pg_ident.conf"] {
+        let path = dir.root.join(name);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+            std::fs::remove_file(&path)?;
+        }
     }
     Ok(())
 }
@@ -102,27 +150,90 @@ pub async fn initdb(
     Ok(())
 }
 
-/// In the child, before exec: its cgroups, a network namespace (a new one, with
-/// only loopback up and so no route anywhere else, or the sandbox's own given as
-/// an open `/proc/<pid>/ns/net`), then the unprivileged user. All but the last need root,
-/// so the user comes last. Only async-signal-safe system calls.
+/// The namespaces of a running server that `exec` joins: network, System V IPC
+/// and mounts (open `/proc/<pid>/ns/*` files).
+pub struct Namespaces {
+    /// `/proc/<pid>/ns/net`.
+    pub net: std::fs::File,
+    /// `/proc/<pid>/ns/ipc`.
+    pub ipc: std::fs::File,
+    /// `/proc/<pid>/ns/mnt`.
+    pub mnt: std::fs::File,
+}
+
+impl Namespaces {
+    /// The namespaces of process `pid`.
+    pub fn of(pid: i32) -> std::io::Result<Namespaces> {
+        let open = |kind: &str| std::fs::File::open(format!("/proc/{pid}/ns/{kind}"));
+        Ok(Namespaces { net: open("net")?, ipc: open("ipc")?, mnt: open("mnt")? })
+    }
+}
+
+/// Directories every host user may write (and so could leave something in for
+/// the next user of a uid): each instance gets private, empty ones.
+const SHARED_WRITABLE: &[&std::ffi::CStr] = &[c"/tmp", c"/var/tmp", c"/dev/shm", c"/run/lock"];
+
+/// Whether `path` lies under a directory each instance gets a private copy of
+/// (an instance could not see its own files there).
+pub fn under_private_dir(path: &Path) -> Option<&'static str> {
+    SHARED_WRITABLE.iter().map(|d| d.to_str().expect("ASCII")).find(|d| path.starts_with(d))
+}
+
+/// In the child, before exec: join the cgroups whose `cgroup.procs` files are
+/// given; then either new namespaces (network with only loopback up, System V
+/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`
+/// and a `/proc` that shows only the user's own processes) or a running
+/// server's, entered in `workdir`; then the unprivileged user. All but the last
+/// need root, so the user comes last. Only async-signal-safe system calls, and no
+/// allocation.
 pub fn contain(
     uid: nix::unistd::Uid,
     gid: nix::unistd::Gid,
     cgroups: &[std::ffi::CString],
-    netns: Option<std::os::fd::BorrowedFd<'_>>,
+    join: Option<(&Namespaces, &std::ffi::CStr)>,
 ) -> std::io::Result<()> {
+    use nix::sched::CloneFlags;
     crate::cgroup::join(cgroups)?;
-    match netns {
+    match join {
         None => {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+            nix::sched::unshare(
+                CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS,
+            )?;
             loopback_up()?;
+            private_mounts()?;
         }
-        Some(fd) => nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?,
+        Some((ns, workdir)) => {
+            use std::os::fd::AsFd;
+            nix::sched::setns(ns.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+            nix::sched::setns(ns.ipc.as_fd(), CloneFlags::CLONE_NEWIPC)?;
+            nix::sched::setns(ns.mnt.as_fd(), CloneFlags::CLONE_NEWNS)?;
+            // Entering a mount namespace moves the working directory to its root.
+            nix::unistd::chdir(workdir)?;
+        }
     }
     nix::unistd::setgroups(&[])?;
     nix::unistd::setgid(gid)?;
     nix::unistd::setuid(uid)?;
+    Ok(())
+}
+
+/// In a new mount namespace: stop mounts propagating back to the host, then a
+/// fresh `/proc` (`hidepid=2`: only the caller's own processes) and an empty
+/// tmpfs over each host-shared writable directory.
+fn private_mounts() -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    let none: Option<&std::ffi::CStr> = None;
+    mount(none, c"/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
+    let plain = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    mount(Some(c"proc"), c"/proc", Some(c"proc"), plain | MsFlags::MS_NOEXEC, Some(c"hidepid=2"))?;
+    for dir in SHARED_WRITABLE {
+        if nix::sys::stat::stat(*dir).is_ok() {
+            mount(Some(c"tmpfs"), *dir, Some(c"tmpfs"), plain, Some(c"mode=1777,size=256m"))?;
+        }
+    }
+    if nix::sys::stat::stat(c"/dev/mqueue").is_ok() {
+        mount(Some(c"mqueue"), c"/dev/mqueue", Some(c"mqueue"), plain | MsFlags::MS_NOEXEC, none)?;
+    }
     Ok(())
 }
 
@@ -163,22 +274,33 @@ pub struct Started {
 }
 
 /// Starts `postgres` on `dir` as `user`, in its own process group, logging to
-/// `dir/postgres.log`. As root it also joins the cgroups whose `cgroup.procs`
-/// files are given and gets a network namespace of its own.
+/// `dir/postgres.log`, with its access files from beside the data directory and,
+/// when given, the in-server guard preloaded. As root it also joins the cgroups
+/// whose `cgroup.procs` files are given and gets namespaces of its own
+/// ([`contain`]).
 pub fn start(
     bin: &PgBin,
     dir: &InstanceDir,
     user: &Identity,
     cgroups: &[std::ffi::CString],
+    guard: Option<&Path>,
 ) -> Result<Started> {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(dir.log())?;
-    user.own(&dir.log())?;
+    let log = crate::storage::tree::open_log(&dir.log())?;
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
     cmd.arg("-D").arg(dir.pgdata());
     for (k, v) in SETTINGS {
         cmd.arg("-c").arg(format!("{k}={v}"));
     }
-    cmd.arg("-c").arg(format!("unix_socket_directories={}", dir.socket_dir().display()));
+    for (setting, path) in [
+        ("unix_socket_directories", dir.socket_dir()),
+        ("hba_file", dir.hba_file()),
+        ("ident_file", dir.ident_file()),
+    ] {
+        cmd.arg("-c").arg(format!("{setting}={}", setting_path(&path)?));
+    }
+    if let Some(guard) = guard {
+        cmd.arg("-c").arg(format!("shared_preload_libraries={}", setting_path(guard)?));
+    }
     cmd.env_clear()
         .env("LC_ALL", "C")
         .env("PATH", "/usr/bin:/bin")
@@ -202,6 +324,20 @@ pub fn start(
     Ok(Started { pid, child })
 }
 
+/// A path as a server setting's value: one the server would read differently
+/// (a list separator, a quote, a space) is refused rather than mangled.
+fn setting_path(path: &Path) -> Result<String> {
+    let text = path.to_str().unwrap_or_default();
+    if text.is_empty() || text.chars().any(|c| matches!(c, ',' | '\'' | '"' | '\\') || c.is_whitespace()) {
+        return Err(Error::new(
+            crate::error::ErrorCode::InvalidRequest,
+            format!("the path {} cannot be given to PostgreSQL as a setting", path.display()),
+            "use a data root whose path has no spaces, commas or quotes",
+        ));
+    }
+    Ok(text.to_owned())
+}
+
 impl Started {
     /// Waits until the server says it is ready to accept connections, polling its
     /// `postmaster.pid` with a 1 ms back-off; fails with the log's tail if it exits.
@@ -209,7 +345,7 @@ impl Started {
         let pidfile = dir.pgdata().join("postmaster.pid");
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
-            if let Ok(text) = std::fs::read_to_string(&pidfile) {
+            if let Ok(text) = crate::storage::tree::read_small(&pidfile, 4096) {
                 if text.lines().nth(7).is_some_and(|l| l.trim() == "ready") {
                     return Ok(());
                 }
@@ -331,9 +467,14 @@ pub fn is_alive(pid: i32) -> bool {
 }
 
 /// After an instance died without shutting down, its small System V segment
-/// would stay behind; `postmaster.pid` names it, so remove it.
+/// would stay behind; `postmaster.pid` names it, so remove it. As root each
+/// instance has an IPC namespace of its own, whose segments go with it, and a
+/// segment id read from a file the instance's user can write is never acted on.
 pub fn remove_stale_shared_memory(pgdata: &Path) {
-    let Ok(text) = std::fs::read_to_string(pgdata.join("postmaster.pid")) else { return };
+    if nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let Ok(text) = crate::storage::tree::read_small(&pgdata.join("postmaster.pid"), 4096) else { return };
     let Some(line) = text.lines().nth(6) else { return };
     let Some(shmid) = line.split_whitespace().nth(1).and_then(|s| s.parse::<i32>().ok()) else { return };
     // SAFETY: IPC_RMID with a null buffer only marks the segment for removal.
@@ -344,11 +485,22 @@ pub fn remove_stale_shared_memory(pgdata: &Path) {
 
 /// The last few lines of an instance log, for error messages.
 pub fn log_tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(5).collect();
     let tail: Vec<&str> = lines.into_iter().rev().collect();
     format!("{} (log: {})", tail.join(" | "), log.display())
 }
+
+/// Settings every admin session fixes when it connects. A startup packet's
+/// settings take precedence over the database's and the role's, so nothing set
+/// inside an instance (by an agent, or carried in a golden) steers the admin's
+/// name resolution, transactions or timeouts; and with `pg_catalog` first and
+/// `pg_temp` last, no name in the admin's SQL can resolve to an object an agent
+/// made.
+pub const ADMIN_SESSION_OPTIONS: &str =
+    "-c search_path=pg_catalog,pg_temp -c default_transaction_read_only=off \
+     -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
+     -c default_transaction_isolation=read\\ committed -c session_replication_role=origin";
 
 /// A tokio-postgres configuration for the admin role over an instance's socket.
 pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config {
@@ -359,6 +511,7 @@ pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config
         .user(ADMIN_ROLE)
         .dbname(database)
         .application_name("airlock")
+        .options(ADMIN_SESSION_OPTIONS)
         .connect_timeout(Duration::from_secs(10));
     config
 }

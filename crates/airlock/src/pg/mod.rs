@@ -4,9 +4,11 @@
 pub mod admin;
 pub mod bin;
 pub mod dsn;
+pub mod guard;
 pub mod instance;
 pub mod load;
 pub mod scram;
+pub mod socket;
 pub mod target;
 pub mod wire;
 

@@ -89,16 +89,14 @@ pub struct Session {
 }
 
 impl Session {
-    /// Connects to the instance whose socket directory is `socket_dir` and
-    /// authenticates with SCRAM-SHA-256.
+    /// Opens a session on a connected instance socket, authenticating with
+    /// SCRAM-SHA-256 (see [`crate::pg::socket::connect_as`] for the socket).
     pub async fn connect(
-        socket_dir: &Path,
+        stream: UnixStream,
         user: &str,
         password: &str,
         database: &str,
     ) -> Result<Session, WireError> {
-        let path = socket_dir.join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT));
-        let stream = UnixStream::connect(&path).await?;
         let mut session = Session { stream, read: BytesMut::with_capacity(16 << 10), backend_key: None };
         let mut buf = BytesMut::new();
         let params = [
@@ -272,10 +270,10 @@ impl Session {
     }
 }
 
-/// Asks the server behind `socket_dir` to cancel the query running in the session `key`.
-pub async fn cancel(socket_dir: &Path, key: (i32, i32)) {
-    let path = socket_dir.join(format!(".s.PGSQL.{}", crate::pg::dsn::SOCKET_PORT));
-    if let Ok(mut stream) = UnixStream::connect(&path).await {
+/// Asks the server whose socket is `socket` to cancel the query running in the
+/// session `key`, connecting as `user`.
+pub async fn cancel(socket: &Path, user: &crate::users::Identity, key: (i32, i32)) {
+    if let Ok(mut stream) = crate::pg::socket::connect_as(socket, user).await {
         let mut buf = BytesMut::new();
         frontend::cancel_request(key.0, key.1, &mut buf);
         let _ = stream.write_all(&buf).await;

@@ -1,8 +1,9 @@
 //! The lifecycle loop: deletes sandboxes whose TTL has passed, suspends idle
-//! ones, and at daemon start
+//! ones, holds time and connection ceilings ([`watchdog`]), and at daemon start
 //! reconciles state, processes and directories ([`reconcile`]).
 
 mod reconcile;
+pub mod watchdog;
 
 pub use reconcile::{reconcile, Reconciled};
 

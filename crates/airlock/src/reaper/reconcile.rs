@@ -6,7 +6,8 @@
 //! - a running sandbox whose process is gone (host restart) is started again;
 //! - a suspended sandbox stays suspended (a server left by an interrupted suspend is stopped);
 //! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
-//! - a half-built golden in `staging/` and a generation directory with no row are removed.
+//! - a half-built golden in `staging/` and a generation directory with no row are removed;
+//! - uid leases are made to match the live sandboxes.
 
 use std::collections::HashSet;
 use std::path::Path;
@@ -120,6 +121,29 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             ..Default::default()
         })?;
         done.orphans += 1;
+    }
+
+    // Identity leases: this data root's live sandboxes hold theirs (taken again
+    // if a crash lost one), its other leases go back, and leases of data roots
+    // that no longer exist are reclaimed.
+    if let Some(leases) = &engine.leases {
+        let live = engine.store().sandboxes(&all)?;
+        for sb in &live {
+            if let Some(uid) = sb.uid {
+                if let Err(e) = leases.confirm(uid, &sb.id) {
+                    tracing::error!(sandbox = %sb.id, error = %e, "a sandbox's uid is leased elsewhere");
+                }
+            }
+        }
+        for lease in leases.mine() {
+            if !live.iter().any(|sb| sb.id == lease.sandbox && sb.uid == Some(lease.uid)) {
+                leases.release(lease.uid, &lease.sandbox);
+            }
+        }
+        let reclaimed = leases.reclaim_abandoned();
+        if reclaimed > 0 {
+            tracing::info!(reclaimed, "reclaimed uid leases of data roots that no longer exist");
+        }
     }
 
     // Cgroups of sandboxes that are gone (their processes are killed first).

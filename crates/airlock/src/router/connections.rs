@@ -87,6 +87,11 @@ impl Open {
         self.connections.lock().backends.insert((pid, key), self.sandbox.clone());
         self.backend = Some((pid, key));
     }
+
+    /// The backend's pid and secret key, once the server has sent them.
+    pub fn backend(&self) -> Option<(i32, i32)> {
+        self.backend
+    }
 }
 
 impl Drop for Open {

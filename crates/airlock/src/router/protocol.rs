@@ -1,6 +1,14 @@
 //! The few pieces of the PostgreSQL wire protocol the router needs: reading a
-//! client's first packet, rewriting a startup message, framing server messages
-//! during authentication, and writing an `ErrorResponse` of its own.
+//! client's first packet, building the startup message the server gets, framing
+//! server messages during authentication, and writing an `ErrorResponse` of its own.
+//!
+//! A client's startup message is never forwarded. It is parsed strictly — a
+//! parameter given twice, one not on the allow-list ([`ALLOWED_SETTINGS`]), or
+//! one too long is refused (08P01) — and the server gets a message the router
+//! builds itself: `user` is always the agent role, `database` always the
+//! sandbox's, then the allowed settings. So no reading of the client's bytes that
+//! differs from PostgreSQL's (a repeated `user`, a role hidden in `options`) can
+//! reach the server.
 //!
 //! Everything read from a client is bounded: a startup packet by
 //! [`MAX_STARTUP_PACKET`] (PostgreSQL's own limit), an authentication message by
@@ -33,47 +41,66 @@ pub enum FirstPacket {
         /// The backend's secret key.
         key: i32,
     },
-    /// A protocol 3 startup message.
+    /// A protocol 3 startup message, checked: who connects to what, and the
+    /// session settings it asks for.
     Startup(Startup),
 }
 
-/// A startup message: the protocol version and the parameters in their order.
+/// Settings a client may give in its startup message (or in its `options`),
+/// lower-cased: what drivers send, all of them changeable with `SET` anyway.
+pub const ALLOWED_SETTINGS: &[&str] = &[
+    "application_name",
+    "client_encoding",
+    "datestyle",
+    "timezone",
+    "intervalstyle",
+    "extra_float_digits",
+    "search_path",
+    "bytea_output",
+    "standard_conforming_strings",
+    "client_min_messages",
+    "lc_monetary",
+    "lc_numeric",
+    "lc_time",
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "default_transaction_isolation",
+    "default_transaction_read_only",
+    "default_transaction_deferrable",
+];
+
+/// The longest parameter name accepted (PostgreSQL's identifier limit).
+pub const MAX_PARAM_NAME: usize = 63;
+/// The longest parameter value accepted.
+pub const MAX_PARAM_VALUE: usize = 1024;
+
+/// A client's startup message as the router accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Startup {
     /// The protocol version (3.x).
     pub version: i32,
-    /// Parameter names and values as the client sent them.
-    pub params: Vec<(String, String)>,
+    /// The role asked for.
+    pub user: String,
+    /// The sandbox asked for (the `database` parameter, or the user's name if absent).
+    pub database: String,
+    /// Allowed settings, in the order given, names lower-cased.
+    pub settings: Vec<(String, String)>,
 }
 
 impl Startup {
-    /// A parameter's value.
-    pub fn param(&self, name: &str) -> Option<&str> {
-        self.params.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
-    }
-
-    /// The database asked for; PostgreSQL's default is the user name.
-    pub fn database(&self) -> Option<&str> {
-        self.param("database").filter(|d| !d.is_empty()).or_else(|| self.param("user"))
-    }
-
-    /// The message to send to a server, with `database` replaced.
-    pub fn encode_with_database(&self, database: &str) -> Vec<u8> {
+    /// The message the sandbox's server gets: `user` is the role given (which the
+    /// router has checked is the agent's), `database` is `database`, then the
+    /// allowed settings.
+    pub fn encode_for(&self, user: &str, database: &str) -> Vec<u8> {
         let mut body = self.version.to_be_bytes().to_vec();
-        let mut wrote_database = false;
-        for (k, v) in &self.params {
-            let v = if k == "database" {
-                wrote_database = true;
-                database
-            } else {
-                v
-            };
+        for (k, v) in [("user", user), ("database", database)]
+            .into_iter()
+            .chain(self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        {
             push_cstr(&mut body, k);
             push_cstr(&mut body, v);
-        }
-        if !wrote_database {
-            push_cstr(&mut body, "database");
-            push_cstr(&mut body, database);
         }
         body.push(0);
         let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
@@ -88,12 +115,18 @@ pub enum PacketError {
     /// The connection failed or closed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
-    /// The bytes are not a valid packet.
+    /// The bytes are not a valid packet, or ask for something the router refuses.
     #[error("invalid startup packet: {0}")]
-    Invalid(&'static str),
+    Invalid(String),
     /// A protocol version the router does not speak.
     #[error("unsupported frontend protocol {0}.{1}: the router speaks 3.x")]
     Unsupported(i32, i32),
+}
+
+impl PacketError {
+    fn invalid(why: &str) -> PacketError {
+        PacketError::Invalid(why.to_owned())
+    }
 }
 
 /// Reads one first packet, at most [`MAX_STARTUP_PACKET`] bytes. Reads exactly
@@ -102,7 +135,7 @@ pub enum PacketError {
 pub async fn read_first_packet<R: AsyncRead + Unpin>(r: &mut R) -> Result<FirstPacket, PacketError> {
     let len = r.read_i32().await?;
     if len < 8 || len as usize > MAX_STARTUP_PACKET {
-        return Err(PacketError::Invalid("length out of range"));
+        return Err(PacketError::invalid("length out of range"));
     }
     let mut body = vec![0u8; len as usize - 4];
     r.read_exact(&mut body).await?;
@@ -119,34 +152,106 @@ fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, PacketError> {
             key: i32::from_be_bytes(body[8..12].try_into().expect("sized")),
         }),
         SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => {
-            Err(PacketError::Invalid("wrong length for its code"))
+            Err(PacketError::invalid("wrong length for its code"))
         }
-        version if version >> 16 == 3 => {
-            Ok(FirstPacket::Startup(Startup { version, params: params(&body[4..])? }))
-        }
+        version if version >> 16 == 3 => Ok(FirstPacket::Startup(startup(version, &body[4..])?)),
         version => Err(PacketError::Unsupported(version >> 16, version & 0xffff)),
     }
 }
 
-fn params(mut rest: &[u8]) -> Result<Vec<(String, String)>, PacketError> {
-    let mut out = Vec::new();
+/// Checks a startup message's parameters: each at most once, each allowed, none
+/// too long; `options` may carry only `-c name=value` (or `--name=value`) for
+/// allowed settings, which become settings of their own.
+fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
+    let mut seen: Vec<String> = Vec::new();
+    let (mut user, mut database) = (None, None);
+    let mut settings = Vec::new();
     loop {
         let key = cstr(&mut rest)?;
         if key.is_empty() {
             break;
         }
         let value = cstr(&mut rest)?;
-        out.push((key, value));
+        let name = key.to_ascii_lowercase();
+        if name.len() > MAX_PARAM_NAME || value.len() > MAX_PARAM_VALUE {
+            return Err(PacketError::Invalid(format!("parameter \"{}\" is too long", shown(&key))));
+        }
+        if seen.contains(&name) {
+            return Err(PacketError::Invalid(format!("parameter \"{}\" is given twice", shown(&key))));
+        }
+        seen.push(name.clone());
+        match name.as_str() {
+            "user" => user = Some(value),
+            "database" => database = Some(value),
+            "options" => settings.extend(options(&value)?),
+            "replication" if matches!(value.to_ascii_lowercase().as_str(), "false" | "off" | "no" | "0") => {}
+            _ if ALLOWED_SETTINGS.contains(&name.as_str()) => settings.push((name, value)),
+            _ => return Err(PacketError::Invalid(format!("parameter \"{}\" is not accepted", shown(&key)))),
+        }
     }
     if !rest.is_empty() {
-        return Err(PacketError::Invalid("bytes after the terminator"));
+        return Err(PacketError::invalid("bytes after the terminator"));
+    }
+    let mut names: Vec<&str> = settings.iter().map(|(k, _)| k.as_str()).collect();
+    names.sort();
+    if names.windows(2).any(|w| w[0] == w[1]) {
+        return Err(PacketError::invalid("a setting is given twice (as a parameter and in options)"));
+    }
+    let user = user.filter(|u| !u.is_empty()).ok_or_else(|| PacketError::invalid("no user given"))?;
+    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+    Ok(Startup { version, user, database, settings })
+}
+
+/// The settings in an `options` value: `-c name=value` and `--name=value`, with
+/// backslash escapes as PostgreSQL reads them; any other switch is refused.
+fn options(text: &str) -> Result<Vec<(String, String)>, PacketError> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => word.extend(chars.next()),
+            c if c.is_ascii_whitespace() => {
+                if !word.is_empty() {
+                    words.push(std::mem::take(&mut word));
+                }
+            }
+            c => word.push(c),
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    let mut out = Vec::new();
+    let mut words = words.into_iter();
+    while let Some(w) = words.next() {
+        let pair = match w.as_str() {
+            "-c" => words.next().ok_or_else(|| PacketError::invalid("options ends after -c"))?,
+            _ => match w.strip_prefix("--").or_else(|| w.strip_prefix("-c")) {
+                Some(rest) if !rest.is_empty() => rest.to_owned(),
+                _ => return Err(PacketError::Invalid(format!("option \"{}\" is not accepted", shown(&w)))),
+            },
+        };
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| PacketError::Invalid(format!("option \"{}\" has no value", shown(&pair))))?;
+        let name = name.replace('-', "_").to_ascii_lowercase();
+        if !ALLOWED_SETTINGS.contains(&name.as_str()) {
+            return Err(PacketError::Invalid(format!("setting \"{}\" is not accepted", shown(&name))));
+        }
+        out.push((name, value.to_owned()));
     }
     Ok(out)
 }
 
+/// At most 64 characters of something a client sent, for an error message.
+pub fn shown(s: &str) -> String {
+    s.chars().take(64).collect()
+}
+
 fn cstr(rest: &mut &[u8]) -> Result<String, PacketError> {
-    let end = rest.iter().position(|&b| b == 0).ok_or(PacketError::Invalid("unterminated string"))?;
-    let s = std::str::from_utf8(&rest[..end]).map_err(|_| PacketError::Invalid("not UTF-8"))?.to_owned();
+    let end = rest.iter().position(|&b| b == 0).ok_or(PacketError::invalid("unterminated string"))?;
+    let s = std::str::from_utf8(&rest[..end]).map_err(|_| PacketError::invalid("not UTF-8"))?.to_owned();
     *rest = &rest[end + 1..];
     Ok(s)
 }
@@ -194,7 +299,7 @@ async fn read_message<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Mes
     let tag = r.read_u8().await?;
     let len = r.read_i32().await?;
     if len < 4 || len as usize > max {
-        return Err(PacketError::Invalid("message length out of range"));
+        return Err(PacketError::invalid("message length out of range"));
     }
     let mut bytes = Vec::with_capacity(len as usize + 1);
     bytes.push(tag);
@@ -208,7 +313,7 @@ async fn read_message<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Mes
 pub async fn read_client_auth<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, PacketError> {
     let m = read_message(r, MAX_AUTH_MESSAGE).await?;
     if m.tag != b'p' {
-        return Err(PacketError::Invalid("expected an authentication message"));
+        return Err(PacketError::invalid("expected an authentication message"));
     }
     Ok(m)
 }
@@ -278,26 +383,65 @@ mod tests {
         read_first_packet(&mut &bytes[..]).await
     }
 
-    #[tokio::test]
-    async fn reads_startup_and_rewrites_the_database() {
+    fn startup_of(params: &[u8]) -> Vec<u8> {
         let mut body = 196608i32.to_be_bytes().to_vec();
-        body.extend_from_slice(b"user\0bob\0database\0sb-1\0application_name\0psql\0\0");
-        let FirstPacket::Startup(s) = read(&packet(&body)).await.unwrap() else { panic!() };
-        assert_eq!(s.database(), Some("sb-1"));
-        let rewritten = s.encode_with_database("app");
-        let FirstPacket::Startup(again) = read(&rewritten).await.unwrap() else { panic!() };
-        assert_eq!(again.database(), Some("app"));
-        assert_eq!(again.param("user"), Some("bob"));
-        assert_eq!(again.param("application_name"), Some("psql"));
+        body.extend_from_slice(params);
+        packet(&body)
+    }
+
+    #[tokio::test]
+    async fn builds_the_servers_startup_from_what_it_accepted() {
+        let p = startup_of(b"user\0airlock_agent\0database\0sb-1\0application_name\0psql\0options\0-c search_path=x --lock-timeout=5s\0\0");
+        let FirstPacket::Startup(s) = read(&p).await.unwrap() else { panic!() };
+        assert_eq!((s.user.as_str(), s.database.as_str()), ("airlock_agent", "sb-1"));
+        let built = s.encode_for("airlock_agent", "app");
+        let FirstPacket::Startup(again) = read(&built).await.unwrap() else { panic!() };
+        assert_eq!(again.database, "app");
+        assert_eq!(
+            again.settings,
+            [("application_name", "psql"), ("search_path", "x"), ("lock_timeout", "5s")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        assert!(!built.windows(7).any(|w| w == b"options"), "options are never forwarded as such");
     }
 
     #[tokio::test]
     async fn the_database_defaults_to_the_user() {
-        let mut body = 196608i32.to_be_bytes().to_vec();
-        body.extend_from_slice(b"user\0sb-2\0\0");
-        let FirstPacket::Startup(s) = read(&packet(&body)).await.unwrap() else { panic!() };
-        assert_eq!(s.database(), Some("sb-2"));
-        assert!(s.encode_with_database("app").windows(13).any(|w| w == b"database\0app\0"));
+        let FirstPacket::Startup(s) = read(&startup_of(b"user\0sb-2\0\0")).await.unwrap() else { panic!() };
+        assert_eq!(s.database, "sb-2");
+    }
+
+    #[tokio::test]
+    async fn refuses_what_postgresql_could_read_differently() {
+        for params in [
+            &b"user\0airlock_agent\0user\0airlock_admin\0database\0sb-1\0\0"[..],
+            b"user\0airlock_agent\0database\0sb-1\0database\0sb-2\0\0",
+            b"user\0airlock_agent\0USER\0airlock_admin\0\0",
+            b"user\0airlock_agent\0application_name\0a\0Application_Name\0b\0\0",
+            b"user\0airlock_agent\0search_path\0a\0options\0-c search_path=b\0\0",
+            b"user\0airlock_agent\0options\0-c role=airlock_admin\0\0",
+            b"user\0airlock_agent\0options\0-c session_authorization=airlock_admin\0\0",
+            b"user\0airlock_agent\0options\0-d 5\0\0",
+            b"user\0airlock_agent\0options\0-c\0\0",
+            b"user\0airlock_agent\0role\0airlock_admin\0\0",
+            b"user\0airlock_agent\0session_authorization\0airlock_admin\0\0",
+            b"user\0airlock_agent\0replication\0database\0\0",
+            b"user\0airlock_agent\0_pq_.anything\0x\0\0",
+            b"user\0airlock_agent\0log_statement\0none\0\0",
+            b"database\0sb-1\0\0",
+        ] {
+            let refused = read(&startup_of(params)).await;
+            assert!(
+                matches!(refused, Err(PacketError::Invalid(_))),
+                "{:?} was accepted",
+                String::from_utf8_lossy(params)
+            );
+        }
+        let long = format!("user\0airlock_agent\0application_name\0{}\0\0", "x".repeat(MAX_PARAM_VALUE + 1));
+        assert!(read(&startup_of(long.as_bytes())).await.is_err());
+        let accepted =
+            read(&startup_of(b"user\0airlock_agent\0replication\0false\0DateStyle\0ISO\0\0")).await;
+        assert!(matches!(accepted, Ok(FirstPacket::Startup(_))), "{accepted:?}");
     }
 
     #[tokio::test]

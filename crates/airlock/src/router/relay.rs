@@ -47,10 +47,13 @@ fn blocking(
     Ok((client, server))
 }
 
-/// Runs the two directions on their own threads and waits for both to end.
+/// Runs the two directions on their own threads and waits for both to end;
+/// `client_gone` runs as soon as the client-to-server direction has (the server
+/// may still be busy, and the other direction waiting on it).
 async fn both_ways(
     up: impl FnOnce() + Send + 'static,
     down: impl FnOnce() + Send + 'static,
+    client_gone: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (up_done, up_ended) = tokio::sync::oneshot::channel::<()>();
     let (down_done, down_ended) = tokio::sync::oneshot::channel::<()>();
@@ -63,12 +66,17 @@ async fn both_ways(
         let _ = down_done.send(());
     })?;
     let _ = up_ended.await;
+    client_gone.await;
     let _ = down_ended.await;
     Ok(())
 }
 
 /// Relays a plaintext client and its sandbox's server until both directions end.
-pub async fn plain(client: TcpStream, server: UnixStream) -> std::io::Result<()> {
+pub async fn plain(
+    client: TcpStream,
+    server: UnixStream,
+    client_gone: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
     let (client, server) = blocking(client, server)?;
     let (client_r, server_w) = (client.try_clone()?, server.try_clone()?);
     both_ways(
@@ -77,6 +85,7 @@ pub async fn plain(client: TcpStream, server: UnixStream) -> std::io::Result<()>
         // The server went (session ended, sandbox deleted): close the client fully,
         // which also ends the other direction's read.
         move || pump(&server, &client, || drop(client.shutdown(Shutdown::Both))),
+        client_gone,
     )
     .await
 }
@@ -86,6 +95,7 @@ pub async fn plain(client: TcpStream, server: UnixStream) -> std::io::Result<()>
 pub async fn tls(
     session: tokio_rustls::server::TlsStream<TcpStream>,
     server: UnixStream,
+    client_gone: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (tcp, conn) = session.into_inner();
     let (client, server) = blocking(tcp, server)?;
@@ -100,6 +110,7 @@ pub async fn tls(
             let _ = encrypt_down(&conn, &server, &client);
             let _ = client.shutdown(Shutdown::Both);
         },
+        client_gone,
     )
     .await
 }

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
-use super::protocol::{self, ErrorResponse, FirstPacket, PacketError, Startup};
+use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
 use super::Shared;
 use crate::error::ErrorCode;
@@ -67,17 +67,20 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
     // A client that has not finished its startup in time is simply dropped.
     let Ok(Some((client, server, open))) = established else { return };
-    match client {
-        Client::Plain(tcp) => {
-            if let Err(e) = relay::plain(tcp, server).await {
-                tracing::debug!(error = %e, "plaintext relay ended with an error");
-            }
+    // When the client goes, whatever its backend is running is cancelled: a
+    // dropped client's query must not run on (the backend then finds its
+    // connection closed and ends). Harmless if the session ended normally.
+    let client_gone = async {
+        if let Some((pid, key)) = open.backend() {
+            forward_cancel(shared, pid, key).await;
         }
-        Client::Tls(tls) => {
-            if let Err(e) = relay::tls(*tls, server).await {
-                tracing::debug!(error = %e, "TLS relay ended with an error");
-            }
-        }
+    };
+    let relayed = match client {
+        Client::Plain(tcp) => relay::plain(tcp, server, client_gone).await,
+        Client::Tls(tls) => relay::tls(*tls, server, client_gone).await,
+    };
+    if let Err(e) = relayed {
+        tracing::debug!(error = %e, "relay ended with an error");
     }
     drop(open);
 }
@@ -87,10 +90,6 @@ async fn refuse(client: &mut Client, error: ErrorResponse) {
     let _ = client.write_all(&error.encode()).await;
     let _ = client.flush().await;
     let _ = client.shutdown().await;
-}
-
-fn shown(s: &str) -> String {
-    s.chars().take(64).collect()
 }
 
 async fn establish(
@@ -141,9 +140,11 @@ async fn establish(
         refuse(&mut client, e).await;
         return None;
     }
-    let user = startup.param("user").unwrap_or_default();
-    // Only the agent role: the admin role is reached by the daemon's OS identity
-    // over the socket, which is what the router's own connection carries.
+    let user = startup.user.as_str();
+    // Only the agent role. (The server gets a startup message the router builds
+    // with the agent role in it, over a connection made with the sandbox's OS
+    // identity, which peer authentication maps to no role: asking for another
+    // role could never reach the admin's, but is refused here, clearly.)
     if user != AGENT_ROLE {
         let e = ErrorResponse::fatal(
             "28000",
@@ -153,7 +154,7 @@ async fn establish(
         refuse(&mut client, e).await;
         return None;
     }
-    let key = startup.database().unwrap_or_default().to_owned();
+    let key = startup.database.clone();
     let (sb, server, mut open) = match connect(shared, &key).await {
         Ok(connected) => connected,
         Err(e) => {
@@ -235,7 +236,8 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
         }
         let open = engine.connections.open(&sb.id);
         let socket = engine.layout.sandbox_instance(&sb.id).socket();
-        match UnixStream::connect(&socket).await {
+        let user = engine.sandbox_user(&sb).map_err(|e| ErrorResponse::fatal("XX000", e.message, e.hint))?;
+        match crate::pg::socket::connect_as(&socket, &user).await {
             Ok(server) => return Ok((sb, server, open)),
             // Suspended or deleted since the lookup: look again.
             Err(_) => {
@@ -260,7 +262,7 @@ async fn authenticate(
     open: &mut super::Open,
 ) -> Result<Option<UnixStream>, PacketError> {
     let mut server = tokio::io::BufReader::new(server);
-    server.get_mut().write_all(&startup.encode_with_database(DATABASE)).await?;
+    server.get_mut().write_all(&startup.encode_for(AGENT_ROLE, DATABASE)).await?;
     let mut pending = Vec::new();
     loop {
         let m = protocol::read_server_message(&mut server).await?;
@@ -293,9 +295,11 @@ async fn authenticate(
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.
 async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
-    let Some(owner) = shared.engine.connections.backend_owner(pid, key) else { return };
-    let socket = shared.engine.layout.sandbox_instance(&owner).socket();
-    let Ok(mut server) = UnixStream::connect(&socket).await else { return };
+    let engine = &shared.engine;
+    let Some(owner) = engine.connections.backend_owner(pid, key) else { return };
+    let Ok(user) = engine.store().sandbox(&owner).and_then(|sb| engine.sandbox_user(&sb)) else { return };
+    let socket = engine.layout.sandbox_instance(&owner).socket();
+    let Ok(mut server) = crate::pg::socket::connect_as(&socket, &user).await else { return };
     let mut packet = Vec::with_capacity(16);
     packet.extend_from_slice(&16i32.to_be_bytes());
     packet.extend_from_slice(&80877102i32.to_be_bytes());

@@ -2,10 +2,16 @@
 //! limits set on the role.
 //!
 //! Limits are role settings applied at login. The time and memory limits are
-//! user-settable in PostgreSQL, so an agent can raise them in its own session;
-//! they are defaults that stop runaway statements, while the OS limits bound what
-//! a sandbox can take from its neighbours. `temp_file_limit` needs a superuser to
-//! change, so it holds.
+//! user-settable in PostgreSQL, so an agent can change them in its own session
+//! (never for later sessions: the in-server guard refuses `ALTER ROLE`); the
+//! daemon's watchdog holds the time limits whatever a session set, and the OS
+//! limits bound what a sandbox can take from its neighbours. `temp_file_limit`
+//! needs a superuser to change, so it holds.
+//!
+//! Read-only mode is membership in [`READ_ONLY_ROLE`]: the in-server guard makes
+//! every transaction of such a session read-only, so PostgreSQL itself refuses
+//! every persistent write (large objects and `SECURITY DEFINER` functions
+//! included), whatever the session sets.
 
 use serde::{Deserialize, Serialize};
 
@@ -69,6 +75,9 @@ impl Default for Limits {
     }
 }
 
+/// The role whose members the in-server guard holds to read-only transactions.
+pub const READ_ONLY_ROLE: &str = "airlock_readonly";
+
 /// The most connections the agent may have (the instance allows 40; a few stay for admin work).
 pub const MAX_CONNECTIONS: u32 = 30;
 
@@ -130,10 +139,15 @@ impl Access {
                 l.connection_limit
             ),
             Mode::Readonly => format!(
-                "CREATE ROLE {AGENT_ROLE} {verifier} {attrs} CONNECTION LIMIT {};
+                "DO $$ BEGIN
+                   IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = '{READ_ONLY_ROLE}') THEN
+                     CREATE ROLE {READ_ONLY_ROLE} NOLOGIN;
+                   END IF;
+                 END $$;
+                 CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {READ_ONLY_ROLE} {attrs} CONNECTION LIMIT {};
                  REVOKE TEMPORARY ON DATABASE {DATABASE} FROM PUBLIC;
                  DO $$ DECLARE s text; BEGIN
-                   FOR s IN SELECT nspname FROM pg_namespace
+                   FOR s IN SELECT nspname FROM pg_catalog.pg_namespace
                             WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' LOOP
                      EXECUTE format('GRANT USAGE ON SCHEMA %I TO {AGENT_ROLE}', s);
                      EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA %I TO {AGENT_ROLE}', s);
@@ -182,6 +196,7 @@ mod tests {
         assert!(owner.contains("IN ROLE airlock_owner") && owner.contains("statement_timeout = '30000ms'"));
         let ro = Access { mode: Mode::Readonly, ..Default::default() }.create_role_sql(Some("SCRAM"));
         assert!(Access::default().create_role_sql(None).contains("NOLOGIN"));
-        assert!(!ro.contains("IN ROLE") && ro.contains("default_transaction_read_only = on"));
+        assert!(ro.contains("IN ROLE airlock_readonly") && !ro.contains("IN ROLE airlock_owner"));
+        assert!(ro.contains("default_transaction_read_only = on"));
     }
 }

@@ -63,9 +63,9 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     // Room for the branch, never made by suspending the sandbox being branched.
     let admitted =
         super::capacity::admit(engine, Duration::ZERO, super::capacity::Need::New, Some(&source.id)).await?;
+    engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
     {
         let mut store = engine.store();
-        store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
         store.record(NewEvent {
             kind: "created",
             sandbox: Some(sb.id.clone()),
@@ -81,20 +81,21 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     let made = async {
         let dir = instance_dir(engine, &sb.id);
         let user = engine.sandbox_user(&sb)?;
-        crate::pg::load::private_dir(&dir.root)?;
-        user.own(&dir.root)?;
+        let source_user = engine.sandbox_user(&source)?;
+        crate::pg::instance::prepare_dir(&dir, &user)?;
         let t = Instant::now();
         let source_pgdata = instance_dir(engine, &source.id).pgdata();
+        // The source's files are its user's, and code running as that user may
+        // be swapping them right now: the clone takes directories and regular
+        // files of that user only, never a link, and fails closed otherwise.
         let cloned = {
             let _paused = Paused::new(source_pid)?;
-            engine.cloner.clone_tree(&source_pgdata, &dir.pgdata(), Some(&user))
+            engine.cloner.clone_tree(&source_pgdata, &dir.pgdata(), Some(&user), Some(source_user.uid))
         };
         paused_ms = ms(t);
         cloned.map_err(|e| Error::internal(format!("cloning {} failed: {e}", source_pgdata.display())))?;
         steps.clone_ms = paused_ms;
-        crate::pg::load::private_dir(&dir.socket_dir())?;
-        user.own(&dir.socket_dir())?;
-        crate::pg::instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), &user)?;
+        crate::pg::instance::write_access_files(&dir, &engine.admin_os_users())?;
         let cgroups = engine
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)

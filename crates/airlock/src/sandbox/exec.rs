@@ -7,7 +7,6 @@
 //! times out — every process it started is killed: its process group, and
 //! anything else in the sandbox's cgroups that is not the database server.
 
-use std::os::fd::AsFd;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -82,11 +81,21 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
             "exec needs a running sandbox",
         ));
     }
-    let workdir = engine.layout.sandbox(&sb.id).join("exec");
+    let workdir = engine.layout.sandbox_instance(&sb.id).exec_dir();
     let user = engine.sandbox_user(&sb)?;
-    if !workdir.exists() {
-        crate::pg::load::private_dir(&workdir)?;
-        user.own(&workdir)?;
+    // The instance directory is root's, so nothing can stand at this name but
+    // what root put there (a link left by an older layout is replaced).
+    match std::fs::symlink_metadata(&workdir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            std::fs::remove_file(&workdir)?;
+            crate::pg::load::private_dir(&workdir)?;
+            user.own(&workdir)?;
+        }
+        Err(_) => {
+            crate::pg::load::private_dir(&workdir)?;
+            user.own(&workdir)?;
+        }
     }
     let mut cmd = tokio::process::Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
@@ -101,22 +110,25 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let netns = match (engine.daemon_user.is_root(), sb.pid) {
+    // The server's namespaces: its network (loopback only), its System V IPC,
+    // and its mounts (private /tmp, a /proc showing only its own processes).
+    let namespaces = match (engine.daemon_user.is_root(), sb.pid) {
         (true, Some(pid))
             if instance::is_postmaster_of(pid, &engine.layout.sandbox(&sb.id).join("pgdata")) =>
         {
-            Some(std::fs::File::open(format!("/proc/{pid}/ns/net"))?)
+            Some(instance::Namespaces::of(pid)?)
         }
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),
         (false, _) => None,
     };
-    if let Some(ns) = &netns {
+    if let Some(ns) = namespaces {
         let (uid, gid) = (user.uid, user.gid);
         let cgroups = engine.cgroups.procs_files(&sb.id);
-        let ns = ns.try_clone()?;
+        let workdir = std::ffi::CString::new(workdir.as_os_str().as_encoded_bytes())
+            .map_err(|_| Error::internal("the exec directory's path has a NUL byte"))?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || instance::contain(uid, gid, &cgroups, Some(ns.as_fd())));
+            cmd.pre_exec(move || instance::contain(uid, gid, &cgroups, Some((&ns, &workdir))));
         }
     }
     let started = Instant::now();

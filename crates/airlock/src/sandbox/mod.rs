@@ -207,9 +207,10 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             let _admitted = capacity::admit(engine, wait, capacity::Need::New, None).await?;
             // The queue may have waited through a refresh: fork the generation that
             // is current now, recorded in the same breath so it is not pruned.
-            let mut store = engine.store();
-            sb.generation = store.golden(&req.golden)?.current_generation;
-            store.insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+            engine.insert_sandbox(&mut sb, |store, sb| {
+                sb.generation = store.golden(&req.golden)?.current_generation;
+                Ok(())
+            })?;
         }
     }
     let sb = {
@@ -256,16 +257,12 @@ pub(crate) async fn bring_up(
     // Cloning is blocking file work done in place: moving it to another thread
     // with block_in_place measured 10-15 ms slower per fork here.
     (|| -> Result<()> {
-        let user = &user;
-        crate::pg::load::private_dir(&dir.root)?;
-        user.own(&dir.root)?;
+        instance::prepare_dir(&dir, &user)?;
         engine
             .cloner
-            .clone_tree(&golden_pgdata, &dir.pgdata(), Some(user))
+            .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
             .map_err(|e| Error::internal(format!("cloning {} failed: {e}", golden_pgdata.display())))?;
-        crate::pg::load::private_dir(&dir.socket_dir())?;
-        user.own(&dir.socket_dir())?;
-        instance::write_access_files(&dir.pgdata(), &engine.admin_os_users(), user)
+        instance::write_access_files(&dir, &engine.admin_os_users())
     })()?;
     steps.clone_ms = ms(t);
     let cgroups = engine
@@ -287,7 +284,7 @@ async fn start(
     steps: &mut Steps,
 ) -> Result<i32> {
     let t = Instant::now();
-    let mut started = instance::start(&engine.pg, dir, user, cgroups)?;
+    let mut started = instance::start(&engine.pg, dir, user, cgroups, Some(&engine.guard))?;
     steps.start_ms = ms(t);
     let t = Instant::now();
     started.wait_ready(dir).await?;
@@ -341,10 +338,8 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
             instance::kill(pid, &dir.pgdata()).await;
         }
         kill_cgroup_members(engine, &sb.id).await;
+        // remove_dir_all removes links inside, never what they point at.
         std::fs::remove_dir_all(dir.pgdata())?;
-        for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
-            let _ = std::fs::remove_file(entry.path());
-        }
         bring_up(engine, &sb, Some(&password), &mut steps).await
     }
     .await;
@@ -383,15 +378,14 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     }
     instance::remove_stale_shared_memory(&dir.pgdata());
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
-    for entry in std::fs::read_dir(dir.socket_dir())?.flatten() {
-        let _ = std::fs::remove_file(entry.path());
-    }
     let user = engine.sandbox_user(sb)?;
+    instance::prepare_dir(&dir, &user)?;
+    instance::write_access_files(&dir, &engine.admin_os_users())?;
     let mut cgroups = engine.cgroups.procs_files(&sb.id);
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let mut started = instance::start(&engine.pg, &dir, &user, &cgroups)?;
+    let mut started = instance::start(&engine.pg, &dir, &user, &cgroups, Some(&engine.guard))?;
     started.wait_ready(&dir).await?;
     let pid = started.detach();
     let dsn = sb.dsn.clone().unwrap_or_default();
@@ -463,6 +457,8 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             detail: json!({"generation": sb.generation}),
         })?;
     }
+    // Its processes and files are gone: the uid can serve another sandbox.
+    engine.release_identity(sb);
     engine.forget_sandbox(&sb.id);
     engine.capacity_freed.notify_waiters();
     golden::prune(engine, &sb.golden)
@@ -485,9 +481,10 @@ pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
     engine.cgroups.remove(id);
 }
 
-/// The pid in a data directory's `postmaster.pid`, if any.
+/// The pid in a data directory's `postmaster.pid`, if any (read without
+/// following a link: the file is the instance user's).
 pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
-    let text = std::fs::read_to_string(dir.pgdata().join("postmaster.pid")).ok()?;
+    let text = crate::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
     text.lines().next()?.trim().parse().ok()
 }
 

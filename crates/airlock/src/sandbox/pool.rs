@@ -104,7 +104,7 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     if running >= engine.config.max_running || all >= engine.config.max_sandboxes {
         return Err(crate::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", ""));
     }
-    engine.store().insert_sandbox(&mut sb, engine.config.max_sandboxes)?;
+    engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
     let mut steps = Steps::default();
     let made = async {
         let pid = sandbox::bring_up(engine, &sb, None, &mut steps).await?;

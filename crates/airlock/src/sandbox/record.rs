@@ -85,7 +85,10 @@ pub struct Sandbox {
     /// The postmaster's process id while running.
     #[serde(skip)]
     pub pid: Option<i32>,
-    /// Which per-sandbox OS user (and cgroup) it has; unique among live sandboxes.
+    /// The uid it runs as (root only), leased host-wide.
+    #[serde(skip)]
+    pub uid: Option<u32>,
+    /// The named per-sandbox user of a sandbox made before uids were leased.
     #[serde(skip)]
     pub slot: Option<i64>,
 }
@@ -116,6 +119,7 @@ impl Sandbox {
             access,
             idle_suspend_seconds: idle_suspend.as_secs(),
             pid: None,
+            uid: None,
             slot: None,
         }
     }

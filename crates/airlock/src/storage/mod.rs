@@ -5,18 +5,15 @@
 //! costs the same whatever the file's size; otherwise every byte is copied, and
 //! every fork says so in a warning.
 
+pub mod tree;
 pub mod volume;
 
-use std::fs::{self, File, OpenOptions};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::os::unix::io::AsRawFd;
+use std::fs;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::users::Identity;
-
-nix::ioctl_write_int!(ficlone, 0x94, 9);
 
 /// How files are cloned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,7 +46,7 @@ impl Cloner {
         let _ = fs::remove_file(&src);
         let _ = fs::remove_file(&dst);
         fs::write(&src, b"airlock reflink probe")?;
-        let cloned = reflink(&src, &dst).is_ok();
+        let cloned = tree::reflink_file(&src, &dst).is_ok();
         let _ = fs::remove_file(&src);
         let _ = fs::remove_file(&dst);
         Ok(Cloner {
@@ -73,112 +70,24 @@ impl Cloner {
         &self.filesystem
     }
 
-    /// Clones the tree at `src` to the new path `dst`, giving every entry to `owner`;
-    /// returns the number of files. On failure, whatever was made of `dst` is removed.
-    pub fn clone_tree(&self, src: &Path, dst: &Path, owner: Option<&Identity>) -> std::io::Result<u64> {
-        fs::create_dir(dst)?;
-        let result = self.clone_into(src, dst, owner);
-        if result.is_err() {
-            let _ = fs::remove_dir_all(dst);
-        }
-        result
+    /// Clones the tree at `src` to the new path `dst`, giving every entry to
+    /// `owner`; returns the number of files. `source_owner`, when given, is who
+    /// every entry of the source must belong to. The tree is walked by descriptor
+    /// ([`tree`]): a link or anything but a directory or regular file in the
+    /// source fails the clone, and whatever was made of `dst` is removed.
+    pub fn clone_tree(
+        &self,
+        src: &Path,
+        dst: &Path,
+        owner: Option<&Identity>,
+        source_owner: Option<nix::unistd::Uid>,
+    ) -> std::io::Result<u64> {
+        let contents = match self.backend {
+            Backend::Reflink => tree::Contents::Reflink,
+            Backend::Copy => tree::Contents::Copy,
+        };
+        tree::clone_tree(src, dst, &tree::CloneSpec { contents, owner, source_owner, skip: SKIP })
     }
-
-    fn clone_into(&self, src: &Path, dst: &Path, owner: Option<&Identity>) -> std::io::Result<u64> {
-        // Directories first (in order, so parents exist), then the files, which
-        // dominate the time: creating an inode costs more than the reflink itself,
-        // so they are spread over the cores.
-        let mut files = Vec::new();
-        make_dirs(src, dst, owner, &mut files)?;
-        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
-        let chunk = files.len().div_ceil(workers).max(1);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = files
-                .chunks(chunk)
-                .map(|part| {
-                    scope.spawn(move || {
-                        part.iter().try_for_each(|(from, to)| self.clone_file(from, to, owner))
-                    })
-                })
-                .collect();
-            handles.into_iter().try_for_each(|h| h.join().expect("clone worker panicked"))
-        })?;
-        Ok(files.len() as u64)
-    }
-
-    fn clone_file(&self, from: &Path, to: &Path, owner: Option<&Identity>) -> std::io::Result<()> {
-        match self.backend {
-            Backend::Reflink => reflink(from, to)?,
-            Backend::Copy => copy(from, to)?,
-        }
-        if let Some(o) = owner {
-            o.own(to)?;
-        }
-        Ok(())
-    }
-}
-
-/// Recreates the directories (and symlinks) of `src` under the existing `dst`,
-/// collecting the regular files to clone.
-fn make_dirs(
-    src: &Path,
-    dst: &Path,
-    owner: Option<&Identity>,
-    files: &mut Vec<(std::path::PathBuf, std::path::PathBuf)>,
-) -> std::io::Result<()> {
-    let meta = fs::metadata(src)?;
-    fs::set_permissions(dst, fs::Permissions::from_mode(meta.mode() & 0o7777))?;
-    if let Some(o) = owner {
-        o.own(dst)?;
-    }
-    for entry in fs::read_dir(src)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if SKIP.iter().any(|s| name == *s) {
-            continue;
-        }
-        let (from, to) = (entry.path(), dst.join(&name));
-        let kind = entry.file_type()?;
-        if kind.is_dir() {
-            fs::create_dir(&to)?;
-            make_dirs(&from, &to, owner, files)?;
-        } else if kind.is_symlink() {
-            std::os::unix::fs::symlink(fs::read_link(&from)?, &to)?;
-            if let Some(o) = owner {
-                o.own(&to)?;
-            }
-        } else {
-            files.push((from, to));
-        }
-    }
-    Ok(())
-}
-
-fn create_like(src: &File, to: &Path) -> std::io::Result<File> {
-    let mode = src.metadata()?.mode() & 0o7777;
-    OpenOptions::new().write(true).create_new(true).mode(mode).open(to)
-}
-
-/// Clones one file with `FICLONE`; the new file shares all extents with the old.
-fn reflink(from: &Path, to: &Path) -> std::io::Result<()> {
-    let src = File::open(from)?;
-    let dst = create_like(&src, to)?;
-    // SAFETY: both descriptors are open for the duration of the call.
-    let result = unsafe { ficlone(dst.as_raw_fd(), src.as_raw_fd() as _) };
-    if let Err(errno) = result {
-        drop(dst);
-        let _ = fs::remove_file(to);
-        return Err(std::io::Error::from(errno));
-    }
-    Ok(())
-}
-
-/// Copies one file byte for byte.
-fn copy(from: &Path, to: &Path) -> std::io::Result<()> {
-    let mut src = File::open(from)?;
-    let mut dst = create_like(&src, to)?;
-    std::io::copy(&mut src, &mut dst)?;
-    Ok(())
 }
 
 /// The filesystem type of `path`, by its superblock magic.
@@ -209,31 +118,4 @@ pub fn tree_size(root: &Path) -> u64 {
         return meta.len();
     }
     fs::read_dir(root).into_iter().flatten().flatten().map(|e| tree_size(&e.path())).sum()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copy_fallback_clones_a_tree_and_skips_pid_files() {
-        let base = std::env::temp_dir().join(format!("airlock-clone-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&base);
-        fs::create_dir_all(base.join("src/base/1")).unwrap();
-        fs::write(base.join("src/base/1/1259"), vec![7u8; 100_000]).unwrap();
-        fs::write(base.join("src/PG_VERSION"), "15\n").unwrap();
-        fs::write(base.join("src/postmaster.pid"), "1\n").unwrap();
-        let cloner = Cloner::copying(&base);
-        let n = cloner.clone_tree(&base.join("src"), &base.join("dst"), None).unwrap();
-        assert_eq!(n, 2);
-        assert_eq!(fs::read(base.join("dst/base/1/1259")).unwrap(), vec![7u8; 100_000]);
-        assert!(!base.join("dst/postmaster.pid").exists());
-        // Writing to the clone leaves the source alone.
-        fs::write(base.join("dst/PG_VERSION"), "changed").unwrap();
-        assert_eq!(fs::read_to_string(base.join("src/PG_VERSION")).unwrap(), "15\n");
-        // A clone onto an existing path fails and leaves what was there.
-        assert!(cloner.clone_tree(&base.join("src"), &base.join("dst"), None).is_err());
-        assert_eq!(fs::read_to_string(base.join("dst/PG_VERSION")).unwrap(), "changed");
-        fs::remove_dir_all(&base).unwrap();
-    }
 }

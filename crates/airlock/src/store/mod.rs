@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     dsn TEXT,
     access TEXT NOT NULL DEFAULT '{}',
     slot INTEGER,
-    idle_suspend INTEGER NOT NULL DEFAULT 0
+    idle_suspend INTEGER NOT NULL DEFAULT 0,
+    os_uid INTEGER
 );
 CREATE INDEX IF NOT EXISTS sandboxes_expiry ON sandboxes(expires_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -212,7 +213,7 @@ impl Store {
     // ---- sandboxes ----
 
     /// Records a sandbox in state `creating`, refusing past `max_sandboxes` or on a
-    /// taken name, and gives it the lowest slot no live sandbox holds.
+    /// taken name.
     pub fn insert_sandbox(&mut self, sb: &mut Sandbox, max_sandboxes: usize) -> Result<()> {
         let tx = self.conn.transaction()?;
         let count: i64 = tx.query_row("SELECT count(*) FROM sandboxes", [], |r| r.get(0))?;
@@ -223,14 +224,8 @@ impl Store {
                 "delete sandboxes you no longer need (`airlock rm`), or start the daemon with a larger --max-sandboxes",
             ));
         }
-        let taken: std::collections::HashSet<i64> = tx
-            .prepare("SELECT slot FROM sandboxes WHERE slot IS NOT NULL")?
-            .query_map([], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        let slot = (0..).find(|s| !taken.contains(s)).expect("a free slot");
-        sb.slot = Some(slot);
         let inserted = tx.execute(
-            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access, slot, idle_suspend)
+            "INSERT INTO sandboxes (id, name, golden, generation, state, labels, created_at, expires_at, access, os_uid, idle_suspend)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
             params![
                 sb.id,
@@ -242,7 +237,7 @@ impl Store {
                 sb.created_at.0,
                 sb.expires_at.0,
                 to_json(&sb.access),
-                slot,
+                sb.uid,
                 sb.idle_suspend_seconds as i64
             ],
         );
@@ -510,6 +505,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "slot", "INTEGER"),
         ("goldens", "pool_size", "INTEGER NOT NULL DEFAULT 0"),
         ("sandboxes", "idle_suspend", "INTEGER NOT NULL DEFAULT 0"),
+        ("sandboxes", "os_uid", "INTEGER"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -522,7 +518,7 @@ fn migrate(conn: &Connection) -> Result<()> {
 }
 
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend, os_uid FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -542,6 +538,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
         idle_suspend_seconds: r.get::<_, i64>(12)?.max(0) as u64,
         slot: r.get(11)?,
+        uid: r.get(13)?,
     })
 }
 

@@ -91,10 +91,10 @@ refused! {
     grant_server_files_to_self: "GRANT pg_read_server_files TO airlock_agent" => "must have admin option";
     grant_server_program_to_self: "GRANT pg_execute_server_program TO airlock_agent" => "must have admin option";
     grant_admin_to_self: "GRANT airlock_admin TO airlock_agent" => "must be superuser";
-    alter_self_superuser: "ALTER ROLE airlock_agent SUPERUSER" => "must be superuser";
-    alter_owner_superuser: "ALTER ROLE airlock_owner SUPERUSER" => "must be superuser";
+    alter_self_superuser: "ALTER ROLE airlock_agent SUPERUSER" => "permission denied to change a role's password or attributes";
+    alter_owner_superuser: "ALTER ROLE airlock_owner SUPERUSER" => "permission denied to change a role's password or attributes";
     alter_self_createrole: "ALTER ROLE airlock_agent CREATEROLE" => DENIED;
-    alter_admin_password: "ALTER ROLE airlock_admin PASSWORD 'mine'" => "must be superuser";
+    alter_admin_password: "ALTER ROLE airlock_admin PASSWORD 'mine'" => "permission denied to change a role's password or attributes";
     create_role: "CREATE ROLE intruder LOGIN PASSWORD 'x'" => DENIED;
     create_database: "CREATE DATABASE other" => DENIED;
     create_tablespace: "CREATE TABLESPACE escape LOCATION '/tmp'" => DENIED;

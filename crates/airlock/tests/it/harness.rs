@@ -19,6 +19,17 @@ pub fn cow_base() -> Option<PathBuf> {
     std::env::var_os("AIRLOCK_TEST_XFS").map(PathBuf::from).filter(|p| p.is_dir())
 }
 
+/// A directory on the host's own filesystem for data roots: /tmp, except as root,
+/// where every sandbox gets a private /tmp and so no data root may live there.
+pub fn plain_base() -> PathBuf {
+    if !nix::unistd::geteuid().is_root() {
+        return std::env::temp_dir();
+    }
+    let base = PathBuf::from("/var/lib/airlock-test-plain");
+    std::fs::create_dir_all(&base).unwrap();
+    base
+}
+
 /// A fresh, unique directory name under `base`.
 pub fn fresh_home(base: &Path) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
@@ -59,7 +70,7 @@ pub struct Daemon {
 impl Daemon {
     /// A daemon on the copy-on-write test volume if there is one, else on /tmp.
     pub fn start(args: &[&str]) -> Daemon {
-        let base = cow_base().unwrap_or_else(std::env::temp_dir);
+        let base = cow_base().unwrap_or_else(plain_base);
         Daemon::start_in(&base, args)
     }
 
@@ -74,7 +85,7 @@ impl Daemon {
     /// returns it and the `host:port`.
     pub fn start_with_tcp(token: &str) -> (Daemon, String) {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let home = fresh_home(&cow_base().unwrap_or_else(std::env::temp_dir));
+        let home = fresh_home(&cow_base().unwrap_or_else(plain_base));
         std::fs::create_dir_all(&home).unwrap();
         let token_file = home.join("token");
         std::fs::write(&token_file, format!("{token}\n")).unwrap();

@@ -156,7 +156,7 @@ fn a_failed_fork_leaves_nothing() {
 
 #[test]
 fn the_cli_starts_a_daemon_when_none_answers_and_daemon_stop_stops_it() {
-    let base = crate::harness::cow_base().unwrap_or_else(std::env::temp_dir);
+    let base = crate::harness::cow_base().unwrap_or_else(crate::harness::plain_base);
     let d = Daemon::unstarted(crate::harness::fresh_home(&base), &[]);
     let t = Instant::now();
     assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 0);

@@ -208,7 +208,7 @@ fn a_configured_certificate_is_served_and_a_bad_one_is_a_clear_error() {
     assert_eq!(sql(&verified, "SELECT 1"), "1");
     // A key that is not a key: the daemon refuses to start and says which file.
     let mut bad = Daemon::unstarted(
-        crate::harness::fresh_home(&std::env::temp_dir()),
+        crate::harness::fresh_home(&crate::harness::plain_base()),
         &["--tls-cert", cert.to_str().unwrap(), "--tls-key", cert.to_str().unwrap()],
     );
     let out = bad.serve_fails();

@@ -53,7 +53,7 @@ fn forks_never_change_the_golden(d: &Daemon) {
 #[test]
 fn storage_init_makes_a_reflink_volume_where_forks_share_the_goldens_blocks() {
     // A data root on the host's own filesystem, as on a fresh machine.
-    let base = std::env::temp_dir();
+    let base = crate::harness::plain_base();
     let d = Daemon::unstarted(crate::harness::fresh_home(&base), &[]);
     if !nix::unistd::geteuid().is_root() {
         let (_, err) = d.fails(&["storage", "init", "--size", "1G"]);

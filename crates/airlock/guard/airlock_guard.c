@@ -1,0 +1,160 @@
+/*
+ * airlock_guard: the part of Airlock's boundary that lives inside each sandbox's
+ * PostgreSQL server, loaded with shared_preload_libraries.
+ *
+ * PostgreSQL lets any role change its own password and session defaults
+ * (ALTER ROLE ... PASSWORD / SET), and lets a database's owner change the
+ * database (ALTER DATABASE ... SET / CONNECTION LIMIT / ALLOW_CONNECTIONS /
+ * RENAME / OWNER). In a sandbox each of those is a persistent write that
+ * outlives the session: a password the harness does not know, a limit lifted
+ * for every later session, a setting that steers the daemon's own sessions, a
+ * database nobody can connect to. No privilege can be revoked to stop them, so
+ * this hook refuses them to every role that is not a superuser. Superusers (the
+ * daemon's admin role, peer-authenticated) are unaffected.
+ *
+ * It also makes read-only mode hold. A session whose login role is a member of
+ * airlock_readonly has every transaction made read-only before each statement,
+ * utility command and function call runs (and again after each utility
+ * command, since BEGIN READ WRITE or SET would turn it back), so PostgreSQL's
+ * own read-only checks refuse every persistent write: tables, sequences, large
+ * objects, DDL, and writes inside SECURITY DEFINER functions alike. A role
+ * setting (default_transaction_read_only) could be overridden by the session;
+ * this cannot.
+ */
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/objectaccess.h"
+#include "executor/executor.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "tcop/utility.h"
+#include "utils/acl.h"
+
+#if PG_VERSION_NUM < 140000
+#error "airlock_guard needs PostgreSQL 14 or newer"
+#endif
+
+PG_MODULE_MAGIC;
+
+void _PG_init(void);
+
+/* Membership in this role makes a session read-only for good. */
+#define READ_ONLY_ROLE "airlock_readonly"
+
+static ProcessUtility_hook_type previous_utility_hook = NULL;
+static ExecutorStart_hook_type previous_executor_start_hook = NULL;
+static object_access_hook_type previous_object_access_hook = NULL;
+
+/* Whether this session logged in as a member of the read-only role. */
+static bool
+read_only_session(void)
+{
+	Oid			role;
+
+	if (!IsTransactionState())
+		return false;
+	role = get_role_oid(READ_ONLY_ROLE, true);
+	return OidIsValid(role) && is_member_of_role_nosuper(GetSessionUserId(), role);
+}
+
+/* Makes the current transaction read-only if this is a read-only session. */
+static void
+hold_read_only(void)
+{
+	if (!XactReadOnly && read_only_session())
+		XactReadOnly = true;
+}
+
+/* What a statement would change, if it is one this guard refuses; NULL otherwise. */
+static const char *
+refused_change(Node *stmt)
+{
+	switch (nodeTag(stmt))
+	{
+		case T_AlterRoleStmt:
+			return "a role's password or attributes";
+		case T_AlterRoleSetStmt:
+			return "a role's session defaults";
+		case T_AlterDatabaseStmt:
+		case T_AlterDatabaseRefreshCollStmt:
+			return "the database's options";
+		case T_AlterDatabaseSetStmt:
+			return "the database's session defaults";
+		case T_RenameStmt:
+			if (((RenameStmt *) stmt)->renameType == OBJECT_DATABASE)
+				return "the database's name";
+			if (((RenameStmt *) stmt)->renameType == OBJECT_ROLE)
+				return "a role's name";
+			return NULL;
+		case T_AlterOwnerStmt:
+			if (((AlterOwnerStmt *) stmt)->objectType == OBJECT_DATABASE)
+				return "the database's owner";
+			return NULL;
+		default:
+			return NULL;
+	}
+}
+
+static void
+airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
+					  bool readOnlyTree, ProcessUtilityContext context,
+					  ParamListInfo params, QueryEnvironment *queryEnv,
+					  DestReceiver *dest, QueryCompletion *qc)
+{
+	const char *change = refused_change(pstmt->utilityStmt);
+
+	if (change != NULL && !superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to change %s in an Airlock sandbox", change),
+				 errdetail("Role and database settings, passwords and attributes would outlive this session."),
+				 errhint("Use SET (or SET LOCAL) to change a setting for this session only.")));
+
+	hold_read_only();
+	if (previous_utility_hook)
+		previous_utility_hook(pstmt, queryString, readOnlyTree, context, params,
+							  queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+	/* BEGIN READ WRITE, SET TRANSACTION and the like may have undone it. */
+	hold_read_only();
+}
+
+static void
+airlock_guard_executor_start(QueryDesc *queryDesc, int eflags)
+{
+	hold_read_only();
+	if (previous_executor_start_hook)
+		previous_executor_start_hook(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/* Function calls, including fast-path calls (lo_creat and friends) and
+ * PL/pgSQL's simple expressions, which run no executor. */
+static void
+airlock_guard_object_access(ObjectAccessType access, Oid classId, Oid objectId,
+							int subId, void *arg)
+{
+	if (access == OAT_FUNCTION_EXECUTE)
+		hold_read_only();
+	if (previous_object_access_hook)
+		previous_object_access_hook(access, classId, objectId, subId, arg);
+}
+
+void
+_PG_init(void)
+{
+	if (!process_shared_preload_libraries_in_progress)
+		ereport(ERROR,
+				(errmsg("airlock_guard must be loaded with shared_preload_libraries")));
+	previous_utility_hook = ProcessUtility_hook;
+	ProcessUtility_hook = airlock_guard_utility;
+	previous_executor_start_hook = ExecutorStart_hook;
+	ExecutorStart_hook = airlock_guard_executor_start;
+	previous_object_access_hook = object_access_hook;
+	object_access_hook = airlock_guard_object_access;
+}
