@@ -51,6 +51,9 @@ pub struct Config {
     pub max_running: usize,
     /// Bytes the copy-on-write volume may hold before forks wait; no limit if unset.
     pub max_disk_bytes: Option<u64>,
+    /// Free space kept on the volume: below it, forks and wakes wait and the
+    /// sandbox that is writing is stopped.
+    pub disk_reserve: crate::validate::Reserve,
     /// Idle time after which a sandbox is suspended, unless its fork names one; zero never.
     pub default_idle_suspend: Duration,
     /// How long a wake through the router waits for a running slot.
@@ -79,6 +82,7 @@ impl Config {
             default_pool_size: 0,
             max_running: 100,
             max_disk_bytes: None,
+            disk_reserve: crate::validate::Reserve::Percent(10),
             default_idle_suspend: Duration::from_secs(10 * 60),
             wake_wait: Duration::from_secs(10),
             router: crate::router::RouterConfig::default(),
@@ -310,7 +314,7 @@ impl Engine {
     /// Warnings every fork carries (the copy fallback).
     pub fn fork_warnings(&self) -> Vec<String> {
         match self.cloner.backend() {
-            Backend::Reflink => vec![],
+            Backend::Reflink | Backend::Subvolume => vec![],
             Backend::Copy => vec![COPY_WARNING.to_owned()],
         }
     }
@@ -360,6 +364,8 @@ impl Engine {
             max_sandboxes: self.config.max_sandboxes,
             max_running: self.config.max_running,
             max_disk_bytes: self.config.max_disk_bytes,
+            disk_reserve_bytes: crate::sandbox::capacity::reserve_bytes(self),
+            disk_quota_per_sandbox: self.cloner.hard_quota(),
             default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
             router: self.router.get().cloned(),
             gateway: self.gateway.get().cloned(),
@@ -423,6 +429,12 @@ pub struct Doctor {
     pub max_running: usize,
     /// The volume's disk limit, bytes.
     pub max_disk_bytes: Option<u64>,
+    /// Free space kept on the volume, bytes.
+    #[serde(default)]
+    pub disk_reserve_bytes: u64,
+    /// Whether each sandbox has a hard disk quota (Btrfs) rather than a watch.
+    #[serde(default)]
+    pub disk_quota_per_sandbox: bool,
     /// Idle time before a sandbox is suspended unless its fork says otherwise; 0 never.
     pub default_idle_suspend_seconds: u64,
     /// Where the router listens; absent when it is off.

@@ -141,9 +141,52 @@ pub fn bytes(text: &str) -> Result<u64> {
     n.checked_mul(mult).ok_or_else(bad)
 }
 
+/// A share of a volume to keep free: a size (`2G`) or a percentage (`10%`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reserve {
+    /// This many bytes.
+    Bytes(u64),
+    /// This percentage of the volume's size.
+    Percent(u8),
+}
+
+impl Reserve {
+    /// Parses `2G`, `500M` or `10%` (0 to 50 percent).
+    pub fn parse(text: &str) -> Result<Reserve> {
+        match text.trim().strip_suffix('%') {
+            Some(p) => match p.trim().parse::<u8>() {
+                Ok(p) if p <= 50 => Ok(Reserve::Percent(p)),
+                _ => Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("invalid reserve {text:?}"),
+                    "give a percentage from 0% to 50%, or a size such as 2G",
+                )),
+            },
+            None => bytes(text).map(Reserve::Bytes),
+        }
+    }
+
+    /// The bytes to keep free on a volume of `size` bytes.
+    pub fn of(self, size: u64) -> u64 {
+        match self {
+            Reserve::Bytes(b) => b,
+            Reserve::Percent(p) => size / 100 * p as u64,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reserves_are_sizes_or_shares() {
+        assert_eq!(Reserve::parse("10%").unwrap().of(1000 << 20), 100 << 20);
+        assert_eq!(Reserve::parse("2G").unwrap(), Reserve::Bytes(2 << 30));
+        assert!(Reserve::parse("80%").is_err());
+        assert!(Reserve::parse("lots").is_err());
+    }
 
     #[test]
     fn names() {

@@ -28,7 +28,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
     let json = cli.json;
     match &cli.command {
         Command::Serve(args) => serve(&cli, args).await,
-        Command::Storage(StorageCommand::Init { size }) => {
+        Command::Storage(StorageCommand::Init { size, filesystem }) => {
             let size = storage::volume::parse_size(size)?;
             let layout = cli.layout();
             if std::os::unix::net::UnixStream::connect(layout.api_socket()).is_ok() {
@@ -39,13 +39,15 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 ));
             }
             crate::engine::prepare_home(layout.home())?;
-            let report = storage::volume::init(&layout, size)?;
+            let report = storage::volume::init(&layout, size, *filesystem)?;
             output::print(json, &report, || {
                 if report.created {
                     format!(
-                        "mounted a {} XFS image (reflink={}) on {}",
+                        "mounted a {} {} image (reflink={}, quota per sandbox={}) on {}",
                         output::bytes(report.size_bytes),
+                        report.filesystem,
                         report.reflink,
+                        report.quota,
                         report.mount_point
                     )
                 } else {
@@ -334,6 +336,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     };
     config.max_running = args.max_running;
     config.max_disk_bytes = args.max_disk.as_deref().map(validate::bytes).transpose()?;
+    config.disk_reserve = validate::Reserve::parse(&args.disk_reserve)?;
     config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
     config.gateway = match args.gateway.as_str() {
         "off" => None,

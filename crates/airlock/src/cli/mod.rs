@@ -36,7 +36,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the daemon in the foreground.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Make, refresh, list, show and delete goldens.
     #[command(subcommand)]
     Golden(GoldenCommand),
@@ -213,6 +213,10 @@ struct ServeArgs {
     /// Bytes the volume may hold before forks wait or fail (e.g. 50G); no limit if unset.
     #[arg(long, env = "AIRLOCK_MAX_DISK")]
     max_disk: Option<String>,
+    /// Free space to keep on the volume (a size, or a percentage of it): below
+    /// it forks and wakes wait, and the sandbox that is writing is stopped.
+    #[arg(long, env = "AIRLOCK_DISK_RESERVE", default_value = "10%")]
+    disk_reserve: String,
     /// The MCP gateway's address (HOST:PORT, port 0 for a free one), or `off`.
     #[arg(long, env = "AIRLOCK_GATEWAY", default_value = crate::gateway::http::DEFAULT_ADDR)]
     gateway: String,
@@ -429,11 +433,15 @@ struct McpArgs {
 
 #[derive(Debug, Subcommand)]
 enum StorageCommand {
-    /// Make and mount a loop XFS image with reflink=1 as the volume (root only).
+    /// Make and mount a loop image as the volume (root only): Btrfs with a hard
+    /// disk quota per sandbox, or XFS with reflink=1.
     Init {
         /// Image size (sparse).
         #[arg(long, default_value = "20G")]
         size: String,
+        /// The filesystem to make.
+        #[arg(long = "fs", value_enum, default_value = "btrfs")]
+        filesystem: crate::storage::volume::Filesystem,
     },
 }
 

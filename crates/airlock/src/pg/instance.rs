@@ -25,9 +25,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Server settings every instance gets. Sandboxes are disposable, so durability
 /// against a host crash is traded for speed (no fsync); commits still reach the
 /// kernel at once (synchronous_commit stays on, which without fsync costs only a
-/// write), so a killed instance restarts with every committed change. Dynamic
-/// shared memory lives in the data directory so nothing is left in /dev/shm when
-/// an instance is killed.
+/// write), so a killed instance restarts with every committed change.
 const SETTINGS: &[(&str, &str)] = &[
     ("listen_addresses", ""),
     ("port", "5432"),
@@ -36,7 +34,6 @@ const SETTINGS: &[(&str, &str)] = &[
     ("full_page_writes", "off"),
     ("shared_buffers", "16MB"),
     ("max_connections", "40"),
-    ("dynamic_shared_memory_type", "mmap"),
     ("max_wal_size", "256MB"),
     ("min_wal_size", "32MB"),
     ("logging_collector", "off"),
@@ -291,6 +288,12 @@ pub fn start(
     for (k, v) in SETTINGS {
         cmd.arg("-c").arg(format!("{k}={v}"));
     }
+    // Dynamic shared memory: as root, in the instance's own /dev/shm (a private
+    // tmpfs that goes with it; never a file on the volume, whose pages would
+    // fault with SIGBUS on a full disk); otherwise in the data directory, so
+    // nothing is left in the host's /dev/shm when an instance is killed.
+    let shared_memory = if nix::unistd::geteuid().is_root() { "posix" } else { "mmap" };
+    cmd.arg("-c").arg(format!("dynamic_shared_memory_type={shared_memory}"));
     for (setting, path) in [
         ("unix_socket_directories", dir.socket_dir()),
         ("hba_file", dir.hba_file()),

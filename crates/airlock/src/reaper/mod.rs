@@ -1,8 +1,10 @@
 //! The lifecycle loop: deletes sandboxes whose TTL has passed, suspends idle
-//! ones, holds time and connection ceilings ([`watchdog`]), and at daemon start
+//! ones, stops the writer when the volume runs into its reserve ([`reserve`]),
+//! holds time and connection ceilings ([`watchdog`]), and at daemon start
 //! reconciles state, processes and directories ([`reconcile`]).
 
 mod reconcile;
+mod reserve;
 pub mod watchdog;
 
 pub use reconcile::{reconcile, Reconciled};
@@ -45,9 +47,11 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
         let mut disk_cursor = 0usize;
+        let mut reserve = reserve::Watch::default();
         loop {
             tick.tick().await;
             ticks += 1;
+            reserve.check(&engine).await;
             if ticks.is_multiple_of(5) {
                 watch_servers(&engine);
                 disk_cursor = watch_disk(&engine, disk_cursor).await;
@@ -123,6 +127,10 @@ const DISK_CHECKS_PER_SECOND: usize = 20;
 /// lack filesystem quotas, so this is a watch, not a hard quota: a sandbox can
 /// overshoot by what it writes between two checks.)
 async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
+    // A hard quota holds the limit itself (the writer gets EDQUOT); nothing to watch.
+    if engine.cloner.hard_quota() {
+        return 0;
+    }
     let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return 0 };
     let running: Vec<_> = all.into_iter().filter(|s| s.state == SandboxState::Running).collect();
     if running.is_empty() {

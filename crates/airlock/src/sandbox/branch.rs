@@ -82,6 +82,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let dir = instance_dir(engine, &sb.id);
         let user = engine.sandbox_user(&sb)?;
         let source_user = engine.sandbox_user(&source)?;
+        super::make_dir(engine, &dir)?;
         crate::pg::instance::prepare_dir(&dir, &user)?;
         let t = Instant::now();
         let source_pgdata = instance_dir(engine, &source.id).pgdata();

@@ -113,6 +113,14 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             pool_helps: true,
         }));
     }
+    let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
+    if free < reserve {
+        return Ok(Some(NoRoom {
+            message: format!("the volume has {free} bytes free, below its reserve of {reserve}"),
+            running_only: false,
+            pool_helps: true,
+        }));
+    }
     if let Some(max) = c.max_disk_bytes {
         let used = volume_used(engine);
         if used >= max {
@@ -152,6 +160,23 @@ pub fn volume_used(engine: &Engine) -> u64 {
         Ok(s) => s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size(),
         Err(_) => 0,
     }
+}
+
+/// Bytes free on the copy-on-write volume (for unprivileged writers).
+pub fn volume_free(engine: &Engine) -> u64 {
+    match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
+        Ok(s) => s.blocks_available() * s.fragment_size(),
+        Err(_) => u64::MAX,
+    }
+}
+
+/// The free space the volume keeps in reserve, in bytes.
+pub fn reserve_bytes(engine: &Engine) -> u64 {
+    let size = match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
+        Ok(s) => s.blocks() * s.fragment_size(),
+        Err(_) => 0,
+    };
+    engine.config.disk_reserve.of(size)
 }
 
 /// Deletes the oldest warm-pool member of any golden (the pool refills when there

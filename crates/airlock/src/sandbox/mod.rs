@@ -257,6 +257,7 @@ pub(crate) async fn bring_up(
     // Cloning is blocking file work done in place: moving it to another thread
     // with block_in_place measured 10-15 ms slower per fork here.
     (|| -> Result<()> {
+        make_dir(engine, &dir)?;
         instance::prepare_dir(&dir, &user)?;
         engine
             .cloner
@@ -270,6 +271,21 @@ pub(crate) async fn bring_up(
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
     start(engine, &dir, &user, &cgroups, &sb.access, password, steps).await
+}
+
+/// Makes a sandbox's directory (a subvolume with its disk quota where the volume
+/// can enforce one); an existing one (a reset) is kept.
+pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
+    match engine.cloner.make_sandbox_dir(&dir.root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(Error::internal(format!("making {} failed: {e}", dir.root.display()))),
+    }
+    engine
+        .cloner
+        .limit(&dir.root, engine.config.disk_limit_bytes)
+        .map_err(|e| Error::internal(format!("limiting {} failed: {e}", dir.root.display())))?;
+    Ok(())
 }
 
 /// Starts the instance in `dir`, waits for it, and creates the agent role with
@@ -339,7 +355,9 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
         }
         kill_cgroup_members(engine, &sb.id).await;
         // remove_dir_all removes links inside, never what they point at.
+        engine.cloner.unlimit(&dir.root);
         std::fs::remove_dir_all(dir.pgdata())?;
+        engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
         bring_up(engine, &sb, Some(&password), &mut steps).await
     }
     .await;
@@ -441,6 +459,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
         instance::kill(pid, &dir.pgdata()).await;
     }
     kill_cgroup_members(engine, &sb.id).await;
+    engine.cloner.unlimit(&dir.root);
     if let Err(e) = std::fs::remove_dir_all(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
             return Err(Error::internal(format!("removing {} failed: {e}", dir.root.display())));

@@ -24,6 +24,9 @@ pub enum SuspendReason {
     Idle,
     /// Room was needed for another sandbox (least recently used first).
     Capacity,
+    /// It was writing when the volume reached its free-space reserve: stopped at
+    /// once, without a checkpoint.
+    DiskFull,
 }
 
 impl SuspendReason {
@@ -32,6 +35,7 @@ impl SuspendReason {
             SuspendReason::User => "user",
             SuspendReason::Idle => "idle",
             SuspendReason::Capacity => "capacity",
+            SuspendReason::DiskFull => "disk_full",
         }
     }
 }
@@ -56,7 +60,11 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     let began = Instant::now();
     let dir = engine.layout.sandbox_instance(&id);
     if let Some(pid) = sb.pid {
-        instance::stop(pid, &dir.pgdata()).await;
+        match reason {
+            // Nothing more may be written, a checkpoint included; it recovers on wake.
+            SuspendReason::DiskFull => instance::kill(pid, &dir.pgdata()).await,
+            _ => instance::stop(pid, &dir.pgdata()).await,
+        }
     }
     kill_cgroup_members(engine, &id).await;
     {

@@ -1,10 +1,12 @@
-//! Copy-on-write cloning of data directories.
+//! Copy-on-write cloning of data directories, and per-sandbox disk quotas.
 //!
 //! The [`Cloner`] probes the volume once at start: if the filesystem takes
 //! `FICLONE` (XFS with reflink=1, Btrfs), each file is cloned as a reflink, which
 //! costs the same whatever the file's size; otherwise every byte is copied, and
-//! every fork says so in a warning.
+//! every fork says so in a warning. On Btrfs with quotas on, each sandbox's
+//! directory is also a subvolume of its own with a hard limit ([`btrfs`]).
 
+pub mod btrfs;
 pub mod tree;
 pub mod volume;
 
@@ -21,6 +23,9 @@ use crate::users::Identity;
 pub enum Backend {
     /// One `FICLONE` per file: shared extents, constant time per file.
     Reflink,
+    /// Reflinks into a Btrfs subvolume per sandbox, with a hard quota on what
+    /// it may write.
+    Subvolume,
     /// A full copy of every byte (slow; time grows with data size).
     Copy,
 }
@@ -49,10 +54,13 @@ impl Cloner {
         let cloned = tree::reflink_file(&src, &dst).is_ok();
         let _ = fs::remove_file(&src);
         let _ = fs::remove_file(&dst);
-        Ok(Cloner {
-            backend: if cloned { Backend::Reflink } else { Backend::Copy },
-            filesystem: filesystem_name(volume),
-        })
+        let filesystem = filesystem_name(volume);
+        let backend = match cloned {
+            true if filesystem == "btrfs" && btrfs::quotas_work(volume) => Backend::Subvolume,
+            true => Backend::Reflink,
+            false => Backend::Copy,
+        };
+        Ok(Cloner { backend, filesystem })
     }
 
     /// A cloner that always copies (for tests of the fallback).
@@ -83,10 +91,53 @@ impl Cloner {
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
         let contents = match self.backend {
-            Backend::Reflink => tree::Contents::Reflink,
+            Backend::Reflink | Backend::Subvolume => tree::Contents::Reflink,
             Backend::Copy => tree::Contents::Copy,
         };
-        tree::clone_tree(src, dst, &tree::CloneSpec { contents, owner, source_owner, skip: SKIP })
+        let subvolumes: &[&str] = match self.backend {
+            Backend::Subvolume => &["pg_wal"],
+            _ => &[],
+        };
+        tree::clone_tree(src, dst, &tree::CloneSpec { contents, owner, source_owner, skip: SKIP, subvolumes })
+    }
+}
+
+impl Cloner {
+    /// Makes a sandbox's directory: a subvolume of its own where quotas are
+    /// possible, so that everything the sandbox writes (data, temporary files,
+    /// its log, what `exec` leaves) counts against its limit; a directory
+    /// elsewhere. Fails if `path` exists. (Its WAL, `pgdata/pg_wal`, is a
+    /// subvolume apart: PostgreSQL stops the server at a failed WAL write, but
+    /// fails only the statement at a failed data write, which is what a full
+    /// allowance should do. WAL is recycled at each checkpoint, and the
+    /// volume's reserve bounds it.)
+    pub fn make_sandbox_dir(&self, path: &Path) -> std::io::Result<()> {
+        match self.backend {
+            Backend::Subvolume => btrfs::create_subvolume(path),
+            _ => fs::create_dir(path),
+        }
+    }
+
+    /// Limits what the sandbox directory at `path` may hold beyond its golden to
+    /// `bytes`, where the volume can enforce it; false where it cannot.
+    pub fn limit(&self, path: &Path, bytes: u64) -> std::io::Result<bool> {
+        match self.backend {
+            Backend::Subvolume => btrfs::limit(path, bytes).map(|()| true),
+            _ => Ok(false),
+        }
+    }
+
+    /// Lifts a sandbox directory's limit before its files are removed: at its
+    /// limit, Btrfs refuses even the metadata writes a removal needs.
+    pub fn unlimit(&self, path: &Path) {
+        if self.backend == Backend::Subvolume && path.exists() {
+            let _ = btrfs::limit(path, u64::MAX);
+        }
+    }
+
+    /// Whether sandboxes get a hard disk quota here.
+    pub fn hard_quota(&self) -> bool {
+        self.backend == Backend::Subvolume
     }
 }
 

@@ -46,6 +46,10 @@ pub struct CloneSpec<'a> {
     pub source_owner: Option<Uid>,
     /// Names skipped wherever they appear (a running server's lock files).
     pub skip: &'a [&'a str],
+    /// Top-level directories made as Btrfs subvolumes of their own (WAL, kept
+    /// out of a sandbox's quota so that a full allowance fails a statement, not
+    /// a WAL write).
+    pub subvolumes: &'a [&'a str],
 }
 
 fn refused(path: &Path, what: &str) -> io::Error {
@@ -119,7 +123,7 @@ fn clone_into(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u64> {
     // most of the time (creating an inode costs more than the reflink itself),
     // spread over the cores.
     let mut files = Vec::new();
-    make_dirs(Arc::new(from), Arc::new(to), src.to_path_buf(), spec, &mut files)?;
+    make_dirs(Arc::new(from), Arc::new(to), src.to_path_buf(), spec, true, &mut files)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let chunk = files.len().div_ceil(workers).max(1);
     std::thread::scope(|scope| {
@@ -151,6 +155,7 @@ fn make_dirs(
     to: Arc<OwnedFd>,
     shown: PathBuf,
     spec: &CloneSpec<'_>,
+    top: bool,
     files: &mut Vec<FileJob>,
 ) -> io::Result<()> {
     let stat = fstat(from.as_fd()).map_err(errno)?;
@@ -165,11 +170,15 @@ fn make_dirs(
         let entry = fstatat(from.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
         match SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits()) {
             SFlag::S_IFDIR => {
-                mkdirat(to.as_fd(), name.as_c_str(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
+                if top && spec.subvolumes.iter().any(|s| s.as_bytes() == name.as_bytes()) {
+                    super::btrfs::create_subvolume_at(to.as_fd(), name.as_bytes())?;
+                } else {
+                    mkdirat(to.as_fd(), name.as_c_str(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
+                }
                 let child_from = open_dir(from.as_fd(), &name)
                     .map_err(|_| refused(&path, "it changed while being read"))?;
                 let child_to = open_dir(to.as_fd(), &name)?;
-                make_dirs(Arc::new(child_from), Arc::new(child_to), path, spec, files)?;
+                make_dirs(Arc::new(child_from), Arc::new(child_to), path, spec, false, files)?;
             }
             SFlag::S_IFREG => files.push(FileJob { from: from.clone(), to: to.clone(), name, shown: path }),
             SFlag::S_IFLNK => return Err(refused(&path, "it is a symbolic link")),
@@ -352,7 +361,13 @@ mod tests {
     }
 
     fn copying() -> CloneSpec<'static> {
-        CloneSpec { contents: Contents::Copy, owner: None, source_owner: None, skip: &["postmaster.pid"] }
+        CloneSpec {
+            contents: Contents::Copy,
+            owner: None,
+            source_owner: None,
+            skip: &["postmaster.pid"],
+            subvolumes: &[],
+        }
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! Preparing a copy-on-write volume on a host that has none: a sparse XFS image
-//! made with `reflink=1`, loop-mounted on `$AIRLOCK_HOME/volume`.
+//! Preparing a copy-on-write volume on a host that has none: a sparse image,
+//! loop-mounted on `$AIRLOCK_HOME/volume` — Btrfs with quotas on (reflinks and a
+//! hard disk quota per sandbox), or XFS made with `reflink=1` (reflinks only:
+//! this host's kernel, like many, has no XFS quota support).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
@@ -10,6 +12,25 @@ use serde::Serialize;
 use crate::error::{Error, ErrorCode, Result};
 use crate::layout::Layout;
 use crate::storage::{filesystem_name, Cloner};
+
+/// The filesystem `storage init` makes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Filesystem {
+    /// Reflinks and a hard quota per sandbox (subvolumes with simple quotas).
+    Btrfs,
+    /// Reflinks; disk use watched, not capped.
+    Xfs,
+}
+
+impl Filesystem {
+    fn mkfs(self) -> (&'static str, &'static [&'static str], &'static str) {
+        match self {
+            Filesystem::Btrfs => ("mkfs.btrfs", &["-q"], "btrfs-progs"),
+            Filesystem::Xfs => ("mkfs.xfs", &["-q", "-m", "reflink=1"], "xfsprogs"),
+        }
+    }
+}
 
 /// What `storage init` did.
 #[derive(Debug, Serialize)]
@@ -24,6 +45,8 @@ pub struct InitReport {
     pub filesystem: String,
     /// Whether reflinks work there.
     pub reflink: bool,
+    /// Whether each sandbox gets a hard disk quota there.
+    pub quota: bool,
     /// False when the volume was already prepared and nothing was done.
     pub created: bool,
 }
@@ -53,9 +76,9 @@ pub fn is_mount_point(path: &Path) -> bool {
     me.dev() != parent.dev()
 }
 
-/// Makes and mounts the XFS image. Refuses without root, when the volume already
+/// Makes and mounts the image. Refuses without root, when the volume already
 /// holds goldens or sandboxes, or when the tools are missing.
-pub fn init(layout: &Layout, size: u64) -> Result<InitReport> {
+pub fn init(layout: &Layout, size: u64, fs: Filesystem) -> Result<InitReport> {
     let volume = layout.volume();
     let image = layout.storage_image();
     let report = |created: bool| {
@@ -65,7 +88,8 @@ pub fn init(layout: &Layout, size: u64) -> Result<InitReport> {
             mount_point: volume.display().to_string(),
             size_bytes: std::fs::metadata(&image).map(|m| m.len()).unwrap_or(size),
             filesystem: cloner.filesystem().to_owned(),
-            reflink: cloner.backend() == super::Backend::Reflink,
+            reflink: cloner.backend() != super::Backend::Copy,
+            quota: cloner.hard_quota(),
             created,
         })
     };
@@ -88,26 +112,33 @@ pub fn init(layout: &Layout, size: u64) -> Result<InitReport> {
             "delete them first (`airlock golden rm NAME --force`), or use a fresh AIRLOCK_HOME",
         ));
     }
-    if which("mkfs.xfs").is_none() {
+    let (mkfs, args, package) = fs.mkfs();
+    if which(mkfs).is_none() {
         return Err(storage_error(
-            "mkfs.xfs is not installed",
-            "install it with `apt-get install xfsprogs` and run again",
+            format!("{mkfs} is not installed"),
+            format!("install it with `apt-get install {package}` and run again"),
         ));
     }
     if !image.exists() {
         let f = std::fs::File::create(&image)?;
         f.set_len(size)?;
         drop(f);
-        run(Command::new("mkfs.xfs").args(["-q", "-m", "reflink=1"]).arg(&image), "mkfs.xfs").inspect_err(
-            |_| {
-                let _ = std::fs::remove_file(&image);
-            },
-        )?;
+        run(Command::new(mkfs).args(args).arg(&image), mkfs).inspect_err(|_| {
+            let _ = std::fs::remove_file(&image);
+        })?;
     }
     for entry in std::fs::read_dir(&volume)?.flatten() {
         let _ = std::fs::remove_dir(entry.path());
     }
     mount(layout)?;
+    if fs == Filesystem::Btrfs {
+        super::btrfs::enable_quotas(&volume).map_err(|e| {
+            storage_error(
+                format!("quotas could not be turned on for {}: {e}", volume.display()),
+                "check the kernel's Btrfs support (`airlock doctor`), or use --fs xfs",
+            )
+        })?;
+    }
     report(true)
 }
 
@@ -135,7 +166,7 @@ fn mount(layout: &Layout) -> Result<()> {
     // The volume root must be traversable by instance users.
     std::fs::set_permissions(&volume, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
     let fs = filesystem_name(&volume);
-    if fs != "xfs" {
+    if fs != "xfs" && fs != "btrfs" {
         return Err(storage_error(format!("mounted {} but found {fs}", volume.display()), "check `mount`"));
     }
     Ok(())

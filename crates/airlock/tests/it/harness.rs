@@ -126,6 +126,21 @@ impl Daemon {
         std::fs::read_to_string(self.home.join("daemon.log")).unwrap_or_default()
     }
 
+    /// The daemon's log and the tail of every sandbox's server log, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut out = format!("daemon log:\n{}", self.log());
+        for dir in std::fs::read_dir(self.home.join("volume/sandboxes")).into_iter().flatten().flatten() {
+            let log = std::fs::read_to_string(dir.path().join("postgres.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+            out.push_str(&format!(
+                "\n{}:\n{}",
+                dir.file_name().to_string_lossy(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            ));
+        }
+        out
+    }
+
     /// Starts `airlock serve` and waits until its socket answers.
     pub fn spawn(&mut self) {
         std::fs::create_dir_all(&self.home).unwrap();
@@ -373,8 +388,13 @@ impl Drop for Daemon {
     }
 }
 
-/// Removes the System V segment a dead server's `postmaster.pid` names.
+/// Removes the System V segment a dead server's `postmaster.pid` names. As root
+/// each server has an IPC namespace of its own, whose segments go with it (and
+/// whose ids mean nothing here).
 fn remove_segment_named_in(pidfile: &Path) {
+    if nix::unistd::geteuid().is_root() {
+        return;
+    }
     let text = std::fs::read_to_string(pidfile).unwrap_or_default();
     let shmid =
         text.lines().nth(6).and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse::<i32>().ok());

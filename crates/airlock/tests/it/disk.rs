@@ -1,0 +1,143 @@
+//! A full disk harms only its filler: a hard quota per sandbox on Btrfs, and a
+//! free-space reserve that stops the writer where no quota is possible.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::harness::{dsn, psql, sql, Daemon};
+use crate::storage::golden_digest;
+
+/// A daemon on its own loop volume of `fs`, made by `storage init`.
+fn on_volume(fs: &str, size: &str, args: &[&str]) -> Option<Daemon> {
+    if !nix::unistd::geteuid().is_root() {
+        return None;
+    }
+    let mut d = Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), args);
+    let report = d.json(&["storage", "init", "--fs", fs, "--size", size]);
+    assert_eq!(report["filesystem"], fs, "{report}");
+    d.spawn();
+    Some(d)
+}
+
+/// A neighbour committing one row at a time until `stop`; counts commits and failures.
+fn commit_until(url: &str, stop: &AtomicBool, done: &AtomicU64, failed: &AtomicU64) {
+    sql(url, "CREATE TABLE ticks (n int)");
+    while !stop.load(Ordering::SeqCst) {
+        match psql(url, "INSERT INTO ticks VALUES (1)") {
+            Ok(_) => done.fetch_add(1, Ordering::SeqCst),
+            Err(e) => {
+                eprintln!("neighbour failed: {e}");
+                failed.fetch_add(1, Ordering::SeqCst)
+            }
+        };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_sandbox_filling_its_quota_gets_its_own_error_while_a_neighbour_keeps_committing() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "150M"]) else { return };
+    let doctor = d.json(&["doctor"]);
+    assert_eq!(doctor["storage_backend"], "subvolume", "{doctor}");
+    assert_eq!(doctor["disk_quota_per_sandbox"], true);
+    d.shop("shop");
+    let golden = d.home.join("volume/goldens/shop/1");
+    let golden_before = golden_digest(&golden);
+    let filler = d.fork("shop", &["--statement-timeout", "120s"]);
+    let neighbour = d.fork("shop", &[]);
+    let (stop, done, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let filled = std::thread::scope(|s| {
+        s.spawn(|| commit_until(&dsn(&neighbour), &stop, &done, &failed));
+        std::thread::sleep(Duration::from_millis(300));
+        // About 1 GB of rows against a 150 MB allowance.
+        let filled = psql(
+            &dsn(&filler),
+            "CREATE TABLE big AS SELECT g, repeat(md5(g::text), 30) AS pad FROM generate_series(1, 1000000) g",
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        filled
+    });
+    let err = filled.expect_err("the filler wrote past its quota");
+    // PostgreSQL's own error for a write past the allowance: EDQUOT, or the short
+    // write that reaches the limit in the middle of a block.
+    assert!(
+        err.contains("Disk quota exceeded") || err.contains("Check free disk space"),
+        "the filler's own error: {err}"
+    );
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
+    assert!(done.load(Ordering::SeqCst) > 10, "the neighbour kept committing");
+    // The filler is still a sandbox (its own problem, not deleted), the neighbour
+    // answers, the golden is as it was.
+    let ids = d.ids();
+    for sb in [&filler, &neighbour] {
+        assert!(ids.contains(&sb["id"].as_str().unwrap().to_owned()), "{} went", sb["id"]);
+    }
+    assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
+    d.wait_for(Duration::from_secs(30), "the filler to answer again", || {
+        psql(&dsn(&filler), "SELECT count(*) FROM orders").is_ok_and(|n| n == "1000")
+    });
+    // Branch and reset work on subvolumes too, and a reset gives the allowance back.
+    let branch = d.fork_branch(&dsn(&neighbour));
+    assert_eq!(
+        sql(&branch, "SELECT count(*) FROM ticks"),
+        sql(&dsn(&neighbour), "SELECT count(*) FROM ticks")
+    );
+    d.ok(&["reset", filler["id"].as_str().unwrap()]);
+    sql(
+        &dsn(&filler),
+        "CREATE TABLE again AS SELECT g, repeat('y', 500) AS pad FROM generate_series(1, 50000) g",
+    );
+    assert_eq!(golden_digest(&golden), golden_before, "the golden changed");
+}
+
+#[test]
+fn where_no_quota_is_possible_the_reserve_stops_the_writer_and_spares_the_neighbour() {
+    let Some(d) = on_volume("xfs", "2G", &["--disk-reserve", "600M", "--disk-limit", "10G"]) else { return };
+    assert_eq!(d.json(&["doctor"])["disk_quota_per_sandbox"], false);
+    d.shop("shop");
+    let filler = d.fork("shop", &["--statement-timeout", "120s"]);
+    let neighbour = d.fork("shop", &[]);
+    let filler_id = filler["id"].as_str().unwrap().to_owned();
+    let (stop, done, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let began = Instant::now();
+    let filled = std::thread::scope(|s| {
+        s.spawn(|| commit_until(&dsn(&neighbour), &stop, &done, &failed));
+        std::thread::sleep(Duration::from_millis(300));
+        // Far more than the volume holds.
+        let filled = psql(
+            &dsn(&filler),
+            "CREATE TABLE big AS SELECT g, repeat(md5(g::text), 30) AS pad FROM generate_series(1, 3000000) g",
+        );
+        std::thread::sleep(Duration::from_millis(500));
+        let during = done.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        (filled, during)
+    });
+    let (filled, during) = filled;
+    assert!(filled.is_err(), "the filler's statement was stopped");
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
+    assert!(done.load(Ordering::SeqCst) > during, "the neighbour still commits after the filler stopped");
+    let shown = d.json(&["show", &filler_id]);
+    assert_eq!(shown["state"], "suspended", "{shown}");
+    let events = d.json(&["events", "--sandbox", &filler_id]);
+    let stopped = events.as_array().unwrap().iter().find(|e| e["kind"] == "disk_reserve");
+    assert!(stopped.is_some_and(|e| e["reason"] == "stopped"), "{events}");
+    assert_eq!(d.json(&["show", neighbour["id"].as_str().unwrap()])["state"], "running");
+    // Deleting the filler gives its space back.
+    d.ok(&["rm", &filler_id]);
+    d.wait_for(Duration::from_secs(20), "a fork to fit again", || d.cli(&["fork", "shop"]).code == 0);
+    assert!(began.elapsed() < Duration::from_secs(120));
+}
+
+#[test]
+fn forks_never_eat_into_the_reserve() {
+    let d = Daemon::start(&["--disk-reserve", "100T"]);
+    d.shop("shop");
+    let (exit, err) = d.fails(&["fork", "shop"]);
+    assert_eq!((exit, err["code"].as_str()), (6, Some("capacity_exhausted")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("below its reserve"), "{err}");
+    assert!(d.ids().is_empty(), "nothing half-made");
+    assert!(d.json(&["doctor"])["disk_reserve_bytes"].as_u64().unwrap() >= 100 << 40);
+}
