@@ -283,6 +283,23 @@ impl Engine {
         }
     }
 
+    /// The OS user `airlock exec` runs as in a sandbox: the second uid of its
+    /// pair (not the server's, so exec code cannot read the server's files or
+    /// trace it); the server's own where there is no pair.
+    pub fn exec_user(&self, sb: &Sandbox) -> Result<Identity> {
+        match (self.daemon_user.is_root(), sb.uid) {
+            (true, Some(uid)) if (uid - self.config.uid_range.first).is_multiple_of(2) => Ok(Identity::leased(uid + 1)),
+            _ => self.sandbox_user(sb),
+        }
+    }
+
+    /// The group the sandbox's socket directory and socket belong to, so the
+    /// exec user can connect: the exec user's own group, when it has one.
+    pub fn socket_group(&self, sb: &Sandbox) -> Option<nix::unistd::Gid> {
+        let (exec, server) = (self.exec_user(sb).ok()?, self.sandbox_user(sb).ok()?);
+        (exec.uid != server.uid).then_some(exec.gid)
+    }
+
     /// Records a new sandbox (state `creating`), leasing it an identity first when
     /// root; `settle` runs on the store in the same breath, just before the
     /// record is made. The lease goes back if the record cannot be made.

@@ -1,10 +1,14 @@
 //! The OS identities involved: the daemon's own, the unprivileged user goldens are
 //! built as, and one identity per sandbox, leased host-wide.
 //!
-//! A sandbox's identity is a bare uid (and the gid of the same number) from a
-//! range of its own, by default 1,000,000,000–1,000,065,535: no passwd entry, no
-//! `useradd`, so nothing on the host grows with the number of sandboxes and the
-//! system range (which ends near a thousand) is never used. Leases are files in a
+//! A sandbox's identity is a pair of bare uids (and gids of the same numbers)
+//! from a range of their own, by default 1,000,000,000–1,000,065,535: the even
+//! one runs its server and owns its data, the odd one runs `airlock exec` code,
+//! which so can neither read nor change the server's files nor trace its
+//! processes, and reaches the server only through its socket (whose directory
+//! and socket belong to the odd one's group). No passwd entry, no `useradd`, so
+//! nothing on the host grows with the number of sandboxes and the system range
+//! (which ends near a thousand) is never used. Leases are files in a
 //! host-wide directory ([`DEFAULT_LEASE_DIR`]), created with `O_EXCL`, so two
 //! daemons with different data roots can never hand out the same uid: a uid
 //! serves one sandbox of one data root at a time. A lease names its data root and
@@ -41,7 +45,7 @@ impl Identity {
         Ok(Identity { name: user.name, uid, gid: user.gid })
     }
 
-    /// A sandbox's leased identity: the uid, and the gid of the same number.
+    /// A leased identity: the uid, and the gid of the same number.
     pub fn leased(uid: u32) -> Identity {
         Identity { name: uid.to_string(), uid: Uid::from_raw(uid), gid: Gid::from_raw(uid) }
     }
@@ -201,14 +205,16 @@ impl Leases {
         self.dir.join(uid.to_string())
     }
 
-    /// Leases a free uid to `sandbox`. Starts at a random point of the range so a
-    /// free one is usually found at the first try however many are held.
+    /// Leases a free pair of uids to `sandbox`; returns the first (even offset),
+    /// the second is the next number. Starts at a random point of the range so a
+    /// free pair is usually found at the first try however many are held.
     pub fn take(&self, sandbox: &str) -> Result<u32> {
+        let pairs = self.range.count / 2;
         for attempt in 0..2 {
-            let start = u32::from_le_bytes(crate::secret::random_bytes::<4>()) % self.range.count;
-            for i in 0..self.range.count {
-                let uid = self.range.first + (start + i) % self.range.count;
-                if taken_on_host(uid) {
+            let start = u32::from_le_bytes(crate::secret::random_bytes::<4>()) % pairs.max(1);
+            for i in 0..pairs {
+                let uid = self.range.first + 2 * ((start + i) % pairs);
+                if taken_on_host(uid) || taken_on_host(uid + 1) {
                     continue;
                 }
                 match self.create(uid, sandbox) {
@@ -329,7 +335,7 @@ mod tests {
         let home_b = home_a.with_file_name("other");
         std::fs::create_dir_all(&home_b).unwrap();
         std::fs::write(home_b.join("state.db"), b"").unwrap();
-        let range = UidRange { first: 3_000_000_000, count: 40 };
+        let range = UidRange { first: 3_000_000_000, count: 80 };
         let a = Leases::open(&dir, range, &home_a).unwrap();
         let b = Leases::open(&dir, range, &home_b).unwrap();
         let mut seen = std::collections::HashSet::new();
@@ -348,7 +354,7 @@ mod tests {
         // A data root that is gone gives its leases back to whoever needs room.
         std::fs::remove_file(home_b.join("state.db")).unwrap();
         let reclaimed = a.take("sb-reclaimed").unwrap();
-        assert!((range.first..range.first + 40).contains(&reclaimed));
+        assert!((range.first..range.first + 80).contains(&reclaimed) && (reclaimed - range.first).is_multiple_of(2));
         assert_eq!(a.mine().len(), 22);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
@@ -359,7 +365,8 @@ mod tests {
         let leases = Leases::open(&dir, UidRange { first: 3_100_000_000, count: 65_536 }, &home).unwrap();
         let mut seen = std::collections::HashSet::new();
         for i in 0..5000 {
-            assert!(seen.insert(leases.take(&format!("sb-{i}")).unwrap()));
+            let uid = leases.take(&format!("sb-{i}")).unwrap();
+            assert!(seen.insert(uid) && seen.insert(uid + 1), "a uid of the pair at {uid} was leased twice");
         }
         assert_eq!(leases.mine().len(), 5000);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();

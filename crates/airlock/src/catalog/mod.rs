@@ -293,16 +293,65 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     Ok(catalog)
 }
 
+/// Installs (if missing) the function rows are counted with: it belongs to
+/// `airlock_reader`, a role that can read every table and do nothing else, and
+/// runs as that role (`SECURITY DEFINER`, search path pinned). Counting reads
+/// relations the agent made, and a relation can run the agent's code (a table
+/// turned into a view between the catalog read and the count, functions the
+/// planner folds): inside this function that code runs as a role weaker than the
+/// agent's, and PostgreSQL refuses `SET ROLE` and `SET SESSION AUTHORIZATION`
+/// within a security-definer function, so it cannot climb back to the admin.
+const READER_SQL: &str = "
+    SET allow_system_table_mods = on;
+    CREATE SCHEMA IF NOT EXISTS pg_airlock;
+    RESET allow_system_table_mods;
+    DO $$ BEGIN
+      IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader') THEN
+        CREATE ROLE airlock_reader NOLOGIN;
+      END IF;
+    END $$;
+    GRANT pg_read_all_data TO airlock_reader;
+    CREATE OR REPLACE FUNCTION pg_airlock.count_rows(relation pg_catalog.regclass) RETURNS bigint
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+      DECLARE n bigint;
+      BEGIN
+        EXECUTE pg_catalog.format('SELECT count(*) FROM ONLY %s', relation) INTO n;
+        RETURN n;
+      END $$;
+    ALTER FUNCTION pg_airlock.count_rows(pg_catalog.regclass) OWNER TO airlock_reader;
+    REVOKE ALL ON FUNCTION pg_airlock.count_rows(pg_catalog.regclass) FROM PUBLIC;";
+
 /// Counts each table's rows, giving up on a table after `per_table` and on
 /// counting at all after `budget` (the planner's estimate stands in).
+///
+/// The admin never reads an application table itself: counting happens on an
+/// admin session of its own, closed afterwards, each count inside the reader
+/// function ([`READER_SQL`]) in a transaction that is rolled back, so nothing the
+/// agent's code might set in it outlives the count.
 pub async fn count_rows(
-    client: &tokio_postgres::Client,
+    dir: &crate::layout::InstanceDir,
+    postmaster: i32,
     catalog: &Catalog,
     per_table: Duration,
     budget: Duration,
 ) -> BTreeMap<String, RowCount> {
     let began = Instant::now();
-    let _ = client.batch_execute(&format!("SET statement_timeout = {}", per_table.as_millis())).await;
+    let estimates =
+        || catalog.tables.iter().map(|(n, t)| (n.clone(), RowCount { rows: t.row_estimate, exact: false }));
+    let Ok(admin) = crate::pg::admin::Admin::connect(dir, crate::pg::dsn::DATABASE, postmaster).await else {
+        return estimates().collect();
+    };
+    let client = admin.client();
+    let installed = client
+        .query_one(
+            "SELECT pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)') IS NOT NULL",
+            &[],
+        )
+        .await
+        .is_ok_and(|r| r.get::<_, bool>(0));
+    if !installed && client.batch_execute(READER_SQL).await.is_err() {
+        return estimates().collect();
+    }
     let mut counts = BTreeMap::new();
     for (name, table) in &catalog.tables {
         let estimate = RowCount { rows: table.row_estimate, exact: false };
@@ -311,15 +360,26 @@ pub async fn count_rows(
             continue;
         }
         let (schema, relation) = name.split_once('.').unwrap_or(("public", name));
-        // ONLY: a partitioned table's rows are its partitions', counted once each.
-        let sql = format!("SELECT count(*) FROM ONLY {}.{}", quote_ident(schema), quote_ident(relation));
-        let count = match client.query_one(&sql, &[]).await {
+        let qualified = format!("{}.{}", quote_ident(schema), quote_ident(relation));
+        let counted = async {
+            client
+                .batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {}", per_table.as_millis()))
+                .await?;
+            let row = client
+                .query_one("SELECT pg_airlock.count_rows($1::text::pg_catalog.regclass)", &[&qualified])
+                .await;
+            client.batch_execute("ROLLBACK").await?;
+            row
+        };
+        let count = match counted.await {
             Ok(row) => RowCount { rows: row.get(0), exact: true },
-            Err(_) => estimate,
+            Err(_) => {
+                let _ = client.batch_execute("ROLLBACK").await;
+                estimate
+            }
         };
         counts.insert(name.clone(), count);
     }
-    let _ = client.batch_execute("RESET statement_timeout").await;
     counts
 }
 

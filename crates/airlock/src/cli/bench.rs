@@ -360,13 +360,13 @@ impl Scratch {
     /// initdb + start; returns the running instance.
     async fn up(&self, name: &str) -> Result<(InstanceDir, instance::Started)> {
         let dir = self.dir(name);
-        instance::prepare_dir(&dir, &self.user)?;
+        instance::prepare_dir(&dir, &self.user, None)?;
         pg::load::private_dir(&dir.pgdata())?;
         self.user.own(&dir.pgdata())?;
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         let users = [self.me.name.as_str()];
         instance::write_access_files(&dir, &users)?;
-        let mut started = instance::start(&self.bin, &dir, &self.user, &[], None)?;
+        let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None)?;
         started.wait_ready(&dir).await?;
         Ok((dir, started))
     }
@@ -439,7 +439,7 @@ async fn measure(
     }
 
     let (dir, server) = s.up("server").await?;
-    let admin = Admin::connect(&dir, "postgres").await?;
+    let admin = Admin::connect(&dir, "postgres", server.pid).await?;
     admin.execute("CREATE DATABASE tmpl").await?;
     s.restore(&dir, "tmpl", &dump).await?;
     admin.execute("VACUUM FREEZE").await.ok();
@@ -468,7 +468,7 @@ async fn measure(
     for i in 0..runs {
         let t = Instant::now();
         let (d, started) = s.up(&format!("fresh{i}")).await?;
-        Admin::connect(&d, "postgres").await?.execute("CREATE DATABASE app").await?;
+        Admin::connect(&d, "postgres", started.pid).await?.execute("CREATE DATABASE app").await?;
         s.restore(&d, "app", &dump).await?;
         first_query(&instance::admin_config(&d, "app")).await?;
         fresh.push(elapsed_ms(t));

@@ -64,10 +64,12 @@ const COUNT_PER_TABLE: Duration = Duration::from_secs(2);
 const COUNT_BUDGET: Duration = Duration::from_secs(10);
 
 async fn admin(engine: &Engine, sb: &Sandbox) -> Result<Admin> {
-    Admin::connect(&engine.layout.sandbox_instance(&sb.id), DATABASE).await.map_err(|e| {
-        tracing::warn!(sandbox = %sb.id, error = %e, "catalog session refused");
-        super::sql::unanswered(sb)
-    })
+    Admin::connect(&engine.layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default())
+        .await
+        .map_err(|e| {
+            tracing::warn!(sandbox = %sb.id, error = %e, "catalog session refused");
+            super::sql::unanswered(sb)
+        })
 }
 
 /// Describes a sandbox's schema, or one table of it.
@@ -94,7 +96,9 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
         catalog.types.clear();
         catalog.extensions.clear();
     }
-    let rows = catalog::count_rows(admin.client(), &catalog, COUNT_PER_TABLE, COUNT_BUDGET).await;
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let rows =
+        catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &catalog, COUNT_PER_TABLE, COUNT_BUDGET).await;
     let text = catalog::describe::render(&catalog, &rows, table).unwrap_or_default();
     Ok(Schema { catalog, rows, text })
 }
@@ -105,7 +109,9 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let golden = Snapshot::load(&engine.layout.golden_generation(&sb.golden, sb.generation))?;
     let admin = admin(engine, &sb).await?;
     let now = catalog::read(admin.client()).await?;
-    let rows = catalog::count_rows(admin.client(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let rows =
+        catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
     let activity = catalog::row_activity(admin.client()).await?;
     let mut row_changes = Vec::new();
     let tables: std::collections::BTreeSet<&String> = golden.rows.keys().chain(rows.keys()).collect();

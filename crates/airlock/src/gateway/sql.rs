@@ -173,10 +173,12 @@ pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
     let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
     let socket = engine.layout.sandbox_instance(&sb.id).socket();
     let user = engine.sandbox_user(sb)?;
-    let stream = crate::pg::socket::connect_as(&socket, &user).await.map_err(|e| {
-        tracing::warn!(sandbox = %sb.id, error = %e, "agent session could not connect");
-        unanswered(sb)
-    })?;
+    let postmaster = sb.pid.unwrap_or_default();
+    let stream =
+        crate::pg::socket::connect_instance(&socket, Some(&user), postmaster).await.map_err(|e| {
+            tracing::warn!(sandbox = %sb.id, error = %e, "agent session could not connect");
+            unanswered(sb)
+        })?;
     Session::connect(stream, AGENT_ROLE, &password, DATABASE).await.map_err(|e| match e {
         wire::WireError::Refused(db) if db.sqlstate == "53300" => Error::new(
             ErrorCode::CapacityExhausted,

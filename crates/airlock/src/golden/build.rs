@@ -15,6 +15,7 @@ use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
 use crate::pg::{instance, load};
+use crate::users::Identity;
 use crate::{secret, storage};
 
 /// Builds generation `generation` of golden `name` from `source` and moves it into
@@ -31,7 +32,9 @@ pub async fn build(
     let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
-    let result = build_in(engine, &dir, &work, name, generation, source, allow_planted).await;
+    let builder = Builder::new(engine, source, &tag)?;
+    let result = build_in(engine, &builder, &dir, &work, name, generation, source, allow_planted).await;
+    builder.finish(engine).await;
     let _ = std::fs::remove_dir_all(&work);
     let manifest = match result {
         Ok(m) => m,
@@ -56,8 +59,45 @@ pub async fn build(
     Ok(manifest)
 }
 
+/// Who a build runs as. A promotion builds from a sandbox's data, so it runs
+/// as an identity of its own, leased like a sandbox's, in cgroups of its own
+/// whose every process is killed when the build ends: nothing it might start
+/// can outlive it, or reach another build. Other sources are the operator's
+/// own and run as the instance user (initdb needs a user with a name).
+struct Builder {
+    user: Identity,
+    /// The build's cgroup name and the lease's holder name, for a promotion.
+    contained: Option<String>,
+    cgroups: Vec<std::ffi::CString>,
+}
+
+impl Builder {
+    fn new(engine: &Engine, source: &Source, tag: &str) -> Result<Builder> {
+        let (Source::Promoted { .. }, Some(leases)) = (source, &engine.leases) else {
+            return Ok(Builder { user: engine.instance_user.clone(), contained: None, cgroups: vec![] });
+        };
+        let holder = format!("build-{tag}");
+        let user = Identity::leased(leases.take(&holder)?);
+        let cgroups = engine.cgroups.create(&holder, &engine.config.cgroup_limits).map_err(|e| {
+            leases.release(user.uid.as_raw(), &holder);
+            Error::internal(format!("making the build's cgroups failed: {e}"))
+        })?;
+        Ok(Builder { user, contained: Some(holder), cgroups })
+    }
+
+    /// Kills whatever the build left running and gives its identity back.
+    async fn finish(self, engine: &Engine) {
+        if let (Some(holder), Some(leases)) = (self.contained, &engine.leases) {
+            crate::sandbox::kill_cgroup_members(engine, &holder).await;
+            leases.release(self.user.uid.as_raw(), &holder);
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn build_in(
     engine: &Engine,
+    builder: &Builder,
     dir: &InstanceDir,
     work: &Path,
     name: &str,
@@ -65,11 +105,11 @@ async fn build_in(
     source: &Source,
     allow_planted: bool,
 ) -> Result<Manifest> {
-    let user = &engine.instance_user;
-    instance::prepare_dir(dir, user)?;
+    let user = &builder.user;
+    instance::prepare_dir(dir, user, None)?;
     load::private_dir(work)?;
     match source {
-        Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir)?,
+        Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir, user)?,
         _ => {
             // initdb (as the instance user) fills an empty directory it owns.
             load::private_dir(&dir.pgdata())?;
@@ -81,12 +121,12 @@ async fn build_in(
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
-    let mut started = instance::start(&engine.pg, dir, user, &[], None)?;
+    let mut started = instance::start(&engine.pg, dir, user, None, &builder.cgroups, None)?;
     if let Err(e) = started.wait_ready(dir).await {
         instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
     }
-    let loaded = load_and_describe(engine, dir, work, source, allow_planted).await;
+    let loaded = load_and_describe(engine, dir, started.pid, work, source, allow_planted).await;
     let (postgres_version, schema_hash, planted) = match loaded {
         Ok(v) => v,
         Err(e) => {
@@ -120,7 +160,7 @@ async fn build_in(
 
 /// Clones a running sandbox's data directory at one instant (its server paused
 /// meanwhile); the build instance then starts from it with crash recovery.
-fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir) -> Result<()> {
+fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Identity) -> Result<()> {
     let sb = engine.store().sandbox(sandbox)?;
     let pid = sb.pid.filter(|_| sb.state == crate::sandbox::SandboxState::Running).ok_or_else(|| {
         Error::new(
@@ -131,10 +171,11 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir) -> Result<()> {
     })?;
     let source = engine.layout.sandbox(&sb.id).join("pgdata");
     let source_user = engine.sandbox_user(&sb)?;
+    let config = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let _paused = crate::sandbox::branch::Paused::new(pid)?;
     engine
         .cloner
-        .clone_tree(&source, &dir.pgdata(), Some(&engine.instance_user), Some(source_user.uid))
+        .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
         .map_err(|e| Error::internal(format!("cloning {} failed: {e}", source.display())))?;
     Ok(())
 }
@@ -146,6 +187,7 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir) -> Result<()> {
 async fn load_and_describe(
     engine: &Engine,
     dir: &InstanceDir,
+    postmaster: i32,
     work: &Path,
     source: &Source,
     allow_planted: bool,
@@ -153,7 +195,7 @@ async fn load_and_describe(
     if let Source::Promoted { sandbox, .. } = source {
         // No credential may live in a golden: what the agent owned goes to the
         // owner role, and the agent role goes.
-        let admin = Admin::connect(dir, DATABASE).await?;
+        let admin = Admin::connect(dir, DATABASE, postmaster).await?;
         admin
             .execute(&format!(
                 "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
@@ -175,10 +217,10 @@ async fn load_and_describe(
             ));
         }
         drop(admin);
-        let (version, hash) = describe(engine, dir).await?;
+        let (version, hash) = describe(engine, dir, postmaster).await?;
         return Ok((version, hash, planted));
     }
-    let admin = Admin::connect(dir, "postgres").await?;
+    let admin = Admin::connect(dir, "postgres", postmaster).await?;
     // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
     admin
         .execute(&format!(
@@ -197,14 +239,14 @@ async fn load_and_describe(
         Source::Dump { path } => load::restore_dump(&engine.pg, dir, path).await?,
         Source::Promoted { .. } => unreachable!("handled above"),
     }
-    let (version, hash) = describe(engine, dir).await?;
+    let (version, hash) = describe(engine, dir, postmaster).await?;
     Ok((version, hash, Vec::new()))
 }
 
 /// Freezes, analyses and checkpoints the application database, drops the
 /// default database; returns the server version and schema hash.
-async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)> {
-    let admin = Admin::connect(dir, DATABASE).await?;
+async fn describe(engine: &Engine, dir: &InstanceDir, postmaster: i32) -> Result<(String, String)> {
+    let admin = Admin::connect(dir, DATABASE, postmaster).await?;
     // The owner role (and so the agent) owns the application's objects but not
     // the database: a database's owner could change its settings and options,
     // which would outlive any session. The owner role keeps what it needs to
@@ -228,7 +270,7 @@ async fn describe(engine: &Engine, dir: &InstanceDir) -> Result<(String, String)
     // What the golden holds, kept so forks can be compared with it later.
     let catalog = crate::catalog::read(admin.client()).await?;
     let unbounded = std::time::Duration::from_secs(24 * 3600);
-    let rows = crate::catalog::count_rows(admin.client(), &catalog, unbounded, unbounded).await;
+    let rows = crate::catalog::count_rows(dir, postmaster, &catalog, unbounded, unbounded).await;
     crate::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
     // Forks then count rows inserted, updated and deleted from zero.
     admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;

@@ -243,7 +243,7 @@ async fn measure(
     timeout: Duration,
 ) -> Result<CandidateReport> {
     let dir = engine.layout.sandbox_instance(&sb.id);
-    let admin = Admin::connect(&dir, DATABASE).await?;
+    let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();

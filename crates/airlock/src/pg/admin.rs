@@ -6,18 +6,33 @@ use crate::pg::dsn::AGENT_ROLE;
 use crate::pg::instance::admin_config;
 use crate::sandbox::Access;
 
+/// How long an admin session may take to open.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An open admin session on one instance.
 pub struct Admin {
     client: tokio_postgres::Client,
 }
 
 impl Admin {
-    /// Connects as the admin role to `database`.
-    pub async fn connect(dir: &InstanceDir, database: &str) -> Result<Admin> {
-        let (client, connection) =
-            admin_config(dir, database).connect(tokio_postgres::NoTls).await.map_err(|e| {
-                Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display()))
-            })?;
+    /// Connects as the admin role to `database` of the instance in `dir` whose
+    /// postmaster is `postmaster` (any other process listening there is refused),
+    /// giving up after [`CONNECT_TIMEOUT`].
+    pub async fn connect(dir: &InstanceDir, database: &str, postmaster: i32) -> Result<Admin> {
+        let failed =
+            |e: String| Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display()));
+        let connecting = async {
+            let stream = crate::pg::socket::connect_instance(&dir.socket(), None, postmaster)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            admin_config(dir, database)
+                .connect_raw(stream, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| failed(e.to_string()))
+        };
+        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))??;
         tokio::spawn(async move {
             let _ = connection.await;
         });

@@ -40,6 +40,9 @@ const SETTINGS: &[(&str, &str)] = &[
     ("log_min_messages", "warning"),
     ("log_line_prefix", "%m [%p] "),
     ("jit", "off"),
+    ("session_preload_libraries", ""),
+    ("local_preload_libraries", ""),
+    ("archive_mode", "off"),
     // A client that went away mid-query is noticed within a second.
     ("client_connection_check_interval", "1s"),
 ];
@@ -74,10 +77,11 @@ pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str]) -> Result<
 /// Makes an instance directory ready for a server, or takes an existing one
 /// back before a restart: the directory itself root's (0711, so the instance
 /// user can reach inside but not rename or plant anything there), and its socket
-/// directory `run/` empty and the instance user's (0700). An entry of the
+/// directory `run/` empty and the instance user's (0700, or 0750 with the
+/// `socket_group` that may reach its socket). An entry of the
 /// directory that is not what it should be (a link planted under an older
 /// layout, say) is removed, never followed.
-pub fn prepare_dir(dir: &InstanceDir, user: &Identity) -> Result<()> {
+pub fn prepare_dir(dir: &InstanceDir, user: &Identity, socket_group: Option<nix::unistd::Gid>) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::create_dir(&dir.root) {
         Ok(()) => {}
@@ -106,8 +110,18 @@ pub fn prepare_dir(dir: &InstanceDir, user: &Identity) -> Result<()> {
         }
         Err(_) => std::fs::create_dir(&run)?,
     }
-    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700))?;
-    user.own(&run)?;
+    // With a socket group (the exec user's), its members may reach the socket
+    // but not change the directory: nothing but the server can put a socket there.
+    let mode = if socket_group.is_some() { 0o750 } else { 0o700 };
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(mode))?;
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &run,
+        Some(user.uid),
+        Some(socket_group.unwrap_or(user.gid)),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)?;
     for name in ["postgres.log", "pg_hba.conf", "pg_ident.conf"] {
         let path = dir.root.join(name);
         if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
@@ -178,14 +192,14 @@ pub fn under_private_dir(path: &Path) -> Option<&'static str> {
 
 /// In the child, before exec: join the cgroups whose `cgroup.procs` files are
 /// given; then either new namespaces (network with only loopback up, System V
-/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`
-/// and a `/proc` that shows only the user's own processes) or a running
+/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`,
+/// a `/proc` that shows only the user's own processes, and no view of the
+/// host's cgroups) or a running
 /// server's, entered in `workdir`; then the unprivileged user. All but the last
 /// need root, so the user comes last. Only async-signal-safe system calls, and no
 /// allocation.
 pub fn contain(
-    uid: nix::unistd::Uid,
-    gid: nix::unistd::Gid,
+    who: Who,
     cgroups: &[std::ffi::CString],
     join: Option<(&Namespaces, &std::ffi::CStr)>,
 ) -> std::io::Result<()> {
@@ -208,10 +222,32 @@ pub fn contain(
             nix::unistd::chdir(workdir)?;
         }
     }
-    nix::unistd::setgroups(&[])?;
-    nix::unistd::setgid(gid)?;
-    nix::unistd::setuid(uid)?;
+    match who.group {
+        Some(group) => nix::unistd::setgroups(&[group])?,
+        None => nix::unistd::setgroups(&[])?,
+    }
+    nix::unistd::setgid(who.gid)?;
+    nix::unistd::setuid(who.uid)?;
     Ok(())
+}
+
+/// Who a contained process becomes: a user, its group, and at most one
+/// supplementary group (the server's socket group).
+#[derive(Debug, Clone, Copy)]
+pub struct Who {
+    /// The user id.
+    pub uid: nix::unistd::Uid,
+    /// The primary group id.
+    pub gid: nix::unistd::Gid,
+    /// A supplementary group.
+    pub group: Option<nix::unistd::Gid>,
+}
+
+impl Who {
+    /// `user`, with `group` besides its own.
+    pub fn of(user: &Identity, group: Option<nix::unistd::Gid>) -> Who {
+        Who { uid: user.uid, gid: user.gid, group }
+    }
 }
 
 /// In a new mount namespace: stop mounts propagating back to the host, then a
@@ -230,6 +266,11 @@ fn private_mounts() -> std::io::Result<()> {
     }
     if nix::sys::stat::stat(c"/dev/mqueue").is_ok() {
         mount(Some(c"mqueue"), c"/dev/mqueue", Some(c"mqueue"), plain | MsFlags::MS_NOEXEC, none)?;
+    }
+    // The host's cgroups would list every sandbox of every data root.
+    if nix::sys::stat::stat(c"/sys/fs/cgroup").is_ok() {
+        let hidden = plain | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
+        mount(Some(c"tmpfs"), c"/sys/fs/cgroup", Some(c"tmpfs"), hidden, Some(c"size=4k"))?;
     }
     Ok(())
 }
@@ -279,6 +320,7 @@ pub fn start(
     bin: &PgBin,
     dir: &InstanceDir,
     user: &Identity,
+    socket_group: Option<nix::unistd::Gid>,
     cgroups: &[std::ffi::CString],
     guard: Option<&Path>,
 ) -> Result<Started> {
@@ -301,8 +343,13 @@ pub fn start(
     ] {
         cmd.arg("-c").arg(format!("{setting}={}", setting_path(&path)?));
     }
-    if let Some(guard) = guard {
-        cmd.arg("-c").arg(format!("shared_preload_libraries={}", setting_path(guard)?));
+    // Libraries come from the command line only (a setting in the data
+    // directory's files is overridden), and nothing is archived or restored.
+    let guard = guard.map(setting_path).transpose()?.unwrap_or_default();
+    cmd.arg("-c").arg(format!("shared_preload_libraries={guard}"));
+    if let Some(group) = socket_group {
+        cmd.arg("-c").arg(format!("unix_socket_group={group}"));
+        cmd.arg("-c").arg("unix_socket_permissions=0770");
     }
     cmd.env_clear()
         .env("LC_ALL", "C")
@@ -313,11 +360,11 @@ pub fn start(
         .process_group(0)
         .kill_on_drop(false);
     if nix::unistd::geteuid().is_root() {
-        let (uid, gid) = (user.uid, user.gid);
+        let who = Who::of(user, socket_group);
         let cgroups = cgroups.to_vec();
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(uid, gid, &cgroups, None));
+            cmd.pre_exec(move || contain(who, &cgroups, None));
         }
     }
     let child = cmd

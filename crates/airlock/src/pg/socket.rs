@@ -11,6 +11,12 @@
 //! connection can never be an admin session, whatever it sends.
 //!
 //! Without root there is one identity for everything, and this is a plain connect.
+//!
+//! Every connection the daemon makes to an instance also checks who is
+//! listening: the kernel reports the process that created the listening socket,
+//! and it must be the postmaster the daemon started. A socket put in the
+//! server's place (by anything that could write its directory) is refused
+//! before a byte is sent.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -20,6 +26,33 @@ use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixA
 use tokio::net::UnixStream;
 
 use crate::users::Identity;
+
+/// Connects to the instance socket at `path` as `user` (when the daemon is
+/// root; the daemon's own identity when `None`), and checks that the process
+/// listening is `postmaster`.
+pub async fn connect_instance(
+    path: &Path,
+    user: Option<&Identity>,
+    postmaster: i32,
+) -> io::Result<UnixStream> {
+    let stream = match user {
+        Some(user) => connect_as(path, user).await?,
+        None => UnixStream::connect(path).await?,
+    };
+    let listener = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(io::Error::from)?
+        .pid();
+    if listener != postmaster {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is served by process {listener}, not by the instance's server ({postmaster})",
+                path.display()
+            ),
+        ));
+    }
+    Ok(stream)
+}
 
 /// Connects to the unix socket at `path` as `user` (when the daemon is root).
 pub async fn connect_as(path: &Path, user: &Identity) -> io::Result<UnixStream> {

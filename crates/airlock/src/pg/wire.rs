@@ -90,7 +90,7 @@ pub struct Session {
 
 impl Session {
     /// Opens a session on a connected instance socket, authenticating with
-    /// SCRAM-SHA-256 (see [`crate::pg::socket::connect_as`] for the socket).
+    /// SCRAM-SHA-256 (see [`crate::pg::socket::connect_instance`] for the socket).
     pub async fn connect(
         stream: UnixStream,
         user: &str,

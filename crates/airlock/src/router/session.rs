@@ -237,7 +237,7 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
         let open = engine.connections.open(&sb.id);
         let socket = engine.layout.sandbox_instance(&sb.id).socket();
         let user = engine.sandbox_user(&sb).map_err(|e| ErrorResponse::fatal("XX000", e.message, e.hint))?;
-        match crate::pg::socket::connect_as(&socket, &user).await {
+        match crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await {
             Ok(server) => return Ok((sb, server, open)),
             // Suspended or deleted since the lookup: look again.
             Err(_) => {

@@ -82,16 +82,24 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let dir = instance_dir(engine, &sb.id);
         let user = engine.sandbox_user(&sb)?;
         let source_user = engine.sandbox_user(&source)?;
+        let group = engine.socket_group(&sb);
         super::make_dir(engine, &dir)?;
-        crate::pg::instance::prepare_dir(&dir, &user)?;
+        crate::pg::instance::prepare_dir(&dir, &user, group)?;
         let t = Instant::now();
         let source_pgdata = instance_dir(engine, &source.id).pgdata();
         // The source's files are its user's, and code running as that user may
         // be swapping them right now: the clone takes directories and regular
         // files of that user only, never a link, and fails closed otherwise.
+        let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let cloned = {
             let _paused = Paused::new(source_pid)?;
-            engine.cloner.clone_tree(&source_pgdata, &dir.pgdata(), Some(&user), Some(source_user.uid))
+            engine.cloner.clone_data(
+                &source_pgdata,
+                &config,
+                &dir.pgdata(),
+                Some(&user),
+                Some(source_user.uid),
+            )
         };
         paused_ms = ms(t);
         cloned.map_err(|e| Error::internal(format!("cloning {} failed: {e}", source_pgdata.display())))?;
@@ -101,11 +109,11 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)
             .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
-        let pid = start(engine, &dir, &user, &cgroups, &sb.access, None, &mut steps).await?;
+        let pid = start(engine, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
         let verifier = crate::pg::scram::verifier(&password, crate::pg::scram::AGENT_ITERATIONS);
-        Admin::connect(&dir, DATABASE)
+        Admin::connect(&dir, DATABASE, pid)
             .await?
             .execute(&format!("ALTER ROLE {} PASSWORD '{verifier}'", dsn::AGENT_ROLE))
             .await?;

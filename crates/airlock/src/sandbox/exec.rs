@@ -82,21 +82,18 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         ));
     }
     let workdir = engine.layout.sandbox_instance(&sb.id).exec_dir();
-    let user = engine.sandbox_user(&sb)?;
+    // Its own user, not the server's: exec code reaches the server through its
+    // socket only, and can neither read its files nor trace its processes.
+    let user = engine.exec_user(&sb)?;
     // The instance directory is root's, so nothing can stand at this name but
     // what root put there (a link left by an older layout is replaced).
     match std::fs::symlink_metadata(&workdir) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => {
-            std::fs::remove_file(&workdir)?;
-            crate::pg::load::private_dir(&workdir)?;
-            user.own(&workdir)?;
-        }
-        Err(_) => {
-            crate::pg::load::private_dir(&workdir)?;
-            user.own(&workdir)?;
-        }
+        Ok(_) => std::fs::remove_file(&workdir)?,
+        Err(_) => {}
     }
+    crate::pg::load::private_dir(&workdir)?;
+    user.own(&workdir)?;
     let mut cmd = tokio::process::Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
         .current_dir(&workdir)
@@ -122,13 +119,13 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         (false, _) => None,
     };
     if let Some(ns) = namespaces {
-        let (uid, gid) = (user.uid, user.gid);
+        let who = instance::Who::of(&user, None);
         let cgroups = engine.cgroups.procs_files(&sb.id);
         let workdir = std::ffi::CString::new(workdir.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::internal("the exec directory's path has a NUL byte"))?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || instance::contain(uid, gid, &cgroups, Some((&ns, &workdir))));
+            cmd.pre_exec(move || instance::contain(who, &cgroups, Some((&ns, &workdir))));
         }
     }
     let started = Instant::now();

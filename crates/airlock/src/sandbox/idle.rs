@@ -19,7 +19,8 @@ pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     // Sessions the daemon keeps for the next tool call are not a client's.
     let kept: Vec<String> = engine.sql_sessions.backend_pids(id).iter().map(|p| p.to_string()).collect();
     let asked = async {
-        let admin = Admin::connect(&dir, DATABASE).await?;
+        let postmaster = engine.store().sandbox(id)?.pid.unwrap_or_default();
+        let admin = Admin::connect(&dir, DATABASE, postmaster).await?;
         admin
             .value(&format!(
                 "SELECT count(*)::text FROM pg_stat_activity

@@ -254,11 +254,12 @@ pub(crate) async fn bring_up(
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let t = Instant::now();
     let user = engine.sandbox_user(sb)?;
+    let group = engine.socket_group(sb);
     // Cloning is blocking file work done in place: moving it to another thread
     // with block_in_place measured 10-15 ms slower per fork here.
     (|| -> Result<()> {
         make_dir(engine, &dir)?;
-        instance::prepare_dir(&dir, &user)?;
+        instance::prepare_dir(&dir, &user, group)?;
         engine
             .cloner
             .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
@@ -270,7 +271,7 @@ pub(crate) async fn bring_up(
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
-    start(engine, &dir, &user, &cgroups, &sb.access, password, steps).await
+    start(engine, &dir, (&user, group), &cgroups, &sb.access, password, steps).await
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume
@@ -293,14 +294,14 @@ pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
 async fn start(
     engine: &Engine,
     dir: &InstanceDir,
-    user: &Identity,
+    (user, group): (&Identity, Option<nix::unistd::Gid>),
     cgroups: &[CString],
     access: &Access,
     password: Option<&str>,
     steps: &mut Steps,
 ) -> Result<i32> {
     let t = Instant::now();
-    let mut started = instance::start(&engine.pg, dir, user, cgroups, Some(&engine.guard))?;
+    let mut started = instance::start(&engine.pg, dir, user, group, cgroups, Some(&engine.guard))?;
     steps.start_ms = ms(t);
     let t = Instant::now();
     started.wait_ready(dir).await?;
@@ -308,7 +309,7 @@ async fn start(
     steps.ready_ms = ms(t);
     if let Some(password) = password {
         let t = Instant::now();
-        Admin::connect(dir, DATABASE).await?.mint_agent(password, access).await?;
+        Admin::connect(dir, DATABASE, pid).await?.mint_agent(password, access).await?;
         steps.credential_ms = ms(t);
     }
     Ok(pid)
@@ -321,7 +322,7 @@ async fn mint(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) 
     let kept = engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let admin = match kept {
         Some(admin) => admin,
-        None => Admin::connect(&instance_dir(engine, &sb.id), DATABASE).await?,
+        None => Admin::connect(&instance_dir(engine, &sb.id), DATABASE, sb.pid.unwrap_or_default()).await?,
     };
     admin.claim_agent(password, &sb.access).await?;
     steps.credential_ms = ms(t);
@@ -397,13 +398,14 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     instance::remove_stale_shared_memory(&dir.pgdata());
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
     let user = engine.sandbox_user(sb)?;
-    instance::prepare_dir(&dir, &user)?;
+    let group = engine.socket_group(sb);
+    instance::prepare_dir(&dir, &user, group)?;
     instance::write_access_files(&dir, &engine.admin_os_users())?;
     let mut cgroups = engine.cgroups.procs_files(&sb.id);
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let mut started = instance::start(&engine.pg, &dir, &user, &cgroups, Some(&engine.guard))?;
+    let mut started = instance::start(&engine.pg, &dir, &user, group, &cgroups, Some(&engine.guard))?;
     started.wait_ready(&dir).await?;
     let pid = started.detach();
     let dsn = sb.dsn.clone().unwrap_or_default();

@@ -112,7 +112,7 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         // init file, so the claim's admin connection and the agent's are quick.
         // That session stays open for the claim.
         let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
-        let admin = Admin::connect(&dir, DATABASE).await?;
+        let admin = Admin::connect(&dir, DATABASE, pid).await?;
         admin.prepare_agent().await?;
         Ok::<_, crate::error::Error>((pid, admin))
     }

@@ -43,6 +43,33 @@ pub struct Cloner {
 /// Files that belong to a running server and must not be cloned.
 const SKIP: &[&str] = &["postmaster.pid", "postmaster.opts"];
 
+/// What a data directory holds besides its configuration: what is taken from a
+/// live sandbox (for a branch or a promotion), whose configuration files,
+/// signal files and anything else its server's user put there are left behind.
+const DATA_ENTRIES: &[&str] = &[
+    "PG_VERSION",
+    "base",
+    "global",
+    "pg_commit_ts",
+    "pg_dynshmem",
+    "pg_logical",
+    "pg_multixact",
+    "pg_notify",
+    "pg_replslot",
+    "pg_serial",
+    "pg_snapshots",
+    "pg_stat",
+    "pg_stat_tmp",
+    "pg_subtrans",
+    "pg_tblspc",
+    "pg_twophase",
+    "pg_wal",
+    "pg_xact",
+];
+
+/// The configuration files a data directory needs, taken from a trusted one.
+const CONFIG_FILES: &[&str] = &["postgresql.conf", "postgresql.auto.conf"];
+
 impl Cloner {
     /// Probes `volume` by cloning a small file inside it.
     pub fn probe(volume: &Path) -> std::io::Result<Cloner> {
@@ -90,15 +117,48 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
-        let contents = match self.backend {
-            Backend::Reflink | Backend::Subvolume => tree::Contents::Reflink,
-            Backend::Copy => tree::Contents::Copy,
+        tree::clone_tree(src, dst, &self.spec(owner, source_owner, &[]))
+    }
+
+    /// How this volume clones: reflinks where it can, WAL in a subvolume of its
+    /// own where sandboxes have quotas.
+    fn spec<'a>(
+        &self,
+        owner: Option<&'a Identity>,
+        source_owner: Option<nix::unistd::Uid>,
+        only: &'a [&'a str],
+    ) -> tree::CloneSpec<'a> {
+        let (contents, subvolumes): (_, &[&str]) = match self.backend {
+            Backend::Reflink => (tree::Contents::Reflink, &[]),
+            Backend::Subvolume => (tree::Contents::Reflink, &["pg_wal"]),
+            Backend::Copy => (tree::Contents::Copy, &[]),
         };
-        let subvolumes: &[&str] = match self.backend {
-            Backend::Subvolume => &["pg_wal"],
-            _ => &[],
-        };
-        tree::clone_tree(src, dst, &tree::CloneSpec { contents, owner, source_owner, skip: SKIP, subvolumes })
+        tree::CloneSpec { contents, owner, source_owner, skip: SKIP, only, subvolumes }
+    }
+
+    /// Clones a live sandbox's data directory for a branch or a promotion: its
+    /// data only ([`DATA_ENTRIES`]); the configuration files come from `config`, a
+    /// trusted data directory (the sandbox's golden), so nothing a sandbox's user
+    /// wrote into its own (settings, libraries to load, recovery commands, signal
+    /// files) is ever read by another server.
+    pub fn clone_data(
+        &self,
+        src: &Path,
+        config: &Path,
+        dst: &Path,
+        owner: Option<&Identity>,
+        source_owner: Option<nix::unistd::Uid>,
+    ) -> std::io::Result<u64> {
+        let files = tree::clone_tree(src, dst, &self.spec(owner, source_owner, DATA_ENTRIES))?;
+        let configured = CONFIG_FILES.iter().try_for_each(|name| {
+            let text = std::fs::read(config.join(name)).unwrap_or_default();
+            tree::write_new(&dst.join(name), &text, 0o600, owner)
+        });
+        if let Err(e) = configured {
+            let _ = std::fs::remove_dir_all(dst);
+            return Err(e);
+        }
+        Ok(files)
     }
 }
 
@@ -162,11 +222,8 @@ pub fn filesystem_name(path: &Path) -> String {
     name.into()
 }
 
-/// Bytes on disk of a tree (apparent sizes of its files).
+/// Bytes on disk of a tree (apparent sizes of its files), however deep or
+/// long its paths; see [`tree::size`].
 pub fn tree_size(root: &Path) -> u64 {
-    let Ok(meta) = fs::symlink_metadata(root) else { return 0 };
-    if !meta.is_dir() {
-        return meta.len();
-    }
-    fs::read_dir(root).into_iter().flatten().flatten().map(|e| tree_size(&e.path())).sum()
+    tree::size(root)
 }

@@ -46,6 +46,8 @@ pub struct CloneSpec<'a> {
     pub source_owner: Option<Uid>,
     /// Names skipped wherever they appear (a running server's lock files).
     pub skip: &'a [&'a str],
+    /// When not empty, the only top-level entries taken (the rest is left out).
+    pub only: &'a [&'a str],
     /// Top-level directories made as Btrfs subvolumes of their own (WAL, kept
     /// out of a sandbox's quota so that a full allowance fails a statement, not
     /// a WAL write).
@@ -163,7 +165,9 @@ fn make_dirs(
     nix::sys::stat::fchmod(to.as_fd(), Mode::from_bits_truncate(stat.st_mode & 0o7777)).map_err(errno)?;
     give(to.as_fd(), spec.owner)?;
     for name in names(&from)? {
-        if spec.skip.iter().any(|s| s.as_bytes() == name.as_bytes()) {
+        if spec.skip.iter().any(|s| s.as_bytes() == name.as_bytes())
+            || (top && !spec.only.is_empty() && !spec.only.iter().any(|s| s.as_bytes() == name.as_bytes()))
+        {
             continue;
         }
         let path = shown.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
@@ -263,6 +267,38 @@ fn chown_dir(dir: &OwnedFd, owner: &Identity) -> io::Result<()> {
     Ok(())
 }
 
+/// The apparent size of every file in the tree at `root`. Walked by descriptor
+/// without recursion, so neither depth (a chain of thousands of directories)
+/// nor path length hides anything or exhausts a stack; links are counted as
+/// themselves, never followed.
+pub fn size(root: &Path) -> u64 {
+    let Ok(path) = cpath(root) else { return 0 };
+    let top = match open_dir(nix::fcntl::AT_FDCWD, &path) {
+        Ok(fd) => fd,
+        Err(_) => return std::fs::symlink_metadata(root).map(|m| m.len()).unwrap_or(0),
+    };
+    let mut total = 0u64;
+    // Directories still to list: each holds its parent open only until it is opened.
+    let mut pending: Vec<(Arc<OwnedFd>, CString)> = Vec::new();
+    let mut next = Some(Arc::new(top));
+    loop {
+        if let Some(dir) = next.take() {
+            for name in names(&dir).unwrap_or_default() {
+                let Ok(stat) = fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+                    continue;
+                };
+                if SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR {
+                    pending.push((dir.clone(), name));
+                } else {
+                    total += stat.st_size.max(0) as u64;
+                }
+            }
+        }
+        let Some((parent, name)) = pending.pop() else { return total };
+        next = open_dir(parent.as_fd(), &name).ok().map(Arc::new);
+    }
+}
+
 /// Empties a directory the caller reached safely (its parent is root's), removing
 /// entries by name relative to it: a link inside is removed, never followed.
 pub fn empty_dir(path: &Path) -> io::Result<()> {
@@ -324,6 +360,15 @@ pub fn open_log(path: &Path) -> io::Result<File> {
     Ok(file)
 }
 
+/// Creates the new file `path` with `contents` (never through a link, never over
+/// an existing file), given to `owner`.
+pub fn write_new(path: &Path, contents: &[u8], mode: u32, owner: Option<&Identity>) -> io::Result<()> {
+    use std::io::Write;
+    let mut file = open_regular(path, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL, mode)?;
+    file.write_all(contents)?;
+    give(file.as_fd(), owner)
+}
+
 /// Replaces the file at `path` with `contents` (mode `mode`, the caller's): written
 /// to a new file beside it, then renamed over it, so a link in its place is
 /// replaced, never followed.
@@ -366,6 +411,7 @@ mod tests {
             owner: None,
             source_owner: None,
             skip: &["postmaster.pid"],
+            only: &[],
             subvolumes: &[],
         }
     }
@@ -445,6 +491,31 @@ mod tests {
         assert_eq!(read_small(&link, 100).unwrap(), "mine");
         assert_eq!(read_tail(&base.join("src/base/1/1259"), 10).unwrap().len(), 10);
         std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn sizes_count_what_deep_trees_and_long_paths_hold() {
+        let base = scratch("size");
+        let mut deep = base.join("src");
+        // Deeper than a recursive walk's stack and longer than PATH_MAX.
+        let mut chdir = std::fs::File::open(&deep).unwrap();
+        for _ in 0..3000 {
+            nix::sys::stat::mkdirat(chdir.as_fd(), "dddddddddd", Mode::from_bits_truncate(0o700)).unwrap();
+            let fd = openat(chdir.as_fd(), "dddddddddd", OFlag::O_DIRECTORY | OFlag::O_RDONLY, Mode::empty())
+                .unwrap();
+            chdir = File::from(fd);
+        }
+        let fd = openat(
+            chdir.as_fd(),
+            "hidden",
+            OFlag::O_WRONLY | OFlag::O_CREAT,
+            Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        File::from(fd).set_len(5 << 20).unwrap();
+        deep.push("x");
+        assert!(size(&base.join("src")) >= (5 << 20) + 100_000);
+        std::process::Command::new("rm").arg("-rf").arg(&base).status().unwrap();
     }
 
     #[test]

@@ -83,10 +83,19 @@ fn a_sandbox_listens_on_no_tcp_port() {
             assert!(!listening.contains(&inode.to_owned()), "postmaster {pid} has a listening TCP socket");
         }
     }
-    // Its socket directory is private to the instance's OS user.
-    use std::os::unix::fs::PermissionsExt;
+    // Its socket directory is the instance's OS user's; as root, the exec user's
+    // group may reach the socket inside, and nobody else may even look.
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
     let run = d.home.join("volume/sandboxes").join(sb["id"].as_str().unwrap()).join("run");
-    assert_eq!(std::fs::metadata(run).unwrap().permissions().mode() & 0o777, 0o700);
+    let meta = std::fs::metadata(&run).unwrap();
+    if nix::unistd::geteuid().is_root() {
+        assert_eq!(meta.permissions().mode() & 0o777, 0o750);
+        assert_eq!(meta.gid(), meta.uid() + 1, "the socket group is the exec user's");
+        let socket = std::fs::metadata(run.join(".s.PGSQL.5432")).unwrap();
+        assert_eq!((socket.permissions().mode() & 0o777, socket.gid()), (0o770, meta.gid()));
+    } else {
+        assert_eq!(meta.permissions().mode() & 0o777, 0o700);
+    }
 }
 
 fn tcp_listen_inodes() -> Vec<String> {
