@@ -16,10 +16,13 @@
  * airlock_readonly has every transaction made read-only before each statement,
  * utility command and function call runs (and again after each utility
  * command, since BEGIN READ WRITE or SET would turn it back), so PostgreSQL's
- * own read-only checks refuse every persistent write: tables, sequences, large
- * objects, DDL, and writes inside SECURITY DEFINER functions alike. A role
- * setting (default_transaction_read_only) could be overridden by the session;
- * this cannot.
+ * own read-only checks refuse every persistent write: tables, sequences, DDL,
+ * and writes inside SECURITY DEFINER functions alike. PostgreSQL 15 lets large
+ * objects be written in a read-only transaction, so for such sessions the
+ * functions that write them are refused here, however they are called (SQL,
+ * PL/pgSQL, the fast-path protocol). A role setting
+ * (default_transaction_read_only) could be overridden by the session; this
+ * cannot.
  */
 #include "postgres.h"
 
@@ -31,6 +34,7 @@
 #include "nodes/parsenodes.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
+#include "utils/fmgroids.h"
 
 #if PG_VERSION_NUM < 140000
 #error "airlock_guard needs PostgreSQL 14 or newer"
@@ -133,6 +137,28 @@ airlock_guard_executor_start(QueryDesc *queryDesc, int eflags)
 		standard_ExecutorStart(queryDesc, eflags);
 }
 
+/* The built-in functions that write large objects. */
+static bool
+writes_large_objects(Oid function)
+{
+	switch (function)
+	{
+		case F_LO_CREAT:
+		case F_LO_CREATE:
+		case F_LO_FROM_BYTEA:
+		case F_LO_IMPORT_TEXT:
+		case F_LO_IMPORT_TEXT_OID:
+		case F_LO_PUT:
+		case F_LOWRITE:
+		case F_LO_TRUNCATE:
+		case F_LO_TRUNCATE64:
+		case F_LO_UNLINK:
+			return true;
+		default:
+			return false;
+	}
+}
+
 /* Function calls, including fast-path calls (lo_creat and friends) and
  * PL/pgSQL's simple expressions, which run no executor. */
 static void
@@ -140,7 +166,14 @@ airlock_guard_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 							int subId, void *arg)
 {
 	if (access == OAT_FUNCTION_EXECUTE)
+	{
 		hold_read_only();
+		if (writes_large_objects(objectId) && read_only_session())
+			ereport(ERROR,
+					(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+					 errmsg("cannot write large objects in a read-only transaction"),
+					 errhint("This sandbox was forked in read-only mode.")));
+	}
 	if (previous_object_access_hook)
 		previous_object_access_hook(access, classId, objectId, subId, arg);
 }

@@ -288,7 +288,9 @@ impl Engine {
     /// trace it); the server's own where there is no pair.
     pub fn exec_user(&self, sb: &Sandbox) -> Result<Identity> {
         match (self.daemon_user.is_root(), sb.uid) {
-            (true, Some(uid)) if (uid - self.config.uid_range.first).is_multiple_of(2) => Ok(Identity::leased(uid + 1)),
+            (true, Some(uid)) if uid.wrapping_sub(self.config.uid_range.first).is_multiple_of(2) => {
+                Ok(Identity::leased(uid + 1))
+            }
             _ => self.sandbox_user(sb),
         }
     }

@@ -354,7 +354,10 @@ mod tests {
         // A data root that is gone gives its leases back to whoever needs room.
         std::fs::remove_file(home_b.join("state.db")).unwrap();
         let reclaimed = a.take("sb-reclaimed").unwrap();
-        assert!((range.first..range.first + 80).contains(&reclaimed) && (reclaimed - range.first).is_multiple_of(2));
+        assert!(
+            (range.first..range.first + 80).contains(&reclaimed)
+                && (reclaimed - range.first).is_multiple_of(2)
+        );
         assert_eq!(a.mine().len(), 22);
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }

@@ -18,3 +18,4 @@ mod sandboxes;
 mod security;
 mod storage;
 mod suspend;
+mod wire;

@@ -1,49 +1,99 @@
 //! The adversarial suite: each test is one attempt by an agent to reach past its
 //! sandbox, run against a real sandbox, asserting that it failed and that the
-//! neighbour sandbox and the golden are untouched.
+//! neighbour sandbox and the golden are untouched. One file per class of
+//! attack: SQL the server refuses (here), the router's front door (`router`),
+//! the daemon's admin work on what the agent planted (`admin`), root's file
+//! work on the sandbox's files (`files`), limits (`limits`), read-only mode
+//! (`readonly`), and what leaks or outlives a tenant (`leaks`).
 
-use crate::harness::{dsn, psql, sql, Daemon};
+mod admin;
+mod files;
+mod leaks;
+mod limits;
+mod readonly;
+mod router;
+
+use serde_json::Value;
+
+use crate::harness::{dsn, psql, split_password, sql, Daemon};
 use crate::storage::golden_digest;
 
 /// A daemon, a golden, the agent's sandbox and a neighbour.
-struct Scene {
-    d: Daemon,
+pub struct Scene {
+    pub d: Daemon,
+    /// The agent's sandbox id.
+    pub id: String,
     /// The agent's DSN through the router.
-    agent: String,
+    pub agent: String,
     /// The same credential on the agent's private socket.
-    agent_socket: String,
-    neighbour: String,
+    pub agent_socket: String,
+    /// The agent's password.
+    pub password: String,
+    pub neighbour: String,
     golden_before: String,
 }
 
 impl Scene {
-    fn new() -> Scene {
-        let d = Daemon::start(&[]);
+    /// The shop golden, an owner-mode agent sandbox and a neighbour.
+    pub fn new() -> Scene {
+        Scene::with(&[], &[])
+    }
+
+    /// The same, with daemon flags and the agent's fork flags.
+    pub fn with(daemon: &[&str], fork: &[&str]) -> Scene {
+        let d = Daemon::start(daemon);
         d.shop("shop");
         let golden_before = golden_digest(&d.home.join("volume/goldens/shop/1"));
-        let forked = d.fork("shop", &[]);
+        let forked = d.fork("shop", fork);
         let agent = dsn(&forked);
         let agent_socket = forked["socket_dsn"].as_str().expect("socket_dsn").to_owned();
         let neighbour = dsn(&d.fork("shop", &[]));
-        sql(&agent, "SELECT lo_from_bytea(4242, 'secret')");
-        Scene { d, agent, agent_socket, neighbour, golden_before }
+        let (_, password) = split_password(&agent);
+        let id = forked["id"].as_str().unwrap().to_owned();
+        if forked["access"]["mode"] == "owner" {
+            sql(&agent, "SELECT lo_from_bytea(4242, 'secret')");
+        }
+        Scene { d, id, agent, agent_socket, password, neighbour, golden_before }
     }
 
     /// Runs the attempt as the agent; it must fail with `expected` in PostgreSQL's message.
-    fn refused(&self, attempt: &str, expected: &str) {
+    pub fn refused(&self, attempt: &str, expected: &str) {
         let err = psql(&self.agent, attempt).expect_err(&format!("{attempt} should have been refused"));
         assert!(err.contains(expected), "{attempt}: expected {expected:?} in {err:?}");
         self.untouched();
     }
 
-    fn untouched(&self) {
+    /// The neighbour and the golden are as they were, and the agent is no superuser.
+    pub fn untouched(&self) {
         assert_eq!(sql(&self.neighbour, "SELECT count(*) FROM orders"), "1000", "the neighbour changed");
-        assert_eq!(sql(&self.agent, "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"), "f");
+        let roles = sql(
+            &self.neighbour,
+            "SELECT string_agg(rolname, ',' ORDER BY rolname) FROM pg_roles WHERE rolsuper OR rolcreaterole OR rolbypassrls",
+        );
+        assert_eq!(roles, "airlock_admin", "the neighbour's roles changed");
+        if let Ok(su) =
+            psql(&self.agent, "SELECT rolsuper OR rolcreaterole FROM pg_roles WHERE rolname = current_user")
+        {
+            assert_eq!(su, "f", "the agent's role was raised");
+        }
         assert_eq!(
             golden_digest(&self.d.home.join("volume/goldens/shop/1")),
             self.golden_before,
             "the golden changed"
         );
+    }
+
+    /// Calls one of the agent's tools on its sandbox (as the gateway would).
+    pub fn tool(&self, tool: &str, args: Value) -> Value {
+        let (status, body) =
+            self.d.api("POST", &format!("/v1/sandboxes/{}/tools/{tool}", self.id), &args.to_string());
+        let v: Value = serde_json::from_str(&body).unwrap_or_else(|_| panic!("{tool}: {status} {body}"));
+        v
+    }
+
+    /// The router's `host:port`.
+    pub fn router(&self) -> &str {
+        &self.d.router
     }
 }
 
@@ -104,6 +154,37 @@ refused! {
     update_catalog_superuser: "UPDATE pg_authid SET rolsuper = true WHERE rolname = 'airlock_agent'" => DENIED;
     session_preload_libraries: "SET session_preload_libraries = 'evil'" => DENIED;
     log_statement_off: "SET log_statement = 'none'" => DENIED;
+    // Nothing an agent sets outlives its session: the in-server guard.
+    alter_own_password: "ALTER ROLE airlock_agent PASSWORD 'locked-out'" => "permission denied to change a role's password";
+    alter_own_expiry: "ALTER ROLE CURRENT_USER VALID UNTIL '2000-01-01'" => "permission denied to change a role's password";
+    alter_own_setting: "ALTER ROLE airlock_agent SET statement_timeout = 0" => "permission denied to change a role's session defaults";
+    alter_own_setting_in_database: "ALTER ROLE airlock_agent IN DATABASE app SET search_path = evil" => "permission denied to change a role's session defaults";
+    reset_own_settings: "ALTER ROLE airlock_agent RESET ALL" => "permission denied to change a role's session defaults";
+    alter_database_setting: "ALTER DATABASE app SET search_path = evil, pg_catalog" => "permission denied to change the database's session defaults";
+    alter_database_connections: "ALTER DATABASE app ALLOW_CONNECTIONS false" => "permission denied to change the database's options";
+    alter_database_limit: "ALTER DATABASE app CONNECTION LIMIT 0" => "permission denied to change the database's options";
+    rename_database: "ALTER DATABASE app RENAME TO gone" => "permission denied to change the database's name";
+    give_database_away: "ALTER DATABASE app OWNER TO airlock_agent" => "permission denied to change the database's owner";
+    rename_own_role: "ALTER ROLE airlock_agent RENAME TO someone" => "permission denied to change a role's name";
+    // Names only a superuser may take: where the daemon keeps its own machinery.
+    create_probe_schema: "CREATE SCHEMA pg_airlock_probe" => "unacceptable schema name";
+    create_reader_schema: "CREATE SCHEMA pg_airlock" => "unacceptable schema name";
+    // The admin's helpers are not the agent's to call or change.
+    call_the_counter: "SELECT pg_airlock.count_rows('orders')" => "permission denied";
+    replace_the_counter: "CREATE OR REPLACE FUNCTION pg_airlock.count_rows(regclass) RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint'" => "permission denied";
+    become_the_reader: "SET ROLE airlock_reader" => DENIED;
+}
+
+#[test]
+fn a_password_change_cannot_lock_the_harness_out() {
+    let s = Scene::new();
+    assert!(psql(&s.agent, "ALTER ROLE airlock_agent PASSWORD 'mine'").is_err());
+    let with_mine = s.agent.replace(&s.password, "mine");
+    assert!(psql(&with_mine, "SELECT 1").is_err(), "the agent's own password opened the sandbox");
+    assert_eq!(sql(&s.agent, "SELECT 1"), "1");
+    let run = s.tool("run_sql", serde_json::json!({"sql": "SELECT current_user"}));
+    assert_eq!(run["result"]["rows"][0][0], "airlock_agent", "{run}");
+    s.untouched();
 }
 
 #[test]

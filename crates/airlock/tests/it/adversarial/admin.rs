@@ -1,0 +1,189 @@
+//! The daemon's own work on what the agent planted: admin sessions reading the
+//! catalog and counting rows, the migration probe, promotion. An agent that
+//! shadows catalog names, races the admin's reads or plants settings must never
+//! get code to run as the admin, forge what the daemon reports, or hide objects.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::Scene;
+use crate::harness::{dsn, psql, sql};
+
+/// Functions, an aggregate, an operator and tables named like PostgreSQL's own,
+/// each of which records who ran it and tries to make the agent a superuser.
+const PLANT: &str = "
+    CREATE TABLE public.pwned (who text, at timestamptz DEFAULT now());
+    GRANT INSERT ON public.pwned TO PUBLIC;
+    CREATE FUNCTION public.escalate() RETURNS bigint LANGUAGE plpgsql AS $f$
+    BEGIN
+      INSERT INTO public.pwned (who) VALUES (current_user);
+      BEGIN EXECUTE 'ALTER ROLE airlock_agent SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+      RETURN 0;
+    END $f$;
+    CREATE FUNCTION public.json_build_object(VARIADIC text[]) RETURNS json LANGUAGE sql AS 'SELECT public.escalate()::text::json';
+    CREATE FUNCTION public.json_agg(anyelement) RETURNS json LANGUAGE sql AS 'SELECT public.escalate()::text::json';
+    CREATE FUNCTION public.format_type(oid, integer) RETURNS text LANGUAGE sql AS 'SELECT public.escalate()::text';
+    CREATE FUNCTION public.pg_get_viewdef(oid) RETURNS text LANGUAGE sql AS 'SELECT public.escalate()::text';
+    CREATE FUNCTION public.pg_backend_pid() RETURNS integer LANGUAGE sql AS 'SELECT public.escalate()::int';
+    CREATE FUNCTION public.lower(character varying) RETURNS text LANGUAGE sql AS 'SELECT public.escalate()::text';
+    CREATE FUNCTION public.count_any(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT public.escalate()';
+    CREATE AGGREGATE public.count(*) (SFUNC = public.count_any, STYPE = bigint, INITCOND = 0);
+    CREATE FUNCTION public.int_eq(integer, integer) RETURNS boolean LANGUAGE sql AS 'SELECT public.escalate() = 0';
+    CREATE OPERATOR public.= (LEFTARG = integer, RIGHTARG = integer, FUNCTION = public.int_eq);
+    CREATE TABLE public.pg_class (oid oid, relname name, relkind \"char\", relnamespace oid);
+    CREATE TABLE public.pg_stat_activity (pid int, state text);
+    CREATE VIEW public.pg_locks AS SELECT public.escalate() AS pid;";
+
+/// Nothing planted ran as anyone but the agent.
+fn nothing_ran_as_the_admin(s: &Scene) {
+    let who = sql(&s.agent, "SELECT coalesce(string_agg(DISTINCT who, ','), '') FROM public.pwned");
+    assert!(!who.contains("airlock_admin") && !who.contains("airlock_reader"), "planted code ran as {who}");
+}
+
+#[test]
+fn shadowing_objects_never_run_in_the_daemons_sessions() {
+    let s = Scene::new();
+    sql(&s.agent, PLANT);
+    // Every admin path that reads this sandbox: the schema tools, the idle check
+    // (through suspend's count of sessions), a suspend and wake, a branch.
+    let described = s.tool("describe_schema", json!({}));
+    assert!(described["text"].as_str().unwrap().contains("pwned"), "{described}");
+    let changes = s.tool("changes_since_fork", json!({}));
+    assert!(changes["text"].as_str().unwrap().contains("pwned"), "{changes}");
+    let run = s.tool("run_sql", json!({"sql": "SELECT 1 AS one"}));
+    assert_eq!(run["result"]["rows"][0][0], 1, "{run}");
+    s.d.ok(&["suspend", &s.id]);
+    s.d.ok(&["wake", &s.id]);
+    let branch = s.d.json(&["branch", &s.id]);
+    assert_eq!(sql(&dsn(&branch), "SELECT count(*) FROM public.pwned WHERE who <> 'airlock_agent'"), "0");
+    nothing_ran_as_the_admin(&s);
+    s.untouched();
+}
+
+#[test]
+fn a_table_turned_into_a_view_while_being_counted_runs_nothing_as_the_admin() {
+    let s = Scene::new();
+    sql(
+        &s.agent,
+        "CREATE TABLE public.aaa (i int); CREATE TABLE public.zzz (x bigint);
+         CREATE TABLE public.pwned (who text); GRANT INSERT ON public.pwned TO PUBLIC;
+         CREATE FUNCTION public.pwn() RETURNS bigint LANGUAGE plpgsql SET search_path = public AS $f$
+         BEGIN
+           INSERT INTO pwned VALUES (current_user);
+           BEGIN EXECUTE 'ALTER ROLE airlock_agent SUPERUSER'; EXCEPTION WHEN OTHERS THEN NULL; END;
+           RETURN 1;
+         END $f$;",
+    );
+    // The catalog is read while `aaa` is locked; `zzz` becomes a view before it
+    // is counted. Tried through both tools, with the swap landing at a few moments.
+    for (round, tool) in ["describe_schema", "changes_since_fork", "describe_schema"].iter().enumerate() {
+        let swap = format!(
+            "BEGIN; LOCK public.aaa IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(0.{}); \
+             CREATE RULE \"_RETURN\" AS ON SELECT TO public.zzz DO INSTEAD SELECT public.pwn() AS x; COMMIT",
+            3 + round * 3
+        );
+        let swapper = crate::harness::spawn_psql(&s.agent, &swap);
+        std::thread::sleep(Duration::from_millis(100));
+        let _ = s.tool(tool, json!({}));
+        let _ = swapper.wait_with_output();
+        sql(&s.agent, "DROP VIEW public.zzz; CREATE TABLE public.zzz (x bigint)");
+    }
+    nothing_ran_as_the_admin(&s);
+    s.untouched();
+}
+
+#[test]
+fn a_schema_named_like_airlocks_own_hides_nothing() {
+    let s = Scene::new();
+    sql(&s.agent, "CREATE SCHEMA airlock_probe; CREATE TABLE airlock_probe.hidden (secret text)");
+    let text = s.tool("describe_schema", json!({}))["text"].as_str().unwrap().to_owned();
+    assert!(text.contains("airlock_probe.hidden"), "{text}");
+    let changes = s.tool("changes_since_fork", json!({}))["text"].as_str().unwrap().to_owned();
+    assert!(changes.contains("airlock_probe.hidden"), "{changes}");
+    s.untouched();
+}
+
+#[test]
+fn a_candidate_cannot_forge_what_its_migration_test_reports() {
+    let s = Scene::new();
+    // Shadow what a reading might use, in the candidate's own session and
+    // search path, with a temporary pg_class for good measure; then delete
+    // every row.
+    let candidate = "SET search_path = public, pg_catalog;
+        CREATE FUNCTION public.json_build_object(VARIADIC text[]) RETURNS json LANGUAGE sql AS $$ SELECT '{}'::json $$;
+        CREATE FUNCTION public.json_agg(anyelement) RETURNS json LANGUAGE sql AS $$ SELECT '[]'::json $$;
+        CREATE TEMP TABLE pg_class (oid oid, relname name, relkind \"char\", relnamespace oid, relfilenode oid);
+        DELETE FROM orders;";
+    let out = s.tool("test_migration", json!({"sql": candidate}));
+    let report = &out["result"];
+    let candidate = &report["candidates"][0];
+    let deleted: i64 = candidate["statements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|st| st["rows"].as_array().cloned().unwrap_or_default())
+        .filter(|r| r["table"] == "public.orders")
+        .map(|r| r["deleted"].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(deleted, 1000, "the report hides the deletes: {candidate}");
+    let kinds: Vec<&str> =
+        candidate["hazards"].as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"shadows_catalog"), "{kinds:?}");
+    assert_eq!(report["passed"], false);
+    s.untouched();
+}
+
+#[test]
+fn promotion_refuses_planted_objects_unless_told_and_then_lists_them() {
+    let s = Scene::new();
+    sql(
+        &s.agent,
+        "CREATE FUNCTION public.lower(character varying) RETURNS text LANGUAGE sql AS 'SELECT ''planted''';",
+    );
+    let (exit, err) = s.d.fails(&["promote", &s.id, "--golden", "planted"]);
+    assert_eq!((exit, err["code"].as_str()), (10, Some("promotion_refused")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("public.lower(character varying)"), "{err}");
+    assert!(s.d.fails(&["golden", "show", "planted"]).1["code"] == "golden_not_found", "nothing half-made");
+    let golden = s.d.json(&["promote", &s.id, "--golden", "planted", "--allow-planted"]);
+    let planted = &golden["generations"][0]["planted"];
+    assert!(planted.to_string().contains("public.lower(character varying)"), "{golden}");
+    s.untouched();
+}
+
+#[test]
+fn the_probe_cannot_be_imitated_or_reached_by_the_candidate() {
+    let s = Scene::new();
+    // A candidate that tries to write the probe's logs, replace its reading, or
+    // turn its event triggers off gets PostgreSQL's refusals, and the report
+    // still shows the rewrite it did.
+    let candidate = "ALTER TABLE orders ALTER COLUMN total TYPE text;";
+    let tries = [
+        "INSERT INTO pg_airlock_probe.rewrites (relid, relname, reason) VALUES (1, 'x', 0)",
+        "CREATE OR REPLACE FUNCTION pg_airlock_probe.reading(bigint, bigint, boolean) RETURNS text LANGUAGE sql AS $$ SELECT '{}' $$",
+        "ALTER EVENT TRIGGER airlock_probe_rewrite DISABLE",
+        "DROP SCHEMA pg_airlock_probe CASCADE",
+    ];
+    for attempt in tries {
+        let sql_text = format!("{attempt}; {candidate}");
+        let report = &s.tool("test_migration", json!({"sql": sql_text}))["result"];
+        let failure =
+            report["candidates"][0]["failure"]["error"]["message"].as_str().unwrap_or("").to_owned();
+        assert!(
+            failure.contains("permission denied")
+                || failure.contains("must be owner")
+                || failure.contains("superuser"),
+            "{attempt}: {report}"
+        );
+    }
+    let report = &s.tool("test_migration", json!({"sql": candidate}))["result"];
+    let kinds: Vec<&str> = report["candidates"][0]["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h["kind"].as_str().unwrap())
+        .collect();
+    assert!(kinds.contains(&"table_rewrite"), "{report}");
+    assert!(psql(&s.agent, "SELECT 1").is_ok());
+    s.untouched();
+}

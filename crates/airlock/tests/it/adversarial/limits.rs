@@ -1,0 +1,125 @@
+//! Limits the agent cannot lift: statement time lifted every way PostgreSQL
+//! allows (SET, a startup option, a function's SET clause, a fast-path call),
+//! an idle transaction with its timeout off, a dropped client, and the
+//! connection limit. The watchdog ends each runaway from outside, with an event.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::Scene;
+use crate::harness::{psql, sql};
+use crate::wire::{startup_packet, Raw};
+
+/// A scene whose agent has a 1 s statement timeout and 1 s idle-in-transaction timeout.
+fn tight() -> Scene {
+    Scene::with(&[], &["--statement-timeout", "1s", "--idle-in-transaction-timeout", "1s"])
+}
+
+fn watchdog_events(s: &Scene) -> Vec<Value> {
+    let events = s.d.json(&["events", "--sandbox", &s.id]);
+    events.as_array().unwrap().iter().filter(|e| e["kind"] == "watchdog").cloned().collect()
+}
+
+/// `attempt` (which lifted the limit and then slept 30 s) ended well before 30 s:
+/// the watchdog stepped in (and says so), or PostgreSQL's own timeout did.
+fn held(s: &Scene, began: Instant, outcome: Result<String, String>, reason: &str) {
+    let took = began.elapsed();
+    let err = outcome.expect_err("the runaway finished");
+    assert!(took < Duration::from_secs(15), "the runaway ran {took:?}");
+    let events = watchdog_events(s);
+    let by_watchdog = events.iter().any(|e| e["reason"] == reason);
+    assert!(by_watchdog || err.contains("statement timeout"), "{err} / {events:?}");
+    s.untouched();
+}
+
+#[test]
+fn statement_time_lifted_with_set_is_held() {
+    let s = tight();
+    let began = Instant::now();
+    let outcome = psql(&s.agent, "SET statement_timeout = 0; SELECT pg_sleep(30)");
+    held(&s, began, outcome, "statement_time");
+}
+
+#[test]
+fn statement_time_lifted_in_the_startup_packet_is_held() {
+    let s = tight();
+    let packet =
+        startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id), ("statement_timeout", "0")]);
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    let began = Instant::now();
+    let outcome = session.query("SELECT pg_sleep(30)").map(|_| String::new()).map_err(|r| r.message);
+    held(&s, began, outcome, "statement_time");
+}
+
+#[test]
+fn statement_time_lifted_by_a_functions_set_clause_is_held() {
+    let s = tight();
+    sql(&s.agent, "CREATE FUNCTION public.nap() RETURNS void LANGUAGE sql SET statement_timeout = 0 AS 'SELECT pg_sleep(30)'");
+    let began = Instant::now();
+    let outcome = psql(&s.agent, "SELECT public.nap()");
+    held(&s, began, outcome, "statement_time");
+}
+
+#[test]
+fn a_fast_path_call_is_held_too() {
+    let s = tight();
+    let packet = startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    session.query("SET statement_timeout = 0").unwrap();
+    let oid = sql(&s.agent, "SELECT 'pg_sleep(float8)'::regprocedure::oid");
+    let began = Instant::now();
+    let outcome =
+        session.function_call(oid.parse().unwrap(), &["30"]).map(|_| String::new()).map_err(|r| r.message);
+    held(&s, began, outcome, "statement_time");
+}
+
+#[test]
+fn an_idle_transaction_with_its_timeout_off_is_ended() {
+    let s = tight();
+    let packet = startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    session
+        .query("SET idle_in_transaction_session_timeout = 0; BEGIN; LOCK orders IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(session.query("SELECT 1").is_err(), "the idle transaction was left open");
+    // Its lock went with it.
+    assert_eq!(sql(&s.agent, "SELECT count(*) FROM orders"), "1000");
+    assert!(watchdog_events(&s).iter().any(|e| e["reason"] == "idle_in_transaction"));
+    s.untouched();
+}
+
+#[test]
+fn a_dropped_clients_query_does_not_run_on() {
+    let s = Scene::new();
+    let packet = startup_packet(
+        196608,
+        &[("user", "airlock_agent"), ("database", &s.id), ("application_name", "dropper")],
+    );
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    session.query("SET client_connection_check_interval = 0").unwrap();
+    session.send("SELECT pg_sleep(60)");
+    std::thread::sleep(Duration::from_millis(300));
+    let running =
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'dropper' AND state = 'active'";
+    assert_eq!(sql(&s.agent, running), "1");
+    session.drop_now();
+    let began = Instant::now();
+    while sql(&s.agent, running) != "0" {
+        assert!(began.elapsed() < Duration::from_secs(10), "the dropped client's query kept running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    s.untouched();
+}
+
+#[test]
+fn the_connection_limit_holds() {
+    let s = Scene::with(&[], &["--connection-limit", "2"]);
+    let packet = startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let _one = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    let _two = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    let third = Raw::connect(s.router(), &packet, &s.password).err().expect("a third session was let in");
+    assert_eq!(third.code, "53300", "{third:?}");
+    s.untouched();
+}

@@ -1,0 +1,115 @@
+//! The router's front door, attacked with startup packets built by hand: every
+//! way a packet could name another role or database, or a setting the server
+//! would read differently from the router, is refused; the packet the server
+//! gets is the router's own.
+
+use super::Scene;
+use crate::wire::{startup_packet, Raw};
+
+const V3: i32 = 196608;
+
+/// Sends a startup packet whose `{sb}` is the agent's sandbox id; it must be
+/// refused with `code`.
+fn refused(params: &[(&str, &str)], code: &str) {
+    let s = Scene::new();
+    let params: Vec<(String, String)> =
+        params.iter().map(|(k, v)| (k.to_string(), v.replace("{sb}", &s.id))).collect();
+    let borrowed: Vec<(&str, &str)> = params.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    match Raw::connect(s.router(), &startup_packet(V3, &borrowed), &s.password) {
+        Ok(mut session) => {
+            let who = session.query("SELECT current_user, current_setting('is_superuser')");
+            panic!("{params:?} was let in: {who:?}");
+        }
+        Err(r) => assert_eq!(r.code, code, "{params:?}: {r:?}"),
+    }
+    s.untouched();
+}
+
+macro_rules! packets_refused {
+    ($($name:ident: [$(($k:expr, $v:expr)),*] => $code:expr;)*) => {$(
+        #[test]
+        fn $name() {
+            refused(&[$(($k, $v)),*], $code);
+        }
+    )*};
+}
+
+packets_refused! {
+    user_twice_agent_first: [("user", "airlock_agent"), ("user", "airlock_admin"), ("database", "{sb}")] => "08P01";
+    user_twice_admin_first: [("user", "airlock_admin"), ("user", "airlock_agent"), ("database", "{sb}")] => "08P01";
+    user_twice_in_another_case: [("user", "airlock_agent"), ("USER", "airlock_admin"), ("database", "{sb}")] => "08P01";
+    database_twice: [("user", "airlock_agent"), ("database", "{sb}"), ("database", "postgres")] => "08P01";
+    role_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c role=airlock_admin")] => "08P01";
+    role_in_long_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "--role=airlock_admin")] => "08P01";
+    session_authorization_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c session_authorization=airlock_admin")] => "08P01";
+    setting_hidden_behind_an_escape: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c search_path=x\\ -c\\ role=airlock_admin -c role=airlock_admin")] => "08P01";
+    role_as_a_parameter: [("user", "airlock_agent"), ("database", "{sb}"), ("role", "airlock_admin")] => "08P01";
+    session_authorization_as_a_parameter: [("user", "airlock_agent"), ("database", "{sb}"), ("session_authorization", "airlock_admin")] => "08P01";
+    a_setting_twice_through_options: [("user", "airlock_agent"), ("database", "{sb}"), ("search_path", "a"), ("options", "-c search_path=b")] => "08P01";
+    replication_connection: [("user", "airlock_agent"), ("database", "{sb}"), ("replication", "database")] => "08P01";
+    protocol_extension: [("user", "airlock_agent"), ("database", "{sb}"), ("_pq_.anything", "x")] => "08P01";
+    superuser_setting: [("user", "airlock_agent"), ("database", "{sb}"), ("log_statement", "none")] => "08P01";
+    preload_libraries: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c local_preload_libraries=evil")] => "08P01";
+    server_switch_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-d 5")] => "08P01";
+    no_user: [("database", "{sb}")] => "08P01";
+    admin_role: [("user", "airlock_admin"), ("database", "{sb}")] => "28000";
+    owner_role: [("user", "airlock_owner"), ("database", "{sb}")] => "28000";
+    reader_role: [("user", "airlock_reader"), ("database", "{sb}")] => "28000";
+    bootstrap_name: [("user", "postgres"), ("database", "{sb}")] => "28000";
+    a_template_database: [("user", "airlock_agent"), ("database", "template1")] => "3D000";
+    the_inner_database_name: [("user", "airlock_agent"), ("database", "app")] => "3D000";
+    a_path_for_a_database: [("user", "airlock_agent"), ("database", "../{sb}")] => "3D000";
+}
+
+#[test]
+fn an_oversized_parameter_is_refused() {
+    let long = "x".repeat(2000);
+    refused(&[("user", "airlock_agent"), ("database", "{sb}"), ("application_name", &long)], "08P01");
+}
+
+#[test]
+fn what_the_router_accepts_reaches_the_server_as_the_agent_and_nothing_more() {
+    let s = Scene::new();
+    let packet = startup_packet(
+        V3,
+        &[
+            ("user", "airlock_agent"),
+            ("database", &s.id),
+            ("application_name", "raw"),
+            ("options", "-c search_path=public,pg_catalog --lock_timeout=2s"),
+        ],
+    );
+    let mut session = Raw::connect(s.router(), &packet, &s.password).expect("a plain packet is let in");
+    let row = session
+        .query(
+            "SELECT current_user, session_user, current_setting('is_superuser'), current_setting('search_path'),
+                    current_setting('lock_timeout'), current_database()",
+        )
+        .unwrap();
+    let got: Vec<&str> = row[0].iter().map(|v| v.as_deref().unwrap_or("")).collect();
+    assert_eq!(got, ["airlock_agent", "airlock_agent", "off", "public,pg_catalog", "2s", "app"]);
+    s.untouched();
+}
+
+#[test]
+fn the_routers_own_identity_cannot_be_the_admin_on_the_socket() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let s = Scene::new();
+    // The router and run_sql reach a sandbox's socket as the sandbox's server
+    // user; peer authentication maps no role to it, so asking for the admin fails
+    // whatever the packet says.
+    let run = s.d.home.join("volume/sandboxes").join(&s.id).join("run");
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(&run).unwrap().uid();
+    let out = std::process::Command::new("setpriv")
+        .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into()])
+        .args(["psql", "-XtAc", "SELECT 1"])
+        .arg(format!("host={} dbname=app user=airlock_admin", run.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("Peer authentication failed"), "{err}");
+    s.untouched();
+}
