@@ -14,6 +14,7 @@ case "$action" in
     mkdir -p "$dir"
     if ! mountpoint -q "$dir"; then
       rm -f "$image"
+      install -m 600 /dev/null "$image"
       truncate -s 16G "$image"
       mkfs.xfs -q -m reflink=1 "$image"
       mount -o loop,noatime "$image" "$dir"

@@ -2,6 +2,7 @@
 //! daemon's unix socket (or TCP with a bearer token), starting a local daemon
 //! when none answers.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -176,7 +177,7 @@ fn lock_is_held(layout: &Layout) -> bool {
 /// terminal, logging to `daemon.log`.
 fn start_daemon(layout: &Layout) -> Result<std::process::Child> {
     prepare_home(layout.home())?;
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(layout.daemon_log())?;
+    let log = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(layout.daemon_log())?;
     let exe: PathBuf = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
     cmd.arg("serve")

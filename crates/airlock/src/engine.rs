@@ -176,6 +176,15 @@ impl Engine {
             ));
         }
         crate::storage::volume::ensure_mounted(&layout)?;
+        // What the data root holds beside the volume is root's alone: the image
+        // holds every sandbox's data, the log their ids; the root itself is only
+        // traversable (0711), so a name known is a file reachable.
+        for private in [layout.storage_image(), layout.daemon_log(), layout.daemon_lock(), layout.state_db()]
+        {
+            if std::fs::symlink_metadata(&private).is_ok_and(|m| m.is_file()) {
+                std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
         // Instance users must traverse into their own sandbox directory; goldens stay private.
         mkdir(layout.home(), 0o711)?;
         mkdir(&layout.lib(), 0o755)?;

@@ -22,6 +22,7 @@ pub mod pg;
 pub mod reaper;
 pub mod router;
 pub mod sandbox;
+pub mod seccomp;
 pub mod secret;
 pub mod storage;
 pub mod store;

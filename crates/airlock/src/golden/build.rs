@@ -201,9 +201,14 @@ async fn load_and_describe(
                 "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
             ))
             .await?;
+        drop(admin);
+        // The build's own work (VACUUM, ANALYZE) runs the agent's index
+        // expressions, as the owner role: look for planted objects after it.
+        let (version, hash) = describe(engine, dir, postmaster).await?;
         // Whatever the agent left that could steer later sessions (the daemon's
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
+        let admin = Admin::connect(dir, DATABASE, postmaster).await?;
         let planted = crate::catalog::planted::read(admin.client()).await?;
         if !planted.is_empty() && !allow_planted {
             return Err(Error::new(
@@ -216,8 +221,6 @@ async fn load_and_describe(
                  or pass --allow-planted to keep them",
             ));
         }
-        drop(admin);
-        let (version, hash) = describe(engine, dir, postmaster).await?;
         return Ok((version, hash, planted));
     }
     let admin = Admin::connect(dir, "postgres", postmaster).await?;

@@ -35,6 +35,11 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
     let (mut i, mut start, mut line, mut start_line) = (0, 0, 1, 1);
     let mut atomic_depth = 0usize;
     let mut at_line_start = true;
+    // Whether the last token the lexer saw (comments and whitespace are not
+    // tokens, as for PostgreSQL) was the word BEGIN: only then does ATOMIC open a
+    // body. Looking back through the text instead would read a word inside a
+    // comment as a token, and disagree with the server about where a statement ends.
+    let mut after_begin = false;
     while i < bytes.len() {
         let c = bytes[i];
         if at_line_start && c == b'\\' {
@@ -46,6 +51,12 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
         }
         if !c.is_ascii_whitespace() {
             at_line_start = false;
+        }
+        let comment =
+            (c == b'-' && bytes.get(i + 1) == Some(&b'-')) || (c == b'/' && bytes.get(i + 1) == Some(&b'*'));
+        let word = c.is_ascii_alphabetic() && (i == 0 || !ident_char(bytes, i - 1));
+        if !c.is_ascii_whitespace() && !comment && !word {
+            after_begin = false;
         }
         match c {
             b'\n' => {
@@ -118,9 +129,9 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
                 let word_end = (i..bytes.len()).find(|&j| !ident_char(bytes, j)).unwrap_or(bytes.len());
                 let word = &text[i..word_end];
                 // A body opens at BEGIN ATOMIC; inside it, CASE ... END nests too.
-                let opens = (word.eq_ignore_ascii_case("atomic")
-                    && previous_word(&text[start..i]).eq_ignore_ascii_case("begin"))
+                let opens = (word.eq_ignore_ascii_case("atomic") && after_begin)
                     || (atomic_depth > 0 && word.eq_ignore_ascii_case("case"));
+                after_begin = word.eq_ignore_ascii_case("begin");
                 if opens {
                     atomic_depth += 1;
                 } else if atomic_depth > 0 && word.eq_ignore_ascii_case("end") {
@@ -172,10 +183,6 @@ fn dollar_tag(s: &str) -> Option<&str> {
         .enumerate()
         .all(|(k, ch)| ch == '_' || ch.is_alphabetic() || (k > 0 && ch.is_ascii_digit()));
     valid.then(|| &s[..end + 2])
-}
-
-fn previous_word(s: &str) -> &str {
-    s.trim_end().rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap_or("")
 }
 
 fn first_word(s: &str) -> &str {
@@ -251,6 +258,18 @@ mod tests {
         assert!(got[4].0.ends_with("END; END"), "{:?}", got[4]);
         assert_eq!(got[5], ("SELECT $$a;b$$, $1".into(), 8));
         assert!(texts("  -- only a comment\n ;; \n").is_empty());
+    }
+
+    #[test]
+    fn a_word_in_a_comment_is_not_a_token() {
+        // For PostgreSQL this is `SELECT 1 atomic`, then four statements.
+        let forged =
+            "SELECT 1 -- begin\natomic;\nCOMMIT; BEGIN; LOCK TABLE orders; COMMIT;\nSELECT 1 AS \"end\";";
+        assert_eq!(texts(forged).len(), 6, "{:?}", texts(forged));
+        // A comment between BEGIN and ATOMIC is whitespace: still a body.
+        let body =
+            "CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN /* x */ ATOMIC SELECT 1; END; SELECT 2;";
+        assert_eq!(texts(body).len(), 2, "{:?}", texts(body));
     }
 
     #[test]

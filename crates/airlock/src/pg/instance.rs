@@ -195,9 +195,9 @@ pub fn under_private_dir(path: &Path) -> Option<&'static str> {
 /// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`,
 /// a `/proc` that shows only the user's own processes, and no view of the
 /// host's cgroups) or a running
-/// server's, entered in `workdir`; then the unprivileged user. All but the last
-/// need root, so the user comes last. Only async-signal-safe system calls, and no
-/// allocation.
+/// server's, entered in `workdir`; then the unprivileged user, and last the
+/// system-call filter. All but those two need root, so they come last. Only
+/// async-signal-safe system calls, and no allocation.
 pub fn contain(
     who: Who,
     cgroups: &[std::ffi::CString],
@@ -228,12 +228,13 @@ pub fn contain(
     }
     nix::unistd::setgid(who.gid)?;
     nix::unistd::setuid(who.uid)?;
-    Ok(())
+    crate::seccomp::confine(who.filter)
 }
 
-/// Who a contained process becomes: a user, its group, and at most one
-/// supplementary group (the server's socket group).
-#[derive(Debug, Clone, Copy)]
+/// Who a contained process becomes: a user, its group, at most one
+/// supplementary group (the server's socket group), and the system calls it is
+/// refused ([`crate::seccomp`]).
+#[derive(Clone, Copy)]
 pub struct Who {
     /// The user id.
     pub uid: nix::unistd::Uid,
@@ -241,12 +242,13 @@ pub struct Who {
     pub gid: nix::unistd::Gid,
     /// A supplementary group.
     pub group: Option<nix::unistd::Gid>,
+    filter: &'static [nix::libc::sock_filter],
 }
 
 impl Who {
     /// `user`, with `group` besides its own.
     pub fn of(user: &Identity, group: Option<nix::unistd::Gid>) -> Who {
-        Who { uid: user.uid, gid: user.gid, group }
+        Who { uid: user.uid, gid: user.gid, group, filter: crate::seccomp::program() }
     }
 }
 

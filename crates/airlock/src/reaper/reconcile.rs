@@ -112,7 +112,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         if known.contains(&id) {
             continue;
         }
-        let _ = std::fs::remove_dir_all(entry.path());
+        let _ = engine.cloner.remove_tree(&entry.path());
         engine.store().record(NewEvent {
             kind: "deleted",
             sandbox: Some(id),

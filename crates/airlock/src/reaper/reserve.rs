@@ -4,8 +4,11 @@
 //! own limit; where none is possible (XFS here, plain directories) its disk use
 //! is only watched. Either way the sum of what sandboxes may write can exceed the
 //! volume. So each tick the reaper compares the volume's free space with its
-//! reserve (`--disk-reserve`). Nearing it, it samples how many bytes each running
-//! sandbox's processes have written (`/proc/<pid>/io`, summed over its cgroup);
+//! reserve (`--disk-reserve`). Nearing it, it samples, for each running sandbox,
+//! how many bytes its processes have written (`/proc/<pid>/io`, summed over its
+//! cgroup) and how much its directory takes on disk (walked by descriptor): the
+//! first sees a long-lived writer between two syncs, the second what short-lived
+//! processes wrote, which their counters no longer show;
 //! below it, every sandbox writing fast enough to use up the remaining free space
 //! within seconds is stopped at once (immediate shutdown, no checkpoint: nothing
 //! more is written) and marked suspended with a `disk_reserve` event, and forks
@@ -35,8 +38,8 @@ const FAST_MIN: u64 = 1 << 20;
 /// What the reserve watch remembers between ticks.
 #[derive(Default)]
 pub struct Watch {
-    /// Bytes written by each running sandbox's processes at the last sample.
-    written: HashMap<String, u64>,
+    /// Each running sandbox's bytes written and bytes on disk at the last sample.
+    written: HashMap<String, (u64, u64)>,
 }
 
 impl Watch {
@@ -50,7 +53,7 @@ impl Watch {
         let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
         let running: Vec<_> = all.into_iter().filter(|s| s.state == SandboxState::Running).collect();
         let children = (!engine.cgroups.available()).then(children_by_parent);
-        let now: HashMap<String, u64> = running
+        let now: HashMap<String, (u64, u64)> = running
             .iter()
             .map(|sb| {
                 let pids = match &children {
@@ -62,7 +65,8 @@ impl Watch {
                         .chain(sb.pid.and_then(|p| map.get(&p)).into_iter().flatten().copied())
                         .collect(),
                 };
-                (sb.id.clone(), written(&pids))
+                let on_disk = crate::storage::tree::allocated(&engine.layout.sandbox(&sb.id));
+                (sb.id.clone(), (written(&pids), on_disk))
             })
             .collect();
         let before = std::mem::replace(&mut self.written, now);
@@ -75,7 +79,10 @@ impl Watch {
         let writers: Vec<(u64, String)> = self
             .written
             .iter()
-            .filter_map(|(id, total)| Some((total.saturating_sub(*before.get(id)?), id.clone())))
+            .filter_map(|(id, (io, disk))| {
+                let (io_before, disk_before) = before.get(id)?;
+                Some((io.saturating_sub(*io_before).max(disk.saturating_sub(*disk_before)), id.clone()))
+            })
             .filter(|(delta, _)| *delta >= fast)
             .collect();
         for (delta, id) in writers {

@@ -357,7 +357,7 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
         kill_cgroup_members(engine, &sb.id).await;
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
-        std::fs::remove_dir_all(dir.pgdata())?;
+        engine.cloner.remove_tree(&dir.pgdata())?;
         engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
         bring_up(engine, &sb, Some(&password), &mut steps).await
     }
@@ -461,8 +461,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
         instance::kill(pid, &dir.pgdata()).await;
     }
     kill_cgroup_members(engine, &sb.id).await;
-    engine.cloner.unlimit(&dir.root);
-    if let Err(e) = std::fs::remove_dir_all(&dir.root) {
+    if let Err(e) = engine.cloner.remove_tree(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
             return Err(Error::internal(format!("removing {} failed: {e}", dir.root.display())));
         }

@@ -188,11 +188,32 @@ impl Cloner {
     }
 
     /// Lifts a sandbox directory's limit before its files are removed: at its
-    /// limit, Btrfs refuses even the metadata writes a removal needs.
+    /// limit, Btrfs refuses even the metadata writes a removal needs. Dirty data
+    /// is written out first, so no reservation still counts against it.
     pub fn unlimit(&self, path: &Path) {
         if self.backend == Backend::Subvolume && path.exists() {
             let _ = btrfs::limit(path, u64::MAX);
+            if let Ok(dir) = fs::File::open(path) {
+                let _ = nix::unistd::syncfs(&dir);
+            }
         }
+    }
+
+    /// Removes a tree (a sandbox's directory or its data directory), lifting its
+    /// limit first, and trying again a few times while Btrfs still counts
+    /// reservations against a limit it no longer has.
+    pub fn remove_tree(&self, path: &Path) -> std::io::Result<()> {
+        let quota_errors = [nix::libc::EDQUOT, nix::libc::ENOSPC];
+        for attempt in 0.. {
+            self.unlimit(path);
+            match fs::remove_dir_all(path) {
+                Err(e) if attempt < 5 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                }
+                done => return done,
+            }
+        }
+        unreachable!("the loop returns")
     }
 
     /// Whether sandboxes get a hard disk quota here.

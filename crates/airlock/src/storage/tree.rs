@@ -272,10 +272,24 @@ fn chown_dir(dir: &OwnedFd, owner: &Identity) -> io::Result<()> {
 /// nor path length hides anything or exhausts a stack; links are counted as
 /// themselves, never followed.
 pub fn size(root: &Path) -> u64 {
+    sum(root, |st| st.st_size.max(0) as u64)
+}
+
+/// The bytes allocated to every file in the tree at `root` (what it takes on
+/// disk, delayed allocations included), walked as [`size`] is.
+pub fn allocated(root: &Path) -> u64 {
+    sum(root, |st| st.st_blocks.max(0) as u64 * 512)
+}
+
+fn sum(root: &Path, of: impl Fn(&nix::sys::stat::FileStat) -> u64) -> u64 {
     let Ok(path) = cpath(root) else { return 0 };
     let top = match open_dir(nix::fcntl::AT_FDCWD, &path) {
         Ok(fd) => fd,
-        Err(_) => return std::fs::symlink_metadata(root).map(|m| m.len()).unwrap_or(0),
+        Err(_) => {
+            return fstatat(nix::fcntl::AT_FDCWD, path.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map(|st| of(&st))
+                .unwrap_or(0)
+        }
     };
     let mut total = 0u64;
     // Directories still to list: each holds its parent open only until it is opened.
@@ -290,7 +304,7 @@ pub fn size(root: &Path) -> u64 {
                 if SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR {
                     pending.push((dir.clone(), name));
                 } else {
-                    total += stat.st_size.max(0) as u64;
+                    total += of(&stat);
                 }
             }
         }

@@ -3,7 +3,7 @@
 //! hard disk quota per sandbox), or XFS made with `reflink=1` (reflinks only:
 //! this host's kernel, like many, has no XFS quota support).
 
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::process::Command;
 
@@ -120,7 +120,8 @@ pub fn init(layout: &Layout, size: u64, fs: Filesystem) -> Result<InitReport> {
         ));
     }
     if !image.exists() {
-        let f = std::fs::File::create(&image)?;
+        // The image holds every sandbox's and golden's data: root's alone.
+        let f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&image)?;
         f.set_len(size)?;
         drop(f);
         run(Command::new(mkfs).args(args).arg(&image), mkfs).inspect_err(|_| {

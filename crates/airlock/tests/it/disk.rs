@@ -141,3 +141,61 @@ fn forks_never_eat_into_the_reserve() {
     assert!(d.ids().is_empty(), "nothing half-made");
     assert!(d.json(&["doctor"])["disk_reserve_bytes"].as_u64().unwrap() >= 100 << 40);
 }
+
+fn exec(d: &Daemon, id: &str, script: &str) -> serde_json::Value {
+    let out = d.cli(&["exec", "--json", id, "--timeout", "120s", "--", "bash", "-c", script]);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+}
+
+#[test]
+fn exec_code_cannot_step_outside_its_quota_with_subvolumes_namespaces_or_tracing() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "150M"]) else { return };
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let neighbour = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap();
+    // A subvolume of its own (outside the sandbox's quota group), a read-only flag
+    // nobody could remove, a user namespace, tracing: each refused.
+    let probe = r#"
+import fcntl, os, struct, sys
+def attempt(name, f):
+    try:
+        f(); print(name, "ALLOWED")
+    except OSError as e:
+        print(name, "refused", e.errno)
+attempt("subvolume", lambda: fcntl.ioctl(os.open(".", os.O_RDONLY), 0x5000940e, bytearray(struct.pack("q4088s", 0, b"nest"))))
+attempt("readonly", lambda: fcntl.ioctl(os.open(".", os.O_RDONLY), 0x4008941a, struct.pack("Q", 2)))
+"#;
+    let r = exec(
+        &d,
+        id,
+        &format!("python3 -c '{probe}'; unshare -r true && echo UNSHARED; unshare -rn true || echo NO-NAMESPACE; dd if=/dev/zero of=big bs=1M count=400 2>&1"),
+    );
+    let out = r["stdout"].as_str().unwrap().to_owned() + r["stderr"].as_str().unwrap();
+    assert!(!out.contains("ALLOWED") && !out.contains("UNSHARED") && out.contains("NO-NAMESPACE"), "{out}");
+    assert_eq!(out.matches("refused 1").count(), 2, "{out}");
+    assert!(out.contains("Disk quota exceeded"), "exec's files count against the quota: {out}");
+    // And the sandbox can still be deleted, leaving nothing.
+    d.ok(&["rm", id]);
+    assert!(!d.sandbox_dirs().contains(&id.to_owned()));
+    assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
+}
+
+#[test]
+fn the_reserve_sees_writers_that_come_and_go() {
+    let Some(d) = on_volume("xfs", "2G", &["--disk-reserve", "600M", "--disk-limit", "10G"]) else { return };
+    d.shop("shop");
+    let filler = d.fork("shop", &[]);
+    let neighbour = d.fork("shop", &[]);
+    let id = filler["id"].as_str().unwrap().to_owned();
+    // Each file written by a process that exits at once: no live counter shows it.
+    let _ = exec(
+        &d,
+        &id,
+        "i=0; while dd if=/dev/zero of=f$i bs=1M count=16 conv=fsync 2>/dev/null; do i=$((i+1)); done",
+    );
+    let events = d.json(&["events", "--sandbox", &id]);
+    assert!(events.as_array().unwrap().iter().any(|e| e["kind"] == "disk_reserve"), "{events}");
+    assert_eq!(d.json(&["show", &id])["state"], "suspended");
+    assert_eq!(sql(&dsn(&neighbour), "INSERT INTO orders VALUES (5001, 'x', 1) RETURNING id"), "5001");
+}

@@ -66,6 +66,10 @@ fn storage_init_makes_a_reflink_volume_where_forks_share_the_goldens_blocks() {
     assert_eq!(report["reflink"], true);
     assert_eq!(report["created"], true);
     assert!(crate::harness::is_mount_point(&d.home.join("volume")));
+    // The image holds every sandbox's data: root's alone.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(d.home.join("storage.xfs")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
     // Running it again is harmless.
     assert_eq!(d.json(&["storage", "init", "--fs", "xfs", "--size", "2G"])["created"], false);
 

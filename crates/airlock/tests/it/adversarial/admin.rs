@@ -187,3 +187,18 @@ fn the_probe_cannot_be_imitated_or_reached_by_the_candidate() {
     assert!(psql(&s.agent, "SELECT 1").is_ok());
     s.untouched();
 }
+
+#[test]
+fn a_comment_cannot_hide_statements_from_a_migration_report() {
+    let s = Scene::new();
+    // For PostgreSQL the first statement is `SELECT 1 atomic`; a splitter that
+    // read `begin` in the comment as a token would send the rest as one blob.
+    let candidate = "SELECT 1 -- begin\natomic;\nBEGIN; LOCK TABLE orders IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(1.5); COMMIT;\nSELECT 1 AS \"end\";";
+    let report = &s.tool("test_migration", json!({"sql": candidate}))["result"];
+    let c = &report["candidates"][0];
+    assert!(c["statements"].as_array().unwrap().len() >= 5, "{c}");
+    let kinds: Vec<&str> =
+        c["hazards"].as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"long_lock"), "{kinds:?}");
+    s.untouched();
+}
