@@ -142,11 +142,6 @@ fn forks_never_eat_into_the_reserve() {
     assert!(d.json(&["doctor"])["disk_reserve_bytes"].as_u64().unwrap() >= 100 << 40);
 }
 
-fn exec(d: &Daemon, id: &str, script: &str) -> serde_json::Value {
-    let out = d.cli(&["exec", "--json", id, "--timeout", "120s", "--", "bash", "-c", script]);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
-}
-
 #[test]
 fn exec_code_cannot_step_outside_its_quota_with_subvolumes_namespaces_or_tracing() {
     let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "150M"]) else { return };
@@ -166,10 +161,10 @@ def attempt(name, f):
 attempt("subvolume", lambda: fcntl.ioctl(os.open(".", os.O_RDONLY), 0x5000940e, bytearray(struct.pack("q4088s", 0, b"nest"))))
 attempt("readonly", lambda: fcntl.ioctl(os.open(".", os.O_RDONLY), 0x4008941a, struct.pack("Q", 2)))
 "#;
-    let r = exec(
-        &d,
+    let r = d.exec(
         id,
         &format!("python3 -c '{probe}'; unshare -r true && echo UNSHARED; unshare -rn true || echo NO-NAMESPACE; dd if=/dev/zero of=big bs=1M count=400 2>&1"),
+        "120s",
     );
     let out = r["stdout"].as_str().unwrap().to_owned() + r["stderr"].as_str().unwrap();
     assert!(!out.contains("ALLOWED") && !out.contains("UNSHARED") && out.contains("NO-NAMESPACE"), "{out}");
@@ -189,10 +184,10 @@ fn the_reserve_sees_writers_that_come_and_go() {
     let neighbour = d.fork("shop", &[]);
     let id = filler["id"].as_str().unwrap().to_owned();
     // Each file written by a process that exits at once: no live counter shows it.
-    let _ = exec(
-        &d,
+    let _ = d.exec(
         &id,
         "i=0; while dd if=/dev/zero of=f$i bs=1M count=16 conv=fsync 2>/dev/null; do i=$((i+1)); done",
+        "120s",
     );
     let events = d.json(&["events", "--sandbox", &id]);
     assert!(events.as_array().unwrap().iter().any(|e| e["kind"] == "disk_reserve"), "{events}");

@@ -9,8 +9,7 @@ use crate::harness::{dsn, sql, Daemon};
 
 /// Runs a bash script through `airlock exec --json`; the CLI exits with the script's code.
 fn exec(d: &Daemon, id: &str, script: &str, timeout: &str) -> Value {
-    let out = d.cli(&["exec", "--json", id, "--timeout", timeout, "--", "bash", "-c", script]);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+    d.exec(id, script, timeout)
 }
 
 #[test]

@@ -236,6 +236,12 @@ impl Daemon {
         child.wait_with_output().unwrap().into()
     }
 
+    /// Runs a bash script in sandbox `id` through `airlock exec --json`; its result.
+    pub fn exec(&self, id: &str, script: &str, timeout: &str) -> Value {
+        let out = self.cli(&["exec", "--json", id, "--timeout", timeout, "--", "bash", "-c", script]);
+        serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+    }
+
     /// Runs the CLI and insists it succeeds; returns stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.cli(args);

@@ -15,8 +15,7 @@ use super::Scene;
 use crate::harness::{dsn, psql, sql};
 
 fn exec(s: &Scene, script: &str) -> Value {
-    let out = s.d.cli(&["exec", "--json", &s.id, "--timeout", "30s", "--", "bash", "-c", script]);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
+    s.d.exec(&s.id, script, "30s")
 }
 
 fn sandbox_dir(s: &Scene) -> PathBuf {

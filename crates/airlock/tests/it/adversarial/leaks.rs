@@ -7,11 +7,6 @@ use serde_json::{json, Value};
 use super::Scene;
 use crate::harness::Daemon;
 
-fn exec(d: &Daemon, id: &str, script: &str) -> Value {
-    let out = d.cli(&["exec", "--json", id, "--timeout", "30s", "--", "bash", "-c", script]);
-    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {out:?}"))
-}
-
 #[test]
 fn a_failed_tool_call_names_no_path_socket_or_log() {
     let s = Scene::new();
@@ -41,11 +36,11 @@ fn exec_sees_only_its_own_processes_no_cgroups_and_a_private_tmp() {
         return;
     }
     let s = Scene::new();
-    let r = exec(
-        &s.d,
+    let r = s.d.exec(
         &s.id,
         "ls /proc | grep -c '^[0-9]'; ls -A /sys/fs/cgroup | wc -l; echo mine > /tmp/left-behind; \
          touch /var/tmp/left /dev/shm/left 2>/dev/null; ls /tmp",
+        "30s",
     );
     let lines: Vec<&str> = r["stdout"].as_str().unwrap().lines().collect();
     let processes: usize = lines[0].trim().parse().unwrap();
@@ -55,7 +50,8 @@ fn exec_sees_only_its_own_processes_no_cgroups_and_a_private_tmp() {
     // The next tenant starts with nothing of this one's, whatever uid it gets.
     s.d.ok(&["rm", &s.id]);
     let next = s.d.fork("shop", &[]);
-    let r = exec(&s.d, next["id"].as_str().unwrap(), "ls -A /tmp /var/tmp /dev/shm | grep -c left || true");
+    let r =
+        s.d.exec(next["id"].as_str().unwrap(), "ls -A /tmp /var/tmp /dev/shm | grep -c left || true", "30s");
     assert_eq!(r["stdout"].as_str().unwrap().trim(), "0", "{r}");
     s.untouched();
 }
