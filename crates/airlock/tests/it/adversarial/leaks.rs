@@ -2,7 +2,7 @@
 //! errors without paths or logs, exec code that sees only its own processes and
 //! a private /tmp, and identities no two sandboxes of any data root share.
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::Scene;
 use crate::harness::Daemon;
