@@ -29,6 +29,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;
+    raise_descriptor_limit();
     // A dead daemon's listening socket can outlive it for a moment in a child that
     // has not yet called exec; unlink its path now, so no client queues up on it
     // while this daemon reconciles.
@@ -89,17 +90,22 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     let stopped_signal = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
-    let unix_server =
-        axum::serve(unix, api::router(state.clone())).with_graceful_shutdown(stopped_signal(stopped.clone()));
+    // The socket is root's alone; its bounds matter less than the TCP listener's.
+    let unix_server = crate::serve::serve(
+        unix,
+        api::router(state.clone()),
+        crate::serve::Bounds { max_connections: 1024, ..Default::default() },
+        stopped_signal(stopped.clone()),
+    );
     let tcp_server = tcp.zip(listen.token).map(|((addr, tcp), token)| {
         tracing::info!(%addr, "serving the API on TCP (bearer token required)");
         let app = api::router(state)
             .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
         let signal = stopped_signal(stopped.clone());
-        tokio::spawn(async move { axum::serve(tcp, app).with_graceful_shutdown(signal).await })
+        tokio::spawn(crate::serve::serve(tcp, app, crate::serve::Bounds::default(), signal))
     });
 
-    let unix_task = tokio::spawn(async move { unix_server.await });
+    let unix_task = tokio::spawn(unix_server);
     stop.await;
     tracing::info!("stopping the API; sandboxes keep running");
     let _ = stopped_tx.send(true);
@@ -109,6 +115,20 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     }
     let _ = std::fs::remove_file(&socket);
     Ok(())
+}
+
+/// Lifts the soft limit on open files to the hard one: the listeners' caps
+/// assume thousands of descriptors, and the usual soft default is 1024.
+fn raise_descriptor_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "could not raise the open-files limit");
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Takes the data root's exclusive lock, so only one daemon serves it.

@@ -132,6 +132,7 @@ pub struct Engine {
     /// Sandboxes whose agent has a `test_migration` running.
     pub migration_tests: crate::migrate::InFlight,
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    tearing_down: Mutex<HashSet<String>>,
     store: Mutex<Store>,
     building: Mutex<HashSet<String>>,
 }
@@ -235,6 +236,7 @@ impl Engine {
             sql_sessions: Default::default(),
             migration_tests: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
+            tearing_down: Mutex::new(HashSet::new()),
             store: Mutex::new(store),
             building: Mutex::new(HashSet::new()),
         })
@@ -255,6 +257,18 @@ impl Engine {
             .or_default()
             .clone();
         lock.lock_owned().await
+    }
+
+    /// Claims the teardown of one sandbox; `None` while another is under way, so
+    /// two never remove the same files. The claim ends when the guard drops.
+    pub fn claim_teardown(&self, id: &str) -> Option<TeardownClaim<'_>> {
+        let mut claimed = self.tearing_down.lock().unwrap_or_else(|p| p.into_inner());
+        claimed.insert(id.to_owned()).then(|| TeardownClaim { engine: self, id: id.to_owned() })
+    }
+
+    /// Whether a teardown of `id` is under way.
+    pub fn tearing_down(&self, id: &str) -> bool {
+        self.tearing_down.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
     /// Forgets a deleted sandbox's lock and connection records.
@@ -476,4 +490,16 @@ pub struct Doctor {
     pub max_ttl_seconds: u64,
     /// Things that work but not as well as they could.
     pub warnings: Vec<String>,
+}
+
+/// A claimed teardown (see [`Engine::claim_teardown`]).
+pub struct TeardownClaim<'a> {
+    engine: &'a Engine,
+    id: String,
+}
+
+impl Drop for TeardownClaim<'_> {
+    fn drop(&mut self) {
+        self.engine.tearing_down.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
 }

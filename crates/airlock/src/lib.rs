@@ -24,6 +24,7 @@ pub mod router;
 pub mod sandbox;
 pub mod seccomp;
 pub mod secret;
+pub mod serve;
 pub mod storage;
 pub mod store;
 pub mod users;

@@ -11,6 +11,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -87,15 +88,30 @@ pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str
         StreamableHttpService::new(move || Ok(tools.clone()), LocalSessionManager::default().into(), config);
     let app = Router::new()
         .route_service("/mcp/{token}", service)
+        .layer(axum::middleware::from_fn(bounded_body))
         .layer(axum::middleware::from_fn_with_state(engine.clone(), known_token))
         .fallback(|| async { StatusCode::NOT_FOUND });
     tracing::info!(%bound, "serving the MCP gateway");
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "the MCP gateway stopped");
-        }
-    });
+    tokio::spawn(crate::serve::serve(listener, app, crate::serve::Bounds::default(), std::future::pending()));
     Ok(format!("http://{host}:{}", bound.port()))
+}
+
+/// The largest request body a tool call may send: the largest SQL text, JSON-escaped.
+const MAX_BODY: usize = 4 * super::sql::MAX_SQL;
+
+/// Time a client has to send a request's body once its headers are in.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads a request's body whole, within `MAX_BODY` and `BODY_TIMEOUT`, before
+/// any tool sees it: a client that trickles a body cannot hold a connection
+/// (and the daemon's descriptor) for longer than that.
+async fn bounded_body(request: Request, next: Next) -> Response {
+    let (parts, body) = request.into_parts();
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(bytes)) => next.run(Request::from_parts(parts, axum::body::Body::from(bytes))).await,
+        Ok(Err(_)) => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+        Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
+    }
 }
 
 /// Answers 404, and nothing else, unless the URL's token is bound to a live

@@ -123,14 +123,14 @@ async fn build_in(
     // schema may set database defaults while its owner role still owns it.
     let mut started = instance::start(&engine.pg, dir, user, None, &builder.cgroups, None)?;
     if let Err(e) = started.wait_ready(dir).await {
-        instance::kill(started.pid, &dir.pgdata()).await;
+        let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
     }
     let loaded = load_and_describe(engine, dir, started.pid, work, source, allow_planted).await;
     let (postgres_version, schema_hash, planted) = match loaded {
         Ok(v) => v,
         Err(e) => {
-            instance::kill(started.pid, &dir.pgdata()).await;
+            let _ = instance::kill(started.pid, &dir.pgdata()).await;
             return Err(e);
         }
     };

@@ -192,12 +192,12 @@ pub fn under_private_dir(path: &Path) -> Option<&'static str> {
 
 /// In the child, before exec: join the cgroups whose `cgroup.procs` files are
 /// given; then either new namespaces (network with only loopback up, System V
-/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/dev/shm`, `/run/lock`,
-/// a `/proc` that shows only the user's own processes, and no view of the
-/// host's cgroups) or a running
-/// server's, entered in `workdir`; then the unprivileged user, and last the
-/// system-call filter. All but those two need root, so they come last. Only
-/// async-signal-safe system calls, and no allocation.
+/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/run/lock`, a `/proc`
+/// that shows only the user's own processes, a `/dev` of its own and no view of
+/// the host's cgroups) or a running server's, entered in `workdir`; then a cap
+/// on open files, the unprivileged user, and last the system-call filter. All
+/// but those two need root, so they come last. Only async-signal-safe system
+/// calls, and no allocation.
 pub fn contain(
     who: Who,
     cgroups: &[std::ffi::CString],
@@ -222,6 +222,11 @@ pub fn contain(
             nix::unistd::chdir(workdir)?;
         }
     }
+    // Open files count against the host's table, shared by every tenant. (Never
+    // above the daemon's own hard limit: raising it needs CAP_SYS_RESOURCE.)
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let open_files = OPEN_FILES.min(getrlimit(Resource::RLIMIT_NOFILE)?.1);
+    setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)?;
     match who.group {
         Some(group) => nix::unistd::setgroups(&[group])?,
         None => nix::unistd::setgroups(&[])?,
@@ -252,29 +257,89 @@ impl Who {
     }
 }
 
+/// Open files each sandbox process may hold (PostgreSQL's own default
+/// `max_files_per_process` is 1000).
+const OPEN_FILES: u64 = 1024;
+
 /// In a new mount namespace: stop mounts propagating back to the host, then a
-/// fresh `/proc` (`hidepid=2`: only the caller's own processes) and an empty
-/// tmpfs over each host-shared writable directory.
+/// fresh `/proc` (`hidepid=2`: only the caller's own processes), a `/dev` of its
+/// own and an empty tmpfs over each host-shared writable directory.
 fn private_mounts() -> std::io::Result<()> {
     use nix::mount::{mount, MsFlags};
     let none: Option<&std::ffi::CStr> = None;
     mount(none, c"/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
     let plain = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
     mount(Some(c"proc"), c"/proc", Some(c"proc"), plain | MsFlags::MS_NOEXEC, Some(c"hidepid=2"))?;
+    private_dev()?;
     for dir in SHARED_WRITABLE {
         if nix::sys::stat::stat(*dir).is_ok() {
             mount(Some(c"tmpfs"), *dir, Some(c"tmpfs"), plain, Some(c"mode=1777,size=256m"))?;
         }
     }
-    if nix::sys::stat::stat(c"/dev/mqueue").is_ok() {
-        mount(Some(c"mqueue"), c"/dev/mqueue", Some(c"mqueue"), plain | MsFlags::MS_NOEXEC, none)?;
-    }
+    // A kernel without POSIX message queues leaves the directory empty.
+    let _ = mount(Some(c"mqueue"), c"/dev/mqueue", Some(c"mqueue"), plain | MsFlags::MS_NOEXEC, none);
     // The host's cgroups would list every sandbox of every data root.
     if nix::sys::stat::stat(c"/sys/fs/cgroup").is_ok() {
         let hidden = plain | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
         mount(Some(c"tmpfs"), c"/sys/fs/cgroup", Some(c"tmpfs"), hidden, Some(c"size=4k"))?;
     }
     Ok(())
+}
+
+/// The device nodes a sandbox gets (name, major, minor); nothing else of the
+/// host's `/dev` is there.
+const DEVICES: &[(&std::ffi::CStr, u64, u64)] = &[
+    (c"/dev/null", 1, 3),
+    (c"/dev/zero", 1, 5),
+    (c"/dev/full", 1, 7),
+    (c"/dev/random", 1, 8),
+    (c"/dev/urandom", 1, 9),
+    (c"/dev/tty", 5, 0),
+];
+
+/// Pseudo-terminals one sandbox may hold: the host's are a table shared by
+/// every user, and a login needs one.
+const PTYS: &std::ffi::CStr = c"newinstance,ptmxmode=0666,mode=0620,max=8";
+
+/// A `/dev` with only the harmless devices ([`DEVICES`]), an instance of the
+/// pseudo-terminal filesystem of its own capped at a few terminals (the kernel
+/// also keeps `kernel.pty.reserve` of the host's for the host alone), and empty
+/// mount points for `/dev/shm` and `/dev/mqueue`.
+fn private_dev() -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    use nix::sys::stat::{mknod, Mode, SFlag};
+    // Device nodes work on this tmpfs (no `nodev`); only root could make more.
+    mount(
+        Some(c"tmpfs"),
+        c"/dev",
+        Some(c"tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(c"mode=0755,size=64k"),
+    )?;
+    let umask = nix::sys::stat::umask(Mode::empty());
+    let made = (|| -> nix::Result<()> {
+        let everyone = Mode::from_bits_truncate(0o666);
+        for (path, major, minor) in DEVICES {
+            mknod(*path, SFlag::S_IFCHR, everyone, nix::sys::stat::makedev(*major, *minor))?;
+        }
+        for dir in [c"/dev/pts", c"/dev/shm", c"/dev/mqueue"] {
+            nix::unistd::mkdir(dir, Mode::from_bits_truncate(0o755))?;
+        }
+        for (target, link) in [
+            (c"pts/ptmx", c"/dev/ptmx"),
+            (c"/proc/self/fd", c"/dev/fd"),
+            (c"/proc/self/fd/0", c"/dev/stdin"),
+            (c"/proc/self/fd/1", c"/dev/stdout"),
+            (c"/proc/self/fd/2", c"/dev/stderr"),
+        ] {
+            nix::unistd::symlinkat(target, nix::fcntl::AT_FDCWD, link)?;
+        }
+        Ok(())
+    })();
+    nix::sys::stat::umask(umask);
+    made?;
+    mount(Some(c"devpts"), c"/dev/pts", Some(c"devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(PTYS))
+        .map_err(std::io::Error::from)
 }
 
 /// Brings up `lo` in a fresh network namespace (two ioctls on a throwaway socket;
@@ -439,7 +504,7 @@ impl Started {
                 log_tail(&dir.log())
             ))),
             _ => {
-                kill(self.pid, &dir.pgdata()).await;
+                let _ = kill(self.pid, &dir.pgdata()).await;
                 Err(Error::postgres("postgres did not shut down in time; it was killed"))
             }
         }
@@ -454,7 +519,7 @@ pub async fn stop(pid: i32, pgdata: &Path) {
     }
     let _ = signal::kill(Pid::from_raw(pid), Signal::SIGINT);
     if !exits_within(pid, Duration::from_secs(10)).await {
-        kill(pid, pgdata).await;
+        let _ = kill(pid, pgdata).await;
     }
 }
 
@@ -476,11 +541,13 @@ async fn exits_within(pid: i32, limit: Duration) -> bool {
 /// Stops an instance for good: immediate shutdown (which also removes its shared
 /// memory), then SIGKILL to the whole process group if it lingers. Safe to call
 /// on a pid that is gone or that belongs to someone else: it only signals a
-/// process whose command line names `pgdata`.
-pub async fn kill(pid: i32, pgdata: &Path) {
-    if !is_postmaster_of(pid, pgdata) {
+/// process whose command line names `pgdata`. Fails only when `/proc` cannot be
+/// read (out of descriptors, say), since then nobody can tell whether the server
+/// still runs, and a caller must not remove files under a live one.
+pub async fn kill(pid: i32, pgdata: &Path) -> std::io::Result<()> {
+    if !serves_settled(pid, pgdata).await? {
         remove_stale_shared_memory(pgdata);
-        return;
+        return Ok(());
     }
     let _ = signal::kill(Pid::from_raw(pid), Signal::SIGQUIT);
     if !exits_within(pid, Duration::from_secs(2)).await {
@@ -488,34 +555,74 @@ pub async fn kill(pid: i32, pgdata: &Path) {
         exits_within(pid, Duration::from_secs(5)).await;
     }
     remove_stale_shared_memory(pgdata);
+    Ok(())
 }
 
-/// Whether `pid` is a running (not zombie) postmaster serving `pgdata`.
-pub fn is_postmaster_of(pid: i32, pgdata: &Path) -> bool {
-    pid > 0 && is_alive(pid) && postmaster_data_dir(pid).as_deref() == Some(pgdata)
-}
-
-/// The `-D` argument of a running postgres process, if `pid` is one.
-pub fn postmaster_data_dir(pid: i32) -> Option<PathBuf> {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-    if !args.first()?.ends_with(b"postgres") {
-        return None;
+/// `serves`, retried for a second while `/proc` cannot be read.
+async fn serves_settled(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
+    let mut tries = 0;
+    loop {
+        match serves(pid, pgdata) {
+            Err(_) if tries < 20 => tries += 1,
+            outcome => return outcome,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let i = args.iter().position(|a| *a == b"-D")?;
-    let dir = std::str::from_utf8(args.get(i + 1)?).ok()?;
-    Some(PathBuf::from(dir))
+}
+
+/// Whether `pid` is a running (not zombie) postmaster serving `pgdata`, or an
+/// error when `/proc` could not be read: "could not look" is never "gone".
+pub fn serves(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
+    Ok(pid > 0 && alive(pid)? && postmaster_data_dir(pid)?.as_deref() == Some(pgdata))
+}
+
+/// `serves`, with "could not look" counted as "no": for callers that only ask
+/// whether they may use the server.
+pub fn is_postmaster_of(pid: i32, pgdata: &Path) -> bool {
+    serves(pid, pgdata).unwrap_or(false)
+}
+
+/// Reads a file of `/proc/PID`; `None` when the process is gone.
+fn read_proc(pid: i32, file: &str) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(format!("/proc/{pid}/{file}")) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The `-D` argument of a running postgres process, `None` if `pid` is not one.
+pub fn postmaster_data_dir(pid: i32) -> std::io::Result<Option<PathBuf>> {
+    let Some(cmdline) = read_proc(pid, "cmdline")? else { return Ok(None) };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    if !args.first().is_some_and(|a| a.ends_with(b"postgres")) {
+        return Ok(None);
+    }
+    let dir = args
+        .iter()
+        .position(|a| *a == b"-D")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|d| std::str::from_utf8(d).ok());
+    Ok(dir.map(PathBuf::from))
 }
 
 /// Whether a process exists and is not a zombie.
+fn alive(pid: i32) -> std::io::Result<bool> {
+    let Some(stat) = read_proc(pid, "stat")? else { return Ok(false) };
+    let stat = String::from_utf8_lossy(&stat);
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    Ok(!matches!(state, Some('Z') | Some('X') | None))
+}
+
+/// Whether a process exists and is not a zombie ("could not look" counts as yes,
+/// so a waiter keeps waiting rather than acting on a live process).
 pub fn is_alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
-            !matches!(state, Some('Z') | Some('X') | None)
-        }
-        Err(_) => false,
-    }
+    alive(pid).unwrap_or(true)
 }
 
 /// After an instance died without shutting down, its small System V segment

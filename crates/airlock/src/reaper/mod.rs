@@ -9,8 +9,9 @@ pub mod watchdog;
 
 pub use reconcile::{reconcile, Reconciled};
 
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::clock::Timestamp;
 use crate::engine::Engine;
@@ -48,12 +49,14 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
         let mut ticks: u64 = 0;
         let mut disk_cursor = 0usize;
         let mut reserve = reserve::Watch::default();
+        let mut stalled = HashMap::new();
         loop {
             tick.tick().await;
             ticks += 1;
             reserve.check(&engine).await;
             if ticks.is_multiple_of(5) {
                 watch_servers(&engine);
+                resume_teardowns(&engine, &mut stalled);
                 disk_cursor = watch_disk(&engine, disk_cursor).await;
             }
             if ticks.is_multiple_of(300) {
@@ -94,8 +97,14 @@ fn watch_servers(engine: &Arc<Engine>) {
     };
     for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
         let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
-        if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
-            continue;
+        match sb.pid.map(|pid| instance::serves(pid, &pgdata)) {
+            Some(Ok(true)) => continue,
+            Some(Ok(false)) | None => {}
+            // Could not look (out of descriptors, say): that says nothing about the server.
+            Some(Err(e)) => {
+                tracing::warn!(sandbox = %sb.id, error = %e, "could not check its server; will look again");
+                continue;
+            }
         }
         // Only if it is still the same live row (a suspend stops servers on purpose).
         if !engine.store().begin_delete_dead(&sb.id, sb.pid).unwrap_or(false) {
@@ -113,6 +122,36 @@ fn watch_servers(engine: &Arc<Engine>) {
             tracing::warn!(sandbox = %sb.id, "its server exited; deleting it");
             if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
                 tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox whose server exited");
+            }
+        });
+    }
+}
+
+/// Takes up deletions whose teardown failed (it could not tell whether the
+/// server still ran, say, or could not remove a file), once they have gone
+/// `sandbox::RESUME_AFTER` with no teardown under way. `stalled` remembers since
+/// when each has been seen so, across rounds.
+fn resume_teardowns(engine: &Arc<Engine>, stalled: &mut HashMap<String, Instant>) {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter { pooled: true, ..Default::default() }) else {
+        return;
+    };
+    let now = Instant::now();
+    let waiting: Vec<_> = all
+        .into_iter()
+        .filter(|s| s.state == SandboxState::Deleting && !engine.tearing_down(&s.id))
+        .collect();
+    stalled.retain(|id, _| waiting.iter().any(|s| &s.id == id));
+    for sb in waiting {
+        let since = *stalled.entry(sb.id.clone()).or_insert(now);
+        if since.elapsed() < sandbox::RESUME_AFTER {
+            continue;
+        }
+        stalled.remove(&sb.id);
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            tracing::info!(sandbox = %sb.id, "taking up a deletion that stalled");
+            if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Orphan).await {
+                tracing::error!(sandbox = %sb.id, error = %e, "could not finish deleting a sandbox; will try again");
             }
         });
     }

@@ -55,7 +55,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             continue;
         }
         tracing::warn!(pid, pgdata = %pgdata.display(), "stopping a postgres process the store does not know");
-        instance::kill(pid, &pgdata).await;
+        instance::kill(pid, &pgdata).await?;
         done.orphans += 1;
     }
 
@@ -80,7 +80,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             SandboxState::Suspended => done.kept += 1,
             SandboxState::Pooled => {
                 let pgdata = layout.sandbox(&sb.id).join("pgdata");
-                if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
+                if sb.pid.map(|pid| instance::serves(pid, &pgdata)).transpose()?.unwrap_or(false) {
                     done.kept += 1;
                 } else {
                     // A pool member holds nothing anyone waits for: the pool makes another.
@@ -89,7 +89,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             }
             SandboxState::Running => {
                 let pgdata = layout.sandbox(&sb.id).join("pgdata");
-                if sb.pid.is_some_and(|pid| instance::is_postmaster_of(pid, &pgdata)) {
+                if sb.pid.map(|pid| instance::serves(pid, &pgdata)).transpose()?.unwrap_or(false) {
                     done.kept += 1;
                     continue;
                 }
@@ -187,7 +187,7 @@ fn postmasters_under(root: &Path) -> Vec<(i32, std::path::PathBuf)> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .filter_map(|pid| {
-            let dir = instance::postmaster_data_dir(pid)?;
+            let dir = instance::postmaster_data_dir(pid).ok()??;
             (dir.starts_with(root) && instance::is_alive(pid)).then_some((pid, dir))
         })
         .collect()

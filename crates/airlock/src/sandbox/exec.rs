@@ -4,8 +4,10 @@
 //! only thing it can reach is its own database, over the unix socket) and its
 //! cgroups, with the connection string in `DATABASE_URL` (never on a command
 //! line), in a private working directory, under a timeout. When it ends — or
-//! times out — every process it started is killed: its process group, and
-//! anything else in the sandbox's cgroups that is not the database server.
+//! times out — every process it started is killed: its process group, then
+//! every process of the exec user (the sandbox's alone), forks in flight
+//! included; without root, anything in the sandbox's cgroups that is not the
+//! database server.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -118,6 +120,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),
         (false, _) => None,
     };
+    let contained = namespaces.is_some();
     if let Some(ns) = namespaces {
         let who = instance::Who::of(&user, None);
         let cgroups = engine.cgroups.procs_files(&sb.id);
@@ -142,8 +145,8 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
             let _ = stdin.write_all(text.as_bytes()).await;
         });
     }
-    let out = tokio::spawn(capped(child.stdout.take()));
-    let err = tokio::spawn(capped(child.stderr.take()));
+    let (out, out_task) = Capture::spawn(child.stdout.take());
+    let (err, err_task) = Capture::spawn(child.stderr.take());
     let status = tokio::time::timeout(Duration::from_secs(timeout), child.wait()).await;
     let timed_out = status.is_err();
     if let Some(pgid) = group {
@@ -153,9 +156,20 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         Ok(s) => s.ok(),
         Err(_) => child.wait().await.ok(),
     };
-    kill_strays(engine, &sb);
-    let (stdout, cut_out) = out.await?;
-    let (stderr, cut_err) = err.await?;
+    if contained {
+        kill_user(engine, &sb, &user).await;
+    } else {
+        kill_strays(engine, &sb);
+    }
+    // With every writer dead the pipes end at once; should one be held anyway,
+    // the answer does not wait on it.
+    for task in [out_task, err_task] {
+        if tokio::time::timeout(OUTPUT_GRACE, &mut *Box::pin(task)).await.is_err() {
+            tracing::warn!(sandbox = %sb.id, "an exec's output stayed open after its processes were killed");
+        }
+    }
+    let (stdout, cut_out) = out.take();
+    let (stderr, cut_err) = err.take();
     Ok(ExecResult {
         exit_code: status.and_then(|s| s.code()),
         timed_out,
@@ -166,27 +180,91 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     })
 }
 
-/// Reads a pipe to its end, keeping at most [`OUTPUT_CAP`] bytes.
-async fn capped<R: tokio::io::AsyncRead + Unpin>(pipe: Option<R>) -> (String, bool) {
-    let Some(mut pipe) = pipe else { return (String::new(), false) };
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 8192];
-    let mut cut = false;
-    loop {
-        match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = OUTPUT_CAP.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-                cut |= n > room;
+/// How long output may stay open once the command's processes are dead.
+const OUTPUT_GRACE: Duration = Duration::from_secs(5);
+
+/// One output pipe read to its end in the background, at most [`OUTPUT_CAP`]
+/// bytes kept; what was read is there even if the end never comes.
+#[derive(Clone, Default)]
+struct Capture(std::sync::Arc<std::sync::Mutex<(Vec<u8>, bool)>>);
+
+impl Capture {
+    fn spawn<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
+        pipe: Option<R>,
+    ) -> (Capture, tokio::task::JoinHandle<()>) {
+        let capture = Capture::default();
+        let kept = capture.clone();
+        let task = tokio::spawn(async move {
+            let Some(mut pipe) = pipe else { return };
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = pipe.read(&mut buf).await {
+                let mut kept = kept.0.lock().unwrap_or_else(|p| p.into_inner());
+                let room = OUTPUT_CAP.saturating_sub(kept.0.len());
+                kept.0.extend_from_slice(&buf[..n.min(room)]);
+                kept.1 |= n > room;
             }
-        }
+        });
+        (capture, task)
     }
-    (String::from_utf8_lossy(&kept).into_owned(), cut)
+
+    /// The text read so far, and whether some was cut at the cap.
+    fn take(&self) -> (String, bool) {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        (String::from_utf8_lossy(&kept.0).into_owned(), kept.1)
+    }
 }
 
-/// Kills what an exec left in the sandbox's cgroups (a process that left its
-/// group with setsid, say): everything but the server and its own children.
+/// Kills every process of the exec user, the sandbox's alone: a process that
+/// signals all it may (`kill(-1)`) as that user reaches each one, including
+/// those forked while it runs, which one pass over a process list would miss.
+/// Repeated until none is left in the sandbox's cgroups.
+async fn kill_user(engine: &Engine, sb: &Sandbox, user: &crate::users::Identity) {
+    let (uid, gid) = (user.uid, user.gid);
+    for _ in 0..20 {
+        let killed = tokio::task::spawn_blocking(move || signal_all_as(uid, gid)).await;
+        if !matches!(killed, Ok(Ok(()))) {
+            tracing::warn!(sandbox = %sb.id, "could not run the exec user's killer");
+        }
+        let left = engine.cgroups.members(&sb.id).into_iter().any(|pid| owner_of(pid) == Some(uid.as_raw()));
+        if !left {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tracing::warn!(sandbox = %sb.id, "exec processes outlived twenty rounds of killing");
+}
+
+/// Forks a child that becomes `uid` and sends SIGKILL to every process it may
+/// signal (all of that user's but itself), then waits for it.
+fn signal_all_as(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> nix::Result<()> {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::{fork, ForkResult, Pid};
+    // SAFETY: the child makes only async-signal-safe system calls, then _exit.
+    match unsafe { fork() }? {
+        ForkResult::Child => {
+            let ok = nix::unistd::setgroups(&[]).is_ok()
+                && nix::unistd::setgid(gid).is_ok()
+                && nix::unistd::setuid(uid).is_ok()
+                && kill(Pid::from_raw(-1), Signal::SIGKILL).is_ok();
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { nix::libc::_exit(if ok { 0 } else { 1 }) }
+        }
+        ForkResult::Parent { child } => {
+            nix::sys::wait::waitpid(child, None)?;
+            Ok(())
+        }
+    }
+}
+
+/// The effective uid of a process, from the owner of its `/proc` entry.
+fn owner_of(pid: i32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
+
+/// Without root there is no exec user of its own to kill by: kills what an exec
+/// left in the sandbox's cgroups (a process that left its group with setsid,
+/// say), everything but the server and its own children.
 fn kill_strays(engine: &Engine, sb: &Sandbox) {
     let Some(server) = sb.pid else { return };
     for pid in engine.cgroups.members(&sb.id) {

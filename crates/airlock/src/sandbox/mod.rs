@@ -352,7 +352,7 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
     let mut steps = Steps::default();
     let rebuilt = async {
         if let Some(pid) = sb.pid {
-            instance::kill(pid, &dir.pgdata()).await;
+            instance::kill(pid, &dir.pgdata()).await?;
         }
         kill_cgroup_members(engine, &sb.id).await;
         // remove_dir_all removes links inside, never what they point at.
@@ -393,7 +393,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     // segment a dead one names would otherwise outlive it.
     if let Some(pid) = postmaster_pid(&dir).filter(|p| instance::is_postmaster_of(*p, &dir.pgdata())) {
         tracing::warn!(sandbox = %sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
-        instance::kill(pid, &dir.pgdata()).await;
+        instance::kill(pid, &dir.pgdata()).await?;
     }
     instance::remove_stale_shared_memory(&dir.pgdata());
     let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
@@ -418,6 +418,8 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
 pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<Sandbox> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut seen: Option<Sandbox> = None;
+    // Since when a `deleting` row has had no teardown under way.
+    let mut unclaimed_since: Option<Instant> = None;
     loop {
         let sb = match engine.store().sandbox(key) {
             Ok(sb) => sb,
@@ -437,7 +439,17 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
                     return Ok(sb);
                 }
             }
-            SandboxState::Creating | SandboxState::Deleting if Instant::now() < deadline => {}
+            // A teardown that failed left it; take it up (after a moment, so a
+            // deletion about to start its own teardown is not raced).
+            SandboxState::Deleting if !engine.tearing_down(&sb.id) && Instant::now() < deadline => {
+                let since = *unclaimed_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= RESUME_AFTER {
+                    teardown(engine, &sb, reason).await?;
+                }
+            }
+            SandboxState::Creating | SandboxState::Deleting if Instant::now() < deadline => {
+                unclaimed_since = None;
+            }
             _ => {
                 return Err(Error::internal(format!(
                     "sandbox {} is stuck in state {}",
@@ -451,14 +463,26 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
     }
 }
 
+/// How long a `deleting` row must go without a teardown under way before
+/// another takes it up.
+pub const RESUME_AFTER: Duration = Duration::from_secs(1);
+
 /// Stops a sandbox's processes, removes its files and its state row, and records
 /// why. Used for every kind of deletion, including failed forks and orphans.
+///
+/// A teardown that fails (say, it could not tell whether the server still runs)
+/// leaves the row `deleting`; the reaper, or the next `delete`, takes it up
+/// again. While one is under way another returns at once.
 pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
+    let Some(_claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
     engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);
     let pid = sb.pid.or_else(|| postmaster_pid(&dir));
     if let Some(pid) = pid {
-        instance::kill(pid, &dir.pgdata()).await;
+        // Files are never removed under a server that may still run.
+        instance::kill(pid, &dir.pgdata()).await.map_err(|e| {
+            Error::internal(format!("could not tell whether sandbox {}'s server still runs: {e}", sb.id))
+        })?;
     }
     kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = engine.cloner.remove_tree(&dir.root) {

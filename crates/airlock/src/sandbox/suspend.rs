@@ -62,7 +62,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     if let Some(pid) = sb.pid {
         match reason {
             // Nothing more may be written, a checkpoint included; it recovers on wake.
-            SuspendReason::DiskFull => instance::kill(pid, &dir.pgdata()).await,
+            SuspendReason::DiskFull => instance::kill(pid, &dir.pgdata()).await?,
             _ => instance::stop(pid, &dir.pgdata()).await,
         }
     }

@@ -65,6 +65,8 @@ pub struct Daemon {
     pub gateway: String,
     args: Vec<String>,
     child: Option<Child>,
+    /// A limit on the daemon's open files (soft and hard), when a test sets one.
+    open_files: Option<u64>,
 }
 
 impl Daemon {
@@ -95,6 +97,19 @@ impl Daemon {
         (d, addr)
     }
 
+    /// A daemon that may hold at most `limit` open files.
+    pub fn start_with_open_files(limit: u64, args: &[&str]) -> Daemon {
+        let mut d = Daemon::unstarted(fresh_home(&cow_base().unwrap_or_else(plain_base)), args);
+        d.open_files = Some(limit);
+        d.spawn();
+        d
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("a running daemon").id() as i32
+    }
+
     /// The postmaster serving one sandbox.
     pub fn postmaster_of(&self, id: &str) -> i32 {
         self.postmasters()
@@ -109,7 +124,14 @@ impl Daemon {
         let router = format!("127.0.0.1:{}", free());
         // The gateway picks its own free port: no test needs its URL to survive a restart.
         let gateway = "127.0.0.1:0".to_owned();
-        Daemon { home, router, gateway, args: args.iter().map(|s| s.to_string()).collect(), child: None }
+        Daemon {
+            home,
+            router,
+            gateway,
+            args: args.iter().map(|s| s.to_string()).collect(),
+            child: None,
+            open_files: None,
+        }
     }
 
     /// One request to the REST API on its unix socket; returns the status and body.
@@ -149,7 +171,15 @@ impl Daemon {
         let _ = std::fs::remove_file(self.socket());
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.home.join("daemon.log")).unwrap();
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match self.open_files {
+            // prlimit sets the limit, then becomes the daemon.
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}")).arg("--").arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("serve")
             .args(&self.args)
             .env("AIRLOCK_HOME", &self.home)
@@ -390,7 +420,26 @@ impl Drop for Daemon {
         if is_mount_point(&volume) {
             let _ = Command::new("umount").arg("-l").arg(&volume).status();
         }
+        remove_cgroups(&self.home);
         let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// Removes a killed daemon's cgroups (its sandboxes' and its data root's own),
+/// which nobody else would: the next daemon of a data root cleans up after the
+/// last, but a test's data root has no next daemon.
+fn remove_cgroups(home: &Path) {
+    let tag = airlock::layout::Layout::new(home).tag();
+    let fs = Path::new("/sys/fs/cgroup");
+    let hierarchies = std::fs::read_dir(fs).into_iter().flatten().flatten().map(|e| e.path());
+    for root in std::iter::once(fs.to_path_buf()).chain(hierarchies) {
+        let dir = root.join("airlock").join(&tag);
+        for child in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if child.path().is_dir() {
+                let _ = std::fs::remove_dir(child.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&dir);
     }
 }
 

@@ -4,10 +4,12 @@
 //! attack: SQL the server refuses (here), the router's front door (`router`),
 //! the daemon's admin work on what the agent planted (`admin`), root's file
 //! work on the sandbox's files (`files`), limits (`limits`), read-only mode
-//! (`readonly`), and what leaks or outlives a tenant (`leaks`).
+//! (`readonly`), what leaks or outlives a tenant (`leaks`), and what is shared
+//! with the whole host, the daemon included (`host`).
 
 mod admin;
 mod files;
+mod host;
 mod leaks;
 mod limits;
 mod readonly;
