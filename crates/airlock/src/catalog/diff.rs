@@ -4,13 +4,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::objects::Entry;
 use super::{short_name, Catalog, Column};
 
 /// One difference between two catalogs.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
     /// `table`, `column`, `constraint`, `index`, `trigger`, `view`, `function`,
-    /// `sequence`, `type` or `extension`.
+    /// `sequence`, `type` or `extension`; empty for the other entries, whose
+    /// name says what they are (`rule r on table orders`).
     pub object: String,
     /// Its name; a table's parts are `table.part`.
     pub name: String,
@@ -36,11 +38,17 @@ impl Change {
             }
         };
         let (before, after) = (self.before.as_deref().map(one_line), self.after.as_deref().map(one_line));
+        // Entries PostgreSQL names itself (`rule r on table orders`) have no kind of their own.
+        let what = [self.object.as_str(), self.name.as_str()]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
         match (before.as_deref(), after.as_deref()) {
-            (None, Some(a)) => format!("+ {} {} {a}", self.object, self.name),
-            (Some(b), None) => format!("- {} {} (was {b})", self.object, self.name),
-            (Some(b), Some(a)) => format!("~ {} {}: {b} -> {a}", self.object, self.name),
-            (None, None) => format!("? {} {}", self.object, self.name),
+            (None, Some(a)) => format!("+ {what} {a}"),
+            (Some(b), None) => format!("- {what} (was {b})"),
+            (Some(b), Some(a)) => format!("~ {what}: {b} -> {a}"),
+            (None, None) => format!("? {what}"),
         }
         .trim_end()
         .to_owned()
@@ -75,7 +83,54 @@ pub fn diff(before: &Catalog, after: &Catalog) -> Vec<Change> {
     maps(&mut out, "sequence", "", &before.sequences, &after.sequences);
     maps(&mut out, "type", "", &before.types, &after.types);
     maps(&mut out, "extension", "", &before.extensions, &after.extensions);
+    if let (Some(before), Some(after)) = (&before.objects, &after.objects) {
+        objects(&mut out, before, after);
+    }
     out
+}
+
+/// The `; `-separated parts of two property lists that differ, as two entries
+/// (`grants a -> grants a,b` rather than every property twice).
+fn differing_parts(before: &str, after: &str) -> (Entry, Entry) {
+    let (old, new): (Vec<&str>, Vec<&str>) = (before.split("; ").collect(), after.split("; ").collect());
+    let only = |these: &[&str], those: &[&str]| {
+        let kept: Vec<&str> = these.iter().filter(|p| !those.contains(p)).copied().collect();
+        Entry { definition: if kept.is_empty() { "(none)".into() } else { kept.join("; ") }, property: true }
+    };
+    (only(&old, &new), only(&new, &old))
+}
+
+/// Entries of [`super::objects`]: a property only changes (its object's coming
+/// and going is reported above); anything else also comes and goes.
+fn objects(out: &mut Vec<Change>, before: &BTreeMap<String, Entry>, after: &BTreeMap<String, Entry>) {
+    let named = |name: &str, before: Option<&Entry>, after: Option<&Entry>| Change {
+        object: String::new(),
+        name: name.replace(" public.", " "),
+        change: match (before, after) {
+            (None, _) => "added",
+            (_, None) => "dropped",
+            _ => "changed",
+        }
+        .into(),
+        before: before.map(|e| e.definition.clone()),
+        after: after.map(|e| e.definition.clone()),
+    };
+    for (name, then) in before {
+        match after.get(name) {
+            None if !then.property => out.push(named(name, Some(then), None)),
+            Some(now) if now.definition != then.definition && now.property => {
+                let (then, now) = differing_parts(&then.definition, &now.definition);
+                out.push(named(name, Some(&then), Some(&now)));
+            }
+            Some(now) if now.definition != then.definition => out.push(named(name, Some(then), Some(now))),
+            _ => {}
+        }
+    }
+    for (name, now) in after {
+        if !now.property && !before.contains_key(name) {
+            out.push(named(name, None, Some(now)));
+        }
+    }
 }
 
 fn change(object: &str, name: &str, before: Option<String>, after: Option<String>) -> Change {

@@ -9,6 +9,7 @@
 
 pub mod describe;
 pub mod diff;
+pub mod objects;
 pub mod planted;
 
 use std::collections::BTreeMap;
@@ -31,10 +32,16 @@ pub struct Catalog {
     pub functions: BTreeMap<String, String>,
     /// Sequences by `schema.name`: their data type.
     pub sequences: BTreeMap<String, String>,
-    /// Enum and domain types by `schema.name`: their labels or base type.
+    /// Enum, domain, composite and range types by `schema.name`: their labels,
+    /// base type, fields or subtype.
     pub types: BTreeMap<String, String>,
     /// Installed extensions: their versions.
     pub extensions: BTreeMap<String, String>,
+    /// Every other entry the agent can make or change (rules, policies,
+    /// grants, options, comments, casts, operators...: [`objects`]) by name.
+    /// Absent in the records of goldens built before Airlock read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub objects: Option<BTreeMap<String, objects::Entry>>,
 }
 
 /// One table.
@@ -137,7 +144,7 @@ fn not_from_extension(class: &str, oid: &str) -> String {
     )
 }
 
-fn query_error(e: tokio_postgres::Error) -> Error {
+pub(crate) fn query_error(e: tokio_postgres::Error) -> Error {
     Error::postgres(format!("reading the catalog failed: {}", crate::pg::admin::describe(&e)))
 }
 
@@ -267,9 +274,12 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
             &format!(
                 "SELECT n.nspname::text, t.typname::text,
                         CASE t.typtype WHEN 'e' THEN 'enum (' || (SELECT string_agg(quote_literal(e.enumlabel), ', ' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid) || ')'
+                                       WHEN 'c' THEN 'composite (' || (SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum) FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) || ')'
+                                       WHEN 'r' THEN 'range over ' || (SELECT format_type(r.rngsubtype, NULL) FROM pg_range r WHERE r.rngtypid = t.oid)
                                        ELSE 'domain over ' || format_type(t.typbasetype, t.typtypmod) END
                  FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
-                 WHERE t.typtype IN ('e', 'd') AND {SYSTEM_SCHEMAS} AND {}",
+                 WHERE (t.typtype IN ('e', 'd', 'r') OR (t.typtype = 'c' AND (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c'))
+                   AND {SYSTEM_SCHEMAS} AND {}",
                 not_from_extension("pg_type", "t.oid")
             ),
             &[],
@@ -288,14 +298,16 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     for r in extensions {
         catalog.extensions.insert(r.get(0), r.get(1));
     }
+    catalog.objects = Some(objects::read(client).await?);
     // The session may go on to run other work (a promoted migration, say).
     client.batch_execute("RESET search_path").await.map_err(query_error)?;
     Ok(catalog)
 }
 
 /// Installs (if missing) the function rows are counted with: it belongs to
-/// `airlock_reader`, a role that can read every table and do nothing else, and
-/// runs as that role (`SECURITY DEFINER`, search path pinned). Counting reads
+/// `airlock_reader`, a role that can read every table, every row of it (row
+/// security policies, which the agent writes, would otherwise decide what is
+/// counted), and do nothing else, and runs as that role (`SECURITY DEFINER`, search path pinned). Counting reads
 /// relations the agent made, and a relation can run the agent's code (a table
 /// turned into a view between the catalog read and the count, functions the
 /// planner folds): inside this function that code runs as a role weaker than the
@@ -310,6 +322,7 @@ const READER_SQL: &str = "
         CREATE ROLE airlock_reader NOLOGIN;
       END IF;
     END $$;
+    ALTER ROLE airlock_reader BYPASSRLS;
     GRANT pg_read_all_data TO airlock_reader;
     CREATE OR REPLACE FUNCTION pg_airlock.count_rows(relation pg_catalog.regclass) RETURNS bigint
       LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
@@ -344,7 +357,8 @@ pub async fn count_rows(
     let client = admin.client();
     let installed = client
         .query_one(
-            "SELECT pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)') IS NOT NULL",
+            "SELECT pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)') IS NOT NULL
+                    AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')",
             &[],
         )
         .await
@@ -381,6 +395,22 @@ pub async fn count_rows(
         counts.insert(name.clone(), count);
     }
     counts
+}
+
+/// Whether the server's statistics were thrown away after it started: PostgreSQL
+/// discards them when it recovers from a crash (a backend killed for memory, say,
+/// which the agent can bring about), and then stamps its shared counters' reset
+/// time. A fork starts from its golden's saved statistics, so on a server that
+/// has not crashed that time is older than the server.
+pub async fn counters_lost(client: &tokio_postgres::Client) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT coalesce((SELECT stats_reset FROM pg_catalog.pg_stat_bgwriter) > pg_catalog.pg_postmaster_start_time(), true)",
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    Ok(row.get(0))
 }
 
 /// Rows inserted, updated and deleted per table since the statistics were last

@@ -35,7 +35,21 @@ pub struct Changes {
     pub schema_changes: Vec<Change>,
     /// Tables whose rows changed.
     pub row_changes: Vec<RowChange>,
+    /// What the comparison could not see, when something.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub caveats: Vec<String>,
 }
+
+/// Said when the server's counters of inserted, updated and deleted rows were lost.
+const COUNTERS_LOST: &str =
+    "the server restarted after a crash and lost its counts of inserted, updated and \
+     deleted rows: those below count from the restart, and a table whose rows were changed before it \
+     without changing their number shows as unchanged";
+
+/// Said when the golden's record predates the comparison of every catalog entry.
+const OLD_RECORD: &str =
+    "the golden's record predates the comparison of rules, policies, grants and options, \
+     so changes to those are not shown: refresh the golden (`airlock golden refresh`) to compare them";
 
 /// One table's rows then and now.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,6 +91,8 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
     let (sb, _busy) = super::running(engine, key).await?;
     let admin = admin(engine, &sb).await?;
     let mut catalog = catalog::read(admin.client()).await?;
+    // Kept for comparisons; a digest tells a model nothing.
+    catalog.objects = None;
     if let Some(wanted) = table {
         let Some(found) = catalog::describe::find(&catalog, wanted) else {
             let known: Vec<&str> = catalog.tables.keys().map(|t| catalog::short_name(t)).collect();
@@ -113,6 +129,13 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let rows =
         catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
     let activity = catalog::row_activity(admin.client()).await?;
+    let mut caveats = Vec::new();
+    if catalog::counters_lost(admin.client()).await? {
+        caveats.push(COUNTERS_LOST.to_owned());
+    }
+    if golden.catalog.objects.is_none() {
+        caveats.push(OLD_RECORD.to_owned());
+    }
     let mut row_changes = Vec::new();
     let tables: std::collections::BTreeSet<&String> = golden.rows.keys().chain(rows.keys()).collect();
     for table in tables {
@@ -137,6 +160,7 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
         generation: sb.generation,
         schema_changes: catalog::diff::diff(&golden.catalog, &now),
         row_changes,
+        caveats,
     })
 }
 
@@ -168,6 +192,7 @@ impl Changes {
                 ));
             }
         }
+        out.extend(self.caveats.iter().map(|c| format!("Note: {c}.")));
         out.join("\n")
     }
 }

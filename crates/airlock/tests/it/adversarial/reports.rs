@@ -1,0 +1,148 @@
+//! What the daemon reports about a sandbox: `describe_schema` and
+//! `changes_since_fork` are how a harness (or a reviewer) learns what an agent
+//! did, so an agent that wants its work to go unnoticed attacks them. Row
+//! security policies must not decide what is counted, every kind of catalog
+//! entry the agent can make must show up as a change, and counters wiped by a
+//! crash the agent caused must be reported as wiped, not as "unchanged".
+
+use serde_json::{json, Value};
+
+use super::Scene;
+use crate::harness::{psql, sql, Daemon};
+
+fn changes(s: &Scene) -> String {
+    let out = s.tool("changes_since_fork", json!({}));
+    out["text"].as_str().unwrap_or_else(|| panic!("{out}")).to_owned()
+}
+
+#[test]
+fn row_security_cannot_hide_rows_from_the_count() {
+    let s = Scene::new();
+    sql(
+        &s.agent,
+        "ALTER TABLE orders ENABLE ROW LEVEL SECURITY; ALTER TABLE orders FORCE ROW LEVEL SECURITY;
+         CREATE POLICY hide ON orders USING (current_user NOT IN ('airlock_reader', 'airlock_admin'));
+         DELETE FROM orders WHERE id <= 10",
+    );
+    let described = s.tool("describe_schema", json!({}))["text"].as_str().unwrap().to_owned();
+    assert!(described.contains("orders (table, 990 rows)"), "{described}");
+    let text = changes(&s);
+    assert!(text.contains("orders: 1000 -> 990 rows"), "{text}");
+    assert!(text.contains("+ policy hide on table orders"), "{text}");
+    assert!(text.contains("row security forced"), "{text}");
+    s.untouched();
+}
+
+/// The golden for the catalog-entry test: a trigger, a sequence, a function.
+fn richer(d: &Daemon) {
+    d.golden(
+        "rich",
+        "CREATE TABLE items (id serial PRIMARY KEY, name text, price int);
+         CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;
+         CREATE TRIGGER items_touch BEFORE UPDATE ON items FOR EACH ROW EXECUTE FUNCTION touch();
+         CREATE TABLE audit (at timestamptz);",
+        "INSERT INTO items (name, price) SELECT 'item ' || g, g FROM generate_series(1, 100) g;",
+    );
+}
+
+#[test]
+fn every_kind_of_catalog_entry_the_agent_makes_is_a_change() {
+    let d = Daemon::start(&[]);
+    richer(&d);
+    let owner = d.fork("rich", &[]);
+    let readonly = d.fork("rich", &["--mode", "readonly"]);
+    // Nothing done, nothing reported: neither the daemon's own grants to a
+    // read-only credential nor its counting functions are the agent's changes.
+    for sb in [&owner, &readonly] {
+        let out = d.api(
+            "POST",
+            &format!("/v1/sandboxes/{}/tools/changes_since_fork", sb["id"].as_str().unwrap()),
+            "{}",
+        );
+        let v: Value = serde_json::from_str(&out.1).unwrap();
+        assert_eq!(
+            (&v["result"]["schema_changes"], &v["result"]["row_changes"]),
+            (&json!([]), &json!([])),
+            "{v}"
+        );
+        assert!(v["result"].get("caveats").is_none(), "{v}");
+    }
+    let agent = crate::harness::dsn(&owner);
+    let attempts = [
+        ("CREATE RULE swallow AS ON INSERT TO items DO INSTEAD NOTHING", "+ rule swallow on table items"),
+        ("CREATE POLICY p ON audit USING (false)", "+ policy p on table audit"),
+        ("ALTER TABLE audit ENABLE ROW LEVEL SECURITY", "row security on"),
+        ("GRANT ALL ON items TO PUBLIC", "grants =arwdDxt/"),
+        ("ALTER TABLE items SET (fillfactor = 50)", "options fillfactor=50"),
+        (
+            "ALTER TABLE items DISABLE TRIGGER items_touch",
+            "state of trigger items_touch on table items: enabled -> disabled",
+        ),
+        ("ALTER SEQUENCE items_id_seq INCREMENT BY 7", "increment 7"),
+        ("ALTER TABLE items ALTER COLUMN name SET STATISTICS 500", "statistics 500"),
+        ("CREATE STATISTICS items_stats ON name, price FROM items", "+ statistics object items_stats"),
+        ("COMMENT ON TABLE items IS 'nothing to see'", "+ comment on table items nothing to see"),
+        ("CREATE TABLE child () INHERITS (audit)", "+ parents of table child public.audit"),
+        ("REVOKE EXECUTE ON FUNCTION touch() FROM PUBLIC", "~ properties of function touch(): grants =X/"),
+        (
+            "CREATE TYPE money2 AS (units int, cents int)",
+            "+ type money2 composite (units integer, cents integer)",
+        ),
+        (
+            "CREATE FUNCTION m2(int) RETURNS money2 LANGUAGE sql AS 'SELECT ($1, 0)::money2';
+             CREATE CAST (int AS money2) WITH FUNCTION m2(int)",
+            "+ cast from integer to money2",
+        ),
+        (
+            "CREATE FUNCTION same(int, int) RETURNS boolean LANGUAGE sql AS 'SELECT true';
+             CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = same)",
+            "+ operator ===(integer,integer)",
+        ),
+        ("CREATE SCHEMA side", "+ schema side"),
+        ("ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC", "+ default privileges"),
+        ("SELECT lo_from_bytea(77, 'x')", "+ large object 77"),
+        ("CREATE PUBLICATION everything FOR TABLE items", "+ publication everything"),
+    ];
+    for (attempt, _) in &attempts {
+        psql(&agent, attempt).unwrap_or_else(|e| panic!("{attempt}: {e}"));
+    }
+    let out = d.api(
+        "POST",
+        &format!("/v1/sandboxes/{}/tools/changes_since_fork", owner["id"].as_str().unwrap()),
+        "{}",
+    );
+    let text = serde_json::from_str::<Value>(&out.1).unwrap()["text"].as_str().unwrap().to_owned();
+    for (attempt, seen) in &attempts {
+        assert!(text.contains(seen), "{attempt}: {seen:?} is not in\n{text}");
+    }
+}
+
+#[test]
+fn counters_wiped_by_a_crash_are_reported_as_wiped() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let s = Scene::new();
+    sql(&s.agent, "UPDATE orders SET total = 0");
+    assert!(changes(&s).contains("updated 1000"));
+    assert!(!changes(&s).contains("lost its counts"), "a fork that never crashed was said to");
+    // A backend killed from outside (as the kernel kills one over its memory
+    // limit, which a session's own work_mem can bring about): the server
+    // recovers, and throws its statistics away.
+    let mut sleeper = crate::harness::spawn_psql(&s.agent, "SELECT pg_sleep(60)");
+    let mut backend = String::new();
+    s.d.wait_for(std::time::Duration::from_secs(10), "the sleeping session", || {
+        backend = sql(&s.agent, "SELECT pid FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'");
+        !backend.is_empty()
+    });
+    let backend: i32 = backend.parse().unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(backend), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let _ = sleeper.wait();
+    s.d.wait_for(std::time::Duration::from_secs(30), "the server to recover", || {
+        psql(&s.agent, "SELECT 1").is_ok()
+    });
+    let text = changes(&s);
+    assert!(text.contains("lost its counts"), "{text}");
+    assert!(!text.contains("updated 1000"), "the counters survived the crash after all: {text}");
+    s.untouched();
+}
