@@ -163,8 +163,9 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     }
     // With every writer dead the pipes end at once; should one be held anyway,
     // the answer does not wait on it.
-    for task in [out_task, err_task] {
-        if tokio::time::timeout(OUTPUT_GRACE, &mut *Box::pin(task)).await.is_err() {
+    for mut task in [out_task, err_task] {
+        if tokio::time::timeout(OUTPUT_GRACE, &mut task).await.is_err() {
+            task.abort();
             tracing::warn!(sandbox = %sb.id, "an exec's output stayed open after its processes were killed");
         }
     }
