@@ -144,9 +144,9 @@ impl Client {
             req = req.header("content-type", "application/json");
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(http_error)?;
-        let resp = sender.send_request(req).await.map_err(http_error)?;
+        let resp = sender.send_request(req).await.map_err(cut_short)?;
         let status = resp.status();
-        let bytes = resp.into_body().collect().await.map_err(http_error)?.to_bytes();
+        let bytes = resp.into_body().collect().await.map_err(cut_short)?.to_bytes();
         drop(sender);
         let _ = conn.await;
         if status.is_success() {
@@ -161,6 +161,17 @@ impl Client {
 /// Percent-encodes a path segment or query value of an API URL.
 pub fn encode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// A request the daemon took and never answered: it stopped (crashed, or was
+/// stopped) while working on it.
+fn cut_short(e: hyper::Error) -> Error {
+    Error::new(
+        ErrorCode::DaemonUnreachable,
+        format!("the daemon stopped before it answered ({e}); what it was doing may be half done"),
+        "when it starts again (the next command starts it) it completes or undoes that work: \
+         check the result with `airlock ls` and `airlock events`, then try again",
+    )
 }
 
 fn http_error(e: impl std::fmt::Display) -> Error {

@@ -134,7 +134,7 @@ pub struct Engine {
     sandbox_ops: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     tearing_down: Mutex<HashSet<String>>,
     store: Mutex<Store>,
-    building: Mutex<HashSet<String>>,
+    golden_work: Mutex<std::collections::HashMap<String, GoldenWork>>,
 }
 
 /// Makes the data root and checks that it can be written.
@@ -238,7 +238,7 @@ impl Engine {
             sandbox_ops: Mutex::new(HashMap::new()),
             tearing_down: Mutex::new(HashSet::new()),
             store: Mutex::new(store),
-            building: Mutex::new(HashSet::new()),
+            golden_work: Mutex::new(Default::default()),
         })
     }
 
@@ -338,7 +338,17 @@ impl Engine {
         }
         let inserted = {
             let mut store = self.store();
-            settle(&store, sb).and_then(|()| store.insert_sandbox(sb, self.config.max_sandboxes))
+            // A golden being removed makes no new sandbox: its removal would not
+            // see it (checked under the store's lock, as the removal lists them).
+            if self.golden_being_removed(&sb.golden) {
+                Err(Error::new(
+                    ErrorCode::GoldenNotFound,
+                    format!("golden {:?} is being removed", sb.golden),
+                    "fork another golden (`airlock golden ls`)",
+                ))
+            } else {
+                settle(&store, sb).and_then(|()| store.insert_sandbox(sb, self.config.max_sandboxes))
+            }
         };
         if inserted.is_err() {
             self.release_identity(sb);
@@ -361,17 +371,25 @@ impl Engine {
         }
     }
 
-    /// Marks a golden name as being built; fails if it already is.
-    pub fn reserve_build(&self, name: &str) -> Result<BuildGuard<'_>> {
-        let mut building = self.building.lock().unwrap_or_else(|p| p.into_inner());
-        if !building.insert(name.to_owned()) {
+    /// Reserves a golden name for a build or a removal; fails at once, saying
+    /// what is under way, while another holds it. Builds, promotions and
+    /// removals of one golden therefore never interleave.
+    pub fn reserve_golden(&self, name: &str, work: GoldenWork) -> Result<GoldenGuard<'_>> {
+        let mut reserved = self.golden_work.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(under_way) = reserved.get(name) {
             return Err(Error::new(
-                ErrorCode::GoldenExists,
-                format!("golden {name:?} is being built right now"),
-                "wait for the other build to finish",
+                ErrorCode::GoldenInUse,
+                format!("golden {name:?} is being {} right now", under_way.as_str()),
+                "wait for that to finish, then try again",
             ));
         }
-        Ok(BuildGuard { engine: self, name: name.to_owned() })
+        reserved.insert(name.to_owned(), work);
+        Ok(GoldenGuard { engine: self, name: name.to_owned() })
+    }
+
+    /// Whether a golden is being removed (no new sandbox of it may be made).
+    pub fn golden_being_removed(&self, name: &str) -> bool {
+        self.golden_work.lock().unwrap_or_else(|p| p.into_inner()).get(name) == Some(&GoldenWork::Remove)
     }
 
     /// A report for `airlock doctor`.
@@ -418,16 +436,34 @@ impl Engine {
     }
 }
 
-/// Releases a golden name reserved by [`Engine::reserve_build`] when dropped.
-pub struct BuildGuard<'a> {
+/// What a golden's name is reserved for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GoldenWork {
+    /// Building a generation (create, refresh, promote).
+    Build,
+    /// Removing the golden.
+    Remove,
+}
+
+impl GoldenWork {
+    fn as_str(self) -> &'static str {
+        match self {
+            GoldenWork::Build => "built",
+            GoldenWork::Remove => "removed",
+        }
+    }
+}
+
+/// Releases a golden name reserved by [`Engine::reserve_golden`] when dropped.
+pub struct GoldenGuard<'a> {
     engine: &'a Engine,
     name: String,
 }
 
-impl Drop for BuildGuard<'_> {
+impl Drop for GoldenGuard<'_> {
     fn drop(&mut self) {
-        let mut building = self.engine.building.lock().unwrap_or_else(|p| p.into_inner());
-        building.remove(&self.name);
+        let mut reserved = self.engine.golden_work.lock().unwrap_or_else(|p| p.into_inner());
+        reserved.remove(&self.name);
     }
 }
 

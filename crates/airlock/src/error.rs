@@ -54,6 +54,9 @@ pub enum ErrorCode {
     /// `promote` refused: the sandbox carries settings or objects that could
     /// steer other sessions, and keeping them was not asked for.
     PromotionRefused,
+    /// The volume (or the sandbox's own allowance) is full: the operation did
+    /// not happen, and the message says what state was kept.
+    DiskFull,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -69,6 +72,7 @@ impl ErrorCode {
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
             SeedFailed | SourceFailed | MigrationFailed => 422,
             CapacityExhausted => 503,
+            DiskFull => 507,
             DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
         }
     }
@@ -87,6 +91,7 @@ impl ErrorCode {
             Unauthorized | DaemonUnreachable => 9,
             MigrationRefused | PromotionRefused => 10,
             MigrationFailed => 11,
+            DiskFull => 13,
         }
     }
 
@@ -126,6 +131,36 @@ impl Error {
         )
     }
 
+    /// A full volume or allowance, with what was kept said in `message`.
+    pub fn disk_full(message: impl Into<String>) -> Self {
+        Error::new(
+            ErrorCode::DiskFull,
+            message,
+            "free space on the volume (delete sandboxes, `airlock ls` shows them) or raise the limit, then try again",
+        )
+    }
+
+    /// An I/O failure while doing `what`: `disk_full` when the disk or quota ran
+    /// out, else `internal`.
+    pub fn io(what: impl std::fmt::Display, e: &std::io::Error) -> Self {
+        if is_disk_full(e) {
+            Error::disk_full(format!("{what} failed: the disk is full ({e})"))
+        } else {
+            Error::internal(format!("{what} failed: {e}"))
+        }
+    }
+
+    /// A PostgreSQL instance that would not start or answer, with its log's tail:
+    /// `disk_full` when the log says the disk or quota ran out.
+    pub fn postgres_with_log(message: impl Into<String>, log_tail: &str) -> Self {
+        let message = message.into();
+        if DISK_FULL_WORDS.iter().any(|w| log_tail.contains(w)) {
+            Error::disk_full(format!("{message} (the disk is full): {log_tail}"))
+        } else {
+            Error::postgres(format!("{message}: {log_tail}"))
+        }
+    }
+
     /// A PostgreSQL instance that would not start or answer.
     pub fn postgres(message: impl Into<String>) -> Self {
         Error::new(
@@ -136,18 +171,32 @@ impl Error {
     }
 }
 
+/// How the kernel's ENOSPC and EDQUOT read in a PostgreSQL log.
+const DISK_FULL_WORDS: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
+
+/// Whether an I/O error is a full disk or an exhausted quota.
+pub fn is_disk_full(e: &std::io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(e.raw_os_error(), Some(n) if n == Errno::ENOSPC as i32 || n == Errno::EDQUOT as i32)
+}
+
 /// Shorthand for results carrying an [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<rusqlite::Error> for Error {
     fn from(e: rusqlite::Error) -> Self {
-        Error::internal(format!("state store: {e}"))
+        match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DiskFull) => {
+                Error::disk_full(format!("the state store could not be written: the disk is full ({e})"))
+            }
+            _ => Error::internal(format!("state store: {e}")),
+        }
     }
 }
 
 impl From<std::io::Error> for Error {
     fn from(e: std::io::Error) -> Self {
-        Error::internal(format!("i/o: {e}"))
+        Error::io("i/o", &e)
     }
 }
 

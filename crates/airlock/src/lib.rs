@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod crashpoint;
 pub mod daemon;
 pub mod engine;
 pub mod error;

@@ -35,14 +35,25 @@ pub fn labels<S: AsRef<str>>(items: &[S]) -> Result<BTreeMap<String, String>> {
             )
         };
         let (k, v) = item.split_once('=').ok_or_else(bad)?;
-        label(k, v).map_err(|_| bad())?;
+        label(k, v).map_err(|e| if k == RESERVED_LABEL_KEY { e } else { bad() })?;
         out.insert(k.to_owned(), v.to_owned());
     }
     Ok(out)
 }
 
+/// The label key Airlock keeps for its own sandboxes (a migration test's forks
+/// carry `airlock=migration-test`, and a restart deletes them by it).
+pub const RESERVED_LABEL_KEY: &str = "airlock";
+
 /// Checks one label key and value.
 pub fn label(key: &str, value: &str) -> Result<()> {
+    if key == RESERVED_LABEL_KEY {
+        return Err(Error::new(
+            ErrorCode::InvalidLabel,
+            format!("the label key {key:?} is reserved for Airlock's own sandboxes"),
+            "choose another key, such as app/airlock",
+        ));
+    }
     let key_ok = !key.is_empty()
         && key.len() <= 63
         && key.chars().all(|c| c.is_ascii_alphanumeric() || "_./-".contains(c));

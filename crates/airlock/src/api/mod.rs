@@ -41,6 +41,10 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status =
             StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        // An answer that points at the daemon log finds what it points at there.
+        if status.is_server_error() {
+            tracing::error!(code = %self.code.as_str(), message = %self.message, "a request failed");
+        }
         (status, Json(self)).into_response()
     }
 }

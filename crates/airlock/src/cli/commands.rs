@@ -132,7 +132,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 let sb: Sandbox =
                     client.call(Method::DELETE, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
                 if !json {
-                    println!("deleted {}", sb.id);
+                    output::line(&format!("deleted {}", sb.id));
                 }
                 removed.push(sb);
             }
@@ -177,7 +177,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                     .call(Method::POST, &format!("/v1/sandboxes/{}/{verb}", encode(id)), NO_BODY)
                     .await?;
                 if !json {
-                    println!("{} is {done}", sb.id);
+                    output::line(&format!("{} is {done}", sb.id));
                 }
                 changed.push(sb);
             }
@@ -238,7 +238,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 output::print(true, &result, String::new);
             } else {
                 use std::io::Write;
-                let _ = std::io::stdout().write_all(result.stdout.as_bytes());
+                output::write_stdout(result.stdout.as_bytes());
                 let _ = std::io::stderr().write_all(result.stderr.as_bytes());
                 if result.timed_out {
                     eprintln!(
@@ -500,9 +500,9 @@ fn print_forked(forked: &Forked, json: bool) {
     if json {
         output::print(true, forked, String::new);
     } else if let Some(url) = &forked.mcp_url {
-        println!("{url}");
+        output::line(url);
     } else {
-        println!("{}", forked.sandbox.dsn.as_deref().unwrap_or_default());
+        output::line(forked.sandbox.dsn.as_deref().unwrap_or_default());
     }
 }
 
@@ -543,6 +543,7 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
         idle_suspend_seconds: idle_suspend_seconds.map(|d| d.as_secs() as i64),
         wait_seconds: Some(validate::duration("--wait", &args.wait)?.as_secs() as i64),
         mcp: args.mcp,
+        ..Default::default()
     };
     let forked: Forked = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     print_forked(&forked, cli.json);

@@ -12,14 +12,34 @@ use crate::events::Event;
 use crate::golden::Golden;
 use crate::sandbox::Sandbox;
 
+/// Writes one line to stdout. When the reader has gone (`airlock ls | head`),
+/// the process ends quietly with success, as the reader wanted no more.
+pub fn line(text: &str) {
+    write_stdout(format!("{text}\n").as_bytes());
+}
+
+/// Writes bytes to stdout as they are; a reader that has gone ends the process
+/// quietly (see [`line`]).
+pub fn write_stdout(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(bytes).and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout failed: {e}");
+        std::process::exit(1);
+    }
+}
+
 /// Prints `value` as JSON, or the human text `human` makes.
 pub fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String) {
     if json {
-        println!("{}", serde_json::to_string_pretty(value).expect("output serializes"));
+        line(&serde_json::to_string_pretty(value).expect("output serializes"));
     } else {
         let text = human();
         if !text.is_empty() {
-            println!("{}", text.trim_end());
+            line(text.trim_end());
         }
     }
 }
@@ -27,7 +47,7 @@ pub fn print<T: Serialize>(json: bool, value: &T, human: impl FnOnce() -> String
 /// Reports an error: JSON on stdout with `--json`, else `error[code]` and a hint on stderr.
 pub fn error(e: &Error, json: bool) {
     if json {
-        println!("{}", serde_json::json!({ "error": e }));
+        line(&serde_json::json!({ "error": e }).to_string());
     } else {
         eprintln!("error[{}]: {}\n  hint: {}", e.code.as_str(), e.message, e.hint);
     }

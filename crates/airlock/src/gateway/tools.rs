@@ -133,7 +133,7 @@ pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via
         Err(e) => detail["error"] = json!(e.code.as_str()),
     }
     let sandbox = engine.store().sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.to_owned());
-    let _ = engine.store().record(NewEvent {
+    engine.store().record_or_log(NewEvent {
         kind: "tool_call",
         sandbox: Some(sandbox),
         detail,

@@ -80,7 +80,7 @@ impl Builder {
         let user = Identity::leased(leases.take(&holder)?);
         let cgroups = engine.cgroups.create(&holder, &engine.config.cgroup_limits).map_err(|e| {
             leases.release(user.uid.as_raw(), &holder);
-            Error::internal(format!("making the build's cgroups failed: {e}"))
+            Error::io("making the build's cgroups", &e)
         })?;
         Ok(Builder { user, contained: Some(holder), cgroups })
     }
@@ -176,7 +176,7 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Ident
     engine
         .cloner
         .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
-        .map_err(|e| Error::internal(format!("cloning {} failed: {e}", source.display())))?;
+        .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))?;
     Ok(())
 }
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, GoldenWork};
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::{DeleteReason, NewEvent};
 use crate::sandbox;
@@ -76,7 +76,7 @@ impl CreateGolden {
 pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     validate::name("golden", &req.name)?;
     let source = req.source()?;
-    let _guard = engine.reserve_build(&req.name)?;
+    let _guard = engine.reserve_golden(&req.name, GoldenWork::Build)?;
     if engine.store().golden(&req.name).is_ok() {
         return Err(Error::new(
             ErrorCode::GoldenExists,
@@ -109,7 +109,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
 /// Builds a new generation from the golden's stored source, makes it current,
 /// and prunes generations no sandbox uses.
 pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
-    let _guard = engine.reserve_build(name)?;
+    let _guard = engine.reserve_golden(name, GoldenWork::Build)?;
     let (source, next) = {
         let store = engine.store();
         let golden = store.golden(name)?;
@@ -160,6 +160,13 @@ fn check_pool_size(size: i64, engine: &Engine) -> Result<()> {
 /// Sets how many started, credential-less sandboxes a golden's warm pool keeps.
 pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
     check_pool_size(size, engine)?;
+    if engine.golden_being_removed(name) {
+        return Err(Error::new(
+            ErrorCode::GoldenNotFound,
+            format!("golden {name:?} is being removed"),
+            "set the pool of another golden (`airlock golden ls`)",
+        ));
+    }
     let mut store = engine.store();
     store.set_pool_size(name, size)?;
     engine.pool_wanted.notify_one();
@@ -173,7 +180,7 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
 pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: bool) -> Result<Golden> {
     validate::name("golden", name)?;
     let sb = engine.store().sandbox(sandbox)?;
-    let _guard = engine.reserve_build(name)?;
+    let _guard = engine.reserve_golden(name, GoldenWork::Build)?;
     let existing = engine.store().golden(name).ok();
     let generation = existing
         .as_ref()
@@ -233,8 +240,10 @@ pub fn prune(engine: &Engine, name: &str) -> Result<()> {
 }
 
 /// Deletes a golden; refuses while sandboxes use it unless `force`, which deletes them first.
+/// No build, promotion or new sandbox of it runs meanwhile.
 pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> {
     let golden = engine.store().golden(name)?;
+    let _reserved = engine.reserve_golden(name, GoldenWork::Remove)?;
     let users =
         engine.store().sandboxes(&SandboxFilter { golden: Some(name.to_owned()), ..Default::default() })?;
     if !users.is_empty() && !force {
@@ -251,7 +260,8 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
             Err(e) => return Err(e),
         }
     }
-    // Empty its warm pool: no new members, then none of the old.
+    // Empty its warm pool: no new members (none can be made while it is
+    // reserved), then none of the old.
     engine.store().set_pool_size(name, 0)?;
     let pool = SandboxFilter { golden: Some(name.to_owned()), pooled: true, ..Default::default() };
     let members = engine.store().sandboxes(&pool)?;
@@ -260,14 +270,22 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
             sandbox::teardown(engine, &m, DeleteReason::Drained).await?;
         }
     }
+    // The row goes before the files: a crash in between leaves only files no
+    // row lists, which the next start removes.
+    {
+        let mut store = engine.store();
+        store.delete_golden(name)?;
+        store.record(NewEvent {
+            kind: "golden_deleted",
+            golden: Some(name.to_owned()),
+            ..Default::default()
+        })?;
+    }
     let dir = engine.layout.goldens().join(name);
     if let Err(e) = std::fs::remove_dir_all(&dir) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(e.into());
+            tracing::error!(golden = name, error = %e, "removing a deleted golden's files failed; the next start removes them");
         }
     }
-    let mut store = engine.store();
-    store.delete_golden(name)?;
-    store.record(NewEvent { kind: "golden_deleted", golden: Some(name.to_owned()), ..Default::default() })?;
     Ok(golden)
 }

@@ -217,7 +217,7 @@ async fn test_one(
     let fork = ForkRequest {
         golden: req.golden.clone(),
         ttl_seconds: Some((timeout.as_secs() as i64 * 4).max(3600)),
-        labels: BTreeMap::from([("airlock".to_owned(), "migration-test".to_owned())]),
+        for_migration_test: true,
         access: Access {
             mode: Mode::Owner,
             limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
@@ -227,6 +227,7 @@ async fn test_one(
         ..Default::default()
     };
     let sb = sandbox::fork(engine, &fork).await?.sandbox;
+    crate::crashpoint::reached("migrate.forked");
     let _busy = engine.connections.open(&sb.id);
     let result = measure(engine, req, candidate, snapshot, expected, &sb, timeout).await;
     let _ = sandbox::delete(engine, &sb.id, DeleteReason::User).await;

@@ -9,6 +9,29 @@ use crate::sandbox::Access;
 /// How long an admin session may take to open.
 pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How long a server just started, or kept across a daemon restart, has to
+/// answer a query.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Checks that the instance in `dir` answers a query (on a fresh admin session)
+/// within `within`; a server that started but refuses or stalls every session
+/// fails here, with its log's tail.
+pub async fn answers(dir: &InstanceDir, postmaster: i32, within: std::time::Duration) -> Result<()> {
+    let probe =
+        async { Admin::connect(dir, crate::pg::dsn::DATABASE, postmaster).await?.execute("SELECT 1").await };
+    let failed = |why: String| {
+        Error::postgres_with_log(
+            format!("the server of {} does not answer: {why}", dir.root.display()),
+            &crate::pg::instance::log_tail(&dir.log()),
+        )
+    };
+    match tokio::time::timeout(within, probe).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(failed(e.message)),
+        Err(_) => Err(failed(format!("no answer within {within:?}"))),
+    }
+}
+
 /// An open admin session on one instance.
 pub struct Admin {
     client: tokio_postgres::Client,

@@ -468,16 +468,16 @@ impl Started {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(Error::postgres(format!(
-                    "postgres exited ({status}) before it was ready: {}",
-                    log_tail(&dir.log())
-                )));
+                return Err(Error::postgres_with_log(
+                    format!("postgres exited ({status}) before it was ready"),
+                    &log_tail(&dir.log()),
+                ));
             }
             if Instant::now() > deadline {
-                return Err(Error::postgres(format!(
-                    "postgres was not ready after {READY_TIMEOUT:?}: {}",
-                    log_tail(&dir.log())
-                )));
+                return Err(Error::postgres_with_log(
+                    format!("postgres was not ready after {READY_TIMEOUT:?}"),
+                    &log_tail(&dir.log()),
+                ));
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -509,6 +509,23 @@ impl Started {
             }
         }
     }
+}
+
+/// Whether the server of `pgdata` last shut down cleanly: its control file says
+/// "shut down", so it starts without recovery. A server that died, or panicked
+/// writing its shutdown checkpoint (a full disk), leaves "in production".
+pub fn shut_down_cleanly(pgdata: &Path) -> bool {
+    // ControlFileData begins with the system identifier (8 bytes), the control
+    // and catalog versions (4 each), then the state, a C enum in which 1 is
+    // DB_SHUTDOWNED and 2 DB_SHUTDOWNED_IN_RECOVERY.
+    let Ok(bytes) = crate::storage::tree::read_small_bytes(&pgdata.join("global/pg_control"), 32) else {
+        return false;
+    };
+    bytes
+        .get(16..20)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_ne_bytes)
+        .is_some_and(|s| s == 1 || s == 2)
 }
 
 /// Stops a detached instance cleanly (fast shutdown: running sessions are
@@ -645,8 +662,14 @@ pub fn remove_stale_shared_memory(pgdata: &Path) {
 /// The last few lines of an instance log, for error messages.
 pub fn log_tail(log: &Path) -> String {
     let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().rev().take(5).collect();
-    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut tail: Vec<&str> = lines[lines.len().saturating_sub(5)..].to_vec();
+    // A shutdown after a PANIC logs several lines more: the cause goes first.
+    if let Some(cause) = lines.iter().rev().find(|l| l.contains("PANIC:")) {
+        if !tail.contains(cause) {
+            tail.insert(0, cause);
+        }
+    }
     format!("{} (log: {})", tail.join(" | "), log.display())
 }
 

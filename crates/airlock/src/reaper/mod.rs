@@ -110,7 +110,7 @@ fn watch_servers(engine: &Arc<Engine>) {
         if !engine.store().begin_delete_dead(&sb.id, sb.pid).unwrap_or(false) {
             continue;
         }
-        let _ = engine.store().record(NewEvent {
+        engine.store().record_or_log(NewEvent {
             kind: "server_exited",
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
@@ -191,7 +191,7 @@ async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
         if grown <= engine.config.disk_limit_bytes || !engine.store().begin_delete(&sb.id).unwrap_or(false) {
             continue;
         }
-        let _ = engine.store().record(NewEvent {
+        engine.store().record_or_log(NewEvent {
             kind: "disk_limit_exceeded",
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),

@@ -3,7 +3,12 @@
 //!
 //! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
 //! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
-//! - a running sandbox whose process is gone (host restart) is started again;
+//! - a running or pooled server is continued (a branch's pause may have been cut
+//!   short) and must answer a query within two seconds, or it is started again;
+//! - a running sandbox whose process is gone (host restart) is started again; one
+//!   that cannot start is kept suspended with its files, and says why;
+//! - a reset cut short is completed, keeping id, address and credential;
+//! - a migration test's fork is deleted: no test outlives the daemon that ran it;
 //! - a suspended sandbox stays suspended (a server left by an interrupted suspend is stopped);
 //! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
 //! - a half-built golden in `staging/` and a generation directory with no row are removed;
@@ -11,6 +16,10 @@
 
 use std::collections::HashSet;
 use std::path::Path;
+use std::time::Instant;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 
 use serde::Serialize;
 use serde_json::json;
@@ -20,7 +29,7 @@ use crate::engine::Engine;
 use crate::error::Result;
 use crate::events::{DeleteReason, NewEvent};
 use crate::pg::instance;
-use crate::sandbox::{self, SandboxState};
+use crate::sandbox::{self, Sandbox, SandboxState};
 use crate::store::SandboxFilter;
 
 /// What reconciliation did, for the daemon log.
@@ -30,6 +39,10 @@ pub struct Reconciled {
     pub kept: usize,
     /// Running sandboxes whose process had to be started again.
     pub restarted: usize,
+    /// Resets a crash cut short, completed.
+    pub reset: usize,
+    /// Running sandboxes whose server could not start, kept suspended.
+    pub unstartable: usize,
     /// Sandboxes deleted because their TTL passed.
     pub expired: usize,
     /// Half-made or unknown sandboxes, processes and directories removed.
@@ -66,21 +79,35 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 
     let now = Timestamp::now();
     for sb in rows {
+        if sb.is_migration_test_fork() && !matches!(sb.state, SandboxState::Creating | SandboxState::Deleting)
+        {
+            engine.store().begin_delete(&sb.id)?;
+            sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+            done.orphans += 1;
+            continue;
+        }
         match sb.state {
             SandboxState::Creating | SandboxState::Deleting => {
                 sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
                 done.orphans += 1;
             }
-            SandboxState::Running | SandboxState::Suspended if sb.expires_at <= now => {
+            SandboxState::Running | SandboxState::Suspended | SandboxState::Resetting
+                if sb.expires_at <= now =>
+            {
                 engine.store().begin_delete(&sb.id)?;
                 sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
                 done.expired += 1;
             }
             // Its server was stopped above if a crash interrupted the suspend.
             SandboxState::Suspended => done.kept += 1,
+            SandboxState::Resetting => match sandbox::rebuild(engine, &sb, Instant::now(), true).await {
+                Ok(_) => done.reset += 1,
+                Err(e) => {
+                    tracing::error!(sandbox = %sb.id, error = %e, "could not complete a reset a crash cut short")
+                }
+            },
             SandboxState::Pooled => {
-                let pgdata = layout.sandbox(&sb.id).join("pgdata");
-                if sb.pid.map(|pid| instance::serves(pid, &pgdata)).transpose()?.unwrap_or(false) {
+                if answers(engine, &sb).await? {
                     done.kept += 1;
                 } else {
                     // A pool member holds nothing anyone waits for: the pool makes another.
@@ -88,16 +115,15 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
                 }
             }
             SandboxState::Running => {
-                let pgdata = layout.sandbox(&sb.id).join("pgdata");
-                if sb.pid.map(|pid| instance::serves(pid, &pgdata)).transpose()?.unwrap_or(false) {
+                if answers(engine, &sb).await? {
                     done.kept += 1;
                     continue;
                 }
                 match sandbox::restart(engine, &sb).await {
                     Ok(_) => done.restarted += 1,
                     Err(e) => {
-                        tracing::error!(sandbox = %sb.id, error = %e, "could not restart; deleting");
-                        sandbox::teardown(engine, &sb, DeleteReason::Failed).await?;
+                        sandbox::suspend::keep_unstartable(engine, &sb, &e).await?;
+                        done.unstartable += 1;
                     }
                 }
             }
@@ -178,6 +204,24 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         }
     }
     Ok(done)
+}
+
+/// Whether a sandbox's server runs and answers a query. Its process group is
+/// continued first: a daemon that died during a branch left the source stopped.
+async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
+    let Some(pid) = sb.pid else { return Ok(false) };
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    if !instance::serves(pid, &dir.pgdata())? {
+        return Ok(false);
+    }
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
+    match crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "a kept server does not answer; starting it again");
+            Ok(false)
+        }
+    }
 }
 
 /// Every postmaster whose data directory lies under `root`, with that directory.

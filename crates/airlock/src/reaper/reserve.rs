@@ -88,7 +88,7 @@ impl Watch {
         for (delta, id) in writers {
             self.written.remove(&id);
             tracing::warn!(sandbox = %id, free, reserve, "the volume reached its reserve; stopping a sandbox writing to it");
-            let _ = engine.store().record(NewEvent {
+            engine.store().record_or_log(NewEvent {
                 kind: "disk_reserve",
                 sandbox: Some(id.clone()),
                 reason: Some("stopped"),

@@ -202,7 +202,7 @@ async fn act(engine: &Engine, admin: &Admin, sb: &Sandbox, pid: i32, step: Step)
     detail["action"] = json!(action);
     detail["backend"] = json!(pid);
     tracing::info!(sandbox = %sb.id, backend = pid, action, reason, "watchdog stepped in");
-    let _ = engine.store().record(NewEvent {
+    engine.store().record_or_log(NewEvent {
         kind: "watchdog",
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),

@@ -228,7 +228,7 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
                 continue;
             }
             // A reset or wake in progress: the sandbox comes back at the same address.
-            SandboxState::Creating => {
+            SandboxState::Creating | SandboxState::Resetting => {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 continue;
             }

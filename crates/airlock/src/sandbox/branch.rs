@@ -44,13 +44,9 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     if source.state == SandboxState::Suspended {
         source = super::wake(engine, &source.id).await?;
     }
-    let Some(source_pid) = source.pid.filter(|_| source.state == SandboxState::Running) else {
-        return Err(Error::new(
-            ErrorCode::InvalidRequest,
-            format!("sandbox {} is {}, not running", source.id, source.state.as_str()),
-            "branch a running sandbox",
-        ));
-    };
+    if source.state != SandboxState::Running {
+        return Err(not_running(&source));
+    }
     let mut sb = Sandbox::creating(
         &source.golden,
         source.generation,
@@ -78,7 +74,15 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     let mut steps = Steps::default();
     let password = secret::password();
     let mut paused_ms = 0.0;
+    // The source's lock, held to the end: no suspend, wake, reset or delete of it
+    // runs while it is paused or copied. Taken after admission, which may wait on
+    // other sandboxes' locks, so no two branches can wait on each other.
+    let _source_op = engine.sandbox_lock(&source.id).await;
     let made = async {
+        let source = engine.store().sandbox(&source.id)?;
+        let Some(source_pid) = source.pid.filter(|_| source.state == SandboxState::Running) else {
+            return Err(not_running(&source));
+        };
         let dir = instance_dir(engine, &sb.id);
         let user = engine.sandbox_user(&sb)?;
         let source_user = engine.sandbox_user(&source)?;
@@ -92,7 +96,10 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // files of that user only, never a link, and fails closed otherwise.
         let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let cloned = {
+            // A daemon that dies while the source is paused leaves it stopped;
+            // reconciliation continues every server it keeps.
             let _paused = Paused::new(source_pid)?;
+            crate::crashpoint::reached("branch.paused");
             engine.cloner.clone_data(
                 &source_pgdata,
                 &config,
@@ -102,13 +109,13 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             )
         };
         paused_ms = ms(t);
-        cloned.map_err(|e| Error::internal(format!("cloning {} failed: {e}", source_pgdata.display())))?;
+        cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
         steps.clone_ms = paused_ms;
         crate::pg::instance::write_access_files(&dir, &engine.admin_os_users())?;
         let cgroups = engine
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)
-            .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
+            .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
         let pid = start(engine, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
@@ -123,6 +130,14 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     .await;
     let detail = json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps});
     super::finish(engine, sb, made, &password, detail).await
+}
+
+fn not_running(source: &Sandbox) -> Error {
+    Error::new(
+        ErrorCode::InvalidRequest,
+        format!("sandbox {} is {}, not running", source.id, source.state.as_str()),
+        "branch a running sandbox (wake it first if it was suspended meanwhile)",
+    )
 }
 
 /// A server's process group held stopped; continued when dropped, whatever happens.

@@ -66,7 +66,14 @@ pub struct ForkRequest {
     /// Also mint a task-scoped MCP endpoint (`mcp_url` in the answer).
     #[serde(default)]
     pub mcp: bool,
+    /// Made for a migration test, which deletes it at its end (a restart deletes
+    /// it too: no test outlives the daemon). Never set from a request.
+    #[serde(skip)]
+    pub for_migration_test: bool,
 }
+
+/// The label a migration test's forks carry (its key is reserved).
+pub const MIGRATION_TEST_LABEL: (&str, &str) = (validate::RESERVED_LABEL_KEY, "migration-test");
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -188,11 +195,15 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     let idle = idle_suspend(engine, req.idle_suspend_seconds)?;
     let wait = queue_wait(req.wait_seconds)?;
     let golden = engine.store().golden(&req.golden)?;
+    let mut labels = req.labels.clone();
+    if req.for_migration_test {
+        labels.insert(MIGRATION_TEST_LABEL.0.to_owned(), MIGRATION_TEST_LABEL.1.to_owned());
+    }
     let mut sb = Sandbox::creating(
         &golden.name,
         golden.current_generation,
         req.name.clone(),
-        req.labels.clone(),
+        labels,
         req.access,
         ttl,
         idle,
@@ -263,14 +274,14 @@ pub(crate) async fn bring_up(
         engine
             .cloner
             .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
-            .map_err(|e| Error::internal(format!("cloning {} failed: {e}", golden_pgdata.display())))?;
+            .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
         instance::write_access_files(&dir, &engine.admin_os_users())
     })()?;
     steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
-        .map_err(|e| Error::internal(format!("making the cgroups of {} failed: {e}", sb.id)))?;
+        .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
     start(engine, &dir, (&user, group), &cgroups, &sb.access, password, steps).await
 }
 
@@ -280,12 +291,12 @@ pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
     match engine.cloner.make_sandbox_dir(&dir.root) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-        Err(e) => return Err(Error::internal(format!("making {} failed: {e}", dir.root.display()))),
+        Err(e) => return Err(Error::io(format!("making {}", dir.root.display()), &e)),
     }
     engine
         .cloner
         .limit(&dir.root, engine.config.disk_limit_bytes)
-        .map_err(|e| Error::internal(format!("limiting {} failed: {e}", dir.root.display())))?;
+        .map_err(|e| Error::io(format!("limiting {}", dir.root.display()), &e))?;
     Ok(())
 }
 
@@ -338,8 +349,11 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
     if sb.state == SandboxState::Suspended {
         sb = wake(engine, &sb.id).await?;
     }
-    // Marked `creating` while it is rebuilt: deletes wait, and a daemon crash in
-    // between tears it down at start rather than leaving it half-made.
+    // Not while a suspend, wake, branch or delete is under way on it.
+    let _op = engine.sandbox_lock(&sb.id).await;
+    let sb = engine.store().sandbox(&sb.id)?;
+    // Marked `resetting` while it is rebuilt: deletes wait, the router holds new
+    // clients, and a daemon that dies in between completes the reset at start.
     if sb.state != SandboxState::Running || !engine.store().begin_reset(&sb.id)? {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
@@ -347,19 +361,43 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
             "wait for the operation in progress to finish, then reset again",
         ));
     }
+    crate::crashpoint::reached("reset.begun");
+    rebuild(engine, &sb, began, false).await
+}
+
+/// Rebuilds a `resetting` sandbox from the generation it was forked from and
+/// marks it running with the same address and credential; if that cannot be
+/// done, deletes it. Used by `reset`, and at start for a reset a crash cut short
+/// (`after_crash`).
+pub(crate) async fn rebuild(
+    engine: &Engine,
+    sb: &Sandbox,
+    began: Instant,
+    after_crash: bool,
+) -> Result<Sandbox> {
     let dir = instance_dir(engine, &sb.id);
-    let password = sb.dsn.as_deref().and_then(dsn::password).unwrap_or_default();
     let mut steps = Steps::default();
     let rebuilt = async {
-        if let Some(pid) = sb.pid {
+        let password = sb
+            .dsn
+            .as_deref()
+            .and_then(dsn::password)
+            .ok_or_else(|| Error::internal(format!("sandbox {} has no credential to keep", sb.id)))?;
+        // The server the reset began with, and one a crash left half-started.
+        for pid in sb.pid.into_iter().chain(postmaster_pid(&dir)) {
             instance::kill(pid, &dir.pgdata()).await?;
         }
         kill_cgroup_members(engine, &sb.id).await;
+        crate::crashpoint::reached("reset.stopped");
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
-        engine.cloner.remove_tree(&dir.pgdata())?;
+        if let Err(e) = engine.cloner.remove_tree(&dir.pgdata()) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(Error::from(e));
+            }
+        }
         engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
-        bring_up(engine, &sb, Some(&password), &mut steps).await
+        bring_up(engine, sb, Some(&password), &mut steps).await
     }
     .await;
     match rebuilt {
@@ -370,15 +408,20 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
                 kind: "reset",
                 sandbox: Some(sb.id.clone()),
                 golden: Some(sb.golden.clone()),
-                detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation}),
+                detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation,
+                    "completed_after_restart": after_crash}),
                 ..Default::default()
             })?;
             store.sandbox(&sb.id)
         }
         Err(e) => {
             tracing::warn!(sandbox = %sb.id, error = %e, "reset failed; deleting the sandbox");
-            teardown(engine, &sb, DeleteReason::Failed).await?;
-            Err(e)
+            teardown(engine, sb, DeleteReason::Failed).await?;
+            Err(Error::new(
+                e.code,
+                format!("resetting sandbox {} failed, and it was deleted: {}", sb.id, e.message),
+                e.hint,
+            ))
         }
     }
 }
@@ -406,7 +449,18 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
     let mut started = instance::start(&engine.pg, &dir, &user, group, &cgroups, Some(&engine.guard))?;
-    started.wait_ready(&dir).await?;
+    let pid = started.pid;
+    let ready = async {
+        started.wait_ready(&dir).await?;
+        // Ready is not enough: at a full disk a server can start and then
+        // refuse every session.
+        crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await
+    }
+    .await;
+    if let Err(e) = ready {
+        let _ = instance::kill(pid, &dir.pgdata()).await;
+        return Err(e);
+    }
     let pid = started.detach();
     let dsn = sb.dsn.clone().unwrap_or_default();
     engine.store().set_running(&sb.id, pid, &dsn)?;
@@ -447,7 +501,9 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
                     teardown(engine, &sb, reason).await?;
                 }
             }
-            SandboxState::Creating | SandboxState::Deleting if Instant::now() < deadline => {
+            SandboxState::Creating | SandboxState::Resetting | SandboxState::Deleting
+                if Instant::now() < deadline =>
+            {
                 unclaimed_since = None;
             }
             _ => {
@@ -487,19 +543,19 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
     kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = engine.cloner.remove_tree(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(Error::internal(format!("removing {} failed: {e}", dir.root.display())));
+            return Err(Error::io(format!("removing {}", dir.root.display()), &e));
         }
     }
     {
         let mut store = engine.store();
         store.delete_sandbox(&sb.id)?;
-        store.record(NewEvent {
+        store.record_or_log(NewEvent {
             kind: "deleted",
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             reason: Some(reason.as_str()),
             detail: json!({"generation": sb.generation}),
-        })?;
+        });
     }
     // Its processes and files are gone: the uid can serve another sandbox.
     engine.release_identity(sb);

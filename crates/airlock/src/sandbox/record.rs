@@ -23,6 +23,9 @@ pub enum SandboxState {
     /// Stopped to free memory, files, credential and address kept; the next
     /// connection through the router (or `airlock wake`) starts it again.
     Suspended,
+    /// Being rebuilt from its golden by `reset`, keeping id, address and
+    /// credential; a daemon that dies meanwhile completes the reset at start.
+    Resetting,
 }
 
 impl SandboxState {
@@ -34,6 +37,7 @@ impl SandboxState {
             SandboxState::Deleting => "deleting",
             SandboxState::Pooled => "pooled",
             SandboxState::Suspended => "suspended",
+            SandboxState::Resetting => "resetting",
         }
     }
 
@@ -45,6 +49,7 @@ impl SandboxState {
             "deleting" => SandboxState::Deleting,
             "pooled" => SandboxState::Pooled,
             "suspended" => SandboxState::Suspended,
+            "resetting" => SandboxState::Resetting,
             _ => return None,
         })
     }
@@ -94,6 +99,12 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// Whether a migration test made it (and deletes it when the test ends).
+    pub fn is_migration_test_fork(&self) -> bool {
+        let (key, value) = super::MIGRATION_TEST_LABEL;
+        self.labels.get(key).map(String::as_str) == Some(value)
+    }
+
     /// A new sandbox record in state `creating`, with a fresh id, expiring `ttl` from now.
     pub fn creating(
         golden: &str,

@@ -59,27 +59,62 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     }
     let began = Instant::now();
     let dir = engine.layout.sandbox_instance(&id);
+    let mut clean = true;
     if let Some(pid) = sb.pid {
         match reason {
             // Nothing more may be written, a checkpoint included; it recovers on wake.
-            SuspendReason::DiskFull => instance::kill(pid, &dir.pgdata()).await?,
-            _ => instance::stop(pid, &dir.pgdata()).await,
+            SuspendReason::DiskFull => {
+                instance::kill(pid, &dir.pgdata()).await?;
+                clean = false;
+            }
+            _ => {
+                instance::stop(pid, &dir.pgdata()).await;
+                clean = instance::shut_down_cleanly(&dir.pgdata());
+            }
         }
     }
     kill_cgroup_members(engine, &id).await;
-    {
-        let mut store = engine.store();
-        store.record(NewEvent {
-            kind: "suspended",
-            sandbox: Some(id.clone()),
-            golden: Some(sb.golden.clone()),
-            reason: Some(reason.as_str()),
-            detail: json!({"suspend_ms": ms(began)}),
-        })?;
+    engine.store().record(NewEvent {
+        kind: "suspended",
+        sandbox: Some(id.clone()),
+        golden: Some(sb.golden.clone()),
+        reason: Some(reason.as_str()),
+        detail: json!({"suspend_ms": ms(began), "clean": clean}),
+    })?;
+    engine.capacity_freed.notify_waiters();
+    // A server that could not write its shutdown checkpoint (a full disk) has
+    // stopped all the same: its files hold everything committed, and it recovers
+    // from its WAL when woken. Said as a failure, since the suspend was not clean.
+    if !clean && reason != SuspendReason::DiskFull {
+        let e = Error::postgres_with_log(
+            format!(
+                "sandbox {id} is suspended, but its server could not shut down cleanly; \
+                 its files are kept and it recovers from its WAL when woken"
+            ),
+            &instance::log_tail(&dir.log()),
+        );
+        tracing::error!(sandbox = %id, error = %e, "a suspend did not shut the server down cleanly");
+        return Err(e);
     }
     tracing::info!(sandbox = %id, reason = reason.as_str(), "suspended");
-    engine.capacity_freed.notify_waiters();
     engine.store().sandbox(&id)
+}
+
+/// Keeps a sandbox whose server could not be started suspended, its files
+/// kept, and records why: a later wake tries again (once there is space, say).
+pub(crate) async fn keep_unstartable(engine: &Engine, sb: &Sandbox, e: &Error) -> Result<()> {
+    tracing::error!(sandbox = %sb.id, error = %e, "a sandbox's server could not start; it is kept suspended");
+    kill_cgroup_members(engine, &sb.id).await;
+    let mut store = engine.store();
+    store.set_suspended(&sb.id)?;
+    store.record(NewEvent {
+        kind: "suspended",
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        reason: Some("unstartable"),
+        detail: json!({"error": e.code.as_str(), "message": e.message}),
+    })?;
+    Ok(())
 }
 
 /// Starts a suspended sandbox again with the same data, credential and address.
@@ -94,7 +129,10 @@ pub async fn wake(engine: &Engine, key: &str) -> Result<Sandbox> {
     }
     let began = Instant::now();
     let admitted = capacity::admit(engine, engine.config.wake_wait, capacity::Need::Start, Some(&id)).await?;
-    restart(engine, &sb).await?;
+    if let Err(e) = restart(engine, &sb).await {
+        tracing::error!(sandbox = %id, error = %e, "waking a sandbox failed; it stays suspended");
+        return Err(Error::new(e.code, format!("sandbox {id} stays suspended: {}", e.message), e.hint));
+    }
     drop(admitted);
     engine.connections.touch(&id);
     engine.store().record(NewEvent {

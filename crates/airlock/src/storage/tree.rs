@@ -348,10 +348,15 @@ fn open_regular(path: &Path, flags: OFlag, mode: u32) -> io::Result<File> {
 
 /// Reads at most `max` bytes of a regular file (never through a link).
 pub fn read_small(path: &Path, max: u64) -> io::Result<String> {
+    Ok(String::from_utf8_lossy(&read_small_bytes(path, max)?).into_owned())
+}
+
+/// Reads at most `max` bytes of a regular file, never through a link or a FIFO.
+pub fn read_small_bytes(path: &Path, max: u64) -> io::Result<Vec<u8>> {
     use std::io::Read;
-    let mut text = Vec::new();
-    open_regular(path, OFlag::O_RDONLY, 0)?.take(max).read_to_end(&mut text)?;
-    Ok(String::from_utf8_lossy(&text).into_owned())
+    let mut bytes = Vec::new();
+    open_regular(path, OFlag::O_RDONLY, 0)?.take(max).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Reads the last `max` bytes of a regular file (never through a link).

@@ -111,6 +111,10 @@ impl Store {
     /// Records a new generation and makes it current.
     pub fn add_generation(&mut self, manifest: &Manifest) -> Result<()> {
         let tx = self.conn.transaction()?;
+        let present = tx.prepare("SELECT 1 FROM goldens WHERE name = ?1")?.exists([&manifest.name])?;
+        if !present {
+            return Err(golden_not_found(&manifest.name));
+        }
         tx.execute(
             "INSERT INTO generations (golden, generation, manifest) VALUES (?1, ?2, ?3)",
             params![manifest.name, manifest.generation, to_json(manifest)],
@@ -340,11 +344,11 @@ impl Store {
         Ok(Some(sb))
     }
 
-    /// Moves a running sandbox to `creating` for a reset; false if it was not running.
+    /// Moves a running sandbox to `resetting`; false if it was not running.
     pub fn begin_reset(&mut self, id: &str) -> Result<bool> {
         let n = self
             .conn
-            .execute("UPDATE sandboxes SET state = 'creating' WHERE id = ?1 AND state = 'running'", [id])?;
+            .execute("UPDATE sandboxes SET state = 'resetting' WHERE id = ?1 AND state = 'running'", [id])?;
         Ok(n == 1)
     }
 
@@ -356,6 +360,12 @@ impl Store {
             [id],
         )?;
         Ok(n == 1)
+    }
+
+    /// Marks a sandbox `suspended` with no process (one whose server could not start).
+    pub fn set_suspended(&mut self, id: &str) -> Result<()> {
+        self.conn.execute("UPDATE sandboxes SET state = 'suspended', pid = NULL WHERE id = ?1", [id])?;
+        Ok(())
     }
 
     /// How many sandboxes exist, and how many of them have (or are about to have)
@@ -388,7 +398,7 @@ impl Store {
             .conn
             .query_row(
                 "SELECT t.sandbox FROM mcp_tokens t JOIN sandboxes s ON s.id = t.sandbox
-                 WHERE t.hash = ?1 AND s.state IN ('running', 'suspended')",
+                 WHERE t.hash = ?1 AND s.state IN ('running', 'suspended', 'resetting')",
                 [hash],
                 |r| r.get(0),
             )
@@ -465,6 +475,16 @@ impl Store {
             ],
         )?;
         Ok(())
+    }
+
+    /// Records an event about work that goes on whether or not it is recorded (a
+    /// teardown, a watchdog step): a record that cannot be written is said in the
+    /// daemon log, never dropped silently.
+    pub fn record_or_log(&mut self, e: NewEvent) {
+        let (kind, sandbox) = (e.kind, e.sandbox.clone());
+        if let Err(error) = self.record(e) {
+            tracing::error!(kind, sandbox = sandbox.as_deref().unwrap_or("-"), %error, "an event could not be recorded");
+        }
     }
 
     /// Deletes all but the newest `keep` events; returns how many went.

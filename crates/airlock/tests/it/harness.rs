@@ -67,6 +67,8 @@ pub struct Daemon {
     child: Option<Child>,
     /// A limit on the daemon's open files (soft and hard), when a test sets one.
     open_files: Option<u64>,
+    /// The crash point the next spawned daemon dies at (`AIRLOCK_CRASH_AT`).
+    pub crash_at: Option<String>,
 }
 
 impl Daemon {
@@ -131,6 +133,7 @@ impl Daemon {
             args: args.iter().map(|s| s.to_string()).collect(),
             child: None,
             open_files: None,
+            crash_at: None,
         }
     }
 
@@ -186,6 +189,7 @@ impl Daemon {
             .env("AIRLOCK_LOG", "debug")
             .env("AIRLOCK_ROUTER", &self.router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
+            .env(airlock::crashpoint::ENV, self.crash_at.as_deref().unwrap_or(""))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -229,6 +233,17 @@ impl Daemon {
         }
     }
 
+    /// Waits for the daemon to die on its own (at a crash point), then reaps it.
+    pub fn wait_died(&mut self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let Some(child) = self.child.as_mut() else { return };
+        while child.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the daemon did not die; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.child = None;
+    }
+
     /// Starts the CLI against this data root in the background (output discarded).
     pub fn spawn_cli(&self, args: &[&str]) -> Child {
         Command::new(BIN)
@@ -238,6 +253,19 @@ impl Daemon {
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .spawn()
+            .expect("airlock runs")
+    }
+
+    /// Starts the CLI in the background with its output captured.
+    pub fn spawn_cli_output(&self, args: &[&str]) -> Child {
+        Command::new(BIN)
+            .args(args)
+            .env("AIRLOCK_HOME", &self.home)
+            .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_GATEWAY", &self.gateway)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("airlock runs")
     }
@@ -362,6 +390,13 @@ impl Daemon {
     }
 
     /// Directories under volume/sandboxes.
+    /// Ids of warm-pool members (never listed), read from the state store.
+    pub fn pooled_ids(&self) -> Vec<String> {
+        let db = rusqlite::Connection::open(self.home.join("state.db")).unwrap();
+        let mut stmt = db.prepare("SELECT id FROM sandboxes WHERE state = 'pooled'").unwrap();
+        stmt.query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect()
+    }
+
     pub fn sandbox_dirs(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.home.join("volume/sandboxes"))
             .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
@@ -553,6 +588,27 @@ pub fn split_password(dsn: &str) -> (String, String) {
     let (userinfo, tail) = rest.split_once('@').expect("userinfo");
     let (user, pw) = userinfo.split_once(':').unwrap_or((userinfo, ""));
     (format!("postgresql://{user}@{tail}"), pw.to_owned())
+}
+
+/// Runs SQL with psql, giving up (Err) if no answer came within `limit`.
+pub fn psql_within(dsn: &str, sql: &str, limit: Duration) -> Result<String, String> {
+    let (plain, password) = split_password(dsn);
+    let out = Command::new("timeout")
+        .arg(format!("{}", limit.as_secs_f64()))
+        .arg("psql")
+        .arg(plain)
+        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env("PGPASSWORD", password)
+        .stdin(Stdio::null())
+        .output()
+        .expect("psql runs");
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else if out.status.code() == Some(124) {
+        Err(format!("no answer within {limit:?}"))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
 }
 
 /// psql that must succeed.

@@ -6,6 +6,7 @@ mod harness;
 mod adversarial;
 mod api;
 mod containment;
+mod crash;
 mod disk;
 mod exec;
 mod gateway;
