@@ -194,3 +194,113 @@ fn the_reserve_sees_writers_that_come_and_go() {
     assert_eq!(d.json(&["show", &id])["state"], "suspended");
     assert_eq!(sql(&dsn(&neighbour), "INSERT INTO orders VALUES (5001, 'x', 1) RETURNING id"), "5001");
 }
+
+/// Fills the volume's free space with one file (as the root operator might by
+/// mistake); returns its path.
+fn fill_volume(d: &Daemon) -> std::path::PathBuf {
+    let volume = d.home.join("volume");
+    let stat = nix::sys::statvfs::statvfs(&volume).unwrap();
+    let free = stat.blocks_available() * stat.fragment_size();
+    let filler = volume.join("filler");
+    let done = std::process::Command::new("fallocate")
+        .args(["-l", &free.to_string()])
+        .arg(&filler)
+        .status()
+        .unwrap();
+    assert!(done.success());
+    // Whatever fallocate could not take, a plain write takes.
+    let _ = std::process::Command::new("dd")
+        .args(["if=/dev/zero", "bs=64k", "status=none"])
+        .arg(format!("of={}", volume.join("filler-tail").display()))
+        .status();
+    filler
+}
+
+/// The answer's error code, when the CLI failed (`--json` prints it on stdout).
+fn error_code(out: &crate::harness::Out) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).ok()?;
+    v["error"]["code"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn at_a_full_disk_every_answer_tells_the_truth() {
+    let Some(d) = on_volume("xfs", "1G", &["--disk-reserve", "0%", "--disk-limit", "10G"]) else { return };
+    d.shop("shop");
+    let dirty = d.fork("shop", &[]);
+    let dirty_id = dirty["id"].as_str().unwrap().to_owned();
+    let spare = d.fork("shop", &[]);
+    let spare_id = spare["id"].as_str().unwrap().to_owned();
+    // Dirty buffers the shutdown checkpoint must write into blocks it shares with the golden.
+    sql(&dsn(&dirty), "UPDATE orders SET total = total + 1");
+    let filler = fill_volume(&d);
+
+    // Suspend: the server stops either way; the answer says whether it was clean.
+    let out = d.cli(&["suspend", &dirty_id, "--json"]);
+    eprintln!("suspend at a full disk: {out:?}");
+    let shown = d.json(&["show", &dirty_id]);
+    assert_eq!(shown["state"], "suspended", "{shown}");
+    let events = d.json(&["events", "--sandbox", &dirty_id]);
+    let suspended = events.as_array().unwrap().iter().rfind(|e| e["kind"] == "suspended").cloned().unwrap();
+    // The shutdown checkpoint cannot create its files: the server panics.
+    assert_eq!(error_code(&out).as_deref(), Some("disk_full"), "{out:?}");
+    assert_eq!(out.code, 13);
+    assert!(out.stdout.contains("is suspended, but"), "the answer says what was kept: {out:?}");
+    assert_eq!(suspended["detail"]["clean"], false, "{events}");
+
+    // Wake: success only for a server that answers.
+    let out = d.cli(&["wake", &dirty_id, "--json"]);
+    eprintln!("wake at a full disk: {out:?}");
+    let state = d.json(&["show", &dirty_id])["state"].clone();
+    if out.code == 0 {
+        assert_eq!(state, "running");
+        assert_eq!(psql_within_ok(&dsn(&dirty)), "1000");
+    } else {
+        let code = error_code(&out);
+        assert!(matches!(code.as_deref(), Some("disk_full") | Some("postgres_failed")), "{out:?}");
+        assert_eq!(state, "suspended", "a sandbox that cannot run is not listed as running");
+    }
+
+    // Fork and branch: a success answers; a failure is disk_full and leaves nothing.
+    let before: Vec<String> = d.ids();
+    for args in [vec!["fork", "shop", "--json"], vec!["branch", spare_id.as_str(), "--json"]] {
+        let out = d.cli(&args);
+        eprintln!("{args:?} at a full disk: {out:?}");
+        if out.code == 0 {
+            let made: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+            assert_eq!(psql_within_ok(&dsn(&made)), "1000", "{args:?}");
+            d.ok(&["rm", made["id"].as_str().unwrap()]);
+        } else {
+            assert_eq!(error_code(&out).as_deref(), Some("disk_full"), "{args:?}: {out:?}\n{}", d.log());
+            assert_eq!(out.code, 13, "{args:?}");
+        }
+        assert_eq!(d.ids(), before, "{args:?} left nothing half-made");
+        assert_eq!(
+            d.sandbox_dirs(),
+            {
+                let mut v = before.clone();
+                v.sort();
+                v
+            },
+            "{args:?}"
+        );
+    }
+    // Every 5xx answer points at the daemon log, and the log has it.
+    for line in d.log().lines().filter(|l| l.contains("a request failed")) {
+        assert!(line.contains("code="), "{line}");
+    }
+
+    // With space again, the suspended sandbox wakes with what it had committed.
+    std::fs::remove_file(&filler).unwrap();
+    let _ = std::fs::remove_file(d.home.join("volume/filler-tail"));
+    if d.json(&["show", &dirty_id])["state"] == "suspended" {
+        d.ok(&["wake", &dirty_id]);
+    }
+    assert_eq!(sql(&dsn(&dirty), "SELECT count(*) FROM orders"), "1000");
+    assert_eq!(sql(&dsn(&spare), "SELECT count(*) FROM orders"), "1000");
+}
+
+/// Runs a count of orders, which must answer within a few seconds.
+fn psql_within_ok(url: &str) -> String {
+    crate::harness::psql_within(url, "SELECT count(*) FROM orders", Duration::from_secs(5))
+        .unwrap_or_else(|e| panic!("no answer: {e}"))
+}
