@@ -26,6 +26,8 @@ pub struct Listen {
 /// Runs the daemon until SIGTERM, SIGINT or `POST /v1/shutdown`. Sandboxes keep
 /// running after it exits; the next daemon picks them up.
 pub async fn serve(config: Config, listen: Listen) -> Result<()> {
+    // Whatever the launcher left open stays with the daemon, never its children.
+    crate::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;

@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod crashpoint;
 pub mod daemon;
+pub mod descriptors;
 pub mod engine;
 pub mod error;
 pub mod events;

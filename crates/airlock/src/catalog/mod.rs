@@ -12,7 +12,7 @@ pub mod diff;
 pub mod objects;
 pub mod planted;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -424,6 +424,36 @@ pub async fn row_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<St
         .await
         .map_err(query_error)?;
     Ok(rows.into_iter().map(|r| (qualified(r.get(0), r.get(1)), [r.get(2), r.get(3), r.get(4)])).collect())
+}
+
+/// Tables whose storage was rewritten since the fork (ALTER COLUMN TYPE,
+/// VACUUM FULL, CLUSTER, TRUNCATE, REFRESH): any row's contents may differ
+/// though no counter moved. A rewrite writes a new file, and a new file's
+/// number is never one the fork started with (the server picks numbers no file
+/// in the directory has), so a table whose file is absent from the golden's
+/// directory was rewritten — or made since the fork.
+pub async fn rewritten(client: &tokio_postgres::Client, golden_pgdata: &Path) -> Result<BTreeSet<String>> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text, pg_catalog.pg_relation_filepath(c.oid)
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.relkind IN ('r', 'm') AND n.nspname <> 'information_schema'
+                AND n.nspname NOT LIKE 'pg\\_%'",
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    let mut out = BTreeSet::new();
+    for r in rows {
+        let Some(file) = r.get::<_, Option<String>>(2) else { continue };
+        // The golden's directory is root's and never changes; the path is the
+        // server's own (`base/DB/FILE`), taken only if it stays inside.
+        let inside = Path::new(&file).components().all(|c| matches!(c, std::path::Component::Normal(_)));
+        if inside && std::fs::symlink_metadata(golden_pgdata.join(&file)).is_err() {
+            out.insert(qualified(r.get(0), r.get(1)));
+        }
+    }
+    Ok(out)
 }
 
 /// `schema.name`.

@@ -71,6 +71,10 @@ pub struct RowChange {
     pub updated: i64,
     /// See [`RowChange::inserted`].
     pub deleted: i64,
+    /// Its storage was rewritten since the fork (ALTER COLUMN TYPE ... USING,
+    /// VACUUM FULL, CLUSTER, TRUNCATE): rows may differ even where no count does.
+    #[serde(default)]
+    pub rewritten: bool,
 }
 
 /// Counting stops at this per table and in all; estimates stand in after.
@@ -129,6 +133,8 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let rows =
         catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
     let activity = catalog::row_activity(admin.client()).await?;
+    let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
+    let rewritten = catalog::rewritten(admin.client(), &golden_pgdata).await?;
     let mut caveats = Vec::new();
     if catalog::counters_lost(admin.client()).await? {
         caveats.push(COUNTERS_LOST.to_owned());
@@ -142,7 +148,8 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
         let then = golden.rows.get(table).map(|r| r.rows);
         let current = rows.get(table);
         let [inserted, updated, deleted] = activity.get(table).copied().unwrap_or_default();
-        if then == current.map(|r| r.rows) && inserted + updated + deleted == 0 {
+        let rewritten = then.is_some() && rewritten.contains(table);
+        if then == current.map(|r| r.rows) && inserted + updated + deleted == 0 && !rewritten {
             continue;
         }
         row_changes.push(RowChange {
@@ -153,6 +160,7 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
             inserted,
             updated,
             deleted,
+            rewritten,
         });
     }
     Ok(Changes {
@@ -181,8 +189,9 @@ impl Changes {
             for r in &self.row_changes {
                 let count = |n: Option<i64>| n.map_or("-".to_owned(), |n| n.to_string());
                 let approx = if r.exact { "" } else { "~" };
+                let rewritten = if r.rewritten { "; rewritten, so any row may differ" } else { "" };
                 out.push(format!(
-                    "  {}: {} -> {approx}{} rows (inserted {}, updated {}, deleted {})",
+                    "  {}: {} -> {approx}{} rows (inserted {}, updated {}, deleted {}{rewritten})",
                     r.table,
                     count(r.golden_rows),
                     count(r.rows),

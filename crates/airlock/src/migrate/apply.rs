@@ -279,6 +279,21 @@ pub async fn apply_sql(
         let started = Instant::now();
         match kind {
             Kind::Begin | Kind::Commit | Kind::Rollback => {
+                // What the file's COMMIT would set off (deferred constraints and
+                // their triggers) runs first, inside the transaction, where it is
+                // measured and charged to the COMMIT's line.
+                if kind == Kind::Commit && in_txn {
+                    if let Some(e) = run_deferred(session, limit).await? {
+                        reports[index] = report;
+                        stopped = Some(failure(st, e));
+                        let _ = run(session, "ROLLBACK", limit).await;
+                        t.end_transaction(Instant::now(), &mut reports, true);
+                        explicit = None;
+                        break;
+                    }
+                    let r = reading(session, &t, limit).await?;
+                    t.absorb(r, index, started, "COMMIT", &mut report);
+                }
                 let (out, took) = run(session, &st.sql, limit).await?;
                 if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
@@ -335,6 +350,17 @@ pub async fn apply_sql(
                     t.end_transaction(Instant::now(), &mut reports, true);
                     explicit = None;
                     break;
+                }
+                // A statement in a transaction of its own commits right away:
+                // what its commit sets off belongs to it, and is measured with it.
+                if !in_txn {
+                    if let Some(e) = run_deferred(session, limit).await? {
+                        reports[index] = report;
+                        stopped = Some(failure(st, e));
+                        let _ = run(session, "ROLLBACK", limit).await;
+                        t.end_transaction(Instant::now(), &mut reports, true);
+                        break;
+                    }
                 }
                 let r = reading(session, &t, limit).await?;
                 let tag = report.tag.clone().unwrap_or_default();
@@ -413,6 +439,16 @@ pub fn observed_locks(
             })
         })
         .collect()
+}
+
+/// Runs, inside the open transaction, the work its commit would set off:
+/// deferred constraint checks and deferred constraint triggers fire now
+/// (`SET CONSTRAINTS ALL IMMEDIATE` runs what was deferred at once, exactly as
+/// the commit would), so the reading that follows sees their deletes, locks and
+/// rewrites. Returns the error the commit would have raised, if any.
+async fn run_deferred(session: &mut Session, limit: Duration) -> Result<Option<DbError>> {
+    let (out, _) = run(session, "SET CONSTRAINTS ALL IMMEDIATE", limit).await?;
+    Ok(out.error)
 }
 
 /// The admin session's reading of everything since the fork (for commands).

@@ -53,9 +53,42 @@ impl Admin {
                 .await
                 .map_err(|e| failed(e.to_string()))
         };
-        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
             .await
-            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))??;
+            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?;
+        let (client, connection) = match connected {
+            // Every slot taken (the admin's reserved ones too, by clients that
+            // never finish authenticating): those go, and the admin tries again,
+            // a few times, racing whoever keeps reconnecting.
+            Err(e) if e.message.contains("too many clients") => {
+                let mut last = e;
+                let mut opened = None;
+                for _ in 0..5 {
+                    let ended = crate::pg::instance::end_unauthenticated(postmaster);
+                    tracing::warn!(dir = %dir.root.display(), ended, "every connection slot was taken; ended the backends still authenticating");
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                    let attempt = async {
+                        let stream = crate::pg::socket::connect_instance(&dir.socket(), None, postmaster)
+                            .await
+                            .map_err(|e| failed(e.to_string()))?;
+                        admin_config(dir, database)
+                            .connect_raw(stream, tokio_postgres::NoTls)
+                            .await
+                            .map_err(|e| failed(e.to_string()))
+                    };
+                    match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
+                        Ok(Ok(pair)) => {
+                            opened = Some(pair);
+                            break;
+                        }
+                        Ok(Err(e)) => last = e,
+                        Err(_) => last = failed(format!("no answer within {CONNECT_TIMEOUT:?}")),
+                    }
+                }
+                opened.ok_or(last)?
+            }
+            other => other?,
+        };
         tokio::spawn(async move {
             let _ = connection.await;
         });

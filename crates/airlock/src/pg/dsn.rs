@@ -43,8 +43,12 @@ pub fn redact(dsn: &str) -> String {
         };
         let tail = match tail.split_once('?') {
             Some((path, query)) => {
-                let kept: Vec<&str> =
-                    query.split('&').filter(|kv| !kv.to_ascii_lowercase().starts_with("password=")).collect();
+                // Keys are compared as libpq reads them: percent-decoded (a
+                // `%70assword=` is a password all the same).
+                let kept: Vec<&str> = query
+                    .split('&')
+                    .filter(|kv| !is_secret_key(&percent_decode(kv.split('=').next().unwrap_or(""))))
+                    .collect();
                 if kept.is_empty() {
                     path.to_owned()
                 } else {
@@ -104,7 +108,7 @@ fn redact_key_value(dsn: &str) -> String {
                 }
             }
         }
-        if !key.is_empty() && !key.eq_ignore_ascii_case("password") {
+        if !key.is_empty() && !is_secret_key(&key) {
             out.push(format!("{key}={value}"));
         }
     }
@@ -145,6 +149,13 @@ pub fn password(dsn: &str) -> Option<String> {
     from_query.or(from_userinfo)
 }
 
+/// Whether a connection parameter carries a secret: the password, or the
+/// passphrase of a client key.
+fn is_secret_key(key: &str) -> bool {
+    let key = key.trim();
+    key.eq_ignore_ascii_case("password") || key.eq_ignore_ascii_case("sslpassword")
+}
+
 fn percent_decode(s: &str) -> String {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -180,6 +191,11 @@ mod tests {
             "postgres://bob@h/shop?sslmode=require"
         );
         assert_eq!(redact("postgresql://h/shop"), "postgresql://h/shop");
+        // libpq decodes keys: an encoded `password` or `sslpassword` is one.
+        assert_eq!(
+            redact("postgresql://u@h/db?sslmode=require&%70assword=pw&%73slpassword=k&p%61ssword=x"),
+            "postgresql://u@h/db?sslmode=require"
+        );
         assert_eq!(
             redact("postgresql://a:b@/app?host=/tmp/x&port=5432"),
             "postgresql://a@/app?host=/tmp/x&port=5432"
@@ -189,6 +205,7 @@ mod tests {
     #[test]
     fn redacts_key_value_passwords() {
         assert_eq!(redact("host=h password=s3cret dbname=shop"), "host=h dbname=shop");
+        assert_eq!(redact("host=h sslpassword=k dbname=shop"), "host=h dbname=shop");
         assert_eq!(redact("host=h password = 'a b\\' c' user=u"), "host=h user=u");
     }
 

@@ -45,6 +45,8 @@ const SETTINGS: &[(&str, &str)] = &[
     ("archive_mode", "off"),
     // A client that went away mid-query is noticed within a second.
     ("client_connection_check_interval", "1s"),
+    // A backend holds a connection slot while it authenticates: not for long.
+    ("authentication_timeout", "10s"),
 ];
 
 /// Who may connect and how: the admin role only by peer authentication from the
@@ -204,6 +206,7 @@ pub fn contain(
     join: Option<(&Namespaces, &std::ffi::CStr)>,
 ) -> std::io::Result<()> {
     use nix::sched::CloneFlags;
+    crate::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
     match join {
         None => {
@@ -509,6 +512,28 @@ impl Started {
             }
         }
     }
+}
+
+/// Ends the backends of the server `postmaster` that are still authenticating
+/// (their process title says so), which hold connection slots without having
+/// proven anything: used when the admin finds every slot taken. Returns how
+/// many were signalled.
+pub fn end_unauthenticated(postmaster: i32) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let mut ended = 0;
+    for pid in procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+        if parent != Some(postmaster) {
+            continue;
+        }
+        let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&title).trim_end_matches('\0').ends_with(" authentication") {
+            let _ = signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+            ended += 1;
+        }
+    }
+    ended
 }
 
 /// Whether the server of `pgdata` last shut down cleanly: its control file says

@@ -16,7 +16,16 @@ struct Activity {
 struct Inner {
     activity: HashMap<String, Activity>,
     backends: HashMap<(i32, i32), String>,
+    authenticating: HashMap<String, Arc<tokio::sync::Semaphore>>,
 }
+
+/// How many router clients of one sandbox may be between connecting to its
+/// server and being authenticated at once. A backend that has not yet
+/// authenticated already holds one of the server's connection slots, the
+/// admin's reserved ones included; without this bound, anyone who knows a
+/// sandbox's name could hold them all with clients that never answer, and lock
+/// out the harness and the daemon. The others wait their turn.
+pub const AUTHENTICATING_PER_SANDBOX: usize = 8;
 
 /// Shared between the router's connections and the reaper.
 #[derive(Debug, Clone, Default)]
@@ -60,10 +69,23 @@ impl Connections {
         self.lock().activity.get(sandbox).filter(|a| a.open == 0).map(|a| a.last_active)
     }
 
+    /// Waits for one of the sandbox's [`AUTHENTICATING_PER_SANDBOX`] places for
+    /// a client being authenticated; the place is held until the permit drops.
+    pub async fn authenticating(&self, sandbox: &str) -> tokio::sync::OwnedSemaphorePermit {
+        let places = self
+            .lock()
+            .authenticating
+            .entry(sandbox.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(AUTHENTICATING_PER_SANDBOX)))
+            .clone();
+        places.acquire_owned().await.expect("the semaphore is never closed")
+    }
+
     /// Forgets a deleted sandbox.
     pub fn forget(&self, sandbox: &str) {
         let mut inner = self.lock();
         inner.activity.remove(sandbox);
+        inner.authenticating.remove(sandbox);
         inner.backends.retain(|_, s| s != sandbox);
     }
 

@@ -155,6 +155,10 @@ async fn establish(
         return None;
     }
     let key = startup.database.clone();
+    // One of the sandbox's few places for clients not yet authenticated (by id,
+    // whichever of id or name the client gave).
+    let place = shared.engine.store().sandbox(&key).map(|sb| sb.id).unwrap_or_else(|_| key.clone());
+    let _authenticating = shared.engine.connections.authenticating(&place).await;
     let (sb, server, mut open) = match connect(shared, &key).await {
         Ok(connected) => connected,
         Err(e) => {

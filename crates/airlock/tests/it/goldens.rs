@@ -247,3 +247,21 @@ fn promote_turns_a_sandbox_into_a_golden_without_its_credential() {
     let (_, err) = d.fails(&["promote", "sb-nope", "--golden", "x"]);
     assert_eq!(err["code"], "sandbox_not_found");
 }
+
+#[test]
+fn a_password_given_under_an_encoded_key_is_hidden_like_any_other() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let source = d.fork("shop", &[]);
+    let (_, password) = split_password(&dsn(&source));
+    // libpq reads `%70assword` as `password`: the redaction must too.
+    let encoded = format!("{}&%70assword={password}", dsn(&source).replace(&format!(":{password}@"), "@"));
+    let out = d.cli_with(&["golden", "create", "copy", "--from-url", "-", "--json"], Some(&encoded));
+    assert_eq!(out.code, 0, "the password was used: {out:?}\n{}", d.log());
+    assert!(!out.stdout.contains(&password), "{out:?}");
+    assert!(!d.ok(&["golden", "show", "copy", "--json"]).contains(&password));
+    let manifest = std::fs::read_to_string(d.home.join("volume/goldens/copy/1/manifest.json")).unwrap();
+    assert!(!manifest.contains(&password));
+    assert!(!d.ok(&["events", "--json"]).contains(&password));
+    assert!(!d.log().contains(&password));
+}

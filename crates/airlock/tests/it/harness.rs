@@ -69,6 +69,9 @@ pub struct Daemon {
     open_files: Option<u64>,
     /// The crash point the next spawned daemon dies at (`AIRLOCK_CRASH_AT`).
     pub crash_at: Option<String>,
+    /// A bash script the daemon is started through (it ends with `exec "$@"`),
+    /// to leave the daemon something inherited, as a launcher would.
+    pub launch_script: Option<String>,
 }
 
 impl Daemon {
@@ -134,6 +137,7 @@ impl Daemon {
             child: None,
             open_files: None,
             crash_at: None,
+            launch_script: None,
         }
     }
 
@@ -181,7 +185,14 @@ impl Daemon {
                 c.arg(format!("--nofile={n}:{n}")).arg("--").arg(BIN);
                 c
             }
-            None => Command::new(BIN),
+            None => match &self.launch_script {
+                Some(script) => {
+                    let mut c = Command::new("bash");
+                    c.args(["-c", script, "bash", BIN]);
+                    c
+                }
+                None => Command::new(BIN),
+            },
         };
         cmd.arg("serve")
             .args(&self.args)

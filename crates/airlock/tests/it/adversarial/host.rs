@@ -263,3 +263,34 @@ fn a_deletion_that_failed_is_taken_up_again() {
     assert!(d.event_kinds(&id).contains(&"deleted".to_owned()));
     assert!(d.postmasters().is_empty(), "a server outlived its sandbox");
 }
+
+#[test]
+fn descriptors_the_daemon_inherited_reach_no_sandbox() {
+    if !root() {
+        return;
+    }
+    let base = crate::harness::cow_base().unwrap_or_else(crate::harness::plain_base);
+    let mut d = Daemon::unstarted(crate::harness::fresh_home(&base), &[]);
+    std::fs::create_dir_all(&d.home).unwrap();
+    let (log, secret) = (d.home.join("root-log"), d.home.join("root-secret"));
+    std::fs::write(&secret, "root-only secret\n").unwrap();
+    std::fs::write(&log, "").unwrap();
+    for f in [&log, &secret] {
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    // A launcher that leaves a root-only file open for reading and one for writing.
+    d.launch_script = Some(format!("exec 7>>{} 8<{}; exec \"$@\"", log.display(), secret.display()));
+    d.spawn();
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap();
+    let out = d.exec(id, "cat <&8; echo written-by-exec >&7; ls -l /proc/self/fd", "20s");
+    assert!(!out["stdout"].as_str().unwrap().contains("root-only secret"), "{out}");
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "", "exec code wrote to the daemon's descriptor");
+    // Nor does the server hold them.
+    let postmaster = d.postmaster_of(id);
+    for fd in std::fs::read_dir(format!("/proc/{postmaster}/fd")).unwrap().flatten() {
+        let target = std::fs::read_link(fd.path()).unwrap_or_default();
+        assert!(target != log && target != secret, "the server holds {}", target.display());
+    }
+}

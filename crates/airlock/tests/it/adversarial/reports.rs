@@ -146,3 +146,47 @@ fn counters_wiped_by_a_crash_are_reported_as_wiped() {
     assert!(!text.contains("updated 1000"), "the counters survived the crash after all: {text}");
     s.untouched();
 }
+
+/// A migration whose deletes run at commit, from a deferred constraint trigger.
+const DEFERRED_DELETE: &str = "ALTER TABLE orders ADD COLUMN note text;
+CREATE FUNCTION public.tidy() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN DELETE FROM orders; RETURN NULL; END $$;
+CREATE CONSTRAINT TRIGGER tidy AFTER UPDATE ON orders DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.tidy();
+UPDATE orders SET note = NULL WHERE id = 1;
+DROP TRIGGER tidy ON orders;
+DROP FUNCTION public.tidy();
+";
+
+#[test]
+fn work_deferred_to_commit_cannot_hide_a_migrations_deletes() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    // Each statement in a transaction of its own, and the update in the file's
+    // own transaction (the trigger outlives it, so its COMMIT fires it).
+    let (make, drop) = DEFERRED_DELETE.split_at(DEFERRED_DELETE.find("DROP TRIGGER").unwrap());
+    let wrapped = format!("BEGIN;\n{make}COMMIT;\n{drop}");
+    for (name, text) in [("implicit.sql", DEFERRED_DELETE.to_owned()), ("explicit.sql", wrapped)] {
+        let path = d.home.join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = d.cli(&["migrate", "test", "--golden", "shop", "--json", path.to_str().unwrap()]);
+        let report: Value =
+            serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{name} ({e}): {out:?}"));
+        assert_eq!(out.code, 12, "{name} must fail its test: {report}");
+        let hazards = report["candidates"][0]["hazards"].as_array().unwrap();
+        let deleted = hazards.iter().find(|h| h["kind"] == "rows_deleted");
+        assert!(
+            deleted.is_some_and(|h| h["message"].as_str().unwrap().contains("1000")),
+            "{name}: {hazards:?}"
+        );
+    }
+}
+
+#[test]
+fn a_rewrite_that_keeps_every_count_is_still_a_change() {
+    let s = Scene::new();
+    sql(&s.agent, "ALTER TABLE orders ALTER COLUMN status TYPE text USING 'forged' || id");
+    let out = s.tool("changes_since_fork", json!({}));
+    let text = out["text"].as_str().unwrap_or_else(|| panic!("{out}"));
+    assert!(!text.contains("Rows: unchanged"), "{text}");
+    assert!(text.contains("rewritten, so any row may differ"), "{text}");
+    s.untouched();
+}

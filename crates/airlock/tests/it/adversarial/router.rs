@@ -113,3 +113,31 @@ fn the_routers_own_identity_cannot_be_the_admin_on_the_socket() {
     assert!(!out.status.success() && err.contains("Peer authentication failed"), "{err}");
     s.untouched();
 }
+
+#[test]
+fn clients_that_never_authenticate_cannot_take_the_servers_slots() {
+    let s = Scene::with(&[], &["--statement-timeout", "2s"]);
+    // Before the flood: a session of the agent's own, to lift its timeout later.
+    let long = crate::harness::spawn_psql(&s.agent, "SET statement_timeout = 0; SELECT pg_sleep(40)");
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // Sixty clients that know the sandbox's id and never answer the password challenge.
+    let packet = crate::wire::startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let mut held = Vec::new();
+    for _ in 0..60 {
+        if let Ok(mut c) = std::net::TcpStream::connect(s.router()) {
+            use std::io::Write;
+            let _ = c.write_all(&packet);
+            held.push(c);
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The daemon still reaches the server: its tools answer, and the watchdog
+    // still ends the statement that lifted its own timeout.
+    let described = s.tool("describe_schema", serde_json::json!({}));
+    assert!(described["text"].as_str().is_some_and(|t| t.contains("orders")), "{described}");
+    let ended = long.wait_with_output().unwrap();
+    let why = String::from_utf8_lossy(&ended.stderr);
+    assert!(why.contains("cancel") || why.contains("terminat"), "the watchdog ended the statement: {why}");
+    drop(held);
+    s.untouched();
+}
