@@ -23,4 +23,7 @@ fi
 
 # The Python client and the MCP servers, driven by the official MCP Python SDK.
 scripts/python-tests.sh || status=$?
+
+# The REST API against its generated OpenAPI document (schemathesis, bounded).
+scripts/api-contract.sh || status=$?
 exit $status

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 /// The limits one sandbox gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CgroupLimits {
     /// Memory in bytes, page cache included.
     pub memory_bytes: u64,
@@ -31,21 +31,25 @@ impl Default for CgroupLimits {
 }
 
 /// Which cgroup layout the host has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Cgroups {
     /// The unified hierarchy, with the memory, pids and cpu controllers.
     V2 {
         /// Airlock's parent cgroup.
+        #[schema(value_type = String)]
         root: PathBuf,
     },
     /// Separate memory, pids and cpu hierarchies.
     V1 {
         /// `<memory>/airlock/<tag>`.
+        #[schema(value_type = String)]
         memory: PathBuf,
         /// `<pids>/airlock/<tag>`.
+        #[schema(value_type = String)]
         pids: PathBuf,
         /// `<cpu>/airlock/<tag>`.
+        #[schema(value_type = String)]
         cpu: PathBuf,
     },
     /// No usable cgroups (not root, or not mounted).

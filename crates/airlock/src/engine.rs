@@ -468,7 +468,7 @@ impl Drop for GoldenGuard<'_> {
 }
 
 /// What `airlock doctor` reports about the daemon's host.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Doctor {
     /// Airlock's version.
     pub version: String,

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The stable, documented kinds of failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request itself was malformed (bad JSON, missing field, bad combination).
@@ -105,7 +105,7 @@ impl ErrorCode {
 }
 
 /// A failure with a stable code, a message and a hint.
-#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize)]
+#[derive(Debug, Clone, thiserror::Error, Serialize, Deserialize, utoipa::ToSchema)]
 #[error("{message}")]
 pub struct Error {
     /// What kind of failure this is.

@@ -129,7 +129,7 @@ pub const DEFAULT_FIRST_UID: u32 = 1_000_000_000;
 pub const DEFAULT_UID_COUNT: u32 = 65_536;
 
 /// A range of uids set aside for sandboxes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct UidRange {
     /// The first uid.
     pub first: u32,

@@ -12,10 +12,13 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::engine::Engine;
 use crate::error::{Error, ErrorCode};
@@ -25,8 +28,9 @@ use crate::sandbox::{self, ForkRequest};
 use crate::store::SandboxFilter;
 use crate::validate;
 
-/// The OpenAPI document served at `/openapi.json`.
-pub const OPENAPI: &str = include_str!("openapi.json");
+pub mod openapi;
+
+use openapi::ApiErrors;
 
 /// What handlers share.
 #[derive(Clone)]
@@ -71,36 +75,70 @@ where
     tokio::spawn(work).await?
 }
 
-/// The API's routes.
+/// The API's routes, each registered with its OpenAPI entry ([`openapi`]).
 pub fn router(state: AppState) -> Router {
-    Router::new()
-        .route("/openapi.json", get(|| async { ([(header::CONTENT_TYPE, "application/json")], OPENAPI) }))
-        .route("/v1/health", get(health))
-        .route("/v1/doctor", get(doctor))
-        .route("/v1/shutdown", post(shutdown))
-        .route("/v1/goldens", get(list_goldens).post(create_golden))
-        .route("/v1/goldens/{name}", get(show_golden).delete(remove_golden))
-        .route("/v1/goldens/{name}/refresh", post(refresh_golden))
-        .route("/v1/goldens/{name}/pool", post(pool_golden))
-        .route("/v1/sandboxes", get(list_sandboxes).post(fork))
-        .route("/v1/sandboxes/{id}", get(show_sandbox).delete(remove_sandbox))
-        .route("/v1/sandboxes/{id}/extend", post(extend))
-        .route("/v1/sandboxes/{id}/exec", post(exec))
-        .route("/v1/sandboxes/{id}/reset", post(reset))
-        .route("/v1/sandboxes/{id}/suspend", post(suspend))
-        .route("/v1/sandboxes/{id}/wake", post(wake))
-        .route("/v1/sandboxes/{id}/branch", post(branch))
-        .route("/v1/sandboxes/{id}/promote", post(promote))
-        .route("/v1/sandboxes/{id}/sql", post(sql))
-        .route("/v1/sandboxes/{id}/tools/{tool}", post(call_tool))
-        .route("/v1/tools", get(list_tools))
-        .route("/v1/migrations/test", post(migrate_test))
-        .route("/v1/migrations/promote", post(migrate_promote))
-        .route("/v1/events", get(events))
+    let (routes, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(health))
+        .routes(routes!(doctor))
+        .routes(routes!(shutdown))
+        .routes(routes!(list_goldens, create_golden))
+        .routes(routes!(show_golden, remove_golden))
+        .routes(routes!(refresh_golden))
+        .routes(routes!(pool_golden))
+        .routes(routes!(list_sandboxes, fork))
+        .routes(routes!(show_sandbox, remove_sandbox))
+        .routes(routes!(extend))
+        .routes(routes!(exec))
+        .routes(routes!(reset))
+        .routes(routes!(suspend))
+        .routes(routes!(wake))
+        .routes(routes!(branch))
+        .routes(routes!(promote))
+        .routes(routes!(sql))
+        .routes(routes!(call_tool))
+        .routes(routes!(list_tools))
+        .routes(routes!(migrate_test))
+        .routes(routes!(migrate_promote))
+        .routes(routes!(events))
+        .split_for_parts();
+    let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
+    routes
+        .route(
+            "/openapi.json",
+            get(move || async move {
+                ([(header::CONTENT_TYPE, "application/json")], document.as_str().to_owned())
+            }),
+        )
         .fallback(|| async {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
         })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(state)
+}
+
+/// Every error answer is the API's JSON error, including those axum makes
+/// itself (a malformed path or query, a method a route lacks, a body over its
+/// limit), which would otherwise be plain text.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let text = match axum::body::to_bytes(response.into_body(), 4096).await {
+        Ok(bytes) => String::from_utf8_lossy(&bytes).trim().to_owned(),
+        Err(_) => String::new(),
+    };
+    let (code, hint) = if status.is_server_error() {
+        (ErrorCode::Internal, "this is unexpected; the daemon log ($AIRLOCK_HOME/daemon.log) has details")
+    } else {
+        (ErrorCode::InvalidRequest, "see /openapi.json for the routes, their parameters and bodies")
+    };
+    let message = if text.is_empty() { status.to_string() } else { text };
+    (status, Json(Error::new(code, message, hint))).into_response()
 }
 
 /// Rejects TCP requests without the configured bearer token.
@@ -131,29 +169,37 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-#[derive(Serialize, Deserialize)]
+/// What `GET /v1/health` answers.
+#[derive(Serialize, Deserialize, utoipa::ToSchema)]
 struct Health {
+    /// Always true: the daemon answered.
     ok: bool,
+    /// The daemon's version.
     version: String,
 }
 
+#[utoipa::path(get, path = "/v1/health", tag = "daemon", responses((status = 200, description = "the daemon answers", body = Health), ApiErrors))]
 async fn health() -> Json<Health> {
     Json(Health { ok: true, version: env!("CARGO_PKG_VERSION").into() })
 }
 
+#[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = crate::engine::Doctor), ApiErrors))]
 async fn doctor(State(s): State<AppState>) -> Json<crate::engine::Doctor> {
     Json(s.engine.doctor())
 }
 
+#[utoipa::path(post, path = "/v1/shutdown", tag = "daemon", responses((status = 202, description = "the daemon stops; sandboxes keep running"), ApiErrors))]
 async fn shutdown(State(s): State<AppState>) -> StatusCode {
     s.shutdown.notify_one();
     StatusCode::ACCEPTED
 }
 
+#[utoipa::path(get, path = "/v1/goldens", tag = "goldens", responses((status = 200, description = "every golden", body = Vec<golden::Golden>), ApiErrors))]
 async fn list_goldens(State(s): State<AppState>) -> ApiResult<Vec<golden::Golden>> {
     Ok(Json(s.engine.store().goldens()?))
 }
 
+#[utoipa::path(post, path = "/v1/goldens", tag = "goldens", request_body = CreateGolden, responses((status = 201, description = "its first generation is built", body = golden::Golden), ApiErrors))]
 async fn create_golden(
     State(s): State<AppState>,
     req: Result<Json<CreateGolden>, JsonRejection>,
@@ -164,16 +210,21 @@ async fn create_golden(
     Ok((StatusCode::CREATED, Json(g)).into_response())
 }
 
+#[utoipa::path(get, path = "/v1/goldens/{name}", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "the golden and its generations", body = golden::Golden), ApiErrors))]
 async fn show_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
     Ok(Json(s.engine.store().golden(&name)?))
 }
 
-#[derive(Deserialize)]
+/// Query of `DELETE /v1/goldens/{name}`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RemoveQuery {
+    /// Delete its sandboxes too, instead of refusing while it has any.
     #[serde(default)]
     force: bool,
 }
 
+#[utoipa::path(delete, path = "/v1/goldens/{name}", tag = "goldens", params(("name" = String, Path, description = "the golden's name"), RemoveQuery), responses((status = 200, description = "the golden, now removed", body = golden::Golden), ApiErrors))]
 async fn remove_golden(
     State(s): State<AppState>,
     Path(name): Path<String>,
@@ -183,18 +234,21 @@ async fn remove_golden(
     Ok(Json(detached(async move { golden::remove(&engine, &name, q.force).await }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/goldens/{name}/refresh", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "the next generation is built and current", body = golden::Golden), ApiErrors))]
 async fn refresh_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
     let engine = s.engine.clone();
     Ok(Json(detached(async move { golden::refresh(&engine, &name).await }).await?))
 }
 
 /// Body of `POST /v1/goldens/{name}/pool`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PoolRequest {
     /// Started, credential-less sandboxes to keep ready.
+    #[schema(minimum = 0)]
     pub size: i64,
 }
 
+#[utoipa::path(post, path = "/v1/goldens/{name}/pool", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), request_body = PoolRequest, responses((status = 200, description = "the pool's new size", body = golden::Golden), ApiErrors))]
 async fn pool_golden(
     State(s): State<AppState>,
     Path(name): Path<String>,
@@ -219,6 +273,7 @@ fn sandbox_filter(query: Option<String>) -> Result<SandboxFilter, Error> {
     Ok(filter)
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("golden" = Option<String>, Query, description = "only sandboxes of this golden"), ("label" = Option<Vec<String>>, Query, description = "only sandboxes with this label, `key=value`; repeat for several")), responses((status = 200, description = "live sandboxes, without credentials", body = Vec<sandbox::Sandbox>), ApiErrors))]
 async fn list_sandboxes(
     State(s): State<AppState>,
     RawQuery(q): RawQuery,
@@ -228,6 +283,7 @@ async fn list_sandboxes(
     Ok(Json(list.into_iter().map(|sb| s.engine.present(sb)).collect()))
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkRequest, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = sandbox::Forked), ApiErrors))]
 async fn fork(
     State(s): State<AppState>,
     req: Result<Json<ForkRequest>, JsonRejection>,
@@ -261,12 +317,13 @@ async fn fork(
 }
 
 /// Body of `POST /v1/sandboxes/{id}/sql`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SqlRequest {
     /// One or more SQL statements.
     pub sql: String,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sql", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = SqlRequest, responses((status = 200, description = "what run_sql answers", body = Object), ApiErrors))]
 async fn sql(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -284,13 +341,15 @@ async fn sql(
 }
 
 /// Query of `POST /v1/sandboxes/{id}/tools/{tool}`.
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ToolQuery {
     /// The door the call came through, for its event (`airlock mcp` says `mcp_stdio`).
     #[serde(default)]
     via: crate::gateway::tools::Via,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/tools/{tool}", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name"), ("tool" = String, Path, description = "a tool `GET /v1/tools` lists"), ToolQuery), request_body(content = Object, description = "the tool's arguments, as its input schema says"), responses((status = 200, description = "the tool's answer", body = crate::gateway::tools::ToolOutput), ApiErrors))]
 async fn call_tool(
     State(s): State<AppState>,
     Path((id, tool)): Path<(String, String)>,
@@ -298,12 +357,20 @@ async fn call_tool(
     args: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult<crate::gateway::tools::ToolOutput> {
     let args = body(args)?;
+    if !args.is_object() {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "a tool's arguments must be a JSON object",
+            "send an object, `{}` for a tool without arguments (`GET /v1/tools` lists their schemas)",
+        ));
+    }
     let engine = s.engine.clone();
     Ok(Json(
         detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args, q.via).await }).await?,
     ))
 }
 
+#[utoipa::path(post, path = "/v1/migrations/test", tag = "migrations", request_body = crate::migrate::TestRequest, responses((status = 200, description = "the report: a verdict per candidate, and a ranking", body = crate::migrate::report::Report), ApiErrors))]
 async fn migrate_test(
     State(s): State<AppState>,
     req: Result<Json<crate::migrate::TestRequest>, JsonRejection>,
@@ -313,6 +380,7 @@ async fn migrate_test(
     Ok(Json(detached(async move { crate::migrate::test(engine, req).await }).await?))
 }
 
+#[utoipa::path(post, path = "/v1/migrations/promote", tag = "migrations", request_body = crate::migrate::promote::PromoteRequest, responses((status = 200, description = "the migration was applied", body = crate::migrate::promote::Promoted), ApiErrors))]
 async fn migrate_promote(
     State(s): State<AppState>,
     req: Result<Json<crate::migrate::promote::PromoteRequest>, JsonRejection>,
@@ -322,15 +390,18 @@ async fn migrate_promote(
     Ok(Json(detached(async move { crate::migrate::promote::promote(&engine, &req).await }).await?))
 }
 
+#[utoipa::path(get, path = "/v1/tools", tag = "tools", responses((status = 200, description = "the agent's tools and their input schemas", body = Vec<crate::gateway::tools::ToolSpec>), ApiErrors))]
 async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {
     Json(crate::gateway::tools::specs())
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "the sandbox, with its DSN", body = sandbox::Sandbox), ApiErrors))]
 async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let sb = s.engine.store().sandbox(&id)?;
     Ok(Json(s.engine.present(sb)))
 }
 
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "the sandbox, now deleted", body = sandbox::Sandbox), ApiErrors))]
 async fn remove_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
     without_credential(async move { sandbox::delete(&engine, &id, DeleteReason::User).await }).await
@@ -349,12 +420,14 @@ where
 }
 
 /// Body of `POST /v1/sandboxes/{id}/extend`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExtendRequest {
     /// The sandbox expires this many seconds from now.
+    #[schema(minimum = 1)]
     pub ttl_seconds: i64,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/extend", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = ExtendRequest, responses((status = 200, description = "the sandbox with its new expiry", body = sandbox::Sandbox), ApiErrors))]
 async fn extend(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -365,11 +438,13 @@ async fn extend(
     Ok(Json(s.engine.present(sb)))
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/reset", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "back to its golden, same id, address and credential", body = sandbox::Sandbox), ApiErrors))]
 async fn reset(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
     without_credential(async move { sandbox::reset(&engine, &id).await }).await
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = sandbox::BranchRequest, responses((status = 201, description = "a new sandbox holding the source's state at one instant", body = sandbox::Forked), ApiErrors))]
 async fn branch(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -382,21 +457,24 @@ async fn branch(
     Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/suspend", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "suspended: files, credential and address kept", body = sandbox::Sandbox), ApiErrors))]
 async fn suspend(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
     without_credential(async move { sandbox::suspend(&engine, &id, sandbox::SuspendReason::User).await })
         .await
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/wake", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "running and answering again", body = sandbox::Sandbox), ApiErrors))]
 async fn wake(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let engine = s.engine.clone();
     without_credential(async move { sandbox::wake(&engine, &id).await }).await
 }
 
 /// Body of `POST /v1/sandboxes/{id}/promote`.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PromoteRequest {
     /// The golden to make (or to add a generation to).
+    #[schema(pattern = "^[a-z][a-z0-9_-]{0,47}$")]
     pub golden: String,
     /// Keep settings and catalog-shadowing objects the sandbox carries instead
     /// of refusing (they are listed in the new generation's manifest).
@@ -404,6 +482,7 @@ pub struct PromoteRequest {
     pub allow_planted: bool,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/promote", tag = "goldens", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = PromoteRequest, responses((status = 200, description = "the golden with the sandbox's state as its current generation", body = golden::Golden), ApiErrors))]
 async fn promote(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -416,6 +495,7 @@ async fn promote(
     ))
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = sandbox::ExecRequest, responses((status = 200, description = "the command's exit code and output", body = sandbox::ExecResult), ApiErrors))]
 async fn exec(
     State(s): State<AppState>,
     Path(id): Path<String>,
@@ -426,12 +506,17 @@ async fn exec(
     Ok(Json(detached(async move { sandbox::exec::exec(&engine, &id, &req).await }).await?))
 }
 
-#[derive(Deserialize)]
+/// Query of `GET /v1/events`.
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct EventsQuery {
+    /// Only events of this sandbox (id, or a live sandbox's name).
     sandbox: Option<String>,
+    /// At most this many of the newest (1 to 100,000; 1,000 by default).
     limit: Option<i64>,
 }
 
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery), responses((status = 200, description = "events, oldest first", body = Vec<crate::events::Event>), ApiErrors))]
 async fn events(
     State(s): State<AppState>,
     Query(q): Query<EventsQuery>,

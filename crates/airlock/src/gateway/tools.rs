@@ -27,7 +27,7 @@ pub const TEST_MIGRATION: &str = "test_migration";
 const EVENT_STATEMENT_CAP: usize = 2000;
 
 /// A tool as offered to an agent.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolSpec {
     /// Its name.
     pub name: &'static str,
@@ -95,7 +95,7 @@ pub fn specs() -> Vec<ToolSpec> {
 }
 
 /// Which door a tool call came through, recorded in its event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Via {
     /// The REST API (`/sql`, `/tools/{tool}`).
@@ -108,7 +108,7 @@ pub enum Via {
 }
 
 /// What a tool call returned.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolOutput {
     /// Whether the call failed in a way the agent should act on (a SQL error).
     pub is_error: bool,
@@ -134,7 +134,7 @@ pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via
     }
     let sandbox = engine.store().sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.to_owned());
     engine.store().record_or_log(NewEvent {
-        kind: "tool_call",
+        kind: crate::events::EventKind::ToolCall,
         sandbox: Some(sandbox),
         detail,
         ..Default::default()

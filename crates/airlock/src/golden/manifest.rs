@@ -8,14 +8,16 @@ use crate::clock::Timestamp;
 use crate::pg::dsn;
 
 /// Where a golden's data comes from; kept so `golden refresh` can build again.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Source {
     /// Schema files, then seed files, run in order with psql.
     Files {
         /// DDL files, run first.
+        #[schema(value_type = Vec<String>)]
         schema: Vec<PathBuf>,
         /// Data files, run after the schema.
+        #[schema(value_type = Vec<String>)]
         seed: Vec<PathBuf>,
     },
     /// A live database copied with pg_dump and pg_restore.
@@ -26,6 +28,7 @@ pub enum Source {
     /// A pg_dump file, custom, tar or plain format.
     Dump {
         /// The dump file.
+        #[schema(value_type = String)]
         path: PathBuf,
     },
     /// A live sandbox's state at one instant (`airlock promote`); cannot be refreshed.
@@ -50,7 +53,7 @@ impl Source {
 }
 
 /// Facts about one immutable golden generation, written to `manifest.json` beside its pgdata.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Manifest {
     /// The golden's name.
     pub name: String,
@@ -73,7 +76,7 @@ pub struct Manifest {
 }
 
 /// A golden and its generations, as listed and shown.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Golden {
     /// The golden's name.
     pub name: String,

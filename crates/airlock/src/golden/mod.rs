@@ -19,24 +19,29 @@ use crate::store::SandboxFilter;
 use crate::validate;
 
 /// A request to make a golden: exactly one kind of source.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CreateGolden {
     /// The new golden's name.
+    #[schema(pattern = "^[a-z][a-z0-9_-]{0,47}$")]
     pub name: String,
     /// Schema files (absolute paths), run first, in order.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     pub schema: Vec<PathBuf>,
     /// Seed files (absolute paths), run after the schema, in order.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     pub seed: Vec<PathBuf>,
     /// A live database to copy.
     #[serde(default)]
     pub from_url: Option<String>,
     /// A dump file to restore (absolute path).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub from_dump: Option<PathBuf>,
     /// Warm-pool size (the daemon's `--pool-size` if absent).
     #[serde(default)]
+    #[schema(minimum = 0)]
     pub pool_size: Option<i64>,
 }
 
@@ -98,7 +103,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     }
     engine.pool_wanted.notify_one();
     store.record(NewEvent {
-        kind: "golden_created",
+        kind: crate::events::EventKind::GoldenCreated,
         golden: Some(req.name.clone()),
         detail: json!({"generation": 1, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
         ..Default::default()
@@ -134,7 +139,7 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
             return Err(e);
         }
         store.record(NewEvent {
-            kind: "golden_refreshed",
+            kind: crate::events::EventKind::GoldenRefreshed,
             golden: Some(name.to_owned()),
             detail: json!({"generation": next, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
             ..Default::default()
@@ -201,7 +206,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
             return Err(e);
         }
         store.record(NewEvent {
-            kind: "golden_promoted",
+            kind: crate::events::EventKind::GoldenPromoted,
             golden: Some(name.to_owned()),
             sandbox: Some(sb.id.clone()),
             detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64, "planted_kept": manifest.planted}),
@@ -230,7 +235,7 @@ pub fn prune(engine: &Engine, name: &str) -> Result<()> {
         }
         store.delete_generation(name, m.generation)?;
         store.record(NewEvent {
-            kind: "generation_pruned",
+            kind: crate::events::EventKind::GenerationPruned,
             golden: Some(name.to_owned()),
             detail: json!({"generation": m.generation}),
             ..Default::default()
@@ -276,7 +281,7 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
         let mut store = engine.store();
         store.delete_golden(name)?;
         store.record(NewEvent {
-            kind: "golden_deleted",
+            kind: crate::events::EventKind::GoldenDeleted,
             golden: Some(name.to_owned()),
             ..Default::default()
         })?;

@@ -58,7 +58,7 @@ impl Drop for Busy<'_> {
 pub const MAX_CANDIDATES: usize = 32;
 
 /// One candidate migration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Candidate {
     /// How it is named in the report (a file name, say).
     pub name: String,
@@ -79,7 +79,7 @@ impl Candidate {
 }
 
 /// Body of `POST /v1/migrations/test`.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TestRequest {
     /// The golden to test on (its current generation).
     pub golden: String,
@@ -93,6 +93,7 @@ pub struct TestRequest {
     pub expect_golden: Option<String>,
     /// Or with the schema these SQL files make (absolute paths).
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     pub expect_files: Vec<PathBuf>,
     /// Candidates run at once (default 4).
     #[serde(default)]
@@ -180,7 +181,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         })
         .collect();
     engine.store().record(NewEvent {
-        kind: "migration_tested",
+        kind: crate::events::EventKind::MigrationTested,
         golden: Some(req.golden.clone()),
         detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best}),
         ..Default::default()

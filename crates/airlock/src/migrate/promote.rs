@@ -20,7 +20,8 @@ use crate::events::NewEvent;
 use crate::pg::dsn::redact;
 
 /// Body of `POST /v1/migrations/promote`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[schema(as = MigrationPromoteRequest)]
 pub struct PromoteRequest {
     /// The report `migrate test` wrote.
     pub report: Report,
@@ -40,7 +41,7 @@ pub struct PromoteRequest {
 }
 
 /// What `migrate promote` did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Promoted {
     /// The candidate's name in the report.
     pub candidate: String,
@@ -156,7 +157,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         duration_ms: took.as_secs_f64() * 1e3,
     };
     engine.store().record(NewEvent {
-        kind: "migration_promoted",
+        kind: crate::events::EventKind::MigrationPromoted,
         golden: Some(req.report.golden.clone()),
         detail: serde_json::to_value(&promoted).expect("promoted serializes"),
         ..Default::default()

@@ -7,13 +7,14 @@ use crate::catalog::Catalog;
 use crate::pg::wire::DbError;
 
 /// The whole report of one `migrate test` run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Report {
     /// The golden the candidates ran on.
     pub golden: String,
     /// Its generation.
     pub generation: i64,
     /// That generation's schema, so `migrate promote` can check a target for drift.
+    #[schema(value_type = Object)]
     pub golden_catalog: Catalog,
     /// Whether every candidate passed.
     pub passed: bool,
@@ -28,7 +29,7 @@ pub struct Report {
 }
 
 /// One candidate's result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct CandidateReport {
     /// Its name (the file name, or `exec-N`).
     pub name: String,
@@ -51,15 +52,17 @@ pub struct CandidateReport {
     /// The assertion queries after it.
     pub assertions: Vec<Assertion>,
     /// Its resulting schema against the golden's.
+    #[schema(value_type = Vec<Object>)]
     pub changes: Vec<Change>,
     /// Its resulting schema against the expected one; empty when it matches or none was given.
+    #[schema(value_type = Vec<Object>)]
     pub drift: Vec<Change>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
 }
 
 /// One statement as applied.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatementReport {
     /// The line it starts on.
     pub line: usize,
@@ -87,7 +90,7 @@ pub struct StatementReport {
 }
 
 /// A lock and how long it was held.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LockHeld {
     /// `schema.name`.
     pub relation: String,
@@ -107,7 +110,7 @@ pub struct LockHeld {
 }
 
 /// A table rewritten.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Rewrite {
     /// `schema.name`.
     pub table: String,
@@ -118,7 +121,7 @@ pub struct Rewrite {
 }
 
 /// Rows changed in one table.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RowsChanged {
     /// `schema.name`.
     pub table: String,
@@ -134,7 +137,7 @@ pub struct RowsChanged {
 }
 
 /// An object dropped.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Dropped {
     /// `table`, `view`, `table column`, `index`...
     pub object_type: String,
@@ -145,7 +148,7 @@ pub struct Dropped {
 }
 
 /// The failure that stopped a candidate.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Failure {
     /// The line of the statement (of the error, when PostgreSQL gave a position).
     pub line: usize,
@@ -156,7 +159,7 @@ pub struct Failure {
 }
 
 /// How a command candidate ended.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecOutcome {
     /// Its exit code; absent when killed.
     pub exit_code: Option<i32>,
@@ -169,7 +172,7 @@ pub struct ExecOutcome {
 }
 
 /// One assertion query's result.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Assertion {
     /// The query.
     pub sql: String,
@@ -181,7 +184,7 @@ pub struct Assertion {
 }
 
 /// How bad a hazard is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     /// Worth knowing.
@@ -207,7 +210,7 @@ impl Severity {
 }
 
 /// Something a candidate did that could hurt a production database.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Hazard {
     /// A stable kind, named by `migrate promote --allow-hazard`: `failed`,
     /// `fails_on_data`, `assertion_failed`, `schema_drift`, `table_dropped`,

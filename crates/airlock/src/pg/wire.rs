@@ -37,7 +37,7 @@ pub enum WireError {
 }
 
 /// Every field of a PostgreSQL `ErrorResponse` worth showing a user.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq)]
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct DbError {
     /// The five-character SQLSTATE.
     pub sqlstate: String,

@@ -111,7 +111,7 @@ fn watch_servers(engine: &Arc<Engine>) {
             continue;
         }
         engine.store().record_or_log(NewEvent {
-            kind: "server_exited",
+            kind: crate::events::EventKind::ServerExited,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: serde_json::json!({"log": instance::log_tail(&engine.layout.sandbox(&sb.id).join("postgres.log"))}),
@@ -192,7 +192,7 @@ async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
             continue;
         }
         engine.store().record_or_log(NewEvent {
-            kind: "disk_limit_exceeded",
+            kind: crate::events::EventKind::DiskLimitExceeded,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: serde_json::json!({"grown_bytes": grown, "limit_bytes": engine.config.disk_limit_bytes}),

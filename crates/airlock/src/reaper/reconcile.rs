@@ -140,7 +140,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         }
         let _ = engine.cloner.remove_tree(&entry.path());
         engine.store().record(NewEvent {
-            kind: "deleted",
+            kind: crate::events::EventKind::Deleted,
             sandbox: Some(id),
             reason: Some(DeleteReason::Orphan.as_str()),
             detail: json!({"found": "directory without state"}),

@@ -89,7 +89,7 @@ impl Watch {
             self.written.remove(&id);
             tracing::warn!(sandbox = %id, free, reserve, "the volume reached its reserve; stopping a sandbox writing to it");
             engine.store().record_or_log(NewEvent {
-                kind: "disk_reserve",
+                kind: crate::events::EventKind::DiskReserve,
                 sandbox: Some(id.clone()),
                 reason: Some("stopped"),
                 detail: json!({"free_bytes": free, "reserve_bytes": reserve, "written_bytes": delta}),

@@ -203,7 +203,7 @@ async fn act(engine: &Engine, admin: &Admin, sb: &Sandbox, pid: i32, step: Step)
     detail["backend"] = json!(pid);
     tracing::info!(sandbox = %sb.id, backend = pid, action, reason, "watchdog stepped in");
     engine.store().record_or_log(NewEvent {
-        kind: "watchdog",
+        kind: crate::events::EventKind::Watchdog,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some(reason),

@@ -30,7 +30,7 @@ use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
 
 /// Whether clients may, must or cannot use TLS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TlsMode {
     /// TLS offered, plaintext accepted.
@@ -75,7 +75,7 @@ impl Default for RouterConfig {
 pub const DEFAULT_PORT: u16 = 7432;
 
 /// Where clients reach the router; what DSNs are built from.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Address {
     /// The host name or address in DSNs.
     pub host: String,
@@ -84,6 +84,7 @@ pub struct Address {
     /// Whether TLS is offered.
     pub tls: TlsMode,
     /// The CA file clients pass as `sslrootcert` (for a generated certificate).
+    #[schema(value_type = Option<String>)]
     pub ca: Option<PathBuf>,
 }
 

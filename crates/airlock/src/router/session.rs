@@ -168,11 +168,11 @@ async fn establish(
     };
     match authenticate(&mut client, server, &startup, &mut open).await {
         Ok(Some(server)) => {
-            record(shared, &sb, "connected", peer, tls);
+            record(shared, &sb, crate::events::EventKind::Connected, peer, tls);
             Some((client, server, open))
         }
         Ok(None) => {
-            record(shared, &sb, "connection_refused", peer, tls);
+            record(shared, &sb, crate::events::EventKind::ConnectionRefused, peer, tls);
             None
         }
         Err(_) => None,
@@ -181,7 +181,7 @@ async fn establish(
 
 /// Records the connection off the client's path: the client's first query is
 /// already on its way and must not wait for the store.
-fn record(shared: &Shared, sb: &Sandbox, kind: &'static str, peer: SocketAddr, tls: bool) {
+fn record(shared: &Shared, sb: &Sandbox, kind: crate::events::EventKind, peer: SocketAddr, tls: bool) {
     let event = NewEvent {
         kind,
         sandbox: Some(sb.id.clone()),

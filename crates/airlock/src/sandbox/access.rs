@@ -19,7 +19,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
 
 /// The access mode of a sandbox's credential.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Mode {
     /// Owns (through the owner role) everything the golden loaded: DDL, DML, temp tables.
@@ -45,7 +45,7 @@ impl Mode {
 }
 
 /// Limits set on the agent's role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct Limits {
     /// `statement_timeout`, milliseconds.
@@ -82,7 +82,7 @@ pub const READ_ONLY_ROLE: &str = "airlock_readonly";
 pub const MAX_CONNECTIONS: u32 = 30;
 
 /// A mode with its limits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(default)]
 pub struct Access {
     /// What the role may do.

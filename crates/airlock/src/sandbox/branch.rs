@@ -23,16 +23,18 @@ use crate::pg::dsn::{self, DATABASE};
 use crate::secret;
 
 /// A request to branch a live sandbox.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BranchRequest {
     /// Seconds until the branch expires; the daemon default if absent.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<i64>,
     /// Labels of the branch.
     #[serde(default)]
     pub labels: std::collections::BTreeMap<String, String>,
     /// A unique name for the branch.
     #[serde(default)]
+    #[schema(pattern = "^[a-z][a-z0-9_-]{0,47}$")]
     pub name: Option<String>,
 }
 
@@ -63,7 +65,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     {
         let mut store = engine.store();
         store.record(NewEvent {
-            kind: "created",
+            kind: crate::events::EventKind::Created,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "branched_from": source.id}),

@@ -24,12 +24,14 @@ use crate::sandbox::{Sandbox, SandboxState};
 pub const OUTPUT_CAP: usize = 1 << 20;
 
 /// A command to run in a sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecRequest {
     /// The program and its arguments.
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     /// Seconds before it is killed (1 to 3600; default 60).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 3600)]
     pub timeout_seconds: Option<u64>,
     /// Text for its standard input.
     #[serde(default)]
@@ -37,7 +39,7 @@ pub struct ExecRequest {
 }
 
 /// What a command did.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecResult {
     /// Its exit code; absent when a signal ended it.
     pub exit_code: Option<i32>,

@@ -40,18 +40,20 @@ use crate::users::Identity;
 use crate::{golden, secret, validate};
 
 /// A request to fork a golden.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ForkRequest {
     /// The golden to fork (its current generation).
     pub golden: String,
     /// Seconds until the reaper deletes it; the daemon default if absent.
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub ttl_seconds: Option<i64>,
     /// Labels to find it by.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// A unique name to address it by besides its id.
     #[serde(default)]
+    #[schema(pattern = "^[a-z][a-z0-9_-]{0,47}$")]
     pub name: Option<String>,
     /// The credential's access mode and limits.
     #[serde(default)]
@@ -76,7 +78,7 @@ pub struct ForkRequest {
 pub const MIGRATION_TEST_LABEL: (&str, &str) = (validate::RESERVED_LABEL_KEY, "migration-test");
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Forked {
     /// The new sandbox.
     #[serde(flatten)]
@@ -169,7 +171,7 @@ async fn finish(
         let mut store = engine.store();
         store.set_running(&sb.id, pid, &url)?;
         store.record(NewEvent {
-            kind: "ready",
+            kind: crate::events::EventKind::Ready,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail,
@@ -227,7 +229,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     let sb = {
         let mut store = engine.store();
         store.record(NewEvent {
-            kind: "created",
+            kind: crate::events::EventKind::Created,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
@@ -405,7 +407,7 @@ pub(crate) async fn rebuild(
             let mut store = engine.store();
             store.set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
             store.record(NewEvent {
-                kind: "reset",
+                kind: crate::events::EventKind::Reset,
                 sandbox: Some(sb.id.clone()),
                 golden: Some(sb.golden.clone()),
                 detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation,
@@ -550,7 +552,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
         let mut store = engine.store();
         store.delete_sandbox(&sb.id)?;
         store.record_or_log(NewEvent {
-            kind: "deleted",
+            kind: crate::events::EventKind::Deleted,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             reason: Some(reason.as_str()),
@@ -603,7 +605,7 @@ pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
     let expires_at = Timestamp::now().plus(ttl);
     store.set_expiry(&sb.id, expires_at)?;
     store.record(NewEvent {
-        kind: "extended",
+        kind: crate::events::EventKind::Extended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"expires_at": expires_at}),

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::clock::Timestamp;
 
 /// Where a sandbox is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     /// Being cloned and started; torn down at daemon start if the daemon died meanwhile.
@@ -56,7 +56,7 @@ impl SandboxState {
 }
 
 /// One sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Sandbox {
     /// Unique id, `sb-` and ten characters.
     pub id: String,

@@ -75,7 +75,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     }
     kill_cgroup_members(engine, &id).await;
     engine.store().record(NewEvent {
-        kind: "suspended",
+        kind: crate::events::EventKind::Suspended,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some(reason.as_str()),
@@ -108,7 +108,7 @@ pub(crate) async fn keep_unstartable(engine: &Engine, sb: &Sandbox, e: &Error) -
     let mut store = engine.store();
     store.set_suspended(&sb.id)?;
     store.record(NewEvent {
-        kind: "suspended",
+        kind: crate::events::EventKind::Suspended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some("unstartable"),
@@ -136,7 +136,7 @@ pub async fn wake(engine: &Engine, key: &str) -> Result<Sandbox> {
     drop(admitted);
     engine.connections.touch(&id);
     engine.store().record(NewEvent {
-        kind: "woken",
+        kind: crate::events::EventKind::Woken,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"wake_ms": ms(began)}),

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::users::Identity;
 
 /// How files are cloned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Backend {
     /// One `FICLONE` per file: shared extents, constant time per file.

@@ -467,7 +467,7 @@ impl Store {
             "INSERT INTO events (at, kind, sandbox, golden, reason, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             params![
                 Timestamp::now().0,
-                e.kind,
+                e.kind.as_str(),
                 e.sandbox,
                 e.golden,
                 e.reason,
@@ -481,7 +481,7 @@ impl Store {
     /// teardown, a watchdog step): a record that cannot be written is said in the
     /// daemon log, never dropped silently.
     pub fn record_or_log(&mut self, e: NewEvent) {
-        let (kind, sandbox) = (e.kind, e.sandbox.clone());
+        let (kind, sandbox) = (e.kind.as_str(), e.sandbox.clone());
         if let Err(error) = self.record(e) {
             tracing::error!(kind, sandbox = sandbox.as_deref().unwrap_or("-"), %error, "an event could not be recorded");
         }
@@ -618,7 +618,7 @@ mod tests {
         for i in 0..10 {
             store
                 .record(NewEvent {
-                    kind: "connected",
+                    kind: crate::events::EventKind::Connected,
                     detail: serde_json::json!({"n": i}),
                     ..Default::default()
                 })

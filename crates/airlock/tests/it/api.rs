@@ -42,9 +42,34 @@ fn openapi_documents_every_route() {
             assert!(paths[path][m].is_object(), "{m} {path} is not documented");
         }
     }
-    // Every documented error code is one the daemon can send.
-    let codes = doc["components"]["schemas"]["Error"]["properties"]["code"]["enum"].as_array().unwrap();
-    assert!(codes.iter().any(|c| c == "capacity_exhausted"));
+    // Every error code is documented, and so is the status each maps to, on every operation.
+    let codes = doc["components"]["schemas"]["ErrorCode"]["enum"].as_array().unwrap();
+    assert!(codes.iter().any(|c| c == "capacity_exhausted") && codes.iter().any(|c| c == "disk_full"));
+    for (path, item) in paths {
+        for (method, op) in item.as_object().unwrap() {
+            for status in ["400", "404", "500", "507"] {
+                assert!(op["responses"][status].is_object(), "{method} {path} does not document {status}");
+            }
+        }
+    }
+    // Every event kind a record can carry is in the document.
+    let kinds = doc["components"]["schemas"]["EventKind"]["enum"].as_array().unwrap();
+    for kind in ["connection_refused", "watchdog", "disk_reserve", "migration_promoted", "woken"] {
+        assert!(kinds.iter().any(|k| k == kind), "{kind} missing");
+    }
+}
+
+#[test]
+fn errors_axum_makes_itself_are_json_too() {
+    let d = Daemon::start(&[]);
+    for (method, path, status) in [("PUT", "/v1/goldens", 405), ("GET", "/v1/events?limit=many", 400)] {
+        let mut s = std::os::unix::net::UnixStream::connect(d.socket()).unwrap();
+        let (got, body) = http(&mut s, method, path, "", "");
+        assert_eq!(got, status, "{method} {path}: {body}");
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {body}"));
+        assert!(v["code"].is_string() && v["hint"].is_string(), "{body}");
+    }
 }
 
 #[test]
