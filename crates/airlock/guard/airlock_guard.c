@@ -12,6 +12,12 @@
  * this hook refuses them to every role that is not a superuser. Superusers (the
  * daemon's admin role, peer-authenticated) are unaffected.
  *
+ * It refuses ALTER EXTENSION ... ADD and DROP too: an extension's members are
+ * left out of every report (they are the extension's, not the application's),
+ * so an object an agent made and then added to an extension it owns would
+ * vanish from describe_schema, changes_since_fork and the planted-object check.
+ * Extension scripts, trusted ones included, run as a superuser and still may.
+ *
  * It also makes read-only mode hold. A session whose login role is a member of
  * airlock_readonly has every transaction made read-only before each statement,
  * utility command and function call runs (and again after each utility
@@ -109,6 +115,12 @@ airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
 {
 	const char *change = refused_change(pstmt->utilityStmt);
 
+	if (IsA(pstmt->utilityStmt, AlterExtensionContentsStmt) && !superuser())
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+				 errmsg("permission denied to add objects to or drop them from an extension in an Airlock sandbox"),
+				 errdetail("An extension's members are left out of Airlock's reports."),
+				 errhint("Keep the object outside the extension.")));
 	if (change != NULL && !superuser())
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),

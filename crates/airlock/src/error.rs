@@ -172,7 +172,7 @@ impl Error {
 }
 
 /// How the kernel's ENOSPC and EDQUOT read in a PostgreSQL log.
-const DISK_FULL_WORDS: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
+pub const DISK_FULL_WORDS: [&str; 2] = ["No space left on device", "Disk quota exceeded"];
 
 /// Whether an I/O error is a full disk or an exhausted quota.
 pub fn is_disk_full(e: &std::io::Error) -> bool {

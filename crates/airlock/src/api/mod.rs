@@ -349,21 +349,26 @@ struct ToolQuery {
     via: crate::gateway::tools::Via,
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/tools/{tool}", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name"), ("tool" = String, Path, description = "a tool `GET /v1/tools` lists"), ToolQuery), request_body(content = Object, description = "the tool's arguments, as its input schema says"), responses((status = 200, description = "the tool's answer", body = crate::gateway::tools::ToolOutput), ApiErrors))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/tools/{tool}", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name"), ("tool" = String, Path, description = "a tool `GET /v1/tools` lists"), ToolQuery), request_body(content = Option<Object>, description = "the tool's arguments, as its input schema says (null for none)"), responses((status = 200, description = "the tool's answer", body = crate::gateway::tools::ToolOutput), ApiErrors))]
 async fn call_tool(
     State(s): State<AppState>,
     Path((id, tool)): Path<(String, String)>,
     Query(q): Query<ToolQuery>,
     args: Result<Json<serde_json::Value>, JsonRejection>,
 ) -> ApiResult<crate::gateway::tools::ToolOutput> {
-    let args = body(args)?;
-    if !args.is_object() {
-        return Err(Error::new(
-            ErrorCode::InvalidRequest,
-            "a tool's arguments must be a JSON object",
-            "send an object, `{}` for a tool without arguments (`GET /v1/tools` lists their schemas)",
-        ));
-    }
+    // `null` is a call without arguments (MCP clients may send none); anything
+    // else must be the object the tool's input schema describes.
+    let args = match body(args)? {
+        serde_json::Value::Null => serde_json::json!({}),
+        args if args.is_object() => args,
+        _ => {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                "a tool's arguments must be a JSON object",
+                "send an object, `{}` for a tool without arguments (`GET /v1/tools` lists their schemas)",
+            ))
+        }
+    };
     let engine = s.engine.clone();
     Ok(Json(
         detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args, q.via).await }).await?,

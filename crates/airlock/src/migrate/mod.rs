@@ -18,7 +18,7 @@ pub mod split;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -107,6 +107,51 @@ pub struct TestRequest {
     pub lock_threshold_ms: Option<u64>,
 }
 
+/// Rows each table's counters show changed by the candidate's session beyond
+/// what its statements' measurements add up to, per table: `[inserted,
+/// updated, deleted]` beyond. Read once the session's server process is gone
+/// (it hands its counters over as it exits).
+async fn unmeasured_changes(
+    admin: &Admin,
+    applied: &apply::Applied,
+    before: &BTreeMap<String, [i64; 3]>,
+) -> Result<Vec<(String, [i64; 3])>> {
+    let gone = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < gone {
+        let row = admin
+            .client()
+            .query_one("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = $1", &[&applied.backend])
+            .await
+            .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        if row.get::<_, i64>(0) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = catalog::row_activity(admin.client()).await?;
+    let mut measured: BTreeMap<&str, [i64; 3]> = BTreeMap::new();
+    for r in applied.statements.iter().flat_map(|s| &s.rows) {
+        let m = measured.entry(r.table.as_str()).or_default();
+        m[0] += r.inserted;
+        m[1] += r.updated;
+        m[2] += r.deleted;
+    }
+    let mut out = Vec::new();
+    for (table, now) in &after {
+        // The probe's own tables are the measuring machinery's.
+        if table.starts_with("pg_airlock") {
+            continue;
+        }
+        let then = before.get(table).copied().unwrap_or_default();
+        let seen = measured.get(table.as_str()).copied().unwrap_or_default();
+        let beyond: [i64; 3] = std::array::from_fn(|i| (now[i] - then[i] - seen[i]).max(0));
+        if beyond.iter().any(|n| *n > 0) {
+            out.push((table.clone(), beyond));
+        }
+    }
+    Ok(out)
+}
+
 /// How long the final count of one table, and of all, may take.
 const FINAL_COUNT_PER_TABLE: Duration = Duration::from_secs(10);
 const FINAL_COUNT_BUDGET: Duration = Duration::from_secs(60);
@@ -155,10 +200,23 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
             (i, test_one(&engine, &req, &candidate, &snapshot, expected.as_ref()).await)
         });
     }
+    // Every candidate runs to its end (and deletes its fork) before any error is
+    // returned: leaving the others would abort them and leave their forks running.
     let mut results: Vec<Option<CandidateReport>> = vec![None; req.candidates.len()];
+    let mut first_error = None;
     while let Some(joined) = tasks.join_next().await {
-        let (i, result) = joined?;
-        results[i] = Some(result?);
+        match joined {
+            Ok((i, Ok(report))) => results[i] = Some(report),
+            Ok((_, Err(e))) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
     }
     let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
     let ranking = hazards::rank(&candidates);
@@ -253,6 +311,8 @@ async fn measure(
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    let activity_before = catalog::row_activity(admin.client()).await?;
+    let mut unmeasured = Vec::new();
     let (applied, exec) = match (&candidate.sql, &candidate.exec) {
         (Some(sql), _) => {
             let statements = split::split(sql)?;
@@ -260,7 +320,9 @@ async fn measure(
             let applied =
                 apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout).await;
             session.close().await;
-            (applied?, None)
+            let applied = applied?;
+            unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
+            (applied, None)
         }
         (None, Some(cmd)) => run_command(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await?,
         (None, None) => unreachable!("checked before forking"),
@@ -281,6 +343,18 @@ async fn measure(
         &applied.rows,
         threshold,
     );
+    // The server's own counters, read once the session is gone, against the sum
+    // of what the measurements saw: anything more ran out of their sight.
+    for (table, [inserted, updated, deleted]) in &unmeasured {
+        found.push(report::Hazard {
+            kind: "unmeasured_changes".into(),
+            severity: report::Severity::Critical,
+            message: format!(
+                "{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw (work done at commit, or out of sight)"
+            ),
+            line: None,
+        });
+    }
     // The measurements follow each statement; whatever else removed rows (work
     // at commit that escaped them, say) still shows in the final counts.
     let counted = catalog::count_rows(
@@ -421,6 +495,7 @@ async fn run_command(
         failure: None,
         rows,
         duration_ms: took.as_secs_f64() * 1e3,
+        backend: 0,
     };
     Ok((applied, Some(outcome)))
 }

@@ -698,6 +698,13 @@ pub fn log_tail(log: &Path) -> String {
     format!("{} (log: {})", tail.join(" | "), log.display())
 }
 
+/// Whether a server's log ends in a write the disk or quota refused (the last
+/// 16 KB, read without following a link).
+pub fn log_says_disk_full(log: &Path) -> bool {
+    let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
+    crate::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w))
+}
+
 /// Settings every admin session fixes when it connects. A startup packet's
 /// settings take precedence over the database's and the role's, so nothing set
 /// inside an instance (by an agent, or carried in a golden) steers the admin's

@@ -106,6 +106,25 @@ fn watch_servers(engine: &Arc<Engine>) {
                 continue;
             }
         }
+        // A server that died of a full disk (a WAL write that could not be made)
+        // left consistent files: the sandbox is kept, suspended, to wake once
+        // there is room, rather than deleted for what its neighbours did.
+        let log = engine.layout.sandbox(&sb.id).join("postgres.log");
+        if sb.state == SandboxState::Running && instance::log_says_disk_full(&log) {
+            if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {
+                tracing::warn!(sandbox = %sb.id, "its server stopped at a full disk; kept suspended");
+                engine.store().record_or_log(NewEvent {
+                    kind: crate::events::EventKind::Suspended,
+                    sandbox: Some(sb.id.clone()),
+                    golden: Some(sb.golden.clone()),
+                    reason: Some("disk_full"),
+                    detail: serde_json::json!({"log": instance::log_tail(&log), "clean": false}),
+                });
+                let engine = engine.clone();
+                tokio::spawn(async move { sandbox::kill_cgroup_members(&engine, &sb.id).await });
+            }
+            continue;
+        }
         // Only if it is still the same live row (a suspend stops servers on purpose).
         if !engine.store().begin_delete_dead(&sb.id, sb.pid).unwrap_or(false) {
             continue;

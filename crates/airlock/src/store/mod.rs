@@ -362,6 +362,16 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Moves a running sandbox whose server `pid` died to `suspended`; false if
+    /// the row changed meanwhile.
+    pub fn suspend_dead(&mut self, id: &str, pid: Option<i32>) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'suspended', pid = NULL WHERE id = ?1 AND state = 'running' AND pid IS ?2",
+            params![id, pid],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Marks a sandbox `suspended` with no process (one whose server could not start).
     pub fn set_suspended(&mut self, id: &str) -> Result<()> {
         self.conn.execute("UPDATE sandboxes SET state = 'suspended', pid = NULL WHERE id = ?1", [id])?;

@@ -56,6 +56,20 @@ fn assert_consistent(d: &Daemon, dsns: &std::collections::HashMap<String, String
         assert_ne!(process_state(pid), 'T', "server {pid} is left stopped");
     }
     assert!(d.postmasters().len() >= running, "a server for every running sandbox");
+    // No cgroup outlives its sandbox, and no half-built golden is left.
+    let tag = airlock::layout::Layout::new(&d.home).tag();
+    let live: Vec<String> = ids.iter().cloned().chain(d.pooled_ids()).collect();
+    let fs = std::path::Path::new("/sys/fs/cgroup");
+    let hierarchies = std::fs::read_dir(fs).into_iter().flatten().flatten().map(|e| e.path());
+    for root in std::iter::once(fs.to_path_buf()).chain(hierarchies) {
+        for dir in std::fs::read_dir(root.join("airlock").join(&tag)).into_iter().flatten().flatten() {
+            let name = dir.file_name().to_string_lossy().into_owned();
+            if dir.path().is_dir() && name.starts_with("sb-") {
+                assert!(live.contains(&name), "cgroup {} outlived its sandbox", dir.path().display());
+            }
+        }
+    }
+    assert!(std::fs::read_dir(d.home.join("volume/staging")).unwrap().next().is_none(), "staging is empty");
 }
 
 #[test]
@@ -172,10 +186,13 @@ fn killed_at_random_under_mixed_load_the_daemon_restarts_to_sandboxes_that_answe
             load.push(d.spawn_cli(&["rm", &ids[0]]));
         }
         std::thread::sleep(Duration::from_millis(50 + next() % 700));
-        d.kill9();
+        // The work runs inside the daemon; the clients only wait. They go first,
+        // so none of them starts a daemon of its own when this one vanishes.
         for mut c in load {
+            let _ = c.kill();
             let _ = c.wait();
         }
+        d.kill9();
         d.spawn();
         // What the clients made meanwhile is listed now; learn their DSNs.
         dsns.retain(|id, _| d.ids().contains(id));

@@ -291,6 +291,11 @@ fn at_a_full_disk_every_answer_tells_the_truth() {
             "{args:?}"
         );
     }
+    // A server that dies writing at the full disk is kept, suspended, not deleted.
+    let _ = psql(&dsn(&spare), "INSERT INTO orders SELECT g, 'x', 1 FROM generate_series(100000, 400000) g");
+    std::thread::sleep(Duration::from_secs(2));
+    let state = d.json(&["show", &spare_id])["state"].clone();
+    assert!(state == "running" || state == "suspended", "{state}");
     // Every 5xx answer points at the daemon log, and the log has it.
     for line in d.log().lines().filter(|l| l.contains("a request failed")) {
         assert!(line.contains("code="), "{line}");

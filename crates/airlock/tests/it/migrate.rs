@@ -454,3 +454,89 @@ fn the_test_migration_tool_reports_without_touching_the_agents_database() {
         assert_eq!(slow.join().unwrap().0, 200);
     });
 }
+
+#[test]
+fn a_migration_that_behaves_otherwise_on_its_target_is_rolled_back_and_refused() {
+    let d = daemon();
+    // It does its damage only where the test's machinery is absent.
+    let paths = files(
+        &d,
+        &[(
+            "sly.sql",
+            "ALTER TABLE tenants ADD COLUMN region text;
+DO $$ BEGIN
+  IF pg_catalog.to_regnamespace('pg_airlock_probe') IS NULL THEN
+    DELETE FROM orders;
+    CREATE FUNCTION public.trojan() RETURNS int LANGUAGE sql AS 'SELECT 1';
+  END IF;
+END $$;",
+        )],
+    );
+    let report = d.home.join("report.json");
+    let (code, v) = test(&d, &[paths[0].to_str().unwrap(), "--report", report.to_str().unwrap()]);
+    assert_eq!(code, 0, "it can pass its test: {v}");
+    let target = d.fork("app", &[]);
+    let target = target["socket_dsn"].as_str().unwrap();
+    let (code, out) = promote(&d, report.to_str().unwrap(), target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("did what its test did not"), "{out}");
+    assert!(out.contains("deleted from public.orders") && out.contains("trojan"), "{out}");
+    // Nothing was kept.
+    assert_eq!(sql(target, "SELECT count(*) FROM orders"), "100000");
+    assert_eq!(
+        sql(target, "SELECT count(*) FROM information_schema.columns WHERE column_name = 'region'"),
+        "0"
+    );
+}
+
+#[test]
+fn deferred_work_that_defers_more_work_is_still_measured() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[(
+            "chain.sql",
+            "CREATE TABLE app_events (kind text);
+CREATE FUNCTION app_events_tick() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF NEW.kind = 'a' THEN
+    SET CONSTRAINTS ALL DEFERRED;
+    INSERT INTO app_events (kind) VALUES ('b');
+  ELSIF NEW.kind = 'b' THEN
+    DELETE FROM orders;
+  END IF;
+  RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER app_events_tick AFTER INSERT ON app_events
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION app_events_tick();
+BEGIN;
+INSERT INTO app_events (kind) VALUES ('a');
+COMMIT;
+DROP TRIGGER app_events_tick ON app_events;
+DROP FUNCTION app_events_tick();
+DROP TABLE app_events;",
+        )],
+    );
+    let (code, v) = test(&d, &[paths[0].to_str().unwrap()]);
+    assert_eq!(code, 12, "{v}");
+    let hazards = v["candidates"][0]["hazards"].to_string();
+    assert!(hazards.contains("100000") && hazards.contains("orders"), "{hazards}");
+}
+
+#[test]
+fn a_test_one_candidate_breaks_still_deletes_every_fork() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            ("slow.sql", "SELECT pg_sleep(2);"),
+            ("slow2.sql", "SELECT pg_sleep(2);"),
+            ("breaks.sql", "SELECT pg_sleep(0.3);\nSET statement_timeout = '1ms';\nSELECT 1;"),
+        ],
+    );
+    let args: Vec<&str> = paths.iter().map(|p| p.to_str().unwrap()).collect();
+    let mut all = vec!["migrate", "test", "--golden", "app"];
+    all.extend(&args);
+    let _ = d.cli(&all);
+    assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 0, "no fork is left behind");
+}

@@ -190,3 +190,13 @@ fn a_rewrite_that_keeps_every_count_is_still_a_change() {
     assert!(text.contains("rewritten, so any row may differ"), "{text}");
     s.untouched();
 }
+
+#[test]
+fn objects_cannot_be_hidden_inside_an_extension() {
+    let s = Scene::new();
+    sql(&s.agent, "CREATE EXTENSION hstore; CREATE TABLE stash (a int); CREATE FUNCTION hidden() RETURNS int LANGUAGE sql AS 'SELECT 1'");
+    s.refused("ALTER EXTENSION hstore ADD TABLE stash", "permission denied to add objects");
+    s.refused("ALTER EXTENSION hstore ADD FUNCTION hidden()", "permission denied to add objects");
+    let text = changes(&s);
+    assert!(text.contains("stash") && text.contains("hidden"), "{text}");
+}
