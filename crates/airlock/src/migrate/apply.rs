@@ -288,8 +288,7 @@ pub async fn apply_sql(
                     if let Some(e) = run_deferred(session, limit).await? {
                         reports[index] = report;
                         stopped = Some(failure(st, e));
-                        let _ = run(session, "ROLLBACK", limit).await;
-                        t.end_transaction(Instant::now(), &mut reports, true);
+                        roll_back(session, &mut t, &mut reports, limit).await;
                         explicit = None;
                         break;
                     }
@@ -348,8 +347,7 @@ pub async fn apply_sql(
                 if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
                     stopped = Some(failure(st, e));
-                    let _ = run(session, "ROLLBACK", limit).await;
-                    t.end_transaction(Instant::now(), &mut reports, true);
+                    roll_back(session, &mut t, &mut reports, limit).await;
                     explicit = None;
                     break;
                 }
@@ -359,8 +357,7 @@ pub async fn apply_sql(
                     if let Some(e) = run_deferred(session, limit).await? {
                         reports[index] = report;
                         stopped = Some(failure(st, e));
-                        let _ = run(session, "ROLLBACK", limit).await;
-                        t.end_transaction(Instant::now(), &mut reports, true);
+                        roll_back(session, &mut t, &mut reports, limit).await;
                         break;
                     }
                 }
@@ -382,8 +379,7 @@ pub async fn apply_sql(
         reports[index] = report;
     }
     if let Some(line) = explicit.filter(|_| stopped.is_none()) {
-        let _ = run(session, "ROLLBACK", limit).await;
-        t.end_transaction(Instant::now(), &mut reports, true);
+        roll_back(session, &mut t, &mut reports, limit).await;
         stopped = Some(Failure {
             line,
             sql: "BEGIN".into(),
@@ -447,6 +443,12 @@ pub fn observed_locks(
             })
         })
         .collect()
+}
+
+/// Rolls back the open transaction after a failure, its statements marked so.
+async fn roll_back(session: &mut Session, t: &mut Tracker, reports: &mut [StatementReport], limit: Duration) {
+    let _ = run(session, "ROLLBACK", limit).await;
+    t.end_transaction(Instant::now(), reports, true);
 }
 
 /// Runs, inside the open transaction, the work its commit would set off:

@@ -44,51 +44,35 @@ impl Admin {
     pub async fn connect(dir: &InstanceDir, database: &str, postmaster: i32) -> Result<Admin> {
         let failed =
             |e: String| Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display()));
-        let connecting = async {
-            let stream = crate::pg::socket::connect_instance(&dir.socket(), None, postmaster)
+        let attempt = || async {
+            let connecting = async {
+                let stream = crate::pg::socket::connect_instance(&dir.socket(), None, postmaster)
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                admin_config(dir, database)
+                    .connect_raw(stream, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| failed(e.to_string()))
+            };
+            tokio::time::timeout(CONNECT_TIMEOUT, connecting)
                 .await
-                .map_err(|e| failed(e.to_string()))?;
-            admin_config(dir, database)
-                .connect_raw(stream, tokio_postgres::NoTls)
-                .await
-                .map_err(|e| failed(e.to_string()))
+                .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?
         };
-        let connected = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
-            .await
-            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?;
-        let (client, connection) = match connected {
-            // Every slot taken (the admin's reserved ones too, by clients that
-            // never finish authenticating): those go, and the admin tries again,
-            // a few times, racing whoever keeps reconnecting.
-            Err(e) if e.message.contains("too many clients") => {
-                let mut last = e;
-                let mut opened = None;
-                for _ in 0..5 {
-                    let ended = crate::pg::instance::end_unauthenticated(postmaster);
-                    tracing::warn!(dir = %dir.root.display(), ended, "every connection slot was taken; ended the backends still authenticating");
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                    let attempt = async {
-                        let stream = crate::pg::socket::connect_instance(&dir.socket(), None, postmaster)
-                            .await
-                            .map_err(|e| failed(e.to_string()))?;
-                        admin_config(dir, database)
-                            .connect_raw(stream, tokio_postgres::NoTls)
-                            .await
-                            .map_err(|e| failed(e.to_string()))
-                    };
-                    match tokio::time::timeout(CONNECT_TIMEOUT, attempt).await {
-                        Ok(Ok(pair)) => {
-                            opened = Some(pair);
-                            break;
-                        }
-                        Ok(Err(e)) => last = e,
-                        Err(_) => last = failed(format!("no answer within {CONNECT_TIMEOUT:?}")),
-                    }
-                }
-                opened.ok_or(last)?
+        let mut connected = attempt().await;
+        // Every slot taken (the admin's reserved ones too, by clients that never
+        // finish authenticating): those go, and the admin tries again, a few
+        // times, racing whoever keeps reconnecting.
+        for _ in 0..5 {
+            match &connected {
+                Err(e) if e.message.contains("too many clients") => {}
+                _ => break,
             }
-            other => other?,
-        };
+            let ended = crate::pg::instance::end_unauthenticated(postmaster);
+            tracing::warn!(dir = %dir.root.display(), ended, "every connection slot was taken; ended the backends still authenticating");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            connected = attempt().await;
+        }
+        let (client, connection) = connected?;
         tokio::spawn(async move {
             let _ = connection.await;
         });
