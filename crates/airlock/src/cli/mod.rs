@@ -407,6 +407,11 @@ struct MigratePromoteArgs {
     /// Accept a hazard the test reported, by kind (repeatable).
     #[arg(long = "allow-hazard")]
     allow_hazards: Vec<String>,
+    /// Apply even when the target session is a superuser (or may run programs,
+    /// write server files or manage roles): its effects reach past what promote
+    /// checks and rolls back.
+    #[arg(long)]
+    allow_superuser: bool,
     /// lock_timeout on the target.
     #[arg(long, default_value = "5s")]
     lock_timeout: String,

@@ -14,6 +14,7 @@ pub mod probe;
 pub mod promote;
 pub mod report;
 pub mod split;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -7,13 +7,13 @@
 //! `statement_timeout`, in one transaction unless it manages transactions itself
 //! or holds a statement that cannot run in one.
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::report::{CandidateReport, Report};
+use super::report::Report;
 use super::split::{self, Kind};
+use super::verify;
 use super::Candidate;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
@@ -39,6 +39,11 @@ pub struct PromoteRequest {
     /// `statement_timeout` on the target, milliseconds (default 600,000).
     #[serde(default)]
     pub statement_timeout_ms: Option<u64>,
+    /// Apply even when the target session is a superuser (or may run programs
+    /// or write files on the server), whose effects reach beyond what promote
+    /// can check or roll back.
+    #[serde(default)]
+    pub allow_superuser: bool,
 }
 
 /// What `migrate promote` did.
@@ -105,6 +110,14 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     let statements = split::split(sql)?;
     let target = redact(&req.target_dsn);
     let client = crate::pg::target::connect(&req.target_dsn).await?;
+    if !req.allow_superuser {
+        if let Some(why) = verify::too_powerful(&client).await? {
+            return Err(refused(
+                format!("the target session {why}: a migration run by it can act outside the database (roles, programs, files), beyond what promote checks or rolls back"),
+                "give a DSN of the application's owner role, or pass --allow-superuser",
+            ));
+        }
+    }
     let now = crate::catalog::read(&client).await?;
     let drift = crate::catalog::diff::diff(&req.report.golden_catalog, &now);
     if !drift.is_empty() {
@@ -129,10 +142,10 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
     let single = statements.iter().all(|s| split::kind(&s.sql) == Kind::Plain);
     let began = Instant::now();
-    let mut files_before = BTreeMap::new();
+    let mut before = None;
     if single {
         run("BEGIN".into()).await.map_err(pg_error)?;
-        files_before = table_files(&client).await?;
+        before = Some(verify::Before::read(&client).await?);
     }
     for s in &statements {
         if let Err(e) = run(s.sql.clone()).await {
@@ -152,14 +165,15 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         // a migration that behaves otherwise here (one that can tell it is being
         // tested, say) is rolled back and refused.
         let checked = async {
-            if let Some(e) = settle_deferred(&client).await? {
+            if let Some(e) = verify::settle_deferred(&client).await? {
                 return Err(Error::new(
                     ErrorCode::MigrationFailed,
                     format!("at COMMIT: {e} (nothing was applied)"),
                     "the target refused what the commit would do",
                 ));
             }
-            let surprises = surprises(&client, tested, &now, &files_before).await?;
+            let before = before.as_ref().expect("read when the transaction began");
+            let surprises = verify::surprises(&client, tested, &now, before).await?;
             if !surprises.is_empty() {
                 return Err(refused(
                     format!(
@@ -198,107 +212,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     Ok(promoted)
 }
 
-/// Each user table's storage file, `schema.name` to file number: a rewrite or
-/// TRUNCATE gives a table a new one.
-async fn table_files(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
-    let rows = client
-        .query(
-            "SELECT n.nspname::text || '.' || c.relname::text, c.relfilenode::bigint
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE c.relkind IN ('r', 'm') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'",
-            &[],
-        )
-        .await
-        .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
-/// Runs what the commit would set off, until a round changes no row (see the
-/// test's own `apply::run_deferred`); the error the commit would raise, if any.
-async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<String>> {
-    let mut changed = xact_activity(client).await?;
-    for _ in 0..20 {
-        if let Err(e) = client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await {
-            return Ok(Some(crate::pg::admin::describe(&e)));
-        }
-        let now = xact_activity(client).await?;
-        if now == changed {
-            return Ok(None);
-        }
-        changed = now;
-    }
-    Ok(Some("work deferred to the commit kept deferring more work".into()))
-}
-
-/// Rows inserted, updated and deleted per user table in the open transaction.
-async fn xact_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<String, [i64; 3]>> {
-    let rows = client
-        .query(
-            "SELECT schemaname::text || '.' || relname::text, n_tup_ins, n_tup_upd, n_tup_del
-               FROM pg_catalog.pg_stat_xact_user_tables",
-            &[],
-        )
-        .await
-        .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3)])).collect())
-}
-
-/// What the migration did on the target, in its open transaction, that its test
-/// did not: rows inserted, updated or deleted in a table where the test changed
-/// none of that kind, a table rewritten or truncated that the test did not, and
-/// objects made, dropped or changed that the test's did not.
-async fn surprises(
-    client: &tokio_postgres::Client,
-    tested: &CandidateReport,
-    catalog_before: &crate::catalog::Catalog,
-    files_before: &BTreeMap<String, i64>,
-) -> Result<Vec<String>> {
-    let mut out = Vec::new();
-    let mut seen: BTreeMap<&str, [i64; 3]> = BTreeMap::new();
-    let mut rewritten: BTreeSet<&str> = BTreeSet::new();
-    for st in &tested.statements {
-        for r in &st.rows {
-            let m = seen.entry(r.table.as_str()).or_default();
-            m[0] += r.inserted;
-            m[1] += r.updated;
-            m[2] += r.deleted;
-            if r.truncated {
-                rewritten.insert(r.table.as_str());
-            }
-        }
-        rewritten.extend(st.rewrites.iter().map(|w| w.table.as_str()));
-    }
-    for (table, did) in xact_activity(client).await? {
-        let tested = seen.get(table.as_str()).copied().unwrap_or_default();
-        for (i, what) in ["inserted into", "updated in", "deleted from"].iter().enumerate() {
-            if did[i] > 0 && tested[i] == 0 {
-                out.push(format!("{} rows {what} {table}", did[i]));
-            }
-        }
-    }
-    for (table, file) in table_files(client).await? {
-        if files_before.get(&table).is_some_and(|f| *f != file) && !rewritten.contains(table.as_str()) {
-            out.push(format!("{table} rewritten or truncated"));
-        }
-    }
-    // Objects by kind, name and change (definitions may differ: owners do).
-    let after = crate::catalog::read(client).await?;
-    let key = |c: &crate::catalog::diff::Change| format!("{} {} {}", c.change, c.object, c.name);
-    let objects = |changes: &[crate::catalog::diff::Change]| -> BTreeSet<String> {
-        changes.iter().filter(|c| !c.name.starts_with("properties of")).map(key).collect()
-    };
-    let here = objects(&crate::catalog::diff::diff(catalog_before, &after));
-    let there = objects(&tested.changes);
-    for extra in here.difference(&there).take(5) {
-        out.push(format!("{extra} (not in the test)"));
-    }
-    for missing in there.difference(&here).take(5) {
-        out.push(format!("{missing} in the test, not here"));
-    }
-    Ok(out)
-}
-
-fn pg_error(e: tokio_postgres::Error) -> Error {
+/// A target's refusal, as `migration_failed`.
+pub(super) fn pg_error(e: tokio_postgres::Error) -> Error {
     Error::new(
         ErrorCode::MigrationFailed,
         crate::pg::admin::describe(&e),

@@ -540,3 +540,74 @@ fn a_test_one_candidate_breaks_still_deletes_every_fork() {
     let _ = d.cli(&all);
     assert_eq!(d.json(&["ls"]).as_array().unwrap().len(), 0, "no fork is left behind");
 }
+
+/// A migration that changes more, or otherwise, where the test's probe is absent.
+fn two_faced(body: &str) -> String {
+    format!(
+        "ALTER TABLE tenants ADD COLUMN region text;
+UPDATE users SET score = 1 WHERE id = 1;
+CREATE FUNCTION public.audit() RETURNS int LANGUAGE sql AS 'SELECT 1';
+DO $do$ BEGIN
+  IF pg_catalog.to_regnamespace('pg_airlock_probe') IS NULL THEN
+    {body}
+  END IF;
+END $do$;"
+    )
+}
+
+#[test]
+fn on_its_target_a_migration_must_change_what_its_test_changed_and_no_more() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            // Every row where the test updated one.
+            ("wider.sql", &two_faced("UPDATE users SET score = 1;")),
+            // The same function, another body.
+            (
+                "swapped.sql",
+                &two_faced(
+                    "CREATE OR REPLACE FUNCTION public.audit() RETURNS int LANGUAGE sql AS 'SELECT 2';",
+                ),
+            ),
+            // The same table, open to everyone.
+            ("granted.sql", &two_faced("GRANT ALL ON users TO PUBLIC;")),
+            // Settings every later session of the role would get.
+            ("settings.sql", &two_faced("ALTER ROLE airlock_admin SET search_path = nowhere;")),
+            // The control: the same file without a second face.
+            ("plain.sql", &two_faced("PERFORM 1;")),
+        ],
+    );
+    let report = d.home.join("report.json");
+    let mut args: Vec<&str> = paths.iter().map(|p| p.to_str().unwrap()).collect();
+    args.extend(["--report", report.to_str().unwrap()]);
+    let (code, v) = test(&d, &args);
+    assert_eq!(code, 0, "every one passes its test: {v}");
+    let report = report.to_str().unwrap();
+    let fresh = || d.fork("app", &[])["socket_dsn"].as_str().unwrap().to_owned();
+    for (i, expected) in [(0, "updated in public.users"), (1, "function"), (2, "grants")] {
+        let target = fresh();
+        let (code, out) = promote(&d, report, &target, paths[i].to_str().unwrap(), &[]);
+        assert_eq!(code, 10, "{expected}: {out}");
+        assert!(out.contains("did what its test did not") && out.contains(expected), "{expected}: {out}");
+        assert_eq!(sql(&target, "SELECT count(*) FROM users WHERE score = 1"), "0", "rolled back");
+    }
+    // A superuser's session is refused before anything runs, unless allowed;
+    // allowed, a setting it plants for a role is a difference like any other.
+    let target = fresh();
+    let admin = target.replacen(
+        &format!("airlock_agent:{}@", crate::harness::split_password(&target).1),
+        "airlock_admin@",
+        1,
+    );
+    let (code, out) = promote(&d, report, &admin, paths[3].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("is a superuser"), "{out}");
+    let (code, out) = promote(&d, report, &admin, paths[3].to_str().unwrap(), &["--allow-superuser"]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("search_path=nowhere"), "{out}");
+    // The control applies.
+    let target = fresh();
+    let (code, out) = promote(&d, report, &target, paths[4].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+}

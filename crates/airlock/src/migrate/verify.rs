@@ -1,0 +1,270 @@
+//! Checking a migration on its target before it is kept.
+//!
+//! A test fork can be told apart from production (its probe, its database's
+//! name, its data), so a hostile candidate can behave well only while tested.
+//! `migrate promote` therefore applies a single-transaction file inside one
+//! transaction on the target and, before committing, compares what the target
+//! saw with what the test saw; any difference rolls it back. What is compared:
+//! row changes per table (their kinds, and how large a share of the table),
+//! tables rewritten or truncated, every catalog entry made, dropped or changed
+//! (with its definition, owners set aside), roles and memberships, and settings
+//! stored for databases and roles. A session that could act outside the
+//! database (a superuser, or a member of the roles that run programs or write
+//! server files) is refused before anything runs, since its effects cannot be
+//! compared or rolled back.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::promote::pg_error;
+use super::report::CandidateReport;
+use crate::catalog::diff::Change;
+use crate::catalog::Catalog;
+use crate::error::Result;
+
+/// Why the target session is too powerful to run a migration promote can
+/// check, if it is.
+pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'static str>> {
+    let row = client
+        .query_one(
+            "SELECT r.rolsuper,
+                    pg_catalog.pg_has_role(current_user, 'pg_execute_server_program', 'MEMBER')
+                    OR pg_catalog.pg_has_role(current_user, 'pg_write_server_files', 'MEMBER'),
+                    r.rolcreaterole
+               FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(if row.get(0) {
+        Some("is a superuser")
+    } else if row.get(1) {
+        Some("may run programs or write files on the server")
+    } else if row.get(2) {
+        Some("may create and change roles")
+    } else {
+        None
+    })
+}
+
+/// The target as the migration's transaction found it.
+pub struct Before {
+    files: BTreeMap<String, i64>,
+    rows: BTreeMap<String, f64>,
+    cluster: BTreeSet<String>,
+}
+
+impl Before {
+    /// Reads what is compared afterwards.
+    pub async fn read(client: &tokio_postgres::Client) -> Result<Before> {
+        Ok(Before {
+            files: table_files(client).await?,
+            rows: table_rows(client).await?,
+            cluster: cluster_state(client).await?,
+        })
+    }
+}
+
+/// Each user table's storage file, `schema.name` to file number: a rewrite or
+/// TRUNCATE gives a table a new one.
+async fn table_files(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text || '.' || c.relname::text, c.relfilenode::bigint
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.relkind IN ('r', 'm') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Each user table's estimated rows (the planner's, never a scan of production).
+async fn table_rows(client: &tokio_postgres::Client) -> Result<BTreeMap<String, f64>> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text || '.' || c.relname::text, GREATEST(c.reltuples, 0)::float8
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Roles with their attributes, memberships, and settings stored for databases
+/// and roles: what a migration may change beyond its own database's tables.
+async fn cluster_state(client: &tokio_postgres::Client) -> Result<BTreeSet<String>> {
+    let rows = client
+        .query(
+            "SELECT 'role ' || rolname || ' super=' || rolsuper || ' createrole=' || rolcreaterole
+                    || ' createdb=' || rolcreatedb || ' login=' || rolcanlogin || ' replication='
+                    || rolreplication || ' bypassrls=' || rolbypassrls
+               FROM pg_catalog.pg_roles
+             UNION ALL
+             SELECT 'member ' || m.member::regrole::text || ' of ' || m.roleid::regrole::text
+               FROM pg_catalog.pg_auth_members m
+             UNION ALL
+             SELECT 'setting for database ' || COALESCE(d.datname, '*') || ' role '
+                    || COALESCE(s.setrole::regrole::text, '*') || ': ' || array_to_string(s.setconfig, ', ')
+               FROM pg_catalog.pg_db_role_setting s LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(rows.into_iter().map(|r| r.get::<_, String>(0)).collect())
+}
+
+/// Runs what the commit would set off, until a round changes no row (see the
+/// test's own `apply::run_deferred`); the error the commit would raise, if any.
+pub async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<String>> {
+    let mut changed = xact_activity(client).await?;
+    for _ in 0..20 {
+        if let Err(e) = client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await {
+            return Ok(Some(crate::pg::admin::describe(&e)));
+        }
+        let now = xact_activity(client).await?;
+        if now == changed {
+            return Ok(None);
+        }
+        changed = now;
+    }
+    Ok(Some("work deferred to the commit kept deferring more work".into()))
+}
+
+/// Rows inserted, updated and deleted per user table in the open transaction.
+async fn xact_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<String, [i64; 3]>> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text || '.' || relname::text, n_tup_ins, n_tup_upd, n_tup_del
+               FROM pg_catalog.pg_stat_xact_user_tables",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    Ok(rows.into_iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3)])).collect())
+}
+
+/// A share of a table's rows the target may change beyond the test's share
+/// before it is a difference (data is not the golden's, so shares drift some).
+const SHARE_SLACK: f64 = 0.05;
+
+/// What the migration did on the target, in its open transaction, that its test
+/// did not.
+pub async fn surprises(
+    client: &tokio_postgres::Client,
+    tested: &CandidateReport,
+    catalog_before: &Catalog,
+    before: &Before,
+) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut seen: BTreeMap<&str, [i64; 3]> = BTreeMap::new();
+    let mut rewritten: BTreeSet<&str> = BTreeSet::new();
+    for st in &tested.statements {
+        for r in &st.rows {
+            let m = seen.entry(r.table.as_str()).or_default();
+            m[0] += r.inserted;
+            m[1] += r.updated;
+            m[2] += r.deleted;
+            if r.truncated {
+                rewritten.insert(r.table.as_str());
+            }
+        }
+        rewritten.extend(st.rewrites.iter().map(|w| w.table.as_str()));
+    }
+    for (table, did) in xact_activity(client).await? {
+        let test = seen.get(table.as_str()).copied().unwrap_or_default();
+        for (i, what) in ["inserted into", "updated in", "deleted from"].iter().enumerate() {
+            if did[i] > 0 && test[i] == 0 {
+                out.push(format!("{} rows {what} {table}", did[i]));
+                continue;
+            }
+            // Updates and deletes: the share of the table, here against there.
+            // The test's table sizes are the golden's (the report's catalog estimates).
+            let here = before.rows.get(&table).copied().unwrap_or(0.0);
+            let there = tested_table_rows(catalog_before, &table);
+            if i > 0 && did[i] > 0 && here > 0.0 && there > 0.0 {
+                let (share_here, share_there) = (did[i] as f64 / here, test[i] as f64 / there);
+                if share_here > share_there * 2.0 + SHARE_SLACK {
+                    out.push(format!(
+                        "{} rows {what} {table} ({:.0}% of it; {:.0}% in the test)",
+                        did[i],
+                        share_here.min(1.0) * 100.0,
+                        share_there * 100.0
+                    ));
+                }
+            }
+        }
+    }
+    for (table, file) in table_files(client).await? {
+        if before.files.get(&table).is_some_and(|f| *f != file) && !rewritten.contains(table.as_str()) {
+            out.push(format!("{table} rewritten or truncated"));
+        }
+    }
+    let cluster = cluster_state(client).await?;
+    for changed in cluster.symmetric_difference(&before.cluster).take(5) {
+        let how = if cluster.contains(changed) { "now" } else { "no longer" };
+        out.push(format!("{how}: {changed}"));
+    }
+    // Catalog entries with their definitions; owners are set aside, since the
+    // test's objects belong to the sandbox's roles and the target's to its own.
+    let after = crate::catalog::read(client).await?;
+    let here = entries(&crate::catalog::diff::diff(catalog_before, &after));
+    let there = entries(&tested.changes);
+    for extra in here.difference(&there).take(5) {
+        out.push(format!("{extra} (not so in the test)"));
+    }
+    for missing in there.difference(&here).take(5) {
+        out.push(format!("{missing} in the test, not here"));
+    }
+    Ok(out)
+}
+
+/// A table's rows in the catalog the test ran against (the planner's estimate).
+fn tested_table_rows(catalog: &Catalog, table: &str) -> f64 {
+    catalog.tables.get(table).map_or(0.0, |t| t.row_estimate.max(0) as f64)
+}
+
+/// Changes as comparable lines: what changed, and its definition with owners,
+/// grantors and the grants' holders that are owners written `OWNER`.
+fn entries(changes: &[Change]) -> BTreeSet<String> {
+    changes
+        .iter()
+        .map(|c| {
+            let definition = c.after.as_deref().map(without_owners).unwrap_or_default();
+            format!("{} {} {}: {definition}", c.change, c.object, c.name)
+        })
+        .collect()
+}
+
+/// A definition with its owner's name replaced by `OWNER` wherever it appears
+/// as a word (the owner part itself, and grants to or by the owner).
+fn without_owners(definition: &str) -> String {
+    let owner = definition.split("; ").find_map(|part| part.strip_prefix("owner ")).map(str::to_owned);
+    let Some(owner) = owner else { return definition.to_owned() };
+    definition
+        .split("; ")
+        .map(|part| {
+            part.split(['=', '/', ',', ' '])
+                .map(|w| if w == owner { "OWNER" } else { w })
+                .collect::<Vec<_>>()
+                .join("|")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_set_aside_but_other_holders_are_not() {
+        let test = "owner airlock_agent; grants airlock_agent=arwdDxt/airlock_agent; persistence p";
+        let prod = "owner app_owner; grants app_owner=arwdDxt/app_owner; persistence p";
+        assert_eq!(without_owners(test), without_owners(prod));
+        let public = "owner app_owner; grants app_owner=arwdDxt/app_owner,=arwdDxt/app_owner; persistence p";
+        assert_ne!(without_owners(test), without_owners(public));
+    }
+}
