@@ -119,7 +119,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         }
     }
     let now = crate::catalog::read(&client).await?;
-    let drift = crate::catalog::diff::diff(&req.report.golden_catalog, &now);
+    let drift = verify::drift(&req.report.golden_catalog, &now);
     if !drift.is_empty() {
         let lines: Vec<String> = drift.iter().map(|c| c.line()).collect();
         return Err(refused(

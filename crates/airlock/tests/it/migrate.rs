@@ -611,3 +611,29 @@ fn on_its_target_a_migration_must_change_what_its_test_changed_and_no_more() {
     let (code, out) = promote(&d, report, &target, paths[4].to_str().unwrap(), &[]);
     assert_eq!(code, 0, "{out}");
 }
+
+#[test]
+fn a_golden_built_from_the_target_is_no_drift_from_it() {
+    let d = daemon();
+    let target = d.fork("app", &[]);
+    let target = target["socket_dsn"].as_str().unwrap();
+    // A table of the target's own role (a golden's tables are its owner role's).
+    sql(target, "CREATE TABLE audit_log (id int PRIMARY KEY, line text)");
+    // The refusal's own advice: build a golden from the target, test on it, promote.
+    let out = d.cli_with(&["golden", "create", "fromtarget", "--from-url", "-"], Some(target));
+    assert_eq!(out.code, 0, "{out:?}");
+    let paths = files(&d, &[("bio.sql", "ALTER TABLE users ADD COLUMN bio text;")]);
+    let report = d.home.join("report.json");
+    let out = d.cli(&[
+        "migrate",
+        "test",
+        "--golden",
+        "fromtarget",
+        paths[0].to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let (code, out) = promote(&d, report.to_str().unwrap(), target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "owners alone are no drift: {out}");
+}
