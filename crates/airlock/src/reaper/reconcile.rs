@@ -4,7 +4,7 @@
 //! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
 //! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
 //! - a running or pooled server is continued (a branch's pause may have been cut
-//!   short) and must answer a query within two seconds, or it is started again;
+//!   short) and must answer a query within five seconds, or it is started again;
 //! - a running sandbox whose process is gone (host restart) is started again; one
 //!   that cannot start is kept suspended with its files, and says why;
 //! - a reset cut short is completed, keeping id, address and credential;
