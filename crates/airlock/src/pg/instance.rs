@@ -698,13 +698,12 @@ pub fn log_tail(log: &Path) -> String {
     format!("{} (log: {})", tail.join(" | "), log.display())
 }
 
-/// Whether a server died of a write the disk or quota refused: a PANIC line
-/// naming it in the last 16 KB of its log (read without following a link).
-/// Only the server itself writes PANIC lines; an agent's RAISE cannot, so it
-/// cannot make a death look like a full disk.
+/// Whether a server's log names a write the disk or quota refused, in its last
+/// 16 KB (read without following a link). An agent can write these words into
+/// the log too (a RAISE), so this is a hint to be checked against the disk.
 pub fn log_says_disk_full(log: &Path) -> bool {
     let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
-    text.lines().any(|l| l.contains("PANIC:") && crate::error::DISK_FULL_WORDS.iter().any(|w| l.contains(w)))
+    crate::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w))
 }
 
 /// Settings every admin session fixes when it connects. A startup packet's

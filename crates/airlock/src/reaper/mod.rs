@@ -108,9 +108,12 @@ fn watch_servers(engine: &Arc<Engine>) {
         }
         // A server that died of a full disk (a WAL write that could not be made)
         // left consistent files: the sandbox is kept, suspended, to wake once
-        // there is room, rather than deleted for what its neighbours did.
+        // there is room, rather than deleted for what its neighbours did. Its log
+        // says so, and the volume must really be full: the agent can write any
+        // words into the log.
         let log = engine.layout.sandbox(&sb.id).join("postgres.log");
-        if sb.state == SandboxState::Running && instance::log_says_disk_full(&log) {
+        let volume_full = crate::sandbox::capacity::volume_free(engine) < VOLUME_FULL_BELOW;
+        if sb.state == SandboxState::Running && volume_full && instance::log_says_disk_full(&log) {
             if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {
                 tracing::warn!(sandbox = %sb.id, "its server stopped at a full disk; kept suspended");
                 engine.store().record_or_log(NewEvent {
@@ -145,6 +148,9 @@ fn watch_servers(engine: &Arc<Engine>) {
         });
     }
 }
+
+/// Free space on the volume below which it counts as full.
+const VOLUME_FULL_BELOW: u64 = 64 << 20;
 
 /// Takes up deletions whose teardown failed (it could not tell whether the
 /// server still ran, say, or could not remove a file), once they have gone

@@ -200,3 +200,21 @@ fn a_sandbox_whose_server_dies_is_removed_with_a_clear_event() {
     assert_eq!(events[3]["reason"], "failed");
     assert_eq!(sql(&dsn(&keep), "SELECT count(*) FROM orders"), "1000");
 }
+
+#[test]
+fn words_an_agent_logs_cannot_make_a_dead_server_look_like_a_full_disk() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    // The server's log gets the words a full disk writes, from the agent's RAISE.
+    let _ = crate::harness::psql(
+        &dsn(&sb),
+        "DO $$ BEGIN RAISE WARNING 'PANIC: could not write: No space left on device'; END $$",
+    );
+    let pid = d.postmaster_of(&id);
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
+    d.wait_for(Duration::from_secs(10), "the dead sandbox to be removed", || !d.ids().contains(&id));
+    let events = d.json(&["events", "--sandbox", &id]);
+    assert!(events.to_string().contains("server_exited"), "{events}");
+}
