@@ -52,7 +52,7 @@ impl Admin {
                 admin_config(dir, database)
                     .connect_raw(stream, tokio_postgres::NoTls)
                     .await
-                    .map_err(|e| failed(e.to_string()))
+                    .map_err(|e| failed(describe(&e)))
             };
             tokio::time::timeout(CONNECT_TIMEOUT, connecting)
                 .await

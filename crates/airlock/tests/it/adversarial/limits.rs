@@ -123,3 +123,46 @@ fn the_connection_limit_holds() {
     assert_eq!(third.code, "53300", "{third:?}");
     s.untouched();
 }
+
+/// Exec code that opens the sandbox's own socket `n` times, sends a startup
+/// packet on each and never answers the password challenge, holding them 25 s.
+const UNANSWERED: &str = r#"
+import os, socket, struct, sys, time, urllib.parse
+url = urllib.parse.urlparse(os.environ["DATABASE_URL"])
+host = urllib.parse.parse_qs(url.query)["host"][0]
+body = struct.pack("!i", 196608) + b"user\0airlock_agent\0database\0app\0\0"
+held = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(host + "/.s.PGSQL.5432")
+        s.sendall(struct.pack("!i", len(body) + 4) + body)
+        held.append(s)
+    except OSError:
+        pass
+print("held", len(held), flush=True)
+time.sleep(25)
+"#;
+
+#[test]
+fn the_daemon_reaches_a_server_whose_slots_are_all_held_by_unauthenticated_clients() {
+    let s = super::Scene::new();
+    let flood = std::process::Command::new(crate::harness::BIN)
+        .args(["exec", &s.id, "--timeout", "40s", "--", "python3", "-c", UNANSWERED, "60"])
+        .env("AIRLOCK_HOME", &s.d.home)
+        .env("AIRLOCK_ROUTER", &s.d.router)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    // Every slot is taken before authentication; the daemon's admin session ends
+    // those backends and gets in.
+    let described = s.tool("describe_schema", serde_json::json!({}));
+    assert!(described["text"].as_str().is_some_and(|t| t.contains("orders")), "{described}");
+    assert!(s.d.log().contains("ended the backends still authenticating"), "the sweep ran");
+    let mut flood = flood;
+    let _ = flood.kill();
+    let _ = flood.wait();
+    s.untouched();
+}
