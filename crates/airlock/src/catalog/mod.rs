@@ -134,7 +134,8 @@ type TablePart = fn(&mut Table) -> &mut BTreeMap<String, String>;
 /// Schemas that are not the application's: PostgreSQL's own and Airlock's
 /// probe. Only a superuser can make a schema whose name starts with `pg_`, so no
 /// agent can hide an object here by naming its schema like one of these.
-const SYSTEM_SCHEMAS: &str = "n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'";
+/// The SQL condition that leaves out PostgreSQL's own schemas (alias `n` for pg_namespace).
+pub const SYSTEM_SCHEMAS: &str = "n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'";
 
 /// Objects an extension created are the extension's, not the application's.
 fn not_from_extension(class: &str, oid: &str) -> String {
@@ -435,10 +436,11 @@ pub async fn row_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<St
 pub async fn rewritten(client: &tokio_postgres::Client, golden_pgdata: &Path) -> Result<BTreeSet<String>> {
     let rows = client
         .query(
-            "SELECT n.nspname::text, c.relname::text, pg_catalog.pg_relation_filepath(c.oid)
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE c.relkind IN ('r', 'm') AND n.nspname <> 'information_schema'
-                AND n.nspname NOT LIKE 'pg\\_%'",
+            &format!(
+                "SELECT n.nspname::text, c.relname::text, pg_catalog.pg_relation_filepath(c.oid)
+                   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE c.relkind IN ('r', 'm') AND {SYSTEM_SCHEMAS}"
+            ),
             &[],
         )
         .await

@@ -483,7 +483,7 @@ async fn run_deferred(session: &mut Session, limit: Duration) -> Result<Option<D
 }
 
 /// How many times deferred work may defer more before the test gives up on it.
-const DEFERRED_ROUNDS: usize = 20;
+pub(super) const DEFERRED_ROUNDS: usize = 20;
 
 /// Rows inserted, updated and deleted so far in the session's open transaction,
 /// over every table. Summed here, not in SQL: an operator in the agent's

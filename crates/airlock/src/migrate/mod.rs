@@ -130,13 +130,7 @@ async fn unmeasured_changes(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let after = catalog::row_activity(admin.client()).await?;
-    let mut measured: BTreeMap<&str, [i64; 3]> = BTreeMap::new();
-    for r in applied.statements.iter().flat_map(|s| &s.rows) {
-        let m = measured.entry(r.table.as_str()).or_default();
-        m[0] += r.inserted;
-        m[1] += r.updated;
-        m[2] += r.deleted;
-    }
+    let measured = report::rows_by_table(&applied.statements);
     let mut out = Vec::new();
     for (table, now) in &after {
         // The probe's own tables are the measuring machinery's.

@@ -225,6 +225,18 @@ pub struct Hazard {
     pub line: Option<usize>,
 }
 
+/// Rows inserted, updated and deleted per table, summed over `statements`.
+pub fn rows_by_table(statements: &[StatementReport]) -> std::collections::BTreeMap<&str, [i64; 3]> {
+    let mut out: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+    for r in statements.iter().flat_map(|s| &s.rows) {
+        let m = out.entry(r.table.as_str()).or_default();
+        m[0] += r.inserted;
+        m[1] += r.updated;
+        m[2] += r.deleted;
+    }
+    out
+}
+
 impl Report {
     /// The report as text for a terminal.
     pub fn text(&self) -> String {

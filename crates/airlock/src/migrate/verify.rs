@@ -48,49 +48,34 @@ pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'st
 
 /// The target as the migration's transaction found it.
 pub struct Before {
-    files: BTreeMap<String, i64>,
-    rows: BTreeMap<String, f64>,
+    tables: BTreeMap<String, (i64, f64)>,
     cluster: BTreeSet<String>,
 }
 
 impl Before {
     /// Reads what is compared afterwards.
     pub async fn read(client: &tokio_postgres::Client) -> Result<Before> {
-        Ok(Before {
-            files: table_files(client).await?,
-            rows: table_rows(client).await?,
-            cluster: cluster_state(client).await?,
-        })
+        Ok(Before { tables: tables(client).await?, cluster: cluster_state(client).await? })
     }
 }
 
-/// Each user table's storage file, `schema.name` to file number: a rewrite or
-/// TRUNCATE gives a table a new one.
-async fn table_files(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
+/// Each user table's storage file number (a rewrite or TRUNCATE gives it a new
+/// one) and its estimated rows (the planner's, never a scan of production).
+async fn tables(client: &tokio_postgres::Client) -> Result<BTreeMap<String, (i64, f64)>> {
     let rows = client
         .query(
-            "SELECT n.nspname::text || '.' || c.relname::text, c.relfilenode::bigint
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE c.relkind IN ('r', 'm') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'",
+            &format!(
+                "SELECT n.nspname::text || '.' || c.relname::text, c.relfilenode::bigint,
+                        GREATEST(c.reltuples, 0)::float8
+                   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE c.relkind IN ('r', 'm', 'p') AND {}",
+                crate::catalog::SYSTEM_SCHEMAS
+            ),
             &[],
         )
         .await
         .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
-/// Each user table's estimated rows (the planner's, never a scan of production).
-async fn table_rows(client: &tokio_postgres::Client) -> Result<BTreeMap<String, f64>> {
-    let rows = client
-        .query(
-            "SELECT n.nspname::text || '.' || c.relname::text, GREATEST(c.reltuples, 0)::float8
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE c.relkind IN ('r', 'p') AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'",
-            &[],
-        )
-        .await
-        .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows.into_iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect())
 }
 
 /// Roles with their attributes, memberships, and settings stored for databases
@@ -120,7 +105,7 @@ async fn cluster_state(client: &tokio_postgres::Client) -> Result<BTreeSet<Strin
 /// test's own `apply::run_deferred`); the error the commit would raise, if any.
 pub async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<String>> {
     let mut changed = xact_activity(client).await?;
-    for _ in 0..20 {
+    for _ in 0..super::apply::DEFERRED_ROUNDS {
         if let Err(e) = client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await {
             return Ok(Some(crate::pg::admin::describe(&e)));
         }
@@ -159,18 +144,10 @@ pub async fn surprises(
     before: &Before,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let mut seen: BTreeMap<&str, [i64; 3]> = BTreeMap::new();
+    let seen = super::report::rows_by_table(&tested.statements);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
     for st in &tested.statements {
-        for r in &st.rows {
-            let m = seen.entry(r.table.as_str()).or_default();
-            m[0] += r.inserted;
-            m[1] += r.updated;
-            m[2] += r.deleted;
-            if r.truncated {
-                rewritten.insert(r.table.as_str());
-            }
-        }
+        rewritten.extend(st.rows.iter().filter(|r| r.truncated).map(|r| r.table.as_str()));
         rewritten.extend(st.rewrites.iter().map(|w| w.table.as_str()));
     }
     for (table, did) in xact_activity(client).await? {
@@ -182,7 +159,7 @@ pub async fn surprises(
             }
             // Updates and deletes: the share of the table, here against there.
             // The test's table sizes are the golden's (the report's catalog estimates).
-            let here = before.rows.get(&table).copied().unwrap_or(0.0);
+            let here = before.tables.get(&table).map_or(0.0, |t| t.1);
             let there = tested_table_rows(catalog_before, &table);
             if i > 0 && did[i] > 0 && here > 0.0 && there > 0.0 {
                 let (share_here, share_there) = (did[i] as f64 / here, test[i] as f64 / there);
@@ -197,8 +174,8 @@ pub async fn surprises(
             }
         }
     }
-    for (table, file) in table_files(client).await? {
-        if before.files.get(&table).is_some_and(|f| *f != file) && !rewritten.contains(table.as_str()) {
+    for (table, (file, _)) in tables(client).await? {
+        if before.tables.get(&table).is_some_and(|t| t.0 != file) && !rewritten.contains(table.as_str()) {
             out.push(format!("{table} rewritten or truncated"));
         }
     }
