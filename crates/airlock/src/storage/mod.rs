@@ -200,15 +200,16 @@ impl Cloner {
     }
 
     /// Removes a tree (a sandbox's directory or its data directory), lifting its
-    /// limit first, and trying again a few times while Btrfs still counts
-    /// reservations against a limit it no longer has.
+    /// limit first, and trying again for up to about 10 s while Btrfs still
+    /// counts reservations against a limit it no longer has (a busy host commits
+    /// its transactions late).
     pub fn remove_tree(&self, path: &Path) -> std::io::Result<()> {
         let quota_errors = [nix::libc::EDQUOT, nix::libc::ENOSPC];
         for attempt in 0.. {
             self.unlimit(path);
             match fs::remove_dir_all(path) {
-                Err(e) if attempt < 5 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
-                    std::thread::sleep(std::time::Duration::from_millis(200));
+                Err(e) if attempt < 20 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
+                    std::thread::sleep(std::time::Duration::from_millis(500));
                 }
                 done => return done,
             }
