@@ -168,18 +168,18 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
 }
 
 /// Opens a session as the agent role with the sandbox's own credential, on a
-/// connection made with the sandbox's OS identity (never the daemon's).
+/// connection made with the sandbox's OS identity (never the daemon's). A
+/// password changed inside the server is put back once (see
+/// [`crate::sandbox::restore_credential`]).
 pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
-    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
-    let socket = engine.layout.sandbox_instance(&sb.id).socket();
-    let user = engine.sandbox_user(sb)?;
-    let postmaster = sb.pid.unwrap_or_default();
-    let stream =
-        crate::pg::socket::connect_instance(&socket, Some(&user), postmaster).await.map_err(|e| {
-            tracing::warn!(sandbox = %sb.id, error = %e, "agent session could not connect");
-            unanswered(sb)
-        })?;
-    Session::connect(stream, AGENT_ROLE, &password, DATABASE).await.map_err(|e| match e {
+    match connect_once(engine, sb).await {
+        Err(wire::WireError::Refused(db)) if db.sqlstate == "28P01" => {
+            crate::sandbox::restore_credential(engine, sb).await?;
+            connect_once(engine, sb).await
+        }
+        other => other,
+    }
+    .map_err(|e| match e {
         wire::WireError::Refused(db) if db.sqlstate == "53300" => Error::new(
             ErrorCode::CapacityExhausted,
             format!("sandbox {} has no free connection: {}", sb.id, db.message),
@@ -190,6 +190,14 @@ pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
             unanswered(sb)
         }
     })
+}
+
+async fn connect_once(engine: &Engine, sb: &Sandbox) -> std::result::Result<Session, wire::WireError> {
+    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
+    let socket = engine.layout.sandbox_instance(&sb.id).socket();
+    let user = engine.sandbox_user(sb).map_err(|e| wire::WireError::Protocol(e.message))?;
+    let stream = crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+    Session::connect(stream, AGENT_ROLE, &password, DATABASE).await
 }
 
 /// The error an agent sees when its database does not answer; the details go to

@@ -103,22 +103,25 @@ impl Admin {
         self.execute(&access.create_role_sql(Some(&verifier))).await
     }
 
-    /// Creates the agent role with the default access but no way to log in (for
-    /// a pool member, so that a claim is one statement).
-    pub async fn prepare_agent(&self) -> Result<()> {
-        self.execute(&Access::default().create_role_sql(None)).await
+    /// Makes the agent role again with other access (a pool member, made with
+    /// the default, claimed by a fork that asks for another): its sessions, the
+    /// router's parked one among them, are ended first.
+    pub async fn remake_agent(&self, password: &str, access: &Access) -> Result<()> {
+        let verifier = crate::pg::scram::verifier(password, crate::pg::scram::AGENT_ITERATIONS);
+        self.execute(&format!(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+              WHERE usename = '{AGENT_ROLE}';
+             DROP ROLE {AGENT_ROLE}; {}",
+            access.create_role_sql(Some(&verifier))
+        ))
+        .await
     }
 
-    /// Gives a prepared agent role its access and a fresh password: one statement
-    /// when the access is the default the role was prepared with.
-    pub async fn claim_agent(&self, password: &str, access: &Access) -> Result<()> {
+    /// Sets the agent's password back to the daemon's (only the daemon's own
+    /// connections use it: the router, the gateway, `exec`).
+    pub async fn restore_agent_password(&self, password: &str) -> Result<()> {
         let verifier = crate::pg::scram::verifier(password, crate::pg::scram::AGENT_ITERATIONS);
-        if *access == Access::default() {
-            self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}'")).await
-        } else {
-            self.execute(&format!("DROP ROLE {AGENT_ROLE}; {}", access.create_role_sql(Some(&verifier))))
-                .await
-        }
+        self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'")).await
     }
 }
 

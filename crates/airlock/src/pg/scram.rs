@@ -1,28 +1,35 @@
-//! SCRAM-SHA-256 verifiers for agent credentials, with an iteration count
-//! chosen for machine-made passwords.
+//! SCRAM-SHA-256 verifiers: the router's, which clients authenticate against,
+//! and the one inside each sandbox's server, which only the daemon's own
+//! connections use.
 //!
-//! PBKDF2 iterations slow down guessing of low-entropy, human passwords. Agent
-//! passwords are 256 random bits, which no amount of guessing reaches, so the
-//! 4096 iterations libpq uses by default would only add milliseconds to every
-//! fork and to every client's authentication (the client repeats the work at each
-//! connect). The verifier format and the protocol are unchanged.
+//! The router's verifier has PostgreSQL's default 4096 PBKDF2 iterations, because
+//! drivers refuse fewer (pgjdbc and Bun require 4096). It is computed once per
+//! credential, off the fork path where possible; checking a client's proof needs
+//! no PBKDF2. The server's verifier has 16: agent passwords are 256 random bits,
+//! which no amount of guessing reaches, and the router, the gateway and `exec`
+//! repeat that work at every connection. The format and protocol are unchanged.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
-/// PBKDF2 iterations in agent verifiers.
+/// PBKDF2 iterations in the verifier inside a sandbox's server.
 pub const AGENT_ITERATIONS: u32 = 16;
 
-fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
+/// PBKDF2 iterations in the router's verifier: PostgreSQL's default, the least
+/// some drivers accept.
+pub const ROUTER_ITERATIONS: u32 = 4096;
+
+/// HMAC-SHA-256.
+pub(crate) fn hmac(key: &[u8], data: &[u8]) -> [u8; 32] {
     let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
     mac.update(data);
     mac.finalize().into_bytes().into()
 }
 
 /// PBKDF2-HMAC-SHA-256 with one output block (SCRAM's `Hi`).
-fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
+pub(crate) fn salted_password(password: &[u8], salt: &[u8], iterations: u32) -> [u8; 32] {
     let mut first = salt.to_vec();
     first.extend_from_slice(&1u32.to_be_bytes());
     let mut block = hmac(password, &first);
@@ -57,6 +64,36 @@ fn verifier_with_salt(password: &str, salt: &[u8], iterations: u32) -> String {
     )
 }
 
+/// A parsed `SCRAM-SHA-256$iterations:salt$StoredKey:ServerKey` verifier: what
+/// the server side of SCRAM needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verifier {
+    /// PBKDF2 iterations.
+    pub iterations: u32,
+    /// The salt, raw.
+    pub salt: Vec<u8>,
+    /// SHA-256 of the client key.
+    pub stored_key: [u8; 32],
+    /// The server key.
+    pub server_key: [u8; 32],
+}
+
+impl Verifier {
+    /// Parses a verifier string; None if it is not one.
+    pub fn parse(text: &str) -> Option<Verifier> {
+        let rest = text.strip_prefix("SCRAM-SHA-256$")?;
+        let (head, keys) = rest.split_once('$')?;
+        let (iterations, salt) = head.split_once(':')?;
+        let (stored, server) = keys.split_once(':')?;
+        Some(Verifier {
+            iterations: iterations.parse().ok().filter(|&i| i > 0)?,
+            salt: STANDARD.decode(salt).ok()?,
+            stored_key: STANDARD.decode(stored).ok()?.try_into().ok()?,
+            server_key: STANDARD.decode(server).ok()?.try_into().ok()?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +118,10 @@ mod tests {
         let (head, keys) = a.split_once('$').unwrap().1.split_once('$').unwrap();
         assert!(head.starts_with(&format!("{AGENT_ITERATIONS}:")));
         assert_eq!(keys.split(':').count(), 2);
+        let parsed = Verifier::parse(&a).unwrap();
+        assert_eq!(parsed.iterations, AGENT_ITERATIONS);
+        assert_eq!(parsed.salt.len(), 16);
+        assert_eq!(Verifier::parse("SCRAM-SHA-256$0:AA==$AA==:AA=="), None);
+        assert_eq!(Verifier::parse("md5abc"), None);
     }
 }

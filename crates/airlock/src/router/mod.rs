@@ -1,16 +1,21 @@
 //! The router: one TCP port speaking the PostgreSQL wire protocol in front of
 //! every sandbox. It reads a client's startup packet, picks the sandbox from the
-//! database name (its id or name), wakes it if it is suspended, and passes bytes
-//! through to the sandbox's private socket.
+//! database name (its id or name), authenticates the client itself with SCRAM
+//! (channel-bound on TLS) against the verifier the daemon minted, wakes the
+//! sandbox if it is suspended, and joins the client to a server session on the
+//! sandbox's private socket: one opened ahead for a warm-pool member, or a new
+//! one.
 //!
-//! It never reads a password (authentication messages are passed on whole) and
-//! never logs message bodies. Each client is bounded: its startup must finish
+//! It never logs a password or a message body. Each client is bounded: its startup must finish
 //! within [`RouterConfig::startup_timeout`], its packets are size-limited, and
 //! at most [`RouterConfig::max_connections`] connections are open at once.
 
+mod backend;
 pub mod connections;
+pub mod parked;
 pub mod protocol;
 mod relay;
+mod scram;
 mod session;
 pub mod tls;
 
@@ -122,6 +127,10 @@ fn percent_encode_path(path: &std::path::Path) -> String {
 struct Shared {
     engine: Arc<Engine>,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The TLS certificate's `tls-server-end-point` binding, for SCRAM-SHA-256-PLUS.
+    end_point: Option<Vec<u8>>,
+    /// Sessions opened ahead for warm-pool members.
+    parked: Arc<parked::Parked>,
     require_tls: bool,
     startup_timeout: Duration,
 }
@@ -155,8 +164,12 @@ pub async fn start(engine: Arc<Engine>, config: &RouterConfig) -> Result<Option<
         tls: config.tls,
         ca: identity.as_ref().and_then(|i| i.ca.clone()),
     };
+    let parked = Arc::new(parked::Parked::default());
+    tokio::spawn(parked.clone().keep(engine.clone()));
     let shared = Arc::new(Shared {
         engine,
+        end_point: identity.as_ref().and_then(|i| i.end_point.clone()),
+        parked,
         tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
         require_tls: config.tls == TlsMode::Required,
         startup_timeout: config.startup_timeout,

@@ -1,6 +1,8 @@
 //! One client connection through the router: negotiate TLS, read the startup
-//! message, find (and wake) the sandbox, relay authentication, then pass bytes
-//! both ways until either side closes.
+//! message, authenticate the client against the sandbox's verifier, find (and
+//! wake) the sandbox, give the client a server session (parked or new) and
+//! replay what the server told it, then pass bytes both ways until either side
+//! closes.
 
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -11,9 +13,12 @@ use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
 
+use super::backend::{self, Backend, LoginError};
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
+use super::scram;
 use super::Shared;
+use crate::pg::scram::Verifier;
 use crate::error::ErrorCode;
 use crate::events::NewEvent;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
@@ -85,21 +90,46 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     drop(open);
 }
 
-/// Sends a refusal and flushes it; the caller then drops the connection.
+/// Sends a refusal and closes the connection (with a TLS close_notify).
 async fn refuse(client: &mut Client, error: ErrorResponse) {
     let _ = client.write_all(&error.encode()).await;
+    close(client).await;
+}
+
+/// Closes a client's connection cleanly: flushed, and on TLS with a close_notify,
+/// which libpq 17's encrypted cancel requests wait for.
+async fn close(client: &mut Client) {
     let _ = client.flush().await;
     let _ = client.shutdown().await;
 }
 
-async fn establish(
-    shared: &Shared,
-    tcp: TcpStream,
-    peer: SocketAddr,
-) -> Option<(Client, UnixStream, super::Open)> {
+/// Negotiates TLS (an `SSLRequest`, or a TLS handshake straight away) and reads
+/// the startup message; answers a cancel request. None when the client is done.
+async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Startup, bool)> {
     let mut client = Client::Plain(tcp);
     let mut tls = false;
-    let startup = loop {
+    // PostgreSQL 17's `sslnegotiation=direct`: a ClientHello instead of an
+    // SSLRequest (a TLS handshake record begins with 22).
+    if let (Some(acceptor), Client::Plain(tcp)) = (&shared.tls, &client) {
+        let mut first = [0u8; 1];
+        if tcp.peek(&mut first).await.ok()? == 1 && first[0] == 0x16 {
+            let Client::Plain(tcp) = client else { unreachable!() };
+            let session = acceptor.accept(tcp).await.ok()?;
+            client = Client::Tls(Box::new(session));
+            let Client::Tls(session) = &client else { unreachable!() };
+            if session.get_ref().1.alpn_protocol() != Some(super::tls::ALPN) {
+                let e = ErrorResponse::fatal(
+                    "08P01",
+                    "direct TLS connection without ALPN protocol \"postgresql\"",
+                    "connect with a PostgreSQL 17+ client, or without sslnegotiation=direct",
+                );
+                refuse(&mut client, e).await;
+                return None;
+            }
+            tls = true;
+        }
+    }
+    loop {
         match protocol::read_first_packet(&mut client).await {
             Ok(FirstPacket::SslRequest) if !tls => match (&shared.tls, client) {
                 (Some(acceptor), Client::Plain(mut tcp)) => {
@@ -120,17 +150,29 @@ async fn establish(
             }
             Ok(FirstPacket::Cancel { pid, key }) => {
                 forward_cancel(shared, pid, key).await;
+                close(&mut client).await;
                 return None;
             }
-            Ok(FirstPacket::Startup(startup)) => break startup,
-            Err(PacketError::Io(_)) => return None,
+            Ok(FirstPacket::Startup(startup)) => return Some((client, startup, tls)),
+            Err(PacketError::Io(_)) => {
+                close(&mut client).await;
+                return None;
+            }
             Err(e) => {
                 let hint = "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN";
                 refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), hint)).await;
                 return None;
             }
         }
-    };
+    }
+}
+
+async fn establish(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) -> Option<(Client, UnixStream, super::Open)> {
+    let (mut client, startup, tls) = first_contact(shared, tcp).await?;
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
             "28000",
@@ -155,27 +197,54 @@ async fn establish(
         return None;
     }
     let key = startup.database.clone();
-    // One of the sandbox's few places for clients not yet authenticated (by id,
-    // whichever of id or name the client gave).
-    let place = shared.engine.store().sandbox(&key).map(|sb| sb.id).unwrap_or_else(|_| key.clone());
-    let _authenticating = shared.engine.connections.authenticating(&place).await;
-    let (sb, server, mut open) = match connect(shared, &key).await {
-        Ok(connected) => connected,
+    let sb = match lookup(shared, &key) {
+        Ok(sb) => sb,
         Err(e) => {
             refuse(&mut client, e).await;
             return None;
         }
     };
-    match authenticate(&mut client, server, &startup, &mut open).await {
-        Ok(Some(server)) => {
-            record(shared, &sb, crate::events::EventKind::Connected, peer, tls);
-            Some((client, server, open))
+    // The router authenticates the client itself, before anything is woken or
+    // connected to; at most a few clients per sandbox are at this step at once.
+    {
+        let _authenticating = shared.engine.connections.authenticating(&sb.id).await;
+        let verifier = match verifier_of(shared, &sb).await {
+            Ok(v) => v,
+            Err(e) => {
+                refuse(&mut client, e).await;
+                return None;
+            }
+        };
+        let binding = if tls { shared.end_point.as_deref() } else { None };
+        match scram::authenticate(&mut client, &verifier, binding).await {
+            Ok(scram::Outcome::Authenticated) => {}
+            Ok(scram::Outcome::Refused(e)) => {
+                record(shared, &sb, crate::events::EventKind::ConnectionRefused, peer, tls);
+                refuse(&mut client, e).await;
+                return None;
+            }
+            Err(PacketError::Io(_)) => {
+                close(&mut client).await;
+                return None;
+            }
+            Err(e) => {
+                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), "connect with a PostgreSQL client library")).await;
+                return None;
+            }
         }
-        Ok(None) => {
-            record(shared, &sb, crate::events::EventKind::ConnectionRefused, peer, tls);
+    }
+    match session_for(shared, &sb.id, &startup).await {
+        Ok((sb, backend, open)) => {
+            client.write_all(&backend.replay()).await.ok()?;
+            client.flush().await.ok()?;
+            record(shared, &sb, crate::events::EventKind::Connected, peer, tls);
+            Some((client, backend.stream, open))
+        }
+        Err(message) => {
+            let _ = client.write_all(&message).await;
+            close(&mut client).await;
             None
         }
-        Err(_) => None,
     }
 }
 
@@ -205,21 +274,49 @@ fn not_found(key: &str) -> ErrorResponse {
     )
 }
 
-/// Finds the sandbox, wakes it if suspended, waits out a reset in progress, and
-/// opens its socket. A sandbox suspended between lookup and connect is woken on
-/// the next round.
-async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, super::Open), ErrorResponse> {
+fn internal(e: crate::error::Error) -> ErrorResponse {
+    ErrorResponse::fatal("XX000", e.message, e.hint)
+}
+
+/// The sandbox a client names, by id or name; pool members and sandboxes being
+/// deleted do not exist for clients.
+fn lookup(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
+    match shared.engine.store().sandbox(key) {
+        Ok(sb) if matches!(sb.state, SandboxState::Deleting | SandboxState::Pooled) => Err(not_found(key)),
+        Ok(sb) => Ok(sb),
+        Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => Err(not_found(key)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// The router's verifier for a sandbox's credential; one made before the router
+/// authenticated clients itself gets one now, once.
+async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorResponse> {
+    if let Some(v) = sb.verifier.as_deref().and_then(Verifier::parse) {
+        return Ok(v);
+    }
+    let password = sb
+        .dsn
+        .as_deref()
+        .and_then(crate::pg::dsn::password)
+        .ok_or_else(|| internal(crate::error::Error::internal(format!("sandbox {} has no credential", sb.id))))?;
+    let made = tokio::task::spawn_blocking(move || {
+        crate::pg::scram::verifier(&password, crate::pg::scram::ROUTER_ITERATIONS)
+    })
+    .await
+    .map_err(|e| internal(crate::error::Error::internal(e.to_string())))?;
+    shared.engine.store().set_verifier(&sb.id, &made).map_err(internal)?;
+    Verifier::parse(&made).ok_or_else(|| internal(crate::error::Error::internal("a verifier did not parse")))
+}
+
+/// Waits until the sandbox is running: wakes it if suspended, waits out a reset
+/// or wake in progress.
+async fn running(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
     let engine = &shared.engine;
     loop {
-        let sb = match engine.store().sandbox(key) {
-            Ok(sb) => sb,
-            Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => {
-                return Err(not_found(key))
-            }
-            Err(e) => return Err(ErrorResponse::fatal("XX000", e.message, e.hint)),
-        };
+        let sb = lookup(shared, key)?;
         match sb.state {
-            SandboxState::Running => {}
+            SandboxState::Running => return Ok(sb),
             SandboxState::Suspended => {
                 if let Err(e) = sandbox::suspend::wake(engine, &sb.id).await {
                     let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
@@ -229,69 +326,70 @@ async fn connect(shared: &Shared, key: &str) -> Result<(Sandbox, UnixStream, sup
                         e.hint,
                     ));
                 }
-                continue;
             }
             // A reset or wake in progress: the sandbox comes back at the same address.
-            SandboxState::Creating | SandboxState::Resetting => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                continue;
-            }
-            SandboxState::Deleting | SandboxState::Pooled => return Err(not_found(key)),
-        }
-        let open = engine.connections.open(&sb.id);
-        let socket = engine.layout.sandbox_instance(&sb.id).socket();
-        let user = engine.sandbox_user(&sb).map_err(|e| ErrorResponse::fatal("XX000", e.message, e.hint))?;
-        match crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await {
-            Ok(server) => return Ok((sb, server, open)),
-            // Suspended or deleted since the lookup: look again.
-            Err(_) => {
-                drop(open);
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
         }
     }
 }
 
-/// Sends the startup message (with the sandbox's database) and relays
-/// authentication until the server is ready for queries; returns the server
-/// stream then, or `None` if the server refused (its error already passed on).
-///
-/// Server messages are read through a buffer and passed on in batches, flushed
-/// only when the client must answer or the server is done: a session start is a
-/// dozen small messages, and one write each would cost a segment each.
-async fn authenticate(
-    client: &mut Client,
-    server: UnixStream,
+/// A server session for an authenticated client: the sandbox's parked one if it
+/// has one (its first client after a claim), else one opened now with the
+/// client's settings. Errors are the messages to send the client.
+async fn session_for(
+    shared: &Shared,
+    id: &str,
     startup: &Startup,
-    open: &mut super::Open,
-) -> Result<Option<UnixStream>, PacketError> {
-    let mut server = tokio::io::BufReader::new(server);
-    server.get_mut().write_all(&startup.encode_for(AGENT_ROLE, DATABASE)).await?;
-    let mut pending = Vec::new();
+) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
+    let engine = &shared.engine;
+    let (mut restored, mut broken) = (false, 0);
     loop {
-        let m = protocol::read_server_message(&mut server).await?;
-        pending.extend_from_slice(&m.bytes);
-        match m.tag {
-            b'R' if m.auth_code().is_some_and(protocol::expects_client_answer) => {
-                client.write_all(&pending).await?;
-                client.flush().await?;
-                pending.clear();
-                let answer = protocol::read_client_auth(client).await?;
-                server.get_mut().write_all(&answer.bytes).await?;
-            }
-            b'K' => {
-                if let Some((pid, key)) = m.backend_key() {
+        let sb = running(shared, id).await.map_err(|e| e.encode())?;
+        let mut open = engine.connections.open(&sb.id);
+        if let Some(mut parked) = shared.parked.take(&sb) {
+            if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {
+                if let Some((pid, key)) = parked.key {
                     open.set_backend(pid, key);
                 }
+                return Ok((sb, parked, open));
             }
-            b'Z' | b'E' => {
-                // Nothing follows until the client speaks, but pass on anything buffered.
-                pending.extend_from_slice(server.buffer());
-                client.write_all(&pending).await?;
-                client.flush().await?;
-                return Ok((m.tag == b'Z').then(|| server.into_inner()));
+        }
+        let socket = engine.layout.sandbox_instance(&sb.id).socket();
+        let user = engine.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
+        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
+        let attempt = async {
+            let stream = crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+            backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
+        };
+        match attempt.await {
+            Ok(backend) => {
+                if let Some((pid, key)) = backend.key {
+                    open.set_backend(pid, key);
+                }
+                return Ok((sb, backend, open));
             }
-            _ => {}
+            // The role's password inside the server is not the one the daemon
+            // holds: put it back (as the admin) and try once more. Access is the
+            // router's verifier's business; the server's password only joins the
+            // router to the server.
+            Err(LoginError::Refused { sqlstate, .. }) if sqlstate == "28P01" && !restored => {
+                restored = true;
+                if let Err(e) = sandbox::restore_credential(engine, &sb).await {
+                    tracing::warn!(sandbox = %sb.id, error = %e, "restoring the agent's password failed");
+                }
+            }
+            Err(LoginError::Refused { message, .. }) => return Err(message),
+            // Suspended, reset or deleted since the lookup: look again, a few times.
+            Err(LoginError::Broken(e)) if broken < 20 => {
+                broken += 1;
+                tracing::debug!(sandbox = %sb.id, error = %e, "opening a server session failed; retrying");
+                drop(open);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(LoginError::Broken(e)) => {
+                let hint = "try again; if it persists, see `airlock show ID` and the daemon's log";
+                return Err(ErrorResponse::fatal("08006", format!("the sandbox's server did not answer: {e}"), hint).encode());
+            }
         }
     }
 }

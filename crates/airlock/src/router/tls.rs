@@ -29,7 +29,14 @@ pub struct Identity {
     pub config: Arc<rustls::ServerConfig>,
     /// The CA clients should trust, when Airlock generated it.
     pub ca: Option<PathBuf>,
+    /// The `tls-server-end-point` channel binding data (RFC 5929): the server
+    /// certificate's hash, by the hash its signature uses. None when that hash
+    /// is not one the binding defines, and SCRAM-SHA-256-PLUS is then not offered.
+    pub end_point: Option<Vec<u8>>,
 }
+
+/// The ALPN protocol PostgreSQL 17+ clients send, and require for direct TLS.
+pub const ALPN: &[u8] = b"postgresql";
 
 /// Loads the configured certificate, or the generated one under `dir` (making it
 /// first if it is missing or does not name `advertised_host`).
@@ -58,14 +65,71 @@ pub fn identity(dir: &Path, configured: Option<&CertFiles>, advertised_host: &st
         return Err(bad("certificate", &files.cert, &"no certificate in it"));
     }
     let key = PrivateKeyDer::from_pem_file(&files.key).map_err(|e| bad("key", &files.key, &e))?;
-    let config =
+    let end_point = end_point(&certs[0]);
+    let mut config =
         rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::internal(format!("TLS setup failed: {e}")))?
             .with_no_client_auth()
             .with_single_cert(certs, key)
             .map_err(|e| bad("certificate and key", &files.cert, &e))?;
-    Ok(Identity { config: Arc::new(config), ca })
+    config.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(Identity { config: Arc::new(config), ca, end_point })
+}
+
+/// The certificate's hash for `tls-server-end-point`: SHA-256 for signatures
+/// made with MD5, SHA-1 or SHA-256, else the signature's own hash.
+fn end_point(cert: &[u8]) -> Option<Vec<u8>> {
+    use sha2::Digest;
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04];
+    let oid = signature_algorithm(cert)?;
+    let hash = match oid {
+        [rsa @ .., last] if rsa == RSA => match last {
+            0x04 | 0x05 | 0x0b => 256,
+            0x0c => 384,
+            0x0d => 512,
+            _ => return None,
+        },
+        [ecdsa @ .., 0x01] if ecdsa == ECDSA => 256,
+        [ecdsa @ .., 0x03, n] if ecdsa == ECDSA => match n {
+            0x02 => 256,
+            0x03 => 384,
+            0x04 => 512,
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(match hash {
+        256 => sha2::Sha256::digest(cert).to_vec(),
+        384 => sha2::Sha384::digest(cert).to_vec(),
+        _ => sha2::Sha512::digest(cert).to_vec(),
+    })
+}
+
+/// The OID of a DER certificate's `signatureAlgorithm` (the second element of
+/// the outer SEQUENCE), as its content bytes.
+fn signature_algorithm(der: &[u8]) -> Option<&[u8]> {
+    /// One DER element at the start of `der`: its tag, content and what follows.
+    fn element(der: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, rest) = der.split_first()?;
+        let (&first, rest) = rest.split_first()?;
+        let (len, rest) = if first < 0x80 {
+            (first as usize, rest)
+        } else {
+            let n = (first & 0x7f) as usize;
+            if n == 0 || n > 4 || rest.len() < n {
+                return None;
+            }
+            (rest[..n].iter().fold(0usize, |acc, &b| acc << 8 | b as usize), &rest[n..])
+        };
+        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+    }
+    let (0x30, cert, _) = element(der)? else { return None };
+    let (0x30, _, rest) = element(cert)? else { return None };
+    let (0x30, algorithm, _) = element(rest)? else { return None };
+    let (0x06, oid, _) = element(algorithm)? else { return None };
+    Some(oid)
 }
 
 /// The names every generated server certificate carries besides the advertised host.
@@ -111,6 +175,25 @@ fn generated(dir: &Path, host: &str) -> Result<()> {
     std::fs::write(dir.join("ca.crt"), ca.pem())?;
     std::fs::write(names_file, wanted)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_generated_certificate_binds_with_its_sha_256() {
+        use sha2::Digest;
+        let dir = std::env::temp_dir().join(format!("airlock-tls-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let id = identity(&dir, None, "localhost").unwrap();
+        let pem = std::fs::read(dir.join("server.crt")).unwrap();
+        let cert = CertificateDer::pem_slice_iter(&pem).next().unwrap().unwrap();
+        assert_eq!(signature_algorithm(&cert), Some(&[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02][..]));
+        assert_eq!(id.end_point.unwrap(), sha2::Sha256::digest(&cert).to_vec());
+        assert_eq!(signature_algorithm(b"\x30\x03\x02\x01"), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 fn write_private(path: &Path, text: &str) -> Result<()> {

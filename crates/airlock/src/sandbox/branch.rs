@@ -19,7 +19,7 @@ use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
 use crate::events::NewEvent;
 use crate::pg::admin::Admin;
-use crate::pg::dsn::{self, DATABASE};
+use crate::pg::dsn::DATABASE;
 use crate::secret;
 
 /// A request to branch a live sandbox.
@@ -75,6 +75,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     drop(admitted);
     let mut steps = Steps::default();
     let password = secret::password();
+    let minting = super::mint_verifier(&password);
     let mut paused_ms = 0.0;
     // The source's lock, held to the end: no suspend, wake, reset or delete of it
     // runs while it is paused or copied. Taken after admission, which may wait on
@@ -121,17 +122,13 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let pid = start(engine, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
-        let verifier = crate::pg::scram::verifier(&password, crate::pg::scram::AGENT_ITERATIONS);
-        Admin::connect(&dir, DATABASE, pid)
-            .await?
-            .execute(&format!("ALTER ROLE {} PASSWORD '{verifier}'", dsn::AGENT_ROLE))
-            .await?;
+        Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;
         steps.credential_ms = ms(t);
         Ok::<i32, Error>(pid)
     }
     .await;
     let detail = json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps});
-    super::finish(engine, sb, made, &password, detail).await
+    super::finish(engine, sb, made, &password, minting, detail).await
 }
 
 fn not_running(source: &Sandbox) -> Error {

@@ -156,6 +156,7 @@ async fn finish(
     mut sb: Sandbox,
     made: Result<i32>,
     password: &str,
+    verifier: tokio::task::JoinHandle<String>,
     detail: serde_json::Value,
 ) -> Result<Forked> {
     let pid = match made {
@@ -167,9 +168,17 @@ async fn finish(
         }
     };
     let url = dsn::sandbox(&instance_dir(engine, &sb.id).socket_dir(), password);
+    let verifier = match verifier.await {
+        Ok(v) => v,
+        Err(e) => {
+            teardown(engine, &sb, DeleteReason::Failed).await?;
+            return Err(Error::internal(format!("minting the router's verifier failed: {e}")));
+        }
+    };
     {
         let mut store = engine.store();
         store.set_running(&sb.id, pid, &url)?;
+        store.set_verifier(&sb.id, &verifier)?;
         store.record(NewEvent {
             kind: crate::events::EventKind::Ready,
             sandbox: Some(sb.id.clone()),
@@ -241,14 +250,54 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         engine.pool_wanted.notify_one();
     }
     let mut steps = Steps::default();
-    let password = secret::password();
+    // A pool member's credential was minted while the pool filled (the router's
+    // verifier takes milliseconds of PBKDF2); it is bound to this fork now.
+    let premade = match (&sb.dsn, &sb.verifier) {
+        (Some(url), Some(v)) if claimed => dsn::password(url).map(|p| (p, v.clone())),
+        _ => None,
+    };
+    let fresh = premade.is_none();
+    let (password, verifier) = match premade {
+        Some((password, verifier)) => (password, tokio::task::spawn(async move { verifier })),
+        None => {
+            let password = secret::password();
+            let minting = mint_verifier(&password);
+            (password, minting)
+        }
+    };
     let made = if claimed {
-        mint(engine, &sb, &password, &mut steps).await.map(|_| sb.pid.unwrap_or_default())
+        claim(engine, &sb, &password, fresh, &mut steps).await.map(|_| sb.pid.unwrap_or_default())
     } else {
         bring_up(engine, &sb, Some(&password), &mut steps).await
     };
     let detail = json!({"fork_ms": ms(began), "from_pool": claimed, "steps": steps, "storage": engine.cloner.backend()});
-    finish(engine, sb, made, &password, detail).await
+    finish(engine, sb, made, &password, verifier, detail).await
+}
+
+/// Computes the router's verifier for `password` on a blocking thread, while
+/// the caller goes on making the sandbox.
+pub(crate) fn mint_verifier(password: &str) -> tokio::task::JoinHandle<String> {
+    let password = password.to_owned();
+    tokio::task::spawn_blocking(move || {
+        crate::pg::scram::verifier(&password, crate::pg::scram::ROUTER_ITERATIONS)
+    })
+}
+
+/// Sets the agent's password inside a sandbox's server back to the one the
+/// daemon holds, as the admin: a password changed there (the in-server guard
+/// refuses it, but should anything get past it) must not cut the router, the
+/// gateway or `exec` off. Clients are not affected either way: the router checks
+/// them against its own verifier.
+pub async fn restore_credential(engine: &Engine, sb: &Sandbox) -> Result<()> {
+    let password = sb
+        .dsn
+        .as_deref()
+        .and_then(dsn::password)
+        .ok_or_else(|| Error::internal(format!("sandbox {} has no credential", sb.id)))?;
+    let admin = Admin::connect(&instance_dir(engine, &sb.id), DATABASE, sb.pid.unwrap_or_default()).await?;
+    admin.restore_agent_password(&password).await?;
+    tracing::warn!(sandbox = %sb.id, "the agent's password inside the server had changed; restored it");
+    Ok(())
 }
 
 fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
@@ -328,16 +377,25 @@ async fn start(
     Ok(pid)
 }
 
-/// Creates the agent role in a started sandbox (one claimed from the pool), on
-/// the admin session the pool kept open for it if there is one.
-async fn mint(engine: &Engine, sb: &Sandbox, password: &str, steps: &mut Steps) -> Result<()> {
+/// Binds a pool member's agent role to its fork: nothing to do in the server
+/// when the fork asks for the default access and the member's credential was
+/// made while filling; else, on the admin session the pool kept open, the role
+/// is made again with the fork's access, or given the `fresh` password.
+async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps: &mut Steps) -> Result<()> {
     let t = Instant::now();
     let kept = engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
+    if sb.access == Access::default() && !fresh {
+        return Ok(());
+    }
     let admin = match kept {
         Some(admin) => admin,
         None => Admin::connect(&instance_dir(engine, &sb.id), DATABASE, sb.pid.unwrap_or_default()).await?,
     };
-    admin.claim_agent(password, &sb.access).await?;
+    if sb.access == Access::default() {
+        admin.restore_agent_password(password).await?;
+    } else {
+        admin.remake_agent(password, &sb.access).await?;
+    }
     steps.credential_ms = ms(t);
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! The warm pool: per golden, a configured number of sandboxes already cloned
-//! and started, with no credential, so a fork only has to mint one.
+//! and started, each with a credential made ahead and bound to no one, so a fork
+//! only has to claim one (and the router keeps a session open on each).
 //!
 //! One background task keeps every pool at its size, building one member at a
 //! time so claims keep the CPU; it drains members of a replaced generation and
@@ -106,21 +107,28 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     }
     engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
     let mut steps = Steps::default();
+    // The member's credential is made now, off any fork's path, and bound to a
+    // fork when one claims the member; until then no client can use it (the
+    // router does not connect to pool members).
+    let password = crate::secret::password();
+    let verifier = sandbox::mint_verifier(&password);
     let made = async {
         let pid = sandbox::bring_up(engine, &sb, None, &mut steps).await?;
         // A first connection builds the catalog caches and writes the relcache
-        // init file, so the claim's admin connection and the agent's are quick.
-        // That session stays open for the claim.
+        // init file, so the agent's sessions are quick. It stays open for a claim
+        // that asks for other access.
         let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
         let admin = Admin::connect(&dir, DATABASE, pid).await?;
-        admin.prepare_agent().await?;
-        Ok::<_, crate::error::Error>((pid, admin))
+        admin.mint_agent(&password, &Access::default()).await?;
+        let verifier = verifier.await.map_err(|e| crate::error::Error::internal(e.to_string()))?;
+        Ok::<_, crate::error::Error>((pid, admin, verifier))
     }
     .await;
     match made {
-        Ok((pid, admin)) => {
+        Ok((pid, admin, verifier)) => {
             engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
-            engine.store().set_pooled(&sb.id, pid)
+            let url = crate::pg::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
+            engine.store().set_pooled(&sb.id, pid, &url, &verifier)
         }
         Err(e) => {
             tracing::warn!(golden = %golden.name, error = %e, "could not build a pool member");

@@ -96,6 +96,10 @@ pub struct Sandbox {
     /// The named per-sandbox user of a sandbox made before uids were leased.
     #[serde(skip)]
     pub slot: Option<i64>,
+    /// The router's SCRAM verifier for its credential (4096 iterations), which
+    /// clients authenticate against; None until minted.
+    #[serde(skip)]
+    pub verifier: Option<String>,
 }
 
 impl Sandbox {
@@ -132,6 +136,7 @@ impl Sandbox {
             pid: None,
             uid: None,
             slot: None,
+            verifier: None,
         }
     }
 }

@@ -267,6 +267,12 @@ impl Store {
         Ok(())
     }
 
+    /// Records the router's verifier for a sandbox's credential.
+    pub fn set_verifier(&mut self, id: &str, verifier: &str) -> Result<()> {
+        self.conn.execute("UPDATE sandboxes SET verifier = ?2 WHERE id = ?1", params![id, verifier])?;
+        Ok(())
+    }
+
     /// Moves a running sandbox to `deleting`; false if it was not running (someone
     /// else is deleting it, or it is still being made).
     pub fn begin_delete(&mut self, id: &str) -> Result<bool> {
@@ -297,10 +303,19 @@ impl Store {
     }
 
     /// Marks a sandbox built for the pool as ready to be claimed.
-    pub fn set_pooled(&mut self, id: &str, pid: i32) -> Result<()> {
-        self.conn
-            .execute("UPDATE sandboxes SET state = 'pooled', pid = ?2 WHERE id = ?1", params![id, pid])?;
+    pub fn set_pooled(&mut self, id: &str, pid: i32, dsn: &str, verifier: &str) -> Result<()> {
+        self.conn.execute(
+            "UPDATE sandboxes SET state = 'pooled', pid = ?2, dsn = ?3, verifier = ?4 WHERE id = ?1",
+            params![id, pid, dsn, verifier],
+        )?;
         Ok(())
+    }
+
+    /// Every warm-pool member no fork has claimed.
+    pub fn pooled(&self) -> Result<Vec<Sandbox>> {
+        let mut stmt = self.conn.prepare(&format!("{SELECT_SANDBOX} WHERE state = 'pooled'"))?;
+        let all = stmt.query_map([], sandbox_from_row)?.collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(all)
     }
 
     /// Takes one pooled sandbox of a golden generation for a fork, giving it the
@@ -536,6 +551,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("goldens", "pool_size", "INTEGER NOT NULL DEFAULT 0"),
         ("sandboxes", "idle_suspend", "INTEGER NOT NULL DEFAULT 0"),
         ("sandboxes", "os_uid", "INTEGER"),
+        ("sandboxes", "verifier", "TEXT"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -548,7 +564,7 @@ fn migrate(conn: &Connection) -> Result<()> {
 }
 
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend, os_uid FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend, os_uid, verifier FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -569,6 +585,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         idle_suspend_seconds: r.get::<_, i64>(12)?.max(0) as u64,
         slot: r.get(11)?,
         uid: r.get(13)?,
+        verifier: r.get(14)?,
     })
 }
 

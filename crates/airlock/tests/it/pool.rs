@@ -1,4 +1,5 @@
-//! The warm pool: started, credential-less sandboxes that forks claim.
+//! The warm pool: started sandboxes, each with a credential bound to no one and a
+//! parked agent session, that forks claim.
 
 use std::process::Command;
 use std::time::Duration;
@@ -23,8 +24,21 @@ fn ready_event(d: &Daemon, id: &str) -> Value {
         .clone()
 }
 
+/// The agent sessions open on a pool member or sandbox, as its admin sees them.
+fn agent_backends(d: &Daemon, id: &str) -> Vec<String> {
+    let run = d.home.join("volume/sandboxes").join(id).join("run");
+    let out = Command::new("psql")
+        .args(["-X", "-t", "-A", "-h"])
+        .arg(&run)
+        .args(["-U", "airlock_admin", "-d", "app", "-c"])
+        .arg("SELECT pid FROM pg_stat_activity WHERE usename = 'airlock_agent' ORDER BY pid")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned).collect()
+}
+
 #[test]
-fn forks_claim_from_the_pool_which_refills_and_mints_the_credential_at_claim() {
+fn forks_claim_from_the_pool_which_refills_and_first_clients_get_a_parked_session() {
     let d = Daemon::start(&[]);
     d.shop("shop");
     d.json(&["golden", "pool", "shop", "--size", "2"]);
@@ -32,18 +46,19 @@ fn forks_claim_from_the_pool_which_refills_and_mints_the_credential_at_claim() {
     // Pool members are not sandboxes anyone can see or address.
     assert!(d.ids().is_empty());
     assert_eq!(d.postmasters().len(), 2);
-    // No pool member has a role that can log in: the credential does not exist yet.
+    let members = d.sandbox_dirs();
+    for id in &members {
+        let url = format!("postgresql://airlock_agent:x@{}/{id}?sslmode=disable", d.router);
+        assert!(psql(&url, "SELECT 1").unwrap_err().contains("does not exist"), "a pool member is not reachable");
+    }
+    // Each member has one agent session open, parked for its first client.
+    let mut parked = std::collections::HashMap::new();
     if nix::unistd::geteuid().is_root() {
-        for dir in d.sandbox_dirs() {
-            let run = d.home.join("volume/sandboxes").join(&dir).join("run");
-            let out = Command::new("psql")
-                .args(["-X", "-t", "-A", "-h"])
-                .arg(&run)
-                .args(["-U", "airlock_admin", "-d", "app", "-c"])
-                .arg("SELECT rolcanlogin, rolpassword IS NULL FROM pg_authid WHERE rolname = 'airlock_agent'")
-                .output()
-                .unwrap();
-            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "f|t", "{out:?}");
+        for id in &members {
+            d.wait_for(Duration::from_secs(10), "a parked session on each member", || {
+                agent_backends(&d, id).len() == 1
+            });
+            parked.insert(id.clone(), agent_backends(&d, id).remove(0));
         }
     }
     let a = d.fork("shop", &["--name", "a", "--label", "k=v", "--ttl", "5m"]);
@@ -51,11 +66,20 @@ fn forks_claim_from_the_pool_which_refills_and_mints_the_credential_at_claim() {
     assert_eq!(ready_event(&d, id)["detail"]["from_pool"], true);
     assert_eq!(a["name"], "a");
     assert_eq!(a["labels"]["k"], "v");
+    // Its first client was given the parked session: no backend started for it,
+    // and the client's own settings were applied to it.
+    if let Some(pid) = parked.get(id) {
+        assert_eq!(sql(&dsn(&a), "SELECT pg_backend_pid()::text || ' ' || current_setting('application_name')"), format!("{pid} psql"));
+    }
     assert_eq!(sql(&dsn(&a), "SELECT count(*) FROM orders"), "1000");
     sql(&dsn(&a), "DELETE FROM orders");
     // A readonly fork from the same pool gets its own access.
+    // (The parked session was opened with the default access, so it is not used.)
     let ro = d.fork("shop", &["--mode", "readonly"]);
     assert!(psql(&dsn(&ro), "DELETE FROM orders").unwrap_err().contains("read-only transaction"));
+    if let Some(pid) = parked.get(ro["id"].as_str().unwrap()) {
+        assert!(!agent_backends(&d, ro["id"].as_str().unwrap()).contains(pid), "the parked session of another role was ended");
+    }
     assert_eq!(sql(&dsn(&ro), "SELECT count(*) FROM orders"), "1000");
     // The pool refills behind the claims.
     pool_is(&d, "shop", 2);

@@ -33,6 +33,51 @@ fn the_agent_credential_is_not_a_superuser_and_cannot_become_one() {
 }
 
 #[test]
+fn a_password_changed_inside_a_sandbox_does_not_lock_its_harness_out() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap();
+    let url = dsn(&sb);
+    // The agent cannot change its password, in any form the grammar has.
+    for attempt in [
+        "ALTER ROLE airlock_agent PASSWORD 'mine'",
+        "ALTER USER CURRENT_USER WITH ENCRYPTED PASSWORD 'mine'",
+        "ALTER ROLE SESSION_USER PASSWORD NULL",
+        "ALTER ROLE airlock_agent NOLOGIN",
+        "ALTER ROLE airlock_agent VALID UNTIL '2000-01-01'",
+    ] {
+        assert!(psql(&url, attempt).is_err(), "{attempt} should fail");
+    }
+    // Should it change anyway (here the admin changes it, as a way past the
+    // guard would), the DSN still gets in: the router checks its own verifier,
+    // and puts the server's password back for its own connection. The gateway
+    // does the same.
+    let run = d.home.join("volume/sandboxes").join(id).join("run");
+    let changed = Command::new("psql")
+        .args(["-X", "-q", "-h"])
+        .arg(&run)
+        .args(["-U", "airlock_admin", "-d", "app", "-c"])
+        .arg("ALTER ROLE airlock_agent PASSWORD 'chosen-by-the-agent' VALID UNTIL '2000-01-01'")
+        .output()
+        .unwrap();
+    assert!(changed.status.success(), "{changed:?}");
+    assert_eq!(sql(&url, "SELECT count(*) FROM orders"), "1000");
+    let (status, body) = d.api("POST", &format!("/v1/sandboxes/{id}/sql"), r#"{"sql": "SELECT 1"}"#);
+    assert_eq!(status, 200, "{body}");
+    assert!(d.log().contains("restored it"), "the repair is in the daemon's log");
+    // The password set inside means nothing at the router.
+    let (plain, _) = split_password(&url);
+    let out = Command::new("psql")
+        .arg(&plain)
+        .args(["-X", "-c", "SELECT 1"])
+        .env("PGPASSWORD", "chosen-by-the-agent")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("password authentication failed"), "{out:?}");
+}
+
+#[test]
 fn admin_access_needs_the_daemons_os_identity_and_no_password_exists() {
     let d = Daemon::start(&[]);
     d.shop("shop");

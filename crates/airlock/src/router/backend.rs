@@ -1,0 +1,204 @@
+//! A server session the router opens as the agent role, on the sandbox's private
+//! socket: logged in with the password the daemon holds (SCRAM, as a client),
+//! ready for queries, with what its client must be told (ParameterStatus,
+//! BackendKeyData) kept so it can be replayed to a client authenticated by the
+//! router, then or later.
+
+use bytes::BytesMut;
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+
+use super::protocol::{self, PacketError};
+
+const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
+
+/// An established server session and what its client must be told.
+pub struct Backend {
+    /// The connection to the server, ready for a query.
+    pub stream: UnixStream,
+    /// ParameterStatus values, in the order the server reported them.
+    params: Vec<(String, String)>,
+    /// The backend's pid and cancel key.
+    pub key: Option<(i32, i32)>,
+}
+
+/// Why a login did not give a session.
+#[derive(Debug, thiserror::Error)]
+pub enum LoginError {
+    /// The server refused, with this `ErrorResponse` for the client.
+    #[error("the server refused the session ({sqlstate})")]
+    Refused {
+        /// The SQLSTATE.
+        sqlstate: String,
+        /// The whole message, to pass on.
+        message: Vec<u8>,
+    },
+    /// The connection failed or the server broke the protocol.
+    #[error("{0}")]
+    Broken(#[from] PacketError),
+}
+
+impl From<std::io::Error> for LoginError {
+    fn from(e: std::io::Error) -> Self {
+        LoginError::Broken(PacketError::Io(e))
+    }
+}
+
+fn protocol_error(why: &str) -> LoginError {
+    LoginError::Broken(PacketError::Invalid(why.to_owned()))
+}
+
+/// Sends `startup` on `stream` and answers the server's SCRAM challenge with
+/// `password` until it is ready for queries.
+pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result<Backend, LoginError> {
+    let mut server = BufReader::new(stream);
+    server.get_mut().write_all(startup).await?;
+    let mut scram: Option<ScramSha256> = None;
+    let (mut params, mut key) = (Vec::new(), None);
+    let mut buf = BytesMut::new();
+    loop {
+        let m = protocol::read_server_message(&mut server).await?;
+        match (m.tag, m.auth_code()) {
+            (b'R', Some(0)) => {}
+            (b'R', Some(10)) => {
+                let offered = m.body()[4..].split(|&b| b == 0).any(|mech| mech == SCRAM_SHA_256.as_bytes());
+                if !offered {
+                    return Err(protocol_error("the sandbox's server does not offer SCRAM-SHA-256"));
+                }
+                let s = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
+                buf.clear();
+                frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut buf)?;
+                server.get_mut().write_all(&buf).await?;
+                scram = Some(s);
+            }
+            (b'R', Some(11)) => {
+                let s = scram.as_mut().ok_or_else(|| protocol_error("SASL out of order"))?;
+                s.update(&m.body()[4..])?;
+                buf.clear();
+                frontend::sasl_response(s.message(), &mut buf)?;
+                server.get_mut().write_all(&buf).await?;
+            }
+            (b'R', Some(12)) => {
+                let s = scram.as_mut().ok_or_else(|| protocol_error("SASL out of order"))?;
+                s.finish(&m.body()[4..])?;
+            }
+            (b'R', _) => return Err(protocol_error("the sandbox's server asked for another authentication")),
+            (b'S', _) => {
+                if let Some(p) = parameter(m.body()) {
+                    set(&mut params, p);
+                }
+            }
+            (b'K', _) => key = m.backend_key(),
+            (b'Z', _) => {
+                if !server.buffer().is_empty() {
+                    return Err(protocol_error("the server spoke out of turn"));
+                }
+                return Ok(Backend { stream: server.into_inner(), params, key });
+            }
+            (b'E', _) => {
+                let sqlstate = field(m.body(), b'C').unwrap_or_default();
+                return Err(LoginError::Refused { sqlstate, message: m.bytes });
+            }
+            // Notices.
+            _ => {}
+        }
+    }
+}
+
+impl Backend {
+    /// Applies a client's startup settings to a session opened before the client
+    /// came, with `SET` (each allowed setting can be set so): those equal to what
+    /// the session was opened with are skipped. Fails if the server refuses one;
+    /// the session is then not to be used.
+    pub async fn apply(&mut self, settings: &[(String, String)], opened_with: &[(&str, &str)]) -> Result<(), LoginError> {
+        let mut sql = String::new();
+        for (name, value) in settings {
+            if opened_with.iter().any(|(n, v)| n == name && v == value) {
+                continue;
+            }
+            // Names come from the router's allow-list; values are quoted as an
+            // escape string, whose reading no setting changes.
+            sql.push_str(&format!("SET {name} TO E'{}';", value.replace('\\', "\\\\").replace('\'', "\\'")));
+        }
+        if sql.is_empty() {
+            return Ok(());
+        }
+        let mut buf = BytesMut::new();
+        frontend::query(&sql, &mut buf)?;
+        self.stream.write_all(&buf).await?;
+        let mut failed = None;
+        loop {
+            let m = protocol::read_server_message(&mut self.stream).await?;
+            match m.tag {
+                b'S' => {
+                    if let Some(p) = parameter(m.body()) {
+                        set(&mut self.params, p);
+                    }
+                }
+                b'E' => failed = Some(m.bytes),
+                b'Z' => {
+                    return match failed {
+                        None if m.body() == b"I" => Ok(()),
+                        None => Err(protocol_error("the session is not idle after its settings")),
+                        Some(message) => Err(LoginError::Refused { sqlstate: "22023".into(), message }),
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// What the client gets after `AuthenticationOk`: every ParameterStatus, the
+    /// BackendKeyData, and ReadyForQuery (idle).
+    pub fn replay(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in &self.params {
+            let len = 4 + name.len() + 1 + value.len() + 1;
+            out.push(b'S');
+            out.extend_from_slice(&(len as i32).to_be_bytes());
+            for s in [name, value] {
+                out.extend_from_slice(s.as_bytes());
+                out.push(0);
+            }
+        }
+        if let Some((pid, key)) = self.key {
+            out.push(b'K');
+            out.extend_from_slice(&12i32.to_be_bytes());
+            out.extend_from_slice(&pid.to_be_bytes());
+            out.extend_from_slice(&key.to_be_bytes());
+        }
+        out.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
+        out
+    }
+
+    /// Whether the server has closed the session or said something unasked (a
+    /// session parked for later must be silent).
+    pub fn is_gone(&self) -> bool {
+        let mut probe = [0u8; 1];
+        !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+}
+
+/// A ParameterStatus body's name and value.
+fn parameter(body: &[u8]) -> Option<(String, String)> {
+    let mut parts = body.split(|&b| b == 0);
+    let name = String::from_utf8(parts.next()?.to_vec()).ok()?;
+    let value = String::from_utf8(parts.next()?.to_vec()).ok()?;
+    Some((name, value))
+}
+
+fn set(params: &mut Vec<(String, String)>, (name, value): (String, String)) {
+    match params.iter_mut().find(|(n, _)| *n == name) {
+        Some(p) => p.1 = value,
+        None => params.push((name, value)),
+    }
+}
+
+/// One field of an ErrorResponse body.
+fn field(body: &[u8], code: u8) -> Option<String> {
+    body.split(|&b| b == 0)
+        .find(|f| f.first() == Some(&code))
+        .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+}
