@@ -12,7 +12,8 @@ demo: build
 	@scripts/demo.sh
 
 ## test: every test, against real PostgreSQL on real filesystems
-test: deps
+test:
+	@scripts/deps.sh test
 	@scripts/test.sh
 
 ## bench: fork benchmarks against the baselines, then router, pool, suspend,

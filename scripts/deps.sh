@@ -2,7 +2,8 @@
 # Installs what Airlock needs and the machine lacks, through the system package
 # manager: the PostgreSQL server, its client tools and its server headers (the
 # in-server guard is built against them), xfsprogs and btrfs-progs for
-# copy-on-write storage, and Python 3 with venv for the Python client's tests.
+# copy-on-write storage, Python 3 with venv for the Python client's tests, and
+# with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests.
 # Safe to run again; it installs nothing that is already there.
 set -euo pipefail
 
@@ -22,6 +23,14 @@ command -v mount >/dev/null 2>&1 || need+=(mount)
 # The Python client's and the MCP tests run in a virtual environment.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# `deps.sh test`: also the drivers the router is tested with, pgjdbc on Java and
+# node-postgres on Node.js.
+if [ "${1:-}" = test ]; then
+  [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+  command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
+  command -v node >/dev/null 2>&1 || need+=(nodejs)
+  command -v npm >/dev/null 2>&1 || need+=(npm)
+fi
 
 if [ ${#need[@]} -gt 0 ]; then
   sudo=""

@@ -1,0 +1,143 @@
+"""The router with the drivers people use, none written for Airlock: psycopg (on
+its own libpq 17+), asyncpg, pgjdbc and node-postgres, over TLS verify-full and
+plaintext. The router authenticates them itself (SCRAM-SHA-256 with 4096
+iterations, SCRAM-SHA-256-PLUS on TLS)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import asyncpg
+import psycopg
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+PGJDBC = "/usr/share/java/postgresql.jar"
+NODE_MODULES = REPO / "target" / "node" / "node_modules"
+
+
+@pytest.fixture()
+def sandbox(client):
+    sb = client.fork("shop", ttl="10m")
+    yield sb
+    client.delete(sb)
+
+
+def plaintext(dsn: str) -> str:
+    return dsn.split("?", 1)[0] + "?sslmode=disable"
+
+
+def parts(dsn: str):
+    url = urlsplit(dsn)
+    query = {k: v[0] for k, v in parse_qs(url.query).items()}
+    return url.hostname, url.port, url.path.lstrip("/"), url.password, query
+
+
+def test_psycopg_binds_the_channel_cancels_safely_and_negotiates_tls_directly(sandbox):
+    assert psycopg.pq.version() >= 170000, "psycopg's own libpq is 17 or newer"
+    with psycopg.connect(sandbox.dsn + "&channel_binding=require") as conn:
+        assert conn.info.pgconn.ssl_in_use
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (500,)
+        # libpq 17's encrypted cancel: a TLS connection of its own, which the
+        # router must close with a close_notify.
+        done = {}
+
+        def sleep():
+            try:
+                conn.execute("SELECT pg_sleep(30)")
+            except psycopg.errors.QueryCanceled:
+                done["cancelled"] = time.time()
+
+        t = threading.Thread(target=sleep)
+        t.start()
+        time.sleep(0.5)
+        conn.cancel_safe(timeout=10)
+        t.join(15)
+        assert "cancelled" in done
+    with psycopg.connect(sandbox.dsn + "&sslnegotiation=direct") as conn:
+        assert conn.execute("SELECT 1").fetchone() == (1,)
+    with psycopg.connect(plaintext(sandbox.dsn)) as conn:
+        assert not conn.info.pgconn.ssl_in_use
+        assert conn.execute("SELECT current_user").fetchone() == ("airlock_agent",)
+    with pytest.raises(psycopg.OperationalError, match="channel binding"):
+        psycopg.connect(plaintext(sandbox.dsn) + "&channel_binding=require")
+    wrong = sandbox.dsn.replace(parts(sandbox.dsn)[3], "not-the-password")
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(wrong)
+
+
+def test_asyncpg_over_tls_and_plaintext(sandbox):
+    async def run(dsn):
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch("SELECT g, repeat('x', 1000) FROM generate_series(1, 2000) g")
+            return len(rows), await conn.fetchval("SELECT count(*) FROM orders")
+        finally:
+            await conn.close()
+
+    assert asyncio.run(run(sandbox.dsn)) == (2000, 500)
+    assert asyncio.run(run(plaintext(sandbox.dsn))) == (2000, 500)
+
+
+JDBC_PROBE = """
+import java.sql.*;
+import java.util.Properties;
+
+public class Probe {
+    public static void main(String[] args) throws Exception {
+        Properties p = new Properties();
+        p.setProperty("user", "airlock_agent");
+        p.setProperty("password", System.getenv("PROBE_PASSWORD"));
+        try (Connection c = DriverManager.getConnection(System.getenv("PROBE_URL"), p);
+             Statement s = c.createStatement();
+             ResultSet r = s.executeQuery("SELECT count(*) FROM orders")) {
+            r.next();
+            System.out.println("orders=" + r.getLong(1));
+        }
+    }
+}
+"""
+
+
+def test_pgjdbc_logs_in_over_tls_verify_full_and_plaintext(sandbox, tmp_path):
+    host, port, db, password, query = parts(sandbox.dsn)
+    (tmp_path / "Probe.java").write_text(JDBC_PROBE)
+    urls = [
+        f"jdbc:postgresql://{host}:{port}/{db}?sslmode=verify-full&sslrootcert={query['sslrootcert']}",
+        f"jdbc:postgresql://{host}:{port}/{db}?sslmode=disable",
+    ]
+    for url in urls:
+        env = dict(os.environ, PROBE_URL=url, PROBE_PASSWORD=password)
+        done = subprocess.run(
+            ["java", "-cp", PGJDBC, str(tmp_path / "Probe.java")],
+            env=env, capture_output=True, text=True, timeout=120,
+        )
+        assert done.returncode == 0 and "orders=500" in done.stdout, done.stderr
+
+
+NODE_PROBE = """
+const { Client } = require('pg');
+(async () => {
+  const c = new Client({ connectionString: process.env.PROBE_URL });
+  await c.connect();
+  const r = await c.query("SELECT count(*)::int AS n, length(string_agg(repeat('x', 1000), '')) AS big FROM generate_series(1, 5000)");
+  const o = await c.query('SELECT count(*)::int AS n FROM orders');
+  console.log(`orders=${o.rows[0].n} big=${r.rows[0].big}`);
+  await c.end();
+})().catch((e) => { console.error(e.message); process.exit(1); });
+"""
+
+
+def test_node_postgres_over_tls_verify_full_and_plaintext(sandbox, tmp_path):
+    probe = tmp_path / "probe.js"
+    probe.write_text(NODE_PROBE)
+    for url in [sandbox.dsn, plaintext(sandbox.dsn)]:
+        env = dict(os.environ, PROBE_URL=url, NODE_PATH=str(NODE_MODULES))
+        done = subprocess.run(["node", str(probe)], env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0 and "orders=500 big=5000000" in done.stdout, done.stderr
