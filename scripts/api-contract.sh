@@ -32,6 +32,8 @@ cleanup() {
     | xargs -r "$bin" rm >/dev/null 2>&1 || true
   kill "$daemon" 2>/dev/null || true
   wait "$daemon" 2>/dev/null || true
+  # The router runs in a process of its own that outlives the daemon.
+  pkill -f "$home/router.spec.json" 2>/dev/null || true
   # Servers outlive the daemon by design: stop what is left of this run's.
   pkill -QUIT -f "$home/volume" 2>/dev/null || true
   sleep 1

@@ -51,7 +51,7 @@ for fs in btrfs xfs; do
 done
 
 echo "## identities: $hold sandboxes held at once (at most 20 running)"
-airlock daemon stop >/dev/null
+airlock daemon stop --with-router >/dev/null
 export AIRLOCK_MAX_RUNNING=20 AIRLOCK_MAX_SANDBOXES=$((hold + 10)) AIRLOCK_DISK_RESERVE=1G
 fresh xfs 60G
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null

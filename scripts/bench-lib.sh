@@ -10,7 +10,8 @@ mkdir -p "$out"
 
 bench_cleanup() {
   for g in $GOLDENS; do airlock golden rm "$g" --force >/dev/null 2>&1 || true; done
-  airlock daemon stop >/dev/null 2>&1 || true
+  # (An older binary has no --with-router: its router lives in the daemon.)
+  airlock daemon stop --with-router >/dev/null 2>&1 || airlock daemon stop >/dev/null 2>&1 || true
   if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
   rm -rf "$AIRLOCK_HOME"
 }

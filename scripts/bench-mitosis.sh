@@ -20,7 +20,7 @@ cp bench/schema.sql bench/seed-40mb.sql "$seed/"
 chmod -R a+rX "$seed"
 M() { (cd "$seed" && runuser -u airlock-mitosis -- env HOME="$mhome" MITOSIS_HOME="$mhome/home" PATH="$pgbin:$PATH" mitosis "$@"); }
 finish() {
-  M daemon stop >/dev/null 2>&1 || true
+  M daemon stop --with-router >/dev/null 2>&1 || true
   pkill -u airlock-mitosis >/dev/null 2>&1 || true
   rm -rf "$mhome" "$seed"
 }

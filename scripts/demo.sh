@@ -13,7 +13,7 @@ count() { airlock psql "$1" -- -XtAc "SELECT count(*) FROM orders"; }
 cleanup() {
   airlock rm agent-a agent-b auditor >/dev/null 2>&1 || true
   airlock golden rm shop --force >/dev/null 2>&1 || true
-  airlock daemon stop >/dev/null 2>&1 || true
+  airlock daemon stop --with-router >/dev/null 2>&1 || true
   if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
   rm -rf "$AIRLOCK_HOME"
 }

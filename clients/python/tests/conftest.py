@@ -91,7 +91,7 @@ class Daemon:
     def stop(self) -> None:
         for sb in self.json("ls"):
             self.cli("rm", sb["id"], check=False)
-        self.cli("daemon", "stop", check=False)
+        self.cli("daemon", "stop", "--with-router", check=False)
         try:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:

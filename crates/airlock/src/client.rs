@@ -40,6 +40,8 @@ pub enum Target {
 #[derive(Debug, Clone)]
 pub struct Client {
     target: Target,
+    /// Whether to start a local daemon when none answers.
+    start: bool,
 }
 
 enum Stream {
@@ -58,7 +60,13 @@ fn unreachable(message: String) -> Error {
 impl Client {
     /// A client for `target`.
     pub fn new(target: Target) -> Client {
-        Client { target }
+        Client { target, start: true }
+    }
+
+    /// A client of a local daemon that never starts one (the router's: a daemon
+    /// that is not there is restarting, or stopped on purpose).
+    pub fn without_starting(layout: Layout) -> Client {
+        Client { target: Target::Local(layout), start: false }
     }
 
     async fn connect(&self) -> std::io::Result<Stream> {
@@ -75,7 +83,7 @@ impl Client {
         match self.connect().await {
             Ok(s) => Ok(s),
             Err(e) => {
-                let Target::Local(layout) = &self.target else {
+                let (Target::Local(layout), true) = (&self.target, self.start) else {
                     return Err(unreachable(format!("cannot reach the daemon: {e}")));
                 };
                 let mut child = start_daemon(layout)?;

@@ -44,7 +44,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     for w in &doctor.warnings {
         tracing::warn!("{w}");
     }
-    if let Some(address) = crate::router::start(engine.clone(), &engine.config.router).await? {
+    if let Some(address) = crate::router::process::supervise(engine.clone()).await? {
         let _ = engine.router.set(address);
     }
     if let Some(addr) = engine.config.gateway {
@@ -121,7 +121,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
 
 /// Lifts the soft limit on open files to the hard one: the listeners' caps
 /// assume thousands of descriptors, and the usual soft default is 1024.
-fn raise_descriptor_limit() {
+pub(crate) fn raise_descriptor_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => {

@@ -298,12 +298,7 @@ impl Engine {
     /// instance can read or signal a neighbour's (of any data root on the host);
     /// otherwise the daemon's own user.
     pub fn sandbox_user(&self, sb: &Sandbox) -> Result<Identity> {
-        match (self.daemon_user.is_root(), sb.uid, sb.slot) {
-            (true, Some(uid), _) => Ok(Identity::leased(uid)),
-            // A sandbox made before identities were leased keeps its named user.
-            (true, None, Some(slot)) => Identity::ensure(&format!("{}-{slot}", self.instance_user.name)),
-            _ => Ok(self.instance_user.clone()),
-        }
+        Identity::of_sandbox(self.daemon_user.is_root(), &self.instance_user, sb.uid, sb.slot)
     }
 
     /// The OS user `airlock exec` runs as in a sandbox: the second uid of its

@@ -115,6 +115,14 @@ impl Layout {
     pub fn tls(&self) -> PathBuf {
         self.home.join("tls")
     }
+    /// The lock the router process holds while it runs.
+    pub fn router_lock(&self) -> PathBuf {
+        self.home.join("router.lock")
+    }
+    /// What the router process runs with and where it listens (JSON).
+    pub fn router_state(&self) -> PathBuf {
+        self.home.join("router.json")
+    }
 }
 
 /// The files inside one instance directory (a sandbox, or a golden being built).

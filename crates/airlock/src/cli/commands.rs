@@ -28,6 +28,11 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
     let json = cli.json;
     match &cli.command {
         Command::Serve(args) => serve(&cli, args).await,
+        Command::Router { spec } => {
+            init_logging();
+            crate::router::process::run(cli.layout().home(), spec).await?;
+            Ok(0)
+        }
         Command::Storage(StorageCommand::Init { size, filesystem }) => {
             let size = storage::volume::parse_size(size)?;
             let layout = cli.layout();
@@ -59,21 +64,25 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             });
             Ok(0)
         }
-        Command::Daemon(DaemonCommand::Stop) => {
+        Command::Daemon(DaemonCommand::Stop { with_router }) => {
             let layout = cli.layout();
-            if std::os::unix::net::UnixStream::connect(layout.api_socket()).is_err() {
-                output::print(json, &serde_json::json!({"stopped": false}), || "no daemon is running".into());
-                return Ok(0);
-            }
-            cli.client()?.call_raw(Method::POST, "/v1/shutdown", None).await?;
-            for _ in 0..500 {
-                if !layout.api_socket().exists() {
-                    break;
+            let running = std::os::unix::net::UnixStream::connect(layout.api_socket()).is_ok();
+            if running {
+                cli.client()?.call_raw(Method::POST, "/v1/shutdown", None).await?;
+                for _ in 0..500 {
+                    if !layout.api_socket().exists() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-            output::print(json, &serde_json::json!({"stopped": true}), || {
-                "daemon stopped; sandboxes keep running".into()
+            let router = *with_router && crate::router::process::stop_running(&layout).await?;
+            let answer = serde_json::json!({"stopped": running, "router_stopped": router});
+            output::print(json, &answer, || match (running, router) {
+                (true, true) => "daemon and router stopped; sandboxes keep running".into(),
+                (true, false) => "daemon stopped; sandboxes and router sessions keep running".into(),
+                (false, true) => "no daemon was running; router stopped".into(),
+                (false, false) => "no daemon is running".into(),
             });
             Ok(0)
         }
@@ -267,16 +276,19 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
     }
 }
 
-async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
+/// Logs to stderr at `AIRLOCK_LOG`'s level (default info), for the daemon and the router.
+fn init_logging() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_env("AIRLOCK_LOG").unwrap_or_else(|_| "info".into());
-    {
-        use std::io::IsTerminal;
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
-            .init();
-    }
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
+    init_logging();
     let mut config = Config::new(cli.layout().home());
     config.max_sandboxes = args.max_sandboxes;
     config.default_ttl = validate::parse_ttl(&args.default_ttl)?;

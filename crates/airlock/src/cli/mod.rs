@@ -37,6 +37,13 @@ pub struct Cli {
 enum Command {
     /// Run the daemon in the foreground.
     Serve(Box<ServeArgs>),
+    /// The router's own process, which the daemon starts and supervises.
+    #[command(hide = true)]
+    Router {
+        /// The settings the daemon wrote for it.
+        #[arg(long)]
+        spec: PathBuf,
+    },
     /// Make, refresh, list, show and delete goldens.
     #[command(subcommand)]
     Golden(GoldenCommand),
@@ -452,8 +459,12 @@ enum StorageCommand {
 
 #[derive(Debug, Subcommand)]
 enum DaemonCommand {
-    /// Ask the local daemon to stop (sandboxes keep running).
-    Stop,
+    /// Ask the local daemon to stop (sandboxes and the router's sessions keep running).
+    Stop {
+        /// Also stop the router process, ending every session through it.
+        #[arg(long)]
+        with_router: bool,
+    },
     /// Say whether a daemon answers, without starting one.
     Status,
 }

@@ -174,7 +174,7 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
 pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
     match connect_once(engine, sb).await {
         Err(wire::WireError::Refused(db)) if db.sqlstate == "28P01" => {
-            crate::sandbox::restore_credential(engine, sb).await?;
+            crate::sandbox::restore_credential(&engine.layout, sb).await?;
             connect_once(engine, sb).await
         }
         other => other,

@@ -114,6 +114,11 @@ impl Open {
     pub fn backend(&self) -> Option<(i32, i32)> {
         self.backend
     }
+
+    /// The sandbox it is open to.
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
 }
 
 impl Drop for Open {

@@ -12,6 +12,8 @@
 
 mod backend;
 pub mod connections;
+pub mod host;
+pub mod process;
 pub mod parked;
 pub mod protocol;
 mod relay;
@@ -20,6 +22,7 @@ mod session;
 pub mod tls;
 
 pub use connections::{Connections, Open};
+pub use host::Host;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -31,7 +34,6 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
 
 /// Whether clients may, must or cannot use TLS.
@@ -47,7 +49,7 @@ pub enum TlsMode {
 }
 
 /// Router settings (flags of `airlock serve`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RouterConfig {
     /// Where to listen; `None` turns the router off.
     pub listen: Option<SocketAddr>,
@@ -125,7 +127,7 @@ fn percent_encode_path(path: &std::path::Path) -> String {
 
 /// What every connection task shares.
 struct Shared {
-    engine: Arc<Engine>,
+    host: Arc<Host>,
     tls: Option<tokio_rustls::TlsAcceptor>,
     /// The TLS certificate's `tls-server-end-point` binding, for SCRAM-SHA-256-PLUS.
     end_point: Option<Vec<u8>>,
@@ -135,19 +137,24 @@ struct Shared {
     startup_timeout: Duration,
 }
 
-/// Binds the router's port and loads its TLS identity; returns its address and
-/// the task that serves it. Fails clearly if the port is taken.
-pub async fn start(engine: Arc<Engine>, config: &RouterConfig) -> Result<Option<Address>> {
-    let Some(listen) = config.listen else { return Ok(None) };
-    let listener = TcpListener::bind(listen).await.map_err(|e| {
+/// Binds the router's port, with a clear error if it is taken.
+pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
+    let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(listen).and_then(|()| socket.listen(1024)).map_err(|e| {
         Error::new(
             ErrorCode::InvalidRequest,
             format!("the router cannot listen on {listen}: {e}"),
             "pick another address with `airlock serve --router HOST:PORT` (port 0 picks a free one), or --router off",
         )
-    })?;
+    })
+}
+
+/// Loads the TLS identity and serves `listener` (in the router's own process);
+/// returns the address DSNs name.
+pub fn serve(host: Arc<Host>, config: &RouterConfig, listener: TcpListener) -> Result<Address> {
     let bound = listener.local_addr()?;
-    let host = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
+    let advertised = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
         ip if ip.is_unspecified() => nix::unistd::gethostname()
             .ok()
             .and_then(|h| h.into_string().ok())
@@ -156,18 +163,18 @@ pub async fn start(engine: Arc<Engine>, config: &RouterConfig) -> Result<Option<
     });
     let identity = match config.tls {
         TlsMode::Off => None,
-        _ => Some(tls::identity(&engine.layout.tls(), config.cert.as_ref(), &host)?),
+        _ => Some(tls::identity(&host.layout.tls(), config.cert.as_ref(), &advertised)?),
     };
     let address = Address {
-        host,
+        host: advertised,
         port: bound.port(),
         tls: config.tls,
         ca: identity.as_ref().and_then(|i| i.ca.clone()),
     };
     let parked = Arc::new(parked::Parked::default());
-    tokio::spawn(parked.clone().keep(engine.clone()));
+    tokio::spawn(parked.clone().keep(host.clone()));
     let shared = Arc::new(Shared {
-        engine,
+        host,
         end_point: identity.as_ref().and_then(|i| i.end_point.clone()),
         parked,
         tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
@@ -176,7 +183,7 @@ pub async fn start(engine: Arc<Engine>, config: &RouterConfig) -> Result<Option<
     });
     tracing::info!(%bound, tls = ?config.tls, "router listening");
     tokio::spawn(accept_loop(listener, shared, Arc::new(Semaphore::new(config.max_connections))));
-    Ok(Some(address))
+    Ok(address)
 }
 
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Semaphore>) {

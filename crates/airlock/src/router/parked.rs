@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use super::backend::{self, Backend};
 use super::protocol::Startup;
-use crate::engine::Engine;
+use super::host::Host;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{Access, Sandbox, SandboxState};
 
@@ -63,9 +63,9 @@ impl Parked {
     }
 
     /// Runs the keeper until the daemon exits.
-    pub async fn keep(self: Arc<Self>, engine: Arc<Engine>) {
+    pub async fn keep(self: Arc<Self>, host: Arc<Host>) {
         loop {
-            if let Err(e) = self.round(&engine).await {
+            if let Err(e) = self.round(&host).await {
                 tracing::debug!(error = %e, "parking backends failed");
             }
             tokio::time::sleep(TICK).await;
@@ -73,13 +73,13 @@ impl Parked {
     }
 
     /// Drops what is stale and parks a session for each member without one.
-    async fn round(&self, engine: &Engine) -> crate::error::Result<()> {
+    async fn round(&self, host: &Host) -> crate::error::Result<()> {
         let members: HashMap<String, Sandbox> =
-            engine.store().pooled()?.into_iter().map(|sb| (sb.id.clone(), sb)).collect();
+            host.store().pooled()?.into_iter().map(|sb| (sb.id.clone(), sb)).collect();
         // Parked sessions of members claimed since (or deleted: then None).
         let claimed: Vec<String> = self.lock().keys().filter(|id| !members.contains_key(*id)).cloned().collect();
         let claimed: HashMap<String, Option<Sandbox>> =
-            claimed.into_iter().map(|id| (id.clone(), engine.store().sandbox(&id).ok())).collect();
+            claimed.into_iter().map(|id| (id.clone(), host.store().sandbox(&id).ok())).collect();
         let now = Instant::now();
         self.lock().retain(|id, entry| {
             let (sb, waiting) = match (members.get(id), claimed.get(id)) {
@@ -105,8 +105,8 @@ impl Parked {
             else {
                 continue;
             };
-            let user = engine.sandbox_user(&sb)?;
-            let socket = engine.layout.sandbox_instance(&sb.id).socket();
+            let user = host.sandbox_user(&sb)?;
+            let socket = host.layout.sandbox_instance(&sb.id).socket();
             let Ok(stream) = crate::pg::socket::connect_instance(&socket, Some(&user), pid).await else { continue };
             let startup = Startup {
                 version: 3 << 16,

@@ -87,7 +87,9 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     if let Err(e) = relayed {
         tracing::debug!(error = %e, "relay ended with an error");
     }
+    let (host, id) = (shared.host.clone(), open.sandbox().to_owned());
     drop(open);
+    let _ = tokio::task::spawn_blocking(move || host.touch(&id)).await;
 }
 
 /// Sends a refusal and closes the connection (with a TLS close_notify).
@@ -207,7 +209,7 @@ async fn establish(
     // The router authenticates the client itself, before anything is woken or
     // connected to; at most a few clients per sandbox are at this step at once.
     {
-        let _authenticating = shared.engine.connections.authenticating(&sb.id).await;
+        let _authenticating = shared.host.connections.authenticating(&sb.id).await;
         let verifier = match verifier_of(shared, &sb).await {
             Ok(v) => v,
             Err(e) => {
@@ -258,10 +260,14 @@ fn record(shared: &Shared, sb: &Sandbox, kind: crate::events::EventKind, peer: S
         detail: json!({"client": peer.to_string(), "tls": tls}),
         ..Default::default()
     };
-    let engine = shared.engine.clone();
+    let host = shared.host.clone();
+    let (id, used) = (sb.id.clone(), kind == crate::events::EventKind::Connected);
     tokio::task::spawn_blocking(move || {
-        if let Err(e) = engine.store().record(event) {
+        if let Err(e) = host.store().record(event) {
             tracing::warn!(error = %e, "recording a router connection failed");
+        }
+        if used {
+            host.touch(&id);
         }
     });
 }
@@ -281,7 +287,7 @@ fn internal(e: crate::error::Error) -> ErrorResponse {
 /// The sandbox a client names, by id or name; pool members and sandboxes being
 /// deleted do not exist for clients.
 fn lookup(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
-    match shared.engine.store().sandbox(key) {
+    match shared.host.store().sandbox(key) {
         Ok(sb) if matches!(sb.state, SandboxState::Deleting | SandboxState::Pooled) => Err(not_found(key)),
         Ok(sb) => Ok(sb),
         Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => Err(not_found(key)),
@@ -305,20 +311,20 @@ async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorRes
     })
     .await
     .map_err(|e| internal(crate::error::Error::internal(e.to_string())))?;
-    shared.engine.store().set_verifier(&sb.id, &made).map_err(internal)?;
+    shared.host.store().set_verifier(&sb.id, &made).map_err(internal)?;
     Verifier::parse(&made).ok_or_else(|| internal(crate::error::Error::internal("a verifier did not parse")))
 }
 
 /// Waits until the sandbox is running: wakes it if suspended, waits out a reset
 /// or wake in progress.
 async fn running(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
-    let engine = &shared.engine;
     loop {
         let sb = lookup(shared, key)?;
         match sb.state {
             SandboxState::Running => return Ok(sb),
             SandboxState::Suspended => {
-                if let Err(e) = sandbox::suspend::wake(engine, &sb.id).await {
+                let deadline = std::time::Instant::now() + shared.startup_timeout;
+                if let Err(e) = shared.host.wake(&sb.id, deadline).await {
                     let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
                     return Err(ErrorResponse::fatal(
                         code,
@@ -341,11 +347,11 @@ async fn session_for(
     id: &str,
     startup: &Startup,
 ) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
-    let engine = &shared.engine;
+    let host = &shared.host;
     let (mut restored, mut broken) = (false, 0);
     loop {
         let sb = running(shared, id).await.map_err(|e| e.encode())?;
-        let mut open = engine.connections.open(&sb.id);
+        let mut open = host.connections.open(&sb.id);
         if let Some(mut parked) = shared.parked.take(&sb) {
             if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {
                 if let Some((pid, key)) = parked.key {
@@ -354,8 +360,8 @@ async fn session_for(
                 return Ok((sb, parked, open));
             }
         }
-        let socket = engine.layout.sandbox_instance(&sb.id).socket();
-        let user = engine.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
+        let socket = host.layout.sandbox_instance(&sb.id).socket();
+        let user = host.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
         let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
         let attempt = async {
             let stream = crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
@@ -374,7 +380,7 @@ async fn session_for(
             // router to the server.
             Err(LoginError::Refused { sqlstate, .. }) if sqlstate == "28P01" && !restored => {
                 restored = true;
-                if let Err(e) = sandbox::restore_credential(engine, &sb).await {
+                if let Err(e) = sandbox::restore_credential(&host.layout, &sb).await {
                     tracing::warn!(sandbox = %sb.id, error = %e, "restoring the agent's password failed");
                 }
             }
@@ -397,10 +403,10 @@ async fn session_for(
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.
 async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
-    let engine = &shared.engine;
-    let Some(owner) = engine.connections.backend_owner(pid, key) else { return };
-    let Ok(user) = engine.store().sandbox(&owner).and_then(|sb| engine.sandbox_user(&sb)) else { return };
-    let socket = engine.layout.sandbox_instance(&owner).socket();
+    let host = &shared.host;
+    let Some(owner) = host.connections.backend_owner(pid, key) else { return };
+    let Ok(user) = host.store().sandbox(&owner).and_then(|sb| host.sandbox_user(&sb)) else { return };
+    let socket = host.layout.sandbox_instance(&owner).socket();
     let Ok(mut server) = crate::pg::socket::connect_as(&socket, &user).await else { return };
     let mut packet = Vec::with_capacity(16);
     packet.extend_from_slice(&16i32.to_be_bytes());

@@ -15,7 +15,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use crate::error::{Error, ErrorCode, Result};
 
 /// Certificate and key files the operator supplies instead of generated ones.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CertFiles {
     /// PEM certificate chain, server certificate first.
     pub cert: PathBuf,

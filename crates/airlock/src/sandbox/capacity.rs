@@ -199,7 +199,7 @@ async fn suspend_least_recently_used(engine: &Engine, except: Option<&str>) -> b
     let mut idle: Vec<_> = all
         .into_iter()
         .filter(|s| s.state == SandboxState::Running && Some(s.id.as_str()) != except)
-        .filter_map(|s| engine.connections.idle_since(&s.id).map(|t| (t, s.id)))
+        .filter_map(|s| super::idle::last_used(engine, &s).map(|t| (t, s.id)))
         .collect();
     idle.sort();
     for (_, id) in idle {

@@ -3,7 +3,7 @@
 //! the private socket (`airlock psql`, tools on the host) are asked of the server
 //! itself before anything is stopped.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::suspend::{suspend, SuspendReason};
 use super::SandboxState;
@@ -36,12 +36,24 @@ pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     }
 }
 
+/// When a sandbox without open daemon sessions (gateway, exec) was last used:
+/// by those, or through the router, whose process records the time in the
+/// store. None while a daemon session is open, or before the daemon has seen it.
+pub(crate) fn last_used(engine: &Engine, sb: &super::Sandbox) -> Option<Instant> {
+    let local = engine.connections.idle_since(&sb.id)?;
+    let routed = sb.active_at.map(|at| {
+        let ago = (crate::clock::Timestamp::now().0 - at.0).max(0) as u64;
+        Instant::now().checked_sub(Duration::from_millis(ago)).unwrap_or(local)
+    });
+    Some(routed.map_or(local, |r| r.max(local)))
+}
+
 /// Suspends every running sandbox idle for longer than its idle time. Run by
 /// the reaper about once a second.
 pub async fn suspend_idle(engine: &Engine) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
     for sb in all.into_iter().filter(|s| s.state == SandboxState::Running && s.idle_suspend_seconds > 0) {
-        let Some(since) = engine.connections.idle_since(&sb.id) else {
+        let Some(since) = last_used(engine, &sb) else {
             // First sight (a daemon restart): count from now.
             if engine.connections.open_count(&sb.id) == 0 {
                 engine.connections.touch(&sb.id);

@@ -288,13 +288,13 @@ pub(crate) fn mint_verifier(password: &str) -> tokio::task::JoinHandle<String> {
 /// refuses it, but should anything get past it) must not cut the router, the
 /// gateway or `exec` off. Clients are not affected either way: the router checks
 /// them against its own verifier.
-pub async fn restore_credential(engine: &Engine, sb: &Sandbox) -> Result<()> {
+pub async fn restore_credential(layout: &crate::layout::Layout, sb: &Sandbox) -> Result<()> {
     let password = sb
         .dsn
         .as_deref()
         .and_then(dsn::password)
         .ok_or_else(|| Error::internal(format!("sandbox {} has no credential", sb.id)))?;
-    let admin = Admin::connect(&instance_dir(engine, &sb.id), DATABASE, sb.pid.unwrap_or_default()).await?;
+    let admin = Admin::connect(&layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default()).await?;
     admin.restore_agent_password(&password).await?;
     tracing::warn!(sandbox = %sb.id, "the agent's password inside the server had changed; restored it");
     Ok(())

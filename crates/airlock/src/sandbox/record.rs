@@ -100,6 +100,10 @@ pub struct Sandbox {
     /// clients authenticate against; None until minted.
     #[serde(skip)]
     pub verifier: Option<String>,
+    /// When a router session on it last opened or closed (the router runs in a
+    /// process of its own and records this for the daemon's idle decisions).
+    #[serde(skip)]
+    pub active_at: Option<Timestamp>,
 }
 
 impl Sandbox {
@@ -137,6 +141,7 @@ impl Sandbox {
             uid: None,
             slot: None,
             verifier: None,
+            active_at: None,
         }
     }
 }

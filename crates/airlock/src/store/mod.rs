@@ -267,6 +267,12 @@ impl Store {
         Ok(())
     }
 
+    /// Records when a sandbox was last used through the router.
+    pub fn set_active(&mut self, id: &str, at: Timestamp) -> Result<()> {
+        self.conn.execute("UPDATE sandboxes SET active_at = ?2 WHERE id = ?1", params![id, at.0])?;
+        Ok(())
+    }
+
     /// Records the router's verifier for a sandbox's credential.
     pub fn set_verifier(&mut self, id: &str, verifier: &str) -> Result<()> {
         self.conn.execute("UPDATE sandboxes SET verifier = ?2 WHERE id = ?1", params![id, verifier])?;
@@ -552,6 +558,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "idle_suspend", "INTEGER NOT NULL DEFAULT 0"),
         ("sandboxes", "os_uid", "INTEGER"),
         ("sandboxes", "verifier", "TEXT"),
+        ("sandboxes", "active_at", "INTEGER"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -564,7 +571,7 @@ fn migrate(conn: &Connection) -> Result<()> {
 }
 
 const SELECT_SANDBOX: &str =
-    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend, os_uid, verifier FROM sandboxes";
+    "SELECT id, name, golden, generation, state, labels, created_at, expires_at, pid, dsn, access, slot, idle_suspend, os_uid, verifier, active_at FROM sandboxes";
 
 fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
     let state: String = r.get(4)?;
@@ -586,6 +593,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         slot: r.get(11)?,
         uid: r.get(13)?,
         verifier: r.get(14)?,
+        active_at: r.get::<_, Option<i64>>(15)?.map(Timestamp),
     })
 }
 

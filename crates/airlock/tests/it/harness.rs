@@ -63,7 +63,8 @@ pub struct Daemon {
     pub router: String,
     /// The MCP gateway's address (port 0: the daemon picks a free one).
     pub gateway: String,
-    args: Vec<String>,
+    /// The flags `airlock serve` gets (kept across restarts).
+    pub args: Vec<String>,
     child: Option<Child>,
     /// A limit on the daemon's open files (soft and hard), when a test sets one.
     open_files: Option<u64>,
@@ -554,7 +555,7 @@ fn processes_mentioning(home: &Path) -> Vec<i32> {
     pids()
         .into_iter()
         .filter(|p| {
-            cmdline(*p).is_some_and(|c| c.contains(" serve"))
+            cmdline(*p).is_some_and(|c| c.contains(" serve") || c.contains(" router --spec"))
                 && std::fs::read(format!("/proc/{p}/environ"))
                     .map(|e| e.split(|b| *b == 0).any(|kv| kv == needle.as_bytes()))
                     .unwrap_or(false)

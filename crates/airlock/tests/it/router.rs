@@ -246,3 +246,69 @@ fn large_results_and_copy_pass_through_tls_and_plaintext_intact() {
         assert_eq!(back + "\n", text);
     }
 }
+
+/// The router process's pid, from the state it writes.
+fn router_pid(d: &Daemon) -> i32 {
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(d.home.join("router.json")).unwrap()).unwrap();
+    state["pid"].as_i64().unwrap() as i32
+}
+
+#[test]
+fn sessions_through_the_router_outlive_daemon_restarts() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let url = dsn(&sb);
+    let router = router_pid(&d);
+    let script = d.home.join("select.sql");
+    std::fs::write(&script, "SELECT count(*) FROM orders;\n").unwrap();
+    let (plain, password) = split_password(&url);
+    let bench = Command::new("pgbench")
+        .args(["-n", "-c", "2", "-T", "8", "-f"])
+        .arg(&script)
+        .arg(&plain)
+        .env("PGPASSWORD", &password)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // A crash, then a clean stop, each followed by a new daemon.
+    d.kill9();
+    // With no daemon at all, running sandboxes still take new clients.
+    assert_eq!(sql(&url, "SELECT count(*) FROM orders"), "1000");
+    std::thread::sleep(Duration::from_millis(500));
+    d.spawn();
+    std::thread::sleep(Duration::from_secs(1));
+    d.ok(&["daemon", "stop"]);
+    std::thread::sleep(Duration::from_millis(500));
+    d.spawn();
+    let out = bench.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "pgbench failed: {text} {}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("number of failed transactions: 0"), "{text}");
+    assert_eq!(router_pid(&d), router, "the same router served throughout");
+    assert!(d.log().contains("adopted the running router"), "{}", d.log());
+
+    // A router that dies is started again by the daemon.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(router), nix::sys::signal::Signal::SIGKILL).unwrap();
+    d.wait_for(Duration::from_secs(10), "a new router", || {
+        std::fs::read(d.home.join("router.json")).is_ok() && router_pid(&d) != router && psql(&url, "SELECT 1").is_ok()
+    });
+    // A daemon with other router settings replaces the router (which ends its
+    // sessions) rather than keep settings it was not given.
+    let third = router_pid(&d);
+    d.kill9();
+    d.args.extend(["--tls".to_owned(), "required".to_owned()]);
+    d.spawn();
+    assert_ne!(router_pid(&d), third);
+    assert!(d.log().contains("the router's settings changed: replacing it"));
+    assert!(psql(&with_sslmode(&url, "disable"), "SELECT 1").unwrap_err().contains("only TLS"));
+    assert_eq!(sql(&url, "SELECT 1"), "1");
+    // `daemon stop --with-router` stops it.
+    let stopped = d.json(&["daemon", "stop", "--with-router"]);
+    assert_eq!(stopped["router_stopped"], true);
+    assert!(!d.home.join("router.json").exists(), "the router is gone");
+    assert!(psql(&url, "SELECT 1").is_err());
+}

@@ -206,20 +206,21 @@ fn a_daemon_out_of_descriptors_deletes_no_sandbox() {
     let id = sb["id"].as_str().unwrap().to_owned();
     let agent = dsn(&sb);
     sql(&agent, "CREATE TABLE kept AS SELECT 1 AS x");
-    // Connections to the router (its own cap is far above this daemon's limit)
+    // Connections to the API (its own cap is far above this daemon's limit)
     // until the daemon cannot open a file, held while its reaper looks at the
-    // servers; reopened as the router times them out.
+    // servers; reopened as the daemon times them out. (The router runs in a
+    // process of its own, so its clients take none of the daemon's descriptors.)
     let mut held = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !d.log().contains("could not check its server") {
         assert!(Instant::now() < deadline, "the daemon never ran out of descriptors:\n{}", d.log());
-        held.retain(|c: &TcpStream| {
+        held.retain(|c: &std::os::unix::net::UnixStream| {
             let mut probe = [0u8; 1];
             c.set_nonblocking(true).unwrap();
             !matches!((&*c).read(&mut probe), Ok(0))
         });
         while held.len() < 400 {
-            match TcpStream::connect(&d.router) {
+            match std::os::unix::net::UnixStream::connect(d.socket()) {
                 Ok(c) => held.push(c),
                 Err(_) => break,
             }
