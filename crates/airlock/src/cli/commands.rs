@@ -88,11 +88,13 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Daemon(DaemonCommand::Status) => {
             let up = std::os::unix::net::UnixStream::connect(cli.layout().api_socket()).is_ok();
-            output::print(json, &serde_json::json!({"running": up}), || {
-                if up {
-                    "running".into()
-                } else {
-                    "not running".into()
+            let router = crate::router::process::status(&cli.layout())?;
+            let answer = serde_json::json!({"running": up, "router": router});
+            output::print(json, &answer, || {
+                let daemon = if up { "running" } else { "not running" };
+                match &router {
+                    Some(r) => format!("{daemon}; router pid {} on {}:{}", r.pid, r.host, r.port),
+                    None => format!("{daemon}; no router"),
                 }
             });
             Ok(if up { 0 } else { ErrorCode::DaemonUnreachable.exit_code() })

@@ -157,6 +157,22 @@ fn running(layout: &Layout) -> Result<Option<State>> {
     Ok(state)
 }
 
+/// What `airlock daemon status` says of the router.
+#[derive(Debug, Serialize)]
+pub struct Status {
+    /// Its process id.
+    pub pid: u32,
+    /// The host DSNs name.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+}
+
+/// The data root's router, if one runs.
+pub fn status(layout: &Layout) -> Result<Option<Status>> {
+    Ok(running(layout)?.map(|s| Status { pid: s.pid, host: s.address.host, port: s.address.port }))
+}
+
 /// Stops the data root's router (if one runs), for `airlock daemon stop
 /// --with-router`; true if one was stopped.
 pub async fn stop_running(layout: &Layout) -> Result<bool> {

@@ -164,11 +164,14 @@ fn the_cli_starts_a_daemon_when_none_answers_and_daemon_stop_stops_it() {
     assert!(d.socket().exists());
     d.shop("shop");
     let sb = d.fork("shop", &[]);
-    assert!(d.ok(&["daemon", "status"]).contains("running"));
+    let status = d.json(&["daemon", "status"]);
+    assert_eq!(status["running"], true);
+    assert_eq!(status["router"]["port"].as_u64().unwrap().to_string(), d.router.rsplit(':').next().unwrap());
     d.ok(&["daemon", "stop"]);
     assert_eq!(d.cli(&["daemon", "status"]).code, 9);
-    // The router goes with the daemon; the server itself keeps running.
+    // The server keeps running, and so does the router in front of it.
     assert_eq!(sql(sb["socket_dsn"].as_str().unwrap(), "SELECT 1"), "1", "sandboxes outlive the daemon");
+    assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1", "the router outlives the daemon");
     // The next command starts it again, and it still knows the sandbox, at the same address.
     assert_eq!(d.ids(), [sb["id"].as_str().unwrap()]);
     assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1");
