@@ -44,7 +44,8 @@ copy_ms() {
   t1=$(date +%s%N)
   echo $(((t1 - t0) / 1000000))
 }
-strip_pw() { python3 -c "import sys,urllib.parse as u; p=u.urlsplit(sys.argv[1]); print(p._replace(netloc=p.netloc.split('@')[1] if '@' in p.netloc else p.netloc).geturl())" "$1"; }
+# A DSN without its password (given by PGPASSWORD instead, so it is in no command line).
+strip_pw() { python3 -c "import re,sys; print(re.sub(r'^(postgresql://[^:@/]+):[^@]*@', r'\1@', sys.argv[1]))" "$1"; }
 pw_of() { python3 -c "import sys,urllib.parse as u; print(u.unquote(u.urlsplit(sys.argv[1]).password or ''))" "$1"; }
 
 forks() {
@@ -72,7 +73,12 @@ if [ -n "${BASE:-}" ]; then
 fi
 bench_cleanup
 echo "## now"
-forks
+if [ -z "${SKIP_FORKS:-}" ]; then
+  forks
+else
+  airlock storage init --size 20G >/dev/null
+  airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+fi
 
 sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0)
 id=$(echo "$sb" | json "['id']")
@@ -96,7 +102,8 @@ echo
 echo "## 3. A 50 MB result (COPY to psql), median of $runs runs, ms"
 # The reference: a plain PostgreSQL with TLS on loopback, same server settings.
 mkdir -p "$ref" && chown airlock "$ref"
-runuser -u airlock -- "$pgbin/initdb" -D "$ref/data" -U bench --auth=scram-sha-256 --pwfile=<(echo "$password") >/dev/null
+echo "$password" > "$ref/pw" && chown airlock "$ref/pw" && chmod 600 "$ref/pw"
+runuser -u airlock -- "$pgbin/initdb" -D "$ref/data" -U bench --auth=scram-sha-256 --pwfile="$ref/pw" >/dev/null
 cp "$AIRLOCK_HOME/tls/server.crt" "$AIRLOCK_HOME/tls/server.key" "$ref/data/"
 chown airlock "$ref/data/server.crt" "$ref/data/server.key" && chmod 600 "$ref/data/server.key"
 runuser -u airlock -- "$pgbin/pg_ctl" -D "$ref/data" -l "$ref/log" -w start \
