@@ -22,6 +22,21 @@ pub fn name(kind: &str, value: &str) -> Result<()> {
     }
 }
 
+/// Checks a sandbox name: a name (see [`name`]) that cannot be taken for an
+/// id, since ids and names are looked up alike (a name like a deleted
+/// sandbox's id would otherwise catch what was meant for it).
+pub fn sandbox_name(value: &str) -> Result<()> {
+    name("sandbox", value)?;
+    if value.starts_with("sb-") {
+        return Err(Error::new(
+            ErrorCode::InvalidName,
+            format!("invalid sandbox name {value:?}: names beginning with \"sb-\" are taken for ids"),
+            "pick a name that does not begin with sb-",
+        ));
+    }
+    Ok(())
+}
+
 /// Parses `key=value` labels into a map; keys are `[A-Za-z0-9_./-]{1,63}`, values up to 255 printable characters.
 pub fn labels<S: AsRef<str>>(items: &[S]) -> Result<BTreeMap<String, String>> {
     let mut out = BTreeMap::new();
@@ -190,6 +205,13 @@ impl Reserve {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sandbox_names_cannot_look_like_ids() {
+        assert!(sandbox_name("task-1").is_ok());
+        assert_eq!(sandbox_name("sb-wta924hz4y").unwrap_err().code, ErrorCode::InvalidName);
+        assert!(sandbox_name("sbx").is_ok());
+    }
 
     #[test]
     fn reserves_are_sizes_or_shares() {

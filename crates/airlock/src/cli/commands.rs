@@ -499,7 +499,7 @@ impl Placement {
             None => None,
         };
         if let Some(n) = &self.name {
-            validate::name("sandbox", n)?;
+            validate::sandbox_name(n)?;
         }
         Ok(BranchRequest { ttl_seconds, labels: validate::labels(&self.labels)?, name: self.name.clone() })
     }

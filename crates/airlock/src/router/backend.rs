@@ -109,18 +109,19 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
 
 impl Backend {
     /// Applies a client's startup settings to a session opened before the client
-    /// came, with `SET` (each allowed setting can be set so): those equal to what
-    /// the session was opened with are skipped. Fails if the server refuses one;
-    /// the session is then not to be used.
+    /// came, with `set_config`, which reads a value as a startup packet does (a
+    /// list such as `search_path` stays a list): those equal to what the session
+    /// was opened with are skipped. Fails if the server refuses one; the session
+    /// is then not to be used.
     pub async fn apply(&mut self, settings: &[(String, String)], opened_with: &[(&str, &str)]) -> Result<(), LoginError> {
         let mut sql = String::new();
         for (name, value) in settings {
             if opened_with.iter().any(|(n, v)| n == name && v == value) {
                 continue;
             }
-            // Names come from the router's allow-list; values are quoted as an
-            // escape string, whose reading no setting changes.
-            sql.push_str(&format!("SET {name} TO E'{}';", value.replace('\\', "\\\\").replace('\'', "\\'")));
+            // Names come from the router's allow-list; values are quoted as escape
+            // strings, whose reading no setting changes.
+            sql.push_str(&format!("SELECT pg_catalog.set_config('{name}', {}, false);", escaped(value)));
         }
         if sql.is_empty() {
             return Ok(());
@@ -181,6 +182,11 @@ impl Backend {
     }
 }
 
+/// `value` as an SQL escape string literal.
+fn escaped(value: &str) -> String {
+    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 /// A ParameterStatus body's name and value.
 fn parameter(body: &[u8]) -> Option<(String, String)> {
     let mut parts = body.split(|&b| b == 0);
@@ -201,4 +207,13 @@ fn field(body: &[u8], code: u8) -> Option<String> {
     body.split(|&b| b == 0)
         .find(|f| f.first() == Some(&code))
         .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn values_are_quoted_whole() {
+        assert_eq!(super::escaped("myschema, public"), "E'myschema, public'");
+        assert_eq!(super::escaped("a'b\\c"), "E'a\\'b\\\\c'");
+    }
 }

@@ -109,7 +109,7 @@ impl Parked {
             let socket = host.layout.sandbox_instance(&sb.id).socket();
             let Ok(stream) = crate::pg::socket::connect_instance(&socket, Some(&user), pid).await else { continue };
             let startup = Startup {
-                version: 3 << 16,
+                version: super::protocol::PROTOCOL_3_0,
                 user: AGENT_ROLE.into(),
                 database: DATABASE.into(),
                 settings: OPENED_WITH.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),

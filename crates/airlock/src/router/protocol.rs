@@ -23,6 +23,8 @@ pub const MAX_AUTH_MESSAGE: usize = 64 * 1024;
 /// The longest message accepted from a server before the session is established.
 const MAX_SERVER_STARTUP_MESSAGE: usize = 1 << 20;
 
+/// Protocol 3.0, the version the router speaks.
+pub const PROTOCOL_3_0: i32 = 3 << 16;
 const SSL_REQUEST: i32 = 80877103;
 const GSSENC_REQUEST: i32 = 80877104;
 const CANCEL_REQUEST: i32 = 80877102;
@@ -94,7 +96,9 @@ impl Startup {
     /// router has checked is the agent's), `database` is `database`, then the
     /// allowed settings.
     pub fn encode_for(&self, user: &str, database: &str) -> Vec<u8> {
-        let mut body = self.version.to_be_bytes().to_vec();
+        // Protocol 3.0, whatever minor the client asked for: the router answers
+        // a newer minor with NegotiateProtocolVersion itself.
+        let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
         for (k, v) in [("user", user), ("database", database)]
             .into_iter()
             .chain(self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -327,6 +331,18 @@ pub async fn read_server_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Mess
 /// (cleartext, MD5, SASL start, SASL continue).
 pub fn expects_client_answer(auth_code: i32) -> bool {
     matches!(auth_code, 3 | 5 | 10 | 11)
+}
+
+/// The `NegotiateProtocolVersion` a client asking for a minor version above 0
+/// gets: 3.0, and no protocol options recognised (none are accepted).
+pub fn negotiate_protocol_version(startup: &Startup) -> Option<Vec<u8>> {
+    (startup.version & 0xffff != 0).then(|| {
+        let mut out = vec![b'v'];
+        out.extend_from_slice(&12i32.to_be_bytes());
+        out.extend_from_slice(&(PROTOCOL_3_0 & 0xffff).to_be_bytes());
+        out.extend_from_slice(&0i32.to_be_bytes());
+        out
+    })
 }
 
 /// An `ErrorResponse` the router sends itself.

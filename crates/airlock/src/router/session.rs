@@ -5,13 +5,14 @@
 //! closes.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::TcpStream;
 
 use super::backend::{self, Backend, LoginError};
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
@@ -71,18 +72,42 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
     // A client that has not finished its startup in time is simply dropped.
-    let Ok(Some((client, server, open))) = established else { return };
+    let Ok(Some((mut client, backend, open))) = established else { return };
     // When the client goes, whatever its backend is running is cancelled: a
     // dropped client's query must not run on (the backend then finds its
     // connection closed and ends). Harmless if the session ended normally.
-    let client_gone = async {
-        if let Some((pid, key)) = open.backend() {
+    let backend_key = open.backend();
+    let client_gone = async move {
+        if let Some((pid, key)) = backend_key {
             forward_cancel(shared, pid, key).await;
         }
     };
-    let relayed = match client {
-        Client::Plain(tcp) => relay::plain(tcp, server, client_gone).await,
-        Client::Tls(tls) => relay::tls(*tls, server, client_gone).await,
+    // A session does not outlive its sandbox's expiry, even while the daemon,
+    // which deletes the sandbox then, is away: the router cuts it itself.
+    let cut = match &client {
+        Client::Plain(tcp) => tcp.as_fd().try_clone_to_owned().ok(),
+        Client::Tls(tls) => tls.get_ref().0.as_fd().try_clone_to_owned().ok(),
+    };
+    let id = open.sandbox().to_owned();
+    // What the server told the session at its start, then the relay.
+    let replay = backend.replay();
+    let relay = async {
+        client.write_all(&replay).await?;
+        client.flush().await?;
+        match client {
+            Client::Plain(tcp) => relay::plain(tcp, backend.stream, client_gone).await,
+            Client::Tls(tls) => relay::tls(*tls, backend.stream, client_gone).await,
+        }
+    };
+    tokio::pin!(relay);
+    let relayed = tokio::select! {
+        relayed = &mut relay => relayed,
+        () = expiry(&shared.host, &id) => {
+            if let Some(fd) = &cut {
+                let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            }
+            relay.await
+        }
     };
     if let Err(e) = relayed {
         tracing::debug!(error = %e, "relay ended with an error");
@@ -90,6 +115,21 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     let (host, id) = (shared.host.clone(), open.sandbox().to_owned());
     drop(open);
     let _ = tokio::task::spawn_blocking(move || host.touch(&id)).await;
+}
+
+/// Resolves once the sandbox's expiry has passed, reading it again as it nears
+/// (an extension moves it); never, if the sandbox is gone (its server's end
+/// ends the session then).
+async fn expiry(host: &super::Host, id: &str) {
+    loop {
+        let Ok(sb) = host.store().sandbox(id) else { return std::future::pending().await };
+        let now = crate::clock::Timestamp::now();
+        if sb.expires_at <= now {
+            return;
+        }
+        let wait = (sb.expires_at.0 - now.0).clamp(0, 30_000) as u64;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
 }
 
 /// Sends a refusal and closes the connection (with a TLS close_notify).
@@ -169,11 +209,9 @@ async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Start
     }
 }
 
-async fn establish(
-    shared: &Shared,
-    tcp: TcpStream,
-    peer: SocketAddr,
-) -> Option<(Client, UnixStream, super::Open)> {
+/// Everything up to an established session: the client authenticated and a
+/// server session ready for it (its start not yet replayed to the client).
+async fn establish(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<(Client, Backend, super::Open)> {
     let (mut client, startup, tls) = first_contact(shared, tcp).await?;
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
@@ -197,6 +235,11 @@ async fn establish(
         );
         refuse(&mut client, e).await;
         return None;
+    }
+    // A newer minor protocol version than 3.0 is answered, as PostgreSQL does,
+    // before authentication: the session will speak 3.0.
+    if let Some(negotiation) = protocol::negotiate_protocol_version(&startup) {
+        client.write_all(&negotiation).await.ok()?;
     }
     let key = startup.database.clone();
     let sb = match lookup(shared, &key) {
@@ -235,12 +278,10 @@ async fn establish(
             }
         }
     }
-    match session_for(shared, &sb.id, &startup).await {
+    match session_for(shared, sb, &startup).await {
         Ok((sb, backend, open)) => {
-            client.write_all(&backend.replay()).await.ok()?;
-            client.flush().await.ok()?;
             record(shared, &sb, crate::events::EventKind::Connected, peer, tls);
-            Some((client, backend.stream, open))
+            Some((client, backend, open))
         }
         Err(message) => {
             let _ = client.write_all(&message).await;
@@ -289,6 +330,13 @@ fn internal(e: crate::error::Error) -> ErrorResponse {
 fn lookup(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
     match shared.host.store().sandbox(key) {
         Ok(sb) if matches!(sb.state, SandboxState::Deleting | SandboxState::Pooled) => Err(not_found(key)),
+        // The daemon deletes it at its expiry; while the daemon is away the
+        // router refuses it all the same.
+        Ok(sb) if sb.expires_at <= crate::clock::Timestamp::now() => Err(ErrorResponse::fatal(
+            "3D000",
+            format!("sandbox \"{}\" has expired", shown(key)),
+            "fork a new one (`airlock fork GOLDEN`), or extend a sandbox before it expires (`airlock extend ID`)",
+        )),
         Ok(sb) => Ok(sb),
         Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => Err(not_found(key)),
         Err(e) => Err(internal(e)),
@@ -316,14 +364,14 @@ async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorRes
 }
 
 /// Waits until the sandbox is running: wakes it if suspended, waits out a reset
-/// or wake in progress.
-async fn running(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
+/// or wake in progress. `sb` is as last read; it is read again after each wait.
+async fn running(shared: &Shared, mut sb: Sandbox) -> Result<Sandbox, ErrorResponse> {
     loop {
-        let sb = lookup(shared, key)?;
         match sb.state {
             SandboxState::Running => return Ok(sb),
             SandboxState::Suspended => {
-                let deadline = std::time::Instant::now() + shared.startup_timeout;
+                // Within the client's startup time, so it hears why if this fails.
+                let deadline = std::time::Instant::now() + shared.startup_timeout / 2;
                 if let Err(e) = shared.host.wake(&sb.id, deadline).await {
                     let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
                     return Err(ErrorResponse::fatal(
@@ -336,6 +384,7 @@ async fn running(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
             // A reset or wake in progress: the sandbox comes back at the same address.
             _ => tokio::time::sleep(Duration::from_millis(5)).await,
         }
+        sb = lookup(shared, &sb.id)?;
     }
 }
 
@@ -344,13 +393,19 @@ async fn running(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
 /// client's settings. Errors are the messages to send the client.
 async fn session_for(
     shared: &Shared,
-    id: &str,
+    sb: Sandbox,
     startup: &Startup,
 ) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
     let host = &shared.host;
+    let id = sb.id.clone();
+    let mut known = Some(sb);
     let (mut restored, mut broken) = (false, 0);
     loop {
-        let sb = running(shared, id).await.map_err(|e| e.encode())?;
+        let last = match known.take() {
+            Some(sb) => sb,
+            None => lookup(shared, &id).map_err(|e| e.encode())?,
+        };
+        let sb = running(shared, last).await.map_err(|e| e.encode())?;
         let mut open = host.connections.open(&sb.id);
         if let Some(mut parked) = shared.parked.take(&sb) {
             if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {

@@ -113,7 +113,7 @@ fn placement(
     ttl_seconds: Option<i64>,
 ) -> Result<Duration> {
     if let Some(name) = name {
-        validate::name("sandbox", name)?;
+        validate::sandbox_name(name)?;
     }
     for (k, v) in labels {
         validate::label(k, v)?;
@@ -177,8 +177,7 @@ async fn finish(
     };
     {
         let mut store = engine.store();
-        store.set_running(&sb.id, pid, &url)?;
-        store.set_verifier(&sb.id, &verifier)?;
+        store.set_running_with(&sb.id, pid, &url, Some(&verifier))?;
         store.record(NewEvent {
             kind: crate::events::EventKind::Ready,
             sandbox: Some(sb.id.clone()),

@@ -260,9 +260,16 @@ impl Store {
 
     /// Marks a sandbox running, with its postmaster pid and connection string.
     pub fn set_running(&mut self, id: &str, pid: i32, dsn: &str) -> Result<()> {
+        self.set_running_with(id, pid, dsn, None)
+    }
+
+    /// As [`Store::set_running`], also recording the router's verifier when given
+    /// (one write on the fork path).
+    pub fn set_running_with(&mut self, id: &str, pid: i32, dsn: &str, verifier: Option<&str>) -> Result<()> {
         self.conn.execute(
-            "UPDATE sandboxes SET state = 'running', pid = ?2, dsn = ?3 WHERE id = ?1",
-            params![id, pid, dsn],
+            "UPDATE sandboxes SET state = 'running', pid = ?2, dsn = ?3, verifier = COALESCE(?4, verifier)
+             WHERE id = ?1",
+            params![id, pid, dsn, verifier],
         )?;
         Ok(())
     }

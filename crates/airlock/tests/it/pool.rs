@@ -69,7 +69,12 @@ fn forks_claim_from_the_pool_which_refills_and_first_clients_get_a_parked_sessio
     // Its first client was given the parked session: no backend started for it,
     // and the client's own settings were applied to it.
     if let Some(pid) = parked.get(id) {
-        assert_eq!(sql(&dsn(&a), "SELECT pg_backend_pid()::text || ' ' || current_setting('application_name')"), format!("{pid} psql"));
+        // A list-valued setting stays a list, as it would at a session's start.
+        let with_path = format!("{}&options=-c%20search_path%3Dpublic%2C%5C%20pg_catalog", dsn(&a));
+        assert_eq!(
+            sql(&with_path, "SELECT pg_backend_pid()::text || ' ' || current_setting('application_name') || ' ' || current_setting('search_path')"),
+            format!("{pid} psql public, pg_catalog")
+        );
     }
     assert_eq!(sql(&dsn(&a), "SELECT count(*) FROM orders"), "1000");
     sql(&dsn(&a), "DELETE FROM orders");

@@ -312,3 +312,26 @@ fn sessions_through_the_router_outlive_daemon_restarts() {
     assert!(!d.home.join("router.json").exists(), "the router is gone");
     assert!(psql(&url, "SELECT 1").is_err());
 }
+
+#[test]
+fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
+    let mut d = Daemon::start(&[]);
+    d.shop("shop");
+    let asleep = d.fork("shop", &["--idle-suspend", "0"]);
+    d.ok(&["suspend", asleep["id"].as_str().unwrap()]);
+    let short = d.fork("shop", &["--ttl", "5s"]);
+    let mut held = spawn_psql(&dsn(&short), "SELECT pg_sleep(60)");
+    std::thread::sleep(Duration::from_millis(500));
+    d.kill9();
+    // Waking takes the daemon: the client is told so, not left hanging.
+    let e = psql(&dsn(&asleep), "SELECT 1").unwrap_err();
+    assert!(e.contains("daemon") && e.contains("suspended"), "{e}");
+    // At its expiry the open session is cut and new clients are refused.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while held.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "the session outlived its sandbox's expiry");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(psql(&dsn(&short), "SELECT 1").unwrap_err().contains("has expired"));
+    d.spawn();
+}

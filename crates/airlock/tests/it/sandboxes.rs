@@ -100,6 +100,8 @@ fn bad_input_gets_clear_errors_and_leaves_nothing() {
         (&["fork", "shop", "--label", "novalue"], "invalid_label", 3),
         (&["fork", "shop", "--label", "bad key=x"], "invalid_label", 3),
         (&["fork", "shop", "--name", "Bad Name"], "invalid_name", 3),
+        // A name that reads as an id would catch what was meant for that sandbox.
+        (&["fork", "shop", "--name", "sb-wta924hz4y"], "invalid_name", 3),
         (&["extend", "sb-nope", "--ttl", "5m"], "sandbox_not_found", 4),
         (&["rm", "sb-nope"], "sandbox_not_found", 4),
     ];

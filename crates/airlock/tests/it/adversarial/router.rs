@@ -141,3 +141,20 @@ fn clients_that_never_authenticate_cannot_take_the_servers_slots() {
     drop(held);
     s.untouched();
 }
+
+#[test]
+fn a_newer_minor_protocol_version_is_answered_with_3_0() {
+    use std::io::{Read, Write};
+    let s = Scene::new();
+    let packet = startup_packet(V3 + 2, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let mut tcp = std::net::TcpStream::connect(s.router()).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    tcp.write_all(&packet).unwrap();
+    // NegotiateProtocolVersion first, as PostgreSQL sends it: newest minor 0, no options.
+    let mut message = [0u8; 13];
+    tcp.read_exact(&mut message).unwrap();
+    assert_eq!(message, [b'v', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    assert_eq!(session.query("SELECT 1").unwrap(), vec![vec![Some("1".to_owned())]]);
+    s.untouched();
+}
