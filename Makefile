@@ -16,11 +16,12 @@ test:
 	@scripts/deps.sh test
 	@scripts/test.sh
 
-## bench: fork benchmarks against the baselines, then router, pool, suspend,
+## bench: fork benchmarks against the baselines, then router, router authentication, pool, suspend,
 ## mitosis-db and density (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
+	@scripts/bench-router-auth.sh
 	@scripts/bench-tools.sh
 	@scripts/bench-migrate.sh
 	@scripts/bench-density.sh

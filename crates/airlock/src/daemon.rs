@@ -141,17 +141,12 @@ pub(crate) fn raise_descriptor_limit() {
 fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(layout.daemon_lock())?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(lock) => return Ok(lock),
-            Err(_) if std::time::Instant::now() < deadline => {
+        match try_lock_file(&layout.daemon_lock())? {
+            Some(lock) => return Ok(lock),
+            None if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
             }
-            Err(_) => {
+            None => {
                 return Err(Error::new(
                     ErrorCode::InvalidRequest,
                     format!("another daemon already serves {}", layout.home().display()),
@@ -159,5 +154,16 @@ fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
                 ))
             }
         }
+    }
+}
+
+/// Takes an exclusive lock on the file at `path` (made if missing) without
+/// waiting: Some while this process holds it, None if another process does.
+pub(crate) fn try_lock_file(path: &std::path::Path) -> Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", path.display()))),
     }
 }

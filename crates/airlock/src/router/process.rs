@@ -12,7 +12,7 @@
 //! sandboxes are served; waking a suspended one waits for the daemon.
 
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -71,7 +71,7 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref())?);
     let address = super::serve(host, &spec.router, listener)?;
     let state = State { pid: std::process::id(), spec, address };
-    write_private(&layout.router_state(), &serde_json::to_vec_pretty(&state).expect("state serializes"))?;
+    super::tls::write_private(&layout.router_state(), &serde_json::to_vec_pretty(&state).expect("state serializes"))?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let home_gone = async {
@@ -204,7 +204,7 @@ async fn stop(layout: &Layout, pid: u32) {
 /// waits until it listens.
 async fn launch(layout: &Layout, spec: &Spec) -> Result<Address> {
     let spec_file = layout.home().join("router.spec.json");
-    write_private(&spec_file, &serde_json::to_vec_pretty(spec).expect("spec serializes"))?;
+    super::tls::write_private(&spec_file, &serde_json::to_vec_pretty(spec).expect("spec serializes"))?;
     let log = std::fs::OpenOptions::new().create(true).append(true).open(layout.daemon_log())?;
     let exe = std::env::current_exe()?;
     let mut command = std::process::Command::new(exe);
@@ -248,25 +248,5 @@ async fn launch(layout: &Layout, spec: &Spec) -> Result<Address> {
 /// Takes the router lock without waiting: Some while held by this process,
 /// None if another process holds it.
 fn try_lock(layout: &Layout) -> Result<Option<nix::fcntl::Flock<std::fs::File>>> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(layout.router_lock())?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-        Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", layout.router_lock().display()))),
-    }
-}
-
-fn write_private(path: &PathBuf, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(&tmp, path)?;
-    Ok(())
+    crate::daemon::try_lock_file(&layout.router_lock())
 }

@@ -169,8 +169,8 @@ fn generated(dir: &Path, host: &str) -> Result<()> {
     params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
     let server = params.signed_by(&server_key, &ca).map_err(failed)?;
 
-    write_private(&dir.join("ca.key"), &ca.key().serialize_pem())?;
-    write_private(&dir.join("server.key"), &server_key.serialize_pem())?;
+    write_private(&dir.join("ca.key"), ca.key().serialize_pem().as_bytes())?;
+    write_private(&dir.join("server.key"), server_key.serialize_pem().as_bytes())?;
     std::fs::write(dir.join("server.crt"), format!("{}{}", server.pem(), ca.pem()))?;
     std::fs::write(dir.join("ca.crt"), ca.pem())?;
     std::fs::write(names_file, wanted)?;
@@ -196,13 +196,15 @@ mod tests {
     }
 }
 
-fn write_private(path: &Path, text: &str) -> Result<()> {
+/// Writes a file only its owner can read, whole or not at all (written aside,
+/// then renamed into place).
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
-    f.write_all(text.as_bytes())?;
+    f.write_all(bytes)?;
     std::fs::rename(tmp, path)?;
     Ok(())
 }
