@@ -243,7 +243,7 @@ async fn refresh_golden(State(s): State<AppState>, Path(name): Path<String>) -> 
 /// Body of `POST /v1/goldens/{name}/pool`.
 #[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PoolRequest {
-    /// Started, credential-less sandboxes to keep ready.
+    /// Started sandboxes to keep ready (credentials bound at claim).
     #[schema(minimum = 0)]
     pub size: i64,
 }

@@ -275,7 +275,7 @@ enum GoldenCommand {
         #[arg(long)]
         pool: Option<i64>,
     },
-    /// Set how many started, credential-less sandboxes the golden keeps ready.
+    /// Set how many started sandboxes (credentials bound at claim) the golden keeps ready.
     Pool {
         /// The golden's name.
         name: String,

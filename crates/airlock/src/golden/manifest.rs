@@ -84,7 +84,7 @@ pub struct Golden {
     pub current_generation: i64,
     /// Live sandboxes forked from any of its generations.
     pub sandboxes: i64,
-    /// How many started, credential-less sandboxes its warm pool keeps.
+    /// How many started sandboxes (credentials bound at claim) its warm pool keeps.
     #[serde(default)]
     pub pool_size: i64,
     /// How many are in the pool now.

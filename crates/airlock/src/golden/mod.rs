@@ -162,7 +162,7 @@ fn check_pool_size(size: i64, engine: &Engine) -> Result<()> {
     Ok(())
 }
 
-/// Sets how many started, credential-less sandboxes a golden's warm pool keeps.
+/// Sets how many started sandboxes (credentials bound at claim) a golden's warm pool keeps.
 pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
     check_pool_size(size, engine)?;
     if engine.golden_being_removed(name) {

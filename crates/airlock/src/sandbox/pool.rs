@@ -89,7 +89,7 @@ async fn drain(engine: &Engine, golden: &Golden) -> Result<()> {
     Ok(())
 }
 
-/// Clones and starts one credential-less member of a golden's pool.
+/// Clones and starts one member of a golden's pool, with a credential bound to no one.
 async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     let mut sb = Sandbox::creating(
         &golden.name,

@@ -17,7 +17,7 @@ pub enum SandboxState {
     Running,
     /// Being torn down.
     Deleting,
-    /// Started ahead of demand in a golden's warm pool, with no credential yet;
+    /// Started ahead of demand in a golden's warm pool, its credential bound to no one yet;
     /// never listed or handed out until a fork claims it.
     Pooled,
     /// Stopped to free memory, files, credential and address kept; the next

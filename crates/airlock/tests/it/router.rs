@@ -57,6 +57,10 @@ fn tls_verify_full_and_plaintext_both_reach_the_sandbox() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("SSL connection"), "{out:?}");
+    // The router authenticates with SCRAM-SHA-256-PLUS, bound to its certificate.
+    assert_eq!(sql(&format!("{url}&channel_binding=require"), "SELECT 1"), "1");
+    let unbound = psql(&format!("{}&channel_binding=require", with_sslmode(&url, "disable")), "SELECT 1");
+    assert!(unbound.unwrap_err().contains("channel binding"));
     // verify-full checks the name: the same address under a name the certificate lacks fails.
     let by_other_name =
         url.replace("@127.0.0.1:", "@router.invalid:").replace("?sslmode", "?hostaddr=127.0.0.1&sslmode");
