@@ -48,12 +48,15 @@ struct QgroupLimitArgs {
 }
 
 nix::ioctl_write_ptr!(subvol_create, MAGIC, 14, VolArgs);
+nix::ioctl_write_ptr!(snap_destroy, MAGIC, 15, VolArgs);
 nix::ioctl_readwrite!(quota_ctl, MAGIC, 40, QuotaCtlArgs);
 nix::ioctl_read!(qgroup_limit, MAGIC, 43, QgroupLimitArgs);
 
 const QUOTA_ENABLE: u64 = 1;
 const QUOTA_ENABLE_SIMPLE: u64 = 4;
 const LIMIT_MAX_EXCLUSIVE: u64 = 1 << 1;
+/// The inode number of every subvolume's top directory (`BTRFS_FIRST_FREE_OBJECTID`).
+const SUBVOLUME_TOP_INODE: u64 = 256;
 
 fn errno(e: nix::errno::Errno) -> io::Error {
     io::Error::from(e)
@@ -68,14 +71,62 @@ pub fn create_subvolume(path: &Path) -> io::Result<()> {
 
 /// Makes the new subvolume `name` in the directory `parent`.
 pub fn create_subvolume_at(parent: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let args = vol_args(name)?;
+    // SAFETY: the argument is a properly laid out btrfs_ioctl_vol_args that lives
+    // for the whole call.
+    unsafe { subvol_create(parent.as_raw_fd(), &args) }.map(|_| ()).map_err(errno)
+}
+
+/// Deletes every subvolume in the tree at `path`, deepest first, and `path`
+/// itself if it is one; true when `path` is gone. One ioctl per subvolume: no
+/// file is unlinked one by one, so nothing is charged to the subvolume's own
+/// quota group (at its limit, Btrfs refuses even the metadata a file-by-file
+/// removal needs, and releases its reservations only at a later commit).
+/// Directories are opened from their parents without following links.
+pub fn delete_subvolumes(path: &Path) -> io::Result<bool> {
+    let name = path.file_name().ok_or_else(|| io::Error::other("a tree to delete needs a name"))?;
+    let parent = File::open(path.parent().ok_or_else(|| io::Error::other("a tree to delete needs a parent"))?)?;
+    let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::other("bad name"))?;
+    let top = super::tree::open_dir(&parent, &name)?;
+    delete_nested(&top)?;
+    if is_subvolume_top(&top)? {
+        drop(top);
+        destroy_at(parent.as_fd(), name.as_bytes())?;
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+fn delete_nested(dir: &std::os::fd::OwnedFd) -> io::Result<()> {
+    for name in super::tree::names(dir)? {
+        let Ok(child) = super::tree::open_dir(dir, &name) else { continue };
+        delete_nested(&child)?;
+        if is_subvolume_top(&child)? {
+            drop(child);
+            destroy_at(dir.as_fd(), name.as_bytes())?;
+        }
+    }
+    Ok(())
+}
+
+fn is_subvolume_top(dir: &std::os::fd::OwnedFd) -> io::Result<bool> {
+    Ok(nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino == SUBVOLUME_TOP_INODE)
+}
+
+/// Deletes the subvolume `name` in the directory `parent`.
+fn destroy_at(parent: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let args = vol_args(name)?;
+    // SAFETY: as for subvol_create.
+    unsafe { snap_destroy(parent.as_raw_fd(), &args) }.map(|_| ()).map_err(errno)
+}
+
+fn vol_args(name: &[u8]) -> io::Result<VolArgs> {
     if name.len() >= 4088 || name.contains(&0) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "bad subvolume name"));
     }
     let mut args = VolArgs { fd: 0, name: [0; 4088] };
     args.name[..name.len()].copy_from_slice(name);
-    // SAFETY: the argument is a properly laid out btrfs_ioctl_vol_args that lives
-    // for the whole call.
-    unsafe { subvol_create(parent.as_raw_fd(), &args) }.map(|_| ()).map_err(errno)
+    Ok(args)
 }
 
 /// Limits what the subvolume at `path` may own to `bytes` (`u64::MAX`: no limit).

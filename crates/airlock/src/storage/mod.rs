@@ -200,14 +200,16 @@ impl Cloner {
     }
 
     /// Removes a tree (a sandbox's directory or its data directory), lifting its
-    /// limit first, and trying again for up to about 10 s while Btrfs still
-    /// counts reservations against a limit it no longer has (a busy host commits
+    /// limit first. On Btrfs its subvolumes are deleted whole
+    /// ([`btrfs::delete_subvolumes`]) and only what is left is removed file by
+    /// file. Quota errors are tried again for up to about 10 s: Btrfs may still
+    /// count reservations against a limit it no longer has (a busy host commits
     /// its transactions late).
     pub fn remove_tree(&self, path: &Path) -> std::io::Result<()> {
         let quota_errors = [nix::libc::EDQUOT, nix::libc::ENOSPC];
         for attempt in 0.. {
             self.unlimit(path);
-            match fs::remove_dir_all(path) {
+            match self.remove_once(path) {
                 Err(e) if attempt < 20 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
                     std::thread::sleep(std::time::Duration::from_millis(500));
                 }
@@ -215,6 +217,13 @@ impl Cloner {
             }
         }
         unreachable!("the loop returns")
+    }
+
+    fn remove_once(&self, path: &Path) -> std::io::Result<()> {
+        if self.backend == Backend::Subvolume && btrfs::delete_subvolumes(path)? {
+            return Ok(());
+        }
+        fs::remove_dir_all(path)
     }
 
     /// Whether sandboxes get a hard disk quota here.

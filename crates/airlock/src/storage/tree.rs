@@ -69,7 +69,8 @@ fn errno(e: nix::errno::Errno) -> io::Error {
 }
 
 /// Opens a directory that must not be a symbolic link.
-fn open_dir<Fd: AsFd>(parent: Fd, name: &CStr) -> io::Result<OwnedFd> {
+/// Opens the directory `name` in `parent`, never through a symbolic link.
+pub(super) fn open_dir<Fd: AsFd>(parent: Fd, name: &CStr) -> io::Result<OwnedFd> {
     openat(
         parent,
         name,
@@ -84,7 +85,8 @@ fn cpath(path: &Path) -> io::Result<CString> {
 }
 
 /// The names in a directory, without `.` and `..`.
-fn names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
+/// The names in a directory, without `.` and `..`.
+pub(super) fn names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
     let fresh = open_dir(dir, c".")?;
     let mut listing = nix::dir::Dir::from_fd(fresh).map_err(errno)?;
     let mut out = Vec::new();

@@ -170,7 +170,7 @@ attempt("readonly", lambda: fcntl.ioctl(os.open(".", os.O_RDONLY), 0x4008941a, s
     assert!(!out.contains("ALLOWED") && !out.contains("UNSHARED") && out.contains("NO-NAMESPACE"), "{out}");
     assert_eq!(out.matches("refused 1").count(), 2, "{out}");
     assert!(out.contains("Disk quota exceeded"), "exec's files count against the quota: {out}");
-    // And the sandbox can still be deleted, leaving nothing.
+    // And the sandbox can still be deleted at its full quota, leaving nothing.
     d.ok(&["rm", id]);
     assert!(!d.sandbox_dirs().contains(&id.to_owned()));
     assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
