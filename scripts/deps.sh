@@ -3,7 +3,8 @@
 # manager: the PostgreSQL server, its client tools and its server headers (the
 # in-server guard is built against them), xfsprogs and btrfs-progs for
 # copy-on-write storage, Python 3 with venv for the Python client's tests, and
-# with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests.
+# with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests
+# and PostGIS for the import tests.
 # Safe to run again; it installs nothing that is already there.
 set -euo pipefail
 
@@ -27,6 +28,12 @@ python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # node-postgres on Node.js.
 if [ "${1:-}" = test ]; then
   [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+  # Imports are tested against a source with PostGIS (an untrusted extension).
+  for bin in /usr/lib/postgresql/*/bin/postgres; do
+    [ -x "$bin" ] || continue
+    major=$(basename "$(dirname "$(dirname "$bin")")")
+    [ -f "/usr/share/postgresql/$major/extension/postgis.control" ] || need+=("postgresql-$major-postgis-3")
+  done
   command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)

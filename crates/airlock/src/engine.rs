@@ -113,6 +113,8 @@ pub struct Engine {
     pub cgroups: Cgroups,
     /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
     pub pool_wanted: tokio::sync::Notify,
+    /// How far each golden build has got.
+    pub builds: crate::golden::progress::Builds,
     /// Open admin sessions to pool members, so a claim only has to create the role.
     pub pool_admins: Mutex<std::collections::HashMap<String, crate::pg::admin::Admin>>,
     /// Open router connections per sandbox, and backend keys for cancel requests.
@@ -226,6 +228,7 @@ impl Engine {
             guard,
             cgroups,
             pool_wanted: tokio::sync::Notify::new(),
+            builds: Default::default(),
             pool_admins: Mutex::new(std::collections::HashMap::new()),
             connections: crate::router::Connections::default(),
             admission: tokio::sync::Mutex::new(()),
@@ -408,6 +411,7 @@ impl Engine {
             storage_backend: self.cloner.backend(),
             postgres_bin: self.pg.dir().display().to_string(),
             postgres_version: self.pg.version(),
+            extensions: self.pg.available_extensions(),
             daemon_user: self.daemon_user.name.clone(),
             instance_user: self.instance_user.name.clone(),
             per_sandbox_users: root,
@@ -479,6 +483,9 @@ pub struct Doctor {
     pub postgres_bin: String,
     /// `postgres --version`.
     pub postgres_version: String,
+    /// Extensions this PostgreSQL can install (goldens import the ones their source uses).
+    #[serde(default)]
+    pub extensions: Vec<String>,
     /// The daemon's OS user.
     pub daemon_user: String,
     /// The OS user goldens are built as; sandboxes run as `<it>-<slot>` when root.

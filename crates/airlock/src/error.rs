@@ -35,6 +35,10 @@ pub enum ErrorCode {
     SeedFailed,
     /// Copying from a live database or a dump failed.
     SourceFailed,
+    /// The source uses an extension this host's PostgreSQL lacks.
+    ExtensionMissing,
+    /// A golden built from a source differs from it beyond what was asked.
+    FidelityFailed,
     /// A file named in the request cannot be read.
     FileUnreadable,
     /// The data root cannot be created or written.
@@ -70,7 +74,7 @@ impl ErrorCode {
             Unauthorized => 401,
             GoldenNotFound | SandboxNotFound => 404,
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
-            SeedFailed | SourceFailed | MigrationFailed => 422,
+            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | MigrationFailed => 422,
             CapacityExhausted => 503,
             DiskFull => 507,
             DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
@@ -86,7 +90,7 @@ impl ErrorCode {
             GoldenNotFound | SandboxNotFound => 4,
             GoldenExists | NameTaken | GoldenInUse => 5,
             CapacityExhausted => 6,
-            SeedFailed | SourceFailed => 7,
+            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed => 7,
             DataRootNotWritable | StorageFailed | PostgresFailed => 8,
             Unauthorized | DaemonUnreachable => 9,
             MigrationRefused | PromotionRefused => 10,

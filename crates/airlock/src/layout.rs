@@ -95,6 +95,10 @@ impl Layout {
     pub fn staging(&self) -> PathBuf {
         self.volume().join("staging")
     }
+    /// Dumps of live sources kept, per golden, until a build from them succeeds.
+    pub fn imports(&self) -> PathBuf {
+        self.volume().join("imports")
+    }
     /// All sandboxes.
     pub fn sandboxes(&self) -> PathBuf {
         self.volume().join("sandboxes")

@@ -26,6 +26,15 @@ pub fn password() -> String {
     hex(&random_bytes::<32>())
 }
 
+/// `text` with every occurrence of `secret` replaced by `***`; unchanged when
+/// there is no secret (an empty one would match between every character).
+pub fn scrub(text: &str, secret: &str) -> String {
+    if secret.is_empty() {
+        return text.to_owned();
+    }
+    text.replace(secret, "***")
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -36,5 +45,12 @@ mod tests {
         let p = super::password();
         assert_eq!(p.len(), 64);
         assert_ne!(p, super::password());
+    }
+
+    #[test]
+    fn scrubbing_hides_a_secret_and_leaves_text_alone_without_one() {
+        let text = "pg_dump: error: password authentication failed for hunter2";
+        assert_eq!(super::scrub(text, "hunter2"), "pg_dump: error: password authentication failed for ***");
+        assert_eq!(super::scrub(text, ""), text);
     }
 }

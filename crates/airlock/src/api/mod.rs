@@ -85,6 +85,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(show_golden, remove_golden))
         .routes(routes!(refresh_golden))
         .routes(routes!(pool_golden))
+        .routes(routes!(golden_progress))
         .routes(routes!(list_sandboxes, fork))
         .routes(routes!(show_sandbox, remove_sandbox))
         .routes(routes!(extend))
@@ -213,6 +214,17 @@ async fn create_golden(
 #[utoipa::path(get, path = "/v1/goldens/{name}", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "the golden and its generations", body = golden::Golden), ApiErrors))]
 async fn show_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
     Ok(Json(s.engine.store().golden(&name)?))
+}
+
+#[utoipa::path(get, path = "/v1/goldens/{name}/progress", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "how far its build under way has got", body = golden::progress::BuildProgress), ApiErrors))]
+async fn golden_progress(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::progress::BuildProgress> {
+    s.engine.builds.get(&name).map(Json).ok_or_else(|| {
+        Error::new(
+            crate::error::ErrorCode::GoldenNotFound,
+            format!("no build of golden {name:?} is under way"),
+            "progress is shown while `airlock golden create` or `refresh` runs",
+        )
+    })
 }
 
 /// Query of `DELETE /v1/goldens/{name}`.

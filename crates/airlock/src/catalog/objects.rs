@@ -187,8 +187,9 @@ fn queries() -> Vec<String> {
              FROM (SELECT 'pg_amop'::regclass AS classid, oid AS objid, to_jsonb(x) AS row, amopfamily AS family FROM pg_amop x
                    UNION ALL
                    SELECT 'pg_amproc'::regclass, oid, to_jsonb(x), amprocfamily FROM pg_amproc x) a
-             JOIN pg_opfamily f ON f.oid = a.family WHERE f.opfnamespace IN {APP}",
-            "'digest ' || md5(a.row::text)"
+             JOIN pg_opfamily f ON f.oid = a.family WHERE f.opfnamespace IN {APP} AND {}",
+            "'digest ' || md5(a.row::text)",
+            own("pg_opfamily", "f.oid")
         ),
         // Default privileges, large objects, publications, foreign servers, transforms.
         "SELECT pg_describe_object('pg_default_acl'::regclass, d.oid, 0), d.defaclacl::text, false

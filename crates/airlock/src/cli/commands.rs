@@ -407,11 +407,37 @@ fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
         .collect()
 }
 
+/// Waits for `request` (a golden build), showing the build's progress on
+/// `spinner` as the daemon reports it.
+async fn with_progress<T>(
+    client: &crate::client::Client,
+    name: &str,
+    spinner: &indicatif::ProgressBar,
+    request: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let path = format!("/v1/goldens/{}/progress", encode(name));
+    let poll = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+            let progress: Result<crate::golden::progress::BuildProgress> =
+                client.call(Method::GET, &path, NO_BODY).await;
+            if let Ok(p) = progress {
+                spinner.set_message(output::build_progress(name, &p));
+            }
+        }
+    };
+    tokio::pin!(request);
+    tokio::select! {
+        done = &mut request => done,
+        _ = poll => unreachable!("polling never ends"),
+    }
+}
+
 async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
     let json = cli.json;
     let client = cli.client()?;
     match cmd {
-        GoldenCommand::Create { name, schema, seed, from_url, from_dump, pool } => {
+        GoldenCommand::Create { name, schema, seed, from_url, from_dump, exclude_table, exclude_schema, jobs, pool } => {
             validate::name("golden", name)?;
             let from_url = match from_url.as_deref() {
                 Some("-") => {
@@ -441,11 +467,19 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                     .map(|p| absolute(std::slice::from_ref(p)))
                     .transpose()?
                     .map(|mut v| v.remove(0)),
+                exclude: crate::golden::Exclusions { tables: exclude_table.clone(), schemas: exclude_schema.clone() },
+                jobs: *jobs,
                 pool_size: *pool,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));
-            let g: Result<Golden> = client.call(Method::POST, "/v1/goldens", Some(&req)).await;
+            let g: Result<Golden> = with_progress(
+                &client,
+                name,
+                &spinner,
+                client.call(Method::POST, "/v1/goldens", Some(&req)),
+            )
+            .await;
             spinner.finish_and_clear();
             let g = g?;
             output::print(json, &g, || output::golden(&g));
@@ -453,8 +487,9 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
         }
         GoldenCommand::Refresh { name } => {
             let spinner = output::spinner(json, format!("building a new generation of {name}"));
+            let path = format!("/v1/goldens/{}/refresh", encode(name));
             let g: Result<Golden> =
-                client.call(Method::POST, &format!("/v1/goldens/{}/refresh", encode(name)), NO_BODY).await;
+                with_progress(&client, name, &spinner, client.call(Method::POST, &path, NO_BODY)).await;
             spinner.finish_and_clear();
             let g = g?;
             output::print(json, &g, || output::golden(&g));

@@ -268,9 +268,18 @@ enum GoldenCommand {
         /// A live database to copy; `-` reads the DSN from stdin, so its password stays out of `ps`.
         #[arg(long, env = "AIRLOCK_FROM_URL", hide_env_values = true)]
         from_url: Option<String>,
-        /// A pg_dump file (custom, tar or plain).
+        /// A pg_dump file (custom, tar, directory or plain).
         #[arg(long)]
         from_dump: Option<PathBuf>,
+        /// With --from-url: leave out tables matching this pg_dump pattern (repeatable).
+        #[arg(long, value_name = "PATTERN", requires = "from_url")]
+        exclude_table: Vec<String>,
+        /// With --from-url: leave out schemas matching this pg_dump pattern (repeatable).
+        #[arg(long, value_name = "PATTERN", requires = "from_url")]
+        exclude_schema: Vec<String>,
+        /// Parallel jobs for a --from-url or --from-dump import (default: the cores, 2 to 4).
+        #[arg(long)]
+        jobs: Option<usize>,
         /// Started sandboxes to keep ready for forks (default: the daemon's --pool-size).
         #[arg(long)]
         pool: Option<i64>,

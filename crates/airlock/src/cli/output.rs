@@ -188,6 +188,56 @@ pub fn goldens(list: &[Golden]) -> String {
     t.render()
 }
 
+/// A golden build's progress, for the spinner.
+pub fn build_progress(name: &str, p: &crate::golden::progress::BuildProgress) -> String {
+    let mut text = format!("building golden {name}: {}", p.phase);
+    if p.tables_total > 0 {
+        text.push_str(&format!(", {}/{} tables", p.tables_done.min(p.tables_total), p.tables_total));
+    } else if p.tables_done > 0 {
+        text.push_str(&format!(", {} tables", p.tables_done));
+    }
+    if p.bytes > 0 {
+        text.push_str(&format!(", {}", bytes(p.bytes)));
+    }
+    text
+}
+
+/// An import's fidelity report, a few lines.
+pub fn import_report(r: &crate::golden::fidelity::Report) -> String {
+    let mut out = format!(
+        "import: {} tables, {} rows, {} in {:.1}s (dump {:.1}s{}, restore {:.1}s, {} jobs)\n",
+        r.tables,
+        r.rows,
+        bytes(r.bytes),
+        r.dump_seconds + r.restore_seconds,
+        r.dump_seconds,
+        if r.resumed { ", resumed from a kept dump" } else { "" },
+        r.restore_seconds,
+        r.jobs
+    );
+    out.push_str(&format!(
+        "fidelity: {}\n",
+        if !r.compared {
+            "a dump file: every entry restored; no live source to compare with".to_owned()
+        } else if r.differs() {
+            format!("DIFFERS: {}", r.differences(20))
+        } else {
+            format!("catalog and row counts match the source ({})", r.source_version.as_deref().unwrap_or("?"))
+        }
+    ));
+    if !r.imported.extensions.is_empty() {
+        let list: Vec<String> = r.imported.extensions.iter().map(|e| format!("{} {}", e.name, e.version)).collect();
+        out.push_str(&format!("extensions: {}\n", list.join(", ")));
+    }
+    if !r.imported.roles.is_empty() {
+        out.push_str(&format!("roles created (NOLOGIN): {}\n", r.imported.roles.join(", ")));
+    }
+    for line in &r.imported.not_carried {
+        out.push_str(&format!("not carried: {line}\n"));
+    }
+    out
+}
+
 /// One golden and its generations.
 pub fn golden(g: &Golden) -> String {
     let mut out = format!(
@@ -210,6 +260,10 @@ pub fn golden(g: &Golden) -> String {
         ]);
     }
     out.push_str(&t.render());
+    if let Some(report) = g.current().and_then(|m| m.import.as_ref()) {
+        out.push('\n');
+        out.push_str(&import_report(report));
+    }
     out
 }
 
@@ -241,6 +295,7 @@ pub fn doctor(d: &Doctor) -> String {
     t.row(vec!["volume".into(), format!("{} ({})", d.volume, d.filesystem)]);
     t.row(vec!["storage backend".into(), format!("{:?}", d.storage_backend).to_lowercase()]);
     t.row(vec!["postgres".into(), format!("{} ({})", d.postgres_version, d.postgres_bin)]);
+    t.row(vec!["extensions".into(), format!("{} available: {}", d.extensions.len(), d.extensions.join(" "))]);
     t.row(vec!["daemon user".into(), d.daemon_user.clone()]);
     t.row(vec!["instance user".into(), d.instance_user.clone()]);
     t.row(vec!["one OS user per sandbox".into(), d.per_sandbox_users.to_string()]);

@@ -10,7 +10,8 @@ use std::path::Path;
 use crate::clock::Timestamp;
 use crate::engine::Engine;
 use crate::error::{Error, ErrorCode, Result};
-use crate::golden::{Manifest, Source};
+use crate::golden::import::Restore;
+use crate::golden::{dump, fidelity, Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
@@ -35,7 +36,12 @@ pub async fn build(
     let builder = Builder::new(engine, source, &tag)?;
     let result = build_in(engine, &builder, &dir, &work, name, generation, source, allow_planted).await;
     builder.finish(engine).await;
+    engine.builds.end(name);
     let _ = std::fs::remove_dir_all(&work);
+    if result.is_ok() {
+        // The kept dump is for resuming a failed build; this one succeeded.
+        let _ = std::fs::remove_dir_all(engine.layout.imports().join(name));
+    }
     let manifest = match result {
         Ok(m) => m,
         Err(e) => {
@@ -126,8 +132,8 @@ async fn build_in(
         let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
     }
-    let loaded = load_and_describe(engine, dir, started.pid, work, source, allow_planted).await;
-    let (postgres_version, schema_hash, planted) = match loaded {
+    let loaded = load_and_describe(engine, dir, started.pid, work, name, source, allow_planted).await;
+    let (postgres_version, schema_hash, planted, import) = match loaded {
         Ok(v) => v,
         Err(e) => {
             let _ = instance::kill(started.pid, &dir.pgdata()).await;
@@ -152,6 +158,7 @@ async fn build_in(
         created_at: Timestamp::now(),
         source: source.redacted(),
         planted,
+        import,
     };
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     std::fs::write(dir.root.join("manifest.json"), json)?;
@@ -180,18 +187,22 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Ident
     Ok(())
 }
 
+/// What a build learned: the server version, the schema hash, the planted
+/// things a promotion kept, and an import's fidelity report.
+type Described = (String, String, Vec<crate::catalog::planted::Planted>, Option<fidelity::Report>);
+
 /// Creates the owner role and app database, loads the source (or, for a
 /// promoted sandbox, removes its agent role and checks for planted settings and
-/// objects), freezes and checkpoints; returns the server version, schema hash
-/// and what planted things were kept.
+/// objects), freezes and checkpoints.
 async fn load_and_describe(
     engine: &Engine,
     dir: &InstanceDir,
     postmaster: i32,
     work: &Path,
+    name: &str,
     source: &Source,
     allow_planted: bool,
-) -> Result<(String, String, Vec<crate::catalog::planted::Planted>)> {
+) -> Result<Described> {
     if let Source::Promoted { sandbox, .. } = source {
         // No credential may live in a golden: what the agent owned goes to the
         // owner role, and the agent role goes.
@@ -221,7 +232,7 @@ async fn load_and_describe(
                  or pass --allow-planted to keep them",
             ));
         }
-        return Ok((version, hash, planted));
+        return Ok((version, hash, planted, None));
     }
     let admin = Admin::connect(dir, "postgres", postmaster).await?;
     // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
@@ -232,18 +243,65 @@ async fn load_and_describe(
         .await?;
     admin.execute(&format!("CREATE DATABASE {DATABASE} OWNER {OWNER_ROLE}")).await?;
     drop(admin);
+    let asked = match source {
+        Source::Url { jobs, .. } | Source::Dump { jobs, .. } => *jobs,
+        _ => None,
+    };
+    let jobs = asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
+    let restore = Restore { bin: &engine.pg, dir, postmaster, jobs, progress: (&engine.builds, name), work };
+    // What the fidelity report is made of, once the golden's catalog is read.
+    let mut pending = None;
     match source {
         Source::Files { schema, seed } => {
             for file in schema.iter().chain(seed) {
-                load::run_sql_file(&engine.pg, dir, file, crate::error::ErrorCode::SeedFailed).await?;
+                load::run_sql_file(&engine.pg, dir, file, ErrorCode::SeedFailed).await?;
             }
         }
-        Source::Url { dsn } => load::copy_from_url(&engine.pg, dir, dsn, work).await?,
-        Source::Dump { path } => load::restore_dump(&engine.pg, dir, path).await?,
+        Source::Url { dsn, exclude, .. } => {
+            let keep = engine.layout.imports().join(name);
+            let dumped = dump::dump(&engine.pg, dsn, exclude, &keep, jobs, (&engine.builds, name)).await?;
+            let began = std::time::Instant::now();
+            let imported = restore.run(&dumped.archive, Some(&dumped.facts)).await?;
+            pending = Some((Some((dumped, exclude)), imported, began.elapsed().as_secs_f64()));
+        }
+        Source::Dump { path, .. } => {
+            load::check_readable(path)?;
+            if load::is_archive(path)? {
+                let began = std::time::Instant::now();
+                let imported = restore.run(path, None).await?;
+                pending = Some((None, imported, began.elapsed().as_secs_f64()));
+            } else {
+                load::run_sql_file(&engine.pg, dir, path, ErrorCode::SourceFailed).await?;
+            }
+        }
         Source::Promoted { .. } => unreachable!("handled above"),
     }
+    engine.builds.update(name, |p| p.phase = "freezing and describing".into());
     let (version, hash) = describe(engine, dir, postmaster).await?;
-    Ok((version, hash, Vec::new()))
+    let Some((dumped, imported, restore_seconds)) = pending else {
+        return Ok((version, hash, Vec::new(), None));
+    };
+    let golden = crate::catalog::Snapshot::load(&dir.root)?;
+    let mut report = match &dumped {
+        Some((d, exclude)) => fidelity::compare(&d.facts, &golden, &imported, exclude),
+        None => fidelity::of_dump(&golden, &imported),
+    };
+    report.restore_seconds = restore_seconds;
+    report.jobs = jobs;
+    if let Some((d, _)) = &dumped {
+        report.resumed = d.resumed;
+        report.dump_seconds = d.seconds;
+        report.bytes = d.bytes;
+    }
+    if report.differs() {
+        return Err(Error::new(
+            ErrorCode::FidelityFailed,
+            format!("the golden would differ from its source: {}", report.differences(12)),
+            "if the source changed its schema while it was dumped, build again; to leave tables or schemas out \
+             on purpose, pass --exclude-table or --exclude-schema",
+        ));
+    }
+    Ok((version, hash, Vec::new(), Some(report)))
 }
 
 /// Freezes, analyses and checkpoints the application database, drops the

@@ -24,12 +24,21 @@ pub enum Source {
     Url {
         /// The connection string; it may hold a password, so it is shown only redacted.
         dsn: String,
+        /// Tables and schemas left out (`--exclude-table`, `--exclude-schema`).
+        #[serde(default, skip_serializing_if = "Exclusions::is_empty")]
+        exclude: Exclusions,
+        /// Parallel jobs for dump and restore (default: the cores, 2 to 4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jobs: Option<usize>,
     },
     /// A pg_dump file, custom, tar or plain format.
     Dump {
         /// The dump file.
         #[schema(value_type = String)]
         path: PathBuf,
+        /// Parallel jobs for the restore (default: the cores, 2 to 4).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        jobs: Option<usize>,
     },
     /// A live sandbox's state at one instant (`airlock promote`); cannot be refreshed.
     Promoted {
@@ -46,10 +55,64 @@ impl Source {
     /// The same source with any password removed, fit for manifests, events and output.
     pub fn redacted(&self) -> Source {
         match self {
-            Source::Url { dsn } => Source::Url { dsn: dsn::redact(dsn) },
+            Source::Url { dsn, exclude, jobs } => {
+                Source::Url { dsn: dsn::redact(dsn), exclude: exclude.clone(), jobs: *jobs }
+            }
             other => other.clone(),
         }
     }
+}
+
+/// What an import from a live database leaves out, as pg_dump's patterns
+/// (`orders`, `app.audit_*`, `archive`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Exclusions {
+    /// `--exclude-table` patterns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<String>,
+    /// `--exclude-schema` patterns.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schemas: Vec<String>,
+}
+
+impl Exclusions {
+    /// Whether nothing is left out.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty() && self.schemas.is_empty()
+    }
+
+    /// Whether the table (or other object) `schema.name` is left out.
+    pub fn leaves_out(&self, qualified: &str) -> bool {
+        let (schema, name) = qualified.split_once('.').unwrap_or(("public", qualified));
+        self.schemas.iter().any(|p| glob(p, schema))
+            || self.tables.iter().any(|p| match p.split_once('.') {
+                Some((ps, pn)) => glob(ps, schema) && glob(pn, name),
+                None => glob(p, name),
+            })
+    }
+}
+
+/// pg_dump's pattern matching, for the patterns people write: `*` and `?`.
+fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
 }
 
 /// Facts about one immutable golden generation, written to `manifest.json` beside its pgdata.
@@ -73,6 +136,10 @@ pub struct Manifest {
     /// the promotion was told to keep (`promote --allow-planted`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub planted: Vec<crate::catalog::planted::Planted>,
+    /// For a build from a live database or a dump: how long it took and how
+    /// faithfully the golden holds the source.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import: Option<crate::golden::fidelity::Report>,
 }
 
 /// A golden and its generations, as listed and shown.
@@ -100,5 +167,20 @@ impl Golden {
     /// The manifest of the current generation.
     pub fn current(&self) -> Option<&Manifest> {
         self.generations.iter().find(|m| m.generation == self.current_generation)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Exclusions;
+
+    #[test]
+    fn exclusions_match_as_pg_dump_patterns_do() {
+        let e = Exclusions { tables: vec!["audit_*".into(), "app.big".into()], schemas: vec!["scratch".into()] };
+        assert!(e.leaves_out("public.audit_2024"));
+        assert!(e.leaves_out("app.big"));
+        assert!(!e.leaves_out("other.big"));
+        assert!(e.leaves_out("scratch.anything"));
+        assert!(!e.leaves_out("app.orders"));
     }
 }

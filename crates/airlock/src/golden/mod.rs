@@ -1,10 +1,16 @@
 //! Goldens: named, immutable, versioned snapshots that sandboxes fork from.
 
+pub mod archive;
 mod build;
+pub mod dump;
+pub mod fidelity;
+pub mod import;
 mod manifest;
+pub mod progress;
+pub mod source;
 
 pub use build::build as build_generation;
-pub use manifest::{Golden, Manifest, Source};
+pub use manifest::{Exclusions, Golden, Manifest, Source};
 
 use std::path::PathBuf;
 
@@ -35,6 +41,13 @@ pub struct CreateGolden {
     /// A live database to copy.
     #[serde(default)]
     pub from_url: Option<String>,
+    /// Parallel jobs for an import's dump and restore (default: the cores, 2 to 4).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub jobs: Option<usize>,
+    /// Tables and schemas a `from_url` import leaves out.
+    #[serde(default)]
+    pub exclude: Exclusions,
     /// A dump file to restore (absolute path).
     #[serde(default)]
     #[schema(value_type = Option<String>)]
@@ -62,15 +75,21 @@ impl CreateGolden {
             1 => {}
             _ => return Err(invalid("more than one kind of source given for the golden")),
         }
+        if self.jobs.is_some_and(|j| !(1..=16).contains(&j)) {
+            return Err(invalid("jobs must be between 1 and 16"));
+        }
+        if !self.exclude.is_empty() && self.from_url.is_none() {
+            return Err(invalid("tables and schemas are left out only of a --from-url import"));
+        }
         for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump) {
             if !path.is_absolute() {
                 return Err(invalid(&format!("{} is not an absolute path", path.display())));
             }
         }
         Ok(if let Some(dsn) = &self.from_url {
-            Source::Url { dsn: dsn.clone() }
+            Source::Url { dsn: dsn.clone(), exclude: self.exclude.clone(), jobs: self.jobs }
         } else if let Some(path) = &self.from_dump {
-            Source::Dump { path: path.clone() }
+            Source::Dump { path: path.clone(), jobs: self.jobs }
         } else {
             Source::Files { schema: self.schema.clone(), seed: self.seed.clone() }
         })

@@ -67,6 +67,27 @@ impl PgBin {
         number.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
     }
 
+    /// The extensions this installation can create (`*.control` files in
+    /// its share directory), sorted.
+    pub fn available_extensions(&self) -> Vec<String> {
+        let share = std::process::Command::new(self.tool("pg_config"))
+            .arg("--sharedir")
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()))
+            // Without pg_config: the layout of a relocatable tree, `bin/../share/postgresql`.
+            .unwrap_or_else(|| self.dir.join("../share/postgresql"));
+        let mut names: Vec<String> = std::fs::read_dir(share.join("extension"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".control").map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The server's version string, as `postgres --version` prints it.
     pub fn version(&self) -> String {
         std::process::Command::new(self.tool("postgres"))

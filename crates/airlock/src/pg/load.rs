@@ -1,5 +1,6 @@
-//! Loading data into a golden under construction: SQL files with psql, a live
-//! database with pg_dump, dump files with pg_restore or psql; and the schema hash.
+//! Loading SQL files into a golden under construction with psql (schema and
+//! seed files, plain dumps), and the schema hash. Archives are restored by
+//! [`crate::golden::import`].
 //!
 //! Everything loaded runs as the owner role (`PGOPTIONS=-c role=airlock_owner`),
 //! so every object belongs to a role that is not a superuser.
@@ -15,7 +16,7 @@ use tokio::process::Command;
 use crate::error::{Error, ErrorCode, Result};
 use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
-use crate::pg::dsn::{self, ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
+use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 
 /// A client tool connected as admin (acting as the owner role) to the instance's app database.
 fn client(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
@@ -34,7 +35,7 @@ fn client(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
     cmd
 }
 
-fn check_readable(path: &Path) -> Result<()> {
+pub fn check_readable(path: &Path) -> Result<()> {
     std::fs::File::open(path).map(|_| ()).map_err(|e| {
         Error::new(
             ErrorCode::FileUnreadable,
@@ -75,46 +76,9 @@ fn psql_error(stderr: &str, file: &Path) -> String {
     msg
 }
 
-/// Copies a live database with pg_dump into `workdir`, then restores it. The
-/// password goes to pg_dump through a private password file, never through its
-/// command line or environment.
-pub async fn copy_from_url(bin: &PgBin, dir: &InstanceDir, source: &str, workdir: &Path) -> Result<()> {
-    let redacted = dsn::redact(source);
-    let passfile = workdir.join("source.pgpass");
-    let password = dsn::password(source).unwrap_or_default();
-    dsn::write_passfile(&passfile, &password)?;
-    let dump = workdir.join("source.dump");
-    let out = Command::new(bin.tool("pg_dump"))
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("LC_ALL", "C")
-        .env("PGPASSFILE", &passfile)
-        .env("PGCONNECT_TIMEOUT", "15")
-        .args(["--format=custom", "--no-owner", "--no-acl", "--file"])
-        .arg(&dump)
-        .arg("--dbname")
-        .arg(&redacted)
-        .stdin(Stdio::null())
-        .output()
-        .await;
-    let _ = std::fs::remove_file(&passfile);
-    let out = out?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr).replace(&password, "***");
-        return Err(Error::new(
-            ErrorCode::SourceFailed,
-            format!("pg_dump of {redacted} failed: {}", stderr.trim()),
-            "check that the database is reachable from this host, the credentials are right, and its major version is not newer than this host's pg_dump",
-        ));
-    }
-    let result = restore_dump(bin, dir, &dump).await;
-    let _ = std::fs::remove_file(&dump);
-    result
-}
-
 /// Whether a dump file is an archive for pg_restore (custom or tar format, or a
 /// directory dump) rather than a plain SQL script.
-fn is_archive(path: &Path) -> Result<bool> {
+pub fn is_archive(path: &Path) -> Result<bool> {
     if path.is_dir() {
         return Ok(true);
     }
@@ -130,27 +94,6 @@ fn is_archive(path: &Path) -> Result<bool> {
     let custom = head[..n].starts_with(b"PGDMP");
     let tar = n >= 262 && &head[257..262] == b"ustar";
     Ok(custom || tar)
-}
-
-/// Restores a dump file: archives with pg_restore, plain scripts with psql.
-pub async fn restore_dump(bin: &PgBin, dir: &InstanceDir, path: &Path) -> Result<()> {
-    check_readable(path)?;
-    if !is_archive(path)? {
-        return run_sql_file(bin, dir, path, ErrorCode::SourceFailed).await;
-    }
-    let out = client(bin, "pg_restore", dir)
-        .args(["--exit-on-error", "--no-owner", "--no-acl", "--dbname", DATABASE])
-        .arg(path)
-        .output()
-        .await?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorCode::SourceFailed,
-        format!("pg_restore of {} failed: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()),
-        "check that the dump is complete and made by a pg_dump no newer than this host's PostgreSQL",
-    ))
 }
 
 /// SHA-256 of the application database's schema-only dump, ignoring comments and

@@ -77,16 +77,21 @@ fn tokio_mode(mode: &str) -> &str {
 
 /// Connects to `dsn`; the session's driver runs in its own task.
 pub async fn connect(dsn: &str) -> Result<tokio_postgres::Client> {
+    connect_to(dsn, "target").await
+}
+
+/// Connects to `dsn`, which errors call `what` (`target`, `source`).
+pub async fn connect_to(dsn: &str, what: &str) -> Result<tokio_postgres::Client> {
     let (options, plain) = split_options(dsn);
     let get = |key: &str| options.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
     let mode = get("sslmode").unwrap_or("prefer");
     let config: tokio_postgres::Config =
-        plain.parse().map_err(|e| bad_dsn(format!("the target DSN cannot be read: {e}")))?;
+        plain.parse().map_err(|e| bad_dsn(format!("the {what} DSN cannot be read: {e}")))?;
     let refused = |e: tokio_postgres::Error| {
         Error::new(
             ErrorCode::SourceFailed,
             format!(
-                "cannot connect to the target {}: {}",
+                "cannot connect to the {what} {}: {}",
                 crate::pg::dsn::redact(dsn),
                 crate::pg::admin::describe(&e)
             ),

@@ -11,6 +11,7 @@ mod disk;
 mod exec;
 mod gateway;
 mod goldens;
+mod imports;
 mod lifecycle;
 mod migrate;
 mod pool;

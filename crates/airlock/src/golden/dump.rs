@@ -1,0 +1,172 @@
+//! Dumping a live source: in parallel, in one exported snapshot (which the
+//! fidelity report's counts are read in too), into a directory kept until the
+//! golden is built, so that a build that fails after the dump resumes from it
+//! instead of dumping again.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use tokio::io::AsyncBufReadExt;
+use tokio::process::Command;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::golden::manifest::Exclusions;
+use crate::golden::progress::Builds;
+use crate::golden::source::{SourceFacts, SourceSession};
+use crate::pg::bin::PgBin;
+use crate::pg::dsn;
+
+/// A finished dump and what the source held when it was taken.
+pub struct Dumped {
+    /// The directory-format archive.
+    pub archive: PathBuf,
+    /// The source as of the dump's snapshot.
+    pub facts: SourceFacts,
+    /// Whether it was kept from an earlier build that failed after dumping.
+    pub resumed: bool,
+    /// How long the dump took (0 when resumed).
+    pub seconds: f64,
+    /// The archive's size.
+    pub bytes: u64,
+}
+
+/// Dumps `source` into `keep` (or finds the finished dump of the same source
+/// and exclusions there), with `jobs` parallel jobs.
+pub async fn dump(
+    bin: &PgBin,
+    source: &str,
+    exclude: &Exclusions,
+    keep: &Path,
+    jobs: usize,
+    progress: (&Builds, &str),
+) -> Result<Dumped> {
+    let key = source_key(source, exclude);
+    let archive = keep.join("dump");
+    let facts_file = keep.join("facts.json");
+    let finished = std::fs::read_to_string(keep.join("complete")).is_ok_and(|k| k == key);
+    if finished {
+        if let Ok(facts) = std::fs::read(&facts_file).map(|b| serde_json::from_slice(&b)) {
+            if let Ok(facts) = facts {
+                let bytes = crate::storage::tree_size(&archive);
+                return Ok(Dumped { archive, facts, resumed: true, seconds: 0.0, bytes });
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(keep);
+    crate::pg::load::private_dir(keep)?;
+    let began = Instant::now();
+    let session = SourceSession::open(source).await?;
+    let (builds, name) = progress;
+    builds.update(name, |p| p.phase = "dumping".into());
+    let dumped = run_pg_dump(bin, source, exclude, &archive, &session.snapshot, jobs, keep, progress).await;
+    let facts = match dumped {
+        Ok(()) => {
+            builds.update(name, |p| p.phase = "counting the source's rows".into());
+            session.facts(|table| exclude.leaves_out(table)).await
+        }
+        Err(e) => Err(e),
+    };
+    session.close().await;
+    let facts = facts?;
+    std::fs::write(&facts_file, serde_json::to_vec(&facts).expect("facts serialize"))?;
+    std::fs::write(keep.join("complete"), &key)?;
+    let bytes = crate::storage::tree_size(&archive);
+    Ok(Dumped { archive, facts, resumed: false, seconds: began.elapsed().as_secs_f64(), bytes })
+}
+
+/// What makes two dumps the same: the source and what is left out.
+fn source_key(source: &str, exclude: &Exclusions) -> String {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(serde_json::to_vec(exclude).expect("exclusions serialize"));
+    crate::secret::hex(&h.finalize())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_pg_dump(
+    bin: &PgBin,
+    source: &str,
+    exclude: &Exclusions,
+    archive: &Path,
+    snapshot: &str,
+    jobs: usize,
+    keep: &Path,
+    progress: (&Builds, &str),
+) -> Result<()> {
+    let redacted = dsn::redact(source);
+    let passfile = keep.join("source.pgpass");
+    let password = dsn::password(source).unwrap_or_default();
+    dsn::write_passfile(&passfile, &password)?;
+    let mut cmd = Command::new(bin.tool("pg_dump"));
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .env("PGPASSFILE", &passfile)
+        .env("PGCONNECT_TIMEOUT", "15")
+        .args(["--format=directory", "--verbose", "--no-subscriptions", "--no-tablespaces", "--no-security-labels"])
+        .arg(format!("--jobs={jobs}"))
+        .arg(format!("--snapshot={snapshot}"));
+    for table in &exclude.tables {
+        cmd.arg(format!("--exclude-table={table}"));
+    }
+    for schema in &exclude.schemas {
+        cmd.arg(format!("--exclude-schema={schema}"));
+    }
+    cmd.arg("--file").arg(archive).arg("--dbname").arg(&redacted);
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    let spawned = cmd.spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = std::fs::remove_file(&passfile);
+            return Err(e.into());
+        }
+    };
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut said = Vec::new();
+    let (builds, name) = progress;
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => {
+                    if line.contains("dumping contents of table") {
+                        builds.update(name, |p| p.tables_done += 1);
+                    } else if line.contains("reading") && line.contains("tables") {
+                        // pg_dump reads the catalog first; the count of tables comes from the archive later.
+                    } else if !line.starts_with("pg_dump: ") || line.to_ascii_lowercase().contains("error") {
+                        said.push(line);
+                    }
+                }
+                _ => break,
+            },
+            _ = tick.tick() => {
+                let bytes = crate::storage::tree_size(archive);
+                builds.update(name, |p| p.bytes = bytes);
+            }
+        }
+    }
+    let status = child.wait().await;
+    let _ = std::fs::remove_file(&passfile);
+    if status?.success() {
+        return Ok(());
+    }
+    let said = crate::secret::scrub(&said.join("\n"), &password);
+    let newer = said.contains("server version mismatch");
+    Err(Error::new(
+        ErrorCode::SourceFailed,
+        format!("pg_dump of {redacted} failed: {}", said.trim()),
+        if newer {
+            format!(
+                "the source runs a newer PostgreSQL than this host's pg_dump ({}); dump it with a pg_dump at least as new \
+                 and use --from-dump",
+                bin.version()
+            )
+        } else {
+            "check that the database is reachable from this host, the credentials are right, and its user may read every table".into()
+        },
+    ))
+}

@@ -1,0 +1,239 @@
+//! The fidelity report of an import: the source's catalog, rows and extensions
+//! against the golden's, and what was made of its roles. A build whose golden
+//! differs from its source beyond what was asked to be left out fails.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{diff, Catalog, Snapshot};
+use crate::golden::import::Imported;
+use crate::golden::manifest::Exclusions;
+use crate::golden::source::SourceFacts;
+
+/// How an import went and how faithful its golden is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Report {
+    /// The source's `server_version`, when it was a live database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_version: Option<String>,
+    /// Whether the dump was kept from an earlier build that failed after it.
+    pub resumed: bool,
+    /// Seconds spent dumping (0 when resumed or from a dump file).
+    pub dump_seconds: f64,
+    /// Seconds spent restoring.
+    pub restore_seconds: f64,
+    /// The archive's size.
+    pub bytes: u64,
+    /// Parallel jobs used.
+    pub jobs: usize,
+    /// Tables in the golden, and their rows.
+    pub tables: usize,
+    /// Rows in the golden's tables.
+    pub rows: i64,
+    /// Tables whose row counts differ: `table: source -> golden`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_differences: Vec<String>,
+    /// Catalog differences from the source to the golden, one line each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub catalog_differences: Vec<String>,
+    /// Extensions whose version differs: `name: source -> golden`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extension_differences: Vec<String>,
+    /// Roles, extensions and what was not carried.
+    pub imported: Imported,
+    /// What was asked to be left out.
+    #[serde(default, skip_serializing_if = "Exclusions::is_empty")]
+    pub excluded: Exclusions,
+    /// Whether the source's catalog and rows were compared (a live source), or
+    /// only what a dump file says.
+    pub compared: bool,
+}
+
+impl Report {
+    /// Whether the golden differs from its source.
+    pub fn differs(&self) -> bool {
+        !(self.row_differences.is_empty()
+            && self.catalog_differences.is_empty()
+            && self.extension_differences.is_empty())
+    }
+
+    /// The differences, one per line, at most `max`.
+    pub fn differences(&self, max: usize) -> String {
+        let all: Vec<&String> = self
+            .catalog_differences
+            .iter()
+            .chain(&self.row_differences)
+            .chain(&self.extension_differences)
+            .collect();
+        let mut text = all.iter().take(max).map(|s| s.as_str()).collect::<Vec<_>>().join("; ");
+        if all.len() > max {
+            text.push_str(&format!("; and {} more", all.len() - max));
+        }
+        text
+    }
+}
+
+/// Compares a live source with the golden built from it.
+pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excluded: &Exclusions) -> Report {
+    let mut source = without(&facts.catalog, excluded);
+    // A golden's `public` schema belongs to the owner role where the source's
+    // belongs to the database's owner (PostgreSQL 15's default): the same
+    // meaning, since the owner role stands for the application's owner.
+    if let Some(public) = source.objects.as_mut().and_then(|o| o.get_mut("schema public")) {
+        public.definition = public.definition.replace("pg_database_owner", crate::pg::dsn::OWNER_ROLE);
+    }
+    let superusers: Vec<&String> = facts.roles.iter().filter(|(_, a)| a.superuser).map(|(n, _)| n).collect();
+    let mut catalog_differences: Vec<String> = diff::diff(&source, &golden.catalog)
+        .iter()
+        // Event triggers and subscriptions are never carried, and the agent
+        // role of a source that was a sandbox is folded into the owner role:
+        // the report says so.
+        .filter(|c| !c.name.starts_with("event trigger ") && !c.name.starts_with("subscription "))
+        // Entries PostgreSQL cannot print are digests of catalog rows, which
+        // hold object ids that differ between two databases: across databases
+        // they are compared by presence alone.
+        .filter(|c| !(c.change == "changed" && [&c.before, &c.after].iter().all(|d| d.as_deref().is_some_and(|d| d.starts_with("digest ")))))
+        .filter(|c| ![&c.name, c.before.as_deref().unwrap_or(""), c.after.as_deref().unwrap_or("")]
+            .iter()
+            .any(|t| t.contains(crate::pg::dsn::AGENT_ROLE)))
+        // What extensions made belongs to whoever installed them: a superuser
+        // of the source's, the admin in the golden.
+        .filter(|c| {
+            let (Some(before), Some(after)) = (&c.before, &c.after) else { return true };
+            !superusers.iter().any(|s| before.replace(s.as_str(), crate::pg::dsn::ADMIN_ROLE) == *after)
+        })
+        .map(|c| c.line())
+        .collect();
+    catalog_differences.sort();
+    let mut row_differences = Vec::new();
+    for (table, rows) in &facts.rows {
+        let got = golden.rows.get(table).map(|r| r.rows);
+        if got != Some(*rows) {
+            row_differences.push(format!(
+                "{table}: {rows} rows in the source, {} in the golden",
+                got.map_or("none".into(), |g| g.to_string())
+            ));
+        }
+    }
+    let installed: BTreeMap<&str, &str> =
+        imported.extensions.iter().map(|e| (e.name.as_str(), e.version.as_str())).collect();
+    let extension_differences = facts
+        .extensions
+        .iter()
+        .filter(|e| !excluded.schemas.iter().any(|s| s == &e.schema))
+        .filter_map(|e| match installed.get(e.name.as_str()) {
+            Some(v) if *v == e.version => None,
+            Some(v) => Some(format!("extension {}: {} in the source, {v} in the golden", e.name, e.version)),
+            None => Some(format!("extension {}: {} in the source, not in the golden", e.name, e.version)),
+        })
+        .collect();
+    Report {
+        source_version: Some(facts.server_version.clone()),
+        tables: golden.catalog.tables.len(),
+        rows: golden.rows.values().map(|r| r.rows).sum(),
+        row_differences,
+        catalog_differences,
+        extension_differences,
+        imported: imported.clone(),
+        excluded: excluded.clone(),
+        compared: true,
+        ..Default::default()
+    }
+}
+
+/// What a dump file's import can say without a live source to compare with.
+pub fn of_dump(golden: &Snapshot, imported: &Imported) -> Report {
+    Report {
+        tables: golden.catalog.tables.len(),
+        rows: golden.rows.values().map(|r| r.rows).sum(),
+        imported: imported.clone(),
+        ..Default::default()
+    }
+}
+
+/// `catalog` without what `excluded` leaves out.
+fn without(catalog: &Catalog, excluded: &Exclusions) -> Catalog {
+    if excluded.is_empty() {
+        return catalog.clone();
+    }
+    let mut c = catalog.clone();
+    c.tables.retain(|name, _| !excluded.leaves_out(name));
+    let in_left_out_schema =
+        |name: &str| name.split_once('.').is_some_and(|(schema, _)| excluded.schemas.iter().any(|s| s == schema));
+    c.views.retain(|name, _| !in_left_out_schema(name));
+    c.functions.retain(|name, _| !in_left_out_schema(name));
+    c.sequences.retain(|name, _| !excluded.leaves_out(name));
+    c.types.retain(|name, _| !in_left_out_schema(name));
+    if let Some(objects) = c.objects.as_mut() {
+        // Entries name their table or schema in words: `policy p on table app.audit`.
+        objects.retain(|name, _| {
+            !name.split_whitespace().any(|w| w.contains('.') && excluded.leaves_out(w.trim_matches('"')))
+                && !excluded.schemas.iter().any(|s| name.ends_with(&format!("schema {s}")))
+        });
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalog::{RowCount, Table};
+    use crate::golden::source::{Extension, RoleAttributes};
+
+    fn facts() -> SourceFacts {
+        let mut catalog = Catalog::default();
+        for name in ["app.orders", "app.audit"] {
+            catalog.tables.insert(name.into(), Table { kind: "table".into(), ..Default::default() });
+        }
+        SourceFacts {
+            server_version: "15.8".into(),
+            extensions: vec![Extension { name: "postgis".into(), version: "3.3.2".into(), schema: "public".into() }],
+            roles: [("postgres".to_owned(), RoleAttributes { inherit: true, bypassrls: true, superuser: true })].into(),
+            catalog,
+            rows: [("app.orders".to_owned(), 10), ("app.audit".to_owned(), 5)].into(),
+            ..Default::default()
+        }
+    }
+
+    fn golden(facts: &SourceFacts, orders: i64) -> Snapshot {
+        let mut rows = BTreeMap::new();
+        rows.insert("app.orders".into(), RowCount { rows: orders, exact: true });
+        rows.insert("app.audit".into(), RowCount { rows: 5, exact: true });
+        Snapshot { catalog: facts.catalog.clone(), rows }
+    }
+
+    fn imported(version: &str) -> Imported {
+        Imported {
+            extensions: vec![Extension { name: "postgis".into(), version: version.into(), schema: "public".into() }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_faithful_golden_passes_and_every_kind_of_difference_fails() {
+        let f = facts();
+        let none = Exclusions::default();
+        assert!(!compare(&f, &golden(&f, 10), &imported("3.3.2"), &none).differs());
+
+        let rows = compare(&f, &golden(&f, 9), &imported("3.3.2"), &none);
+        assert_eq!(rows.row_differences, ["app.orders: 10 rows in the source, 9 in the golden"]);
+
+        let version = compare(&f, &golden(&f, 10), &imported("3.4.0"), &none);
+        assert_eq!(version.extension_differences, ["extension postgis: 3.3.2 in the source, 3.4.0 in the golden"]);
+
+        let mut missing = golden(&f, 10);
+        missing.catalog.tables.remove("app.audit");
+        missing.rows.remove("app.audit");
+        let report = compare(&f, &missing, &imported("3.3.2"), &none);
+        assert!(report.differs());
+        assert!(report.catalog_differences.iter().any(|d| d.contains("app.audit")), "{report:?}");
+        assert!(report.row_differences.iter().any(|d| d.contains("app.audit")), "{report:?}");
+
+        // What was left out on purpose is no difference.
+        let mut left_out = facts();
+        left_out.rows.remove("app.audit");
+        let asked = Exclusions { tables: vec!["app.audit".into()], schemas: vec![] };
+        assert!(!compare(&left_out, &missing, &imported("3.3.2"), &asked).differs());
+    }
+}
