@@ -22,6 +22,7 @@ bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
 	@scripts/bench-router-auth.sh
+	@scripts/bench-import.sh
 	@scripts/bench-tools.sh
 	@scripts/bench-migrate.sh
 	@scripts/bench-density.sh
