@@ -11,6 +11,8 @@ use std::collections::BTreeSet;
 /// One entry of an archive's table of contents.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TocEntry {
+    /// Its dump id, by which a `-L` list file selects it.
+    pub id: u64,
     /// The line as `pg_restore -l` printed it (what a `-L` list file holds).
     pub line: String,
     /// Its kind: `TABLE`, `TABLE DATA`, `EXTENSION`, `COMMENT`, `ACL`...
@@ -22,6 +24,14 @@ pub struct TocEntry {
 /// Kinds pg_restore prints, longest first so `TABLE DATA` is not read as `TABLE`.
 const KINDS: &[&str] = &[
     "MATERIALIZED VIEW DATA",
+    "MATERIALIZED VIEW",
+    "DATABASE PROPERTIES",
+    "TABLE ATTACH",
+    "INDEX ATTACH",
+    "ROW SECURITY",
+    "SHELL TYPE",
+    "PROCEDURAL LANGUAGE",
+    "LARGE OBJECTS",
     "DEFAULT ACL",
     "TABLE DATA",
     "LARGE OBJECT",
@@ -59,7 +69,8 @@ pub fn parse_toc(listing: &str) -> Vec<TocEntry> {
         .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
         .filter_map(|line| {
             // `5432; 1259 16390 TABLE app orders app_owner`
-            let (_, after_id) = line.split_once("; ")?;
+            let (id, after_id) = line.split_once("; ")?;
+            let id = id.trim().parse().ok()?;
             let rest = after_id.splitn(3, ' ').nth(2)?;
             let kind = KINDS
                 .iter()
@@ -67,9 +78,18 @@ pub fn parse_toc(listing: &str) -> Vec<TocEntry> {
                 .map(|k| k.to_string())
                 .unwrap_or_else(|| rest.split(' ').next().unwrap_or_default().to_owned());
             let tag = rest[kind.len()..].trim().to_owned();
-            Some(TocEntry { line: line.to_owned(), kind, tag })
+            Some(TocEntry { id, line: line.to_owned(), kind, tag })
         })
         .collect()
+}
+
+/// The first dump id listed twice: pg_restore prints names on one line
+/// (PostgreSQL 14 and later replace their newlines), so a second line with an
+/// entry's id could only be a name made to look like one, and a `-L` list
+/// selects entries by id.
+pub fn repeated_id(toc: &[TocEntry]) -> Option<u64> {
+    let mut seen = std::collections::HashSet::new();
+    toc.iter().map(|e| e.id).find(|id| !seen.insert(*id))
 }
 
 /// An extension a dump creates: its name and schema.
@@ -304,11 +324,16 @@ COMMENT ON TABLE app.orders IS 'GRANT ALL TO nobody';
         let toc = parse_toc(
             ";\n; Archive created at 2026-12-01\n5; 2615 16385 SCHEMA - app app_owner\n\
              3456; 0 16390 TABLE DATA app orders app_owner\n2; 3079 16400 EXTENSION - postgis \n\
-             7; 0 0 COMMENT - EXTENSION postgis \n9; 3466 16500 EVENT TRIGGER - audit_ddl app_owner\n",
+             7; 0 0 COMMENT - EXTENSION postgis \n9; 3466 16500 EVENT TRIGGER - audit_ddl app_owner\n\
+             11; 0 0 TABLE ATTACH app orders_2025 app_owner\n",
         );
         let kinds: Vec<&str> = toc.iter().map(|e| e.kind.as_str()).collect();
-        assert_eq!(kinds, ["SCHEMA", "TABLE DATA", "EXTENSION", "COMMENT", "EVENT TRIGGER"]);
+        assert_eq!(kinds, ["SCHEMA", "TABLE DATA", "EXTENSION", "COMMENT", "EVENT TRIGGER", "TABLE ATTACH"]);
         assert_eq!(toc[1].tag, "app orders app_owner");
         assert_eq!(toc[3].tag, "- EXTENSION postgis");
+        assert_eq!(toc[4].id, 9);
+        assert_eq!(repeated_id(&toc), None);
+        let forged = parse_toc("9; 3466 16500 EVENT TRIGGER - audit_ddl app_owner\n9; 1259 16390 TABLE app t app_owner\n");
+        assert_eq!(repeated_id(&forged), Some(9));
     }
 }

@@ -289,6 +289,13 @@ async fn load_and_describe(
     report.restore_seconds = restore_seconds;
     report.jobs = jobs;
     if let Some((d, _)) = &dumped {
+        let (source_major, golden_major) = (d.facts.server_version_num / 10000, engine.pg.major().unwrap_or(0) as i32);
+        if source_major != golden_major {
+            report.major_note = Some(format!(
+                "the source runs PostgreSQL {}, this golden {version}: forks, and migrations tested on them, run on {golden_major}",
+                d.facts.server_version
+            ));
+        }
         report.resumed = d.resumed;
         report.dump_seconds = d.seconds;
         report.bytes = d.bytes;

@@ -59,7 +59,11 @@ pub async fn dump(
     let began = Instant::now();
     let session = SourceSession::open(source).await?;
     let (builds, name) = progress;
-    builds.update(name, |p| p.phase = "dumping".into());
+    let tables = session.tables_with_data().await.unwrap_or(0);
+    builds.update(name, |p| {
+        p.phase = "dumping".into();
+        p.tables_total = tables;
+    });
     let dumped = run_pg_dump(bin, source, exclude, &archive, &session.snapshot, jobs, keep, progress).await;
     let facts = match dumped {
         Ok(()) => {

@@ -17,6 +17,10 @@ pub struct Report {
     /// The source's `server_version`, when it was a live database.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_version: Option<String>,
+    /// A note when the golden runs another PostgreSQL major than its source:
+    /// forks, and migrations tested on them, run on the golden's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major_note: Option<String>,
     /// Whether the dump was kept from an earlier build that failed after it.
     pub resumed: bool,
     /// Seconds spent dumping (0 when resumed or from a dump file).
@@ -143,8 +147,16 @@ pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excl
 }
 
 /// What a dump file's import can say without a live source to compare with.
+/// Every table its table of contents lists must be in the golden.
 pub fn of_dump(golden: &Snapshot, imported: &Imported) -> Report {
+    let catalog_differences = imported
+        .listed_tables
+        .iter()
+        .filter(|t| !golden.catalog.tables.contains_key(t.as_str()))
+        .map(|t| format!("- table {t} (listed in the dump, not in the golden)"))
+        .collect();
     Report {
+        catalog_differences,
         tables: golden.catalog.tables.len(),
         rows: golden.rows.values().map(|r| r.rows).sum(),
         imported: imported.clone(),

@@ -29,7 +29,6 @@ use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
-use tokio::process::Command;
 
 use crate::catalog::{quote_ident, SYSTEM_SCHEMAS};
 use crate::error::{Error, ErrorCode, Result};
@@ -39,7 +38,7 @@ use crate::golden::source::{Extension, SourceFacts};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::bin::PgBin;
-use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
+use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
 
 /// What an import made of the source's global objects, for the fidelity report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -53,6 +52,9 @@ pub struct Imported {
     pub not_carried: Vec<String>,
     /// Extensions installed, with the versions installed.
     pub extensions: Vec<Extension>,
+    /// The tables (`schema.name`) the archive's table of contents lists.
+    #[serde(skip)]
+    pub listed_tables: Vec<String>,
 }
 
 /// A build's view of one archive restore.
@@ -78,8 +80,17 @@ impl Restore<'_> {
     pub async fn run(&self, path: &Path, facts: Option<&SourceFacts>) -> Result<Imported> {
         self.phase("reading the dump", |_| {});
         let toc = archive::parse_toc(&self.tool_output(&["-l"], path).await?);
+        if let Some(id) = archive::repeated_id(&toc) {
+            return Err(Error::new(
+                ErrorCode::SourceFailed,
+                format!("the dump's table of contents lists entry {id} twice"),
+                "the archive is damaged or forged; take the dump again with pg_dump",
+            ));
+        }
         let ddl = self.tool_output(&["--schema-only", "-f", "-"], path).await?;
         let mut imported = Imported::default();
+        imported.listed_tables =
+            toc.iter().filter(|e| e.kind == "TABLE" || e.kind == "FOREIGN TABLE").map(data_table).collect();
         let tables = toc.iter().filter(|e| e.kind == "TABLE DATA").count() as u64;
         self.phase("creating roles", |p| p.tables_total = tables);
         let admin = Admin::connect(self.dir, DATABASE, self.postmaster).await?;
@@ -295,7 +306,7 @@ impl Restore<'_> {
 
     /// pg_restore with no database: reads the archive.
     async fn tool_output(&self, args: &[&str], path: &Path) -> Result<String> {
-        let out = base_command(self.bin, self.dir).args(args).arg(path).output().await?;
+        let out = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir).args(args).arg(path).output().await?;
         if !out.status.success() {
             return Err(Error::new(
                 ErrorCode::SourceFailed,
@@ -308,7 +319,7 @@ impl Restore<'_> {
 
     /// Restores the entries of `list` in `section`, as the owner role or the admin.
     async fn restore(&self, path: &Path, list: &Path, section: Option<&str>, as_owner: bool, jobs: usize) -> Result<()> {
-        let mut cmd = base_command(self.bin, self.dir);
+        let mut cmd = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir);
         if as_owner {
             cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
         }
@@ -345,7 +356,7 @@ impl Restore<'_> {
     }
 }
 
-/// `schema.name` of the table a `TABLE DATA` entry fills (its tag is `schema name owner`).
+/// `schema.name` of the table a `TABLE` or `TABLE DATA` entry names (its tag is `schema name owner`).
 fn data_table(entry: &TocEntry) -> String {
     let mut words = entry.tag.split(' ');
     format!("{}.{}", words.next().unwrap_or_default(), words.next().unwrap_or_default())
@@ -367,22 +378,6 @@ async fn superuser_tables(admin: &Admin) -> Result<BTreeSet<String>> {
         .iter()
         .map(|r| r.get(0))
         .collect())
-}
-
-/// pg_restore connected as the admin to the instance's app database.
-fn base_command(bin: &PgBin, dir: &InstanceDir) -> Command {
-    let mut cmd = Command::new(bin.tool("pg_restore"));
-    cmd.env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("LC_ALL", "C")
-        .env("PGHOST", dir.socket_dir())
-        .env("PGPORT", SOCKET_PORT.to_string())
-        .env("PGUSER", ADMIN_ROLE)
-        .env("PGDATABASE", DATABASE)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    cmd
 }
 
 /// Refuses a golden with an event trigger, or with a function, table or view

@@ -74,6 +74,17 @@ impl SourceSession {
         Ok(SourceSession { client, snapshot })
     }
 
+    /// How many tables and materialized views hold data (what pg_dump dumps one by one).
+    pub async fn tables_with_data(&self) -> Result<u64> {
+        let sql = format!(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE c.relkind IN ('r', 'm') AND {}",
+            catalog::SYSTEM_SCHEMAS
+        );
+        let n: i64 = self.client.query_one(&sql, &[]).await.map_err(failed)?.get(0);
+        Ok(n as u64)
+    }
+
     /// Reads everything the fidelity report compares, in the snapshot; tables
     /// that `skip` says were left out are not counted.
     pub async fn facts(&self, skip: impl Fn(&str) -> bool) -> Result<SourceFacts> {

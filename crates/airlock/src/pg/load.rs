@@ -20,11 +20,18 @@ use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 
 /// A client tool connected as admin (acting as the owner role) to the instance's app database.
 fn client(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
+    let mut cmd = admin_tool(bin, tool, dir);
+    cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+    cmd
+}
+
+/// A client tool connected as admin to the instance's app database, with
+/// nothing from the daemon's environment.
+pub fn admin_tool(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
     let mut cmd = Command::new(bin.tool(tool));
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C")
-        .env("PGOPTIONS", format!("-c role={OWNER_ROLE}"))
         .env("PGHOST", dir.socket_dir())
         .env("PGPORT", SOCKET_PORT.to_string())
         .env("PGUSER", ADMIN_ROLE)
@@ -35,6 +42,7 @@ fn client(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
     cmd
 }
 
+/// Fails with a clear error when `path` cannot be read by the daemon.
 pub fn check_readable(path: &Path) -> Result<()> {
     std::fs::File::open(path).map(|_| ()).map_err(|e| {
         Error::new(
