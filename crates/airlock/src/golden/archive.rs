@@ -4,7 +4,10 @@
 //! Roles are global objects a database dump does not carry, but its DDL names
 //! every role it needs: owners (`OWNER TO`), grantees (`GRANT ... TO`,
 //! `REVOKE ... FROM`), default privileges (`FOR ROLE`) and policy roles
-//! (`CREATE POLICY ... TO`). pg_dump writes each of these on one line.
+//! (`CREATE POLICY ... TO`). The DDL is split into statements the way
+//! PostgreSQL's lexer would ([`crate::migrate::split`]), and only statements of
+//! those kinds are read: text inside a function body or a string is never
+//! taken for a statement.
 
 use std::collections::BTreeSet;
 
@@ -92,6 +95,140 @@ pub fn repeated_id(toc: &[TocEntry]) -> Option<u64> {
     toc.iter().map(|e| e.id).find(|id| !seen.insert(*id))
 }
 
+/// A dump's DDL as statements (psql's `\restrict` lines, which newer pg_dump
+/// versions write, left out).
+pub fn statements(ddl: &str) -> crate::error::Result<Vec<String>> {
+    let text: String = ddl.lines().filter(|l| !l.starts_with('\\')).map(|l| format!("{l}\n")).collect();
+    Ok(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql).collect())
+}
+
+/// Kinds of object whose owner an import sets from `ALTER ... OWNER TO`.
+const OWNED_KINDS: &[&str] = &[
+    "MATERIALIZED VIEW",
+    "FOREIGN TABLE",
+    "LARGE OBJECT",
+    "TABLE",
+    "VIEW",
+    "SEQUENCE",
+    "FUNCTION",
+    "PROCEDURE",
+    "AGGREGATE",
+    "TYPE",
+    "DOMAIN",
+    "SCHEMA",
+];
+
+/// One `ALTER <kind> <identity> OWNER TO <owner>` of a dump.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ownership {
+    /// `TABLE`, `FUNCTION`, `SCHEMA`, `LARGE OBJECT`... (as pg_dump wrote it).
+    pub kind: String,
+    /// The object as pg_dump named it: `app.orders`, `app.touch()`, `16400`.
+    pub identity: String,
+    /// The role it belongs to.
+    pub owner: String,
+}
+
+/// Every ownership the dump sets, of the kinds an import carries; the others
+/// (operators, collations, text search...) are counted in `others`.
+pub fn ownerships(statements: &[String]) -> (Vec<Ownership>, usize) {
+    let mut out = Vec::new();
+    let mut others = 0;
+    for sql in statements {
+        let words = statement_words(sql);
+        let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
+        let n = upper.len();
+        if n < 5 || upper[0] != "ALTER" || upper[n - 3] != "OWNER" || upper[n - 2] != "TO" {
+            continue;
+        }
+        let rest = upper[1..n - 3].join(" ");
+        let Some(kind) = OWNED_KINDS.iter().find(|k| rest.starts_with(&format!("{k} "))) else {
+            others += 1;
+            continue;
+        };
+        let skip = 1 + kind.split(' ').count();
+        out.push(Ownership {
+            kind: kind.to_string(),
+            identity: words[skip..n - 3].concat(),
+            owner: unquote(&words[n - 1]),
+        });
+    }
+    (out, others)
+}
+
+/// The tables (`schema.name`, unquoted) a dump's statements create.
+pub fn tables(statements: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for sql in statements {
+        let words = statement_words(sql);
+        let upper: Vec<String> = words.iter().take(4).map(|w| w.to_ascii_uppercase()).collect();
+        let at = match upper.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+            ["CREATE", "TABLE", ..] => 2,
+            ["CREATE", "UNLOGGED" | "FOREIGN", "TABLE", ..] => 3,
+            _ => continue,
+        };
+        if let Some(identity) = words.get(at) {
+            out.push(qualified(identity));
+        }
+    }
+    out
+}
+
+/// The schemas (unquoted names) a dump's statements create.
+pub fn schemas(statements: &[String]) -> Vec<String> {
+    statements
+        .iter()
+        .filter_map(|sql| {
+            let words = statement_words(sql);
+            let create = words.len() >= 3
+                && words[0].eq_ignore_ascii_case("CREATE")
+                && words[1].eq_ignore_ascii_case("SCHEMA");
+            create.then(|| unquote(&words[2]))
+        })
+        .collect()
+}
+
+/// `schema.name` of an identifier such as `app."Odd Name"`, quotes removed.
+fn qualified(identity: &str) -> String {
+    let (parts, _) = name_parts(identity);
+    parts.join(".")
+}
+
+/// An identity's name parts, unquoted, and the text between its outermost
+/// parentheses (a function's arguments) if it has them:
+/// `app."Odd"(v text)` is (`["app", "Odd"]`, `Some("v text")`).
+pub fn name_parts(identity: &str) -> (Vec<String>, Option<String>) {
+    let mut parts = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for (i, c) in identity.char_indices() {
+        match c {
+            '"' => {
+                quoted = !quoted;
+                current.push(c);
+            }
+            '.' if !quoted => parts.push(unquote(&std::mem::take(&mut current))),
+            '(' if !quoted => {
+                parts.push(unquote(&std::mem::take(&mut current)));
+                let args = identity[i + 1..].strip_suffix(')').unwrap_or(&identity[i + 1..]);
+                return (parts, Some(args.to_owned()));
+            }
+            _ => current.push(c),
+        }
+    }
+    parts.push(unquote(&current));
+    (parts, None)
+}
+
+/// A statement's words, its trailing semicolon left out.
+fn statement_words(sql: &str) -> Vec<String> {
+    let mut words = tokens(sql);
+    while words.last().is_some_and(|w| w == ";") {
+        words.pop();
+    }
+    words
+}
+
 /// An extension a dump creates: its name and schema.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DumpedExtension {
@@ -101,12 +238,20 @@ pub struct DumpedExtension {
     pub schema: String,
 }
 
-/// The extensions in a dump's DDL (`CREATE EXTENSION IF NOT EXISTS x WITH SCHEMA s;`), in order.
-pub fn extensions(ddl: &str) -> Vec<DumpedExtension> {
+/// The extensions a dump's statements create (`CREATE EXTENSION IF NOT EXISTS x WITH SCHEMA s`), in order.
+pub fn extensions(statements: &[String]) -> Vec<DumpedExtension> {
     let mut out = Vec::new();
-    for line in ddl.lines() {
-        let Some(rest) = line.strip_prefix("CREATE EXTENSION IF NOT EXISTS ") else { continue };
-        let tokens = tokens(rest);
+    for sql in statements {
+        let words = statement_words(sql);
+        let upper: Vec<String> = words.iter().take(5).map(|w| w.to_ascii_uppercase()).collect();
+        if upper.len() < 3 || upper[0] != "CREATE" || upper[1] != "EXTENSION" {
+            continue;
+        }
+        let tokens = if upper.get(2..5) == Some(&["IF".to_owned(), "NOT".to_owned(), "EXISTS".to_owned()][..]) {
+            &words[5..]
+        } else {
+            &words[2..]
+        };
         let Some(name) = tokens.first() else { continue };
         let schema = tokens
             .windows(3)
@@ -118,11 +263,11 @@ pub fn extensions(ddl: &str) -> Vec<DumpedExtension> {
     out
 }
 
-/// Every role a dump's DDL names, except `PUBLIC` and the predefined `pg_*` roles.
-pub fn roles(ddl: &str) -> BTreeSet<String> {
+/// Every role a dump's statements name, except `PUBLIC` and the predefined `pg_*` roles.
+pub fn roles(statements: &[String]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for line in ddl.lines() {
-        for role in roles_in_line(line) {
+    for sql in statements {
+        for role in roles_in(sql) {
             if !role.eq_ignore_ascii_case("public") && !role.starts_with("pg_") && !role.is_empty() {
                 out.insert(role);
             }
@@ -131,11 +276,8 @@ pub fn roles(ddl: &str) -> BTreeSet<String> {
     out
 }
 
-fn roles_in_line(line: &str) -> Vec<String> {
-    let mut words = tokens(line);
-    while words.last().is_some_and(|w| w == ";") {
-        words.pop();
-    }
+fn roles_in(sql: &str) -> Vec<String> {
+    let words = statement_words(sql);
     let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
     let at = |kw: &str| upper.iter().position(|w| w == kw);
     let mut found = Vec::new();
@@ -212,6 +354,27 @@ pub fn tokens(sql: &str) -> Vec<String> {
         let c = chars[i];
         if c.is_whitespace() {
             i += 1;
+        } else if c == '-' && chars.get(i + 1) == Some(&'-') {
+            while i < chars.len() && chars[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && chars.get(i + 1) == Some(&'*') {
+            // PostgreSQL's block comments nest.
+            let mut depth = 0;
+            while i < chars.len() {
+                if chars[i] == '/' && chars.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if chars[i] == '*' && chars.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
         } else if c == ',' || c == ';' {
             out.push(c.to_string());
             i += 1;
@@ -297,8 +460,15 @@ ALTER DEFAULT PRIVILEGES FOR ROLE app_owner IN SCHEMA app GRANT SELECT ON TABLES
 CREATE POLICY tenant_rows ON app.orders FOR SELECT TO app_rw, app_ro USING ((tenant = current_setting('app.tenant'::text)::integer));
 CREATE POLICY "p TO x" ON app.items USING (true);
 COMMENT ON TABLE app.orders IS 'GRANT ALL TO nobody';
+CREATE FUNCTION app.f() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+GRANT ALL ON TABLE app.orders TO from_a_body;
+-- CREATE EXTENSION IF NOT EXISTS dblink WITH SCHEMA app;
+END $$;
+\restrict abc
 "#;
-        let found: Vec<String> = roles(ddl).into_iter().collect();
+        let found: Vec<String> = roles(&statements(ddl).unwrap()).into_iter().collect();
+        assert_eq!(schemas(&statements("CREATE SCHEMA app;\nCREATE SCHEMA \"Odd One\";\n").unwrap()), ["app", "Odd One"]);
         assert_eq!(
             found,
             ["Audit \"Team\"", "Blob Keeper", "app_owner", "app_ro", "app_rw", "old_role", "reporting"]
@@ -309,14 +479,39 @@ COMMENT ON TABLE app.orders IS 'GRANT ALL TO nobody';
     fn extensions_and_their_schemas() {
         let ddl = "CREATE EXTENSION IF NOT EXISTS postgis WITH SCHEMA public;\n\
                    CREATE EXTENSION IF NOT EXISTS \"uuid-ossp\" WITH SCHEMA extensions;\n\
-                   COMMENT ON EXTENSION postgis IS 'x';\n";
+                   COMMENT ON EXTENSION postgis IS 'x';\n\
+                   CREATE FUNCTION f() RETURNS void LANGUAGE sql AS $$\n\
+                   CREATE EXTENSION IF NOT EXISTS dblink WITH SCHEMA public;\n$$;\n";
         assert_eq!(
-            extensions(ddl),
+            extensions(&statements(ddl).unwrap()),
             [
                 DumpedExtension { name: "postgis".into(), schema: "public".into() },
                 DumpedExtension { name: "uuid-ossp".into(), schema: "extensions".into() },
             ]
         );
+    }
+
+    #[test]
+    fn ownerships_of_the_kinds_carried() {
+        let ddl = "ALTER TABLE app.orders OWNER TO app_owner;\n\
+                   ALTER FUNCTION app.touch(integer, text) OWNER TO \"App Owner\";\n\
+                   ALTER TABLE \"my schema\".\"odd name\" OWNER TO app_owner;\n\
+                   ALTER LARGE OBJECT 16400 OWNER TO app_owner;\n\
+                   ALTER OPERATOR app.=== (integer, integer) OWNER TO app_owner;\n\
+                   CREATE FUNCTION g() RETURNS void LANGUAGE sql AS $$ ALTER TABLE x OWNER TO y $$;\n";
+        let (found, others) = ownerships(&statements(ddl).unwrap());
+        let got: Vec<(&str, &str, &str)> =
+            found.iter().map(|o| (o.kind.as_str(), o.identity.as_str(), o.owner.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                ("TABLE", "app.orders", "app_owner"),
+                ("FUNCTION", "app.touch(integer, text)", "App Owner"),
+                ("TABLE", "\"my schema\".\"odd name\"", "app_owner"),
+                ("LARGE OBJECT", "16400", "app_owner"),
+            ]
+        );
+        assert_eq!(others, 1);
     }
 
     #[test]

@@ -1,27 +1,27 @@
 //! Restoring a pg_dump archive into a golden under construction as production
 //! has it: its roles, extensions, owners, grants and policies.
 //!
-//! The restore runs in phases, each as the least role that can do it:
+//! The archive is hostile text (a source may be a compromised replica, or hold
+//! what an agent planted), so no statement of it ever runs as a superuser:
 //!
-//! 1. the roles the dump names are created (admin) as `NOLOGIN` roles of the
-//!    same names, never superusers, never with a password, never members of a
-//!    predefined role; the owner role is made a member of each, so the agent
-//!    can act, and `SET ROLE`, as the application does;
-//! 2. schemas (admin), then the extensions the source uses (admin: PostGIS and
-//!    other untrusted extensions need a superuser);
-//! 3. the other definitions (admin: giving an object to a role that lacks
-//!    `CREATE` on its schema needs a superuser);
-//! 4. the data, in parallel (the owner role: nothing a table's checks or
-//!    defaults run executes as a superuser);
-//! 5. indexes, constraints, triggers, policies and grants, in parallel (admin;
-//!    PostgreSQL runs index expressions and constraint checks as the table's
-//!    owner).
+//! 1. the roles its statements name are created by the admin as `NOLOGIN`
+//!    roles of the same names, never superusers, never with a password, never
+//!    members of a predefined role; the owner role is made a member of each, so
+//!    the agent can act, and `SET ROLE`, as the application does;
+//! 2. its schemas are created by the admin from their names (for the owner
+//!    role), then the extensions it uses are installed by the admin from the
+//!    host's packages (PostGIS and other untrusted extensions need a
+//!    superuser), into schemas still empty;
+//! 3. everything else is restored by the owner role with `--no-owner`, in
+//!    parallel: whatever only a superuser may create fails here;
+//! 4. the admin sets each object's owner from the dump's `OWNER TO`
+//!    statements, finding it by its name parts compared as values and naming it
+//!    as the server prints it.
 //!
-//! Event triggers and subscriptions are left out: an event trigger would run
-//! its function (which the agent could replace) inside the daemon's own admin
-//! sessions, and a subscription would reach for production. Afterwards the
-//! golden is checked: no event trigger, nothing outside an extension owned by
-//! a superuser.
+//! Event triggers, subscriptions and grants on PostgreSQL's own objects are left
+//! out. Afterwards a backstop checks the golden: no event trigger, nothing
+//! outside an extension owned by a superuser or in an untrusted language, no
+//! imported role with an attribute or membership beyond what was made.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -87,75 +87,189 @@ impl Restore<'_> {
                 "the archive is damaged or forged; take the dump again with pg_dump",
             ));
         }
-        let ddl = self.tool_output(&["--schema-only", "-f", "-"], path).await?;
-        let mut imported = Imported::default();
-        imported.listed_tables =
-            toc.iter().filter(|e| e.kind == "TABLE" || e.kind == "FOREIGN TABLE").map(data_table).collect();
+        let statements = archive::statements(&self.tool_output(&["--schema-only", "-f", "-"], path).await?)
+            .map_err(|e| {
+                Error::new(
+                    ErrorCode::SourceFailed,
+                    format!("the dump's definitions cannot be read: {}", e.message),
+                    "take the dump again with pg_dump",
+                )
+            })?;
+        let mut imported = Imported { listed_tables: archive::tables(&statements), ..Default::default() };
         let tables = toc.iter().filter(|e| e.kind == "TABLE DATA").count() as u64;
         self.phase("creating roles", |p| p.tables_total = tables);
         let admin = Admin::connect(self.dir, DATABASE, self.postmaster).await?;
-        let named = archive::roles(&ddl);
-        let ddl_names_agent = named.contains(AGENT_ROLE);
+        let named = archive::roles(&statements);
         self.create_roles(&admin, &named, facts, &mut imported).await?;
 
-        let (schemas, rest): (Vec<&TocEntry>, Vec<&TocEntry>) = toc.iter().partition(|e| e.kind == "SCHEMA");
+        // The schemas are made by the admin from their names, not by the dump's
+        // text: extensions are installed into them next, as a superuser, and
+        // must find them empty (an extension script calls functions by name).
         self.phase("creating schemas and extensions", |_| {});
-        if !schemas.is_empty() {
-            let list = self.list_file("schemas", &schemas)?;
-            self.restore(path, &list, None, false, 1).await?;
+        let mut sql = String::new();
+        for schema in archive::schemas(&statements) {
+            sql.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {OWNER_ROLE};\n", quote_ident(&schema)));
         }
-        imported.extensions = self.create_extensions(&admin, &archive::extensions(&ddl), facts).await?;
+        if !sql.is_empty() {
+            admin.execute(&sql).await?;
+        }
+        let rest = toc.iter().filter(|e| e.kind != "SCHEMA");
+        let mut wanted = archive::extensions(&statements);
+        if let Some(facts) = facts {
+            // Only what the source really has: a dump's text is not the judge.
+            wanted.retain(|e| facts.extensions.iter().any(|x| x.name == e.name));
+        }
+        imported.extensions = self.create_extensions(&admin, &wanted, facts).await?;
+        let config = extension_config(&admin).await?;
+        if !config.is_empty() {
+            // Extensions' configuration tables (PostGIS's spatial_ref_sys) are
+            // the admin's, who installed them; the owner role may fill them for
+            // the length of the restore. Their checks are the extension's own.
+            admin.execute(&grants("GRANT", &config, "TO")).await?;
+        }
 
         let mut kept = Vec::new();
         for entry in rest {
             let extension_entry = entry.kind == "EXTENSION" || entry.tag.starts_with("- EXTENSION ");
             let event_trigger = entry.kind == "EVENT TRIGGER" || entry.tag.contains(" EVENT TRIGGER ");
             let subscription = entry.kind.starts_with("SUBSCRIPTION") || entry.tag.contains(" SUBSCRIPTION ");
-            if event_trigger && entry.kind == "EVENT TRIGGER" {
+            // Grants on PostgreSQL's own functions and tables are the admin's to give.
+            let system_grant = entry.kind == "ACL" && entry.tag.starts_with("pg_catalog ");
+            if entry.kind == "EVENT TRIGGER" {
                 imported.not_carried.push(format!(
                     "event trigger {}: it would run inside Airlock's admin sessions",
                     entry.tag.split(' ').nth(1).unwrap_or("?")
                 ));
             }
-            if subscription && entry.kind == "SUBSCRIPTION" {
+            if entry.kind == "SUBSCRIPTION" {
                 imported.not_carried.push(format!("subscription {}: a golden subscribes to nothing", entry.tag));
             }
-            if !(extension_entry || event_trigger || subscription) {
+            if system_grant {
+                imported.not_carried.push(format!("grant on {}: PostgreSQL's own objects keep their grants", entry.tag));
+            }
+            if !(extension_entry || event_trigger || subscription || system_grant) {
                 kept.push(entry);
             }
         }
+        // Everything else is restored by the owner role, as the owner of every
+        // object: no statement of the archive runs as a superuser, so whatever
+        // PostgreSQL allows only a superuser to create (C and internal functions,
+        // untrusted languages, programs run by file_fdw) fails here.
         let list = self.list_file("rest", &kept)?;
-        self.phase("restoring definitions", |_| {});
-        self.restore(path, &list, Some("pre-data"), false, 1).await?;
-        // Extensions' configuration tables (PostGIS's spatial_ref_sys) belong
-        // to the admin, who installed the extension: their rows are the admin's
-        // to restore. Every other table's are the owner role's.
-        let admins_tables = superuser_tables(&admin).await?;
-        let (admins, owners): (Vec<&TocEntry>, Vec<&TocEntry>) = kept
-            .iter()
-            .filter(|e| e.kind == "TABLE DATA")
-            .partition(|e| admins_tables.contains(&data_table(e)));
-        self.phase("restoring data", |p| p.tables_done = 0);
-        if !admins.is_empty() {
-            let admin_list = self.list_file("extension-data", &admins)?;
-            self.restore(path, &admin_list, Some("data"), false, 1).await?;
+        self.phase("restoring", |p| p.tables_done = 0);
+        self.restore(path, &list, self.jobs).await?;
+        if !config.is_empty() {
+            admin.execute(&grants("REVOKE", &config, "FROM")).await?;
         }
-        let mut owner_entries: Vec<&TocEntry> = kept.iter().filter(|e| e.kind != "TABLE DATA").copied().collect();
-        owner_entries.extend(owners);
-        let owner_list = self.list_file("data", &owner_entries)?;
-        self.restore(path, &owner_list, Some("data"), true, self.jobs).await?;
-        self.phase("indexing and granting", |_| {});
-        self.restore(path, &list, Some("post-data"), false, self.jobs).await?;
+        self.phase("setting owners", |_| {});
+        // Large objects are data to pg_restore: their owners are not in the
+        // schema-only text, but in their own entries'.
+        let mut statements = statements;
+        let blobs: Vec<&TocEntry> = toc.iter().filter(|e| e.kind == "BLOB" || e.kind == "LARGE OBJECT").collect();
+        if !blobs.is_empty() {
+            let list = self.list_file("large-objects", &blobs)?;
+            let sql = self.tool_output(&["-f", "-", "--use-list", &list.display().to_string()], path).await?;
+            statements.extend(archive::statements(&sql).map_err(|e| Error::new(
+                ErrorCode::SourceFailed,
+                format!("the dump's large objects cannot be read: {}", e.message),
+                "take the dump again with pg_dump",
+            ))?);
+        }
+        let (owned, others) = archive::ownerships(&statements);
+        self.set_owners(&admin, &owned, &named, &mut imported).await?;
+        if others > 0 {
+            imported.not_carried.push(format!(
+                "owners of {others} operators, collations, text search and other objects: they belong to {OWNER_ROLE}"
+            ));
+        }
         self.phase("checking", |_| {});
-        if ddl_names_agent {
+        if named.contains(AGENT_ROLE) {
             admin
                 .execute(&format!(
                     "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
                 ))
                 .await?;
         }
-        check_nothing_runs_as_a_superuser(&admin).await?;
+        check_nothing_runs_as_a_superuser(&admin, &imported.roles).await?;
         Ok(imported)
+    }
+
+    /// Gives each object the owner its dump names, as the admin. The object is
+    /// found by its name parts, passed as parameters and compared as values, and
+    /// named back by the server, so no text of the dump is ever run; owners must
+    /// be roles this import made or the owner role.
+    async fn set_owners(
+        &self,
+        admin: &Admin,
+        owned: &[archive::Ownership],
+        named: &BTreeSet<String>,
+        imported: &mut Imported,
+    ) -> Result<()> {
+        let client = admin.client();
+        let mut sql = String::new();
+        let mut unresolved = 0;
+        for o in owned {
+            let allowed = o.owner == OWNER_ROLE || (named.contains(&o.owner) && !o.owner.starts_with("airlock_"));
+            if !allowed {
+                continue;
+            }
+            // The object is found by its parts, compared as values: nothing of
+            // the dump is parsed by the server, so no name can make it fail.
+            let (parts, args) = archive::name_parts(&o.identity);
+            let (schema, name) = match parts.as_slice() {
+                [schema, name] => (schema.clone(), name.clone()),
+                [name] => (String::new(), name.clone()),
+                _ => continue,
+            };
+            let args = args.unwrap_or_default();
+            let lookup = match o.kind.as_str() {
+                "TABLE" | "VIEW" | "MATERIALIZED VIEW" | "SEQUENCE" | "FOREIGN TABLE" => {
+                    "SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
+                                           WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass::text
+                       FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                      WHERE n.nspname = $1 AND c.relname = $2 AND $3 = ''"
+                }
+                "FUNCTION" | "PROCEDURE" | "AGGREGATE" => {
+                    "SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
+                            p.oid::pg_catalog.regprocedure::text
+                       FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                      WHERE n.nspname = $1 AND p.proname = $2
+                        AND pg_catalog.pg_get_function_identity_arguments(p.oid) = $3"
+                }
+                "TYPE" | "DOMAIN" => {
+                    "SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::pg_catalog.regtype::text
+                       FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
+                      WHERE n.nspname = $1 AND t.typname = $2 AND $3 = ''"
+                }
+                "SCHEMA" => {
+                    "SELECT 'SCHEMA', pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_namespace n
+                      WHERE $1 = '' AND n.nspname = $2 AND $3 = ''"
+                }
+                "LARGE OBJECT" => {
+                    "SELECT 'LARGE OBJECT', l.oid::text FROM pg_catalog.pg_largeobject_metadata l
+                      WHERE $1 = '' AND l.oid::text = $2 AND $3 = ''"
+                }
+                _ => continue,
+            };
+            let row = client
+                .query_opt(lookup, &[&schema, &name, &args])
+                .await
+                .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+            match row {
+                Some(r) => {
+                    let (kind, name): (String, String) = (r.get(0), r.get(1));
+                    sql.push_str(&format!("ALTER {kind} {name} OWNER TO {};\n", quote_ident(&o.owner)));
+                }
+                None => unresolved += 1,
+            }
+        }
+        if unresolved > 0 {
+            imported.not_carried.push(format!("owners of {unresolved} objects the golden does not have under the dump's names"));
+        }
+        if !sql.is_empty() {
+            admin.execute(&sql).await?;
+        }
+        Ok(())
     }
 
     fn phase(&self, phase: &str, f: impl FnOnce(&mut crate::golden::progress::BuildProgress)) {
@@ -317,16 +431,12 @@ impl Restore<'_> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Restores the entries of `list` in `section`, as the owner role or the admin.
-    async fn restore(&self, path: &Path, list: &Path, section: Option<&str>, as_owner: bool, jobs: usize) -> Result<()> {
+    /// Restores the entries of `list` as the owner role, every object its own
+    /// (`--no-owner`: owners are set afterwards by [`Restore::set_owners`]).
+    async fn restore(&self, path: &Path, list: &Path, jobs: usize) -> Result<()> {
         let mut cmd = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir);
-        if as_owner {
-            cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
-        }
-        cmd.args(["--exit-on-error", "--verbose", "--dbname", DATABASE, "--use-list"]).arg(list);
-        if let Some(section) = section {
-            cmd.arg(format!("--section={section}"));
-        }
+        cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+        cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"]).arg(list);
         if jobs > 1 {
             cmd.arg(format!("--jobs={jobs}"));
         }
@@ -338,6 +448,8 @@ impl Restore<'_> {
         while let Ok(Some(line)) = lines.next_line().await {
             if line.contains("processing data for table") {
                 self.phase("restoring data", |p| p.tables_done += 1);
+            } else if line.contains("creating INDEX") || line.contains("creating CONSTRAINT") {
+                self.phase("indexing and granting", |_| {});
             } else if !line.starts_with("pg_restore: ") || line.to_ascii_lowercase().contains("error") {
                 // Verbose progress aside, what pg_restore says is the error and its context.
                 errors.push(line);
@@ -347,46 +459,63 @@ impl Restore<'_> {
         if status.success() {
             return Ok(());
         }
-        let what = section.unwrap_or("schemas");
+        let errors = errors.join("\n");
+        let superuser = errors.contains("must be superuser")
+            || errors.contains("permission denied for language")
+            || errors.contains("permission denied for foreign-data wrapper")
+            || errors.contains("pg_execute_server_program")
+            || errors.contains("pg_read_server_files");
         Err(Error::new(
             ErrorCode::SourceFailed,
-            format!("pg_restore ({what}) of {} failed: {}", path.display(), errors.join("\n").trim()),
-            "check that the dump is complete and made by a pg_dump no newer than this host's PostgreSQL",
+            format!("pg_restore of {} failed: {}", path.display(), errors.trim()),
+            if superuser {
+                "the dump holds something only a superuser may create (a C or internal function, an untrusted \
+                 language, a foreign server or a foreign table running a program); Airlock restores as the application's owner, never \
+                 as a superuser: leave it out of the source (--exclude-table, --exclude-schema) and build again"
+            } else {
+                "check that the dump is complete and made by a pg_dump no newer than this host's PostgreSQL"
+            },
         ))
     }
 }
 
-/// `schema.name` of the table a `TABLE` or `TABLE DATA` entry names (its tag is `schema name owner`).
-fn data_table(entry: &TocEntry) -> String {
-    let mut words = entry.tag.split(' ');
-    format!("{}.{}", words.next().unwrap_or_default(), words.next().unwrap_or_default())
-}
-
-/// Tables (`schema.name`) that belong to a superuser: extensions' own.
-async fn superuser_tables(admin: &Admin) -> Result<BTreeSet<String>> {
+/// Every extension's configuration tables and sequences (`pg_extension.extconfig`), named by the server.
+async fn extension_config(admin: &Admin) -> Result<Vec<(String, bool)>> {
     Ok(admin
         .client()
         .query(
-            "SELECT n.nspname || '.' || c.relname FROM pg_catalog.pg_class c
-               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-               JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
-              WHERE r.rolsuper AND c.relkind IN ('r', 'p')",
+            "SELECT c.oid::pg_catalog.regclass::text, c.relkind = 'S' FROM pg_catalog.pg_extension e
+               CROSS JOIN LATERAL pg_catalog.unnest(e.extconfig) AS x(oid)
+               JOIN pg_catalog.pg_class c ON c.oid = x.oid",
             &[],
         )
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
         .iter()
-        .map(|r| r.get(0))
+        .map(|r| (r.get(0), r.get(1)))
         .collect())
 }
 
-/// Refuses a golden with an event trigger, or with a function, table or view
-/// outside an extension that belongs to a superuser: an event trigger would run
-/// its function (which the agent may replace) in the daemon's admin sessions; a
-/// superuser's function or view would run, or read, with a superuser's rights
-/// for the agent. (Everything a dump names an owner for belongs to a role the
-/// import made, none of them superusers; this is the backstop.)
-async fn check_nothing_runs_as_a_superuser(admin: &Admin) -> Result<()> {
+/// `GRANT`/`REVOKE` of what filling `config` needs, to or from the owner role.
+fn grants(verb: &str, config: &[(String, bool)], to: &str) -> String {
+    config
+        .iter()
+        .map(|(name, sequence)| {
+            let what = if *sequence { "SELECT, UPDATE, USAGE ON SEQUENCE" } else { "SELECT, INSERT ON TABLE" };
+            format!("{verb} {what} {name} {to} {OWNER_ROLE};\n")
+        })
+        .collect()
+}
+
+/// Refuses a golden that could run code with more than the owner role's
+/// rights: an event trigger (it would run its function, which the agent may
+/// replace, in the daemon's admin sessions); a function, table or view outside
+/// an extension that belongs to a superuser; a function in C or PostgreSQL's
+/// internal language outside an extension; or an imported role with any
+/// attribute beyond `INHERIT`/`BYPASSRLS`, or a member of any role but the
+/// imported ones. The restore runs as the owner role, so none of this can be
+/// made by the dump; this is the backstop.
+async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &[String]) -> Result<()> {
     let not_extension = |class: &str, oid: &str| {
         format!(
             "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = '{class}'::pg_catalog.regclass \
@@ -402,14 +531,23 @@ async fn check_nothing_runs_as_a_superuser(admin: &Admin) -> Result<()> {
          UNION ALL
          SELECT 'function ' || p.oid::pg_catalog.regprocedure::text FROM pg_catalog.pg_proc p
            JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
-           WHERE r.rolsuper AND {SYSTEM_SCHEMAS} AND {}
+           JOIN pg_catalog.pg_language l ON l.oid = p.prolang
+           WHERE (r.rolsuper OR l.lanname IN ('c', 'internal') OR NOT l.lanpltrusted AND l.lanname NOT IN ('sql'))
+             AND {SYSTEM_SCHEMAS} AND {}
+         UNION ALL
+         SELECT 'role ' || r.rolname || ' with more than INHERIT and BYPASSRLS' FROM pg_catalog.pg_roles r
+           WHERE r.rolname = ANY($1) AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolcanlogin)
+         UNION ALL
+         SELECT 'role ' || m.rolname || ' a member of ' || g.rolname FROM pg_catalog.pg_auth_members a
+           JOIN pg_catalog.pg_roles g ON g.oid = a.roleid JOIN pg_catalog.pg_roles m ON m.oid = a.member
+           WHERE (m.rolname = ANY($1) OR m.rolname = '{OWNER_ROLE}') AND NOT g.rolname = ANY($1)
          LIMIT 20",
         not_extension("pg_class", "c.oid"),
         not_extension("pg_proc", "p.oid"),
     );
     let found: Vec<String> = admin
         .client()
-        .query(&sql, &[])
+        .query(&sql, &[&imported])
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
         .iter()
@@ -420,8 +558,8 @@ async fn check_nothing_runs_as_a_superuser(admin: &Admin) -> Result<()> {
     }
     Err(Error::new(
         ErrorCode::SourceFailed,
-        format!("the restored golden would run code as a superuser: {}", found.join(", ")),
-        "give those objects to a role of the application's own in the source, then build again",
+        format!("the restored golden would give the agent more than the owner role's rights: {}", found.join(", ")),
+        "give those objects to a role of the application's own in the source, or leave them out, then build again",
     ))
 }
 

@@ -182,7 +182,7 @@ fn a_production_database_imports_with_its_extensions_roles_policies_and_rows() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stderr), d.log());
+    assert!(out.status.success(), "{}{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), d.log());
     assert!(phases.contains("restoring data") || phases.contains("indexing and granting"), "{phases:?}");
     assert_eq!(d.api("GET", "/v1/goldens/prod/progress", "").0, 404, "no progress once it is built");
     let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -326,4 +326,91 @@ fn a_source_without_a_password_gets_errors_that_read_as_written() {
 
 fn newest_major() -> String {
     newest_postgres_bin().parent().unwrap().file_name().unwrap().to_str().unwrap().to_owned()
+}
+
+/// A source whose objects were planted to reach a superuser while the golden is
+/// built: the restore runs as the owner role, so nothing in it ever runs as one.
+const HOSTILE: &str = r#"
+CREATE ROLE app3 NOLOGIN;
+CREATE DATABASE evil OWNER app3;
+\c evil
+CREATE EXTENSION postgis;
+CREATE SCHEMA app AUTHORIZATION app3;
+-- Runs wherever a row is checked: while restoring, as whoever restores.
+CREATE FUNCTION app.pwn(v text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+  BEGIN EXECUTE 'GRANT airlock_admin TO app3'; EXCEPTION WHEN OTHERS THEN NULL; END;
+  BEGIN EXECUTE 'GRANT pg_execute_server_program TO app3'; EXCEPTION WHEN OTHERS THEN NULL; END;
+  RETURN true;
+END $$;
+-- A body that only mentions an extension installs nothing.
+CREATE FUNCTION app.quiet() RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+CREATE EXTENSION IF NOT EXISTS dblink WITH SCHEMA app;
+END $$;
+ALTER FUNCTION app.pwn(text) OWNER TO app3;
+ALTER FUNCTION app.quiet() OWNER TO app3;
+CREATE TABLE public."spatial_ref_sys x" (v text CHECK (app.pwn(v)));
+ALTER TABLE public."spatial_ref_sys x" OWNER TO app3;
+INSERT INTO public."spatial_ref_sys x" VALUES ('row');
+GRANT EXECUTE ON FUNCTION pg_catalog.pg_read_file(text) TO app3;
+COMMENT ON TABLE public."spatial_ref_sys x" IS 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA';
+"#;
+
+#[test]
+fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
+    let prod = Production::start("hostile");
+    script(&prod.dsn("postgres"), HOSTILE);
+    let d = Daemon::start(&[]);
+    let out = d.cli_with(&["golden", "create", "evil", "--from-url", "-", "--json"], Some(&prod.dsn("evil")));
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("grant on pg_catalog FUNCTION pg_read_file"), "reported as not carried: {}", out.stdout);
+    let agent = dsn(&d.fork("evil", &[]));
+    // The check ran while restoring, as the owner role: it could grant nothing.
+    assert_eq!(sql(&agent, "SELECT count(*) FROM public.\"spatial_ref_sys x\""), "1");
+    assert_eq!(sql(&agent, "SELECT pg_has_role('app3', 'airlock_admin', 'MEMBER')"), "f");
+    assert_eq!(sql(&agent, "SELECT pg_has_role('app3', 'pg_execute_server_program', 'MEMBER')"), "f");
+    assert!(psql(&agent, "SET ROLE app3; SET ROLE airlock_admin").is_err());
+    assert!(psql(&agent, "SET ROLE app3; SELECT pg_read_file('PG_VERSION')").unwrap_err().contains("permission denied"));
+    assert_eq!(sql(&agent, "SELECT count(*) FROM pg_extension WHERE extname = 'dblink'"), "0");
+    assert_eq!(sql(&agent, "SELECT proowner::regrole FROM pg_proc WHERE proname = 'pwn'"), "app3");
+
+    // A dump file edited to carry a statement of its own runs it as the owner
+    // role, which may grant nothing of the admin's: the build fails, or the
+    // grant is not there.
+    let file = d.home.join("evil.dump");
+    let status = Command::new("pg_dump").args(["--format=custom", "--file"]).arg(&file).arg(prod.dsn("evil")).status().unwrap();
+    assert!(status.success());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let comment = b"COMMENT ON TABLE public.\"spatial_ref_sys x\" IS 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA';";
+    let at = bytes.windows(comment.len()).position(|w| w == comment).expect("the comment is in the archive");
+    let mut forged = b"GRANT airlock_admin TO app3; GRANT pg_execute_server_program TO app3; --".to_vec();
+    forged.resize(comment.len(), b' ');
+    bytes[at..at + comment.len()].copy_from_slice(&forged);
+    std::fs::write(&file, &bytes).unwrap();
+    let out = d.cli(&["golden", "create", "forged", "--from-dump", file.to_str().unwrap(), "--json"]);
+    if out.code == 0 {
+        let forged = dsn(&d.fork("forged", &[]));
+        assert_eq!(sql(&forged, "SELECT pg_has_role('app3', 'airlock_admin', 'MEMBER')"), "f");
+    } else {
+        assert!(out.stdout.contains("must be superuser") || out.stdout.contains("permission denied"), "{out:?}");
+    }
+
+    // What only a superuser may create cannot be imported at all.
+    script(
+        &prod.dsn("postgres"),
+        "CREATE DATABASE shell;\n\\c shell\nCREATE EXTENSION file_fdw;\nCREATE SERVER fs FOREIGN DATA WRAPPER file_fdw;\n\
+         CREATE FOREIGN TABLE cmd (line text) SERVER fs OPTIONS (program 'id');\n",
+    );
+    let out = d.cli_with(&["golden", "create", "shell", "--from-url", "-", "--json"], Some(&prod.dsn("shell")));
+    assert_eq!(out.code, 7, "{out:?}");
+    assert!(out.stdout.contains("only a superuser may create"), "{out:?}");
+    script(
+        &prod.dsn("postgres"),
+        "CREATE DATABASE internal;\n\\c internal\n\
+         CREATE FUNCTION rf(text) RETURNS text LANGUAGE internal STRICT AS 'pg_read_file_all';\n",
+    );
+    let out = d.cli_with(&["golden", "create", "internal", "--from-url", "-", "--json"], Some(&prod.dsn("internal")));
+    assert_eq!(out.code, 7, "{out:?}");
+    assert!(d.json(&["golden", "ls"]).as_array().unwrap().iter().all(|g| g["name"] != "shell" && g["name"] != "internal"));
 }
