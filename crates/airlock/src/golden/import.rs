@@ -194,10 +194,12 @@ impl Restore<'_> {
         Ok(imported)
     }
 
-    /// Gives each object the owner its dump names, as the admin. The object is
-    /// found by its name parts, passed as parameters and compared as values, and
-    /// named back by the server, so no text of the dump is ever run; owners must
-    /// be roles this import made or the owner role.
+    /// Gives each object the owner its dump names, as the admin. Only what the
+    /// restore made changes hands: objects the owner role owns, outside
+    /// PostgreSQL's schemas, not an extension's. The object is found by its name
+    /// parts, passed as parameters and compared as values, and named back by
+    /// the server, so no text of the dump is ever run; owners must be roles this
+    /// import made or the owner role.
     async fn set_owners(
         &self,
         admin: &Admin,
@@ -222,32 +224,55 @@ impl Restore<'_> {
                 _ => continue,
             };
             let args = args.unwrap_or_default();
+            // Only what the restore made can change hands: objects the owner
+            // role owns, outside PostgreSQL's schemas, not an extension's. A
+            // dump naming `pg_catalog.lo_export` (or Airlock's own objects)
+            // finds nothing here.
             let lookup = match o.kind.as_str() {
                 "TABLE" | "VIEW" | "MATERIALIZED VIEW" | "SEQUENCE" | "FOREIGN TABLE" => {
                     "SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
                                            WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass::text
                        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                      WHERE n.nspname = $1 AND c.relname = $2 AND $3 = ''"
+                      WHERE n.nspname = $1 AND c.relname = $2 AND $3 = ''
+                        AND c.relowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
+                        AND n.nspname <> 'information_schema'
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                                        AND d.objid = c.oid AND d.deptype = 'e')"
                 }
                 "FUNCTION" | "PROCEDURE" | "AGGREGATE" => {
                     "SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
                             p.oid::pg_catalog.regprocedure::text
                        FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                       WHERE n.nspname = $1 AND p.proname = $2
-                        AND pg_catalog.pg_get_function_identity_arguments(p.oid) = $3"
+                        AND pg_catalog.pg_get_function_identity_arguments(p.oid) = $3
+                        AND p.proowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
+                        AND n.nspname <> 'information_schema'
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                                        AND d.objid = p.oid AND d.deptype = 'e')"
                 }
                 "TYPE" | "DOMAIN" => {
                     "SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::pg_catalog.regtype::text
                        FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-                      WHERE n.nspname = $1 AND t.typname = $2 AND $3 = ''"
+                      WHERE n.nspname = $1 AND t.typname = $2 AND $3 = ''
+                        AND t.typowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
+                        AND n.nspname <> 'information_schema'
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
+                                        AND d.objid = t.oid AND d.deptype = 'e')"
                 }
                 "SCHEMA" => {
+                    // `public` belongs to the database's owner until it is given away.
                     "SELECT 'SCHEMA', pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_namespace n
-                      WHERE $1 = '' AND n.nspname = $2 AND $3 = ''"
+                      WHERE $1 = '' AND n.nspname = $2 AND $3 = ''
+                        AND (n.nspowner = 'airlock_owner'::pg_catalog.regrole
+                             OR n.nspname = 'public' AND n.nspowner = 'pg_database_owner'::pg_catalog.regrole)
+                        AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
+                                        AND d.objid = n.oid AND d.deptype = 'e')"
                 }
                 "LARGE OBJECT" => {
                     "SELECT 'LARGE OBJECT', l.oid::text FROM pg_catalog.pg_largeobject_metadata l
-                      WHERE $1 = '' AND l.oid::text = $2 AND $3 = ''"
+                      WHERE $1 = '' AND l.oid::text = $2 AND $3 = ''
+                        AND l.lomowner = 'airlock_owner'::pg_catalog.regrole"
                 }
                 _ => continue,
             };
@@ -264,7 +289,10 @@ impl Restore<'_> {
             }
         }
         if unresolved > 0 {
-            imported.not_carried.push(format!("owners of {unresolved} objects the golden does not have under the dump's names"));
+            imported.not_carried.push(format!(
+                "owners of {unresolved} objects the dump names but the restore did not make \
+                 (PostgreSQL's, an extension's, or absent): left as they are"
+            ));
         }
         if !sql.is_empty() {
             admin.execute(&sql).await?;
@@ -509,7 +537,9 @@ fn grants(verb: &str, config: &[(String, bool)], to: &str) -> String {
 
 /// Refuses a golden that could run code with more than the owner role's
 /// rights: an event trigger (it would run its function, which the agent may
-/// replace, in the daemon's admin sessions); a function, table or view outside
+/// replace, in the daemon's admin sessions); anything in PostgreSQL's own
+/// schemas that does not belong to a superuser (a function there would stand in
+/// for PostgreSQL's in the admin's sessions); a function, table or view outside
 /// an extension that belongs to a superuser; a function in C or PostgreSQL's
 /// internal language outside an extension; or an imported role with any
 /// attribute beyond `INHERIT`/`BYPASSRLS`, or a member of any role but the
@@ -534,6 +564,18 @@ async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &[String]) -
            JOIN pg_catalog.pg_language l ON l.oid = p.prolang
            WHERE (r.rolsuper OR l.lanname IN ('c', 'internal') OR NOT l.lanpltrusted AND l.lanname NOT IN ('sql'))
              AND {SYSTEM_SCHEMAS} AND {}
+         UNION ALL
+         SELECT 'schema ' || n.nspname || ' of PostgreSQL''s own' FROM pg_catalog.pg_namespace n
+           JOIN pg_catalog.pg_roles r ON r.oid = n.nspowner
+           WHERE NOT r.rolsuper AND (n.nspname IN ('pg_catalog', 'information_schema', 'pg_toast'))
+         UNION ALL
+         SELECT 'function ' || p.oid::pg_catalog.regprocedure::text || ' of PostgreSQL''s own' FROM pg_catalog.pg_proc p
+           JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace JOIN pg_catalog.pg_roles r ON r.oid = p.proowner
+           WHERE NOT r.rolsuper AND n.nspname IN ('pg_catalog', 'information_schema')
+         UNION ALL
+         SELECT 'relation ' || c.oid::pg_catalog.regclass::text || ' of PostgreSQL''s own' FROM pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+           WHERE NOT r.rolsuper AND n.nspname IN ('pg_catalog', 'information_schema')
          UNION ALL
          SELECT 'role ' || r.rolname || ' with more than INHERIT and BYPASSRLS' FROM pg_catalog.pg_roles r
            WHERE r.rolname = ANY($1) AND (r.rolsuper OR r.rolcreaterole OR r.rolcreatedb OR r.rolreplication OR r.rolcanlogin)

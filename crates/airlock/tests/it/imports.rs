@@ -414,3 +414,49 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
     assert_eq!(out.code, 7, "{out:?}");
     assert!(d.json(&["golden", "ls"]).as_array().unwrap().iter().all(|g| g["name"] != "shell" && g["name"] != "internal"));
 }
+
+#[test]
+fn a_forged_dump_cannot_give_postgresqls_own_objects_away() {
+    let prod = Production::start("forged");
+    script(
+        &prod.dsn("postgres"),
+        "CREATE ROLE app_owner NOLOGIN;\nCREATE DATABASE app;\n\\c app\n\
+         CREATE SCHEMA xg_catalog AUTHORIZATION app_owner;\n\
+         CREATE FUNCTION xg_catalog.lo_export(oid, text) RETURNS integer LANGUAGE sql AS 'SELECT 1';\n\
+         ALTER FUNCTION xg_catalog.lo_export(oid, text) OWNER TO app_owner;\n\
+         CREATE TABLE public.t (id int);\nALTER TABLE public.t OWNER TO app_owner;\n",
+    );
+    let d = Daemon::start(&[]);
+    let file = d.home.join("forged.dump");
+    let status = Command::new("pg_dump").args(["--format=custom", "--file"]).arg(&file).arg(prod.dsn("app")).status().unwrap();
+    assert!(status.success());
+    // pg_restore writes a function's `ALTER ... OWNER TO` from its drop statement,
+    // and a schema's from its tag: same-length edits make the dump name
+    // PostgreSQL's own function and schema there, while creating its own.
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mut swap = |from: &[u8], to: &[u8]| {
+        let at = bytes.windows(from.len()).position(|w| w == from).expect("found in the archive");
+        bytes[at..at + from.len()].copy_from_slice(to);
+    };
+    swap(b"DROP FUNCTION xg_catalog.", b"DROP FUNCTION pg_catalog.");
+    swap(b"xg_catalog\x00\x06\x00\x00\x00SCHEMA", b"pg_catalog\x00\x06\x00\x00\x00SCHEMA");
+    std::fs::write(&file, &bytes).unwrap();
+    let listed = Command::new("pg_restore").args(["--schema-only", "-f", "-"]).arg(&file).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.contains("ALTER FUNCTION pg_catalog.lo_export(oid, text) OWNER TO app_owner;"), "{listed}");
+    assert!(listed.contains("ALTER SCHEMA pg_catalog OWNER TO app_owner;"), "{listed}");
+
+    // The archive imports, and the ownership pass finds nothing of PostgreSQL's
+    // by those names: it gives away only what the restore made.
+    let out = d.cli(&["golden", "create", "forged", "--from-dump", file.to_str().unwrap(), "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("owners of 2 objects the dump names but the restore did not make"), "{}", out.stdout);
+    let agent = dsn(&d.fork("forged", &[]));
+    assert_eq!(sql(&agent, "SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'pg_catalog'"), "airlock_admin");
+    assert_eq!(
+        sql(&agent, "SELECT proowner::regrole FROM pg_proc WHERE oid = 'pg_catalog.lo_export(oid, text)'::regprocedure"),
+        "airlock_admin"
+    );
+    assert!(psql(&agent, "CREATE FUNCTION pg_catalog.evil() RETURNS int LANGUAGE sql AS 'SELECT 1'").is_err());
+    assert_eq!(sql(&agent, "SELECT tableowner FROM pg_tables WHERE tablename = 't'"), "app_owner", "the rest is faithful");
+}
