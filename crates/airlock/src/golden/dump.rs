@@ -46,13 +46,10 @@ pub async fn dump(
     let archive = keep.join("dump");
     let facts_file = keep.join("facts.json");
     let finished = std::fs::read_to_string(keep.join("complete")).is_ok_and(|k| k == key);
-    if finished {
-        if let Ok(facts) = std::fs::read(&facts_file).map(|b| serde_json::from_slice(&b)) {
-            if let Ok(facts) = facts {
-                let bytes = crate::storage::tree_size(&archive);
-                return Ok(Dumped { archive, facts, resumed: true, seconds: 0.0, bytes });
-            }
-        }
+    let kept_facts = std::fs::read(&facts_file).ok().and_then(|b| serde_json::from_slice::<SourceFacts>(&b).ok());
+    if let (true, Some(facts)) = (finished, kept_facts) {
+        let bytes = crate::storage::tree_size(&archive);
+        return Ok(Dumped { archive, facts, resumed: true, seconds: 0.0, bytes });
     }
     let _ = std::fs::remove_dir_all(keep);
     crate::pg::load::private_dir(keep)?;
@@ -80,10 +77,11 @@ pub async fn dump(
     Ok(Dumped { archive, facts, resumed: false, seconds: began.elapsed().as_secs_f64(), bytes })
 }
 
-/// What makes two dumps the same: the source and what is left out.
+/// What makes two dumps the same: the source (its password aside, which
+/// nothing on disk may derive from) and what is left out.
 fn source_key(source: &str, exclude: &Exclusions) -> String {
     let mut h = Sha256::new();
-    h.update(source.as_bytes());
+    h.update(dsn::redact(source).as_bytes());
     h.update(serde_json::to_vec(exclude).expect("exclusions serialize"));
     crate::secret::hex(&h.finalize())
 }

@@ -241,7 +241,7 @@ mod tests {
         let (mut server_end, mut client_end) = tokio::io::duplex(64 * 1024);
         let password = password.to_owned();
         let client = tokio::spawn(async move {
-            let mut read_auth = async |c: &mut tokio::io::DuplexStream| -> Option<(i32, Vec<u8>)> {
+            let read_auth = async |c: &mut tokio::io::DuplexStream| -> Option<(i32, Vec<u8>)> {
                 let tag = c.read_u8().await.ok()?;
                 let len = c.read_i32().await.ok()?;
                 let mut body = vec![0; len as usize - 4];

@@ -177,6 +177,19 @@ fn generated(dir: &Path, host: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes a file only its owner can read, whole or not at all (written aside,
+/// then renamed into place).
+pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
+    f.write_all(bytes)?;
+    std::fs::rename(tmp, path)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,17 +207,4 @@ mod tests {
         assert_eq!(signature_algorithm(b"\x30\x03\x02\x01"), None);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// Writes a file only its owner can read, whole or not at all (written aside,
-/// then renamed into place).
-pub(super) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
-    f.write_all(bytes)?;
-    std::fs::rename(tmp, path)?;
-    Ok(())
 }
