@@ -228,56 +228,50 @@ impl Restore<'_> {
             // role owns, outside PostgreSQL's schemas, not an extension's. A
             // dump naming `pg_catalog.lo_export` (or Airlock's own objects)
             // finds nothing here.
+            let made = |class: &str, alias: &str, owner: &str| {
+                format!(
+                    "{alias}.{owner} = '{OWNER_ROLE}'::pg_catalog.regrole AND {SYSTEM_SCHEMAS}
+                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.objid = {alias}.oid
+                                     AND d.classid = 'pg_catalog.{class}'::pg_catalog.regclass AND d.deptype = 'e')"
+                )
+            };
             let lookup = match o.kind.as_str() {
-                "TABLE" | "VIEW" | "MATERIALIZED VIEW" | "SEQUENCE" | "FOREIGN TABLE" => {
+                "TABLE" | "VIEW" | "MATERIALIZED VIEW" | "SEQUENCE" | "FOREIGN TABLE" => format!(
                     "SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
                                            WHEN 'f' THEN 'FOREIGN TABLE' ELSE 'TABLE' END, c.oid::pg_catalog.regclass::text
                        FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                      WHERE n.nspname = $1 AND c.relname = $2 AND $3 = ''
-                        AND c.relowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
-                        AND n.nspname <> 'information_schema'
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
-                                        AND d.objid = c.oid AND d.deptype = 'e')"
-                }
-                "FUNCTION" | "PROCEDURE" | "AGGREGATE" => {
+                      WHERE n.nspname = $1 AND c.relname = $2 AND $3 = '' AND {}",
+                    made("pg_class", "c", "relowner")
+                ),
+                "FUNCTION" | "PROCEDURE" | "AGGREGATE" => format!(
                     "SELECT CASE p.prokind WHEN 'p' THEN 'PROCEDURE' WHEN 'a' THEN 'AGGREGATE' ELSE 'FUNCTION' END,
                             p.oid::pg_catalog.regprocedure::text
                        FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                       WHERE n.nspname = $1 AND p.proname = $2
-                        AND pg_catalog.pg_get_function_identity_arguments(p.oid) = $3
-                        AND p.proowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
-                        AND n.nspname <> 'information_schema'
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
-                                        AND d.objid = p.oid AND d.deptype = 'e')"
-                }
-                "TYPE" | "DOMAIN" => {
+                        AND pg_catalog.pg_get_function_identity_arguments(p.oid) = $3 AND {}",
+                    made("pg_proc", "p", "proowner")
+                ),
+                "TYPE" | "DOMAIN" => format!(
                     "SELECT CASE t.typtype WHEN 'd' THEN 'DOMAIN' ELSE 'TYPE' END, t.oid::pg_catalog.regtype::text
                        FROM pg_catalog.pg_type t JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-                      WHERE n.nspname = $1 AND t.typname = $2 AND $3 = ''
-                        AND t.typowner = 'airlock_owner'::pg_catalog.regrole AND n.nspname NOT LIKE 'pg\\_%'
-                        AND n.nspname <> 'information_schema'
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_type'::pg_catalog.regclass
-                                        AND d.objid = t.oid AND d.deptype = 'e')"
-                }
-                "SCHEMA" => {
-                    // `public` belongs to the database's owner until it is given away.
+                      WHERE n.nspname = $1 AND t.typname = $2 AND $3 = '' AND {}",
+                    made("pg_type", "t", "typowner")
+                ),
+                // `public` belongs to the database's owner until it is given away.
+                "SCHEMA" => format!(
                     "SELECT 'SCHEMA', pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_namespace n
                       WHERE $1 = '' AND n.nspname = $2 AND $3 = ''
-                        AND (n.nspowner = 'airlock_owner'::pg_catalog.regrole
-                             OR n.nspname = 'public' AND n.nspowner = 'pg_database_owner'::pg_catalog.regrole)
-                        AND n.nspname NOT LIKE 'pg\\_%' AND n.nspname <> 'information_schema'
-                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = 'pg_catalog.pg_namespace'::pg_catalog.regclass
-                                        AND d.objid = n.oid AND d.deptype = 'e')"
-                }
-                "LARGE OBJECT" => {
+                        AND ({} OR n.nspname = 'public' AND n.nspowner = 'pg_database_owner'::pg_catalog.regrole)",
+                    made("pg_namespace", "n", "nspowner")
+                ),
+                "LARGE OBJECT" => format!(
                     "SELECT 'LARGE OBJECT', l.oid::text FROM pg_catalog.pg_largeobject_metadata l
-                      WHERE $1 = '' AND l.oid::text = $2 AND $3 = ''
-                        AND l.lomowner = 'airlock_owner'::pg_catalog.regrole"
-                }
+                      WHERE $1 = '' AND l.oid::text = $2 AND $3 = '' AND l.lomowner = '{OWNER_ROLE}'::pg_catalog.regrole"
+                ),
                 _ => continue,
             };
             let row = client
-                .query_opt(lookup, &[&schema, &name, &args])
+                .query_opt(&lookup, &[&schema, &name, &args])
                 .await
                 .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
             match row {
