@@ -58,7 +58,12 @@ impl Identity {
     /// The identity a sandbox's server runs as: its leased uid when the daemon
     /// is root (a sandbox made before uids were leased keeps its named user,
     /// `slot`), else `instance_user`.
-    pub fn of_sandbox(root: bool, instance_user: &Identity, uid: Option<u32>, slot: Option<i64>) -> Result<Identity> {
+    pub fn of_sandbox(
+        root: bool,
+        instance_user: &Identity,
+        uid: Option<u32>,
+        slot: Option<i64>,
+    ) -> Result<Identity> {
         match (root, uid, slot) {
             (true, Some(uid), _) => Ok(Identity::leased(uid)),
             (true, None, Some(slot)) => Identity::ensure(&format!("{}-{slot}", instance_user.name)),

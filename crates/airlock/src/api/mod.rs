@@ -217,7 +217,10 @@ async fn show_golden(State(s): State<AppState>, Path(name): Path<String>) -> Api
 }
 
 #[utoipa::path(get, path = "/v1/goldens/{name}/progress", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "how far its build under way has got", body = golden::progress::BuildProgress), ApiErrors))]
-async fn golden_progress(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::progress::BuildProgress> {
+async fn golden_progress(
+    State(s): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<golden::progress::BuildProgress> {
     s.engine.builds.get(&name).map(Json).ok_or_else(|| {
         Error::new(
             crate::error::ErrorCode::GoldenNotFound,

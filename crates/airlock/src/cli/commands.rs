@@ -437,7 +437,17 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
     let json = cli.json;
     let client = cli.client()?;
     match cmd {
-        GoldenCommand::Create { name, schema, seed, from_url, from_dump, exclude_table, exclude_schema, jobs, pool } => {
+        GoldenCommand::Create {
+            name,
+            schema,
+            seed,
+            from_url,
+            from_dump,
+            exclude_table,
+            exclude_schema,
+            jobs,
+            pool,
+        } => {
             validate::name("golden", name)?;
             let from_url = match from_url.as_deref() {
                 Some("-") => {
@@ -467,19 +477,18 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                     .map(|p| absolute(std::slice::from_ref(p)))
                     .transpose()?
                     .map(|mut v| v.remove(0)),
-                exclude: crate::golden::Exclusions { tables: exclude_table.clone(), schemas: exclude_schema.clone() },
+                exclude: crate::golden::Exclusions {
+                    tables: exclude_table.clone(),
+                    schemas: exclude_schema.clone(),
+                },
                 jobs: *jobs,
                 pool_size: *pool,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));
-            let g: Result<Golden> = with_progress(
-                &client,
-                name,
-                &spinner,
-                client.call(Method::POST, "/v1/goldens", Some(&req)),
-            )
-            .await;
+            let g: Result<Golden> =
+                with_progress(&client, name, &spinner, client.call(Method::POST, "/v1/goldens", Some(&req)))
+                    .await;
             spinner.finish_and_clear();
             let g = g?;
             output::print(json, &g, || output::golden(&g));

@@ -222,14 +222,18 @@ pub fn import_report(r: &crate::golden::fidelity::Report) -> String {
         } else if r.differs() {
             format!("DIFFERS: {}", r.differences(20))
         } else {
-            format!("catalog and row counts match the source ({})", r.source_version.as_deref().unwrap_or("?"))
+            format!(
+                "catalog and row counts match the source ({})",
+                r.source_version.as_deref().unwrap_or("?")
+            )
         }
     ));
     if let Some(note) = &r.major_note {
         out.push_str(&format!("note: {note}\n"));
     }
     if !r.imported.extensions.is_empty() {
-        let list: Vec<String> = r.imported.extensions.iter().map(|e| format!("{} {}", e.name, e.version)).collect();
+        let list: Vec<String> =
+            r.imported.extensions.iter().map(|e| format!("{} {}", e.name, e.version)).collect();
         out.push_str(&format!("extensions: {}\n", list.join(", ")));
     }
     if !r.imported.roles.is_empty() {

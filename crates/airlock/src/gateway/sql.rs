@@ -196,7 +196,8 @@ async fn connect_once(engine: &Engine, sb: &Sandbox) -> std::result::Result<Sess
     let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
     let socket = engine.layout.sandbox_instance(&sb.id).socket();
     let user = engine.sandbox_user(sb).map_err(|e| wire::WireError::Protocol(e.message))?;
-    let stream = crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+    let stream =
+        crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
     Session::connect(stream, AGENT_ROLE, &password, DATABASE).await
 }
 

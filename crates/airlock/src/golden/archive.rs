@@ -247,7 +247,8 @@ pub fn extensions(statements: &[String]) -> Vec<DumpedExtension> {
         if upper.len() < 3 || upper[0] != "CREATE" || upper[1] != "EXTENSION" {
             continue;
         }
-        let tokens = if upper.get(2..5) == Some(&["IF".to_owned(), "NOT".to_owned(), "EXISTS".to_owned()][..]) {
+        let tokens = if upper.get(2..5) == Some(&["IF".to_owned(), "NOT".to_owned(), "EXISTS".to_owned()][..])
+        {
             &words[5..]
         } else {
             &words[2..]
@@ -281,7 +282,8 @@ fn roles_in(sql: &str) -> Vec<String> {
     let upper: Vec<String> = words.iter().map(|w| w.to_ascii_uppercase()).collect();
     let at = |kw: &str| upper.iter().position(|w| w == kw);
     let mut found = Vec::new();
-    let starts = |prefix: &[&str]| upper.len() >= prefix.len() && upper.iter().zip(prefix).all(|(a, b)| a == b);
+    let starts =
+        |prefix: &[&str]| upper.len() >= prefix.len() && upper.iter().zip(prefix).all(|(a, b)| a == b);
     if starts(&["ALTER"]) && upper.len() > 3 && upper[upper.len() - 3] == "OWNER" {
         // `ALTER ... OWNER TO role;`
         found.push(words[words.len() - 1].clone());
@@ -417,7 +419,10 @@ pub fn tokens(sql: &str) -> Vec<String> {
             out.push(chars[start..i].iter().collect());
         } else {
             let start = i;
-            while i < chars.len() && !chars[i].is_whitespace() && !matches!(chars[i], ',' | ';' | '(' | '"' | '\'') {
+            while i < chars.len()
+                && !chars[i].is_whitespace()
+                && !matches!(chars[i], ',' | ';' | '(' | '"' | '\'')
+            {
                 i += 1;
             }
             // `schema."name"` stays one word.
@@ -468,7 +473,10 @@ END $$;
 \restrict abc
 "#;
         let found: Vec<String> = roles(&statements(ddl).unwrap()).into_iter().collect();
-        assert_eq!(schemas(&statements("CREATE SCHEMA app;\nCREATE SCHEMA \"Odd One\";\n").unwrap()), ["app", "Odd One"]);
+        assert_eq!(
+            schemas(&statements("CREATE SCHEMA app;\nCREATE SCHEMA \"Odd One\";\n").unwrap()),
+            ["app", "Odd One"]
+        );
         assert_eq!(
             found,
             ["Audit \"Team\"", "Blob Keeper", "app_owner", "app_ro", "app_rw", "old_role", "reporting"]
@@ -528,7 +536,9 @@ END $$;
         assert_eq!(toc[3].tag, "- EXTENSION postgis");
         assert_eq!(toc[4].id, 9);
         assert_eq!(repeated_id(&toc), None);
-        let forged = parse_toc("9; 3466 16500 EVENT TRIGGER - audit_ddl app_owner\n9; 1259 16390 TABLE app t app_owner\n");
+        let forged = parse_toc(
+            "9; 3466 16500 EVENT TRIGGER - audit_ddl app_owner\n9; 1259 16390 TABLE app t app_owner\n",
+        );
         assert_eq!(repeated_id(&forged), Some(9));
     }
 }

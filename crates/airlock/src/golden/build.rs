@@ -247,7 +247,8 @@ async fn load_and_describe(
         Source::Url { jobs, .. } | Source::Dump { jobs, .. } => *jobs,
         _ => None,
     };
-    let jobs = asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
+    let jobs =
+        asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
     let restore = Restore { bin: &engine.pg, dir, postmaster, jobs, progress: (&engine.builds, name), work };
     // What the fidelity report is made of, once the golden's catalog is read.
     let mut pending = None;
@@ -289,7 +290,8 @@ async fn load_and_describe(
     report.restore_seconds = restore_seconds;
     report.jobs = jobs;
     if let Some((d, _)) = &dumped {
-        let (source_major, golden_major) = (d.facts.server_version_num / 10000, engine.pg.major().unwrap_or(0) as i32);
+        let (source_major, golden_major) =
+            (d.facts.server_version_num / 10000, engine.pg.major().unwrap_or(0) as i32);
         if source_major != golden_major {
             report.major_note = Some(format!(
                 "the source runs PostgreSQL {}, this golden {version}: forks, and migrations tested on them, run on {golden_major}",

@@ -46,7 +46,8 @@ pub async fn dump(
     let archive = keep.join("dump");
     let facts_file = keep.join("facts.json");
     let finished = std::fs::read_to_string(keep.join("complete")).is_ok_and(|k| k == key);
-    let kept_facts = std::fs::read(&facts_file).ok().and_then(|b| serde_json::from_slice::<SourceFacts>(&b).ok());
+    let kept_facts =
+        std::fs::read(&facts_file).ok().and_then(|b| serde_json::from_slice::<SourceFacts>(&b).ok());
     if let (true, Some(facts)) = (finished, kept_facts) {
         let bytes = crate::storage::tree_size(&archive);
         return Ok(Dumped { archive, facts, resumed: true, seconds: 0.0, bytes });
@@ -107,7 +108,13 @@ async fn run_pg_dump(
         .env("LC_ALL", "C")
         .env("PGPASSFILE", &passfile)
         .env("PGCONNECT_TIMEOUT", "15")
-        .args(["--format=directory", "--verbose", "--no-subscriptions", "--no-tablespaces", "--no-security-labels"])
+        .args([
+            "--format=directory",
+            "--verbose",
+            "--no-subscriptions",
+            "--no-tablespaces",
+            "--no-security-labels",
+        ])
         .arg(format!("--jobs={jobs}"))
         .arg(format!("--snapshot={snapshot}"));
     for table in &exclude.tables {

@@ -97,10 +97,17 @@ pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excl
         // Entries PostgreSQL cannot print are digests of catalog rows, which
         // hold object ids that differ between two databases: across databases
         // they are compared by presence alone.
-        .filter(|c| !(c.change == "changed" && [&c.before, &c.after].iter().all(|d| d.as_deref().is_some_and(|d| d.starts_with("digest ")))))
-        .filter(|c| ![&c.name, c.before.as_deref().unwrap_or(""), c.after.as_deref().unwrap_or("")]
-            .iter()
-            .any(|t| t.contains(crate::pg::dsn::AGENT_ROLE)))
+        .filter(|c| {
+            !(c.change == "changed"
+                && [&c.before, &c.after]
+                    .iter()
+                    .all(|d| d.as_deref().is_some_and(|d| d.starts_with("digest "))))
+        })
+        .filter(|c| {
+            ![&c.name, c.before.as_deref().unwrap_or(""), c.after.as_deref().unwrap_or("")]
+                .iter()
+                .any(|t| t.contains(crate::pg::dsn::AGENT_ROLE))
+        })
         // What extensions made belongs to whoever installed them: a superuser
         // of the source's, the admin in the golden.
         .filter(|c| {
@@ -171,8 +178,9 @@ fn without(catalog: &Catalog, excluded: &Exclusions) -> Catalog {
     }
     let mut c = catalog.clone();
     c.tables.retain(|name, _| !excluded.leaves_out(name));
-    let in_left_out_schema =
-        |name: &str| name.split_once('.').is_some_and(|(schema, _)| excluded.schemas.iter().any(|s| s == schema));
+    let in_left_out_schema = |name: &str| {
+        name.split_once('.').is_some_and(|(schema, _)| excluded.schemas.iter().any(|s| s == schema))
+    };
     c.views.retain(|name, _| !in_left_out_schema(name));
     c.functions.retain(|name, _| !in_left_out_schema(name));
     c.sequences.retain(|name, _| !excluded.leaves_out(name));
@@ -200,8 +208,16 @@ mod tests {
         }
         SourceFacts {
             server_version: "15.8".into(),
-            extensions: vec![Extension { name: "postgis".into(), version: "3.3.2".into(), schema: "public".into() }],
-            roles: [("postgres".to_owned(), RoleAttributes { inherit: true, bypassrls: true, superuser: true })].into(),
+            extensions: vec![Extension {
+                name: "postgis".into(),
+                version: "3.3.2".into(),
+                schema: "public".into(),
+            }],
+            roles: [(
+                "postgres".to_owned(),
+                RoleAttributes { inherit: true, bypassrls: true, superuser: true },
+            )]
+            .into(),
             catalog,
             rows: [("app.orders".to_owned(), 10), ("app.audit".to_owned(), 5)].into(),
             ..Default::default()
@@ -217,7 +233,11 @@ mod tests {
 
     fn imported(version: &str) -> Imported {
         Imported {
-            extensions: vec![Extension { name: "postgis".into(), version: version.into(), schema: "public".into() }],
+            extensions: vec![Extension {
+                name: "postgis".into(),
+                version: version.into(),
+                schema: "public".into(),
+            }],
             ..Default::default()
         }
     }
@@ -232,7 +252,10 @@ mod tests {
         assert_eq!(rows.row_differences, ["app.orders: 10 rows in the source, 9 in the golden"]);
 
         let version = compare(&f, &golden(&f, 10), &imported("3.4.0"), &none);
-        assert_eq!(version.extension_differences, ["extension postgis: 3.3.2 in the source, 3.4.0 in the golden"]);
+        assert_eq!(
+            version.extension_differences,
+            ["extension postgis: 3.3.2 in the source, 3.4.0 in the golden"]
+        );
 
         let mut missing = golden(&f, 10);
         missing.catalog.tables.remove("app.audit");

@@ -89,12 +89,12 @@ impl Restore<'_> {
         }
         let statements = archive::statements(&self.tool_output(&["--schema-only", "-f", "-"], path).await?)
             .map_err(|e| {
-                Error::new(
-                    ErrorCode::SourceFailed,
-                    format!("the dump's definitions cannot be read: {}", e.message),
-                    "take the dump again with pg_dump",
-                )
-            })?;
+            Error::new(
+                ErrorCode::SourceFailed,
+                format!("the dump's definitions cannot be read: {}", e.message),
+                "take the dump again with pg_dump",
+            )
+        })?;
         let mut imported = Imported { listed_tables: archive::tables(&statements), ..Default::default() };
         let tables = toc.iter().filter(|e| e.kind == "TABLE DATA").count() as u64;
         self.phase("creating roles", |p| p.tables_total = tables);
@@ -108,7 +108,10 @@ impl Restore<'_> {
         self.phase("creating schemas and extensions", |_| {});
         let mut sql = String::new();
         for schema in archive::schemas(&statements) {
-            sql.push_str(&format!("CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {OWNER_ROLE};\n", quote_ident(&schema)));
+            sql.push_str(&format!(
+                "CREATE SCHEMA IF NOT EXISTS {} AUTHORIZATION {OWNER_ROLE};\n",
+                quote_ident(&schema)
+            ));
         }
         if !sql.is_empty() {
             admin.execute(&sql).await?;
@@ -142,10 +145,14 @@ impl Restore<'_> {
                 ));
             }
             if entry.kind == "SUBSCRIPTION" {
-                imported.not_carried.push(format!("subscription {}: a golden subscribes to nothing", entry.tag));
+                imported
+                    .not_carried
+                    .push(format!("subscription {}: a golden subscribes to nothing", entry.tag));
             }
             if system_grant {
-                imported.not_carried.push(format!("grant on {}: PostgreSQL's own objects keep their grants", entry.tag));
+                imported
+                    .not_carried
+                    .push(format!("grant on {}: PostgreSQL's own objects keep their grants", entry.tag));
             }
             if !(extension_entry || event_trigger || subscription || system_grant) {
                 kept.push(entry);
@@ -165,15 +172,18 @@ impl Restore<'_> {
         // Large objects are data to pg_restore: their owners are not in the
         // schema-only text, but in their own entries'.
         let mut statements = statements;
-        let blobs: Vec<&TocEntry> = toc.iter().filter(|e| e.kind == "BLOB" || e.kind == "LARGE OBJECT").collect();
+        let blobs: Vec<&TocEntry> =
+            toc.iter().filter(|e| e.kind == "BLOB" || e.kind == "LARGE OBJECT").collect();
         if !blobs.is_empty() {
             let list = self.list_file("large-objects", &blobs)?;
             let sql = self.tool_output(&["-f", "-", "--use-list", &list.display().to_string()], path).await?;
-            statements.extend(archive::statements(&sql).map_err(|e| Error::new(
-                ErrorCode::SourceFailed,
-                format!("the dump's large objects cannot be read: {}", e.message),
-                "take the dump again with pg_dump",
-            ))?);
+            statements.extend(archive::statements(&sql).map_err(|e| {
+                Error::new(
+                    ErrorCode::SourceFailed,
+                    format!("the dump's large objects cannot be read: {}", e.message),
+                    "take the dump again with pg_dump",
+                )
+            })?);
         }
         let (owned, others) = archive::ownerships(&statements);
         self.set_owners(&admin, &owned, &named, &mut imported).await?;
@@ -211,7 +221,8 @@ impl Restore<'_> {
         let mut sql = String::new();
         let mut unresolved = 0;
         for o in owned {
-            let allowed = o.owner == OWNER_ROLE || (named.contains(&o.owner) && !o.owner.starts_with("airlock_"));
+            let allowed =
+                o.owner == OWNER_ROLE || (named.contains(&o.owner) && !o.owner.starts_with("airlock_"));
             if !allowed {
                 continue;
             }
@@ -336,7 +347,9 @@ impl Restore<'_> {
             let inherit = attributes.is_none_or(|a| a.inherit);
             let bypassrls = attributes.is_some_and(|a| a.bypassrls);
             if attributes.is_some_and(|a| a.superuser) {
-                imported.not_carried.push(format!("role {role} is a superuser in the source: created without it"));
+                imported
+                    .not_carried
+                    .push(format!("role {role} is a superuser in the source: created without it"));
             }
             let q = quote_ident(role);
             sql.push_str(&format!(
@@ -351,8 +364,11 @@ impl Restore<'_> {
             if !named.contains(member) || member.starts_with("airlock_") {
                 continue;
             }
-            if group.starts_with("pg_") || facts.and_then(|f| f.roles.get(group)).is_some_and(|a| a.superuser) {
-                imported.not_carried.push(format!("{member}'s membership of {group}: it reaches beyond the database"));
+            if group.starts_with("pg_") || facts.and_then(|f| f.roles.get(group)).is_some_and(|a| a.superuser)
+            {
+                imported
+                    .not_carried
+                    .push(format!("{member}'s membership of {group}: it reaches beyond the database"));
             } else if named.contains(group) && !group.starts_with("airlock_") {
                 sql.push_str(&format!("GRANT {} TO {};\n", quote_ident(group), quote_ident(member)));
                 imported.memberships.push(format!("{group} <- {member}"));
@@ -400,14 +416,18 @@ impl Restore<'_> {
         }
         let mut installed = Vec::new();
         for ext in dumped {
-            let wanted = facts.and_then(|f| f.extensions.iter().find(|e| e.name == ext.name)).map(|e| e.version.clone());
+            let wanted = facts
+                .and_then(|f| f.extensions.iter().find(|e| e.name == ext.name))
+                .map(|e| e.version.clone());
             let base = format!(
                 "CREATE EXTENSION IF NOT EXISTS {} WITH SCHEMA {}",
                 quote_ident(&ext.name),
                 quote_ident(&ext.schema)
             );
             let exact = match &wanted {
-                Some(v) => admin.execute(&format!("{base} VERSION '{}' CASCADE", v.replace('\'', "''"))).await,
+                Some(v) => {
+                    admin.execute(&format!("{base} VERSION '{}' CASCADE", v.replace('\'', "''"))).await
+                }
                 None => Err(Error::internal("no version asked")),
             };
             if exact.is_err() {
@@ -417,7 +437,10 @@ impl Restore<'_> {
                     Error::new(
                         ErrorCode::ExtensionMissing,
                         format!("installing extension {} failed: {}", ext.name, e.message),
-                        format!("install {} for PostgreSQL {major}, then build again", package_for(&ext.name, major)),
+                        format!(
+                            "install {} for PostgreSQL {major}, then build again",
+                            package_for(&ext.name, major)
+                        ),
                     )
                 })?;
             }
@@ -442,11 +465,19 @@ impl Restore<'_> {
 
     /// pg_restore with no database: reads the archive.
     async fn tool_output(&self, args: &[&str], path: &Path) -> Result<String> {
-        let out = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir).args(args).arg(path).output().await?;
+        let out = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir)
+            .args(args)
+            .arg(path)
+            .output()
+            .await?;
         if !out.status.success() {
             return Err(Error::new(
                 ErrorCode::SourceFailed,
-                format!("pg_restore could not read {}: {}", path.display(), String::from_utf8_lossy(&out.stderr).trim()),
+                format!(
+                    "pg_restore could not read {}: {}",
+                    path.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ),
                 "check that the dump is complete and made by a pg_dump no newer than this host's PostgreSQL",
             ));
         }
@@ -458,7 +489,8 @@ impl Restore<'_> {
     async fn restore(&self, path: &Path, list: &Path, jobs: usize) -> Result<()> {
         let mut cmd = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir);
         cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
-        cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"]).arg(list);
+        cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"])
+            .arg(list);
         if jobs > 1 {
             cmd.arg(format!("--jobs={jobs}"));
         }
@@ -523,7 +555,8 @@ fn grants(verb: &str, config: &[(String, bool)], to: &str) -> String {
     config
         .iter()
         .map(|(name, sequence)| {
-            let what = if *sequence { "SELECT, UPDATE, USAGE ON SEQUENCE" } else { "SELECT, INSERT ON TABLE" };
+            let what =
+                if *sequence { "SELECT, UPDATE, USAGE ON SEQUENCE" } else { "SELECT, INSERT ON TABLE" };
             format!("{verb} {what} {name} {to} {OWNER_ROLE};\n")
         })
         .collect()

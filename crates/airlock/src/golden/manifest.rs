@@ -176,7 +176,8 @@ mod tests {
 
     #[test]
     fn exclusions_match_as_pg_dump_patterns_do() {
-        let e = Exclusions { tables: vec!["audit_*".into(), "app.big".into()], schemas: vec!["scratch".into()] };
+        let e =
+            Exclusions { tables: vec!["audit_*".into(), "app.big".into()], schemas: vec!["scratch".into()] };
         assert!(e.leaves_out("public.audit_2024"));
         assert!(e.leaves_out("app.big"));
         assert!(!e.leaves_out("other.big"));

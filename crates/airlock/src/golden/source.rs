@@ -70,7 +70,8 @@ impl SourceSession {
             )
             .await
             .map_err(failed)?;
-        let snapshot = client.query_one("SELECT pg_catalog.pg_export_snapshot()", &[]).await.map_err(failed)?.get(0);
+        let snapshot =
+            client.query_one("SELECT pg_catalog.pg_export_snapshot()", &[]).await.map_err(failed)?.get(0);
         Ok(SourceSession { client, snapshot })
     }
 
@@ -90,10 +91,14 @@ impl SourceSession {
     pub async fn facts(&self, skip: impl Fn(&str) -> bool) -> Result<SourceFacts> {
         let c = &self.client;
         let row = c
-            .query_one("SELECT current_setting('server_version'), current_setting('server_version_num')::int", &[])
+            .query_one(
+                "SELECT current_setting('server_version'), current_setting('server_version_num')::int",
+                &[],
+            )
             .await
             .map_err(failed)?;
-        let mut facts = SourceFacts { server_version: row.get(0), server_version_num: row.get(1), ..Default::default() };
+        let mut facts =
+            SourceFacts { server_version: row.get(0), server_version_num: row.get(1), ..Default::default() };
         for r in c
             .query(
                 "SELECT e.extname::text, e.extversion, n.nspname::text FROM pg_extension e \

@@ -121,7 +121,8 @@ impl Admin {
     /// connections use it: the router, the gateway, `exec`).
     pub async fn restore_agent_password(&self, password: &str) -> Result<()> {
         let verifier = crate::pg::scram::verifier(password, crate::pg::scram::AGENT_ITERATIONS);
-        self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'")).await
+        self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'"))
+            .await
     }
 }
 

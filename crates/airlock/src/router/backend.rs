@@ -113,7 +113,11 @@ impl Backend {
     /// list such as `search_path` stays a list): those equal to what the session
     /// was opened with are skipped. Fails if the server refuses one; the session
     /// is then not to be used.
-    pub async fn apply(&mut self, settings: &[(String, String)], opened_with: &[(&str, &str)]) -> Result<(), LoginError> {
+    pub async fn apply(
+        &mut self,
+        settings: &[(String, String)],
+        opened_with: &[(&str, &str)],
+    ) -> Result<(), LoginError> {
         let mut sql = String::new();
         for (name, value) in settings {
             if opened_with.iter().any(|(n, v)| n == name && v == value) {

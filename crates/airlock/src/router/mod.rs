@@ -13,8 +13,8 @@
 mod backend;
 pub mod connections;
 pub mod host;
-pub mod process;
 pub mod parked;
+pub mod process;
 pub mod protocol;
 mod relay;
 mod scram;
@@ -139,7 +139,8 @@ struct Shared {
 
 /// Binds the router's port, with a clear error if it is taken.
 pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
-    let socket = if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    let socket =
+        if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
     socket.set_reuseaddr(true)?;
     socket.bind(listen).and_then(|()| socket.listen(1024)).map_err(|e| {
         Error::new(

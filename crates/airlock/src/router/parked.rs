@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::backend::{self, Backend};
-use super::protocol::Startup;
 use super::host::Host;
+use super::protocol::Startup;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{Access, Sandbox, SandboxState};
 
@@ -77,7 +77,8 @@ impl Parked {
         let members: HashMap<String, Sandbox> =
             host.store().pooled()?.into_iter().map(|sb| (sb.id.clone(), sb)).collect();
         // Parked sessions of members claimed since (or deleted: then None).
-        let claimed: Vec<String> = self.lock().keys().filter(|id| !members.contains_key(*id)).cloned().collect();
+        let claimed: Vec<String> =
+            self.lock().keys().filter(|id| !members.contains_key(*id)).cloned().collect();
         let claimed: HashMap<String, Option<Sandbox>> =
             claimed.into_iter().map(|id| (id.clone(), host.store().sandbox(&id).ok())).collect();
         let now = Instant::now();
@@ -107,7 +108,9 @@ impl Parked {
             };
             let user = host.sandbox_user(&sb)?;
             let socket = host.layout.sandbox_instance(&sb.id).socket();
-            let Ok(stream) = crate::pg::socket::connect_instance(&socket, Some(&user), pid).await else { continue };
+            let Ok(stream) = crate::pg::socket::connect_instance(&socket, Some(&user), pid).await else {
+                continue;
+            };
             let startup = Startup {
                 version: super::protocol::PROTOCOL_3_0,
                 user: AGENT_ROLE.into(),

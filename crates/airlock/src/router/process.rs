@@ -66,12 +66,16 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
         }
     };
     crate::daemon::raise_descriptor_limit();
-    let listen = spec.router.listen.ok_or_else(|| Error::internal("the router was started with --router off"))?;
+    let listen =
+        spec.router.listen.ok_or_else(|| Error::internal("the router was started with --router off"))?;
     let listener = bind_soon(listen).await?;
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref())?);
     let address = super::serve(host, &spec.router, listener)?;
     let state = State { pid: std::process::id(), spec, address };
-    super::tls::write_private(&layout.router_state(), &serde_json::to_vec_pretty(&state).expect("state serializes"))?;
+    super::tls::write_private(
+        &layout.router_state(),
+        &serde_json::to_vec_pretty(&state).expect("state serializes"),
+    )?;
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let home_gone = async {
@@ -107,7 +111,8 @@ async fn bind_soon(listen: std::net::SocketAddr) -> Result<tokio::net::TcpListen
 /// `--router off`, which also stops a router left running).
 pub async fn supervise(engine: Arc<Engine>) -> Result<Option<Address>> {
     let layout = engine.layout.clone();
-    let spec = Spec { router: engine.config.router.clone(), instance_user: engine.config.instance_user.clone() };
+    let spec =
+        Spec { router: engine.config.router.clone(), instance_user: engine.config.instance_user.clone() };
     let running = running(&layout)?;
     if spec.router.listen.is_none() {
         if let Some(state) = running {

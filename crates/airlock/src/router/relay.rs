@@ -209,4 +209,3 @@ fn encrypt_down(
         }
     }
 }
-

@@ -60,10 +60,12 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     send(client, &[auth(SASL_CONTINUE, server_first.as_bytes())]).await?;
 
     let response = protocol::read_client_auth(client).await?;
-    let last = std::str::from_utf8(response.body()).map_err(|_| malformed("the final message is not UTF-8"))?;
+    let last =
+        std::str::from_utf8(response.body()).map_err(|_| malformed("the final message is not UTF-8"))?;
     let (without_proof, proof) = last.rsplit_once(",p=").ok_or_else(|| malformed("no proof"))?;
     let mut fields = without_proof.split(',');
-    let channel = fields.next().and_then(|f| f.strip_prefix("c=")).ok_or_else(|| malformed("no channel binding"))?;
+    let channel =
+        fields.next().and_then(|f| f.strip_prefix("c=")).ok_or_else(|| malformed("no channel binding"))?;
     let echoed = fields.next().and_then(|f| f.strip_prefix("r=")).ok_or_else(|| malformed("no nonce"))?;
     let mut expected_channel = first.gs2_header.as_bytes().to_vec();
     if first.bound {
@@ -254,7 +256,8 @@ mod tests {
             let mechanism = if binds && plus { PLUS } else { PLAIN };
             let mut scram = ScramSha256::new(password.as_bytes(), client_binding);
             let mut buf = bytes::BytesMut::new();
-            postgres_protocol::message::frontend::sasl_initial_response(mechanism, scram.message(), &mut buf).unwrap();
+            postgres_protocol::message::frontend::sasl_initial_response(mechanism, scram.message(), &mut buf)
+                .unwrap();
             client_end.write_all(&buf).await.ok()?;
             let (code, server_first) = read_auth(&mut client_end).await?;
             assert_eq!(code, SASL_CONTINUE);
@@ -281,7 +284,10 @@ mod tests {
         let plain = exchange("s3cret", &v, None, ChannelBinding::unsupported(), false).await.unwrap();
         assert!(matches!(plain, Outcome::Authenticated));
         let hash = vec![7u8; 32];
-        let bound = exchange("s3cret", &v, Some(hash.clone()), ChannelBinding::tls_server_end_point(hash), true).await.unwrap();
+        let bound =
+            exchange("s3cret", &v, Some(hash.clone()), ChannelBinding::tls_server_end_point(hash), true)
+                .await
+                .unwrap();
         assert!(matches!(bound, Outcome::Authenticated));
     }
 
@@ -290,10 +296,19 @@ mod tests {
         let v = crate::pg::scram::verifier("s3cret", 16);
         let wrong = exchange("guess", &v, None, ChannelBinding::unsupported(), false).await.unwrap();
         assert!(matches!(wrong, Outcome::Refused(e) if e.code == "28P01"));
-        let other = exchange("s3cret", &v, Some(vec![1; 32]), ChannelBinding::tls_server_end_point(vec![2; 32]), true).await.unwrap();
+        let other = exchange(
+            "s3cret",
+            &v,
+            Some(vec![1; 32]),
+            ChannelBinding::tls_server_end_point(vec![2; 32]),
+            true,
+        )
+        .await
+        .unwrap();
         assert!(matches!(other, Outcome::Refused(e) if e.code == "28000"));
         // The client can bind but was told (by someone in between) the server cannot.
-        let downgraded = exchange("s3cret", &v, Some(vec![1; 32]), ChannelBinding::unrequested(), false).await.unwrap();
+        let downgraded =
+            exchange("s3cret", &v, Some(vec![1; 32]), ChannelBinding::unrequested(), false).await.unwrap();
         assert!(matches!(downgraded, Outcome::Refused(e) if e.code == "28000"));
     }
 

@@ -19,10 +19,10 @@ use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Star
 use super::relay;
 use super::scram;
 use super::Shared;
-use crate::pg::scram::Verifier;
 use crate::error::ErrorCode;
 use crate::events::NewEvent;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
+use crate::pg::scram::Verifier;
 use crate::sandbox::{self, Sandbox, SandboxState};
 
 /// A client stream, plaintext or TLS.
@@ -211,7 +211,11 @@ async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Start
 
 /// Everything up to an established session: the client authenticated and a
 /// server session ready for it (its start not yet replayed to the client).
-async fn establish(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<(Client, Backend, super::Open)> {
+async fn establish(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+) -> Option<(Client, Backend, super::Open)> {
     let (mut client, startup, tls) = first_contact(shared, tcp).await?;
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
@@ -273,7 +277,11 @@ async fn establish(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<
                 return None;
             }
             Err(e) => {
-                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), "connect with a PostgreSQL client library")).await;
+                refuse(
+                    &mut client,
+                    ErrorResponse::fatal("08P01", e.to_string(), "connect with a PostgreSQL client library"),
+                )
+                .await;
                 return None;
             }
         }
@@ -349,11 +357,9 @@ async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorRes
     if let Some(v) = sb.verifier.as_deref().and_then(Verifier::parse) {
         return Ok(v);
     }
-    let password = sb
-        .dsn
-        .as_deref()
-        .and_then(crate::pg::dsn::password)
-        .ok_or_else(|| internal(crate::error::Error::internal(format!("sandbox {} has no credential", sb.id))))?;
+    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).ok_or_else(|| {
+        internal(crate::error::Error::internal(format!("sandbox {} has no credential", sb.id)))
+    })?;
     let made = tokio::task::spawn_blocking(move || {
         crate::pg::scram::verifier(&password, crate::pg::scram::ROUTER_ITERATIONS)
     })
@@ -419,7 +425,8 @@ async fn session_for(
         let user = host.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
         let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
         let attempt = async {
-            let stream = crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+            let stream =
+                crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
             backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
         };
         match attempt.await {
@@ -449,7 +456,12 @@ async fn session_for(
             }
             Err(LoginError::Broken(e)) => {
                 let hint = "try again; if it persists, see `airlock show ID` and the daemon's log";
-                return Err(ErrorResponse::fatal("08006", format!("the sandbox's server did not answer: {e}"), hint).encode());
+                return Err(ErrorResponse::fatal(
+                    "08006",
+                    format!("the sandbox's server did not answer: {e}"),
+                    hint,
+                )
+                .encode());
             }
         }
     }

@@ -293,7 +293,8 @@ pub async fn restore_credential(layout: &crate::layout::Layout, sb: &Sandbox) ->
         .as_deref()
         .and_then(dsn::password)
         .ok_or_else(|| Error::internal(format!("sandbox {} has no credential", sb.id)))?;
-    let admin = Admin::connect(&layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default()).await?;
+    let admin =
+        Admin::connect(&layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default()).await?;
     admin.restore_agent_password(&password).await?;
     tracing::warn!(sandbox = %sb.id, "the agent's password inside the server had changed; restored it");
     Ok(())

@@ -127,7 +127,8 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     match made {
         Ok((pid, admin, verifier)) => {
             engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
-            let url = crate::pg::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
+            let url =
+                crate::pg::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
             engine.store().set_pooled(&sb.id, pid, &url, &verifier)
         }
         Err(e) => {

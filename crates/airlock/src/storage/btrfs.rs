@@ -85,7 +85,8 @@ pub fn create_subvolume_at(parent: BorrowedFd<'_>, name: &[u8]) -> io::Result<()
 /// Directories are opened from their parents without following links.
 pub fn delete_subvolumes(path: &Path) -> io::Result<bool> {
     let name = path.file_name().ok_or_else(|| io::Error::other("a tree to delete needs a name"))?;
-    let parent = File::open(path.parent().ok_or_else(|| io::Error::other("a tree to delete needs a parent"))?)?;
+    let parent =
+        File::open(path.parent().ok_or_else(|| io::Error::other("a tree to delete needs a parent"))?)?;
     let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::other("bad name"))?;
     let top = super::tree::open_dir(&parent, &name)?;
     delete_nested(&top)?;

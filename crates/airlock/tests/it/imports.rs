@@ -27,11 +27,23 @@ impl Production {
         std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
         let bin = newest_postgres_bin();
         let p = Production { dir, bin };
-        p.run_as_nobody("initdb", &["-D", "data", "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"]);
+        p.run_as_nobody(
+            "initdb",
+            &["-D", "data", "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"],
+        );
         let socket = p.dir.display().to_string();
         p.run_as_nobody(
             "pg_ctl",
-            &["-D", "data", "-l", "log", "-w", "-o", &format!("-k {socket} -c listen_addresses= -c port=5432"), "start"],
+            &[
+                "-D",
+                "data",
+                "-l",
+                "log",
+                "-w",
+                "-o",
+                &format!("-k {socket} -c listen_addresses= -c port=5432"),
+                "start",
+            ],
         );
         p
     }
@@ -182,15 +194,25 @@ fn a_production_database_imports_with_its_extensions_roles_policies_and_rows() {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "{}{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr), d.log());
+    assert!(
+        out.status.success(),
+        "{}{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
     assert!(phases.contains("restoring data") || phases.contains("indexing and granting"), "{phases:?}");
     assert_eq!(d.api("GET", "/v1/goldens/prod/progress", "").0, 404, "no progress once it is built");
     let g: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let report = &g["generations"][0]["import"];
     assert_eq!(report["compared"], true, "{report}");
-    assert!(report.get("catalog_differences").is_none() && report.get("row_differences").is_none(), "{report}");
+    assert!(
+        report.get("catalog_differences").is_none() && report.get("row_differences").is_none(),
+        "{report}"
+    );
     assert_eq!(report["rows"], 300 + 1000 + 300, "customers, orders and the trigger's audit rows: {report}");
-    let roles: Vec<&str> = report["imported"]["roles"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
+    let roles: Vec<&str> =
+        report["imported"]["roles"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
     for role in ["app_owner", "app_rw", "app_ro", "reporting", "legacy_super"] {
         assert!(roles.contains(&role), "{role} created: {report}");
     }
@@ -209,20 +231,28 @@ fn a_production_database_imports_with_its_extensions_roles_policies_and_rows() {
     // PostGIS and trigram queries answer as the application's would.
     assert_eq!(sql(&agent, "SELECT ST_AsText(home) FROM app.customers WHERE id = 3"), "POINT(3 3)");
     assert_eq!(
-        sql(&agent, "SELECT count(*) FROM app.customers WHERE email::text % 'user12@example.com' AND id = 12"),
+        sql(
+            &agent,
+            "SELECT count(*) FROM app.customers WHERE email::text % 'user12@example.com' AND id = 12"
+        ),
         "1"
     );
     assert_eq!(sql(&agent, "SELECT ST_DWithin(home, ST_SetSRID(ST_MakePoint(3, 3), 4326), 0.5) FROM app.customers WHERE id = 3"), "t");
     // The agent, as the owners' owner, sees every row; as the application's role, what the policy allows.
     assert_eq!(sql(&agent, "SELECT count(*) FROM app.customers"), "300");
     assert_eq!(sql(&agent, "SET ROLE app_rw; SELECT count(*) FROM app.customers"), "100");
-    assert!(psql(&agent, "SET ROLE app_rw; SELECT count(*) FROM app.orders").unwrap_err().contains("permission denied"));
+    assert!(psql(&agent, "SET ROLE app_rw; SELECT count(*) FROM app.orders")
+        .unwrap_err()
+        .contains("permission denied"));
     assert_eq!(sql(&agent, "SET ROLE reporting; SELECT count(*) FROM reporting.revenue_by_region"), "2");
     // Owners, sequences, comments, large objects, partitions and triggers as production has them.
     assert_eq!(sql(&agent, "SELECT tableowner FROM pg_tables WHERE tablename = 'customers'"), "app_owner");
     assert_eq!(sql(&agent, "SELECT nextval('app.invoice_no')"), "1235");
     assert_eq!(sql(&agent, "SELECT obj_description('app.customers'::regclass)"), "people who buy");
-    assert_eq!(sql(&agent, "SELECT convert_from(lo_get(oid), 'UTF8') FROM pg_largeobject_metadata"), "a large object");
+    assert_eq!(
+        sql(&agent, "SELECT convert_from(lo_get(oid), 'UTF8') FROM pg_largeobject_metadata"),
+        "a large object"
+    );
     assert_eq!(
         sql(&agent, "SELECT count(*) FROM app.orders_2026"),
         sql(&source, "SELECT count(*) FROM app.orders_2026")
@@ -238,7 +268,9 @@ fn a_production_database_imports_with_its_extensions_roles_policies_and_rows() {
     assert_eq!(sql(&agent, "SELECT count(*) FROM pg_roles WHERE rolsuper"), "1", "the admin alone");
     assert_eq!(sql(&agent, "SELECT pg_has_role('app_rw', 'pg_read_server_files', 'MEMBER')"), "f");
     assert_eq!(sql(&agent, "SELECT count(*) FROM pg_event_trigger"), "0");
-    assert!(psql(&agent, "SET ROLE legacy_super; SELECT pg_read_file('/etc/passwd')").unwrap_err().contains("permission denied"));
+    assert!(psql(&agent, "SET ROLE legacy_super; SELECT pg_read_file('/etc/passwd')")
+        .unwrap_err()
+        .contains("permission denied"));
     assert!(psql(&agent, "CREATE EXTENSION postgis_topology").unwrap_err().contains("permission denied"));
     assert!(psql(&agent, "ALTER ROLE app_rw LOGIN PASSWORD 'x'").is_err());
 
@@ -272,18 +304,30 @@ fn a_production_database_imports_with_its_extensions_roles_policies_and_rows() {
 #[test]
 fn a_missing_extension_names_its_package_and_the_build_resumes_from_its_dump() {
     let prod = Production::start("missing");
-    let share = String::from_utf8(Command::new(prod.bin.join("pg_config")).arg("--sharedir").output().unwrap().stdout)
-        .unwrap()
-        .trim()
-        .to_owned();
+    let share = String::from_utf8(
+        Command::new(prod.bin.join("pg_config")).arg("--sharedir").output().unwrap().stdout,
+    )
+    .unwrap()
+    .trim()
+    .to_owned();
     let ext = Path::new(&share).join("extension");
     let name = format!("airlock_probe_{}", std::process::id());
     let files = [
-        (ext.join(format!("{name}.control")), "default_version = '1.0'\nrelocatable = true\ntrusted = false\n".to_owned()),
-        (ext.join(format!("{name}--1.0.sql")), "CREATE FUNCTION probe_answer() RETURNS int LANGUAGE sql AS 'SELECT 42';\n".to_owned()),
+        (
+            ext.join(format!("{name}.control")),
+            "default_version = '1.0'\nrelocatable = true\ntrusted = false\n".to_owned(),
+        ),
+        (
+            ext.join(format!("{name}--1.0.sql")),
+            "CREATE FUNCTION probe_answer() RETURNS int LANGUAGE sql AS 'SELECT 42';\n".to_owned(),
+        ),
     ];
     let install = || files.iter().for_each(|(p, text)| std::fs::write(p, text).unwrap());
-    let uninstall = || files.iter().for_each(|(p, _)| { let _ = std::fs::remove_file(p); });
+    let uninstall = || {
+        files.iter().for_each(|(p, _)| {
+            let _ = std::fs::remove_file(p);
+        })
+    };
     install();
     script(
         &prod.dsn("postgres"),
@@ -316,7 +360,8 @@ fn a_missing_extension_names_its_package_and_the_build_resumes_from_its_dump() {
 fn a_source_without_a_password_gets_errors_that_read_as_written() {
     let prod = Production::start("nopass");
     let d = Daemon::start(&[]);
-    let out = d.cli_with(&["golden", "create", "x", "--from-url", "-", "--json"], Some(&prod.dsn("nosuchdb")));
+    let out =
+        d.cli_with(&["golden", "create", "x", "--from-url", "-", "--json"], Some(&prod.dsn("nosuchdb")));
     assert_eq!(out.code, 7, "{out:?}");
     let err: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
     let message = err["error"]["message"].as_str().unwrap();
@@ -364,14 +409,20 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
     let d = Daemon::start(&[]);
     let out = d.cli_with(&["golden", "create", "evil", "--from-url", "-", "--json"], Some(&prod.dsn("evil")));
     assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.contains("grant on pg_catalog FUNCTION pg_read_file"), "reported as not carried: {}", out.stdout);
+    assert!(
+        out.stdout.contains("grant on pg_catalog FUNCTION pg_read_file"),
+        "reported as not carried: {}",
+        out.stdout
+    );
     let agent = dsn(&d.fork("evil", &[]));
     // The check ran while restoring, as the owner role: it could grant nothing.
     assert_eq!(sql(&agent, "SELECT count(*) FROM public.\"spatial_ref_sys x\""), "1");
     assert_eq!(sql(&agent, "SELECT pg_has_role('app3', 'airlock_admin', 'MEMBER')"), "f");
     assert_eq!(sql(&agent, "SELECT pg_has_role('app3', 'pg_execute_server_program', 'MEMBER')"), "f");
     assert!(psql(&agent, "SET ROLE app3; SET ROLE airlock_admin").is_err());
-    assert!(psql(&agent, "SET ROLE app3; SELECT pg_read_file('PG_VERSION')").unwrap_err().contains("permission denied"));
+    assert!(psql(&agent, "SET ROLE app3; SELECT pg_read_file('PG_VERSION')")
+        .unwrap_err()
+        .contains("permission denied"));
     assert_eq!(sql(&agent, "SELECT count(*) FROM pg_extension WHERE extname = 'dblink'"), "0");
     assert_eq!(sql(&agent, "SELECT proowner::regrole FROM pg_proc WHERE proname = 'pwn'"), "app3");
 
@@ -379,7 +430,12 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
     // role, which may grant nothing of the admin's: the build fails, or the
     // grant is not there.
     let file = d.home.join("evil.dump");
-    let status = Command::new("pg_dump").args(["--format=custom", "--file"]).arg(&file).arg(prod.dsn("evil")).status().unwrap();
+    let status = Command::new("pg_dump")
+        .args(["--format=custom", "--file"])
+        .arg(&file)
+        .arg(prod.dsn("evil"))
+        .status()
+        .unwrap();
     assert!(status.success());
     let mut bytes = std::fs::read(&file).unwrap();
     let comment = b"COMMENT ON TABLE public.\"spatial_ref_sys x\" IS 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA';";
@@ -393,7 +449,10 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
         let forged = dsn(&d.fork("forged", &[]));
         assert_eq!(sql(&forged, "SELECT pg_has_role('app3', 'airlock_admin', 'MEMBER')"), "f");
     } else {
-        assert!(out.stdout.contains("must be superuser") || out.stdout.contains("permission denied"), "{out:?}");
+        assert!(
+            out.stdout.contains("must be superuser") || out.stdout.contains("permission denied"),
+            "{out:?}"
+        );
     }
 
     // What only a superuser may create cannot be imported at all.
@@ -402,7 +461,8 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
         "CREATE DATABASE shell;\n\\c shell\nCREATE EXTENSION file_fdw;\nCREATE SERVER fs FOREIGN DATA WRAPPER file_fdw;\n\
          CREATE FOREIGN TABLE cmd (line text) SERVER fs OPTIONS (program 'id');\n",
     );
-    let out = d.cli_with(&["golden", "create", "shell", "--from-url", "-", "--json"], Some(&prod.dsn("shell")));
+    let out =
+        d.cli_with(&["golden", "create", "shell", "--from-url", "-", "--json"], Some(&prod.dsn("shell")));
     assert_eq!(out.code, 7, "{out:?}");
     assert!(out.stdout.contains("only a superuser may create"), "{out:?}");
     script(
@@ -410,9 +470,17 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
         "CREATE DATABASE internal;\n\\c internal\n\
          CREATE FUNCTION rf(text) RETURNS text LANGUAGE internal STRICT AS 'pg_read_file_all';\n",
     );
-    let out = d.cli_with(&["golden", "create", "internal", "--from-url", "-", "--json"], Some(&prod.dsn("internal")));
+    let out = d.cli_with(
+        &["golden", "create", "internal", "--from-url", "-", "--json"],
+        Some(&prod.dsn("internal")),
+    );
     assert_eq!(out.code, 7, "{out:?}");
-    assert!(d.json(&["golden", "ls"]).as_array().unwrap().iter().all(|g| g["name"] != "shell" && g["name"] != "internal"));
+    assert!(d
+        .json(&["golden", "ls"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|g| g["name"] != "shell" && g["name"] != "internal"));
 }
 
 #[test]
@@ -428,7 +496,12 @@ fn a_forged_dump_cannot_give_postgresqls_own_objects_away() {
     );
     let d = Daemon::start(&[]);
     let file = d.home.join("forged.dump");
-    let status = Command::new("pg_dump").args(["--format=custom", "--file"]).arg(&file).arg(prod.dsn("app")).status().unwrap();
+    let status = Command::new("pg_dump")
+        .args(["--format=custom", "--file"])
+        .arg(&file)
+        .arg(prod.dsn("app"))
+        .status()
+        .unwrap();
     assert!(status.success());
     // pg_restore writes a function's `ALTER ... OWNER TO` from its drop statement,
     // and a schema's from its tag: same-length edits make the dump name
@@ -443,20 +516,34 @@ fn a_forged_dump_cannot_give_postgresqls_own_objects_away() {
     std::fs::write(&file, &bytes).unwrap();
     let listed = Command::new("pg_restore").args(["--schema-only", "-f", "-"]).arg(&file).output().unwrap();
     let listed = String::from_utf8_lossy(&listed.stdout);
-    assert!(listed.contains("ALTER FUNCTION pg_catalog.lo_export(oid, text) OWNER TO app_owner;"), "{listed}");
+    assert!(
+        listed.contains("ALTER FUNCTION pg_catalog.lo_export(oid, text) OWNER TO app_owner;"),
+        "{listed}"
+    );
     assert!(listed.contains("ALTER SCHEMA pg_catalog OWNER TO app_owner;"), "{listed}");
 
     // The archive imports, and the ownership pass finds nothing of PostgreSQL's
     // by those names: it gives away only what the restore made.
     let out = d.cli(&["golden", "create", "forged", "--from-dump", file.to_str().unwrap(), "--json"]);
     assert_eq!(out.code, 0, "{out:?}");
-    assert!(out.stdout.contains("owners of 2 objects the dump names but the restore did not make"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("owners of 2 objects the dump names but the restore did not make"),
+        "{}",
+        out.stdout
+    );
     let agent = dsn(&d.fork("forged", &[]));
-    assert_eq!(sql(&agent, "SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'pg_catalog'"), "airlock_admin");
+    assert_eq!(
+        sql(&agent, "SELECT nspowner::regrole FROM pg_namespace WHERE nspname = 'pg_catalog'"),
+        "airlock_admin"
+    );
     assert_eq!(
         sql(&agent, "SELECT proowner::regrole FROM pg_proc WHERE oid = 'pg_catalog.lo_export(oid, text)'::regprocedure"),
         "airlock_admin"
     );
     assert!(psql(&agent, "CREATE FUNCTION pg_catalog.evil() RETURNS int LANGUAGE sql AS 'SELECT 1'").is_err());
-    assert_eq!(sql(&agent, "SELECT tableowner FROM pg_tables WHERE tablename = 't'"), "app_owner", "the rest is faithful");
+    assert_eq!(
+        sql(&agent, "SELECT tableowner FROM pg_tables WHERE tablename = 't'"),
+        "app_owner",
+        "the rest is faithful"
+    );
 }

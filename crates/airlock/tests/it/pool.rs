@@ -49,7 +49,10 @@ fn forks_claim_from_the_pool_which_refills_and_first_clients_get_a_parked_sessio
     let members = d.sandbox_dirs();
     for id in &members {
         let url = format!("postgresql://airlock_agent:x@{}/{id}?sslmode=disable", d.router);
-        assert!(psql(&url, "SELECT 1").unwrap_err().contains("does not exist"), "a pool member is not reachable");
+        assert!(
+            psql(&url, "SELECT 1").unwrap_err().contains("does not exist"),
+            "a pool member is not reachable"
+        );
     }
     // Each member has one agent session open, parked for its first client.
     let mut parked = std::collections::HashMap::new();
@@ -83,7 +86,10 @@ fn forks_claim_from_the_pool_which_refills_and_first_clients_get_a_parked_sessio
     let ro = d.fork("shop", &["--mode", "readonly"]);
     assert!(psql(&dsn(&ro), "DELETE FROM orders").unwrap_err().contains("read-only transaction"));
     if let Some(pid) = parked.get(ro["id"].as_str().unwrap()) {
-        assert!(!agent_backends(&d, ro["id"].as_str().unwrap()).contains(pid), "the parked session of another role was ended");
+        assert!(
+            !agent_backends(&d, ro["id"].as_str().unwrap()).contains(pid),
+            "the parked session of another role was ended"
+        );
     }
     assert_eq!(sql(&dsn(&ro), "SELECT count(*) FROM orders"), "1000");
     // The pool refills behind the claims.

@@ -298,7 +298,9 @@ fn sessions_through_the_router_outlive_daemon_restarts() {
     // A router that dies is started again by the daemon.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(router), nix::sys::signal::Signal::SIGKILL).unwrap();
     d.wait_for(Duration::from_secs(10), "a new router", || {
-        std::fs::read(d.home.join("router.json")).is_ok() && router_pid(&d) != router && psql(&url, "SELECT 1").is_ok()
+        std::fs::read(d.home.join("router.json")).is_ok()
+            && router_pid(&d) != router
+            && psql(&url, "SELECT 1").is_ok()
     });
     // A daemon with other router settings replaces the router (which ends its
     // sessions) rather than keep settings it was not given.
