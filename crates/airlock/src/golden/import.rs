@@ -87,14 +87,8 @@ impl Restore<'_> {
                 "the archive is damaged or forged; take the dump again with pg_dump",
             ));
         }
-        let statements = archive::statements(&self.tool_output(&["--schema-only", "-f", "-"], path).await?)
-            .map_err(|e| {
-            Error::new(
-                ErrorCode::SourceFailed,
-                format!("the dump's definitions cannot be read: {}", e.message),
-                "take the dump again with pg_dump",
-            )
-        })?;
+        let statements =
+            read_statements(&self.tool_output(&["--schema-only", "-f", "-"], path).await?, "definitions")?;
         let mut imported = Imported { listed_tables: archive::tables(&statements), ..Default::default() };
         let tables = toc.iter().filter(|e| e.kind == "TABLE DATA").count() as u64;
         self.phase("creating roles", |p| p.tables_total = tables);
@@ -177,13 +171,7 @@ impl Restore<'_> {
         if !blobs.is_empty() {
             let list = self.list_file("large-objects", &blobs)?;
             let sql = self.tool_output(&["-f", "-", "--use-list", &list.display().to_string()], path).await?;
-            statements.extend(archive::statements(&sql).map_err(|e| {
-                Error::new(
-                    ErrorCode::SourceFailed,
-                    format!("the dump's large objects cannot be read: {}", e.message),
-                    "take the dump again with pg_dump",
-                )
-            })?);
+            statements.extend(read_statements(&sql, "large objects")?);
         }
         let (owned, others) = archive::ownerships(&statements);
         self.set_owners(&admin, &owned, &named, &mut imported).await?;
@@ -220,6 +208,16 @@ impl Restore<'_> {
         let client = admin.client();
         let mut sql = String::new();
         let mut unresolved = 0;
+        // Only what the restore made can change hands: objects the owner role
+        // owns, outside PostgreSQL's schemas, not an extension's. A dump naming
+        // `pg_catalog.lo_export` (or Airlock's own objects) finds nothing.
+        let made = |class: &str, alias: &str, owner: &str| {
+            format!(
+                "{alias}.{owner} = '{OWNER_ROLE}'::pg_catalog.regrole AND {SYSTEM_SCHEMAS}
+                 AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.objid = {alias}.oid
+                                 AND d.classid = 'pg_catalog.{class}'::pg_catalog.regclass AND d.deptype = 'e')"
+            )
+        };
         for o in owned {
             let allowed =
                 o.owner == OWNER_ROLE || (named.contains(&o.owner) && !o.owner.starts_with("airlock_"));
@@ -235,17 +233,6 @@ impl Restore<'_> {
                 _ => continue,
             };
             let args = args.unwrap_or_default();
-            // Only what the restore made can change hands: objects the owner
-            // role owns, outside PostgreSQL's schemas, not an extension's. A
-            // dump naming `pg_catalog.lo_export` (or Airlock's own objects)
-            // finds nothing here.
-            let made = |class: &str, alias: &str, owner: &str| {
-                format!(
-                    "{alias}.{owner} = '{OWNER_ROLE}'::pg_catalog.regrole AND {SYSTEM_SCHEMAS}
-                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.objid = {alias}.oid
-                                     AND d.classid = 'pg_catalog.{class}'::pg_catalog.regclass AND d.deptype = 'e')"
-                )
-            };
             let lookup = match o.kind.as_str() {
                 "TABLE" | "VIEW" | "MATERIALIZED VIEW" | "SEQUENCE" | "FOREIGN TABLE" => format!(
                     "SELECT CASE c.relkind WHEN 'v' THEN 'VIEW' WHEN 'm' THEN 'MATERIALIZED VIEW' WHEN 'S' THEN 'SEQUENCE'
@@ -425,12 +412,13 @@ impl Restore<'_> {
                 quote_ident(&ext.schema)
             );
             let exact = match &wanted {
-                Some(v) => {
-                    admin.execute(&format!("{base} VERSION '{}' CASCADE", v.replace('\'', "''"))).await
-                }
-                None => Err(Error::internal("no version asked")),
+                Some(v) => admin
+                    .execute(&format!("{base} VERSION '{}' CASCADE", v.replace('\'', "''")))
+                    .await
+                    .is_ok(),
+                None => false,
             };
-            if exact.is_err() {
+            if !exact {
                 // The host has another version: install its default and let the
                 // fidelity report name the difference.
                 admin.execute(&format!("{base} CASCADE")).await.map_err(|e| {
@@ -531,6 +519,17 @@ impl Restore<'_> {
             },
         ))
     }
+}
+
+/// The statements of SQL pg_restore printed; `what` names it in the error.
+fn read_statements(sql: &str, what: &str) -> Result<Vec<String>> {
+    archive::statements(sql).map_err(|e| {
+        Error::new(
+            ErrorCode::SourceFailed,
+            format!("the dump's {what} cannot be read: {}", e.message),
+            "take the dump again with pg_dump",
+        )
+    })
 }
 
 /// Every extension's configuration tables and sequences (`pg_extension.extconfig`), named by the server.
