@@ -23,7 +23,7 @@
  * utility command and function call runs (and again after each utility
  * command, since BEGIN READ WRITE or SET would turn it back), so PostgreSQL's
  * own read-only checks refuse every persistent write: tables, sequences, DDL,
- * and writes inside SECURITY DEFINER functions alike. PostgreSQL 15 lets large
+ * and writes inside SECURITY DEFINER functions alike. PostgreSQL lets large
  * objects be written in a read-only transaction, so for such sessions the
  * functions that write them are refused here, however they are called (SQL,
  * PL/pgSQL, the fast-path protocol). A role setting
@@ -42,8 +42,28 @@
 #include "utils/acl.h"
 #include "utils/fmgroids.h"
 
+#if PG_VERSION_NUM < 130000
+#error "airlock_guard needs PostgreSQL 13 or newer"
+#endif
+
 #if PG_VERSION_NUM < 140000
-#error "airlock_guard needs PostgreSQL 14 or newer"
+/* Before 14, fmgroids.h named built-in functions after their C symbols. */
+#define F_LO_CREAT F_BE_LO_CREAT
+#define F_LO_CREATE F_BE_LO_CREATE
+#define F_LO_FROM_BYTEA F_BE_LO_FROM_BYTEA
+#define F_LO_IMPORT_TEXT F_BE_LO_IMPORT
+#define F_LO_IMPORT_TEXT_OID F_BE_LO_IMPORT_WITH_OID
+#define F_LO_PUT F_BE_LO_PUT
+#define F_LOWRITE F_BE_LOWRITE
+#define F_LO_TRUNCATE F_BE_LO_TRUNCATE
+#define F_LO_TRUNCATE64 F_BE_LO_TRUNCATE64
+#define F_LO_UNLINK F_BE_LO_UNLINK
+/* ProcessUtility gained its readOnlyTree argument in 14. */
+#define UTILITY_READ_ONLY_TREE_PARAM
+#define UTILITY_READ_ONLY_TREE_ARG
+#else
+#define UTILITY_READ_ONLY_TREE_PARAM bool readOnlyTree,
+#define UTILITY_READ_ONLY_TREE_ARG readOnlyTree,
 #endif
 
 PG_MODULE_MAGIC;
@@ -88,7 +108,9 @@ refused_change(Node *stmt)
 		case T_AlterRoleSetStmt:
 			return "a role's session defaults";
 		case T_AlterDatabaseStmt:
+#if PG_VERSION_NUM >= 150000
 		case T_AlterDatabaseRefreshCollStmt:
+#endif
 			return "the database's options";
 		case T_AlterDatabaseSetStmt:
 			return "the database's session defaults";
@@ -109,7 +131,7 @@ refused_change(Node *stmt)
 
 static void
 airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
-					  bool readOnlyTree, ProcessUtilityContext context,
+					  UTILITY_READ_ONLY_TREE_PARAM ProcessUtilityContext context,
 					  ParamListInfo params, QueryEnvironment *queryEnv,
 					  DestReceiver *dest, QueryCompletion *qc)
 {
@@ -130,10 +152,10 @@ airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
 
 	hold_read_only();
 	if (previous_utility_hook)
-		previous_utility_hook(pstmt, queryString, readOnlyTree, context, params,
+		previous_utility_hook(pstmt, queryString, UTILITY_READ_ONLY_TREE_ARG context, params,
 							  queryEnv, dest, qc);
 	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+		standard_ProcessUtility(pstmt, queryString, UTILITY_READ_ONLY_TREE_ARG context,
 								params, queryEnv, dest, qc);
 	/* BEGIN READ WRITE, SET TRANSACTION and the like may have undone it. */
 	hold_read_only();
