@@ -23,6 +23,7 @@ bench: build
 	@scripts/bench-router.sh
 	@scripts/bench-router-auth.sh
 	@scripts/bench-import.sh
+	@scripts/bench-majors.sh
 	@scripts/bench-tools.sh
 	@scripts/bench-migrate.sh
 	@scripts/bench-density.sh

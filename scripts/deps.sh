@@ -21,6 +21,12 @@ done
 command -v mkfs.xfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.xfs ] || [ -x /sbin/mkfs.xfs ] || need+=(xfsprogs)
 command -v mkfs.btrfs >/dev/null 2>&1 || [ -x /usr/sbin/mkfs.btrfs ] || [ -x /sbin/mkfs.btrfs ] || need+=(btrfs-progs)
 command -v mount >/dev/null 2>&1 || need+=(mount)
+# `airlock postgres install` fetches other majors over HTTPS, unpacks them and
+# compiles the in-server guard against their headers.
+command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v xz >/dev/null 2>&1 || need+=(xz-utils)
+command -v unzip >/dev/null 2>&1 || need+=(unzip)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # The Python client's and the MCP tests run in a virtual environment.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)

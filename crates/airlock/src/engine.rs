@@ -13,7 +13,7 @@ use serde::Serialize;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::error::{Error, ErrorCode, Result};
 use crate::layout::Layout;
-use crate::pg::PgBin;
+use crate::pg::majors::{Majors, Server};
 use crate::sandbox::Sandbox;
 use crate::storage::{Backend, Cloner, COPY_WARNING};
 use crate::store::Store;
@@ -36,8 +36,10 @@ pub struct Config {
     pub uid_range: crate::users::UidRange,
     /// Where the host-wide identity leases are kept.
     pub lease_dir: PathBuf,
-    /// Where the PostgreSQL binaries are.
+    /// Where the default PostgreSQL binaries are.
     pub pg_bin: Option<PathBuf>,
+    /// Where `airlock postgres install` puts other majors.
+    pub pg_root: PathBuf,
     /// Copy every byte even where reflinks work (to exercise the fallback).
     pub force_copy: bool,
     /// Memory, pids and CPU weight of each sandbox (applied where cgroups are available).
@@ -76,6 +78,7 @@ impl Config {
             uid_range: crate::users::UidRange::default(),
             lease_dir: PathBuf::from(crate::users::DEFAULT_LEASE_DIR),
             pg_bin: None,
+            pg_root: crate::pg::majors::default_root(),
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
             disk_limit_bytes: 10 << 30,
@@ -99,16 +102,14 @@ pub struct Engine {
     pub layout: Layout,
     /// How data directories are cloned.
     pub cloner: Cloner,
-    /// The PostgreSQL binaries.
-    pub pg: PgBin,
+    /// The PostgreSQL majors this host runs, each with its guard and client tools.
+    pub postgres: Majors,
     /// The daemon's own OS user (the only one with admin access to instances).
     pub daemon_user: Identity,
     /// The OS user goldens are built as (and sandboxes run as when not root).
     pub instance_user: Identity,
     /// Host-wide leases of sandbox identities (root only).
     pub leases: Option<Leases>,
-    /// The in-server guard library every sandbox's server preloads.
-    pub guard: PathBuf,
     /// The host's cgroups, for per-sandbox limits.
     pub cgroups: Cgroups,
     /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
@@ -201,15 +202,7 @@ impl Engine {
         } else {
             Cloner::probe(&layout.volume())?
         };
-        let pg = PgBin::locate(config.pg_bin.as_deref())?;
-        let major = pg.major().ok_or_else(|| {
-            Error::new(
-                ErrorCode::PostgresFailed,
-                format!("cannot tell the version of {}", pg.dir().display()),
-                "check `postgres --version` runs",
-            )
-        })?;
-        let guard = crate::pg::guard::install(&layout.lib(), major)?;
+        let postgres = Majors::discover(config.pg_bin.as_deref(), &config.pg_root, &layout.lib())?;
         let daemon_user = Identity::current()?;
         let instance_user = Identity::for_instances(config.instance_user.as_deref())?;
         let leases = match root {
@@ -221,11 +214,10 @@ impl Engine {
             config,
             layout,
             cloner,
-            pg,
+            postgres,
             daemon_user,
             instance_user,
             leases,
-            guard,
             cgroups,
             pool_wanted: tokio::sync::Notify::new(),
             builds: Default::default(),
@@ -248,6 +240,12 @@ impl Engine {
     /// The state store, locked for a short synchronous use.
     pub fn store(&self) -> MutexGuard<'_, Store> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The server forks of one golden generation run on: its major's.
+    pub fn server_for(&self, golden: &str, generation: i64) -> Result<&Server> {
+        let major = self.store().manifest(golden, generation)?.major();
+        self.postgres.server(major)
     }
 
     /// Serializes suspend, wake and delete of one sandbox.
@@ -409,9 +407,10 @@ impl Engine {
             volume: self.layout.volume().display().to_string(),
             filesystem: self.cloner.filesystem().to_owned(),
             storage_backend: self.cloner.backend(),
-            postgres_bin: self.pg.dir().display().to_string(),
-            postgres_version: self.pg.version(),
-            extensions: self.pg.available_extensions(),
+            postgres_bin: self.postgres.default_server().bin.dir().display().to_string(),
+            postgres_version: self.postgres.default_server().bin.version(),
+            extensions: self.postgres.default_server().bin.available_extensions(),
+            postgres_majors: self.postgres.list(),
             daemon_user: self.daemon_user.name.clone(),
             instance_user: self.instance_user.name.clone(),
             per_sandbox_users: root,
@@ -486,6 +485,9 @@ pub struct Doctor {
     /// Extensions this PostgreSQL can install (goldens import the ones their source uses).
     #[serde(default)]
     pub extensions: Vec<String>,
+    /// Every PostgreSQL major found: system, installed, and any that cannot be used.
+    #[serde(default)]
+    pub postgres_majors: Vec<crate::pg::majors::MajorInfo>,
     /// The daemon's OS user.
     pub daemon_user: String,
     /// The OS user goldens are built as; sandboxes run as `<it>-<slot>` when root.

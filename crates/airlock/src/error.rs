@@ -39,6 +39,9 @@ pub enum ErrorCode {
     ExtensionMissing,
     /// A golden built from a source differs from it beyond what was asked.
     FidelityFailed,
+    /// The PostgreSQL major version asked for (or a golden's) is not installed
+    /// on this host, or cannot be.
+    PostgresMissing,
     /// A file named in the request cannot be read.
     FileUnreadable,
     /// The data root cannot be created or written.
@@ -74,7 +77,8 @@ impl ErrorCode {
             Unauthorized => 401,
             GoldenNotFound | SandboxNotFound => 404,
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
-            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | MigrationFailed => 422,
+            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
+            | MigrationFailed => 422,
             CapacityExhausted => 503,
             DiskFull => 507,
             DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
@@ -90,7 +94,7 @@ impl ErrorCode {
             GoldenNotFound | SandboxNotFound => 4,
             GoldenExists | NameTaken | GoldenInUse => 5,
             CapacityExhausted => 6,
-            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed => 7,
+            SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing => 7,
             DataRootNotWritable | StorageFailed | PostgresFailed => 8,
             Unauthorized | DaemonUnreachable => 9,
             MigrationRefused | PromotionRefused => 10,

@@ -324,7 +324,13 @@ const READER_SQL: &str = "
       END IF;
     END $$;
     ALTER ROLE airlock_reader BYPASSRLS;
-    GRANT pg_read_all_data TO airlock_reader;
+    -- PostgreSQL 13 has no pg_read_all_data: each count grants SELECT in its
+    -- own rolled-back transaction instead.
+    DO $$ BEGIN
+      IF pg_catalog.to_regrole('pg_read_all_data') IS NOT NULL THEN
+        GRANT pg_read_all_data TO airlock_reader;
+      END IF;
+    END $$;
     CREATE OR REPLACE FUNCTION pg_airlock.count_rows(relation pg_catalog.regclass) RETURNS bigint
       LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       DECLARE n bigint;
@@ -367,6 +373,10 @@ pub async fn count_rows(
     if !installed && client.batch_execute(READER_SQL).await.is_err() {
         return estimates().collect();
     }
+    let grant_each = client
+        .query_one("SELECT pg_catalog.to_regrole('pg_read_all_data') IS NULL", &[])
+        .await
+        .is_ok_and(|r| r.get::<_, bool>(0));
     let mut counts = BTreeMap::new();
     for (name, table) in &catalog.tables {
         let estimate = RowCount { rows: table.row_estimate, exact: false };
@@ -380,6 +390,9 @@ pub async fn count_rows(
             client
                 .batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {}", per_table.as_millis()))
                 .await?;
+            if grant_each {
+                client.batch_execute(&format!("GRANT SELECT ON {qualified} TO airlock_reader")).await?;
+            }
             let row = client
                 .query_one("SELECT pg_airlock.count_rows($1::text::pg_catalog.regclass)", &[&qualified])
                 .await;

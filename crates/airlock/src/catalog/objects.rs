@@ -82,7 +82,7 @@ fn queries() -> Vec<String> {
             "SELECT 'properties of ' || pg_describe_object('pg_class'::regclass, a.attrelid, a.attnum),
                     concat_ws('; ', 'grants ' || {}, 'options ' || array_to_string(a.attoptions, ','),
                         'collation ' || a.attcollation::regcollation::text, 'statistics ' || a.attstattarget,
-                        'storage ' || a.attstorage::text, 'compression ' || nullif(a.attcompression::text, ''),
+                        'storage ' || a.attstorage::text, 'compression ' || nullif(pg_catalog.to_jsonb(a) ->> 'attcompression', ''),
                         'fdw options ' || array_to_string(a.attfdwoptions, ',')),
                     true
              FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid

@@ -9,7 +9,7 @@ use hyper::Method;
 use super::output;
 use super::{
     Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, McpArgs, MigrateCommand, MigratePromoteArgs,
-    MigrateTestArgs, Placement, ServeArgs, StorageCommand,
+    MigrateTestArgs, Placement, PostgresCommand, ServeArgs, StorageCommand,
 };
 use crate::api::ExtendRequest;
 use crate::client::encode;
@@ -275,6 +275,24 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &d, || output::doctor(&d));
             Ok(0)
         }
+        Command::Postgres(PostgresCommand::Install { majors }) => {
+            let root = pg::majors::default_root();
+            let mut reports = Vec::new();
+            for major in majors {
+                let spinner = output::spinner(json, format!("installing PostgreSQL {major}"));
+                let say = |step: &str| spinner.set_message(step.to_owned());
+                let report = tokio::task::block_in_place(|| pg::install::install(&root, *major, &say));
+                spinner.finish_and_clear();
+                reports.push(report?);
+            }
+            output::print(json, &reports, || output::installed(&reports));
+            Ok(0)
+        }
+        Command::Postgres(PostgresCommand::Ls) => {
+            let d: Doctor = cli.client()?.call(Method::GET, "/v1/doctor", NO_BODY).await?;
+            output::print(json, &d.postgres_majors, || output::majors(&d.postgres_majors));
+            Ok(0)
+        }
     }
 }
 
@@ -447,6 +465,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             exclude_schema,
             jobs,
             pool,
+            postgres,
         } => {
             validate::name("golden", name)?;
             let from_url = match from_url.as_deref() {
@@ -483,6 +502,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 },
                 jobs: *jobs,
                 pool_size: *pool,
+                postgres: *postgres,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));

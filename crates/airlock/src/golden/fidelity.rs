@@ -78,14 +78,40 @@ impl Report {
     }
 }
 
+/// The source's `public` schema as its golden has it. The source's belongs to
+/// the database's owner (`pg_database_owner`, PostgreSQL 15's default) or,
+/// before 15, to the bootstrap superuser; a golden's belongs to the owner role,
+/// which stands for the application's owner: the same meaning.
+fn public_as_golden(definition: &str, facts: &SourceFacts) -> String {
+    let Some(rest) = definition.strip_prefix("owner ") else { return definition.to_owned() };
+    let (owner, grants) = rest.split_once("; grants ").map_or((rest, None), |(o, g)| (o, Some(g)));
+    let stands_for_owner = owner == "pg_database_owner" || facts.roles.get(owner).is_none_or(|a| a.superuser);
+    if !stands_for_owner {
+        return definition.to_owned();
+    }
+    let role = crate::pg::dsn::OWNER_ROLE;
+    let rename = |name: &str| if name == owner { role.to_owned() } else { name.to_owned() };
+    let mut out = format!("owner {role}");
+    if let Some(grants) = grants {
+        let mut items: Vec<String> = grants
+            .split(',')
+            .map(|item| {
+                let (grantee, rest) = item.split_once('=').unwrap_or(("", item));
+                let (privileges, grantor) = rest.split_once('/').unwrap_or((rest, ""));
+                format!("{}={privileges}/{}", rename(grantee), rename(grantor))
+            })
+            .collect();
+        items.sort();
+        out.push_str(&format!("; grants {}", items.join(",")));
+    }
+    out
+}
+
 /// Compares a live source with the golden built from it.
 pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excluded: &Exclusions) -> Report {
     let mut source = without(&facts.catalog, excluded);
-    // A golden's `public` schema belongs to the owner role where the source's
-    // belongs to the database's owner (PostgreSQL 15's default): the same
-    // meaning, since the owner role stands for the application's owner.
     if let Some(public) = source.objects.as_mut().and_then(|o| o.get_mut("schema public")) {
-        public.definition = public.definition.replace("pg_database_owner", crate::pg::dsn::OWNER_ROLE);
+        public.definition = public_as_golden(&public.definition, facts);
     }
     let superusers: Vec<&String> = facts.roles.iter().filter(|(_, a)| a.superuser).map(|(n, _)| n).collect();
     let mut catalog_differences: Vec<String> = diff::diff(&source, &golden.catalog)

@@ -59,8 +59,10 @@ pub struct Imported {
 
 /// A build's view of one archive restore.
 pub struct Restore<'a> {
-    /// The PostgreSQL binaries.
+    /// The client tools (pg_restore) it runs.
     pub bin: &'a PgBin,
+    /// The golden's PostgreSQL major.
+    pub major: u32,
     /// The golden under construction.
     pub dir: &'a InstanceDir,
     /// Its postmaster.
@@ -259,7 +261,7 @@ impl Restore<'_> {
                 "SCHEMA" => format!(
                     "SELECT 'SCHEMA', pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_namespace n
                       WHERE $1 = '' AND n.nspname = $2 AND $3 = ''
-                        AND ({} OR n.nspname = 'public' AND n.nspowner = 'pg_database_owner'::pg_catalog.regrole)",
+                        AND ({} OR n.nspname = 'public' AND n.nspowner = pg_catalog.to_regrole('pg_database_owner'))",
                     made("pg_namespace", "n", "nspowner")
                 ),
                 "LARGE OBJECT" => format!(
@@ -381,7 +383,7 @@ impl Restore<'_> {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        let major = self.bin.major().unwrap_or(15);
+        let major = self.major;
         let missing: Vec<&archive::DumpedExtension> =
             dumped.iter().filter(|e| !available.contains(&e.name)).collect();
         if !missing.is_empty() {
@@ -466,7 +468,8 @@ impl Restore<'_> {
                     path.display(),
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
-                "check that the dump is complete and made by a pg_dump no newer than this host's PostgreSQL",
+                "check that the dump is complete and made by a pg_dump no newer than this host's newest client tools \
+                 (`airlock postgres install 18` brings PostgreSQL 18's)",
             ));
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())

@@ -124,6 +124,9 @@ pub struct Manifest {
     pub generation: i64,
     /// `server_version` of the instance that built it.
     pub postgres_version: String,
+    /// Its PostgreSQL major version: every fork of it runs on that major.
+    #[serde(default)]
+    pub postgres_major: u32,
     /// Bytes on disk of the data directory.
     pub size_bytes: u64,
     /// SHA-256 of the schema-only dump of the application database.
@@ -140,6 +143,16 @@ pub struct Manifest {
     /// faithfully the golden holds the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub import: Option<crate::golden::fidelity::Report>,
+}
+
+impl Manifest {
+    /// The major its forks run on (read from the version for manifests older than the field).
+    pub fn major(&self) -> u32 {
+        match self.postgres_major {
+            0 => crate::pg::bin::major_of(&self.postgres_version).unwrap_or(0),
+            major => major,
+        }
+    }
 }
 
 /// A golden and its generations, as listed and shown.

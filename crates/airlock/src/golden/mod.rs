@@ -56,6 +56,10 @@ pub struct CreateGolden {
     #[serde(default)]
     #[schema(minimum = 0)]
     pub pool_size: Option<i64>,
+    /// The PostgreSQL major to build on (default: the source's, else the host's own).
+    #[serde(default)]
+    #[schema(minimum = 13, maximum = 18)]
+    pub postgres: Option<u32>,
 }
 
 impl CreateGolden {
@@ -77,6 +81,13 @@ impl CreateGolden {
         }
         if self.jobs.is_some_and(|j| !(1..=16).contains(&j)) {
             return Err(invalid("jobs must be between 1 and 16"));
+        }
+        if self.postgres.is_some_and(|m| !crate::pg::install::SUPPORTED.contains(&m)) {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!("PostgreSQL {} is not a major Airlock runs on", self.postgres.unwrap_or(0)),
+                "pick one of 13 to 18 (`airlock postgres ls` shows what this host has)",
+            ));
         }
         if !self.exclude.is_empty() && self.from_url.is_none() {
             return Err(invalid("tables and schemas are left out only of a --from-url import"));
@@ -111,7 +122,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     let pool_size = req.pool_size.unwrap_or(engine.config.default_pool_size);
     check_pool_size(pool_size, engine)?;
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, &req.name, 1, &source, false).await?;
+    let manifest = build::build(engine, &req.name, 1, &source, false, req.postgres).await?;
     let mut store = engine.store();
     if let Err(e) =
         store.insert_golden(&manifest, &source).and_then(|_| store.set_pool_size(&req.name, pool_size))
@@ -150,7 +161,9 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
         ));
     }
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, next, &source, false).await?;
+    // A golden stays on its major: forks of every generation run alike.
+    let major = engine.store().golden(name)?.current().map(|m| m.major());
+    let manifest = build::build(engine, name, next, &source, false, major).await?;
     {
         let mut store = engine.store();
         if let Err(e) = store.add_generation(&manifest) {
@@ -213,7 +226,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
     let source =
         Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, generation, &source, allow_planted).await?;
+    let manifest = build::build(engine, name, generation, &source, allow_planted, None).await?;
     {
         let mut store = engine.store();
         let stored = match existing {

@@ -52,6 +52,17 @@ pub struct SourceFacts {
     pub rows: BTreeMap<String, i64>,
 }
 
+/// The source's PostgreSQL major version (17 for 17.2).
+pub async fn major(dsn: &str) -> Result<u32> {
+    let client = crate::pg::target::connect_to(dsn, "source").await?;
+    let row = client
+        .query_one("SELECT pg_catalog.current_setting('server_version_num')", &[])
+        .await
+        .map_err(failed)?;
+    let number: String = row.get(0);
+    Ok(number.parse::<u32>().unwrap_or(0) / 10000)
+}
+
 /// A session on the source holding the snapshot a dump is taken from.
 pub struct SourceSession {
     client: tokio_postgres::Client,

@@ -1,13 +1,22 @@
-//! Finding the PostgreSQL server binaries.
+//! One directory of PostgreSQL binaries: a server's, a set of client tools, or both.
 
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, ErrorCode, Result};
 
-/// A directory holding `postgres`, `initdb`, `psql`, `pg_dump` and `pg_restore`.
+/// The tools a server directory must have.
+pub const SERVER_TOOLS: &[&str] = &["postgres", "initdb"];
+
+/// The client tools Airlock runs: loading SQL files, dumping and restoring.
+pub const CLIENT_TOOLS: &[&str] = &["psql", "pg_dump", "pg_restore"];
+
+/// A directory holding a server (`postgres`, `initdb`), client tools (`psql`,
+/// `pg_dump`, `pg_restore`), or both.
 #[derive(Debug, Clone)]
 pub struct PgBin {
     dir: PathBuf,
+    /// The server's major, read once (forks must not run `postgres --version`).
+    major: std::sync::OnceLock<Option<u32>>,
 }
 
 impl PgBin {
@@ -38,7 +47,26 @@ impl PgBin {
     }
 
     fn check(dir: PathBuf) -> Result<PgBin> {
-        for tool in ["postgres", "initdb", "psql", "pg_dump", "pg_restore"] {
+        PgBin::with(dir, &["postgres", "initdb", "psql", "pg_dump", "pg_restore"])
+    }
+
+    /// A directory with a server (`postgres`, `initdb`); client tools may be elsewhere.
+    pub fn server(dir: PathBuf) -> Result<PgBin> {
+        PgBin::with(dir, SERVER_TOOLS)
+    }
+
+    /// A directory with the client tools dumps and loads use.
+    pub fn clients(dir: PathBuf) -> Result<PgBin> {
+        PgBin::with(dir, CLIENT_TOOLS)
+    }
+
+    /// Whether this directory has the client tools too.
+    pub fn has_clients(&self) -> bool {
+        CLIENT_TOOLS.iter().all(|t| self.dir.join(t).exists())
+    }
+
+    fn with(dir: PathBuf, tools: &[&str]) -> Result<PgBin> {
+        for tool in tools {
             if !dir.join(tool).exists() {
                 return Err(Error::new(
                     ErrorCode::PostgresFailed,
@@ -47,7 +75,7 @@ impl PgBin {
                 ));
             }
         }
-        Ok(PgBin { dir })
+        Ok(PgBin { dir, major: Default::default() })
     }
 
     /// The full path of one tool.
@@ -62,9 +90,12 @@ impl PgBin {
 
     /// The server's major version (15 for 15.18).
     pub fn major(&self) -> Option<u32> {
-        let version = self.version();
-        let number = version.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
-        number.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
+        *self.major.get_or_init(|| major_of(&self.version()))
+    }
+
+    /// The client tools' major version (`pg_dump --version`).
+    pub fn clients_major(&self) -> Option<u32> {
+        major_of(&version_of(&self.tool("pg_dump")))
     }
 
     /// The extensions this installation can create (`*.control` files in
@@ -90,11 +121,24 @@ impl PgBin {
 
     /// The server's version string, as `postgres --version` prints it.
     pub fn version(&self) -> String {
-        std::process::Command::new(self.tool("postgres"))
-            .arg("--version")
-            .output()
-            .ok()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default()
+        version_of(&self.tool("postgres"))
     }
+}
+
+/// What `tool --version` prints, trimmed; empty if it does not run.
+fn version_of(tool: &Path) -> String {
+    std::process::Command::new(tool)
+        .arg("--version")
+        .env_clear()
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// 15 from "postgres (PostgreSQL) 15.18 (Debian 15.18-0+deb12u1)".
+pub fn major_of(version: &str) -> Option<u32> {
+    let number = version.split_whitespace().find(|w| w.starts_with(|c: char| c.is_ascii_digit()))?;
+    number.chars().take_while(char::is_ascii_digit).collect::<String>().parse().ok()
 }

@@ -26,27 +26,28 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// against a host crash is traded for speed (no fsync); commits still reach the
 /// kernel at once (synchronous_commit stays on, which without fsync costs only a
 /// write), so a killed instance restarts with every committed change.
-const SETTINGS: &[(&str, &str)] = &[
-    ("listen_addresses", ""),
-    ("port", "5432"),
-    ("unix_socket_permissions", "0700"),
-    ("fsync", "off"),
-    ("full_page_writes", "off"),
-    ("shared_buffers", "16MB"),
-    ("max_connections", "40"),
-    ("max_wal_size", "256MB"),
-    ("min_wal_size", "32MB"),
-    ("logging_collector", "off"),
-    ("log_min_messages", "warning"),
-    ("log_line_prefix", "%m [%p] "),
-    ("jit", "off"),
-    ("session_preload_libraries", ""),
-    ("local_preload_libraries", ""),
-    ("archive_mode", "off"),
+/// Each with the first major that has it.
+const SETTINGS: &[(&str, &str, u32)] = &[
+    ("listen_addresses", "", 13),
+    ("port", "5432", 13),
+    ("unix_socket_permissions", "0700", 13),
+    ("fsync", "off", 13),
+    ("full_page_writes", "off", 13),
+    ("shared_buffers", "16MB", 13),
+    ("max_connections", "40", 13),
+    ("max_wal_size", "256MB", 13),
+    ("min_wal_size", "32MB", 13),
+    ("logging_collector", "off", 13),
+    ("log_min_messages", "warning", 13),
+    ("log_line_prefix", "%m [%p] ", 13),
+    ("jit", "off", 13),
+    ("session_preload_libraries", "", 13),
+    ("local_preload_libraries", "", 13),
+    ("archive_mode", "off", 13),
     // A client that went away mid-query is noticed within a second.
-    ("client_connection_check_interval", "1s"),
+    ("client_connection_check_interval", "1s", 14),
     // A backend holds a connection slot while it authenticates: not for long.
-    ("authentication_timeout", "10s"),
+    ("authentication_timeout", "10s", 13),
 ];
 
 /// Who may connect and how: the admin role only by peer authentication from the
@@ -145,7 +146,9 @@ pub async fn initdb(
     cmd.arg("-D")
         .arg(pgdata)
         .args(["-U", ADMIN_ROLE, "--auth-local=peer", "--auth-host=reject", "--no-locale"])
-        .args(["--encoding=UTF8", "--no-sync", "--no-instructions"])
+        .args(["--encoding=UTF8", "--no-sync"])
+        // PostgreSQL 13's initdb has no --no-instructions (its output is discarded anyway).
+        .args(bin.major().filter(|m| *m >= 14).map(|_| "--no-instructions"))
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C")
@@ -397,7 +400,8 @@ pub fn start(
     let log = crate::storage::tree::open_log(&dir.log())?;
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
     cmd.arg("-D").arg(dir.pgdata());
-    for (k, v) in SETTINGS {
+    let major = bin.major().unwrap_or(0);
+    for (k, v, _) in SETTINGS.iter().filter(|(_, _, since)| major >= *since) {
         cmd.arg("-c").arg(format!("{k}={v}"));
     }
     // Dynamic shared memory: as root, in the instance's own /dev/shm (a private

@@ -104,6 +104,18 @@ pub fn is_archive(path: &Path) -> Result<bool> {
     Ok(custom || tar)
 }
 
+/// The PostgreSQL major an archive was dumped from (its header's "Dumped from
+/// database version"); `None` for a plain SQL script or an unreadable archive.
+pub async fn dump_major(bin: &PgBin, path: &Path) -> Option<u32> {
+    if !is_archive(path).ok()? {
+        return None;
+    }
+    let out = Command::new(bin.tool("pg_restore")).arg("--list").arg(path).env_clear().output().await.ok()?;
+    let list = String::from_utf8_lossy(&out.stdout);
+    let line = list.lines().find_map(|l| l.split_once("Dumped from database version:"))?.1;
+    crate::pg::bin::major_of(line)
+}
+
 /// SHA-256 of the application database's schema-only dump, ignoring comments and
 /// the random `\restrict` keys newer pg_dump versions write.
 pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir) -> Result<String> {

@@ -1,12 +1,14 @@
-//! Everything that talks to PostgreSQL: binaries, instances, admin sessions,
+//! Everything that talks to PostgreSQL: binaries and the majors installed, instances, admin sessions,
 //! loading scripts and dumps, connection strings.
 
 pub mod admin;
 pub mod bin;
 pub mod dsn;
 pub mod guard;
+pub mod install;
 pub mod instance;
 pub mod load;
+pub mod majors;
 pub mod scram;
 pub mod socket;
 pub mod target;

@@ -119,7 +119,8 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)
             .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-        let pid = start(engine, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps).await?;
+        let server = engine.server_for(&sb.golden, sb.generation)?;
+        let pid = start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
         Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;

@@ -36,6 +36,7 @@ use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{self, DATABASE};
 use crate::pg::instance;
+use crate::pg::majors::Server;
 use crate::users::Identity;
 use crate::{golden, secret, validate};
 
@@ -314,6 +315,7 @@ pub(crate) async fn bring_up(
 ) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
+    let server = engine.server_for(&sb.golden, sb.generation)?;
     let t = Instant::now();
     let user = engine.sandbox_user(sb)?;
     let group = engine.socket_group(sb);
@@ -333,7 +335,7 @@ pub(crate) async fn bring_up(
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    start(engine, &dir, (&user, group), &cgroups, &sb.access, password, steps).await
+    start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume
@@ -354,7 +356,7 @@ pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
 /// Starts the instance in `dir`, waits for it, and creates the agent role with
 /// `password` if given; returns the postmaster's pid.
 async fn start(
-    engine: &Engine,
+    server: &Server,
     dir: &InstanceDir,
     (user, group): (&Identity, Option<nix::unistd::Gid>),
     cgroups: &[CString],
@@ -363,7 +365,7 @@ async fn start(
     steps: &mut Steps,
 ) -> Result<i32> {
     let t = Instant::now();
-    let mut started = instance::start(&engine.pg, dir, user, group, cgroups, Some(&engine.guard))?;
+    let mut started = instance::start(&server.bin, dir, user, group, cgroups, Some(&server.guard))?;
     steps.start_ms = ms(t);
     let t = Instant::now();
     started.wait_ready(dir).await?;
@@ -508,7 +510,8 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let mut started = instance::start(&engine.pg, &dir, &user, group, &cgroups, Some(&engine.guard))?;
+    let server = engine.server_for(&sb.golden, sb.generation)?;
+    let mut started = instance::start(&server.bin, &dir, &user, group, &cgroups, Some(&server.guard))?;
     let pid = started.pid;
     let ready = async {
         started.wait_ready(&dir).await?;

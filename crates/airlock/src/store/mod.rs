@@ -139,6 +139,22 @@ impl Store {
         }
     }
 
+    /// The manifest of one generation of a golden.
+    pub fn manifest(&self, name: &str, generation: i64) -> Result<Manifest> {
+        let text: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT manifest FROM generations WHERE golden = ?1 AND generation = ?2",
+                params![name, generation],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match text {
+            Some(t) => from_json(&t),
+            None => Err(golden_not_found(name)),
+        }
+    }
+
     /// One golden with its generations and sandbox count.
     pub fn golden(&self, name: &str) -> Result<Golden> {
         let row: Option<(i64, String, i64)> = self

@@ -14,18 +14,22 @@ use crate::harness::{dsn, psql, sql, Daemon};
 const NOBODY: u32 = 65534;
 
 /// A PostgreSQL server standing in for production, on a private socket.
-struct Production {
+pub(crate) struct Production {
     dir: PathBuf,
     bin: PathBuf,
 }
 
 impl Production {
     fn start(name: &str) -> Production {
+        Production::start_on(name, newest_postgres_bin())
+    }
+
+    /// A server of the binaries in `bin` (another major's, say).
+    pub(crate) fn start_on(name: &str, bin: PathBuf) -> Production {
         let dir = PathBuf::from(format!("/tmp/airlock-prod-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
-        let bin = newest_postgres_bin();
         let p = Production { dir, bin };
         p.run_as_nobody(
             "initdb",
@@ -62,7 +66,7 @@ impl Production {
     }
 
     /// The DSN of database `db` as the bootstrap superuser (trusted on the private socket).
-    fn dsn(&self, db: &str) -> String {
+    pub(crate) fn dsn(&self, db: &str) -> String {
         format!("postgresql://postgres@/{db}?host={}", self.dir.display())
     }
 }
@@ -93,7 +97,7 @@ fn newest_postgres_bin() -> PathBuf {
 }
 
 /// Runs a script with psql as the source's superuser.
-fn script(dsn: &str, sql: &str) {
+pub(crate) fn script(dsn: &str, sql: &str) {
     let out = Command::new("psql")
         .arg(dsn)
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1"])

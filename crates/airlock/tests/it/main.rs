@@ -13,6 +13,7 @@ mod gateway;
 mod goldens;
 mod imports;
 mod lifecycle;
+mod majors;
 mod migrate;
 mod pool;
 mod router;

@@ -1,0 +1,188 @@
+//! Goldens on other PostgreSQL majors than the host's: production sources on
+//! 13 and 17 imported onto goldens of their own majors, forks of four majors
+//! running at once, the in-server guard holding on each, and a migration
+//! tested on the major it will run on. The majors come from `airlock postgres
+//! install 13 17 18` (`make test` runs it), under AIRLOCK_PG_ROOT.
+
+use std::path::PathBuf;
+
+use crate::harness::{dsn, psql, sql, Daemon};
+use crate::imports::{script, Production};
+
+/// A major `airlock postgres install` put under the install root.
+fn installed(major: u32) -> PathBuf {
+    let root = std::env::var_os("AIRLOCK_PG_ROOT")
+        .map_or_else(|| PathBuf::from("/opt/airlock/postgresql"), PathBuf::from);
+    let bin = root.join(major.to_string()).join("server/native/bin");
+    assert!(
+        bin.join("postgres").exists(),
+        "PostgreSQL {major} is not installed in {}: run `airlock postgres install 13 17 18` (make test does)",
+        root.display()
+    );
+    bin
+}
+
+/// What production holds, in features every major from 13 has.
+const PRODUCTION: &str = r#"
+CREATE ROLE app_owner NOLOGIN;
+CREATE ROLE app_rw NOLOGIN;
+CREATE DATABASE prod OWNER app_owner;
+\c prod
+CREATE EXTENSION pg_trgm;
+CREATE EXTENSION citext;
+CREATE EXTENSION hstore;
+CREATE SCHEMA app AUTHORIZATION app_owner;
+SET ROLE app_owner;
+CREATE TABLE app.customers (id bigserial PRIMARY KEY, email citext UNIQUE, region text NOT NULL, attrs hstore);
+CREATE TABLE app.orders (
+  id bigint GENERATED ALWAYS AS IDENTITY, customer_id bigint REFERENCES app.customers,
+  total numeric(10,2), placed_at date NOT NULL, PRIMARY KEY (id, placed_at)
+) PARTITION BY RANGE (placed_at);
+CREATE TABLE app.orders_2025 PARTITION OF app.orders FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');
+CREATE TABLE app.orders_2026 PARTITION OF app.orders FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+CREATE INDEX customers_email_trgm ON app.customers USING gin ((email::text) gin_trgm_ops);
+CREATE TABLE app.audit_log (id serial PRIMARY KEY, line text);
+CREATE FUNCTION app.touch() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN INSERT INTO app.audit_log (line) VALUES (TG_OP || ' ' || NEW.id); RETURN NEW; END $$;
+CREATE TRIGGER customers_touch AFTER INSERT ON app.customers FOR EACH ROW EXECUTE FUNCTION app.touch();
+INSERT INTO app.customers (email, region, attrs)
+  SELECT 'user' || g || '@example.com', CASE WHEN g % 3 = 0 THEN 'eu' ELSE 'us' END, hstore('tier', (g % 4)::text)
+  FROM generate_series(1, 300) g;
+INSERT INTO app.orders (customer_id, total, placed_at)
+  SELECT 1 + g % 300, g * 1.5, date '2025-06-01' + (g % 400) FROM generate_series(1, 1000) g;
+CREATE SEQUENCE app.invoice_no START 1000;
+SELECT setval('app.invoice_no', 1234);
+CREATE MATERIALIZED VIEW app.revenue AS SELECT customer_id, sum(total) AS revenue FROM app.orders GROUP BY 1;
+COMMENT ON TABLE app.customers IS 'people who buy';
+SELECT lo_from_bytea(0, 'a large object');
+ALTER TABLE app.customers ENABLE ROW LEVEL SECURITY;
+CREATE POLICY eu_only ON app.customers FOR SELECT TO app_rw USING (region = 'eu');
+GRANT USAGE ON SCHEMA app TO app_rw;
+GRANT SELECT ON app.customers TO app_rw;
+RESET ROLE;
+"#;
+
+#[test]
+fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_four_majors_run_at_once() {
+    let sources: Vec<(u32, Production)> =
+        [13, 17].into_iter().map(|m| (m, Production::start_on(&format!("major{m}"), installed(m)))).collect();
+    installed(18);
+    for (_, prod) in &sources {
+        script(&prod.dsn("postgres"), PRODUCTION);
+    }
+    let d = Daemon::start(&[]);
+    let listed = d.json(&["postgres", "ls"]);
+    let majors: Vec<u64> = listed.as_array().unwrap().iter().map(|m| m["major"].as_u64().unwrap()).collect();
+    for m in [13, 15, 17, 18] {
+        assert!(majors.contains(&m), "{listed}");
+    }
+
+    // Each source's major is detected and becomes its golden's.
+    for (major, prod) in &sources {
+        let name = format!("prod{major}");
+        let out =
+            d.cli_with(&["golden", "create", &name, "--from-url", "-", "--json"], Some(&prod.dsn("prod")));
+        assert_eq!(out.code, 0, "{out:?}\n{}", d.log());
+        let g: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+        let m = &g["generations"][0];
+        assert_eq!(m["postgres_major"], *major, "{m}");
+        let report = &m["import"];
+        assert_eq!(report["compared"], true, "{report}");
+        assert!(
+            report.get("catalog_differences").is_none() && report.get("row_differences").is_none(),
+            "{report}"
+        );
+        assert!(report.get("major_note").is_none(), "same major, nothing to note: {report}");
+        assert_eq!(report["rows"], 300 + 1000 + 300, "{report}");
+    }
+    // Files build on the host's own major unless another is asked for.
+    let schema = d.home.join("s.sql");
+    std::fs::write(&schema, "CREATE TABLE t (id int PRIMARY KEY);").unwrap();
+    let schema = schema.to_str().unwrap();
+    d.ok(&["golden", "create", "files15", "--schema", schema]);
+    let g18 = d.json(&["golden", "create", "files18", "--schema", schema, "--postgres", "18"]);
+    assert_eq!(g18["generations"][0]["postgres_major"], 18, "{g18}");
+
+    // Forks of all four at once, each on its golden's major, each with the guard.
+    let forks: Vec<(u32, String)> = [("prod13", 13), ("files15", 15), ("prod17", 17), ("files18", 18)]
+        .into_iter()
+        .map(|(golden, major)| (major, dsn(&d.fork(golden, &[]))))
+        .collect();
+    for (major, agent) in &forks {
+        let version: u32 = sql(agent, "SHOW server_version_num").parse().unwrap();
+        assert_eq!(version / 10000, *major, "{agent}");
+        let refused = psql(agent, "ALTER ROLE CURRENT_USER SET work_mem = '1MB'").unwrap_err();
+        assert!(refused.contains("in an Airlock sandbox"), "the guard holds on {major}: {refused}");
+        assert!(
+            psql(agent, "CREATE EXTENSION plpython3u").is_err(),
+            "untrusted extensions stay refused on {major}"
+        );
+    }
+    for (major, agent) in forks.iter().filter(|(m, _)| [13, 17].contains(m)) {
+        assert_eq!(
+            sql(
+                agent,
+                "SELECT count(*) FROM app.customers WHERE email::text % 'user12@example.com' AND id = 12"
+            ),
+            "1",
+            "trigram on {major}"
+        );
+        assert_eq!(sql(agent, "SELECT count(*) FROM app.customers"), "300");
+        assert_eq!(
+            sql(agent, "SET ROLE app_rw; SELECT count(*) FROM app.customers"),
+            "100",
+            "RLS on {major}"
+        );
+        assert_eq!(sql(agent, "SELECT nextval('app.invoice_no')"), "1235");
+        assert_eq!(
+            sql(agent, "SELECT convert_from(lo_get(oid), 'UTF8') FROM pg_largeobject_metadata"),
+            "a large object"
+        );
+        assert_eq!(sql(agent, "SELECT tableowner FROM pg_tables WHERE tablename = 'customers'"), "app_owner");
+        sql(agent, "INSERT INTO app.customers (email, region) VALUES ('new@example.com', 'eu')");
+        assert_eq!(sql(agent, "SELECT line FROM app.audit_log ORDER BY id DESC LIMIT 1"), "INSERT 301");
+        assert!(psql(agent, "ALTER ROLE app_rw LOGIN PASSWORD 'x'").is_err());
+    }
+    // A read-only fork of 13, which has no pg_read_all_data.
+    let readonly = dsn(&d.fork("prod13", &["--mode", "readonly"]));
+    assert_eq!(sql(&readonly, "SELECT count(*) FROM app.orders"), "1000");
+    let refused = psql(&readonly, "DELETE FROM app.audit_log").unwrap_err();
+    assert!(refused.contains("read-only"), "{refused}");
+
+    // A migration is tested on the major it will run on: MERGE ... RETURNING is
+    // PostgreSQL 17's, so it passes on the 17 golden and fails on the 13 one.
+    let file = d.home.join("tier.sql");
+    std::fs::write(
+        &file,
+        "ALTER TABLE app.customers ADD COLUMN tier text;\n\
+         MERGE INTO app.customers c USING (SELECT 1 AS id) s ON c.id = s.id\n\
+           WHEN MATCHED THEN UPDATE SET tier = 'gold' RETURNING c.id;\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let on17 = d.cli(&["migrate", "test", "--golden", "prod17", "--json", file]);
+    let report: serde_json::Value = serde_json::from_str(&on17.stdout).unwrap();
+    assert_eq!(report["passed"], true, "{report}");
+    let on13 = d.cli(&["migrate", "test", "--golden", "prod13", "--json", file]);
+    let report: serde_json::Value = serde_json::from_str(&on13.stdout).unwrap();
+    assert_eq!(report["passed"], false, "{report}");
+    assert!(report.to_string().contains("syntax error"), "{report}");
+}
+
+#[test]
+fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
+    let d = Daemon::start(&[]);
+    let schema = d.home.join("s.sql");
+    std::fs::write(&schema, "CREATE TABLE t (id int);").unwrap();
+    let schema = schema.to_str().unwrap();
+    let (code, err) = d.fails(&["golden", "create", "old", "--schema", schema, "--postgres", "12"]);
+    assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
+    let (code, err) = d.fails(&["golden", "create", "g14", "--schema", schema, "--postgres", "14"]);
+    assert_eq!((code, err["code"].as_str()), (7, Some("postgres_missing")), "{err}");
+    assert!(err["hint"].as_str().unwrap().contains("airlock postgres install 14"), "{err}");
+    assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "nothing half-made");
+    // 14's headers are on no registry Airlock installs from: refused before anything is fetched.
+    let (code, err) = d.fails(&["postgres", "install", "14"]);
+    assert_eq!((code, err["code"].as_str()), (7, Some("postgres_missing")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("headers"), "{err}");
+}
