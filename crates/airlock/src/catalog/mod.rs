@@ -335,7 +335,15 @@ const READER_SQL: &str = "
       LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
       DECLARE n bigint;
       BEGIN
-        EXECUTE pg_catalog.format('SELECT count(*) FROM ONLY %s', relation) INTO n;
+        -- The name is looked up again when the count runs, and the agent may
+        -- have put a view under it by then: TABLESAMPLE is refused for anything
+        -- but a table or materialized view before a plan exists, so nothing of
+        -- the agent's runs here. SYSTEM (100) reads every block.
+        EXECUTE pg_catalog.format('SELECT count(*) FROM ONLY %s TABLESAMPLE SYSTEM (100)', relation) INTO n;
+        -- Counted under its name, it must still be the relation asked about.
+        IF pg_catalog.to_regclass(relation::text) IS DISTINCT FROM relation THEN
+          RAISE EXCEPTION 'relation % changed while it was counted', relation;
+        END IF;
         RETURN n;
       END $$;
     ALTER FUNCTION pg_airlock.count_rows(pg_catalog.regclass) OWNER TO airlock_reader;
@@ -364,7 +372,8 @@ pub async fn count_rows(
     let client = admin.client();
     let installed = client
         .query_one(
-            "SELECT pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)') IS NOT NULL
+            "SELECT coalesce((SELECT p.prosrc LIKE '%TABLESAMPLE%' FROM pg_catalog.pg_proc p
+                               WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
                     AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')",
             &[],
         )

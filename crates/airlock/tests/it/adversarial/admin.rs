@@ -94,6 +94,40 @@ fn a_table_turned_into_a_view_while_being_counted_runs_nothing_as_the_admin() {
 }
 
 #[test]
+fn a_view_renamed_into_a_counted_tables_place_runs_nothing_as_the_reader() {
+    let s = Scene::new();
+    sql(
+        &s.agent,
+        "CREATE TABLE public.bait (a int); INSERT INTO public.bait VALUES (1);
+         CREATE TABLE public.pwned (who text); GRANT INSERT ON public.pwned TO PUBLIC;
+         CREATE FUNCTION public.as_reader() RETURNS boolean LANGUAGE plpgsql SET search_path = public AS $f$
+         BEGIN INSERT INTO pwned VALUES (current_user); RETURN true; END $f$;
+         CREATE VIEW public.bait_v AS SELECT 1 AS a FROM generate_series(1, 7) WHERE public.as_reader();",
+    );
+    // The table is held until the daemon's count waits on it; then the view
+    // takes its name, so the count's second lookup of the name finds the view.
+    let swap = "BEGIN; LOCK public.bait IN ACCESS EXCLUSIVE MODE;
+        DO $d$ BEGIN
+          FOR i IN 1..1000 LOOP
+            EXIT WHEN EXISTS (SELECT 1 FROM pg_locks WHERE relation = 'public.bait'::regclass AND NOT granted);
+            PERFORM pg_sleep(0.01);
+          END LOOP;
+        END $d$;
+        ALTER TABLE public.bait RENAME TO bait_old; ALTER VIEW public.bait_v RENAME TO bait; COMMIT";
+    let swapper = crate::harness::spawn_psql(&s.agent, swap);
+    let held = "SELECT count(*) FROM pg_locks WHERE relation = 'public.bait'::regclass AND granted AND mode = 'AccessExclusiveLock'";
+    s.d.wait_for(Duration::from_secs(10), "the table to be held", || sql(&s.agent, held) == "1");
+    let changes = s.tool("changes_since_fork", json!({}));
+    let swapped = swapper.wait_with_output().unwrap();
+    assert!(swapped.status.success(), "{}", String::from_utf8_lossy(&swapped.stderr));
+    assert_eq!(sql(&s.agent, "SELECT to_regclass('public.bait_old') IS NOT NULL"), "t", "the swap happened");
+    nothing_ran_as_the_admin(&s);
+    let text = changes["text"].as_str().unwrap();
+    assert!(!text.contains("-> 7 rows"), "the view's rows were not counted as the table's: {text}");
+    s.untouched();
+}
+
+#[test]
 fn a_schema_named_like_airlocks_own_hides_nothing() {
     let s = Scene::new();
     sql(&s.agent, "CREATE SCHEMA airlock_probe; CREATE TABLE airlock_probe.hidden (secret text)");
