@@ -102,6 +102,9 @@ async fn run_pg_dump(
     let passfile = keep.join("source.pgpass");
     let password = dsn::password(source).unwrap_or_default();
     dsn::write_passfile(&passfile, &password)?;
+    // Client tools without TLS reach a TLS source through a tunnel of Airlock's.
+    let tunnel = crate::pg::tunnel::Tunnel::open_if_needed(source, bin, &keep.join("t"))?;
+    let dbname = tunnel.as_ref().map_or_else(|| redacted.clone(), |t| t.dsn.clone());
     let mut cmd = Command::new(bin.tool("pg_dump"));
     cmd.env_clear()
         .env("PATH", "/usr/bin:/bin")
@@ -123,7 +126,7 @@ async fn run_pg_dump(
     for schema in &exclude.schemas {
         cmd.arg(format!("--exclude-schema={schema}"));
     }
-    cmd.arg("--file").arg(archive).arg("--dbname").arg(&redacted);
+    cmd.arg("--file").arg(archive).arg("--dbname").arg(&dbname);
     cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
     let spawned = cmd.spawn();
     let mut child = match spawned {
@@ -159,6 +162,7 @@ async fn run_pg_dump(
         }
     }
     let status = child.wait().await;
+    drop(tunnel);
     let _ = std::fs::remove_file(&passfile);
     if status?.success() {
         return Ok(());

@@ -17,6 +17,8 @@ pub struct PgBin {
     dir: PathBuf,
     /// The server's major, read once (forks must not run `postgres --version`).
     major: std::sync::OnceLock<Option<u32>>,
+    /// Whether its client tools speak TLS, probed once.
+    tls: std::sync::OnceLock<bool>,
 }
 
 impl PgBin {
@@ -60,6 +62,18 @@ impl PgBin {
         PgBin::with(dir, CLIENT_TOOLS)
     }
 
+    /// Whether the client tools' libpq can speak TLS (the PyPI builds cannot):
+    /// libpq refuses `sslmode=require` before connecting when it has no TLS.
+    pub fn clients_have_tls(&self) -> bool {
+        *self.tls.get_or_init(|| {
+            std::process::Command::new(self.tool("psql"))
+                .args(["-X", "-w", "-c", "", "sslmode=require host=/nonexistent-airlock-probe"])
+                .env_clear()
+                .output()
+                .is_ok_and(|o| !String::from_utf8_lossy(&o.stderr).contains("SSL support is not compiled in"))
+        })
+    }
+
     /// Whether this directory has the client tools too.
     pub fn has_clients(&self) -> bool {
         CLIENT_TOOLS.iter().all(|t| self.dir.join(t).exists())
@@ -75,7 +89,7 @@ impl PgBin {
                 ));
             }
         }
-        Ok(PgBin { dir, major: Default::default() })
+        Ok(PgBin { dir, major: Default::default(), tls: Default::default() })
     }
 
     /// The full path of one tool.

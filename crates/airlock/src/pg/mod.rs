@@ -12,6 +12,7 @@ pub mod majors;
 pub mod scram;
 pub mod socket;
 pub mod target;
+pub mod tunnel;
 pub mod wire;
 
 pub use bin::PgBin;

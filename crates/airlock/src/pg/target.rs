@@ -115,6 +115,58 @@ pub async fn connect_to(dsn: &str, what: &str) -> Result<tokio_postgres::Client>
     Ok(client)
 }
 
+/// Where and how a DSN's TLS connection goes, for [`crate::pg::tunnel`]: its
+/// first TCP host, the rustls configuration of its `sslmode`, and the libpq
+/// keyword string that reaches the same database through a unix socket.
+pub struct TlsEndpoint {
+    /// The server's host name or address.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// Whether a server that refuses TLS is used in plaintext (`prefer`).
+    pub plaintext_allowed: bool,
+    /// The TLS configuration of the DSN's `sslmode`.
+    pub config: Arc<rustls::ClientConfig>,
+    /// The user, database and options, as `key='value'` pairs (no host, port or password).
+    pub keywords: String,
+}
+
+/// The TLS endpoint of `dsn`, if it asks for TLS over TCP (`sslmode` other
+/// than `disable`/`allow`, and a host that is not a socket directory).
+pub fn tls_endpoint(dsn: &str) -> Result<Option<TlsEndpoint>> {
+    let (options, plain) = split_options(dsn);
+    let get = |key: &str| options.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str());
+    let mode = get("sslmode").unwrap_or("prefer");
+    if matches!(mode, "disable" | "allow") {
+        return Ok(None);
+    }
+    let config: tokio_postgres::Config =
+        plain.parse().map_err(|e| bad_dsn(format!("the source DSN cannot be read: {e}")))?;
+    let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() else { return Ok(None) };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let mut keywords = Vec::new();
+    if let Some(user) = config.get_user() {
+        keywords.push(format!("user={}", quote(user)));
+    }
+    if let Some(db) = config.get_dbname() {
+        keywords.push(format!("dbname={}", quote(db)));
+    }
+    if let Some(options) = config.get_options() {
+        keywords.push(format!("options={}", quote(options)));
+    }
+    if let Some(name) = config.get_application_name() {
+        keywords.push(format!("application_name={}", quote(name)));
+    }
+    Ok(Some(TlsEndpoint {
+        host: host.clone(),
+        port,
+        plaintext_allowed: mode == "prefer",
+        config: Arc::new(client_config(mode, get("sslrootcert"))?),
+        keywords: keywords.join(" "),
+    }))
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }

@@ -15,8 +15,9 @@ const NOBODY: u32 = 65534;
 
 /// A PostgreSQL server standing in for production, on a private socket.
 pub(crate) struct Production {
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     bin: PathBuf,
+    port: u16,
 }
 
 impl Production {
@@ -26,11 +27,16 @@ impl Production {
 
     /// A server of the binaries in `bin` (another major's, say).
     pub(crate) fn start_on(name: &str, bin: PathBuf) -> Production {
+        Production::start_with(name, bin, 5432, "")
+    }
+
+    /// A server of `bin` on `port`, with `options` for `postgres` besides.
+    pub(crate) fn start_with(name: &str, bin: PathBuf, port: u16, options: &str) -> Production {
         let dir = PathBuf::from(format!("/tmp/airlock-prod-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::os::unix::fs::chown(&dir, Some(NOBODY), Some(NOBODY)).unwrap();
-        let p = Production { dir, bin };
+        let p = Production { dir, bin, port };
         p.run_as_nobody(
             "initdb",
             &["-D", "data", "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C"],
@@ -45,7 +51,7 @@ impl Production {
                 "log",
                 "-w",
                 "-o",
-                &format!("-k {socket} -c listen_addresses= -c port=5432"),
+                &format!("-k {socket} -c listen_addresses= -c port={port} {options}"),
                 "start",
             ],
         );
@@ -67,7 +73,7 @@ impl Production {
 
     /// The DSN of database `db` as the bootstrap superuser (trusted on the private socket).
     pub(crate) fn dsn(&self, db: &str) -> String {
-        format!("postgresql://postgres@/{db}?host={}", self.dir.display())
+        format!("postgresql://postgres@/{db}?host={}&port={}", self.dir.display(), self.port)
     }
 }
 

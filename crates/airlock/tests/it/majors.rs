@@ -170,6 +170,73 @@ fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_four_majors_run_at
 }
 
 #[test]
+fn a_tls_source_on_a_newer_major_is_dumped_through_airlocks_own_tls() {
+    // PostgreSQL 18's client tools from PyPI have no TLS: the dump of a source
+    // that accepts nothing but TLS goes through Airlock's tunnel.
+    // The source serves a certificate of the daemon's own CA (any CA would do).
+    let d = Daemon::start(&[]);
+    let certs = PathBuf::from(format!("/tmp/airlock-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&certs).unwrap();
+    let (cert, key) = (certs.join("server.crt"), certs.join("server.key"));
+    std::fs::copy(d.home.join("tls/server.crt"), &cert).unwrap();
+    std::fs::copy(d.home.join("tls/server.key"), &key).unwrap();
+    for f in [&cert, &key] {
+        std::os::unix::fs::chown(f, Some(65534), Some(65534)).unwrap();
+    }
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let ca = d.home.join("tls/ca.crt");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let options = format!(
+        "-c ssl=on -c ssl_cert_file={} -c ssl_key_file={} -c listen_addresses=127.0.0.1",
+        cert.display(),
+        key.display()
+    );
+    let prod = Production::start_with("tls17", installed(17), port, &options);
+    script(&prod.dsn("postgres"), PRODUCTION);
+    // Over TCP, TLS or nothing.
+    std::fs::write(
+        prod.dir.join("data/pg_hba.conf"),
+        "local all all trust\nhostssl all all 127.0.0.1/32 trust\nhostnossl all all 127.0.0.1/32 reject\n",
+    )
+    .unwrap();
+    sql(&prod.dsn("postgres"), "SELECT pg_reload_conf()");
+    let plain = format!("postgresql://postgres@localhost:{port}/prod?sslmode=disable");
+    assert!(psql(&plain, "SELECT 1").unwrap_err().contains("no encryption"), "plaintext is refused");
+
+    let source = format!(
+        "postgresql://postgres@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    let out = d.cli_with(&["golden", "create", "tls17", "--from-url", "-", "--json"], Some(&source));
+    assert_eq!(out.code, 0, "{out:?}\n{}", d.log());
+    let g: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let report = &g["generations"][0]["import"];
+    assert_eq!(g["generations"][0]["postgres_major"], 17, "{g}");
+    assert!(
+        report.get("catalog_differences").is_none() && report.get("row_differences").is_none(),
+        "{report}"
+    );
+    assert_eq!(report["rows"], 300 + 1000 + 300, "{report}");
+    assert_eq!(sql(&dsn(&d.fork("tls17", &[])), "SELECT count(*) FROM app.orders"), "1000");
+    assert!(
+        !d.home.join("volume/imports/tls17").exists(),
+        "the dump and its tunnel are gone after the build"
+    );
+
+    // A certificate that does not verify stops the import before anything is copied.
+    let wrong = format!("postgresql://postgres@localhost:{port}/prod?sslmode=verify-full");
+    let (code, err) = d.fails(&["golden", "create", "wrong", "--from-url", &wrong]);
+    assert_eq!(
+        (code, err["code"].as_str()),
+        (7, Some("source_failed")),
+        "not signed by the system's CAs: {err}"
+    );
+    assert!(!d.home.join("volume/imports/wrong/dump").exists(), "{err}");
+    drop(prod);
+    let _ = std::fs::remove_dir_all(&certs);
+}
+
+#[test]
 fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
     let d = Daemon::start(&[]);
     let schema = d.home.join("s.sql");
