@@ -16,7 +16,7 @@ fi
 cargo build --locked --all-targets
 # Goldens of other majors than the host's are tested on these (downloads are
 # cached under the install root, so a second run fetches nothing).
-target/debug/airlock postgres install 13 17 18
+target/debug/airlock postgres install 13 14 16 17 18
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --no-fail-fast || status=$?

@@ -355,6 +355,9 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.pg_bin = args.pg_bin.clone();
+    if let Some(root) = &args.pg_root {
+        config.pg_root = root.clone();
+    }
     config.force_copy = match args.storage.as_str() {
         "auto" => false,
         "copy" => true,

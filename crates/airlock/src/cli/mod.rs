@@ -198,6 +198,9 @@ struct ServeArgs {
     /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
     #[arg(long, env = "AIRLOCK_PG_BIN")]
     pg_bin: Option<PathBuf>,
+    /// Where `airlock postgres install` put other majors (default: /opt/airlock/postgresql as root).
+    #[arg(long, env = "AIRLOCK_PG_ROOT")]
+    pg_root: Option<PathBuf>,
     /// Memory limit of each sandbox (cgroups; root only).
     #[arg(long, env = "AIRLOCK_MEMORY_LIMIT", default_value = "1G")]
     memory_limit: String,
@@ -478,7 +481,7 @@ enum PostgresCommand {
     /// for the in-server guard, client tools as new), into AIRLOCK_PG_ROOT
     /// (default /opt/airlock/postgresql for root); restart the daemon after.
     Install {
-        /// Major versions, 13 to 18 (14 has no headers on the registries Airlock uses).
+        /// Major versions, 13 to 18.
         #[arg(required = true)]
         majors: Vec<u32>,
     },

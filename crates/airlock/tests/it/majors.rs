@@ -1,8 +1,9 @@
 //! Goldens on other PostgreSQL majors than the host's: production sources on
-//! 13 and 17 imported onto goldens of their own majors, forks of four majors
-//! running at once, the in-server guard holding on each, and a migration
-//! tested on the major it will run on. The majors come from `airlock postgres
-//! install 13 17 18` (`make test` runs it), under AIRLOCK_PG_ROOT.
+//! 13 and 17 imported onto goldens of their own majors, forks of all six
+//! majors (13 to 18) running at once, the in-server guard holding on each, a
+//! migration tested on the major it will run on, and a TLS source dumped by
+//! client tools without TLS. The majors come from `airlock postgres install 13
+//! 14 16 17 18` (`make test` runs it), under AIRLOCK_PG_ROOT.
 
 use std::path::PathBuf;
 
@@ -16,7 +17,7 @@ fn installed(major: u32) -> PathBuf {
     let bin = root.join(major.to_string()).join("server/native/bin");
     assert!(
         bin.join("postgres").exists(),
-        "PostgreSQL {major} is not installed in {}: run `airlock postgres install 13 17 18` (make test does)",
+        "PostgreSQL {major} is not installed in {}: run `airlock postgres install 13 14 16 17 18` (make test does)",
         root.display()
     );
     bin
@@ -63,17 +64,19 @@ RESET ROLE;
 "#;
 
 #[test]
-fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_four_majors_run_at_once() {
+fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_six_majors_run_at_once() {
     let sources: Vec<(u32, Production)> =
         [13, 17].into_iter().map(|m| (m, Production::start_on(&format!("major{m}"), installed(m)))).collect();
-    installed(18);
+    for major in [14, 16, 18] {
+        installed(major);
+    }
     for (_, prod) in &sources {
         script(&prod.dsn("postgres"), PRODUCTION);
     }
     let d = Daemon::start(&[]);
     let listed = d.json(&["postgres", "ls"]);
     let majors: Vec<u64> = listed.as_array().unwrap().iter().map(|m| m["major"].as_u64().unwrap()).collect();
-    for m in [13, 15, 17, 18] {
+    for m in 13..=18 {
         assert!(majors.contains(&m), "{listed}");
     }
 
@@ -99,15 +102,19 @@ fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_four_majors_run_at
     let schema = d.home.join("s.sql");
     std::fs::write(&schema, "CREATE TABLE t (id int PRIMARY KEY);").unwrap();
     let schema = schema.to_str().unwrap();
-    d.ok(&["golden", "create", "files15", "--schema", schema]);
-    let g18 = d.json(&["golden", "create", "files18", "--schema", schema, "--postgres", "18"]);
-    assert_eq!(g18["generations"][0]["postgres_major"], 18, "{g18}");
+    let g15 = d.json(&["golden", "create", "files15", "--schema", schema]);
+    assert_eq!(g15["generations"][0]["postgres_major"], 15, "{g15}");
+    for major in ["14", "16", "18"] {
+        let g =
+            d.json(&["golden", "create", &format!("files{major}"), "--schema", schema, "--postgres", major]);
+        assert_eq!(g["generations"][0]["postgres_major"].to_string(), major, "{g}");
+    }
 
-    // Forks of all four at once, each on its golden's major, each with the guard.
-    let forks: Vec<(u32, String)> = [("prod13", 13), ("files15", 15), ("prod17", 17), ("files18", 18)]
-        .into_iter()
-        .map(|(golden, major)| (major, dsn(&d.fork(golden, &[]))))
-        .collect();
+    // Forks of all six majors at once, each on its golden's major, each with the guard.
+    let goldens =
+        [("prod13", 13), ("files14", 14), ("files15", 15), ("files16", 16), ("prod17", 17), ("files18", 18)];
+    let forks: Vec<(u32, String)> =
+        goldens.into_iter().map(|(golden, major)| (major, dsn(&d.fork(golden, &[])))).collect();
     for (major, agent) in &forks {
         let version: u32 = sql(agent, "SHOW server_version_num").parse().unwrap();
         assert_eq!(version / 10000, *major, "{agent}");
@@ -244,12 +251,14 @@ fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
     let schema = schema.to_str().unwrap();
     let (code, err) = d.fails(&["golden", "create", "old", "--schema", schema, "--postgres", "12"]);
     assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
-    let (code, err) = d.fails(&["golden", "create", "g14", "--schema", schema, "--postgres", "14"]);
+    // A major not installed under this daemon's install root.
+    let bare = Daemon::start(&["--pg-root", "/nonexistent-airlock-majors"]);
+    let (code, err) = bare.fails(&["golden", "create", "g17", "--schema", schema, "--postgres", "17"]);
     assert_eq!((code, err["code"].as_str()), (7, Some("postgres_missing")), "{err}");
-    assert!(err["hint"].as_str().unwrap().contains("airlock postgres install 14"), "{err}");
-    assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "nothing half-made");
-    // 14's headers are on no registry Airlock installs from: refused before anything is fetched.
-    let (code, err) = d.fails(&["postgres", "install", "14"]);
-    assert_eq!((code, err["code"].as_str()), (7, Some("postgres_missing")), "{err}");
-    assert!(err["message"].as_str().unwrap().contains("headers"), "{err}");
+    assert!(err["hint"].as_str().unwrap().contains("airlock postgres install 17"), "{err}");
+    assert!(bare.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "nothing half-made");
+    // A major Airlock does not run on is refused before anything is fetched.
+    let (code, err) = d.fails(&["postgres", "install", "12"]);
+    assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
+    assert!(err["hint"].as_str().unwrap().contains("13"), "{err}");
 }
