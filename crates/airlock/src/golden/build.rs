@@ -309,6 +309,8 @@ async fn load_and_describe(
     let restore = Restore {
         bin: postgres.clients,
         major: postgres.server.major,
+        installed_build: (postgres.server.origin == "installed")
+            .then(|| engine.postgres.default_server().major),
         dir,
         postmaster,
         jobs,

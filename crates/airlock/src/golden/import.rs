@@ -63,6 +63,9 @@ pub struct Restore<'a> {
     pub bin: &'a PgBin,
     /// The golden's PostgreSQL major.
     pub major: u32,
+    /// When that major is one `airlock postgres install` added (contrib only):
+    /// the host's own major, whose system packages carry other extensions.
+    pub installed_build: Option<u32>,
     /// The golden under construction.
     pub dir: &'a InstanceDir,
     /// Its postmaster.
@@ -396,11 +399,24 @@ impl Restore<'_> {
                     if names.len() > 1 { "s" } else { "" },
                     names.join(", ")
                 ),
-                format!(
-                    "install {} (`apt-get install {}`), then build again; `airlock doctor` lists the extensions available",
-                    packages.iter().cloned().collect::<Vec<_>>().join(", "),
-                    packages.iter().cloned().collect::<Vec<_>>().join(" ")
-                ),
+                match self.installed_build {
+                    None => format!(
+                        "install {} (`apt-get install {}`), then build again; `airlock doctor` lists the extensions available",
+                        packages.iter().cloned().collect::<Vec<_>>().join(", "),
+                        packages.iter().cloned().collect::<Vec<_>>().join(" ")
+                    ),
+                    Some(system) => {
+                        let packages: BTreeSet<String> =
+                            missing.iter().map(|e| package_for(&e.name, system)).collect();
+                        format!(
+                            "PostgreSQL {major} here is `airlock postgres install`'s build, which carries PostgreSQL's own \
+                             extensions only: build the golden on the host's PostgreSQL {system} instead (`--postgres \
+                             {system}`, after `apt-get install {}`), or point `airlock serve --pg-bin` at a PostgreSQL {major} \
+                             from your distribution that has them",
+                            packages.iter().cloned().collect::<Vec<_>>().join(" ")
+                        )
+                    }
+                },
             ));
         }
         let mut installed = Vec::new();

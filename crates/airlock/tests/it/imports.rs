@@ -21,7 +21,7 @@ pub(crate) struct Production {
 }
 
 impl Production {
-    fn start(name: &str) -> Production {
+    pub(crate) fn start(name: &str) -> Production {
         Production::start_on(name, newest_postgres_bin())
     }
 

@@ -251,6 +251,27 @@ fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
     let schema = schema.to_str().unwrap();
     let (code, err) = d.fails(&["golden", "create", "old", "--schema", schema, "--postgres", "12"]);
     assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
+    // An installed major has PostgreSQL's own extensions only: a dump that needs
+    // PostGIS is pointed at the host's PostgreSQL, whose packages have it.
+    let prod = Production::start("postgis-for-17");
+    script(
+        &prod.dsn("postgres"),
+        "CREATE DATABASE geo;\n\\c geo\nCREATE EXTENSION postgis;\nCREATE TABLE t (g geometry);",
+    );
+    let file = d.home.join("geo.dump");
+    let dumped = std::process::Command::new("pg_dump")
+        .args(["--format=custom", "--file"])
+        .arg(&file)
+        .arg(prod.dsn("geo"))
+        .status();
+    assert!(dumped.unwrap().success());
+    let (code, err) =
+        d.fails(&["golden", "create", "geo", "--from-dump", file.to_str().unwrap(), "--postgres", "17"]);
+    assert_eq!((code, err["code"].as_str()), (7, Some("extension_missing")), "{err}");
+    let listed = d.json(&["postgres", "ls"]);
+    let host = listed.as_array().unwrap().iter().find(|m| m["default"] == true).unwrap()["major"].clone();
+    assert!(err["hint"].as_str().unwrap().contains(&format!("--postgres {host}")), "{err}");
+
     // A major not installed under this daemon's install root.
     let bare = Daemon::start(&["--pg-root", "/nonexistent-airlock-majors"]);
     let (code, err) = bare.fails(&["golden", "create", "g17", "--schema", schema, "--postgres", "17"]);
