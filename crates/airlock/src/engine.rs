@@ -60,6 +60,8 @@ pub struct Config {
     pub default_idle_suspend: Duration,
     /// How long a wake through the router waits for a running slot.
     pub wake_wait: Duration,
+    /// How long the dump of a failed import is kept for the next attempt to resume from.
+    pub import_keep: Duration,
     /// The PostgreSQL router.
     pub router: crate::router::RouterConfig,
     /// Where the MCP gateway listens; `None` turns it off.
@@ -88,6 +90,7 @@ impl Config {
             disk_reserve: crate::validate::Reserve::Percent(10),
             default_idle_suspend: Duration::from_secs(10 * 60),
             wake_wait: Duration::from_secs(10),
+            import_keep: Duration::from_secs(24 * 3600),
             router: crate::router::RouterConfig::default(),
             gateway: Some(crate::gateway::http::DEFAULT_ADDR.parse().expect("default gateway address")),
         }
@@ -441,6 +444,8 @@ pub enum GoldenWork {
     Build,
     /// Removing the golden.
     Remove,
+    /// Removing the dump a failed import kept, once it expired.
+    ExpireDump,
 }
 
 impl GoldenWork {
@@ -448,6 +453,7 @@ impl GoldenWork {
         match self {
             GoldenWork::Build => "built",
             GoldenWork::Remove => "removed",
+            GoldenWork::ExpireDump => "cleared of an expired import dump",
         }
     }
 }

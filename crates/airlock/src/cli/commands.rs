@@ -373,6 +373,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     config.max_disk_bytes = args.max_disk.as_deref().map(validate::bytes).transpose()?;
     config.disk_reserve = validate::Reserve::parse(&args.disk_reserve)?;
     config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
+    config.import_keep = validate::duration("--import-keep", &args.import_keep)?;
     config.gateway = match args.gateway.as_str() {
         "off" => None,
         addr => Some(addr.parse().map_err(|_| {

@@ -236,6 +236,9 @@ struct ServeArgs {
     /// Suspend a sandbox after this long without a connection (0 never), unless its fork says.
     #[arg(long, env = "AIRLOCK_IDLE_SUSPEND", default_value = "10m")]
     idle_suspend: String,
+    /// Keep the dump of a failed `--from-url` import this long for the next attempt to resume from.
+    #[arg(long, env = "AIRLOCK_IMPORT_KEEP", default_value = "24h")]
+    import_keep: String,
     /// The PostgreSQL router's address (HOST:PORT, port 0 for a free one), or `off`.
     #[arg(long, env = "AIRLOCK_ROUTER", default_value = "127.0.0.1:7432")]
     router: String,

@@ -78,6 +78,28 @@ pub async fn dump(
     Ok(Dumped { archive, facts, resumed: false, seconds: began.elapsed().as_secs_f64(), bytes })
 }
 
+/// Removes the dumps failed imports kept (`volume/imports/NAME`) that are older
+/// than `keep_for`, each under a reservation of its golden's name so no build
+/// is resuming from it meanwhile; returns how many went.
+pub fn expire_kept(engine: &crate::engine::Engine, keep_for: Duration) -> usize {
+    let mut removed = 0;
+    for entry in std::fs::read_dir(engine.layout.imports()).into_iter().flatten().flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        let age = entry.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+        if age.is_none_or(|a| a < keep_for) {
+            continue;
+        }
+        let Ok(_reserved) = engine.reserve_golden(&name, crate::engine::GoldenWork::ExpireDump) else {
+            continue;
+        };
+        if std::fs::remove_dir_all(entry.path()).is_ok() {
+            tracing::info!(golden = %name, "removed the dump a failed import kept, unused for {keep_for:?}");
+            removed += 1;
+        }
+    }
+    removed
+}
+
 /// What makes two dumps the same: the source (its password aside, which
 /// nothing on disk may derive from) and what is left out.
 fn source_key(source: &str, exclude: &Exclusions) -> String {

@@ -318,6 +318,8 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
             ..Default::default()
         })?;
     }
+    // A dump a failed refresh kept is of no use without the golden.
+    let _ = std::fs::remove_dir_all(engine.layout.imports().join(name));
     let dir = engine.layout.goldens().join(name);
     if let Err(e) = std::fs::remove_dir_all(&dir) {
         if e.kind() != std::io::ErrorKind::NotFound {

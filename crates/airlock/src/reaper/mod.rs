@@ -59,6 +59,9 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
                 resume_teardowns(&engine, &mut stalled);
                 disk_cursor = watch_disk(&engine, disk_cursor).await;
             }
+            if ticks.is_multiple_of(25) {
+                crate::golden::dump::expire_kept(&engine, engine.config.import_keep);
+            }
             if ticks.is_multiple_of(300) {
                 match engine.store().trim_events(EVENTS_KEPT) {
                     Ok(0) => {}

@@ -272,6 +272,16 @@ fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
     let host = listed.as_array().unwrap().iter().find(|m| m["default"] == true).unwrap()["major"].clone();
     assert!(err["hint"].as_str().unwrap().contains(&format!("--postgres {host}")), "{err}");
 
+    // The same from a live source: the dump is kept for the next attempt, and
+    // goes once it has been kept longer than --import-keep.
+    let brief = Daemon::start(&["--import-keep", "2s"]);
+    let (code, err) =
+        brief.fails(&["golden", "create", "geo", "--from-url", &prod.dsn("geo"), "--postgres", "17"]);
+    assert_eq!((code, err["code"].as_str()), (7, Some("extension_missing")), "{err}");
+    let kept = brief.home.join("volume/imports/geo");
+    assert!(kept.join("complete").exists(), "kept for a retry");
+    brief.wait_for(std::time::Duration::from_secs(20), "the kept dump to expire", || !kept.exists());
+
     // A major not installed under this daemon's install root.
     let bare = Daemon::start(&["--pg-root", "/nonexistent-airlock-majors"]);
     let (code, err) = bare.fails(&["golden", "create", "g17", "--schema", schema, "--postgres", "17"]);
