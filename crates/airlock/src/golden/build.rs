@@ -176,7 +176,7 @@ async fn build_in(
             instance::initdb(bin, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
         }
     }
-    instance::write_access_files(dir, &engine.admin_os_users())?;
+    instance::write_access_files(dir, &engine.admin_os_users(), true)?;
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
@@ -295,7 +295,7 @@ async fn load_and_describe(
     // Each its own statement: CREATE DATABASE and VACUUM refuse multi-statement strings.
     admin
         .execute(&format!(
-            "CREATE ROLE {OWNER_ROLE} NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+            "CREATE ROLE {OWNER_ROLE} LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS"
         ))
         .await?;
     admin.execute(&format!("CREATE DATABASE {DATABASE} OWNER {OWNER_ROLE}")).await?;
@@ -391,7 +391,8 @@ async fn describe(postgres: &Postgres<'_>, dir: &InstanceDir, postmaster: i32) -
     // public schema, which belonged to the database's owner.
     admin
         .execute(&format!(
-            "ALTER DATABASE {DATABASE} OWNER TO {ADMIN_ROLE};
+            "ALTER ROLE {OWNER_ROLE} NOLOGIN;
+             ALTER DATABASE {DATABASE} OWNER TO {ADMIN_ROLE};
              GRANT CONNECT, CREATE, TEMPORARY ON DATABASE {DATABASE} TO {OWNER_ROLE};
              DO $$ BEGIN
                IF EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = 'public'

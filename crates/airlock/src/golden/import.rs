@@ -491,11 +491,12 @@ impl Restore<'_> {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    /// Restores the entries of `list` as the owner role, every object its own
-    /// (`--no-owner`: owners are set afterwards by [`Restore::set_owners`]).
+    /// Restores the entries of `list` logged in as the owner role, every object
+    /// its own (`--no-owner`: owners are set afterwards by
+    /// [`Restore::set_owners`]); no statement of the archive can make its
+    /// session a superuser's.
     async fn restore(&self, path: &Path, list: &Path, jobs: usize) -> Result<()> {
-        let mut cmd = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir);
-        cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+        let mut cmd = crate::pg::load::owner_tool(self.bin, "pg_restore", self.dir);
         cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"])
             .arg(list);
         if jobs > 1 {

@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
-use crate::pg::dsn::{ADMIN_ROLE, DATABASE, SOCKET_PORT};
+use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 use crate::users::Identity;
 
 /// How long an instance may take to become ready.
@@ -52,25 +52,32 @@ const SETTINGS: &[(&str, &str, u32)] = &[
 
 /// Who may connect and how: the admin role only by peer authentication from the
 /// daemon's OS user (no superuser password exists), everyone else by SCRAM and
-/// only to the application database.
-fn hba(admin_os_users: &[&str]) -> (String, String) {
-    let hba = format!(
-        "# written by airlock at every start\n\
-         local all {ADMIN_ROLE} peer map=airlock\n\
-         local {DATABASE} all scram-sha-256\n"
-    );
+/// only to the application database. A golden's build (`owner_login`) also lets
+/// the daemon's OS user in as the owner role, which loads what the build is
+/// made of: a session that logged in as a non-superuser can never become one
+/// (`SET ROLE` and `SET SESSION AUTHORIZATION` need a superuser session).
+fn hba(admin_os_users: &[&str], owner_login: bool) -> (String, String) {
+    let mut hba = format!("# written by airlock at every start\nlocal all {ADMIN_ROLE} peer map=airlock\n");
+    if owner_login {
+        hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
+    }
+    hba.push_str(&format!("local {DATABASE} all scram-sha-256\n"));
     let mut ident = String::from("# written by airlock at every start\n");
     for user in admin_os_users {
         ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));
+        if owner_login {
+            ident.push_str(&format!("airlock {user} {OWNER_ROLE}\n"));
+        }
     }
     (hba, ident)
 }
 
 /// Writes the access files of an instance beside its data directory, in the
 /// root-owned instance directory: the server reads them (`hba_file`,
-/// `ident_file`) but neither it nor anything running as its user can change them.
-pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str]) -> Result<()> {
-    let (hba, ident) = hba(admin_os_users);
+/// `ident_file`) but neither it nor anything running as its user can change
+/// them. `owner_login` for a golden's build only (see [`hba`]).
+pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str], owner_login: bool) -> Result<()> {
+    let (hba, ident) = hba(admin_os_users, owner_login);
     for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
         crate::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
     }

@@ -2,8 +2,10 @@
 //! seed files, plain dumps), and the schema hash. Archives are restored by
 //! [`crate::golden::import`].
 //!
-//! Everything loaded runs as the owner role (`PGOPTIONS=-c role=airlock_owner`),
-//! so every object belongs to a role that is not a superuser.
+//! Everything loaded runs in a session that logged in as the owner role (peer
+//! authentication, during a build only), so every object belongs to a role that
+//! is not a superuser, and nothing loaded can become one: `SET ROLE` and `SET
+//! SESSION AUTHORIZATION` to the admin need a superuser session.
 
 use std::io::Read;
 use std::os::unix::fs::PermissionsExt;
@@ -18,10 +20,10 @@ use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
 use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 
-/// A client tool connected as admin (acting as the owner role) to the instance's app database.
-fn client(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
+/// A client tool logged in as the owner role to a building golden's app database.
+pub fn owner_tool(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
     let mut cmd = admin_tool(bin, tool, dir);
-    cmd.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+    cmd.env("PGUSER", OWNER_ROLE);
     cmd
 }
 
@@ -57,8 +59,11 @@ pub fn check_readable(path: &Path) -> Result<()> {
 /// file, the line and PostgreSQL's message.
 pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: ErrorCode) -> Result<()> {
     check_readable(file)?;
-    let out =
-        client(bin, "psql", dir).args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"]).arg(file).output().await?;
+    let out = owner_tool(bin, "psql", dir)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
+        .arg(file)
+        .output()
+        .await?;
     if out.status.success() {
         return Ok(());
     }
@@ -119,7 +124,9 @@ pub async fn dump_major(bin: &PgBin, path: &Path) -> Option<u32> {
 /// SHA-256 of the application database's schema-only dump, ignoring comments and
 /// the random `\restrict` keys newer pg_dump versions write.
 pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir) -> Result<String> {
-    let out = client(bin, "pg_dump", dir).args(["--schema-only", "--no-owner", "--no-acl"]).output().await?;
+    let mut dump = admin_tool(bin, "pg_dump", dir);
+    dump.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+    let out = dump.args(["--schema-only", "--no-owner", "--no-acl"]).output().await?;
     if !out.status.success() {
         return Err(Error::postgres(format!(
             "pg_dump --schema-only failed: {}",

@@ -557,3 +557,48 @@ fn a_forged_dump_cannot_give_postgresqls_own_objects_away() {
         "the rest is faithful"
     );
 }
+
+#[test]
+fn a_dump_or_a_schema_file_cannot_make_its_session_the_admins() {
+    let d = Daemon::start(&[]);
+    // What a hostile file would do with a superuser session: a function every
+    // fork's agent could run anything through.
+    let grab = "CREATE TABLE public.t (id int);\n{SWITCH};\n\
+        CREATE FUNCTION public.run(q text) RETURNS text SECURITY DEFINER LANGUAGE plpgsql AS $$ BEGIN EXECUTE q; RETURN current_user; END $$;\n";
+    for (switch, kind, code) in [
+        ("SET ROLE airlock_admin", "--schema", "seed_failed"),
+        ("SET SESSION AUTHORIZATION airlock_admin", "--schema", "seed_failed"),
+        ("RESET ROLE; SET ROLE airlock_admin", "--from-dump", "source_failed"),
+        ("SET SESSION AUTHORIZATION airlock_admin", "--from-dump", "source_failed"),
+    ] {
+        let file = d.home.join("grab.sql");
+        std::fs::write(&file, grab.replace("{SWITCH}", switch)).unwrap();
+        let (_, err) = d.fails(&["golden", "create", "grab", kind, file.to_str().unwrap()]);
+        assert_eq!(err["code"], code, "{switch} in {kind}: {err}");
+        assert!(err["message"].as_str().unwrap().contains("permission denied to set"), "{err}");
+    }
+
+    // An archive whose comment was edited into statements (same length, so
+    // pg_restore reads it as written) fails the same way.
+    let prod = Production::start("switch");
+    let filler = "A".repeat(120);
+    script(
+        &prod.dsn("postgres"),
+        &format!("CREATE DATABASE app;\n\\c app\nCREATE TABLE public.t (id int);\nCOMMENT ON TABLE public.t IS '{filler}';\n"),
+    );
+    let file = d.home.join("switch.dump");
+    let status =
+        Command::new("pg_dump").args(["--format=custom", "--file"]).arg(&file).arg(prod.dsn("app")).status();
+    assert!(status.unwrap().success());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let injected =
+        "'; SET ROLE airlock_admin; CREATE FUNCTION public.run() RETURNS int LANGUAGE sql AS 'SELECT 1'; --";
+    let padded = format!("{injected}{}", " ".repeat(120 - injected.len()));
+    let at = bytes.windows(120).position(|w| w == filler.as_bytes()).expect("the comment is in the archive");
+    bytes[at..at + 120].copy_from_slice(padded.as_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let (_, err) = d.fails(&["golden", "create", "switch", "--from-dump", file.to_str().unwrap()]);
+    assert_eq!(err["code"], "source_failed", "{err}");
+    assert!(err["message"].as_str().unwrap().contains("permission denied to set role"), "{err}");
+    assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "nothing half-made");
+}
