@@ -11,7 +11,8 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 count() { airlock psql "$1" -- -XtAc "SELECT count(*) FROM orders"; }
 
 cleanup() {
-  airlock rm agent-a agent-b auditor >/dev/null 2>&1 || true
+  airlock rm agent-a agent-b agent-17 auditor >/dev/null 2>&1 || true
+  airlock golden rm shop17 --force >/dev/null 2>&1 || true
   airlock golden rm shop --force >/dev/null 2>&1 || true
   airlock daemon stop --with-router >/dev/null 2>&1 || true
   if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
@@ -114,6 +115,17 @@ echo "ALTER TABLE orders ADD COLUMN received_at timestamptz DEFAULT clock_timest
 head -n1 "$migrations"/*.sql
 airlock migrate test --golden shop "$migrations"/*.sql || true
 rm -rf "$migrations"
+
+step "A golden on the PostgreSQL major production runs: 17 beside the host's own"
+airlock postgres install 17
+airlock daemon stop >/dev/null   # the daemon finds new majors at start
+airlock golden create shop17 --postgres 17 --schema examples/demo/schema.sql --seed examples/demo/seed.sql >/dev/null
+airlock fork shop17 --name agent-17 --ttl 5m >/dev/null
+for sb in agent-a agent-17; do
+  echo "$sb: $(airlock psql "$sb" -- -XtAc "SELECT current_setting('server_version') || ', ' || count(*) || ' orders' FROM orders")"
+done
+airlock rm agent-17 >/dev/null
+airlock golden rm shop17 >/dev/null
 
 step "Events"
 airlock events --limit 12
