@@ -345,6 +345,11 @@ async fn load_and_describe(
         }
         Source::Promoted { .. } => unreachable!("handled above"),
     }
+    if pending.is_none() {
+        // Files and plain dumps: the archive restore runs this check itself.
+        let admin = Admin::connect(dir, DATABASE, postmaster).await?;
+        crate::golden::import::check_nothing_runs_as_a_superuser(&admin, &[]).await?;
+    }
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
     let (version, hash) = describe(postgres, dir, postmaster).await?;
     let Some((dumped, imported, restore_seconds)) = pending else {

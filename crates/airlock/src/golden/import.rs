@@ -589,9 +589,10 @@ fn grants(verb: &str, config: &[(String, bool)], to: &str) -> String {
 /// an extension that belongs to a superuser; a function in C or PostgreSQL's
 /// internal language outside an extension; or an imported role with any
 /// attribute beyond `INHERIT`/`BYPASSRLS`, or a member of any role but the
-/// imported ones. The restore runs as the owner role, so none of this can be
-/// made by the dump; this is the backstop.
-async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &[String]) -> Result<()> {
+/// imported ones. The restore logs in as the owner role, so none of this can be
+/// made by the dump; this is the backstop, run after every build from a source
+/// (files and plain dumps too, with no imported roles).
+pub(crate) async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &[String]) -> Result<()> {
     let not_extension = |class: &str, oid: &str| {
         format!(
             "NOT EXISTS (SELECT 1 FROM pg_catalog.pg_depend d WHERE d.classid = '{class}'::pg_catalog.regclass \

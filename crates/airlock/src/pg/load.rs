@@ -57,17 +57,31 @@ pub fn check_readable(path: &Path) -> Result<()> {
 
 /// Runs one SQL file with psql, stopping at its first error. The error names the
 /// file, the line and PostgreSQL's message.
+///
+/// psql runs as the daemon's user, and a file's backslash commands are psql's
+/// own (`\!` runs a shell, `\o` and `\copy` write files, `\connect` logs in
+/// again): psql starts in its restricted mode (`\restrict`, with a key the file
+/// cannot know), where the only command it takes is `\unrestrict` with that
+/// key. A file is SQL and `COPY ... FROM stdin` data, as pg_dump writes; the
+/// `\restrict` and `\unrestrict` lines pg_dump itself puts first and last are
+/// blanked ([`feed`]), line numbers kept.
 pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: ErrorCode) -> Result<()> {
     check_readable(file)?;
-    let out = owner_tool(bin, "psql", dir)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f"])
-        .arg(file)
-        .output()
-        .await?;
+    let key = crate::secret::hex(&crate::secret::random_bytes::<16>());
+    let mut child = owner_tool(bin, "psql", dir)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
+        .arg(format!("\\restrict {key}"))
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()?;
+    let stdin = child.stdin.take().expect("stdin is piped");
+    let (fed, out) = tokio::join!(feed(file, stdin), child.wait_with_output());
+    let out = out?;
     if out.status.success() {
+        fed?;
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).replace("<stdin>", &file.display().to_string());
     Err(Error::new(
         code,
         psql_error(&stderr, file),
@@ -75,9 +89,56 @@ pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: Err
     ))
 }
 
+/// Copies `file` into psql's input, blanking pg_dump's own `\restrict KEY`
+/// (when it comes before any statement) and `\unrestrict KEY` (when it is the
+/// last line with anything on it). psql stopping early (an error) ends the copy.
+async fn feed(file: &Path, mut to: tokio::process::ChildStdin) -> std::io::Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let is = |line: &[u8], command: &str| {
+        let text = String::from_utf8_lossy(line);
+        let rest = text.trim_end().strip_prefix(command).and_then(|r| r.strip_prefix(' '));
+        rest.is_some_and(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric()))
+    };
+    let mut reader = tokio::io::BufReader::new(tokio::fs::File::open(file).await?);
+    let mut before_statements = true;
+    // The last line with anything on it, and the blank lines after it.
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line).await? == 0 {
+            break;
+        }
+        let blank = line.iter().all(|b| b.is_ascii_whitespace());
+        if before_statements && is(&line, "\\restrict") {
+            line = b"\n".to_vec();
+        } else if !blank && !line.starts_with(b"--") {
+            before_statements = false;
+        }
+        if !blank {
+            for earlier in held.drain(..) {
+                if to.write_all(&earlier).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        held.push(line);
+    }
+    if held.first().is_some_and(|l| is(l, "\\unrestrict")) {
+        held[0] = b"\n".to_vec();
+    }
+    for line in held {
+        if to.write_all(&line).await.is_err() {
+            return Ok(());
+        }
+    }
+    to.shutdown().await.or(Ok(()))
+}
+
 /// Turns psql's stderr into `FILE:LINE: ERROR: message (DETAIL ...)`.
 fn psql_error(stderr: &str, file: &Path) -> String {
-    let mut lines = stderr.lines().skip_while(|l| !(l.contains(": ERROR:") || l.contains(": FATAL:")));
+    let mut lines = stderr
+        .lines()
+        .skip_while(|l| !(l.contains(": ERROR:") || l.contains(": FATAL:") || l.contains(": error:")));
     let Some(first) = lines.next() else {
         return format!("{}: {}", file.display(), stderr.trim());
     };

@@ -559,7 +559,7 @@ fn a_forged_dump_cannot_give_postgresqls_own_objects_away() {
 }
 
 #[test]
-fn a_dump_or_a_schema_file_cannot_make_its_session_the_admins() {
+fn a_dump_or_a_schema_file_cannot_reach_a_superuser_or_a_shell() {
     let d = Daemon::start(&[]);
     // What a hostile file would do with a superuser session: a function every
     // fork's agent could run anything through.
@@ -576,6 +576,31 @@ fn a_dump_or_a_schema_file_cannot_make_its_session_the_admins() {
         let (_, err) = d.fails(&["golden", "create", "grab", kind, file.to_str().unwrap()]);
         assert_eq!(err["code"], code, "{switch} in {kind}: {err}");
         assert!(err["message"].as_str().unwrap().contains("permission denied to set"), "{err}");
+    }
+
+    // psql runs as the daemon's user: a file's backslash commands would run a
+    // shell or write files as root. The file is SQL and COPY data, nothing more.
+    let marker = d.home.join("shell-ran");
+    for (command, kind) in [
+        (format!("\\! touch {}", marker.display()), "--from-dump"),
+        (format!("\\o {}\nSELECT 1;", marker.display()), "--schema"),
+        (format!("\\copy (SELECT 1) TO '{}'", marker.display()), "--from-dump"),
+        // psql runs as root, which peer authentication maps to the admin.
+        ("\\connect - airlock_admin\nALTER ROLE airlock_owner SUPERUSER;".to_owned(), "--from-dump"),
+        ("\\restrict abc\n\\! id".to_owned(), "--schema"),
+    ] {
+        let file = d.home.join("meta.sql");
+        std::fs::write(
+            &file,
+            format!("CREATE TABLE public.t (id int);\nCOPY public.t FROM stdin;\n1\n\\.\n{command}\n"),
+        )
+        .unwrap();
+        let (_, err) = d.fails(&["golden", "create", "meta", kind, file.to_str().unwrap()]);
+        assert!(
+            err["message"].as_str().unwrap().contains("backslash commands are restricted"),
+            "{command}: {err}"
+        );
+        assert!(!marker.exists(), "{command} ran");
     }
 
     // An archive whose comment was edited into statements (same length, so
