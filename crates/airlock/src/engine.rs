@@ -247,7 +247,7 @@ impl Engine {
 
     /// The server forks of one golden generation run on: its major's.
     pub fn server_for(&self, golden: &str, generation: i64) -> Result<&Server> {
-        let major = self.store().manifest(golden, generation)?.major();
+        let major = self.store().generation_major(golden, generation)?;
         self.postgres.server(major)
     }
 

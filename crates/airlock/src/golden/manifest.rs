@@ -148,10 +148,16 @@ pub struct Manifest {
 impl Manifest {
     /// The major its forks run on (read from the version for manifests older than the field).
     pub fn major(&self) -> u32 {
-        match self.postgres_major {
-            0 => crate::pg::bin::major_of(&self.postgres_version).unwrap_or(0),
-            major => major,
-        }
+        recorded_major(self.postgres_major, &self.postgres_version)
+    }
+}
+
+/// A manifest's major: its field, or for manifests older than the field the
+/// major of the version it names.
+pub fn recorded_major(field: u32, version: &str) -> u32 {
+    match field {
+        0 => crate::pg::bin::major_of(version).unwrap_or(0),
+        major => major,
     }
 }
 

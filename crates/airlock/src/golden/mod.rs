@@ -10,7 +10,7 @@ pub mod progress;
 pub mod source;
 
 pub use build::build as build_generation;
-pub use manifest::{Exclusions, Golden, Manifest, Source};
+pub use manifest::{recorded_major, Exclusions, Golden, Manifest, Source};
 
 use std::path::PathBuf;
 

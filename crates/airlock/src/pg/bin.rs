@@ -49,7 +49,7 @@ impl PgBin {
     }
 
     fn check(dir: PathBuf) -> Result<PgBin> {
-        PgBin::with(dir, &["postgres", "initdb", "psql", "pg_dump", "pg_restore"])
+        PgBin::with(dir, &[SERVER_TOOLS, CLIENT_TOOLS].concat())
     }
 
     /// A directory with a server (`postgres`, `initdb`); client tools may be elsewhere.
@@ -105,11 +105,6 @@ impl PgBin {
     /// The server's major version (15 for 15.18).
     pub fn major(&self) -> Option<u32> {
         *self.major.get_or_init(|| major_of(&self.version()))
-    }
-
-    /// The client tools' major version (`pg_dump --version`).
-    pub fn clients_major(&self) -> Option<u32> {
-        major_of(&version_of(&self.tool("pg_dump")))
     }
 
     /// The extensions this installation can create (`*.control` files in

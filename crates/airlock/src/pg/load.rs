@@ -44,15 +44,38 @@ pub fn admin_tool(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
     cmd
 }
 
-/// Fails with a clear error when `path` cannot be read by the daemon.
+/// Fails with a clear error when `path` cannot be read by the daemon, or is
+/// neither a regular file nor a directory.
 pub fn check_readable(path: &Path) -> Result<()> {
-    std::fs::File::open(path).map(|_| ()).map_err(|e| {
+    if path.is_dir() {
+        return Ok(());
+    }
+    open_regular(path).map(|_| ())
+}
+
+/// Opens a file named in a request: a regular file only. A FIFO or a device
+/// would let whoever holds its other end decide what the daemon reads, and
+/// when (holding a build open for ever, or writing more once psql runs); it is
+/// opened without blocking, then refused.
+pub fn open_regular(path: &Path) -> Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |why: String| {
         Error::new(
             ErrorCode::FileUnreadable,
-            format!("cannot read {}: {e}", path.display()),
-            "check the path; the daemon reads the file itself, so it must be readable by the daemon's user",
+            format!("cannot read {}: {why}", path.display()),
+            "give a regular file the daemon's user can read",
         )
-    })
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| unreadable(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    Ok(file)
 }
 
 /// Runs one SQL file with psql, stopping at its first error. The error names the
@@ -61,27 +84,25 @@ pub fn check_readable(path: &Path) -> Result<()> {
 /// psql runs as the daemon's user, and a file's backslash commands are psql's
 /// own (`\!` runs a shell, `\o` and `\copy` write files, `\connect` logs in
 /// again): psql starts in its restricted mode (`\restrict`, with a key the file
-/// cannot know), where the only command it takes is `\unrestrict` with that
-/// key. A file is SQL and `COPY ... FROM stdin` data, as pg_dump writes; the
-/// `\restrict` and `\unrestrict` lines pg_dump itself puts first and last are
-/// blanked ([`feed`]), line numbers kept.
+/// cannot know, sent down psql's input ahead of the file, never on a command
+/// line another user could read), where the only command it takes is
+/// `\unrestrict` with that key. A file is SQL and `COPY ... FROM stdin` data,
+/// as pg_dump writes; the `\restrict` and `\unrestrict` lines pg_dump itself
+/// puts first and last are blanked ([`feed`]), line numbers kept.
 pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: ErrorCode) -> Result<()> {
-    check_readable(file)?;
-    let key = crate::secret::hex(&crate::secret::random_bytes::<16>());
+    let opened = tokio::fs::File::from_std(open_regular(file)?);
     let mut child = owner_tool(bin, "psql", dir)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-c"])
-        .arg(format!("\\restrict {key}"))
-        .args(["-f", "-"])
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-"])
         .stdin(Stdio::piped())
         .spawn()?;
     let stdin = child.stdin.take().expect("stdin is piped");
-    let (fed, out) = tokio::join!(feed(file, stdin), child.wait_with_output());
+    let (fed, out) = tokio::join!(feed(opened, stdin), child.wait_with_output());
     let out = out?;
     if out.status.success() {
         fed?;
         return Ok(());
     }
-    let stderr = String::from_utf8_lossy(&out.stderr).replace("<stdin>", &file.display().to_string());
+    let stderr = stdin_lines_as_file(&String::from_utf8_lossy(&out.stderr), file);
     Err(Error::new(
         code,
         psql_error(&stderr, file),
@@ -89,17 +110,22 @@ pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: Err
     ))
 }
 
-/// Copies `file` into psql's input, blanking pg_dump's own `\restrict KEY`
-/// (when it comes before any statement) and `\unrestrict KEY` (when it is the
-/// last line with anything on it). psql stopping early (an error) ends the copy.
-async fn feed(file: &Path, mut to: tokio::process::ChildStdin) -> std::io::Result<()> {
+/// Sends psql `\restrict` with a fresh key, then `file`, blanking pg_dump's
+/// own `\restrict KEY` (when it comes before any statement) and `\unrestrict
+/// KEY` (when it is the last line with anything on it). psql stopping early (an
+/// error) ends the copy.
+async fn feed(file: tokio::fs::File, mut to: tokio::process::ChildStdin) -> std::io::Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let is = |line: &[u8], command: &str| {
         let text = String::from_utf8_lossy(line);
         let rest = text.trim_end().strip_prefix(command).and_then(|r| r.strip_prefix(' '));
         rest.is_some_and(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric()))
     };
-    let mut reader = tokio::io::BufReader::new(tokio::fs::File::open(file).await?);
+    let key = crate::secret::hex(&crate::secret::random_bytes::<16>());
+    if to.write_all(format!("\\restrict {key}\n").as_bytes()).await.is_err() {
+        return Ok(());
+    }
+    let mut reader = tokio::io::BufReader::new(file);
     let mut before_statements = true;
     // The last line with anything on it, and the blank lines after it.
     let mut held: Vec<Vec<u8>> = Vec::new();
@@ -134,6 +160,25 @@ async fn feed(file: &Path, mut to: tokio::process::ChildStdin) -> std::io::Resul
     to.shutdown().await.or(Ok(()))
 }
 
+/// psql's `psql:<stdin>:N:` locations as the file's own: `FILE:N-1:`, the
+/// first line of psql's input being the `\restrict` that [`feed`] sends.
+fn stdin_lines_as_file(stderr: &str, file: &Path) -> String {
+    let mut out = String::with_capacity(stderr.len());
+    let mut rest = stderr;
+    while let Some(at) = rest.find("<stdin>:") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + "<stdin>:".len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        match after[..digits].parse::<u64>() {
+            Ok(n) => out.push_str(&format!("{}:{}", file.display(), n.saturating_sub(1))),
+            Err(_) => out.push_str(&format!("{}:", file.display())),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// Turns psql's stderr into `FILE:LINE: ERROR: message (DETAIL ...)`.
 fn psql_error(stderr: &str, file: &Path) -> String {
     let mut lines = stderr
@@ -157,7 +202,7 @@ pub fn is_archive(path: &Path) -> Result<bool> {
         return Ok(true);
     }
     let mut head = [0u8; 512];
-    let mut f = std::fs::File::open(path)?;
+    let mut f = open_regular(path)?;
     let mut n = 0;
     while n < head.len() {
         match f.read(&mut head[n..])? {
@@ -223,6 +268,15 @@ mod tests {
         assert_eq!(
             msg,
             "/tmp/seed.sql:3: ERROR: duplicate key value violates unique constraint \"t_pkey\" (DETAIL: Key (id)=(1) already exists.)"
+        );
+    }
+
+    #[test]
+    fn stdin_lines_are_the_files_less_the_restrict_line() {
+        let stderr = "psql:<stdin>:4: ERROR:  boom\npsql:<stdin>:x: odd\n";
+        assert_eq!(
+            stdin_lines_as_file(stderr, Path::new("/s.sql")),
+            "psql:/s.sql:3: ERROR:  boom\npsql:/s.sql:x: odd\n"
         );
     }
 }

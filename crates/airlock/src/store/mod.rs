@@ -155,6 +155,23 @@ impl Store {
         }
     }
 
+    /// The PostgreSQL major of one generation of a golden, read from its
+    /// manifest in the store (forks ask for it: no whole manifest is parsed).
+    pub fn generation_major(&self, name: &str, generation: i64) -> Result<u32> {
+        let row: Option<(Option<i64>, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT json_extract(manifest, '$.postgres_major'), json_extract(manifest, '$.postgres_version')
+                 FROM generations WHERE golden = ?1 AND generation = ?2",
+                params![name, generation],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let (major, version) = row.ok_or_else(|| golden_not_found(name))?;
+        let field = major.and_then(|m| u32::try_from(m).ok()).unwrap_or(0);
+        Ok(crate::golden::recorded_major(field, version.as_deref().unwrap_or("")))
+    }
+
     /// One golden with its generations and sandbox count.
     pub fn golden(&self, name: &str) -> Result<Golden> {
         let row: Option<(i64, String, i64)> = self

@@ -627,3 +627,59 @@ fn a_dump_or_a_schema_file_cannot_reach_a_superuser_or_a_shell() {
     assert!(err["message"].as_str().unwrap().contains("permission denied to set role"), "{err}");
     assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "nothing half-made");
 }
+
+/// Every process's command line, as any user on the host can read it.
+fn command_lines() -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .collect()
+}
+
+#[test]
+fn files_for_a_build_are_regular_and_psqls_key_is_never_on_a_command_line() {
+    let d = Daemon::start(&[]);
+    // A FIFO would let whoever holds its other end write more once psql runs
+    // (and hold the build open for ever): refused at once, for every kind.
+    let fifo = d.home.join("pipe.sql");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+    for kind in ["--schema", "--seed", "--from-dump"] {
+        let mut child =
+            d.spawn_cli_output(&["golden", "create", "piped", kind, fifo.to_str().unwrap(), "--json"]);
+        let began = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(30),
+                "{kind}: the build waits on the FIFO"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(err["error"]["code"], "file_unreadable", "{kind}: {err}");
+        assert!(err["error"]["message"].as_str().unwrap().contains("not a regular file"), "{err}");
+    }
+
+    // The key that locks psql's backslash commands reaches psql down its input:
+    // an owner of the file who reads command lines cannot learn it.
+    let slow = d.home.join("slow.sql");
+    std::fs::write(&slow, "CREATE TABLE t (id int);\nSELECT pg_sleep(3);\n").unwrap();
+    let child = d.spawn_cli_output(&["golden", "create", "slow", "--schema", slow.to_str().unwrap()]);
+    let (mut psql_seen, mut key_seen) = (false, Vec::new());
+    let began = std::time::Instant::now();
+    while began.elapsed() < std::time::Duration::from_secs(20) && !psql_seen {
+        for line in command_lines() {
+            psql_seen |= line.contains("ON_ERROR_STOP=1");
+            if line.contains("restrict") {
+                key_seen.push(line);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(psql_seen, "psql was seen running");
+    assert!(key_seen.is_empty(), "{key_seen:?}");
+}
