@@ -77,10 +77,13 @@ fn queries() -> Vec<String> {
              WHERE c.relnamespace IN {APP} AND c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S', 'i', 'I') AND {}",
             own("pg_class", "c.oid")
         ),
-        // Properties of columns.
+        // Properties of columns. Options named `pg_...` are the server's own
+        // stamps (some builds record one per column, different in every copy),
+        // never a user's: only the settable ones are compared.
         format!(
             "SELECT 'properties of ' || pg_describe_object('pg_class'::regclass, a.attrelid, a.attnum),
-                    concat_ws('; ', 'grants ' || {}, 'options ' || array_to_string(a.attoptions, ','),
+                    concat_ws('; ', 'grants ' || {},
+                        'options ' || (SELECT string_agg(o, ',') FROM unnest(a.attoptions) o WHERE o NOT LIKE 'pg\\_%'),
                         'collation ' || a.attcollation::regcollation::text, 'statistics ' || a.attstattarget,
                         'storage ' || a.attstorage::text, 'compression ' || nullif(pg_catalog.to_jsonb(a) ->> 'attcompression', ''),
                         'fdw options ' || array_to_string(a.attfdwoptions, ',')),
