@@ -111,6 +111,9 @@ pub struct Engine {
     pub daemon_user: Identity,
     /// The OS user goldens are built as (and sandboxes run as when not root).
     pub instance_user: Identity,
+    /// The OS user that jailed client tools read a build's input as, logged
+    /// in as the owner role (root only; [`crate::pg::jail`]).
+    pub loader_user: Option<Identity>,
     /// Host-wide leases of sandbox identities (root only).
     pub leases: Option<Leases>,
     /// The host's cgroups, for per-sandbox limits.
@@ -212,6 +215,10 @@ impl Engine {
             true => Some(Leases::open(&config.lease_dir, config.uid_range, layout.home())?),
             false => None,
         };
+        let loader_user = match root {
+            true => Some(Identity::ensure(&format!("{}-load", instance_user.name))?),
+            false => None,
+        };
         let cgroups = Cgroups::detect(&layout.tag());
         Ok(Engine {
             config,
@@ -220,6 +227,7 @@ impl Engine {
             postgres,
             daemon_user,
             instance_user,
+            loader_user,
             leases,
             cgroups,
             pool_wanted: tokio::sync::Notify::new(),

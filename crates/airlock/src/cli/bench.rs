@@ -365,7 +365,7 @@ impl Scratch {
         self.user.own(&dir.pgdata())?;
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         let users = [self.me.name.as_str()];
-        instance::write_access_files(&dir, &users, false)?;
+        instance::write_access_files(&dir, &users, &[])?;
         let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None)?;
         started.wait_ready(&dir).await?;
         Ok((dir, started))

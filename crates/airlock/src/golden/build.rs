@@ -15,6 +15,7 @@ use crate::golden::{dump, fidelity, Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
+use crate::pg::loader::Loader;
 use crate::pg::majors::Server;
 use crate::pg::{instance, load, PgBin};
 use crate::users::Identity;
@@ -92,7 +93,13 @@ impl<'a> Postgres<'a> {
                 let major = crate::golden::source::major(dsn).await?;
                 (Some(major), Some(major))
             }
-            Source::Dump { path, .. } => (load::dump_major(newest, path).await, None),
+            Source::Dump { path, .. } => {
+                let scratch = engine
+                    .layout
+                    .staging()
+                    .join(format!(".toc-{}", crate::secret::hex(&crate::secret::random_bytes::<8>())));
+                (load::dump_major(newest, path, &scratch).await, None)
+            }
             Source::Files { .. } => (None, None),
         };
         if let (Source::Promoted { .. }, Some(want), Some(have)) = (source, asked, found) {
@@ -164,7 +171,9 @@ async fn build_in(
     allow_planted: bool,
 ) -> Result<Manifest> {
     let user = &builder.user;
-    instance::prepare_dir(dir, user, None)?;
+    // The loader user reaches the server's socket to load the build's input.
+    let loader_group = engine.loader_user.as_ref().map(|u| u.gid);
+    instance::prepare_dir(dir, user, loader_group)?;
     load::private_dir(work)?;
     match source {
         Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir, user)?,
@@ -176,11 +185,15 @@ async fn build_in(
             instance::initdb(bin, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
         }
     }
-    instance::write_access_files(dir, &engine.admin_os_users(), true)?;
+    let loaders = match &engine.loader_user {
+        Some(loader) => vec![loader.name.as_str()],
+        None => vec![engine.daemon_user.name.as_str()],
+    };
+    instance::write_access_files(dir, &engine.admin_os_users(), &loaders)?;
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
-    let mut started = instance::start(&postgres.server.bin, dir, user, None, &builder.cgroups, None)?;
+    let mut started = instance::start(&postgres.server.bin, dir, user, loader_group, &builder.cgroups, None)?;
     if let Err(e) = started.wait_ready(dir).await {
         let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
@@ -306,23 +319,35 @@ async fn load_and_describe(
     };
     let jobs =
         asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
-    let restore = Restore {
-        bin: postgres.clients,
+    let installed_build =
+        (postgres.server.origin == "installed").then(|| engine.postgres.default_server().major);
+    let restore = |loader, named| Restore {
+        loader,
+        named,
         major: postgres.server.major,
-        installed_build: (postgres.server.origin == "installed")
-            .then(|| engine.postgres.default_server().major),
+        installed_build,
         dir,
         postmaster,
         jobs,
         progress: (&engine.builds, name),
-        work,
     };
+    let loader_user = engine.loader_user.as_ref();
+    // Tools `airlock postgres install` added keep their libraries beside them
+    // in its tree; the system's are in /usr, or in the tree above their bin/.
+    let clients = postgres.clients.dir();
+    let tree = match clients.starts_with(&engine.config.pg_root) {
+        true => engine.config.pg_root.clone(),
+        false => clients.parent().unwrap_or(clients).to_path_buf(),
+    };
+    let loader =
+        |archive: Option<&Path>| Loader::new((postgres.clients, &tree), dir, work, loader_user, archive);
     // What the fidelity report is made of, once the golden's catalog is read.
     let mut pending = None;
     match source {
         Source::Files { schema, seed } => {
+            let loader = loader(None)?;
             for file in schema.iter().chain(seed) {
-                load::run_sql_file(postgres.clients, dir, file, ErrorCode::SeedFailed).await?;
+                load::run_sql_file(&loader, file, ErrorCode::SeedFailed).await?;
             }
         }
         Source::Url { dsn, exclude, .. } => {
@@ -330,26 +355,46 @@ async fn load_and_describe(
             let dumped =
                 dump::dump(postgres.clients, dsn, exclude, &keep, jobs, (&engine.builds, name)).await?;
             let began = std::time::Instant::now();
-            let imported = restore.run(&dumped.archive, Some(&dumped.facts)).await?;
+            let loader = loader(Some(&dumped.archive))?;
+            let named = dumped.archive.display().to_string();
+            let imported = restore(&loader, &named).run(&dumped.archive, Some(&dumped.facts)).await?;
             pending = Some((Some((dumped, exclude)), imported, began.elapsed().as_secs_f64()));
         }
         Source::Dump { path, .. } => {
             load::check_readable(path)?;
             if load::is_archive(path)? {
                 let began = std::time::Instant::now();
-                let imported = restore.run(path, None).await?;
+                let staged = if path.is_dir() {
+                    if loader_user.is_none() {
+                        return Err(Error::new(
+                            ErrorCode::InvalidRequest,
+                            format!("{} is a directory-format dump, which is read only in a jail", path.display()),
+                            "its table of contents names the files pg_restore opens, so only a daemon running \
+                             as root (which jails pg_restore) reads one: run the daemon as root, or take the dump \
+                             with --format=custom",
+                        ));
+                    }
+                    crate::pg::loader::stage_dir(path, &work.join("dump"))?
+                } else {
+                    crate::pg::loader::stage_file(path, &work.join("dump"))?
+                };
+                let loader = loader(Some(&staged))?;
+                let named = path.display().to_string();
+                let imported = restore(&loader, &named).run(&staged, None).await?;
                 pending = Some((None, imported, began.elapsed().as_secs_f64()));
             } else {
-                load::run_sql_file(postgres.clients, dir, path, ErrorCode::SourceFailed).await?;
+                load::run_sql_file(&loader(None)?, path, ErrorCode::SourceFailed).await?;
             }
         }
         Source::Promoted { .. } => unreachable!("handled above"),
     }
+    let admin = Admin::connect(dir, DATABASE, postmaster).await?;
     if pending.is_none() {
         // Files and plain dumps: the archive restore runs this check itself.
-        let admin = Admin::connect(dir, DATABASE, postmaster).await?;
         crate::golden::import::check_nothing_runs_as_a_superuser(&admin, &[]).await?;
     }
+    check_no_stored_settings(&admin, source).await?;
+    drop(admin);
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
     let (version, hash) = describe(postgres, dir, postmaster).await?;
     let Some((dumped, imported, restore_seconds)) = pending else {
@@ -383,6 +428,36 @@ async fn load_and_describe(
         ));
     }
     Ok((version, hash, Vec::new(), Some(report)))
+}
+
+/// Fails when what was loaded stored settings for the database or a role
+/// (`ALTER DATABASE ... SET`, `ALTER ROLE ... SET`): they would apply to every
+/// session of every fork, Airlock's own admin sessions included (`role` would
+/// run them as another role, `standard_conforming_strings` change how their
+/// SQL reads). pg_dump never writes them without `--create`, so only a file's
+/// text can; sandboxes cannot make them at all (the in-server guard).
+async fn check_no_stored_settings(admin: &Admin, source: &Source) -> Result<()> {
+    let stored: Vec<_> = crate::catalog::planted::read(admin.client())
+        .await?
+        .into_iter()
+        .filter(|p| p.kind == "setting")
+        .collect();
+    if stored.is_empty() {
+        return Ok(());
+    }
+    let code = match source {
+        Source::Files { .. } => ErrorCode::SeedFailed,
+        _ => ErrorCode::SourceFailed,
+    };
+    Err(Error::new(
+        code,
+        format!(
+            "the build stored settings that every session of every fork would start with: {}",
+            crate::catalog::planted::list(&stored, 20)
+        ),
+        "remove the ALTER DATABASE ... SET and ALTER ROLE ... SET statements; set what the application needs \
+         per session or in its connection string",
+    ))
 }
 
 /// Freezes, analyses and checkpoints the application database, drops the

@@ -37,8 +37,8 @@ use crate::golden::progress::Builds;
 use crate::golden::source::{Extension, SourceFacts};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
-use crate::pg::bin::PgBin;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
+use crate::pg::loader::Loader;
 
 /// What an import made of the source's global objects, for the fidelity report.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -59,8 +59,10 @@ pub struct Imported {
 
 /// A build's view of one archive restore.
 pub struct Restore<'a> {
-    /// The client tools (pg_restore) it runs.
-    pub bin: &'a PgBin,
+    /// The client tools (pg_restore) it runs, and where they find the archive.
+    pub loader: &'a Loader<'a>,
+    /// The archive as its errors name it: the dump the request named, or the source's.
+    pub named: &'a str,
     /// The golden's PostgreSQL major.
     pub major: u32,
     /// When that major is one `airlock postgres install` added (contrib only):
@@ -74,8 +76,6 @@ pub struct Restore<'a> {
     pub jobs: usize,
     /// Where progress is shown, and under which golden.
     pub progress: (&'a Builds, &'a str),
-    /// Scratch space for list files.
-    pub work: &'a Path,
 }
 
 impl Restore<'_> {
@@ -463,25 +463,19 @@ impl Restore<'_> {
 
     /// Writes a `-L` list file of `entries`.
     fn list_file(&self, name: &str, entries: &[&TocEntry]) -> Result<std::path::PathBuf> {
-        let path = self.work.join(format!("{name}.list"));
         let text: String = entries.iter().map(|e| format!("{}\n", e.line)).collect();
-        std::fs::write(&path, text)?;
-        Ok(path)
+        self.loader.list_file(name, &text)
     }
 
     /// pg_restore with no database: reads the archive.
     async fn tool_output(&self, args: &[&str], path: &Path) -> Result<String> {
-        let out = crate::pg::load::admin_tool(self.bin, "pg_restore", self.dir)
-            .args(args)
-            .arg(path)
-            .output()
-            .await?;
+        let out = self.loader.tool("pg_restore").args(args).arg(self.loader.archive(path)).output().await?;
         if !out.status.success() {
             return Err(Error::new(
                 ErrorCode::SourceFailed,
                 format!(
                     "pg_restore could not read {}: {}",
-                    path.display(),
+                    self.named,
                     String::from_utf8_lossy(&out.stderr).trim()
                 ),
                 "check that the dump is complete and made by a pg_dump no newer than this host's newest client tools \
@@ -496,13 +490,13 @@ impl Restore<'_> {
     /// [`Restore::set_owners`]); no statement of the archive can make its
     /// session a superuser's.
     async fn restore(&self, path: &Path, list: &Path, jobs: usize) -> Result<()> {
-        let mut cmd = crate::pg::load::owner_tool(self.bin, "pg_restore", self.dir);
+        let mut cmd = self.loader.tool("pg_restore");
         cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"])
             .arg(list);
         if jobs > 1 {
             cmd.arg(format!("--jobs={jobs}"));
         }
-        cmd.arg(path).stderr(Stdio::piped());
+        cmd.arg(self.loader.archive(path)).stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let mut lines = tokio::io::BufReader::new(stderr).lines();
@@ -529,7 +523,7 @@ impl Restore<'_> {
             || errors.contains("pg_read_server_files");
         Err(Error::new(
             ErrorCode::SourceFailed,
-            format!("pg_restore of {} failed: {}", path.display(), errors.trim()),
+            format!("pg_restore of {} failed: {}", self.named, errors.trim()),
             if superuser {
                 "the dump holds something only a superuser may create (a C or internal function, an untrusted \
                  language, a foreign server or a foreign table running a program); Airlock restores as the application's owner, never \

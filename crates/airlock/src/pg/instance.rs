@@ -52,22 +52,22 @@ const SETTINGS: &[(&str, &str, u32)] = &[
 
 /// Who may connect and how: the admin role only by peer authentication from the
 /// daemon's OS user (no superuser password exists), everyone else by SCRAM and
-/// only to the application database. A golden's build (`owner_login`) also lets
-/// the daemon's OS user in as the owner role, which loads what the build is
+/// only to the application database. A golden's build also lets its loader OS
+/// users (`owner_os_users`) in as the owner role, which loads what the build is
 /// made of: a session that logged in as a non-superuser can never become one
 /// (`SET ROLE` and `SET SESSION AUTHORIZATION` need a superuser session).
-fn hba(admin_os_users: &[&str], owner_login: bool) -> (String, String) {
+fn hba(admin_os_users: &[&str], owner_os_users: &[&str]) -> (String, String) {
     let mut hba = format!("# written by airlock at every start\nlocal all {ADMIN_ROLE} peer map=airlock\n");
-    if owner_login {
+    if !owner_os_users.is_empty() {
         hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
     }
     hba.push_str(&format!("local {DATABASE} all scram-sha-256\n"));
     let mut ident = String::from("# written by airlock at every start\n");
     for user in admin_os_users {
         ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));
-        if owner_login {
-            ident.push_str(&format!("airlock {user} {OWNER_ROLE}\n"));
-        }
+    }
+    for user in owner_os_users {
+        ident.push_str(&format!("airlock {user} {OWNER_ROLE}\n"));
     }
     (hba, ident)
 }
@@ -75,9 +75,9 @@ fn hba(admin_os_users: &[&str], owner_login: bool) -> (String, String) {
 /// Writes the access files of an instance beside its data directory, in the
 /// root-owned instance directory: the server reads them (`hba_file`,
 /// `ident_file`) but neither it nor anything running as its user can change
-/// them. `owner_login` for a golden's build only (see [`hba`]).
-pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str], owner_login: bool) -> Result<()> {
-    let (hba, ident) = hba(admin_os_users, owner_login);
+/// them. `owner_os_users` for a golden's build only (see [`hba`]).
+pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str], owner_os_users: &[&str]) -> Result<()> {
+    let (hba, ident) = hba(admin_os_users, owner_os_users);
     for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
         crate::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
     }
@@ -722,9 +722,11 @@ pub fn log_says_disk_full(log: &Path) -> bool {
 /// inside an instance (by an agent, or carried in a golden) steers the admin's
 /// name resolution, transactions or timeouts; and with `pg_catalog` first and
 /// `pg_temp` last, no name in the admin's SQL can resolve to an object an agent
-/// made.
+/// made. `role=none` keeps a stored `role` setting from running the session as
+/// another role, and standard strings keep its literals reading as written.
 pub const ADMIN_SESSION_OPTIONS: &str =
-    "-c search_path=pg_catalog,pg_temp -c default_transaction_read_only=off \
+    "-c search_path=pg_catalog,pg_temp -c role=none -c standard_conforming_strings=on \
+     -c default_transaction_read_only=off \
      -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
      -c default_transaction_isolation=read\\ committed -c session_replication_role=origin";
 

@@ -19,13 +19,7 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
 use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
-
-/// A client tool logged in as the owner role to a building golden's app database.
-pub fn owner_tool(bin: &PgBin, tool: &str, dir: &InstanceDir) -> Command {
-    let mut cmd = admin_tool(bin, tool, dir);
-    cmd.env("PGUSER", OWNER_ROLE);
-    cmd
-}
+use crate::pg::loader::Loader;
 
 /// A client tool connected as admin to the instance's app database, with
 /// nothing from the daemon's environment.
@@ -81,7 +75,8 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File> {
 /// Runs one SQL file with psql, stopping at its first error. The error names the
 /// file, the line and PostgreSQL's message.
 ///
-/// psql runs as the daemon's user, and a file's backslash commands are psql's
+/// psql runs jailed as the loader user ([`crate::pg::jail`]), or as the
+/// daemon's user when it is not root, and a file's backslash commands are psql's
 /// own (`\!` runs a shell, `\o` and `\copy` write files, `\connect` logs in
 /// again): psql starts in its restricted mode (`\restrict`, with a key the file
 /// cannot know, sent down psql's input ahead of the file, never on a command
@@ -89,9 +84,10 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File> {
 /// `\unrestrict` with that key. A file is SQL and `COPY ... FROM stdin` data,
 /// as pg_dump writes; the `\restrict` and `\unrestrict` lines pg_dump itself
 /// puts first and last are blanked ([`feed`]), line numbers kept.
-pub async fn run_sql_file(bin: &PgBin, dir: &InstanceDir, file: &Path, code: ErrorCode) -> Result<()> {
+pub async fn run_sql_file(loader: &Loader<'_>, file: &Path, code: ErrorCode) -> Result<()> {
     let opened = tokio::fs::File::from_std(open_regular(file)?);
-    let mut child = owner_tool(bin, "psql", dir)
+    let mut child = loader
+        .tool("psql")
         .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-f", "-"])
         .stdin(Stdio::piped())
         .spawn()?;
@@ -217,12 +213,27 @@ pub fn is_archive(path: &Path) -> Result<bool> {
 
 /// The PostgreSQL major an archive was dumped from (its header's "Dumped from
 /// database version"); `None` for a plain SQL script or an unreadable archive.
-pub async fn dump_major(bin: &PgBin, path: &Path) -> Option<u32> {
+/// pg_restore reads what the daemon opened, never a path the dump's owner
+/// could swap: a file's descriptor as its input, a directory's `toc.dat`
+/// (opened without following links, a regular file only) copied alone into a
+/// private directory.
+pub async fn dump_major(bin: &PgBin, path: &Path, scratch: &Path) -> Option<u32> {
     if !is_archive(path).ok()? {
         return None;
     }
-    let out = Command::new(bin.tool("pg_restore")).arg("--list").arg(path).env_clear().output().await.ok()?;
-    let list = String::from_utf8_lossy(&out.stdout);
+    let mut cmd = Command::new(bin.tool("pg_restore"));
+    cmd.arg("--list").env_clear().stderr(Stdio::null());
+    if path.is_dir() {
+        crate::pg::loader::stage_toc(path, scratch).ok()?;
+        cmd.arg(scratch).stdin(Stdio::null());
+    } else {
+        cmd.stdin(open_regular(path).ok()?);
+    }
+    let out = cmd.output().await.ok();
+    if path.is_dir() {
+        let _ = std::fs::remove_dir_all(scratch);
+    }
+    let list = String::from_utf8_lossy(&out?.stdout).into_owned();
     let line = list.lines().find_map(|l| l.split_once("Dumped from database version:"))?.1;
     crate::pg::bin::major_of(line)
 }

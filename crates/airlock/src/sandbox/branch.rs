@@ -114,7 +114,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         paused_ms = ms(t);
         cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
         steps.clone_ms = paused_ms;
-        crate::pg::instance::write_access_files(&dir, &engine.admin_os_users(), false)?;
+        crate::pg::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
         let cgroups = engine
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)

@@ -328,7 +328,7 @@ pub(crate) async fn bring_up(
             .cloner
             .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
             .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
-        instance::write_access_files(&dir, &engine.admin_os_users(), false)
+        instance::write_access_files(&dir, &engine.admin_os_users(), &[])
     })()?;
     steps.clone_ms = ms(t);
     let cgroups = engine
@@ -505,7 +505,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let user = engine.sandbox_user(sb)?;
     let group = engine.socket_group(sb);
     instance::prepare_dir(&dir, &user, group)?;
-    instance::write_access_files(&dir, &engine.admin_os_users(), false)?;
+    instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
     let mut cgroups = engine.cgroups.procs_files(&sb.id);
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;

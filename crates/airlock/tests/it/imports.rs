@@ -683,3 +683,142 @@ fn files_for_a_build_are_regular_and_psqls_key_is_never_on_a_command_line() {
     assert!(psql_seen, "psql was seen running");
     assert!(key_seen.is_empty(), "{key_seen:?}");
 }
+
+/// A directory-format dump of one table with rows and a large object, in `dir`.
+fn directory_dump(prod: &Production, dir: &Path) -> (String, String) {
+    let _ = std::fs::remove_dir_all(dir);
+    let status = Command::new("pg_dump")
+        .args(["--format=directory", "--compress=0", "--file"])
+        .arg(dir)
+        .arg(prod.dsn("app"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let list = Command::new("pg_restore").arg("-l").arg(dir).output().unwrap();
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    let id = list
+        .lines()
+        .find(|l| l.contains("TABLE DATA public notes"))
+        .and_then(|l| l.split(';').next())
+        .expect("the table's data entry")
+        .trim()
+        .to_owned();
+    let blob = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.starts_with("blob_"))
+        .expect("the large object's file");
+    (format!("{id}.dat"), blob)
+}
+
+#[test]
+fn a_directory_dump_cannot_load_the_hosts_files_into_a_golden() {
+    let prod = Production::start("dirdump");
+    script(
+        &prod.dsn("postgres"),
+        "CREATE DATABASE app;\n\\c app\nCREATE TABLE public.notes (line text);\n\
+         INSERT INTO public.notes VALUES ('kept');\nSELECT lo_from_bytea(0, 'an object');\n",
+    );
+    let d = Daemon::start(&[]);
+    // A host file only root may read, written as COPY data would be.
+    let secret = d.home.join("host-secret");
+    std::fs::write(&secret, "TOPSECRET-7f3a\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let dump = d.home.join("dump.d");
+    let (data, blob) = directory_dump(&prod, &dump);
+
+    // As pg_dump wrote it, it imports: rows and the large object.
+    let out = d.cli(&["golden", "create", "plain", "--from-dump", dump.to_str().unwrap(), "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let agent = dsn(&d.fork("plain", &[]));
+    assert_eq!(sql(&agent, "SELECT line FROM notes"), "kept");
+    assert_eq!(sql(&agent, "SELECT count(*) FROM pg_largeobject_metadata"), "1");
+
+    // Far enough up from wherever the dump is read, then the secret's own path.
+    let climb = format!("{}{}", "../".repeat(24), secret.display().to_string().trim_start_matches('/'));
+    type Forgery<'a> = (&'a str, Box<dyn Fn(&Path) + 'a>);
+    let forged: Vec<Forgery> = vec![
+        // A data file that is a link to the secret.
+        (
+            "a link",
+            Box::new(|d: &Path| {
+                std::fs::remove_file(d.join(&data)).unwrap();
+                std::os::unix::fs::symlink(&secret, d.join(&data)).unwrap();
+            }),
+        ),
+        // A data file that is a FIFO another process writes.
+        (
+            "a FIFO",
+            Box::new(|d: &Path| {
+                std::fs::remove_file(d.join(&data)).unwrap();
+                nix::unistd::mkfifo(&d.join(&data), nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+            }),
+        ),
+        // The large objects' table of contents naming a path that climbs out.
+        (
+            "a climbing path in blobs.toc",
+            Box::new(|d: &Path| {
+                let toc = std::fs::read_to_string(d.join("blobs.toc")).unwrap();
+                std::fs::write(d.join("blobs.toc"), toc.replace(&blob, &climb)).unwrap();
+            }),
+        ),
+        // toc.dat naming a climbing path as the table's data file (a string
+        // there is a sign byte, a 4-byte little-endian length, the bytes).
+        (
+            "a climbing path in toc.dat",
+            Box::new(|d: &Path| {
+                let bytes = std::fs::read(d.join("toc.dat")).unwrap();
+                let mut from = vec![0u8, data.len() as u8, 0, 0, 0];
+                from.extend_from_slice(data.as_bytes());
+                let at = bytes.windows(from.len()).position(|w| w == from).expect("the file name in toc.dat");
+                let mut to = vec![0u8, climb.len() as u8, 0, 0, 0];
+                to.extend_from_slice(climb.as_bytes());
+                let forged = [&bytes[..at], &to[..], &bytes[at + from.len()..]].concat();
+                std::fs::write(d.join("toc.dat"), forged).unwrap();
+            }),
+        ),
+    ];
+    for (what, forge) in forged {
+        directory_dump(&prod, &dump);
+        forge(&dump);
+        let (_, err) = d.fails(&["golden", "create", "stolen", "--from-dump", dump.to_str().unwrap()]);
+        let code = err["code"].as_str().unwrap();
+        assert!(code == "file_unreadable" || code == "source_failed", "{what}: {err}");
+        assert!(!err.to_string().contains("TOPSECRET"), "{what}: {err}");
+        assert!(
+            d.json(&["golden", "ls"]).as_array().unwrap().iter().all(|g| g["name"] != "stolen"),
+            "{what}: nothing half-made"
+        );
+    }
+}
+
+#[test]
+fn settings_stored_for_the_database_or_a_role_never_reach_a_golden() {
+    let d = Daemon::start(&[]);
+    // Stored settings apply to every later session: `role` would run the
+    // admin's sessions in forks as the owner, and non-standard strings would
+    // change how their SQL reads.
+    for (statement, kind, code) in [
+        ("ALTER DATABASE app SET role = airlock_owner", "--schema", "seed_failed"),
+        ("ALTER DATABASE app SET standard_conforming_strings = off", "--from-dump", "source_failed"),
+        ("ALTER ROLE airlock_owner SET search_path = evil, public", "--schema", "seed_failed"),
+        (
+            "ALTER ROLE airlock_owner IN DATABASE app SET statement_timeout = 1",
+            "--from-dump",
+            "source_failed",
+        ),
+    ] {
+        let file = d.home.join("settings.sql");
+        std::fs::write(&file, format!("CREATE TABLE public.t (id int);\n{statement};\n")).unwrap();
+        let (_, err) = d.fails(&["golden", "create", "steered", kind, file.to_str().unwrap()]);
+        assert_eq!(err["code"], code, "{statement}: {err}");
+        assert!(err["message"].as_str().unwrap().contains("stored settings"), "{statement}: {err}");
+        assert!(d.json(&["golden", "ls"]).as_array().unwrap().is_empty(), "{statement}: nothing half-made");
+    }
+    // Settings a session makes for itself are the application's business.
+    let file = d.home.join("session.sql");
+    std::fs::write(&file, "SET search_path = public;\nCREATE TABLE public.t (id int);\n").unwrap();
+    let out = d.cli(&["golden", "create", "plain", "--schema", file.to_str().unwrap(), "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+}
