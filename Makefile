@@ -24,6 +24,7 @@ bench: build
 	@scripts/bench-router-auth.sh
 	@scripts/bench-import.sh
 	@scripts/bench-majors.sh
+	@scripts/bench-redis.sh
 	@scripts/bench-tools.sh
 	@scripts/bench-migrate.sh
 	@scripts/bench-density.sh

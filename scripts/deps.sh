@@ -29,6 +29,9 @@ command -v unzip >/dev/null 2>&1 || need+=(unzip)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 # The Python client's and the MCP tests run in a virtual environment.
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# A golden's Redis part and every sandbox's Redis run on Debian's redis-server
+# (redis-cli comes with it).
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
 # `deps.sh test`: also the drivers the router is tested with, pgjdbc on Java and
 # node-postgres on Node.js.
@@ -56,6 +59,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
   # Debian's server package starts a cluster of its own; Airlock runs its own instances.
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop postgresql >/dev/null 2>&1 || true; fi
+  # Its Redis package starts one too; Airlock starts each sandbox's own.
+  if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop redis-server >/dev/null 2>&1 || true; fi
 fi
 # A server installed just now brings its headers' package name only now.
 for bin in /usr/lib/postgresql/*/bin/postgres; do

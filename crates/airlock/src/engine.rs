@@ -293,9 +293,13 @@ impl Engine {
     /// A sandbox as clients see it: its DSN through the router when the router is
     /// on (the private socket's in `socket_dsn`).
     pub fn present(&self, mut sb: Sandbox) -> Sandbox {
+        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password);
+        let dir = self.layout.sandbox_instance(&sb.id);
+        if let (Some(password), true) = (&password, crate::redis::server::configured(&dir)) {
+            sb.redis_socket_url = Some(crate::redis::server::socket_url(&dir, &sb.id, password));
+        }
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
-            let password = crate::pg::dsn::password(&socket).unwrap_or_default();
-            sb.dsn = Some(router.dsn(&sb.id, &password));
+            sb.dsn = Some(router.dsn(&sb.id, &password.unwrap_or_default()));
             sb.socket_dsn = Some(socket);
         }
         sb

@@ -50,6 +50,8 @@ pub enum ErrorCode {
     StorageFailed,
     /// A PostgreSQL instance failed to start or answer.
     PostgresFailed,
+    /// A Redis server failed to start or answer, or the host has none.
+    RedisFailed,
     /// The API needs a bearer token and none (or a wrong one) was given.
     Unauthorized,
     /// The CLI could not reach or start a daemon.
@@ -81,7 +83,8 @@ impl ErrorCode {
             | MigrationFailed => 422,
             CapacityExhausted => 503,
             DiskFull => 507,
-            DataRootNotWritable | StorageFailed | PostgresFailed | DaemonUnreachable | Internal => 500,
+            DataRootNotWritable | StorageFailed | PostgresFailed | RedisFailed | DaemonUnreachable
+            | Internal => 500,
         }
     }
 
@@ -95,7 +98,7 @@ impl ErrorCode {
             GoldenExists | NameTaken | GoldenInUse => 5,
             CapacityExhausted => 6,
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing => 7,
-            DataRootNotWritable | StorageFailed | PostgresFailed => 8,
+            DataRootNotWritable | StorageFailed | PostgresFailed | RedisFailed => 8,
             Unauthorized | DaemonUnreachable => 9,
             MigrationRefused | PromotionRefused => 10,
             MigrationFailed => 11,

@@ -166,4 +166,24 @@ impl InstanceDir {
     pub fn exec_dir(&self) -> PathBuf {
         self.root.join("exec")
     }
+    /// The Redis server's data directory (its user's; `dump.rdb` inside).
+    pub fn redis_dir(&self) -> PathBuf {
+        self.root.join("redis")
+    }
+    /// The Redis server's unix socket, beside PostgreSQL's.
+    pub fn redis_socket(&self) -> PathBuf {
+        self.socket_dir().join("redis.sock")
+    }
+    /// The Redis server's configuration (root's, outside its data directory).
+    pub fn redis_conf(&self) -> PathBuf {
+        self.root.join("redis.conf")
+    }
+    /// The Redis admin's password (root's alone).
+    pub fn redis_admin(&self) -> PathBuf {
+        self.root.join("redis.admin")
+    }
+    /// The Redis server's log (root's, written through its descriptor).
+    pub fn redis_log(&self) -> PathBuf {
+        self.root.join("redis.log")
+    }
 }

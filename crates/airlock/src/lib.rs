@@ -22,6 +22,7 @@ pub mod layout;
 pub mod migrate;
 pub mod pg;
 pub mod reaper;
+pub mod redis;
 pub mod router;
 pub mod sandbox;
 pub mod seccomp;

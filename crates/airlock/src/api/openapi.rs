@@ -88,7 +88,7 @@ fn describe(status: u16) -> &'static str {
         404 => "no such golden or sandbox",
         409 => "a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused",
         422 => "the work failed on its input: seed_failed, source_failed, migration_failed",
-        500 => "internal, storage_failed, postgres_failed or data_root_not_writable; the daemon log has details",
+        500 => "internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details",
         503 => "capacity_exhausted: the host is full",
         507 => "disk_full: the volume or the sandbox's allowance is full",
         _ => "an error",

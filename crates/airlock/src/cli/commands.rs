@@ -121,6 +121,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 .map(|mut s| {
                     s.dsn = None;
                     s.socket_dsn = None;
+                    s.redis_socket_url = None;
                     s
                 })
                 .collect();
@@ -133,6 +134,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             // The credential is printed only when asked for (`airlock dsn`).
             sb.dsn = None;
             sb.socket_dsn = None;
+            sb.redis_socket_url = None;
             output::print(json, &sb, || output::sandbox(&sb));
             Ok(0)
         }
@@ -215,10 +217,22 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &sb, || format!("{} now expires at {}", sb.id, sb.expires_at.to_rfc3339()));
             Ok(0)
         }
-        Command::Dsn { id, socket } => {
+        Command::Dsn { id, socket, redis } => {
             let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
-            let dsn = if *socket { sb.socket_dsn.clone().or(sb.dsn.clone()) } else { sb.dsn.clone() };
+            let dsn = if *redis {
+                Some(sb.redis_socket_url.clone().ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::InvalidRequest,
+                        format!("sandbox {} has no Redis", sb.id),
+                        "fork a golden made with --redis-seed or --redis-rdb",
+                    )
+                })?)
+            } else if *socket {
+                sb.socket_dsn.clone().or(sb.dsn.clone())
+            } else {
+                sb.dsn.clone()
+            };
             let dsn = dsn.unwrap_or_default();
             output::print(json, &serde_json::json!({"id": sb.id, "dsn": dsn}), || dsn.clone());
             Ok(0)
@@ -470,8 +484,16 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             jobs,
             pool,
             postgres,
+            redis_seed,
+            redis_rdb,
         } => {
             validate::name("golden", name)?;
+            let one = |p: &PathBuf| absolute(std::slice::from_ref(p)).map(|mut v| v.remove(0));
+            let redis = match (redis_seed, redis_rdb) {
+                (Some(path), _) => Some(crate::redis::RedisSource::Seed { path: one(path)? }),
+                (_, Some(path)) => Some(crate::redis::RedisSource::Rdb { path: one(path)? }),
+                _ => None,
+            };
             let from_url = match from_url.as_deref() {
                 Some("-") => {
                     let mut text = String::new();
@@ -507,6 +529,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 jobs: *jobs,
                 pool_size: *pool,
                 postgres: *postgres,
+                redis,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));

@@ -126,6 +126,9 @@ enum Command {
         /// The private unix-socket DSN (for tools on this host) instead of the router's.
         #[arg(long)]
         socket: bool,
+        /// The sandbox's Redis URL (its private unix socket) instead.
+        #[arg(long, conflicts_with = "socket")]
+        redis: bool,
     },
     /// Open psql on a sandbox (arguments after `--` go to psql).
     Psql {
@@ -263,6 +266,8 @@ struct ServeArgs {
 }
 
 #[derive(Debug, Subcommand)]
+// Parsed once per run: the size of `Create` costs nothing worth boxing for.
+#[allow(clippy::large_enum_variant)]
 enum GoldenCommand {
     /// Build a golden from schema and seed files, a live database or a dump.
     Create {
@@ -295,6 +300,12 @@ enum GoldenCommand {
         /// PostgreSQL major to build on and fork with (default: the source's, else the host's).
         #[arg(long, value_name = "MAJOR")]
         postgres: Option<u32>,
+        /// A Redis part from a file of Redis commands (one per line, as redis-cli reads them).
+        #[arg(long, value_name = "FILE")]
+        redis_seed: Option<PathBuf>,
+        /// A Redis part from an RDB file.
+        #[arg(long, value_name = "FILE", conflicts_with = "redis_seed")]
+        redis_rdb: Option<PathBuf>,
     },
     /// Set how many started sandboxes (credentials bound at claim) the golden keeps ready.
     Pool {

@@ -267,6 +267,14 @@ pub fn golden(g: &Golden) -> String {
         ]);
     }
     out.push_str(&t.render());
+    if let Some(redis) = g.current().and_then(|m| m.redis.as_ref()) {
+        out.push_str(&format!(
+            "\nredis: {} keys, {} in memory, RDB {}\n",
+            redis.keys,
+            bytes(redis.memory_bytes),
+            bytes(redis.rdb_bytes)
+        ));
+    }
     if let Some(report) = g.current().and_then(|m| m.import.as_ref()) {
         out.push('\n');
         out.push_str(&import_report(report));

@@ -31,6 +31,7 @@ pub async fn build(
     source: &Source,
     allow_planted: bool,
     asked: Option<u32>,
+    redis: Option<&crate::redis::RedisSource>,
 ) -> Result<Manifest> {
     let postgres = Postgres::choose(engine, source, asked).await?;
     let tag = secret::sandbox_id();
@@ -38,8 +39,22 @@ pub async fn build(
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
     let builder = Builder::new(engine, source, &tag)?;
-    let result =
+    let mut result =
         build_in(engine, &postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await;
+    if let (Ok(manifest), Some(redis)) = (&mut result, redis) {
+        engine.builds.update(name, |p| p.phase = "building the Redis part".into());
+        let max_memory = engine.config.cgroup_limits.memory_bytes;
+        match crate::redis::golden::build(&dir, redis, &builder.user, &builder.cgroups, max_memory).await {
+            Ok(part) => {
+                manifest.redis = Some(part);
+                let json = serde_json::to_vec_pretty(&*manifest).expect("manifest serializes");
+                if let Err(e) = std::fs::write(dir.root.join("manifest.json"), json) {
+                    result = Err(e.into());
+                }
+            }
+            Err(e) => result = Err(e),
+        }
+    }
     builder.finish(engine).await;
     engine.builds.end(name);
     let _ = std::fs::remove_dir_all(&work);
@@ -227,6 +242,7 @@ async fn build_in(
         source: source.redacted(),
         planted,
         import,
+        redis: None,
     };
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     std::fs::write(dir.root.join("manifest.json"), json)?;

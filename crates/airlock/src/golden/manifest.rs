@@ -143,6 +143,9 @@ pub struct Manifest {
     /// faithfully the golden holds the source.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub import: Option<crate::golden::fidelity::Report>,
+    /// The Redis part, when the golden has one: forks get a Redis of their own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<crate::redis::RedisPart>,
 }
 
 impl Manifest {

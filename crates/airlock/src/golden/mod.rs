@@ -60,6 +60,9 @@ pub struct CreateGolden {
     #[serde(default)]
     #[schema(minimum = 13, maximum = 18)]
     pub postgres: Option<u32>,
+    /// A Redis part: a file of Redis commands or an RDB file.
+    #[serde(default)]
+    pub redis: Option<crate::redis::RedisSource>,
 }
 
 impl CreateGolden {
@@ -92,7 +95,8 @@ impl CreateGolden {
         if !self.exclude.is_empty() && self.from_url.is_none() {
             return Err(invalid("tables and schemas are left out only of a --from-url import"));
         }
-        for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump) {
+        let redis = self.redis.as_ref().map(|r| r.path().to_path_buf());
+        for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump).chain(&redis) {
             if !path.is_absolute() {
                 return Err(invalid(&format!("{} is not an absolute path", path.display())));
             }
@@ -122,7 +126,8 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     let pool_size = req.pool_size.unwrap_or(engine.config.default_pool_size);
     check_pool_size(pool_size, engine)?;
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, &req.name, 1, &source, false, req.postgres).await?;
+    let manifest =
+        build::build(engine, &req.name, 1, &source, false, req.postgres, req.redis.as_ref()).await?;
     let mut store = engine.store();
     if let Err(e) =
         store.insert_golden(&manifest, &source).and_then(|_| store.set_pool_size(&req.name, pool_size))
@@ -162,8 +167,11 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
     }
     let started = std::time::Instant::now();
     // A golden stays on its major: forks of every generation run alike.
-    let major = engine.store().golden(name)?.current().map(|m| m.major());
-    let manifest = build::build(engine, name, next, &source, false, major).await?;
+    let current = engine.store().golden(name)?.current().cloned();
+    let major = current.as_ref().map(|m| m.major());
+    // The Redis part is built again from its own source.
+    let redis = current.and_then(|m| m.redis).map(|r| r.source);
+    let manifest = build::build(engine, name, next, &source, false, major, redis.as_ref()).await?;
     {
         let mut store = engine.store();
         if let Err(e) = store.add_generation(&manifest) {
@@ -217,6 +225,13 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
 pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: bool) -> Result<Golden> {
     validate::name("golden", name)?;
     let sb = engine.store().sandbox(sandbox)?;
+    if crate::redis::server::configured(&engine.layout.sandbox_instance(&sb.id)) {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("sandbox {} has a Redis, and promoting a sandbox's Redis state is not built yet", sb.id),
+            "refresh the golden from its sources instead (`airlock golden refresh`)",
+        ));
+    }
     let _guard = engine.reserve_golden(name, GoldenWork::Build)?;
     let existing = engine.store().golden(name).ok();
     let generation = existing
@@ -226,7 +241,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
     let source =
         Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, generation, &source, allow_planted, None).await?;
+    let manifest = build::build(engine, name, generation, &source, allow_planted, None, None).await?;
     {
         let mut store = engine.store();
         let stored = match existing {

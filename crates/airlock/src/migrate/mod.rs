@@ -258,7 +258,7 @@ async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<C
     let source = crate::golden::Source::Files { schema: req.expect_files.clone(), seed: vec![] };
     // On the tested golden's major, so both catalogs read alike.
     let major = engine.store().golden(&req.golden)?.current().map(|m| m.major());
-    let built = crate::golden::build_generation(engine, &name, 1, &source, false, major).await;
+    let built = crate::golden::build_generation(engine, &name, 1, &source, false, major, None).await;
     let dir = engine.layout.goldens().join(&name);
     let result = built.and_then(|_| Snapshot::load(&engine.layout.golden_generation(&name, 1)));
     let _ = std::fs::remove_dir_all(&dir);

@@ -49,6 +49,9 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     if source.state != SandboxState::Running {
         return Err(not_running(&source));
     }
+    if crate::redis::server::configured(&engine.layout.sandbox_instance(&source.id)) {
+        return Err(super::redis_not_yet(&source.id, "branching"));
+    }
     let mut sb = Sandbox::creating(
         &source.golden,
         source.generation,

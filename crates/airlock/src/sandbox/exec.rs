@@ -105,8 +105,14 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", &workdir)
         .env("LANG", "C.UTF-8")
-        .env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default())
-        .stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
+    let instance = engine.layout.sandbox_instance(&sb.id);
+    if let (true, Some(password)) =
+        (crate::redis::server::configured(&instance), sb.dsn.as_deref().and_then(crate::pg::dsn::password))
+    {
+        cmd.env("REDIS_URL", crate::redis::server::socket_url(&instance, &sb.id, &password));
+    }
+    cmd.stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)

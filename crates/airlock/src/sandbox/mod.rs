@@ -100,6 +100,9 @@ pub(crate) struct Steps {
     start_ms: f64,
     ready_ms: f64,
     credential_ms: f64,
+    /// Clone to a Redis server answering, when the sandbox has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    redis_ms: Option<f64>,
 }
 
 fn ms(since: Instant) -> f64 {
@@ -330,12 +333,45 @@ pub(crate) async fn bring_up(
             .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
         instance::write_access_files(&dir, &engine.admin_os_users(), &[])
     })()?;
+    let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
+    let redis = crate::redis::server::rdb(&golden_root).is_file();
+    if redis {
+        engine
+            .cloner
+            .clone_tree(
+                &golden_root.join("redis"),
+                &dir.redis_dir(),
+                Some(&user),
+                Some(engine.daemon_user.uid),
+            )
+            .map_err(|e| Error::io(format!("cloning {}'s Redis part", sb.golden), &e))?;
+    }
     steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await
+    if !redis {
+        return start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await;
+    }
+    let password =
+        password.ok_or_else(|| Error::internal("a sandbox with Redis is made with its credential"))?;
+    // Both servers start at once; the sandbox is ready when both answer.
+    let admin_password = secret::password();
+    let settings = crate::redis::server::Settings {
+        max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
+        admin_password: &admin_password,
+        user: Some((&sb.id, password)),
+    };
+    crate::redis::server::write_config(&dir, &settings)?;
+    let t = Instant::now();
+    let (postgres, redis) = tokio::join!(
+        start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps),
+        crate::redis::server::start(&dir, (&user, group), &cgroups)
+    );
+    steps.redis_ms = Some(ms(t));
+    redis?;
+    postgres
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume
@@ -449,13 +485,16 @@ pub(crate) async fn rebuild(
         for pid in sb.pid.into_iter().chain(postmaster_pid(&dir)) {
             instance::kill(pid, &dir.pgdata()).await?;
         }
+        crate::redis::server::stop(&dir).await;
         kill_cgroup_members(engine, &sb.id).await;
         crate::crashpoint::reached("reset.stopped");
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
-        if let Err(e) = engine.cloner.remove_tree(&dir.pgdata()) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                return Err(Error::from(e));
+        for data in [dir.pgdata(), dir.redis_dir()] {
+            if let Err(e) = engine.cloner.remove_tree(&data) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(Error::from(e));
+                }
             }
         }
         engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
@@ -525,6 +564,14 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         return Err(e);
     }
     let pid = started.detach();
+    // Its Redis starts again from the data it was forked with (it persists
+    // nothing of its own).
+    if crate::redis::server::configured(&dir) && crate::redis::server::find(&dir).is_none() {
+        if let Err(e) = crate::redis::server::start(&dir, (&user, group), &cgroups).await {
+            let _ = instance::kill(pid, &dir.pgdata()).await;
+            return Err(e);
+        }
+    }
     let dsn = sb.dsn.clone().unwrap_or_default();
     engine.store().set_running(&sb.id, pid, &dsn)?;
     Ok(pid)
@@ -603,6 +650,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             Error::internal(format!("could not tell whether sandbox {}'s server still runs: {e}", sb.id))
         })?;
     }
+    crate::redis::server::stop(&dir).await;
     kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = engine.cloner.remove_tree(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
@@ -649,6 +697,15 @@ pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
 pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
     let text = crate::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
     text.lines().next()?.trim().parse().ok()
+}
+
+/// The error for a lifecycle operation not yet built for sandboxes with Redis.
+pub(crate) fn redis_not_yet(id: &str, doing: &str) -> Error {
+    Error::new(
+        ErrorCode::InvalidRequest,
+        format!("sandbox {id} has a Redis, and {doing} a sandbox with Redis is not built yet"),
+        "reset or delete it instead; fork the golden again for a copy",
+    )
 }
 
 /// Sets a sandbox to expire `ttl_seconds` from now.

@@ -56,7 +56,9 @@ pub async fn fill(engine: &Engine) -> Result<()> {
                 .iter()
                 .filter(|m| m.generation == golden.current_generation)
                 .count() as i64;
-            if fresh < golden.pool_size {
+            // Pool members of goldens with Redis are not built yet: forks are cold.
+            let redis = golden.current().is_some_and(|m| m.redis.is_some());
+            if fresh < golden.pool_size && !redis {
                 match build_one(engine, &golden).await {
                     Ok(()) => built = true,
                     Err(e) if e.code == ErrorCode::CapacityExhausted => return Ok(()),

@@ -73,6 +73,10 @@ pub struct Sandbox {
     /// this host that bypass the router).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_dsn: Option<String>,
+    /// Its Redis, when its golden has one: the sandbox's ACL user and password
+    /// over the Redis server's private unix socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_socket_url: Option<String>,
     /// Lifecycle state.
     pub state: SandboxState,
     /// Free-form labels for finding it again.
@@ -131,6 +135,7 @@ impl Sandbox {
             generation,
             dsn: None,
             socket_dsn: None,
+            redis_socket_url: None,
             state: SandboxState::Creating,
             labels,
             created_at: now,

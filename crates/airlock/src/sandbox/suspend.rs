@@ -46,6 +46,9 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     let id = engine.store().sandbox(key)?.id;
     let _op = engine.sandbox_lock(&id).await;
     let sb = engine.store().sandbox(&id)?;
+    if crate::redis::server::configured(&engine.layout.sandbox_instance(&id)) {
+        return Err(super::redis_not_yet(&id, "suspending"));
+    }
     match sb.state {
         SandboxState::Suspended => return Ok(sb),
         SandboxState::Running if engine.store().begin_suspend(&id)? => {}

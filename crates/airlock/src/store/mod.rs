@@ -628,6 +628,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         pid: r.get(8)?,
         dsn: r.get(9)?,
         socket_dsn: None,
+        redis_socket_url: None,
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
         idle_suspend_seconds: r.get::<_, i64>(12)?.max(0) as u64,
         slot: r.get(11)?,

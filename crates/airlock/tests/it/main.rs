@@ -16,6 +16,7 @@ mod lifecycle;
 mod majors;
 mod migrate;
 mod pool;
+mod redis;
 mod router;
 mod sandboxes;
 mod security;

@@ -1,0 +1,279 @@
+//! A golden's Redis part: one RDB file per generation (`redis/dump.rdb` beside
+//! `pgdata/`), built from a file of Redis commands or taken from an RDB file,
+//! loaded by a contained `redis-server` of the build's own that checks it and
+//! says what it holds.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::InstanceDir;
+use crate::redis::resp::Reply;
+use crate::redis::server::{self, Admin, Settings};
+use crate::users::Identity;
+
+/// Where a golden's Redis part comes from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum RedisSource {
+    /// A file of Redis commands, one per line, as `redis-cli` reads them.
+    Seed {
+        /// The file (an absolute path).
+        #[schema(value_type = String)]
+        path: PathBuf,
+    },
+    /// An RDB file, as `SAVE` or `redis-cli --rdb` writes one.
+    Rdb {
+        /// The file (an absolute path).
+        #[schema(value_type = String)]
+        path: PathBuf,
+    },
+}
+
+impl RedisSource {
+    /// The file it names.
+    pub fn path(&self) -> &Path {
+        match self {
+            RedisSource::Seed { path } | RedisSource::Rdb { path } => path,
+        }
+    }
+}
+
+/// A generation's Redis part, as its manifest records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RedisPart {
+    /// Where it came from.
+    pub source: RedisSource,
+    /// Keys, over every database.
+    pub keys: u64,
+    /// Memory the data set takes once loaded (`used_memory`), in bytes.
+    pub memory_bytes: u64,
+    /// The RDB file's size, in bytes.
+    pub rdb_bytes: u64,
+}
+
+/// The name the build's loader authenticates as (the agent's rules apply).
+const LOADER: &str = "loader";
+/// Commands sent before their replies are read.
+const BATCH: usize = 512;
+
+/// Builds the Redis part of the generation being made in `dir` from `source`,
+/// with a server running as `user` in `cgroups`, at most `max_memory` bytes.
+pub async fn build(
+    dir: &InstanceDir,
+    source: &RedisSource,
+    user: &Identity,
+    cgroups: &[std::ffi::CString],
+    max_memory: u64,
+) -> Result<RedisPart> {
+    if !source.path().is_absolute() {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("{} is not an absolute path", source.path().display()),
+            "give the Redis seed or RDB file as an absolute path",
+        ));
+    }
+    let opened = crate::pg::load::open_regular(source.path())?;
+    let data = dir.redis_dir();
+    crate::pg::load::private_dir(&data)?;
+    if let RedisSource::Rdb { .. } = source {
+        let mut from = opened.try_clone()?;
+        let mut to = std::fs::File::create(data.join("dump.rdb"))?;
+        std::io::copy(&mut from, &mut to).map_err(|e| Error::io("copying the RDB file", &e))?;
+        user.own(&data.join("dump.rdb"))?;
+    }
+    user.own(&data)?;
+    // The build's PostgreSQL is stopped and its socket directory gone: the
+    // build's Redis gets one of its own.
+    crate::pg::load::private_dir(&dir.socket_dir())?;
+    user.own(&dir.socket_dir())?;
+    let (admin_password, loader_password) = (crate::secret::password(), crate::secret::password());
+    let settings =
+        Settings { max_memory, admin_password: &admin_password, user: Some((LOADER, &loader_password)) };
+    server::write_config(dir, &settings)?;
+    let built = async {
+        let pid = server::start(dir, (user, None), cgroups).await.map_err(|e| match source {
+            RedisSource::Rdb { path } => Error::new(
+                ErrorCode::SeedFailed,
+                format!("redis-server could not load {}: {}", path.display(), e.message),
+                "give an RDB file written by this Redis version or an older one",
+            ),
+            _ => e,
+        })?;
+        let result = async {
+            if let RedisSource::Seed { path } = source {
+                load_commands(dir, path, opened, &loader_password).await?;
+            }
+            let mut admin = Admin::connect(dir).await?;
+            admin.save().await?;
+            let (keys, memory_bytes) = admin.describe().await?;
+            Ok::<_, Error>((keys, memory_bytes))
+        }
+        .await;
+        server::kill(pid).await;
+        result
+    }
+    .await;
+    for leftover in [dir.redis_conf(), dir.redis_admin(), dir.redis_log()] {
+        let _ = std::fs::remove_file(leftover);
+    }
+    let _ = std::fs::remove_dir_all(dir.socket_dir());
+    let (keys, memory_bytes) = built?;
+    let rdb_bytes = std::fs::metadata(data.join("dump.rdb")).map(|m| m.len()).unwrap_or(0);
+    Ok(RedisPart { source: source.clone(), keys, memory_bytes, rdb_bytes })
+}
+
+/// Sends the commands of `file` (opened as `opened`) as the loader, in
+/// batches; the first error fails the build, naming the file and line.
+async fn load_commands(dir: &InstanceDir, path: &Path, opened: std::fs::File, password: &str) -> Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let failed = |line: usize, why: String| {
+        Error::new(
+            ErrorCode::SeedFailed,
+            format!("{}:{line}: {why}", path.display()),
+            format!("fix {} and run the command again; nothing was kept", path.display()),
+        )
+    };
+    let stream = tokio::net::UnixStream::connect(dir.redis_socket()).await?;
+    let mut stream = tokio::io::BufStream::new(stream);
+    match crate::redis::resp::call(&mut stream, &["AUTH", LOADER, password]).await? {
+        Reply::Status(_) => {}
+        other => return Err(Error::internal(format!("redis-server refused the loader: {other:?}"))),
+    }
+    let mut lines = tokio::io::BufReader::new(tokio::fs::File::from_std(opened)).lines();
+    let mut number = 0;
+    let mut pending: Vec<usize> = Vec::new();
+    loop {
+        let line = lines.next_line().await.map_err(|e| failed(number + 1, e.to_string()))?;
+        let done = line.is_none();
+        if let Some(line) = line {
+            number += 1;
+            let args = split_args(&line).map_err(|why| failed(number, why))?;
+            if !args.is_empty() {
+                use tokio::io::AsyncWriteExt;
+                stream.write_all(&crate::redis::resp::command(&args)).await?;
+                pending.push(number);
+            }
+        }
+        if pending.len() >= BATCH || (done && !pending.is_empty()) {
+            use tokio::io::AsyncWriteExt;
+            stream.flush().await?;
+            for line in pending.drain(..) {
+                if let Reply::Error(e) = crate::redis::resp::read(&mut stream).await? {
+                    return Err(failed(line, e));
+                }
+            }
+        }
+        if done {
+            return Ok(());
+        }
+    }
+}
+
+/// Splits a line into arguments as `redis-cli` does: words separated by
+/// spaces, `"double quoted"` with `\n`, `\r`, `\t`, `\"`, `\\` and `\xHH`
+/// escapes, `'single quoted'` with `\'`. A blank line or one starting with
+/// `#` has none.
+pub fn split_args(line: &str) -> std::result::Result<Vec<Vec<u8>>, String> {
+    let mut args = Vec::new();
+    let bytes = line.trim_end_matches('\r').as_bytes();
+    let mut i = 0;
+    if line.trim_start().starts_with('#') {
+        return Ok(args);
+    }
+    while i < bytes.len() {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        if i == bytes.len() {
+            break;
+        }
+        let mut arg = Vec::new();
+        match bytes[i] {
+            b'"' => {
+                i += 1;
+                loop {
+                    let Some(&c) = bytes.get(i) else { return Err("unbalanced quotes".into()) };
+                    i += 1;
+                    match c {
+                        b'"' => break,
+                        b'\\' => {
+                            let Some(&e) = bytes.get(i) else { return Err("unbalanced quotes".into()) };
+                            i += 1;
+                            match e {
+                                b'n' => arg.push(b'\n'),
+                                b'r' => arg.push(b'\r'),
+                                b't' => arg.push(b'\t'),
+                                b'b' => arg.push(8),
+                                b'a' => arg.push(7),
+                                b'x' => {
+                                    let hex = bytes.get(i..i + 2).and_then(|h| std::str::from_utf8(h).ok());
+                                    match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                                        Some(b) => {
+                                            arg.push(b);
+                                            i += 2;
+                                        }
+                                        None => arg.push(b'x'),
+                                    }
+                                }
+                                other => arg.push(other),
+                            }
+                        }
+                        other => arg.push(other),
+                    }
+                }
+            }
+            b'\'' => {
+                i += 1;
+                loop {
+                    let Some(&c) = bytes.get(i) else { return Err("unbalanced quotes".into()) };
+                    i += 1;
+                    match c {
+                        b'\'' => break,
+                        b'\\' if bytes.get(i) == Some(&b'\'') => {
+                            arg.push(b'\'');
+                            i += 1;
+                        }
+                        other => arg.push(other),
+                    }
+                }
+            }
+            _ => {
+                while i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+                    arg.push(bytes[i]);
+                    i += 1;
+                }
+                args.push(arg);
+                continue;
+            }
+        }
+        if i < bytes.len() && !bytes[i].is_ascii_whitespace() {
+            return Err("a closing quote must be followed by a space".into());
+        }
+        args.push(arg);
+    }
+    Ok(args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_args;
+
+    #[test]
+    fn lines_split_as_redis_cli_splits_them() {
+        let s = |l: &str| {
+            split_args(l).unwrap().into_iter().map(|a| String::from_utf8(a).unwrap()).collect::<Vec<_>>()
+        };
+        assert_eq!(s("SET k v"), ["SET", "k", "v"]);
+        assert_eq!(
+            s(r#"HSET "cart:1" item "two words\n" 'it\'s'"#),
+            ["HSET", "cart:1", "item", "two words\n", "it's"]
+        );
+        assert_eq!(s(r#"SET k "\x41\x42""#), ["SET", "k", "AB"]);
+        assert!(s("   ").is_empty());
+        assert!(s("# a comment").is_empty());
+        assert!(split_args(r#"SET k "open"#).is_err());
+        assert!(split_args(r#"SET k "a"b"#).is_err());
+    }
+}

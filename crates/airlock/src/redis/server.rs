@@ -1,0 +1,288 @@
+//! One `redis-server`: a sandbox's, or a golden build's. It listens on a unix
+//! socket in the instance's `run/` directory only, keeps its data in the
+//! instance's `redis/` directory (which its user owns), persists nothing unless
+//! the daemon asks, and lets in only the ACL users its configuration names:
+//! the admin (`airlock`, whose password only root can read) and at most one
+//! other, the agent or a build's loader, under [`AGENT_RULES`].
+
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::io::BufStream;
+use tokio::net::UnixStream;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::layout::InstanceDir;
+use crate::redis::resp::{self, Reply};
+use crate::users::Identity;
+
+/// The ACL user the daemon administers a server as.
+pub const ADMIN_USER: &str = "airlock";
+
+/// What the agent (and a build's loader) may not do: everything that reaches
+/// outside the server (writing files with `CONFIG SET dir`, `MODULE LOAD`,
+/// `REPLICAOF`/`SLAVEOF`/`MIGRATE` to another host, `DEBUG`, `SHUTDOWN`), changes
+/// who may connect (`ACL`), ends another connection (`CLIENT KILL`), lifts a
+/// limit (`CONFIG SET maxmemory`) or feeds the server crafted encodings
+/// (`RESTORE`). What an application uses stays, the dangerous-but-local
+/// commands of its own data included (`FLUSHALL`, `KEYS`, `SORT`, `INFO`).
+pub const AGENT_RULES: &str = "~* &* +@all -@admin -@dangerous +flushall +flushdb +keys +sort +sort_ro \
+    +info +role +lastsave +swapdb +client|id +client|getname +client|setname +client|info \
+    +client|list +client|reply +client|tracking +client|trackinginfo +client|caching +client|getredir \
+    +client|no-evict +config|get -restore -restore-asking -migrate -function|restore";
+
+/// A sandbox's Redis memory ceiling: a quarter of its memory limit (its
+/// PostgreSQL shares the rest), at least 16 MiB.
+pub fn max_memory(sandbox_limit: u64) -> u64 {
+    (sandbox_limit / 4).max(16 << 20)
+}
+
+/// The server binary.
+pub fn binary() -> Result<PathBuf> {
+    ["/usr/bin/redis-server", "/usr/local/bin/redis-server"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::new(
+                ErrorCode::RedisFailed,
+                "this host has no redis-server",
+                "install it (`apt-get install redis-server`, or run `make demo`), then try again",
+            )
+        })
+}
+
+/// `#` and the SHA-256 of a password, as an ACL rule names it: the
+/// configuration file never holds a password.
+fn hashed(password: &str) -> String {
+    format!("#{}", crate::secret::hex(&Sha256::digest(password.as_bytes())))
+}
+
+/// One server's settings: its memory ceiling and its users.
+pub struct Settings<'a> {
+    /// `maxmemory`, in bytes.
+    pub max_memory: u64,
+    /// The admin's password.
+    pub admin_password: &'a str,
+    /// The other user and its password, if any.
+    pub user: Option<(&'a str, &'a str)>,
+}
+
+/// Writes the server's configuration, and the admin's password readable by
+/// root alone, beside (never inside) its data directory.
+pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
+    let socket = dir.redis_socket();
+    let data = dir.redis_dir();
+    for path in [&socket, &data] {
+        let text = path.to_str().unwrap_or_default();
+        if text.is_empty() || text.chars().any(|c| c.is_whitespace() || c == '"' || c == '\'') {
+            return Err(Error::internal(format!(
+                "{} cannot be named in a Redis configuration",
+                path.display()
+            )));
+        }
+    }
+    let mut conf = format!(
+        "# written by airlock at every start\n\
+         port 0\nunixsocket {socket}\nunixsocketperm 770\ndir {data}\ndbfilename dump.rdb\n\
+         save \"\"\nappendonly no\ndaemonize no\nprotected-mode no\nlogfile \"\"\nloglevel warning\n\
+         maxmemory {max}\nmaxmemory-policy noeviction\nmaxclients 256\n\
+         enable-protected-configs no\nenable-debug-command no\nenable-module-command no\n\
+         busy-reply-threshold 5000\n\
+         user default off resetkeys resetchannels -@all\n\
+         user {ADMIN_USER} on {admin} ~* &* +@all\n",
+        socket = socket.display(),
+        data = data.display(),
+        max = settings.max_memory,
+        admin = hashed(settings.admin_password),
+    );
+    if let Some((name, password)) = settings.user {
+        crate::validate::name("redis user", name)?;
+        conf.push_str(&format!("user {name} on {} {AGENT_RULES}\n", hashed(password)));
+    }
+    crate::storage::tree::write_private(&dir.redis_conf(), conf.as_bytes(), 0o644)?;
+    crate::storage::tree::write_private(&dir.redis_admin(), settings.admin_password.as_bytes(), 0o600)?;
+    Ok(())
+}
+
+/// Starts the server of `dir` as `user` (in new namespaces and `cgroups` when
+/// the daemon is root, like a PostgreSQL server), its output to its log;
+/// returns its pid once it answers the admin.
+pub async fn start(
+    dir: &InstanceDir,
+    (user, group): (&Identity, Option<nix::unistd::Gid>),
+    cgroups: &[std::ffi::CString],
+) -> Result<i32> {
+    let log = crate::storage::tree::open_log(&dir.redis_log())?;
+    let mut cmd = std::process::Command::new(binary()?);
+    cmd.arg(dir.redis_conf())
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0);
+    if nix::unistd::geteuid().is_root() {
+        // The socket is made in the server's primary group: with a socket
+        // group (`exec` code's), that one, so `exec` reaches it as it reaches
+        // PostgreSQL's.
+        let primary = Identity { gid: group.unwrap_or(user.gid), ..user.clone() };
+        let who = crate::pg::instance::Who::of(&primary, group);
+        let cgroups = cgroups.to_vec();
+        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || crate::pg::instance::contain(who, &cgroups, None));
+        }
+    }
+    let mut child = tokio::process::Command::from(cmd).kill_on_drop(false).spawn().map_err(|e| {
+        Error::new(
+            ErrorCode::PostgresFailed,
+            format!("could not start redis-server: {e}"),
+            "see `airlock doctor`",
+        )
+    })?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    let began = std::time::Instant::now();
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(failed(dir, &format!("redis-server exited ({status})")));
+        }
+        if let Ok(mut admin) = Admin::connect(dir).await {
+            if admin.call(&["PING"]).await.is_ok_and(|r| r == Reply::Status("PONG".into())) {
+                break;
+            }
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            let _ =
+                nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            return Err(failed(dir, "redis-server did not answer within 30 s"));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    Ok(pid)
+}
+
+fn failed(dir: &InstanceDir, what: &str) -> Error {
+    let tail = crate::pg::instance::log_tail(&dir.redis_log());
+    Error::new(ErrorCode::RedisFailed, format!("{what}: {}", tail.trim()), "the server's log is quoted above")
+}
+
+/// The pid of the server of `dir`, found among the host's processes by its
+/// command line (its configuration's path, or once it runs, the title naming
+/// its socket).
+pub fn find(dir: &InstanceDir) -> Option<i32> {
+    let (conf, socket) = (dir.redis_conf(), dir.redis_socket());
+    let marks = [conf.as_os_str().as_encoded_bytes(), socket.as_os_str().as_encoded_bytes()];
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+        let comm = std::fs::read(entry.path().join("comm")).ok()?;
+        if !comm.starts_with(b"redis-server") {
+            return None;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        marks.iter().any(|m| cmdline.windows(m.len()).any(|w| w == *m)).then_some(pid)
+    })
+}
+
+/// Stops the server of `dir`, if one runs, and its process group.
+pub async fn stop(dir: &InstanceDir) {
+    if let Some(pid) = find(dir) {
+        kill(pid).await;
+    }
+}
+
+/// Stops the server whose pid is `pid` (if it is still `redis-server`) and its
+/// process group.
+pub async fn kill(pid: i32) {
+    let alive = |pid: i32| {
+        std::fs::read(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).trim().starts_with("redis-server"))
+    };
+    if pid <= 0 || !alive(pid) {
+        return;
+    }
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    for _ in 0..100 {
+        if !alive(pid) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An admin connection to a server.
+pub struct Admin {
+    stream: BufStream<UnixStream>,
+}
+
+impl Admin {
+    /// Connects to the server of `dir` and authenticates as the admin.
+    pub async fn connect(dir: &InstanceDir) -> Result<Admin> {
+        let password = std::fs::read_to_string(dir.redis_admin())?;
+        let stream = tokio::time::timeout(Duration::from_secs(5), UnixStream::connect(dir.redis_socket()))
+            .await
+            .map_err(|_| Error::internal("redis-server did not accept a connection within 5 s"))??;
+        let mut admin = Admin { stream: BufStream::new(stream) };
+        match admin.call(&["AUTH", ADMIN_USER, &password]).await? {
+            Reply::Status(_) => Ok(admin),
+            other => Err(Error::internal(format!("redis-server refused the admin: {other:?}"))),
+        }
+    }
+
+    /// Sends a command and reads its reply (within 60 s).
+    pub async fn call<S: AsRef<[u8]>>(&mut self, args: &[S]) -> Result<Reply> {
+        tokio::time::timeout(Duration::from_secs(60), resp::call(&mut self.stream, args))
+            .await
+            .map_err(|_| Error::internal("redis-server did not answer within 60 s"))?
+            .map_err(|e| Error::internal(format!("talking to redis-server: {e}")))
+    }
+
+    /// Keys in every database, and the memory the data takes.
+    pub async fn describe(&mut self) -> Result<(u64, u64)> {
+        let info = self.call(&["INFO", "ALL"]).await?.text().unwrap_or_default();
+        let mut keys = 0;
+        let mut memory = 0;
+        for line in info.lines() {
+            if let Some(rest) = line.strip_prefix("db").and_then(|l| l.split_once(':')).map(|(_, r)| r) {
+                keys += rest
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix("keys="))
+                    .and_then(|k| k.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+            if let Some(m) = line.strip_prefix("used_memory:") {
+                memory = m.trim().parse().unwrap_or(0);
+            }
+        }
+        Ok((keys, memory))
+    }
+
+    /// Writes the data set to `dump.rdb` in the server's directory, now.
+    pub async fn save(&mut self) -> Result<()> {
+        match self.call(&["SAVE"]).await? {
+            Reply::Status(_) => Ok(()),
+            other => Err(Error::internal(format!("redis-server could not save: {other:?}"))),
+        }
+    }
+}
+
+/// The URL a client reaches the server of `dir` with, as `user`.
+pub fn socket_url(dir: &InstanceDir, user: &str, password: &str) -> String {
+    format!("unix://{user}:{password}@{}", dir.redis_socket().display())
+}
+
+/// Whether `dir` holds a Redis server's configuration.
+pub fn configured(dir: &InstanceDir) -> bool {
+    dir.redis_conf().is_file()
+}
+
+/// The RDB file in a generation or sandbox directory's Redis part.
+pub fn rdb(root: &Path) -> PathBuf {
+    root.join("redis").join("dump.rdb")
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Forks of a golden with a Redis part (as root): the same schema with and
+# without a Redis part of $KEYS keys (default 1 million), `bench fork` on each
+# (cold forks: fork request to first query answered, the fork being ready only
+# when its Redis answers too), and the baseline of the same run: redis-server
+# started by hand on the same RDB file, to its first PING. Results go to
+# bench/results/redis.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "run as root (it makes a loop volume and runs servers as other users)" >&2; exit 1; }
+export AIRLOCK_ROUTER=127.0.0.1:7472 AIRLOCK_GATEWAY=127.0.0.1:7473
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-redis}
+GOLDENS="plain cached"
+source scripts/bench-lib.sh
+iterations=${ITERATIONS:-20}
+keys=${KEYS:-1000000}
+bench_fresh_root
+work=$(mktemp -d /var/tmp/airlock-bench-redis.XXXXXX)
+trap 'bench_cleanup; pkill -f "$work/redis.sock" || true; rm -rf "$work"' EXIT
+python3 - "$keys" > "$work/cache.redis" <<'PY'
+import sys
+for i in range(int(sys.argv[1])):
+    print(f"SET session:{i} user-{i}-{'x' * 8}")
+PY
+{
+  echo "# Forks with a Redis part of $keys keys: bench/schema.sql + bench/seed-40mb.sql, $iterations cold forks each"
+  echo "# $(date -u +%FT%TZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(redis-server --version | cut -d' ' -f3)"
+  airlock golden create plain --schema "$PWD/bench/schema.sql" --seed "$PWD/bench/seed-40mb.sql" >/dev/null
+  began=$(date +%s%N)
+  airlock golden create cached --schema "$PWD/bench/schema.sql" --seed "$PWD/bench/seed-40mb.sql" \
+    --redis-seed "$work/cache.redis" >/dev/null
+  echo "### golden build with the Redis part: $(( ($(date +%s%N) - began) / 1000000 )) ms"
+  airlock golden show cached --json | json '["generations"][0]["redis"]'
+  echo "### without Redis"
+  airlock bench fork --golden plain --iterations "$iterations" --no-baselines
+  echo "### with Redis"
+  airlock bench fork --golden cached --iterations "$iterations" --no-baselines
+  echo "### baseline: redis-server started by hand on the same RDB, to its first PING (ms)"
+  cp "$AIRLOCK_HOME"/volume/goldens/cached/1/redis/dump.rdb "$work/dump.rdb"
+  times=()
+  for _ in $(seq "$iterations"); do
+    began=$(date +%s%N)
+    redis-server --port 0 --unixsocket "$work/redis.sock" --dir "$work" --save "" --appendonly no \
+      --loglevel warning >/dev/null &
+    server=$!
+    until [ "$(redis-cli -s "$work/redis.sock" ping 2>/dev/null)" = PONG ]; do sleep 0.001; done
+    times+=($(( ($(date +%s%N) - began) / 1000 )))
+    kill -9 "$server"; wait "$server" 2>/dev/null || true
+    rm -f "$work/redis.sock"
+  done
+  printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {printf "median %.1f ms, p99 %.1f ms, n=%d\n", a[int((NR+1)/2)]/1000, a[NR]/1000, NR}'
+} | tee "$out/redis.txt"
