@@ -263,6 +263,14 @@ impl Admin {
         Ok((keys, memory))
     }
 
+    /// Gives `user` the password `password` (and no other).
+    pub async fn set_password(&mut self, user: &str, password: &str) -> Result<()> {
+        match self.call(&["ACL", "SETUSER", user, "resetpass", &hashed(password)]).await? {
+            Reply::Status(_) => Ok(()),
+            other => Err(Error::internal(format!("redis-server did not take the new password: {other:?}"))),
+        }
+    }
+
     /// Writes the data set to `dump.rdb` in the server's directory, now.
     pub async fn save(&mut self) -> Result<()> {
         match self.call(&["SAVE"]).await? {

@@ -52,12 +52,7 @@ pub(crate) fn last_used(engine: &Engine, sb: &super::Sandbox) -> Option<Instant>
 /// the reaper about once a second.
 pub async fn suspend_idle(engine: &Engine) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
-    let suspendable = |s: &crate::sandbox::Sandbox| {
-        s.state == SandboxState::Running
-            && s.idle_suspend_seconds > 0
-            && !crate::redis::server::configured(&engine.layout.sandbox_instance(&s.id))
-    };
-    for sb in all.into_iter().filter(suspendable) {
+    for sb in all.into_iter().filter(|s| s.state == SandboxState::Running && s.idle_suspend_seconds > 0) {
         let Some(since) = last_used(engine, &sb) else {
             // First sight (a daemon restart): count from now.
             if engine.connections.open_count(&sb.id) == 0 {

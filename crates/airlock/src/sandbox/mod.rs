@@ -434,6 +434,10 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
     } else {
         admin.remake_agent(password, &sb.access).await?;
     }
+    let dir = instance_dir(engine, &sb.id);
+    if fresh && crate::redis::server::configured(&dir) {
+        crate::redis::server::Admin::connect(&dir).await?.set_password(&sb.id, password).await?;
+    }
     steps.credential_ms = ms(t);
     Ok(())
 }
@@ -697,15 +701,6 @@ pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
 pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
     let text = crate::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
     text.lines().next()?.trim().parse().ok()
-}
-
-/// The error for a lifecycle operation not yet built for sandboxes with Redis.
-pub(crate) fn redis_not_yet(id: &str, doing: &str) -> Error {
-    Error::new(
-        ErrorCode::InvalidRequest,
-        format!("sandbox {id} has a Redis, and {doing} a sandbox with Redis is not built yet"),
-        "reset or delete it instead; fork the golden again for a copy",
-    )
 }
 
 /// Sets a sandbox to expire `ttl_seconds` from now.

@@ -56,9 +56,7 @@ pub async fn fill(engine: &Engine) -> Result<()> {
                 .iter()
                 .filter(|m| m.generation == golden.current_generation)
                 .count() as i64;
-            // Pool members of goldens with Redis are not built yet: forks are cold.
-            let redis = golden.current().is_some_and(|m| m.redis.is_some());
-            if fresh < golden.pool_size && !redis {
+            if fresh < golden.pool_size {
                 match build_one(engine, &golden).await {
                     Ok(()) => built = true,
                     Err(e) if e.code == ErrorCode::CapacityExhausted => return Ok(()),
@@ -115,13 +113,13 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     let password = crate::secret::password();
     let verifier = sandbox::mint_verifier(&password);
     let made = async {
-        let pid = sandbox::bring_up(engine, &sb, None, &mut steps).await?;
+        // Its Redis, if the golden has one, starts with the same credential.
+        let pid = sandbox::bring_up(engine, &sb, Some(&password), &mut steps).await?;
         // A first connection builds the catalog caches and writes the relcache
         // init file, so the agent's sessions are quick. It stays open for a claim
         // that asks for other access.
         let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
         let admin = Admin::connect(&dir, DATABASE, pid).await?;
-        admin.mint_agent(&password, &Access::default()).await?;
         let verifier = verifier.await.map_err(|e| crate::error::Error::internal(e.to_string()))?;
         Ok::<_, crate::error::Error>((pid, admin, verifier))
     }

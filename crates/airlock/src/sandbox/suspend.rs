@@ -46,9 +46,6 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     let id = engine.store().sandbox(key)?.id;
     let _op = engine.sandbox_lock(&id).await;
     let sb = engine.store().sandbox(&id)?;
-    if crate::redis::server::configured(&engine.layout.sandbox_instance(&id)) {
-        return Err(super::redis_not_yet(&id, "suspending"));
-    }
     match sb.state {
         SandboxState::Suspended => return Ok(sb),
         SandboxState::Running if engine.store().begin_suspend(&id)? => {}
@@ -63,6 +60,31 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     let began = Instant::now();
     let dir = engine.layout.sandbox_instance(&id);
     let mut clean = true;
+    // Its Redis keeps its data in the sandbox's own directory (RDB), which a
+    // wake starts from; at a full disk nothing more is written, and a wake
+    // starts from the last state saved.
+    if crate::redis::server::configured(&dir) {
+        if reason != SuspendReason::DiskFull {
+            let saved = async { crate::redis::server::Admin::connect(&dir).await?.save().await }.await;
+            if let Err(e) = saved {
+                // Still running as it was: PostgreSQL was not touched.
+                engine.store().set_running(
+                    &id,
+                    sb.pid.unwrap_or_default(),
+                    sb.dsn.as_deref().unwrap_or_default(),
+                )?;
+                return Err(Error::new(
+                    e.code,
+                    format!(
+                        "sandbox {id} was not suspended: its Redis could not save its data: {}",
+                        e.message
+                    ),
+                    "free some of the sandbox's disk space, or delete the sandbox",
+                ));
+            }
+        }
+        crate::redis::server::stop(&dir).await;
+    }
     if let Some(pid) = sb.pid {
         match reason {
             // Nothing more may be written, a checkpoint included; it recovers on wake.

@@ -127,10 +127,47 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     assert!(!std::path::Path::new(&path_b).exists(), "the socket went with the sandbox");
     let running = Command::new("pgrep").args(["-f", &path_b]).output().unwrap();
     assert!(running.stdout.is_empty(), "no redis-server is left for {path_b}");
+}
 
-    // Suspend and branch say they are not built for Redis yet.
-    let (_, err) = d.fails(&["suspend", id_a]);
-    assert!(err["message"].as_str().unwrap().contains("Redis"), "{err}");
+#[test]
+fn suspend_wake_branch_and_the_pool_carry_a_sandboxs_redis() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "life");
+    // Pool members start with their Redis loaded; a claim binds it like the rest.
+    d.json(&["golden", "pool", "life", "--size", "1"]);
+    d.wait_for(std::time::Duration::from_secs(30), "a pool member", || {
+        d.json(&["golden", "show", "life"])["pooled"] == 1
+    });
+    let a = d.fork("life", &["--mode", "owner"]);
+    let id = a["id"].as_str().unwrap();
+    assert_eq!(d.event_kinds(id).iter().filter(|k| *k == "created").count(), 1);
+    let url = redis_url(&a);
+    assert_eq!(redis(&url, &["GET", "greeting"]), "hello world");
+    let claimed = d.fork("life", &["--statement-timeout", "5s"]);
+    assert_eq!(redis(&redis_url(&claimed), &["GET", "greeting"]), "hello world", "a claim with other access");
+
+    // Suspend saves the agent's keys in the sandbox's own directory; wake
+    // starts from them.
+    assert_eq!(redis(&url, &["SET", "progress", "step 3"]), "OK");
+    d.ok(&["suspend", id]);
+    let path = url.split_once('@').unwrap().1;
+    let running = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    assert!(running.stdout.is_empty(), "its Redis stopped with it");
+    d.ok(&["wake", id]);
+    assert_eq!(redis(&url, &["GET", "progress"]), "step 3");
+
+    // A branch takes both stores at one point; after it, each goes its own way.
+    let b = d.json(&["branch", id]);
+    let branch_url = redis_url(&b);
+    assert_ne!(branch_url, url);
+    assert_eq!(redis(&branch_url, &["GET", "progress"]), "step 3");
+    assert_eq!(redis(&branch_url, &["SET", "progress", "branch"]), "OK");
+    assert_eq!(redis(&url, &["GET", "progress"]), "step 3");
+    // The branch's credential is its own.
+    let (user, password) =
+        url.strip_prefix("unix://").unwrap().split_once('@').unwrap().0.split_once(':').unwrap();
+    let branch_path = branch_url.split_once('@').unwrap().1;
+    assert!(redis_as(branch_path, Some((user, password)), &["GET", "progress"]).contains("WRONGPASS"));
 }
 
 #[test]
