@@ -53,6 +53,7 @@ class Daemon:
             os.environ,
             AIRLOCK_HOME=str(self.home),
             AIRLOCK_ROUTER=f"127.0.0.1:{free_port()}",
+            AIRLOCK_REDIS_ROUTER=f"127.0.0.1:{free_port()}",
             AIRLOCK_GATEWAY=self.gateway,
         )
         self.env.pop("AIRLOCK_URL", None)

@@ -141,3 +141,35 @@ def test_node_postgres_over_tls_verify_full_and_plaintext(sandbox, tmp_path):
         env = dict(os.environ, PROBE_URL=url, NODE_PATH=str(NODE_MODULES))
         done = subprocess.run(["node", str(probe)], env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 0 and "orders=500 big=5000000" in done.stdout, done.stderr
+
+
+def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plaintext(daemon, client):
+    import redis
+
+    seed = daemon.home / "cache.redis"
+    seed.write_text('HSET cart:42 apples 3\nSET greeting "hello world"\n')
+    schema = daemon.home / "tiny.sql"
+    schema.write_text("CREATE TABLE t (id int);\n")
+    daemon.cli("golden", "create", "cached", "--schema", str(schema), "--redis-seed", str(seed))
+    sb = client.fork("cached", ttl="10m")
+    try:
+        assert sb.redis_url and sb.redis_url.startswith(f"rediss://{sb.id}:")
+        assert sb.redis_url not in repr(sb)
+        ca = str(daemon.home / "tls" / "ca.crt")
+        tls = redis.Redis.from_url(sb.redis_url, ssl_ca_certs=ca, ssl_cert_reqs="required")
+        assert tls.get("greeting") == b"hello world"
+        assert tls.hgetall("cart:42") == {b"apples": b"3"}
+        tls.set("written", "by redis-py")
+        plain = redis.Redis.from_url(sb.redis_url.replace("rediss://", "redis://", 1))
+        assert plain.get("written") == b"by redis-py"
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            plain.config_set("dir", "/tmp")
+        wrong = redis.Redis.from_url(sb.redis_url.replace("rediss://", "redis://", 1).replace(sb.id + ":", sb.id + ":x", 1))
+        with pytest.raises(redis.exceptions.AuthenticationError):
+            wrong.ping()
+        # Over its private socket too.
+        sock = redis.Redis.from_url(sb.redis_socket_url)
+        assert sock.get("written") == b"by redis-py"
+    finally:
+        client.delete(sb)
+        daemon.cli("golden", "rm", "cached", "--force")

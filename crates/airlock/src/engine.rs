@@ -297,6 +297,7 @@ impl Engine {
         let dir = self.layout.sandbox_instance(&sb.id);
         if let (Some(password), true) = (&password, crate::redis::server::configured(&dir)) {
             sb.redis_socket_url = Some(crate::redis::server::socket_url(&dir, &sb.id, password));
+            sb.redis_url = self.router.get().and_then(|r| r.redis_url(&sb.id, password));
         }
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
             sb.dsn = Some(router.dsn(&sb.id, &password.unwrap_or_default()));

@@ -28,7 +28,10 @@ class AirlockError(Exception):
 
 @dataclass
 class Sandbox:
-    """A forked sandbox. `dsn` and `mcp_url` are secrets: keep them in the harness."""
+    """A forked sandbox. `dsn`, `redis_url` and `mcp_url` are secrets: keep them in the harness.
+
+    `redis_url` (through the router) and `redis_socket_url` (its private socket)
+    are set when the golden has a Redis part."""
 
     id: str
     golden: str
@@ -37,6 +40,8 @@ class Sandbox:
     dsn: Optional[str] = field(default=None, repr=False)
     socket_dsn: Optional[str] = field(default=None, repr=False)
     mcp_url: Optional[str] = field(default=None, repr=False)
+    redis_url: Optional[str] = field(default=None, repr=False)
+    redis_socket_url: Optional[str] = field(default=None, repr=False)
     labels: Dict[str, str] = field(default_factory=dict)
     name: Optional[str] = None
 
@@ -50,6 +55,8 @@ class Sandbox:
             dsn=data.get("dsn"),
             socket_dsn=data.get("socket_dsn"),
             mcp_url=data.get("mcp_url"),
+            redis_url=data.get("redis_url"),
+            redis_socket_url=data.get("redis_socket_url"),
             labels=dict(data.get("labels") or {}),
             name=data.get("name"),
         )

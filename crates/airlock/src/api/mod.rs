@@ -436,6 +436,7 @@ where
     let mut sb = detached(work).await?;
     sb.dsn = None;
     sb.socket_dsn = None;
+    sb.redis_url = None;
     sb.redis_socket_url = None;
     Ok(Json(sb))
 }

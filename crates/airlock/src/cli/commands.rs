@@ -121,6 +121,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 .map(|mut s| {
                     s.dsn = None;
                     s.socket_dsn = None;
+                    s.redis_url = None;
                     s.redis_socket_url = None;
                     s
                 })
@@ -134,6 +135,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             // The credential is printed only when asked for (`airlock dsn`).
             sb.dsn = None;
             sb.socket_dsn = None;
+            sb.redis_url = None;
             sb.redis_socket_url = None;
             output::print(json, &sb, || output::sandbox(&sb));
             Ok(0)
@@ -221,7 +223,8 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             let dsn = if *redis {
-                Some(sb.redis_socket_url.clone().ok_or_else(|| {
+                let url = if *socket { sb.redis_socket_url.clone() } else { sb.redis_url.clone() };
+                Some(url.or(sb.redis_socket_url.clone()).ok_or_else(|| {
                     Error::new(
                         ErrorCode::InvalidRequest,
                         format!("sandbox {} has no Redis", sb.id),
@@ -419,6 +422,16 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         },
         startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,
         max_connections: args.router_max_connections.max(1),
+        redis_listen: match args.redis_router.as_str() {
+            "off" => None,
+            addr => Some(addr.parse().map_err(|_| {
+                Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("--redis-router {addr:?} is not HOST:PORT"),
+                    "give an address such as 127.0.0.1:7434 (port 0 picks a free one), or off",
+                )
+            })?),
+        },
     };
     let token = match (&cli.token_file, std::env::var("AIRLOCK_TOKEN").ok()) {
         (Some(f), _) => Some(std::fs::read_to_string(f)?.trim().to_owned()),
@@ -486,12 +499,37 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             postgres,
             redis_seed,
             redis_rdb,
+            redis_from_url,
         } => {
             validate::name("golden", name)?;
             let one = |p: &PathBuf| absolute(std::slice::from_ref(p)).map(|mut v| v.remove(0));
-            let redis = match (redis_seed, redis_rdb) {
-                (Some(path), _) => Some(crate::redis::RedisSource::Seed { path: one(path)? }),
-                (_, Some(path)) => Some(crate::redis::RedisSource::Rdb { path: one(path)? }),
+            let redis_url = match redis_from_url.as_deref() {
+                Some("-") if from_url.as_deref() == Some("-") => return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    "--from-url - and --redis-from-url - both read stdin",
+                    "pass one of them in its environment variable (AIRLOCK_FROM_URL, AIRLOCK_REDIS_FROM_URL)",
+                )),
+                Some("-") => {
+                    let mut text = String::new();
+                    std::io::stdin().read_to_string(&mut text)?;
+                    Some(text.trim().to_owned())
+                }
+                Some(url) => {
+                    let from_env = std::env::var("AIRLOCK_REDIS_FROM_URL").ok().as_deref() == Some(url);
+                    if !from_env && crate::redis::golden::redact(url) != url {
+                        eprintln!(
+                            "warning: a password on the command line is visible to `ps` while this runs; \
+                             use `--redis-from-url -` (URL on stdin) or AIRLOCK_REDIS_FROM_URL instead"
+                        );
+                    }
+                    Some(url.to_owned())
+                }
+                None => None,
+            };
+            let redis = match (redis_seed, redis_rdb, redis_url) {
+                (Some(path), _, _) => Some(crate::redis::RedisSource::Seed { path: one(path)? }),
+                (_, Some(path), _) => Some(crate::redis::RedisSource::Rdb { path: one(path)? }),
+                (_, _, Some(url)) => Some(crate::redis::RedisSource::Url { url }),
                 _ => None,
             };
             let from_url = match from_url.as_deref() {

@@ -126,8 +126,8 @@ enum Command {
         /// The private unix-socket DSN (for tools on this host) instead of the router's.
         #[arg(long)]
         socket: bool,
-        /// The sandbox's Redis URL (its private unix socket) instead.
-        #[arg(long, conflicts_with = "socket")]
+        /// The sandbox's Redis URL instead (through the router; with --socket, its private socket).
+        #[arg(long)]
         redis: bool,
     },
     /// Open psql on a sandbox (arguments after `--` go to psql).
@@ -245,6 +245,9 @@ struct ServeArgs {
     /// The PostgreSQL router's address (HOST:PORT, port 0 for a free one), or `off`.
     #[arg(long, env = "AIRLOCK_ROUTER", default_value = "127.0.0.1:7432")]
     router: String,
+    /// The Redis front door's address (HOST:PORT, port 0 for a free one), or `off`.
+    #[arg(long, env = "AIRLOCK_REDIS_ROUTER", default_value = "127.0.0.1:7434")]
+    redis_router: String,
     /// The host name DSNs carry (default: the router's listen address).
     #[arg(long, env = "AIRLOCK_ROUTER_HOST")]
     router_host: Option<String>,
@@ -306,6 +309,11 @@ enum GoldenCommand {
         /// A Redis part from an RDB file.
         #[arg(long, value_name = "FILE", conflicts_with = "redis_seed")]
         redis_rdb: Option<PathBuf>,
+        /// A Redis part snapshotted from a live Redis (as a replica would, its data untouched);
+        /// `-` reads the URL from stdin, so its password stays out of `ps`.
+        #[arg(long, value_name = "URL", env = "AIRLOCK_REDIS_FROM_URL", hide_env_values = true,
+              conflicts_with_all = ["redis_seed", "redis_rdb"])]
+        redis_from_url: Option<String>,
     },
     /// Set how many started sandboxes (credentials bound at claim) the golden keeps ready.
     Pool {

@@ -12,6 +12,7 @@
 pub mod envelope;
 pub mod http;
 pub mod mcp;
+pub mod redis;
 pub mod schema;
 pub mod sessions;
 pub mod sql;

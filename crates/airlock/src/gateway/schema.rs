@@ -22,6 +22,9 @@ pub struct Schema {
     pub rows: BTreeMap<String, RowCount>,
     /// The compact text a model reads.
     pub text: String,
+    /// The task's Redis key space, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<crate::redis::keyspace::KeySpace>,
 }
 
 /// What changed in a sandbox since it was forked (or last reset).
@@ -38,6 +41,28 @@ pub struct Changes {
     /// What the comparison could not see, when something.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub caveats: Vec<String>,
+    /// Keys in the task's Redis then and now, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis: Option<RedisChange>,
+}
+
+/// A Redis key count then and now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RedisChange {
+    /// Keys in the golden's Redis part.
+    pub golden_keys: u64,
+    /// Keys now, per database.
+    pub now: crate::redis::keyspace::KeySpace,
+}
+
+/// The key space of a sandbox's Redis, when it has one.
+async fn redis_keyspace(engine: &Engine, sb: &Sandbox) -> Result<Option<crate::redis::keyspace::KeySpace>> {
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    if !crate::redis::server::configured(&dir) {
+        return Ok(None);
+    }
+    let mut admin = crate::redis::server::Admin::connect(&dir).await?;
+    Ok(Some(crate::redis::keyspace::read(&mut admin).await?))
 }
 
 /// Said when the server's counters of inserted, updated and deleted rows were lost.
@@ -119,8 +144,15 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
     let dir = engine.layout.sandbox_instance(&sb.id);
     let rows =
         catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &catalog, COUNT_PER_TABLE, COUNT_BUDGET).await;
-    let text = catalog::describe::render(&catalog, &rows, table).unwrap_or_default();
-    Ok(Schema { catalog, rows, text })
+    let mut text = catalog::describe::render(&catalog, &rows, table).unwrap_or_default();
+    let redis = match table {
+        Some(_) => None,
+        None => redis_keyspace(engine, &sb).await?,
+    };
+    if let Some(space) = &redis {
+        text = format!("{}\n\n{}\n", text.trim_end(), space.text());
+    }
+    Ok(Schema { catalog, rows, text, redis })
 }
 
 /// Compares a sandbox with the golden generation it was forked from.
@@ -163,12 +195,21 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
             rewritten,
         });
     }
+    let redis = match redis_keyspace(engine, &sb).await? {
+        Some(now) => {
+            let manifest = engine.store().manifest(&sb.golden, sb.generation)?;
+            let golden_keys = manifest.redis.map(|r| r.keys).unwrap_or(0);
+            Some(RedisChange { golden_keys, now })
+        }
+        None => None,
+    };
     Ok(Changes {
         golden: sb.golden.clone(),
         generation: sb.generation,
         schema_changes: catalog::diff::diff(&golden.catalog, &now),
         row_changes,
         caveats,
+        redis,
     })
 }
 
@@ -200,6 +241,9 @@ impl Changes {
                     r.deleted
                 ));
             }
+        }
+        if let Some(r) = &self.redis {
+            out.push(format!("Redis keys: {} -> {}", r.golden_keys, r.now.keys()));
         }
         out.extend(self.caveats.iter().map(|c| format!("Note: {c}.")));
         out.join("\n")

@@ -14,6 +14,8 @@ use crate::events::NewEvent;
 
 /// Runs SQL and returns the result.
 pub const RUN_SQL: &str = "run_sql";
+/// Runs one Redis command on the task's own Redis.
+pub const RUN_REDIS: &str = "run_redis";
 /// Lists tables, columns, keys, indexes and row counts.
 pub const DESCRIBE_SCHEMA: &str = "describe_schema";
 /// Puts the database back to its starting state.
@@ -52,6 +54,23 @@ pub fn specs() -> Vec<ToolSpec> {
                 "type": "object",
                 "properties": {"sql": {"type": "string", "description": "One or more SQL statements."}},
                 "required": ["sql"],
+                "additionalProperties": false
+            }),
+        },
+        ToolSpec {
+            name: RUN_REDIS,
+            description: "Run one Redis command on this task's own Redis (when the task has one), a \
+                disposable copy like the database: nothing outside this task is affected. Give the command \
+                and its arguments as an array of strings, e.g. [\"HGETALL\", \"cart:42\"]. The reply comes \
+                back as JSON (at most 200 elements and about 64 KB; the rest is counted); Redis's errors \
+                come back as they are. Administrative commands (CONFIG SET, SHUTDOWN, ACL, ...) are refused.",
+            input_schema: json!({
+                "type": "object",
+                "properties": {"command": {
+                    "type": "array", "items": {"type": "string"}, "minItems": 1,
+                    "description": "The command and its arguments."
+                }},
+                "required": ["command"],
                 "additionalProperties": false
             }),
         },
@@ -176,6 +195,31 @@ async fn dispatch(
             let text = envelope::wrap(&summary, &serde_json::to_string(&value).expect("json"));
             Ok(ToolOutput { is_error: result.error.is_some(), result: value, text })
         }
+        RUN_REDIS => {
+            let command: Vec<String> = match args.get("command") {
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|v| v.as_str().map(str::to_owned))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| invalid("`command` must hold only strings", "send [\"GET\", \"key\"]"))?,
+                _ => {
+                    return Err(invalid(
+                        "run_redis needs `command`, an array of strings",
+                        "call run_redis with {\"command\": [\"GET\", \"key\"]}",
+                    ))
+                }
+            };
+            detail["command"] = json!(cut(&super::redis::for_event(&command), EVENT_STATEMENT_CAP));
+            let result = super::redis::run(engine, key, &command).await?;
+            let summary = match (&result.error, &result.note) {
+                (Some(_), _) => "Redis answered with an error.".to_owned(),
+                (None, Some(note)) => format!("Redis answered. {note}"),
+                (None, None) => "Redis answered.".to_owned(),
+            };
+            let value = serde_json::to_value(&result).expect("result serializes");
+            let text = envelope::wrap(&summary, &serde_json::to_string(&result.reply).expect("json"));
+            Ok(ToolOutput { is_error: result.error.is_some(), result: value, text })
+        }
         DESCRIBE_SCHEMA => {
             let table = string_arg(&args, "table")?;
             let schema = super::schema::describe(engine, key, table).await?;
@@ -241,7 +285,7 @@ async fn dispatch(
         }
         other => Err(invalid(
             format!("no tool named {other:?}"),
-            "the tools are run_sql, describe_schema, reset_database, changes_since_fork and test_migration",
+            "the tools are run_sql, run_redis, describe_schema, reset_database, changes_since_fork and test_migration",
         )),
     }
 }

@@ -43,7 +43,7 @@ pub async fn build(
         build_in(engine, &postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await;
     if let (Ok(manifest), Some(redis)) = (&mut result, redis) {
         engine.builds.update(name, |p| p.phase = "building the Redis part".into());
-        let max_memory = engine.config.cgroup_limits.memory_bytes;
+        let max_memory = crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes);
         match crate::redis::golden::build(&dir, redis, &builder.user, &builder.cgroups, max_memory).await {
             Ok(part) => {
                 manifest.redis = Some(part);

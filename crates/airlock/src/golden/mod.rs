@@ -12,7 +12,7 @@ pub mod source;
 pub use build::build as build_generation;
 pub use manifest::{recorded_major, Exclusions, Golden, Manifest, Source};
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -95,7 +95,7 @@ impl CreateGolden {
         if !self.exclude.is_empty() && self.from_url.is_none() {
             return Err(invalid("tables and schemas are left out only of a --from-url import"));
         }
-        let redis = self.redis.as_ref().map(|r| r.path().to_path_buf());
+        let redis = self.redis.as_ref().and_then(|r| r.path()).map(Path::to_path_buf);
         for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump).chain(&redis) {
             if !path.is_absolute() {
                 return Err(invalid(&format!("{} is not an absolute path", path.display())));
@@ -129,8 +129,10 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     let manifest =
         build::build(engine, &req.name, 1, &source, false, req.postgres, req.redis.as_ref()).await?;
     let mut store = engine.store();
-    if let Err(e) =
-        store.insert_golden(&manifest, &source).and_then(|_| store.set_pool_size(&req.name, pool_size))
+    if let Err(e) = store
+        .insert_golden(&manifest, &source)
+        .and_then(|_| store.set_pool_size(&req.name, pool_size))
+        .and_then(|_| store.set_redis_source(&req.name, req.redis.as_ref()))
     {
         let _ = store.delete_golden(&req.name);
         let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
@@ -169,8 +171,10 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
     // A golden stays on its major: forks of every generation run alike.
     let current = engine.store().golden(name)?.current().cloned();
     let major = current.as_ref().map(|m| m.major());
-    // The Redis part is built again from its own source.
-    let redis = current.and_then(|m| m.redis).map(|r| r.source);
+    // The Redis part is built again from its own source (the store's, which
+    // keeps a URL's password; the manifest's for goldens made before it did).
+    let recorded = engine.store().golden_redis_source(name)?;
+    let redis = recorded.or_else(|| current.and_then(|m| m.redis).map(|r| r.source));
     let manifest = build::build(engine, name, next, &source, false, major, redis.as_ref()).await?;
     {
         let mut store = engine.store();

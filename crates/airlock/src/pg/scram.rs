@@ -92,11 +92,29 @@ impl Verifier {
             server_key: STANDARD.decode(server).ok()?.try_into().ok()?,
         })
     }
+
+    /// Whether `password` is the one this verifier was made from (for a door
+    /// where the client sends the password itself, as Redis's `AUTH` does).
+    pub fn accepts(&self, password: &str) -> bool {
+        use sha2::Digest;
+        let salted = salted_password(password.as_bytes(), &self.salt, self.iterations);
+        let stored: [u8; 32] = sha2::Sha256::digest(hmac(&salted, b"Client Key")).into();
+        // Compared in full, whatever the first difference.
+        stored.iter().zip(self.stored_key.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_verifier_accepts_its_password_only() {
+        let v = Verifier::parse(&verifier("right", 64)).unwrap();
+        assert!(v.accepts("right"));
+        assert!(!v.accepts("wrong"));
+        assert!(!v.accepts(""));
+    }
 
     #[test]
     fn matches_the_rfc_7677_example() {

@@ -98,10 +98,28 @@ fn watch_servers(engine: &Arc<Engine>) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter { pooled: true, ..Default::default() }) else {
         return;
     };
+    // Redis servers are looked for once a pass, and only when some sandbox has one.
+    let mut redis_running: Option<Vec<String>> = None;
     for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
         let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
         match sb.pid.map(|pid| instance::serves(pid, &pgdata)) {
-            Some(Ok(true)) => continue,
+            Some(Ok(true)) => {
+                let dir = engine.layout.sandbox_instance(&sb.id);
+                if crate::redis::server::configured(&dir) {
+                    let running = redis_running.get_or_insert_with(|| {
+                        crate::redis::server::servers_under(&engine.layout.sandboxes())
+                            .into_iter()
+                            .map(|(_, cmdline)| cmdline)
+                            .collect()
+                    });
+                    let socket = dir.redis_socket().display().to_string();
+                    let conf = dir.redis_conf().display().to_string();
+                    if !running.iter().any(|c| c.contains(&socket) || c.contains(&conf)) {
+                        tokio::spawn(restart_redis(engine.clone(), sb.id.clone()));
+                    }
+                }
+                continue;
+            }
             Some(Ok(false)) | None => {}
             // Could not look (out of descriptors, say): that says nothing about the server.
             Some(Err(e)) => {
@@ -150,6 +168,32 @@ fn watch_servers(engine: &Arc<Engine>) {
             }
         });
     }
+}
+
+/// Starts again the Redis of a running sandbox whose Redis died (its memory
+/// cgroup killed it, say), from the data it last saved, and records it.
+async fn restart_redis(engine: Arc<Engine>, id: String) {
+    let _op = engine.sandbox_lock(&id).await;
+    let Ok(sb) = engine.store().sandbox(&id) else { return };
+    let dir = engine.layout.sandbox_instance(&id);
+    if sb.state != SandboxState::Running || crate::redis::server::find(&dir).is_some() {
+        return;
+    }
+    let log = crate::pg::instance::log_tail(&dir.redis_log());
+    let started = async {
+        let user = engine.sandbox_user(&sb)?;
+        let cgroups = engine.cgroups.procs_files(&id);
+        crate::redis::server::start(&dir, (&user, engine.socket_group(&sb)), &cgroups).await
+    }
+    .await;
+    tracing::warn!(sandbox = %id, restarted = started.is_ok(), "its Redis had exited");
+    engine.store().record_or_log(NewEvent {
+        kind: crate::events::EventKind::ServerExited,
+        sandbox: Some(id.clone()),
+        golden: Some(sb.golden.clone()),
+        detail: serde_json::json!({"store": "redis", "log": log, "restarted": started.is_ok()}),
+        ..Default::default()
+    });
 }
 
 /// Free space on the volume below which it counts as full.

@@ -72,6 +72,18 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         done.orphans += 1;
     }
 
+    // Redis servers of builds cut short, and of sandboxes no longer live.
+    for (pid, cmdline) in crate::redis::server::servers_under(&layout.volume()) {
+        let live = running.iter().any(|id| {
+            cmdline.contains(&format!("/{id}/run/redis.sock"))
+                || cmdline.contains(&format!("/{id}/redis.conf"))
+        });
+        if !live {
+            tracing::warn!(pid, "stopping a redis-server the store does not know");
+            crate::redis::server::kill(pid).await;
+            done.orphans += 1;
+        }
+    }
     for entry in std::fs::read_dir(layout.staging())?.flatten() {
         tracing::warn!(path = %entry.path().display(), "removing a half-built golden");
         let _ = std::fs::remove_dir_all(entry.path());

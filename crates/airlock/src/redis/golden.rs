@@ -29,15 +29,152 @@ pub enum RedisSource {
         #[schema(value_type = String)]
         path: PathBuf,
     },
+    /// A live Redis, snapshotted the way a replica takes one (`SYNC`): its
+    /// data is read, never changed. `redis://[user:password@]host[:port]`, or
+    /// `rediss://` with `?cacert=FILE` to verify its certificate; shown with
+    /// the password removed.
+    Url {
+        /// The server's URL.
+        url: String,
+    },
 }
 
 impl RedisSource {
-    /// The file it names.
-    pub fn path(&self) -> &Path {
+    /// The file it names, if it names one.
+    pub fn path(&self) -> Option<&Path> {
         match self {
-            RedisSource::Seed { path } | RedisSource::Rdb { path } => path,
+            RedisSource::Seed { path } | RedisSource::Rdb { path } => Some(path),
+            RedisSource::Url { .. } => None,
         }
     }
+
+    /// The same source with any password removed, fit for manifests and output.
+    pub fn redacted(&self) -> RedisSource {
+        match self {
+            RedisSource::Url { url } => RedisSource::Url { url: redact(url) },
+            other => other.clone(),
+        }
+    }
+}
+
+/// A Redis URL's parts.
+struct Live {
+    tls: bool,
+    host: String,
+    port: u16,
+    user: Option<String>,
+    password: Option<String>,
+    cacert: Option<String>,
+}
+
+fn parse_url(url: &str) -> Result<Live> {
+    let invalid = || {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("{} is not a Redis URL", redact(url)),
+            "give redis://[user:password@]host[:port], or rediss://... for TLS (?cacert=FILE to verify it)",
+        )
+    };
+    let (tls, rest) = match url.split_once("://") {
+        Some(("redis", rest)) => (false, rest),
+        Some(("rediss", rest)) => (true, rest),
+        _ => return Err(invalid()),
+    };
+    let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let rest = rest.trim_end_matches('/').split('/').next().unwrap_or_default();
+    let (auth, address) = match rest.rsplit_once('@') {
+        Some((auth, address)) => (Some(auth), address),
+        None => (None, rest),
+    };
+    let decode =
+        |s: &str| form_urlencoded::parse(format!("x={s}").as_bytes()).next().map(|(_, v)| v.into_owned());
+    let (user, password) = match auth.map(|a| a.split_once(':').unwrap_or(("", a))) {
+        Some((user, password)) => {
+            (Some(decode(user).unwrap_or_default()).filter(|u| !u.is_empty()), decode(password))
+        }
+        None => (None, None),
+    };
+    let (host, port) = match address.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || address.starts_with('[') => {
+            (host.trim_matches(['[', ']']).to_owned(), port.parse().map_err(|_| invalid())?)
+        }
+        _ => (address.trim_matches(['[', ']']).to_owned(), 6379),
+    };
+    if host.is_empty() || host.starts_with('-') {
+        return Err(invalid());
+    }
+    let cacert =
+        form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "cacert").map(|(_, v)| v.into_owned());
+    Ok(Live { tls, host, port, user, password, cacert })
+}
+
+/// A Redis URL with its password replaced by `***` (nothing touched when it has none).
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((a, q)) => (a, Some(q)),
+        None => (rest, None),
+    };
+    let Some((auth, address)) = before_query.rsplit_once('@') else { return url.to_owned() };
+    let auth = match auth.split_once(':') {
+        Some((user, _)) => format!("{user}:***"),
+        None => "***".to_owned(),
+    };
+    let mut out = format!("{scheme}://{auth}@{address}");
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// Takes an RDB snapshot of the live Redis at `url` into `into` with
+/// `redis-cli --rdb` (the password in its environment, never on a command
+/// line), within ten minutes.
+async fn snapshot(url: &str, into: &Path) -> Result<()> {
+    let live = parse_url(url)?;
+    let mut cmd = tokio::process::Command::new("redis-cli");
+    cmd.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .args(["-h", &live.host, "-p", &live.port.to_string(), "--no-auth-warning"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    if live.tls {
+        cmd.arg("--tls");
+    }
+    if let Some(ca) = &live.cacert {
+        cmd.arg("--cacert").arg(ca);
+    }
+    if let Some(user) = &live.user {
+        cmd.args(["--user", user]);
+    }
+    if let Some(password) = &live.password {
+        cmd.env("REDISCLI_AUTH", password);
+    }
+    cmd.arg("--rdb").arg(into);
+    let failed = |why: String| {
+        Error::new(
+            ErrorCode::SourceFailed,
+            format!("could not snapshot {}: {}", redact(url), why.trim()),
+            "check the URL, its user and password, and that the user may run SYNC (replicas need it)",
+        )
+    };
+    let out = tokio::time::timeout(std::time::Duration::from_secs(600), cmd.output())
+        .await
+        .map_err(|_| failed("no snapshot within 10 minutes".into()))?
+        .map_err(|e| failed(format!("redis-cli: {e}")))?;
+    if !out.status.success() || !into.is_file() {
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let said = match &live.password {
+            Some(p) if !p.is_empty() => said.replace(p.as_str(), "***"),
+            _ => said,
+        };
+        return Err(failed(said));
+    }
+    Ok(())
 }
 
 /// A generation's Redis part, as its manifest records it.
@@ -57,9 +194,12 @@ pub struct RedisPart {
 const LOADER: &str = "loader";
 /// Commands sent before their replies are read.
 const BATCH: usize = 512;
+/// How long a batch's replies may take (a blocking command never answers).
+const BATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Builds the Redis part of the generation being made in `dir` from `source`,
-/// with a server running as `user` in `cgroups`, at most `max_memory` bytes.
+/// with a server running as `user` in `cgroups`, at most `max_memory` bytes
+/// (a sandbox's Redis ceiling: no fork could hold more).
 pub async fn build(
     dir: &InstanceDir,
     source: &RedisSource,
@@ -67,20 +207,26 @@ pub async fn build(
     cgroups: &[std::ffi::CString],
     max_memory: u64,
 ) -> Result<RedisPart> {
-    if !source.path().is_absolute() {
+    if let Some(path) = source.path().filter(|p| !p.is_absolute()) {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
-            format!("{} is not an absolute path", source.path().display()),
+            format!("{} is not an absolute path", path.display()),
             "give the Redis seed or RDB file as an absolute path",
         ));
     }
-    let opened = crate::pg::load::open_regular(source.path())?;
+    let opened = source.path().map(crate::pg::load::open_regular).transpose()?;
     let data = dir.redis_dir();
     crate::pg::load::private_dir(&data)?;
-    if let RedisSource::Rdb { .. } = source {
-        let mut from = opened.try_clone()?;
-        let mut to = std::fs::File::create(data.join("dump.rdb"))?;
-        std::io::copy(&mut from, &mut to).map_err(|e| Error::io("copying the RDB file", &e))?;
+    match (source, &opened) {
+        (RedisSource::Rdb { .. }, Some(opened)) => {
+            let mut from = opened.try_clone()?;
+            let mut to = std::fs::File::create(data.join("dump.rdb"))?;
+            std::io::copy(&mut from, &mut to).map_err(|e| Error::io("copying the RDB file", &e))?;
+        }
+        (RedisSource::Url { url }, _) => snapshot(url, &data.join("dump.rdb")).await?,
+        _ => {}
+    }
+    if data.join("dump.rdb").exists() {
         user.own(&data.join("dump.rdb"))?;
     }
     user.own(&data)?;
@@ -99,15 +245,30 @@ pub async fn build(
                 format!("redis-server could not load {}: {}", path.display(), e.message),
                 "give an RDB file written by this Redis version or an older one",
             ),
+            RedisSource::Url { url } => Error::new(
+                ErrorCode::SourceFailed,
+                format!("redis-server could not load the snapshot of {}: {}", redact(url), e.message),
+                "the source may run a newer Redis than this host's",
+            ),
             _ => e,
         })?;
         let result = async {
-            if let RedisSource::Seed { path } = source {
+            if let (RedisSource::Seed { path }, Some(opened)) = (source, opened) {
                 load_commands(dir, path, opened, &loader_password).await?;
             }
             let mut admin = Admin::connect(dir).await?;
-            admin.save().await?;
             let (keys, memory_bytes) = admin.describe().await?;
+            // A data set past a fork's ceiling would refuse every fork's first write.
+            if memory_bytes > max_memory {
+                return Err(Error::new(
+                    ErrorCode::SeedFailed,
+                    format!(
+                        "the Redis part takes {memory_bytes} bytes once loaded, more than a sandbox's Redis may hold ({max_memory})"
+                    ),
+                    "load less, or give sandboxes more memory (`airlock serve --memory-limit`)",
+                ));
+            }
+            admin.save().await?;
             Ok::<_, Error>((keys, memory_bytes))
         }
         .await;
@@ -121,7 +282,7 @@ pub async fn build(
     let _ = std::fs::remove_dir_all(dir.socket_dir());
     let (keys, memory_bytes) = built?;
     let rdb_bytes = std::fs::metadata(data.join("dump.rdb")).map(|m| m.len()).unwrap_or(0);
-    Ok(RedisPart { source: source.clone(), keys, memory_bytes, rdb_bytes })
+    Ok(RedisPart { source: source.redacted(), keys, memory_bytes, rdb_bytes })
 }
 
 /// Sends the commands of `file` (opened as `opened`) as the loader, in
@@ -160,7 +321,12 @@ async fn load_commands(dir: &InstanceDir, path: &Path, opened: std::fs::File, pa
             use tokio::io::AsyncWriteExt;
             stream.flush().await?;
             for line in pending.drain(..) {
-                if let Reply::Error(e) = crate::redis::resp::read(&mut stream).await? {
+                let reply = tokio::time::timeout(BATCH_TIMEOUT, crate::redis::resp::read(&mut stream))
+                    .await
+                    .map_err(|_| {
+                        failed(line, format!("no reply within {BATCH_TIMEOUT:?} (a blocking command?)"))
+                    })?;
+                if let Reply::Error(e) = reply? {
                     return Err(failed(line, e));
                 }
             }

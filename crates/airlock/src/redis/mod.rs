@@ -7,6 +7,7 @@
 //! ([`resp`]), bounded like its PostgreSQL wire code.
 
 pub mod golden;
+pub mod keyspace;
 pub mod resp;
 pub mod server;
 

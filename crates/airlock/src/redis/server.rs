@@ -90,6 +90,7 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
          port 0\nunixsocket {socket}\nunixsocketperm 770\ndir {data}\ndbfilename dump.rdb\n\
          save \"\"\nappendonly no\ndaemonize no\nprotected-mode no\nlogfile \"\"\nloglevel warning\n\
          maxmemory {max}\nmaxmemory-policy noeviction\nmaxclients 256\n\
+         maxmemory-clients 32mb\nclient-output-buffer-limit normal 32mb 16mb 10\n\
          enable-protected-configs no\nenable-debug-command no\nenable-module-command no\n\
          busy-reply-threshold 5000\n\
          user default off resetkeys resetchannels -@all\n\
@@ -117,6 +118,13 @@ pub async fn start(
     cgroups: &[std::ffi::CString],
 ) -> Result<i32> {
     let log = crate::storage::tree::open_log(&dir.redis_log())?;
+    // Its configuration is readable by its own group only (its server, and its
+    // own sandbox's `exec` code), never by other sandboxes.
+    if nix::unistd::geteuid().is_root() {
+        let gid = group.unwrap_or(user.gid);
+        nix::unistd::chown(&dir.redis_conf(), None, Some(gid)).map_err(std::io::Error::from)?;
+        std::fs::set_permissions(dir.redis_conf(), std::os::unix::fs::PermissionsExt::from_mode(0o640))?;
+    }
     let mut cmd = std::process::Command::new(binary()?);
     cmd.arg(dir.redis_conf())
         .env_clear()
@@ -188,6 +196,28 @@ pub fn find(dir: &InstanceDir) -> Option<i32> {
         let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
         marks.iter().any(|m| cmdline.windows(m.len()).any(|w| w == *m)).then_some(pid)
     })
+}
+
+/// Every Redis server whose command line names a path under `root`, with that
+/// command line: servers of sandboxes and builds of a data root.
+pub fn servers_under(root: &Path) -> Vec<(i32, String)> {
+    let root = root.as_os_str().as_encoded_bytes();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
+    procs
+        .flatten()
+        .filter_map(|entry| {
+            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
+            let comm = std::fs::read(entry.path().join("comm")).ok()?;
+            if !comm.starts_with(b"redis-server") {
+                return None;
+            }
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            cmdline
+                .windows(root.len())
+                .any(|w| w == root)
+                .then(|| (pid, String::from_utf8_lossy(&cmdline).into_owned()))
+        })
+        .collect()
 }
 
 /// Stops the server of `dir`, if one runs, and its process group.

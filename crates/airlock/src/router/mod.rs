@@ -16,6 +16,7 @@ pub mod host;
 pub mod parked;
 pub mod process;
 pub mod protocol;
+mod redis;
 mod relay;
 mod scram;
 mod session;
@@ -61,8 +62,11 @@ pub struct RouterConfig {
     pub cert: Option<tls::CertFiles>,
     /// How long a client has to finish its startup (TLS, authentication included).
     pub startup_timeout: Duration,
-    /// Open client connections allowed at once.
+    /// Open client connections allowed at once (on each port).
     pub max_connections: usize,
+    /// Where the Redis front door listens; `None` turns it off.
+    #[serde(default)]
+    pub redis_listen: Option<SocketAddr>,
 }
 
 impl Default for RouterConfig {
@@ -74,12 +78,15 @@ impl Default for RouterConfig {
             cert: None,
             startup_timeout: Duration::from_secs(10),
             max_connections: 1000,
+            redis_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_REDIS_PORT))),
         }
     }
 }
 
 /// The router's default port.
 pub const DEFAULT_PORT: u16 = 7432;
+/// The Redis front door's default port.
+pub const DEFAULT_REDIS_PORT: u16 = 7434;
 
 /// Where clients reach the router; what DSNs are built from.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -93,6 +100,9 @@ pub struct Address {
     /// The CA file clients pass as `sslrootcert` (for a generated certificate).
     #[schema(value_type = Option<String>)]
     pub ca: Option<PathBuf>,
+    /// The Redis front door's port, when it listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_port: Option<u16>,
 }
 
 impl Address {
@@ -109,6 +119,15 @@ impl Address {
             (_, None) => url.push_str("?sslmode=require"),
         }
         url
+    }
+
+    /// A sandbox's Redis URL through the router: `rediss://` when TLS is on
+    /// (verified against [`Address::ca`]), the sandbox id as the user.
+    pub fn redis_url(&self, sandbox: &str, password: &str) -> Option<String> {
+        let port = self.redis_port?;
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
+        let scheme = if self.tls == TlsMode::Off { "redis" } else { "rediss" };
+        Some(format!("{scheme}://{sandbox}:{password}@{host}:{port}"))
     }
 }
 
@@ -151,9 +170,14 @@ pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
     })
 }
 
-/// Loads the TLS identity and serves `listener` (in the router's own process);
-/// returns the address DSNs name.
-pub fn serve(host: Arc<Host>, config: &RouterConfig, listener: TcpListener) -> Result<Address> {
+/// Loads the TLS identity and serves `listener`, and `redis` for the Redis
+/// front door (in the router's own process); returns the address DSNs name.
+pub fn serve(
+    host: Arc<Host>,
+    config: &RouterConfig,
+    listener: TcpListener,
+    redis: Option<TcpListener>,
+) -> Result<Address> {
     let bound = listener.local_addr()?;
     let advertised = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
         ip if ip.is_unspecified() => nix::unistd::gethostname()
@@ -166,12 +190,29 @@ pub fn serve(host: Arc<Host>, config: &RouterConfig, listener: TcpListener) -> R
         TlsMode::Off => None,
         _ => Some(tls::identity(&host.layout.tls(), config.cert.as_ref(), &advertised)?),
     };
+    let redis_port = redis.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.port());
     let address = Address {
         host: advertised,
         port: bound.port(),
         tls: config.tls,
         ca: identity.as_ref().and_then(|i| i.ca.clone()),
+        redis_port,
     };
+    if let Some(redis) = redis {
+        let shared = Arc::new(redis::Shared {
+            host: host.clone(),
+            tls: identity.as_ref().map(|i| tokio_rustls::TlsAcceptor::from(i.config.clone())),
+            require_tls: config.tls == TlsMode::Required,
+            startup_timeout: config.startup_timeout,
+        });
+        tracing::info!(port = redis_port, "Redis router listening");
+        let slots = Arc::new(Semaphore::new(config.max_connections));
+        let refusal = b"-ERR too many connections to the Airlock router\r\n".to_vec();
+        tokio::spawn(accept_loop(redis, slots, refusal, move |tcp, peer| {
+            let shared = shared.clone();
+            async move { redis::serve(&shared, tcp, peer).await }
+        }));
+    }
     let parked = Arc::new(parked::Parked::default());
     tokio::spawn(parked.clone().keep(host.clone()));
     let shared = Arc::new(Shared {
@@ -183,11 +224,32 @@ pub fn serve(host: Arc<Host>, config: &RouterConfig, listener: TcpListener) -> R
         startup_timeout: config.startup_timeout,
     });
     tracing::info!(%bound, tls = ?config.tls, "router listening");
-    tokio::spawn(accept_loop(listener, shared, Arc::new(Semaphore::new(config.max_connections))));
+    let refusal = protocol::ErrorResponse::fatal(
+        "53300",
+        "too many connections to the Airlock router",
+        "close idle connections, or raise `airlock serve --router-max-connections`",
+    )
+    .encode();
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    tokio::spawn(accept_loop(listener, slots, refusal, move |tcp, peer| {
+        let shared = shared.clone();
+        async move { session::serve(&shared, tcp, peer).await }
+    }));
     Ok(address)
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Semaphore>) {
+/// Accepts clients on `listener` for as long as the router runs, `serve`ing
+/// at most `slots` at once; a client past that gets `refusal` and is closed.
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    slots: Arc<Semaphore>,
+    refusal: Vec<u8>,
+    serve: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let refusal: Arc<[u8]> = refusal.into();
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -198,24 +260,19 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, slots: Arc<Sema
                 continue;
             }
         };
-        let shared = shared.clone();
         match slots.clone().try_acquire_owned() {
             Ok(permit) => {
+                let session = serve(tcp, peer);
                 tokio::spawn(async move {
-                    session::serve(&shared, tcp, peer).await;
+                    session.await;
                     drop(permit);
                 });
             }
             Err(_) => {
+                let refusal = refusal.clone();
                 tokio::spawn(async move {
-                    let refusal = protocol::ErrorResponse::fatal(
-                        "53300",
-                        "too many connections to the Airlock router",
-                        "close idle connections, or raise `airlock serve --router-max-connections`",
-                    );
                     let mut tcp = tcp;
-                    let _ =
-                        tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal.encode())).await;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal)).await;
                 });
             }
         }
@@ -228,7 +285,13 @@ mod tests {
 
     #[test]
     fn dsns_name_the_sandbox_and_how_to_verify_the_router() {
-        let mut a = Address { host: "127.0.0.1".into(), port: 7432, tls: TlsMode::Optional, ca: None };
+        let mut a = Address {
+            host: "127.0.0.1".into(),
+            port: 7432,
+            tls: TlsMode::Optional,
+            ca: None,
+            redis_port: None,
+        };
         assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
         a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
         assert_eq!(

@@ -69,8 +69,21 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
     let listen =
         spec.router.listen.ok_or_else(|| Error::internal("the router was started with --router off"))?;
     let listener = bind_soon(listen).await?;
+    // The Redis front door is a second port: one that cannot be had (another
+    // data root's router holds the default) leaves Redis to the sockets, said
+    // in the log, rather than failing PostgreSQL's.
+    let redis = match spec.router.redis_listen {
+        Some(addr) => match super::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(error = %e.message, "the Redis router is off");
+                None
+            }
+        },
+        None => None,
+    };
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref())?);
-    let address = super::serve(host, &spec.router, listener)?;
+    let address = super::serve(host, &spec.router, listener, redis)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
         &layout.router_state(),

@@ -73,8 +73,11 @@ pub struct Sandbox {
     /// this host that bypass the router).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_dsn: Option<String>,
-    /// Its Redis, when its golden has one: the sandbox's ACL user and password
-    /// over the Redis server's private unix socket.
+    /// Its Redis through the router, when its golden has one (`rediss://` with
+    /// TLS): the sandbox's id as the user, its password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_url: Option<String>,
+    /// The same over the Redis server's private unix socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis_socket_url: Option<String>,
     /// Lifecycle state.
@@ -135,6 +138,7 @@ impl Sandbox {
             generation,
             dsn: None,
             socket_dsn: None,
+            redis_url: None,
             redis_socket_url: None,
             state: SandboxState::Creating,
             labels,

@@ -139,6 +139,29 @@ impl Store {
         }
     }
 
+    /// Records where a golden's Redis part comes from (a URL with its password:
+    /// the store is root's alone), for refresh.
+    pub fn set_redis_source(&mut self, name: &str, source: Option<&crate::redis::RedisSource>) -> Result<()> {
+        self.conn.execute(
+            "UPDATE goldens SET redis_source = ?2 WHERE name = ?1",
+            params![name, source.map(to_json)],
+        )?;
+        Ok(())
+    }
+
+    /// Where a golden's Redis part comes from, if it has one.
+    pub fn golden_redis_source(&self, name: &str) -> Result<Option<crate::redis::RedisSource>> {
+        let text: Option<Option<String>> = self
+            .conn
+            .query_row("SELECT redis_source FROM goldens WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?;
+        match text {
+            Some(Some(t)) => from_json(&t).map(Some),
+            Some(None) => Ok(None),
+            None => Err(golden_not_found(name)),
+        }
+    }
+
     /// The manifest of one generation of a golden.
     pub fn manifest(&self, name: &str, generation: i64) -> Result<Manifest> {
         let text: Option<String> = self
@@ -599,6 +622,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "os_uid", "INTEGER"),
         ("sandboxes", "verifier", "TEXT"),
         ("sandboxes", "active_at", "INTEGER"),
+        ("goldens", "redis_source", "TEXT"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -628,6 +652,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         pid: r.get(8)?,
         dsn: r.get(9)?,
         socket_dsn: None,
+        redis_url: None,
         redis_socket_url: None,
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),
         idle_suspend_seconds: r.get::<_, i64>(12)?.max(0) as u64,

@@ -263,6 +263,7 @@ fn the_cli_ends_quietly_when_its_reader_goes() {
             .args(args)
             .env("AIRLOCK_HOME", &d.home)
             .env("AIRLOCK_ROUTER", &d.router)
+            .env("AIRLOCK_REDIS_ROUTER", &d.redis_router)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()

@@ -61,6 +61,8 @@ pub struct Daemon {
     pub home: PathBuf,
     /// The router's address, the same across restarts so DSNs stay valid.
     pub router: String,
+    /// The Redis front door's address, likewise.
+    pub redis_router: String,
     /// The MCP gateway's address (port 0: the daemon picks a free one).
     pub gateway: String,
     /// The flags `airlock serve` gets (kept across restarts).
@@ -128,11 +130,13 @@ impl Daemon {
     pub fn unstarted(home: PathBuf, args: &[&str]) -> Daemon {
         let free = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let router = format!("127.0.0.1:{}", free());
+        let redis_router = format!("127.0.0.1:{}", free());
         // The gateway picks its own free port: no test needs its URL to survive a restart.
         let gateway = "127.0.0.1:0".to_owned();
         Daemon {
             home,
             router,
+            redis_router,
             gateway,
             args: args.iter().map(|s| s.to_string()).collect(),
             child: None,
@@ -200,6 +204,7 @@ impl Daemon {
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_LOG", "debug")
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .env(airlock::crashpoint::ENV, self.crash_at.as_deref().unwrap_or(""))
             .stdin(Stdio::null())
@@ -229,6 +234,7 @@ impl Daemon {
             .args(&self.args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdin(Stdio::null())
             .output()
@@ -262,6 +268,7 @@ impl Daemon {
             .args(args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -275,6 +282,7 @@ impl Daemon {
             .args(args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -294,6 +302,7 @@ impl Daemon {
         cmd.args(args)
             .env("AIRLOCK_HOME", &self.home)
             .env("AIRLOCK_ROUTER", &self.router)
+            .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

@@ -315,6 +315,7 @@ fn promote(d: &Daemon, report: &str, target: &str, candidate: &str, extra: &[&st
         .args(extra)
         .env("AIRLOCK_HOME", &d.home)
         .env("AIRLOCK_ROUTER", &d.router)
+        .env("AIRLOCK_REDIS_ROUTER", &d.redis_router)
         .env("AIRLOCK_GATEWAY", &d.gateway)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

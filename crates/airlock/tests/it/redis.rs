@@ -107,7 +107,7 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     assert!(redis(&url_a, &["CONFIG", "GET", "port"]).ends_with('0'), "no TCP port");
 
     // `airlock dsn --redis` and `exec`'s REDIS_URL name the same server.
-    assert_eq!(d.ok(&["dsn", id_a, "--redis"]).trim(), url_a);
+    assert_eq!(d.ok(&["dsn", id_a, "--redis", "--socket"]).trim(), url_a);
     let ran = d.exec(id_a, "printf %s \"$REDIS_URL\"", "30s");
     assert_eq!(ran["stdout"], url_a, "{ran}");
     // exec code reaches the socket as the server's own clients do.
@@ -313,6 +313,83 @@ fn a_redis_part_from_an_rdb_file_and_bad_seeds_fail_clearly() {
     assert_eq!(redis(&redis_url(&b), &["GET", "session:3"]), "carol");
     assert_eq!(redis(&redis_url(&a), &["GET", "session:2"]), "bob", "the older fork keeps its generation");
 
+    // A live Redis over TLS, snapshotted as a replica would take it.
+    let live_dir = d.home.join("live-tls");
+    std::fs::create_dir_all(&live_dir).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let tls = d.home.join("tls");
+    let file = |n: &str| tls.join(n).to_str().unwrap().to_owned();
+    let mut live = Command::new("redis-server")
+        .args(["--port", "0", "--tls-port", &port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--tls-cert-file", &file("server.crt"), "--tls-key-file", &file("server.key")])
+        .args(["--tls-ca-cert-file", &file("ca.crt"), "--tls-auth-clients", "no"])
+        .args(["--user", "app", "on", ">live-secret-77", "~*", "&*", "+@all"])
+        .arg("--dir")
+        .arg(&live_dir)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let live_cli = |args: &[&str]| {
+        let out = Command::new("redis-cli")
+            .args(["-h", "127.0.0.1", "-p", &port, "--tls", "--cacert", &file("ca.crt"), "--user", "app"])
+            .arg("--no-auth-warning")
+            .args(args)
+            .env("REDISCLI_AUTH", "live-secret-77")
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let began = std::time::Instant::now();
+    while live_cli(&["PING"]) != "PONG" {
+        assert!(began.elapsed() < std::time::Duration::from_secs(10), "the live Redis started");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert_eq!(live_cli(&["SET", "live:key", "from production"]), "OK");
+    let url = format!("rediss://app:live-secret-77@127.0.0.1:{port}/?cacert={}", file("ca.crt"));
+    let made = d.cli_with(
+        &[
+            "golden",
+            "create",
+            "fromlive",
+            "--schema",
+            schema.to_str().unwrap(),
+            "--redis-from-url",
+            "-",
+            "--json",
+        ],
+        Some(&url),
+    );
+    assert_eq!(made.code, 0, "{made:?}");
+    assert!(!made.stdout.contains("live-secret-77"), "{}", made.stdout);
+    let golden: Value = serde_json::from_str(&made.stdout).unwrap();
+    assert!(
+        golden["generations"][0]["redis"]["source"]["url"].as_str().unwrap().contains("app:***@"),
+        "{golden}"
+    );
+    let c = d.fork("fromlive", &[]);
+    assert_eq!(redis(&redis_url(&c), &["GET", "live:key"]), "from production");
+    assert_eq!(live_cli(&["GET", "live:key"]), "from production", "the source is untouched");
+    let wrong = url.replace("live-secret-77", "not-it-88");
+    let out = d.cli_with(
+        &[
+            "golden",
+            "create",
+            "wronglive",
+            "--schema",
+            schema.to_str().unwrap(),
+            "--redis-from-url",
+            "-",
+            "--json",
+        ],
+        Some(&wrong),
+    );
+    assert_ne!(out.code, 0);
+    let err: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(err["error"]["code"], "source_failed", "{err}");
+    assert!(!out.stdout.contains("not-it-88"), "{}", out.stdout);
+    live.kill().unwrap();
+    live.wait().unwrap();
+
     // A seed with an error names its file and line; a seed may not reach
     // outside its server either; a file that is not an RDB fails. Nothing is made.
     let bad = d.home.join("bad.redis");
@@ -330,4 +407,185 @@ fn a_redis_part_from_an_rdb_file_and_bad_seeds_fail_clearly() {
     let err = fails("--redis-rdb", std::path::Path::new(schema));
     assert_eq!(err["code"], "seed_failed", "{err}");
     assert!(d.json(&["golden", "ls"]).as_array().unwrap().iter().all(|g| g["name"] != "bad"));
+}
+
+/// `POST /v1/sandboxes/{id}/tools/{tool}`.
+fn tool(d: &Daemon, id: &str, name: &str, args: Value) -> Value {
+    let (status, body) = d.api("POST", &format!("/v1/sandboxes/{id}/tools/{name}"), &args.to_string());
+    let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+#[test]
+fn agent_tools_reach_the_tasks_redis_as_its_agent() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "tools");
+    let a = d.fork("tools", &[]);
+    let id = a["id"].as_str().unwrap();
+
+    let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["HGETALL", "cart:42"]}));
+    assert_eq!(r["result"]["reply"], serde_json::json!(["apples", "3", "pears", "1"]), "{r}");
+    assert_eq!(r["is_error"], false);
+    assert!(r["text"].as_str().unwrap().contains("<untrusted-data-"), "{r}");
+
+    // The agent's rules apply to the tool as to any client.
+    let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["CONFIG", "SET", "dir", "/tmp"]}));
+    assert_eq!(r["is_error"], true, "{r}");
+    assert!(r["result"]["error"].as_str().unwrap().starts_with("NOPERM"), "{r}");
+
+    // Replies are capped like run_sql's, the rest counted.
+    let mut push = vec!["RPUSH".to_owned(), "long".to_owned()];
+    push.extend((0..500).map(|i| format!("item{i}")));
+    tool(&d, id, "run_redis", serde_json::json!({"command": push}));
+    let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["LRANGE", "long", "0", "-1"]}));
+    assert_eq!(r["result"]["reply"].as_array().unwrap().len(), 200, "{r}");
+    assert!(r["result"]["note"].as_str().unwrap().contains("300 more elements"), "{r}");
+
+    // describe_schema and changes_since_fork cover the key space.
+    let r = tool(&d, id, "describe_schema", serde_json::json!({}));
+    let text = r["text"].as_str().unwrap();
+    assert!(text.contains("Redis: 5 keys"), "{text}");
+    assert!(text.contains("cart:* (hash): 1"), "{text}");
+    let r = tool(&d, id, "changes_since_fork", serde_json::json!({}));
+    assert!(r["text"].as_str().unwrap().contains("Redis keys: 4 -> 5"), "{r}");
+
+    // Calls are events; a credential in a command never is.
+    tool(&d, id, "run_redis", serde_json::json!({"command": ["AUTH", id, "not-the-password-x9"]}));
+    let events = d.json(&["events", "--sandbox", id]).to_string();
+    assert!(events.contains("HGETALL cart:42"), "{events}");
+    assert!(!events.contains("not-the-password-x9"), "{events}");
+
+    // reset_database puts the Redis back too.
+    tool(&d, id, "reset_database", serde_json::json!({}));
+    let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["EXISTS", "long"]}));
+    assert_eq!(r["result"]["reply"], 0, "{r}");
+
+    // A task without Redis says so.
+    d.shop("plain");
+    let b = d.fork("plain", &[]);
+    let (status, body) = d.api(
+        "POST",
+        &format!("/v1/sandboxes/{}/tools/run_redis", b["id"].as_str().unwrap()),
+        r#"{"command": ["PING"]}"#,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no Redis"), "{body}");
+}
+
+/// `redis-cli` through the router at `url` (`redis[s]://id:password@host:port`),
+/// with `extra` options first.
+fn via_router(url: &str, extra: &[&str], args: &[&str]) -> String {
+    let rest = url.split_once("://").unwrap().1;
+    let (auth, addr) = rest.rsplit_once('@').unwrap();
+    let (user, password) = auth.split_once(':').unwrap();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let out = Command::new("redis-cli")
+        .args(["-h", host, "-p", port, "--no-auth-warning", "--user", user])
+        .args(extra)
+        .args(args)
+        .env("REDISCLI_AUTH", password)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned() + String::from_utf8_lossy(&out.stderr).trim()
+}
+
+#[test]
+fn the_router_reaches_each_sandboxs_redis_by_its_id_with_tls_or_without() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "routed");
+    let a = d.fork("routed", &[]);
+    let id = a["id"].as_str().unwrap();
+    let url = a["redis_url"].as_str().expect("a routed Redis URL").to_owned();
+    let port = d.redis_router.rsplit_once(':').unwrap().1;
+    assert!(
+        url.starts_with(&format!("rediss://{id}:")) && url.ends_with(&format!("@127.0.0.1:{port}")),
+        "{url}"
+    );
+    assert_eq!(d.ok(&["dsn", id, "--redis"]).trim(), url);
+
+    // Plaintext and TLS on the one port, TLS verified against Airlock's CA.
+    assert_eq!(via_router(&url, &[], &["GET", "greeting"]), "hello world");
+    let ca = d.home.join("tls").join("ca.crt");
+    assert_eq!(
+        via_router(&url, &["--tls", "--cacert", ca.to_str().unwrap()], &["GET", "greeting"]),
+        "hello world"
+    );
+    let b = d.fork("routed", &[]);
+    let url_b = b["redis_url"].as_str().unwrap();
+    assert_eq!(via_router(url_b, &[], &["SET", "greeting", "other"]), "OK");
+    assert_eq!(via_router(&url, &[], &["GET", "greeting"]), "hello world", "each sandbox its own");
+
+    // Nothing before authentication; no way to tell a wrong password from an
+    // unknown sandbox or one without Redis.
+    let (host, _) = d.redis_router.rsplit_once(':').unwrap();
+    let bare = Command::new("redis-cli").args(["-h", host, "-p", port, "GET", "greeting"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&bare.stdout).contains("NOAUTH"), "{bare:?}");
+    let password = url.split_once("://").unwrap().1.split_once('@').unwrap().0.split_once(':').unwrap().1;
+    let wrong = url.replace(password, "wrong-password");
+    assert!(via_router(&wrong, &[], &["PING"]).contains("WRONGPASS"));
+    let unknown = url.replace(id, "sb-nosuchbox");
+    assert!(via_router(&unknown, &[], &["PING"]).contains("WRONGPASS"));
+    d.shop("plain");
+    let plain = d.fork("plain", &[]);
+    let plain_id = plain["id"].as_str().unwrap();
+    assert!(plain.get("redis_url").is_none(), "{plain}");
+    assert!(via_router(&url.replace(id, plain_id), &[], &["PING"]).contains("WRONGPASS"));
+
+    // A suspended sandbox wakes for its own credential only.
+    d.ok(&["suspend", id]);
+    assert!(via_router(&wrong, &[], &["PING"]).contains("WRONGPASS"));
+    assert_eq!(d.json(&["show", id])["state"], "suspended");
+    assert_eq!(via_router(&url, &[], &["GET", "greeting"]), "hello world");
+    assert_eq!(d.json(&["show", id])["state"], "running");
+
+    // A first command too large to be an AUTH closes the connection.
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(&d.redis_router).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(15))).unwrap();
+    let _ = tcp.write_all(format!("*2\r\n$4\r\nAUTH\r\n$100000\r\n{}\r\n", "x".repeat(100000)).as_bytes());
+    let mut rest = Vec::new();
+    let _ = tcp.read_to_end(&mut rest);
+    assert!(!String::from_utf8_lossy(&rest).contains("+OK"));
+
+    // Passwords never reach the logs.
+    assert!(!d.logs().contains(password), "a password in the logs");
+}
+
+#[test]
+fn a_dead_redis_comes_back_and_a_golden_cannot_outgrow_a_forks_ceiling() {
+    let d = Daemon::start(&["--memory-limit", "64M"]);
+    golden_with_redis(&d, "small");
+    let a = d.fork("small", &[]);
+    let (id, url) = (a["id"].as_str().unwrap(), redis_url(&a));
+    // Its Redis killed (as its memory cgroup would): the reaper starts it again.
+    let path = url.split_once('@').unwrap().1;
+    let found = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    Command::new("kill").args(["-9", &pid]).status().unwrap();
+    d.wait_for(std::time::Duration::from_secs(20), "its Redis to come back", || {
+        redis(&url, &["GET", "greeting"]) == "hello world"
+    });
+    let events = d.json(&["events", "--sandbox", id]).to_string();
+    assert!(events.contains("\"store\":\"redis\""), "{events}");
+
+    // A seed whose data set is past a fork's Redis ceiling (a quarter of the
+    // sandbox's memory, 16 MiB here) fails its build: no fork could write to it.
+    let seed = d.home.join("big.redis");
+    std::fs::write(
+        &seed,
+        "EVAL \"#!lua flags=allow-oom\\nfor i=1,24 do redis.call('SET', 'k'..i, string.rep('x', 1048576)) end return 1\" 0\n",
+    )
+    .unwrap();
+    let schema = d.home.join("schema.sql");
+    let (_, err) = d.fails(&[
+        "golden",
+        "create",
+        "big",
+        "--schema",
+        schema.to_str().unwrap(),
+        "--redis-seed",
+        seed.to_str().unwrap(),
+    ]);
+    assert!(err["message"].as_str().unwrap().contains("more than a sandbox's Redis may hold"), "{err}");
 }

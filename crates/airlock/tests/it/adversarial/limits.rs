@@ -151,6 +151,7 @@ fn the_daemon_reaches_a_server_whose_slots_are_all_held_by_unauthenticated_clien
         .args(["exec", &s.id, "--timeout", "40s", "--", "python3", "-c", UNANSWERED, "60"])
         .env("AIRLOCK_HOME", &s.d.home)
         .env("AIRLOCK_ROUTER", &s.d.router)
+        .env("AIRLOCK_REDIS_ROUTER", &s.d.redis_router)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
