@@ -2,9 +2,9 @@
 # Forks of a golden with a Redis part (as root): the same schema with and
 # without a Redis part of $KEYS keys (default 1 million), `bench fork` on each
 # (cold forks: fork request to first query answered, the fork being ready only
-# when its Redis answers too), and the baseline of the same run: redis-server
-# started by hand on the same RDB file, to its first PING. Results go to
-# bench/results/redis.txt.
+# when its Redis answers too), the same from a warm pool, the memory of an idle
+# sandbox Redis, and the baseline of the same run: redis-server started by hand
+# on the same RDB file, to its first PING. Results go to bench/results/redis.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root (it makes a loop volume and runs servers as other users)" >&2; exit 1; }
@@ -35,6 +35,18 @@ PY
   airlock bench fork --golden plain --iterations "$iterations" --no-baselines
   echo "### with Redis"
   airlock bench fork --golden cached --iterations "$iterations" --no-baselines
+  echo "### from the pool (4 members, Redis loaded), without and with Redis"
+  airlock golden pool plain --size 4 >/dev/null
+  airlock golden pool cached --size 4 >/dev/null
+  airlock bench fork --golden plain --iterations "$iterations" --no-baselines
+  airlock bench fork --golden cached --iterations "$iterations" --no-baselines
+  airlock golden pool plain --size 0 >/dev/null
+  airlock golden pool cached --size 0 >/dev/null
+  echo "### memory of one idle sandbox Redis (PSS, KiB) and its data set"
+  id=$(airlock fork cached --json | json '["id"]')
+  pid=$(pgrep -f "$AIRLOCK_HOME/volume/sandboxes/$id/run/redis.sock" | head -1)
+  echo "pss_kib $(awk '/^Pss:/ {print $2}' "/proc/$pid/smaps_rollup")"
+  airlock rm "$id" >/dev/null
   echo "### baseline: redis-server started by hand on the same RDB, to its first PING (ms)"
   cp "$AIRLOCK_HOME"/volume/goldens/cached/1/redis/dump.rdb "$work/dump.rdb"
   times=()

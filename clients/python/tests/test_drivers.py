@@ -143,7 +143,21 @@ def test_node_postgres_over_tls_verify_full_and_plaintext(sandbox, tmp_path):
         assert done.returncode == 0 and "orders=500 big=5000000" in done.stdout, done.stderr
 
 
-def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plaintext(daemon, client):
+IOREDIS_PROBE = """
+const Redis = require('ioredis');
+const fs = require('fs');
+(async () => {
+  const options = { maxRetriesPerRequest: 1, retryStrategy: () => null };
+  if (process.env.PROBE_CA) options.tls = { ca: fs.readFileSync(process.env.PROBE_CA) };
+  const r = new Redis(process.env.PROBE_URL, options);
+  await r.set('from-node', 'ioredis');
+  console.log('greeting=' + await r.get('greeting'));
+  await r.quit();
+})().catch((e) => { console.error(e.message); process.exit(1); });
+"""
+
+
+def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plaintext(daemon, client, tmp_path):
     import redis
 
     seed = daemon.home / "cache.redis"
@@ -170,6 +184,14 @@ def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plain
         # Over its private socket too.
         sock = redis.Redis.from_url(sb.redis_socket_url)
         assert sock.get("written") == b"by redis-py"
+        # ioredis, over TLS verified against Airlock's CA and in plaintext.
+        probe = tmp_path / "ioredis.js"
+        probe.write_text(IOREDIS_PROBE)
+        for url, tls_ca in [(sb.redis_url, ca), (sb.redis_url.replace("rediss://", "redis://", 1), "")]:
+            env = dict(os.environ, PROBE_URL=url, PROBE_CA=tls_ca, NODE_PATH=str(NODE_MODULES))
+            done = subprocess.run(["node", str(probe)], env=env, capture_output=True, text=True, timeout=60)
+            assert done.returncode == 0 and "greeting=hello world" in done.stdout, done.stderr
+        assert plain.get("from-node") == b"ioredis"
     finally:
         client.delete(sb)
         daemon.cli("golden", "rm", "cached", "--force")

@@ -44,7 +44,20 @@ pub async fn build(
     if let (Ok(manifest), Some(redis)) = (&mut result, redis) {
         engine.builds.update(name, |p| p.phase = "building the Redis part".into());
         let max_memory = crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes);
-        match crate::redis::golden::build(&dir, redis, &builder.user, &builder.cgroups, max_memory).await {
+        // A promotion's Redis part is the sandbox's own saved data, opened
+        // never through a link (the directory is the sandbox's).
+        let promoted = match redis {
+            crate::redis::RedisSource::Promoted { sandbox } => {
+                let rdb = crate::redis::server::rdb(&engine.layout.sandbox(sandbox));
+                Some(
+                    storage::tree::open_read(&rdb)
+                        .map_err(|e| Error::io("reading the sandbox's Redis data", &e))?,
+                )
+            }
+            _ => None,
+        };
+        let who = (&builder.user, &builder.cgroups[..]);
+        match crate::redis::golden::build(&dir, redis, promoted, who, max_memory).await {
             Ok(part) => {
                 manifest.redis = Some(part);
                 let json = serde_json::to_vec_pretty(&*manifest).expect("manifest serializes");

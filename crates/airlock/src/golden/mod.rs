@@ -229,13 +229,6 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
 pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: bool) -> Result<Golden> {
     validate::name("golden", name)?;
     let sb = engine.store().sandbox(sandbox)?;
-    if crate::redis::server::configured(&engine.layout.sandbox_instance(&sb.id)) {
-        return Err(Error::new(
-            ErrorCode::InvalidRequest,
-            format!("sandbox {} has a Redis, and promoting a sandbox's Redis state is not built yet", sb.id),
-            "refresh the golden from its sources instead (`airlock golden refresh`)",
-        ));
-    }
     let _guard = engine.reserve_golden(name, GoldenWork::Build)?;
     let existing = engine.store().golden(name).ok();
     let generation = existing
@@ -245,7 +238,18 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
     let source =
         Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
     let started = std::time::Instant::now();
-    let manifest = build::build(engine, name, generation, &source, allow_planted, None, None).await?;
+    // Its Redis, if it has one, saves its data now; the next generation's
+    // Redis part is that data.
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let redis = match crate::redis::server::configured(&dir) {
+        true => {
+            crate::redis::server::Admin::connect(&dir).await?.save().await?;
+            Some(crate::redis::RedisSource::Promoted { sandbox: sb.id.clone() })
+        }
+        false => None,
+    };
+    let manifest =
+        build::build(engine, name, generation, &source, allow_planted, None, redis.as_ref()).await?;
     {
         let mut store = engine.store();
         let stored = match existing {

@@ -18,6 +18,7 @@ use crate::engine::Engine;
 use crate::events::DeleteReason;
 use crate::events::NewEvent;
 use crate::pg::instance;
+use crate::sandbox::stores::Store;
 use crate::sandbox::{self, SandboxState};
 use crate::store::SandboxFilter;
 
@@ -98,25 +99,14 @@ fn watch_servers(engine: &Arc<Engine>) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter { pooled: true, ..Default::default() }) else {
         return;
     };
-    // Redis servers are looked for once a pass, and only when some sandbox has one.
-    let mut redis_running: Option<Vec<String>> = None;
     for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
         let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
         match sb.pid.map(|pid| instance::serves(pid, &pgdata)) {
             Some(Ok(true)) => {
+                // Its other stores, killed by a limit say, start again.
                 let dir = engine.layout.sandbox_instance(&sb.id);
-                if crate::redis::server::configured(&dir) {
-                    let running = redis_running.get_or_insert_with(|| {
-                        crate::redis::server::servers_under(&engine.layout.sandboxes())
-                            .into_iter()
-                            .map(|(_, cmdline)| cmdline)
-                            .collect()
-                    });
-                    let socket = dir.redis_socket().display().to_string();
-                    let conf = dir.redis_conf().display().to_string();
-                    if !running.iter().any(|c| c.contains(&socket) || c.contains(&conf)) {
-                        tokio::spawn(restart_redis(engine.clone(), sb.id.clone()));
-                    }
+                for store in Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
+                    tokio::spawn(restart_store(engine.clone(), sb.id.clone(), store));
                 }
                 continue;
             }
@@ -170,28 +160,27 @@ fn watch_servers(engine: &Arc<Engine>) {
     }
 }
 
-/// Starts again the Redis of a running sandbox whose Redis died (its memory
+/// Starts again a store of a running sandbox whose server died (its memory
 /// cgroup killed it, say), from the data it last saved, and records it.
-async fn restart_redis(engine: Arc<Engine>, id: String) {
+async fn restart_store(engine: Arc<Engine>, id: String, store: Store) {
     let _op = engine.sandbox_lock(&id).await;
     let Ok(sb) = engine.store().sandbox(&id) else { return };
     let dir = engine.layout.sandbox_instance(&id);
-    if sb.state != SandboxState::Running || crate::redis::server::find(&dir).is_some() {
+    if sb.state != SandboxState::Running || store.running(&dir) {
         return;
     }
-    let log = crate::pg::instance::log_tail(&dir.redis_log());
     let started = async {
         let user = engine.sandbox_user(&sb)?;
         let cgroups = engine.cgroups.procs_files(&id);
-        crate::redis::server::start(&dir, (&user, engine.socket_group(&sb)), &cgroups).await
+        store.start(&dir, (&user, engine.socket_group(&sb)), &cgroups).await
     }
     .await;
-    tracing::warn!(sandbox = %id, restarted = started.is_ok(), "its Redis had exited");
+    tracing::warn!(sandbox = %id, store = store.name(), restarted = started.is_ok(), "a store's server had exited");
     engine.store().record_or_log(NewEvent {
         kind: crate::events::EventKind::ServerExited,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
-        detail: serde_json::json!({"store": "redis", "log": log, "restarted": started.is_ok()}),
+        detail: serde_json::json!({"store": store.name(), "restarted": started.is_ok()}),
         ..Default::default()
     });
 }

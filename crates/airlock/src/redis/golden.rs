@@ -29,6 +29,11 @@ pub enum RedisSource {
         #[schema(value_type = String)]
         path: PathBuf,
     },
+    /// A promoted sandbox's Redis, saved at the promotion.
+    Promoted {
+        /// The sandbox.
+        sandbox: String,
+    },
     /// A live Redis, snapshotted the way a replica takes one (`SYNC`): its
     /// data is read, never changed. `redis://[user:password@]host[:port]`, or
     /// `rediss://` with `?cacert=FILE` to verify its certificate; shown with
@@ -44,7 +49,7 @@ impl RedisSource {
     pub fn path(&self) -> Option<&Path> {
         match self {
             RedisSource::Seed { path } | RedisSource::Rdb { path } => Some(path),
-            RedisSource::Url { .. } => None,
+            RedisSource::Url { .. } | RedisSource::Promoted { .. } => None,
         }
     }
 
@@ -199,12 +204,13 @@ const BATCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Builds the Redis part of the generation being made in `dir` from `source`,
 /// with a server running as `user` in `cgroups`, at most `max_memory` bytes
-/// (a sandbox's Redis ceiling: no fork could hold more).
+/// (a sandbox's Redis ceiling: no fork could hold more). A promotion passes
+/// the sandbox's saved RDB file, opened (`promoted`).
 pub async fn build(
     dir: &InstanceDir,
     source: &RedisSource,
-    user: &Identity,
-    cgroups: &[std::ffi::CString],
+    promoted: Option<std::fs::File>,
+    (user, cgroups): (&Identity, &[std::ffi::CString]),
     max_memory: u64,
 ) -> Result<RedisPart> {
     if let Some(path) = source.path().filter(|p| !p.is_absolute()) {
@@ -214,11 +220,14 @@ pub async fn build(
             "give the Redis seed or RDB file as an absolute path",
         ));
     }
-    let opened = source.path().map(crate::pg::load::open_regular).transpose()?;
+    let opened = match promoted {
+        Some(file) => Some(file),
+        None => source.path().map(crate::pg::load::open_regular).transpose()?,
+    };
     let data = dir.redis_dir();
     crate::pg::load::private_dir(&data)?;
     match (source, &opened) {
-        (RedisSource::Rdb { .. }, Some(opened)) => {
+        (RedisSource::Rdb { .. } | RedisSource::Promoted { .. }, Some(opened)) => {
             let mut from = opened.try_clone()?;
             let mut to = std::fs::File::create(data.join("dump.rdb"))?;
             std::io::copy(&mut from, &mut to).map_err(|e| Error::io("copying the RDB file", &e))?;

@@ -88,6 +88,7 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
     let mut conf = format!(
         "# written by airlock at every start\n\
          port 0\nunixsocket {socket}\nunixsocketperm 770\ndir {data}\ndbfilename dump.rdb\n\
+         pidfile {data}/redis.pid\n\
          save \"\"\nappendonly no\ndaemonize no\nprotected-mode no\nlogfile \"\"\nloglevel warning\n\
          maxmemory {max}\nmaxmemory-policy noeviction\nmaxclients 256\n\
          maxmemory-clients 32mb\nclient-output-buffer-limit normal 32mb 16mb 10\n\
@@ -181,21 +182,20 @@ fn failed(dir: &InstanceDir, what: &str) -> Error {
     Error::new(ErrorCode::RedisFailed, format!("{what}: {}", tail.trim()), "the server's log is quoted above")
 }
 
-/// The pid of the server of `dir`, found among the host's processes by its
-/// command line (its configuration's path, or once it runs, the title naming
-/// its socket).
+/// The pid of the server of `dir`: the one its pid file names, if that
+/// process is a Redis server whose command line names this instance's socket
+/// or configuration (the file is the server's, so it is only a hint).
 pub fn find(dir: &InstanceDir) -> Option<i32> {
+    let text = crate::storage::tree::read_small(&dir.redis_dir().join("redis.pid"), 64).ok()?;
+    let pid: i32 = text.trim().parse().ok().filter(|p| *p > 0)?;
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    if !comm.starts_with(b"redis-server") {
+        return None;
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let (conf, socket) = (dir.redis_conf(), dir.redis_socket());
     let marks = [conf.as_os_str().as_encoded_bytes(), socket.as_os_str().as_encoded_bytes()];
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-        let comm = std::fs::read(entry.path().join("comm")).ok()?;
-        if !comm.starts_with(b"redis-server") {
-            return None;
-        }
-        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-        marks.iter().any(|m| cmdline.windows(m.len()).any(|w| w == *m)).then_some(pid)
-    })
+    marks.iter().any(|m| cmdline.windows(m.len()).any(|w| w == *m)).then_some(pid)
 }
 
 /// Every Redis server whose command line names a path under `root`, with that

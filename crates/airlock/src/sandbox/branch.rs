@@ -99,29 +99,28 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // files of that user only, never a link, and fails closed otherwise.
         let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let source_dir = instance_dir(engine, &source.id);
-        let redis = crate::redis::server::configured(&source_dir);
+        let stores = super::stores::Store::of_sandbox(&source_dir);
         let cloned = {
             // A daemon that dies while the source is paused leaves it stopped;
             // reconciliation continues every server it keeps.
             let _paused = Paused::new(source_pid)?;
             crate::crashpoint::reached("branch.paused");
-            // Its Redis saves its data while PostgreSQL is held: both are
-            // taken at the same point of the agent's work.
-            if redis {
-                crate::redis::server::Admin::connect(&source_dir).await?.save().await?;
+            // Its other stores save their state while PostgreSQL is held: all
+            // are taken at the same point of the agent's work.
+            for store in &stores {
+                store.save(&source_dir).await?;
             }
-            engine
-                .cloner
-                .clone_data(&source_pgdata, &config, &dir.pgdata(), Some(&user), Some(source_user.uid))
-                .and_then(|bytes| match redis {
-                    true => engine.cloner.clone_tree(
-                        &source_dir.redis_dir(),
-                        &dir.redis_dir(),
-                        Some(&user),
-                        Some(source_user.uid),
-                    ),
-                    false => Ok(bytes),
-                })
+            let cloned = engine.cloner.clone_data(
+                &source_pgdata,
+                &config,
+                &dir.pgdata(),
+                Some(&user),
+                Some(source_user.uid),
+            );
+            for store in &stores {
+                store.clone_saved(engine, (&source_dir, &dir), &user, source_user.uid)?;
+            }
+            cloned
         };
         paused_ms = ms(t);
         cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
@@ -132,26 +131,11 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             .create(&sb.id, &engine.config.cgroup_limits)
             .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
         let server = engine.server_for(&sb.golden, sb.generation)?;
-        if redis {
-            let admin_password = secret::password();
-            let settings = crate::redis::server::Settings {
-                max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
-                admin_password: &admin_password,
-                user: Some((&sb.id, &password)),
-            };
-            crate::redis::server::write_config(&dir, &settings)?;
+        for store in &stores {
+            store.configure(engine, &dir, &sb.id, &password)?;
         }
-        let (pid, redis_started) = tokio::join!(
-            start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps),
-            async {
-                match redis {
-                    true => crate::redis::server::start(&dir, (&user, group), &cgroups).await.map(|_| ()),
-                    false => Ok(()),
-                }
-            }
-        );
-        redis_started?;
-        let pid = pid?;
+        let postgres = start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps);
+        let pid = super::stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await?;
         // The clone carries the source's role and password: give the branch its own.
         let t = Instant::now();
         Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;

@@ -12,6 +12,7 @@ pub mod exec;
 mod idle;
 pub mod pool;
 mod record;
+pub mod stores;
 pub mod suspend;
 
 pub use access::{Access, Limits, Mode};
@@ -39,6 +40,7 @@ use crate::pg::instance;
 use crate::pg::majors::Server;
 use crate::users::Identity;
 use crate::{golden, secret, validate};
+use stores::Store;
 
 /// A request to fork a golden.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -100,9 +102,9 @@ pub(crate) struct Steps {
     start_ms: f64,
     ready_ms: f64,
     credential_ms: f64,
-    /// Clone to a Redis server answering, when the sandbox has one.
+    /// Start to every store answering, when the sandbox has others than PostgreSQL.
     #[serde(skip_serializing_if = "Option::is_none")]
-    redis_ms: Option<f64>,
+    stores_ms: Option<f64>,
 }
 
 fn ms(since: Instant) -> f64 {
@@ -334,44 +336,29 @@ pub(crate) async fn bring_up(
         instance::write_access_files(&dir, &engine.admin_os_users(), &[])
     })()?;
     let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
-    let redis = crate::redis::server::rdb(&golden_root).is_file();
-    if redis {
-        engine
-            .cloner
-            .clone_tree(
-                &golden_root.join("redis"),
-                &dir.redis_dir(),
-                Some(&user),
-                Some(engine.daemon_user.uid),
-            )
-            .map_err(|e| Error::io(format!("cloning {}'s Redis part", sb.golden), &e))?;
+    let stores = Store::of_generation(&golden_root);
+    for store in &stores {
+        store.clone_from_golden(engine, &golden_root, &dir, &user)?;
     }
     steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    if !redis {
+    if stores.is_empty() {
         return start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await;
     }
     let password =
-        password.ok_or_else(|| Error::internal("a sandbox with Redis is made with its credential"))?;
-    // Both servers start at once; the sandbox is ready when both answer.
-    let admin_password = secret::password();
-    let settings = crate::redis::server::Settings {
-        max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
-        admin_password: &admin_password,
-        user: Some((&sb.id, password)),
-    };
-    crate::redis::server::write_config(&dir, &settings)?;
+        password.ok_or_else(|| Error::internal("a sandbox with other stores is made with its credential"))?;
+    for store in &stores {
+        store.configure(engine, &dir, &sb.id, password)?;
+    }
+    // Every store starts at once; the sandbox is ready when all answer.
     let t = Instant::now();
-    let (postgres, redis) = tokio::join!(
-        start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps),
-        crate::redis::server::start(&dir, (&user, group), &cgroups)
-    );
-    steps.redis_ms = Some(ms(t));
-    redis?;
-    postgres
+    let postgres = start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps);
+    let pid = stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await;
+    steps.stores_ms = Some(ms(t));
+    pid
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume
@@ -435,8 +422,10 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
         admin.remake_agent(password, &sb.access).await?;
     }
     let dir = instance_dir(engine, &sb.id);
-    if fresh && crate::redis::server::configured(&dir) {
-        crate::redis::server::Admin::connect(&dir).await?.set_password(&sb.id, password).await?;
+    if fresh {
+        for store in Store::of_sandbox(&dir) {
+            store.set_password(&dir, &sb.id, password).await?;
+        }
     }
     steps.credential_ms = ms(t);
     Ok(())
@@ -489,17 +478,21 @@ pub(crate) async fn rebuild(
         for pid in sb.pid.into_iter().chain(postmaster_pid(&dir)) {
             instance::kill(pid, &dir.pgdata()).await?;
         }
-        crate::redis::server::stop(&dir).await;
+        let stores = Store::of_sandbox(&dir);
+        for store in &stores {
+            store.stop(&dir).await;
+        }
         kill_cgroup_members(engine, &sb.id).await;
         crate::crashpoint::reached("reset.stopped");
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
-        for data in [dir.pgdata(), dir.redis_dir()] {
-            if let Err(e) = engine.cloner.remove_tree(&data) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    return Err(Error::from(e));
-                }
+        if let Err(e) = engine.cloner.remove_tree(&dir.pgdata()) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(Error::from(e));
             }
+        }
+        for store in &stores {
+            store.remove_data(engine, &dir)?;
         }
         engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
         bring_up(engine, sb, Some(&password), &mut steps).await
@@ -568,10 +561,10 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         return Err(e);
     }
     let pid = started.detach();
-    // Its Redis starts again from the data it was forked with (it persists
-    // nothing of its own).
-    if crate::redis::server::configured(&dir) && crate::redis::server::find(&dir).is_none() {
-        if let Err(e) = crate::redis::server::start(&dir, (&user, group), &cgroups).await {
+    // Its other stores start again from what they last saved (a suspend's
+    // data, or the golden's).
+    for store in Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
+        if let Err(e) = store.start(&dir, (&user, group), &cgroups).await {
             let _ = instance::kill(pid, &dir.pgdata()).await;
             return Err(e);
         }
@@ -654,7 +647,9 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             Error::internal(format!("could not tell whether sandbox {}'s server still runs: {e}", sb.id))
         })?;
     }
-    crate::redis::server::stop(&dir).await;
+    for store in Store::of_sandbox(&dir) {
+        store.stop(&dir).await;
+    }
     kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = engine.cloner.remove_tree(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {

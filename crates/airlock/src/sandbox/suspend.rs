@@ -60,13 +60,12 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     let began = Instant::now();
     let dir = engine.layout.sandbox_instance(&id);
     let mut clean = true;
-    // Its Redis keeps its data in the sandbox's own directory (RDB), which a
-    // wake starts from; at a full disk nothing more is written, and a wake
+    // Its other stores save their state in the sandbox's own directory, which
+    // a wake starts from; at a full disk nothing more is written, and a wake
     // starts from the last state saved.
-    if crate::redis::server::configured(&dir) {
+    for store in super::stores::Store::of_sandbox(&dir) {
         if reason != SuspendReason::DiskFull {
-            let saved = async { crate::redis::server::Admin::connect(&dir).await?.save().await }.await;
-            if let Err(e) = saved {
+            if let Err(e) = store.save(&dir).await {
                 // Still running as it was: PostgreSQL was not touched.
                 engine.store().set_running(
                     &id,
@@ -76,14 +75,15 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
                 return Err(Error::new(
                     e.code,
                     format!(
-                        "sandbox {id} was not suspended: its Redis could not save its data: {}",
+                        "sandbox {id} was not suspended: its {} could not save its data: {}",
+                        store.name(),
                         e.message
                     ),
                     "free some of the sandbox's disk space, or delete the sandbox",
                 ));
             }
         }
-        crate::redis::server::stop(&dir).await;
+        store.stop(&dir).await;
     }
     if let Some(pid) = sb.pid {
         match reason {

@@ -202,15 +202,16 @@ impl Cloner {
     /// Removes a tree (a sandbox's directory or its data directory), lifting its
     /// limit first. On Btrfs its subvolumes are deleted whole
     /// ([`btrfs::delete_subvolumes`]) and only what is left is removed file by
-    /// file. Quota errors are tried again for up to about 10 s: Btrfs may still
+    /// file. Quota errors are tried again for up to about 30 s: Btrfs may still
     /// count reservations against a limit it no longer has (a busy host commits
-    /// its transactions late).
+    /// its transactions late; 10 s was once not enough for a sandbox deleted at
+    /// its full quota while a test suite loaded both cores).
     pub fn remove_tree(&self, path: &Path) -> std::io::Result<()> {
         let quota_errors = [nix::libc::EDQUOT, nix::libc::ENOSPC];
         for attempt in 0.. {
             self.unlimit(path);
             match self.remove_once(path) {
-                Err(e) if attempt < 20 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
+                Err(e) if attempt < 60 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
                     std::thread::sleep(std::time::Duration::from_millis(500));
                 }
                 done => return done,

@@ -348,6 +348,12 @@ fn open_regular(path: &Path, flags: OFlag, mode: u32) -> io::Result<File> {
     Ok(File::from(fd))
 }
 
+/// Opens a regular file for reading, never through a link or a FIFO (a file
+/// in a directory a sandbox's user owns).
+pub fn open_read(path: &Path) -> io::Result<File> {
+    open_regular(path, OFlag::O_RDONLY, 0)
+}
+
 /// Reads at most `max` bytes of a regular file (never through a link).
 pub fn read_small(path: &Path, max: u64) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&read_small_bytes(path, max)?).into_owned())

@@ -168,6 +168,15 @@ fn suspend_wake_branch_and_the_pool_carry_a_sandboxs_redis() {
         url.strip_prefix("unix://").unwrap().split_once('@').unwrap().0.split_once(':').unwrap();
     let branch_path = branch_url.split_once('@').unwrap().1;
     assert!(redis_as(branch_path, Some((user, password)), &["GET", "progress"]).contains("WRONGPASS"));
+
+    // Promote makes the sandbox's Redis state the next golden's.
+    let promoted = d.json(&["promote", id, "--golden", "promoted"]);
+    let part = &promoted["generations"][0]["redis"];
+    assert_eq!(part["source"]["kind"], "promoted", "{promoted}");
+    assert_eq!(part["keys"], 5, "{promoted}");
+    let c = d.fork("promoted", &[]);
+    assert_eq!(redis(&redis_url(&c), &["GET", "progress"]), "step 3");
+    assert_eq!(redis(&redis_url(&c), &["GET", "greeting"]), "hello world");
 }
 
 #[test]

@@ -1,0 +1,185 @@
+//! The stores a sandbox holds beside its PostgreSQL.
+//!
+//! PostgreSQL is every sandbox's, and the lifecycle code drives it directly.
+//! Every other kind a golden may carry is a [`Store`], which fork, reset,
+//! branch, suspend, wake, restart, teardown, the pool and the reaper handle
+//! through this one interface: a new kind is a new variant here, never new
+//! lifecycle code.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+use crate::layout::InstanceDir;
+use crate::users::Identity;
+
+/// A kind of store beside PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// A Redis server ([`crate::redis`]).
+    Redis,
+}
+
+/// Every kind, in the order the lifecycle handles them.
+const ALL: &[Store] = &[Store::Redis];
+
+impl Store {
+    /// The stores a golden generation (its directory) carries.
+    pub fn of_generation(root: &Path) -> Vec<Store> {
+        ALL.iter().copied().filter(|s| s.in_generation(root)).collect()
+    }
+
+    /// The stores a sandbox (its instance directory) holds.
+    pub fn of_sandbox(dir: &InstanceDir) -> Vec<Store> {
+        ALL.iter().copied().filter(|s| s.in_sandbox(dir)).collect()
+    }
+
+    /// Its name, for messages and events.
+    pub fn name(self) -> &'static str {
+        match self {
+            Store::Redis => "redis",
+        }
+    }
+
+    fn in_generation(self, root: &Path) -> bool {
+        match self {
+            Store::Redis => crate::redis::server::rdb(root).is_file(),
+        }
+    }
+
+    fn in_sandbox(self, dir: &InstanceDir) -> bool {
+        match self {
+            Store::Redis => crate::redis::server::configured(dir),
+        }
+    }
+
+    /// Clones the golden generation's data (`golden_root`) into a new or reset
+    /// sandbox, for `user`.
+    pub fn clone_from_golden(
+        self,
+        engine: &Engine,
+        golden_root: &Path,
+        dir: &InstanceDir,
+        user: &Identity,
+    ) -> Result<()> {
+        match self {
+            Store::Redis => engine
+                .cloner
+                .clone_tree(
+                    &golden_root.join("redis"),
+                    &dir.redis_dir(),
+                    Some(user),
+                    Some(engine.daemon_user.uid),
+                )
+                .map(|_| ())
+                .map_err(|e| Error::io("cloning a golden's Redis part", &e)),
+        }
+    }
+
+    /// Copies what a running sandbox saved ([`Store::save`]) into a new one
+    /// (a branch), its files taken only if they belong to `source_uid`.
+    pub fn clone_saved(
+        self,
+        engine: &Engine,
+        (from, to): (&InstanceDir, &InstanceDir),
+        user: &Identity,
+        source_uid: nix::unistd::Uid,
+    ) -> Result<()> {
+        match self {
+            Store::Redis => engine
+                .cloner
+                .clone_tree(&from.redis_dir(), &to.redis_dir(), Some(user), Some(source_uid))
+                .map(|_| ())
+                .map_err(|e| Error::io("cloning a sandbox's Redis data", &e)),
+        }
+    }
+
+    /// Binds the store to sandbox `id`'s agent with `password` (its
+    /// configuration, written before it starts).
+    pub fn configure(self, engine: &Engine, dir: &InstanceDir, id: &str, password: &str) -> Result<()> {
+        match self {
+            Store::Redis => {
+                let admin_password = crate::secret::password();
+                let settings = crate::redis::server::Settings {
+                    max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
+                    admin_password: &admin_password,
+                    user: Some((id, password)),
+                };
+                crate::redis::server::write_config(dir, &settings)
+            }
+        }
+    }
+
+    /// Starts it as `user` in `cgroups`; returns once it answers.
+    pub async fn start(
+        self,
+        dir: &InstanceDir,
+        who: (&Identity, Option<nix::unistd::Gid>),
+        cgroups: &[CString],
+    ) -> Result<()> {
+        match self {
+            Store::Redis => crate::redis::server::start(dir, who, cgroups).await.map(|_| ()),
+        }
+    }
+
+    /// Whether its server runs.
+    pub fn running(self, dir: &InstanceDir) -> bool {
+        match self {
+            Store::Redis => crate::redis::server::find(dir).is_some(),
+        }
+    }
+
+    /// Stops its server, if it runs.
+    pub async fn stop(self, dir: &InstanceDir) {
+        match self {
+            Store::Redis => crate::redis::server::stop(dir).await,
+        }
+    }
+
+    /// Writes its state into the sandbox's own directory (suspend, branch),
+    /// where its next start begins from.
+    pub async fn save(self, dir: &InstanceDir) -> Result<()> {
+        match self {
+            Store::Redis => crate::redis::server::Admin::connect(dir).await?.save().await,
+        }
+    }
+
+    /// Gives sandbox `id`'s agent a new password (a pool member's claim).
+    pub async fn set_password(self, dir: &InstanceDir, id: &str, password: &str) -> Result<()> {
+        match self {
+            Store::Redis => crate::redis::server::Admin::connect(dir).await?.set_password(id, password).await,
+        }
+    }
+
+    /// Removes its data from a sandbox (a reset, before cloning again).
+    pub fn remove_data(self, engine: &Engine, dir: &InstanceDir) -> std::io::Result<()> {
+        let data = match self {
+            Store::Redis => dir.redis_dir(),
+        };
+        match engine.cloner.remove_tree(&data) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Starts PostgreSQL (`postgres`) and every other store of a sandbox at once;
+/// returns PostgreSQL's outcome once all answer, or the first failure.
+pub async fn start_with<T>(
+    postgres: impl std::future::Future<Output = Result<T>>,
+    stores: &[Store],
+    dir: &InstanceDir,
+    who: (&Identity, Option<nix::unistd::Gid>),
+    cgroups: &[CString],
+) -> Result<T> {
+    let others = async {
+        for store in stores {
+            store.start(dir, who, cgroups).await?;
+        }
+        Ok::<_, Error>(())
+    };
+    let (postgres, others) = tokio::join!(postgres, others);
+    others?;
+    postgres
+}
