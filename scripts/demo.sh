@@ -11,8 +11,9 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 count() { airlock psql "$1" -- -XtAc "SELECT count(*) FROM orders"; }
 
 cleanup() {
-  airlock rm agent-a agent-b agent-17 auditor >/dev/null 2>&1 || true
+  airlock rm agent-a agent-b agent-17 auditor cache-a cache-b >/dev/null 2>&1 || true
   airlock golden rm shop17 --force >/dev/null 2>&1 || true
+  airlock golden rm cached --force >/dev/null 2>&1 || true
   airlock golden rm shop --force >/dev/null 2>&1 || true
   airlock daemon stop --with-router >/dev/null 2>&1 || true
   if mountpoint -q "$AIRLOCK_HOME/volume" 2>/dev/null; then umount -l "$AIRLOCK_HOME/volume"; fi
@@ -126,6 +127,28 @@ for sb in agent-a agent-17; do
 done
 airlock rm agent-17 >/dev/null
 airlock golden rm shop17 >/dev/null
+
+step "Redis beside PostgreSQL: every fork gets its own"
+airlock golden create cached --schema examples/demo/schema.sql --seed examples/demo/seed.sql \
+  --redis-seed "$PWD/examples/demo/cache.redis" >/dev/null
+airlock golden show cached | tail -n 1
+airlock fork cached --name cache-a --ttl 5m >/dev/null
+airlock fork cached --name cache-b --ttl 5m >/dev/null
+# redis-cli through the router's Redis port, TLS verified against Airlock's CA;
+# the password goes in its environment, never on a command line.
+rcli() {
+  local url rest auth hostport
+  url=$(airlock dsn "$1" --redis); shift
+  rest=${url#*://}; auth=${rest%@*}; hostport=${rest##*@}
+  REDISCLI_AUTH=${auth#*:} redis-cli --tls --cacert "$AIRLOCK_HOME/tls/ca.crt" -h "${hostport%:*}" \
+    -p "${hostport##*:}" --user "${auth%%:*}" --no-auth-warning "$@"
+}
+echo "cache-a> FLUSHALL: $(rcli cache-a FLUSHALL)"
+echo "keys in cache-a: $(rcli cache-a DBSIZE), in cache-b: $(rcli cache-b DBSIZE)"
+echo "cache-b> HGETALL cart:1 -> $(rcli cache-b HGETALL cart:1 | paste -sd' ')"
+echo "cache-a> CONFIG SET dir /root -> $(rcli cache-a CONFIG SET dir /root 2>&1 | head -c 60)..."
+airlock rm cache-a cache-b >/dev/null
+airlock golden rm cached >/dev/null
 
 step "Events"
 airlock events --limit 12

@@ -166,3 +166,28 @@ def test_a_signal_deletes_the_sandbox_and_the_ttl_catches_a_killed_process(daemo
         reasons = [e.get("reason") for e in daemon.json("events") if e["kind"] == "deleted"]
         assert reasons  # deleted by the session's end (user) or the reaper (ttl)
         p.stdout.close(), p.stderr.close(), p.stdin.close()
+
+
+def test_a_session_on_a_golden_with_redis_is_offered_run_redis(daemon):
+    seed = daemon.home / "mcp-cache.redis"
+    seed.write_text('SET greeting "hello from redis"\n')
+    schema = daemon.home / "mcp-tiny.sql"
+    schema.write_text("CREATE TABLE t (id int);\n")
+    daemon.cli("golden", "create", "mcpcache", "--schema", str(schema), "--redis-seed", str(seed))
+
+    async def go():
+        params = StdioServerParameters(command=BIN, args=["mcp", "--golden", "mcpcache"], env=daemon.env)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                names = sorted(t.name for t in (await session.list_tools()).tools)
+                assert "run_redis" in names and "run_sql" in names
+                result = await session.call_tool("run_redis", {"command": ["GET", "greeting"]})
+                assert not result.is_error and "hello from redis" in text_of(result)
+                result = await session.call_tool("run_redis", {"command": ["CONFIG", "SET", "dir", "/tmp"]})
+                assert result.is_error and "NOPERM" in text_of(result)
+
+    try:
+        asyncio.run(go())
+    finally:
+        daemon.cli("golden", "rm", "mcpcache", "--force")

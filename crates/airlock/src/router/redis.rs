@@ -149,8 +149,24 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         let _ = client.flush().await;
         return;
     };
-    let mut backend = backend;
-    if backend.write_all(&crate::redis::resp::command(command)).await.is_err() {
+    let mut backend = BufStream::new(backend);
+    if backend.write_all(&crate::redis::resp::command(command)).await.is_err()
+        || backend.flush().await.is_err()
+    {
+        return;
+    }
+    // A refused credential ends the connection here: it neither counts as
+    // the sandbox's use (keeping it from idle suspend) nor gets more tries.
+    let answer_by = Instant::now() + Duration::from_secs(10);
+    let refused = match tokio::time::timeout_at(answer_by.into(), backend.fill_buf()).await {
+        Ok(Ok(reply)) => reply.first() == Some(&b'-'),
+        _ => return,
+    };
+    if refused {
+        let mut line = Vec::new();
+        let _ = (&mut backend).take(1024).read_until(b'\n', &mut line).await;
+        let _ = client.write_all(&line).await;
+        let _ = client.flush().await;
         return;
     }
     let _open = shared.host.connections.open(&sb.id);
