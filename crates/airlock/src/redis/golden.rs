@@ -244,8 +244,12 @@ pub async fn build(
     crate::pg::load::private_dir(&dir.socket_dir())?;
     user.own(&dir.socket_dir())?;
     let (admin_password, loader_password) = (crate::secret::password(), crate::secret::password());
-    let settings =
-        Settings { max_memory, admin_password: &admin_password, user: Some((LOADER, &loader_password)) };
+    let settings = Settings {
+        max_memory,
+        admin_password: &admin_password,
+        user: Some((LOADER, &loader_password)),
+        read_only: false,
+    };
     server::write_config(dir, &settings)?;
     let built = async {
         let pid = server::start(dir, (user, None), cgroups).await.map_err(|e| match source {

@@ -61,6 +61,9 @@ fn hashed(password: &str) -> String {
     format!("#{}", crate::secret::hex(&Sha256::digest(password.as_bytes())))
 }
 
+/// What a read-only credential may not do besides: write anything.
+pub const READ_ONLY_RULES: &str = "-@write -flushall -flushdb -swapdb";
+
 /// One server's settings: its memory ceiling and its users.
 pub struct Settings<'a> {
     /// `maxmemory`, in bytes.
@@ -69,6 +72,8 @@ pub struct Settings<'a> {
     pub admin_password: &'a str,
     /// The other user and its password, if any.
     pub user: Option<(&'a str, &'a str)>,
+    /// Whether that user may only read (a read-only sandbox's agent).
+    pub read_only: bool,
 }
 
 /// Writes the server's configuration, and the admin's password readable by
@@ -103,7 +108,8 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
     );
     if let Some((name, password)) = settings.user {
         crate::validate::name("redis user", name)?;
-        conf.push_str(&format!("user {name} on {} {AGENT_RULES}\n", hashed(password)));
+        let extra = if settings.read_only { READ_ONLY_RULES } else { "" };
+        conf.push_str(&format!("user {name} on {} {AGENT_RULES} {extra}\n", hashed(password)));
     }
     crate::storage::tree::write_private(&dir.redis_conf(), conf.as_bytes(), 0o644)?;
     crate::storage::tree::write_private(&dir.redis_admin(), settings.admin_password.as_bytes(), 0o600)?;
@@ -291,6 +297,21 @@ impl Admin {
             }
         }
         Ok((keys, memory))
+    }
+
+    /// Makes `user` read-only, or lets it write again (a pool member claimed
+    /// with other access than it was made with).
+    pub async fn set_read_only(&mut self, user: &str, read_only: bool) -> Result<()> {
+        let rules: Vec<&str> = match read_only {
+            true => READ_ONLY_RULES.split_whitespace().collect(),
+            false => vec!["+@write", "+flushall", "+flushdb", "+swapdb"],
+        };
+        let mut args = vec!["ACL", "SETUSER", user];
+        args.extend(rules);
+        match self.call(&args).await? {
+            Reply::Status(_) => Ok(()),
+            other => Err(Error::internal(format!("redis-server did not take the user's rules: {other:?}"))),
+        }
     }
 
     /// Gives `user` the password `password` (and no other).

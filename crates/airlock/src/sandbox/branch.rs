@@ -132,7 +132,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
         let server = engine.server_for(&sb.golden, sb.generation)?;
         for store in &stores {
-            store.configure(engine, &dir, &sb.id, &password)?;
+            store.configure(engine, &dir, &sb, &password)?;
         }
         let postgres = start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps);
         let pid = super::stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await?;

@@ -351,7 +351,7 @@ pub(crate) async fn bring_up(
     let password =
         password.ok_or_else(|| Error::internal("a sandbox with other stores is made with its credential"))?;
     for store in &stores {
-        store.configure(engine, &dir, &sb.id, password)?;
+        store.configure(engine, &dir, sb, password)?;
     }
     // Every store starts at once; the sandbox is ready when all answer.
     let t = Instant::now();
@@ -422,10 +422,8 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
         admin.remake_agent(password, &sb.access).await?;
     }
     let dir = instance_dir(engine, &sb.id);
-    if fresh {
-        for store in Store::of_sandbox(&dir) {
-            store.set_password(&dir, &sb.id, password).await?;
-        }
+    for store in Store::of_sandbox(&dir) {
+        store.claim(&dir, sb, fresh.then_some(password)).await?;
     }
     steps.credential_ms = ms(t);
     Ok(())

@@ -12,6 +12,7 @@ use std::path::Path;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
+use crate::sandbox::{Mode, Sandbox};
 use crate::users::Identity;
 
 /// A kind of store beside PostgreSQL.
@@ -95,16 +96,17 @@ impl Store {
         }
     }
 
-    /// Binds the store to sandbox `id`'s agent with `password` (its
-    /// configuration, written before it starts).
-    pub fn configure(self, engine: &Engine, dir: &InstanceDir, id: &str, password: &str) -> Result<()> {
+    /// Binds the store to sandbox `sb`'s agent with `password` and its access
+    /// mode (its configuration, written before it starts).
+    pub fn configure(self, engine: &Engine, dir: &InstanceDir, sb: &Sandbox, password: &str) -> Result<()> {
         match self {
             Store::Redis => {
                 let admin_password = crate::secret::password();
                 let settings = crate::redis::server::Settings {
                     max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
                     admin_password: &admin_password,
-                    user: Some((id, password)),
+                    user: Some((&sb.id, password)),
+                    read_only: sb.access.mode == Mode::Readonly,
                 };
                 crate::redis::server::write_config(dir, &settings)
             }
@@ -145,10 +147,17 @@ impl Store {
         }
     }
 
-    /// Gives sandbox `id`'s agent a new password (a pool member's claim).
-    pub async fn set_password(self, dir: &InstanceDir, id: &str, password: &str) -> Result<()> {
+    /// Binds a pool member's store to the fork that claimed it: its access
+    /// mode, and a new password when one was minted (`password`).
+    pub async fn claim(self, dir: &InstanceDir, sb: &Sandbox, password: Option<&str>) -> Result<()> {
         match self {
-            Store::Redis => crate::redis::server::Admin::connect(dir).await?.set_password(id, password).await,
+            Store::Redis => {
+                let mut admin = crate::redis::server::Admin::connect(dir).await?;
+                if let Some(password) = password {
+                    admin.set_password(&sb.id, password).await?;
+                }
+                admin.set_read_only(&sb.id, sb.access.mode == Mode::Readonly).await
+            }
         }
     }
 

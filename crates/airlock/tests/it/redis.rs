@@ -90,6 +90,20 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     assert!(redis_as(path_a, Some((id_a, "guess")), &["GET", "greeting"]).contains("WRONGPASS"));
     assert!(redis_as(path_a, Some(("airlock", password_b)), &["GET", "greeting"]).contains("WRONGPASS"));
 
+    // A read-only credential reads its Redis and writes nothing there either.
+    let ro = d.fork("cache", &["--mode", "readonly"]);
+    let ro_url = redis_url(&ro);
+    assert_eq!(redis(&ro_url, &["HGET", "cart:42", "apples"]), "3");
+    for write in [
+        vec!["SET", "k", "v"],
+        vec!["DEL", "greeting"],
+        vec!["FLUSHALL"],
+        vec!["EVAL", "return redis.call('SET', 'k', 'v')", "0"],
+    ] {
+        let said = redis(&ro_url, &write);
+        assert!(said.contains("NOPERM") || said.contains("can't run this command"), "{write:?}: {said}");
+    }
+
     // It runs as the sandbox's own unprivileged user, in a network namespace
     // of its own, listening on no TCP port.
     let found = Command::new("pgrep").args(["-f", path_a]).output().unwrap();
@@ -145,6 +159,21 @@ fn suspend_wake_branch_and_the_pool_carry_a_sandboxs_redis() {
     assert_eq!(redis(&url, &["GET", "greeting"]), "hello world");
     let claimed = d.fork("life", &["--statement-timeout", "5s"]);
     assert_eq!(redis(&redis_url(&claimed), &["GET", "greeting"]), "hello world", "a claim with other access");
+    d.wait_for(std::time::Duration::from_secs(30), "the pool to refill", || {
+        d.json(&["golden", "show", "life"])["pooled"] == 1
+    });
+    let ro = d.fork("life", &["--mode", "readonly"]);
+    assert_eq!(
+        d.json(&["events", "--sandbox", ro["id"].as_str().unwrap()])
+            .to_string()
+            .contains("\"from_pool\":true"),
+        true
+    );
+    assert!(
+        redis(&redis_url(&ro), &["SET", "k", "v"]).contains("NOPERM"),
+        "a read-only claim of a pool member"
+    );
+    assert_eq!(redis(&redis_url(&ro), &["GET", "greeting"]), "hello world");
 
     // Suspend saves the agent's keys in the sandbox's own directory; wake
     // starts from them.
