@@ -67,7 +67,7 @@ pub async fn run(engine: &Engine, key: &str, command: &[String]) -> Result<Redis
         ms => ms,
     };
     let exchange = async {
-        let stream = tokio::net::UnixStream::connect(dir.redis_socket()).await?;
+        let stream = crate::redis::server::connect(&dir).await?;
         let mut stream = tokio::io::BufStream::new(stream);
         match resp::call(&mut stream, &["AUTH", &sb.id, &password]).await? {
             resp::Reply::Status(_) => {}

@@ -47,6 +47,7 @@ pub struct Jail {
 }
 
 /// One bind mount, host path onto a path under the jail's root.
+#[derive(Clone)]
 struct Bind {
     source: CString,
     target: CString,
@@ -133,7 +134,7 @@ impl Jail {
     pub fn command(&self, program: &Path) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program);
         cmd.env_clear();
-        let (root, proc, binds) = (self.root.clone(), self.proc.clone(), self.clone_binds());
+        let (root, proc, binds) = (self.root.clone(), self.proc.clone(), self.binds.clone());
         let (uid, gid) = (self.user.uid, self.user.gid);
         // SAFETY: only async-signal-safe system calls run between fork and exec;
         // everything they need was allocated before.
@@ -141,18 +142,6 @@ impl Jail {
             cmd.pre_exec(move || enter((&root, &proc), &binds, uid, gid));
         }
         cmd
-    }
-
-    fn clone_binds(&self) -> Vec<Bind> {
-        self.binds
-            .iter()
-            .map(|b| Bind {
-                source: b.source.clone(),
-                target: b.target.clone(),
-                writable: b.writable,
-                devices: b.devices,
-            })
-            .collect()
     }
 }
 

@@ -309,7 +309,7 @@ async fn load_commands(dir: &InstanceDir, path: &Path, opened: std::fs::File, pa
             format!("fix {} and run the command again; nothing was kept", path.display()),
         )
     };
-    let stream = tokio::net::UnixStream::connect(dir.redis_socket()).await?;
+    let stream = server::connect(dir).await?;
     let mut stream = tokio::io::BufStream::new(stream);
     match crate::redis::resp::call(&mut stream, &["AUTH", LOADER, password]).await? {
         Reply::Status(_) => {}

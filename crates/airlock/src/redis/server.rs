@@ -252,6 +252,30 @@ pub async fn kill(pid: i32) {
     }
 }
 
+/// Connects to the server of `dir`, within 5 s, and checks who listens: the
+/// socket is in a directory the server's user owns, so a link or another
+/// listener could stand there, and would be handed the admin's or the agent's
+/// `AUTH`. The peer must run as the owner of the instance's `redis/` directory
+/// (an entry of the root-owned instance directory, which that user cannot
+/// replace).
+pub async fn connect(dir: &InstanceDir) -> std::io::Result<UnixStream> {
+    use std::os::unix::fs::MetadataExt;
+    let stream = tokio::time::timeout(Duration::from_secs(5), UnixStream::connect(dir.redis_socket()))
+        .await
+        .map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::TimedOut, "redis-server did not accept within 5 s")
+        })??;
+    let owner = std::fs::symlink_metadata(dir.redis_dir())?.uid();
+    let peer = stream.peer_cred()?.uid();
+    if peer != owner {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!("the Redis socket is served by uid {peer}, not the instance's user {owner}"),
+        ));
+    }
+    Ok(stream)
+}
+
 /// An admin connection to a server.
 pub struct Admin {
     stream: BufStream<UnixStream>,
@@ -261,9 +285,8 @@ impl Admin {
     /// Connects to the server of `dir` and authenticates as the admin.
     pub async fn connect(dir: &InstanceDir) -> Result<Admin> {
         let password = std::fs::read_to_string(dir.redis_admin())?;
-        let stream = tokio::time::timeout(Duration::from_secs(5), UnixStream::connect(dir.redis_socket()))
-            .await
-            .map_err(|_| Error::internal("redis-server did not accept a connection within 5 s"))??;
+        let stream =
+            connect(dir).await.map_err(|e| Error::internal(format!("reaching redis-server: {e}")))?;
         let mut admin = Admin { stream: BufStream::new(stream) };
         match admin.call(&["AUTH", ADMIN_USER, &password]).await? {
             Reply::Status(_) => Ok(admin),

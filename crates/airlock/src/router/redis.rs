@@ -144,7 +144,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
             return;
         }
     }
-    let Ok(backend) = tokio::net::UnixStream::connect(dir.redis_socket()).await else {
+    let Ok(backend) = crate::redis::server::connect(&dir).await else {
         let _ = client.write_all(b"-ERR the sandbox's Redis is not running; try again in a moment\r\n").await;
         let _ = client.flush().await;
         return;

@@ -623,3 +623,49 @@ fn a_dead_redis_comes_back_and_a_golden_cannot_outgrow_a_forks_ceiling() {
     ]);
     assert!(err["message"].as_str().unwrap().contains("more than a sandbox's Redis may hold"), "{err}");
 }
+
+#[test]
+fn a_listener_planted_at_a_sandboxs_redis_socket_gets_no_credential() {
+    use std::io::{Read, Write};
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "planted");
+    let a = d.fork("planted", &[]);
+    let (id, url) = (a["id"].as_str().unwrap().to_owned(), redis_url(&a));
+    let password = url.split_once('@').unwrap().0.rsplit_once(':').unwrap().1.to_owned();
+    // The socket's directory is the server's user's: whoever runs as that user
+    // may put another listener there (here one of root's, answering anything).
+    let path = std::path::PathBuf::from(url.split_once('@').unwrap().1);
+    std::fs::remove_file(&path).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = heard.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut stream = stream;
+            stream.set_read_timeout(Some(std::time::Duration::from_millis(500))).unwrap();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                kept.lock().unwrap().extend_from_slice(&buf[..n]);
+                let _ = stream.write_all(b"+OK\r\n$10\r\nrogue-data\r\n");
+            }
+        }
+    });
+    // The agent's tool, the router and the daemon's own admin work all refuse it.
+    let (status, body) =
+        d.api("POST", &format!("/v1/sandboxes/{id}/tools/run_redis"), r#"{"command": ["GET", "greeting"]}"#);
+    assert_ne!(status, 200, "{body}");
+    assert!(!body.contains("rogue-data"), "{body}");
+    let routed = a["redis_url"].as_str().unwrap();
+    assert!(!via_router(routed, &[], &["GET", "greeting"]).contains("rogue-data"));
+    let (_, err) = d.fails(&["suspend", &id]);
+    assert!(err["message"].as_str().unwrap().contains("not the instance's user"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let heard = String::from_utf8_lossy(&heard.lock().unwrap()).into_owned();
+    assert!(
+        !heard.contains(&password) && !heard.contains("AUTH"),
+        "a credential reached the listener: {heard}"
+    );
+}
