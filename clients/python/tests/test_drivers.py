@@ -195,3 +195,28 @@ def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plain
     finally:
         client.delete(sb)
         daemon.cli("golden", "rm", "cached", "--force")
+
+
+def test_scratch_db_on_a_redis_only_golden_yields_a_redis_and_no_dsn(daemon, client):
+    import redis
+
+    from airlock_client import AirlockError, scratch_db
+
+    seed = daemon.home / "kv-only.redis"
+    seed.write_text("SET greeting hi\n")
+    daemon.cli("golden", "create", "kvonly", "--redis-seed", str(seed))
+    try:
+        with scratch_db("kvonly", client=client) as sb:
+            assert sb.dsn is None and sb.socket_dsn is None
+            r = redis.Redis.from_url(sb.redis_url.replace("rediss://", "redis://", 1))
+            assert r.get("greeting") == b"hi"
+            r.set("written", "by the task")
+            kept = sb.id
+        with pytest.raises(AirlockError) as gone:
+            client.get(kept)
+        assert gone.value.code == "sandbox_not_found"
+        with scratch_db("kvonly", client=client) as sb:
+            r = redis.Redis.from_url(sb.redis_url.replace("rediss://", "redis://", 1))
+            assert r.get("written") is None, "each scratch sandbox starts from the golden"
+    finally:
+        daemon.cli("golden", "rm", "kvonly", "--force")

@@ -191,3 +191,26 @@ def test_a_session_on_a_golden_with_redis_is_offered_run_redis(daemon):
         asyncio.run(go())
     finally:
         daemon.cli("golden", "rm", "mcpcache", "--force")
+
+
+def test_a_session_on_a_redis_only_golden_is_offered_no_sql_tools(daemon):
+    seed = daemon.home / "mcp-kv.redis"
+    seed.write_text("HSET user:1 name ada\n")
+    daemon.cli("golden", "create", "mcpkv", "--redis-seed", str(seed))
+
+    async def go():
+        params = StdioServerParameters(command=BIN, args=["mcp", "--golden", "mcpkv"], env=daemon.env)
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                names = sorted(t.name for t in (await session.list_tools()).tools)
+                assert "run_redis" in names and "run_sql" not in names and "test_migration" not in names
+                result = await session.call_tool("describe_schema", {})
+                assert not result.is_error and "user:* (hash): 1" in text_of(result)
+                result = await session.call_tool("run_sql", {"sql": "SELECT 1"})
+                assert result.is_error and "no PostgreSQL" in text_of(result)
+
+    try:
+        asyncio.run(go())
+    finally:
+        daemon.cli("golden", "rm", "mcpkv", "--force")

@@ -299,6 +299,10 @@ impl Engine {
             sb.redis_socket_url = Some(crate::redis::server::socket_url(&dir, &sb.id, password));
             sb.redis_url = self.router.get().and_then(|r| r.redis_url(&sb.id, password));
         }
+        // With no PostgreSQL, the stored DSN only holds the credential.
+        if !dir.has_postgres() {
+            sb.dsn = None;
+        }
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
             sb.dsn = Some(router.dsn(&sb.id, &password.unwrap_or_default()));
             sb.socket_dsn = Some(socket);

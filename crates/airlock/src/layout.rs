@@ -141,6 +141,12 @@ impl InstanceDir {
     pub fn pgdata(&self) -> PathBuf {
         self.root.join("pgdata")
     }
+    /// Whether it holds a PostgreSQL data directory (a golden generation, or
+    /// a sandbox, with no PostgreSQL part holds none). Never follows a link:
+    /// the entry sits in a directory only the daemon may change.
+    pub fn has_postgres(&self) -> bool {
+        std::fs::symlink_metadata(self.pgdata()).is_ok_and(|m| m.is_dir())
+    }
     /// The private directory holding the instance's unix socket.
     pub fn socket_dir(&self) -> PathBuf {
         self.root.join("run")

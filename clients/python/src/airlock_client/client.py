@@ -31,7 +31,7 @@ class Sandbox:
     """A forked sandbox. `dsn`, `redis_url` and `mcp_url` are secrets: keep them in the harness.
 
     `redis_url` (through the router) and `redis_socket_url` (its private socket)
-    are set when the golden has a Redis part."""
+    are set when the golden has a Redis part; `dsn` is None when it has only that."""
 
     id: str
     golden: str

@@ -236,7 +236,11 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             } else {
                 sb.dsn.clone()
             };
-            let dsn = dsn.unwrap_or_default();
+            let dsn = match dsn {
+                Some(dsn) => dsn,
+                None if sb.redis_socket_url.is_some() => return Err(no_postgres(&sb)),
+                None => String::new(),
+            };
             output::print(json, &serde_json::json!({"id": sb.id, "dsn": dsn}), || dsn.clone());
             Ok(0)
         }
@@ -810,6 +814,9 @@ async fn mcp(cli: &Cli, args: &McpArgs) -> Result<i32> {
 /// Runs psql on a sandbox; the password reaches psql through a private password
 /// file, never its command line or environment.
 fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
+    if sb.dsn.is_none() && sb.redis_socket_url.is_some() {
+        return Err(no_postgres(sb));
+    }
     let dsn = sb.dsn.as_deref().unwrap_or_default();
     let password = pg::dsn::password(dsn).unwrap_or_default();
     let dir = std::env::temp_dir().join(format!("airlock-psql-{}", crate::secret::sandbox_id()));
@@ -831,6 +838,15 @@ fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
         )
     })?;
     Ok(status.code().unwrap_or(1))
+}
+
+/// The error for asking a Redis-only sandbox for PostgreSQL.
+fn no_postgres(sb: &Sandbox) -> Error {
+    Error::new(
+        ErrorCode::InvalidRequest,
+        format!("sandbox {} has no PostgreSQL: its golden has only a Redis part", sb.id),
+        "ask for its Redis URL: `airlock dsn ID --redis`",
+    )
 }
 
 fn which_psql() -> PathBuf {

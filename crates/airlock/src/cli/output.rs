@@ -260,9 +260,9 @@ pub fn golden(g: &Golden) -> String {
     for m in &g.generations {
         t.row(vec![
             m.generation.to_string(),
-            m.postgres_version.clone(),
+            if m.has_postgres() { m.postgres_version.clone() } else { "none (Redis only)".into() },
             bytes(m.size_bytes),
-            m.schema_hash.chars().take(12).collect(),
+            if m.has_postgres() { m.schema_hash.chars().take(12).collect() } else { "-".into() },
             m.created_at.to_rfc3339(),
         ]);
     }

@@ -65,20 +65,25 @@ impl Gateway {
         }
     }
 
-    /// Whether the session's sandbox has a Redis (so `run_redis` is offered).
-    async fn has_redis(&self, parts: Option<&Parts>) -> bool {
+    /// The stores the session's sandbox has, as (PostgreSQL, Redis): the
+    /// tools of each are offered only when it has it.
+    async fn stores(&self, parts: Option<&Parts>) -> (bool, bool) {
         match &self.target {
             Target::Token(engine) => {
                 let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
-                bound.is_some_and(|super::http::BoundSandbox(id)| {
-                    crate::redis::server::configured(&engine.layout.sandbox_instance(id))
+                bound.map_or((true, false), |super::http::BoundSandbox(id)| {
+                    let dir = engine.layout.sandbox_instance(id);
+                    (dir.has_postgres(), crate::redis::server::configured(&dir))
                 })
             }
             Target::Daemon { client, sandbox, .. } => {
                 let path = format!("/v1/sandboxes/{}", crate::client::encode(sandbox));
                 let sb: Result<crate::sandbox::Sandbox> =
                     client.call(axum::http::Method::GET, &path, None::<&()>).await;
-                sb.is_ok_and(|sb| sb.redis_socket_url.is_some() || sb.redis_url.is_some())
+                match sb {
+                    Ok(sb) => (sb.dsn.is_some(), sb.redis_socket_url.is_some() || sb.redis_url.is_some()),
+                    Err(_) => (true, false),
+                }
             }
         }
     }
@@ -91,11 +96,13 @@ impl Gateway {
     }
 }
 
-/// The tools as MCP describes them; `run_redis` only for a task with a Redis.
-pub fn tool_list(redis: bool) -> Vec<Tool> {
+/// The tools as MCP describes them: `run_redis` only for a task with a
+/// Redis, `run_sql` and `test_migration` only for one with a PostgreSQL.
+pub fn tool_list((postgres, redis): (bool, bool)) -> Vec<Tool> {
     tools::specs()
         .into_iter()
         .filter(|spec| redis || spec.name != tools::RUN_REDIS)
+        .filter(|spec| postgres || ![tools::RUN_SQL, tools::TEST_MIGRATION].contains(&spec.name))
         .map(|spec| {
             let schema = match spec.input_schema {
                 Value::Object(m) => m,
@@ -118,8 +125,8 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListToolsResult, ErrorData> {
-        let redis = self.has_redis(context.extensions.get::<Parts>()).await;
-        Ok(ListToolsResult::with_all_items(tool_list(redis)))
+        let stores = self.stores(context.extensions.get::<Parts>()).await;
+        Ok(ListToolsResult::with_all_items(tool_list(stores)))
     }
 
     async fn call_tool(

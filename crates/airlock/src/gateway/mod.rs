@@ -42,3 +42,12 @@ pub(crate) async fn running(engine: &Engine, key: &str) -> Result<(Sandbox, Open
     }
     Ok((sb, busy))
 }
+
+/// The error for a PostgreSQL tool called on a sandbox that has none.
+pub(crate) fn no_postgres(sb: &Sandbox) -> Error {
+    Error::new(
+        ErrorCode::InvalidRequest,
+        format!("sandbox {} has no PostgreSQL: its golden has only a Redis part", sb.id),
+        "use run_redis (or the sandbox's redis_url); describe_schema summarises its key space",
+    )
+}

@@ -44,6 +44,10 @@ pub struct Changes {
     /// Keys in the task's Redis then and now, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<RedisChange>,
+    /// The sandbox has no PostgreSQL (its golden is Redis-only): only its
+    /// Redis is compared.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_postgres: bool,
 }
 
 /// A Redis key count then and now.
@@ -118,6 +122,14 @@ async fn admin(engine: &Engine, sb: &Sandbox) -> Result<Admin> {
 /// Describes a sandbox's schema, or one table of it.
 pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result<Schema> {
     let (sb, _busy) = super::running(engine, key).await?;
+    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+        if table.is_some() {
+            return Err(super::no_postgres(&sb));
+        }
+        let redis = redis_keyspace(engine, &sb).await?;
+        let text = redis.as_ref().map(|r| r.text()).unwrap_or_default();
+        return Ok(Schema { catalog: Catalog::default(), rows: BTreeMap::new(), text, redis });
+    }
     let admin = admin(engine, &sb).await?;
     let mut catalog = catalog::read(admin.client()).await?;
     // Kept for comparisons; a digest tells a model nothing.
@@ -158,6 +170,17 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
 /// Compares a sandbox with the golden generation it was forked from.
 pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let (sb, _busy) = super::running(engine, key).await?;
+    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+        return Ok(Changes {
+            golden: sb.golden.clone(),
+            generation: sb.generation,
+            schema_changes: Vec::new(),
+            row_changes: Vec::new(),
+            caveats: Vec::new(),
+            redis: redis_change(engine, &sb).await?,
+            no_postgres: true,
+        });
+    }
     let golden = Snapshot::load(&engine.layout.golden_generation(&sb.golden, sb.generation))?;
     let admin = admin(engine, &sb).await?;
     let now = catalog::read(admin.client()).await?;
@@ -195,28 +218,43 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
             rewritten,
         });
     }
-    let redis = match redis_keyspace(engine, &sb).await? {
-        Some(now) => {
-            let manifest = engine.store().manifest(&sb.golden, sb.generation)?;
-            let golden_keys = manifest.redis.map(|r| r.keys).unwrap_or(0);
-            Some(RedisChange { golden_keys, now })
-        }
-        None => None,
-    };
     Ok(Changes {
         golden: sb.golden.clone(),
         generation: sb.generation,
         schema_changes: catalog::diff::diff(&golden.catalog, &now),
         row_changes,
         caveats,
-        redis,
+        redis: redis_change(engine, &sb).await?,
+        no_postgres: false,
     })
+}
+
+/// A sandbox's Redis keys now beside its golden's, when it has a Redis.
+async fn redis_change(engine: &Engine, sb: &Sandbox) -> Result<Option<RedisChange>> {
+    let Some(now) = redis_keyspace(engine, sb).await? else { return Ok(None) };
+    let manifest = engine.store().manifest(&sb.golden, sb.generation)?;
+    let golden_keys = manifest.redis.map(|r| r.keys).unwrap_or(0);
+    Ok(Some(RedisChange { golden_keys, now }))
 }
 
 impl Changes {
     /// The changes as lines a model reads.
     pub fn text(&self) -> String {
         let mut out = Vec::new();
+        if self.no_postgres {
+            out.push("No PostgreSQL: this task has a Redis only.".to_owned());
+        } else {
+            self.postgres_lines(&mut out);
+        }
+        if let Some(r) = &self.redis {
+            out.push(format!("Redis keys: {} -> {}", r.golden_keys, r.now.keys()));
+        }
+        out.extend(self.caveats.iter().map(|c| format!("Note: {c}.")));
+        out.join("\n")
+    }
+
+    /// The schema and row lines of `text`.
+    fn postgres_lines(&self, out: &mut Vec<String>) {
         if self.schema_changes.is_empty() {
             out.push("Schema: unchanged.".to_owned());
         } else {
@@ -242,10 +280,5 @@ impl Changes {
                 ));
             }
         }
-        if let Some(r) = &self.redis {
-            out.push(format!("Redis keys: {} -> {}", r.golden_keys, r.now.keys()));
-        }
-        out.extend(self.caveats.iter().map(|c| format!("Note: {c}.")));
-        out.join("\n")
     }
 }

@@ -104,6 +104,9 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     }
     let began = Instant::now();
     let (sb, _busy) = super::running(engine, key).await?;
+    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+        return Err(super::no_postgres(&sb));
+    }
     let socket = engine.layout.sandbox_instance(&sb.id).socket();
     let kept = engine.sql_sessions.take(&sb.id, sb.pid);
     let reused = kept.is_some();

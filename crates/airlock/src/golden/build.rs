@@ -33,14 +33,24 @@ pub async fn build(
     asked: Option<u32>,
     redis: Option<&crate::redis::RedisSource>,
 ) -> Result<Manifest> {
-    let postgres = Postgres::choose(engine, source, asked).await?;
+    let postgres = match has_postgres(engine, source)? {
+        true => Some(Postgres::choose(engine, source, asked).await?),
+        false if redis.is_none() => {
+            return Err(Error::internal("a golden without a PostgreSQL part is built with a Redis part"))
+        }
+        false => None,
+    };
     let tag = secret::sandbox_id();
     let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
     let builder = Builder::new(engine, source, &tag)?;
-    let mut result =
-        build_in(engine, &postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await;
+    let mut result = match &postgres {
+        Some(postgres) => {
+            build_in(engine, postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await
+        }
+        None => without_postgres(&dir, (name, generation), source, &builder.user),
+    };
     if let (Ok(manifest), Some(redis)) = (&mut result, redis) {
         engine.builds.update(name, |p| p.phase = "building the Redis part".into());
         let max_memory = crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes);
@@ -59,6 +69,9 @@ pub async fn build(
         let who = (&builder.user, &builder.cgroups[..]);
         match crate::redis::golden::build(&dir, redis, promoted, who, max_memory).await {
             Ok(part) => {
+                if postgres.is_none() {
+                    manifest.size_bytes = part.rdb_bytes;
+                }
                 manifest.redis = Some(part);
                 let json = serde_json::to_vec_pretty(&*manifest).expect("manifest serializes");
                 if let Err(e) = std::fs::write(dir.root.join("manifest.json"), json) {
@@ -98,6 +111,42 @@ pub async fn build(
     Ok(manifest)
 }
 
+/// Whether a build from `source` has a PostgreSQL part: all but a Redis-only
+/// golden, and a promotion of a sandbox forked from one.
+fn has_postgres(engine: &Engine, source: &Source) -> Result<bool> {
+    match source {
+        Source::RedisOnly => Ok(false),
+        Source::Promoted { golden, generation, .. } => {
+            Ok(engine.store().manifest(golden, *generation)?.has_postgres())
+        }
+        _ => Ok(true),
+    }
+}
+
+/// Starts a generation with no PostgreSQL part: its directory, and a manifest
+/// that records no server (the Redis part is added to it next).
+fn without_postgres(
+    dir: &InstanceDir,
+    (name, generation): (&str, i64),
+    source: &Source,
+    user: &Identity,
+) -> Result<Manifest> {
+    instance::prepare_dir(dir, user, None)?;
+    Ok(Manifest {
+        name: name.to_owned(),
+        generation,
+        postgres_version: String::new(),
+        postgres_major: 0,
+        size_bytes: 0,
+        schema_hash: String::new(),
+        created_at: Timestamp::now(),
+        source: source.redacted(),
+        planted: Vec::new(),
+        import: None,
+        redis: None,
+    })
+}
+
 /// The PostgreSQL a build runs on, and the client tools it loads, dumps and restores with.
 struct Postgres<'a> {
     server: &'a Server,
@@ -128,7 +177,7 @@ impl<'a> Postgres<'a> {
                     .join(format!(".toc-{}", crate::secret::hex(&crate::secret::random_bytes::<8>())));
                 (load::dump_major(newest, path, &scratch).await, None)
             }
-            Source::Files { .. } => (None, None),
+            Source::Files { .. } | Source::RedisOnly => (None, None),
         };
         if let (Source::Promoted { .. }, Some(want), Some(have)) = (source, asked, found) {
             if want != have {
@@ -415,7 +464,7 @@ async fn load_and_describe(
                 load::run_sql_file(&loader(None)?, path, ErrorCode::SourceFailed).await?;
             }
         }
-        Source::Promoted { .. } => unreachable!("handled above"),
+        Source::Promoted { .. } | Source::RedisOnly => unreachable!("has no PostgreSQL input"),
     }
     let admin = Admin::connect(dir, DATABASE, postmaster).await?;
     if pending.is_none() {

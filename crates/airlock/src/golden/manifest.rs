@@ -40,6 +40,9 @@ pub enum Source {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jobs: Option<usize>,
     },
+    /// No PostgreSQL part: the golden is its Redis part alone, and its forks
+    /// run no PostgreSQL.
+    RedisOnly,
     /// A live sandbox's state at one instant (`airlock promote`); cannot be refreshed.
     Promoted {
         /// The sandbox it was taken from.
@@ -152,6 +155,12 @@ impl Manifest {
     /// The major its forks run on (read from the version for manifests older than the field).
     pub fn major(&self) -> u32 {
         recorded_major(self.postgres_major, &self.postgres_version)
+    }
+
+    /// Whether the generation has a PostgreSQL part (a Redis-only one has none,
+    /// and records no major).
+    pub fn has_postgres(&self) -> bool {
+        self.major() != 0
     }
 }
 

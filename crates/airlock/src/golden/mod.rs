@@ -74,13 +74,22 @@ impl CreateGolden {
             Error::new(
                 ErrorCode::InvalidRequest,
                 msg,
-                "give --schema/--seed files, or --from-url DSN, or --from-dump FILE",
+                "give --schema/--seed files, or --from-url DSN, or --from-dump FILE, \
+                 and/or a Redis part (--redis-seed, --redis-rdb or --redis-from-url)",
             )
         };
-        match kinds.iter().filter(|k| **k).count() {
-            0 => return Err(invalid("no source given for the golden")),
-            1 => {}
+        let redis_only = match kinds.iter().filter(|k| **k).count() {
+            0 if self.redis.is_none() => return Err(invalid("no source given for the golden")),
+            0 => true,
+            1 => false,
             _ => return Err(invalid("more than one kind of source given for the golden")),
+        };
+        if redis_only && self.postgres.is_some() {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                "a PostgreSQL major was given for a golden with no PostgreSQL part",
+                "give a PostgreSQL source (--schema/--seed, --from-url or --from-dump), or leave out --postgres",
+            ));
         }
         if self.jobs.is_some_and(|j| !(1..=16).contains(&j)) {
             return Err(invalid("jobs must be between 1 and 16"));
@@ -101,7 +110,9 @@ impl CreateGolden {
                 return Err(invalid(&format!("{} is not an absolute path", path.display())));
             }
         }
-        Ok(if let Some(dsn) = &self.from_url {
+        Ok(if redis_only {
+            Source::RedisOnly
+        } else if let Some(dsn) = &self.from_url {
             Source::Url { dsn: dsn.clone(), exclude: self.exclude.clone(), jobs: self.jobs }
         } else if let Some(path) = &self.from_dump {
             Source::Dump { path: path.clone(), jobs: self.jobs }
@@ -170,7 +181,7 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
     let started = std::time::Instant::now();
     // A golden stays on its major: forks of every generation run alike.
     let current = engine.store().golden(name)?.current().cloned();
-    let major = current.as_ref().map(|m| m.major());
+    let major = current.as_ref().map(|m| m.major()).filter(|m| *m != 0);
     // The Redis part is built again from its own source (the store's, which
     // keeps a URL's password; the manifest's for goldens made before it did).
     let recorded = engine.store().golden_redis_source(name)?;
@@ -237,6 +248,21 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
         .unwrap_or(1);
     let source =
         Source::Promoted { sandbox: sb.id.clone(), golden: sb.golden.clone(), generation: sb.generation };
+    // A golden's generations are alike: all with a PostgreSQL part or none.
+    let forked_from = engine.store().manifest(&sb.golden, sb.generation)?;
+    if let Some(current) = existing.as_ref().and_then(|g| g.current()) {
+        if current.has_postgres() != forked_from.has_postgres() {
+            let (golden_has, sandbox_has) = match current.has_postgres() {
+                true => ("a PostgreSQL part", "none"),
+                false => ("no PostgreSQL part", "one"),
+            };
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!("golden {name:?} has {golden_has}, and sandbox {} has {sandbox_has}", sb.id),
+                "promote the sandbox into a new golden (`airlock promote ID --golden NEW_NAME`)",
+            ));
+        }
+    }
     let started = std::time::Instant::now();
     // Its Redis, if it has one, saves its data now; the next generation's
     // Redis part is that data.

@@ -182,6 +182,12 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     }
     let golden = engine.store().golden(&req.golden)?;
     let generation = golden.current_generation;
+    if golden.current().is_some_and(|m| !m.has_postgres()) {
+        return Err(invalid(
+            format!("golden {:?} has no PostgreSQL part to migrate", req.golden),
+            "test migrations against a golden made from PostgreSQL (--schema/--seed, --from-url or --from-dump)",
+        ));
+    }
     let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
     let expected = expected_catalog(&engine, &req).await?;
     let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);

@@ -100,11 +100,13 @@ fn watch_servers(engine: &Arc<Engine>) {
         return;
     };
     for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
-        let pgdata = engine.layout.sandbox(&sb.id).join("pgdata");
-        match sb.pid.map(|pid| instance::serves(pid, &pgdata)) {
+        let dir = engine.layout.sandbox_instance(&sb.id);
+        let pgdata = dir.pgdata();
+        // A sandbox with no PostgreSQL lives as long as it is not deleted.
+        let postgres = dir.has_postgres();
+        match sb.pid.map(|pid| if postgres { instance::serves(pid, &pgdata) } else { Ok(true) }) {
             Some(Ok(true)) => {
                 // Its other stores, killed by a limit say, start again.
-                let dir = engine.layout.sandbox_instance(&sb.id);
                 for store in Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
                     tokio::spawn(restart_store(engine.clone(), sb.id.clone(), store));
                 }

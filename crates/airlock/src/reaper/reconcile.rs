@@ -223,6 +223,10 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     let Some(pid) = sb.pid else { return Ok(false) };
     let dir = engine.layout.sandbox_instance(&sb.id);
+    if !dir.has_postgres() {
+        let stores = crate::sandbox::stores::Store::of_sandbox(&dir);
+        return Ok(!stores.is_empty() && stores.iter().all(|s| s.running(&dir)));
+    }
     if !instance::serves(pid, &dir.pgdata())? {
         return Ok(false);
     }

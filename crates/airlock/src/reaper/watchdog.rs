@@ -75,8 +75,12 @@ struct Backend {
 /// Looks at every running sandbox once.
 pub async fn round(engine: &Arc<Engine>, watched: &mut HashMap<String, Watched>) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
-    let busy: Vec<Sandbox> =
-        all.into_iter().filter(|s| s.state == SandboxState::Running && agent_busy(engine, s)).collect();
+    // It watches PostgreSQL sessions; Redis bounds its own scripts.
+    let watchable = |s: &Sandbox| engine.layout.sandbox_instance(&s.id).has_postgres();
+    let busy: Vec<Sandbox> = all
+        .into_iter()
+        .filter(|s| s.state == SandboxState::Running && watchable(s) && agent_busy(engine, s))
+        .collect();
     watched.retain(|id, w| busy.iter().any(|s| &s.id == id && s.pid == Some(w.postmaster)));
     let mut checks = tokio::task::JoinSet::new();
     for sb in busy {

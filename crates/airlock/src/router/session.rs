@@ -286,6 +286,16 @@ async fn establish(
             }
         }
     }
+    // Said only to a client that proved it holds the credential.
+    if !shared.host.layout.sandbox_instance(&sb.id).has_postgres() {
+        let e = ErrorResponse::fatal(
+            "3D000",
+            format!("sandbox \"{}\" has no PostgreSQL: its golden has only a Redis part", sb.id),
+            "connect to its Redis instead (`airlock dsn ID --redis` prints the URL)",
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
     match session_for(shared, sb, &startup).await {
         Ok((sb, backend, open)) => {
             record(shared, &sb, crate::events::EventKind::Connected, peer, tls);

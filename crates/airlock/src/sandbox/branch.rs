@@ -99,24 +99,28 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // files of that user only, never a link, and fails closed otherwise.
         let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let source_dir = instance_dir(engine, &source.id);
+        let postgres = source_dir.has_postgres();
         let stores = super::stores::Store::of_sandbox(&source_dir);
         let cloned = {
             // A daemon that dies while the source is paused leaves it stopped;
             // reconciliation continues every server it keeps.
-            let _paused = Paused::new(source_pid)?;
+            let _paused = postgres.then(|| Paused::new(source_pid)).transpose()?;
             crate::crashpoint::reached("branch.paused");
             // Its other stores save their state while PostgreSQL is held: all
             // are taken at the same point of the agent's work.
             for store in &stores {
                 store.save(&source_dir).await?;
             }
-            let cloned = engine.cloner.clone_data(
-                &source_pgdata,
-                &config,
-                &dir.pgdata(),
-                Some(&user),
-                Some(source_user.uid),
-            );
+            let cloned = match postgres {
+                true => engine.cloner.clone_data(
+                    &source_pgdata,
+                    &config,
+                    &dir.pgdata(),
+                    Some(&user),
+                    Some(source_user.uid),
+                ),
+                false => Ok(Default::default()),
+            };
             for store in &stores {
                 store.clone_saved(engine, (&source_dir, &dir), &user, source_user.uid)?;
             }
@@ -125,21 +129,26 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         paused_ms = ms(t);
         cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
         steps.clone_ms = paused_ms;
-        crate::pg::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
+        if postgres {
+            crate::pg::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
+        }
         let cgroups = engine
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)
             .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-        let server = engine.server_for(&sb.golden, sb.generation)?;
+        let server = postgres.then(|| engine.server_for(&sb.golden, sb.generation)).transpose()?;
         for store in &stores {
             store.configure(engine, &dir, &sb, &password)?;
         }
-        let postgres = start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps);
-        let pid = super::stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await?;
+        let started =
+            server.map(|server| start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps));
+        let pid = super::stores::start_with(started, &stores, &dir, (&user, group), &cgroups).await?;
         // The clone carries the source's role and password: give the branch its own.
-        let t = Instant::now();
-        Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;
-        steps.credential_ms = ms(t);
+        if postgres {
+            let t = Instant::now();
+            Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;
+            steps.credential_ms = ms(t);
+        }
         Ok::<i32, Error>(pid)
     }
     .await;

@@ -104,9 +104,11 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin")
         .env("HOME", &workdir)
-        .env("LANG", "C.UTF-8")
-        .env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
+        .env("LANG", "C.UTF-8");
     let instance = engine.layout.sandbox_instance(&sb.id);
+    if instance.has_postgres() {
+        cmd.env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
+    }
     if let (true, Some(password)) =
         (crate::redis::server::configured(&instance), sb.dsn.as_deref().and_then(crate::pg::dsn::password))
     {
@@ -119,12 +121,13 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .kill_on_drop(true);
     // The server's namespaces: its network (loopback only), its System V IPC,
     // and its mounts (private /tmp, a /proc showing only its own processes).
-    let namespaces = match (engine.daemon_user.is_root(), sb.pid) {
-        (true, Some(pid))
-            if instance::is_postmaster_of(pid, &engine.layout.sandbox(&sb.id).join("pgdata")) =>
-        {
-            Some(instance::Namespaces::of(pid)?)
-        }
+    // (Those of its first other store's server when it has no PostgreSQL.)
+    let server = match instance.has_postgres() {
+        true => sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &instance.pgdata())),
+        false => super::stores::Store::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
+    };
+    let namespaces = match (engine.daemon_user.is_root(), server) {
+        (true, Some(pid)) => Some(instance::Namespaces::of(pid)?),
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),
         (false, _) => None,
     };

@@ -14,8 +14,13 @@ use crate::store::SandboxFilter;
 
 /// Whether the sandbox's server has client sessions other than the asking one.
 /// Counts as yes when the server cannot be asked, so nothing in use is stopped.
+/// (A sandbox with no PostgreSQL is used through the router and the daemon's
+/// tools only, which count their own.)
 pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     let dir = engine.layout.sandbox_instance(id);
+    if !dir.has_postgres() {
+        return false;
+    }
     // Sessions the daemon keeps for the next tool call are not a client's.
     let kept: Vec<String> = engine.sql_sessions.backend_pids(id).iter().map(|p| p.to_string()).collect();
     let asked = async {

@@ -1,4 +1,6 @@
-//! Sandboxes: one disposable PostgreSQL instance per task, forked from a golden.
+//! Sandboxes: one disposable PostgreSQL instance per task, forked from a golden,
+//! with the golden's other stores beside it (or, for a Redis-only golden,
+//! instead of it: see [`stores`]).
 //!
 //! The fork path: record the sandbox (`creating`) → clone the golden's data
 //! directory → write access files → start postgres on a private socket → wait
@@ -319,8 +321,12 @@ pub(crate) async fn bring_up(
     steps: &mut Steps,
 ) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
-    let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
-    let server = engine.server_for(&sb.golden, sb.generation)?;
+    let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
+    let golden_pgdata = golden_root.join("pgdata");
+    let server = match (InstanceDir { root: golden_root.clone() }).has_postgres() {
+        true => Some(engine.server_for(&sb.golden, sb.generation)?),
+        false => None,
+    };
     let t = Instant::now();
     let user = engine.sandbox_user(sb)?;
     let group = engine.socket_group(sb);
@@ -329,13 +335,15 @@ pub(crate) async fn bring_up(
     (|| -> Result<()> {
         make_dir(engine, &dir)?;
         instance::prepare_dir(&dir, &user, group)?;
+        if server.is_none() {
+            return Ok(());
+        }
         engine
             .cloner
             .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
             .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
         instance::write_access_files(&dir, &engine.admin_os_users(), &[])
     })()?;
-    let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
     let stores = Store::of_generation(&golden_root);
     for store in &stores {
         store.clone_from_golden(engine, &golden_root, &dir, &user)?;
@@ -345,7 +353,7 @@ pub(crate) async fn bring_up(
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    if stores.is_empty() {
+    if let (true, Some(server)) = (stores.is_empty(), server) {
         return start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await;
     }
     let password =
@@ -355,7 +363,8 @@ pub(crate) async fn bring_up(
     }
     // Every store starts at once; the sandbox is ready when all answer.
     let t = Instant::now();
-    let postgres = start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps);
+    let postgres = server
+        .map(|server| start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps));
     let pid = stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await;
     steps.stores_ms = Some(ms(t));
     pid
@@ -412,16 +421,18 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
     if sb.access == Access::default() && !fresh {
         return Ok(());
     }
-    let admin = match kept {
-        Some(admin) => admin,
-        None => Admin::connect(&instance_dir(engine, &sb.id), DATABASE, sb.pid.unwrap_or_default()).await?,
-    };
-    if sb.access == Access::default() {
-        admin.restore_agent_password(password).await?;
-    } else {
-        admin.remake_agent(password, &sb.access).await?;
-    }
     let dir = instance_dir(engine, &sb.id);
+    if dir.has_postgres() {
+        let admin = match kept {
+            Some(admin) => admin,
+            None => Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?,
+        };
+        if sb.access == Access::default() {
+            admin.restore_agent_password(password).await?;
+        } else {
+            admin.remake_agent(password, &sb.access).await?;
+        }
+    }
     for store in Store::of_sandbox(&dir) {
         store.claim(&dir, sb, fresh.then_some(password)).await?;
     }
@@ -526,6 +537,17 @@ pub(crate) async fn rebuild(
 /// keeping its data and credential.
 pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
+    // The socket directory is made afresh below, which would cut a store that
+    // still runs off from its clients: it saves its data and stops first.
+    for store in Store::of_sandbox(&dir).into_iter().filter(|s| s.running(&dir)) {
+        if let Err(e) = store.save(&dir).await {
+            tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "could not save a store before restarting it");
+        }
+        store.stop(&dir).await;
+    }
+    if !dir.has_postgres() {
+        return restart_stores(engine, sb, &dir).await;
+    }
     // The dead server's lock files name a pid that may live on as a zombie or be
     // reused. Should a server still serve this directory (one the caller missed),
     // it is stopped first: two on one data directory would corrupt it. The System V
@@ -569,6 +591,22 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     }
     let dsn = sb.dsn.clone().unwrap_or_default();
     engine.store().set_running(&sb.id, pid, &dsn)?;
+    Ok(pid)
+}
+
+/// `restart` for a sandbox with no PostgreSQL: its stores start from what
+/// they last saved; the first store's pid is the sandbox's.
+async fn restart_stores(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<i32> {
+    let user = engine.sandbox_user(sb)?;
+    let group = engine.socket_group(sb);
+    instance::prepare_dir(dir, &user, group)?;
+    let mut cgroups = engine.cgroups.procs_files(&sb.id);
+    if cgroups.is_empty() {
+        cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
+    }
+    let stores = Store::of_sandbox(dir);
+    let pid = stores::start_with(stores::NO_POSTGRES, &stores, dir, (&user, group), &cgroups).await?;
+    engine.store().set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
     Ok(pid)
 }
 

@@ -119,14 +119,19 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         // init file, so the agent's sessions are quick. It stays open for a claim
         // that asks for other access.
         let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
-        let admin = Admin::connect(&dir, DATABASE, pid).await?;
+        let admin = match dir.has_postgres() {
+            true => Some(Admin::connect(&dir, DATABASE, pid).await?),
+            false => None,
+        };
         let verifier = verifier.await.map_err(|e| crate::error::Error::internal(e.to_string()))?;
         Ok::<_, crate::error::Error>((pid, admin, verifier))
     }
     .await;
     match made {
         Ok((pid, admin, verifier)) => {
-            engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
+            if let Some(admin) = admin {
+                engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
+            }
             let url =
                 crate::pg::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
             engine.store().set_pooled(&sb.id, pid, &url, &verifier)

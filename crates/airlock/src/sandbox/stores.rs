@@ -1,10 +1,11 @@
-//! The stores a sandbox holds beside its PostgreSQL.
+//! The stores a sandbox holds beside (or instead of) its PostgreSQL.
 //!
-//! PostgreSQL is every sandbox's, and the lifecycle code drives it directly.
+//! PostgreSQL, when a golden has it, is driven by the lifecycle code directly.
 //! Every other kind a golden may carry is a [`Store`], which fork, reset,
 //! branch, suspend, wake, restart, teardown, the pool and the reaper handle
 //! through this one interface: a new kind is a new variant here, never new
-//! lifecycle code.
+//! lifecycle code. A sandbox with no PostgreSQL is known by the pid of its
+//! first store's server.
 
 use std::ffi::CString;
 use std::path::Path;
@@ -113,23 +114,28 @@ impl Store {
         }
     }
 
-    /// Starts it as `user` in `cgroups`; returns once it answers.
+    /// Starts it as `user` in `cgroups`; returns its server's pid once it answers.
     pub async fn start(
         self,
         dir: &InstanceDir,
         who: (&Identity, Option<nix::unistd::Gid>),
         cgroups: &[CString],
-    ) -> Result<()> {
+    ) -> Result<i32> {
         match self {
-            Store::Redis => crate::redis::server::start(dir, who, cgroups).await.map(|_| ()),
+            Store::Redis => crate::redis::server::start(dir, who, cgroups).await,
+        }
+    }
+
+    /// Its running server's pid.
+    pub fn pid(self, dir: &InstanceDir) -> Option<i32> {
+        match self {
+            Store::Redis => crate::redis::server::find(dir),
         }
     }
 
     /// Whether its server runs.
     pub fn running(self, dir: &InstanceDir) -> bool {
-        match self {
-            Store::Redis => crate::redis::server::find(dir).is_some(),
-        }
+        self.pid(dir).is_some()
     }
 
     /// Stops its server, if it runs.
@@ -173,22 +179,34 @@ impl Store {
     }
 }
 
-/// Starts PostgreSQL (`postgres`) and every other store of a sandbox at once;
-/// returns PostgreSQL's outcome once all answer, or the first failure.
-pub async fn start_with<T>(
-    postgres: impl std::future::Future<Output = Result<T>>,
+/// Starts PostgreSQL (`postgres`, when the sandbox has it) and every other
+/// store of a sandbox at once; returns, once all answer, the pid the sandbox
+/// is known by (the postmaster's, else its first store's), or the first failure.
+pub async fn start_with(
+    postgres: Option<impl std::future::Future<Output = Result<i32>>>,
     stores: &[Store],
     dir: &InstanceDir,
     who: (&Identity, Option<nix::unistd::Gid>),
     cgroups: &[CString],
-) -> Result<T> {
+) -> Result<i32> {
     let others = async {
+        let mut first = None;
         for store in stores {
-            store.start(dir, who, cgroups).await?;
+            let pid = store.start(dir, who, cgroups).await?;
+            first.get_or_insert(pid);
         }
-        Ok::<_, Error>(())
+        Ok::<_, Error>(first)
+    };
+    let postgres = async {
+        match postgres {
+            Some(postgres) => postgres.await.map(Some),
+            None => Ok(None),
+        }
     };
     let (postgres, others) = tokio::join!(postgres, others);
-    others?;
-    postgres
+    let first = others?;
+    postgres?.or(first).ok_or_else(|| Error::internal("a sandbox has neither PostgreSQL nor another store"))
 }
+
+/// What `start_with` is given for a sandbox with no PostgreSQL.
+pub const NO_POSTGRES: Option<std::future::Ready<Result<i32>>> = None;

@@ -85,7 +85,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         }
         store.stop(&dir).await;
     }
-    if let Some(pid) = sb.pid {
+    if let Some(pid) = sb.pid.filter(|_| dir.has_postgres()) {
         match reason {
             // Nothing more may be written, a checkpoint included; it recovers on wake.
             SuspendReason::DiskFull => {

@@ -669,3 +669,133 @@ fn a_listener_planted_at_a_sandboxs_redis_socket_gets_no_credential() {
         "a credential reached the listener: {heard}"
     );
 }
+
+/// The pid of the `redis-server` serving socket URL `url`.
+fn redis_pid(url: &str) -> Option<String> {
+    let path = url.split_once('@').unwrap().1;
+    let found = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    (!pid.is_empty()).then_some(pid)
+}
+
+#[test]
+fn a_golden_of_redis_alone_forks_sandboxes_that_run_no_postgres() {
+    let mut d = Daemon::start(&[]);
+    let seed = d.home.join("kv.redis");
+    std::fs::write(&seed, "SET greeting hello\nHSET user:1 name ada\n").unwrap();
+    let seed = seed.to_str().unwrap();
+    let g = d.json(&["golden", "create", "kv", "--redis-seed", seed]);
+    let m = &g["generations"][0];
+    assert_eq!(m["source"]["kind"], "redis_only", "{g}");
+    assert_eq!(m["postgres_major"], 0, "{g}");
+    assert_eq!(m["redis"]["keys"], 2, "{g}");
+    assert!(m["size_bytes"].as_u64().unwrap() > 0, "the RDB's size: {g}");
+    assert!(d.ok(&["golden", "show", "kv"]).contains("none (Redis only)"));
+    // A PostgreSQL major needs a PostgreSQL source; no source at all is refused.
+    let (_, err) = d.fails(&["golden", "create", "kv2", "--redis-seed", seed, "--postgres", "15"]);
+    assert_eq!(err["code"], "invalid_request", "{err}");
+    let (_, err) = d.fails(&["golden", "create", "nothing"]);
+    assert!(err["message"].as_str().unwrap().contains("no source"), "{err}");
+
+    let a = d.fork("kv", &[]);
+    let id = a["id"].as_str().unwrap().to_owned();
+    assert!(a["dsn"].is_null() && a["socket_dsn"].is_null(), "no PostgreSQL to reach: {a}");
+    let url = redis_url(&a);
+    assert_eq!(redis(&url, &["GET", "greeting"]), "hello");
+    assert!(a["redis_url"].as_str().is_some_and(|u| u.contains(&id)), "{a}");
+    let running = Command::new("pgrep").args(["-f", &format!("{id}/pgdata")]).output().unwrap();
+    assert!(running.stdout.is_empty(), "no postgres runs for it");
+    let (_, err) = d.fails(&["dsn", &id]);
+    assert!(err["message"].as_str().unwrap().contains("no PostgreSQL"), "{err}");
+    assert_eq!(d.ok(&["dsn", &id, "--redis"]).trim(), a["redis_url"].as_str().unwrap());
+
+    // Its credential at the PostgreSQL port is told why, and nothing more.
+    let password = url.strip_prefix("unix://").unwrap().split_once('@').unwrap().0.split_once(':').unwrap().1;
+    let routed = format!("postgresql://airlock_agent:{password}@{}/{id}?sslmode=disable", d.router);
+    let refused = crate::harness::psql(&routed, "SELECT 1").unwrap_err();
+    assert!(refused.contains("has no PostgreSQL"), "{refused}");
+
+    // The agent's tools: Redis ones only.
+    let (status, body) =
+        d.api("POST", &format!("/v1/sandboxes/{id}/tools/run_sql"), r#"{"sql": "SELECT 1"}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("no PostgreSQL"), "{body}");
+    let r = tool(&d, &id, "describe_schema", serde_json::json!({}));
+    assert!(r["text"].as_str().unwrap().contains("Redis: 2 keys"), "{r}");
+    tool(&d, &id, "run_redis", serde_json::json!({"command": ["SET", "progress", "step 1"]}));
+    let r = tool(&d, &id, "changes_since_fork", serde_json::json!({}));
+    let text = r["text"].as_str().unwrap();
+    assert!(text.contains("No PostgreSQL") && text.contains("Redis keys: 2 -> 3"), "{text}");
+
+    // exec gets REDIS_URL and no DATABASE_URL.
+    let script = "echo \"db=${DATABASE_URL:-none}\"; a=${REDIS_URL#unix://}; a=${a%%@*}; \
+                  REDISCLI_AUTH=${a#*:} redis-cli --no-auth-warning -s \"${REDIS_URL#*@}\" --user \"${a%%:*}\" GET progress";
+    let out = d.exec(&id, script, "20s");
+    assert_eq!(out["stdout"].as_str().unwrap().trim(), "db=none\nstep 1", "{out}");
+
+    // Suspend saves and stops it; wake starts it from there.
+    d.ok(&["suspend", &id]);
+    assert!(redis_pid(&url).is_none(), "its Redis stopped");
+    d.ok(&["wake", &id]);
+    assert_eq!(redis(&url, &["GET", "progress"]), "step 1");
+
+    // A branch takes its Redis; each goes its own way after.
+    let b = d.json(&["branch", &id]);
+    assert!(b["dsn"].is_null(), "{b}");
+    assert_eq!(redis(&redis_url(&b), &["GET", "progress"]), "step 1");
+    assert_eq!(redis(&redis_url(&b), &["SET", "progress", "branch"]), "OK");
+    assert_eq!(redis(&url, &["GET", "progress"]), "step 1");
+
+    // Killed, it comes back (from what it last saved) and the sandbox lives on.
+    let pid = redis_pid(&url).expect("its Redis runs");
+    Command::new("kill").args(["-9", &pid]).status().unwrap();
+    d.wait_for(std::time::Duration::from_secs(20), "its Redis to come back", || {
+        redis(&url, &["GET", "greeting"]) == "hello"
+    });
+    assert_eq!(d.json(&["show", &id])["state"], "running");
+
+    // The daemon killed and started again keeps it, and its Redis answers.
+    d.kill9();
+    Command::new("kill").args(["-9", &redis_pid(&url).unwrap()]).status().unwrap();
+    d.spawn();
+    assert_eq!(d.json(&["show", &id])["state"], "running");
+    d.wait_for(std::time::Duration::from_secs(20), "its Redis after the restart", || {
+        redis(&url, &["GET", "greeting"]) == "hello"
+    });
+
+    // Reset puts the golden's keys back.
+    assert_eq!(redis(&url, &["SET", "scratch", "x"]), "OK");
+    d.ok(&["reset", &id]);
+    assert_eq!(redis(&url, &["EXISTS", "scratch"]), "0");
+    assert_eq!(redis(&url, &["GET", "greeting"]), "hello");
+
+    // Pool members of a Redis-only golden are ready Redis servers.
+    d.json(&["golden", "pool", "kv", "--size", "1"]);
+    d.wait_for(std::time::Duration::from_secs(30), "a pool member", || {
+        d.json(&["golden", "show", "kv"])["pooled"] == 1
+    });
+    let c = d.fork("kv", &["--mode", "readonly"]);
+    let events = d.json(&["events", "--sandbox", c["id"].as_str().unwrap()]).to_string();
+    assert!(events.contains("\"from_pool\":true"), "{events}");
+    assert!(redis(&redis_url(&c), &["SET", "k", "v"]).contains("NOPERM"));
+    assert_eq!(redis(&redis_url(&c), &["GET", "greeting"]), "hello");
+
+    // Promote keeps it Redis-only; it cannot become a generation of a golden
+    // with PostgreSQL, and has no migrations to test.
+    assert_eq!(redis(&url, &["SET", "progress", "promoted"]), "OK");
+    let p = d.json(&["promote", &id, "--golden", "kv-next"]);
+    assert_eq!(p["generations"][0]["postgres_major"], 0, "{p}");
+    let e = d.fork("kv-next", &[]);
+    assert_eq!(redis(&redis_url(&e), &["GET", "progress"]), "promoted");
+    d.shop("shop");
+    let (_, err) = d.fails(&["promote", &id, "--golden", "shop"]);
+    assert!(err["message"].as_str().unwrap().contains("has a PostgreSQL part"), "{err}");
+    let migration = d.home.join("m.sql");
+    std::fs::write(&migration, "CREATE TABLE t (id int);\n").unwrap();
+    let (_, err) = d.fails(&["migrate", "test", "--golden", "kv", migration.to_str().unwrap()]);
+    assert!(err["message"].as_str().unwrap().contains("no PostgreSQL part"), "{err}");
+
+    // Delete takes its Redis with it.
+    d.ok(&["rm", &id]);
+    assert!(redis_pid(&url).is_none(), "its Redis is gone");
+}
