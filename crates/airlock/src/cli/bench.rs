@@ -1,4 +1,5 @@
-//! `airlock bench fork`: time from a fork request to the first query answered,
+//! `airlock bench fork`: time from a fork request to the first query answered
+//! (and, for a golden with a Redis part, the first `PING`: both at once),
 //! against the ways a user would otherwise get a fresh database, in one run.
 //!
 //! Baselines run on a scratch PostgreSQL instance with the same server settings
@@ -139,6 +140,57 @@ fn elapsed_ms(t: Instant) -> f64 {
 }
 
 /// Connects with a DSN and runs `SELECT 1`.
+/// A new sandbox's first answers, asked at once: `SELECT 1` when it has a
+/// PostgreSQL (`agent`), and `AUTH` + `PING` when it has a Redis, by `via`.
+async fn first_answers(sb: &Sandbox, agent: Option<&tokio_postgres::Config>, via: Via) -> Result<()> {
+    let sql = async {
+        match agent {
+            Some(agent) => first_query(agent).await,
+            None => Ok(()),
+        }
+    };
+    let (sql, ping) = tokio::join!(sql, first_ping(sb, via));
+    sql.and(ping)
+}
+
+/// `AUTH` and `PING` on a sandbox's Redis, through the router's Redis port
+/// (plaintext) or its socket; nothing when it has no Redis.
+async fn first_ping(sb: &Sandbox, via: Via) -> Result<()> {
+    let routed = sb.redis_url.as_deref().filter(|_| via == Via::Router);
+    let Some(url) = routed.or(sb.redis_socket_url.as_deref()) else { return Ok(()) };
+    let bad = || Error::internal("a sandbox's Redis URL did not parse");
+    let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
+    let (auth, address) = rest.rsplit_once('@').ok_or_else(bad)?;
+    let (user, password) = auth.split_once(':').ok_or_else(bad)?;
+    let failed = |e: std::io::Error| Error::internal(format!("benchmark Redis connection failed: {e}"));
+    match scheme {
+        "unix" => {
+            auth_and_ping(tokio::net::UnixStream::connect(address).await.map_err(failed)?, user, password)
+                .await
+        }
+        _ => {
+            auth_and_ping(tokio::net::TcpStream::connect(address).await.map_err(failed)?, user, password)
+                .await
+        }
+    }
+}
+
+async fn auth_and_ping(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send,
+    user: &str,
+    password: &str,
+) -> Result<()> {
+    use crate::redis::resp::{call, Reply};
+    let mut stream = tokio::io::BufStream::new(stream);
+    for args in [&["AUTH", user, password][..], &["PING"]] {
+        match call(&mut stream, args).await? {
+            Reply::Status(_) => {}
+            other => return Err(Error::internal(format!("the sandbox's Redis answered {other:?}"))),
+        }
+    }
+    Ok(())
+}
+
 async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
         Error::postgres(format!("benchmark connection failed: {}", crate::pg::admin::describe(&e)))
@@ -171,6 +223,8 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         client.call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY).await?;
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
+    // Baselines load the golden's PostgreSQL part; a Redis-only golden has none.
+    let mut has_postgres = true;
     let mut answer_ms = Vec::new();
     let mut floor_ms = Vec::new();
     for _ in 0..iterations {
@@ -189,12 +243,14 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         let t = Instant::now();
         let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
         answer_ms.push(elapsed_ms(t));
-        let agent = agent_config(&forked.sandbox, router, *via)?;
-        first_query(&agent).await?;
+        // A sandbox of a Redis-only golden has no DSN, and no query to answer.
+        has_postgres = forked.sandbox.dsn.is_some();
+        let agent = has_postgres.then(|| agent_config(&forked.sandbox, router, *via)).transpose()?;
+        first_answers(&forked.sandbox, agent.as_ref(), *via).await?;
         fork_ms.push(elapsed_ms(t));
         // The floor: the same connection and query again, on a server already up.
         let t = Instant::now();
-        first_query(&agent).await?;
+        first_answers(&forked.sandbox, agent.as_ref(), *via).await?;
         floor_ms.push(elapsed_ms(t));
         let _: Sandbox = client
             .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
@@ -212,7 +268,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         series("  of which: API answer with the DSN", answer_ms),
         series("  floor: a second connect + query", floor_ms),
     ];
-    if !no_baselines {
+    if !no_baselines && has_postgres {
         let runs = baseline_iterations.unwrap_or(iterations).max(1);
         let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));
         let result = baselines(cli, &client, &req, runs).await;
@@ -223,7 +279,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     for s in &mut all {
         s.vs_airlock = (s.p50_ms / base * 100.0).round() / 100.0;
     }
-    let title = format!("golden {golden}: fork request to first query answered");
+    let title = format!("golden {golden}: fork request to first query (and Redis PING) answered");
     report(cli, &title, serde_json::json!({"golden": golden}), &all, true);
     Ok(0)
 }
