@@ -35,6 +35,10 @@ pub enum LoginError {
         /// The whole message, to pass on.
         message: Vec<u8>,
     },
+    /// The server could not start a process for the session (the sandbox is
+    /// at its process limit, say): its text.
+    #[error("the server could not start a session: {0}")]
+    CouldNotStart(String),
     /// The connection failed or the server broke the protocol.
     #[error("{0}")]
     Broken(#[from] PacketError),
@@ -58,8 +62,16 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
     let mut scram: Option<ScramSha256> = None;
     let (mut params, mut key) = (Vec::new(), None);
     let mut buf = BytesMut::new();
+    let mut first = true;
     loop {
-        let m = protocol::read_server_message(&mut server).await?;
+        let m = match first {
+            true => match protocol::read_first_server_answer(&mut server).await? {
+                protocol::FirstAnswer::Message(m) => m,
+                protocol::FirstAnswer::CouldNotStart(text) => return Err(LoginError::CouldNotStart(text)),
+            },
+            false => protocol::read_server_message(&mut server).await?,
+        };
+        first = false;
         match (m.tag, m.auth_code()) {
             (b'R', Some(0)) => {}
             (b'R', Some(10)) => {

@@ -6,13 +6,15 @@
 //! Nothing here changes a sandbox's lifecycle: the router asks the daemon for
 //! that over its API, and waits out a daemon that is restarting.
 
-use std::sync::{Mutex, MutexGuard};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use hyper::Method;
 
 use super::Connections;
 use crate::error::{Error, ErrorCode, Result};
+use crate::events::{EventKind, NewEvent};
 use crate::layout::Layout;
 use crate::sandbox::Sandbox;
 use crate::store::Store;
@@ -87,5 +89,38 @@ impl Host {
         if let Err(e) = self.store().set_active(id, crate::clock::Timestamp::now()) {
             tracing::debug!(sandbox = %id, error = %e, "recording a sandbox's use failed");
         }
+    }
+
+    /// Records a connection accepted (which counts as the sandbox's use) or
+    /// refused, off the connection's task; `store` names a store other than
+    /// PostgreSQL the client reached.
+    pub fn record_connection(
+        self: &Arc<Self>,
+        sb: &Sandbox,
+        kind: EventKind,
+        (peer, tls): (SocketAddr, bool),
+        store: Option<&str>,
+    ) {
+        let mut detail = serde_json::json!({"client": peer.to_string(), "tls": tls});
+        if let Some(store) = store {
+            detail["store"] = store.into();
+        }
+        let event = NewEvent {
+            kind,
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail,
+            ..Default::default()
+        };
+        let host = self.clone();
+        let (id, used) = (sb.id.clone(), kind == EventKind::Connected);
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = host.store().record(event) {
+                tracing::warn!(error = %e, "recording a router connection failed");
+            }
+            if used {
+                host.touch(&id);
+            }
+        });
     }
 }

@@ -302,6 +302,16 @@ impl Message {
 async fn read_message<R: AsyncRead + Unpin>(r: &mut R, max: usize) -> Result<Message, PacketError> {
     let tag = r.read_u8().await?;
     let len = r.read_i32().await?;
+    read_body(r, tag, len, max).await
+}
+
+/// Reads the rest of a message whose tag and length were read.
+async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut R,
+    tag: u8,
+    len: i32,
+    max: usize,
+) -> Result<Message, PacketError> {
     if len < 4 || len as usize > max {
         return Err(PacketError::invalid("message length out of range"));
     }
@@ -325,6 +335,39 @@ pub async fn read_client_auth<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message
 /// Reads a server's message before the session is established.
 pub async fn read_server_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, PacketError> {
     read_message(r, MAX_SERVER_STARTUP_MESSAGE).await
+}
+
+/// A server's first answer to a startup packet.
+#[derive(Debug)]
+pub enum FirstAnswer {
+    /// A message of the protocol.
+    Message(Message),
+    /// The text of the error a postmaster sends, in the old protocol's form,
+    /// when it cannot start a process for the session (it could not fork).
+    CouldNotStart(String),
+}
+
+/// The longest old-protocol error text read.
+const MAX_OLD_ERROR: usize = 1000;
+
+/// Reads a server's first answer. A postmaster that cannot fork a backend
+/// answers `E` and a NUL-terminated text with no length word: an `E` whose
+/// length could not be an error message's is read that way, as libpq does.
+pub async fn read_first_server_answer<R: AsyncRead + Unpin>(r: &mut R) -> Result<FirstAnswer, PacketError> {
+    let tag = r.read_u8().await?;
+    let len = r.read_i32().await?;
+    if tag != b'E' || (8..=30000).contains(&len) {
+        return read_body(r, tag, len, MAX_SERVER_STARTUP_MESSAGE).await.map(FirstAnswer::Message);
+    }
+    let mut text = len.to_be_bytes().to_vec();
+    while !text.contains(&0) && text.len() < MAX_OLD_ERROR {
+        match r.read_u8().await {
+            Ok(byte) => text.push(byte),
+            Err(_) => break,
+        }
+    }
+    let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+    Ok(FirstAnswer::CouldNotStart(String::from_utf8_lossy(&text[..end]).trim_end().to_owned()))
 }
 
 /// Authentication requests that the client answers with a `p` message
@@ -489,5 +532,36 @@ mod tests {
         assert_eq!(i32::from_be_bytes(e[1..5].try_into().unwrap()) as usize, e.len() - 1);
         assert!(e.windows(6).any(|w| w == b"C3D000"));
         assert!(e.ends_with(b"Hfork one\0\0"));
+    }
+
+    #[tokio::test]
+    async fn a_postmasters_old_protocol_fork_failure_is_read_as_its_text() {
+        let sent = b"Ecould not fork new process for connection: Resource temporarily unavailable\n\0";
+        match read_first_server_answer(&mut &sent[..]).await.unwrap() {
+            FirstAnswer::CouldNotStart(text) => {
+                assert_eq!(
+                    text,
+                    "could not fork new process for connection: Resource temporarily unavailable"
+                )
+            }
+            other => panic!("read as {other:?}"),
+        }
+        // A short text whose NUL falls in the length word, and one that never ends.
+        assert!(matches!(
+            read_first_server_answer(&mut &b"Eab\0\0"[..]).await.unwrap(),
+            FirstAnswer::CouldNotStart(t) if t == "ab"
+        ));
+        let endless = [b'E'].into_iter().chain(std::iter::repeat_n(b'x', 5000)).collect::<Vec<u8>>();
+        assert!(matches!(
+            read_first_server_answer(&mut &endless[..]).await.unwrap(),
+            FirstAnswer::CouldNotStart(t) if t.len() == MAX_OLD_ERROR
+        ));
+        // A real ErrorResponse stays a message.
+        let mut error = vec![b'E'];
+        error.extend_from_slice(&packet(b"SFATAL\0C53300\0Mtoo many\0\0"));
+        assert!(matches!(
+            read_first_server_answer(&mut &error[..]).await.unwrap(),
+            FirstAnswer::Message(m) if m.tag == b'E'
+        ));
     }
 }

@@ -22,6 +22,7 @@ use tokio::io::{
 use tokio::net::TcpStream;
 
 use super::Host;
+use crate::events::EventKind;
 use crate::sandbox::SandboxState;
 
 /// Arguments of a command read before authentication, at most.
@@ -56,7 +57,7 @@ pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     }
     match (first[0] == 0x16, &shared.tls) {
         (true, Some(tls)) => match tokio::time::timeout_at(deadline.into(), tls.accept(tcp)).await {
-            Ok(Ok(stream)) => session(shared, BufStream::new(stream), deadline).await,
+            Ok(Ok(stream)) => session(shared, BufStream::new(stream), deadline, (peer, true)).await,
             _ => tracing::debug!(%peer, "a Redis client's TLS handshake failed"),
         },
         (true, None) => {}
@@ -64,16 +65,17 @@ pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
             let mut tcp = tcp;
             let _ = tcp.write_all(b"-ERR this router takes TLS only: connect with rediss://\r\n").await;
         }
-        (false, _) => session(shared, BufStream::new(tcp), deadline).await,
+        (false, _) => session(shared, BufStream::new(tcp), deadline, (peer, false)).await,
     }
 }
 
 /// Reads the client's first commands until one authenticates, then joins it
-/// to its sandbox's server.
+/// to its sandbox's server. `client_at` is its address and whether it came by TLS.
 async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
     shared: &Shared,
     mut client: BufStream<S>,
     deadline: Instant,
+    client_at: (SocketAddr, bool),
 ) {
     for _ in 0..TRIES {
         let Ok(Ok(Some(args))) = tokio::time::timeout_at(deadline.into(), read_command(&mut client)).await
@@ -93,7 +95,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
             (_, Some((user, password))) => {
                 let user = String::from_utf8_lossy(&user).into_owned();
                 let password = String::from_utf8_lossy(&password).into_owned();
-                join(shared, client, &user, &password, &args).await;
+                join(shared, client, (&user, &password), &args, client_at).await;
                 return;
             }
             (b"QUIT", _) => {
@@ -113,14 +115,18 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
 }
 
 /// Sends the authenticating command to the sandbox's server and relays both
-/// ways until either side closes.
+/// ways until either side closes. A connection its sandbox's server accepted,
+/// or refused the credential of, is an event (as on the PostgreSQL port).
 async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     shared: &Shared,
     mut client: BufStream<S>,
-    user: &str,
-    password: &str,
+    (user, password): (&str, &str),
     command: &[Vec<u8>],
+    client_at: (SocketAddr, bool),
 ) {
+    let record = |sb: &crate::sandbox::Sandbox, kind| {
+        shared.host.record_connection(sb, kind, client_at, Some(crate::sandbox::stores::Store::Redis.name()))
+    };
     let refuse = |mut client: BufStream<S>| async move {
         let _ = client.write_all(WRONGPASS).await;
         let _ = client.flush().await;
@@ -134,6 +140,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         // Only a client holding the credential wakes a sandbox.
         let known = sb.verifier.as_deref().and_then(crate::pg::scram::Verifier::parse);
         if !known.is_some_and(|v| v.accepts(password)) {
+            record(&sb, EventKind::ConnectionRefused);
             return refuse(client).await;
         }
         if let Err(e) = shared.host.wake(&sb.id, Instant::now() + Duration::from_secs(60)).await {
@@ -163,6 +170,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         _ => return,
     };
     if refused {
+        record(&sb, EventKind::ConnectionRefused);
         let mut line = Vec::new();
         let _ = (&mut backend).take(1024).read_until(b'\n', &mut line).await;
         let _ = client.write_all(&line).await;
@@ -170,7 +178,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         return;
     }
     let _open = shared.host.connections.open(&sb.id);
-    shared.host.touch(&sb.id);
+    record(&sb, EventKind::Connected);
     let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
     shared.host.touch(&sb.id);
 }

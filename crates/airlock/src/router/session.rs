@@ -10,7 +10,6 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use serde_json::json;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -20,7 +19,7 @@ use super::relay;
 use super::scram;
 use super::Shared;
 use crate::error::ErrorCode;
-use crate::events::NewEvent;
+use crate::events::EventKind;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::pg::scram::Verifier;
 use crate::sandbox::{self, Sandbox, SandboxState};
@@ -268,7 +267,7 @@ async fn establish(
         match scram::authenticate(&mut client, &verifier, binding).await {
             Ok(scram::Outcome::Authenticated) => {}
             Ok(scram::Outcome::Refused(e)) => {
-                record(shared, &sb, crate::events::EventKind::ConnectionRefused, peer, tls);
+                shared.host.record_connection(&sb, EventKind::ConnectionRefused, (peer, tls), None);
                 refuse(&mut client, e).await;
                 return None;
             }
@@ -298,7 +297,7 @@ async fn establish(
     }
     match session_for(shared, sb, &startup).await {
         Ok((sb, backend, open)) => {
-            record(shared, &sb, crate::events::EventKind::Connected, peer, tls);
+            shared.host.record_connection(&sb, EventKind::Connected, (peer, tls), None);
             Some((client, backend, open))
         }
         Err(message) => {
@@ -311,26 +310,6 @@ async fn establish(
 
 /// Records the connection off the client's path: the client's first query is
 /// already on its way and must not wait for the store.
-fn record(shared: &Shared, sb: &Sandbox, kind: crate::events::EventKind, peer: SocketAddr, tls: bool) {
-    let event = NewEvent {
-        kind,
-        sandbox: Some(sb.id.clone()),
-        golden: Some(sb.golden.clone()),
-        detail: json!({"client": peer.to_string(), "tls": tls}),
-        ..Default::default()
-    };
-    let host = shared.host.clone();
-    let (id, used) = (sb.id.clone(), kind == crate::events::EventKind::Connected);
-    tokio::task::spawn_blocking(move || {
-        if let Err(e) = host.store().record(event) {
-            tracing::warn!(error = %e, "recording a router connection failed");
-        }
-        if used {
-            host.touch(&id);
-        }
-    });
-}
-
 fn not_found(key: &str) -> ErrorResponse {
     ErrorResponse::fatal(
         "3D000",
@@ -415,7 +394,7 @@ async fn session_for(
     let host = &shared.host;
     let id = sb.id.clone();
     let mut known = Some(sb);
-    let (mut restored, mut broken) = (false, 0);
+    let (mut restored, mut broken, mut unstarted) = (false, 0, 0);
     loop {
         let last = match known.take() {
             Some(sb) => sb,
@@ -457,6 +436,22 @@ async fn session_for(
                 }
             }
             Err(LoginError::Refused { message, .. }) => return Err(message),
+            // At its process limit (its own code forking, say) the server
+            // cannot start a session for a while: wait a little for room.
+            Err(LoginError::CouldNotStart(e)) if unstarted < UNSTARTED_TRIES => {
+                unstarted += 1;
+                tracing::debug!(sandbox = %sb.id, error = %e, "the server could not start a session; retrying");
+                drop(open);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(LoginError::CouldNotStart(e)) => {
+                return Err(ErrorResponse::fatal(
+                    "53300",
+                    format!("the sandbox's server could not start a process for the session: {e}"),
+                    "the sandbox is at its process limit (code it runs may be forking); try again once it is not",
+                )
+                .encode());
+            }
             // Suspended, reset or deleted since the lookup: look again, a few times.
             Err(LoginError::Broken(e)) if broken < 20 => {
                 broken += 1;
@@ -476,6 +471,10 @@ async fn session_for(
         }
     }
 }
+
+/// How many times a session the server could not start is tried again, 50 ms
+/// apart.
+const UNSTARTED_TRIES: u32 = 40;
 
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.

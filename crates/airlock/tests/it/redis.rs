@@ -573,6 +573,17 @@ fn the_router_reaches_each_sandboxs_redis_by_its_id_with_tls_or_without() {
     assert_eq!(via_router(&url, &[], &["GET", "greeting"]), "hello world");
     assert_eq!(d.json(&["show", id])["state"], "running");
 
+    // Connections accepted and refused are events, as on the PostgreSQL port,
+    // and no event holds the password.
+    d.wait_for(std::time::Duration::from_secs(10), "the connection events", || {
+        let kinds = d.event_kinds(id);
+        kinds.iter().any(|k| k == "connected")
+            && kinds.iter().filter(|k| *k == "connection_refused").count() >= 2
+    });
+    let events = d.json(&["events", "--sandbox", id]).to_string();
+    assert!(events.contains("\"store\":\"redis\"") && events.contains("\"tls\":true"), "{events}");
+    assert!(!events.contains(password), "a password in the events");
+
     // A first command too large to be an AUTH closes the connection.
     use std::io::{Read, Write};
     let mut tcp = std::net::TcpStream::connect(&d.redis_router).unwrap();

@@ -149,6 +149,42 @@ time.sleep(1)
     s.untouched();
 }
 
+#[test]
+fn a_client_connecting_while_exec_code_holds_every_process_waits_for_room() {
+    if !root() {
+        return;
+    }
+    let d = Daemon::start(&["--pids-limit", "64"]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (id, agent) = (sb["id"].as_str().unwrap().to_owned(), dsn(&sb));
+    assert_eq!(sql(&agent, "SELECT 1"), "1");
+    // Exec code takes every process the sandbox may have, for a second: its
+    // server cannot fork a backend meanwhile, and says so in the old
+    // protocol's form, which the router must read as "no room yet".
+    let script = "python3 -c '
+import os, time
+kids = 0
+try:
+    while True:
+        if os.fork() == 0:
+            time.sleep(1)
+            os._exit(0)
+        kids += 1
+except OSError:
+    print(\"full after\", kids, flush=True)
+time.sleep(1.5)
+'";
+    let exec = d.spawn_cli_output(&["exec", "--json", &id, "--timeout", "20s", "--", "bash", "-c", script]);
+    std::thread::sleep(Duration::from_millis(400));
+    for _ in 0..3 {
+        assert_eq!(sql(&agent, "SELECT 1"), "1", "a session while the sandbox is at its process limit");
+    }
+    let out = exec.wait_with_output().unwrap();
+    let result: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(result["stdout"].as_str().unwrap().contains("full after"), "{result}");
+}
+
 /// The gateway's `host:port`, from an MCP URL.
 fn gateway_of(url: &str) -> String {
     let rest = url.strip_prefix("http://").unwrap();
