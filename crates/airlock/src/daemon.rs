@@ -54,6 +54,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     }
     reaper::spawn(engine.clone());
     reaper::watchdog::spawn(engine.clone());
+    reaper::scripts::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
 
     let shutdown = Arc::new(Notify::new());

@@ -300,7 +300,7 @@ impl Engine {
             sb.redis_url = self.router.get().and_then(|r| r.redis_url(&sb.id, password));
         }
         // With no PostgreSQL, the stored DSN only holds the credential.
-        if !dir.has_postgres() {
+        if !self.layout.generation_has_postgres(&sb.golden, sb.generation) {
             sb.dsn = None;
         }
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {

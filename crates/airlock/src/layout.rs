@@ -91,6 +91,13 @@ impl Layout {
     pub fn golden_generation(&self, name: &str, generation: i64) -> PathBuf {
         self.goldens().join(name).join(generation.to_string())
     }
+    /// Whether the sandboxes of a golden generation run a PostgreSQL (a
+    /// Redis-only golden's run none). Read from the generation, which is the
+    /// daemon's and never changes while a sandbox uses it: a reset between
+    /// removing a sandbox's data and cloning it again does not change the answer.
+    pub fn generation_has_postgres(&self, golden: &str, generation: i64) -> bool {
+        InstanceDir { root: self.golden_generation(golden, generation) }.has_postgres()
+    }
     /// Goldens under construction (same filesystem, so a finished one is renamed into place).
     pub fn staging(&self) -> PathBuf {
         self.volume().join("staging")

@@ -649,7 +649,10 @@ fn print_forked(forked: &Forked, json: bool) {
     } else if let Some(url) = &forked.mcp_url {
         output::line(url);
     } else {
-        output::line(forked.sandbox.dsn.as_deref().unwrap_or_default());
+        // A sandbox of a Redis-only golden has no DSN: its Redis URL instead.
+        let sb = &forked.sandbox;
+        let url = sb.dsn.as_deref().or(sb.redis_url.as_deref()).or(sb.redis_socket_url.as_deref());
+        output::line(url.unwrap_or_default());
     }
 }
 

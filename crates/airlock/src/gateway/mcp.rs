@@ -71,10 +71,12 @@ impl Gateway {
         match &self.target {
             Target::Token(engine) => {
                 let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
-                bound.map_or((true, false), |super::http::BoundSandbox(id)| {
-                    let dir = engine.layout.sandbox_instance(id);
-                    (dir.has_postgres(), crate::redis::server::configured(&dir))
-                })
+                let Some(super::http::BoundSandbox(id)) = bound else { return (true, false) };
+                let postgres = engine
+                    .store()
+                    .sandbox(id)
+                    .is_ok_and(|sb| engine.layout.generation_has_postgres(&sb.golden, sb.generation));
+                (postgres, crate::redis::server::configured(&engine.layout.sandbox_instance(id)))
             }
             Target::Daemon { client, sandbox, .. } => {
                 let path = format!("/v1/sandboxes/{}", crate::client::encode(sandbox));

@@ -122,7 +122,7 @@ async fn admin(engine: &Engine, sb: &Sandbox) -> Result<Admin> {
 /// Describes a sandbox's schema, or one table of it.
 pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result<Schema> {
     let (sb, _busy) = super::running(engine, key).await?;
-    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         if table.is_some() {
             return Err(super::no_postgres(&sb));
         }
@@ -170,7 +170,7 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
 /// Compares a sandbox with the golden generation it was forked from.
 pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let (sb, _busy) = super::running(engine, key).await?;
-    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         return Ok(Changes {
             golden: sb.golden.clone(),
             generation: sb.generation,

@@ -104,7 +104,7 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     }
     let began = Instant::now();
     let (sb, _busy) = super::running(engine, key).await?;
-    if !engine.layout.sandbox_instance(&sb.id).has_postgres() {
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         return Err(super::no_postgres(&sb));
     }
     let socket = engine.layout.sandbox_instance(&sb.id).socket();

@@ -1,10 +1,12 @@
 //! The lifecycle loop: deletes sandboxes whose TTL has passed, suspends idle
 //! ones, stops the writer when the volume runs into its reserve ([`reserve`]),
-//! holds time and connection ceilings ([`watchdog`]), and at daemon start
-//! reconciles state, processes and directories ([`reconcile`]).
+//! holds time and connection ceilings ([`watchdog`]), stops runaway Redis
+//! scripts ([`scripts`]), and at daemon start reconciles state, processes and
+//! directories ([`reconcile`]).
 
 mod reconcile;
 mod reserve;
+pub mod scripts;
 pub mod watchdog;
 
 pub use reconcile::{reconcile, Reconciled};
@@ -103,12 +105,31 @@ fn watch_servers(engine: &Arc<Engine>) {
         let dir = engine.layout.sandbox_instance(&sb.id);
         let pgdata = dir.pgdata();
         // A sandbox with no PostgreSQL lives as long as it is not deleted.
-        let postgres = dir.has_postgres();
+        let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
         match sb.pid.map(|pid| if postgres { instance::serves(pid, &pgdata) } else { Ok(true) }) {
             Some(Ok(true)) => {
-                // Its other stores, killed by a limit say, start again.
-                for store in Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
-                    tokio::spawn(restart_store(engine.clone(), sb.id.clone(), store));
+                let dead: Vec<Store> =
+                    Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)).collect();
+                if dead.is_empty() {
+                    continue;
+                }
+                // A pool member holds nothing anyone waits for: the pool makes
+                // another. A sandbox's other stores, killed by a limit say,
+                // start again.
+                match sb.state {
+                    SandboxState::Pooled => {
+                        let engine = engine.clone();
+                        tokio::spawn(async move {
+                            if engine.store().begin_drain(&sb.id).unwrap_or(false) {
+                                let _ = sandbox::teardown(&engine, &sb, DeleteReason::Drained).await;
+                            }
+                        });
+                    }
+                    _ => {
+                        for store in dead {
+                            tokio::spawn(restart_store(engine.clone(), sb.id.clone(), store));
+                        }
+                    }
                 }
                 continue;
             }
@@ -165,7 +186,7 @@ fn watch_servers(engine: &Arc<Engine>) {
 /// Starts again a store of a running sandbox whose server died (its memory
 /// cgroup killed it, say), from the data it last saved, and records it.
 async fn restart_store(engine: Arc<Engine>, id: String, store: Store) {
-    let _op = engine.sandbox_lock(&id).await;
+    let op = engine.sandbox_lock(&id).await;
     let Ok(sb) = engine.store().sandbox(&id) else { return };
     let dir = engine.layout.sandbox_instance(&id);
     if sb.state != SandboxState::Running || store.running(&dir) {
@@ -185,6 +206,27 @@ async fn restart_store(engine: Arc<Engine>, id: String, store: Store) {
         detail: serde_json::json!({"store": store.name(), "restarted": started.is_ok()}),
         ..Default::default()
     });
+    // With no PostgreSQL, the store's server is the sandbox's: its new pid is
+    // the sandbox's, and one that cannot start is gone like a dead postmaster.
+    if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
+        return;
+    }
+    match started {
+        Ok(pid) => {
+            if let Err(e) = engine.store().set_running(&id, pid, sb.dsn.as_deref().unwrap_or_default()) {
+                tracing::warn!(sandbox = %id, error = %e, "could not record a restarted store's pid");
+            }
+        }
+        Err(e) => {
+            drop(op);
+            if engine.store().begin_delete_dead(&id, sb.pid).unwrap_or(false) {
+                tracing::warn!(sandbox = %id, error = %e, "its only server could not start again; deleting it");
+                if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
+                    tracing::error!(sandbox = %id, error = %e, "could not delete a sandbox whose server exited");
+                }
+            }
+        }
+    }
 }
 
 /// Free space on the volume below which it counts as full.

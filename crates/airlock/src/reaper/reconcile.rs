@@ -223,7 +223,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     let Some(pid) = sb.pid else { return Ok(false) };
     let dir = engine.layout.sandbox_instance(&sb.id);
-    if !dir.has_postgres() {
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let stores = crate::sandbox::stores::Store::of_sandbox(&dir);
         return Ok(!stores.is_empty() && stores.iter().all(|s| s.running(&dir)));
     }

@@ -75,8 +75,8 @@ struct Backend {
 /// Looks at every running sandbox once.
 pub async fn round(engine: &Arc<Engine>, watched: &mut HashMap<String, Watched>) {
     let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
-    // It watches PostgreSQL sessions; Redis bounds its own scripts.
-    let watchable = |s: &Sandbox| engine.layout.sandbox_instance(&s.id).has_postgres();
+    // It watches PostgreSQL sessions; Redis scripts are `scripts`'s.
+    let watchable = |s: &Sandbox| engine.layout.generation_has_postgres(&s.golden, s.generation);
     let busy: Vec<Sandbox> = all
         .into_iter()
         .filter(|s| s.state == SandboxState::Running && watchable(s) && agent_busy(engine, s))

@@ -322,6 +322,18 @@ impl Admin {
         Ok((keys, memory))
     }
 
+    /// How many clients other than this session are connected (a busy
+    /// server, one running a script, answers with an error instead).
+    pub async fn other_clients(&mut self) -> Result<u64> {
+        let reply = self.call(&["INFO", "clients"]).await?;
+        let info = reply.text().ok_or_else(|| Error::internal(format!("INFO clients answered {reply:?}")))?;
+        let connected = info.lines().find_map(|l| l.strip_prefix("connected_clients:"));
+        let connected: u64 = connected
+            .and_then(|n| n.trim().parse().ok())
+            .ok_or_else(|| Error::internal("INFO clients named no connected_clients"))?;
+        Ok(connected.saturating_sub(1))
+    }
+
     /// Makes `user` read-only, or lets it write again (a pool member claimed
     /// with other access than it was made with).
     pub async fn set_read_only(&mut self, user: &str, read_only: bool) -> Result<()> {

@@ -99,7 +99,8 @@ impl Parked {
             !waiting || now.duration_since(*entry.claimed_at.get_or_insert(now)) < UNCLAIMED_FOR
         });
         for sb in members.into_values() {
-            if self.has(&sb.id) {
+            // A member of a Redis-only golden has no PostgreSQL to park a session on.
+            if self.has(&sb.id) || !host.layout.generation_has_postgres(&sb.golden, sb.generation) {
                 continue;
             }
             let (Some(pid), Some(password)) = (sb.pid, sb.dsn.as_deref().and_then(crate::pg::dsn::password))

@@ -286,7 +286,7 @@ async fn establish(
         }
     }
     // Said only to a client that proved it holds the credential.
-    if !shared.host.layout.sandbox_instance(&sb.id).has_postgres() {
+    if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
             "3D000",
             format!("sandbox \"{}\" has no PostgreSQL: its golden has only a Redis part", sb.id),

@@ -99,7 +99,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // files of that user only, never a link, and fails closed otherwise.
         let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let source_dir = instance_dir(engine, &source.id);
-        let postgres = source_dir.has_postgres();
+        let postgres = engine.layout.generation_has_postgres(&source.golden, source.generation);
         let stores = super::stores::Store::of_sandbox(&source_dir);
         let cloned = {
             // A daemon that dies while the source is paused leaves it stopped;

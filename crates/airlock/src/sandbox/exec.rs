@@ -106,7 +106,8 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env("HOME", &workdir)
         .env("LANG", "C.UTF-8");
     let instance = engine.layout.sandbox_instance(&sb.id);
-    if instance.has_postgres() {
+    let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
+    if postgres {
         cmd.env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
     }
     if let (true, Some(password)) =
@@ -122,7 +123,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     // The server's namespaces: its network (loopback only), its System V IPC,
     // and its mounts (private /tmp, a /proc showing only its own processes).
     // (Those of its first other store's server when it has no PostgreSQL.)
-    let server = match instance.has_postgres() {
+    let server = match postgres {
         true => sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &instance.pgdata())),
         false => super::stores::Store::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
     };

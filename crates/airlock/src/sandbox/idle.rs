@@ -12,13 +12,21 @@ use crate::pg::admin::Admin;
 use crate::pg::dsn::DATABASE;
 use crate::store::SandboxFilter;
 
-/// Whether the sandbox's server has client sessions other than the asking one.
-/// Counts as yes when the server cannot be asked, so nothing in use is stopped.
-/// (A sandbox with no PostgreSQL is used through the router and the daemon's
-/// tools only, which count their own.)
+/// Whether the sandbox's servers have client sessions other than the asking
+/// one: PostgreSQL's, and its Redis's (clients of the router's Redis port and
+/// of its socket alike). Counts as yes when a server cannot be asked (a Redis
+/// running a script, say), so nothing in use is stopped.
 pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     let dir = engine.layout.sandbox_instance(id);
-    if !dir.has_postgres() {
+    let Ok(sb) = engine.store().sandbox(id) else { return true };
+    if crate::redis::server::configured(&dir) {
+        let asked = async { crate::redis::server::Admin::connect(&dir).await?.other_clients().await };
+        match tokio::time::timeout(Duration::from_secs(5), asked).await {
+            Ok(Ok(0)) => {}
+            _ => return true,
+        }
+    }
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         return false;
     }
     // Sessions the daemon keeps for the next tool call are not a client's.

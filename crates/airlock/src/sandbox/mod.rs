@@ -422,7 +422,7 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
         return Ok(());
     }
     let dir = instance_dir(engine, &sb.id);
-    if dir.has_postgres() {
+    if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let admin = match kept {
             Some(admin) => admin,
             None => Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?,
@@ -545,7 +545,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         }
         store.stop(&dir).await;
     }
-    if !dir.has_postgres() {
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         return restart_stores(engine, sb, &dir).await;
     }
     // The dead server's lock files name a pid that may live on as a zombie or be

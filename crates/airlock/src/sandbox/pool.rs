@@ -119,7 +119,7 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         // init file, so the agent's sessions are quick. It stays open for a claim
         // that asks for other access.
         let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
-        let admin = match dir.has_postgres() {
+        let admin = match engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
             true => Some(Admin::connect(&dir, DATABASE, pid).await?),
             false => None,
         };

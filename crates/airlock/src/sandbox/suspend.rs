@@ -64,6 +64,8 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     // a wake starts from; at a full disk nothing more is written, and a wake
     // starts from the last state saved.
     for store in super::stores::Store::of_sandbox(&dir) {
+        // What it held since its last save is given up at a full disk.
+        clean &= reason != SuspendReason::DiskFull;
         if reason != SuspendReason::DiskFull {
             if let Err(e) = store.save(&dir).await {
                 // Still running as it was: PostgreSQL was not touched.
@@ -79,13 +81,14 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
                         store.name(),
                         e.message
                     ),
-                    "free some of the sandbox's disk space, or delete the sandbox",
+                    "free some of the sandbox's disk space or let a script it runs end (a runaway one is \
+                     killed within seconds), then suspend again; or delete the sandbox",
                 ));
             }
         }
         store.stop(&dir).await;
     }
-    if let Some(pid) = sb.pid.filter(|_| dir.has_postgres()) {
+    if let Some(pid) = sb.pid.filter(|_| engine.layout.generation_has_postgres(&sb.golden, sb.generation)) {
         match reason {
             // Nothing more may be written, a checkpoint included; it recovers on wake.
             SuspendReason::DiskFull => {

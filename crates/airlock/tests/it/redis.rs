@@ -719,6 +719,9 @@ fn a_golden_of_redis_alone_forks_sandboxes_that_run_no_postgres() {
     let (_, err) = d.fails(&["dsn", &id]);
     assert!(err["message"].as_str().unwrap().contains("no PostgreSQL"), "{err}");
     assert_eq!(d.ok(&["dsn", &id, "--redis"]).trim(), a["redis_url"].as_str().unwrap());
+    // Without --json, a fork prints what reaches it: its Redis URL.
+    let printed = d.ok(&["fork", "kv"]);
+    assert!(printed.trim().starts_with("rediss://sb-"), "{printed}");
 
     // Its credential at the PostgreSQL port is told why, and nothing more.
     let password = url.strip_prefix("unix://").unwrap().split_once('@').unwrap().0.split_once(':').unwrap().1;
@@ -809,4 +812,76 @@ fn a_golden_of_redis_alone_forks_sandboxes_that_run_no_postgres() {
     // Delete takes its Redis with it.
     d.ok(&["rm", &id]);
     assert!(redis_pid(&url).is_none(), "its Redis is gone");
+}
+
+/// `redis-cli` on a sandbox's socket URL, left running in the background.
+fn spawn_redis(url: &str, args: &[&str]) -> std::process::Child {
+    let rest = url.strip_prefix("unix://").unwrap();
+    let (auth, path) = rest.split_once('@').unwrap();
+    let (user, password) = auth.split_once(':').unwrap();
+    Command::new("redis-cli")
+        .args(["-s", path, "--no-auth-warning", "--user", user])
+        .args(args)
+        .env("REDISCLI_AUTH", password)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn a_runaway_script_is_stopped_and_a_redis_in_use_is_never_suspended() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "busy");
+    let a = d.fork("busy", &["--idle-suspend", "2s"]);
+    let id = a["id"].as_str().unwrap().to_owned();
+
+    // A client holding a connection on the socket keeps the sandbox from idle
+    // suspend; once it leaves, the sandbox is suspended.
+    let mut subscriber = spawn_redis(&redis_url(&a), &["SUBSCRIBE", "news"]);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    assert_eq!(d.json(&["show", &id])["state"], "running", "suspended under an open Redis connection");
+    subscriber.kill().unwrap();
+    subscriber.wait().unwrap();
+    d.wait_for(std::time::Duration::from_secs(20), "the idle suspend", || {
+        d.json(&["show", &id])["state"] == "suspended"
+    });
+
+    // A script that never ends is killed once Redis calls itself busy...
+    let b = d.fork("busy", &[]);
+    let (id, url) = (b["id"].as_str().unwrap().to_owned(), redis_url(&b));
+    let mut spinner = spawn_redis(&url, &["EVAL", "while true do end", "0"]);
+    d.wait_for(std::time::Duration::from_secs(30), "the script to be killed", || {
+        d.json(&["events", "--sandbox", &id]).to_string().contains("script_killed")
+    });
+    spinner.wait().unwrap();
+    assert_eq!(redis(&url, &["GET", "greeting"]), "hello world");
+    // ...and one that has written, which Redis will not kill, ends with its
+    // server, which starts again from what it last saved.
+    let mut writer = spawn_redis(&url, &["EVAL", "redis.call('SET', 'half', 'done') while true do end", "0"]);
+    d.wait_for(std::time::Duration::from_secs(40), "the server to be stopped and started", || {
+        let events = d.json(&["events", "--sandbox", &id]).to_string();
+        events.contains("server_stopped") && redis(&url, &["GET", "greeting"]) == "hello world"
+    });
+    writer.wait().unwrap();
+    assert_eq!(redis(&url, &["EXISTS", "half"]), "0");
+}
+
+#[test]
+fn a_pool_member_whose_redis_died_is_replaced_not_handed_out() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "pooled");
+    d.json(&["golden", "pool", "pooled", "--size", "1"]);
+    let pooled = |d: &Daemon| d.json(&["golden", "show", "pooled"])["pooled"] == 1;
+    d.wait_for(std::time::Duration::from_secs(30), "a pool member", || pooled(&d));
+    let member = d.pooled_ids()[0].clone();
+    let found = Command::new("pgrep").args(["-f", &format!("{member}/run/redis.sock")]).output().unwrap();
+    let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    assert!(!pid.is_empty(), "the member's Redis runs");
+    Command::new("kill").args(["-9", &pid]).status().unwrap();
+    d.wait_for(std::time::Duration::from_secs(30), "the member to be replaced", || {
+        d.pooled_ids().first().is_some_and(|id| *id != member) && pooled(&d)
+    });
+    let a = d.fork("pooled", &[]);
+    assert_eq!(redis(&redis_url(&a), &["GET", "greeting"]), "hello world");
 }

@@ -1,0 +1,100 @@
+//! Runaway Redis scripts. Past `busy-reply-threshold` a script that will not
+//! end makes its server answer every other client `-BUSY`, but Redis stops
+//! nothing by itself: the sandbox's Redis would spin a core until its TTL and
+//! refuse the `SAVE` a suspend needs. This loop asks each running sandbox's
+//! Redis, as the admin, whether it is busy; a busy one has its script killed
+//! (`SCRIPT KILL`, `FUNCTION KILL`), and one that has written (which Redis
+//! will not kill half-done) is stopped, to start again from the data it last
+//! saved. Each step is a `watchdog` event.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::engine::Engine;
+use crate::error::Result;
+use crate::events::{EventKind, NewEvent};
+use crate::layout::InstanceDir;
+use crate::redis::resp::Reply;
+use crate::redis::server::Admin;
+use crate::sandbox::{Sandbox, SandboxState};
+use crate::store::SandboxFilter;
+
+/// How often every running sandbox's Redis is asked.
+const TICK: Duration = Duration::from_secs(2);
+
+/// The longest one sandbox's check may take.
+const CHECK_LIMIT: Duration = Duration::from_secs(5);
+
+/// Runs the loop until the daemon exits.
+pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            round(&engine).await;
+        }
+    })
+}
+
+/// Asks every running sandbox's Redis once, all at once.
+async fn round(engine: &Arc<Engine>) {
+    let Ok(all) = engine.store().sandboxes(&SandboxFilter::default()) else { return };
+    let mut checks = tokio::task::JoinSet::new();
+    for sb in all.into_iter().filter(|s| s.state == SandboxState::Running) {
+        let dir = engine.layout.sandbox_instance(&sb.id);
+        if !crate::redis::server::configured(&dir) {
+            continue;
+        }
+        let engine = engine.clone();
+        checks.spawn(async move {
+            match tokio::time::timeout(CHECK_LIMIT, check(&engine, &sb, &dir)).await {
+                Ok(Err(e)) => {
+                    tracing::debug!(sandbox = %sb.id, error = %e, "could not ask a sandbox's Redis")
+                }
+                Err(_) => tracing::debug!(sandbox = %sb.id, "asking a sandbox's Redis took too long"),
+                Ok(Ok(())) => {}
+            }
+        });
+    }
+    while checks.join_next().await.is_some() {}
+}
+
+/// Kills the script a busy Redis runs, or stops the server when Redis will
+/// not kill it.
+async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
+    let mut admin = Admin::connect(dir).await?;
+    if !is_busy(&admin.call(&["PING"]).await?) {
+        return Ok(());
+    }
+    for command in [["SCRIPT", "KILL"], ["FUNCTION", "KILL"]] {
+        if matches!(admin.call(&command).await?, Reply::Status(_)) {
+            record(engine, sb, "script_killed", &command.join(" "));
+            return Ok(());
+        }
+    }
+    // Still busy: a script that has written, which only ends with its server.
+    if is_busy(&admin.call(&["PING"]).await?) {
+        drop(admin);
+        crate::redis::server::stop(dir).await;
+        record(engine, sb, "server_stopped", "the script had written, so Redis would not kill it");
+    }
+    Ok(())
+}
+
+fn is_busy(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(e) if e.starts_with("BUSY"))
+}
+
+fn record(engine: &Engine, sb: &Sandbox, action: &str, how: &str) {
+    tracing::info!(sandbox = %sb.id, action, "watchdog stopped a runaway Redis script");
+    engine.store().record_or_log(NewEvent {
+        kind: EventKind::Watchdog,
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        reason: Some("redis_script_busy"),
+        detail: json!({"store": "redis", "action": action, "how": how}),
+    });
+}
