@@ -175,14 +175,28 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
 /// password changed inside the server is put back once (see
 /// [`crate::sandbox::restore_credential`]).
 pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
-    match connect_once(engine, sb).await {
-        Err(wire::WireError::Refused(db)) if db.sqlstate == "28P01" => {
-            crate::sandbox::restore_credential(&engine.layout, sb).await?;
-            connect_once(engine, sb).await
+    let mut unstarted = 0;
+    let connected = loop {
+        match connect_once(engine, sb).await {
+            Err(wire::WireError::Refused(db)) if db.sqlstate == "28P01" => {
+                crate::sandbox::restore_credential(&engine.layout, sb).await?;
+                break connect_once(engine, sb).await;
+            }
+            // At its process limit (its own code forking, say) the server
+            // cannot start a session for a while: wait a little for room.
+            Err(wire::WireError::CouldNotStart(_)) if unstarted < wire::UNSTARTED_RETRY.0 => {
+                unstarted += 1;
+                tokio::time::sleep(wire::UNSTARTED_RETRY.1).await;
+            }
+            other => break other,
         }
-        other => other,
-    }
-    .map_err(|e| match e {
+    };
+    connected.map_err(|e| match e {
+        wire::WireError::CouldNotStart(text) => Error::new(
+            ErrorCode::CapacityExhausted,
+            format!("sandbox {}'s server could not start a session: {text}", sb.id),
+            "the sandbox is at its process limit (code it runs may be forking); try again once it is not",
+        ),
         wire::WireError::Refused(db) if db.sqlstate == "53300" => Error::new(
             ErrorCode::CapacityExhausted,
             format!("sandbox {} has no free connection: {}", sb.id, db.message),

@@ -34,7 +34,28 @@ pub enum WireError {
     /// The server sent an error while the session was being opened.
     #[error("{}: {}", .0.sqlstate, .0.message)]
     Refused(Box<DbError>),
+    /// The server could not start a process for the session (at its process
+    /// limit): its text.
+    #[error("the server could not start a session: {0}")]
+    CouldNotStart(String),
 }
+
+/// Whether a server's first answer to a startup packet, beginning with `tag`
+/// and what would be a length word, is the error a postmaster that cannot
+/// fork a backend sends in the old protocol's form: `E` and a NUL-terminated
+/// text with no length word. Told apart as libpq does: no error message of the
+/// protocol is shorter than 8 bytes or longer than 30000.
+pub fn is_old_protocol_error(tag: u8, len: i32) -> bool {
+    tag == b'E' && !(8..=30000).contains(&len)
+}
+
+/// The longest old-protocol error text read.
+pub const MAX_OLD_ERROR: usize = 1000;
+
+/// How long a session a server could not start is tried again for: 40 tries,
+/// 50 ms apart (the room a sandbox's forking code holds is given back as its
+/// processes end, or when `exec` kills them).
+pub const UNSTARTED_RETRY: (u32, std::time::Duration) = (40, std::time::Duration::from_millis(50));
 
 /// Every field of a PostgreSQL `ErrorResponse` worth showing a user.
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize, PartialEq, utoipa::ToSchema)]
@@ -106,7 +127,19 @@ impl Session {
             ("client_encoding", "UTF8"),
         ];
         frontend::startup_message(params.iter().copied(), &mut buf)?;
-        session.stream.write_all(&buf).await?;
+        // A postmaster that cannot fork answers before it reads the startup
+        // packet, and closes: the write may fail where its answer is there to read.
+        let written = session.stream.write_all(&buf).await;
+        let answered = session.fill(5).await;
+        if answered.is_ok() {
+            let len =
+                i32::from_be_bytes([session.read[1], session.read[2], session.read[3], session.read[4]]);
+            if is_old_protocol_error(session.read[0], len) {
+                return Err(WireError::CouldNotStart(session.old_protocol_error().await));
+            }
+        }
+        written?;
+        answered?;
         let mut scram: Option<ScramSha256> = None;
         loop {
             match session.next_message(MAX_OTHER_MESSAGE).await? {
@@ -240,6 +273,20 @@ impl Session {
         let message = Message::parse(&mut self.read)?
             .ok_or_else(|| WireError::Protocol("incomplete message from the server".into()))?;
         Ok(Incoming::Message(message))
+    }
+
+    /// The text of an old-protocol error (after its `E`), read up to its NUL,
+    /// the end of the stream or `MAX_OLD_ERROR` bytes.
+    async fn old_protocol_error(&mut self) -> String {
+        while !self.read[1..].contains(&0) && self.read.len() <= MAX_OLD_ERROR {
+            match self.stream.read_buf(&mut self.read).await {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+        let text = &self.read[1..self.read.len().min(MAX_OLD_ERROR + 1)];
+        let end = text.iter().position(|b| *b == 0).unwrap_or(text.len());
+        String::from_utf8_lossy(&text[..end]).trim_end().to_owned()
     }
 
     /// Reads until at least `n` bytes are buffered.

@@ -58,7 +58,14 @@ fn protocol_error(why: &str) -> LoginError {
 /// `password` until it is ready for queries.
 pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result<Backend, LoginError> {
     let mut server = BufReader::new(stream);
-    server.get_mut().write_all(startup).await?;
+    // A postmaster that cannot fork answers before it reads the startup
+    // packet, and closes: the write may fail where its answer is there to read.
+    if let Err(e) = server.get_mut().write_all(startup).await {
+        return Err(match protocol::read_first_server_answer(&mut server).await {
+            Ok(protocol::FirstAnswer::CouldNotStart(text)) => LoginError::CouldNotStart(text),
+            _ => e.into(),
+        });
+    }
     let mut scram: Option<ScramSha256> = None;
     let (mut params, mut key) = (Vec::new(), None);
     let mut buf = BytesMut::new();

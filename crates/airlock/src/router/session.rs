@@ -438,11 +438,11 @@ async fn session_for(
             Err(LoginError::Refused { message, .. }) => return Err(message),
             // At its process limit (its own code forking, say) the server
             // cannot start a session for a while: wait a little for room.
-            Err(LoginError::CouldNotStart(e)) if unstarted < UNSTARTED_TRIES => {
+            Err(LoginError::CouldNotStart(e)) if unstarted < crate::pg::wire::UNSTARTED_RETRY.0 => {
                 unstarted += 1;
                 tracing::debug!(sandbox = %sb.id, error = %e, "the server could not start a session; retrying");
                 drop(open);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(crate::pg::wire::UNSTARTED_RETRY.1).await;
             }
             Err(LoginError::CouldNotStart(e)) => {
                 return Err(ErrorResponse::fatal(
@@ -471,10 +471,6 @@ async fn session_for(
         }
     }
 }
-
-/// How many times a session the server could not start is tried again, 50 ms
-/// apart.
-const UNSTARTED_TRIES: u32 = 40;
 
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.

@@ -177,6 +177,9 @@ time.sleep(1.5)
 '";
     let exec = d.spawn_cli_output(&["exec", "--json", &id, "--timeout", "20s", "--", "bash", "-c", script]);
     std::thread::sleep(Duration::from_millis(400));
+    // The agent's tools open their sessions the same way, and wait the same.
+    let (status, body) = d.api("POST", &format!("/v1/sandboxes/{id}/sql"), r#"{"sql": "SELECT 1"}"#);
+    assert_eq!(status, 200, "{body}\n{}", d.log());
     for _ in 0..3 {
         assert_eq!(sql(&agent, "SELECT 1"), "1", "a session while the sandbox is at its process limit");
     }
