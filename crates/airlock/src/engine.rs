@@ -261,14 +261,17 @@ impl Engine {
 
     /// Serializes suspend, wake and delete of one sandbox.
     pub async fn sandbox_lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = self
-            .sandbox_ops
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_owned())
-            .or_default()
-            .clone();
-        lock.lock_owned().await
+        self.ops_lock(id).lock_owned().await
+    }
+
+    fn ops_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.sandbox_ops.lock().unwrap_or_else(|p| p.into_inner()).entry(id.to_owned()).or_default().clone()
+    }
+
+    /// The sandbox's operation lock, if no suspend, wake, branch, reset or
+    /// delete holds it now.
+    pub fn try_sandbox_lock(&self, id: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.ops_lock(id).try_lock_owned().ok()
     }
 
     /// Claims the teardown of one sandbox; `None` while another is under way, so

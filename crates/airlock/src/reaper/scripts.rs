@@ -4,8 +4,10 @@
 //! refuse the `SAVE` a suspend needs. This loop asks each running sandbox's
 //! Redis, as the admin, whether it is busy; a busy one has its script killed
 //! (`SCRIPT KILL`, `FUNCTION KILL`), and one that has written (which Redis
-//! will not kill half-done) is stopped, to start again from the data it last
-//! saved. Each step is a `watchdog` event.
+//! will not kill half-done), or that answers nothing at all (a script stuck
+//! inside one C call, which no kill reaches), is stopped, to start again from
+//! the data it last saved. Each step is a `watchdog` event. A script can also
+//! fill the server's log (`redis.log`): a log past [`LOG_KEPT`] is emptied.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,8 +26,14 @@ use crate::store::SandboxFilter;
 /// How often every running sandbox's Redis is asked.
 const TICK: Duration = Duration::from_secs(2);
 
-/// The longest one sandbox's check may take.
-const CHECK_LIMIT: Duration = Duration::from_secs(5);
+/// How long a Redis may answer nothing before it counts as stuck.
+const SILENT_FOR: Duration = Duration::from_secs(10);
+
+/// The longest one sandbox's check may take (a stuck server's stop included).
+const CHECK_LIMIT: Duration = Duration::from_secs(30);
+
+/// The most bytes of a sandbox Redis's log kept; a longer one is emptied.
+pub const LOG_KEPT: u64 = 16 << 20;
 
 /// Runs the loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
@@ -63,10 +71,26 @@ async fn round(engine: &Arc<Engine>) {
 }
 
 /// Kills the script a busy Redis runs, or stops the server when Redis will
-/// not kill it.
+/// not kill it or answers nothing.
 async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
-    let mut admin = Admin::connect(dir).await?;
-    if !is_busy(&admin.call(&["PING"]).await?) {
+    empty_long_log(dir);
+    // Not while an operation (a suspend's or a branch's SAVE, say) has the
+    // server busy on the daemon's own behalf.
+    let Some(_op) = engine.try_sandbox_lock(&sb.id) else { return Ok(()) };
+    let asked = async {
+        let mut admin = Admin::connect(dir).await?;
+        let reply = admin.call(&["PING"]).await?;
+        Ok::<_, crate::error::Error>((admin, reply))
+    };
+    let (mut admin, reply) = match tokio::time::timeout(SILENT_FOR, asked).await {
+        Ok(answered) => answered?,
+        Err(_) => {
+            crate::redis::server::stop(dir).await;
+            record(engine, sb, "server_stopped", "it answered nothing for 10 s");
+            return Ok(());
+        }
+    };
+    if !is_busy(&reply) {
         return Ok(());
     }
     for command in [["SCRIPT", "KILL"], ["FUNCTION", "KILL"]] {
@@ -82,6 +106,18 @@ async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
         record(engine, sb, "server_stopped", "the script had written, so Redis would not kill it");
     }
     Ok(())
+}
+
+/// Empties the server's log once it is longer than [`LOG_KEPT`] (the server
+/// appends, so it goes on writing at the new end). The log is root's, in the
+/// sandbox's root directory, and never opened through a link.
+fn empty_long_log(dir: &InstanceDir) {
+    let path = dir.redis_log();
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > LOG_KEPT) {
+        if let Ok(log) = crate::storage::tree::open_log(&path) {
+            let _ = log.set_len(0);
+        }
+    }
 }
 
 fn is_busy(reply: &Reply) -> bool {

@@ -32,7 +32,7 @@ pub const ADMIN_USER: &str = "airlock";
 pub const AGENT_RULES: &str = "~* &* +@all -@admin -@dangerous +flushall +flushdb +keys +sort +sort_ro \
     +info +role +lastsave +swapdb +client|id +client|getname +client|setname +client|info \
     +client|list +client|reply +client|tracking +client|trackinginfo +client|caching +client|getredir \
-    +client|no-evict +config|get -restore -restore-asking -migrate -function|restore";
+    +config|get -restore -restore-asking -migrate -function|restore";
 
 /// A sandbox's Redis memory ceiling: a quarter of its memory limit (its
 /// PostgreSQL shares the rest), at least 16 MiB.
@@ -132,6 +132,7 @@ pub async fn start(
         nix::unistd::chown(&dir.redis_conf(), None, Some(gid)).map_err(std::io::Error::from)?;
         std::fs::set_permissions(dir.redis_conf(), std::os::unix::fs::PermissionsExt::from_mode(0o640))?;
     }
+    let file_limit = file_limit(dir)?;
     let mut cmd = std::process::Command::new(binary()?);
     cmd.arg(dir.redis_conf())
         .env_clear()
@@ -149,7 +150,10 @@ pub async fn start(
         let cgroups = cgroups.to_vec();
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || crate::pg::instance::contain(who, &cgroups, None));
+            cmd.pre_exec(move || {
+                crate::pg::instance::contain(who, &cgroups, None)?;
+                bound_files(file_limit)
+            });
         }
     }
     let mut child = tokio::process::Command::from(cmd).kill_on_drop(false).spawn().map_err(|e| {
@@ -181,6 +185,33 @@ pub async fn start(
         let _ = child.wait().await;
     });
     Ok(pid)
+}
+
+/// The most bytes any file the server writes may hold: as much as the whole
+/// sandbox's memory (four times its `maxmemory`), and 64 MiB more. Its saved
+/// data never needs more; its log (which a script can fill with `redis.log`)
+/// is cut there.
+fn file_limit(dir: &InstanceDir) -> Result<u64> {
+    let conf = crate::storage::tree::read_small(&dir.redis_conf(), 64 << 10)?;
+    let max_memory = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("maxmemory "))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .ok_or_else(|| Error::internal("a Redis configuration names no maxmemory"))?;
+    Ok(max_memory.saturating_mul(4).saturating_add(64 << 20))
+}
+
+/// Bounds the files the server writes to `limit` bytes; past it a write fails
+/// (EFBIG) rather than the server being killed by SIGXFSZ. Run between fork
+/// and exec.
+fn bound_files(limit: u64) -> std::io::Result<()> {
+    use nix::sys::resource::{setrlimit, Resource};
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    setrlimit(Resource::RLIMIT_FSIZE, limit, limit)?;
+    // SAFETY: setting a signal's disposition to ignored is async-signal-safe,
+    // and an ignored disposition is kept across exec.
+    unsafe { signal(Signal::SIGXFSZ, SigHandler::SigIgn) }.map_err(std::io::Error::from)?;
+    Ok(())
 }
 
 fn failed(dir: &InstanceDir, what: &str) -> Error {

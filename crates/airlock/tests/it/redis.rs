@@ -227,6 +227,9 @@ fn a_sandboxs_redis_refuses_what_would_make_it_a_foothold() {
         vec!["BGSAVE"],
         vec!["RESTORE", "k", "0", "x"],
         vec!["MONITOR"],
+        // A client exempt from eviction could hold a half-sent command past
+        // every buffer limit (and every other client's connection with it).
+        vec!["CLIENT", "NO-EVICT", "on"],
     ] {
         let said = redis(&url, &command);
         // Refused by the ACL, or (MODULE, DEBUG) by the configuration first.
@@ -884,4 +887,40 @@ fn a_pool_member_whose_redis_died_is_replaced_not_handed_out() {
     });
     let a = d.fork("pooled", &[]);
     assert_eq!(redis(&redis_url(&a), &["GET", "greeting"]), "hello world");
+}
+
+#[test]
+fn a_redis_stuck_in_one_call_is_stopped_and_its_log_stays_bounded() {
+    let d = Daemon::start(&["--memory-limit", "64M"]);
+    golden_with_redis(&d, "stuck");
+    let a = d.fork("stuck", &[]);
+    let (id, url) = (a["id"].as_str().unwrap().to_owned(), redis_url(&a));
+    let pid = redis_pid(&url).expect("its Redis runs");
+    // Every file it writes is bounded by the sandbox's memory (4 x 16 MiB of
+    // maxmemory) and 64 MiB.
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max file size")).unwrap().to_owned();
+    assert!(line.contains(&(128u64 << 20).to_string()), "{line}");
+
+    // A script can write its server's log at will; past 16 MiB it is emptied.
+    let log = d.home.join("volume/sandboxes").join(&id).join("redis.log");
+    let flood = "for i = 1, 40000 do redis.log(redis.LOG_WARNING, string.rep('A', 1000)) end return 1";
+    assert_eq!(redis(&url, &["EVAL", flood, "0"]), "1");
+    d.wait_for(std::time::Duration::from_secs(10), "the log to be emptied", || {
+        std::fs::metadata(&log).is_ok_and(|m| m.len() < 16 << 20)
+    });
+
+    // A pattern match that backtracks for minutes runs inside one C call,
+    // which no SCRIPT KILL reaches: the server answers nothing, and is stopped
+    // and started again.
+    let mut stuck = spawn_redis(
+        &url,
+        &["EVAL", "return string.find(string.rep('a', 60), string.rep('a*', 8) .. 'b')", "0"],
+    );
+    d.wait_for(std::time::Duration::from_secs(40), "the stuck server to be stopped and started", || {
+        let events = d.json(&["events", "--sandbox", &id]).to_string();
+        events.contains("answered nothing") && redis(&url, &["GET", "greeting"]) == "hello world"
+    });
+    stuck.wait().unwrap();
+    assert_ne!(redis_pid(&url), Some(pid));
 }
