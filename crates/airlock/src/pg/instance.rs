@@ -709,14 +709,6 @@ pub fn log_tail(log: &Path) -> String {
     format!("{} (log: {})", tail.join(" | "), log.display())
 }
 
-/// Whether a server's log names a write the disk or quota refused, in its last
-/// 16 KB (read without following a link). An agent can write these words into
-/// the log too (a RAISE), so this is a hint to be checked against the disk.
-pub fn log_says_disk_full(log: &Path) -> bool {
-    let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
-    crate::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w))
-}
-
 /// Settings every admin session fixes when it connects. A startup packet's
 /// settings take precedence over the database's and the role's, so nothing set
 /// inside an instance (by an agent, or carried in a golden) steers the admin's

@@ -140,14 +140,17 @@ fn watch_servers(engine: &Arc<Engine>) {
                 continue;
             }
         }
-        // A server that died of a full disk (a WAL write that could not be made)
-        // left consistent files: the sandbox is kept, suspended, to wake once
-        // there is room, rather than deleted for what its neighbours did. Its log
-        // says so, and the volume must really be full: the agent can write any
-        // words into the log.
+        // A server that died while the volume was full (a WAL write that could
+        // not be made) left consistent files: the sandbox is kept, suspended, to
+        // wake once there is room, rather than deleted for what its neighbours
+        // did. The volume must really be full; the log decides nothing: at a
+        // full volume the server may not have been able to write its last words
+        // (a red-team round lost a neighbour so), and the agent can write any
+        // words there. Kept by mistake, a sandbox costs a suspend; deleted by
+        // mistake, its data.
         let log = engine.layout.sandbox(&sb.id).join("postgres.log");
         let volume_full = crate::sandbox::capacity::volume_free(engine) < VOLUME_FULL_BELOW;
-        if sb.state == SandboxState::Running && volume_full && instance::log_says_disk_full(&log) {
+        if sb.state == SandboxState::Running && volume_full {
             if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {
                 tracing::warn!(sandbox = %sb.id, "its server stopped at a full disk; kept suspended");
                 engine.store().record_or_log(NewEvent {

@@ -291,11 +291,20 @@ fn at_a_full_disk_every_answer_tells_the_truth() {
             "{args:?}"
         );
     }
-    // A server that dies writing at the full disk is kept, suspended, not deleted.
+    // A server that dies writing at the full disk is kept, suspended, not
+    // deleted; so is one killed there, whose log says nothing (at a full disk a
+    // dying server may not be able to write its last words either).
     let _ = psql(&dsn(&spare), "INSERT INTO orders SELECT g, 'x', 1 FROM generate_series(100000, 400000) g");
     std::thread::sleep(Duration::from_secs(2));
     let state = d.json(&["show", &spare_id])["state"].clone();
     assert!(state == "running" || state == "suspended", "{state}");
+    if state == "running" {
+        let pid = nix::unistd::Pid::from_raw(d.postmaster_of(&spare_id));
+        nix::sys::signal::killpg(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    }
+    d.wait_for(Duration::from_secs(10), "the dead server's sandbox to be kept", || {
+        d.json(&["show", &spare_id])["state"] == "suspended"
+    });
     // Every 5xx answer points at the daemon log, and the log has it.
     for line in d.log().lines().filter(|l| l.contains("a request failed")) {
         assert!(line.contains("code="), "{line}");
