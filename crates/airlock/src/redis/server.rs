@@ -155,6 +155,11 @@ pub async fn start(
                 bound_files(file_limit)
             });
         }
+    } else {
+        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || bound_files(file_limit));
+        }
     }
     let mut child = tokio::process::Command::from(cmd).kill_on_drop(false).spawn().map_err(|e| {
         Error::new(
