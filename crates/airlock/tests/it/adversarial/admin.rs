@@ -154,7 +154,7 @@ fn a_candidate_cannot_forge_what_its_migration_test_reports() {
     let candidate = &report["candidates"][0];
     let deleted: i64 = candidate["statements"]
         .as_array()
-        .unwrap()
+        .unwrap_or_else(|| panic!("no report of the candidate's statements: {out}\n{}", s.d.log()))
         .iter()
         .flat_map(|st| st["rows"].as_array().cloned().unwrap_or_default())
         .filter(|r| r["table"] == "public.orders")
