@@ -62,7 +62,16 @@ fn hashed(password: &str) -> String {
 }
 
 /// What a read-only credential may not do besides: write anything.
-pub const READ_ONLY_RULES: &str = "-@write -flushall -flushdb -swapdb";
+const READ_ONLY_RULES: &str = "-@write -flushall -flushdb -swapdb";
+
+/// The whole rule set of the agent's (or the loader's) user. Rules apply in
+/// order and add up, so changing them (a claim's access) rebuilds them from
+/// nothing (`-@all`): giving writes back with `+@write` alone would give back
+/// `RESTORE`, `MIGRATE` and `FUNCTION RESTORE` too.
+fn user_rules(read_only: bool) -> String {
+    let extra = if read_only { READ_ONLY_RULES } else { "" };
+    format!("-@all {AGENT_RULES} {extra}")
+}
 
 /// One server's settings: its memory ceiling and its users.
 pub struct Settings<'a> {
@@ -108,8 +117,7 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
     );
     if let Some((name, password)) = settings.user {
         crate::validate::name("redis user", name)?;
-        let extra = if settings.read_only { READ_ONLY_RULES } else { "" };
-        conf.push_str(&format!("user {name} on {} {AGENT_RULES} {extra}\n", hashed(password)));
+        conf.push_str(&format!("user {name} on {} {}\n", hashed(password), user_rules(settings.read_only)));
     }
     crate::storage::tree::write_private(&dir.redis_conf(), conf.as_bytes(), 0o644)?;
     crate::storage::tree::write_private(&dir.redis_admin(), settings.admin_password.as_bytes(), 0o600)?;
@@ -373,12 +381,9 @@ impl Admin {
     /// Makes `user` read-only, or lets it write again (a pool member claimed
     /// with other access than it was made with).
     pub async fn set_read_only(&mut self, user: &str, read_only: bool) -> Result<()> {
-        let rules: Vec<&str> = match read_only {
-            true => READ_ONLY_RULES.split_whitespace().collect(),
-            false => vec!["+@write", "+flushall", "+flushdb", "+swapdb"],
-        };
+        let rules = user_rules(read_only);
         let mut args = vec!["ACL", "SETUSER", user];
-        args.extend(rules);
+        args.extend(rules.split_whitespace());
         match self.call(&args).await? {
             Reply::Status(_) => Ok(()),
             other => Err(Error::internal(format!("redis-server did not take the user's rules: {other:?}"))),

@@ -157,8 +157,17 @@ fn suspend_wake_branch_and_the_pool_carry_a_sandboxs_redis() {
     assert_eq!(d.event_kinds(id).iter().filter(|k| *k == "created").count(), 1);
     let url = redis_url(&a);
     assert_eq!(redis(&url, &["GET", "greeting"]), "hello world");
+    d.wait_for(std::time::Duration::from_secs(30), "the pool to refill", || {
+        d.json(&["golden", "show", "life"])["pooled"] == 1
+    });
     let claimed = d.fork("life", &["--statement-timeout", "5s"]);
+    let events = d.json(&["events", "--sandbox", claimed["id"].as_str().unwrap()]).to_string();
+    assert!(events.contains("\"from_pool\":true"), "{events}");
     assert_eq!(redis(&redis_url(&claimed), &["GET", "greeting"]), "hello world", "a claim with other access");
+    // Binding a claim's access gives back writes, never what the agent's
+    // rules take away (RESTORE feeds the server crafted encodings).
+    let restore = redis(&redis_url(&claimed), &["RESTORE", "k", "0", "x"]);
+    assert!(restore.contains("NOPERM"), "a claim re-enabled RESTORE: {restore}");
     d.wait_for(std::time::Duration::from_secs(30), "the pool to refill", || {
         d.json(&["golden", "show", "life"])["pooled"] == 1
     });
