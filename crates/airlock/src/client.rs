@@ -42,6 +42,9 @@ pub struct Client {
     target: Target,
     /// Whether to start a local daemon when none answers.
     start: bool,
+    /// The door its requests say they came through (`x-airlock-door`), when
+    /// not the API's own.
+    door: Option<crate::events::Door>,
 }
 
 enum Stream {
@@ -57,16 +60,26 @@ fn unreachable(message: String) -> Error {
     )
 }
 
+/// The header a client names its door in (see [`Client::through`]).
+pub const DOOR_HEADER: &str = "x-airlock-door";
+
 impl Client {
     /// A client for `target`.
     pub fn new(target: Target) -> Client {
-        Client { target, start: true }
+        Client { target, start: true, door: None }
+    }
+
+    /// This client, its requests marked as coming through `door` (only
+    /// `mcp_stdio` is honoured; the daemon takes any other as the API).
+    pub fn through(mut self, door: crate::events::Door) -> Client {
+        self.door = Some(door);
+        self
     }
 
     /// A client of a local daemon that never starts one (the router's: a daemon
     /// that is not there is restarting, or stopped on purpose).
     pub fn without_starting(layout: Layout) -> Client {
-        Client { target: Target::Local(layout), start: false }
+        Client { target: Target::Local(layout), start: false, door: None }
     }
 
     async fn connect(&self) -> std::io::Result<Stream> {
@@ -150,6 +163,9 @@ impl Client {
         }
         if body.is_some() {
             req = req.header("content-type", "application/json");
+        }
+        if let Some(door) = self.door {
+            req = req.header(DOOR_HEADER, door.as_str());
         }
         let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(http_error)?;
         let resp = sender.send_request(req).await.map_err(cut_short)?;

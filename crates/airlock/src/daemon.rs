@@ -37,6 +37,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     // while this daemon reconciles.
     let _ = std::fs::remove_file(layout.api_socket());
     let engine = Arc::new(Engine::open(config)?);
+    let counted_from = crate::metrics::Start::now(&engine);
     let reconciled = reaper::reconcile(&engine).await?;
     tracing::info!(?reconciled, "reconciled state, processes and directories");
     let doctor = engine.doctor();
@@ -56,9 +57,14 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     reaper::watchdog::spawn(engine.clone());
     reaper::scripts::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
+    crate::audit::spawn_ticks(engine.audit.clone());
+    let metrics = crate::metrics::spawn(engine.clone(), counted_from);
+    if let Some(addr) = engine.config.metrics {
+        crate::metrics::serve(engine.clone(), metrics.clone(), addr).await?;
+    }
 
     let shutdown = Arc::new(Notify::new());
-    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone() };
+    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone(), metrics };
     // TCP first: a client that finds the unix socket answering may go on to use TCP.
     let tcp = match (listen.tcp, &listen.token) {
         (Some(addr), Some(_)) => Some((addr, tokio::net::TcpListener::bind(addr).await?)),

@@ -66,6 +66,10 @@ pub struct Config {
     pub router: crate::router::RouterConfig,
     /// Where the MCP gateway listens; `None` turns it off.
     pub gateway: Option<std::net::SocketAddr>,
+    /// How the audit log writes, rotates and checkpoints.
+    pub audit: crate::audit::AuditOptions,
+    /// Where Prometheus metrics are served; `None` turns them off.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Config {
@@ -93,6 +97,8 @@ impl Config {
             import_keep: Duration::from_secs(24 * 3600),
             router: crate::router::RouterConfig::default(),
             gateway: Some(crate::gateway::http::DEFAULT_ADDR.parse().expect("default gateway address")),
+            audit: crate::audit::AuditOptions::default(),
+            metrics: None,
         }
     }
 }
@@ -118,6 +124,8 @@ pub struct Engine {
     pub leases: Option<Leases>,
     /// The host's cgroups, for per-sandbox limits.
     pub cgroups: Cgroups,
+    /// The audit log every event is written to before the store keeps it.
+    pub audit: Arc<crate::audit::AuditLog>,
     /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
     pub pool_wanted: tokio::sync::Notify,
     /// How far each golden build has got.
@@ -202,7 +210,8 @@ impl Engine {
         mkdir(&layout.goldens(), 0o700)?;
         mkdir(&layout.sandboxes(), 0o711)?;
         mkdir(&layout.staging(), 0o711)?;
-        let store = Store::open(&layout.state_db())?;
+        let audit = Arc::new(crate::audit::AuditLog::open(&layout.audit(), config.audit.clone())?);
+        let store = Store::open(&layout.state_db())?.with_journal(audit.clone());
         let cloner = if config.force_copy {
             Cloner::copying(&layout.volume())
         } else {
@@ -230,6 +239,7 @@ impl Engine {
             loader_user,
             leases,
             cgroups,
+            audit,
             pool_wanted: tokio::sync::Notify::new(),
             builds: Default::default(),
             pool_admins: Mutex::new(std::collections::HashMap::new()),
@@ -311,6 +321,44 @@ impl Engine {
             sb.socket_dsn = Some(socket);
         }
         sb
+    }
+
+    /// A sandbox as handed to a client, its credentials in it (see
+    /// [`Engine::present`]), once a `credential_issued` record says so: which
+    /// forms went to whom, and the credential's fingerprint, never the secret.
+    /// No record, no credential.
+    pub fn hand_over(&self, sb: Sandbox, to: &str) -> Result<Sandbox> {
+        // The stored DSN holds the credential, whatever forms it is shown in.
+        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password);
+        let sb = self.present(sb);
+        let Some(password) = password else { return Ok(sb) };
+        let forms: Vec<&str> = [
+            ("dsn", sb.dsn.is_some()),
+            ("socket_dsn", sb.socket_dsn.is_some()),
+            ("redis_url", sb.redis_url.is_some() || sb.redis_socket_url.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(form, present)| present.then_some(form))
+        .collect();
+        if !forms.is_empty() {
+            self.record_credential(&sb, to, &password, &forms)?;
+        }
+        Ok(sb)
+    }
+
+    /// Records that the credential `secret` of `sb` was handed to `to` in `forms`.
+    pub fn record_credential(&self, sb: &Sandbox, to: &str, secret: &str, forms: &[&str]) -> Result<()> {
+        self.store().record(crate::events::NewEvent {
+            kind: crate::events::EventKind::CredentialIssued,
+            sandbox: Some(sb.id.clone()),
+            golden: Some(sb.golden.clone()),
+            detail: serde_json::json!({
+                "to": to,
+                "forms": forms,
+                "fingerprint": crate::secret::fingerprint(secret),
+            }),
+            ..Default::default()
+        })
     }
 
     /// OS users allowed to connect as the admin role: the daemon's own, and no other.

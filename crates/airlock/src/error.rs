@@ -66,6 +66,11 @@ pub enum ErrorCode {
     /// The volume (or the sandbox's own allowance) is full: the operation did
     /// not happen, and the message says what state was kept.
     DiskFull,
+    /// The audit log could not be written, so the operation that needed its
+    /// record (a fork, a credential, a tool call's answer) did not happen.
+    AuditUnavailable,
+    /// `audit verify` found the log altered, cut short or out of order.
+    AuditBroken,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -81,7 +86,8 @@ impl ErrorCode {
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
             | MigrationFailed => 422,
-            CapacityExhausted => 503,
+            CapacityExhausted | AuditUnavailable => 503,
+            AuditBroken => 409,
             DiskFull => 507,
             DataRootNotWritable | StorageFailed | PostgresFailed | RedisFailed | DaemonUnreachable
             | Internal => 500,
@@ -103,6 +109,8 @@ impl ErrorCode {
             MigrationRefused | PromotionRefused => 10,
             MigrationFailed => 11,
             DiskFull => 13,
+            AuditUnavailable => 14,
+            AuditBroken => 15,
         }
     }
 

@@ -20,6 +20,8 @@ pub enum DeleteReason {
     Failed,
     /// A warm-pool member no longer needed (pool shrunk, new golden generation).
     Drained,
+    /// It outgrew its disk allowance.
+    Quota,
 }
 
 impl DeleteReason {
@@ -31,6 +33,7 @@ impl DeleteReason {
             DeleteReason::Orphan => "orphan",
             DeleteReason::Failed => "failed",
             DeleteReason::Drained => "drained",
+            DeleteReason::Quota => "quota",
         }
     }
 }
@@ -83,6 +86,15 @@ pub enum EventKind {
     MigrationTested,
     /// A tested migration was applied to a target.
     MigrationPromoted,
+    /// A credential was handed out: a DSN, a Redis URL or an MCP URL (the
+    /// detail has its fingerprint, never the secret).
+    CredentialIssued,
+    /// Two sandboxes were found sharing an instance, a directory, a socket or
+    /// an OS user.
+    Collision,
+    /// Records that could not be written when their events happened (the
+    /// detail says how many and why); they follow this one.
+    AuditGap,
 }
 
 impl EventKind {
@@ -110,6 +122,9 @@ impl EventKind {
             EventKind::Watchdog => "watchdog",
             EventKind::MigrationTested => "migration_tested",
             EventKind::MigrationPromoted => "migration_promoted",
+            EventKind::CredentialIssued => "credential_issued",
+            EventKind::Collision => "collision",
+            EventKind::AuditGap => "audit_gap",
         }
     }
 }
@@ -131,12 +146,103 @@ pub struct Event {
     /// The golden concerned, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub golden: Option<String>,
-    /// For `deleted`: `user`, `ttl`, `orphan` or `failed`.
+    /// For `deleted`: `user`, `ttl`, `orphan`, `failed`, `drained` or `quota`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Extra facts (durations, generation, expiry); never secrets.
     #[serde(default)]
     pub detail: serde_json::Value,
+    /// The door it came through (`api`, `mcp_stdio`, `mcp_http`, `router`,
+    /// `reaper`, `daemon`); absent on events of earlier versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub door: Option<String>,
+}
+
+/// The way into the daemon an event came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Door {
+    /// The CLI or the REST API.
+    Api,
+    /// `airlock mcp` on stdio (which reaches the daemon through the API).
+    McpStdio,
+    /// The daemon's streamable HTTP MCP gateway.
+    McpHttp,
+    /// The PostgreSQL or Redis router.
+    Router,
+    /// The reaper: TTLs, idle suspends, dead servers, the watchdog.
+    Reaper,
+    /// The daemon on its own: start-up reconciliation, the pool filler.
+    Daemon,
+}
+
+impl Door {
+    /// The snake_case name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Door::Api => "api",
+            Door::McpStdio => "mcp_stdio",
+            Door::McpHttp => "mcp_http",
+            Door::Router => "router",
+            Door::Reaper => "reaper",
+            Door::Daemon => "daemon",
+        }
+    }
+
+    /// The door of the task running now: what [`DOOR`] was scoped to, else the
+    /// daemon's own.
+    pub fn current() -> Door {
+        DOOR.try_with(|d| *d).unwrap_or(Door::Daemon)
+    }
+}
+
+tokio::task_local! {
+    /// The door the work of the current task came through; the API, the MCP
+    /// gateways and the reaper scope their work with it, so events deep in a
+    /// lifecycle step name their door without passing it down.
+    pub static DOOR: Door;
+}
+
+/// An event as the journal receives it: everything the store keeps, with the
+/// door and the generation resolved.
+#[derive(Debug, Clone)]
+pub struct JournalEntry {
+    /// When it happened.
+    pub at: Timestamp,
+    /// What happened.
+    pub kind: EventKind,
+    /// Where it came in.
+    pub door: Door,
+    /// The sandbox concerned, if any.
+    pub sandbox: Option<String>,
+    /// The golden concerned, if any.
+    pub golden: Option<String>,
+    /// The golden generation concerned, if known.
+    pub generation: Option<i64>,
+    /// Why, for deletions and suspensions.
+    pub reason: Option<String>,
+    /// Extra facts; never secrets.
+    pub detail: serde_json::Value,
+}
+
+/// Where the record of an event was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Journaled {
+    /// Its sequence number in the journal.
+    pub seq: u64,
+    /// Its hash (hex), which the next record carries.
+    pub hash: String,
+}
+
+/// The tamper-evident record every event is written to before the store keeps
+/// it (the audit log implements it; the store knows only this trait).
+pub trait Journal: Send + Sync {
+    /// Writes `entry`; what depends on the event may go ahead only once this
+    /// returned `Ok`.
+    fn append(&self, entry: &JournalEntry) -> crate::error::Result<Journaled>;
+    /// Keeps an entry that could not be written, for the next write to put
+    /// after a record of the gap.
+    fn defer(&self, entry: JournalEntry, error: &crate::error::Error);
 }
 
 /// An event about to be recorded.
@@ -152,4 +258,6 @@ pub struct NewEvent {
     pub reason: Option<&'static str>,
     /// See [`Event::detail`].
     pub detail: serde_json::Value,
+    /// The door it came through; the current task's ([`Door::current`]) if unset.
+    pub door: Option<Door>,
 }

@@ -126,6 +126,10 @@ impl Layout {
     pub fn tls(&self) -> PathBuf {
         self.home.join("tls")
     }
+    /// The audit log: segments, checkpoints and the signing key ([`crate::audit`]).
+    pub fn audit(&self) -> PathBuf {
+        self.home.join("audit")
+    }
     /// The lock the router process holds while it runs.
     pub fn router_lock(&self) -> PathBuf {
         self.home.join("router.lock")

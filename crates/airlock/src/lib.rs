@@ -5,6 +5,7 @@
 //! The map of this crate is in `docs/ARCHITECTURE.md`.
 
 pub mod api;
+pub mod audit;
 pub mod catalog;
 pub mod cgroup;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod events;
 pub mod gateway;
 pub mod golden;
 pub mod layout;
+pub mod metrics;
 pub mod migrate;
 pub mod pg;
 pub mod reaper;

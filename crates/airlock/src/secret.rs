@@ -14,6 +14,13 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A secret's fingerprint for records: the first 16 hex digits of its
+/// SHA-256, which names the credential without revealing it.
+pub fn fingerprint(secret: &str) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(secret.as_bytes()))[..16].to_owned()
+}
+
 /// A short sandbox id such as `sb-k3v9q2mx7a`: 50 bits, unambiguous characters.
 pub fn sandbox_id() -> String {
     let bytes = random_bytes::<10>();

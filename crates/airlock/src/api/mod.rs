@@ -39,6 +39,8 @@ pub struct AppState {
     pub engine: Arc<Engine>,
     /// Notified when a client asks the daemon to stop.
     pub shutdown: Arc<Notify>,
+    /// The fleet-health service (`/v1/stats`).
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl IntoResponse for Error {
@@ -72,7 +74,7 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, Error>> + Send + 'static,
 {
-    tokio::spawn(work).await?
+    tokio::spawn(crate::events::DOOR.scope(crate::events::Door::current(), work)).await?
 }
 
 /// The API's routes, each registered with its OpenAPI entry ([`openapi`]).
@@ -101,6 +103,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(migrate_test))
         .routes(routes!(migrate_promote))
         .routes(routes!(events))
+        .routes(routes!(stats))
+        .routes(routes!(audit_checkpoint))
         .split_for_parts();
     let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
     routes
@@ -114,7 +118,19 @@ pub fn router(state: AppState) -> Router {
             Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
         })
         .layer(axum::middleware::map_response(json_errors))
+        .layer(axum::middleware::from_fn(door_of_request))
         .with_state(state)
+}
+
+/// Runs a request's work with its door set: the API's, or `airlock mcp`'s on
+/// stdio when the client says so (a claim that only labels its records).
+async fn door_of_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use crate::events::{Door, DOOR};
+    let door = match request.headers().get(crate::client::DOOR_HEADER).map(|v| v.as_bytes()) {
+        Some(b"mcp_stdio") => Door::McpStdio,
+        _ => Door::Api,
+    };
+    DOOR.scope(door, next.run(request)).await
 }
 
 /// Every error answer is the API's JSON error, including those axum makes
@@ -295,7 +311,9 @@ async fn list_sandboxes(
 ) -> ApiResult<Vec<sandbox::Sandbox>> {
     let filter = sandbox_filter(q)?;
     let list = s.engine.store().sandboxes(&filter)?;
-    Ok(Json(list.into_iter().map(|sb| s.engine.present(sb)).collect()))
+    let listed: Result<Vec<_>, Error> =
+        list.into_iter().map(|sb| s.engine.hand_over(sb, "api:list")).collect();
+    Ok(Json(listed?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkRequest, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = sandbox::Forked), ApiErrors))]
@@ -327,7 +345,15 @@ async fn fork(
         Ok(forked)
     })
     .await?;
-    forked.sandbox = s.engine.present(forked.sandbox);
+    let id = forked.sandbox.id.clone();
+    forked.sandbox = match s.engine.hand_over(forked.sandbox, "api:fork") {
+        Ok(sb) => sb,
+        Err(e) => {
+            // A sandbox whose credential could not go on record is not handed out.
+            let _ = sandbox::delete(&s.engine, &id, DeleteReason::Failed).await;
+            return Err(e);
+        }
+    };
     Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
 
@@ -418,7 +444,7 @@ async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "the sandbox, with its DSN", body = sandbox::Sandbox), ApiErrors))]
 async fn show_sandbox(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<sandbox::Sandbox> {
     let sb = s.engine.store().sandbox(&id)?;
-    Ok(Json(s.engine.present(sb)))
+    Ok(Json(s.engine.hand_over(sb, "api:show")?))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "the sandbox, now deleted", body = sandbox::Sandbox), ApiErrors))]
@@ -457,7 +483,7 @@ async fn extend(
 ) -> ApiResult<sandbox::Sandbox> {
     let req = body(req)?;
     let sb = sandbox::extend(&s.engine, &id, req.ttl_seconds)?;
-    Ok(Json(s.engine.present(sb)))
+    Ok(Json(s.engine.hand_over(sb, "api:extend")?))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/reset", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "back to its golden, same id, address and credential", body = sandbox::Sandbox), ApiErrors))]
@@ -475,7 +501,14 @@ async fn branch(
     let req = body(req)?;
     let engine = s.engine.clone();
     let mut forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
-    forked.sandbox = s.engine.present(forked.sandbox);
+    let id = forked.sandbox.id.clone();
+    forked.sandbox = match s.engine.hand_over(forked.sandbox, "api:branch") {
+        Ok(sb) => sb,
+        Err(e) => {
+            let _ = sandbox::delete(&s.engine, &id, DeleteReason::Failed).await;
+            return Err(e);
+        }
+    };
     Ok((StatusCode::CREATED, Json(forked)).into_response())
 }
 
@@ -547,4 +580,23 @@ async fn events(
     // Accept a live sandbox's name as well as an id.
     let id = q.sandbox.as_ref().map(|key| store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone()));
     Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
+}
+
+#[utoipa::path(get, path = "/v1/stats", tag = "events", responses((status = 200, description = "the five measures of fleet health", body = crate::metrics::stats::Stats), ApiErrors))]
+async fn stats(State(s): State<AppState>) -> ApiResult<crate::metrics::stats::Stats> {
+    let (engine, metrics) = (s.engine.clone(), s.metrics.clone());
+    Ok(Json(tokio::task::spawn_blocking(move || metrics.stats(&engine)).await?))
+}
+
+#[utoipa::path(post, path = "/v1/audit/checkpoint", tag = "events", responses((status = 200, description = "a checkpoint of the audit chain's head, signed now (or the newest, when nothing was written since)", body = crate::audit::checkpoint::Checkpoint), ApiErrors))]
+async fn audit_checkpoint(State(s): State<AppState>) -> ApiResult<crate::audit::checkpoint::Checkpoint> {
+    let engine = s.engine.clone();
+    let checkpoint = tokio::task::spawn_blocking(move || engine.audit.checkpoint_now()).await??;
+    checkpoint.map(Json).ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            "the audit log has no record yet",
+            "checkpoints cover records: fork a sandbox first",
+        )
+    })
 }

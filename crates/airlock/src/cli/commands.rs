@@ -291,6 +291,13 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &events, || output::events(&events));
             Ok(0)
         }
+        Command::Audit(command) => super::audit::run(&cli, command, json).await,
+        Command::Stats => {
+            let stats: crate::metrics::stats::Stats =
+                cli.client()?.call(Method::GET, "/v1/stats", NO_BODY).await?;
+            output::print(json, &stats, || crate::metrics::stats::render(&stats));
+            Ok(0)
+        }
         Command::Doctor => {
             let d: Doctor = cli.client()?.call(Method::GET, "/v1/doctor", NO_BODY).await?;
             output::print(json, &d, || output::doctor(&d));
@@ -395,6 +402,18 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     config.disk_reserve = validate::Reserve::parse(&args.disk_reserve)?;
     config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
     config.import_keep = validate::duration("--import-keep", &args.import_keep)?;
+    config.audit = crate::audit::AuditOptions {
+        fsync: args.audit_fsync,
+        segment_bytes: validate::bytes(&args.audit_segment_size)?.max(4096),
+        keep_segments: args.audit_keep_segments,
+        checkpoint_every: args.audit_checkpoint_every.max(1),
+        checkpoint_interval: validate::duration(
+            "--audit-checkpoint-interval",
+            &args.audit_checkpoint_interval,
+        )?
+        .max(std::time::Duration::from_secs(1)),
+    };
+    config.metrics = args.metrics;
     config.gateway = match args.gateway.as_str() {
         "off" => None,
         addr => Some(addr.parse().map_err(|_| {

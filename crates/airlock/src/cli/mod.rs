@@ -1,6 +1,7 @@
 //! The `airlock` command line. `serve` runs the daemon; `storage init` prepares
 //! the host; every other command is a client of the daemon's REST API.
 
+mod audit;
 mod bench;
 mod commands;
 mod output;
@@ -160,6 +161,12 @@ enum Command {
     },
     /// Report how this host is set up: storage backend, PostgreSQL, users.
     Doctor,
+    /// The tamper-evident audit log: verify it, list, export, checkpoint.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
+    /// Fleet health: isolation, provisioning latency, collisions, reaping and
+    /// audit completeness.
+    Stats,
     /// Prepare copy-on-write storage.
     #[command(subcommand)]
     Storage(StorageCommand),
@@ -266,6 +273,24 @@ struct ServeArgs {
     /// Client connections the router holds open at once.
     #[arg(long, env = "AIRLOCK_ROUTER_MAX_CONNECTIONS", default_value_t = 1000)]
     router_max_connections: usize,
+    /// Serve Prometheus metrics on this address (HOST:PORT, port 0 for a free one) at /metrics.
+    #[arg(long, env = "AIRLOCK_METRICS")]
+    metrics: Option<std::net::SocketAddr>,
+    /// Flush every audit record to disk before going on (survives a power cut).
+    #[arg(long, env = "AIRLOCK_AUDIT_FSYNC")]
+    audit_fsync: bool,
+    /// Start a new audit segment past this size.
+    #[arg(long, env = "AIRLOCK_AUDIT_SEGMENT_SIZE", default_value = "64M")]
+    audit_segment_size: String,
+    /// Audit segments kept, the oldest removed first (0 keeps them all).
+    #[arg(long, env = "AIRLOCK_AUDIT_KEEP_SEGMENTS", default_value_t = 0)]
+    audit_keep_segments: usize,
+    /// Sign an audit checkpoint after this many records...
+    #[arg(long, env = "AIRLOCK_AUDIT_CHECKPOINT_EVERY", default_value_t = 1000)]
+    audit_checkpoint_every: u64,
+    /// ... and at least this often while records are written.
+    #[arg(long, env = "AIRLOCK_AUDIT_CHECKPOINT_INTERVAL", default_value = "60s")]
+    audit_checkpoint_interval: String,
 }
 
 #[derive(Debug, Subcommand)]

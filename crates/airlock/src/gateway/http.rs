@@ -39,6 +39,8 @@ pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
         )
     })?;
     let token = crate::secret::password();
+    let sb = engine.store().sandbox(sandbox)?;
+    engine.record_credential(&sb, "api:fork", &token, &["mcp_url"])?;
     engine.store().add_mcp_token(sandbox, &digest(&token))?;
     Ok(format!("{base}/mcp/{token}"))
 }

@@ -18,6 +18,7 @@ use crate::sandbox::{ForkRequest, Forked};
 
 /// Forks, serves MCP on stdin/stdout until the session ends, then deletes the sandbox.
 pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result<i32> {
+    let client = client.through(crate::events::Door::McpStdio);
     // Taken before the fork, so a signal that arrives meanwhile is not lost: it
     // ends the session as soon as the sandbox exists, and the sandbox goes.
     let mut term = signal(SignalKind::terminate())?;

@@ -126,6 +126,17 @@ pub enum Via {
     McpHttp,
 }
 
+impl Via {
+    /// The door a call through this way came in by.
+    pub fn door(self) -> crate::events::Door {
+        match self {
+            Via::Rest => crate::events::Door::Api,
+            Via::McpStdio => crate::events::Door::McpStdio,
+            Via::McpHttp => crate::events::Door::McpHttp,
+        }
+    }
+}
+
 /// What a tool call returned.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ToolOutput {
@@ -141,8 +152,8 @@ pub struct ToolOutput {
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
-    let outcome =
-        dispatch(engine, key, tool, args, &mut detail).await.map_err(|e| for_agent(engine, key, tool, e));
+    let outcome = crate::events::DOOR.scope(via.door(), dispatch(engine, key, tool, args, &mut detail)).await;
+    let outcome = outcome.map_err(|e| for_agent(engine, key, tool, e));
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
         Ok(out) if out.is_error => {
@@ -152,12 +163,14 @@ pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via
         Err(e) => detail["error"] = json!(e.code.as_str()),
     }
     let sandbox = engine.store().sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.to_owned());
-    engine.store().record_or_log(NewEvent {
+    // The answer leaves only once the call is on record.
+    engine.store().record(NewEvent {
         kind: crate::events::EventKind::ToolCall,
         sandbox: Some(sandbox),
         detail,
+        door: Some(via.door()),
         ..Default::default()
-    });
+    })?;
     outcome
 }
 

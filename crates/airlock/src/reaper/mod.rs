@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::clock::Timestamp;
 use crate::engine::Engine;
 use crate::events::DeleteReason;
-use crate::events::NewEvent;
+use crate::events::{Door, NewEvent};
 use crate::pg::instance;
 use crate::sandbox::stores::Store;
 use crate::sandbox::{self, SandboxState};
@@ -35,10 +35,19 @@ const IDLE_TICK: Duration = Duration::from_secs(1);
 /// would grow with traffic. The newest are kept.
 pub const EVENTS_KEPT: i64 = 200_000;
 
+/// Spawns reaper work: the events it records name the reaper as their door.
+pub(crate) fn spawn_as_reaper<F>(work: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    tokio::spawn(crate::events::DOOR.scope(Door::Reaper, work))
+}
+
 /// Runs the TTL loop and the idle-suspend loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
     let idle = engine.clone();
-    tokio::spawn(async move {
+    spawn_as_reaper(async move {
         let mut tick = tokio::time::interval(IDLE_TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -46,7 +55,7 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
             sandbox::suspend_idle(&idle).await;
         }
     });
-    tokio::spawn(async move {
+    spawn_as_reaper(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
@@ -82,7 +91,7 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
             for id in expired {
                 let engine = engine.clone();
                 // Each deletion runs on its own so one slow teardown delays no other.
-                tokio::spawn(async move {
+                spawn_as_reaper(async move {
                     match sandbox::delete(&engine, &id, DeleteReason::Ttl).await {
                         Ok(_) => tracing::info!(sandbox = %id, "expired and deleted"),
                         Err(e) => {
@@ -119,7 +128,7 @@ fn watch_servers(engine: &Arc<Engine>) {
                 match sb.state {
                     SandboxState::Pooled => {
                         let engine = engine.clone();
-                        tokio::spawn(async move {
+                        spawn_as_reaper(async move {
                             if engine.store().begin_drain(&sb.id).unwrap_or(false) {
                                 let _ = sandbox::teardown(&engine, &sb, DeleteReason::Drained).await;
                             }
@@ -127,7 +136,7 @@ fn watch_servers(engine: &Arc<Engine>) {
                     }
                     _ => {
                         for store in dead {
-                            tokio::spawn(restart_store(engine.clone(), sb.id.clone(), store));
+                            spawn_as_reaper(restart_store(engine.clone(), sb.id.clone(), store));
                         }
                     }
                 }
@@ -159,9 +168,10 @@ fn watch_servers(engine: &Arc<Engine>) {
                     golden: Some(sb.golden.clone()),
                     reason: Some("disk_full"),
                     detail: serde_json::json!({"log": instance::log_tail(&log), "clean": false}),
+                    door: Some(Door::Reaper),
                 });
                 let engine = engine.clone();
-                tokio::spawn(async move { sandbox::kill_cgroup_members(&engine, &sb.id).await });
+                spawn_as_reaper(async move { sandbox::kill_cgroup_members(&engine, &sb.id).await });
             }
             continue;
         }
@@ -177,7 +187,7 @@ fn watch_servers(engine: &Arc<Engine>) {
             ..Default::default()
         });
         let engine = engine.clone();
-        tokio::spawn(async move {
+        spawn_as_reaper(async move {
             tracing::warn!(sandbox = %sb.id, "its server exited; deleting it");
             if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
                 tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox whose server exited");
@@ -256,7 +266,7 @@ fn resume_teardowns(engine: &Arc<Engine>, stalled: &mut HashMap<String, Instant>
         }
         stalled.remove(&sb.id);
         let engine = engine.clone();
-        tokio::spawn(async move {
+        spawn_as_reaper(async move {
             tracing::info!(sandbox = %sb.id, "taking up a deletion that stalled");
             if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Orphan).await {
                 tracing::error!(sandbox = %sb.id, error = %e, "could not finish deleting a sandbox; will try again");
@@ -307,9 +317,9 @@ async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
             ..Default::default()
         });
         let engine = engine.clone();
-        tokio::spawn(async move {
+        spawn_as_reaper(async move {
             tracing::warn!(sandbox = %sb.id, grown, "over its disk limit; deleting it");
-            if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Failed).await {
+            if let Err(e) = sandbox::teardown(&engine, &sb, DeleteReason::Quota).await {
                 tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox over its disk limit");
             }
         });

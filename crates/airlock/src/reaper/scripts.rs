@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::engine::Engine;
 use crate::error::Result;
-use crate::events::{EventKind, NewEvent};
+use crate::events::{Door, EventKind, NewEvent};
 use crate::layout::InstanceDir;
 use crate::redis::resp::Reply;
 use crate::redis::server::Admin;
@@ -37,7 +37,7 @@ pub const LOG_KEPT: u64 = 16 << 20;
 
 /// Runs the loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    super::spawn_as_reaper(async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -132,5 +132,6 @@ fn record(engine: &Engine, sb: &Sandbox, action: &str, how: &str) {
         golden: Some(sb.golden.clone()),
         reason: Some("redis_script_busy"),
         detail: json!({"store": "redis", "action": action, "how": how}),
+        door: Some(Door::Reaper),
     });
 }

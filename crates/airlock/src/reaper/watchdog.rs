@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::engine::Engine;
-use crate::events::NewEvent;
+use crate::events::{Door, NewEvent};
 use crate::pg::admin::Admin;
 use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{Sandbox, SandboxState};
@@ -42,7 +42,7 @@ const CHECK_LIMIT: Duration = Duration::from_secs(5);
 
 /// Runs the watchdog until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
+    super::spawn_as_reaper(async move {
         let mut watched: HashMap<String, Watched> = HashMap::new();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -212,6 +212,7 @@ async fn act(engine: &Engine, admin: &Admin, sb: &Sandbox, pid: i32, step: Step)
         golden: Some(sb.golden.clone()),
         reason: Some(reason),
         detail,
+        door: Some(Door::Reaper),
     });
 }
 

@@ -36,10 +36,12 @@ pub struct Host {
 }
 
 impl Host {
-    /// Opens the data root's store and resolves the instance user the daemon
-    /// runs sandboxes as.
-    pub fn open(layout: Layout, instance_user: Option<&str>) -> Result<Host> {
-        let store = Store::open(&layout.state_db())?;
+    /// Opens the data root's store, writing its events to the data root's
+    /// audit log, and resolves the instance user the daemon runs sandboxes as.
+    pub fn open(layout: Layout, instance_user: Option<&str>, audit_fsync: bool) -> Result<Host> {
+        let audit = crate::audit::AuditOptions { fsync: audit_fsync, ..Default::default() };
+        let journal = std::sync::Arc::new(crate::audit::AuditLog::open(&layout.audit(), audit)?);
+        let store = Store::open(&layout.state_db())?.with_journal(journal);
         let instance_user = Identity::for_instances(instance_user)?;
         Ok(Host {
             daemon: crate::client::Client::without_starting(layout.clone()),
@@ -92,15 +94,16 @@ impl Host {
     }
 
     /// Records a connection accepted (which counts as the sandbox's use) or
-    /// refused, off the connection's task; `store` names a store other than
-    /// PostgreSQL the client reached.
-    pub fn record_connection(
+    /// refused, before the client hears its answer; `store` names a store
+    /// other than PostgreSQL the client reached. An accepted connection whose
+    /// record could not be written is an error: the client is refused.
+    pub async fn record_connection(
         self: &Arc<Self>,
         sb: &Sandbox,
         kind: EventKind,
         (peer, tls): (SocketAddr, bool),
         store: Option<&str>,
-    ) {
+    ) -> Result<()> {
         let mut detail = serde_json::json!({"client": peer.to_string(), "tls": tls});
         if let Some(store) = store {
             detail["store"] = store.into();
@@ -110,17 +113,21 @@ impl Host {
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail,
+            door: Some(crate::events::Door::Router),
             ..Default::default()
         };
         let host = self.clone();
         let (id, used) = (sb.id.clone(), kind == EventKind::Connected);
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = host.store().record(event) {
-                tracing::warn!(error = %e, "recording a router connection failed");
-            }
             if used {
+                host.store().record(event)?;
                 host.touch(&id);
+            } else {
+                host.store().record_or_log(event);
             }
-        });
+            Ok(())
+        })
+        .await
+        .map_err(|e| crate::error::Error::internal(format!("recording a router connection failed: {e}")))?
     }
 }

@@ -39,6 +39,9 @@ pub struct Spec {
     pub router: RouterConfig,
     /// The instance user (`airlock serve --instance-user`).
     pub instance_user: Option<String>,
+    /// Whether audit records are flushed to disk one by one (`--audit-fsync`).
+    #[serde(default)]
+    pub audit_fsync: bool,
 }
 
 /// `router.json`: a running router's pid, settings and address.
@@ -82,7 +85,7 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
         },
         None => None,
     };
-    let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref())?);
+    let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit_fsync)?);
     let address = super::serve(host, &spec.router, listener, redis)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
@@ -124,8 +127,11 @@ async fn bind_soon(listen: std::net::SocketAddr) -> Result<tokio::net::TcpListen
 /// `--router off`, which also stops a router left running).
 pub async fn supervise(engine: Arc<Engine>) -> Result<Option<Address>> {
     let layout = engine.layout.clone();
-    let spec =
-        Spec { router: engine.config.router.clone(), instance_user: engine.config.instance_user.clone() };
+    let spec = Spec {
+        router: engine.config.router.clone(),
+        instance_user: engine.config.instance_user.clone(),
+        audit_fsync: engine.config.audit.fsync,
+    };
     let running = running(&layout)?;
     if spec.router.listen.is_none() {
         if let Some(state) = running {

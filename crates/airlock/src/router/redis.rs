@@ -124,9 +124,6 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     command: &[Vec<u8>],
     client_at: (SocketAddr, bool),
 ) {
-    let record = |sb: &crate::sandbox::Sandbox, kind| {
-        shared.host.record_connection(sb, kind, client_at, Some(crate::sandbox::stores::Store::Redis.name()))
-    };
     let refuse = |mut client: BufStream<S>| async move {
         let _ = client.write_all(WRONGPASS).await;
         let _ = client.flush().await;
@@ -140,7 +137,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         // Only a client holding the credential wakes a sandbox.
         let known = sb.verifier.as_deref().and_then(crate::pg::scram::Verifier::parse);
         if !known.is_some_and(|v| v.accepts(password)) {
-            record(&sb, EventKind::ConnectionRefused);
+            record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
             return refuse(client).await;
         }
         if let Err(e) = shared.host.wake(&sb.id, Instant::now() + Duration::from_secs(60)).await {
@@ -170,7 +167,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         _ => return,
     };
     if refused {
-        record(&sb, EventKind::ConnectionRefused);
+        record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
         let mut line = Vec::new();
         let _ = (&mut backend).take(1024).read_until(b'\n', &mut line).await;
         let _ = client.write_all(&line).await;
@@ -178,9 +175,33 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         return;
     }
     let _open = shared.host.connections.open(&sb.id);
-    record(&sb, EventKind::Connected);
+    // The server's answer to AUTH is still unread: the client hears it only
+    // once the connection is on record.
+    if !record(shared, &sb, EventKind::Connected, client_at).await {
+        let _ = client.write_all(b"-ERR the audit log could not be written; nothing was granted\r\n").await;
+        let _ = client.flush().await;
+        return;
+    }
     let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
     shared.host.touch(&sb.id);
+}
+
+/// Records a connection its sandbox's server accepted or refused; whether the
+/// record was written.
+async fn record(
+    shared: &Shared,
+    sb: &crate::sandbox::Sandbox,
+    kind: EventKind,
+    client_at: (SocketAddr, bool),
+) -> bool {
+    let store = Some(crate::sandbox::stores::Store::Redis.name());
+    match shared.host.record_connection(sb, kind, client_at, store).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::error!(sandbox = %sb.id, error = %e, "a Redis connection's record could not be written");
+            false
+        }
+    }
 }
 
 /// Reads one command, as an array of bulk strings or an inline line; `None`

@@ -267,7 +267,8 @@ async fn establish(
         match scram::authenticate(&mut client, &verifier, binding).await {
             Ok(scram::Outcome::Authenticated) => {}
             Ok(scram::Outcome::Refused(e)) => {
-                shared.host.record_connection(&sb, EventKind::ConnectionRefused, (peer, tls), None);
+                let _ =
+                    shared.host.record_connection(&sb, EventKind::ConnectionRefused, (peer, tls), None).await;
                 refuse(&mut client, e).await;
                 return None;
             }
@@ -297,7 +298,12 @@ async fn establish(
     }
     match session_for(shared, sb, &startup).await {
         Ok((sb, backend, open)) => {
-            shared.host.record_connection(&sb, EventKind::Connected, (peer, tls), None);
+            if let Err(e) = shared.host.record_connection(&sb, EventKind::Connected, (peer, tls), None).await
+            {
+                tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
+                refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
+                return None;
+            }
             Some((client, backend, open))
         }
         Err(message) => {
@@ -308,8 +314,6 @@ async fn establish(
     }
 }
 
-/// Records the connection off the client's path: the client's first query is
-/// already on its way and must not wait for the store.
 fn not_found(key: &str) -> ErrorResponse {
     ErrorResponse::fatal(
         "3D000",

@@ -62,15 +62,16 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     let admitted =
         super::capacity::admit(engine, Duration::ZERO, super::capacity::Need::New, Some(&source.id)).await?;
     engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
-    {
-        let mut store = engine.store();
-        store.record(NewEvent {
-            kind: crate::events::EventKind::Created,
-            sandbox: Some(sb.id.clone()),
-            golden: Some(sb.golden.clone()),
-            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "branched_from": source.id}),
-            ..Default::default()
-        })?;
+    let created = engine.store().record(NewEvent {
+        kind: crate::events::EventKind::Created,
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "branched_from": source.id}),
+        ..Default::default()
+    });
+    if let Err(e) = created {
+        super::teardown(engine, &sb, crate::events::DeleteReason::Failed).await?;
+        return Err(e);
     }
     drop(admitted);
     let mut steps = Steps::default();

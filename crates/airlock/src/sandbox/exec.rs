@@ -107,6 +107,10 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env("LANG", "C.UTF-8");
     let instance = engine.layout.sandbox_instance(&sb.id);
     let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
+    if let Some(password) = sb.dsn.as_deref().and_then(crate::pg::dsn::password) {
+        let forms: &[&str] = if postgres { &["database_url"] } else { &["redis_url"] };
+        engine.record_credential(&sb, "exec", &password, forms)?;
+    }
     if postgres {
         cmd.env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
     }

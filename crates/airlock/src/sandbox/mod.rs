@@ -183,7 +183,8 @@ async fn finish(
             return Err(Error::internal(format!("minting the router's verifier failed: {e}")));
         }
     };
-    {
+    crate::crashpoint::reached("fork.started");
+    let ready = {
         let mut store = engine.store();
         store.set_running_with(&sb.id, pid, &url, Some(&verifier))?;
         store.record(NewEvent {
@@ -192,7 +193,11 @@ async fn finish(
             golden: Some(sb.golden.clone()),
             detail,
             ..Default::default()
-        })?;
+        })
+    };
+    if let Err(e) = ready {
+        teardown(engine, &sb, DeleteReason::Failed).await?;
+        return Err(e);
     }
     sb.state = SandboxState::Running;
     sb.pid = Some(pid);
@@ -242,17 +247,19 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
             })?;
         }
     }
-    let sb = {
-        let mut store = engine.store();
-        store.record(NewEvent {
-            kind: crate::events::EventKind::Created,
-            sandbox: Some(sb.id.clone()),
-            golden: Some(sb.golden.clone()),
-            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
-            ..Default::default()
-        })?;
-        sb
-    };
+    let created = engine.store().record(NewEvent {
+        kind: crate::events::EventKind::Created,
+        sandbox: Some(sb.id.clone()),
+        golden: Some(sb.golden.clone()),
+        detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
+        ..Default::default()
+    });
+    if let Err(e) = created {
+        // Nothing is handed out without its record: the sandbox goes again.
+        teardown(engine, &sb, DeleteReason::Failed).await?;
+        return Err(e);
+    }
+    crate::crashpoint::reached("fork.created");
     if claimed {
         engine.pool_wanted.notify_one();
     }
@@ -700,7 +707,8 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             reason: Some(reason.as_str()),
-            detail: json!({"generation": sb.generation}),
+            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at}),
+            ..Default::default()
         });
     }
     // Its processes and files are gone: the uid can serve another sandbox.

@@ -108,6 +108,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         golden: Some(sb.golden.clone()),
         reason: Some(reason.as_str()),
         detail: json!({"suspend_ms": ms(began), "clean": clean}),
+        ..Default::default()
     })?;
     engine.capacity_freed.notify_waiters();
     // A server that could not write its shutdown checkpoint (a full disk) has
@@ -141,6 +142,7 @@ pub(crate) async fn keep_unstartable(engine: &Engine, sb: &Sandbox, e: &Error) -
         golden: Some(sb.golden.clone()),
         reason: Some("unstartable"),
         detail: json!({"error": e.code.as_str(), "message": e.message}),
+        ..Default::default()
     })?;
     Ok(())
 }

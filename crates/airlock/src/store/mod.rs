@@ -10,7 +10,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::clock::Timestamp;
 use crate::error::{Error, ErrorCode, Result};
-use crate::events::{Event, NewEvent};
+use crate::events::{Door, Event, Journal, JournalEntry, NewEvent};
 use crate::golden::{Golden, Manifest, Source};
 use crate::sandbox::{Sandbox, SandboxState};
 
@@ -64,6 +64,21 @@ CREATE INDEX IF NOT EXISTS mcp_tokens_sandbox ON mcp_tokens(sandbox);
 /// The open state database.
 pub struct Store {
     conn: Connection,
+    /// Where every event is written before it is kept here (the audit log).
+    journal: Option<std::sync::Arc<dyn Journal>>,
+}
+
+/// An event as the audit completeness check sees it.
+#[derive(Debug, Clone)]
+pub struct AuditedEvent {
+    /// The event's id in the store.
+    pub id: i64,
+    /// Its kind, as stored.
+    pub kind: String,
+    /// The sandbox concerned, if any.
+    pub sandbox: Option<String>,
+    /// The sequence number of its audit record; `None` when it got none.
+    pub audit_seq: Option<u64>,
 }
 
 /// Filters for listing sandboxes.
@@ -88,7 +103,13 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
         migrate(&conn)?;
-        Ok(Store { conn })
+        Ok(Store { conn, journal: None })
+    }
+
+    /// This store, writing every event to `journal` before keeping it.
+    pub fn with_journal(mut self, journal: std::sync::Arc<dyn Journal>) -> Store {
+        self.journal = Some(journal);
+        self
     }
 
     // ---- goldens ----
@@ -473,6 +494,14 @@ impl Store {
         Ok((all as usize, running as usize))
     }
 
+    /// How many sandboxes are in each state.
+    pub fn counts_by_state(&self) -> Result<Vec<(String, i64)>> {
+        let mut stmt =
+            self.conn.prepare("SELECT state, count(*) FROM sandboxes GROUP BY state ORDER BY state")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
     /// Changes a sandbox's state.
     pub fn set_state(&mut self, id: &str, state: SandboxState) -> Result<()> {
         self.conn.execute("UPDATE sandboxes SET state = ?2 WHERE id = ?1", params![id, state.as_str()])?;
@@ -555,30 +584,118 @@ impl Store {
 
     // ---- events ----
 
-    /// Appends an event.
+    /// Records an event that something depends on (a fork, a credential, a tool
+    /// call's answer): it is written to the journal first, and if it cannot be,
+    /// nothing is kept and the error says so.
     pub fn record(&mut self, e: NewEvent) -> Result<()> {
+        let entry = self.journal_entry(e);
+        let seq = match &self.journal {
+            Some(journal) => Some(journal.append(&entry)?.seq),
+            None => None,
+        };
+        self.keep_event(&entry, seq)
+    }
+
+    /// Records an event about work that goes on whether or not it is recorded (a
+    /// teardown, a watchdog step): an entry the journal cannot take now is
+    /// kept for its next write, after a record of the gap, and said in the
+    /// daemon log; it is never dropped silently.
+    pub fn record_or_log(&mut self, e: NewEvent) {
+        let entry = self.journal_entry(e);
+        let seq = match &self.journal {
+            Some(journal) => match journal.append(&entry) {
+                Ok(written) => Some(written.seq),
+                Err(error) => {
+                    tracing::error!(kind = entry.kind.as_str(), sandbox = entry.sandbox.as_deref().unwrap_or("-"), %error,
+                        "an event could not be written to the audit log; it will be written after a gap record");
+                    journal.defer(entry.clone(), &error);
+                    None
+                }
+            },
+            None => None,
+        };
+        if let Err(error) = self.keep_event(&entry, seq) {
+            tracing::error!(kind = entry.kind.as_str(), sandbox = entry.sandbox.as_deref().unwrap_or("-"), %error, "an event could not be recorded");
+        }
+    }
+
+    /// The journal's view of an event: its time, door and generation resolved
+    /// (the generation from the detail, else the sandbox's, else the golden's
+    /// current one).
+    fn journal_entry(&self, e: NewEvent) -> JournalEntry {
+        let of_sandbox: Option<(i64, String)> = e.sandbox.as_ref().and_then(|id| {
+            self.conn
+                .query_row("SELECT generation, golden FROM sandboxes WHERE id = ?1", [id], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()
+                .ok()
+                .flatten()
+        });
+        let golden = e.golden.clone().or_else(|| of_sandbox.as_ref().map(|(_, g)| g.clone()));
+        let generation = e.detail.get("generation").and_then(|g| g.as_i64()).or_else(|| {
+            of_sandbox.as_ref().map(|(g, _)| *g).or_else(|| {
+                let golden = golden.as_ref()?;
+                self.conn
+                    .query_row("SELECT current_generation FROM goldens WHERE name = ?1", [golden], |r| {
+                        r.get(0)
+                    })
+                    .optional()
+                    .ok()
+                    .flatten()
+            })
+        });
+        JournalEntry {
+            at: Timestamp::now(),
+            kind: e.kind,
+            door: e.door.unwrap_or_else(Door::current),
+            sandbox: e.sandbox,
+            golden,
+            generation,
+            reason: e.reason.map(str::to_owned),
+            detail: if e.detail.is_null() { serde_json::json!({}) } else { e.detail },
+        }
+    }
+
+    fn keep_event(&mut self, e: &JournalEntry, audit_seq: Option<u64>) -> Result<()> {
         self.conn.execute(
-            "INSERT INTO events (at, kind, sandbox, golden, reason, detail) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            "INSERT INTO events (at, kind, sandbox, golden, reason, detail, door, audit_seq) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
             params![
-                Timestamp::now().0,
+                e.at.0,
                 e.kind.as_str(),
                 e.sandbox,
                 e.golden,
                 e.reason,
-                if e.detail.is_null() { "{}".to_owned() } else { e.detail.to_string() }
+                e.detail.to_string(),
+                e.door.as_str(),
+                audit_seq.map(|s| s as i64),
             ],
         )?;
         Ok(())
     }
 
-    /// Records an event about work that goes on whether or not it is recorded (a
-    /// teardown, a watchdog step): a record that cannot be written is said in the
-    /// daemon log, never dropped silently.
-    pub fn record_or_log(&mut self, e: NewEvent) {
-        let (kind, sandbox) = (e.kind.as_str(), e.sandbox.clone());
-        if let Err(error) = self.record(e) {
-            tracing::error!(kind, sandbox = sandbox.as_deref().unwrap_or("-"), %error, "an event could not be recorded");
-        }
+    /// The id of the newest event (0 when there is none).
+    pub fn last_event_id(&self) -> Result<i64> {
+        Ok(self.conn.query_row("SELECT coalesce(max(id), 0) FROM events", [], |r| r.get(0))?)
+    }
+
+    /// Events after `after_id` (at most `limit`), each with the sequence number
+    /// of its audit record, for the completeness check.
+    pub fn events_with_audit(&self, after_id: i64, limit: i64) -> Result<Vec<AuditedEvent>> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, kind, sandbox, audit_seq FROM events WHERE id > ?1 ORDER BY id LIMIT ?2")?;
+        let rows = stmt
+            .query_map(params![after_id, limit], |r| {
+                Ok(AuditedEvent {
+                    id: r.get(0)?,
+                    kind: r.get(1)?,
+                    sandbox: r.get(2)?,
+                    audit_seq: r.get::<_, Option<i64>>(3)?.map(|s| s as u64),
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     /// Deletes all but the newest `keep` events; returns how many went.
@@ -589,7 +706,7 @@ impl Store {
     /// Events, oldest first, optionally for one sandbox (by id), the most recent `limit`.
     pub fn events(&self, sandbox: Option<&str>, limit: i64) -> Result<Vec<Event>> {
         let mut stmt = self.conn.prepare(
-            "SELECT id, at, kind, sandbox, golden, reason, detail FROM (
+            "SELECT id, at, kind, sandbox, golden, reason, detail, door FROM (
                 SELECT * FROM events WHERE (?1 IS NULL OR sandbox = ?1) ORDER BY id DESC LIMIT ?2
              ) ORDER BY id",
         )?;
@@ -604,6 +721,7 @@ impl Store {
                     golden: r.get(4)?,
                     reason: r.get(5)?,
                     detail: serde_json::from_str(&detail).unwrap_or_default(),
+                    door: r.get(7)?,
                 })
             })?
             .collect::<rusqlite::Result<_>>()?;
@@ -623,6 +741,8 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "verifier", "TEXT"),
         ("sandboxes", "active_at", "INTEGER"),
         ("goldens", "redis_source", "TEXT"),
+        ("events", "door", "TEXT"),
+        ("events", "audit_seq", "INTEGER"),
     ] {
         let present = conn
             .prepare("SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2")?
@@ -704,7 +824,7 @@ mod tests {
         .unwrap();
         migrate(&conn).unwrap();
         migrate(&conn).unwrap();
-        let store = Store { conn };
+        let store = Store { conn, journal: None };
         let sb = store.sandbox("sb-old").unwrap();
         assert_eq!(sb.access, crate::sandbox::Access::default());
         assert_eq!(sb.slot, None);

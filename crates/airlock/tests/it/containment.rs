@@ -254,7 +254,7 @@ fn a_sandbox_that_outgrows_its_disk_limit_is_removed_with_a_clear_event() {
     let events = d.json(&["events", "--sandbox", &id]);
     let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert!(kinds.contains(&"disk_limit_exceeded"), "{kinds:?}");
-    assert_eq!(events.as_array().unwrap().last().unwrap()["reason"], "failed");
+    assert_eq!(events.as_array().unwrap().last().unwrap()["reason"], "quota");
     assert_eq!(sql(&dsn(&thin), "SELECT count(*) FROM orders"), "1000");
     assert!(d.ids().contains(&thin["id"].as_str().unwrap().to_owned()));
 }

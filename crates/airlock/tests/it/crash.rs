@@ -70,6 +70,9 @@ fn assert_consistent(d: &Daemon, dsns: &std::collections::HashMap<String, String
         }
     }
     assert!(std::fs::read_dir(d.home.join("volume/staging")).unwrap().next().is_none(), "staging is empty");
+    // Whatever instant the daemon died at, its audit chain holds.
+    let verified = d.cli(&["audit", "verify"]);
+    assert_eq!(verified.code, 0, "the audit chain is broken: {verified:?}");
 }
 
 #[test]

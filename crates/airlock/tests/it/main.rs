@@ -5,6 +5,7 @@ mod harness;
 
 mod adversarial;
 mod api;
+mod audit;
 mod containment;
 mod crash;
 mod disk;
@@ -14,6 +15,7 @@ mod goldens;
 mod imports;
 mod lifecycle;
 mod majors;
+mod metrics;
 mod migrate;
 mod pool;
 mod redis;

@@ -1,0 +1,177 @@
+//! Signed checkpoints of the chain's head, and the Ed25519 key that signs them.
+//!
+//! A checkpoint says "record `seq` has hash `hash`", signed. It pins the chain:
+//! a segment rebuilt to be consistent with itself no longer matches the hashes
+//! the checkpoints signed, and a chain that ends before a checkpoint's record
+//! was cut short. Checkpoints are appended to `checkpoints.jsonl`; shipped off
+//! the host (`airlock audit checkpoint`, the trace exporter) they also catch a
+//! tail removed together with the checkpoints that covered it.
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use base64::Engine as _;
+use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::clock::Timestamp;
+use crate::error::{Error, Result};
+
+/// The private key file (PKCS#8, mode 0600).
+pub const KEY_FILE: &str = "signing.key";
+/// The public key file (32 bytes, hex).
+pub const PUBLIC_KEY_FILE: &str = "signing.pub";
+/// Where checkpoints are appended, one JSON object per line.
+pub const CHECKPOINTS_FILE: &str = "checkpoints.jsonl";
+
+/// A signed statement of the chain's head.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Checkpoint {
+    /// The sequence number of the record it covers.
+    pub seq: u64,
+    /// That record's hash.
+    pub hash: String,
+    /// When it was signed.
+    pub at: Timestamp,
+    /// The fingerprint of the public key that signed it (see [`fingerprint`]).
+    pub key: String,
+    /// The Ed25519 signature of [`Checkpoint::message`], base64.
+    pub signature: String,
+}
+
+impl Checkpoint {
+    /// The bytes signed: a fixed tag, then the record's number, hash and the time.
+    pub fn message(seq: u64, hash: &str, at: Timestamp) -> Vec<u8> {
+        format!("airlock-audit-checkpoint-v1\n{seq}\n{hash}\n{}", at.0).into_bytes()
+    }
+
+    /// Whether `public_key` signed this checkpoint.
+    pub fn verify(&self, public_key: &[u8]) -> bool {
+        let Ok(signature) = base64::engine::general_purpose::STANDARD.decode(&self.signature) else {
+            return false;
+        };
+        UnparsedPublicKey::new(&ED25519, public_key)
+            .verify(&Checkpoint::message(self.seq, &self.hash, self.at), &signature)
+            .is_ok()
+    }
+}
+
+/// The short name of a public key: the first 16 hex digits of its SHA-256.
+pub fn fingerprint(public_key: &[u8]) -> String {
+    crate::secret::hex(&Sha256::digest(public_key))[..16].to_owned()
+}
+
+/// The audit log's signing key.
+pub struct Signer {
+    pair: Ed25519KeyPair,
+    fingerprint: String,
+}
+
+impl Signer {
+    /// Loads the key in `dir`, generating it (0600) and its public half on first use.
+    pub fn load_or_create(dir: &Path) -> Result<Signer> {
+        let path = dir.join(KEY_FILE);
+        let pkcs8 = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let rng = ring::rand::SystemRandom::new();
+                let document = Ed25519KeyPair::generate_pkcs8(&rng)
+                    .map_err(|_| Error::internal("generating the audit signing key failed"))?;
+                let mut file = OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .open(&path)
+                    .map_err(|e| Error::io(format!("creating {}", path.display()), &e))?;
+                file.write_all(document.as_ref())
+                    .and_then(|()| file.sync_all())
+                    .map_err(|e| Error::io(format!("writing {}", path.display()), &e))?;
+                document.as_ref().to_vec()
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
+        };
+        let pair = Ed25519KeyPair::from_pkcs8(&pkcs8).map_err(|e| {
+            Error::internal(format!(
+                "{} is not an Ed25519 key ({e}); move it away to make a new one",
+                path.display()
+            ))
+        })?;
+        let public = pair.public_key().as_ref().to_vec();
+        let public_path = dir.join(PUBLIC_KEY_FILE);
+        let hex = crate::secret::hex(&public);
+        if std::fs::read_to_string(&public_path).map(|t| t.trim() != hex).unwrap_or(true) {
+            std::fs::write(&public_path, format!("{hex}\n"))
+                .map_err(|e| Error::io(format!("writing {}", public_path.display()), &e))?;
+        }
+        Ok(Signer { fingerprint: fingerprint(&public), pair })
+    }
+
+    /// A checkpoint of record `seq` with hash `hash`, signed now.
+    pub fn sign(&self, seq: u64, hash: &str) -> Checkpoint {
+        let at = Timestamp::now();
+        let signature = self.pair.sign(&Checkpoint::message(seq, hash, at));
+        Checkpoint {
+            seq,
+            hash: hash.to_owned(),
+            at,
+            key: self.fingerprint.clone(),
+            signature: base64::engine::general_purpose::STANDARD.encode(signature.as_ref()),
+        }
+    }
+}
+
+/// The public key in `dir` (written next to the private one), as bytes.
+pub fn public_key(dir: &Path) -> Result<Vec<u8>> {
+    let path = dir.join(PUBLIC_KEY_FILE);
+    let text =
+        std::fs::read_to_string(&path).map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
+    parse_public_key(text.trim())
+}
+
+/// A public key given as 64 hex digits.
+pub fn parse_public_key(hex: &str) -> Result<Vec<u8>> {
+    let bad = || {
+        Error::new(
+            crate::error::ErrorCode::InvalidRequest,
+            format!("{hex:?} is not an Ed25519 public key"),
+            "give the 64 hex digits of $AIRLOCK_HOME/audit/signing.pub",
+        )
+    };
+    if hex.len() != 64 {
+        return Err(bad());
+    }
+    (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_checkpoint_verifies_only_under_its_key_and_as_signed() {
+        let dir = std::env::temp_dir().join(format!("airlock-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let signer = Signer::load_or_create(&dir).unwrap();
+        let key = public_key(&dir).unwrap();
+        let mode = std::fs::metadata(dir.join(KEY_FILE)).unwrap().permissions();
+        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+        let checkpoint = signer.sign(42, &"ab".repeat(32));
+        assert!(checkpoint.verify(&key));
+        let mut moved = checkpoint.clone();
+        moved.seq = 43;
+        assert!(!moved.verify(&key));
+        // The same key loads again; another directory's key does not verify.
+        let again = Signer::load_or_create(&dir).unwrap();
+        assert!(again.sign(1, GENESIS_LIKE).verify(&key));
+        let other = dir.join("other");
+        std::fs::create_dir_all(&other).unwrap();
+        let stranger = Signer::load_or_create(&other).unwrap();
+        assert!(!stranger.sign(42, &"ab".repeat(32)).verify(&key));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    const GENESIS_LIKE: &str = super::super::record::GENESIS;
+}

@@ -1,0 +1,375 @@
+//! The tamper-evident audit log: every event, hash-chained, in append-only
+//! segments under `$AIRLOCK_HOME/audit/`, with Ed25519-signed checkpoints.
+//!
+//! The store writes each event here before keeping it ([`crate::events::Journal`]),
+//! so an operation that grants access fails when its record cannot be written,
+//! and a teardown's record waits, after a gap record, for the next write. The
+//! daemon and its router process both write: an exclusive `flock` on
+//! `audit/lock` orders them, and each re-reads the head when the other moved it.
+//!
+//! - [`record`]: one record and its line, hashed;
+//! - [`checkpoint`]: the signing key and the signed checkpoints;
+//! - [`read`]: the segments read back (`audit ls`, `export`, the metrics tail);
+//! - [`verify`]: the walk that names the first broken record.
+
+pub mod checkpoint;
+pub mod read;
+pub mod record;
+pub mod verify;
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde_json::json;
+
+use crate::error::{Error, ErrorCode, Result};
+use crate::events::{Door, EventKind, Journal, JournalEntry, Journaled};
+use checkpoint::{Checkpoint, Signer};
+use record::{Record, GENESIS};
+
+/// How the audit log writes (flags of `airlock serve`).
+#[derive(Debug, Clone)]
+pub struct AuditOptions {
+    /// `fdatasync` after every record (survives a power cut, costs a disk flush).
+    pub fsync: bool,
+    /// A segment past this size is closed and the next record starts a new one.
+    pub segment_bytes: u64,
+    /// Segments kept (the oldest go first); 0 keeps them all.
+    pub keep_segments: usize,
+    /// A checkpoint is signed after this many records.
+    pub checkpoint_every: u64,
+    /// ... and at least this often while records are written.
+    pub checkpoint_interval: Duration,
+}
+
+impl Default for AuditOptions {
+    fn default() -> Self {
+        AuditOptions {
+            fsync: false,
+            segment_bytes: 64 << 20,
+            keep_segments: 0,
+            checkpoint_every: 1000,
+            checkpoint_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Where the chain stands: the newest segment and the last record in it.
+struct Head {
+    /// The newest segment's number (0 before the first record, `u64::MAX`
+    /// before the first look).
+    segment: u64,
+    /// Its length when this process last read or wrote it.
+    len: u64,
+    /// The last record's sequence number and hash.
+    seq: u64,
+    hash: String,
+    /// Records written since the last checkpoint, and when that was.
+    since_checkpoint: u64,
+    checkpointed_at: Instant,
+    checkpointed_seq: u64,
+}
+
+/// The audit log, open for writing.
+pub struct AuditLog {
+    dir: PathBuf,
+    options: AuditOptions,
+    signer: Signer,
+    lock: File,
+    head: Mutex<Head>,
+    /// Entries that could not be written, with the error, oldest first.
+    deferred: Mutex<Vec<(JournalEntry, String)>>,
+}
+
+/// The file name of segment `n`.
+pub fn segment_name(n: u64) -> String {
+    format!("segment-{n:08}.jsonl")
+}
+
+/// The segments in `dir`, oldest first.
+pub fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("reading {}", dir.display()), &e)),
+    };
+    let mut found: Vec<(u64, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let n = name.strip_prefix("segment-")?.strip_suffix(".jsonl")?.parse().ok()?;
+            Some((n, e.path()))
+        })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
+/// The error an operation gets when its record cannot be written.
+fn unavailable(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorCode::AuditUnavailable,
+        format!("the audit log could not be written ({what}: {e}); nothing was granted"),
+        "free space on the volume holding $AIRLOCK_HOME/audit and check its permissions, then try again",
+    )
+}
+
+impl AuditLog {
+    /// Opens (creating if needed, mode 0700) the audit log in `dir`.
+    pub fn open(dir: &Path, options: AuditOptions) -> Result<AuditLog> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), &e))?;
+        std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .map_err(|e| Error::io(format!("securing {}", dir.display()), &e))?;
+        let signer = Signer::load_or_create(dir)?;
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(dir.join("lock"))
+            .map_err(|e| Error::io(format!("opening {}", dir.join("lock").display()), &e))?;
+        let log = AuditLog {
+            dir: dir.to_owned(),
+            options,
+            signer,
+            lock,
+            head: Mutex::new(Head {
+                segment: u64::MAX,
+                len: 0,
+                seq: 0,
+                hash: GENESIS.into(),
+                since_checkpoint: 0,
+                checkpointed_at: Instant::now(),
+                checkpointed_seq: 0,
+            }),
+            deferred: Mutex::new(Vec::new()),
+        };
+        log.locked(|_| Ok(()))?;
+        Ok(log)
+    }
+
+    /// The directory it writes in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The last record's sequence number and hash, as this process last saw them.
+    pub fn head(&self) -> (u64, String) {
+        let head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        (head.seq, head.hash.clone())
+    }
+
+    /// Runs `work` holding this process's mutex and the cross-process lock, with
+    /// the head brought up to date first.
+    fn locked<T>(&self, work: impl FnOnce(&mut Head) -> Result<T>) -> Result<T> {
+        let mut head = self.head.lock().unwrap_or_else(|p| p.into_inner());
+        let lock = self.lock.try_clone().map_err(|e| unavailable("its lock", e))?;
+        let _held =
+            Flock::lock(lock, FlockArg::LockExclusive).map_err(|(_, e)| unavailable("its lock", e))?;
+        self.catch_up(&mut head)?;
+        work(&mut head)
+    }
+
+    /// Re-reads the head if another process wrote since this one last did.
+    fn catch_up(&self, head: &mut Head) -> Result<()> {
+        let segments = segments(&self.dir)?;
+        let Some((newest, path)) = segments.last().cloned() else {
+            // No segment yet, or all retired: the chain goes on from the last retired one.
+            if head.segment != 0 {
+                let (seq, hash) = read::retired_head(&self.dir)?.unwrap_or((0, GENESIS.into()));
+                (head.segment, head.len, head.seq, head.hash) = (0, 0, seq, hash);
+            }
+            return Ok(());
+        };
+        let len = std::fs::metadata(&path).map_err(|e| unavailable("reading its newest segment", e))?.len();
+        if newest == head.segment && len == head.len {
+            return Ok(());
+        }
+        let last = read::last_record(&path)?;
+        let (seq, hash) = match last {
+            Some(sealed) => (sealed.record.seq, sealed.hash),
+            None => read::retired_head(&self.dir)?.unwrap_or((0, GENESIS.into())),
+        };
+        head.segment = newest;
+        head.len = len;
+        head.seq = seq;
+        head.hash = hash;
+        Ok(())
+    }
+
+    /// Writes one record after the head. The segment is opened for each
+    /// record, so a segment that can no longer be written (a full volume, an
+    /// immutable file, a retired segment) fails the write instead of going to
+    /// a stale descriptor.
+    fn write(&self, head: &mut Head, entry: &JournalEntry) -> Result<Journaled> {
+        let record = Record::of(entry, head.seq + 1, &head.hash);
+        let (line, hash) = record.seal();
+        let starting = head.segment == 0 || head.segment == u64::MAX;
+        if starting || (head.len > 0 && head.len + line.len() as u64 > self.options.segment_bytes) {
+            self.rotate(head)?;
+        }
+        let path = self.dir.join(segment_name(head.segment));
+        let mut file =
+            OpenOptions::new().append(true).open(&path).map_err(|e| unavailable("opening its segment", e))?;
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            // Whatever part of the line went in was never part of the chain.
+            let _ = file.set_len(head.len);
+            return Err(unavailable("writing a record", e));
+        }
+        if self.options.fsync {
+            file.sync_data().map_err(|e| unavailable("flushing a record", e))?;
+        }
+        head.len += line.len() as u64;
+        head.seq = record.seq;
+        head.hash = hash.clone();
+        head.since_checkpoint += 1;
+        Ok(Journaled { seq: record.seq, hash })
+    }
+
+    /// Starts the next segment, and retires the oldest past the number kept.
+    fn rotate(&self, head: &mut Head) -> Result<()> {
+        let next = if head.segment == u64::MAX { 1 } else { head.segment + 1 };
+        let path = self.dir.join(segment_name(next));
+        OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| unavailable("starting a segment", e))?;
+        head.segment = next;
+        head.len = 0;
+        if self.options.keep_segments > 0 {
+            if let Err(e) = read::retire(&self.dir, self.options.keep_segments) {
+                tracing::error!(error = %e, "retiring old audit segments failed; they are kept");
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the deferred entries, after a record of the gap.
+    fn write_deferred(&self, head: &mut Head) -> Result<()> {
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        if deferred.is_empty() {
+            return Ok(());
+        }
+        let gap = JournalEntry {
+            at: crate::clock::Timestamp::now(),
+            kind: EventKind::AuditGap,
+            door: Door::Daemon,
+            sandbox: None,
+            golden: None,
+            generation: None,
+            reason: None,
+            detail: json!({
+                "deferred": deferred.len(),
+                "first_at": deferred[0].0.at,
+                "error": deferred[0].1,
+            }),
+        };
+        self.write(head, &gap)?;
+        while let Some((entry, _)) = deferred.first() {
+            self.write(head, entry)?;
+            deferred.remove(0);
+        }
+        Ok(())
+    }
+
+    /// Signs a checkpoint of the head if one is due (`force`: if any record
+    /// was written since the last).
+    fn checkpoint_if_due(&self, head: &mut Head, force: bool) {
+        let due = head.since_checkpoint >= self.options.checkpoint_every
+            || (head.seq > head.checkpointed_seq
+                && (force || head.checkpointed_at.elapsed() >= self.options.checkpoint_interval));
+        if !due || head.seq == 0 {
+            return;
+        }
+        let checkpoint = self.signer.sign(head.seq, &head.hash);
+        match self.append_checkpoint(&checkpoint) {
+            Ok(()) => {
+                head.since_checkpoint = 0;
+                head.checkpointed_at = Instant::now();
+                head.checkpointed_seq = head.seq;
+                tracing::debug!(seq = checkpoint.seq, "audit checkpoint signed");
+            }
+            Err(e) => tracing::error!(error = %e, "an audit checkpoint could not be written"),
+        }
+    }
+
+    fn append_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
+        let path = self.dir.join(checkpoint::CHECKPOINTS_FILE);
+        let mut line = serde_json::to_string(checkpoint).expect("a checkpoint serializes");
+        line.push('\n');
+        OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .open(&path)
+            .and_then(|mut f| {
+                f.write_all(line.as_bytes())?;
+                f.sync_data()
+            })
+            .map_err(|e| Error::io(format!("writing {}", path.display()), &e))
+    }
+
+    /// Writes what was deferred and signs a checkpoint when one is due by
+    /// time; the daemon calls it every few seconds.
+    pub fn tick(&self) -> Result<()> {
+        self.locked(|head| {
+            self.write_deferred(head)?;
+            self.checkpoint_if_due(head, false);
+            Ok(())
+        })
+    }
+
+    /// Signs a checkpoint of the head now (if a record was written since the
+    /// last one) and returns the newest checkpoint.
+    pub fn checkpoint_now(&self) -> Result<Option<Checkpoint>> {
+        self.locked(|head| {
+            self.write_deferred(head)?;
+            self.checkpoint_if_due(head, true);
+            Ok(())
+        })?;
+        read::checkpoints(&self.dir).map(|all| all.into_iter().filter_map(|c| c.ok()).next_back())
+    }
+
+    /// Entries waiting to be written.
+    pub fn deferred(&self) -> usize {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+impl Journal for AuditLog {
+    fn append(&self, entry: &JournalEntry) -> Result<Journaled> {
+        self.locked(|head| {
+            self.write_deferred(head)?;
+            let written = self.write(head, entry)?;
+            self.checkpoint_if_due(head, false);
+            Ok(written)
+        })
+    }
+
+    fn defer(&self, entry: JournalEntry, error: &Error) {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((entry, error.message.clone()));
+    }
+}
+
+/// Every second, writes what was deferred and signs the checkpoints due by
+/// time, until the daemon exits.
+pub fn spawn_ticks(log: std::sync::Arc<AuditLog>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let log = log.clone();
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || log.tick()).await {
+                tracing::error!(error = %e, "the audit log could not be written; records wait");
+            }
+        }
+    })
+}
