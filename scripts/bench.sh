@@ -34,3 +34,7 @@ for g in bench-40mb bench-1500mb; do
   airlock bench fork --golden "$g" --iterations "$iterations" --no-baselines --json > "$out/pool-${g#bench-}.json"
   airlock golden pool "$g" --size 0 >/dev/null
 done
+
+# What the audit log adds to the events a pooled fork and a tool call record,
+# with and without --audit-fsync (scripts/bench-audit.sh has more).
+airlock bench audit --rounds "${AUDIT_ROUNDS:-5000}" | tee -a "$out/fork.txt"

@@ -3,8 +3,8 @@
 # manager: the PostgreSQL server, its client tools and its server headers (the
 # in-server guard is built against them), xfsprogs and btrfs-progs for
 # copy-on-write storage, Python 3 with venv for the Python client's tests, and
-# with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests
-# and PostGIS for the import tests.
+# with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests,
+# PostGIS for the import tests and Prometheus for the metrics tests.
 # Safe to run again; it installs nothing that is already there.
 set -euo pipefail
 
@@ -43,6 +43,9 @@ if [ "${1:-}" = test ]; then
     major=$(basename "$(dirname "$(dirname "$bin")")")
     [ -f "/usr/share/postgresql/$major/extension/postgis.control" ] || need+=("postgresql-$major-postgis-3")
   done
+  # A real Prometheus scrapes the daemon in the metrics tests; promtool checks
+  # the exposition and the shipped alerting rules.
+  command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)
@@ -61,6 +64,8 @@ if [ ${#need[@]} -gt 0 ]; then
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop postgresql >/dev/null 2>&1 || true; fi
   # Its Redis package starts one too; Airlock starts each sandbox's own.
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop redis-server >/dev/null 2>&1 || true; fi
+  # And its Prometheus package (tests start their own, on ports they pick).
+  if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1 || true; fi
 fi
 # A server installed just now brings its headers' package name only now.
 for bin in /usr/lib/postgresql/*/bin/postgres; do

@@ -92,6 +92,12 @@ def test_stdio_session_gets_its_own_sandbox_and_deletes_it_at_the_end(daemon):
     kinds = [e["kind"] for e in events]
     assert kinds.count("tool_call") == 10 and kinds[-1] == "deleted"
     assert {e["detail"]["via"] for e in events if e["kind"] == "tool_call"} == {"mcp_stdio"}
+    # The audit log names the door: the fork and each tool call came in by `airlock mcp`.
+    records = daemon.json("audit", "ls", "--sandbox", sb)
+    doors = {(r["kind"], r["door"]) for r in records}
+    assert ("created", "mcp_stdio") in doors and ("tool_call", "mcp_stdio") in doors, doors
+    assert all(r["door"] == "mcp_stdio" for r in records if r["kind"] == "tool_call")
+    assert daemon.cli("audit", "verify").returncode == 0
 
 
 def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
@@ -107,6 +113,13 @@ def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
     asyncio.run(main(sb.mcp_url))
     events = [e for e in daemon.json("events", "--sandbox", sb.id) if e["kind"] == "tool_call"]
     assert len(events) == 10 and {e["detail"]["via"] for e in events} == {"mcp_http"}
+    records = daemon.json("audit", "ls", "--sandbox", sb.id, "--kind", "tool_call")
+    assert len(records) == 10 and {r["door"] for r in records} == {"mcp_http"}
+    # The MCP URL went on record by its fingerprint, never in the clear.
+    token = sb.mcp_url.rsplit("/", 1)[1]
+    minted = daemon.json("audit", "ls", "--sandbox", sb.id, "--kind", "credential_issued")
+    assert any(r["detail"]["forms"] == ["mcp_url"] for r in minted), minted
+    assert token not in json.dumps(daemon.json("audit", "ls", "--limit", "100000"))
 
     async def migration(url):
         async with streamable_http_client(url) as (read, write, *_):

@@ -38,6 +38,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     let _ = std::fs::remove_file(layout.api_socket());
     let engine = Arc::new(Engine::open(config)?);
     let counted_from = crate::metrics::Start::now(&engine);
+    let traced_from = crate::audit::follow::Follower::at_end(&engine.layout.audit());
     let reconciled = reaper::reconcile(&engine).await?;
     tracing::info!(?reconciled, "reconciled state, processes and directories");
     let doctor = engine.doctor();
@@ -59,6 +60,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     crate::sandbox::pool::spawn(engine.clone());
     crate::audit::spawn_ticks(engine.audit.clone());
     let metrics = crate::metrics::spawn(engine.clone(), counted_from);
+    let traces = crate::traces::spawn(engine.layout.audit(), traced_from)?;
     if let Some(addr) = engine.config.metrics {
         crate::metrics::serve(engine.clone(), metrics.clone(), addr).await?;
     }
@@ -123,6 +125,9 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
         let _ = t.await;
     }
     let _ = std::fs::remove_file(&socket);
+    if let Some(traces) = traces {
+        tokio::task::spawn_blocking(move || traces.shutdown()).await?;
+    }
     Ok(())
 }
 

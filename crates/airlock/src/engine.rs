@@ -304,8 +304,9 @@ impl Engine {
     }
 
     /// A sandbox as clients see it: its DSN through the router when the router is
-    /// on (the private socket's in `socket_dsn`).
-    pub fn present(&self, mut sb: Sandbox) -> Sandbox {
+    /// on (the private socket's in `socket_dsn`). Private: credentials leave
+    /// only through [`Engine::hand_over`], which puts them on record.
+    fn present(&self, mut sb: Sandbox) -> Sandbox {
         let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password);
         let dir = self.layout.sandbox_instance(&sb.id);
         if let (Some(password), true) = (&password, crate::redis::server::configured(&dir)) {

@@ -32,5 +32,6 @@ pub mod secret;
 pub mod serve;
 pub mod storage;
 pub mod store;
+pub mod traces;
 pub mod users;
 pub mod validate;

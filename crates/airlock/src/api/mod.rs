@@ -311,9 +311,8 @@ async fn list_sandboxes(
 ) -> ApiResult<Vec<sandbox::Sandbox>> {
     let filter = sandbox_filter(q)?;
     let list = s.engine.store().sandboxes(&filter)?;
-    let listed: Result<Vec<_>, Error> =
-        list.into_iter().map(|sb| s.engine.hand_over(sb, "api:list")).collect();
-    Ok(Json(listed?))
+    // A list never hands out credentials (`show` does, on record).
+    Ok(Json(list.into_iter().map(without_secrets).collect()))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkRequest, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = sandbox::Forked), ApiErrors))]
@@ -459,12 +458,16 @@ async fn without_credential<F>(work: F) -> ApiResult<sandbox::Sandbox>
 where
     F: Future<Output = Result<sandbox::Sandbox, Error>> + Send + 'static,
 {
-    let mut sb = detached(work).await?;
+    Ok(Json(without_secrets(detached(work).await?)))
+}
+
+/// A sandbox with its connection strings left out.
+fn without_secrets(mut sb: sandbox::Sandbox) -> sandbox::Sandbox {
     sb.dsn = None;
     sb.socket_dsn = None;
     sb.redis_url = None;
     sb.redis_socket_url = None;
-    Ok(Json(sb))
+    sb
 }
 
 /// Body of `POST /v1/sandboxes/{id}/extend`.

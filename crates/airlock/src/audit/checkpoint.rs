@@ -77,19 +77,33 @@ impl Signer {
         let pkcs8 = match std::fs::read(&path) {
             Ok(bytes) => bytes,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // The daemon and its router process may both start here: the key
+                // is written whole under another name, then linked into place,
+                // so one of them makes it and neither reads half of it.
                 let rng = ring::rand::SystemRandom::new();
                 let document = Ed25519KeyPair::generate_pkcs8(&rng)
                     .map_err(|_| Error::internal("generating the audit signing key failed"))?;
-                let mut file = OpenOptions::new()
+                let staged = dir.join(format!("{KEY_FILE}.{}", std::process::id()));
+                let _ = std::fs::remove_file(&staged);
+                OpenOptions::new()
                     .write(true)
                     .create_new(true)
                     .mode(0o600)
-                    .open(&path)
-                    .map_err(|e| Error::io(format!("creating {}", path.display()), &e))?;
-                file.write_all(document.as_ref())
-                    .and_then(|()| file.sync_all())
-                    .map_err(|e| Error::io(format!("writing {}", path.display()), &e))?;
-                document.as_ref().to_vec()
+                    .open(&staged)
+                    .and_then(|mut file| {
+                        file.write_all(document.as_ref())?;
+                        file.sync_all()
+                    })
+                    .map_err(|e| Error::io(format!("writing {}", staged.display()), &e))?;
+                let linked = std::fs::hard_link(&staged, &path);
+                let _ = std::fs::remove_file(&staged);
+                match linked {
+                    Ok(()) => document.as_ref().to_vec(),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return Signer::load_or_create(dir)
+                    }
+                    Err(e) => return Err(Error::io(format!("creating {}", path.display()), &e)),
+                }
             }
             Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
         };

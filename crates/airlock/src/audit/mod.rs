@@ -9,10 +9,12 @@
 //!
 //! - [`record`]: one record and its line, hashed;
 //! - [`checkpoint`]: the signing key and the signed checkpoints;
-//! - [`read`]: the segments read back (`audit ls`, `export`, the metrics tail);
+//! - [`read`]: the segments read back (`audit ls`, `export`);
+//! - [`follow`]: new records read as they come (metrics, traces);
 //! - [`verify`]: the walk that names the first broken record.
 
 pub mod checkpoint;
+pub mod follow;
 pub mod read;
 pub mod record;
 pub mod verify;
@@ -82,9 +84,25 @@ pub struct AuditLog {
     signer: Signer,
     lock: File,
     head: Mutex<Head>,
-    /// Entries that could not be written, with the error, oldest first.
-    deferred: Mutex<Vec<(JournalEntry, String)>>,
+    /// Entries that could not be written, oldest first.
+    deferred: Mutex<Deferred>,
 }
+
+/// Entries waiting for the log to be writable again. Bounded: past
+/// [`DEFERRED_KEPT`] the newest are counted, not kept, and the gap record says
+/// how many were lost.
+#[derive(Default)]
+struct Deferred {
+    entries: std::collections::VecDeque<JournalEntry>,
+    /// The first failure's error.
+    error: Option<String>,
+    /// Entries past the bound, not kept.
+    lost: u64,
+}
+
+/// Entries kept while the log cannot be written (a flood of refused
+/// connections during an outage must not grow the daemon without bound).
+pub const DEFERRED_KEPT: usize = 100_000;
 
 /// The file name of segment `n`.
 pub fn segment_name(n: u64) -> String {
@@ -147,7 +165,7 @@ impl AuditLog {
                 checkpointed_at: Instant::now(),
                 checkpointed_seq: 0,
             }),
-            deferred: Mutex::new(Vec::new()),
+            deferred: Mutex::new(Deferred::default()),
         };
         log.locked(|_| Ok(()))?;
         Ok(log)
@@ -254,7 +272,7 @@ impl AuditLog {
     /// Writes the deferred entries, after a record of the gap.
     fn write_deferred(&self, head: &mut Head) -> Result<()> {
         let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
-        if deferred.is_empty() {
+        if deferred.entries.is_empty() && deferred.lost == 0 {
             return Ok(());
         }
         let gap = JournalEntry {
@@ -266,15 +284,19 @@ impl AuditLog {
             generation: None,
             reason: None,
             detail: json!({
-                "deferred": deferred.len(),
-                "first_at": deferred[0].0.at,
-                "error": deferred[0].1,
+                "deferred": deferred.entries.len(),
+                "lost": deferred.lost,
+                "first_at": deferred.entries.front().map(|e| e.at),
+                "error": deferred.error,
             }),
         };
         self.write(head, &gap)?;
-        while let Some((entry, _)) = deferred.first() {
+        // Once the gap is on record, what was lost is said; what was kept follows.
+        deferred.lost = 0;
+        deferred.error = None;
+        while let Some(entry) = deferred.entries.front() {
             self.write(head, entry)?;
-            deferred.remove(0);
+            deferred.entries.pop_front();
         }
         Ok(())
     }
@@ -339,7 +361,8 @@ impl AuditLog {
 
     /// Entries waiting to be written.
     pub fn deferred(&self) -> usize {
-        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).len()
+        let deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        deferred.entries.len() + deferred.lost as usize
     }
 }
 
@@ -354,7 +377,13 @@ impl Journal for AuditLog {
     }
 
     fn defer(&self, entry: JournalEntry, error: &Error) {
-        self.deferred.lock().unwrap_or_else(|p| p.into_inner()).push((entry, error.message.clone()));
+        let mut deferred = self.deferred.lock().unwrap_or_else(|p| p.into_inner());
+        deferred.error.get_or_insert_with(|| error.message.clone());
+        if deferred.entries.len() < DEFERRED_KEPT {
+            deferred.entries.push_back(entry);
+        } else {
+            deferred.lost += 1;
+        }
     }
 }
 

@@ -59,6 +59,13 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 2)]
         clients: usize,
     },
+    /// What the audit log adds to each event recorded, with and without fsync
+    /// (on a scratch log next to the data root's own).
+    Audit {
+        /// Rounds of a pooled fork's events and a tool call's, each store in turn.
+        #[arg(long, default_value_t = 2000)]
+        rounds: usize,
+    },
     /// Time from connecting to a suspended sandbox through the router to its first answer.
     Wake {
         /// The golden to fork.
@@ -121,7 +128,8 @@ pub struct Series {
     pub vs_airlock: f64,
 }
 
-fn series(method: &str, mut ms: Vec<f64>) -> Series {
+/// The percentiles of `ms` as the series of `method`.
+pub(super) fn series(method: &str, mut ms: Vec<f64>) -> Series {
     ms.sort_by(|a, b| a.total_cmp(b));
     let rank = |p: f64| ms[((p * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
     Series {
@@ -209,6 +217,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
             return churn(cli, golden, duration, *clients).await
         }
         BenchCommand::Wake { golden, iterations } => return wake(cli, golden, *iterations).await,
+        BenchCommand::Audit { rounds } => return super::bench_audit::run(cli, *rounds),
     };
     let client = cli.client()?;
     let doctor: crate::engine::Doctor =

@@ -3,6 +3,7 @@
 
 mod audit;
 mod bench;
+mod bench_audit;
 mod commands;
 mod output;
 

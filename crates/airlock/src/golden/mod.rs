@@ -149,13 +149,19 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
         let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
         return Err(e);
     }
-    engine.pool_wanted.notify_one();
-    store.record(NewEvent {
+    let recorded = store.record(NewEvent {
         kind: crate::events::EventKind::GoldenCreated,
         golden: Some(req.name.clone()),
         detail: json!({"generation": 1, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
         ..Default::default()
-    })?;
+    });
+    if let Err(e) = recorded {
+        // A golden forks are made from exists only on record.
+        let _ = store.delete_golden(&req.name);
+        let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
+        return Err(e);
+    }
+    engine.pool_wanted.notify_one();
     store.golden(&req.name)
 }
 
@@ -193,12 +199,17 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
             let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, next));
             return Err(e);
         }
-        store.record(NewEvent {
+        let recorded = store.record(NewEvent {
             kind: crate::events::EventKind::GoldenRefreshed,
             golden: Some(name.to_owned()),
             detail: json!({"generation": next, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
             ..Default::default()
-        })?;
+        });
+        if let Err(e) = recorded {
+            let _ = store.undo_generation(name, next);
+            let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, next));
+            return Err(e);
+        }
     }
     prune(engine, name)?;
     // The pool drains the old generation and fills with the new one.
@@ -286,13 +297,22 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
             let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, generation));
             return Err(e);
         }
-        store.record(NewEvent {
+        let recorded = store.record(NewEvent {
             kind: crate::events::EventKind::GoldenPromoted,
             golden: Some(name.to_owned()),
             sandbox: Some(sb.id.clone()),
             detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64, "planted_kept": manifest.planted}),
             ..Default::default()
-        })?;
+        });
+        if let Err(e) = recorded {
+            // No promotion without its record: the golden is as it was.
+            let _ = match existing {
+                Some(_) => store.undo_generation(name, generation),
+                None => store.delete_golden(name),
+            };
+            let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, generation));
+            return Err(e);
+        }
     }
     prune(engine, name)?;
     engine.pool_wanted.notify_one();
@@ -315,12 +335,12 @@ pub fn prune(engine: &Engine, name: &str) -> Result<()> {
             }
         }
         store.delete_generation(name, m.generation)?;
-        store.record(NewEvent {
+        store.record_or_log(NewEvent {
             kind: crate::events::EventKind::GenerationPruned,
             golden: Some(name.to_owned()),
             detail: json!({"generation": m.generation}),
             ..Default::default()
-        })?;
+        });
     }
     Ok(())
 }
@@ -361,11 +381,11 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
     {
         let mut store = engine.store();
         store.delete_golden(name)?;
-        store.record(NewEvent {
+        store.record_or_log(NewEvent {
             kind: crate::events::EventKind::GoldenDeleted,
             golden: Some(name.to_owned()),
             ..Default::default()
-        })?;
+        });
     }
     // A dump a failed refresh kept is of no use without the golden.
     let _ = std::fs::remove_dir_all(engine.layout.imports().join(name));

@@ -8,11 +8,10 @@
 //! - *reaping accuracy*: expiry-to-gone lag, and what reconciliation found;
 //! - *audit completeness*: events with and without an audit record.
 //!
-//! Counts come from the audit log itself ([`follow`]): whatever door an event
+//! Counts come from the audit log itself ([`crate::audit::follow`]): whatever door an event
 //! came through, the router's process included, it is counted once, and only
 //! if it has a record. This service owns its state; the engine knows nothing of it.
 
-pub mod follow;
 pub mod isolation;
 pub mod stats;
 
@@ -27,6 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::audit::follow::Follower;
 use crate::audit::record::Sealed;
 use crate::clock::Timestamp;
 use crate::engine::Engine;
@@ -251,7 +251,7 @@ impl Metrics {
     }
 
     /// One pass: follow the log, run the isolation check, cross-check events.
-    fn tick(&self, engine: &Engine, follower: &mut follow::Follower) {
+    fn tick(&self, engine: &Engine, follower: &mut Follower) {
         let isolation = isolation::check(engine);
         let mut seen = self.seen();
         seen.isolation = isolation;
@@ -443,7 +443,7 @@ fn keep(samples: &mut VecDeque<f64>, value: f64) {
 /// Where the service starts counting: the audit log's end and the newest
 /// event, taken before reconciliation so that what it finds is counted.
 pub struct Start {
-    follower: follow::Follower,
+    follower: Follower,
     events_after: i64,
 }
 
@@ -452,7 +452,7 @@ impl Start {
     pub fn now(engine: &Engine) -> Start {
         Start {
             events_after: engine.store().last_event_id().unwrap_or(0),
-            follower: follow::Follower::at_end(&engine.layout.audit()),
+            follower: Follower::at_end(&engine.layout.audit()),
         }
     }
 }
@@ -479,7 +479,7 @@ pub fn spawn(engine: Arc<Engine>, start: Start) -> Arc<Metrics> {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::error!(error = %e, "the metrics pass failed; following the audit log from its end");
-                    follow::Follower::at_end(&engine.layout.audit())
+                    Follower::at_end(&engine.layout.audit())
                 }
             };
         }

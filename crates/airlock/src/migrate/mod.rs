@@ -157,6 +157,7 @@ fn invalid(message: impl Into<String>, hint: impl Into<String>) -> Error {
 
 /// Tests every candidate on its own fork; returns the report.
 pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
+    let began = std::time::Instant::now();
     if req.candidates.is_empty() || req.candidates.len() > MAX_CANDIDATES {
         return Err(invalid(
             format!("{} candidates given", req.candidates.len()),
@@ -235,14 +236,23 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         .candidates
         .iter()
         .map(|c| {
+            // Statement timings (not their text) are kept for the trace of the test.
+            let statements: Vec<serde_json::Value> = c
+                .statements
+                .iter()
+                .take(500)
+                .map(|st| serde_json::json!({"line": st.line, "tag": st.tag, "ms": st.duration_ms}))
+                .collect();
             serde_json::json!({"name": c.name, "sha256": c.sha256, "passed": c.passed,
-            "hazards": c.hazards.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>()})
+            "hazards": c.hazards.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>(),
+            "duration_ms": c.duration_ms, "statements": statements})
         })
         .collect();
     engine.store().record(NewEvent {
         kind: crate::events::EventKind::MigrationTested,
         golden: Some(req.golden.clone()),
-        detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best}),
+        detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best,
+            "test_ms": began.elapsed().as_secs_f64() * 1e3}),
         ..Default::default()
     })?;
     Ok(report)

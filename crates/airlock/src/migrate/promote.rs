@@ -203,12 +203,12 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         single_transaction: single,
         duration_ms: took.as_secs_f64() * 1e3,
     };
-    engine.store().record(NewEvent {
+    engine.store().record_or_log(NewEvent {
         kind: crate::events::EventKind::MigrationPromoted,
         golden: Some(req.report.golden.clone()),
         detail: serde_json::to_value(&promoted).expect("promoted serializes"),
         ..Default::default()
-    })?;
+    });
     Ok(promoted)
 }
 

@@ -151,13 +151,13 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             continue;
         }
         let _ = engine.cloner.remove_tree(&entry.path());
-        engine.store().record(NewEvent {
+        engine.store().record_or_log(NewEvent {
             kind: crate::events::EventKind::Deleted,
             sandbox: Some(id),
             reason: Some(DeleteReason::Orphan.as_str()),
             detail: json!({"found": "directory without state"}),
             ..Default::default()
-        })?;
+        });
         done.orphans += 1;
     }
 

@@ -95,7 +95,8 @@ impl Host {
 
     /// Records a connection accepted (which counts as the sandbox's use) or
     /// refused, before the client hears its answer; `store` names a store
-    /// other than PostgreSQL the client reached. An accepted connection whose
+    /// other than PostgreSQL the client reached, `phases` how long each step
+    /// of the connection took (milliseconds, for its trace). An accepted connection whose
     /// record could not be written is an error: the client is refused.
     pub async fn record_connection(
         self: &Arc<Self>,
@@ -103,8 +104,9 @@ impl Host {
         kind: EventKind,
         (peer, tls): (SocketAddr, bool),
         store: Option<&str>,
+        phases: serde_json::Value,
     ) -> Result<()> {
-        let mut detail = serde_json::json!({"client": peer.to_string(), "tls": tls});
+        let mut detail = serde_json::json!({"client": peer.to_string(), "tls": tls, "phases": phases});
         if let Some(store) = store {
             detail["store"] = store.into();
         }

@@ -195,7 +195,7 @@ async fn record(
     client_at: (SocketAddr, bool),
 ) -> bool {
     let store = Some(crate::sandbox::stores::Store::Redis.name());
-    match shared.host.record_connection(sb, kind, client_at, store).await {
+    match shared.host.record_connection(sb, kind, client_at, store, serde_json::json!({})).await {
         Ok(()) => true,
         Err(e) => {
             tracing::error!(sandbox = %sb.id, error = %e, "a Redis connection's record could not be written");

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -215,7 +215,9 @@ async fn establish(
     tcp: TcpStream,
     peer: SocketAddr,
 ) -> Option<(Client, Backend, super::Open)> {
+    let began = Instant::now();
     let (mut client, startup, tls) = first_contact(shared, tcp).await?;
+    let startup_ms = elapsed_ms(began);
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
             "28000",
@@ -254,6 +256,7 @@ async fn establish(
     };
     // The router authenticates the client itself, before anything is woken or
     // connected to; at most a few clients per sandbox are at this step at once.
+    let mut phases;
     {
         let _authenticating = shared.host.connections.authenticating(&sb.id).await;
         let verifier = match verifier_of(shared, &sb).await {
@@ -264,11 +267,15 @@ async fn establish(
             }
         };
         let binding = if tls { shared.end_point.as_deref() } else { None };
-        match scram::authenticate(&mut client, &verifier, binding).await {
+        let authenticating = Instant::now();
+        let outcome = scram::authenticate(&mut client, &verifier, binding).await;
+        phases =
+            serde_json::json!({"startup_ms": startup_ms, "authentication_ms": elapsed_ms(authenticating)});
+        match outcome {
             Ok(scram::Outcome::Authenticated) => {}
             Ok(scram::Outcome::Refused(e)) => {
-                let _ =
-                    shared.host.record_connection(&sb, EventKind::ConnectionRefused, (peer, tls), None).await;
+                let refused = EventKind::ConnectionRefused;
+                let _ = shared.host.record_connection(&sb, refused, (peer, tls), None, phases).await;
                 refuse(&mut client, e).await;
                 return None;
             }
@@ -296,10 +303,13 @@ async fn establish(
         refuse(&mut client, e).await;
         return None;
     }
+    let (connecting, suspended) = (Instant::now(), sb.state == crate::sandbox::SandboxState::Suspended);
     match session_for(shared, sb, &startup).await {
         Ok((sb, backend, open)) => {
-            if let Err(e) = shared.host.record_connection(&sb, EventKind::Connected, (peer, tls), None).await
-            {
+            // Waking, when it was suspended, is most of the server session's time.
+            phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
+            let connected = EventKind::Connected;
+            if let Err(e) = shared.host.record_connection(&sb, connected, (peer, tls), None, phases).await {
                 tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
                 refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
                 return None;
@@ -312,6 +322,10 @@ async fn establish(
             None
         }
     }
+}
+
+fn elapsed_ms(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
 }
 
 fn not_found(key: &str) -> ErrorResponse {
@@ -370,7 +384,7 @@ async fn running(shared: &Shared, mut sb: Sandbox) -> Result<Sandbox, ErrorRespo
             SandboxState::Running => return Ok(sb),
             SandboxState::Suspended => {
                 // Within the client's startup time, so it hears why if this fails.
-                let deadline = std::time::Instant::now() + shared.startup_timeout / 2;
+                let deadline = Instant::now() + shared.startup_timeout / 2;
                 if let Err(e) = shared.host.wake(&sb.id, deadline).await {
                     let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
                     return Err(ErrorResponse::fatal(

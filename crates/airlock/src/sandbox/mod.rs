@@ -518,14 +518,14 @@ pub(crate) async fn rebuild(
         Ok(pid) => {
             let mut store = engine.store();
             store.set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
-            store.record(NewEvent {
+            store.record_or_log(NewEvent {
                 kind: crate::events::EventKind::Reset,
                 sandbox: Some(sb.id.clone()),
                 golden: Some(sb.golden.clone()),
                 detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation,
                     "completed_after_restart": after_crash}),
                 ..Default::default()
-            })?;
+            });
             store.sandbox(&sb.id)
         }
         Err(e) => {
@@ -681,6 +681,7 @@ pub const RESUME_AFTER: Duration = Duration::from_secs(1);
 /// again. While one is under way another returns at once.
 pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
     let Some(_claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
+    let began = Instant::now();
     engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);
     let pid = sb.pid.or_else(|| postmaster_pid(&dir));
@@ -707,7 +708,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             reason: Some(reason.as_str()),
-            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at}),
+            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "delete_ms": ms(began)}),
             ..Default::default()
         });
     }
@@ -756,12 +757,17 @@ pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
     }
     let expires_at = Timestamp::now().plus(ttl);
     store.set_expiry(&sb.id, expires_at)?;
-    store.record(NewEvent {
+    let recorded = store.record(NewEvent {
         kind: crate::events::EventKind::Extended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"expires_at": expires_at}),
         ..Default::default()
-    })?;
+    });
+    if let Err(e) = recorded {
+        // Longer access only on record.
+        store.set_expiry(&sb.id, sb.expires_at)?;
+        return Err(e);
+    }
     store.sandbox(&sb.id)
 }

@@ -102,14 +102,14 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         }
     }
     kill_cgroup_members(engine, &id).await;
-    engine.store().record(NewEvent {
+    engine.store().record_or_log(NewEvent {
         kind: crate::events::EventKind::Suspended,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some(reason.as_str()),
         detail: json!({"suspend_ms": ms(began), "clean": clean}),
         ..Default::default()
-    })?;
+    });
     engine.capacity_freed.notify_waiters();
     // A server that could not write its shutdown checkpoint (a full disk) has
     // stopped all the same: its files hold everything committed, and it recovers
@@ -136,14 +136,14 @@ pub(crate) async fn keep_unstartable(engine: &Engine, sb: &Sandbox, e: &Error) -
     kill_cgroup_members(engine, &sb.id).await;
     let mut store = engine.store();
     store.set_suspended(&sb.id)?;
-    store.record(NewEvent {
+    store.record_or_log(NewEvent {
         kind: crate::events::EventKind::Suspended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some("unstartable"),
         detail: json!({"error": e.code.as_str(), "message": e.message}),
         ..Default::default()
-    })?;
+    });
     Ok(())
 }
 
@@ -165,12 +165,12 @@ pub async fn wake(engine: &Engine, key: &str) -> Result<Sandbox> {
     }
     drop(admitted);
     engine.connections.touch(&id);
-    engine.store().record(NewEvent {
+    engine.store().record_or_log(NewEvent {
         kind: crate::events::EventKind::Woken,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"wake_ms": ms(began)}),
         ..Default::default()
-    })?;
+    });
     engine.store().sandbox(&id)
 }

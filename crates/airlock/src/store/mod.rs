@@ -276,6 +276,22 @@ impl Store {
         Ok(rows)
     }
 
+    /// Forgets a generation just added, making the newest left current again
+    /// (a refresh or promotion that could not go on record).
+    pub fn undo_generation(&mut self, name: &str, generation: i64) -> Result<()> {
+        let tx = self.conn.transaction()?;
+        tx.execute(
+            "DELETE FROM generations WHERE golden = ?1 AND generation = ?2",
+            params![name, generation],
+        )?;
+        tx.execute(
+            "UPDATE goldens SET current_generation = (SELECT max(generation) FROM generations WHERE golden = ?1) WHERE name = ?1",
+            [name],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Forgets one generation.
     pub fn delete_generation(&mut self, name: &str, generation: i64) -> Result<()> {
         self.conn.execute(
@@ -819,7 +835,10 @@ mod tests {
              CREATE TABLE sandboxes (id TEXT PRIMARY KEY, name TEXT UNIQUE, golden TEXT NOT NULL,
                  generation INTEGER NOT NULL, state TEXT NOT NULL, labels TEXT NOT NULL,
                  created_at INTEGER NOT NULL, expires_at INTEGER NOT NULL, pid INTEGER, dsn TEXT);
-             INSERT INTO sandboxes VALUES ('sb-old', NULL, 'shop', 1, 'running', '{}', 0, 0, NULL, NULL);",
+             CREATE TABLE events (id INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, kind TEXT NOT NULL,
+                 sandbox TEXT, golden TEXT, reason TEXT, detail TEXT NOT NULL);
+             INSERT INTO sandboxes VALUES ('sb-old', NULL, 'shop', 1, 'running', '{}', 0, 0, NULL, NULL);
+             INSERT INTO events (at, kind, sandbox, detail) VALUES (0, 'created', 'sb-old', '{}');",
         )
         .unwrap();
         migrate(&conn).unwrap();
@@ -829,6 +848,10 @@ mod tests {
         assert_eq!(sb.access, crate::sandbox::Access::default());
         assert_eq!(sb.slot, None);
         assert_eq!(sb.idle_suspend_seconds, 0);
+        // Events of before the audit log have neither a door nor a record.
+        let events = store.events(None, 10).unwrap();
+        assert_eq!((events.len(), events[0].door.as_deref()), (1, None));
+        assert_eq!(store.events_with_audit(0, 10).unwrap()[0].audit_seq, None);
     }
 
     #[test]

@@ -75,6 +75,8 @@ pub struct Daemon {
     /// A bash script the daemon is started through (it ends with `exec "$@"`),
     /// to leave the daemon something inherited, as a launcher would.
     pub launch_script: Option<String>,
+    /// Environment variables the daemon gets besides the harness's own.
+    pub env: Vec<(String, String)>,
 }
 
 impl Daemon {
@@ -143,6 +145,7 @@ impl Daemon {
             open_files: None,
             crash_at: None,
             launch_script: None,
+            env: Vec::new(),
         }
     }
 
@@ -207,6 +210,7 @@ impl Daemon {
             .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
             .env(airlock::crashpoint::ENV, self.crash_at.as_deref().unwrap_or(""))
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
@@ -386,10 +390,12 @@ impl Daemon {
         self.json(&args)
     }
 
-    /// The kinds of a sandbox's events, oldest first.
+    /// The kinds of a sandbox's lifecycle events, oldest first (each credential
+    /// handed out is an event too, `credential_issued`, left out here: every
+    /// `show` and `dsn` makes one; `audit.rs` tests them).
     pub fn event_kinds(&self, sandbox: &str) -> Vec<String> {
         let events = self.json(&["events", "--sandbox", sandbox]);
-        events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+        lifecycle(&events).into_iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
     }
 
     /// Branches the sandbox whose DSN is given; returns the branch's DSN.
@@ -635,6 +641,11 @@ pub fn psql_within(dsn: &str, sql: &str, limit: Duration) -> Result<String, Stri
 /// psql that must succeed.
 pub fn sql(dsn: &str, q: &str) -> String {
     psql(dsn, q).unwrap_or_else(|e| panic!("{q} failed: {e}"))
+}
+
+/// A list of events without the `credential_issued` ones (see `Daemon::event_kinds`).
+pub fn lifecycle(events: &Value) -> Vec<Value> {
+    events.as_array().unwrap().iter().filter(|e| e["kind"] != "credential_issued").cloned().collect()
 }
 
 /// The DSN field of a fork answer.

@@ -197,8 +197,8 @@ fn a_sandbox_whose_server_dies_is_removed_with_a_clear_event() {
     nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
     d.wait_for(Duration::from_secs(10), "the dead sandbox to be removed", || !d.ids().contains(&id));
     assert!(!d.sandbox_dirs().contains(&id));
-    let events = d.json(&["events", "--sandbox", &id]);
-    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let events = crate::harness::lifecycle(&d.json(&["events", "--sandbox", &id]));
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
     assert_eq!(kinds, ["created", "ready", "server_exited", "deleted"]);
     assert_eq!(events[3]["reason"], "failed");
     assert_eq!(sql(&dsn(&keep), "SELECT count(*) FROM orders"), "1000");

@@ -24,4 +24,5 @@ mod sandboxes;
 mod security;
 mod storage;
 mod suspend;
+mod traces;
 mod wire;

@@ -204,7 +204,10 @@ fn a_real_prometheus_scrapes_the_fleet_and_the_fleet_alert_fires() {
         &log,
     );
 
-    // `airlock stats` shows the same measures.
+    // `airlock stats` shows the same measures (the check runs every 2 s).
+    d.wait_for(Duration::from_secs(10), "the check to see one session", || {
+        d.json(&["stats"])["isolation"]["sessions"] == 1
+    });
     let stats = d.json(&["stats"]);
     assert_eq!(stats["isolation"]["ratio"], 1.0, "{stats}");
     assert_eq!(stats["isolation"]["sessions"], 1, "{stats}");

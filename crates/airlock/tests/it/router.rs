@@ -185,8 +185,8 @@ fn each_connection_is_an_event_without_secrets() {
     assert!(psql(&bad, "SELECT 1").unwrap_err().contains("password authentication failed"));
     // Connection events are written off the client's path: give the last a moment.
     let kinds = || -> Vec<String> {
-        let events = d.json(&["events", "--sandbox", sb["id"].as_str().unwrap()]);
-        events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+        let events = crate::harness::lifecycle(&d.json(&["events", "--sandbox", sb["id"].as_str().unwrap()]));
+        events.iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
     };
     d.wait_for(std::time::Duration::from_secs(10), "the refusal's event", || kinds().len() >= 4);
     assert_eq!(kinds(), ["created", "ready", "connected", "connection_refused"]);

@@ -78,10 +78,22 @@ fn ls_show_dsn_extend_and_rm() {
     assert_eq!(err["code"], "sandbox_not_found");
     assert_eq!(code, 4);
 
-    let events = d.json(&["events", "--sandbox", id]);
-    let kinds: Vec<&str> = events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    let all = d.json(&["events", "--sandbox", id]);
+    let events = crate::harness::lifecycle(&all);
+    let kinds: Vec<&str> = events.iter().map(|e| e["kind"].as_str().unwrap()).collect();
     // The psql session through the router is recorded too.
     assert_eq!(kinds, ["created", "ready", "connected", "extended", "deleted"]);
+    // So is each credential handed out: the fork's, `dsn`'s and `show`'s, `extend`'s.
+    let handed: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "credential_issued")
+        .map(|e| e["detail"]["to"].as_str().unwrap())
+        .collect();
+    for to in ["api:fork", "api:show", "api:extend"] {
+        assert!(handed.contains(&to), "{handed:?}");
+    }
     assert_eq!(events[2]["detail"]["tls"], true);
     assert!(events[2]["detail"]["client"].as_str().unwrap().starts_with("127.0.0.1:"));
     assert_eq!(events[4]["reason"], "user");

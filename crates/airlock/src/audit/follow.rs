@@ -1,14 +1,14 @@
 //! Following the audit log: every record written (by the daemon or its router
-//! process) is read once, in order, and counted.
+//! process) is read once, in order.
 //!
-//! Counting from the log rather than at each call site means one place sees
-//! every door, the router's process included, and a metric can never count
-//! something that has no record.
+//! The metrics and the trace exporter follow the log rather than hook each call
+//! site: one place sees every door, the router's process included, and nothing
+//! is counted or traced that has no record.
 
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
-use crate::audit::record::{self, Sealed};
+use super::record::{self, Sealed};
 
 /// Where reading has got to: a segment and a byte offset in it.
 #[derive(Debug, Clone, Default)]
