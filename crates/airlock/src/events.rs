@@ -95,6 +95,9 @@ pub enum EventKind {
     /// Records that could not be written when their events happened (the
     /// detail says how many and why); they follow this one.
     AuditGap,
+    /// A record the log found cut short (a write a crash interrupted) was
+    /// closed; the detail says where.
+    AuditRepaired,
 }
 
 impl EventKind {
@@ -125,6 +128,7 @@ impl EventKind {
             EventKind::CredentialIssued => "credential_issued",
             EventKind::Collision => "collision",
             EventKind::AuditGap => "audit_gap",
+            EventKind::AuditRepaired => "audit_repaired",
         }
     }
 }

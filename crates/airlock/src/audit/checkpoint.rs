@@ -17,6 +17,7 @@ use ring::signature::{Ed25519KeyPair, KeyPair, UnparsedPublicKey, ED25519};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::record::MacKey;
 use crate::clock::Timestamp;
 use crate::error::{Error, Result};
 
@@ -26,6 +27,9 @@ pub const KEY_FILE: &str = "signing.key";
 pub const PUBLIC_KEY_FILE: &str = "signing.pub";
 /// Where checkpoints are appended, one JSON object per line.
 pub const CHECKPOINTS_FILE: &str = "checkpoints.jsonl";
+
+/// Where removed segments are noted, one signed [`Retired`] per line.
+pub const RETIRED_FILE: &str = "retired.jsonl";
 
 /// A signed statement of the chain's head.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -64,10 +68,62 @@ pub fn fingerprint(public_key: &[u8]) -> String {
     crate::secret::hex(&Sha256::digest(public_key))[..16].to_owned()
 }
 
-/// The audit log's signing key.
+/// A segment removed by retention, signed: the chain after it starts from its
+/// last record, and only the key's holder can say where that is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Retired {
+    /// The segment's number.
+    pub segment: u64,
+    /// Its last record's sequence number.
+    pub last_seq: u64,
+    /// Its last record's hash.
+    pub last_hash: String,
+    /// When it was removed.
+    pub at: Timestamp,
+    /// The fingerprint of the key that signed this note.
+    pub key: String,
+    /// The Ed25519 signature of [`Retired::message`], base64.
+    pub signature: String,
+}
+
+impl Retired {
+    /// The bytes signed.
+    pub fn message(segment: u64, last_seq: u64, last_hash: &str, at: Timestamp) -> Vec<u8> {
+        format!("airlock-audit-retired-v1\n{segment}\n{last_seq}\n{last_hash}\n{}", at.0).into_bytes()
+    }
+
+    /// Whether `public_key` signed this note.
+    pub fn verify(&self, public_key: &[u8]) -> bool {
+        let Ok(signature) = base64::engine::general_purpose::STANDARD.decode(&self.signature) else {
+            return false;
+        };
+        UnparsedPublicKey::new(&ED25519, public_key)
+            .verify(&Retired::message(self.segment, self.last_seq, &self.last_hash, self.at), &signature)
+            .is_ok()
+    }
+}
+
+/// The audit log's signing key, and the MAC key derived from it.
 pub struct Signer {
     pair: Ed25519KeyPair,
     fingerprint: String,
+    mac: MacKey,
+}
+
+/// The MAC key of a signing key's PKCS#8 document.
+fn mac_key_of(pkcs8: &[u8]) -> MacKey {
+    let mut digest = Sha256::new();
+    digest.update(b"airlock-audit-mac-v1\n");
+    digest.update(pkcs8);
+    MacKey(digest.finalize().into())
+}
+
+/// The keys in `dir`, when its private key can be read: the MAC key and the
+/// public key the private one goes with (so `signing.pub` can be checked).
+pub fn local_keys(dir: &Path) -> Option<(MacKey, Vec<u8>)> {
+    let pkcs8 = std::fs::read(dir.join(KEY_FILE)).ok()?;
+    let pair = Ed25519KeyPair::from_pkcs8(&pkcs8).ok()?;
+    Some((mac_key_of(&pkcs8), pair.public_key().as_ref().to_vec()))
 }
 
 impl Signer {
@@ -120,7 +176,27 @@ impl Signer {
             std::fs::write(&public_path, format!("{hex}\n"))
                 .map_err(|e| Error::io(format!("writing {}", public_path.display()), &e))?;
         }
-        Ok(Signer { fingerprint: fingerprint(&public), pair })
+        Ok(Signer { fingerprint: fingerprint(&public), mac: mac_key_of(&pkcs8), pair })
+    }
+
+    /// The key records' MACs are made with.
+    pub fn mac_key(&self) -> &MacKey {
+        &self.mac
+    }
+
+    /// A signed note that segment `segment`, ending with record `last_seq`
+    /// of hash `last_hash`, was removed.
+    pub fn sign_retired(&self, segment: u64, last_seq: u64, last_hash: &str) -> Retired {
+        let at = Timestamp::now();
+        let signature = self.pair.sign(&Retired::message(segment, last_seq, last_hash, at));
+        Retired {
+            segment,
+            last_seq,
+            last_hash: last_hash.to_owned(),
+            at,
+            key: self.fingerprint.clone(),
+            signature: base64::engine::general_purpose::STANDARD.encode(signature.as_ref()),
+        }
     }
 
     /// A checkpoint of record `seq` with hash `hash`, signed now.

@@ -33,9 +33,12 @@ use crate::error::{Error, ErrorCode, Result};
 use crate::events::{Door, EventKind, Journal, JournalEntry, Journaled};
 use checkpoint::{Checkpoint, Signer};
 use record::{Record, GENESIS};
+use sha2::Digest;
 
-/// How the audit log writes (flags of `airlock serve`).
-#[derive(Debug, Clone)]
+/// How the audit log writes (flags of `airlock serve`; the router process
+/// gets the same).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct AuditOptions {
     /// `fdatasync` after every record (survives a power cut, costs a disk flush).
     pub fsync: bool,
@@ -71,8 +74,8 @@ struct Head {
     /// The last record's sequence number and hash.
     seq: u64,
     hash: String,
-    /// Records written since the last checkpoint, and when that was.
-    since_checkpoint: u64,
+    /// When this process last signed a checkpoint, and the newest record a
+    /// checkpoint it knows of covers.
     checkpointed_at: Instant,
     checkpointed_seq: u64,
 }
@@ -118,6 +121,7 @@ pub fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     };
     let mut found: Vec<(u64, PathBuf)> = entries
         .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let n = name.strip_prefix("segment-")?.strip_suffix(".jsonl")?.parse().ok()?;
@@ -126,6 +130,29 @@ pub fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
         .collect();
     found.sort();
     Ok(found)
+}
+
+/// A record the log makes about itself (a gap, a repair): the daemon's, now.
+fn own_entry(kind: EventKind, detail: serde_json::Value) -> JournalEntry {
+    JournalEntry {
+        at: crate::clock::Timestamp::now(),
+        kind,
+        door: Door::Daemon,
+        sandbox: None,
+        golden: None,
+        generation: None,
+        reason: None,
+        detail,
+    }
+}
+
+/// The error when the log ends in something this log's key did not write.
+fn foreign_tail(path: &Path, what: &str) -> Error {
+    Error::new(
+        ErrorCode::AuditBroken,
+        format!("the audit log ends in something it did not write ({}: {what}); nothing is written after it", path.display()),
+        "run `airlock audit verify` to see what was changed; move the audit directory aside to start a new log",
+    )
 }
 
 /// The error an operation gets when its record cannot be written.
@@ -161,13 +188,20 @@ impl AuditLog {
                 len: 0,
                 seq: 0,
                 hash: GENESIS.into(),
-                since_checkpoint: 0,
                 checkpointed_at: Instant::now(),
                 checkpointed_seq: 0,
             }),
             deferred: Mutex::new(Deferred::default()),
         };
-        log.locked(|_| Ok(()))?;
+        match log.locked(|_| Ok(())) {
+            Ok(()) => {}
+            // A daemon must start to tear sandboxes down and expire them even
+            // when its log is broken; it grants nothing until it is put right.
+            Err(e) if e.code == ErrorCode::AuditBroken => {
+                tracing::error!(error = %e, "the audit log is broken: nothing will be granted until it is put right")
+            }
+            Err(e) => return Err(e),
+        }
         Ok(log)
     }
 
@@ -193,7 +227,10 @@ impl AuditLog {
         work(&mut head)
     }
 
-    /// Re-reads the head if another process wrote since this one last did.
+    /// Re-reads the head if another process wrote since this one last did. A
+    /// last record this log's key did not MAC is never chained onto (the log
+    /// would launder it into its checkpoints); a write cut short is closed and
+    /// an `audit_repaired` record says so, so the log goes on.
     fn catch_up(&self, head: &mut Head) -> Result<()> {
         let segments = segments(&self.dir)?;
         let Some((newest, path)) = segments.last().cloned() else {
@@ -208,16 +245,51 @@ impl AuditLog {
         if newest == head.segment && len == head.len {
             return Ok(());
         }
-        let last = read::last_record(&path)?;
-        let (seq, hash) = match last {
-            Some(sealed) => (sealed.record.seq, sealed.hash),
+        let tail = read::tail(&path)?;
+        let (seq, hash) = match tail.last.as_deref().map(record::open) {
+            Some(Ok(sealed)) if sealed.mac_verifies(self.signer.mac_key()) => {
+                (sealed.record.seq, sealed.hash)
+            }
+            Some(Ok(sealed)) => {
+                return Err(foreign_tail(
+                    &path,
+                    &format!("record {} was not written with this log's key", sealed.record.seq),
+                ))
+            }
+            Some(Err(fault)) => return Err(foreign_tail(&path, &format!("its last record {fault}"))),
             None => read::retired_head(&self.dir)?.unwrap_or((0, GENESIS.into())),
         };
         head.segment = newest;
         head.len = len;
         head.seq = seq;
         head.hash = hash;
+        if let Some(last) = read::last_checkpoint(&self.dir) {
+            head.checkpointed_seq = head.checkpointed_seq.max(last.seq);
+        }
+        if let Some(torn) = tail.torn {
+            self.close_torn(head, &path, &torn)?;
+        }
         Ok(())
+    }
+
+    /// Ends a line a write left cut short, and records where it is.
+    fn close_torn(&self, head: &mut Head, path: &Path, torn: &[u8]) -> Result<()> {
+        let mut file =
+            OpenOptions::new().append(true).open(path).map_err(|e| unavailable("opening its segment", e))?;
+        file.write_all(b"\n").map_err(|e| unavailable("closing a line cut short", e))?;
+        head.len += 1;
+        let line = read::count_lines(path)?;
+        tracing::warn!(segment = %path.display(), line, bytes = torn.len(), "an audit record was cut short; closed and recorded");
+        let repaired = own_entry(
+            EventKind::AuditRepaired,
+            json!({
+                "segment": path.file_name().map(|n| n.to_string_lossy().into_owned()),
+                "line": line,
+                "bytes": torn.len(),
+                "sha256": crate::secret::hex(&sha2::Sha256::digest(torn)),
+            }),
+        );
+        self.write(head, &repaired).map(|_| ())
     }
 
     /// Writes one record after the head. The segment is opened for each
@@ -226,7 +298,7 @@ impl AuditLog {
     /// a stale descriptor.
     fn write(&self, head: &mut Head, entry: &JournalEntry) -> Result<Journaled> {
         let record = Record::of(entry, head.seq + 1, &head.hash);
-        let (line, hash) = record.seal();
+        let (line, hash) = record.seal(self.signer.mac_key());
         let starting = head.segment == 0 || head.segment == u64::MAX;
         if starting || (head.len > 0 && head.len + line.len() as u64 > self.options.segment_bytes) {
             self.rotate(head)?;
@@ -245,7 +317,6 @@ impl AuditLog {
         head.len += line.len() as u64;
         head.seq = record.seq;
         head.hash = hash.clone();
-        head.since_checkpoint += 1;
         Ok(Journaled { seq: record.seq, hash })
     }
 
@@ -262,7 +333,7 @@ impl AuditLog {
         head.segment = next;
         head.len = 0;
         if self.options.keep_segments > 0 {
-            if let Err(e) = read::retire(&self.dir, self.options.keep_segments) {
+            if let Err(e) = read::retire(&self.dir, self.options.keep_segments, &self.signer) {
                 tracing::error!(error = %e, "retiring old audit segments failed; they are kept");
             }
         }
@@ -275,21 +346,15 @@ impl AuditLog {
         if deferred.entries.is_empty() && deferred.lost == 0 {
             return Ok(());
         }
-        let gap = JournalEntry {
-            at: crate::clock::Timestamp::now(),
-            kind: EventKind::AuditGap,
-            door: Door::Daemon,
-            sandbox: None,
-            golden: None,
-            generation: None,
-            reason: None,
-            detail: json!({
+        let gap = own_entry(
+            EventKind::AuditGap,
+            json!({
                 "deferred": deferred.entries.len(),
                 "lost": deferred.lost,
                 "first_at": deferred.entries.front().map(|e| e.at),
                 "error": deferred.error,
             }),
-        };
+        );
         self.write(head, &gap)?;
         // Once the gap is on record, what was lost is said; what was kept follows.
         deferred.lost = 0;
@@ -304,7 +369,8 @@ impl AuditLog {
     /// Signs a checkpoint of the head if one is due (`force`: if any record
     /// was written since the last).
     fn checkpoint_if_due(&self, head: &mut Head, force: bool) {
-        let due = head.since_checkpoint >= self.options.checkpoint_every
+        // Counted on the chain, so the router process's records count too.
+        let due = head.seq >= head.checkpointed_seq + self.options.checkpoint_every
             || (head.seq > head.checkpointed_seq
                 && (force || head.checkpointed_at.elapsed() >= self.options.checkpoint_interval));
         if !due || head.seq == 0 {
@@ -313,7 +379,6 @@ impl AuditLog {
         let checkpoint = self.signer.sign(head.seq, &head.hash);
         match self.append_checkpoint(&checkpoint) {
             Ok(()) => {
-                head.since_checkpoint = 0;
                 head.checkpointed_at = Instant::now();
                 head.checkpointed_seq = head.seq;
                 tracing::debug!(seq = checkpoint.seq, "audit checkpoint signed");

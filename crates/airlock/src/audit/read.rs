@@ -1,52 +1,81 @@
 //! The audit log read back: records in order, the last one of a segment, the
-//! checkpoints, and the segments retired by retention.
+//! checkpoints, and the segments retired by retention (and retiring them).
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-use super::checkpoint::{Checkpoint, CHECKPOINTS_FILE};
+use super::checkpoint::{Checkpoint, Retired, Signer, CHECKPOINTS_FILE, RETIRED_FILE};
 use super::record::{self, LineFault, Sealed};
 use crate::error::{Error, Result};
 
-/// Where segments removed by retention are noted, with the last record of each.
-pub const RETIRED_FILE: &str = "retired.jsonl";
-
-/// A segment removed by retention: the chain after it starts from its last record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Retired {
-    /// The segment's number.
-    pub segment: u64,
-    /// Its last record's sequence number and hash.
-    pub last_seq: u64,
-    /// See `last_seq`.
-    pub last_hash: String,
+/// The end of a file of lines: its last whole line, and the bytes after it
+/// when the file does not end with a newline (a write cut short).
+pub struct Tail {
+    /// The last line that ends with a newline (without it).
+    pub last: Option<String>,
+    /// What follows that line, if anything.
+    pub torn: Option<Vec<u8>>,
 }
 
-/// The last record of a segment, if it has one (reading backwards from its end).
-pub fn last_record(path: &Path) -> Result<Option<Sealed>> {
-    let mut file = File::open(path).map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
-    let len = file.metadata().map_err(|e| Error::io(format!("reading {}", path.display()), &e))?.len();
+/// Reads the end of `path` backwards until a whole last line is found.
+pub fn tail(path: &Path) -> Result<Tail> {
+    let io = |e: std::io::Error| Error::io(format!("reading {}", path.display()), &e);
+    let mut file = File::open(path).map_err(io)?;
+    let len = file.metadata().map_err(io)?.len();
     let mut window = 64 * 1024u64;
     loop {
         let start = len.saturating_sub(window);
-        file.seek(SeekFrom::Start(start))
-            .map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
-        let mut tail = Vec::new();
-        file.read_to_end(&mut tail).map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
-        let text = String::from_utf8_lossy(&tail);
-        let text = text.strip_suffix('\n').unwrap_or(&text);
-        if text.is_empty() {
-            return Ok(None);
-        }
-        match text.rfind('\n') {
-            Some(i) => return opened(&text[i + 1..], path).map(Some),
-            None if start == 0 => return opened(text, path).map(Some),
+        file.seek(SeekFrom::Start(start)).map_err(io)?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes).map_err(io)?;
+        // Split off a torn end: whatever follows the last newline.
+        let (whole, torn) = match bytes.iter().rposition(|b| *b == b'\n') {
+            Some(i) => (&bytes[..i], (i + 1 < bytes.len()).then(|| bytes[i + 1..].to_vec())),
+            None if start == 0 => (&bytes[..0], (!bytes.is_empty()).then(|| bytes.clone())),
+            None => {
+                window *= 4;
+                continue;
+            }
+        };
+        match whole.iter().rposition(|b| *b == b'\n') {
+            Some(i) => {
+                return Ok(Tail { last: Some(String::from_utf8_lossy(&whole[i + 1..]).into_owned()), torn })
+            }
+            None if start == 0 => {
+                let last = (!whole.is_empty()).then(|| String::from_utf8_lossy(whole).into_owned());
+                return Ok(Tail { last, torn });
+            }
             None => window *= 4,
         }
+    }
+}
+
+/// The last record of a segment, if it has one; a torn end is left out.
+pub fn last_record(path: &Path) -> Result<Option<Sealed>> {
+    tail(path)?.last.map(|line| opened(&line, path)).transpose()
+}
+
+/// The newest checkpoint (read from the end of the file).
+pub fn last_checkpoint(dir: &Path) -> Option<Checkpoint> {
+    let last = tail(&dir.join(CHECKPOINTS_FILE)).ok()?.last?;
+    serde_json::from_str(&last).ok()
+}
+
+/// How many lines `path` holds before its end (the number of newlines).
+pub fn count_lines(path: &Path) -> Result<usize> {
+    let file = File::open(path).map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
+    let mut reader = BufReader::new(file);
+    let mut count = 0;
+    loop {
+        let buf = reader.fill_buf().map_err(|e| Error::io(format!("reading {}", path.display()), &e))?;
+        if buf.is_empty() {
+            return Ok(count);
+        }
+        count += buf.iter().filter(|b| **b == b'\n').count();
+        let n = buf.len();
+        reader.consume(n);
     }
 }
 
@@ -62,27 +91,28 @@ fn opened(line: &str, path: &Path) -> Result<Sealed> {
 
 /// The head left by retired segments: the last record of the newest one retired.
 pub fn retired_head(dir: &Path) -> Result<Option<(u64, String)>> {
-    Ok(retired(dir)?.last().map(|r| (r.last_seq, r.last_hash.clone())))
+    Ok(retired(dir)?.into_iter().filter_map(|r| r.ok()).next_back().map(|r| (r.last_seq, r.last_hash)))
 }
 
-/// The segments retired so far, oldest first.
-pub fn retired(dir: &Path) -> Result<Vec<Retired>> {
+/// The segments retired so far, oldest first; a line that is not a note is an
+/// `Err` with its line number.
+pub fn retired(dir: &Path) -> Result<Vec<std::result::Result<Retired, usize>>> {
     let path = dir.join(RETIRED_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
     };
-    Ok(text.lines().filter_map(|l| serde_json::from_str(l).ok()).collect())
+    Ok(text.lines().enumerate().map(|(i, l)| serde_json::from_str(l).map_err(|_| i + 1)).collect())
 }
 
-/// Removes the oldest segments until `keep` are left, noting each in
-/// [`RETIRED_FILE`] first (so the chain's start stays known).
-pub fn retire(dir: &Path, keep: usize) -> Result<()> {
+/// Removes the oldest segments until `keep` are left, noting each, signed, in
+/// [`RETIRED_FILE`] first (so the chain's start stays known, and vouched for).
+pub fn retire(dir: &Path, keep: usize, signer: &Signer) -> Result<()> {
     let segments = super::segments(dir)?;
     for (n, path) in segments.iter().take(segments.len().saturating_sub(keep.max(1))) {
         let Some(last) = last_record(path)? else { continue };
-        let note = Retired { segment: *n, last_seq: last.record.seq, last_hash: last.hash };
+        let note = signer.sign_retired(*n, last.record.seq, &last.hash);
         let mut line = serde_json::to_string(&note).expect("a note serializes");
         line.push('\n');
         let retired = dir.join(RETIRED_FILE);
@@ -120,6 +150,8 @@ pub struct Line {
     pub path: PathBuf,
     /// The line's number in its segment, from 1.
     pub number: usize,
+    /// The line's bytes, without its newline.
+    pub bytes: Vec<u8>,
     /// The record, or why the line is not a sound one.
     pub record: std::result::Result<Sealed, LineFault>,
 }
@@ -136,8 +168,8 @@ pub fn lines(dir: &Path) -> Result<impl Iterator<Item = Result<Line>>> {
         let path2 = path.clone();
         let read = reader.into_iter().flat_map(|r| r.split(b'\n')).enumerate().map(move |(i, bytes)| {
             let bytes = bytes.map_err(|e| Error::io(format!("reading {}", path2.display()), &e))?;
-            let text = String::from_utf8_lossy(&bytes);
-            Ok(Line { segment, path: path2.clone(), number: i + 1, record: record::open(&text) })
+            let record = record::open(&String::from_utf8_lossy(&bytes));
+            Ok(Line { segment, path: path2.clone(), number: i + 1, bytes, record })
         });
         error.map(Err).into_iter().chain(read)
     }))

@@ -1,9 +1,13 @@
-//! One audit record and its line: the record's JSON with its own hash put first.
+//! One audit record and its line: the record's JSON with its own hash and MAC
+//! put first.
 //!
-//! A line reads `{"hash":"<64 hex>",<the rest of the body>}`. The hash is the
-//! SHA-256 of the body exactly as written (`{<the rest of the body>}`), and the
-//! body holds `prev`, the hash of the record before. Changing a byte changes the
-//! hash; removing, inserting or moving a record breaks the next one's `prev`.
+//! A line reads `{"hash":"<64 hex>","mac":"<64 hex>",<the rest of the body>}`.
+//! The hash is the SHA-256 of the body exactly as written (`{<the rest of the
+//! body>}`), and the body holds `prev`, the hash of the record before: changing
+//! a byte changes the hash; removing, inserting or moving a record breaks the
+//! next one's `prev`. The MAC is an HMAC-SHA256 of the hash under a key derived
+//! from the log's signing key: anyone can compute a hash, only the daemon a MAC,
+//! so a record written, or a chain rewritten, without the key shows.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -16,6 +20,36 @@ pub const GENESIS: &str = "00000000000000000000000000000000000000000000000000000
 
 /// What the line of a record starts with, before its hash.
 const HASH_PREFIX: &str = "{\"hash\":\"";
+/// What comes between the hash and the MAC.
+const MAC_PREFIX: &str = "\",\"mac\":\"";
+
+/// The key records' MACs are made with (derived from the signing key).
+#[derive(Clone)]
+pub struct MacKey(pub [u8; 32]);
+
+impl MacKey {
+    /// The MAC of a record's hash.
+    pub fn mac(&self, hash: &str) -> String {
+        use hmac::Mac;
+        let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        mac.update(hash.as_bytes());
+        crate::secret::hex(&mac.finalize().into_bytes())
+    }
+
+    /// Whether `mac` is the MAC of `hash` (compared in constant time).
+    pub fn verifies(&self, hash: &str, mac: &str) -> bool {
+        use hmac::Mac;
+        let Some(bytes) = (0..mac.len() / 2)
+            .map(|i| u8::from_str_radix(mac.get(2 * i..2 * i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()
+        else {
+            return false;
+        };
+        let mut check = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        check.update(hash.as_bytes());
+        check.verify_slice(&bytes).is_ok()
+    }
+}
 
 /// The body of an audit record: everything its hash covers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +85,8 @@ pub struct Record {
 pub struct Sealed {
     /// SHA-256 of the record's body, hex.
     pub hash: String,
+    /// HMAC-SHA256 of the hash under the log's key, hex.
+    pub mac: String,
     /// The record.
     #[serde(flatten)]
     #[schema(value_type = Object)]
@@ -74,14 +110,25 @@ impl Record {
         }
     }
 
-    /// Its line (with the newline) and its hash.
-    pub fn seal(&self) -> (String, String) {
-        let body = serde_json::to_string(self).expect("a record serializes");
+    /// Its line (with the newline) and its hash, MAC'd with `key`.
+    pub fn seal(&self, key: &MacKey) -> (String, String) {
+        let body = json_line_safe(&serde_json::to_string(self).expect("a record serializes"));
         let hash = crate::secret::hex(&Sha256::digest(body.as_bytes()));
+        let mac = key.mac(&hash);
         // The body is an object with at least `seq`: it starts with "{" and is not "{}".
-        let line = format!("{HASH_PREFIX}{hash}\",{}\n", &body[1..]);
+        let line = format!("{HASH_PREFIX}{hash}{MAC_PREFIX}{mac}\",{}\n", &body[1..]);
         (line, hash)
     }
+}
+
+/// JSON text with the characters some readers take for line ends (U+0085,
+/// U+2028, U+2029), which serde_json leaves raw, escaped: a record stays one
+/// line for every reader. The same JSON value either way.
+pub fn json_line_safe(json: &str) -> String {
+    if !json.contains(['\u{85}', '\u{2028}', '\u{2029}']) {
+        return json.to_owned();
+    }
+    json.replace('\u{85}', "\\u0085").replace('\u{2028}', "\\u2028").replace('\u{2029}', "\\u2029")
 }
 
 /// Why a line is not a sound record.
@@ -107,7 +154,8 @@ impl std::fmt::Display for LineFault {
     }
 }
 
-/// Reads one line (without its newline) back into a record, checking its hash.
+/// Reads one line (without its newline) back into a record, checking its hash
+/// (not its MAC: see [`Sealed::mac_verifies`]).
 pub fn open(line: &str) -> Result<Sealed, LineFault> {
     let rest = line
         .strip_prefix(HASH_PREFIX)
@@ -115,15 +163,28 @@ pub fn open(line: &str) -> Result<Sealed, LineFault> {
     let (hash, rest) =
         rest.split_at_checked(64).ok_or_else(|| LineFault::Malformed("its hash is cut short".into()))?;
     let rest = rest
+        .strip_prefix(MAC_PREFIX)
+        .ok_or_else(|| LineFault::Malformed("its hash is not followed by its MAC".into()))?;
+    let (mac, rest) =
+        rest.split_at_checked(64).ok_or_else(|| LineFault::Malformed("its MAC is cut short".into()))?;
+    let rest = rest
         .strip_prefix("\",")
-        .ok_or_else(|| LineFault::Malformed("its hash is not 64 characters".into()))?;
+        .ok_or_else(|| LineFault::Malformed("its MAC is not 64 characters".into()))?;
     let body = format!("{{{rest}");
     let computed = crate::secret::hex(&Sha256::digest(body.as_bytes()));
     if computed != hash {
         return Err(LineFault::HashMismatch { carried: hash.to_owned(), computed });
     }
     let record: Record = serde_json::from_str(&body).map_err(|e| LineFault::Malformed(e.to_string()))?;
-    Ok(Sealed { hash: hash.to_owned(), record })
+    Ok(Sealed { hash: hash.to_owned(), mac: mac.to_owned(), record })
+}
+
+impl Sealed {
+    /// Whether its MAC is the one `key` gives its hash (the record was written
+    /// by a holder of the log's key).
+    pub fn mac_verifies(&self, key: &MacKey) -> bool {
+        key.verifies(&self.hash, &self.mac)
+    }
 }
 
 #[cfg(test)]
@@ -144,14 +205,20 @@ mod tests {
         }
     }
 
+    fn key() -> MacKey {
+        MacKey([7; 32])
+    }
+
     #[test]
     fn a_sealed_line_opens_to_the_same_record_and_hash() {
         let record = Record::of(&entry(), 7, GENESIS);
-        let (line, hash) = record.seal();
+        let (line, hash) = record.seal(&key());
         assert!(line.ends_with('\n') && !line[..line.len() - 1].contains('\n'));
         let opened = open(line.trim_end_matches('\n')).unwrap();
         assert_eq!(opened.record, record);
         assert_eq!(opened.hash, hash);
+        assert!(opened.mac_verifies(&key()));
+        assert!(!opened.mac_verifies(&MacKey([8; 32])), "another key's MAC differs");
         // The line is JSON whose `hash` is the record's.
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(v["hash"], hash.as_str());
@@ -159,14 +226,26 @@ mod tests {
     }
 
     #[test]
+    fn line_ending_characters_in_text_stay_escaped() {
+        let mut e = entry();
+        e.detail = serde_json::json!({"statement": "SELECT '\u{2028}\u{2029}\u{85}\u{202e}'"});
+        let (line, _) = Record::of(&e, 1, GENESIS).seal(&key());
+        assert_eq!(line.lines().count(), 1);
+        assert!(!line.contains(['\u{2028}', '\u{2029}', '\u{85}']), "{line}");
+        let opened = open(line.trim_end_matches('\n')).unwrap();
+        assert_eq!(opened.record.detail, e.detail);
+    }
+
+    #[test]
     fn any_changed_byte_is_caught() {
-        let (line, _) = Record::of(&entry(), 7, GENESIS).seal();
+        let (line, _) = Record::of(&entry(), 7, GENESIS).seal(&key());
         let line = line.trim_end_matches('\n');
         for i in 0..line.len() {
             let mut bytes = line.as_bytes().to_vec();
             bytes[i] ^= 0x01;
             let Ok(text) = String::from_utf8(bytes) else { continue };
-            assert!(open(&text).is_err(), "a change at byte {i} went unseen: {text}");
+            let seen = open(&text).map(|s| !s.mac_verifies(&key())).unwrap_or(true);
+            assert!(seen, "a change at byte {i} went unseen: {text}");
         }
     }
 }

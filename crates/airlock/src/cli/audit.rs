@@ -96,19 +96,24 @@ impl Filter {
     }
 }
 
-/// The records that pass `filter`, oldest first; a line that is not a sound
-/// record is an error that points at `verify`.
+/// The records that pass `filter`, oldest first. A line that is not a sound
+/// record (a write a crash cut short, or tampering) is left out and said on
+/// stderr; `verify` tells which it is.
 fn records(cli: &Cli, filter: &Filter, mut each: impl FnMut(Sealed) -> Result<()>) -> Result<()> {
     let dir = cli.layout().audit();
     for line in crate::audit::read::lines(&dir)? {
         let line = line?;
-        let sealed = line.record.map_err(|fault| {
-            Error::new(
-                ErrorCode::AuditBroken,
-                format!("line {} of {} {fault}", line.number, line.path.display()),
-                "run `airlock audit verify` to see every broken place",
-            )
-        })?;
+        let sealed = match line.record {
+            Ok(sealed) => sealed,
+            Err(fault) => {
+                eprintln!(
+                    "airlock: line {} of {} {fault}; left out (`airlock audit verify` says whether it was repaired)",
+                    line.number,
+                    line.path.display()
+                );
+                continue;
+            }
+        };
         if filter.keeps(&sealed) {
             each(sealed)?;
         }
@@ -151,7 +156,9 @@ pub(super) async fn run(cli: &Cli, command: &AuditCommand, json: bool) -> Result
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             let written = records(cli, &filter, |s| {
-                let line = serde_json::to_string(&s).expect("a record serializes");
+                let line = crate::audit::record::json_line_safe(
+                    &serde_json::to_string(&s).expect("a record serializes"),
+                );
                 writeln!(out, "{line}").map_err(|e| Error::io("writing the export", &e))
             });
             match written.and_then(|()| out.flush().map_err(|e| Error::io("writing the export", &e))) {
@@ -210,6 +217,20 @@ fn verify_text(r: &Report) -> String {
             .map(|c| format!(", the newest covering record {}", c.seq))
             .unwrap_or_default()
     );
+    if r.unsigned_records > 0 {
+        out += &format!(
+            "\n{} record(s) after the newest checkpoint, vouched for by their MACs only",
+            r.unsigned_records
+        );
+    }
+    out += if r.macs_checked {
+        "\nevery record's MAC checked"
+    } else {
+        "\nMACs not checked (the private key cannot be read here)"
+    };
+    if r.repaired > 0 {
+        out += &format!("\n{} line(s) a crash cut short, closed and recorded by the daemon", r.repaired);
+    }
     if r.retired_segments > 0 {
         out += &format!(
             "\n{} older segment(s) removed by retention; the chain is checked from where they ended",
@@ -228,7 +249,7 @@ fn ls_text(records: &[Sealed]) -> String {
     );
     for s in records {
         let r = &s.record;
-        let detail = r.detail.to_string();
+        let detail = output::printable(&r.detail.to_string());
         let detail: String = detail.chars().take(100).collect();
         out += &format!(
             "{:<8} {:<25} {:<10} {:<20} {:<16} {}{}\n",

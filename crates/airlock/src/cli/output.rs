@@ -284,22 +284,42 @@ pub fn golden(g: &Golden) -> String {
 
 /// The event list.
 pub fn events(list: &[Event]) -> String {
-    let mut t = Table::new(&["TIME", "KIND", "SANDBOX", "GOLDEN", "REASON", "DETAIL"]);
+    let mut t = Table::new(&["TIME", "KIND", "DOOR", "SANDBOX", "GOLDEN", "REASON", "DETAIL"]);
     for e in list {
         t.row(vec![
             e.at.to_rfc3339(),
             e.kind.clone(),
+            e.door.clone().unwrap_or_default(),
             e.sandbox.clone().unwrap_or_default(),
             e.golden.clone().unwrap_or_default(),
             e.reason.clone().unwrap_or_default(),
             if e.detail.as_object().is_some_and(|o| o.is_empty()) {
                 String::new()
             } else {
-                e.detail.to_string()
+                printable(&e.detail.to_string())
             },
         ]);
     }
     t.render()
+}
+
+/// Text an agent may have written, safe for a terminal: control characters,
+/// line separators and bidirectional overrides (which can make a line read
+/// as another) shown as `\u{...}` escapes.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let hidden = c.is_control()
+                || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c);
+            if hidden {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// PostgreSQL majors the daemon runs on.

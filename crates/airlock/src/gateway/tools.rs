@@ -157,7 +157,19 @@ pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
         Ok(out) if out.is_error => {
-            detail["error"] = out.result.pointer("/error/sqlstate").cloned().unwrap_or(Value::Null);
+            // A SQLSTATE, or the code a Redis error starts with (NOPERM, ERR, ...).
+            let redis_code = || {
+                let text = out.result.get("error")?.as_str()?;
+                Some(json!(text
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("error")
+                    .chars()
+                    .take(32)
+                    .collect::<String>()))
+            };
+            detail["error"] =
+                out.result.pointer("/error/sqlstate").cloned().or_else(redis_code).unwrap_or(json!("error"));
         }
         Ok(_) => {}
         Err(e) => detail["error"] = json!(e.code.as_str()),

@@ -171,9 +171,12 @@ impl Metrics {
             }
             "tool_call" => {
                 let outcome = if detail.get("error").is_some_and(|e| !e.is_null()) { "error" } else { "ok" };
+                // A tool name is the caller's: only the tools there are get a label of their own.
+                let named = text("tool");
+                let tool = if known_tool(&named) { named.as_str() } else { "other" };
                 self.tool_calls
                     .get_or_create(&labels(&[
-                        ("tool", &text("tool")),
+                        ("tool", tool),
                         ("outcome", outcome),
                         ("door", r.door.as_str()),
                     ]))
@@ -430,6 +433,13 @@ impl Metrics {
             sandboxes: engine.store().counts_by_state().unwrap_or_default().into_iter().collect(),
         }
     }
+}
+
+/// Whether `name` is one of the agent tools (any other name an agent sends
+/// would make a label value of its choosing).
+fn known_tool(name: &str) -> bool {
+    use crate::gateway::tools::*;
+    [RUN_SQL, RUN_REDIS, DESCRIBE_SCHEMA, RESET_DATABASE, CHANGES_SINCE_FORK, TEST_MIGRATION].contains(&name)
 }
 
 /// Keeps the newest samples for percentiles.

@@ -194,13 +194,15 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = tokio::task::JoinSet::new();
+    // The candidates' forks are recorded as coming through the test's own door.
+    let door = crate::events::Door::current();
     for (i, candidate) in req.candidates.iter().cloned().enumerate() {
         let (engine, req, snapshot, expected, permits) =
             (engine.clone(), req.clone(), snapshot.clone(), expected.clone(), permits.clone());
-        tasks.spawn(async move {
+        tasks.spawn(crate::events::DOOR.scope(door, async move {
             let _permit = permits.acquire_owned().await;
             (i, test_one(&engine, &req, &candidate, &snapshot, expected.as_ref()).await)
-        });
+        }));
     }
     // Every candidate runs to its end (and deletes its fork) before any error is
     // returned: leaving the others would abort them and leave their forks running.

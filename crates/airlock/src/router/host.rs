@@ -38,8 +38,11 @@ pub struct Host {
 impl Host {
     /// Opens the data root's store, writing its events to the data root's
     /// audit log, and resolves the instance user the daemon runs sandboxes as.
-    pub fn open(layout: Layout, instance_user: Option<&str>, audit_fsync: bool) -> Result<Host> {
-        let audit = crate::audit::AuditOptions { fsync: audit_fsync, ..Default::default() };
+    pub fn open(
+        layout: Layout,
+        instance_user: Option<&str>,
+        audit: crate::audit::AuditOptions,
+    ) -> Result<Host> {
         let journal = std::sync::Arc::new(crate::audit::AuditLog::open(&layout.audit(), audit)?);
         let store = Store::open(&layout.state_db())?.with_journal(journal);
         let instance_user = Identity::for_instances(instance_user)?;

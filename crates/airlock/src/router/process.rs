@@ -39,9 +39,9 @@ pub struct Spec {
     pub router: RouterConfig,
     /// The instance user (`airlock serve --instance-user`).
     pub instance_user: Option<String>,
-    /// Whether audit records are flushed to disk one by one (`--audit-fsync`).
+    /// How the audit log writes, rotates and checkpoints (`--audit-*`).
     #[serde(default)]
-    pub audit_fsync: bool,
+    pub audit: crate::audit::AuditOptions,
 }
 
 /// `router.json`: a running router's pid, settings and address.
@@ -85,7 +85,7 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
         },
         None => None,
     };
-    let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit_fsync)?);
+    let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit.clone())?);
     let address = super::serve(host, &spec.router, listener, redis)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
@@ -130,7 +130,7 @@ pub async fn supervise(engine: Arc<Engine>) -> Result<Option<Address>> {
     let spec = Spec {
         router: engine.config.router.clone(),
         instance_user: engine.config.instance_user.clone(),
-        audit_fsync: engine.config.audit.fsync,
+        audit: engine.config.audit.clone(),
     };
     let running = running(&layout)?;
     if spec.router.listen.is_none() {

@@ -126,7 +126,9 @@ where
             fork.span().end_with_timestamp(end);
         }
         "tool_call" => {
-            let tool = d.get("tool").and_then(Value::as_str).unwrap_or("unknown").to_owned();
+            // Capped: the name is the caller's, and becomes the span's name.
+            let tool: String =
+                d.get("tool").and_then(Value::as_str).unwrap_or("unknown").chars().take(64).collect();
             attrs.push(KeyValue::new("airlock.tool", tool.clone()));
             let failed = d.get("error").is_some_and(|e| !e.is_null());
             attrs.push(KeyValue::new("airlock.outcome", if failed { "error" } else { "ok" }));

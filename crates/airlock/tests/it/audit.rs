@@ -283,24 +283,93 @@ fn verify_names_each_kind_of_tampering() {
     let p = first_problem(&home, &["--anchor", anchor["hash"].as_str().unwrap()]);
     assert!(p["what"].as_str().unwrap().contains("anchor"), "{p}");
 
-    // The whole segment rewritten into a chain consistent with itself: the
-    // checkpoints' signed hashes no longer match.
-    let home = copy_of(&d.home, "rewritten");
-    let mut prev = airlock::audit::record::GENESIS.to_owned();
-    let mut rewritten = Vec::new();
-    for (i, line) in original.iter().enumerate() {
-        let mut record = airlock::audit::record::open(line).unwrap().record;
-        if i == 1 {
-            record.detail = serde_json::json!({"forged": true});
+    // The whole segment rewritten into a chain consistent with itself, with a
+    // key of the forger's own: the MACs do not verify, and the checkpoints'
+    // signed hashes no longer match.
+    let rewrite = |from: usize, lines: &[String]| -> Vec<String> {
+        let forger = airlock::audit::record::MacKey([9; 32]);
+        let mut prev = airlock::audit::record::GENESIS.to_owned();
+        let mut out = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let sealed = airlock::audit::record::open(line).unwrap();
+            if i < from {
+                out.push(line.clone());
+                prev = sealed.hash;
+                continue;
+            }
+            let mut record = sealed.record;
+            if i == from {
+                record.detail = serde_json::json!({"forged": true});
+            }
+            record.prev = prev.clone();
+            let (text, hash) = record.seal(&forger);
+            out.push(text.trim_end().to_owned());
+            prev = hash;
         }
-        record.prev = prev.clone();
-        let (text, hash) = record.seal();
-        rewritten.push(text.trim_end().to_owned());
-        prev = hash;
-    }
-    write_lines(&segment(&home), &rewritten);
+        out
+    };
+    let home = copy_of(&d.home, "rewritten");
+    write_lines(&segment(&home), &rewrite(1, &original));
     let p = first_problem(&home, &[]);
+    assert_eq!(p["seq"].as_u64(), Some(2), "{p}");
     assert!(p["what"].as_str().unwrap().contains("rewritten"), "{p}");
+    let (_, report) = verify(&home, &[]);
+    let problems = report["problems"].to_string();
+    assert!(problems.contains("the checkpoint signed at"), "the checkpoints see it too: {problems}");
+
+    // Rewritten from record 10 on, with the checkpoints from there removed:
+    // the MACs still show it.
+    let home = copy_of(&d.home, "rewritten-checkpoints-cut");
+    write_lines(&segment(&home), &rewrite(9, &original));
+    let kept: Vec<String> = lines(&checkpoints_of(&home))
+        .into_iter()
+        .filter(|l| serde_json::from_str::<Value>(l).unwrap()["seq"].as_u64().unwrap() < 10)
+        .collect();
+    write_lines(&checkpoints_of(&home), &kept);
+    let p = first_problem(&home, &[]);
+    assert_eq!(p["seq"].as_u64(), Some(10), "{p}");
+
+    // A record appended by someone without the key (a valid hash, chained on).
+    let home = copy_of(&d.home, "appended");
+    let last = airlock::audit::record::open(original.last().unwrap()).unwrap();
+    let mut fake = last.record.clone();
+    fake.seq += 1;
+    fake.prev = last.hash.clone();
+    fake.kind = "deleted".into();
+    let (text, _) = fake.seal(&airlock::audit::record::MacKey([9; 32]));
+    let mut appended = original.clone();
+    appended.push(text.trim_end().to_owned());
+    write_lines(&segment(&home), &appended);
+    let p = first_problem(&home, &[]);
+    assert_eq!(p["seq"].as_u64(), Some(fake.seq), "{p}");
+    assert!(p["what"].as_str().unwrap().contains("MAC"), "{p}");
+
+    // The public key replaced by a forger's, and every checkpoint signed again
+    // with it: the key is not the private key's public half.
+    let home = copy_of(&d.home, "rekeyed");
+    let forger = home.join("forger");
+    std::fs::create_dir_all(&forger).unwrap();
+    let signer = airlock::audit::checkpoint::Signer::load_or_create(&forger).unwrap();
+    std::fs::copy(forger.join("signing.pub"), home.join("audit/signing.pub")).unwrap();
+    let resigned: Vec<String> = lines(&checkpoints_of(&home))
+        .into_iter()
+        .map(|l| {
+            let c: Value = serde_json::from_str(&l).unwrap();
+            serde_json::to_string(&signer.sign(c["seq"].as_u64().unwrap(), c["hash"].as_str().unwrap()))
+                .unwrap()
+        })
+        .collect();
+    write_lines(&checkpoints_of(&home), &resigned);
+    let p = first_problem(&home, &[]);
+    assert_eq!(p["file"], "signing.pub", "{p}");
+
+    // Checkpoints deleted: the records are still the daemon's (their MACs
+    // verify), and the report says none of them is covered by a signature.
+    let home = copy_of(&d.home, "checkpoints-deleted");
+    std::fs::remove_file(checkpoints_of(&home)).unwrap();
+    let (code, report) = verify(&home, &[]);
+    assert_eq!((code, report["checkpoints"].as_u64()), (0, Some(0)), "{report}");
+    assert_eq!(report["unsigned_records"].as_u64(), Some(original.len() as u64), "{report}");
 
     // A checkpoint forged without the key, and one altered.
     let home = copy_of(&d.home, "forged");
@@ -364,11 +433,36 @@ fn segments_rotate_and_retire_without_breaking_verification() {
     // Each kept segment starts where the one before ended.
     let newest = records(&d);
     assert_eq!(newest.last().unwrap()["seq"], report["last_seq"]);
-    // Removing a kept segment is caught.
+    // Removing a kept segment is caught, the oldest or the newest.
     let mut names = segments.clone();
     names.sort();
-    let home = copy_of(&d.home, "segment-removed");
-    std::fs::remove_file(home.join("audit").join(&names[0])).unwrap();
+    for name in &names {
+        let home = copy_of(&d.home, &format!("removed-{name}"));
+        std::fs::remove_file(home.join("audit").join(name)).unwrap();
+        let p = first_problem(&home, &[]);
+        assert!(p["what"].as_str().unwrap().contains("removed"), "{name}: {p}");
+    }
+    // So is a retirement note forged to cover a removed segment: notes are signed.
+    let home = copy_of(&d.home, "forged-retirement");
+    let oldest = home.join("audit").join(&names[0]);
+    let last = airlock::audit::record::open(lines(&oldest).last().unwrap()).unwrap();
+    let notes = lines(&home.join("audit/retired.jsonl"));
+    let mut note: Value = serde_json::from_str(notes.last().unwrap()).unwrap();
+    note["segment"] = (note["segment"].as_u64().unwrap() + 1).into();
+    note["last_seq"] = last.record.seq.into();
+    note["last_hash"] = last.hash.clone().into();
+    let mut forged = notes.clone();
+    forged.push(note.to_string());
+    write_lines(&home.join("audit/retired.jsonl"), &forged);
+    std::fs::remove_file(&oldest).unwrap();
+    let p = first_problem(&home, &[]);
+    assert_eq!(p["file"], "retired.jsonl", "{p}");
+    assert!(p["what"].as_str().unwrap().contains("forged"), "{p}");
+    // And the oldest records of the first segment cut: the chain no longer
+    // starts where the retirement notes say.
+    let home = copy_of(&d.home, "oldest-records-cut");
+    let first = home.join("audit").join(&names[0]);
+    write_lines(&first, &lines(&first)[3..]);
     let p = first_problem(&home, &[]);
     assert!(p["what"].as_str().unwrap().contains("removed"), "{p}");
 }
@@ -494,4 +588,63 @@ fn a_daemon_killed_mid_fork_or_down_past_a_ttl_leaves_a_complete_chain() {
     let lag = &stats["reaping"]["lag"];
     assert_eq!(lag["count"], 1, "{stats}");
     assert!(lag["max_ms"].as_f64().unwrap() >= 2000.0, "{stats}");
+}
+
+#[test]
+fn the_log_heals_a_torn_write_refuses_a_forged_tail_and_checkpoints_what_the_router_writes() {
+    let mut d = Daemon::start(&["--audit-checkpoint-every", "3"]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    // Router connections alone (written by the router's own process) bring checkpoints.
+    let before = lines(&checkpoints_of(&d.home)).len();
+    for _ in 0..7 {
+        assert_eq!(sql(&dsn(&sb), "SELECT 1"), "1");
+    }
+    d.wait_for(Duration::from_secs(10), "checkpoints of the router's records", || {
+        lines(&checkpoints_of(&d.home)).len() >= before + 2
+    });
+
+    // A write cut short by a crash: the next start closes it and says so.
+    d.kill9();
+    let newest = newest_segment(&d.home);
+    let mut file = std::fs::OpenOptions::new().append(true).open(&newest).unwrap();
+    std::io::Write::write_all(&mut file, b"{\"hash\":\"0123").unwrap();
+    drop(file);
+    d.spawn();
+    let again = d.fork("shop", &[]);
+    assert_eq!(sql(&dsn(&again), "SELECT count(*) FROM orders"), "1000");
+    let repaired = d.json(&["audit", "ls", "--kind", "audit_repaired"]);
+    assert_eq!(repaired.as_array().unwrap().len(), 1, "{repaired}");
+    let (code, report) = verify(&d.home, &[]);
+    assert_eq!((code, report["repaired"].as_u64()), (0, Some(1)), "{report}");
+
+    // A record appended without the key is never chained onto: nothing is
+    // granted until the log is put right.
+    d.kill9();
+    let newest = newest_segment(&d.home);
+    let last = airlock::audit::record::open(lines(&newest).last().unwrap()).unwrap();
+    let mut fake = last.record.clone();
+    fake.seq += 1;
+    fake.prev = last.hash.clone();
+    let (text, _) = fake.seal(&airlock::audit::record::MacKey([9; 32]));
+    let mut all = lines(&newest);
+    all.push(text.trim_end().to_owned());
+    write_lines(&newest, &all);
+    d.spawn();
+    let (code, err) = d.fails(&["fork", "shop"]);
+    assert_eq!((code, err["code"].as_str()), (15, Some("audit_broken")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("not written with this log's key"), "{err}");
+    // Teardowns go on all the same.
+    d.ok(&["rm", sb["id"].as_str().unwrap()]);
+}
+
+fn newest_segment(home: &Path) -> PathBuf {
+    let mut names: Vec<PathBuf> = std::fs::read_dir(home.join("audit"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("segment-"))
+        .collect();
+    names.sort();
+    names.pop().unwrap()
 }

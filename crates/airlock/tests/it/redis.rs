@@ -479,6 +479,10 @@ fn agent_tools_reach_the_tasks_redis_as_its_agent() {
     let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["CONFIG", "SET", "dir", "/tmp"]}));
     assert_eq!(r["is_error"], true, "{r}");
     assert!(r["result"]["error"].as_str().unwrap().starts_with("NOPERM"), "{r}");
+    // ... and its record says it was refused, not that it succeeded.
+    let calls = d.json(&["audit", "ls", "--sandbox", id, "--kind", "tool_call"]);
+    let refused = calls.as_array().unwrap().last().unwrap();
+    assert_eq!(refused["detail"]["error"], "NOPERM", "{refused}");
 
     // Replies are capped like run_sql's, the rest counted.
     let mut push = vec!["RPUSH".to_owned(), "long".to_owned()];
