@@ -130,6 +130,12 @@ def test_http_gateway_serves_the_forked_sandbox_only(daemon, client):
     r = asyncio.run(migration(sb.mcp_url))
     text = text_of(r)
     assert "FAILED" in text and "table_rewrite" in text and "<untrusted-data-" in text, text
+    # The test is on record under the agent's sandbox, and its fork came in by the agent's door.
+    tested = daemon.json("audit", "ls", "--sandbox", sb.id, "--kind", "migration_tested")
+    assert len(tested) == 1 and tested[0]["door"] == "mcp_http", tested
+    forks = [r for r in daemon.json("audit", "ls", "--kind", "created", "--limit", "100000")
+             if r["detail"].get("labels", {}).get("airlock") == "migration-test"]
+    assert forks and {r["door"] for r in forks} == {"mcp_http"}, forks
     assert_no_secrets(text, daemon.password_of(sb.id), str(daemon.home))
     assert all(sb.mcp_url.rsplit("/", 1)[1] not in json.dumps(e) for e in events)
     client.delete(sb)

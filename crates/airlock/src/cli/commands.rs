@@ -758,6 +758,7 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
         parallel: Some(args.parallel),
         statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
         lock_threshold_ms: Some(millis("--max-lock", &args.max_lock)?),
+        on_behalf_of: None,
     };
     let what = format!("testing {} candidate(s) on golden {}", req.candidates.len(), req.golden);
     let spinner = output::spinner(cli.json, what);

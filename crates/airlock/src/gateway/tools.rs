@@ -292,6 +292,7 @@ async fn dispatch(
                     exec: None,
                 }],
                 statement_timeout_ms: Some(sb.access.limits.statement_timeout_ms),
+                on_behalf_of: Some(sb.id.clone()),
                 ..Default::default()
             };
             let report = crate::migrate::test(engine.clone(), request).await?;

@@ -106,6 +106,11 @@ pub struct TestRequest {
     /// milliseconds (default 1,000).
     #[serde(default)]
     pub lock_threshold_ms: Option<u64>,
+    /// The sandbox whose agent asked for the test (the `test_migration` tool),
+    /// named in the test's audit record; never taken from a request body.
+    #[serde(skip)]
+    #[schema(ignore)]
+    pub on_behalf_of: Option<String>,
 }
 
 /// Rows each table's counters show changed by the candidate's session beyond
@@ -252,6 +257,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         .collect();
     engine.store().record(NewEvent {
         kind: crate::events::EventKind::MigrationTested,
+        sandbox: req.on_behalf_of.clone(),
         golden: Some(req.golden.clone()),
         detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best,
             "test_ms": began.elapsed().as_secs_f64() * 1e3}),
