@@ -14,11 +14,19 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A secret's fingerprint for records: the first 16 hex digits of its
-/// SHA-256, which names the credential without revealing it.
-pub fn fingerprint(secret: &str) -> String {
+/// The bytes of lowercase or uppercase hex text; `None` if it is not hex.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len() / 2).map(|i| u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok()).collect()
+}
+
+/// A fingerprint for records: the first 16 hex digits of the SHA-256 of a
+/// secret (which names the credential without revealing it) or of a key.
+pub fn fingerprint(bytes: impl AsRef<[u8]>) -> String {
     use sha2::Digest;
-    hex(&sha2::Sha256::digest(secret.as_bytes()))[..16].to_owned()
+    hex(&sha2::Sha256::digest(bytes.as_ref()))[..16].to_owned()
 }
 
 /// A short sandbox id such as `sb-k3v9q2mx7a`: 50 bits, unambiguous characters.

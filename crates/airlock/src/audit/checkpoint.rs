@@ -40,7 +40,7 @@ pub struct Checkpoint {
     pub hash: String,
     /// When it was signed.
     pub at: Timestamp,
-    /// The fingerprint of the public key that signed it (see [`fingerprint`]).
+    /// The fingerprint of the public key that signed it ([`crate::secret::fingerprint`]).
     pub key: String,
     /// The Ed25519 signature of [`Checkpoint::message`], base64.
     pub signature: String,
@@ -54,18 +54,15 @@ impl Checkpoint {
 
     /// Whether `public_key` signed this checkpoint.
     pub fn verify(&self, public_key: &[u8]) -> bool {
-        let Ok(signature) = base64::engine::general_purpose::STANDARD.decode(&self.signature) else {
-            return false;
-        };
-        UnparsedPublicKey::new(&ED25519, public_key)
-            .verify(&Checkpoint::message(self.seq, &self.hash, self.at), &signature)
-            .is_ok()
+        signed_by(public_key, &Checkpoint::message(self.seq, &self.hash, self.at), &self.signature)
     }
 }
 
-/// The short name of a public key: the first 16 hex digits of its SHA-256.
-pub fn fingerprint(public_key: &[u8]) -> String {
-    crate::secret::hex(&Sha256::digest(public_key))[..16].to_owned()
+/// Whether `signature` (base64) is `public_key`'s Ed25519 signature of `message`.
+fn signed_by(public_key: &[u8], message: &[u8], signature: &str) -> bool {
+    base64::engine::general_purpose::STANDARD.decode(signature).is_ok_and(|signature| {
+        UnparsedPublicKey::new(&ED25519, public_key).verify(message, &signature).is_ok()
+    })
 }
 
 /// A segment removed by retention, signed: the chain after it starts from its
@@ -94,12 +91,8 @@ impl Retired {
 
     /// Whether `public_key` signed this note.
     pub fn verify(&self, public_key: &[u8]) -> bool {
-        let Ok(signature) = base64::engine::general_purpose::STANDARD.decode(&self.signature) else {
-            return false;
-        };
-        UnparsedPublicKey::new(&ED25519, public_key)
-            .verify(&Retired::message(self.segment, self.last_seq, &self.last_hash, self.at), &signature)
-            .is_ok()
+        let message = Retired::message(self.segment, self.last_seq, &self.last_hash, self.at);
+        signed_by(public_key, &message, &self.signature)
     }
 }
 
@@ -176,7 +169,7 @@ impl Signer {
             std::fs::write(&public_path, format!("{hex}\n"))
                 .map_err(|e| Error::io(format!("writing {}", public_path.display()), &e))?;
         }
-        Ok(Signer { fingerprint: fingerprint(&public), mac: mac_key_of(&pkcs8), pair })
+        Ok(Signer { fingerprint: crate::secret::fingerprint(&public), mac: mac_key_of(&pkcs8), pair })
     }
 
     /// The key records' MACs are made with.
@@ -188,28 +181,27 @@ impl Signer {
     /// of hash `last_hash`, was removed.
     pub fn sign_retired(&self, segment: u64, last_seq: u64, last_hash: &str) -> Retired {
         let at = Timestamp::now();
-        let signature = self.pair.sign(&Retired::message(segment, last_seq, last_hash, at));
+        let signature = self.signature(&Retired::message(segment, last_seq, last_hash, at));
         Retired {
             segment,
             last_seq,
             last_hash: last_hash.to_owned(),
             at,
             key: self.fingerprint.clone(),
-            signature: base64::engine::general_purpose::STANDARD.encode(signature.as_ref()),
+            signature,
         }
     }
 
     /// A checkpoint of record `seq` with hash `hash`, signed now.
     pub fn sign(&self, seq: u64, hash: &str) -> Checkpoint {
         let at = Timestamp::now();
-        let signature = self.pair.sign(&Checkpoint::message(seq, hash, at));
-        Checkpoint {
-            seq,
-            hash: hash.to_owned(),
-            at,
-            key: self.fingerprint.clone(),
-            signature: base64::engine::general_purpose::STANDARD.encode(signature.as_ref()),
-        }
+        let signature = self.signature(&Checkpoint::message(seq, hash, at));
+        Checkpoint { seq, hash: hash.to_owned(), at, key: self.fingerprint.clone(), signature }
+    }
+
+    /// The Ed25519 signature of `message`, base64.
+    fn signature(&self, message: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(self.pair.sign(message).as_ref())
     }
 }
 
@@ -230,10 +222,7 @@ pub fn parse_public_key(hex: &str) -> Result<Vec<u8>> {
             "give the 64 hex digits of $AIRLOCK_HOME/audit/signing.pub",
         )
     };
-    if hex.len() != 64 {
-        return Err(bad());
-    }
-    (0..32).map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|_| bad())).collect()
+    crate::secret::unhex(hex).filter(|key| key.len() == 32).ok_or_else(bad)
 }
 
 #[cfg(test)]

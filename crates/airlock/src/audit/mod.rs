@@ -132,6 +132,23 @@ pub fn segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(found)
 }
 
+/// Appends `value` to `path` as one JSON line (the file made 0600) and
+/// flushes it to disk: checkpoints and retirement notes, which are rare.
+fn append_json_line(path: &Path, value: &impl serde::Serialize) -> Result<()> {
+    let mut line = serde_json::to_string(value).expect("a note serializes");
+    line.push('\n');
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| {
+            f.write_all(line.as_bytes())?;
+            f.sync_data()
+        })
+        .map_err(|e| Error::io(format!("writing {}", path.display()), &e))
+}
+
 /// A record the log makes about itself (a gap, a repair): the daemon's, now.
 fn own_entry(kind: EventKind, detail: serde_json::Value) -> JournalEntry {
     JournalEntry {
@@ -232,6 +249,9 @@ impl AuditLog {
     /// would launder it into its checkpoints); a write cut short is closed and
     /// an `audit_repaired` record says so, so the log goes on.
     fn catch_up(&self, head: &mut Head) -> Result<()> {
+        if self.unmoved(head) {
+            return Ok(());
+        }
         let segments = segments(&self.dir)?;
         let Some((newest, path)) = segments.last().cloned() else {
             // No segment yet, or all retired: the chain goes on from the last retired one.
@@ -270,6 +290,17 @@ impl AuditLog {
             self.close_torn(head, &path, &torn)?;
         }
         Ok(())
+    }
+
+    /// Whether nobody wrote since this process did: its segment is as long as
+    /// it left it and no later one exists (two `stat`s, not a directory read,
+    /// on the path every record takes).
+    fn unmoved(&self, head: &Head) -> bool {
+        if head.segment == 0 || head.segment == u64::MAX {
+            return false;
+        }
+        let len = std::fs::metadata(self.dir.join(segment_name(head.segment))).map(|m| m.len());
+        len.is_ok_and(|len| len == head.len) && !self.dir.join(segment_name(head.segment + 1)).exists()
     }
 
     /// Ends a line a write left cut short, and records where it is.
@@ -377,7 +408,7 @@ impl AuditLog {
             return;
         }
         let checkpoint = self.signer.sign(head.seq, &head.hash);
-        match self.append_checkpoint(&checkpoint) {
+        match append_json_line(&self.dir.join(checkpoint::CHECKPOINTS_FILE), &checkpoint) {
             Ok(()) => {
                 head.checkpointed_at = Instant::now();
                 head.checkpointed_seq = head.seq;
@@ -385,22 +416,6 @@ impl AuditLog {
             }
             Err(e) => tracing::error!(error = %e, "an audit checkpoint could not be written"),
         }
-    }
-
-    fn append_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
-        let path = self.dir.join(checkpoint::CHECKPOINTS_FILE);
-        let mut line = serde_json::to_string(checkpoint).expect("a checkpoint serializes");
-        line.push('\n');
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&path)
-            .and_then(|mut f| {
-                f.write_all(line.as_bytes())?;
-                f.sync_data()
-            })
-            .map_err(|e| Error::io(format!("writing {}", path.display()), &e))
     }
 
     /// Writes what was deferred and signs a checkpoint when one is due by

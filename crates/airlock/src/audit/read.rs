@@ -1,9 +1,8 @@
 //! The audit log read back: records in order, the last one of a segment, the
 //! checkpoints, and the segments retired by retention (and retiring them).
 
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use super::checkpoint::{Checkpoint, Retired, Signer, CHECKPOINTS_FILE, RETIRED_FILE};
@@ -24,7 +23,8 @@ pub fn tail(path: &Path) -> Result<Tail> {
     let io = |e: std::io::Error| Error::io(format!("reading {}", path.display()), &e);
     let mut file = File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
-    let mut window = 64 * 1024u64;
+    // Records are a few hundred bytes; a window that is too small grows.
+    let mut window = 4096u64;
     loop {
         let start = len.saturating_sub(window);
         file.seek(SeekFrom::Start(start)).map_err(io)?;
@@ -97,13 +97,7 @@ pub fn retired_head(dir: &Path) -> Result<Option<(u64, String)>> {
 /// The segments retired so far, oldest first; a line that is not a note is an
 /// `Err` with its line number.
 pub fn retired(dir: &Path) -> Result<Vec<std::result::Result<Retired, usize>>> {
-    let path = dir.join(RETIRED_FILE);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
-    };
-    Ok(text.lines().enumerate().map(|(i, l)| serde_json::from_str(l).map_err(|_| i + 1)).collect())
+    json_lines(&dir.join(RETIRED_FILE))
 }
 
 /// Removes the oldest segments until `keep` are left, noting each, signed, in
@@ -113,19 +107,7 @@ pub fn retire(dir: &Path, keep: usize, signer: &Signer) -> Result<()> {
     for (n, path) in segments.iter().take(segments.len().saturating_sub(keep.max(1))) {
         let Some(last) = last_record(path)? else { continue };
         let note = signer.sign_retired(*n, last.record.seq, &last.hash);
-        let mut line = serde_json::to_string(&note).expect("a note serializes");
-        line.push('\n');
-        let retired = dir.join(RETIRED_FILE);
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(&retired)
-            .and_then(|mut f| {
-                f.write_all(line.as_bytes())?;
-                f.sync_data()
-            })
-            .map_err(|e| Error::io(format!("writing {}", retired.display()), &e))?;
+        super::append_json_line(&dir.join(RETIRED_FILE), &note)?;
         std::fs::remove_file(path).map_err(|e| Error::io(format!("removing {}", path.display()), &e))?;
     }
     Ok(())
@@ -133,8 +115,27 @@ pub fn retire(dir: &Path, keep: usize, signer: &Signer) -> Result<()> {
 
 /// The checkpoints, oldest first; a line that is not one is an `Err` with its line number.
 pub fn checkpoints(dir: &Path) -> Result<Vec<std::result::Result<Checkpoint, usize>>> {
-    let path = dir.join(CHECKPOINTS_FILE);
-    let text = match std::fs::read_to_string(&path) {
+    json_lines(&dir.join(CHECKPOINTS_FILE))
+}
+
+/// The checkpoints appended past byte `offset` of their file (whole lines
+/// only), and the offset to read from next.
+pub fn checkpoints_after(dir: &Path, offset: u64) -> (Vec<Checkpoint>, u64) {
+    let Ok(mut file) = File::open(dir.join(CHECKPOINTS_FILE)) else { return (Vec::new(), offset) };
+    let mut bytes = Vec::new();
+    if file.seek(SeekFrom::Start(offset)).and_then(|_| file.read_to_end(&mut bytes)).is_err() {
+        return (Vec::new(), offset);
+    }
+    let whole = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    let found =
+        bytes[..whole].split(|b| *b == b'\n').filter_map(|l| serde_json::from_slice(l).ok()).collect();
+    (found, offset + whole as u64)
+}
+
+/// Each line of a file of JSON objects, oldest first (none when there is no
+/// file); a line that is not one is an `Err` with its line number.
+fn json_lines<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Vec<std::result::Result<T, usize>>> {
+    let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),

@@ -28,26 +28,24 @@ const MAC_PREFIX: &str = "\",\"mac\":\"";
 pub struct MacKey(pub [u8; 32]);
 
 impl MacKey {
-    /// The MAC of a record's hash.
-    pub fn mac(&self, hash: &str) -> String {
+    /// An HMAC-SHA256 of `hash`, fed and ready to finish or check.
+    fn over(&self, hash: &str) -> hmac::Hmac<Sha256> {
         use hmac::Mac;
         let mut mac = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
         mac.update(hash.as_bytes());
-        crate::secret::hex(&mac.finalize().into_bytes())
+        mac
+    }
+
+    /// The MAC of a record's hash.
+    pub fn mac(&self, hash: &str) -> String {
+        use hmac::Mac;
+        crate::secret::hex(&self.over(hash).finalize().into_bytes())
     }
 
     /// Whether `mac` is the MAC of `hash` (compared in constant time).
     pub fn verifies(&self, hash: &str, mac: &str) -> bool {
         use hmac::Mac;
-        let Some(bytes) = (0..mac.len() / 2)
-            .map(|i| u8::from_str_radix(mac.get(2 * i..2 * i + 2)?, 16).ok())
-            .collect::<Option<Vec<u8>>>()
-        else {
-            return false;
-        };
-        let mut check = hmac::Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
-        check.update(hash.as_bytes());
-        check.verify_slice(&bytes).is_ok()
+        crate::secret::unhex(mac).is_some_and(|bytes| self.over(hash).verify_slice(&bytes).is_ok())
     }
 }
 

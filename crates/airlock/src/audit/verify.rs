@@ -105,8 +105,8 @@ pub fn verify(dir: &Path, public_key: Option<Vec<u8>>, anchor: Option<&str>) -> 
                 None,
                 format!(
                     "the key checked against ({}) is not the public half of signing.key ({}): it was replaced",
-                    checkpoint::fingerprint(&key),
-                    checkpoint::fingerprint(own)
+                    crate::secret::fingerprint(&key),
+                    crate::secret::fingerprint(own)
                 ),
             ));
         }
@@ -130,7 +130,7 @@ pub fn verify(dir: &Path, public_key: Option<Vec<u8>>, anchor: Option<&str>) -> 
                 Some(c.seq),
                 format!(
                     "this checkpoint's signature does not verify under key {}: it was forged or altered",
-                    checkpoint::fingerprint(&key)
+                    crate::secret::fingerprint(&key)
                 ),
             )),
             Err(line) => {
@@ -336,7 +336,7 @@ pub fn verify(dir: &Path, public_key: Option<Vec<u8>>, anchor: Option<&str>) -> 
         checkpoints: signed.len(),
         unsigned_records: last_seq.unwrap_or(0).saturating_sub(newest.max(expected_floor(&retired))),
         last_checkpoint: signed.into_iter().max_by_key(|c| c.seq),
-        key: checkpoint::fingerprint(&key),
+        key: crate::secret::fingerprint(&key),
         macs_checked: mac_key.is_some(),
         retired_segments: retired.len(),
         repaired,

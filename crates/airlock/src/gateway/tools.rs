@@ -25,6 +25,10 @@ pub const CHANGES_SINCE_FORK: &str = "changes_since_fork";
 /// Tests a migration on a fresh fork of the same golden and reports its hazards.
 pub const TEST_MIGRATION: &str = "test_migration";
 
+/// Every tool's name.
+pub const ALL: [&str; 6] =
+    [RUN_SQL, RUN_REDIS, DESCRIBE_SCHEMA, RESET_DATABASE, CHANGES_SINCE_FORK, TEST_MIGRATION];
+
 /// Longest statement text kept in an event.
 const EVENT_STATEMENT_CAP: usize = 2000;
 
@@ -403,6 +407,15 @@ pub fn error_text(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_list_of_names_is_the_tools_offered() {
+        let mut offered: Vec<&str> = specs().iter().map(|s| s.name).collect();
+        let mut named = ALL.to_vec();
+        offered.sort();
+        named.sort();
+        assert_eq!(offered, named);
+    }
 
     #[test]
     fn run_sql_takes_exactly_one_property() {

@@ -81,6 +81,18 @@ struct Seen {
     collisions_total: u64,
 }
 
+impl Seen {
+    /// Events checked that have their record, over all checked (1 before any).
+    fn completeness(&self) -> f64 {
+        let checked = self.with_record + self.without_record;
+        if checked == 0 {
+            1.0
+        } else {
+            self.with_record as f64 / checked as f64
+        }
+    }
+}
+
 /// The metrics service: counters fed from the audit log, gauges read at scrape.
 pub struct Metrics {
     provisioning: Histograms,
@@ -211,26 +223,23 @@ impl Metrics {
     fn cross_check(&self, engine: &Engine, seen: &mut Seen) {
         let Ok(events) = engine.store().events_with_audit(seen.events_after, 10_000) else { return };
         for event in events {
-            match event.audit_seq {
-                None => seen.without_record += 1,
+            let found = match event.audit_seq {
+                None => Some(false),
                 // Written before this daemon started following: not checked.
-                Some(seq) if seen.first_seq.is_none_or(|first| seq < first) => {}
-                Some(seq) if seq <= seen.followed_seq => match seen.unmatched.remove(&seq) {
-                    Some((k, s)) if k == event.kind && s == event.sandbox => seen.with_record += 1,
-                    _ => seen.without_record += 1,
-                },
+                Some(seq) if seen.first_seq.is_none_or(|first| seq < first) => None,
+                Some(seq) if seq <= seen.followed_seq => Some(
+                    seen.unmatched.remove(&seq).is_some_and(|(k, s)| k == event.kind && s == event.sandbox),
+                ),
                 // Its record is not read yet: check it next time.
                 Some(_) => break,
+            };
+            if let Some(found) = found {
+                *if found { &mut seen.with_record } else { &mut seen.without_record } += 1;
+                self.audit_events
+                    .get_or_create(&labels(&[("recorded", if found { "true" } else { "false" })]))
+                    .inc();
             }
             seen.events_after = event.id;
-        }
-        let recorded = [("true", seen.with_record), ("false", seen.without_record)];
-        for (value, n) in recorded {
-            let counter = self.audit_events.get_or_create(&labels(&[("recorded", value)]));
-            let now = counter.get();
-            if n > now {
-                counter.inc_by(n - now);
-            }
         }
         // Records with no event (a gap record) are never matched: keep the map bounded.
         let floor = seen.followed_seq.saturating_sub(500_000);
@@ -326,12 +335,10 @@ impl Metrics {
             self.reconcile.clone(),
         );
         registry.register("sandboxes_deleted", "Sandboxes deleted, by reason", self.deleted.clone());
-        let checked = seen.with_record + seen.without_record;
-        let completeness = if checked == 0 { 1.0 } else { seen.with_record as f64 / checked as f64 };
         registry.register(
             "audit_completeness_ratio",
             "Events checked that have their audit record, over all events checked (target 1)",
-            gauge(completeness),
+            gauge(seen.completeness()),
         );
         registry.register(
             "audit_events_checked",
@@ -401,7 +408,6 @@ impl Metrics {
     /// The five measures, for `airlock stats`.
     pub fn stats(&self, engine: &Engine) -> stats::Stats {
         let seen = self.seen();
-        let checked = seen.with_record + seen.without_record;
         stats::Stats {
             isolation: stats::IsolationStat {
                 ratio: seen.isolation.ratio(),
@@ -426,7 +432,7 @@ impl Metrics {
             audit: stats::AuditStat {
                 with_record: seen.with_record,
                 without_record: seen.without_record,
-                ratio: if checked == 0 { 1.0 } else { seen.with_record as f64 / checked as f64 },
+                ratio: seen.completeness(),
                 head_seq: engine.audit.head().0,
                 deferred: engine.audit.deferred(),
             },
@@ -438,8 +444,7 @@ impl Metrics {
 /// Whether `name` is one of the agent tools (any other name an agent sends
 /// would make a label value of its choosing).
 fn known_tool(name: &str) -> bool {
-    use crate::gateway::tools::*;
-    [RUN_SQL, RUN_REDIS, DESCRIBE_SCHEMA, RESET_DATABASE, CHANGES_SINCE_FORK, TEST_MIGRATION].contains(&name)
+    crate::gateway::tools::ALL.contains(&name)
 }
 
 /// Keeps the newest samples for percentiles.

@@ -639,7 +639,9 @@ impl Store {
     /// (the generation from the detail, else the sandbox's, else the golden's
     /// current one).
     fn journal_entry(&self, e: NewEvent) -> JournalEntry {
-        let of_sandbox: Option<(i64, String)> = e.sandbox.as_ref().and_then(|id| {
+        let known = e.golden.is_some() && e.detail.get("generation").is_some_and(|g| g.is_i64());
+        // Looked up only when the event does not say (most on the fork path do).
+        let of_sandbox: Option<(i64, String)> = e.sandbox.as_ref().filter(|_| !known).and_then(|id| {
             self.conn
                 .query_row("SELECT generation, golden FROM sandboxes WHERE id = ?1", [id], |r| {
                     Ok((r.get(0)?, r.get(1)?))

@@ -105,28 +105,29 @@ pub fn spawn(audit: PathBuf, follower: Follower) -> Result<Option<Exporter>> {
     let resource = opentelemetry_sdk::Resource::builder().with_service_name(service).build();
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("airlock");
-    let checkpoints_seen = crate::audit::read::checkpoints(&audit).map(|c| c.len()).unwrap_or(0);
+    // Checkpoints signed from now on; those before were exported before.
+    let from =
+        std::fs::metadata(audit.join(crate::audit::checkpoint::CHECKPOINTS_FILE)).map_or(0, |m| m.len());
     tokio::spawn(async move {
-        let mut follower = follower;
-        let mut checkpoints_seen = checkpoints_seen;
+        let (mut follower, mut checkpoints_at) = (follower, from);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tick.tick().await;
-            let (tracer, dir, mut moved, seen) = (tracer.clone(), audit.clone(), follower, checkpoints_seen);
+            let (tracer, dir, mut moved, at) = (tracer.clone(), audit.clone(), follower, checkpoints_at);
             let pass = tokio::task::spawn_blocking(move || {
                 for sealed in moved.next_batch(8 << 20) {
                     spans::emit(&tracer, &sealed);
                 }
-                let all = crate::audit::read::checkpoints(&dir).unwrap_or_default();
-                for c in all.iter().skip(seen).flatten() {
+                let (signed, next) = crate::audit::read::checkpoints_after(&dir, at);
+                for c in &signed {
                     spans::emit_checkpoint(&tracer, c);
                 }
-                (moved, all.len().max(seen))
+                (moved, next)
             })
             .await;
             match pass {
-                Ok((f, seen)) => (follower, checkpoints_seen) = (f, seen),
+                Ok((f, next)) => (follower, checkpoints_at) = (f, next),
                 Err(e) => {
                     tracing::error!(error = %e, "tracing the audit log failed; following it from its end");
                     follower = Follower::at_end(&audit);
