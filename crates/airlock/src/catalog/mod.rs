@@ -449,6 +449,47 @@ pub async fn row_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<St
     Ok(rows.into_iter().map(|r| (qualified(r.get(0), r.get(1)), [r.get(2), r.get(3), r.get(4)])).collect())
 }
 
+/// Rows inserted, updated and deleted per table since the fork, every attempt
+/// counted (the server counts rolled-back work too), with the changes that
+/// committed in all: the server's count of changes since the last ANALYZE
+/// counts committed work only, and holds from the fork (whose statistics
+/// start at zero) until an ANALYZE, after which it is absent.
+pub async fn attempted_and_committed(
+    client: &tokio_postgres::Client,
+) -> Result<BTreeMap<String, ([i64; 3], Option<i64>)>> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, relname::text, n_tup_ins, n_tup_upd, n_tup_del,
+                    CASE WHEN last_analyze IS NULL AND last_autoanalyze IS NULL THEN n_mod_since_analyze END
+               FROM pg_catalog.pg_stat_user_tables",
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    Ok(rows
+        .into_iter()
+        .map(|r| (qualified(r.get(0), r.get(1)), ([r.get(2), r.get(3), r.get(4)], r.get(5))))
+        .collect())
+}
+
+/// The committed inserts, updates and deletes, from the attempts `[i, u, d]`,
+/// the committed total `m` and the committed net of inserts less deletes
+/// `live` (rows now less rows at the fork): the split with the fewest
+/// committed deletes that fits them all (the attempts when none does).
+pub fn committed(attempted: [i64; 3], m: i64, live: i64) -> [i64; 3] {
+    let [i, u, d] = attempted;
+    if m >= i + u + d {
+        return attempted;
+    }
+    let least = 0.max(-live).max((m - live - u + 1).div_euclid(2));
+    let most = d.min(i - live).min((m - live).div_euclid(2));
+    if least > most {
+        return attempted;
+    }
+    let (ci, cd) = (live + least, least);
+    [ci, m - ci - cd, cd]
+}
+
 /// Tables whose storage was rewritten since the fork (ALTER COLUMN TYPE,
 /// VACUUM FULL, CLUSTER, TRUNCATE, REFRESH): any row's contents may differ
 /// though no counter moved. A rewrite writes a new file, and a new file's
@@ -493,4 +534,19 @@ pub fn quote_ident(name: &str) -> String {
 /// A name without its `public.` schema, as people write it.
 pub fn short_name(name: &str) -> &str {
     name.strip_prefix("public.").unwrap_or(name)
+}
+
+#[cfg(test)]
+mod committed_tests {
+    #[test]
+    fn rolled_back_changes_are_left_out() {
+        // One INSERT rolled back: nothing committed.
+        assert_eq!(super::committed([1, 0, 0], 0, 0), [0, 0, 0]);
+        // 5 inserted and kept, 3 inserted and rolled back.
+        assert_eq!(super::committed([8, 0, 0], 5, 5), [5, 0, 0]);
+        // 2 updated and kept, a DELETE of 4 rolled back.
+        assert_eq!(super::committed([0, 2, 4], 2, 0), [0, 2, 0]);
+        // Everything committed.
+        assert_eq!(super::committed([3, 2, 1], 6, 2), [3, 2, 1]);
+    }
 }

@@ -9,7 +9,7 @@ use hyper::Method;
 use super::output;
 use super::{
     Cli, Command, DaemonCommand, ForkArgs, GoldenCommand, McpArgs, MigrateCommand, MigratePromoteArgs,
-    MigrateTestArgs, Placement, PostgresCommand, ServeArgs, StorageCommand,
+    MigrateStatsArgs, MigrateTestArgs, Placement, PostgresCommand, ServeArgs, StorageCommand,
 };
 use crate::api::ExtendRequest;
 use crate::client::encode;
@@ -105,6 +105,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Mcp(args) => mcp(&cli, args).await,
         Command::Migrate(MigrateCommand::Test(args)) => migrate_test(&cli, args).await,
         Command::Migrate(MigrateCommand::Promote(args)) => migrate_promote(&cli, args).await,
+        Command::Migrate(MigrateCommand::Stats(args)) => migrate_stats(args).await,
         Command::Ls { golden, labels } => {
             validate::labels(labels)?;
             let mut query = Vec::new();
@@ -738,16 +739,45 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
         let name =
             path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let name = if candidates.iter().any(|c| c.name == name) { path.display().to_string() } else { name };
-        candidates.push(Candidate { name, sql: Some(read_file(path, "candidate")?), exec: None });
+        candidates.push(Candidate {
+            name,
+            sql: Some(read_file(path, "candidate")?),
+            exec: None,
+            exec_files: vec![],
+        });
     }
+    let exec_files = hashed_files(&args.exec_files)?;
     for (i, cmd) in args.exec.iter().enumerate() {
-        candidates.push(Candidate { name: format!("exec-{}", i + 1), sql: None, exec: Some(cmd.clone()) });
+        candidates.push(Candidate {
+            name: format!("exec-{}", i + 1),
+            sql: None,
+            exec: Some(cmd.clone()),
+            exec_files: exec_files.clone(),
+        });
     }
     let mut assertions = Vec::new();
     for path in &args.asserts {
         let text = read_file(path, "assertion file")?;
         assertions.extend(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql));
     }
+    let queries = |path: &std::path::Path, what: &str| -> Result<Vec<String>> {
+        let text = read_file(path, what)?;
+        Ok(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql).collect())
+    };
+    let app_queries = match &args.app_queries {
+        Some(path) => queries(path, "application query file")?,
+        None => vec![],
+    };
+    let workload = match args.workload.as_deref() {
+        None => None,
+        Some("default") => Some(vec![]),
+        Some(path) => Some(queries(std::path::Path::new(path), "workload file")?),
+    }
+    .map(|queries| crate::migrate::app::WorkloadSpec { queries, clients: Some(args.workload_clients) });
+    let production_stats = match &args.production_stats {
+        Some(source) => Some(production_stats(source).await?),
+        None => None,
+    };
     let millis = |flag: &str, text: &str| validate::duration(flag, text).map(|d| d.as_millis() as u64);
     let req = TestRequest {
         golden: args.golden.clone(),
@@ -758,10 +788,14 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
         parallel: Some(args.parallel),
         statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
         lock_threshold_ms: Some(millis("--max-lock", &args.max_lock)?),
+        production_stats,
+        app_queries,
+        workload,
         on_behalf_of: None,
     };
     let what = format!("testing {} candidate(s) on golden {}", req.candidates.len(), req.golden);
-    let spinner = output::spinner(cli.json, what);
+    let format = args.format.as_deref().unwrap_or(if cli.json { "json" } else { "text" });
+    let spinner = output::spinner(format != "text", what);
     let report: Result<crate::migrate::report::Report> =
         cli.client()?.call(Method::POST, "/v1/migrations/test", Some(&req)).await;
     spinner.finish_and_clear();
@@ -773,8 +807,73 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
             Error::new(ErrorCode::FileUnreadable, message, "check the path")
         })?;
     }
-    output::print(cli.json, &report, || report.text());
+    // A candidate's SQL is shown whole: control and bidirectional characters in
+    // it are escaped, so it cannot move a terminal's cursor or hide what it says.
+    let shown = |text: String| text.lines().map(output::printable).collect::<Vec<_>>().join("\n");
+    match format {
+        "markdown" => output::line(&shown(report.markdown())),
+        "sarif" => output::line(&serde_json::to_string_pretty(&report.sarif()).expect("sarif serializes")),
+        _ => output::print(format == "json", &report, || shown(report.text())),
+    }
     Ok(if report.passed { 0 } else { 12 })
+}
+
+/// The files `--exec-files` names (paths or globs), each hashed; a pattern
+/// that matches nothing is an error, not an empty list.
+fn hashed_files(patterns: &[String]) -> Result<Vec<crate::migrate::HashedFile>> {
+    let mut out = Vec::new();
+    for pattern in patterns {
+        let bad = |why: String| {
+            Error::new(
+                ErrorCode::InvalidRequest,
+                format!("--exec-files {pattern:?}: {why}"),
+                "give a path or a glob such as 'migrations/*.sql'",
+            )
+        };
+        let paths = glob::glob(pattern).map_err(|e| bad(e.to_string()))?;
+        let before = out.len();
+        for path in paths {
+            let path = path.map_err(|e| bad(e.to_string()))?;
+            if path.is_file() {
+                let bytes = std::fs::read(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
+                out.push(crate::migrate::HashedFile::new(path.display().to_string(), &bytes));
+            }
+        }
+        if out.len() == before {
+            return Err(bad("matches no file".into()));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads a DSN from stdin when it was given as `-`.
+fn dsn_argument(given: &str) -> Result<String> {
+    if given != "-" {
+        return Ok(given.to_owned());
+    }
+    let mut s = String::new();
+    std::io::stdin().read_to_string(&mut s)?;
+    Ok(s.trim().to_owned())
+}
+
+/// Production's table sizes from a DSN (or `-`, one on stdin) or a file.
+async fn production_stats(source: &str) -> Result<crate::migrate::scale::ProductionStats> {
+    use crate::migrate::scale::ProductionStats;
+    let is_dsn = source == "-" || source.starts_with("postgres://") || source.starts_with("postgresql://");
+    if !is_dsn {
+        let text = read_file(std::path::Path::new(source), "production statistics file")?;
+        return ProductionStats::parse(&text, source.to_owned());
+    }
+    let dsn = dsn_argument(source)?;
+    let client = pg::target::connect(&dsn).await?;
+    ProductionStats::read(&client, pg::dsn::redact(&dsn)).await
+}
+
+/// `airlock migrate stats`: a database's table sizes, for `--production-stats FILE`.
+async fn migrate_stats(args: &MigrateStatsArgs) -> Result<i32> {
+    let stats = production_stats(&dsn_argument(&args.target)?).await?;
+    println!("{}", serde_json::to_string_pretty(&stats).expect("stats serialize"));
+    Ok(0)
 }
 
 /// `airlock migrate promote`.
@@ -787,16 +886,31 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
             "pass the file `migrate test --report` wrote",
         )
     })?;
-    let name = args.candidate.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let candidate =
-        crate::migrate::Candidate { name, sql: Some(read_file(&args.candidate, "candidate")?), exec: None };
-    let target_dsn = if args.target == "-" {
-        let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s)?;
-        s.trim().to_owned()
-    } else {
-        args.target.clone()
+    let candidate = match (&args.candidate, &args.exec) {
+        (Some(path), None) => {
+            let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            crate::migrate::Candidate {
+                name,
+                sql: Some(read_file(path, "candidate")?),
+                exec: None,
+                exec_files: vec![],
+            }
+        }
+        (None, Some(cmd)) => crate::migrate::Candidate {
+            name: "exec".into(),
+            sql: None,
+            exec: Some(cmd.clone()),
+            exec_files: hashed_files(&args.exec_files)?,
+        },
+        _ => {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                "nothing to promote",
+                "give the tested SQL file, or --exec 'COMMAND' with its --exec-files",
+            ))
+        }
     };
+    let target_dsn = dsn_argument(&args.target)?;
     let millis = |flag: &str, text: &str| validate::duration(flag, text).map(|d| d.as_millis() as u64);
     let req = PromoteRequest {
         report,
@@ -806,8 +920,12 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
         allow_superuser: args.allow_superuser,
         lock_timeout_ms: Some(millis("--lock-timeout", &args.lock_timeout)?),
         statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
+        check_only: args.exec.is_some(),
     };
     let done: Promoted = cli.client()?.call(Method::POST, "/v1/migrations/promote", Some(&req)).await?;
+    if let Some(cmd) = &args.exec {
+        return promote_command(cmd, &req, &done);
+    }
     output::print(cli.json, &done, || {
         format!(
             "applied {} ({} statements{}) to {} in {:.0} ms\n",
@@ -818,6 +936,46 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
             done.duration_ms
         )
     });
+    Ok(0)
+}
+
+/// Runs a command candidate whose guards held, here, with `DATABASE_URL` set
+/// to the target and its timeouts in `PGOPTIONS` (the DSN never on a command line).
+fn promote_command(
+    cmd: &str,
+    req: &crate::migrate::promote::PromoteRequest,
+    checked: &crate::migrate::promote::Promoted,
+) -> Result<i32> {
+    let options = format!(
+        "-c lock_timeout={} -c statement_timeout={}",
+        req.lock_timeout_ms.unwrap_or(5_000),
+        req.statement_timeout_ms.unwrap_or(600_000)
+    );
+    let began = std::time::Instant::now();
+    let status = std::process::Command::new("bash")
+        .args(["-c", cmd])
+        .env("DATABASE_URL", &req.target_dsn)
+        .env("PGOPTIONS", options)
+        .status()
+        .map_err(|e| {
+            Error::new(ErrorCode::Internal, format!("could not run the command: {e}"), "is bash installed?")
+        })?;
+    if !status.success() {
+        return Err(Error::new(
+            ErrorCode::MigrationFailed,
+            format!(
+                "the command {}",
+                status.code().map_or("was killed".to_owned(), |c| format!("exited {c}"))
+            ),
+            "its own output above says why; what it applied before failing stays applied",
+        ));
+    }
+    eprintln!(
+        "applied {} to {} in {:.0} ms",
+        checked.candidate,
+        checked.target,
+        began.elapsed().as_secs_f64() * 1e3
+    );
     Ok(0)
 }
 

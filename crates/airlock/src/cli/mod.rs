@@ -431,6 +431,9 @@ enum MigrateCommand {
     /// Apply a tested file to a real database, only if it is unchanged, passed,
     /// and the target's schema is still the golden's.
     Promote(MigratePromoteArgs),
+    /// Print a database's table sizes (from pg_class, never its rows) as the
+    /// JSON `migrate test --production-stats FILE` reads.
+    Stats(MigrateStatsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -443,6 +446,10 @@ struct MigrateTestArgs {
     /// A candidate run as a command inside the fork's boundary with DATABASE_URL set (repeatable).
     #[arg(long = "exec")]
     exec: Vec<String>,
+    /// The migration files the --exec commands run (a path or glob, repeatable):
+    /// hashed into each command's candidate, so promote refuses them changed.
+    #[arg(long = "exec-files", requires = "exec")]
+    exec_files: Vec<String>,
     /// SQL files whose schema the result must match.
     #[arg(long = "expect", conflicts_with = "expect_golden")]
     expect: Vec<PathBuf>,
@@ -458,12 +465,40 @@ struct MigrateTestArgs {
     /// Each statement's timeout.
     #[arg(long, default_value = "5m")]
     statement_timeout: String,
-    /// A blocking lock held longer than this on a table with rows is a hazard.
+    /// A blocking lock estimated to be held longer than this (at production
+    /// size with --production-stats) on a table with rows is a hazard.
     #[arg(long, default_value = "1s")]
     max_lock: String,
+    /// Production's table sizes: a DSN (`-` reads it from stdin), or a file
+    /// `airlock migrate stats` wrote (or CSV schema.table,rows,bytes).
+    #[arg(long)]
+    production_stats: Option<String>,
+    /// A file of the application's queries (`;`-separated, $1 parameters
+    /// allowed), planned before and after each candidate.
+    #[arg(long)]
+    app_queries: Option<PathBuf>,
+    /// Run a workload beside each candidate: `default` (reads and writes on
+    /// the tables it names) or a file of queries.
+    #[arg(long)]
+    workload: Option<String>,
+    /// Sessions the workload runs at once.
+    #[arg(long, default_value_t = 4)]
+    workload_clients: usize,
+    /// How to print the report: text, json, markdown (for a pull-request
+    /// comment) or sarif (for code scanning).
+    #[arg(long, value_parser = ["text", "json", "markdown", "sarif"])]
+    format: Option<String>,
     /// Also write the JSON report to this file (for `migrate promote`).
     #[arg(long)]
     report: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct MigrateStatsArgs {
+    /// The database to read table sizes from (`pg_class` only, never its rows);
+    /// `-` reads the DSN from stdin.
+    #[arg(long, env = "AIRLOCK_TARGET_DSN")]
+    target: String,
 }
 
 #[derive(Debug, Args)]
@@ -475,8 +510,15 @@ struct MigratePromoteArgs {
     /// is never on a command line.
     #[arg(long, env = "AIRLOCK_TARGET_DSN")]
     target: String,
-    /// The tested SQL file, unchanged.
-    candidate: PathBuf,
+    /// The tested SQL file, unchanged (or none, with --exec).
+    candidate: Option<PathBuf>,
+    /// Promote a tested command candidate instead: the command, unchanged.
+    /// Its guards are checked, then it runs here with DATABASE_URL set to the target.
+    #[arg(long, conflicts_with = "candidate")]
+    exec: Option<String>,
+    /// The migration files the command runs, as tested.
+    #[arg(long = "exec-files", requires = "exec")]
+    exec_files: Vec<String>,
     /// Accept a hazard the test reported, by kind (repeatable).
     #[arg(long = "allow-hazard")]
     allow_hazards: Vec<String>,

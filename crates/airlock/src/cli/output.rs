@@ -309,7 +309,7 @@ pub fn events(list: &[Event]) -> String {
 pub fn printable(text: &str) -> String {
     text.chars()
         .map(|c| {
-            let hidden = c.is_control()
+            let hidden = (c.is_control() && c != '\t')
                 || matches!(c, '\u{2028}' | '\u{2029}' | '\u{200e}' | '\u{200f}' | '\u{061c}')
                 || ('\u{202a}'..='\u{202e}').contains(&c)
                 || ('\u{2066}'..='\u{2069}').contains(&c);

@@ -93,8 +93,8 @@ pub struct RowChange {
     pub rows: Option<i64>,
     /// Whether `rows` was counted (true) or estimated.
     pub exact: bool,
-    /// Rows inserted, updated and deleted since the fork, from the server's
-    /// statistics (TRUNCATE is not counted there).
+    /// Rows inserted, updated and deleted since the fork by transactions that
+    /// committed, from the server's statistics (TRUNCATE is not counted there).
     pub inserted: i64,
     /// See [`RowChange::inserted`].
     pub updated: i64,
@@ -187,7 +187,7 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     let dir = engine.layout.sandbox_instance(&sb.id);
     let rows =
         catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
-    let activity = catalog::row_activity(admin.client()).await?;
+    let activity = catalog::attempted_and_committed(admin.client()).await?;
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
     let rewritten = catalog::rewritten(admin.client(), &golden_pgdata).await?;
     let mut caveats = Vec::new();
@@ -202,8 +202,19 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     for table in tables {
         let then = golden.rows.get(table).map(|r| r.rows);
         let current = rows.get(table);
-        let [inserted, updated, deleted] = activity.get(table).copied().unwrap_or_default();
         let rewritten = then.is_some() && rewritten.contains(table);
+        // Rolled-back work is on the server's counters too: what committed is
+        // told apart by the committed total and the rows gained or lost.
+        let (attempted, committed) = activity.get(table).copied().unwrap_or_default();
+        let net = match (then, current) {
+            (Some(then), Some(now)) if now.exact && !rewritten => Some(now.rows - then),
+            (None, Some(now)) if now.exact => Some(now.rows),
+            _ => None,
+        };
+        let [inserted, updated, deleted] = match (committed, net) {
+            (Some(m), Some(net)) => catalog::committed(attempted, m, net),
+            _ => attempted,
+        };
         if then == current.map(|r| r.rows) && inserted + updated + deleted == 0 && !rewritten {
             continue;
         }

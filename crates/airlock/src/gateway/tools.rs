@@ -294,6 +294,7 @@ async fn dispatch(
                     name: "migration.sql".into(),
                     sql: Some(sql.to_owned()),
                     exec: None,
+                    exec_files: vec![],
                 }],
                 statement_timeout_ms: Some(sb.access.limits.statement_timeout_ms),
                 on_behalf_of: Some(sb.id.clone()),

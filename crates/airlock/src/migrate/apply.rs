@@ -15,14 +15,16 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
 use super::probe::{self, Lock, Reading};
-use super::report::{Dropped, Failure, LockHeld, Rewrite, RowsChanged, StatementReport};
+use super::report::{
+    Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RowsChanged, StatementReport, Validated,
+};
 use super::split::{self, Kind, Statement};
 use crate::error::{Error, Result};
 use crate::pg::admin::Admin;
 use crate::pg::wire::{DbError, Session, TextRows};
 
 /// Longest statement text kept in a report.
-const SQL_IN_REPORT: usize = 500;
+const SQL_IN_REPORT: usize = 2_000;
 /// How often locks are polled for statements outside a transaction and commands.
 const POLL: Duration = Duration::from_millis(5);
 
@@ -50,10 +52,19 @@ struct Tracker {
     after_drop: i64,
     /// Locks taken in the open transaction: which statement took each, and when it started.
     txn_locks: BTreeMap<Lock, (usize, Instant)>,
-    /// Row counters at the previous reading in the open transaction.
-    txn_rows: BTreeMap<i64, [i64; 3]>,
+    /// Row counters (inserted, updated, deleted, read) at the previous reading
+    /// in the open transaction.
+    txn_rows: BTreeMap<i64, [i64; 4]>,
     /// Statements in the open transaction.
     txn_statements: Vec<usize>,
+    /// Rows per table when the open transaction began: a ROLLBACK puts them back.
+    rows_at_begin: Option<BTreeMap<String, i64>>,
+    /// Transactions begun so far (the open one's number).
+    txn: usize,
+    /// Constraints known so far, and whether each was validated.
+    constraints: BTreeMap<i64, bool>,
+    /// NOT NULL columns per table, as last read.
+    not_null: BTreeMap<i64, i64>,
 }
 
 impl Tracker {
@@ -67,7 +78,27 @@ impl Tracker {
             txn_locks: BTreeMap::new(),
             txn_rows: BTreeMap::new(),
             txn_statements: Vec::new(),
+            rows_at_begin: None,
+            txn: 0,
+            constraints: BTreeMap::new(),
+            not_null: BTreeMap::new(),
         }
+    }
+
+    /// What is there before the candidate: relations, constraints, NOT NULL columns.
+    fn know(&mut self, r: &Reading) {
+        for rel in &r.relations {
+            self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
+            self.filenodes.insert(rel.relid, rel.filenode);
+            self.not_null.insert(rel.relid, rel.not_null);
+        }
+        self.constraints = r.constraints.iter().map(|c| (c.oid, c.validated)).collect();
+    }
+
+    /// A transaction begins: its row changes count only if it commits.
+    fn begin_transaction(&mut self) {
+        self.txn += 1;
+        self.rows_at_begin = Some(self.rows.clone());
     }
 
     /// Takes in a reading made after statement `index` (started at `started`,
@@ -80,6 +111,34 @@ impl Tracker {
         tag: &str,
         report: &mut StatementReport,
     ) {
+        let table_name = |t: &Tracker, relid: i64| t.names.get(&relid).map(|(n, _)| n.clone());
+        for rel in r.relations.iter().filter(|rel| rel.kind == "i" && !self.names.contains_key(&rel.relid)) {
+            let Some(table) = rel.table.and_then(|t| table_name(self, t)) else { continue };
+            report.indexes_built.push(IndexBuilt {
+                index: rel.name.clone(),
+                table,
+                concurrently: report.transaction == "none",
+                valid: rel.valid.unwrap_or(true),
+            });
+        }
+        for c in &r.constraints {
+            let before = self.constraints.insert(c.oid, c.validated);
+            let Some(table) = table_name(self, c.relid) else { continue };
+            // VALIDATE CONSTRAINT itself lets writes go on, unless the same
+            // transaction already holds a lock that stops them.
+            let under_lock = before == Some(false)
+                && c.validated
+                && self.txn_locks.keys().any(|l| l.relid == c.relid && probe::blocks_writes(&l.mode));
+            if (before.is_none() && c.validated) || under_lock {
+                report.validated.push(Validated {
+                    kind: if c.kind == "f" { "foreign key" } else { "check" }.into(),
+                    name: c.name.clone(),
+                    table,
+                    references: c.references.and_then(|t| table_name(self, t)),
+                    under_lock,
+                });
+            }
+        }
         for rel in &r.relations {
             self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
         }
@@ -121,13 +180,17 @@ impl Tracker {
         }
         // Only application tables: the probe's own log tables are not among them.
         for s in r.rows.into_iter().filter(|s| self.names.contains_key(&s.relid)) {
-            let now = [s.ins, s.upd, s.del];
+            let now = [s.ins, s.upd, s.del, s.scanned];
             let before = self.txn_rows.insert(s.relid, now).unwrap_or_default();
-            let [ins, upd, del] = [now[0] - before[0], now[1] - before[1], now[2] - before[2]];
+            // (A counter can read lower after DDL rebuilds the table's cache entry: never below nothing.)
+            let [ins, upd, del, read] = std::array::from_fn(|i| (now[i] - before[i]).max(0));
+            let table = self.name(s.relid);
+            if read > 0 {
+                report.scanned.insert(table.clone(), read);
+            }
             if ins == 0 && upd == 0 && del == 0 {
                 continue;
             }
-            let table = self.name(s.relid);
             *self.rows.entry(table.clone()).or_default() += ins - del;
             report.rows.push(RowsChanged {
                 table,
@@ -137,9 +200,31 @@ impl Tracker {
                 truncated: false,
             });
         }
+        // SET NOT NULL checks every row; a column added NOT NULL with a
+        // constant default does not (and reads nothing), so only a column that
+        // became NOT NULL while its table was read counts.
+        for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "p") {
+            let before = self.not_null.insert(rel.relid, rel.not_null);
+            let read = report.scanned.get(&rel.name).is_some_and(|n| *n > 0);
+            if read && before.is_some_and(|n| n < rel.not_null) {
+                report.validated.push(Validated {
+                    kind: "not null".into(),
+                    name: format!("{} more NOT NULL column(s)", rel.not_null - before.unwrap_or(0)),
+                    table: rel.name.clone(),
+                    references: None,
+                    under_lock: false,
+                });
+            }
+        }
+        let originals: Vec<String> =
+            r.probe.dropped.iter().filter(|d| d.original).filter_map(|d| d.identity.clone()).collect();
         for d in r.probe.dropped {
             self.after_drop = self.after_drop.max(d.id);
-            let cascade = !d.original && d.normal;
+            // What a CASCADE reached beyond the named object's own parts (a
+            // dropped column's check, a table's defaults reach it by a normal
+            // dependency too, but went with it whatever the statement said).
+            let own = d.identity.as_deref().is_some_and(|i| own_part(i, &originals));
+            let cascade = !d.original && d.normal && !own;
             // A view's own rewrite rule goes with the view; it says nothing more.
             let view_rule = d.object_type == "rule"
                 && d.identity.as_deref().is_some_and(|i| i.starts_with("\"_RETURN\""));
@@ -169,13 +254,34 @@ impl Tracker {
                 mode: probe::mode_name(&lock.mode),
                 held_ms: ms(at.duration_since(since)),
                 observed: false,
+                estimated_ms: None,
             });
         }
         for index in std::mem::take(&mut self.txn_statements) {
             reports[index].rolled_back |= rolled_back;
         }
         self.txn_rows.clear();
+        // What a rolled-back transaction changed is gone: its rows never count.
+        if let Some(saved) = self.rows_at_begin.take().filter(|_| rolled_back) {
+            self.rows = saved;
+        }
     }
+}
+
+/// Whether a dropped object belongs to one the statement named: a table's own
+/// columns, constraints, defaults, triggers, rules, policies and row type (a
+/// column named: its table's constraints and defaults).
+fn own_part(identity: &str, originals: &[String]) -> bool {
+    originals.iter().any(|o| {
+        let o = o.as_str();
+        let table = o.rsplit_once('.').filter(|_| o.matches('.').count() >= 2).map_or(o, |(t, _)| t);
+        identity == o
+            || identity.strip_suffix("[]") == Some(o)
+            || identity.starts_with(&format!("{o}."))
+            || identity.ends_with(&format!(" on {table}"))
+            || identity.starts_with(&format!("for {table}."))
+            || identity.ends_with(&format!(" on {o}"))
+    })
 }
 
 fn ms(d: Duration) -> f64 {
@@ -208,15 +314,20 @@ async fn reading(session: &mut Session, t: &Tracker, limit: Duration) -> Result<
 /// only between transactions, so deltas are taken within one transaction.)
 async fn baseline_rows(session: &mut Session, t: &mut Tracker, limit: Duration) -> Result<()> {
     let (out, _) = run(session, &probe::transaction_rows_sql(), limit).await?;
-    let rows: Vec<[i64; 4]> = serde_json::from_str(out.value().unwrap_or("[]")).unwrap_or_default();
-    t.txn_rows = rows.into_iter().map(|[relid, ins, upd, del]| (relid, [ins, upd, del])).collect();
+    let rows: Vec<[i64; 5]> = serde_json::from_str(out.value().unwrap_or("[]")).unwrap_or_default();
+    t.txn_rows =
+        rows.into_iter().map(|[relid, ins, upd, del, read]| (relid, [ins, upd, del, read])).collect();
     Ok(())
 }
 
-fn statement_report(st: &Statement, transaction: &str) -> StatementReport {
+fn statement_report(st: &Statement, txn: usize, transaction: &str) -> StatementReport {
     StatementReport {
         line: st.line,
         sql: super::report::cut(&st.sql, SQL_IN_REPORT),
+        txn,
+        scanned: BTreeMap::new(),
+        indexes_built: vec![],
+        validated: vec![],
         tag: None,
         transaction: transaction.to_owned(),
         duration_ms: 0.0,
@@ -256,11 +367,13 @@ pub async fn apply_sql(
     let began = Instant::now();
     let mut t = Tracker::new(golden_rows);
     let first = reading(session, &t, limit).await?;
-    for rel in &first.relations {
-        t.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
-        t.filenodes.insert(rel.relid, rel.filenode);
-    }
+    t.know(&first);
     let (pid_rows, _) = run(session, "SELECT pg_catalog.pg_backend_pid()", limit).await?;
+    // Parallel workers hand their row counts to the server, not to the
+    // session's transaction, and how many rows each reads depends on the
+    // machine's load: without them the counts the verdict rests on are exact.
+    run(session, "SET max_parallel_workers_per_gather = 0; SET max_parallel_maintenance_workers = 0", limit)
+        .await?;
     let pid: i32 = pid_rows.value().and_then(|v| v.parse().ok()).unwrap_or(0);
     let mut reports: Vec<StatementReport> = Vec::new();
     let mut explicit: Option<usize> = None; // the line of the file's open BEGIN
@@ -269,8 +382,12 @@ pub async fn apply_sql(
     for (index, st) in statements.iter().enumerate() {
         let kind = split::kind(&st.sql);
         let in_txn = explicit.is_some();
+        if !in_txn && kind != Kind::Commit && kind != Kind::Rollback {
+            t.begin_transaction();
+        }
         let mut report = statement_report(
             st,
+            t.txn,
             match (kind, in_txn) {
                 (Kind::NoTransaction, false) => "none",
                 (_, true) | (Kind::Begin, _) => "explicit",
@@ -440,6 +557,7 @@ pub fn observed_locks(
                 held_ms: ms(last.duration_since(*first) + POLL),
                 blocking: probe::blocks_writes(&lock.mode),
                 observed: true,
+                estimated_ms: None,
             })
         })
         .collect()
@@ -518,21 +636,48 @@ pub fn command_report(
     took: Duration,
 ) -> (StatementReport, BTreeMap<String, i64>) {
     let mut t = Tracker::new(golden_rows);
-    for rel in before.relations.iter().chain(&after.relations) {
-        t.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
-    }
-    for rel in &before.relations {
-        t.filenodes.insert(rel.relid, rel.filenode);
-    }
+    t.know(before);
     for s in &before.rows {
-        t.txn_rows.insert(s.relid, [s.ins, s.upd, s.del]);
+        t.txn_rows.insert(s.relid, [s.ins, s.upd, s.del, s.scanned]);
     }
     let command = Statement { sql: "(the command)".into(), line: 0 };
-    let mut report = statement_report(&command, "none");
+    let mut report = statement_report(&command, 1, "none");
     report.duration_ms = ms(took);
     let mut after = after;
     after.locks.clear();
     t.absorb(after, 0, Instant::now(), "", &mut report);
     report.locks = observed_locks(observed, &t.names);
+    // A command's index builds were concurrent unless a write-blocking lock was
+    // seen on their table.
+    for built in &mut report.indexes_built {
+        built.concurrently = !report.locks.iter().any(|l| l.blocking && l.relation == built.table);
+    }
     (report, t.rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_tables_own_parts_are_not_cascade() {
+        let originals = ["public.orders".to_owned()];
+        for own in [
+            "public.orders.total",
+            "orders_pkey on public.orders",
+            "for public.orders.id",
+            "public.orders[]",
+            "trg on public.orders",
+        ] {
+            assert!(own_part(own, &originals), "{own}");
+        }
+        for other in
+            ["public.order_totals", "order_items_order_id_fkey on public.order_items", "public.orders_view"]
+        {
+            assert!(!own_part(other, &originals), "{other}");
+        }
+        // A dropped column's own constraint is its table's part; a view on it is not.
+        assert!(own_part("c_check on public.t", &["public.t.c".to_owned()]));
+        assert!(!own_part("public.v", &["public.t.c".to_owned()]));
+    }
 }

@@ -1,127 +1,517 @@
 //! Turning measurements into hazards, ranked by severity, and candidates into a ranking.
+//!
+//! Every hazard is decided by what is certain — what a statement did (rows
+//! read, changed, rewritten or indexed, objects made or dropped), the lock
+//! modes it took, and the tables' sizes — never by how long something took on
+//! this machine: the same file on the same golden gets the same hazards on a
+//! busy machine or an idle one. Durations appear only as estimates, made from
+//! those counts and the golden's per-row costs (`scale`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::report::{Assertion, CandidateReport, Failure, Hazard, Severity, StatementReport};
+use super::scale::{Scale, Work};
 use crate::catalog::diff::Change;
+use crate::catalog::Catalog;
 
-/// A table rewrite of at least this many rows is high severity, not medium.
-const BIG_TABLE_ROWS: i64 = 100_000;
+/// A share of a table's rows beyond which an UPDATE or DELETE touches "most" of it.
+const MOST: f64 = 0.5;
+/// Tables smaller than this (rows, at production size) are not worth batching for.
+const MASS_MIN_ROWS: i64 = 1_000;
 
-/// Everything a candidate did that a production database would feel, most severe first.
-///
-/// `rows_before` are the golden's rows per table; `rows_after` the tracked rows
-/// at the end (a dropped table keeps its last count there).
-pub fn assess(
-    statements: &[StatementReport],
-    failure: Option<&Failure>,
-    assertions: &[Assertion],
-    drift: &[Change],
-    rows_before: &BTreeMap<String, i64>,
-    rows_after: &BTreeMap<String, i64>,
-    lock_threshold_ms: f64,
-) -> Vec<Hazard> {
-    let mut out = Vec::new();
-    let mut add = |kind: &str, severity, message: String, line: Option<usize>| {
-        out.push(Hazard { kind: kind.into(), severity, message, line });
-    };
-    if let Some(f) = failure {
-        let on_data = matches!(&f.error.sqlstate[..2.min(f.error.sqlstate.len())], "22" | "23");
-        let detail = f.error.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
-        if on_data {
-            add(
-                "fails_on_data",
-                Severity::Critical,
-                format!("fails on the golden's data: {}{detail}", f.error.message),
-                Some(f.line),
-            );
-        } else {
-            add("failed", Severity::Critical, format!("fails: {}{detail}", f.error.message), Some(f.line));
+/// Everything a candidate's judgement rests on.
+pub struct Evidence<'a> {
+    /// Its statements as applied.
+    pub statements: &'a [StatementReport],
+    /// The failure that stopped it.
+    pub failure: Option<&'a Failure>,
+    /// Its assertions.
+    pub assertions: &'a [Assertion],
+    /// The differences from the expected schema.
+    pub drift: &'a [Change],
+    /// The golden's rows per table.
+    pub rows_before: &'a BTreeMap<String, i64>,
+    /// The golden's schema, and the schema after the candidate.
+    pub before: &'a Catalog,
+    /// The schema after the candidate.
+    pub after: &'a Catalog,
+    /// Table sizes and per-row costs.
+    pub scale: &'a Scale,
+    /// A blocking lock estimated to be held longer than this is `long_lock`, milliseconds.
+    pub max_lock_ms: f64,
+    /// The SQL file's text (none for a command).
+    pub sql: Option<&'a str>,
+}
+
+/// Hazards (any one fails the candidate) and notes (worth knowing).
+#[derive(Debug, Default)]
+pub struct Verdict {
+    /// Most severe first.
+    pub hazards: Vec<Hazard>,
+    /// No reason to refuse it.
+    pub notes: Vec<Hazard>,
+}
+
+/// The work each table saw in one statement (an index build counts the
+/// golden's rows of its table).
+fn work<'a>(s: &'a StatementReport, golden: &BTreeMap<String, i64>) -> BTreeMap<&'a str, Work> {
+    let mut out: BTreeMap<&str, Work> = BTreeMap::new();
+    for (table, n) in &s.scanned {
+        out.entry(table).or_default().scanned += n;
+    }
+    for r in &s.rows {
+        out.entry(&r.table).or_default().changed += r.inserted + r.updated + r.deleted;
+    }
+    for w in &s.rewrites {
+        out.entry(&w.table).or_default().rewritten += w.rows;
+    }
+    for b in s.indexes_built.iter().filter(|b| !b.concurrently) {
+        out.entry(&b.table).or_default().indexed += golden.get(&b.table).copied().unwrap_or(0);
+    }
+    out
+}
+
+/// Rows a statement worked through, in all.
+fn rows_worked(s: &StatementReport, golden: &BTreeMap<String, i64>) -> i64 {
+    work(s, golden).values().map(|w| w.scanned + w.changed + w.rewritten + w.indexed).sum()
+}
+
+/// Fills in each blocking lock's estimated hold: the work done from the
+/// statement that took it to the end of its transaction, at production size.
+pub fn estimate_locks(statements: &mut [StatementReport], scale: &Scale, golden: &BTreeMap<String, i64>) {
+    let mut per_statement: Vec<f64> = Vec::with_capacity(statements.len());
+    for s in statements.iter() {
+        per_statement.push(work(s, golden).iter().map(|(t, w)| scale.estimate_ms(t, w)).sum());
+    }
+    for i in 0..statements.len() {
+        let txn = statements[i].txn;
+        let until: f64 = statements[i..]
+            .iter()
+            .zip(&per_statement[i..])
+            .take_while(|(s, _)| s.txn == txn)
+            .map(|(_, ms)| ms)
+            .sum();
+        for l in statements[i].locks.iter_mut().filter(|l| l.blocking && l.kind == "table") {
+            // (A sum of nothing is -0.0 in IEEE arithmetic: shown as 0.)
+            l.estimated_ms = Some(if until > 0.0 { round(until) } else { 0.0 });
         }
     }
-    for a in assertions.iter().filter(|a| !a.passed) {
-        let detail = a.detail.as_deref().unwrap_or("");
-        add("assertion_failed", Severity::High, format!("assertion failed: {} -> {detail}", a.sql), None);
+}
+
+/// Everything a candidate did that a production database, or the application
+/// running on it, would feel.
+pub fn assess(e: &Evidence) -> Verdict {
+    let mut v = Verdict::default();
+    let scale = e.scale;
+    let golden_rows = |table: &str| e.rows_before.get(table).copied().unwrap_or(0);
+    // A golden table with rows: where blocking and losing data matter.
+    let has_rows = |table: &str| {
+        golden_rows(table) > 0 || scale.size(table).rows > 0 && e.rows_before.contains_key(table)
+    };
+    let sized = |table: &str| if scale.big(table) { Severity::High } else { Severity::Medium };
+    let size_words = |table: &str| {
+        let s = scale.size(table);
+        let at = if scale.source == "production" { "in production" } else { "in the golden" };
+        format!("{} rows {at}", s.rows)
+    };
+    if let Some(f) = e.failure {
+        let on_data = matches!(&f.error.sqlstate[..2.min(f.error.sqlstate.len())], "22" | "23");
+        let detail = f.error.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+        let (kind, what) =
+            if on_data { ("fails_on_data", "fails on the golden's data") } else { ("failed", "fails") };
+        v.hazards.push(Hazard::new(
+            kind,
+            Severity::Critical,
+            format!("{what}: {}{detail}", f.error.message),
+            Some(f.line),
+        ));
+        partial_commit(e, f, &mut v);
     }
-    if !drift.is_empty() {
-        let first: Vec<String> = drift.iter().take(3).map(Change::line).collect();
-        add(
+    for a in e.assertions.iter().filter(|a| !a.passed) {
+        let detail = a.detail.as_deref().unwrap_or("");
+        v.hazards.push(Hazard::new(
+            "assertion_failed",
+            Severity::High,
+            format!("assertion failed: {} -> {detail}", a.sql),
+            None,
+        ));
+    }
+    if !e.drift.is_empty() {
+        let first: Vec<String> = e.drift.iter().take(3).map(Change::line).collect();
+        v.hazards.push(Hazard::new(
             "schema_drift",
             Severity::High,
             format!(
                 "the resulting schema differs from the expected one in {} places: {}",
-                drift.len(),
+                e.drift.len(),
                 first.join("; ")
             ),
             None,
-        );
+        ));
     }
-    let rows_of = |table: &str| rows_after.get(table).or(rows_before.get(table)).copied().unwrap_or(0);
-    for s in statements.iter().filter(|s| !s.rolled_back) {
+    let mut blocking_tables = BTreeSet::new();
+    let mut locked = BTreeSet::new();
+    for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
         let line = Some(s.line).filter(|l| *l > 0);
         for d in &s.dropped {
             match (d.object_type.as_str(), d.cascade) {
-                (_, true) => add(
+                (_, true) => v.hazards.push(Hazard::new(
                     "cascade",
                     Severity::High,
                     format!("CASCADE also dropped {} {}", d.object_type, d.identity),
                     line,
-                ),
-                ("table", false) => {
-                    let rows = rows_of(&d.identity);
-                    if rows > 0 {
-                        add(
-                            "table_dropped",
-                            Severity::Critical,
-                            format!("drops table {} holding {rows} rows", d.identity),
-                            line,
-                        );
-                    }
-                }
+                )),
+                ("table", false) if has_rows(&d.identity) => v.hazards.push(Hazard::new(
+                    "table_dropped",
+                    Severity::Critical,
+                    format!("drops table {} holding {} rows", d.identity, golden_rows(&d.identity)),
+                    line,
+                )),
                 ("table column", false) => {
                     let table = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
-                    let rows = rows_of(table);
-                    if rows > 0 {
-                        add(
+                    // A column of a table this run made held nothing anyone kept.
+                    if has_rows(table) {
+                        v.hazards.push(Hazard::new(
                             "column_dropped",
                             Severity::High,
-                            format!("drops column {} from a table with {rows} rows", d.identity),
+                            format!(
+                                "drops column {} from a table with {} rows",
+                                d.identity,
+                                golden_rows(table)
+                            ),
                             line,
-                        );
+                        ));
                     }
                 }
                 _ => {}
             }
         }
-        for r in s.rows.iter().filter(|r| r.deleted > 0 && rows_before.contains_key(&r.table)) {
-            let what = if r.truncated { "truncates" } else { "deletes" };
-            add("rows_deleted", Severity::High, format!("{what} {} rows of {}", r.deleted, r.table), line);
+        for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
+            let share = r.deleted as f64 / golden_rows(&r.table).max(1) as f64;
+            let mut h = if !r.truncated && share > MOST && scale.size(&r.table).rows >= MASS_MIN_ROWS {
+                let mut h = Hazard::new(
+                    "mass_delete",
+                    Severity::High,
+                    format!(
+                        "deletes {} of the {} rows of {} ({:.0}%) in one statement",
+                        r.deleted,
+                        golden_rows(&r.table),
+                        r.table,
+                        share.min(1.0) * 100.0
+                    ),
+                    line,
+                );
+                h.suggestion = Some("delete in batches (DELETE ... WHERE id IN (SELECT id ... LIMIT 10000)) so locks and WAL stay small, or make sure the data really should go".into());
+                h
+            } else {
+                let what = if r.truncated { "truncates" } else { "deletes" };
+                Hazard::new(
+                    "rows_deleted",
+                    Severity::High,
+                    format!("{what} {} rows of {}", r.deleted, r.table),
+                    line,
+                )
+            };
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(&r.table, &Work { changed: r.deleted, ..Default::default() })));
+            v.hazards.push(h);
         }
-        for w in s.rewrites.iter().filter(|w| w.rows > 0) {
-            let severity = if w.rows >= BIG_TABLE_ROWS { Severity::High } else { Severity::Medium };
-            add(
+        for r in s.rows.iter().filter(|r| r.updated > 0 && e.rows_before.contains_key(&r.table)) {
+            let share = r.updated as f64 / golden_rows(&r.table).max(1) as f64;
+            if share > MOST && scale.size(&r.table).rows >= MASS_MIN_ROWS {
+                let mut h = Hazard::new(
+                    "mass_update",
+                    sized(&r.table),
+                    format!(
+                        "updates {} of the {} rows of {} ({:.0}%) in one statement: every row locked and rewritten at once ({})",
+                        r.updated,
+                        golden_rows(&r.table),
+                        r.table,
+                        share.min(1.0) * 100.0,
+                        size_words(&r.table)
+                    ),
+                    line,
+                );
+                h.suggestion = Some("update in batches of a few thousand rows, each committed, so row locks, WAL and bloat stay small".into());
+                h.estimated_ms = Some(round(
+                    scale.estimate_ms(&r.table, &Work { changed: r.updated, ..Default::default() }),
+                ));
+                v.hazards.push(h);
+            }
+        }
+        for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
+            let mut h = Hazard::new(
                 "table_rewrite",
-                severity,
-                format!("rewrites {} ({} rows) under ACCESS EXCLUSIVE: {}", w.table, w.rows, w.reason),
+                sized(&w.table),
+                format!(
+                    "rewrites {} ({}) under ACCESS EXCLUSIVE: {}",
+                    w.table,
+                    size_words(&w.table),
+                    w.reason
+                ),
                 line,
             );
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(&w.table, &Work { rewritten: w.rows, ..Default::default() })));
+            h.suggestion = Some(
+                "add a new column, backfill it in batches and switch over; for a volatile default, add the column without it and set it afterwards".into(),
+            );
+            v.hazards.push(h);
         }
-        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && l.held_ms > lock_threshold_ms) {
-            if rows_of(&l.relation) == 0 {
+        for b in s.indexes_built.iter().filter(|b| !b.concurrently && has_rows(&b.table)) {
+            let mut h = Hazard::new(
+                "blocking_index_build",
+                sized(&b.table),
+                format!(
+                    "builds index {} on {} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
+                    b.index,
+                    b.table,
+                    size_words(&b.table)
+                ),
+                line,
+            );
+            let rows = golden_rows(&b.table);
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(&b.table, &Work { indexed: rows, ..Default::default() })));
+            h.suggestion = Some(if s.tag.as_deref() == Some("ALTER TABLE") {
+                "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX".into()
+            } else {
+                "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail".into()
+            });
+            v.hazards.push(h);
+        }
+        for c in s.validated.iter().filter(|c| has_rows(&c.table)) {
+            let (what, suggestion) = match c.kind.as_str() {
+                _ if c.under_lock => (
+                    format!(
+                        "validates {} {} on every row of {} ({}) in the transaction that already locked the table against writes",
+                        c.kind,
+                        c.name,
+                        c.table,
+                        size_words(&c.table)
+                    ),
+                    "commit the NOT VALID constraint first; VALIDATE CONSTRAINT in a transaction of its own lets writes go on",
+                ),
+                "not null" => (
+                    format!("SET NOT NULL checks every row of {} ({}) under ACCESS EXCLUSIVE", c.table, size_words(&c.table)),
+                    "add CHECK (col IS NOT NULL) NOT VALID, VALIDATE CONSTRAINT it in a later transaction, then SET NOT NULL (PostgreSQL 12+ uses the check and skips the scan)",
+                ),
+                kind => (
+                    format!(
+                        "adds {kind} {} and checks every row of {} ({}) while writes wait{}",
+                        c.name,
+                        c.table,
+                        size_words(&c.table),
+                        c.references.as_deref().map(|r| format!(" (and writes to {r})")).unwrap_or_default()
+                    ),
+                    "add it NOT VALID (no scan, a brief lock), then ALTER TABLE ... VALIDATE CONSTRAINT in its own transaction (writes go on meanwhile)",
+                ),
+            };
+            let mut h = Hazard::new("constraint_validation", sized(&c.table), what, line);
+            let rows = golden_rows(&c.table);
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(&c.table, &Work { scanned: rows, ..Default::default() })));
+            h.suggestion = Some(suggestion.into());
+            v.hazards.push(h);
+        }
+        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && has_rows(&l.relation)) {
+            blocking_tables.insert(l.relation.clone());
+            if !locked.insert((s.txn, l.relation.clone())) {
                 continue;
             }
-            let severity = if l.mode == "ACCESS EXCLUSIVE" { Severity::High } else { Severity::Medium };
-            let blocks = if l.mode == "ACCESS EXCLUSIVE" { "reads and writes" } else { "writes" };
-            add(
+            // Work the rest of the transaction does while the lock stays held.
+            let after: Vec<&StatementReport> =
+                e.statements[i + 1..].iter().take_while(|t| t.txn == s.txn).collect();
+            let worked: i64 = after.iter().map(|t| rows_worked(t, e.rows_before)).sum();
+            let at_scale: f64 = after
+                .iter()
+                .flat_map(|t| work(t, e.rows_before))
+                .map(|(table, w)| {
+                    (w.scanned + w.changed + w.rewritten + w.indexed) as f64 * scale.factor(table)
+                })
+                .sum();
+            let estimate = l.estimated_ms.unwrap_or(0.0);
+            let held_over_work = worked >= MASS_MIN_ROWS;
+            if estimate <= e.max_lock_ms && !held_over_work {
+                continue;
+            }
+            let exclusive = l.mode == "ACCESS EXCLUSIVE";
+            let blocks = if exclusive { "reads and writes" } else { "writes" };
+            let why = if held_over_work {
+                let lines: Vec<String> = after
+                    .iter()
+                    .filter(|t| t.line > 0 && rows_worked(t, e.rows_before) > 0)
+                    .map(|t| t.line.to_string())
+                    .collect();
+                let production = if scale.source == "production" {
+                    format!(" ({at_scale:.0} at production size)")
+                } else {
+                    String::new()
+                };
+                format!(
+                    "while line(s) {} read or write {worked} rows{production} in the same transaction",
+                    lines.join(", ")
+                )
+            } else {
+                format!("over --max-lock {}", human_ms(e.max_lock_ms))
+            };
+            let mut h = Hazard::new(
                 "long_lock",
-                severity,
-                format!("holds {} on {} for {:.0} ms, blocking its {blocks}", l.mode, l.relation, l.held_ms),
+                if exclusive { Severity::High } else { Severity::Medium },
+                format!(
+                    "holds {} on {} ({}) for an estimated {} to the end of its transaction, blocking its {blocks}: {why}",
+                    l.mode,
+                    l.relation,
+                    size_words(&l.relation),
+                    human_ms(estimate)
+                ),
                 line,
             );
+            h.estimated_ms = Some(estimate);
+            h.suggestion = Some(
+                "commit the locking statement in a short transaction of its own, and do the work after it in batches".into(),
+            );
+            v.hazards.push(h);
         }
     }
-    out.sort_by_key(|h| std::cmp::Reverse(h.severity));
-    out
+    compatibility(e, &mut v);
+    if let Some(sql) = e.sql {
+        if !blocking_tables.is_empty() && !sql.to_ascii_lowercase().contains("lock_timeout") {
+            let tables: Vec<&str> = blocking_tables.iter().map(String::as_str).take(5).collect();
+            let mut h = Hazard::new(
+                "no_lock_timeout",
+                Severity::Low,
+                format!(
+                    "the file takes write-blocking locks on {} and sets no lock_timeout: waiting behind a long query, it would block every query queued behind it",
+                    tables.join(", ")
+                ),
+                None,
+            );
+            h.suggestion =
+                Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
+            v.notes.push(h);
+        }
+    }
+    v.hazards.sort_by_key(|h| std::cmp::Reverse(h.severity));
+    v
+}
+
+/// Statements already committed when a later one failed: the database is left half-migrated.
+fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
+    let Some((_, before)) = e.statements.split_last() else { return };
+    let kept: Vec<usize> = before
+        .iter()
+        .filter(|s| !s.rolled_back && s.transaction != "explicit" && changes_something(s))
+        .map(|s| s.line)
+        .collect();
+    if kept.is_empty() {
+        return;
+    }
+    let lines: Vec<String> = kept.iter().take(10).map(|l| l.to_string()).collect();
+    let mut h = Hazard::new(
+        "partial_commit",
+        Severity::High,
+        format!(
+            "line {} failed after the statement(s) at line {} had already committed: the database is left half-migrated",
+            f.line,
+            lines.join(", ")
+        ),
+        Some(f.line),
+    );
+    h.suggestion = Some("wrap the file in BEGIN ... COMMIT so a failure leaves nothing behind".into());
+    v.hazards.push(h);
+}
+
+/// Whether a statement's tag says it changed something.
+fn changes_something(s: &StatementReport) -> bool {
+    let tag = s.tag.as_deref().unwrap_or("");
+    !["SELECT", "SET", "RESET", "SHOW", "BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT", "RELEASE", "EXPLAIN"]
+        .iter()
+        .any(|t| tag.starts_with(t))
+}
+
+/// Renames, drops and type changes the application's running code would trip on.
+fn compatibility(e: &Evidence, v: &mut Verdict) {
+    let mut found = Vec::new();
+    for (name, table) in &e.before.tables {
+        let Some(now) = e.after.tables.get(name) else {
+            found.push(format!("table {name} is gone (dropped or renamed)"));
+            continue;
+        };
+        for col in &table.columns {
+            match now.columns.iter().find(|c| c.name == col.name) {
+                None => found.push(format!("column {name}.{} is gone (dropped or renamed)", col.name)),
+                Some(c) if c.type_name != col.type_name && !widens(&col.type_name, &c.type_name) => found
+                    .push(format!(
+                        "column {name}.{} changes type {} -> {}",
+                        col.name, col.type_name, c.type_name
+                    )),
+                _ => {}
+            }
+        }
+    }
+    for name in e.before.views.keys().filter(|n| !e.after.views.contains_key(*n)) {
+        found.push(format!("view {name} is gone (dropped or renamed)"));
+    }
+    if found.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = found.iter().take(5).map(String::as_str).collect();
+    let more = if found.len() > 5 { format!(" and {} more", found.len() - 5) } else { String::new() };
+    let mut h = Hazard::new(
+        "breaks_compatibility",
+        Severity::Medium,
+        format!(
+            "the application still running the old code breaks until it is redeployed: {}{more}",
+            shown.join("; ")
+        ),
+        None,
+    );
+    h.suggestion = Some(
+        "expand, then contract: add the new column or table beside the old one, write both, move the code over, and drop the old one in a later release".into(),
+    );
+    v.hazards.push(h);
+}
+
+/// Whether a type change only widens what a column holds, so code written for
+/// the old type reads and writes it as before: a longer or unbounded
+/// `varchar`, `text` for `varchar`, a wider integer or float, more numeric
+/// precision at the same scale, finer timestamps.
+fn widens(before: &str, after: &str) -> bool {
+    let split = |t: &str| -> (String, Vec<i64>) {
+        let (base, args) = t.split_once('(').unwrap_or((t, ""));
+        let rest = args.split_once(')').map_or("", |(_, r)| r);
+        let args =
+            args.split(')').next().unwrap_or("").split(',').filter_map(|a| a.trim().parse().ok()).collect();
+        (format!("{}{}", base.trim(), rest), args)
+    };
+    let ((b, bargs), (a, aargs)) = (split(before), split(after));
+    let rank = |t: &str| ["smallint", "integer", "bigint"].iter().position(|x| *x == t);
+    match (b.as_str(), a.as_str()) {
+        ("character varying", "character varying") => aargs.is_empty() || aargs.first() >= bargs.first(),
+        ("character varying", "text") => true,
+        ("real", "double precision") => true,
+        ("numeric", "numeric") => {
+            aargs.is_empty() || (aargs.first() >= bargs.first() && aargs.get(1) == bargs.get(1))
+        }
+        (x, y) if x == y && x.starts_with("timestamp") => aargs.is_empty() || aargs.first() >= bargs.first(),
+        (x, y) => matches!((rank(x), rank(y)), (Some(i), Some(j)) if j > i),
+    }
+}
+
+fn round(ms: f64) -> f64 {
+    (ms * 10.0).round() / 10.0
+}
+
+/// A duration for people: `850 ms`, `2.3 s`, `4.1 min`.
+pub fn human_ms(ms: f64) -> String {
+    if ms < 1_000.0 {
+        format!("{ms:.0} ms")
+    } else if ms < 60_000.0 {
+        format!("{:.1} s", ms / 1e3)
+    } else {
+        format!("{:.1} min", ms / 60e3)
+    }
 }
 
 /// Candidate names from best to worst: passing ones by time, then failing ones by
@@ -135,4 +525,31 @@ pub fn rank(candidates: &[CandidateReport]) -> Vec<String> {
             .then(a.duration_ms.total_cmp(&b.duration_ms))
     });
     order.into_iter().map(|c| c.name.clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn widening_type_changes_keep_old_code_working() {
+        for (before, after) in [
+            ("character varying(50)", "character varying(100)"),
+            ("character varying(50)", "text"),
+            ("character varying(50)", "character varying"),
+            ("integer", "bigint"),
+            ("numeric(10,2)", "numeric(12,2)"),
+            ("timestamp(3) without time zone", "timestamp(6) without time zone"),
+        ] {
+            assert!(super::widens(before, after), "{before} -> {after}");
+        }
+        for (before, after) in [
+            ("character varying(100)", "character varying(50)"),
+            ("text", "character varying(50)"),
+            ("bigint", "integer"),
+            ("integer", "text"),
+            ("numeric(10,2)", "numeric(12,4)"),
+            ("timestamp without time zone", "timestamp with time zone"),
+        ] {
+            assert!(!super::widens(before, after), "{before} -> {after}");
+        }
+    }
 }

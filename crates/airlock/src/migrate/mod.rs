@@ -8,11 +8,13 @@
 //! (`apply`); assertions and a schema comparison follow; `hazards` turns it all
 //! into a verdict.
 
+pub mod app;
 pub mod apply;
 pub mod hazards;
 pub mod probe;
 pub mod promote;
 pub mod report;
+pub mod scale;
 pub mod split;
 pub mod verify;
 
@@ -69,11 +71,47 @@ pub struct Candidate {
     /// Or a command run inside the fork's boundary with `DATABASE_URL` set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exec: Option<String>,
+    /// The migration files a command runs (`--exec-files`), each with its
+    /// SHA-256: part of the candidate's hash, so a changed file is a changed candidate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exec_files: Vec<HashedFile>,
+}
+
+/// A file a command candidate runs, by path and content hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HashedFile {
+    /// Its path as given.
+    pub path: String,
+    /// SHA-256 of its bytes.
+    pub sha256: String,
+}
+
+impl HashedFile {
+    /// Hashes `bytes` read from `path`.
+    pub fn new(path: String, bytes: &[u8]) -> HashedFile {
+        HashedFile { path, sha256: crate::secret::hex(&Sha256::digest(bytes)) }
+    }
 }
 
 impl Candidate {
-    /// SHA-256 of what will be applied: the file's bytes, or the command.
+    /// SHA-256 of what will be applied: the file's bytes, or the command and
+    /// the files it runs (each by path and content, in path order).
     pub fn sha256(&self) -> String {
+        if let (None, Some(cmd)) = (&self.sql, &self.exec) {
+            if !self.exec_files.is_empty() {
+                let mut files = self.exec_files.clone();
+                files.sort_by(|a, b| a.path.cmp(&b.path));
+                let mut h = Sha256::new();
+                h.update(cmd.as_bytes());
+                for f in &files {
+                    h.update(b"\0");
+                    h.update(f.path.as_bytes());
+                    h.update(b"\0");
+                    h.update(f.sha256.as_bytes());
+                }
+                return crate::secret::hex(&h.finalize());
+            }
+        }
         let bytes = self.sql.as_deref().or(self.exec.as_deref()).unwrap_or_default();
         crate::secret::hex(&Sha256::digest(bytes.as_bytes()))
     }
@@ -102,10 +140,20 @@ pub struct TestRequest {
     /// Each statement's timeout, milliseconds (default 300,000).
     #[serde(default)]
     pub statement_timeout_ms: Option<u64>,
-    /// A blocking lock held longer than this on a table with rows is a hazard,
-    /// milliseconds (default 1,000).
+    /// A blocking lock on a table with rows estimated to be held longer than
+    /// this (at production size when production statistics are given) is a
+    /// hazard, milliseconds (default 1,000).
     #[serde(default)]
     pub lock_threshold_ms: Option<u64>,
+    /// Production's table sizes, for estimates at production size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub production_stats: Option<scale::ProductionStats>,
+    /// The application's queries, planned before and after each candidate.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub app_queries: Vec<String>,
+    /// A workload run beside each candidate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<app::WorkloadSpec>,
     /// The sandbox whose agent asked for the test (the `test_migration` tool),
     /// named in the test's audit record; never taken from a request body.
     #[serde(skip)]
@@ -135,7 +183,8 @@ async fn unmeasured_changes(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let after = catalog::row_activity(admin.client()).await?;
-    let measured = report::rows_by_table(&applied.statements);
+    // Rolled-back changes are on the server's counters too.
+    let measured = report::rows_by_table(&applied.statements, false);
     let mut out = Vec::new();
     for (table, now) in &after {
         // The probe's own tables are the measuring machinery's.
@@ -183,6 +232,18 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
             }
         }
     }
+    if req.app_queries.len() > app::MAX_QUERIES {
+        return Err(invalid(
+            format!("{} application queries given", req.app_queries.len()),
+            format!("give at most {} (the most frequent ones)", app::MAX_QUERIES),
+        ));
+    }
+    if req.workload.as_ref().is_some_and(|w| w.queries.len() > app::MAX_QUERIES) {
+        return Err(invalid(
+            "the workload has too many queries",
+            format!("give at most {}", app::MAX_QUERIES),
+        ));
+    }
     if !req.expect_files.is_empty() && req.expect_golden.is_some() {
         return Err(invalid("both --expect and --expect-golden given", "compare with one expected schema"));
     }
@@ -229,6 +290,9 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     }
     let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
     let ranking = hazards::rank(&candidates);
+    let generation_dir = engine.layout.golden_generation(&req.golden, generation);
+    let calibration = scale::kept(&generation_dir).unwrap_or_default();
+    let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
     let report = Report {
         golden: req.golden.clone(),
@@ -238,6 +302,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         best,
         ranking,
         candidates,
+        scale,
     };
     let summary: Vec<serde_json::Value> = report
         .candidates
@@ -329,52 +394,95 @@ async fn measure(
 ) -> Result<CandidateReport> {
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
+    let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    // Costs are measured on a fork nothing has run on yet, before the probe exists.
+    let generation_dir = engine.layout.golden_generation(&req.golden, sb.generation);
+    let calibration = scale::calibration(&generation_dir, admin.client(), &golden_rows).await?;
+    let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
-    let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    let invalid_before = invalid_indexes(&admin).await?;
     let activity_before = catalog::row_activity(admin.client()).await?;
+    let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
-    let (applied, exec) = match (&candidate.sql, &candidate.exec) {
-        (Some(sql), _) => {
-            let statements = split::split(sql)?;
-            let mut session = crate::gateway::sql::connect(engine, sb).await?;
-            let applied =
-                apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout).await;
-            session.close().await;
-            let applied = applied?;
-            unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
-            (applied, None)
-        }
-        (None, Some(cmd)) => run_command(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await?,
-        (None, None) => unreachable!("checked before forking"),
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let tables: Vec<String> = golden_rows.keys().cloned().collect();
+    let text = candidate.sql.as_deref().or(candidate.exec.as_deref()).unwrap_or_default();
+    // Ready before the candidate starts, so it feels the candidate from its first lock.
+    let workload = match &req.workload {
+        Some(spec) => Some(app::Workload::prepare(engine, sb, spec, text, &tables, timeout).await?),
+        None => None,
     };
+    let workload = async {
+        match workload {
+            Some(w) => Some(w.run(&done).await),
+            None => None,
+        }
+    };
+    let applying = async {
+        let r = match (&candidate.sql, &candidate.exec) {
+            (Some(sql), _) => {
+                let statements = split::split(sql)?;
+                let mut session = crate::gateway::sql::connect(engine, sb).await?;
+                let applied =
+                    apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout).await;
+                session.close().await;
+                let applied = applied?;
+                unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
+                Ok((applied, None))
+            }
+            (None, Some(cmd)) => run_command(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await,
+            (None, None) => unreachable!("checked before forking"),
+        };
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let (applied, workload) = tokio::join!(applying, workload);
+    let (mut applied, exec): (apply::Applied, Option<ExecOutcome>) = applied?;
     let assertions =
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
-    let failed_command = exec.as_ref().is_some_and(|e: &ExecOutcome| e.exit_code != Some(0));
-    let mut found = hazards::assess(
-        &applied.statements,
-        applied.failure.as_ref(),
-        &assertions,
-        &drift,
-        &golden_rows,
-        &applied.rows,
-        threshold,
-    );
+    hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
+    let verdict = hazards::assess(&hazards::Evidence {
+        statements: &applied.statements,
+        failure: applied.failure.as_ref(),
+        assertions: &assertions,
+        drift: &drift,
+        rows_before: &golden_rows,
+        before: &snapshot.catalog,
+        after: &now,
+        scale: &scale,
+        max_lock_ms: threshold,
+        sql: candidate.sql.as_deref(),
+    });
+    let mut found = verdict.hazards;
+    let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
+    let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after);
+    found.extend(plan_hazards);
+    for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
+        let mut h = report::Hazard::new(
+            "invalid_index",
+            report::Severity::High,
+            format!("a failed CREATE INDEX CONCURRENTLY left index {index} behind INVALID: it slows every write and serves no read"),
+            applied.failure.as_ref().map(|f| f.line),
+        );
+        h.suggestion = Some(format!("DROP INDEX CONCURRENTLY {index}, fix the cause, and build it again"));
+        found.push(h);
+    }
     // The server's own counters, read once the session is gone, against the sum
     // of what the measurements saw: anything more ran out of their sight.
     for (table, [inserted, updated, deleted]) in &unmeasured {
-        found.push(report::Hazard {
-            kind: "unmeasured_changes".into(),
-            severity: report::Severity::Critical,
-            message: format!(
+        found.push(report::Hazard::new(
+            "unmeasured_changes",
+            report::Severity::Critical,
+            format!(
                 "{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw (work done at commit, or out of sight)"
             ),
-            line: None,
-        });
+            None,
+        ));
     }
     // The measurements follow each statement; whatever else removed rows (work
     // at commit that escaped them, say) still shows in the final counts.
@@ -390,15 +498,15 @@ async fn measure(
         let golden_exact = snapshot.rows.get(table).is_some_and(|r| r.exact);
         let Some(last) = counted.get(table).filter(|c| c.exact && golden_exact) else { continue };
         if last.rows < *tracked {
-            found.push(report::Hazard {
-                kind: "rows_deleted".into(),
-                severity: report::Severity::High,
-                message: format!(
+            found.push(report::Hazard::new(
+                "rows_deleted",
+                report::Severity::High,
+                format!(
                     "{} rows of {table} are gone that no statement's measurement shows (work done at commit, by a trigger, or out of sight)",
                     tracked - last.rows
                 ),
-                line: None,
-            });
+                None,
+            ));
         }
     }
     found.sort_by_key(|h| std::cmp::Reverse(h.severity));
@@ -413,30 +521,19 @@ async fn measure(
     if !planted.is_empty() {
         found.insert(
             0,
-            report::Hazard {
-                kind: "shadows_catalog".into(),
-                severity: report::Severity::Critical,
-                message: format!(
+            report::Hazard::new(
+                "shadows_catalog",
+                report::Severity::Critical,
+                format!(
                     "the migration makes objects or settings named like PostgreSQL's own, which can stand in for the built-in in other sessions: {}",
                     catalog::planted::list(&planted, 10)
                 ),
-                line: None,
-            },
+                None,
+            ),
         );
     }
-    if failed_command {
-        let e = exec.as_ref().expect("command outcome");
-        let why = if e.timed_out { "timed out".to_owned() } else { format!("exited with {:?}", e.exit_code) };
-        let tail = e.stderr.lines().last().unwrap_or("").to_owned();
-        found.insert(
-            0,
-            report::Hazard {
-                kind: "failed".into(),
-                severity: report::Severity::Critical,
-                message: format!("the command {why}: {tail}"),
-                line: None,
-            },
-        );
+    if let Some(e) = exec.as_ref().filter(|e| e.exit_code != Some(0)) {
+        found.insert(0, report::Hazard::new("failed", report::Severity::Critical, command_failure(e), None));
     }
     Ok(CandidateReport {
         name: candidate.name.clone(),
@@ -444,6 +541,9 @@ async fn measure(
         kind: if candidate.sql.is_some() { "sql" } else { "exec" }.into(),
         passed: found.is_empty(),
         hazards: found,
+        notes: verdict.notes,
+        queries,
+        workload,
         statements: applied.statements,
         failure: applied.failure,
         exec,
@@ -452,6 +552,47 @@ async fn measure(
         drift,
         duration_ms: applied.duration_ms,
     })
+}
+
+/// Why a command failed, in a sentence: how it ended, and the error it printed
+/// (PostgreSQL's `ERROR:` line, or an error line of its own), not merely its last line.
+pub fn command_failure(e: &ExecOutcome) -> String {
+    let why = match (e.timed_out, e.exit_code) {
+        (true, _) => "timed out".to_owned(),
+        (false, Some(code)) => format!("exited {code}"),
+        (false, None) => "was killed".to_owned(),
+    };
+    let lines: Vec<&str> =
+        e.stderr.lines().chain(e.stdout.lines()).map(str::trim).filter(|l| !l.is_empty()).collect();
+    let error = lines
+        .iter()
+        .find(|l| l.contains("ERROR:") || l.contains("FATAL:"))
+        .or_else(|| lines.iter().find(|l| l.to_ascii_lowercase().contains("error")))
+        .or(lines.first())
+        .map(|l| report::cut(l, 500));
+    match error {
+        Some(error) => format!("the command {why}: {error}"),
+        None => format!("the command {why}"),
+    }
+}
+
+/// Indexes left INVALID (a failed concurrent build), by name.
+async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<String>> {
+    let rows = admin
+        .client()
+        .query(
+            &format!(
+                "SELECT n.nspname::text || '.' || c.relname::text
+                   FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE NOT i.indisvalid AND {}",
+                crate::catalog::SYSTEM_SCHEMAS
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+    Ok(rows.into_iter().map(|r| r.get(0)).collect())
 }
 
 /// Runs a command candidate inside the fork's boundary while locks are polled.

@@ -63,20 +63,34 @@ pub fn install_sql() -> String {
                        FROM pg_locks l
                        WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.granted),
              'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
-                             'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8)), '[]')
+                             'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8,
+                             'table', i.indrelid::int8, 'valid', i.indisvalid,
+                             'not_null', (SELECT count(*) FROM pg_attribute a
+                                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attnotnull
+                                            AND NOT a.attisdropped))), '[]')
                            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                           LEFT JOIN pg_index i ON i.indexrelid = c.oid
                            WHERE c.relkind IN ('r', 'p', 'i', 'm', 'S')
                              AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'),
+             'constraints', (SELECT coalesce(json_agg(json_build_object('oid', k.oid::int8, 'name', k.conname,
+                               'relid', k.conrelid::int8, 'references', nullif(k.confrelid, 0)::int8,
+                               'kind', k.contype, 'validated', k.convalidated)), '[]')
+                             FROM pg_constraint k JOIN pg_namespace n ON n.oid = k.connamespace
+                             WHERE k.contype IN ('f', 'c') AND k.conrelid <> 0
+                               AND n.nspname <> 'information_schema' AND n.nspname NOT LIKE 'pg\\_%'),
              'rows', CASE WHEN cumulative
                        THEN (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
-                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]') FROM pg_stat_user_tables)
+                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del,
+                               'scanned', coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]') FROM pg_stat_user_tables)
                        ELSE (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
-                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del)), '[]') FROM pg_stat_xact_user_tables)
+                               'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del,
+                               'scanned', coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]') FROM pg_stat_xact_user_tables)
                      END
            )::text $$;
          CREATE FUNCTION {SCHEMA}.transaction_rows() RETURNS text
            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-           SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del)), '[]')::text
+           SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del,
+                                    coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]')::text
            FROM pg_stat_xact_user_tables $$;
          REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
          REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;
@@ -111,6 +125,26 @@ pub struct Reading {
     pub relations: Vec<Relation>,
     /// Rows inserted, updated and deleted in the current transaction, per table.
     pub rows: Vec<RowStats>,
+    /// Foreign-key and check constraints on application tables.
+    #[serde(default)]
+    pub constraints: Vec<Constraint>,
+}
+
+/// A foreign-key or check constraint.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Constraint {
+    /// Its OID.
+    pub oid: i64,
+    /// Its name.
+    pub name: String,
+    /// The table it is on.
+    pub relid: i64,
+    /// The table a foreign key references.
+    pub references: Option<i64>,
+    /// `f` or `c`.
+    pub kind: String,
+    /// Whether existing rows were checked (false: added `NOT VALID`).
+    pub validated: bool,
 }
 
 /// Rewrites and drops logged by the event triggers.
@@ -170,6 +204,15 @@ pub struct Relation {
     pub kind: String,
     /// Its file node (changes when it is rewritten or truncated).
     pub filenode: i64,
+    /// For an index: the table it indexes.
+    #[serde(default)]
+    pub table: Option<i64>,
+    /// For an index: whether it is valid (a failed concurrent build leaves it not).
+    #[serde(default)]
+    pub valid: Option<bool>,
+    /// Columns declared NOT NULL.
+    #[serde(default)]
+    pub not_null: i64,
 }
 
 /// Row counts of one table in the current transaction.
@@ -183,6 +226,9 @@ pub struct RowStats {
     pub upd: i64,
     /// Rows deleted.
     pub del: i64,
+    /// Rows read by scans and index fetches.
+    #[serde(default)]
+    pub scanned: i64,
 }
 
 /// PostgreSQL's table-rewrite reason bits, in words.

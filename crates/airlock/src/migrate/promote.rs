@@ -44,6 +44,10 @@ pub struct PromoteRequest {
     /// can check or roll back.
     #[serde(default)]
     pub allow_superuser: bool,
+    /// Check the guards only, applying nothing: how a command candidate is
+    /// promoted (the CLI runs the command once they hold).
+    #[serde(default)]
+    pub check_only: bool,
 }
 
 /// What `migrate promote` did.
@@ -69,11 +73,25 @@ fn refused(message: impl Into<String>, hint: impl Into<String>) -> Error {
 
 /// Applies the candidate to the target if every guard holds.
 pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> {
-    let sql = req.candidate.sql.as_deref().ok_or_else(|| {
-        refused("only SQL files can be promoted", "apply a command candidate with its own tool")
-    })?;
+    let sql = match (&req.candidate.sql, &req.candidate.exec) {
+        (Some(sql), _) => Some(sql.as_str()),
+        (None, Some(_)) if req.check_only => None,
+        (None, Some(_)) => {
+            return Err(refused(
+                "a command candidate is not run by the daemon",
+                "promote it with `airlock migrate promote --exec 'COMMAND' [--exec-files GLOB]`, which checks its guards here and runs it itself",
+            ))
+        }
+        (None, None) => return Err(refused("the candidate has neither SQL nor a command", "give the tested file")),
+    };
     let hash = req.candidate.sha256();
     let tested = req.report.candidates.iter().find(|c| c.sha256 == hash).ok_or_else(|| {
+        if req.candidate.exec.is_some() {
+            return refused(
+                "the command, or a migration file it runs, changed since it was tested (or it was never tested)",
+                "test it as it is now with `airlock migrate test --exec ... --exec-files ...`, then promote with the new report",
+            );
+        }
         match req.report.candidates.iter().find(|c| c.name == req.candidate.name) {
             Some(c) => refused(
                 format!(
@@ -107,7 +125,6 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             ),
         ));
     }
-    let statements = split::split(sql)?;
     let target = redact(&req.target_dsn);
     let client = crate::pg::target::connect(&req.target_dsn).await?;
     if !req.allow_superuser {
@@ -133,6 +150,24 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
              (`airlock golden create NAME --from-url -`), test against it, then promote",
         ));
     }
+    let Some(sql) = sql.filter(|_| !req.check_only) else {
+        let checked = Promoted {
+            candidate: tested.name.clone(),
+            sha256: hash,
+            target,
+            statements: 0,
+            single_transaction: false,
+            duration_ms: 0.0,
+        };
+        engine.store().record_or_log(NewEvent {
+            kind: crate::events::EventKind::MigrationPromoted,
+            golden: Some(req.report.golden.clone()),
+            detail: serde_json::json!({"checked_only": true, "promoted": checked}),
+            ..Default::default()
+        });
+        return Ok(checked);
+    };
+    let statements = split::split(sql)?;
     let lock = req.lock_timeout_ms.unwrap_or(5_000);
     let statement = req.statement_timeout_ms.unwrap_or(600_000);
     let run = |sql: String| {

@@ -144,7 +144,7 @@ pub async fn surprises(
     before: &Before,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let seen = super::report::rows_by_table(&tested.statements);
+    let seen = super::report::rows_by_table(&tested.statements, true);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
     for st in &tested.statements {
         rewritten.extend(st.rows.iter().filter(|r| r.truncated).map(|r| r.table.as_str()));

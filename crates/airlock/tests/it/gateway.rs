@@ -158,10 +158,16 @@ fn schema_changes_and_reset_tools_compare_with_the_golden() {
         (&empty["result"]["schema_changes"], &empty["result"]["row_changes"]),
         (&json!([]), &json!([]))
     );
+    // What a rolled-back transaction changed is not a change.
+    ok_sql(&d, &id, "BEGIN; INSERT INTO orders VALUES (5001, 'new', 1); ROLLBACK");
+    ok_sql(&d, &id, "BEGIN; DELETE FROM orders WHERE id > 900; UPDATE orders SET status = 'y'; ROLLBACK");
+    let (_, undone) = tool(&d, &id, "changes_since_fork", json!({}));
+    assert_eq!(undone["result"]["row_changes"], json!([]), "{undone}");
     ok_sql(
         &d,
         &id,
-        "DELETE FROM orders WHERE id <= 10; UPDATE orders SET status = 'x' WHERE id = 11;
+        "BEGIN; INSERT INTO orders VALUES (5002, 'new', 1); ROLLBACK;
+         DELETE FROM orders WHERE id <= 10; UPDATE orders SET status = 'x' WHERE id = 11;
          ALTER TABLE orders ADD COLUMN note text; CREATE TABLE extra (x int); INSERT INTO extra VALUES (1), (2), (3)",
     );
     let (_, changes) = tool(&d, &id, "changes_since_fork", json!(null));
