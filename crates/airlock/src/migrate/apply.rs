@@ -65,6 +65,9 @@ struct Tracker {
     constraints: BTreeMap<i64, bool>,
     /// NOT NULL columns per table, as last read.
     not_null: BTreeMap<i64, i64>,
+    /// Savepoints in the open transaction: name, rows when it was set, and the
+    /// statement that set it.
+    savepoints: Vec<(String, BTreeMap<String, i64>, usize)>,
 }
 
 impl Tracker {
@@ -82,6 +85,32 @@ impl Tracker {
             txn: 0,
             constraints: BTreeMap::new(),
             not_null: BTreeMap::new(),
+            savepoints: Vec::new(),
+        }
+    }
+
+    /// Follows `SAVEPOINT`, `RELEASE` and `ROLLBACK TO` (statement `index`,
+    /// command tag `tag`): what a rollback to a savepoint undid never counts,
+    /// and the statements it undid are marked rolled back.
+    fn savepoint(&mut self, sql: &str, tag: &str, index: usize, reports: &mut [StatementReport]) {
+        let last = sql.trim().trim_end_matches(';').split_whitespace().last().unwrap_or("");
+        let name = match last.strip_prefix('"').and_then(|n| n.strip_suffix('"')) {
+            Some(quoted) => quoted.replace("\"\"", "\""),
+            None => last.to_lowercase(),
+        };
+        let at = self.savepoints.iter().rposition(|(n, _, _)| *n == name);
+        match (tag, at) {
+            ("SAVEPOINT", _) => self.savepoints.push((name, self.rows.clone(), index)),
+            ("RELEASE", Some(at)) => self.savepoints.truncate(at),
+            ("ROLLBACK", Some(at)) => {
+                let (_, rows, set) = &self.savepoints[at];
+                self.rows = rows.clone();
+                for undone in reports.iter_mut().take(index).skip(set + 1) {
+                    undone.rolled_back = true;
+                }
+                self.savepoints.truncate(at + 1);
+            }
+            _ => {}
         }
     }
 
@@ -261,6 +290,7 @@ impl Tracker {
             reports[index].rolled_back |= rolled_back;
         }
         self.txn_rows.clear();
+        self.savepoints.clear();
         // What a rolled-back transaction changed is gone: its rows never count.
         if let Some(saved) = self.rows_at_begin.take().filter(|_| rolled_back) {
             self.rows = saved;
@@ -481,6 +511,9 @@ pub async fn apply_sql(
                 let r = reading(session, &t, limit).await?;
                 let tag = report.tag.clone().unwrap_or_default();
                 t.absorb(r, index, started, &tag, &mut report);
+                if in_txn {
+                    t.savepoint(&st.sql, &tag, index, &mut reports);
+                }
                 if !in_txn {
                     let (out, _) = run(session, "COMMIT", limit).await?;
                     reports[index] = report;

@@ -6,13 +6,17 @@
 //! in parallel. Before a candidate runs, its fork gets the measuring machinery
 //! (`probe`); the candidate then runs as the agent role, as it would be applied
 //! (`apply`); assertions and a schema comparison follow; `hazards` turns it all
-//! into a verdict.
+//! into a verdict from counts alone, and `scale` into estimates at production
+//! size. `app` plans the application's queries before and after and runs a
+//! workload beside the candidate.
 
 pub mod app;
 pub mod apply;
+pub mod command;
 pub mod hazards;
 pub mod probe;
 pub mod promote;
+pub mod render;
 pub mod report;
 pub mod scale;
 pub mod split;
@@ -431,7 +435,7 @@ async fn measure(
                 unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
                 Ok((applied, None))
             }
-            (None, Some(cmd)) => run_command(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await,
+            (None, Some(cmd)) => command::run(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await,
             (None, None) => unreachable!("checked before forking"),
         };
         done.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -533,7 +537,7 @@ async fn measure(
         );
     }
     if let Some(e) = exec.as_ref().filter(|e| e.exit_code != Some(0)) {
-        found.insert(0, report::Hazard::new("failed", report::Severity::Critical, command_failure(e), None));
+        found.insert(0, report::Hazard::new("failed", report::Severity::Critical, command::failure(e), None));
     }
     Ok(CandidateReport {
         name: candidate.name.clone(),
@@ -554,28 +558,6 @@ async fn measure(
     })
 }
 
-/// Why a command failed, in a sentence: how it ended, and the error it printed
-/// (PostgreSQL's `ERROR:` line, or an error line of its own), not merely its last line.
-pub fn command_failure(e: &ExecOutcome) -> String {
-    let why = match (e.timed_out, e.exit_code) {
-        (true, _) => "timed out".to_owned(),
-        (false, Some(code)) => format!("exited {code}"),
-        (false, None) => "was killed".to_owned(),
-    };
-    let lines: Vec<&str> =
-        e.stderr.lines().chain(e.stdout.lines()).map(str::trim).filter(|l| !l.is_empty()).collect();
-    let error = lines
-        .iter()
-        .find(|l| l.contains("ERROR:") || l.contains("FATAL:"))
-        .or_else(|| lines.iter().find(|l| l.to_ascii_lowercase().contains("error")))
-        .or(lines.first())
-        .map(|l| report::cut(l, 500));
-    match error {
-        Some(error) => format!("the command {why}: {error}"),
-        None => format!("the command {why}"),
-    }
-}
-
 /// Indexes left INVALID (a failed concurrent build), by name.
 async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<String>> {
     let rows = admin
@@ -593,73 +575,6 @@ async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<Str
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
     Ok(rows.into_iter().map(|r| r.get(0)).collect())
-}
-
-/// Runs a command candidate inside the fork's boundary while locks are polled.
-async fn run_command(
-    engine: &Engine,
-    sb: &Sandbox,
-    admin: &Admin,
-    cmd: &str,
-    golden_rows: BTreeMap<String, i64>,
-    timeout: Duration,
-) -> Result<(apply::Applied, Option<ExecOutcome>)> {
-    let before = apply::admin_reading(admin).await?;
-    let request = sandbox::ExecRequest {
-        argv: vec!["bash".into(), "-c".into(), cmd.to_owned()],
-        timeout_seconds: Some(timeout.as_secs().clamp(1, 3600)),
-        stdin: None,
-    };
-    let stop = tokio::sync::Notify::new();
-    let started = std::time::Instant::now();
-    let (ran, observed) = tokio::join!(
-        async {
-            let r = sandbox::exec::exec(engine, &sb.id, &request).await;
-            stop.notify_one();
-            r
-        },
-        apply::poll_locks(admin, 0, &stop)
-    );
-    let ran = ran?;
-    let took = started.elapsed();
-    // Statistics reach the shared counters when a session ends: wait for the
-    // command's sessions to be gone.
-    for _ in 0..200 {
-        let others: i64 = admin
-            .client()
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-                &[],
-            )
-            .await
-            .map(|r| r.get(0))
-            .unwrap_or(0);
-        if others == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let after = apply::admin_reading(admin).await?;
-    let (statement, rows) = apply::command_report(&before, after, &observed, golden_rows, took);
-    let tail = |s: &str| {
-        let start = s.len().saturating_sub(4096);
-        let start = (start..s.len()).find(|i| s.is_char_boundary(*i)).unwrap_or(s.len());
-        s[start..].to_owned()
-    };
-    let outcome = ExecOutcome {
-        exit_code: ran.exit_code,
-        timed_out: ran.timed_out,
-        stdout: tail(&ran.stdout),
-        stderr: tail(&ran.stderr),
-    };
-    let applied = apply::Applied {
-        statements: vec![statement],
-        failure: None,
-        rows,
-        duration_ms: took.as_secs_f64() * 1e3,
-        backend: 0,
-    };
-    Ok((applied, Some(outcome)))
 }
 
 /// Runs each assertion as the agent role: it passes when it returns no rows, or

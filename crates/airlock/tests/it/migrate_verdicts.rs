@@ -85,6 +85,11 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
             "BEGIN;\nALTER TABLE users ADD COLUMN plan text;\nUPDATE users SET plan = 'free' WHERE id % 4 = 0;\nCOMMIT;",
         ),
         ("retype.sql", "ALTER TABLE users ALTER COLUMN score TYPE text;"),
+        (
+            "savepoint.sql",
+            "BEGIN;\nSAVEPOINT before_cleanup;\nDELETE FROM orders;\nROLLBACK TO SAVEPOINT before_cleanup;\n\
+             INSERT INTO tenants VALUES (500, 'x');\nCOMMIT;",
+        ),
     ]);
     candidates.push(("app_queries.sql", APP_QUERIES));
     let paths = files(&d, &candidates);
@@ -115,6 +120,7 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         ("validate_same_txn.sql", vec!["long_lock", "constraint_validation"]),
         ("locked_backfill.sql", vec!["long_lock"]),
         ("retype.sql", vec!["table_rewrite", "breaks_compatibility"]),
+        ("savepoint.sql", vec![]),
     ]
     .into_iter()
     .map(|(n, k)| (n.to_owned(), k.into_iter().map(str::to_owned).collect()))
@@ -174,6 +180,8 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
     assert!(partial["message"].as_str().unwrap().contains("line 1, 2 had already committed"), "{partial}");
     // Rolled-back rows count nowhere, and a cascade's reach leaves out the column's own check.
     assert_eq!(c["rolled_back.sql"]["statements"][2]["rolled_back"], true);
+    assert_eq!(c["savepoint.sql"]["statements"][2]["rolled_back"], true, "{}", c["savepoint.sql"]);
+    assert!(c["savepoint.sql"]["statements"][4].get("rolled_back").is_none(), "{}", c["savepoint.sql"]);
     assert!(
         !c["drop_column_cascade.sql"].to_string().contains("\"cascade\":true"),
         "{}",
