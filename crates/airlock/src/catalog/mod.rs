@@ -436,19 +436,6 @@ pub async fn counters_lost(client: &tokio_postgres::Client) -> Result<bool> {
     Ok(row.get(0))
 }
 
-/// Rows inserted, updated and deleted per table since the statistics were last
-/// reset (for a fork: since the golden was built).
-pub async fn row_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<String, [i64; 3]>> {
-    let rows = client
-        .query(
-            "SELECT schemaname::text, relname::text, n_tup_ins, n_tup_upd, n_tup_del FROM pg_stat_user_tables",
-            &[],
-        )
-        .await
-        .map_err(query_error)?;
-    Ok(rows.into_iter().map(|r| (qualified(r.get(0), r.get(1)), [r.get(2), r.get(3), r.get(4)])).collect())
-}
-
 /// Rows inserted, updated and deleted per table since the fork, every attempt
 /// counted (the server counts rolled-back work too), with the changes that
 /// committed in all: the server's count of changes since the last ANALYZE

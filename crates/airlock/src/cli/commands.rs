@@ -735,16 +735,24 @@ fn read_file(path: &Path, what: &str) -> Result<String> {
 async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
     use crate::migrate::{Candidate, TestRequest};
     let mut candidates: Vec<Candidate> = Vec::new();
+    // Named by file name, or by the path as given when two share a file name.
+    let base = |p: &Path| {
+        p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+    };
+    let mut paths = std::collections::BTreeMap::new();
     for path in &args.candidates {
-        let name =
-            path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let name = if candidates.iter().any(|c| c.name == name) { path.display().to_string() } else { name };
+        let shared = args.candidates.iter().filter(|p| base(p) == base(path)).count() > 1;
+        let name = if shared { path.display().to_string() } else { base(path) };
+        paths.insert(name.clone(), path.display().to_string());
         candidates.push(Candidate {
             name,
             sql: Some(read_file(path, "candidate")?),
             exec: None,
             exec_files: vec![],
         });
+    }
+    if args.parallel == 0 {
+        return Err(Error::new(ErrorCode::InvalidRequest, "--parallel 0 runs nothing", "give 1 or more"));
     }
     let exec_files = hashed_files(&args.exec_files)?;
     for (i, cmd) in args.exec.iter().enumerate() {
@@ -812,7 +820,9 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
     let shown = |text: String| text.lines().map(output::printable).collect::<Vec<_>>().join("\n");
     match format {
         "markdown" => output::line(&shown(report.markdown())),
-        "sarif" => output::line(&serde_json::to_string_pretty(&report.sarif()).expect("sarif serializes")),
+        "sarif" => {
+            output::line(&serde_json::to_string_pretty(&report.sarif(&paths)).expect("sarif serializes"))
+        }
         _ => output::print(format == "json", &report, || shown(report.text())),
     }
     Ok(if report.passed { 0 } else { 12 })

@@ -41,6 +41,8 @@ pub struct Applied {
     pub duration_ms: f64,
     /// The server process of the session the statements ran on (0 for a command).
     pub backend: i32,
+    /// The name each relation is reported under (its first), by OID.
+    pub names: BTreeMap<i64, String>,
 }
 
 /// What is known about the database while a candidate runs.
@@ -65,6 +67,9 @@ struct Tracker {
     constraints: BTreeMap<i64, bool>,
     /// NOT NULL columns per table, as last read.
     not_null: BTreeMap<i64, i64>,
+    /// The first name each relation was seen under: a table renamed, worked on
+    /// and renamed back is still reported (and sized) as the table it is.
+    first_names: BTreeMap<i64, String>,
     /// Savepoints in the open transaction: name, rows when it was set, and the
     /// statement that set it.
     savepoints: Vec<(String, BTreeMap<String, i64>, usize)>,
@@ -86,6 +91,15 @@ impl Tracker {
             constraints: BTreeMap::new(),
             not_null: BTreeMap::new(),
             savepoints: Vec::new(),
+            first_names: BTreeMap::new(),
+        }
+    }
+
+    /// Takes in the relations a reading lists: names now, first names kept.
+    fn see(&mut self, relations: &[probe::Relation]) {
+        for rel in relations {
+            self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
+            self.first_names.entry(rel.relid).or_insert_with(|| rel.name.clone());
         }
     }
 
@@ -116,8 +130,8 @@ impl Tracker {
 
     /// What is there before the candidate: relations, constraints, NOT NULL columns.
     fn know(&mut self, r: &Reading) {
+        self.see(&r.relations);
         for rel in &r.relations {
-            self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
             self.filenodes.insert(rel.relid, rel.filenode);
             self.not_null.insert(rel.relid, rel.not_null);
         }
@@ -140,7 +154,7 @@ impl Tracker {
         tag: &str,
         report: &mut StatementReport,
     ) {
-        let table_name = |t: &Tracker, relid: i64| t.names.get(&relid).map(|(n, _)| n.clone());
+        let table_name = |t: &Tracker, relid: i64| t.names.contains_key(&relid).then(|| t.name(relid));
         for rel in r.relations.iter().filter(|rel| rel.kind == "i" && !self.names.contains_key(&rel.relid)) {
             let Some(table) = rel.table.and_then(|t| table_name(self, t)) else { continue };
             report.indexes_built.push(IndexBuilt {
@@ -168,9 +182,7 @@ impl Tracker {
                 });
             }
         }
-        for rel in &r.relations {
-            self.names.insert(rel.relid, (rel.name.clone(), rel.kind.clone()));
-        }
+        self.see(&r.relations);
         for lock in r.locks {
             if self.names.contains_key(&lock.relid) {
                 self.txn_locks.entry(lock).or_insert((index, started));
@@ -178,7 +190,10 @@ impl Tracker {
         }
         let mut rewritten = BTreeSet::new();
         for w in &r.probe.rewrites {
-            let table = w.relname.clone().unwrap_or_else(|| self.name(w.relid));
+            let table = match (self.names.contains_key(&w.relid), &w.relname) {
+                (false, Some(name)) => name.clone(),
+                _ => self.name(w.relid),
+            };
             let rows = self.rows.get(&table).copied().unwrap_or(0);
             report.rewrites.push(Rewrite { table, reason: probe::rewrite_reason(w.reason), rows });
             rewritten.insert(w.relid);
@@ -187,23 +202,42 @@ impl Tracker {
         for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "m") {
             let before = self.filenodes.insert(rel.relid, rel.filenode);
             if before.is_some_and(|f| f != rel.filenode) && !rewritten.contains(&rel.relid) {
-                let rows = self.rows.get(&rel.name).copied().unwrap_or(0);
+                let name = self.name(rel.relid);
+                let rows = self.rows.get(&name).copied().unwrap_or(0);
+                rewritten.insert(rel.relid);
                 if tag.starts_with("TRUNCATE") {
                     report.rows.push(RowsChanged {
-                        table: rel.name.clone(),
+                        table: name.clone(),
                         inserted: 0,
                         updated: 0,
                         deleted: rows,
                         truncated: true,
                     });
-                    self.rows.insert(rel.name.clone(), 0);
+                    self.rows.insert(name, 0);
                 } else {
                     let reason = if tag.is_empty() {
                         "its storage was replaced (TRUNCATE, VACUUM FULL or CLUSTER)".to_owned()
                     } else {
                         "its storage was rebuilt (VACUUM FULL, CLUSTER or similar)".to_owned()
                     };
-                    report.rewrites.push(Rewrite { table: rel.name.clone(), reason, rows });
+                    report.rewrites.push(Rewrite { table: name, reason, rows });
+                }
+            }
+        }
+        // An index given new storage while its table kept its own (REINDEX)
+        // was built again: under a lock that stops the table's writes, unless
+        // it ran outside a transaction (REINDEX CONCURRENTLY builds new ones).
+        for rel in r.relations.iter().filter(|rel| rel.kind == "i") {
+            let before = self.filenodes.insert(rel.relid, rel.filenode);
+            let table = rel.table.filter(|t| !rewritten.contains(t) && self.names.contains_key(t));
+            if let (Some(before), Some(table)) = (before, table) {
+                if before != rel.filenode && report.transaction != "none" {
+                    report.indexes_built.push(IndexBuilt {
+                        index: self.name(rel.relid),
+                        table: self.name(table),
+                        concurrently: false,
+                        valid: rel.valid.unwrap_or(true),
+                    });
                 }
             }
         }
@@ -234,12 +268,13 @@ impl Tracker {
         // became NOT NULL while its table was read counts.
         for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "p") {
             let before = self.not_null.insert(rel.relid, rel.not_null);
-            let read = report.scanned.get(&rel.name).is_some_and(|n| *n > 0);
+            let name = self.name(rel.relid);
+            let read = report.scanned.get(&name).is_some_and(|n| *n > 0);
             if read && before.is_some_and(|n| n < rel.not_null) {
                 report.validated.push(Validated {
                     kind: "not null".into(),
                     name: format!("{} more NOT NULL column(s)", rel.not_null - before.unwrap_or(0)),
-                    table: rel.name.clone(),
+                    table: name,
                     references: None,
                     under_lock: false,
                 });
@@ -258,24 +293,43 @@ impl Tracker {
             let view_rule = d.object_type == "rule"
                 && d.identity.as_deref().is_some_and(|i| i.starts_with("\"_RETURN\""));
             if (d.original || cascade) && !view_rule {
-                report.dropped.push(Dropped {
-                    object_type: d.object_type,
-                    identity: d.identity.unwrap_or_default(),
-                    cascade,
-                });
+                let identity = self.dropped_identity(&d);
+                report.dropped.push(Dropped { object_type: d.object_type, identity, cascade });
             }
         }
         self.txn_statements.push(index);
     }
 
+    /// A dropped table, or a column of one, under the table's first name.
+    fn dropped_identity(&self, d: &probe::DropLog) -> String {
+        let identity = d.identity.clone().unwrap_or_default();
+        let Some(relid) = d.relid.filter(|r| self.first_names.contains_key(r)) else { return identity };
+        let first = self.name(relid);
+        match (d.object_type.as_str(), self.names.get(&relid)) {
+            ("table column", Some((now, _))) => match identity.strip_prefix(&format!("{now}.")) {
+                Some(column) => format!("{first}.{column}"),
+                None => identity,
+            },
+            ("table" | "view" | "materialized view", _) => first,
+            _ => identity,
+        }
+    }
+
+    /// The name a relation is reported under: the first it was seen with.
     fn name(&self, relid: i64) -> String {
-        self.names.get(&relid).map_or_else(|| format!("oid {relid}"), |(n, _)| n.clone())
+        self.first_names.get(&relid).cloned().unwrap_or_else(|| format!("oid {relid}"))
+    }
+
+    /// Relations by OID with the names they are reported under, and their kinds.
+    fn reported_names(&self) -> BTreeMap<i64, (String, String)> {
+        self.names.iter().map(|(relid, (_, kind))| (*relid, (self.name(*relid), kind.clone()))).collect()
     }
 
     /// The open transaction ended at `at`: each lock was held until then.
     fn end_transaction(&mut self, at: Instant, reports: &mut [StatementReport], rolled_back: bool) {
         for (lock, (index, since)) in std::mem::take(&mut self.txn_locks) {
-            let (relation, kind) = self.names.get(&lock.relid).cloned().unwrap_or_default();
+            let kind = self.names.get(&lock.relid).map(|(_, k)| k.clone()).unwrap_or_default();
+            let relation = self.name(lock.relid);
             reports[index].locks.push(LockHeld {
                 relation,
                 kind: probe::relation_kind(&kind).to_owned(),
@@ -457,6 +511,13 @@ pub async fn apply_sql(
                         reports[index] = report;
                         t.end_transaction(Instant::now(), &mut reports, kind == Kind::Rollback);
                         explicit = None;
+                        // COMMIT AND CHAIN (or ROLLBACK AND CHAIN) begins the next
+                        // transaction at once: what follows shares it, as under psql.
+                        if in_txn && chains(&st.sql) {
+                            t.begin_transaction();
+                            explicit = Some(st.line);
+                            baseline_rows(session, &mut t, limit).await?;
+                        }
                         continue;
                     }
                 }
@@ -483,7 +544,7 @@ pub async fn apply_sql(
                 t.absorb(r, index, started, &tag, &mut report);
                 t.txn_locks.clear();
                 t.txn_statements.clear();
-                report.locks = observed_locks(&observed, &t.names);
+                report.locks = observed_locks(&observed, &t.reported_names());
             }
             _ => {
                 if !in_txn {
@@ -549,6 +610,7 @@ pub async fn apply_sql(
         rows: t.rows,
         duration_ms: ms(began.elapsed()),
         backend: pid,
+        names: t.first_names,
     })
 }
 
@@ -594,6 +656,13 @@ pub fn observed_locks(
             })
         })
         .collect()
+}
+
+/// Whether a COMMIT or ROLLBACK ends with `AND CHAIN` (not `AND NO CHAIN`).
+fn chains(sql: &str) -> bool {
+    let words: Vec<String> =
+        sql.split_whitespace().map(|w| w.trim_end_matches(';').to_ascii_uppercase()).collect();
+    words.ends_with(&["AND".to_owned(), "CHAIN".to_owned()])
 }
 
 /// Rolls back the open transaction after a failure, its statements marked so.
@@ -679,7 +748,7 @@ pub fn command_report(
     let mut after = after;
     after.locks.clear();
     t.absorb(after, 0, Instant::now(), "", &mut report);
-    report.locks = observed_locks(observed, &t.names);
+    report.locks = observed_locks(observed, &t.reported_names());
     // A command's index builds were concurrent unless a write-blocking lock was
     // seen on their table.
     for built in &mut report.indexes_built {

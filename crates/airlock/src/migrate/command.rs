@@ -75,6 +75,7 @@ pub async fn run(
         rows,
         duration_ms: took.as_secs_f64() * 1e3,
         backend: 0,
+        names: BTreeMap::new(),
     };
     Ok((applied, Some(outcome)))
 }

@@ -68,12 +68,15 @@ fn work<'a>(s: &'a StatementReport, golden: &BTreeMap<String, i64>) -> BTreeMap<
     for b in s.indexes_built.iter().filter(|b| !b.concurrently) {
         out.entry(&b.table).or_default().indexed += golden.get(&b.table).copied().unwrap_or(0);
     }
+    for v in s.validated.iter().filter(|v| v.kind == "foreign key") {
+        out.entry(&v.table).or_default().joined += golden.get(&v.table).copied().unwrap_or(0);
+    }
     out
 }
 
 /// Rows a statement worked through, in all.
 fn rows_worked(s: &StatementReport, golden: &BTreeMap<String, i64>) -> i64 {
-    work(s, golden).values().map(|w| w.scanned + w.changed + w.rewritten + w.indexed).sum()
+    work(s, golden).values().map(|w| w.scanned.max(w.joined) + w.changed + w.rewritten + w.indexed).sum()
 }
 
 /// Fills in each blocking lock's estimated hold: the work done from the
@@ -149,6 +152,53 @@ pub fn assess(e: &Evidence) -> Verdict {
             None,
         ));
     }
+    let mass = mass_changes(e);
+    for ((_, table), m) in &mass {
+        let at = Some(m.lines[0]).filter(|l| *l > 0);
+        let lines: Vec<String> = m.lines.iter().map(|l| l.to_string()).collect();
+        let within = if m.lines.len() > 1 {
+            format!("in one transaction (lines {})", lines.join(", "))
+        } else {
+            "in one statement".to_owned()
+        };
+        let share = |n: i64| (n as f64 / golden_rows(table).max(1) as f64).min(1.0) * 100.0;
+        if m.most_deleted {
+            let mut h = Hazard::new(
+                "mass_delete",
+                Severity::High,
+                format!(
+                    "deletes {} of the {} rows of {table} ({:.0}%) {within} ({})",
+                    m.deleted,
+                    golden_rows(table),
+                    share(m.deleted),
+                    size_words(table)
+                ),
+                at,
+            );
+            h.suggestion = Some("delete in batches (DELETE ... WHERE id IN (SELECT id ... LIMIT 10000)), each committed, so locks and WAL stay small, or make sure the data really should go".into());
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(table, &Work { changed: m.deleted, ..Default::default() })));
+            v.hazards.push(h);
+        }
+        if m.most_updated {
+            let mut h = Hazard::new(
+                "mass_update",
+                sized(table),
+                format!(
+                    "updates {} of the {} rows of {table} ({:.0}%) {within}: every row locked and rewritten before the commit ({})",
+                    m.updated,
+                    golden_rows(table),
+                    share(m.updated),
+                    size_words(table)
+                ),
+                at,
+            );
+            h.suggestion = Some("update in batches of a few thousand rows, each committed, so row locks, WAL and bloat stay small".into());
+            h.estimated_ms =
+                Some(round(scale.estimate_ms(table, &Work { changed: m.updated, ..Default::default() })));
+            v.hazards.push(h);
+        }
+    }
     let mut blocking_tables = BTreeSet::new();
     let mut locked = BTreeSet::new();
     for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
@@ -187,57 +237,20 @@ pub fn assess(e: &Evidence) -> Verdict {
             }
         }
         for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
-            let share = r.deleted as f64 / golden_rows(&r.table).max(1) as f64;
-            let mut h = if !r.truncated && share > MOST && scale.size(&r.table).rows >= MASS_MIN_ROWS {
-                let mut h = Hazard::new(
-                    "mass_delete",
-                    Severity::High,
-                    format!(
-                        "deletes {} of the {} rows of {} ({:.0}%) in one statement",
-                        r.deleted,
-                        golden_rows(&r.table),
-                        r.table,
-                        share.min(1.0) * 100.0
-                    ),
-                    line,
-                );
-                h.suggestion = Some("delete in batches (DELETE ... WHERE id IN (SELECT id ... LIMIT 10000)) so locks and WAL stay small, or make sure the data really should go".into());
-                h
-            } else {
-                let what = if r.truncated { "truncates" } else { "deletes" };
-                Hazard::new(
-                    "rows_deleted",
-                    Severity::High,
-                    format!("{what} {} rows of {}", r.deleted, r.table),
-                    line,
-                )
-            };
+            // Most of a table in one transaction is mass_delete, judged per transaction below.
+            if !r.truncated && mass.get(&(s.txn, r.table.as_str())).is_some_and(|m| m.most_deleted) {
+                continue;
+            }
+            let what = if r.truncated { "truncates" } else { "deletes" };
+            let mut h = Hazard::new(
+                "rows_deleted",
+                Severity::High,
+                format!("{what} {} rows of {}", r.deleted, r.table),
+                line,
+            );
             h.estimated_ms =
                 Some(round(scale.estimate_ms(&r.table, &Work { changed: r.deleted, ..Default::default() })));
             v.hazards.push(h);
-        }
-        for r in s.rows.iter().filter(|r| r.updated > 0 && e.rows_before.contains_key(&r.table)) {
-            let share = r.updated as f64 / golden_rows(&r.table).max(1) as f64;
-            if share > MOST && scale.size(&r.table).rows >= MASS_MIN_ROWS {
-                let mut h = Hazard::new(
-                    "mass_update",
-                    sized(&r.table),
-                    format!(
-                        "updates {} of the {} rows of {} ({:.0}%) in one statement: every row locked and rewritten at once ({})",
-                        r.updated,
-                        golden_rows(&r.table),
-                        r.table,
-                        share.min(1.0) * 100.0,
-                        size_words(&r.table)
-                    ),
-                    line,
-                );
-                h.suggestion = Some("update in batches of a few thousand rows, each committed, so row locks, WAL and bloat stay small".into());
-                h.estimated_ms = Some(round(
-                    scale.estimate_ms(&r.table, &Work { changed: r.updated, ..Default::default() }),
-                ));
-                v.hazards.push(h);
-            }
         }
         for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
             let mut h = Hazard::new(
@@ -258,23 +271,32 @@ pub fn assess(e: &Evidence) -> Verdict {
             );
             v.hazards.push(h);
         }
+        // Indexes built under one statement's lock, per table (REINDEX TABLE builds them all).
+        let mut built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for b in s.indexes_built.iter().filter(|b| !b.concurrently && has_rows(&b.table)) {
+            built.entry(b.table.as_str()).or_default().push(b.index.as_str());
+        }
+        for (table, mut indexes) in built {
+            indexes.sort_unstable();
+            let what = if indexes.len() == 1 { "index" } else { "indexes" };
             let mut h = Hazard::new(
                 "blocking_index_build",
-                sized(&b.table),
+                sized(table),
                 format!(
-                    "builds index {} on {} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
-                    b.index,
-                    b.table,
-                    size_words(&b.table)
+                    "builds {what} {} on {table} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
+                    indexes.join(", "),
+                    size_words(table)
                 ),
                 line,
             );
-            let rows = golden_rows(&b.table);
+            let rows = golden_rows(table) * indexes.len() as i64;
             h.estimated_ms =
-                Some(round(scale.estimate_ms(&b.table, &Work { indexed: rows, ..Default::default() })));
-            h.suggestion = Some(if s.tag.as_deref() == Some("ALTER TABLE") {
+                Some(round(scale.estimate_ms(table, &Work { indexed: rows, ..Default::default() })));
+            let tag = s.tag.as_deref().unwrap_or_default();
+            h.suggestion = Some(if tag == "ALTER TABLE" {
                 "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX".into()
+            } else if tag == "REINDEX" {
+                "REINDEX ... CONCURRENTLY, outside a transaction".into()
             } else {
                 "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail".into()
             });
@@ -309,8 +331,11 @@ pub fn assess(e: &Evidence) -> Verdict {
             };
             let mut h = Hazard::new("constraint_validation", sized(&c.table), what, line);
             let rows = golden_rows(&c.table);
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(&c.table, &Work { scanned: rows, ..Default::default() })));
+            let work = match c.kind.as_str() {
+                "foreign key" => Work { joined: rows, ..Default::default() },
+                _ => Work { scanned: rows, ..Default::default() },
+            };
+            h.estimated_ms = Some(round(scale.estimate_ms(&c.table, &work)));
             h.suggestion = Some(suggestion.into());
             v.hazards.push(h);
         }
@@ -332,12 +357,25 @@ pub fn assess(e: &Evidence) -> Verdict {
                 .sum();
             let estimate = l.estimated_ms.unwrap_or(0.0);
             let held_over_work = worked >= MASS_MIN_ROWS;
-            if estimate <= e.max_lock_ms && !held_over_work {
+            // Queries and code (a SELECT, a DO block, a procedure) take as long
+            // as they take, whatever rows the counters see: pg_sleep, a CPU
+            // loop, an index-only scan. Running any under the lock is certain.
+            let code: Vec<String> = after
+                .iter()
+                .filter(|t| t.tag.as_deref().is_some_and(runs_code))
+                .map(|t| format!("{} ({})", t.line, t.tag.as_deref().unwrap_or_default()))
+                .collect();
+            if estimate <= e.max_lock_ms && !held_over_work && code.is_empty() {
                 continue;
             }
             let exclusive = l.mode == "ACCESS EXCLUSIVE";
             let blocks = if exclusive { "reads and writes" } else { "writes" };
-            let why = if held_over_work {
+            let why = if !code.is_empty() && !held_over_work {
+                format!(
+                    "line(s) {} run queries or code under it in the same transaction, for as long as they take",
+                    code.join(", ")
+                )
+            } else if held_over_work {
                 let lines: Vec<String> = after
                     .iter()
                     .filter(|t| t.line > 0 && rows_worked(t, e.rows_before) > 0)
@@ -396,6 +434,49 @@ pub fn assess(e: &Evidence) -> Verdict {
     v
 }
 
+/// Rows updated and deleted per transaction and golden table, and whether
+/// that is most of a table worth batching for.
+struct Mass {
+    updated: i64,
+    deleted: i64,
+    most_updated: bool,
+    most_deleted: bool,
+    lines: Vec<usize>,
+}
+
+/// Each transaction's updates and deletes per golden table: most of a table
+/// is as heavy split over several statements of one transaction as in one.
+fn mass_changes<'a>(e: &'a Evidence) -> BTreeMap<(usize, &'a str), Mass> {
+    let mut out: BTreeMap<(usize, &str), Mass> = BTreeMap::new();
+    for s in e.statements.iter().filter(|s| !s.rolled_back) {
+        for r in s.rows.iter().filter(|r| e.rows_before.contains_key(&r.table) && !r.truncated) {
+            if r.updated + r.deleted == 0 {
+                continue;
+            }
+            let m = out.entry((s.txn, r.table.as_str())).or_insert(Mass {
+                updated: 0,
+                deleted: 0,
+                most_updated: false,
+                most_deleted: false,
+                lines: vec![],
+            });
+            m.updated += r.updated;
+            m.deleted += r.deleted;
+            if !m.lines.contains(&s.line) {
+                m.lines.push(s.line);
+            }
+        }
+    }
+    for ((_, table), m) in out.iter_mut() {
+        let rows = e.rows_before.get(*table).copied().unwrap_or(0).max(1) as f64;
+        let worth = e.scale.size(table).rows >= MASS_MIN_ROWS;
+        m.most_updated = worth && m.updated as f64 / rows > MOST;
+        m.most_deleted = worth && m.deleted as f64 / rows > MOST;
+    }
+    out.retain(|_, m| m.most_updated || m.most_deleted);
+    out
+}
+
 /// Statements already committed when a later one failed: the database is left half-migrated.
 fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
     let Some((_, before)) = e.statements.split_last() else { return };
@@ -420,6 +501,13 @@ fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
     );
     h.suggestion = Some("wrap the file in BEGIN ... COMMIT so a failure leaves nothing behind".into());
     v.hazards.push(h);
+}
+
+/// Whether a command tag is a query or code whose running time no row count bounds.
+fn runs_code(tag: &str) -> bool {
+    ["SELECT", "DO", "CALL", "COPY", "EXPLAIN", "FETCH", "EXECUTE"]
+        .iter()
+        .any(|t| tag == *t || tag.starts_with(&format!("{t} ")))
 }
 
 /// Whether a statement's tag says it changed something.
@@ -507,6 +595,8 @@ fn round(ms: f64) -> f64 {
 pub fn human_ms(ms: f64) -> String {
     if ms < 1_000.0 {
         format!("{ms:.0} ms")
+    } else if ms < 10_000.0 {
+        format!("{:.2} s", ms / 1e3)
     } else if ms < 60_000.0 {
         format!("{:.1} s", ms / 1e3)
     } else {

@@ -172,7 +172,7 @@ pub struct TestRequest {
 async fn unmeasured_changes(
     admin: &Admin,
     applied: &apply::Applied,
-    before: &BTreeMap<String, [i64; 3]>,
+    before: &BTreeMap<i64, (String, [i64; 3])>,
 ) -> Result<Vec<(String, [i64; 3])>> {
     let gone = Instant::now() + Duration::from_secs(5);
     while Instant::now() < gone {
@@ -186,16 +186,18 @@ async fn unmeasured_changes(
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let after = catalog::row_activity(admin.client()).await?;
+    let after = activity_by_relid(admin).await?;
     // Rolled-back changes are on the server's counters too.
     let measured = report::rows_by_table(&applied.statements, false);
     let mut out = Vec::new();
-    for (table, now) in &after {
+    for (relid, (current, now)) in &after {
         // The probe's own tables are the measuring machinery's.
-        if table.starts_with("pg_airlock") {
+        if current.starts_with("pg_airlock") {
             continue;
         }
-        let then = before.get(table).copied().unwrap_or_default();
+        // Measurements name a table by the name it was first seen under.
+        let table = applied.names.get(relid).unwrap_or(current);
+        let then = before.get(relid).map(|b| b.1).unwrap_or_default();
         let seen = measured.get(table.as_str()).copied().unwrap_or_default();
         let beyond: [i64; 3] = std::array::from_fn(|i| (now[i] - then[i] - seen[i]).max(0));
         if beyond.iter().any(|n| *n > 0) {
@@ -203,6 +205,21 @@ async fn unmeasured_changes(
         }
     }
     Ok(out)
+}
+
+/// Each user table's counters of rows inserted, updated and deleted, with its
+/// name now, by OID (a table renamed during the run is still the same table).
+async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64; 3])>> {
+    let rows = admin
+        .client()
+        .query(
+            "SELECT relid::int8, schemaname::text || '.' || relname::text, n_tup_ins, n_tup_upd, n_tup_del
+               FROM pg_catalog.pg_stat_user_tables",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+    Ok(rows.into_iter().map(|r| (r.get(0), (r.get(1), [r.get(2), r.get(3), r.get(4)]))).collect())
 }
 
 /// How long the final count of one table, and of all, may take.
@@ -225,7 +242,21 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     for c in &req.candidates {
         match (&c.sql, &c.exec) {
             (Some(sql), None) => {
-                split::split(sql).map_err(|e| invalid(format!("{}: {}", c.name, e.message), e.hint))?;
+                if let Some(at) = sql.find('\0') {
+                    let line = sql[..at].matches('\n').count() + 1;
+                    return Err(invalid(
+                        format!("{}: a NUL byte at line {line}", c.name),
+                        "a migration is text: remove the NUL byte (is it a binary file?)",
+                    ));
+                }
+                let statements =
+                    split::split(sql).map_err(|e| invalid(format!("{}: {}", c.name, e.message), e.hint))?;
+                if statements.is_empty() {
+                    return Err(invalid(
+                        format!("{} holds no statement", c.name),
+                        "give a file with at least one SQL statement",
+                    ));
+                }
             }
             (None, Some(cmd)) if !cmd.trim().is_empty() => {}
             _ => {
@@ -384,7 +415,36 @@ async fn test_one(
     let _busy = engine.connections.open(&sb.id);
     let result = measure(engine, req, candidate, snapshot, expected, &sb, timeout).await;
     let _ = sandbox::delete(engine, &sb.id, DeleteReason::User).await;
-    result
+    // A candidate that breaks the measuring (it changed role, say) fails on
+    // its own; the others' reports stand.
+    Ok(result.unwrap_or_else(|e| unmeasurable(candidate, &e)))
+}
+
+/// The report of a candidate whose test could not be completed.
+fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
+    let hazard = report::Hazard::new(
+        "failed",
+        report::Severity::Critical,
+        format!("its test could not be completed: {} ({})", e.message, e.code.as_str()),
+        None,
+    );
+    CandidateReport {
+        name: candidate.name.clone(),
+        sha256: candidate.sha256(),
+        kind: if candidate.sql.is_some() { "sql" } else { "exec" }.into(),
+        passed: false,
+        hazards: vec![hazard],
+        notes: vec![],
+        queries: vec![],
+        workload: None,
+        statements: vec![],
+        failure: None,
+        exec: None,
+        assertions: vec![],
+        changes: vec![],
+        drift: vec![],
+        duration_ms: 0.0,
+    }
 }
 
 async fn measure(
@@ -406,7 +466,7 @@ async fn measure(
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
-    let activity_before = catalog::row_activity(admin.client()).await?;
+    let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
     let done = std::sync::atomic::AtomicBool::new(false);

@@ -8,6 +8,9 @@
 //! triggers log table rewrites (with PostgreSQL's reason) and dropped objects
 //! (with whether a CASCADE reached them) into tables the agent role cannot write.
 //!
+//! The agent role may `SET ROLE` to the owner role it is a member of, so
+//! both may take a reading.
+//!
 //! A reading is taken in the candidate's own session (its transaction's locks and
 //! row counters are visible only there), but entirely inside `SECURITY DEFINER`
 //! functions whose `search_path` is pinned to `pg_catalog, pg_temp`: the
@@ -17,7 +20,7 @@
 
 use serde::Deserialize;
 
-use crate::pg::dsn::AGENT_ROLE;
+use crate::pg::dsn::{AGENT_ROLE, OWNER_ROLE};
 
 /// The schema everything lives in.
 pub const SCHEMA: &str = "pg_airlock_probe";
@@ -30,7 +33,7 @@ pub fn install_sql() -> String {
          RESET allow_system_table_mods;
          CREATE TABLE {SCHEMA}.rewrites (id bigserial PRIMARY KEY, relid oid, relname text, reason int);
          CREATE TABLE {SCHEMA}.dropped (id bigserial PRIMARY KEY, object_type text, identity text,
-                                        original bool, normal bool, is_temporary bool);
+                                        original bool, normal bool, is_temporary bool, relid oid);
          CREATE FUNCTION {SCHEMA}.log_rewrite() RETURNS event_trigger LANGUAGE plpgsql
            SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            BEGIN
@@ -43,8 +46,9 @@ pub fn install_sql() -> String {
          CREATE FUNCTION {SCHEMA}.log_drop() RETURNS event_trigger LANGUAGE plpgsql
            SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            BEGIN
-             INSERT INTO {SCHEMA}.dropped (object_type, identity, original, normal, is_temporary)
-             SELECT object_type, object_identity, original, normal, is_temporary
+             INSERT INTO {SCHEMA}.dropped (object_type, identity, original, normal, is_temporary, relid)
+             SELECT object_type, object_identity, original, normal, is_temporary,
+                    CASE WHEN classid = 'pg_catalog.pg_class'::pg_catalog.regclass THEN objid END
              FROM pg_event_trigger_dropped_objects();
            END $$;
          CREATE EVENT TRIGGER airlock_probe_rewrite ON table_rewrite EXECUTE FUNCTION {SCHEMA}.log_rewrite();
@@ -57,7 +61,8 @@ pub fn install_sql() -> String {
                               'relname', relname, 'reason', reason) ORDER BY id), '[]')
                             FROM {SCHEMA}.rewrites WHERE id > after_rewrite),
                'dropped', (SELECT coalesce(json_agg(json_build_object('id', id, 'object_type', object_type,
-                              'identity', identity, 'original', original, 'normal', normal) ORDER BY id), '[]')
+                              'identity', identity, 'original', original, 'normal', normal,
+                              'relid', relid::int8) ORDER BY id), '[]')
                            FROM {SCHEMA}.dropped WHERE id > after_drop AND NOT is_temporary)),
              'locks', (SELECT coalesce(json_agg(json_build_object('relid', l.relation::int8, 'mode', l.mode)), '[]')
                        FROM pg_locks l
@@ -94,9 +99,9 @@ pub fn install_sql() -> String {
            FROM pg_stat_xact_user_tables $$;
          REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
          REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;
-         GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_ROLE};
+         GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_ROLE}, {OWNER_ROLE};
          GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint, boolean), {SCHEMA}.transaction_rows()
-           TO {AGENT_ROLE};"
+           TO {AGENT_ROLE}, {OWNER_ROLE};"
     )
 }
 
@@ -182,6 +187,9 @@ pub struct DropLog {
     pub original: bool,
     /// Whether a normal dependency led to it (what CASCADE follows).
     pub normal: bool,
+    /// For a relation or a column of one, the relation's OID.
+    #[serde(default)]
+    pub relid: Option<i64>,
 }
 
 /// A lock held.

@@ -177,42 +177,61 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
     let single = statements.iter().all(|s| split::kind(&s.sql) == Kind::Plain);
     let began = Instant::now();
-    let mut before = None;
-    if single {
-        run("BEGIN".into()).await.map_err(pg_error)?;
-        before = Some(verify::Before::read(&client).await?);
-    }
-    for s in &statements {
-        if let Err(e) = run(s.sql.clone()).await {
-            if single {
-                let _ = run("ROLLBACK".into()).await;
-            }
-            let undone = if single { "nothing was applied" } else { "statements before it stay applied" };
-            return Err(Error::new(
+    let mut kept = false;
+    for part in parts(&statements, single) {
+        let within = &statements[part.range.clone()];
+        // The file's own BEGIN and COMMIT, when the part is its transaction.
+        let (open, body, close) = match (part.checked, part.own_transaction) {
+            (true, false) => (&within[..1], &within[1..within.len() - 1], &within[within.len() - 1..]),
+            _ => (&within[..0], within, &within[within.len()..]),
+        };
+        let failed = |s: &split::Statement, e: tokio_postgres::Error, kept: bool| {
+            let undone = if kept { "statements before it stay applied" } else { "nothing was applied" };
+            Error::new(
                 ErrorCode::MigrationFailed,
                 format!("line {}: {} ({undone})", s.line, crate::pg::admin::describe(&e)),
                 "a lock_timeout error (55P03) means the target is busy: retry when it is quieter",
-            ));
+            )
+        };
+        if !part.checked {
+            for s in body {
+                run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?;
+                kept = true;
+            }
+            continue;
         }
-    }
-    if single {
+        match open.first() {
+            Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
+            None => run("BEGIN".into()).await.map_err(pg_error)?,
+        }
+        let before = verify::Before::read(&client).await?;
+        for s in body {
+            if let Err(e) = run(s.sql.clone()).await {
+                let _ = run("ROLLBACK".into()).await;
+                return Err(failed(s, e, kept));
+            }
+        }
         // Before anything is kept, the target must have seen what the test saw:
         // a migration that behaves otherwise here (one that can tell it is being
-        // tested, say) is rolled back and refused.
+        // tested, say) is rolled back and refused — part by part, for a file
+        // that runs in parts.
+        let tested_part = tested.statements.get(part.range.clone()).unwrap_or(&[]);
+        let changes = single.then_some(tested.changes.as_slice());
+        let line = within.first().map_or(0, |s| s.line);
         let checked = async {
             if let Some(e) = verify::settle_deferred(&client).await? {
                 return Err(Error::new(
                     ErrorCode::MigrationFailed,
-                    format!("at COMMIT: {e} (nothing was applied)"),
+                    format!("at the COMMIT of the part from line {line}: {e}"),
                     "the target refused what the commit would do",
                 ));
             }
-            let before = before.as_ref().expect("read when the transaction began");
-            let surprises = verify::surprises(&client, tested, &now, before).await?;
+            let surprises = verify::surprises(&client, tested_part, changes, &now, &before).await?;
             if !surprises.is_empty() {
+                let kept = if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
                 return Err(refused(
                     format!(
-                        "on the target, {} did what its test did not, so nothing was applied: {}",
+                        "on the target, {} did what its test did not (from line {line}), so that part was rolled back{kept}: {}",
                         tested.name,
                         surprises.join("; ")
                     ),
@@ -227,7 +246,11 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             let _ = run("ROLLBACK".into()).await;
             return Err(e);
         }
-        run("COMMIT".into()).await.map_err(pg_error)?;
+        match close.first() {
+            Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
+            None => run("COMMIT".into()).await.map_err(pg_error)?,
+        }
+        kept = true;
     }
     let took = Duration::from_secs_f64(began.elapsed().as_secs_f64());
     let promoted = Promoted {
@@ -245,6 +268,55 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         ..Default::default()
     });
     Ok(promoted)
+}
+
+/// A run of a file's statements promote applies together.
+struct Part {
+    /// The statements, by index.
+    range: std::ops::Range<usize>,
+    /// Whether it runs in a transaction promote checks before it commits.
+    checked: bool,
+    /// Whether promote opens that transaction (else the part is the file's
+    /// own `BEGIN ... COMMIT`).
+    own_transaction: bool,
+}
+
+/// How a file runs: all in one checked transaction when every statement can
+/// share one; else as psql would, each statement outside the file's
+/// transactions in a checked transaction of its own, each of the file's
+/// `BEGIN ... COMMIT` blocks checked before its COMMIT, and what cannot run in
+/// a transaction (`CREATE INDEX CONCURRENTLY`...), or a block that chains or
+/// rolls itself back, run unchecked.
+fn parts(statements: &[split::Statement], single: bool) -> Vec<Part> {
+    if single {
+        return vec![Part { range: 0..statements.len(), checked: true, own_transaction: true }];
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < statements.len() {
+        let one = |checked| Part { range: i..i + 1, checked, own_transaction: true };
+        match split::kind(&statements[i].sql) {
+            Kind::Plain => out.push(one(true)),
+            Kind::Begin => {
+                let end = statements[i..]
+                    .iter()
+                    .position(|s| matches!(split::kind(&s.sql), Kind::Commit | Kind::Rollback));
+                let Some(end) = end.map(|e| i + e) else {
+                    out.push(Part { range: i..statements.len(), checked: false, own_transaction: true });
+                    break;
+                };
+                let plain = statements[i + 1..end].iter().all(|s| split::kind(&s.sql) == Kind::Plain);
+                let commits = split::kind(&statements[end].sql) == Kind::Commit
+                    && !statements[end].sql.to_ascii_uppercase().contains("CHAIN");
+                out.push(Part { range: i..end + 1, checked: plain && commits, own_transaction: false });
+                i = end + 1;
+                continue;
+            }
+            _ => out.push(one(false)),
+        }
+        i += 1;
+    }
+    out
 }
 
 /// A target's refusal, as `migration_failed`.

@@ -143,7 +143,10 @@ impl Report {
         if self.candidates.len() > 1 {
             out.push(format!("ranking: {}", self.ranking.join(" > ")));
         }
-        out.join("\n") + "\n"
+        // One entry, one line: a newline in anything the candidate named (an
+        // identifier, an error it raised, a file name) cannot start a line of
+        // the report's own.
+        out.iter().map(|l| l.replace('\n', "\\n").replace('\r', "\\r")).collect::<Vec<_>>().join("\n") + "\n"
     }
 
     /// The report as Markdown, for a pull-request comment. Text from the
@@ -222,8 +225,9 @@ impl Report {
     }
 
     /// The report as SARIF 2.1.0, for code scanning: one result per hazard
-    /// (and note), at the candidate file and line.
-    pub fn sarif(&self) -> serde_json::Value {
+    /// (and note), at the candidate's file (its path as given, from `paths`
+    /// by name) and line; a hazard of the whole file is placed on the file.
+    pub fn sarif(&self, paths: &std::collections::BTreeMap<String, String>) -> serde_json::Value {
         let mut rules: std::collections::BTreeMap<&str, &str> = Default::default();
         let mut results = Vec::new();
         for c in &self.candidates {
@@ -242,10 +246,7 @@ impl Report {
                     "ruleId": h.kind,
                     "level": level,
                     "message": {"text": text},
-                    "locations": [{"physicalLocation": {
-                        "artifactLocation": {"uri": c.name},
-                        "region": {"startLine": h.line.unwrap_or(1).max(1)}
-                    }}],
+                    "locations": [{"physicalLocation": location(paths.get(&c.name).unwrap_or(&c.name), h.line)}],
                     "partialFingerprints": {"candidateSha256": c.sha256},
                     "properties": {"severity": h.severity.as_str(), "estimatedMs": h.estimated_ms}
                 }));
@@ -271,13 +272,21 @@ impl Report {
     }
 }
 
+/// A SARIF physical location: the file, and the line when there is one.
+fn location(uri: &str, line: Option<usize>) -> serde_json::Value {
+    match line.filter(|l| *l > 0) {
+        Some(line) => serde_json::json!({"artifactLocation": {"uri": uri}, "region": {"startLine": line}}),
+        None => serde_json::json!({"artifactLocation": {"uri": uri}}),
+    }
+}
+
 /// Text escaped for Markdown: nothing in it can open a link, an image, code,
 /// emphasis, a table cell or HTML.
 fn md(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for ch in text.chars() {
         match ch {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '!' | '#' | '~' | '&' => {
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '|' | '!' | '#' | '~' | '&' | '@' => {
                 out.push('\\');
                 out.push(ch);
             }

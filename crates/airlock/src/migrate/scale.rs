@@ -39,7 +39,7 @@ pub struct ProductionStats {
 /// The query that reads a database's table sizes: run by `migrate stats`, and
 /// usable by hand to make a `--production-stats` file.
 pub const STATS_SQL: &str = "SELECT n.nspname || '.' || c.relname AS table_name,
-       GREATEST(c.reltuples, 0)::int8 AS rows, c.relpages::int8 * 8192 AS bytes
+       CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 END AS rows, c.relpages::int8 * 8192 AS bytes
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname <> 'information_schema'
    AND n.nspname NOT LIKE 'pg\\_%'";
@@ -57,20 +57,26 @@ impl ProductionStats {
                 "the role needs only to see pg_class: any role that can connect can",
             )
         })?;
+        // A table never analyzed has no estimate (-1): its size stays unknown.
         let tables = rows
             .into_iter()
-            .map(|r| (r.get::<_, String>(0), TableSize { rows: r.get(1), bytes: r.get(2) }))
+            .filter_map(|r| {
+                let rows: Option<i64> = r.get(1);
+                rows.map(|rows| (r.get::<_, String>(0), TableSize { rows, bytes: r.get(2) }))
+            })
             .collect();
         Ok(ProductionStats { source, tables })
     }
 
     /// Parses a file: the JSON `migrate stats` prints, or CSV lines
-    /// `schema.table,rows,bytes` (a header line is skipped).
+    /// `schema.table,rows,bytes` (a header line is skipped; a negative row
+    /// count, PostgreSQL's "never analyzed", leaves the table's size unknown).
     pub fn parse(text: &str, source: String) -> Result<ProductionStats> {
         if text.trim_start().starts_with('{') {
             let mut stats: ProductionStats =
                 serde_json::from_str(text).map_err(|e| bad_file(&source, &e.to_string()))?;
             stats.source = source;
+            stats.tables.retain(|_, t| t.rows >= 0);
             return Ok(stats);
         }
         let mut tables = BTreeMap::new();
@@ -80,18 +86,19 @@ impl ProductionStats {
             {
                 continue;
             }
-            let number =
-                |k: usize| fields.get(k).and_then(|f| f.parse::<f64>().ok()).map(|n| n.max(0.0) as i64);
-            match (fields.first(), number(1)) {
-                (Some(name), Some(rows)) if name.contains('.') => {
-                    tables.insert((*name).to_owned(), TableSize { rows, bytes: number(2).unwrap_or(0) });
+            let number = |k: usize| fields.get(k).map(|f| f.parse::<f64>().map(|n| n as i64));
+            let bad =
+                || bad_file(&source, &format!("line {} is not schema.table,rows,bytes: {line:?}", i + 1));
+            match (fields.first(), number(1), number(2)) {
+                (Some(name), Some(Ok(rows)), None | Some(Ok(_)))
+                    if name.contains('.') && fields.len() <= 3 =>
+                {
+                    let bytes = number(2).and_then(|b| b.ok()).unwrap_or(0).max(0);
+                    if rows >= 0 {
+                        tables.insert((*name).to_owned(), TableSize { rows, bytes });
+                    }
                 }
-                _ => {
-                    return Err(bad_file(
-                        &source,
-                        &format!("line {} is not schema.table,rows,bytes: {line:?}", i + 1),
-                    ))
-                }
+                _ => return Err(bad()),
             }
         }
         Ok(ProductionStats { source, tables })
@@ -109,8 +116,12 @@ fn bad_file(source: &str, why: &str) -> Error {
 /// Per-row costs measured on a fork of the golden, microseconds per row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Costs {
-    /// Reading a row in a sequential scan.
+    /// Reading a row in a sequential scan and testing it (what a CHECK or
+    /// NOT NULL validation, or a filtered query, does).
     pub scan_us: f64,
+    /// Checking a row against another table (what a foreign key's validation does).
+    #[serde(default)]
+    pub join_us: f64,
     /// Updating a row in place.
     pub change_us: f64,
     /// Writing a row into a new table (what a rewrite does).
@@ -147,6 +158,8 @@ pub struct Scale {
 pub struct Work {
     /// Rows read by scans.
     pub scanned: i64,
+    /// Rows checked against another table (a foreign key's validation).
+    pub joined: i64,
     /// Rows inserted, updated or deleted.
     pub changed: i64,
     /// Rows copied by a rewrite.
@@ -184,8 +197,10 @@ impl Scale {
     pub fn estimate_ms(&self, table: &str, w: &Work) -> f64 {
         let c = &self.costs;
         // An index build or rewrite reads the table as part of its cost.
-        let reading = if w.indexed > 0 || w.rewritten > 0 { 0.0 } else { w.scanned as f64 * c.scan_us };
+        let reading =
+            if w.indexed > 0 || w.rewritten > 0 || w.joined > 0 { 0.0 } else { w.scanned as f64 * c.scan_us };
         let us = reading
+            + w.joined as f64 * c.join_us
             + w.changed as f64 * c.change_us
             + w.rewritten as f64 * c.write_us
             + w.indexed as f64 * c.index_us;
@@ -308,21 +323,27 @@ async fn measure_costs(client: &tokio_postgres::Client, width: i64) -> Result<Co
         run("VACUUM ANALYZE pg_airlock_calibration.t".into()).await?;
         let mut scan_us = f64::MAX;
         for _ in 0..3 {
-            scan_us = scan_us.min(run("SELECT count(*) FROM pg_airlock_calibration.t".into()).await?);
+            let sql = "SELECT count(*) FROM pg_airlock_calibration.t WHERE pad IS NOT NULL AND k >= 0";
+            scan_us = scan_us.min(run(sql.into()).await?);
         }
+        let join_us = run("SELECT count(*) FROM pg_airlock_calibration.t a
+                             LEFT JOIN pg_airlock_calibration.t b ON b.id = a.k WHERE b.id IS NULL"
+            .into())
+        .await?;
         // Every row updated in one statement, its two indexes kept up.
         let change_us = run("UPDATE pg_airlock_calibration.t SET v = v + 1".into()).await?;
-        Ok::<_, Error>((scan_us, change_us, write_us, index_us))
+        Ok::<_, Error>((scan_us, join_us, change_us, write_us, index_us))
     }
     .await;
     run("DROP SCHEMA pg_airlock_calibration CASCADE; RESET search_path;
          RESET max_parallel_workers_per_gather; RESET max_parallel_maintenance_workers"
         .into())
     .await?;
-    let (scan_us, change_us, write_us, index_us) = measured?;
+    let (scan_us, join_us, change_us, write_us, index_us) = measured?;
     let round = |us: f64| (us * 1e3).round() / 1e3;
     Ok(Costs {
         scan_us: round(scan_us),
+        join_us: round(join_us),
         change_us: round(change_us),
         write_us: round(write_us),
         index_us: round(index_us),

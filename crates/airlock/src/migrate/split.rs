@@ -43,6 +43,18 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
     while i < bytes.len() {
         let c = bytes[i];
         if at_line_start && c == b'\\' {
+            let copying = out.last().is_some_and(|st: &Statement| {
+                let words: Vec<String> = st.sql.split_whitespace().map(str::to_ascii_lowercase).collect();
+                words.first().is_some_and(|w| w == "copy")
+                    && words.windows(2).any(|w| w[0] == "from" && w[1] == "stdin")
+            });
+            if copying {
+                return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("line {line}: rows inline after COPY ... FROM stdin end with \\., which only psql reads"),
+                    "load the rows with INSERT statements, or run the file with psql as a command: --exec 'psql \"$DATABASE_URL\" -f FILE'",
+                ));
+            }
             return Err(Error::new(
                 ErrorCode::InvalidRequest,
                 format!("line {line}: psql meta-command {:?}", first_word(&text[i..])),
@@ -226,7 +238,7 @@ pub fn kind(sql: &str) -> Kind {
         ["rollback", ..] | ["abort", ..] => Kind::Rollback,
         ["create", ..] | ["drop", ..] if has("index") && has("concurrently") => Kind::NoTransaction,
         ["reindex", ..] if head.contains("concurrently") => Kind::NoTransaction,
-        ["vacuum", ..] | ["alter", "system", ..] => Kind::NoTransaction,
+        ["vacuum", ..] | ["alter", "system", ..] | ["discard", "all", ..] => Kind::NoTransaction,
         ["create", "database", ..] | ["drop", "database", ..] => Kind::NoTransaction,
         ["create", "tablespace", ..] | ["drop", "tablespace", ..] => Kind::NoTransaction,
         _ => Kind::Plain,
@@ -283,5 +295,6 @@ mod tests {
         assert_eq!(kind("CREATE UNIQUE INDEX CONCURRENTLY i ON t (x)"), Kind::NoTransaction);
         assert_eq!(kind("CREATE INDEX i ON t (x)"), Kind::Plain);
         assert_eq!(kind("VACUUM ANALYZE t"), Kind::NoTransaction);
+        assert_eq!(kind("DISCARD ALL"), Kind::NoTransaction);
     }
 }

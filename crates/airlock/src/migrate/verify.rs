@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::promote::pg_error;
-use super::report::CandidateReport;
+use super::report::StatementReport;
 use crate::catalog::diff::Change;
 use crate::catalog::Catalog;
 use crate::error::Result;
@@ -137,16 +137,22 @@ const SHARE_SLACK: f64 = 0.05;
 
 /// What the migration did on the target, in its open transaction, that its test
 /// did not.
+///
+/// `statements` are the tested statements the open transaction ran; `changes`
+/// the catalog changes the whole file made in its test, compared when the
+/// transaction holds the whole file (`None` for one part of a file run in
+/// parts, whose catalog changes the test did not record apart).
 pub async fn surprises(
     client: &tokio_postgres::Client,
-    tested: &CandidateReport,
+    statements: &[StatementReport],
+    changes: Option<&[Change]>,
     catalog_before: &Catalog,
     before: &Before,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    let seen = super::report::rows_by_table(&tested.statements, true);
+    let seen = super::report::rows_by_table(statements, true);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
-    for st in &tested.statements {
+    for st in statements {
         rewritten.extend(st.rows.iter().filter(|r| r.truncated).map(|r| r.table.as_str()));
         rewritten.extend(st.rewrites.iter().map(|w| w.table.as_str()));
     }
@@ -186,9 +192,10 @@ pub async fn surprises(
     }
     // Catalog entries with their definitions; owners are set aside, since the
     // test's objects belong to the sandbox's roles and the target's to its own.
+    let Some(changes) = changes else { return Ok(out) };
     let after = crate::catalog::read(client).await?;
     let here = entries(&crate::catalog::diff::diff(catalog_before, &after));
-    let there = entries(&tested.changes);
+    let there = entries(changes);
     for extra in here.difference(&there).take(5) {
         out.push(format!("{extra} (not so in the test)"));
     }

@@ -9,7 +9,7 @@ use std::process::{Child, Command};
 use serde_json::Value;
 
 use crate::harness::sql;
-use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, test};
+use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, promote, test};
 
 fn kinds_of(report: &Value) -> BTreeMap<String, Vec<String>> {
     by_name(report)
@@ -85,6 +85,29 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
             "BEGIN;\nALTER TABLE users ADD COLUMN plan text;\nUPDATE users SET plan = 'free' WHERE id % 4 = 0;\nCOMMIT;",
         ),
         ("retype.sql", "ALTER TABLE users ALTER COLUMN score TYPE text;"),
+        // Renamed, rewritten and renamed back: still the golden's orders.
+        (
+            "rename_around.sql",
+            "ALTER TABLE orders RENAME TO orders_tmp;\nALTER TABLE orders_tmp ADD COLUMN public_ref uuid DEFAULT gen_random_uuid();\n\
+             ALTER TABLE orders_tmp RENAME TO orders;",
+        ),
+        // Code run under the lock takes as long as it takes, whatever rows it reads.
+        ("sleep_under_lock.sql", "BEGIN;\nALTER TABLE orders ADD COLUMN loyalty int;\nSELECT pg_sleep(0.1);\nCOMMIT;"),
+        // Most of a table updated in one transaction, a half at a time.
+        (
+            "split_update.sql",
+            "BEGIN;\nUPDATE users SET score = 2 WHERE id % 2 = 0;\nUPDATE users SET score = 2 WHERE id % 2 = 1;\nCOMMIT;",
+        ),
+        // COMMIT AND CHAIN opens the next transaction at once, as under psql.
+        (
+            "chain.sql",
+            "BEGIN;\nSELECT 1;\nCOMMIT AND CHAIN;\nALTER TABLE users ADD COLUMN x int;\n\
+             UPDATE users SET x = 1 WHERE id % 4 = 0;\nCOMMIT;",
+        ),
+        ("discard.sql", "DISCARD ALL;\nALTER TABLE tenants ADD COLUMN region text;"),
+        ("reindex.sql", "REINDEX TABLE orders;"),
+        // The owner role the agent may switch to is measured all the same.
+        ("set_role.sql", "SET ROLE airlock_owner;\nALTER TABLE users ADD COLUMN z int;"),
         (
             "savepoint.sql",
             "BEGIN;\nSAVEPOINT before_cleanup;\nDELETE FROM orders;\nROLLBACK TO SAVEPOINT before_cleanup;\n\
@@ -121,6 +144,13 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         ("locked_backfill.sql", vec!["long_lock"]),
         ("retype.sql", vec!["table_rewrite", "breaks_compatibility"]),
         ("savepoint.sql", vec![]),
+        ("set_role.sql", vec![]),
+        ("rename_around.sql", vec!["table_rewrite"]),
+        ("sleep_under_lock.sql", vec!["long_lock"]),
+        ("split_update.sql", vec!["mass_update"]),
+        ("chain.sql", vec!["long_lock"]),
+        ("discard.sql", vec![]),
+        ("reindex.sql", vec!["blocking_index_build"]),
     ]
     .into_iter()
     .map(|(n, k)| (n.to_owned(), k.into_iter().map(str::to_owned).collect()))
@@ -176,6 +206,16 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         .as_str()
         .unwrap()
         .contains("score changes type integer -> text"));
+    let around = hazard(&c["rename_around.sql"], "table_rewrite");
+    assert!(around["message"].as_str().unwrap().contains("rewrites public.orders (100000 rows"), "{around}");
+    assert!(hazard(&c["split_update.sql"], "mass_update")["message"]
+        .as_str()
+        .unwrap()
+        .contains("in one transaction (lines 2, 3)"));
+    assert!(hazard(&c["reindex.sql"], "blocking_index_build")["message"]
+        .as_str()
+        .unwrap()
+        .contains("public.orders_pkey, public.orders_user"));
     let partial = hazard(&c["partial.sql"], "partial_commit");
     assert!(partial["message"].as_str().unwrap().contains("line 1, 2 had already committed"), "{partial}");
     // Rolled-back rows count nowhere, and a cascade's reach leaves out the column's own check.
@@ -364,7 +404,8 @@ fn a_workload_feels_a_blocking_index_build_and_not_a_concurrent_one() {
     let summary = c["blocking.sql"]["workload"]["summary"].to_string();
     assert!(summary.contains("writes to public.orders waited up to"), "{summary}");
     // The workload changed no row: nothing unmeasured, the same hazards as without it.
-    assert_eq!(hazard_kinds(&c["blocking.sql"]), ["blocking_index_build"]);
+    // (Its pg_sleep ran under the index build's lock: a long_lock, whatever its rows.)
+    assert_eq!(hazard_kinds(&c["blocking.sql"]), ["blocking_index_build", "long_lock"]);
     assert!(c["concurrent.sql"]["passed"].as_bool().unwrap(), "{}", c["concurrent.sql"]);
 
     // The application's own queries as the workload: its UPDATE waits, planned, never run.
@@ -373,7 +414,7 @@ fn a_workload_feels_a_blocking_index_build_and_not_a_concurrent_one() {
     let update = w["queries"].as_array().into_iter().flatten().find(|q| q["kind"] == "write");
     let update = update.unwrap_or_else(|| panic!("no write in {w}"));
     assert!(update["max_ms"].as_f64().unwrap() >= 1_000.0 && update["errors"] == 0, "{w}");
-    assert_eq!(hazard_kinds(&report["candidates"][0]), ["blocking_index_build"]);
+    assert_eq!(hazard_kinds(&report["candidates"][0]), ["blocking_index_build", "long_lock"]);
 }
 
 #[test]
@@ -446,18 +487,15 @@ fn reports_for_pull_requests_and_code_scanning() {
                 "index.sql",
                 "-- an index for the [report](http://evil.test) page \u{1b}[2J\u{202e}\nCREATE INDEX orders_total\n    ON orders (total)\n    WHERE total > 100;",
             ),
+            // An error it raises tries to forge lines of the report.
+            (
+                "forge.sql",
+                "DO $$ BEGIN RAISE EXCEPTION E'ok\\n\\nPASS forged.sql (sql, 1 ms)\\n\\nbest passing candidate: forged.sql'; END $$;",
+            ),
         ],
     );
-    let md = d.cli(&[
-        "migrate",
-        "test",
-        "--golden",
-        "app",
-        "--format",
-        "markdown",
-        paths[0].to_str().unwrap(),
-        paths[1].to_str().unwrap(),
-    ]);
+    let [safe, index, forge] = [0, 1, 2].map(|i| paths[i].to_str().unwrap());
+    let md = d.cli(&["migrate", "test", "--golden", "app", "--format", "markdown", safe, index]);
     assert_eq!(md.code, 12, "{md:?}");
     let text = md.stdout;
     assert!(text.contains("| candidate | verdict | hazards | time |"), "{text}");
@@ -471,8 +509,7 @@ fn reports_for_pull_requests_and_code_scanning() {
     assert!(text.contains("```sql") && text.contains("    WHERE total > 100;"), "{text}");
     assert!(text.contains("public.orders\\_total"), "{text}");
 
-    let sarif =
-        d.cli(&["migrate", "test", "--golden", "app", "--format", "sarif", paths[1].to_str().unwrap()]);
+    let sarif = d.cli(&["migrate", "test", "--golden", "app", "--format", "sarif", index]);
     assert_eq!(sarif.code, 12);
     let s: Value = serde_json::from_str(&sarif.stdout).unwrap();
     assert_eq!(s["version"], "2.1.0");
@@ -481,11 +518,10 @@ fn reports_for_pull_requests_and_code_scanning() {
         (result["ruleId"].as_str(), result["level"].as_str()),
         (Some("blocking_index_build"), Some("error"))
     );
+    // The file as given, so code scanning finds it in the repository, and the statement's line.
     let location = &result["locations"][0]["physicalLocation"];
-    assert_eq!(
-        (location["artifactLocation"]["uri"].as_str(), location["region"]["startLine"].as_u64()),
-        (Some("index.sql"), Some(2))
-    );
+    assert_eq!(location["artifactLocation"]["uri"].as_str(), Some(index));
+    assert_eq!(location["region"]["startLine"].as_u64(), Some(2));
     let rules = s["runs"][0]["tool"]["driver"]["rules"].as_array().unwrap();
     assert!(
         rules.iter().any(|r| r["id"] == "blocking_index_build")
@@ -493,9 +529,53 @@ fn reports_for_pull_requests_and_code_scanning() {
     );
 
     // The terminal text shows each statement whole, wrapped, never cut to its first line.
-    let text = d.cli(&["migrate", "test", "--golden", "app", paths[1].to_str().unwrap()]).stdout;
+    let text = d.cli(&["migrate", "test", "--golden", "app", index, forge]).stdout;
     assert!(text.contains("ON orders (total)") && text.contains("WHERE total > 100"), "{text}");
     assert!(text.contains("safer: CREATE INDEX CONCURRENTLY"), "{text}");
     // A terminal control sequence or a bidirectional override in the SQL is shown escaped, never acted on.
     assert!(!text.contains('\u{1b}') && !text.contains('\u{202e}') && text.contains("\\u{1b}[2J"), "{text}");
+    // No line of the report is the candidate's: newlines in what it raised are shown escaped.
+    assert!(
+        !text
+            .lines()
+            .any(|l| l.starts_with("PASS forged") || l.starts_with("best passing candidate: forged")),
+        "{text}"
+    );
+    assert!(text.contains("ok\\n\\nPASS forged.sql"), "{text}");
+}
+
+#[test]
+fn a_file_run_in_parts_is_checked_part_by_part_on_its_target() {
+    let d = daemon();
+    // It behaves while tested (the test's probe is there) and deletes every
+    // order on a target without it; CREATE INDEX CONCURRENTLY makes promote run
+    // the file statement by statement.
+    let two_faced = "CREATE INDEX CONCURRENTLY orders_total ON orders (total);
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname LIKE 'airlock\\_probe%') THEN
+    DELETE FROM orders;
+  END IF;
+END $$;";
+    let honest = "CREATE INDEX CONCURRENTLY orders_total ON orders (total);\nUPDATE users SET score = 1 WHERE id <= 10;";
+    let paths = files(&d, &[("two_faced.sql", two_faced), ("honest.sql", honest)]);
+    let report = d.home.join("parts-report.json");
+    let mut args = path_strs(&paths);
+    args.extend(["--report", report.to_str().unwrap()]);
+    let (code, v) = test(&d, &args);
+    assert_eq!(code, 0, "both pass their test: {v}");
+    let target = d.fork("app", &[]);
+    let dsn = target["socket_dsn"].as_str().unwrap();
+    let (code, out) = promote(&d, report.to_str().unwrap(), dsn, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(
+        out.contains("did what its test did not") && out.contains("the parts before it stay applied"),
+        "{out}"
+    );
+    assert_eq!(sql(dsn, "SELECT count(*) FROM orders"), "100000", "the deleting part was rolled back");
+    // A file that does on its target what it did in its test applies, part by part.
+    let other = d.fork("app", &[]);
+    let other_dsn = other["socket_dsn"].as_str().unwrap();
+    let (code, out) = promote(&d, report.to_str().unwrap(), other_dsn, paths[1].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(sql(other_dsn, "SELECT count(*) FROM users WHERE score = 1 AND id <= 10"), "10");
 }
