@@ -166,7 +166,7 @@ pub fn compare(
     let mut plans = Vec::new();
     let (mut broken, mut slower) = (Vec::new(), Vec::new());
     for ((sql, b), a) in queries.iter().zip(before).zip(after) {
-        let short = super::report::cut(sql.trim(), 300);
+        let short = super::report::cut(&one_line(sql), 300);
         let mut p = QueryPlan {
             sql: short.clone(),
             before: None,
@@ -206,7 +206,7 @@ pub fn compare(
             format!(
                 "{} of the application's queries no longer plan after it: {}",
                 broken.len(),
-                broken.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+                some_of(&broken)
             ),
             None,
         );
@@ -220,7 +220,7 @@ pub fn compare(
             format!(
                 "{} of the application's queries plan at least {REGRESSION_RATIO:.0}x costlier after it: {}",
                 slower.len(),
-                slower.iter().take(3).cloned().collect::<Vec<_>>().join("; ")
+                some_of(&slower)
             ),
             None,
         );
@@ -228,6 +228,22 @@ pub fn compare(
         hazards.push(h);
     }
     (plans, hazards)
+}
+
+/// A query on one line for a message: its comment lines left out, its
+/// whitespace collapsed.
+fn one_line(sql: &str) -> String {
+    let code: Vec<&str> = sql.lines().filter(|l| !l.trim_start().starts_with("--")).collect();
+    code.join(" ").split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Up to three items, and how many more there are.
+fn some_of(items: &[String]) -> String {
+    let shown = items.iter().take(3).cloned().collect::<Vec<_>>().join("; ");
+    match items.len() {
+        n if n > 3 => format!("{shown}; and {} more", n - 3),
+        _ => shown,
+    }
 }
 
 /// A workload to run beside the candidate.
@@ -339,7 +355,7 @@ fn jobs(spec: &WorkloadSpec, candidate_text: &str, tables: &[String]) -> Vec<Job
                 .split(|c: char| !c.is_alphanumeric())
                 .any(|w| matches!(w, "insert" | "update" | "delete" | "merge" | "share"));
             let name = format!("airlock_w{i}");
-            let label = super::report::cut(q.trim(), 80);
+            let label = super::report::cut(&one_line(q), 80);
             if writes {
                 let (prepare, run) = invocation(q, &name, "EXPLAIN ");
                 Job { label, kind: "write", prepare, run: format!("BEGIN; {run}; ROLLBACK") }

@@ -366,6 +366,11 @@ mod tests {
         let json = r#"{"tables": {"public.orders": {"rows": 7, "bytes": 8192}}}"#;
         assert_eq!(ProductionStats::parse(json, "j".into()).unwrap().tables["public.orders"].rows, 7);
         assert!(ProductionStats::parse("orders 12\n", "bad".into()).is_err());
+        // Never analyzed (-1): unknown, not empty; a malformed size is an error, not 0.
+        let never = ProductionStats::parse("public.orders,-1,0\npublic.users,5,0\n", "f".into()).unwrap();
+        assert!(!never.tables.contains_key("public.orders") && never.tables["public.users"].rows == 5);
+        assert!(ProductionStats::parse("public.orders,-5,abc\n", "f".into()).is_err());
+        assert!(ProductionStats::parse("public.orders,10,20,30\n", "f".into()).is_err());
     }
 
     #[test]
