@@ -176,8 +176,7 @@ pub fn assess(e: &Evidence) -> Verdict {
                 at,
             );
             h.suggestion = Some("delete in batches (DELETE ... WHERE id IN (SELECT id ... LIMIT 10000)), each committed, so locks and WAL stay small, or make sure the data really should go".into());
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(table, &Work { changed: m.deleted, ..Default::default() })));
+            h.estimated_ms = Some(round(scale.estimate_ms(table, &m.work)));
             v.hazards.push(h);
         }
         if m.most_updated {
@@ -194,8 +193,7 @@ pub fn assess(e: &Evidence) -> Verdict {
                 at,
             );
             h.suggestion = Some("update in batches of a few thousand rows, each committed, so row locks, WAL and bloat stay small".into());
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(table, &Work { changed: m.updated, ..Default::default() })));
+            h.estimated_ms = Some(round(scale.estimate_ms(table, &m.work)));
             v.hazards.push(h);
         }
     }
@@ -248,8 +246,9 @@ pub fn assess(e: &Evidence) -> Verdict {
                 format!("{what} {} rows of {}", r.deleted, r.table),
                 line,
             );
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(&r.table, &Work { changed: r.deleted, ..Default::default() })));
+            // The statement's whole work on the table: the rows it read to find them too.
+            let w = work(s, e.rows_before).get(r.table.as_str()).copied().unwrap_or_default();
+            h.estimated_ms = Some(round(scale.estimate_ms(&r.table, &w)));
             v.hazards.push(h);
         }
         for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
@@ -437,6 +436,8 @@ pub fn assess(e: &Evidence) -> Verdict {
 /// Rows updated and deleted per transaction and golden table, and whether
 /// that is most of a table worth batching for.
 struct Mass {
+    /// The transaction's work on the table (reads included), for the estimate.
+    work: Work,
     updated: i64,
     deleted: i64,
     most_updated: bool,
@@ -454,6 +455,7 @@ fn mass_changes<'a>(e: &'a Evidence) -> BTreeMap<(usize, &'a str), Mass> {
                 continue;
             }
             let m = out.entry((s.txn, r.table.as_str())).or_insert(Mass {
+                work: Work::default(),
                 updated: 0,
                 deleted: 0,
                 most_updated: false,
@@ -462,6 +464,9 @@ fn mass_changes<'a>(e: &'a Evidence) -> BTreeMap<(usize, &'a str), Mass> {
             });
             m.updated += r.updated;
             m.deleted += r.deleted;
+            let w = work(s, e.rows_before).get(r.table.as_str()).copied().unwrap_or_default();
+            m.work.scanned += w.scanned;
+            m.work.changed += w.changed;
             if !m.lines.contains(&s.line) {
                 m.lines.push(s.line);
             }
