@@ -45,7 +45,7 @@ airlock migrate test --golden bench-1500mb bench/migrations/01_nullable_column.s
 second=$(( $(now_ms) - start ))
 printf '%-28s %8d ms\n%-28s %8d ms\n%-28s %8d ms\n' "first test (measures costs)" "$first" \
   "second test" "$second" "the measurement" "$((first - second))"
-costs=$(find "$AIRLOCK_HOME" -path '*bench-1500mb/1/costs.json' | head -n1)
+costs=$(find "$AIRLOCK_HOME/migration-costs" -name 'bench-1500mb-1-*.json' | head -n1)
 python3 -c "import json, sys; print('costs (µs per row):', json.dumps(json.load(open(sys.argv[1]))['costs']))" "$costs" || true
 echo
 for parallel in 10 1; do

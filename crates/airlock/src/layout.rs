@@ -59,6 +59,12 @@ impl Layout {
     pub fn home(&self) -> &Path {
         &self.home
     }
+    /// Per-row costs the migration airlock measured on each golden generation
+    /// (kept apart from the goldens, which nothing changes once built).
+    pub fn migration_costs(&self) -> PathBuf {
+        self.home.join("migration-costs")
+    }
+
     /// The embedded state store.
     pub fn state_db(&self) -> PathBuf {
         self.home.join("state.db")

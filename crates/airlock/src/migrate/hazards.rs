@@ -235,10 +235,6 @@ pub fn assess(e: &Evidence) -> Verdict {
             }
         }
         for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
-            // Most of a table in one transaction is mass_delete, judged per transaction below.
-            if !r.truncated && mass.get(&(s.txn, r.table.as_str())).is_some_and(|m| m.most_deleted) {
-                continue;
-            }
             let what = if r.truncated { "truncates" } else { "deletes" };
             let mut h = Hazard::new(
                 "rows_deleted",

@@ -325,8 +325,8 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     }
     let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
     let ranking = hazards::rank(&candidates);
-    let generation_dir = engine.layout.golden_generation(&req.golden, generation);
-    let calibration = scale::kept(&generation_dir).unwrap_or_default();
+    let costs = scale::costs_path(&engine.layout, &req.golden, generation)?;
+    let calibration = scale::kept(&costs).unwrap_or_default();
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
     let report = Report {
@@ -460,8 +460,8 @@ async fn measure(
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
     // Costs are measured on a fork nothing has run on yet, before the probe exists.
-    let generation_dir = engine.layout.golden_generation(&req.golden, sb.generation);
-    let calibration = scale::calibration(&generation_dir, admin.client(), &golden_rows).await?;
+    let costs = scale::costs_path(&engine.layout, &req.golden, sb.generation)?;
+    let calibration = scale::calibration(&costs, admin.client(), &golden_rows).await?;
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;

@@ -3,7 +3,8 @@
 //!
 //! Hazards are decided by what is certain (lock modes, rows worked, tables'
 //! sizes); durations only estimate. The per-row costs are measured once per
-//! golden generation, on a fork, and kept beside the generation's catalog, so
+//! golden generation, on a fork, and kept in the data root by the generation's
+//! name and catalog hash, so
 //! every later test of that generation estimates with the same numbers — on a
 //! busy machine or an idle one.
 
@@ -12,6 +13,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 
 use crate::error::{Error, ErrorCode, Result};
 
@@ -217,9 +219,18 @@ impl Scale {
     }
 }
 
-/// The file a golden generation's costs are kept in.
-fn costs_path(generation_dir: &Path) -> std::path::PathBuf {
-    generation_dir.join("costs.json")
+/// The file a golden generation's costs are kept in: named by the golden,
+/// the generation and its recorded catalog's hash, so a golden made again
+/// under the same name never reads the costs of the one before.
+pub fn costs_path(
+    layout: &crate::layout::Layout,
+    golden: &str,
+    generation: i64,
+) -> Result<std::path::PathBuf> {
+    let catalog =
+        std::fs::read(crate::catalog::snapshot_path(&layout.golden_generation(golden, generation)))?;
+    let digest = crate::secret::hex(&sha2::Sha256::digest(&catalog));
+    Ok(layout.migration_costs().join(format!("{golden}-{generation}-{}.json", &digest[..16])))
 }
 
 /// What is measured once per generation.
@@ -244,9 +255,9 @@ impl Scale {
     }
 }
 
-/// The generation's calibration, if one was made.
-pub fn kept(generation_dir: &Path) -> Option<Calibration> {
-    std::fs::read(costs_path(generation_dir)).ok().and_then(|b| serde_json::from_slice(&b).ok())
+/// The generation's calibration, if one was made (kept at `path`).
+pub fn kept(path: &Path) -> Option<Calibration> {
+    std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok())
 }
 
 /// One calibration at a time: the first test of a generation measures, the others wait and read.
@@ -255,13 +266,12 @@ static CALIBRATING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// The generation's calibration: read, or measured now on `client` (the admin
 /// role on a fresh fork of it, before anything else runs there) and kept.
 pub async fn calibration(
-    generation_dir: &Path,
+    path: &Path,
     client: &tokio_postgres::Client,
     golden_rows: &BTreeMap<String, i64>,
 ) -> Result<Calibration> {
-    let path = costs_path(generation_dir);
     let _one = CALIBRATING.lock().await;
-    if let Some(kept) = kept(generation_dir) {
+    if let Some(kept) = kept(path) {
         return Ok(kept);
     }
     let tables = table_sizes(client, golden_rows).await?;
@@ -270,8 +280,11 @@ pub async fn calibration(
     let costs = measure_costs(client, width).await?;
     let calibration = Calibration { costs, tables };
     let json = serde_json::to_vec_pretty(&calibration).expect("calibration serializes");
+    if let Some(dir) = path.parent() {
+        crate::pg::load::private_dir(dir)?;
+    }
     let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, &path))?;
+    std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, path))?;
     Ok(calibration)
 }
 

@@ -176,7 +176,7 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
         .map(|r| (r["table"].as_str().unwrap(), r["deleted"].as_i64().unwrap()))
         .collect();
     assert_eq!(rows, BTreeMap::from([("public.users", 20000), ("public.orders", 100000)]));
-    assert_eq!(hazard_kinds(delete), ["mass_delete", "mass_delete"]);
+    assert_eq!(hazard_kinds(delete), ["mass_delete", "mass_delete", "rows_deleted", "rows_deleted"]);
     assert!(delete["hazards"][0]["suggestion"].as_str().unwrap().contains("batches"));
 
     // DROP TABLE ... CASCADE takes a view with it.

@@ -143,7 +143,7 @@ fn a_real_otlp_receiver_gets_the_spans_of_each_operation_anchored_in_the_audit_l
     let file = d.home.join("m.sql");
     std::fs::write(
         &file,
-        "ALTER TABLE orders ADD COLUMN note text;\nCREATE INDEX orders_status ON orders (status);\n",
+        "ALTER TABLE orders ADD COLUMN note text;\nCREATE INDEX CONCURRENTLY orders_status ON orders (status);\n",
     )
     .unwrap();
     d.ok(&["migrate", "test", "--golden", "shop", file.to_str().unwrap()]);
