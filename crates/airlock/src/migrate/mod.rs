@@ -484,20 +484,27 @@ async fn measure(
         }
     };
     let applying = async {
-        let r = match (&candidate.sql, &candidate.exec) {
-            (Some(sql), _) => {
-                let statements = split::split(sql)?;
-                let mut session = crate::gateway::sql::connect(engine, sb).await?;
-                let applied =
-                    apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout).await;
-                session.close().await;
-                let applied = applied?;
-                unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
-                Ok((applied, None))
+        let r = async {
+            match (&candidate.sql, &candidate.exec) {
+                (Some(sql), _) => {
+                    let statements = split::split(sql)?;
+                    let mut session = crate::gateway::sql::connect(engine, sb).await?;
+                    let applied =
+                        apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout)
+                            .await;
+                    session.close().await;
+                    let applied = applied?;
+                    unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
+                    Ok((applied, None))
+                }
+                (None, Some(cmd)) => {
+                    command::run(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await
+                }
+                (None, None) => unreachable!("checked before forking"),
             }
-            (None, Some(cmd)) => command::run(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await,
-            (None, None) => unreachable!("checked before forking"),
-        };
+        }
+        .await;
+        // However it ended, the workload beside it stops.
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         r
     };

@@ -415,6 +415,18 @@ fn a_workload_feels_a_blocking_index_build_and_not_a_concurrent_one() {
     let update = update.unwrap_or_else(|| panic!("no write in {w}"));
     assert!(update["max_ms"].as_f64().unwrap() >= 1_000.0 && update["errors"] == 0, "{w}");
     assert_eq!(hazard_kinds(&report["candidates"][0]), ["blocking_index_build", "long_lock"]);
+
+    // A candidate that ends its own session stops the workload beside it too.
+    let dies = files(
+        &d,
+        &[(
+            "dies.sql",
+            "ALTER TABLE users ADD COLUMN q int;\nSELECT pg_terminate_backend(pg_backend_pid());",
+        )],
+    );
+    let (code, report) = test(&d, &[dies[0].to_str().unwrap(), "--workload", "default"]);
+    assert_eq!(code, 12, "{report}");
+    assert_eq!(hazard_kinds(&report["candidates"][0]), ["failed"], "{report}");
 }
 
 #[test]
