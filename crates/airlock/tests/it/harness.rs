@@ -470,6 +470,11 @@ impl Drop for Daemon {
             let _ =
                 nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
+        // Sandboxes' (and goldens') Redis servers outlive a killed daemon too.
+        for pid in redis_servers_under(&self.home) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
         std::thread::sleep(Duration::from_millis(50));
         for parent in ["sandboxes", "staging"] {
             for dir in
@@ -562,6 +567,15 @@ pub fn postmasters_under(root: &Path) -> Vec<i32> {
 fn parent(pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Redis servers serving a socket under this data root.
+fn redis_servers_under(home: &Path) -> Vec<i32> {
+    let socket = format!("unixsocket:{}/", home.display());
+    pids()
+        .into_iter()
+        .filter(|p| cmdline(*p).is_some_and(|c| c.contains("redis-server") && c.contains(&socket)))
+        .collect()
 }
 
 /// Airlock daemons whose environment names this data root.
