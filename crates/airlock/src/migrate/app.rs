@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hazards::human_ms;
 use super::report::{Hazard, Severity};
+use crate::catalog::quote_ident;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::pg::wire::{Session, TextRows};
@@ -307,9 +308,10 @@ struct Job {
     run: String,
 }
 
+/// `schema.name` as a quoted, qualified identifier.
 fn quoted(table: &str) -> String {
     let (schema, name) = table.split_once('.').unwrap_or(("public", table));
-    format!("\"{}\".\"{}\"", schema.replace('"', "\"\""), name.replace('"', "\"\""))
+    format!("{}.{}", quote_ident(schema), quote_ident(name))
 }
 
 /// The jobs: the given queries (reads run read-only, writes planned), or the
@@ -320,9 +322,8 @@ fn jobs(spec: &WorkloadSpec, candidate_text: &str, tables: &[String]) -> Vec<Job
             .split(|c: char| !(c.is_alphanumeric() || c == '_'))
             .map(|w| w.to_lowercase())
             .collect();
-        let touched = tables.iter().filter(|t| {
-            words.contains(&crate::catalog::short_name(t).rsplit('.').next().unwrap_or("").to_lowercase())
-        });
+        let touched =
+            tables.iter().filter(|t| words.contains(&t.rsplit('.').next().unwrap_or("").to_lowercase()));
         return touched
             .take(4)
             .flat_map(|t| {

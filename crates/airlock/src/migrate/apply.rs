@@ -59,8 +59,6 @@ struct Tracker {
     txn_rows: BTreeMap<i64, [i64; 4]>,
     /// Statements in the open transaction.
     txn_statements: Vec<usize>,
-    /// Rows per table when the open transaction began: a ROLLBACK puts them back.
-    rows_at_begin: Option<BTreeMap<String, i64>>,
     /// Transactions begun so far (the open one's number).
     txn: usize,
     /// Constraints known so far, and whether each was validated.
@@ -71,7 +69,8 @@ struct Tracker {
     /// and renamed back is still reported (and sized) as the table it is.
     first_names: BTreeMap<i64, String>,
     /// Savepoints in the open transaction: name, rows when it was set, and the
-    /// statement that set it.
+    /// statement that set it. The first, unnamed, is the transaction's start:
+    /// a ROLLBACK goes back to it, as a ROLLBACK TO goes back to its own.
     savepoints: Vec<(String, BTreeMap<String, i64>, usize)>,
 }
 
@@ -86,7 +85,6 @@ impl Tracker {
             txn_locks: BTreeMap::new(),
             txn_rows: BTreeMap::new(),
             txn_statements: Vec::new(),
-            rows_at_begin: None,
             txn: 0,
             constraints: BTreeMap::new(),
             not_null: BTreeMap::new(),
@@ -112,7 +110,7 @@ impl Tracker {
             Some(quoted) => quoted.replace("\"\"", "\""),
             None => last.to_lowercase(),
         };
-        let at = self.savepoints.iter().rposition(|(n, _, _)| *n == name);
+        let at = self.savepoints.iter().rposition(|(n, _, _)| *n == name).filter(|_| !name.is_empty());
         match (tag, at) {
             ("SAVEPOINT", _) => self.savepoints.push((name, self.rows.clone(), index)),
             ("RELEASE", Some(at)) => self.savepoints.truncate(at),
@@ -139,9 +137,9 @@ impl Tracker {
     }
 
     /// A transaction begins: its row changes count only if it commits.
-    fn begin_transaction(&mut self) {
+    fn begin_transaction(&mut self, index: usize) {
         self.txn += 1;
-        self.rows_at_begin = Some(self.rows.clone());
+        self.savepoints = vec![(String::new(), self.rows.clone(), index)];
     }
 
     /// Takes in a reading made after statement `index` (started at `started`,
@@ -344,10 +342,10 @@ impl Tracker {
             reports[index].rolled_back |= rolled_back;
         }
         self.txn_rows.clear();
-        self.savepoints.clear();
         // What a rolled-back transaction changed is gone: its rows never count.
-        if let Some(saved) = self.rows_at_begin.take().filter(|_| rolled_back) {
-            self.rows = saved;
+        let start = std::mem::take(&mut self.savepoints).into_iter().next();
+        if let Some((_, rows, _)) = start.filter(|_| rolled_back) {
+            self.rows = rows;
         }
     }
 }
@@ -385,8 +383,17 @@ async fn run(session: &mut Session, sql: &str, limit: Duration) -> Result<(TextR
     }
 }
 
+/// Parallel workers hand their row counts to the server, not to the
+/// session's transaction, and how many rows each reads depends on the
+/// machine's load: kept off in the candidate's session, set off again with
+/// every reading (a statement of the candidate's may have turned them on), so
+/// the counts the verdict rests on are the same on a busy or an idle machine.
+const NO_PARALLEL_WORKERS: &str =
+    "SET max_parallel_workers_per_gather = 0; SET max_parallel_maintenance_workers = 0";
+
 async fn reading(session: &mut Session, t: &Tracker, limit: Duration) -> Result<Reading> {
-    let (out, _) = run(session, &probe::reading_sql(t.after_rewrite, t.after_drop, false), limit).await?;
+    let sql = format!("{NO_PARALLEL_WORKERS}; {}", probe::reading_sql(t.after_rewrite, t.after_drop, false));
+    let (out, _) = run(session, &sql, limit).await?;
     if let Some(e) = out.error {
         return Err(Error::postgres(format!("reading the measurements failed: {}", e.message)));
     }
@@ -453,11 +460,6 @@ pub async fn apply_sql(
     let first = reading(session, &t, limit).await?;
     t.know(&first);
     let (pid_rows, _) = run(session, "SELECT pg_catalog.pg_backend_pid()", limit).await?;
-    // Parallel workers hand their row counts to the server, not to the
-    // session's transaction, and how many rows each reads depends on the
-    // machine's load: without them the counts the verdict rests on are exact.
-    run(session, "SET max_parallel_workers_per_gather = 0; SET max_parallel_maintenance_workers = 0", limit)
-        .await?;
     let pid: i32 = pid_rows.value().and_then(|v| v.parse().ok()).unwrap_or(0);
     let mut reports: Vec<StatementReport> = Vec::new();
     let mut explicit: Option<usize> = None; // the line of the file's open BEGIN
@@ -467,7 +469,7 @@ pub async fn apply_sql(
         let kind = split::kind(&st.sql);
         let in_txn = explicit.is_some();
         if !in_txn && kind != Kind::Commit && kind != Kind::Rollback {
-            t.begin_transaction();
+            t.begin_transaction(index);
         }
         let mut report = statement_report(
             st,
@@ -514,7 +516,7 @@ pub async fn apply_sql(
                         // COMMIT AND CHAIN (or ROLLBACK AND CHAIN) begins the next
                         // transaction at once: what follows shares it, as under psql.
                         if in_txn && chains(&st.sql) {
-                            t.begin_transaction();
+                            t.begin_transaction(index);
                             explicit = Some(st.line);
                             baseline_rows(session, &mut t, limit).await?;
                         }

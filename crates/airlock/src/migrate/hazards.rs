@@ -9,8 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::report::{Assertion, CandidateReport, Failure, Hazard, Severity, StatementReport};
-use super::scale::{Scale, Work};
+use super::report::{Assertion, CandidateReport, Failure, Hazard, LockHeld, Severity, StatementReport};
+use super::scale::{Scale, Sizes, Work};
 use crate::catalog::diff::Change;
 use crate::catalog::Catalog;
 
@@ -74,29 +74,22 @@ fn work<'a>(s: &'a StatementReport, golden: &BTreeMap<String, i64>) -> BTreeMap<
     out
 }
 
-/// Rows a statement worked through, in all.
-fn rows_worked(s: &StatementReport, golden: &BTreeMap<String, i64>) -> i64 {
-    work(s, golden).values().map(|w| w.scanned.max(w.joined) + w.changed + w.rewritten + w.indexed).sum()
-}
-
 /// Fills in each blocking lock's estimated hold: the work done from the
 /// statement that took it to the end of its transaction, at production size.
 pub fn estimate_locks(statements: &mut [StatementReport], scale: &Scale, golden: &BTreeMap<String, i64>) {
-    let mut per_statement: Vec<f64> = Vec::with_capacity(statements.len());
-    for s in statements.iter() {
-        per_statement.push(work(s, golden).iter().map(|(t, w)| scale.estimate_ms(t, w)).sum());
-    }
+    let per_statement: Vec<f64> = statements
+        .iter()
+        .map(|s| work(s, golden).iter().map(|(t, w)| scale.estimate_ms(t, w)).fold(0.0, |a, b| a + b))
+        .collect();
     for i in 0..statements.len() {
         let txn = statements[i].txn;
         let until: f64 = statements[i..]
             .iter()
             .zip(&per_statement[i..])
             .take_while(|(s, _)| s.txn == txn)
-            .map(|(_, ms)| ms)
-            .sum();
+            .fold(0.0, |a, (_, ms)| a + ms);
         for l in statements[i].locks.iter_mut().filter(|l| l.blocking && l.kind == "table") {
-            // (A sum of nothing is -0.0 in IEEE arithmetic: shown as 0.)
-            l.estimated_ms = Some(if until > 0.0 { round(until) } else { 0.0 });
+            l.estimated_ms = Some(round(until));
         }
     }
 }
@@ -105,18 +98,6 @@ pub fn estimate_locks(statements: &mut [StatementReport], scale: &Scale, golden:
 /// running on it, would feel.
 pub fn assess(e: &Evidence) -> Verdict {
     let mut v = Verdict::default();
-    let scale = e.scale;
-    let golden_rows = |table: &str| e.rows_before.get(table).copied().unwrap_or(0);
-    // A golden table with rows: where blocking and losing data matter.
-    let has_rows = |table: &str| {
-        golden_rows(table) > 0 || scale.size(table).rows > 0 && e.rows_before.contains_key(table)
-    };
-    let sized = |table: &str| if scale.big(table) { Severity::High } else { Severity::Medium };
-    let size_words = |table: &str| {
-        let s = scale.size(table);
-        let at = if scale.source == "production" { "in production" } else { "in the golden" };
-        format!("{} rows {at}", s.rows)
-    };
     if let Some(f) = e.failure {
         let on_data = matches!(&f.error.sqlstate[..2.min(f.error.sqlstate.len())], "22" | "23");
         let detail = f.error.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
@@ -152,7 +133,59 @@ pub fn assess(e: &Evidence) -> Verdict {
             None,
         ));
     }
-    let mass = mass_changes(e);
+    // Each statement's work per table, worked out once.
+    let works: Vec<BTreeMap<&str, Work>> = e.statements.iter().map(|s| work(s, e.rows_before)).collect();
+    mass_hazards(e, &works, &mut v);
+    let mut blocking_tables = BTreeSet::new();
+    let mut locked = BTreeSet::new();
+    for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
+        drop_hazards(e, s, &mut v);
+        statement_hazards(e, s, &works[i], &mut v);
+        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && e.has_rows(&l.relation)) {
+            blocking_tables.insert(l.relation.as_str());
+            if locked.insert((s.txn, l.relation.as_str())) {
+                lock_hazard(e, i, l, &works, &mut v);
+            }
+        }
+    }
+    compatibility(e, &mut v);
+    if let Some(sql) = e.sql {
+        lock_timeout_note(sql, &blocking_tables, &mut v);
+    }
+    v.hazards.sort_by_key(|h| std::cmp::Reverse(h.severity));
+    v
+}
+
+impl Evidence<'_> {
+    /// The golden's rows of a table.
+    fn golden_rows(&self, table: &str) -> i64 {
+        self.rows_before.get(table).copied().unwrap_or(0)
+    }
+
+    /// A golden table with rows: where blocking and losing data matter.
+    fn has_rows(&self, table: &str) -> bool {
+        self.golden_rows(table) > 0 || self.scale.size(table).rows > 0 && self.rows_before.contains_key(table)
+    }
+
+    /// High for a big table, medium otherwise.
+    fn sized(&self, table: &str) -> Severity {
+        if self.scale.big(table) {
+            Severity::High
+        } else {
+            Severity::Medium
+        }
+    }
+
+    /// A table's size in words: `20000 rows in the golden`.
+    fn size_words(&self, table: &str) -> String {
+        format!("{} rows {}", self.scale.size(table).rows, self.scale.source.place())
+    }
+}
+
+/// Most of a table updated or deleted in one transaction.
+fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
+    let scale = e.scale;
+    let mass = mass_changes(e, works);
     for ((_, table), m) in &mass {
         let at = Some(m.lines[0]).filter(|l| *l > 0);
         let lines: Vec<String> = m.lines.iter().map(|l| l.to_string()).collect();
@@ -161,7 +194,7 @@ pub fn assess(e: &Evidence) -> Verdict {
         } else {
             "in one statement".to_owned()
         };
-        let share = |n: i64| (n as f64 / golden_rows(table).max(1) as f64).min(1.0) * 100.0;
+        let share = |n: i64| (n as f64 / e.golden_rows(table).max(1) as f64).min(1.0) * 100.0;
         if m.most_deleted {
             let mut h = Hazard::new(
                 "mass_delete",
@@ -169,9 +202,9 @@ pub fn assess(e: &Evidence) -> Verdict {
                 format!(
                     "deletes {} of the {} rows of {table} ({:.0}%) {within} ({})",
                     m.deleted,
-                    golden_rows(table),
+                    e.golden_rows(table),
                     share(m.deleted),
-                    size_words(table)
+                    e.size_words(table)
                 ),
                 at,
             );
@@ -182,13 +215,13 @@ pub fn assess(e: &Evidence) -> Verdict {
         if m.most_updated {
             let mut h = Hazard::new(
                 "mass_update",
-                sized(table),
+                e.sized(table),
                 format!(
                     "updates {} of the {} rows of {table} ({:.0}%) {within}: every row locked and rewritten before the commit ({})",
                     m.updated,
-                    golden_rows(table),
+                    e.golden_rows(table),
                     share(m.updated),
-                    size_words(table)
+                    e.size_words(table)
                 ),
                 at,
             );
@@ -197,236 +230,235 @@ pub fn assess(e: &Evidence) -> Verdict {
             v.hazards.push(h);
         }
     }
-    let mut blocking_tables = BTreeSet::new();
-    let mut locked = BTreeSet::new();
-    for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
-        let line = Some(s.line).filter(|l| *l > 0);
-        for d in &s.dropped {
-            match (d.object_type.as_str(), d.cascade) {
-                (_, true) => v.hazards.push(Hazard::new(
-                    "cascade",
-                    Severity::High,
-                    format!("CASCADE also dropped {} {}", d.object_type, d.identity),
-                    line,
-                )),
-                ("table", false) if has_rows(&d.identity) => v.hazards.push(Hazard::new(
-                    "table_dropped",
-                    Severity::Critical,
-                    format!("drops table {} holding {} rows", d.identity, golden_rows(&d.identity)),
-                    line,
-                )),
-                ("table column", false) => {
-                    let table = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
-                    // A column of a table this run made held nothing anyone kept.
-                    if has_rows(table) {
-                        v.hazards.push(Hazard::new(
-                            "column_dropped",
-                            Severity::High,
-                            format!(
-                                "drops column {} from a table with {} rows",
-                                d.identity,
-                                golden_rows(table)
-                            ),
-                            line,
-                        ));
-                    }
-                }
-                _ => {}
-            }
-        }
-        for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
-            let what = if r.truncated { "truncates" } else { "deletes" };
-            let mut h = Hazard::new(
-                "rows_deleted",
+}
+
+/// Tables, columns and what a CASCADE reached, dropped by one statement.
+fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
+    let line = Some(s.line).filter(|l| *l > 0);
+    for d in &s.dropped {
+        match (d.object_type.as_str(), d.cascade) {
+            (_, true) => v.hazards.push(Hazard::new(
+                "cascade",
                 Severity::High,
-                format!("{what} {} rows of {}", r.deleted, r.table),
+                format!("CASCADE also dropped {} {}", d.object_type, d.identity),
                 line,
-            );
-            // The statement's whole work on the table: the rows it read to find them too.
-            let w = work(s, e.rows_before).get(r.table.as_str()).copied().unwrap_or_default();
-            h.estimated_ms = Some(round(scale.estimate_ms(&r.table, &w)));
-            v.hazards.push(h);
-        }
-        for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
-            let mut h = Hazard::new(
-                "table_rewrite",
-                sized(&w.table),
-                format!(
-                    "rewrites {} ({}) under ACCESS EXCLUSIVE: {}",
-                    w.table,
-                    size_words(&w.table),
-                    w.reason
-                ),
+            )),
+            ("table", false) if e.has_rows(&d.identity) => v.hazards.push(Hazard::new(
+                "table_dropped",
+                Severity::Critical,
+                format!("drops table {} holding {} rows", d.identity, e.golden_rows(&d.identity)),
                 line,
-            );
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(&w.table, &Work { rewritten: w.rows, ..Default::default() })));
-            h.suggestion = Some(
-                "add a new column, backfill it in batches and switch over; for a volatile default, add the column without it and set it afterwards".into(),
-            );
-            v.hazards.push(h);
-        }
-        // Indexes built under one statement's lock, per table (REINDEX TABLE builds them all).
-        let mut built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for b in s.indexes_built.iter().filter(|b| !b.concurrently && has_rows(&b.table)) {
-            built.entry(b.table.as_str()).or_default().push(b.index.as_str());
-        }
-        for (table, mut indexes) in built {
-            indexes.sort_unstable();
-            let what = if indexes.len() == 1 { "index" } else { "indexes" };
-            let mut h = Hazard::new(
-                "blocking_index_build",
-                sized(table),
-                format!(
-                    "builds {what} {} on {table} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
-                    indexes.join(", "),
-                    size_words(table)
-                ),
-                line,
-            );
-            let rows = golden_rows(table) * indexes.len() as i64;
-            h.estimated_ms =
-                Some(round(scale.estimate_ms(table, &Work { indexed: rows, ..Default::default() })));
-            let tag = s.tag.as_deref().unwrap_or_default();
-            h.suggestion = Some(if tag == "ALTER TABLE" {
-                "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX".into()
-            } else if tag == "REINDEX" {
-                "REINDEX ... CONCURRENTLY, outside a transaction".into()
-            } else {
-                "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail".into()
-            });
-            v.hazards.push(h);
-        }
-        for c in s.validated.iter().filter(|c| has_rows(&c.table)) {
-            let (what, suggestion) = match c.kind.as_str() {
-                _ if c.under_lock => (
-                    format!(
-                        "validates {} {} on every row of {} ({}) in the transaction that already locked the table against writes",
-                        c.kind,
-                        c.name,
-                        c.table,
-                        size_words(&c.table)
-                    ),
-                    "commit the NOT VALID constraint first; VALIDATE CONSTRAINT in a transaction of its own lets writes go on",
-                ),
-                "not null" => (
-                    format!("SET NOT NULL checks every row of {} ({}) under ACCESS EXCLUSIVE", c.table, size_words(&c.table)),
-                    "add CHECK (col IS NOT NULL) NOT VALID, VALIDATE CONSTRAINT it in a later transaction, then SET NOT NULL (PostgreSQL 12+ uses the check and skips the scan)",
-                ),
-                kind => (
-                    format!(
-                        "adds {kind} {} and checks every row of {} ({}) while writes wait{}",
-                        c.name,
-                        c.table,
-                        size_words(&c.table),
-                        c.references.as_deref().map(|r| format!(" (and writes to {r})")).unwrap_or_default()
-                    ),
-                    "add it NOT VALID (no scan, a brief lock), then ALTER TABLE ... VALIDATE CONSTRAINT in its own transaction (writes go on meanwhile)",
-                ),
-            };
-            let mut h = Hazard::new("constraint_validation", sized(&c.table), what, line);
-            let rows = golden_rows(&c.table);
-            let work = match c.kind.as_str() {
-                "foreign key" => Work { joined: rows, ..Default::default() },
-                _ => Work { scanned: rows, ..Default::default() },
-            };
-            h.estimated_ms = Some(round(scale.estimate_ms(&c.table, &work)));
-            h.suggestion = Some(suggestion.into());
-            v.hazards.push(h);
-        }
-        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && has_rows(&l.relation)) {
-            blocking_tables.insert(l.relation.clone());
-            if !locked.insert((s.txn, l.relation.clone())) {
-                continue;
+            )),
+            ("table column", false) => {
+                let table = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
+                // A column of a table this run made held nothing anyone kept.
+                if e.has_rows(table) {
+                    v.hazards.push(Hazard::new(
+                        "column_dropped",
+                        Severity::High,
+                        format!(
+                            "drops column {} from a table with {} rows",
+                            d.identity,
+                            e.golden_rows(table)
+                        ),
+                        line,
+                    ));
+                }
             }
-            // Work the rest of the transaction does while the lock stays held.
-            let after: Vec<&StatementReport> =
-                e.statements[i + 1..].iter().take_while(|t| t.txn == s.txn).collect();
-            let worked: i64 = after.iter().map(|t| rows_worked(t, e.rows_before)).sum();
+            _ => {}
+        }
+    }
+}
+
+/// Rows deleted, rewrites, index builds and validations of one statement.
+fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Work>, v: &mut Verdict) {
+    let scale = e.scale;
+    let line = Some(s.line).filter(|l| *l > 0);
+    for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
+        let what = if r.truncated { "truncates" } else { "deletes" };
+        let mut h = Hazard::new(
+            "rows_deleted",
+            Severity::High,
+            format!("{what} {} rows of {}", r.deleted, r.table),
+            line,
+        );
+        // The statement's whole work on the table: the rows it read to find them too.
+        let w = work.get(r.table.as_str()).copied().unwrap_or_default();
+        h.estimated_ms = Some(round(scale.estimate_ms(&r.table, &w)));
+        v.hazards.push(h);
+    }
+    for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
+        let mut h = Hazard::new(
+            "table_rewrite",
+            e.sized(&w.table),
+            format!("rewrites {} ({}) under ACCESS EXCLUSIVE: {}", w.table, e.size_words(&w.table), w.reason),
+            line,
+        );
+        h.estimated_ms =
+            Some(round(scale.estimate_ms(&w.table, &Work { rewritten: w.rows, ..Default::default() })));
+        h.suggestion = Some(
+            "add a new column, backfill it in batches and switch over; for a volatile default, add the column without it and set it afterwards".into(),
+        );
+        v.hazards.push(h);
+    }
+    // Indexes built under one statement's lock, per table (REINDEX TABLE builds them all).
+    let mut built: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for b in s.indexes_built.iter().filter(|b| !b.concurrently && e.has_rows(&b.table)) {
+        built.entry(b.table.as_str()).or_default().push(b.index.as_str());
+    }
+    for (table, mut indexes) in built {
+        indexes.sort_unstable();
+        let what = if indexes.len() == 1 { "index" } else { "indexes" };
+        let mut h = Hazard::new(
+            "blocking_index_build",
+            e.sized(table),
+            format!(
+                "builds {what} {} on {table} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
+                indexes.join(", "),
+                e.size_words(table)
+            ),
+            line,
+        );
+        let rows = e.golden_rows(table) * indexes.len() as i64;
+        h.estimated_ms = Some(round(scale.estimate_ms(table, &Work { indexed: rows, ..Default::default() })));
+        let tag = s.tag.as_deref().unwrap_or_default();
+        h.suggestion = Some(if tag == "ALTER TABLE" {
+            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX".into()
+        } else if tag == "REINDEX" {
+            "REINDEX ... CONCURRENTLY, outside a transaction".into()
+        } else {
+            "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail".into()
+        });
+        v.hazards.push(h);
+    }
+    for c in s.validated.iter().filter(|c| e.has_rows(&c.table)) {
+        let (what, suggestion) = match c.kind.as_str() {
+            _ if c.under_lock => (
+                format!(
+                    "validates {} {} on every row of {} ({}) in the transaction that already locked the table against writes",
+                    c.kind,
+                    c.name,
+                    c.table,
+                    e.size_words(&c.table)
+                ),
+                "commit the NOT VALID constraint first; VALIDATE CONSTRAINT in a transaction of its own lets writes go on",
+            ),
+            "not null" => (
+                format!("SET NOT NULL checks every row of {} ({}) under ACCESS EXCLUSIVE", c.table, e.size_words(&c.table)),
+                "add CHECK (col IS NOT NULL) NOT VALID, VALIDATE CONSTRAINT it in a later transaction, then SET NOT NULL (PostgreSQL 12+ uses the check and skips the scan)",
+            ),
+            kind => (
+                format!(
+                    "adds {kind} {} and checks every row of {} ({}) while writes wait{}",
+                    c.name,
+                    c.table,
+                    e.size_words(&c.table),
+                    c.references.as_deref().map(|r| format!(" (and writes to {r})")).unwrap_or_default()
+                ),
+                "add it NOT VALID (no scan, a brief lock), then ALTER TABLE ... VALIDATE CONSTRAINT in its own transaction (writes go on meanwhile)",
+            ),
+        };
+        let mut h = Hazard::new("constraint_validation", e.sized(&c.table), what, line);
+        let rows = e.golden_rows(&c.table);
+        let work = match c.kind.as_str() {
+            "foreign key" => Work { joined: rows, ..Default::default() },
+            _ => Work { scanned: rows, ..Default::default() },
+        };
+        h.estimated_ms = Some(round(scale.estimate_ms(&c.table, &work)));
+        h.suggestion = Some(suggestion.into());
+        v.hazards.push(h);
+    }
+}
+
+/// A write-blocking lock statement `i` took, judged by what the rest of its
+/// transaction did while holding it, and by its estimate.
+fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
+    let (s, scale) = (&e.statements[i], e.scale);
+    let line = Some(s.line).filter(|l| *l > 0);
+    // Work the rest of the transaction does while the lock stays held.
+    let after: Vec<(&StatementReport, &BTreeMap<&str, Work>)> =
+        e.statements[i + 1..].iter().zip(&works[i + 1..]).take_while(|(t, _)| t.txn == s.txn).collect();
+    let rows = |w: &BTreeMap<&str, Work>| w.values().map(Work::rows).sum::<i64>();
+    let worked: i64 = after.iter().map(|(_, w)| rows(w)).sum();
+    let estimate = l.estimated_ms.unwrap_or(0.0);
+    let held_over_work = worked >= MASS_MIN_ROWS;
+    // Queries and code (a SELECT, a DO block, a procedure) take as long as
+    // they take, whatever rows the counters see: pg_sleep, a CPU loop, an
+    // index-only scan. Running any under the lock is certain.
+    let code: Vec<String> = after
+        .iter()
+        .filter(|(t, _)| t.tag.as_deref().is_some_and(runs_code))
+        .map(|(t, _)| format!("{} ({})", t.line, t.tag.as_deref().unwrap_or_default()))
+        .collect();
+    if estimate <= e.max_lock_ms && !held_over_work && code.is_empty() {
+        return;
+    }
+    let exclusive = l.mode == "ACCESS EXCLUSIVE";
+    let blocks = if exclusive { "reads and writes" } else { "writes" };
+    let why = if !code.is_empty() && !held_over_work {
+        format!(
+            "line(s) {} run queries or code under it in the same transaction, for as long as they take",
+            code.join(", ")
+        )
+    } else if held_over_work {
+        let lines: Vec<String> = after
+            .iter()
+            .filter(|(t, w)| t.line > 0 && rows(w) > 0)
+            .map(|(t, _)| t.line.to_string())
+            .collect();
+        let production = if scale.source == Sizes::Production {
             let at_scale: f64 = after
                 .iter()
-                .flat_map(|t| work(t, e.rows_before))
-                .map(|(table, w)| {
-                    (w.scanned + w.changed + w.rewritten + w.indexed) as f64 * scale.factor(table)
-                })
+                .flat_map(|(_, w)| w.iter())
+                .map(|(table, w)| w.rows() as f64 * scale.factor(table))
                 .sum();
-            let estimate = l.estimated_ms.unwrap_or(0.0);
-            let held_over_work = worked >= MASS_MIN_ROWS;
-            // Queries and code (a SELECT, a DO block, a procedure) take as long
-            // as they take, whatever rows the counters see: pg_sleep, a CPU
-            // loop, an index-only scan. Running any under the lock is certain.
-            let code: Vec<String> = after
-                .iter()
-                .filter(|t| t.tag.as_deref().is_some_and(runs_code))
-                .map(|t| format!("{} ({})", t.line, t.tag.as_deref().unwrap_or_default()))
-                .collect();
-            if estimate <= e.max_lock_ms && !held_over_work && code.is_empty() {
-                continue;
-            }
-            let exclusive = l.mode == "ACCESS EXCLUSIVE";
-            let blocks = if exclusive { "reads and writes" } else { "writes" };
-            let why = if !code.is_empty() && !held_over_work {
-                format!(
-                    "line(s) {} run queries or code under it in the same transaction, for as long as they take",
-                    code.join(", ")
-                )
-            } else if held_over_work {
-                let lines: Vec<String> = after
-                    .iter()
-                    .filter(|t| t.line > 0 && rows_worked(t, e.rows_before) > 0)
-                    .map(|t| t.line.to_string())
-                    .collect();
-                let production = if scale.source == "production" {
-                    format!(" ({at_scale:.0} at production size)")
-                } else {
-                    String::new()
-                };
-                format!(
-                    "while line(s) {} read or write {worked} rows{production} in the same transaction",
-                    lines.join(", ")
-                )
-            } else {
-                format!("over --max-lock {}", human_ms(e.max_lock_ms))
-            };
-            let mut h = Hazard::new(
-                "long_lock",
-                if exclusive { Severity::High } else { Severity::Medium },
-                format!(
-                    "holds {} on {} ({}) for an estimated {} to the end of its transaction, blocking its {blocks}: {why}",
-                    l.mode,
-                    l.relation,
-                    size_words(&l.relation),
-                    human_ms(estimate)
-                ),
-                line,
-            );
-            h.estimated_ms = Some(estimate);
-            h.suggestion = Some(
-                "commit the locking statement in a short transaction of its own, and do the work after it in batches".into(),
-            );
-            v.hazards.push(h);
-        }
+            format!(" ({at_scale:.0} at production size)")
+        } else {
+            String::new()
+        };
+        format!(
+            "while line(s) {} read or write {worked} rows{production} in the same transaction",
+            lines.join(", ")
+        )
+    } else {
+        format!("over --max-lock {}", human_ms(e.max_lock_ms))
+    };
+    let mut h = Hazard::new(
+        "long_lock",
+        if exclusive { Severity::High } else { Severity::Medium },
+        format!(
+            "holds {} on {} ({}) for an estimated {} to the end of its transaction, blocking its {blocks}: {why}",
+            l.mode,
+            l.relation,
+            e.size_words(&l.relation),
+            human_ms(estimate)
+        ),
+        line,
+    );
+    h.estimated_ms = Some(estimate);
+    h.suggestion = Some(
+        "commit the locking statement in a short transaction of its own, and do the work after it in batches"
+            .into(),
+    );
+    v.hazards.push(h);
+}
+
+/// The note for a file that takes write-blocking locks and sets no lock_timeout.
+fn lock_timeout_note(sql: &str, blocking_tables: &BTreeSet<&str>, v: &mut Verdict) {
+    if !blocking_tables.is_empty() && !sql.to_ascii_lowercase().contains("lock_timeout") {
+        let tables: Vec<&str> = blocking_tables.iter().copied().take(5).collect();
+        let mut h = Hazard::new(
+            "no_lock_timeout",
+            Severity::Low,
+            format!(
+                "the file takes write-blocking locks on {} and sets no lock_timeout: waiting behind a long query, it would block every query queued behind it",
+                tables.join(", ")
+            ),
+            None,
+        );
+        h.suggestion = Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
+        v.notes.push(h);
     }
-    compatibility(e, &mut v);
-    if let Some(sql) = e.sql {
-        if !blocking_tables.is_empty() && !sql.to_ascii_lowercase().contains("lock_timeout") {
-            let tables: Vec<&str> = blocking_tables.iter().map(String::as_str).take(5).collect();
-            let mut h = Hazard::new(
-                "no_lock_timeout",
-                Severity::Low,
-                format!(
-                    "the file takes write-blocking locks on {} and sets no lock_timeout: waiting behind a long query, it would block every query queued behind it",
-                    tables.join(", ")
-                ),
-                None,
-            );
-            h.suggestion =
-                Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
-            v.notes.push(h);
-        }
-    }
-    v.hazards.sort_by_key(|h| std::cmp::Reverse(h.severity));
-    v
 }
 
 /// Rows updated and deleted per transaction and golden table, and whether
@@ -443,9 +475,9 @@ struct Mass {
 
 /// Each transaction's updates and deletes per golden table: most of a table
 /// is as heavy split over several statements of one transaction as in one.
-fn mass_changes<'a>(e: &'a Evidence) -> BTreeMap<(usize, &'a str), Mass> {
+fn mass_changes<'a>(e: &'a Evidence, works: &[BTreeMap<&str, Work>]) -> BTreeMap<(usize, &'a str), Mass> {
     let mut out: BTreeMap<(usize, &str), Mass> = BTreeMap::new();
-    for s in e.statements.iter().filter(|s| !s.rolled_back) {
+    for (s, work) in e.statements.iter().zip(works).filter(|(s, _)| !s.rolled_back) {
         for r in s.rows.iter().filter(|r| e.rows_before.contains_key(&r.table) && !r.truncated) {
             if r.updated + r.deleted == 0 {
                 continue;
@@ -460,7 +492,7 @@ fn mass_changes<'a>(e: &'a Evidence) -> BTreeMap<(usize, &'a str), Mass> {
             });
             m.updated += r.updated;
             m.deleted += r.deleted;
-            let w = work(s, e.rows_before).get(r.table.as_str()).copied().unwrap_or_default();
+            let w = work.get(r.table.as_str()).copied().unwrap_or_default();
             m.work.scanned += w.scanned;
             m.work.changed += w.changed;
             if !m.lines.contains(&s.line) {

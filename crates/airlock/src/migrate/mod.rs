@@ -13,6 +13,7 @@
 pub mod app;
 pub mod apply;
 pub mod command;
+pub mod costs;
 pub mod hazards;
 pub mod probe;
 pub mod promote;
@@ -291,18 +292,20 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         ));
     }
     let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
+    let costs = costs::costs_path(&engine.layout, &req.golden, generation)?;
     let expected = expected_catalog(&engine, &req).await?;
+    let baseline = Arc::new(Baseline { snapshot, expected, costs });
     let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = tokio::task::JoinSet::new();
     // The candidates' forks are recorded as coming through the test's own door.
     let door = crate::events::Door::current();
     for (i, candidate) in req.candidates.iter().cloned().enumerate() {
-        let (engine, req, snapshot, expected, permits) =
-            (engine.clone(), req.clone(), snapshot.clone(), expected.clone(), permits.clone());
+        let (engine, req, baseline, permits) =
+            (engine.clone(), req.clone(), baseline.clone(), permits.clone());
         tasks.spawn(crate::events::DOOR.scope(door, async move {
             let _permit = permits.acquire_owned().await;
-            (i, test_one(&engine, &req, &candidate, &snapshot, expected.as_ref()).await)
+            (i, test_one(&engine, &req, &candidate, &baseline).await)
         }));
     }
     // Every candidate runs to its end (and deletes its fork) before any error is
@@ -325,14 +328,13 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     }
     let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
     let ranking = hazards::rank(&candidates);
-    let costs = scale::costs_path(&engine.layout, &req.golden, generation)?;
-    let calibration = scale::kept(&costs).unwrap_or_default();
+    let calibration = costs::kept(&baseline.costs).unwrap_or_default();
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
     let report = Report {
         golden: req.golden.clone(),
         generation,
-        golden_catalog: snapshot.catalog,
+        golden_catalog: baseline.snapshot.catalog.clone(),
         passed: candidates.iter().all(|c| c.passed),
         best,
         ranking,
@@ -366,6 +368,14 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     Ok(report)
 }
 
+/// What every candidate of a run is measured against: the golden
+/// generation's record, the expected schema, and where its costs are kept.
+struct Baseline {
+    snapshot: Snapshot,
+    expected: Option<Catalog>,
+    costs: std::path::PathBuf,
+}
+
 /// The expected schema, when one was asked for.
 async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<Catalog>> {
     if let Some(name) = &req.expect_golden {
@@ -394,8 +404,7 @@ async fn test_one(
     engine: &Engine,
     req: &TestRequest,
     candidate: &Candidate,
-    snapshot: &Snapshot,
-    expected: Option<&Catalog>,
+    baseline: &Baseline,
 ) -> Result<CandidateReport> {
     let timeout = Duration::from_millis(req.statement_timeout_ms.unwrap_or(300_000).clamp(1_000, 3_600_000));
     let fork = ForkRequest {
@@ -413,7 +422,7 @@ async fn test_one(
     let sb = sandbox::fork(engine, &fork).await?.sandbox;
     crate::crashpoint::reached("migrate.forked");
     let _busy = engine.connections.open(&sb.id);
-    let result = measure(engine, req, candidate, snapshot, expected, &sb, timeout).await;
+    let result = measure(engine, req, candidate, baseline, &sb, timeout).await;
     let _ = sandbox::delete(engine, &sb.id, DeleteReason::User).await;
     // A candidate that breaks the measuring (it changed role, say) fails on
     // its own; the others' reports stand.
@@ -451,17 +460,16 @@ async fn measure(
     engine: &Engine,
     req: &TestRequest,
     candidate: &Candidate,
-    snapshot: &Snapshot,
-    expected: Option<&Catalog>,
+    baseline: &Baseline,
     sb: &Sandbox,
     timeout: Duration,
 ) -> Result<CandidateReport> {
+    let Baseline { snapshot, expected, costs } = baseline;
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
     // Costs are measured on a fork nothing has run on yet, before the probe exists.
-    let costs = scale::costs_path(&engine.layout, &req.golden, sb.generation)?;
-    let calibration = scale::calibration(&costs, admin.client(), &golden_rows).await?;
+    let calibration = costs::calibration(costs, admin.client(), &golden_rows).await?;
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
@@ -514,7 +522,7 @@ async fn measure(
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
-    let drift = expected.map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
+    let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
     let verdict = hazards::assess(&hazards::Evidence {

@@ -591,3 +591,42 @@ END $$;";
     assert_eq!(code, 0, "{out}");
     assert_eq!(sql(other_dsn, "SELECT count(*) FROM users WHERE score = 1 AND id <= 10"), "10");
 }
+
+#[test]
+fn measuring_a_goldens_costs_runs_nothing_the_golden_planted() {
+    // The admin role measures per-row costs on a fork of the golden, and a
+    // golden can come from an agent's sandbox. Look-alikes of everything the
+    // measurement calls, in the golden's public schema, fail loudly if run.
+    // (A golden cannot put public first in a session's search path: its build
+    // refuses stored settings, and the admin's session pins its own path.)
+    let d = crate::harness::Daemon::start(&[]);
+    let fails =
+        |what: &str| format!("LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'planted {what} ran'; END $$;");
+    let schema = format!(
+        "CREATE TABLE t (id int8 PRIMARY KEY, k int8, pad text);
+         CREATE FUNCTION public.md5(text) RETURNS text {}
+         CREATE FUNCTION public.repeat(text, integer) RETURNS text {}
+         CREATE FUNCTION public.generate_series(integer, integer) RETURNS SETOF integer {}
+         CREATE FUNCTION public.planted_ge(int8, integer) RETURNS boolean {}
+         CREATE OPERATOR public.>= (LEFTARG = int8, RIGHTARG = integer, FUNCTION = public.planted_ge);
+         CREATE FUNCTION public.planted_plus(int8, integer) RETURNS int8 {}
+         CREATE OPERATOR public.+ (LEFTARG = int8, RIGHTARG = integer, FUNCTION = public.planted_plus);
+         CREATE SCHEMA airlock_calibration;",
+        fails("md5"),
+        fails("repeat"),
+        fails("generate_series"),
+        fails(">="),
+        fails("+"),
+    );
+    d.golden(
+        "planted",
+        &schema,
+        "INSERT INTO t SELECT g, g, 'x' FROM pg_catalog.generate_series(1, 5000) g;",
+    );
+    let paths = files(&d, &[("safe.sql", "ALTER TABLE t ADD COLUMN note text;")]);
+    let out = d.cli(&["migrate", "test", "--golden", "planted", "--json", paths[0].to_str().unwrap()]);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    assert_eq!(out.code, 0, "{report}");
+    let costs = &report["scale"]["costs"];
+    assert!(costs["scan_us"].as_f64().unwrap() > 0.0 && costs["write_us"].as_f64().unwrap() > 0.0, "{costs}");
+}
