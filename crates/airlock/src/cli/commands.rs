@@ -866,22 +866,26 @@ fn dsn_argument(given: &str) -> Result<String> {
     Ok(s.trim().to_owned())
 }
 
-/// Production's table sizes from a DSN (or `-`, one on stdin) or a file.
+/// Production's table sizes from a DSN (a URL, `key=value` pairs, or `-` for
+/// one on stdin) or a file.
 async fn production_stats(source: &str) -> Result<crate::migrate::scale::ProductionStats> {
-    use crate::migrate::scale::ProductionStats;
-    let is_dsn = source == "-" || source.starts_with("postgres://") || source.starts_with("postgresql://");
+    let is_dsn = source == "-" || source.contains("://") || source.contains('=');
     if !is_dsn {
         let text = read_file(std::path::Path::new(source), "production statistics file")?;
-        return ProductionStats::parse(&text, source.to_owned());
+        return crate::migrate::scale::ProductionStats::parse(&text, source.to_owned());
     }
-    let dsn = dsn_argument(source)?;
-    let client = pg::target::connect(&dsn).await?;
-    ProductionStats::read(&client, pg::dsn::redact(&dsn)).await
+    stats_from(&dsn_argument(source)?).await
+}
+
+/// A database's table sizes, read over `dsn`.
+async fn stats_from(dsn: &str) -> Result<crate::migrate::scale::ProductionStats> {
+    let client = pg::target::connect(dsn).await?;
+    crate::migrate::scale::ProductionStats::read(&client, pg::dsn::redact(dsn)).await
 }
 
 /// `airlock migrate stats`: a database's table sizes, for `--production-stats FILE`.
 async fn migrate_stats(args: &MigrateStatsArgs) -> Result<i32> {
-    let stats = production_stats(&dsn_argument(&args.target)?).await?;
+    let stats = stats_from(&dsn_argument(&args.target)?).await?;
     println!("{}", serde_json::to_string_pretty(&stats).expect("stats serialize"));
     Ok(0)
 }
