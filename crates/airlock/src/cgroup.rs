@@ -51,6 +51,10 @@ pub enum Cgroups {
         /// `<cpu>/airlock/<tag>`.
         #[schema(value_type = String)]
         cpu: PathBuf,
+        /// `<freezer>/airlock/<tag>`, where the host has that hierarchy.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<String>)]
+        freezer: Option<PathBuf>,
     },
     /// No usable cgroups (not root, or not mounted).
     Unavailable,
@@ -86,7 +90,10 @@ impl Cgroups {
         if ["memory", "pids", "cpu"].iter().all(|c| fs.join(c).exists())
             && [&memory, &pids, &cpu].iter().all(|p| std::fs::create_dir_all(p).is_ok())
         {
-            return Cgroups::V1 { memory, pids, cpu };
+            let freezer = Some(under("freezer"))
+                .filter(|_| fs.join("freezer").exists())
+                .filter(|f| std::fs::create_dir_all(f).is_ok());
+            return Cgroups::V1 { memory, pids, cpu, freezer };
         }
         Cgroups::Unavailable
     }
@@ -100,7 +107,11 @@ impl Cgroups {
     fn dirs(&self, id: &str) -> Vec<PathBuf> {
         match self {
             Cgroups::V2 { root } => vec![root.join(id)],
-            Cgroups::V1 { memory, pids, cpu } => vec![memory.join(id), pids.join(id), cpu.join(id)],
+            Cgroups::V1 { memory, pids, cpu, freezer } => {
+                let mut dirs = vec![memory.join(id), pids.join(id), cpu.join(id)];
+                dirs.extend(freezer.as_ref().map(|f| f.join(id)));
+                dirs
+            }
             Cgroups::Unavailable => vec![],
         }
     }
@@ -118,7 +129,7 @@ impl Cgroups {
                     (d.join("cpu.weight"), limits.cpu_weight.to_string()),
                 ]
             }
-            Cgroups::V1 { memory, pids, cpu } => vec![
+            Cgroups::V1 { memory, pids, cpu, .. } => vec![
                 (memory.join(id).join("memory.limit_in_bytes"), limits.memory_bytes.to_string()),
                 (pids.join(id).join("pids.max"), limits.pids.to_string()),
                 // v1 shares are 1024 for the default weight of 100.
@@ -172,6 +183,55 @@ impl Cgroups {
         pids.sort();
         pids.dedup();
         pids
+    }
+
+    /// Freezes every process of a sandbox (and any it forks meanwhile) at
+    /// once, as one instant: returns once the kernel says all are frozen,
+    /// within `limit`; false where the host has no freezer for its cgroups.
+    pub fn freeze(&self, id: &str, limit: std::time::Duration) -> std::io::Result<bool> {
+        let (file, value, done): (PathBuf, &str, fn(&str) -> bool) = match self {
+            Cgroups::V2 { root } => {
+                (root.join(id).join("cgroup.freeze"), "1", |events| events.lines().any(|l| l == "frozen 1"))
+            }
+            Cgroups::V1 { freezer: Some(f), .. } => {
+                (f.join(id).join("freezer.state"), "FROZEN", |state| state.trim() == "FROZEN")
+            }
+            _ => return Ok(false),
+        };
+        if !file.parent().is_some_and(Path::exists) {
+            return Ok(false);
+        }
+        std::fs::write(&file, value)?;
+        let shown = match self {
+            Cgroups::V2 { root } => root.join(id).join("cgroup.events"),
+            _ => file.clone(),
+        };
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if done(&std::fs::read_to_string(&shown)?) {
+                return Ok(true);
+            }
+            if std::time::Instant::now() > deadline {
+                self.thaw(id);
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("the processes of {id} were not all frozen within {limit:?}"),
+                ));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Lets a frozen sandbox's processes run again (nothing where none is frozen).
+    pub fn thaw(&self, id: &str) {
+        let (file, value) = match self {
+            Cgroups::V2 { root } => (root.join(id).join("cgroup.freeze"), "0"),
+            Cgroups::V1 { freezer: Some(f), .. } => (f.join(id).join("freezer.state"), "THAWED"),
+            _ => return,
+        };
+        if file.exists() {
+            let _ = std::fs::write(file, value);
+        }
     }
 
     /// Removes a sandbox's cgroups (they must be empty of processes).

@@ -37,6 +37,8 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     // while this daemon reconciles.
     let _ = std::fs::remove_file(layout.api_socket());
     let engine = Arc::new(Engine::open(config)?);
+    // A volume that could not give one sandbox its headroom is refused now.
+    crate::sandbox::headroom::check_volume(&engine)?;
     let counted_from = crate::metrics::Start::now(&engine);
     let traced_from = crate::audit::follow::Follower::at_end(&engine.layout.audit());
     let reconciled = reaper::reconcile(&engine).await?;

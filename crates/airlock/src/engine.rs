@@ -46,6 +46,9 @@ pub struct Config {
     pub cgroup_limits: CgroupLimits,
     /// How far a sandbox's files may grow beyond its golden before it is deleted.
     pub disk_limit_bytes: u64,
+    /// Where sandboxes have quotas: what every running sandbox can always
+    /// write, whatever its neighbours do ([`crate::sandbox::headroom`]).
+    pub disk_headroom_bytes: u64,
     /// Warm-pool size of a golden created without one.
     pub default_pool_size: i64,
     /// Sandboxes with a running server allowed at once (pool members count);
@@ -88,6 +91,7 @@ impl Config {
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
             disk_limit_bytes: 10 << 30,
+            disk_headroom_bytes: 64 << 20,
             default_pool_size: 0,
             max_running: 100,
             max_disk_bytes: None,
@@ -138,6 +142,8 @@ pub struct Engine {
     pub admission: tokio::sync::Mutex<()>,
     /// Wakes queued forks when a sandbox is deleted or suspended.
     pub capacity_freed: tokio::sync::Notify,
+    /// The disk headroom promised to each running sandbox, where sandboxes have quotas.
+    pub headroom: crate::sandbox::headroom::Headroom,
     /// Forks and wakes in the queue that are waiting for room to be freed.
     pub waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Where the router listens, once it does.
@@ -183,7 +189,7 @@ impl Engine {
         let layout = Layout::new(&config.home);
         prepare_home(layout.home())?;
         let root = nix::unistd::geteuid().is_root();
-        if let (true, Some(dir)) = (root, crate::pg::instance::under_private_dir(layout.home())) {
+        if let (true, Some(dir)) = (root, crate::rootfs::under_private_dir(layout.home())) {
             return Err(Error::new(
                 ErrorCode::DataRootNotWritable,
                 format!(
@@ -246,6 +252,7 @@ impl Engine {
             connections: crate::router::Connections::default(),
             admission: tokio::sync::Mutex::new(()),
             capacity_freed: tokio::sync::Notify::new(),
+            headroom: Default::default(),
             waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
             gateway: std::sync::OnceLock::new(),
@@ -463,6 +470,7 @@ impl Engine {
     /// A report for `airlock doctor`.
     pub fn doctor(&self) -> Doctor {
         let mut warnings = self.fork_warnings();
+        warnings.extend(crate::sandbox::headroom::check_volume(self).unwrap_or_else(|e| vec![e.message]));
         let root = self.daemon_user.is_root();
         if !root {
             warnings.push(
@@ -496,6 +504,8 @@ impl Engine {
             max_disk_bytes: self.config.max_disk_bytes,
             disk_reserve_bytes: crate::sandbox::capacity::reserve_bytes(self),
             disk_quota_per_sandbox: self.cloner.hard_quota(),
+            disk_headroom_bytes: self.config.disk_headroom_bytes,
+            disk_unpromised_bytes: self.headroom.unpromised(),
             default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
             router: self.router.get().cloned(),
             gateway: self.gateway.get().cloned(),
@@ -592,6 +602,12 @@ pub struct Doctor {
     /// Whether each sandbox has a hard disk quota (Btrfs) rather than a watch.
     #[serde(default)]
     pub disk_quota_per_sandbox: bool,
+    /// With a quota per sandbox: what every running sandbox can always write.
+    #[serde(default)]
+    pub disk_headroom_bytes: u64,
+    /// With a quota per sandbox: what the volume has promised to no sandbox yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_unpromised_bytes: Option<u64>,
     /// Idle time before a sandbox is suspended unless its fork says otherwise; 0 never.
     pub default_idle_suspend_seconds: u64,
     /// Where the router listens; absent when it is off.

@@ -71,6 +71,9 @@ pub enum ErrorCode {
     AuditUnavailable,
     /// `audit verify` found the log altered, cut short or out of order.
     AuditBroken,
+    /// The request ran past its deadline; the message says what became of
+    /// the work.
+    TimedOut,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -89,6 +92,7 @@ impl ErrorCode {
             CapacityExhausted | AuditUnavailable => 503,
             AuditBroken => 409,
             DiskFull => 507,
+            TimedOut => 504,
             DataRootNotWritable | StorageFailed | PostgresFailed | RedisFailed | DaemonUnreachable
             | Internal => 500,
         }
@@ -111,6 +115,7 @@ impl ErrorCode {
             DiskFull => 13,
             AuditUnavailable => 14,
             AuditBroken => 15,
+            TimedOut => 16,
         }
     }
 

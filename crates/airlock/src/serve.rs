@@ -6,7 +6,9 @@
 //! is accepted only while a slot is free (the rest wait in the kernel's listen
 //! backlog, costing the daemon nothing), and a connection that does not finish
 //! sending a request's headers in time is closed, so idle holders give their
-//! slot back.
+//! slot back. And every request answers: one that panics is answered
+//! `internal` (and logged), one past its deadline `timed_out`, so no request
+//! can hold its connection and slot for ever.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -27,12 +29,58 @@ pub struct Bounds {
     /// Time a client has to send a request's headers, on a new connection and
     /// between requests on a kept-alive one.
     pub header_timeout: Duration,
+    /// Time one request may take to be answered.
+    pub deadline: Duration,
 }
 
 impl Default for Bounds {
     fn default() -> Self {
-        Bounds { max_connections: 256, header_timeout: Duration::from_secs(10) }
+        Bounds { max_connections: 256, header_timeout: Duration::from_secs(10), deadline: API_DEADLINE }
     }
+}
+
+/// The longest an API request may take: past the longest `exec` (an hour) and
+/// a large import's build, whose work goes on when its request ends.
+pub const API_DEADLINE: Duration = Duration::from_secs(2 * 3600);
+
+/// Answers the request whatever its handler does: a panic is an `internal`
+/// error (logged with what panicked), a request past `deadline` is
+/// `timed_out`.
+async fn answered(
+    axum::extract::State(deadline): axum::extract::State<Duration>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use futures_util::FutureExt;
+    let route = format!("{} {}", request.method(), request.uri().path());
+    let handled = std::panic::AssertUnwindSafe(next.run(request)).catch_unwind();
+    match tokio::time::timeout(deadline, handled).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(panic)) => {
+            let what = panic_message(&panic);
+            tracing::error!(route = %route, panic = %what, "a request's handler panicked");
+            crate::error::Error::internal(format!(
+                "the request failed unexpectedly ({what}); nothing was left half-made"
+            ))
+            .into_response()
+        }
+        Err(_) => crate::error::Error::new(
+            crate::error::ErrorCode::TimedOut,
+            format!("the request took longer than {}s and was given up", deadline.as_secs()),
+            "work the daemon runs on its own (a build, a deletion) goes on: see `airlock events`",
+        )
+        .into_response(),
+    }
+}
+
+/// What a panic said, as text.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic".into())
 }
 
 /// How long a stopping server waits for requests in flight before it drops them.
@@ -46,6 +94,7 @@ pub async fn serve<L: Listener>(
     bounds: Bounds,
     shutdown: impl Future<Output = ()>,
 ) {
+    let app = app.layer(axum::middleware::from_fn_with_state(bounds.deadline, answered));
     let slots = Arc::new(Semaphore::new(bounds.max_connections));
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();

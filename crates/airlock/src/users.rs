@@ -226,11 +226,12 @@ impl Leases {
     /// free pair is usually found at the first try however many are held.
     pub fn take(&self, sandbox: &str) -> Result<u32> {
         let pairs = self.range.count / 2;
+        let owners = owners_of_shared_files();
         for attempt in 0..2 {
             let start = u32::from_le_bytes(crate::secret::random_bytes::<4>()) % pairs.max(1);
             for i in 0..pairs {
                 let uid = self.range.first + 2 * ((start + i) % pairs);
-                if taken_on_host(uid) || taken_on_host(uid + 1) {
+                if [uid, uid + 1].iter().any(|id| taken_on_host(*id) || owners.contains(id)) {
                     continue;
                 }
                 match self.create(uid, sandbox) {
@@ -316,6 +317,19 @@ impl Leases {
         }
         freed
     }
+}
+
+/// Who owns something at the top of the host's directories every user may
+/// write (the places a sandbox's file could outlive it, had it ever reached
+/// them: a contained process sees only private copies). A uid found there is
+/// not leased again, so no tenant finds a predecessor's file as its own.
+fn owners_of_shared_files() -> std::collections::HashSet<u32> {
+    use std::os::unix::fs::MetadataExt;
+    crate::rootfs::PRIVATE_TMP
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
+        .filter_map(|entry| entry.metadata().ok().map(|m| m.uid()))
+        .collect()
 }
 
 /// Whether a passwd or group entry already uses this number.

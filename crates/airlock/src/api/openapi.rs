@@ -64,6 +64,7 @@ impl utoipa::IntoResponses for ApiErrors {
             Internal,
             CapacityExhausted,
             DiskFull,
+            TimedOut,
         ];
         all.into_iter()
             .map(|code| {
@@ -90,7 +91,8 @@ fn describe(status: u16) -> &'static str {
         422 => "the work failed on its input: seed_failed, source_failed, migration_failed",
         500 => "internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details",
         503 => "capacity_exhausted: the host is full",
-        507 => "disk_full: the volume or the sandbox's allowance is full",
+        504 => "timed_out: the request ran past its deadline",
+        507 => "disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom",
         _ => "an error",
     }
 }

@@ -12,6 +12,7 @@ pub mod diff;
 pub mod objects;
 pub mod planted;
 
+use crate::pg::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -157,7 +158,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     let rows = client
         .query(
             &format!(
-                "SELECT c.oid::int8, n.nspname, c.relname, c.relkind::text, c.reltuples::int8,
+                "SELECT c.oid::int8, pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(c.relname), c.relkind::text, c.reltuples::int8,
                         CASE WHEN c.relkind IN ('v', 'm') THEN pg_get_viewdef(c.oid) END
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                  WHERE c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S') AND {SYSTEM_SCHEMAS}
@@ -169,10 +170,10 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
         .await
         .map_err(query_error)?;
     for r in rows {
-        let name = qualified(r.get(1), r.get(2));
-        match r.get::<_, String>(3).as_str() {
+        let name = qualified(r.cell(1)?, r.cell(2)?);
+        match r.cell::<String>(3)?.as_str() {
             "v" | "m" => {
-                catalog.views.insert(name, r.get::<_, Option<String>>(5).unwrap_or_default());
+                catalog.views.insert(name, r.cell::<Option<String>>(5)?.unwrap_or_default());
             }
             "S" => {
                 catalog.sequences.insert(name, String::new());
@@ -183,9 +184,9 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
                     "f" => "foreign table",
                     _ => "table",
                 };
-                by_oid.insert(r.get(0), name.clone());
+                by_oid.insert(r.cell(0)?, name.clone());
                 let table =
-                    Table { kind: kind.into(), row_estimate: r.get::<_, i64>(4), ..Default::default() };
+                    Table { kind: kind.into(), row_estimate: r.cell::<i64>(4)?, ..Default::default() };
                 catalog.tables.insert(name, table);
             }
         }
@@ -206,12 +207,12 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
         .await
         .map_err(query_error)?;
     for r in columns {
-        if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
+        if let Some(t) = by_oid.get(&r.cell::<i64>(0)?).and_then(|n| catalog.tables.get_mut(n)) {
             t.columns.push(Column {
-                name: r.get(1),
-                type_name: r.get(2),
-                nullable: r.get(3),
-                default: r.get(4),
+                name: r.cell(1)?,
+                type_name: r.cell(2)?,
+                nullable: r.cell(3)?,
+                default: r.cell(4)?,
             });
         }
     }
@@ -235,15 +236,18 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     // Each query gives (table, name, definition) rows for one kind of table part.
     for (sql, field) in parts {
         for r in client.query(sql, &[&oids]).await.map_err(query_error)? {
-            if let Some(t) = by_oid.get(&r.get::<_, i64>(0)).and_then(|n| catalog.tables.get_mut(n)) {
-                field(t).insert(r.get(1), r.get(2));
+            if let Some(t) = by_oid.get(&r.cell::<i64>(0)?).and_then(|n| catalog.tables.get_mut(n)) {
+                // A part dropped while it is read prints as NULL: it is gone.
+                if let Some(definition) = r.cell::<Option<String>>(2)? {
+                    field(t).insert(r.cell(1)?, definition);
+                }
             }
         }
     }
     let functions = client
         .query(
             &format!(
-                "SELECT n.nspname::text, p.proname::text, pg_get_function_identity_arguments(p.oid),
+                "SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(p.proname), pg_get_function_identity_arguments(p.oid),
                         coalesce(pg_get_function_result(p.oid), 'procedure'),
                         CASE WHEN p.prokind IN ('f', 'p') THEN md5(pg_get_functiondef(p.oid)) ELSE '' END
                  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -255,25 +259,29 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
         .await
         .map_err(query_error)?;
     for r in functions {
-        let name = format!("{}({})", qualified(r.get(0), r.get(1)), r.get::<_, String>(2));
-        catalog
-            .functions
-            .insert(name, format!("returns {} [{}]", r.get::<_, String>(3), r.get::<_, String>(4)));
+        // A function dropped while it is read prints as NULL: it is gone.
+        let (Some(arguments), Some(result), Some(body)) =
+            (r.cell::<Option<String>>(2)?, r.cell::<Option<String>>(3)?, r.cell::<Option<String>>(4)?)
+        else {
+            continue;
+        };
+        let name = format!("{}({arguments})", qualified(r.cell(0)?, r.cell(1)?));
+        catalog.functions.insert(name, format!("returns {result} [{body}]"));
     }
     let sequences = client
-        .query("SELECT schemaname::text, sequencename::text, data_type::regtype::text FROM pg_sequences", &[])
+        .query("SELECT pg_catalog.quote_ident(schemaname), pg_catalog.quote_ident(sequencename), data_type::regtype::text FROM pg_sequences", &[])
         .await
         .map_err(query_error)?;
     for r in sequences {
-        let name = qualified(r.get(0), r.get(1));
+        let name = qualified(r.cell(0)?, r.cell(1)?);
         if let Some(s) = catalog.sequences.get_mut(&name) {
-            *s = r.get(2);
+            *s = r.cell(2)?;
         }
     }
     let types = client
         .query(
             &format!(
-                "SELECT n.nspname::text, t.typname::text,
+                "SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(t.typname),
                         CASE t.typtype WHEN 'e' THEN 'enum (' || (SELECT string_agg(quote_literal(e.enumlabel), ', ' ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid) || ')'
                                        WHEN 'c' THEN 'composite (' || (SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod), ', ' ORDER BY a.attnum) FROM pg_attribute a WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) || ')'
                                        WHEN 'r' THEN 'range over ' || (SELECT format_type(r.rngsubtype, NULL) FROM pg_range r WHERE r.rngtypid = t.oid)
@@ -290,14 +298,14 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     for r in types {
         catalog
             .types
-            .insert(qualified(r.get(0), r.get(1)), r.get::<_, Option<String>>(2).unwrap_or_default());
+            .insert(qualified(r.cell(0)?, r.cell(1)?), r.cell::<Option<String>>(2)?.unwrap_or_default());
     }
     let extensions = client
         .query("SELECT extname::text, extversion FROM pg_extension WHERE extname <> 'plpgsql'", &[])
         .await
         .map_err(query_error)?;
     for r in extensions {
-        catalog.extensions.insert(r.get(0), r.get(1));
+        catalog.extensions.insert(r.cell(0)?, r.cell(1)?);
     }
     catalog.objects = Some(objects::read(client).await?);
     // The session may go on to run other work (a promoted migration, say).
@@ -378,14 +386,14 @@ pub async fn count_rows(
             &[],
         )
         .await
-        .is_ok_and(|r| r.get::<_, bool>(0));
+        .is_ok_and(|r| r.cell::<bool>(0).unwrap_or(false));
     if !installed && client.batch_execute(READER_SQL).await.is_err() {
         return estimates().collect();
     }
     let grant_each = client
         .query_one("SELECT pg_catalog.to_regrole('pg_read_all_data') IS NULL", &[])
         .await
-        .is_ok_and(|r| r.get::<_, bool>(0));
+        .is_ok_and(|r| r.cell::<bool>(0).unwrap_or(false));
     let mut counts = BTreeMap::new();
     for (name, table) in &catalog.tables {
         let estimate = RowCount { rows: table.row_estimate, exact: false };
@@ -393,8 +401,8 @@ pub async fn count_rows(
             counts.insert(name.clone(), estimate);
             continue;
         }
-        let (schema, relation) = name.split_once('.').unwrap_or(("public", name));
-        let qualified = format!("{}.{}", quote_ident(schema), quote_ident(relation));
+        // Names are kept as PostgreSQL quotes them: as SQL already.
+        let qualified = name.clone();
         let counted = async {
             client
                 .batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {}", per_table.as_millis()))
@@ -409,7 +417,10 @@ pub async fn count_rows(
             row
         };
         let count = match counted.await {
-            Ok(row) => RowCount { rows: row.get(0), exact: true },
+            Ok(row) => match row.cell(0) {
+                Ok(rows) => RowCount { rows, exact: true },
+                Err(_) => estimate,
+            },
             Err(_) => {
                 let _ = client.batch_execute("ROLLBACK").await;
                 estimate
@@ -433,7 +444,7 @@ pub async fn counters_lost(client: &tokio_postgres::Client) -> Result<bool> {
         )
         .await
         .map_err(query_error)?;
-    Ok(row.get(0))
+    Ok(row.cell(0)?)
 }
 
 /// Rows inserted, updated and deleted per table since the fork, every attempt
@@ -446,7 +457,7 @@ pub async fn attempted_and_committed(
 ) -> Result<BTreeMap<String, ([i64; 3], Option<i64>)>> {
     let rows = client
         .query(
-            "SELECT schemaname::text, relname::text, n_tup_ins, n_tup_upd, n_tup_del,
+            "SELECT pg_catalog.quote_ident(schemaname), pg_catalog.quote_ident(relname), n_tup_ins, n_tup_upd, n_tup_del,
                     CASE WHEN last_analyze IS NULL AND last_autoanalyze IS NULL THEN n_mod_since_analyze END
                FROM pg_catalog.pg_stat_user_tables",
             &[],
@@ -455,8 +466,8 @@ pub async fn attempted_and_committed(
         .map_err(query_error)?;
     Ok(rows
         .into_iter()
-        .map(|r| (qualified(r.get(0), r.get(1)), ([r.get(2), r.get(3), r.get(4)], r.get(5))))
-        .collect())
+        .map(|r| Ok((qualified(r.cell(0)?, r.cell(1)?), ([r.cell(2)?, r.cell(3)?, r.cell(4)?], r.cell(5)?))))
+        .collect::<Result<_>>()?)
 }
 
 /// The committed inserts, updates and deletes, from the attempts `[i, u, d]`,
@@ -487,7 +498,7 @@ pub async fn rewritten(client: &tokio_postgres::Client, golden_pgdata: &Path) ->
     let rows = client
         .query(
             &format!(
-                "SELECT n.nspname::text, c.relname::text, pg_catalog.pg_relation_filepath(c.oid)
+                "SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(c.relname), pg_catalog.pg_relation_filepath(c.oid)
                    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.relkind IN ('r', 'm') AND {SYSTEM_SCHEMAS}"
             ),
@@ -497,18 +508,21 @@ pub async fn rewritten(client: &tokio_postgres::Client, golden_pgdata: &Path) ->
         .map_err(query_error)?;
     let mut out = BTreeSet::new();
     for r in rows {
-        let Some(file) = r.get::<_, Option<String>>(2) else { continue };
+        let Some(file) = r.cell::<Option<String>>(2)? else { continue };
         // The golden's directory is root's and never changes; the path is the
         // server's own (`base/DB/FILE`), taken only if it stays inside.
         let inside = Path::new(&file).components().all(|c| matches!(c, std::path::Component::Normal(_)));
         if inside && std::fs::symlink_metadata(golden_pgdata.join(&file)).is_err() {
-            out.insert(qualified(r.get(0), r.get(1)));
+            out.insert(qualified(r.cell(0)?, r.cell(1)?));
         }
     }
     Ok(out)
 }
 
 /// `schema.name`.
+/// `schema.name` from parts PostgreSQL quoted (`quote_ident`): keys that never
+/// merge two objects (a table `c` in schema `a.b` is `"a.b".c`, a table `b.c`
+/// in `a` is `a."b.c"`), and SQL as they stand.
 fn qualified(schema: String, name: String) -> String {
     format!("{schema}.{name}")
 }

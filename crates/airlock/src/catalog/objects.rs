@@ -12,6 +12,7 @@
 //! PostgreSQL names objects (`pg_describe_object`) and carries a definition or,
 //! where PostgreSQL has no readable one, a digest of its catalog row.
 
+use crate::pg::cell::Cell;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -235,11 +236,12 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<BTreeMap<String, En
     let mut entries = BTreeMap::new();
     for sql in queries() {
         for row in client.query(&sql, &[]).await.map_err(super::query_error)? {
-            let (Some(name), definition) = (row.get::<_, Option<String>>(0), row.get::<_, Option<String>>(1))
+            let (Some(name), definition) = (row.cell::<Option<String>>(0)?, row.cell::<Option<String>>(1)?)
             else {
                 continue;
             };
-            entries.insert(name, Entry { definition: definition.unwrap_or_default(), property: row.get(2) });
+            entries
+                .insert(name, Entry { definition: definition.unwrap_or_default(), property: row.cell(2)? });
         }
     }
     Ok(entries)

@@ -9,6 +9,7 @@
 //! refuses them unless told to keep them, and a migration test reports a
 //! candidate that makes them.
 
+use crate::pg::cell::Cell;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -93,7 +94,9 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
                 crate::pg::admin::describe(&e)
             ))
         })?;
-        found.extend(rows.into_iter().map(|r| Planted { kind: kind.to_owned(), what: r.get(0) }));
+        for r in rows {
+            found.push(Planted { kind: kind.to_owned(), what: r.cell(0)? });
+        }
     }
     found.sort();
     Ok(found)

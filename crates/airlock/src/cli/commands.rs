@@ -368,6 +368,14 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             "give a size such as 500M or 10G",
         ));
     }
+    config.disk_headroom_bytes = validate::bytes(&args.disk_headroom)?;
+    if config.disk_headroom_bytes < 8 << 20 {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "--disk-headroom is below 8MB",
+            "give a size such as 64M: a server needs room for its temporary files and catalog writes",
+        ));
+    }
     config.cgroup_limits = crate::cgroup::CgroupLimits {
         memory_bytes: validate::bytes(&args.memory_limit)?,
         pids: args.pids_limit,
@@ -415,6 +423,14 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         .max(std::time::Duration::from_secs(1)),
     };
     config.metrics = args.metrics;
+    if let Some(addr) = args.metrics.filter(|a| !a.ip().is_loopback() && !args.metrics_public) {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("--metrics {addr} is not a loopback address, and metrics need no token"),
+            "serve them on 127.0.0.1 (and let a Prometheus on the host scrape them), or pass --metrics-public \
+             to show them to anyone who can reach that address",
+        ));
+    }
     config.gateway = match args.gateway.as_str() {
         "off" => None,
         addr => Some(addr.parse().map_err(|_| {
@@ -461,9 +477,25 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         (Some(f), _) => Some(std::fs::read_to_string(f)?.trim().to_owned()),
         (None, t) => t,
     };
+    if let (Some(_), Some(token)) = (args.tcp, &token) {
+        if token.len() < MIN_TOKEN {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "the TCP API's bearer token is {} bytes long; it needs at least {MIN_TOKEN}",
+                    token.len()
+                ),
+                "make one with `openssl rand -hex 32 > token` (the file is read and trimmed), then pass \
+                 --token-file token",
+            ));
+        }
+    }
     daemon::serve(config, daemon::Listen { tcp: args.tcp, token }).await?;
     Ok(0)
 }
+
+/// The shortest bearer token the TCP API takes (an empty one would let anyone in).
+const MIN_TOKEN: usize = 16;
 
 fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     paths
@@ -518,6 +550,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             from_dump,
             exclude_table,
             exclude_schema,
+            allow_extension,
             jobs,
             pool,
             postgres,
@@ -592,6 +625,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 pool_size: *pool,
                 postgres: *postgres,
                 redis,
+                allow_extensions: allow_extension.clone(),
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));

@@ -227,6 +227,11 @@ struct ServeArgs {
     /// How far a sandbox's files may grow beyond its golden before it is deleted.
     #[arg(long, env = "AIRLOCK_DISK_LIMIT", default_value = "10G")]
     disk_limit: String,
+    /// Where sandboxes have quotas (Btrfs): what every running sandbox can always write,
+    /// whatever its neighbours do; forks wait or fail with disk_full when the volume
+    /// cannot promise it (with a WAL's 128M).
+    #[arg(long, env = "AIRLOCK_DISK_HEADROOM", default_value = "64M")]
+    disk_headroom: String,
     /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
     #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
     storage: String,
@@ -277,6 +282,10 @@ struct ServeArgs {
     /// Serve Prometheus metrics on this address (HOST:PORT, port 0 for a free one) at /metrics.
     #[arg(long, env = "AIRLOCK_METRICS")]
     metrics: Option<std::net::SocketAddr>,
+    /// Let --metrics listen on an address other than loopback (it names sandboxes,
+    /// goldens and the fleet's state to anyone who can reach it, with no token).
+    #[arg(long, env = "AIRLOCK_METRICS_PUBLIC")]
+    metrics_public: bool,
     /// Flush every audit record to disk before going on (survives a power cut).
     #[arg(long, env = "AIRLOCK_AUDIT_FSYNC")]
     audit_fsync: bool,
@@ -320,6 +329,10 @@ enum GoldenCommand {
         /// With --from-url: leave out schemas matching this pg_dump pattern (repeatable).
         #[arg(long, value_name = "PATTERN", requires = "from_url")]
         exclude_schema: Vec<String>,
+        /// With --from-url or --from-dump: install this extension although it can reach
+        /// outside a fork (dblink, postgres_fdw...; repeatable). Others such are left out.
+        #[arg(long, value_name = "NAME")]
+        allow_extension: Vec<String>,
         /// Parallel jobs for a --from-url or --from-dump import (default: the cores, 2 to 4).
         #[arg(long)]
         jobs: Option<usize>,

@@ -94,7 +94,12 @@ pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str
         .layer(axum::middleware::from_fn_with_state(engine.clone(), known_token))
         .fallback(|| async { StatusCode::NOT_FOUND });
     tracing::info!(%bound, "serving the MCP gateway");
-    tokio::spawn(crate::serve::serve(listener, app, crate::serve::Bounds::default(), std::future::pending()));
+    tokio::spawn(crate::serve::serve(
+        listener,
+        app,
+        crate::serve::Bounds { deadline: crate::gateway::tools::DEADLINE, ..Default::default() },
+        std::future::pending(),
+    ));
     Ok(format!("http://{host}:{}", bound.port()))
 }
 

@@ -67,21 +67,26 @@ pub async fn run(engine: &Engine, key: &str, command: &[String]) -> Result<Redis
         ms => ms,
     };
     let exchange = async {
-        let stream = crate::redis::server::connect(&dir).await?;
+        let stream = crate::redis::server::connect(&dir).await.map_err(Unreadable::Server)?;
         let mut stream = tokio::io::BufStream::new(stream);
-        match resp::call(&mut stream, &["AUTH", &sb.id, &password]).await? {
+        match resp::call(&mut stream, &["AUTH", &sb.id, &password]).await.map_err(Unreadable::Server)? {
             resp::Reply::Status(_) => {}
             other => {
-                return Err(std::io::Error::other(format!(
+                return Err(Unreadable::Server(std::io::Error::other(format!(
                     "the task's Redis refused its credential: {other:?}"
-                )))
+                ))))
             }
         }
-        stream.write_all(&resp::command(command)).await?;
-        stream.flush().await?;
+        stream.write_all(&resp::command(command)).await.map_err(Unreadable::Server)?;
+        stream.flush().await.map_err(Unreadable::Server)?;
         let mut kept = Kept::default();
-        let reply = read(&mut stream, &mut kept, 0).await?;
-        Ok::<_, std::io::Error>((reply, kept))
+        // Whatever the reply is (the agent's own server shapes it), reading
+        // it is the tool's answer, never a server error.
+        let reply = match read(&mut stream, &mut kept, 0).await {
+            Ok(reply) => reply,
+            Err(e) => json!({"error": format!("the reply could not be read: {e}")}),
+        };
+        Ok::<_, Unreadable>((reply, kept))
     };
     let (reply, kept) = tokio::time::timeout(std::time::Duration::from_millis(timeout), exchange)
         .await
@@ -92,7 +97,7 @@ pub async fn run(engine: &Engine, key: &str, command: &[String]) -> Result<Redis
                 "ask for less at a time (SCAN instead of KEYS, ranges instead of whole lists)",
             )
         })?
-        .map_err(|e| {
+        .map_err(|Unreadable::Server(e)| {
             Error::new(ErrorCode::RedisFailed, format!("talking to the task's Redis: {e}"), "try again")
         })?;
     let error = reply.get("error").and_then(Value::as_str).map(str::to_owned);
@@ -105,6 +110,11 @@ pub async fn run(engine: &Engine, key: &str, command: &[String]) -> Result<Redis
     Ok(RedisResult { reply, error, note })
 }
 
+/// Reaching the task's Redis failed (as opposed to reading what it answered).
+enum Unreadable {
+    Server(std::io::Error),
+}
+
 /// How much of a reply has been kept, and how much left out.
 #[derive(Default)]
 struct Kept {
@@ -112,6 +122,24 @@ struct Kept {
     bytes: usize,
     elements_left: u64,
     bytes_left: u64,
+}
+
+/// Reads a blob of `n` bytes and its CRLF, keeping what fits in the caps.
+async fn read_blob<R: AsyncBufRead + Unpin + Send>(
+    stream: &mut R,
+    kept: &mut Kept,
+    n: i64,
+) -> std::io::Result<String> {
+    let n = u64::try_from(n)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "malformed reply: a length"))?;
+    let room = (BYTE_CAP.saturating_sub(kept.bytes) as u64).min(n);
+    let mut value = vec![0; room as usize];
+    stream.read_exact(&mut value).await?;
+    kept.bytes += value.len();
+    let left = n - room + 2;
+    tokio::io::copy(&mut (&mut *stream).take(left), &mut tokio::io::sink()).await?;
+    kept.bytes_left += n - room;
+    Ok(String::from_utf8_lossy(&value).into_owned())
 }
 
 /// Reads one reply, keeping what fits in the caps and counting the rest; the
@@ -133,10 +161,33 @@ fn read<'a, R: AsyncBufRead + Unpin + Send>(
         let head = String::from_utf8_lossy(&head[..head.len() - 2]).into_owned();
         let (kind, rest) = head.split_at(head.len().min(1));
         let length = || rest.parse::<i64>().map_err(|_| bad("a length"));
+        // RESP2, and RESP3 after `HELLO 3`: a map as an array of its keys and
+        // values, a set or a push as an array, a double, boolean or big number
+        // as JSON's own, a verbatim string as its text, attributes dropped.
         match kind {
             "+" => Ok(json!(rest)),
             "-" => Ok(json!({"error": rest})),
             ":" => Ok(json!(rest.parse::<i64>().map_err(|_| bad("an integer"))?)),
+            "_" => Ok(Value::Null),
+            "#" => Ok(json!(rest == "t")),
+            "," => Ok(rest
+                .parse::<f64>()
+                .ok()
+                .and_then(|f| serde_json::Number::from_f64(f))
+                .map_or(json!(rest), Value::Number)),
+            "(" => Ok(json!(rest)),
+            "!" | "=" => {
+                let text = read_blob(stream, kept, length()?).await?;
+                let text = if kind == "=" { text.get(4..).unwrap_or_default().to_owned() } else { text };
+                Ok(if kind == "!" { json!({"error": text}) } else { json!(text) })
+            }
+            "|" => {
+                // Attributes come before the reply they describe.
+                for _ in 0..length()?.max(0).saturating_mul(2) {
+                    read(stream, &mut Kept::default(), depth + 1).await?;
+                }
+                read(stream, kept, depth).await
+            }
             "$" => {
                 let n = length()?;
                 if n < 0 {
@@ -159,8 +210,8 @@ fn read<'a, R: AsyncBufRead + Unpin + Send>(
                 kept.bytes_left += left.saturating_sub(2);
                 Ok(json!(String::from_utf8_lossy(&value)))
             }
-            "*" => {
-                let n = length()?;
+            "*" | "~" | ">" | "%" => {
+                let n = if kind == "%" { length()?.saturating_mul(2) } else { length()? };
                 if n < 0 {
                     return Ok(Value::Null);
                 }

@@ -95,6 +95,13 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
             "send one or more SQL statements",
         ));
     }
+    if let Some(at) = sql.find('\0') {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("the sql holds a NUL byte (at byte {at}), which no SQL text can"),
+            "remove the NUL byte; to store binary data use a bytea literal such as '\\x00'",
+        ));
+    }
     if sql.len() > MAX_SQL {
         return Err(Error::new(
             ErrorCode::InvalidRequest,

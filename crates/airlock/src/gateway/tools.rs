@@ -152,11 +152,31 @@ pub struct ToolOutput {
     pub text: String,
 }
 
-/// Runs tool `tool` with `args` on sandbox `key`, and records the call as an event.
+/// The longest one tool call may take (a migration test on a large golden
+/// included); past it the call answers `timed_out`.
+pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Runs tool `tool` with `args` on sandbox `key`, and records the call as an
+/// event, whatever its outcome: a tool that panics or runs past [`DEADLINE`]
+/// answers an error and is on record all the same.
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
+    use futures_util::FutureExt;
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
-    let outcome = crate::events::DOOR.scope(via.door(), dispatch(engine, key, tool, args, &mut detail)).await;
+    let work = std::panic::AssertUnwindSafe(dispatch(engine, key, tool, args, &mut detail)).catch_unwind();
+    let outcome = match tokio::time::timeout(DEADLINE, crate::events::DOOR.scope(via.door(), work)).await {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(panic)) => {
+            let what = crate::serve::panic_message(&panic);
+            tracing::error!(sandbox = %key, tool, panic = %what, "a tool call panicked");
+            Err(Error::internal(format!("the tool failed unexpectedly ({what})")))
+        }
+        Err(_) => Err(Error::new(
+            crate::error::ErrorCode::TimedOut,
+            format!("{tool} took longer than {} minutes and was given up", DEADLINE.as_secs() / 60),
+            "ask for less at once",
+        )),
+    };
     let outcome = outcome.map_err(|e| for_agent(engine, key, tool, e));
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
@@ -204,7 +224,10 @@ async fn dispatch(
                 invalid("run_sql needs `sql`", "call run_sql with {\"sql\": \"SELECT ...\"}")
             })?;
             detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
+            // How many of its statements ran to their end: none until it has run.
+            detail["ran"] = json!(0);
             let result = super::sql::run(engine, key, sql).await?;
+            detail["ran"] = json!(result.statements.len());
             detail["rows"] = json!(result.row_count);
             let summary = match &result.error {
                 Some(e) => format!(

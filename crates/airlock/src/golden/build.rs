@@ -14,6 +14,7 @@ use crate::golden::import::Restore;
 use crate::golden::{dump, fidelity, Manifest, Source};
 use crate::layout::InstanceDir;
 use crate::pg::admin::Admin;
+use crate::pg::cell::Cell;
 use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
 use crate::pg::loader::Loader;
 use crate::pg::majors::Server;
@@ -59,15 +60,25 @@ pub async fn build(
         let promoted = match redis {
             crate::redis::RedisSource::Promoted { sandbox } => {
                 let rdb = crate::redis::server::rdb(&engine.layout.sandbox(sandbox));
-                Some(
-                    storage::tree::open_read(&rdb)
-                        .map_err(|e| Error::io("reading the sandbox's Redis data", &e))?,
-                )
+                storage::tree::open_read(&rdb).map(Some).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Error::new(
+                        ErrorCode::SandboxNotFound,
+                        format!("sandbox {sandbox}'s Redis data is gone: the sandbox was deleted or reset meanwhile"),
+                        "promote it again once it is running",
+                    ),
+                    _ => Error::io("reading the sandbox's Redis data", &e),
+                })
             }
-            _ => None,
+            _ => Ok(None),
         };
         let who = (&builder.user, &builder.cgroups[..]);
-        match crate::redis::golden::build(&dir, redis, promoted, who, max_memory).await {
+        // Whatever fails here, the build is finished below: its identity is
+        // given back and its files removed.
+        let built = match promoted {
+            Ok(promoted) => crate::redis::golden::build(&dir, redis, promoted, who, max_memory).await,
+            Err(e) => Err(e),
+        };
+        match built {
             Ok(part) => {
                 if postgres.is_none() {
                     manifest.size_bytes = part.rdb_bytes;
@@ -325,7 +336,7 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Ident
     let source = engine.layout.sandbox(&sb.id).join("pgdata");
     let source_user = engine.sandbox_user(&sb)?;
     let config = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
-    let _paused = crate::sandbox::branch::Paused::new(pid)?;
+    let _frozen = crate::sandbox::branch::Frozen::new(engine, &sb.id, pid)?;
     engine
         .cloner
         .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
@@ -363,7 +374,7 @@ async fn load_and_describe(
         drop(admin);
         // The build's own work (VACUUM, ANALYZE) runs the agent's index
         // expressions, as the owner role: look for planted objects after it.
-        let (version, hash) = describe(postgres, dir, postmaster).await?;
+        let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref()).await?;
         // Whatever the agent left that could steer later sessions (the daemon's
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
@@ -404,6 +415,7 @@ async fn load_and_describe(
         named,
         major: postgres.server.major,
         installed_build,
+        allowed: source.allowed_extensions(),
         dir,
         postmaster,
         jobs,
@@ -474,7 +486,7 @@ async fn load_and_describe(
     check_no_stored_settings(&admin, source).await?;
     drop(admin);
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
-    let (version, hash) = describe(postgres, dir, postmaster).await?;
+    let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref()).await?;
     let Some((dumped, imported, restore_seconds)) = pending else {
         return Ok((version, hash, Vec::new(), None));
     };
@@ -540,8 +552,34 @@ async fn check_no_stored_settings(admin: &Admin, source: &Source) -> Result<()> 
 
 /// Freezes, analyses and checkpoints the application database, drops the
 /// default database; returns the server version and schema hash.
-async fn describe(postgres: &Postgres<'_>, dir: &InstanceDir, postmaster: i32) -> Result<(String, String)> {
+async fn describe(
+    postgres: &Postgres<'_>,
+    dir: &InstanceDir,
+    postmaster: i32,
+    owner_os_user: Option<&Identity>,
+) -> Result<(String, String)> {
     let admin = Admin::connect(dir, DATABASE, postmaster).await?;
+    // Frozen, analysed tuples mean forks never rewrite pages just to set hint
+    // bits, so their blocks stay shared with the golden. VACUUM and ANALYZE
+    // run the application's index expressions and statistics, which are the
+    // agent's in a promoted sandbox: the owner role runs them, logged in as
+    // itself, never a superuser's session; so does the schema hash's pg_dump.
+    // (A promoted sandbox's owner role is NOLOGIN: it may log in meanwhile.)
+    admin.execute(&format!("ALTER ROLE {OWNER_ROLE} LOGIN")).await?;
+    let owned = async {
+        let owner = Admin::connect_owner(dir, DATABASE, postmaster, owner_os_user).await?;
+        // What it does not own is skipped, with a warning.
+        owner.execute("VACUUM (FREEZE, ANALYZE)").await?;
+        drop(owner);
+        load::schema_hash(postgres.clients, dir, owner_os_user).await
+    }
+    .await;
+    // Whatever happened, the owner role logs in no more (below, again).
+    if let Err(e) = owned {
+        let _ = admin.execute(&format!("ALTER ROLE {OWNER_ROLE} NOLOGIN")).await;
+        return Err(e);
+    }
+    let hash = owned?;
     // The owner role (and so the agent) owns the application's objects but not
     // the database: a database's owner could change its settings and options,
     // which would outlive any session. The owner role keeps what it needs to
@@ -561,9 +599,22 @@ async fn describe(postgres: &Postgres<'_>, dir: &InstanceDir, postmaster: i32) -
              END $$;"
         ))
         .await?;
-    // Frozen, analysed tuples mean forks never rewrite pages just to set hint
-    // bits, so their blocks stay shared with the golden.
-    admin.execute("VACUUM (FREEZE, ANALYZE)").await?;
+    // The rest is a superuser's (PostgreSQL's catalogs, extensions' tables),
+    // which no agent code can be part of: frozen by the admin, one by one.
+    let superusers = admin
+        .client()
+        .query(
+            "SELECT c.oid::pg_catalog.regclass::text FROM pg_catalog.pg_class c
+               JOIN pg_catalog.pg_roles r ON r.oid = c.relowner
+              WHERE r.rolsuper AND c.relkind IN ('r', 'm')",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+    for relation in superusers {
+        let relation: String = relation.cell(0)?;
+        admin.execute(&format!("VACUUM (FREEZE, ANALYZE) {relation}")).await?;
+    }
     // What the golden holds, kept so forks can be compared with it later.
     let catalog = crate::catalog::read(admin.client()).await?;
     let unbounded = std::time::Duration::from_secs(24 * 3600);
@@ -587,6 +638,5 @@ async fn describe(postgres: &Postgres<'_>, dir: &InstanceDir, postmaster: i32) -
         }
     }
     drop(admin);
-    let hash = load::schema_hash(postgres.clients, dir).await?;
     Ok((version, hash))
 }

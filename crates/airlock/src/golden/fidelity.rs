@@ -120,6 +120,12 @@ pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excl
         // role of a source that was a sandbox is folded into the owner role:
         // the report says so.
         .filter(|c| !c.name.starts_with("event trigger ") && !c.name.starts_with("subscription "))
+        // Nor are extensions that reach outside a fork, unless asked for.
+        .filter(|c| {
+            !imported.left_out_extensions.iter().any(|e| {
+                (c.object == "extension" && c.name == *e) || c.name == format!("comment on extension {e}")
+            })
+        })
         // Entries PostgreSQL cannot print are digests of catalog rows, which
         // hold object ids that differ between two databases: across databases
         // they are compared by presence alone.
@@ -159,6 +165,7 @@ pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excl
         .extensions
         .iter()
         .filter(|e| !excluded.schemas.iter().any(|s| s == &e.schema))
+        .filter(|e| !imported.left_out_extensions.contains(&e.name))
         .filter_map(|e| match installed.get(e.name.as_str()) {
             Some(v) if *v == e.version => None,
             Some(v) => Some(format!("extension {}: {} in the source, {v} in the golden", e.name, e.version)),

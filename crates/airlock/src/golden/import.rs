@@ -23,6 +23,7 @@
 //! outside an extension owned by a superuser or in an untrusted language, no
 //! imported role with an attribute or membership beyond what was made.
 
+use crate::pg::cell::Cell;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
@@ -52,6 +53,10 @@ pub struct Imported {
     pub not_carried: Vec<String>,
     /// Extensions installed, with the versions installed.
     pub extensions: Vec<Extension>,
+    /// Extensions of the source left out, because they can reach outside a
+    /// fork ([`crate::golden::extensions`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out_extensions: Vec<String>,
     /// The tables (`schema.name`) the archive's table of contents lists.
     #[serde(skip)]
     pub listed_tables: Vec<String>,
@@ -68,6 +73,8 @@ pub struct Restore<'a> {
     /// When that major is one `airlock postgres install` added (contrib only):
     /// the host's own major, whose system packages carry other extensions.
     pub installed_build: Option<u32>,
+    /// The extensions it may install.
+    pub allowed: crate::golden::extensions::Allowed,
     /// The golden under construction.
     pub dir: &'a InstanceDir,
     /// Its postmaster.
@@ -121,6 +128,8 @@ impl Restore<'_> {
             // Only what the source really has: a dump's text is not the judge.
             wanted.retain(|e| facts.extensions.iter().any(|x| x.name == e.name));
         }
+        self.check_available(&admin, &wanted).await?;
+        let wanted = self.contained_extensions(&admin, wanted, &mut imported).await?;
         imported.extensions = self.create_extensions(&admin, &wanted, facts).await?;
         let config = extension_config(&admin).await?;
         if !config.is_empty() {
@@ -163,7 +172,20 @@ impl Restore<'_> {
         // untrusted languages, programs run by file_fdw) fails here.
         let list = self.list_file("rest", &kept)?;
         self.phase("restoring", |p| p.tables_done = 0);
-        self.restore(path, &list, self.jobs).await?;
+        self.restore(path, &list, self.jobs).await.map_err(|mut e| {
+            if !imported.left_out_extensions.is_empty() {
+                e.hint = format!(
+                    "the source uses extension{} {}, left out because {} can reach outside a fork: if the failure \
+                     names {}, give --allow-extension for it; else {}",
+                    if imported.left_out_extensions.len() > 1 { "s" } else { "" },
+                    imported.left_out_extensions.join(", "),
+                    if imported.left_out_extensions.len() > 1 { "they" } else { "it" },
+                    if imported.left_out_extensions.len() > 1 { "one" } else { "it" },
+                    e.hint
+                );
+            }
+            e
+        })?;
         if !config.is_empty() {
             admin.execute(&grants("REVOKE", &config, "FROM")).await?;
         }
@@ -279,7 +301,7 @@ impl Restore<'_> {
                 .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
             match row {
                 Some(r) => {
-                    let (kind, name): (String, String) = (r.get(0), r.get(1));
+                    let (kind, name): (String, String) = (r.cell(0)?, r.cell(1)?);
                     sql.push_str(&format!("ALTER {kind} {name} OWNER TO {};\n", quote_ident(&o.owner)));
                 }
                 None => unresolved += 1,
@@ -372,20 +394,48 @@ impl Restore<'_> {
         Ok(())
     }
 
-    async fn create_extensions(
+    /// The extensions of `wanted` the build may install, itself and every
+    /// extension it needs (`CASCADE` would install them): the others are left
+    /// out, each with a note.
+    async fn contained_extensions(
         &self,
         admin: &Admin,
-        dumped: &[archive::DumpedExtension],
-        facts: Option<&SourceFacts>,
-    ) -> Result<Vec<Extension>> {
+        wanted: Vec<archive::DumpedExtension>,
+        imported: &mut Imported,
+    ) -> Result<Vec<archive::DumpedExtension>> {
+        let mut kept = Vec::new();
+        for ext in wanted {
+            let blocked = match self.allowed.allows(&ext.name) {
+                false => Some(None),
+                true => required_extensions(admin, &ext.name)
+                    .await?
+                    .into_iter()
+                    .find(|needed| !self.allowed.allows(needed))
+                    .map(Some),
+            };
+            match blocked {
+                None => kept.push(ext),
+                Some(because) => {
+                    imported
+                        .not_carried
+                        .push(crate::golden::extensions::Allowed::left_out(&ext.name, because.as_deref()));
+                    imported.left_out_extensions.push(ext.name);
+                }
+            }
+        }
+        Ok(kept)
+    }
+
+    /// Fails, naming the packages, when the host lacks an extension the source uses.
+    async fn check_available(&self, admin: &Admin, dumped: &[archive::DumpedExtension]) -> Result<()> {
         let available: BTreeSet<String> = admin
             .client()
             .query("SELECT name::text FROM pg_catalog.pg_available_extensions", &[])
             .await
             .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
             .iter()
-            .map(|r| r.get(0))
-            .collect();
+            .map(|r| r.cell(0))
+            .collect::<Result<_>>()?;
         let major = self.major;
         let missing: Vec<&archive::DumpedExtension> =
             dumped.iter().filter(|e| !available.contains(&e.name)).collect();
@@ -419,6 +469,16 @@ impl Restore<'_> {
                 },
             ));
         }
+        Ok(())
+    }
+
+    async fn create_extensions(
+        &self,
+        admin: &Admin,
+        dumped: &[archive::DumpedExtension],
+        facts: Option<&SourceFacts>,
+    ) -> Result<Vec<Extension>> {
+        let major = self.major;
         let mut installed = Vec::new();
         for ext in dumped {
             let wanted = facts
@@ -546,6 +606,28 @@ fn read_statements(sql: &str, what: &str) -> Result<Vec<String>> {
     })
 }
 
+/// Every extension `name` needs, however indirectly, as its default version's
+/// control file says (what `CREATE EXTENSION ... CASCADE` would install).
+async fn required_extensions(admin: &Admin, name: &str) -> Result<Vec<String>> {
+    let rows = admin
+        .client()
+        .query(
+            "WITH RECURSIVE needs(name) AS (
+                 SELECT $1::text COLLATE \"C\"
+               UNION
+                 SELECT r.req::text FROM needs n
+                   JOIN pg_catalog.pg_available_extensions a ON a.name = n.name
+                   JOIN pg_catalog.pg_available_extension_versions v
+                     ON v.name = a.name AND v.version = a.default_version
+                   CROSS JOIN LATERAL pg_catalog.unnest(v.requires) AS r(req))
+             SELECT name FROM needs WHERE name <> $1::text",
+            &[&name],
+        )
+        .await
+        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+    rows.iter().map(|r| r.try_get::<_, String>(0).map_err(|e| Error::postgres(e.to_string()))).collect()
+}
+
 /// Every extension's configuration tables and sequences (`pg_extension.extconfig`), named by the server.
 async fn extension_config(admin: &Admin) -> Result<Vec<(String, bool)>> {
     Ok(admin
@@ -559,8 +641,8 @@ async fn extension_config(admin: &Admin) -> Result<Vec<(String, bool)>> {
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
         .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect())
+        .map(|r| Ok((r.cell(0)?, r.cell(1)?)))
+        .collect::<Result<_>>()?)
 }
 
 /// `GRANT`/`REVOKE` of what filling `config` needs, to or from the owner role.
@@ -634,8 +716,8 @@ pub(crate) async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
         .iter()
-        .map(|r| r.get(0))
-        .collect();
+        .map(|r| r.cell(0))
+        .collect::<Result<_>>()?;
     if found.is_empty() {
         return Ok(());
     }

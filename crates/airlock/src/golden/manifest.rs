@@ -30,6 +30,10 @@ pub enum Source {
         /// Parallel jobs for dump and restore (default: the cores, 2 to 4).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jobs: Option<usize>,
+        /// Extensions installed although they can reach outside a fork
+        /// (`--allow-extension`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        allow_extensions: Vec<String>,
     },
     /// A pg_dump file, custom, tar or plain format.
     Dump {
@@ -39,6 +43,10 @@ pub enum Source {
         /// Parallel jobs for the restore (default: the cores, 2 to 4).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         jobs: Option<usize>,
+        /// Extensions installed although they can reach outside a fork
+        /// (`--allow-extension`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        allow_extensions: Vec<String>,
     },
     /// No PostgreSQL part: the golden is its Redis part alone, and its forks
     /// run no PostgreSQL.
@@ -58,10 +66,23 @@ impl Source {
     /// The same source with any password removed, fit for manifests, events and output.
     pub fn redacted(&self) -> Source {
         match self {
-            Source::Url { dsn, exclude, jobs } => {
-                Source::Url { dsn: dsn::redact(dsn), exclude: exclude.clone(), jobs: *jobs }
-            }
+            Source::Url { dsn, exclude, jobs, allow_extensions } => Source::Url {
+                dsn: dsn::redact(dsn),
+                exclude: exclude.clone(),
+                jobs: *jobs,
+                allow_extensions: allow_extensions.clone(),
+            },
             other => other.clone(),
+        }
+    }
+
+    /// The extensions a build from this source may install.
+    pub fn allowed_extensions(&self) -> crate::golden::extensions::Allowed {
+        match self {
+            Source::Url { allow_extensions, .. } | Source::Dump { allow_extensions, .. } => {
+                crate::golden::extensions::Allowed::with(allow_extensions)
+            }
+            _ => Default::default(),
         }
     }
 }

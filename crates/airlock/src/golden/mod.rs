@@ -3,6 +3,7 @@
 pub mod archive;
 mod build;
 pub mod dump;
+pub mod extensions;
 pub mod fidelity;
 pub mod import;
 mod manifest;
@@ -63,6 +64,11 @@ pub struct CreateGolden {
     /// A Redis part: a file of Redis commands or an RDB file.
     #[serde(default)]
     pub redis: Option<crate::redis::RedisSource>,
+    /// Extensions of a `from_url` or `from_dump` import to install although
+    /// they can reach outside a fork (`dblink`, `postgres_fdw`...); others are
+    /// left out with a note in the fidelity report.
+    #[serde(default)]
+    pub allow_extensions: Vec<String>,
 }
 
 impl CreateGolden {
@@ -104,6 +110,24 @@ impl CreateGolden {
         if !self.exclude.is_empty() && self.from_url.is_none() {
             return Err(invalid("tables and schemas are left out only of a --from-url import"));
         }
+        if !self.allow_extensions.is_empty() && self.from_url.is_none() && self.from_dump.is_none() {
+            return Err(invalid(
+                "extensions are allowed only for a --from-url or --from-dump import (schema and seed files \
+                 create only trusted extensions, as the owner role)",
+            ));
+        }
+        for name in &self.allow_extensions {
+            if name.is_empty()
+                || name.len() > 63
+                || !name.chars().all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+            {
+                return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("{name:?} is not an extension's name"),
+                    "give --allow-extension the name `CREATE EXTENSION` takes, such as dblink",
+                ));
+            }
+        }
         let redis = self.redis.as_ref().and_then(|r| r.path()).map(Path::to_path_buf);
         for path in self.schema.iter().chain(&self.seed).chain(&self.from_dump).chain(&redis) {
             if !path.is_absolute() {
@@ -113,9 +137,18 @@ impl CreateGolden {
         Ok(if redis_only {
             Source::RedisOnly
         } else if let Some(dsn) = &self.from_url {
-            Source::Url { dsn: dsn.clone(), exclude: self.exclude.clone(), jobs: self.jobs }
+            Source::Url {
+                dsn: dsn.clone(),
+                exclude: self.exclude.clone(),
+                jobs: self.jobs,
+                allow_extensions: self.allow_extensions.clone(),
+            }
         } else if let Some(path) = &self.from_dump {
-            Source::Dump { path: path.clone(), jobs: self.jobs }
+            Source::Dump {
+                path: path.clone(),
+                jobs: self.jobs,
+                allow_extensions: self.allow_extensions.clone(),
+            }
         } else {
             Source::Files { schema: self.schema.clone(), seed: self.seed.clone() }
         })
@@ -252,6 +285,17 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
     validate::name("golden", name)?;
     let sb = engine.store().sandbox(sandbox)?;
     let _guard = engine.reserve_golden(name, GoldenWork::Build)?;
+    // The sandbox's operation lock, to the end: no delete, reset, suspend or
+    // branch of it runs while its state is saved and copied. Read again under it.
+    let _op = engine.sandbox_lock(&sb.id).await;
+    let sb = engine.store().sandbox(&sb.id)?;
+    if sb.state != crate::sandbox::SandboxState::Running {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("sandbox {} is {}, not running", sb.id, sb.state.as_str()),
+            "promote a running sandbox (wake it first if it was suspended meanwhile)",
+        ));
+    }
     let existing = engine.store().golden(name).ok();
     let generation = existing
         .as_ref()

@@ -4,6 +4,7 @@
 //! snapshot (`--snapshot`), so the fidelity report compares like with like on
 //! a source that keeps changing.
 
+use crate::pg::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
@@ -59,7 +60,7 @@ pub async fn major(dsn: &str) -> Result<u32> {
         .query_one("SELECT pg_catalog.current_setting('server_version_num')", &[])
         .await
         .map_err(failed)?;
-    let number: String = row.get(0);
+    let number: String = row.cell(0)?;
     Ok(number.parse::<u32>().unwrap_or(0) / 10000)
 }
 
@@ -82,7 +83,7 @@ impl SourceSession {
             .await
             .map_err(failed)?;
         let snapshot =
-            client.query_one("SELECT pg_catalog.pg_export_snapshot()", &[]).await.map_err(failed)?.get(0);
+            client.query_one("SELECT pg_catalog.pg_export_snapshot()", &[]).await.map_err(failed)?.cell(0)?;
         Ok(SourceSession { client, snapshot })
     }
 
@@ -93,7 +94,7 @@ impl SourceSession {
              WHERE c.relkind IN ('r', 'm') AND {}",
             catalog::SYSTEM_SCHEMAS
         );
-        let n: i64 = self.client.query_one(&sql, &[]).await.map_err(failed)?.get(0);
+        let n: i64 = self.client.query_one(&sql, &[]).await.map_err(failed)?.cell(0)?;
         Ok(n as u64)
     }
 
@@ -108,8 +109,11 @@ impl SourceSession {
             )
             .await
             .map_err(failed)?;
-        let mut facts =
-            SourceFacts { server_version: row.get(0), server_version_num: row.get(1), ..Default::default() };
+        let mut facts = SourceFacts {
+            server_version: row.cell(0)?,
+            server_version_num: row.cell(1)?,
+            ..Default::default()
+        };
         for r in c
             .query(
                 "SELECT e.extname::text, e.extversion, n.nspname::text FROM pg_extension e \
@@ -119,7 +123,7 @@ impl SourceSession {
             .await
             .map_err(failed)?
         {
-            facts.extensions.push(Extension { name: r.get(0), version: r.get(1), schema: r.get(2) });
+            facts.extensions.push(Extension { name: r.cell(0)?, version: r.cell(1)?, schema: r.cell(2)? });
         }
         for r in c
             .query("SELECT rolname::text, rolinherit, rolbypassrls, rolsuper FROM pg_roles", &[])
@@ -127,8 +131,8 @@ impl SourceSession {
             .map_err(failed)?
         {
             facts.roles.insert(
-                r.get(0),
-                RoleAttributes { inherit: r.get(1), bypassrls: r.get(2), superuser: r.get(3) },
+                r.cell(0)?,
+                RoleAttributes { inherit: r.cell(1)?, bypassrls: r.cell(2)?, superuser: r.cell(3)? },
             );
         }
         for r in c
@@ -140,7 +144,7 @@ impl SourceSession {
             .await
             .map_err(failed)?
         {
-            facts.memberships.push((r.get(0), r.get(1)));
+            facts.memberships.push((r.cell(0)?, r.cell(1)?));
         }
         facts.catalog = catalog::read(c).await?;
         for (name, table) in &facts.catalog.tables {
@@ -153,7 +157,7 @@ impl SourceSession {
                 catalog::quote_ident(schema),
                 catalog::quote_ident(relation)
             );
-            let n: i64 = c.query_one(&sql, &[]).await.map_err(failed)?.get(0);
+            let n: i64 = c.query_one(&sql, &[]).await.map_err(failed)?.cell(0)?;
             facts.rows.insert(name.clone(), n);
         }
         Ok(facts)

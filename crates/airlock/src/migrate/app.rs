@@ -16,7 +16,6 @@ use serde::{Deserialize, Serialize};
 
 use super::hazards::human_ms;
 use super::report::{Hazard, Severity};
-use crate::catalog::quote_ident;
 use crate::engine::Engine;
 use crate::error::Result;
 use crate::pg::wire::{Session, TextRows};
@@ -308,10 +307,9 @@ struct Job {
     run: String,
 }
 
-/// `schema.name` as a quoted, qualified identifier.
+/// A table's key (as PostgreSQL quotes it: `schema.name`) as SQL.
 fn quoted(table: &str) -> String {
-    let (schema, name) = table.split_once('.').unwrap_or(("public", table));
-    format!("{}.{}", quote_ident(schema), quote_ident(name))
+    table.to_owned()
 }
 
 /// The jobs: the given queries (reads run read-only, writes planned), or the

@@ -9,6 +9,7 @@
 //! session polls `pg_locks`. Command candidates run inside the sandbox's boundary
 //! under the same polling, and are compared before and after.
 
+use crate::pg::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -628,7 +629,8 @@ pub async fn poll_locks(monitor: &Admin, pid: i32, stop: &Notify) -> BTreeMap<Lo
         if let Ok(rows) = monitor.client().query(sql, &[&pid]).await {
             let now = Instant::now();
             for row in rows {
-                let lock = Lock { relid: row.get(0), mode: row.get(1) };
+                let (Ok(relid), Ok(mode)) = (row.cell(0), row.cell(1)) else { continue };
+                let lock = Lock { relid, mode };
                 seen.entry(lock).and_modify(|e| e.1 = now).or_insert((now, now));
             }
         }
@@ -727,7 +729,7 @@ pub async fn admin_reading(monitor: &Admin) -> Result<Reading> {
         .query_one(&probe::reading_sql(0, 0, true), &[])
         .await
         .map_err(|e| Error::postgres(format!("reading the measurements failed: {e}")))?;
-    let text: String = row.get(0);
+    let text: String = row.cell(0)?;
     serde_json::from_str(&text).map_err(|e| Error::internal(format!("reading: {e}")))
 }
 

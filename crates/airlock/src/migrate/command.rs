@@ -2,6 +2,7 @@
 //! boundary with `DATABASE_URL` set, its locks polled, the database compared
 //! before and after; and what to say when it fails.
 
+use crate::pg::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -49,7 +50,8 @@ pub async fn run(
                 &[],
             )
             .await
-            .map(|r| r.get(0))
+            .ok()
+            .and_then(|r| r.cell(0).ok())
             .unwrap_or(0);
         if others == 0 {
             break;

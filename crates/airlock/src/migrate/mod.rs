@@ -23,6 +23,7 @@ pub mod scale;
 pub mod split;
 pub mod verify;
 
+use crate::pg::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -182,7 +183,7 @@ async fn unmeasured_changes(
             .query_one("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = $1", &[&applied.backend])
             .await
             .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
-        if row.get::<_, i64>(0) == 0 {
+        if row.cell::<i64>(0)? == 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -214,13 +215,13 @@ async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64;
     let rows = admin
         .client()
         .query(
-            "SELECT relid::int8, schemaname::text || '.' || relname::text, n_tup_ins, n_tup_upd, n_tup_del
+            "SELECT relid::int8, pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(relname), n_tup_ins, n_tup_upd, n_tup_del
                FROM pg_catalog.pg_stat_user_tables",
             &[],
         )
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
-    Ok(rows.into_iter().map(|r| (r.get(0), (r.get(1), [r.get(2), r.get(3), r.get(4)]))).collect())
+    rows.into_iter().map(|r| Ok((r.cell(0)?, (r.cell(1)?, [r.cell(2)?, r.cell(3)?, r.cell(4)?])))).collect()
 }
 
 /// How long the final count of one table, and of all, may take.
@@ -399,31 +400,77 @@ async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<C
     Ok(Some(result?.catalog))
 }
 
+/// A migration test's fork, deleted however the test ends: by
+/// [`TestFork::delete`] when it runs to its end, else (a panic, a dropped
+/// request) by a task of its own.
+struct TestFork {
+    engine: Arc<Engine>,
+    id: Option<String>,
+}
+
+impl TestFork {
+    async fn delete(mut self) {
+        if let Some(id) = self.id.take() {
+            let _ = sandbox::delete(&self.engine, &id, DeleteReason::User).await;
+        }
+    }
+}
+
+impl Drop for TestFork {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            let engine = self.engine.clone();
+            tokio::spawn(async move {
+                if let Err(e) = sandbox::delete(&engine, &id, DeleteReason::User).await {
+                    tracing::error!(sandbox = %id, error = %e, "could not delete a migration test's fork");
+                }
+            });
+        }
+    }
+}
+
 /// Forks, measures, verifies and judges one candidate; the fork is always deleted.
 async fn test_one(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     req: &TestRequest,
     candidate: &Candidate,
     baseline: &Baseline,
 ) -> Result<CandidateReport> {
     let timeout = Duration::from_millis(req.statement_timeout_ms.unwrap_or(300_000).clamp(1_000, 3_600_000));
+    let mut access = Access {
+        mode: Mode::Owner,
+        limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
+    };
+    // On a sandbox's behalf, no looser than that sandbox: its mode and limits.
+    if let Some(caller) = &req.on_behalf_of {
+        access = access.at_most(&engine.store().sandbox(caller)?.access);
+    }
     let fork = ForkRequest {
         golden: req.golden.clone(),
         ttl_seconds: Some((timeout.as_secs() as i64 * 4).max(3600)),
         for_migration_test: true,
-        access: Access {
-            mode: Mode::Owner,
-            limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
-        },
+        access,
         idle_suspend_seconds: Some(0),
         wait_seconds: Some(300),
         ..Default::default()
     };
     let sb = sandbox::fork(engine, &fork).await?.sandbox;
+    let made = TestFork { engine: engine.clone(), id: Some(sb.id.clone()) };
     crate::crashpoint::reached("migrate.forked");
-    let _busy = engine.connections.open(&sb.id);
-    let result = measure(engine, req, candidate, baseline, &sb, timeout).await;
-    let _ = sandbox::delete(engine, &sb.id, DeleteReason::User).await;
+    let busy = engine.connections.open(&sb.id);
+    let measured = {
+        use futures_util::FutureExt;
+        std::panic::AssertUnwindSafe(measure(engine, req, candidate, baseline, &sb, timeout))
+            .catch_unwind()
+            .await
+    };
+    drop(busy);
+    made.delete().await;
+    let result = measured.unwrap_or_else(|panic| {
+        let what = crate::serve::panic_message(&panic);
+        tracing::error!(sandbox = %sb.id, panic = %what, "measuring a migration candidate panicked");
+        Err(Error::internal(format!("measuring it failed unexpectedly ({what})")))
+    });
     // A candidate that breaks the measuring (it changed role, say) fails on
     // its own; the others' reports stand.
     Ok(result.unwrap_or_else(|e| unmeasurable(candidate, &e)))
@@ -639,7 +686,7 @@ async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<Str
         .client()
         .query(
             &format!(
-                "SELECT n.nspname::text || '.' || c.relname::text
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
                    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE NOT i.indisvalid AND {}",
@@ -649,7 +696,7 @@ async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<Str
         )
         .await
         .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
-    Ok(rows.into_iter().map(|r| r.get(0)).collect())
+    rows.into_iter().map(|r| r.cell(0)).collect()
 }
 
 /// Runs each assertion as the agent role: it passes when it returns no rows, or

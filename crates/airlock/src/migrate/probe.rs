@@ -39,7 +39,7 @@ pub fn install_sql() -> String {
            BEGIN
              INSERT INTO {SCHEMA}.rewrites (relid, relname, reason)
              SELECT pg_event_trigger_table_rewrite_oid(),
-                    n.nspname || '.' || c.relname, pg_event_trigger_table_rewrite_reason()
+                    quote_ident(n.nspname) || '.' || quote_ident(c.relname), pg_event_trigger_table_rewrite_reason()
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
              WHERE c.oid = pg_event_trigger_table_rewrite_oid();
            END $$;
@@ -68,7 +68,7 @@ pub fn install_sql() -> String {
                        FROM pg_locks l
                        WHERE l.pid = pg_backend_pid() AND l.locktype = 'relation' AND l.granted),
              'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
-                             'name', n.nspname || '.' || c.relname, 'kind', c.relkind, 'filenode', c.relfilenode::int8,
+                             'name', quote_ident(n.nspname) || '.' || quote_ident(c.relname), 'kind', c.relkind, 'filenode', c.relfilenode::int8,
                              'table', i.indrelid::int8, 'valid', i.indisvalid,
                              'not_null', (SELECT count(*) FROM pg_attribute a
                                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attnotnull

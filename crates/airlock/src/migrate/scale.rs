@@ -5,6 +5,7 @@
 //! sizes); durations only estimate, from the per-row costs `costs` measured on
 //! the golden.
 
+use crate::pg::cell::Cell;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,8 @@ pub struct ProductionStats {
 
 /// The query that reads a database's table sizes: run by `migrate stats`, and
 /// usable by hand to make a `--production-stats` file.
-pub const STATS_SQL: &str = "SELECT n.nspname || '.' || c.relname AS table_name,
+pub const STATS_SQL: &str =
+    "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname) AS table_name,
        CASE WHEN c.reltuples >= 0 THEN c.reltuples::int8 END AS rows, c.relpages::int8 * 8192 AS bytes
   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
  WHERE c.relkind IN ('r', 'p', 'm') AND n.nspname <> 'information_schema'
@@ -55,13 +57,13 @@ impl ProductionStats {
             )
         })?;
         // A table never analyzed has no estimate (-1): its size stays unknown.
-        let tables = rows
-            .into_iter()
-            .filter_map(|r| {
-                let rows: Option<i64> = r.get(1);
-                rows.map(|rows| (r.get::<_, String>(0), TableSize { rows, bytes: r.get(2) }))
-            })
-            .collect();
+        let mut tables = BTreeMap::new();
+        for r in rows {
+            let rows: Option<i64> = r.cell(1)?;
+            if let Some(rows) = rows {
+                tables.insert(r.cell::<String>(0)?, TableSize { rows, bytes: r.cell(2)? });
+            }
+        }
         Ok(ProductionStats { source, tables })
     }
 

@@ -13,6 +13,7 @@
 //! server files) is refused before anything runs, since its effects cannot be
 //! compared or rolled back.
 
+use crate::pg::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::promote::pg_error;
@@ -35,11 +36,11 @@ pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'st
         )
         .await
         .map_err(pg_error)?;
-    Ok(if row.get(0) {
+    Ok(if row.cell(0)? {
         Some("is a superuser")
-    } else if row.get(1) {
+    } else if row.cell(1)? {
         Some("may run programs or write files on the server")
-    } else if row.get(2) {
+    } else if row.cell(2)? {
         Some("may create and change roles")
     } else {
         None
@@ -65,7 +66,7 @@ async fn tables(client: &tokio_postgres::Client) -> Result<BTreeMap<String, (i64
     let rows = client
         .query(
             &format!(
-                "SELECT n.nspname::text || '.' || c.relname::text, c.relfilenode::bigint,
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname), c.relfilenode::bigint,
                         GREATEST(c.reltuples, 0)::float8
                    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.relkind IN ('r', 'm', 'p') AND {}",
@@ -75,7 +76,7 @@ async fn tables(client: &tokio_postgres::Client) -> Result<BTreeMap<String, (i64
         )
         .await
         .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), (r.get(1), r.get(2)))).collect())
+    rows.into_iter().map(|r| Ok((r.cell(0)?, (r.cell(1)?, r.cell(2)?)))).collect()
 }
 
 /// Roles with their attributes, memberships, and settings stored for databases
@@ -98,7 +99,7 @@ async fn cluster_state(client: &tokio_postgres::Client) -> Result<BTreeSet<Strin
         )
         .await
         .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| r.get::<_, String>(0)).collect())
+    rows.into_iter().map(|r| r.cell::<String>(0)).collect()
 }
 
 /// Runs what the commit would set off, until a round changes no row (see the
@@ -122,13 +123,13 @@ pub async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<S
 async fn xact_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<String, [i64; 3]>> {
     let rows = client
         .query(
-            "SELECT schemaname::text || '.' || relname::text, n_tup_ins, n_tup_upd, n_tup_del
+            "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(relname), n_tup_ins, n_tup_upd, n_tup_del
                FROM pg_catalog.pg_stat_xact_user_tables",
             &[],
         )
         .await
         .map_err(pg_error)?;
-    Ok(rows.into_iter().map(|r| (r.get(0), [r.get(1), r.get(2), r.get(3)])).collect())
+    rows.into_iter().map(|r| Ok((r.cell(0)?, [r.cell(1)?, r.cell(2)?, r.cell(3)?]))).collect()
 }
 
 /// A share of a table's rows the target may change beyond the test's share

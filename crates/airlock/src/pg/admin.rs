@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
+use crate::pg::cell::Cell;
 use crate::pg::dsn::AGENT_ROLE;
 use crate::pg::instance::admin_config;
 use crate::sandbox::Access;
@@ -79,6 +80,38 @@ impl Admin {
         Ok(Admin { client })
     }
 
+    /// Connects as the owner role (never a superuser) to `database` of a
+    /// golden being built, as `os_user` (the build's loader user, whom its
+    /// access files map to the owner role; the daemon's own identity without
+    /// root), with the admin's pinned settings. For work that runs the
+    /// agent's code (a promoted sandbox's index expressions), so that code
+    /// never runs in a superuser's session, whatever PostgreSQL's
+    /// security-restricted operation would allow it.
+    pub async fn connect_owner(
+        dir: &InstanceDir,
+        database: &str,
+        postmaster: i32,
+        os_user: Option<&crate::users::Identity>,
+    ) -> Result<Admin> {
+        let failed =
+            |e: String| Error::postgres(format!("owner connection to {} failed: {e}", dir.root.display()));
+        let connecting = async {
+            let stream = crate::pg::socket::connect_instance(&dir.socket(), os_user, postmaster)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let mut config = admin_config(dir, database);
+            config.user(crate::pg::dsn::OWNER_ROLE).options(crate::pg::instance::OWNER_SESSION_OPTIONS);
+            config.connect_raw(stream, tokio_postgres::NoTls).await.map_err(|e| failed(describe(&e)))
+        };
+        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))??;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Admin { client })
+    }
+
     /// The session itself, for queries with typed rows.
     pub fn client(&self) -> &tokio_postgres::Client {
         &self.client
@@ -92,7 +125,7 @@ impl Admin {
     /// Runs a query returning one text value.
     pub async fn value(&self, sql: &str) -> Result<String> {
         let row = self.client.query_one(sql, &[]).await.map_err(|e| Error::postgres(describe(&e)))?;
-        Ok(row.get::<_, String>(0))
+        row.cell::<String>(0)
     }
 
     /// Creates the agent role with a fresh password, its access mode and limits.

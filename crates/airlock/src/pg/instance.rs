@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
 use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
+use crate::rootfs::View;
 use crate::users::Identity;
 
 /// How long an instance may take to become ready.
@@ -35,7 +36,7 @@ const SETTINGS: &[(&str, &str, u32)] = &[
     ("full_page_writes", "off", 13),
     ("shared_buffers", "16MB", 13),
     ("max_connections", "40", 13),
-    ("max_wal_size", "256MB", 13),
+    ("max_wal_size", "48MB", 13),
     ("min_wal_size", "32MB", 13),
     ("logging_collector", "off", 13),
     ("log_min_messages", "warning", 13),
@@ -192,41 +193,37 @@ impl Namespaces {
     }
 }
 
-/// Directories every host user may write (and so could leave something in for
-/// the next user of a uid): each instance gets private, empty ones.
-const SHARED_WRITABLE: &[&std::ffi::CStr] = &[c"/tmp", c"/var/tmp", c"/dev/shm", c"/run/lock"];
-
-/// Whether `path` lies under a directory each instance gets a private copy of
-/// (an instance could not see its own files there).
-pub fn under_private_dir(path: &Path) -> Option<&'static str> {
-    SHARED_WRITABLE.iter().map(|d| d.to_str().expect("ASCII")).find(|d| path.starts_with(d))
+/// How a contained process gets its namespaces: new ones with a root of its
+/// own, or a running server's, entered in a working directory.
+#[derive(Clone)]
+pub enum Enter<'a> {
+    /// New network (only loopback up), System V IPC and mount namespaces, the
+    /// mounts of `View`.
+    New(&'a View),
+    /// A running server's namespaces, entered in this directory.
+    Join(&'a Namespaces, &'a std::ffi::CStr),
 }
 
 /// In the child, before exec: join the cgroups whose `cgroup.procs` files are
 /// given; then either new namespaces (network with only loopback up, System V
-/// IPC, and mounts with a private `/tmp`, `/var/tmp`, `/run/lock`, a `/proc`
-/// that shows only the user's own processes, a `/dev` of its own and no view of
-/// the host's cgroups) or a running server's, entered in `workdir`; then a cap
-/// on open files, the unprivileged user, and last the system-call filter. All
-/// but those two need root, so they come last. Only async-signal-safe system
-/// calls, and no allocation.
-pub fn contain(
-    who: Who,
-    cgroups: &[std::ffi::CString],
-    join: Option<(&Namespaces, &std::ffi::CStr)>,
-) -> std::io::Result<()> {
+/// IPC, and mounts with a root of its own: [`crate::rootfs`]) or a running
+/// server's, entered in its working directory; then a cap on open files, the
+/// unprivileged user, and last the system-call filter. All but those two need
+/// root, so they come last. Only async-signal-safe system calls, and no
+/// allocation.
+pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std::io::Result<()> {
     use nix::sched::CloneFlags;
     crate::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
-    match join {
-        None => {
+    match enter {
+        Enter::New(view) => {
             nix::sched::unshare(
                 CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS,
             )?;
             loopback_up()?;
-            private_mounts()?;
+            view.enter()?;
         }
-        Some((ns, workdir)) => {
+        Enter::Join(ns, workdir) => {
             use std::os::fd::AsFd;
             nix::sched::setns(ns.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
             nix::sched::setns(ns.ipc.as_fd(), CloneFlags::CLONE_NEWIPC)?;
@@ -247,6 +244,23 @@ pub fn contain(
     nix::unistd::setgid(who.gid)?;
     nix::unistd::setuid(who.uid)?;
     crate::seccomp::confine(who.filter)
+}
+
+/// What a sandbox's (or a build's) server sees of the host: the system trees,
+/// its own binaries and guard (read-only), its instance directory, and the
+/// private directories ([`crate::rootfs`]). `exec` code joins this view.
+pub fn server_view(bin: &PgBin, dir: &InstanceDir, guard: Option<&Path>) -> Result<View> {
+    let mut view = View::system(true)?.with_private_dirs()?;
+    // A major `postgres install` added lives outside /usr: its whole tree
+    // (binaries, libraries, extension files) comes along.
+    if let Some(tree) = bin.dir().parent().and_then(Path::parent).filter(|t| !t.starts_with("/usr")) {
+        view.bind(tree, tree, false)?;
+    }
+    if let Some(lib) = guard.and_then(Path::parent).filter(|l| !l.starts_with("/usr")) {
+        view.bind(lib, lib, false)?;
+    }
+    view.bind(&dir.root, &dir.root, true)?;
+    Ok(view)
 }
 
 /// Who a contained process becomes: a user, its group, at most one
@@ -273,87 +287,6 @@ impl Who {
 /// Open files each sandbox process may hold (PostgreSQL's own default
 /// `max_files_per_process` is 1000).
 const OPEN_FILES: u64 = 1024;
-
-/// In a new mount namespace: stop mounts propagating back to the host, then a
-/// fresh `/proc` (`hidepid=2`: only the caller's own processes), a `/dev` of its
-/// own and an empty tmpfs over each host-shared writable directory.
-fn private_mounts() -> std::io::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    let none: Option<&std::ffi::CStr> = None;
-    mount(none, c"/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
-    let plain = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    mount(Some(c"proc"), c"/proc", Some(c"proc"), plain | MsFlags::MS_NOEXEC, Some(c"hidepid=2"))?;
-    private_dev()?;
-    for dir in SHARED_WRITABLE {
-        if nix::sys::stat::stat(*dir).is_ok() {
-            mount(Some(c"tmpfs"), *dir, Some(c"tmpfs"), plain, Some(c"mode=1777,size=256m"))?;
-        }
-    }
-    // A kernel without POSIX message queues leaves the directory empty.
-    let _ = mount(Some(c"mqueue"), c"/dev/mqueue", Some(c"mqueue"), plain | MsFlags::MS_NOEXEC, none);
-    // The host's cgroups would list every sandbox of every data root.
-    if nix::sys::stat::stat(c"/sys/fs/cgroup").is_ok() {
-        let hidden = plain | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY;
-        mount(Some(c"tmpfs"), c"/sys/fs/cgroup", Some(c"tmpfs"), hidden, Some(c"size=4k"))?;
-    }
-    Ok(())
-}
-
-/// The device nodes a sandbox gets (name, major, minor); nothing else of the
-/// host's `/dev` is there.
-const DEVICES: &[(&std::ffi::CStr, u64, u64)] = &[
-    (c"/dev/null", 1, 3),
-    (c"/dev/zero", 1, 5),
-    (c"/dev/full", 1, 7),
-    (c"/dev/random", 1, 8),
-    (c"/dev/urandom", 1, 9),
-    (c"/dev/tty", 5, 0),
-];
-
-/// Pseudo-terminals one sandbox may hold: the host's are a table shared by
-/// every user, and a login needs one.
-const PTYS: &std::ffi::CStr = c"newinstance,ptmxmode=0666,mode=0620,max=8";
-
-/// A `/dev` with only the harmless devices ([`DEVICES`]), an instance of the
-/// pseudo-terminal filesystem of its own capped at a few terminals (the kernel
-/// also keeps `kernel.pty.reserve` of the host's for the host alone), and empty
-/// mount points for `/dev/shm` and `/dev/mqueue`.
-fn private_dev() -> std::io::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    use nix::sys::stat::{mknod, Mode, SFlag};
-    // Device nodes work on this tmpfs (no `nodev`); only root could make more.
-    mount(
-        Some(c"tmpfs"),
-        c"/dev",
-        Some(c"tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some(c"mode=0755,size=64k"),
-    )?;
-    let umask = nix::sys::stat::umask(Mode::empty());
-    let made = (|| -> nix::Result<()> {
-        let everyone = Mode::from_bits_truncate(0o666);
-        for (path, major, minor) in DEVICES {
-            mknod(*path, SFlag::S_IFCHR, everyone, nix::sys::stat::makedev(*major, *minor))?;
-        }
-        for dir in [c"/dev/pts", c"/dev/shm", c"/dev/mqueue"] {
-            nix::unistd::mkdir(dir, Mode::from_bits_truncate(0o755))?;
-        }
-        for (target, link) in [
-            (c"pts/ptmx", c"/dev/ptmx"),
-            (c"/proc/self/fd", c"/dev/fd"),
-            (c"/proc/self/fd/0", c"/dev/stdin"),
-            (c"/proc/self/fd/1", c"/dev/stdout"),
-            (c"/proc/self/fd/2", c"/dev/stderr"),
-        ] {
-            nix::unistd::symlinkat(target, nix::fcntl::AT_FDCWD, link)?;
-        }
-        Ok(())
-    })();
-    nix::sys::stat::umask(umask);
-    made?;
-    mount(Some(c"devpts"), c"/dev/pts", Some(c"devpts"), MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some(PTYS))
-        .map_err(std::io::Error::from)
-}
 
 /// Brings up `lo` in a fresh network namespace (two ioctls on a throwaway socket;
 /// async-signal-safe). Code inside may then talk to itself on 127.0.0.1, and to
@@ -426,6 +359,7 @@ pub fn start(
     }
     // Libraries come from the command line only (a setting in the data
     // directory's files is overridden), and nothing is archived or restored.
+    let guard_path = guard;
     let guard = guard.map(setting_path).transpose()?.unwrap_or_default();
     cmd.arg("-c").arg(format!("shared_preload_libraries={guard}"));
     if let Some(group) = socket_group {
@@ -443,9 +377,10 @@ pub fn start(
     if nix::unistd::geteuid().is_root() {
         let who = Who::of(user, socket_group);
         let cgroups = cgroups.to_vec();
+        let view = server_view(bin, dir, guard_path)?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(who, &cgroups, None));
+            cmd.pre_exec(move || contain(who, &cgroups, Enter::New(&view)));
         }
     }
     let child = cmd
@@ -721,6 +656,14 @@ pub const ADMIN_SESSION_OPTIONS: &str =
      -c default_transaction_read_only=off \
      -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
      -c default_transaction_isolation=read\\ committed -c session_replication_role=origin";
+
+/// What an owner-role session of the daemon's pins ([`ADMIN_SESSION_OPTIONS`]
+/// but for the one setting only a superuser may make).
+pub const OWNER_SESSION_OPTIONS: &str =
+    "-c search_path=pg_catalog,pg_temp -c role=none -c standard_conforming_strings=on \
+     -c default_transaction_read_only=off \
+     -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
+     -c default_transaction_isolation=read\\ committed";
 
 /// A tokio-postgres configuration for the admin role over an instance's socket.
 pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config {

@@ -8,10 +8,10 @@
 //! anything. Run by the daemon, a tool would load the host's secrets into a
 //! golden every fork can read. So the tools never run as the daemon: each runs
 //!
-//! - in mount, network and IPC namespaces of its own, chrooted into a
-//!   directory holding only the host's `/usr` (and its `/lib`, `/bin` links),
-//!   the tools' own tree, `/dev/null`, `/dev/urandom`, `ld.so.cache`, a `/proc` showing only
-//!   the user's own processes, the instance's socket
+//! - in mount, network and IPC namespaces of its own, with a root of its own
+//!   ([`crate::rootfs`]) holding only the host's `/usr` (and its `/lib`,
+//!   `/bin` links), the tools' own tree, a private `/dev`, `ld.so.cache`, a
+//!   `/proc` showing only the user's own processes, the instance's socket
 //!   directory and the build's input, all read-only but the socket's;
 //! - as the unprivileged loader user, which PostgreSQL's peer authentication
 //!   maps to the owner role during a build and to nothing else;
@@ -20,11 +20,10 @@
 //! Whatever name the input gives, a tool finds only package files, its own
 //! input, or nothing. Nothing is filtered by name: the jail is the guarantee.
 
-use std::ffi::CString;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use crate::error::{Error, Result};
+use crate::rootfs::View;
 use crate::users::Identity;
 
 /// Where the instance's socket directory is, inside the jail.
@@ -32,95 +31,39 @@ pub const SOCKET_DIR: &str = "/run/postgresql";
 /// Where the build's input is, inside the jail.
 pub const INPUT_DIR: &str = "/input";
 
-/// Top-level host directories a dynamically linked tool needs, as links or
-/// directories (a merged-`/usr` system has `/lib -> usr/lib`).
-const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
-
-/// A prepared jail: its root on disk and what is mounted into it.
+/// A prepared jail: the root its tools see, and who they run as.
 pub struct Jail {
-    root: CString,
-    /// Its `/proc` (programs find their own path there, and with it the
-    /// libraries an `$ORIGIN` run path names).
-    proc: CString,
-    binds: Vec<Bind>,
+    view: View,
     user: Identity,
 }
 
-/// One bind mount, host path onto a path under the jail's root.
-#[derive(Clone)]
-struct Bind {
-    source: CString,
-    target: CString,
-    writable: bool,
-    devices: bool,
-}
-
 impl Jail {
-    /// Makes the jail's skeleton at `root` (emptied first): mount points for
-    /// the system directories, `tools` (the tree a tool's `bin/` is in, at its
-    /// own path), the instance's `socket_dir` and `input`, a directory.
-    pub fn new(root: &Path, user: Identity, tools: &Path, socket_dir: &Path, input: &Path) -> Result<Jail> {
-        if [root, socket_dir, input].iter().any(|p| p.starts_with(tools)) {
+    /// A jail whose root holds the host's system trees, `tools` (the tree a
+    /// tool's `bin/` is in, at its own path), the instance's `socket_dir`
+    /// and `input`, a directory.
+    pub fn new(user: Identity, tools: &Path, socket_dir: &Path, input: &Path) -> Result<Jail> {
+        if [socket_dir, input].iter().any(|p| p.starts_with(tools)) {
             return Err(Error::internal(format!(
                 "the client tools' tree {} holds the build's own files; install them elsewhere",
                 tools.display()
             )));
         }
-        let _ = std::fs::remove_dir_all(root);
-        std::fs::create_dir_all(root)?;
-        std::fs::create_dir(root.join("proc"))?;
-        let mut jail =
-            Jail { root: c_path(root)?, proc: c_path(&root.join("proc"))?, binds: Vec::new(), user };
-        for name in SYSTEM_DIRS {
-            let host = Path::new("/").join(name);
-            let Ok(meta) = host.symlink_metadata() else { continue };
-            if meta.file_type().is_symlink() {
-                std::os::unix::fs::symlink(std::fs::read_link(&host)?, root.join(name))?;
-            } else if meta.is_dir() {
-                jail.bind(root, &host, &host, false)?;
-            }
-        }
-        if Path::new("/etc/ld.so.cache").is_file() {
-            jail.bind(root, Path::new("/etc/ld.so.cache"), Path::new("/etc/ld.so.cache"), false)?;
-        }
+        let mut view = View::system(false)?;
         // pg_dump's tools draw random keys from /dev/urandom.
-        for device in ["/dev/null", "/dev/urandom"] {
-            jail.bind(root, Path::new(device), Path::new(device), false)?;
-            jail.binds.last_mut().expect("just added").devices = true;
-        }
+        view.proc(Path::new("/proc"))?;
+        view.dev()?;
         if !tools.starts_with("/usr") {
-            jail.bind(root, tools, tools, false)?;
+            view.bind(tools, tools, false)?;
         }
-        jail.bind(root, socket_dir, Path::new(SOCKET_DIR), true)?;
-        jail.bind(root, input, Path::new(INPUT_DIR), false)?;
-        Ok(jail)
+        view.bind(socket_dir, Path::new(SOCKET_DIR), true)?;
+        view.bind(input, Path::new(INPUT_DIR), false)?;
+        Ok(Jail { view, user })
     }
 
     /// Mounts `host` at `name` in the input directory, over a mount point
     /// already made there.
     pub fn mount_input(&mut self, host: &Path, name: &str) -> Result<()> {
-        let target = Path::new(INPUT_DIR).join(name);
-        let root = Path::new(std::ffi::OsStr::from_bytes(self.root.as_bytes())).to_path_buf();
-        self.binds.push(Bind {
-            source: c_path(host)?,
-            target: c_path(&root.join(target.strip_prefix("/").expect("absolute")))?,
-            writable: false,
-            devices: false,
-        });
-        Ok(())
-    }
-
-    /// Adds a mount of `host` at `inside`, making its mount point (a directory
-    /// or an empty file, as `host` is).
-    fn bind(&mut self, root: &Path, host: &Path, inside: &Path, writable: bool) -> Result<()> {
-        let target = root.join(inside.strip_prefix("/").unwrap_or(inside));
-        if host.is_dir() {
-            std::fs::create_dir_all(&target)?;
-        } else {
-            std::fs::create_dir_all(target.parent().expect("a path under the root"))?;
-            std::fs::File::create(&target)?;
-        }
-        self.binds.push(Bind { source: c_path(host)?, target: c_path(&target)?, writable, devices: false });
+        self.view.bind(host, &Path::new(INPUT_DIR).join(name), false)?;
         Ok(())
     }
 
@@ -134,53 +77,24 @@ impl Jail {
     pub fn command(&self, program: &Path) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(program);
         cmd.env_clear();
-        let (root, proc, binds) = (self.root.clone(), self.proc.clone(), self.binds.clone());
+        let view = self.view.clone();
         let (uid, gid) = (self.user.uid, self.user.gid);
         // SAFETY: only async-signal-safe system calls run between fork and exec;
         // everything they need was allocated before.
         unsafe {
-            cmd.pre_exec(move || enter((&root, &proc), &binds, uid, gid));
+            cmd.pre_exec(move || enter(&view, uid, gid));
         }
         cmd
     }
 }
 
-/// In the child, before exec: new namespaces, the mounts, a `/proc` that shows
-/// only the user's own processes, the chroot, the unprivileged user, the
-/// system-call filter.
-fn enter(
-    (root, proc): (&CString, &CString),
-    binds: &[Bind],
-    uid: nix::unistd::Uid,
-    gid: nix::unistd::Gid,
-) -> std::io::Result<()> {
-    use nix::mount::{mount, MsFlags};
+/// In the child, before exec: new namespaces, the jail's root, the
+/// unprivileged user, the system-call filter.
+fn enter(view: &View, uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> std::io::Result<()> {
     use nix::sched::CloneFlags;
     crate::descriptors::close_on_exec_from_3()?;
     nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC)?;
-    let none: Option<&std::ffi::CStr> = None;
-    mount(none, c"/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)?;
-    for bind in binds {
-        mount(
-            Some(bind.source.as_c_str()),
-            bind.target.as_c_str(),
-            none,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            none,
-        )?;
-        let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NOSUID;
-        if !bind.writable {
-            flags |= MsFlags::MS_RDONLY;
-        }
-        if !bind.devices {
-            flags |= MsFlags::MS_NODEV;
-        }
-        mount(none, bind.target.as_c_str(), none, flags, none)?;
-    }
-    let hidden = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    mount(Some(c"proc"), proc.as_c_str(), Some(c"proc"), hidden, Some(c"hidepid=2"))?;
-    nix::unistd::chroot(root.as_c_str())?;
-    nix::unistd::chdir(c"/")?;
+    view.enter()?;
     nix::unistd::setgroups(&[])?;
     nix::unistd::setgid(gid)?;
     nix::unistd::setuid(uid)?;
@@ -219,11 +133,6 @@ pub fn share_with(user: &Identity, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn c_path(path: &Path) -> Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| Error::internal(format!("{} holds a NUL", path.display())))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,7 +152,7 @@ mod tests {
         let nobody = nix::unistd::User::from_name("nobody").unwrap().expect("a nobody user");
         let user = Identity { name: nobody.name, uid: nobody.uid, gid: nobody.gid };
         share_with(&user, &input).unwrap();
-        let jail = Jail::new(&base.join("jail"), user, Path::new("/usr/lib"), &socket, &input).unwrap();
+        let jail = Jail::new(user, Path::new("/usr/lib"), &socket, &input).unwrap();
         let run = |program: &str, args: &[&str]| {
             let mut cmd = jail.command(Path::new(program));
             cmd.args(args).stdin(std::process::Stdio::null());

@@ -20,6 +20,7 @@ use crate::layout::InstanceDir;
 use crate::pg::bin::PgBin;
 use crate::pg::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 use crate::pg::loader::Loader;
+use crate::users::Identity;
 
 /// A client tool connected as admin to the instance's app database, with
 /// nothing from the daemon's environment.
@@ -240,9 +241,14 @@ pub async fn dump_major(bin: &PgBin, path: &Path, scratch: &Path) -> Option<u32>
 
 /// SHA-256 of the application database's schema-only dump, ignoring comments and
 /// the random `\restrict` keys newer pg_dump versions write.
-pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir) -> Result<String> {
+pub async fn schema_hash(bin: &PgBin, dir: &InstanceDir, os_user: Option<&Identity>) -> Result<String> {
+    // Logged in as the owner role, never a superuser: pg_dump calls the
+    // server's functions on what the agent made.
     let mut dump = admin_tool(bin, "pg_dump", dir);
-    dump.env("PGOPTIONS", format!("-c role={OWNER_ROLE}"));
+    dump.env("PGUSER", OWNER_ROLE);
+    if let Some(user) = os_user.filter(|_| nix::unistd::geteuid().is_root()) {
+        dump.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
     let out = dump.args(["--schema-only", "--no-owner", "--no-acl"]).output().await?;
     if !out.status.success() {
         return Err(Error::postgres(format!(

@@ -63,7 +63,7 @@ impl<'a> Loader<'a> {
                 }
                 jail::share_with(user, &input)?;
                 jail::share_with(user, &input.join(LISTS))?;
-                let mut jail = Jail::new(&work.join("jail"), user.clone(), tree, &dir.socket_dir(), &input)?;
+                let mut jail = Jail::new(user.clone(), tree, &dir.socket_dir(), &input)?;
                 if let Some(archive) = archive {
                     jail.mount_input(archive, ARCHIVE)?;
                 }

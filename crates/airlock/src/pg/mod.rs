@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod bin;
+pub mod cell;
 pub mod dsn;
 pub mod guard;
 pub mod install;

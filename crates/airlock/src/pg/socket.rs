@@ -70,7 +70,7 @@ pub async fn connect_as(path: &Path, user: &Identity) -> io::Result<UnixStream> 
             None,
         )
         .map_err(io::Error::from)?;
-        match connect_with_euid(&fd, &addr, user.uid.as_raw()) {
+        match connect_with_euid(&fd, &addr, user.uid.as_raw(), user.gid.as_raw()) {
             Ok(()) => {
                 let std = std::os::unix::net::UnixStream::from(fd);
                 return UnixStream::from_std(std);
@@ -84,20 +84,35 @@ pub async fn connect_as(path: &Path, user: &Identity) -> io::Result<UnixStream> 
     unreachable!("the loop returns on its last attempt")
 }
 
-/// Calls `connect` with this thread's effective uid set to `uid`, restoring root
-/// before returning. Only this thread's credentials change (the raw system call,
-/// not libc's process-wide wrapper), and nothing else runs on it meanwhile.
-fn connect_with_euid(fd: &OwnedFd, addr: &UnixAddr, uid: u32) -> io::Result<()> {
+/// Calls `connect` with this thread's effective uid and gid set to `uid` and
+/// `gid` (a socket may admit its group), restoring root's before returning.
+/// Only this thread's credentials change (the raw system calls, not libc's
+/// process-wide wrappers), and nothing else runs on it meanwhile.
+fn connect_with_euid(fd: &OwnedFd, addr: &UnixAddr, uid: u32, gid: u32) -> io::Result<()> {
     const KEEP: nix::libc::c_long = -1;
+    // SAFETY: setresgid on the calling thread only, while it is still root;
+    // the real and saved gids stay 0.
+    let set = unsafe { nix::libc::syscall(nix::libc::SYS_setresgid, KEEP, gid as nix::libc::c_long, KEEP) };
+    if set != 0 {
+        return Err(io::Error::last_os_error());
+    }
     // SAFETY: setresuid on the calling thread only; the real and saved uids stay 0,
     // so root can be taken back.
     let set = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, KEEP, uid as nix::libc::c_long, KEEP) };
     if set != 0 {
-        return Err(io::Error::last_os_error());
+        let err = io::Error::last_os_error();
+        // SAFETY: as above.
+        unsafe { nix::libc::syscall(nix::libc::SYS_setresgid, KEEP, 0 as nix::libc::c_long, KEEP) };
+        return Err(err);
     }
     let connected = connect(fd.as_raw_fd(), addr).map_err(io::Error::from);
     // SAFETY: as above; the saved uid is 0.
-    let back = unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, KEEP, 0 as nix::libc::c_long, KEEP) };
+    let mut back =
+        unsafe { nix::libc::syscall(nix::libc::SYS_setresuid, KEEP, 0 as nix::libc::c_long, KEEP) };
+    if back == 0 {
+        // SAFETY: as above, root again.
+        back = unsafe { nix::libc::syscall(nix::libc::SYS_setresgid, KEEP, 0 as nix::libc::c_long, KEEP) };
+    }
     if back != 0 {
         // A daemon thread left without root would fail in ways nobody could explain.
         eprintln!("airlock: could not take back root after connecting as uid {uid}; aborting");

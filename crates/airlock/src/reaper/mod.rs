@@ -28,6 +28,10 @@ use crate::store::SandboxFilter;
 /// deletion within about a second of expiry.
 const TICK: Duration = Duration::from_millis(200);
 
+/// How often each sandbox's disk headroom is read and given again
+/// ([`sandbox::headroom`]): a writer's headroom grows this often.
+const HEADROOM_TICK: Duration = Duration::from_millis(100);
+
 /// How often idle sandboxes are looked for.
 const IDLE_TICK: Duration = Duration::from_secs(1);
 
@@ -46,6 +50,18 @@ where
 
 /// Runs the TTL loop and the idle-suspend loop until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    if sandbox::headroom::Headroom::applies(&engine) {
+        let balancing = engine.clone();
+        spawn_as_reaper(async move {
+            let mut tick = tokio::time::interval(HEADROOM_TICK);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let engine = balancing.clone();
+                let _ = tokio::task::spawn_blocking(move || engine.headroom.balance(&engine)).await;
+            }
+        });
+    }
     let idle = engine.clone();
     spawn_as_reaper(async move {
         let mut tick = tokio::time::interval(IDLE_TICK);

@@ -18,9 +18,6 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Instant;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
-
 use serde::Serialize;
 use serde_json::json;
 
@@ -73,7 +70,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
     }
 
     // Redis servers of builds cut short, and of sandboxes no longer live.
-    for (pid, cmdline) in crate::redis::server::servers_under(&layout.volume()) {
+    for (pid, cmdline) in crate::redis::server::servers_under(&[layout.sandboxes(), layout.staging()]) {
         let live = running.iter().any(|id| {
             cmdline.contains(&format!("/{id}/run/redis.sock"))
                 || cmdline.contains(&format!("/{id}/redis.conf"))
@@ -230,7 +227,8 @@ async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     if !instance::serves(pid, &dir.pgdata())? {
         return Ok(false);
     }
-    let _ = killpg(Pid::from_raw(pid), Signal::SIGCONT);
+    engine.cgroups.thaw(&sb.id);
+    crate::sandbox::branch::continue_all(pid);
     match crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await {
         Ok(()) => Ok(true),
         Err(e) => {

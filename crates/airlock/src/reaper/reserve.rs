@@ -45,6 +45,10 @@ pub struct Watch {
 impl Watch {
     /// One tick: sample near the reserve, stop the writer below it.
     pub async fn check(&mut self, engine: &Engine) {
+        // Where sandboxes have quotas, their headroom keeps the volume whole.
+        if crate::sandbox::headroom::Headroom::applies(engine) {
+            return;
+        }
         let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
         if reserve == 0 || free >= reserve.saturating_mul(NEAR) {
             self.written.clear();

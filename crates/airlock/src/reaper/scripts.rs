@@ -74,6 +74,7 @@ async fn round(engine: &Arc<Engine>) {
 /// not kill it or answers nothing.
 async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
     empty_long_log(dir);
+    kill_forks(engine, sb, dir);
     // Not while an operation (a suspend's or a branch's SAVE, say) has the
     // server busy on the daemon's own behalf.
     let Some(_op) = engine.try_sandbox_lock(&sb.id) else { return Ok(()) };
@@ -106,6 +107,22 @@ async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
         record(engine, sb, "server_stopped", "the script had written, so Redis would not kill it");
     }
     Ok(())
+}
+
+/// Kills every process the sandbox's Redis forked. The agent's user may run
+/// nothing that forks (no `SCRIPT DEBUG`, `BGSAVE` or replication), and the
+/// daemon saves with `SAVE`, in the server itself; a fork would run a script
+/// (a debugging session's copy) out of reach of the checks above, which ask
+/// the server.
+fn kill_forks(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) {
+    let Some(server) = crate::redis::server::find(dir) else { return };
+    for pid in engine.cgroups.members(&sb.id) {
+        if pid != server && crate::process::parent(pid) == Some(server) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            record(engine, sb, "fork_killed", "a process the server forked");
+        }
+    }
 }
 
 /// Empties the server's log once it is longer than [`LOG_KEPT`] (the server

@@ -17,6 +17,7 @@
 //! intervention is a `watchdog` event. Sandboxes are checked concurrently, each
 //! within [`CHECK_LIMIT`], so no sandbox can hold up the watch of another.
 
+use crate::pg::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -136,14 +137,16 @@ async fn check(engine: &Engine, sb: &Sandbox, kept: Option<Watched>) -> crate::e
         .map_err(|e| crate::error::Error::postgres(crate::pg::admin::describe(&e)))?;
     let backends: Vec<Backend> = rows
         .iter()
-        .map(|r| Backend {
-            pid: r.get(0),
-            kind: r.get(1),
-            state: r.get(2),
-            running_ms: r.get(3),
-            in_state_ms: r.get(4),
+        .map(|r| {
+            Ok(Backend {
+                pid: r.cell(0)?,
+                kind: r.cell(1)?,
+                state: r.cell(2)?,
+                running_ms: r.cell(3)?,
+                in_state_ms: r.cell(4)?,
+            })
         })
-        .collect();
+        .collect::<crate::error::Result<_>>()?;
     w.cancelled.retain(|pid, _| backends.iter().any(|b| b.pid == *pid));
     let limits = sb.access.limits;
     let statement_ceiling = limits.statement_timeout_ms as i64 + GRACE.as_millis() as i64;
@@ -200,7 +203,7 @@ async fn act(engine: &Engine, admin: &Admin, sb: &Sandbox, pid: i32, step: Step)
     let Step { action, reason, mut detail } = step;
     let function = if action == "cancelled" { "pg_cancel_backend" } else { "pg_terminate_backend" };
     let done = admin.client().query_one(&format!("SELECT {function}($1)"), &[&pid]).await;
-    if !done.is_ok_and(|r| r.get::<_, bool>(0)) {
+    if !done.is_ok_and(|r| r.cell::<bool>(0).unwrap_or(false)) {
         return;
     }
     detail["action"] = json!(action);

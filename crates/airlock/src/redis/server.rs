@@ -23,7 +23,8 @@ use crate::users::Identity;
 pub const ADMIN_USER: &str = "airlock";
 
 /// What the agent (and a build's loader) may not do: everything that reaches
-/// outside the server (writing files with `CONFIG SET dir`, `MODULE LOAD`,
+/// outside the server or out of reach of the script watch (writing files with
+/// `CONFIG SET dir`, `SCRIPT DEBUG`'s forked copy of the server, `MODULE LOAD`,
 /// `REPLICAOF`/`SLAVEOF`/`MIGRATE` to another host, `DEBUG`, `SHUTDOWN`), changes
 /// who may connect (`ACL`), ends another connection (`CLIENT KILL`), lifts a
 /// limit (`CONFIG SET maxmemory`) or feeds the server crafted encodings
@@ -32,7 +33,7 @@ pub const ADMIN_USER: &str = "airlock";
 pub const AGENT_RULES: &str = "~* &* +@all -@admin -@dangerous +flushall +flushdb +keys +sort +sort_ro \
     +info +role +lastsave +swapdb +client|id +client|getname +client|setname +client|info \
     +client|list +client|reply +client|tracking +client|trackinginfo +client|caching +client|getredir \
-    +config|get -restore -restore-asking -migrate -function|restore";
+    +config|get -restore -restore-asking -migrate -function|restore -script|debug";
 
 /// A sandbox's Redis memory ceiling: a quarter of its memory limit (its
 /// PostgreSQL shares the rest), at least 16 MiB.
@@ -88,8 +89,8 @@ pub struct Settings<'a> {
 /// Writes the server's configuration, and the admin's password readable by
 /// root alone, beside (never inside) its data directory.
 pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
-    let socket = dir.redis_socket();
-    let data = dir.redis_dir();
+    let seen = InstanceDir { root: inside(dir) };
+    let (socket, data) = (seen.redis_socket(), seen.redis_dir());
     for path in [&socket, &data] {
         let text = path.to_str().unwrap_or_default();
         if text.is_empty() || text.chars().any(|c| c.is_whitespace() || c == '"' || c == '\'') {
@@ -124,6 +125,44 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
     Ok(())
 }
 
+/// Whether servers run contained (the daemon is root), and so see their
+/// instance directory at [`inside`].
+fn contained() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Where the instance directories under `parent` (a data root's sandboxes,
+/// or its staging) are, as a contained server sees them: `/airlock/TAG`,
+/// a tag derived from the host path, which a server never sees. `CONFIG GET
+/// dir`, `INFO server` and `CLIENT LIST` tell a server's paths to any client,
+/// so they name nothing of the host. Without containment, `parent` itself.
+pub fn inside_prefix(parent: &Path) -> PathBuf {
+    if !contained() {
+        return parent.to_path_buf();
+    }
+    let digest = Sha256::digest(parent.as_os_str().as_encoded_bytes());
+    Path::new("/airlock").join(crate::secret::hex(&digest[..6]))
+}
+
+/// Where a server sees the instance directory `dir` ([`inside_prefix`]).
+pub fn inside(dir: &InstanceDir) -> PathBuf {
+    match (dir.root.parent(), dir.root.file_name()) {
+        (Some(parent), Some(name)) => inside_prefix(parent).join(name),
+        _ => dir.root.clone(),
+    }
+}
+
+/// What a contained server sees of the host: the system trees, the private
+/// directories, and its instance directory at [`inside`] (its configuration,
+/// data and socket) and at its own path (where a Redis-only sandbox's `exec`
+/// code, which joins this view, works and finds the socket).
+fn view(dir: &InstanceDir) -> Result<crate::rootfs::View> {
+    let mut view = crate::rootfs::View::system(true)?.with_private_dirs()?;
+    view.bind(&dir.root, &dir.root, true)?;
+    view.bind(&dir.root, &inside(dir), true)?;
+    Ok(view)
+}
+
 /// Starts the server of `dir` as `user` (in new namespaces and `cgroups` when
 /// the daemon is root, like a PostgreSQL server), its output to its log;
 /// returns its pid once it answers the admin.
@@ -142,7 +181,7 @@ pub async fn start(
     }
     let file_limit = file_limit(dir)?;
     let mut cmd = std::process::Command::new(binary()?);
-    cmd.arg(dir.redis_conf())
+    cmd.arg(InstanceDir { root: inside(dir) }.redis_conf())
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .stdin(Stdio::null())
@@ -156,10 +195,11 @@ pub async fn start(
         let primary = Identity { gid: group.unwrap_or(user.gid), ..user.clone() };
         let who = crate::pg::instance::Who::of(&primary, group);
         let cgroups = cgroups.to_vec();
+        let view = view(dir)?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                crate::pg::instance::contain(who, &cgroups, None)?;
+                crate::pg::instance::contain(who, &cgroups, crate::pg::instance::Enter::New(&view))?;
                 bound_files(file_limit)
             });
         }
@@ -243,15 +283,24 @@ pub fn find(dir: &InstanceDir) -> Option<i32> {
         return None;
     }
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let (conf, socket) = (dir.redis_conf(), dir.redis_socket());
+    let seen = InstanceDir { root: inside(dir) };
+    let (conf, socket) = (seen.redis_conf(), seen.redis_socket());
     let marks = [conf.as_os_str().as_encoded_bytes(), socket.as_os_str().as_encoded_bytes()];
     marks.iter().any(|m| cmdline.windows(m.len()).any(|w| w == *m)).then_some(pid)
 }
 
-/// Every Redis server whose command line names a path under `root`, with that
-/// command line: servers of sandboxes and builds of a data root.
-pub fn servers_under(root: &Path) -> Vec<(i32, String)> {
-    let root = root.as_os_str().as_encoded_bytes();
+/// Every Redis server whose command line names a path under one of
+/// `parents` (as its server sees it: [`inside_prefix`]), with that command
+/// line: servers of a data root's sandboxes and builds.
+pub fn servers_under(parents: &[PathBuf]) -> Vec<(i32, String)> {
+    let marks: Vec<Vec<u8>> = parents
+        .iter()
+        .map(|p| {
+            let mut mark = inside_prefix(p).into_os_string().into_encoded_bytes();
+            mark.push(b'/');
+            mark
+        })
+        .collect();
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
     procs
         .flatten()
@@ -262,9 +311,9 @@ pub fn servers_under(root: &Path) -> Vec<(i32, String)> {
                 return None;
             }
             let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            cmdline
-                .windows(root.len())
-                .any(|w| w == root)
+            marks
+                .iter()
+                .any(|m| cmdline.windows(m.len()).any(|w| w == m.as_slice()))
                 .then(|| (pid, String::from_utf8_lossy(&cmdline).into_owned()))
         })
         .collect()

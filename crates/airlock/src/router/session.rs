@@ -255,10 +255,11 @@ async fn establish(
         }
     };
     // The router authenticates the client itself, before anything is woken or
-    // connected to; at most a few clients per sandbox are at this step at once.
+    // connected to; at most a few clients of one address are at this step at
+    // once, whatever sandbox they name.
     let mut phases;
     {
-        let _authenticating = shared.host.connections.authenticating(&sb.id).await;
+        let _unauthenticated = shared.host.connections.unauthenticated(peer.ip()).await;
         let verifier = match verifier_of(shared, &sb).await {
             Ok(v) => v,
             Err(e) => {
@@ -304,7 +305,11 @@ async fn establish(
         return None;
     }
     let (connecting, suspended) = (Instant::now(), sb.state == crate::sandbox::SandboxState::Suspended);
-    match session_for(shared, sb, &startup).await {
+    // A few authenticated clients of one sandbox at a time open server sessions.
+    let authenticating = shared.host.connections.authenticating(&sb.id).await;
+    let session = session_for(shared, sb, &startup).await;
+    drop(authenticating);
+    match session {
         Ok((sb, backend, open)) => {
             // Waking, when it was suspended, is most of the server session's time.
             phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();

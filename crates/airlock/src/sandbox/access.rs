@@ -96,6 +96,31 @@ fn out_of_range(what: &str, hint: &str) -> Error {
 }
 
 impl Access {
+    /// This access, made no looser than `bound` in anything: read-only if
+    /// either is, and each limit the smaller. What a fork made on a
+    /// sandbox's behalf (a migration test's) gets, so it can do no more than
+    /// the sandbox itself.
+    pub fn at_most(&self, bound: &Access) -> Access {
+        let (a, b) = (&self.limits, &bound.limits);
+        Access {
+            mode: if self.mode == Mode::Readonly || bound.mode == Mode::Readonly {
+                Mode::Readonly
+            } else {
+                Mode::Owner
+            },
+            limits: Limits {
+                statement_timeout_ms: a.statement_timeout_ms.min(b.statement_timeout_ms),
+                lock_timeout_ms: a.lock_timeout_ms.min(b.lock_timeout_ms),
+                idle_in_transaction_timeout_ms: a
+                    .idle_in_transaction_timeout_ms
+                    .min(b.idle_in_transaction_timeout_ms),
+                temp_file_limit_kb: a.temp_file_limit_kb.min(b.temp_file_limit_kb),
+                work_mem_kb: a.work_mem_kb.min(b.work_mem_kb),
+                connection_limit: a.connection_limit.min(b.connection_limit),
+            },
+        }
+    }
+
     /// Checks every limit is within sane bounds.
     pub fn validate(&self) -> Result<()> {
         let l = &self.limits;

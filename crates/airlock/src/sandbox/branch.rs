@@ -1,15 +1,16 @@
 //! `airlock branch`: a new sandbox from a live one's state at one instant.
 //!
-//! Every process of the source's server is stopped (SIGSTOP to its process
-//! group), its data directory is cloned, and the processes continue: the clone
-//! is what a crash at that instant would have left on disk, which PostgreSQL
-//! recovers from when the branch starts. (A stopped process has finished any
-//! write in progress, so no page is torn.) The branch gets its own id, user,
+//! Every process of the source is frozen at one instant (its cgroup's
+//! freezer, [`Frozen`]), its data directory is cloned, and the processes go
+//! on: the clone is what a crash at that instant would have left on disk,
+//! which PostgreSQL recovers from when the branch starts. (A frozen process has
+//! finished any write in progress, so no page is torn.) Its Redis saves its
+//! data just before. The branch gets its own id, user,
 //! cgroups and a fresh password for the same role.
 
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -103,15 +104,16 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let postgres = engine.layout.generation_has_postgres(&source.golden, source.generation);
         let stores = super::stores::Store::of_sandbox(&source_dir);
         let cloned = {
-            // A daemon that dies while the source is paused leaves it stopped;
-            // reconciliation continues every server it keeps.
-            let _paused = postgres.then(|| Paused::new(source_pid)).transpose()?;
-            crate::crashpoint::reached("branch.paused");
-            // Its other stores save their state while PostgreSQL is held: all
-            // are taken at the same point of the agent's work.
+            // Its other stores save their state first (a frozen server
+            // answers nothing), then every process of the sandbox is frozen
+            // at one instant while its data is cloned. A daemon that dies
+            // while the source is frozen leaves it so; reconciliation thaws
+            // every sandbox it keeps.
             for store in &stores {
                 store.save(&source_dir).await?;
             }
+            let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
+            crate::crashpoint::reached("branch.paused");
             let cloned = match postgres {
                 true => engine.cloner.clone_data(
                     &source_pgdata,
@@ -165,42 +167,94 @@ fn not_running(source: &Sandbox) -> Error {
     )
 }
 
-/// A server's process group held stopped; continued when dropped, whatever happens.
-pub(crate) struct Paused {
-    group: Pid,
+/// Every process of a sandbox held still at one instant, so its files are
+/// what a crash at that instant would have left; let go when dropped,
+/// whatever happens.
+///
+/// Its cgroup's freezer stops them all at once, forks in flight included
+/// (PostgreSQL's backends each run in a session of their own, so a signal to
+/// the postmaster's process group stops none of them). Without a freezer
+/// (no cgroups), the postmaster is stopped first, so it starts no more, then
+/// every process it started.
+pub(crate) struct Frozen<'a> {
+    engine: &'a Engine,
+    id: String,
+    /// Without a freezer: the processes stopped, postmaster first.
+    stopped: Vec<Pid>,
 }
 
-impl Paused {
-    /// Stops every process of the server whose postmaster is `postmaster`.
-    pub(crate) fn new(postmaster: i32) -> Result<Paused> {
-        let group = Pid::from_raw(postmaster);
-        killpg(group, Signal::SIGSTOP)
-            .map_err(|e| Error::postgres(format!("could not pause the source: {e}")))?;
-        let paused = Paused { group };
-        // Wait until every process of the group has actually stopped.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !all_stopped(postmaster) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_micros(200));
+/// How long freezing may take before the branch or promotion fails.
+const FREEZE_LIMIT: Duration = Duration::from_secs(10);
+
+impl<'a> Frozen<'a> {
+    /// Freezes sandbox `id`, whose postmaster is `postmaster`.
+    pub(crate) fn new(engine: &'a Engine, id: &str, postmaster: i32) -> Result<Frozen<'a>> {
+        let mut frozen = Frozen { engine, id: id.to_owned(), stopped: Vec::new() };
+        match engine.cgroups.freeze(id, FREEZE_LIMIT) {
+            Ok(true) => return Ok(frozen),
+            Ok(false) => {}
+            Err(e) => return Err(Error::io(format!("freezing sandbox {id}"), &e)),
         }
-        Ok(paused)
+        let first = Pid::from_raw(postmaster);
+        kill(first, Signal::SIGSTOP)
+            .map_err(|e| Error::postgres(format!("could not pause the source: {e}")))?;
+        frozen.stopped.push(first);
+        wait_stopped(postmaster);
+        for child in children_of(postmaster) {
+            if kill(Pid::from_raw(child), Signal::SIGSTOP).is_ok() {
+                frozen.stopped.push(Pid::from_raw(child));
+                wait_stopped(child);
+            }
+        }
+        Ok(frozen)
     }
 }
 
-impl Drop for Paused {
+impl Drop for Frozen<'_> {
     fn drop(&mut self) {
-        let _ = killpg(self.group, Signal::SIGCONT);
+        if self.stopped.is_empty() {
+            self.engine.cgroups.thaw(&self.id);
+        }
+        for pid in self.stopped.iter().rev() {
+            let _ = kill(*pid, Signal::SIGCONT);
+        }
     }
 }
 
-/// Whether every live process in `pgid`'s group is stopped.
-fn all_stopped(pgid: i32) -> bool {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return true };
-    procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).all(|pid| {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return true };
-        let Some((_, rest)) = stat.rsplit_once(')') else { return true };
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // fields[0] is the state, fields[2] the process group.
-        fields.get(2).and_then(|g| g.parse::<i32>().ok()) != Some(pgid)
-            || matches!(fields[0], "T" | "t" | "Z" | "X")
-    })
+/// Continues the postmaster `postmaster` and every process it started (a
+/// daemon that died while a sandbox was frozen without a freezer left them
+/// stopped).
+pub(crate) fn continue_all(postmaster: i32) {
+    let _ = kill(Pid::from_raw(postmaster), Signal::SIGCONT);
+    for child in children_of(postmaster) {
+        let _ = kill(Pid::from_raw(child), Signal::SIGCONT);
+    }
+}
+
+/// Every process whose parent is `parent`.
+fn children_of(parent: i32) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| crate::process::parent(*pid) == Some(parent))
+        .collect()
+}
+
+/// Waits (2 s at most) until process `pid` has stopped: a stopped process has
+/// finished any write in progress, so no page is torn.
+fn wait_stopped(pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        let stopped = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_none_or(|state| matches!(state, "T" | "t" | "Z" | "X"))
+        });
+        if stopped {
+            return;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }

@@ -69,7 +69,10 @@ pub async fn admit<'a>(
         let waited = tokio::time::timeout_at(deadline.into(), freed).await;
         drop(waiting);
         if waited.is_err() {
-            return Err(full(engine, &why.message));
+            return Err(match why.code {
+                ErrorCode::DiskFull => super::headroom::no_room(engine),
+                _ => full(engine, &why.message),
+            });
         }
     }
 }
@@ -97,6 +100,9 @@ const QUICK_TURN: Duration = Duration::from_secs(30);
 
 struct NoRoom {
     message: String,
+    /// What the error says: `capacity_exhausted`, or `disk_full` when the
+    /// volume cannot promise a server its disk headroom.
+    code: ErrorCode,
     /// Suspending a sandbox would make room.
     running_only: bool,
     /// Giving up a pool member would make room.
@@ -111,6 +117,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             message: format!("{all} sandboxes exist, the limit"),
             running_only: false,
             pool_helps: true,
+            code: ErrorCode::CapacityExhausted,
         }));
     }
     let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
@@ -119,6 +126,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             message: format!("the volume has {free} bytes free, below its reserve of {reserve}"),
             running_only: false,
             pool_helps: true,
+            code: ErrorCode::CapacityExhausted,
         }));
     }
     if let Some(max) = c.max_disk_bytes {
@@ -128,6 +136,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
                 message: format!("the volume holds {used} bytes, the limit is {max}"),
                 running_only: false,
                 pool_helps: false,
+                code: ErrorCode::CapacityExhausted,
             }));
         }
     }
@@ -136,6 +145,18 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             message: format!("{running} sandboxes are running, the limit, and none is idle"),
             running_only: true,
             pool_helps: true,
+            code: ErrorCode::CapacityExhausted,
+        }));
+    }
+    // Last, so a promise is taken only for what is admitted.
+    if !engine.headroom.promise(engine) {
+        return Ok(Some(NoRoom {
+            message: super::headroom::no_room(engine).message,
+            // Suspending a neighbour would free its promise only until it
+            // wakes, which then could not: never done for disk.
+            running_only: false,
+            pool_helps: true,
+            code: ErrorCode::DiskFull,
         }));
     }
     Ok(None)

@@ -144,7 +144,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
             .map_err(|_| Error::internal("the exec directory's path has a NUL byte"))?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || instance::contain(who, &cgroups, Some((&ns, &workdir))));
+            cmd.pre_exec(move || instance::contain(who, &cgroups, instance::Enter::Join(&ns, &workdir)));
         }
     }
     let started = Instant::now();
@@ -242,7 +242,11 @@ async fn kill_user(engine: &Engine, sb: &Sandbox, user: &crate::users::Identity)
         if !matches!(killed, Ok(Ok(()))) {
             tracing::warn!(sandbox = %sb.id, "could not run the exec user's killer");
         }
-        let left = engine.cgroups.members(&sb.id).into_iter().any(|pid| owner_of(pid) == Some(uid.as_raw()));
+        let left = engine
+            .cgroups
+            .members(&sb.id)
+            .into_iter()
+            .any(|pid| crate::process::owner(pid) == Some(uid.as_raw()));
         if !left {
             return;
         }
@@ -273,26 +277,15 @@ fn signal_all_as(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> nix::Result<()
     }
 }
 
-/// The effective uid of a process, from the owner of its `/proc` entry.
-fn owner_of(pid: i32) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
-}
-
 /// Without root there is no exec user of its own to kill by: kills what an exec
 /// left in the sandbox's cgroups (a process that left its group with setsid,
 /// say), everything but the server and its own children.
 fn kill_strays(engine: &Engine, sb: &Sandbox) {
     let Some(server) = sb.pid else { return };
     for pid in engine.cgroups.members(&sb.id) {
-        if pid == server || parent_of(pid) == Some(server) {
+        if pid == server || crate::process::parent(pid) == Some(server) {
             continue;
         }
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
-}
-
-fn parent_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }

@@ -11,6 +11,7 @@ mod access;
 pub mod branch;
 pub mod capacity;
 pub mod exec;
+pub mod headroom;
 mod idle;
 pub mod pool;
 mod record;
@@ -385,11 +386,7 @@ pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
         Err(e) => return Err(Error::io(format!("making {}", dir.root.display()), &e)),
     }
-    engine
-        .cloner
-        .limit(&dir.root, engine.config.disk_limit_bytes)
-        .map_err(|e| Error::io(format!("limiting {}", dir.root.display()), &e))?;
-    Ok(())
+    engine.headroom.limit_new(engine, &dir.root)
 }
 
 /// Starts the instance in `dir`, waits for it, and creates the agent role with
@@ -510,7 +507,7 @@ pub(crate) async fn rebuild(
         for store in &stores {
             store.remove_data(engine, &dir)?;
         }
-        engine.cloner.limit(&dir.root, engine.config.disk_limit_bytes)?;
+        engine.headroom.limit_new(engine, &dir.root)?;
         bring_up(engine, sb, Some(&password), &mut steps).await
     }
     .await;
@@ -552,6 +549,8 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         }
         store.stop(&dir).await;
     }
+    // A suspended sandbox was promised nothing; its admission took the floor.
+    engine.headroom.limit_new(engine, &dir.root)?;
     if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
         return restart_stores(engine, sb, &dir).await;
     }
@@ -715,6 +714,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
     // Its processes and files are gone: the uid can serve another sandbox.
     engine.release_identity(sb);
     engine.forget_sandbox(&sb.id);
+    engine.headroom.forget(&sb.id);
     engine.capacity_freed.notify_waiters();
     golden::prune(engine, &sb.golden)
 }

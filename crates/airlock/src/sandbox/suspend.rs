@@ -102,6 +102,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         }
     }
     kill_cgroup_members(engine, &id).await;
+    engine.headroom.withdraw(engine, &id);
     engine.store().record_or_log(NewEvent {
         kind: crate::events::EventKind::Suspended,
         sandbox: Some(id.clone()),

@@ -47,7 +47,26 @@ struct QgroupLimitArgs {
     limit: QgroupLimit,
 }
 
+/// `struct btrfs_ioctl_ino_lookup_args`: which subvolume (tree) an inode is in.
+#[repr(C)]
+struct InoLookupArgs {
+    treeid: u64,
+    objectid: u64,
+    name: [u8; 4080],
+}
+
+/// `struct btrfs_ioctl_fs_info_args`, of which only the filesystem's id is read.
+#[repr(C)]
+struct FsInfoArgs {
+    max_id: u64,
+    num_devices: u64,
+    fsid: [u8; 16],
+    rest: [u8; 1024 - 32],
+}
+
 nix::ioctl_write_ptr!(subvol_create, MAGIC, 14, VolArgs);
+nix::ioctl_readwrite!(ino_lookup, MAGIC, 18, InoLookupArgs);
+nix::ioctl_read!(fs_info, MAGIC, 31, FsInfoArgs);
 nix::ioctl_write_ptr!(snap_destroy, MAGIC, 15, VolArgs);
 nix::ioctl_readwrite!(quota_ctl, MAGIC, 40, QuotaCtlArgs);
 nix::ioctl_read!(qgroup_limit, MAGIC, 43, QgroupLimitArgs);
@@ -104,7 +123,9 @@ fn delete_nested(dir: &std::os::fd::OwnedFd) -> io::Result<()> {
         delete_nested(&child)?;
         if is_subvolume_top(&child)? {
             drop(child);
-            destroy_at(dir.as_fd(), name.as_bytes())?;
+            destroy_at(dir.as_fd(), name.as_bytes()).inspect_err(|e| {
+                tracing::debug!(subvolume = ?name, error = %e, "a nested subvolume was not deleted");
+            })?;
         }
     }
     Ok(())
@@ -132,7 +153,17 @@ fn vol_args(name: &[u8]) -> io::Result<VolArgs> {
 
 /// Limits what the subvolume at `path` may own to `bytes` (`u64::MAX`: no limit).
 pub fn limit(path: &Path, bytes: u64) -> io::Result<()> {
-    let dir = File::open(path)?;
+    limit_at(File::open(path)?.as_fd(), bytes)
+}
+
+/// Limits what the subvolume `dir` (a descriptor of its top directory) may
+/// own to `bytes`.
+pub fn limit_at(dir: BorrowedFd<'_>, bytes: u64) -> io::Result<()> {
+    // The ioctl limits the subvolume the descriptor is in: anything but a
+    // subvolume's top would limit the one holding it.
+    if nix::sys::stat::fstat(dir).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
+        return Err(io::Error::other("not the top of a subvolume"));
+    }
     let mut args = QgroupLimitArgs {
         // 0: the subvolume the descriptor is in.
         qgroup_id: 0,
@@ -146,6 +177,78 @@ pub fn limit(path: &Path, bytes: u64) -> io::Result<()> {
     };
     // SAFETY: as above, for btrfs_ioctl_qgroup_limit_args.
     unsafe { qgroup_limit(dir.as_raw_fd(), &mut args) }.map(|_| ()).map_err(errno)
+}
+
+/// One subvolume's quota group as the kernel counts it now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes it owns, written out.
+    pub exclusive: u64,
+    /// Bytes reserved for writes in flight (buffered data not yet written
+    /// out, metadata): they count against its limit at once, and take the
+    /// volume's space when written.
+    pub reserved: u64,
+    /// Of those, data not yet written out.
+    pub reserved_data: u64,
+    /// Its limit on what it may own (`u64::MAX`: none).
+    pub limit: u64,
+}
+
+impl Usage {
+    /// What counts against its limit: owned and reserved.
+    pub fn charged(&self) -> u64 {
+        self.exclusive.saturating_add(self.reserved)
+    }
+
+    /// How much more it may write before the kernel refuses.
+    pub fn headroom(&self) -> u64 {
+        self.limit.saturating_sub(self.charged())
+    }
+}
+
+/// Where the kernel shows one filesystem's quota groups, and which one a
+/// subvolume's is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Qgroup {
+    dir: std::path::PathBuf,
+}
+
+impl Qgroup {
+    /// The quota group of the subvolume at `path`.
+    pub fn of(path: &Path) -> io::Result<Qgroup> {
+        let dir = File::open(path)?;
+        if nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
+            return Err(io::Error::other(format!("{} is not the top of a subvolume", path.display())));
+        }
+        let mut lookup = InoLookupArgs { treeid: 0, objectid: SUBVOLUME_TOP_INODE, name: [0; 4080] };
+        // SAFETY: a properly laid out btrfs_ioctl_ino_lookup_args that lives for the call.
+        unsafe { ino_lookup(dir.as_raw_fd(), &mut lookup) }.map_err(errno)?;
+        let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
+        // SAFETY: as above, for btrfs_ioctl_fs_info_args.
+        unsafe { fs_info(dir.as_raw_fd(), &mut info) }.map_err(errno)?;
+        let hex = crate::secret::hex(&info.fsid);
+        let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
+        Ok(Qgroup {
+            dir: Path::new("/sys/fs/btrfs").join(uuid).join("qgroups").join(format!("0_{}", lookup.treeid)),
+        })
+    }
+
+    /// What it holds and may hold, now.
+    pub fn usage(&self) -> io::Result<Usage> {
+        let read = |name: &str| -> io::Result<u64> {
+            let text = std::fs::read_to_string(self.dir.join(name))?;
+            text.trim()
+                .parse()
+                .map_err(|_| io::Error::other(format!("{name} of {} is not a number", self.dir.display())))
+        };
+        let reserved_data = read("rsv_data")?;
+        let reserved = reserved_data
+            .saturating_add(read("rsv_meta_pertrans")?)
+            .saturating_add(read("rsv_meta_prealloc")?);
+        let limited = read("limit_flags")? & LIMIT_MAX_EXCLUSIVE != 0;
+        let limit = if limited { read("max_exclusive")? } else { u64::MAX };
+        Ok(Usage { exclusive: read("exclusive")?, reserved, reserved_data, limit })
+    }
 }
 
 /// Turns quotas on for the filesystem at `mount`: simple quotas where the kernel

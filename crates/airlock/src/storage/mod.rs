@@ -30,6 +30,13 @@ pub enum Backend {
     Copy,
 }
 
+/// What a server's WAL may take where sandboxes have quotas: its own
+/// subvolume's limit. The server keeps it near `max_wal_size` (48 MB,
+/// pinned on its command line) by checkpointing, so only a writer far faster
+/// than its checkpoints meets this; whatever its neighbours do, every server's
+/// WAL is always writable (see `sandbox::headroom`).
+pub const WAL_LIMIT: u64 = 128 << 20;
+
 /// The warning attached to every fork made on the copy fallback.
 pub const COPY_WARNING: &str = "the data root is not on a copy-on-write filesystem, so this fork copied every byte of the golden; run `airlock storage init` as root (or put AIRLOCK_HOME on XFS or Btrfs) for millisecond forks";
 
@@ -133,7 +140,15 @@ impl Cloner {
             Backend::Subvolume => (tree::Contents::Reflink, &["pg_wal"]),
             Backend::Copy => (tree::Contents::Copy, &[]),
         };
-        tree::CloneSpec { contents, owner, source_owner, skip: SKIP, only, subvolumes }
+        tree::CloneSpec {
+            contents,
+            owner,
+            source_owner,
+            skip: SKIP,
+            only,
+            subvolumes,
+            subvolume_limit: WAL_LIMIT,
+        }
     }
 
     /// Clones a live sandbox's data directory for a branch or a promotion: its
@@ -192,6 +207,10 @@ impl Cloner {
     /// is written out first, so no reservation still counts against it.
     pub fn unlimit(&self, path: &Path) {
         if self.backend == Backend::Subvolume && path.exists() {
+            // Its WAL's subvolume too: at its limit, even its deletion is refused.
+            for wal in [path.join("pg_wal"), path.join("pgdata/pg_wal")] {
+                let _ = btrfs::limit(&wal, u64::MAX);
+            }
             let _ = btrfs::limit(path, u64::MAX);
             if let Ok(dir) = fs::File::open(path) {
                 let _ = nix::unistd::syncfs(&dir);
@@ -212,6 +231,10 @@ impl Cloner {
             self.unlimit(path);
             match self.remove_once(path) {
                 Err(e) if attempt < 60 && e.raw_os_error().is_some_and(|c| quota_errors.contains(&c)) => {
+                    if attempt % 10 == 0 {
+                        let usage = btrfs::Qgroup::of(path).and_then(|q| q.usage());
+                        tracing::warn!(path = %path.display(), error = %e, ?usage, attempt, "a removal met the quota; trying again");
+                    }
                     std::thread::sleep(std::time::Duration::from_millis(500));
                 }
                 done => return done,

@@ -52,6 +52,8 @@ pub struct CloneSpec<'a> {
     /// out of a sandbox's quota so that a full allowance fails a statement, not
     /// a WAL write).
     pub subvolumes: &'a [&'a str],
+    /// What each of those may own ([`super::WAL_LIMIT`]).
+    pub subvolume_limit: u64,
 }
 
 fn refused(path: &Path, what: &str) -> io::Error {
@@ -176,7 +178,8 @@ fn make_dirs(
         let entry = fstatat(from.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
         match SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits()) {
             SFlag::S_IFDIR => {
-                if top && spec.subvolumes.iter().any(|s| s.as_bytes() == name.as_bytes()) {
+                let subvolume = top && spec.subvolumes.iter().any(|s| s.as_bytes() == name.as_bytes());
+                if subvolume {
                     super::btrfs::create_subvolume_at(to.as_fd(), name.as_bytes())?;
                 } else {
                     mkdirat(to.as_fd(), name.as_c_str(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
@@ -184,6 +187,9 @@ fn make_dirs(
                 let child_from = open_dir(from.as_fd(), &name)
                     .map_err(|_| refused(&path, "it changed while being read"))?;
                 let child_to = open_dir(to.as_fd(), &name)?;
+                if subvolume {
+                    super::btrfs::limit_at(child_to.as_fd(), spec.subvolume_limit)?;
+                }
                 make_dirs(Arc::new(child_from), Arc::new(child_to), path, spec, false, files)?;
             }
             SFlag::S_IFREG => files.push(FileJob { from: from.clone(), to: to.clone(), name, shown: path }),
@@ -440,6 +446,7 @@ mod tests {
             skip: &["postmaster.pid"],
             only: &[],
             subvolumes: &[],
+            subvolume_limit: u64::MAX,
         }
     }
 

@@ -116,7 +116,7 @@ impl Store {
 
     /// Records a new golden with its first generation.
     pub fn insert_golden(&mut self, manifest: &Manifest, source: &Source) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute(
             "INSERT INTO goldens (name, current_generation, source) VALUES (?1, ?2, ?3)",
             params![manifest.name, manifest.generation, to_json(source)],
@@ -131,7 +131,7 @@ impl Store {
 
     /// Records a new generation and makes it current.
     pub fn add_generation(&mut self, manifest: &Manifest) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let present = tx.prepare("SELECT 1 FROM goldens WHERE name = ?1")?.exists([&manifest.name])?;
         if !present {
             return Err(golden_not_found(&manifest.name));
@@ -279,7 +279,7 @@ impl Store {
     /// Forgets a generation just added, making the newest left current again
     /// (a refresh or promotion that could not go on record).
     pub fn undo_generation(&mut self, name: &str, generation: i64) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute(
             "DELETE FROM generations WHERE golden = ?1 AND generation = ?2",
             params![name, generation],
@@ -312,7 +312,7 @@ impl Store {
     /// Records a sandbox in state `creating`, refusing past `max_sandboxes` or on a
     /// taken name.
     pub fn insert_sandbox(&mut self, sb: &mut Sandbox, max_sandboxes: usize) -> Result<()> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let count: i64 = tx.query_row("SELECT count(*) FROM sandboxes", [], |r| r.get(0))?;
         if count as usize >= max_sandboxes {
             return Err(Error::new(
@@ -428,7 +428,7 @@ impl Store {
     /// fork's name, labels, access and times, in state `creating`. None when the
     /// pool is empty.
     pub fn claim_pooled(&mut self, fork: &Sandbox) -> Result<Option<Sandbox>> {
-        let tx = self.conn.transaction()?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let id: Option<String> = tx
             .query_row(
                 "SELECT id FROM sandboxes WHERE golden = ?1 AND generation = ?2 AND state = 'pooled'

@@ -94,9 +94,39 @@ fn errors_are_json_with_code_message_and_hint() {
     }
 }
 
+/// Settings that would open a door are refused before anything listens: a
+/// TCP API whose token is empty or short (an empty one matched a request with
+/// no header at all), and metrics on an address other than loopback unless
+/// asked for by name.
+#[test]
+fn configuration_that_would_open_a_door_is_refused() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    for token in ["", "\n", "short-token"] {
+        let home = crate::harness::fresh_home(&crate::harness::plain_base());
+        std::fs::create_dir_all(&home).unwrap();
+        let file = home.join("token");
+        std::fs::write(&file, token).unwrap();
+        let mut d = Daemon::unstarted(home, &["--tcp", &addr, "--token-file", file.to_str().unwrap()]);
+        let said = d.serve_fails();
+        assert!(said.contains("invalid_request") && said.contains("at least 16"), "{token:?}: {said}");
+        assert!(std::net::TcpStream::connect(&addr).is_err(), "nothing listens on {addr}");
+    }
+    let mut d = Daemon::unstarted(
+        crate::harness::fresh_home(&crate::harness::plain_base()),
+        &["--metrics", "0.0.0.0:0"],
+    );
+    let said = d.serve_fails();
+    assert!(said.contains("--metrics-public"), "{said}");
+    let mut d =
+        Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), &["--tcp", &addr]);
+    let said = d.serve_fails();
+    assert!(said.contains("token"), "{said}");
+}
+
 #[test]
 fn tcp_needs_the_bearer_token() {
-    let (_d, addr) = Daemon::start_with_tcp("s3cret-token");
+    let (_d, addr) = Daemon::start_with_tcp("s3cret-token-of-the-harness");
     let tcp = |headers: &str| {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
         http(&mut s, "GET", "/v1/sandboxes", headers, "")
@@ -105,13 +135,13 @@ fn tcp_needs_the_bearer_token() {
     assert_eq!(status, 401);
     assert!(body.contains("unauthorized"));
     assert_eq!(tcp("Authorization: Bearer wrong\r\n").0, 401);
-    let (status, body) = tcp("Authorization: Bearer s3cret-token\r\n");
+    let (status, body) = tcp("Authorization: Bearer s3cret-token-of-the-harness\r\n");
     assert_eq!(status, 200, "{body}");
     assert_eq!(body, "[]");
     // The CLI reaches it too, with the token from the environment.
     let out = std::process::Command::new(crate::harness::BIN)
         .args(["--url", &addr, "ls", "--json"])
-        .env("AIRLOCK_TOKEN", "s3cret-token")
+        .env("AIRLOCK_TOKEN", "s3cret-token-of-the-harness")
         .env("AIRLOCK_HOME", "/nonexistent")
         .output()
         .unwrap();

@@ -325,3 +325,91 @@ fn psql_within_ok(url: &str) -> String {
     crate::harness::psql_within(url, "SELECT count(*) FROM orders", Duration::from_secs(5))
         .unwrap_or_else(|e| panic!("no answer: {e}"))
 }
+
+/// The attack on a shared volume, at the default settings (a 10 GiB allowance
+/// each) on a small Btrfs volume: one sandbox fills it with rows as fast as it
+/// can, a second with buffered writes from `exec` (which reach the free-space
+/// count only after writeback), while a neighbour commits throughout and four
+/// others sit idle. Only the fillers may see an error: the volume never fills,
+/// every neighbour's server keeps running and answering, and a fork that
+/// cannot be promised room says `disk_full` instead of taking a neighbour's.
+#[test]
+fn two_fillers_at_the_default_allowance_harm_no_neighbour() {
+    let Some(d) = on_volume("btrfs", "4G", &[]) else { return };
+    let doctor = d.json(&["doctor"]);
+    assert_eq!(doctor["disk_quota_per_sandbox"], true, "{doctor}");
+    assert!(
+        doctor["warnings"].to_string().contains("more than the"),
+        "a 10 GiB allowance on a 4 GiB volume is said plainly: {doctor}"
+    );
+    let reserve = doctor["disk_reserve_bytes"].as_u64().unwrap();
+    d.shop("shop");
+    let fast = d.fork("shop", &["--statement-timeout", "300s"]);
+    let buffered = d.fork("shop", &[]);
+    let neighbour = d.fork("shop", &[]);
+    let idle: Vec<serde_json::Value> = (0..4).map(|_| d.fork("shop", &[])).collect();
+    let idle_pids: Vec<i32> = idle.iter().map(|sb| d.postmaster_of(sb["id"].as_str().unwrap())).collect();
+    let volume = d.home.join("volume");
+    let (stop, done, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let least_free = AtomicU64::new(u64::MAX);
+    let (rows, written) = std::thread::scope(|s| {
+        s.spawn(|| commit_until(&dsn(&neighbour), &stop, &done, &failed));
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let st = nix::sys::statvfs::statvfs(&volume).unwrap();
+                least_free.fetch_min(st.blocks_available() * st.fragment_size(), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let rows = s.spawn(|| {
+            psql(
+                &dsn(&fast),
+                "CREATE TABLE big AS SELECT g, repeat(md5(g::text), 30) AS pad FROM generate_series(1, 5000000) g",
+            )
+        });
+        let id = buffered["id"].as_str().unwrap();
+        let written = d.exec(id, "dd if=/dev/zero of=blob bs=1M count=4000 2>&1; echo dd-exit=$?", "300s");
+        let rows = rows.join().unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        (rows, written)
+    });
+    let err = rows.expect_err("the fast filler wrote past what the volume holds");
+    assert!(err.contains("Disk quota exceeded") || err.contains("Check free disk space"), "{err}");
+    let out = written["stdout"].as_str().unwrap();
+    assert!(out.contains("Disk quota exceeded") && !out.contains("dd-exit=0"), "{out}");
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
+    assert!(done.load(Ordering::SeqCst) > 20, "the neighbour kept committing");
+    let least = least_free.load(Ordering::SeqCst);
+    eprintln!("least free: {} MiB; the fillers said: {err} / {out}", least >> 20);
+    assert!(least > 64 << 20, "the volume came down to {least} bytes free");
+    // And the fillers did fill it: all but the reserve and the neighbours'
+    // promises (five servers' floors and WALs) went to them.
+    assert!(least < reserve + (5 * 192 << 20) + (300 << 20), "the fillers stopped early: {least} bytes free");
+    for (sb, pid) in idle.iter().zip(&idle_pids) {
+        let id = sb["id"].as_str().unwrap();
+        assert_eq!(d.postmaster_of(id), *pid, "idle neighbour {id}'s server was restarted");
+        assert_eq!(sql(&dsn(sb), "SELECT count(*) FROM orders"), "1000");
+    }
+    assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
+    for sb in idle.iter().chain([&neighbour]) {
+        let log = std::fs::read_to_string(
+            d.home.join("volume/sandboxes").join(sb["id"].as_str().unwrap()).join("postgres.log"),
+        )
+        .unwrap_or_default();
+        assert!(!log.contains("PANIC") && !log.contains("No space left"), "{log}");
+    }
+    // With the volume promised away, a fork is told so and leaves nothing; once
+    // a filler goes, forks fit again.
+    let before = d.ids();
+    let (code, err) = d.fails(&["fork", "shop"]);
+    if code != 0 {
+        assert_eq!(err["code"], "disk_full", "{err}");
+        assert_eq!(code, 13);
+        assert_eq!(d.ids(), before, "nothing half-made");
+    }
+    d.ok(&["rm", fast["id"].as_str().unwrap()]);
+    d.ok(&["rm", buffered["id"].as_str().unwrap()]);
+    d.wait_for(Duration::from_secs(20), "a fork to fit again", || d.cli(&["fork", "shop"]).code == 0);
+}

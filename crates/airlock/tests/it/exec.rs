@@ -107,7 +107,7 @@ fn no_egress_from_exec_or_from_the_server() {
     if !nix::unistd::geteuid().is_root() {
         return;
     }
-    let (d, api) = Daemon::start_with_tcp("t0ken");
+    let (d, api) = Daemon::start_with_tcp("t0ken-of-the-exec-test");
     d.shop("shop");
     let id = d.fork("shop", &[])["id"].as_str().unwrap().to_owned();
     // Something else listening on the host's loopback.

@@ -30,6 +30,11 @@ pub fn plain_base() -> PathBuf {
     base
 }
 
+/// A number no other call in this test process gets.
+pub fn counter() -> u32 {
+    COUNTER.fetch_add(1, Ordering::SeqCst)
+}
+
 /// A fresh, unique directory name under `base`.
 pub fn fresh_home(base: &Path) -> PathBuf {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
@@ -569,12 +574,13 @@ fn parent(pid: i32) -> Option<i32> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Redis servers serving a socket under this data root.
+/// Redis servers serving a socket under this data root (its sandboxes' or
+/// its builds', as their servers see them).
 fn redis_servers_under(home: &Path) -> Vec<i32> {
-    let socket = format!("unixsocket:{}/", home.display());
-    pids()
+    let volume = home.join("volume");
+    airlock::redis::server::servers_under(&[volume.join("sandboxes"), volume.join("staging")])
         .into_iter()
-        .filter(|p| cmdline(*p).is_some_and(|c| c.contains("redis-server") && c.contains(&socket)))
+        .map(|(pid, _)| pid)
         .collect()
 }
 

@@ -474,6 +474,14 @@ fn a_hostile_source_gets_no_superuser_power_in_its_golden() {
     let out =
         d.cli_with(&["golden", "create", "shell", "--from-url", "-", "--json"], Some(&prod.dsn("shell")));
     assert_eq!(out.code, 7, "{out:?}");
+    // file_fdw itself is left out (it reads the server's files); named, the
+    // owner role still may not make a foreign table running a program.
+    assert!(out.stdout.contains("--allow-extension"), "{out:?}");
+    let out = d.cli_with(
+        &["golden", "create", "shell", "--from-url", "-", "--allow-extension", "file_fdw", "--json"],
+        Some(&prod.dsn("shell")),
+    );
+    assert_eq!(out.code, 7, "{out:?}");
     assert!(out.stdout.contains("only a superuser may create"), "{out:?}");
     script(
         &prod.dsn("postgres"),
@@ -821,4 +829,71 @@ fn settings_stored_for_the_database_or_a_role_never_reach_a_golden() {
     std::fs::write(&file, "SET search_path = public;\nCREATE TABLE public.t (id int);\n").unwrap();
     let out = d.cli(&["golden", "create", "plain", "--schema", file.to_str().unwrap(), "--json"]);
     assert_eq!(out.code, 0, "{out:?}");
+}
+
+/// A source's extensions that can reach outside a fork (other servers, the
+/// server's files, raw pages) are left out of its golden, each with a note;
+/// one the request names is installed, and even then reaches nothing of the
+/// host: a host socket anyone may connect to stays unreached from the fork.
+#[test]
+fn extensions_that_reach_outside_a_fork_are_left_out_unless_named_and_even_then_reach_nothing() {
+    let prod = Production::start("reaching");
+    script(
+        &prod.dsn("postgres"),
+        "CREATE DATABASE reaching;\n\\connect reaching\n\
+         CREATE EXTENSION dblink; CREATE EXTENSION postgres_fdw; CREATE EXTENSION pageinspect;\n\
+         CREATE EXTENSION pg_trgm; CREATE TABLE t (v text); INSERT INTO t VALUES ('kept');\n",
+    );
+    let d = Daemon::start(&[]);
+    let out =
+        d.cli_with(&["golden", "create", "plain", "--from-url", "-", "--json"], Some(&prod.dsn("reaching")));
+    assert_eq!(out.code, 0, "{out:?}");
+    let g: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let not_carried = g["generations"][0]["import"]["imported"]["not_carried"].to_string();
+    for name in ["dblink", "postgres_fdw", "pageinspect"] {
+        assert!(not_carried.contains(&format!("--allow-extension {name}")), "{name}: {not_carried}");
+    }
+    let agent = dsn(&d.fork("plain", &[]));
+    assert_eq!(
+        sql(&agent, "SELECT string_agg(extname, ',' ORDER BY extname) FROM pg_extension"),
+        "pg_trgm,plpgsql"
+    );
+    assert_eq!(sql(&agent, "SELECT v FROM t"), "kept");
+    // A bad name is refused before anything is built.
+    let (code, err) = d.fails(&[
+        "golden",
+        "create",
+        "bad",
+        "--from-url",
+        &prod.dsn("reaching"),
+        "--allow-extension",
+        "x;y",
+    ]);
+    assert_ne!(code, 0);
+    assert_eq!(err["code"], "invalid_request", "{err}");
+
+    // Named, it is installed; the fork still reaches no host socket through it.
+    let out = d.cli_with(
+        &["golden", "create", "linked", "--from-url", "-", "--allow-extension", "dblink", "--json"],
+        Some(&prod.dsn("reaching")),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let bait = std::path::PathBuf::from(format!("/run/airlock-dblink-{}", std::process::id()));
+    std::fs::create_dir_all(&bait).unwrap();
+    let socket = bait.join(".s.PGSQL.5432");
+    let _ = std::fs::remove_file(&socket);
+    let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let agent = dsn(&d.fork("linked", &[]));
+    assert_eq!(sql(&agent, "SELECT count(*) FROM pg_extension WHERE extname = 'dblink'"), "1");
+    if nix::unistd::geteuid().is_root() {
+        for host in [bait.display().to_string(), prod.dir.display().to_string()] {
+            let err = psql(&agent, &format!("SELECT dblink_connect('host={host} dbname=reaching user=postgres password=guess connect_timeout=2')"))
+                .expect_err("a host socket was reached");
+            assert!(err.contains("No such file or directory"), "{host}: {err}");
+        }
+        assert!(listener.accept().is_err(), "the host's socket was connected to");
+    }
+    let _ = std::fs::remove_dir_all(&bait);
 }

@@ -221,3 +221,76 @@ fn words_an_agent_logs_cannot_make_a_dead_server_look_like_a_full_disk() {
     let events = d.json(&["events", "--sandbox", &id]);
     assert!(events.to_string().contains("server_exited"), "{events}");
 }
+
+/// `promote`, `branch`, `reset`, `suspend` and `rm` on one sandbox (with a
+/// Redis beside its PostgreSQL), all at once, round after round: each ends in
+/// success or a clear error (never `internal`), and nothing is left over: no
+/// uid lease, directory, cgroup or process of a sandbox or build that is gone.
+#[test]
+fn racing_operations_on_one_sandbox_end_clearly_and_leak_nothing() {
+    let leases = crate::harness::fresh_home(&crate::harness::plain_base());
+    let d = Daemon::start(&["--lease-dir", leases.to_str().unwrap()]);
+    crate::redis::golden_with_redis(&d, "race");
+    for round in 0..6 {
+        let sb = d.fork("race", &[]);
+        let id = sb["id"].as_str().unwrap().to_owned();
+        let target = format!("promoted-{round}");
+        let runs: Vec<Vec<String>> = vec![
+            vec!["promote".into(), id.clone(), "--golden".into(), target.clone()],
+            vec!["branch".into(), id.clone()],
+            vec!["reset".into(), id.clone()],
+            vec!["suspend".into(), id.clone()],
+            vec!["rm".into(), id.clone()],
+        ];
+        let outs: Vec<(Vec<String>, crate::harness::Out)> = std::thread::scope(|s| {
+            let handles: Vec<_> = runs
+                .iter()
+                .enumerate()
+                .map(|(i, args)| {
+                    let d = &d;
+                    s.spawn(move || {
+                        // A different order each round.
+                        std::thread::sleep(Duration::from_millis(((i + round) % 5) as u64 * 15));
+                        let mut with_json: Vec<&str> = args.iter().map(String::as_str).collect();
+                        with_json.push("--json");
+                        (args.clone(), d.cli(&with_json))
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (args, out) in &outs {
+            if out.code != 0 {
+                assert!(
+                    ![1, 101].contains(&out.code) && !out.stdout.contains("\"internal\""),
+                    "{args:?} ended unclearly: {out:?}\n{}",
+                    d.log()
+                );
+            }
+        }
+        // Whatever is left is whole: every listed sandbox answers once awake.
+        for other in d.ids() {
+            if d.json(&["show", &other])["state"] == "suspended" {
+                let _ = d.cli(&["wake", &other]);
+            }
+            if d.json(&["show", &other])["state"] == "running" {
+                let url = d.ok(&["dsn", &other]).trim().to_owned();
+                assert_eq!(sql(&url, "SELECT count(*) FROM t"), "0", "{other}");
+            }
+            d.ok(&["rm", &other]);
+        }
+        let _ = d.cli(&["golden", "rm", &target, "--force"]);
+    }
+    // Nothing of any of them is left.
+    d.wait_for(Duration::from_secs(20), "every lease to be given back", || {
+        std::fs::read_dir(&leases).map(|r| r.count()).unwrap_or(0) == 0
+    });
+    assert!(d.sandbox_dirs().is_empty(), "{:?}", d.sandbox_dirs());
+    assert!(
+        std::fs::read_dir(d.home.join("volume/staging")).unwrap().next().is_none(),
+        "a build's files are left"
+    );
+    assert!(d.postmasters().is_empty(), "servers left: {:?}", d.postmasters());
+    drop(d);
+    let _ = std::fs::remove_dir_all(&leases);
+}

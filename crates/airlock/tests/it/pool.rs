@@ -176,3 +176,30 @@ fn shrinking_the_pool_never_takes_a_member_a_fork_just_claimed() {
     }
     assert_eq!(d.ids().len(), 4);
 }
+
+/// The state store is written by two processes (the daemon and the router).
+/// Two clients forking, querying through the router and deleting as fast as
+/// they can while the pool refills: every step succeeds (no `database is
+/// locked` for a transaction that read before it wrote), and the pool refills.
+#[test]
+fn fork_claim_and_delete_churn_from_two_clients_never_meets_a_locked_store() {
+    let d = Daemon::start(&["--pool-size", "2"]);
+    d.shop("shop");
+    pool_is(&d, "shop", 2);
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                for _ in 0..12 {
+                    let out = d.cli(&["fork", "shop", "--json"]);
+                    assert_eq!(out.code, 0, "{out:?}");
+                    let sb: Value = serde_json::from_str(&out.stdout).unwrap();
+                    assert_eq!(psql(&dsn(&sb), "SELECT count(*) FROM orders").as_deref(), Ok("1000"));
+                    let out = d.cli(&["rm", sb["id"].as_str().unwrap()]);
+                    assert_eq!(out.code, 0, "{out:?}");
+                }
+            });
+        }
+    });
+    pool_is(&d, "shop", 2);
+    assert!(!d.logs().contains("database is locked"), "{}", d.logs());
+}

@@ -33,7 +33,7 @@ fn redis_url(sb: &Value) -> String {
 }
 
 /// A golden with a small schema and a Redis part from a command file.
-fn golden_with_redis(d: &Daemon, name: &str) -> Value {
+pub(crate) fn golden_with_redis(d: &Daemon, name: &str) -> Value {
     let schema = d.home.join("schema.sql");
     std::fs::write(&schema, "CREATE TABLE t (id int);\n").unwrap();
     let seed = d.home.join("cache.redis");
@@ -106,7 +106,7 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
 
     // It runs as the sandbox's own unprivileged user, in a network namespace
     // of its own, listening on no TCP port.
-    let found = Command::new("pgrep").args(["-f", path_a]).output().unwrap();
+    let found = Command::new("pgrep").args(["-f", &seen(path_a)]).output().unwrap();
     let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
     assert!(!pid.is_empty() && !pid.contains('\n'), "one redis-server for the sandbox: {pid:?}");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -139,7 +139,7 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     let path_b = url_b.split_once('@').unwrap().1.to_owned();
     d.ok(&["rm", id_b]);
     assert!(!std::path::Path::new(&path_b).exists(), "the socket went with the sandbox");
-    let running = Command::new("pgrep").args(["-f", &path_b]).output().unwrap();
+    let running = Command::new("pgrep").args(["-f", &seen(&path_b)]).output().unwrap();
     assert!(running.stdout.is_empty(), "no redis-server is left for {path_b}");
 }
 
@@ -185,7 +185,7 @@ fn suspend_wake_branch_and_the_pool_carry_a_sandboxs_redis() {
     assert_eq!(redis(&url, &["SET", "progress", "step 3"]), "OK");
     d.ok(&["suspend", id]);
     let path = url.split_once('@').unwrap().1;
-    let running = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    let running = Command::new("pgrep").args(["-f", &seen(path)]).output().unwrap();
     assert!(running.stdout.is_empty(), "its Redis stopped with it");
     d.ok(&["wake", id]);
     assert_eq!(redis(&url, &["GET", "progress"]), "step 3");
@@ -621,7 +621,7 @@ fn a_dead_redis_comes_back_and_a_golden_cannot_outgrow_a_forks_ceiling() {
     let (id, url) = (a["id"].as_str().unwrap(), redis_url(&a));
     // Its Redis killed (as its memory cgroup would): the reaper starts it again.
     let path = url.split_once('@').unwrap().1;
-    let found = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    let found = Command::new("pgrep").args(["-f", &seen(path)]).output().unwrap();
     let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
     Command::new("kill").args(["-9", &pid]).status().unwrap();
     d.wait_for(std::time::Duration::from_secs(20), "its Redis to come back", || {
@@ -697,10 +697,18 @@ fn a_listener_planted_at_a_sandboxs_redis_socket_gets_no_credential() {
     );
 }
 
+/// A sandbox's Redis socket as its server names it in its command line: a
+/// contained server sees its instance directory under a path of its own, so
+/// from the sandbox's id on.
+fn seen(socket: &str) -> String {
+    let parts: Vec<&str> = socket.rsplitn(4, '/').collect();
+    format!("/{}/{}/{}", parts[2], parts[1], parts[0])
+}
+
 /// The pid of the `redis-server` serving socket URL `url`.
 fn redis_pid(url: &str) -> Option<String> {
     let path = url.split_once('@').unwrap().1;
-    let found = Command::new("pgrep").args(["-f", path]).output().unwrap();
+    let found = Command::new("pgrep").args(["-f", &seen(path)]).output().unwrap();
     let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
     (!pid.is_empty()).then_some(pid)
 }
@@ -936,4 +944,44 @@ fn a_redis_stuck_in_one_call_is_stopped_and_its_log_stays_bounded() {
     });
     stuck.wait().unwrap();
     assert_ne!(redis_pid(&url), Some(pid));
+}
+
+/// Whatever a client of a sandbox's Redis may ask it (its configuration, every
+/// section of its info, its clients, its commands' own docs), no answer names
+/// a path of the host; and no command forks a copy of the server out of the
+/// script watch's reach.
+#[test]
+fn a_sandboxs_redis_names_nothing_of_the_host_and_forks_no_copy_of_itself() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "paths");
+    let a = d.fork("paths", &[]);
+    let (id, url) = (a["id"].as_str().unwrap(), redis_url(&a));
+    let home = d.home.display().to_string();
+    let volume = d.home.parent().unwrap().display().to_string();
+    let mut said = String::new();
+    for command in [
+        vec!["CONFIG", "GET", "*"],
+        vec!["INFO", "everything"],
+        vec!["CLIENT", "LIST"],
+        vec!["CLIENT", "INFO"],
+        vec!["MEMORY", "DOCTOR"],
+        vec!["LATENCY", "DOCTOR"],
+        vec!["SLOWLOG", "GET"],
+        vec!["ACL", "WHOAMI"],
+    ] {
+        let answer = redis(&url, &command);
+        let through_tool = tool(&d, id, "run_redis", serde_json::json!({"command": command})).to_string();
+        said.push_str(&format!("{command:?}: {answer}\n{through_tool}\n"));
+    }
+    for host in [home.as_str(), volume.as_str(), "/var/lib", "sandboxes/", "staging/"] {
+        assert!(!said.contains(host), "{host} is named:\n{said}");
+    }
+    assert!(said.contains("maxmemory"), "the configuration was read: {said}");
+    let listed = redis(&url, &["CONFIG", "GET", "dir"]);
+    assert!(listed.contains("/airlock/") && listed.contains(id), "{listed}");
+    // A debugging session forks the server: refused.
+    let debug = redis(&url, &["SCRIPT", "DEBUG", "YES"]);
+    assert!(debug.contains("NOPERM"), "{debug}");
+    let r = tool(&d, id, "run_redis", serde_json::json!({"command": ["SCRIPT", "DEBUG", "SYNC"]}));
+    assert_eq!(r["is_error"], true, "{r}");
 }

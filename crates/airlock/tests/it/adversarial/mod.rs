@@ -5,8 +5,9 @@
 //! the daemon's admin work on what the agent planted (`admin`), root's file
 //! work on the sandbox's files (`files`), limits (`limits`), read-only mode
 //! (`readonly`), what leaks or outlives a tenant (`leaks`), what is shared
-//! with the whole host, the daemon included (`host`), and what the daemon
-//! reports about a sandbox (`reports`).
+//! with the whole host, the daemon included (`host`), what the daemon
+//! reports about a sandbox (`reports`), and what agent code sees of the host
+//! (`view`).
 
 mod admin;
 mod files;
@@ -16,6 +17,7 @@ mod limits;
 mod readonly;
 mod reports;
 mod router;
+mod view;
 
 use serde_json::Value;
 

@@ -200,3 +200,38 @@ fn objects_cannot_be_hidden_inside_an_extension() {
     let text = changes(&s);
     assert!(text.contains("stash") && text.contains("hidden"), "{text}");
 }
+
+/// Names are kept as PostgreSQL quotes them, so no two objects can merge in a
+/// report: a table `c` in a schema `a.b` and a table `b.c` in a schema `a`
+/// would both be `a.b.c` joined bare.
+#[test]
+fn objects_whose_names_join_alike_are_never_merged() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "dots",
+        r#"CREATE SCHEMA "a.b"; CREATE SCHEMA a;
+           CREATE TABLE "a.b".c (n int); CREATE TABLE a."b.c" (n int);
+           CREATE TABLE public."Mixed" (n int);"#,
+        r#"INSERT INTO "a.b".c SELECT generate_series(1, 3);
+           INSERT INTO a."b.c" SELECT generate_series(1, 5);
+           INSERT INTO public."Mixed" VALUES (1);"#,
+    );
+    let sb = d.fork("dots", &[]);
+    let id = sb["id"].as_str().unwrap();
+    sql(&crate::harness::dsn(&sb), r#"DELETE FROM "a.b".c"#);
+    let tool = |name: &str| {
+        let (status, body) = d.api("POST", &format!("/v1/sandboxes/{id}/tools/{name}"), "{}");
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["text"].as_str().unwrap().to_owned()
+    };
+    let described = tool("describe_schema");
+    assert!(described.contains(r#""a.b".c (table, 0 rows)"#), "{described}");
+    assert!(described.contains(r#"a."b.c" (table, 5 rows)"#), "{described}");
+    assert!(
+        described.contains(r#""Mixed" (table, 1 rows)"#) || described.contains(r#""Mixed" (table, 1 row)"#),
+        "{described}"
+    );
+    let changed = tool("changes_since_fork");
+    assert!(changed.contains(r#""a.b".c: 3 -> 0 rows"#), "{changed}");
+    assert!(!changed.contains(r#"a."b.c""#), "the other table did not change: {changed}");
+}

@@ -158,3 +158,39 @@ fn a_newer_minor_protocol_version_is_answered_with_3_0() {
     assert_eq!(session.query("SELECT 1").unwrap(), vec![vec![Some("1".to_owned())]]);
     s.untouched();
 }
+
+/// Anyone who knows a sandbox's name can start logins and never finish them.
+/// A flood of those, from one address or from many, holds nothing its owner
+/// needs: the owner, from an address of its own, connects at once, every time.
+#[test]
+fn a_flood_of_unfinished_logins_does_not_slow_the_owner() {
+    let s = Scene::new();
+    let packet = crate::wire::startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let router: std::net::SocketAddr = s.router().parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let mut held = Vec::new();
+    // Forty from one address, and eight from each of eight others.
+    let sources: Vec<(u8, usize)> = std::iter::once((2u8, 40)).chain((3..11).map(|a| (a, 8))).collect();
+    for (last, count) in sources {
+        for _ in 0..count {
+            let connected = runtime.block_on(async {
+                let socket = tokio::net::TcpSocket::new_v4()?;
+                socket.bind(format!("127.0.0.{last}:0").parse().unwrap())?;
+                socket.connect(router).await?.into_std()
+            });
+            if let Ok(mut c) = connected {
+                c.set_nonblocking(false).unwrap();
+                use std::io::Write;
+                let _ = c.write_all(&packet);
+                held.push(c);
+            }
+        }
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    for _ in 0..5 {
+        let answered = crate::harness::psql_within(&s.agent, "SELECT 1", std::time::Duration::from_secs(4));
+        assert_eq!(answered.as_deref(), Ok("1"), "the owner was held up by the flood");
+    }
+    drop(held);
+    s.untouched();
+}

@@ -1,0 +1,14 @@
+//! Facts about host processes, read from `/proc`.
+
+/// The parent of process `pid`, if it still runs.
+pub fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces and parentheses itself.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The effective uid of process `pid`, from the owner of its `/proc` entry.
+pub fn owner(pid: i32) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
+}
