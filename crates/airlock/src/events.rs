@@ -265,3 +265,43 @@ pub struct NewEvent {
     /// The door it came through; the current task's ([`Door::current`]) if unset.
     pub door: Option<Door>,
 }
+
+/// Tool calls that ended, and those of them whose `tool_call` record was
+/// written: a call that ends without its record (cut short, say) shows in the
+/// audit's completeness. Counted for this daemon since it started.
+#[derive(Debug, Default)]
+pub struct ToolCalls {
+    ended: std::sync::atomic::AtomicU64,
+    recorded: std::sync::atomic::AtomicU64,
+}
+
+/// The daemon's count of tool calls ([`ToolCalls`]).
+pub static TOOL_CALLS: ToolCalls =
+    ToolCalls { ended: std::sync::atomic::AtomicU64::new(0), recorded: std::sync::atomic::AtomicU64::new(0) };
+
+impl ToolCalls {
+    /// A call begins; it counts as ended when the guard drops, whatever happens.
+    pub fn begin(&'static self) -> ToolCallGuard {
+        ToolCallGuard(self)
+    }
+
+    /// A call's record was written.
+    pub fn recorded(&self) {
+        self.recorded.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Calls that ended without their record.
+    pub fn unrecorded(&self) -> u64 {
+        let ended = self.ended.load(std::sync::atomic::Ordering::SeqCst);
+        ended.saturating_sub(self.recorded.load(std::sync::atomic::Ordering::SeqCst))
+    }
+}
+
+/// One tool call under way.
+pub struct ToolCallGuard(&'static ToolCalls);
+
+impl Drop for ToolCallGuard {
+    fn drop(&mut self) {
+        self.0.ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}

@@ -527,6 +527,31 @@ fn qualified(schema: String, name: String) -> String {
     format!("{schema}.{name}")
 }
 
+/// The schema and name of a qualified name as [`qualified`] makes them (either
+/// part may be quoted, `""` inside a quoted part being one `"`), unquoted; a
+/// name with no schema is `public`'s.
+pub fn split_qualified(name: &str) -> (String, String) {
+    let mut parts = Vec::new();
+    let mut part = String::new();
+    let mut chars = name.chars().peekable();
+    let mut quoted = false;
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                part.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            '.' if !quoted && parts.is_empty() => parts.push(std::mem::take(&mut part)),
+            c => part.push(c),
+        }
+    }
+    match parts.pop() {
+        Some(schema) => (schema, part),
+        None => ("public".into(), part),
+    }
+}
+
 /// An identifier quoted for SQL.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -535,6 +560,20 @@ pub fn quote_ident(name: &str) -> String {
 /// A name without its `public.` schema, as people write it.
 pub fn short_name(name: &str) -> &str {
     name.strip_prefix("public.").unwrap_or(name)
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::split_qualified;
+
+    #[test]
+    fn qualified_names_split_back_into_their_parts() {
+        assert_eq!(split_qualified("public.orders"), ("public".into(), "orders".into()));
+        assert_eq!(split_qualified("\"a.b\".c"), ("a.b".into(), "c".into()));
+        assert_eq!(split_qualified("a.\"b.c\""), ("a".into(), "b.c".into()));
+        assert_eq!(split_qualified("\"x\"\"y\".\"Z\""), ("x\"y".into(), "Z".into()));
+        assert_eq!(split_qualified("orders"), ("public".into(), "orders".into()));
+    }
 }
 
 #[cfg(test)]

@@ -161,6 +161,7 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(15 * 60
 /// answers an error and is on record all the same.
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     use futures_util::FutureExt;
+    let _counted = crate::events::TOOL_CALLS.begin();
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
     let work = std::panic::AssertUnwindSafe(dispatch(engine, key, tool, args, &mut detail)).catch_unwind();
@@ -207,6 +208,7 @@ pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via
         door: Some(via.door()),
         ..Default::default()
     })?;
+    crate::events::TOOL_CALLS.recorded();
     outcome
 }
 

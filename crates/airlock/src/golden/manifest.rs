@@ -107,11 +107,11 @@ impl Exclusions {
 
     /// Whether the table (or other object) `schema.name` is left out.
     pub fn leaves_out(&self, qualified: &str) -> bool {
-        let (schema, name) = qualified.split_once('.').unwrap_or(("public", qualified));
-        self.schemas.iter().any(|p| glob(p, schema))
+        let (schema, name) = crate::catalog::split_qualified(qualified);
+        self.schemas.iter().any(|p| glob(p, &schema))
             || self.tables.iter().any(|p| match p.split_once('.') {
-                Some((ps, pn)) => glob(ps, schema) && glob(pn, name),
-                None => glob(p, name),
+                Some((ps, pn)) => glob(ps, &schema) && glob(pn, &name),
+                None => glob(p, &name),
             })
     }
 }

@@ -151,12 +151,8 @@ impl SourceSession {
             if table.kind == "foreign table" || skip(name) {
                 continue;
             }
-            let (schema, relation) = name.split_once('.').unwrap_or(("public", name));
-            let sql = format!(
-                "SELECT count(*) FROM ONLY {}.{}",
-                catalog::quote_ident(schema),
-                catalog::quote_ident(relation)
-            );
+            // Catalog names are as PostgreSQL quotes them: SQL already.
+            let sql = format!("SELECT count(*) FROM ONLY {name}");
             let n: i64 = c.query_one(&sql, &[]).await.map_err(failed)?.cell(0)?;
             facts.rows.insert(name.clone(), n);
         }

@@ -82,9 +82,12 @@ struct Seen {
 }
 
 impl Seen {
-    /// Events checked that have their record, over all checked (1 before any).
+    /// Events checked that have their record, over all checked, tool calls
+    /// that ended without their record counted among those without (1
+    /// before any).
     fn completeness(&self) -> f64 {
-        let checked = self.with_record + self.without_record;
+        let without = self.without_record + crate::events::TOOL_CALLS.unrecorded();
+        let checked = self.with_record + without;
         if checked == 0 {
             1.0
         } else {
@@ -339,6 +342,11 @@ impl Metrics {
             "audit_completeness_ratio",
             "Events checked that have their audit record, over all events checked (target 1)",
             gauge(seen.completeness()),
+        );
+        registry.register(
+            "tool_calls_unrecorded",
+            "Tool calls that ended without their audit record (target 0)",
+            gauge(crate::events::TOOL_CALLS.unrecorded() as f64),
         );
         registry.register(
             "audit_events_checked",

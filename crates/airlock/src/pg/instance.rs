@@ -362,6 +362,12 @@ pub fn start(
     let guard_path = guard;
     let guard = guard.map(setting_path).transpose()?.unwrap_or_default();
     cmd.arg("-c").arg(format!("shared_preload_libraries={guard}"));
+    // A build (the one server without the guard) vacuums and analyses itself,
+    // as the owner role: no autovacuum worker, a superuser's session, runs a
+    // promoted sandbox's index expressions there.
+    if guard_path.is_none() {
+        cmd.arg("-c").arg("autovacuum=off");
+    }
     if let Some(group) = socket_group {
         cmd.arg("-c").arg(format!("unix_socket_group={group}"));
         cmd.arg("-c").arg("unix_socket_permissions=0770");

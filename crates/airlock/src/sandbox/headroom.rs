@@ -132,6 +132,7 @@ impl Headroom {
         let usage =
             group.usage().map_err(|e| Error::io(format!("reading the quota of {}", dir.display()), &e))?;
         let limit = usage.charged().saturating_add(floor(engine)).min(allowance(engine, &usage));
+        tracing::debug!(dir = %dir.display(), limit, "a sandbox's first promise");
         crate::storage::btrfs::limit(dir, limit)
             .map_err(|e| Error::io(format!("limiting {}", dir.display()), &e))
     }
@@ -144,6 +145,7 @@ impl Headroom {
         }
         let dir = engine.layout.sandbox(id);
         if let Ok(usage) = Qgroup::of(&dir).and_then(|g| g.usage()) {
+            tracing::debug!(sandbox = %id, limit = usage.charged() + (1 << 20), "a suspended sandbox's promise withdrawn");
             let _ = crate::storage::btrfs::limit(&dir, usage.charged() + (1 << 20));
         }
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
@@ -307,6 +309,7 @@ impl Headroom {
             // A limit changed only when it moves by a megabyte or more (each
             // change is a Btrfs transaction), or when it is taken back.
             if r.data.limit.abs_diff(limit) >= 1 << 20 || limit < r.data.limit {
+                tracing::debug!(sandbox = %r.id, limit, was = r.data.limit, "balancing a sandbox's headroom");
                 let dir = engine.layout.sandbox(&r.id);
                 if let Err(e) = crate::storage::btrfs::limit(&dir, limit) {
                     tracing::debug!(sandbox = %r.id, error = %e, "could not set a sandbox's disk headroom");

@@ -152,8 +152,55 @@ fn vol_args(name: &[u8]) -> io::Result<VolArgs> {
 }
 
 /// Limits what the subvolume at `path` may own to `bytes` (`u64::MAX`: no limit).
+///
+/// The limit is set through the filesystem's top-level subvolume, never the
+/// subvolume itself: Btrfs refuses a change made through a subvolume that is
+/// over its limit (its count runs behind its writes, so one can be, for a
+/// moment), and that refusal would keep even the limit's removal, and so the
+/// sandbox's deletion, from happening.
 pub fn limit(path: &Path, bytes: u64) -> io::Result<()> {
-    limit_at(File::open(path)?.as_fd(), bytes)
+    let dir = File::open(path)?;
+    if nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
+        return Err(io::Error::other("not the top of a subvolume"));
+    }
+    let id = tree_of(dir.as_fd())?;
+    // The nearest directory above it in the top-level subvolume.
+    let mut above = path.parent();
+    while let Some(candidate) = above {
+        let holder = File::open(candidate)?;
+        if tree_of(holder.as_fd())? == TOP_LEVEL_TREE {
+            return limit_qgroup(holder.as_fd(), id, bytes);
+        }
+        above = candidate.parent();
+    }
+    Err(io::Error::other(format!("{} is not below Btrfs's top-level subvolume", path.display())))
+}
+
+/// The id of the subvolume (tree) `dir` is in.
+fn tree_of(dir: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut lookup = InoLookupArgs { treeid: 0, objectid: SUBVOLUME_TOP_INODE, name: [0; 4080] };
+    // SAFETY: a properly laid out btrfs_ioctl_ino_lookup_args that lives for the call.
+    unsafe { ino_lookup(dir.as_raw_fd(), &mut lookup) }.map_err(errno)?;
+    Ok(lookup.treeid)
+}
+
+/// Btrfs's top-level subvolume (`BTRFS_FS_TREE_OBJECTID`).
+const TOP_LEVEL_TREE: u64 = 5;
+
+/// Sets quota group `qgroup`'s limit through the descriptor `through`.
+fn limit_qgroup(through: BorrowedFd<'_>, qgroup: u64, bytes: u64) -> io::Result<()> {
+    let mut args = QgroupLimitArgs {
+        qgroup_id: qgroup,
+        limit: QgroupLimit {
+            flags: LIMIT_MAX_EXCLUSIVE,
+            max_referenced: 0,
+            max_exclusive: bytes,
+            reserved_referenced: 0,
+            reserved_exclusive: 0,
+        },
+    };
+    // SAFETY: as above, for btrfs_ioctl_qgroup_limit_args.
+    unsafe { qgroup_limit(through.as_raw_fd(), &mut args) }.map(|_| ()).map_err(errno)
 }
 
 /// Limits what the subvolume `dir` (a descriptor of its top directory) may
@@ -164,19 +211,8 @@ pub fn limit_at(dir: BorrowedFd<'_>, bytes: u64) -> io::Result<()> {
     if nix::sys::stat::fstat(dir).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
         return Err(io::Error::other("not the top of a subvolume"));
     }
-    let mut args = QgroupLimitArgs {
-        // 0: the subvolume the descriptor is in.
-        qgroup_id: 0,
-        limit: QgroupLimit {
-            flags: LIMIT_MAX_EXCLUSIVE,
-            max_referenced: 0,
-            max_exclusive: bytes,
-            reserved_referenced: 0,
-            reserved_exclusive: 0,
-        },
-    };
-    // SAFETY: as above, for btrfs_ioctl_qgroup_limit_args.
-    unsafe { qgroup_limit(dir.as_raw_fd(), &mut args) }.map(|_| ()).map_err(errno)
+    // 0: the subvolume the descriptor is in (just made, so under any limit).
+    limit_qgroup(dir, 0, bytes)
 }
 
 /// One subvolume's quota group as the kernel counts it now.
@@ -220,17 +256,13 @@ impl Qgroup {
         if nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
             return Err(io::Error::other(format!("{} is not the top of a subvolume", path.display())));
         }
-        let mut lookup = InoLookupArgs { treeid: 0, objectid: SUBVOLUME_TOP_INODE, name: [0; 4080] };
-        // SAFETY: a properly laid out btrfs_ioctl_ino_lookup_args that lives for the call.
-        unsafe { ino_lookup(dir.as_raw_fd(), &mut lookup) }.map_err(errno)?;
+        let tree = tree_of(dir.as_fd())?;
         let mut info = FsInfoArgs { max_id: 0, num_devices: 0, fsid: [0; 16], rest: [0; 1024 - 32] };
         // SAFETY: as above, for btrfs_ioctl_fs_info_args.
         unsafe { fs_info(dir.as_raw_fd(), &mut info) }.map_err(errno)?;
         let hex = crate::secret::hex(&info.fsid);
         let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
-        Ok(Qgroup {
-            dir: Path::new("/sys/fs/btrfs").join(uuid).join("qgroups").join(format!("0_{}", lookup.treeid)),
-        })
+        Ok(Qgroup { dir: Path::new("/sys/fs/btrfs").join(uuid).join("qgroups").join(format!("0_{tree}")) })
     }
 
     /// What it holds and may hold, now.

@@ -236,3 +236,30 @@ fn a_comment_cannot_hide_statements_from_a_migration_report() {
     assert!(kinds.contains(&"long_lock"), "{kinds:?}");
     s.untouched();
 }
+
+/// A promotion's VACUUM and ANALYZE run the agent's index expressions and the
+/// schema hash's pg_dump reads what it made: in a session of the owner role,
+/// logged in as itself, never a superuser's (where security-restricted
+/// operation would be all that stood in the way). An expression that fails
+/// whenever its session is a superuser's lets the promotion through.
+#[test]
+fn a_promotions_own_work_runs_no_agent_code_in_a_superusers_session() {
+    let s = Scene::new();
+    sql(
+        &s.agent,
+        "CREATE FUNCTION watch(int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+         BEGIN
+           IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = session_user) THEN
+             RAISE EXCEPTION 'ran in a superuser session (%)', session_user;
+           END IF;
+           RETURN $1;
+         END $$;
+         CREATE TABLE watched (n int); INSERT INTO watched SELECT generate_series(1, 100);
+         CREATE INDEX ON watched ((watch(n)));",
+    );
+    let out = s.d.cli(&["promote", &s.id, "--golden", "watched", "--json"]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let fork = crate::harness::dsn(&s.d.fork("watched", &[]));
+    assert_eq!(sql(&fork, "SELECT count(*) FROM watched WHERE watch(n) > 0"), "100");
+    s.untouched();
+}

@@ -7,9 +7,10 @@
 //! (`readonly`), what leaks or outlives a tenant (`leaks`), what is shared
 //! with the whole host, the daemon included (`host`), what the daemon
 //! reports about a sandbox (`reports`), and what agent code sees of the host
-//! (`view`).
+//! (`view`), and requests that must answer whatever the agent shaped (`answers`).
 
 mod admin;
+mod answers;
 mod files;
 mod host;
 mod leaks;
