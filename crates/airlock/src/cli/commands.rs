@@ -62,6 +62,11 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                     )
                 }
             });
+            if !json {
+                for warning in &report.warnings {
+                    eprintln!("warning: {warning}");
+                }
+            }
             Ok(0)
         }
         Command::Daemon(DaemonCommand::Stop { with_router }) => {
@@ -441,6 +446,14 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             )
         })?),
     };
+    if let Some(addr) = config.gateway.filter(|a| !a.ip().is_loopback() && !args.gateway_public) {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("--gateway {addr} is not a loopback address, and the gateway speaks plain HTTP"),
+            "serve it on 127.0.0.1 (agents on the host reach it there), or put TLS in front and pass \
+             --gateway-public to accept connections from anyone who can reach that address",
+        ));
+    }
     config.router = crate::router::RouterConfig {
         listen: match args.router.as_str() {
             "off" => None,

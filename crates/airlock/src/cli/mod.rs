@@ -286,6 +286,10 @@ struct ServeArgs {
     /// goldens and the fleet's state to anyone who can reach it, with no token).
     #[arg(long, env = "AIRLOCK_METRICS_PUBLIC")]
     metrics_public: bool,
+    /// Let --gateway listen on an address other than loopback (its clients'
+    /// tokens then cross the network in plain HTTP: put TLS in front).
+    #[arg(long, env = "AIRLOCK_GATEWAY_PUBLIC")]
+    gateway_public: bool,
     /// Flush every audit record to disk before going on (survives a power cut).
     #[arg(long, env = "AIRLOCK_AUDIT_FSYNC")]
     audit_fsync: bool,

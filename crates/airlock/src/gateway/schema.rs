@@ -110,13 +110,33 @@ pub struct RowChange {
 const COUNT_PER_TABLE: Duration = Duration::from_secs(2);
 const COUNT_BUDGET: Duration = Duration::from_secs(10);
 
+/// How long a catalog read waits for a lock the agent's own sessions hold
+/// (an open transaction's `ALTER TABLE`, say) before the tool says so.
+const LOCK_WAIT_MS: u32 = 3000;
+
 async fn admin(engine: &Engine, sb: &Sandbox) -> Result<Admin> {
-    Admin::connect(&engine.layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default())
+    let admin = Admin::connect(&engine.layout.sandbox_instance(&sb.id), DATABASE, sb.pid.unwrap_or_default())
         .await
         .map_err(|e| {
             tracing::warn!(sandbox = %sb.id, error = %e, "catalog session refused");
             super::sql::unanswered(sb)
-        })
+        })?;
+    admin.execute(&format!("SET lock_timeout = {LOCK_WAIT_MS}")).await?;
+    Ok(admin)
+}
+
+/// A catalog read that waited out [`LOCK_WAIT_MS`] on the agent's own lock
+/// is the agent's to release, not a failure of the tool.
+fn locked(e: Error) -> Error {
+    if !e.message.contains("lock timeout") {
+        return e;
+    }
+    Error::new(
+        ErrorCode::InvalidRequest,
+        "the sandbox's own session holds a lock on what the schema read needs (an open transaction that \
+         changed a table, say)",
+        "commit or roll back that transaction, then ask again",
+    )
 }
 
 /// Describes a sandbox's schema, or one table of it.
@@ -131,7 +151,7 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
         return Ok(Schema { catalog: Catalog::default(), rows: BTreeMap::new(), text, redis });
     }
     let admin = admin(engine, &sb).await?;
-    let mut catalog = catalog::read(admin.client()).await?;
+    let mut catalog = catalog::read(admin.client()).await.map_err(locked)?;
     // Kept for comparisons; a digest tells a model nothing.
     catalog.objects = None;
     if let Some(wanted) = table {
@@ -183,15 +203,15 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     }
     let golden = Snapshot::load(&engine.layout.golden_generation(&sb.golden, sb.generation))?;
     let admin = admin(engine, &sb).await?;
-    let now = catalog::read(admin.client()).await?;
+    let now = catalog::read(admin.client()).await.map_err(locked)?;
     let dir = engine.layout.sandbox_instance(&sb.id);
     let rows =
         catalog::count_rows(&dir, sb.pid.unwrap_or_default(), &now, COUNT_PER_TABLE, COUNT_BUDGET).await;
-    let activity = catalog::attempted_and_committed(admin.client()).await?;
+    let activity = catalog::attempted_and_committed(admin.client()).await.map_err(locked)?;
     let golden_pgdata = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
-    let rewritten = catalog::rewritten(admin.client(), &golden_pgdata).await?;
+    let rewritten = catalog::rewritten(admin.client(), &golden_pgdata).await.map_err(locked)?;
     let mut caveats = Vec::new();
-    if catalog::counters_lost(admin.client()).await? {
+    if catalog::counters_lost(admin.client()).await.map_err(locked)? {
         caveats.push(COUNTERS_LOST.to_owned());
     }
     if golden.catalog.objects.is_none() {

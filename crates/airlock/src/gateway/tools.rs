@@ -24,6 +24,8 @@ pub const RESET_DATABASE: &str = "reset_database";
 pub const CHANGES_SINCE_FORK: &str = "changes_since_fork";
 /// Tests a migration on a fresh fork of the same golden and reports its hazards.
 pub const TEST_MIGRATION: &str = "test_migration";
+/// The most statements one `test_migration` call takes.
+pub const MIGRATION_STATEMENTS: usize = 500;
 
 /// Every tool's name.
 pub const ALL: [&str; 6] =
@@ -302,6 +304,18 @@ async fn dispatch(
                 )
             })?;
             detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
+            // Each statement is tested on a fork at scale: a model's file of
+            // thousands would hold a test (and a fork) for many minutes.
+            let statements = crate::migrate::split::split(sql)?.len();
+            if statements > MIGRATION_STATEMENTS {
+                return Err(invalid(
+                    format!(
+                        "the migration has {statements} statements; test_migration takes at most \
+                         {MIGRATION_STATEMENTS}"
+                    ),
+                    "test it in parts, or run it through `airlock migrate test`, which has no such cap",
+                ));
+            }
             let sb = engine.store().sandbox(key)?;
             // Each test takes a fork: one at a time per agent, and each statement
             // bounded by the agent's own statement timeout, so an agent cannot tie

@@ -45,7 +45,16 @@ pub async fn build(
     let root = engine.layout.staging().join(format!("{name}-{generation}-{tag}"));
     let work = engine.layout.staging().join(format!("{name}-{generation}-{tag}.work"));
     let dir = InstanceDir { root: root.clone() };
-    let builder = Builder::new(engine, source, &tag)?;
+    // The build writes on the sandboxes' volume: it is held to a promise
+    // like theirs, so it cannot take a neighbour's headroom.
+    let promise = engine.headroom.build(engine, &root)?;
+    let builder = match Builder::new(engine, source, &tag) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = engine.cloner.remove_tree(&root);
+            return Err(e);
+        }
+    };
     let mut result = match &postgres {
         Some(postgres) => {
             build_in(engine, postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await
@@ -102,10 +111,14 @@ pub async fn build(
     let manifest = match result {
         Ok(m) => m,
         Err(e) => {
-            let _ = std::fs::remove_dir_all(&root);
-            return Err(e);
+            let log = storage::tree::read_tail(&dir.log(), 16 << 10).unwrap_or_default();
+            let spent = promise.spent();
+            let _ = engine.cloner.remove_tree(&root);
+            return Err(super::disk_full_if_so(e, &log, spent));
         }
     };
+    // A golden is never limited: its forks' writes are theirs.
+    drop(promise);
     let target = engine.layout.golden_generation(name, generation);
     let placed = (|| -> std::io::Result<()> {
         if engine.daemon_user.is_root() {
@@ -116,7 +129,7 @@ pub async fn build(
         std::fs::rename(&root, &target)
     })();
     if let Err(e) = placed {
-        let _ = std::fs::remove_dir_all(&root);
+        let _ = engine.cloner.remove_tree(&root);
         return Err(e.into());
     }
     Ok(manifest)

@@ -441,3 +441,20 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
     }
     Ok(golden)
 }
+
+/// A build that failed because its writes met the volume's spare room (its
+/// promise) or a full disk is `disk_full`, whatever step said so (its error,
+/// its server's log, or its promise spent: a server that could not write its
+/// WAL is gone before it can tell its client): the operator frees room and builds again.
+fn disk_full_if_so(e: Error, server_log: &str, spent: bool) -> Error {
+    let said = |text: &str| crate::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w));
+    let said = spent || said(&e.message) || said(server_log) || e.message.contains("53100");
+    if e.code == ErrorCode::DiskFull || !said {
+        return e;
+    }
+    Error::new(
+        ErrorCode::DiskFull,
+        format!("the build ran out of room on the volume: {}", e.message),
+        "delete or suspend sandboxes you no longer need, or give the volume more space, and build again",
+    )
+}

@@ -172,9 +172,12 @@ fn watch_servers(engine: &Arc<Engine>) {
         // full volume the server may not have been able to write its last words
         // (a red-team round lost a neighbour so), and the agent can write any
         // words there. Kept by mistake, a sandbox costs a suspend; deleted by
-        // mistake, its data.
+        // mistake, its data. A server that stopped at its own limit (its
+        // WAL's, say, under a bulk load) is kept so too: the agent learns
+        // what happened and a reset or wake gives it back.
         let log = engine.layout.sandbox(&sb.id).join("postgres.log");
-        let volume_full = crate::sandbox::capacity::volume_free(engine) < VOLUME_FULL_BELOW;
+        let volume_full = crate::sandbox::capacity::volume_free(engine) < VOLUME_FULL_BELOW
+            || engine.headroom.at_its_limit(engine, &sb.id);
         if sb.state == SandboxState::Running && volume_full {
             if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {
                 tracing::warn!(sandbox = %sb.id, "its server stopped at a full disk; kept suspended");

@@ -28,6 +28,7 @@
 //! the daemon runs or not.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::engine::Engine;
@@ -55,6 +56,42 @@ struct Ledger {
     charged: HashMap<String, u64>,
     /// When an over-promise was last said in the log.
     warned: Option<std::time::Instant>,
+    /// The golden builds under way: each one's staging directory and quota
+    /// group.
+    builds: HashMap<PathBuf, Qgroup>,
+    /// The builds a reading found at their limit (a failed build is told
+    /// `disk_full` by this even once its limit has moved again).
+    spent_builds: std::collections::HashSet<PathBuf>,
+}
+
+/// A golden build's claim on the volume; given back (its limit lifted, so
+/// the golden it becomes is never limited) when dropped.
+pub struct BuildPromise<'a> {
+    engine: &'a Engine,
+    dir: Option<PathBuf>,
+}
+
+impl BuildPromise<'_> {
+    /// Whether the build wrote up to its limit: what failed then failed for
+    /// want of room, whatever it said (a server that cannot write its WAL
+    /// cannot write its log either).
+    pub fn spent(&self) -> bool {
+        let Some(dir) = self.dir.as_deref() else { return false };
+        let ledger = self.engine.headroom.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        ledger.spent_builds.contains(dir) || Qgroup::of(dir).and_then(|g| g.usage()).is_ok_and(near_limit)
+    }
+}
+
+impl Drop for BuildPromise<'_> {
+    fn drop(&mut self) {
+        let Some(dir) = self.dir.take() else { return };
+        let mut ledger = self.engine.headroom.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        ledger.builds.remove(&dir);
+        ledger.spent_builds.remove(&dir);
+        ledger.charged.remove(&build_key(&dir));
+        drop(ledger);
+        self.engine.cloner.unlimit(&dir);
+    }
 }
 
 /// What one balance gives a sandbox.
@@ -62,7 +99,7 @@ struct Plan {
     reading: usize,
     /// What it is charged now.
     charged: u64,
-    /// The most its limit may be.
+    /// The most its limit may be (a build's is the volume's spare room).
     most: u64,
     /// Whether it wrote since the last reading.
     wrote: bool,
@@ -76,9 +113,14 @@ struct Groups {
     wal: Option<Qgroup>,
 }
 
-/// One sandbox at a reading.
+/// One sandbox (or golden build) at a reading.
 struct Reading {
+    /// Its id, or a build's key.
     id: String,
+    /// Its directory, whose subvolume's limit the balance sets.
+    dir: PathBuf,
+    /// A build: no allowance, and no WAL of its own.
+    build: bool,
     /// Its server runs (or is being made): what it may write is promised.
     live: bool,
     /// Its limits are the balance's to change (it runs; one being made or
@@ -98,10 +140,15 @@ impl Headroom {
     /// Takes a new server's promise (the floor, and a WAL's worth) from what
     /// nobody was promised; false when it is not there.
     pub fn promise(&self, engine: &Engine) -> bool {
+        self.promise_of(engine, first_promise(engine))
+    }
+
+    /// Takes `need` bytes from what nobody was promised; false when they are
+    /// not there.
+    fn promise_of(&self, engine: &Engine, need: u64) -> bool {
         if !Self::applies(engine) {
             return true;
         }
-        let need = first_promise(engine);
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         if ledger.unpromised.is_none() {
             drop(ledger);
@@ -135,6 +182,35 @@ impl Headroom {
         tracing::debug!(dir = %dir.display(), limit, "a sandbox's first promise");
         crate::storage::btrfs::limit(dir, limit)
             .map_err(|e| Error::io(format!("limiting {}", dir.display()), &e))
+    }
+
+    /// Makes the staging directory `dir` of a golden build, a subvolume held
+    /// to a promise like a sandbox's (see the module's documentation), or a
+    /// plain directory where no headroom is kept. Fails with `disk_full`
+    /// when the volume cannot promise it the floor.
+    pub fn build<'a>(&self, engine: &'a Engine, dir: &Path) -> Result<BuildPromise<'a>> {
+        let io = |e: std::io::Error| Error::io(format!("making {}", dir.display()), &e);
+        if !Self::applies(engine) {
+            std::fs::create_dir(dir).map_err(io)?;
+            return Ok(BuildPromise { engine, dir: None });
+        }
+        if !self.promise_of(engine, floor(engine)) {
+            return Err(Error::new(
+                ErrorCode::DiskFull,
+                format!(
+                    "the volume cannot promise a golden build the {} MiB it starts with",
+                    floor(engine) >> 20
+                ),
+                "delete or suspend sandboxes you no longer need, or give the volume more space, and build again",
+            ));
+        }
+        engine.cloner.make_sandbox_dir(dir).map_err(io)?;
+        // From here on the promise removes what it made.
+        let promise = BuildPromise { engine, dir: Some(dir.to_owned()) };
+        self.limit_new(engine, dir)?;
+        let group = Qgroup::of(dir).map_err(io)?;
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner()).builds.insert(dir.to_owned(), group);
+        Ok(promise)
     }
 
     /// Promises nothing more to a sandbox whose server stopped: its limit
@@ -199,11 +275,27 @@ impl Headroom {
             let live = adjust || matches!(sb.state, SandboxState::Creating | SandboxState::Resetting);
             readings.push(Reading {
                 id: sb.id.clone(),
+                dir: engine.layout.sandbox(&sb.id),
+                build: false,
                 live,
                 adjust,
                 data,
                 wal: wal.and_then(|w| w.ok()),
                 groups,
+            });
+        }
+        let builds = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).builds.clone();
+        for (dir, group) in builds {
+            let Ok(data) = group.usage() else { continue };
+            readings.push(Reading {
+                id: build_key(&dir),
+                dir,
+                build: true,
+                live: true,
+                adjust: true,
+                data,
+                wal: None,
+                groups: Groups { data: group, wal: None },
             });
         }
         let Ok(stat) = nix::sys::statvfs::statvfs(&engine.layout.volume()) else { return };
@@ -221,7 +313,7 @@ impl Headroom {
         let mut promised: u64 = unread
             + readings
                 .iter()
-                .filter(|r| r.live)
+                .filter(|r| r.live && !r.build)
                 .map(|r| r.wal.map_or(WAL_LIMIT, |w| w.headroom()))
                 .sum::<u64>();
         let floor = floor(engine);
@@ -232,13 +324,20 @@ impl Headroom {
             }
             let charged = r.data.charged();
             let has = r.data.headroom();
-            // Wrote since the last reading, or used up half of its floor.
+            // Wrote since the last reading, or used up half of its floor. A
+            // build is a writer until it ends: it writes in bursts, and a
+            // limit lowered between two would fail it.
             let wrote = ledger.charged.get(&r.id).is_some_and(|before| charged >= before + (1 << 20))
-                || has < floor / 2;
+                || has < floor / 2
+                || r.build;
+            if r.build && near_limit(r.data) {
+                ledger.spent_builds.insert(r.dir.clone());
+            }
             ledger.charged.insert(r.id.clone(), charged);
             promised = promised.saturating_add(has);
             if r.adjust {
-                plans.push(Plan { reading: i, charged, most: allowance(engine, &r.data), wrote, give: has });
+                let most = if r.build { u64::MAX } else { allowance(engine, &r.data) };
+                plans.push(Plan { reading: i, charged, most, wrote, give: has });
             }
         }
         let mut spare = room as i128 - promised as i128;
@@ -296,7 +395,7 @@ impl Headroom {
         ledger.unpromised = Some(unpromised);
         // Found once, when complete (a WAL's subvolume is made while the
         // data directory is cloned).
-        for r in readings.iter().filter(|r| r.groups.wal.is_some()) {
+        for r in readings.iter().filter(|r| r.groups.wal.is_some() && !r.build) {
             ledger.groups.entry(r.id.clone()).or_insert_with(|| r.groups.clone());
         }
         drop(ledger);
@@ -310,18 +409,41 @@ impl Headroom {
             // change is a Btrfs transaction), or when it is taken back.
             if r.data.limit.abs_diff(limit) >= 1 << 20 || limit < r.data.limit {
                 tracing::debug!(sandbox = %r.id, limit, was = r.data.limit, "balancing a sandbox's headroom");
-                let dir = engine.layout.sandbox(&r.id);
-                if let Err(e) = crate::storage::btrfs::limit(&dir, limit) {
+                if let Err(e) = crate::storage::btrfs::limit(&r.dir, limit) {
                     tracing::debug!(sandbox = %r.id, error = %e, "could not set a sandbox's disk headroom");
                 }
             }
         }
     }
 
+    /// Whether a sandbox wrote up to one of its own limits (its data's or its
+    /// WAL's): a server that stopped then stopped for its own writes, and its
+    /// files are as consistent as after any crash.
+    pub fn at_its_limit(&self, engine: &Engine, id: &str) -> bool {
+        if !Self::applies(engine) {
+            return false;
+        }
+        let known = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).groups.get(id).cloned();
+        let Some(groups) = known.or_else(|| find_groups(engine, id)) else { return false };
+        groups.data.usage().is_ok_and(near_limit)
+            || groups.wal.is_some_and(|w| w.usage().is_ok_and(near_limit))
+    }
+
     /// What nobody was promised at the last reading, for `doctor` and errors.
     pub fn unpromised(&self) -> Option<u64> {
         self.ledger.lock().unwrap_or_else(|p| p.into_inner()).unpromised
     }
+}
+
+/// Within a few megabytes of a limit: the write that failed was larger than
+/// what was left.
+fn near_limit(usage: Usage) -> bool {
+    usage.limit > 0 && usage.headroom() < 8 << 20
+}
+
+/// How a build is known in the ledger (never a sandbox id, which has no `/`).
+fn build_key(dir: &Path) -> String {
+    format!("build:{}", dir.display())
 }
 
 /// The floor every running sandbox is promised (`--disk-headroom`).

@@ -26,7 +26,14 @@ pub enum Filesystem {
 impl Filesystem {
     fn mkfs(self) -> (&'static str, &'static [&'static str], &'static str) {
         match self {
-            Filesystem::Btrfs => ("mkfs.btrfs", &["-q"], "btrfs-progs"),
+            // Mixed block groups: data and metadata share one pool, so a
+            // tenant that writes many small files (each one metadata only)
+            // cannot use up a metadata pool its neighbours' commits need
+            // while the volume still shows free space. One copy of each:
+            // the image is a file on a host disk that keeps its own.
+            Filesystem::Btrfs => {
+                ("mkfs.btrfs", &["-q", "--mixed", "-d", "single", "-m", "single"], "btrfs-progs")
+            }
             Filesystem::Xfs => ("mkfs.xfs", &["-q", "-m", "reflink=1"], "xfsprogs"),
         }
     }
@@ -49,6 +56,8 @@ pub struct InitReport {
     pub quota: bool,
     /// False when the volume was already prepared and nothing was done.
     pub created: bool,
+    /// What the user should know before serving on it.
+    pub warnings: Vec<String>,
 }
 
 fn storage_error(message: impl Into<String>, hint: impl Into<String>) -> Error {
@@ -91,6 +100,7 @@ pub fn init(layout: &Layout, size: u64, fs: Filesystem) -> Result<InitReport> {
             reflink: cloner.backend() != super::Backend::Copy,
             quota: cloner.hard_quota(),
             created,
+            warnings: warnings(&cloner, size),
         })
     };
     if is_mount_point(&volume) && image.exists() {
@@ -141,6 +151,28 @@ pub fn init(layout: &Layout, size: u64, fs: Filesystem) -> Result<InitReport> {
         })?;
     }
     report(true)
+}
+
+/// What a volume cannot do under the default settings: hold each sandbox to
+/// a quota (XFS here), or hold one sandbox's default allowance.
+fn warnings(cloner: &Cloner, size: u64) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if !cloner.hard_quota() {
+        warnings.push(format!(
+            "{} here cannot limit what each sandbox writes: one sandbox can fill the volume and stop its \
+             neighbours' servers. Use --fs btrfs for a kernel-enforced quota per sandbox",
+            cloner.filesystem()
+        ));
+    }
+    let default_limit: u64 = 10 << 30;
+    if size < default_limit {
+        warnings.push(format!(
+            "the volume ({} MiB) is smaller than one sandbox's default allowance (10 GiB): serve with a \
+             smaller --disk-limit, or one sandbox may take all of it",
+            size >> 20
+        ));
+    }
+    warnings
 }
 
 /// Mounts the image on the volume if an image exists and nothing is mounted there

@@ -118,6 +118,13 @@ fn configuration_that_would_open_a_door_is_refused() {
     );
     let said = d.serve_fails();
     assert!(said.contains("--metrics-public"), "{said}");
+    // The gateway's clients send tokens in plain HTTP.
+    let mut d = Daemon::unstarted(
+        crate::harness::fresh_home(&crate::harness::plain_base()),
+        &["--gateway", "0.0.0.0:0"],
+    );
+    let said = d.serve_fails();
+    assert!(said.contains("invalid_request") && said.contains("--gateway-public"), "{said}");
     let mut d =
         Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), &["--tcp", &addr]);
     let said = d.serve_fails();

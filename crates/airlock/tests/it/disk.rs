@@ -16,6 +16,12 @@ fn on_volume(fs: &str, size: &str, args: &[&str]) -> Option<Daemon> {
     d.env.push(("AIRLOCK_LOG".into(), "info,airlock::sandbox::headroom=debug".into()));
     let report = d.json(&["storage", "init", "--fs", fs, "--size", size]);
     assert_eq!(report["filesystem"], fs, "{report}");
+    // What the volume cannot do under the defaults is said before serving.
+    let warned = |what: &str| {
+        report["warnings"].as_array().unwrap().iter().any(|w| w.as_str().unwrap().contains(what))
+    };
+    assert_eq!(warned("cannot limit what each sandbox writes"), fs == "xfs", "{report}");
+    assert!(warned("smaller than one sandbox's default allowance"), "{report}");
     d.spawn();
     Some(d)
 }
@@ -75,8 +81,12 @@ fn a_sandbox_filling_its_quota_gets_its_own_error_while_a_neighbour_keeps_commit
         assert!(ids.contains(&sb["id"].as_str().unwrap().to_owned()), "{} went", sb["id"]);
     }
     assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
-    d.wait_for(Duration::from_secs(30), "the filler to answer again", || {
+    // It answers again, or, where its server stopped at its own WAL's
+    // limit, it is kept suspended with its data: never deleted.
+    let filler_id = filler["id"].as_str().unwrap();
+    d.wait_for(Duration::from_secs(30), "the filler to answer again or be kept", || {
         psql(&dsn(&filler), "SELECT count(*) FROM orders").is_ok_and(|n| n == "1000")
+            || d.json(&["show", filler_id])["state"] == "suspended"
     });
     // Branch and reset work on subvolumes too, and a reset gives the allowance back.
     let branch = d.fork_branch(&dsn(&neighbour));
@@ -413,4 +423,137 @@ fn two_fillers_at_the_default_allowance_harm_no_neighbour() {
     d.ok(&["rm", fast["id"].as_str().unwrap()]);
     d.ok(&["rm", buffered["id"].as_str().unwrap()]);
     d.wait_for(Duration::from_secs(20), "a fork to fit again", || d.cli(&["fork", "shop"]).code == 0);
+}
+
+/// Records the least free space the volume at `volume` showed until `stop`.
+fn watch_free(volume: &std::path::Path, stop: &AtomicBool, least: &AtomicU64) {
+    while !stop.load(Ordering::SeqCst) {
+        let st = nix::sys::statvfs::statvfs(volume).unwrap();
+        least.fetch_min(st.blocks_available() * st.fragment_size(), Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Many small files are metadata alone. Where metadata has a pool of its own,
+/// one tenant's files can use it up while the volume still shows free space,
+/// and then every neighbour's commit fails. In one pool (mixed block groups)
+/// they count against the writer's quota like any other write: the writer
+/// meets its limit, the neighbour keeps committing.
+#[test]
+fn small_files_cannot_starve_the_volume_for_neighbours() {
+    let Some(d) = on_volume("btrfs", "2G", &[]) else { return };
+    let volume = d.home.join("volume");
+    let df = std::process::Command::new("btrfs").args(["filesystem", "df"]).arg(&volume).output().unwrap();
+    let df = String::from_utf8_lossy(&df.stdout).to_string();
+    assert!(df.contains("Data+Metadata"), "data and metadata share one pool: {df}");
+    d.shop("shop");
+    let filler = d.fork("shop", &[]);
+    let neighbour = d.fork("shop", &[]);
+    let (stop, done, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let least = AtomicU64::new(u64::MAX);
+    let written = std::thread::scope(|s| {
+        s.spawn(|| commit_until(&dsn(&neighbour), &stop, &done, &failed));
+        s.spawn(|| watch_free(&volume, &stop, &least));
+        std::thread::sleep(Duration::from_millis(300));
+        // Files small enough to live inline in the metadata, in many
+        // directories, until the first refusal.
+        let script = r#"python3 - <<'PY'
+import os
+n = 0
+try:
+    while n < 4000000:
+        if n % 10000 == 0:
+            os.mkdir(f"d{n // 10000}")
+        with open(f"d{n // 10000}/f{n}", "w") as f:
+            f.write("x" * 1500)
+        n += 1
+    print("wrote all", n)
+except OSError as e:
+    print("stopped after", n, e)
+PY"#;
+        let written = d.exec(filler["id"].as_str().unwrap(), script, "400s");
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        written
+    });
+    let out = written["stdout"].as_str().unwrap_or_default();
+    eprintln!("the filler said: {out}; least free {} MiB", least.load(Ordering::SeqCst) >> 20);
+    assert!(out.contains("stopped after") && out.contains("Disk quota exceeded"), "{written}");
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
+    assert!(done.load(Ordering::SeqCst) > 20, "the neighbour kept committing");
+    assert!(least.load(Ordering::SeqCst) > 64 << 20, "the volume came down to {:?} free", least);
+    let log = std::fs::read_to_string(
+        d.home.join("volume/sandboxes").join(neighbour["id"].as_str().unwrap()).join("postgres.log"),
+    )
+    .unwrap_or_default();
+    assert!(!log.contains("PANIC") && !log.contains("No space left"), "{log}");
+    // Deleting the filler gives the room back.
+    d.ok(&["rm", filler["id"].as_str().unwrap()]);
+    d.wait_for(Duration::from_secs(30), "a fork to fit again", || d.cli(&["fork", "shop"]).code == 0);
+}
+
+/// A golden build writes on the sandboxes' volume too: it is held to a
+/// promise like a sandbox's, so a build larger than what is spare fails with
+/// `disk_full`, leaving nothing, while a neighbour keeps committing; a build
+/// that fits becomes a golden that forks as usual.
+#[test]
+fn a_golden_build_is_held_to_a_promise_like_a_sandbox() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "1G"]) else { return };
+    d.shop("shop");
+    let neighbour = d.fork("shop", &[]);
+    let volume = d.home.join("volume");
+    let sql_dir = d.home.join("sql");
+    std::fs::write(sql_dir.join("huge-schema.sql"), "CREATE TABLE big (g int, pad text);").unwrap();
+    // About 5 GB of rows on a 3 GB volume.
+    std::fs::write(
+        sql_dir.join("huge-seed.sql"),
+        "INSERT INTO big SELECT g, repeat(md5(g::text), 15) FROM generate_series(1, 10000000) g;",
+    )
+    .unwrap();
+    let (stop, done, failed) = (AtomicBool::new(false), AtomicU64::new(0), AtomicU64::new(0));
+    let least = AtomicU64::new(u64::MAX);
+    let (code, err) = std::thread::scope(|s| {
+        s.spawn(|| commit_until(&dsn(&neighbour), &stop, &done, &failed));
+        s.spawn(|| watch_free(&volume, &stop, &least));
+        std::thread::sleep(Duration::from_millis(300));
+        let schema = sql_dir.join("huge-schema.sql");
+        let seed = sql_dir.join("huge-seed.sql");
+        let failed_build = d.fails(&[
+            "golden",
+            "create",
+            "huge",
+            "--schema",
+            schema.to_str().unwrap(),
+            "--seed",
+            seed.to_str().unwrap(),
+        ]);
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+        failed_build
+    });
+    eprintln!("least free {} MiB; the build said {err}", least.load(Ordering::SeqCst) >> 20);
+    assert_eq!((code, err["code"].as_str()), (13, Some("disk_full")), "{err}");
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
+    assert!(done.load(Ordering::SeqCst) > 20, "the neighbour kept committing");
+    assert!(least.load(Ordering::SeqCst) > 64 << 20, "the volume came down to {:?} free", least);
+    // Nothing of the build is left, and the room is back.
+    let staged: Vec<_> =
+        std::fs::read_dir(volume.join("staging")).map(|d| d.flatten().collect()).unwrap_or_default();
+    assert!(staged.is_empty(), "the build left {staged:?}");
+    assert!(d.json(&["golden", "ls"]).to_string().find("\"huge\"").is_none());
+    // (Btrfs frees a deleted subvolume's space in the background.)
+    d.wait_for(Duration::from_secs(60), "the build's room to be back", || {
+        let st = nix::sys::statvfs::statvfs(&volume).unwrap();
+        st.blocks_available() * st.fragment_size() > 2 << 30
+    });
+    // A build that fits is a golden whose forks write as usual.
+    d.golden(
+        "fits",
+        "CREATE TABLE t (g int, pad text);",
+        "INSERT INTO t SELECT g, repeat('z', 400) FROM generate_series(1, 200000) g;",
+    );
+    let fork = d.fork("fits", &[]);
+    assert_eq!(sql(&dsn(&fork), "SELECT count(*) FROM t"), "200000");
+    sql(&dsn(&fork), "INSERT INTO t SELECT g, repeat('y', 400) FROM generate_series(1, 100000) g");
+    assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
 }

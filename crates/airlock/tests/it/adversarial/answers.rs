@@ -232,3 +232,46 @@ fn a_restricted_sandboxs_migration_tests_keep_its_mode_and_limits() {
     assert_eq!(sorted["result"]["passed"], false, "{sorted}");
     assert!(sorted.to_string().contains("temp_file_limit"), "its limits too: {sorted}");
 }
+
+/// The agent's own open transaction holds a lock a catalog read needs, and a
+/// model writes a migration of thousands of statements: both tools answer at
+/// once, saying what to do, instead of holding the call for minutes.
+#[test]
+fn the_agents_own_locks_and_sizes_never_hold_a_tool_call() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let url = crate::harness::dsn(&sb);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // An ALTER TABLE left open: its ACCESS EXCLUSIVE lock is held until
+        // the session ends.
+        s.spawn(|| {
+            let _ = psql(&url, "BEGIN; ALTER TABLE orders ADD COLUMN note text; SELECT pg_sleep(60); COMMIT");
+        });
+        d.wait_for(Duration::from_secs(10), "the lock to be held", || {
+            sql(&url, "SELECT count(*) FROM pg_locks WHERE mode = 'AccessExclusiveLock' AND relation = 'orders'::regclass")
+                != "0"
+        });
+        for tool in ["describe_schema", "changes_since_fork"] {
+            let began = std::time::Instant::now();
+            let (status, text) = call(&d, &id, tool, "{}");
+            assert!(began.elapsed() < Duration::from_secs(20), "{tool} waited {:?}", began.elapsed());
+            assert_eq!(status, 400, "{tool}: {text}");
+            assert!(text.contains("holds a lock") && text.contains("commit or roll back"), "{text}");
+        }
+        sql(&url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'BEGIN; ALTER%'");
+        stop.store(true, Ordering::SeqCst);
+    });
+    let (status, text) = call(&d, &id, "describe_schema", "{}");
+    assert_eq!(status, 200, "the lock gone, the schema answers: {text}");
+    // A migration of more statements than a test takes is refused before
+    // any fork is made.
+    let huge: String = (0..600).map(|i| format!("CREATE TABLE t{i} (a int);\n")).collect();
+    let before = d.ids();
+    let (status, text) = call(&d, &id, "test_migration", &json!({"sql": huge}).to_string());
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("600 statements") && text.contains("at most 500"), "{text}");
+    assert_eq!(d.ids(), before, "no fork was made");
+}
