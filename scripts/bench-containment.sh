@@ -2,7 +2,7 @@
 # What containment costs and how far it scales (as root):
 #  1. cold and pooled forks of the 40 MB golden on a Btrfs volume (a subvolume with
 #     a quota per sandbox) and on an XFS volume (reflinks only), in the same run;
-#     With BASE=/path/to/an/older/airlock, the same forks with that binary on XFS
+#     With BASE=/path/to/an/older/airlock, the same forks with that binary on both
 #     first (the cost of this containment, measured in the same run);
 #  2. identities: HOLD sandboxes (default 5000) held at once, most of them
 #     suspended (--max-running 20), each with its own leased uid pair; forks are
@@ -29,14 +29,15 @@ trap bench_cleanup EXIT
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r)"
 if [ -n "${BASE:-}" ]; then
   airlock() { "$BASE" "$@"; }
-  bench_cleanup
-  airlock storage init --size 20G >/dev/null
-  airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
-  echo "## base ($BASE) on xfs"
-  airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines
-  airlock golden pool bench-40mb --size 4 >/dev/null
-  airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines
-  airlock golden pool bench-40mb --size 0 >/dev/null
+  for fs in btrfs xfs; do
+    fresh "$fs" 20G
+    airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+    echo "## base ($BASE) on $fs"
+    airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines
+    airlock golden pool bench-40mb --size 4 >/dev/null
+    airlock bench fork --golden bench-40mb --iterations "$iterations" --no-baselines
+    airlock golden pool bench-40mb --size 0 >/dev/null
+  done
   bench_cleanup
   airlock() { ./target/release/airlock "$@"; }
 fi
