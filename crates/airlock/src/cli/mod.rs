@@ -539,6 +539,10 @@ struct MigratePromoteArgs {
     /// Accept a hazard the test reported, by kind (repeatable).
     #[arg(long = "allow-hazard")]
     allow_hazards: Vec<String>,
+    /// Accept the code in exactly this file (its SHA-256, as the report gives
+    /// it), having read it: the test cannot see what code does elsewhere.
+    #[arg(long = "allow-code", value_name = "SHA256")]
+    allow_code: Vec<String>,
     /// Apply even when the target session is a superuser (or may run programs,
     /// write server files or manage roles): its effects reach past what promote
     /// checks and rolls back.

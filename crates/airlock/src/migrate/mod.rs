@@ -12,6 +12,7 @@
 
 pub mod app;
 pub mod apply;
+pub mod code;
 pub mod command;
 pub mod costs;
 pub mod hazards;
@@ -499,6 +500,8 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         assertions: vec![],
         changes: vec![],
         drift: vec![],
+        sequences_set_back: Default::default(),
+        changed_keys: Default::default(),
         duration_ms: 0.0,
     }
 }
@@ -521,6 +524,14 @@ async fn measure(
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
+    let sequences_before = verify::sequences(admin.client()).await?;
+    // Which rows it changes, for promote to compare with the target's. Not
+    // beside a workload, whose own writes are not the candidate's.
+    let compared = match req.workload {
+        None => compared_tables(&snapshot),
+        Some(_) => Default::default(),
+    };
+    let images_before = verify::row_images(admin.client(), &compared, None).await?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
@@ -568,6 +579,18 @@ async fn measure(
     let assertions =
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
+    let sequences_set_back = verify::set_back(&sequences_before, &verify::sequences(admin.client()).await?);
+    let images_after = verify::row_images(admin.client(), &compared, Some(&images_before)).await?;
+    // Every compared table it changed, by its rows' digests or by the
+    // server's counts (a row rewritten as it was is changed all the same).
+    let mut keys = verify::changed_keys(&images_before, &images_after);
+    for (table, counts) in report::rows_by_table(&applied.statements, true) {
+        if images_before.contains_key(table) && counts.iter().any(|n| *n > 0) {
+            keys.entry(table.to_owned()).or_default();
+        }
+    }
+    let changed_keys =
+        keys.iter().map(|(table, keys)| (table.clone(), verify::KeyDigest::of(keys))).collect();
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
@@ -585,6 +608,7 @@ async fn measure(
         sql: candidate.sql.as_deref(),
     });
     let mut found = verdict.hazards;
+    found.extend(code::hazard(candidate, &snapshot.catalog));
     let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after);
     found.extend(plan_hazards);
@@ -676,8 +700,24 @@ async fn measure(
         assertions,
         changes,
         drift,
+        sequences_set_back,
+        changed_keys,
         duration_ms: applied.duration_ms,
     })
+}
+
+/// The golden's tables small enough to compare row by row (at most
+/// [`verify::ROWS_COMPARED`] each, and a million rows in all).
+fn compared_tables(snapshot: &Snapshot) -> std::collections::BTreeSet<String> {
+    let mut total = 0;
+    let mut out = std::collections::BTreeSet::new();
+    for (table, rows) in &snapshot.rows {
+        if rows.rows <= verify::ROWS_COMPARED && total + rows.rows <= 1_000_000 {
+            total += rows.rows;
+            out.insert(table.clone());
+        }
+    }
+    out
 }
 
 /// Indexes left INVALID (a failed concurrent build), by name.

@@ -33,6 +33,10 @@ pub struct PromoteRequest {
     /// Hazard kinds accepted even though the test reported them.
     #[serde(default)]
     pub allow_hazards: Vec<String>,
+    /// SHA-256s of files whose code a person read and accepts (`opaque_code`
+    /// is accepted by nothing else).
+    #[serde(default)]
+    pub allow_code: Vec<String>,
     /// `lock_timeout` on the target, milliseconds (default 5,000).
     #[serde(default)]
     pub lock_timeout_ms: Option<u64>,
@@ -108,11 +112,24 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             ),
         }
     })?;
+    // Code is judged here again from the file itself and the golden's
+    // catalog: a report's hazards are the client's to edit.
+    if let Some(h) = super::code::hazard(&req.candidate, &req.report.golden_catalog) {
+        if !req.allow_code.iter().any(|a| a.eq_ignore_ascii_case(&hash)) {
+            return Err(refused(
+                format!("{} {}", tested.name, h.message),
+                format!(
+                    "a person must read it and accept this exact file: --allow-code {hash} \
+                     (--allow-hazard cannot accept code)"
+                ),
+            ));
+        }
+    }
     let unallowed: Vec<&str> = tested
         .hazards
         .iter()
         .map(|h| h.kind.as_str())
-        .filter(|k| !req.allow_hazards.iter().any(|a| a == k))
+        .filter(|k| *k != super::code::OPAQUE_CODE && !req.allow_hazards.iter().any(|a| a == k))
         .collect();
     if !unallowed.is_empty() {
         let mut kinds = unallowed.clone();
@@ -204,7 +221,13 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
             None => run("BEGIN".into()).await.map_err(pg_error)?,
         }
-        let before = verify::Before::read(&client).await?;
+        // Rows are compared for a file applied whole (the test's keys are the
+        // whole file's).
+        let compared = match single {
+            true => tested.changed_keys.keys().cloned().collect(),
+            false => Default::default(),
+        };
+        let before = verify::Before::read(&client, &compared).await?;
         for s in body {
             if let Err(e) = run(s.sql.clone()).await {
                 let _ = run("ROLLBACK".into()).await;
@@ -226,7 +249,16 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                     "the target refused what the commit would do",
                 ));
             }
-            let surprises = verify::surprises(&client, tested_part, changes, &now, &before).await?;
+            let surprises = verify::surprises(
+                &client,
+                tested_part,
+                changes,
+                &tested.sequences_set_back,
+                &tested.changed_keys,
+                &now,
+                &before,
+            )
+                .await?;
             if !surprises.is_empty() {
                 let kept = if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
                 return Err(refused(
@@ -242,8 +274,20 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             Ok(())
         }
         .await;
-        if let Err(e) = checked {
+        if let Err(mut e) = checked {
             let _ = run("ROLLBACK".into()).await;
+            // A rollback leaves sequences where the migration put them.
+            match verify::restore_sequences(&client, &before).await {
+                Ok(restored) if !restored.is_empty() => {
+                    e.message =
+                        format!("{} (sequences put back where they were: {})", e.message, restored.join(", "))
+                }
+                Ok(_) => {}
+                Err(r) => {
+                    e.message =
+                        format!("{} (a sequence it set back could not be put back: {})", e.message, r.message)
+                }
+            }
             return Err(e);
         }
         match close.first() {

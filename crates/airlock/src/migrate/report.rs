@@ -72,6 +72,15 @@ pub struct CandidateReport {
     /// Its resulting schema against the expected one; empty when it matches or none was given.
     #[schema(value_type = Vec<Object>)]
     pub drift: Vec<Change>,
+    /// Sequences it set back (`setval`, `RESTART`): promote expects the same
+    /// on the target, and no other.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub sequences_set_back: std::collections::BTreeSet<String>,
+    /// For each table of at most `verify::ROWS_COMPARED` rows with a primary
+    /// key that it changed: the keys of the rows it changed, as a digest.
+    /// Promote expects the same rows changed on the target.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub changed_keys: std::collections::BTreeMap<String, super::verify::KeyDigest>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
 }

@@ -51,13 +51,217 @@ pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'st
 pub struct Before {
     tables: BTreeMap<String, (i64, f64)>,
     cluster: BTreeSet<String>,
+    sequences: BTreeMap<String, Option<i64>>,
+    /// Images of the tables whose changed rows the test recorded.
+    rows: BTreeMap<String, RowImage>,
 }
 
 impl Before {
-    /// Reads what is compared afterwards.
-    pub async fn read(client: &tokio_postgres::Client) -> Result<Before> {
-        Ok(Before { tables: tables(client).await?, cluster: cluster_state(client).await? })
+    /// Reads what is compared afterwards; `compared` are the tables whose
+    /// changed rows' keys the test recorded.
+    pub async fn read(client: &tokio_postgres::Client, compared: &BTreeSet<String>) -> Result<Before> {
+        Ok(Before {
+            tables: tables(client).await?,
+            cluster: cluster_state(client).await?,
+            sequences: sequences(client).await?,
+            rows: row_images(client, compared, None).await?,
+        })
     }
+}
+
+/// Each sequence's position (`None` before its first `nextval`, or where the
+/// session may not read it).
+pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<String, Option<i64>>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(sequencename), last_value
+               FROM pg_catalog.pg_sequences
+              WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND schemaname NOT LIKE 'airlock%'",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+}
+
+/// Puts back every sequence set back since `before` (after a rollback:
+/// `setval` is not undone by one); the sequences it put back.
+pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
+    let moved = set_back(&before.sequences, &sequences(client).await?);
+    let mut restored = Vec::new();
+    for name in moved {
+        let Some(Some(was)) = before.sequences.get(&name) else { continue };
+        client
+            .execute("SELECT pg_catalog.setval($1::text::regclass, $2, true)", &[&name, was])
+            .await
+            .map_err(pg_error)?;
+        restored.push(name);
+    }
+    Ok(restored)
+}
+
+/// The sequences set back (or restarted) between two readings: what a
+/// `setval` or `ALTER SEQUENCE ... RESTART` does, and a `nextval` never.
+pub fn set_back(
+    before: &BTreeMap<String, Option<i64>>,
+    after: &BTreeMap<String, Option<i64>>,
+) -> BTreeSet<String> {
+    after
+        .iter()
+        .filter(|(name, now)| match (before.get(*name).copied().flatten(), **now) {
+            (Some(was), Some(now)) => now < was,
+            (Some(_), None) => true,
+            _ => false,
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// The keys of a table's changed rows, as a count and a digest (a report
+/// holds these, not the keys).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct KeyDigest {
+    /// How many rows changed.
+    pub rows: usize,
+    /// SHA-256 of their keys, in order.
+    pub sha256: String,
+}
+
+impl KeyDigest {
+    /// The digest of `keys`.
+    pub fn of(keys: &BTreeSet<String>) -> KeyDigest {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        for k in keys {
+            h.update(k.as_bytes());
+            h.update(b"\0");
+        }
+        KeyDigest { rows: keys.len(), sha256: crate::secret::hex(&h.finalize()) }
+    }
+}
+
+/// Tables of at most this many rows have the keys of their changed rows
+/// compared between the test and the target.
+pub const ROWS_COMPARED: i64 = 100_000;
+
+/// Each row of a table by its primary key, as a digest of the columns the
+/// table had at the first image (a column added later changes no row; one
+/// dropped reads as NULL).
+#[derive(Debug, Clone, Default)]
+pub struct RowImage {
+    /// The columns imaged, quoted.
+    columns: Vec<String>,
+    /// Digest of each row, by its key.
+    rows: BTreeMap<String, String>,
+}
+
+/// Images of `tables` (those with a primary key and at most
+/// [`ROWS_COMPARED`] rows by the planner's estimate; others are left out),
+/// of the columns in `first` (the images to compare with), else of every
+/// column each has now.
+pub async fn row_images(
+    client: &tokio_postgres::Client,
+    tables: &BTreeSet<String>,
+    first: Option<&BTreeMap<String, RowImage>>,
+) -> Result<BTreeMap<String, RowImage>> {
+    let keys = client
+        .query(
+            &format!(
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+                        (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY k.ord)
+                           FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                           JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum),
+                        (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
+                           FROM pg_catalog.pg_attribute a
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+                   FROM pg_catalog.pg_index i
+                   JOIN pg_catalog.pg_class c ON c.oid = i.indrelid
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE i.indisprimary AND c.reltuples <= {ROWS_COMPARED} AND {}",
+                crate::catalog::SYSTEM_SCHEMAS
+            ),
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    let mut out = BTreeMap::new();
+    for row in keys {
+        let (table, key, now): (String, String, Vec<String>) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
+        if !tables.contains(&table) {
+            continue;
+        }
+        let columns = match first.map(|f| f.get(&table)) {
+            None => now.clone(),
+            Some(Some(image)) => image.columns.clone(),
+            // Not imaged the first time: nothing to compare with.
+            Some(None) => continue,
+        };
+        let projected: Vec<String> =
+            columns.iter().map(|c| if now.contains(c) { format!("t.{c}") } else { "NULL".into() }).collect();
+        let rows = client
+            .query(
+                &format!(
+                    "SELECT ROW({key})::text, pg_catalog.md5(ROW({})::text) FROM {table} t LIMIT {}",
+                    projected.join(", "),
+                    ROWS_COMPARED + 1
+                ),
+                &[],
+            )
+            .await
+            .map_err(pg_error)?;
+        if rows.len() as i64 > ROWS_COMPARED {
+            continue;
+        }
+        let rows = rows
+            .into_iter()
+            .map(|r| Ok((r.cell(0)?, r.cell(1)?)))
+            .collect::<Result<BTreeMap<String, String>>>()?;
+        out.insert(table, RowImage { columns, rows });
+    }
+    Ok(out)
+}
+
+/// The keys of the rows inserted, changed or deleted between two images of
+/// each table, for the tables that changed.
+pub fn changed_keys(
+    before: &BTreeMap<String, RowImage>,
+    after: &BTreeMap<String, RowImage>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out = BTreeMap::new();
+    for (table, was) in before {
+        let Some(now) = after.get(table) else { continue };
+        let (was, now) = (&was.rows, &now.rows);
+        let changed: BTreeSet<String> = was
+            .iter()
+            .filter(|(k, digest)| now.get(*k) != Some(*digest))
+            .map(|(k, _)| k.clone())
+            .chain(now.keys().filter(|k| !was.contains_key(*k)).cloned())
+            .collect();
+        if !changed.is_empty() {
+            out.insert(table.clone(), changed);
+        }
+    }
+    out
+}
+
+/// Rows the open transaction wrote in the catalogs every database shares:
+/// roles (a password, `VALID UNTIL`), memberships, databases (a connection
+/// limit, `ALLOW_CONNECTIONS`) and their settings. A session can change its
+/// own role's password; no one but a superuser can read it, but the write is
+/// counted.
+async fn shared_catalog_writes(client: &tokio_postgres::Client) -> Result<Vec<(String, i64)>> {
+    let rows = client
+        .query(
+            "SELECT relname, (n_tup_ins + n_tup_upd + n_tup_del)::bigint
+               FROM pg_catalog.pg_stat_xact_sys_tables
+              WHERE relname IN ('pg_authid', 'pg_auth_members', 'pg_database', 'pg_db_role_setting',
+                                'pg_tablespace', 'pg_shseclabel', 'pg_replication_origin', 'pg_parameter_acl')
+                AND n_tup_ins + n_tup_upd + n_tup_del > 0",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
 }
 
 /// Each user table's storage file number (a rewrite or TRUNCATE gives it a new
@@ -86,8 +290,14 @@ async fn cluster_state(client: &tokio_postgres::Client) -> Result<BTreeSet<Strin
         .query(
             "SELECT 'role ' || rolname || ' super=' || rolsuper || ' createrole=' || rolcreaterole
                     || ' createdb=' || rolcreatedb || ' login=' || rolcanlogin || ' replication='
-                    || rolreplication || ' bypassrls=' || rolbypassrls
+                    || rolreplication || ' bypassrls=' || rolbypassrls || ' connection limit='
+                    || rolconnlimit || ' valid until=' || COALESCE(rolvaliduntil::text, 'always')
                FROM pg_catalog.pg_roles
+             UNION ALL
+             SELECT 'database ' || datname || ' connection limit=' || datconnlimit || ' allow connections='
+                    || datallowconn || ' template=' || datistemplate || ' grants='
+                    || COALESCE(datacl::text, 'default')
+               FROM pg_catalog.pg_database
              UNION ALL
              SELECT 'member ' || m.member::regrole::text || ' of ' || m.roleid::regrole::text
                FROM pg_catalog.pg_auth_members m
@@ -139,7 +349,9 @@ const SHARE_SLACK: f64 = 0.05;
 /// What the migration did on the target, in its open transaction, that its test
 /// did not.
 ///
-/// `statements` are the tested statements the open transaction ran; `changes`
+/// `statements` are the tested statements the open transaction ran;
+/// `tested_set_back` the sequences its test set back; `tested_keys` the
+/// keys of the rows its test changed, per table compared; `changes`
 /// the catalog changes the whole file made in its test, compared when the
 /// transaction holds the whole file (`None` for one part of a file run in
 /// parts, whose catalog changes the test did not record apart).
@@ -147,10 +359,44 @@ pub async fn surprises(
     client: &tokio_postgres::Client,
     statements: &[StatementReport],
     changes: Option<&[Change]>,
+    tested_set_back: &BTreeSet<String>,
+    tested_keys: &BTreeMap<String, KeyDigest>,
     catalog_before: &Catalog,
     before: &Before,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
+    // Which rows, not only how many: for a file applied whole, each compared
+    // table's changed keys here are its test's.
+    if changes.is_some() && !before.rows.is_empty() {
+        let compared: BTreeSet<String> = before.rows.keys().cloned().collect();
+        let here = changed_keys(&before.rows, &row_images(client, &compared, Some(&before.rows)).await?);
+        for table in &compared {
+            let mine = here.get(table).map(|k| KeyDigest::of(k)).unwrap_or_default();
+            let theirs = tested_keys.get(table).cloned().unwrap_or_default();
+            if mine != theirs {
+                out.push(format!(
+                    "changed other rows of {table} than its test ({} here, {} in the test)",
+                    mine.rows, theirs.rows
+                ));
+            }
+        }
+    }
+    for (catalog, rows) in shared_catalog_writes(client).await? {
+        out.push(format!(
+            "{rows} rows written in {catalog} (roles, their passwords and databases are not the migration's)"
+        ));
+    }
+    // Sequences: a test that set none back promises a target where none is
+    // set back, and the other way round (for a file applied whole).
+    let here = set_back(&before.sequences, &sequences(client).await?);
+    for name in here.difference(tested_set_back).take(5) {
+        out.push(format!("sequence {name} set back (not so in the test)"));
+    }
+    if changes.is_some() {
+        for name in tested_set_back.difference(&here).take(5) {
+            out.push(format!("sequence {name} set back in the test, not here"));
+        }
+    }
     let seen = super::report::rows_by_table(statements, true);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
     for st in statements {

@@ -17,6 +17,7 @@ mod lifecycle;
 mod majors;
 mod metrics;
 mod migrate;
+mod migrate_code;
 mod migrate_verdicts;
 mod pool;
 mod redis;

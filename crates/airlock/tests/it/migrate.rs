@@ -201,8 +201,9 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
     );
 
     // A DO block with dynamic SQL: both tables altered, without rewrites (a constant default).
+    // (Code: a person accepts it by its hash before it is promoted.)
     let dynamic = &c["dynamic.sql"];
-    assert_eq!(dynamic["passed"], true, "{dynamic}");
+    assert_eq!(hazard_kinds(dynamic), ["opaque_code"], "{dynamic}");
     assert_eq!(
         change_lines(dynamic, "changes"),
         ["added column orders.archived", "added column users.archived"]
@@ -284,13 +285,13 @@ fn commands_expectations_and_assertions() {
     assert!(c["add_plan.sql"]["assertions"].as_array().unwrap().iter().all(|a| a["passed"] == true));
     // An ORM-style command: run inside the fork's boundary, compared before and after.
     let orm = &c["exec-1"];
-    assert_eq!((orm["kind"].as_str(), orm["passed"].as_bool()), (Some("exec"), Some(true)), "{orm}");
+    assert_eq!((orm["kind"].as_str(), hazard_kinds(orm)), (Some("exec"), vec!["opaque_code"]), "{orm}");
     assert_eq!(orm["exec"]["exit_code"], 0);
     let sloppy = &c["exec-2"];
     let mut kinds = hazard_kinds(sloppy);
     kinds.sort();
     kinds.dedup();
-    assert_eq!(kinds, ["assertion_failed", "rows_deleted", "schema_drift"], "{sloppy}");
+    assert_eq!(kinds, ["assertion_failed", "opaque_code", "rows_deleted", "schema_drift"], "{sloppy}");
     assert_eq!(sloppy["statements"][0]["rows"][0]["deleted"], 10);
     assert_eq!(change_lines(sloppy, "drift"), ["changed column users.plan"]);
     assert!(sloppy["assertions"].as_array().unwrap().iter().any(|a| a["passed"] == false));
@@ -498,11 +499,23 @@ END $$;",
         )],
     );
     let report = d.home.join("report.json");
-    let (code, v) = test(&d, &[paths[0].to_str().unwrap(), "--report", report.to_str().unwrap()]);
-    assert_eq!(code, 0, "it can pass its test: {v}");
+    let (_, v) = test(&d, &[paths[0].to_str().unwrap(), "--report", report.to_str().unwrap()]);
+    // It is code, so it fails its test as opaque_code alone; a person who
+    // accepts it anyway is still protected by the target check.
+    assert_eq!(hazard_kinds(&v["candidates"][0]), ["opaque_code"], "{v}");
+    let accepted = v["candidates"][0]["sha256"].as_str().unwrap().to_owned();
     let target = d.fork("app", &[]);
     let target = target["socket_dsn"].as_str().unwrap();
     let (code, out) = promote(&d, report.to_str().unwrap(), target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains(&format!("--allow-code {accepted}")), "{out}");
+    let (code, out) = promote(
+        &d,
+        report.to_str().unwrap(),
+        target,
+        paths[0].to_str().unwrap(),
+        &["--allow-code", &accepted],
+    );
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("did what its test did not"), "{out}");
     assert!(out.contains("deleted from public.orders") && out.contains("trojan"), "{out}");
@@ -613,13 +626,23 @@ fn on_its_target_a_migration_must_change_what_its_test_changed_and_no_more() {
     let report = d.home.join("report.json");
     let mut args: Vec<&str> = paths.iter().map(|p| p.to_str().unwrap()).collect();
     args.extend(["--report", report.to_str().unwrap()]);
-    let (code, v) = test(&d, &args);
-    assert_eq!(code, 0, "every one passes its test: {v}");
+    let (_, v) = test(&d, &args);
+    // Each is code, and passes in all else; each is accepted by its hash.
+    let tested = by_name(&v);
+    let accepted: Vec<String> = paths
+        .iter()
+        .map(|p| {
+            let c = &tested[p.file_name().unwrap().to_str().unwrap()];
+            assert_eq!(hazard_kinds(c), ["opaque_code"], "{c}");
+            c["sha256"].as_str().unwrap().to_owned()
+        })
+        .collect();
     let report = report.to_str().unwrap();
     let fresh = || d.fork("app", &[])["socket_dsn"].as_str().unwrap().to_owned();
     for (i, expected) in [(0, "updated in public.users"), (1, "function"), (2, "grants")] {
         let target = fresh();
-        let (code, out) = promote(&d, report, &target, paths[i].to_str().unwrap(), &[]);
+        let (code, out) =
+            promote(&d, report, &target, paths[i].to_str().unwrap(), &["--allow-code", &accepted[i]]);
         assert_eq!(code, 10, "{expected}: {out}");
         assert!(out.contains("did what its test did not") && out.contains(expected), "{expected}: {out}");
         assert_eq!(sql(&target, "SELECT count(*) FROM users WHERE score = 1"), "0", "rolled back");
@@ -632,15 +655,23 @@ fn on_its_target_a_migration_must_change_what_its_test_changed_and_no_more() {
         "airlock_admin@",
         1,
     );
-    let (code, out) = promote(&d, report, &admin, paths[3].to_str().unwrap(), &[]);
+    let code_ok = ["--allow-code", accepted[3].as_str()];
+    let (code, out) = promote(&d, report, &admin, paths[3].to_str().unwrap(), &code_ok);
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("is a superuser"), "{out}");
-    let (code, out) = promote(&d, report, &admin, paths[3].to_str().unwrap(), &["--allow-superuser"]);
+    let (code, out) = promote(
+        &d,
+        report,
+        &admin,
+        paths[3].to_str().unwrap(),
+        &["--allow-superuser", code_ok[0], code_ok[1]],
+    );
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("search_path=nowhere"), "{out}");
     // The control applies.
     let target = fresh();
-    let (code, out) = promote(&d, report, &target, paths[4].to_str().unwrap(), &[]);
+    let (code, out) =
+        promote(&d, report, &target, paths[4].to_str().unwrap(), &["--allow-code", &accepted[4]]);
     assert_eq!(code, 0, "{out}");
 }
 

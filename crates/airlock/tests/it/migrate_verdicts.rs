@@ -450,7 +450,10 @@ fn commands_are_hashed_with_their_files_and_promoted_only_unchanged() {
     );
     assert_eq!(code, 12, "{v}");
     let c = by_name(&v);
-    assert_eq!(c["exec-1"]["passed"], true, "{}", c["exec-1"]);
+    // A command is code throughout: its test passes in all else, and a person
+    // accepts it by its hash (the command and its files).
+    assert_eq!(hazard_kinds(&c["exec-1"]), ["opaque_code"], "{}", c["exec-1"]);
+    let accepted = c["exec-1"]["sha256"].as_str().unwrap().to_owned();
     // The failed command's real error, not its last line; its exit code as a number.
     let failed = hazard(&c["exec-2"], "failed")["message"].as_str().unwrap().to_owned();
     assert!(failed.contains("exited 1") && failed.contains("relation \"nope\" does not exist"), "{failed}");
@@ -477,11 +480,15 @@ fn commands_are_hashed_with_their_files_and_promoted_only_unchanged() {
         (d.cli_with(&args, Some(&dsn)), dsn)
     };
     let (out, dsn) = promote_exec(&[]);
+    assert_eq!(out.code, 10, "not without a person's word: {out:?}");
+    assert!(out.stdout.contains(&format!("--allow-code {accepted}")), "{out:?}");
+    assert_eq!(sql(&dsn, "SELECT count(*) FROM information_schema.columns WHERE column_name = 'bio'"), "0");
+    let (out, dsn) = promote_exec(&["--allow-code", &accepted]);
     assert_eq!(out.code, 0, "{out:?}");
     assert_eq!(sql(&dsn, "SELECT count(*) FROM information_schema.columns WHERE column_name = 'bio'"), "1");
     // A migration file changed since the test: refused, nothing applied.
     std::fs::write(&file, "ALTER TABLE users DROP COLUMN email;\n").unwrap();
-    let (out, dsn) = promote_exec(&[]);
+    let (out, dsn) = promote_exec(&["--allow-code", &accepted]);
     assert_eq!(out.code, 10, "{out:?}");
     assert!(out.stdout.contains("changed since") || out.stderr.contains("changed since"), "{out:?}");
     assert_eq!(sql(&dsn, "SELECT count(*) FROM information_schema.columns WHERE column_name = 'email'"), "1");
@@ -573,11 +580,16 @@ END $$;";
     let report = d.home.join("parts-report.json");
     let mut args = path_strs(&paths);
     args.extend(["--report", report.to_str().unwrap()]);
-    let (code, v) = test(&d, &args);
-    assert_eq!(code, 0, "both pass their test: {v}");
+    let (_, v) = test(&d, &args);
+    let c = by_name(&v);
+    assert_eq!(hazard_kinds(&c["two_faced.sql"]), ["opaque_code"], "{v}");
+    assert!(c["honest.sql"]["passed"].as_bool().unwrap(), "{v}");
+    // Accepted by a person, it is still checked on its target.
+    let accepted = c["two_faced.sql"]["sha256"].as_str().unwrap().to_owned();
     let target = d.fork("app", &[]);
     let dsn = target["socket_dsn"].as_str().unwrap();
-    let (code, out) = promote(&d, report.to_str().unwrap(), dsn, paths[0].to_str().unwrap(), &[]);
+    let (code, out) =
+        promote(&d, report.to_str().unwrap(), dsn, paths[0].to_str().unwrap(), &["--allow-code", &accepted]);
     assert_eq!(code, 10, "{out}");
     assert!(
         out.contains("did what its test did not") && out.contains("the parts before it stay applied"),

@@ -1,0 +1,532 @@
+//! Which statements of a migration run code whose effect may depend on where
+//! they run: the `opaque_code` hazard.
+//!
+//! A test fork can always be told apart from production (its probe, its
+//! database's name, its data, its clock), so what a test saw of code that
+//! looks around tells nothing of what that code does on the target. Such code
+//! is found here from the file's tokens, read the way PostgreSQL's lexer
+//! reads them (quotes, dollar quotes, nested comments): a `DO` block, `CALL`,
+//! a prepared statement, a function the database or the file defines called
+//! (by name, by a trigger on a table the file writes, or by a rule), and
+//! every built-in that reads the environment (who, which database, which
+//! server, its settings and catalogs, the time, chance). A function's body is
+//! not code the migration runs until it is called, so a `CREATE FUNCTION`
+//! alone is transparent.
+//!
+//! The classification errs toward opaque: promote then asks a person to
+//! acknowledge the file by its hash (`--allow-code`), which costs a read.
+
+use std::collections::BTreeSet;
+
+use super::report::{Hazard, Severity};
+use super::split::Statement;
+use crate::catalog::Catalog;
+
+/// One reason a statement is opaque.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Opaque {
+    /// The statement's line.
+    pub line: usize,
+    /// Why, in a phrase ("a DO block", "calls current_database()").
+    pub why: String,
+}
+
+/// Built-in functions whose answer depends on where or when they run: who
+/// runs them, in which database or server, with which settings, at what time,
+/// by chance, or that run SQL given as text.
+const ENVIRONMENT_FUNCTIONS: &[&str] = &[
+    "current_database",
+    "current_schema",
+    "current_schemas",
+    "current_setting",
+    "set_config",
+    "current_query",
+    "current_user",
+    "session_user",
+    "current_role",
+    "version",
+    "inet_server_addr",
+    "inet_server_port",
+    "inet_client_addr",
+    "inet_client_port",
+    "now",
+    "clock_timestamp",
+    "statement_timestamp",
+    "transaction_timestamp",
+    "timeofday",
+    "random",
+    "random_normal",
+    "setseed",
+    "txid_current",
+    "txid_current_if_assigned",
+    "age",
+    "query_to_xml",
+    "query_to_xml_and_xmlschema",
+    "table_to_xml",
+    "cursor_to_xml",
+    "schema_to_xml",
+    "database_to_xml",
+    "dblink",
+    "dblink_exec",
+    "lo_import",
+    "lo_export",
+];
+
+/// Prefixes of built-ins that read the server or its catalogs.
+const ENVIRONMENT_PREFIXES: &[&str] =
+    &["pg_", "to_reg", "has_", "txid_", "obj_description", "col_description"];
+
+/// Built-ins under those prefixes that read nothing of where they run.
+const HARMLESS: &[&str] =
+    &["pg_advisory_xact_lock", "pg_advisory_lock", "pg_advisory_unlock", "pg_typeof", "pg_sleep"];
+
+/// SQL value keywords (no parentheses) that say who or when.
+const ENVIRONMENT_KEYWORDS: &[&str] = &[
+    "current_user",
+    "session_user",
+    "current_role",
+    "current_catalog",
+    "current_schema",
+    "system_user",
+    "current_timestamp",
+    "current_date",
+    "current_time",
+    "localtime",
+    "localtimestamp",
+];
+
+/// Keywords that name the time: harmless as a column's default (they then
+/// only fill a value), a sign of the test anywhere else.
+const TIME_WORDS: &[&str] = &[
+    "now",
+    "clock_timestamp",
+    "statement_timestamp",
+    "transaction_timestamp",
+    "current_timestamp",
+    "current_date",
+    "current_time",
+    "localtime",
+    "localtimestamp",
+    "random",
+    "gen_random_uuid",
+];
+
+/// Catalogs and views that show the server, its sessions, roles and data
+/// (`pg_class.reltuples`, `pg_stat_activity`, `pg_settings`...).
+const ENVIRONMENT_RELATION_PREFIXES: &[&str] = &[
+    "pg_stat",
+    "pg_settings",
+    "pg_file_settings",
+    "pg_database",
+    "pg_roles",
+    "pg_user",
+    "pg_authid",
+    "pg_shadow",
+    "pg_auth_members",
+    "pg_namespace",
+    "pg_class",
+    "pg_tables",
+    "pg_views",
+    "pg_matviews",
+    "pg_indexes",
+    "pg_proc",
+    "pg_locks",
+    "pg_sequences",
+    "pg_extension",
+    "pg_available",
+    "pg_attribute",
+    "pg_index",
+    "pg_trigger",
+    "pg_constraint",
+    "pg_type",
+    "pg_hba",
+    "pg_ident",
+    "pg_replication",
+    "pg_prepared",
+    "pg_config",
+    "pg_control",
+    "pg_backend",
+    "pg_shmem",
+    "pg_tablespace",
+    "pg_depend",
+    "pg_description",
+    "pg_event_trigger",
+    "pg_policy",
+    "pg_rewrite",
+    "information_schema",
+];
+
+/// A token of SQL, as the lexer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    /// An unquoted word, lowercased.
+    Word(String),
+    /// A quoted identifier, as written inside its quotes.
+    Quoted(String),
+    /// A string or dollar-quoted constant.
+    Constant,
+    /// Anything else: one character of punctuation, or a number.
+    Other(char),
+}
+
+/// The `opaque_code` hazard of a candidate, if any of it is opaque: a SQL
+/// file's opaque statements (the first few said), or a command, which is
+/// code throughout.
+pub fn hazard(candidate: &super::Candidate, catalog: &Catalog) -> Option<Hazard> {
+    let sha = candidate.sha256();
+    let (message, line) = match &candidate.sql {
+        Some(sql) => {
+            let statements = super::split::split(sql).ok()?;
+            let found = opaque(&statements, catalog);
+            let first = found.first()?;
+            let said: Vec<String> =
+                found.iter().take(3).map(|o| format!("line {}: {}", o.line, o.why)).collect();
+            let more = if found.len() > 3 { format!(" and {} more", found.len() - 3) } else { String::new() };
+            (
+                format!("runs code whose effect may depend on where it runs ({}{more})", said.join("; ")),
+                Some(first.line),
+            )
+        }
+        None => ("is a command: code the test cannot follow to the target".to_owned(), None),
+    };
+    let mut h = Hazard::new(
+        OPAQUE_CODE,
+        Severity::High,
+        format!("{message}: a test fork can be told apart from production, so its test says nothing of what this code does there"),
+        line,
+    );
+    h.suggestion = Some(format!(
+        "write it as plain DDL and DML, or read it yourself and promote with --allow-code {sha}"
+    ));
+    Some(h)
+}
+
+/// The hazard's kind; only `--allow-code` with the file's hash accepts it.
+pub const OPAQUE_CODE: &str = "opaque_code";
+
+/// Every opaque statement of `statements`, against the golden's `catalog`.
+pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
+    let mut functions: BTreeSet<String> = catalog.functions.keys().map(|k| function_name(k)).collect();
+    let triggered: BTreeSet<String> = catalog
+        .tables
+        .iter()
+        .filter(|(_, t)| !t.triggers.is_empty())
+        .map(|(name, _)| crate::catalog::split_qualified(name).1.to_ascii_lowercase())
+        .collect();
+    let mut triggered_here: BTreeSet<String> = BTreeSet::new();
+    let mut rules = false;
+    let mut out = Vec::new();
+    for st in statements {
+        let tokens = tokens(&st.sql);
+        let mut why = |text: String| out.push(Opaque { line: st.line, why: text });
+        let words: Vec<&str> = tokens
+            .iter()
+            .take(6)
+            .filter_map(|t| match t {
+                Token::Word(w) => Some(w.as_str()),
+                _ => None,
+            })
+            .collect();
+        match words.as_slice() {
+            ["do", ..] => why("a DO block (code that can look where it runs)".into()),
+            ["call", ..] => why("CALL runs a procedure".into()),
+            ["execute", ..] | ["prepare", ..] => why("a prepared statement (SQL kept as text)".into()),
+            ["create", "or", "replace", "function" | "procedure", ..]
+            | ["create", "function" | "procedure", ..] => {
+                if let Some(name) = defined_name(&tokens) {
+                    functions.insert(name);
+                }
+                continue;
+            }
+            ["create", "or", "replace", "trigger", ..] | ["create", "trigger" | "constraint", ..] => {
+                if let Some(table) = word_after(&tokens, "on") {
+                    triggered_here.insert(table);
+                }
+                continue;
+            }
+            ["create", "or", "replace", "rule", ..] | ["create", "rule", ..] => {
+                rules = true;
+                continue;
+            }
+            ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
+            _ => {}
+        }
+        if let Some(table) = written_table(&tokens) {
+            if triggered.contains(&table) || triggered_here.contains(&table) {
+                why(format!("writes {table}, whose triggers run code"));
+            } else if rules {
+                why(format!("writes {table} after the file made a rule (code in place of the write)"));
+            }
+        }
+        for (i, token) in tokens.iter().enumerate() {
+            let (Token::Word(name) | Token::Quoted(name)) = token else { continue };
+            let name = name.to_ascii_lowercase();
+            let called = matches!(tokens.get(i + 1), Some(Token::Other('(')));
+            let after_default = defaulted(&tokens, i);
+            if TIME_WORDS.contains(&name.as_str()) && after_default {
+                continue;
+            }
+            if called && functions.contains(&name) {
+                why(format!("calls {name}(), code the database holds"));
+            } else if called && environment_function(&name) {
+                why(format!("calls {name}(), which reads where or when it runs"));
+            } else if !called
+                && matches!(token, Token::Word(_))
+                && ENVIRONMENT_KEYWORDS.contains(&name.as_str())
+            {
+                why(format!("reads {}", name.to_ascii_uppercase()));
+            } else if !called && ENVIRONMENT_RELATION_PREFIXES.iter().any(|p| name.starts_with(p)) {
+                why(format!("reads {name}, which shows the server, not the data"));
+            }
+        }
+    }
+    out.dedup();
+    out
+}
+
+fn environment_function(name: &str) -> bool {
+    !HARMLESS.contains(&name)
+        && (ENVIRONMENT_FUNCTIONS.contains(&name) || ENVIRONMENT_PREFIXES.iter().any(|p| name.starts_with(p)))
+}
+
+/// Whether the word at `i` is part of a column default: `DEFAULT now()`,
+/// `DEFAULT (now() + interval '1 day')`.
+fn defaulted(tokens: &[Token], i: usize) -> bool {
+    tokens[..i].iter().rev().take(4).any(|t| matches!(t, Token::Word(w) if w == "default"))
+}
+
+/// The name (unqualified, lowercased) a `CREATE FUNCTION` defines: the word
+/// before its first `(`.
+fn defined_name(tokens: &[Token]) -> Option<String> {
+    let open = tokens.iter().position(|t| *t == Token::Other('('))?;
+    match tokens.get(open.checked_sub(1)?)? {
+        Token::Word(w) => Some(w.clone()),
+        Token::Quoted(q) => Some(q.to_ascii_lowercase()),
+        _ => None,
+    }
+}
+
+/// The table an `INSERT`, `UPDATE`, `DELETE`, `MERGE` or `COPY ... FROM`
+/// writes (unqualified, lowercased).
+fn written_table(tokens: &[Token]) -> Option<String> {
+    let first = tokens.iter().find_map(|t| match t {
+        Token::Word(w) => Some(w.as_str()),
+        _ => None,
+    })?;
+    match first {
+        "insert" | "merge" => word_after(tokens, "into"),
+        "delete" => word_after(tokens, "from"),
+        "update" | "copy" => word_after(tokens, first),
+        // A CTE may write too: the first table after one of the verbs.
+        "with" => ["into", "update", "from"].iter().find_map(|w| word_after(tokens, w)),
+        _ => None,
+    }
+}
+
+/// The last part of the name after the first `keyword` (skipping `ONLY`).
+fn word_after(tokens: &[Token], keyword: &str) -> Option<String> {
+    let at = tokens.iter().position(|t| matches!(t, Token::Word(w) if w == keyword))?;
+    let mut rest = tokens[at + 1..].iter().peekable();
+    if matches!(rest.peek(), Some(Token::Word(w)) if w == "only") {
+        rest.next();
+    }
+    // One name, maybe qualified: a part, then a dot and a part, and so on.
+    let (mut name, mut expect_part) = (None, true);
+    for t in rest {
+        match (t, expect_part) {
+            (Token::Word(w), true) => name = Some(w.clone()),
+            (Token::Quoted(q), true) => name = Some(q.to_ascii_lowercase()),
+            (Token::Other('.'), false) => {}
+            _ => break,
+        }
+        expect_part = !expect_part;
+    }
+    name
+}
+
+/// The last part of a catalog function key, `schema.name(args)`, lowercased
+/// and unquoted.
+fn function_name(key: &str) -> String {
+    let head = key.split('(').next().unwrap_or(key);
+    let last = crate::catalog::split_qualified(head).1;
+    last.trim_matches('"').to_ascii_lowercase()
+}
+
+/// The tokens of one statement.
+fn tokens(sql: &str) -> Vec<Token> {
+    let bytes = sql.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'-' if bytes.get(i + 1) == Some(&b'-') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                let mut depth = 0;
+                while i < bytes.len() {
+                    if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'*') {
+                        depth += 1;
+                        i += 2;
+                    } else if bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/') {
+                        depth -= 1;
+                        i += 2;
+                        if depth == 0 {
+                            break;
+                        }
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            b'\'' | b'"' => {
+                let escapes = c == b'\'' && i > 0 && matches!(bytes[i - 1], b'E' | b'e');
+                let start = i + 1;
+                i += 1;
+                while i < bytes.len() {
+                    if escapes && bytes[i] == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if bytes[i] == c {
+                        if bytes.get(i + 1) == Some(&c) {
+                            i += 2;
+                            continue;
+                        }
+                        break;
+                    }
+                    i += 1;
+                }
+                let end = i.min(bytes.len());
+                i += 1;
+                if c == b'"' {
+                    out.push(Token::Quoted(sql[start..end].replace("\"\"", "\"")));
+                } else {
+                    // An E'' prefix was read as a word: it is part of the constant.
+                    if escapes {
+                        out.pop();
+                    }
+                    out.push(Token::Constant);
+                }
+            }
+            b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => match dollar_tag(&sql[i..]) {
+                Some(tag) => {
+                    let body = i + tag.len();
+                    i = sql[body..].find(tag).map_or(bytes.len(), |e| body + e + tag.len());
+                    out.push(Token::Constant);
+                }
+                None => {
+                    out.push(Token::Other('$'));
+                    i += 1;
+                }
+            },
+            c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
+                let end = (i..bytes.len())
+                    .find(|&j| {
+                        !(bytes[j].is_ascii_alphanumeric()
+                            || bytes[j] == b'_'
+                            || bytes[j] == b'$'
+                            || bytes[j] >= 0x80)
+                    })
+                    .unwrap_or(bytes.len());
+                out.push(Token::Word(sql[i..end].to_ascii_lowercase()));
+                i = end;
+            }
+            c if c.is_ascii_whitespace() => i += 1,
+            c if c.is_ascii_digit() => {
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
+                    i += 1;
+                }
+                out.push(Token::Other('0'));
+            }
+            _ => {
+                out.push(Token::Other(c as char));
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// `$tag$` at the start of `s`, if it opens a dollar quote.
+fn dollar_tag(s: &str) -> Option<&str> {
+    let rest = &s[1..];
+    let end = rest.find('$')?;
+    let tag = &rest[..end];
+    let valid = tag
+        .chars()
+        .enumerate()
+        .all(|(k, ch)| ch == '_' || ch.is_alphabetic() || (k > 0 && ch.is_ascii_digit()));
+    valid.then(|| &s[..end + 2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn why(sql: &str) -> Vec<String> {
+        let catalog: Catalog = serde_json::from_value(serde_json::json!({
+            "tables": {
+                "public.audited": {"kind": "table", "columns": [], "constraints": {}, "indexes": {},
+                                    "triggers": {"log": "CREATE TRIGGER log ..."}},
+                "public.users": {"kind": "table", "columns": [], "constraints": {}, "indexes": {}, "triggers": {}}
+            },
+            "views": {}, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
+            "sequences": {}, "types": {}, "extensions": {}
+        }))
+        .unwrap();
+        let statements = super::super::split::split(sql).unwrap();
+        opaque(&statements, &catalog).into_iter().map(|o| o.why).collect()
+    }
+
+    #[test]
+    fn plain_ddl_and_dml_are_transparent() {
+        for sql in [
+            "ALTER TABLE users ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()",
+            "ALTER TABLE users ADD COLUMN id2 uuid DEFAULT gen_random_uuid()",
+            "CREATE TABLE t (a int, at timestamptz DEFAULT (current_timestamp + interval '1 day'))",
+            "UPDATE users SET email = lower(email) WHERE email <> lower(email)",
+            "INSERT INTO users (email) SELECT 'now() ' || 'current_user' FROM generate_series(1, 3)",
+            "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RETURN current_database(); END $$",
+            "CREATE INDEX ON users (lower(email)); COMMENT ON TABLE users IS 'pg_stat_activity'",
+            "-- DO this later\nALTER TABLE users RENAME COLUMN \"now\" TO then",
+            "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        ] {
+            assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
+        }
+    }
+
+    #[test]
+    fn code_that_can_look_around_is_opaque() {
+        let cases = [
+            ("DO $$ BEGIN UPDATE users SET email = 'x'; END $$", "DO block"),
+            ("do language plpgsql 'begin null; end'", "DO block"),
+            ("CALL reset_all()", "CALL"),
+            ("PREPARE p AS DELETE FROM users; EXECUTE p", "prepared"),
+            ("UPDATE users SET email = 'x' WHERE current_database() = 'prod'", "current_database()"),
+            ("DELETE FROM users WHERE current_user = 'app'", "CURRENT_USER"),
+            ("DELETE FROM users WHERE to_regnamespace('airlock_probe') IS NULL", "to_regnamespace()"),
+            ("UPDATE users SET email = 'x' WHERE (SELECT count(*) FROM pg_stat_activity) > 3", "pg_stat_activity"),
+            ("UPDATE users SET email = 'x' WHERE EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'p')", "pg_namespace"),
+            ("UPDATE users SET email = 'x' WHERE now() > '2027-01-01'", "now()"),
+            ("UPDATE users SET a = 1 WHERE random() < 0.5", "random()"),
+            ("SELECT setval('users_id_seq', 1) WHERE version() LIKE '%x%'", "version()"),
+            ("SELECT rotate_keys(1)", "rotate_keys()"),
+            ("SELECT app.\"Mixed\"()", "mixed()"),
+            ("INSERT INTO audited VALUES (1)", "triggers"),
+            ("CREATE FUNCTION g() RETURNS void LANGUAGE sql AS 'DELETE FROM users'; SELECT g()", "g()"),
+            ("CREATE TRIGGER t BEFORE INSERT ON users FOR EACH ROW EXECUTE FUNCTION f(); INSERT INTO users VALUES (1)", "triggers"),
+            ("CREATE RULE r AS ON INSERT TO users DO INSTEAD NOTHING; INSERT INTO public.users VALUES (1)", "rule"),
+            ("SELECT query_to_xml('DELETE FROM users RETURNING 1', true, true, '')", "query_to_xml()"),
+            ("UPDATE users SET a = pg_database_size(current_database())", "pg_database_size()"),
+            ("UPDATE users SET n = (SELECT reltuples FROM pg_class WHERE relname = 'users')", "pg_class"),
+        ];
+        for (sql, said) in cases {
+            let got = why(sql);
+            assert!(got.iter().any(|w| w.contains(said)), "{sql}: {got:?}");
+        }
+    }
+}
