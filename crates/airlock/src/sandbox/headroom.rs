@@ -89,6 +89,9 @@ impl Drop for BuildPromise<'_> {
         ledger.builds.remove(&dir);
         ledger.spent_builds.remove(&dir);
         ledger.charged.remove(&build_key(&dir));
+        // What the build was promised is spare again: the next promise reads
+        // the volume afresh rather than wait for the next tick.
+        ledger.unpromised = None;
         drop(ledger);
         self.engine.cloner.unlimit(&dir);
     }
