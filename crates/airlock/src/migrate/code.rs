@@ -412,17 +412,19 @@ fn tokens(sql: &str) -> Vec<Token> {
                     out.push(Token::Constant);
                 }
             }
-            b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => match dollar_tag(&sql[i..]) {
-                Some(tag) => {
-                    let body = i + tag.len();
-                    i = sql[body..].find(tag).map_or(bytes.len(), |e| body + e + tag.len());
-                    out.push(Token::Constant);
+            b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => {
+                match super::split::dollar_tag(&sql[i..]) {
+                    Some(tag) => {
+                        let body = i + tag.len();
+                        i = sql[body..].find(tag).map_or(bytes.len(), |e| body + e + tag.len());
+                        out.push(Token::Constant);
+                    }
+                    None => {
+                        out.push(Token::Other('$'));
+                        i += 1;
+                    }
                 }
-                None => {
-                    out.push(Token::Other('$'));
-                    i += 1;
-                }
-            },
+            }
             c if c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 => {
                 let end = (i..bytes.len())
                     .find(|&j| {
@@ -449,18 +451,6 @@ fn tokens(sql: &str) -> Vec<Token> {
         }
     }
     out
-}
-
-/// `$tag$` at the start of `s`, if it opens a dollar quote.
-fn dollar_tag(s: &str) -> Option<&str> {
-    let rest = &s[1..];
-    let end = rest.find('$')?;
-    let tag = &rest[..end];
-    let valid = tag
-        .chars()
-        .enumerate()
-        .all(|(k, ch)| ch == '_' || ch.is_alphabetic() || (k > 0 && ch.is_ascii_digit()));
-    valid.then(|| &s[..end + 2])
 }
 
 #[cfg(test)]

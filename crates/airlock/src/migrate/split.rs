@@ -186,7 +186,7 @@ fn ident_char(bytes: &[u8], i: usize) -> bool {
 }
 
 /// `$tag$` at the start of `s`, if it opens a dollar quote.
-fn dollar_tag(s: &str) -> Option<&str> {
+pub(super) fn dollar_tag(s: &str) -> Option<&str> {
     let rest = &s[1..];
     let end = rest.find('$')?;
     let tag = &rest[..end];

@@ -169,7 +169,7 @@ pub async fn row_images(
             &format!(
                 "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
                         (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY k.ord)
-                           FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                           FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                            JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum),
                         (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
                            FROM pg_catalog.pg_attribute a

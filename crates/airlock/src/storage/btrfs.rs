@@ -159,7 +159,9 @@ fn vol_args(name: &[u8]) -> io::Result<VolArgs> {
 /// moment), and that refusal would keep even the limit's removal, and so the
 /// sandbox's deletion, from happening.
 pub fn limit(path: &Path, bytes: u64) -> io::Result<()> {
-    let dir = File::open(path)?;
+    // Never through a link: root must limit the subvolume named, not one a
+    // sandbox's user pointed its path at.
+    let dir = super::tree::open_dir_path(path)?;
     if nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
         return Err(io::Error::other("not the top of a subvolume"));
     }
@@ -167,7 +169,7 @@ pub fn limit(path: &Path, bytes: u64) -> io::Result<()> {
     // The nearest directory above it in the top-level subvolume.
     let mut above = path.parent();
     while let Some(candidate) = above {
-        let holder = File::open(candidate)?;
+        let holder = super::tree::open_dir_path(candidate)?;
         if tree_of(holder.as_fd())? == TOP_LEVEL_TREE {
             return limit_qgroup(holder.as_fd(), id, bytes);
         }
@@ -252,7 +254,7 @@ pub struct Qgroup {
 impl Qgroup {
     /// The quota group of the subvolume at `path`.
     pub fn of(path: &Path) -> io::Result<Qgroup> {
-        let dir = File::open(path)?;
+        let dir = super::tree::open_dir_path(path)?;
         if nix::sys::stat::fstat(dir.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
             return Err(io::Error::other(format!("{} is not the top of a subvolume", path.display())));
         }

@@ -82,6 +82,19 @@ pub(super) fn open_dir<Fd: AsFd>(parent: Fd, name: &CStr) -> io::Result<OwnedFd>
     .map_err(errno)
 }
 
+/// Opens the directory at the absolute `path` one component at a time, never
+/// through a symbolic link (a directory a sandbox's user owns may hold one
+/// pointing at another sandbox's).
+pub fn open_dir_path(path: &Path) -> io::Result<File> {
+    let mut dir = open_dir(nix::fcntl::AT_FDCWD, c"/")?;
+    for part in path.strip_prefix("/").map_err(|_| refused(path, "it is not absolute"))?.components() {
+        let name = CString::new(part.as_os_str().as_bytes())
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        dir = open_dir(dir.as_fd(), &name)?;
+    }
+    Ok(File::from(dir))
+}
+
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }

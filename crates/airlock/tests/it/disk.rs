@@ -557,3 +557,37 @@ fn a_golden_build_is_held_to_a_promise_like_a_sandbox() {
     sql(&dsn(&fork), "INSERT INTO t SELECT g, repeat('y', 400) FROM generate_series(1, 100000) g");
     assert_eq!(sql(&dsn(&neighbour), "SELECT count(*) FROM orders"), "1000");
 }
+
+/// The WAL limit Btrfs holds for `path` under the volume (its `max_excl`).
+fn wal_limit(volume: &std::path::Path, path: &str) -> String {
+    let out = std::process::Command::new("btrfs")
+        .args(["qgroup", "show", "-re", "--raw"])
+        .arg(volume)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let line = text.lines().find(|l| l.ends_with(path)).unwrap_or_else(|| panic!("no {path} in {text}"));
+    line.split_whitespace().nth(4).unwrap().to_owned()
+}
+
+/// A sandbox's server user owns its data directory, so it can put a link
+/// where its WAL was, pointing at a neighbour's. Root limits and unlimits
+/// subvolumes by path (a delete lifts every limit first): it never follows
+/// that link, so the neighbour's WAL keeps its limit.
+#[test]
+fn a_link_in_a_sandboxs_data_directory_never_moves_a_neighbours_limit() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "500M"]) else { return };
+    d.shop("shop");
+    let (a, b) = (d.fork("shop", &[]), d.fork("shop", &[]));
+    let volume = d.home.join("volume");
+    let b_wal = format!("sandboxes/{}/pgdata/pg_wal", b["id"].as_str().unwrap());
+    let before = wal_limit(&volume, &b_wal);
+    assert_ne!(before, "none", "the neighbour's WAL is limited");
+    // What A's server user could do in its own data directory.
+    let a_pgdata = volume.join("sandboxes").join(a["id"].as_str().unwrap()).join("pgdata");
+    std::fs::rename(a_pgdata.join("pg_wal"), a_pgdata.join("pg_wal.moved")).unwrap();
+    std::os::unix::fs::symlink(volume.join(&b_wal), a_pgdata.join("pg_wal")).unwrap();
+    d.ok(&["rm", a["id"].as_str().unwrap()]);
+    assert_eq!(wal_limit(&volume, &b_wal), before, "the neighbour's WAL limit moved");
+    assert_eq!(sql(&dsn(&b), "SELECT count(*) FROM orders"), "1000");
+}
