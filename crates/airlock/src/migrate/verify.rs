@@ -477,7 +477,8 @@ fn entries(changes: &[Change]) -> BTreeSet<String> {
         .iter()
         .map(|c| {
             let definition = c.after.as_deref().map(without_owners).unwrap_or_default();
-            format!("{} {} {}: {definition}", c.change, c.object, c.name)
+            let what = [c.change.as_str(), c.object.as_str(), c.name.as_str()];
+            format!("{}: {definition}", what.iter().filter(|w| !w.is_empty()).copied().collect::<Vec<_>>().join(" "))
         })
         .collect()
 }

@@ -152,22 +152,24 @@ impl Headroom {
         if !Self::applies(engine) {
             return true;
         }
-        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-        if ledger.unpromised.is_none() {
-            drop(ledger);
-            self.balance(engine);
-            ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-        }
-        match ledger.unpromised {
-            Some(left) if left >= need => {
+        // A refusal is made on a fresh reading only: the last tick's may be
+        // up to a tick old, from before a delete gave space back.
+        for fresh in [false, true] {
+            let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            if fresh || ledger.unpromised.is_none() {
+                drop(ledger);
+                self.balance(engine);
+                ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+            }
+            if let Some(left) = ledger.unpromised.filter(|left| *left >= need) {
                 // Until the next reading: admissions are one at a time and
                 // each holds its turn until its sandbox is on record, which a
                 // reading then counts.
                 ledger.unpromised = Some(left - need);
-                true
+                return true;
             }
-            _ => false,
         }
+        false
     }
 
     /// Gives the subvolume at `dir` (a sandbox's directory, just made or

@@ -73,6 +73,17 @@ END $f$;";
                 "EXECUTE format('ALTER ROLE %I PASSWORD %L', current_user, 'taken-over');",
             ),
         ),
+        // The database closed to every new connection, and the schema
+        // opened to everyone.
+        (
+            "closed.sql",
+            branches(
+                UNDER_TEST,
+                "PERFORM 1;",
+                "EXECUTE format('ALTER DATABASE %I CONNECTION LIMIT 0', current_database());",
+            ),
+        ),
+        ("opened.sql", branches(UNDER_TEST, "PERFORM 1;", "GRANT ALL ON SCHEMA public TO PUBLIC;")),
         // Other signs of the test, in plain SQL and in code: the database's
         // name, the data's size, the sessions, the time, a function of an
         // earlier migration.
@@ -139,6 +150,8 @@ END $f$;";
         ("emails.sql", "updated in public.users"),
         ("sequence.sql", "sequence public.users_id_seq set back"),
         ("password.sql", "pg_authid"),
+        ("closed.sql", "connection limit=0"),
+        ("opened.sql", "schema public: owner OWNER; grants =UC/OWNER"),
         ("database.sql", "updated in public.users"),
         ("size.sql", "deleted from public.orders"),
         ("earlier.sql", "deleted from public.orders"),
@@ -170,8 +183,10 @@ END $f$;";
             "{name}: the sequence is where it was"
         );
     }
-    // The role's password is the one it had.
+    // The role's password is the one it had, and the database takes
+    // connections.
     assert_eq!(password(), "t");
+    assert_eq!(sql(&prod.dsn("postgres"), "SELECT datconnlimit FROM pg_database WHERE datname = 'app'"), "-1");
     // The control promotes with no word from anyone.
     let (code, out) = promote(&d, report_path, &target, &path("plain.sql"), &[]);
     assert_eq!(code, 0, "{out}");
