@@ -477,8 +477,13 @@ fn entries(changes: &[Change]) -> BTreeSet<String> {
         .iter()
         .map(|c| {
             let definition = c.after.as_deref().map(without_owners).unwrap_or_default();
-            let what = [c.change.as_str(), c.object.as_str(), c.name.as_str()];
-            format!("{}: {definition}", what.iter().filter(|w| !w.is_empty()).copied().collect::<Vec<_>>().join(" "))
+            // An entry whose name says what it is has no object word.
+            let what: Vec<&str> = [&c.change, &c.object, &c.name]
+                .into_iter()
+                .map(String::as_str)
+                .filter(|w| !w.is_empty())
+                .collect();
+            format!("{}: {definition}", what.join(" "))
         })
         .collect()
 }

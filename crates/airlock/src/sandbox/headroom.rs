@@ -152,24 +152,22 @@ impl Headroom {
         if !Self::applies(engine) {
             return true;
         }
-        // A refusal is made on a fresh reading only: the last tick's may be
-        // up to a tick old, from before a delete gave space back.
-        for fresh in [false, true] {
-            let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            if fresh || ledger.unpromised.is_none() {
-                drop(ledger);
-                self.balance(engine);
-                ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-            }
-            if let Some(left) = ledger.unpromised.filter(|left| *left >= need) {
-                // Until the next reading: admissions are one at a time and
-                // each holds its turn until its sandbox is on record, which a
-                // reading then counts.
+        // Until the next reading: admissions are one at a time and each holds
+        // its turn until its sandbox is on record, which a reading then counts.
+        let take = |ledger: &mut Ledger| match ledger.unpromised {
+            Some(left) if left >= need => {
                 ledger.unpromised = Some(left - need);
-                return true;
+                true
             }
+            _ => false,
+        };
+        if take(&mut self.ledger.lock().unwrap_or_else(|p| p.into_inner())) {
+            return true;
         }
-        false
+        // A refusal is made on a fresh reading only: the last tick's may be up
+        // to a tick old, from before a delete gave space back.
+        self.balance(engine);
+        take(&mut self.ledger.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Gives the subvolume at `dir` (a sandbox's directory, just made or

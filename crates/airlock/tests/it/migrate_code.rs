@@ -186,7 +186,10 @@ END $f$;";
     // The role's password is the one it had, and the database takes
     // connections.
     assert_eq!(password(), "t");
-    assert_eq!(sql(&prod.dsn("postgres"), "SELECT datconnlimit FROM pg_database WHERE datname = 'app'"), "-1");
+    assert_eq!(
+        sql(&prod.dsn("postgres"), "SELECT datconnlimit FROM pg_database WHERE datname = 'app'"),
+        "-1"
+    );
     // The control promotes with no word from anyone.
     let (code, out) = promote(&d, report_path, &target, &path("plain.sql"), &[]);
     assert_eq!(code, 0, "{out}");
