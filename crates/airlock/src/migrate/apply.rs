@@ -454,6 +454,7 @@ pub async fn apply_sql(
     statements: &[Statement],
     golden_rows: BTreeMap<String, i64>,
     statement_timeout: Duration,
+    mut recorder: Option<&mut super::parts::Recorder>,
 ) -> Result<Applied> {
     let limit = statement_timeout + Duration::from_secs(10);
     let began = Instant::now();
@@ -467,6 +468,10 @@ pub async fn apply_sql(
     let mut stopped: Option<Failure> = None;
 
     for (index, st) in statements.iter().enumerate() {
+        // A part of a file run in parts may have ended with the last statement.
+        if let Some(r) = recorder.as_deref_mut() {
+            r.ran(monitor.client(), index, &reports).await?;
+        }
         let kind = split::kind(&st.sql);
         let in_txn = explicit.is_some();
         if !in_txn && kind != Kind::Commit && kind != Kind::Rollback {
@@ -516,7 +521,7 @@ pub async fn apply_sql(
                         explicit = None;
                         // COMMIT AND CHAIN (or ROLLBACK AND CHAIN) begins the next
                         // transaction at once: what follows shares it, as under psql.
-                        if in_txn && chains(&st.sql) {
+                        if in_txn && super::parts::chains(&st.sql) {
                             t.begin_transaction(index);
                             explicit = Some(st.line);
                             baseline_rows(session, &mut t, limit).await?;
@@ -592,6 +597,9 @@ pub async fn apply_sql(
         }
         reports[index] = report;
     }
+    if let (Some(r), None, None) = (recorder, &stopped, explicit) {
+        r.ran(monitor.client(), statements.len(), &reports).await?;
+    }
     if let Some(line) = explicit.filter(|_| stopped.is_none()) {
         roll_back(session, &mut t, &mut reports, limit).await;
         stopped = Some(Failure {
@@ -660,13 +668,6 @@ pub fn observed_locks(
             })
         })
         .collect()
-}
-
-/// Whether a COMMIT or ROLLBACK ends with `AND CHAIN` (not `AND NO CHAIN`).
-fn chains(sql: &str) -> bool {
-    let words: Vec<String> =
-        sql.split_whitespace().map(|w| w.trim_end_matches(';').to_ascii_uppercase()).collect();
-    words.ends_with(&["AND".to_owned(), "CHAIN".to_owned()])
 }
 
 /// Rolls back the open transaction after a failure, its statements marked so.

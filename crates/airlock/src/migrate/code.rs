@@ -68,13 +68,18 @@ const ENVIRONMENT_FUNCTIONS: &[&str] = &[
     "database_to_xml",
     "dblink",
     "dblink_exec",
-    "lo_import",
-    "lo_export",
+    "gen_random_uuid",
+    "uuid_generate_v1",
+    "uuid_generate_v1mc",
+    "uuid_generate_v4",
+    "nextval",
+    "currval",
+    "lastval",
 ];
 
 /// Prefixes of built-ins that read the server or its catalogs.
 const ENVIRONMENT_PREFIXES: &[&str] =
-    &["pg_", "to_reg", "has_", "txid_", "obj_description", "col_description"];
+    &["pg_", "to_reg", "has_", "txid_", "obj_description", "col_description", "lo_"];
 
 /// Built-ins under those prefixes that read nothing of where they run.
 const HARMLESS: &[&str] =
@@ -82,6 +87,7 @@ const HARMLESS: &[&str] =
 
 /// SQL value keywords (no parentheses) that say who or when.
 const ENVIRONMENT_KEYWORDS: &[&str] = &[
+    "user",
     "current_user",
     "session_user",
     "current_role",
@@ -109,7 +115,31 @@ const TIME_WORDS: &[&str] = &[
     "localtimestamp",
     "random",
     "gen_random_uuid",
+    "uuid_generate_v1",
+    "uuid_generate_v1mc",
+    "uuid_generate_v4",
+    "nextval",
 ];
+
+/// Date and time constants PostgreSQL reads as the moment they are read
+/// (`'now'::timestamptz`, `WHERE day = 'today'`).
+const TIME_CONSTANTS: &[&str] = &["now", "today", "tomorrow", "yesterday"];
+
+/// System columns: where a row lies and which transaction wrote it, which no
+/// two copies of a database share.
+const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
+
+/// Types whose values are a server's internal numbers (an object's OID, a
+/// transaction's ID), different on every copy.
+const INTERNAL_TYPES: &[&str] = &["oid", "xid", "xid8", "cid", "tid"];
+
+/// Settings that change how the rest of the file is read (a string's
+/// backslashes), so no lexer can follow it past them.
+const LEXER_SETTINGS: &[&str] = &["standard_conforming_strings", "backslash_quote", "escape_string_warning"];
+
+/// Statements that make an object run a function named inside them, without
+/// the `name(` of a call: an operator, a cast, an aggregate, a type's I/O.
+const FUNCTION_HOSTS: &[&str] = &["operator", "aggregate", "cast", "type", "transform", "conversion"];
 
 /// Catalogs and views that show the server, its sessions, roles and data
 /// (`pg_class.reltuples`, `pg_stat_activity`, `pg_settings`...).
@@ -163,8 +193,11 @@ enum Token {
     Word(String),
     /// A quoted identifier, as written inside its quotes.
     Quoted(String),
-    /// A string or dollar-quoted constant.
-    Constant,
+    /// A string or dollar-quoted constant, as written inside its quotes.
+    Constant(String),
+    /// A Unicode-escaped identifier (`U&"\\0070g_class"`), whose name the
+    /// lexer does not decode.
+    Escaped,
     /// Anything else: one character of punctuation, or a number.
     Other(char),
 }
@@ -249,6 +282,20 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 continue;
             }
             ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
+            ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
+            ["create", "or", "replace", host, ..] | ["create", host, ..] if FUNCTION_HOSTS.contains(host) => {
+                // An operator, cast or aggregate runs its function wherever
+                // it is used, with no `name(` to see there.
+                let named = tokens.iter().find_map(|t| match t {
+                    Token::Word(w) | Token::Quoted(w) if functions.contains(&w.to_ascii_lowercase()) => {
+                        Some(w.to_ascii_lowercase())
+                    }
+                    _ => None,
+                });
+                if let Some(f) = named {
+                    why(format!("makes a {host} that runs {f}(), code the database holds"));
+                }
+            }
             _ => {}
         }
         if let Some(table) = written_table(&tokens) {
@@ -259,10 +306,45 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
         }
         for (i, token) in tokens.iter().enumerate() {
-            let (Token::Word(name) | Token::Quoted(name)) = token else { continue };
+            let after_default = defaulted(&tokens, i);
+            let name = match token {
+                Token::Escaped => {
+                    why("a Unicode-escaped name (U&\"...\"), which hides what it names".into());
+                    continue;
+                }
+                Token::Constant(text) => {
+                    let text = text.trim();
+                    if TIME_CONSTANTS.contains(&text) && !after_default {
+                        why(format!("reads the time ('{text}')"));
+                    }
+                    continue;
+                }
+                Token::Word(name) | Token::Quoted(name) => name,
+                Token::Other(_) => continue,
+            };
+            let before = |back: usize| i.checked_sub(back).and_then(|j| tokens.get(j));
+            if matches!(token, Token::Word(_)) {
+                let word = name.as_str();
+                if SYSTEM_COLUMNS.contains(&word) {
+                    why(format!("reads {word}, where and by which transaction a row was written"));
+                } else if INTERNAL_TYPES.contains(&word)
+                    && (matches!((before(2), before(1)), (Some(Token::Other(':')), Some(Token::Other(':'))))
+                        || matches!(before(1), Some(Token::Word(w)) if w == "as"))
+                {
+                    why(format!("casts to {word}, a number no two servers share"));
+                } else if LEXER_SETTINGS.contains(&word) {
+                    why(format!("names {word}, which changes how what follows is read"));
+                } else if word == "tablesample" {
+                    why("samples rows by chance (TABLESAMPLE)".into());
+                } else if word == "user"
+                    && matches!(before(1), Some(Token::Word(w)) if ["create", "alter", "drop"].contains(&w.as_str()))
+                {
+                    // CREATE/ALTER/DROP USER: a role statement, not the keyword.
+                    continue;
+                }
+            }
             let name = name.to_ascii_lowercase();
             let called = matches!(tokens.get(i + 1), Some(Token::Other('(')));
-            let after_default = defaulted(&tokens, i);
             if TIME_WORDS.contains(&name.as_str()) && after_default {
                 continue;
             }
@@ -383,7 +465,15 @@ fn tokens(sql: &str) -> Vec<Token> {
                 }
             }
             b'\'' | b'"' => {
-                let escapes = c == b'\'' && i > 0 && matches!(bytes[i - 1], b'E' | b'e');
+                // E'...' only where the E is a word of its own (`date'...'` is a
+                // typed constant, as PostgreSQL's lexer reads it).
+                let escapes = c == b'\''
+                    && i > 0
+                    && matches!(bytes[i - 1], b'E' | b'e')
+                    && (i == 1
+                        || !(bytes[i - 2].is_ascii_alphanumeric()
+                            || bytes[i - 2] == b'_'
+                            || bytes[i - 2] >= 0x80));
                 let start = i + 1;
                 i += 1;
                 while i < bytes.len() {
@@ -402,22 +492,32 @@ fn tokens(sql: &str) -> Vec<Token> {
                 }
                 let end = i.min(bytes.len());
                 i += 1;
-                if c == b'"' {
+                // `U&"..."`: the word `u` and an `&` just before the quote.
+                let unicode = start >= 3
+                    && bytes[start - 2] == b'&'
+                    && matches!(bytes[start - 3], b'u' | b'U')
+                    && (start == 3
+                        || !(bytes[start - 4].is_ascii_alphanumeric() || bytes[start - 4] == b'_'));
+                if c == b'"' && unicode {
+                    out.truncate(out.len().saturating_sub(2));
+                    out.push(Token::Escaped);
+                } else if c == b'"' {
                     out.push(Token::Quoted(sql[start..end].replace("\"\"", "\"")));
                 } else {
                     // An E'' prefix was read as a word: it is part of the constant.
                     if escapes {
                         out.pop();
                     }
-                    out.push(Token::Constant);
+                    out.push(Token::Constant(sql[start..end].to_ascii_lowercase()));
                 }
             }
             b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => {
                 match super::split::dollar_tag(&sql[i..]) {
                     Some(tag) => {
                         let body = i + tag.len();
-                        i = sql[body..].find(tag).map_or(bytes.len(), |e| body + e + tag.len());
-                        out.push(Token::Constant);
+                        let end = sql[body..].find(tag).map_or(bytes.len(), |e| body + e);
+                        out.push(Token::Constant(sql[body..end].to_ascii_lowercase()));
+                        i = (end + tag.len()).min(bytes.len());
                     }
                     None => {
                         out.push(Token::Other('$'));
@@ -484,6 +584,12 @@ mod tests {
             "CREATE INDEX ON users (lower(email)); COMMENT ON TABLE users IS 'pg_stat_activity'",
             "-- DO this later\nALTER TABLE users RENAME COLUMN \"now\" TO then",
             "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+            "INSERT INTO users (note) VALUES ('done now'), ('today''s')",
+            "ALTER TABLE users ADD COLUMN day date NOT NULL DEFAULT 'today'",
+            "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
+            "UPDATE users SET since = date'2020-01-01' WHERE note = E'it''s \\' done'",
+            "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+            "ALTER TABLE users ADD COLUMN \"user\" text",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -513,6 +619,20 @@ mod tests {
             ("SELECT query_to_xml('DELETE FROM users RETURNING 1', true, true, '')", "query_to_xml()"),
             ("UPDATE users SET a = pg_database_size(current_database())", "pg_database_size()"),
             ("UPDATE users SET n = (SELECT reltuples FROM pg_class WHERE relname = 'users')", "pg_class"),
+            ("DELETE FROM users WHERE user = 'app'", "USER"),
+            ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
+            ("SET standard_conforming_strings = off", "standard_conforming_strings"),
+            ("DELETE FROM users WHERE created < 'now'", "'now'"),
+            ("DELETE FROM users WHERE day = 'Tomorrow'::date", "'tomorrow'"),
+            ("DELETE FROM users TABLESAMPLE BERNOULLI (50)", "TABLESAMPLE"),
+            ("UPDATE users SET id2 = gen_random_uuid()", "gen_random_uuid()"),
+            ("DELETE FROM users WHERE xmin::text::int % 2 = 0", "xmin"),
+            ("DELETE FROM users WHERE 'users'::regclass::oid > 20000", "casts to oid"),
+            ("DELETE FROM users WHERE nextval('s') > 1000", "nextval()"),
+            ("NOTIFY cache_flush, 'all'", "NOTIFY"),
+            ("SELECT lo_unlink(16400)", "lo_unlink()"),
+            ("CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = rotate_keys)", "operator that runs rotate_keys"),
+            ("CREATE FUNCTION h(int, int) RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE AGGREGATE a(int) (SFUNC = h, STYPE = int)", "aggregate that runs h"),
         ];
         for (sql, said) in cases {
             let got = why(sql);

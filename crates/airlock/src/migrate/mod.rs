@@ -16,11 +16,13 @@ pub mod code;
 pub mod command;
 pub mod costs;
 pub mod hazards;
+pub mod parts;
 pub mod probe;
 pub mod promote;
 pub mod render;
 pub mod report;
 pub mod scale;
+pub mod seal;
 pub mod split;
 pub mod verify;
 
@@ -333,7 +335,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     let calibration = costs::kept(&baseline.costs).unwrap_or_default();
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
     let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
-    let report = Report {
+    let mut report = Report {
         golden: req.golden.clone(),
         generation,
         golden_catalog: baseline.snapshot.catalog.clone(),
@@ -342,7 +344,9 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         ranking,
         candidates,
         scale,
+        seal: String::new(),
     };
+    seal::seal(&engine.layout, &mut report)?;
     let summary: Vec<serde_json::Value> = report
         .candidates
         .iter()
@@ -502,6 +506,7 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         drift: vec![],
         sequences_set_back: Default::default(),
         changed_keys: Default::default(),
+        parts: vec![],
         duration_ms: 0.0,
     }
 }
@@ -535,6 +540,7 @@ async fn measure(
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
+    let mut recorder: Option<parts::Recorder> = None;
     let done = std::sync::atomic::AtomicBool::new(false);
     let tables: Vec<String> = golden_rows.keys().cloned().collect();
     let text = candidate.sql.as_deref().or(candidate.exec.as_deref()).unwrap_or_default();
@@ -555,9 +561,21 @@ async fn measure(
                 (Some(sql), _) => {
                     let statements = split::split(sql)?;
                     let mut session = crate::gateway::sql::connect(engine, sb).await?;
-                    let applied =
-                        apply::apply_sql(&mut session, &admin, &statements, golden_rows.clone(), timeout)
-                            .await;
+                    recorder = parts::Recorder::new(
+                        &statements,
+                        snapshot.catalog.clone(),
+                        sequences_before.clone(),
+                        images_before.clone(),
+                    );
+                    let applied = apply::apply_sql(
+                        &mut session,
+                        &admin,
+                        &statements,
+                        golden_rows.clone(),
+                        timeout,
+                        recorder.as_mut(),
+                    )
+                    .await;
                     session.close().await;
                     let applied = applied?;
                     unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
@@ -702,6 +720,7 @@ async fn measure(
         drift,
         sequences_set_back,
         changed_keys,
+        parts: recorder.map(|r| r.records).unwrap_or_default(),
         duration_ms: applied.duration_ms,
     })
 }

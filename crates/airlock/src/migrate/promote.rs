@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use super::parts;
 use super::report::Report;
-use super::split::{self, Kind};
+use super::split;
 use super::verify;
 use super::Candidate;
 use crate::engine::Engine;
@@ -77,6 +78,8 @@ fn refused(message: impl Into<String>, hint: impl Into<String>) -> Error {
 
 /// Applies the candidate to the target if every guard holds.
 pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> {
+    // Nothing in the report is read before its seal holds.
+    super::seal::check(&engine.layout, &req.report)?;
     let sql = match (&req.candidate.sql, &req.candidate.exec) {
         (Some(sql), _) => Some(sql.as_str()),
         (None, Some(_)) if req.check_only => None,
@@ -192,16 +195,34 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         async move { client.batch_execute(&sql).await }
     };
     run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
-    let single = statements.iter().all(|s| split::kind(&s.sql) == Kind::Plain);
+    let single = parts::whole(&statements);
+    let all = parts::parts(&statements);
     let began = Instant::now();
     let mut kept = false;
-    for part in parts(&statements, single) {
+    // The target's schema before the next part: what that part's catalog
+    // changes are read against.
+    let mut catalog_before = now;
+    for (n, part) in all.iter().enumerate() {
         let within = &statements[part.range.clone()];
-        // The file's own BEGIN and COMMIT, when the part is its transaction.
-        let (open, body, close) = match (part.checked, part.own_transaction) {
-            (true, false) => (&within[..1], &within[1..within.len() - 1], &within[within.len() - 1..]),
-            _ => (&within[..0], within, &within[within.len()..]),
+        let line = within.first().map_or(0, |s| s.line);
+        // What the test saw this part do: the whole file's record, or the part's.
+        let (changes, set_back, keys) = if single {
+            (tested.changes.as_slice(), &tested.sequences_set_back, &tested.changed_keys)
+        } else {
+            let record = tested
+                .parts
+                .iter()
+                .find(|r| r.from == part.range.start && r.to == part.range.end)
+                .ok_or_else(|| {
+                refused(
+                    format!("its test recorded nothing of the part from line {line}"),
+                    "test the file again with `airlock migrate test`, then promote with the new report",
+                )
+            })?;
+            (record.changes.as_slice(), &record.sequences_set_back, &record.changed_keys)
         };
+        let tested_part = tested.statements.get(part.range.clone()).unwrap_or(&[]);
+        let compared: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
         let failed = |s: &split::Statement, e: tokio_postgres::Error, kept: bool| {
             let undone = if kept { "statements before it stay applied" } else { "nothing was applied" };
             Error::new(
@@ -210,91 +231,123 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 "a lock_timeout error (55P03) means the target is busy: retry when it is quieter",
             )
         };
+        let differs = |surprises: Vec<String>, after: &str| {
+            refused(
+                format!(
+                    "on the target, {} did what its test did not (the part from line {line}){after}: {}",
+                    tested.name,
+                    surprises.join("; ")
+                ),
+                "the migration behaves differently here than on the golden (it may tell the two apart): \
+                 read it before running it anywhere",
+            )
+        };
         if !part.checked {
-            for s in body {
+            // What cannot run in a transaction (or rolls itself back) is
+            // checked once it ran: a difference then stops the file there.
+            let before = verify::Before::read(&client, &compared).await?;
+            for s in within {
                 run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?;
                 kept = true;
             }
-            continue;
-        }
-        match open.first() {
-            Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
-            None => run("BEGIN".into()).await.map_err(pg_error)?,
-        }
-        // Rows are compared for a file applied whole (the test's keys are the
-        // whole file's).
-        let compared = match single {
-            true => tested.changed_keys.keys().cloned().collect(),
-            false => Default::default(),
-        };
-        let before = verify::Before::read(&client, &compared).await?;
-        for s in body {
-            if let Err(e) = run(s.sql.clone()).await {
-                let _ = run("ROLLBACK".into()).await;
-                return Err(failed(s, e, kept));
-            }
-        }
-        // Before anything is kept, the target must have seen what the test saw:
-        // a migration that behaves otherwise here (one that can tell it is being
-        // tested, say) is rolled back and refused — part by part, for a file
-        // that runs in parts.
-        let tested_part = tested.statements.get(part.range.clone()).unwrap_or(&[]);
-        let changes = single.then_some(tested.changes.as_slice());
-        let line = within.first().map_or(0, |s| s.line);
-        let checked = async {
-            if let Some(e) = verify::settle_deferred(&client).await? {
-                return Err(Error::new(
-                    ErrorCode::MigrationFailed,
-                    format!("at the COMMIT of the part from line {line}: {e}"),
-                    "the target refused what the commit would do",
-                ));
-            }
-            let surprises = verify::surprises(
-                &client,
-                tested_part,
-                changes,
-                &tested.sequences_set_back,
-                &tested.changed_keys,
-                &now,
-                &before,
-            )
-                .await?;
+            let surprises =
+                verify::surprises(&client, tested_part, changes, set_back, keys, &catalog_before, &before)
+                    .await?;
             if !surprises.is_empty() {
-                let kept = if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
-                return Err(refused(
-                    format!(
-                        "on the target, {} did what its test did not (from line {line}), so that part was rolled back{kept}: {}",
-                        tested.name,
-                        surprises.join("; ")
-                    ),
-                    "the migration behaves differently here than on the golden (it may tell the two apart): \
-                     read it before running it anywhere",
-                ));
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(mut e) = checked {
-            let _ = run("ROLLBACK".into()).await;
-            // A rollback leaves sequences where the migration put them.
-            match verify::restore_sequences(&client, &before).await {
-                Ok(restored) if !restored.is_empty() => {
-                    e.message =
-                        format!("{} (sequences put back where they were: {})", e.message, restored.join(", "))
+                let mut e = differs(
+                    surprises,
+                    ", where nothing can be undone: what it did stays, and nothing after it ran",
+                );
+                if let Ok(restored) = verify::restore_sequences(&client, &before).await {
+                    if !restored.is_empty() {
+                        e.message = format!(
+                            "{} (sequences put back where they were: {})",
+                            e.message,
+                            restored.join(", ")
+                        );
+                    }
                 }
-                Ok(_) => {}
-                Err(r) => {
-                    e.message =
-                        format!("{} (a sequence it set back could not be put back: {})", e.message, r.message)
+                return Err(e);
+            }
+        } else {
+            let (open, body, close) = {
+                let from = usize::from(part.opening == parts::Opening::File);
+                let to = within.len() - usize::from(part.file_commits);
+                (&within[..from], &within[from..to], &within[to..])
+            };
+            match (part.opening, open.first()) {
+                (parts::Opening::File, Some(s)) => {
+                    run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?
+                }
+                (parts::Opening::Chained, _) => {}
+                _ => run("BEGIN".into()).await.map_err(pg_error)?,
+            }
+            let before = verify::Before::read(&client, &compared).await?;
+            for s in body {
+                if let Err(e) = run(s.sql.clone()).await {
+                    let _ = run("ROLLBACK".into()).await;
+                    return Err(failed(s, e, kept));
                 }
             }
-            return Err(e);
+            // Before anything is kept, the target must have seen what the test
+            // saw: a migration that behaves otherwise here (one that can tell it
+            // is being tested, say) is rolled back and refused.
+            let checked = async {
+                if let Some(e) = verify::settle_deferred(&client).await? {
+                    return Err(Error::new(
+                        ErrorCode::MigrationFailed,
+                        format!("at the COMMIT of the part from line {line}: {e}"),
+                        "the target refused what the commit would do",
+                    ));
+                }
+                let surprises = verify::surprises(
+                    &client,
+                    tested_part,
+                    changes,
+                    set_back,
+                    keys,
+                    &catalog_before,
+                    &before,
+                )
+                .await?;
+                if !surprises.is_empty() {
+                    let kept =
+                        if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
+                    return Err(differs(surprises, &format!(", so that part was rolled back{kept}")));
+                }
+                Ok(())
+            }
+            .await;
+            if let Err(mut e) = checked {
+                let _ = run("ROLLBACK".into()).await;
+                // A rollback leaves sequences where the migration put them.
+                match verify::restore_sequences(&client, &before).await {
+                    Ok(restored) if !restored.is_empty() => {
+                        e.message = format!(
+                            "{} (sequences put back where they were: {})",
+                            e.message,
+                            restored.join(", ")
+                        )
+                    }
+                    Ok(_) => {}
+                    Err(r) => {
+                        e.message = format!(
+                            "{} (a sequence it set back could not be put back: {})",
+                            e.message, r.message
+                        )
+                    }
+                }
+                return Err(e);
+            }
+            match close.first() {
+                Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
+                None => run("COMMIT".into()).await.map_err(pg_error)?,
+            }
+            kept = true;
         }
-        match close.first() {
-            Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
-            None => run("COMMIT".into()).await.map_err(pg_error)?,
+        if n + 1 < all.len() {
+            catalog_before = crate::catalog::read(&client).await?;
         }
-        kept = true;
     }
     let took = Duration::from_secs_f64(began.elapsed().as_secs_f64());
     let promoted = Promoted {
@@ -312,55 +365,6 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         ..Default::default()
     });
     Ok(promoted)
-}
-
-/// A run of a file's statements promote applies together.
-struct Part {
-    /// The statements, by index.
-    range: std::ops::Range<usize>,
-    /// Whether it runs in a transaction promote checks before it commits.
-    checked: bool,
-    /// Whether promote opens that transaction (else the part is the file's
-    /// own `BEGIN ... COMMIT`).
-    own_transaction: bool,
-}
-
-/// How a file runs: all in one checked transaction when every statement can
-/// share one; else as psql would, each statement outside the file's
-/// transactions in a checked transaction of its own, each of the file's
-/// `BEGIN ... COMMIT` blocks checked before its COMMIT, and what cannot run in
-/// a transaction (`CREATE INDEX CONCURRENTLY`...), or a block that chains or
-/// rolls itself back, run unchecked.
-fn parts(statements: &[split::Statement], single: bool) -> Vec<Part> {
-    if single {
-        return vec![Part { range: 0..statements.len(), checked: true, own_transaction: true }];
-    }
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < statements.len() {
-        let one = |checked| Part { range: i..i + 1, checked, own_transaction: true };
-        match split::kind(&statements[i].sql) {
-            Kind::Plain => out.push(one(true)),
-            Kind::Begin => {
-                let end = statements[i..]
-                    .iter()
-                    .position(|s| matches!(split::kind(&s.sql), Kind::Commit | Kind::Rollback));
-                let Some(end) = end.map(|e| i + e) else {
-                    out.push(Part { range: i..statements.len(), checked: false, own_transaction: true });
-                    break;
-                };
-                let plain = statements[i + 1..end].iter().all(|s| split::kind(&s.sql) == Kind::Plain);
-                let commits = split::kind(&statements[end].sql) == Kind::Commit
-                    && !statements[end].sql.to_ascii_uppercase().contains("CHAIN");
-                out.push(Part { range: i..end + 1, checked: plain && commits, own_transaction: false });
-                i = end + 1;
-                continue;
-            }
-            _ => out.push(one(false)),
-        }
-        i += 1;
-    }
-    out
 }
 
 /// A target's refusal, as `migration_failed`.

@@ -30,6 +30,10 @@ pub struct Report {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub scale: super::scale::Scale,
+    /// The daemon's MAC over everything above: `migrate promote` reads no
+    /// report whose seal does not match (see `migrate::seal`).
+    #[serde(default)]
+    pub seal: String,
 }
 
 /// One candidate's result.
@@ -81,6 +85,11 @@ pub struct CandidateReport {
     /// Promote expects the same rows changed on the target.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub changed_keys: std::collections::BTreeMap<String, super::verify::KeyDigest>,
+    /// For a file that runs in parts: what each part did, which promote
+    /// holds that part to on the target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub parts: Vec<super::parts::PartRecord>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
 }

@@ -54,6 +54,11 @@ pub struct Before {
     sequences: BTreeMap<String, Option<i64>>,
     /// Images of the tables whose changed rows the test recorded.
     rows: BTreeMap<String, RowImage>,
+    /// The session's row counters as the part began: they hold what earlier
+    /// transactions did until the session reports them (PostgreSQL 15 on),
+    /// so only what they gain is the part's.
+    activity: BTreeMap<String, [i64; 3]>,
+    shared: BTreeMap<String, i64>,
 }
 
 impl Before {
@@ -65,6 +70,8 @@ impl Before {
             cluster: cluster_state(client).await?,
             sequences: sequences(client).await?,
             rows: row_images(client, compared, None).await?,
+            activity: xact_activity(client).await?,
+            shared: shared_catalog_writes(client).await?.into_iter().collect(),
         })
     }
 }
@@ -128,6 +135,12 @@ pub struct KeyDigest {
 }
 
 impl KeyDigest {
+    /// Whether two digests say the same rows changed (no row is no row,
+    /// however it was recorded).
+    pub fn same_rows(&self, other: &KeyDigest) -> bool {
+        self.rows == other.rows && (self.rows == 0 || self.sha256 == other.sha256)
+    }
+
     /// The digest of `keys`.
     pub fn of(keys: &BTreeSet<String>) -> KeyDigest {
         use sha2::Digest;
@@ -144,9 +157,10 @@ impl KeyDigest {
 /// compared between the test and the target.
 pub const ROWS_COMPARED: i64 = 100_000;
 
-/// Each row of a table by its primary key, as a digest of the columns the
-/// table had at the first image (a column added later changes no row; one
-/// dropped reads as NULL).
+/// Each row of a table by its primary key (or, for a table without one, by
+/// its own digest and how many rows before it share that digest), as a
+/// digest of the columns the table had at the first image (a column added
+/// later changes no row; one dropped reads as NULL).
 #[derive(Debug, Clone, Default)]
 pub struct RowImage {
     /// The columns imaged, quoted.
@@ -155,29 +169,32 @@ pub struct RowImage {
     rows: BTreeMap<String, String>,
 }
 
-/// Images of `tables` (those with a primary key and at most
-/// [`ROWS_COMPARED`] rows by the planner's estimate; others are left out),
-/// of the columns in `first` (the images to compare with), else of every
-/// column each has now.
+/// Images of `tables` (those of at most [`ROWS_COMPARED`] rows by the
+/// planner's estimate and by count; others are left out), of the columns
+/// in `first` (the images to compare with), else of every column each has now.
 pub async fn row_images(
     client: &tokio_postgres::Client,
     tables: &BTreeSet<String>,
     first: Option<&BTreeMap<String, RowImage>>,
 ) -> Result<BTreeMap<String, RowImage>> {
+    if tables.is_empty() {
+        return Ok(BTreeMap::new());
+    }
     let keys = client
         .query(
             &format!(
                 "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
                         (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY k.ord)
-                           FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
-                           JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum),
+                           FROM pg_catalog.pg_index i,
+                                pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+                           JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
+                          WHERE i.indrelid = c.oid AND i.indisprimary),
                         (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
                            FROM pg_catalog.pg_attribute a
                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
-                   FROM pg_catalog.pg_index i
-                   JOIN pg_catalog.pg_class c ON c.oid = i.indrelid
+                   FROM pg_catalog.pg_class c
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                  WHERE i.indisprimary AND c.reltuples <= {ROWS_COMPARED} AND {}",
+                  WHERE c.relkind IN ('r', 'p') AND c.reltuples <= {ROWS_COMPARED} AND {}",
                 crate::catalog::SYSTEM_SCHEMAS
             ),
             &[],
@@ -186,10 +203,12 @@ pub async fn row_images(
         .map_err(pg_error)?;
     let mut out = BTreeMap::new();
     for row in keys {
-        let (table, key, now): (String, String, Vec<String>) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
+        let (table, key, now): (String, Option<String>, Option<Vec<String>>) =
+            (row.cell(0)?, row.cell(1)?, row.cell(2)?);
         if !tables.contains(&table) {
             continue;
         }
+        let now = now.unwrap_or_default();
         let columns = match first.map(|f| f.get(&table)) {
             None => now.clone(),
             Some(Some(image)) => image.columns.clone(),
@@ -198,25 +217,29 @@ pub async fn row_images(
         };
         let projected: Vec<String> =
             columns.iter().map(|c| if now.contains(c) { format!("t.{c}") } else { "NULL".into() }).collect();
+        let digest = format!("pg_catalog.md5(ROW({})::text)", projected.join(", "));
+        let key = match &key {
+            Some(key) => format!("ROW({key})::text"),
+            None => digest.clone(),
+        };
         let rows = client
-            .query(
-                &format!(
-                    "SELECT ROW({key})::text, pg_catalog.md5(ROW({})::text) FROM {table} t LIMIT {}",
-                    projected.join(", "),
-                    ROWS_COMPARED + 1
-                ),
-                &[],
-            )
+            .query(&format!("SELECT {key}, {digest} FROM {table} t LIMIT {}", ROWS_COMPARED + 1), &[])
             .await
             .map_err(pg_error)?;
         if rows.len() as i64 > ROWS_COMPARED {
             continue;
         }
-        let rows = rows
-            .into_iter()
-            .map(|r| Ok((r.cell(0)?, r.cell(1)?)))
-            .collect::<Result<BTreeMap<String, String>>>()?;
-        out.insert(table, RowImage { columns, rows });
+        let mut image = BTreeMap::new();
+        let mut alike: BTreeMap<String, usize> = BTreeMap::new();
+        for r in rows {
+            let (k, d): (String, String) = (r.cell(0)?, r.cell(1)?);
+            // Rows alike in a table without a key: the first, the second...
+            let seen = alike.entry(k.clone()).or_default();
+            let k = if *seen == 0 { k } else { format!("{k}#{seen}") };
+            *seen += 1;
+            image.insert(k, d);
+        }
+        out.insert(table, RowImage { columns, rows: image });
     }
     Ok(out)
 }
@@ -346,34 +369,32 @@ async fn xact_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
 /// before it is a difference (data is not the golden's, so shares drift some).
 const SHARE_SLACK: f64 = 0.05;
 
-/// What the migration did on the target, in its open transaction, that its test
-/// did not.
+/// What the migration did on the target, in its open transaction (or in a
+/// part that ran outside one), that its test did not.
 ///
-/// `statements` are the tested statements the open transaction ran;
-/// `tested_set_back` the sequences its test set back; `tested_keys` the
-/// keys of the rows its test changed, per table compared; `changes`
-/// the catalog changes the whole file made in its test, compared when the
-/// transaction holds the whole file (`None` for one part of a file run in
-/// parts, whose catalog changes the test did not record apart).
+/// `statements` are the tested statements the part ran; `changes` the
+/// catalog changes they made in the test; `tested_set_back` the sequences
+/// they set back; `tested_keys` the digests of the rows they changed, per
+/// table compared.
 pub async fn surprises(
     client: &tokio_postgres::Client,
     statements: &[StatementReport],
-    changes: Option<&[Change]>,
+    changes: &[Change],
     tested_set_back: &BTreeSet<String>,
     tested_keys: &BTreeMap<String, KeyDigest>,
     catalog_before: &Catalog,
     before: &Before,
 ) -> Result<Vec<String>> {
     let mut out = Vec::new();
-    // Which rows, not only how many: for a file applied whole, each compared
-    // table's changed keys here are its test's.
-    if changes.is_some() && !before.rows.is_empty() {
+    // Which rows, not only how many: each compared table's changed rows here
+    // are its test's.
+    if !before.rows.is_empty() {
         let compared: BTreeSet<String> = before.rows.keys().cloned().collect();
         let here = changed_keys(&before.rows, &row_images(client, &compared, Some(&before.rows)).await?);
         for table in &compared {
             let mine = here.get(table).map(|k| KeyDigest::of(k)).unwrap_or_default();
             let theirs = tested_keys.get(table).cloned().unwrap_or_default();
-            if mine != theirs {
+            if !mine.same_rows(&theirs) {
                 out.push(format!(
                     "changed other rows of {table} than its test ({} here, {} in the test)",
                     mine.rows, theirs.rows
@@ -382,6 +403,10 @@ pub async fn surprises(
         }
     }
     for (catalog, rows) in shared_catalog_writes(client).await? {
+        let rows = rows - before.shared.get(&catalog).copied().unwrap_or(0);
+        if rows <= 0 {
+            continue;
+        }
         out.push(format!(
             "{rows} rows written in {catalog} (roles, their passwords and databases are not the migration's)"
         ));
@@ -392,10 +417,8 @@ pub async fn surprises(
     for name in here.difference(tested_set_back).take(5) {
         out.push(format!("sequence {name} set back (not so in the test)"));
     }
-    if changes.is_some() {
-        for name in tested_set_back.difference(&here).take(5) {
-            out.push(format!("sequence {name} set back in the test, not here"));
-        }
+    for name in tested_set_back.difference(&here).take(5) {
+        out.push(format!("sequence {name} set back in the test, not here"));
     }
     let seen = super::report::rows_by_table(statements, true);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
@@ -403,7 +426,11 @@ pub async fn surprises(
         rewritten.extend(st.rows.iter().filter(|r| r.truncated).map(|r| r.table.as_str()));
         rewritten.extend(st.rewrites.iter().map(|w| w.table.as_str()));
     }
-    for (table, did) in xact_activity(client).await? {
+    for (table, mut did) in xact_activity(client).await? {
+        let earlier = before.activity.get(&table).copied().unwrap_or_default();
+        for (n, was) in did.iter_mut().zip(earlier) {
+            *n = (*n - was).max(0);
+        }
         let test = seen.get(table.as_str()).copied().unwrap_or_default();
         for (i, what) in ["inserted into", "updated in", "deleted from"].iter().enumerate() {
             if did[i] > 0 && test[i] == 0 {
@@ -439,9 +466,10 @@ pub async fn surprises(
     }
     // Catalog entries with their definitions; owners are set aside, since the
     // test's objects belong to the sandbox's roles and the target's to its own.
-    let Some(changes) = changes else { return Ok(out) };
     let after = crate::catalog::read(client).await?;
-    let here = entries(&crate::catalog::diff::diff(catalog_before, &after));
+    let made = crate::catalog::diff::diff(catalog_before, &after);
+    out.extend(schemas_named_for_roles(client, &made).await?);
+    let here = entries(&made);
     let there = entries(changes);
     for extra in here.difference(&there).take(5) {
         out.push(format!("{extra} (not so in the test)"));
@@ -450,6 +478,38 @@ pub async fn surprises(
         out.push(format!("{missing} in the test, not here"));
     }
     Ok(out)
+}
+
+/// Schemas the part made that are named after a role of the target: with
+/// the default `search_path` (`"$user", public`), that role's sessions find
+/// the schema's objects before public's, so the application's own queries
+/// could resolve to them. A test fork's roles are not the target's, so its
+/// test cannot show this.
+async fn schemas_named_for_roles(client: &tokio_postgres::Client, made: &[Change]) -> Result<Vec<String>> {
+    let schemas: Vec<String> = made
+        .iter()
+        .filter(|c| c.change == "added" && c.object.is_empty())
+        .filter_map(|c| c.name.strip_prefix("schema "))
+        .map(|n| n.trim_matches('"').replace("\"\"", "\""))
+        .collect();
+    if schemas.is_empty() {
+        return Ok(vec![]);
+    }
+    let rows = client
+        .query(
+            "SELECT rolname::text FROM pg_catalog.pg_roles WHERE rolname = ANY($1) ORDER BY 1",
+            &[&schemas],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter()
+        .map(|r| {
+            let role: String = r.cell(0)?;
+            Ok(format!(
+                "schema {role} is named after a role here: through search_path's \"$user\", {role}'s sessions would find its objects before public's"
+            ))
+        })
+        .collect()
 }
 
 /// How the target's schema differs from the golden's the test ran on, owners

@@ -21,24 +21,33 @@ fn sha(report: &Value, name: &str) -> String {
     by_name(report)[name]["sha256"].as_str().unwrap().to_owned()
 }
 
+/// Production: a real server, its application's owner role (no superuser)
+/// owning database `app` with the test schema, `extra` and the seed; and
+/// golden `app` built from it, so nothing has drifted. Returns the server
+/// and the owner's DSN.
+fn production(d: &Daemon, name: &str, extra: &str) -> (crate::imports::Production, String) {
+    let prod = crate::imports::Production::start(name);
+    sql(&prod.dsn("postgres"), "CREATE ROLE app_owner LOGIN");
+    sql(&prod.dsn("postgres"), "CREATE DATABASE app OWNER app_owner");
+    let target = prod.dsn("app").replacen("postgres@", "app_owner@", 1);
+    for part in [SCHEMA, extra, SEED] {
+        crate::harness::psql(&target, part).unwrap();
+    }
+    let out = d.cli_with(&["golden", "create", "app", "--from-url", "-"], Some(&prod.dsn("app")));
+    assert_eq!(out.code, 0, "{out:?}");
+    (prod, target)
+}
+
 #[test]
 fn code_that_can_tell_the_test_apart_needs_a_person_and_is_still_checked_on_its_target() {
     let d = Daemon::start(&[]);
     // Production: a real server, its application's owner role (no
     // superuser), and a function an earlier migration left there that looks
     // where it runs. The golden is built from it, so nothing has drifted.
-    let prod = crate::imports::Production::start("code");
     let tidy = "CREATE FUNCTION public.tidy() RETURNS void LANGUAGE plpgsql AS $f$ BEGIN
   IF pg_catalog.to_regnamespace('pg_airlock_probe') IS NULL THEN DELETE FROM orders WHERE id <= 10; END IF;
 END $f$;";
-    sql(&prod.dsn("postgres"), "CREATE ROLE app_owner LOGIN");
-    sql(&prod.dsn("postgres"), "CREATE DATABASE app OWNER app_owner");
-    let target = prod.dsn("app").replacen("postgres@", "app_owner@", 1);
-    for part in [SCHEMA, tidy, SEED] {
-        crate::harness::psql(&target, part).unwrap();
-    }
-    let out = d.cli_with(&["golden", "create", "app", "--from-url", "-"], Some(&prod.dsn("app")));
-    assert_eq!(out.code, 0, "{out:?}");
+    let (prod, target) = production(&d, "code", tidy);
     let password = || {
         sql(&prod.dsn("postgres"), "SELECT rolpassword IS NULL FROM pg_authid WHERE rolname = 'app_owner'")
     };
@@ -194,4 +203,171 @@ END $f$;";
     let (code, out) = promote(&d, report_path, &target, &path("plain.sql"), &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(sql(&target, "SELECT count(*) FROM users WHERE score = 1"), "10");
+}
+
+#[test]
+fn a_file_run_in_parts_is_checked_part_by_part_and_its_report_cannot_be_edited() {
+    let d = Daemon::start(&[]);
+    // A table without a primary key: its rows are compared by what they hold.
+    let events = "CREATE TABLE events (kind text NOT NULL, n int NOT NULL);
+INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 40) g;";
+    let (_prod, target) = production(&d, "parts", events);
+    let quiet = |what: &str| branches(UNDER_TEST, "PERFORM 1;", what);
+    let candidates = [
+        // Parts: its own transactions, one after the other. The second
+        // changes other rows on the target than under test (as many).
+        (
+            "blocks.sql",
+            format!(
+                "BEGIN;\nUPDATE users SET score = 2 WHERE id <= 5;\nCOMMIT;\nBEGIN;\n{}COMMIT;\n",
+                branches(
+                    UNDER_TEST,
+                    "UPDATE users SET score = score WHERE id <= 3;",
+                    "UPDATE users SET score = 7 WHERE id BETWEEN 100 AND 102;"
+                )
+            ),
+        ),
+        // A chained transaction that changes the role's settings on the target only.
+        (
+            "chain.sql",
+            format!(
+                "BEGIN;\nUPDATE users SET score = 3 WHERE id = 1;\nCOMMIT AND CHAIN;\n{}COMMIT;\n",
+                quiet("EXECUTE format('ALTER ROLE %I SET work_mem = %L', current_user, '1MB');")
+            ),
+        ),
+        // A block that grants the table to everyone on the target, then a
+        // statement that cannot run in a transaction.
+        (
+            "granted.sql",
+            format!("BEGIN;\n{}COMMIT;\nVACUUM users;\n", quiet("GRANT ALL ON users TO PUBLIC;")),
+        ),
+        // A block that rolls itself back but sets a sequence back on the target.
+        (
+            "rolled.sql",
+            format!(
+                "BEGIN;\n{}ROLLBACK;\nUPDATE users SET score = 4 WHERE id = 2;\n",
+                quiet("PERFORM pg_catalog.setval('users_id_seq', 1);")
+            ),
+        ),
+        // Rows of a table without a key: as many, but others.
+        (
+            "nokey.sql",
+            branches(
+                UNDER_TEST,
+                "UPDATE events SET n = n WHERE n <= 4;",
+                "UPDATE events SET n = 0 WHERE n > 36;",
+            ),
+        ),
+        // Plain SQL that is only harmful on the target: a schema named after
+        // the application's role comes first on its search path.
+        ("shadow.sql", "CREATE SCHEMA app_owner;\nCREATE TABLE app_owner.users (id int);\n".into()),
+        // The controls: parts with an index built concurrently, and plain
+        // changes to a table without a key.
+        (
+            "parts.sql",
+            "BEGIN;\nINSERT INTO events VALUES ('c', 100);\nCOMMIT;\n\
+             CREATE INDEX CONCURRENTLY users_score ON users (score);\n\
+             UPDATE users SET score = 5 WHERE id <= 2;\nUPDATE events SET n = n + 1 WHERE kind = 'a';\n"
+                .into(),
+        ),
+        ("rows.sql", "INSERT INTO events VALUES ('b', 5);\nUPDATE events SET n = 1000 WHERE n = 5;\n".into()),
+    ];
+    let borrowed: Vec<(&str, &str)> = candidates.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let paths = files(&d, &borrowed);
+    let path = |name: &str| paths.iter().find(|p| p.ends_with(name)).unwrap().to_str().unwrap().to_owned();
+    let report_file = d.home.join("report.json");
+    let mut args: Vec<String> = paths.iter().map(|p| p.to_str().unwrap().to_owned()).collect();
+    args.extend(["--report".into(), report_file.to_str().unwrap().into()]);
+    let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let report_path = report_file.to_str().unwrap();
+    let tested = by_name(&report);
+    for name in ["shadow.sql", "parts.sql", "rows.sql"] {
+        assert!(hazard_kinds(&tested[name]).is_empty(), "{name}: {}", tested[name]);
+    }
+    assert_eq!(tested["parts.sql"]["parts"].as_array().map(Vec::len), Some(4), "{}", tested["parts.sql"]);
+    let state = || {
+        (
+            sql(&target, "SELECT count(*), sum(score) FROM users"),
+            sql(&target, "SELECT count(*), sum(n), string_agg(kind, '' ORDER BY kind, n) FROM events"),
+            sql(
+                &target,
+                "SELECT count(*) = 0 FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
+                  WHERE r.rolname = current_user",
+            ),
+            sql(
+                &target,
+                "SELECT count(*) FROM information_schema.role_table_grants WHERE grantee = 'PUBLIC'",
+            ),
+        )
+    };
+    let checks = [
+        ("blocks.sql", "other rows of public.users", true),
+        ("chain.sql", "role app_owner: work_mem=1MB", true),
+        ("granted.sql", "(not so in the test)", true),
+        ("rolled.sql", "sequence public.users_id_seq set back", false),
+        ("nokey.sql", "other rows of public.events", false),
+    ];
+    for (name, said, kept_before) in checks {
+        let before = state();
+        let (code, out) =
+            promote(&d, report_path, &target, &path(name), &["--allow-code", &sha(&report, name)]);
+        assert_eq!(code, 10, "{name}: {out}");
+        assert!(out.contains("did what its test did not") && out.contains(said), "{name}: {said}: {out}");
+        let now = state();
+        assert_eq!((now.2.as_str(), now.3.as_str()), ("t", before.3.as_str()), "{name}: undone");
+        if !kept_before {
+            assert_eq!(now, before, "{name}: nothing applied");
+        }
+        assert_eq!(sql(&target, "SELECT nextval('users_id_seq') > 20000"), "t", "{name}: the sequence");
+    }
+    // The first part of blocks.sql and chain.sql stayed, as their refusals said.
+    assert_eq!(sql(&target, "SELECT score FROM users WHERE id IN (1, 5) ORDER BY id"), "3\n2");
+    let (code, out) = promote(&d, report_path, &target, &path("shadow.sql"), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("schema app_owner is named after a role here"), "{out}");
+    assert_eq!(sql(&target, "SELECT to_regnamespace('app_owner') IS NULL"), "t");
+
+    // The report is the daemon's: edited, it promotes nothing, not even
+    // with the edit undone in another form; a faithful copy promotes.
+    let text = std::fs::read_to_string(&report_file).unwrap();
+    let mut forged: Value = serde_json::from_str(&text).unwrap();
+    let untested = d.home.join("untested.sql");
+    std::fs::write(&untested, "DELETE FROM orders;\n").unwrap();
+    let untested_sha = {
+        use sha2::Digest;
+        airlock::secret::hex(&sha2::Sha256::digest(b"DELETE FROM orders;\n"))
+    };
+    let at = forged["candidates"].as_array().unwrap().iter().position(|c| c["name"] == "rows.sql").unwrap();
+    forged["candidates"][at]["sha256"] = untested_sha.into();
+    forged["candidates"][at]["name"] = "untested.sql".into();
+    let forged_file = d.home.join("forged.json");
+    std::fs::write(&forged_file, serde_json::to_string(&forged).unwrap()).unwrap();
+    let (code, out) = promote(&d, forged_file.to_str().unwrap(), &target, untested.to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("seal does not match"), "{out}");
+    let mut unkeyed: Value = serde_json::from_str(&text).unwrap();
+    let at = unkeyed["candidates"].as_array().unwrap().iter().position(|c| c["name"] == "nokey.sql").unwrap();
+    unkeyed["candidates"][at]["changed_keys"] = serde_json::json!({});
+    unkeyed["seal"] = "".into();
+    std::fs::write(&forged_file, serde_json::to_string(&unkeyed).unwrap()).unwrap();
+    let (code, out) = promote(
+        &d,
+        forged_file.to_str().unwrap(),
+        &target,
+        &path("nokey.sql"),
+        &["--allow-code", &sha(&report, "nokey.sql")],
+    );
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("no seal"), "{out}");
+    assert_eq!(sql(&target, "SELECT count(*) FROM orders"), "100000");
+    // A copy parsed and written again (other spacing, other key order) is the same report.
+    let copy: Value = serde_json::from_str(&text).unwrap();
+    let copy_file = d.home.join("copy.json");
+    std::fs::write(&copy_file, serde_json::to_string_pretty(&copy).unwrap()).unwrap();
+    for name in ["rows.sql", "parts.sql"] {
+        let (code, out) = promote(&d, copy_file.to_str().unwrap(), &target, &path(name), &[]);
+        assert_eq!(code, 0, "{name}: {out}");
+    }
+    assert_eq!(sql(&target, "SELECT count(*) FROM pg_indexes WHERE indexname = 'users_score'"), "1");
+    assert_eq!(sql(&target, "SELECT count(*) FROM events WHERE n = 1000 OR kind = 'c'"), "3");
 }
