@@ -44,7 +44,24 @@ pub struct Applied {
     pub backend: i32,
     /// The name each relation is reported under (its first), by OID.
     pub names: BTreeMap<i64, String>,
+    /// The session settings the statements were read and run with
+    /// ([`SESSION_SETTINGS`]), for promote to run them with the same.
+    pub session: BTreeMap<String, String>,
 }
+
+/// Settings that change what a statement means or does with the same text:
+/// how a date or time is read and shown, which schemas unqualified names
+/// resolve in (as the schemas they resolved to), how numbers and bytes
+/// become text.
+pub const SESSION_SETTINGS: &str = "SELECT pg_catalog.json_build_object(
+    'TimeZone', pg_catalog.current_setting('TimeZone'),
+    'DateStyle', pg_catalog.current_setting('DateStyle'),
+    'IntervalStyle', pg_catalog.current_setting('IntervalStyle'),
+    'extra_float_digits', pg_catalog.current_setting('extra_float_digits'),
+    'bytea_output', pg_catalog.current_setting('bytea_output'),
+    'xmloption', pg_catalog.current_setting('xmloption'),
+    'search_path', (SELECT COALESCE(pg_catalog.string_agg(pg_catalog.quote_ident(s), ', ' ORDER BY o), '')
+                      FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS u(s, o)))::text";
 
 /// What is known about the database while a candidate runs.
 struct Tracker {
@@ -463,6 +480,11 @@ pub async fn apply_sql(
     t.know(&first);
     let (pid_rows, _) = run(session, "SELECT pg_catalog.pg_backend_pid()", limit).await?;
     let pid: i32 = pid_rows.value().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (settings, _) = run(session, SESSION_SETTINGS, limit).await?;
+    let session_settings: BTreeMap<String, String> = settings
+        .value()
+        .and_then(|v| serde_json::from_str(v).ok())
+        .ok_or_else(|| Error::postgres("the candidate's session did not say its settings"))?;
     let mut reports: Vec<StatementReport> = Vec::new();
     let mut explicit: Option<usize> = None; // the line of the file's open BEGIN
     let mut stopped: Option<Failure> = None;
@@ -622,6 +644,7 @@ pub async fn apply_sql(
         duration_ms: ms(began.elapsed()),
         backend: pid,
         names: t.first_names,
+        session: session_settings,
     })
 }
 

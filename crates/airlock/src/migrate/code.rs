@@ -337,9 +337,12 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 } else if word == "tablesample" {
                     why("samples rows by chance (TABLESAMPLE)".into());
                 } else if word == "user"
-                    && matches!(before(1), Some(Token::Word(w)) if ["create", "alter", "drop"].contains(&w.as_str()))
+                    && (matches!(before(1), Some(Token::Word(w)) if ["create", "alter", "drop"].contains(&w.as_str()))
+                        || (matches!(before(1), Some(Token::Word(w)) if w == "for")
+                            && !matches!(tokens.get(i + 1), Some(Token::Word(w)) if w == "server")))
                 {
-                    // CREATE/ALTER/DROP USER: a role statement, not the keyword.
+                    // CREATE/ALTER/DROP USER and FOR USER role (default
+                    // privileges): a role statement, not the keyword.
                     continue;
                 }
             }
@@ -590,6 +593,7 @@ mod tests {
             "UPDATE users SET since = date'2020-01-01' WHERE note = E'it''s \\' done'",
             "CREATE TYPE mood AS ENUM ('sad', 'ok')",
             "ALTER TABLE users ADD COLUMN \"user\" text",
+            "ALTER DEFAULT PRIVILEGES FOR USER app_owner GRANT SELECT ON TABLES TO reader",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -620,6 +624,7 @@ mod tests {
             ("UPDATE users SET a = pg_database_size(current_database())", "pg_database_size()"),
             ("UPDATE users SET n = (SELECT reltuples FROM pg_class WHERE relname = 'users')", "pg_class"),
             ("DELETE FROM users WHERE user = 'app'", "USER"),
+            ("CREATE USER MAPPING FOR USER SERVER s", "USER"),
             ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
             ("SET standard_conforming_strings = off", "standard_conforming_strings"),
             ("DELETE FROM users WHERE created < 'now'", "'now'"),

@@ -78,6 +78,7 @@ pub async fn run(
         duration_ms: took.as_secs_f64() * 1e3,
         backend: 0,
         names: BTreeMap::new(),
+        session: BTreeMap::new(),
     };
     Ok((applied, Some(outcome)))
 }

@@ -507,6 +507,7 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         sequences_set_back: Default::default(),
         changed_keys: Default::default(),
         parts: vec![],
+        session: Default::default(),
         duration_ms: 0.0,
     }
 }
@@ -721,6 +722,7 @@ async fn measure(
         sequences_set_back,
         changed_keys,
         parts: recorder.map(|r| r.records).unwrap_or_default(),
+        session: applied.session,
         duration_ms: applied.duration_ms,
     })
 }

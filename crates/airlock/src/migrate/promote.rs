@@ -72,6 +72,18 @@ pub struct Promoted {
     pub duration_ms: f64,
 }
 
+/// The settings promote takes from the test's session (see
+/// `apply::SESSION_SETTINGS`).
+const SESSION_SETTINGS: &[&str] = &[
+    "TimeZone",
+    "DateStyle",
+    "IntervalStyle",
+    "extra_float_digits",
+    "bytea_output",
+    "xmloption",
+    "search_path",
+];
+
 fn refused(message: impl Into<String>, hint: impl Into<String>) -> Error {
     Error::new(ErrorCode::MigrationRefused, message, hint)
 }
@@ -195,6 +207,22 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         async move { client.batch_execute(&sql).await }
     };
     run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
+    // The same text means the same only under the same settings: a time
+    // without a zone, a date's order, an unqualified name.
+    for (name, value) in &tested.session {
+        if !SESSION_SETTINGS.contains(&name.as_str()) {
+            continue;
+        }
+        if let Err(e) = client.execute("SELECT pg_catalog.set_config($1, $2, false)", &[name, value]).await {
+            return Err(refused(
+                format!(
+                    "the target does not take {name} = {value:?}, which the test ran with: {}",
+                    crate::pg::admin::describe(&e)
+                ),
+                "test against a golden built from this target, then promote",
+            ));
+        }
+    }
     let single = parts::whole(&statements);
     let all = parts::parts(&statements);
     let began = Instant::now();

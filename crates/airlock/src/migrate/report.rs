@@ -85,6 +85,10 @@ pub struct CandidateReport {
     /// Promote expects the same rows changed on the target.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub changed_keys: std::collections::BTreeMap<String, super::verify::KeyDigest>,
+    /// The session settings its statements ran with (time zone, date style,
+    /// the schemas names resolved in...): promote runs them with the same.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub session: std::collections::BTreeMap<String, String>,
     /// For a file that runs in parts: what each part did, which promote
     /// holds that part to on the target.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -209,8 +209,10 @@ END $f$;";
 fn a_file_run_in_parts_is_checked_part_by_part_and_its_report_cannot_be_edited() {
     let d = Daemon::start(&[]);
     // A table without a primary key: its rows are compared by what they hold.
+    // And the application's role reads times in a zone of its own.
     let events = "CREATE TABLE events (kind text NOT NULL, n int NOT NULL);
-INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 40) g;";
+INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 40) g;
+ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';";
     let (_prod, target) = production(&d, "parts", events);
     let quiet = |what: &str| branches(UNDER_TEST, "PERFORM 1;", what);
     let candidates = [
@@ -219,7 +221,7 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
         (
             "blocks.sql",
             format!(
-                "BEGIN;\nUPDATE users SET score = 2 WHERE id <= 5;\nCOMMIT;\nBEGIN;\n{}COMMIT;\n",
+                "BEGIN;\nUPDATE users SET score = 2 WHERE id <= 5;\nCOMMIT;\nBEGIN;\nSAVEPOINT s;\n{}RELEASE SAVEPOINT s;\nCOMMIT;\n",
                 branches(
                     UNDER_TEST,
                     "UPDATE users SET score = score WHERE id <= 3;",
@@ -270,6 +272,13 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
              UPDATE users SET score = 5 WHERE id <= 2;\nUPDATE events SET n = n + 1 WHERE kind = 'a';\n"
                 .into(),
         ),
+        // Rows written as they were: changed, by no digest.
+        ("same.sql", "UPDATE users SET score = score WHERE id <= 3;\n".into()),
+        // A time without a zone means what it meant under test.
+        (
+            "zone.sql",
+            "UPDATE users SET nickname = to_char('2026-06-01 12:00+00'::timestamptz, 'HH24') WHERE id = 3;\n".into(),
+        ),
         ("rows.sql", "INSERT INTO events VALUES ('b', 5);\nUPDATE events SET n = 1000 WHERE n = 5;\n".into()),
     ];
     let borrowed: Vec<(&str, &str)> = candidates.iter().map(|(n, t)| (*n, t.as_str())).collect();
@@ -281,7 +290,7 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
     let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let report_path = report_file.to_str().unwrap();
     let tested = by_name(&report);
-    for name in ["shadow.sql", "parts.sql", "rows.sql"] {
+    for name in ["shadow.sql", "parts.sql", "rows.sql", "zone.sql", "same.sql"] {
         assert!(hazard_kinds(&tested[name]).is_empty(), "{name}: {}", tested[name]);
     }
     assert_eq!(tested["parts.sql"]["parts"].as_array().map(Vec::len), Some(4), "{}", tested["parts.sql"]);
@@ -292,7 +301,7 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
             sql(
                 &target,
                 "SELECT count(*) = 0 FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole
-                  WHERE r.rolname = current_user",
+                  WHERE r.rolname = current_user AND array_to_string(s.setconfig, ',') LIKE '%work_mem%'",
             ),
             sql(
                 &target,
@@ -302,7 +311,7 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
     };
     let checks = [
         ("blocks.sql", "other rows of public.users", true),
-        ("chain.sql", "role app_owner: work_mem=1MB", true),
+        ("chain.sql", "role app_owner: TimeZone=Pacific/Auckland, work_mem=1MB", true),
         ("granted.sql", "(not so in the test)", true),
         ("rolled.sql", "sequence public.users_id_seq set back", false),
         ("nokey.sql", "other rows of public.events", false),
@@ -364,10 +373,17 @@ INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM gene
     let copy: Value = serde_json::from_str(&text).unwrap();
     let copy_file = d.home.join("copy.json");
     std::fs::write(&copy_file, serde_json::to_string_pretty(&copy).unwrap()).unwrap();
-    for name in ["rows.sql", "parts.sql"] {
+    for name in ["rows.sql", "zone.sql", "same.sql", "parts.sql"] {
         let (code, out) = promote(&d, copy_file.to_str().unwrap(), &target, &path(name), &[]);
         assert_eq!(code, 0, "{name}: {out}");
     }
     assert_eq!(sql(&target, "SELECT count(*) FROM pg_indexes WHERE indexname = 'users_score'"), "1");
     assert_eq!(sql(&target, "SELECT count(*) FROM events WHERE n = 1000 OR kind = 'c'"), "3");
+    let tested_zone = tested["zone.sql"]["session"]["TimeZone"].as_str().unwrap().to_owned();
+    assert_ne!(tested_zone, "Pacific/Auckland", "{}", tested["zone.sql"]);
+    let hour = sql(
+        &target,
+        &format!("SELECT to_char('2026-06-01 12:00+00'::timestamptz AT TIME ZONE '{tested_zone}', 'HH24')"),
+    );
+    assert_eq!(sql(&target, "SELECT nickname FROM users WHERE id = 3"), hour, "shown in the test's zone");
 }
