@@ -16,7 +16,7 @@
 //! The classification errs toward opaque: promote then asks a person to
 //! acknowledge the file by its hash (`--allow-code`), which costs a read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::report::{Hazard, Severity};
 use super::split::Statement;
@@ -246,6 +246,35 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         .filter(|(_, t)| !t.triggers.is_empty())
         .map(|(name, _)| crate::catalog::split_qualified(name).1.to_ascii_lowercase())
         .collect();
+    // Tables whose defaults, checks or index expressions call a function the
+    // database holds run it on every write; views that call one, on every read.
+    let held = |text: &str| {
+        tokens(text).windows(2).find_map(|w| match (&w[0], &w[1]) {
+            (Token::Word(n) | Token::Quoted(n), Token::Other('('))
+                if functions.contains(&n.to_ascii_lowercase()) =>
+            {
+                Some(n.to_ascii_lowercase())
+            }
+            _ => None,
+        })
+    };
+    let unqualified =
+        |name: &str| crate::catalog::split_qualified(name).1.trim_matches('"').to_ascii_lowercase();
+    let coded_tables: BTreeMap<String, String> = catalog
+        .tables
+        .iter()
+        .filter_map(|(name, t)| {
+            let texts = t
+                .columns
+                .iter()
+                .filter_map(|c| c.default.as_deref())
+                .chain(t.constraints.values().map(String::as_str))
+                .chain(t.indexes.values().map(String::as_str));
+            texts.into_iter().find_map(held).map(|f| (unqualified(name), f))
+        })
+        .collect();
+    let coded_views: BTreeMap<String, String> =
+        catalog.views.iter().filter_map(|(name, def)| held(def).map(|f| (unqualified(name), f))).collect();
     let mut triggered_here: BTreeSet<String> = BTreeSet::new();
     let mut rules = false;
     let mut out = Vec::new();
@@ -303,6 +332,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 why(format!("writes {table}, whose triggers run code"));
             } else if rules {
                 why(format!("writes {table} after the file made a rule (code in place of the write)"));
+            } else if let Some(f) = coded_tables.get(&table) {
+                why(format!(
+                    "writes {table}, whose defaults, checks or indexes run {f}(), code the database holds"
+                ));
             }
         }
         for (i, token) in tokens.iter().enumerate() {
@@ -351,7 +384,9 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             if TIME_WORDS.contains(&name.as_str()) && after_default {
                 continue;
             }
-            if called && functions.contains(&name) {
+            if let Some(f) = coded_views.get(&name).filter(|_| !called) {
+                why(format!("reads view {name}, which runs {f}(), code the database holds"));
+            } else if called && functions.contains(&name) {
                 why(format!("calls {name}(), code the database holds"));
             } else if called && environment_function(&name) {
                 why(format!("calls {name}(), which reads where or when it runs"));
@@ -565,9 +600,13 @@ mod tests {
             "tables": {
                 "public.audited": {"kind": "table", "columns": [], "constraints": {}, "indexes": {},
                                     "triggers": {"log": "CREATE TRIGGER log ..."}},
-                "public.users": {"kind": "table", "columns": [], "constraints": {}, "indexes": {}, "triggers": {}}
+                "public.users": {"kind": "table", "columns": [], "constraints": {}, "indexes": {}, "triggers": {}},
+                "public.scored": {"kind": "table", "columns": [{"name": "s", "type": "int", "nullable": true,
+                                   "default": "rotate_keys(1)"}], "constraints": {}, "indexes": {}, "triggers": {}},
+                "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
+                                   "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}}
             },
-            "views": {}, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
+            "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one"}, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
             "sequences": {}, "types": {}, "extensions": {}
         }))
         .unwrap();
@@ -594,6 +633,7 @@ mod tests {
             "CREATE TYPE mood AS ENUM ('sad', 'ok')",
             "ALTER TABLE users ADD COLUMN \"user\" text",
             "ALTER DEFAULT PRIVILEGES FOR USER app_owner GRANT SELECT ON TABLES TO reader",
+            "INSERT INTO users SELECT * FROM plain_view",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -625,6 +665,9 @@ mod tests {
             ("UPDATE users SET n = (SELECT reltuples FROM pg_class WHERE relname = 'users')", "pg_class"),
             ("DELETE FROM users WHERE user = 'app'", "USER"),
             ("CREATE USER MAPPING FOR USER SERVER s", "USER"),
+            ("INSERT INTO scored DEFAULT VALUES", "defaults, checks or indexes run rotate_keys()"),
+            ("UPDATE public.checked SET a = 2", "run rotate_keys()"),
+            ("INSERT INTO users SELECT k FROM keyed", "view keyed"),
             ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
             ("SET standard_conforming_strings = off", "standard_conforming_strings"),
             ("DELETE FROM users WHERE created < 'now'", "'now'"),
