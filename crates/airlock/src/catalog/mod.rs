@@ -150,9 +150,48 @@ pub(crate) fn query_error(e: tokio_postgres::Error) -> Error {
     Error::postgres(format!("reading the catalog failed: {}", crate::pg::admin::describe(&e)))
 }
 
+/// A session's settings that change how names and definitions read
+/// (`search_path`, `quote_all_identifiers`), pinned while the catalog is
+/// read and put back after: the session may be a migration's, which set
+/// them as it pleased and goes on with its own.
+pub struct Pinned {
+    search_path: String,
+    quote_all_identifiers: String,
+}
+
+impl Pinned {
+    /// Pins the settings on `client`'s session.
+    pub async fn pin(client: &tokio_postgres::Client) -> Result<Pinned> {
+        let row = client
+            .query_one(
+                "SELECT pg_catalog.current_setting('search_path'), pg_catalog.current_setting('quote_all_identifiers')",
+                &[],
+            )
+            .await
+            .map_err(query_error)?;
+        client
+            .batch_execute("SET search_path = pg_catalog, pg_temp; SET quote_all_identifiers = off")
+            .await
+            .map_err(query_error)?;
+        Ok(Pinned { search_path: row.cell(0)?, quote_all_identifiers: row.cell(1)? })
+    }
+
+    /// Puts the session's own settings back.
+    pub async fn restore(self, client: &tokio_postgres::Client) -> Result<()> {
+        client
+            .execute(
+                "SELECT pg_catalog.set_config('search_path', $1, false), pg_catalog.set_config('quote_all_identifiers', $2, false)",
+                &[&self.search_path, &self.quote_all_identifiers],
+            )
+            .await
+            .map_err(query_error)?;
+        Ok(())
+    }
+}
+
 /// Reads every application object of the database `client` is connected to.
 pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
-    client.batch_execute("SET search_path = pg_catalog, pg_temp").await.map_err(query_error)?;
+    let pinned = Pinned::pin(client).await?;
     let mut catalog = Catalog::default();
     let mut by_oid: BTreeMap<i64, String> = BTreeMap::new();
     let rows = client
@@ -309,7 +348,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     }
     catalog.objects = Some(objects::read(client).await?);
     // The session may go on to run other work (a promoted migration, say).
-    client.batch_execute("RESET search_path").await.map_err(query_error)?;
+    pinned.restore(client).await?;
     Ok(catalog)
 }
 

@@ -131,7 +131,24 @@ const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "table
 
 /// Types whose values are a server's internal numbers (an object's OID, a
 /// transaction's ID), different on every copy.
-const INTERNAL_TYPES: &[&str] = &["oid", "xid", "xid8", "cid", "tid"];
+const INTERNAL_TYPES: &[&str] = &[
+    "oid",
+    "xid",
+    "xid8",
+    "cid",
+    "tid",
+    "regclass",
+    "regproc",
+    "regprocedure",
+    "regoper",
+    "regoperator",
+    "regtype",
+    "regrole",
+    "regnamespace",
+    "regconfig",
+    "regdictionary",
+    "regcollation",
+];
 
 /// Settings that change how the rest of the file is read (a string's
 /// backslashes), so no lexer can follow it past them.
@@ -327,7 +344,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             _ => {}
         }
-        if let Some(table) = written_table(&tokens) {
+        for table in written_tables(&tokens) {
             if triggered.contains(&table) || triggered_here.contains(&table) {
                 why(format!("writes {table}, whose triggers run code"));
             } else if rules {
@@ -346,9 +363,8 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                     continue;
                 }
                 Token::Constant(text) => {
-                    let text = text.trim();
-                    if TIME_CONSTANTS.contains(&text) && !after_default {
-                        why(format!("reads the time ('{text}')"));
+                    if reads_the_clock(text) && !after_default {
+                        why(format!("reads the time ('{}')", text.trim()));
                     }
                     continue;
                 }
@@ -390,10 +406,8 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 why(format!("calls {name}(), code the database holds"));
             } else if called && environment_function(&name) {
                 why(format!("calls {name}(), which reads where or when it runs"));
-            } else if !called
-                && matches!(token, Token::Word(_))
-                && ENVIRONMENT_KEYWORDS.contains(&name.as_str())
-            {
+            } else if matches!(token, Token::Word(_)) && ENVIRONMENT_KEYWORDS.contains(&name.as_str()) {
+                // Called or not: CURRENT_TIMESTAMP(6) is the clock too.
                 why(format!("reads {}", name.to_ascii_uppercase()));
             } else if !called && ENVIRONMENT_RELATION_PREFIXES.iter().any(|p| name.starts_with(p)) {
                 why(format!("reads {name}, which shows the server, not the data"));
@@ -409,10 +423,31 @@ fn environment_function(name: &str) -> bool {
         && (ENVIRONMENT_FUNCTIONS.contains(&name) || ENVIRONMENT_PREFIXES.iter().any(|p| name.starts_with(p)))
 }
 
-/// Whether the word at `i` is part of a column default: `DEFAULT now()`,
-/// `DEFAULT (now() + interval '1 day')`.
+/// Whether a constant is a date or time PostgreSQL reads as the moment it
+/// is read: `'now'`, `'today 00:00'`, `'yesterday 12:00+02'` (a special word,
+/// the rest digits and the signs of a time).
+fn reads_the_clock(text: &str) -> bool {
+    let words: Vec<&str> = text.split_whitespace().collect();
+    words.iter().any(|w| TIME_CONSTANTS.contains(w))
+        && words.iter().all(|w| {
+            TIME_CONSTANTS.contains(w)
+                || ["am", "pm", "utc", "gmt", "z", "at", "allballs"].contains(w)
+                || w.chars().all(|c| c.is_ascii_digit() || ":.+-/".contains(c))
+        })
+}
+
+/// Whether the word at `i` is part of a column's default in a definition
+/// (`ADD COLUMN at timestamptz DEFAULT now()`, `DEFAULT (now() + interval
+/// '1 day')`): never in DML, where `SET a = DEFAULT, b = random()` is not one.
 fn defaulted(tokens: &[Token], i: usize) -> bool {
-    tokens[..i].iter().rev().take(4).any(|t| matches!(t, Token::Word(w) if w == "default"))
+    let definition = matches!(tokens.iter().find(|t| matches!(t, Token::Word(_))), Some(Token::Word(w)) if w == "create" || w == "alter");
+    definition
+        && tokens[..i]
+            .iter()
+            .rev()
+            .take(6)
+            .take_while(|t| !matches!(t, Token::Other(',' | ';')))
+            .any(|t| matches!(t, Token::Word(w) if w == "default"))
 }
 
 /// The name (unqualified, lowercased) a `CREATE FUNCTION` defines: the word
@@ -426,27 +461,42 @@ fn defined_name(tokens: &[Token]) -> Option<String> {
     }
 }
 
-/// The table an `INSERT`, `UPDATE`, `DELETE`, `MERGE` or `COPY ... FROM`
-/// writes (unqualified, lowercased).
-fn written_table(tokens: &[Token]) -> Option<String> {
-    let first = tokens.iter().find_map(|t| match t {
-        Token::Word(w) => Some(w.as_str()),
-        _ => None,
-    })?;
-    match first {
-        "insert" | "merge" => word_after(tokens, "into"),
-        "delete" => word_after(tokens, "from"),
-        "update" | "copy" => word_after(tokens, first),
-        // A CTE may write too: the first table after one of the verbs.
-        "with" => ["into", "update", "from"].iter().find_map(|w| word_after(tokens, w)),
-        _ => None,
+/// Every table a statement may write (unqualified, lowercased): after each
+/// `INSERT INTO`, `UPDATE`, `DELETE FROM` and `MERGE INTO` (data-modifying
+/// `WITH` parts included), and a `COPY` or `TRUNCATE`'s table.
+fn written_tables(tokens: &[Token]) -> Vec<String> {
+    let mut out = Vec::new();
+    let first = tokens.iter().position(|t| matches!(t, Token::Word(_)));
+    for (i, t) in tokens.iter().enumerate() {
+        let Token::Word(w) = t else { continue };
+        let next_is = |word: &str| matches!(tokens.get(i + 1), Some(Token::Word(n)) if n == word);
+        let from = match w.as_str() {
+            "insert" | "merge" if next_is("into") => i + 2,
+            "delete" if next_is("from") => i + 2,
+            "update" => i + 1,
+            "copy" | "truncate" if Some(i) == first => i + 1,
+            _ => continue,
+        };
+        let mut rest = &tokens[from.min(tokens.len())..];
+        if matches!(rest.first(), Some(Token::Word(n)) if n == "table") {
+            rest = &rest[1..];
+        }
+        if let Some(name) = name_at(rest) {
+            out.push(name);
+        }
     }
+    out
 }
 
 /// The last part of the name after the first `keyword` (skipping `ONLY`).
 fn word_after(tokens: &[Token], keyword: &str) -> Option<String> {
     let at = tokens.iter().position(|t| matches!(t, Token::Word(w) if w == keyword))?;
-    let mut rest = tokens[at + 1..].iter().peekable();
+    name_at(&tokens[at + 1..])
+}
+
+/// The last part of the name `tokens` begin with (after an `ONLY`).
+fn name_at(tokens: &[Token]) -> Option<String> {
+    let mut rest = tokens.iter().peekable();
     if matches!(rest.peek(), Some(Token::Word(w)) if w == "only") {
         rest.next();
     }
@@ -634,6 +684,9 @@ mod tests {
             "ALTER TABLE users ADD COLUMN \"user\" text",
             "ALTER DEFAULT PRIVILEGES FOR USER app_owner GRANT SELECT ON TABLES TO reader",
             "INSERT INTO users SELECT * FROM plain_view",
+            "UPDATE users SET note = 'back today at 10'",
+            "ALTER TABLE users ADD COLUMN a int DEFAULT 1, ADD COLUMN r float8 DEFAULT random()",
+            "WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE users SET a = 1",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -668,6 +721,14 @@ mod tests {
             ("INSERT INTO scored DEFAULT VALUES", "defaults, checks or indexes run rotate_keys()"),
             ("UPDATE public.checked SET a = 2", "run rotate_keys()"),
             ("INSERT INTO users SELECT k FROM keyed", "view keyed"),
+            ("UPDATE users SET n = 'users'::regclass::int", "casts to regclass"),
+            ("UPDATE users SET at = CURRENT_TIMESTAMP(6)", "CURRENT_TIMESTAMP"),
+            ("UPDATE users SET at = 'today 00:00'::timestamptz", "'today 00:00'"),
+            ("UPDATE users SET at = 'yesterday 12:00+02'", "'yesterday 12:00+02'"),
+            ("UPDATE users SET note = DEFAULT, n = random() * 10", "random()"),
+            ("WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE audited SET a = 1", "audited"),
+            ("TRUNCATE TABLE audited", "audited"),
+            ("INSERT INTO users SELECT 1 ON CONFLICT (id) DO UPDATE SET a = 2; DELETE FROM ONLY public.audited", "audited"),
             ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
             ("SET standard_conforming_strings = off", "standard_conforming_strings"),
             ("DELETE FROM users WHERE created < 'now'", "'now'"),

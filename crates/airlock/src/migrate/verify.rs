@@ -65,6 +65,13 @@ impl Before {
     /// Reads what is compared afterwards; `compared` are the tables whose
     /// changed rows' keys the test recorded.
     pub async fn read(client: &tokio_postgres::Client, compared: &BTreeSet<String>) -> Result<Before> {
+        let pinned = crate::catalog::Pinned::pin(client).await?;
+        let before = Before::read_pinned(client, compared).await?;
+        pinned.restore(client).await?;
+        Ok(before)
+    }
+
+    async fn read_pinned(client: &tokio_postgres::Client, compared: &BTreeSet<String>) -> Result<Before> {
         Ok(Before {
             tables: tables(client).await?,
             cluster: cluster_state(client).await?,
@@ -94,6 +101,13 @@ pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
 /// Puts back every sequence set back since `before` (after a rollback:
 /// `setval` is not undone by one); the sequences it put back.
 pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
+    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let restored = restore_sequences_pinned(client, before).await?;
+    pinned.restore(client).await?;
+    Ok(restored)
+}
+
+async fn restore_sequences_pinned(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
     let moved = set_back(&before.sequences, &sequences(client).await?);
     let mut restored = Vec::new();
     for name in moved {
@@ -377,6 +391,24 @@ const SHARE_SLACK: f64 = 0.05;
 /// they set back; `tested_keys` the digests of the rows they changed, per
 /// table compared.
 pub async fn surprises(
+    client: &tokio_postgres::Client,
+    statements: &[StatementReport],
+    changes: &[Change],
+    tested_set_back: &BTreeSet<String>,
+    tested_keys: &BTreeMap<String, KeyDigest>,
+    catalog_before: &Catalog,
+    before: &Before,
+) -> Result<Vec<String>> {
+    // Names are read as the test read them, whatever the migration set.
+    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let out =
+        surprises_pinned(client, statements, changes, tested_set_back, tested_keys, catalog_before, before)
+            .await?;
+    pinned.restore(client).await?;
+    Ok(out)
+}
+
+async fn surprises_pinned(
     client: &tokio_postgres::Client,
     statements: &[StatementReport],
     changes: &[Change],

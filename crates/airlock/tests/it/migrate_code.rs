@@ -209,10 +209,12 @@ END $f$;";
 fn a_file_run_in_parts_is_checked_part_by_part_and_its_report_cannot_be_edited() {
     let d = Daemon::start(&[]);
     // A table without a primary key: its rows are compared by what they hold.
-    // And the application's role reads times in a zone of its own.
+    // And the application's role reads times in a zone of its own, and its
+    // database quotes every name it shows.
     let events = "CREATE TABLE events (kind text NOT NULL, n int NOT NULL);
 INSERT INTO events SELECT CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END, g FROM generate_series(1, 40) g;
-ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';";
+ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';
+ALTER DATABASE app SET quote_all_identifiers = on;";
     let (_prod, target) = production(&d, "parts", events);
     let quiet = |what: &str| branches(UNDER_TEST, "PERFORM 1;", what);
     let candidates = [
@@ -272,6 +274,8 @@ ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';";
              UPDATE users SET score = 5 WHERE id <= 2;\nUPDATE events SET n = n + 1 WHERE kind = 'a';\n"
                 .into(),
         ),
+        // A file that quotes every name in its own session is read as any other.
+        ("quoted.sql", "SET quote_all_identifiers = on;\nUPDATE users SET score = 6 WHERE id = 4;\n".into()),
         // Rows written as they were: changed, by no digest.
         ("same.sql", "UPDATE users SET score = score WHERE id <= 3;\n".into()),
         // A time without a zone means what it meant under test.
@@ -290,7 +294,7 @@ ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';";
     let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let report_path = report_file.to_str().unwrap();
     let tested = by_name(&report);
-    for name in ["shadow.sql", "parts.sql", "rows.sql", "zone.sql", "same.sql"] {
+    for name in ["shadow.sql", "parts.sql", "rows.sql", "zone.sql", "same.sql", "quoted.sql"] {
         assert!(hazard_kinds(&tested[name]).is_empty(), "{name}: {}", tested[name]);
     }
     assert_eq!(tested["parts.sql"]["parts"].as_array().map(Vec::len), Some(4), "{}", tested["parts.sql"]);
@@ -373,7 +377,7 @@ ALTER ROLE app_owner SET TimeZone = 'Pacific/Auckland';";
     let copy: Value = serde_json::from_str(&text).unwrap();
     let copy_file = d.home.join("copy.json");
     std::fs::write(&copy_file, serde_json::to_string_pretty(&copy).unwrap()).unwrap();
-    for name in ["rows.sql", "zone.sql", "same.sql", "parts.sql"] {
+    for name in ["rows.sql", "zone.sql", "same.sql", "quoted.sql", "parts.sql"] {
         let (code, out) = promote(&d, copy_file.to_str().unwrap(), &target, &path(name), &[]);
         assert_eq!(code, 0, "{name}: {out}");
     }
