@@ -150,38 +150,58 @@ pub(crate) fn query_error(e: tokio_postgres::Error) -> Error {
     Error::postgres(format!("reading the catalog failed: {}", crate::pg::admin::describe(&e)))
 }
 
-/// A session's settings that change how names and definitions read
-/// (`search_path`, `quote_all_identifiers`), pinned while the catalog is
-/// read and put back after: the session may be a migration's, which set
-/// them as it pleased and goes on with its own.
+/// Settings that change how names, definitions and values read as text,
+/// and the values they are read with.
+const READING: &[(&str, &str)] = &[
+    ("search_path", "pg_catalog, pg_temp"),
+    ("quote_all_identifiers", "off"),
+    ("TimeZone", "UTC"),
+    ("DateStyle", "ISO, MDY"),
+    ("IntervalStyle", "postgres"),
+    ("extra_float_digits", "1"),
+    ("bytea_output", "hex"),
+];
+
+/// A session's settings that change how names, definitions and values read
+/// ([`READING`]), pinned while the catalog or rows are read and put back
+/// after: the session may be a migration's, which set them as it pleased
+/// (or had them from its role or database) and goes on with its own.
 pub struct Pinned {
-    search_path: String,
-    quote_all_identifiers: String,
+    was: Vec<String>,
 }
 
 impl Pinned {
     /// Pins the settings on `client`'s session.
     pub async fn pin(client: &tokio_postgres::Client) -> Result<Pinned> {
+        let names: Vec<&str> = READING.iter().map(|(n, _)| *n).collect();
+        let values: Vec<&str> = READING.iter().map(|(_, v)| *v).collect();
         let row = client
             .query_one(
-                "SELECT pg_catalog.current_setting('search_path'), pg_catalog.current_setting('quote_all_identifiers')",
-                &[],
+                "SELECT pg_catalog.array_agg(pg_catalog.current_setting(n) ORDER BY o)
+                   FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(n, o)",
+                &[&names],
             )
             .await
             .map_err(query_error)?;
         client
-            .batch_execute("SET search_path = pg_catalog, pg_temp; SET quote_all_identifiers = off")
+            .execute(
+                "SELECT pg_catalog.set_config(n, ($2::pg_catalog.text[])[o], false)
+                   FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(n, o)",
+                &[&names, &values],
+            )
             .await
             .map_err(query_error)?;
-        Ok(Pinned { search_path: row.cell(0)?, quote_all_identifiers: row.cell(1)? })
+        Ok(Pinned { was: row.cell(0)? })
     }
 
     /// Puts the session's own settings back.
     pub async fn restore(self, client: &tokio_postgres::Client) -> Result<()> {
+        let names: Vec<&str> = READING.iter().map(|(n, _)| *n).collect();
         client
             .execute(
-                "SELECT pg_catalog.set_config('search_path', $1, false), pg_catalog.set_config('quote_all_identifiers', $2, false)",
-                &[&self.search_path, &self.quote_all_identifiers],
+                "SELECT pg_catalog.set_config(n, ($2::pg_catalog.text[])[o], false)
+                   FROM pg_catalog.unnest($1::pg_catalog.text[]) WITH ORDINALITY AS u(n, o)",
+                &[&names, &self.was],
             )
             .await
             .map_err(query_error)?;

@@ -49,19 +49,29 @@ pub struct Applied {
     pub session: BTreeMap<String, String>,
 }
 
-/// Settings that change what a statement means or does with the same text:
-/// how a date or time is read and shown, which schemas unqualified names
-/// resolve in (as the schemas they resolved to), how numbers and bytes
-/// become text.
-pub const SESSION_SETTINGS: &str = "SELECT pg_catalog.json_build_object(
-    'TimeZone', pg_catalog.current_setting('TimeZone'),
-    'DateStyle', pg_catalog.current_setting('DateStyle'),
-    'IntervalStyle', pg_catalog.current_setting('IntervalStyle'),
-    'extra_float_digits', pg_catalog.current_setting('extra_float_digits'),
-    'bytea_output', pg_catalog.current_setting('bytea_output'),
-    'xmloption', pg_catalog.current_setting('xmloption'),
-    'search_path', (SELECT COALESCE(pg_catalog.string_agg(pg_catalog.quote_ident(s), ', ' ORDER BY o), '')
-                      FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS u(s, o)))::text";
+/// Settings that change what a statement means or does with the same text,
+/// as the session has them: every setting anyone may set among PostgreSQL's
+/// statement behaviour, locale and formatting, and compatibility settings
+/// (how a date or time is read and shown, the text search configuration,
+/// `transform_null_equals`, `array_nulls`...), with `search_path` as the
+/// schemas it resolved to. Left out: the timeouts promote sets itself, the
+/// client's encoding, where files go, vacuum's knobs, and the open
+/// transaction's own (`transaction_isolation`...).
+pub const SESSION_SETTINGS: &str = "SELECT pg_catalog.json_object_agg(name,
+        CASE WHEN name = 'search_path' THEN
+          (SELECT COALESCE(pg_catalog.string_agg(pg_catalog.quote_ident(s), ', ' ORDER BY o), '')
+             FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS u(s, o))
+        ELSE setting END)::text
+   FROM pg_catalog.pg_settings
+  WHERE context = 'user'
+    AND category IN ('Client Connection Defaults / Statement Behavior',
+                     'Client Connection Defaults / Locale and Formatting',
+                     'Version and Platform Compatibility / Previous PostgreSQL Versions',
+                     'Version and Platform Compatibility / Other Platforms and Clients')
+    AND name NOT IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout',
+                     'idle_session_timeout', 'transaction_timeout', 'client_encoding',
+                     'default_tablespace', 'temp_tablespaces', 'gin_pending_list_limit')
+    AND name NOT LIKE 'vacuum%' AND name NOT LIKE 'transaction%'";
 
 /// What is known about the database while a candidate runs.
 struct Tracker {

@@ -292,6 +292,57 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         .collect();
     let coded_views: BTreeMap<String, String> =
         catalog.views.iter().filter_map(|(name, def)| held(def).map(|f| (unqualified(name), f))).collect();
+    // Rules the golden holds run their actions in place of (or beside) a write.
+    let objects: Vec<(&String, &String)> =
+        catalog.objects.iter().flatten().map(|(name, e)| (name, &e.definition)).collect();
+    let mut triggered = triggered;
+    for (name, _) in &objects {
+        if let Some(table) =
+            name.strip_prefix("rule ").and_then(|r| r.split_once(" on table ")).map(|(_, t)| t)
+        {
+            triggered.insert(unqualified(table));
+        }
+    }
+    // Casts and operators the golden holds run their functions wherever they
+    // are used, with no `name(` to see.
+    let cast_types: BTreeSet<String> = objects
+        .iter()
+        .filter(|(_, def)| def.starts_with("via ") && !def.starts_with("via  "))
+        .filter_map(|(name, _)| {
+            name.strip_prefix("cast from ")?.split_once(" to ").map(|(_, to)| unqualified(to))
+        })
+        .collect();
+    let operators: BTreeSet<String> = objects
+        .iter()
+        .filter_map(|(name, _)| name.strip_prefix("operator ")?.split_once('(').map(|(op, _)| op.to_owned()))
+        .filter(|op| !op.is_empty() && op.chars().all(|c| c.is_ascii_punctuation()))
+        .collect();
+    // Which tables a write reaches through foreign keys that act on it.
+    let mut cascades: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (name, t) in &catalog.tables {
+        for definition in t.constraints.values() {
+            let toks = tokens(definition);
+            let acts = toks.windows(3).any(|w| {
+                matches!(w, [Token::Word(on), Token::Word(event), Token::Word(action)]
+                    if on == "on" && (event == "update" || event == "delete") && (action == "cascade" || action == "set"))
+            });
+            if let Some(parent) = word_after(&toks, "references").filter(|_| acts) {
+                cascades.entry(parent).or_default().insert(unqualified(name));
+            }
+        }
+    }
+    let reached = |table: &str| {
+        let mut seen: BTreeSet<String> = BTreeSet::from([table.to_owned()]);
+        let mut next = vec![table.to_owned()];
+        while let Some(t) = next.pop() {
+            for child in cascades.get(&t).into_iter().flatten() {
+                if seen.insert(child.clone()) {
+                    next.push(child.clone());
+                }
+            }
+        }
+        seen
+    };
     let mut triggered_here: BTreeSet<String> = BTreeSet::new();
     let mut rules = false;
     let mut out = Vec::new();
@@ -344,9 +395,15 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             _ => {}
         }
-        for table in written_tables(&tokens) {
-            if triggered.contains(&table) || triggered_here.contains(&table) {
-                why(format!("writes {table}, whose triggers run code"));
+        for (table, carried) in written_tables(&tokens) {
+            let reaches = if carried { reached(&table) } else { BTreeSet::from([table.clone()]) };
+            let coded = reaches.into_iter().find(|t| {
+                triggered.contains(t) || triggered_here.contains(t) || coded_tables.contains_key(t)
+            });
+            if let Some(t) = coded.filter(|t| *t != table) {
+                why(format!("writes {table}, whose foreign keys carry the write to {t}, whose triggers, rules or defaults run code"));
+            } else if triggered.contains(&table) || triggered_here.contains(&table) {
+                why(format!("writes {table}, whose triggers or rules run code"));
             } else if rules {
                 why(format!("writes {table} after the file made a rule (code in place of the write)"));
             } else if let Some(f) = coded_tables.get(&table) {
@@ -354,6 +411,9 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                     "writes {table}, whose defaults, checks or indexes run {f}(), code the database holds"
                 ));
             }
+        }
+        if let Some(op) = operators.iter().find(|op| uses_operator(&tokens, op)) {
+            why(format!("uses operator {op}, whose function the database holds"));
         }
         for (i, token) in tokens.iter().enumerate() {
             let after_default = defaulted(&tokens, i);
@@ -372,7 +432,12 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 Token::Other(_) => continue,
             };
             let before = |back: usize| i.checked_sub(back).and_then(|j| tokens.get(j));
-            if matches!(token, Token::Word(_)) {
+            // A quoted name is the system column or type only as written in lower case.
+            let exact = match token {
+                Token::Word(_) => true,
+                _ => name.chars().all(|c| !c.is_ascii_uppercase()),
+            };
+            if exact {
                 let word = name.as_str();
                 if SYSTEM_COLUMNS.contains(&word) {
                     why(format!("reads {word}, where and by which transaction a row was written"));
@@ -400,7 +465,9 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             if TIME_WORDS.contains(&name.as_str()) && after_default {
                 continue;
             }
-            if let Some(f) = coded_views.get(&name).filter(|_| !called) {
+            if cast_types.contains(&name) {
+                why(format!("names type {name}, which a cast the database holds turns into code"));
+            } else if let Some(f) = coded_views.get(&name).filter(|_| !called) {
                 why(format!("reads view {name}, which runs {f}(), code the database holds"));
             } else if called && functions.contains(&name) {
                 why(format!("calls {name}(), code the database holds"));
@@ -416,6 +483,12 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
     }
     out.dedup();
     out
+}
+
+/// Whether `tokens` spell the operator `symbol` (its characters one after another).
+fn uses_operator(tokens: &[Token], symbol: &str) -> bool {
+    let chars: Vec<char> = symbol.chars().collect();
+    tokens.windows(chars.len()).any(|w| w.iter().zip(&chars).all(|(t, c)| *t == Token::Other(*c)))
 }
 
 fn environment_function(name: &str) -> bool {
@@ -463,8 +536,9 @@ fn defined_name(tokens: &[Token]) -> Option<String> {
 
 /// Every table a statement may write (unqualified, lowercased): after each
 /// `INSERT INTO`, `UPDATE`, `DELETE FROM` and `MERGE INTO` (data-modifying
-/// `WITH` parts included), and a `COPY` or `TRUNCATE`'s table.
-fn written_tables(tokens: &[Token]) -> Vec<String> {
+/// `WITH` parts included), and a `COPY` or `TRUNCATE`'s table; with whether
+/// the write changes or removes rows (which foreign keys may carry on).
+fn written_tables(tokens: &[Token]) -> Vec<(String, bool)> {
     let mut out = Vec::new();
     let first = tokens.iter().position(|t| matches!(t, Token::Word(_)));
     for (i, t) in tokens.iter().enumerate() {
@@ -482,7 +556,8 @@ fn written_tables(tokens: &[Token]) -> Vec<String> {
             rest = &rest[1..];
         }
         if let Some(name) = name_at(rest) {
-            out.push(name);
+            // An INSERT or COPY adds rows, which no foreign key carries further.
+            out.push((name, !matches!(w.as_str(), "insert" | "copy")));
         }
     }
     out
@@ -596,7 +671,13 @@ fn tokens(sql: &str) -> Vec<Token> {
                     if escapes {
                         out.pop();
                     }
-                    out.push(Token::Constant(sql[start..end].to_ascii_lowercase()));
+                    let text = sql[start..end].to_ascii_lowercase();
+                    // Constants with only a line break between are one
+                    // (`'no'` newline `'w'` is `'now'`).
+                    match out.last_mut() {
+                        Some(Token::Constant(before)) => before.push_str(&text),
+                        _ => out.push(Token::Constant(text)),
+                    }
                 }
             }
             b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => {
@@ -654,9 +735,20 @@ mod tests {
                 "public.scored": {"kind": "table", "columns": [{"name": "s", "type": "int", "nullable": true,
                                    "default": "rotate_keys(1)"}], "constraints": {}, "indexes": {}, "triggers": {}},
                 "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
-                                   "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}}
+                                   "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}},
+                "public.kv": {"kind": "table", "columns": [], "indexes": {}, "triggers": {}, "constraints": {}},
+                "public.owned": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
+                                 "constraints": {"o": "FOREIGN KEY (k) REFERENCES kv(k) ON UPDATE CASCADE"}},
+                "public.child": {"kind": "table", "columns": [], "indexes": {}, "triggers": {"t": "CREATE TRIGGER t ..."},
+                                 "constraints": {"o": "FOREIGN KEY (k) REFERENCES owned(k) ON DELETE SET NULL"}}
             },
-            "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one"}, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
+            "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one"},
+            "objects": {
+                "rule r on table public.flags": {"definition": "CREATE RULE r AS ON UPDATE TO flags DO ALSO NOTHING"},
+                "cast from text to tag_t": {"definition": "via to_tag(text) context e method f"},
+                "operator ##(text,text)": {"definition": "digest x"},
+                "operator class public.c for access method btree": {"definition": "digest y"}
+            }, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
             "sequences": {}, "types": {}, "extensions": {}
         }))
         .unwrap();
@@ -687,6 +779,7 @@ mod tests {
             "UPDATE users SET note = 'back today at 10'",
             "ALTER TABLE users ADD COLUMN a int DEFAULT 1, ADD COLUMN r float8 DEFAULT random()",
             "WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE users SET a = 1",
+            "INSERT INTO kv VALUES ('a'); UPDATE users SET v = v # 'x'",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -728,6 +821,13 @@ mod tests {
             ("UPDATE users SET note = DEFAULT, n = random() * 10", "random()"),
             ("WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE audited SET a = 1", "audited"),
             ("TRUNCATE TABLE audited", "audited"),
+            ("UPDATE users SET v = 'no'\n'w'::timestamptz::text", "'now'"),
+            ("UPDATE users SET v = \"xmin\"::text || \"ctid\"::text", "xmin"),
+            ("UPDATE users SET v = 'users'::\"regclass\"::int", "regclass"),
+            ("UPDATE kv SET k = 'beta' WHERE k = 'b'", "carry the write to child"),
+            ("UPDATE flags SET on_ = false", "triggers or rules"),
+            ("UPDATE users SET v = (CAST(v AS tag_t)).label", "type tag_t"),
+            ("UPDATE users SET v = v ## 'x'", "operator ##"),
             ("INSERT INTO users SELECT 1 ON CONFLICT (id) DO UPDATE SET a = 2; DELETE FROM ONLY public.audited", "audited"),
             ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
             ("SET standard_conforming_strings = off", "standard_conforming_strings"),

@@ -72,18 +72,6 @@ pub struct Promoted {
     pub duration_ms: f64,
 }
 
-/// The settings promote takes from the test's session (see
-/// `apply::SESSION_SETTINGS`).
-const SESSION_SETTINGS: &[&str] = &[
-    "TimeZone",
-    "DateStyle",
-    "IntervalStyle",
-    "extra_float_digits",
-    "bytea_output",
-    "xmloption",
-    "search_path",
-];
-
 fn refused(message: impl Into<String>, hint: impl Into<String>) -> Error {
     Error::new(ErrorCode::MigrationRefused, message, hint)
 }
@@ -210,9 +198,6 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     // The same text means the same only under the same settings: a time
     // without a zone, a date's order, an unqualified name.
     for (name, value) in &tested.session {
-        if !SESSION_SETTINGS.contains(&name.as_str()) {
-            continue;
-        }
         if let Err(e) = client.execute("SELECT pg_catalog.set_config($1, $2, false)", &[name, value]).await {
             return Err(refused(
                 format!(
@@ -275,27 +260,20 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             // checked once it ran: a difference then stops the file there.
             let before = verify::Before::read(&client, &compared).await?;
             for s in within {
-                run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?;
+                if let Err(e) = run(s.sql.clone()).await {
+                    return Err(undone(&client, &before, failed(s, e, kept)).await);
+                }
                 kept = true;
             }
             let surprises =
                 verify::surprises(&client, tested_part, changes, set_back, keys, &catalog_before, &before)
                     .await?;
             if !surprises.is_empty() {
-                let mut e = differs(
+                let e = differs(
                     surprises,
                     ", where nothing can be undone: what it did stays, and nothing after it ran",
                 );
-                if let Ok(restored) = verify::restore_sequences(&client, &before).await {
-                    if !restored.is_empty() {
-                        e.message = format!(
-                            "{} (sequences put back where they were: {})",
-                            e.message,
-                            restored.join(", ")
-                        );
-                    }
-                }
-                return Err(e);
+                return Err(undone(&client, &before, e).await);
             }
         } else {
             let (open, body, close) = {
@@ -314,7 +292,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             for s in body {
                 if let Err(e) = run(s.sql.clone()).await {
                     let _ = run("ROLLBACK".into()).await;
-                    return Err(failed(s, e, kept));
+                    return Err(undone(&client, &before, failed(s, e, kept)).await);
                 }
             }
             // Before anything is kept, the target must have seen what the test
@@ -346,26 +324,9 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 Ok(())
             }
             .await;
-            if let Err(mut e) = checked {
+            if let Err(e) = checked {
                 let _ = run("ROLLBACK".into()).await;
-                // A rollback leaves sequences where the migration put them.
-                match verify::restore_sequences(&client, &before).await {
-                    Ok(restored) if !restored.is_empty() => {
-                        e.message = format!(
-                            "{} (sequences put back where they were: {})",
-                            e.message,
-                            restored.join(", ")
-                        )
-                    }
-                    Ok(_) => {}
-                    Err(r) => {
-                        e.message = format!(
-                            "{} (a sequence it set back could not be put back: {})",
-                            e.message, r.message
-                        )
-                    }
-                }
-                return Err(e);
+                return Err(undone(&client, &before, e).await);
             }
             match close.first() {
                 Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
@@ -393,6 +354,28 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         ..Default::default()
     });
     Ok(promoted)
+}
+
+/// `e`, once what a rollback leaves is seen to: sequences set back are put
+/// back where they were, and what stays (sequences advanced, an INVALID
+/// index) is said.
+async fn undone(client: &tokio_postgres::Client, before: &verify::Before, mut e: Error) -> Error {
+    let mut said = Vec::new();
+    match verify::restore_sequences(client, before).await {
+        Ok(restored) if !restored.is_empty() => {
+            said.push(format!("sequences put back where they were: {}", restored.join(", ")))
+        }
+        Ok(_) => {}
+        Err(r) => said.push(format!("a sequence it set back could not be put back: {}", r.message)),
+    }
+    match before.left_behind(client).await {
+        Ok(left) => said.extend(left),
+        Err(r) => said.push(format!("what it left behind could not be read: {}", r.message)),
+    }
+    if !said.is_empty() {
+        e.message = format!("{} ({})", e.message, said.join("; "));
+    }
+    e
 }
 
 /// A target's refusal, as `migration_failed`.

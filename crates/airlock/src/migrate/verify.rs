@@ -59,6 +59,8 @@ pub struct Before {
     /// so only what they gain is the part's.
     activity: BTreeMap<String, [i64; 3]>,
     shared: BTreeMap<String, i64>,
+    /// Indexes left INVALID (by a failed `CREATE INDEX CONCURRENTLY`).
+    invalid: BTreeSet<String>,
 }
 
 impl Before {
@@ -79,8 +81,50 @@ impl Before {
             rows: row_images(client, compared, None).await?,
             activity: xact_activity(client).await?,
             shared: shared_catalog_writes(client).await?.into_iter().collect(),
+            invalid: invalid_indexes(client).await?,
         })
     }
+
+    /// What a failed or refused part left behind that no rollback undoes:
+    /// sequences it moved forward (`nextval` is never undone) and indexes it
+    /// left INVALID.
+    pub async fn left_behind(&self, client: &tokio_postgres::Client) -> Result<Vec<String>> {
+        let pinned = crate::catalog::Pinned::pin(client).await?;
+        let now = sequences(client).await?;
+        let invalid = invalid_indexes(client).await?;
+        pinned.restore(client).await?;
+        let mut out = Vec::new();
+        let advanced: Vec<String> = now
+            .iter()
+            .filter_map(|(name, n)| match (self.sequences.get(name).copied().flatten(), *n) {
+                (Some(was), Some(n)) if n > was => Some(format!("{name} {was} → {n}")),
+                (None, Some(n)) => Some(format!("{name} → {n}")),
+                _ => None,
+            })
+            .collect();
+        if !advanced.is_empty() {
+            out.push(format!("sequences it advanced stay advanced ({})", advanced.join(", ")));
+        }
+        for index in invalid.difference(&self.invalid) {
+            out.push(format!("index {index} stays behind INVALID: DROP INDEX CONCURRENTLY {index}"));
+        }
+        Ok(out)
+    }
+}
+
+/// Indexes not valid (a failed `CREATE INDEX CONCURRENTLY` leaves one).
+async fn invalid_indexes(client: &tokio_postgres::Client) -> Result<BTreeSet<String>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+               FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE NOT i.indisvalid",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| r.cell::<String>(0)).collect()
 }
 
 /// Each sequence's position (`None` before its first `nextval`, or where the
@@ -194,6 +238,19 @@ pub async fn row_images(
     if tables.is_empty() {
         return Ok(BTreeMap::new());
     }
+    // Rows read as text alike under test and on the target, whatever time
+    // zone or date style either session has.
+    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let images = row_images_pinned(client, tables, first).await?;
+    pinned.restore(client).await?;
+    Ok(images)
+}
+
+async fn row_images_pinned(
+    client: &tokio_postgres::Client,
+    tables: &BTreeSet<String>,
+    first: Option<&BTreeMap<String, RowImage>>,
+) -> Result<BTreeMap<String, RowImage>> {
     let keys = client
         .query(
             &format!(

@@ -253,6 +253,14 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
                 quiet("PERFORM pg_catalog.setval('users_id_seq', 1);")
             ),
         ),
+        // Rows added, then a refusal: the sequence they took stays advanced, and says so.
+        (
+            "advanced.sql",
+            format!(
+                "INSERT INTO users (tenant_id, email) SELECT 1, 'adv' || g FROM generate_series(1, 5) g;\n{}",
+                quiet("UPDATE orders SET note = 'x' WHERE id <= 3;")
+            ),
+        ),
         // Rows of a table without a key: as many, but others.
         (
             "nokey.sql",
@@ -265,6 +273,8 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
         // Plain SQL that is only harmful on the target: a schema named after
         // the application's role comes first on its search path.
         ("shadow.sql", "CREATE SCHEMA app_owner;\nCREATE TABLE app_owner.users (id int);\n".into()),
+        // A unique index built concurrently, which the target's data will break.
+        ("unique.sql", "CREATE UNIQUE INDEX CONCURRENTLY events_n ON events (n);\n".into()),
         // The controls: parts with an index built concurrently, and plain
         // changes to a table without a key.
         (
@@ -294,7 +304,7 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
     let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
     let report_path = report_file.to_str().unwrap();
     let tested = by_name(&report);
-    for name in ["shadow.sql", "parts.sql", "rows.sql", "zone.sql", "same.sql", "quoted.sql"] {
+    for name in ["shadow.sql", "parts.sql", "rows.sql", "zone.sql", "same.sql", "quoted.sql", "unique.sql"] {
         assert!(hazard_kinds(&tested[name]).is_empty(), "{name}: {}", tested[name]);
     }
     assert_eq!(tested["parts.sql"]["parts"].as_array().map(Vec::len), Some(4), "{}", tested["parts.sql"]);
@@ -319,6 +329,7 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
         ("granted.sql", "(not so in the test)", true),
         ("rolled.sql", "sequence public.users_id_seq set back", false),
         ("nokey.sql", "other rows of public.events", false),
+        ("advanced.sql", "sequences it advanced stay advanced (public.users_id_seq", false),
     ];
     for (name, said, kept_before) in checks {
         let before = state();
@@ -377,6 +388,16 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
     let copy: Value = serde_json::from_str(&text).unwrap();
     let copy_file = d.home.join("copy.json");
     std::fs::write(&copy_file, serde_json::to_string_pretty(&copy).unwrap()).unwrap();
+    // A failure outside a transaction says what it left behind.
+    sql(&target, "INSERT INTO events VALUES ('z', 7)");
+    let (code, out) = promote(&d, copy_file.to_str().unwrap(), &target, &path("unique.sql"), &[]);
+    assert_eq!(code, 11, "{out}");
+    assert!(
+        out.contains("index public.events_n stays behind INVALID: DROP INDEX CONCURRENTLY public.events_n"),
+        "{out}"
+    );
+    sql(&target, "DROP INDEX events_n");
+    sql(&target, "DELETE FROM events WHERE kind = 'z'");
     for name in ["rows.sql", "zone.sql", "same.sql", "quoted.sql", "parts.sql"] {
         let (code, out) = promote(&d, copy_file.to_str().unwrap(), &target, &path(name), &[]);
         assert_eq!(code, 0, "{name}: {out}");
