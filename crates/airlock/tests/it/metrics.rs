@@ -131,10 +131,12 @@ fn a_real_prometheus_scrapes_the_fleet_and_the_fleet_alert_fires() {
     assert_eq!(tool.0, 200);
 
     // The exposition: promtool accepts it; it never holds a secret.
-    d.wait_for(Duration::from_secs(10), "the metrics to count both forks", || {
-        get(&metrics, "/metrics", "")
-            .1
-            .contains("airlock_provisioning_seconds_count{golden=\"shop\",source=\"cold\",redis=\"no\"} 2")
+    // The metrics follow the audit log, so each record shows up when the follower reaches it.
+    d.wait_for(Duration::from_secs(10), "the metrics to count both forks and the tool call", || {
+        let text = get(&metrics, "/metrics", "").1;
+        text.contains("airlock_provisioning_seconds_count{golden=\"shop\",source=\"cold\",redis=\"no\"} 2")
+            && text.contains("airlock_tool_calls_total{tool=\"run_sql\",outcome=\"ok\",door=\"api\"} 1")
+            && text.contains("airlock_router_connections_total{outcome=\"accepted\",store=\"postgres\"} 1")
     });
     let (status, text) = get(&metrics, "/metrics", "");
     assert_eq!(status, 200);
