@@ -215,7 +215,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     // The target's schema before the next part: what that part's catalog
     // changes are read against.
     let mut catalog_before = now;
-    for (n, part) in all.iter().enumerate() {
+    for part in &all {
         let within = &statements[part.range.clone()];
         let line = within.first().map_or(0, |s| s.line);
         // What the test saw this part do: the whole file's record, or the part's.
@@ -265,16 +265,17 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 }
                 kept = true;
             }
-            let surprises =
+            let seen =
                 verify::surprises(&client, tested_part, changes, set_back, keys, &catalog_before, &before)
                     .await?;
-            if !surprises.is_empty() {
+            if !seen.found.is_empty() {
                 let e = differs(
-                    surprises,
+                    seen.found,
                     ", where nothing can be undone: what it did stays, and nothing after it ran",
                 );
                 return Err(undone(&client, &before, e).await);
             }
+            catalog_before = seen.catalog;
         } else {
             let (open, body, close) = {
                 let from = usize::from(part.opening == parts::Opening::File);
@@ -306,7 +307,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                         "the target refused what the commit would do",
                     ));
                 }
-                let surprises = verify::surprises(
+                let seen = verify::surprises(
                     &client,
                     tested_part,
                     changes,
@@ -316,26 +317,28 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                     &before,
                 )
                 .await?;
-                if !surprises.is_empty() {
+                if !seen.found.is_empty() {
                     let kept =
                         if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
-                    return Err(differs(surprises, &format!(", so that part was rolled back{kept}")));
+                    return Err(differs(seen.found, &format!(", so that part was rolled back{kept}")));
                 }
-                Ok(())
+                Ok(seen.catalog)
             }
             .await;
-            if let Err(e) = checked {
-                let _ = run("ROLLBACK".into()).await;
-                return Err(undone(&client, &before, e).await);
+            match checked {
+                // A commit changes no catalog entry, so what the check read is
+                // what the next part starts from.
+                Ok(catalog) => catalog_before = catalog,
+                Err(e) => {
+                    let _ = run("ROLLBACK".into()).await;
+                    return Err(undone(&client, &before, e).await);
+                }
             }
             match close.first() {
                 Some(s) => run(s.sql.clone()).await.map_err(|e| failed(s, e, kept))?,
                 None => run("COMMIT".into()).await.map_err(pg_error)?,
             }
             kept = true;
-        }
-        if n + 1 < all.len() {
-            catalog_before = crate::catalog::read(&client).await?;
         }
     }
     let took = Duration::from_secs_f64(began.elapsed().as_secs_f64());

@@ -440,6 +440,16 @@ async fn xact_activity(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
 /// before it is a difference (data is not the golden's, so shares drift some).
 const SHARE_SLACK: f64 = 0.05;
 
+/// What a part did on the target that its test did not, and the catalog it
+/// left (what the next part's changes are read against: reading it again
+/// after the commit would cost a second read of the same schema).
+pub struct Surprises {
+    /// Each difference, in words; none when the part did what its test did.
+    pub found: Vec<String>,
+    /// The target's catalog once the part ran.
+    pub catalog: Catalog,
+}
+
 /// What the migration did on the target, in its open transaction (or in a
 /// part that ran outside one), that its test did not.
 ///
@@ -455,7 +465,7 @@ pub async fn surprises(
     tested_keys: &BTreeMap<String, KeyDigest>,
     catalog_before: &Catalog,
     before: &Before,
-) -> Result<Vec<String>> {
+) -> Result<Surprises> {
     // Names are read as the test read them, whatever the migration set.
     let pinned = crate::catalog::Pinned::pin(client).await?;
     let out =
@@ -473,7 +483,7 @@ async fn surprises_pinned(
     tested_keys: &BTreeMap<String, KeyDigest>,
     catalog_before: &Catalog,
     before: &Before,
-) -> Result<Vec<String>> {
+) -> Result<Surprises> {
     let mut out = Vec::new();
     // Which rows, not only how many: each compared table's changed rows here
     // are its test's.
@@ -566,7 +576,7 @@ async fn surprises_pinned(
     for missing in there.difference(&here).take(5) {
         out.push(format!("{missing} in the test, not here"));
     }
-    Ok(out)
+    Ok(Surprises { found: out, catalog: after })
 }
 
 /// Schemas the part made that are named after a role of the target: with
