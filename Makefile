@@ -27,6 +27,7 @@ bench: build
 	@scripts/bench-redis.sh
 	@scripts/bench-tools.sh
 	@scripts/bench-migrate.sh
+	@scripts/bench-promote.sh
 	@scripts/bench-density.sh
 
 clean:
