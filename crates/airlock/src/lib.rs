@@ -32,6 +32,7 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod secret;
 pub mod serve;
+pub mod slots;
 pub mod storage;
 pub mod store;
 pub mod traces;

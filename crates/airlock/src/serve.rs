@@ -2,16 +2,18 @@
 //!
 //! A listener a local user can reach must not let that user take the daemon's
 //! file descriptors: every descriptor the daemon runs out of is one it cannot
-//! open to check a server, remove a sandbox or write its store. So a connection
-//! is accepted only while a slot is free (the rest wait in the kernel's listen
-//! backlog, costing the daemon nothing), and a connection that does not finish
-//! sending a request's headers in time is closed, so idle holders give their
-//! slot back. And every request answers: one that panics is answered
-//! `internal` (and logged), one past its deadline `timed_out`, so no request
-//! can hold its connection and slot for ever.
+//! open to check a server, remove a sandbox or write its store. So each
+//! connection holds one of a fixed number of slots (see [`crate::slots`]); one
+//! with no request at work gives its slot up to a newcomer when none is free,
+//! so idle or trickling holders cannot keep anyone out, and only when every
+//! slot has a request at work does a newcomer wait (the rest wait in the
+//! kernel's listen backlog, costing the daemon nothing). A connection that
+//! does not finish sending a request's headers in time is closed. And every
+//! request answers: one that panics is answered `internal` (and logged), one
+//! past its deadline `timed_out`, so no request can hold its connection and
+//! slot for ever.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::serve::Listener;
@@ -19,7 +21,6 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use tokio::sync::Semaphore;
 
 /// How much of the daemon one listener may hold.
 #[derive(Debug, Clone, Copy)]
@@ -86,38 +87,94 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// How long a stopping server waits for requests in flight before it drops them.
 const DRAIN: Duration = Duration::from_secs(10);
 
+/// Where a listener's clients come from, for sharing its slots out fairly.
+pub trait Peer {
+    /// The client's IP address; None for a unix socket.
+    fn ip(&self) -> Option<std::net::IpAddr>;
+}
+
+impl Peer for std::net::SocketAddr {
+    fn ip(&self) -> Option<std::net::IpAddr> {
+        Some(std::net::SocketAddr::ip(self))
+    }
+}
+
+impl Peer for tokio::net::unix::SocketAddr {
+    fn ip(&self) -> Option<std::net::IpAddr> {
+        None
+    }
+}
+
 /// Serves `app` on `listener` within `bounds` until `shutdown` completes, then
 /// lets requests in flight finish (for a while).
-pub async fn serve<L: Listener>(
-    mut listener: L,
-    app: Router,
-    bounds: Bounds,
-    shutdown: impl Future<Output = ()>,
-) {
+pub async fn serve<L>(mut listener: L, app: Router, bounds: Bounds, shutdown: impl Future<Output = ()>)
+where
+    L: Listener,
+    L::Addr: Peer,
+{
     let app = app.layer(axum::middleware::from_fn_with_state(bounds.deadline, answered));
-    let slots = Arc::new(Semaphore::new(bounds.max_connections));
+    let slots = crate::slots::Slots::new(bounds.max_connections);
     let graceful = GracefulShutdown::new();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(bounds.header_timeout);
     tokio::pin!(shutdown);
     loop {
-        // A slot first, then the accept: over the cap, a connection costs the
-        // daemon nothing until one frees.
-        let permit = tokio::select! {
-            permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+        let (io, peer) = tokio::select! {
+            accepted = listener.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let io = tokio::select! {
-            (io, _) = listener.accept() => io,
+        let arrived = std::time::Instant::now();
+        // With every slot at work this waits, and the connections after it
+        // wait in the listen backlog.
+        let mut slot = tokio::select! {
+            slot = slots.take_or_wait(peer.ip(), arrived) => slot,
             () = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(app.clone());
+        let service = Marked { inner: TowerToHyperService::new(app.clone()), marker: slot.marker() };
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
         tokio::spawn(async move {
-            let _ = connection.await;
-            drop(permit);
+            tokio::select! {
+                _ = connection => {}
+                () = slot.given_up() => {}
+            }
         });
     }
     drop(listener);
     let _ = tokio::time::timeout(DRAIN, graceful.shutdown()).await;
+}
+
+/// A connection's service that marks each request at work, from its head
+/// until the last byte of its answer is sent, so the connection keeps its
+/// slot while it works and yields it while it idles.
+#[derive(Clone)]
+struct Marked<S> {
+    inner: S,
+    marker: crate::slots::Marker,
+}
+
+impl<S, B> hyper::service::Service<hyper::Request<B>> for Marked<S>
+where
+    S: hyper::service::Service<hyper::Request<B>, Response = axum::response::Response>,
+    S::Future: Send + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = S::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, S::Error>> + Send>>;
+
+    fn call(&self, request: hyper::Request<B>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let working = self.marker.begin();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            // The answer's body owns the mark: it goes when the body is sent
+            // (or dropped with its connection).
+            Ok(response.map(|body| {
+                axum::body::Body::new(body.map_frame(move |frame| {
+                    let _at_work = &working;
+                    frame
+                }))
+            }))
+        })
+    }
 }

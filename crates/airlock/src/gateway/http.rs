@@ -88,9 +88,11 @@ pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str
     let tools = Gateway::for_tokens(engine.clone());
     let service =
         StreamableHttpService::new(move || Ok(tools.clone()), LocalSessionManager::default().into(), config);
+    let in_flight = Arc::new(InFlight::default());
     let app = Router::new()
         .route_service("/mcp/{token}", service)
         .layer(axum::middleware::from_fn(bounded_body))
+        .layer(axum::middleware::from_fn_with_state(in_flight, its_share))
         .layer(axum::middleware::from_fn_with_state(engine.clone(), known_token))
         .fallback(|| async { StatusCode::NOT_FOUND });
     tracing::info!(%bound, "serving the MCP gateway");
@@ -119,6 +121,68 @@ async fn bounded_body(request: Request, next: Next) -> Response {
         Ok(Err(_)) => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
         Err(_) => StatusCode::REQUEST_TIMEOUT.into_response(),
     }
+}
+
+/// Requests one sandbox may have at work on the gateway at once. The
+/// gateway's connections are shared by every tenant; a request at work keeps
+/// its connection's slot (see [`crate::slots`]), so without this one agent's
+/// slow calls could hold them all.
+pub const IN_FLIGHT_PER_SANDBOX: usize = 8;
+
+/// Requests at work per sandbox.
+#[derive(Debug, Default)]
+struct InFlight {
+    per_sandbox: std::sync::Mutex<std::collections::HashMap<String, usize>>,
+}
+
+/// One request at work, counted against its sandbox until it drops.
+struct AtWork {
+    in_flight: Arc<InFlight>,
+    sandbox: String,
+}
+
+impl InFlight {
+    fn begin(self: &Arc<Self>, sandbox: &str) -> Option<AtWork> {
+        let mut counts = self.per_sandbox.lock().unwrap_or_else(|p| p.into_inner());
+        let count = counts.entry(sandbox.to_owned()).or_default();
+        if *count >= IN_FLIGHT_PER_SANDBOX {
+            return None;
+        }
+        *count += 1;
+        Some(AtWork { in_flight: self.clone(), sandbox: sandbox.to_owned() })
+    }
+}
+
+impl Drop for AtWork {
+    fn drop(&mut self) {
+        let mut counts = self.in_flight.per_sandbox.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(count) = counts.get_mut(&self.sandbox) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.sandbox);
+            }
+        }
+    }
+}
+
+/// Answers 429 to a sandbox's request past its [`IN_FLIGHT_PER_SANDBOX`]; the
+/// count covers the request until its answer is written.
+async fn its_share(State(in_flight): State<Arc<InFlight>>, request: Request, next: Next) -> Response {
+    let sandbox = request.extensions().get::<BoundSandbox>().map(|b| b.0.clone()).unwrap_or_default();
+    let Some(at_work) = in_flight.begin(&sandbox) else {
+        let message = format!(
+            "this sandbox already has {IN_FLIGHT_PER_SANDBOX} requests at work on the gateway; wait for one to answer"
+        );
+        return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], message).into_response();
+    };
+    let response = next.run(request).await;
+    response.map(|body| {
+        use http_body_util::BodyExt;
+        axum::body::Body::new(body.map_frame(move |frame| {
+            let _counted = &at_work;
+            frame
+        }))
+    })
 }
 
 /// Answers 404, and nothing else, unless the URL's token is bound to a live

@@ -17,7 +17,6 @@ struct Inner {
     activity: HashMap<String, Activity>,
     backends: HashMap<(i32, i32), String>,
     authenticating: HashMap<String, Arc<tokio::sync::Semaphore>>,
-    unauthenticated: HashMap<std::net::IpAddr, Arc<tokio::sync::Semaphore>>,
 }
 
 /// How many authenticated router clients of one sandbox may be opening a
@@ -25,13 +24,10 @@ struct Inner {
 /// holds one of the server's connection slots, the admin's reserved ones
 /// included; the others wait their turn. Only clients that proved they hold
 /// the credential get here (the router authenticates them itself first), so a
-/// client that never answers its password challenge holds none of them.
+/// client that never answers its password challenge holds none of them (and
+/// its router slot is the first to go when the router runs out: see
+/// [`crate::slots`]).
 pub const AUTHENTICATING_PER_SANDBOX: usize = 8;
-
-/// How many clients from one address may be between connecting to the router
-/// and being authenticated at once, whatever sandbox they name: a flood of
-/// exchanges that never finish waits behind itself, not behind anyone else's.
-pub const UNAUTHENTICATED_PER_ADDRESS: usize = 16;
 
 /// Shared between the router's connections and the reaper.
 #[derive(Debug, Clone, Default)]
@@ -87,19 +83,6 @@ impl Connections {
         places.acquire_owned().await.expect("the semaphore is never closed")
     }
 
-    /// Waits for one of the [`UNAUTHENTICATED_PER_ADDRESS`] places of clients
-    /// from `address` not yet authenticated; held until the guard drops.
-    pub async fn unauthenticated(&self, address: std::net::IpAddr) -> Unauthenticated {
-        let places = self
-            .lock()
-            .unauthenticated
-            .entry(address)
-            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(UNAUTHENTICATED_PER_ADDRESS)))
-            .clone();
-        let permit = places.acquire_owned().await.expect("the semaphore is never closed");
-        Unauthenticated { connections: self.clone(), address, permit: Some(permit) }
-    }
-
     /// Forgets a deleted sandbox.
     pub fn forget(&self, sandbox: &str) {
         let mut inner = self.lock();
@@ -111,26 +94,6 @@ impl Connections {
     /// The sandbox serving the backend with this pid and secret key.
     pub fn backend_owner(&self, pid: i32, key: i32) -> Option<String> {
         self.lock().backends.get(&(pid, key)).cloned()
-    }
-}
-
-/// A place among one address's clients not yet authenticated; an address
-/// with none left in use is forgotten.
-pub struct Unauthenticated {
-    connections: Connections,
-    address: std::net::IpAddr,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
-}
-
-impl Drop for Unauthenticated {
-    fn drop(&mut self) {
-        drop(self.permit.take());
-        let mut inner = self.connections.lock();
-        if inner.unauthenticated.get(&self.address).is_some_and(|s| {
-            Arc::strong_count(s) == 1 && s.available_permits() == UNAUTHENTICATED_PER_ADDRESS
-        }) {
-            inner.unauthenticated.remove(&self.address);
-        }
     }
 }
 

@@ -33,7 +33,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 use crate::error::{Error, ErrorCode, Result};
 
@@ -206,11 +205,11 @@ pub fn serve(
             startup_timeout: config.startup_timeout,
         });
         tracing::info!(port = redis_port, "Redis router listening");
-        let slots = Arc::new(Semaphore::new(config.max_connections));
+        let slots = crate::slots::Slots::new(config.max_connections);
         let refusal = b"-ERR too many connections to the Airlock router\r\n".to_vec();
-        tokio::spawn(accept_loop(redis, slots, refusal, move |tcp, peer| {
+        tokio::spawn(accept_loop(redis, slots, refusal, move |tcp, peer, slot| {
             let shared = shared.clone();
-            async move { redis::serve(&shared, tcp, peer).await }
+            async move { redis::serve(&shared, tcp, peer, slot).await }
         }));
     }
     let parked = Arc::new(parked::Parked::default());
@@ -230,26 +229,30 @@ pub fn serve(
         "close idle connections, or raise `airlock serve --router-max-connections`",
     )
     .encode();
-    let slots = Arc::new(Semaphore::new(config.max_connections));
-    tokio::spawn(accept_loop(listener, slots, refusal, move |tcp, peer| {
+    let slots = crate::slots::Slots::new(config.max_connections);
+    tokio::spawn(accept_loop(listener, slots, refusal, move |tcp, peer, slot| {
         let shared = shared.clone();
-        async move { session::serve(&shared, tcp, peer).await }
+        async move { session::serve(&shared, tcp, peer, slot).await }
     }));
     Ok(address)
 }
 
 /// Accepts clients on `listener` for as long as the router runs, `serve`ing
-/// at most `slots` at once; a client past that gets `refusal` and is closed.
+/// each in a slot of `slots`. A client that finds every slot taken takes the
+/// one of the stalest client not yet authenticated (see [`crate::slots`]); when
+/// every slot is held by an authenticated session, it gets `refusal` and is
+/// closed.
 pub(crate) async fn accept_loop<F, Fut>(
     listener: TcpListener,
-    slots: Arc<Semaphore>,
+    slots: Arc<crate::slots::Slots>,
     refusal: Vec<u8>,
     serve: F,
 ) where
-    F: Fn(tokio::net::TcpStream, SocketAddr) -> Fut,
+    F: Fn(tokio::net::TcpStream, SocketAddr, crate::slots::Slot) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let refusal: Arc<[u8]> = refusal.into();
+    let serve = Arc::new(serve);
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -260,22 +263,17 @@ pub(crate) async fn accept_loop<F, Fut>(
                 continue;
             }
         };
-        match slots.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let session = serve(tcp, peer);
-                tokio::spawn(async move {
-                    session.await;
-                    drop(permit);
-                });
-            }
-            Err(_) => {
-                let refusal = refusal.clone();
-                tokio::spawn(async move {
+        let (slots, refusal, serve) = (slots.clone(), refusal.clone(), serve.clone());
+        let arrived = std::time::Instant::now();
+        tokio::spawn(async move {
+            match slots.take(Some(peer.ip()), arrived).await {
+                Some(slot) => serve(tcp, peer, slot).await,
+                None => {
                     let mut tcp = tcp;
                     let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal)).await;
-                });
+                }
             }
-        }
+        });
     }
 }
 

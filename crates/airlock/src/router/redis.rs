@@ -46,8 +46,18 @@ pub struct Shared {
 
 const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
 
-/// Serves one client: TLS or not, then its session.
-pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
+/// Serves one client in its router slot, which it gives up when told to
+/// until its credential is accepted (see [`crate::slots`]).
+pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut slot: crate::slots::Slot) {
+    let marker = slot.marker();
+    tokio::select! {
+        () = connection(shared, tcp, peer, &marker) => {}
+        () = slot.given_up() => {}
+    }
+}
+
+/// One client: TLS or not, then its session.
+async fn connection(shared: &Shared, tcp: TcpStream, peer: SocketAddr, slot: &crate::slots::Marker) {
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.startup_timeout;
     let mut first = [0u8; 1];
@@ -57,7 +67,7 @@ pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
     }
     match (first[0] == 0x16, &shared.tls) {
         (true, Some(tls)) => match tokio::time::timeout_at(deadline.into(), tls.accept(tcp)).await {
-            Ok(Ok(stream)) => session(shared, BufStream::new(stream), deadline, (peer, true)).await,
+            Ok(Ok(stream)) => session(shared, BufStream::new(stream), deadline, (peer, true), slot).await,
             _ => tracing::debug!(%peer, "a Redis client's TLS handshake failed"),
         },
         (true, None) => {}
@@ -65,7 +75,7 @@ pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
             let mut tcp = tcp;
             let _ = tcp.write_all(b"-ERR this router takes TLS only: connect with rediss://\r\n").await;
         }
-        (false, _) => session(shared, BufStream::new(tcp), deadline, (peer, false)).await,
+        (false, _) => session(shared, BufStream::new(tcp), deadline, (peer, false), slot).await,
     }
 }
 
@@ -76,6 +86,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
     mut client: BufStream<S>,
     deadline: Instant,
     client_at: (SocketAddr, bool),
+    slot: &crate::slots::Marker,
 ) {
     for _ in 0..TRIES {
         let Ok(Ok(Some(args))) = tokio::time::timeout_at(deadline.into(), read_command(&mut client)).await
@@ -95,7 +106,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
             (_, Some((user, password))) => {
                 let user = String::from_utf8_lossy(&user).into_owned();
                 let password = String::from_utf8_lossy(&password).into_owned();
-                join(shared, client, (&user, &password), &args, client_at).await;
+                join(shared, client, (&user, &password), &args, client_at, slot).await;
                 return;
             }
             (b"QUIT", _) => {
@@ -123,6 +134,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     (user, password): (&str, &str),
     command: &[Vec<u8>],
     client_at: (SocketAddr, bool),
+    slot: &crate::slots::Marker,
 ) {
     let refuse = |mut client: BufStream<S>| async move {
         let _ = client.write_all(WRONGPASS).await;
@@ -140,6 +152,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
             record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
             return refuse(client).await;
         }
+        slot.prove();
         if let Err(e) = shared.host.wake(&sb.id, Instant::now() + Duration::from_secs(60)).await {
             let _ = client
                 .write_all(format!("-ERR {}\r\n", e.message.replace(['\r', '\n'], " ")).as_bytes())
@@ -174,6 +187,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         let _ = client.flush().await;
         return;
     }
+    slot.prove();
     let _open = shared.host.connections.open(&sb.id);
     // The server's answer to AUTH is still unread: the client hears it only
     // once the connection is on record.

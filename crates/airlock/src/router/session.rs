@@ -67,9 +67,10 @@ impl AsyncWrite for Client {
 }
 
 /// Serves one client until it or its sandbox hangs up.
-pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr) {
+pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut slot: crate::slots::Slot) {
     let _ = tcp.set_nodelay(true);
-    let established = tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer)).await;
+    let established =
+        tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer, &mut slot)).await;
     // A client that has not finished its startup in time is simply dropped.
     let Ok(Some((mut client, backend, open))) = established else { return };
     // When the client goes, whatever its backend is running is cancelled: a
@@ -214,7 +215,67 @@ async fn establish(
     shared: &Shared,
     tcp: TcpStream,
     peer: SocketAddr,
+    slot: &mut crate::slots::Slot,
 ) -> Option<(Client, Backend, super::Open)> {
+    // Until the client proves it holds the credential, its slot is the first
+    // to go when the router has none free: nothing it does before that can
+    // hold a slot against anyone.
+    let authenticated = tokio::select! {
+        authenticated = authenticate(shared, tcp, peer) => authenticated?,
+        () = slot.given_up() => return None,
+    };
+    slot.marker().prove();
+    let Authenticated { mut client, startup, sb, tls, mut phases } = authenticated;
+    // Said only to a client that proved it holds the credential.
+    if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
+        let e = ErrorResponse::fatal(
+            "3D000",
+            format!("sandbox \"{}\" has no PostgreSQL: its golden has only a Redis part", sb.id),
+            "connect to its Redis instead (`airlock dsn ID --redis` prints the URL)",
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    let (connecting, suspended) = (Instant::now(), sb.state == crate::sandbox::SandboxState::Suspended);
+    // A few authenticated clients of one sandbox at a time open server sessions.
+    let authenticating = shared.host.connections.authenticating(&sb.id).await;
+    let session = session_for(shared, sb, &startup).await;
+    drop(authenticating);
+    match session {
+        Ok((sb, backend, open)) => {
+            // Waking, when it was suspended, is most of the server session's time.
+            phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
+            let connected = EventKind::Connected;
+            if let Err(e) = shared.host.record_connection(&sb, connected, (peer, tls), None, phases).await {
+                tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
+                refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
+                return None;
+            }
+            Some((client, backend, open))
+        }
+        Err(message) => {
+            let _ = client.write_all(&message).await;
+            close(&mut client).await;
+            None
+        }
+    }
+}
+
+/// A client that proved it holds its sandbox's credential.
+struct Authenticated {
+    client: Client,
+    startup: Startup,
+    sb: Sandbox,
+    /// Whether it came by TLS.
+    tls: bool,
+    /// How long its startup and authentication took, for its record.
+    phases: serde_json::Value,
+}
+
+/// A client's first contact up to its authentication: TLS, the startup
+/// message, the sandbox it names and the SCRAM exchange. None when it was
+/// refused or went away.
+async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Authenticated> {
     let began = Instant::now();
     let (mut client, startup, tls) = first_contact(shared, tcp).await?;
     let startup_ms = elapsed_ms(began);
@@ -255,11 +316,9 @@ async fn establish(
         }
     };
     // The router authenticates the client itself, before anything is woken or
-    // connected to; at most a few clients of one address are at this step at
-    // once, whatever sandbox they name.
-    let mut phases;
+    // connected to.
+    let phases;
     {
-        let _unauthenticated = shared.host.connections.unauthenticated(peer.ip()).await;
         let verifier = match verifier_of(shared, &sb).await {
             Ok(v) => v,
             Err(e) => {
@@ -294,39 +353,7 @@ async fn establish(
             }
         }
     }
-    // Said only to a client that proved it holds the credential.
-    if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        let e = ErrorResponse::fatal(
-            "3D000",
-            format!("sandbox \"{}\" has no PostgreSQL: its golden has only a Redis part", sb.id),
-            "connect to its Redis instead (`airlock dsn ID --redis` prints the URL)",
-        );
-        refuse(&mut client, e).await;
-        return None;
-    }
-    let (connecting, suspended) = (Instant::now(), sb.state == crate::sandbox::SandboxState::Suspended);
-    // A few authenticated clients of one sandbox at a time open server sessions.
-    let authenticating = shared.host.connections.authenticating(&sb.id).await;
-    let session = session_for(shared, sb, &startup).await;
-    drop(authenticating);
-    match session {
-        Ok((sb, backend, open)) => {
-            // Waking, when it was suspended, is most of the server session's time.
-            phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
-            let connected = EventKind::Connected;
-            if let Err(e) = shared.host.record_connection(&sb, connected, (peer, tls), None, phases).await {
-                tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
-                refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
-                return None;
-            }
-            Some((client, backend, open))
-        }
-        Err(message) => {
-            let _ = client.write_all(&message).await;
-            close(&mut client).await;
-            None
-        }
-    }
+    Some(Authenticated { client, startup, sb, tls, phases })
 }
 
 fn elapsed_ms(since: Instant) -> f64 {

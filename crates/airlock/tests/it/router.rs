@@ -158,19 +158,35 @@ fn garbage_slow_and_flooding_clients_are_bounded() {
     let t = Instant::now();
     let (_, closed) = read_until_closed(&mut slow, Duration::from_secs(5));
     assert!(closed && t.elapsed() < Duration::from_secs(4), "the slow client was kept {:?}", t.elapsed());
-    // A flood: past the connection limit, clients are refused at once.
-    let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&d.router).unwrap()).collect();
+    // A flood past the connection limit: a newcomer takes the slot of the
+    // client not yet authenticated that came first, so the router serves at once.
+    let mut held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&d.router).unwrap()).collect();
     std::thread::sleep(Duration::from_millis(100));
-    let mut extra = TcpStream::connect(&d.router).unwrap();
-    let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(5));
-    assert!(closed && String::from_utf8_lossy(&got).contains("too many connections"), "{got:?}");
+    assert_eq!(psql(&url, "SELECT 1").as_deref(), Ok("1"));
+    let (_, closed) = read_until_closed(&mut held[0], Duration::from_secs(5));
+    assert!(closed, "the first idle client kept its slot");
     drop(held);
-    // The held ones time out or close; then the router serves again.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while psql(&url, "SELECT 1").is_err() {
-        assert!(Instant::now() < deadline, "the router did not recover");
+    // Authenticated sessions keep theirs: with every slot held by one, a
+    // newcomer is refused at once.
+    let sessions: Vec<_> =
+        (0..4).map(|_| crate::harness::spawn_psql(&url, "SELECT pg_sleep(4), 'kept'")).collect();
+    // (A newcomer before they authenticated could take one's slot.)
+    std::thread::sleep(Duration::from_secs(1));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let mut extra = TcpStream::connect(&d.router).unwrap();
+        let (got, closed) = read_until_closed(&mut extra, Duration::from_secs(5));
+        if closed && String::from_utf8_lossy(&got).contains("too many connections") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a newcomer was never refused: {got:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    for session in sessions {
+        let out = session.wait_with_output().unwrap();
+        assert!(String::from_utf8_lossy(&out.stdout).contains("kept"), "{out:?}");
+    }
+    assert_eq!(psql(&url, "SELECT 1").as_deref(), Ok("1"));
 }
 
 #[test]

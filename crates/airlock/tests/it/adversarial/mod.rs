@@ -12,6 +12,7 @@
 mod admin;
 mod answers;
 mod files;
+mod floods;
 mod host;
 mod leaks;
 mod limits;
