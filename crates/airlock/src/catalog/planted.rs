@@ -19,7 +19,8 @@ use crate::error::{Error, Result};
 pub struct Planted {
     /// `setting`, `function`, `operator`, `relation` or `type`.
     pub kind: String,
-    /// What it is, as a person would write it.
+    /// What it is, as a person would write it (names quoted where SQL would
+    /// need them, so no two objects read alike).
     pub what: String,
 }
 
@@ -39,8 +40,8 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
     let queries = [
         (
             "setting",
-            "SELECT coalesce('database ' || d.datname, 'every database') || ', ' ||
-                    coalesce('role ' || r.rolname, 'every role') || ': ' ||
+            "SELECT coalesce('database ' || pg_catalog.quote_ident(d.datname), 'every database') || ', ' ||
+                    coalesce('role ' || pg_catalog.quote_ident(r.rolname), 'every role') || ': ' ||
                     pg_catalog.array_to_string(s.setconfig, ', ')
              FROM pg_catalog.pg_db_role_setting s
              LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
@@ -50,7 +51,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
         (
             "function",
             format!(
-                "SELECT n.nspname || '.' || o.proname || '(' || pg_catalog.pg_get_function_identity_arguments(o.oid) || ')'
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(o.proname) || '(' || pg_catalog.pg_get_function_identity_arguments(o.oid) || ')'
                  FROM pg_catalog.pg_proc o JOIN pg_catalog.pg_namespace n ON n.oid = o.pronamespace
                  WHERE {APP_OBJECT} AND EXISTS (SELECT 1 FROM pg_catalog.pg_proc c
                    WHERE c.pronamespace = 'pg_catalog'::pg_catalog.regnamespace AND c.proname = o.proname)"
@@ -59,7 +60,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
         (
             "operator",
             format!(
-                "SELECT n.nspname || '.' || o.oprname || ' (' ||
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || o.oprname || ' (' ||
                         coalesce(pg_catalog.format_type(o.oprleft, NULL), 'none') || ', ' ||
                         coalesce(pg_catalog.format_type(o.oprright, NULL), 'none') || ')'
                  FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace n ON n.oid = o.oprnamespace
@@ -70,7 +71,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
         (
             "relation",
             format!(
-                "SELECT n.nspname || '.' || o.relname
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(o.relname)
                  FROM pg_catalog.pg_class o JOIN pg_catalog.pg_namespace n ON n.oid = o.relnamespace
                  WHERE {APP_OBJECT} AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c
                    WHERE c.relnamespace = 'pg_catalog'::pg_catalog.regnamespace AND c.relname = o.relname)"
@@ -79,7 +80,7 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Vec<Planted>> {
         (
             "type",
             format!(
-                "SELECT n.nspname || '.' || o.typname
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(o.typname)
                  FROM pg_catalog.pg_type o JOIN pg_catalog.pg_namespace n ON n.oid = o.typnamespace
                  WHERE {APP_OBJECT} AND o.typrelid = 0 AND EXISTS (SELECT 1 FROM pg_catalog.pg_type c
                    WHERE c.typnamespace = 'pg_catalog'::pg_catalog.regnamespace AND c.typname = o.typname)"

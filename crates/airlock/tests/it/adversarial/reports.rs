@@ -234,4 +234,16 @@ fn objects_whose_names_join_alike_are_never_merged() {
     let changed = tool("changes_since_fork");
     assert!(changed.contains(r#""a.b".c: 3 -> 0 rows"#), "{changed}");
     assert!(!changed.contains(r#"a."b.c""#), "the other table did not change: {changed}");
+    // Objects named like PostgreSQL's own are listed by a promotion's refusal
+    // under names that read apart.
+    sql(
+        &crate::harness::dsn(&sb),
+        r#"CREATE TABLE "a.b".pg_class (n int); CREATE TABLE a."b.pg_class" (n int);
+           CREATE TABLE a.pg_class (n int)"#,
+    );
+    let refused = d.cli(&["promote", id, "--golden", "planted"]);
+    assert_ne!(refused.code, 0, "{refused:?}");
+    for name in [r#"relation "a.b".pg_class"#, r#"relation a.pg_class"#] {
+        assert!(refused.stderr.contains(name), "{name} in {}", refused.stderr);
+    }
 }
