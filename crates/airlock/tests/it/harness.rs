@@ -442,6 +442,33 @@ impl Daemon {
         postmasters_under(&self.home)
     }
 
+    /// Pids of Redis servers serving sockets under this data root.
+    pub fn redis_servers(&self) -> Vec<i32> {
+        redis_servers_under(&self.home)
+    }
+
+    /// The cgroups (one per sandbox or build) left under this data root's
+    /// parent cgroup, by name, in whichever hierarchy the host has.
+    pub fn cgroups(&self) -> Vec<String> {
+        let tag = airlock::layout::Layout::new(&self.home).tag();
+        let parents = [
+            PathBuf::from("/sys/fs/cgroup/airlock").join(&tag),
+            PathBuf::from("/sys/fs/cgroup/memory/airlock").join(&tag),
+            PathBuf::from("/sys/fs/cgroup/pids/airlock").join(&tag),
+        ];
+        let mut names: Vec<String> = parents
+            .iter()
+            .filter_map(|p| std::fs::read_dir(p).ok())
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// Waits until `cond` holds, for up to `limit`.
     pub fn wait_for(&self, limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
         let deadline = Instant::now() + limit;

@@ -234,6 +234,10 @@ fn racing_operations_on_one_sandbox_end_clearly_and_leak_nothing() {
     for round in 0..6 {
         let sb = d.fork("race", &[]);
         let id = sb["id"].as_str().unwrap().to_owned();
+        if nix::unistd::geteuid().is_root() {
+            // (So that finding none at the end means something.)
+            assert!(d.cgroups().contains(&id), "{id} not in {:?}", d.cgroups());
+        }
         let target = format!("promoted-{round}");
         let runs: Vec<Vec<String>> = vec![
             vec!["promote".into(), id.clone(), "--golden".into(), target.clone()],
@@ -291,6 +295,8 @@ fn racing_operations_on_one_sandbox_end_clearly_and_leak_nothing() {
         "a build's files are left"
     );
     assert!(d.postmasters().is_empty(), "servers left: {:?}", d.postmasters());
+    assert!(d.redis_servers().is_empty(), "Redis servers left: {:?}", d.redis_servers());
+    d.wait_for(Duration::from_secs(5), "every cgroup to go", || d.cgroups().is_empty());
     drop(d);
     let _ = std::fs::remove_dir_all(&leases);
 }
