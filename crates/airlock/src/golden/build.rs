@@ -277,7 +277,7 @@ async fn build_in(
     instance::prepare_dir(dir, user, loader_group)?;
     load::private_dir(work)?;
     match source {
-        Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir, user)?,
+        Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir, user).await?,
         _ => {
             // initdb (as the instance user) fills an empty directory it owns.
             load::private_dir(&dir.pgdata())?;
@@ -337,7 +337,7 @@ async fn build_in(
 
 /// Clones a running sandbox's data directory at one instant (its server paused
 /// meanwhile); the build instance then starts from it with crash recovery.
-fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Identity) -> Result<()> {
+async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Identity) -> Result<()> {
     let sb = engine.store().sandbox(sandbox)?;
     let pid = sb.pid.filter(|_| sb.state == crate::sandbox::SandboxState::Running).ok_or_else(|| {
         Error::new(
@@ -349,12 +349,22 @@ fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: &Ident
     let source = engine.layout.sandbox(&sb.id).join("pgdata");
     let source_user = engine.sandbox_user(&sb)?;
     let config = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
-    let _frozen = crate::sandbox::branch::Frozen::new(engine, &sb.id, pid)?;
-    engine
-        .cloner
-        .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
-        .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))?;
-    Ok(())
+    // Its other stores save their state (which the build takes as theirs)
+    // and take no write until the copy is made, so all are of one instant.
+    let source_dir = engine.layout.sandbox_instance(&sb.id);
+    let held = crate::sandbox::stores::save_all_held(
+        &crate::sandbox::stores::Store::of_sandbox(&source_dir),
+        &source_dir,
+    )
+    .await?;
+    let cloned = crate::sandbox::branch::Frozen::new(engine, &sb.id, pid).and_then(|_frozen| {
+        engine
+            .cloner
+            .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
+            .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))
+    });
+    crate::sandbox::stores::resume_all(held).await;
+    cloned.map(drop)
 }
 
 /// What a build learned: the server version, the schema hash, the planted

@@ -319,12 +319,15 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
         }
     }
     let started = std::time::Instant::now();
-    // Its Redis, if it has one, saves its data now; the next generation's
-    // Redis part is that data.
+    // Its Redis, if it has one, saves its data; the next generation's Redis
+    // part is that data. Beside a PostgreSQL, the copy of that saves it, at
+    // the instant the PostgreSQL is copied; alone, it saves now.
     let dir = engine.layout.sandbox_instance(&sb.id);
     let redis = match crate::redis::server::configured(&dir) {
         true => {
-            crate::redis::server::Admin::connect(&dir).await?.save().await?;
+            if !dir.has_postgres() {
+                crate::redis::server::Admin::connect(&dir).await?.save().await?;
+            }
             Some(crate::redis::RedisSource::Promoted { sandbox: sb.id.clone() })
         }
         false => None,

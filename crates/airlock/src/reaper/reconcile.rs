@@ -215,19 +215,29 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
     Ok(done)
 }
 
-/// Whether a sandbox's server runs and answers a query. Its process group is
-/// continued first: a daemon that died during a branch left the source stopped.
+/// Whether a sandbox's servers run and answer. It is thawed and its
+/// processes continued first, and its stores' writes let go: a daemon that
+/// died during a branch or promotion left the source stopped.
 async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     let Some(pid) = sb.pid else { return Ok(false) };
     let dir = engine.layout.sandbox_instance(&sb.id);
+    let stores = crate::sandbox::stores::Store::of_sandbox(&dir);
+    // A daemon that died while copying the sandbox (a branch, a promotion)
+    // left it frozen, and its stores' writes held.
+    engine.cgroups.thaw(&sb.id);
+    for store in &stores {
+        if store.running(&dir) {
+            if let Err(e) = store.resume_writes(&dir).await {
+                tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "a kept store's writes could not be resumed");
+            }
+        }
+    }
     if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        let stores = crate::sandbox::stores::Store::of_sandbox(&dir);
         return Ok(!stores.is_empty() && stores.iter().all(|s| s.running(&dir)));
     }
     if !instance::serves(pid, &dir.pgdata())? {
         return Ok(false);
     }
-    engine.cgroups.thaw(&sb.id);
     crate::sandbox::branch::continue_all(pid);
     match crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await {
         Ok(()) => Ok(true),

@@ -447,6 +447,25 @@ impl Admin {
         }
     }
 
+    /// Holds every other client's writes (and the expiry and eviction of
+    /// keys) for up to `limit`, from now until [`Admin::resume_writes`]: the
+    /// data set stays as it is. Reads go on.
+    pub async fn hold_writes(&mut self, limit: Duration) -> Result<()> {
+        let ms = limit.as_millis().to_string();
+        match self.call(&["CLIENT", "PAUSE", ms.as_str(), "WRITE"]).await? {
+            Reply::Status(_) => Ok(()),
+            other => Err(Error::internal(format!("redis-server could not hold its writes: {other:?}"))),
+        }
+    }
+
+    /// Lets the writes [`Admin::hold_writes`] held go on.
+    pub async fn resume_writes(&mut self) -> Result<()> {
+        match self.call(&["CLIENT", "UNPAUSE"]).await? {
+            Reply::Status(_) => Ok(()),
+            other => Err(Error::internal(format!("redis-server could not resume its writes: {other:?}"))),
+        }
+    }
+
     /// Writes the data set to `dump.rdb` in the server's directory, now.
     pub async fn save(&mut self) -> Result<()> {
         match self.call(&["SAVE"]).await? {

@@ -5,7 +5,8 @@
 //! on: the clone is what a crash at that instant would have left on disk,
 //! which PostgreSQL recovers from when the branch starts. (A frozen process has
 //! finished any write in progress, so no page is torn.) Its Redis saves its
-//! data just before. The branch gets its own id, user,
+//! data just before and takes no write from then until the copy is made, so
+//! both are copies of the same instant. The branch gets its own id, user,
 //! cgroups and a fresh password for the same role.
 
 use std::time::{Duration, Instant};
@@ -103,15 +104,14 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let source_dir = instance_dir(engine, &source.id);
         let postgres = engine.layout.generation_has_postgres(&source.golden, source.generation);
         let stores = super::stores::Store::of_sandbox(&source_dir);
-        let cloned = {
-            // Its other stores save their state first (a frozen server
-            // answers nothing), then every process of the sandbox is frozen
-            // at one instant while its data is cloned. A daemon that dies
-            // while the source is frozen leaves it so; reconciliation thaws
-            // every sandbox it keeps.
-            for store in &stores {
-                store.save(&source_dir).await?;
-            }
+        // Its other stores save their state first (a frozen server answers
+        // nothing) and take no write from then on, then every process of the
+        // sandbox is frozen at one instant while its data is cloned: the
+        // saved state is the state at that instant too. A daemon that dies
+        // while the source is frozen leaves it so; reconciliation thaws every
+        // sandbox it keeps (and a store's hold ends by itself).
+        let held = super::stores::save_all_held(&stores, &source_dir).await?;
+        let cloned = (|| {
             let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
             crate::crashpoint::reached("branch.paused");
             let cloned = match postgres {
@@ -127,8 +127,10 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             for store in &stores {
                 store.clone_saved(engine, (&source_dir, &dir), &user, source_user.uid)?;
             }
-            cloned
-        };
+            Ok::<_, Error>(cloned)
+        })();
+        super::stores::resume_all(held).await;
+        let cloned = cloned?;
         paused_ms = ms(t);
         cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
         steps.clone_ms = paused_ms;

@@ -23,6 +23,48 @@ pub enum Store {
     Redis,
 }
 
+/// The longest a store's writes are held while a copy is taken: past it
+/// they go on by themselves (a daemon that died mid-copy holds nothing).
+pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A store whose writes are held since its state was saved.
+pub struct Held {
+    admin: crate::redis::server::Admin,
+}
+
+impl Held {
+    /// Lets its writes go on (a failure is logged: the hold ends at
+    /// [`HOLD_LIMIT`] anyway).
+    pub async fn resume(mut self) {
+        if let Err(e) = self.admin.resume_writes().await {
+            tracing::warn!(error = %e, "a store's writes could not be resumed; they resume when the hold ends");
+        }
+    }
+}
+
+/// Saves and holds every store of `dir` (see [`Store::save_held`]); none is
+/// left held when one fails.
+pub async fn save_all_held(stores: &[Store], dir: &InstanceDir) -> Result<Vec<Held>> {
+    let mut held = Vec::new();
+    for store in stores {
+        match store.save_held(dir).await {
+            Ok(h) => held.push(h),
+            Err(e) => {
+                resume_all(held).await;
+                return Err(e);
+            }
+        }
+    }
+    Ok(held)
+}
+
+/// Lets every held store's writes go on.
+pub async fn resume_all(held: Vec<Held>) {
+    for h in held {
+        h.resume().await;
+    }
+}
+
 /// Every kind, in the order the lifecycle handles them.
 const ALL: &[Store] = &[Store::Redis];
 
@@ -150,6 +192,33 @@ impl Store {
     pub async fn save(self, dir: &InstanceDir) -> Result<()> {
         match self {
             Store::Redis => crate::redis::server::Admin::connect(dir).await?.save().await,
+        }
+    }
+
+    /// Saves its state as [`Store::save`] does, and holds it so from then on:
+    /// its server takes no write until [`Held::resume`] (or, should the
+    /// daemon die first, [`HOLD_LIMIT`]). A PostgreSQL frozen after this is
+    /// then a copy of the same instant as what it saved (branch, promote).
+    pub async fn save_held(self, dir: &InstanceDir) -> Result<Held> {
+        match self {
+            Store::Redis => {
+                let mut admin = crate::redis::server::Admin::connect(dir).await?;
+                admin.hold_writes(HOLD_LIMIT).await?;
+                let mut held = Held { admin };
+                if let Err(e) = held.admin.save().await {
+                    held.resume().await;
+                    return Err(e);
+                }
+                Ok(held)
+            }
+        }
+    }
+
+    /// Lets go writes a copy held, should a daemon that died mid-copy have
+    /// left them held (reconciliation; harmless otherwise).
+    pub async fn resume_writes(self, dir: &InstanceDir) -> Result<()> {
+        match self {
+            Store::Redis => crate::redis::server::Admin::connect(dir).await?.resume_writes().await,
         }
     }
 

@@ -11,7 +11,7 @@ use crate::harness::Daemon;
 
 /// `redis-cli` on a sandbox's socket URL (`unix://user:password@/path`); the
 /// password goes in the environment, never on the command line.
-fn redis(url: &str, args: &[&str]) -> String {
+pub(crate) fn redis(url: &str, args: &[&str]) -> String {
     let rest = url.strip_prefix("unix://").expect("a unix URL");
     let (auth, path) = rest.split_once('@').expect("credentials in the URL");
     let (user, password) = auth.split_once(':').expect("user and password");

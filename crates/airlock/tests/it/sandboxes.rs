@@ -334,3 +334,72 @@ fn branches_under_heavy_writes_are_whole_and_consistent() {
         }
     }
 }
+
+/// A writer that keeps a sandbox's PostgreSQL and Redis in step: row `n` goes
+/// into `t`, then `last` is set to `n`. At any instant the table's largest id
+/// is `last` or `last + 1`; a copy of one instant keeps that.
+fn in_step_writer(
+    d: &Daemon,
+    sb: &serde_json::Value,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    use std::io::{Read, Write};
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let (_, password) = crate::harness::split_password(&dsn(sb));
+    let (router, redis_router) = (d.router.clone(), d.redis_router.clone());
+    std::thread::spawn(move || {
+        let packet = crate::wire::startup_packet(196608, &[("user", "airlock_agent"), ("database", &id)]);
+        let mut pg = crate::wire::Raw::connect(&router, &packet, &password).expect("the writer's session");
+        let mut redis = std::net::TcpStream::connect(&redis_router).unwrap();
+        redis.set_read_timeout(Some(std::time::Duration::from_secs(70))).unwrap();
+        let mut ok = [0u8; 5];
+        redis.write_all(format!("AUTH {id} {password}\r\n").as_bytes()).unwrap();
+        redis.read_exact(&mut ok).unwrap();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            n += 1;
+            pg.query(&format!("INSERT INTO t VALUES ({n})")).expect("the writer's insert");
+            redis.write_all(format!("SET last {n}\r\n").as_bytes()).unwrap();
+            redis.read_exact(&mut ok).unwrap();
+            assert_eq!(&ok, b"+OK\r\n");
+        }
+        n
+    })
+}
+
+/// The largest id in `t` and Redis's `last` in a sandbox.
+fn in_step(d: &Daemon, sb: &serde_json::Value) -> (u64, u64) {
+    let max: u64 = sql(&dsn(sb), "SELECT coalesce(max(id), 0) FROM t").parse().unwrap();
+    let url = d.ok(&["dsn", sb["id"].as_str().unwrap(), "--redis", "--socket"]).trim().to_owned();
+    let last = crate::redis::redis(&url, &["GET", "last"]);
+    (max, last.parse().unwrap_or_else(|_| panic!("GET last answered {last:?}")))
+}
+
+#[test]
+fn a_branch_and_a_promotion_copy_postgresql_and_redis_at_one_instant() {
+    let d = Daemon::start(&[]);
+    crate::redis::golden_with_redis(&d, "both");
+    let source = d.fork("both", &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = in_step_writer(&d, &source, stop.clone());
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut copies = Vec::new();
+    for round in 0..3 {
+        copies.push(d.json(&["branch", source["id"].as_str().unwrap()]));
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        if round == 1 {
+            d.ok(&["promote", source["id"].as_str().unwrap(), "--golden", "both-promoted"]);
+            copies.push(d.fork("both-promoted", &[]));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let written = writer.join().expect("the writer was never held up for long");
+    for copy in &copies {
+        let (max, last) = in_step(&d, copy);
+        assert!(max > 0 && max <= written, "{max} of {written}");
+        assert!(max == last || max == last + 1, "PostgreSQL at {max} but Redis at {last}: not one instant");
+    }
+    // The source's Redis takes writes again.
+    let (max, last) = in_step(&d, &source);
+    assert!(max == written && last == written, "{max} {last} {written}");
+}
