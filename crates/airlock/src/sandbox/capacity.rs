@@ -70,7 +70,11 @@ pub async fn admit<'a>(
         drop(waiting);
         if waited.is_err() {
             return Err(match why.code {
-                ErrorCode::DiskFull => super::headroom::no_room(engine),
+                ErrorCode::DiskFull => {
+                    let mut e = super::headroom::no_room(engine);
+                    e.message = why.message;
+                    e
+                }
                 _ => full(engine, &why.message),
             });
         }
@@ -123,10 +127,12 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
     let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
     if free < reserve {
         return Ok(Some(NoRoom {
-            message: format!("the volume has {free} bytes free, below its reserve of {reserve}"),
+            message: format!(
+                "no room for another sandbox: the volume has {free} bytes free, below its reserve of {reserve}"
+            ),
             running_only: false,
             pool_helps: true,
-            code: ErrorCode::CapacityExhausted,
+            code: ErrorCode::DiskFull,
         }));
     }
     if let Some(max) = c.max_disk_bytes {

@@ -129,6 +129,20 @@ fn configuration_that_would_open_a_door_is_refused() {
         Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), &["--tcp", &addr]);
     let said = d.serve_fails();
     assert!(said.contains("token"), "{said}");
+    // Said on purpose, the same addresses are served.
+    let d = Daemon::start(&[
+        "--metrics",
+        "0.0.0.0:0",
+        "--metrics-public",
+        "--gateway",
+        "0.0.0.0:0",
+        "--gateway-public",
+    ]);
+    let doctor = d.json(&["doctor"]);
+    assert!(doctor.to_string().contains("0.0.0.0") || d.log().contains("0.0.0.0"), "{doctor}");
+    d.shop("shop");
+    let sb = d.fork("shop", &["--mcp"]);
+    assert!(sb["mcp_url"].as_str().is_some_and(|u| u.starts_with("http://")), "{sb}");
 }
 
 #[test]

@@ -143,11 +143,29 @@ fn where_no_quota_is_possible_the_reserve_stops_the_writer_and_spares_the_neighb
 }
 
 #[test]
+fn a_volume_that_cannot_hold_one_running_sandbox_is_refused_at_start() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let mut d = Daemon::unstarted(
+        crate::harness::fresh_home(&crate::harness::plain_base()),
+        &["--disk-reserve", "900M"],
+    );
+    let report = d.json(&["storage", "init", "--fs", "btrfs", "--size", "1G"]);
+    assert_eq!(report["filesystem"], "btrfs", "{report}");
+    let said = d.serve_fails();
+    assert!(
+        said.contains("invalid_request") && said.contains("less than one running sandbox needs"),
+        "{said}"
+    );
+}
+
+#[test]
 fn forks_never_eat_into_the_reserve() {
     let d = Daemon::start(&["--disk-reserve", "100T"]);
     d.shop("shop");
     let (exit, err) = d.fails(&["fork", "shop"]);
-    assert_eq!((exit, err["code"].as_str()), (6, Some("capacity_exhausted")), "{err}");
+    assert_eq!((exit, err["code"].as_str()), (13, Some("disk_full")), "{err}");
     assert!(err["message"].as_str().unwrap().contains("below its reserve"), "{err}");
     assert!(d.ids().is_empty(), "nothing half-made");
     assert!(d.json(&["doctor"])["disk_reserve_bytes"].as_u64().unwrap() >= 100 << 40);
@@ -415,11 +433,8 @@ fn two_fillers_at_the_default_allowance_harm_no_neighbour() {
     // a filler goes, forks fit again.
     let before = d.ids();
     let (code, err) = d.fails(&["fork", "shop"]);
-    if code != 0 {
-        assert_eq!(err["code"], "disk_full", "{err}");
-        assert_eq!(code, 13);
-        assert_eq!(d.ids(), before, "nothing half-made");
-    }
+    assert_eq!((code, err["code"].as_str()), (13, Some("disk_full")), "{err}");
+    assert_eq!(d.ids(), before, "nothing half-made");
     d.ok(&["rm", fast["id"].as_str().unwrap()]);
     d.ok(&["rm", buffered["id"].as_str().unwrap()]);
     d.wait_for(Duration::from_secs(20), "a fork to fit again", || d.cli(&["fork", "shop"]).code == 0);
