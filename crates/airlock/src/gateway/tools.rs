@@ -160,8 +160,27 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(15 * 60
 
 /// Runs tool `tool` with `args` on sandbox `key`, and records the call as an
 /// event, whatever its outcome: a tool that panics or runs past [`DEADLINE`]
-/// answers an error and is on record all the same.
+/// answers an error and is on record all the same. The call runs on a task
+/// of its own, so a caller that goes away (a dropped HTTP request) never cuts
+/// its work short halfway: it ends, and is recorded, as if answered.
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
+    let (engine, key, tool, args) = (engine.clone(), key.to_owned(), tool.to_owned(), args.clone());
+    let door = crate::events::Door::current();
+    let work = crate::events::DOOR
+        .scope(door, async move { run_and_record(&engine, &key, &tool, &args, via).await });
+    tokio::spawn(work)
+        .await
+        .map_err(|e| Error::internal(format!("a tool call's task ended unexpectedly ({e})")))?
+}
+
+/// [`call`]'s work, on its own task.
+async fn run_and_record(
+    engine: &Arc<Engine>,
+    key: &str,
+    tool: &str,
+    args: &Value,
+    via: Via,
+) -> Result<ToolOutput> {
     use futures_util::FutureExt;
     let _counted = crate::events::TOOL_CALLS.begin();
     let began = Instant::now();

@@ -459,8 +459,19 @@ async fn test_one(
         wait_seconds: Some(300),
         ..Default::default()
     };
-    let sb = sandbox::fork(engine, &fork).await?.sandbox;
-    let made = TestFork { engine: engine.clone(), id: Some(sb.id.clone()) };
+    // On a task of its own: a test given up while its fork is being made
+    // (its request dropped, its deadline passed) still ends with a fork that
+    // [`TestFork`] deletes, never with one half-made.
+    let forking = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            let sb = sandbox::fork(&engine, &fork).await?.sandbox;
+            Ok::<_, Error>((TestFork { engine, id: Some(sb.id.clone()) }, sb))
+        })
+    };
+    let (made, sb) = forking
+        .await
+        .map_err(|e| Error::internal(format!("making a migration test's fork failed ({e})")))??;
     crate::crashpoint::reached("migrate.forked");
     let busy = engine.connections.open(&sb.id);
     let measured = {

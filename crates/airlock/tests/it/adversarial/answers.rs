@@ -275,3 +275,35 @@ fn the_agents_own_locks_and_sizes_never_hold_a_tool_call() {
     assert!(text.contains("600 statements") && text.contains("at most 500"), "{text}");
     assert_eq!(d.ids(), before, "no fork was made");
 }
+
+#[test]
+fn a_tool_call_whose_client_goes_away_runs_to_its_end_and_leaves_no_fork() {
+    use std::io::Write;
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--mcp"]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let url = sb["mcp_url"].as_str().unwrap();
+    let (gateway, path) = url.strip_prefix("http://").unwrap().split_once('/').unwrap();
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "test_migration", "arguments": {"sql": "ALTER TABLE orders ADD COLUMN note text"}}})
+    .to_string();
+    // Gone while the test's fork is being made, and while it is measured.
+    for after in [Duration::from_millis(30), Duration::from_millis(400)] {
+        let mut s = std::net::TcpStream::connect(gateway).unwrap();
+        let request = format!(
+            "POST /{path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-06-18\r\n\
+             Content-Length: {}\r\n\r\n{call}",
+            call.len()
+        );
+        s.write_all(request.as_bytes()).unwrap();
+        std::thread::sleep(after);
+        drop(s);
+    }
+    // Each call ran to its end: on record, and its fork deleted.
+    d.wait_for(Duration::from_secs(60), "both calls' records", || tool_records(&d, &id) >= 2);
+    d.wait_for(Duration::from_secs(20), "the tests' forks to be deleted", || {
+        d.ids() == [id.clone()] && d.postmasters().len() == 1
+    });
+}
