@@ -170,6 +170,19 @@ fn the_tool_routes_answer_any_input_without_a_server_error() {
         calls += 1;
         assert!(status < 500, "{command}: {status} {text}");
     }
+    // The tools that fork or rebuild take the same inputs, fewer times (each
+    // call that passes its checks forks or resets).
+    for round in 0..16 {
+        let tool = if round % 2 == 0 { "test_migration" } else { "reset_database" };
+        let body = match round % 4 {
+            0 => json!({"sql": inputs.string()}),
+            1 | 2 => inputs.value(0),
+            _ => json!({"sql": inputs.value(0)}),
+        };
+        let (status, text) = call(&d, &id, tool, &body.to_string());
+        calls += 1;
+        assert!(status < 500, "{tool} {body}: {status} {text}\n{}", d.log());
+    }
     // SQL with a NUL byte is refused as such, and its record says nothing ran.
     let (status, text) = call(&d, &id, "run_sql", &json!({"sql": "SELECT 1;\u{0} DROP TABLE t"}).to_string());
     calls += 1;
@@ -180,8 +193,53 @@ fn the_tool_routes_answer_any_input_without_a_server_error() {
     assert_eq!(last["detail"]["ran"], 0, "{last}");
     assert_eq!(tool_records(&d, &id), calls, "every call is on record");
     assert!(!d.log().contains("panicked"), "{}", d.log());
-    // The sandbox still answers.
+    // The sandbox still answers, and no test's fork is left.
     assert_eq!(sql(&crate::harness::dsn(&sb), "SELECT count(*) FROM t"), "0");
+    d.wait_for(Duration::from_secs(20), "the tests' forks to go", || d.ids() == [id.clone()]);
+}
+
+#[test]
+fn the_mcp_gateway_answers_any_json_rpc_without_a_server_error() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--mcp"]);
+    let url = sb["mcp_url"].as_str().unwrap();
+    let (gateway, path) = url.strip_prefix("http://").unwrap().split_once('/').unwrap();
+    let path = format!("/{path}");
+    let mut inputs = Inputs(0x0dd_ba11_cafe_f00d);
+    let methods =
+        ["tools/call", "tools/list", "initialize", "ping", "resources/list", "prompts/get", "", "x"];
+    let tools = ["run_sql", "describe_schema", "changes_since_fork", "nope"];
+    let mut answered = 0;
+    for round in 0..120usize {
+        let tool = tools[round / 4 % tools.len()];
+        let body = match round % 4 {
+            // A call of a tool the model knows, with bent arguments.
+            0 => json!({"jsonrpc": "2.0", "id": round, "method": "tools/call",
+                "params": {"name": tool,
+                           "arguments": inputs.value(0)}}),
+            // A request of any method, any params.
+            1 => json!({"jsonrpc": "2.0", "id": inputs.value(2),
+                "method": methods[(inputs.next() % methods.len() as u64) as usize], "params": inputs.value(0)}),
+            // Anything at all.
+            2 => inputs.value(0),
+            _ => json!(inputs.string()),
+        };
+        let mut s = std::net::TcpStream::connect(gateway).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let (status, text) = crate::harness::http(
+            &mut s,
+            "POST",
+            &path,
+            "Accept: application/json, text/event-stream\r\nHost: 127.0.0.1\r\nMCP-Protocol-Version: 2025-06-18\r\n",
+            &body.to_string(),
+        );
+        assert!(status < 500, "{body}: {status} {text}\n{}", d.log());
+        answered += usize::from(status == 200 && text.contains("\"jsonrpc\""));
+    }
+    assert!(answered >= 30, "the gateway answered only {answered} requests: the fuzz reached no tool");
+    assert!(!d.log().contains("panicked"), "{}", d.log());
+    assert_eq!(sql(&crate::harness::dsn(&sb), "SELECT count(*) FROM orders"), "1000");
 }
 
 #[test]
