@@ -159,7 +159,9 @@ fn read<'a, R: AsyncBufRead + Unpin + Send>(
             return Err(bad("a line without CRLF"));
         }
         let head = String::from_utf8_lossy(&head[..head.len() - 2]).into_owned();
-        let (kind, rest) = head.split_at(head.len().min(1));
+        // The first character whole (a lossy line can start with a
+        // replacement character, three bytes long).
+        let (kind, rest) = head.split_at(head.chars().next().map_or(0, char::len_utf8));
         let length = || rest.parse::<i64>().map_err(|_| bad("a length"));
         // RESP2, and RESP3 after `HELLO 3`: a map as an array of its keys and
         // values, a set or a push as an array, a double, boolean or big number
