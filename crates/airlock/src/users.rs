@@ -319,17 +319,43 @@ impl Leases {
     }
 }
 
-/// Who owns something at the top of the host's directories every user may
-/// write (the places a sandbox's file could outlive it, had it ever reached
-/// them: a contained process sees only private copies). A uid found there is
-/// not leased again, so no tenant finds a predecessor's file as its own.
+/// Who owns something in the host's directories every user may write (the
+/// places a sandbox's file could outlive it, had it ever reached them: a
+/// contained process sees only private copies). A uid found there is not
+/// leased again, so no tenant finds a predecessor's file as its own. The walk
+/// goes [`SHARED_DEPTH`] directories deep, stays on each directory's own
+/// filesystem, follows no link and reads at most [`SHARED_ENTRIES`] entries
+/// (it runs on the fork path: these directories hold little on a host).
 fn owners_of_shared_files() -> std::collections::HashSet<u32> {
+    let mut owners = std::collections::HashSet::new();
+    let mut budget = SHARED_ENTRIES;
+    for dir in crate::rootfs::PRIVATE_TMP {
+        walk_owners(Path::new(dir), SHARED_DEPTH, &mut budget, &mut owners);
+    }
+    owners
+}
+
+/// How deep [`owners_of_shared_files`] looks.
+const SHARED_DEPTH: usize = 6;
+/// How many entries it reads at most, in all.
+const SHARED_ENTRIES: usize = 20_000;
+
+/// Adds the owner of every entry under `dir` (not `dir` itself) to `owners`.
+fn walk_owners(dir: &Path, depth: usize, budget: &mut usize, owners: &mut std::collections::HashSet<u32>) {
     use std::os::unix::fs::MetadataExt;
-    crate::rootfs::PRIVATE_TMP
-        .iter()
-        .flat_map(|dir| std::fs::read_dir(dir).into_iter().flatten().flatten())
-        .filter_map(|entry| entry.metadata().ok().map(|m| m.uid()))
-        .collect()
+    let Ok(top) = std::fs::symlink_metadata(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if *budget == 0 {
+            return;
+        }
+        *budget -= 1;
+        let Ok(meta) = entry.metadata() else { continue };
+        owners.insert(meta.uid());
+        if depth > 1 && meta.is_dir() && meta.dev() == top.dev() {
+            walk_owners(&entry.path(), depth - 1, budget, owners);
+        }
+    }
 }
 
 /// Whether a passwd or group entry already uses this number.

@@ -185,8 +185,12 @@ fn a_uid_whose_file_outlived_its_sandbox_is_not_leased_again() {
     };
     let a_uid = uid_of(a["id"].as_str().unwrap());
     d.ok(&["rm", a["id"].as_str().unwrap()]);
-    // A file of the freed pair's exec user, where a tenant could once leave one.
-    let left = PathBuf::from(format!("/var/tmp/airlock-left-{}", std::process::id()));
+    // A file of the freed pair's exec user, where a tenant could once leave
+    // one, some directories down.
+    let top = PathBuf::from(format!("/var/tmp/airlock-left-{}", std::process::id()));
+    let left = top.join("a/b/c");
+    std::fs::create_dir_all(&left).unwrap();
+    let left = left.join("file");
     std::fs::write(&left, "from a tenant").unwrap();
     std::os::unix::fs::chown(&left, Some(a_uid + 1), Some(a_uid + 1)).unwrap();
     let b = d.fork("shop", &[]);
@@ -194,7 +198,7 @@ fn a_uid_whose_file_outlived_its_sandbox_is_not_leased_again() {
     let (code, err) = d.fails(&["fork", "shop"]);
     assert_ne!(code, 0);
     assert_eq!(err["code"], "capacity_exhausted", "{err}");
-    std::fs::remove_file(&left).unwrap();
+    std::fs::remove_dir_all(&top).unwrap();
     let c = d.fork("shop", &[]);
     assert_eq!(uid_of(c["id"].as_str().unwrap()), a_uid, "free again once nothing of it is left");
     drop(d);
