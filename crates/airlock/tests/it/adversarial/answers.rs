@@ -289,6 +289,19 @@ fn a_restricted_sandboxs_migration_tests_keep_its_mode_and_limits() {
     );
     assert_eq!(sorted["result"]["passed"], false, "{sorted}");
     assert!(sorted.to_string().contains("temp_file_limit"), "its limits too: {sorted}");
+    // A branch of it is as restricted: read-only, with the same limits.
+    let branch = d.json(&["branch", id]);
+    assert_eq!(branch["access"], sb["access"], "{branch}");
+    let url = crate::harness::dsn(&branch);
+    let wrote = psql(&url, "CREATE TABLE notes (n int)").unwrap_err();
+    assert!(wrote.contains("read-only"), "{wrote}");
+    let sorted = psql(
+        &url,
+        "SELECT count(*) FROM (SELECT g FROM generate_series(1, 1500000) g ORDER BY g DESC OFFSET 0) s",
+    )
+    .unwrap_err();
+    assert!(sorted.contains("temp_file_limit") || sorted.contains("temporary file size"), "{sorted}");
+    assert_eq!(sql(&url, "SHOW work_mem"), "64kB");
 }
 
 /// The agent's own open transaction holds a lock a catalog read needs, and a
