@@ -859,6 +859,25 @@ fn extensions_that_reach_outside_a_fork_are_left_out_unless_named_and_even_then_
         "pg_trgm,plpgsql"
     );
     assert_eq!(sql(&agent, "SELECT v FROM t"), "kept");
+    // A custom-format dump naming them is read the same way.
+    let file = d.home.join("reaching.dump");
+    let status = Command::new("pg_dump")
+        .args(["--format=custom", "--file"])
+        .arg(&file)
+        .arg(prod.dsn("reaching"))
+        .status();
+    assert!(status.unwrap().success());
+    let g = d.json(&["golden", "create", "dumped", "--from-dump", file.to_str().unwrap()]);
+    let not_carried = g["generations"][0]["import"]["imported"]["not_carried"].to_string();
+    for name in ["dblink", "postgres_fdw", "pageinspect"] {
+        assert!(not_carried.contains(&format!("--allow-extension {name}")), "{name}: {not_carried}");
+    }
+    let agent = dsn(&d.fork("dumped", &[]));
+    assert_eq!(
+        sql(&agent, "SELECT string_agg(extname, ',' ORDER BY extname) FROM pg_extension"),
+        "pg_trgm,plpgsql"
+    );
+    assert_eq!(sql(&agent, "SELECT v FROM t"), "kept");
     // A bad name is refused before anything is built.
     let (code, err) = d.fails(&[
         "golden",
