@@ -179,7 +179,7 @@ impl Session {
                 Incoming::Message(Message::ErrorResponse(body)) => {
                     return Err(WireError::Refused(Box::new(db_error(body.fields())?)))
                 }
-                Incoming::Message(_) | Incoming::SkippedRow(_) => {
+                Incoming::Message(_) | Incoming::Columns(_) | Incoming::SkippedRow(_) => {
                     return Err(WireError::Protocol("unexpected message while connecting".into()))
                 }
             }
@@ -209,20 +209,8 @@ impl Session {
         loop {
             match self.next_message(MAX_ROW_MESSAGE).await? {
                 Incoming::SkippedRow(len) => sink.row(Err(len)),
+                Incoming::Columns(fields) => sink.columns(fields),
                 Incoming::Message(message) => match message {
-                    Message::RowDescription(body) => {
-                        let fields = body
-                            .fields()
-                            .map(|f| {
-                                Ok(Field {
-                                    name: f.name().to_owned(),
-                                    type_oid: f.type_oid(),
-                                    type_modifier: f.type_modifier(),
-                                })
-                            })
-                            .collect()?;
-                        sink.columns(fields);
-                    }
                     Message::DataRow(body) => {
                         let buffer = body.buffer();
                         let values: Vec<Option<&[u8]>> =
@@ -270,6 +258,10 @@ impl Session {
             return Ok(Incoming::SkippedRow(len + 1));
         }
         self.fill(len + 1).await?;
+        if tag == b'T' {
+            let message = self.read.split_to(len + 1);
+            return Ok(Incoming::Columns(columns(&message[5..])?));
+        }
         let message = Message::parse(&mut self.read)?
             .ok_or_else(|| WireError::Protocol("incomplete message from the server".into()))?;
         Ok(Incoming::Message(message))
@@ -329,7 +321,38 @@ pub async fn cancel(socket: &Path, user: &crate::users::Identity, key: (i32, i32
 
 enum Incoming {
     Message(Message),
+    /// A row description, read here: a column's name is in the session's
+    /// client encoding, which the agent's own `SET client_encoding` may make
+    /// other than UTF-8 (it is shown lossily then, never refused).
+    Columns(Vec<Field>),
     SkippedRow(usize),
+}
+
+/// The fields of a `RowDescription` message's body (after its length).
+fn columns(mut body: &[u8]) -> Result<Vec<Field>, WireError> {
+    let malformed = || WireError::Protocol("a malformed row description from the server".into());
+    let take = |n: usize, body: &mut &[u8]| -> Result<Vec<u8>, WireError> {
+        let (head, rest) = body.split_at_checked(n).ok_or_else(malformed)?;
+        *body = rest;
+        Ok(head.to_vec())
+    };
+    let count = u16::from_be_bytes(take(2, &mut body)?.try_into().map_err(|_| malformed())?);
+    let mut fields = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let end = body.iter().position(|b| *b == 0).ok_or_else(malformed)?;
+        let name = String::from_utf8_lossy(&body[..end]).into_owned();
+        body = &body[end + 1..];
+        // Table OID (4), column number (2), type OID (4), type size (2),
+        // type modifier (4), format (2).
+        let rest = take(18, &mut body)?;
+        let type_oid = u32::from_be_bytes(rest[6..10].try_into().map_err(|_| malformed())?);
+        let type_modifier = i32::from_be_bytes(rest[12..16].try_into().map_err(|_| malformed())?);
+        fields.push(Field { name, type_oid, type_modifier });
+    }
+    if !body.is_empty() {
+        return Err(malformed());
+    }
+    Ok(fields)
 }
 
 fn db_error(mut fields: postgres_protocol::message::backend::ErrorFields<'_>) -> Result<DbError, WireError> {

@@ -183,6 +183,17 @@ fn the_tool_routes_answer_any_input_without_a_server_error() {
         calls += 1;
         assert!(status < 500, "{tool} {body}: {status} {text}\n{}", d.log());
     }
+    // A session the agent switched to another client encoding: names and
+    // values come back lossily, never as a failure of the daemon's.
+    for sql in [
+        "SET client_encoding = 'LATIN1'; SELECT 1 AS \"c\u{f6}\", '\u{e9}' AS v",
+        "SET client_encoding = 'LATIN1'; SET application_name = '\u{e9}'; SELECT 1",
+        "SET client_encoding = 'SJIS'; SELECT '\u{e9}' AS \"\u{e9}\"",
+    ] {
+        let (status, text) = call(&d, &id, "run_sql", &json!({ "sql": sql }).to_string());
+        calls += 1;
+        assert_eq!(status, 200, "{sql}: {text}");
+    }
     // SQL with a NUL byte is refused as such, and its record says nothing ran.
     let (status, text) = call(&d, &id, "run_sql", &json!({"sql": "SELECT 1;\u{0} DROP TABLE t"}).to_string());
     calls += 1;
