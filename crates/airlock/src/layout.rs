@@ -65,6 +65,12 @@ impl Layout {
         self.home.join("migration-costs")
     }
 
+    /// What migration tests saw of each row, kept for promote (see
+    /// `migrate::rows`): each generation's rows, and each run's changes.
+    pub fn migration_rows(&self) -> PathBuf {
+        self.home.join("migration-rows")
+    }
+
     /// The embedded state store.
     pub fn state_db(&self) -> PathBuf {
         self.home.join("state.db")

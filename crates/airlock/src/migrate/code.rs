@@ -121,6 +121,15 @@ const TIME_WORDS: &[&str] = &[
     "nextval",
 ];
 
+/// A SQL condition on the text `expr` (a column's default, as
+/// `pg_get_expr` writes it): whether it names one of [`TIME_WORDS`], so the
+/// values it fills differ between any two copies.
+pub fn fills_by_chance_sql(expr: &str) -> String {
+    // An E'' string: the same whether the session reads backslashes in
+    // plain strings or not.
+    format!("{expr} OPERATOR(pg_catalog.~*) E'\\\\m({})\\\\M'", TIME_WORDS.join("|"))
+}
+
 /// Date and time constants PostgreSQL reads as the moment they are read
 /// (`'now'::timestamptz`, `WHERE day = 'today'`).
 const TIME_CONSTANTS: &[&str] = &["now", "today", "tomorrow", "yesterday"];
@@ -724,6 +733,13 @@ fn tokens(sql: &str) -> Vec<Token> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_default_check_is_one_regular_expression_of_whole_words() {
+        let sql = super::fills_by_chance_sql("d");
+        assert!(sql.starts_with("d OPERATOR(pg_catalog.~*) E'\\\\m(now|"), "{sql}");
+        assert!(sql.ends_with(")\\\\M'"), "{sql}");
+    }
+
     use super::*;
 
     fn why(sql: &str) -> Vec<String> {

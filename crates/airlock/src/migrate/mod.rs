@@ -21,6 +21,7 @@ pub mod probe;
 pub mod promote;
 pub mod render;
 pub mod report;
+pub mod rows;
 pub mod scale;
 pub mod seal;
 pub mod split;
@@ -297,8 +298,11 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     }
     let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
     let costs = costs::costs_path(&engine.layout, &req.golden, generation)?;
+    let rows = rows::generation_path(&engine.layout, &req.golden, generation)?;
+    rows::prune(&engine.layout);
+    let run = rows::run_dir(&engine.layout);
     let expected = expected_catalog(&engine, &req).await?;
-    let baseline = Arc::new(Baseline { snapshot, expected, costs });
+    let baseline = Arc::new(Baseline { snapshot, expected, costs, rows, run });
     let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = tokio::task::JoinSet::new();
@@ -344,6 +348,12 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         ranking,
         candidates,
         scale,
+        rows: baseline
+            .rows
+            .strip_prefix(engine.layout.migration_rows())
+            .unwrap_or(&baseline.rows)
+            .display()
+            .to_string(),
         seal: String::new(),
     };
     seal::seal(&engine.layout, &mut report)?;
@@ -380,6 +390,10 @@ struct Baseline {
     snapshot: Snapshot,
     expected: Option<Catalog>,
     costs: std::path::PathBuf,
+    /// Where the generation's rows are kept for promote.
+    rows: std::path::PathBuf,
+    /// Where this run's candidates' row records go.
+    run: std::path::PathBuf,
 }
 
 /// The expected schema, when one was asked for.
@@ -516,7 +530,8 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         changes: vec![],
         drift: vec![],
         sequences_set_back: Default::default(),
-        changed_keys: Default::default(),
+        changed_rows: Default::default(),
+        row_record: String::new(),
         parts: vec![],
         session: Default::default(),
         duration_ms: 0.0,
@@ -531,7 +546,7 @@ async fn measure(
     sb: &Sandbox,
     timeout: Duration,
 ) -> Result<CandidateReport> {
-    let Baseline { snapshot, expected, costs } = baseline;
+    let Baseline { snapshot, expected, costs, .. } = baseline;
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
@@ -542,13 +557,11 @@ async fn measure(
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
-    // Which rows it changes, for promote to compare with the target's. Not
-    // beside a workload, whose own writes are not the candidate's.
-    let compared = match req.workload {
-        None => compared_tables(&snapshot),
-        Some(_) => Default::default(),
-    };
+    // Which rows it changes, and to what, for promote to compare with the
+    // target's (a workload beside it writes none: its writes are planned).
+    let compared = compared_tables(&snapshot);
     let images_before = verify::row_images(admin.client(), &compared, None).await?;
+    rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
@@ -611,16 +624,29 @@ async fn measure(
     let now = catalog::read(admin.client()).await?;
     let sequences_set_back = verify::set_back(&sequences_before, &verify::sequences(admin.client()).await?);
     let images_after = verify::row_images(admin.client(), &compared, Some(&images_before)).await?;
-    // Every compared table it changed, by its rows' digests or by the
-    // server's counts (a row rewritten as it was is changed all the same).
-    let mut keys = verify::changed_keys(&images_before, &images_after);
-    for (table, counts) in report::rows_by_table(&applied.statements, true) {
-        if images_before.contains_key(table) && counts.iter().any(|n| *n > 0) {
-            keys.entry(table.to_owned()).or_default();
+    // What it did to every compared table it touched (by the server's counts:
+    // a row rewritten as it was is a table touched all the same), kept for
+    // promote: the whole file's, or each part's.
+    let mut touched = rows::changes_of(&images_before, &images_after);
+    let written: std::collections::BTreeSet<&str> = report::rows_by_table(&applied.statements, true)
+        .into_iter()
+        .filter(|(_, counts)| counts.iter().any(|n| *n > 0))
+        .map(|(table, _)| table)
+        .collect();
+    touched.retain(|table, changed| !changed.is_empty() || written.contains(table.as_str()));
+    let changed_rows = touched.iter().map(|(t, r)| (t.clone(), r.len())).collect();
+    let (parts, record) = match recorder {
+        Some(r) => (r.records, r.rows),
+        None => (vec![], vec![(0, applied.statements.len(), touched)]),
+    };
+    let row_record = match candidate.sql {
+        Some(_) => {
+            let path = baseline.run.join(format!("{}.changes", candidate.sha256()));
+            rows::keep_run(&path, &record)?;
+            path.strip_prefix(engine.layout.migration_rows()).unwrap_or(&path).display().to_string()
         }
-    }
-    let changed_keys =
-        keys.iter().map(|(table, keys)| (table.clone(), verify::KeyDigest::of(keys))).collect();
+        None => String::new(),
+    };
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
@@ -731,8 +757,9 @@ async fn measure(
         changes,
         drift,
         sequences_set_back,
-        changed_keys,
-        parts: recorder.map(|r| r.records).unwrap_or_default(),
+        changed_rows,
+        row_record,
+        parts,
         session: applied.session,
         duration_ms: applied.duration_ms,
     })

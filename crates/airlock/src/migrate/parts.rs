@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::report::{rows_by_table, StatementReport};
 use super::split::{self, Kind, Statement};
-use super::verify::{self, KeyDigest, RowImage};
+use super::verify::{self, RowImage};
 use crate::catalog::diff::Change;
 use crate::catalog::Catalog;
 use crate::error::Result;
@@ -58,9 +58,10 @@ pub struct PartRecord {
     /// The sequences it set back.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub sequences_set_back: BTreeSet<String>,
-    /// The digests of the rows it changed, per table compared.
+    /// How many rows it changed, per table compared (which ones, and how,
+    /// are in the test's row record: see [`super::rows`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub changed_keys: BTreeMap<String, KeyDigest>,
+    pub changed_rows: BTreeMap<String, usize>,
 }
 
 /// Whether every statement can share one transaction: the file then runs whole.
@@ -126,6 +127,8 @@ pub struct Recorder {
     images: BTreeMap<String, RowImage>,
     /// What each part that ended did, in order.
     pub records: Vec<PartRecord>,
+    /// What each part that ended did to the compared tables' rows.
+    pub rows: super::rows::RunRecord,
 }
 
 impl Recorder {
@@ -144,6 +147,7 @@ impl Recorder {
             sequences,
             images,
             records: Vec::new(),
+            rows: Vec::new(),
         })
     }
 
@@ -173,17 +177,15 @@ impl Recorder {
             .map(|(t, i)| (t.clone(), i.clone()))
             .collect();
         let now = verify::row_images(client, &touched, Some(&was)).await?;
-        let mut keys = verify::changed_keys(&was, &now);
-        for table in &touched {
-            keys.entry(table.clone()).or_default();
-        }
+        let rows = super::rows::changes_of(&was, &now);
         self.records.push(PartRecord {
             from: range.start,
             to: range.end,
             changes: crate::catalog::diff::diff(&self.catalog, &catalog),
             sequences_set_back: verify::set_back(&self.sequences, &sequences),
-            changed_keys: keys.iter().map(|(t, k)| (t.clone(), KeyDigest::of(k))).collect(),
+            changed_rows: rows.iter().map(|(t, r)| (t.clone(), r.len())).collect(),
         });
+        self.rows.push((range.start, range.end, rows));
         self.images.extend(now);
         self.catalog = catalog;
         self.sequences = sequences;

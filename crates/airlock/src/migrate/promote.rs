@@ -210,6 +210,12 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     }
     let single = parts::whole(&statements);
     let all = parts::parts(&statements);
+    // The rows the test saw, part by part, for the target's to be held to.
+    let home = engine.layout.migration_rows();
+    let mut rows_before = super::rows::load_generation(&home.join(&req.report.rows))
+        .map_err(|e| super::rows::gone("the golden's rows", &e))?;
+    let record = super::rows::load_run(&home.join(&tested.row_record))
+        .map_err(|e| super::rows::gone("the rows it changed", &e))?;
     let began = Instant::now();
     let mut kept = false;
     // The target's schema before the next part: what that part's catalog
@@ -219,8 +225,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         let within = &statements[part.range.clone()];
         let line = within.first().map_or(0, |s| s.line);
         // What the test saw this part do: the whole file's record, or the part's.
-        let (changes, set_back, keys) = if single {
-            (tested.changes.as_slice(), &tested.sequences_set_back, &tested.changed_keys)
+        let (changes, set_back) = if single {
+            (tested.changes.as_slice(), &tested.sequences_set_back)
         } else {
             let record = tested
                 .parts
@@ -232,10 +238,22 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                     "test the file again with `airlock migrate test`, then promote with the new report",
                 )
             })?;
-            (record.changes.as_slice(), &record.sequences_set_back, &record.changed_keys)
+            (record.changes.as_slice(), &record.sequences_set_back)
         };
+        let rows = record
+            .iter()
+            .find(|(from, to, _)| *from == part.range.start && *to == part.range.end)
+            .map(|(_, _, rows)| rows)
+            .ok_or_else(|| {
+                refused(
+                    format!("its test's row record holds nothing of the part from line {line}"),
+                    "test the file again with `airlock migrate test`, then promote with the new report",
+                )
+            })?;
         let tested_part = tested.statements.get(part.range.clone()).unwrap_or(&[]);
-        let compared: std::collections::BTreeSet<String> = keys.keys().cloned().collect();
+        let compared: std::collections::BTreeSet<String> = rows.keys().cloned().collect();
+        let seen_in_test =
+            verify::Tested { statements: tested_part, changes, set_back, rows_before: &rows_before, rows };
         let failed = |s: &split::Statement, e: tokio_postgres::Error, kept: bool| {
             let undone = if kept { "statements before it stay applied" } else { "nothing was applied" };
             Error::new(
@@ -265,9 +283,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 }
                 kept = true;
             }
-            let seen =
-                verify::surprises(&client, tested_part, changes, set_back, keys, &catalog_before, &before)
-                    .await?;
+            let seen = verify::surprises(&client, &seen_in_test, &catalog_before, &before).await?;
             if !seen.found.is_empty() {
                 let e = differs(
                     seen.found,
@@ -307,16 +323,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                         "the target refused what the commit would do",
                     ));
                 }
-                let seen = verify::surprises(
-                    &client,
-                    tested_part,
-                    changes,
-                    set_back,
-                    keys,
-                    &catalog_before,
-                    &before,
-                )
-                .await?;
+                let seen = verify::surprises(&client, &seen_in_test, &catalog_before, &before).await?;
                 if !seen.found.is_empty() {
                     let kept =
                         if kept { "; the parts before it stay applied" } else { "; nothing was applied" };
@@ -340,6 +347,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             }
             kept = true;
         }
+        // The next part starts, in the test, from what this one left.
+        super::rows::apply(&mut rows_before, rows);
     }
     let took = Duration::from_secs_f64(began.elapsed().as_secs_f64());
     let promoted = Promoted {

@@ -30,6 +30,10 @@ pub struct Report {
     #[serde(default)]
     #[schema(value_type = Object)]
     pub scale: super::scale::Scale,
+    /// The golden generation's rows, as the daemon keeps them for promote
+    /// (`migration-rows/...`; see `migrate::rows`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rows: String,
     /// The daemon's MAC over everything above: `migrate promote` reads no
     /// report whose seal does not match (see `migrate::seal`).
     #[serde(default)]
@@ -80,11 +84,15 @@ pub struct CandidateReport {
     /// on the target, and no other.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub sequences_set_back: std::collections::BTreeSet<String>,
-    /// For each table of at most `verify::ROWS_COMPARED` rows with a primary
-    /// key that it changed: the keys of the rows it changed, as a digest.
-    /// Promote expects the same rows changed on the target.
+    /// For each table of at most `verify::ROWS_COMPARED` rows that it
+    /// touched: how many rows it changed. Which ones, and to what, are in its
+    /// row record, which promote holds the target's rows to.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub changed_keys: std::collections::BTreeMap<String, super::verify::KeyDigest>,
+    pub changed_rows: std::collections::BTreeMap<String, usize>,
+    /// Its row record in the daemon's data root (`migration-rows/...`), part
+    /// by part (see `migrate::rows`); empty when none was kept.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub row_record: String,
     /// The session settings its statements ran with (time zone, date style,
     /// the schemas names resolved in...): promote runs them with the same.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]

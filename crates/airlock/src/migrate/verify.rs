@@ -182,54 +182,34 @@ pub fn set_back(
         .collect()
 }
 
-/// The keys of a table's changed rows, as a count and a digest (a report
-/// holds these, not the keys).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct KeyDigest {
-    /// How many rows changed.
-    pub rows: usize,
-    /// SHA-256 of their keys, in order.
-    pub sha256: String,
-}
-
-impl KeyDigest {
-    /// Whether two digests say the same rows changed (no row is no row,
-    /// however it was recorded).
-    pub fn same_rows(&self, other: &KeyDigest) -> bool {
-        self.rows == other.rows && (self.rows == 0 || self.sha256 == other.sha256)
-    }
-
-    /// The digest of `keys`.
-    pub fn of(keys: &BTreeSet<String>) -> KeyDigest {
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        for k in keys {
-            h.update(k.as_bytes());
-            h.update(b"\0");
-        }
-        KeyDigest { rows: keys.len(), sha256: crate::secret::hex(&h.finalize()) }
-    }
-}
-
-/// Tables of at most this many rows have the keys of their changed rows
-/// compared between the test and the target.
+/// Tables of at most this many rows have their rows compared between the
+/// test and the target (see [`super::rows`]).
 pub const ROWS_COMPARED: i64 = 100_000;
 
 /// Each row of a table by its primary key (or, for a table without one, by
 /// its own digest and how many rows before it share that digest), as a
-/// digest of the columns the table had at the first image (a column added
-/// later changes no row; one dropped reads as NULL).
+/// digest of its columns that are not NULL, each by its name: a column added
+/// changes no row until a value is put in it, one dropped changes those that
+/// held a value, and the digest does not depend on the columns' order, so a
+/// test's images and a target's read alike whatever each added first.
+/// Values are read through their types' output functions (`ROW(v)::text`),
+/// never a cast a database could define, so reading runs no code of theirs.
 #[derive(Debug, Clone, Default)]
 pub struct RowImage {
-    /// The columns imaged, quoted.
-    columns: Vec<String>,
     /// Digest of each row, by its key.
     rows: BTreeMap<String, String>,
 }
 
+impl RowImage {
+    /// Each row's digest, by its key.
+    pub fn rows(&self) -> &BTreeMap<String, String> {
+        &self.rows
+    }
+}
+
 /// Images of `tables` (those of at most [`ROWS_COMPARED`] rows by the
-/// planner's estimate and by count; others are left out), of the columns
-/// in `first` (the images to compare with), else of every column each has now.
+/// planner's estimate and by count; others are left out), and only of those
+/// in `first` when given (the images to compare with).
 pub async fn row_images(
     client: &tokio_postgres::Client,
     tables: &BTreeSet<String>,
@@ -262,10 +242,16 @@ async fn row_images_pinned(
                           WHERE i.indrelid = c.oid AND i.indisprimary),
                         (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
                            FROM pg_catalog.pg_attribute a
-                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                        (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
+                           FROM pg_catalog.pg_attribute a
+                           JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+                            AND {})
                    FROM pg_catalog.pg_class c
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.relkind IN ('r', 'p') AND c.reltuples <= {ROWS_COMPARED} AND {}",
+                super::code::fills_by_chance_sql("pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),
                 crate::catalog::SYSTEM_SCHEMAS
             ),
             &[],
@@ -274,21 +260,40 @@ async fn row_images_pinned(
         .map_err(pg_error)?;
     let mut out = BTreeMap::new();
     for row in keys {
-        let (table, key, now): (String, Option<String>, Option<Vec<String>>) =
-            (row.cell(0)?, row.cell(1)?, row.cell(2)?);
+        let (table, key, now, by_chance): (String, Option<String>, Option<Vec<String>>, Option<Vec<String>>) =
+            (row.cell(0)?, row.cell(1)?, row.cell(2)?, row.cell(3)?);
         if !tables.contains(&table) {
             continue;
         }
-        let now = now.unwrap_or_default();
-        let columns = match first.map(|f| f.get(&table)) {
-            None => now.clone(),
-            Some(Some(image)) => image.columns.clone(),
-            // Not imaged the first time: nothing to compare with.
-            Some(None) => continue,
+        // Not imaged the first time: nothing to compare with.
+        if first.is_some_and(|f| !f.contains_key(&table)) {
+            continue;
+        }
+        // A column whose default reads the clock or chance holds a value that
+        // differs between any two copies once filled (`ADD COLUMN at
+        // timestamptz DEFAULT now()`, `... uuid DEFAULT gen_random_uuid()`),
+        // which the classifier lets through: it is not compared.
+        let by_chance = by_chance.unwrap_or_default();
+        let mut columns: Vec<String> =
+            now.unwrap_or_default().into_iter().filter(|c| !by_chance.contains(c)).collect();
+        columns.sort();
+        let named: Vec<String> = columns
+            .iter()
+            .map(|c| {
+                let name = c.replace('\'', "''");
+                format!(
+                    "CASE WHEN t.{c} IS NULL THEN NULL \
+                     ELSE pg_catalog.concat('{name}=', pg_catalog.md5(ROW(t.{c})::text)) END"
+                )
+            })
+            .collect();
+        let digest = if named.is_empty() {
+            "pg_catalog.md5('')".to_owned()
+        } else {
+            // (An array, not concat_ws: a table may have more columns than a
+            // function takes arguments; NULL elements are left out.)
+            format!("pg_catalog.md5(pg_catalog.array_to_string(ARRAY[{}]::text[], ','))", named.join(", "))
         };
-        let projected: Vec<String> =
-            columns.iter().map(|c| if now.contains(c) { format!("t.{c}") } else { "NULL".into() }).collect();
-        let digest = format!("pg_catalog.md5(ROW({})::text)", projected.join(", "));
         let key = match &key {
             Some(key) => format!("ROW({key})::text"),
             None => digest.clone(),
@@ -310,32 +315,9 @@ async fn row_images_pinned(
             *seen += 1;
             image.insert(k, d);
         }
-        out.insert(table, RowImage { columns, rows: image });
+        out.insert(table, RowImage { rows: image });
     }
     Ok(out)
-}
-
-/// The keys of the rows inserted, changed or deleted between two images of
-/// each table, for the tables that changed.
-pub fn changed_keys(
-    before: &BTreeMap<String, RowImage>,
-    after: &BTreeMap<String, RowImage>,
-) -> BTreeMap<String, BTreeSet<String>> {
-    let mut out = BTreeMap::new();
-    for (table, was) in before {
-        let Some(now) = after.get(table) else { continue };
-        let (was, now) = (&was.rows, &now.rows);
-        let changed: BTreeSet<String> = was
-            .iter()
-            .filter(|(k, digest)| now.get(*k) != Some(*digest))
-            .map(|(k, _)| k.clone())
-            .chain(now.keys().filter(|k| !was.contains_key(*k)).cloned())
-            .collect();
-        if !changed.is_empty() {
-            out.insert(table.clone(), changed);
-        }
-    }
-    out
 }
 
 /// Rows the open transaction wrote in the catalogs every database shares:
@@ -453,53 +435,55 @@ pub struct Surprises {
 /// What the migration did on the target, in its open transaction (or in a
 /// part that ran outside one), that its test did not.
 ///
-/// `statements` are the tested statements the part ran; `changes` the
-/// catalog changes they made in the test; `tested_set_back` the sequences
-/// they set back; `tested_keys` the digests of the rows they changed, per
-/// table compared.
+/// `tested` is what the test saw of the part: its statements, the catalog
+/// changes they made, the sequences they set back, and the rows of the
+/// compared tables before it with what it did to them.
 pub async fn surprises(
     client: &tokio_postgres::Client,
-    statements: &[StatementReport],
-    changes: &[Change],
-    tested_set_back: &BTreeSet<String>,
-    tested_keys: &BTreeMap<String, KeyDigest>,
+    tested: &Tested<'_>,
     catalog_before: &Catalog,
     before: &Before,
 ) -> Result<Surprises> {
     // Names are read as the test read them, whatever the migration set.
     let pinned = crate::catalog::Pinned::pin(client).await?;
-    let out =
-        surprises_pinned(client, statements, changes, tested_set_back, tested_keys, catalog_before, before)
-            .await?;
+    let out = surprises_pinned(client, tested, catalog_before, before).await?;
     pinned.restore(client).await?;
     Ok(out)
 }
 
+/// What a test saw one part do, to hold the target to.
+pub struct Tested<'a> {
+    /// The statements it ran.
+    pub statements: &'a [StatementReport],
+    /// The catalog changes they made.
+    pub changes: &'a [Change],
+    /// The sequences they set back.
+    pub set_back: &'a BTreeSet<String>,
+    /// The compared tables' rows before the part.
+    pub rows_before: &'a super::rows::RowSet,
+    /// What the part did to them.
+    pub rows: &'a super::rows::RowChanges,
+}
+
 async fn surprises_pinned(
     client: &tokio_postgres::Client,
-    statements: &[StatementReport],
-    changes: &[Change],
-    tested_set_back: &BTreeSet<String>,
-    tested_keys: &BTreeMap<String, KeyDigest>,
+    tested: &Tested<'_>,
     catalog_before: &Catalog,
     before: &Before,
 ) -> Result<Surprises> {
+    let Tested { statements, changes, set_back: tested_set_back, .. } = *tested;
     let mut out = Vec::new();
-    // Which rows, not only how many: each compared table's changed rows here
-    // are its test's.
+    // Which rows, and what they hold: every row alike here and in the test
+    // before the part comes out of it as it did there.
     if !before.rows.is_empty() {
         let compared: BTreeSet<String> = before.rows.keys().cloned().collect();
-        let here = changed_keys(&before.rows, &row_images(client, &compared, Some(&before.rows)).await?);
-        for table in &compared {
-            let mine = here.get(table).map(|k| KeyDigest::of(k)).unwrap_or_default();
-            let theirs = tested_keys.get(table).cloned().unwrap_or_default();
-            if !mine.same_rows(&theirs) {
-                out.push(format!(
-                    "changed other rows of {table} than its test ({} here, {} in the test)",
-                    mine.rows, theirs.rows
-                ));
-            }
-        }
+        let after = row_images(client, &compared, Some(&before.rows)).await?;
+        out.extend(super::rows::differences(
+            tested.rows_before,
+            tested.rows,
+            &super::rows::set_of(&before.rows),
+            &super::rows::changes_of(&before.rows, &after),
+        ));
     }
     for (catalog, rows) in shared_catalog_writes(client).await? {
         let rows = rows - before.shared.get(&catalog).copied().unwrap_or(0);
