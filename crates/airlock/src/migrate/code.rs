@@ -75,15 +75,30 @@ const ENVIRONMENT_FUNCTIONS: &[&str] = &[
     "nextval",
     "currval",
     "lastval",
+    "setval",
+    "getpgusername",
+    "row_security_active",
+    "shobj_description",
+    "gen_random_bytes",
+    "gen_salt",
+    "uuidv4",
+    "uuidv7",
+    "pg_sleep",
+    "pg_sleep_for",
+    "pg_sleep_until",
 ];
 
 /// Prefixes of built-ins that read the server or its catalogs.
 const ENVIRONMENT_PREFIXES: &[&str] =
     &["pg_", "to_reg", "has_", "txid_", "obj_description", "col_description", "lo_"];
 
-/// Built-ins under those prefixes that read nothing of where they run.
-const HARMLESS: &[&str] =
-    &["pg_advisory_xact_lock", "pg_advisory_lock", "pg_advisory_unlock", "pg_typeof", "pg_sleep"];
+/// Built-ins under those prefixes that read nothing of where they run. (A
+/// sleep is not one: how long a migration holds its locks is an effect.)
+const HARMLESS: &[&str] = &["pg_advisory_xact_lock", "pg_advisory_lock", "pg_advisory_unlock", "pg_typeof"];
+
+/// Ends of built-ins' names that read the database whole: its schemas, its
+/// name, every table (`database_to_xmlschema`, `table_to_xml_and_xmlschema`).
+const ENVIRONMENT_SUFFIXES: &[&str] = &["_to_xml", "_xmlschema"];
 
 /// SQL value keywords (no parentheses) that say who or when.
 const ENVIRONMENT_KEYWORDS: &[&str] = &[
@@ -389,6 +404,19 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
             ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
+            ["reset", ..] | ["discard", ..] => why(
+                "puts settings back to what the target's role and database keep, not what the test ran with"
+                    .into(),
+            ),
+            ["set", ..]
+                if tokens.windows(2).any(|w| {
+                    matches!(w, [Token::Word(to), Token::Word(d)] if to == "to" && d == "default")
+                        || matches!(w, [Token::Other('='), Token::Word(d)] if d == "default")
+                }) =>
+            {
+                why("sets a setting to what the target's role and database keep, not what the test ran with"
+                    .into())
+            }
             ["create", "or", "replace", host, ..] | ["create", host, ..] if FUNCTION_HOSTS.contains(host) => {
                 // An operator, cast or aggregate runs its function wherever
                 // it is used, with no `name(` to see there.
@@ -404,6 +432,22 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             _ => {}
         }
+        // Statements about functions as objects name them without running them.
+        const ROUTINE: &[&str] = &["function", "procedure", "routine", "aggregate"];
+        const ROUTINES: &[&str] = &["functions", "procedures", "routines"];
+        let about_functions = match words.as_slice() {
+            ["drop" | "alter", kind, ..] | ["comment", "on", kind, ..] => ROUTINE.contains(kind),
+            ["grant" | "revoke", ..] => tokens.windows(3).any(|w| match w {
+                [Token::Word(on), Token::Word(kind), _] if on == "on" => ROUTINE.contains(&kind.as_str()),
+                [Token::Word(on), Token::Word(all), Token::Word(kind)] if on == "on" && all == "all" => {
+                    ROUTINES.contains(&kind.as_str())
+                }
+                _ => false,
+            }),
+            _ => false,
+        };
+        // An extension's name is not a catalog read.
+        let about_extensions = matches!(words.as_slice(), [_, "extension", ..] | [_, _, "extension", ..]);
         for (table, carried) in written_tables(&tokens) {
             let reaches = if carried { reached(&table) } else { BTreeSet::from([table.clone()]) };
             let coded = reaches.into_iter().find(|t| {
@@ -432,8 +476,11 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                     continue;
                 }
                 Token::Constant(text) => {
-                    if reads_the_clock(text) && !after_default {
-                        why(format!("reads the time ('{}')", text.trim()));
+                    // With the constants it is joined to (`'to' || 'day'`).
+                    let joined = joined_constants(&tokens, i);
+                    let read = [text.as_str(), joined.as_str()].into_iter().find(|t| reads_the_clock(t));
+                    if let Some(t) = read.filter(|_| !after_default) {
+                        why(format!("reads the time ('{}')", t.trim()));
                     }
                     continue;
                 }
@@ -451,8 +498,13 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 if SYSTEM_COLUMNS.contains(&word) {
                     why(format!("reads {word}, where and by which transaction a row was written"));
                 } else if INTERNAL_TYPES.contains(&word)
-                    && (matches!((before(2), before(1)), (Some(Token::Other(':')), Some(Token::Other(':'))))
-                        || matches!(before(1), Some(Token::Word(w)) if w == "as"))
+                    && (word.starts_with("reg")
+                        || matches!(
+                            (before(2), before(1)),
+                            (Some(Token::Other(':')), Some(Token::Other(':')))
+                        )
+                        || matches!(before(1), Some(Token::Word(w)) if w == "as")
+                        || matches!(tokens.get(i + 1), Some(Token::Constant(_))))
                 {
                     why(format!("casts to {word}, a number no two servers share"));
                 } else if LEXER_SETTINGS.contains(&word) {
@@ -478,20 +530,61 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 why(format!("names type {name}, which a cast the database holds turns into code"));
             } else if let Some(f) = coded_views.get(&name).filter(|_| !called) {
                 why(format!("reads view {name}, which runs {f}(), code the database holds"));
+            } else if about_functions && functions.contains(&name) {
+                // Dropped, altered, commented on or granted: not run.
             } else if called && functions.contains(&name) {
                 why(format!("calls {name}(), code the database holds"));
+            } else if functions.contains(&name) {
+                // `row.f` and `f(row)` are one call; so are an operator's
+                // and a cast's use of it.
+                why(format!("names {name}, code the database holds, which runs wherever it is named"));
             } else if called && environment_function(&name) {
                 why(format!("calls {name}(), which reads where or when it runs"));
             } else if matches!(token, Token::Word(_)) && ENVIRONMENT_KEYWORDS.contains(&name.as_str()) {
                 // Called or not: CURRENT_TIMESTAMP(6) is the clock too.
                 why(format!("reads {}", name.to_ascii_uppercase()));
-            } else if !called && ENVIRONMENT_RELATION_PREFIXES.iter().any(|p| name.starts_with(p)) {
+            } else if !called && !about_extensions && reads_the_server(&name, tokens.get(i + 1)) {
                 why(format!("reads {name}, which shows the server, not the data"));
             }
         }
     }
     out.dedup();
     out
+}
+
+/// Whether a name (not called) is one of the catalogs or views that show
+/// the server, its sessions, roles and settings: every `pg_` relation (a
+/// schema qualifying a name, `pg_catalog.`, aside), `information_schema`,
+/// and those listed.
+fn reads_the_server(name: &str, next: Option<&Token>) -> bool {
+    (name.starts_with("pg_") && next != Some(&Token::Other('.')))
+        || ENVIRONMENT_RELATION_PREFIXES.iter().any(|p| name.starts_with(p) && !p.starts_with("pg_"))
+}
+
+/// The text of the constants joined to the one at `i` by `||` (`'to' ||
+/// 'day'`), whole; empty when none is.
+fn joined_constants(tokens: &[Token], i: usize) -> String {
+    let concat = |j: usize| {
+        matches!((tokens.get(j), tokens.get(j + 1)), (Some(Token::Other('|')), Some(Token::Other('|'))))
+    };
+    // Only from the chain's first constant.
+    if i >= 2 && concat(i - 2) && matches!(tokens.get(i.wrapping_sub(3)), Some(Token::Constant(_))) {
+        return String::new();
+    }
+    let mut text = String::new();
+    let mut j = i;
+    while let Some(Token::Constant(t)) = tokens.get(j) {
+        text.push_str(t);
+        if !concat(j + 1) {
+            break;
+        }
+        j += 3;
+    }
+    if j == i {
+        String::new()
+    } else {
+        text
+    }
 }
 
 /// Whether `tokens` spell the operator `symbol` (its characters one after another).
@@ -502,7 +595,9 @@ fn uses_operator(tokens: &[Token], symbol: &str) -> bool {
 
 fn environment_function(name: &str) -> bool {
     !HARMLESS.contains(&name)
-        && (ENVIRONMENT_FUNCTIONS.contains(&name) || ENVIRONMENT_PREFIXES.iter().any(|p| name.starts_with(p)))
+        && (ENVIRONMENT_FUNCTIONS.contains(&name)
+            || ENVIRONMENT_PREFIXES.iter().any(|p| name.starts_with(p))
+            || ENVIRONMENT_SUFFIXES.iter().any(|s| name.ends_with(s)))
 }
 
 /// Whether a constant is a date or time PostgreSQL reads as the moment it
@@ -518,18 +613,64 @@ fn reads_the_clock(text: &str) -> bool {
         })
 }
 
-/// Whether the word at `i` is part of a column's default in a definition
-/// (`ADD COLUMN at timestamptz DEFAULT now()`, `DEFAULT (now() + interval
-/// '1 day')`): never in DML, where `SET a = DEFAULT, b = random()` is not one.
+/// Whether the token at `i` is part of a column's default in a definition
+/// that only computes a value from the clock or chance (`ADD COLUMN at
+/// timestamptz DEFAULT now()`, `DEFAULT (now() + interval '1 day')`,
+/// `DEFAULT 'today'`), which fills a value and decides nothing: never in DML
+/// (`SET a = DEFAULT, b = random()` is not one), and never a default that
+/// compares or chooses (`DEFAULT (now() > '2026-08-01')`, a `CASE`).
 fn defaulted(tokens: &[Token], i: usize) -> bool {
     let definition = matches!(tokens.iter().find(|t| matches!(t, Token::Word(_))), Some(Token::Word(w)) if w == "create" || w == "alter");
-    definition
-        && tokens[..i]
-            .iter()
-            .rev()
-            .take(6)
-            .take_while(|t| !matches!(t, Token::Other(',' | ';')))
-            .any(|t| matches!(t, Token::Word(w) if w == "default"))
+    if !definition {
+        return false;
+    }
+    // The DEFAULT this token follows, within its clause.
+    let Some(at) = tokens[..i]
+        .iter()
+        .rposition(|t| matches!(t, Token::Word(w) if w == "default") || matches!(t, Token::Other(',' | ';')))
+        .filter(|&at| matches!(&tokens[at], Token::Word(_)))
+    else {
+        return false;
+    };
+    // The default's expression: up to a comma, semicolon or unmatched `)`,
+    // or the clause's next keyword.
+    let mut depth = 0i32;
+    for (j, t) in tokens.iter().enumerate().skip(at + 1) {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') if depth == 0 => break,
+            Token::Other(')') => depth -= 1,
+            Token::Other(',' | ';') if depth == 0 => break,
+            Token::Word(w)
+                if depth == 0
+                    && [
+                        "not",
+                        "null",
+                        "constraint",
+                        "check",
+                        "references",
+                        "primary",
+                        "unique",
+                        "collate",
+                        "generated",
+                    ]
+                    .contains(&w.as_str()) =>
+            {
+                break
+            }
+            Token::Word(w) if TIME_WORDS.contains(&w.as_str()) || w == "interval" => {}
+            // A type after `::`, a number, a constant, arithmetic.
+            Token::Word(_) => {
+                if !matches!(tokens.get(j.wrapping_sub(1)), Some(Token::Other(':'))) {
+                    return false;
+                }
+            }
+            Token::Other(':' | '+' | '-' | '*' | '/' | '0' | '.') | Token::Constant(_) | Token::Quoted(_) => {
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// The name (unqualified, lowercased) a `CREATE FUNCTION` defines: the word
@@ -606,6 +747,61 @@ fn function_name(key: &str) -> String {
     last.trim_matches('"').to_ascii_lowercase()
 }
 
+/// An `E'...'` constant's text with its backslash escapes read: `\n` and
+/// the like, octal `\164`, hex `\x74`, `\u0074` and `\U00000074`.
+fn unescape_e(raw: &str) -> String {
+    let mut out = String::new();
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let Some(e) = chars.next() else { break };
+        let mut number = |radix: u32, max: usize, first: Option<char>| {
+            let mut digits: String = first.into_iter().collect();
+            while digits.len() < max && chars.peek().is_some_and(|d| d.is_digit(radix)) {
+                digits.extend(chars.next());
+            }
+            u32::from_str_radix(&digits, radix).ok().and_then(char::from_u32)
+        };
+        let read = match e {
+            'b' => Some('\u{8}'),
+            'f' => Some('\u{c}'),
+            'n' => Some('\n'),
+            'r' => Some('\r'),
+            't' => Some('\t'),
+            '0'..='7' => number(8, 3, Some(e)),
+            'x' => number(16, 2, None),
+            'u' => number(16, 4, None),
+            'U' => number(16, 8, None),
+            other => Some(other),
+        };
+        out.extend(read);
+    }
+    out
+}
+
+/// A `U&'...'` constant's text with its escapes read: `\0074`, `\+000074`.
+fn unescape_u(raw: &str) -> String {
+    let mut out = String::new();
+    let mut chars = raw.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        let (len, plus) = if chars.peek() == Some(&'+') { (6, chars.next().is_some()) } else { (4, false) };
+        let digits: String = (0..len).map_while(|_| chars.next_if(|d| d.is_ascii_hexdigit())).collect();
+        match u32::from_str_radix(&digits, 16).ok().and_then(char::from_u32) {
+            Some(ch) if digits.len() == len => out.push(ch),
+            _ if digits.is_empty() && !plus => out.extend(chars.next_if_eq(&'\\')),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// The tokens of one statement.
 fn tokens(sql: &str) -> Vec<Token> {
     let bytes = sql.as_bytes();
@@ -676,11 +872,27 @@ fn tokens(sql: &str) -> Vec<Token> {
                 } else if c == b'"' {
                     out.push(Token::Quoted(sql[start..end].replace("\"\"", "\"")));
                 } else {
-                    // An E'' prefix was read as a word: it is part of the constant.
+                    // An E'' prefix was read as a word: it is part of the
+                    // constant, as is a U& one (a word and an `&`).
                     if escapes {
                         out.pop();
                     }
-                    let text = sql[start..end].to_ascii_lowercase();
+                    let unicode = start >= 3
+                        && bytes[start - 2] == b'&'
+                        && matches!(bytes[start - 3], b'u' | b'U')
+                        && (start == 3
+                            || !(bytes[start - 4].is_ascii_alphanumeric() || bytes[start - 4] == b'_'));
+                    if unicode {
+                        out.truncate(out.len().saturating_sub(2));
+                    }
+                    // What the constant says, its escapes read as PostgreSQL reads them.
+                    let raw = sql[start..end].replace("''", "'");
+                    let text = match (escapes, unicode) {
+                        (true, _) => unescape_e(&raw),
+                        (_, true) => unescape_u(&raw),
+                        _ => raw,
+                    }
+                    .to_ascii_lowercase();
                     // Constants with only a line break between are one
                     // (`'no'` newline `'w'` is `'now'`).
                     match out.last_mut() {
@@ -733,14 +945,14 @@ fn tokens(sql: &str) -> Vec<Token> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn the_default_check_is_one_regular_expression_of_whole_words() {
-        let sql = super::fills_by_chance_sql("d");
+        let sql = fills_by_chance_sql("d");
         assert!(sql.starts_with("d OPERATOR(pg_catalog.~*) E'\\\\m(now|"), "{sql}");
         assert!(sql.ends_with(")\\\\M'"), "{sql}");
     }
-
-    use super::*;
 
     fn why(sql: &str) -> Vec<String> {
         let catalog: Catalog = serde_json::from_value(serde_json::json!({
@@ -796,6 +1008,16 @@ mod tests {
             "ALTER TABLE users ADD COLUMN a int DEFAULT 1, ADD COLUMN r float8 DEFAULT random()",
             "WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE users SET a = 1",
             "INSERT INTO kv VALUES ('a'); UPDATE users SET v = v # 'x'",
+            "DROP FUNCTION rotate_keys(integer)",
+            "ALTER FUNCTION rotate_keys(integer) OWNER TO app",
+            "COMMENT ON FUNCTION rotate_keys(integer) IS 'x'",
+            "GRANT EXECUTE ON FUNCTION rotate_keys(integer) TO app",
+            "DROP EXTENSION IF EXISTS pg_trgm",
+            "UPDATE users SET email = pg_catalog.lower(email)",
+            "ALTER TABLE users ADD COLUMN at timestamptz DEFAULT now()::timestamp(0)",
+            "ALTER TABLE users ADD COLUMN k uuid NOT NULL DEFAULT gen_random_uuid(), ADD COLUMN j int",
+            "UPDATE users SET note = E'line\\nbreak', n = U&'d\\0061t\\+000061'",
+            "SET lock_timeout = '5s'; SET search_path TO app, public",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -858,6 +1080,33 @@ mod tests {
             ("SELECT lo_unlink(16400)", "lo_unlink()"),
             ("CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = rotate_keys)", "operator that runs rotate_keys"),
             ("CREATE FUNCTION h(int, int) RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE AGGREGATE a(int) (SFUNC = h, STYPE = int)", "aggregate that runs h"),
+            ("SELECT setval('users_id_seq', 9223372036854775807)", "setval()"),
+            ("CREATE FUNCTION is_prod(users) RETURNS bool LANGUAGE sql AS $$SELECT true$$; UPDATE users u SET a = 1 WHERE u.is_prod", "names is_prod"),
+            ("UPDATE users u SET a = 1 WHERE u.rotate_keys > 0", "names rotate_keys"),
+            ("DELETE FROM users WHERE getpgusername() = 'app'", "getpgusername()"),
+            ("DELETE FROM users WHERE row_security_active('users')", "row_security_active()"),
+            ("UPDATE users SET v = database_to_xmlschema(true, true, '')::text", "database_to_xmlschema()"),
+            ("UPDATE users SET v = table_to_xml_and_xmlschema('users', true, true, '')::text", "xmlschema()"),
+            ("UPDATE users SET v = shobj_description(1, 'pg_database')", "shobj_description()"),
+            ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_group)", "pg_group"),
+            ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_catalog.pg_db_role_setting)", "pg_db_role_setting"),
+            ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_policies)", "pg_policies"),
+            ("UPDATE users SET n = (regclass 'users')::int", "regclass"),
+            ("UPDATE users SET n = regclass('users')::int", "regclass"),
+            ("UPDATE users SET n = oid '123'", "oid"),
+            ("RESET ALL", "puts settings back"),
+            ("RESET TimeZone", "puts settings back"),
+            ("DISCARD ALL", "puts settings back"),
+            ("SET DateStyle TO DEFAULT", "sets a setting to"),
+            ("SET search_path = DEFAULT", "sets a setting to"),
+            ("UPDATE users SET at = E'\\164oday'::date", "'today'"),
+            ("UPDATE users SET at = E'\\x74oday'::date", "'today'"),
+            ("UPDATE users SET at = ('to' || 'day')::date", "'today'"),
+            ("UPDATE users SET at = U&'\\0074oday'::date", "'today'"),
+            ("ALTER TABLE users ADD COLUMN suspended bool NOT NULL DEFAULT (now() > '2026-08-01')", "now()"),
+            ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
+            ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep(1))", "pg_sleep()"),
+            ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
         ];
         for (sql, said) in cases {
             let got = why(sql);

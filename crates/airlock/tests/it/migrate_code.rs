@@ -412,3 +412,105 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
     );
     assert_eq!(sql(&target, "SELECT nickname FROM users WHERE id = 3"), hour, "shown in the test's zone");
 }
+
+/// Plain SQL, no code at all, can still tell the test from production by
+/// what the data holds (its size here). What it then does differently to
+/// rows alike on both is refused; what production's own new or changed rows
+/// meet is not, so a faithful migration of a production that moved on since
+/// the golden promotes.
+#[test]
+fn plain_sql_that_acts_on_a_sign_of_the_test_is_refused_by_what_it_does_to_rows() {
+    let d = Daemon::start(&[]);
+    let (_prod, target) = production(&d, "rows", "");
+    // Production has moved on since the golden: rows added, and one changed.
+    sql(&target, "INSERT INTO users (tenant_id, email) SELECT 1, 'new' || g FROM generate_series(1, 10) g");
+    sql(&target, "UPDATE users SET email = 'changed@x.test' WHERE id = 7");
+    let grown = "(SELECT count(*) FROM users) > 20005";
+    let candidates = [
+        // Rows alike on both, changed only here.
+        (
+            "here_only.sql",
+            format!("UPDATE users SET email = CASE WHEN {grown} THEN 'x@evil.test' ELSE email END WHERE id <= 100;\n"),
+        ),
+        // Rows changed on both, to other contents here.
+        ("otherwise.sql", format!("UPDATE users SET score = score + CASE WHEN {grown} THEN 100 ELSE 1 END WHERE id <= 50;\n")),
+        // A column the file adds, filled by the sign.
+        ("added.sql", format!("ALTER TABLE users ADD COLUMN flagged boolean;\nUPDATE users SET flagged = {grown} WHERE id <= 200;\n")),
+        // Faithful ones: rows changed alike, a column filled by the clock,
+        // rows added (with keys of their own on each side).
+        (
+            "faithful.sql",
+            "ALTER TABLE users ADD COLUMN seen_at timestamptz DEFAULT now();\n\
+             UPDATE users SET score = score + 1 WHERE id <= 10;\n\
+             INSERT INTO users (tenant_id, email) VALUES (2, 'added@x.test');\n"
+                .to_owned(),
+        ),
+    ];
+    let borrowed: Vec<(&str, &str)> = candidates.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let paths = files(&d, &borrowed);
+    let path = |name: &str| paths.iter().find(|p| p.ends_with(name)).unwrap().to_str().unwrap().to_owned();
+    let report_file = d.home.join("report.json");
+    let mut args: Vec<String> = paths.iter().map(|p| p.to_str().unwrap().to_owned()).collect();
+    args.extend(["--report".into(), report_file.to_str().unwrap().into()]);
+    let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let tested = by_name(&report);
+    for (name, _) in &candidates {
+        assert!(hazard_kinds(&tested[*name]).is_empty(), "{name} passes its test: {}", tested[*name]);
+    }
+    let report_path = report_file.to_str().unwrap();
+    let state = || {
+        sql(&target, "SELECT count(*), sum(score), count(*) FILTER (WHERE email LIKE '%evil%') FROM users")
+    };
+    for (name, said) in [
+        ("here_only.sql", "of the 19999 rows of public.users alike here and in its test before, 99 changed here but not in the test"),
+        ("otherwise.sql", "49 came out otherwise than in the test"),
+        ("added.sql", "came out otherwise than in the test"),
+    ] {
+        let before = state();
+        let (code, out) = promote(&d, report_path, &target, &path(name), &[]);
+        assert_eq!(code, 10, "{name}: {out}");
+        assert!(
+            out.contains("alike here and in its test before") && out.contains(said),
+            "{name}: {said}: {out}"
+        );
+        assert_eq!(state(), before, "{name} rolled back");
+    }
+    // A sequence set by what it finds, or a function of the file reached as
+    // a column of its row: code, which needs a person before anything runs.
+    let coded = [
+        (
+            "sequence.sql",
+            format!(
+                "SELECT setval('users_id_seq', CASE WHEN {grown} THEN 9223372036854775806 ELSE 20010 END);\n"
+            ),
+        ),
+        (
+            "attribute.sql",
+            format!(
+                "CREATE FUNCTION grown(users) RETURNS boolean LANGUAGE sql AS $$ SELECT {grown} $$;\n\
+                 UPDATE users u SET score = 5 WHERE u.grown AND id <= 10;\n"
+            ),
+        ),
+    ];
+    let borrowed: Vec<(&str, &str)> = coded.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let coded_paths = files(&d, &borrowed);
+    let coded_report = d.home.join("coded.json");
+    let mut args: Vec<String> = coded_paths.iter().map(|p| p.to_str().unwrap().to_owned()).collect();
+    args.extend(["--report".into(), coded_report.to_str().unwrap().into()]);
+    let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    for (name, path) in coded.iter().map(|(n, _)| *n).zip(&coded_paths) {
+        assert_eq!(hazard_kinds(&by_name(&report)[name]), ["opaque_code"], "{name}");
+        let (code, out) = promote(&d, coded_report.to_str().unwrap(), &target, path.to_str().unwrap(), &[]);
+        assert_eq!(code, 10, "{name}: {out}");
+        assert!(out.contains("--allow-code"), "{name}: {out}");
+    }
+    assert_eq!(sql(&target, "SELECT last_value < 100000 FROM users_id_seq"), "t");
+    let (code, out) = promote(&d, report_path, &target, &path("faithful.sql"), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(sql(&target, "SELECT count(*) FROM users WHERE email = 'added@x.test'"), "1");
+    assert_eq!(
+        sql(&target, "SELECT score FROM users WHERE id = 7"),
+        "1",
+        "a row changed since the golden, changed too"
+    );
+}
