@@ -5,16 +5,25 @@
 //! database's name, its data, its clock), so what a test saw of code that
 //! looks around tells nothing of what that code does on the target. Such code
 //! is found here from the file's tokens, read the way PostgreSQL's lexer
-//! reads them (quotes, dollar quotes, nested comments): a `DO` block, `CALL`,
-//! a prepared statement, a function the database or the file defines called
-//! (by name, by a trigger on a table the file writes, or by a rule), and
-//! every built-in that reads the environment (who, which database, which
-//! server, its settings and catalogs, the time, chance). A function's body is
-//! not code the migration runs until it is called, so a `CREATE FUNCTION`
-//! alone is transparent.
+//! reads them (quotes, dollar quotes, nested comments, `E''` and `U&''`
+//! escapes): a `DO` block, `CALL`, a prepared statement; a function the
+//! database or the file defines, called (`f(row)`) or merely named (`row.f`
+//! is the same call; so is an operator's, a cast's or an aggregate's use), or
+//! run by a trigger, rule, default, check or index of a table the file
+//! writes; a view or a table's row policies that read who or where; every
+//! built-in that reads the environment (who, which database or server, its
+//! settings, sequences and catalogs, the time, chance, a sleep); a
+//! constant the clock reads (`'today'`, however spelled or joined); and a
+//! setting put back to what the target's role or database keeps (`RESET`,
+//! `DISCARD`, `SET ... TO DEFAULT`). A function's body is not code the
+//! migration runs until it is called, so a `CREATE FUNCTION` alone is
+//! transparent, and dropping or granting one names it without running it.
 //!
 //! The classification errs toward opaque: promote then asks a person to
 //! acknowledge the file by its hash (`--allow-code`), which costs a read.
+//! Plain SQL can still tell the test apart by what the data holds; what it
+//! then does differently to the same rows is promote's row check's to find
+//! (see `migrate::rows`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -314,11 +323,32 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             texts.into_iter().find_map(held).map(|f| (unqualified(name), f))
         })
         .collect();
-    let coded_views: BTreeMap<String, String> =
-        catalog.views.iter().filter_map(|(name, def)| held(def).map(|f| (unqualified(name), f))).collect();
+    // Views, and the policies that filter a table's rows, that call such a
+    // function or read who or when: what a read through them returns depends
+    // on where it runs.
+    let looks_around = |text: &str| {
+        held(text).or_else(|| {
+            tokens(text).windows(2).find_map(|w| match (&w[0], &w[1]) {
+                (Token::Word(n), Token::Other('(')) if environment_function(n) => Some(n.clone()),
+                (Token::Word(n), _) if ENVIRONMENT_KEYWORDS.contains(&n.as_str()) => Some(n.clone()),
+                _ => None,
+            })
+        })
+    };
+    let mut coded_views: BTreeMap<String, (&str, String)> = catalog
+        .views
+        .iter()
+        .filter_map(|(name, def)| looks_around(def).map(|f| (unqualified(name), ("view", f))))
+        .collect();
     // Rules the golden holds run their actions in place of (or beside) a write.
     let objects: Vec<(&String, &String)> =
         catalog.objects.iter().flatten().map(|(name, e)| (name, &e.definition)).collect();
+    for (name, def) in &objects {
+        let table = name.strip_prefix("policy ").and_then(|p| p.split_once(" on table ")).map(|(_, t)| t);
+        if let (Some(table), Some(f)) = (table, looks_around(def)) {
+            coded_views.insert(unqualified(table), ("policy", f));
+        }
+    }
     let mut triggered = triggered;
     for (name, _) in &objects {
         if let Some(table) =
@@ -459,6 +489,8 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 why(format!("writes {table}, whose triggers or rules run code"));
             } else if rules {
                 why(format!("writes {table} after the file made a rule (code in place of the write)"));
+            } else if let Some((_, f)) = coded_views.get(&table).filter(|(what, _)| *what == "policy") {
+                why(format!("writes {table}, whose row policies read {f}, which differs where it runs"));
             } else if let Some(f) = coded_tables.get(&table) {
                 why(format!(
                     "writes {table}, whose defaults, checks or indexes run {f}(), code the database holds"
@@ -528,8 +560,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             if cast_types.contains(&name) {
                 why(format!("names type {name}, which a cast the database holds turns into code"));
-            } else if let Some(f) = coded_views.get(&name).filter(|_| !called) {
-                why(format!("reads view {name}, which runs {f}(), code the database holds"));
+            } else if let Some((what, f)) = coded_views.get(&name).filter(|_| !called) {
+                let how = if *what == "view" { "view {name}, which" } else { "{name}, whose row policies" };
+                why(format!("reads {}", how.replace("{name}", &name))
+                    + &format!(" read {f}, which differs where it runs"));
             } else if about_functions && functions.contains(&name) {
                 // Dropped, altered, commented on or granted: not run.
             } else if called && functions.contains(&name) {
@@ -970,9 +1004,12 @@ mod tests {
                 "public.child": {"kind": "table", "columns": [], "indexes": {}, "triggers": {"t": "CREATE TRIGGER t ..."},
                                  "constraints": {"o": "FOREIGN KEY (k) REFERENCES owned(k) ON DELETE SET NULL"}}
             },
-            "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one"},
+            "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one",
+                      "public.who": "SELECT a FROM t WHERE b = current_setting('app.tenant')"},
             "objects": {
                 "rule r on table public.flags": {"definition": "CREATE RULE r AS ON UPDATE TO flags DO ALSO NOTHING"},
+                "policy mine on table public.notes": {"definition": "permissive for all to public using ((owner = CURRENT_USER))"},
+                "policy open on table public.kv": {"definition": "permissive for all to public using (true)"},
                 "cast from text to tag_t": {"definition": "via to_tag(text) context e method f"},
                 "operator ##(text,text)": {"definition": "digest x"},
                 "operator class public.c for access method btree": {"definition": "digest y"}
@@ -1107,6 +1144,9 @@ mod tests {
             ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
             ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep(1))", "pg_sleep()"),
             ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
+            ("INSERT INTO users SELECT a FROM who", "view who, which read current_setting"),
+            ("DELETE FROM users WHERE id IN (SELECT id FROM notes)", "notes, whose row policies read current_user"),
+            ("UPDATE notes SET body = 'x'", "writes notes, whose row policies read current_user"),
         ];
         for (sql, said) in cases {
             let got = why(sql);
