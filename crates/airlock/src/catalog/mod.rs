@@ -414,7 +414,46 @@ const READER_SQL: &str = "
         RETURN n;
       END $$;
     ALTER FUNCTION pg_airlock.count_rows(pg_catalog.regclass) OWNER TO airlock_reader;
-    REVOKE ALL ON FUNCTION pg_airlock.count_rows(pg_catalog.regclass) FROM PUBLIC;";
+    REVOKE ALL ON FUNCTION pg_airlock.count_rows(pg_catalog.regclass) FROM PUBLIC;
+    -- Each row's key and digest, as the daemon writes their expressions
+    -- (from quoted column names): a migration test's image of a table.
+    CREATE OR REPLACE FUNCTION pg_airlock.row_image(relation pg_catalog.regclass, key text, digest text, most bigint)
+      RETURNS TABLE (k text, d text)
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+      BEGIN
+        RETURN QUERY EXECUTE pg_catalog.format('SELECT (%s)::text, (%s)::text FROM %s t LIMIT %s', key, digest, relation, most);
+        IF pg_catalog.to_regclass(relation::text) IS DISTINCT FROM relation THEN
+          RAISE EXCEPTION 'relation % changed while it was read', relation;
+        END IF;
+      END $$;
+    ALTER FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) OWNER TO airlock_reader;
+    REVOKE ALL ON FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) FROM PUBLIC;";
+
+/// Installs the reader's functions ([`READER_SQL`]) where they are missing;
+/// whether SELECT must be granted to the reader on each table read (a server
+/// without `pg_read_all_data`).
+pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
+    let installed = client
+        .query_one(
+            "SELECT coalesce((SELECT p.prosrc LIKE '%TABLESAMPLE%' FROM pg_catalog.pg_proc p
+                               WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
+                    AND pg_catalog.to_regprocedure('pg_airlock.row_image(pg_catalog.regclass, text, text, bigint)') IS NOT NULL
+                    AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')",
+            &[],
+        )
+        .await
+        .map_err(query_error)?
+        .cell::<bool>(0)?;
+    if !installed {
+        client.batch_execute(READER_SQL).await.map_err(query_error)?;
+    }
+    let grant_each = client
+        .query_one("SELECT pg_catalog.to_regrole('pg_read_all_data') IS NULL", &[])
+        .await
+        .map_err(query_error)?
+        .cell::<bool>(0)?;
+    Ok(grant_each)
+}
 
 /// Counts each table's rows, giving up on a table after `per_table` and on
 /// counting at all after `budget` (the planner's estimate stands in).
@@ -437,22 +476,9 @@ pub async fn count_rows(
         return estimates().collect();
     };
     let client = admin.client();
-    let installed = client
-        .query_one(
-            "SELECT coalesce((SELECT p.prosrc LIKE '%TABLESAMPLE%' FROM pg_catalog.pg_proc p
-                               WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
-                    AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')",
-            &[],
-        )
-        .await
-        .is_ok_and(|r| r.cell::<bool>(0).unwrap_or(false));
-    if !installed && client.batch_execute(READER_SQL).await.is_err() {
+    let Ok(grant_each) = ensure_reader(client).await else {
         return estimates().collect();
-    }
-    let grant_each = client
-        .query_one("SELECT pg_catalog.to_regrole('pg_read_all_data') IS NULL", &[])
-        .await
-        .is_ok_and(|r| r.cell::<bool>(0).unwrap_or(false));
+    };
     let mut counts = BTreeMap::new();
     for (name, table) in &catalog.tables {
         let estimate = RowCount { rows: table.row_estimate, exact: false };

@@ -560,7 +560,8 @@ async fn measure(
     // Which rows it changes, and to what, for promote to compare with the
     // target's (a workload beside it writes none: its writes are planned).
     let compared = compared_tables(&snapshot);
-    let images_before = verify::row_images(admin.client(), &compared, None).await?;
+    let images_before =
+        verify::row_images(admin.client(), verify::Reading::AsReader, &compared, None).await?;
     rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
@@ -623,7 +624,9 @@ async fn measure(
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
     let sequences_set_back = verify::set_back(&sequences_before, &verify::sequences(admin.client()).await?);
-    let images_after = verify::row_images(admin.client(), &compared, Some(&images_before)).await?;
+    let images_after =
+        verify::row_images(admin.client(), verify::Reading::AsReader, &compared, Some(&images_before))
+            .await?;
     // What it did to every compared table it touched (by the server's counts:
     // a row rewritten as it was is a table touched all the same), kept for
     // promote: the whole file's, or each part's.

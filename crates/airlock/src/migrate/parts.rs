@@ -176,7 +176,7 @@ impl Recorder {
             .filter(|(t, _)| touched.contains(*t))
             .map(|(t, i)| (t.clone(), i.clone()))
             .collect();
-        let now = verify::row_images(client, &touched, Some(&was)).await?;
+        let now = verify::row_images(client, verify::Reading::AsReader, &touched, Some(&was)).await?;
         let rows = super::rows::changes_of(&was, &now);
         self.records.push(PartRecord {
             from: range.start,

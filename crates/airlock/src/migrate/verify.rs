@@ -78,7 +78,7 @@ impl Before {
             tables: tables(client).await?,
             cluster: cluster_state(client).await?,
             sequences: sequences(client).await?,
-            rows: row_images(client, compared, None).await?,
+            rows: row_images(client, Reading::Directly, compared, None).await?,
             activity: xact_activity(client).await?,
             shared: shared_catalog_writes(client).await?.into_iter().collect(),
             invalid: invalid_indexes(client).await?,
@@ -207,27 +207,50 @@ impl RowImage {
     }
 }
 
+/// How a session reads a table's rows for its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Itself: the target's own session at promote, the role the migration
+    /// runs as, so whatever of the migration's a read runs gains nothing.
+    Directly,
+    /// Through the reader's function (`catalog::READER_SQL`), from a test
+    /// fork's admin session. The admin never reads a table the candidate
+    /// shaped itself: planning a read folds the table's partial-index
+    /// predicates and its index and statistics expressions, which run any
+    /// function the candidate marked immutable, as whoever reads.
+    AsReader,
+}
+
 /// Images of `tables` (those of at most [`ROWS_COMPARED`] rows by the
 /// planner's estimate and by count; others are left out), and only of those
 /// in `first` when given (the images to compare with).
 pub async fn row_images(
     client: &tokio_postgres::Client,
+    reading: Reading,
     tables: &BTreeSet<String>,
     first: Option<&BTreeMap<String, RowImage>>,
 ) -> Result<BTreeMap<String, RowImage>> {
     if tables.is_empty() {
         return Ok(BTreeMap::new());
     }
+    let grant_each = match reading {
+        Reading::AsReader => crate::catalog::ensure_reader(client).await?,
+        Reading::Directly => false,
+    };
     // Rows read as text alike under test and on the target, whatever time
     // zone or date style either session has.
     let pinned = crate::catalog::Pinned::pin(client).await?;
-    let images = row_images_pinned(client, tables, first).await?;
+    let images = row_images_pinned(client, (reading, grant_each), tables, first).await;
+    if images.is_err() && reading == Reading::AsReader {
+        let _ = client.batch_execute("ROLLBACK").await;
+    }
     pinned.restore(client).await?;
-    Ok(images)
+    images
 }
 
 async fn row_images_pinned(
     client: &tokio_postgres::Client,
+    (reading, grant_each): (Reading, bool),
     tables: &BTreeSet<String>,
     first: Option<&BTreeMap<String, RowImage>>,
 ) -> Result<BTreeMap<String, RowImage>> {
@@ -298,10 +321,32 @@ async fn row_images_pinned(
             Some(key) => format!("ROW({key})::text"),
             None => digest.clone(),
         };
-        let rows = client
-            .query(&format!("SELECT {key}, {digest} FROM {table} t LIMIT {}", ROWS_COMPARED + 1), &[])
-            .await
-            .map_err(pg_error)?;
+        let rows = match reading {
+            Reading::Directly => client
+                .query(&format!("SELECT {key}, {digest} FROM {table} t LIMIT {}", ROWS_COMPARED + 1), &[])
+                .await
+                .map_err(pg_error)?,
+            Reading::AsReader => {
+                // In a transaction of its own, rolled back: nothing the
+                // candidate's code might set in it outlives the read.
+                client.batch_execute("BEGIN").await.map_err(pg_error)?;
+                if grant_each {
+                    client
+                        .batch_execute(&format!("GRANT SELECT ON {table} TO airlock_reader"))
+                        .await
+                        .map_err(pg_error)?;
+                }
+                let rows = client
+                    .query(
+                        "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)",
+                        &[&table, &key, &digest, &(ROWS_COMPARED + 1)],
+                    )
+                    .await
+                    .map_err(pg_error)?;
+                client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
+                rows
+            }
+        };
         if rows.len() as i64 > ROWS_COMPARED {
             continue;
         }
@@ -477,7 +522,7 @@ async fn surprises_pinned(
     // before the part comes out of it as it did there.
     if !before.rows.is_empty() {
         let compared: BTreeSet<String> = before.rows.keys().cloned().collect();
-        let after = row_images(client, &compared, Some(&before.rows)).await?;
+        let after = row_images(client, Reading::Directly, &compared, Some(&before.rows)).await?;
         out.extend(super::rows::differences(
             tested.rows_before,
             tested.rows,

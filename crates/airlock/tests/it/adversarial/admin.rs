@@ -263,3 +263,52 @@ fn a_promotions_own_work_runs_no_agent_code_in_a_superusers_session() {
     assert_eq!(sql(&fork, "SELECT count(*) FROM watched WHERE watch(n) > 0"), "100");
     s.untouched();
 }
+
+/// A function the agent marks immutable runs wherever the planner folds it:
+/// in a partial index's predicate, an index expression, a statistics object.
+/// Reading a table plans it, so the daemon's reads of what a candidate (or
+/// the agent) shaped — a migration test's images of rows, the counts of
+/// `describe_schema` and `changes_since_fork` — run it, as whoever reads.
+/// None of those may be a superuser.
+#[test]
+fn functions_the_planner_folds_never_run_as_a_superuser() {
+    let s = Scene::new();
+    let plant = "
+        CREATE FUNCTION public.climb() RETURNS int LANGUAGE plpgsql VOLATILE AS $f$
+        BEGIN
+          IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+            EXECUTE 'ALTER ROLE airlock_agent SUPERUSER';
+            RAISE EXCEPTION '% as %', 'CLIMBED-' || 'TO-SUPERUSER', current_user;
+          END IF;
+          RETURN 1;
+        END $f$;
+        CREATE FUNCTION public.folded() RETURNS int LANGUAGE sql IMMUTABLE AS $f$ SELECT public.climb() $f$;
+        CREATE FUNCTION public.folded(x bigint) RETURNS bigint LANGUAGE sql IMMUTABLE AS $f$ SELECT x + public.climb() $f$;";
+    let candidate = format!(
+        "{plant}
+        CREATE INDEX bait_partial ON public.orders (id) WHERE public.folded() = 1;
+        CREATE INDEX bait_expression ON public.orders (public.folded(id::bigint));
+        CREATE STATISTICS bait_stats ON (public.folded(id::bigint)), id FROM public.orders;
+        UPDATE public.orders SET id = id WHERE id = 1;"
+    );
+    let tested = s.tool("test_migration", json!({ "sql": candidate }));
+    assert!(!tested.to_string().contains("CLIMBED-TO-SUPERUSER"), "{tested}");
+    assert!(tested["result"].is_object(), "the test answered: {tested}");
+    // The same planted in the agent's own sandbox, read by the catalog tools.
+    sql(
+        &s.agent,
+        &format!(
+            "{plant}
+            CREATE TABLE public.bait (a bigint);
+            INSERT INTO public.bait VALUES (1);
+            CREATE INDEX ON public.bait (a) WHERE public.folded() = 1;
+            CREATE INDEX ON public.bait (public.folded(a));
+            CREATE STATISTICS bait_stats ON (public.folded(a)), a FROM public.bait;"
+        ),
+    );
+    for tool in ["describe_schema", "changes_since_fork"] {
+        let out = s.tool(tool, json!({}));
+        assert!(!out.to_string().contains("CLIMBED-TO-SUPERUSER"), "{tool}: {out}");
+    }
+    s.untouched();
+}
