@@ -162,9 +162,26 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
             Ok(())
         }
     };
-    if let Err(e) = ran {
-        tracing::warn!(sandbox = %sb.id, error = %e, "run_sql session failed");
-        return Err(unanswered(&sb));
+    match ran {
+        // The session's own backend went away mid-call: ended by the agent's
+        // own SQL (`pg_terminate_backend(pg_backend_pid())`), or killed for
+        // memory. That is the call's result, not the daemon's failure.
+        Err(wire::WireError::Io(e)) => {
+            tracing::info!(sandbox = %sb.id, error = %e, "a run_sql session's backend went away during the call");
+            collector.error.get_or_insert_with(|| DbError {
+                sqlstate: "08006".into(),
+                message: "the session's server process ended during the call (it was terminated, or killed for                           using more memory than the sandbox has); statements after the last that finished did not run"
+                    .into(),
+                hint: Some("call again: the next call opens a new session".into()),
+                ..Default::default()
+            });
+            return Ok(collector.finish(&Default::default(), b'I', began));
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "run_sql session failed");
+            return Err(unanswered(&sb));
+        }
+        Ok(()) => {}
     }
     let names = type_names(&mut session, &collector.fields).await;
     if clean && super::sessions::reset(&mut session, status).await {

@@ -194,6 +194,19 @@ fn the_tool_routes_answer_any_input_without_a_server_error() {
         calls += 1;
         assert_eq!(status, 200, "{sql}: {text}");
     }
+    // The session's own backend ended by its own SQL: the call's result.
+    for _ in 0..2 {
+        let (status, text) = call(
+            &d,
+            &id,
+            "run_sql",
+            &json!({"sql": "SELECT pg_terminate_backend(pg_backend_pid())"}).to_string(),
+        );
+        calls += 1;
+        assert_eq!(status, 200, "{text}");
+        let out: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(out["is_error"], true, "{out}");
+    }
     // SQL with a NUL byte is refused as such, and its record says nothing ran.
     let (status, text) = call(&d, &id, "run_sql", &json!({"sql": "SELECT 1;\u{0} DROP TABLE t"}).to_string());
     calls += 1;
