@@ -486,9 +486,28 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             })?),
         },
     };
+    let public = |addr: &Option<std::net::SocketAddr>| addr.filter(|a| !a.ip().is_loopback());
+    if let Some(addr) = public(&args.tcp).filter(|_| !args.tcp_public) {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("--tcp {addr} is not a loopback address, and the API speaks plain HTTP"),
+            "serve it on 127.0.0.1, or put TLS in front and pass --tcp-public (the bearer token would otherwise \
+             cross the network in clear)",
+        ));
+    }
+    if config.router.tls == crate::router::TlsMode::Off && !args.plaintext_public {
+        let routers = [("--router", &config.router.listen), ("--redis-router", &config.router.redis_listen)];
+        if let Some((flag, Some(addr))) = routers.into_iter().find(|(_, a)| public(a).is_some()) {
+            return Err(Error::new(
+                ErrorCode::InvalidRequest,
+                format!("{flag} {addr} is not a loopback address, and --tls off sends every session in clear"),
+                "use --tls optional or required (the DSNs then verify the router), or pass --plaintext-public",
+            ));
+        }
+    }
     let token = match (&cli.token_file, std::env::var("AIRLOCK_TOKEN").ok()) {
         (Some(f), _) => Some(std::fs::read_to_string(f)?.trim().to_owned()),
-        (None, t) => t,
+        (None, t) => t.map(|t| t.trim().to_owned()),
     };
     if let (Some(_), Some(token)) = (args.tcp, &token) {
         if token.len() < MIN_TOKEN {

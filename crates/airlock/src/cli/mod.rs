@@ -290,6 +290,16 @@ struct ServeArgs {
     /// tokens then cross the network in plain HTTP: put TLS in front).
     #[arg(long, env = "AIRLOCK_GATEWAY_PUBLIC")]
     gateway_public: bool,
+    /// Let --tcp listen on an address other than loopback (the API speaks
+    /// plain HTTP, so its bearer token crosses the network in clear: put TLS
+    /// in front).
+    #[arg(long, env = "AIRLOCK_TCP_PUBLIC")]
+    tcp_public: bool,
+    /// Let --router and --redis-router listen on an address other than
+    /// loopback with --tls off (every client's session, and a Redis client's
+    /// password, then crosses the network in clear).
+    #[arg(long, env = "AIRLOCK_PLAINTEXT_PUBLIC")]
+    plaintext_public: bool,
     /// Flush every audit record to disk before going on (survives a power cut).
     #[arg(long, env = "AIRLOCK_AUDIT_FSYNC")]
     audit_fsync: bool,

@@ -129,6 +129,23 @@ fn configuration_that_would_open_a_door_is_refused() {
         Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), &["--tcp", &addr]);
     let said = d.serve_fails();
     assert!(said.contains("token"), "{said}");
+    // Plain HTTP or plaintext sessions off loopback carry secrets in clear.
+    let home = crate::harness::fresh_home(&crate::harness::plain_base());
+    std::fs::create_dir_all(&home).unwrap();
+    let file = home.join("token");
+    std::fs::write(&file, "a-token-long-enough-to-pass").unwrap();
+    let public = format!("0.0.0.0:{port}");
+    let mut d = Daemon::unstarted(home, &["--tcp", &public, "--token-file", file.to_str().unwrap()]);
+    let said = d.serve_fails();
+    assert!(said.contains("--tcp-public"), "{said}");
+    for flag in ["--router", "--redis-router"] {
+        let mut d = Daemon::unstarted(
+            crate::harness::fresh_home(&crate::harness::plain_base()),
+            &[flag, "0.0.0.0:0", "--tls", "off"],
+        );
+        let said = d.serve_fails();
+        assert!(said.contains("--plaintext-public") && said.contains(flag), "{flag}: {said}");
+    }
     // Said on purpose, the same addresses are served.
     let d = Daemon::start(&[
         "--metrics",
