@@ -372,10 +372,12 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
     Ok(catalog)
 }
 
-/// Installs (if missing) the function rows are counted with: it belongs to
-/// `airlock_reader`, a role that can read every table, every row of it (row
+/// Installs (if missing) the functions rows are counted and imaged with: they
+/// belong to `airlock_reader`, a role that can read the one table each read
+/// is granted in its own rolled-back transaction, every row of it (row
 /// security policies, which the agent writes, would otherwise decide what is
-/// counted), and do nothing else, and runs as that role (`SECURITY DEFINER`, search path pinned). Counting reads
+/// counted), and do nothing else, and run as that role (`SECURITY DEFINER`,
+/// search path pinned). Counting reads
 /// relations the agent made, and a relation can run the agent's code (a table
 /// turned into a view between the catalog read and the count, functions the
 /// planner folds): inside this function that code runs as a role weaker than the
@@ -391,11 +393,14 @@ const READER_SQL: &str = "
       END IF;
     END $$;
     ALTER ROLE airlock_reader BYPASSRLS;
-    -- PostgreSQL 13 has no pg_read_all_data: each count grants SELECT in its
-    -- own rolled-back transaction instead.
+    -- The reader may read the one table it counts or images, granted in that
+    -- read's own rolled-back transaction, and nothing else: whatever of the
+    -- agent's runs as the reader (a function the planner folds) reads no more
+    -- than the agent could. (An older install made it a member of
+    -- pg_read_all_data, which reads pg_authid too.)
     DO $$ BEGIN
       IF pg_catalog.to_regrole('pg_read_all_data') IS NOT NULL THEN
-        GRANT pg_read_all_data TO airlock_reader;
+        REVOKE pg_read_all_data FROM airlock_reader;
       END IF;
     END $$;
     CREATE OR REPLACE FUNCTION pg_airlock.count_rows(relation pg_catalog.regclass) RETURNS bigint
@@ -429,16 +434,19 @@ const READER_SQL: &str = "
     ALTER FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) OWNER TO airlock_reader;
     REVOKE ALL ON FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) FROM PUBLIC;";
 
-/// Installs the reader's functions ([`READER_SQL`]) where they are missing;
-/// whether SELECT must be granted to the reader on each table read (a server
-/// without `pg_read_all_data`).
+/// Installs the reader's functions ([`READER_SQL`]) where they are missing
+/// (or the reader is a member of any role); whether SELECT must be granted
+/// to the reader on each table read (always, now).
 pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
     let installed = client
         .query_one(
             "SELECT coalesce((SELECT p.prosrc LIKE '%TABLESAMPLE%' FROM pg_catalog.pg_proc p
                                WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
                     AND pg_catalog.to_regprocedure('pg_airlock.row_image(pg_catalog.regclass, text, text, bigint)') IS NOT NULL
-                    AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')",
+                    AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')
+                    AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
+                                      JOIN pg_catalog.pg_roles r ON r.oid = m.member
+                                     WHERE r.rolname = 'airlock_reader')",
             &[],
         )
         .await
@@ -447,12 +455,7 @@ pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
     if !installed {
         client.batch_execute(READER_SQL).await.map_err(query_error)?;
     }
-    let grant_each = client
-        .query_one("SELECT pg_catalog.to_regrole('pg_read_all_data') IS NULL", &[])
-        .await
-        .map_err(query_error)?
-        .cell::<bool>(0)?;
-    Ok(grant_each)
+    Ok(true)
 }
 
 /// Counts each table's rows, giving up on a table after `per_table` and on

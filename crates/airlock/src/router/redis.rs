@@ -145,6 +145,11 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     if sb.id != user || !crate::redis::server::configured(&dir) {
         return refuse(client).await;
     }
+    // Past its expiry a credential is dead, whether the daemon (which deletes
+    // the sandbox then) runs or not.
+    if sb.expires_at <= crate::clock::Timestamp::now() {
+        return refuse(client).await;
+    }
     if sb.state == SandboxState::Suspended {
         // Only a client holding the credential wakes a sandbox.
         let known = sb.verifier.as_deref().and_then(crate::pg::scram::Verifier::parse);
@@ -196,7 +201,12 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         let _ = client.flush().await;
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut backend).await;
+    // A session does not outlive its sandbox's expiry either: the router cuts
+    // it itself, as on the PostgreSQL port.
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut backend) => {}
+        () = super::session::expiry(&shared.host, &sb.id) => {}
+    }
     shared.host.touch(&sb.id);
 }
 

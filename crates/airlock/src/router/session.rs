@@ -120,7 +120,7 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut
 /// Resolves once the sandbox's expiry has passed, reading it again as it nears
 /// (an extension moves it); never, if the sandbox is gone (its server's end
 /// ends the session then).
-async fn expiry(host: &super::Host, id: &str) {
+pub(super) async fn expiry(host: &super::Host, id: &str) {
     loop {
         let Ok(sb) = host.store().sandbox(id) else { return std::future::pending().await };
         let now = crate::clock::Timestamp::now();

@@ -1020,3 +1020,36 @@ fn a_sandboxs_redis_names_nothing_of_the_host_and_forks_no_copy_of_itself() {
     let events = d.json(&["events", "--sandbox", id]);
     assert!(events.to_string().contains("fork_killed"), "{events}");
 }
+
+#[test]
+fn without_its_daemon_the_redis_port_keeps_expiry_too() {
+    use std::io::{Read, Write};
+    let mut d = Daemon::start(&[]);
+    golden_with_redis(&d, "short");
+    let sb = d.fork("short", &["--ttl", "5s"]);
+    let url = sb["redis_url"].as_str().unwrap().to_owned();
+    let (auth, _) = url.split_once("://").unwrap().1.rsplit_once('@').unwrap();
+    let (user, password) = auth.split_once(':').unwrap();
+    let login = format!("AUTH {user} {password}\r\n");
+    let door = d.redis_router.clone();
+    let open = || {
+        let mut c = std::net::TcpStream::connect(&door).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(20))).unwrap();
+        c.write_all(login.as_bytes()).unwrap();
+        let mut answer = [0u8; 64];
+        let n = c.read(&mut answer).unwrap_or(0);
+        (c, String::from_utf8_lossy(&answer[..n]).into_owned())
+    };
+    let (mut held, said) = open();
+    assert_eq!(said, "+OK\r\n");
+    d.kill9();
+    // At its expiry the open session is cut, and the credential is refused.
+    let began = std::time::Instant::now();
+    let mut buf = [0u8; 64];
+    let read = held.read(&mut buf);
+    assert!(matches!(read, Ok(0) | Err(_)), "the session outlived its sandbox's expiry: {read:?}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(15));
+    let (_, said) = open();
+    assert!(said.starts_with("-WRONGPASS"), "{said}");
+    d.spawn();
+}

@@ -274,8 +274,15 @@ fn a_promotions_own_work_runs_no_agent_code_in_a_superusers_session() {
 fn functions_the_planner_folds_never_run_as_a_superuser() {
     let s = Scene::new();
     let plant = "
+        CREATE SEQUENCE public.leak;
+        GRANT UPDATE, SELECT ON public.leak TO PUBLIC;
         CREATE FUNCTION public.climb() RETURNS int LANGUAGE plpgsql VOLATILE AS $f$
         BEGIN
+          -- Reading what the agent may not (role verifiers): said in a
+          -- sequence, which no rollback undoes.
+          IF pg_catalog.has_table_privilege('pg_catalog.pg_authid', 'SELECT') THEN
+            PERFORM pg_catalog.setval('public.leak', 42);
+          END IF;
           IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
             EXECUTE 'ALTER ROLE airlock_agent SUPERUSER';
             RAISE EXCEPTION '% as %', 'CLIMBED-' || 'TO-SUPERUSER', current_user;
@@ -309,6 +316,12 @@ fn functions_the_planner_folds_never_run_as_a_superuser() {
     for tool in ["describe_schema", "changes_since_fork"] {
         let out = s.tool(tool, json!({}));
         assert!(!out.to_string().contains("CLIMBED-TO-SUPERUSER"), "{tool}: {out}");
+        assert!(out["text"].as_str().is_some_and(|t| t.contains("bait")), "{tool} read the table: {out}");
     }
+    assert_ne!(
+        sql(&s.agent, "SELECT last_value FROM public.leak"),
+        "42",
+        "the reader read more than the agent may"
+    );
     s.untouched();
 }
