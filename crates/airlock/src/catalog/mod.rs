@@ -434,6 +434,13 @@ const READER_SQL: &str = "
     ALTER FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) OWNER TO airlock_reader;
     REVOKE ALL ON FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) FROM PUBLIC;";
 
+/// What lets the reader read one table (its schema, then the table), granted
+/// in the read's own transaction and rolled back with it.
+pub fn reader_grant(qualified: &str) -> String {
+    let schema = quote_ident(&split_qualified(qualified).0);
+    format!("GRANT USAGE ON SCHEMA {schema} TO airlock_reader; GRANT SELECT ON {qualified} TO airlock_reader")
+}
+
 /// Installs the reader's functions ([`READER_SQL`]) where they are missing
 /// (or the reader is a member of any role); whether SELECT must be granted
 /// to the reader on each table read (always, now).
@@ -496,7 +503,7 @@ pub async fn count_rows(
                 .batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {}", per_table.as_millis()))
                 .await?;
             if grant_each {
-                client.batch_execute(&format!("GRANT SELECT ON {qualified} TO airlock_reader")).await?;
+                client.batch_execute(&reader_grant(&qualified)).await?;
             }
             let row = client
                 .query_one("SELECT pg_airlock.count_rows($1::text::pg_catalog.regclass)", &[&qualified])

@@ -572,6 +572,11 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 // `row.f` and `f(row)` are one call; so are an operator's
                 // and a cast's use of it.
                 why(format!("names {name}, code the database holds, which runs wherever it is named"));
+            } else if called
+                && name.starts_with("pg_sleep")
+                && matches!(tokens.get(i + 2..i + 4), Some([Token::Other('0') | Token::Constant(_), Token::Other(')')]))
+            {
+                // A fixed wait decides nothing (what it waits for is read).
             } else if called && environment_function(&name) {
                 why(format!("calls {name}(), which reads where or when it runs"));
             } else if matches!(token, Token::Word(_)) && ENVIRONMENT_KEYWORDS.contains(&name.as_str()) {
@@ -1055,6 +1060,7 @@ mod tests {
             "ALTER TABLE users ADD COLUMN k uuid NOT NULL DEFAULT gen_random_uuid(), ADD COLUMN j int",
             "UPDATE users SET note = E'line\\nbreak', n = U&'d\\0061t\\+000061'",
             "SET lock_timeout = '5s'; SET search_path TO app, public",
+            "SELECT pg_sleep(2); SELECT pg_sleep('0.5')",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -1142,7 +1148,7 @@ mod tests {
             ("UPDATE users SET at = U&'\\0074oday'::date", "'today'"),
             ("ALTER TABLE users ADD COLUMN suspended bool NOT NULL DEFAULT (now() > '2026-08-01')", "now()"),
             ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
-            ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep(1))", "pg_sleep()"),
+            ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep((SELECT count(*) FROM users) / 1000))", "pg_sleep()"),
             ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
             ("INSERT INTO users SELECT a FROM who", "view who, which read current_setting"),
             ("DELETE FROM users WHERE id IN (SELECT id FROM notes)", "notes, whose row policies read current_user"),

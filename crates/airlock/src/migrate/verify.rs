@@ -331,10 +331,7 @@ async fn row_images_pinned(
                 // candidate's code might set in it outlives the read.
                 client.batch_execute("BEGIN").await.map_err(pg_error)?;
                 if grant_each {
-                    client
-                        .batch_execute(&format!("GRANT SELECT ON {table} TO airlock_reader"))
-                        .await
-                        .map_err(pg_error)?;
+                    client.batch_execute(&crate::catalog::reader_grant(&table)).await.map_err(pg_error)?;
                 }
                 let rows = client
                     .query(
