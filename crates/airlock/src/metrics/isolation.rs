@@ -108,7 +108,10 @@ pub fn check(engine: &Engine) -> Isolation {
                         .entry(("directory".into(), cwd.display().to_string()))
                         .or_default()
                         .push(sb.id.clone());
-                    if !cwd.starts_with(&own_root) {
+                    // A contained Redis sees its directory where its own root
+                    // puts it (`redis::server::inside`).
+                    let seen_at = (server == "redis").then(|| crate::redis::server::inside(&dir));
+                    if !cwd.starts_with(&own_root) && !seen_at.is_some_and(|at| cwd.starts_with(at)) {
                         faults.entry(sb.id.clone()).or_default().push(format!(
                             "its {server} server works in {}, not its own directory",
                             cwd.display()

@@ -132,6 +132,12 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     let ran = d.exec(id_a, &script, "30s");
     assert_eq!(ran["stdout"].as_str().unwrap().trim(), "hello world", "{ran}");
 
+    // Each sandbox's Redis counts as its own in the fleet's isolation measure.
+    d.wait_for(std::time::Duration::from_secs(10), "the isolation check to see both", || {
+        d.json(&["stats"])["isolation"]["sessions"].as_u64().unwrap_or(0) >= 2
+    });
+    let stats = d.json(&["stats"]);
+    assert_eq!(stats["isolation"]["ratio"], 1.0, "{stats}");
     // Reset brings the golden's keys back; delete stops the server.
     assert_eq!(redis(&url_b, &["DBSIZE"]), "0");
     d.ok(&["reset", id_b]);
