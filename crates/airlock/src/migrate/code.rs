@@ -574,7 +574,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 why(format!("names {name}, code the database holds, which runs wherever it is named"));
             } else if called
                 && name.starts_with("pg_sleep")
-                && matches!(tokens.get(i + 2..i + 4), Some([Token::Other('0') | Token::Constant(_), Token::Other(')')]))
+                && matches!(
+                    tokens.get(i + 2..i + 4),
+                    Some([Token::Other('0') | Token::Constant(_), Token::Other(')')])
+                )
             {
                 // A fixed wait decides nothing (what it waits for is read).
             } else if called && environment_function(&name) {

@@ -460,14 +460,26 @@ async fn test_one(
         mode: Mode::Owner,
         limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
     };
-    // On a sandbox's behalf, no looser than that sandbox: its mode and limits.
+    // On a sandbox's behalf, no looser than that sandbox: its mode and limits,
+    // and what is left of its disk allowance (the test's fork writes within it).
+    let mut disk_allowance = None;
     if let Some(caller) = &req.on_behalf_of {
-        access = access.at_most(&engine.store().sandbox(caller)?.access);
+        let sb = engine.store().sandbox(caller)?;
+        access = access.at_most(&sb.access);
+        disk_allowance = engine.headroom.remaining(engine, &sb.id);
+        if disk_allowance.is_some_and(|left| left < engine.config.disk_headroom_bytes) {
+            return Err(Error::new(
+                ErrorCode::DiskFull,
+                format!("sandbox {} has written nearly all of its disk allowance", sb.id),
+                "its migration tests write within what it has left: drop what it no longer needs (or reset it), then test again",
+            ));
+        }
     }
     let fork = ForkRequest {
         golden: req.golden.clone(),
         ttl_seconds: Some((timeout.as_secs() as i64 * 4).max(3600)),
         for_migration_test: true,
+        disk_allowance,
         access,
         idle_suspend_seconds: Some(0),
         wait_seconds: Some(300),

@@ -62,6 +62,9 @@ struct Ledger {
     /// The builds a reading found at their limit (a failed build is told
     /// `disk_full` by this even once its limit has moved again).
     spent_builds: std::collections::HashSet<PathBuf>,
+    /// Sandboxes whose allowance is not `--disk-limit`: a migration test's
+    /// fork on a sandbox's behalf gets what is left of that sandbox's.
+    allowances: HashMap<String, u64>,
 }
 
 /// A golden build's claim on the volume; given back (its limit lifted, so
@@ -181,7 +184,9 @@ impl Headroom {
             Qgroup::of(dir).map_err(|e| Error::io(format!("reading the quota of {}", dir.display()), &e))?;
         let usage =
             group.usage().map_err(|e| Error::io(format!("reading the quota of {}", dir.display()), &e))?;
-        let limit = usage.charged().saturating_add(floor(engine)).min(allowance(engine, &usage));
+        let id = dir.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let own = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).allowances.get(id).copied();
+        let limit = usage.charged().saturating_add(floor(engine)).min(allowance(engine, own, &usage));
         tracing::debug!(dir = %dir.display(), limit, "a sandbox's first promise");
         crate::storage::btrfs::limit(dir, limit)
             .map_err(|e| Error::io(format!("limiting {}", dir.display()), &e))
@@ -236,6 +241,24 @@ impl Headroom {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger.groups.remove(id);
         ledger.charged.remove(id);
+        ledger.allowances.remove(id);
+    }
+
+    /// Gives sandbox `id` an allowance of `bytes` instead of `--disk-limit`
+    /// (before its directory is made).
+    pub fn allow(&self, id: &str, bytes: u64) {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner()).allowances.insert(id.to_owned(), bytes);
+    }
+
+    /// What sandbox `id` may still write of its allowance; None where no
+    /// headroom is kept (the volume cannot limit a sandbox).
+    pub fn remaining(&self, engine: &Engine, id: &str) -> Option<u64> {
+        if !Self::applies(engine) {
+            return None;
+        }
+        let usage = Qgroup::of(&engine.layout.sandbox(id)).ok()?.usage().ok()?;
+        let own = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).allowances.get(id).copied();
+        Some(allowance(engine, own, &usage).saturating_sub(usage.exclusive))
     }
 
     /// One reading of the volume and every sandbox's quota groups, and new
@@ -339,7 +362,11 @@ impl Headroom {
             ledger.charged.insert(r.id.clone(), charged);
             promised = promised.saturating_add(has);
             if r.adjust {
-                let most = if r.build { u64::MAX } else { allowance(engine, &r.data) };
+                let most = if r.build {
+                    u64::MAX
+                } else {
+                    allowance(engine, ledger.allowances.get(&r.id).copied(), &r.data)
+                };
                 plans.push(Plan { reading: i, charged, most, wrote, give: has });
             }
         }
@@ -460,10 +487,10 @@ pub fn first_promise(engine: &Engine) -> u64 {
 }
 
 /// The most a sandbox's limit may be: what it owns of the golden's plus its
-/// allowance. (Its usage counts only what it wrote: cloned extents stay the
-/// golden's.)
-fn allowance(engine: &Engine, usage: &Usage) -> u64 {
-    engine.config.disk_limit_bytes.max(usage.exclusive)
+/// allowance (`--disk-limit`, or its own: `own`). (Its usage counts only what
+/// it wrote: cloned extents stay the golden's.)
+fn allowance(engine: &Engine, own: Option<u64>, usage: &Usage) -> u64 {
+    own.unwrap_or(engine.config.disk_limit_bytes).max(usage.exclusive)
 }
 
 fn find_groups(engine: &Engine, id: &str) -> Option<Groups> {

@@ -78,6 +78,10 @@ pub struct ForkRequest {
     /// it too: no test outlives the daemon). Never set from a request.
     #[serde(skip)]
     pub for_migration_test: bool,
+    /// Its disk allowance instead of `--disk-limit` (a migration test's fork
+    /// gets what is left of the sandbox it is made for). Never from a request.
+    #[serde(skip)]
+    pub disk_allowance: Option<u64>,
 }
 
 /// The label a migration test's forks carry (its key is reserved).
@@ -247,6 +251,9 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
                 Ok(())
             })?;
         }
+    }
+    if let Some(bytes) = req.disk_allowance {
+        engine.headroom.allow(&sb.id, bytes);
     }
     let created = engine.store().record(NewEvent {
         kind: crate::events::EventKind::Created,

@@ -606,3 +606,41 @@ fn a_link_in_a_sandboxs_data_directory_never_moves_a_neighbours_limit() {
     assert_eq!(wal_limit(&volume, &b_wal), before, "the neighbour's WAL limit moved");
     assert_eq!(sql(&dsn(&b), "SELECT count(*) FROM orders"), "1000");
 }
+
+/// A migration test made on a sandbox's behalf (its agent's `test_migration`)
+/// forks a sandbox of its own; what that fork may write is what the sandbox
+/// has left of its allowance, not a fresh allowance.
+#[test]
+fn a_migration_test_on_a_sandboxs_behalf_writes_within_what_it_has_left() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "300M"]) else { return };
+    d.shop("shop");
+    let sb = d.fork("shop", &["--statement-timeout", "120s"]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let fill = |table: &str| {
+        format!("CREATE TABLE {table} AS SELECT g, repeat(md5(g::text), 30) AS pad FROM generate_series(1, 200000) g")
+    };
+    sql(&dsn(&sb), &fill("big"));
+    // (The quota counts a write once the volume commits it.)
+    let _ = std::process::Command::new("sync").arg("-f").arg(d.home.join("volume")).status();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = d.api(
+        "POST",
+        &format!("/v1/sandboxes/{id}/tools/test_migration"),
+        &serde_json::json!({ "sql": fill("more") }).to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let out: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(out["result"]["candidates"][0]["passed"], false, "{out}");
+    assert!(out["text"].as_str().unwrap().contains("quota"), "the test's fork met its limit: {out}");
+    // Nearly full, the sandbox's tests are told so before anything forks.
+    sql(&dsn(&sb), &fill("bigger").replace("200000", "80000"));
+    let _ = std::process::Command::new("sync").arg("-f").arg(d.home.join("volume")).status();
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, body) = d.api(
+        "POST",
+        &format!("/v1/sandboxes/{id}/tools/test_migration"),
+        &serde_json::json!({ "sql": "CREATE TABLE t (a int)" }).to_string(),
+    );
+    assert!(status == 507 || body.contains("disk_full"), "{status} {body}");
+    d.wait_for(Duration::from_secs(20), "the tests' forks to go", || d.ids() == [id.clone()]);
+}
