@@ -352,6 +352,7 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
     // Its other stores save their state (which the build takes as theirs)
     // and take no write until the copy is made, so all are of one instant.
     let source_dir = engine.layout.sandbox_instance(&sb.id);
+    crate::sandbox::branch::checkpoint(&source_dir, pid).await;
     let held = crate::sandbox::stores::save_all_held(
         &crate::sandbox::stores::Store::of_sandbox(&source_dir),
         &source_dir,

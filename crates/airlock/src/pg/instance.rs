@@ -350,6 +350,12 @@ pub fn start(
     // nothing is left in the host's /dev/shm when an instance is killed.
     let shared_memory = if nix::unistd::geteuid().is_root() { "posix" } else { "mmap" };
     cmd.arg("-c").arg(format!("dynamic_shared_memory_type={shared_memory}"));
+    // A build (the one instance started without the guard) takes every
+    // object of the database in one transaction (a promotion's REASSIGN
+    // OWNED, its checks): room to lock tens of thousands, for it alone.
+    if guard.is_none() {
+        cmd.arg("-c").arg("max_locks_per_transaction=1024");
+    }
     for (setting, path) in [
         ("unix_socket_directories", dir.socket_dir()),
         ("hba_file", dir.hba_file()),

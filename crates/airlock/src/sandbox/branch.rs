@@ -110,6 +110,12 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // saved state is the state at that instant too. A daemon that dies
         // while the source is frozen leaves it so; reconciliation thaws every
         // sandbox it keeps (and a store's hold ends by itself).
+        // A checkpoint first (the admin's; it runs nothing of the agent's):
+        // the copy's crash recovery then replays only what came after, which
+        // its own first promise of disk must hold.
+        if postgres {
+            checkpoint(&source_dir, source_pid).await;
+        }
         let held = super::stores::save_all_held(&stores, &source_dir).await?;
         let cloned = (|| {
             let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
@@ -159,6 +165,15 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
     .await;
     let detail = json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps});
     super::finish(engine, sb, made, &password, minting, detail).await
+}
+
+/// Asks the server of `dir` to checkpoint, and goes on whatever it answers (a
+/// copy recovers from an older checkpoint all the same, only longer).
+pub(crate) async fn checkpoint(dir: &crate::layout::InstanceDir, postmaster: i32) {
+    let done = async { Admin::connect(dir, DATABASE, postmaster).await?.execute("CHECKPOINT").await };
+    if let Err(e) = done.await {
+        tracing::warn!(dir = %dir.root.display(), error = %e, "a checkpoint before a copy failed");
+    }
 }
 
 fn not_running(source: &Sandbox) -> Error {

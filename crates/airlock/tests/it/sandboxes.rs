@@ -403,3 +403,37 @@ fn a_branch_and_a_promotion_copy_postgresql_and_redis_at_one_instant() {
     let (max, last) = in_step(&d, &source);
     assert!(max == written && last == written, "{max} {last} {written}");
 }
+
+/// A sandbox of many files (an agent made thousands of tables) still
+/// branches and promotes: the copy's crash recovery fits its first promise
+/// of disk, and the promotion's build can lock every object at once.
+#[test]
+fn a_sandbox_of_thousands_of_tables_branches_and_promotes() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--statement-timeout", "120s"]);
+    let url = dsn(&sb);
+    for batch in 0..6 {
+        sql(
+            &url,
+            &format!(
+                "DO $$ BEGIN FOR i IN {} .. {} LOOP
+                   EXECUTE pg_catalog.format('CREATE TABLE many_%s (a int PRIMARY KEY, b text)', i);
+                 END LOOP; END $$",
+                batch * 1000,
+                batch * 1000 + 999
+            ),
+        );
+    }
+    let branch = d.json(&["branch", sb["id"].as_str().unwrap()]);
+    assert_eq!(
+        sql(&dsn(&branch), "SELECT count(*) FROM pg_class WHERE relname LIKE 'many\\_%' AND relkind = 'r'"),
+        "6000"
+    );
+    d.ok(&["promote", sb["id"].as_str().unwrap(), "--golden", "many"]);
+    let forked = d.fork("many", &[]);
+    assert_eq!(
+        sql(&dsn(&forked), "SELECT count(*) FROM pg_class WHERE relname LIKE 'many\\_%' AND relkind = 'r'"),
+        "6000"
+    );
+}
