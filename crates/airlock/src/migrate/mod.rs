@@ -490,10 +490,12 @@ async fn test_one(
     // [`TestFork`] deletes, never with one half-made.
     let forking = {
         let engine = engine.clone();
-        tokio::spawn(async move {
+        // (Its records name the door the test came through, as they would here.)
+        let door = crate::events::Door::current();
+        tokio::spawn(crate::events::DOOR.scope(door, async move {
             let sb = sandbox::fork(&engine, &fork).await?.sandbox;
             Ok::<_, Error>((TestFork { engine, id: Some(sb.id.clone()) }, sb))
-        })
+        }))
     };
     let (made, sb) = forking
         .await
