@@ -358,11 +358,14 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
         &source_dir,
     )
     .await?;
-    let cloned = crate::sandbox::branch::Frozen::new(engine, &sb.id, pid).and_then(|_frozen| {
-        engine
-            .cloner
-            .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
-            .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))
+    // Off the async workers, as a branch's copy (the agent decides its size).
+    let cloned = tokio::task::block_in_place(|| {
+        crate::sandbox::branch::Frozen::new(engine, &sb.id, pid).and_then(|_frozen| {
+            engine
+                .cloner
+                .clone_data(&source, &config, &dir.pgdata(), Some(builder), Some(source_user.uid))
+                .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))
+        })
     });
     crate::sandbox::stores::resume_all(held).await;
     cloned.map(drop)

@@ -117,7 +117,10 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             checkpoint(&source_dir, source_pid).await;
         }
         let held = super::stores::save_all_held(&stores, &source_dir).await?;
-        let cloned = (|| {
+        // Off the async workers: the agent decides how many files there are
+        // to clone, and a clone of many would hold a worker (and whatever
+        // waits on it) as long.
+        let cloned = tokio::task::block_in_place(|| {
             let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
             crate::crashpoint::reached("branch.paused");
             let cloned = match postgres {
@@ -134,7 +137,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
                 store.clone_saved(engine, (&source_dir, &dir), &user, source_user.uid)?;
             }
             Ok::<_, Error>(cloned)
-        })();
+        });
         super::stores::resume_all(held).await;
         let cloned = cloned?;
         paused_ms = ms(t);
