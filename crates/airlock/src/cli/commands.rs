@@ -786,15 +786,41 @@ async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Reads a file the user named, with an error that says which.
+/// The largest file the CLI reads for a command (a migration, a report).
+const MAX_FILE: u64 = 64 << 20;
+
+/// Reads a file the user named, with an error that says which. Only a
+/// regular file, never through a link (a link in a repository could show a
+/// host's secret in a report meant for a pull request), and at most
+/// [`MAX_FILE`] bytes (never a device or a pipe that never ends).
 fn read_file(path: &Path, what: &str) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let unreadable = |why: String| {
         Error::new(
             ErrorCode::FileUnreadable,
-            format!("cannot read {what} {}: {e}", path.display()),
-            "check the path",
+            format!("cannot read {what} {}: {why}", path.display()),
+            "name a regular file (not a link, a device or a pipe) of at most 64 MiB",
         )
-    })
+    };
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(nix::libc::ELOOP) => unreadable("it is a symbolic link".into()),
+            _ => unreadable(e.to_string()),
+        })?;
+    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("it is not a regular file".into()));
+    }
+    if meta.len() > MAX_FILE {
+        return Err(unreadable(format!("it holds {} bytes", meta.len())));
+    }
+    let mut text = String::new();
+    file.take(MAX_FILE + 1).read_to_string(&mut text).map_err(|e| unreadable(e.to_string()))?;
+    Ok(text)
 }
 
 /// `airlock migrate test`.

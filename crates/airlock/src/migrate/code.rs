@@ -95,6 +95,8 @@ const ENVIRONMENT_FUNCTIONS: &[&str] = &[
     "pg_sleep",
     "pg_sleep_for",
     "pg_sleep_until",
+    "ts_stat",
+    "ts_rewrite",
 ];
 
 /// Prefixes of built-ins that read the server or its catalogs.
@@ -154,6 +156,12 @@ pub fn fills_by_chance_sql(expr: &str) -> String {
     format!("{expr} OPERATOR(pg_catalog.~*) E'\\\\m({})\\\\M'", TIME_WORDS.join("|"))
 }
 
+/// Whether a column's default names one of [`TIME_WORDS`] (as
+/// [`fills_by_chance_sql`] asks of the server).
+pub fn fills_by_chance(default: &str) -> bool {
+    tokens(default).iter().any(|t| matches!(t, Token::Word(w) if TIME_WORDS.contains(&w.as_str())))
+}
+
 /// Date and time constants PostgreSQL reads as the moment they are read
 /// (`'now'::timestamptz`, `WHERE day = 'today'`).
 const TIME_CONSTANTS: &[&str] = &["now", "today", "tomorrow", "yesterday"];
@@ -161,6 +169,22 @@ const TIME_CONSTANTS: &[&str] = &["now", "today", "tomorrow", "yesterday"];
 /// System columns: where a row lies and which transaction wrote it, which no
 /// two copies of a database share.
 const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cmax", "tableoid"];
+
+/// Types text becomes the clock in (`'now'::timestamptz`, `'today'::date`).
+const TIME_TYPES: &[&str] = &["date", "timestamp", "timestamptz", "time", "timetz"];
+
+/// Functions that make a time from numbers or a time, never from words such
+/// as `now`: a cast of what they return reads no clock.
+const TIME_MAKERS: &[&str] = &[
+    "date_trunc",
+    "date_bin",
+    "make_date",
+    "make_time",
+    "make_timestamp",
+    "make_timestamptz",
+    "to_timestamp",
+    "to_date",
+];
 
 /// Types whose values are a server's internal numbers (an object's OID, a
 /// transaction's ID), different on every copy.
@@ -289,6 +313,7 @@ pub const OPAQUE_CODE: &str = "opaque_code";
 
 /// Every opaque statement of `statements`, against the golden's `catalog`.
 pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
+    let whole = super::parts::whole(statements);
     let mut functions: BTreeSet<String> = catalog.functions.keys().map(|k| function_name(k)).collect();
     let triggered: BTreeSet<String> = catalog
         .tables
@@ -398,6 +423,8 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         seen
     };
     let mut triggered_here: BTreeSet<String> = BTreeSet::new();
+    // Columns the file adds with a default that fills them by clock or chance.
+    let mut filled_here: BTreeSet<String> = BTreeSet::new();
     let mut rules = false;
     let mut out = Vec::new();
     for st in statements {
@@ -411,6 +438,14 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 _ => None,
             })
             .collect();
+        let definition_statement = matches!(words.first(), Some(&("create" | "alter")));
+        if definition_statement {
+            for (i, t) in tokens.iter().enumerate() {
+                if matches!(t, Token::Word(w) if TIME_WORDS.contains(&w.as_str())) && defaulted(&tokens, i) {
+                    filled_here.extend(filled_column_at(&tokens, i));
+                }
+            }
+        }
         match words.as_slice() {
             ["do", ..] => why("a DO block (code that can look where it runs)".into()),
             ["call", ..] => why("CALL runs a procedure".into()),
@@ -434,6 +469,13 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
             ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
+            // Outside the file's own transactions, a test runs each statement
+            // in one of its own, and promote a file that runs whole in one:
+            // SET LOCAL then lasts one statement there, the rest of it here.
+            ["set", "local", ..] if whole => why(
+                "SET LOCAL lasts one statement under test and the rest of the file on promote, which runs it in one transaction"
+                    .into(),
+            ),
             ["reset", ..] | ["discard", ..] => why(
                 "puts settings back to what the target's role and database keep, not what the test ran with"
                     .into(),
@@ -555,6 +597,18 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             let name = name.to_ascii_lowercase();
             let called = matches!(tokens.get(i + 1), Some(Token::Other('(')));
+            if matches!(token, Token::Word(_))
+                && casts_computed_text_to_time(&tokens, i, definition_statement)
+            {
+                why(format!("casts text it computes to {name}: text can be the clock ('now')"));
+                continue;
+            }
+            if matches!(token, Token::Word(_)) && writes_filled_column(&tokens, i, &filled_here) {
+                why(format!(
+                    "writes {name}, which the file filled by clock or chance, so no test can compare what it holds"
+                ));
+                continue;
+            }
             if TIME_WORDS.contains(&name.as_str()) && after_default {
                 continue;
             }
@@ -627,6 +681,97 @@ fn joined_constants(tokens: &[Token], i: usize) -> String {
     } else {
         text
     }
+}
+
+/// Whether a cast into a time type, at `i` (the type's word after `::` or
+/// `AS` in `CAST (... AS type)`, or a call of the type's name), takes
+/// something computed: text built at run time can be `now` or `today`
+/// however it is spelled (`concat('no', 'w')::timestamptz`), which no
+/// reading of constants sees. A constant (read on its own), a column, or a
+/// function that makes a time from numbers is not computed.
+fn casts_computed_text_to_time(tokens: &[Token], i: usize, definition: bool) -> bool {
+    let Some(Token::Word(t)) = tokens.get(i) else { return false };
+    if !TIME_TYPES.contains(&t.as_str()) {
+        return false;
+    }
+    let operand_computed = |end: usize| -> bool {
+        // The operand ends at `end` (exclusive): a parenthesised group or a
+        // call, found back from its `)`.
+        match tokens.get(end.wrapping_sub(1)) {
+            Some(Token::Other(')')) => {
+                let mut depth = 0;
+                let mut j = end - 1;
+                loop {
+                    match tokens[j] {
+                        Token::Other(')') => depth += 1,
+                        Token::Other('(') => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    if j == 0 {
+                        return true;
+                    }
+                    j -= 1;
+                }
+                // A time made from numbers, or the clock read outright (which
+                // is judged as such), is no text.
+                !matches!(tokens.get(j.wrapping_sub(1)), Some(Token::Word(f))
+                    if TIME_MAKERS.contains(&f.as_str()) || TIME_WORDS.contains(&f.as_str()))
+            }
+            _ => false,
+        }
+    };
+    match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1))) {
+        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(i - 2),
+        (_, Some(Token::Word(w))) if w == "as" => {
+            // CAST ( operand AS type ): the operand is all between.
+            let open = tokens[..i].iter().rposition(|t| matches!(t, Token::Word(w) if w == "cast"));
+            match open {
+                Some(c) if matches!(tokens.get(c + 1), Some(Token::Other('('))) => {
+                    let inner = &tokens[c + 2..i - 1];
+                    !matches!(
+                        inner,
+                        [Token::Constant(_)]
+                            | [Token::Word(_)]
+                            | [Token::Word(_), Token::Other('.'), Token::Word(_)]
+                    ) && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
+                }
+                _ => false,
+            }
+        }
+        // `timestamptz(...)` called as a function (in a definition, a
+        // type's precision: `timestamp(0)`).
+        _ => !definition && matches!(tokens.get(i + 1), Some(Token::Other('('))),
+    }
+}
+
+/// The column a default at `i` belongs to in a definition: the first name
+/// of its clause (after `ADD [COLUMN] [IF NOT EXISTS]`, a `,` or a `(`).
+fn filled_column_at(tokens: &[Token], i: usize) -> Option<String> {
+    let start = tokens[..i]
+        .iter()
+        .rposition(|t| matches!(t, Token::Other(',' | '(')) || matches!(t, Token::Word(w) if w == "add"))?;
+    tokens[start + 1..i].iter().find_map(|t| match t {
+        Token::Word(w) if !["column", "if", "not", "exists"].contains(&w.as_str()) => Some(w.clone()),
+        Token::Quoted(q) => Some(q.to_ascii_lowercase()),
+        _ => None,
+    })
+}
+
+/// Whether the name at `i` is a column an UPDATE sets (`SET c =`, `, c =`)
+/// among `filled`.
+fn writes_filled_column(tokens: &[Token], i: usize, filled: &BTreeSet<String>) -> bool {
+    let update = matches!(tokens.iter().find(|t| matches!(t, Token::Word(_))), Some(Token::Word(w)) if w == "update")
+        || tokens.iter().any(|t| matches!(t, Token::Word(w) if w == "update"));
+    let Some(Token::Word(name)) = tokens.get(i) else { return false };
+    update
+        && filled.contains(name)
+        && matches!(tokens.get(i + 1), Some(Token::Other('=')))
+        && matches!(tokens.get(i.wrapping_sub(1)), Some(Token::Other(',')) | Some(Token::Word(_)))
 }
 
 /// Whether `tokens` spell the operator `symbol` (its characters one after another).
@@ -1064,6 +1209,10 @@ mod tests {
             "UPDATE users SET note = E'line\\nbreak', n = U&'d\\0061t\\+000061'",
             "SET lock_timeout = '5s'; SET search_path TO app, public",
             "SELECT pg_sleep(2); SELECT pg_sleep('0.5')",
+            "UPDATE users SET day = created_at::date, t = '2025-01-01'::timestamptz, u = date_trunc('day', created_at)::date",
+            "UPDATE users SET d = CAST(created_at AS date), e = CAST('2025-01-01' AS date), f = to_date(s, 'YYYY')::date",
+            "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
+            "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -1153,6 +1302,14 @@ mod tests {
             ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
             ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep((SELECT count(*) FROM users) / 1000))", "pg_sleep()"),
             ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
+            ("SET LOCAL search_path = scratch; UPDATE orders SET amount = 0", "SET LOCAL lasts one statement"),
+            ("UPDATE users SET at = concat('no', 'w')::timestamptz", "casts text it computes to timestamptz"),
+            ("UPDATE users SET at = reverse('won')::timestamptz", "casts text it computes"),
+            ("UPDATE users SET d = CAST(translate('xoday', 'x', 't') AS date)", "casts text it computes to date"),
+            ("UPDATE users SET d = date(format('%sday', 'to'))", "casts text it computes to date"),
+            ("UPDATE users SET d = ('{\"a\": \"now\"}'::jsonb ->> 'a')::date", "casts text it computes to date"),
+            ("SELECT * FROM ts_stat('SELECT to_tsvector(current_user)')", "ts_stat()"),
+            ("ALTER TABLE users ADD COLUMN flag text DEFAULT now()::text; UPDATE users SET flag = 'x' WHERE id = 1", "writes flag, which the file filled"),
             ("INSERT INTO users SELECT a FROM who", "view who, which read current_setting"),
             ("DELETE FROM users WHERE id IN (SELECT id FROM notes)", "notes, whose row policies read current_user"),
             ("UPDATE notes SET body = 'x'", "writes notes, whose row policies read current_user"),

@@ -544,6 +544,7 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         changes: vec![],
         drift: vec![],
         sequences_set_back: Default::default(),
+        sequences_advanced: Default::default(),
         changed_rows: Default::default(),
         row_record: String::new(),
         parts: vec![],
@@ -574,8 +575,9 @@ async fn measure(
     // Which rows it changes, and to what, for promote to compare with the
     // target's (a workload beside it writes none: its writes are planned).
     let compared = compared_tables(&snapshot);
+    let shape = verify::golden_shape(&snapshot.catalog);
     let images_before =
-        verify::row_images(admin.client(), verify::Reading::AsReader, &compared, None).await?;
+        verify::row_images(admin.client(), verify::Reading::AsReader, &shape, &compared, None).await?;
     rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
@@ -606,6 +608,7 @@ async fn measure(
                         snapshot.catalog.clone(),
                         sequences_before.clone(),
                         images_before.clone(),
+                        shape.clone(),
                     );
                     let applied = apply::apply_sql(
                         &mut session,
@@ -637,10 +640,17 @@ async fn measure(
     let assertions =
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
-    let sequences_set_back = verify::set_back(&sequences_before, &verify::sequences(admin.client()).await?);
-    let images_after =
-        verify::row_images(admin.client(), verify::Reading::AsReader, &compared, Some(&images_before))
-            .await?;
+    let sequences_after = verify::sequences(admin.client()).await?;
+    let sequences_set_back = verify::set_back(&sequences_before, &sequences_after);
+    let sequences_advanced = verify::advanced(&sequences_before, &sequences_after);
+    let images_after = verify::row_images(
+        admin.client(),
+        verify::Reading::AsReader,
+        &shape,
+        &compared,
+        Some(&images_before),
+    )
+    .await?;
     // What it did to every compared table it touched (by the server's counts:
     // a row rewritten as it was is a table touched all the same), kept for
     // promote: the whole file's, or each part's.
@@ -667,6 +677,16 @@ async fn measure(
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
+    // A file that runs whole runs, on promote, in one transaction: its locks
+    // are held to the end of the file, whatever psql would have committed
+    // between its statements under test.
+    let whole =
+        candidate.sql.as_deref().and_then(|sql| split::split(sql).ok()).is_some_and(|s| parts::whole(&s));
+    if whole {
+        for st in &mut applied.statements {
+            st.txn = 1;
+        }
+    }
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,
@@ -774,6 +794,7 @@ async fn measure(
         changes,
         drift,
         sequences_set_back,
+        sequences_advanced,
         changed_rows,
         row_record,
         parts,

@@ -58,6 +58,9 @@ pub struct PartRecord {
     /// The sequences it set back.
     #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
     pub sequences_set_back: BTreeSet<String>,
+    /// How far it moved sequences forward.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub sequences_advanced: BTreeMap<String, i64>,
     /// How many rows it changed, per table compared (which ones, and how,
     /// are in the test's row record: see [`super::rows`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -125,6 +128,8 @@ pub struct Recorder {
     catalog: Catalog,
     sequences: BTreeMap<String, Option<i64>>,
     images: BTreeMap<String, RowImage>,
+    /// The golden's shape rows are read by.
+    shape: verify::Shape,
     /// What each part that ended did, in order.
     pub records: Vec<PartRecord>,
     /// What each part that ended did to the compared tables' rows.
@@ -139,6 +144,7 @@ impl Recorder {
         catalog: Catalog,
         sequences: BTreeMap<String, Option<i64>>,
         images: BTreeMap<String, RowImage>,
+        shape: verify::Shape,
     ) -> Option<Recorder> {
         (!whole(statements)).then(|| Recorder {
             parts: parts(statements),
@@ -146,6 +152,7 @@ impl Recorder {
             catalog,
             sequences,
             images,
+            shape,
             records: Vec::new(),
             rows: Vec::new(),
         })
@@ -176,13 +183,15 @@ impl Recorder {
             .filter(|(t, _)| touched.contains(*t))
             .map(|(t, i)| (t.clone(), i.clone()))
             .collect();
-        let now = verify::row_images(client, verify::Reading::AsReader, &touched, Some(&was)).await?;
+        let now =
+            verify::row_images(client, verify::Reading::AsReader, &self.shape, &touched, Some(&was)).await?;
         let rows = super::rows::changes_of(&was, &now);
         self.records.push(PartRecord {
             from: range.start,
             to: range.end,
             changes: crate::catalog::diff::diff(&self.catalog, &catalog),
             sequences_set_back: verify::set_back(&self.sequences, &sequences),
+            sequences_advanced: verify::advanced(&self.sequences, &sequences),
             changed_rows: rows.iter().map(|(t, r)| (t.clone(), r.len())).collect(),
         });
         self.rows.push((range.start, range.end, rows));

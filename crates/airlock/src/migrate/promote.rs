@@ -190,11 +190,18 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     let statements = split::split(sql)?;
     let lock = req.lock_timeout_ms.unwrap_or(5_000);
     let statement = req.statement_timeout_ms.unwrap_or(600_000);
+    // Promote's timeouts hold for every statement: set again after each of
+    // the file's, whose own `SET lock_timeout = 0` would otherwise lift them
+    // for the rest of it.
+    let guards = format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}");
     let run = |sql: String| {
-        let client = &client;
-        async move { client.batch_execute(&sql).await }
+        let (client, guards) = (&client, guards.clone());
+        async move {
+            client.batch_execute(&sql).await?;
+            client.batch_execute(&guards).await
+        }
     };
-    run(format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}")).await.map_err(pg_error)?;
+    run("SELECT 1".into()).await.map_err(pg_error)?;
     // The same text means the same only under the same settings: a time
     // without a zone, a date's order, an unqualified name.
     for (name, value) in &tested.session {
@@ -212,10 +219,12 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     let all = parts::parts(&statements);
     // The rows the test saw, part by part, for the target's to be held to.
     let home = engine.layout.migration_rows();
-    let mut rows_before = super::rows::load_generation(&home.join(&req.report.rows))
+    let golden_rows = super::rows::load_generation(&home.join(&req.report.rows))
         .map_err(|e| super::rows::gone("the golden's rows", &e))?;
+    let mut rows_before = golden_rows.clone();
     let record = super::rows::load_run(&home.join(&tested.row_record))
         .map_err(|e| super::rows::gone("the rows it changed", &e))?;
+    let shape = verify::golden_shape(&req.report.golden_catalog);
     let began = Instant::now();
     let mut kept = false;
     // The target's schema before the next part: what that part's catalog
@@ -225,8 +234,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         let within = &statements[part.range.clone()];
         let line = within.first().map_or(0, |s| s.line);
         // What the test saw this part do: the whole file's record, or the part's.
-        let (changes, set_back) = if single {
-            (tested.changes.as_slice(), &tested.sequences_set_back)
+        let (changes, set_back, advanced) = if single {
+            (tested.changes.as_slice(), &tested.sequences_set_back, &tested.sequences_advanced)
         } else {
             let record = tested
                 .parts
@@ -238,7 +247,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                     "test the file again with `airlock migrate test`, then promote with the new report",
                 )
             })?;
-            (record.changes.as_slice(), &record.sequences_set_back)
+            (record.changes.as_slice(), &record.sequences_set_back, &record.sequences_advanced)
         };
         let rows = record
             .iter()
@@ -252,8 +261,16 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             })?;
         let tested_part = tested.statements.get(part.range.clone()).unwrap_or(&[]);
         let compared: std::collections::BTreeSet<String> = rows.keys().cloned().collect();
-        let seen_in_test =
-            verify::Tested { statements: tested_part, changes, set_back, rows_before: &rows_before, rows };
+        let seen_in_test = verify::Tested {
+            statements: tested_part,
+            changes,
+            set_back,
+            advanced,
+            golden_rows: &golden_rows,
+            rows_before: &rows_before,
+            rows,
+            shape: &shape,
+        };
         let failed = |s: &split::Statement, e: tokio_postgres::Error, kept: bool| {
             let undone = if kept { "statements before it stay applied" } else { "nothing was applied" };
             Error::new(
@@ -276,7 +293,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         if !part.checked {
             // What cannot run in a transaction (or rolls itself back) is
             // checked once it ran: a difference then stops the file there.
-            let before = verify::Before::read(&client, &compared).await?;
+            let before = verify::Before::read(&client, &shape, &compared).await?;
             for s in within {
                 if let Err(e) = run(s.sql.clone()).await {
                     return Err(undone(&client, &before, failed(s, e, kept)).await);
@@ -305,7 +322,16 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 (parts::Opening::Chained, _) => {}
                 _ => run("BEGIN".into()).await.map_err(pg_error)?,
             }
-            let before = verify::Before::read(&client, &compared).await?;
+            // One snapshot for the whole part (unless the file chose its own
+            // level): what the check reads before and after is the
+            // migration's doing alone, not the application's writes that
+            // commit meanwhile. A write the application made to a row the
+            // migration writes too fails it (40001): promote again.
+            let chose_level = open.first().is_some_and(|s| s.sql.to_ascii_lowercase().contains("isolation"));
+            if part.opening != parts::Opening::Chained && !chose_level {
+                run("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ".into()).await.map_err(pg_error)?;
+            }
+            let before = verify::Before::read(&client, &shape, &compared).await?;
             for s in body {
                 if let Err(e) = run(s.sql.clone()).await {
                     let _ = run("ROLLBACK".into()).await;

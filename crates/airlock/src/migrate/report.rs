@@ -84,6 +84,10 @@ pub struct CandidateReport {
     /// on the target, and no other.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub sequences_set_back: std::collections::BTreeSet<String>,
+    /// How far it moved sequences forward: promote refuses one moved much
+    /// further on the target.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sequences_advanced: std::collections::BTreeMap<String, i64>,
     /// For each table of at most `verify::ROWS_COMPARED` rows that it
     /// touched: how many rows it changed. Which ones, and to what, are in its
     /// row record, which promote holds the target's rows to.

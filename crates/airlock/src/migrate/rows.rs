@@ -46,35 +46,47 @@ fn hash(text: &str) -> u64 {
     u64::from_le_bytes(d[..8].try_into().expect("eight bytes"))
 }
 
-/// The rows of `images`, hashed.
+/// The rows of `images`, hashed: each key with its contents (the columns a
+/// default fills by clock or chance left out, which differ between copies).
 pub fn set_of(images: &BTreeMap<String, RowImage>) -> RowSet {
     images
         .iter()
-        .map(|(table, image)| (table.clone(), image.rows().iter().map(|(k, d)| (hash(k), hash(d))).collect()))
+        .map(|(table, image)| {
+            (table.clone(), image.rows().iter().map(|(k, (d, _))| (hash(k), hash(d))).collect())
+        })
         .collect()
 }
 
 /// What changed from `before` to `after`, for every table imaged in both
-/// (an entry, maybe empty, for each).
+/// (an entry, maybe empty, for each). A row changed when its contents did,
+/// or its clock-filled columns did (when the same columns are such at both
+/// ends: a column's first fill is no change); its contents after then carry
+/// those columns' new values, so a later change of them is compared. A row
+/// added carries its contents only.
 pub fn changes_of(before: &BTreeMap<String, RowImage>, after: &BTreeMap<String, RowImage>) -> RowChanges {
     let mut out = RowChanges::new();
     for (table, was) in before {
         let Some(now) = after.get(table) else { continue };
+        let same_filled = was.filled() == now.filled();
         let (was, now) = (was.rows(), now.rows());
         let mut changed = BTreeMap::new();
-        for (k, digest) in was {
+        for (k, (d, f)) in was {
             match now.get(k) {
-                Some(d) if d == digest => {}
-                Some(d) => {
-                    changed.insert(hash(k), Some(hash(d)));
+                Some((d2, f2)) => {
+                    let refilled = same_filled && f2 != f;
+                    if d2 == d && !refilled {
+                        continue;
+                    }
+                    let after = if refilled { format!("{d2}:{f2}") } else { format!("{d2}:=") };
+                    changed.insert(hash(k), Some(hash(&after)));
                 }
                 None => {
                     changed.insert(hash(k), None);
                 }
             }
         }
-        for (k, d) in now.iter().filter(|(k, _)| !was.contains_key(*k)) {
-            changed.insert(hash(k), Some(hash(d)));
+        for (k, (d, _)) in now.iter().filter(|(k, _)| !was.contains_key(*k)) {
+            changed.insert(hash(k), Some(hash(&format!("{d}:="))));
         }
         out.insert(table.clone(), changed);
     }
@@ -95,8 +107,12 @@ pub fn apply(set: &mut RowSet, changes: &RowChanges) {
 }
 
 /// How the target's changes differ from the test's over the rows alike on
-/// both before the part, per table, in words.
+/// both before the part, and the rows added on both under a key the golden
+/// held (moved away and back, or deleted and made again), per table, in
+/// words. (A row added under a key the golden did not hold is not compared:
+/// a serial key is another on each side.)
 pub fn differences(
+    golden: &RowSet,
     test_before: &RowSet,
     test: &RowChanges,
     target_before: &RowSet,
@@ -123,6 +139,18 @@ pub fn differences(
                 (None, Some(_)) => here_only += 1,
                 (Some(_), None) => test_only += 1,
                 (Some(_), Some(_)) => otherwise += 1,
+            }
+        }
+        let held = golden.get(table);
+        for (k, mine_after) in mine
+            .iter()
+            .filter(|(k, _)| !mine_before.contains_key(*k) && held.is_some_and(|h| h.contains_key(*k)))
+        {
+            let theirs_after = theirs.get(k).filter(|_| !theirs_before.contains_key(k));
+            if let (Some(Some(a)), Some(b)) = (theirs_after, mine_after) {
+                if a != b {
+                    otherwise += 1;
+                }
             }
         }
         if here_only + test_only + otherwise > 0 {
@@ -346,18 +374,18 @@ mod tests {
         // The same on a target that has a row more and one changed since.
         let target = set(&[(1, 10), (2, 21), (3, 30), (4, 40)]);
         let same = changes(&[(1, Some(11)), (3, None), (2, Some(22)), (4, None)]);
-        assert!(differences(&golden, &test, &target, &same).is_empty());
+        assert!(differences(&golden, &golden, &test, &target, &same).is_empty());
         // A row alike before, changed to other contents; one left alone; one changed too.
         let other = changes(&[(1, Some(99)), (2, Some(22))]);
-        let found = differences(&golden, &test, &target, &other);
+        let found = differences(&golden, &golden, &test, &target, &other);
         assert_eq!(found.len(), 1, "{found:?}");
         assert!(found[0].contains("1 changed in the test but not here"), "{found:?}");
         assert!(found[0].contains("1 came out otherwise"), "{found:?}");
         let more = changes(&[(1, Some(11)), (3, None), (2, Some(22))]);
-        assert!(differences(&golden, &test, &target, &more).is_empty(), "row 2 was not alike");
+        assert!(differences(&golden, &golden, &test, &target, &more).is_empty(), "row 2 was not alike");
         let extra = changes(&[(1, Some(11)), (3, None)]);
         let untouched_in_test = set(&[(1, 10), (2, 20), (3, 30)]);
-        assert!(differences(&golden, &test, &untouched_in_test, &extra).is_empty());
+        assert!(differences(&golden, &golden, &test, &untouched_in_test, &extra).is_empty());
     }
 
     #[test]

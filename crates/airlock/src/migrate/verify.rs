@@ -30,7 +30,7 @@ pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'st
             "SELECT r.rolsuper,
                     pg_catalog.pg_has_role(current_user, 'pg_execute_server_program', 'MEMBER')
                     OR pg_catalog.pg_has_role(current_user, 'pg_write_server_files', 'MEMBER'),
-                    r.rolcreaterole
+                    r.rolcreaterole, r.rolreplication
                FROM pg_catalog.pg_roles r WHERE r.rolname = current_user",
             &[],
         )
@@ -42,6 +42,9 @@ pub async fn too_powerful(client: &tokio_postgres::Client) -> Result<Option<&'st
         Some("may run programs or write files on the server")
     } else if row.cell(2)? {
         Some("may create and change roles")
+    } else if row.cell(3)? {
+        // A replication slot outlives a rollback, and holds the server's WAL.
+        Some("may replicate (make replication slots, which no rollback removes)")
     } else {
         None
     })
@@ -61,27 +64,39 @@ pub struct Before {
     shared: BTreeMap<String, i64>,
     /// Indexes left INVALID (by a failed `CREATE INDEX CONCURRENTLY`).
     invalid: BTreeSet<String>,
+    /// How often each table was analyzed: statistics an `ANALYZE` writes
+    /// stay whatever becomes of its transaction.
+    analyzed: BTreeMap<String, i64>,
 }
 
 impl Before {
     /// Reads what is compared afterwards; `compared` are the tables whose
     /// changed rows' keys the test recorded.
-    pub async fn read(client: &tokio_postgres::Client, compared: &BTreeSet<String>) -> Result<Before> {
+    pub async fn read(
+        client: &tokio_postgres::Client,
+        shape: &Shape,
+        compared: &BTreeSet<String>,
+    ) -> Result<Before> {
         let pinned = crate::catalog::Pinned::pin(client).await?;
-        let before = Before::read_pinned(client, compared).await?;
+        let before = Before::read_pinned(client, shape, compared).await?;
         pinned.restore(client).await?;
         Ok(before)
     }
 
-    async fn read_pinned(client: &tokio_postgres::Client, compared: &BTreeSet<String>) -> Result<Before> {
+    async fn read_pinned(
+        client: &tokio_postgres::Client,
+        shape: &Shape,
+        compared: &BTreeSet<String>,
+    ) -> Result<Before> {
         Ok(Before {
             tables: tables(client).await?,
             cluster: cluster_state(client).await?,
             sequences: sequences(client).await?,
-            rows: row_images(client, Reading::Directly, compared, None).await?,
+            rows: row_images(client, Reading::Directly, shape, compared, None).await?,
             activity: xact_activity(client).await?,
             shared: shared_catalog_writes(client).await?.into_iter().collect(),
             invalid: invalid_indexes(client).await?,
+            analyzed: analyze_counts(client).await?,
         })
     }
 
@@ -108,8 +123,34 @@ impl Before {
         for index in invalid.difference(&self.invalid) {
             out.push(format!("index {index} stays behind INVALID: DROP INDEX CONCURRENTLY {index}"));
         }
+        let analyzed: Vec<String> = analyze_counts(client)
+            .await?
+            .into_iter()
+            .filter(|(t, n)| self.analyzed.get(t).is_some_and(|was| n > was))
+            .map(|(t, _)| t)
+            .collect();
+        if !analyzed.is_empty() {
+            out.push(format!(
+                "the planner statistics its ANALYZE wrote stay (ANALYZE {} to read them again)",
+                analyzed.join(", ")
+            ));
+        }
         Ok(out)
     }
+}
+
+/// How many times each user table was analyzed (by hand and by autovacuum).
+async fn analyze_counts(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(relname),
+                    analyze_count + autoanalyze_count
+               FROM pg_catalog.pg_stat_user_tables",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
 }
 
 /// Indexes not valid (a failed `CREATE INDEX CONCURRENTLY` leaves one).
@@ -165,6 +206,31 @@ async fn restore_sequences_pinned(client: &tokio_postgres::Client, before: &Befo
     Ok(restored)
 }
 
+/// How far each sequence moved forward between two readings (those that did).
+pub fn advanced(
+    before: &BTreeMap<String, Option<i64>>,
+    after: &BTreeMap<String, Option<i64>>,
+) -> BTreeMap<String, i64> {
+    after
+        .iter()
+        .filter_map(|(name, now)| {
+            let moved = match (before.get(name).copied().flatten(), *now) {
+                (Some(was), Some(now)) if now > was => now.saturating_sub(was),
+                (None, Some(now)) => now,
+                _ => return None,
+            };
+            Some((name.clone(), moved))
+        })
+        .collect()
+}
+
+/// A sequence may move forward on the target this much more than its test
+/// moved it (twice as far, and a thousand): the application's own inserts
+/// meanwhile move it too.
+pub fn advance_allowed(tested: i64) -> i64 {
+    tested.saturating_mul(2).saturating_add(1_000)
+}
+
 /// The sequences set back (or restarted) between two readings: what a
 /// `setval` or `ALTER SEQUENCE ... RESTART` does, and a `nextval` never.
 pub fn set_back(
@@ -186,24 +252,89 @@ pub fn set_back(
 /// test and the target (see [`super::rows`]).
 pub const ROWS_COMPARED: i64 = 100_000;
 
-/// Each row of a table by its primary key (or, for a table without one, by
-/// its own digest and how many rows before it share that digest), as a
-/// digest of its columns that are not NULL, each by its name: a column added
-/// changes no row until a value is put in it, one dropped changes those that
-/// held a value, and the digest does not depend on the columns' order, so a
-/// test's images and a target's read alike whatever each added first.
-/// Values are read through their types' output functions (`ROW(v)::text`),
-/// never a cast a database could define, so reading runs no code of theirs.
+/// Each row of a table by its key, as a digest of its columns that are not
+/// NULL, each by its name: a column added changes no row until a value is put
+/// in it, one dropped changes those that held a value, and the digest does
+/// not depend on the columns' order, so a test's images and a target's read
+/// alike whatever each added first. Values are read through their types'
+/// output functions (`ROW(v)::text`), never a cast a database could define,
+/// so reading runs no code of theirs.
+///
+/// A row's key is the golden's primary key (kept whatever a migration does to
+/// the constraint meanwhile), else the table's own, else its contents (rows
+/// alike counted one by one). Columns whose default reads the clock or chance
+/// (`DEFAULT now()`, `DEFAULT gen_random_uuid()`), whose values differ
+/// between any two copies once a default fills them, are digested apart
+/// ([`RowImage::rows`]'s second part), so that a fill is not a difference but
+/// a later change of their values is.
 #[derive(Debug, Clone, Default)]
 pub struct RowImage {
-    /// Digest of each row, by its key.
-    rows: BTreeMap<String, String>,
+    /// Each row's digest, and its clock-filled columns' digest, by its key.
+    rows: BTreeMap<String, (String, String)>,
+    /// The clock-filled columns, by name.
+    filled: Vec<String>,
 }
 
 impl RowImage {
-    /// Each row's digest, by its key.
-    pub fn rows(&self) -> &BTreeMap<String, String> {
+    /// Each row's digest and its clock-filled columns' digest, by its key.
+    pub fn rows(&self) -> &BTreeMap<String, (String, String)> {
         &self.rows
+    }
+
+    /// The columns whose default fills them by clock or chance.
+    pub fn filled(&self) -> &[String] {
+        &self.filled
+    }
+}
+
+/// The most rows an image reads of one table: more is an error (a table the
+/// test compared must be compared here too).
+pub const ROWS_READ_MOST: i64 = 1_000_000;
+
+/// What a run's images hold to from the golden, whatever the migration does
+/// to its tables meanwhile.
+#[derive(Debug, Clone, Default)]
+pub struct Shape {
+    /// Each table's primary key, as its columns' quoted names (`id`,
+    /// `tenant_id, id`): what rows are keyed by in every image of a run.
+    keys: BTreeMap<String, String>,
+    /// Each table's columns, by name.
+    columns: BTreeMap<String, BTreeSet<String>>,
+    /// Each table's columns a default fills by clock or chance.
+    filled: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The golden's [`Shape`], from its catalog.
+pub fn golden_shape(catalog: &Catalog) -> Shape {
+    let mut shape = Shape::default();
+    for (table, t) in &catalog.tables {
+        let key = t.constraints.values().find_map(|d| d.strip_prefix("PRIMARY KEY ("));
+        if let Some(columns) = key.and_then(|d| d.split(')').next()).map(str::trim).filter(|c| !c.is_empty())
+        {
+            shape.keys.insert(table.clone(), columns.to_owned());
+        }
+        shape.columns.insert(table.clone(), t.columns.iter().map(|c| c.name.clone()).collect());
+        let filled =
+            t.columns.iter().filter(|c| c.default.as_deref().is_some_and(super::code::fills_by_chance));
+        shape.filled.insert(table.clone(), filled.map(|c| c.name.clone()).collect());
+    }
+    shape
+}
+
+impl Shape {
+    /// Whether column `column` (by name) of `table` is one whose values a
+    /// default fills by clock or chance: the golden's such columns, and those
+    /// the migration adds that fill so (`fills_now`: a clock or chance
+    /// default, or an identity, numbered in whatever order rows lie). A
+    /// golden column that only later gets such a default is not one: setting
+    /// a default fills no row.
+    fn filled(&self, table: &str, column: &str, fills_now: bool) -> bool {
+        match self.columns.get(table) {
+            Some(golden) if golden.contains(column) => {
+                self.filled.get(table).is_some_and(|f| f.contains(column))
+            }
+            _ => fills_now,
+        }
     }
 }
 
@@ -221,12 +352,13 @@ pub enum Reading {
     AsReader,
 }
 
-/// Images of `tables` (those of at most [`ROWS_COMPARED`] rows by the
-/// planner's estimate and by count; others are left out), and only of those
-/// in `first` when given (the images to compare with).
+/// Images of `tables` (only those in `first` when given: the images to
+/// compare with), keyed by `keys` (see [`golden_keys`]). A table of more than
+/// [`ROWS_READ_MOST`] rows is an error.
 pub async fn row_images(
     client: &tokio_postgres::Client,
     reading: Reading,
+    shape: &Shape,
     tables: &BTreeSet<String>,
     first: Option<&BTreeMap<String, RowImage>>,
 ) -> Result<BTreeMap<String, RowImage>> {
@@ -240,7 +372,7 @@ pub async fn row_images(
     // Rows read as text alike under test and on the target, whatever time
     // zone or date style either session has.
     let pinned = crate::catalog::Pinned::pin(client).await?;
-    let images = row_images_pinned(client, (reading, grant_each), tables, first).await;
+    let images = row_images_pinned(client, (reading, grant_each), shape, tables, first).await;
     if images.is_err() && reading == Reading::AsReader {
         let _ = client.batch_execute("ROLLBACK").await;
     }
@@ -248,13 +380,35 @@ pub async fn row_images(
     images
 }
 
+/// A digest over `columns` that are not NULL, each by its name; `empty` when
+/// there are none.
+fn digest_of(columns: &[String], empty: &str) -> String {
+    if columns.is_empty() {
+        return empty.to_owned();
+    }
+    let named: Vec<String> = columns
+        .iter()
+        .map(|c| {
+            let name = c.replace('\'', "''");
+            format!(
+                "CASE WHEN t.{c} IS NULL THEN NULL \
+                 ELSE pg_catalog.concat('{name}=', pg_catalog.md5(ROW(t.{c})::text)) END"
+            )
+        })
+        .collect();
+    // (An array, not concat_ws: a table may have more columns than a function
+    // takes arguments; NULL elements are left out.)
+    format!("pg_catalog.md5(pg_catalog.array_to_string(ARRAY[{}]::text[], ','))", named.join(", "))
+}
+
 async fn row_images_pinned(
     client: &tokio_postgres::Client,
     (reading, grant_each): (Reading, bool),
+    shape: &Shape,
     tables: &BTreeSet<String>,
     first: Option<&BTreeMap<String, RowImage>>,
 ) -> Result<BTreeMap<String, RowImage>> {
-    let keys = client
+    let shapes = client
         .query(
             &format!(
                 "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
@@ -266,14 +420,17 @@ async fn row_images_pinned(
                         (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
                            FROM pg_catalog.pg_attribute a
                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
-                        (SELECT pg_catalog.array_agg(pg_catalog.quote_ident(a.attname)::text ORDER BY a.attnum)
+                        (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum)
                            FROM pg_catalog.pg_attribute a
-                           JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped),
+                        (SELECT pg_catalog.array_agg(a.attname::text ORDER BY a.attnum)
+                           FROM pg_catalog.pg_attribute a
+                           LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-                            AND {})
+                            AND (a.attidentity <> '' OR (d.adbin IS NOT NULL AND {})))
                    FROM pg_catalog.pg_class c
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-                  WHERE c.relkind IN ('r', 'p') AND c.reltuples <= {ROWS_COMPARED} AND {}",
+                  WHERE c.relkind IN ('r', 'p') AND {}",
                 super::code::fills_by_chance_sql("pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),
                 crate::catalog::SYSTEM_SCHEMAS
             ),
@@ -282,9 +439,14 @@ async fn row_images_pinned(
         .await
         .map_err(pg_error)?;
     let mut out = BTreeMap::new();
-    for row in keys {
-        let (table, key, now, by_chance): (String, Option<String>, Option<Vec<String>>, Option<Vec<String>>) =
-            (row.cell(0)?, row.cell(1)?, row.cell(2)?, row.cell(3)?);
+    for row in shapes {
+        let (table, own_key, now, raw, fills_now): (
+            String,
+            Option<String>,
+            Option<Vec<String>>,
+            Option<Vec<String>>,
+            Option<Vec<String>>,
+        ) = (row.cell(0)?, row.cell(1)?, row.cell(2)?, row.cell(3)?, row.cell(4)?);
         if !tables.contains(&table) {
             continue;
         }
@@ -292,38 +454,31 @@ async fn row_images_pinned(
         if first.is_some_and(|f| !f.contains_key(&table)) {
             continue;
         }
-        // A column whose default reads the clock or chance holds a value that
-        // differs between any two copies once filled (`ADD COLUMN at
-        // timestamptz DEFAULT now()`, `... uuid DEFAULT gen_random_uuid()`),
-        // which the classifier lets through: it is not compared.
-        let by_chance = by_chance.unwrap_or_default();
-        let mut columns: Vec<String> =
-            now.unwrap_or_default().into_iter().filter(|c| !by_chance.contains(c)).collect();
+        let (now, raw, fills_now) =
+            (now.unwrap_or_default(), raw.unwrap_or_default(), fills_now.unwrap_or_default());
+        let mut filled: Vec<String> = Vec::new();
+        let mut columns: Vec<String> = Vec::new();
+        for (quoted, name) in now.iter().zip(&raw) {
+            match shape.filled(&table, name, fills_now.contains(name)) {
+                true => filled.push(quoted.clone()),
+                false => columns.push(quoted.clone()),
+            }
+        }
+        filled.sort();
         columns.sort();
-        let named: Vec<String> = columns
-            .iter()
-            .map(|c| {
-                let name = c.replace('\'', "''");
-                format!(
-                    "CASE WHEN t.{c} IS NULL THEN NULL \
-                     ELSE pg_catalog.concat('{name}=', pg_catalog.md5(ROW(t.{c})::text)) END"
-                )
-            })
-            .collect();
-        let digest = if named.is_empty() {
-            "pg_catalog.md5('')".to_owned()
-        } else {
-            // (An array, not concat_ws: a table may have more columns than a
-            // function takes arguments; NULL elements are left out.)
-            format!("pg_catalog.md5(pg_catalog.array_to_string(ARRAY[{}]::text[], ','))", named.join(", "))
-        };
-        let key = match &key {
+        let digest = digest_of(&columns, "pg_catalog.md5('')");
+        let filled_digest = digest_of(&filled, "''");
+        // The golden's key while its columns are all there; else the table's own.
+        let golden = shape.keys.get(&table).filter(|k| k.split(", ").all(|c| now.iter().any(|n| n == c)));
+        let key = match golden.or(own_key.as_ref()) {
             Some(key) => format!("ROW({key})::text"),
             None => digest.clone(),
         };
+        let both = format!("pg_catalog.concat({digest}, ':', {filled_digest})");
+        let most = ROWS_READ_MOST + 1;
         let rows = match reading {
             Reading::Directly => client
-                .query(&format!("SELECT {key}, {digest} FROM {table} t LIMIT {}", ROWS_COMPARED + 1), &[])
+                .query(&format!("SELECT {key}, {both} FROM {table} t LIMIT {most}"), &[])
                 .await
                 .map_err(pg_error)?,
             Reading::AsReader => {
@@ -336,7 +491,7 @@ async fn row_images_pinned(
                 let rows = client
                     .query(
                         "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)",
-                        &[&table, &key, &digest, &(ROWS_COMPARED + 1)],
+                        &[&table, &key, &both, &most],
                     )
                     .await
                     .map_err(pg_error)?;
@@ -344,20 +499,28 @@ async fn row_images_pinned(
                 rows
             }
         };
-        if rows.len() as i64 > ROWS_COMPARED {
-            continue;
+        if rows.len() as i64 > ROWS_READ_MOST {
+            return Err(crate::error::Error::new(
+                crate::error::ErrorCode::MigrationRefused,
+                format!("{table} holds more than {ROWS_READ_MOST} rows here, too many to compare row by row"),
+                "its test compared it (the golden's is small): build a golden from the target and test again",
+            ));
         }
         let mut image = BTreeMap::new();
         let mut alike: BTreeMap<String, usize> = BTreeMap::new();
         for r in rows {
-            let (k, d): (String, String) = (r.cell(0)?, r.cell(1)?);
+            let (k, both): (String, String) = (r.cell(0)?, r.cell(1)?);
+            let (d, f) = both
+                .split_once(':')
+                .map(|(d, f)| (d.to_owned(), f.to_owned()))
+                .unwrap_or((both, String::new()));
             // Rows alike in a table without a key: the first, the second...
             let seen = alike.entry(k.clone()).or_default();
             let k = if *seen == 0 { k } else { format!("{k}#{seen}") };
             *seen += 1;
-            image.insert(k, d);
+            image.insert(k, (d, f));
         }
-        out.insert(table, RowImage { rows: image });
+        out.insert(table, RowImage { rows: image, filled });
     }
     Ok(out)
 }
@@ -501,10 +664,16 @@ pub struct Tested<'a> {
     pub changes: &'a [Change],
     /// The sequences they set back.
     pub set_back: &'a BTreeSet<String>,
+    /// How far they moved sequences forward.
+    pub advanced: &'a BTreeMap<String, i64>,
+    /// The compared tables' rows in the golden.
+    pub golden_rows: &'a super::rows::RowSet,
     /// The compared tables' rows before the part.
     pub rows_before: &'a super::rows::RowSet,
     /// What the part did to them.
     pub rows: &'a super::rows::RowChanges,
+    /// The golden's shape rows are read by ([`golden_shape`]).
+    pub shape: &'a Shape,
 }
 
 async fn surprises_pinned(
@@ -519,8 +688,10 @@ async fn surprises_pinned(
     // before the part comes out of it as it did there.
     if !before.rows.is_empty() {
         let compared: BTreeSet<String> = before.rows.keys().cloned().collect();
-        let after = row_images(client, Reading::Directly, &compared, Some(&before.rows)).await?;
+        let after =
+            row_images(client, Reading::Directly, tested.shape, &compared, Some(&before.rows)).await?;
         out.extend(super::rows::differences(
+            tested.golden_rows,
             tested.rows_before,
             tested.rows,
             &super::rows::set_of(&before.rows),
@@ -545,7 +716,20 @@ async fn surprises_pinned(
     for name in tested_set_back.difference(&here).take(5) {
         out.push(format!("sequence {name} set back in the test, not here"));
     }
-    let seen = super::report::rows_by_table(statements, true);
+    // And none moved forward much further than in the test (an insert that
+    // conflicts still takes its serial's value; a setval by code).
+    for (name, moved) in advanced(&before.sequences, &sequences(client).await?) {
+        let tested = tested.advanced.get(&name).copied().unwrap_or(0);
+        if moved > advance_allowed(tested) {
+            out.push(format!(
+                "sequence {name} moved forward by {moved} ({tested} in the test; if the application inserted \
+                 that many meanwhile, promote when it is quieter)"
+            ));
+        }
+    }
+    // Attempts, as the server counts them here: a rolled-back part of the
+    // file counts alike on both sides.
+    let seen = super::report::rows_by_table(statements, false);
     let mut rewritten: BTreeSet<&str> = BTreeSet::new();
     for st in statements {
         rewritten.extend(st.rows.iter().filter(|r| r.truncated).map(|r| r.table.as_str()));
@@ -594,6 +778,7 @@ async fn surprises_pinned(
     let after = crate::catalog::read(client).await?;
     let made = crate::catalog::diff::diff(catalog_before, &after);
     out.extend(schemas_named_for_roles(client, &made).await?);
+    out.extend(shadowed_under_stored_paths(client, &made).await?);
     let here = entries(&made);
     let there = entries(changes);
     for extra in here.difference(&there).take(5) {
@@ -635,6 +820,80 @@ async fn schemas_named_for_roles(client: &tokio_postgres::Client, made: &[Change
             ))
         })
         .collect()
+}
+
+/// Objects the part made that come, in a `search_path` the target stores for
+/// a role or database (`ALTER ROLE app SET search_path = app, public`),
+/// before a same-named object of a schema later in that path: those sessions
+/// would find the new one instead. A test fork stores no such setting (a
+/// golden never carries one), so its test cannot show this.
+async fn shadowed_under_stored_paths(
+    client: &tokio_postgres::Client,
+    made: &[Change],
+) -> Result<Vec<String>> {
+    let added: Vec<(String, String, &str)> = made
+        .iter()
+        .filter(|c| {
+            c.change == "added" && ["table", "view", "sequence", "function"].contains(&c.object.as_str())
+        })
+        .map(|c| {
+            let name = c.name.split('(').next().unwrap_or(&c.name);
+            let (schema, name) = crate::catalog::split_qualified(name);
+            (schema, name, if c.object == "function" { "function" } else { "relation" })
+        })
+        .collect();
+    if added.is_empty() {
+        return Ok(vec![]);
+    }
+    let stored = client
+        .query(
+            "SELECT CASE WHEN s.setrole = 0 THEN NULL ELSE s.setrole::pg_catalog.regrole::text END,
+                    COALESCE(d.datname, '*'), c
+               FROM pg_catalog.pg_db_role_setting s
+               LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase,
+                    pg_catalog.unnest(s.setconfig) c
+              WHERE (s.setdatabase = 0 OR d.datname = pg_catalog.current_database())
+                AND pg_catalog.starts_with(c, 'search_path=')",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    let mut out = Vec::new();
+    for row in stored {
+        let (role, database, setting): (Option<String>, String, String) =
+            (row.cell(0)?, row.cell(1)?, row.cell(2)?);
+        let path: Vec<String> = setting
+            .trim_start_matches("search_path=")
+            .split(',')
+            .map(|p| p.trim().trim_matches('"').to_owned())
+            .map(|p| if p == "$user" { role.clone().unwrap_or_default() } else { p })
+            .filter(|p| !p.is_empty())
+            .collect();
+        for (schema, name, kind) in &added {
+            let Some(at) = path.iter().position(|p| p == schema) else { continue };
+            for later in &path[at + 1..] {
+                let sql = match *kind {
+                    "function" => {
+                        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n \
+                                   ON n.oid = p.pronamespace WHERE n.nspname = $1 AND p.proname = $2)"
+                    }
+                    _ => {
+                        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n \
+                          ON n.oid = c.relnamespace WHERE n.nspname = $1 AND c.relname = $2)"
+                    }
+                };
+                let shadows: bool = client.query_one(sql, &[later, name]).await.map_err(pg_error)?.cell(0)?;
+                if shadows {
+                    let who = role.as_deref().map_or("every role".to_owned(), |r| format!("role {r}"));
+                    out.push(format!(
+                        "{schema}.{name} comes before {later}.{name} in the search_path stored for {who} in database {database}: \
+                         those sessions would find it instead"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// How the target's schema differs from the golden's the test ran on, owners

@@ -514,3 +514,159 @@ fn plain_sql_that_acts_on_a_sign_of_the_test_is_refused_by_what_it_does_to_rows(
         "a row changed since the golden, changed too"
     );
 }
+
+/// What an independent attack got past promote with plain SQL, each now
+/// refused (or flagged) for the class it belongs to: a row check evaded by
+/// a default made to read the clock for a moment, by a key dropped for a
+/// moment, by padding a table past the compared size, by moving a row to
+/// another key and back; an object shadowing another under a search_path the
+/// target stores; a sequence burned by conflicting inserts; promote's own
+/// timeouts lifted by the file; a lock held to the end of a file run whole.
+#[test]
+fn what_an_attack_got_past_promote_is_refused_for_its_class() {
+    let d = Daemon::start(&[]);
+    let extra = "ALTER TABLE users ADD COLUMN is_admin boolean NOT NULL DEFAULT false;
+        CREATE TABLE settings (key text PRIMARY KEY, value text);
+        INSERT INTO settings VALUES ('maintenance', 'off'), ('theme', 'light');
+        CREATE TABLE codes (id bigserial PRIMARY KEY, code text UNIQUE NOT NULL);
+        INSERT INTO codes (code) SELECT 'c' || g FROM generate_series(1, 100) g;";
+    let (_prod, target) = production(&d, "attacked", extra);
+    // Production moves on after the golden, as production does, and stores a
+    // search_path for its role.
+    sql(&target, "INSERT INTO users (tenant_id, email) SELECT 1, 'new' || g FROM generate_series(1, 10) g");
+    sql(&target, "ALTER ROLE app_owner SET search_path = app, public");
+    let sign = "(SELECT last_value FROM users_id_seq) > 20005";
+    let candidates: Vec<(&str, String)> = vec![
+        (
+            "clock_default.sql",
+            format!(
+                "BEGIN;\nALTER TABLE users ALTER COLUMN is_admin SET DEFAULT now()::text::boolean;\nCOMMIT;\n\
+                 BEGIN;\nUPDATE users SET is_admin = {sign} WHERE id = 10;\nCOMMIT;\n\
+                 BEGIN;\nALTER TABLE users ALTER COLUMN is_admin SET DEFAULT false;\nCOMMIT;\n"
+            ),
+        ),
+        (
+            "drop_key.sql",
+            format!(
+                "ALTER TABLE orders DROP CONSTRAINT orders_user_id_fkey;\nALTER TABLE users DROP CONSTRAINT users_pkey;\n\
+                 UPDATE users SET is_admin = {sign} WHERE id = 10;\n\
+                 CREATE UNIQUE INDEX CONCURRENTLY users_pkey ON users (id);\n\
+                 ALTER TABLE users ADD CONSTRAINT users_pkey PRIMARY KEY USING INDEX users_pkey;\n\
+                 ALTER TABLE orders ADD CONSTRAINT orders_user_id_fkey FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE;\n"
+            ),
+        ),
+        (
+            "pad.sql",
+            format!(
+                "UPDATE users SET is_admin = {sign} WHERE id = 10;\n\
+                 INSERT INTO users (tenant_id, email) SELECT 1, 'pad' || g FROM generate_series(1, 81000) g;\n"
+            ),
+        ),
+        (
+            "rekey.sql",
+            format!(
+                "BEGIN;\nUPDATE settings SET key = key || '~', value = CASE WHEN {sign} THEN 'on' ELSE value END WHERE key = 'maintenance';\nCOMMIT;\n\
+                 BEGIN;\nUPDATE settings SET key = rtrim(key, '~') WHERE key LIKE '%~';\nCOMMIT;\n"
+            ),
+        ),
+        (
+            "shadow.sql",
+            "CREATE SCHEMA app;\nCREATE VIEW app.settings AS SELECT key, 'on'::text AS value FROM public.settings;\n".into(),
+        ),
+        (
+            "burn.sql",
+            format!(
+                "INSERT INTO codes (code) SELECT c.code FROM codes c, generate_series(1, CASE WHEN {sign} THEN 1000 ELSE 1 END) g\n\
+                 ON CONFLICT (code) DO NOTHING;\n"
+            ),
+        ),
+        ("lift.sql", "SET lock_timeout = 0;\nSET statement_timeout = 0;\nALTER TABLE users ADD COLUMN last_seen timestamptz;\n".into()),
+        (
+            "ts_stat.sql",
+            "CREATE TABLE probe AS SELECT word FROM ts_stat($q$SELECT to_tsvector('simple', current_user)$q$);\n".into(),
+        ),
+        (
+            "held.sql",
+            "ALTER TABLE users ADD COLUMN seen int;\nSELECT count(*) FROM generate_series(1, 3000000) g;\n".into(),
+        ),
+        ("faithful.sql", "UPDATE users SET score = score + 1 WHERE id <= 10;\nSELECT pg_sleep(1);\n".into()),
+    ];
+    let borrowed: Vec<(&str, &str)> = candidates.iter().map(|(n, t)| (*n, t.as_str())).collect();
+    let paths = files(&d, &borrowed);
+    let path = |name: &str| paths.iter().find(|p| p.ends_with(name)).unwrap().to_str().unwrap().to_owned();
+    let report_file = d.home.join("report.json");
+    let mut args: Vec<String> = paths.iter().map(|p| p.to_str().unwrap().to_owned()).collect();
+    args.extend(["--report".into(), report_file.to_str().unwrap().into()]);
+    let (_, report) = test(&d, &args.iter().map(String::as_str).collect::<Vec<_>>());
+    let tested = by_name(&report);
+    assert_eq!(hazard_kinds(&tested["ts_stat.sql"]), ["opaque_code"], "{}", tested["ts_stat.sql"]);
+    assert!(hazard_kinds(&tested["held.sql"]).contains(&"long_lock"), "{}", tested["held.sql"]);
+    let report_path = report_file.to_str().unwrap();
+    let state = || {
+        sql(
+            &target,
+            "SELECT (SELECT count(*) FROM users WHERE is_admin), (SELECT value FROM settings WHERE key = 'maintenance'),
+                    (SELECT count(*) FROM users), to_regnamespace('app') IS NULL, (SELECT last_value FROM codes_id_seq) < 5000",
+        )
+    };
+    let clean = state();
+    // The parts before a refused one stay applied, as psql would have left
+    // them: what each left is put back before the next.
+    let repair = [
+        ("clock_default.sql", "ALTER TABLE users ALTER COLUMN is_admin SET DEFAULT false"),
+        (
+            "drop_key.sql",
+            "ALTER TABLE users ADD CONSTRAINT users_pkey PRIMARY KEY (id);
+             ALTER TABLE orders ADD CONSTRAINT orders_user_id_fkey FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE",
+        ),
+        ("rekey.sql", "UPDATE settings SET key = 'maintenance', value = 'off' WHERE key = 'maintenance~'"),
+        // (What a refusal cannot undo, and says: the sequence moved on.)
+        ("burn.sql", "SELECT setval('codes_id_seq', (SELECT max(id) FROM codes))"),
+    ];
+    for (name, said) in [
+        ("clock_default.sql", "1 changed here but not in the test"),
+        ("drop_key.sql", "1 changed here but not in the test"),
+        ("pad.sql", "1 changed here but not in the test"),
+        ("rekey.sql", "came out otherwise than in the test"),
+        ("shadow.sql", "in the search_path stored for role app_owner"),
+        ("burn.sql", "sequence public.codes_id_seq moved forward"),
+    ] {
+        let accept: Vec<String> = hazard_kinds(&tested[name])
+            .iter()
+            .flat_map(|k| ["--allow-hazard".to_owned(), k.to_string()])
+            .collect();
+        let accept: Vec<&str> = accept.iter().map(String::as_str).collect();
+        let (code, out) = promote(&d, report_path, &target, &path(name), &accept);
+        assert_eq!(code, 10, "{name}: {out}");
+        assert!(out.contains(said), "{name}: {said}: {out}");
+        for (_, undo) in repair.iter().filter(|(n, _)| *n == name) {
+            sql(&target, undo);
+        }
+        assert_eq!(state(), clean, "{name} changed no row");
+    }
+    // The application writes other rows of the same table all along: a
+    // faithful file promotes all the same (the check reads one snapshot).
+    let writer = crate::harness::spawn_psql(
+        &target,
+        "DO $$ BEGIN FOR i IN 1..150 LOOP UPDATE users SET score = score + 1 WHERE id = 15000 + i; COMMIT;
+         PERFORM pg_sleep(0.02); END LOOP; END $$",
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let (code, out) = promote(&d, report_path, &target, &path("faithful.sql"), &[]);
+    assert_eq!(code, 0, "a faithful file beside the application's writes: {out}");
+    let _ = writer.wait_with_output();
+    // The file cannot lift promote's lock_timeout: behind an application's
+    // open transaction it gives up after promote's, not never.
+    let holder =
+        crate::harness::spawn_psql(&target, "BEGIN; SELECT count(*) FROM users; SELECT pg_sleep(8); COMMIT;");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let began = std::time::Instant::now();
+    let (code, out) = promote(&d, report_path, &target, &path("lift.sql"), &["--lock-timeout", "1s"]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("55P03") || out.contains("lock timeout"), "{out}");
+    assert!(
+        began.elapsed() < std::time::Duration::from_secs(6),
+        "the file waited on, past promote's lock_timeout"
+    );
+    let _ = holder.wait_with_output();
+}
