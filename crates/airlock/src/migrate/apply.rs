@@ -667,7 +667,11 @@ pub async fn poll_locks(monitor: &Admin, pid: i32, stop: &Notify) -> BTreeMap<Lo
                WHERE locktype = 'relation' AND granted AND pid <> pg_catalog.pg_backend_pid()
                  AND ($1 = 0 OR pid = $1)";
     loop {
-        if let Ok(rows) = monitor.client().query(sql, &[&pid]).await {
+        let polled = monitor.client().query(sql, &[&pid]).await;
+        if let Err(e) = &polled {
+            tracing::warn!(error = %e, "polling the candidate's locks failed");
+        }
+        if let Ok(rows) = polled {
             let now = Instant::now();
             for row in rows {
                 let (Ok(relid), Ok(mode)) = (row.cell(0), row.cell(1)) else { continue };
