@@ -1025,6 +1025,7 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
         allow_hazards: args.allow_hazards.clone(),
         allow_code: args.allow_code.clone(),
         allow_superuser: args.allow_superuser,
+        again: args.again,
         lock_timeout_ms: Some(millis("--lock-timeout", &args.lock_timeout)?),
         statement_timeout_ms: Some(millis("--statement-timeout", &args.statement_timeout)?),
         check_only: args.exec.is_some(),

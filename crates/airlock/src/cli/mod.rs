@@ -558,6 +558,10 @@ struct MigratePromoteArgs {
     /// checks and rolls back.
     #[arg(long)]
     allow_superuser: bool,
+    /// Apply a file its report already promoted to this target once more
+    /// (a file of data changes does them again).
+    #[arg(long)]
+    again: bool,
     /// lock_timeout on the target.
     #[arg(long, default_value = "5s")]
     lock_timeout: String,

@@ -9,6 +9,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::pg::cell::Cell;
+
 use serde::{Deserialize, Serialize};
 
 use super::parts;
@@ -49,6 +51,9 @@ pub struct PromoteRequest {
     /// can check or roll back.
     #[serde(default)]
     pub allow_superuser: bool,
+    /// Apply a file its report already promoted to this target once more.
+    #[serde(default)]
+    pub again: bool,
     /// Check the guards only, applying nothing: how a command candidate is
     /// promoted (the CLI runs the command once they hold).
     #[serde(default)]
@@ -187,6 +192,28 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         });
         return Ok(checked);
     };
+    // Once per report, file and target, unless told: a file of data changes
+    // promoted twice does them twice, and after the first time its rows count
+    // as changed since the golden, which no check compares.
+    let target_name: String = client
+        .query_one("SELECT pg_catalog.current_database()::text", &[])
+        .await
+        .map_err(pg_error)?
+        .cell(0)?;
+    let marker = {
+        use sha2::Digest;
+        let id = crate::secret::hex(&sha2::Sha256::digest(format!("{target}\0{target_name}").as_bytes()));
+        let run = std::path::Path::new(&tested.row_record).parent().unwrap_or(std::path::Path::new(""));
+        engine.layout.migration_rows().join(run).join(format!("promoted-{}-{}", &hash[..16], &id[..16]))
+    };
+    if let Ok(at) = std::fs::read_to_string(&marker) {
+        if !req.again {
+            return Err(refused(
+                format!("{} was promoted from this report to {target} already ({})", tested.name, at.trim()),
+                "promote it once more on purpose with --again, or test it again for a fresh report",
+            ));
+        }
+    }
     let statements = split::split(sql)?;
     let lock = req.lock_timeout_ms.unwrap_or(5_000);
     let statement = req.statement_timeout_ms.unwrap_or(600_000);
@@ -391,6 +418,9 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         detail: serde_json::to_value(&promoted).expect("promoted serializes"),
         ..Default::default()
     });
+    if let Err(e) = std::fs::write(&marker, format!("{}\n", crate::clock::Timestamp::now().to_rfc3339())) {
+        tracing::warn!(error = %e, "a promotion's mark could not be kept: it could be promoted again unasked");
+    }
     Ok(promoted)
 }
 

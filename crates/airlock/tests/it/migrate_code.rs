@@ -670,6 +670,13 @@ fn what_an_attack_got_past_promote_is_refused_for_its_class() {
     let (code, out) = promote(&d, report_path, &target, &path("faithful.sql"), &[]);
     assert_eq!(code, 0, "a faithful file beside the application's writes: {out}");
     let _ = writer.wait_with_output();
+    // Once: a second promotion of the same file from the same report to the
+    // same target does its changes again only when asked to.
+    let scores = sql(&target, "SELECT sum(score) FROM users WHERE id <= 10");
+    let (code, out) = promote(&d, report_path, &target, &path("faithful.sql"), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("already") && out.contains("--again"), "{out}");
+    assert_eq!(sql(&target, "SELECT sum(score) FROM users WHERE id <= 10"), scores);
     // The file cannot lift promote's lock_timeout: behind an application's
     // open transaction it gives up after promote's, not never.
     let holder =
