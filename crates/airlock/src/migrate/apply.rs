@@ -1,10 +1,11 @@
 //! Applying a candidate the way it would be applied, measuring each statement.
 //!
 //! SQL candidates run statement by statement on one session as the agent role,
-//! with psql's semantics: a statement outside the file's own `BEGIN ... COMMIT`
-//! commits on its own. To see what it did before that commit, each such statement
-//! runs inside a transaction of its own, `BEGIN; statement; reading; COMMIT` —
-//! the same effect, with the locks still held when the reading is taken.
+//! as promote runs them (see [`super::parts`]): a file that runs whole runs in
+//! one transaction, `BEGIN; statement; reading; ...; COMMIT`; in a file run in
+//! parts, a statement outside the file's own `BEGIN ... COMMIT` commits on its
+//! own, as under psql, in a transaction of its own so that the reading is
+//! taken with its locks still held.
 //! Statements that cannot run in a transaction block run alone while a second
 //! session polls `pg_locks`. Command candidates run inside the sandbox's boundary
 //! under the same polling, and are compared before and after.
@@ -498,6 +499,12 @@ pub async fn apply_sql(
     let mut reports: Vec<StatementReport> = Vec::new();
     let mut explicit: Option<usize> = None; // the line of the file's open BEGIN
     let mut stopped: Option<Failure> = None;
+    // A file that runs whole runs in one transaction, as promote runs it:
+    // what one statement may do only once another has committed (use an enum
+    // value added before it, alter a table with trigger events pending) fails
+    // here as it would there, and every lock is held to the file's end.
+    let whole = super::parts::whole(statements);
+    let last = statements.len().saturating_sub(1);
 
     for (index, st) in statements.iter().enumerate() {
         // A part of a file run in parts may have ended with the last statement.
@@ -506,7 +513,10 @@ pub async fn apply_sql(
         }
         let kind = split::kind(&st.sql);
         let in_txn = explicit.is_some();
-        if !in_txn && kind != Kind::Commit && kind != Kind::Rollback {
+        // Whether this statement opens, and ends, a transaction of promote's.
+        let opens = !in_txn && (!whole || index == 0);
+        let closes = !in_txn && (!whole || index == last);
+        if opens && kind != Kind::Commit && kind != Kind::Rollback {
             t.begin_transaction(index);
         }
         let mut report = statement_report(
@@ -587,7 +597,7 @@ pub async fn apply_sql(
                 report.locks = observed_locks(&observed, &t.reported_names());
             }
             _ => {
-                if !in_txn {
+                if opens {
                     run(session, "BEGIN", limit).await?;
                     baseline_rows(session, &mut t, limit).await?;
                 }
@@ -599,9 +609,9 @@ pub async fn apply_sql(
                     explicit = None;
                     break;
                 }
-                // A statement in a transaction of its own commits right away:
-                // what its commit sets off belongs to it, and is measured with it.
-                if !in_txn {
+                // The statement that ends promote's transaction: what its
+                // commit sets off belongs to it, and is measured with it.
+                if closes {
                     if let Some(e) = run_deferred(session, limit).await? {
                         reports[index] = report;
                         stopped = Some(failure(st, e));
@@ -612,10 +622,10 @@ pub async fn apply_sql(
                 let r = reading(session, &t, limit).await?;
                 let tag = report.tag.clone().unwrap_or_default();
                 t.absorb(r, index, started, &tag, &mut report);
-                if in_txn {
+                if !closes {
                     t.savepoint(&st.sql, &tag, index, &mut reports);
                 }
-                if !in_txn {
+                if closes {
                     let (out, _) = run(session, "COMMIT", limit).await?;
                     reports[index] = report;
                     if let Some(e) = out.error {
@@ -708,8 +718,12 @@ pub fn observed_locks(
 }
 
 /// Rolls back the open transaction after a failure, its statements marked so.
+/// Ends the transaction a failure broke. Its statements are not marked
+/// `rolled_back` (what the file's own ROLLBACK undid): once the failure is
+/// fixed they would run and be kept, so what they do is still judged.
 async fn roll_back(session: &mut Session, t: &mut Tracker, reports: &mut [StatementReport], limit: Duration) {
     let _ = run(session, "ROLLBACK", limit).await;
+    t.txn_statements.clear();
     t.end_transaction(Instant::now(), reports, true);
 }
 

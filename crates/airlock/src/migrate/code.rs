@@ -313,7 +313,6 @@ pub const OPAQUE_CODE: &str = "opaque_code";
 
 /// Every opaque statement of `statements`, against the golden's `catalog`.
 pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
-    let whole = super::parts::whole(statements);
     let mut functions: BTreeSet<String> = catalog.functions.keys().map(|k| function_name(k)).collect();
     let triggered: BTreeSet<String> = catalog
         .tables
@@ -469,13 +468,6 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
             ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
-            // Outside the file's own transactions, a test runs each statement
-            // in one of its own, and promote a file that runs whole in one:
-            // SET LOCAL then lasts one statement there, the rest of it here.
-            ["set", "local", ..] if whole => why(
-                "SET LOCAL lasts one statement under test and the rest of the file on promote, which runs it in one transaction"
-                    .into(),
-            ),
             ["reset", ..] | ["discard", ..] => why(
                 "puts settings back to what the target's role and database keep, not what the test ran with"
                     .into(),
@@ -1213,6 +1205,8 @@ mod tests {
             "UPDATE users SET d = CAST(created_at AS date), e = CAST('2025-01-01' AS date), f = to_date(s, 'YYYY')::date",
             "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
             "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
+            // A file that runs whole is one transaction under test as on promote.
+            "SET LOCAL search_path = scratch; UPDATE orders SET amount = 0",
         ] {
             assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
         }
@@ -1302,7 +1296,6 @@ mod tests {
             ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
             ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep((SELECT count(*) FROM users) / 1000))", "pg_sleep()"),
             ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
-            ("SET LOCAL search_path = scratch; UPDATE orders SET amount = 0", "SET LOCAL lasts one statement"),
             ("UPDATE users SET at = concat('no', 'w')::timestamptz", "casts text it computes to timestamptz"),
             ("UPDATE users SET at = reverse('won')::timestamptz", "casts text it computes"),
             ("UPDATE users SET d = CAST(translate('xoday', 'x', 't') AS date)", "casts text it computes to date"),

@@ -512,10 +512,12 @@ fn mass_changes<'a>(e: &'a Evidence, works: &[BTreeMap<&str, Work>]) -> BTreeMap
 
 /// Statements already committed when a later one failed: the database is left half-migrated.
 fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
-    let Some((_, before)) = e.statements.split_last() else { return };
+    let Some((failed, before)) = e.statements.split_last() else { return };
+    // Those of the failed statement's own transaction were never kept; those
+    // of an earlier one were, unless the file rolled them back.
     let kept: Vec<usize> = before
         .iter()
-        .filter(|s| !s.rolled_back && s.transaction != "explicit" && changes_something(s))
+        .filter(|s| !s.rolled_back && s.txn != failed.txn && changes_something(s))
         .map(|s| s.line)
         .collect();
     if kept.is_empty() {
@@ -532,7 +534,9 @@ fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
         ),
         Some(f.line),
     );
-    h.suggestion = Some("wrap the file in BEGIN ... COMMIT so a failure leaves nothing behind".into());
+    h.suggestion = Some(
+        "let it run in one transaction: no COMMIT inside it, and nothing that cannot run in one (promote then runs it whole, and a failure leaves nothing behind)".into(),
+    );
     v.hazards.push(h);
 }
 

@@ -677,16 +677,6 @@ async fn measure(
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
-    // A file that runs whole runs, on promote, in one transaction: its locks
-    // are held to the end of the file, whatever psql would have committed
-    // between its statements under test.
-    let whole =
-        candidate.sql.as_deref().and_then(|sql| split::split(sql).ok()).is_some_and(|s| parts::whole(&s));
-    if whole {
-        for st in &mut applied.statements {
-            st.txn = 1;
-        }
-    }
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,

@@ -233,14 +233,11 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
         (late["failure"]["line"].as_u64(), late["statements"].as_array().unwrap().len()),
         (Some(4), 3)
     );
-    // Line 1 had committed on its own (as psql runs it): the file leaves the
-    // database half-migrated. Promote runs it whole, in one transaction,
-    // holding line 1's lock while line 3's query runs.
-    assert_eq!(hazard_kinds(late), ["failed", "partial_commit", "long_lock"]);
-    assert!(
-        late["hazards"][1]["message"].as_str().unwrap().contains("line 1 had already committed"),
-        "{late}"
-    );
+    // The file runs whole, in one transaction, as promote runs it: line 4's
+    // failure leaves nothing of line 1 behind (no partial commit), and line
+    // 1's lock was held while line 3's query ran.
+    assert_eq!(hazard_kinds(late), ["failed", "long_lock"]);
+    assert!(late["statements"][0]["txn"] == late["statements"][2]["txn"], "{late}");
 
     // The ranking names the best passing candidate; the golden is untouched.
     let ranking: Vec<&str> =
@@ -563,6 +560,50 @@ DROP TABLE app_events;",
     assert_eq!(code, 12, "{v}");
     let hazards = v["candidates"][0]["hazards"].to_string();
     assert!(hazards.contains("100000") && hazards.contains("orders"), "{hazards}");
+}
+
+/// A file that runs whole is one transaction under test, as promote runs it:
+/// what works only once an earlier statement has committed fails in its test,
+/// not first on the target; with its own COMMIT between, it passes.
+#[test]
+fn a_file_that_runs_whole_is_tested_in_the_one_transaction_promote_runs_it_in() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            (
+                "pending.sql",
+                "CREATE TABLE notes (user_id bigint REFERENCES users DEFERRABLE INITIALLY DEFERRED);
+INSERT INTO notes VALUES (1);
+ALTER TABLE notes ADD COLUMN body text;",
+            ),
+            (
+                "committed.sql",
+                "BEGIN;
+CREATE TABLE notes (user_id bigint REFERENCES users DEFERRABLE INITIALLY DEFERRED);
+INSERT INTO notes VALUES (1);
+COMMIT;
+ALTER TABLE notes ADD COLUMN body text;",
+            ),
+        ],
+    );
+    let (_, v) = test(&d, &path_strs(&paths));
+    let c = by_name(&v);
+    let failed = &c["pending.sql"];
+    assert_eq!(failed["passed"], false, "{failed}");
+    assert_eq!(failed["failure"]["line"], 3, "{failed}");
+    let message = failed["failure"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("pending trigger events"), "{message}");
+    // Every statement of it was in the one transaction, and none was kept
+    // (nor marked undone by the file: fixed, they would run and be kept).
+    let statements = failed["statements"].as_array().unwrap();
+    assert!(statements.iter().all(|s| s["txn"] == 1), "{failed}");
+    assert!(statements.iter().all(|s| s.get("rolled_back").is_none()), "{failed}");
+    assert_eq!(failed["changes"], json!([]), "{failed}");
+    assert!(!hazard_kinds(failed).contains(&"partial_commit"), "{failed}");
+    let ok = &c["committed.sql"];
+    assert!(ok["failure"].is_null(), "{ok}");
+    assert!(!hazard_kinds(ok).contains(&"failed"), "{ok}");
 }
 
 #[test]

@@ -72,7 +72,7 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         ),
         (
             "partial.sql",
-            "ALTER TABLE users ADD COLUMN a int;\nUPDATE users SET a = 1 WHERE id = 1;\n\
+            "BEGIN;\nALTER TABLE users ADD COLUMN a int;\nUPDATE users SET a = 1 WHERE id = 1;\nCOMMIT;\n\
              ALTER TABLE users ALTER COLUMN nickname SET NOT NULL;",
         ),
     ];
@@ -221,7 +221,7 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         .unwrap()
         .contains("public.orders_pkey, public.orders_user"));
     let partial = hazard(&c["partial.sql"], "partial_commit");
-    assert!(partial["message"].as_str().unwrap().contains("line 1, 2 had already committed"), "{partial}");
+    assert!(partial["message"].as_str().unwrap().contains("line 2, 3 had already committed"), "{partial}");
     // Rolled-back rows count nowhere, and a cascade's reach leaves out the column's own check.
     assert_eq!(c["rolled_back.sql"]["statements"][2]["rolled_back"], true);
     assert_eq!(c["savepoint.sql"]["statements"][2]["rolled_back"], true, "{}", c["savepoint.sql"]);
