@@ -105,6 +105,11 @@ impl Exclusions {
         self.tables.is_empty() && self.schemas.is_empty()
     }
 
+    /// Whether every object of schema `schema` is left out.
+    pub fn leaves_out_schema(&self, schema: &str) -> bool {
+        self.schemas.iter().any(|p| glob(p, schema))
+    }
+
     /// Whether the table (or other object) `schema.name` is left out.
     pub fn leaves_out(&self, qualified: &str) -> bool {
         let (schema, name) = crate::catalog::split_qualified(qualified);

@@ -343,6 +343,10 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         golden: req.golden.clone(),
         generation,
         golden_catalog: baseline.snapshot.catalog.clone(),
+        left_out: match golden.current().map(|m| &m.source) {
+            Some(crate::golden::Source::Url { exclude, .. }) => exclude.clone(),
+            _ => Default::default(),
+        },
         passed: candidates.iter().all(|c| c.passed),
         best,
         ranking,

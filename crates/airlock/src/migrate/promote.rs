@@ -161,7 +161,8 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         }
     }
     let now = crate::catalog::read(&client).await?;
-    let drift = verify::drift(&req.report.golden_catalog, &now);
+    let drift =
+        verify::drift(&req.report.golden_catalog, &verify::leaving_out(now.clone(), &req.report.left_out));
     if !drift.is_empty() {
         let lines: Vec<String> = drift.iter().map(|c| c.line()).collect();
         return Err(refused(
@@ -224,7 +225,13 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     let run = |sql: String| {
         let (client, guards) = (&client, guards.clone());
         async move {
-            client.batch_execute(&sql).await?;
+            if split::copies_out(&sql) {
+                let rows = client.copy_out(sql.as_str()).await?;
+                futures_util::pin_mut!(rows);
+                while futures_util::TryStreamExt::try_next(&mut rows).await?.is_some() {}
+            } else {
+                client.batch_execute(&sql).await?;
+            }
             client.batch_execute(&guards).await
         }
     };

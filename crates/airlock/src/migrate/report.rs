@@ -16,6 +16,10 @@ pub struct Report {
     /// That generation's schema, so `migrate promote` can check a target for drift.
     #[schema(value_type = Object)]
     pub golden_catalog: Catalog,
+    /// What the golden's import left out on purpose: promote does not call
+    /// its presence on the target drift.
+    #[serde(default, skip_serializing_if = "crate::golden::Exclusions::is_empty")]
+    pub left_out: crate::golden::Exclusions,
     /// Whether every candidate passed.
     pub passed: bool,
     /// The best passing candidate, if any passed.

@@ -245,6 +245,15 @@ pub fn kind(sql: &str) -> Kind {
     }
 }
 
+/// Whether `sql` is a `COPY ... TO STDOUT`: rows sent to the client, which
+/// promote reads and drops, as psql would print them.
+pub fn copies_out(sql: &str) -> bool {
+    let head = strip_comments(sql).to_ascii_lowercase();
+    let words: Vec<&str> =
+        head.split(|c: char| c.is_whitespace() || c == ')').filter(|w| !w.is_empty()).collect();
+    words.first() == Some(&"copy") && words.windows(2).any(|w| w == ["to", "stdout"])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -288,6 +297,10 @@ mod tests {
     fn meta_commands_are_refused_and_kinds_are_told_apart() {
         assert!(split("SELECT 1;\n\\set x 1\n").is_err());
         assert_eq!(kind("BEGIN"), Kind::Begin);
+        assert!(copies_out("COPY (SELECT id FROM t) TO STDOUT"));
+        assert!(copies_out("copy t to stdout with (format csv)"));
+        assert!(!copies_out("COPY t FROM STDIN"));
+        assert!(!copies_out("SELECT 'copy to stdout'"));
         assert_eq!(kind("start transaction isolation level serializable"), Kind::Begin);
         assert_eq!(kind("-- done\nCOMMIT"), Kind::Commit);
         assert_eq!(kind("rollback to savepoint a"), Kind::Plain);

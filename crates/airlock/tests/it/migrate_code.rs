@@ -692,3 +692,53 @@ fn what_an_attack_got_past_promote_is_refused_for_its_class() {
     );
     let _ = holder.wait_with_output();
 }
+
+/// Faithful files the target check once refused: on a golden that left a
+/// table out on purpose (`--exclude-table`), a file with `COPY ... TO STDOUT`,
+/// and default privileges given by whoever runs the file (the agent under
+/// test, the application's owner on promote). What was not left out is still
+/// drift.
+#[test]
+fn faithful_files_are_promoted_whoever_runs_them_and_whatever_the_golden_left_out() {
+    let d = Daemon::start(&[]);
+    let (prod, target) = production(&d, "shapes", "CREATE TABLE audit (id int PRIMARY KEY, at text);");
+    let out = d.cli_with(
+        &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
+        Some(&prod.dsn("app")),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let paths = files(
+        &d,
+        &[
+            ("copy.sql", "COPY (SELECT id FROM tenants) TO STDOUT;\nUPDATE tenants SET name = name || '!' WHERE id = 1;\n"),
+            ("defaults.sql", "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC;\n"),
+        ],
+    );
+    let out = d.cli(&[
+        "migrate",
+        "test",
+        "--golden",
+        "lean",
+        "--json",
+        paths[0].to_str().unwrap(),
+        paths[1].to_str().unwrap(),
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let report = d.home.join("lean-report.json");
+    std::fs::write(&report, &out.stdout).unwrap();
+    let report = report.to_str().unwrap();
+    let (code, out) = promote(&d, report, &target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(sql(&target, "SELECT name FROM tenants WHERE id = 1"), "tenant 1!");
+    let (code, out) = promote(&d, report, &target, paths[1].to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        sql(&target, "SELECT count(*) FROM pg_default_acl WHERE defaclrole = 'app_owner'::regrole"),
+        "1"
+    );
+    // A table the golden did not leave out is drift all the same.
+    sql(&target, "CREATE TABLE extra (x int)");
+    let (code, out) = promote(&d, report, &target, paths[0].to_str().unwrap(), &["--again"]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("drifted") && out.contains("table extra") && !out.contains("audit"), "{out}");
+}
