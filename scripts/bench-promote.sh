@@ -3,7 +3,8 @@
 # 20,000-row table, written as one transaction (the baseline, measured in the
 # same run) and as ten of the file's own BEGIN/COMMIT blocks, each tested with
 # `migrate test` and promoted with `migrate promote` to a real target, five
-# times. Results go to bench/results/promote.txt.
+# times; psql applying the one-transaction file unchecked is the baseline for
+# promote. Results go to bench/results/promote.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +56,11 @@ for run in $(seq 1 "$runs"); do
     # The same rows again, so the next run's target has not drifted.
     "$pgbin/psql" -X -q "$owner" -c "UPDATE users SET score = 0"
   done
+  # Baseline for promote: psql applying the same file in one transaction, unchecked.
+  start=$(now_ms)
+  "$pgbin/psql" -X -q -1 -v ON_ERROR_STOP=1 "$owner" -f "$work/whole.sql"
+  echo "psql 0 $(( $(now_ms) - start ))" >> "$work/times"
+  "$pgbin/psql" -X -q "$owner" -c "UPDATE users SET score = 0"
 done
 {
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) on $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -r), $runs runs"
@@ -70,6 +76,9 @@ for label, col in (("migrate test", 1), ("migrate promote", 2)):
         print(f"{label + ', ' + shape:44}{statistics.median(t):>8.0f}ms{max(t):>8}ms")
     extra = (statistics.median(of("parts", col)) - statistics.median(of("whole", col))) / 9
     print(f"{label + ': each part beyond the first':44}{extra:>8.0f}ms")
+t = of("psql", 2)
+print(f"{'psql -1 -f, whole, unchecked (baseline)':44}{statistics.median(t):>8.0f}ms{max(t):>8}ms")
+print(f"{'promote, whole / psql':44}{statistics.median(of('whole', 2)) / statistics.median(t):>9.1f}x")
 PY
 } | tee "$out/promote.txt"
 rm -rf "$work"

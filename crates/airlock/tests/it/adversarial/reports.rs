@@ -160,11 +160,13 @@ DROP FUNCTION public.tidy();
 fn work_deferred_to_commit_cannot_hide_a_migrations_deletes() {
     let d = Daemon::start(&[]);
     d.shop("shop");
-    // Each statement in a transaction of its own, and the update in the file's
-    // own transaction (the trigger outlives it, so its COMMIT fires it).
+    // The file run whole, in one transaction, whose commit fires the trigger
+    // (dropped before that commit, it would fire nowhere, under test as on
+    // promote); and the update in the file's own transaction, whose COMMIT
+    // fires it before the trigger is dropped.
     let (make, drop) = DEFERRED_DELETE.split_at(DEFERRED_DELETE.find("DROP TRIGGER").unwrap());
     let wrapped = format!("BEGIN;\n{make}COMMIT;\n{drop}");
-    for (name, text) in [("implicit.sql", DEFERRED_DELETE.to_owned()), ("explicit.sql", wrapped)] {
+    for (name, text) in [("implicit.sql", make.to_owned()), ("explicit.sql", wrapped)] {
         let path = d.home.join(name);
         std::fs::write(&path, text).unwrap();
         let out = d.cli(&["migrate", "test", "--golden", "shop", "--json", path.to_str().unwrap()]);
