@@ -72,7 +72,9 @@ fn queries() -> Vec<String> {
                         CASE WHEN c.relforcerowsecurity THEN 'row security forced' END,
                         'persistence ' || c.relpersistence::text, 'replica identity ' || c.relreplident::text,
                         'partition ' || pg_get_expr(c.relpartbound, c.oid),
-                        CASE WHEN NOT c.relispopulated THEN 'not populated' END),
+                        CASE WHEN NOT c.relispopulated THEN 'not populated' END,
+                        (SELECT CASE WHEN i.indisclustered THEN 'clustered' END
+                           FROM pg_index i WHERE i.indexrelid = c.oid)),
                     true
              FROM pg_class c
              WHERE c.relnamespace IN {APP} AND c.relkind IN ('r', 'p', 'f', 'v', 'm', 'S', 'i', 'I') AND {}",

@@ -468,7 +468,12 @@ fn outcome(report: &mut StatementReport, out: TextRows, took: Duration) -> Optio
 
 fn failure(st: &Statement, error: DbError) -> Failure {
     let line = match error.position {
-        Some(p) => st.line + st.sql.chars().take(p.saturating_sub(1) as usize).filter(|c| *c == '\n').count(),
+        // PostgreSQL's position counts characters from the text's start,
+        // leading comments included.
+        Some(p) => {
+            st.line - split::leading_lines(&st.sql)
+                + st.sql.chars().take(p.saturating_sub(1) as usize).filter(|c| *c == '\n').count()
+        }
         None => st.line,
     };
     Failure { line, sql: super::report::cut(&st.sql, SQL_IN_REPORT), error }
@@ -816,6 +821,16 @@ pub fn command_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_errors_line_counts_characters_from_the_statements_own_text() {
+        let file = "SELECT 1;\n-- ééé\nSELECT 'éé€€😀😀',\n nosuchcol FROM users;";
+        let st = &split::split(file).unwrap()[1];
+        assert_eq!(st.line, 3);
+        let at = st.sql.chars().position(|c| c == 'n').unwrap() as u32 + 1;
+        let error = DbError { position: Some(at), ..Default::default() };
+        assert_eq!(failure(st, error).line, 4);
+    }
 
     #[test]
     fn a_dropped_tables_own_parts_are_not_cascade() {

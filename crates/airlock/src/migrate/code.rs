@@ -467,6 +467,18 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 continue;
             }
             ["create", "event", "trigger", ..] => why("an event trigger (code run by later DDL)".into()),
+            // The server's own objects: a test fork holds none of the target's
+            // other databases, roles or tablespaces, so `DROP DATABASE IF
+            // EXISTS` does nothing under test and anything on the target (and
+            // outside a transaction, nothing rolls it back).
+            ["create" | "alter" | "drop", "database" | "tablespace" | "role" | "user" | "group", ..]
+            | ["alter", "system", ..]
+            | ["reassign" | "drop", "owned", ..]
+            | ["comment" | "security", "on" | "label", "database" | "role" | "tablespace", ..]
+            | ["security", "label", "on", "database" | "role" | "tablespace", ..] => why(format!(
+                "{} acts on the server beyond this database (its databases, roles, tablespaces or settings), which a test fork does not hold as the target does",
+                words.iter().take(2).map(|w| w.to_ascii_uppercase()).collect::<Vec<_>>().join(" ")
+            )),
             ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
             ["reset", ..] | ["discard", ..] => why(
                 "puts settings back to what the target's role and database keep, not what the test ran with"
@@ -1286,6 +1298,13 @@ mod tests {
             ("RESET ALL", "puts settings back"),
             ("RESET TimeZone", "puts settings back"),
             ("DISCARD ALL", "puts settings back"),
+            ("DROP DATABASE IF EXISTS shop_staging", "acts on the server beyond this database"),
+            ("ALTER DATABASE shop CONNECTION LIMIT 0", "acts on the server beyond this database"),
+            ("CREATE ROLE reporting", "acts on the server beyond this database"),
+            ("ALTER USER app_owner PASSWORD 'x'", "acts on the server beyond this database"),
+            ("REASSIGN OWNED BY app_owner TO app_admin", "acts on the server beyond this database"),
+            ("COMMENT ON DATABASE shop IS 'x'", "acts on the server beyond this database"),
+            ("ALTER SYSTEM SET work_mem = '1GB'", "acts on the server beyond this database"),
             ("SET DateStyle TO DEFAULT", "sets a setting to"),
             ("SET search_path = DEFAULT", "sets a setting to"),
             ("UPDATE users SET at = E'\\164oday'::date", "'today'"),

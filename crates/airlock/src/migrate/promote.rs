@@ -161,8 +161,10 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         }
     }
     let now = crate::catalog::read(&client).await?;
-    let drift =
-        verify::drift(&req.report.golden_catalog, &verify::leaving_out(now.clone(), &req.report.left_out));
+    let drift = verify::drift(
+        &req.report.golden_catalog,
+        &verify::leaving_out(now.clone(), &req.report.left_out, &req.report.golden_catalog),
+    );
     if !drift.is_empty() {
         let lines: Vec<String> = drift.iter().map(|c| c.line()).collect();
         return Err(refused(
@@ -221,7 +223,12 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     // Promote's timeouts hold for every statement: set again after each of
     // the file's, whose own `SET lock_timeout = 0` would otherwise lift them
     // for the rest of it.
-    let guards = format!("SET lock_timeout = {lock}; SET statement_timeout = {statement}");
+    // And its own checks leave the session idle in the open transaction for as
+    // long as they take: a role's idle_in_transaction_session_timeout would
+    // end it.
+    let guards = format!(
+        "SET lock_timeout = {lock}; SET statement_timeout = {statement}; SET idle_in_transaction_session_timeout = 0"
+    );
     let run = |sql: String| {
         let (client, guards) = (&client, guards.clone());
         async move {

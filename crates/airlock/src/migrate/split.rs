@@ -165,7 +165,13 @@ fn push(out: &mut Vec<Statement>, piece: &str, line: usize) {
     if strip_comments(sql).trim().is_empty() {
         return;
     }
-    let mut rest = piece;
+    out.push(Statement { sql: sql.to_owned(), line: line + leading_lines(piece) });
+}
+
+/// How many line breaks `text` has before its first character outside leading
+/// comments: a statement's `line` is that character's, its text starts earlier.
+pub fn leading_lines(text: &str) -> usize {
+    let mut rest = text;
     loop {
         let trimmed = rest.trim_start();
         if let Some(after) = trimmed.strip_prefix("--") {
@@ -177,8 +183,7 @@ fn push(out: &mut Vec<Statement>, piece: &str, line: usize) {
             break;
         }
     }
-    let skipped_lines = piece[..piece.len() - rest.len()].matches('\n').count();
-    out.push(Statement { sql: sql.to_owned(), line: line + skipped_lines });
+    text[..text.len() - rest.len()].matches('\n').count()
 }
 
 fn ident_char(bytes: &[u8], i: usize) -> bool {
@@ -238,6 +243,20 @@ pub fn kind(sql: &str) -> Kind {
         ["rollback", ..] | ["abort", ..] => Kind::Rollback,
         ["create", ..] | ["drop", ..] if has("index") && has("concurrently") => Kind::NoTransaction,
         ["reindex", ..] if head.contains("concurrently") => Kind::NoTransaction,
+        ["reindex", "schema" | "database" | "system", ..] => Kind::NoTransaction,
+        ["reindex", "(", ..] if has("schema") || has("database") || has("system") => Kind::NoTransaction,
+        // CLUSTER with no table clusters every table, one transaction each.
+        ["cluster"] => Kind::NoTransaction,
+        ["cluster", "verbose"] | ["cluster", "(verbose)"] => Kind::NoTransaction,
+        ["alter", "table", ..]
+            if head.split_whitespace().any(|w| w == "detach")
+                && matches!(
+                    head.trim_end().trim_end_matches(';').split_whitespace().last(),
+                    Some("concurrently" | "finalize")
+                ) =>
+        {
+            Kind::NoTransaction
+        }
         ["vacuum", ..] | ["alter", "system", ..] | ["discard", "all", ..] => Kind::NoTransaction,
         ["create", "database", ..] | ["drop", "database", ..] => Kind::NoTransaction,
         ["create", "tablespace", ..] | ["drop", "tablespace", ..] => Kind::NoTransaction,
@@ -297,6 +316,16 @@ mod tests {
     fn meta_commands_are_refused_and_kinds_are_told_apart() {
         assert!(split("SELECT 1;\n\\set x 1\n").is_err());
         assert_eq!(kind("BEGIN"), Kind::Begin);
+        assert_eq!(kind("CLUSTER"), Kind::NoTransaction);
+        assert_eq!(kind("CLUSTER users USING users_pkey"), Kind::Plain);
+        assert_eq!(kind("REINDEX SCHEMA public"), Kind::NoTransaction);
+        assert_eq!(kind("REINDEX TABLE users"), Kind::Plain);
+        assert_eq!(kind("ALTER TABLE m DETACH PARTITION m_2023 CONCURRENTLY"), Kind::NoTransaction);
+        assert_eq!(
+            kind("ALTER TABLE IF EXISTS public.m DETACH PARTITION public.m_2023 FINALIZE"),
+            Kind::NoTransaction
+        );
+        assert_eq!(kind("ALTER TABLE m DETACH PARTITION m_2023"), Kind::Plain);
         assert!(copies_out("COPY (SELECT id FROM t) TO STDOUT"));
         assert!(copies_out("copy t to stdout with (format csv)"));
         assert!(!copies_out("COPY t FROM STDIN"));

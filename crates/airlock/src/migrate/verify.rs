@@ -992,10 +992,44 @@ pub fn drift(golden: &Catalog, target: &Catalog) -> Vec<Change> {
 /// drifted from what it never held. What a migration does to those objects on
 /// the target is still compared: the target check sets the target's catalog
 /// after each part against its own before.
-pub fn leaving_out(mut catalog: Catalog, left_out: &crate::golden::Exclusions) -> Catalog {
+pub fn leaving_out(catalog: Catalog, left_out: &crate::golden::Exclusions, golden: &Catalog) -> Catalog {
     if left_out.is_empty() {
         return catalog;
     }
+    let whole = catalog.clone();
+    let mut kept = leaving_out_all(catalog, left_out);
+    // What the golden holds all the same (pg_dump keeps the sequence a
+    // left-out table's column draws from) is compared as ever.
+    let back = |into: &mut BTreeMap<String, String>,
+                from: &BTreeMap<String, String>,
+                golden: &BTreeMap<String, String>| {
+        for (name, value) in from {
+            if golden.contains_key(name) {
+                into.entry(name.clone()).or_insert_with(|| value.clone());
+            }
+        }
+    };
+    for (name, table) in &whole.tables {
+        if golden.tables.contains_key(name) {
+            kept.tables.entry(name.clone()).or_insert_with(|| table.clone());
+        }
+    }
+    back(&mut kept.views, &whole.views, &golden.views);
+    back(&mut kept.sequences, &whole.sequences, &golden.sequences);
+    back(&mut kept.functions, &whole.functions, &golden.functions);
+    back(&mut kept.types, &whole.types, &golden.types);
+    if let (Some(into), Some(from), Some(golden)) = (kept.objects.as_mut(), &whole.objects, &golden.objects) {
+        for (name, entry) in from {
+            if golden.contains_key(name) {
+                into.entry(name.clone()).or_insert_with(|| entry.clone());
+            }
+        }
+    }
+    kept
+}
+
+/// `catalog` without everything `left_out` names, whether or not the golden holds it.
+fn leaving_out_all(mut catalog: Catalog, left_out: &crate::golden::Exclusions) -> Catalog {
     let in_schema_left_out = |qualified: &str| {
         qualified.contains('.') && left_out.leaves_out_schema(&crate::catalog::split_qualified(qualified).0)
     };

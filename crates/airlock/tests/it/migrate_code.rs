@@ -701,12 +701,15 @@ fn what_an_attack_got_past_promote_is_refused_for_its_class() {
 #[test]
 fn faithful_files_are_promoted_whoever_runs_them_and_whatever_the_golden_left_out() {
     let d = Daemon::start(&[]);
-    let (prod, target) = production(&d, "shapes", "CREATE TABLE audit (id int PRIMARY KEY, at text);");
+    let (prod, target) = production(&d, "shapes", "CREATE TABLE audit (id bigserial PRIMARY KEY, at text);");
     let out = d.cli_with(
         &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
         Some(&prod.dsn("app")),
     );
     assert_eq!(out.code, 0, "{out:?}");
+    // The application's role ends sessions idle in a transaction at once:
+    // promote's own checks leave its session idle in the one it applies in.
+    sql(&prod.dsn("postgres"), "ALTER ROLE app_owner SET idle_in_transaction_session_timeout = '1ms'");
     let paths = files(
         &d,
         &[
@@ -741,4 +744,55 @@ fn faithful_files_are_promoted_whoever_runs_them_and_whatever_the_golden_left_ou
     let (code, out) = promote(&d, report, &target, paths[0].to_str().unwrap(), &["--again"]);
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("drifted") && out.contains("table extra") && !out.contains("audit"), "{out}");
+}
+
+/// What a third attack found: a statement on the server's own objects passed
+/// its test as a no-op (`DROP DATABASE IF EXISTS` of a database only
+/// production holds), and a change the catalog reading did not see (`CLUSTER
+/// ON` an index of a table the golden left out) was applied.
+#[test]
+fn statements_on_what_only_the_target_holds_are_refused() {
+    let d = Daemon::start(&[]);
+    let (prod, target) = production(&d, "beyond", "CREATE TABLE audit (id int PRIMARY KEY, at text);");
+    sql(&prod.dsn("postgres"), "CREATE DATABASE app_staging OWNER app_owner");
+    let out = d.cli_with(
+        &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
+        Some(&prod.dsn("app")),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let paths = files(
+        &d,
+        &[
+            ("staging.sql", "DROP DATABASE IF EXISTS app_staging;\n"),
+            ("cluster.sql", "ALTER TABLE IF EXISTS audit CLUSTER ON audit_pkey;\n"),
+        ],
+    );
+    let out = d.cli(&[
+        "migrate",
+        "test",
+        "--golden",
+        "lean",
+        "--json",
+        paths[0].to_str().unwrap(),
+        paths[1].to_str().unwrap(),
+    ]);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let tested = by_name(&report);
+    let staging = &tested["staging.sql"];
+    assert!(hazard_kinds(staging).contains(&"opaque_code"), "{staging}");
+    assert!(staging.to_string().contains("acts on the server beyond this database"), "{staging}");
+    let path = d.home.join("beyond.json");
+    std::fs::write(&path, &out.stdout).unwrap();
+    let path = path.to_str().unwrap();
+    let (code, out) = promote(&d, path, &target, paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("opaque_code") || out.contains("--allow-code"), "{out}");
+    let kept = "SELECT count(*) FROM pg_database WHERE datname = 'app_staging'";
+    assert_eq!(sql(&prod.dsn("postgres"), kept), "1");
+    // A no-op under test; on the target, a table's clustering index changes.
+    assert!(tested["cluster.sql"]["hazards"].as_array().unwrap().is_empty(), "{}", tested["cluster.sql"]);
+    let (code, out) = promote(&d, path, &target, paths[1].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("did what its test did not") && out.contains("clustered"), "{out}");
+    assert_eq!(sql(&target, "SELECT count(*) FROM pg_index WHERE indisclustered"), "0");
 }
