@@ -793,15 +793,22 @@ fn environment_function(name: &str) -> bool {
 
 /// Whether a constant is a date or time PostgreSQL reads as the moment it
 /// is read: `'now'`, `'today 00:00'`, `'yesterday 12:00+02'` (a special word,
-/// the rest digits and the signs of a time).
+/// the rest digits and the signs of a time), or holds one as an element of an
+/// array, range, row or JSON value (`'{now}'`, `'[now,infinity)'`,
+/// `'{"at": "now"}'`), which becomes a time wherever it is read as one.
 fn reads_the_clock(text: &str) -> bool {
-    let words: Vec<&str> = text.split_whitespace().collect();
-    words.iter().any(|w| TIME_CONSTANTS.contains(w))
-        && words.iter().all(|w| {
-            TIME_CONSTANTS.contains(w)
-                || ["am", "pm", "utc", "gmt", "z", "at", "allballs"].contains(w)
-                || w.chars().all(|c| c.is_ascii_digit() || ":.+-/".contains(c))
-        })
+    let alone = |text: &str| {
+        let words: Vec<&str> = text.split_whitespace().collect();
+        words.iter().any(|w| TIME_CONSTANTS.contains(w))
+            && words.iter().all(|w| {
+                TIME_CONSTANTS.contains(w)
+                    || ["am", "pm", "utc", "gmt", "z", "at", "allballs"].contains(w)
+                    || w.chars().all(|c| c.is_ascii_digit() || ":.+-/".contains(c))
+            })
+    };
+    alone(text)
+        || (text.trim_start().starts_with(['{', '[', '('])
+            && text.split(['{', '}', '[', ']', '(', ')', ',', ':', '"', '\\']).any(|piece| alone(piece)))
 }
 
 /// Whether the token at `i` is part of a column's default in a definition
@@ -1217,6 +1224,7 @@ mod tests {
             "UPDATE users SET d = CAST(created_at AS date), e = CAST('2025-01-01' AS date), f = to_date(s, 'YYYY')::date",
             "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
             "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
+            "UPDATE posts SET body = 'right now', tags = '{news,today-ish}', meta = '{\"when\": \"soon\"}'",
             // A file that runs whole is one transaction under test as on promote.
             "SET LOCAL search_path = scratch; UPDATE orders SET amount = 0",
         ] {
@@ -1298,6 +1306,11 @@ mod tests {
             ("RESET ALL", "puts settings back"),
             ("RESET TimeZone", "puts settings back"),
             ("DISCARD ALL", "puts settings back"),
+            ("UPDATE accounts SET at = ('{now}'::timestamptz[])[1]", "reads the time"),
+            ("UPDATE accounts SET t = lower('[now,infinity)'::tstzrange)", "reads the time"),
+            ("UPDATE accounts SET t = (jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"now\"}')).paid_until", "reads the time"),
+            ("ALTER TABLE users ADD COLUMN a boolean DEFAULT ((jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"NoW\"}')).paid_until > '2026-12-03')", "reads the time"),
+            ("UPDATE users SET r = '(1,x,today)'::users", "reads the time"),
             ("DROP DATABASE IF EXISTS shop_staging", "acts on the server beyond this database"),
             ("ALTER DATABASE shop CONNECTION LIMIT 0", "acts on the server beyond this database"),
             ("CREATE ROLE reporting", "acts on the server beyond this database"),

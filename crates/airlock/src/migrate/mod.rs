@@ -659,10 +659,13 @@ async fn measure(
     // a row rewritten as it was is a table touched all the same), kept for
     // promote: the whole file's, or each part's.
     let mut touched = rows::changes_of(&images_before, &images_after);
+    // A table it rewrote counts as touched though no counter moved: what the
+    // rewrite put in its rows is compared on the target like any write.
     let written: std::collections::BTreeSet<&str> = report::rows_by_table(&applied.statements, true)
         .into_iter()
         .filter(|(_, counts)| counts.iter().any(|n| *n > 0))
         .map(|(table, _)| table)
+        .chain(report::rewritten(&applied.statements))
         .collect();
     touched.retain(|table, changed| !changed.is_empty() || written.contains(table.as_str()));
     let changed_rows = touched.iter().map(|(t, r)| (t.clone(), r.len())).collect();

@@ -171,11 +171,14 @@ impl Recorder {
         self.next += 1;
         let catalog = crate::catalog::read(client).await?;
         let sequences = verify::sequences(client).await?;
-        // Only the tables its statements changed are read again.
+        // Only the tables its statements changed (or rewrote) are read again.
         let touched: BTreeSet<String> = rows_by_table(&reports[range.clone()], true)
             .into_iter()
-            .filter(|(table, counts)| self.images.contains_key(*table) && counts.iter().any(|n| *n > 0))
-            .map(|(table, _)| table.to_owned())
+            .filter(|(_, counts)| counts.iter().any(|n| *n > 0))
+            .map(|(table, _)| table)
+            .chain(super::report::rewritten(&reports[range.clone()]))
+            .filter(|table| self.images.contains_key(*table))
+            .map(str::to_owned)
             .collect();
         let was: BTreeMap<String, RowImage> = self
             .images

@@ -346,6 +346,11 @@ impl Hazard {
     }
 }
 
+/// The tables `statements` rewrote or truncated (not rolled back by the file).
+pub fn rewritten(statements: &[StatementReport]) -> impl Iterator<Item = &str> {
+    statements.iter().filter(|s| !s.rolled_back).flat_map(|s| s.rewrites.iter().map(|r| r.table.as_str()))
+}
+
 /// Rows inserted, updated and deleted per table, summed over `statements`
 /// (with `committed_only`, leaving out those a ROLLBACK undid).
 pub fn rows_by_table(

@@ -796,3 +796,34 @@ fn statements_on_what_only_the_target_holds_are_refused() {
     assert!(out.contains("did what its test did not") && out.contains("clustered"), "{out}");
     assert_eq!(sql(&target, "SELECT count(*) FROM pg_index WHERE indisclustered"), "0");
 }
+
+/// What a rewrite puts in every row is compared like any write's (found by a
+/// third attack): a table the test rewrote with its values kept must keep
+/// them on the target, even for code a person accepted.
+#[test]
+fn what_a_rewrite_puts_in_every_row_is_compared_on_the_target() {
+    let d = Daemon::start(&[]);
+    let accounts = "CREATE TABLE accounts (id int PRIMARY KEY, paid_until timestamptz NOT NULL);
+        INSERT INTO accounts SELECT g, timestamptz '2030-01-01' + g * interval '1 day' FROM generate_series(1, 50) g;";
+    let (_prod, target) = production(&d, "rewrite", accounts);
+    let text = format!(
+        "ALTER TABLE accounts ALTER COLUMN paid_until TYPE timestamptz(0)\n  \
+         USING CASE WHEN {UNDER_TEST} THEN paid_until ELSE timestamptz '2000-01-01' END;\n"
+    );
+    let paths = files(&d, &[("rewrite.sql", text.as_str())]);
+    let report = d.home.join("rewrite.json");
+    let (_, v) = test(&d, &[paths[0].to_str().unwrap(), "--report", report.to_str().unwrap()]);
+    let tested = &by_name(&v)["rewrite.sql"];
+    let kinds = hazard_kinds(tested);
+    assert!(kinds.contains(&"opaque_code") && kinds.contains(&"table_rewrite"), "{tested}");
+    assert_eq!(tested["changed_rows"]["public.accounts"], 0, "{tested}");
+    let sha = sha(&v, "rewrite.sql");
+    let mut allow = vec!["--allow-code", sha.as_str()];
+    for kind in kinds.iter().filter(|k| **k != "opaque_code") {
+        allow.extend(["--allow-hazard", kind]);
+    }
+    let (code, out) = promote(&d, report.to_str().unwrap(), &target, paths[0].to_str().unwrap(), &allow);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("50 changed here but not in the test") && out.contains("accounts"), "{out}");
+    assert_eq!(sql(&target, "SELECT count(*) FROM accounts WHERE paid_until < '2001-01-01'"), "0");
+}
