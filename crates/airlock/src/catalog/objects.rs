@@ -206,14 +206,20 @@ fn queries() -> Vec<String> {
              FROM pg_largeobject_metadata l",
             acl("l.lomacl", 'L', "l.lomowner")
         ),
-        format!(
-            "SELECT pg_describe_object('pg_publication'::regclass, p.oid, 0),
-                    {} || ' ' || coalesce((SELECT string_agg(r.prrelid::regclass::text, ',' ORDER BY r.prrelid::regclass::text)
-                                           FROM pg_publication_rel r WHERE r.prpubid = p.oid), ''), false
-             FROM pg_publication p",
-            digest("p")
-        ),
-        format!("SELECT pg_describe_object('pg_foreign_server'::regclass, s.oid, 0), {}, false FROM pg_foreign_server s", digest("s")),
+        // (Their OIDs, and those of their owners and wrappers, differ in
+        // every copy: a wrapper by name, owners set aside as a build sets
+        // them.)
+        "SELECT pg_describe_object('pg_publication'::regclass, p.oid, 0),
+                concat_ws('; ', 'digest ' || md5((to_jsonb(p) - 'oid' - 'pubowner')::text),
+                    'tables ' || (SELECT string_agg(r.prrelid::regclass::text, ',' ORDER BY r.prrelid::regclass::text)
+                                    FROM pg_publication_rel r WHERE r.prpubid = p.oid)), false
+         FROM pg_publication p"
+            .to_owned(),
+        "SELECT pg_describe_object('pg_foreign_server'::regclass, s.oid, 0),
+                concat_ws('; ', 'wrapper ' || (SELECT w.fdwname FROM pg_foreign_data_wrapper w WHERE w.oid = s.srvfdw),
+                    'digest ' || md5((to_jsonb(s) - 'oid' - 'srvowner' - 'srvfdw')::text)), false
+         FROM pg_foreign_server s"
+            .to_owned(),
         format!(
             "SELECT pg_describe_object('pg_transform'::regclass, t.oid, 0), {}, false FROM pg_transform t WHERE t.oid >= 16384",
             digest("t")

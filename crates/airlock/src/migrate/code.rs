@@ -1009,7 +1009,8 @@ fn tokens(sql: &str) -> Vec<Token> {
         let c = bytes[i];
         match c {
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
+                // (A carriage return ends it too, as PostgreSQL's lexer reads it.)
+                while i < bytes.len() && bytes[i] != b'\n' && bytes[i] != b'\r' {
                     i += 1;
                 }
             }
@@ -1311,6 +1312,8 @@ mod tests {
             ("UPDATE accounts SET t = (jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"now\"}')).paid_until", "reads the time"),
             ("ALTER TABLE users ADD COLUMN a boolean DEFAULT ((jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"NoW\"}')).paid_until > '2026-12-03')", "reads the time"),
             ("UPDATE users SET r = '(1,x,today)'::users", "reads the time"),
+            ("-- note\rDO $$ BEGIN NULL; END $$", "DO block"),
+            ("UPDATE kv SET v = 'a' -- tidy\rWHERE now() > '2026-01-01'", "now()"),
             ("DROP DATABASE IF EXISTS shop_staging", "acts on the server beyond this database"),
             ("ALTER DATABASE shop CONNECTION LIMIT 0", "acts on the server beyond this database"),
             ("CREATE ROLE reporting", "acts on the server beyond this database"),

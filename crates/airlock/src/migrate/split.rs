@@ -77,7 +77,8 @@ pub fn split(text: &str) -> Result<Vec<Statement>> {
                 i += 1;
             }
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
-                while i < bytes.len() && bytes[i] != b'\n' {
+                // (A carriage return ends it too, as PostgreSQL's lexer reads it.)
+                while i < bytes.len() && bytes[i] != b'\n' && bytes[i] != b'\r' {
                     i += 1;
                 }
             }
@@ -175,7 +176,7 @@ pub fn leading_lines(text: &str) -> usize {
     loop {
         let trimmed = rest.trim_start();
         if let Some(after) = trimmed.strip_prefix("--") {
-            rest = after.find('\n').map_or("", |n| &after[n..]);
+            rest = after.find(['\n', '\r']).map_or("", |n| &after[n..]);
         } else if trimmed.starts_with("/*") {
             rest = trimmed.find("*/").map_or("", |e| &trimmed[e + 2..]);
         } else {
@@ -217,7 +218,7 @@ fn strip_comments(sql: &str) -> String {
         match (line, block) {
             (Some(l), b) if b.is_none_or(|b| l < b) => {
                 out.push_str(&rest[..l]);
-                rest = rest[l..].find('\n').map_or("", |n| &rest[l + n..]);
+                rest = rest[l..].find(['\n', '\r']).map_or("", |n| &rest[l + n..]);
             }
             (_, Some(b)) => {
                 out.push_str(&rest[..b]);
@@ -298,6 +299,15 @@ mod tests {
         assert!(got[4].0.ends_with("END; END"), "{:?}", got[4]);
         assert_eq!(got[5], ("SELECT $$a;b$$, $1".into(), 8));
         assert!(texts("  -- only a comment\n ;; \n").is_empty());
+    }
+
+    #[test]
+    fn a_carriage_return_ends_a_line_comment_as_for_postgresql() {
+        let hidden = "ALTER TABLE users ADD COLUMN a int;\n-- note\rDO $$ BEGIN NULL; END $$;\nSELECT 1;";
+        let got = texts(hidden);
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[1].0.ends_with("DO $$ BEGIN NULL; END $$"), "{got:?}");
+        assert_eq!(kind("-- x\rCREATE INDEX CONCURRENTLY i ON t (a)"), Kind::NoTransaction);
     }
 
     #[test]
