@@ -456,16 +456,23 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
 /// generation it was forked from, and the same role created again.
 pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
     let began = Instant::now();
-    let mut sb = engine.store().sandbox(key)?;
-    if sb.state == SandboxState::Suspended {
-        sb = wake(engine, &sb.id).await?;
-    }
+    let id = engine.store().sandbox(key)?.id;
     // Not while a suspend, wake, branch or delete is under way on it.
-    let _op = engine.sandbox_lock(&sb.id).await;
-    let sb = engine.store().sandbox(&sb.id)?;
+    let _op = engine.sandbox_lock(&id).await;
+    let sb = engine.store().sandbox(&id)?;
+    // A suspended sandbox is rebuilt as it lies, never woken first: a server
+    // started on the data the reset throws away could not start when that
+    // data is what filled its allowance. It needs a running slot all the same.
+    let _admitted = match sb.state {
+        SandboxState::Suspended => {
+            Some(capacity::admit(engine, engine.config.wake_wait, capacity::Need::Start, Some(&id)).await?)
+        }
+        _ => None,
+    };
     // Marked `resetting` while it is rebuilt: deletes wait, the router holds new
     // clients, and a daemon that dies in between completes the reset at start.
-    if sb.state != SandboxState::Running || !engine.store().begin_reset(&sb.id)? {
+    let resettable = matches!(sb.state, SandboxState::Running | SandboxState::Suspended);
+    if !resettable || !engine.store().begin_reset(&sb.id)? {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             format!("sandbox {} is {}, not running", sb.id, sb.state.as_str()),

@@ -465,11 +465,12 @@ impl Store {
         Ok(Some(sb))
     }
 
-    /// Moves a running sandbox to `resetting`; false if it was not running.
+    /// Moves a running or suspended sandbox to `resetting`; false if it was neither.
     pub fn begin_reset(&mut self, id: &str) -> Result<bool> {
-        let n = self
-            .conn
-            .execute("UPDATE sandboxes SET state = 'resetting' WHERE id = ?1 AND state = 'running'", [id])?;
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'resetting' WHERE id = ?1 AND state IN ('running', 'suspended')",
+            [id],
+        )?;
         Ok(n == 1)
     }
 
