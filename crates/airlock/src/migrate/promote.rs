@@ -203,12 +203,12 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         .await
         .map_err(pg_error)?
         .cell(0)?;
-    let marker = {
-        use sha2::Digest;
-        let id = crate::secret::hex(&sha2::Sha256::digest(format!("{target}\0{target_name}").as_bytes()));
-        let run = std::path::Path::new(&tested.row_record).parent().unwrap_or(std::path::Path::new(""));
-        engine.layout.migration_rows().join(run).join(format!("promoted-{}-{}", &hash[..16], &id[..16]))
-    };
+    let marker = super::rows::promotion_mark(
+        &engine.layout,
+        &tested.row_record,
+        &hash,
+        &format!("{target}\0{target_name}"),
+    );
     if let Ok(at) = std::fs::read_to_string(&marker) {
         if !req.again {
             return Err(refused(

@@ -185,6 +185,16 @@ pub fn run_dir(layout: &crate::layout::Layout) -> PathBuf {
     layout.migration_rows().join("runs").join(crate::secret::sandbox_id())
 }
 
+/// The mark that the file of SHA-256 `sha` was promoted to `target` (a
+/// database, as its redacted DSN and name) from the run whose record is
+/// `row_record`: beside that record, so it goes when the record is pruned.
+pub fn promotion_mark(layout: &crate::layout::Layout, row_record: &str, sha: &str, target: &str) -> PathBuf {
+    let id = crate::secret::hex(&sha2::Sha256::digest(target.as_bytes()));
+    let run = Path::new(row_record).parent().unwrap_or(Path::new(""));
+    let sha = sha.get(..16).unwrap_or(sha);
+    layout.migration_rows().join(run).join(format!("promoted-{sha}-{}", &id[..16]))
+}
+
 /// Writes `bytes` to `path` whole (a temporary file renamed into place), in
 /// directories only root reads.
 fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {

@@ -992,50 +992,18 @@ pub fn drift(golden: &Catalog, target: &Catalog) -> Vec<Change> {
 /// drifted from what it never held. What a migration does to those objects on
 /// the target is still compared: the target check sets the target's catalog
 /// after each part against its own before.
-pub fn leaving_out(catalog: Catalog, left_out: &crate::golden::Exclusions, golden: &Catalog) -> Catalog {
+pub fn leaving_out(mut catalog: Catalog, left_out: &crate::golden::Exclusions, golden: &Catalog) -> Catalog {
     if left_out.is_empty() {
         return catalog;
     }
-    let whole = catalog.clone();
-    let mut kept = leaving_out_all(catalog, left_out);
-    // What the golden holds all the same (pg_dump keeps the sequence a
-    // left-out table's column draws from) is compared as ever.
-    let back = |into: &mut BTreeMap<String, String>,
-                from: &BTreeMap<String, String>,
-                golden: &BTreeMap<String, String>| {
-        for (name, value) in from {
-            if golden.contains_key(name) {
-                into.entry(name.clone()).or_insert_with(|| value.clone());
-            }
-        }
-    };
-    for (name, table) in &whole.tables {
-        if golden.tables.contains_key(name) {
-            kept.tables.entry(name.clone()).or_insert_with(|| table.clone());
-        }
-    }
-    back(&mut kept.views, &whole.views, &golden.views);
-    back(&mut kept.sequences, &whole.sequences, &golden.sequences);
-    back(&mut kept.functions, &whole.functions, &golden.functions);
-    back(&mut kept.types, &whole.types, &golden.types);
-    if let (Some(into), Some(from), Some(golden)) = (kept.objects.as_mut(), &whole.objects, &golden.objects) {
-        for (name, entry) in from {
-            if golden.contains_key(name) {
-                into.entry(name.clone()).or_insert_with(|| entry.clone());
-            }
-        }
-    }
-    kept
-}
-
-/// `catalog` without everything `left_out` names, whether or not the golden holds it.
-fn leaving_out_all(mut catalog: Catalog, left_out: &crate::golden::Exclusions) -> Catalog {
     let in_schema_left_out = |qualified: &str| {
         qualified.contains('.') && left_out.leaves_out_schema(&crate::catalog::split_qualified(qualified).0)
     };
+    // What the golden holds all the same (pg_dump keeps the sequence a
+    // left-out table's column draws from) is compared as ever.
     let mut gone: BTreeSet<String> = BTreeSet::new();
     catalog.tables.retain(|name, table| {
-        if !left_out.leaves_out(name) {
+        if !left_out.leaves_out(name) || golden.tables.contains_key(name) {
             return true;
         }
         let (schema, _) = crate::catalog::split_qualified(name);
@@ -1054,12 +1022,21 @@ fn leaving_out_all(mut catalog: Catalog, left_out: &crate::golden::Exclusions) -
             gone.insert(name.clone());
         }
     }
-    catalog.views.retain(|name, _| !gone.contains(name));
-    catalog.sequences.retain(|name, _| !gone.contains(name) && !in_schema_left_out(name));
-    catalog.functions.retain(|name, _| !in_schema_left_out(name.split('(').next().unwrap_or(name)));
-    catalog.types.retain(|name, _| !in_schema_left_out(name));
+    let kept = |name: &str, held: &BTreeMap<String, String>, left: bool| !left || held.contains_key(name);
+    catalog.views.retain(|name, _| kept(name, &golden.views, gone.contains(name)));
+    catalog
+        .sequences
+        .retain(|name, _| kept(name, &golden.sequences, gone.contains(name) || in_schema_left_out(name)));
+    catalog.functions.retain(|name, _| {
+        kept(name, &golden.functions, in_schema_left_out(name.split('(').next().unwrap_or(name)))
+    });
+    catalog.types.retain(|name, _| kept(name, &golden.types, in_schema_left_out(name)));
+    let held = golden.objects.as_ref();
     if let Some(objects) = catalog.objects.as_mut() {
         objects.retain(|name, _| {
+            if held.is_some_and(|h| h.contains_key(name)) {
+                return true;
+            }
             let words: Vec<&str> = name
                 .split_whitespace()
                 .map(|w| w.trim_matches(|c: char| matches!(c, '(' | ')' | ',' | ';')))

@@ -693,6 +693,27 @@ fn what_an_attack_got_past_promote_is_refused_for_its_class() {
     let _ = holder.wait_with_output();
 }
 
+/// Golden `lean` from production, its table `audit` left out on purpose.
+fn lean_golden(d: &Daemon, prod: &crate::imports::Production) {
+    let out = d.cli_with(
+        &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
+        Some(&prod.dsn("app")),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+}
+
+/// `migrate test` of `paths` on golden `lean`: the exit code, the report, and
+/// the path it was kept at for promote.
+fn test_lean(d: &Daemon, paths: &[std::path::PathBuf]) -> (i32, Value, String) {
+    let mut args = vec!["migrate", "test", "--golden", "lean", "--json"];
+    args.extend(paths.iter().map(|p| p.to_str().unwrap()));
+    let out = d.cli(&args);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let path = d.home.join("lean-report.json");
+    std::fs::write(&path, &out.stdout).unwrap();
+    (out.code, report, path.to_str().unwrap().to_owned())
+}
+
 /// Faithful files the target check once refused: on a golden that left a
 /// table out on purpose (`--exclude-table`), a file with `COPY ... TO STDOUT`,
 /// and default privileges given by whoever runs the file (the agent under
@@ -708,11 +729,7 @@ fn faithful_files_are_promoted_whoever_runs_them_and_whatever_the_golden_left_ou
         "shapes",
         "CREATE TABLE audit (id bigserial PRIMARY KEY, at text); CREATE PUBLICATION analytics FOR TABLE users;",
     );
-    let out = d.cli_with(
-        &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
-        Some(&prod.dsn("app")),
-    );
-    assert_eq!(out.code, 0, "{out:?}");
+    lean_golden(&d, &prod);
     // The application's role ends sessions idle in a transaction at once:
     // promote's own checks leave its session idle in the one it applies in.
     sql(&prod.dsn("postgres"), "ALTER ROLE app_owner SET idle_in_transaction_session_timeout = '1ms'");
@@ -723,19 +740,9 @@ fn faithful_files_are_promoted_whoever_runs_them_and_whatever_the_golden_left_ou
             ("defaults.sql", "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC;\n"),
         ],
     );
-    let out = d.cli(&[
-        "migrate",
-        "test",
-        "--golden",
-        "lean",
-        "--json",
-        paths[0].to_str().unwrap(),
-        paths[1].to_str().unwrap(),
-    ]);
-    assert_eq!(out.code, 0, "{out:?}");
-    let report = d.home.join("lean-report.json");
-    std::fs::write(&report, &out.stdout).unwrap();
-    let report = report.to_str().unwrap();
+    let (code, _, report) = test_lean(&d, &paths);
+    assert_eq!(code, 0);
+    let report = report.as_str();
     let (code, out) = promote(&d, report, &target, paths[0].to_str().unwrap(), &[]);
     assert_eq!(code, 0, "{out}");
     assert_eq!(sql(&target, "SELECT name FROM tenants WHERE id = 1"), "tenant 1!");
@@ -761,11 +768,7 @@ fn statements_on_what_only_the_target_holds_are_refused() {
     let d = Daemon::start(&[]);
     let (prod, target) = production(&d, "beyond", "CREATE TABLE audit (id int PRIMARY KEY, at text);");
     sql(&prod.dsn("postgres"), "CREATE DATABASE app_staging OWNER app_owner");
-    let out = d.cli_with(
-        &["golden", "create", "lean", "--from-url", "-", "--exclude-table", "audit"],
-        Some(&prod.dsn("app")),
-    );
-    assert_eq!(out.code, 0, "{out:?}");
+    lean_golden(&d, &prod);
     let paths = files(
         &d,
         &[
@@ -773,23 +776,12 @@ fn statements_on_what_only_the_target_holds_are_refused() {
             ("cluster.sql", "ALTER TABLE IF EXISTS audit CLUSTER ON audit_pkey;\n"),
         ],
     );
-    let out = d.cli(&[
-        "migrate",
-        "test",
-        "--golden",
-        "lean",
-        "--json",
-        paths[0].to_str().unwrap(),
-        paths[1].to_str().unwrap(),
-    ]);
-    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let (_, report, path) = test_lean(&d, &paths);
     let tested = by_name(&report);
     let staging = &tested["staging.sql"];
     assert!(hazard_kinds(staging).contains(&"opaque_code"), "{staging}");
     assert!(staging.to_string().contains("acts on the server beyond this database"), "{staging}");
-    let path = d.home.join("beyond.json");
-    std::fs::write(&path, &out.stdout).unwrap();
-    let path = path.to_str().unwrap();
+    let path = path.as_str();
     let (code, out) = promote(&d, path, &target, paths[0].to_str().unwrap(), &[]);
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("opaque_code") || out.contains("--allow-code"), "{out}");
