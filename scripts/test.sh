@@ -13,6 +13,9 @@ else
   echo "not root: integration tests run on the copy fallback; storage init is tested for its refusal" >&2
 fi
 
+# The crates stand in layers: none depends on one beside or above it, and
+# docs/ARCHITECTURE.md draws the graph as it is.
+scripts/layers.py
 cargo build --locked --all-targets
 # Methods that panic on what the agent can shape (a NULL read back, say) are
 # not used (clippy.toml says which and why).

@@ -16,8 +16,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::engine::prepare_home;
-use crate::error::{Error, ErrorCode, Result};
-use crate::layout::Layout;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::Layout;
 
 /// How long a self-started daemon may take to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -44,7 +44,7 @@ pub struct Client {
     start: bool,
     /// The door its requests say they came through (`x-airlock-door`), when
     /// not the API's own.
-    door: Option<crate::events::Door>,
+    door: Option<airlock_core::events::Door>,
 }
 
 enum Stream {
@@ -71,7 +71,7 @@ impl Client {
 
     /// This client, its requests marked as coming through `door` (only
     /// `mcp_stdio` is honoured; the daemon takes any other as the API).
-    pub fn through(mut self, door: crate::events::Door) -> Client {
+    pub fn through(mut self, door: airlock_core::events::Door) -> Client {
         self.door = Some(door);
         self
     }

@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 
 use crate::api::{self, AppState};
 use crate::engine::{prepare_home, Config, Engine};
-use crate::error::{Error, ErrorCode, Result};
-use crate::layout::Layout;
 use crate::reaper;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::Layout;
 
 /// Where the API listens besides its unix socket.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +27,7 @@ pub struct Listen {
 /// running after it exits; the next daemon picks them up.
 pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     // Whatever the launcher left open stays with the daemon, never its children.
-    crate::descriptors::close_on_exec_from_3()?;
+    airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;
@@ -40,7 +40,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     // A volume that could not give one sandbox its headroom is refused now.
     crate::sandbox::headroom::check_volume(&engine)?;
     let counted_from = crate::metrics::Start::now(&engine);
-    let traced_from = crate::audit::follow::Follower::at_end(&engine.layout.audit());
+    let traced_from = airlock_state::audit::follow::Follower::at_end(&engine.layout.audit());
     let reconciled = reaper::reconcile(&engine).await?;
     tracing::info!(?reconciled, "reconciled state, processes and directories");
     let doctor = engine.doctor();
@@ -60,7 +60,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     reaper::watchdog::spawn(engine.clone());
     reaper::scripts::spawn(engine.clone());
     crate::sandbox::pool::spawn(engine.clone());
-    crate::audit::spawn_ticks(engine.audit.clone());
+    airlock_state::audit::spawn_ticks(engine.audit.clone());
     let metrics = crate::metrics::spawn(engine.clone(), counted_from);
     let traces = crate::traces::spawn(engine.layout.audit(), traced_from)?;
     if let Some(addr) = engine.config.metrics {

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::cgroup::{CgroupLimits, Cgroups};
-use crate::error::{Error, ErrorCode, Result};
-use crate::layout::Layout;
-use crate::pg::majors::{Majors, Server};
 use crate::sandbox::Sandbox;
-use crate::storage::{Backend, Cloner, COPY_WARNING};
-use crate::store::Store;
-use crate::users::{Identity, Leases};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::Layout;
+use airlock_host::cgroup::{CgroupLimits, Cgroups};
+use airlock_host::storage::{Backend, Cloner, COPY_WARNING};
+use airlock_host::users::{Identity, Leases};
+use airlock_postgres::majors::{Majors, Server};
+use airlock_state::store::Store;
 
 /// Daemon settings (flags of `airlock serve`, or their environment variables).
 #[derive(Debug, Clone)]
@@ -33,7 +33,7 @@ pub struct Config {
     /// The unprivileged user goldens are built as when the daemon is root.
     pub instance_user: Option<String>,
     /// The uids sandboxes run as when the daemon is root, leased host-wide.
-    pub uid_range: crate::users::UidRange,
+    pub uid_range: airlock_host::users::UidRange,
     /// Where the host-wide identity leases are kept.
     pub lease_dir: PathBuf,
     /// Where the default PostgreSQL binaries are.
@@ -58,7 +58,7 @@ pub struct Config {
     pub max_disk_bytes: Option<u64>,
     /// Free space kept on the volume: below it, forks and wakes wait and the
     /// sandbox that is writing is stopped.
-    pub disk_reserve: crate::validate::Reserve,
+    pub disk_reserve: airlock_core::validate::Reserve,
     /// Idle time after which a sandbox is suspended, unless its fork names one; zero never.
     pub default_idle_suspend: Duration,
     /// How long a wake through the router waits for a running slot.
@@ -70,7 +70,7 @@ pub struct Config {
     /// Where the MCP gateway listens; `None` turns it off.
     pub gateway: Option<std::net::SocketAddr>,
     /// How the audit log writes, rotates and checkpoints.
-    pub audit: crate::audit::AuditOptions,
+    pub audit: airlock_state::audit::AuditOptions,
     /// Where Prometheus metrics are served; `None` turns them off.
     pub metrics: Option<std::net::SocketAddr>,
 }
@@ -84,10 +84,10 @@ impl Config {
             default_ttl: Duration::from_secs(15 * 60),
             max_ttl: Duration::from_secs(24 * 3600),
             instance_user: None,
-            uid_range: crate::users::UidRange::default(),
-            lease_dir: PathBuf::from(crate::users::DEFAULT_LEASE_DIR),
+            uid_range: airlock_host::users::UidRange::default(),
+            lease_dir: PathBuf::from(airlock_host::users::DEFAULT_LEASE_DIR),
             pg_bin: None,
-            pg_root: crate::pg::majors::default_root(),
+            pg_root: airlock_postgres::majors::default_root(),
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
             disk_limit_bytes: 10 << 30,
@@ -95,13 +95,13 @@ impl Config {
             default_pool_size: 0,
             max_running: 100,
             max_disk_bytes: None,
-            disk_reserve: crate::validate::Reserve::Percent(10),
+            disk_reserve: airlock_core::validate::Reserve::Percent(10),
             default_idle_suspend: Duration::from_secs(10 * 60),
             wake_wait: Duration::from_secs(10),
             import_keep: Duration::from_secs(24 * 3600),
             router: crate::router::RouterConfig::default(),
             gateway: Some(crate::gateway::http::DEFAULT_ADDR.parse().expect("default gateway address")),
-            audit: crate::audit::AuditOptions::default(),
+            audit: airlock_state::audit::AuditOptions::default(),
             metrics: None,
         }
     }
@@ -122,20 +122,20 @@ pub struct Engine {
     /// The OS user goldens are built as (and sandboxes run as when not root).
     pub instance_user: Identity,
     /// The OS user that jailed client tools read a build's input as, logged
-    /// in as the owner role (root only; [`crate::pg::jail`]).
+    /// in as the owner role (root only; [`airlock_postgres::jail`]).
     pub loader_user: Option<Identity>,
     /// Host-wide leases of sandbox identities (root only).
     pub leases: Option<Leases>,
     /// The host's cgroups, for per-sandbox limits.
     pub cgroups: Cgroups,
     /// The audit log every event is written to before the store keeps it.
-    pub audit: Arc<crate::audit::AuditLog>,
+    pub audit: Arc<airlock_state::audit::AuditLog>,
     /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
     pub pool_wanted: tokio::sync::Notify,
     /// How far each golden build has got.
     pub builds: crate::golden::progress::Builds,
     /// Open admin sessions to pool members, so a claim only has to create the role.
-    pub pool_admins: Mutex<std::collections::HashMap<String, crate::pg::admin::Admin>>,
+    pub pool_admins: Mutex<std::collections::HashMap<String, airlock_postgres::admin::Admin>>,
     /// Open router connections per sandbox, and backend keys for cancel requests.
     pub connections: crate::router::Connections,
     /// The queue forks and wakes wait in for room (tokio's mutex is first-in, first-out).
@@ -189,7 +189,7 @@ impl Engine {
         let layout = Layout::new(&config.home);
         prepare_home(layout.home())?;
         let root = nix::unistd::geteuid().is_root();
-        if let (true, Some(dir)) = (root, crate::rootfs::under_private_dir(layout.home())) {
+        if let (true, Some(dir)) = (root, airlock_host::rootfs::under_private_dir(layout.home())) {
             return Err(Error::new(
                 ErrorCode::DataRootNotWritable,
                 format!(
@@ -199,7 +199,7 @@ impl Engine {
                 "put the data root elsewhere (the default for root is /var/lib/airlock)",
             ));
         }
-        crate::storage::volume::ensure_mounted(&layout)?;
+        airlock_host::storage::volume::ensure_mounted(&layout)?;
         // What the data root holds beside the volume is root's alone: the image
         // holds every sandbox's data, the log their ids; the root itself is only
         // traversable (0711), so a name known is a file reachable.
@@ -216,7 +216,7 @@ impl Engine {
         mkdir(&layout.goldens(), 0o700)?;
         mkdir(&layout.sandboxes(), 0o711)?;
         mkdir(&layout.staging(), 0o711)?;
-        let audit = Arc::new(crate::audit::AuditLog::open(&layout.audit(), config.audit.clone())?);
+        let audit = Arc::new(airlock_state::audit::AuditLog::open(&layout.audit(), config.audit.clone())?);
         let store = Store::open(&layout.state_db())?.with_journal(audit.clone());
         let cloner = if config.force_copy {
             Cloner::copying(&layout.volume())
@@ -314,10 +314,10 @@ impl Engine {
     /// on (the private socket's in `socket_dsn`). Private: credentials leave
     /// only through [`Engine::hand_over`], which puts them on record.
     fn present(&self, mut sb: Sandbox) -> Sandbox {
-        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password);
+        let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password);
         let dir = self.layout.sandbox_instance(&sb.id);
-        if let (Some(password), true) = (&password, crate::redis::server::configured(&dir)) {
-            sb.redis_socket_url = Some(crate::redis::server::socket_url(&dir, &sb.id, password));
+        if let (Some(password), true) = (&password, airlock_redis::server::configured(&dir)) {
+            sb.redis_socket_url = Some(airlock_redis::server::socket_url(&dir, &sb.id, password));
             sb.redis_url = self.router.get().and_then(|r| r.redis_url(&sb.id, password));
         }
         // With no PostgreSQL, the stored DSN only holds the credential.
@@ -337,7 +337,7 @@ impl Engine {
     /// No record, no credential.
     pub fn hand_over(&self, sb: Sandbox, to: &str) -> Result<Sandbox> {
         // The stored DSN holds the credential, whatever forms it is shown in.
-        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password);
+        let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password);
         let sb = self.present(sb);
         let Some(password) = password else { return Ok(sb) };
         let forms: Vec<&str> = [
@@ -356,14 +356,14 @@ impl Engine {
 
     /// Records that the credential `secret` of `sb` was handed to `to` in `forms`.
     pub fn record_credential(&self, sb: &Sandbox, to: &str, secret: &str, forms: &[&str]) -> Result<()> {
-        self.store().record(crate::events::NewEvent {
-            kind: crate::events::EventKind::CredentialIssued,
+        self.store().record(airlock_core::events::NewEvent {
+            kind: airlock_core::events::EventKind::CredentialIssued,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: serde_json::json!({
                 "to": to,
                 "forms": forms,
-                "fingerprint": crate::secret::fingerprint(secret),
+                "fingerprint": airlock_core::secret::fingerprint(secret),
             }),
             ..Default::default()
         })
@@ -572,7 +572,7 @@ pub struct Doctor {
     pub extensions: Vec<String>,
     /// Every PostgreSQL major found: system, installed, and any that cannot be used.
     #[serde(default)]
-    pub postgres_majors: Vec<crate::pg::majors::MajorInfo>,
+    pub postgres_majors: Vec<airlock_postgres::majors::MajorInfo>,
     /// The daemon's OS user.
     pub daemon_user: String,
     /// The OS user goldens are built as; sandboxes run as `<it>-<slot>` when root.
@@ -581,7 +581,7 @@ pub struct Doctor {
     pub per_sandbox_users: bool,
     /// The uids sandboxes are leased from (root only).
     #[serde(default)]
-    pub sandbox_uids: Option<crate::users::UidRange>,
+    pub sandbox_uids: Option<airlock_host::users::UidRange>,
     /// Whether each sandbox has its own network namespace (no egress).
     pub network_namespaces: bool,
     /// The cgroup layout used for limits.

@@ -16,11 +16,36 @@
 use std::future::Future;
 use std::time::Duration;
 
+use axum::response::IntoResponse;
 use axum::serve::Listener;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+
+/// An error on its way out as an HTTP answer: the status its code maps to,
+/// and the error itself as the JSON body.
+#[derive(Debug)]
+pub struct Failure(pub airlock_core::error::Error);
+
+impl From<airlock_core::error::Error> for Failure {
+    fn from(e: airlock_core::error::Error) -> Self {
+        Failure(e)
+    }
+}
+
+impl IntoResponse for Failure {
+    fn into_response(self) -> axum::response::Response {
+        let Failure(error) = self;
+        let status = axum::http::StatusCode::from_u16(error.code.http_status())
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        // An answer that points at the daemon log finds what it points at there.
+        if status.is_server_error() {
+            tracing::error!(code = %error.code.as_str(), message = %error.message, "a request failed");
+        }
+        (status, axum::Json(error)).into_response()
+    }
+}
 
 /// How much of the daemon one listener may hold.
 #[derive(Debug, Clone, Copy)]
@@ -52,7 +77,6 @@ async fn answered(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    use axum::response::IntoResponse;
     use futures_util::FutureExt;
     let route = format!("{} {}", request.method(), request.uri().path());
     let handled = std::panic::AssertUnwindSafe(next.run(request)).catch_unwind();
@@ -61,16 +85,16 @@ async fn answered(
         Ok(Err(panic)) => {
             let what = panic_message(&panic);
             tracing::error!(route = %route, panic = %what, "a request's handler panicked");
-            crate::error::Error::internal(format!(
+            Failure(airlock_core::error::Error::internal(format!(
                 "the request failed unexpectedly ({what}); nothing was left half-made"
-            ))
+            )))
             .into_response()
         }
-        Err(_) => crate::error::Error::new(
-            crate::error::ErrorCode::TimedOut,
+        Err(_) => Failure(airlock_core::error::Error::new(
+            airlock_core::error::ErrorCode::TimedOut,
             format!("the request took longer than {}s and was given up", deadline.as_secs()),
             "work the daemon runs on its own (a build, a deletion) goes on: see `airlock events`",
-        )
+        ))
         .into_response(),
     }
 }

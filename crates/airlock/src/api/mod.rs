@@ -3,7 +3,7 @@
 //! Work that must not stop half-way (forks, deletes, golden builds) runs in its
 //! own task, so a client that hangs up mid-request leaves nothing half-made.
 //! Errors are JSON: `{"code", "message", "hint"}` with the status from
-//! [`ErrorCode::http_status`](crate::error::ErrorCode::http_status).
+//! [`ErrorCode::http_status`](airlock_core::error::ErrorCode::http_status).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -21,12 +21,13 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode};
-use crate::events::DeleteReason;
 use crate::golden::{self, CreateGolden};
 use crate::sandbox::{self, ForkRequest};
-use crate::store::SandboxFilter;
-use crate::validate;
+use crate::serve::Failure;
+use airlock_core::error::{Error, ErrorCode};
+use airlock_core::events::DeleteReason;
+use airlock_core::validate;
+use airlock_state::store::SandboxFilter;
 
 pub mod openapi;
 
@@ -43,19 +44,7 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-impl IntoResponse for Error {
-    fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        // An answer that points at the daemon log finds what it points at there.
-        if status.is_server_error() {
-            tracing::error!(code = %self.code.as_str(), message = %self.message, "a request failed");
-        }
-        (status, Json(self)).into_response()
-    }
-}
-
-type ApiResult<T> = Result<Json<T>, Error>;
+type ApiResult<T> = Result<Json<T>, Failure>;
 
 /// A JSON request body, with a malformed one answered in the API's error format.
 fn body<T>(parsed: Result<Json<T>, JsonRejection>) -> Result<T, Error> {
@@ -74,7 +63,7 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, Error>> + Send + 'static,
 {
-    tokio::spawn(crate::events::DOOR.scope(crate::events::Door::current(), work)).await?
+    tokio::spawn(airlock_core::events::DOOR.scope(airlock_core::events::Door::current(), work)).await?
 }
 
 /// The API's routes, each registered with its OpenAPI entry ([`openapi`]).
@@ -115,7 +104,11 @@ pub fn router(state: AppState) -> Router {
             }),
         )
         .fallback(|| async {
-            Error::new(ErrorCode::InvalidRequest, "no such API route", "see /openapi.json for the routes")
+            Failure(Error::new(
+                ErrorCode::InvalidRequest,
+                "no such API route",
+                "see /openapi.json for the routes",
+            ))
         })
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn(door_of_request))
@@ -125,7 +118,7 @@ pub fn router(state: AppState) -> Router {
 /// Runs a request's work with its door set: the API's, or `airlock mcp`'s on
 /// stdio when the client says so (a claim that only labels its records).
 async fn door_of_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    use crate::events::{Door, DOOR};
+    use airlock_core::events::{Door, DOOR};
     let door = match request.headers().get(crate::client::DOOR_HEADER).map(|v| v.as_bytes()) {
         Some(b"mcp_stdio") => Door::McpStdio,
         _ => Door::Api,
@@ -174,11 +167,11 @@ pub async fn require_token(
     if !token.is_empty() && constant_time_eq(given.as_bytes(), token.as_bytes()) {
         next.run(req).await
     } else {
-        Error::new(
+        Failure(Error::new(
             ErrorCode::Unauthorized,
             "missing or wrong bearer token",
             "send `Authorization: Bearer TOKEN` (the CLI reads it from AIRLOCK_TOKEN or --token-file)",
-        )
+        ))
         .into_response()
     }
 }
@@ -221,7 +214,7 @@ async fn list_goldens(State(s): State<AppState>) -> ApiResult<Vec<golden::Golden
 async fn create_golden(
     State(s): State<AppState>,
     req: Result<Json<CreateGolden>, JsonRejection>,
-) -> Result<Response, Error> {
+) -> Result<Response, Failure> {
     let req = body(req)?;
     let engine = s.engine.clone();
     let g = detached(async move { golden::create(&engine, &req).await }).await?;
@@ -239,11 +232,11 @@ async fn golden_progress(
     Path(name): Path<String>,
 ) -> ApiResult<golden::progress::BuildProgress> {
     s.engine.builds.get(&name).map(Json).ok_or_else(|| {
-        Error::new(
-            crate::error::ErrorCode::GoldenNotFound,
+        Failure(Error::new(
+            airlock_core::error::ErrorCode::GoldenNotFound,
             format!("no build of golden {name:?} is under way"),
             "progress is shown while `airlock golden create` or `refresh` runs",
-        )
+        ))
     })
 }
 
@@ -320,14 +313,15 @@ async fn list_sandboxes(
 async fn fork(
     State(s): State<AppState>,
     req: Result<Json<ForkRequest>, JsonRejection>,
-) -> Result<Response, Error> {
+) -> Result<Response, Failure> {
     let req = body(req)?;
     if req.mcp && s.engine.gateway.get().is_none() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             "an MCP endpoint was asked for but the MCP gateway is off",
             "start the daemon with --gateway HOST:PORT (the default is 127.0.0.1:7433)",
-        ));
+        )
+        .into());
     }
     let engine = s.engine.clone();
     let mut forked = detached(async move {
@@ -338,7 +332,7 @@ async fn fork(
                 Err(e) => {
                     // Nothing half-made: without its endpoint the sandbox goes too.
                     let _ = sandbox::delete(&engine, &forked.sandbox.id, DeleteReason::Failed).await;
-                    return Err(e);
+                    return Err(e.into());
                 }
             }
         }
@@ -351,7 +345,7 @@ async fn fork(
         Err(e) => {
             // A sandbox whose credential could not go on record is not handed out.
             let _ = sandbox::delete(&s.engine, &id, DeleteReason::Failed).await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     Ok((StatusCode::CREATED, Json(forked)).into_response())
@@ -492,7 +486,7 @@ async fn branch(
     State(s): State<AppState>,
     Path(id): Path<String>,
     req: Result<Json<sandbox::BranchRequest>, JsonRejection>,
-) -> Result<Response, Error> {
+) -> Result<Response, Failure> {
     let req = body(req)?;
     let engine = s.engine.clone();
     let mut forked = detached(async move { sandbox::branch::branch(&engine, &id, &req).await }).await?;
@@ -501,7 +495,7 @@ async fn branch(
         Ok(sb) => sb,
         Err(e) => {
             let _ = sandbox::delete(&s.engine, &id, DeleteReason::Failed).await;
-            return Err(e);
+            return Err(e.into());
         }
     };
     Ok((StatusCode::CREATED, Json(forked)).into_response())
@@ -566,11 +560,11 @@ struct EventsQuery {
     limit: Option<i64>,
 }
 
-#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery), responses((status = 200, description = "events, oldest first", body = Vec<crate::events::Event>), ApiErrors))]
+#[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery), responses((status = 200, description = "events, oldest first", body = Vec<airlock_core::events::Event>), ApiErrors))]
 async fn events(
     State(s): State<AppState>,
     Query(q): Query<EventsQuery>,
-) -> ApiResult<Vec<crate::events::Event>> {
+) -> ApiResult<Vec<airlock_core::events::Event>> {
     let store = s.engine.store();
     // Accept a live sandbox's name as well as an id.
     let id = q.sandbox.as_ref().map(|key| store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone()));
@@ -580,18 +574,21 @@ async fn events(
 #[utoipa::path(get, path = "/v1/stats", tag = "events", responses((status = 200, description = "the five measures of fleet health", body = crate::metrics::stats::Stats), ApiErrors))]
 async fn stats(State(s): State<AppState>) -> ApiResult<crate::metrics::stats::Stats> {
     let (engine, metrics) = (s.engine.clone(), s.metrics.clone());
-    Ok(Json(tokio::task::spawn_blocking(move || metrics.stats(&engine)).await?))
+    Ok(Json(tokio::task::spawn_blocking(move || metrics.stats(&engine)).await.map_err(Error::from)?))
 }
 
-#[utoipa::path(post, path = "/v1/audit/checkpoint", tag = "events", responses((status = 200, description = "a checkpoint of the audit chain's head, signed now (or the newest, when nothing was written since)", body = crate::audit::checkpoint::Checkpoint), ApiErrors))]
-async fn audit_checkpoint(State(s): State<AppState>) -> ApiResult<crate::audit::checkpoint::Checkpoint> {
+#[utoipa::path(post, path = "/v1/audit/checkpoint", tag = "events", responses((status = 200, description = "a checkpoint of the audit chain's head, signed now (or the newest, when nothing was written since)", body = airlock_state::audit::checkpoint::Checkpoint), ApiErrors))]
+async fn audit_checkpoint(
+    State(s): State<AppState>,
+) -> ApiResult<airlock_state::audit::checkpoint::Checkpoint> {
     let engine = s.engine.clone();
-    let checkpoint = tokio::task::spawn_blocking(move || engine.audit.checkpoint_now()).await??;
+    let checkpoint =
+        tokio::task::spawn_blocking(move || engine.audit.checkpoint_now()).await.map_err(Error::from)??;
     checkpoint.map(Json).ok_or_else(|| {
-        Error::new(
+        Failure(Error::new(
             ErrorCode::InvalidRequest,
             "the audit log has no record yet",
             "checkpoints cover records: fork a sandbox first",
-        )
+        ))
     })
 }

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 
-use crate::error::{Error, ErrorCode};
+use airlock_core::error::{Error, ErrorCode};
 
 /// The document's fixed parts; the paths come from the routes.
 #[derive(utoipa::OpenApi)]

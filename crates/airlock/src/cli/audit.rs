@@ -11,11 +11,11 @@ use clap::Subcommand;
 
 use super::output;
 use super::Cli;
-use crate::audit::checkpoint::{self, Checkpoint};
-use crate::audit::record::Sealed;
-use crate::audit::verify::Report;
-use crate::clock::Timestamp;
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::clock::Timestamp;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_state::audit::checkpoint::{self, Checkpoint};
+use airlock_state::audit::record::Sealed;
+use airlock_state::audit::verify::Report;
 
 #[derive(Debug, Subcommand)]
 pub(super) enum AuditCommand {
@@ -79,7 +79,7 @@ impl Filter {
     ) -> Result<Filter> {
         let since = match since {
             Some(text) => {
-                let span = crate::validate::duration("--since", text)?;
+                let span = airlock_core::validate::duration("--since", text)?;
                 Some(Timestamp(Timestamp::now().0 - span.as_millis() as i64))
             }
             None => None,
@@ -101,7 +101,7 @@ impl Filter {
 /// stderr; `verify` tells which it is.
 fn records(cli: &Cli, filter: &Filter, mut each: impl FnMut(Sealed) -> Result<()>) -> Result<()> {
     let dir = cli.layout().audit();
-    for line in crate::audit::read::lines(&dir)? {
+    for line in airlock_state::audit::read::lines(&dir)? {
         let line = line?;
         let sealed = match line.record {
             Ok(sealed) => sealed,
@@ -133,7 +133,7 @@ pub(super) async fn run(cli: &Cli, command: &AuditCommand, json: bool) -> Result
                 ));
             }
             let key = public_key.as_deref().map(checkpoint::parse_public_key).transpose()?;
-            let report = crate::audit::verify::verify(&dir, key, anchor.as_deref())?;
+            let report = airlock_state::audit::verify::verify(&dir, key, anchor.as_deref())?;
             output::print(json, &report, || verify_text(&report));
             Ok(if report.ok { 0 } else { ErrorCode::AuditBroken.exit_code() })
         }
@@ -156,7 +156,7 @@ pub(super) async fn run(cli: &Cli, command: &AuditCommand, json: bool) -> Result
             let stdout = std::io::stdout();
             let mut out = std::io::BufWriter::new(stdout.lock());
             let written = records(cli, &filter, |s| {
-                let line = crate::audit::record::json_line_safe(
+                let line = airlock_state::audit::record::json_line_safe(
                     &serde_json::to_string(&s).expect("a record serializes"),
                 );
                 writeln!(out, "{line}").map_err(|e| Error::io("writing the export", &e))

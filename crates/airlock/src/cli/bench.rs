@@ -18,12 +18,12 @@ use serde::Serialize;
 
 use super::output::{self, Table};
 use super::Cli;
-use crate::error::{Error, Result};
-use crate::layout::InstanceDir;
-use crate::pg::admin::Admin;
-use crate::pg::{self, instance, PgBin};
 use crate::sandbox::{ForkRequest, Forked, Sandbox};
-use crate::users::Identity;
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_host::users::Identity;
+use airlock_postgres::admin::Admin;
+use airlock_postgres::{self, instance, PgBin};
 
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
@@ -96,12 +96,12 @@ fn agent_config(
     let mut config: tokio_postgres::Config =
         socket.parse().map_err(|e| Error::internal(format!("sandbox DSN did not parse: {e}")))?;
     if let (Via::Router, Some(router)) = (via, router) {
-        let password = pg::dsn::password(socket).unwrap_or_default();
+        let password = airlock_core::dsn::password(socket).unwrap_or_default();
         config = tokio_postgres::Config::new();
         config
             .host(&router.host)
             .port(router.port)
-            .user(pg::dsn::AGENT_ROLE)
+            .user(airlock_core::dsn::AGENT_ROLE)
             .password(password)
             .dbname(&sb.id)
             .ssl_mode(tokio_postgres::config::SslMode::Disable);
@@ -188,7 +188,7 @@ async fn auth_and_ping(
     user: &str,
     password: &str,
 ) -> Result<()> {
-    use crate::redis::resp::{call, Reply};
+    use airlock_redis::resp::{call, Reply};
     let mut stream = tokio::io::BufStream::new(stream);
     for args in [&["AUTH", user, password][..], &["PING"]] {
         match call(&mut stream, args).await? {
@@ -201,7 +201,7 @@ async fn auth_and_ping(
 
 async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
-        Error::postgres(format!("benchmark connection failed: {}", crate::pg::admin::describe(&e)))
+        Error::postgres(format!("benchmark connection failed: {}", airlock_postgres::admin::describe(&e)))
     })?;
     tokio::spawn(conn);
     client.simple_query("SELECT 1").await.map_err(|e| Error::postgres(e.to_string()))?;
@@ -327,7 +327,7 @@ fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series], comp
 /// Forks, answers a first query through the router and deletes, from `clients`
 /// loops at once, for `duration`; reports the rate and each cycle's time.
 async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Result<i32> {
-    let duration = crate::validate::duration("--duration", duration)?;
+    let duration = airlock_core::validate::duration("--duration", duration)?;
     let client = std::sync::Arc::new(cli.client()?);
     let doctor: crate::engine::Doctor =
         client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
@@ -426,7 +426,7 @@ impl Scratch {
     async fn up(&self, name: &str) -> Result<(InstanceDir, instance::Started)> {
         let dir = self.dir(name);
         instance::prepare_dir(&dir, &self.user, None)?;
-        pg::load::private_dir(&dir.pgdata())?;
+        airlock_host::storage::tree::private_dir(&dir.pgdata())?;
         self.user.own(&dir.pgdata())?;
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         let users = [self.me.name.as_str()];
@@ -440,7 +440,7 @@ impl Scratch {
         let out = tokio::process::Command::new(self.bin.tool("pg_restore"))
             .env_clear()
             .env("PGHOST", dir.socket_dir())
-            .env("PGUSER", pg::dsn::ADMIN_ROLE)
+            .env("PGUSER", airlock_core::dsn::ADMIN_ROLE)
             .args(["--no-owner", "--no-acl", "--exit-on-error", "--dbname", database])
             .arg(dump)
             .stdin(Stdio::null())
@@ -465,8 +465,8 @@ async fn baselines(
     let me = Identity::current()?;
     let user = Identity::for_instances(None)?;
     let bin = PgBin::locate(std::env::var_os("AIRLOCK_PG_BIN").map(std::path::PathBuf::from).as_deref())?;
-    let root = cli.layout().volume().join(format!("bench-{}", crate::secret::sandbox_id()));
-    pg::load::private_dir(&root)?;
+    let root = cli.layout().volume().join(format!("bench-{}", airlock_core::secret::sandbox_id()));
+    airlock_host::storage::tree::private_dir(&root)?;
     std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
     let scratch = Scratch { bin, me, user, root: root.clone() };
     let result = measure(&scratch, client, req, runs).await;
@@ -485,12 +485,12 @@ async fn measure(
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
     let dsn = forked.sandbox.socket_dsn.clone().or(forked.sandbox.dsn.clone()).unwrap_or_default();
     let passfile = s.root.join("pgpass");
-    pg::dsn::write_passfile(&passfile, &pg::dsn::password(&dsn).unwrap_or_default())?;
+    airlock_core::dsn::write_passfile(&passfile, &airlock_core::dsn::password(&dsn).unwrap_or_default())?;
     let out = tokio::process::Command::new(s.bin.tool("pg_dump"))
         .env("PGPASSFILE", &passfile)
         .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])
         .arg(&dump)
-        .arg(pg::dsn::redact(&dsn))
+        .arg(airlock_core::dsn::redact(&dsn))
         .output()
         .await?;
     let _: Sandbox = client

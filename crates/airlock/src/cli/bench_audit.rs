@@ -15,10 +15,10 @@ use serde_json::json;
 use super::bench::{series, Series};
 use super::output::{self, Table};
 use super::Cli;
-use crate::audit::{AuditLog, AuditOptions};
-use crate::error::{Error, Result};
-use crate::events::{EventKind, NewEvent};
-use crate::store::Store;
+use airlock_core::error::{Error, Result};
+use airlock_core::events::{EventKind, NewEvent};
+use airlock_state::audit::{AuditLog, AuditOptions};
+use airlock_state::store::Store;
 
 /// What `bench audit` measured.
 #[derive(Debug, Serialize)]

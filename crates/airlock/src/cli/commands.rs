@@ -13,14 +13,16 @@ use super::{
 };
 use crate::api::ExtendRequest;
 use crate::client::encode;
+use crate::daemon;
 use crate::engine::{Config, Doctor};
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::Event;
 use crate::golden::{CreateGolden, Golden};
 use crate::sandbox::{
     Access, BranchRequest, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox,
 };
-use crate::{daemon, pg, storage, validate};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::Event;
+use airlock_core::validate;
+use airlock_host::storage;
 
 pub(super) const NO_BODY: Option<&()> = None;
 
@@ -310,12 +312,13 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Postgres(PostgresCommand::Install { majors }) => {
-            let root = pg::majors::default_root();
+            let root = airlock_postgres::majors::default_root();
             let mut reports = Vec::new();
             for major in majors {
                 let spinner = output::spinner(json, format!("installing PostgreSQL {major}"));
                 let say = |step: &str| spinner.set_message(step.to_owned());
-                let report = tokio::task::block_in_place(|| pg::install::install(&root, *major, &say));
+                let report =
+                    tokio::task::block_in_place(|| airlock_postgres::install::install(&root, *major, &say));
                 spinner.finish_and_clear();
                 reports.push(report?);
             }
@@ -355,7 +358,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
-    config.uid_range = crate::users::UidRange::parse(&args.uid_range)?;
+    config.uid_range = airlock_host::users::UidRange::parse(&args.uid_range)?;
     config.lease_dir = args.lease_dir.clone();
     config.default_pool_size = args.pool_size;
     if args.pool_size < 0 || args.pool_size as usize > args.max_sandboxes {
@@ -381,7 +384,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             "give a size such as 64M: a server needs room for its temporary files and catalog writes",
         ));
     }
-    config.cgroup_limits = crate::cgroup::CgroupLimits {
+    config.cgroup_limits = airlock_host::cgroup::CgroupLimits {
         memory_bytes: validate::bytes(&args.memory_limit)?,
         pids: args.pids_limit,
         cpu_weight: args.cpu_weight,
@@ -416,7 +419,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     config.disk_reserve = validate::Reserve::parse(&args.disk_reserve)?;
     config.default_idle_suspend = validate::duration("--idle-suspend", &args.idle_suspend)?;
     config.import_keep = validate::duration("--import-keep", &args.import_keep)?;
-    config.audit = crate::audit::AuditOptions {
+    config.audit = airlock_state::audit::AuditOptions {
         fsync: args.audit_fsync,
         segment_bytes: validate::bytes(&args.audit_segment_size)?.max(4096),
         keep_segments: args.audit_keep_segments,
@@ -605,7 +608,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 }
                 Some(url) => {
                     let from_env = std::env::var("AIRLOCK_REDIS_FROM_URL").ok().as_deref() == Some(url);
-                    if !from_env && crate::redis::golden::redact(url) != url {
+                    if !from_env && airlock_core::records::redis::redact(url) != url {
                         eprintln!(
                             "warning: a password on the command line is visible to `ps` while this runs; \
                              use `--redis-from-url -` (URL on stdin) or AIRLOCK_REDIS_FROM_URL instead"
@@ -616,9 +619,13 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 None => None,
             };
             let redis = match (redis_seed, redis_rdb, redis_url) {
-                (Some(path), _, _) => Some(crate::redis::RedisSource::Seed { path: one(path)? }),
-                (_, Some(path), _) => Some(crate::redis::RedisSource::Rdb { path: one(path)? }),
-                (_, _, Some(url)) => Some(crate::redis::RedisSource::Url { url }),
+                (Some(path), _, _) => {
+                    Some(airlock_core::records::redis::RedisSource::Seed { path: one(path)? })
+                }
+                (_, Some(path), _) => {
+                    Some(airlock_core::records::redis::RedisSource::Rdb { path: one(path)? })
+                }
+                (_, _, Some(url)) => Some(airlock_core::records::redis::RedisSource::Url { url }),
                 _ => None,
             };
             let from_url = match from_url.as_deref() {
@@ -629,7 +636,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 }
                 Some(dsn) => {
                     let from_env = std::env::var("AIRLOCK_FROM_URL").ok().as_deref() == Some(dsn);
-                    if !from_env && pg::dsn::password(dsn).is_some() {
+                    if !from_env && airlock_core::dsn::password(dsn).is_some() {
                         eprintln!(
                             "warning: a password on the command line is visible to `ps` while this runs; \
                              use `--from-url -` (DSN on stdin) or AIRLOCK_FROM_URL instead"
@@ -971,8 +978,8 @@ async fn production_stats(source: &str) -> Result<crate::migrate::scale::Product
 
 /// A database's table sizes, read over `dsn`.
 async fn stats_from(dsn: &str) -> Result<crate::migrate::scale::ProductionStats> {
-    let client = pg::target::connect(dsn).await?;
-    crate::migrate::scale::ProductionStats::read(&client, pg::dsn::redact(dsn)).await
+    let client = airlock_postgres::target::connect(dsn).await?;
+    crate::migrate::scale::ProductionStats::read(&client, airlock_core::dsn::redact(dsn)).await
 }
 
 /// `airlock migrate stats`: a database's table sizes, for `--production-stats FILE`.
@@ -1107,14 +1114,14 @@ fn psql(sb: &Sandbox, args: &[String]) -> Result<i32> {
         return Err(no_postgres(sb));
     }
     let dsn = sb.dsn.as_deref().unwrap_or_default();
-    let password = pg::dsn::password(dsn).unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("airlock-psql-{}", crate::secret::sandbox_id()));
-    pg::load::private_dir(&dir)?;
+    let password = airlock_core::dsn::password(dsn).unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("airlock-psql-{}", airlock_core::secret::sandbox_id()));
+    airlock_host::storage::tree::private_dir(&dir)?;
     let passfile = dir.join("pgpass");
-    pg::dsn::write_passfile(&passfile, &password)?;
+    airlock_core::dsn::write_passfile(&passfile, &password)?;
     let psql = which_psql();
     let status = std::process::Command::new(psql)
-        .arg(pg::dsn::redact(dsn))
+        .arg(airlock_core::dsn::redact(dsn))
         .args(args)
         .env("PGPASSFILE", &passfile)
         .status();
@@ -1143,6 +1150,6 @@ fn which_psql() -> PathBuf {
     std::env::split_paths(&path)
         .map(|d| d.join("psql"))
         .find(|p| p.exists())
-        .or_else(|| pg::PgBin::locate(None).ok().map(|b| b.tool("psql")))
+        .or_else(|| airlock_postgres::PgBin::locate(None).ok().map(|b| b.tool("psql")))
         .unwrap_or_else(|| Path::new("psql").to_path_buf())
 }

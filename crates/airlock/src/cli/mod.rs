@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use crate::client::{Client, Target};
-use crate::error::{Error, ErrorCode, Result};
-use crate::layout::Layout;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::Layout;
 
 /// Throwaway copy-on-write PostgreSQL databases for AI-agent tasks.
 #[derive(Debug, Parser)]
@@ -204,7 +204,7 @@ struct ServeArgs {
     #[arg(long, env = "AIRLOCK_UID_RANGE", default_value = "1000000000-1000065535")]
     uid_range: String,
     /// Where the host-wide uid leases are kept (every daemon on a host must share it).
-    #[arg(long, env = "AIRLOCK_LEASE_DIR", default_value = crate::users::DEFAULT_LEASE_DIR)]
+    #[arg(long, env = "AIRLOCK_LEASE_DIR", default_value = airlock_host::users::DEFAULT_LEASE_DIR)]
     lease_dir: PathBuf,
     /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
     #[arg(long, env = "AIRLOCK_PG_BIN")]
@@ -596,7 +596,7 @@ enum StorageCommand {
         size: String,
         /// The filesystem to make.
         #[arg(long = "fs", value_enum, default_value = "btrfs")]
-        filesystem: crate::storage::volume::Filesystem,
+        filesystem: airlock_host::storage::volume::Filesystem,
     },
 }
 

@@ -5,12 +5,12 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::clock::Timestamp;
 use crate::engine::Doctor;
-use crate::error::Error;
-use crate::events::Event;
 use crate::golden::Golden;
 use crate::sandbox::Sandbox;
+use airlock_core::clock::Timestamp;
+use airlock_core::error::Error;
+use airlock_core::events::Event;
 
 /// Writes one line to stdout. When the reader has gone (`airlock ls | head`),
 /// the process ends quietly with success, as the reader wanted no more.
@@ -203,7 +203,7 @@ pub fn build_progress(name: &str, p: &crate::golden::progress::BuildProgress) ->
 }
 
 /// An import's fidelity report, a few lines.
-pub fn import_report(r: &crate::golden::fidelity::Report) -> String {
+pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
     let mut out = format!(
         "import: {} tables, {} rows, {} in {:.1}s (dump {:.1}s{}, restore {:.1}s, {} jobs)\n",
         r.tables,
@@ -323,7 +323,7 @@ pub fn printable(text: &str) -> String {
 }
 
 /// PostgreSQL majors the daemon runs on.
-pub fn majors(majors: &[crate::pg::majors::MajorInfo]) -> String {
+pub fn majors(majors: &[airlock_postgres::majors::MajorInfo]) -> String {
     let mut t = Table::new(&["MAJOR", "VERSION", "ORIGIN", "BIN", "CLIENT TOOLS", "STATE"]);
     for m in majors {
         t.row(vec![
@@ -339,7 +339,7 @@ pub fn majors(majors: &[crate::pg::majors::MajorInfo]) -> String {
 }
 
 /// What `postgres install` did.
-pub fn installed(reports: &[crate::pg::install::Report]) -> String {
+pub fn installed(reports: &[airlock_postgres::install::Report]) -> String {
     let mut lines: Vec<String> = reports
         .iter()
         .map(|r| match r.already {
@@ -373,9 +373,9 @@ pub fn doctor(d: &Doctor) -> String {
     t.row(vec!["one OS user per sandbox".into(), d.per_sandbox_users.to_string()]);
     t.row(vec!["network namespace per sandbox".into(), d.network_namespaces.to_string()]);
     let cg = match &d.cgroups {
-        crate::cgroup::Cgroups::V2 { .. } => "v2",
-        crate::cgroup::Cgroups::V1 { .. } => "v1",
-        crate::cgroup::Cgroups::Unavailable => "unavailable",
+        airlock_host::cgroup::Cgroups::V2 { .. } => "v2",
+        airlock_host::cgroup::Cgroups::V1 { .. } => "v1",
+        airlock_host::cgroup::Cgroups::Unavailable => "unavailable",
     };
     t.row(vec![
         "cgroup limits".into(),

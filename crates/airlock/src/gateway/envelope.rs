@@ -8,7 +8,7 @@
 
 /// `summary`, then `data` between markers with a fresh random tag.
 pub fn wrap(summary: &str, data: &str) -> String {
-    let tag = crate::secret::hex(&crate::secret::random_bytes::<6>());
+    let tag = airlock_core::secret::hex(&airlock_core::secret::random_bytes::<6>());
     // A value that happens to contain the marker text cannot match the tag, but
     // strip any such text anyway so the envelope reads unambiguously.
     let data =

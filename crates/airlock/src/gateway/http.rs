@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 
 use super::mcp::Gateway;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// The gateway's default address.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7433";
@@ -38,7 +38,7 @@ pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
             "start the daemon with --gateway HOST:PORT (the default is 127.0.0.1:7433)",
         )
     })?;
-    let token = crate::secret::password();
+    let token = airlock_core::secret::password();
     let sb = engine.store().sandbox(sandbox)?;
     engine.record_credential(&sb, "api:fork", &token, &["mcp_url"])?;
     engine.store().add_mcp_token(sandbox, &digest(&token))?;
@@ -46,7 +46,7 @@ pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
 }
 
 fn digest(token: &str) -> String {
-    crate::secret::hex(&Sha256::digest(token.as_bytes()))
+    airlock_core::secret::hex(&Sha256::digest(token.as_bytes()))
 }
 
 /// The sandbox a gateway request's token is bound to, put in the request's

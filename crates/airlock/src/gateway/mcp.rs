@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::tools::{self, ToolOutput};
 use crate::client::Client;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// Which sandbox a tool call goes to, and how.
 #[derive(Clone)]
@@ -76,7 +76,7 @@ impl Gateway {
                     .store()
                     .sandbox(id)
                     .is_ok_and(|sb| engine.layout.generation_has_postgres(&sb.golden, sb.generation));
-                (postgres, crate::redis::server::configured(&engine.layout.sandbox_instance(id)))
+                (postgres, airlock_redis::server::configured(&engine.layout.sandbox_instance(id)))
             }
             Target::Daemon { client, sandbox, .. } => {
                 let path = format!("/v1/sandboxes/{}", crate::client::encode(sandbox));

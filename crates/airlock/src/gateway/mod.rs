@@ -20,9 +20,9 @@ pub mod stdio;
 pub mod tools;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
 use crate::router::connections::Open;
 use crate::sandbox::{Sandbox, SandboxState};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// A sandbox ready for a tool call, woken if it was suspended, and counted as
 /// in use (not idle, not suspended for room) while the guard lives.

@@ -8,8 +8,8 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::redis::resp;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_redis::resp;
 
 /// Elements kept from a reply.
 pub const ELEMENT_CAP: usize = 200;
@@ -54,20 +54,20 @@ pub async fn run(engine: &Engine, key: &str, command: &[String]) -> Result<Redis
     }
     let (sb, _busy) = super::running(engine, key).await?;
     let dir = engine.layout.sandbox_instance(&sb.id);
-    if !crate::redis::server::configured(&dir) {
+    if !airlock_redis::server::configured(&dir) {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             "this task has no Redis",
             "use run_sql: this task's golden has a PostgreSQL database only",
         ));
     }
-    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
+    let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).unwrap_or_default();
     let timeout = match sb.access.limits.statement_timeout_ms {
         0 => DEFAULT_TIMEOUT_MS,
         ms => ms,
     };
     let exchange = async {
-        let stream = crate::redis::server::connect(&dir).await.map_err(Unreadable::Server)?;
+        let stream = airlock_redis::server::connect(&dir).await.map_err(Unreadable::Server)?;
         let mut stream = tokio::io::BufStream::new(stream);
         match resp::call(&mut stream, &["AUTH", &sb.id, &password]).await.map_err(Unreadable::Server)? {
             resp::Reply::Status(_) => {}

@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{self, diff::Change, Catalog, RowCount, Snapshot};
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::pg::admin::Admin;
-use crate::pg::dsn::DATABASE;
 use crate::sandbox::Sandbox;
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_postgres::admin::Admin;
+use airlock_postgres::catalog::{self, diff::Change, Catalog, RowCount, Snapshot};
 
 /// A sandbox's schema: its catalog, its tables' rows, and the text rendering.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -24,7 +24,7 @@ pub struct Schema {
     pub text: String,
     /// The task's Redis key space, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub redis: Option<crate::redis::keyspace::KeySpace>,
+    pub redis: Option<airlock_redis::keyspace::KeySpace>,
 }
 
 /// What changed in a sandbox since it was forked (or last reset).
@@ -56,17 +56,17 @@ pub struct RedisChange {
     /// Keys in the golden's Redis part.
     pub golden_keys: u64,
     /// Keys now, per database.
-    pub now: crate::redis::keyspace::KeySpace,
+    pub now: airlock_redis::keyspace::KeySpace,
 }
 
 /// The key space of a sandbox's Redis, when it has one.
-async fn redis_keyspace(engine: &Engine, sb: &Sandbox) -> Result<Option<crate::redis::keyspace::KeySpace>> {
+async fn redis_keyspace(engine: &Engine, sb: &Sandbox) -> Result<Option<airlock_redis::keyspace::KeySpace>> {
     let dir = engine.layout.sandbox_instance(&sb.id);
-    if !crate::redis::server::configured(&dir) {
+    if !airlock_redis::server::configured(&dir) {
         return Ok(None);
     }
-    let mut admin = crate::redis::server::Admin::connect(&dir).await?;
-    Ok(Some(crate::redis::keyspace::read(&mut admin).await?))
+    let mut admin = airlock_redis::server::Admin::connect(&dir).await?;
+    Ok(Some(airlock_redis::keyspace::read(&mut admin).await?))
 }
 
 /// Said when the server's counters of inserted, updated and deleted rows were lost.

@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use crate::pg::wire::{Session, TextRows};
+use airlock_postgres::wire::{Session, TextRows};
 
 /// The idle sessions, by sandbox id.
 #[derive(Default)]

@@ -16,10 +16,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::pg::dsn::{AGENT_ROLE, DATABASE};
-use crate::pg::wire::{self, DbError, Field, Session, Sink};
 use crate::sandbox::Sandbox;
+use airlock_core::dsn::{AGENT_ROLE, DATABASE};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_postgres::wire::{self, DbError, Field, Session, Sink};
 
 /// Most rows returned from a result set.
 pub const ROW_CAP: usize = 200;
@@ -234,11 +234,11 @@ pub(crate) async fn connect(engine: &Engine, sb: &Sandbox) -> Result<Session> {
 }
 
 async fn connect_once(engine: &Engine, sb: &Sandbox) -> std::result::Result<Session, wire::WireError> {
-    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
+    let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).unwrap_or_default();
     let socket = engine.layout.sandbox_instance(&sb.id).socket();
     let user = engine.sandbox_user(sb).map_err(|e| wire::WireError::Protocol(e.message))?;
     let stream =
-        crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+        airlock_postgres::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
     Session::connect(stream, AGENT_ROLE, &password, DATABASE).await
 }
 

@@ -13,12 +13,12 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use super::mcp::Gateway;
 use crate::client::Client;
-use crate::error::Result;
 use crate::sandbox::{ForkRequest, Forked};
+use airlock_core::error::Result;
 
 /// Forks, serves MCP on stdin/stdout until the session ends, then deletes the sandbox.
 pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result<i32> {
-    let client = client.through(crate::events::Door::McpStdio);
+    let client = client.through(airlock_core::events::Door::McpStdio);
     // Taken before the fork, so a signal that arrives meanwhile is not lost: it
     // ends the session as soon as the sandbox exists, and the sandbox goes.
     let mut term = signal(SignalKind::terminate())?;

@@ -9,8 +9,8 @@ use serde_json::{json, Map, Value};
 
 use super::envelope;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::NewEvent;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::NewEvent;
 
 /// Runs SQL and returns the result.
 pub const RUN_SQL: &str = "run_sql";
@@ -134,11 +134,11 @@ pub enum Via {
 
 impl Via {
     /// The door a call through this way came in by.
-    pub fn door(self) -> crate::events::Door {
+    pub fn door(self) -> airlock_core::events::Door {
         match self {
-            Via::Rest => crate::events::Door::Api,
-            Via::McpStdio => crate::events::Door::McpStdio,
-            Via::McpHttp => crate::events::Door::McpHttp,
+            Via::Rest => airlock_core::events::Door::Api,
+            Via::McpStdio => airlock_core::events::Door::McpStdio,
+            Via::McpHttp => airlock_core::events::Door::McpHttp,
         }
     }
 }
@@ -165,8 +165,8 @@ pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(15 * 60
 /// its work short halfway: it ends, and is recorded, as if answered.
 pub async fn call(engine: &Arc<Engine>, key: &str, tool: &str, args: &Value, via: Via) -> Result<ToolOutput> {
     let (engine, key, tool, args) = (engine.clone(), key.to_owned(), tool.to_owned(), args.clone());
-    let door = crate::events::Door::current();
-    let work = crate::events::DOOR
+    let door = airlock_core::events::Door::current();
+    let work = airlock_core::events::DOOR
         .scope(door, async move { run_and_record(&engine, &key, &tool, &args, via).await });
     tokio::spawn(work)
         .await
@@ -182,23 +182,24 @@ async fn run_and_record(
     via: Via,
 ) -> Result<ToolOutput> {
     use futures_util::FutureExt;
-    let _counted = crate::events::TOOL_CALLS.begin();
+    let _counted = airlock_core::events::TOOL_CALLS.begin();
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
     let work = std::panic::AssertUnwindSafe(dispatch(engine, key, tool, args, &mut detail)).catch_unwind();
-    let outcome = match tokio::time::timeout(DEADLINE, crate::events::DOOR.scope(via.door(), work)).await {
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(panic)) => {
-            let what = crate::serve::panic_message(&panic);
-            tracing::error!(sandbox = %key, tool, panic = %what, "a tool call panicked");
-            Err(Error::internal(format!("the tool failed unexpectedly ({what})")))
-        }
-        Err(_) => Err(Error::new(
-            crate::error::ErrorCode::TimedOut,
-            format!("{tool} took longer than {} minutes and was given up", DEADLINE.as_secs() / 60),
-            "ask for less at once",
-        )),
-    };
+    let outcome =
+        match tokio::time::timeout(DEADLINE, airlock_core::events::DOOR.scope(via.door(), work)).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(panic)) => {
+                let what = crate::serve::panic_message(&panic);
+                tracing::error!(sandbox = %key, tool, panic = %what, "a tool call panicked");
+                Err(Error::internal(format!("the tool failed unexpectedly ({what})")))
+            }
+            Err(_) => Err(Error::new(
+                airlock_core::error::ErrorCode::TimedOut,
+                format!("{tool} took longer than {} minutes and was given up", DEADLINE.as_secs() / 60),
+                "ask for less at once",
+            )),
+        };
     let outcome = outcome.map_err(|e| for_agent(engine, key, tool, e));
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
@@ -223,13 +224,13 @@ async fn run_and_record(
     let sandbox = engine.store().sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.to_owned());
     // The answer leaves only once the call is on record.
     engine.store().record(NewEvent {
-        kind: crate::events::EventKind::ToolCall,
+        kind: airlock_core::events::EventKind::ToolCall,
         sandbox: Some(sandbox),
         detail,
         door: Some(via.door()),
         ..Default::default()
     })?;
-    crate::events::TOOL_CALLS.recorded();
+    airlock_core::events::TOOL_CALLS.recorded();
     outcome
 }
 

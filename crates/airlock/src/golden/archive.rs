@@ -97,7 +97,7 @@ pub fn repeated_id(toc: &[TocEntry]) -> Option<u64> {
 
 /// A dump's DDL as statements (psql's `\restrict` lines, which newer pg_dump
 /// versions write, left out).
-pub fn statements(ddl: &str) -> crate::error::Result<Vec<String>> {
+pub fn statements(ddl: &str) -> airlock_core::error::Result<Vec<String>> {
     let text: String = ddl.lines().filter(|l| !l.starts_with('\\')).map(|l| format!("{l}\n")).collect();
     Ok(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql).collect())
 }

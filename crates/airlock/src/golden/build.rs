@@ -7,24 +7,25 @@
 
 use std::path::Path;
 
-use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
 use crate::golden::import::Restore;
 use crate::golden::{dump, fidelity, Manifest, Source};
-use crate::layout::InstanceDir;
-use crate::pg::admin::Admin;
-use crate::pg::cell::Cell;
-use crate::pg::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
-use crate::pg::loader::Loader;
-use crate::pg::majors::Server;
-use crate::pg::{instance, load, PgBin};
-use crate::users::Identity;
-use crate::{secret, storage};
+use airlock_core::clock::Timestamp;
+use airlock_core::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_core::secret;
+use airlock_host::storage;
+use airlock_host::users::Identity;
+use airlock_postgres::admin::Admin;
+use airlock_postgres::cell::Cell;
+use airlock_postgres::loader::Loader;
+use airlock_postgres::majors::Server;
+use airlock_postgres::{instance, load, PgBin};
 
 /// Builds generation `generation` of golden `name` from `source` and moves it into
 /// place. A promoted sandbox carrying planted settings or objects
-/// ([`crate::catalog::planted`]) is refused unless `allow_planted`.
+/// ([`airlock_postgres::catalog::planted`]) is refused unless `allow_planted`.
 pub async fn build(
     engine: &Engine,
     name: &str,
@@ -32,7 +33,7 @@ pub async fn build(
     source: &Source,
     allow_planted: bool,
     asked: Option<u32>,
-    redis: Option<&crate::redis::RedisSource>,
+    redis: Option<&airlock_core::records::redis::RedisSource>,
 ) -> Result<Manifest> {
     let postgres = match has_postgres(engine, source)? {
         true => Some(Postgres::choose(engine, source, asked).await?),
@@ -63,12 +64,12 @@ pub async fn build(
     };
     if let (Ok(manifest), Some(redis)) = (&mut result, redis) {
         engine.builds.update(name, |p| p.phase = "building the Redis part".into());
-        let max_memory = crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes);
+        let max_memory = airlock_redis::server::max_memory(engine.config.cgroup_limits.memory_bytes);
         // A promotion's Redis part is the sandbox's own saved data, opened
         // never through a link (the directory is the sandbox's).
         let promoted = match redis {
-            crate::redis::RedisSource::Promoted { sandbox } => {
-                let rdb = crate::redis::server::rdb(&engine.layout.sandbox(sandbox));
+            airlock_core::records::redis::RedisSource::Promoted { sandbox } => {
+                let rdb = airlock_redis::server::rdb(&engine.layout.sandbox(sandbox));
                 storage::tree::open_read(&rdb).map(Some).map_err(|e| match e.kind() {
                     std::io::ErrorKind::NotFound => Error::new(
                         ErrorCode::SandboxNotFound,
@@ -84,7 +85,7 @@ pub async fn build(
         // Whatever fails here, the build is finished below: its identity is
         // given back and its files removed.
         let built = match promoted {
-            Ok(promoted) => crate::redis::golden::build(&dir, redis, promoted, who, max_memory).await,
+            Ok(promoted) => airlock_redis::golden::build(&dir, redis, promoted, who, max_memory).await,
             Err(e) => Err(e),
         };
         match built {
@@ -195,10 +196,10 @@ impl<'a> Postgres<'a> {
                 (Some(major), Some(major))
             }
             Source::Dump { path, .. } => {
-                let scratch = engine
-                    .layout
-                    .staging()
-                    .join(format!(".toc-{}", crate::secret::hex(&crate::secret::random_bytes::<8>())));
+                let scratch = engine.layout.staging().join(format!(
+                    ".toc-{}",
+                    airlock_core::secret::hex(&airlock_core::secret::random_bytes::<8>())
+                ));
                 (load::dump_major(newest, path, &scratch).await, None)
             }
             Source::Files { .. } | Source::RedisOnly => (None, None),
@@ -275,12 +276,12 @@ async fn build_in(
     // The loader user reaches the server's socket to load the build's input.
     let loader_group = engine.loader_user.as_ref().map(|u| u.gid);
     instance::prepare_dir(dir, user, loader_group)?;
-    load::private_dir(work)?;
+    airlock_host::storage::tree::private_dir(work)?;
     match source {
         Source::Promoted { sandbox, .. } => clone_live(engine, sandbox, dir, user).await?,
         _ => {
             // initdb (as the instance user) fills an empty directory it owns.
-            load::private_dir(&dir.pgdata())?;
+            airlock_host::storage::tree::private_dir(&dir.pgdata())?;
             user.own(&dir.pgdata())?;
             let bin = &postgres.server.bin;
             instance::initdb(bin, &dir.pgdata(), &engine.daemon_user, &engine.instance_user).await?
@@ -373,7 +374,12 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
 
 /// What a build learned: the server version, the schema hash, the planted
 /// things a promotion kept, and an import's fidelity report.
-type Described = (String, String, Vec<crate::catalog::planted::Planted>, Option<fidelity::Report>);
+type Described = (
+    String,
+    String,
+    Vec<airlock_postgres::catalog::planted::Planted>,
+    Option<airlock_postgres::imported::Report>,
+);
 
 /// Creates the owner role and app database, loads the source (or, for a
 /// promoted sandbox, removes its agent role and checks for planted settings and
@@ -406,13 +412,13 @@ async fn load_and_describe(
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
         let admin = Admin::connect(dir, DATABASE, postmaster).await?;
-        let planted = crate::catalog::planted::read(admin.client()).await?;
+        let planted = airlock_postgres::catalog::planted::read(admin.client()).await?;
         if !planted.is_empty() && !allow_planted {
             return Err(Error::new(
                 ErrorCode::PromotionRefused,
                 format!(
                     "sandbox {sandbox} carries settings or objects named like PostgreSQL's own, which every fork of the golden would inherit: {}",
-                    crate::catalog::planted::list(&planted, 20)
+                    airlock_postgres::catalog::planted::list(&planted, 20)
                 ),
                 "remove them from the sandbox (RESET the settings, DROP or rename the objects) and promote again, \
                  or pass --allow-planted to keep them",
@@ -491,9 +497,9 @@ async fn load_and_describe(
                              with --format=custom",
                         ));
                     }
-                    crate::pg::loader::stage_dir(path, &work.join("dump"))?
+                    airlock_postgres::loader::stage_dir(path, &work.join("dump"))?
                 } else {
-                    crate::pg::loader::stage_file(path, &work.join("dump"))?
+                    airlock_postgres::loader::stage_file(path, &work.join("dump"))?
                 };
                 let loader = loader(Some(&staged))?;
                 let named = path.display().to_string();
@@ -517,7 +523,7 @@ async fn load_and_describe(
     let Some((dumped, imported, restore_seconds)) = pending else {
         return Ok((version, hash, Vec::new(), None));
     };
-    let golden = crate::catalog::Snapshot::load(&dir.root)?;
+    let golden = airlock_postgres::catalog::Snapshot::load(&dir.root)?;
     let mut report = match &dumped {
         Some((d, exclude)) => fidelity::compare(&d.facts, &golden, &imported, exclude),
         None => fidelity::of_dump(&golden, &imported),
@@ -554,7 +560,7 @@ async fn load_and_describe(
 /// SQL reads). pg_dump never writes them without `--create`, so only a file's
 /// text can; sandboxes cannot make them at all (the in-server guard).
 async fn check_no_stored_settings(admin: &Admin, source: &Source) -> Result<()> {
-    let stored: Vec<_> = crate::catalog::planted::read(admin.client())
+    let stored: Vec<_> = airlock_postgres::catalog::planted::read(admin.client())
         .await?
         .into_iter()
         .filter(|p| p.kind == "setting")
@@ -570,7 +576,7 @@ async fn check_no_stored_settings(admin: &Admin, source: &Source) -> Result<()> 
         code,
         format!(
             "the build stored settings that every session of every fork would start with: {}",
-            crate::catalog::planted::list(&stored, 20)
+            airlock_postgres::catalog::planted::list(&stored, 20)
         ),
         "remove the ALTER DATABASE ... SET and ALTER ROLE ... SET statements; set what the application needs \
          per session or in its connection string",
@@ -637,16 +643,16 @@ async fn describe(
             &[],
         )
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     for relation in superusers {
         let relation: String = relation.cell(0)?;
         admin.execute(&format!("VACUUM (FREEZE, ANALYZE) {relation}")).await?;
     }
     // What the golden holds, kept so forks can be compared with it later.
-    let catalog = crate::catalog::read(admin.client()).await?;
+    let catalog = airlock_postgres::catalog::read(admin.client()).await?;
     let unbounded = std::time::Duration::from_secs(24 * 3600);
-    let rows = crate::catalog::count_rows(dir, postmaster, &catalog, unbounded, unbounded).await;
-    crate::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
+    let rows = airlock_postgres::catalog::count_rows(dir, postmaster, &catalog, unbounded, unbounded).await;
+    airlock_postgres::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
     // Forks then count rows inserted, updated and deleted from zero.
     admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;
     admin.execute("CHECKPOINT").await?;

@@ -11,12 +11,12 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
 
-use crate::error::{Error, ErrorCode, Result};
-use crate::golden::manifest::Exclusions;
 use crate::golden::progress::Builds;
 use crate::golden::source::{SourceFacts, SourceSession};
-use crate::pg::bin::PgBin;
-use crate::pg::dsn;
+use airlock_core::dsn;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_postgres::bin::PgBin;
+use airlock_postgres::imported::Exclusions;
 
 /// A finished dump and what the source held when it was taken.
 pub struct Dumped {
@@ -49,11 +49,11 @@ pub async fn dump(
     let kept_facts =
         std::fs::read(&facts_file).ok().and_then(|b| serde_json::from_slice::<SourceFacts>(&b).ok());
     if let (true, Some(facts)) = (finished, kept_facts) {
-        let bytes = crate::storage::tree_size(&archive);
+        let bytes = airlock_host::storage::tree_size(&archive);
         return Ok(Dumped { archive, facts, resumed: true, seconds: 0.0, bytes });
     }
     let _ = std::fs::remove_dir_all(keep);
-    crate::pg::load::private_dir(keep)?;
+    airlock_host::storage::tree::private_dir(keep)?;
     let began = Instant::now();
     let session = SourceSession::open(source).await?;
     let (builds, name) = progress;
@@ -74,7 +74,7 @@ pub async fn dump(
     let facts = facts?;
     std::fs::write(&facts_file, serde_json::to_vec(&facts).expect("facts serialize"))?;
     std::fs::write(keep.join("complete"), &key)?;
-    let bytes = crate::storage::tree_size(&archive);
+    let bytes = airlock_host::storage::tree_size(&archive);
     Ok(Dumped { archive, facts, resumed: false, seconds: began.elapsed().as_secs_f64(), bytes })
 }
 
@@ -106,7 +106,7 @@ fn source_key(source: &str, exclude: &Exclusions) -> String {
     let mut h = Sha256::new();
     h.update(dsn::redact(source).as_bytes());
     h.update(serde_json::to_vec(exclude).expect("exclusions serialize"));
-    crate::secret::hex(&h.finalize())
+    airlock_core::secret::hex(&h.finalize())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -125,7 +125,7 @@ async fn run_pg_dump(
     let password = dsn::password(source).unwrap_or_default();
     dsn::write_passfile(&passfile, &password)?;
     // Client tools without TLS reach a TLS source through a tunnel of Airlock's.
-    let tunnel = crate::pg::tunnel::Tunnel::open_if_needed(source, bin, &keep.join("t"))?;
+    let tunnel = airlock_postgres::tunnel::Tunnel::open_if_needed(source, bin, &keep.join("t"))?;
     let dbname = tunnel.as_ref().map_or_else(|| redacted.clone(), |t| t.dsn.clone());
     let mut cmd = Command::new(bin.tool("pg_dump"));
     cmd.env_clear()
@@ -178,7 +178,7 @@ async fn run_pg_dump(
                 _ => break,
             },
             _ = tick.tick() => {
-                let bytes = crate::storage::tree_size(archive);
+                let bytes = airlock_host::storage::tree_size(archive);
                 builds.update(name, |p| p.bytes = bytes);
             }
         }
@@ -189,7 +189,7 @@ async fn run_pg_dump(
     if status?.success() {
         return Ok(());
     }
-    let said = crate::secret::scrub(&said.join("\n"), &password);
+    let said = airlock_core::secret::scrub(&said.join("\n"), &password);
     let newer = said.contains("server version mismatch");
     Err(Error::new(
         ErrorCode::SourceFailed,

@@ -4,79 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
-use crate::catalog::{diff, Catalog, Snapshot};
-use crate::golden::import::Imported;
-use crate::golden::manifest::Exclusions;
 use crate::golden::source::SourceFacts;
-
-/// How an import went and how faithful its golden is.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Report {
-    /// The source's `server_version`, when it was a live database.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source_version: Option<String>,
-    /// A note when the golden runs another PostgreSQL major than its source:
-    /// forks, and migrations tested on them, run on the golden's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub major_note: Option<String>,
-    /// Whether the dump was kept from an earlier build that failed after it.
-    pub resumed: bool,
-    /// Seconds spent dumping (0 when resumed or from a dump file).
-    pub dump_seconds: f64,
-    /// Seconds spent restoring.
-    pub restore_seconds: f64,
-    /// The archive's size.
-    pub bytes: u64,
-    /// Parallel jobs used.
-    pub jobs: usize,
-    /// Tables in the golden, and their rows.
-    pub tables: usize,
-    /// Rows in the golden's tables.
-    pub rows: i64,
-    /// Tables whose row counts differ: `table: source -> golden`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub row_differences: Vec<String>,
-    /// Catalog differences from the source to the golden, one line each.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub catalog_differences: Vec<String>,
-    /// Extensions whose version differs: `name: source -> golden`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub extension_differences: Vec<String>,
-    /// Roles, extensions and what was not carried.
-    pub imported: Imported,
-    /// What was asked to be left out.
-    #[serde(default, skip_serializing_if = "Exclusions::is_empty")]
-    pub excluded: Exclusions,
-    /// Whether the source's catalog and rows were compared (a live source), or
-    /// only what a dump file says.
-    pub compared: bool,
-}
-
-impl Report {
-    /// Whether the golden differs from its source.
-    pub fn differs(&self) -> bool {
-        !(self.row_differences.is_empty()
-            && self.catalog_differences.is_empty()
-            && self.extension_differences.is_empty())
-    }
-
-    /// The differences, one per line, at most `max`.
-    pub fn differences(&self, max: usize) -> String {
-        let all: Vec<&String> = self
-            .catalog_differences
-            .iter()
-            .chain(&self.row_differences)
-            .chain(&self.extension_differences)
-            .collect();
-        let mut text = all.iter().take(max).map(|s| s.as_str()).collect::<Vec<_>>().join("; ");
-        if all.len() > max {
-            text.push_str(&format!("; and {} more", all.len() - max));
-        }
-        text
-    }
-}
+use airlock_postgres::catalog::{diff, Catalog, Snapshot};
+use airlock_postgres::imported::Exclusions;
+use airlock_postgres::imported::{Imported, Report};
 
 /// The source's `public` schema as its golden has it. The source's belongs to
 /// the database's owner (`pg_database_owner`, PostgreSQL 15's default) or,
@@ -89,7 +20,7 @@ fn public_as_golden(definition: &str, facts: &SourceFacts) -> String {
     if !stands_for_owner {
         return definition.to_owned();
     }
-    let role = crate::pg::dsn::OWNER_ROLE;
+    let role = airlock_core::dsn::OWNER_ROLE;
     let rename = |name: &str| if name == owner { role.to_owned() } else { name.to_owned() };
     let mut out = format!("owner {role}");
     if let Some(grants) = grants {
@@ -138,13 +69,13 @@ pub fn compare(facts: &SourceFacts, golden: &Snapshot, imported: &Imported, excl
         .filter(|c| {
             ![&c.name, c.before.as_deref().unwrap_or(""), c.after.as_deref().unwrap_or("")]
                 .iter()
-                .any(|t| t.contains(crate::pg::dsn::AGENT_ROLE))
+                .any(|t| t.contains(airlock_core::dsn::AGENT_ROLE))
         })
         // What extensions made belongs to whoever installed them: a superuser
         // of the source's, the admin in the golden.
         .filter(|c| {
             let (Some(before), Some(after)) = (&c.before, &c.after) else { return true };
-            !superusers.iter().any(|s| before.replace(s.as_str(), crate::pg::dsn::ADMIN_ROLE) == *after)
+            !superusers.iter().any(|s| before.replace(s.as_str(), airlock_core::dsn::ADMIN_ROLE) == *after)
         })
         .map(|c| c.line())
         .collect();
@@ -231,8 +162,9 @@ fn without(catalog: &Catalog, excluded: &Exclusions) -> Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::catalog::{RowCount, Table};
-    use crate::golden::source::{Extension, RoleAttributes};
+    use crate::golden::source::RoleAttributes;
+    use airlock_postgres::catalog::{RowCount, Table};
+    use airlock_postgres::imported::Extension;
 
     fn facts() -> SourceFacts {
         let mut catalog = Catalog::default();

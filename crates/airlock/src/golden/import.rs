@@ -23,44 +23,23 @@
 //! outside an extension owned by a superuser or in an untrusted language, no
 //! imported role with an attribute or membership beyond what was made.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Stdio;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::AsyncBufReadExt;
 
-use crate::catalog::{quote_ident, SYSTEM_SCHEMAS};
-use crate::error::{Error, ErrorCode, Result};
 use crate::golden::archive::{self, TocEntry};
 use crate::golden::progress::Builds;
-use crate::golden::source::{Extension, SourceFacts};
-use crate::layout::InstanceDir;
-use crate::pg::admin::Admin;
-use crate::pg::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
-use crate::pg::loader::Loader;
-
-/// What an import made of the source's global objects, for the fidelity report.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Imported {
-    /// Roles created (`NOLOGIN`), by name.
-    pub roles: Vec<String>,
-    /// `group <- member` memberships recreated among them.
-    pub memberships: Vec<String>,
-    /// What was not carried, and why (superuser attributes, predefined-role
-    /// memberships, event triggers, subscriptions).
-    pub not_carried: Vec<String>,
-    /// Extensions installed, with the versions installed.
-    pub extensions: Vec<Extension>,
-    /// Extensions of the source left out, because they can reach outside a
-    /// fork ([`crate::golden::extensions`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub left_out_extensions: Vec<String>,
-    /// The tables (`schema.name`) the archive's table of contents lists.
-    #[serde(skip)]
-    pub listed_tables: Vec<String>,
-}
+use crate::golden::source::SourceFacts;
+use airlock_core::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_postgres::admin::Admin;
+use airlock_postgres::catalog::{quote_ident, SYSTEM_SCHEMAS};
+use airlock_postgres::imported::{Extension, Imported};
+use airlock_postgres::loader::Loader;
 
 /// A build's view of one archive restore.
 pub struct Restore<'a> {
@@ -74,7 +53,7 @@ pub struct Restore<'a> {
     /// the host's own major, whose system packages carry other extensions.
     pub installed_build: Option<u32>,
     /// The extensions it may install.
-    pub allowed: crate::golden::extensions::Allowed,
+    pub allowed: airlock_postgres::extensions::Allowed,
     /// The golden under construction.
     pub dir: &'a InstanceDir,
     /// Its postmaster.
@@ -298,7 +277,7 @@ impl Restore<'_> {
             let row = client
                 .query_opt(&lookup, &[&schema, &name, &args])
                 .await
-                .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+                .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
             match row {
                 Some(r) => {
                     let (kind, name): (String, String) = (r.cell(0)?, r.cell(1)?);
@@ -418,7 +397,7 @@ impl Restore<'_> {
                 Some(because) => {
                     imported
                         .not_carried
-                        .push(crate::golden::extensions::Allowed::left_out(&ext.name, because.as_deref()));
+                        .push(airlock_postgres::extensions::Allowed::left_out(&ext.name, because.as_deref()));
                     imported.left_out_extensions.push(ext.name);
                 }
             }
@@ -432,7 +411,7 @@ impl Restore<'_> {
             .client()
             .query("SELECT name::text FROM pg_catalog.pg_available_extensions", &[])
             .await
-            .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
+            .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?
             .iter()
             .map(|r| r.cell(0))
             .collect::<Result<_>>()?;
@@ -624,7 +603,7 @@ async fn required_extensions(admin: &Admin, name: &str) -> Result<Vec<String>> {
             &[&name],
         )
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     rows.iter().map(|r| r.try_get::<_, String>(0).map_err(|e| Error::postgres(e.to_string()))).collect()
 }
 
@@ -639,7 +618,7 @@ async fn extension_config(admin: &Admin) -> Result<Vec<(String, bool)>> {
             &[],
         )
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?
         .iter()
         .map(|r| Ok((r.cell(0)?, r.cell(1)?)))
         .collect::<Result<_>>()?)
@@ -714,7 +693,7 @@ pub(crate) async fn check_nothing_runs_as_a_superuser(admin: &Admin, imported: &
         .client()
         .query(&sql, &[&imported])
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?
         .iter()
         .map(|r| r.cell(0))
         .collect::<Result<_>>()?;

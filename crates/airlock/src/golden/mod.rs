@@ -3,15 +3,16 @@
 pub mod archive;
 mod build;
 pub mod dump;
-pub mod extensions;
+
 pub mod fidelity;
 pub mod import;
-mod manifest;
+
 pub mod progress;
 pub mod source;
 
+pub use airlock_postgres::imported::Exclusions;
+pub use airlock_state::golden::{recorded_major, Golden, Manifest, Source};
 pub use build::build as build_generation;
-pub use manifest::{recorded_major, Exclusions, Golden, Manifest, Source};
 
 use std::path::{Path, PathBuf};
 
@@ -19,11 +20,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::engine::{Engine, GoldenWork};
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::{DeleteReason, NewEvent};
 use crate::sandbox;
-use crate::store::SandboxFilter;
-use crate::validate;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::{DeleteReason, NewEvent};
+use airlock_core::validate;
+use airlock_state::store::SandboxFilter;
 
 /// A request to make a golden: exactly one kind of source.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -63,7 +64,7 @@ pub struct CreateGolden {
     pub postgres: Option<u32>,
     /// A Redis part: a file of Redis commands or an RDB file.
     #[serde(default)]
-    pub redis: Option<crate::redis::RedisSource>,
+    pub redis: Option<airlock_core::records::redis::RedisSource>,
     /// Extensions of a `from_url` or `from_dump` import to install although
     /// they can reach outside a fork (`dblink`, `postgres_fdw`...); others are
     /// left out with a note in the fidelity report.
@@ -100,7 +101,7 @@ impl CreateGolden {
         if self.jobs.is_some_and(|j| !(1..=16).contains(&j)) {
             return Err(invalid("jobs must be between 1 and 16"));
         }
-        if self.postgres.is_some_and(|m| !crate::pg::install::SUPPORTED.contains(&m)) {
+        if self.postgres.is_some_and(|m| !airlock_postgres::install::SUPPORTED.contains(&m)) {
             return Err(Error::new(
                 ErrorCode::InvalidRequest,
                 format!("PostgreSQL {} is not a major Airlock runs on", self.postgres.unwrap_or(0)),
@@ -183,7 +184,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
         return Err(e);
     }
     let recorded = store.record(NewEvent {
-        kind: crate::events::EventKind::GoldenCreated,
+        kind: airlock_core::events::EventKind::GoldenCreated,
         golden: Some(req.name.clone()),
         detail: json!({"generation": 1, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
         ..Default::default()
@@ -233,7 +234,7 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
             return Err(e);
         }
         let recorded = store.record(NewEvent {
-            kind: crate::events::EventKind::GoldenRefreshed,
+            kind: airlock_core::events::EventKind::GoldenRefreshed,
             golden: Some(name.to_owned()),
             detail: json!({"generation": next, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64}),
             ..Default::default()
@@ -323,12 +324,12 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
     // part is that data. Beside a PostgreSQL, the copy of that saves it, at
     // the instant the PostgreSQL is copied; alone, it saves now.
     let dir = engine.layout.sandbox_instance(&sb.id);
-    let redis = match crate::redis::server::configured(&dir) {
+    let redis = match airlock_redis::server::configured(&dir) {
         true => {
             if !dir.has_postgres() {
-                crate::redis::server::Admin::connect(&dir).await?.save().await?;
+                airlock_redis::server::Admin::connect(&dir).await?.save().await?;
             }
-            Some(crate::redis::RedisSource::Promoted { sandbox: sb.id.clone() })
+            Some(airlock_core::records::redis::RedisSource::Promoted { sandbox: sb.id.clone() })
         }
         false => None,
     };
@@ -345,7 +346,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
             return Err(e);
         }
         let recorded = store.record(NewEvent {
-            kind: crate::events::EventKind::GoldenPromoted,
+            kind: airlock_core::events::EventKind::GoldenPromoted,
             golden: Some(name.to_owned()),
             sandbox: Some(sb.id.clone()),
             detail: json!({"generation": generation, "size_bytes": manifest.size_bytes, "build_ms": started.elapsed().as_millis() as u64, "planted_kept": manifest.planted}),
@@ -383,7 +384,7 @@ pub fn prune(engine: &Engine, name: &str) -> Result<()> {
         }
         store.delete_generation(name, m.generation)?;
         store.record_or_log(NewEvent {
-            kind: crate::events::EventKind::GenerationPruned,
+            kind: airlock_core::events::EventKind::GenerationPruned,
             golden: Some(name.to_owned()),
             detail: json!({"generation": m.generation}),
             ..Default::default()
@@ -429,7 +430,7 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
         let mut store = engine.store();
         store.delete_golden(name)?;
         store.record_or_log(NewEvent {
-            kind: crate::events::EventKind::GoldenDeleted,
+            kind: airlock_core::events::EventKind::GoldenDeleted,
             golden: Some(name.to_owned()),
             ..Default::default()
         });
@@ -450,7 +451,7 @@ pub async fn remove(engine: &Engine, name: &str, force: bool) -> Result<Golden> 
 /// its server's log, or its promise spent: a server that could not write its
 /// WAL is gone before it can tell its client): the operator frees room and builds again.
 fn disk_full_if_so(e: Error, server_log: &str, spent: bool) -> Error {
-    let said = |text: &str| crate::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w));
+    let said = |text: &str| airlock_core::error::DISK_FULL_WORDS.iter().any(|w| text.contains(w));
     let said = spent || said(&e.message) || said(server_log) || e.message.contains("53100");
     if e.code == ErrorCode::DiskFull || !said {
         return e;

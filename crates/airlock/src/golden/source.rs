@@ -4,24 +4,14 @@
 //! snapshot (`--snapshot`), so the fidelity report compares like with like on
 //! a source that keeps changing.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{self, Catalog};
-use crate::error::{Error, Result};
-
-/// An extension installed in the source.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Extension {
-    /// Its name.
-    pub name: String,
-    /// Its version.
-    pub version: String,
-    /// The schema it lives in.
-    pub schema: String,
-}
+use airlock_core::error::{Error, Result};
+use airlock_postgres::catalog::{self, Catalog};
+use airlock_postgres::imported::Extension;
 
 /// What the source says of a role its objects name.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -55,7 +45,7 @@ pub struct SourceFacts {
 
 /// The source's PostgreSQL major version (17 for 17.2).
 pub async fn major(dsn: &str) -> Result<u32> {
-    let client = crate::pg::target::connect_to(dsn, "source").await?;
+    let client = airlock_postgres::target::connect_to(dsn, "source").await?;
     let row = client
         .query_one("SELECT pg_catalog.current_setting('server_version_num')", &[])
         .await
@@ -74,7 +64,7 @@ pub struct SourceSession {
 impl SourceSession {
     /// Connects, opens a repeatable-read, read-only transaction and exports its snapshot.
     pub async fn open(dsn: &str) -> Result<SourceSession> {
-        let client = crate::pg::target::connect_to(dsn, "source").await?;
+        let client = airlock_postgres::target::connect_to(dsn, "source").await?;
         client
             .batch_execute(
                 "SET search_path = pg_catalog, pg_temp; \
@@ -178,8 +168,8 @@ pub fn predefined_memberships(facts: &SourceFacts, named: &BTreeSet<String>) -> 
 
 fn failed(e: tokio_postgres::Error) -> Error {
     Error::new(
-        crate::error::ErrorCode::SourceFailed,
-        format!("reading the source failed: {}", crate::pg::admin::describe(&e)),
+        airlock_core::error::ErrorCode::SourceFailed,
+        format!("reading the source failed: {}", airlock_postgres::admin::describe(&e)),
         "check that the source is reachable and that its user may read its catalogs and tables",
     )
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::Engine;
 use crate::sandbox::{Sandbox, SandboxState};
-use crate::store::SandboxFilter;
+use airlock_state::store::SandboxFilter;
 
 /// What one pass of the check found.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -82,7 +82,7 @@ pub fn check(engine: &Engine) -> Isolation {
         if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
             pids.push(("postgres", sb.pid));
         }
-        if crate::redis::server::configured(&dir) {
+        if airlock_redis::server::configured(&dir) {
             pids.push(("redis", crate::sandbox::stores::Store::Redis.pid(&dir)));
         }
         let expected_uid = engine.sandbox_user(sb).ok().map(|u| u.uid.as_raw());
@@ -110,7 +110,7 @@ pub fn check(engine: &Engine) -> Isolation {
                         .push(sb.id.clone());
                     // A contained Redis sees its directory where its own root
                     // puts it (`redis::server::inside`).
-                    let seen_at = (server == "redis").then(|| crate::redis::server::inside(&dir));
+                    let seen_at = (server == "redis").then(|| airlock_redis::server::inside(&dir));
                     if !cwd.starts_with(&own_root) && !seen_at.is_some_and(|at| cwd.starts_with(at)) {
                         faults.entry(sb.id.clone()).or_default().push(format!(
                             "its {server} server works in {}, not its own directory",

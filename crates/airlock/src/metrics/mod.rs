@@ -8,7 +8,7 @@
 //! - *reaping accuracy*: expiry-to-gone lag, and what reconciliation found;
 //! - *audit completeness*: events with and without an audit record.
 //!
-//! Counts come from the audit log itself ([`crate::audit::follow`]): whatever door an event
+//! Counts come from the audit log itself ([`airlock_state::audit::follow`]): whatever door an event
 //! came through, the router's process included, it is counted once, and only
 //! if it has a record. This service owns its state; the engine knows nothing of it.
 
@@ -26,11 +26,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use crate::audit::follow::Follower;
-use crate::audit::record::Sealed;
-use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::events::{Door, EventKind, NewEvent};
+use airlock_core::clock::Timestamp;
+use airlock_core::events::{Door, EventKind, NewEvent};
+use airlock_state::audit::follow::Follower;
+use airlock_state::audit::record::Sealed;
 use isolation::{Collision, Isolation};
 
 /// How often the audit log is followed and the isolation check runs.
@@ -86,7 +86,7 @@ impl Seen {
     /// that ended without their record counted among those without (1
     /// before any).
     fn completeness(&self) -> f64 {
-        let without = self.without_record + crate::events::TOOL_CALLS.unrecorded();
+        let without = self.without_record + airlock_core::events::TOOL_CALLS.unrecorded();
         let checked = self.with_record + without;
         if checked == 0 {
             1.0
@@ -154,7 +154,7 @@ impl Metrics {
                 let redis = r
                     .sandbox
                     .as_deref()
-                    .is_some_and(|id| crate::redis::server::configured(&engine.layout.sandbox_instance(id)));
+                    .is_some_and(|id| airlock_redis::server::configured(&engine.layout.sandbox_instance(id)));
                 self.provisioning
                     .get_or_create(&labels(&[
                         ("golden", &golden),
@@ -346,7 +346,7 @@ impl Metrics {
         registry.register(
             "tool_calls_unrecorded",
             "Tool calls that ended without their audit record (target 0)",
-            gauge(crate::events::TOOL_CALLS.unrecorded() as f64),
+            gauge(airlock_core::events::TOOL_CALLS.unrecorded() as f64),
         );
         registry.register(
             "audit_events_checked",
@@ -487,7 +487,7 @@ pub fn spawn(engine: Arc<Engine>, start: Start) -> Arc<Metrics> {
     metrics.seen().events_after = start.events_after;
     let service = metrics.clone();
     let mut follower = start.follower;
-    tokio::spawn(crate::events::DOOR.scope(Door::Reaper, async move {
+    tokio::spawn(airlock_core::events::DOOR.scope(Door::Reaper, async move {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -545,10 +545,10 @@ pub async fn serve(
     engine: Arc<Engine>,
     metrics: Arc<Metrics>,
     addr: std::net::SocketAddr,
-) -> crate::error::Result<std::net::SocketAddr> {
+) -> airlock_core::error::Result<std::net::SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        crate::error::Error::new(
-            crate::error::ErrorCode::InvalidRequest,
+        airlock_core::error::Error::new(
+            airlock_core::error::ErrorCode::InvalidRequest,
             format!("the metrics address {addr} cannot be listened on: {e}"),
             "pick a free HOST:PORT for --metrics (port 0 picks one)",
         )

@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use super::hazards::human_ms;
 use super::report::{Hazard, Severity};
 use crate::engine::Engine;
-use crate::error::Result;
-use crate::pg::wire::{Session, TextRows};
 use crate::sandbox::Sandbox;
+use airlock_core::error::Result;
+use airlock_postgres::wire::{Session, TextRows};
 
 /// Most application queries planned per candidate.
 pub const MAX_QUERIES: usize = 500;

@@ -10,7 +10,7 @@
 //! session polls `pg_locks`. Command candidates run inside the sandbox's boundary
 //! under the same polling, and are compared before and after.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -21,9 +21,9 @@ use super::report::{
     Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RowsChanged, StatementReport, Validated,
 };
 use super::split::{self, Kind, Statement};
-use crate::error::{Error, Result};
-use crate::pg::admin::Admin;
-use crate::pg::wire::{DbError, Session, TextRows};
+use airlock_core::error::{Error, Result};
+use airlock_postgres::admin::Admin;
+use airlock_postgres::wire::{DbError, Session, TextRows};
 
 /// Longest statement text kept in a report.
 const SQL_IN_REPORT: usize = 2_000;

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::report::{Hazard, Severity};
 use super::split::Statement;
-use crate::catalog::Catalog;
+use airlock_postgres::catalog::Catalog;
 
 /// One reason a statement is opaque.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,7 +318,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         .tables
         .iter()
         .filter(|(_, t)| !t.triggers.is_empty())
-        .map(|(name, _)| crate::catalog::split_qualified(name).1.to_ascii_lowercase())
+        .map(|(name, _)| airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase())
         .collect();
     // Tables whose defaults, checks or index expressions call a function the
     // database holds run it on every write; views that call one, on every read.
@@ -332,8 +332,9 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             _ => None,
         })
     };
-    let unqualified =
-        |name: &str| crate::catalog::split_qualified(name).1.trim_matches('"').to_ascii_lowercase();
+    let unqualified = |name: &str| {
+        airlock_postgres::catalog::split_qualified(name).1.trim_matches('"').to_ascii_lowercase()
+    };
     let coded_tables: BTreeMap<String, String> = catalog
         .tables
         .iter()
@@ -941,7 +942,7 @@ fn name_at(tokens: &[Token]) -> Option<String> {
 /// and unquoted.
 fn function_name(key: &str) -> String {
     let head = key.split('(').next().unwrap_or(key);
-    let last = crate::catalog::split_qualified(head).1;
+    let last = airlock_postgres::catalog::split_qualified(head).1;
     last.trim_matches('"').to_ascii_lowercase()
 }
 

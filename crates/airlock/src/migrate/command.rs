@@ -2,16 +2,16 @@
 //! boundary with `DATABASE_URL` set, its locks polled, the database compared
 //! before and after; and what to say when it fails.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::apply;
 use super::report::{self, ExecOutcome};
 use crate::engine::Engine;
-use crate::error::Result;
-use crate::pg::admin::Admin;
 use crate::sandbox::{self, Sandbox};
+use airlock_core::error::Result;
+use airlock_postgres::admin::Admin;
 
 /// Runs a command candidate inside the fork's boundary while locks are polled.
 pub async fn run(

@@ -3,7 +3,7 @@
 //! so every later test of that generation estimates with the same numbers — on
 //! a busy machine or an idle one.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use super::scale::{TableSize, STATS_SQL};
-use crate::error::{Error, Result};
+use airlock_core::error::{Error, Result};
 
 /// Per-row costs measured on a fork of the golden, microseconds per row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -38,10 +38,11 @@ pub struct Costs {
 /// The file a golden generation's costs are kept in: named by the golden,
 /// the generation and its recorded catalog's hash, so a golden made again
 /// under the same name never reads the costs of the one before.
-pub fn costs_path(layout: &crate::layout::Layout, golden: &str, generation: i64) -> Result<PathBuf> {
-    let catalog =
-        std::fs::read(crate::catalog::snapshot_path(&layout.golden_generation(golden, generation)))?;
-    let digest = crate::secret::hex(&sha2::Sha256::digest(&catalog));
+pub fn costs_path(layout: &airlock_core::layout::Layout, golden: &str, generation: i64) -> Result<PathBuf> {
+    let catalog = std::fs::read(airlock_postgres::catalog::snapshot_path(
+        &layout.golden_generation(golden, generation),
+    ))?;
+    let digest = airlock_core::secret::hex(&sha2::Sha256::digest(&catalog));
     Ok(layout.migration_costs().join(format!("{golden}-{generation}-{}.json", &digest[..16])))
 }
 
@@ -80,7 +81,7 @@ pub async fn calibration(
     let calibration = Calibration { costs, tables };
     let json = serde_json::to_vec_pretty(&calibration).expect("calibration serializes");
     if let Some(dir) = path.parent() {
-        crate::pg::load::private_dir(dir)?;
+        airlock_host::storage::tree::private_dir(dir)?;
     }
     let tmp = path.with_extension("json.tmp");
     std::fs::write(&tmp, json).and_then(|_| std::fs::rename(&tmp, path))?;
@@ -92,8 +93,10 @@ async fn table_sizes(
     client: &tokio_postgres::Client,
     golden_rows: &BTreeMap<String, i64>,
 ) -> Result<BTreeMap<String, TableSize>> {
-    let rows =
-        client.query(STATS_SQL, &[]).await.map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+    let rows = client
+        .query(STATS_SQL, &[])
+        .await
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     Ok(rows
         .into_iter()
         .map(|r| {
@@ -118,7 +121,10 @@ async fn measure_costs(client: &tokio_postgres::Client, width: i64) -> Result<Co
     let pad = (width / 32).max(1);
     let run = |sql: String| async move {
         let started = Instant::now();
-        client.batch_execute(&sql).await.map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
         Ok::<f64, Error>(started.elapsed().as_secs_f64() * 1e6 / rows as f64)
     };
     // A schema named like PostgreSQL's own, which no role but the admin can

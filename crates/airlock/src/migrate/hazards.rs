@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::report::{Assertion, CandidateReport, Failure, Hazard, LockHeld, Severity, StatementReport};
 use super::scale::{Scale, Sizes, Work};
-use crate::catalog::diff::Change;
-use crate::catalog::Catalog;
+use airlock_postgres::catalog::diff::Change;
+use airlock_postgres::catalog::Catalog;
 
 /// A share of a table's rows beyond which an UPDATE or DELETE touches "most" of it.
 const MOST: f64 = 0.5;

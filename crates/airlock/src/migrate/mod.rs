@@ -27,7 +27,7 @@ pub mod seal;
 pub mod split;
 pub mod verify;
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -36,14 +36,14 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::catalog::{self, Catalog, Snapshot};
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::{DeleteReason, NewEvent};
-use crate::pg::admin::Admin;
-use crate::pg::dsn::DATABASE;
-use crate::pg::wire::TextRows;
 use crate::sandbox::{self, Access, ForkRequest, Limits, Mode, Sandbox};
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::{DeleteReason, NewEvent};
+use airlock_postgres::admin::Admin;
+use airlock_postgres::catalog::{self, Catalog, Snapshot};
+use airlock_postgres::wire::TextRows;
 use report::{Assertion, CandidateReport, ExecOutcome, Report};
 
 /// Keys with an operation in progress: at most one each.
@@ -99,7 +99,7 @@ pub struct HashedFile {
 impl HashedFile {
     /// Hashes `bytes` read from `path`.
     pub fn new(path: String, bytes: &[u8]) -> HashedFile {
-        HashedFile { path, sha256: crate::secret::hex(&Sha256::digest(bytes)) }
+        HashedFile { path, sha256: airlock_core::secret::hex(&Sha256::digest(bytes)) }
     }
 }
 
@@ -119,11 +119,11 @@ impl Candidate {
                     h.update(b"\0");
                     h.update(f.sha256.as_bytes());
                 }
-                return crate::secret::hex(&h.finalize());
+                return airlock_core::secret::hex(&h.finalize());
             }
         }
         let bytes = self.sql.as_deref().or(self.exec.as_deref()).unwrap_or_default();
-        crate::secret::hex(&Sha256::digest(bytes.as_bytes()))
+        airlock_core::secret::hex(&Sha256::digest(bytes.as_bytes()))
     }
 }
 
@@ -186,7 +186,7 @@ async fn unmeasured_changes(
             .client()
             .query_one("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = $1", &[&applied.backend])
             .await
-            .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+            .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
         if row.cell::<i64>(0)? == 0 {
             break;
         }
@@ -224,7 +224,7 @@ async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64;
             &[],
         )
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     rows.into_iter().map(|r| Ok((r.cell(0)?, (r.cell(1)?, [r.cell(2)?, r.cell(3)?, r.cell(4)?])))).collect()
 }
 
@@ -307,11 +307,11 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = tokio::task::JoinSet::new();
     // The candidates' forks are recorded as coming through the test's own door.
-    let door = crate::events::Door::current();
+    let door = airlock_core::events::Door::current();
     for (i, candidate) in req.candidates.iter().cloned().enumerate() {
         let (engine, req, baseline, permits) =
             (engine.clone(), req.clone(), baseline.clone(), permits.clone());
-        tasks.spawn(crate::events::DOOR.scope(door, async move {
+        tasks.spawn(airlock_core::events::DOOR.scope(door, async move {
             let _permit = permits.acquire_owned().await;
             (i, test_one(&engine, &req, &candidate, &baseline).await)
         }));
@@ -378,7 +378,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
         })
         .collect();
     engine.store().record(NewEvent {
-        kind: crate::events::EventKind::MigrationTested,
+        kind: airlock_core::events::EventKind::MigrationTested,
         sandbox: req.on_behalf_of.clone(),
         golden: Some(req.golden.clone()),
         detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best,
@@ -412,7 +412,7 @@ async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<C
         return Ok(None);
     }
     // A throwaway generation built from the files, read, and removed; never a golden.
-    let name = format!("expect-{}", &crate::secret::sandbox_id()[3..]);
+    let name = format!("expect-{}", &airlock_core::secret::sandbox_id()[3..]);
     let source = crate::golden::Source::Files { schema: req.expect_files.clone(), seed: vec![] };
     // On the tested golden's major, so both catalogs read alike.
     let major = engine.store().golden(&req.golden)?.current().map(|m| m.major());
@@ -495,8 +495,8 @@ async fn test_one(
     let forking = {
         let engine = engine.clone();
         // (Its records name the door the test came through, as they would here.)
-        let door = crate::events::Door::current();
-        tokio::spawn(crate::events::DOOR.scope(door, async move {
+        let door = airlock_core::events::Door::current();
+        tokio::spawn(airlock_core::events::DOOR.scope(door, async move {
             let sb = sandbox::fork(&engine, &fork).await?.sandbox;
             Ok::<_, Error>((TestFork { engine, id: Some(sb.id.clone()) }, sb))
         }))
@@ -504,7 +504,7 @@ async fn test_one(
     let (made, sb) = forking
         .await
         .map_err(|e| Error::internal(format!("making a migration test's fork failed ({e})")))??;
-    crate::crashpoint::reached("migrate.forked");
+    airlock_core::crashpoint::reached("migrate.forked");
     let busy = engine.connections.open(&sb.id);
     let measured = {
         use futures_util::FutureExt;
@@ -824,12 +824,12 @@ async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<Str
                    FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE NOT i.indisvalid AND {}",
-                crate::catalog::SYSTEM_SCHEMAS
+                airlock_postgres::catalog::SYSTEM_SCHEMAS
             ),
             &[],
         )
         .await
-        .map_err(|e| Error::postgres(crate::pg::admin::describe(&e)))?;
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     rows.into_iter().map(|r| r.cell(0)).collect()
 }
 

@@ -15,9 +15,9 @@ use serde::{Deserialize, Serialize};
 use super::report::{rows_by_table, StatementReport};
 use super::split::{self, Kind, Statement};
 use super::verify::{self, RowImage};
-use crate::catalog::diff::Change;
-use crate::catalog::Catalog;
-use crate::error::Result;
+use airlock_core::error::Result;
+use airlock_postgres::catalog::diff::Change;
+use airlock_postgres::catalog::Catalog;
 
 /// How a part's transaction is opened on the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,7 +169,7 @@ impl Recorder {
         let Some(part) = self.parts.get(self.next).filter(|p| p.range.end == done) else { return Ok(()) };
         let range = part.range.clone();
         self.next += 1;
-        let catalog = crate::catalog::read(client).await?;
+        let catalog = airlock_postgres::catalog::read(client).await?;
         let sequences = verify::sequences(client).await?;
         // Only the tables its statements changed (or rewrote) are read again.
         let touched: BTreeSet<String> = rows_by_table(&reports[range.clone()], true)
@@ -192,7 +192,7 @@ impl Recorder {
         self.records.push(PartRecord {
             from: range.start,
             to: range.end,
-            changes: crate::catalog::diff::diff(&self.catalog, &catalog),
+            changes: airlock_postgres::catalog::diff::diff(&self.catalog, &catalog),
             sequences_set_back: verify::set_back(&self.sequences, &sequences),
             sequences_advanced: verify::advanced(&self.sequences, &sequences),
             changed_rows: rows.iter().map(|(t, r)| (t.clone(), r.len())).collect(),

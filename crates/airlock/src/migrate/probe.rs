@@ -20,7 +20,7 @@
 
 use serde::Deserialize;
 
-use crate::pg::dsn::{AGENT_ROLE, OWNER_ROLE};
+use airlock_core::dsn::{AGENT_ROLE, OWNER_ROLE};
 
 /// The schema everything lives in.
 pub const SCHEMA: &str = "pg_airlock_probe";

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,9 +19,9 @@ use super::split;
 use super::verify;
 use super::Candidate;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::NewEvent;
-use crate::pg::dsn::redact;
+use airlock_core::dsn::redact;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::NewEvent;
 
 /// Body of `POST /v1/migrations/promote`.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -151,7 +151,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         ));
     }
     let target = redact(&req.target_dsn);
-    let client = crate::pg::target::connect(&req.target_dsn).await?;
+    let client = airlock_postgres::target::connect(&req.target_dsn).await?;
     if !req.allow_superuser {
         if let Some(why) = verify::too_powerful(&client).await? {
             return Err(refused(
@@ -160,7 +160,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             ));
         }
     }
-    let now = crate::catalog::read(&client).await?;
+    let now = airlock_postgres::catalog::read(&client).await?;
     let drift = verify::drift(
         &req.report.golden_catalog,
         &verify::leaving_out(now.clone(), &req.report.left_out, &req.report.golden_catalog),
@@ -188,7 +188,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             duration_ms: 0.0,
         };
         engine.store().record_or_log(NewEvent {
-            kind: crate::events::EventKind::MigrationPromoted,
+            kind: airlock_core::events::EventKind::MigrationPromoted,
             golden: Some(req.report.golden.clone()),
             detail: serde_json::json!({"checked_only": true, "promoted": checked}),
             ..Default::default()
@@ -250,7 +250,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             return Err(refused(
                 format!(
                     "the target does not take {name} = {value:?}, which the test ran with: {}",
-                    crate::pg::admin::describe(&e)
+                    airlock_postgres::admin::describe(&e)
                 ),
                 "test against a golden built from this target, then promote",
             ));
@@ -316,7 +316,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             let undone = if kept { "statements before it stay applied" } else { "nothing was applied" };
             Error::new(
                 ErrorCode::MigrationFailed,
-                format!("line {}: {} ({undone})", s.line, crate::pg::admin::describe(&e)),
+                format!("line {}: {} ({undone})", s.line, airlock_postgres::admin::describe(&e)),
                 "a lock_timeout error (55P03) means the target is busy: retry when it is quieter",
             )
         };
@@ -427,12 +427,14 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
         duration_ms: took.as_secs_f64() * 1e3,
     };
     engine.store().record_or_log(NewEvent {
-        kind: crate::events::EventKind::MigrationPromoted,
+        kind: airlock_core::events::EventKind::MigrationPromoted,
         golden: Some(req.report.golden.clone()),
         detail: serde_json::to_value(&promoted).expect("promoted serializes"),
         ..Default::default()
     });
-    if let Err(e) = std::fs::write(&marker, format!("{}\n", crate::clock::Timestamp::now().to_rfc3339())) {
+    if let Err(e) =
+        std::fs::write(&marker, format!("{}\n", airlock_core::clock::Timestamp::now().to_rfc3339()))
+    {
         tracing::warn!(error = %e, "a promotion's mark could not be kept: it could be promoted again unasked");
     }
     Ok(promoted)
@@ -464,7 +466,7 @@ async fn undone(client: &tokio_postgres::Client, before: &verify::Before, mut e:
 pub(super) fn pg_error(e: tokio_postgres::Error) -> Error {
     Error::new(
         ErrorCode::MigrationFailed,
-        crate::pg::admin::describe(&e),
+        airlock_postgres::admin::describe(&e),
         "the target refused; nothing was applied",
     )
 }

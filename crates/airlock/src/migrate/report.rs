@@ -2,9 +2,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::diff::Change;
-use crate::catalog::Catalog;
-use crate::pg::wire::DbError;
+use airlock_postgres::catalog::diff::Change;
+use airlock_postgres::catalog::Catalog;
+use airlock_postgres::wire::DbError;
 
 /// The whole report of one `migrate test` run.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

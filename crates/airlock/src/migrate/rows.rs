@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use sha2::Digest;
 
 use super::verify::RowImage;
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// Each row of each table: its key's hash and its contents' hash.
 pub type RowSet = BTreeMap<String, BTreeMap<u64, u64>>;
@@ -174,22 +174,31 @@ pub fn differences(
 }
 
 /// The file a golden generation's rows are kept in, beside its costs.
-pub fn generation_path(layout: &crate::layout::Layout, golden: &str, generation: i64) -> Result<PathBuf> {
+pub fn generation_path(
+    layout: &airlock_core::layout::Layout,
+    golden: &str,
+    generation: i64,
+) -> Result<PathBuf> {
     let costs = super::costs::costs_path(layout, golden, generation)?;
     let stem = costs.file_stem().and_then(|s| s.to_str()).unwrap_or_default().to_owned();
     Ok(layout.migration_rows().join(format!("{stem}.rows")))
 }
 
 /// Where a run's records go: a fresh directory under `migration-rows/runs`.
-pub fn run_dir(layout: &crate::layout::Layout) -> PathBuf {
-    layout.migration_rows().join("runs").join(crate::secret::sandbox_id())
+pub fn run_dir(layout: &airlock_core::layout::Layout) -> PathBuf {
+    layout.migration_rows().join("runs").join(airlock_core::secret::sandbox_id())
 }
 
 /// The mark that the file of SHA-256 `sha` was promoted to `target` (a
 /// database, as its redacted DSN and name) from the run whose record is
 /// `row_record`: beside that record, so it goes when the record is pruned.
-pub fn promotion_mark(layout: &crate::layout::Layout, row_record: &str, sha: &str, target: &str) -> PathBuf {
-    let id = crate::secret::hex(&sha2::Sha256::digest(target.as_bytes()));
+pub fn promotion_mark(
+    layout: &airlock_core::layout::Layout,
+    row_record: &str,
+    sha: &str,
+    target: &str,
+) -> PathBuf {
+    let id = airlock_core::secret::hex(&sha2::Sha256::digest(target.as_bytes()));
     let run = Path::new(row_record).parent().unwrap_or(Path::new(""));
     let sha = sha.get(..16).unwrap_or(sha);
     layout.migration_rows().join(run).join(format!("promoted-{sha}-{}", &id[..16]))
@@ -201,7 +210,7 @@ fn write_whole(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
     let dir = path.parent().ok_or_else(|| Error::internal("a row record's path has no directory"))?;
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let tmp = dir.join(format!(".{}.tmp", crate::secret::sandbox_id()));
+    let tmp = dir.join(format!(".{}.tmp", airlock_core::secret::sandbox_id()));
     let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
     let written = file.write_all(bytes).and_then(|_| file.sync_all());
     if let Err(e) = written.and_then(|_| std::fs::rename(&tmp, path)) {
@@ -289,7 +298,7 @@ pub fn load_run(path: &Path) -> Result<RunRecord> {
 }
 
 /// Removes run records older than [`KEPT_FOR`].
-pub fn prune(layout: &crate::layout::Layout) {
+pub fn prune(layout: &airlock_core::layout::Layout) {
     let Ok(runs) = std::fs::read_dir(layout.migration_rows().join("runs")) else { return };
     for run in runs.flatten() {
         let old =

@@ -5,13 +5,13 @@
 //! sizes); durations only estimate, from the per-row costs `costs` measured on
 //! the golden.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use super::costs::{Calibration, Costs};
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// A table's size.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -51,7 +51,7 @@ impl ProductionStats {
                 ErrorCode::InvalidRequest,
                 format!(
                     "reading table sizes from the production database failed: {}",
-                    crate::pg::admin::describe(&e)
+                    airlock_postgres::admin::describe(&e)
                 ),
                 "the role needs only to see pg_class: any role that can connect can",
             )

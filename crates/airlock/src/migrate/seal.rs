@@ -14,8 +14,8 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::report::Report;
-use crate::error::{Error, ErrorCode, Result};
-use crate::layout::Layout;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::Layout;
 
 /// What the MAC covers besides the report, so that no other MAC the daemon
 /// makes can stand for a report's.
@@ -40,7 +40,7 @@ fn key(layout: &Layout) -> Result<Vec<u8>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::internal(format!("reading {}: {e}", path.display()))),
     }
-    let key: [u8; 32] = crate::secret::random_bytes();
+    let key: [u8; 32] = airlock_core::secret::random_bytes();
     let made = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path);
     match made {
         Ok(mut file) => {
@@ -82,7 +82,7 @@ fn mac(key: &[u8], report: &Report) -> Result<String> {
     let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
     m.update(DOMAIN);
     m.update(&bytes);
-    Ok(crate::secret::hex(&m.finalize().into_bytes()))
+    Ok(airlock_core::secret::hex(&m.finalize().into_bytes()))
 }
 
 /// Seals `report` with the daemon's key.

@@ -2,7 +2,7 @@
 //! the way PostgreSQL's lexer would: semicolons inside quotes, dollar quotes,
 //! comments and `BEGIN ATOMIC ... END` bodies do not end a statement.
 
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// One statement of a migration file.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,14 +13,14 @@
 //! server files) is refused before anything runs, since its effects cannot be
 //! compared or rolled back.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::promote::pg_error;
 use super::report::StatementReport;
-use crate::catalog::diff::Change;
-use crate::catalog::Catalog;
-use crate::error::Result;
+use airlock_core::error::Result;
+use airlock_postgres::catalog::diff::Change;
+use airlock_postgres::catalog::Catalog;
 
 /// Why the target session is too powerful to run a migration promote can
 /// check, if it is.
@@ -77,7 +77,7 @@ impl Before {
         shape: &Shape,
         compared: &BTreeSet<String>,
     ) -> Result<Before> {
-        let pinned = crate::catalog::Pinned::pin(client).await?;
+        let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
         let before = Before::read_pinned(client, shape, compared).await?;
         pinned.restore(client).await?;
         Ok(before)
@@ -104,7 +104,7 @@ impl Before {
     /// sequences it moved forward (`nextval` is never undone) and indexes it
     /// left INVALID.
     pub async fn left_behind(&self, client: &tokio_postgres::Client) -> Result<Vec<String>> {
-        let pinned = crate::catalog::Pinned::pin(client).await?;
+        let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
         let now = sequences(client).await?;
         let invalid = invalid_indexes(client).await?;
         pinned.restore(client).await?;
@@ -186,7 +186,7 @@ pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
 /// Puts back every sequence set back since `before` (after a rollback:
 /// `setval` is not undone by one); the sequences it put back.
 pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
-    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
     let restored = restore_sequences_pinned(client, before).await?;
     pinned.restore(client).await?;
     Ok(restored)
@@ -424,12 +424,12 @@ pub async fn row_images(
         return Ok(BTreeMap::new());
     }
     let grant_each = match reading {
-        Reading::AsReader => crate::catalog::ensure_reader(client).await?,
+        Reading::AsReader => airlock_postgres::catalog::ensure_reader(client).await?,
         Reading::Directly => false,
     };
     // Rows read as text alike under test and on the target, whatever time
     // zone or date style either session has.
-    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
     let images = row_images_pinned(client, (reading, grant_each), shape, tables, first).await;
     if images.is_err() && reading == Reading::AsReader {
         let _ = client.batch_execute("ROLLBACK").await;
@@ -490,7 +490,7 @@ async fn row_images_pinned(
                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.relkind IN ('r', 'p') AND {}",
                 super::code::fills_by_chance_sql("pg_catalog.pg_get_expr(d.adbin, d.adrelid)"),
-                crate::catalog::SYSTEM_SCHEMAS
+                airlock_postgres::catalog::SYSTEM_SCHEMAS
             ),
             &[],
         )
@@ -544,7 +544,10 @@ async fn row_images_pinned(
                 // candidate's code might set in it outlives the read.
                 client.batch_execute("BEGIN").await.map_err(pg_error)?;
                 if grant_each {
-                    client.batch_execute(&crate::catalog::reader_grant(&table)).await.map_err(pg_error)?;
+                    client
+                        .batch_execute(&airlock_postgres::catalog::reader_grant(&table))
+                        .await
+                        .map_err(pg_error)?;
                 }
                 let rows = client
                     .query(
@@ -558,8 +561,8 @@ async fn row_images_pinned(
             }
         };
         if rows.len() as i64 > ROWS_READ_MOST {
-            return Err(crate::error::Error::new(
-                crate::error::ErrorCode::MigrationRefused,
+            return Err(airlock_core::error::Error::new(
+                airlock_core::error::ErrorCode::MigrationRefused,
                 format!("{table} holds more than {ROWS_READ_MOST} rows here, too many to compare row by row"),
                 "its test compared it (the golden's is small): build a golden from the target and test again",
             ));
@@ -613,7 +616,7 @@ async fn tables(client: &tokio_postgres::Client) -> Result<BTreeMap<String, (i64
                         GREATEST(c.reltuples, 0)::float8
                    FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
                   WHERE c.relkind IN ('r', 'm', 'p') AND {}",
-                crate::catalog::SYSTEM_SCHEMAS
+                airlock_postgres::catalog::SYSTEM_SCHEMAS
             ),
             &[],
         )
@@ -657,7 +660,7 @@ pub async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<S
     let mut changed = xact_activity(client).await?;
     for _ in 0..super::apply::DEFERRED_ROUNDS {
         if let Err(e) = client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await {
-            return Ok(Some(crate::pg::admin::describe(&e)));
+            return Ok(Some(airlock_postgres::admin::describe(&e)));
         }
         let now = xact_activity(client).await?;
         if now == changed {
@@ -708,7 +711,7 @@ pub async fn surprises(
     before: &Before,
 ) -> Result<Surprises> {
     // Names are read as the test read them, whatever the migration set.
-    let pinned = crate::catalog::Pinned::pin(client).await?;
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
     let out = surprises_pinned(client, tested, catalog_before, before).await?;
     pinned.restore(client).await?;
     Ok(out)
@@ -847,8 +850,8 @@ async fn surprises_pinned(
     }
     // Catalog entries with their definitions; owners are set aside, since the
     // test's objects belong to the sandbox's roles and the target's to its own.
-    let after = crate::catalog::read(client).await?;
-    let made = crate::catalog::diff::diff(catalog_before, &after);
+    let after = airlock_postgres::catalog::read(client).await?;
+    let made = airlock_postgres::catalog::diff::diff(catalog_before, &after);
     out.extend(schemas_named_for_roles(client, &made).await?);
     out.extend(shadowed_under_stored_paths(client, &made).await?);
     // Default privileges a statement gives without FOR ROLE belong to the
@@ -856,7 +859,7 @@ async fn surprises_pinned(
     let runner: String =
         client.query_one("SELECT pg_catalog.session_user()::text", &[]).await.map_err(pg_error)?.cell(0)?;
     let here = entries(&made, &runner);
-    let there = entries(changes, crate::pg::dsn::AGENT_ROLE);
+    let there = entries(changes, airlock_core::dsn::AGENT_ROLE);
     for extra in here.difference(&there).take(5) {
         out.push(format!("{extra} (not so in the test)"));
     }
@@ -914,7 +917,7 @@ async fn shadowed_under_stored_paths(
         })
         .map(|c| {
             let name = c.name.split('(').next().unwrap_or(&c.name);
-            let (schema, name) = crate::catalog::split_qualified(name);
+            let (schema, name) = airlock_postgres::catalog::split_qualified(name);
             (schema, name, if c.object == "function" { "function" } else { "relation" })
         })
         .collect();
@@ -976,7 +979,7 @@ async fn shadowed_under_stored_paths(
 /// set aside: a golden built from the target gives its objects to the sandbox's
 /// owner role, so an owner alone is no drift.
 pub fn drift(golden: &Catalog, target: &Catalog) -> Vec<Change> {
-    crate::catalog::diff::diff(golden, target)
+    airlock_postgres::catalog::diff::diff(golden, target)
         .into_iter()
         .filter(|c| match (&c.before, &c.after) {
             (Some(before), Some(after)) => without_owners(before) != without_owners(after),
@@ -997,7 +1000,8 @@ pub fn leaving_out(mut catalog: Catalog, left_out: &crate::golden::Exclusions, g
         return catalog;
     }
     let in_schema_left_out = |qualified: &str| {
-        qualified.contains('.') && left_out.leaves_out_schema(&crate::catalog::split_qualified(qualified).0)
+        qualified.contains('.')
+            && left_out.leaves_out_schema(&airlock_postgres::catalog::split_qualified(qualified).0)
     };
     // What the golden holds all the same (pg_dump keeps the sequence a
     // left-out table's column draws from) is compared as ever.
@@ -1006,7 +1010,7 @@ pub fn leaving_out(mut catalog: Catalog, left_out: &crate::golden::Exclusions, g
         if !left_out.leaves_out(name) || golden.tables.contains_key(name) {
             return true;
         }
-        let (schema, _) = crate::catalog::split_qualified(name);
+        let (schema, _) = airlock_postgres::catalog::split_qualified(name);
         gone.insert(name.clone());
         gone.extend(table.indexes.keys().map(|i| format!("{schema}.{i}")));
         for column in &table.columns {
@@ -1066,8 +1070,8 @@ fn tested_table_rows(catalog: &Catalog, table: &str) -> f64 {
 /// written as `RUNNER`'s.
 fn entries(changes: &[Change], runner: &str) -> BTreeSet<String> {
     // (PostgreSQL quotes a role's name where it must.)
-    let runs =
-        [runner.to_owned(), crate::catalog::quote_ident(runner)].map(|r| format!("belonging to role {r}"));
+    let runs = [runner.to_owned(), airlock_postgres::catalog::quote_ident(runner)]
+        .map(|r| format!("belonging to role {r}"));
     changes
         .iter()
         .map(|c| {

@@ -15,14 +15,14 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::events::DeleteReason;
-use crate::events::{Door, NewEvent};
-use crate::pg::instance;
 use crate::sandbox::stores::Store;
 use crate::sandbox::{self, SandboxState};
-use crate::store::SandboxFilter;
+use airlock_core::clock::Timestamp;
+use airlock_core::events::DeleteReason;
+use airlock_core::events::{Door, NewEvent};
+use airlock_postgres::instance;
+use airlock_state::store::SandboxFilter;
 
 /// How often the reaper looks for expired sandboxes; with teardown this keeps
 /// deletion within about a second of expiry.
@@ -45,7 +45,7 @@ where
     F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    tokio::spawn(crate::events::DOOR.scope(Door::Reaper, work))
+    tokio::spawn(airlock_core::events::DOOR.scope(Door::Reaper, work))
 }
 
 /// Runs the TTL loop and the idle-suspend loop until the daemon exits.
@@ -182,11 +182,11 @@ fn watch_servers(engine: &Arc<Engine>) {
             if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {
                 tracing::warn!(sandbox = %sb.id, "its server stopped at a full disk; kept suspended");
                 engine.store().record_or_log(NewEvent {
-                    kind: crate::events::EventKind::Suspended,
+                    kind: airlock_core::events::EventKind::Suspended,
                     sandbox: Some(sb.id.clone()),
                     golden: Some(sb.golden.clone()),
                     reason: Some("disk_full"),
-                    detail: serde_json::json!({"log": instance::log_tail(&log), "clean": false}),
+                    detail: serde_json::json!({"log": airlock_host::contain::log_tail(&log), "clean": false}),
                     door: Some(Door::Reaper),
                 });
                 let engine = engine.clone();
@@ -199,10 +199,10 @@ fn watch_servers(engine: &Arc<Engine>) {
             continue;
         }
         engine.store().record_or_log(NewEvent {
-            kind: crate::events::EventKind::ServerExited,
+            kind: airlock_core::events::EventKind::ServerExited,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
-            detail: serde_json::json!({"log": instance::log_tail(&engine.layout.sandbox(&sb.id).join("postgres.log"))}),
+            detail: serde_json::json!({"log": airlock_host::contain::log_tail(&engine.layout.sandbox(&sb.id).join("postgres.log"))}),
             ..Default::default()
         });
         let engine = engine.clone();
@@ -232,7 +232,7 @@ async fn restart_store(engine: Arc<Engine>, id: String, store: Store) {
     .await;
     tracing::warn!(sandbox = %id, store = store.name(), restarted = started.is_ok(), "a store's server had exited");
     engine.store().record_or_log(NewEvent {
-        kind: crate::events::EventKind::ServerExited,
+        kind: airlock_core::events::EventKind::ServerExited,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         detail: serde_json::json!({"store": store.name(), "restarted": started.is_ok()}),
@@ -323,13 +323,14 @@ async fn watch_disk(engine: &Arc<Engine>, cursor: usize) -> usize {
             .and_then(|g| g.generations.iter().find(|m| m.generation == sb.generation).map(|m| m.size_bytes))
             .unwrap_or(0);
         let dir = engine.layout.sandbox(&sb.id);
-        let used = tokio::task::spawn_blocking(move || crate::storage::tree_size(&dir)).await.unwrap_or(0);
+        let used =
+            tokio::task::spawn_blocking(move || airlock_host::storage::tree_size(&dir)).await.unwrap_or(0);
         let grown = used.saturating_sub(golden_size);
         if grown <= engine.config.disk_limit_bytes || !engine.store().begin_delete(&sb.id).unwrap_or(false) {
             continue;
         }
         engine.store().record_or_log(NewEvent {
-            kind: crate::events::EventKind::DiskLimitExceeded,
+            kind: airlock_core::events::EventKind::DiskLimitExceeded,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail: serde_json::json!({"grown_bytes": grown, "limit_bytes": engine.config.disk_limit_bytes}),

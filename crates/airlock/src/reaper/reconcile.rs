@@ -21,13 +21,13 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::error::Result;
-use crate::events::{DeleteReason, NewEvent};
-use crate::pg::instance;
 use crate::sandbox::{self, Sandbox, SandboxState};
-use crate::store::SandboxFilter;
+use airlock_core::clock::Timestamp;
+use airlock_core::error::Result;
+use airlock_core::events::{DeleteReason, NewEvent};
+use airlock_postgres::instance;
+use airlock_state::store::SandboxFilter;
 
 /// What reconciliation did, for the daemon log.
 #[derive(Debug, Default, Serialize)]
@@ -70,14 +70,14 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
     }
 
     // Redis servers of builds cut short, and of sandboxes no longer live.
-    for (pid, cmdline) in crate::redis::server::servers_under(&[layout.sandboxes(), layout.staging()]) {
+    for (pid, cmdline) in airlock_redis::server::servers_under(&[layout.sandboxes(), layout.staging()]) {
         let live = running.iter().any(|id| {
             cmdline.contains(&format!("/{id}/run/redis.sock"))
                 || cmdline.contains(&format!("/{id}/redis.conf"))
         });
         if !live {
             tracing::warn!(pid, "stopping a redis-server the store does not know");
-            crate::redis::server::kill(pid).await;
+            airlock_redis::server::kill(pid).await;
             done.orphans += 1;
         }
     }
@@ -149,7 +149,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         }
         let _ = engine.cloner.remove_tree(&entry.path());
         engine.store().record_or_log(NewEvent {
-            kind: crate::events::EventKind::Deleted,
+            kind: airlock_core::events::EventKind::Deleted,
             sandbox: Some(id),
             reason: Some(DeleteReason::Orphan.as_str()),
             detail: json!({"found": "directory without state"}),
@@ -239,7 +239,7 @@ async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
         return Ok(false);
     }
     crate::sandbox::branch::continue_all(pid);
-    match crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await {
+    match airlock_postgres::admin::answers(&dir, pid, airlock_postgres::admin::ANSWER_TIMEOUT).await {
         Ok(()) => Ok(true),
         Err(e) => {
             tracing::warn!(sandbox = %sb.id, error = %e, "a kept server does not answer; starting it again");

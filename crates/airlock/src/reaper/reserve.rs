@@ -21,10 +21,10 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use crate::engine::Engine;
-use crate::events::NewEvent;
 use crate::sandbox::capacity::{reserve_bytes, volume_free};
 use crate::sandbox::{suspend, SandboxState, SuspendReason};
-use crate::store::SandboxFilter;
+use airlock_core::events::NewEvent;
+use airlock_state::store::SandboxFilter;
 
 /// Sampling starts when free space is below this many reserves.
 const NEAR: u64 = 2;
@@ -69,7 +69,7 @@ impl Watch {
                         .chain(sb.pid.and_then(|p| map.get(&p)).into_iter().flatten().copied())
                         .collect(),
                 };
-                let on_disk = crate::storage::tree::allocated(&engine.layout.sandbox(&sb.id));
+                let on_disk = airlock_host::storage::tree::allocated(&engine.layout.sandbox(&sb.id));
                 (sb.id.clone(), (written(&pids), on_disk))
             })
             .collect();
@@ -93,7 +93,7 @@ impl Watch {
             self.written.remove(&id);
             tracing::warn!(sandbox = %id, free, reserve, "the volume reached its reserve; stopping a sandbox writing to it");
             engine.store().record_or_log(NewEvent {
-                kind: crate::events::EventKind::DiskReserve,
+                kind: airlock_core::events::EventKind::DiskReserve,
                 sandbox: Some(id.clone()),
                 reason: Some("stopped"),
                 detail: json!({"free_bytes": free, "reserve_bytes": reserve, "written_bytes": delta}),

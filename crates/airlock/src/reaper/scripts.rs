@@ -15,13 +15,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::engine::Engine;
-use crate::error::Result;
-use crate::events::{Door, EventKind, NewEvent};
-use crate::layout::InstanceDir;
-use crate::redis::resp::Reply;
-use crate::redis::server::Admin;
 use crate::sandbox::{Sandbox, SandboxState};
-use crate::store::SandboxFilter;
+use airlock_core::error::Result;
+use airlock_core::events::{Door, EventKind, NewEvent};
+use airlock_core::layout::InstanceDir;
+use airlock_redis::resp::Reply;
+use airlock_redis::server::Admin;
+use airlock_state::store::SandboxFilter;
 
 /// How often every running sandbox's Redis is asked.
 const TICK: Duration = Duration::from_secs(2);
@@ -53,7 +53,7 @@ async fn round(engine: &Arc<Engine>) {
     let mut checks = tokio::task::JoinSet::new();
     for sb in all.into_iter().filter(|s| s.state == SandboxState::Running) {
         let dir = engine.layout.sandbox_instance(&sb.id);
-        if !crate::redis::server::configured(&dir) {
+        if !airlock_redis::server::configured(&dir) {
             continue;
         }
         let engine = engine.clone();
@@ -81,12 +81,12 @@ async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
     let asked = async {
         let mut admin = Admin::connect(dir).await?;
         let reply = admin.call(&["PING"]).await?;
-        Ok::<_, crate::error::Error>((admin, reply))
+        Ok::<_, airlock_core::error::Error>((admin, reply))
     };
     let (mut admin, reply) = match tokio::time::timeout(SILENT_FOR, asked).await {
         Ok(answered) => answered?,
         Err(_) => {
-            crate::redis::server::stop(dir).await;
+            airlock_redis::server::stop(dir).await;
             record(engine, sb, "server_stopped", "it answered nothing for 10 s");
             return Ok(());
         }
@@ -103,7 +103,7 @@ async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
     // Still busy: a script that has written, which only ends with its server.
     if is_busy(&admin.call(&["PING"]).await?) {
         drop(admin);
-        crate::redis::server::stop(dir).await;
+        airlock_redis::server::stop(dir).await;
         record(engine, sb, "server_stopped", "the script had written, so Redis would not kill it");
     }
     Ok(())
@@ -115,9 +115,9 @@ async fn check(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<()> {
 /// (a debugging session's copy) out of reach of the checks above, which ask
 /// the server.
 fn kill_forks(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) {
-    let Some(server) = crate::redis::server::find(dir) else { return };
+    let Some(server) = airlock_redis::server::find(dir) else { return };
     for pid in engine.cgroups.members(&sb.id) {
-        if pid != server && crate::process::parent(pid) == Some(server) {
+        if pid != server && airlock_core::process::parent(pid) == Some(server) {
             let _ =
                 nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
             record(engine, sb, "fork_killed", "a process the server forked");
@@ -131,7 +131,7 @@ fn kill_forks(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) {
 fn empty_long_log(dir: &InstanceDir) {
     let path = dir.redis_log();
     if std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.len() > LOG_KEPT) {
-        if let Ok(log) = crate::storage::tree::open_log(&path) {
+        if let Ok(log) = airlock_host::storage::tree::open_log(&path) {
             let _ = log.set_len(0);
         }
     }

@@ -17,7 +17,7 @@
 //! intervention is a `watchdog` event. Sandboxes are checked concurrently, each
 //! within [`CHECK_LIMIT`], so no sandbox can hold up the watch of another.
 
-use crate::pg::cell::Cell;
+use airlock_postgres::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,11 +25,11 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::engine::Engine;
-use crate::events::{Door, NewEvent};
-use crate::pg::admin::Admin;
-use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{Sandbox, SandboxState};
-use crate::store::SandboxFilter;
+use airlock_core::dsn::{AGENT_ROLE, DATABASE};
+use airlock_core::events::{Door, NewEvent};
+use airlock_postgres::admin::Admin;
+use airlock_state::store::SandboxFilter;
 
 /// How often every running sandbox is looked at.
 const TICK: Duration = Duration::from_millis(500);
@@ -109,7 +109,7 @@ pub async fn round(engine: &Arc<Engine>, watched: &mut HashMap<String, Watched>)
     }
 }
 
-async fn check(engine: &Engine, sb: &Sandbox, kept: Option<Watched>) -> crate::error::Result<Watched> {
+async fn check(engine: &Engine, sb: &Sandbox, kept: Option<Watched>) -> airlock_core::error::Result<Watched> {
     let postmaster = sb.pid.unwrap_or_default();
     let mut w = match kept {
         Some(w) if w.postmaster == postmaster => w,
@@ -134,7 +134,7 @@ async fn check(engine: &Engine, sb: &Sandbox, kept: Option<Watched>) -> crate::e
             &[&AGENT_ROLE],
         )
         .await
-        .map_err(|e| crate::error::Error::postgres(crate::pg::admin::describe(&e)))?;
+        .map_err(|e| airlock_core::error::Error::postgres(airlock_postgres::admin::describe(&e)))?;
     let backends: Vec<Backend> = rows
         .iter()
         .map(|r| {
@@ -146,7 +146,7 @@ async fn check(engine: &Engine, sb: &Sandbox, kept: Option<Watched>) -> crate::e
                 in_state_ms: r.cell(4)?,
             })
         })
-        .collect::<crate::error::Result<_>>()?;
+        .collect::<airlock_core::error::Result<_>>()?;
     w.cancelled.retain(|pid, _| backends.iter().any(|b| b.pid == *pid));
     let limits = sb.access.limits;
     let statement_ceiling = limits.statement_timeout_ms as i64 + GRACE.as_millis() as i64;
@@ -210,7 +210,7 @@ async fn act(engine: &Engine, admin: &Admin, sb: &Sandbox, pid: i32, step: Step)
     detail["backend"] = json!(pid);
     tracing::info!(sandbox = %sb.id, backend = pid, action, reason, "watchdog stepped in");
     engine.store().record_or_log(NewEvent {
-        kind: crate::events::EventKind::Watchdog,
+        kind: airlock_core::events::EventKind::Watchdog,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some(reason),

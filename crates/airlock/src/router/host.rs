@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use hyper::Method;
 
 use super::Connections;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::{EventKind, NewEvent};
-use crate::layout::Layout;
 use crate::sandbox::Sandbox;
-use crate::store::Store;
-use crate::users::Identity;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::{EventKind, NewEvent};
+use airlock_core::layout::Layout;
+use airlock_host::users::Identity;
+use airlock_state::store::Store;
 
 /// How often a wake is retried while the daemon does not answer.
 const DAEMON_RETRY: Duration = Duration::from_millis(50);
@@ -41,9 +41,9 @@ impl Host {
     pub fn open(
         layout: Layout,
         instance_user: Option<&str>,
-        audit: crate::audit::AuditOptions,
+        audit: airlock_state::audit::AuditOptions,
     ) -> Result<Host> {
-        let journal = std::sync::Arc::new(crate::audit::AuditLog::open(&layout.audit(), audit)?);
+        let journal = std::sync::Arc::new(airlock_state::audit::AuditLog::open(&layout.audit(), audit)?);
         let store = Store::open(&layout.state_db())?.with_journal(journal);
         let instance_user = Identity::for_instances(instance_user)?;
         Ok(Host {
@@ -91,7 +91,7 @@ impl Host {
     /// Records that a sandbox was used through the router now, for idle suspend
     /// and least-recently-used suspension (which the daemon decides).
     pub fn touch(&self, id: &str) {
-        if let Err(e) = self.store().set_active(id, crate::clock::Timestamp::now()) {
+        if let Err(e) = self.store().set_active(id, airlock_core::clock::Timestamp::now()) {
             tracing::debug!(sandbox = %id, error = %e, "recording a sandbox's use failed");
         }
     }
@@ -118,7 +118,7 @@ impl Host {
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail,
-            door: Some(crate::events::Door::Router),
+            door: Some(airlock_core::events::Door::Router),
             ..Default::default()
         };
         let host = self.clone();
@@ -133,6 +133,8 @@ impl Host {
             Ok(())
         })
         .await
-        .map_err(|e| crate::error::Error::internal(format!("recording a router connection failed: {e}")))?
+        .map_err(|e| {
+            airlock_core::error::Error::internal(format!("recording a router connection failed: {e}"))
+        })?
     }
 }

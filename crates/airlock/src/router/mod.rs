@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// Whether clients may, must or cannot use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum, utoipa::ToSchema)]
@@ -108,8 +108,11 @@ impl Address {
     /// A sandbox's DSN through the router.
     pub fn dsn(&self, sandbox: &str, password: &str) -> String {
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        let mut url =
-            format!("postgresql://{}:{password}@{host}:{}/{sandbox}", crate::pg::dsn::AGENT_ROLE, self.port);
+        let mut url = format!(
+            "postgresql://{}:{password}@{host}:{}/{sandbox}",
+            airlock_core::dsn::AGENT_ROLE,
+            self.port
+        );
         match (self.tls, &self.ca) {
             (TlsMode::Off, _) => url.push_str("?sslmode=disable"),
             (_, Some(ca)) => {

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use super::backend::{self, Backend};
 use super::host::Host;
 use super::protocol::Startup;
-use crate::pg::dsn::{AGENT_ROLE, DATABASE};
 use crate::sandbox::{Access, Sandbox, SandboxState};
+use airlock_core::dsn::{AGENT_ROLE, DATABASE};
 
 /// How often the task looks for members without a parked session.
 const TICK: Duration = Duration::from_millis(20);
@@ -73,7 +73,7 @@ impl Parked {
     }
 
     /// Drops what is stale and parks a session for each member without one.
-    async fn round(&self, host: &Host) -> crate::error::Result<()> {
+    async fn round(&self, host: &Host) -> airlock_core::error::Result<()> {
         let members: HashMap<String, Sandbox> =
             host.store().pooled()?.into_iter().map(|sb| (sb.id.clone(), sb)).collect();
         // Parked sessions of members claimed since (or deleted: then None).
@@ -103,13 +103,15 @@ impl Parked {
             if self.has(&sb.id) || !host.layout.generation_has_postgres(&sb.golden, sb.generation) {
                 continue;
             }
-            let (Some(pid), Some(password)) = (sb.pid, sb.dsn.as_deref().and_then(crate::pg::dsn::password))
+            let (Some(pid), Some(password)) =
+                (sb.pid, sb.dsn.as_deref().and_then(airlock_core::dsn::password))
             else {
                 continue;
             };
             let user = host.sandbox_user(&sb)?;
             let socket = host.layout.sandbox_instance(&sb.id).socket();
-            let Ok(stream) = crate::pg::socket::connect_instance(&socket, Some(&user), pid).await else {
+            let Ok(stream) = airlock_postgres::socket::connect_instance(&socket, Some(&user), pid).await
+            else {
                 continue;
             };
             let startup = Startup {

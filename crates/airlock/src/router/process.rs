@@ -21,8 +21,8 @@ use serde::{Deserialize, Serialize};
 
 use super::{Address, Host, RouterConfig};
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::layout::Layout;
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::Layout;
 
 /// How long a starting router may take to listen.
 const START_TIMEOUT: Duration = Duration::from_secs(15);
@@ -41,7 +41,7 @@ pub struct Spec {
     pub instance_user: Option<String>,
     /// How the audit log writes, rotates and checkpoints (`--audit-*`).
     #[serde(default)]
-    pub audit: crate::audit::AuditOptions,
+    pub audit: airlock_state::audit::AuditOptions,
 }
 
 /// `router.json`: a running router's pid, settings and address.
@@ -55,7 +55,7 @@ struct State {
 /// Runs the router process for the data root at `home` with the settings in
 /// `spec_file`, until SIGTERM or SIGINT, or until the data root is removed.
 pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
-    crate::descriptors::close_on_exec_from_3()?;
+    airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(home);
     let spec: Spec = serde_json::from_slice(&std::fs::read(spec_file)?)
         .map_err(|e| Error::internal(format!("{} does not parse: {e}", spec_file.display())))?;

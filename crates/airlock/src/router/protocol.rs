@@ -353,11 +353,11 @@ pub enum FirstAnswer {
 pub async fn read_first_server_answer<R: AsyncRead + Unpin>(r: &mut R) -> Result<FirstAnswer, PacketError> {
     let tag = r.read_u8().await?;
     let len = r.read_i32().await?;
-    if !crate::pg::wire::is_old_protocol_error(tag, len) {
+    if !airlock_postgres::wire::is_old_protocol_error(tag, len) {
         return read_body(r, tag, len, MAX_SERVER_STARTUP_MESSAGE).await.map(FirstAnswer::Message);
     }
     let mut text = len.to_be_bytes().to_vec();
-    while !text.contains(&0) && text.len() < crate::pg::wire::MAX_OLD_ERROR {
+    while !text.contains(&0) && text.len() < airlock_postgres::wire::MAX_OLD_ERROR {
         match r.read_u8().await {
             Ok(byte) => text.push(byte),
             Err(_) => break,
@@ -551,7 +551,7 @@ mod tests {
         let endless = [b'E'].into_iter().chain(std::iter::repeat_n(b'x', 5000)).collect::<Vec<u8>>();
         assert!(matches!(
             read_first_server_answer(&mut &endless[..]).await.unwrap(),
-            FirstAnswer::CouldNotStart(t) if t.len() == crate::pg::wire::MAX_OLD_ERROR
+            FirstAnswer::CouldNotStart(t) if t.len() == airlock_postgres::wire::MAX_OLD_ERROR
         ));
         // A real ErrorResponse stays a message.
         let mut error = vec![b'E'];

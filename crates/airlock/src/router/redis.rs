@@ -22,8 +22,8 @@ use tokio::io::{
 use tokio::net::TcpStream;
 
 use super::Host;
-use crate::events::EventKind;
 use crate::sandbox::SandboxState;
+use airlock_core::events::EventKind;
 
 /// Arguments of a command read before authentication, at most.
 const MAX_ARGS: usize = 16;
@@ -142,17 +142,17 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     };
     let Ok(sb) = shared.host.store().sandbox(user) else { return refuse(client).await };
     let dir = shared.host.layout.sandbox_instance(&sb.id);
-    if sb.id != user || !crate::redis::server::configured(&dir) {
+    if sb.id != user || !airlock_redis::server::configured(&dir) {
         return refuse(client).await;
     }
     // Past its expiry a credential is dead, whether the daemon (which deletes
     // the sandbox then) runs or not.
-    if sb.expires_at <= crate::clock::Timestamp::now() {
+    if sb.expires_at <= airlock_core::clock::Timestamp::now() {
         return refuse(client).await;
     }
     if sb.state == SandboxState::Suspended {
         // Only a client holding the credential wakes a sandbox.
-        let known = sb.verifier.as_deref().and_then(crate::pg::scram::Verifier::parse);
+        let known = sb.verifier.as_deref().and_then(airlock_postgres::scram::Verifier::parse);
         if !known.is_some_and(|v| v.accepts(password)) {
             record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
             return refuse(client).await;
@@ -166,13 +166,13 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
             return;
         }
     }
-    let Ok(backend) = crate::redis::server::connect(&dir).await else {
+    let Ok(backend) = airlock_redis::server::connect(&dir).await else {
         let _ = client.write_all(b"-ERR the sandbox's Redis is not running; try again in a moment\r\n").await;
         let _ = client.flush().await;
         return;
     };
     let mut backend = BufStream::new(backend);
-    if backend.write_all(&crate::redis::resp::command(command)).await.is_err()
+    if backend.write_all(&airlock_redis::resp::command(command)).await.is_err()
         || backend.flush().await.is_err()
     {
         return;

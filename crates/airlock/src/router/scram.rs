@@ -12,8 +12,8 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::protocol::{self, ErrorResponse, PacketError};
-use crate::pg::dsn::AGENT_ROLE;
-use crate::pg::scram::{hmac, Verifier};
+use airlock_core::dsn::AGENT_ROLE;
+use airlock_postgres::scram::{hmac, Verifier};
 
 const PLAIN: &str = "SCRAM-SHA-256";
 const PLUS: &str = "SCRAM-SHA-256-PLUS";
@@ -55,7 +55,7 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
         Ok(first) => first,
         Err(refusal) => return Ok(Outcome::Refused(refusal)),
     };
-    let nonce = format!("{}{}", first.nonce, STANDARD.encode(crate::secret::random_bytes::<18>()));
+    let nonce = format!("{}{}", first.nonce, STANDARD.encode(airlock_core::secret::random_bytes::<18>()));
     let server_first = format!("r={nonce},s={},i={}", STANDARD.encode(&verifier.salt), verifier.iterations);
     send(client, &[auth(SASL_CONTINUE, server_first.as_bytes())]).await?;
 
@@ -280,7 +280,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_right_password_passes_with_and_without_channel_binding() {
-        let v = crate::pg::scram::verifier("s3cret", 4096);
+        let v = airlock_postgres::scram::verifier("s3cret", 4096);
         let plain = exchange("s3cret", &v, None, ChannelBinding::unsupported(), false).await.unwrap();
         assert!(matches!(plain, Outcome::Authenticated));
         let hash = vec![7u8; 32];
@@ -293,7 +293,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wrong_password_a_wrong_binding_and_a_downgrade_are_refused() {
-        let v = crate::pg::scram::verifier("s3cret", 16);
+        let v = airlock_postgres::scram::verifier("s3cret", 16);
         let wrong = exchange("guess", &v, None, ChannelBinding::unsupported(), false).await.unwrap();
         assert!(matches!(wrong, Outcome::Refused(e) if e.code == "28P01"));
         let other = exchange(

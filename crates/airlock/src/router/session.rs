@@ -18,11 +18,11 @@ use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Star
 use super::relay;
 use super::scram;
 use super::Shared;
-use crate::error::ErrorCode;
-use crate::events::EventKind;
-use crate::pg::dsn::{AGENT_ROLE, DATABASE};
-use crate::pg::scram::Verifier;
 use crate::sandbox::{self, Sandbox, SandboxState};
+use airlock_core::dsn::{AGENT_ROLE, DATABASE};
+use airlock_core::error::ErrorCode;
+use airlock_core::events::EventKind;
+use airlock_postgres::scram::Verifier;
 
 /// A client stream, plaintext or TLS.
 enum Client {
@@ -123,7 +123,7 @@ pub(super) async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut
 pub(super) async fn expiry(host: &super::Host, id: &str) {
     loop {
         let Ok(sb) = host.store().sandbox(id) else { return std::future::pending().await };
-        let now = crate::clock::Timestamp::now();
+        let now = airlock_core::clock::Timestamp::now();
         if sb.expires_at <= now {
             return;
         }
@@ -368,7 +368,7 @@ fn not_found(key: &str) -> ErrorResponse {
     )
 }
 
-fn internal(e: crate::error::Error) -> ErrorResponse {
+fn internal(e: airlock_core::error::Error) -> ErrorResponse {
     ErrorResponse::fatal("XX000", e.message, e.hint)
 }
 
@@ -379,7 +379,7 @@ fn lookup(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
         Ok(sb) if matches!(sb.state, SandboxState::Deleting | SandboxState::Pooled) => Err(not_found(key)),
         // The daemon deletes it at its expiry; while the daemon is away the
         // router refuses it all the same.
-        Ok(sb) if sb.expires_at <= crate::clock::Timestamp::now() => Err(ErrorResponse::fatal(
+        Ok(sb) if sb.expires_at <= airlock_core::clock::Timestamp::now() => Err(ErrorResponse::fatal(
             "3D000",
             format!("sandbox \"{}\" has expired", shown(key)),
             "fork a new one (`airlock fork GOLDEN`), or extend a sandbox before it expires (`airlock extend ID`)",
@@ -396,16 +396,17 @@ async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorRes
     if let Some(v) = sb.verifier.as_deref().and_then(Verifier::parse) {
         return Ok(v);
     }
-    let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).ok_or_else(|| {
-        internal(crate::error::Error::internal(format!("sandbox {} has no credential", sb.id)))
+    let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).ok_or_else(|| {
+        internal(airlock_core::error::Error::internal(format!("sandbox {} has no credential", sb.id)))
     })?;
     let made = tokio::task::spawn_blocking(move || {
-        crate::pg::scram::verifier(&password, crate::pg::scram::ROUTER_ITERATIONS)
+        airlock_postgres::scram::verifier(&password, airlock_postgres::scram::ROUTER_ITERATIONS)
     })
     .await
-    .map_err(|e| internal(crate::error::Error::internal(e.to_string())))?;
+    .map_err(|e| internal(airlock_core::error::Error::internal(e.to_string())))?;
     shared.host.store().set_verifier(&sb.id, &made).map_err(internal)?;
-    Verifier::parse(&made).ok_or_else(|| internal(crate::error::Error::internal("a verifier did not parse")))
+    Verifier::parse(&made)
+        .ok_or_else(|| internal(airlock_core::error::Error::internal("a verifier did not parse")))
 }
 
 /// Waits until the sandbox is running: wakes it if suspended, waits out a reset
@@ -462,10 +463,11 @@ async fn session_for(
         }
         let socket = host.layout.sandbox_instance(&sb.id).socket();
         let user = host.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
-        let password = sb.dsn.as_deref().and_then(crate::pg::dsn::password).unwrap_or_default();
+        let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).unwrap_or_default();
         let attempt = async {
             let stream =
-                crate::pg::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default()).await?;
+                airlock_postgres::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default())
+                    .await?;
             backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
         };
         match attempt.await {
@@ -488,11 +490,11 @@ async fn session_for(
             Err(LoginError::Refused { message, .. }) => return Err(message),
             // At its process limit (its own code forking, say) the server
             // cannot start a session for a while: wait a little for room.
-            Err(LoginError::CouldNotStart(e)) if unstarted < crate::pg::wire::UNSTARTED_RETRY.0 => {
+            Err(LoginError::CouldNotStart(e)) if unstarted < airlock_postgres::wire::UNSTARTED_RETRY.0 => {
                 unstarted += 1;
                 tracing::debug!(sandbox = %sb.id, error = %e, "the server could not start a session; retrying");
                 drop(open);
-                tokio::time::sleep(crate::pg::wire::UNSTARTED_RETRY.1).await;
+                tokio::time::sleep(airlock_postgres::wire::UNSTARTED_RETRY.1).await;
             }
             Err(LoginError::CouldNotStart(e)) => {
                 return Err(ErrorResponse::fatal(
@@ -529,7 +531,7 @@ async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
     let Some(owner) = host.connections.backend_owner(pid, key) else { return };
     let Ok(user) = host.store().sandbox(&owner).and_then(|sb| host.sandbox_user(&sb)) else { return };
     let socket = host.layout.sandbox_instance(&owner).socket();
-    let Ok(mut server) = crate::pg::socket::connect_as(&socket, &user).await else { return };
+    let Ok(mut server) = airlock_postgres::socket::connect_as(&socket, &user).await else { return };
     let mut packet = Vec::with_capacity(16);
     packet.extend_from_slice(&16i32.to_be_bytes());
     packet.extend_from_slice(&80877102i32.to_be_bytes());

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
 
 /// Certificate and key files the operator supplies instead of generated ones.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

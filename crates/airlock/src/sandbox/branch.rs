@@ -18,11 +18,11 @@ use serde_json::json;
 
 use super::{instance_dir, ms, start, Forked, Sandbox, SandboxState, Steps};
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::NewEvent;
-use crate::pg::admin::Admin;
-use crate::pg::dsn::DATABASE;
-use crate::secret;
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::NewEvent;
+use airlock_core::secret;
+use airlock_postgres::admin::Admin;
 
 /// A request to branch a live sandbox.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -65,14 +65,14 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         super::capacity::admit(engine, Duration::ZERO, super::capacity::Need::New, Some(&source.id)).await?;
     engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
     let created = engine.store().record(NewEvent {
-        kind: crate::events::EventKind::Created,
+        kind: airlock_core::events::EventKind::Created,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "branched_from": source.id}),
         ..Default::default()
     });
     if let Err(e) = created {
-        super::teardown(engine, &sb, crate::events::DeleteReason::Failed).await?;
+        super::teardown(engine, &sb, airlock_core::events::DeleteReason::Failed).await?;
         return Err(e);
     }
     drop(admitted);
@@ -94,7 +94,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let source_user = engine.sandbox_user(&source)?;
         let group = engine.socket_group(&sb);
         super::make_dir(engine, &dir)?;
-        crate::pg::instance::prepare_dir(&dir, &user, group)?;
+        airlock_postgres::instance::prepare_dir(&dir, &user, group)?;
         let t = Instant::now();
         let source_pgdata = instance_dir(engine, &source.id).pgdata();
         // The source's files are its user's, and code running as that user may
@@ -122,7 +122,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         // waits on it) as long.
         let cloned = tokio::task::block_in_place(|| {
             let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
-            crate::crashpoint::reached("branch.paused");
+            airlock_core::crashpoint::reached("branch.paused");
             let cloned = match postgres {
                 true => engine.cloner.clone_data(
                     &source_pgdata,
@@ -144,7 +144,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
         steps.clone_ms = paused_ms;
         if postgres {
-            crate::pg::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
+            airlock_postgres::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
         }
         let cgroups = engine
             .cgroups
@@ -172,7 +172,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
 
 /// Asks the server of `dir` to checkpoint, and goes on whatever it answers (a
 /// copy recovers from an older checkpoint all the same, only longer).
-pub(crate) async fn checkpoint(dir: &crate::layout::InstanceDir, postmaster: i32) {
+pub(crate) async fn checkpoint(dir: &airlock_core::layout::InstanceDir, postmaster: i32) {
     let done = async { Admin::connect(dir, DATABASE, postmaster).await?.execute("CHECKPOINT").await };
     if let Err(e) = done.await {
         tracing::warn!(dir = %dir.root.display(), error = %e, "a checkpoint before a copy failed");
@@ -258,7 +258,7 @@ fn children_of(parent: i32) -> Vec<i32> {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| crate::process::parent(*pid) == Some(parent))
+        .filter(|pid| airlock_core::process::parent(*pid) == Some(parent))
         .collect()
 }
 

@@ -11,9 +11,9 @@ use tokio::sync::MutexGuard;
 use super::suspend::{suspend, SuspendReason};
 use super::SandboxState;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::DeleteReason;
-use crate::store::SandboxFilter;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::DeleteReason;
+use airlock_state::store::SandboxFilter;
 
 /// What the caller is about to add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,9 +16,9 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::pg::instance;
 use crate::sandbox::{Sandbox, SandboxState};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_postgres::instance;
 
 /// Most bytes of stdout and of stderr returned; the rest is counted and dropped.
 pub const OUTPUT_CAP: usize = 1 << 20;
@@ -96,7 +96,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         Ok(_) => std::fs::remove_file(&workdir)?,
         Err(_) => {}
     }
-    crate::pg::load::private_dir(&workdir)?;
+    airlock_host::storage::tree::private_dir(&workdir)?;
     user.own(&workdir)?;
     let mut cmd = tokio::process::Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
@@ -107,17 +107,18 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env("LANG", "C.UTF-8");
     let instance = engine.layout.sandbox_instance(&sb.id);
     let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
-    if let Some(password) = sb.dsn.as_deref().and_then(crate::pg::dsn::password) {
+    if let Some(password) = sb.dsn.as_deref().and_then(airlock_core::dsn::password) {
         let forms: &[&str] = if postgres { &["database_url"] } else { &["redis_url"] };
         engine.record_credential(&sb, "exec", &password, forms)?;
     }
     if postgres {
         cmd.env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
     }
-    if let (true, Some(password)) =
-        (crate::redis::server::configured(&instance), sb.dsn.as_deref().and_then(crate::pg::dsn::password))
-    {
-        cmd.env("REDIS_URL", crate::redis::server::socket_url(&instance, &sb.id, &password));
+    if let (true, Some(password)) = (
+        airlock_redis::server::configured(&instance),
+        sb.dsn.as_deref().and_then(airlock_core::dsn::password),
+    ) {
+        cmd.env("REDIS_URL", airlock_redis::server::socket_url(&instance, &sb.id, &password));
     }
     cmd.stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
@@ -132,19 +133,25 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         false => super::stores::Store::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
     };
     let namespaces = match (engine.daemon_user.is_root(), server) {
-        (true, Some(pid)) => Some(instance::Namespaces::of(pid)?),
+        (true, Some(pid)) => Some(airlock_host::contain::Namespaces::of(pid)?),
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),
         (false, _) => None,
     };
     let contained = namespaces.is_some();
     if let Some(ns) = namespaces {
-        let who = instance::Who::of(&user, None);
+        let who = airlock_host::contain::Who::of(&user, None);
         let cgroups = engine.cgroups.procs_files(&sb.id);
         let workdir = std::ffi::CString::new(workdir.as_os_str().as_encoded_bytes())
             .map_err(|_| Error::internal("the exec directory's path has a NUL byte"))?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || instance::contain(who, &cgroups, instance::Enter::Join(&ns, &workdir)));
+            cmd.pre_exec(move || {
+                airlock_host::contain::contain(
+                    who,
+                    &cgroups,
+                    airlock_host::contain::Enter::Join(&ns, &workdir),
+                )
+            });
         }
     }
     let started = Instant::now();
@@ -235,7 +242,7 @@ impl Capture {
 /// signals all it may (`kill(-1)`) as that user reaches each one, including
 /// those forked while it runs, which one pass over a process list would miss.
 /// Repeated until none is left in the sandbox's cgroups.
-async fn kill_user(engine: &Engine, sb: &Sandbox, user: &crate::users::Identity) {
+async fn kill_user(engine: &Engine, sb: &Sandbox, user: &airlock_host::users::Identity) {
     let (uid, gid) = (user.uid, user.gid);
     for _ in 0..20 {
         let killed = tokio::task::spawn_blocking(move || signal_all_as(uid, gid)).await;
@@ -246,7 +253,7 @@ async fn kill_user(engine: &Engine, sb: &Sandbox, user: &crate::users::Identity)
             .cgroups
             .members(&sb.id)
             .into_iter()
-            .any(|pid| crate::process::owner(pid) == Some(uid.as_raw()));
+            .any(|pid| airlock_core::process::owner(pid) == Some(uid.as_raw()));
         if !left {
             return;
         }
@@ -283,7 +290,7 @@ fn signal_all_as(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> nix::Result<()
 fn kill_strays(engine: &Engine, sb: &Sandbox) {
     let Some(server) = sb.pid else { return };
     for pid in engine.cgroups.members(&sb.id) {
-        if pid == server || crate::process::parent(pid) == Some(server) {
+        if pid == server || airlock_core::process::parent(pid) == Some(server) {
             continue;
         }
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);

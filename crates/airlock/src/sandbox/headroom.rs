@@ -32,10 +32,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::storage::btrfs::{Qgroup, Usage};
-use crate::storage::WAL_LIMIT;
-use crate::store::SandboxFilter;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_host::storage::btrfs::{Qgroup, Usage};
+use airlock_host::storage::WAL_LIMIT;
+use airlock_state::store::SandboxFilter;
 
 use super::SandboxState;
 
@@ -188,7 +188,7 @@ impl Headroom {
         let own = self.ledger.lock().unwrap_or_else(|p| p.into_inner()).allowances.get(id).copied();
         let limit = usage.charged().saturating_add(floor(engine)).min(allowance(engine, own, &usage));
         tracing::debug!(dir = %dir.display(), limit, "a sandbox's first promise");
-        crate::storage::btrfs::limit(dir, limit)
+        airlock_host::storage::btrfs::limit(dir, limit)
             .map_err(|e| Error::io(format!("limiting {}", dir.display()), &e))
     }
 
@@ -230,7 +230,7 @@ impl Headroom {
         let dir = engine.layout.sandbox(id);
         if let Ok(usage) = Qgroup::of(&dir).and_then(|g| g.usage()) {
             tracing::debug!(sandbox = %id, limit = usage.charged() + (1 << 20), "a suspended sandbox's promise withdrawn");
-            let _ = crate::storage::btrfs::limit(&dir, usage.charged() + (1 << 20));
+            let _ = airlock_host::storage::btrfs::limit(&dir, usage.charged() + (1 << 20));
         }
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger.charged.remove(id);
@@ -439,7 +439,7 @@ impl Headroom {
             // change is a Btrfs transaction), or when it is taken back.
             if r.data.limit.abs_diff(limit) >= 1 << 20 || limit < r.data.limit {
                 tracing::debug!(sandbox = %r.id, limit, was = r.data.limit, "balancing a sandbox's headroom");
-                if let Err(e) = crate::storage::btrfs::limit(&r.dir, limit) {
+                if let Err(e) = airlock_host::storage::btrfs::limit(&r.dir, limit) {
                     tracing::debug!(sandbox = %r.id, error = %e, "could not set a sandbox's disk headroom");
                 }
             }

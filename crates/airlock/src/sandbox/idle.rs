@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use super::suspend::{suspend, SuspendReason};
 use super::SandboxState;
 use crate::engine::Engine;
-use crate::pg::admin::Admin;
-use crate::pg::dsn::DATABASE;
-use crate::store::SandboxFilter;
+use airlock_core::dsn::DATABASE;
+use airlock_postgres::admin::Admin;
+use airlock_state::store::SandboxFilter;
 
 /// Whether the sandbox's servers have client sessions other than the asking
 /// one: PostgreSQL's, and its Redis's (clients of the router's Redis port and
@@ -19,8 +19,8 @@ use crate::store::SandboxFilter;
 pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     let dir = engine.layout.sandbox_instance(id);
     let Ok(sb) = engine.store().sandbox(id) else { return true };
-    if crate::redis::server::configured(&dir) {
-        let asked = async { crate::redis::server::Admin::connect(&dir).await?.other_clients().await };
+    if airlock_redis::server::configured(&dir) {
+        let asked = async { airlock_redis::server::Admin::connect(&dir).await?.other_clients().await };
         match tokio::time::timeout(Duration::from_secs(5), asked).await {
             Ok(Ok(0)) => {}
             _ => return true,
@@ -55,7 +55,7 @@ pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
 pub(crate) fn last_used(engine: &Engine, sb: &super::Sandbox) -> Option<Instant> {
     let local = engine.connections.idle_since(&sb.id)?;
     let routed = sb.active_at.map(|at| {
-        let ago = (crate::clock::Timestamp::now().0 - at.0).max(0) as u64;
+        let ago = (airlock_core::clock::Timestamp::now().0 - at.0).max(0) as u64;
         Instant::now().checked_sub(Duration::from_millis(ago)).unwrap_or(local)
     });
     Some(routed.map_or(local, |r| r.max(local)))

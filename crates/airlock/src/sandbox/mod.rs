@@ -7,22 +7,21 @@
 //! for "ready" → mint the agent credential → mark it `running`. Each step's
 //! time goes into the `ready` event. Any failure tears down whatever was made.
 
-mod access;
 pub mod branch;
 pub mod capacity;
 pub mod exec;
 pub mod headroom;
 mod idle;
 pub mod pool;
-mod record;
+
 pub mod stores;
 pub mod suspend;
 
-pub use access::{Access, Limits, Mode};
+pub use airlock_core::records::access::{Access, Limits, Mode};
+pub use airlock_core::records::sandbox::{Sandbox, SandboxState, MIGRATION_TEST_LABEL};
 pub use branch::BranchRequest;
 pub use exec::{ExecRequest, ExecResult};
 pub use idle::suspend_idle;
-pub use record::{Sandbox, SandboxState};
 pub use suspend::{suspend, wake, SuspendReason};
 
 use std::collections::BTreeMap;
@@ -32,17 +31,18 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::clock::Timestamp;
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::{DeleteReason, NewEvent};
-use crate::layout::InstanceDir;
-use crate::pg::admin::Admin;
-use crate::pg::dsn::{self, DATABASE};
-use crate::pg::instance;
-use crate::pg::majors::Server;
-use crate::users::Identity;
-use crate::{golden, secret, validate};
+use crate::golden;
+use airlock_core::clock::Timestamp;
+use airlock_core::dsn::{self, DATABASE};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::{DeleteReason, NewEvent};
+use airlock_core::layout::InstanceDir;
+use airlock_core::{secret, validate};
+use airlock_host::users::Identity;
+use airlock_postgres::admin::Admin;
+use airlock_postgres::instance;
+use airlock_postgres::majors::Server;
 use stores::Store;
 
 /// A request to fork a golden.
@@ -83,9 +83,6 @@ pub struct ForkRequest {
     #[serde(skip)]
     pub disk_allowance: Option<u64>,
 }
-
-/// The label a migration test's forks carry (its key is reserved).
-pub const MIGRATION_TEST_LABEL: (&str, &str) = (validate::RESERVED_LABEL_KEY, "migration-test");
 
 /// What a fork answers: the sandbox, and warnings (such as the copy fallback).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
@@ -188,12 +185,12 @@ async fn finish(
             return Err(Error::internal(format!("minting the router's verifier failed: {e}")));
         }
     };
-    crate::crashpoint::reached("fork.started");
+    airlock_core::crashpoint::reached("fork.started");
     let ready = {
         let mut store = engine.store();
         store.set_running_with(&sb.id, pid, &url, Some(&verifier))?;
         store.record(NewEvent {
-            kind: crate::events::EventKind::Ready,
+            kind: airlock_core::events::EventKind::Ready,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             detail,
@@ -256,7 +253,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         engine.headroom.allow(&sb.id, bytes);
     }
     let created = engine.store().record(NewEvent {
-        kind: crate::events::EventKind::Created,
+        kind: airlock_core::events::EventKind::Created,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "labels": sb.labels, "from_pool": claimed}),
@@ -267,7 +264,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
         teardown(engine, &sb, DeleteReason::Failed).await?;
         return Err(e);
     }
-    crate::crashpoint::reached("fork.created");
+    airlock_core::crashpoint::reached("fork.created");
     if claimed {
         engine.pool_wanted.notify_one();
     }
@@ -301,7 +298,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
 pub(crate) fn mint_verifier(password: &str) -> tokio::task::JoinHandle<String> {
     let password = password.to_owned();
     tokio::task::spawn_blocking(move || {
-        crate::pg::scram::verifier(&password, crate::pg::scram::ROUTER_ITERATIONS)
+        airlock_postgres::scram::verifier(&password, airlock_postgres::scram::ROUTER_ITERATIONS)
     })
 }
 
@@ -310,7 +307,7 @@ pub(crate) fn mint_verifier(password: &str) -> tokio::task::JoinHandle<String> {
 /// refuses it, but should anything get past it) must not cut the router, the
 /// gateway or `exec` off. Clients are not affected either way: the router checks
 /// them against its own verifier.
-pub async fn restore_credential(layout: &crate::layout::Layout, sb: &Sandbox) -> Result<()> {
+pub async fn restore_credential(layout: &airlock_core::layout::Layout, sb: &Sandbox) -> Result<()> {
     let password = sb
         .dsn
         .as_deref()
@@ -479,7 +476,7 @@ pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
             "wait for the operation in progress to finish, then reset again",
         ));
     }
-    crate::crashpoint::reached("reset.begun");
+    airlock_core::crashpoint::reached("reset.begun");
     rebuild(engine, &sb, began, false).await
 }
 
@@ -510,7 +507,7 @@ pub(crate) async fn rebuild(
             store.stop(&dir).await;
         }
         kill_cgroup_members(engine, &sb.id).await;
-        crate::crashpoint::reached("reset.stopped");
+        airlock_core::crashpoint::reached("reset.stopped");
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
         if let Err(e) = engine.cloner.remove_tree(&dir.pgdata()) {
@@ -530,7 +527,7 @@ pub(crate) async fn rebuild(
             let mut store = engine.store();
             store.set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
             store.record_or_log(NewEvent {
-                kind: crate::events::EventKind::Reset,
+                kind: airlock_core::events::EventKind::Reset,
                 sandbox: Some(sb.id.clone()),
                 golden: Some(sb.golden.clone()),
                 detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation,
@@ -593,7 +590,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
         started.wait_ready(&dir).await?;
         // Ready is not enough: at a full disk a server can start and then
         // refuse every session.
-        crate::pg::admin::answers(&dir, pid, crate::pg::admin::ANSWER_TIMEOUT).await
+        airlock_postgres::admin::answers(&dir, pid, airlock_postgres::admin::ANSWER_TIMEOUT).await
     }
     .await;
     if let Err(e) = ready {
@@ -717,7 +714,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
         let mut store = engine.store();
         store.delete_sandbox(&sb.id)?;
         store.record_or_log(NewEvent {
-            kind: crate::events::EventKind::Deleted,
+            kind: airlock_core::events::EventKind::Deleted,
             sandbox: Some(sb.id.clone()),
             golden: Some(sb.golden.clone()),
             reason: Some(reason.as_str()),
@@ -753,7 +750,7 @@ pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
 /// The pid in a data directory's `postmaster.pid`, if any (read without
 /// following a link: the file is the instance user's).
 pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
-    let text = crate::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
+    let text = airlock_host::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
     text.lines().next()?.trim().parse().ok()
 }
 
@@ -772,7 +769,7 @@ pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
     let expires_at = Timestamp::now().plus(ttl);
     store.set_expiry(&sb.id, expires_at)?;
     let recorded = store.record(NewEvent {
-        kind: crate::events::EventKind::Extended,
+        kind: airlock_core::events::EventKind::Extended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"expires_at": expires_at}),

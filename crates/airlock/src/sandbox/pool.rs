@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::engine::Engine;
-use crate::error::{ErrorCode, Result};
-use crate::events::DeleteReason;
 use crate::golden::Golden;
-use crate::pg::admin::Admin;
-use crate::pg::dsn::DATABASE;
 use crate::sandbox::{self, Access, Sandbox, SandboxState, Steps};
-use crate::store::SandboxFilter;
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{ErrorCode, Result};
+use airlock_core::events::DeleteReason;
+use airlock_postgres::admin::Admin;
+use airlock_state::store::SandboxFilter;
 
 /// How often the filler looks even when nothing woke it.
 const TICK: Duration = Duration::from_millis(500);
@@ -103,14 +103,14 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     // The pool takes only free room: it never suspends a sandbox or queues.
     let (all, running) = engine.store().counts()?;
     if running >= engine.config.max_running || all >= engine.config.max_sandboxes {
-        return Err(crate::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", ""));
+        return Err(airlock_core::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", ""));
     }
     engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
     let mut steps = Steps::default();
     // The member's credential is made now, off any fork's path, and bound to a
     // fork when one claims the member; until then no client can use it (the
     // router does not connect to pool members).
-    let password = crate::secret::password();
+    let password = airlock_core::secret::password();
     let verifier = sandbox::mint_verifier(&password);
     let made = async {
         // Its Redis, if the golden has one, starts with the same credential.
@@ -118,13 +118,13 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         // A first connection builds the catalog caches and writes the relcache
         // init file, so the agent's sessions are quick. It stays open for a claim
         // that asks for other access.
-        let dir = crate::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
+        let dir = airlock_core::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
         let admin = match engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
             true => Some(Admin::connect(&dir, DATABASE, pid).await?),
             false => None,
         };
-        let verifier = verifier.await.map_err(|e| crate::error::Error::internal(e.to_string()))?;
-        Ok::<_, crate::error::Error>((pid, admin, verifier))
+        let verifier = verifier.await.map_err(|e| airlock_core::error::Error::internal(e.to_string()))?;
+        Ok::<_, airlock_core::error::Error>((pid, admin, verifier))
     }
     .await;
     match made {
@@ -133,7 +133,7 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
                 engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
             }
             let url =
-                crate::pg::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
+                airlock_core::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
             engine.store().set_pooled(&sb.id, pid, &url, &verifier)
         }
         Err(e) => {

@@ -11,10 +11,10 @@ use std::ffi::CString;
 use std::path::Path;
 
 use crate::engine::Engine;
-use crate::error::{Error, Result};
-use crate::layout::InstanceDir;
 use crate::sandbox::{Mode, Sandbox};
-use crate::users::Identity;
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_host::users::Identity;
 
 /// A kind of store beside PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// A store whose writes are held since its state was saved.
 pub struct Held {
-    admin: crate::redis::server::Admin,
+    admin: airlock_redis::server::Admin,
 }
 
 impl Held {
@@ -88,13 +88,13 @@ impl Store {
 
     fn in_generation(self, root: &Path) -> bool {
         match self {
-            Store::Redis => crate::redis::server::rdb(root).is_file(),
+            Store::Redis => airlock_redis::server::rdb(root).is_file(),
         }
     }
 
     fn in_sandbox(self, dir: &InstanceDir) -> bool {
         match self {
-            Store::Redis => crate::redis::server::configured(dir),
+            Store::Redis => airlock_redis::server::configured(dir),
         }
     }
 
@@ -144,14 +144,14 @@ impl Store {
     pub fn configure(self, engine: &Engine, dir: &InstanceDir, sb: &Sandbox, password: &str) -> Result<()> {
         match self {
             Store::Redis => {
-                let admin_password = crate::secret::password();
-                let settings = crate::redis::server::Settings {
-                    max_memory: crate::redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
+                let admin_password = airlock_core::secret::password();
+                let settings = airlock_redis::server::Settings {
+                    max_memory: airlock_redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
                     admin_password: &admin_password,
                     user: Some((&sb.id, password)),
                     read_only: sb.access.mode == Mode::Readonly,
                 };
-                crate::redis::server::write_config(dir, &settings)
+                airlock_redis::server::write_config(dir, &settings)
             }
         }
     }
@@ -164,14 +164,14 @@ impl Store {
         cgroups: &[CString],
     ) -> Result<i32> {
         match self {
-            Store::Redis => crate::redis::server::start(dir, who, cgroups).await,
+            Store::Redis => airlock_redis::server::start(dir, who, cgroups).await,
         }
     }
 
     /// Its running server's pid.
     pub fn pid(self, dir: &InstanceDir) -> Option<i32> {
         match self {
-            Store::Redis => crate::redis::server::find(dir),
+            Store::Redis => airlock_redis::server::find(dir),
         }
     }
 
@@ -183,7 +183,7 @@ impl Store {
     /// Stops its server, if it runs.
     pub async fn stop(self, dir: &InstanceDir) {
         match self {
-            Store::Redis => crate::redis::server::stop(dir).await,
+            Store::Redis => airlock_redis::server::stop(dir).await,
         }
     }
 
@@ -191,7 +191,7 @@ impl Store {
     /// where its next start begins from.
     pub async fn save(self, dir: &InstanceDir) -> Result<()> {
         match self {
-            Store::Redis => crate::redis::server::Admin::connect(dir).await?.save().await,
+            Store::Redis => airlock_redis::server::Admin::connect(dir).await?.save().await,
         }
     }
 
@@ -202,7 +202,7 @@ impl Store {
     pub async fn save_held(self, dir: &InstanceDir) -> Result<Held> {
         match self {
             Store::Redis => {
-                let mut admin = crate::redis::server::Admin::connect(dir).await?;
+                let mut admin = airlock_redis::server::Admin::connect(dir).await?;
                 admin.hold_writes(HOLD_LIMIT).await?;
                 let mut held = Held { admin };
                 if let Err(e) = held.admin.save().await {
@@ -218,7 +218,7 @@ impl Store {
     /// left them held (reconciliation; harmless otherwise).
     pub async fn resume_writes(self, dir: &InstanceDir) -> Result<()> {
         match self {
-            Store::Redis => crate::redis::server::Admin::connect(dir).await?.resume_writes().await,
+            Store::Redis => airlock_redis::server::Admin::connect(dir).await?.resume_writes().await,
         }
     }
 
@@ -227,7 +227,7 @@ impl Store {
     pub async fn claim(self, dir: &InstanceDir, sb: &Sandbox, password: Option<&str>) -> Result<()> {
         match self {
             Store::Redis => {
-                let mut admin = crate::redis::server::Admin::connect(dir).await?;
+                let mut admin = airlock_redis::server::Admin::connect(dir).await?;
                 if let Some(password) = password {
                     admin.set_password(&sb.id, password).await?;
                 }

@@ -11,9 +11,9 @@ use serde_json::json;
 
 use super::{capacity, kill_cgroup_members, ms, restart, Sandbox, SandboxState};
 use crate::engine::Engine;
-use crate::error::{Error, ErrorCode, Result};
-use crate::events::NewEvent;
-use crate::pg::instance;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::NewEvent;
+use airlock_postgres::instance;
 
 /// Why a sandbox was suspended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     kill_cgroup_members(engine, &id).await;
     engine.headroom.withdraw(engine, &id);
     engine.store().record_or_log(NewEvent {
-        kind: crate::events::EventKind::Suspended,
+        kind: airlock_core::events::EventKind::Suspended,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some(reason.as_str()),
@@ -121,7 +121,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
                 "sandbox {id} is suspended, but its server could not shut down cleanly; \
                  its files are kept and it recovers from its WAL when woken"
             ),
-            &instance::log_tail(&dir.log()),
+            &airlock_host::contain::log_tail(&dir.log()),
         );
         tracing::error!(sandbox = %id, error = %e, "a suspend did not shut the server down cleanly");
         return Err(e);
@@ -138,7 +138,7 @@ pub(crate) async fn keep_unstartable(engine: &Engine, sb: &Sandbox, e: &Error) -
     let mut store = engine.store();
     store.set_suspended(&sb.id)?;
     store.record_or_log(NewEvent {
-        kind: crate::events::EventKind::Suspended,
+        kind: airlock_core::events::EventKind::Suspended,
         sandbox: Some(sb.id.clone()),
         golden: Some(sb.golden.clone()),
         reason: Some("unstartable"),
@@ -167,7 +167,7 @@ pub async fn wake(engine: &Engine, key: &str) -> Result<Sandbox> {
     drop(admitted);
     engine.connections.touch(&id);
     engine.store().record_or_log(NewEvent {
-        kind: crate::events::EventKind::Woken,
+        kind: airlock_core::events::EventKind::Woken,
         sandbox: Some(id.clone()),
         golden: Some(sb.golden.clone()),
         detail: json!({"wake_ms": ms(began)}),

@@ -21,8 +21,8 @@ use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 
-use crate::audit::follow::Follower;
-use crate::error::{Error, ErrorCode, Result};
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_state::audit::follow::Follower;
 
 /// How often the audit log is looked at for new records.
 const TICK: Duration = Duration::from_millis(500);
@@ -106,8 +106,8 @@ pub fn spawn(audit: PathBuf, follower: Follower) -> Result<Option<Exporter>> {
     let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build();
     let tracer = provider.tracer("airlock");
     // Checkpoints signed from now on; those before were exported before.
-    let from =
-        std::fs::metadata(audit.join(crate::audit::checkpoint::CHECKPOINTS_FILE)).map_or(0, |m| m.len());
+    let from = std::fs::metadata(audit.join(airlock_state::audit::checkpoint::CHECKPOINTS_FILE))
+        .map_or(0, |m| m.len());
     tokio::spawn(async move {
         let (mut follower, mut checkpoints_at) = (follower, from);
         let mut tick = tokio::time::interval(TICK);
@@ -119,7 +119,7 @@ pub fn spawn(audit: PathBuf, follower: Follower) -> Result<Option<Exporter>> {
                 for sealed in moved.next_batch(8 << 20) {
                     spans::emit(&tracer, &sealed);
                 }
-                let (signed, next) = crate::audit::read::checkpoints_after(&dir, at);
+                let (signed, next) = airlock_state::audit::read::checkpoints_after(&dir, at);
                 for c in &signed {
                     spans::emit_checkpoint(&tracer, c);
                 }

@@ -15,8 +15,8 @@ use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer};
 use opentelemetry::{Context, KeyValue};
 use serde_json::Value;
 
-use crate::audit::checkpoint::Checkpoint;
-use crate::audit::record::Sealed;
+use airlock_state::audit::checkpoint::Checkpoint;
+use airlock_state::audit::record::Sealed;
 
 fn time_of(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
@@ -207,7 +207,7 @@ where
             connection.span().end_with_timestamp(end);
         }
         "deleted" => {
-            let name = if r.door == crate::events::Door::Reaper { "reap" } else { "delete" };
+            let name = if r.door == airlock_core::events::Door::Reaper { "reap" } else { "delete" };
             let span = open(tracer, name.into(), since(end, millis(d.get("delete_ms"))), attrs, &root);
             span.span().end_with_timestamp(end);
         }

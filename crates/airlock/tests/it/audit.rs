@@ -50,7 +50,7 @@ fn all_text(dir: &Path) -> String {
 }
 
 fn fingerprint(secret: &str) -> String {
-    airlock::secret::fingerprint(secret)
+    airlock_core::secret::fingerprint(secret)
 }
 
 #[test]
@@ -287,11 +287,11 @@ fn verify_names_each_kind_of_tampering() {
     // key of the forger's own: the MACs do not verify, and the checkpoints'
     // signed hashes no longer match.
     let rewrite = |from: usize, lines: &[String]| -> Vec<String> {
-        let forger = airlock::audit::record::MacKey([9; 32]);
-        let mut prev = airlock::audit::record::GENESIS.to_owned();
+        let forger = airlock_state::audit::record::MacKey([9; 32]);
+        let mut prev = airlock_state::audit::record::GENESIS.to_owned();
         let mut out = Vec::new();
         for (i, line) in lines.iter().enumerate() {
-            let sealed = airlock::audit::record::open(line).unwrap();
+            let sealed = airlock_state::audit::record::open(line).unwrap();
             if i < from {
                 out.push(line.clone());
                 prev = sealed.hash;
@@ -331,12 +331,12 @@ fn verify_names_each_kind_of_tampering() {
 
     // A record appended by someone without the key (a valid hash, chained on).
     let home = copy_of(&d.home, "appended");
-    let last = airlock::audit::record::open(original.last().unwrap()).unwrap();
+    let last = airlock_state::audit::record::open(original.last().unwrap()).unwrap();
     let mut fake = last.record.clone();
     fake.seq += 1;
     fake.prev = last.hash.clone();
     fake.kind = "deleted".into();
-    let (text, _) = fake.seal(&airlock::audit::record::MacKey([9; 32]));
+    let (text, _) = fake.seal(&airlock_state::audit::record::MacKey([9; 32]));
     let mut appended = original.clone();
     appended.push(text.trim_end().to_owned());
     write_lines(&segment(&home), &appended);
@@ -349,7 +349,7 @@ fn verify_names_each_kind_of_tampering() {
     let home = copy_of(&d.home, "rekeyed");
     let forger = home.join("forger");
     std::fs::create_dir_all(&forger).unwrap();
-    let signer = airlock::audit::checkpoint::Signer::load_or_create(&forger).unwrap();
+    let signer = airlock_state::audit::checkpoint::Signer::load_or_create(&forger).unwrap();
     std::fs::copy(forger.join("signing.pub"), home.join("audit/signing.pub")).unwrap();
     let resigned: Vec<String> = lines(&checkpoints_of(&home))
         .into_iter()
@@ -375,8 +375,8 @@ fn verify_names_each_kind_of_tampering() {
     let home = copy_of(&d.home, "forged");
     let stranger = home.join("stranger");
     std::fs::create_dir_all(&stranger).unwrap();
-    let signer = airlock::audit::checkpoint::Signer::load_or_create(&stranger).unwrap();
-    let last = airlock::audit::record::open(original.last().unwrap()).unwrap();
+    let signer = airlock_state::audit::checkpoint::Signer::load_or_create(&stranger).unwrap();
+    let last = airlock_state::audit::record::open(original.last().unwrap()).unwrap();
     let forged = signer.sign(last.record.seq + 5, &"ab".repeat(32));
     let mut all = lines(&checkpoints_of(&home));
     all.push(serde_json::to_string(&forged).unwrap());
@@ -445,7 +445,7 @@ fn segments_rotate_and_retire_without_breaking_verification() {
     // So is a retirement note forged to cover a removed segment: notes are signed.
     let home = copy_of(&d.home, "forged-retirement");
     let oldest = home.join("audit").join(&names[0]);
-    let last = airlock::audit::record::open(lines(&oldest).last().unwrap()).unwrap();
+    let last = airlock_state::audit::record::open(lines(&oldest).last().unwrap()).unwrap();
     let notes = lines(&home.join("audit/retired.jsonl"));
     let mut note: Value = serde_json::from_str(notes.last().unwrap()).unwrap();
     note["segment"] = (note["segment"].as_u64().unwrap() + 1).into();
@@ -622,11 +622,11 @@ fn the_log_heals_a_torn_write_refuses_a_forged_tail_and_checkpoints_what_the_rou
     // granted until the log is put right.
     d.kill9();
     let newest = newest_segment(&d.home);
-    let last = airlock::audit::record::open(lines(&newest).last().unwrap()).unwrap();
+    let last = airlock_state::audit::record::open(lines(&newest).last().unwrap()).unwrap();
     let mut fake = last.record.clone();
     fake.seq += 1;
     fake.prev = last.hash.clone();
-    let (text, _) = fake.seal(&airlock::audit::record::MacKey([9; 32]));
+    let (text, _) = fake.seal(&airlock_state::audit::record::MacKey([9; 32]));
     let mut all = lines(&newest);
     all.push(text.trim_end().to_owned());
     write_lines(&newest, &all);

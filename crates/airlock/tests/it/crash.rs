@@ -57,7 +57,7 @@ fn assert_consistent(d: &Daemon, dsns: &std::collections::HashMap<String, String
     }
     assert!(d.postmasters().len() >= running, "a server for every running sandbox");
     // No cgroup outlives its sandbox, and no half-built golden is left.
-    let tag = airlock::layout::Layout::new(&d.home).tag();
+    let tag = airlock_core::layout::Layout::new(&d.home).tag();
     let live: Vec<String> = ids.iter().cloned().chain(d.pooled_ids()).collect();
     let fs = std::path::Path::new("/sys/fs/cgroup");
     let hierarchies = std::fs::read_dir(fs).into_iter().flatten().flatten().map(|e| e.path());

@@ -214,7 +214,7 @@ impl Daemon {
             .env("AIRLOCK_ROUTER", &self.router)
             .env("AIRLOCK_REDIS_ROUTER", &self.redis_router)
             .env("AIRLOCK_GATEWAY", &self.gateway)
-            .env(airlock::crashpoint::ENV, self.crash_at.as_deref().unwrap_or(""))
+            .env(airlock_core::crashpoint::ENV, self.crash_at.as_deref().unwrap_or(""))
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -450,7 +450,7 @@ impl Daemon {
     /// The cgroups (one per sandbox or build) left under this data root's
     /// parent cgroup, by name, in whichever hierarchy the host has.
     pub fn cgroups(&self) -> Vec<String> {
-        let tag = airlock::layout::Layout::new(&self.home).tag();
+        let tag = airlock_core::layout::Layout::new(&self.home).tag();
         let parents = [
             PathBuf::from("/sys/fs/cgroup/airlock").join(&tag),
             PathBuf::from("/sys/fs/cgroup/memory/airlock").join(&tag),
@@ -528,7 +528,7 @@ impl Drop for Daemon {
 /// which nobody else would: the next daemon of a data root cleans up after the
 /// last, but a test's data root has no next daemon.
 fn remove_cgroups(home: &Path) {
-    let tag = airlock::layout::Layout::new(home).tag();
+    let tag = airlock_core::layout::Layout::new(home).tag();
     let fs = Path::new("/sys/fs/cgroup");
     let hierarchies = std::fs::read_dir(fs).into_iter().flatten().flatten().map(|e| e.path());
     for root in std::iter::once(fs.to_path_buf()).chain(hierarchies) {
@@ -605,7 +605,7 @@ fn parent(pid: i32) -> Option<i32> {
 /// its builds', as their servers see them).
 fn redis_servers_under(home: &Path) -> Vec<i32> {
     let volume = home.join("volume");
-    airlock::redis::server::servers_under(&[volume.join("sandboxes"), volume.join("staging")])
+    airlock_redis::server::servers_under(&[volume.join("sandboxes"), volume.join("staging")])
         .into_iter()
         .map(|(pid, _)| pid)
         .collect()

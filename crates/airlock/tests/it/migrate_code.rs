@@ -359,7 +359,7 @@ ALTER DATABASE app SET quote_all_identifiers = on;";
     std::fs::write(&untested, "DELETE FROM orders;\n").unwrap();
     let untested_sha = {
         use sha2::Digest;
-        airlock::secret::hex(&sha2::Sha256::digest(b"DELETE FROM orders;\n"))
+        airlock_core::secret::hex(&sha2::Sha256::digest(b"DELETE FROM orders;\n"))
     };
     let at = forged["candidates"].as_array().unwrap().iter().position(|c| c["name"] == "rows.sql").unwrap();
     forged["candidates"][at]["sha256"] = untested_sha.into();

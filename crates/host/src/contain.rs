@@ -1,0 +1,148 @@
+//! Containment of a server or of agent code: the process, before it runs its
+//! program, joins its cgroups, gets namespaces (new ones with a root of its own,
+//! or a running server's), a cap on open files, an unprivileged user and the
+//! system-call filter. Every engine starts its servers through this.
+
+use std::path::Path;
+
+use crate::rootfs::View;
+use crate::users::Identity;
+
+/// The namespaces of a running server that `exec` joins: network, System V IPC
+/// and mounts (open `/proc/<pid>/ns/*` files).
+pub struct Namespaces {
+    /// `/proc/<pid>/ns/net`.
+    pub net: std::fs::File,
+    /// `/proc/<pid>/ns/ipc`.
+    pub ipc: std::fs::File,
+    /// `/proc/<pid>/ns/mnt`.
+    pub mnt: std::fs::File,
+}
+
+impl Namespaces {
+    /// The namespaces of process `pid`.
+    pub fn of(pid: i32) -> std::io::Result<Namespaces> {
+        let open = |kind: &str| std::fs::File::open(format!("/proc/{pid}/ns/{kind}"));
+        Ok(Namespaces { net: open("net")?, ipc: open("ipc")?, mnt: open("mnt")? })
+    }
+}
+
+/// How a contained process gets its namespaces: new ones with a root of its
+/// own, or a running server's, entered in a working directory.
+#[derive(Clone)]
+pub enum Enter<'a> {
+    /// New network (only loopback up), System V IPC and mount namespaces, the
+    /// mounts of `View`.
+    New(&'a View),
+    /// A running server's namespaces, entered in this directory.
+    Join(&'a Namespaces, &'a std::ffi::CStr),
+}
+
+/// In the child, before exec: join the cgroups whose `cgroup.procs` files are
+/// given; then either new namespaces (network with only loopback up, System V
+/// IPC, and mounts with a root of its own: [`crate::rootfs`]) or a running
+/// server's, entered in its working directory; then a cap on open files, the
+/// unprivileged user, and last the system-call filter. All but those two need
+/// root, so they come last. Only async-signal-safe system calls, and no
+/// allocation.
+pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std::io::Result<()> {
+    use nix::sched::CloneFlags;
+    airlock_core::descriptors::close_on_exec_from_3()?;
+    crate::cgroup::join(cgroups)?;
+    match enter {
+        Enter::New(view) => {
+            nix::sched::unshare(
+                CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS,
+            )?;
+            loopback_up()?;
+            view.enter()?;
+        }
+        Enter::Join(ns, workdir) => {
+            use std::os::fd::AsFd;
+            nix::sched::setns(ns.net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+            nix::sched::setns(ns.ipc.as_fd(), CloneFlags::CLONE_NEWIPC)?;
+            nix::sched::setns(ns.mnt.as_fd(), CloneFlags::CLONE_NEWNS)?;
+            // Entering a mount namespace moves the working directory to its root.
+            nix::unistd::chdir(workdir)?;
+        }
+    }
+    // Open files count against the host's table, shared by every tenant. (Never
+    // above the daemon's own hard limit: raising it needs CAP_SYS_RESOURCE.)
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let open_files = OPEN_FILES.min(getrlimit(Resource::RLIMIT_NOFILE)?.1);
+    setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)?;
+    match who.group {
+        Some(group) => nix::unistd::setgroups(&[group])?,
+        None => nix::unistd::setgroups(&[])?,
+    }
+    nix::unistd::setgid(who.gid)?;
+    nix::unistd::setuid(who.uid)?;
+    crate::seccomp::confine(who.filter)
+}
+
+/// Who a contained process becomes: a user, its group, at most one
+/// supplementary group (the server's socket group), and the system calls it is
+/// refused ([`crate::seccomp`]).
+#[derive(Clone, Copy)]
+pub struct Who {
+    /// The user id.
+    pub uid: nix::unistd::Uid,
+    /// The primary group id.
+    pub gid: nix::unistd::Gid,
+    /// A supplementary group.
+    pub group: Option<nix::unistd::Gid>,
+    filter: &'static [nix::libc::sock_filter],
+}
+
+impl Who {
+    /// `user`, with `group` besides its own.
+    pub fn of(user: &Identity, group: Option<nix::unistd::Gid>) -> Who {
+        Who { uid: user.uid, gid: user.gid, group, filter: crate::seccomp::program() }
+    }
+}
+
+/// Open files each sandbox process may hold (PostgreSQL's own default
+/// `max_files_per_process` is 1000).
+const OPEN_FILES: u64 = 1024;
+
+/// Brings up `lo` in a fresh network namespace (two ioctls on a throwaway socket;
+/// async-signal-safe). Code inside may then talk to itself on 127.0.0.1, and to
+/// nothing else.
+fn loopback_up() -> std::io::Result<()> {
+    use nix::libc;
+    // SAFETY: plain system calls on a socket owned here and a zeroed ifreq naming "lo".
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        let mut rc = libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req);
+        if rc == 0 {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            rc = libc::ioctl(fd, libc::SIOCSIFFLAGS, &req);
+        }
+        let err = std::io::Error::last_os_error();
+        libc::close(fd);
+        if rc != 0 {
+            return Err(err);
+        }
+    }
+    Ok(())
+}
+
+/// The last few lines of an instance log, for error messages.
+pub fn log_tail(log: &Path) -> String {
+    let text = crate::storage::tree::read_tail(log, 16 << 10).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut tail: Vec<&str> = lines[lines.len().saturating_sub(5)..].to_vec();
+    // A shutdown after a PANIC logs several lines more: the cause goes first.
+    if let Some(cause) = lines.iter().rev().find(|l| l.contains("PANIC:")) {
+        if !tail.contains(cause) {
+            tail.insert(0, cause);
+        }
+    }
+    format!("{} (log: {})", tail.join(" | "), log.display())
+}

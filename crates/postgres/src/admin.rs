@@ -1,0 +1,172 @@
+//! Admin work inside an instance, over its private socket with peer authentication.
+
+use crate::cell::Cell;
+use crate::instance::admin_config;
+use airlock_core::dsn::AGENT_ROLE;
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_core::records::access::Access;
+
+/// How long an admin session may take to open.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long a server just started, or kept across a daemon restart, has to
+/// answer a query.
+pub const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Checks that the instance in `dir` answers a query (on a fresh admin session)
+/// within `within`; a server that started but refuses or stalls every session
+/// fails here, with its log's tail.
+pub async fn answers(dir: &InstanceDir, postmaster: i32, within: std::time::Duration) -> Result<()> {
+    let probe = async {
+        Admin::connect(dir, airlock_core::dsn::DATABASE, postmaster).await?.execute("SELECT 1").await
+    };
+    let failed = |why: String| {
+        Error::postgres_with_log(
+            format!("the server of {} does not answer: {why}", dir.root.display()),
+            &airlock_host::contain::log_tail(&dir.log()),
+        )
+    };
+    match tokio::time::timeout(within, probe).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(failed(e.message)),
+        Err(_) => Err(failed(format!("no answer within {within:?}"))),
+    }
+}
+
+/// An open admin session on one instance.
+pub struct Admin {
+    client: tokio_postgres::Client,
+}
+
+impl Admin {
+    /// Connects as the admin role to `database` of the instance in `dir` whose
+    /// postmaster is `postmaster` (any other process listening there is refused),
+    /// giving up after [`CONNECT_TIMEOUT`].
+    pub async fn connect(dir: &InstanceDir, database: &str, postmaster: i32) -> Result<Admin> {
+        let failed =
+            |e: String| Error::postgres(format!("admin connection to {} failed: {e}", dir.root.display()));
+        let attempt = || async {
+            let connecting = async {
+                let stream = crate::socket::connect_instance(&dir.socket(), None, postmaster)
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                admin_config(dir, database)
+                    .connect_raw(stream, tokio_postgres::NoTls)
+                    .await
+                    .map_err(|e| failed(describe(&e)))
+            };
+            tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+                .await
+                .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))?
+        };
+        let mut connected = attempt().await;
+        // Every slot taken (the admin's reserved ones too, by clients that never
+        // finish authenticating): those go, and the admin tries again, a few
+        // times, racing whoever keeps reconnecting.
+        for _ in 0..5 {
+            match &connected {
+                Err(e) if e.message.contains("too many clients") => {}
+                _ => break,
+            }
+            let ended = crate::instance::end_unauthenticated(postmaster);
+            tracing::warn!(dir = %dir.root.display(), ended, "every connection slot was taken; ended the backends still authenticating");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            connected = attempt().await;
+        }
+        let (client, connection) = connected?;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Admin { client })
+    }
+
+    /// Connects as the owner role (never a superuser) to `database` of a
+    /// golden being built, as `os_user` (the build's loader user, whom its
+    /// access files map to the owner role; the daemon's own identity without
+    /// root), with the admin's pinned settings. For work that runs the
+    /// agent's code (a promoted sandbox's index expressions), so that code
+    /// never runs in a superuser's session, whatever PostgreSQL's
+    /// security-restricted operation would allow it.
+    pub async fn connect_owner(
+        dir: &InstanceDir,
+        database: &str,
+        postmaster: i32,
+        os_user: Option<&airlock_host::users::Identity>,
+    ) -> Result<Admin> {
+        let failed =
+            |e: String| Error::postgres(format!("owner connection to {} failed: {e}", dir.root.display()));
+        let connecting = async {
+            let stream = crate::socket::connect_instance(&dir.socket(), os_user, postmaster)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let mut config = admin_config(dir, database);
+            config.user(airlock_core::dsn::OWNER_ROLE).options(crate::instance::OWNER_SESSION_OPTIONS);
+            config.connect_raw(stream, tokio_postgres::NoTls).await.map_err(|e| failed(describe(&e)))
+        };
+        let (client, connection) = tokio::time::timeout(CONNECT_TIMEOUT, connecting)
+            .await
+            .map_err(|_| failed(format!("no answer within {CONNECT_TIMEOUT:?}")))??;
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+        Ok(Admin { client })
+    }
+
+    /// The session itself, for queries with typed rows.
+    pub fn client(&self) -> &tokio_postgres::Client {
+        &self.client
+    }
+
+    /// Runs statements that return nothing.
+    pub async fn execute(&self, sql: &str) -> Result<()> {
+        self.client.batch_execute(sql).await.map_err(|e| Error::postgres(describe(&e)))
+    }
+
+    /// Runs a query returning one text value.
+    pub async fn value(&self, sql: &str) -> Result<String> {
+        let row = self.client.query_one(sql, &[]).await.map_err(|e| Error::postgres(describe(&e)))?;
+        row.cell::<String>(0)
+    }
+
+    /// Creates the agent role with a fresh password, its access mode and limits.
+    /// Only the SCRAM verifier is sent, so the password itself never reaches the
+    /// server or its log.
+    pub async fn mint_agent(&self, password: &str, access: &Access) -> Result<()> {
+        let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
+        self.execute(&access.create_role_sql(Some(&verifier))).await
+    }
+
+    /// Makes the agent role again with other access (a pool member, made with
+    /// the default, claimed by a fork that asks for another): its sessions, the
+    /// router's parked one among them, are ended first.
+    pub async fn remake_agent(&self, password: &str, access: &Access) -> Result<()> {
+        let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
+        self.execute(&format!(
+            "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+              WHERE usename = '{AGENT_ROLE}';
+             DROP ROLE {AGENT_ROLE}; {}",
+            access.create_role_sql(Some(&verifier))
+        ))
+        .await
+    }
+
+    /// Sets the agent's password back to the daemon's (only the daemon's own
+    /// connections use it: the router, the gateway, `exec`).
+    pub async fn restore_agent_password(&self, password: &str) -> Result<()> {
+        let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
+        self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'"))
+            .await
+    }
+}
+
+/// PostgreSQL's own message for an error, with its detail.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => match db.detail() {
+            Some(d) => format!("{}: {} ({d})", db.code().code(), db.message()),
+            None => format!("{}: {}", db.code().code(), db.message()),
+        },
+        None => e.to_string(),
+    }
+}

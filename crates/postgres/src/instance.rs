@@ -1,0 +1,556 @@
+//! One PostgreSQL server process: start it on a private socket, wait until it is
+//! ready, stop it cleanly or kill it.
+//!
+//! Instances listen on no TCP port (`listen_addresses = ''`); their only way in is
+//! a unix socket in a directory only their OS user (and root) can enter. Each runs
+//! in its own process group so the daemon can die without taking it along, and so
+//! one signal reaches every backend of the instance.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{self, Signal};
+use nix::unistd::Pid;
+
+use crate::bin::PgBin;
+use airlock_core::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_host::contain::{contain, log_tail, Enter, Who};
+use airlock_host::rootfs::View;
+use airlock_host::users::Identity;
+
+/// How long an instance may take to become ready.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Server settings every instance gets. Sandboxes are disposable, so durability
+/// against a host crash is traded for speed (no fsync); commits still reach the
+/// kernel at once (synchronous_commit stays on, which without fsync costs only a
+/// write), so a killed instance restarts with every committed change.
+/// Each with the first major that has it.
+const SETTINGS: &[(&str, &str, u32)] = &[
+    ("listen_addresses", "", 13),
+    ("port", "5432", 13),
+    ("unix_socket_permissions", "0700", 13),
+    ("fsync", "off", 13),
+    ("full_page_writes", "off", 13),
+    ("shared_buffers", "16MB", 13),
+    ("max_connections", "40", 13),
+    ("max_wal_size", "48MB", 13),
+    ("min_wal_size", "32MB", 13),
+    ("logging_collector", "off", 13),
+    ("log_min_messages", "warning", 13),
+    ("log_line_prefix", "%m [%p] ", 13),
+    ("jit", "off", 13),
+    ("session_preload_libraries", "", 13),
+    ("local_preload_libraries", "", 13),
+    ("archive_mode", "off", 13),
+    // A client that went away mid-query is noticed within a second.
+    ("client_connection_check_interval", "1s", 14),
+    // A backend holds a connection slot while it authenticates: not for long.
+    ("authentication_timeout", "10s", 13),
+];
+
+/// Who may connect and how: the admin role only by peer authentication from the
+/// daemon's OS user (no superuser password exists), everyone else by SCRAM and
+/// only to the application database. A golden's build also lets its loader OS
+/// users (`owner_os_users`) in as the owner role, which loads what the build is
+/// made of: a session that logged in as a non-superuser can never become one
+/// (`SET ROLE` and `SET SESSION AUTHORIZATION` need a superuser session).
+fn hba(admin_os_users: &[&str], owner_os_users: &[&str]) -> (String, String) {
+    let mut hba = format!("# written by airlock at every start\nlocal all {ADMIN_ROLE} peer map=airlock\n");
+    if !owner_os_users.is_empty() {
+        hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
+    }
+    hba.push_str(&format!("local {DATABASE} all scram-sha-256\n"));
+    let mut ident = String::from("# written by airlock at every start\n");
+    for user in admin_os_users {
+        ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));
+    }
+    for user in owner_os_users {
+        ident.push_str(&format!("airlock {user} {OWNER_ROLE}\n"));
+    }
+    (hba, ident)
+}
+
+/// Writes the access files of an instance beside its data directory, in the
+/// root-owned instance directory: the server reads them (`hba_file`,
+/// `ident_file`) but neither it nor anything running as its user can change
+/// them. `owner_os_users` for a golden's build only (see [`hba`]).
+pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str], owner_os_users: &[&str]) -> Result<()> {
+    let (hba, ident) = hba(admin_os_users, owner_os_users);
+    for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
+        airlock_host::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
+    }
+    Ok(())
+}
+
+/// Makes an instance directory ready for a server, or takes an existing one
+/// back before a restart: the directory itself root's (0711, so the instance
+/// user can reach inside but not rename or plant anything there), and its socket
+/// directory `run/` empty and the instance user's (0700, or 0750 with the
+/// `socket_group` that may reach its socket). An entry of the
+/// directory that is not what it should be (a link planted under an older
+/// layout, say) is removed, never followed.
+pub fn prepare_dir(dir: &InstanceDir, user: &Identity, socket_group: Option<nix::unistd::Gid>) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::create_dir(&dir.root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e.into()),
+    }
+    let root = nix::unistd::geteuid();
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &dir.root,
+        Some(root),
+        None,
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)?;
+    if !std::fs::symlink_metadata(&dir.root)?.is_dir() {
+        return Err(Error::internal(format!("{} is not a directory", dir.root.display())));
+    }
+    std::fs::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
+    let run = dir.socket_dir();
+    match std::fs::symlink_metadata(&run) {
+        Ok(m) if m.is_dir() => airlock_host::storage::tree::empty_dir(&run)?,
+        Ok(_) => {
+            std::fs::remove_file(&run)?;
+            std::fs::create_dir(&run)?;
+        }
+        Err(_) => std::fs::create_dir(&run)?,
+    }
+    // With a socket group (the exec user's), its members may reach the socket
+    // but not change the directory: nothing but the server can put a socket there.
+    let mode = if socket_group.is_some() { 0o750 } else { 0o700 };
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(mode))?;
+    nix::unistd::fchownat(
+        nix::fcntl::AT_FDCWD,
+        &run,
+        Some(user.uid),
+        Some(socket_group.unwrap_or(user.gid)),
+        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(std::io::Error::from)?;
+    for name in ["postgres.log", "pg_hba.conf", "pg_ident.conf"] {
+        let path = dir.root.join(name);
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Makes a new data directory with the admin role as bootstrap superuser and
+/// peer authentication only. Runs as `instance_user` when `daemon_user` is root.
+pub async fn initdb(
+    bin: &PgBin,
+    pgdata: &Path,
+    daemon_user: &Identity,
+    instance_user: &Identity,
+) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(bin.tool("initdb"));
+    cmd.arg("-D")
+        .arg(pgdata)
+        .args(["-U", ADMIN_ROLE, "--auth-local=peer", "--auth-host=reject", "--no-locale"])
+        .args(["--encoding=UTF8", "--no-sync"])
+        // PostgreSQL 13's initdb has no --no-instructions (its output is discarded anyway).
+        .args(bin.major().filter(|m| *m >= 14).map(|_| "--no-instructions"))
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null());
+    if daemon_user.is_root() {
+        cmd.uid(instance_user.uid.as_raw()).gid(instance_user.gid.as_raw());
+    }
+    let out = cmd.output().await?;
+    if !out.status.success() {
+        return Err(Error::postgres(format!(
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// What a sandbox's (or a build's) server sees of the host: the system trees,
+/// its own binaries and guard (read-only), its instance directory, and the
+/// private directories ([`airlock_host::rootfs`]). `exec` code joins this view.
+pub fn server_view(bin: &PgBin, dir: &InstanceDir, guard: Option<&Path>) -> Result<View> {
+    let mut view = View::system(true)?.with_private_dirs()?;
+    // A major `postgres install` added lives outside /usr: its whole tree
+    // (binaries, libraries, extension files) comes along.
+    if let Some(tree) = bin.dir().parent().and_then(Path::parent).filter(|t| !t.starts_with("/usr")) {
+        view.bind(tree, tree, false)?;
+    }
+    if let Some(lib) = guard.and_then(Path::parent).filter(|l| !l.starts_with("/usr")) {
+        view.bind(lib, lib, false)?;
+    }
+    view.bind(&dir.root, &dir.root, true)?;
+    Ok(view)
+}
+
+#[derive(Debug)]
+pub struct Started {
+    /// The postmaster's pid (also its process group id).
+    pub pid: i32,
+    child: tokio::process::Child,
+}
+
+/// Starts `postgres` on `dir` as `user`, in its own process group, logging to
+/// `dir/postgres.log`, with its access files from beside the data directory and,
+/// when given, the in-server guard preloaded. As root it also joins the cgroups
+/// whose `cgroup.procs` files are given and gets namespaces of its own
+/// ([`contain`]).
+pub fn start(
+    bin: &PgBin,
+    dir: &InstanceDir,
+    user: &Identity,
+    socket_group: Option<nix::unistd::Gid>,
+    cgroups: &[std::ffi::CString],
+    guard: Option<&Path>,
+) -> Result<Started> {
+    let log = airlock_host::storage::tree::open_log(&dir.log())?;
+    let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
+    cmd.arg("-D").arg(dir.pgdata());
+    let major = bin.major().unwrap_or(0);
+    for (k, v, _) in SETTINGS.iter().filter(|(_, _, since)| major >= *since) {
+        cmd.arg("-c").arg(format!("{k}={v}"));
+    }
+    // Dynamic shared memory: as root, in the instance's own /dev/shm (a private
+    // tmpfs that goes with it; never a file on the volume, whose pages would
+    // fault with SIGBUS on a full disk); otherwise in the data directory, so
+    // nothing is left in the host's /dev/shm when an instance is killed.
+    let shared_memory = if nix::unistd::geteuid().is_root() { "posix" } else { "mmap" };
+    cmd.arg("-c").arg(format!("dynamic_shared_memory_type={shared_memory}"));
+    // A build (the one instance started without the guard) takes every
+    // object of the database in one transaction (a promotion's REASSIGN
+    // OWNED, its checks): room to lock tens of thousands, for it alone.
+    if guard.is_none() {
+        cmd.arg("-c").arg("max_locks_per_transaction=1024");
+    }
+    for (setting, path) in [
+        ("unix_socket_directories", dir.socket_dir()),
+        ("hba_file", dir.hba_file()),
+        ("ident_file", dir.ident_file()),
+    ] {
+        cmd.arg("-c").arg(format!("{setting}={}", setting_path(&path)?));
+    }
+    // Libraries come from the command line only (a setting in the data
+    // directory's files is overridden), and nothing is archived or restored.
+    let guard_path = guard;
+    let guard = guard.map(setting_path).transpose()?.unwrap_or_default();
+    cmd.arg("-c").arg(format!("shared_preload_libraries={guard}"));
+    // A build (the one server without the guard) vacuums and analyses itself,
+    // as the owner role: no autovacuum worker, a superuser's session, runs a
+    // promoted sandbox's index expressions there.
+    if guard_path.is_none() {
+        cmd.arg("-c").arg("autovacuum=off");
+    }
+    if let Some(group) = socket_group {
+        cmd.arg("-c").arg(format!("unix_socket_group={group}"));
+        cmd.arg("-c").arg("unix_socket_permissions=0770");
+    }
+    cmd.env_clear()
+        .env("LC_ALL", "C")
+        .env("PATH", "/usr/bin:/bin")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .kill_on_drop(false);
+    if nix::unistd::geteuid().is_root() {
+        let who = Who::of(user, socket_group);
+        let cgroups = cgroups.to_vec();
+        let view = server_view(bin, dir, guard_path)?;
+        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || contain(who, &cgroups, Enter::New(&view)));
+        }
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| Error::postgres(format!("could not start postgres for {}: {e}", dir.root.display())))?;
+    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    Ok(Started { pid, child })
+}
+
+/// A path as a server setting's value: one the server would read differently
+/// (a list separator, a quote, a space) is refused rather than mangled.
+fn setting_path(path: &Path) -> Result<String> {
+    let text = path.to_str().unwrap_or_default();
+    if text.is_empty() || text.chars().any(|c| matches!(c, ',' | '\'' | '"' | '\\') || c.is_whitespace()) {
+        return Err(Error::new(
+            airlock_core::error::ErrorCode::InvalidRequest,
+            format!("the path {} cannot be given to PostgreSQL as a setting", path.display()),
+            "use a data root whose path has no spaces, commas or quotes",
+        ));
+    }
+    Ok(text.to_owned())
+}
+
+impl Started {
+    /// Waits until the server says it is ready to accept connections, polling its
+    /// `postmaster.pid` with a 1 ms back-off; fails with the log's tail if it exits.
+    pub async fn wait_ready(&mut self, dir: &InstanceDir) -> Result<()> {
+        let pidfile = dir.pgdata().join("postmaster.pid");
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            if let Ok(text) = airlock_host::storage::tree::read_small(&pidfile, 4096) {
+                if text.lines().nth(7).is_some_and(|l| l.trim() == "ready") {
+                    return Ok(());
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::postgres_with_log(
+                    format!("postgres exited ({status}) before it was ready"),
+                    &log_tail(&dir.log()),
+                ));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::postgres_with_log(
+                    format!("postgres was not ready after {READY_TIMEOUT:?}"),
+                    &log_tail(&dir.log()),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// Hands the child to a background task that reaps it when it exits, so no
+    /// zombie is left; the process keeps running if the daemon dies first.
+    pub fn detach(self) -> i32 {
+        let mut child = self.child;
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        self.pid
+    }
+
+    /// Stops the server cleanly (fast shutdown: a checkpoint, no waiting for
+    /// clients) and waits for it to exit.
+    pub async fn stop_clean(mut self, dir: &InstanceDir) -> Result<()> {
+        let _ = signal::kill(Pid::from_raw(self.pid), Signal::SIGINT);
+        match tokio::time::timeout(READY_TIMEOUT, self.child.wait()).await {
+            Ok(Ok(status)) if status.success() => Ok(()),
+            Ok(Ok(status)) => Err(Error::postgres(format!(
+                "postgres shut down uncleanly ({status}): {}",
+                log_tail(&dir.log())
+            ))),
+            _ => {
+                let _ = kill(self.pid, &dir.pgdata()).await;
+                Err(Error::postgres("postgres did not shut down in time; it was killed"))
+            }
+        }
+    }
+}
+
+/// Ends the backends of the server `postmaster` that are still authenticating
+/// (their process title says so), which hold connection slots without having
+/// proven anything: used when the admin finds every slot taken. Returns how
+/// many were signalled.
+pub fn end_unauthenticated(postmaster: i32) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let mut ended = 0;
+    for pid in procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let parent = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse().ok());
+        if parent != Some(postmaster) {
+            continue;
+        }
+        let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&title).trim_end_matches('\0').ends_with(" authentication") {
+            let _ = signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+            ended += 1;
+        }
+    }
+    ended
+}
+
+/// Whether the server of `pgdata` last shut down cleanly: its control file says
+/// "shut down", so it starts without recovery. A server that died, or panicked
+/// writing its shutdown checkpoint (a full disk), leaves "in production".
+pub fn shut_down_cleanly(pgdata: &Path) -> bool {
+    // ControlFileData begins with the system identifier (8 bytes), the control
+    // and catalog versions (4 each), then the state, a C enum in which 1 is
+    // DB_SHUTDOWNED and 2 DB_SHUTDOWNED_IN_RECOVERY.
+    let Ok(bytes) = airlock_host::storage::tree::read_small_bytes(&pgdata.join("global/pg_control"), 32)
+    else {
+        return false;
+    };
+    bytes
+        .get(16..20)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_ne_bytes)
+        .is_some_and(|s| s == 1 || s == 2)
+}
+
+/// Stops a detached instance cleanly (fast shutdown: running sessions are
+/// ended, a checkpoint written), killing it if it has not exited in time.
+pub async fn stop(pid: i32, pgdata: &Path) {
+    if !is_postmaster_of(pid, pgdata) {
+        return;
+    }
+    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGINT);
+    if !exits_within(pid, Duration::from_secs(10)).await {
+        let _ = kill(pid, pgdata).await;
+    }
+}
+
+/// Waits, polling with a short back-off, until `pid` is gone; false if it is
+/// still there after `limit`.
+async fn exits_within(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    let mut wait = Duration::from_micros(500);
+    while is_alive(pid) {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_millis(10));
+    }
+    true
+}
+
+/// Stops an instance for good: immediate shutdown (which also removes its shared
+/// memory), then SIGKILL to the whole process group if it lingers. Safe to call
+/// on a pid that is gone or that belongs to someone else: it only signals a
+/// process whose command line names `pgdata`. Fails only when `/proc` cannot be
+/// read (out of descriptors, say), since then nobody can tell whether the server
+/// still runs, and a caller must not remove files under a live one.
+pub async fn kill(pid: i32, pgdata: &Path) -> std::io::Result<()> {
+    if !serves_settled(pid, pgdata).await? {
+        remove_stale_shared_memory(pgdata);
+        return Ok(());
+    }
+    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGQUIT);
+    if !exits_within(pid, Duration::from_secs(2)).await {
+        let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        exits_within(pid, Duration::from_secs(5)).await;
+    }
+    remove_stale_shared_memory(pgdata);
+    Ok(())
+}
+
+/// `serves`, retried for a second while `/proc` cannot be read.
+async fn serves_settled(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
+    let mut tries = 0;
+    loop {
+        match serves(pid, pgdata) {
+            Err(_) if tries < 20 => tries += 1,
+            outcome => return outcome,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Whether `pid` is a running (not zombie) postmaster serving `pgdata`, or an
+/// error when `/proc` could not be read: "could not look" is never "gone".
+pub fn serves(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
+    Ok(pid > 0 && alive(pid)? && postmaster_data_dir(pid)?.as_deref() == Some(pgdata))
+}
+
+/// `serves`, with "could not look" counted as "no": for callers that only ask
+/// whether they may use the server.
+pub fn is_postmaster_of(pid: i32, pgdata: &Path) -> bool {
+    serves(pid, pgdata).unwrap_or(false)
+}
+
+/// Reads a file of `/proc/PID`; `None` when the process is gone.
+fn read_proc(pid: i32, file: &str) -> std::io::Result<Option<Vec<u8>>> {
+    match std::fs::read(format!("/proc/{pid}/{file}")) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e)
+            if e.kind() == std::io::ErrorKind::NotFound
+                || e.raw_os_error() == Some(nix::errno::Errno::ESRCH as i32) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The `-D` argument of a running postgres process, `None` if `pid` is not one.
+pub fn postmaster_data_dir(pid: i32) -> std::io::Result<Option<PathBuf>> {
+    let Some(cmdline) = read_proc(pid, "cmdline")? else { return Ok(None) };
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    if !args.first().is_some_and(|a| a.ends_with(b"postgres")) {
+        return Ok(None);
+    }
+    let dir = args
+        .iter()
+        .position(|a| *a == b"-D")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|d| std::str::from_utf8(d).ok());
+    Ok(dir.map(PathBuf::from))
+}
+
+/// Whether a process exists and is not a zombie.
+fn alive(pid: i32) -> std::io::Result<bool> {
+    let Some(stat) = read_proc(pid, "stat")? else { return Ok(false) };
+    let stat = String::from_utf8_lossy(&stat);
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    Ok(!matches!(state, Some('Z') | Some('X') | None))
+}
+
+/// Whether a process exists and is not a zombie ("could not look" counts as yes,
+/// so a waiter keeps waiting rather than acting on a live process).
+pub fn is_alive(pid: i32) -> bool {
+    alive(pid).unwrap_or(true)
+}
+
+/// After an instance died without shutting down, its small System V segment
+/// would stay behind; `postmaster.pid` names it, so remove it. As root each
+/// instance has an IPC namespace of its own, whose segments go with it, and a
+/// segment id read from a file the instance's user can write is never acted on.
+pub fn remove_stale_shared_memory(pgdata: &Path) {
+    if nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let Ok(text) = airlock_host::storage::tree::read_small(&pgdata.join("postmaster.pid"), 4096) else {
+        return;
+    };
+    let Some(line) = text.lines().nth(6) else { return };
+    let Some(shmid) = line.split_whitespace().nth(1).and_then(|s| s.parse::<i32>().ok()) else { return };
+    // SAFETY: IPC_RMID with a null buffer only marks the segment for removal.
+    unsafe {
+        nix::libc::shmctl(shmid, nix::libc::IPC_RMID, std::ptr::null_mut());
+    }
+}
+
+/// Settings every admin session fixes when it connects. A startup packet's
+/// settings take precedence over the database's and the role's, so nothing set
+/// inside an instance (by an agent, or carried in a golden) steers the admin's
+/// name resolution, transactions or timeouts; and with `pg_catalog` first and
+/// `pg_temp` last, no name in the admin's SQL can resolve to an object an agent
+/// made. `role=none` keeps a stored `role` setting from running the session as
+/// another role, and standard strings keep its literals reading as written.
+pub const ADMIN_SESSION_OPTIONS: &str =
+    "-c search_path=pg_catalog,pg_temp -c role=none -c standard_conforming_strings=on \
+     -c default_transaction_read_only=off \
+     -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
+     -c default_transaction_isolation=read\\ committed -c session_replication_role=origin";
+
+/// What an owner-role session of the daemon's pins ([`ADMIN_SESSION_OPTIONS`]
+/// but for the one setting only a superuser may make).
+pub const OWNER_SESSION_OPTIONS: &str =
+    "-c search_path=pg_catalog,pg_temp -c role=none -c standard_conforming_strings=on \
+     -c default_transaction_read_only=off \
+     -c statement_timeout=0 -c lock_timeout=0 -c idle_in_transaction_session_timeout=0 \
+     -c default_transaction_isolation=read\\ committed";
+
+/// A tokio-postgres configuration for the admin role over an instance's socket.
+pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host_path(dir.socket_dir())
+        .port(SOCKET_PORT)
+        .user(ADMIN_ROLE)
+        .dbname(database)
+        .application_name("airlock")
+        .options(ADMIN_SESSION_OPTIONS)
+        .connect_timeout(Duration::from_secs(10));
+    config
+}
