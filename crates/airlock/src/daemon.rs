@@ -9,10 +9,24 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::api::{self, AppState};
-use crate::engine::{prepare_home, Config, Engine};
-use crate::reaper;
 use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::layout::prepare_home;
 use airlock_core::layout::Layout;
+use airlock_lifecycle::engine::{Config, Engine};
+use airlock_reaper as reaper;
+
+/// What `airlock serve` runs with: the engine's settings, and each service's.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The engine's (and so the lifecycle's) settings.
+    pub engine: Config,
+    /// The PostgreSQL and Redis router.
+    pub router: airlock_router::RouterConfig,
+    /// Where the MCP gateway listens; `None` turns it off.
+    pub gateway: Option<SocketAddr>,
+    /// Where Prometheus metrics are served; `None` turns them off.
+    pub metrics: Option<SocketAddr>,
+}
 
 /// Where the API listens besides its unix socket.
 #[derive(Debug, Clone, Default)]
@@ -25,21 +39,26 @@ pub struct Listen {
 
 /// Runs the daemon until SIGTERM, SIGINT or `POST /v1/shutdown`. Sandboxes keep
 /// running after it exits; the next daemon picks them up.
-pub async fn serve(config: Config, listen: Listen) -> Result<()> {
+pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
+    let Settings { engine: config, router, gateway, metrics: metrics_addr } = settings;
     // Whatever the launcher left open stays with the daemon, never its children.
     airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;
-    raise_descriptor_limit();
+    airlock_core::descriptors::raise_descriptor_limit();
     // A dead daemon's listening socket can outlive it for a moment in a child that
     // has not yet called exec; unlink its path now, so no client queues up on it
     // while this daemon reconciles.
     let _ = std::fs::remove_file(layout.api_socket());
     let engine = Arc::new(Engine::open(config)?);
+    // The services the lifecycle tells of sandbox changes, and the migration
+    // airlock the gateway's test_migration tool reaches through it.
+    airlock_gateway::register(&engine);
+    engine.services.perform_migrations(Arc::new(airlock_migrate::agent::ForAgents));
     // A volume that could not give one sandbox its headroom is refused now.
-    crate::sandbox::headroom::check_volume(&engine)?;
-    let counted_from = crate::metrics::Start::now(&engine);
+    airlock_lifecycle::sandbox::headroom::check_volume(&engine)?;
+    let counted_from = airlock_telemetry::metrics::Start::now(&engine);
     let traced_from = airlock_state::audit::follow::Follower::at_end(&engine.layout.audit());
     let reconciled = reaper::reconcile(&engine).await?;
     tracing::info!(?reconciled, "reconciled state, processes and directories");
@@ -48,23 +67,24 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     for w in &doctor.warnings {
         tracing::warn!("{w}");
     }
-    if let Some(address) = crate::router::process::supervise(engine.clone()).await? {
+    if let Some(address) = airlock_router::process::supervise(engine.clone(), router.clone()).await? {
         let _ = engine.router.set(address);
     }
-    if let Some(addr) = engine.config.gateway {
-        let advertise = engine.config.router.advertise.clone();
-        let base = crate::gateway::http::start(engine.clone(), addr, advertise.as_deref()).await?;
+    if let Some(addr) = gateway {
+        let advertise = router.advertise.clone();
+        let base = airlock_gateway::http::start(engine.clone(), addr, advertise.as_deref()).await?;
         let _ = engine.gateway.set(base);
     }
     reaper::spawn(engine.clone());
     reaper::watchdog::spawn(engine.clone());
     reaper::scripts::spawn(engine.clone());
-    crate::sandbox::pool::spawn(engine.clone());
+    airlock_lifecycle::sandbox::pool::spawn(engine.clone());
     airlock_state::audit::spawn_ticks(engine.audit.clone());
-    let metrics = crate::metrics::spawn(engine.clone(), counted_from);
-    let traces = crate::traces::spawn(engine.layout.audit(), traced_from)?;
-    if let Some(addr) = engine.config.metrics {
-        crate::metrics::serve(engine.clone(), metrics.clone(), addr).await?;
+    let metrics =
+        airlock_telemetry::metrics::spawn(engine.clone(), counted_from, &airlock_gateway::tools::ALL);
+    let traces = airlock_telemetry::traces::spawn(engine.layout.audit(), traced_from)?;
+    if let Some(addr) = metrics_addr {
+        airlock_telemetry::metrics::serve(engine.clone(), metrics.clone(), addr).await?;
     }
 
     let shutdown = Arc::new(Notify::new());
@@ -104,10 +124,10 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
         let _ = rx.wait_for(|s| *s).await;
     };
     // The socket is root's alone; its bounds matter less than the TCP listener's.
-    let unix_server = crate::serve::serve(
+    let unix_server = airlock_listen::serve::serve(
         unix,
         api::router(state.clone()),
-        crate::serve::Bounds { max_connections: 1024, ..Default::default() },
+        airlock_listen::serve::Bounds { max_connections: 1024, ..Default::default() },
         stopped_signal(stopped.clone()),
     );
     let tcp_server = tcp.zip(listen.token).map(|((addr, tcp), token)| {
@@ -115,7 +135,7 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
         let app = api::router(state)
             .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
         let signal = stopped_signal(stopped.clone());
-        tokio::spawn(crate::serve::serve(tcp, app, crate::serve::Bounds::default(), signal))
+        tokio::spawn(airlock_listen::serve::serve(tcp, app, airlock_listen::serve::Bounds::default(), signal))
     });
 
     let unix_task = tokio::spawn(unix_server);
@@ -133,20 +153,6 @@ pub async fn serve(config: Config, listen: Listen) -> Result<()> {
     Ok(())
 }
 
-/// Lifts the soft limit on open files to the hard one: the listeners' caps
-/// assume thousands of descriptors, and the usual soft default is 1024.
-pub(crate) fn raise_descriptor_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!(soft, hard, error = %e, "could not raise the open-files limit");
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Takes the data root's exclusive lock, so only one daemon serves it.
 ///
 /// A daemon killed with SIGKILL can leave the lock for a few milliseconds in a
@@ -155,7 +161,7 @@ pub(crate) fn raise_descriptor_limit() {
 fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     loop {
-        match try_lock_file(&layout.daemon_lock())? {
+        match airlock_core::process::try_lock_file(&layout.daemon_lock())? {
             Some(lock) => return Ok(lock),
             None if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
@@ -168,16 +174,5 @@ fn lock(layout: &Layout) -> Result<nix::fcntl::Flock<std::fs::File>> {
                 ))
             }
         }
-    }
-}
-
-/// Takes an exclusive lock on the file at `path` (made if missing) without
-/// waiting: Some while this process holds it, None if another process does.
-pub(crate) fn try_lock_file(path: &std::path::Path) -> Result<Option<nix::fcntl::Flock<std::fs::File>>> {
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(lock) => Ok(Some(lock)),
-        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-        Err((_, e)) => Err(Error::internal(format!("locking {}: {e}", path.display()))),
     }
 }

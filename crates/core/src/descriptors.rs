@@ -33,3 +33,17 @@ pub fn close_on_exec_from_3() -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Lifts the soft limit on open files to the hard one: the listeners' caps
+/// assume thousands of descriptors, and the usual soft default is 1024.
+pub fn raise_descriptor_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!(soft, hard, error = %e, "could not raise the open-files limit");
+            }
+        }
+        _ => {}
+    }
+}

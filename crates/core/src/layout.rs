@@ -19,6 +19,22 @@
 
 use std::path::{Path, PathBuf};
 
+/// Makes the data root and checks that it can be written.
+pub fn prepare_home(home: &Path) -> crate::error::Result<()> {
+    let fail = |e: std::io::Error| {
+        crate::error::Error::new(
+            crate::error::ErrorCode::DataRootNotWritable,
+            format!("the data root {} cannot be written: {e}", home.display()),
+            "point AIRLOCK_HOME (or --home) at a directory this user can write, or fix its permissions",
+        )
+    };
+    std::fs::create_dir_all(home).map_err(fail)?;
+    let probe = home.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(fail)?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
 /// Paths under one data root.
 #[derive(Debug, Clone)]
 pub struct Layout {

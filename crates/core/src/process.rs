@@ -12,3 +12,16 @@ pub fn owner(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(format!("/proc/{pid}")).ok().map(|m| m.uid())
 }
+
+/// Takes an exclusive lock on the file at `path` (made if missing) without
+/// waiting: Some while this process holds it, None if another process does.
+pub fn try_lock_file(
+    path: &std::path::Path,
+) -> crate::error::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, e)) => Err(crate::error::Error::internal(format!("locking {}: {e}", path.display()))),
+    }
+}

@@ -18,6 +18,7 @@ pub mod loader;
 pub mod majors;
 pub mod scram;
 pub mod socket;
+pub mod split;
 pub mod target;
 pub mod tunnel;
 pub mod wire;

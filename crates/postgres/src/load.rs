@@ -1,6 +1,6 @@
 //! Loading SQL files into a golden under construction with psql (schema and
 //! seed files, plain dumps), and the schema hash. Archives are restored by
-//! [`crate::golden::import`].
+//! the golden service's import.
 //!
 //! Everything loaded runs in a session that logged in as the owner role (peer
 //! authentication, during a build only), so every object belongs to a role that

@@ -20,13 +20,13 @@ use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::engine::Engine;
-use crate::golden::{self, CreateGolden};
-use crate::sandbox::{self, ForkRequest};
-use crate::serve::Failure;
 use airlock_core::error::{Error, ErrorCode};
 use airlock_core::events::DeleteReason;
 use airlock_core::validate;
+use airlock_lifecycle::engine::Engine;
+use airlock_lifecycle::golden::{self, CreateGolden};
+use airlock_lifecycle::sandbox::{self, ForkRequest};
+use airlock_listen::serve::Failure;
 use airlock_state::store::SandboxFilter;
 
 pub mod openapi;
@@ -41,7 +41,7 @@ pub struct AppState {
     /// Notified when a client asks the daemon to stop.
     pub shutdown: Arc<Notify>,
     /// The fleet-health service (`/v1/stats`).
-    pub metrics: Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<airlock_telemetry::metrics::Metrics>,
 }
 
 type ApiResult<T> = Result<Json<T>, Failure>;
@@ -119,7 +119,7 @@ pub fn router(state: AppState) -> Router {
 /// stdio when the client says so (a claim that only labels its records).
 async fn door_of_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use airlock_core::events::{Door, DOOR};
-    let door = match request.headers().get(crate::client::DOOR_HEADER).map(|v| v.as_bytes()) {
+    let door = match request.headers().get(airlock_listen::client::DOOR_HEADER).map(|v| v.as_bytes()) {
         Some(b"mcp_stdio") => Door::McpStdio,
         _ => Door::Api,
     };
@@ -194,8 +194,8 @@ async fn health() -> Json<Health> {
     Json(Health { ok: true, version: env!("CARGO_PKG_VERSION").into() })
 }
 
-#[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = crate::engine::Doctor), ApiErrors))]
-async fn doctor(State(s): State<AppState>) -> Json<crate::engine::Doctor> {
+#[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = airlock_lifecycle::engine::Doctor), ApiErrors))]
+async fn doctor(State(s): State<AppState>) -> Json<airlock_lifecycle::engine::Doctor> {
     Json(s.engine.doctor())
 }
 
@@ -327,7 +327,7 @@ async fn fork(
     let mut forked = detached(async move {
         let mut forked = sandbox::fork(&engine, &req).await?;
         if req.mcp {
-            match crate::gateway::http::mint(&engine, &forked.sandbox.id) {
+            match airlock_gateway::http::mint(&engine, &forked.sandbox.id) {
                 Ok(url) => forked.mcp_url = Some(url),
                 Err(e) => {
                     // Nothing half-made: without its endpoint the sandbox goes too.
@@ -368,7 +368,7 @@ async fn sql(
     let engine = s.engine.clone();
     let args = serde_json::json!({ "sql": req.sql });
     let out = detached(async move {
-        crate::gateway::tools::call(&engine, &id, crate::gateway::tools::RUN_SQL, &args, Default::default())
+        airlock_gateway::tools::call(&engine, &id, airlock_gateway::tools::RUN_SQL, &args, Default::default())
             .await
     })
     .await?;
@@ -381,49 +381,50 @@ async fn sql(
 struct ToolQuery {
     /// The door the call came through, for its event (`airlock mcp` says `mcp_stdio`).
     #[serde(default)]
-    via: crate::gateway::tools::Via,
+    via: airlock_gateway::tools::Via,
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/tools/{tool}", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name"), ("tool" = String, Path, description = "a tool `GET /v1/tools` lists"), ToolQuery), request_body(content = Option<Object>, description = "the tool's arguments, as its input schema says (null for none)"), responses((status = 200, description = "the tool's answer", body = crate::gateway::tools::ToolOutput), ApiErrors))]
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/tools/{tool}", tag = "tools", params(("id" = String, Path, description = "the sandbox's id or name"), ("tool" = String, Path, description = "a tool `GET /v1/tools` lists"), ToolQuery), request_body(content = Option<Object>, description = "the tool's arguments, as its input schema says (null for none)"), responses((status = 200, description = "the tool's answer", body = airlock_gateway::tools::ToolOutput), ApiErrors))]
 async fn call_tool(
     State(s): State<AppState>,
     Path((id, tool)): Path<(String, String)>,
     Query(q): Query<ToolQuery>,
     args: Result<Json<serde_json::Value>, JsonRejection>,
-) -> ApiResult<crate::gateway::tools::ToolOutput> {
+) -> ApiResult<airlock_gateway::tools::ToolOutput> {
     // `null` is a call without arguments (MCP clients may send none); anything
     // else must be the object the tool's input schema describes, which the
     // tool checks, so that every call, refused or not, is on record.
     let args = body(args)?;
     let engine = s.engine.clone();
     Ok(Json(
-        detached(async move { crate::gateway::tools::call(&engine, &id, &tool, &args, q.via).await }).await?,
+        detached(async move { airlock_gateway::tools::call(&engine, &id, &tool, &args, q.via).await })
+            .await?,
     ))
 }
 
-#[utoipa::path(post, path = "/v1/migrations/test", tag = "migrations", request_body = crate::migrate::TestRequest, responses((status = 200, description = "the report: a verdict per candidate, and a ranking", body = crate::migrate::report::Report), ApiErrors))]
+#[utoipa::path(post, path = "/v1/migrations/test", tag = "migrations", request_body = airlock_migrate::TestRequest, responses((status = 200, description = "the report: a verdict per candidate, and a ranking", body = airlock_migrate::report::Report), ApiErrors))]
 async fn migrate_test(
     State(s): State<AppState>,
-    req: Result<Json<crate::migrate::TestRequest>, JsonRejection>,
-) -> ApiResult<crate::migrate::report::Report> {
+    req: Result<Json<airlock_migrate::TestRequest>, JsonRejection>,
+) -> ApiResult<airlock_migrate::report::Report> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { crate::migrate::test(engine, req).await }).await?))
+    Ok(Json(detached(async move { airlock_migrate::test(engine, req).await }).await?))
 }
 
-#[utoipa::path(post, path = "/v1/migrations/promote", tag = "migrations", request_body = crate::migrate::promote::PromoteRequest, responses((status = 200, description = "the migration was applied", body = crate::migrate::promote::Promoted), ApiErrors))]
+#[utoipa::path(post, path = "/v1/migrations/promote", tag = "migrations", request_body = airlock_migrate::promote::PromoteRequest, responses((status = 200, description = "the migration was applied", body = airlock_migrate::promote::Promoted), ApiErrors))]
 async fn migrate_promote(
     State(s): State<AppState>,
-    req: Result<Json<crate::migrate::promote::PromoteRequest>, JsonRejection>,
-) -> ApiResult<crate::migrate::promote::Promoted> {
+    req: Result<Json<airlock_migrate::promote::PromoteRequest>, JsonRejection>,
+) -> ApiResult<airlock_migrate::promote::Promoted> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { crate::migrate::promote::promote(&engine, &req).await }).await?))
+    Ok(Json(detached(async move { airlock_migrate::promote::promote(&engine, &req).await }).await?))
 }
 
-#[utoipa::path(get, path = "/v1/tools", tag = "tools", responses((status = 200, description = "the agent's tools and their input schemas", body = Vec<crate::gateway::tools::ToolSpec>), ApiErrors))]
-async fn list_tools() -> Json<Vec<crate::gateway::tools::ToolSpec>> {
-    Json(crate::gateway::tools::specs())
+#[utoipa::path(get, path = "/v1/tools", tag = "tools", responses((status = 200, description = "the agent's tools and their input schemas", body = Vec<airlock_gateway::tools::ToolSpec>), ApiErrors))]
+async fn list_tools() -> Json<Vec<airlock_gateway::tools::ToolSpec>> {
+    Json(airlock_gateway::tools::specs())
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), responses((status = 200, description = "the sandbox, with its DSN", body = sandbox::Sandbox), ApiErrors))]
@@ -571,8 +572,8 @@ async fn events(
     Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
 }
 
-#[utoipa::path(get, path = "/v1/stats", tag = "events", responses((status = 200, description = "the five measures of fleet health", body = crate::metrics::stats::Stats), ApiErrors))]
-async fn stats(State(s): State<AppState>) -> ApiResult<crate::metrics::stats::Stats> {
+#[utoipa::path(get, path = "/v1/stats", tag = "events", responses((status = 200, description = "the five measures of fleet health", body = airlock_telemetry::metrics::stats::Stats), ApiErrors))]
+async fn stats(State(s): State<AppState>) -> ApiResult<airlock_telemetry::metrics::stats::Stats> {
     let (engine, metrics) = (s.engine.clone(), s.metrics.clone());
     Ok(Json(tokio::task::spawn_blocking(move || metrics.stats(&engine)).await.map_err(Error::from)?))
 }

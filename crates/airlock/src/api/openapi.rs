@@ -22,7 +22,7 @@ use airlock_core::error::{Error, ErrorCode};
                        daemon's unix socket ($AIRLOCK_HOME/airlock.sock) and, with --tcp, on TCP \
                        with `Authorization: Bearer TOKEN`. Errors are JSON {code, message, hint}."
     ),
-    components(schemas(Error, ErrorCode, crate::gateway::tools::Via)),
+    components(schemas(Error, ErrorCode, airlock_gateway::tools::Via)),
     modifiers(&BearerToken),
     tags(
         (name = "daemon", description = "Health, the host report and shutdown"),

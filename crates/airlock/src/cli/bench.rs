@@ -18,10 +18,10 @@ use serde::Serialize;
 
 use super::output::{self, Table};
 use super::Cli;
-use crate::sandbox::{ForkRequest, Forked, Sandbox};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::users::Identity;
+use airlock_lifecycle::sandbox::{ForkRequest, Forked, Sandbox};
 use airlock_postgres::admin::Admin;
 use airlock_postgres::{self, instance, PgBin};
 
@@ -89,7 +89,7 @@ pub enum Via {
 /// The agent's connection settings for a new sandbox, by the chosen path.
 fn agent_config(
     sb: &Sandbox,
-    router: Option<&crate::router::Address>,
+    router: Option<&airlock_router::Address>,
     via: Via,
 ) -> Result<tokio_postgres::Config> {
     let socket = sb.socket_dsn.as_deref().or(sb.dsn.as_deref()).unwrap_or_default();
@@ -220,7 +220,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         BenchCommand::Audit { rounds } => return super::bench_audit::run(cli, *rounds),
     };
     let client = cli.client()?;
-    let doctor: crate::engine::Doctor =
+    let doctor: airlock_lifecycle::engine::Doctor =
         client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
     let router = doctor.router.as_ref();
     let iterations = (*iterations).max(1);
@@ -228,7 +228,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     let bar = output::spinner(cli.json, format!("forking {golden} {iterations} times"));
     // With a warm pool, each fork waits (off the clock) for the pool to hold a
     // member, so the figure is a claim, not a cold fork after the pool ran dry.
-    let golden_info: crate::golden::Golden =
+    let golden_info: airlock_lifecycle::golden::Golden =
         client.call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY).await?;
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
@@ -240,7 +240,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         if pooled {
             let deadline = Instant::now() + std::time::Duration::from_secs(60);
             loop {
-                let g: crate::golden::Golden = client
+                let g: airlock_lifecycle::golden::Golden = client
                     .call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY)
                     .await?;
                 if g.pooled >= g.pool_size || Instant::now() > deadline {
@@ -329,7 +329,7 @@ fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series], comp
 async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Result<i32> {
     let duration = airlock_core::validate::duration("--duration", duration)?;
     let client = std::sync::Arc::new(cli.client()?);
-    let doctor: crate::engine::Doctor =
+    let doctor: airlock_lifecycle::engine::Doctor =
         client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
     let router = std::sync::Arc::new(doctor.router);
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
@@ -378,7 +378,7 @@ async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Resul
 /// answer (the wake included), against the same connection to it running.
 async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
     let client = cli.client()?;
-    let doctor: crate::engine::Doctor =
+    let doctor: airlock_lifecycle::engine::Doctor =
         client.call(Method::GET, "/v1/doctor", super::commands::NO_BODY).await?;
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
@@ -458,7 +458,7 @@ impl Scratch {
 
 async fn baselines(
     cli: &Cli,
-    client: &crate::client::Client,
+    client: &airlock_listen::client::Client,
     req: &ForkRequest,
     runs: usize,
 ) -> Result<Vec<Series>> {
@@ -476,7 +476,7 @@ async fn baselines(
 
 async fn measure(
     s: &Scratch,
-    client: &crate::client::Client,
+    client: &airlock_listen::client::Client,
     req: &ForkRequest,
     runs: usize,
 ) -> Result<Vec<Series>> {

@@ -12,17 +12,17 @@ use super::{
     MigrateStatsArgs, MigrateTestArgs, Placement, PostgresCommand, ServeArgs, StorageCommand,
 };
 use crate::api::ExtendRequest;
-use crate::client::encode;
 use crate::daemon;
-use crate::engine::{Config, Doctor};
-use crate::golden::{CreateGolden, Golden};
-use crate::sandbox::{
-    Access, BranchRequest, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox,
-};
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::Event;
 use airlock_core::validate;
 use airlock_host::storage;
+use airlock_lifecycle::engine::{Config, Doctor};
+use airlock_lifecycle::golden::{CreateGolden, Golden};
+use airlock_lifecycle::sandbox::{
+    Access, BranchRequest, ExecRequest, ExecResult, ForkRequest, Forked, Limits, Mode, Sandbox,
+};
+use airlock_listen::client::encode;
 
 pub(super) const NO_BODY: Option<&()> = None;
 
@@ -32,7 +32,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Serve(args) => serve(&cli, args).await,
         Command::Router { spec } => {
             init_logging();
-            crate::router::process::run(cli.layout().home(), spec).await?;
+            airlock_router::process::run(cli.layout().home(), spec).await?;
             Ok(0)
         }
         Command::Storage(StorageCommand::Init { size, filesystem }) => {
@@ -45,7 +45,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                     "stop it first (`airlock daemon stop`), then run storage init",
                 ));
             }
-            crate::engine::prepare_home(layout.home())?;
+            airlock_core::layout::prepare_home(layout.home())?;
             let report = storage::volume::init(&layout, size, *filesystem)?;
             output::print(json, &report, || {
                 if report.created {
@@ -83,7 +83,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
-            let router = *with_router && crate::router::process::stop_running(&layout).await?;
+            let router = *with_router && airlock_router::process::stop_running(&layout).await?;
             let answer = serde_json::json!({"stopped": running, "router_stopped": router});
             output::print(json, &answer, || match (running, router) {
                 (true, true) => "daemon and router stopped; sandboxes keep running".into(),
@@ -95,7 +95,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Daemon(DaemonCommand::Status) => {
             let up = std::os::unix::net::UnixStream::connect(cli.layout().api_socket()).is_ok();
-            let router = crate::router::process::status(&cli.layout())?;
+            let router = airlock_router::process::status(&cli.layout())?;
             let answer = serde_json::json!({"running": up, "router": router});
             output::print(json, &answer, || {
                 let daemon = if up { "running" } else { "not running" };
@@ -301,9 +301,9 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Audit(command) => super::audit::run(&cli, command, json).await,
         Command::Stats => {
-            let stats: crate::metrics::stats::Stats =
+            let stats: airlock_telemetry::metrics::stats::Stats =
                 cli.client()?.call(Method::GET, "/v1/stats", NO_BODY).await?;
-            output::print(json, &stats, || crate::metrics::stats::render(&stats));
+            output::print(json, &stats, || airlock_telemetry::metrics::stats::render(&stats));
             Ok(0)
         }
         Command::Doctor => {
@@ -430,7 +430,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         )?
         .max(std::time::Duration::from_secs(1)),
     };
-    config.metrics = args.metrics;
+    let metrics = args.metrics;
     if let Some(addr) = args.metrics.filter(|a| !a.ip().is_loopback() && !args.metrics_public) {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
@@ -439,7 +439,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
              to show them to anyone who can reach that address",
         ));
     }
-    config.gateway = match args.gateway.as_str() {
+    let gateway: Option<std::net::SocketAddr> = match args.gateway.as_str() {
         "off" => None,
         addr => Some(addr.parse().map_err(|_| {
             Error::new(
@@ -449,7 +449,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             )
         })?),
     };
-    if let Some(addr) = config.gateway.filter(|a| !a.ip().is_loopback() && !args.gateway_public) {
+    if let Some(addr) = gateway.filter(|a| !a.ip().is_loopback() && !args.gateway_public) {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             format!("--gateway {addr} is not a loopback address, and the gateway speaks plain HTTP"),
@@ -457,7 +457,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
              --gateway-public to accept connections from anyone who can reach that address",
         ));
     }
-    config.router = crate::router::RouterConfig {
+    let router = airlock_router::RouterConfig {
         listen: match args.router.as_str() {
             "off" => None,
             addr => Some(addr.parse().map_err(|_| {
@@ -472,7 +472,7 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         tls: args.tls,
         cert: match (&args.tls_cert, &args.tls_key) {
             (Some(cert), Some(key)) => {
-                Some(crate::router::tls::CertFiles { cert: cert.clone(), key: key.clone() })
+                Some(airlock_router::tls::CertFiles { cert: cert.clone(), key: key.clone() })
             }
             _ => None,
         },
@@ -498,8 +498,8 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
              cross the network in clear)",
         ));
     }
-    if config.router.tls == crate::router::TlsMode::Off && !args.plaintext_public {
-        let routers = [("--router", &config.router.listen), ("--redis-router", &config.router.redis_listen)];
+    if router.tls == airlock_router::TlsMode::Off && !args.plaintext_public {
+        let routers = [("--router", &router.listen), ("--redis-router", &router.redis_listen)];
         if let Some((flag, Some(addr))) = routers.into_iter().find(|(_, a)| public(a).is_some()) {
             return Err(Error::new(
                 ErrorCode::InvalidRequest,
@@ -525,7 +525,8 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             ));
         }
     }
-    daemon::serve(config, daemon::Listen { tcp: args.tcp, token }).await?;
+    let settings = daemon::Settings { engine: config, router, gateway, metrics };
+    daemon::serve(settings, daemon::Listen { tcp: args.tcp, token }).await?;
     Ok(0)
 }
 
@@ -550,7 +551,7 @@ fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 /// Waits for `request` (a golden build), showing the build's progress on
 /// `spinner` as the daemon reports it.
 async fn with_progress<T>(
-    client: &crate::client::Client,
+    client: &airlock_listen::client::Client,
     name: &str,
     spinner: &indicatif::ProgressBar,
     request: impl std::future::Future<Output = Result<T>>,
@@ -559,7 +560,7 @@ async fn with_progress<T>(
     let poll = async {
         loop {
             tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-            let progress: Result<crate::golden::progress::BuildProgress> =
+            let progress: Result<airlock_lifecycle::golden::progress::BuildProgress> =
                 client.call(Method::GET, &path, NO_BODY).await;
             if let Ok(p) = progress {
                 spinner.set_message(output::build_progress(name, &p));
@@ -656,7 +657,7 @@ async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                     .map(|p| absolute(std::slice::from_ref(p)))
                     .transpose()?
                     .map(|mut v| v.remove(0)),
-                exclude: crate::golden::Exclusions {
+                exclude: airlock_lifecycle::golden::Exclusions {
                     tables: exclude_table.clone(),
                     schemas: exclude_schema.clone(),
                 },
@@ -832,7 +833,7 @@ fn read_file(path: &Path, what: &str) -> Result<String> {
 
 /// `airlock migrate test`.
 async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
-    use crate::migrate::{Candidate, TestRequest};
+    use airlock_migrate::{Candidate, TestRequest};
     let mut candidates: Vec<Candidate> = Vec::new();
     // Named by file name, or by the path as given when two share a file name.
     let base = |p: &Path| {
@@ -865,11 +866,11 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
     let mut assertions = Vec::new();
     for path in &args.asserts {
         let text = read_file(path, "assertion file")?;
-        assertions.extend(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql));
+        assertions.extend(airlock_postgres::split::split(&text)?.into_iter().map(|s| s.sql));
     }
     let queries = |path: &std::path::Path, what: &str| -> Result<Vec<String>> {
         let text = read_file(path, what)?;
-        Ok(crate::migrate::split::split(&text)?.into_iter().map(|s| s.sql).collect())
+        Ok(airlock_postgres::split::split(&text)?.into_iter().map(|s| s.sql).collect())
     };
     let app_queries = match &args.app_queries {
         Some(path) => queries(path, "application query file")?,
@@ -880,7 +881,7 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
         Some("default") => Some(vec![]),
         Some(path) => Some(queries(std::path::Path::new(path), "workload file")?),
     }
-    .map(|queries| crate::migrate::app::WorkloadSpec { queries, clients: Some(args.workload_clients) });
+    .map(|queries| airlock_migrate::app::WorkloadSpec { queries, clients: Some(args.workload_clients) });
     let production_stats = match &args.production_stats {
         Some(source) => Some(production_stats(source).await?),
         None => None,
@@ -903,7 +904,7 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
     let what = format!("testing {} candidate(s) on golden {}", req.candidates.len(), req.golden);
     let format = args.format.as_deref().unwrap_or(if cli.json { "json" } else { "text" });
     let spinner = output::spinner(format != "text", what);
-    let report: Result<crate::migrate::report::Report> =
+    let report: Result<airlock_migrate::report::Report> =
         cli.client()?.call(Method::POST, "/v1/migrations/test", Some(&req)).await;
     spinner.finish_and_clear();
     let report = report?;
@@ -929,7 +930,7 @@ async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i32> {
 
 /// The files `--exec-files` names (paths or globs), each hashed; a pattern
 /// that matches nothing is an error, not an empty list.
-fn hashed_files(patterns: &[String]) -> Result<Vec<crate::migrate::HashedFile>> {
+fn hashed_files(patterns: &[String]) -> Result<Vec<airlock_migrate::HashedFile>> {
     let mut out = Vec::new();
     for pattern in patterns {
         let bad = |why: String| {
@@ -945,7 +946,7 @@ fn hashed_files(patterns: &[String]) -> Result<Vec<crate::migrate::HashedFile>> 
             let path = path.map_err(|e| bad(e.to_string()))?;
             if path.is_file() {
                 let bytes = std::fs::read(&path).map_err(|e| bad(format!("{}: {e}", path.display())))?;
-                out.push(crate::migrate::HashedFile::new(path.display().to_string(), &bytes));
+                out.push(airlock_migrate::HashedFile::new(path.display().to_string(), &bytes));
             }
         }
         if out.len() == before {
@@ -967,19 +968,19 @@ fn dsn_argument(given: &str) -> Result<String> {
 
 /// Production's table sizes from a DSN (a URL, `key=value` pairs, or `-` for
 /// one on stdin) or a file.
-async fn production_stats(source: &str) -> Result<crate::migrate::scale::ProductionStats> {
+async fn production_stats(source: &str) -> Result<airlock_migrate::scale::ProductionStats> {
     let is_dsn = source == "-" || source.contains("://") || source.contains('=');
     if !is_dsn {
         let text = read_file(std::path::Path::new(source), "production statistics file")?;
-        return crate::migrate::scale::ProductionStats::parse(&text, source.to_owned());
+        return airlock_migrate::scale::ProductionStats::parse(&text, source.to_owned());
     }
     stats_from(&dsn_argument(source)?).await
 }
 
 /// A database's table sizes, read over `dsn`.
-async fn stats_from(dsn: &str) -> Result<crate::migrate::scale::ProductionStats> {
+async fn stats_from(dsn: &str) -> Result<airlock_migrate::scale::ProductionStats> {
     let client = airlock_postgres::target::connect(dsn).await?;
-    crate::migrate::scale::ProductionStats::read(&client, airlock_core::dsn::redact(dsn)).await
+    airlock_migrate::scale::ProductionStats::read(&client, airlock_core::dsn::redact(dsn)).await
 }
 
 /// `airlock migrate stats`: a database's table sizes, for `--production-stats FILE`.
@@ -991,7 +992,7 @@ async fn migrate_stats(args: &MigrateStatsArgs) -> Result<i32> {
 
 /// `airlock migrate promote`.
 async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
-    use crate::migrate::promote::{PromoteRequest, Promoted};
+    use airlock_migrate::promote::{PromoteRequest, Promoted};
     let report = serde_json::from_str(&read_file(&args.report, "report")?).map_err(|e| {
         Error::new(
             ErrorCode::InvalidRequest,
@@ -1002,14 +1003,14 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
     let candidate = match (&args.candidate, &args.exec) {
         (Some(path), None) => {
             let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-            crate::migrate::Candidate {
+            airlock_migrate::Candidate {
                 name,
                 sql: Some(read_file(path, "candidate")?),
                 exec: None,
                 exec_files: vec![],
             }
         }
-        (None, Some(cmd)) => crate::migrate::Candidate {
+        (None, Some(cmd)) => airlock_migrate::Candidate {
             name: "exec".into(),
             sql: None,
             exec: Some(cmd.clone()),
@@ -1058,8 +1059,8 @@ async fn migrate_promote(cli: &Cli, args: &MigratePromoteArgs) -> Result<i32> {
 /// to the target and its timeouts in `PGOPTIONS` (the DSN never on a command line).
 fn promote_command(
     cmd: &str,
-    req: &crate::migrate::promote::PromoteRequest,
-    checked: &crate::migrate::promote::Promoted,
+    req: &airlock_migrate::promote::PromoteRequest,
+    checked: &airlock_migrate::promote::Promoted,
 ) -> Result<i32> {
     let options = format!(
         "-c lock_timeout={} -c statement_timeout={}",
@@ -1104,7 +1105,7 @@ async fn mcp(cli: &Cli, args: &McpArgs) -> Result<i32> {
         ..Default::default()
     };
     let home = cli.layout().home().display().to_string();
-    crate::gateway::stdio::serve(cli.client()?, home, req).await
+    airlock_gateway::stdio::serve(cli.client()?, home, req).await
 }
 
 /// Runs psql on a sandbox; the password reaches psql through a private password

@@ -11,9 +11,9 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::client::{Client, Target};
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::layout::Layout;
+use airlock_listen::client::{Client, Target};
 
 /// Throwaway copy-on-write PostgreSQL databases for AI-agent tasks.
 #[derive(Debug, Parser)]
@@ -247,7 +247,7 @@ struct ServeArgs {
     #[arg(long, env = "AIRLOCK_DISK_RESERVE", default_value = "10%")]
     disk_reserve: String,
     /// The MCP gateway's address (HOST:PORT, port 0 for a free one), or `off`.
-    #[arg(long, env = "AIRLOCK_GATEWAY", default_value = crate::gateway::http::DEFAULT_ADDR)]
+    #[arg(long, env = "AIRLOCK_GATEWAY", default_value = airlock_gateway::http::DEFAULT_ADDR)]
     gateway: String,
     /// Suspend a sandbox after this long without a connection (0 never), unless its fork says.
     #[arg(long, env = "AIRLOCK_IDLE_SUSPEND", default_value = "10m")]
@@ -266,7 +266,7 @@ struct ServeArgs {
     router_host: Option<String>,
     /// TLS on the router: optional (offered), required (plaintext refused) or off.
     #[arg(long, env = "AIRLOCK_TLS", value_enum, default_value = "optional")]
-    tls: crate::router::TlsMode,
+    tls: airlock_router::TlsMode,
     /// PEM certificate chain for the router (default: one generated under tls/).
     #[arg(long, env = "AIRLOCK_TLS_CERT", requires = "tls_key")]
     tls_cert: Option<PathBuf>,

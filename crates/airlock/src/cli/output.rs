@@ -5,12 +5,12 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 
-use crate::engine::Doctor;
-use crate::golden::Golden;
-use crate::sandbox::Sandbox;
 use airlock_core::clock::Timestamp;
 use airlock_core::error::Error;
 use airlock_core::events::Event;
+use airlock_lifecycle::engine::Doctor;
+use airlock_lifecycle::golden::Golden;
+use airlock_lifecycle::sandbox::Sandbox;
 
 /// Writes one line to stdout. When the reader has gone (`airlock ls | head`),
 /// the process ends quietly with success, as the reader wanted no more.
@@ -189,7 +189,7 @@ pub fn goldens(list: &[Golden]) -> String {
 }
 
 /// A golden build's progress, for the spinner.
-pub fn build_progress(name: &str, p: &crate::golden::progress::BuildProgress) -> String {
+pub fn build_progress(name: &str, p: &airlock_lifecycle::golden::progress::BuildProgress) -> String {
     let mut text = format!("building golden {name}: {}", p.phase);
     if p.tables_total > 0 {
         text.push_str(&format!(", {}/{} tables", p.tables_done.min(p.tables_total), p.tables_total));
@@ -401,7 +401,7 @@ pub fn doctor(d: &Doctor) -> String {
         Some(r) => {
             let mode = format!("{:?}", r.tls).to_lowercase();
             let tls = match (r.tls, &r.ca) {
-                (crate::router::TlsMode::Off, _) => "no TLS".to_owned(),
+                (airlock_router::TlsMode::Off, _) => "no TLS".to_owned(),
                 (_, Some(ca)) => format!("TLS {mode}, CA {}", ca.display()),
                 (_, None) => format!("TLS {mode}, configured certificate"),
             };

@@ -13,7 +13,7 @@ fn on_volume(fs: &str, size: &str, args: &[&str]) -> Option<Daemon> {
         return None;
     }
     let mut d = Daemon::unstarted(crate::harness::fresh_home(&crate::harness::plain_base()), args);
-    d.env.push(("AIRLOCK_LOG".into(), "info,airlock::sandbox::headroom=debug".into()));
+    d.env.push(("AIRLOCK_LOG".into(), "info,airlock_lifecycle::sandbox::headroom=debug".into()));
     let report = d.json(&["storage", "init", "--fs", fs, "--size", size]);
     assert_eq!(report["filesystem"], fs, "{report}");
     // What the volume cannot do under the defaults is said before serving.

@@ -1,0 +1,376 @@
+//! What `migrate test` reports: per candidate, per statement, and the verdict.
+
+use serde::{Deserialize, Serialize};
+
+use airlock_postgres::catalog::diff::Change;
+use airlock_postgres::catalog::Catalog;
+use airlock_postgres::wire::DbError;
+
+/// The whole report of one `migrate test` run.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Report {
+    /// The golden the candidates ran on.
+    pub golden: String,
+    /// Its generation.
+    pub generation: i64,
+    /// That generation's schema, so `migrate promote` can check a target for drift.
+    #[schema(value_type = Object)]
+    pub golden_catalog: Catalog,
+    /// What the golden's import left out on purpose: promote does not call
+    /// its presence on the target drift.
+    #[serde(default, skip_serializing_if = "airlock_lifecycle::golden::Exclusions::is_empty")]
+    pub left_out: airlock_lifecycle::golden::Exclusions,
+    /// Whether every candidate passed.
+    pub passed: bool,
+    /// The best passing candidate, if any passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best: Option<String>,
+    /// Candidates from best to worst: passing ones by time, then failing ones by
+    /// their worst hazard.
+    pub ranking: Vec<String>,
+    /// Each candidate's result, in the order given.
+    pub candidates: Vec<CandidateReport>,
+    /// The table sizes and per-row costs the estimates are made with.
+    #[serde(default)]
+    #[schema(value_type = Object)]
+    pub scale: super::scale::Scale,
+    /// The golden generation's rows, as the daemon keeps them for promote
+    /// (`migration-rows/...`; see `migrate::rows`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub rows: String,
+    /// The daemon's MAC over everything above: `migrate promote` reads no
+    /// report whose seal does not match (see `migrate::seal`).
+    #[serde(default)]
+    pub seal: String,
+}
+
+/// One candidate's result.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CandidateReport {
+    /// Its name (the file name, or `exec-N`).
+    pub name: String,
+    /// SHA-256 of the file's bytes (or of the command), for `migrate promote`.
+    pub sha256: String,
+    /// `sql` or `exec`.
+    pub kind: String,
+    /// Whether it passed.
+    pub passed: bool,
+    /// What makes it risky, most severe first.
+    pub hazards: Vec<Hazard>,
+    /// Worth knowing, but no reason to refuse it (`no_lock_timeout`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<Hazard>,
+    /// The application's queries planned before and after it (`--app-queries`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub queries: Vec<super::app::QueryPlan>,
+    /// What a concurrent workload felt while it ran (`--workload`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub workload: Option<super::app::WorkloadReport>,
+    /// Each statement as applied (SQL candidates).
+    pub statements: Vec<StatementReport>,
+    /// The failure that stopped it, if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<Failure>,
+    /// What a command candidate printed and how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<ExecOutcome>,
+    /// The assertion queries after it.
+    pub assertions: Vec<Assertion>,
+    /// Its resulting schema against the golden's.
+    #[schema(value_type = Vec<Object>)]
+    pub changes: Vec<Change>,
+    /// Its resulting schema against the expected one; empty when it matches or none was given.
+    #[schema(value_type = Vec<Object>)]
+    pub drift: Vec<Change>,
+    /// Sequences it set back (`setval`, `RESTART`): promote expects the same
+    /// on the target, and no other.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub sequences_set_back: std::collections::BTreeSet<String>,
+    /// How far it moved sequences forward: promote refuses one moved much
+    /// further on the target.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sequences_advanced: std::collections::BTreeMap<String, i64>,
+    /// For each table of at most `verify::ROWS_COMPARED` rows that it
+    /// touched: how many rows it changed. Which ones, and to what, are in its
+    /// row record, which promote holds the target's rows to.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub changed_rows: std::collections::BTreeMap<String, usize>,
+    /// Its row record in the daemon's data root (`migration-rows/...`), part
+    /// by part (see `migrate::rows`); empty when none was kept.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub row_record: String,
+    /// The session settings its statements ran with (time zone, date style,
+    /// the schemas names resolved in...): promote runs them with the same.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub session: std::collections::BTreeMap<String, String>,
+    /// For a file that runs in parts: what each part did, which promote
+    /// holds that part to on the target.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<Object>)]
+    pub parts: Vec<super::parts::PartRecord>,
+    /// Time applying the candidate (statements and their measurements), milliseconds.
+    pub duration_ms: f64,
+}
+
+/// One statement as applied.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StatementReport {
+    /// The line it starts on.
+    pub line: usize,
+    /// Its text (the first 2,000 characters).
+    pub sql: String,
+    /// Which transaction it ran in (statements of one transaction share it).
+    #[serde(default)]
+    pub txn: usize,
+    /// PostgreSQL's command tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+    /// `implicit` (its own transaction), `explicit` (inside the file's BEGIN),
+    /// or `none` (cannot run in a transaction, such as CREATE INDEX CONCURRENTLY).
+    pub transaction: String,
+    /// Wall time, milliseconds.
+    pub duration_ms: f64,
+    /// Relation locks it took, and how long each was held (to the commit).
+    pub locks: Vec<LockHeld>,
+    /// Tables it rewrote, and why.
+    pub rewrites: Vec<Rewrite>,
+    /// Rows it inserted, updated or deleted per table (cascades included).
+    pub rows: Vec<RowsChanged>,
+    /// Objects it dropped: the ones named, and what a CASCADE reached.
+    pub dropped: Vec<Dropped>,
+    /// Rows it read per table (scans and index fetches), from the server's counters.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub scanned: std::collections::BTreeMap<String, i64>,
+    /// Indexes it built.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indexes_built: Vec<IndexBuilt>,
+    /// Constraints it checked against every existing row.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validated: Vec<Validated>,
+    /// Whether a later ROLLBACK undid it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rolled_back: bool,
+}
+
+/// A lock and how long it was held.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct LockHeld {
+    /// `schema.name`.
+    pub relation: String,
+    /// `table`, `index`, `materialized view` or `sequence`.
+    #[serde(default)]
+    pub kind: String,
+    /// `ACCESS EXCLUSIVE` and so on.
+    pub mode: String,
+    /// From the statement's start to the commit (or end of statement), milliseconds.
+    pub held_ms: f64,
+    /// Whether it blocks other sessions' writes (and, for ACCESS EXCLUSIVE, reads).
+    pub blocking: bool,
+    /// Whether it was seen by polling (commands, statements outside a transaction)
+    /// rather than read exactly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observed: bool,
+    /// How long it would be held at production size (or the golden's, without
+    /// production statistics), from the rows worked under it and the golden's
+    /// per-row costs, milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_ms: Option<f64>,
+}
+
+/// An index a statement built.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct IndexBuilt {
+    /// `schema.name` of the index.
+    pub index: String,
+    /// The table it indexes.
+    pub table: String,
+    /// Whether it was built `CONCURRENTLY` (writes go on meanwhile).
+    pub concurrently: bool,
+    /// Whether it ended valid.
+    pub valid: bool,
+}
+
+/// A constraint checked against every row of its table.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Validated {
+    /// `foreign key`, `check` or `not null`.
+    pub kind: String,
+    /// The constraint's name (the column's, for `not null`).
+    pub name: String,
+    /// The table whose rows were checked.
+    pub table: String,
+    /// For a foreign key, the table it references (also locked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub references: Option<String>,
+    /// Whether it was validated (`VALIDATE CONSTRAINT`) while the transaction
+    /// held a write-blocking lock on the table from an earlier statement.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub under_lock: bool,
+}
+
+/// A table rewritten.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Rewrite {
+    /// `schema.name`.
+    pub table: String,
+    /// Why, from PostgreSQL's `table_rewrite` event (or `truncated`).
+    pub reason: String,
+    /// Rows it held.
+    pub rows: i64,
+}
+
+/// Rows changed in one table.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RowsChanged {
+    /// `schema.name`.
+    pub table: String,
+    /// Rows inserted.
+    pub inserted: i64,
+    /// Rows updated.
+    pub updated: i64,
+    /// Rows deleted (TRUNCATE included).
+    pub deleted: i64,
+    /// Whether it was truncated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// An object dropped.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Dropped {
+    /// `table`, `view`, `table column`, `index`...
+    pub object_type: String,
+    /// Its identity.
+    pub identity: String,
+    /// Whether a CASCADE reached it rather than the statement naming it.
+    pub cascade: bool,
+}
+
+/// The failure that stopped a candidate.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Failure {
+    /// The line of the statement (of the error, when PostgreSQL gave a position).
+    pub line: usize,
+    /// The statement.
+    pub sql: String,
+    /// PostgreSQL's error.
+    pub error: DbError,
+}
+
+/// How a command candidate ended.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ExecOutcome {
+    /// Its exit code; absent when killed.
+    pub exit_code: Option<i32>,
+    /// Whether the timeout ended it.
+    pub timed_out: bool,
+    /// The last 4 KB of its standard output.
+    pub stdout: String,
+    /// The last 4 KB of its standard error.
+    pub stderr: String,
+}
+
+/// One assertion query's result.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Assertion {
+    /// The query.
+    pub sql: String,
+    /// Whether it returned true, or no rows.
+    pub passed: bool,
+    /// What it returned or the error, when it did not pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// How bad a hazard is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Worth knowing.
+    Low,
+    /// Slows or blocks production for a while.
+    Medium,
+    /// Loses data or blocks production for long.
+    High,
+    /// The migration does not work, or destroys data wholesale.
+    Critical,
+}
+
+impl Severity {
+    /// The snake_case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Severity::Low => "low",
+            Severity::Medium => "medium",
+            Severity::High => "high",
+            Severity::Critical => "critical",
+        }
+    }
+}
+
+/// Something a candidate did that could hurt a production database.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Hazard {
+    /// A stable kind, named by `migrate promote --allow-hazard`: `failed`,
+    /// `fails_on_data`, `assertion_failed`, `schema_drift`, `table_dropped`,
+    /// `column_dropped`, `cascade`, `rows_deleted`, `table_rewrite`, `long_lock`.
+    pub kind: String,
+    /// How bad it is.
+    pub severity: Severity,
+    /// What happened, in a sentence.
+    pub message: String,
+    /// The line of the statement that did it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<usize>,
+    /// A safer way to the same result, where there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suggestion: Option<String>,
+    /// Estimated time at production size (or the golden's), milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimated_ms: Option<f64>,
+}
+
+impl Hazard {
+    /// A hazard with no suggestion or estimate.
+    pub fn new(kind: &str, severity: Severity, message: impl Into<String>, line: Option<usize>) -> Hazard {
+        Hazard {
+            kind: kind.into(),
+            severity,
+            message: message.into(),
+            line,
+            suggestion: None,
+            estimated_ms: None,
+        }
+    }
+}
+
+/// The tables `statements` rewrote or truncated (not rolled back by the file).
+pub fn rewritten(statements: &[StatementReport]) -> impl Iterator<Item = &str> {
+    statements.iter().filter(|s| !s.rolled_back).flat_map(|s| s.rewrites.iter().map(|r| r.table.as_str()))
+}
+
+/// Rows inserted, updated and deleted per table, summed over `statements`
+/// (with `committed_only`, leaving out those a ROLLBACK undid).
+pub fn rows_by_table(
+    statements: &[StatementReport],
+    committed_only: bool,
+) -> std::collections::BTreeMap<&str, [i64; 3]> {
+    let mut out: std::collections::BTreeMap<&str, [i64; 3]> = Default::default();
+    for r in statements.iter().filter(|s| !(committed_only && s.rolled_back)).flat_map(|s| &s.rows) {
+        let m = out.entry(r.table.as_str()).or_default();
+        m[0] += r.inserted;
+        m[1] += r.updated;
+        m[2] += r.deleted;
+    }
+    out
+}
+
+/// The first `max` characters of `text`, with an ellipsis when cut.
+pub fn cut(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_owned(),
+    }
+}

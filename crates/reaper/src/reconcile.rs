@@ -1,0 +1,268 @@
+//! Start-up reconciliation after a crash or restart: the store, the processes and
+//! the directories are made to agree.
+//!
+//! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
+//! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
+//! - a running or pooled server is continued (a branch's pause may have been cut
+//!   short) and must answer a query within five seconds, or it is started again;
+//! - a running sandbox whose process is gone (host restart) is started again; one
+//!   that cannot start is kept suspended with its files, and says why;
+//! - a reset cut short is completed, keeping id, address and credential;
+//! - a migration test's fork is deleted: no test outlives the daemon that ran it;
+//! - a suspended sandbox stays suspended (a server left by an interrupted suspend is stopped);
+//! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
+//! - a half-built golden in `staging/` and a generation directory with no row are removed;
+//! - uid leases are made to match the live sandboxes.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::json;
+
+use airlock_core::clock::Timestamp;
+use airlock_core::error::Result;
+use airlock_core::events::{DeleteReason, NewEvent};
+use airlock_lifecycle::engine::Engine;
+use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
+use airlock_postgres::instance;
+use airlock_state::store::SandboxFilter;
+
+/// What reconciliation did, for the daemon log.
+#[derive(Debug, Default, Serialize)]
+pub struct Reconciled {
+    /// Running sandboxes left as they were.
+    pub kept: usize,
+    /// Running sandboxes whose process had to be started again.
+    pub restarted: usize,
+    /// Resets a crash cut short, completed.
+    pub reset: usize,
+    /// Running sandboxes whose server could not start, kept suspended.
+    pub unstartable: usize,
+    /// Sandboxes deleted because their TTL passed.
+    pub expired: usize,
+    /// Half-made or unknown sandboxes, processes and directories removed.
+    pub orphans: usize,
+}
+
+/// Reconciles store, processes and directories; run once before serving.
+pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
+    let mut done = Reconciled::default();
+    let layout = &engine.layout;
+
+    // Processes first: anything under the volume not known to be running goes.
+    let all = SandboxFilter { pooled: true, ..Default::default() };
+    let rows = engine.store().sandboxes(&all)?;
+    let running: HashSet<String> = rows
+        .iter()
+        .filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled))
+        .map(|s| s.id.clone())
+        .collect();
+    for (pid, pgdata) in postmasters_under(&layout.volume()) {
+        let id = sandbox_id_of(&layout.sandboxes(), &pgdata);
+        if id.as_ref().is_some_and(|id| running.contains(id)) {
+            continue;
+        }
+        tracing::warn!(pid, pgdata = %pgdata.display(), "stopping a postgres process the store does not know");
+        instance::kill(pid, &pgdata).await?;
+        done.orphans += 1;
+    }
+
+    // Redis servers of builds cut short, and of sandboxes no longer live.
+    for (pid, cmdline) in airlock_redis::server::servers_under(&[layout.sandboxes(), layout.staging()]) {
+        let live = running.iter().any(|id| {
+            cmdline.contains(&format!("/{id}/run/redis.sock"))
+                || cmdline.contains(&format!("/{id}/redis.conf"))
+        });
+        if !live {
+            tracing::warn!(pid, "stopping a redis-server the store does not know");
+            airlock_redis::server::kill(pid).await;
+            done.orphans += 1;
+        }
+    }
+    for entry in std::fs::read_dir(layout.staging())?.flatten() {
+        tracing::warn!(path = %entry.path().display(), "removing a half-built golden");
+        let _ = std::fs::remove_dir_all(entry.path());
+    }
+
+    let now = Timestamp::now();
+    for sb in rows {
+        if sb.is_migration_test_fork() && !matches!(sb.state, SandboxState::Creating | SandboxState::Deleting)
+        {
+            engine.store().begin_delete(&sb.id)?;
+            sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+            done.orphans += 1;
+            continue;
+        }
+        match sb.state {
+            SandboxState::Creating | SandboxState::Deleting => {
+                sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+                done.orphans += 1;
+            }
+            SandboxState::Running | SandboxState::Suspended | SandboxState::Resetting
+                if sb.expires_at <= now =>
+            {
+                engine.store().begin_delete(&sb.id)?;
+                sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
+                done.expired += 1;
+            }
+            // Its server was stopped above if a crash interrupted the suspend.
+            SandboxState::Suspended => done.kept += 1,
+            SandboxState::Resetting => match sandbox::rebuild(engine, &sb, Instant::now(), true).await {
+                Ok(_) => done.reset += 1,
+                Err(e) => {
+                    tracing::error!(sandbox = %sb.id, error = %e, "could not complete a reset a crash cut short")
+                }
+            },
+            SandboxState::Pooled => {
+                if answers(engine, &sb).await? {
+                    done.kept += 1;
+                } else {
+                    // A pool member holds nothing anyone waits for: the pool makes another.
+                    sandbox::teardown(engine, &sb, DeleteReason::Drained).await?;
+                }
+            }
+            SandboxState::Running => {
+                if answers(engine, &sb).await? {
+                    done.kept += 1;
+                    continue;
+                }
+                match sandbox::restart(engine, &sb).await {
+                    Ok(_) => done.restarted += 1,
+                    Err(e) => {
+                        sandbox::suspend::keep_unstartable(engine, &sb, &e).await?;
+                        done.unstartable += 1;
+                    }
+                }
+            }
+        }
+    }
+
+    // Directories nobody owns: a fork that died before its row was written, or a
+    // teardown that died after the row went.
+    let known: HashSet<String> = engine.store().sandboxes(&all)?.into_iter().map(|s| s.id).collect();
+    for entry in std::fs::read_dir(layout.sandboxes())?.flatten() {
+        let id = entry.file_name().to_string_lossy().into_owned();
+        if known.contains(&id) {
+            continue;
+        }
+        let _ = engine.cloner.remove_tree(&entry.path());
+        engine.store().record_or_log(NewEvent {
+            kind: airlock_core::events::EventKind::Deleted,
+            sandbox: Some(id),
+            reason: Some(DeleteReason::Orphan.as_str()),
+            detail: json!({"found": "directory without state"}),
+            ..Default::default()
+        });
+        done.orphans += 1;
+    }
+
+    // Identity leases: this data root's live sandboxes hold theirs (taken again
+    // if a crash lost one), its other leases go back, and leases of data roots
+    // that no longer exist are reclaimed.
+    if let Some(leases) = &engine.leases {
+        let live = engine.store().sandboxes(&all)?;
+        for sb in &live {
+            if let Some(uid) = sb.uid {
+                if let Err(e) = leases.confirm(uid, &sb.id) {
+                    tracing::error!(sandbox = %sb.id, error = %e, "a sandbox's uid is leased elsewhere");
+                }
+            }
+        }
+        for lease in leases.mine() {
+            if !live.iter().any(|sb| sb.id == lease.sandbox && sb.uid == Some(lease.uid)) {
+                leases.release(lease.uid, &lease.sandbox);
+            }
+        }
+        let reclaimed = leases.reclaim_abandoned();
+        if reclaimed > 0 {
+            tracing::info!(reclaimed, "reclaimed uid leases of data roots that no longer exist");
+        }
+    }
+
+    // Cgroups of sandboxes that are gone (their processes are killed first).
+    for id in engine.cgroups.existing() {
+        if !known.contains(&id) {
+            sandbox::kill_cgroup_members(engine, &id).await;
+            done.orphans += 1;
+        }
+    }
+
+    // Golden generations on disk that the store does not list (a crash between
+    // the rename into place and the row).
+    for golden_dir in std::fs::read_dir(layout.goldens())?.flatten() {
+        let name = golden_dir.file_name().to_string_lossy().into_owned();
+        let generations: HashSet<i64> = match engine.store().golden(&name) {
+            Ok(g) => g.generations.iter().map(|m| m.generation).collect(),
+            Err(_) => HashSet::new(),
+        };
+        for gen_dir in std::fs::read_dir(golden_dir.path())?.flatten() {
+            let known = gen_dir
+                .file_name()
+                .to_str()
+                .and_then(|s| s.parse().ok())
+                .is_some_and(|g| generations.contains(&g));
+            if !known {
+                tracing::warn!(path = %gen_dir.path().display(), "removing a golden generation the store does not list");
+                let _ = std::fs::remove_dir_all(gen_dir.path());
+            }
+        }
+        if generations.is_empty() {
+            let _ = std::fs::remove_dir(golden_dir.path());
+        }
+    }
+    Ok(done)
+}
+
+/// Whether a sandbox's servers run and answer. It is thawed and its
+/// processes continued first, and its stores' writes let go: a daemon that
+/// died during a branch or promotion left the source stopped.
+async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
+    let Some(pid) = sb.pid else { return Ok(false) };
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let stores = airlock_lifecycle::sandbox::stores::Store::of_sandbox(&dir);
+    // A daemon that died while copying the sandbox (a branch, a promotion)
+    // left it frozen, and its stores' writes held.
+    engine.cgroups.thaw(&sb.id);
+    for store in &stores {
+        if store.running(&dir) {
+            if let Err(e) = store.resume_writes(&dir).await {
+                tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "a kept store's writes could not be resumed");
+            }
+        }
+    }
+    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
+        return Ok(!stores.is_empty() && stores.iter().all(|s| s.running(&dir)));
+    }
+    if !instance::serves(pid, &dir.pgdata())? {
+        return Ok(false);
+    }
+    airlock_lifecycle::sandbox::branch::continue_all(pid);
+    match airlock_postgres::admin::answers(&dir, pid, airlock_postgres::admin::ANSWER_TIMEOUT).await {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            tracing::warn!(sandbox = %sb.id, error = %e, "a kept server does not answer; starting it again");
+            Ok(false)
+        }
+    }
+}
+
+/// Every postmaster whose data directory lies under `root`, with that directory.
+fn postmasters_under(root: &Path) -> Vec<(i32, std::path::PathBuf)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return vec![] };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let dir = instance::postmaster_data_dir(pid).ok()??;
+            (dir.starts_with(root) && instance::is_alive(pid)).then_some((pid, dir))
+        })
+        .collect()
+}
+
+/// The sandbox id in `<sandboxes>/<id>/pgdata`.
+fn sandbox_id_of(sandboxes: &Path, pgdata: &Path) -> Option<String> {
+    let rest = pgdata.strip_prefix(sandboxes).ok()?;
+    Some(rest.components().next()?.as_os_str().to_string_lossy().into_owned())
+}

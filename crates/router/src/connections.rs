@@ -1,0 +1,161 @@
+//! What the router knows about open connections: how many each sandbox has and
+//! when its last one ended (for idle suspend), and which backend key belongs to
+//! which sandbox (so a cancel request reaches the right server).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+#[derive(Debug)]
+struct Activity {
+    open: usize,
+    last_active: Instant,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    activity: HashMap<String, Activity>,
+    backends: HashMap<(i32, i32), String>,
+    authenticating: HashMap<String, Arc<tokio::sync::Semaphore>>,
+}
+
+/// How many authenticated router clients of one sandbox may be opening a
+/// server session at once. A backend that has not yet logged in already
+/// holds one of the server's connection slots, the admin's reserved ones
+/// included; the others wait their turn. Only clients that proved they hold
+/// the credential get here (the router authenticates them itself first), so a
+/// client that never answers its password challenge holds none of them (and
+/// its router slot is the first to go when the router runs out: see
+/// [`airlock_listen::slots`]).
+pub const AUTHENTICATING_PER_SANDBOX: usize = 8;
+
+/// Shared between the router's connections and the reaper.
+#[derive(Debug, Clone, Default)]
+pub struct Connections {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Connections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks `sandbox` as used now; returns its record.
+    fn used<'a>(inner: &'a mut Inner, sandbox: &str) -> &'a mut Activity {
+        let a = inner
+            .activity
+            .entry(sandbox.to_owned())
+            .or_insert(Activity { open: 0, last_active: Instant::now() });
+        a.last_active = Instant::now();
+        a
+    }
+
+    /// Counts a connection to `sandbox` as open until the returned guard drops.
+    pub fn open(&self, sandbox: &str) -> Open {
+        Self::used(&mut self.lock(), sandbox).open += 1;
+        Open { connections: self.clone(), sandbox: sandbox.to_owned(), backend: None }
+    }
+
+    /// Marks `sandbox` as used now (a fork, a wake, an API call on it).
+    pub fn touch(&self, sandbox: &str) {
+        Self::used(&mut self.lock(), sandbox);
+    }
+
+    /// How many router connections `sandbox` has open.
+    pub fn open_count(&self, sandbox: &str) -> usize {
+        self.lock().activity.get(sandbox).map_or(0, |a| a.open)
+    }
+
+    /// When `sandbox` was last used, if it has no open connection and was ever seen.
+    pub fn idle_since(&self, sandbox: &str) -> Option<Instant> {
+        self.lock().activity.get(sandbox).filter(|a| a.open == 0).map(|a| a.last_active)
+    }
+
+    /// Waits for one of the sandbox's [`AUTHENTICATING_PER_SANDBOX`] places for
+    /// a client being authenticated; the place is held until the permit drops.
+    pub async fn authenticating(&self, sandbox: &str) -> tokio::sync::OwnedSemaphorePermit {
+        let places = self
+            .lock()
+            .authenticating
+            .entry(sandbox.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(AUTHENTICATING_PER_SANDBOX)))
+            .clone();
+        places.acquire_owned().await.expect("the semaphore is never closed")
+    }
+
+    /// Forgets a deleted sandbox.
+    pub fn forget(&self, sandbox: &str) {
+        let mut inner = self.lock();
+        inner.activity.remove(sandbox);
+        inner.authenticating.remove(sandbox);
+        inner.backends.retain(|_, s| s != sandbox);
+    }
+
+    /// The sandbox serving the backend with this pid and secret key.
+    pub fn backend_owner(&self, pid: i32, key: i32) -> Option<String> {
+        self.lock().backends.get(&(pid, key)).cloned()
+    }
+}
+
+/// One open router connection; closes its count (and its backend key) on drop.
+#[derive(Debug)]
+pub struct Open {
+    connections: Connections,
+    sandbox: String,
+    backend: Option<(i32, i32)>,
+}
+
+impl Open {
+    /// Records the backend key the server sent for this connection.
+    pub fn set_backend(&mut self, pid: i32, key: i32) {
+        self.connections.lock().backends.insert((pid, key), self.sandbox.clone());
+        self.backend = Some((pid, key));
+    }
+
+    /// The backend's pid and secret key, once the server has sent them.
+    pub fn backend(&self) -> Option<(i32, i32)> {
+        self.backend
+    }
+
+    /// The sandbox it is open to.
+    pub fn sandbox(&self) -> &str {
+        &self.sandbox
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let mut inner = self.connections.lock();
+        if let Some(k) = self.backend {
+            inner.backends.remove(&k);
+        }
+        if let Some(a) = inner.activity.get_mut(&self.sandbox) {
+            a.open = a.open.saturating_sub(1);
+            a.last_active = Instant::now();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_connections_and_backend_keys() {
+        let c = Connections::default();
+        assert_eq!(c.idle_since("a"), None);
+        let mut one = c.open("a");
+        let two = c.open("a");
+        one.set_backend(10, 99);
+        assert_eq!(c.open_count("a"), 2);
+        assert_eq!(c.idle_since("a"), None);
+        assert_eq!(c.backend_owner(10, 99).as_deref(), Some("a"));
+        assert_eq!(c.backend_owner(10, 98), None);
+        drop(one);
+        assert_eq!(c.backend_owner(10, 99), None);
+        drop(two);
+        assert!(c.idle_since("a").is_some());
+        c.forget("a");
+        assert_eq!(c.idle_since("a"), None);
+    }
+}

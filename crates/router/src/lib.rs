@@ -1,0 +1,235 @@
+//! The router: one TCP port speaking the PostgreSQL wire protocol in front of
+//! every sandbox. It reads a client's startup packet, picks the sandbox from the
+//! database name (its id or name), authenticates the client itself with SCRAM
+//! (channel-bound on TLS) against the verifier the daemon minted, wakes the
+//! sandbox if it is suspended, and joins the client to a server session on the
+//! sandbox's private socket: one opened ahead for a warm-pool member, or a new
+//! one.
+//!
+//! It never logs a password or a message body. Each client is bounded: its startup must finish
+//! within [`RouterConfig::startup_timeout`], its packets are size-limited, and
+//! at most [`RouterConfig::max_connections`] connections are open at once.
+
+mod backend;
+pub mod connections;
+pub mod host;
+pub mod parked;
+pub mod process;
+pub mod protocol;
+mod redis;
+mod relay;
+mod scram;
+mod session;
+pub mod tls;
+
+pub use airlock_lifecycle::doors::{Address, TlsMode};
+pub use connections::{Connections, Open};
+pub use host::Host;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpListener;
+
+use airlock_core::error::{Error, ErrorCode, Result};
+
+/// Router settings (flags of `airlock serve`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RouterConfig {
+    /// Where to listen; `None` turns the router off.
+    pub listen: Option<SocketAddr>,
+    /// The host name DSNs carry (and the certificate names); the listen address if unset.
+    pub advertise: Option<String>,
+    /// TLS policy.
+    pub tls: TlsMode,
+    /// Operator-supplied certificate instead of a generated one.
+    pub cert: Option<tls::CertFiles>,
+    /// How long a client has to finish its startup (TLS, authentication included).
+    pub startup_timeout: Duration,
+    /// Open client connections allowed at once (on each port).
+    pub max_connections: usize,
+    /// Where the Redis front door listens; `None` turns it off.
+    #[serde(default)]
+    pub redis_listen: Option<SocketAddr>,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))),
+            advertise: None,
+            tls: TlsMode::Optional,
+            cert: None,
+            startup_timeout: Duration::from_secs(10),
+            max_connections: 1000,
+            redis_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_REDIS_PORT))),
+        }
+    }
+}
+
+/// The router's default port.
+pub const DEFAULT_PORT: u16 = 7432;
+/// The Redis front door's default port.
+pub const DEFAULT_REDIS_PORT: u16 = 7434;
+
+/// What every connection task shares.
+struct Shared {
+    host: Arc<Host>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    /// The TLS certificate's `tls-server-end-point` binding, for SCRAM-SHA-256-PLUS.
+    end_point: Option<Vec<u8>>,
+    /// Sessions opened ahead for warm-pool members.
+    parked: Arc<parked::Parked>,
+    require_tls: bool,
+    startup_timeout: Duration,
+}
+
+/// Binds the router's port, with a clear error if it is taken.
+pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
+    let socket =
+        if listen.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(listen).and_then(|()| socket.listen(1024)).map_err(|e| {
+        Error::new(
+            ErrorCode::InvalidRequest,
+            format!("the router cannot listen on {listen}: {e}"),
+            "pick another address with `airlock serve --router HOST:PORT` (port 0 picks a free one), or --router off",
+        )
+    })
+}
+
+/// Loads the TLS identity and serves `listener`, and `redis` for the Redis
+/// front door (in the router's own process); returns the address DSNs name.
+pub fn serve(
+    host: Arc<Host>,
+    config: &RouterConfig,
+    listener: TcpListener,
+    redis: Option<TcpListener>,
+) -> Result<Address> {
+    let bound = listener.local_addr()?;
+    let advertised = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
+        ip if ip.is_unspecified() => nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "localhost".into()),
+        ip => ip.to_string(),
+    });
+    let identity = match config.tls {
+        TlsMode::Off => None,
+        _ => Some(tls::identity(&host.layout.tls(), config.cert.as_ref(), &advertised)?),
+    };
+    let redis_port = redis.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.port());
+    let address = Address {
+        host: advertised,
+        port: bound.port(),
+        tls: config.tls,
+        ca: identity.as_ref().and_then(|i| i.ca.clone()),
+        redis_port,
+    };
+    if let Some(redis) = redis {
+        let shared = Arc::new(redis::Shared {
+            host: host.clone(),
+            tls: identity.as_ref().map(|i| tokio_rustls::TlsAcceptor::from(i.config.clone())),
+            require_tls: config.tls == TlsMode::Required,
+            startup_timeout: config.startup_timeout,
+        });
+        tracing::info!(port = redis_port, "Redis router listening");
+        let slots = airlock_listen::slots::Slots::new(config.max_connections);
+        let refusal = b"-ERR too many connections to the Airlock router\r\n".to_vec();
+        tokio::spawn(accept_loop(redis, slots, refusal, move |tcp, peer, slot| {
+            let shared = shared.clone();
+            async move { redis::serve(&shared, tcp, peer, slot).await }
+        }));
+    }
+    let parked = Arc::new(parked::Parked::default());
+    tokio::spawn(parked.clone().keep(host.clone()));
+    let shared = Arc::new(Shared {
+        host,
+        end_point: identity.as_ref().and_then(|i| i.end_point.clone()),
+        parked,
+        tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
+        require_tls: config.tls == TlsMode::Required,
+        startup_timeout: config.startup_timeout,
+    });
+    tracing::info!(%bound, tls = ?config.tls, "router listening");
+    let refusal = protocol::ErrorResponse::fatal(
+        "53300",
+        "too many connections to the Airlock router",
+        "close idle connections, or raise `airlock serve --router-max-connections`",
+    )
+    .encode();
+    let slots = airlock_listen::slots::Slots::new(config.max_connections);
+    tokio::spawn(accept_loop(listener, slots, refusal, move |tcp, peer, slot| {
+        let shared = shared.clone();
+        async move { session::serve(&shared, tcp, peer, slot).await }
+    }));
+    Ok(address)
+}
+
+/// Accepts clients on `listener` for as long as the router runs, `serve`ing
+/// each in a slot of `slots`. A client that finds every slot taken takes the
+/// one of the stalest client not yet authenticated (see [`airlock_listen::slots`]); when
+/// every slot is held by an authenticated session, it gets `refusal` and is
+/// closed.
+pub(crate) async fn accept_loop<F, Fut>(
+    listener: TcpListener,
+    slots: Arc<airlock_listen::slots::Slots>,
+    refusal: Vec<u8>,
+    serve: F,
+) where
+    F: Fn(tokio::net::TcpStream, SocketAddr, airlock_listen::slots::Slot) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let refusal: Arc<[u8]> = refusal.into();
+    let serve = Arc::new(serve);
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, usually: back off rather than spin.
+                tracing::warn!(error = %e, "router accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (slots, refusal, serve) = (slots.clone(), refusal.clone(), serve.clone());
+        let arrived = std::time::Instant::now();
+        tokio::spawn(async move {
+            match slots.take(Some(peer.ip()), arrived).await {
+                Some(slot) => serve(tcp, peer, slot).await,
+                None => {
+                    let mut tcp = tcp;
+                    let _ = tokio::time::timeout(Duration::from_secs(1), tcp.write_all(&refusal)).await;
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dsns_name_the_sandbox_and_how_to_verify_the_router() {
+        let mut a = Address {
+            host: "127.0.0.1".into(),
+            port: 7432,
+            tls: TlsMode::Optional,
+            ca: None,
+            redis_port: None,
+        };
+        assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
+        a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
+        assert_eq!(
+            a.dsn("sb-1", "pw"),
+            "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=verify-full&sslrootcert=/var/lib/air%20lock/tls/ca.crt"
+        );
+        a.host = "::1".into();
+        a.tls = TlsMode::Off;
+        assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
+    }
+}

@@ -1,0 +1,548 @@
+//! One client connection through the router: negotiate TLS, read the startup
+//! message, authenticate the client against the sandbox's verifier, find (and
+//! wake) the sandbox, give the client a server session (parked or new) and
+//! replay what the server told it, then pass bytes both ways until either side
+//! closes.
+
+use std::net::SocketAddr;
+use std::os::fd::{AsFd, AsRawFd};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::backend::{self, Backend, LoginError};
+use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
+use super::relay;
+use super::scram;
+use super::Shared;
+use airlock_core::dsn::{AGENT_ROLE, DATABASE};
+use airlock_core::error::ErrorCode;
+use airlock_core::events::EventKind;
+use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
+use airlock_postgres::scram::Verifier;
+
+/// A client stream, plaintext or TLS.
+enum Client {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
+}
+
+impl AsyncRead for Client {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Client::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Client {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Client::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_flush(cx),
+            Client::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Client::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Client::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Serves one client until it or its sandbox hangs up.
+pub(super) async fn serve(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    mut slot: airlock_listen::slots::Slot,
+) {
+    let _ = tcp.set_nodelay(true);
+    let established =
+        tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer, &mut slot)).await;
+    // A client that has not finished its startup in time is simply dropped.
+    let Ok(Some((mut client, backend, open))) = established else { return };
+    // When the client goes, whatever its backend is running is cancelled: a
+    // dropped client's query must not run on (the backend then finds its
+    // connection closed and ends). Harmless if the session ended normally.
+    let backend_key = open.backend();
+    let client_gone = async move {
+        if let Some((pid, key)) = backend_key {
+            forward_cancel(shared, pid, key).await;
+        }
+    };
+    // A session does not outlive its sandbox's expiry, even while the daemon,
+    // which deletes the sandbox then, is away: the router cuts it itself.
+    let cut = match &client {
+        Client::Plain(tcp) => tcp.as_fd().try_clone_to_owned().ok(),
+        Client::Tls(tls) => tls.get_ref().0.as_fd().try_clone_to_owned().ok(),
+    };
+    let id = open.sandbox().to_owned();
+    // What the server told the session at its start, then the relay.
+    let replay = backend.replay();
+    let relay = async {
+        client.write_all(&replay).await?;
+        client.flush().await?;
+        match client {
+            Client::Plain(tcp) => relay::plain(tcp, backend.stream, client_gone).await,
+            Client::Tls(tls) => relay::tls(*tls, backend.stream, client_gone).await,
+        }
+    };
+    tokio::pin!(relay);
+    let relayed = tokio::select! {
+        relayed = &mut relay => relayed,
+        () = expiry(&shared.host, &id) => {
+            if let Some(fd) = &cut {
+                let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            }
+            relay.await
+        }
+    };
+    if let Err(e) = relayed {
+        tracing::debug!(error = %e, "relay ended with an error");
+    }
+    let (host, id) = (shared.host.clone(), open.sandbox().to_owned());
+    drop(open);
+    let _ = tokio::task::spawn_blocking(move || host.touch(&id)).await;
+}
+
+/// Resolves once the sandbox's expiry has passed, reading it again as it nears
+/// (an extension moves it); never, if the sandbox is gone (its server's end
+/// ends the session then).
+pub(super) async fn expiry(host: &super::Host, id: &str) {
+    loop {
+        let Ok(sb) = host.store().sandbox(id) else { return std::future::pending().await };
+        let now = airlock_core::clock::Timestamp::now();
+        if sb.expires_at <= now {
+            return;
+        }
+        let wait = (sb.expires_at.0 - now.0).clamp(0, 30_000) as u64;
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+}
+
+/// Sends a refusal and closes the connection (with a TLS close_notify).
+async fn refuse(client: &mut Client, error: ErrorResponse) {
+    let _ = client.write_all(&error.encode()).await;
+    close(client).await;
+}
+
+/// Closes a client's connection cleanly: flushed, and on TLS with a close_notify,
+/// which libpq 17's encrypted cancel requests wait for.
+async fn close(client: &mut Client) {
+    let _ = client.flush().await;
+    let _ = client.shutdown().await;
+}
+
+/// Negotiates TLS (an `SSLRequest`, or a TLS handshake straight away) and reads
+/// the startup message; answers a cancel request. None when the client is done.
+async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Startup, bool)> {
+    let mut client = Client::Plain(tcp);
+    let mut tls = false;
+    // PostgreSQL 17's `sslnegotiation=direct`: a ClientHello instead of an
+    // SSLRequest (a TLS handshake record begins with 22).
+    if let (Some(acceptor), Client::Plain(tcp)) = (&shared.tls, &client) {
+        let mut first = [0u8; 1];
+        if tcp.peek(&mut first).await.ok()? == 1 && first[0] == 0x16 {
+            let Client::Plain(tcp) = client else { unreachable!() };
+            let session = acceptor.accept(tcp).await.ok()?;
+            client = Client::Tls(Box::new(session));
+            let Client::Tls(session) = &client else { unreachable!() };
+            if session.get_ref().1.alpn_protocol() != Some(super::tls::ALPN) {
+                let e = ErrorResponse::fatal(
+                    "08P01",
+                    "direct TLS connection without ALPN protocol \"postgresql\"",
+                    "connect with a PostgreSQL 17+ client, or without sslnegotiation=direct",
+                );
+                refuse(&mut client, e).await;
+                return None;
+            }
+            tls = true;
+        }
+    }
+    loop {
+        match protocol::read_first_packet(&mut client).await {
+            Ok(FirstPacket::SslRequest) if !tls => match (&shared.tls, client) {
+                (Some(acceptor), Client::Plain(mut tcp)) => {
+                    tcp.write_all(b"S").await.ok()?;
+                    client = Client::Tls(Box::new(acceptor.accept(tcp).await.ok()?));
+                    tls = true;
+                }
+                (_, mut plain) => {
+                    plain.write_all(b"N").await.ok()?;
+                    client = plain;
+                }
+            },
+            Ok(FirstPacket::GssEncRequest) if !tls => client.write_all(b"N").await.ok()?,
+            Ok(FirstPacket::SslRequest | FirstPacket::GssEncRequest) => {
+                let e = ErrorResponse::fatal("08P01", "encryption requested twice", "send one SSLRequest");
+                refuse(&mut client, e).await;
+                return None;
+            }
+            Ok(FirstPacket::Cancel { pid, key }) => {
+                forward_cancel(shared, pid, key).await;
+                close(&mut client).await;
+                return None;
+            }
+            Ok(FirstPacket::Startup(startup)) => return Some((client, startup, tls)),
+            Err(PacketError::Io(_)) => {
+                close(&mut client).await;
+                return None;
+            }
+            Err(e) => {
+                let hint = "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN";
+                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), hint)).await;
+                return None;
+            }
+        }
+    }
+}
+
+/// Everything up to an established session: the client authenticated and a
+/// server session ready for it (its start not yet replayed to the client).
+async fn establish(
+    shared: &Shared,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    slot: &mut airlock_listen::slots::Slot,
+) -> Option<(Client, Backend, super::Open)> {
+    // Until the client proves it holds the credential, its slot is the first
+    // to go when the router has none free: nothing it does before that can
+    // hold a slot against anyone.
+    let authenticated = tokio::select! {
+        authenticated = authenticate(shared, tcp, peer) => authenticated?,
+        () = slot.given_up() => return None,
+    };
+    slot.marker().prove();
+    let Authenticated { mut client, startup, sb, tls, mut phases } = authenticated;
+    // Said only to a client that proved it holds the credential.
+    if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
+        let e = ErrorResponse::fatal(
+            "3D000",
+            format!("sandbox \"{}\" has no PostgreSQL: its golden has only a Redis part", sb.id),
+            "connect to its Redis instead (`airlock dsn ID --redis` prints the URL)",
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    let (connecting, suspended) =
+        (Instant::now(), sb.state == airlock_lifecycle::sandbox::SandboxState::Suspended);
+    // A few authenticated clients of one sandbox at a time open server sessions.
+    let authenticating = shared.host.connections.authenticating(&sb.id).await;
+    let session = session_for(shared, sb, &startup).await;
+    drop(authenticating);
+    match session {
+        Ok((sb, backend, open)) => {
+            // Waking, when it was suspended, is most of the server session's time.
+            phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
+            let connected = EventKind::Connected;
+            if let Err(e) = shared.host.record_connection(&sb, connected, (peer, tls), None, phases).await {
+                tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
+                refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
+                return None;
+            }
+            Some((client, backend, open))
+        }
+        Err(message) => {
+            let _ = client.write_all(&message).await;
+            close(&mut client).await;
+            None
+        }
+    }
+}
+
+/// A client that proved it holds its sandbox's credential.
+struct Authenticated {
+    client: Client,
+    startup: Startup,
+    sb: Sandbox,
+    /// Whether it came by TLS.
+    tls: bool,
+    /// How long its startup and authentication took, for its record.
+    phases: serde_json::Value,
+}
+
+/// A client's first contact up to its authentication: TLS, the startup
+/// message, the sandbox it names and the SCRAM exchange. None when it was
+/// refused or went away.
+async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Authenticated> {
+    let began = Instant::now();
+    let (mut client, startup, tls) = first_contact(shared, tcp).await?;
+    let startup_ms = elapsed_ms(began);
+    if shared.require_tls && !tls {
+        let e = ErrorResponse::fatal(
+            "28000",
+            "the Airlock router accepts only TLS connections",
+            "connect with sslmode=require or verify-full (the DSN `airlock fork` prints does)",
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    let user = startup.user.as_str();
+    // Only the agent role. (The server gets a startup message the router builds
+    // with the agent role in it, over a connection made with the sandbox's OS
+    // identity, which peer authentication maps to no role: asking for another
+    // role could never reach the admin's, but is refused here, clearly.)
+    if user != AGENT_ROLE {
+        let e = ErrorResponse::fatal(
+            "28000",
+            format!("role \"{}\" cannot connect through the router", shown(user)),
+            format!("connect as {AGENT_ROLE} with the DSN `airlock fork` printed"),
+        );
+        refuse(&mut client, e).await;
+        return None;
+    }
+    // A newer minor protocol version than 3.0 is answered, as PostgreSQL does,
+    // before authentication: the session will speak 3.0.
+    if let Some(negotiation) = protocol::negotiate_protocol_version(&startup) {
+        client.write_all(&negotiation).await.ok()?;
+    }
+    let key = startup.database.clone();
+    let sb = match lookup(shared, &key) {
+        Ok(sb) => sb,
+        Err(e) => {
+            refuse(&mut client, e).await;
+            return None;
+        }
+    };
+    // The router authenticates the client itself, before anything is woken or
+    // connected to.
+    let phases;
+    {
+        let verifier = match verifier_of(shared, &sb).await {
+            Ok(v) => v,
+            Err(e) => {
+                refuse(&mut client, e).await;
+                return None;
+            }
+        };
+        let binding = if tls { shared.end_point.as_deref() } else { None };
+        let authenticating = Instant::now();
+        let outcome = scram::authenticate(&mut client, &verifier, binding).await;
+        phases =
+            serde_json::json!({"startup_ms": startup_ms, "authentication_ms": elapsed_ms(authenticating)});
+        match outcome {
+            Ok(scram::Outcome::Authenticated) => {}
+            Ok(scram::Outcome::Refused(e)) => {
+                let refused = EventKind::ConnectionRefused;
+                let _ = shared.host.record_connection(&sb, refused, (peer, tls), None, phases).await;
+                refuse(&mut client, e).await;
+                return None;
+            }
+            Err(PacketError::Io(_)) => {
+                close(&mut client).await;
+                return None;
+            }
+            Err(e) => {
+                refuse(
+                    &mut client,
+                    ErrorResponse::fatal("08P01", e.to_string(), "connect with a PostgreSQL client library"),
+                )
+                .await;
+                return None;
+            }
+        }
+    }
+    Some(Authenticated { client, startup, sb, tls, phases })
+}
+
+fn elapsed_ms(since: Instant) -> f64 {
+    (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
+}
+
+fn not_found(key: &str) -> ErrorResponse {
+    ErrorResponse::fatal(
+        "3D000",
+        format!("sandbox \"{}\" does not exist", shown(key)),
+        "it may have expired or been deleted: fork a new one (`airlock fork GOLDEN`) and connect with the DSN it prints",
+    )
+}
+
+fn internal(e: airlock_core::error::Error) -> ErrorResponse {
+    ErrorResponse::fatal("XX000", e.message, e.hint)
+}
+
+/// The sandbox a client names, by id or name; pool members and sandboxes being
+/// deleted do not exist for clients.
+fn lookup(shared: &Shared, key: &str) -> Result<Sandbox, ErrorResponse> {
+    match shared.host.store().sandbox(key) {
+        Ok(sb) if matches!(sb.state, SandboxState::Deleting | SandboxState::Pooled) => Err(not_found(key)),
+        // The daemon deletes it at its expiry; while the daemon is away the
+        // router refuses it all the same.
+        Ok(sb) if sb.expires_at <= airlock_core::clock::Timestamp::now() => Err(ErrorResponse::fatal(
+            "3D000",
+            format!("sandbox \"{}\" has expired", shown(key)),
+            "fork a new one (`airlock fork GOLDEN`), or extend a sandbox before it expires (`airlock extend ID`)",
+        )),
+        Ok(sb) => Ok(sb),
+        Err(e) if e.code == ErrorCode::SandboxNotFound || e.code == ErrorCode::InvalidName => Err(not_found(key)),
+        Err(e) => Err(internal(e)),
+    }
+}
+
+/// The router's verifier for a sandbox's credential; one made before the router
+/// authenticated clients itself gets one now, once.
+async fn verifier_of(shared: &Shared, sb: &Sandbox) -> Result<Verifier, ErrorResponse> {
+    if let Some(v) = sb.verifier.as_deref().and_then(Verifier::parse) {
+        return Ok(v);
+    }
+    let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).ok_or_else(|| {
+        internal(airlock_core::error::Error::internal(format!("sandbox {} has no credential", sb.id)))
+    })?;
+    let made = tokio::task::spawn_blocking(move || {
+        airlock_postgres::scram::verifier(&password, airlock_postgres::scram::ROUTER_ITERATIONS)
+    })
+    .await
+    .map_err(|e| internal(airlock_core::error::Error::internal(e.to_string())))?;
+    shared.host.store().set_verifier(&sb.id, &made).map_err(internal)?;
+    Verifier::parse(&made)
+        .ok_or_else(|| internal(airlock_core::error::Error::internal("a verifier did not parse")))
+}
+
+/// Waits until the sandbox is running: wakes it if suspended, waits out a reset
+/// or wake in progress. `sb` is as last read; it is read again after each wait.
+async fn running(shared: &Shared, mut sb: Sandbox) -> Result<Sandbox, ErrorResponse> {
+    loop {
+        match sb.state {
+            SandboxState::Running => return Ok(sb),
+            SandboxState::Suspended => {
+                // Within the client's startup time, so it hears why if this fails.
+                let deadline = Instant::now() + shared.startup_timeout / 2;
+                if let Err(e) = shared.host.wake(&sb.id, deadline).await {
+                    let code = if e.code == ErrorCode::CapacityExhausted { "53300" } else { "57P03" };
+                    return Err(ErrorResponse::fatal(
+                        code,
+                        format!("waking sandbox {} failed: {}", sb.id, e.message),
+                        e.hint,
+                    ));
+                }
+            }
+            // A reset or wake in progress: the sandbox comes back at the same address.
+            _ => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+        sb = lookup(shared, &sb.id)?;
+    }
+}
+
+/// A server session for an authenticated client: the sandbox's parked one if it
+/// has one (its first client after a claim), else one opened now with the
+/// client's settings. Errors are the messages to send the client.
+async fn session_for(
+    shared: &Shared,
+    sb: Sandbox,
+    startup: &Startup,
+) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
+    let host = &shared.host;
+    let id = sb.id.clone();
+    let mut known = Some(sb);
+    let (mut restored, mut broken, mut unstarted) = (false, 0, 0);
+    loop {
+        let last = match known.take() {
+            Some(sb) => sb,
+            None => lookup(shared, &id).map_err(|e| e.encode())?,
+        };
+        let sb = running(shared, last).await.map_err(|e| e.encode())?;
+        let mut open = host.connections.open(&sb.id);
+        if let Some(mut parked) = shared.parked.take(&sb) {
+            if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {
+                if let Some((pid, key)) = parked.key {
+                    open.set_backend(pid, key);
+                }
+                return Ok((sb, parked, open));
+            }
+        }
+        let socket = host.layout.sandbox_instance(&sb.id).socket();
+        let user = host.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
+        let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).unwrap_or_default();
+        let attempt = async {
+            let stream =
+                airlock_postgres::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default())
+                    .await?;
+            backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
+        };
+        match attempt.await {
+            Ok(backend) => {
+                if let Some((pid, key)) = backend.key {
+                    open.set_backend(pid, key);
+                }
+                return Ok((sb, backend, open));
+            }
+            // The role's password inside the server is not the one the daemon
+            // holds: put it back (as the admin) and try once more. Access is the
+            // router's verifier's business; the server's password only joins the
+            // router to the server.
+            Err(LoginError::Refused { sqlstate, .. }) if sqlstate == "28P01" && !restored => {
+                restored = true;
+                if let Err(e) = sandbox::restore_credential(&host.layout, &sb).await {
+                    tracing::warn!(sandbox = %sb.id, error = %e, "restoring the agent's password failed");
+                }
+            }
+            Err(LoginError::Refused { message, .. }) => return Err(message),
+            // At its process limit (its own code forking, say) the server
+            // cannot start a session for a while: wait a little for room.
+            Err(LoginError::CouldNotStart(e)) if unstarted < airlock_postgres::wire::UNSTARTED_RETRY.0 => {
+                unstarted += 1;
+                tracing::debug!(sandbox = %sb.id, error = %e, "the server could not start a session; retrying");
+                drop(open);
+                tokio::time::sleep(airlock_postgres::wire::UNSTARTED_RETRY.1).await;
+            }
+            Err(LoginError::CouldNotStart(e)) => {
+                return Err(ErrorResponse::fatal(
+                    "53300",
+                    format!("the sandbox's server could not start a process for the session: {e}"),
+                    "the sandbox is at its process limit (code it runs may be forking); try again once it is not",
+                )
+                .encode());
+            }
+            // Suspended, reset or deleted since the lookup: look again, a few times.
+            Err(LoginError::Broken(e)) if broken < 20 => {
+                broken += 1;
+                tracing::debug!(sandbox = %sb.id, error = %e, "opening a server session failed; retrying");
+                drop(open);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(LoginError::Broken(e)) => {
+                let hint = "try again; if it persists, see `airlock show ID` and the daemon's log";
+                return Err(ErrorResponse::fatal(
+                    "08006",
+                    format!("the sandbox's server did not answer: {e}"),
+                    hint,
+                )
+                .encode());
+            }
+        }
+    }
+}
+
+/// Passes a cancel request to the sandbox whose backend has this key; unknown
+/// keys are dropped silently, as PostgreSQL does.
+async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
+    let host = &shared.host;
+    let Some(owner) = host.connections.backend_owner(pid, key) else { return };
+    let Ok(user) = host.store().sandbox(&owner).and_then(|sb| host.sandbox_user(&sb)) else { return };
+    let socket = host.layout.sandbox_instance(&owner).socket();
+    let Ok(mut server) = airlock_postgres::socket::connect_as(&socket, &user).await else { return };
+    let mut packet = Vec::with_capacity(16);
+    packet.extend_from_slice(&16i32.to_be_bytes());
+    packet.extend_from_slice(&80877102i32.to_be_bytes());
+    packet.extend_from_slice(&pid.to_be_bytes());
+    packet.extend_from_slice(&key.to_be_bytes());
+    let _ = server.write_all(&packet).await;
+    let _ = server.shutdown().await;
+}
