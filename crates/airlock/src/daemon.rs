@@ -72,8 +72,7 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     }
     if let Some(addr) = gateway {
         let advertise = router.advertise.clone();
-        let base = airlock_gateway::http::start(engine.clone(), addr, advertise.as_deref()).await?;
-        let _ = engine.gateway.set(base);
+        airlock_gateway::http::start(engine.clone(), addr, advertise.as_deref()).await?;
     }
     reaper::spawn(engine.clone());
     reaper::watchdog::spawn(engine.clone());

@@ -82,7 +82,7 @@ impl Layout {
     }
 
     /// What migration tests saw of each row, kept for promote (see
-    /// `migrate::rows`): each generation's rows, and each run's changes.
+    /// `airlock_migrate::rows`): each generation's rows, and each run's changes.
     pub fn migration_rows(&self) -> PathBuf {
         self.home.join("migration-rows")
     }

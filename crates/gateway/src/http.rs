@@ -29,9 +29,19 @@ use airlock_lifecycle::engine::Engine;
 /// The gateway's default address.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7433";
 
+/// The gateway's base URL once it listens: the gateway's own state, kept on
+/// the engine in its slot ([`airlock_lifecycle::services::Services::state`]).
+#[derive(Default)]
+struct Base(std::sync::OnceLock<String>);
+
+/// The gateway's base URL, when it listens.
+pub fn base(engine: &Engine) -> Option<String> {
+    engine.services.state::<Base>().0.get().cloned()
+}
+
 /// Mints a token for `sandbox` and returns its URL.
 pub fn mint(engine: &Engine, sandbox: &str) -> Result<String> {
-    let base = engine.gateway.get().ok_or_else(|| {
+    let base = base(engine).ok_or_else(|| {
         Error::new(
             ErrorCode::InvalidRequest,
             "the MCP gateway is off",
@@ -102,7 +112,9 @@ pub async fn start(engine: Arc<Engine>, addr: SocketAddr, advertise: Option<&str
         airlock_listen::serve::Bounds { deadline: crate::tools::DEADLINE, ..Default::default() },
         std::future::pending(),
     ));
-    Ok(format!("http://{host}:{}", bound.port()))
+    let base = format!("http://{host}:{}", bound.port());
+    let _ = engine.services.state::<Base>().0.set(base.clone());
+    Ok(base)
 }
 
 /// The largest request body a tool call may send: the largest SQL text, JSON-escaped.

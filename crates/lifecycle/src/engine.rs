@@ -1,6 +1,6 @@
-//! The daemon's shared state: configuration, the state store, the cloner, the
-//! PostgreSQL binaries and the OS identities. Golden, sandbox and reaper code
-//! take an `&Engine`.
+//! What every operation shares: the lifecycle's settings, the state store,
+//! the cloner, the PostgreSQL binaries and the OS identities. Golden and
+//! sandbox code, and every service above them, take an `&Engine`.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::PermissionsExt;
@@ -19,7 +19,8 @@ use airlock_host::users::{Identity, Leases};
 use airlock_postgres::majors::{Majors, Server};
 use airlock_state::store::Store;
 
-/// Daemon settings (flags of `airlock serve`, or their environment variables).
+/// The lifecycle's settings (flags of `airlock serve`, or their environment
+/// variables); each service's own are the daemon's (`airlock::daemon::Settings`).
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The data root.
@@ -139,8 +140,6 @@ pub struct Engine {
     pub waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Where the router listens, once it does.
     pub router: std::sync::OnceLock<crate::doors::Address>,
-    /// The MCP gateway's base URL, once it listens.
-    pub gateway: std::sync::OnceLock<String>,
     /// The services registered with the engine: what they hear of sandboxes,
     /// what they perform for each other, and their own state.
     pub services: crate::services::Services,
@@ -229,7 +228,6 @@ impl Engine {
             headroom: Default::default(),
             waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
-            gateway: std::sync::OnceLock::new(),
             services: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
             tearing_down: Mutex::new(HashSet::new()),
@@ -481,7 +479,7 @@ impl Engine {
             disk_unpromised_bytes: self.headroom.unpromised(),
             default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
             router: self.router.get().cloned(),
-            gateway: self.gateway.get().cloned(),
+            gateway: None,
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),
             warnings,
@@ -585,7 +583,8 @@ pub struct Doctor {
     pub default_idle_suspend_seconds: u64,
     /// Where the router listens; absent when it is off.
     pub router: Option<crate::doors::Address>,
-    /// The MCP gateway's base URL; absent when it is off.
+    /// The MCP gateway's base URL; absent when it is off (the API fills it in:
+    /// the gateway is a service, so the engine does not know it).
     #[serde(default)]
     pub gateway: Option<String>,
     /// Default TTL, seconds.

@@ -23,7 +23,7 @@
 //! acknowledge the file by its hash (`--allow-code`), which costs a read.
 //! Plain SQL can still tell the test apart by what the data holds; what it
 //! then does differently to the same rows is promote's row check's to find
-//! (see `migrate::rows`).
+//! (see `airlock_migrate::rows`).
 
 use std::collections::{BTreeMap, BTreeSet};
 

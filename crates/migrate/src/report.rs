@@ -35,11 +35,11 @@ pub struct Report {
     #[schema(value_type = Object)]
     pub scale: super::scale::Scale,
     /// The golden generation's rows, as the daemon keeps them for promote
-    /// (`migration-rows/...`; see `migrate::rows`).
+    /// (`migration-rows/...`; see `airlock_migrate::rows`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rows: String,
     /// The daemon's MAC over everything above: `migrate promote` reads no
-    /// report whose seal does not match (see `migrate::seal`).
+    /// report whose seal does not match (see `airlock_migrate::seal`).
     #[serde(default)]
     pub seal: String,
 }
@@ -98,7 +98,7 @@ pub struct CandidateReport {
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub changed_rows: std::collections::BTreeMap<String, usize>,
     /// Its row record in the daemon's data root (`migration-rows/...`), part
-    /// by part (see `migrate::rows`); empty when none was kept.
+    /// by part (see `airlock_migrate::rows`); empty when none was kept.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub row_record: String,
     /// The session settings its statements ran with (time zone, date style,

@@ -1,5 +1,5 @@
 //! The router: one TCP port speaking the PostgreSQL wire protocol in front of
-//! every sandbox. It reads a client's startup packet, picks the sandbox from the
+//! every sandbox (and another, when asked, speaking Redis's: `redis.rs`). It reads a client's startup packet, picks the sandbox from the
 //! database name (its id or name), authenticates the client itself with SCRAM
 //! (channel-bound on TLS) against the verifier the daemon minted, wakes the
 //! sandbox if it is suspended, and joins the client to a server session on the

@@ -196,7 +196,9 @@ async fn health() -> Json<Health> {
 
 #[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = airlock_lifecycle::engine::Doctor), ApiErrors))]
 async fn doctor(State(s): State<AppState>) -> Json<airlock_lifecycle::engine::Doctor> {
-    Json(s.engine.doctor())
+    let mut doctor = s.engine.doctor();
+    doctor.gateway = airlock_gateway::http::base(&s.engine);
+    Json(doctor)
 }
 
 #[utoipa::path(post, path = "/v1/shutdown", tag = "daemon", responses((status = 202, description = "the daemon stops; sandboxes keep running"), ApiErrors))]
@@ -315,7 +317,7 @@ async fn fork(
     req: Result<Json<ForkRequest>, JsonRejection>,
 ) -> Result<Response, Failure> {
     let req = body(req)?;
-    if req.mcp && s.engine.gateway.get().is_none() {
+    if req.mcp && airlock_gateway::http::base(&s.engine).is_none() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             "an MCP endpoint was asked for but the MCP gateway is off",

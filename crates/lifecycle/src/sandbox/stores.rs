@@ -19,7 +19,7 @@ use airlock_host::users::Identity;
 /// A kind of store beside PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Store {
-    /// A Redis server ([`crate::redis`]).
+    /// A Redis server ([`airlock_redis`]).
     Redis,
 }
 
