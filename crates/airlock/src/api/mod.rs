@@ -311,13 +311,37 @@ async fn list_sandboxes(
     Ok(Json(list.into_iter().map(without_secrets).collect()))
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkRequest, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = sandbox::Forked), ApiErrors))]
+/// Body of `POST /v1/sandboxes`: the fork, and whether the gateway mints it
+/// an MCP endpoint (the lifecycle forks; the endpoint is the gateway's).
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForkBody {
+    /// The fork.
+    #[serde(flatten)]
+    pub fork: ForkRequest,
+    /// Also mint a task-scoped MCP endpoint (`mcp_url` in the answer).
+    #[serde(default)]
+    pub mcp: bool,
+}
+
+/// What `POST /v1/sandboxes` answers: the fork, and its MCP endpoint when asked for.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForkAnswer {
+    /// The new sandbox and the warnings of its fork.
+    #[serde(flatten)]
+    pub forked: sandbox::Forked,
+    /// The task-scoped MCP endpoint, when asked for: a URL whose token is bound
+    /// to this sandbox alone. A secret, like the DSN.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp_url: Option<String>,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkBody, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = ForkAnswer), ApiErrors))]
 async fn fork(
     State(s): State<AppState>,
-    req: Result<Json<ForkRequest>, JsonRejection>,
+    req: Result<Json<ForkBody>, JsonRejection>,
 ) -> Result<Response, Failure> {
-    let req = body(req)?;
-    if req.mcp && airlock_gateway::http::base(&s.engine).is_none() {
+    let ForkBody { fork: req, mcp } = body(req)?;
+    if mcp && airlock_gateway::http::base(&s.engine).is_none() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             "an MCP endpoint was asked for but the MCP gateway is off",
@@ -326,23 +350,24 @@ async fn fork(
         .into());
     }
     let engine = s.engine.clone();
-    let mut forked = detached(async move {
-        let mut forked = sandbox::fork(&engine, &req).await?;
-        if req.mcp {
-            match airlock_gateway::http::mint(&engine, &forked.sandbox.id) {
-                Ok(url) => forked.mcp_url = Some(url),
+    let mut answer = detached(async move {
+        let forked = sandbox::fork(&engine, &req).await?;
+        let mut answer = ForkAnswer { forked, mcp_url: None };
+        if mcp {
+            match airlock_gateway::http::mint(&engine, &answer.forked.sandbox.id) {
+                Ok(url) => answer.mcp_url = Some(url),
                 Err(e) => {
                     // Nothing half-made: without its endpoint the sandbox goes too.
-                    let _ = sandbox::delete(&engine, &forked.sandbox.id, DeleteReason::Failed).await;
+                    let _ = sandbox::delete(&engine, &answer.forked.sandbox.id, DeleteReason::Failed).await;
                     return Err(e.into());
                 }
             }
         }
-        Ok(forked)
+        Ok(answer)
     })
     .await?;
-    let id = forked.sandbox.id.clone();
-    forked.sandbox = match s.engine.hand_over(forked.sandbox, "api:fork") {
+    let id = answer.forked.sandbox.id.clone();
+    answer.forked.sandbox = match s.engine.hand_over(answer.forked.sandbox, "api:fork") {
         Ok(sb) => sb,
         Err(e) => {
             // A sandbox whose credential could not go on record is not handed out.
@@ -350,7 +375,7 @@ async fn fork(
             return Err(e.into());
         }
     };
-    Ok((StatusCode::CREATED, Json(forked)).into_response())
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
 /// Body of `POST /v1/sandboxes/{id}/sql`.

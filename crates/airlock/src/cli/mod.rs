@@ -5,7 +5,11 @@ mod audit;
 mod bench;
 mod bench_audit;
 mod commands;
+mod golden;
+mod migrate;
 mod output;
+mod sandbox;
+mod serve;
 
 use std::path::PathBuf;
 

@@ -72,9 +72,6 @@ pub struct ForkRequest {
     /// Seconds to wait in the queue when the host is full; 0 (the default) fails at once.
     #[serde(default)]
     pub wait_seconds: Option<i64>,
-    /// Also mint a task-scoped MCP endpoint (`mcp_url` in the answer).
-    #[serde(default)]
-    pub mcp: bool,
     /// Made for a migration test, which deletes it at its end (a restart deletes
     /// it too: no test outlives the daemon). Never set from a request.
     #[serde(skip)]
@@ -94,10 +91,6 @@ pub struct Forked {
     /// Things the caller should know.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
-    /// The task-scoped MCP endpoint, when asked for: a URL whose token is bound
-    /// to this sandbox alone. A secret, like the DSN.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mcp_url: Option<String>,
 }
 
 /// Time spent in each step of one fork.
@@ -210,7 +203,7 @@ async fn finish(
     for w in &warnings {
         tracing::warn!(sandbox = %sb.id, "{w}");
     }
-    Ok(Forked { sandbox: sb, warnings, mcp_url: None })
+    Ok(Forked { sandbox: sb, warnings })
 }
 
 /// Makes a sandbox from the current generation of a golden.

@@ -1,0 +1,205 @@
+//! The `opaque_code` check's tests.
+
+use super::*;
+
+#[test]
+fn the_default_check_is_one_regular_expression_of_whole_words() {
+    let sql = fills_by_chance_sql("d");
+    assert!(sql.starts_with("d OPERATOR(pg_catalog.~*) E'\\\\m(now|"), "{sql}");
+    assert!(sql.ends_with(")\\\\M'"), "{sql}");
+}
+
+fn why(sql: &str) -> Vec<String> {
+    let catalog: Catalog = serde_json::from_value(serde_json::json!({
+        "tables": {
+            "public.audited": {"kind": "table", "columns": [], "constraints": {}, "indexes": {},
+                                "triggers": {"log": "CREATE TRIGGER log ..."}},
+            "public.users": {"kind": "table", "columns": [], "constraints": {}, "indexes": {}, "triggers": {}},
+            "public.scored": {"kind": "table", "columns": [{"name": "s", "type": "int", "nullable": true,
+                               "default": "rotate_keys(1)"}], "constraints": {}, "indexes": {}, "triggers": {}},
+            "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
+                               "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}},
+            "public.kv": {"kind": "table", "columns": [], "indexes": {}, "triggers": {}, "constraints": {}},
+            "public.owned": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
+                             "constraints": {"o": "FOREIGN KEY (k) REFERENCES kv(k) ON UPDATE CASCADE"}},
+            "public.child": {"kind": "table", "columns": [], "indexes": {}, "triggers": {"t": "CREATE TRIGGER t ..."},
+                             "constraints": {"o": "FOREIGN KEY (k) REFERENCES owned(k) ON DELETE SET NULL"}}
+        },
+        "views": {"public.keyed": "SELECT rotate_keys(1) AS k", "public.plain_view": "SELECT 1 AS one",
+                  "public.who": "SELECT a FROM t WHERE b = current_setting('app.tenant')"},
+        "objects": {
+            "rule r on table public.flags": {"definition": "CREATE RULE r AS ON UPDATE TO flags DO ALSO NOTHING"},
+            "policy mine on table public.notes": {"definition": "permissive for all to public using ((owner = CURRENT_USER))"},
+            "policy open on table public.kv": {"definition": "permissive for all to public using (true)"},
+            "cast from text to tag_t": {"definition": "via to_tag(text) context e method f"},
+            "operator ##(text,text)": {"definition": "digest x"},
+            "operator class public.c for access method btree": {"definition": "digest y"}
+        }, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
+        "sequences": {}, "types": {}, "extensions": {}
+    }))
+    .unwrap();
+    let statements = airlock_postgres::split::split(sql).unwrap();
+    opaque(&statements, &catalog).into_iter().map(|o| o.why).collect()
+}
+
+#[test]
+fn plain_ddl_and_dml_are_transparent() {
+    for sql in [
+        "ALTER TABLE users ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()",
+        "ALTER TABLE users ADD COLUMN id2 uuid DEFAULT gen_random_uuid()",
+        "CREATE TABLE t (a int, at timestamptz DEFAULT (current_timestamp + interval '1 day'))",
+        "UPDATE users SET email = lower(email) WHERE email <> lower(email)",
+        "INSERT INTO users (email) SELECT 'now() ' || 'current_user' FROM generate_series(1, 3)",
+        "CREATE FUNCTION f() RETURNS int LANGUAGE plpgsql AS $$ BEGIN RETURN current_database(); END $$",
+        "CREATE INDEX ON users (lower(email)); COMMENT ON TABLE users IS 'pg_stat_activity'",
+        "-- DO this later\nALTER TABLE users RENAME COLUMN \"now\" TO then",
+        "CREATE EXTENSION IF NOT EXISTS pg_trgm",
+        "INSERT INTO users (note) VALUES ('done now'), ('today''s')",
+        "ALTER TABLE users ADD COLUMN day date NOT NULL DEFAULT 'today'",
+        "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
+        "UPDATE users SET since = date'2020-01-01' WHERE note = E'it''s \\' done'",
+        "CREATE TYPE mood AS ENUM ('sad', 'ok')",
+        "ALTER TABLE users ADD COLUMN \"user\" text",
+        "ALTER DEFAULT PRIVILEGES FOR USER app_owner GRANT SELECT ON TABLES TO reader",
+        "INSERT INTO users SELECT * FROM plain_view",
+        "UPDATE users SET note = 'back today at 10'",
+        "ALTER TABLE users ADD COLUMN a int DEFAULT 1, ADD COLUMN r float8 DEFAULT random()",
+        "WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE users SET a = 1",
+        "INSERT INTO kv VALUES ('a'); UPDATE users SET v = v # 'x'",
+        "DROP FUNCTION rotate_keys(integer)",
+        "ALTER FUNCTION rotate_keys(integer) OWNER TO app",
+        "COMMENT ON FUNCTION rotate_keys(integer) IS 'x'",
+        "GRANT EXECUTE ON FUNCTION rotate_keys(integer) TO app",
+        "DROP EXTENSION IF EXISTS pg_trgm",
+        "UPDATE users SET email = pg_catalog.lower(email)",
+        "ALTER TABLE users ADD COLUMN at timestamptz DEFAULT now()::timestamp(0)",
+        "ALTER TABLE users ADD COLUMN k uuid NOT NULL DEFAULT gen_random_uuid(), ADD COLUMN j int",
+        "UPDATE users SET note = E'line\\nbreak', n = U&'d\\0061t\\+000061'",
+        "SET lock_timeout = '5s'; SET search_path TO app, public",
+        "SELECT pg_sleep(2); SELECT pg_sleep('0.5')",
+        "UPDATE users SET day = created_at::date, t = '2025-01-01'::timestamptz, u = date_trunc('day', created_at)::date",
+        "UPDATE users SET d = CAST(created_at AS date), e = CAST('2025-01-01' AS date), f = to_date(s, 'YYYY')::date",
+        "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
+        "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
+        "UPDATE posts SET body = 'right now', tags = '{news,today-ish}', meta = '{\"when\": \"soon\"}'",
+        // A file that runs whole is one transaction under test as on promote.
+        "SET LOCAL search_path = scratch; UPDATE orders SET amount = 0",
+    ] {
+        assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
+    }
+}
+
+#[test]
+fn code_that_can_look_around_is_opaque() {
+    let cases = [
+        ("DO $$ BEGIN UPDATE users SET email = 'x'; END $$", "DO block"),
+        ("do language plpgsql 'begin null; end'", "DO block"),
+        ("CALL reset_all()", "CALL"),
+        ("PREPARE p AS DELETE FROM users; EXECUTE p", "prepared"),
+        ("UPDATE users SET email = 'x' WHERE current_database() = 'prod'", "current_database()"),
+        ("DELETE FROM users WHERE current_user = 'app'", "CURRENT_USER"),
+        ("DELETE FROM users WHERE to_regnamespace('airlock_probe') IS NULL", "to_regnamespace()"),
+        ("UPDATE users SET email = 'x' WHERE (SELECT count(*) FROM pg_stat_activity) > 3", "pg_stat_activity"),
+        ("UPDATE users SET email = 'x' WHERE EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'p')", "pg_namespace"),
+        ("UPDATE users SET email = 'x' WHERE now() > '2027-01-01'", "now()"),
+        ("UPDATE users SET a = 1 WHERE random() < 0.5", "random()"),
+        ("SELECT setval('users_id_seq', 1) WHERE version() LIKE '%x%'", "version()"),
+        ("SELECT rotate_keys(1)", "rotate_keys()"),
+        ("SELECT app.\"Mixed\"()", "mixed()"),
+        ("INSERT INTO audited VALUES (1)", "triggers"),
+        ("CREATE FUNCTION g() RETURNS void LANGUAGE sql AS 'DELETE FROM users'; SELECT g()", "g()"),
+        ("CREATE TRIGGER t BEFORE INSERT ON users FOR EACH ROW EXECUTE FUNCTION f(); INSERT INTO users VALUES (1)", "triggers"),
+        ("CREATE RULE r AS ON INSERT TO users DO INSTEAD NOTHING; INSERT INTO public.users VALUES (1)", "rule"),
+        ("SELECT query_to_xml('DELETE FROM users RETURNING 1', true, true, '')", "query_to_xml()"),
+        ("UPDATE users SET a = pg_database_size(current_database())", "pg_database_size()"),
+        ("UPDATE users SET n = (SELECT reltuples FROM pg_class WHERE relname = 'users')", "pg_class"),
+        ("DELETE FROM users WHERE user = 'app'", "USER"),
+        ("CREATE USER MAPPING FOR USER SERVER s", "USER"),
+        ("INSERT INTO scored DEFAULT VALUES", "defaults, checks or indexes run rotate_keys()"),
+        ("UPDATE public.checked SET a = 2", "run rotate_keys()"),
+        ("INSERT INTO users SELECT k FROM keyed", "view keyed"),
+        ("UPDATE users SET n = 'users'::regclass::int", "casts to regclass"),
+        ("UPDATE users SET at = CURRENT_TIMESTAMP(6)", "CURRENT_TIMESTAMP"),
+        ("UPDATE users SET at = 'today 00:00'::timestamptz", "'today 00:00'"),
+        ("UPDATE users SET at = 'yesterday 12:00+02'", "'yesterday 12:00+02'"),
+        ("UPDATE users SET note = DEFAULT, n = random() * 10", "random()"),
+        ("WITH l AS (INSERT INTO users VALUES (1) RETURNING 1) UPDATE audited SET a = 1", "audited"),
+        ("TRUNCATE TABLE audited", "audited"),
+        ("UPDATE users SET v = 'no'\n'w'::timestamptz::text", "'now'"),
+        ("UPDATE users SET v = \"xmin\"::text || \"ctid\"::text", "xmin"),
+        ("UPDATE users SET v = 'users'::\"regclass\"::int", "regclass"),
+        ("UPDATE kv SET k = 'beta' WHERE k = 'b'", "carry the write to child"),
+        ("UPDATE flags SET on_ = false", "triggers or rules"),
+        ("UPDATE users SET v = (CAST(v AS tag_t)).label", "type tag_t"),
+        ("UPDATE users SET v = v ## 'x'", "operator ##"),
+        ("INSERT INTO users SELECT 1 ON CONFLICT (id) DO UPDATE SET a = 2; DELETE FROM ONLY public.audited", "audited"),
+        ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
+        ("SET standard_conforming_strings = off", "standard_conforming_strings"),
+        ("DELETE FROM users WHERE created < 'now'", "'now'"),
+        ("DELETE FROM users WHERE day = 'Tomorrow'::date", "'tomorrow'"),
+        ("DELETE FROM users TABLESAMPLE BERNOULLI (50)", "TABLESAMPLE"),
+        ("UPDATE users SET id2 = gen_random_uuid()", "gen_random_uuid()"),
+        ("DELETE FROM users WHERE xmin::text::int % 2 = 0", "xmin"),
+        ("DELETE FROM users WHERE 'users'::regclass::oid > 20000", "casts to oid"),
+        ("DELETE FROM users WHERE nextval('s') > 1000", "nextval()"),
+        ("NOTIFY cache_flush, 'all'", "NOTIFY"),
+        ("SELECT lo_unlink(16400)", "lo_unlink()"),
+        ("CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = rotate_keys)", "operator that runs rotate_keys"),
+        ("CREATE FUNCTION h(int, int) RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE AGGREGATE a(int) (SFUNC = h, STYPE = int)", "aggregate that runs h"),
+        ("SELECT setval('users_id_seq', 9223372036854775807)", "setval()"),
+        ("CREATE FUNCTION is_prod(users) RETURNS bool LANGUAGE sql AS $$SELECT true$$; UPDATE users u SET a = 1 WHERE u.is_prod", "names is_prod"),
+        ("UPDATE users u SET a = 1 WHERE u.rotate_keys > 0", "names rotate_keys"),
+        ("DELETE FROM users WHERE getpgusername() = 'app'", "getpgusername()"),
+        ("DELETE FROM users WHERE row_security_active('users')", "row_security_active()"),
+        ("UPDATE users SET v = database_to_xmlschema(true, true, '')::text", "database_to_xmlschema()"),
+        ("UPDATE users SET v = table_to_xml_and_xmlschema('users', true, true, '')::text", "xmlschema()"),
+        ("UPDATE users SET v = shobj_description(1, 'pg_database')", "shobj_description()"),
+        ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_group)", "pg_group"),
+        ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_catalog.pg_db_role_setting)", "pg_db_role_setting"),
+        ("DELETE FROM users WHERE EXISTS (SELECT FROM pg_policies)", "pg_policies"),
+        ("UPDATE users SET n = (regclass 'users')::int", "regclass"),
+        ("UPDATE users SET n = regclass('users')::int", "regclass"),
+        ("UPDATE users SET n = oid '123'", "oid"),
+        ("RESET ALL", "puts settings back"),
+        ("RESET TimeZone", "puts settings back"),
+        ("DISCARD ALL", "puts settings back"),
+        ("UPDATE accounts SET at = ('{now}'::timestamptz[])[1]", "reads the time"),
+        ("UPDATE accounts SET t = lower('[now,infinity)'::tstzrange)", "reads the time"),
+        ("UPDATE accounts SET t = (jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"now\"}')).paid_until", "reads the time"),
+        ("ALTER TABLE users ADD COLUMN a boolean DEFAULT ((jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"NoW\"}')).paid_until > '2026-12-03')", "reads the time"),
+        ("UPDATE users SET r = '(1,x,today)'::users", "reads the time"),
+        ("-- note\rDO $$ BEGIN NULL; END $$", "DO block"),
+        ("UPDATE kv SET v = 'a' -- tidy\rWHERE now() > '2026-01-01'", "now()"),
+        ("DROP DATABASE IF EXISTS shop_staging", "acts on the server beyond this database"),
+        ("ALTER DATABASE shop CONNECTION LIMIT 0", "acts on the server beyond this database"),
+        ("CREATE ROLE reporting", "acts on the server beyond this database"),
+        ("ALTER USER app_owner PASSWORD 'x'", "acts on the server beyond this database"),
+        ("REASSIGN OWNED BY app_owner TO app_admin", "acts on the server beyond this database"),
+        ("COMMENT ON DATABASE shop IS 'x'", "acts on the server beyond this database"),
+        ("ALTER SYSTEM SET work_mem = '1GB'", "acts on the server beyond this database"),
+        ("SET DateStyle TO DEFAULT", "sets a setting to"),
+        ("SET search_path = DEFAULT", "sets a setting to"),
+        ("UPDATE users SET at = E'\\164oday'::date", "'today'"),
+        ("UPDATE users SET at = E'\\x74oday'::date", "'today'"),
+        ("UPDATE users SET at = ('to' || 'day')::date", "'today'"),
+        ("UPDATE users SET at = U&'\\0074oday'::date", "'today'"),
+        ("ALTER TABLE users ADD COLUMN suspended bool NOT NULL DEFAULT (now() > '2026-08-01')", "now()"),
+        ("ALTER TABLE users ADD COLUMN k int DEFAULT CASE WHEN random() > 0.5 THEN 1 ELSE 0 END", "random()"),
+        ("UPDATE users SET n = 1 WHERE (SELECT true FROM pg_sleep((SELECT count(*) FROM users) / 1000))", "pg_sleep()"),
+        ("ALTER TABLE users ADD COLUMN function int DEFAULT rotate_keys(1)", "rotate_keys()"),
+        ("UPDATE users SET at = concat('no', 'w')::timestamptz", "casts text it computes to timestamptz"),
+        ("UPDATE users SET at = reverse('won')::timestamptz", "casts text it computes"),
+        ("UPDATE users SET d = CAST(translate('xoday', 'x', 't') AS date)", "casts text it computes to date"),
+        ("UPDATE users SET d = date(format('%sday', 'to'))", "casts text it computes to date"),
+        ("UPDATE users SET d = ('{\"a\": \"now\"}'::jsonb ->> 'a')::date", "casts text it computes to date"),
+        ("SELECT * FROM ts_stat('SELECT to_tsvector(current_user)')", "ts_stat()"),
+        ("ALTER TABLE users ADD COLUMN flag text DEFAULT now()::text; UPDATE users SET flag = 'x' WHERE id = 1", "writes flag, which the file filled"),
+        ("INSERT INTO users SELECT a FROM who", "view who, which read current_setting"),
+        ("DELETE FROM users WHERE id IN (SELECT id FROM notes)", "notes, whose row policies read current_user"),
+        ("UPDATE notes SET body = 'x'", "writes notes, whose row policies read current_user"),
+    ];
+    for (sql, said) in cases {
+        let got = why(sql);
+        assert!(got.iter().any(|w| w.contains(said)), "{sql}: {got:?}");
+    }
+}

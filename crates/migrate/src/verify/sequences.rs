@@ -1,0 +1,157 @@
+//! Sequences on the target: where each stands before and after, set back
+//! when a part is rolled back, and how far a part may advance one.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use airlock_core::error::Result;
+use airlock_postgres::cell::Cell;
+
+use super::*;
+
+/// Each sequence's position (`None` before its first `nextval`, or where the
+/// session may not read it).
+pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<String, Option<i64>>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(sequencename), last_value
+               FROM pg_catalog.pg_sequences
+              WHERE schemaname NOT IN ('pg_catalog', 'information_schema') AND schemaname NOT LIKE 'airlock%'",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+}
+
+/// Puts back every sequence set back since `before` (after a rollback:
+/// `setval` is not undone by one); the sequences it put back.
+pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
+    let restored = restore_sequences_pinned(client, before).await?;
+    pinned.restore(client).await?;
+    Ok(restored)
+}
+
+pub(super) async fn restore_sequences_pinned(
+    client: &tokio_postgres::Client,
+    before: &Before,
+) -> Result<Vec<String>> {
+    let moved = set_back(&before.sequences, &sequences(client).await?);
+    let mut restored = Vec::new();
+    // Whatever the file made of this session (a read-only default), the
+    // putting back writes.
+    if !moved.is_empty() {
+        client
+            .batch_execute("SET default_transaction_read_only = off; SET transaction_read_only = off")
+            .await
+            .map_err(pg_error)?;
+    }
+    for name in moved {
+        let Some(Some(was)) = before.sequences.get(&name) else { continue };
+        // Never below what its column holds: the application may have taken
+        // values from where the file set it meanwhile.
+        let held = owned_column_max(client, &name).await?.map_or(*was, |(_, max)| max.max(*was));
+        client
+            .execute("SELECT pg_catalog.setval($1::text::regclass, $2, true)", &[&name, &held])
+            .await
+            .map_err(pg_error)?;
+        restored.push(name);
+    }
+    Ok(restored)
+}
+
+/// The column a sequence belongs to (`serial`, identity, `OWNED BY`), as
+/// `table.column`, and the largest value it holds; None for a sequence of
+/// no column, or an empty one.
+pub(super) async fn owned_column_max(
+    client: &tokio_postgres::Client,
+    sequence: &str,
+) -> Result<Option<(String, i64)>> {
+    let owner = client
+        .query_opt(
+            "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+                    pg_catalog.quote_ident(a.attname)
+               FROM pg_catalog.pg_depend d
+               JOIN pg_catalog.pg_class c ON c.oid = d.refobjid
+               JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+               JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
+              WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                AND d.objid = $1::text::pg_catalog.regclass AND d.deptype IN ('a', 'i')
+                AND d.refobjsubid > 0
+              LIMIT 1",
+            &[&sequence],
+        )
+        .await
+        .map_err(pg_error)?;
+    let Some(owner) = owner else { return Ok(None) };
+    let (table, column): (String, String) = (owner.cell(0)?, owner.cell(1)?);
+    let max: Option<i64> = client
+        .query_one(&format!("SELECT max({column})::bigint FROM {table}"), &[])
+        .await
+        .map_err(pg_error)?
+        .cell(0)?;
+    Ok(max.map(|m| (format!("{table}.{column}"), m)))
+}
+
+/// The value sequence `name` hands out next (None when it cannot be read).
+pub(super) async fn next_value(client: &tokio_postgres::Client, name: &str) -> Result<Option<i64>> {
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT CASE WHEN s.is_called THEN s.last_value + q.seqincrement ELSE s.last_value END
+                   FROM {name} s, pg_catalog.pg_sequence q WHERE q.seqrelid = $1::text::pg_catalog.regclass"
+            ),
+            &[&name],
+        )
+        .await;
+    match row {
+        Ok(row) => Ok(row.cell(0)?),
+        Err(_) => Ok(None),
+    }
+}
+
+/// How far each sequence moved forward between two readings (those that did).
+pub fn advanced(
+    before: &BTreeMap<String, Option<i64>>,
+    after: &BTreeMap<String, Option<i64>>,
+) -> BTreeMap<String, i64> {
+    after
+        .iter()
+        .filter_map(|(name, now)| {
+            let moved = match (before.get(name).copied().flatten(), *now) {
+                (Some(was), Some(now)) if now > was => now.saturating_sub(was),
+                (None, Some(now)) => now,
+                _ => return None,
+            };
+            Some((name.clone(), moved))
+        })
+        .collect()
+}
+
+/// A sequence may move forward on the target this much more than its test
+/// moved it (twice as far, and a thousand): the application's own inserts
+/// meanwhile move it too.
+pub fn advance_allowed(tested: i64) -> i64 {
+    tested.saturating_mul(2).saturating_add(1_000)
+}
+
+/// The sequences set back (or restarted) between two readings: what a
+/// `setval` or `ALTER SEQUENCE ... RESTART` does, and a `nextval` never.
+pub fn set_back(
+    before: &BTreeMap<String, Option<i64>>,
+    after: &BTreeMap<String, Option<i64>>,
+) -> BTreeSet<String> {
+    after
+        .iter()
+        .filter(|(name, now)| match (before.get(*name).copied().flatten(), **now) {
+            (Some(was), Some(now)) => now < was,
+            (Some(_), None) => true,
+            _ => false,
+        })
+        .map(|(name, _)| name.clone())
+        .collect()
+}
+
+/// Tables of at most this many rows have their rows compared between the
+/// test and the target (see [`super::rows`]).
+pub const ROWS_COMPARED: i64 = 100_000;
