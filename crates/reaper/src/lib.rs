@@ -19,7 +19,7 @@ use airlock_core::clock::Timestamp;
 use airlock_core::events::DeleteReason;
 use airlock_core::events::{Door, NewEvent};
 use airlock_lifecycle::engine::Engine;
-use airlock_lifecycle::sandbox::stores::Store;
+use airlock_lifecycle::sandbox::stores::StoreKind;
 use airlock_lifecycle::sandbox::{self, SandboxState};
 use airlock_postgres::instance;
 use airlock_state::store::SandboxFilter;
@@ -133,8 +133,8 @@ fn watch_servers(engine: &Arc<Engine>) {
         let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
         match sb.pid.map(|pid| if postgres { instance::serves(pid, &pgdata) } else { Ok(true) }) {
             Some(Ok(true)) => {
-                let dead: Vec<Store> =
-                    Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)).collect();
+                let dead: Vec<StoreKind> =
+                    StoreKind::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)).collect();
                 if dead.is_empty() {
                     continue;
                 }
@@ -217,7 +217,7 @@ fn watch_servers(engine: &Arc<Engine>) {
 
 /// Starts again a store of a running sandbox whose server died (its memory
 /// cgroup killed it, say), from the data it last saved, and records it.
-async fn restart_store(engine: Arc<Engine>, id: String, store: Store) {
+async fn restart_store(engine: Arc<Engine>, id: String, store: StoreKind) {
     let op = engine.sandbox_lock(&id).await;
     let Ok(sb) = engine.store().sandbox(&id) else { return };
     let dir = engine.layout.sandbox_instance(&id);

@@ -221,7 +221,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     let Some(pid) = sb.pid else { return Ok(false) };
     let dir = engine.layout.sandbox_instance(&sb.id);
-    let stores = airlock_lifecycle::sandbox::stores::Store::of_sandbox(&dir);
+    let stores = airlock_lifecycle::sandbox::stores::StoreKind::of_sandbox(&dir);
     // A daemon that died while copying the sandbox (a branch, a promotion)
     // left it frozen, and its stores' writes held.
     engine.cgroups.thaw(&sb.id);

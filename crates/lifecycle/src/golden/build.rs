@@ -355,7 +355,7 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
     let source_dir = engine.layout.sandbox_instance(&sb.id);
     crate::sandbox::branch::checkpoint(&source_dir, pid).await;
     let held = crate::sandbox::stores::save_all_held(
-        &crate::sandbox::stores::Store::of_sandbox(&source_dir),
+        &crate::sandbox::stores::StoreKind::of_sandbox(&source_dir),
         &source_dir,
     )
     .await?;

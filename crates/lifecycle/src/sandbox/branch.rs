@@ -103,7 +103,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let source_dir = instance_dir(engine, &source.id);
         let postgres = engine.layout.generation_has_postgres(&source.golden, source.generation);
-        let stores = super::stores::Store::of_sandbox(&source_dir);
+        let stores = super::stores::StoreKind::of_sandbox(&source_dir);
         // Its other stores save their state first (a frozen server answers
         // nothing) and take no write from then on, then every process of the
         // sandbox is frozen at one instant while its data is cloned: the

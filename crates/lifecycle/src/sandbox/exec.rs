@@ -130,7 +130,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     // (Those of its first other store's server when it has no PostgreSQL.)
     let server = match postgres {
         true => sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &instance.pgdata())),
-        false => super::stores::Store::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
+        false => super::stores::StoreKind::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
     };
     let namespaces = match (engine.daemon_user.is_root(), server) {
         (true, Some(pid)) => Some(airlock_host::contain::Namespaces::of(pid)?),

@@ -44,7 +44,7 @@ use airlock_host::users::Identity;
 use airlock_postgres::admin::Admin;
 use airlock_postgres::instance;
 use airlock_postgres::majors::Server;
-use stores::Store;
+use stores::StoreKind;
 
 /// A request to fork a golden.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -350,7 +350,7 @@ pub(crate) async fn bring_up(
             .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
         instance::write_access_files(&dir, &engine.admin_os_users(), &[])
     })()?;
-    let stores = Store::of_generation(&golden_root);
+    let stores = StoreKind::of_generation(&golden_root);
     for store in &stores {
         store.clone_from_golden(engine, &golden_root, &dir, &user)?;
     }
@@ -435,7 +435,7 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
             admin.remake_agent(password, &sb.access).await?;
         }
     }
-    for store in Store::of_sandbox(&dir) {
+    for store in StoreKind::of_sandbox(&dir) {
         store.claim(&dir, sb, fresh.then_some(password)).await?;
     }
     steps.credential_ms = ms(t);
@@ -491,7 +491,7 @@ pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash:
         for pid in sb.pid.into_iter().chain(postmaster_pid(&dir)) {
             instance::kill(pid, &dir.pgdata()).await?;
         }
-        let stores = Store::of_sandbox(&dir);
+        let stores = StoreKind::of_sandbox(&dir);
         for store in &stores {
             store.stop(&dir).await;
         }
@@ -544,7 +544,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
     // The socket directory is made afresh below, which would cut a store that
     // still runs off from its clients: it saves its data and stops first.
-    for store in Store::of_sandbox(&dir).into_iter().filter(|s| s.running(&dir)) {
+    for store in StoreKind::of_sandbox(&dir).into_iter().filter(|s| s.running(&dir)) {
         if let Err(e) = store.save(&dir).await {
             tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "could not save a store before restarting it");
         }
@@ -590,7 +590,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let pid = started.detach();
     // Its other stores start again from what they last saved (a suspend's
     // data, or the golden's).
-    for store in Store::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
+    for store in StoreKind::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
         if let Err(e) = store.start(&dir, (&user, group), &cgroups).await {
             let _ = instance::kill(pid, &dir.pgdata()).await;
             return Err(e);
@@ -611,7 +611,7 @@ async fn restart_stores(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Res
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let stores = Store::of_sandbox(dir);
+    let stores = StoreKind::of_sandbox(dir);
     let pid = stores::start_with(stores::NO_POSTGRES, &stores, dir, (&user, group), &cgroups).await?;
     engine.store().set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
     Ok(pid)
@@ -691,7 +691,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
             Error::internal(format!("could not tell whether sandbox {}'s server still runs: {e}", sb.id))
         })?;
     }
-    for store in Store::of_sandbox(&dir) {
+    for store in StoreKind::of_sandbox(&dir) {
         store.stop(&dir).await;
     }
     kill_cgroup_members(engine, &sb.id).await;

@@ -1,7 +1,7 @@
 //! The stores a sandbox holds beside (or instead of) its PostgreSQL.
 //!
 //! PostgreSQL, when a golden has it, is driven by the lifecycle code directly.
-//! Every other kind a golden may carry is a [`Store`], which fork, reset,
+//! Every other kind a golden may carry is a [`StoreKind`], which fork, reset,
 //! branch, suspend, wake, restart, teardown, the pool and the reaper handle
 //! through this one interface: a new kind is a new variant here, never new
 //! lifecycle code. A sandbox with no PostgreSQL is known by the pid of its
@@ -18,7 +18,7 @@ use airlock_host::users::Identity;
 
 /// A kind of store beside PostgreSQL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Store {
+pub enum StoreKind {
     /// A Redis server ([`airlock_redis`]).
     Redis,
 }
@@ -42,9 +42,9 @@ impl Held {
     }
 }
 
-/// Saves and holds every store of `dir` (see [`Store::save_held`]); none is
+/// Saves and holds every store of `dir` (see [`StoreKind::save_held`]); none is
 /// left held when one fails.
-pub async fn save_all_held(stores: &[Store], dir: &InstanceDir) -> Result<Vec<Held>> {
+pub async fn save_all_held(stores: &[StoreKind], dir: &InstanceDir) -> Result<Vec<Held>> {
     let mut held = Vec::new();
     for store in stores {
         match store.save_held(dir).await {
@@ -66,35 +66,35 @@ pub async fn resume_all(held: Vec<Held>) {
 }
 
 /// Every kind, in the order the lifecycle handles them.
-const ALL: &[Store] = &[Store::Redis];
+const ALL: &[StoreKind] = &[StoreKind::Redis];
 
-impl Store {
+impl StoreKind {
     /// The stores a golden generation (its directory) carries.
-    pub fn of_generation(root: &Path) -> Vec<Store> {
+    pub fn of_generation(root: &Path) -> Vec<StoreKind> {
         ALL.iter().copied().filter(|s| s.in_generation(root)).collect()
     }
 
     /// The stores a sandbox (its instance directory) holds.
-    pub fn of_sandbox(dir: &InstanceDir) -> Vec<Store> {
+    pub fn of_sandbox(dir: &InstanceDir) -> Vec<StoreKind> {
         ALL.iter().copied().filter(|s| s.in_sandbox(dir)).collect()
     }
 
     /// Its name, for messages and events.
     pub fn name(self) -> &'static str {
         match self {
-            Store::Redis => "redis",
+            StoreKind::Redis => "redis",
         }
     }
 
     fn in_generation(self, root: &Path) -> bool {
         match self {
-            Store::Redis => airlock_redis::server::rdb(root).is_file(),
+            StoreKind::Redis => airlock_redis::server::rdb(root).is_file(),
         }
     }
 
     fn in_sandbox(self, dir: &InstanceDir) -> bool {
         match self {
-            Store::Redis => airlock_redis::server::configured(dir),
+            StoreKind::Redis => airlock_redis::server::configured(dir),
         }
     }
 
@@ -108,7 +108,7 @@ impl Store {
         user: &Identity,
     ) -> Result<()> {
         match self {
-            Store::Redis => engine
+            StoreKind::Redis => engine
                 .cloner
                 .clone_tree(
                     &golden_root.join("redis"),
@@ -121,7 +121,7 @@ impl Store {
         }
     }
 
-    /// Copies what a running sandbox saved ([`Store::save`]) into a new one
+    /// Copies what a running sandbox saved ([`StoreKind::save`]) into a new one
     /// (a branch), its files taken only if they belong to `source_uid`.
     pub fn clone_saved(
         self,
@@ -131,7 +131,7 @@ impl Store {
         source_uid: nix::unistd::Uid,
     ) -> Result<()> {
         match self {
-            Store::Redis => engine
+            StoreKind::Redis => engine
                 .cloner
                 .clone_tree(&from.redis_dir(), &to.redis_dir(), Some(user), Some(source_uid))
                 .map(|_| ())
@@ -143,7 +143,7 @@ impl Store {
     /// mode (its configuration, written before it starts).
     pub fn configure(self, engine: &Engine, dir: &InstanceDir, sb: &Sandbox, password: &str) -> Result<()> {
         match self {
-            Store::Redis => {
+            StoreKind::Redis => {
                 let admin_password = airlock_core::secret::password();
                 let settings = airlock_redis::server::Settings {
                     max_memory: airlock_redis::server::max_memory(engine.config.cgroup_limits.memory_bytes),
@@ -164,14 +164,14 @@ impl Store {
         cgroups: &[CString],
     ) -> Result<i32> {
         match self {
-            Store::Redis => airlock_redis::server::start(dir, who, cgroups).await,
+            StoreKind::Redis => airlock_redis::server::start(dir, who, cgroups).await,
         }
     }
 
     /// Its running server's pid.
     pub fn pid(self, dir: &InstanceDir) -> Option<i32> {
         match self {
-            Store::Redis => airlock_redis::server::find(dir),
+            StoreKind::Redis => airlock_redis::server::find(dir),
         }
     }
 
@@ -183,7 +183,7 @@ impl Store {
     /// Stops its server, if it runs.
     pub async fn stop(self, dir: &InstanceDir) {
         match self {
-            Store::Redis => airlock_redis::server::stop(dir).await,
+            StoreKind::Redis => airlock_redis::server::stop(dir).await,
         }
     }
 
@@ -191,17 +191,17 @@ impl Store {
     /// where its next start begins from.
     pub async fn save(self, dir: &InstanceDir) -> Result<()> {
         match self {
-            Store::Redis => airlock_redis::server::Admin::connect(dir).await?.save().await,
+            StoreKind::Redis => airlock_redis::server::Admin::connect(dir).await?.save().await,
         }
     }
 
-    /// Saves its state as [`Store::save`] does, and holds it so from then on:
+    /// Saves its state as [`StoreKind::save`] does, and holds it so from then on:
     /// its server takes no write until [`Held::resume`] (or, should the
     /// daemon die first, [`HOLD_LIMIT`]). A PostgreSQL frozen after this is
     /// then a copy of the same instant as what it saved (branch, promote).
     pub async fn save_held(self, dir: &InstanceDir) -> Result<Held> {
         match self {
-            Store::Redis => {
+            StoreKind::Redis => {
                 let mut admin = airlock_redis::server::Admin::connect(dir).await?;
                 admin.hold_writes(HOLD_LIMIT).await?;
                 let mut held = Held { admin };
@@ -218,7 +218,7 @@ impl Store {
     /// left them held (reconciliation; harmless otherwise).
     pub async fn resume_writes(self, dir: &InstanceDir) -> Result<()> {
         match self {
-            Store::Redis => airlock_redis::server::Admin::connect(dir).await?.resume_writes().await,
+            StoreKind::Redis => airlock_redis::server::Admin::connect(dir).await?.resume_writes().await,
         }
     }
 
@@ -226,7 +226,7 @@ impl Store {
     /// mode, and a new password when one was minted (`password`).
     pub async fn claim(self, dir: &InstanceDir, sb: &Sandbox, password: Option<&str>) -> Result<()> {
         match self {
-            Store::Redis => {
+            StoreKind::Redis => {
                 let mut admin = airlock_redis::server::Admin::connect(dir).await?;
                 if let Some(password) = password {
                     admin.set_password(&sb.id, password).await?;
@@ -239,7 +239,7 @@ impl Store {
     /// Removes its data from a sandbox (a reset, before cloning again).
     pub fn remove_data(self, engine: &Engine, dir: &InstanceDir) -> std::io::Result<()> {
         let data = match self {
-            Store::Redis => dir.redis_dir(),
+            StoreKind::Redis => dir.redis_dir(),
         };
         match engine.cloner.remove_tree(&data) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -253,7 +253,7 @@ impl Store {
 /// is known by (the postmaster's, else its first store's), or the first failure.
 pub async fn start_with(
     postgres: Option<impl std::future::Future<Output = Result<i32>>>,
-    stores: &[Store],
+    stores: &[StoreKind],
     dir: &InstanceDir,
     who: (&Identity, Option<nix::unistd::Gid>),
     cgroups: &[CString],

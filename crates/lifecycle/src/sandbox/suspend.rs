@@ -63,7 +63,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     // Its other stores save their state in the sandbox's own directory, which
     // a wake starts from; at a full disk nothing more is written, and a wake
     // starts from the last state saved.
-    for store in super::stores::Store::of_sandbox(&dir) {
+    for store in super::stores::StoreKind::of_sandbox(&dir) {
         // What it held since its last save is given up at a full disk.
         clean &= reason != SuspendReason::DiskFull;
         if reason != SuspendReason::DiskFull {

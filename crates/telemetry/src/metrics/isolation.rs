@@ -83,7 +83,7 @@ pub fn check(engine: &Engine) -> Isolation {
             pids.push(("postgres", sb.pid));
         }
         if airlock_redis::server::configured(&dir) {
-            pids.push(("redis", airlock_lifecycle::sandbox::stores::Store::Redis.pid(&dir)));
+            pids.push(("redis", airlock_lifecycle::sandbox::stores::StoreKind::Redis.pid(&dir)));
         }
         let expected_uid = engine.sandbox_user(sb).ok().map(|u| u.uid.as_raw());
         if root {

@@ -1,0 +1,378 @@
+//! Measuring one candidate on its fork: applying it while its locks, rows
+//! and rewrites are read, then the counts, catalogs, assertions and row
+//! images its report is made of.
+
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{Error, Result};
+use airlock_lifecycle::engine::Engine;
+use airlock_lifecycle::sandbox::Sandbox;
+use airlock_postgres::admin::Admin;
+use airlock_postgres::catalog::{self, Snapshot};
+use airlock_postgres::cell::Cell;
+use airlock_postgres::wire::TextRows;
+use report::{Assertion, CandidateReport, ExecOutcome};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use crate::*;
+
+/// Rows each table's counters show changed by the candidate's session beyond
+/// what its statements' measurements add up to, per table: `[inserted,
+/// updated, deleted]` beyond. Read once the session's server process is gone
+/// (it hands its counters over as it exits).
+pub(crate) async fn unmeasured_changes(
+    admin: &Admin,
+    applied: &apply::Applied,
+    before: &BTreeMap<i64, (String, [i64; 3])>,
+) -> Result<Vec<(String, [i64; 3])>> {
+    let gone = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < gone {
+        let row = admin
+            .client()
+            .query_one("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = $1", &[&applied.backend])
+            .await
+            .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+        if row.cell::<i64>(0)? == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = activity_by_relid(admin).await?;
+    // Rolled-back changes are on the server's counters too.
+    let measured = report::rows_by_table(&applied.statements, false);
+    let mut out = Vec::new();
+    for (relid, (current, now)) in &after {
+        // The probe's own tables are the measuring machinery's.
+        if current.starts_with("pg_airlock") {
+            continue;
+        }
+        // Measurements name a table by the name it was first seen under.
+        let table = applied.names.get(relid).unwrap_or(current);
+        let then = before.get(relid).map(|b| b.1).unwrap_or_default();
+        let seen = measured.get(table.as_str()).copied().unwrap_or_default();
+        let beyond: [i64; 3] = std::array::from_fn(|i| (now[i] - then[i] - seen[i]).max(0));
+        if beyond.iter().any(|n| *n > 0) {
+            out.push((table.clone(), beyond));
+        }
+    }
+    Ok(out)
+}
+
+/// Each user table's counters of rows inserted, updated and deleted, with its
+/// name now, by OID (a table renamed during the run is still the same table).
+pub(crate) async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64; 3])>> {
+    let rows = admin
+        .client()
+        .query(
+            "SELECT relid::int8, pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(relname), n_tup_ins, n_tup_upd, n_tup_del
+               FROM pg_catalog.pg_stat_user_tables",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, (r.cell(1)?, [r.cell(2)?, r.cell(3)?, r.cell(4)?])))).collect()
+}
+
+pub(crate) async fn measure(
+    engine: &Engine,
+    req: &TestRequest,
+    candidate: &Candidate,
+    baseline: &Baseline,
+    sb: &Sandbox,
+    timeout: Duration,
+) -> Result<CandidateReport> {
+    let Baseline { snapshot, expected, costs, .. } = baseline;
+    let dir = engine.layout.sandbox_instance(&sb.id);
+    let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
+    let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    // Costs are measured on a fork nothing has run on yet, before the probe exists.
+    let calibration = costs::calibration(costs, admin.client(), &golden_rows).await?;
+    let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
+    admin.execute(&probe::install_sql()).await?;
+    let planted_before = catalog::planted::read(admin.client()).await?;
+    let invalid_before = invalid_indexes(&admin).await?;
+    let sequences_before = verify::sequences(admin.client()).await?;
+    // Which rows it changes, and to what, for promote to compare with the
+    // target's (a workload beside it writes none: its writes are planned).
+    let compared = compared_tables(&snapshot);
+    let shape = verify::golden_shape(&snapshot.catalog);
+    let images_before =
+        verify::row_images(admin.client(), verify::Reading::AsReader, &shape, &compared, None).await?;
+    rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
+    let activity_before = activity_by_relid(&admin).await?;
+    let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
+    let mut unmeasured = Vec::new();
+    let mut recorder: Option<parts::Recorder> = None;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let tables: Vec<String> = golden_rows.keys().cloned().collect();
+    let text = candidate.sql.as_deref().or(candidate.exec.as_deref()).unwrap_or_default();
+    // Ready before the candidate starts, so it feels the candidate from its first lock.
+    let workload = match &req.workload {
+        Some(spec) => Some(app::Workload::prepare(engine, sb, spec, text, &tables, timeout).await?),
+        None => None,
+    };
+    let workload = async {
+        match workload {
+            Some(w) => Some(w.run(&done).await),
+            None => None,
+        }
+    };
+    let applying = async {
+        let r = async {
+            match (&candidate.sql, &candidate.exec) {
+                (Some(sql), _) => {
+                    let statements = airlock_postgres::split::split(sql)?;
+                    let mut session = airlock_lifecycle::sandbox::session::connect(engine, sb).await?;
+                    recorder = parts::Recorder::new(
+                        &statements,
+                        snapshot.catalog.clone(),
+                        sequences_before.clone(),
+                        images_before.clone(),
+                        shape.clone(),
+                    );
+                    let applied = apply::apply_sql(
+                        &mut session,
+                        &admin,
+                        &statements,
+                        golden_rows.clone(),
+                        timeout,
+                        recorder.as_mut(),
+                    )
+                    .await;
+                    session.close().await;
+                    let applied = applied?;
+                    unmeasured = unmeasured_changes(&admin, &applied, &activity_before).await?;
+                    Ok((applied, None))
+                }
+                (None, Some(cmd)) => {
+                    command::run(engine, sb, &admin, cmd, golden_rows.clone(), timeout).await
+                }
+                (None, None) => unreachable!("checked before forking"),
+            }
+        }
+        .await;
+        // However it ended, the workload beside it stops.
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        r
+    };
+    let (applied, workload) = tokio::join!(applying, workload);
+    let (mut applied, exec): (apply::Applied, Option<ExecOutcome>) = applied?;
+    let assertions =
+        if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
+    let now = catalog::read(admin.client()).await?;
+    let sequences_after = verify::sequences(admin.client()).await?;
+    let sequences_set_back = verify::set_back(&sequences_before, &sequences_after);
+    let sequences_advanced = verify::advanced(&sequences_before, &sequences_after);
+    let images_after = verify::row_images(
+        admin.client(),
+        verify::Reading::AsReader,
+        &shape,
+        &compared,
+        Some(&images_before),
+    )
+    .await?;
+    // What it did to every compared table it touched (by the server's counts:
+    // a row rewritten as it was is a table touched all the same), kept for
+    // promote: the whole file's, or each part's.
+    let mut touched = rows::changes_of(&images_before, &images_after);
+    // A table it rewrote counts as touched though no counter moved: what the
+    // rewrite put in its rows is compared on the target like any write.
+    let written: std::collections::BTreeSet<&str> = report::rows_by_table(&applied.statements, true)
+        .into_iter()
+        .filter(|(_, counts)| counts.iter().any(|n| *n > 0))
+        .map(|(table, _)| table)
+        .chain(report::rewritten(&applied.statements))
+        .collect();
+    touched.retain(|table, changed| !changed.is_empty() || written.contains(table.as_str()));
+    let changed_rows = touched.iter().map(|(t, r)| (t.clone(), r.len())).collect();
+    let (parts, record) = match recorder {
+        Some(r) => (r.records, r.rows),
+        None => (vec![], vec![(0, applied.statements.len(), touched)]),
+    };
+    let row_record = match candidate.sql {
+        Some(_) => {
+            let path = baseline.run.join(format!("{}.changes", candidate.sha256()));
+            rows::keep_run(&path, &record)?;
+            path.strip_prefix(engine.layout.migration_rows()).unwrap_or(&path).display().to_string()
+        }
+        None => String::new(),
+    };
+    let changes = catalog::diff::diff(&snapshot.catalog, &now);
+    let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
+    let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
+    hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
+    let verdict = hazards::assess(&hazards::Evidence {
+        statements: &applied.statements,
+        failure: applied.failure.as_ref(),
+        assertions: &assertions,
+        drift: &drift,
+        rows_before: &golden_rows,
+        before: &snapshot.catalog,
+        after: &now,
+        scale: &scale,
+        max_lock_ms: threshold,
+        sql: candidate.sql.as_deref(),
+    });
+    let mut found = verdict.hazards;
+    found.extend(code::hazard(candidate, &snapshot.catalog));
+    let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
+    let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after);
+    found.extend(plan_hazards);
+    for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
+        let mut h = report::Hazard::new(
+            "invalid_index",
+            report::Severity::High,
+            format!("a failed CREATE INDEX CONCURRENTLY left index {index} behind INVALID: it slows every write and serves no read"),
+            applied.failure.as_ref().map(|f| f.line),
+        );
+        h.suggestion = Some(format!("DROP INDEX CONCURRENTLY {index}, fix the cause, and build it again"));
+        found.push(h);
+    }
+    // The server's own counters, read once the session is gone, against the sum
+    // of what the measurements saw: anything more ran out of their sight.
+    for (table, [inserted, updated, deleted]) in &unmeasured {
+        found.push(report::Hazard::new(
+            "unmeasured_changes",
+            report::Severity::Critical,
+            format!(
+                "{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw (work done at commit, or out of sight)"
+            ),
+            None,
+        ));
+    }
+    // The measurements follow each statement; whatever else removed rows (work
+    // at commit that escaped them, say) still shows in the final counts.
+    let counted = catalog::count_rows(
+        &dir,
+        sb.pid.unwrap_or_default(),
+        &now,
+        FINAL_COUNT_PER_TABLE,
+        FINAL_COUNT_BUDGET,
+    )
+    .await;
+    for (table, tracked) in &applied.rows {
+        let golden_exact = snapshot.rows.get(table).is_some_and(|r| r.exact);
+        let Some(last) = counted.get(table).filter(|c| c.exact && golden_exact) else { continue };
+        if last.rows < *tracked {
+            found.push(report::Hazard::new(
+                "rows_deleted",
+                report::Severity::High,
+                format!(
+                    "{} rows of {table} are gone that no statement's measurement shows (work done at commit, by a trigger, or out of sight)",
+                    tracked - last.rows
+                ),
+                None,
+            ));
+        }
+    }
+    found.sort_by_key(|h| std::cmp::Reverse(h.severity));
+    // Objects named like PostgreSQL's own can take the place of a built-in in
+    // other sessions (an overload that matches better, a search path with the
+    // schema first): a candidate that makes one fails, whatever else it did.
+    let planted: Vec<_> = catalog::planted::read(admin.client())
+        .await?
+        .into_iter()
+        .filter(|p| !planted_before.contains(p))
+        .collect();
+    if !planted.is_empty() {
+        found.insert(
+            0,
+            report::Hazard::new(
+                "shadows_catalog",
+                report::Severity::Critical,
+                format!(
+                    "the migration makes objects or settings named like PostgreSQL's own, which can stand in for the built-in in other sessions: {}",
+                    catalog::planted::list(&planted, 10)
+                ),
+                None,
+            ),
+        );
+    }
+    if let Some(e) = exec.as_ref().filter(|e| e.exit_code != Some(0)) {
+        found.insert(0, report::Hazard::new("failed", report::Severity::Critical, command::failure(e), None));
+    }
+    Ok(CandidateReport {
+        name: candidate.name.clone(),
+        sha256: candidate.sha256(),
+        kind: if candidate.sql.is_some() { "sql" } else { "exec" }.into(),
+        passed: found.is_empty(),
+        hazards: found,
+        notes: verdict.notes,
+        queries,
+        workload,
+        statements: applied.statements,
+        failure: applied.failure,
+        exec,
+        assertions,
+        changes,
+        drift,
+        sequences_set_back,
+        sequences_advanced,
+        changed_rows,
+        row_record,
+        parts,
+        session: applied.session,
+        duration_ms: applied.duration_ms,
+    })
+}
+
+/// The golden's tables small enough to compare row by row (at most
+/// [`verify::ROWS_COMPARED`] each, and a million rows in all).
+pub(crate) fn compared_tables(snapshot: &Snapshot) -> std::collections::BTreeSet<String> {
+    let mut total = 0;
+    let mut out = std::collections::BTreeSet::new();
+    for (table, rows) in &snapshot.rows {
+        if rows.rows <= verify::ROWS_COMPARED && total + rows.rows <= 1_000_000 {
+            total += rows.rows;
+            out.insert(table.clone());
+        }
+    }
+    out
+}
+
+/// Indexes left INVALID (a failed concurrent build), by name.
+pub(crate) async fn invalid_indexes(admin: &Admin) -> Result<std::collections::BTreeSet<String>> {
+    let rows = admin
+        .client()
+        .query(
+            &format!(
+                "SELECT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+                   FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                  WHERE NOT i.indisvalid AND {}",
+                airlock_postgres::catalog::SYSTEM_SCHEMAS
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+    rows.into_iter().map(|r| r.cell(0)).collect()
+}
+
+/// Runs each assertion as the agent role: it passes when it returns no rows, or
+/// only rows whose first column is true.
+pub(crate) async fn assert_all(engine: &Engine, sb: &Sandbox, queries: &[String]) -> Result<Vec<Assertion>> {
+    let mut out = Vec::new();
+    for sql in queries {
+        let mut session = airlock_lifecycle::sandbox::session::connect(engine, sb).await?;
+        let mut rows = TextRows::default();
+        let ran = session.simple_query(sql, &mut rows).await;
+        session.close().await;
+        let (passed, detail) = match (ran, rows.error) {
+            (Err(e), _) => (false, Some(format!("session failed: {e}"))),
+            (_, Some(e)) => (false, Some(format!("{} ({})", e.message, e.sqlstate))),
+            (Ok(_), None) => {
+                let bad = rows.rows.iter().find(|r| r.first().and_then(|v| v.as_deref()) != Some("t"));
+                match bad {
+                    None => (true, None),
+                    Some(row) => {
+                        let shown: Vec<&str> = row.iter().map(|v| v.as_deref().unwrap_or("NULL")).collect();
+                        (false, Some(format!("returned ({})", shown.join(", "))))
+                    }
+                }
+            }
+        };
+        out.push(Assertion { sql: sql.clone(), passed, detail });
+    }
+    Ok(out)
+}
