@@ -122,22 +122,17 @@ pub struct Engine {
     pub cgroups: Cgroups,
     /// The audit log every event is written to before the store keeps it.
     pub audit: Arc<airlock_state::audit::AuditLog>,
-    /// Wakes the pool filler (a claim took a member, a pool size or generation changed).
-    pub pool_wanted: tokio::sync::Notify,
+    /// The warm pool's own state: what wakes its filler, and the admin
+    /// sessions it keeps open on its members.
+    pub pool: crate::sandbox::pool::Pool,
     /// How far each golden build has got.
     pub builds: crate::golden::progress::Builds,
-    /// Open admin sessions to pool members, so a claim only has to create the role.
-    pub pool_admins: Mutex<std::collections::HashMap<String, airlock_postgres::admin::Admin>>,
     /// When each sandbox was last used in the daemon, and how many uses are open.
     pub activity: crate::activity::Activity,
-    /// The queue forks and wakes wait in for room (tokio's mutex is first-in, first-out).
-    pub admission: tokio::sync::Mutex<()>,
-    /// Wakes queued forks when a sandbox is deleted or suspended.
-    pub capacity_freed: tokio::sync::Notify,
+    /// The queue forks and wakes wait in for room, and what wakes it.
+    pub room: crate::sandbox::capacity::Room,
     /// The disk headroom promised to each running sandbox, where sandboxes have quotas.
     pub headroom: crate::sandbox::headroom::Headroom,
-    /// Forks and wakes in the queue that are waiting for room to be freed.
-    pub waiting_for_room: std::sync::atomic::AtomicUsize,
     /// Where the router listens, once it does.
     pub router: std::sync::OnceLock<crate::doors::Address>,
     /// The services registered with the engine: what they hear of sandboxes,
@@ -219,14 +214,11 @@ impl Engine {
             leases,
             cgroups,
             audit,
-            pool_wanted: tokio::sync::Notify::new(),
+            pool: Default::default(),
             builds: Default::default(),
-            pool_admins: Mutex::new(std::collections::HashMap::new()),
             activity: Default::default(),
-            admission: tokio::sync::Mutex::new(()),
-            capacity_freed: tokio::sync::Notify::new(),
+            room: Default::default(),
             headroom: Default::default(),
-            waiting_for_room: std::sync::atomic::AtomicUsize::new(0),
             router: std::sync::OnceLock::new(),
             services: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),

@@ -195,7 +195,7 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
         let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
         return Err(e);
     }
-    engine.pool_wanted.notify_one();
+    engine.pool.wanted.notify_one();
     store.golden(&req.name)
 }
 
@@ -247,7 +247,7 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
     }
     prune(engine, name)?;
     // The pool drains the old generation and fills with the new one.
-    engine.pool_wanted.notify_one();
+    engine.pool.wanted.notify_one();
     engine.store().golden(name)
 }
 
@@ -274,7 +274,7 @@ pub fn set_pool_size(engine: &Engine, name: &str, size: i64) -> Result<Golden> {
     }
     let mut store = engine.store();
     store.set_pool_size(name, size)?;
-    engine.pool_wanted.notify_one();
+    engine.pool.wanted.notify_one();
     store.golden(name)
 }
 
@@ -363,7 +363,7 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
         }
     }
     prune(engine, name)?;
-    engine.pool_wanted.notify_one();
+    engine.pool.wanted.notify_one();
     engine.store().golden(name)
 }
 

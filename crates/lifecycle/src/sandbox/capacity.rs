@@ -15,6 +15,19 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::DeleteReason;
 use airlock_state::store::SandboxFilter;
 
+/// The queue forks and wakes wait in for room: tokio's mutex, whose waiters
+/// are served first in, first out; what wakes the queue when a sandbox is
+/// deleted or suspended; and how many in it wait for room to be freed.
+#[derive(Default)]
+pub struct Room {
+    /// Held by the fork or wake whose turn it is.
+    pub admission: tokio::sync::Mutex<()>,
+    /// Notified when room is freed.
+    pub freed: tokio::sync::Notify,
+    /// Forks and wakes in the queue waiting for room to be freed.
+    pub waiting: std::sync::atomic::AtomicUsize,
+}
+
 /// What the caller is about to add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Need {
@@ -43,16 +56,16 @@ pub async fn admit<'a>(
     // The queue is held briefly by each admission, and for long only by forks
     // waiting for room. Queue behind the first kind even without `--wait`; behind
     // the second only if willing to wait.
-    if wait.is_zero() && engine.waiting_for_room.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+    if wait.is_zero() && engine.room.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0 {
         return Err(full(engine, "other forks are already waiting for room"));
     }
     let turn_deadline = Instant::now() + wait.max(QUICK_TURN);
-    let turn = match tokio::time::timeout_at(turn_deadline.into(), engine.admission.lock()).await {
+    let turn = match tokio::time::timeout_at(turn_deadline.into(), engine.room.admission.lock()).await {
         Ok(turn) => turn,
         Err(_) => return Err(full(engine, "other forks are ahead in the queue")),
     };
     loop {
-        let freed = engine.capacity_freed.notified();
+        let freed = engine.room.freed.notified();
         tokio::pin!(freed);
         freed.as_mut().enable();
         let why = match room(engine, need)? {
@@ -87,14 +100,14 @@ struct WaitingForRoom<'a>(&'a Engine);
 
 impl<'a> WaitingForRoom<'a> {
     fn new(engine: &'a Engine) -> Self {
-        engine.waiting_for_room.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        engine.room.waiting.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         WaitingForRoom(engine)
     }
 }
 
 impl Drop for WaitingForRoom<'_> {
     fn drop(&mut self) {
-        self.0.waiting_for_room.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.room.waiting.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

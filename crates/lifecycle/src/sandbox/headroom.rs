@@ -430,7 +430,7 @@ impl Headroom {
         }
         drop(ledger);
         if unpromised >= first_promise(engine) {
-            engine.capacity_freed.notify_waiters();
+            engine.room.freed.notify_waiters();
         }
         for plan in plans {
             let r = &readings[plan.reading];

@@ -260,7 +260,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     }
     airlock_core::crashpoint::reached("fork.created");
     if claimed {
-        engine.pool_wanted.notify_one();
+        engine.pool.wanted.notify_one();
     }
     let mut steps = Steps::default();
     // A pool member's credential was minted while the pool filled (the router's
@@ -419,7 +419,7 @@ async fn start(
 /// is made again with the fork's access, or given the `fresh` password.
 async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps: &mut Steps) -> Result<()> {
     let t = Instant::now();
-    let kept = engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
+    let kept = engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     if sb.access == Access::default() && !fresh {
         return Ok(());
     }
@@ -682,7 +682,7 @@ pub const RESUME_AFTER: Duration = Duration::from_secs(1);
 pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
     let Some(_claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
     let began = Instant::now();
-    engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
+    engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);
     let pid = sb.pid.or_else(|| postmaster_pid(&dir));
     if let Some(pid) = pid {
@@ -716,7 +716,7 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
     engine.release_identity(sb);
     engine.forget_sandbox(&sb.id);
     engine.headroom.forget(&sb.id);
-    engine.capacity_freed.notify_waiters();
+    engine.room.freed.notify_waiters();
     golden::prune(engine, &sb.golden)
 }
 

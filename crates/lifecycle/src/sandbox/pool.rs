@@ -19,6 +19,15 @@ use airlock_core::events::DeleteReason;
 use airlock_postgres::admin::Admin;
 use airlock_state::store::SandboxFilter;
 
+/// The pool's own state, kept on the engine.
+#[derive(Default)]
+pub struct Pool {
+    /// Wakes the filler (a claim took a member, a pool size or generation changed).
+    pub wanted: tokio::sync::Notify,
+    /// Admin sessions kept open on members, so a claim only has to make the role.
+    pub admins: std::sync::Mutex<std::collections::HashMap<String, Admin>>,
+}
+
 /// How often the filler looks even when nothing woke it.
 const TICK: Duration = Duration::from_millis(500);
 
@@ -34,7 +43,7 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = engine.pool_wanted.notified() => tokio::time::sleep(AFTER_CLAIM).await,
+                _ = engine.pool.wanted.notified() => tokio::time::sleep(AFTER_CLAIM).await,
                 _ = tokio::time::sleep(TICK) => {}
             }
             if let Err(e) = fill(&engine).await {
@@ -130,7 +139,7 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     match made {
         Ok((pid, admin, verifier)) => {
             if let Some(admin) = admin {
-                engine.pool_admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
+                engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
             }
             let url =
                 airlock_core::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);

@@ -112,7 +112,7 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         detail: json!({"suspend_ms": ms(began), "clean": clean}),
         ..Default::default()
     });
-    engine.capacity_freed.notify_waiters();
+    engine.room.freed.notify_waiters();
     // A server that could not write its shutdown checkpoint (a full disk) has
     // stopped all the same: its files hold everything committed, and it recovers
     // from its WAL when woken. Said as a failure, since the suspend was not clean.
