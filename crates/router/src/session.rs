@@ -493,6 +493,13 @@ async fn session_for(
                     tracing::warn!(sandbox = %sb.id, error = %e, "restoring the agent's password failed");
                 }
             }
+            // The server is shutting down (a suspend began after the lookup) or
+            // not yet up: look again, and wait for it or wake it, a few times.
+            Err(LoginError::Refused { sqlstate, .. }) if sqlstate == "57P03" && broken < 20 => {
+                broken += 1;
+                drop(open);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             Err(LoginError::Refused { message, .. }) => return Err(message),
             // At its process limit (its own code forking, say) the server
             // cannot start a session for a while: wait a little for room.
