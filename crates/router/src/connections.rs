@@ -1,20 +1,15 @@
 //! What the router knows about open connections: how many each sandbox has and
-//! when its last one ended (for idle suspend), and which backend key belongs to
-//! which sandbox (so a cancel request reaches the right server).
+//! when its last one ended (the lifecycle's `Activity`), and which backend key
+//! belongs to which sandbox (so a cancel request reaches the right server).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-#[derive(Debug)]
-struct Activity {
-    open: usize,
-    last_active: Instant,
-}
+use airlock_lifecycle::activity::{Activity, Busy};
 
 #[derive(Debug, Default)]
 struct Inner {
-    activity: HashMap<String, Activity>,
     backends: HashMap<(i32, i32), String>,
     authenticating: HashMap<String, Arc<tokio::sync::Semaphore>>,
 }
@@ -29,9 +24,11 @@ struct Inner {
 /// [`airlock_listen::slots`]).
 pub const AUTHENTICATING_PER_SANDBOX: usize = 8;
 
-/// Shared between the router's connections and the reaper.
+/// The router's connections: their use of each sandbox (the lifecycle's
+/// [`Activity`]), their backend keys and who is being authenticated.
 #[derive(Debug, Clone, Default)]
 pub struct Connections {
+    activity: Activity,
     inner: Arc<Mutex<Inner>>,
 }
 
@@ -40,35 +37,25 @@ impl Connections {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Marks `sandbox` as used now; returns its record.
-    fn used<'a>(inner: &'a mut Inner, sandbox: &str) -> &'a mut Activity {
-        let a = inner
-            .activity
-            .entry(sandbox.to_owned())
-            .or_insert(Activity { open: 0, last_active: Instant::now() });
-        a.last_active = Instant::now();
-        a
-    }
-
     /// Counts a connection to `sandbox` as open until the returned guard drops.
     pub fn open(&self, sandbox: &str) -> Open {
-        Self::used(&mut self.lock(), sandbox).open += 1;
-        Open { connections: self.clone(), sandbox: sandbox.to_owned(), backend: None }
+        let busy = self.activity.open(sandbox);
+        Open { connections: self.clone(), sandbox: sandbox.to_owned(), backend: None, _busy: busy }
     }
 
-    /// Marks `sandbox` as used now (a fork, a wake, an API call on it).
+    /// Marks `sandbox` as used now.
     pub fn touch(&self, sandbox: &str) {
-        Self::used(&mut self.lock(), sandbox);
+        self.activity.touch(sandbox);
     }
 
     /// How many router connections `sandbox` has open.
     pub fn open_count(&self, sandbox: &str) -> usize {
-        self.lock().activity.get(sandbox).map_or(0, |a| a.open)
+        self.activity.open_count(sandbox)
     }
 
     /// When `sandbox` was last used, if it has no open connection and was ever seen.
     pub fn idle_since(&self, sandbox: &str) -> Option<Instant> {
-        self.lock().activity.get(sandbox).filter(|a| a.open == 0).map(|a| a.last_active)
+        self.activity.idle_since(sandbox)
     }
 
     /// Waits for one of the sandbox's [`AUTHENTICATING_PER_SANDBOX`] places for
@@ -85,8 +72,8 @@ impl Connections {
 
     /// Forgets a deleted sandbox.
     pub fn forget(&self, sandbox: &str) {
+        self.activity.forget(sandbox);
         let mut inner = self.lock();
-        inner.activity.remove(sandbox);
         inner.authenticating.remove(sandbox);
         inner.backends.retain(|_, s| s != sandbox);
     }
@@ -103,6 +90,7 @@ pub struct Open {
     connections: Connections,
     sandbox: String,
     backend: Option<(i32, i32)>,
+    _busy: Busy,
 }
 
 impl Open {
@@ -125,13 +113,8 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        let mut inner = self.connections.lock();
         if let Some(k) = self.backend {
-            inner.backends.remove(&k);
-        }
-        if let Some(a) = inner.activity.get_mut(&self.sandbox) {
-            a.open = a.open.saturating_sub(1);
-            a.last_active = Instant::now();
+            self.connections.lock().backends.remove(&k);
         }
     }
 }
