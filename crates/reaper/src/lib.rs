@@ -19,9 +19,8 @@ use airlock_core::clock::Timestamp;
 use airlock_core::events::DeleteReason;
 use airlock_core::events::{Door, NewEvent};
 use airlock_lifecycle::engine::Engine;
-use airlock_lifecycle::sandbox::stores::StoreKind;
+use airlock_lifecycle::sandbox::stores::{self, StoreKind};
 use airlock_lifecycle::sandbox::{self, SandboxState};
-use airlock_postgres::instance;
 use airlock_state::store::SandboxFilter;
 
 /// How often the reaper looks for expired sandboxes; with teardown this keeps
@@ -128,13 +127,19 @@ fn watch_servers(engine: &Arc<Engine>) {
     };
     for sb in all.into_iter().filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled)) {
         let dir = engine.layout.sandbox_instance(&sb.id);
-        let pgdata = dir.pgdata();
-        // A sandbox with no PostgreSQL lives as long as it is not deleted.
-        let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
-        match sb.pid.map(|pid| if postgres { instance::serves(pid, &pgdata) } else { Ok(true) }) {
-            Some(Ok(true)) => {
-                let dead: Vec<StoreKind> =
-                    StoreKind::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)).collect();
+        let at = stores::At { engine, sb: &sb, dir: &dir };
+        let all_stores = stores::of_sandbox(&dir);
+        // The sandbox lives while the server its record names does, unless
+        // that store starts again by itself (a sandbox with only a Redis).
+        let Some(first) = stores::first_server(&all_stores) else { continue };
+        let first_alive = match sb.pid {
+            Some(_) => first.serves(at),
+            None => Ok(false),
+        };
+        match first_alive {
+            Ok(alive) if alive || first.restarts_alone() => {
+                let dead: Vec<&'static dyn StoreKind> =
+                    all_stores.iter().copied().filter(|s| s.has_server() && s.pid(at).is_none()).collect();
                 if dead.is_empty() {
                     continue;
                 }
@@ -158,9 +163,9 @@ fn watch_servers(engine: &Arc<Engine>) {
                 }
                 continue;
             }
-            Some(Ok(false)) | None => {}
+            Ok(_) => {}
             // Could not look (out of descriptors, say): that says nothing about the server.
-            Some(Err(e)) => {
+            Err(e) => {
                 tracing::warn!(sandbox = %sb.id, error = %e, "could not check its server; will look again");
                 continue;
             }
@@ -217,17 +222,17 @@ fn watch_servers(engine: &Arc<Engine>) {
 
 /// Starts again a store of a running sandbox whose server died (its memory
 /// cgroup killed it, say), from the data it last saved, and records it.
-async fn restart_store(engine: Arc<Engine>, id: String, store: StoreKind) {
+async fn restart_store(engine: Arc<Engine>, id: String, store: &'static dyn StoreKind) {
     let op = engine.sandbox_lock(&id).await;
     let Ok(sb) = engine.store().sandbox(&id) else { return };
     let dir = engine.layout.sandbox_instance(&id);
-    if sb.state != SandboxState::Running || store.running(&dir) {
+    let at = stores::At { engine: &engine, sb: &sb, dir: &dir };
+    if sb.state != SandboxState::Running || store.pid(at).is_some() {
         return;
     }
     let started = async {
-        let user = engine.sandbox_user(&sb)?;
-        let cgroups = engine.cgroups.procs_files(&id);
-        store.start(&dir, (&user, engine.socket_group(&sb)), &cgroups).await
+        let launch = stores::Launch::of(&engine, &sb, engine.cgroups.procs_files(&id))?;
+        store.start(at, &launch, stores::Credential::Kept, &mut sandbox::Steps::default()).await
     }
     .await;
     tracing::warn!(sandbox = %id, store = store.name(), restarted = started.is_ok(), "a store's server had exited");
@@ -238,17 +243,19 @@ async fn restart_store(engine: Arc<Engine>, id: String, store: StoreKind) {
         detail: serde_json::json!({"store": store.name(), "restarted": started.is_ok()}),
         ..Default::default()
     });
-    // With no PostgreSQL, the store's server is the sandbox's: its new pid is
-    // the sandbox's, and one that cannot start is gone like a dead postmaster.
-    if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
+    // When its server is the one the sandbox is known by, its new pid is the
+    // sandbox's, and one that cannot start is gone like a dead postmaster.
+    let first = stores::first_server(&stores::of_sandbox(&dir)).map(|s| s.name());
+    if first != Some(store.name()) {
         return;
     }
     match started {
-        Ok(pid) => {
+        Ok(Some(pid)) => {
             if let Err(e) = engine.store().set_running(&id, pid, sb.dsn.as_deref().unwrap_or_default()) {
                 tracing::warn!(sandbox = %id, error = %e, "could not record a restarted store's pid");
             }
         }
+        Ok(None) => {}
         Err(e) => {
             drop(op);
             if engine.store().begin_delete_dead(&id, sb.pid).unwrap_or(false) {

@@ -10,12 +10,12 @@
 //! - a reset cut short is completed, keeping id, address and credential;
 //! - a migration test's fork is deleted: no test outlives the daemon that ran it;
 //! - a suspended sandbox stays suspended (a server left by an interrupted suspend is stopped);
-//! - a postgres process or directory under the volume that the store does not know is removed (`orphan`);
+//! - a store's server or a directory under the volume that the store does not know is removed (`orphan`);
 //! - a half-built golden in `staging/` and a generation directory with no row are removed;
 //! - uid leases are made to match the live sandboxes.
 
+use airlock_lifecycle::sandbox::stores;
 use std::collections::HashSet;
-use std::path::Path;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -26,7 +26,6 @@ use airlock_core::error::Result;
 use airlock_core::events::{DeleteReason, NewEvent};
 use airlock_lifecycle::engine::Engine;
 use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
-use airlock_postgres::instance;
 use airlock_state::store::SandboxFilter;
 
 /// What reconciliation did, for the daemon log.
@@ -59,27 +58,9 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         .filter(|s| matches!(s.state, SandboxState::Running | SandboxState::Pooled))
         .map(|s| s.id.clone())
         .collect();
-    for (pid, pgdata) in postmasters_under(&layout.volume()) {
-        let id = sandbox_id_of(&layout.sandboxes(), &pgdata);
-        if id.as_ref().is_some_and(|id| running.contains(id)) {
-            continue;
-        }
-        tracing::warn!(pid, pgdata = %pgdata.display(), "stopping a postgres process the store does not know");
-        instance::kill(pid, &pgdata).await?;
-        done.orphans += 1;
-    }
-
-    // Redis servers of builds cut short, and of sandboxes no longer live.
-    for (pid, cmdline) in airlock_redis::server::servers_under(&[layout.sandboxes(), layout.staging()]) {
-        let live = running.iter().any(|id| {
-            cmdline.contains(&format!("/{id}/run/redis.sock"))
-                || cmdline.contains(&format!("/{id}/redis.conf"))
-        });
-        if !live {
-            tracing::warn!(pid, "stopping a redis-server the store does not know");
-            airlock_redis::server::kill(pid).await;
-            done.orphans += 1;
-        }
+    // Servers of builds cut short, and of sandboxes no longer live.
+    for store in stores::ALL {
+        done.orphans += store.stop_unknown(engine, &running).await?;
     }
     for entry in std::fs::read_dir(layout.staging())?.flatten() {
         tracing::warn!(path = %entry.path().display(), "removing a half-built golden");
@@ -219,50 +200,29 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
 /// processes continued first, and its stores' writes let go: a daemon that
 /// died during a branch or promotion left the source stopped.
 async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
-    let Some(pid) = sb.pid else { return Ok(false) };
+    if sb.pid.is_none() {
+        return Ok(false);
+    }
     let dir = engine.layout.sandbox_instance(&sb.id);
-    let stores = airlock_lifecycle::sandbox::stores::StoreKind::of_sandbox(&dir);
+    let at = stores::At { engine, sb, dir: &dir };
+    let all = stores::of_sandbox(&dir);
     // A daemon that died while copying the sandbox (a branch, a promotion)
     // left it frozen, and its stores' writes held.
     engine.cgroups.thaw(&sb.id);
-    for store in &stores {
-        if store.running(&dir) {
-            if let Err(e) = store.resume_writes(&dir).await {
-                tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "a kept store's writes could not be resumed");
-            }
+    for store in &all {
+        if let Err(e) = store.resume_writes(at).await {
+            tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "a kept store's writes could not be resumed");
         }
     }
-    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        return Ok(!stores.is_empty() && stores.iter().all(|s| s.running(&dir)));
-    }
-    if !instance::serves(pid, &dir.pgdata())? {
+    let Some(first) = stores::first_server(&all) else { return Ok(false) };
+    if !first.serves(at)? {
         return Ok(false);
     }
-    airlock_lifecycle::sandbox::branch::continue_all(pid);
-    match airlock_postgres::admin::answers(&dir, pid, airlock_postgres::admin::ANSWER_TIMEOUT).await {
-        Ok(()) => Ok(true),
-        Err(e) => {
-            tracing::warn!(sandbox = %sb.id, error = %e, "a kept server does not answer; starting it again");
-            Ok(false)
+    for store in &all {
+        if !store.answers(at).await {
+            tracing::warn!(sandbox = %sb.id, store = store.name(), "a kept store does not answer; starting the sandbox again");
+            return Ok(false);
         }
     }
-}
-
-/// Every postmaster whose data directory lies under `root`, with that directory.
-fn postmasters_under(root: &Path) -> Vec<(i32, std::path::PathBuf)> {
-    let Ok(procs) = std::fs::read_dir("/proc") else { return vec![] };
-    procs
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let dir = instance::postmaster_data_dir(pid).ok()??;
-            (dir.starts_with(root) && instance::is_alive(pid)).then_some((pid, dir))
-        })
-        .collect()
-}
-
-/// The sandbox id in `<sandboxes>/<id>/pgdata`.
-fn sandbox_id_of(sandboxes: &Path, pgdata: &Path) -> Option<String> {
-    let rest = pgdata.strip_prefix(sandboxes).ok()?;
-    Some(rest.components().next()?.as_os_str().to_string_lossy().into_owned())
+    Ok(true)
 }

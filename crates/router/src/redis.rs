@@ -218,7 +218,8 @@ async fn record(
     kind: EventKind,
     client_at: (SocketAddr, bool),
 ) -> bool {
-    let store = Some(airlock_lifecycle::sandbox::stores::StoreKind::Redis.name());
+    let store =
+        Some(airlock_lifecycle::sandbox::stores::StoreKind::name(&airlock_lifecycle::sandbox::stores::Redis));
     match shared.host.record_connection(sb, kind, client_at, store, serde_json::json!({})).await {
         Ok(()) => true,
         Err(e) => {

@@ -25,6 +25,7 @@ mod router;
 mod sandboxes;
 mod security;
 mod storage;
+mod stores;
 mod suspend;
 mod traces;
 mod wire;

@@ -350,15 +350,13 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
     let source = engine.layout.sandbox(&sb.id).join("pgdata");
     let source_user = engine.sandbox_user(&sb)?;
     let config = engine.layout.golden_generation(&sb.golden, sb.generation).join("pgdata");
-    // Its other stores save their state (which the build takes as theirs)
-    // and take no write until the copy is made, so all are of one instant.
+    // Each store readies itself for a frozen copy (PostgreSQL checkpoints; a
+    // Redis saves its state, which the build takes as its own, and takes no
+    // write until the copy is made), so all are of one instant.
     let source_dir = engine.layout.sandbox_instance(&sb.id);
-    crate::sandbox::branch::checkpoint(&source_dir, pid).await;
-    let held = crate::sandbox::stores::save_all_held(
-        &crate::sandbox::stores::StoreKind::of_sandbox(&source_dir),
-        &source_dir,
-    )
-    .await?;
+    let at = crate::sandbox::stores::At { engine, sb: &sb, dir: &source_dir };
+    let held = crate::sandbox::stores::prepare_copy_all(&crate::sandbox::stores::of_sandbox(&source_dir), at)
+        .await?;
     // Off the async workers, as a branch's copy (the agent decides its size).
     let cloned = tokio::task::block_in_place(|| {
         crate::sandbox::branch::Frozen::new(engine, &sb.id, pid).and_then(|_frozen| {

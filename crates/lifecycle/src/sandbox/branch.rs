@@ -4,10 +4,11 @@
 //! freezer, [`Frozen`]), its data directory is cloned, and the processes go
 //! on: the clone is what a crash at that instant would have left on disk,
 //! which PostgreSQL recovers from when the branch starts. (A frozen process has
-//! finished any write in progress, so no page is torn.) Its Redis saves its
-//! data just before and takes no write from then until the copy is made, so
-//! both are copies of the same instant. The branch gets its own id, user,
-//! cgroups and a fresh password for the same role.
+//! finished any write in progress, so no page is torn.) A store with a server
+//! that cannot be copied so (Redis) saves its data just before and takes no
+//! write from then until the copy is made, so all are copies of the same
+//! instant. The branch gets its own id, user, cgroups and a fresh password for
+//! the same role.
 
 use std::time::{Duration, Instant};
 
@@ -16,13 +17,12 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::{instance_dir, ms, start, Forked, Sandbox, SandboxState, Steps};
+use super::stores::{self, At, Credential, Launch};
+use super::{instance_dir, ms, Forked, Sandbox, SandboxState, Steps};
 use crate::engine::Engine;
-use airlock_core::dsn::DATABASE;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::NewEvent;
 use airlock_core::secret;
-use airlock_postgres::admin::Admin;
 
 /// A request to branch a live sandbox.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -90,93 +90,51 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
             return Err(not_running(&source));
         };
         let dir = instance_dir(engine, &sb.id);
-        let user = engine.sandbox_user(&sb)?;
-        let source_user = engine.sandbox_user(&source)?;
-        let group = engine.socket_group(&sb);
-        super::make_dir(engine, &dir)?;
-        airlock_postgres::instance::prepare_dir(&dir, &user, group)?;
-        let t = Instant::now();
-        let source_pgdata = instance_dir(engine, &source.id).pgdata();
-        // The source's files are its user's, and code running as that user may
-        // be swapping them right now: the clone takes directories and regular
-        // files of that user only, never a link, and fails closed otherwise.
-        let config = engine.layout.golden_generation(&source.golden, source.generation).join("pgdata");
         let source_dir = instance_dir(engine, &source.id);
-        let postgres = engine.layout.generation_has_postgres(&source.golden, source.generation);
-        let stores = super::stores::StoreKind::of_sandbox(&source_dir);
-        // Its other stores save their state first (a frozen server answers
-        // nothing) and take no write from then on, then every process of the
-        // sandbox is frozen at one instant while its data is cloned: the
-        // saved state is the state at that instant too. A daemon that dies
-        // while the source is frozen leaves it so; reconciliation thaws every
-        // sandbox it keeps (and a store's hold ends by itself).
-        // A checkpoint first (the admin's; it runs nothing of the agent's):
-        // the copy's crash recovery then replays only what came after, which
-        // its own first promise of disk must hold.
-        if postgres {
-            checkpoint(&source_dir, source_pid).await;
-        }
-        let held = super::stores::save_all_held(&stores, &source_dir).await?;
+        let (from, to) = (At { engine, sb: &source, dir: &source_dir }, At { engine, sb: &sb, dir: &dir });
+        let launch = Launch::of(engine, &sb, Vec::new())?;
+        super::make_dir(engine, &dir)?;
+        airlock_postgres::instance::prepare_dir(&dir, &launch.user, launch.group)?;
+        let t = Instant::now();
+        let stores = stores::of_sandbox(&source_dir);
+        // Each store readies itself for the copy (PostgreSQL checkpoints, so
+        // the copy's crash recovery replays only what came after; a Redis
+        // saves its state and takes no write from then on, a frozen server
+        // answering nothing), then every process of the sandbox is frozen at
+        // one instant while its data is cloned: the saved state is the state
+        // at that instant too. A daemon that dies while the source is frozen
+        // leaves it so; reconciliation thaws every sandbox it keeps (and a
+        // store's hold ends by itself).
+        let held = stores::prepare_copy_all(&stores, from).await?;
         // Off the async workers: the agent decides how many files there are
         // to clone, and a clone of many would hold a worker (and whatever
-        // waits on it) as long.
+        // waits on it) as long. The source's files are its user's, and code
+        // running as that user may be swapping them right now: each store's
+        // copy takes directories and regular files of that user only, never a
+        // link, and fails closed otherwise.
         let cloned = tokio::task::block_in_place(|| {
-            let _frozen = postgres.then(|| Frozen::new(engine, &source.id, source_pid)).transpose()?;
+            let _frozen = Frozen::new(engine, &source.id, source_pid)?;
             airlock_core::crashpoint::reached("branch.paused");
-            let cloned = match postgres {
-                true => engine.cloner.clone_data(
-                    &source_pgdata,
-                    &config,
-                    &dir.pgdata(),
-                    Some(&user),
-                    Some(source_user.uid),
-                ),
-                false => Ok(Default::default()),
-            };
-            for store in &stores {
-                store.clone_saved(engine, (&source_dir, &dir), &user, source_user.uid)?;
-            }
-            Ok::<_, Error>(cloned)
+            stores.iter().try_for_each(|store| store.copy_frozen(from, to))
         });
-        super::stores::resume_all(held).await;
-        let cloned = cloned?;
+        stores::resume_all(held).await;
         paused_ms = ms(t);
-        cloned.map_err(|e| Error::io(format!("cloning {}", source_pgdata.display()), &e))?;
+        cloned?;
         steps.clone_ms = paused_ms;
-        if postgres {
-            airlock_postgres::instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
-        }
         let cgroups = engine
             .cgroups
             .create(&sb.id, &engine.config.cgroup_limits)
             .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-        let server = postgres.then(|| engine.server_for(&sb.golden, sb.generation)).transpose()?;
+        let launch = Launch { cgroups, ..launch };
         for store in &stores {
-            store.configure(engine, &dir, &sb, &password)?;
+            store.configure(to, &password)?;
         }
-        let started =
-            server.map(|server| start(server, &dir, (&user, group), &cgroups, &sb.access, None, &mut steps));
-        let pid = super::stores::start_with(started, &stores, &dir, (&user, group), &cgroups).await?;
-        // The clone carries the source's role and password: give the branch its own.
-        if postgres {
-            let t = Instant::now();
-            Admin::connect(&dir, DATABASE, pid).await?.restore_agent_password(&password).await?;
-            steps.credential_ms = ms(t);
-        }
-        Ok::<i32, Error>(pid)
+        // The copy carries the source's credential: the branch gets its own.
+        stores::start_all(&stores, to, &launch, Credential::Rebind(&password), &mut steps).await
     }
     .await;
     let detail = json!({"fork_ms": ms(began), "branched_from": source.id, "source_paused_ms": paused_ms, "steps": steps});
     super::finish(engine, sb, made, &password, minting, detail).await
-}
-
-/// Asks the server of `dir` to checkpoint, and goes on whatever it answers (a
-/// copy recovers from an older checkpoint all the same, only longer).
-pub(crate) async fn checkpoint(dir: &airlock_core::layout::InstanceDir, postmaster: i32) {
-    let done = async { Admin::connect(dir, DATABASE, postmaster).await?.execute("CHECKPOINT").await };
-    if let Err(e) = done.await {
-        tracing::warn!(dir = %dir.root.display(), error = %e, "a checkpoint before a copy failed");
-    }
 }
 
 fn not_running(source: &Sandbox) -> Error {
@@ -199,7 +157,7 @@ fn not_running(source: &Sandbox) -> Error {
 pub(crate) struct Frozen<'a> {
     engine: &'a Engine,
     id: String,
-    /// Without a freezer: the processes stopped, postmaster first.
+    /// Without a freezer: the processes stopped, the server first.
     stopped: Vec<Pid>,
 }
 
@@ -207,20 +165,20 @@ pub(crate) struct Frozen<'a> {
 const FREEZE_LIMIT: Duration = Duration::from_secs(10);
 
 impl<'a> Frozen<'a> {
-    /// Freezes sandbox `id`, whose postmaster is `postmaster`.
-    pub(crate) fn new(engine: &'a Engine, id: &str, postmaster: i32) -> Result<Frozen<'a>> {
+    /// Freezes sandbox `id`, whose first server's pid is `server`.
+    pub(crate) fn new(engine: &'a Engine, id: &str, server: i32) -> Result<Frozen<'a>> {
         let mut frozen = Frozen { engine, id: id.to_owned(), stopped: Vec::new() };
         match engine.cgroups.freeze(id, FREEZE_LIMIT) {
             Ok(true) => return Ok(frozen),
             Ok(false) => {}
             Err(e) => return Err(Error::io(format!("freezing sandbox {id}"), &e)),
         }
-        let first = Pid::from_raw(postmaster);
+        let first = Pid::from_raw(server);
         kill(first, Signal::SIGSTOP)
             .map_err(|e| Error::postgres(format!("could not pause the source: {e}")))?;
         frozen.stopped.push(first);
-        wait_stopped(postmaster);
-        for child in children_of(postmaster) {
+        wait_stopped(server);
+        for child in children_of(server) {
             if kill(Pid::from_raw(child), Signal::SIGSTOP).is_ok() {
                 frozen.stopped.push(Pid::from_raw(child));
                 wait_stopped(child);

@@ -18,7 +18,6 @@ use tokio::io::AsyncReadExt;
 use crate::engine::Engine;
 use crate::sandbox::{Sandbox, SandboxState};
 use airlock_core::error::{Error, ErrorCode, Result};
-use airlock_postgres::instance;
 
 /// Most bytes of stdout and of stderr returned; the rest is counted and dropped.
 pub const OUTPUT_CAP: usize = 1 << 20;
@@ -106,32 +105,29 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         .env("HOME", &workdir)
         .env("LANG", "C.UTF-8");
     let instance = engine.layout.sandbox_instance(&sb.id);
-    let postgres = engine.layout.generation_has_postgres(&sb.golden, sb.generation);
+    let at = super::stores::At { engine, sb: &sb, dir: &instance };
+    let stores = super::stores::of_sandbox(&instance);
+    // Each store says how the code reaches it (DATABASE_URL, REDIS_URL, ...),
+    // in the environment, never on a command line.
     if let Some(password) = sb.dsn.as_deref().and_then(airlock_core::dsn::password) {
-        let forms: &[&str] = if postgres { &["database_url"] } else { &["redis_url"] };
-        engine.record_credential(&sb, "exec", &password, forms)?;
-    }
-    if postgres {
-        cmd.env("DATABASE_URL", sb.dsn.as_deref().unwrap_or_default());
-    }
-    if let (true, Some(password)) = (
-        airlock_redis::server::configured(&instance),
-        sb.dsn.as_deref().and_then(airlock_core::dsn::password),
-    ) {
-        cmd.env("REDIS_URL", airlock_redis::server::socket_url(&instance, &sb.id, &password));
+        let reached: Vec<_> = stores.iter().filter_map(|s| s.exec_env(at, &password)).collect();
+        let forms: Vec<&str> = reached.iter().filter_map(|(_, _, form)| *form).collect();
+        if !forms.is_empty() {
+            engine.record_credential(&sb, "exec", &password, &forms)?;
+        }
+        for (name, value, _) in reached {
+            cmd.env(name, value);
+        }
     }
     cmd.stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    // The server's namespaces: its network (loopback only), its System V IPC,
-    // and its mounts (private /tmp, a /proc showing only its own processes).
-    // (Those of its first other store's server when it has no PostgreSQL.)
-    let server = match postgres {
-        true => sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &instance.pgdata())),
-        false => super::stores::StoreKind::of_sandbox(&instance).first().and_then(|s| s.pid(&instance)),
-    };
+    // The sandbox's first server's namespaces (PostgreSQL's when it has one):
+    // its network (loopback only), its System V IPC, and its mounts (private
+    // /tmp, a /proc showing only its own processes).
+    let server = super::stores::first_server(&stores).and_then(|s| s.pid(at));
     let namespaces = match (engine.daemon_user.is_root(), server) {
         (true, Some(pid)) => Some(airlock_host::contain::Namespaces::of(pid)?),
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),

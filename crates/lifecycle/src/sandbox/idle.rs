@@ -5,48 +5,27 @@
 
 use std::time::{Duration, Instant};
 
+use super::stores::{self, At};
 use super::suspend::{suspend, SuspendReason};
 use super::SandboxState;
 use crate::engine::Engine;
-use airlock_core::dsn::DATABASE;
-use airlock_postgres::admin::Admin;
 use airlock_state::store::SandboxFilter;
 
-/// Whether the sandbox's servers have client sessions other than the asking
-/// one: PostgreSQL's, and its Redis's (clients of the router's Redis port and
-/// of its socket alike). Counts as yes when a server cannot be asked (a Redis
-/// running a script, say), so nothing in use is stopped.
+/// Whether the sandbox's stores have client sessions other than the asking
+/// one and the daemon's own (a Redis's count clients of the router's Redis
+/// port and of its socket alike). Counts as yes when a store cannot be asked
+/// (a Redis running a script, say), so nothing in use is stopped.
 pub async fn has_direct_sessions(engine: &Engine, id: &str) -> bool {
     let dir = engine.layout.sandbox_instance(id);
     let Ok(sb) = engine.store().sandbox(id) else { return true };
-    if airlock_redis::server::configured(&dir) {
-        let asked = async { airlock_redis::server::Admin::connect(&dir).await?.other_clients().await };
-        match tokio::time::timeout(Duration::from_secs(5), asked).await {
-            Ok(Ok(0)) => {}
+    let at = At { engine, sb: &sb, dir: &dir };
+    for store in stores::of_sandbox(&dir) {
+        match tokio::time::timeout(Duration::from_secs(5), store.clients(at)).await {
+            Ok(Some(0)) => {}
             _ => return true,
         }
     }
-    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        return false;
-    }
-    // Sessions the daemon keeps for the next tool call are not a client's.
-    let kept: Vec<String> = engine.services.kept_backends(id).iter().map(|p| p.to_string()).collect();
-    let asked = async {
-        let postmaster = engine.store().sandbox(id)?.pid.unwrap_or_default();
-        let admin = Admin::connect(&dir, DATABASE, postmaster).await?;
-        admin
-            .value(&format!(
-                "SELECT count(*)::text FROM pg_stat_activity
-                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
-                   AND pid <> ALL('{{{}}}'::int[])",
-                kept.join(",")
-            ))
-            .await
-    };
-    match tokio::time::timeout(Duration::from_secs(5), asked).await {
-        Ok(Ok(n)) => n != "0",
-        _ => true,
-    }
+    false
 }
 
 /// When a sandbox without open daemon sessions (gateway, exec) was last used:

@@ -1,11 +1,11 @@
-//! Sandboxes: one disposable PostgreSQL instance per task, forked from a golden,
-//! with the golden's other stores beside it (or, for a Redis-only golden,
-//! instead of it: see [`stores`]).
+//! Sandboxes: one disposable copy of a golden per task, holding the golden's
+//! stores (its PostgreSQL, its Redis, ...: see [`stores`]).
 //!
-//! The fork path: record the sandbox (`creating`) → clone the golden's data
-//! directory → write access files → start postgres on a private socket → wait
-//! for "ready" → mint the agent credential → mark it `running`. Each step's
-//! time goes into the `ready` event. Any failure tears down whatever was made.
+//! The fork path: record the sandbox (`creating`) → clone each store's part
+//! of the golden → configure each → start them all at once on private sockets
+//! → wait until each answers, the agent's credential minted → mark it
+//! `running`. Each step's time goes into the `ready` event. Any failure tears
+//! down whatever was made.
 
 pub mod branch;
 pub mod capacity;
@@ -26,7 +26,6 @@ pub use idle::suspend_idle;
 pub use suspend::{suspend, wake, SuspendReason};
 
 use std::collections::BTreeMap;
-use std::ffi::CString;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -40,11 +39,9 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::{DeleteReason, NewEvent};
 use airlock_core::layout::InstanceDir;
 use airlock_core::{secret, validate};
-use airlock_host::users::Identity;
 use airlock_postgres::admin::Admin;
 use airlock_postgres::instance;
-use airlock_postgres::majors::Server;
-use stores::StoreKind;
+use stores::{At, Credential, Launch, Stop};
 
 /// A request to fork a golden.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
@@ -94,8 +91,8 @@ pub struct Forked {
 }
 
 /// Time spent in each step of one fork.
-#[derive(Debug, Default, Serialize)]
-pub(crate) struct Steps {
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Steps {
     clone_ms: f64,
     start_ms: f64,
     ready_ms: f64,
@@ -105,7 +102,21 @@ pub(crate) struct Steps {
     stores_ms: Option<f64>,
 }
 
-fn ms(since: Instant) -> f64 {
+impl Steps {
+    /// Takes the steps another store timed (each store times its own).
+    pub(crate) fn merge(&mut self, other: &Steps) {
+        for (mine, theirs) in [
+            (&mut self.clone_ms, other.clone_ms),
+            (&mut self.start_ms, other.start_ms),
+            (&mut self.ready_ms, other.ready_ms),
+            (&mut self.credential_ms, other.credential_ms),
+        ] {
+            *mine = mine.max(theirs);
+        }
+    }
+}
+
+pub(crate) fn ms(since: Instant) -> f64 {
     (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
 }
 
@@ -281,7 +292,7 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     let made = if claimed {
         claim(engine, &sb, &password, fresh, &mut steps).await.map(|_| sb.pid.unwrap_or_default())
     } else {
-        bring_up(engine, &sb, Some(&password), &mut steps).await
+        bring_up(engine, &sb, &password, &mut steps).await
     };
     let detail = json!({"fork_ms": ms(began), "from_pool": claimed, "steps": steps, "storage": engine.cloner.backend()});
     finish(engine, sb, made, &password, verifier, detail).await
@@ -318,62 +329,38 @@ fn instance_dir(engine: &Engine, id: &str) -> InstanceDir {
     engine.layout.sandbox_instance(id)
 }
 
-/// Clones and starts one sandbox, and creates its agent role when given a
-/// password (pool members get theirs when claimed); returns its pid.
+/// Clones and starts one sandbox, every store of its golden, with the agent's
+/// credential `password`; returns its pid.
 pub(crate) async fn bring_up(
     engine: &Engine,
     sb: &Sandbox,
-    password: Option<&str>,
+    password: &str,
     steps: &mut Steps,
 ) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
+    let at = At { engine, sb, dir: &dir };
     let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
-    let golden_pgdata = golden_root.join("pgdata");
-    let server = match (InstanceDir { root: golden_root.clone() }).has_postgres() {
-        true => Some(engine.server_for(&sb.golden, sb.generation)?),
-        false => None,
-    };
+    let stores = stores::of_generation(&golden_root);
     let t = Instant::now();
-    let user = engine.sandbox_user(sb)?;
-    let group = engine.socket_group(sb);
+    let launch = Launch::of(engine, sb, Vec::new())?;
     // Cloning is blocking file work done in place: moving it to another thread
     // with block_in_place measured 10-15 ms slower per fork here.
-    (|| -> Result<()> {
-        make_dir(engine, &dir)?;
-        instance::prepare_dir(&dir, &user, group)?;
-        if server.is_none() {
-            return Ok(());
-        }
-        engine
-            .cloner
-            .clone_tree(&golden_pgdata, &dir.pgdata(), Some(&user), Some(engine.daemon_user.uid))
-            .map_err(|e| Error::io(format!("cloning {}", golden_pgdata.display()), &e))?;
-        instance::write_access_files(&dir, &engine.admin_os_users(), &[])
-    })()?;
-    let stores = StoreKind::of_generation(&golden_root);
+    make_dir(engine, &dir)?;
+    instance::prepare_dir(&dir, &launch.user, launch.group)?;
     for store in &stores {
-        store.clone_from_golden(engine, &golden_root, &dir, &user)?;
+        store.clone_from_golden(at, &golden_root)?;
     }
     steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    if let (true, Some(server)) = (stores.is_empty(), server) {
-        return start(server, &dir, (&user, group), &cgroups, &sb.access, password, steps).await;
-    }
-    let password =
-        password.ok_or_else(|| Error::internal("a sandbox with other stores is made with its credential"))?;
+    let launch = Launch { cgroups, ..launch };
     for store in &stores {
-        store.configure(engine, &dir, sb, password)?;
+        store.configure(at, password)?;
     }
     // Every store starts at once; the sandbox is ready when all answer.
-    let t = Instant::now();
-    let postgres = server
-        .map(|server| start(server, &dir, (&user, group), &cgroups, &sb.access, Some(password), &mut *steps));
-    let pid = stores::start_with(postgres, &stores, &dir, (&user, group), &cgroups).await;
-    steps.stores_ms = Some(ms(t));
-    pid
+    stores::start_all(&stores, at, &launch, Credential::Mint(password), steps).await
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume
@@ -387,58 +374,21 @@ pub(crate) fn make_dir(engine: &Engine, dir: &InstanceDir) -> Result<()> {
     engine.headroom.limit_new(engine, &dir.root)
 }
 
-/// Starts the instance in `dir`, waits for it, and creates the agent role with
-/// `password` if given; returns the postmaster's pid.
-async fn start(
-    server: &Server,
-    dir: &InstanceDir,
-    (user, group): (&Identity, Option<nix::unistd::Gid>),
-    cgroups: &[CString],
-    access: &Access,
-    password: Option<&str>,
-    steps: &mut Steps,
-) -> Result<i32> {
-    let t = Instant::now();
-    let mut started = instance::start(&server.bin, dir, user, group, cgroups, Some(&server.guard))?;
-    steps.start_ms = ms(t);
-    let t = Instant::now();
-    started.wait_ready(dir).await?;
-    let pid = started.detach();
-    steps.ready_ms = ms(t);
-    if let Some(password) = password {
-        let t = Instant::now();
-        Admin::connect(dir, DATABASE, pid).await?.mint_agent(password, access).await?;
-        steps.credential_ms = ms(t);
-    }
-    Ok(pid)
-}
-
-/// Binds a pool member's agent role to its fork: nothing to do in the server
-/// when the fork asks for the default access and the member's credential was
-/// made while filling; else, on the admin session the pool kept open, the role
-/// is made again with the fork's access, or given the `fresh` password.
+/// Binds a pool member's stores to its fork: nothing to do in them when the
+/// fork asks for the default access and the member's credential was made
+/// while filling; else each store binds the fork's access, or the `fresh`
+/// password.
 async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps: &mut Steps) -> Result<()> {
     let t = Instant::now();
-    let kept = engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
-    if sb.access == Access::default() && !fresh {
-        return Ok(());
-    }
+    let changed = sb.access != Access::default() || fresh;
     let dir = instance_dir(engine, &sb.id);
-    if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        let admin = match kept {
-            Some(admin) => admin,
-            None => Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?,
-        };
-        if sb.access == Access::default() {
-            admin.restore_agent_password(password).await?;
-        } else {
-            admin.remake_agent(password, &sb.access).await?;
-        }
+    let at = At { engine, sb, dir: &dir };
+    for store in stores::of_sandbox(&dir) {
+        store.claim(at, password, fresh, changed).await?;
     }
-    for store in StoreKind::of_sandbox(&dir) {
-        store.claim(&dir, sb, fresh.then_some(password)).await?;
+    if changed {
+        steps.credential_ms = ms(t);
     }
-    steps.credential_ms = ms(t);
     Ok(())
 }
 
@@ -487,29 +437,21 @@ pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash:
             .as_deref()
             .and_then(dsn::password)
             .ok_or_else(|| Error::internal(format!("sandbox {} has no credential to keep", sb.id)))?;
-        // The server the reset began with, and one a crash left half-started.
-        for pid in sb.pid.into_iter().chain(postmaster_pid(&dir)) {
-            instance::kill(pid, &dir.pgdata()).await?;
-        }
-        let stores = StoreKind::of_sandbox(&dir);
+        // Its servers: the one the reset began with, and one a crash left half-started.
+        let stores = stores::of_sandbox(&dir);
         for store in &stores {
-            store.stop(&dir).await;
+            store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
         }
         kill_cgroup_members(engine, &sb.id).await;
         engine.services.changed(&sb.id, crate::services::Change::Reset);
         airlock_core::crashpoint::reached("reset.stopped");
         // remove_dir_all removes links inside, never what they point at.
         engine.cloner.unlimit(&dir.root);
-        if let Err(e) = engine.cloner.remove_tree(&dir.pgdata()) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                return Err(Error::from(e));
-            }
-        }
         for store in &stores {
-            store.remove_data(engine, &dir)?;
+            store.remove_data(At { engine, sb, dir: &dir })?;
         }
         engine.headroom.limit_new(engine, &dir.root)?;
-        bring_up(engine, sb, Some(&password), &mut steps).await
+        bring_up(engine, sb, &password, &mut steps).await
     }
     .await;
     match rebuilt {
@@ -539,80 +481,29 @@ pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash:
 }
 
 /// Starts a running sandbox whose process is gone (after a host restart, say),
-/// keeping its data and credential.
+/// keeping its data and credential: every store starts again from what it
+/// last saved (a suspend's data, or the golden's).
 pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let dir = instance_dir(engine, &sb.id);
+    let at = At { engine, sb, dir: &dir };
+    let stores = stores::of_sandbox(&dir);
     // The socket directory is made afresh below, which would cut a store that
     // still runs off from its clients: it saves its data and stops first.
-    for store in StoreKind::of_sandbox(&dir).into_iter().filter(|s| s.running(&dir)) {
-        if let Err(e) = store.save(&dir).await {
+    for store in stores.iter().filter(|s| s.pid(at).is_some()) {
+        if let Err(e) = store.save(at).await {
             tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "could not save a store before restarting it");
         }
-        store.stop(&dir).await;
+        store.stop(at, Stop::Now).await?;
     }
     // A suspended sandbox was promised nothing; its admission took the floor.
     engine.headroom.limit_new(engine, &dir.root)?;
-    if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-        return restart_stores(engine, sb, &dir).await;
-    }
-    // The dead server's lock files name a pid that may live on as a zombie or be
-    // reused. Should a server still serve this directory (one the caller missed),
-    // it is stopped first: two on one data directory would corrupt it. The System V
-    // segment a dead one names would otherwise outlive it.
-    if let Some(pid) = postmaster_pid(&dir).filter(|p| instance::is_postmaster_of(*p, &dir.pgdata())) {
-        tracing::warn!(sandbox = %sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
-        instance::kill(pid, &dir.pgdata()).await?;
-    }
-    instance::remove_stale_shared_memory(&dir.pgdata());
-    let _ = std::fs::remove_file(dir.pgdata().join("postmaster.pid"));
-    let user = engine.sandbox_user(sb)?;
-    let group = engine.socket_group(sb);
-    instance::prepare_dir(&dir, &user, group)?;
-    instance::write_access_files(&dir, &engine.admin_os_users(), &[])?;
     let mut cgroups = engine.cgroups.procs_files(&sb.id);
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let server = engine.server_for(&sb.golden, sb.generation)?;
-    let mut started = instance::start(&server.bin, &dir, &user, group, &cgroups, Some(&server.guard))?;
-    let pid = started.pid;
-    let ready = async {
-        started.wait_ready(&dir).await?;
-        // Ready is not enough: at a full disk a server can start and then
-        // refuse every session.
-        airlock_postgres::admin::answers(&dir, pid, airlock_postgres::admin::ANSWER_TIMEOUT).await
-    }
-    .await;
-    if let Err(e) = ready {
-        let _ = instance::kill(pid, &dir.pgdata()).await;
-        return Err(e);
-    }
-    let pid = started.detach();
-    // Its other stores start again from what they last saved (a suspend's
-    // data, or the golden's).
-    for store in StoreKind::of_sandbox(&dir).into_iter().filter(|s| !s.running(&dir)) {
-        if let Err(e) = store.start(&dir, (&user, group), &cgroups).await {
-            let _ = instance::kill(pid, &dir.pgdata()).await;
-            return Err(e);
-        }
-    }
-    let dsn = sb.dsn.clone().unwrap_or_default();
-    engine.store().set_running(&sb.id, pid, &dsn)?;
-    Ok(pid)
-}
-
-/// `restart` for a sandbox with no PostgreSQL: its stores start from what
-/// they last saved; the first store's pid is the sandbox's.
-async fn restart_stores(engine: &Engine, sb: &Sandbox, dir: &InstanceDir) -> Result<i32> {
-    let user = engine.sandbox_user(sb)?;
-    let group = engine.socket_group(sb);
-    instance::prepare_dir(dir, &user, group)?;
-    let mut cgroups = engine.cgroups.procs_files(&sb.id);
-    if cgroups.is_empty() {
-        cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
-    }
-    let stores = StoreKind::of_sandbox(dir);
-    let pid = stores::start_with(stores::NO_POSTGRES, &stores, dir, (&user, group), &cgroups).await?;
+    let launch = Launch::of(engine, sb, cgroups)?;
+    instance::prepare_dir(&dir, &launch.user, launch.group)?;
+    let pid = stores::start_all(&stores, at, &launch, Credential::Kept, &mut Steps::default()).await?;
     engine.store().set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
     Ok(pid)
 }
@@ -684,15 +575,9 @@ pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Re
     let began = Instant::now();
     engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);
-    let pid = sb.pid.or_else(|| postmaster_pid(&dir));
-    if let Some(pid) = pid {
-        // Files are never removed under a server that may still run.
-        instance::kill(pid, &dir.pgdata()).await.map_err(|e| {
-            Error::internal(format!("could not tell whether sandbox {}'s server still runs: {e}", sb.id))
-        })?;
-    }
-    for store in StoreKind::of_sandbox(&dir) {
-        store.stop(&dir).await;
+    // Files are never removed under a server that may still run.
+    for store in stores::of_sandbox(&dir) {
+        store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
     }
     kill_cgroup_members(engine, &sb.id).await;
     if let Err(e) = engine.cloner.remove_tree(&dir.root) {
@@ -735,13 +620,6 @@ pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     engine.cgroups.remove(id);
-}
-
-/// The pid in a data directory's `postmaster.pid`, if any (read without
-/// following a link: the file is the instance user's).
-pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
-    let text = airlock_host::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
-    text.lines().next()?.trim().parse().ok()
 }
 
 /// Sets a sandbox to expire `ttl_seconds` from now.

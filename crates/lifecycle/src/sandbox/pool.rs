@@ -13,7 +13,6 @@ use std::time::Duration;
 use crate::engine::Engine;
 use crate::golden::Golden;
 use crate::sandbox::{self, Access, Sandbox, SandboxState, Steps};
-use airlock_core::dsn::DATABASE;
 use airlock_core::error::{ErrorCode, Result};
 use airlock_core::events::DeleteReason;
 use airlock_postgres::admin::Admin;
@@ -122,25 +121,22 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
     let password = airlock_core::secret::password();
     let verifier = sandbox::mint_verifier(&password);
     let made = async {
-        // Its Redis, if the golden has one, starts with the same credential.
-        let pid = sandbox::bring_up(engine, &sb, Some(&password), &mut steps).await?;
-        // A first connection builds the catalog caches and writes the relcache
-        // init file, so the agent's sessions are quick. It stays open for a claim
-        // that asks for other access.
-        let dir = airlock_core::layout::InstanceDir { root: engine.layout.sandbox(&sb.id) };
-        let admin = match engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-            true => Some(Admin::connect(&dir, DATABASE, pid).await?),
-            false => None,
-        };
+        let pid = sandbox::bring_up(engine, &sb, &password, &mut steps).await?;
+        // Each store readies itself for a quick claim (PostgreSQL's first
+        // connection builds the catalog caches, and stays open for a claim
+        // that asks for other access).
+        let dir = engine.layout.sandbox_instance(&sb.id);
+        let started = Sandbox { pid: Some(pid), ..sb.clone() };
+        let at = sandbox::stores::At { engine, sb: &started, dir: &dir };
+        for store in sandbox::stores::of_sandbox(&dir) {
+            store.warm(at).await?;
+        }
         let verifier = verifier.await.map_err(|e| airlock_core::error::Error::internal(e.to_string()))?;
-        Ok::<_, airlock_core::error::Error>((pid, admin, verifier))
+        Ok::<_, airlock_core::error::Error>((pid, verifier))
     }
     .await;
     match made {
-        Ok((pid, admin, verifier)) => {
-            if let Some(admin) = admin {
-                engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).insert(sb.id.clone(), admin);
-            }
+        Ok((pid, verifier)) => {
             let url =
                 airlock_core::dsn::sandbox(&engine.layout.sandbox_instance(&sb.id).socket_dir(), &password);
             engine.store().set_pooled(&sb.id, pid, &url, &verifier)

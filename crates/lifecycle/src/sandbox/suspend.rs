@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use serde_json::json;
 
+use super::stores::{self, At, Stop};
 use super::{capacity, kill_cgroup_members, ms, restart, Sandbox, SandboxState};
 use crate::engine::Engine;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::NewEvent;
-use airlock_postgres::instance;
 
 /// Why a sandbox was suspended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,16 +59,16 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     }
     let began = Instant::now();
     let dir = engine.layout.sandbox_instance(&id);
-    let mut clean = true;
-    // Its other stores save their state in the sandbox's own directory, which
-    // a wake starts from; at a full disk nothing more is written, and a wake
-    // starts from the last state saved.
-    for store in super::stores::StoreKind::of_sandbox(&dir) {
-        // What it held since its last save is given up at a full disk.
-        clean &= reason != SuspendReason::DiskFull;
-        if reason != SuspendReason::DiskFull {
-            if let Err(e) = store.save(&dir).await {
-                // Still running as it was: PostgreSQL was not touched.
+    let at = At { engine, sb: &sb, dir: &dir };
+    let stores = stores::of_sandbox(&dir);
+    // Every store saves its state in the sandbox's own directory, which a
+    // wake starts from, before any is stopped; at a full disk nothing more is
+    // written (a checkpoint included), and a wake starts from the last state
+    // saved (PostgreSQL recovers from its WAL).
+    if reason != SuspendReason::DiskFull {
+        for store in &stores {
+            if let Err(e) = store.save(at).await {
+                // Still running as it was: no store was stopped.
                 engine.store().set_running(
                     &id,
                     sb.pid.unwrap_or_default(),
@@ -86,20 +86,18 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
                 ));
             }
         }
-        store.stop(&dir).await;
     }
-    if let Some(pid) = sb.pid.filter(|_| engine.layout.generation_has_postgres(&sb.golden, sb.generation)) {
-        match reason {
-            // Nothing more may be written, a checkpoint included; it recovers on wake.
-            SuspendReason::DiskFull => {
-                instance::kill(pid, &dir.pgdata()).await?;
-                clean = false;
-            }
-            _ => {
-                instance::stop(pid, &dir.pgdata()).await;
-                clean = instance::shut_down_cleanly(&dir.pgdata());
-            }
-        }
+    let how = match reason {
+        SuspendReason::DiskFull => Stop::Now,
+        _ => Stop::Clean,
+    };
+    let mut clean = true;
+    for store in &stores {
+        clean &= match store.stop(at, how).await {
+            Ok(clean) => clean,
+            Err(e) if how == Stop::Now => return Err(e),
+            Err(_) => false,
+        };
     }
     kill_cgroup_members(engine, &id).await;
     engine.services.changed(&id, crate::services::Change::Suspended);

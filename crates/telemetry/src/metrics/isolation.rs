@@ -3,6 +3,7 @@
 //! working in its own directory, running as its own OS user — that no other
 //! sandbox shares.
 
+use airlock_lifecycle::sandbox::stores;
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -78,13 +79,15 @@ pub fn check(engine: &Engine) -> Isolation {
         let dir = engine.layout.sandbox_instance(&sb.id);
         let own_root = engine.layout.sandbox(&sb.id);
         let own_root = std::fs::canonicalize(&own_root).unwrap_or(own_root);
-        let mut pids = Vec::new();
-        if engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
-            pids.push(("postgres", sb.pid));
-        }
-        if airlock_redis::server::configured(&dir) {
-            pids.push(("redis", airlock_lifecycle::sandbox::stores::StoreKind::Redis.pid(&dir)));
-        }
+        // Every store's server: the first's is the pid on record, the
+        // others' as each store finds its own.
+        let at = stores::At { engine, sb, dir: &dir };
+        let servers: Vec<_> = stores::of_sandbox(&dir).into_iter().filter(|s| s.has_server()).collect();
+        let pids: Vec<(&str, Option<i32>)> = servers
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name(), if i == 0 { sb.pid } else { s.pid(at) }))
+            .collect();
         let expected_uid = engine.sandbox_user(sb).ok().map(|u| u.uid.as_raw());
         if root {
             if let Some(uid) = expected_uid {

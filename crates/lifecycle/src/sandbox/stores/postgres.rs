@@ -1,0 +1,301 @@
+//! A sandbox's PostgreSQL as a [`StoreKind`]: its data directory cloned from
+//! the golden's, its server started with the in-server guard, the agent's
+//! role minted in it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::time::Instant;
+
+use super::{At, Credential, Held, Launch, Stop, StoreKind};
+use crate::engine::Engine;
+use crate::sandbox::{ms, Access, Steps};
+use airlock_core::dsn::DATABASE;
+use airlock_core::error::{Error, Result};
+use airlock_core::layout::InstanceDir;
+use airlock_postgres::admin::{self, Admin};
+use airlock_postgres::instance;
+
+/// A PostgreSQL server on the sandbox's private socket.
+pub struct Postgres;
+
+/// The pid in a data directory's `postmaster.pid`, if any (read without
+/// following a link: the file is the instance user's, so only a hint).
+pub fn postmaster_pid(dir: &InstanceDir) -> Option<i32> {
+    let text = airlock_host::storage::tree::read_small(&dir.pgdata().join("postmaster.pid"), 4096).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+/// The pids that may be the sandbox's postmaster: the one on record, and the
+/// one its pid file names (a start a crash cut short).
+fn candidates(at: At<'_>) -> impl Iterator<Item = i32> {
+    at.sb.pid.into_iter().chain(postmaster_pid(at.dir))
+}
+
+impl Postgres {
+    /// Starts the server and waits until it is ready; returns its pid, and
+    /// whether it became ready.
+    async fn launch(&self, at: At<'_>, launch: &Launch, steps: &mut Steps) -> Result<(i32, Result<()>)> {
+        let server = at.engine.server_for(&at.sb.golden, at.sb.generation)?;
+        let t = Instant::now();
+        let mut started = instance::start(
+            &server.bin,
+            at.dir,
+            &launch.user,
+            launch.group,
+            &launch.cgroups,
+            Some(&server.guard),
+        )?;
+        steps.start_ms = ms(t);
+        let t = Instant::now();
+        let ready = started.wait_ready(at.dir).await;
+        let pid = started.detach();
+        steps.ready_ms = ms(t);
+        Ok((pid, ready))
+    }
+
+    /// Clears what a dead server left behind before the sandbox's own data
+    /// starts again: a server still on the directory (two on one data
+    /// directory would corrupt it), the System V segment a dead one names,
+    /// and its pid file, whose pid may live on as a zombie or be reused.
+    async fn clear_leftovers(&self, at: At<'_>) -> Result<()> {
+        let pgdata = at.dir.pgdata();
+        if let Some(pid) = postmaster_pid(at.dir).filter(|p| instance::is_postmaster_of(*p, &pgdata)) {
+            tracing::warn!(sandbox = %at.sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
+            instance::kill(pid, &pgdata).await?;
+        }
+        instance::remove_stale_shared_memory(&pgdata);
+        let _ = std::fs::remove_file(pgdata.join("postmaster.pid"));
+        instance::write_access_files(at.dir, &at.engine.admin_os_users(), &[])
+    }
+}
+
+#[async_trait::async_trait]
+impl StoreKind for Postgres {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn in_generation(&self, root: &Path) -> bool {
+        InstanceDir { root: root.to_owned() }.has_postgres()
+    }
+
+    fn in_sandbox(&self, dir: &InstanceDir) -> bool {
+        dir.has_postgres()
+    }
+
+    fn restarts_alone(&self) -> bool {
+        false
+    }
+
+    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
+        let golden = golden_root.join("pgdata");
+        let user = at.engine.sandbox_user(at.sb)?;
+        at.engine
+            .cloner
+            .clone_tree(&golden, &at.dir.pgdata(), Some(&user), Some(at.engine.daemon_user.uid))
+            .map(|_| ())
+            .map_err(|e| Error::io(format!("cloning {}", golden.display()), &e))
+    }
+
+    fn configure(&self, at: At<'_>, _password: &str) -> Result<()> {
+        instance::write_access_files(at.dir, &at.engine.admin_os_users(), &[])
+    }
+
+    async fn start(
+        &self,
+        at: At<'_>,
+        launch: &Launch,
+        credential: Credential<'_>,
+        steps: &mut Steps,
+    ) -> Result<Option<i32>> {
+        if let Credential::Kept = credential {
+            self.clear_leftovers(at).await?;
+        }
+        let (pid, ready) = self.launch(at, launch, steps).await?;
+        let bound = async {
+            ready?;
+            let t = Instant::now();
+            match credential {
+                Credential::Mint(password) => {
+                    Admin::connect(at.dir, DATABASE, pid).await?.mint_agent(password, &at.sb.access).await?
+                }
+                Credential::Rebind(password) => {
+                    Admin::connect(at.dir, DATABASE, pid).await?.restore_agent_password(password).await?
+                }
+                // Ready is not enough: at a full disk a server can start and
+                // then refuse every session.
+                Credential::Kept => {
+                    return admin::answers(at.dir, pid, admin::ANSWER_TIMEOUT).await.map(|()| pid)
+                }
+            }
+            steps.credential_ms = ms(t);
+            Ok(pid)
+        }
+        .await;
+        if bound.is_err() {
+            let _ = instance::kill(pid, &at.dir.pgdata()).await;
+        }
+        bound.map(Some)
+    }
+
+    fn pid(&self, at: At<'_>) -> Option<i32> {
+        let pgdata = at.dir.pgdata();
+        candidates(at).find(|pid| instance::is_postmaster_of(*pid, &pgdata))
+    }
+
+    fn serves(&self, at: At<'_>) -> std::io::Result<bool> {
+        at.sb.pid.map_or(Ok(false), |pid| instance::serves(pid, &at.dir.pgdata()))
+    }
+
+    async fn answers(&self, at: At<'_>) -> bool {
+        let Some(pid) = at.sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &at.dir.pgdata())) else {
+            return false;
+        };
+        // A daemon that died while copying it without a freezer left its
+        // processes stopped.
+        crate::sandbox::branch::continue_all(pid);
+        match admin::answers(at.dir, pid, admin::ANSWER_TIMEOUT).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(sandbox = %at.sb.id, error = %e, "a kept server does not answer");
+                false
+            }
+        }
+    }
+
+    async fn save(&self, _at: At<'_>) -> Result<()> {
+        // Everything committed is in its files already; a shutdown checkpoints.
+        Ok(())
+    }
+
+    async fn prepare_copy(&self, at: At<'_>) -> Result<Option<Held>> {
+        // A checkpoint first (the admin's; it runs nothing of the agent's):
+        // the copy's crash recovery then replays only what came after, which
+        // its own first promise of disk must hold. A failed one only makes
+        // that recovery longer.
+        let Some(pid) = at.sb.pid else { return Ok(None) };
+        let done = async { Admin::connect(at.dir, DATABASE, pid).await?.execute("CHECKPOINT").await };
+        if let Err(e) = done.await {
+            tracing::warn!(sandbox = %at.sb.id, error = %e, "a checkpoint before a copy failed");
+        }
+        Ok(None)
+    }
+
+    fn copy_frozen(&self, from: At<'_>, to: At<'_>) -> Result<()> {
+        let source = from.dir.pgdata();
+        let config = from.engine.layout.golden_generation(&from.sb.golden, from.sb.generation).join("pgdata");
+        let user = to.engine.sandbox_user(to.sb)?;
+        let source_user = from.engine.sandbox_user(from.sb)?;
+        from.engine
+            .cloner
+            .clone_data(&source, &config, &to.dir.pgdata(), Some(&user), Some(source_user.uid))
+            .map(drop)
+            .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))
+    }
+
+    async fn stop(&self, at: At<'_>, how: Stop) -> Result<bool> {
+        let pgdata = at.dir.pgdata();
+        match how {
+            Stop::Clean => {
+                if let Some(pid) = at.sb.pid {
+                    instance::stop(pid, &pgdata).await;
+                }
+                Ok(instance::shut_down_cleanly(&pgdata))
+            }
+            Stop::Now => {
+                for pid in candidates(at) {
+                    instance::kill(pid, &pgdata).await.map_err(|e| {
+                        Error::internal(format!(
+                            "could not tell whether sandbox {}'s server still runs: {e}",
+                            at.sb.id
+                        ))
+                    })?;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn claim(&self, at: At<'_>, password: &str, fresh: bool, changed: bool) -> Result<()> {
+        let kept = at.engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&at.sb.id);
+        if !changed {
+            return Ok(());
+        }
+        let admin = match kept {
+            Some(admin) => admin,
+            None => Admin::connect(at.dir, DATABASE, at.sb.pid.unwrap_or_default()).await?,
+        };
+        match at.sb.access == Access::default() {
+            true if fresh => admin.restore_agent_password(password).await,
+            true => Ok(()),
+            false => admin.remake_agent(password, &at.sb.access).await,
+        }
+    }
+
+    async fn warm(&self, at: At<'_>) -> Result<()> {
+        // A first connection builds the catalog caches and writes the relcache
+        // init file, so the agent's sessions are quick. It stays open for a
+        // claim that asks for other access.
+        let admin = Admin::connect(at.dir, DATABASE, at.sb.pid.unwrap_or_default()).await?;
+        at.engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).insert(at.sb.id.clone(), admin);
+        Ok(())
+    }
+
+    fn remove_data(&self, at: At<'_>) -> Result<()> {
+        super::remove_tree(at.engine, &at.dir.pgdata())
+    }
+
+    async fn clients(&self, at: At<'_>) -> Option<u64> {
+        // Sessions the daemon keeps for the next tool call are not a client's.
+        let kept: Vec<String> =
+            at.engine.services.kept_backends(&at.sb.id).iter().map(|p| p.to_string()).collect();
+        let admin = Admin::connect(at.dir, DATABASE, at.sb.pid.unwrap_or_default()).await.ok()?;
+        let n = admin
+            .value(&format!(
+                "SELECT count(*)::text FROM pg_stat_activity
+                 WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+                   AND pid <> ALL('{{{}}}'::int[])",
+                kept.join(",")
+            ))
+            .await
+            .ok()?;
+        n.parse().ok()
+    }
+
+    async fn stop_unknown(&self, engine: &Engine, live: &HashSet<String>) -> Result<usize> {
+        let mut stopped = 0;
+        for (pid, pgdata) in postmasters_under(&engine.layout.volume()) {
+            let id = sandbox_id_of(&engine.layout.sandboxes(), &pgdata);
+            if id.as_ref().is_some_and(|id| live.contains(id)) {
+                continue;
+            }
+            tracing::warn!(pid, pgdata = %pgdata.display(), "stopping a postgres process the store does not know");
+            instance::kill(pid, &pgdata).await?;
+            stopped += 1;
+        }
+        Ok(stopped)
+    }
+
+    fn exec_env(&self, at: At<'_>, _password: &str) -> Option<(&'static str, String, Option<&'static str>)> {
+        Some(("DATABASE_URL", at.sb.dsn.clone()?, Some("database_url")))
+    }
+}
+
+/// Every postmaster whose data directory lies under `root`, with that directory.
+fn postmasters_under(root: &Path) -> Vec<(i32, std::path::PathBuf)> {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return vec![] };
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let dir = instance::postmaster_data_dir(pid).ok()??;
+            (dir.starts_with(root) && instance::is_alive(pid)).then_some((pid, dir))
+        })
+        .collect()
+}
+
+/// The sandbox id in `<sandboxes>/<id>/pgdata`.
+fn sandbox_id_of(sandboxes: &Path, pgdata: &Path) -> Option<String> {
+    let rest = pgdata.strip_prefix(sandboxes).ok()?;
+    Some(rest.components().next()?.as_os_str().to_string_lossy().into_owned())
+}
