@@ -11,6 +11,7 @@ use super::envelope;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::NewEvent;
 use airlock_lifecycle::engine::Engine;
+use airlock_lifecycle::sandbox::SandboxState;
 
 /// Runs SQL and returns the result.
 pub const RUN_SQL: &str = "run_sql";
@@ -185,6 +186,7 @@ async fn run_and_record(
     let _counted = airlock_core::events::TOOL_CALLS.begin();
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
+    let before = served_by(engine, key);
     let work = std::panic::AssertUnwindSafe(dispatch(engine, key, tool, args, &mut detail)).catch_unwind();
     let outcome =
         match tokio::time::timeout(DEADLINE, airlock_core::events::DOOR.scope(via.door(), work)).await {
@@ -200,7 +202,8 @@ async fn run_and_record(
                 "ask for less at once",
             )),
         };
-    let outcome = outcome.map_err(|e| for_agent(engine, key, tool, e));
+    let outcome =
+        outcome.map_err(|e| for_agent(engine, key, tool, changed_meanwhile(engine, key, tool, before, e)));
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
         Ok(out) if out.is_error => {
@@ -445,6 +448,49 @@ fn for_agent(engine: &Engine, key: &str, tool: &str, e: Error) -> Error {
         format!("{tool} could not finish: Airlock's own work on this database failed ({})", e.code.as_str()),
         "try again; if it keeps failing, the operator can find the cause in the daemon log",
     )
+}
+
+/// The sandbox `key`'s state and the pid of the server it is known by, as
+/// the store has them now (None when there is no such sandbox).
+fn served_by(engine: &Engine, key: &str) -> Option<(SandboxState, Option<i32>)> {
+    engine.store().sandbox(key).ok().map(|sb| (sb.state, sb.pid))
+}
+
+/// A server failure during a call that the sandbox's own lifecycle explains
+/// (it was suspended, reset, woken again or deleted meanwhile, by its owner
+/// or its TTL) is said as that, for the caller to ask again: the call met a
+/// server being stopped, not a fault of Airlock's.
+fn changed_meanwhile(
+    engine: &Engine,
+    key: &str,
+    tool: &str,
+    before: Option<(SandboxState, Option<i32>)>,
+    e: Error,
+) -> Error {
+    if !matches!(e.code, ErrorCode::PostgresFailed | ErrorCode::RedisFailed) {
+        return e;
+    }
+    let now = served_by(engine, key);
+    if now.is_some() && now == before && now.is_some_and(|(state, _)| state == SandboxState::Running) {
+        return e;
+    }
+    tracing::info!(sandbox = key, tool, error = %e.message, "a tool call met its sandbox changing");
+    match now {
+        None => Error::new(
+            ErrorCode::SandboxNotFound,
+            format!("sandbox {key} was deleted while {tool} ran"),
+            "fork a new sandbox",
+        ),
+        Some((state, _)) => Error::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "sandbox {key} was suspended, reset or restarted while {tool} ran (it is {} now), and its \
+                 server stopped under the call",
+                state.as_str()
+            ),
+            "ask again: a suspended sandbox wakes for the call",
+        ),
+    }
 }
 
 /// The text an agent sees for an Airlock error (not a SQL one): code, message, hint.

@@ -344,3 +344,48 @@ fn each_call_sees_a_fresh_session_though_the_daemon_reuses_one() {
     let again = ok_sql(&d, &steady, "SELECT pg_backend_pid()")["rows"][0][0].as_i64().unwrap();
     assert_ne!(again, victim);
 }
+
+/// A tool call that meets its sandbox being suspended (or reset) under it is
+/// answered as that, for the caller to ask again: never a server error. Each
+/// round suspends the sandbox while `describe_schema` calls run on it.
+#[test]
+fn a_tool_call_cut_by_a_suspend_or_reset_says_so_and_is_never_a_server_error() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let id = d.fork("shop", &["--name", "kept"])["id"].as_str().unwrap().to_owned();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let (socket, stop) = (d.socket(), stop.clone());
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+                    let (status, body) =
+                        http(&mut s, "POST", "/v1/sandboxes/kept/tools/describe_schema", "", "{}");
+                    answers.push((status, body));
+                }
+                answers
+            })
+        })
+        .collect();
+    for round in 0..12 {
+        match round % 3 {
+            0 | 1 => d.ok(&["suspend", &id]),
+            _ => d.ok(&["reset", &id]),
+        };
+        std::thread::sleep(std::time::Duration::from_millis(150));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answers: Vec<(u16, String)> = callers.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    assert!(answers.iter().filter(|(s, _)| *s == 200).count() >= 6, "too few calls answered: {answers:?}");
+    for (status, body) in &answers {
+        assert!(*status < 500, "a server error: {status} {body}\nlog:\n{}", d.log());
+        if *status != 200 {
+            let said = ["while describe_schema ran", " is resetting", " is suspended", "not running"];
+            assert!(said.iter().any(|s| body.contains(s)), "{status} {body}");
+        }
+    }
+    let cut = answers.iter().filter(|(_, b)| b.contains("while describe_schema ran")).count();
+    eprintln!("{} calls, {cut} cut by a suspend or reset", answers.len());
+}
