@@ -9,10 +9,12 @@
 
 pub mod branch;
 pub mod capacity;
+mod delete;
 pub mod exec;
 pub mod headroom;
 mod idle;
 pub mod pool;
+mod reset;
 pub mod session;
 
 pub mod stores;
@@ -21,8 +23,10 @@ pub mod suspend;
 pub use airlock_core::records::access::{Access, Limits, Mode};
 pub use airlock_core::records::sandbox::{Sandbox, SandboxState, MIGRATION_TEST_LABEL};
 pub use branch::BranchRequest;
+pub use delete::{delete, kill_cgroup_members, teardown, RESUME_AFTER};
 pub use exec::{ExecRequest, ExecResult};
 pub use idle::suspend_idle;
+pub use reset::{rebuild, reset};
 pub use suspend::{suspend, wake, SuspendReason};
 
 use std::collections::BTreeMap;
@@ -32,7 +36,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::engine::Engine;
-use crate::golden;
 use airlock_core::clock::Timestamp;
 use airlock_core::dsn::{self, DATABASE};
 use airlock_core::error::{Error, ErrorCode, Result};
@@ -392,94 +395,6 @@ async fn claim(engine: &Engine, sb: &Sandbox, password: &str, fresh: bool, steps
     Ok(())
 }
 
-/// Puts a running sandbox back to its golden's state, keeping its id, address and
-/// credential: the server is stopped, its data directory cloned again from the
-/// generation it was forked from, and the same role created again.
-pub async fn reset(engine: &Engine, key: &str) -> Result<Sandbox> {
-    let began = Instant::now();
-    let id = engine.store().sandbox(key)?.id;
-    // Not while a suspend, wake, branch or delete is under way on it.
-    let _op = engine.sandbox_lock(&id).await;
-    let sb = engine.store().sandbox(&id)?;
-    // A suspended sandbox is rebuilt as it lies, never woken first: a server
-    // started on the data the reset throws away could not start when that
-    // data is what filled its allowance. It needs a running slot all the same.
-    let _admitted = match sb.state {
-        SandboxState::Suspended => {
-            Some(capacity::admit(engine, engine.config.wake_wait, capacity::Need::Start, Some(&id)).await?)
-        }
-        _ => None,
-    };
-    // Marked `resetting` while it is rebuilt: deletes wait, the router holds new
-    // clients, and a daemon that dies in between completes the reset at start.
-    let resettable = matches!(sb.state, SandboxState::Running | SandboxState::Suspended);
-    if !resettable || !engine.store().begin_reset(&sb.id)? {
-        return Err(Error::new(
-            ErrorCode::InvalidRequest,
-            format!("sandbox {} is {}, not running", sb.id, sb.state.as_str()),
-            "wait for the operation in progress to finish, then reset again",
-        ));
-    }
-    airlock_core::crashpoint::reached("reset.begun");
-    rebuild(engine, &sb, began, false).await
-}
-
-/// Rebuilds a `resetting` sandbox from the generation it was forked from and
-/// marks it running with the same address and credential; if that cannot be
-/// done, deletes it. Used by `reset`, and at start for a reset a crash cut short
-/// (`after_crash`).
-pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash: bool) -> Result<Sandbox> {
-    let dir = instance_dir(engine, &sb.id);
-    let mut steps = Steps::default();
-    let rebuilt = async {
-        let password = sb
-            .dsn
-            .as_deref()
-            .and_then(dsn::password)
-            .ok_or_else(|| Error::internal(format!("sandbox {} has no credential to keep", sb.id)))?;
-        // Its servers: the one the reset began with, and one a crash left half-started.
-        let stores = stores::of_sandbox(&dir);
-        for store in &stores {
-            store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
-        }
-        kill_cgroup_members(engine, &sb.id).await;
-        engine.services.changed(&sb.id, crate::services::Change::Reset);
-        airlock_core::crashpoint::reached("reset.stopped");
-        // remove_dir_all removes links inside, never what they point at.
-        engine.cloner.unlimit(&dir.root);
-        for store in &stores {
-            store.remove_data(At { engine, sb, dir: &dir })?;
-        }
-        engine.headroom.limit_new(engine, &dir.root)?;
-        bring_up(engine, sb, &password, &mut steps).await
-    }
-    .await;
-    match rebuilt {
-        Ok(pid) => {
-            let mut store = engine.store();
-            store.set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
-            store.record_or_log(NewEvent {
-                kind: airlock_core::events::EventKind::Reset,
-                sandbox: Some(sb.id.clone()),
-                golden: Some(sb.golden.clone()),
-                detail: json!({"reset_ms": ms(began), "steps": steps, "generation": sb.generation,
-                    "completed_after_restart": after_crash}),
-                ..Default::default()
-            });
-            store.sandbox(&sb.id)
-        }
-        Err(e) => {
-            tracing::warn!(sandbox = %sb.id, error = %e, "reset failed; deleting the sandbox");
-            teardown(engine, sb, DeleteReason::Failed).await?;
-            Err(Error::new(
-                e.code,
-                format!("resetting sandbox {} failed, and it was deleted: {}", sb.id, e.message),
-                e.hint,
-            ))
-        }
-    }
-}
-
 /// Starts a running sandbox whose process is gone (after a host restart, say),
 /// keeping its data and credential: every store starts again from what it
 /// last saved (a suspend's data, or the golden's).
@@ -506,120 +421,6 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     let pid = stores::start_all(&stores, at, &launch, Credential::Kept, &mut Steps::default()).await?;
     engine.store().set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;
     Ok(pid)
-}
-
-/// Deletes a sandbox by id or name. Waits for a fork in progress to finish first;
-/// if another caller is already deleting it, waits for that.
-pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<Sandbox> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut seen: Option<Sandbox> = None;
-    // Since when a `deleting` row has had no teardown under way.
-    let mut unclaimed_since: Option<Instant> = None;
-    loop {
-        let sb = match engine.store().sandbox(key) {
-            Ok(sb) => sb,
-            // Someone else finished deleting it while we waited: that is what was asked.
-            Err(e) if e.code == ErrorCode::SandboxNotFound && seen.is_some() => {
-                return Ok(seen.take().expect("checked"))
-            }
-            Err(e) => return Err(e),
-        };
-        match sb.state {
-            SandboxState::Running | SandboxState::Suspended => {
-                // Not while a suspend or wake is stopping or starting its server.
-                let _op = engine.sandbox_lock(&sb.id).await;
-                let sb = engine.store().sandbox(&sb.id)?;
-                if engine.store().begin_delete(&sb.id)? {
-                    teardown(engine, &sb, reason).await?;
-                    return Ok(sb);
-                }
-            }
-            // A teardown that failed left it; take it up (after a moment, so a
-            // deletion about to start its own teardown is not raced).
-            SandboxState::Deleting if !engine.tearing_down(&sb.id) && Instant::now() < deadline => {
-                let since = *unclaimed_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= RESUME_AFTER {
-                    teardown(engine, &sb, reason).await?;
-                }
-            }
-            SandboxState::Creating | SandboxState::Resetting | SandboxState::Deleting
-                if Instant::now() < deadline =>
-            {
-                unclaimed_since = None;
-            }
-            _ => {
-                return Err(Error::internal(format!(
-                    "sandbox {} is stuck in state {}",
-                    sb.id,
-                    sb.state.as_str()
-                )))
-            }
-        }
-        seen = Some(sb);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// How long a `deleting` row must go without a teardown under way before
-/// another takes it up.
-pub const RESUME_AFTER: Duration = Duration::from_secs(1);
-
-/// Stops a sandbox's processes, removes its files and its state row, and records
-/// why. Used for every kind of deletion, including failed forks and orphans.
-///
-/// A teardown that fails (say, it could not tell whether the server still runs)
-/// leaves the row `deleting`; the reaper, or the next `delete`, takes it up
-/// again. While one is under way another returns at once.
-pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
-    let Some(_claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
-    let began = Instant::now();
-    engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
-    let dir = instance_dir(engine, &sb.id);
-    // Files are never removed under a server that may still run.
-    for store in stores::of_sandbox(&dir) {
-        store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
-    }
-    kill_cgroup_members(engine, &sb.id).await;
-    if let Err(e) = engine.cloner.remove_tree(&dir.root) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            return Err(Error::io(format!("removing {}", dir.root.display()), &e));
-        }
-    }
-    {
-        let mut store = engine.store();
-        store.delete_sandbox(&sb.id)?;
-        store.record_or_log(NewEvent {
-            kind: airlock_core::events::EventKind::Deleted,
-            sandbox: Some(sb.id.clone()),
-            golden: Some(sb.golden.clone()),
-            reason: Some(reason.as_str()),
-            detail: json!({"generation": sb.generation, "expires_at": sb.expires_at, "delete_ms": ms(began)}),
-            ..Default::default()
-        });
-    }
-    // Its processes and files are gone: the uid can serve another sandbox.
-    engine.release_identity(sb);
-    engine.forget_sandbox(&sb.id);
-    engine.headroom.forget(&sb.id);
-    engine.room.freed.notify_waiters();
-    golden::prune(engine, &sb.golden)
-}
-
-/// Kills whatever is left in a sandbox's cgroups (backends of a killed server,
-/// `exec` processes), then removes the cgroups.
-pub async fn kill_cgroup_members(engine: &Engine, id: &str) {
-    for _ in 0..200 {
-        let members = engine.cgroups.members(id);
-        if members.is_empty() {
-            break;
-        }
-        for pid in members {
-            let _ =
-                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    engine.cgroups.remove(id);
 }
 
 /// Sets a sandbox to expire `ttl_seconds` from now.
