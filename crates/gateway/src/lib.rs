@@ -47,6 +47,7 @@ pub(crate) async fn running(engine: &Engine, key: &str) -> Result<(Sandbox, Busy
             "tools need a running sandbox; wait for the operation in progress, or fork a new one",
         ));
     }
+    let _ = tools::SERVED_BY.try_with(|served| *served.lock().unwrap_or_else(|p| p.into_inner()) = sb.pid);
     Ok((sb, busy))
 }
 

@@ -186,24 +186,35 @@ async fn run_and_record(
     let _counted = airlock_core::events::TOOL_CALLS.begin();
     let began = Instant::now();
     let mut detail = json!({"tool": tool, "via": via});
-    let before = served_by(engine, key);
+    // The server the call reached, once it has one (see `running`).
+    let served = Arc::new(std::sync::Mutex::new(None));
     let work = std::panic::AssertUnwindSafe(dispatch(engine, key, tool, args, &mut detail)).catch_unwind();
-    let outcome =
-        match tokio::time::timeout(DEADLINE, airlock_core::events::DOOR.scope(via.door(), work)).await {
-            Ok(Ok(outcome)) => outcome,
-            Ok(Err(panic)) => {
-                let what = airlock_listen::serve::panic_message(&panic);
-                tracing::error!(sandbox = %key, tool, panic = %what, "a tool call panicked");
-                Err(Error::internal(format!("the tool failed unexpectedly ({what})")))
-            }
-            Err(_) => Err(Error::new(
-                airlock_core::error::ErrorCode::TimedOut,
-                format!("{tool} took longer than {} minutes and was given up", DEADLINE.as_secs() / 60),
-                "ask for less at once",
-            )),
-        };
-    let outcome =
-        outcome.map_err(|e| for_agent(engine, key, tool, changed_meanwhile(engine, key, tool, before, e)));
+    let outcome = match tokio::time::timeout(
+        DEADLINE,
+        SERVED_BY.scope(served.clone(), airlock_core::events::DOOR.scope(via.door(), work)),
+    )
+    .await
+    {
+        Ok(Ok(outcome)) => outcome,
+        Ok(Err(panic)) => {
+            let what = airlock_listen::serve::panic_message(&panic);
+            tracing::error!(sandbox = %key, tool, panic = %what, "a tool call panicked");
+            Err(Error::internal(format!("the tool failed unexpectedly ({what})")))
+        }
+        Err(_) => Err(Error::new(
+            airlock_core::error::ErrorCode::TimedOut,
+            format!("{tool} took longer than {} minutes and was given up", DEADLINE.as_secs() / 60),
+            "ask for less at once",
+        )),
+    };
+    let outcome = outcome.map_err(|e| {
+        for_agent(
+            engine,
+            key,
+            tool,
+            changed_meanwhile(engine, key, tool, *served.lock().unwrap_or_else(|p| p.into_inner()), e),
+        )
+    });
     detail["duration_ms"] = json!(began.elapsed().as_millis() as u64);
     match &outcome {
         Ok(out) if out.is_error => {
@@ -450,28 +461,25 @@ fn for_agent(engine: &Engine, key: &str, tool: &str, e: Error) -> Error {
     )
 }
 
-/// The sandbox `key`'s state and the pid of the server it is known by, as
-/// the store has them now (None when there is no such sandbox).
-fn served_by(engine: &Engine, key: &str) -> Option<(SandboxState, Option<i32>)> {
-    engine.store().sandbox(key).ok().map(|sb| (sb.state, sb.pid))
+tokio::task_local! {
+    /// The pid of the server a tool call reached (set by `running` once the
+    /// sandbox is running), so a failure can be told apart from the server
+    /// going away under the call.
+    pub(crate) static SERVED_BY: Arc<std::sync::Mutex<Option<i32>>>;
 }
 
 /// A server failure during a call that the sandbox's own lifecycle explains
-/// (it was suspended, reset, woken again or deleted meanwhile, by its owner
-/// or its TTL) is said as that, for the caller to ask again: the call met a
-/// server being stopped, not a fault of Airlock's.
-fn changed_meanwhile(
-    engine: &Engine,
-    key: &str,
-    tool: &str,
-    before: Option<(SandboxState, Option<i32>)>,
-    e: Error,
-) -> Error {
-    if !matches!(e.code, ErrorCode::PostgresFailed | ErrorCode::RedisFailed) {
+/// (the server the call reached, `served`, was suspended, reset, restarted or
+/// deleted meanwhile, by its owner or its TTL) is said as that, for the caller
+/// to ask again: the call met a server being stopped, not a fault of Airlock's.
+fn changed_meanwhile(engine: &Engine, key: &str, tool: &str, served: Option<i32>, e: Error) -> Error {
+    // A call that never reached a running server (a wake that failed, say)
+    // failed for itself.
+    if !matches!(e.code, ErrorCode::PostgresFailed | ErrorCode::RedisFailed) || served.is_none() {
         return e;
     }
-    let now = served_by(engine, key);
-    if now.is_some() && now == before && now.is_some_and(|(state, _)| state == SandboxState::Running) {
+    let now = engine.store().sandbox(key).ok().map(|sb| (sb.state, sb.pid));
+    if now == Some((SandboxState::Running, served)) {
         return e;
     }
     tracing::info!(sandbox = key, tool, error = %e.message, "a tool call met its sandbox changing");

@@ -131,15 +131,22 @@ fn watch_servers(engine: &Arc<Engine>) {
         let all_stores = stores::of_sandbox(&dir);
         // The sandbox lives while the server its record names does, unless
         // that store starts again by itself (a sandbox with only a Redis).
-        let Some(first) = stores::first_server(&all_stores) else { continue };
-        let first_alive = match sb.pid {
-            Some(_) => first.serves(at),
-            None => Ok(false),
+        // (A sandbox whose directory holds no store any more is dead too.)
+        let first = stores::first_server(&all_stores);
+        let first_alive = match (first, sb.pid) {
+            (Some(first), Some(_)) => first.serves(at),
+            _ => Ok(false),
         };
         match first_alive {
-            Ok(alive) if alive || first.restarts_alone() => {
-                let dead: Vec<&'static dyn StoreKind> =
-                    all_stores.iter().copied().filter(|s| s.has_server() && s.pid(at).is_none()).collect();
+            Ok(alive) if alive || first.is_some_and(|f| f.restarts_alone()) => {
+                // Only a store that starts again alone is started again here;
+                // one that cannot (PostgreSQL) is the first server, whose
+                // death the next pass sees.
+                let dead: Vec<&'static dyn StoreKind> = all_stores
+                    .iter()
+                    .copied()
+                    .filter(|s| s.has_server() && s.restarts_alone() && s.pid(at).is_none())
+                    .collect();
                 if dead.is_empty() {
                     continue;
                 }

@@ -206,19 +206,27 @@ async fn answers(engine: &Engine, sb: &Sandbox) -> Result<bool> {
     let dir = engine.layout.sandbox_instance(&sb.id);
     let at = stores::At { engine, sb, dir: &dir };
     let all = stores::of_sandbox(&dir);
+    let Some(first) = stores::first_server(&all) else { return Ok(false) };
     // A daemon that died while copying the sandbox (a branch, a promotion)
-    // left it frozen, and its stores' writes held.
+    // left it frozen (or, without a freezer, its first server and that
+    // server's children stopped), and its stores' writes held.
     engine.cgroups.thaw(&sb.id);
+    let alive = first.serves(at)?;
+    if let (true, Some(pid)) = (alive, sb.pid) {
+        airlock_lifecycle::sandbox::branch::continue_all(pid);
+    }
     for store in &all {
         if let Err(e) = store.resume_writes(at).await {
             tracing::warn!(sandbox = %sb.id, store = store.name(), error = %e, "a kept store's writes could not be resumed");
         }
     }
-    let Some(first) = stores::first_server(&all) else { return Ok(false) };
-    if !first.serves(at)? {
+    if !alive {
         return Ok(false);
     }
-    for store in &all {
+    // The first server, and every store that cannot start again alone, must
+    // answer; another whose server died (a Redis beside a PostgreSQL) is
+    // started again by the reaper, as it would be at any time.
+    for store in all.iter().filter(|s| !s.restarts_alone() || s.name() == first.name()) {
         if !store.answers(at).await {
             tracing::warn!(sandbox = %sb.id, store = store.name(), "a kept store does not answer; starting the sandbox again");
             return Ok(false);

@@ -127,7 +127,9 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     // The sandbox's first server's namespaces (PostgreSQL's when it has one):
     // its network (loopback only), its System V IPC, and its mounts (private
     // /tmp, a /proc showing only its own processes).
-    let server = super::stores::first_server(&stores).and_then(|s| s.pid(at));
+    // The pid on record, checked to be that store's server: never a pid
+    // read from a file the sandbox's own user may write.
+    let server = super::stores::first_server(&stores).filter(|s| s.serves(at).unwrap_or(false)).and(sb.pid);
     let namespaces = match (engine.daemon_user.is_root(), server) {
         (true, Some(pid)) => Some(airlock_host::contain::Namespaces::of(pid)?),
         (true, _) => return Err(Error::postgres(format!("sandbox {} has no running server", sb.id))),

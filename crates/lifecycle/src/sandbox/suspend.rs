@@ -91,8 +91,11 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
         SuspendReason::DiskFull => Stop::Now,
         _ => Stop::Clean,
     };
+    // Stopped in the reverse of their order, the first server (the one the
+    // sandbox is known by) last: what saved its state just now stops at once,
+    // taking no write after its save while a slower shutdown runs.
     let mut clean = true;
-    for store in &stores {
+    for store in stores.iter().rev() {
         clean &= match store.stop(at, how).await {
             Ok(clean) => clean,
             Err(e) if how == Stop::Now => return Err(e),

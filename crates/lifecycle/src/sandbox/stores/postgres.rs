@@ -59,8 +59,12 @@ impl Postgres {
     /// and its pid file, whose pid may live on as a zombie or be reused.
     async fn clear_leftovers(&self, at: At<'_>) -> Result<()> {
         let pgdata = at.dir.pgdata();
-        if let Some(pid) = postmaster_pid(at.dir).filter(|p| instance::is_postmaster_of(*p, &pgdata)) {
-            tracing::warn!(sandbox = %at.sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
+        if let Some(pid) = postmaster_pid(at.dir) {
+            if instance::is_postmaster_of(pid, &pgdata) {
+                tracing::warn!(sandbox = %at.sb.id, pid, "a server still ran on a sandbox being restarted; stopping it");
+            }
+            // Fails when it cannot tell whether that server runs: no second
+            // server is started beside one that may.
             instance::kill(pid, &pgdata).await?;
         }
         instance::remove_stale_shared_memory(&pgdata);
@@ -151,9 +155,6 @@ impl StoreKind for Postgres {
         let Some(pid) = at.sb.pid.filter(|pid| instance::is_postmaster_of(*pid, &at.dir.pgdata())) else {
             return false;
         };
-        // A daemon that died while copying it without a freezer left its
-        // processes stopped.
-        crate::sandbox::branch::continue_all(pid);
         match admin::answers(at.dir, pid, admin::ANSWER_TIMEOUT).await {
             Ok(()) => true,
             Err(e) => {
