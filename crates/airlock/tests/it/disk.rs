@@ -636,7 +636,7 @@ fn a_migration_test_on_a_sandboxs_behalf_writes_within_what_it_has_left() {
     let text = out["text"].as_str().unwrap();
     let met =
         text.contains("quota") || out["result"]["candidates"][0]["failure"]["error"]["sqlstate"] == "53100";
-    assert!(met, "the test's fork met its limit: {out}");
+    assert!(met, "the test's fork met its limit: {out}\nLOG:\n{}", d.logs());
     // Nearly full, the sandbox's tests are told so before anything forks.
     sql(&dsn(&sb), &fill("bigger").replace("200000", "80000"));
     let _ = std::process::Command::new("sync").arg("-f").arg(d.home.join("volume")).status();

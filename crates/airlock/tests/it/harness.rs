@@ -94,7 +94,7 @@ impl Daemon {
     /// A daemon whose data root is under `base`.
     pub fn start_in(base: &Path, args: &[&str]) -> Daemon {
         let mut d = Daemon::unstarted(fresh_home(base), args);
-        d.spawn();
+        d.spawn_fresh();
         d
     }
 
@@ -108,7 +108,8 @@ impl Daemon {
         std::fs::write(&token_file, format!("{token}\n")).unwrap();
         let addr = format!("127.0.0.1:{port}");
         let mut d = Daemon::unstarted(home, &["--tcp", &addr, "--token-file", token_file.to_str().unwrap()]);
-        d.spawn();
+        d.spawn_fresh();
+        let addr = d.args[1].clone();
         (d, addr)
     }
 
@@ -116,7 +117,7 @@ impl Daemon {
     pub fn start_with_open_files(limit: u64, args: &[&str]) -> Daemon {
         let mut d = Daemon::unstarted(fresh_home(&cow_base().unwrap_or_else(plain_base)), args);
         d.open_files = Some(limit);
-        d.spawn();
+        d.spawn_fresh();
         d
     }
 
@@ -183,8 +184,43 @@ impl Daemon {
         out
     }
 
+    /// Starts a new daemon's first `airlock serve`. Its ports were found free
+    /// by binding and letting go, so a test running beside it can take one in
+    /// between: a start that fails so is tried again on other ports.
+    fn spawn_fresh(&mut self) {
+        for _ in 0..4 {
+            let log_len = self.log().len();
+            match self.try_spawn() {
+                Ok(()) => return,
+                Err(_)
+                    if self
+                        .log()
+                        .get(log_len..)
+                        .is_some_and(|new| new.contains("Address already in use")) =>
+                {
+                    let free =
+                        || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+                    self.router = format!("127.0.0.1:{}", free());
+                    self.redis_router = format!("127.0.0.1:{}", free());
+                    if let Some(i) = self.args.iter().position(|a| a == "--tcp") {
+                        self.args[i + 1] = format!("127.0.0.1:{}", free());
+                    }
+                }
+                Err(log) => panic!("the daemon did not start; log:\n{log}"),
+            }
+        }
+        panic!("the daemon found no free port; log:\n{}", self.log());
+    }
+
     /// Starts `airlock serve` and waits until its socket answers.
     pub fn spawn(&mut self) {
+        if let Err(log) = self.try_spawn() {
+            panic!("the daemon did not start; log:\n{log}");
+        }
+    }
+
+    /// `spawn`, with the daemon's log as the error when it exits or does not answer.
+    fn try_spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.home).unwrap();
         // A killed daemon's socket path may still lead to a listener held by a
         // child between fork and exec; only the new daemon's socket counts.
@@ -221,18 +257,22 @@ impl Daemon {
             .stderr(log)
             .process_group(0);
         self.child = Some(cmd.spawn().expect("airlock serve starts"));
-        self.wait_answering();
+        self.wait_answering()
     }
 
-    fn wait_answering(&mut self) {
+    fn wait_answering(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         while std::os::unix::net::UnixStream::connect(self.socket()).is_err() {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
-                panic!("daemon exited ({status}); log:\n{}", self.log());
+                self.child = None;
+                return Err(format!("daemon exited ({status}):\n{}", self.log()));
             }
-            assert!(Instant::now() < deadline, "daemon did not answer; log:\n{}", self.log());
+            if Instant::now() >= deadline {
+                return Err(format!("daemon did not answer:\n{}", self.log()));
+            }
             std::thread::sleep(Duration::from_millis(10));
         }
+        Ok(())
     }
 
     /// Runs `airlock serve` expecting it to refuse to start; returns its output.
