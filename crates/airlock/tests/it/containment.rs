@@ -138,12 +138,26 @@ fn a_runaway_neighbour_does_not_stop_another_sandbox_answering() {
             answered += 1;
         }
         assert!(answered > 5, "only {answered} queries answered");
+        // The hog is stopped by PostgreSQL (its statement timeout, or its own
+        // allocation failing), or by its sandbox's memory cgroup, whose OOM
+        // killer ends the backend; the server then ends every session of its
+        // own and starts over. Any of these is containment, so long as it is
+        // the server's log that says it was killed.
+        let killed_for_memory = || d.logs().contains("was terminated by signal 9: Killed");
         let err = cartesian.join().unwrap().unwrap_err();
-        assert!(err.contains("statement timeout"), "the runaway join was cancelled: {err}");
+        assert!(
+            err.contains("statement timeout")
+                || (err.contains("crash of another server process") && killed_for_memory()),
+            "the runaway join was cancelled: {err}\n{}",
+            d.logs()
+        );
         let hog = hog.join().unwrap();
         assert!(
-            hog.is_err_and(|e| e.contains("statement timeout") || e.contains("out of memory")),
-            "the memory hog was stopped"
+            hog.as_ref().is_err_and(|e| e.contains("statement timeout")
+                || e.contains("out of memory")
+                || killed_for_memory()),
+            "the memory hog was stopped: {hog:?}\n{}",
+            d.logs()
         );
     });
     assert!(started.elapsed() < Duration::from_secs(20));

@@ -70,7 +70,8 @@ fn a_sandbox_filling_its_quota_gets_its_own_error_while_a_neighbour_keeps_commit
     // write that reaches the limit in the middle of a block.
     assert!(
         err.contains("Disk quota exceeded") || err.contains("Check free disk space"),
-        "the filler's own error: {err}"
+        "the filler's own error: {err}\n{}",
+        d.logs()
     );
     assert_eq!(failed.load(Ordering::SeqCst), 0, "the neighbour saw errors; {}", d.logs());
     assert!(done.load(Ordering::SeqCst) > 10, "the neighbour kept committing");
