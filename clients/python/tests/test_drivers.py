@@ -72,6 +72,21 @@ def test_psycopg_binds_the_channel_cancels_safely_and_negotiates_tls_directly(sa
         psycopg.connect(wrong)
 
 
+def test_libpq_18_asking_for_the_newest_protocol_is_negotiated_down_to_3_0(sandbox):
+    """libpq 18 asks for protocol 3.2 with max_protocol_version=latest (psycopg
+    3.3 can set it); the router speaks 3.0 to the sandbox's server and says so
+    in NegotiateProtocolVersion, as PostgreSQL 17 and older do."""
+    assert psycopg.pq.version() >= 180000, "psycopg's own libpq is 18 or newer (psycopg-binary 3.3)"
+    for extra in ("&max_protocol_version=latest", "&max_protocol_version=3.2", "&max_protocol_version=3.0"):
+        for dsn in (sandbox.dsn, plaintext(sandbox.dsn)):
+            with psycopg.connect(dsn + extra) as conn:
+                assert conn.execute("SELECT count(*) FROM orders").fetchone() == (500,), extra
+                assert conn.info.pgconn.protocol_version == 3
+    # A client that insists on 3.2 is told the server's version, by libpq itself.
+    with pytest.raises(psycopg.OperationalError, match="3.0"):
+        psycopg.connect(sandbox.dsn + "&min_protocol_version=3.2&max_protocol_version=latest")
+
+
 def test_asyncpg_over_tls_and_plaintext(sandbox):
     async def run(dsn):
         conn = await asyncpg.connect(dsn)

@@ -89,6 +89,10 @@ pub struct Startup {
     pub database: String,
     /// Allowed settings, in the order given, names lower-cased.
     pub settings: Vec<(String, String)>,
+    /// Protocol options (`_pq_.*`) asked for: none is recognised, so each is
+    /// listed back in NegotiateProtocolVersion, as PostgreSQL does, and the
+    /// session goes on without it.
+    pub protocol_options: Vec<String>,
 }
 
 impl Startup {
@@ -170,6 +174,7 @@ fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
     let mut seen: Vec<String> = Vec::new();
     let (mut user, mut database) = (None, None);
     let mut settings = Vec::new();
+    let mut protocol_options = Vec::new();
     loop {
         let key = cstr(&mut rest)?;
         if key.is_empty() {
@@ -185,6 +190,9 @@ fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
         }
         seen.push(name.clone());
         match name.as_str() {
+            // A protocol option, as the server matches it (case and all);
+            // never passed on to the sandbox's server.
+            _ if key.starts_with("_pq_.") => protocol_options.push(key),
             "user" => user = Some(value),
             "database" => database = Some(value),
             "options" => settings.extend(options(&value)?),
@@ -203,7 +211,7 @@ fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
     }
     let user = user.filter(|u| !u.is_empty()).ok_or_else(|| PacketError::invalid("no user given"))?;
     let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
-    Ok(Startup { version, user, database, settings })
+    Ok(Startup { version, user, database, settings, protocol_options })
 }
 
 /// The settings in an `options` value: `-c name=value` and `--name=value`, with
@@ -373,16 +381,24 @@ pub fn expects_client_answer(auth_code: i32) -> bool {
     matches!(auth_code, 3 | 5 | 10 | 11)
 }
 
-/// The `NegotiateProtocolVersion` a client asking for a minor version above 0
-/// gets: 3.0, and no protocol options recognised (none are accepted).
+/// The `NegotiateProtocolVersion` a client gets when it asks for a minor
+/// version above 0 or for protocol options, as PostgreSQL sends it: the
+/// version the session will speak (3.0, whole: libpq reads the field as a
+/// version number, and takes a bare minor of 0 for a downgrade to 2.x), then
+/// every protocol option asked for, none being recognised.
 pub fn negotiate_protocol_version(startup: &Startup) -> Option<Vec<u8>> {
-    (startup.version & 0xffff != 0).then(|| {
-        let mut out = vec![b'v'];
-        out.extend_from_slice(&12i32.to_be_bytes());
-        out.extend_from_slice(&(PROTOCOL_3_0 & 0xffff).to_be_bytes());
-        out.extend_from_slice(&0i32.to_be_bytes());
-        out
-    })
+    if startup.version & 0xffff == 0 && startup.protocol_options.is_empty() {
+        return None;
+    }
+    let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
+    body.extend_from_slice(&(startup.protocol_options.len() as i32).to_be_bytes());
+    for option in &startup.protocol_options {
+        push_cstr(&mut body, option);
+    }
+    let mut out = vec![b'v'];
+    out.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
+    out.extend_from_slice(&body);
+    Some(out)
 }
 
 /// An `ErrorResponse` the router sends itself.
@@ -445,6 +461,40 @@ mod tests {
         packet(&body)
     }
 
+    /// What PostgreSQL answers a client asking for 3.2 and for protocol
+    /// options it does not know: the version it speaks, as a whole version
+    /// number, and the options listed; the options never reach the server.
+    #[tokio::test]
+    async fn a_newer_minor_and_protocol_options_are_negotiated_down_as_postgresql_does() {
+        let mut body = ((3i32 << 16) | 2).to_be_bytes().to_vec();
+        body.extend_from_slice(
+            b"user\0airlock_agent\0_pq_.test_option\0x\0_pq_.Other\0y\0database\0sb-1\0\0",
+        );
+        let FirstPacket::Startup(s) = read(&packet(&body)).await.unwrap() else { panic!() };
+        assert_eq!(s.protocol_options, ["_pq_.test_option", "_pq_.Other"]);
+        let v = negotiate_protocol_version(&s).expect("negotiated");
+        let mut want = vec![b'v'];
+        want.extend_from_slice(&(4 + 4 + 4 + 17 + 11i32).to_be_bytes());
+        want.extend_from_slice(&196608i32.to_be_bytes());
+        want.extend_from_slice(&2i32.to_be_bytes());
+        want.extend_from_slice(b"_pq_.test_option\0_pq_.Other\0");
+        assert_eq!(v, want);
+        let forwarded = s.encode_for("airlock_agent", "app");
+        assert!(!forwarded.windows(5).any(|w| w == b"_pq_."), "a protocol option reached the server");
+        // 3.0 with no option: nothing to negotiate.
+        let FirstPacket::Startup(plain) = read(&startup_of(b"user\0airlock_agent\0\0")).await.unwrap() else {
+            panic!()
+        };
+        assert!(negotiate_protocol_version(&plain).is_none());
+        // 3.0 with an option: 3.0 and the option.
+        let FirstPacket::Startup(opt) =
+            read(&startup_of(b"user\0airlock_agent\0_pq_.x\0\0\0")).await.unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(negotiate_protocol_version(&opt).unwrap()[5..9], 196608i32.to_be_bytes());
+    }
+
     #[tokio::test]
     async fn builds_the_servers_startup_from_what_it_accepted() {
         let p = startup_of(b"user\0airlock_agent\0database\0sb-1\0application_name\0psql\0options\0-c search_path=x --lock-timeout=5s\0\0");
@@ -482,7 +532,6 @@ mod tests {
             b"user\0airlock_agent\0role\0airlock_admin\0\0",
             b"user\0airlock_agent\0session_authorization\0airlock_admin\0\0",
             b"user\0airlock_agent\0replication\0database\0\0",
-            b"user\0airlock_agent\0_pq_.anything\0x\0\0",
             b"user\0airlock_agent\0log_statement\0none\0\0",
             b"database\0sb-1\0\0",
         ] {
