@@ -47,7 +47,6 @@ packets_refused! {
     session_authorization_as_a_parameter: [("user", "airlock_agent"), ("database", "{sb}"), ("session_authorization", "airlock_admin")] => "08P01";
     a_setting_twice_through_options: [("user", "airlock_agent"), ("database", "{sb}"), ("search_path", "a"), ("options", "-c search_path=b")] => "08P01";
     replication_connection: [("user", "airlock_agent"), ("database", "{sb}"), ("replication", "database")] => "08P01";
-    protocol_extension: [("user", "airlock_agent"), ("database", "{sb}"), ("_pq_.anything", "x")] => "08P01";
     superuser_setting: [("user", "airlock_agent"), ("database", "{sb}"), ("log_statement", "none")] => "08P01";
     preload_libraries: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c local_preload_libraries=evil")] => "08P01";
     server_switch_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-d 5")] => "08P01";
@@ -150,12 +149,37 @@ fn a_newer_minor_protocol_version_is_answered_with_3_0() {
     let mut tcp = std::net::TcpStream::connect(s.router()).unwrap();
     tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     tcp.write_all(&packet).unwrap();
-    // NegotiateProtocolVersion first, as PostgreSQL sends it: newest minor 0, no options.
+    // NegotiateProtocolVersion first, as PostgreSQL sends it: the version the
+    // session speaks, 3.0, as a whole version number (libpq 18 reads a bare
+    // minor of 0 as a downgrade to 2.x), and no options.
     let mut message = [0u8; 13];
     tcp.read_exact(&mut message).unwrap();
-    assert_eq!(message, [b'v', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(message, [b'v', 0, 0, 0, 12, 0, 3, 0, 0, 0, 0, 0, 0]);
     let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
     assert_eq!(session.query("SELECT 1").unwrap(), vec![vec![Some("1".to_owned())]]);
+    s.untouched();
+}
+
+/// A protocol option (`_pq_.*`) is listed back as unrecognised, as PostgreSQL
+/// lists it, and the session goes on as the agent: the option never reaches
+/// the server, so it can ask nothing of it.
+#[test]
+fn a_protocol_option_is_listed_back_and_never_reaches_the_server() {
+    use std::io::{Read, Write};
+    let s = Scene::new();
+    let params = [("user", "airlock_agent"), ("database", s.id.as_str()), ("_pq_.anything", "x")];
+    let packet = startup_packet(V3, &params);
+    let mut tcp = std::net::TcpStream::connect(s.router()).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    tcp.write_all(&packet).unwrap();
+    let mut message = [0u8; 27];
+    tcp.read_exact(&mut message).unwrap();
+    let mut want = vec![b'v', 0, 0, 0, 26, 0, 3, 0, 0, 0, 0, 0, 1];
+    want.extend_from_slice(b"_pq_.anything\0");
+    assert_eq!(message.as_slice(), want.as_slice());
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    let who = session.query("SELECT current_user, current_setting('is_superuser')").unwrap();
+    assert_eq!(who, vec![vec![Some("airlock_agent".to_owned()), Some("off".to_owned())]]);
     s.untouched();
 }
 
