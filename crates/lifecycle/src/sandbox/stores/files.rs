@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use super::{At, Credential, Held, Launch, Stop, StoreKind};
 use crate::sandbox::Steps;
-use airlock_core::error::{Error, Result};
+use airlock_core::error::Result;
 use airlock_core::layout::InstanceDir;
 
 /// Files in the sandbox's own directory, owned by its `exec` user.
@@ -51,16 +51,8 @@ impl StoreKind for Files {
 
     fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
         let user = at.engine.exec_user(at.sb)?;
-        at.engine
-            .cloner
-            .clone_tree(
-                &files_dir(golden_root),
-                &files_dir(&at.dir.root),
-                Some(&user),
-                Some(at.engine.daemon_user.uid),
-            )
-            .map(|_| ())
-            .map_err(|e| Error::io("cloning a golden's files", &e))
+        let (from, to) = (files_dir(golden_root), files_dir(&at.dir.root));
+        super::clone_owned(at.engine, (&from, &to), &user, at.engine.daemon_user.uid, "a golden's files")
     }
 
     fn configure(&self, _at: At<'_>, _password: &str) -> Result<()> {
@@ -93,16 +85,8 @@ impl StoreKind for Files {
         // for links: only that user's directories and regular files are taken.
         let user = to.engine.exec_user(to.sb)?;
         let source_user = from.engine.exec_user(from.sb)?;
-        from.engine
-            .cloner
-            .clone_tree(
-                &files_dir(&from.dir.root),
-                &files_dir(&to.dir.root),
-                Some(&user),
-                Some(source_user.uid),
-            )
-            .map(|_| ())
-            .map_err(|e| Error::io("cloning a sandbox's files", &e))
+        let (source, target) = (files_dir(&from.dir.root), files_dir(&to.dir.root));
+        super::clone_owned(from.engine, (&source, &target), &user, source_user.uid, "a sandbox's files")
     }
 
     async fn stop(&self, _at: At<'_>, _how: Stop) -> Result<bool> {

@@ -148,9 +148,11 @@ pub trait StoreKind: Send + Sync {
 
     /// Whether the server the sandbox's record names is still this store's
     /// server (for the store that gives the sandbox its pid); an error when
-    /// that could not be looked at.
+    /// that could not be looked at. The recorded pid itself must be the one
+    /// the store finds: a server that merely runs is not enough, since the
+    /// recorded pid is what `exec` enters.
     fn serves(&self, at: At<'_>) -> std::io::Result<bool> {
-        Ok(self.pid(at).is_some())
+        Ok(at.sb.pid.is_some() && self.pid(at) == at.sb.pid)
     }
 
     /// Whether its server runs and answers (reconciliation at start).
@@ -306,6 +308,23 @@ pub async fn resume_all(held: Vec<Held>) {
     for h in held {
         h.resume().await;
     }
+}
+
+/// Clones the tree `from` into `to` for `owner`, taking only directories and
+/// regular files of `source_uid`, never a link (the source may be a sandbox's,
+/// whose code can be swapping its files right now); `what` names it in errors.
+fn clone_owned(
+    engine: &Engine,
+    (from, to): (&Path, &Path),
+    owner: &Identity,
+    source_uid: nix::unistd::Uid,
+    what: &str,
+) -> Result<()> {
+    engine
+        .cloner
+        .clone_tree(from, to, Some(owner), Some(source_uid))
+        .map(drop)
+        .map_err(|e| Error::io(format!("cloning {what}"), &e))
 }
 
 /// Removes a tree a store cloned, if it is there.

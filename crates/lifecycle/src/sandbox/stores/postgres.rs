@@ -94,11 +94,8 @@ impl StoreKind for Postgres {
     fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
         let golden = golden_root.join("pgdata");
         let user = at.engine.sandbox_user(at.sb)?;
-        at.engine
-            .cloner
-            .clone_tree(&golden, &at.dir.pgdata(), Some(&user), Some(at.engine.daemon_user.uid))
-            .map(|_| ())
-            .map_err(|e| Error::io(format!("cloning {}", golden.display()), &e))
+        let what = golden.display().to_string();
+        super::clone_owned(at.engine, (&golden, &at.dir.pgdata()), &user, at.engine.daemon_user.uid, &what)
     }
 
     fn configure(&self, at: At<'_>, _password: &str) -> Result<()> {

@@ -8,7 +8,7 @@ use std::path::Path;
 use super::{At, Credential, Held, Launch, Stop, StoreKind, HOLD_LIMIT};
 use crate::engine::Engine;
 use crate::sandbox::{Mode, Steps};
-use airlock_core::error::{Error, Result};
+use airlock_core::error::Result;
 use airlock_core::layout::InstanceDir;
 use airlock_redis::server::{self, Admin};
 
@@ -35,16 +35,8 @@ impl StoreKind for Redis {
 
     fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
         let user = at.engine.sandbox_user(at.sb)?;
-        at.engine
-            .cloner
-            .clone_tree(
-                &golden_root.join("redis"),
-                &at.dir.redis_dir(),
-                Some(&user),
-                Some(at.engine.daemon_user.uid),
-            )
-            .map(|_| ())
-            .map_err(|e| Error::io("cloning a golden's Redis part", &e))
+        let (from, to) = (golden_root.join("redis"), at.dir.redis_dir());
+        super::clone_owned(at.engine, (&from, &to), &user, at.engine.daemon_user.uid, "a golden's Redis part")
     }
 
     fn configure(&self, at: At<'_>, password: &str) -> Result<()> {
@@ -97,11 +89,8 @@ impl StoreKind for Redis {
     fn copy_frozen(&self, from: At<'_>, to: At<'_>) -> Result<()> {
         let user = to.engine.sandbox_user(to.sb)?;
         let source_user = from.engine.sandbox_user(from.sb)?;
-        from.engine
-            .cloner
-            .clone_tree(&from.dir.redis_dir(), &to.dir.redis_dir(), Some(&user), Some(source_user.uid))
-            .map(|_| ())
-            .map_err(|e| Error::io("cloning a sandbox's Redis data", &e))
+        let (source, target) = (from.dir.redis_dir(), to.dir.redis_dir());
+        super::clone_owned(from.engine, (&source, &target), &user, source_user.uid, "a sandbox's Redis data")
     }
 
     async fn resume_writes(&self, at: At<'_>) -> Result<()> {
