@@ -81,10 +81,49 @@ def test_libpq_18_asking_for_the_newest_protocol_is_negotiated_down_to_3_0(sandb
         for dsn in (sandbox.dsn, plaintext(sandbox.dsn)):
             with psycopg.connect(dsn + extra) as conn:
                 assert conn.execute("SELECT count(*) FROM orders").fetchone() == (500,), extra
-                assert conn.info.pgconn.protocol_version == 3
+                assert conn.info.pgconn.full_protocol_version == 30000
     # A client that insists on 3.2 is told the server's version, by libpq itself.
     with pytest.raises(psycopg.OperationalError, match="3.0"):
         psycopg.connect(sandbox.dsn + "&min_protocol_version=3.2&max_protocol_version=latest")
+
+
+def test_libpq_18_speaks_protocol_3_2_end_to_end_with_a_postgresql_18_sandbox(daemon, client):
+    """On a sandbox of PostgreSQL 18 (installed by `airlock postgres install
+    18`, as make test does), libpq 18 gets protocol 3.2 whole, even when it
+    insists on it: its longer cancel key goes through the router, and a
+    cancel_safe() ends the statement, over TLS and plaintext."""
+    schema = daemon.home / "t18.sql"
+    schema.write_text("CREATE TABLE t (id int PRIMARY KEY); INSERT INTO t SELECT generate_series(1, 7);")
+    if not any(g["name"] == "shop18" for g in daemon.json("golden", "ls")):
+        daemon.cli("golden", "create", "shop18", "--schema", str(schema), "--postgres", "18")
+    sb = client.fork("shop18", ttl="10m")
+    try:
+        for dsn in (sb.dsn, plaintext(sb.dsn)):
+            with psycopg.connect(dsn + "&min_protocol_version=3.2&max_protocol_version=3.2") as conn:
+                version = "SELECT count(*), current_setting('server_version_num')::int / 10000 FROM t"
+                assert conn.execute(version).fetchone() == (7, 18)
+                assert conn.info.pgconn.full_protocol_version == 30002
+                done = {}
+
+                def sleep():
+                    try:
+                        conn.execute("SELECT pg_sleep(30)")
+                    except psycopg.errors.QueryCanceled:
+                        done["cancelled"] = True
+
+                t = threading.Thread(target=sleep)
+                t.start()
+                deadline = time.time() + 10
+                with psycopg.connect(dsn) as watcher:
+                    while not watcher.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'"
+                    ).fetchone()[0] and time.time() < deadline:
+                        time.sleep(0.02)
+                conn.cancel_safe(timeout=10)
+                t.join(15)
+                assert done.get("cancelled"), dsn
+    finally:
+        client.delete(sb)
 
 
 def test_asyncpg_over_tls_and_plaintext(sandbox):

@@ -21,7 +21,7 @@ pub struct Backend {
     /// ParameterStatus values, in the order the server reported them.
     params: Vec<(String, String)>,
     /// The backend's pid and cancel key.
-    pub key: Option<(i32, i32)>,
+    pub key: Option<protocol::BackendKey>,
 }
 
 /// Why a login did not give a session.
@@ -187,11 +187,8 @@ impl Backend {
                 out.push(0);
             }
         }
-        if let Some((pid, key)) = self.key {
-            out.push(b'K');
-            out.extend_from_slice(&12i32.to_be_bytes());
-            out.extend_from_slice(&pid.to_be_bytes());
-            out.extend_from_slice(&key.to_be_bytes());
+        if let Some(key) = &self.key {
+            out.extend_from_slice(&key.message());
         }
         out.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
         out

@@ -8,9 +8,11 @@ use std::time::Instant;
 
 use airlock_lifecycle::activity::{Activity, Busy};
 
+use super::protocol::BackendKey;
+
 #[derive(Debug, Default)]
 struct Inner {
-    backends: HashMap<(i32, i32), String>,
+    backends: HashMap<BackendKey, String>,
     authenticating: HashMap<String, Arc<tokio::sync::Semaphore>>,
 }
 
@@ -79,8 +81,8 @@ impl Connections {
     }
 
     /// The sandbox serving the backend with this pid and secret key.
-    pub fn backend_owner(&self, pid: i32, key: i32) -> Option<String> {
-        self.lock().backends.get(&(pid, key)).cloned()
+    pub fn backend_owner(&self, key: &BackendKey) -> Option<String> {
+        self.lock().backends.get(key).cloned()
     }
 }
 
@@ -89,20 +91,20 @@ impl Connections {
 pub struct Open {
     connections: Connections,
     sandbox: String,
-    backend: Option<(i32, i32)>,
+    backend: Option<BackendKey>,
     _busy: Busy,
 }
 
 impl Open {
     /// Records the backend key the server sent for this connection.
-    pub fn set_backend(&mut self, pid: i32, key: i32) {
-        self.connections.lock().backends.insert((pid, key), self.sandbox.clone());
-        self.backend = Some((pid, key));
+    pub fn set_backend(&mut self, key: BackendKey) {
+        self.connections.lock().backends.insert(key.clone(), self.sandbox.clone());
+        self.backend = Some(key);
     }
 
     /// The backend's pid and secret key, once the server has sent them.
-    pub fn backend(&self) -> Option<(i32, i32)> {
-        self.backend
+    pub fn backend(&self) -> Option<&BackendKey> {
+        self.backend.as_ref()
     }
 
     /// The sandbox it is open to.
@@ -113,8 +115,8 @@ impl Open {
 
 impl Drop for Open {
     fn drop(&mut self) {
-        if let Some(k) = self.backend {
-            self.connections.lock().backends.remove(&k);
+        if let Some(k) = &self.backend {
+            self.connections.lock().backends.remove(k);
         }
     }
 }
@@ -129,13 +131,16 @@ mod tests {
         assert_eq!(c.idle_since("a"), None);
         let mut one = c.open("a");
         let two = c.open("a");
-        one.set_backend(10, 99);
+        let key = |secret: &[u8]| BackendKey { pid: 10, secret: secret.to_vec() };
+        one.set_backend(key(&[0, 0, 0, 99]));
         assert_eq!(c.open_count("a"), 2);
         assert_eq!(c.idle_since("a"), None);
-        assert_eq!(c.backend_owner(10, 99).as_deref(), Some("a"));
-        assert_eq!(c.backend_owner(10, 98), None);
+        assert_eq!(c.backend_owner(&key(&[0, 0, 0, 99])).as_deref(), Some("a"));
+        assert_eq!(c.backend_owner(&key(&[0, 0, 0, 98])), None);
+        // A longer key that begins with the right four bytes is another key.
+        assert_eq!(c.backend_owner(&key(&[0, 0, 0, 99, 0])), None);
         drop(one);
-        assert_eq!(c.backend_owner(10, 99), None);
+        assert_eq!(c.backend_owner(&key(&[0, 0, 0, 99])), None);
         drop(two);
         assert!(c.idle_since("a").is_some());
         c.forget("a");

@@ -23,8 +23,13 @@ pub const MAX_AUTH_MESSAGE: usize = 64 * 1024;
 /// The longest message accepted from a server before the session is established.
 const MAX_SERVER_STARTUP_MESSAGE: usize = 1 << 20;
 
-/// Protocol 3.0, the version the router speaks.
+/// Protocol 3.0, the version every sandbox's server speaks.
 pub const PROTOCOL_3_0: i32 = 3 << 16;
+/// Protocol 3.2 (PostgreSQL 18): cancel keys of up to 256 bytes. The router
+/// speaks it with a client when the sandbox's server does.
+pub const PROTOCOL_3_2: i32 = (3 << 16) | 2;
+/// The longest cancel key protocol 3.2 allows.
+pub const MAX_CANCEL_KEY: usize = 256;
 const SSL_REQUEST: i32 = 80877103;
 const GSSENC_REQUEST: i32 = 80877104;
 const CANCEL_REQUEST: i32 = 80877102;
@@ -36,13 +41,8 @@ pub enum FirstPacket {
     SslRequest,
     /// Asks for GSSAPI encryption (always declined).
     GssEncRequest,
-    /// Cancels a query running on the backend with this pid and secret key.
-    Cancel {
-        /// The backend's process id.
-        pid: i32,
-        /// The backend's secret key.
-        key: i32,
-    },
+    /// Cancels a query running on the backend with this key.
+    Cancel(BackendKey),
     /// A protocol 3 startup message, checked: who connects to what, and the
     /// session settings it asks for.
     Startup(Startup),
@@ -78,10 +78,51 @@ pub const MAX_PARAM_NAME: usize = 63;
 /// The longest parameter value accepted.
 pub const MAX_PARAM_VALUE: usize = 1024;
 
+/// A backend's process id and secret key, as BackendKeyData carries them and a
+/// CancelRequest repeats them: 4 bytes of key in protocol 3.0, up to
+/// [`MAX_CANCEL_KEY`] in 3.2.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BackendKey {
+    /// The backend's process id.
+    pub pid: i32,
+    /// The backend's secret key.
+    pub secret: Vec<u8>,
+}
+
+impl BackendKey {
+    /// The key from a BackendKeyData body or a CancelRequest's tail: a pid,
+    /// then 4 to [`MAX_CANCEL_KEY`] bytes of secret.
+    pub fn read(bytes: &[u8]) -> Option<BackendKey> {
+        let (pid, secret) = bytes.split_first_chunk::<4>()?;
+        (4..=MAX_CANCEL_KEY)
+            .contains(&secret.len())
+            .then(|| BackendKey { pid: i32::from_be_bytes(*pid), secret: secret.to_vec() })
+    }
+
+    /// The BackendKeyData message that tells a client this key.
+    pub fn message(&self) -> Vec<u8> {
+        let mut out = vec![b'K'];
+        out.extend_from_slice(&((8 + self.secret.len()) as i32).to_be_bytes());
+        out.extend_from_slice(&self.pid.to_be_bytes());
+        out.extend_from_slice(&self.secret);
+        out
+    }
+
+    /// The CancelRequest packet for this key.
+    pub fn cancel_request(&self) -> Vec<u8> {
+        let mut out = ((12 + self.secret.len()) as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(&CANCEL_REQUEST.to_be_bytes());
+        out.extend_from_slice(&self.pid.to_be_bytes());
+        out.extend_from_slice(&self.secret);
+        out
+    }
+}
+
 /// A client's startup message as the router accepted it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Startup {
-    /// The protocol version (3.x).
+    /// The protocol version (3.x): as the client asked, until the router
+    /// settles the one the session speaks ([`Startup::settle_version`]).
     pub version: i32,
     /// The role asked for.
     pub user: String,
@@ -96,13 +137,24 @@ pub struct Startup {
 }
 
 impl Startup {
-    /// The message the sandbox's server gets: `user` is the role given (which the
-    /// router has checked is the agent's), `database` is `database`, then the
-    /// allowed settings.
+    /// Settles the version the session speaks, given the newest the sandbox's
+    /// server speaks: 3.2 when both ask for it, else 3.0. Returns the
+    /// NegotiateProtocolVersion to send the client first, if it asked for
+    /// something else (a newer minor, or protocol options, none of which is
+    /// recognised), as PostgreSQL sends it.
+    pub fn settle_version(&mut self, server_newest: i32) -> Option<Vec<u8>> {
+        let asked = self.version;
+        self.version =
+            if asked >= PROTOCOL_3_2 && server_newest >= PROTOCOL_3_2 { PROTOCOL_3_2 } else { PROTOCOL_3_0 };
+        (asked != self.version || !self.protocol_options.is_empty())
+            .then(|| negotiate_protocol_version(self.version, &self.protocol_options))
+    }
+
+    /// The message the sandbox's server gets: the settled version, `user` the
+    /// role given (which the router has checked is the agent's), `database`
+    /// `database`, then the allowed settings. Protocol options never reach it.
     pub fn encode_for(&self, user: &str, database: &str) -> Vec<u8> {
-        // Protocol 3.0, whatever minor the client asked for: the router answers
-        // a newer minor with NegotiateProtocolVersion itself.
-        let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
+        let mut body = self.version.to_be_bytes().to_vec();
         for (k, v) in [("user", user), ("database", database)]
             .into_iter()
             .chain(self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -155,13 +207,10 @@ fn parse_first_packet(body: &[u8]) -> Result<FirstPacket, PacketError> {
     match code {
         SSL_REQUEST if body.len() == 4 => Ok(FirstPacket::SslRequest),
         GSSENC_REQUEST if body.len() == 4 => Ok(FirstPacket::GssEncRequest),
-        CANCEL_REQUEST if body.len() == 12 => Ok(FirstPacket::Cancel {
-            pid: i32::from_be_bytes(body[4..8].try_into().expect("sized")),
-            key: i32::from_be_bytes(body[8..12].try_into().expect("sized")),
-        }),
-        SSL_REQUEST | GSSENC_REQUEST | CANCEL_REQUEST => {
-            Err(PacketError::invalid("wrong length for its code"))
-        }
+        CANCEL_REQUEST => BackendKey::read(&body[4..])
+            .map(FirstPacket::Cancel)
+            .ok_or(PacketError::invalid("wrong length for its code")),
+        SSL_REQUEST | GSSENC_REQUEST => Err(PacketError::invalid("wrong length for its code")),
         version if version >> 16 == 3 => Ok(FirstPacket::Startup(startup(version, &body[4..])?)),
         version => Err(PacketError::Unsupported(version >> 16, version & 0xffff)),
     }
@@ -295,14 +344,8 @@ impl Message {
     }
 
     /// For a `K` message, the backend's pid and secret key.
-    pub fn backend_key(&self) -> Option<(i32, i32)> {
-        (self.tag == b'K' && self.body().len() == 8).then(|| {
-            let b = self.body();
-            (
-                i32::from_be_bytes(b[..4].try_into().expect("sized")),
-                i32::from_be_bytes(b[4..].try_into().expect("sized")),
-            )
-        })
+    pub fn backend_key(&self) -> Option<BackendKey> {
+        (self.tag == b'K').then(|| BackendKey::read(self.body())).flatten()
     }
 }
 
@@ -381,24 +424,20 @@ pub fn expects_client_answer(auth_code: i32) -> bool {
     matches!(auth_code, 3 | 5 | 10 | 11)
 }
 
-/// The `NegotiateProtocolVersion` a client gets when it asks for a minor
-/// version above 0 or for protocol options, as PostgreSQL sends it: the
-/// version the session will speak (3.0, whole: libpq reads the field as a
-/// version number, and takes a bare minor of 0 for a downgrade to 2.x), then
-/// every protocol option asked for, none being recognised.
-pub fn negotiate_protocol_version(startup: &Startup) -> Option<Vec<u8>> {
-    if startup.version & 0xffff == 0 && startup.protocol_options.is_empty() {
-        return None;
-    }
-    let mut body = PROTOCOL_3_0.to_be_bytes().to_vec();
-    body.extend_from_slice(&(startup.protocol_options.len() as i32).to_be_bytes());
-    for option in &startup.protocol_options {
+/// A `NegotiateProtocolVersion` as PostgreSQL sends it: the version the
+/// session will speak, whole (libpq reads the field as a version number, and
+/// takes a bare minor of 0 for a downgrade to 2.x), then every protocol option
+/// asked for, none being recognised.
+fn negotiate_protocol_version(speaks: i32, options: &[String]) -> Vec<u8> {
+    let mut body = speaks.to_be_bytes().to_vec();
+    body.extend_from_slice(&(options.len() as i32).to_be_bytes());
+    for option in options {
         push_cstr(&mut body, option);
     }
     let mut out = vec![b'v'];
     out.extend_from_slice(&((body.len() + 4) as i32).to_be_bytes());
     out.extend_from_slice(&body);
-    Some(out)
+    out
 }
 
 /// An `ErrorResponse` the router sends itself.
@@ -470,9 +509,9 @@ mod tests {
         body.extend_from_slice(
             b"user\0airlock_agent\0_pq_.test_option\0x\0_pq_.Other\0y\0database\0sb-1\0\0",
         );
-        let FirstPacket::Startup(s) = read(&packet(&body)).await.unwrap() else { panic!() };
+        let FirstPacket::Startup(mut s) = read(&packet(&body)).await.unwrap() else { panic!() };
         assert_eq!(s.protocol_options, ["_pq_.test_option", "_pq_.Other"]);
-        let v = negotiate_protocol_version(&s).expect("negotiated");
+        let v = s.settle_version(PROTOCOL_3_0).expect("negotiated");
         let mut want = vec![b'v'];
         want.extend_from_slice(&(4 + 4 + 4 + 17 + 11i32).to_be_bytes());
         want.extend_from_slice(&196608i32.to_be_bytes());
@@ -481,18 +520,40 @@ mod tests {
         assert_eq!(v, want);
         let forwarded = s.encode_for("airlock_agent", "app");
         assert!(!forwarded.windows(5).any(|w| w == b"_pq_."), "a protocol option reached the server");
-        // 3.0 with no option: nothing to negotiate.
-        let FirstPacket::Startup(plain) = read(&startup_of(b"user\0airlock_agent\0\0")).await.unwrap() else {
-            panic!()
-        };
-        assert!(negotiate_protocol_version(&plain).is_none());
+        assert_eq!(forwarded[4..8], PROTOCOL_3_0.to_be_bytes(), "the server is asked for 3.0");
+        // 3.0 with no option: nothing to negotiate, whatever the server speaks.
+        for server in [PROTOCOL_3_0, PROTOCOL_3_2] {
+            let FirstPacket::Startup(mut plain) =
+                read(&startup_of(b"user\0airlock_agent\0\0")).await.unwrap()
+            else {
+                panic!()
+            };
+            assert!(plain.settle_version(server).is_none());
+            assert_eq!(plain.version, PROTOCOL_3_0);
+        }
         // 3.0 with an option: 3.0 and the option.
-        let FirstPacket::Startup(opt) =
+        let FirstPacket::Startup(mut opt) =
             read(&startup_of(b"user\0airlock_agent\0_pq_.x\0\0\0")).await.unwrap()
         else {
             panic!()
         };
-        assert_eq!(negotiate_protocol_version(&opt).unwrap()[5..9], 196608i32.to_be_bytes());
+        assert_eq!(opt.settle_version(PROTOCOL_3_2).unwrap()[5..9], 196608i32.to_be_bytes());
+    }
+
+    /// 3.2 is spoken end to end when the sandbox's server speaks it (nothing
+    /// to negotiate, and the server is asked for 3.2); a newer minor than 3.2
+    /// is negotiated down to it.
+    #[tokio::test]
+    async fn protocol_3_2_is_spoken_when_the_server_speaks_it() {
+        let mut body = PROTOCOL_3_2.to_be_bytes().to_vec();
+        body.extend_from_slice(b"user\0airlock_agent\0\0");
+        let FirstPacket::Startup(mut s) = read(&packet(&body)).await.unwrap() else { panic!() };
+        assert!(s.settle_version(PROTOCOL_3_2).is_none());
+        assert_eq!(s.encode_for("airlock_agent", "app")[4..8], PROTOCOL_3_2.to_be_bytes());
+        let mut body = ((3i32 << 16) | 9).to_be_bytes().to_vec();
+        body.extend_from_slice(b"user\0airlock_agent\0\0");
+        let FirstPacket::Startup(mut s) = read(&packet(&body)).await.unwrap() else { panic!() };
+        assert_eq!(s.settle_version(PROTOCOL_3_2).unwrap(), [b'v', 0, 0, 0, 12, 0, 3, 0, 2, 0, 0, 0, 0]);
     }
 
     #[tokio::test]
@@ -555,7 +616,22 @@ mod tests {
         let mut body = CANCEL_REQUEST.to_be_bytes().to_vec();
         body.extend_from_slice(&7i32.to_be_bytes());
         body.extend_from_slice(&9i32.to_be_bytes());
-        assert_eq!(read(&packet(&body)).await.unwrap(), FirstPacket::Cancel { pid: 7, key: 9 });
+        let short = BackendKey { pid: 7, secret: 9i32.to_be_bytes().to_vec() };
+        assert_eq!(read(&packet(&body)).await.unwrap(), FirstPacket::Cancel(short.clone()));
+        assert_eq!(short.cancel_request(), packet(&body));
+        // Protocol 3.2's longer keys, up to 256 bytes; none shorter than 4 or longer.
+        let long = BackendKey { pid: 7, secret: (0..32).collect() };
+        assert_eq!(read(&long.cancel_request()).await.unwrap(), FirstPacket::Cancel(long.clone()));
+        let longest = BackendKey { pid: 7, secret: vec![1; MAX_CANCEL_KEY] };
+        assert!(read(&longest.cancel_request()).await.is_ok());
+        for bad in [vec![1; 3], vec![1; MAX_CANCEL_KEY + 1]] {
+            let key = BackendKey { pid: 7, secret: bad };
+            assert!(matches!(read(&key.cancel_request()).await, Err(PacketError::Invalid(_))));
+        }
+        // BackendKeyData carries the same.
+        let m = long.message();
+        let message = Message { tag: m[0], bytes: m };
+        assert_eq!(message.backend_key(), Some(long));
     }
 
     #[tokio::test]

@@ -81,10 +81,10 @@ pub(super) async fn serve(
     // When the client goes, whatever its backend is running is cancelled: a
     // dropped client's query must not run on (the backend then finds its
     // connection closed and ends). Harmless if the session ended normally.
-    let backend_key = open.backend();
+    let backend_key = open.backend().cloned();
     let client_gone = async move {
-        if let Some((pid, key)) = backend_key {
-            forward_cancel(shared, pid, key).await;
+        if let Some(key) = backend_key {
+            forward_cancel(shared, &key).await;
         }
     };
     // A session does not outlive its sandbox's expiry, even while the daemon,
@@ -195,8 +195,8 @@ async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Start
                 refuse(&mut client, e).await;
                 return None;
             }
-            Ok(FirstPacket::Cancel { pid, key }) => {
-                forward_cancel(shared, pid, key).await;
+            Ok(FirstPacket::Cancel(key)) => {
+                forward_cancel(shared, &key).await;
                 close(&mut client).await;
                 return None;
             }
@@ -283,7 +283,7 @@ struct Authenticated {
 /// refused or went away.
 async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Authenticated> {
     let began = Instant::now();
-    let (mut client, startup, tls) = first_contact(shared, tcp).await?;
+    let (mut client, mut startup, tls) = first_contact(shared, tcp).await?;
     let startup_ms = elapsed_ms(began);
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
@@ -308,11 +308,6 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         refuse(&mut client, e).await;
         return None;
     }
-    // A newer minor protocol version than 3.0 is answered, as PostgreSQL does,
-    // before authentication: the session will speak 3.0.
-    if let Some(negotiation) = protocol::negotiate_protocol_version(&startup) {
-        client.write_all(&negotiation).await.ok()?;
-    }
     let key = startup.database.clone();
     let sb = match lookup(shared, &key) {
         Ok(sb) => sb,
@@ -321,6 +316,12 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             return None;
         }
     };
+    // The protocol version is settled, as PostgreSQL settles it, before
+    // authentication: 3.2 where the client asked for it and the sandbox's
+    // server speaks it (PostgreSQL 18), else 3.0.
+    if let Some(negotiation) = startup.settle_version(newest_protocol_of(shared, &sb)) {
+        client.write_all(&negotiation).await.ok()?;
+    }
     // The router authenticates the client itself, before anything is woken or
     // connected to.
     let phases;
@@ -360,6 +361,16 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         }
     }
     Some(Authenticated { client, startup, sb, tls, phases })
+}
+
+/// The newest protocol version the sandbox's server speaks, from its golden
+/// generation's major as the daemon recorded it (never from a file the
+/// sandbox could write). 3.0 when it cannot be read.
+fn newest_protocol_of(shared: &Shared, sb: &Sandbox) -> i32 {
+    match shared.host.store().generation_major(&sb.golden, sb.generation) {
+        Ok(major) if major >= 18 => protocol::PROTOCOL_3_2,
+        _ => protocol::PROTOCOL_3_0,
+    }
 }
 
 fn elapsed_ms(since: Instant) -> f64 {
@@ -459,10 +470,12 @@ async fn session_for(
         };
         let sb = running(shared, last).await.map_err(|e| e.encode())?;
         let mut open = host.connections.open(&sb.id);
-        if let Some(mut parked) = shared.parked.take(&sb) {
+        // Parked sessions speak 3.0: a 3.2 session is opened now.
+        let parked = if startup.version == protocol::PROTOCOL_3_0 { shared.parked.take(&sb) } else { None };
+        if let Some(mut parked) = parked {
             if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {
-                if let Some((pid, key)) = parked.key {
-                    open.set_backend(pid, key);
+                if let Some(key) = parked.key.clone() {
+                    open.set_backend(key);
                 }
                 return Ok((sb, parked, open));
             }
@@ -478,8 +491,8 @@ async fn session_for(
         };
         match attempt.await {
             Ok(backend) => {
-                if let Some((pid, key)) = backend.key {
-                    open.set_backend(pid, key);
+                if let Some(key) = backend.key.clone() {
+                    open.set_backend(key);
                 }
                 return Ok((sb, backend, open));
             }
@@ -539,17 +552,12 @@ async fn session_for(
 
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.
-async fn forward_cancel(shared: &Shared, pid: i32, key: i32) {
+async fn forward_cancel(shared: &Shared, key: &protocol::BackendKey) {
     let host = &shared.host;
-    let Some(owner) = host.connections.backend_owner(pid, key) else { return };
+    let Some(owner) = host.connections.backend_owner(key) else { return };
     let Ok(user) = host.store().sandbox(&owner).and_then(|sb| host.sandbox_user(&sb)) else { return };
     let socket = host.layout.sandbox_instance(&owner).socket();
     let Ok(mut server) = airlock_postgres::socket::connect_as(&socket, &user).await else { return };
-    let mut packet = Vec::with_capacity(16);
-    packet.extend_from_slice(&16i32.to_be_bytes());
-    packet.extend_from_slice(&80877102i32.to_be_bytes());
-    packet.extend_from_slice(&pid.to_be_bytes());
-    packet.extend_from_slice(&key.to_be_bytes());
-    let _ = server.write_all(&packet).await;
+    let _ = server.write_all(&key.cancel_request()).await;
     let _ = server.shutdown().await;
 }

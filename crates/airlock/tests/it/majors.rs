@@ -301,3 +301,75 @@ fn majors_that_are_missing_or_not_installable_fail_with_what_to_do() {
     assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
     assert!(err["hint"].as_str().unwrap().contains("13"), "{err}");
 }
+
+/// Protocol 3.2 end to end on a PostgreSQL 18 sandbox: the client asking for
+/// it gets no negotiation, the server's long cancel key reaches it whole, and a
+/// cancel request carrying that key through the router ends the statement,
+/// where the same key with its last byte changed, or cut to its first four
+/// bytes, cancels nothing. A 3.0 client of the same sandbox keeps its 4-byte
+/// key, and a 15 sandbox negotiates a 3.2 client down to 3.0.
+#[test]
+fn protocol_3_2_runs_end_to_end_on_an_18_sandbox_and_is_negotiated_down_on_15() {
+    use crate::harness::split_password;
+    use crate::wire::{startup_packet, Raw};
+    installed(18);
+    let d = Daemon::start(&[]);
+    let schema = d.home.join("s.sql");
+    std::fs::write(&schema, "CREATE TABLE t (id int PRIMARY KEY);").unwrap();
+    let schema = schema.to_str().unwrap();
+    d.json(&["golden", "create", "g18", "--schema", schema, "--postgres", "18"]);
+    d.json(&["golden", "create", "g15", "--schema", schema]);
+    let connect = |golden: &str, version: i32| {
+        let forked = d.fork(golden, &[]);
+        let (_, password) = split_password(&dsn(&forked));
+        let id = forked["id"].as_str().unwrap().to_owned();
+        let packet = startup_packet(version, &[("user", "airlock_agent"), ("database", &id)]);
+        (Raw::connect(&d.router, &packet, &password).unwrap(), dsn(&forked))
+    };
+    let sleeping = |agent: &str| {
+        sql(
+            agent,
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query = 'SELECT pg_sleep(60)'",
+        )
+    };
+    let v3_2 = (3 << 16) | 2;
+
+    let (mut s, agent) = connect("g18", v3_2);
+    assert_eq!(s.negotiated, None, "3.2 is spoken, not negotiated");
+    let key = s.backend_key.clone().expect("BackendKeyData");
+    assert_eq!(key.len(), 4 + 32, "PostgreSQL 18's 32-byte key reaches the client whole");
+    assert_eq!(s.query("SHOW server_version_num").unwrap()[0][0].as_deref().unwrap()[..2], *"18");
+    let sleep_on = |s: &mut Raw, agent: &str| {
+        s.send("SELECT pg_sleep(60)");
+        while sleeping(agent) != "1" {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    sleep_on(&mut s, &agent);
+    let mut altered = key[4..].to_vec();
+    *altered.last_mut().unwrap() ^= 1;
+    s.cancel(&d.router, Some(&altered));
+    s.cancel(&d.router, Some(&key[4..8]));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert_eq!(sleeping(&agent), "1", "a key that is not the session's cancelled it");
+    s.cancel(&d.router, None);
+    let cancelled = s.results().unwrap_err();
+    assert_eq!(cancelled.code, "57014", "{cancelled:?}");
+    assert_eq!(s.query("SELECT 1").unwrap()[0][0].as_deref(), Some("1"), "the session goes on");
+
+    // A 3.0 client of an 18 sandbox: 3.0, with a 4-byte key that cancels.
+    let (mut s, agent) = connect("g18", 3 << 16);
+    assert_eq!((s.negotiated.clone(), s.backend_key.clone().unwrap().len()), (None, 8));
+    sleep_on(&mut s, &agent);
+    s.cancel(&d.router, None);
+    assert_eq!(s.results().unwrap_err().code, "57014");
+
+    // A 15 sandbox: the 3.2 client is told 3.0 (a whole version number, no
+    // options), and gets a 4-byte key that cancels.
+    let (mut s, agent) = connect("g15", v3_2);
+    assert_eq!(s.negotiated.as_deref(), Some(&[0, 3, 0, 0, 0, 0, 0, 0][..]));
+    assert_eq!(s.backend_key.clone().unwrap().len(), 8);
+    sleep_on(&mut s, &agent);
+    s.cancel(&d.router, None);
+    assert_eq!(s.results().unwrap_err().code, "57014");
+}

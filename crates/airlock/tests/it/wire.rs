@@ -19,6 +19,10 @@ pub struct Refusal {
 /// One session over plain TCP.
 pub struct Raw {
     stream: TcpStream,
+    /// The BackendKeyData body (pid, then the secret key), if one came.
+    pub backend_key: Option<Vec<u8>>,
+    /// The NegotiateProtocolVersion body, if one came.
+    pub negotiated: Option<Vec<u8>>,
 }
 
 /// A startup packet from parameter pairs, in order, exactly as given (duplicates included).
@@ -43,7 +47,7 @@ impl Raw {
         let mut stream = TcpStream::connect(addr).expect("router reachable");
         stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         stream.write_all(packet).unwrap();
-        let mut raw = Raw { stream };
+        let mut raw = Raw { stream, backend_key: None, negotiated: None };
         let mut scram: Option<ScramSha256> = None;
         loop {
             let (tag, body) = raw.message().map_err(|e| Refusal { code: "io".into(), message: e })?;
@@ -71,10 +75,28 @@ impl Raw {
                     }
                 }
                 b'E' => return Err(refusal(&body)),
+                b'K' => raw.backend_key = Some(body),
+                b'v' => raw.negotiated = Some(body),
                 b'Z' => return Ok(raw),
                 _ => {}
             }
         }
+    }
+
+    /// Sends a CancelRequest for this session to `addr`, with its key as the
+    /// BackendKeyData gave it or with `secret` in its place.
+    pub fn cancel(&self, addr: &str, secret: Option<&[u8]>) {
+        let key = self.backend_key.as_ref().expect("the session has a backend key");
+        let secret = secret.unwrap_or(&key[4..]);
+        let mut packet = ((12 + secret.len()) as i32).to_be_bytes().to_vec();
+        packet.extend_from_slice(&80877102i32.to_be_bytes());
+        packet.extend_from_slice(&key[..4]);
+        packet.extend_from_slice(secret);
+        let mut tcp = TcpStream::connect(addr).expect("router reachable");
+        tcp.write_all(&packet).unwrap();
+        // The router closes the connection once it has passed the request on.
+        tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let _ = tcp.read(&mut [0u8; 1]);
     }
 
     fn message(&mut self) -> Result<(u8, Vec<u8>), String> {
@@ -112,7 +134,8 @@ impl Raw {
         self.results()
     }
 
-    fn results(&mut self) -> Result<Vec<Vec<Option<String>>>, Refusal> {
+    /// Reads the answer to what was sent: rows as text, or the first error.
+    pub fn results(&mut self) -> Result<Vec<Vec<Option<String>>>, Refusal> {
         let mut rows = Vec::new();
         let mut error = None;
         loop {
