@@ -29,8 +29,27 @@
  * PL/pgSQL, the fast-path protocol). A role setting
  * (default_transaction_read_only) could be overridden by the session; this
  * cannot.
+ *
+ * And it holds the sandbox's statement limit, airlock.statement_limit (set by
+ * the daemon as the agent role's default; only a superuser may change it).
+ * statement_timeout is the session's own: SET, a startup option or a
+ * function's SET clause may turn it off. So before each statement, utility
+ * command and function call (fast-path calls included) the guard makes sure a
+ * statement timeout that fires within the limit is armed, arming PostgreSQL's
+ * own at the limit if not, and a statement it ends is told why: "the sandbox's
+ * statement limit of 30 s was reached", with how to get a longer one. The
+ * daemon's watchdog stays behind it, for work no timeout reaches.
+ *
+ * When the daemon ends the agent's sessions (a reset, a suspend) it first has
+ * the server write why, as "airlock_ending.PID" in the data directory, for
+ * each backend it ends; a backend ended by an administrator's command reads
+ * its file and says so instead of "terminating connection due to
+ * administrator command". Only reasons this file knows are ever shown.
  */
 #include "postgres.h"
+
+#include <dirent.h>
+#include <unistd.h>
 
 #include "access/xact.h"
 #include "catalog/objectaccess.h"
@@ -38,9 +57,13 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/timeout.h"
+#include "utils/timestamp.h"
 
 #if PG_VERSION_NUM < 130000
 #error "airlock_guard needs PostgreSQL 13 or newer"
@@ -76,6 +99,154 @@ void _PG_init(void);
 static ProcessUtility_hook_type previous_utility_hook = NULL;
 static ExecutorStart_hook_type previous_executor_start_hook = NULL;
 static object_access_hook_type previous_object_access_hook = NULL;
+static emit_log_hook_type previous_emit_log_hook = NULL;
+
+/* airlock.statement_limit, in milliseconds: 0 (off) but for the agent role. */
+static int	statement_limit_ms = 0;
+
+/* When the guard last armed the statement timeout itself (0: never). */
+static TimestampTz limit_armed_at = 0;
+
+/* The text PostgreSQL's statement timeout ends a statement with. */
+#define STATEMENT_TIMEOUT_MESSAGE "canceling statement due to statement timeout"
+
+/*
+ * Makes sure the statement running now ends within the sandbox's limit: the
+ * statement timeout armed (by the session's own setting, or earlier by the
+ * guard) must fire within the limit from now; if none does, it is armed at the
+ * limit. PostgreSQL disarms it when the statement ends, and the next one arms
+ * it again.
+ */
+static void
+hold_statement_limit(void)
+{
+	TimestampTz within;
+
+	if (statement_limit_ms <= 0)
+		return;
+	if (get_timeout_active(STATEMENT_TIMEOUT))
+	{
+		if (limit_armed_at != 0 && get_timeout_start_time(STATEMENT_TIMEOUT) == limit_armed_at)
+			return;
+		within = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), statement_limit_ms);
+		if (get_timeout_finish_time(STATEMENT_TIMEOUT) <= within)
+			return;
+	}
+	enable_timeout_after(STATEMENT_TIMEOUT, statement_limit_ms);
+	limit_armed_at = get_timeout_start_time(STATEMENT_TIMEOUT);
+}
+
+/*
+ * Whether the statement timeout that fired was the sandbox's limit: armed for
+ * the limit or longer (by the guard, or by the session's own setting when it
+ * equals the limit). A session's own shorter timeout keeps its message.
+ */
+static bool
+fired_at_the_limit(void)
+{
+	TimestampTz start = get_timeout_start_time(STATEMENT_TIMEOUT);
+	TimestampTz finish = get_timeout_finish_time(STATEMENT_TIMEOUT);
+
+	return start != 0 && finish - start >= (TimestampTz) statement_limit_ms * 1000;
+}
+
+/* The prefix of the files that say why the daemon ended a backend. */
+#define ENDING_PREFIX "airlock_ending."
+
+/* Why the daemon ended a session, as its message and hint. */
+typedef struct Ending
+{
+	const char *reason;
+	const char *message;
+	const char *hint;
+} Ending;
+
+static const Ending endings[] = {
+	{"reset",
+		"terminating connection: the sandbox is being reset to its golden's data",
+		"Connect again with the same DSN: the sandbox is back, at the same address, once the reset is done."},
+	{"suspend",
+		"terminating connection: the sandbox is being suspended",
+		"Connect again with the same DSN: connecting wakes it."},
+};
+
+/*
+ * The reason the daemon left for this backend, if any (the file is removed
+ * once read).
+ */
+static const Ending *
+ending_of_this_backend(void)
+{
+	char		path[64];
+	char		reason[32];
+	size_t		n;
+	FILE	   *file;
+
+	snprintf(path, sizeof(path), ENDING_PREFIX "%d", MyProcPid);
+	file = fopen(path, "r");
+	if (file == NULL)
+		return NULL;
+	n = fread(reason, 1, sizeof(reason) - 1, file);
+	fclose(file);
+	unlink(path);
+	reason[n] = '\0';
+	while (n > 0 && (reason[n - 1] == '\n' || reason[n - 1] == '\r'))
+		reason[--n] = '\0';
+	for (int i = 0; i < lengthof(endings); i++)
+		if (strcmp(reason, endings[i].reason) == 0)
+			return &endings[i];
+	return NULL;
+}
+
+/* Removes reasons left from before this server started (at postmaster start). */
+static void
+forget_old_endings(void)
+{
+	DIR		   *dir = opendir(".");
+	struct dirent *entry;
+
+	if (dir == NULL)
+		return;
+	while ((entry = readdir(dir)) != NULL)
+		if (strncmp(entry->d_name, ENDING_PREFIX, strlen(ENDING_PREFIX)) == 0)
+			unlink(entry->d_name);
+	closedir(dir);
+}
+
+/* A statement ended by the sandbox's limit says so, and how to get a longer one. */
+static void
+airlock_guard_emit_log(ErrorData *edata)
+{
+	if (statement_limit_ms > 0 && edata->elevel == ERROR &&
+		edata->sqlerrcode == ERRCODE_QUERY_CANCELED &&
+		edata->message_id != NULL && strcmp(edata->message_id, STATEMENT_TIMEOUT_MESSAGE) == 0 &&
+		fired_at_the_limit())
+	{
+		char	   *limit = statement_limit_ms % 1000 == 0
+			? psprintf("%d s", statement_limit_ms / 1000)
+			: psprintf("%d ms", statement_limit_ms);
+
+		edata->message = psprintf("canceling statement: the sandbox's statement limit of %s was reached", limit);
+		edata->detail = pstrdup("A sandbox's statements run for at most the limit it was forked with; "
+								"SET statement_timeout cannot lift it (SHOW airlock.statement_limit shows it).");
+		edata->hint = pstrdup("Fork the sandbox with a longer limit (airlock fork --statement-timeout 5m), "
+							  "or split the work into shorter statements.");
+	}
+	if (edata->elevel == FATAL && edata->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN &&
+		edata->message_id != NULL &&
+		strcmp(edata->message_id, "terminating connection due to administrator command") == 0)
+	{
+		const Ending *ending = ending_of_this_backend();
+
+		if (ending != NULL)
+		{
+			edata->message = pstrdup(ending->message);
+			edata->hint = pstrdup(ending->hint);
+		}
+	}
+	if (previous_emit_log_hook)
+		previous_emit_log_hook(edata);
+}
 
 /* Whether this session logged in as a member of the read-only role. */
 static bool
@@ -151,6 +322,7 @@ airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
 				 errhint("Use SET (or SET LOCAL) to change a setting for this session only.")));
 
 	hold_read_only();
+	hold_statement_limit();
 	if (previous_utility_hook)
 		previous_utility_hook(pstmt, queryString, UTILITY_READ_ONLY_TREE_ARG context, params,
 							  queryEnv, dest, qc);
@@ -165,6 +337,7 @@ static void
 airlock_guard_executor_start(QueryDesc *queryDesc, int eflags)
 {
 	hold_read_only();
+	hold_statement_limit();
 	if (previous_executor_start_hook)
 		previous_executor_start_hook(queryDesc, eflags);
 	else
@@ -202,6 +375,7 @@ airlock_guard_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 	if (access == OAT_FUNCTION_EXECUTE)
 	{
 		hold_read_only();
+		hold_statement_limit();
 		if (writes_large_objects(objectId) && read_only_session())
 			ereport(ERROR,
 					(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
@@ -218,10 +392,18 @@ _PG_init(void)
 	if (!process_shared_preload_libraries_in_progress)
 		ereport(ERROR,
 				(errmsg("airlock_guard must be loaded with shared_preload_libraries")));
+	forget_old_endings();
 	previous_utility_hook = ProcessUtility_hook;
 	ProcessUtility_hook = airlock_guard_utility;
 	previous_executor_start_hook = ExecutorStart_hook;
 	ExecutorStart_hook = airlock_guard_executor_start;
 	previous_object_access_hook = object_access_hook;
 	object_access_hook = airlock_guard_object_access;
+	previous_emit_log_hook = emit_log_hook;
+	emit_log_hook = airlock_guard_emit_log;
+	DefineCustomIntVariable("airlock.statement_limit",
+							"The sandbox's statement limit, which SET statement_timeout cannot lift.",
+							"Set by Airlock as the agent role's default; 0 turns it off.",
+							&statement_limit_ms, 0, 0, INT_MAX, PGC_SUSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
 }

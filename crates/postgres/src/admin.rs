@@ -151,12 +151,78 @@ impl Admin {
         .await
     }
 
+    /// Ends the agent's sessions, each told `why` (the in-server guard reads
+    /// the reason the server writes for each backend, and says it instead of
+    /// "terminating connection due to administrator command"), and waits up to
+    /// `within` for them to be gone. How many there were.
+    pub async fn end_agent_sessions(&self, why: Ending, within: std::time::Duration) -> Result<usize> {
+        let failed = |e: tokio_postgres::Error| Error::postgres(describe(&e));
+        let rows = self
+            .client
+            .query(
+                "SELECT pid FROM pg_catalog.pg_stat_activity
+                  WHERE usename = $1 AND backend_type = 'client backend'",
+                &[&AGENT_ROLE],
+            )
+            .await
+            .map_err(failed)?;
+        let pids: Vec<i32> = rows.iter().map(|r| r.cell(0)).collect::<Result<_>>()?;
+        if pids.is_empty() {
+            return Ok(0);
+        }
+        // Written by the server, as the sandbox's own OS user, into its data
+        // directory (as the server sees it): nothing here is written with the
+        // daemon's privileges.
+        let data = self.value("SELECT pg_catalog.current_setting('data_directory')").await?;
+        let mut sql = String::new();
+        for pid in &pids {
+            let file = format!("{data}/airlock_ending.{pid}").replace('\'', "''");
+            sql.push_str(&format!(
+                "COPY (SELECT '{}') TO '{file}'; SELECT pg_catalog.pg_terminate_backend({pid});",
+                why.reason()
+            ));
+        }
+        self.execute(&sql).await?;
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            let left = self
+                .client
+                .query_one("SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE pid = ANY($1)", &[&pids])
+                .await
+                .map_err(failed)?;
+            if left.cell::<i64>(0)? == 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        Ok(pids.len())
+    }
+
     /// Sets the agent's password back to the daemon's (only the daemon's own
     /// connections use it: the router, the gateway, `exec`).
     pub async fn restore_agent_password(&self, password: &str) -> Result<()> {
         let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
         self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'"))
             .await
+    }
+}
+
+/// Why the daemon ends the agent's sessions; the in-server guard tells each
+/// client (it knows these reasons and no others).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// The sandbox is being reset to its golden's data.
+    Reset,
+    /// The sandbox is being suspended.
+    Suspend,
+}
+
+impl Ending {
+    fn reason(self) -> &'static str {
+        match self {
+            Ending::Reset => "reset",
+            Ending::Suspend => "suspend",
+        }
     }
 }
 

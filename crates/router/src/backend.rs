@@ -166,7 +166,10 @@ impl Backend {
                     return match failed {
                         None if m.body() == b"I" => Ok(()),
                         None => Err(protocol_error("the session is not idle after its settings")),
-                        Some(message) => Err(LoginError::Refused { sqlstate: "22023".into(), message }),
+                        Some(message) => {
+                            let sqlstate = field(&message[5..], b'C').unwrap_or_else(|| "22023".into());
+                            Err(LoginError::Refused { sqlstate, message })
+                        }
                     }
                 }
                 _ => {}
@@ -223,7 +226,7 @@ fn set(params: &mut Vec<(String, String)>, (name, value): (String, String)) {
 }
 
 /// One field of an ErrorResponse body.
-fn field(body: &[u8], code: u8) -> Option<String> {
+pub fn field(body: &[u8], code: u8) -> Option<String> {
     body.split(|&b| b == 0)
         .find(|f| f.first() == Some(&code))
         .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())

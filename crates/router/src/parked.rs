@@ -119,6 +119,7 @@ impl Parked {
                 user: AGENT_ROLE.into(),
                 database: DATABASE.into(),
                 settings: OPENED_WITH.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+                later: Vec::new(),
                 protocol_options: Vec::new(),
             };
             match backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await {

@@ -3,12 +3,16 @@
 //! server messages during authentication, and writing an `ErrorResponse` of its own.
 //!
 //! A client's startup message is never forwarded. It is parsed strictly — a
-//! parameter given twice, one not on the allow-list ([`ALLOWED_SETTINGS`]), or
-//! one too long is refused (08P01) — and the server gets a message the router
-//! builds itself: `user` is always the agent role, `database` always the
-//! sandbox's, then the allowed settings. So no reading of the client's bytes that
-//! differs from PostgreSQL's (a repeated `user`, a role hidden in `options`) can
-//! reach the server.
+//! parameter given twice, one that names who or what the session is
+//! ([`NEVER_ACCEPTED`]), or one too long is refused (08P01) — and the server
+//! gets a message the router builds itself: `user` is always the agent role,
+//! `database` always the sandbox's, then the settings on the allow-list
+//! ([`ALLOWED_SETTINGS`]). Any other setting is not put in the startup message
+//! at all: the router SETs it as the agent once the session is open, so it is
+//! exactly what the agent could SET itself, and what the agent may not SET is
+//! refused by the server, by name. So no reading of the client's bytes that
+//! differs from PostgreSQL's (a repeated `user`, a role hidden in `options`)
+//! can reach the server.
 //!
 //! Everything read from a client is bounded: a startup packet by
 //! [`MAX_STARTUP_PACKET`] (PostgreSQL's own limit), an authentication message by
@@ -73,6 +77,28 @@ pub const ALLOWED_SETTINGS: &[&str] = &[
     "default_transaction_deferrable",
 ];
 
+/// Parameters never accepted in a startup message, even to be SET later: who
+/// the session is, which database, a replication connection, and libraries a
+/// backend would load at its start.
+pub const NEVER_ACCEPTED: &[&str] = &[
+    "role",
+    "session_authorization",
+    "replication",
+    "local_preload_libraries",
+    "session_preload_libraries",
+    "shared_preload_libraries",
+];
+
+/// Whether a setting not on the allow-list may be passed on as a `SET` after
+/// login: a plain setting name (letters, digits, `_`, and `.` for a custom
+/// one), not one of [`NEVER_ACCEPTED`].
+fn settable_later(name: &str) -> bool {
+    name.chars().next().is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+        && !NEVER_ACCEPTED.contains(&name)
+        && !name.starts_with("_pq_")
+}
+
 /// The longest parameter name accepted (PostgreSQL's identifier limit).
 pub const MAX_PARAM_NAME: usize = 63;
 /// The longest parameter value accepted.
@@ -130,6 +156,9 @@ pub struct Startup {
     pub database: String,
     /// Allowed settings, in the order given, names lower-cased.
     pub settings: Vec<(String, String)>,
+    /// Other settings, SET as the agent once the session is open (the server
+    /// refuses those the agent may not set), names lower-cased.
+    pub later: Vec<(String, String)>,
     /// Protocol options (`_pq_.*`) asked for: none is recognised, so each is
     /// listed back in NegotiateProtocolVersion, as PostgreSQL does, and the
     /// session goes on without it.
@@ -223,6 +252,7 @@ fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
     let mut seen: Vec<String> = Vec::new();
     let (mut user, mut database) = (None, None);
     let mut settings = Vec::new();
+    let mut later = Vec::new();
     let mut protocol_options = Vec::new();
     loop {
         let key = cstr(&mut rest)?;
@@ -244,27 +274,36 @@ fn startup(version: i32, mut rest: &[u8]) -> Result<Startup, PacketError> {
             _ if key.starts_with("_pq_.") => protocol_options.push(key),
             "user" => user = Some(value),
             "database" => database = Some(value),
-            "options" => settings.extend(options(&value)?),
+            "options" => {
+                for (name, value) in options(&value)? {
+                    match ALLOWED_SETTINGS.contains(&name.as_str()) {
+                        true => settings.push((name, value)),
+                        false => later.push((name, value)),
+                    }
+                }
+            }
             "replication" if matches!(value.to_ascii_lowercase().as_str(), "false" | "off" | "no" | "0") => {}
             _ if ALLOWED_SETTINGS.contains(&name.as_str()) => settings.push((name, value)),
+            _ if settable_later(&name) => later.push((name, value)),
             _ => return Err(PacketError::Invalid(format!("parameter \"{}\" is not accepted", shown(&key)))),
         }
     }
     if !rest.is_empty() {
         return Err(PacketError::invalid("bytes after the terminator"));
     }
-    let mut names: Vec<&str> = settings.iter().map(|(k, _)| k.as_str()).collect();
+    let mut names: Vec<&str> = settings.iter().chain(&later).map(|(k, _)| k.as_str()).collect();
     names.sort();
     if names.windows(2).any(|w| w[0] == w[1]) {
         return Err(PacketError::invalid("a setting is given twice (as a parameter and in options)"));
     }
     let user = user.filter(|u| !u.is_empty()).ok_or_else(|| PacketError::invalid("no user given"))?;
     let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
-    Ok(Startup { version, user, database, settings, protocol_options })
+    Ok(Startup { version, user, database, settings, later, protocol_options })
 }
 
 /// The settings in an `options` value: `-c name=value` and `--name=value`, with
-/// backslash escapes as PostgreSQL reads them; any other switch is refused.
+/// backslash escapes as PostgreSQL reads them; any other switch, and a
+/// setting never accepted, is refused.
 fn options(text: &str) -> Result<Vec<(String, String)>, PacketError> {
     let mut words = Vec::new();
     let mut word = String::new();
@@ -297,7 +336,7 @@ fn options(text: &str) -> Result<Vec<(String, String)>, PacketError> {
             .split_once('=')
             .ok_or_else(|| PacketError::Invalid(format!("option \"{}\" has no value", shown(&pair))))?;
         let name = name.replace('-', "_").to_ascii_lowercase();
-        if !ALLOWED_SETTINGS.contains(&name.as_str()) {
+        if !ALLOWED_SETTINGS.contains(&name.as_str()) && !settable_later(&name) {
             return Err(PacketError::Invalid(format!("setting \"{}\" is not accepted", shown(&name))));
         }
         out.push((name, value.to_owned()));
@@ -446,7 +485,7 @@ pub struct ErrorResponse {
     /// `FATAL` for refused connections.
     pub severity: &'static str,
     /// The SQLSTATE.
-    pub code: &'static str,
+    pub code: String,
     /// What went wrong.
     pub message: String,
     /// How to fix it.
@@ -456,13 +495,18 @@ pub struct ErrorResponse {
 impl ErrorResponse {
     /// A `FATAL` error with a hint.
     pub fn fatal(code: &'static str, message: impl Into<String>, hint: impl Into<String>) -> Self {
-        ErrorResponse { severity: "FATAL", code, message: message.into(), hint: Some(hint.into()) }
+        ErrorResponse {
+            severity: "FATAL",
+            code: code.to_owned(),
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
     }
 
     /// The message bytes.
     pub fn encode(&self) -> Vec<u8> {
         let mut body = Vec::new();
-        for (field, value) in [(b'S', self.severity), (b'V', self.severity), (b'C', self.code)] {
+        for (field, value) in [(b'S', self.severity), (b'V', self.severity), (b'C', self.code.as_str())] {
             body.push(field);
             push_cstr(&mut body, value);
         }
@@ -572,6 +616,26 @@ mod tests {
         assert!(!built.windows(7).any(|w| w == b"options"), "options are never forwarded as such");
     }
 
+    /// A setting off the allow-list is not put in the server's startup
+    /// message: it is kept to be SET as the agent once the session is open.
+    #[tokio::test]
+    async fn other_settings_are_kept_to_be_set_later_never_sent_at_startup() {
+        let p = startup_of(
+            b"user\0airlock_agent\0log_statement\0all\0options\0-c work_mem=64MB -c my.flag=1\0\0",
+        );
+        let FirstPacket::Startup(s) = read(&p).await.unwrap() else { panic!() };
+        assert!(s.settings.is_empty(), "{:?}", s.settings);
+        assert_eq!(
+            s.later,
+            [("log_statement", "all"), ("work_mem", "64MB"), ("my.flag", "1")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        );
+        let built = s.encode_for("airlock_agent", "app");
+        for name in [&b"log_statement"[..], b"work_mem", b"my.flag"] {
+            assert!(!built.windows(name.len()).any(|w| w == name), "{:?} reached the startup message", name);
+        }
+    }
+
     #[tokio::test]
     async fn the_database_defaults_to_the_user() {
         let FirstPacket::Startup(s) = read(&startup_of(b"user\0sb-2\0\0")).await.unwrap() else { panic!() };
@@ -593,7 +657,10 @@ mod tests {
             b"user\0airlock_agent\0role\0airlock_admin\0\0",
             b"user\0airlock_agent\0session_authorization\0airlock_admin\0\0",
             b"user\0airlock_agent\0replication\0database\0\0",
-            b"user\0airlock_agent\0log_statement\0none\0\0",
+            b"user\0airlock_agent\0options\0-c local_preload_libraries=evil\0\0",
+            b"user\0airlock_agent\0session_preload_libraries\0evil\0\0",
+            b"user\0airlock_agent\0work-mem\0x\0\0",
+            b"user\0airlock_agent\0work_mem\0x\0options\0-c work_mem=y\0\0",
             b"database\0sb-1\0\0",
         ] {
             let refused = read(&startup_of(params)).await;

@@ -206,12 +206,32 @@ async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Start
                 return None;
             }
             Err(e) => {
-                let hint = "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN";
-                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), hint)).await;
+                refuse(&mut client, ErrorResponse::fatal("08P01", e.to_string(), refusal_hint(&e))).await;
                 return None;
             }
         }
     }
+}
+
+/// How to fix a refused startup packet.
+fn refusal_hint(e: &PacketError) -> String {
+    let PacketError::Invalid(why) = e else {
+        return "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN".into();
+    };
+    if why.starts_with("option ") {
+        return "options may carry only settings: -c name=value (or --name=value)".into();
+    }
+    if why.contains("is not accepted") {
+        return format!(
+            "connect without it: {} cannot be given at connect time through the router; any other \
+             setting is SET as the sandbox's role once the session is open",
+            protocol::NEVER_ACCEPTED.join(", ")
+        );
+    }
+    if why.contains("twice") {
+        return "give each parameter and setting once (a setting in options counts as a parameter)".into();
+    }
+    "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN".into()
 }
 
 /// Everything up to an established session: the client authenticated and a
@@ -473,7 +493,8 @@ async fn session_for(
         // Parked sessions speak 3.0: a 3.2 session is opened now.
         let parked = if startup.version == protocol::PROTOCOL_3_0 { shared.parked.take(&sb) } else { None };
         if let Some(mut parked) = parked {
-            if parked.apply(&startup.settings, super::parked::OPENED_WITH).await.is_ok() {
+            let settings: Vec<_> = startup.settings.iter().chain(&startup.later).cloned().collect();
+            if parked.apply(&settings, super::parked::OPENED_WITH).await.is_ok() {
                 if let Some(key) = parked.key.clone() {
                     open.set_backend(key);
                 }
@@ -490,7 +511,8 @@ async fn session_for(
             backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
         };
         match attempt.await {
-            Ok(backend) => {
+            Ok(mut backend) => {
+                set_later(&mut backend, &startup.later).await?;
                 if let Some(key) = backend.key.clone() {
                     open.set_backend(key);
                 }
@@ -548,6 +570,33 @@ async fn session_for(
             }
         }
     }
+}
+
+/// SETs, as the agent, the startup settings the router did not put in the
+/// server's startup message. One the agent may not set (a superuser's, one
+/// fixed at server start, an unknown one) ends the connection with the
+/// server's own words, which name it.
+async fn set_later(backend: &mut Backend, later: &[(String, String)]) -> Result<(), Vec<u8>> {
+    let refused = match backend.apply(later, &[]).await {
+        Ok(()) => return Ok(()),
+        Err(LoginError::Refused { sqlstate, message }) => {
+            let text = backend::field(&message[5..], b'M').unwrap_or_default();
+            ErrorResponse {
+                code: sqlstate,
+                ..ErrorResponse::fatal(
+                    "22023",
+                    format!("a startup setting was refused: {text}"),
+                    "connect without that setting, or with a value the session may SET: the router SETs startup \
+                     settings as the sandbox's role once the session is open, so a setting that role may not \
+                     change is refused as SET would refuse it",
+                )
+            }
+        }
+        Err(e) => {
+            ErrorResponse::fatal("08006", format!("the sandbox's server did not answer: {e}"), "try again")
+        }
+    };
+    Err(refused.encode())
 }
 
 /// Passes a cancel request to the sandbox whose backend has this key; unknown

@@ -230,3 +230,47 @@ fn a_cold_fork_on_a_host_full_of_pool_members_takes_a_pool_members_place() {
     assert_eq!(d.json(&["golden", "show", "shop"])["pooled"], 1);
     assert_eq!(d.postmasters().len(), 2);
 }
+
+/// A reset or a suspend ends the sessions connected through the router with
+/// 57P01 and a message that names it, and a hint on what to do; a session's
+/// own end by an administrator (the agent's `pg_terminate_backend` of its own
+/// other session) keeps PostgreSQL's words.
+#[test]
+fn a_reset_or_a_suspend_tells_each_connected_client_why_its_session_ended() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (id, agent) = (sb["id"].as_str().unwrap().to_owned(), dsn(&sb));
+    let running =
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'";
+    let cut_by = |command: &str| {
+        let held = crate::harness::spawn_psql(&agent, "SELECT pg_sleep(60)");
+        while sql(&agent, running) != "1" {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d.json(&[command, &id]);
+        let out = held.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let reset = cut_by("reset");
+    assert!(
+        reset.contains("FATAL:  terminating connection: the sandbox is being reset to its golden's data"),
+        "{reset}"
+    );
+    assert!(reset.contains("HINT:  Connect again with the same DSN"), "{reset}");
+    let suspended = cut_by("suspend");
+    assert!(
+        suspended.contains("FATAL:  terminating connection: the sandbox is being suspended"),
+        "{suspended}"
+    );
+    assert!(suspended.contains("connecting wakes it"), "{suspended}");
+    // Woken by the next connection; the agent ending its own session gets
+    // PostgreSQL's message (the reasons are the daemon's alone).
+    let held = crate::harness::spawn_psql(&agent, "SELECT pg_sleep(60)");
+    while sql(&agent, running) != "1" {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sql(&agent, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'");
+    let own = String::from_utf8_lossy(&held.wait_with_output().unwrap().stderr).into_owned();
+    assert!(own.contains("terminating connection due to administrator command"), "{own}");
+}

@@ -185,6 +185,9 @@ impl Access {
         };
         for (setting, value) in [
             ("statement_timeout", format!("{}ms", l.statement_timeout_ms)),
+            // The limit itself, which the in-server guard holds however the
+            // session sets statement_timeout (only a superuser may change it).
+            ("airlock.statement_limit", format!("{}ms", l.statement_timeout_ms)),
             ("lock_timeout", format!("{}ms", l.lock_timeout_ms)),
             ("idle_in_transaction_session_timeout", format!("{}ms", l.idle_in_transaction_timeout_ms)),
             ("temp_file_limit", format!("{}kB", l.temp_file_limit_kb)),

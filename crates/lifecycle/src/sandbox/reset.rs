@@ -61,6 +61,10 @@ pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash:
             .ok_or_else(|| Error::internal(format!("sandbox {} has no credential to keep", sb.id)))?;
         // Its servers: the one the reset began with, and one a crash left half-started.
         let stores = stores::of_sandbox(&dir);
+        // Its clients are told why their sessions end.
+        if sb.state == SandboxState::Running {
+            stores::end_sessions_all(&stores, At { engine, sb, dir: &dir }, stores::Ending::Reset).await;
+        }
         for store in &stores {
             store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
         }

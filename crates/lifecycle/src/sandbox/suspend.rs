@@ -94,6 +94,11 @@ pub async fn suspend(engine: &Engine, key: &str, reason: SuspendReason) -> Resul
     // Stopped in the reverse of their order, the first server (the one the
     // sandbox is known by) last: what saved its state just now stops at once,
     // taking no write after its save while a slower shutdown runs.
+    // Its clients are told why their sessions end (at a full disk the server
+    // could not write why).
+    if how == Stop::Clean {
+        stores::end_sessions_all(&stores, at, stores::Ending::Suspend).await;
+    }
     let mut clean = true;
     for store in stores.iter().rev() {
         clean &= match store.stop(at, how).await {

@@ -47,7 +47,12 @@ packets_refused! {
     session_authorization_as_a_parameter: [("user", "airlock_agent"), ("database", "{sb}"), ("session_authorization", "airlock_admin")] => "08P01";
     a_setting_twice_through_options: [("user", "airlock_agent"), ("database", "{sb}"), ("search_path", "a"), ("options", "-c search_path=b")] => "08P01";
     replication_connection: [("user", "airlock_agent"), ("database", "{sb}"), ("replication", "database")] => "08P01";
-    superuser_setting: [("user", "airlock_agent"), ("database", "{sb}"), ("log_statement", "none")] => "08P01";
+    superuser_setting: [("user", "airlock_agent"), ("database", "{sb}"), ("log_statement", "none")] => "42501";
+    superuser_setting_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c session_replication_role=replica")] => "42501";
+    the_sandboxs_statement_limit: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c airlock.statement_limit=0")] => "42501";
+    the_temp_file_limit: [("user", "airlock_agent"), ("database", "{sb}"), ("temp_file_limit", "-1")] => "42501";
+    a_read_only_server_setting: [("user", "airlock_agent"), ("database", "{sb}"), ("is_superuser", "on")] => "55P02";
+    session_preload_libraries: [("user", "airlock_agent"), ("database", "{sb}"), ("session_preload_libraries", "evil")] => "08P01";
     preload_libraries: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-c local_preload_libraries=evil")] => "08P01";
     server_switch_in_options: [("user", "airlock_agent"), ("database", "{sb}"), ("options", "-d 5")] => "08P01";
     no_user: [("database", "{sb}")] => "08P01";
@@ -58,6 +63,27 @@ packets_refused! {
     a_template_database: [("user", "airlock_agent"), ("database", "template1")] => "3D000";
     the_inner_database_name: [("user", "airlock_agent"), ("database", "app")] => "3D000";
     a_path_for_a_database: [("user", "airlock_agent"), ("database", "../{sb}")] => "3D000";
+}
+
+/// A setting off the router's allow-list that the agent may SET is SET for it
+/// once the session is open, as PostgreSQL would take it at startup; it never
+/// reaches the server's startup message, so it can do nothing SET could not.
+#[test]
+fn a_setting_the_agent_may_set_is_set_after_login() {
+    let s = Scene::new();
+    let params = [
+        ("user", "airlock_agent"),
+        ("database", s.id.as_str()),
+        ("work_mem", "7MB"),
+        ("options", "-c enable_seqscan=off -c my.flag=x"),
+    ];
+    let mut session = Raw::connect(s.router(), &startup_packet(V3, &params), &s.password).unwrap();
+    let shown = session
+        .query("SELECT current_setting('work_mem'), current_setting('enable_seqscan'), current_setting('my.flag'), current_user")
+        .unwrap();
+    let want = ["7MB", "off", "x", "airlock_agent"].map(|v| Some(v.to_owned())).to_vec();
+    assert_eq!(shown, vec![want]);
+    s.untouched();
 }
 
 #[test]

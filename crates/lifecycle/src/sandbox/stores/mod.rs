@@ -25,6 +25,7 @@ use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::users::Identity;
 
+pub use airlock_postgres::admin::Ending;
 pub use files::Files;
 pub use postgres::Postgres;
 pub use redis::Redis;
@@ -177,6 +178,12 @@ pub trait StoreKind: Send + Sync {
         Ok(())
     }
 
+    /// Ends its clients' sessions before a stop, telling each why, where its
+    /// server can; waits a moment for them to be gone.
+    async fn end_sessions(&self, _at: At<'_>, _why: Ending) -> Result<()> {
+        Ok(())
+    }
+
     /// Stops its server, if it runs; returns whether it shut down cleanly.
     /// An error says it could not tell whether the server still runs.
     async fn stop(&self, at: At<'_>, how: Stop) -> Result<bool>;
@@ -269,6 +276,26 @@ pub async fn start_all(
     };
     stop_all(stores, at, Stop::Now).await;
     Err(failed)
+}
+
+/// How long ending a sandbox's sessions may take before a stop goes on without it.
+const ENDING_LIMIT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Ends the clients' sessions of every store, telling each why, before they
+/// are stopped; best effort (a failure is logged, and the stop ends them
+/// anyway, without the reason).
+pub async fn end_sessions_all(stores: &[&'static dyn StoreKind], at: At<'_>, why: Ending) {
+    for store in stores {
+        match tokio::time::timeout(ENDING_LIMIT, store.end_sessions(at, why)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(sandbox = %at.sb.id, store = store.name(), error = %e, "could not end sessions with a reason")
+            }
+            Err(_) => {
+                tracing::debug!(sandbox = %at.sb.id, store = store.name(), "ending sessions took too long")
+            }
+        }
+    }
 }
 
 /// Stops every store's server (what could not be stopped is logged); returns

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Instant;
 
-use super::{At, Credential, Held, Launch, Stop, StoreKind};
+use super::{At, Credential, Ending, Held, Launch, Stop, StoreKind};
 use crate::engine::Engine;
 use crate::sandbox::{ms, Access, Steps};
 use airlock_core::dsn::DATABASE;
@@ -189,6 +189,12 @@ impl StoreKind for Postgres {
             .clone_data(&source, &config, &to.dir.pgdata(), Some(&user), Some(source_user.uid))
             .map(drop)
             .map_err(|e| Error::io(format!("cloning {}", source.display()), &e))
+    }
+
+    async fn end_sessions(&self, at: At<'_>, why: Ending) -> Result<()> {
+        let Some(pid) = at.sb.pid else { return Ok(()) };
+        let admin = Admin::connect(at.dir, DATABASE, pid).await?;
+        admin.end_agent_sessions(why, std::time::Duration::from_secs(2)).await.map(drop)
     }
 
     async fn stop(&self, at: At<'_>, how: Stop) -> Result<bool> {
