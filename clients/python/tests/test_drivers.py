@@ -6,7 +6,9 @@ iterations, SCRAM-SHA-256-PLUS on TLS)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -249,6 +251,80 @@ def test_redis_py_reaches_a_sandboxs_redis_through_the_router_over_tls_and_plain
     finally:
         client.delete(sb)
         daemon.cli("golden", "rm", "cached", "--force")
+
+
+EXEC_REDIS_PROBE_JS = """
+const which = process.argv[2];
+(async () => {
+  let value;
+  if (which === 'ioredis') {
+    const Redis = require('ioredis');
+    const r = new Redis(process.env.REDIS_URL, { maxRetriesPerRequest: 1, retryStrategy: () => null });
+    await r.set('from-ioredis', 'yes');
+    value = await r.get('greeting');
+    await r.quit();
+  } else {
+    const { createClient } = require('redis');
+    const r = createClient({ url: process.env.REDIS_URL });
+    await r.connect();
+    await r.set('from-node-redis', 'yes');
+    value = await r.get('greeting');
+    await r.quit();
+  }
+  console.log(which + '=' + value);
+})().catch((e) => { console.error(which + ': ' + e.message); process.exit(1); });
+"""
+
+EXEC_REDIS_PROBE_PY = """
+import os, redis
+r = redis.Redis.from_url(os.environ["REDIS_URL"])
+r.set("from-redis-py", "yes")
+print("redis-py=" + r.get("greeting").decode())
+"""
+
+
+def test_execs_redis_url_is_taken_as_it_is_by_redis_cli_redis_py_ioredis_and_node_redis(daemon, client):
+    """The REDIS_URL `airlock exec` sets is a redis:// URL on loopback inside
+    the sandbox's own network namespace: the four clients people use take it
+    unchanged, from code running inside the sandbox."""
+    import redis
+
+    seed = daemon.home / "exec-cache.redis"
+    seed.write_text('SET greeting "hello from the golden"\n')
+    schema = daemon.home / "exec-tiny.sql"
+    schema.write_text("CREATE TABLE t (id int);\n")
+    daemon.cli("golden", "create", "execcache", "--schema", str(schema), "--redis-seed", str(seed))
+    sb = client.fork("execcache", ttl="10m")
+    try:
+        def run(script):
+            done = daemon.cli("exec", "--json", sb.id, "--timeout", "60s", "--", "sh", "-c", script)
+            return json.loads(done.stdout)
+
+        assert run("true")["exit_code"] == 0
+        # The agent's project, as its code would find it in its working directory.
+        work = daemon.home / "volume" / "sandboxes" / sb.id / "exec"
+        (work / "probe.js").write_text(EXEC_REDIS_PROBE_JS)
+        (work / "probe.py").write_text(EXEC_REDIS_PROBE_PY)
+        shutil.copytree(NODE_MODULES, work / "node_modules")
+        shutil.copytree(Path(redis.__file__).parent, work / "pylib" / "redis")
+        import async_timeout
+
+        shutil.copytree(Path(async_timeout.__file__).parent, work / "pylib" / "async_timeout")
+        subprocess.run(["chmod", "-R", "a+rX", str(work)], check=True)
+        out = run(
+            'case "$REDIS_URL" in redis://*@127.0.0.1:6379/0) ;; *) echo "unexpected form"; exit 3;; esac; '
+            'echo "redis-cli=$(redis-cli -u "$REDIS_URL" --no-auth-warning GET greeting)"; '
+            "PYTHONPATH=pylib python3 probe.py && node probe.js ioredis && node probe.js redis"
+        )
+        assert out["exit_code"] == 0, out
+        for client_name in ("redis-cli", "redis-py", "ioredis", "redis"):
+            assert f"{client_name}=hello from the golden" in out["stdout"], out
+        # What they wrote is the sandbox's own Redis, as the router shows it.
+        plain = redis.Redis.from_url(sb.redis_url.replace("rediss://", "redis://", 1))
+        assert [plain.get(k) for k in ("from-ioredis", "from-node-redis", "from-redis-py")] == [b"yes"] * 3
+    finally:
+        client.delete(sb)
+        daemon.cli("golden", "rm", "execcache", "--force")
 
 
 def test_scratch_db_on_a_redis_only_golden_yields_a_redis_and_no_dsn(daemon, client):

@@ -27,13 +27,43 @@ impl Namespaces {
     }
 }
 
+/// A sandbox's own network namespace, with only loopback up, which its
+/// servers share: `exec` code, which joins it, reaches each of them on
+/// 127.0.0.1, and nothing else.
+pub struct Network(std::fs::File);
+
+impl Network {
+    /// A new one (root only), made on a thread of its own that ends once the
+    /// namespace is held here.
+    pub fn new() -> std::io::Result<Network> {
+        std::thread::spawn(|| {
+            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
+            loopback_up()?;
+            std::fs::File::open("/proc/thread-self/ns/net")
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("making a network namespace panicked"))?
+        .map(Network)
+    }
+
+    /// The one process `pid` is in.
+    pub fn of(pid: i32) -> std::io::Result<Network> {
+        std::fs::File::open(format!("/proc/{pid}/ns/net")).map(Network)
+    }
+
+    /// Another handle on the same namespace.
+    pub fn try_clone(&self) -> std::io::Result<Network> {
+        self.0.try_clone().map(Network)
+    }
+}
+
 /// How a contained process gets its namespaces: new ones with a root of its
 /// own, or a running server's, entered in a working directory.
 #[derive(Clone)]
 pub enum Enter<'a> {
-    /// New network (only loopback up), System V IPC and mount namespaces, the
-    /// mounts of `View`.
-    New(&'a View),
+    /// New System V IPC and mount namespaces, the mounts of `View`, and the
+    /// sandbox's network namespace if given, else a new one (only loopback up).
+    New(&'a View, Option<&'a Network>),
     /// A running server's namespaces, entered in this directory.
     Join(&'a Namespaces, &'a std::ffi::CStr),
 }
@@ -50,11 +80,20 @@ pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std
     airlock_core::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
     match enter {
-        Enter::New(view) => {
-            nix::sched::unshare(
-                CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS,
-            )?;
-            loopback_up()?;
+        Enter::New(view, network) => {
+            match network {
+                Some(Network(net)) => {
+                    use std::os::fd::AsFd;
+                    nix::sched::setns(net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+                    nix::sched::unshare(CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS)?;
+                }
+                None => {
+                    nix::sched::unshare(
+                        CloneFlags::CLONE_NEWNET | CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS,
+                    )?;
+                    loopback_up()?;
+                }
+            }
             view.enter()?;
         }
         Enter::Join(ns, workdir) => {

@@ -203,7 +203,7 @@ pub struct Started {
 /// `dir/postgres.log`, with its access files from beside the data directory and,
 /// when given, the in-server guard preloaded. As root it also joins the cgroups
 /// whose `cgroup.procs` files are given and gets namespaces of its own
-/// ([`contain`]).
+/// ([`contain`]), in the sandbox's `network` namespace when one is given.
 pub fn start(
     bin: &PgBin,
     dir: &InstanceDir,
@@ -211,6 +211,7 @@ pub fn start(
     socket_group: Option<nix::unistd::Gid>,
     cgroups: &[std::ffi::CString],
     guard: Option<&Path>,
+    network: Option<&airlock_host::contain::Network>,
 ) -> Result<Started> {
     let log = airlock_host::storage::tree::open_log(&dir.log())?;
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
@@ -265,9 +266,10 @@ pub fn start(
         let who = Who::of(user, socket_group);
         let cgroups = cgroups.to_vec();
         let view = server_view(bin, dir, guard_path)?;
+        let network = network.map(|n| n.try_clone()).transpose()?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(who, &cgroups, Enter::New(&view)));
+            cmd.pre_exec(move || contain(who, &cgroups, Enter::New(&view, network.as_ref())));
         }
     }
     let child = cmd

@@ -238,7 +238,15 @@ async fn restart_store(engine: Arc<Engine>, id: String, store: &'static dyn Stor
         return;
     }
     let started = async {
-        let launch = stores::Launch::of(&engine, &sb, engine.cgroups.procs_files(&id))?;
+        // Beside the sandbox's other running server, if any: in its network
+        // namespace, where `exec` code reaches both.
+        let cgroups = engine.cgroups.procs_files(&id);
+        let others = stores::of_sandbox(&dir);
+        let running = others.iter().filter(|s| s.name() != store.name()).find_map(|s| s.pid(at));
+        let launch = match running {
+            Some(pid) => stores::Launch::beside(&engine, &sb, cgroups, pid)?,
+            None => stores::Launch::of(&engine, &sb, cgroups)?,
+        };
         store.start(at, &launch, stores::Credential::Kept, &mut sandbox::Steps::default()).await
     }
     .await;

@@ -170,7 +170,7 @@ pub async fn build(
     };
     server::write_config(dir, &settings)?;
     let built = async {
-        let pid = server::start(dir, (user, None), cgroups).await.map_err(|e| match source {
+        let pid = server::start(dir, (user, None), cgroups, None).await.map_err(|e| match source {
             RedisSource::Rdb { path } => Error::new(
                 ErrorCode::SeedFailed,
                 format!("redis-server could not load {}: {}", path.display(), e.message),

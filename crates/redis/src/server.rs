@@ -102,7 +102,8 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
     }
     let mut conf = format!(
         "# written by airlock at every start\n\
-         port 0\nunixsocket {socket}\nunixsocketperm 770\ndir {data}\ndbfilename dump.rdb\n\
+         {tcp}unixsocket {socket}\nunixsocketperm 770\nproc-title-template \"{{title}} {{unixsocket}}\"\n\
+         dir {data}\ndbfilename dump.rdb\n\
          pidfile {data}/redis.pid\n\
          save \"\"\nappendonly no\ndaemonize no\nprotected-mode no\nlogfile \"\"\nloglevel warning\n\
          maxmemory {max}\nmaxmemory-policy noeviction\nmaxclients 256\n\
@@ -111,6 +112,12 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
          busy-reply-threshold 5000\n\
          user default off resetkeys resetchannels -@all\n\
          user {ADMIN_USER} on {admin} ~* &* +@all\n",
+        // Contained, it also listens on loopback in the sandbox's own network
+        // namespace, where only the sandbox's `exec` code can reach it
+        // ([`exec_url`]); else on no port.
+        // Its title still names its socket (as with no port), which is how
+        // its server is told apart from any other ([`find`]).
+        tcp = if contained() { format!("port {EXEC_PORT}\nbind 127.0.0.1\n") } else { "port 0\n".into() },
         socket = socket.display(),
         data = data.display(),
         max = settings.max_memory,
@@ -174,6 +181,7 @@ pub async fn start(
     dir: &InstanceDir,
     (user, group): (&Identity, Option<nix::unistd::Gid>),
     cgroups: &[std::ffi::CString],
+    network: Option<&airlock_host::contain::Network>,
 ) -> Result<i32> {
     let log = airlock_host::storage::tree::open_log(&dir.redis_log())?;
     // Its configuration is readable by its own group only (its server, and its
@@ -200,10 +208,12 @@ pub async fn start(
         let who = airlock_host::contain::Who::of(&primary, group);
         let cgroups = cgroups.to_vec();
         let view = view(dir)?;
+        let network = network.map(|n| n.try_clone()).transpose()?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
             cmd.pre_exec(move || {
-                airlock_host::contain::contain(who, &cgroups, airlock_host::contain::Enter::New(&view))?;
+                let enter = airlock_host::contain::Enter::New(&view, network.as_ref());
+                airlock_host::contain::contain(who, &cgroups, enter)?;
                 bound_files(file_limit)
             });
         }
@@ -482,6 +492,21 @@ impl Admin {
 /// The URL a client reaches the server of `dir` with, as `user`.
 pub fn socket_url(dir: &InstanceDir, user: &str, password: &str) -> String {
     format!("unix://{user}:{password}@{}", dir.redis_socket().display())
+}
+
+/// The port a contained server listens on, on loopback in its sandbox's own
+/// network namespace.
+pub const EXEC_PORT: u16 = 6379;
+
+/// The URL `exec` code reaches the server of `dir` with, as `user`: a
+/// `redis://` URL on loopback (inside the sandbox's network namespace, the
+/// server's alone), which every client takes (redis-cli, redis-py, ioredis,
+/// node-redis), when servers run contained; else the unix socket's.
+pub fn exec_url(dir: &InstanceDir, user: &str, password: &str) -> String {
+    match contained() {
+        true => format!("redis://{user}:{password}@127.0.0.1:{EXEC_PORT}/0"),
+        false => socket_url(dir, user, password),
+    }
 }
 
 /// Whether `dir` holds a Redis server's configuration.

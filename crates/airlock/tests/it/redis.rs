@@ -104,8 +104,9 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
         assert!(said.contains("NOPERM") || said.contains("can't run this command"), "{write:?}: {said}");
     }
 
-    // It runs as the sandbox's own unprivileged user, in a network namespace
-    // of its own, listening on no TCP port.
+    // It runs as the sandbox's own unprivileged user, in the sandbox's own
+    // network namespace (its PostgreSQL's, no other sandbox's), listening on
+    // loopback there only.
     let found = Command::new("pgrep").args(["-f", &seen(path_a)]).output().unwrap();
     let pid = String::from_utf8_lossy(&found.stdout).trim().to_owned();
     assert!(!pid.is_empty() && !pid.contains('\n'), "one redis-server for the sandbox: {pid:?}");
@@ -118,19 +119,31 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     assert!(pg_status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some(&uid)));
     let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/net")).unwrap();
     assert_ne!(ns(&pid), ns("self"), "a network namespace of its own");
-    assert!(redis(&url_a, &["CONFIG", "GET", "port"]).ends_with('0'), "no TCP port");
+    assert_eq!(ns(&pid), ns(&postmaster.to_string()), "the sandbox's PostgreSQL's");
+    let postmaster_b = d.postmaster_of(id_b);
+    assert_ne!(ns(&pid), ns(&postmaster_b.to_string()), "never another sandbox's");
+    assert!(redis(&url_a, &["CONFIG", "GET", "port"]).ends_with("6379"), "port 6379");
+    assert!(redis(&url_a, &["CONFIG", "GET", "bind"]).ends_with("127.0.0.1"), "on loopback");
+    let host_ports = Command::new("ss").args(["-ltnp"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&host_ports.stdout).contains(&format!("pid={pid},")),
+        "its port is not on the host's network"
+    );
 
-    // `airlock dsn --redis` and `exec`'s REDIS_URL name the same server.
+    // `exec`'s REDIS_URL is a loopback redis:// URL inside the sandbox's own
+    // network namespace, with the same credential as the socket's.
     assert_eq!(d.ok(&["dsn", id_a, "--redis", "--socket"]).trim(), url_a);
+    let password = url_a.strip_prefix(&format!("unix://{id_a}:")).unwrap().split_once('@').unwrap().0;
     let ran = d.exec(id_a, "printf %s \"$REDIS_URL\"", "30s");
-    assert_eq!(ran["stdout"], url_a, "{ran}");
-    // exec code reaches the socket as the server's own clients do.
+    assert_eq!(ran["stdout"], format!("redis://{id_a}:{password}@127.0.0.1:6379/0"), "{ran}");
+    // redis-cli takes it as it is; so does its socket, as the server's own clients do.
     let script = format!(
-        "pw=${{REDIS_URL#unix://*:}}; pw=${{pw%%@*}}; \
+        "redis-cli -u \"$REDIS_URL\" --no-auth-warning GET greeting; \
+         pw=${{REDIS_URL#redis://*:}}; pw=${{pw%%@*}}; \
          REDISCLI_AUTH=$pw redis-cli -s {path_a} --user {id_a} --no-auth-warning GET greeting"
     );
     let ran = d.exec(id_a, &script, "30s");
-    assert_eq!(ran["stdout"].as_str().unwrap().trim(), "hello world", "{ran}");
+    assert_eq!(ran["stdout"].as_str().unwrap().trim(), "hello world\nhello world", "{ran}");
 
     // Each sandbox's Redis counts as its own in the fleet's isolation measure.
     d.wait_for(std::time::Duration::from_secs(10), "the isolation check to see both", || {
@@ -772,8 +785,8 @@ fn a_golden_of_redis_alone_forks_sandboxes_that_run_no_postgres() {
     assert!(text.contains("No PostgreSQL") && text.contains("Redis keys: 2 -> 3"), "{text}");
 
     // exec gets REDIS_URL and no DATABASE_URL.
-    let script = "echo \"db=${DATABASE_URL:-none}\"; a=${REDIS_URL#unix://}; a=${a%%@*}; \
-                  REDISCLI_AUTH=${a#*:} redis-cli --no-auth-warning -s \"${REDIS_URL#*@}\" --user \"${a%%:*}\" GET progress";
+    let script =
+        "echo \"db=${DATABASE_URL:-none}\"; redis-cli -u \"$REDIS_URL\" --no-auth-warning GET progress";
     let out = d.exec(&id, script, "20s");
     assert_eq!(out["stdout"].as_str().unwrap().trim(), "db=none\nstep 1", "{out}");
 

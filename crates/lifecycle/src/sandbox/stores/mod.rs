@@ -23,6 +23,7 @@ use crate::engine::Engine;
 use crate::sandbox::{ms, Sandbox, Steps};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
+use airlock_host::contain::Network;
 use airlock_host::users::Identity;
 
 pub use airlock_postgres::admin::Ending;
@@ -50,7 +51,7 @@ pub struct At<'a> {
 }
 
 /// Who a store's server runs as, and where: the sandbox's user, the group
-/// its socket is shared with, and its cgroups.
+/// its socket is shared with, its cgroups, and its network namespace.
 pub struct Launch {
     /// The server's user.
     pub user: Identity,
@@ -58,12 +59,32 @@ pub struct Launch {
     pub group: Option<nix::unistd::Gid>,
     /// The cgroups it runs in.
     pub cgroups: Vec<CString>,
+    /// The network namespace the sandbox's servers share (when contained):
+    /// `exec` code, which joins it, reaches each on loopback.
+    pub network: Option<Network>,
 }
 
 impl Launch {
-    /// The launch of sandbox `sb`'s servers in `cgroups`.
+    /// The launch of sandbox `sb`'s servers in `cgroups`, in a new network
+    /// namespace of their own when the daemon is root.
     pub fn of(engine: &Engine, sb: &Sandbox, cgroups: Vec<CString>) -> Result<Launch> {
-        Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups })
+        let network = match engine.daemon_user.is_root() {
+            true => Some(Network::new().map_err(|e| Error::io("making a sandbox's network namespace", &e))?),
+            false => None,
+        };
+        Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
+    }
+
+    /// The launch of one server started again beside another of the
+    /// sandbox's servers, still running (`pid`): in its network namespace.
+    pub fn beside(engine: &Engine, sb: &Sandbox, cgroups: Vec<CString>, pid: i32) -> Result<Launch> {
+        let network = match engine.daemon_user.is_root() {
+            true => {
+                Some(Network::of(pid).map_err(|e| Error::io("entering a sandbox's network namespace", &e))?)
+            }
+            false => None,
+        };
+        Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
     }
 }
 

@@ -44,6 +44,7 @@ impl Postgres {
             launch.group,
             &launch.cgroups,
             Some(&server.guard),
+            launch.network.as_ref(),
         )?;
         steps.start_ms = ms(t);
         let t = Instant::now();

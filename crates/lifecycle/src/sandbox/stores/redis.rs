@@ -58,7 +58,9 @@ impl StoreKind for Redis {
         _steps: &mut Steps,
     ) -> Result<Option<i32>> {
         // Its credential is in the configuration `configure` wrote.
-        server::start(at.dir, (&launch.user, launch.group), &launch.cgroups).await.map(Some)
+        server::start(at.dir, (&launch.user, launch.group), &launch.cgroups, launch.network.as_ref())
+            .await
+            .map(Some)
     }
 
     fn pid(&self, at: At<'_>) -> Option<i32> {
@@ -144,7 +146,7 @@ impl StoreKind for Redis {
     }
 
     fn exec_env(&self, at: At<'_>, password: &str) -> Option<(&'static str, String, Option<&'static str>)> {
-        Some(("REDIS_URL", server::socket_url(at.dir, &at.sb.id, password), Some("redis_url")))
+        Some(("REDIS_URL", server::exec_url(at.dir, &at.sb.id, password), Some("redis_url")))
     }
 }
 
