@@ -93,9 +93,20 @@ def test_sql_tool_offers_one_property_in_every_shape_and_returns_enveloped_text(
         assert body.index("<untrusted-data-") < body.index("Ignore all previous")
         failed = tool.call({"sql": "SELECT * FROM nope"})
         assert failed["is_error"] and "42P01" in failed["text"]
+        # What a model gets wrong comes back as a tool error it can read and
+        # act on, never an exception: the harness loop goes on.
+        for arguments, said in (
+            ({"sql": "SELECT 1", "host": "db.internal"}, 'run_sql has no argument "host"'),
+            ({}, "run_sql needs `sql`"),
+            ({"sql": ["SELECT 1"]}, "`sql` must be a string"),
+        ):
+            refused = tool.call(arguments)
+            assert refused["is_error"] and said in refused["text"], refused
+            assert refused["result"]["error"]["code"] == "invalid_arguments"
+        # A sandbox that is gone is the harness's to handle: that raises.
         with pytest.raises(AirlockError) as e:
-            tool.call({"sql": "SELECT 1", "database": "postgres"})
-        assert e.value.code == "invalid_request"
+            sql_tool(client, "sb-doesnotexist").call({"sql": "SELECT 1"})
+        assert e.value.code == "sandbox_not_found"
         assert tool.run("SELECT count(*) FROM orders")["rows"] == [[500]]
         password = daemon.password_of(sb.id)
         for out in (text, failed["text"], repr(tool)):

@@ -13,6 +13,11 @@ use serde::{Deserialize, Serialize};
 pub enum ErrorCode {
     /// The request itself was malformed (bad JSON, missing field, bad combination).
     InvalidRequest,
+    /// An agent tool's arguments, as a model sent them, are not what the tool
+    /// takes (an unknown or missing argument, a wrong type, a table that does
+    /// not exist). The tools answer it as a tool error result, which the model
+    /// reads, in REST and MCP alike; it is never raised to the harness.
+    InvalidArguments,
     /// A name (golden or sandbox) does not match the allowed pattern.
     InvalidName,
     /// A TTL of zero, negative, unparsable or above the configured maximum.
@@ -83,7 +88,9 @@ impl ErrorCode {
     pub fn http_status(self) -> u16 {
         use ErrorCode::*;
         match self {
-            InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 400,
+            InvalidRequest | InvalidArguments | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => {
+                400
+            }
             Unauthorized => 401,
             GoldenNotFound | SandboxNotFound => 404,
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
@@ -103,7 +110,7 @@ impl ErrorCode {
         use ErrorCode::*;
         match self {
             Internal => 1,
-            InvalidRequest | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 3,
+            InvalidRequest | InvalidArguments | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 3,
             GoldenNotFound | SandboxNotFound => 4,
             GoldenExists | NameTaken | GoldenInUse => 5,
             CapacityExhausted => 6,

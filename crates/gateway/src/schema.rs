@@ -158,7 +158,7 @@ pub async fn describe(engine: &Engine, key: &str, table: Option<&str>) -> Result
         let Some(found) = catalog::describe::find(&catalog, wanted) else {
             let known: Vec<&str> = catalog.tables.keys().map(|t| catalog::short_name(t)).collect();
             return Err(Error::new(
-                ErrorCode::InvalidRequest,
+                ErrorCode::InvalidArguments,
                 format!("no table or view named {wanted:?}"),
                 format!(
                     "the tables are: {}",

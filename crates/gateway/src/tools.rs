@@ -155,6 +155,18 @@ pub struct ToolOutput {
     pub text: String,
 }
 
+impl ToolOutput {
+    /// A call refused on what the model sent ([`ErrorCode::InvalidArguments`]):
+    /// a tool error whose text tells the model what to send instead.
+    pub fn refused(e: &Error) -> ToolOutput {
+        ToolOutput {
+            is_error: true,
+            result: json!({"error": {"code": e.code.as_str(), "message": e.message, "hint": e.hint}}),
+            text: error_text(e),
+        }
+    }
+}
+
 /// The longest one tool call may take (a migration test on a large golden
 /// included); past it the call answers `timed_out`.
 pub const DEADLINE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
@@ -207,6 +219,12 @@ async fn run_and_record(
             "ask for less at once",
         )),
     };
+    // The model's own mistake in its arguments is a result it reads, never
+    // an error the harness has to handle.
+    let outcome = match outcome {
+        Err(e) if e.code == ErrorCode::InvalidArguments => Ok(ToolOutput::refused(&e)),
+        other => other,
+    };
     let outcome = outcome.map_err(|e| {
         for_agent(
             engine,
@@ -229,8 +247,13 @@ async fn run_and_record(
                     .take(32)
                     .collect::<String>()))
             };
-            detail["error"] =
-                out.result.pointer("/error/sqlstate").cloned().or_else(redis_code).unwrap_or(json!("error"));
+            detail["error"] = out
+                .result
+                .pointer("/error/sqlstate")
+                .or_else(|| out.result.pointer("/error/code"))
+                .cloned()
+                .or_else(redis_code)
+                .unwrap_or(json!("error"));
         }
         Ok(_) => {}
         Err(e) => detail["error"] = json!(e.code.as_str()),
@@ -259,7 +282,7 @@ async fn dispatch(
     match tool {
         RUN_SQL => {
             let sql = string_arg(&args, "sql")?.ok_or_else(|| {
-                invalid("run_sql needs `sql`", "call run_sql with {\"sql\": \"SELECT ...\"}")
+                bad_argument("run_sql needs `sql`", "call run_sql with {\"sql\": \"SELECT ...\"}")
             })?;
             detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
             // How many of its statements ran to their end: none until it has run.
@@ -291,9 +314,9 @@ async fn dispatch(
                     .iter()
                     .map(|v| v.as_str().map(str::to_owned))
                     .collect::<Option<_>>()
-                    .ok_or_else(|| invalid("`command` must hold only strings", "send [\"GET\", \"key\"]"))?,
+                    .ok_or_else(|| bad_argument("`command` must hold only strings", "send [\"GET\", \"key\"]"))?,
                 _ => {
-                    return Err(invalid(
+                    return Err(bad_argument(
                         "run_redis needs `command`, an array of strings",
                         "call run_redis with {\"command\": [\"GET\", \"key\"]}",
                     ))
@@ -332,7 +355,7 @@ async fn dispatch(
         }
         TEST_MIGRATION => {
             let sql = string_arg(&args, "sql")?.ok_or_else(|| {
-                invalid(
+                bad_argument(
                     "test_migration needs `sql`",
                     "call test_migration with {\"sql\": \"ALTER TABLE ...\"}",
                 )
@@ -340,9 +363,9 @@ async fn dispatch(
             detail["statement"] = json!(cut(sql, EVENT_STATEMENT_CAP));
             // Each statement is tested on a fork at scale: a model's file of
             // thousands would hold a test (and a fork) for many minutes.
-            let statements = airlock_postgres::split::split(sql)?.len();
+            let statements = airlock_postgres::split::split(sql).map_err(|e| bad_argument(e.message, e.hint))?.len();
             if statements > MIGRATION_STATEMENTS {
-                return Err(invalid(
+                return Err(bad_argument(
                     format!(
                         "the migration has {statements} statements; test_migration takes at most \
                          {MIGRATION_STATEMENTS}"
@@ -393,7 +416,7 @@ fn arguments(tool: &str, args: &Value) -> Result<Map<String, Value>> {
         let allowed = spec.input_schema["properties"].as_object().cloned().unwrap_or_default();
         if let Some(extra) = map.keys().find(|k| !allowed.contains_key(k.as_str())) {
             let names: Vec<&String> = allowed.keys().collect();
-            return Err(invalid(
+            return Err(bad_argument(
                 format!("{tool} has no argument {extra:?}"),
                 if names.is_empty() {
                     format!("{tool} takes no arguments")
@@ -410,12 +433,18 @@ fn string_arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<Option<&'a
     match args.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s)),
-        Some(_) => Err(invalid(format!("`{name}` must be a string"), "send it as a JSON string")),
+        Some(_) => Err(bad_argument(format!("`{name}` must be a string"), "send it as a JSON string")),
     }
 }
 
 fn invalid(message: impl Into<String>, hint: impl Into<String>) -> Error {
     Error::new(ErrorCode::InvalidRequest, message, hint)
+}
+
+/// What the model sent is not what the tool takes: said to the model as a
+/// tool error ([`ToolOutput::refused`]).
+fn bad_argument(message: impl Into<String>, hint: impl Into<String>) -> Error {
+    Error::new(ErrorCode::InvalidArguments, message, hint)
 }
 
 fn cut(text: &str, max: usize) -> String {

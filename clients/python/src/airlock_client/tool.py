@@ -31,7 +31,10 @@ class SqlTool:
 
     def call(self, arguments: Dict[str, Any]) -> Dict[str, Any]:
         """Runs the tool with the model's arguments as given; returns
-        ``{"is_error", "result", "text"}``. Extra arguments are refused by the daemon."""
+        ``{"is_error", "result", "text"}``. Arguments the tool does not take (an
+        invented one, none, a wrong type) come back as a tool error whose text
+        tells the model what to send, as over MCP; only Airlock's own failures
+        (and a sandbox that is gone) raise :class:`AirlockError`."""
         return self._client.call_tool(self._sandbox, self.name, arguments)
 
     def run(self, sql: str) -> Dict[str, Any]:

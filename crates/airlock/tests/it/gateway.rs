@@ -149,9 +149,12 @@ fn schema_changes_and_reset_tools_compare_with_the_golden() {
     assert!(text.contains("<untrusted-data-"), "{text}");
     let (_, one) = tool(&d, &id, "describe_schema", json!({"table": "ORDERS"}));
     assert!(one["text"].as_str().unwrap().contains("status  text not null"), "{one}");
+    // A table the model named that does not exist is its mistake: a tool
+    // error it reads, with the tables it could name.
     let (status, e) = tool(&d, &id, "describe_schema", json!({"table": "nope"}));
-    assert_eq!((status, e["code"].as_str()), (400, Some("invalid_request")));
-    assert!(e["hint"].as_str().unwrap().contains("orders"), "{e}");
+    assert_eq!((status, e["is_error"].as_bool()), (200, Some(true)), "{e}");
+    assert_eq!(e["result"]["error"]["code"], "invalid_arguments", "{e}");
+    assert!(e["text"].as_str().unwrap().contains("the tables are: orders"), "{e}");
 
     let (_, empty) = tool(&d, &id, "changes_since_fork", json!({}));
     assert_eq!(
@@ -204,11 +207,30 @@ fn schema_changes_and_reset_tools_compare_with_the_golden() {
         (&json!([]), &json!([]))
     );
 
-    // Tools take only the properties their schemas name.
-    let (status, e) = tool(&d, &id, "run_sql", json!({"sql": "SELECT 1", "database": "postgres"}));
-    assert_eq!((status, e["code"].as_str()), (400, Some("invalid_request")), "{e}");
+    // Tools take only the properties their schemas name; what a model sends
+    // wrong (an invented argument, none at all, a wrong type) is a tool error
+    // it reads, never an HTTP error the harness must handle.
+    for (name, args, said) in [
+        (
+            "run_sql",
+            json!({"sql": "SELECT 1", "database": "postgres"}),
+            "run_sql has no argument \"database\"",
+        ),
+        ("run_sql", json!({}), "run_sql needs `sql`"),
+        ("run_sql", json!({"sql": 7}), "`sql` must be a string"),
+        ("run_redis", json!({"command": "GET k"}), "run_redis needs `command`"),
+        ("test_migration", json!({"sql": "\\set x 1\nSELECT 1;"}), "psql meta-command"),
+    ] {
+        let (status, e) = tool(&d, &id, name, args.clone());
+        assert_eq!((status, e["is_error"].as_bool()), (200, Some(true)), "{args}: {e}");
+        assert_eq!(e["result"]["error"]["code"], "invalid_arguments", "{args}: {e}");
+        assert!(e["text"].as_str().unwrap().contains(said), "{args}: {e}");
+    }
+    // A request that is not a tool call at all is the harness's: refused.
     let (status, _) = tool(&d, &id, "drop_everything", json!({}));
     assert_eq!(status, 400);
+    let (status, e) = tool(&d, &id, "run_sql", json!(["SELECT 1"]));
+    assert_eq!((status, e["code"].as_str()), (400, Some("invalid_request")), "{e}");
 }
 
 #[test]
@@ -243,7 +265,7 @@ fn every_tool_call_is_an_event_and_nothing_reveals_how_to_reach_the_database() {
     assert_eq!((first["rows"].as_u64(), first["via"].as_str()), (Some(1), Some("rest")));
     assert!(first["duration_ms"].is_u64());
     assert_eq!(calls[1]["detail"]["error"], "42P01");
-    assert_eq!(calls[6]["detail"]["error"], "invalid_request");
+    assert_eq!(calls[6]["detail"]["error"], "invalid_arguments");
     outputs.push(events.to_string());
 
     let (_, password) = crate::harness::split_password(sb["dsn"].as_str().unwrap());
