@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -126,6 +127,75 @@ def test_libpq_18_speaks_protocol_3_2_end_to_end_with_a_postgresql_18_sandbox(da
                 assert done.get("cancelled"), dsn
     finally:
         client.delete(sb)
+
+
+DJANGO_SETTINGS = """
+import os
+SECRET_KEY = "not-a-secret"
+INSTALLED_APPS = ["shopapp"]
+USE_TZ = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {"default": {
+    "ENGINE": "django.db.backends.postgresql",
+    "HOST": os.environ["PROBE_HOST"], "PORT": os.environ["PROBE_PORT"],
+    "NAME": os.environ["PROBE_DB"], "USER": os.environ["PROBE_DB"], "PASSWORD": os.environ["PROBE_PASSWORD"],
+    "OPTIONS": {"sslmode": "verify-full", "sslrootcert": os.environ["PROBE_CA"]},
+}}
+"""
+
+DJANGO_MODELS = """
+from django.db import models
+
+class Widget(models.Model):
+    name = models.CharField(max_length=40, unique=True)
+"""
+
+DJANGO_TESTS = """
+from django.db import connection
+from django.test import TestCase
+from shopapp.models import Widget
+
+class WidgetTests(TestCase):
+    def test_widgets_live_in_the_test_database(self):
+        Widget.objects.create(name="gear")
+        self.assertEqual(Widget.objects.count(), 1)
+        with connection.cursor() as c:
+            c.execute("SELECT current_database()")
+            self.assertTrue(c.fetchone()[0].startswith("test_"))
+"""
+
+
+def test_djangos_test_runner_creates_migrates_and_drops_its_test_database(sandbox, tmp_path):
+    """`manage.py test` against a sandbox, with the sandbox id as USER and
+    NAME: Django's maintenance connection (to `postgres`) reaches the
+    sandbox's own database, from where it creates test_<NAME>, migrates it,
+    runs the tests in it and drops it; the sandbox's own data is untouched."""
+    host, port, db, password, query = parts(sandbox.dsn)
+    app = tmp_path / "shopapp"
+    (app / "migrations").mkdir(parents=True)
+    (app / "__init__.py").write_text("")
+    (app / "migrations" / "__init__.py").write_text("")
+    (app / "models.py").write_text(DJANGO_MODELS)
+    (app / "tests.py").write_text(DJANGO_TESTS)
+    (tmp_path / "settings.py").write_text(DJANGO_SETTINGS)
+    env = dict(
+        os.environ, PYTHONPATH=str(tmp_path), DJANGO_SETTINGS_MODULE="settings",
+        PROBE_HOST=host, PROBE_PORT=str(port), PROBE_DB=db, PROBE_PASSWORD=password, PROBE_CA=query["sslrootcert"],
+    )
+    for args in (["makemigrations", "shopapp"], ["test", "shopapp", "-v", "2", "--noinput"]):
+        done = subprocess.run(
+            [sys.executable, "-m", "django", *args], cwd=tmp_path, env=env,
+            capture_output=True, text=True, timeout=300,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "unable to create a connection to the 'postgres' database" not in done.stderr, done.stderr
+    assert f"Creating test database for alias 'default' ('test_{db}')" in done.stderr, done.stderr
+    assert "Ran 1 test" in done.stderr and "OK" in done.stderr, done.stderr
+    assert f"Destroying test database for alias 'default' ('test_{db}')" in done.stderr, done.stderr
+    with psycopg.connect(sandbox.dsn) as conn:
+        names = [r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE NOT datistemplate ORDER BY 1")]
+        assert names == ["app"], names
+        assert conn.execute("SELECT count(*) FROM orders").fetchone() == (500,)
 
 
 def test_asyncpg_over_tls_and_plaintext(sandbox):

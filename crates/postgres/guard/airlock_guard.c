@@ -12,6 +12,14 @@
  * this hook refuses them to every role that is not a superuser. Superusers (the
  * daemon's admin role, peer-authenticated) are unaffected.
  *
+ * An owner-mode agent may create databases of its own (test runners do) and
+ * drop them, and nothing more: a CREATE DATABASE runs as the session's own role
+ * and without the options that would make a database another role's, a
+ * template, unreachable or placed elsewhere (OWNER, IS_TEMPLATE,
+ * ALLOW_CONNECTIONS, CONNECTION LIMIT, TABLESPACE, OID); a DROP DATABASE drops
+ * only a database the session's role owns itself, so the sandbox's own
+ * database (its owner role's, whose member the agent is) stays.
+ *
  * It refuses ALTER EXTENSION ... ADD and DROP too: an extension's members are
  * left out of every report (they are the extension's, not the application's),
  * so an object an agent made and then added to an extension it owns would
@@ -51,7 +59,10 @@
 #include <dirent.h>
 #include <unistd.h>
 
+#include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
 #include "catalog/objectaccess.h"
 #include "executor/executor.h"
 #include "fmgr.h"
@@ -62,6 +73,7 @@
 #include "utils/acl.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/syscache.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
 
@@ -300,6 +312,72 @@ refused_change(Node *stmt)
 	}
 }
 
+/* Options of CREATE DATABASE that would make a database other than the agent's own. */
+static const char *const refused_database_options[] = {
+	"owner", "is_template", "allow_connections", "connection_limit", "tablespace", "oid",
+};
+
+/* Refuses a CREATE or DROP DATABASE that goes beyond the agent's own databases. */
+static void
+hold_own_databases(Node *stmt)
+{
+	if (IsA(stmt, CreatedbStmt))
+	{
+		CreatedbStmt *create = (CreatedbStmt *) stmt;
+		ListCell   *cell;
+		bool		templated = false;
+
+		if (GetUserId() != GetSessionUserId())
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied to create a database as another role in an Airlock sandbox"),
+					 errhint("RESET ROLE first: a database is created as the session's own role.")));
+		foreach(cell, create->options)
+		{
+			DefElem    *option = (DefElem *) lfirst(cell);
+
+			templated |= strcmp(option->defname, "template") == 0;
+
+			for (int i = 0; i < lengthof(refused_database_options); i++)
+				if (strcmp(option->defname, refused_database_options[i]) == 0)
+					ereport(ERROR,
+							(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+							 errmsg("permission denied to create a database with %s in an Airlock sandbox",
+									option->defname),
+							 errdetail("A database the agent creates is its own: owned by its role, "
+									   "reachable, on the sandbox's storage."),
+							 errhint("Leave out %s.", option->defname)));
+		}
+		if (!templated && !OidIsValid(get_database_oid("template1", true)))
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_DATABASE),
+					 errmsg("this sandbox has no template to create a database from"),
+					 errdetail("Its golden was built before goldens kept template1."),
+					 errhint("Build the golden again (airlock golden refresh NAME), or give TEMPLATE with a database of your own.")));
+	}
+	else if (IsA(stmt, DropdbStmt))
+	{
+		DropdbStmt *drop = (DropdbStmt *) stmt;
+		Oid			database = get_database_oid(drop->dbname, true);
+		HeapTuple	tuple;
+		Oid			owner;
+
+		if (!OidIsValid(database))
+			return;
+		tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(database));
+		if (!HeapTupleIsValid(tuple))
+			return;
+		owner = ((Form_pg_database) GETSTRUCT(tuple))->datdba;
+		ReleaseSysCache(tuple);
+		if (owner != GetSessionUserId())
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_PRIVILEGE),
+					 errmsg("permission denied to drop database \"%s\" in an Airlock sandbox", drop->dbname),
+					 errdetail("Only a database the agent created may be dropped; the sandbox's own stays."),
+					 errhint("To start over, reset the sandbox (airlock reset, or the reset_database tool).")));
+	}
+}
+
 static void
 airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
 					  UTILITY_READ_ONLY_TREE_PARAM ProcessUtilityContext context,
@@ -320,6 +398,8 @@ airlock_guard_utility(PlannedStmt *pstmt, const char *queryString,
 				 errmsg("permission denied to change %s in an Airlock sandbox", change),
 				 errdetail("Role and database settings, passwords and attributes would outlive this session."),
 				 errhint("Use SET (or SET LOCAL) to change a setting for this session only.")));
+	if (!superuser())
+		hold_own_databases(pstmt->utilityStmt);
 
 	hold_read_only();
 	hold_statement_limit();

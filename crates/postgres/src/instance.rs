@@ -53,8 +53,9 @@ const SETTINGS: &[(&str, &str, u32)] = &[
 ];
 
 /// Who may connect and how: the admin role only by peer authentication from the
-/// daemon's OS user (no superuser password exists), everyone else by SCRAM and
-/// only to the application database. A golden's build also lets its loader OS
+/// daemon's OS user (no superuser password exists), everyone else by SCRAM, to
+/// the application database or one an agent created, never to a template or
+/// `postgres`. A golden's build also lets its loader OS
 /// users (`owner_os_users`) in as the owner role, which loads what the build is
 /// made of: a session that logged in as a non-superuser can never become one
 /// (`SET ROLE` and `SET SESSION AUTHORIZATION` need a superuser session).
@@ -63,7 +64,8 @@ fn hba(admin_os_users: &[&str], owner_os_users: &[&str]) -> (String, String) {
     if !owner_os_users.is_empty() {
         hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
     }
-    hba.push_str(&format!("local {DATABASE} all scram-sha-256\n"));
+    hba.push_str("local template0,template1,postgres all reject\n");
+    hba.push_str("local all all scram-sha-256\n");
     let mut ident = String::from("# written by airlock at every start\n");
     for user in admin_os_users {
         ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));

@@ -20,6 +20,7 @@ mod redis;
 mod relay;
 mod scram;
 mod session;
+pub mod target;
 pub mod tls;
 
 pub use airlock_lifecycle::doors::{Address, TlsMode};

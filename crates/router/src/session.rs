@@ -17,8 +17,9 @@ use super::backend::{self, Backend, LoginError};
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
 use super::scram;
+use super::target::{is_sandbox_id, Target};
 use super::Shared;
-use airlock_core::dsn::{AGENT_ROLE, DATABASE};
+use airlock_core::dsn::AGENT_ROLE;
 use airlock_core::error::ErrorCode;
 use airlock_core::events::EventKind;
 use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
@@ -250,7 +251,7 @@ async fn establish(
         () = slot.given_up() => return None,
     };
     slot.marker().prove();
-    let Authenticated { mut client, startup, sb, tls, mut phases } = authenticated;
+    let Authenticated { mut client, startup, target, sb, tls, mut phases } = authenticated;
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
@@ -265,7 +266,7 @@ async fn establish(
         (Instant::now(), sb.state == airlock_lifecycle::sandbox::SandboxState::Suspended);
     // A few authenticated clients of one sandbox at a time open server sessions.
     let authenticating = shared.host.connections.authenticating(&sb.id).await;
-    let session = session_for(shared, sb, &startup).await;
+    let session = session_for(shared, sb, &startup, &target).await;
     drop(authenticating);
     match session {
         Ok((sb, backend, open)) => {
@@ -291,6 +292,8 @@ async fn establish(
 struct Authenticated {
     client: Client,
     startup: Startup,
+    /// The database inside the sandbox it asked for.
+    target: Target,
     sb: Sandbox,
     /// Whether it came by TLS.
     tls: bool,
@@ -315,11 +318,13 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         return None;
     }
     let user = startup.user.as_str();
-    // Only the agent role. (The server gets a startup message the router builds
-    // with the agent role in it, over a connection made with the sandbox's OS
-    // identity, which peer authentication maps to no role: asking for another
-    // role could never reach the admin's, but is refused here, clearly.)
-    if user != AGENT_ROLE {
+    // Only the agent role, or a sandbox's id standing for it. (The server gets
+    // a startup message the router builds with the agent role in it, over a
+    // connection made with the sandbox's OS identity, which peer
+    // authentication maps to no role: asking for another role could never
+    // reach the admin's, but is refused here, clearly.)
+    let by_id = is_sandbox_id(user);
+    if user != AGENT_ROLE && !by_id {
         let e = ErrorResponse::fatal(
             "28000",
             format!("role \"{}\" cannot connect through the router", shown(user)),
@@ -328,8 +333,26 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         refuse(&mut client, e).await;
         return None;
     }
-    let key = startup.database.clone();
-    let sb = match lookup(shared, &key) {
+    let target = match by_id {
+        false => Target::of(&startup.database),
+        true => match Target::for_user(user, &startup.database) {
+            Some(target) => target,
+            None => {
+                let e = ErrorResponse::fatal(
+                    "28000",
+                    format!(
+                        "user \"{}\" names one sandbox and database \"{}\" another",
+                        shown(user),
+                        shown(&startup.database)
+                    ),
+                    "with a sandbox id as the user, name a database inside that sandbox",
+                );
+                refuse(&mut client, e).await;
+                return None;
+            }
+        },
+    };
+    let sb = match lookup(shared, &target.sandbox) {
         Ok(sb) => sb,
         Err(e) => {
             refuse(&mut client, e).await;
@@ -380,7 +403,7 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             }
         }
     }
-    Some(Authenticated { client, startup, sb, tls, phases })
+    Some(Authenticated { client, startup, target, sb, tls, phases })
 }
 
 /// The newest protocol version the sandbox's server speaks, from its golden
@@ -478,6 +501,7 @@ async fn session_for(
     shared: &Shared,
     sb: Sandbox,
     startup: &Startup,
+    target: &Target,
 ) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
     let host = &shared.host;
     let id = sb.id.clone();
@@ -490,8 +514,10 @@ async fn session_for(
         };
         let sb = running(shared, last).await.map_err(|e| e.encode())?;
         let mut open = host.connections.open(&sb.id);
-        // Parked sessions speak 3.0: a 3.2 session is opened now.
-        let parked = if startup.version == protocol::PROTOCOL_3_0 { shared.parked.take(&sb) } else { None };
+        // Parked sessions speak 3.0, on the sandbox's own database: a 3.2
+        // session, or one on another database, is opened now.
+        let parkable = startup.version == protocol::PROTOCOL_3_0 && target.is_own_database();
+        let parked = if parkable { shared.parked.take(&sb) } else { None };
         if let Some(mut parked) = parked {
             let settings: Vec<_> = startup.settings.iter().chain(&startup.later).cloned().collect();
             if parked.apply(&settings, super::parked::OPENED_WITH).await.is_ok() {
@@ -508,7 +534,7 @@ async fn session_for(
             let stream =
                 airlock_postgres::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default())
                     .await?;
-            backend::login(stream, &startup.encode_for(AGENT_ROLE, DATABASE), &password).await
+            backend::login(stream, &startup.encode_for(AGENT_ROLE, &target.database), &password).await
         };
         match attempt.await {
             Ok(mut backend) => {

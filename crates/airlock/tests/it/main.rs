@@ -8,6 +8,7 @@ mod api;
 mod audit;
 mod containment;
 mod crash;
+mod databases;
 mod disk;
 mod exec;
 mod gateway;

@@ -157,10 +157,13 @@ impl Access {
             None => "NOLOGIN".to_owned(),
         };
         let verifier = login;
-        let attrs = "NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS";
+        let attrs = "NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS";
         let mut sql = match self.mode {
+            // An owner may create databases of its own (test runners do); the
+            // in-server guard keeps them its own, and the sandbox's own
+            // database out of its reach.
             Mode::Owner => format!(
-                "CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {OWNER_ROLE} {attrs} CONNECTION LIMIT {};",
+                "CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {OWNER_ROLE} {attrs} CREATEDB CONNECTION LIMIT {};",
                 l.connection_limit
             ),
             Mode::Readonly => format!(
@@ -169,7 +172,7 @@ impl Access {
                      CREATE ROLE {READ_ONLY_ROLE} NOLOGIN;
                    END IF;
                  END $$;
-                 CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {READ_ONLY_ROLE} {attrs} CONNECTION LIMIT {};
+                 CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {READ_ONLY_ROLE} {attrs} NOCREATEDB CONNECTION LIMIT {};
                  REVOKE TEMPORARY ON DATABASE {DATABASE} FROM PUBLIC;
                  DO $$ DECLARE s text; BEGIN
                    FOR s IN SELECT nspname FROM pg_catalog.pg_namespace

@@ -396,13 +396,25 @@ async fn load_and_describe(
 ) -> Result<Described> {
     if let Source::Promoted { sandbox, .. } = source {
         // No credential may live in a golden: what the agent owned goes to the
-        // owner role, and the agent role goes.
+        // owner role, in every database it created too (which the golden
+        // keeps), and the agent role goes.
         let admin = Admin::connect(dir, DATABASE, postmaster).await?;
-        admin
-            .execute(&format!(
-                "REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE}; DROP ROLE {AGENT_ROLE};"
-            ))
-            .await?;
+        let created = admin
+            .client()
+            .query(
+                "SELECT datname FROM pg_catalog.pg_database
+                  WHERE datallowconn AND NOT datistemplate AND datname NOT IN ($1, 'postgres')",
+                &[&DATABASE],
+            )
+            .await
+            .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+        let give_away =
+            format!("REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE};");
+        for row in &created {
+            let database: String = row.cell(0)?;
+            Admin::connect(dir, &database, postmaster).await?.execute(&give_away).await?;
+        }
+        admin.execute(&format!("{give_away} DROP ROLE {AGENT_ROLE};")).await?;
         drop(admin);
         // The build's own work (VACUUM, ANALYZE) runs the agent's index
         // expressions, as the owner role: look for planted objects after it.
@@ -656,18 +668,20 @@ async fn describe(
     admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
-    // Nothing connects to the default database or the templates (agents are allowed
-    // only into the application database and cannot create databases), and their
-    // six hundred files would be cloned, and later unlinked, at every fork.
+    // Nothing connects to the default database or to template0, and their six
+    // hundred files would be cloned, and later unlinked, at every fork. template1
+    // stays, closed to connections (so no one changes it, and autovacuum leaves
+    // it be): it is what an owner's CREATE DATABASE copies.
     admin.execute("DROP DATABASE IF EXISTS postgres").await?;
-    for template in ["template1", "template0"] {
-        let present = admin
-            .value(&format!("SELECT count(*)::text FROM pg_database WHERE datname = '{template}'"))
-            .await?;
-        if present != "0" {
-            admin.execute(&format!("ALTER DATABASE {template} IS_TEMPLATE false")).await?;
-            admin.execute(&format!("DROP DATABASE {template}")).await?;
-        }
+    let present = admin.value("SELECT count(*)::text FROM pg_database WHERE datname = 'template0'").await?;
+    if present != "0" {
+        admin.execute("ALTER DATABASE template0 IS_TEMPLATE false").await?;
+        admin.execute("DROP DATABASE template0").await?;
+    }
+    // (A golden promoted from a fork of one built before it kept template1 has none.)
+    let present = admin.value("SELECT count(*)::text FROM pg_database WHERE datname = 'template1'").await?;
+    if present != "0" {
+        admin.execute("ALTER DATABASE template1 ALLOW_CONNECTIONS false").await?;
     }
     drop(admin);
     Ok((version, hash))
