@@ -18,7 +18,11 @@
  * template, unreachable or placed elsewhere (OWNER, IS_TEMPLATE,
  * ALLOW_CONNECTIONS, CONNECTION LIMIT, TABLESPACE, OID); a DROP DATABASE drops
  * only a database the session's role owns itself, so the sandbox's own
- * database (its owner role's, whose member the agent is) stays.
+ * database (its owner role's, whose member the agent is) stays. A fork does
+ * not copy its golden's template1 (three hundred files every fork would clone
+ * and few use): the first CREATE DATABASE that needs it copies it into place
+ * from airlock.template_source, the golden's, which the daemon gives the
+ * server read-only.
  *
  * It refuses ALTER EXTENSION ... ADD and DROP too: an extension's members are
  * left out of every report (they are the extension's, not the application's),
@@ -57,12 +61,18 @@
 #include "postgres.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "access/htup_details.h"
 #include "access/xact.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
+#include "commands/defrem.h"
+#include "common/file_perm.h"
+#include "storage/fd.h"
 #include "catalog/objectaccess.h"
 #include "executor/executor.h"
 #include "fmgr.h"
@@ -101,6 +111,11 @@
 #define UTILITY_READ_ONLY_TREE_ARG readOnlyTree,
 #endif
 
+#if PG_VERSION_NUM < 150000
+/* template1's OID had another name before 15. */
+#define Template1DbOid TemplateDbOid
+#endif
+
 PG_MODULE_MAGIC;
 
 void _PG_init(void);
@@ -112,6 +127,9 @@ static ProcessUtility_hook_type previous_utility_hook = NULL;
 static ExecutorStart_hook_type previous_executor_start_hook = NULL;
 static object_access_hook_type previous_object_access_hook = NULL;
 static emit_log_hook_type previous_emit_log_hook = NULL;
+
+/* airlock.template_source: where the golden's template1 files are, read-only. */
+static char *template_source = NULL;
 
 /* airlock.statement_limit, in milliseconds: 0 (off) but for the agent role. */
 static int	statement_limit_ms = 0;
@@ -317,6 +335,106 @@ static const char *const refused_database_options[] = {
 	"owner", "is_template", "allow_connections", "connection_limit", "tablespace", "oid",
 };
 
+/* Copies one file of the golden's template1 into this server's. */
+static void
+copy_template_file(const char *name)
+{
+	char		from[MAXPGPATH];
+	char		to[MAXPGPATH];
+	char		buffer[65536];
+	int			in,
+				out;
+	ssize_t		n;
+
+	snprintf(from, sizeof(from), "%s/%s", template_source, name);
+	snprintf(to, sizeof(to), "base/%u/%s", Template1DbOid, name);
+	in = open(from, O_RDONLY | O_NOFOLLOW | PG_BINARY);
+	if (in < 0)
+		ereport(ERROR, (errcode_for_file_access(), errmsg("could not read the template's file \"%s\": %m", from)));
+	out = open(to, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | PG_BINARY, pg_file_create_mode);
+	if (out < 0)
+	{
+		int			save = errno;
+
+		close(in);
+		errno = save;
+		ereport(ERROR, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", to)));
+	}
+	while ((n = read(in, buffer, sizeof(buffer))) > 0)
+		if (write(out, buffer, n) != n)
+		{
+			int			save = errno ? errno : ENOSPC;
+
+			close(in);
+			close(out);
+			errno = save;
+			ereport(ERROR, (errcode_for_file_access(), errmsg("could not write \"%s\": %m", to)));
+		}
+	if (n < 0 || (strcmp(name, "PG_VERSION") == 0 && pg_fsync(out) != 0))
+	{
+		int			save = errno;
+
+		close(in);
+		close(out);
+		errno = save;
+		ereport(ERROR, (errcode_for_file_access(), errmsg("could not copy \"%s\": %m", from)));
+	}
+	close(in);
+	close(out);
+}
+
+/*
+ * Puts template1's files in place, from the golden's, if they are not there
+ * yet (PG_VERSION, copied last, says they all are). One session at a time:
+ * the directory is locked meanwhile.
+ */
+static void
+materialize_template1(void)
+{
+	char		directory[MAXPGPATH];
+	char		marker[MAXPGPATH];
+	struct stat st;
+	int			lock;
+	DIR		   *source;
+	struct dirent *entry;
+
+	snprintf(directory, sizeof(directory), "base/%u", Template1DbOid);
+	snprintf(marker, sizeof(marker), "%s/PG_VERSION", directory);
+	if (stat(marker, &st) == 0 || template_source == NULL || template_source[0] == '\0')
+		return;
+	lock = open(directory, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
+	if (lock < 0 || flock(lock, LOCK_EX) != 0)
+		ereport(ERROR, (errcode_for_file_access(), errmsg("could not lock \"%s\": %m", directory)));
+	if (stat(marker, &st) != 0)
+	{
+		source = opendir(template_source);
+		if (source == NULL)
+		{
+			close(lock);
+			ereport(ERROR, (errcode_for_file_access(), errmsg("could not read the template at \"%s\": %m", template_source)));
+		}
+		while ((entry = readdir(source)) != NULL)
+		{
+			if (entry->d_name[0] == '.' || strcmp(entry->d_name, "PG_VERSION") == 0)
+				continue;
+			PG_TRY();
+			{
+				copy_template_file(entry->d_name);
+			}
+			PG_CATCH();
+			{
+				closedir(source);
+				close(lock);
+				PG_RE_THROW();
+			}
+			PG_END_TRY();
+		}
+		closedir(source);
+		copy_template_file("PG_VERSION");
+	}
+	close(lock);
+}
+
 /* Refuses a CREATE or DROP DATABASE that goes beyond the agent's own databases. */
 static void
 hold_own_databases(Node *stmt)
@@ -336,7 +454,8 @@ hold_own_databases(Node *stmt)
 		{
 			DefElem    *option = (DefElem *) lfirst(cell);
 
-			templated |= strcmp(option->defname, "template") == 0;
+			if (strcmp(option->defname, "template") == 0)
+				templated = strcmp(defGetString(option), "template1") != 0;
 
 			for (int i = 0; i < lengthof(refused_database_options); i++)
 				if (strcmp(option->defname, refused_database_options[i]) == 0)
@@ -348,6 +467,8 @@ hold_own_databases(Node *stmt)
 									   "reachable, on the sandbox's storage."),
 							 errhint("Leave out %s.", option->defname)));
 		}
+		if (!templated && OidIsValid(get_database_oid("template1", true)))
+			materialize_template1();
 		if (!templated && !OidIsValid(get_database_oid("template1", true)))
 			ereport(ERROR,
 					(errcode(ERRCODE_UNDEFINED_DATABASE),
@@ -481,6 +602,11 @@ _PG_init(void)
 	object_access_hook = airlock_guard_object_access;
 	previous_emit_log_hook = emit_log_hook;
 	emit_log_hook = airlock_guard_emit_log;
+	DefineCustomStringVariable("airlock.template_source",
+							   "Where the golden's template1 files are, to copy at the first CREATE DATABASE.",
+							   "Set by Airlock when it starts the server.",
+							   &template_source, "", PGC_POSTMASTER, 0,
+							   NULL, NULL, NULL);
 	DefineCustomIntVariable("airlock.statement_limit",
 							"The sandbox's statement limit, which SET statement_timeout cannot lift.",
 							"Set by Airlock as the agent role's default; 0 turns it off.",

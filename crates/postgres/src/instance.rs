@@ -206,6 +206,9 @@ pub struct Started {
 /// when given, the in-server guard preloaded. As root it also joins the cgroups
 /// whose `cgroup.procs` files are given and gets namespaces of its own
 /// ([`contain`]), in the sandbox's `network` namespace when one is given.
+/// `template`, a golden's template1, is given to the guard to copy from
+/// (bound read-only into the server's view when contained).
+#[allow(clippy::too_many_arguments)]
 pub fn start(
     bin: &PgBin,
     dir: &InstanceDir,
@@ -214,6 +217,7 @@ pub fn start(
     cgroups: &[std::ffi::CString],
     guard: Option<&Path>,
     network: Option<&airlock_host::contain::Network>,
+    template: Option<&Path>,
 ) -> Result<Started> {
     let log = airlock_host::storage::tree::open_log(&dir.log())?;
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
@@ -252,6 +256,11 @@ pub fn start(
     if guard_path.is_none() {
         cmd.arg("-c").arg("autovacuum=off");
     }
+    let contained = nix::unistd::geteuid().is_root();
+    if let Some(template) = template {
+        let seen = if contained { Path::new(TEMPLATE_INSIDE) } else { template };
+        cmd.arg("-c").arg(format!("airlock.template_source={}", setting_path(seen)?));
+    }
     if let Some(group) = socket_group {
         cmd.arg("-c").arg(format!("unix_socket_group={group}"));
         cmd.arg("-c").arg("unix_socket_permissions=0770");
@@ -267,7 +276,10 @@ pub fn start(
     if nix::unistd::geteuid().is_root() {
         let who = Who::of(user, socket_group);
         let cgroups = cgroups.to_vec();
-        let view = server_view(bin, dir, guard_path)?;
+        let mut view = server_view(bin, dir, guard_path)?;
+        if let Some(template) = template {
+            view.bind(template, Path::new(TEMPLATE_INSIDE), false)?;
+        }
         let network = network.map(|n| n.try_clone()).transpose()?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
@@ -280,6 +292,9 @@ pub fn start(
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     Ok(Started { pid, child })
 }
+
+/// Where a contained server sees its golden's template1 (read-only).
+const TEMPLATE_INSIDE: &str = "/airlock/template1";
 
 /// A path as a server setting's value: one the server would read differently
 /// (a list separator, a quote, a space) is refused rather than mangled.

@@ -19,8 +19,13 @@ fn an_owner_creates_uses_and_drops_databases_of_its_own_as_test_runners_do() {
     let sb = d.fork("shop", &["--statement-timeout", "2s"]);
     let (id, agent) = (sb["id"].as_str().unwrap().to_owned(), dsn(&sb));
 
+    // A fork does not clone its golden's template1; the first CREATE DATABASE
+    // copies it into place.
+    let template1 = d.home.join(format!("volume/sandboxes/{id}/pgdata/base/1"));
+    assert!(template1.is_dir() && !template1.join("PG_VERSION").exists(), "template1 is not cloned");
     // A Rails-style create, load, test and drop, from the sandbox's own database.
     sql(&agent, "CREATE DATABASE orders_test");
+    assert!(template1.join("PG_VERSION").is_file(), "template1 is in place");
     let test_db = in_database(&agent, &id, "orders_test");
     sql(
         &test_db,
@@ -157,4 +162,24 @@ fn a_promotion_keeps_the_databases_the_agent_created_and_forks_have_them() {
     assert_eq!(sql(&b_fixtures, "SELECT count(*) FROM seeds"), "1");
     let refused = psql(&a_url, "DROP DATABASE fixtures").unwrap_err();
     assert!(refused.contains("permission denied to drop database \"fixtures\""), "{refused}");
+}
+
+/// A branch of a sandbox whose template1 was never copied, and a golden
+/// promoted from one, still create databases: each finds the template where
+/// its golden keeps it.
+#[test]
+fn branches_and_promotions_of_a_sandbox_that_made_no_database_create_databases() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let branch = d.json(&["branch", &id]);
+    sql(&dsn(&branch), "CREATE DATABASE in_branch");
+    d.ok(&["promote", &id, "--golden", "plain"]);
+    let template = d.home.join("volume/goldens/plain/1/pgdata/base/1/PG_VERSION");
+    assert!(template.is_file(), "the promoted golden has its template1");
+    let fork = d.fork("plain", &[]);
+    sql(&dsn(&fork), "CREATE DATABASE in_fork");
+    let again = psql(&dsn(&fork), "CREATE DATABASE in_fork").unwrap_err();
+    assert!(again.contains("already exists"), "{again}");
 }

@@ -85,8 +85,16 @@ fn goldens_record_a_manifest_and_objects_belong_to_a_non_superuser_owner() {
     let owner = sql(&dsn(&sb), "SELECT tableowner FROM pg_tables WHERE tablename = 'orders'");
     assert_eq!(owner, "airlock_owner");
     assert_eq!(sql(&dsn(&sb), "SELECT rolsuper FROM pg_roles WHERE rolname = 'airlock_owner'"), "f");
-    // Only the application database is kept: the others' files would be cloned at every fork.
-    assert_eq!(sql(&dsn(&sb), "SELECT string_agg(datname, ',') FROM pg_database"), "app");
+    // Only the application database and template1 (closed to connections,
+    // copied into a fork only at its first CREATE DATABASE) are kept: the
+    // others' files would be cloned at every fork.
+    assert_eq!(
+        sql(
+            &dsn(&sb),
+            "SELECT string_agg(datname || ':' || datallowconn, ',' ORDER BY datname) FROM pg_database"
+        ),
+        "app:true,template1:false"
+    );
     // The agent can change what the owner owns: a migration works.
     sql(
         &dsn(&sb),

@@ -124,6 +124,11 @@ fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_six_majors_run_at_
             psql(agent, "CREATE EXTENSION plpython3u").is_err(),
             "untrusted extensions stay refused on {major}"
         );
+        // An owner's database of its own, template1 copied into place on each major.
+        sql(agent, "CREATE DATABASE scratch");
+        sql(agent, "DROP DATABASE scratch");
+        let refused = psql(agent, "DROP DATABASE app").unwrap_err();
+        assert!(refused.contains("permission denied to drop database"), "{major}: {refused}");
     }
     for (major, agent) in forks.iter().filter(|(m, _)| [13, 17].contains(m)) {
         assert_eq!(

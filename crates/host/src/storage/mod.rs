@@ -124,7 +124,20 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
-        tree::clone_tree(src, dst, &self.spec(owner, source_owner, &[]))
+        self.clone_tree_hollow(src, dst, owner, source_owner, &[])
+    }
+
+    /// [`Cloner::clone_tree`], leaving the directories `hollow` names (paths
+    /// from the top) empty.
+    pub fn clone_tree_hollow(
+        &self,
+        src: &Path,
+        dst: &Path,
+        owner: Option<&Identity>,
+        source_owner: Option<nix::unistd::Uid>,
+        hollow: &[&str],
+    ) -> std::io::Result<u64> {
+        tree::clone_tree(src, dst, &tree::CloneSpec { hollow, ..self.spec(owner, source_owner, &[]) })
     }
 
     /// How this volume clones: reflinks where it can, WAL in a subvolume of its
@@ -148,6 +161,7 @@ impl Cloner {
             only,
             subvolumes,
             subvolume_limit: WAL_LIMIT,
+            hollow: &[],
         }
     }
 

@@ -54,6 +54,9 @@ pub struct CloneSpec<'a> {
     pub subvolumes: &'a [&'a str],
     /// What each of those may own ([`super::WAL_LIMIT`]).
     pub subvolume_limit: u64,
+    /// Directories (paths from the top, such as `base/1`) made empty: their
+    /// contents are not taken.
+    pub hollow: &'a [&'a str],
 }
 
 fn refused(path: &Path, what: &str) -> io::Error {
@@ -142,7 +145,7 @@ fn clone_into(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u64> {
     // most of the time (creating an inode costs more than the reflink itself),
     // spread over the cores.
     let mut files = Vec::new();
-    make_dirs(Arc::new(from), Arc::new(to), src.to_path_buf(), spec, true, &mut files)?;
+    make_dirs(Arc::new(from), Arc::new(to), (src.to_path_buf(), Path::new("")), spec, true, &mut files)?;
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let chunk = files.len().div_ceil(workers).max(1);
     std::thread::scope(|scope| {
@@ -172,7 +175,7 @@ fn give(fd: BorrowedFd<'_>, owner: Option<&Identity>) -> io::Result<()> {
 fn make_dirs(
     from: Arc<OwnedFd>,
     to: Arc<OwnedFd>,
-    shown: PathBuf,
+    (shown, relative): (PathBuf, &Path),
     spec: &CloneSpec<'_>,
     top: bool,
     files: &mut Vec<FileJob>,
@@ -181,6 +184,9 @@ fn make_dirs(
     check_owner(&stat, spec, &shown)?;
     nix::sys::stat::fchmod(to.as_fd(), Mode::from_bits_truncate(stat.st_mode & 0o7777)).map_err(errno)?;
     give(to.as_fd(), spec.owner)?;
+    if spec.hollow.iter().any(|h| Path::new(h) == relative) {
+        return Ok(());
+    }
     for name in names(&from)? {
         if spec.skip.iter().any(|s| s.as_bytes() == name.as_bytes())
             || (top && !spec.only.is_empty() && !spec.only.iter().any(|s| s.as_bytes() == name.as_bytes()))
@@ -203,7 +209,8 @@ fn make_dirs(
                 if subvolume {
                     super::btrfs::limit_at(child_to.as_fd(), spec.subvolume_limit)?;
                 }
-                make_dirs(Arc::new(child_from), Arc::new(child_to), path, spec, false, files)?;
+                let child = relative.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+                make_dirs(Arc::new(child_from), Arc::new(child_to), (path, &child), spec, false, files)?;
             }
             SFlag::S_IFREG => files.push(FileJob { from: from.clone(), to: to.clone(), name, shown: path }),
             SFlag::S_IFLNK => return Err(refused(&path, "it is a symbolic link")),
@@ -286,6 +293,35 @@ fn chown_dir(dir: &OwnedFd, owner: &Identity) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Makes the tree at `root` readable by every user (directories 0755, files
+/// 0644), walked by descriptor; anything but a directory or a regular file is
+/// refused. For what a golden shares read-only with its forks' servers.
+pub fn readable_by_all(root: &Path) -> io::Result<()> {
+    fn open_up(dir: &OwnedFd, shown: &Path) -> io::Result<()> {
+        nix::sys::stat::fchmod(dir.as_fd(), Mode::from_bits_truncate(0o755)).map_err(errno)?;
+        for name in names(dir)? {
+            let path = shown.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
+            let entry = fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
+            match SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits()) {
+                SFlag::S_IFDIR => open_up(&open_dir(dir.as_fd(), &name)?, &path)?,
+                SFlag::S_IFREG => {
+                    let file = openat(
+                        dir.as_fd(),
+                        name.as_c_str(),
+                        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(errno)?;
+                    nix::sys::stat::fchmod(file.as_fd(), Mode::from_bits_truncate(0o644)).map_err(errno)?;
+                }
+                _ => return Err(refused(&path, "it is not a regular file")),
+            }
+        }
+        Ok(())
+    }
+    open_up(&open_dir(nix::fcntl::AT_FDCWD, &cpath(root)?)?, root)
 }
 
 /// The apparent size of every file in the tree at `root`. Walked by descriptor
@@ -492,6 +528,7 @@ mod tests {
             only: &[],
             subvolumes: &[],
             subvolume_limit: u64::MAX,
+            hollow: &[],
         }
     }
 

@@ -125,6 +125,12 @@ pub async fn build(
         if engine.daemon_user.is_root() {
             // Goldens belong to the daemon, so no instance user can change them.
             storage::tree::chown_tree(&root, &engine.daemon_user)?;
+            // Its template1 is read by its forks' servers (bound read-only
+            // into their view), which copy it at their first CREATE DATABASE.
+            let template = root.join("pgdata").join(crate::sandbox::stores::TEMPLATE1);
+            if template.is_dir() {
+                storage::tree::readable_by_all(&template)?;
+            }
         }
         std::fs::create_dir_all(target.parent().expect("generation has a parent"))?;
         std::fs::rename(&root, &target)
@@ -296,7 +302,7 @@ async fn build_in(
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
     let mut started =
-        instance::start(&postgres.server.bin, dir, user, loader_group, &builder.cgroups, None, None)?;
+        instance::start(&postgres.server.bin, dir, user, loader_group, &builder.cgroups, None, None, None)?;
     if let Err(e) = started.wait_ready(dir).await {
         let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);
@@ -368,7 +374,19 @@ async fn clone_live(engine: &Engine, sandbox: &str, dir: &InstanceDir, builder: 
         })
     });
     crate::sandbox::stores::resume_all(held).await;
-    cloned.map(drop)
+    cloned?;
+    // A sandbox that never created a database never copied its golden's
+    // template1: the new golden takes it from there.
+    let template1 = crate::sandbox::stores::TEMPLATE1;
+    let (golden, staged) = (config.join(template1), dir.pgdata().join(template1));
+    if golden.join("PG_VERSION").is_file() && !staged.join("PG_VERSION").exists() {
+        let _ = std::fs::remove_dir(&staged);
+        engine
+            .cloner
+            .clone_tree(&golden, &staged, Some(builder), Some(engine.daemon_user.uid))
+            .map_err(|e| Error::io(format!("cloning {}", golden.display()), &e))?;
+    }
+    Ok(())
 }
 
 /// What a build learned: the server version, the schema hash, the planted

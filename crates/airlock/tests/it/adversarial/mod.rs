@@ -157,7 +157,8 @@ refused! {
     alter_self_createrole: "ALTER ROLE airlock_agent CREATEROLE" => DENIED;
     alter_admin_password: "ALTER ROLE airlock_admin PASSWORD 'mine'" => "permission denied to change a role's password or attributes";
     create_role: "CREATE ROLE intruder LOGIN PASSWORD 'x'" => DENIED;
-    create_database: "CREATE DATABASE other" => DENIED;
+    create_database_for_another_role: "CREATE DATABASE other OWNER airlock_owner" => "permission denied to create a database with owner";
+    drop_the_sandboxs_own_database: "DROP DATABASE app" => "permission denied to drop database";
     create_tablespace: "CREATE TABLESPACE escape LOCATION '/tmp'" => DENIED;
     create_event_trigger: "CREATE FUNCTION et() RETURNS event_trigger LANGUAGE plpgsql AS 'BEGIN END'; CREATE EVENT TRIGGER et ON ddl_command_start EXECUTE FUNCTION et()" => "Must be superuser to create an event trigger";
     create_subscription: "CREATE SUBSCRIPTION s CONNECTION 'host=127.0.0.1' PUBLICATION p" => "must be superuser to create subscriptions";

@@ -28,7 +28,7 @@ use airlock_host::users::Identity;
 
 pub use airlock_postgres::admin::Ending;
 pub use files::Files;
-pub use postgres::Postgres;
+pub use postgres::{Postgres, TEMPLATE1};
 pub use redis::Redis;
 
 /// Every kind, in the order the lifecycle handles them: the first one a
@@ -368,9 +368,21 @@ fn clone_owned(
     source_uid: nix::unistd::Uid,
     what: &str,
 ) -> Result<()> {
+    clone_owned_hollow(engine, (from, to), owner, source_uid, what, &[])
+}
+
+/// [`clone_owned`], leaving the directories `hollow` names empty.
+fn clone_owned_hollow(
+    engine: &Engine,
+    (from, to): (&Path, &Path),
+    owner: &Identity,
+    source_uid: nix::unistd::Uid,
+    what: &str,
+    hollow: &[&str],
+) -> Result<()> {
     engine
         .cloner
-        .clone_tree(from, to, Some(owner), Some(source_uid))
+        .clone_tree_hollow(from, to, Some(owner), Some(source_uid), hollow)
         .map(drop)
         .map_err(|e| Error::io(format!("cloning {what}"), &e))
 }

@@ -31,6 +31,17 @@ fn candidates(at: At<'_>) -> impl Iterator<Item = i32> {
     at.sb.pid.into_iter().chain(postmaster_pid(at.dir))
 }
 
+/// template1's directory in a data directory.
+pub const TEMPLATE1: &str = "base/1";
+
+/// The golden's template1, which the sandbox's server copies from at its
+/// first CREATE DATABASE (a golden built before goldens kept it has none).
+fn template_of(at: At<'_>) -> Option<std::path::PathBuf> {
+    let path =
+        at.engine.layout.golden_generation(&at.sb.golden, at.sb.generation).join("pgdata").join(TEMPLATE1);
+    path.join("PG_VERSION").is_file().then_some(path)
+}
+
 impl Postgres {
     /// Starts the server and waits until it is ready; returns its pid, and
     /// whether it became ready.
@@ -45,6 +56,7 @@ impl Postgres {
             &launch.cgroups,
             Some(&server.guard),
             launch.network.as_ref(),
+            template_of(at).as_deref(),
         )?;
         steps.start_ms = ms(t);
         let t = Instant::now();
@@ -96,7 +108,17 @@ impl StoreKind for Postgres {
         let golden = golden_root.join("pgdata");
         let user = at.engine.sandbox_user(at.sb)?;
         let what = golden.display().to_string();
-        super::clone_owned(at.engine, (&golden, &at.dir.pgdata()), &user, at.engine.daemon_user.uid, &what)
+        // template1 is not cloned: the guard copies it into place from the
+        // golden's at the first CREATE DATABASE that needs it.
+        let (from, to) = (&golden, &at.dir.pgdata());
+        super::clone_owned_hollow(
+            at.engine,
+            (from, to),
+            &user,
+            at.engine.daemon_user.uid,
+            &what,
+            &[TEMPLATE1],
+        )
     }
 
     fn configure(&self, at: At<'_>, _password: &str) -> Result<()> {
