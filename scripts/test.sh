@@ -33,6 +33,9 @@ fi
 # The Python client and the MCP servers, driven by the official MCP Python SDK.
 scripts/python-tests.sh || status=$?
 
+# The TypeScript client, built and run against a real daemon with Node.
+scripts/typescript-tests.sh || status=$?
+
 # The REST API against its generated OpenAPI document (schemathesis, bounded).
 scripts/api-contract.sh || status=$?
 exit $status
