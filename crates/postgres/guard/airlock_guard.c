@@ -52,6 +52,15 @@
  * statement limit of 30 s was reached", with how to get a longer one. The
  * daemon's watchdog stays behind it, for work no timeout reaches.
  *
+ * It lets a session tell how its client reached Airlock. The router ends TLS,
+ * so from SQL every session looks like a local plaintext one; the router says
+ * what the client's connection was in airlock.connection ("via=router
+ * client=... tls=TLSv1.3 cipher=... channel_binding=..."). Only the router can:
+ * each backend makes a random handshake at its start, reported to its client
+ * alone (the router, which never passes it on) and readable by no SQL, and a
+ * value of airlock.connection is taken only once, and only with it. Anything
+ * else may only blank it.
+ *
  * When the daemon ends the agent's sessions (a reset, a suspend) it first has
  * the server write why, as "airlock_ending.PID" in the data directory, for
  * each backend it ends; a backend ended by an administrator's command reads
@@ -116,6 +125,15 @@
 #define Template1DbOid TemplateDbOid
 #endif
 
+/*
+ * libpq/auth.h, which declares this hook, needs GSSAPI's headers on servers
+ * built with it (Debian's are), which a host need not have: the hook as
+ * PostgreSQL declares it, the port as an opaque struct.
+ */
+typedef struct Port Port;
+typedef void (*ClientAuthentication_hook_type) (Port *, int);
+extern PGDLLIMPORT ClientAuthentication_hook_type ClientAuthentication_hook;
+
 PG_MODULE_MAGIC;
 
 void _PG_init(void);
@@ -127,6 +145,13 @@ static ProcessUtility_hook_type previous_utility_hook = NULL;
 static ExecutorStart_hook_type previous_executor_start_hook = NULL;
 static object_access_hook_type previous_object_access_hook = NULL;
 static emit_log_hook_type previous_emit_log_hook = NULL;
+static ClientAuthentication_hook_type previous_client_auth_hook = NULL;
+
+/* This backend's handshake, until airlock.connection takes it (then empty). */
+static char handshake[33] = "";
+/* airlock.handshake, the reported copy of it, and airlock.connection. */
+static char *handshake_setting = NULL;
+static char *connection_setting = NULL;
 
 /* airlock.template_source: where the golden's template1 files are, read-only. */
 static char *template_source = NULL;
@@ -435,6 +460,55 @@ materialize_template1(void)
 	close(lock);
 }
 
+/* A session that authenticated gets its handshake, reported to its client. */
+static void
+airlock_guard_client_auth(Port *port, int status)
+{
+	unsigned char bytes[16];
+
+	if (previous_client_auth_hook)
+		previous_client_auth_hook(port, status);
+	if (status != STATUS_OK || !pg_strong_random(bytes, sizeof(bytes)))
+		return;
+	for (int i = 0; i < (int) sizeof(bytes); i++)
+		snprintf(handshake + 2 * i, 3, "%02x", bytes[i]);
+	SetConfigOption("airlock.handshake", handshake, PGC_INTERNAL, PGC_S_OVERRIDE);
+}
+
+/*
+ * airlock.connection takes a value only from the router: "HANDSHAKE:what", once
+ * (it keeps "what"); an empty value (RESET) is always taken.
+ */
+static bool
+check_connection(char **newval, void **extra, GucSource source)
+{
+	size_t		length = strlen(handshake);
+	char	   *what;
+
+	if (*newval == NULL || (*newval)[0] == '\0')
+		return true;
+	if (length == 0 || strncmp(*newval, handshake, length) != 0 || (*newval)[length] != ':')
+	{
+		GUC_check_errmsg("airlock.connection is set by Airlock's router alone");
+		GUC_check_errhint("SHOW airlock.connection says how this session's client connected.");
+		return false;
+	}
+#if PG_VERSION_NUM >= 160000
+	what = guc_strdup(LOG, *newval + length + 1);
+	if (what == NULL)
+		return false;
+	guc_free(*newval);
+#else
+	what = strdup(*newval + length + 1);
+	if (what == NULL)
+		return false;
+	free(*newval);
+#endif
+	*newval = what;
+	memset(handshake, 0, sizeof(handshake));
+	return true;
+}
+
 /* Refuses a CREATE or DROP DATABASE that goes beyond the agent's own databases. */
 static void
 hold_own_databases(Node *stmt)
@@ -602,6 +676,19 @@ _PG_init(void)
 	object_access_hook = airlock_guard_object_access;
 	previous_emit_log_hook = emit_log_hook;
 	emit_log_hook = airlock_guard_emit_log;
+	previous_client_auth_hook = ClientAuthentication_hook;
+	ClientAuthentication_hook = airlock_guard_client_auth;
+	DefineCustomStringVariable("airlock.handshake",
+							   "This session's handshake with Airlock's router.",
+							   NULL,
+							   &handshake_setting, "", PGC_INTERNAL,
+							   GUC_REPORT | GUC_NO_SHOW_ALL | GUC_SUPERUSER_ONLY | GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
+							   NULL, NULL, NULL);
+	DefineCustomStringVariable("airlock.connection",
+							   "How this session's client reached Airlock: via the router, its address, TLS and channel binding.",
+							   "Set by Airlock's router; empty for a session that did not come through it.",
+							   &connection_setting, "", PGC_USERSET, GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
+							   check_connection, NULL, NULL);
 	DefineCustomStringVariable("airlock.template_source",
 							   "Where the golden's template1 files are, to copy at the first CREATE DATABASE.",
 							   "Set by Airlock when it starts the server.",

@@ -294,7 +294,7 @@ pub fn start(
 }
 
 /// Where a contained server sees its golden's template1 (read-only).
-const TEMPLATE_INSIDE: &str = "/airlock/template1";
+const TEMPLATE_INSIDE: &str = "/run/airlock/template1";
 
 /// A path as a server setting's value: one the server would read differently
 /// (a list separator, a quote, a space) is refused rather than mangled.

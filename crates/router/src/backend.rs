@@ -22,7 +22,14 @@ pub struct Backend {
     params: Vec<(String, String)>,
     /// The backend's pid and cancel key.
     pub key: Option<protocol::BackendKey>,
+    /// The handshake the in-server guard reported (`airlock.handshake`): what
+    /// lets the router, and no one else, say how the client connected. Never
+    /// passed on to the client.
+    handshake: Option<String>,
 }
+
+/// The setting the guard reports a session's handshake in.
+const HANDSHAKE: &str = "airlock.handshake";
 
 /// Why a login did not give a session.
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +74,7 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
         });
     }
     let mut scram: Option<ScramSha256> = None;
-    let (mut params, mut key) = (Vec::new(), None);
+    let (mut params, mut key, mut handshake) = (Vec::new(), None, None);
     let mut buf = BytesMut::new();
     let mut first = true;
     loop {
@@ -104,17 +111,17 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
                 s.finish(&m.body()[4..])?;
             }
             (b'R', _) => return Err(protocol_error("the sandbox's server asked for another authentication")),
-            (b'S', _) => {
-                if let Some(p) = parameter(m.body()) {
-                    set(&mut params, p);
-                }
-            }
+            (b'S', _) => match parameter(m.body()) {
+                Some((name, value)) if name == HANDSHAKE => handshake = Some(value),
+                Some(p) => set(&mut params, p),
+                None => {}
+            },
             (b'K', _) => key = m.backend_key(),
             (b'Z', _) => {
                 if !server.buffer().is_empty() {
                     return Err(protocol_error("the server spoke out of turn"));
                 }
-                return Ok(Backend { stream: server.into_inner(), params, key });
+                return Ok(Backend { stream: server.into_inner(), params, key, handshake });
             }
             (b'E', _) => {
                 let sqlstate = field(m.body(), b'C').unwrap_or_default();
@@ -157,7 +164,7 @@ impl Backend {
             let m = protocol::read_server_message(&mut self.stream).await?;
             match m.tag {
                 b'S' => {
-                    if let Some(p) = parameter(m.body()) {
+                    if let Some(p) = parameter(m.body()).filter(|(name, _)| name != HANDSHAKE) {
                         set(&mut self.params, p);
                     }
                 }
@@ -175,6 +182,14 @@ impl Backend {
                 _ => {}
             }
         }
+    }
+
+    /// The setting that tells the session how its client connected (`what`),
+    /// signed with the session's handshake, which it uses up; None when the
+    /// server's guard gave none.
+    pub fn connection_setting(&mut self, what: &str) -> Option<(String, String)> {
+        let handshake = self.handshake.take()?;
+        Some(("airlock.connection".to_owned(), format!("{handshake}:{what}")))
     }
 
     /// What the client gets after `AuthenticationOk`: every ParameterStatus, the

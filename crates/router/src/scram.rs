@@ -28,7 +28,10 @@ const OK: i32 = 0;
 /// How an authentication ended, when the client kept to the protocol.
 pub enum Outcome {
     /// The proof was right; `AuthenticationOk` has been sent.
-    Authenticated,
+    Authenticated {
+        /// Whether the exchange was bound to the TLS channel (SCRAM-SHA-256-PLUS).
+        channel_bound: bool,
+    },
     /// The proof, the mechanism or the binding was wrong; the error is for the client.
     Refused(ErrorResponse),
 }
@@ -104,7 +107,7 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     let server_signature = hmac(&verifier.server_key, auth_message.as_bytes());
     let last = format!("v={}", STANDARD.encode(server_signature));
     send(client, &[auth(SASL_FINAL, last.as_bytes()), auth(OK, &[])]).await?;
-    Ok(Outcome::Authenticated)
+    Ok(Outcome::Authenticated { channel_bound: first.bound })
 }
 
 /// The parts of a client-first-message the rest of the exchange needs.
@@ -282,13 +285,13 @@ mod tests {
     async fn the_right_password_passes_with_and_without_channel_binding() {
         let v = airlock_postgres::scram::verifier("s3cret", 4096);
         let plain = exchange("s3cret", &v, None, ChannelBinding::unsupported(), false).await.unwrap();
-        assert!(matches!(plain, Outcome::Authenticated));
+        assert!(matches!(plain, Outcome::Authenticated { channel_bound: false }));
         let hash = vec![7u8; 32];
         let bound =
             exchange("s3cret", &v, Some(hash.clone()), ChannelBinding::tls_server_end_point(hash), true)
                 .await
                 .unwrap();
-        assert!(matches!(bound, Outcome::Authenticated));
+        assert!(matches!(bound, Outcome::Authenticated { channel_bound: true }));
     }
 
     #[tokio::test]

@@ -251,7 +251,7 @@ async fn establish(
         () = slot.given_up() => return None,
     };
     slot.marker().prove();
-    let Authenticated { mut client, startup, target, sb, tls, mut phases } = authenticated;
+    let Authenticated { mut client, startup, target, sb, tls, mut phases, connection } = authenticated;
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
@@ -266,7 +266,7 @@ async fn establish(
         (Instant::now(), sb.state == airlock_lifecycle::sandbox::SandboxState::Suspended);
     // A few authenticated clients of one sandbox at a time open server sessions.
     let authenticating = shared.host.connections.authenticating(&sb.id).await;
-    let session = session_for(shared, sb, &startup, &target).await;
+    let session = session_for(shared, sb, &startup, &target, &connection).await;
     drop(authenticating);
     match session {
         Ok((sb, backend, open)) => {
@@ -299,6 +299,8 @@ struct Authenticated {
     tls: bool,
     /// How long its startup and authentication took, for its record.
     phases: serde_json::Value,
+    /// How it connected, for its session's `airlock.connection`.
+    connection: String,
 }
 
 /// A client's first contact up to its authentication: TLS, the startup
@@ -368,6 +370,7 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
     // The router authenticates the client itself, before anything is woken or
     // connected to.
     let phases;
+    let bound;
     {
         let verifier = match verifier_of(shared, &sb).await {
             Ok(v) => v,
@@ -382,7 +385,7 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         phases =
             serde_json::json!({"startup_ms": startup_ms, "authentication_ms": elapsed_ms(authenticating)});
         match outcome {
-            Ok(scram::Outcome::Authenticated) => {}
+            Ok(scram::Outcome::Authenticated { channel_bound }) => bound = channel_bound,
             Ok(scram::Outcome::Refused(e)) => {
                 let refused = EventKind::ConnectionRefused;
                 let _ = shared.host.record_connection(&sb, refused, (peer, tls), None, phases).await;
@@ -403,7 +406,28 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             }
         }
     }
-    Some(Authenticated { client, startup, target, sb, tls, phases })
+    let connection = describe(&client, peer, bound);
+    Some(Authenticated { client, startup, target, sb, tls, phases, connection })
+}
+
+/// How a client reached the router, for its session's `airlock.connection`:
+/// its address, and its TLS version, cipher and channel binding.
+fn describe(client: &Client, peer: SocketAddr, bound: bool) -> String {
+    let tls = match client {
+        Client::Plain(_) => "tls=none".to_owned(),
+        Client::Tls(session) => {
+            let conn = session.get_ref().1;
+            let version = conn
+                .protocol_version()
+                .map(|v| format!("{v:?}").replace("TLSv1_", "TLSv1."))
+                .unwrap_or_else(|| "unknown".into());
+            let cipher =
+                conn.negotiated_cipher_suite().map(|c| format!("{:?}", c.suite())).unwrap_or_default();
+            format!("tls={version} cipher={cipher}")
+        }
+    };
+    let binding = if bound { "tls-server-end-point" } else { "none" };
+    format!("via=router client={peer} {tls} channel_binding={binding}")
 }
 
 /// The newest protocol version the sandbox's server speaks, from its golden
@@ -502,6 +526,7 @@ async fn session_for(
     sb: Sandbox,
     startup: &Startup,
     target: &Target,
+    connection: &str,
 ) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
     let host = &shared.host;
     let id = sb.id.clone();
@@ -519,7 +544,8 @@ async fn session_for(
         let parkable = startup.version == protocol::PROTOCOL_3_0 && target.is_own_database();
         let parked = if parkable { shared.parked.take(&sb) } else { None };
         if let Some(mut parked) = parked {
-            let settings: Vec<_> = startup.settings.iter().chain(&startup.later).cloned().collect();
+            let mut settings: Vec<_> = startup.settings.iter().chain(&startup.later).cloned().collect();
+            settings.extend(parked.connection_setting(connection));
             if parked.apply(&settings, super::parked::OPENED_WITH).await.is_ok() {
                 if let Some(key) = parked.key.clone() {
                     open.set_backend(key);
@@ -538,7 +564,9 @@ async fn session_for(
         };
         match attempt.await {
             Ok(mut backend) => {
-                set_later(&mut backend, &startup.later).await?;
+                let mut later = startup.later.clone();
+                later.extend(backend.connection_setting(connection));
+                set_later(&mut backend, &later).await?;
                 if let Some(key) = backend.key.clone() {
                     open.set_backend(key);
                 }

@@ -75,8 +75,9 @@ fn forks_claim_from_the_pool_which_refills_and_first_clients_get_a_parked_sessio
         // A list-valued setting stays a list, as it would at a session's start.
         let with_path = format!("{}&options=-c%20search_path%3Dpublic%2C%5C%20pg_catalog", dsn(&a));
         assert_eq!(
-            sql(&with_path, "SELECT pg_backend_pid()::text || ' ' || current_setting('application_name') || ' ' || current_setting('search_path')"),
-            format!("{pid} psql public, pg_catalog")
+            sql(&with_path, "SELECT pg_backend_pid()::text || ' ' || current_setting('application_name') || ' ' || current_setting('search_path') || ' ' || split_part(current_setting('airlock.connection'), ' ', 1)"),
+            format!("{pid} psql public, pg_catalog via=router"),
+            "the parked session is told how its client connected"
         );
     }
     assert_eq!(sql(&dsn(&a), "SELECT count(*) FROM orders"), "1000");

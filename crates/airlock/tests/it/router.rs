@@ -357,3 +357,66 @@ fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
     assert!(psql(&dsn(&short), "SELECT 1").unwrap_err().contains("has expired"));
     d.spawn();
 }
+
+/// The router ends TLS, so from SQL every session would look like a local
+/// plaintext one: `airlock.connection` says how its client reached the router
+/// (address, TLS version and cipher, channel binding). Only the router
+/// can set it: the handshake that lets it is reported to the router alone and
+/// readable by no SQL, and the agent can only blank the setting.
+#[test]
+fn a_session_can_tell_how_its_client_reached_the_router() {
+    use crate::wire::{startup_packet, Raw};
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let url = dsn(&sb);
+    let shown = "SHOW airlock.connection";
+    let tls = sql(&format!("{url}&channel_binding=require"), shown);
+    assert!(tls.starts_with("via=router client=127.0.0.1:"), "{tls}");
+    assert!(
+        tls.contains(" tls=TLSv1.3 cipher=TLS13_") && tls.ends_with(" channel_binding=tls-server-end-point"),
+        "{tls}"
+    );
+    let plain = sql(&with_sslmode(&url, "disable"), shown);
+    assert!(
+        plain.starts_with("via=router client=127.0.0.1:")
+            && plain.ends_with(" tls=none channel_binding=none"),
+        "{plain}"
+    );
+    // Not through the router: nothing to say.
+    assert_eq!(sql(sb["socket_dsn"].as_str().unwrap(), shown), "");
+
+    // The agent cannot set it, nor learn the handshake that would let it.
+    for (attempt, said) in [
+        (
+            "SET airlock.connection = 'via=router client=10.0.0.1:1 tls=TLSv1.3'",
+            "set by Airlock's router alone",
+        ),
+        ("SELECT set_config('airlock.connection', 'x:y', false)", "set by Airlock's router alone"),
+        ("SHOW airlock.handshake", "must be superuser"),
+        ("SELECT current_setting('airlock.handshake')", "must be superuser"),
+    ] {
+        let refused = psql(&url, attempt).expect_err(attempt);
+        assert!(refused.contains(said), "{attempt}: {refused}");
+    }
+    assert_eq!(sql(&url, "SELECT count(*) FROM pg_settings WHERE name = 'airlock.handshake'"), "0");
+    assert_eq!(sql(&url, "RESET airlock.connection; SHOW airlock.connection"), "", "it may only be blanked");
+    let (_, password) = split_password(&url);
+    let id = sb["id"].as_str().unwrap();
+    let session = Raw::connect(
+        &d.router,
+        &startup_packet(196608, &[("user", "airlock_agent"), ("database", id)]),
+        &password,
+    )
+    .unwrap();
+    assert!(session.reported.iter().any(|p| p == "server_version"), "{:?}", session.reported);
+    assert!(
+        !session.reported.iter().any(|p| p.contains("handshake")),
+        "the handshake reached the client: {:?}",
+        session.reported
+    );
+    // A client asking for it at startup is refused, by name.
+    let forged = format!("{}&options=-c%20airlock.connection%3Dx", with_sslmode(&url, "disable"));
+    assert!(psql(&forged, "SELECT 1").unwrap_err().contains("set by Airlock's router alone"));
+    // (A pool member's parked session is told too: `pool::forks_claim_from_the_pool_*`.)
+}

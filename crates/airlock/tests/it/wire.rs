@@ -23,6 +23,8 @@ pub struct Raw {
     pub backend_key: Option<Vec<u8>>,
     /// The NegotiateProtocolVersion body, if one came.
     pub negotiated: Option<Vec<u8>>,
+    /// The ParameterStatus names the session start reported.
+    pub reported: Vec<String>,
 }
 
 /// A startup packet from parameter pairs, in order, exactly as given (duplicates included).
@@ -47,7 +49,7 @@ impl Raw {
         let mut stream = TcpStream::connect(addr).expect("router reachable");
         stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         stream.write_all(packet).unwrap();
-        let mut raw = Raw { stream, backend_key: None, negotiated: None };
+        let mut raw = Raw { stream, backend_key: None, negotiated: None, reported: Vec::new() };
         let mut scram: Option<ScramSha256> = None;
         loop {
             let (tag, body) = raw.message().map_err(|e| Refusal { code: "io".into(), message: e })?;
@@ -77,6 +79,9 @@ impl Raw {
                 b'E' => return Err(refusal(&body)),
                 b'K' => raw.backend_key = Some(body),
                 b'v' => raw.negotiated = Some(body),
+                b'S' => raw.reported.push(
+                    String::from_utf8_lossy(body.split(|b| *b == 0).next().unwrap_or_default()).into_owned(),
+                ),
                 b'Z' => return Ok(raw),
                 _ => {}
             }
