@@ -49,8 +49,11 @@
  * command and function call (fast-path calls included) the guard makes sure a
  * statement timeout that fires within the limit is armed, arming PostgreSQL's
  * own at the limit if not, and a statement it ends is told why: "the sandbox's
- * statement limit of 30 s was reached", with how to get a longer one. The
- * daemon's watchdog stays behind it, for work no timeout reaches.
+ * statement limit of 30 s was reached", with how to get a longer one. It is
+ * checked again when a plan is made and when a portal runs: the extended
+ * protocol's Execute disarms the timeout a session turned off, after Bind
+ * armed it. The daemon's watchdog stays behind it, for work no timeout
+ * reaches.
  *
  * It lets a session tell how its client reached Airlock. The router ends TLS,
  * so from SQL every session looks like a local plaintext one; the router says
@@ -76,7 +79,9 @@
 #include <unistd.h>
 
 #include "access/htup_details.h"
+#include "access/parallel.h"
 #include "access/xact.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
@@ -87,6 +92,7 @@
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
+#include "optimizer/planner.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
@@ -143,6 +149,8 @@ void _PG_init(void);
 
 static ProcessUtility_hook_type previous_utility_hook = NULL;
 static ExecutorStart_hook_type previous_executor_start_hook = NULL;
+static ExecutorRun_hook_type previous_executor_run_hook = NULL;
+static planner_hook_type previous_planner_hook = NULL;
 static object_access_hook_type previous_object_access_hook = NULL;
 static emit_log_hook_type previous_emit_log_hook = NULL;
 static ClientAuthentication_hook_type previous_client_auth_hook = NULL;
@@ -408,6 +416,23 @@ copy_template_file(const char *name)
 	close(out);
 }
 
+/* Whether the current role may create databases (CREATEDB; PostgreSQL's own check is not exported before 15). */
+static bool
+may_create_databases(void)
+{
+	HeapTuple	tuple;
+	bool		createdb;
+
+	if (superuser())
+		return true;
+	tuple = SearchSysCache1(AUTHOID, ObjectIdGetDatum(GetUserId()));
+	if (!HeapTupleIsValid(tuple))
+		return false;
+	createdb = ((Form_pg_authid) GETSTRUCT(tuple))->rolcreatedb;
+	ReleaseSysCache(tuple);
+	return createdb;
+}
+
 /*
  * Puts template1's files in place, from the golden's, if they are not there
  * yet (PG_VERSION, copied last, says they all are). One session at a time:
@@ -427,9 +452,20 @@ materialize_template1(void)
 	snprintf(marker, sizeof(marker), "%s/PG_VERSION", directory);
 	if (stat(marker, &st) == 0 || template_source == NULL || template_source[0] == '\0')
 		return;
+	/* Nothing is written for a CREATE DATABASE PostgreSQL would refuse. */
+	if (XactReadOnly || !may_create_databases())
+		return;
 	lock = open(directory, O_RDONLY | O_DIRECTORY | O_NOFOLLOW);
-	if (lock < 0 || flock(lock, LOCK_EX) != 0)
+	if (lock < 0)
+		ereport(ERROR, (errcode_for_file_access(), errmsg("could not open \"%s\": %m", directory)));
+	if (flock(lock, LOCK_EX) != 0)
+	{
+		int			save = errno;
+
+		close(lock);
+		errno = save;
 		ereport(ERROR, (errcode_for_file_access(), errmsg("could not lock \"%s\": %m", directory)));
+	}
 	if (stat(marker, &st) != 0)
 	{
 		source = opendir(template_source);
@@ -485,7 +521,8 @@ check_connection(char **newval, void **extra, GucSource source)
 	size_t		length = strlen(handshake);
 	char	   *what;
 
-	if (*newval == NULL || (*newval)[0] == '\0')
+	/* A parallel worker takes its leader's value, which was checked then. */
+	if (*newval == NULL || (*newval)[0] == '\0' || InitializingParallelWorker)
 		return true;
 	if (length == 0 || strncmp(*newval, handshake, length) != 0 || (*newval)[length] != ':')
 	{
@@ -619,6 +656,35 @@ airlock_guard_executor_start(QueryDesc *queryDesc, int eflags)
 		standard_ExecutorStart(queryDesc, eflags);
 }
 
+#if PG_VERSION_NUM >= 180000
+#define EXECUTOR_RUN_PARAMS QueryDesc *queryDesc, ScanDirection direction, uint64 count
+#define EXECUTOR_RUN_ARGS queryDesc, direction, count
+#else
+#define EXECUTOR_RUN_PARAMS QueryDesc *queryDesc, ScanDirection direction, uint64 count, bool execute_once
+#define EXECUTOR_RUN_ARGS queryDesc, direction, count, execute_once
+#endif
+
+/* A portal that runs (the extended protocol's Execute) is held to the limit too. */
+static void
+airlock_guard_executor_run(EXECUTOR_RUN_PARAMS)
+{
+	hold_statement_limit();
+	if (previous_executor_run_hook)
+		previous_executor_run_hook(EXECUTOR_RUN_ARGS);
+	else
+		standard_ExecutorRun(EXECUTOR_RUN_ARGS);
+}
+
+/* So is the making of a plan. */
+static PlannedStmt *
+airlock_guard_planner(Query *parse, const char *query_string, int cursorOptions, ParamListInfo boundParams)
+{
+	hold_statement_limit();
+	if (previous_planner_hook)
+		return previous_planner_hook(parse, query_string, cursorOptions, boundParams);
+	return standard_planner(parse, query_string, cursorOptions, boundParams);
+}
+
 /* The built-in functions that write large objects. */
 static bool
 writes_large_objects(Oid function)
@@ -672,6 +738,10 @@ _PG_init(void)
 	ProcessUtility_hook = airlock_guard_utility;
 	previous_executor_start_hook = ExecutorStart_hook;
 	ExecutorStart_hook = airlock_guard_executor_start;
+	previous_executor_run_hook = ExecutorRun_hook;
+	ExecutorRun_hook = airlock_guard_executor_run;
+	previous_planner_hook = planner_hook;
+	planner_hook = airlock_guard_planner;
 	previous_object_access_hook = object_access_hook;
 	object_access_hook = airlock_guard_object_access;
 	previous_emit_log_hook = emit_log_hook;

@@ -134,30 +134,37 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
 }
 
 impl Backend {
-    /// Applies a client's startup settings to a session opened before the client
-    /// came, with `set_config`, which reads a value as a startup packet does (a
-    /// list such as `search_path` stays a list): those equal to what the session
-    /// was opened with are skipped. Fails if the server refuses one; the session
-    /// is then not to be used.
+    /// Applies settings to a session, in order, with `set_config`, which reads
+    /// a value as a startup packet does (a list such as `search_path` stays a
+    /// list): those equal to what the session was opened with are skipped.
+    /// Names and values go as parameters of one prepared statement, never into
+    /// SQL text, so no client encoding (one that can swallow a quote's escape,
+    /// say) can make a value read as SQL. Fails if the server refuses one; the
+    /// session is then not to be used.
     pub async fn apply(
         &mut self,
         settings: &[(String, String)],
         opened_with: &[(&str, &str)],
     ) -> Result<(), LoginError> {
-        let mut sql = String::new();
-        for (name, value) in settings {
-            if opened_with.iter().any(|(n, v)| n == name && v == value) {
-                continue;
-            }
-            // Names come from the router's allow-list; values are quoted as escape
-            // strings, whose reading no setting changes.
-            sql.push_str(&format!("SELECT pg_catalog.set_config('{name}', {}, false);", escaped(value)));
-        }
-        if sql.is_empty() {
+        let wanted: Vec<&(String, String)> = settings
+            .iter()
+            .filter(|(name, value)| !opened_with.iter().any(|(n, v)| n == name && v == value))
+            .collect();
+        if wanted.is_empty() {
             return Ok(());
         }
         let mut buf = BytesMut::new();
-        frontend::query(&sql, &mut buf)?;
+        frontend::parse("", "SELECT pg_catalog.set_config($1, $2, false)", [], &mut buf)?;
+        for (name, value) in wanted {
+            let text = |v: &String, out: &mut BytesMut| {
+                out.extend_from_slice(v.as_bytes());
+                Ok(postgres_protocol::IsNull::No)
+            };
+            frontend::bind("", "", [0i16], [name, value], text, [0i16], &mut buf)
+                .map_err(|_| protocol_error("a setting could not be encoded"))?;
+            frontend::execute("", 0, &mut buf)?;
+        }
+        frontend::sync(&mut buf);
         self.stream.write_all(&buf).await?;
         let mut failed = None;
         loop {
@@ -220,11 +227,6 @@ impl Backend {
     }
 }
 
-/// `value` as an SQL escape string literal.
-fn escaped(value: &str) -> String {
-    format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
 /// A ParameterStatus body's name and value.
 fn parameter(body: &[u8]) -> Option<(String, String)> {
     let mut parts = body.split(|&b| b == 0);
@@ -245,13 +247,4 @@ pub fn field(body: &[u8], code: u8) -> Option<String> {
     body.split(|&b| b == 0)
         .find(|f| f.first() == Some(&code))
         .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn values_are_quoted_whole() {
-        assert_eq!(super::escaped("myschema, public"), "E'myschema, public'");
-        assert_eq!(super::escaped("a'b\\c"), "E'a\\'b\\\\c'");
-    }
 }

@@ -544,8 +544,9 @@ async fn session_for(
         let parkable = startup.version == protocol::PROTOCOL_3_0 && target.is_own_database();
         let parked = if parkable { shared.parked.take(&sb) } else { None };
         if let Some(mut parked) = parked {
-            let mut settings: Vec<_> = startup.settings.iter().chain(&startup.later).cloned().collect();
-            settings.extend(parked.connection_setting(connection));
+            // Airlock's own first, before anything the client asked for.
+            let mut settings: Vec<_> = parked.connection_setting(connection).into_iter().collect();
+            settings.extend(startup.settings.iter().chain(&startup.later).cloned());
             if parked.apply(&settings, super::parked::OPENED_WITH).await.is_ok() {
                 if let Some(key) = parked.key.clone() {
                     open.set_backend(key);
@@ -564,8 +565,9 @@ async fn session_for(
         };
         match attempt.await {
             Ok(mut backend) => {
-                let mut later = startup.later.clone();
-                later.extend(backend.connection_setting(connection));
+                // Airlock's own first, before anything the client asked for.
+                let mut later: Vec<_> = backend.connection_setting(connection).into_iter().collect();
+                later.extend(startup.later.iter().cloned());
                 set_later(&mut backend, &later).await?;
                 if let Some(key) = backend.key.clone() {
                     open.set_backend(key);

@@ -418,5 +418,18 @@ fn a_session_can_tell_how_its_client_reached_the_router() {
     // A client asking for it at startup is refused, by name.
     let forged = format!("{}&options=-c%20airlock.connection%3Dx", with_sslmode(&url, "disable"));
     assert!(psql(&forged, "SELECT 1").unwrap_err().contains("set by Airlock's router alone"));
+    // Parallel workers take their leader's value.
+    let parallel = "SET force_parallel_mode = on; SET parallel_setup_cost = 0; SET parallel_tuple_cost = 0; \
+                    SET min_parallel_table_scan_size = 0; SELECT count(*) FROM orders";
+    assert_eq!(sql(&url, parallel), "1000");
+    // A client encoding that can swallow a quote's escape puts nothing of a
+    // setting's value into SQL: the settings go as parameters.
+    let payload = "\u{95}'; SELECT pg_catalog.set_config($$my.owned$$, $$yes$$, false) --";
+    let params =
+        [("user", "airlock_agent"), ("database", id), ("client_encoding", "SJIS"), ("my.x", payload)];
+    if let Ok(mut s) = Raw::connect(&d.router, &startup_packet(196608, &params), &password) {
+        let owned = s.query("SELECT coalesce(current_setting('my.owned', true), '')").unwrap();
+        assert_eq!(owned, vec![vec![Some(String::new())]], "a setting's value ran as SQL");
+    }
     // (A pool member's parked session is told too: `pool::forks_claim_from_the_pool_*`.)
 }

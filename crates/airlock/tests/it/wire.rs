@@ -121,6 +121,28 @@ impl Raw {
         self.results()
     }
 
+    /// Runs `sql` by the extended protocol (Parse, Bind, Execute, Sync), as
+    /// drivers run statements with parameters; rows as text, or the first error.
+    pub fn extended(&mut self, sql: &str) -> Result<Vec<Vec<Option<String>>>, Refusal> {
+        let mut buf = BytesMut::new();
+        frontend::parse("", sql, [], &mut buf).unwrap();
+        frontend::bind(
+            "",
+            "",
+            [],
+            std::iter::empty::<&str>(),
+            |_, _| Ok(postgres_protocol::IsNull::No),
+            [],
+            &mut buf,
+        )
+        .map_err(|_| ())
+        .unwrap();
+        frontend::execute("", 0, &mut buf).unwrap();
+        frontend::sync(&mut buf);
+        self.stream.write_all(&buf).unwrap();
+        self.results()
+    }
+
     /// Calls function `oid` by the fast-path protocol with text arguments.
     pub fn function_call(&mut self, oid: u32, args: &[&str]) -> Result<Vec<Vec<Option<String>>>, Refusal> {
         let mut body = oid.to_be_bytes().to_vec();

@@ -15,7 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
+use crate::dsn::{AGENT_ROLE, OWNER_ROLE};
 use crate::error::{Error, ErrorCode, Result};
 
 /// The access mode of a sandbox's credential.
@@ -173,7 +173,11 @@ impl Access {
                    END IF;
                  END $$;
                  CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {READ_ONLY_ROLE} {attrs} NOCREATEDB CONNECTION LIMIT {};
-                 REVOKE TEMPORARY ON DATABASE {DATABASE} FROM PUBLIC;
+                 DO $$ DECLARE d text; BEGIN
+                   FOR d IN SELECT datname FROM pg_catalog.pg_database WHERE datallowconn LOOP
+                     EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', d);
+                   END LOOP;
+                 END $$;
                  DO $$ DECLARE s text; BEGIN
                    FOR s IN SELECT nspname FROM pg_catalog.pg_namespace
                             WHERE nspname NOT LIKE 'pg\\_%' AND nspname <> 'information_schema' LOOP

@@ -417,20 +417,22 @@ async fn load_and_describe(
         // owner role, in every database it created too (which the golden
         // keeps), and the agent role goes.
         let admin = Admin::connect(dir, DATABASE, postmaster).await?;
-        let created = admin
+        let kept = admin
             .client()
             .query(
                 "SELECT datname FROM pg_catalog.pg_database
-                  WHERE datallowconn AND NOT datistemplate AND datname NOT IN ($1, 'postgres')",
+                  WHERE datallowconn AND NOT datistemplate AND datname <> $1",
                 &[&DATABASE],
             )
             .await
             .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
         let give_away =
             format!("REASSIGN OWNED BY {AGENT_ROLE} TO {OWNER_ROLE}; DROP OWNED BY {AGENT_ROLE};");
-        for row in &created {
+        let mut created = Vec::new();
+        for row in &kept {
             let database: String = row.cell(0)?;
             Admin::connect(dir, &database, postmaster).await?.execute(&give_away).await?;
+            created.push(database);
         }
         admin.execute(&format!("{give_away} DROP ROLE {AGENT_ROLE};")).await?;
         drop(admin);
@@ -441,7 +443,19 @@ async fn load_and_describe(
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
         let admin = Admin::connect(dir, DATABASE, postmaster).await?;
-        let planted = airlock_postgres::catalog::planted::read(admin.client()).await?;
+        let mut planted = airlock_postgres::catalog::planted::read(admin.client()).await?;
+        // In every database the golden keeps (the stored settings are the
+        // cluster's, read once).
+        for database in &created {
+            let there = Admin::connect(dir, database, postmaster).await?;
+            let found = airlock_postgres::catalog::planted::read(there.client()).await?;
+            planted.extend(found.into_iter().filter(|p| p.kind != "setting").map(|p| {
+                airlock_postgres::catalog::planted::Planted {
+                    what: format!("(database {database}) {}", p.what),
+                    ..p
+                }
+            }));
+        }
         if !planted.is_empty() && !allow_planted {
             return Err(Error::new(
                 ErrorCode::PromotionRefused,

@@ -66,6 +66,19 @@ fn statement_time_lifted_by_a_functions_set_clause_is_held() {
     held(&s, began, outcome);
 }
 
+/// The extended protocol's Execute disarms a timeout the session turned off,
+/// after Bind armed it: the statement is held all the same.
+#[test]
+fn statement_time_lifted_then_run_by_the_extended_protocol_is_held() {
+    let s = tight();
+    let packet = startup_packet(196608, &[("user", "airlock_agent"), ("database", &s.id)]);
+    let mut session = Raw::connect(s.router(), &packet, &s.password).unwrap();
+    session.query("SET statement_timeout = 0").unwrap();
+    let began = Instant::now();
+    let outcome = session.extended("SELECT pg_sleep(30)").map(|_| String::new()).map_err(|r| r.message);
+    held(&s, began, outcome);
+}
+
 #[test]
 fn a_fast_path_call_is_held_too() {
     let s = tight();
