@@ -245,7 +245,7 @@ async fn restart_store(engine: Arc<Engine>, id: String, store: &'static dyn Stor
         let running = others.iter().filter(|s| s.name() != store.name()).find_map(|s| s.pid(at));
         let launch = match running {
             Some(pid) => stores::Launch::beside(&engine, &sb, cgroups, pid)?,
-            None => stores::Launch::of(&engine, &sb, cgroups)?,
+            None => stores::Launch::of(&engine, &sb, cgroups).await?,
         };
         store.start(at, &launch, stores::Credential::Kept, &mut sandbox::Steps::default()).await
     }

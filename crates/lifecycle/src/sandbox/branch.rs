@@ -92,7 +92,7 @@ pub async fn branch(engine: &Engine, key: &str, req: &BranchRequest) -> Result<F
         let dir = instance_dir(engine, &sb.id);
         let source_dir = instance_dir(engine, &source.id);
         let (from, to) = (At { engine, sb: &source, dir: &source_dir }, At { engine, sb: &sb, dir: &dir });
-        let launch = Launch::of(engine, &sb, Vec::new())?;
+        let launch = Launch::of(engine, &sb, Vec::new()).await?;
         super::make_dir(engine, &dir)?;
         airlock_postgres::instance::prepare_dir(&dir, &launch.user, launch.group)?;
         let t = Instant::now();

@@ -345,7 +345,7 @@ pub(crate) async fn bring_up(
     let golden_root = engine.layout.golden_generation(&sb.golden, sb.generation);
     let stores = stores::of_generation(&golden_root);
     let t = Instant::now();
-    let launch = Launch::of(engine, sb, Vec::new())?;
+    let launch = Launch::of(engine, sb, Vec::new()).await?;
     // Cloning is blocking file work done in place: moving it to another thread
     // with block_in_place measured 10-15 ms slower per fork here.
     make_dir(engine, &dir)?;
@@ -416,7 +416,7 @@ pub async fn restart(engine: &Engine, sb: &Sandbox) -> Result<i32> {
     if cgroups.is_empty() {
         cgroups = engine.cgroups.create(&sb.id, &engine.config.cgroup_limits)?;
     }
-    let launch = Launch::of(engine, sb, cgroups)?;
+    let launch = Launch::of(engine, sb, cgroups).await?;
     instance::prepare_dir(&dir, &launch.user, launch.group)?;
     let pid = stores::start_all(&stores, at, &launch, Credential::Kept, &mut Steps::default()).await?;
     engine.store().set_running(&sb.id, pid, sb.dsn.as_deref().unwrap_or_default())?;

@@ -66,10 +66,17 @@ pub struct Launch {
 
 impl Launch {
     /// The launch of sandbox `sb`'s servers in `cgroups`, in a new network
-    /// namespace of their own when the daemon is root.
-    pub fn of(engine: &Engine, sb: &Sandbox, cgroups: Vec<CString>) -> Result<Launch> {
+    /// namespace of their own when the daemon is root (made on a blocking
+    /// thread: the kernel can take a while over it when many are coming and
+    /// going, and the async workers have other sandboxes to serve).
+    pub async fn of(engine: &Engine, sb: &Sandbox, cgroups: Vec<CString>) -> Result<Launch> {
         let network = match engine.daemon_user.is_root() {
-            true => Some(Network::new().map_err(|e| Error::io("making a sandbox's network namespace", &e))?),
+            true => Some(
+                tokio::task::spawn_blocking(Network::new)
+                    .await
+                    .map_err(|e| Error::internal(format!("making a network namespace stopped: {e}")))?
+                    .map_err(|e| Error::io("making a sandbox's network namespace", &e))?,
+            ),
             false => None,
         };
         Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
