@@ -114,9 +114,8 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
          user {ADMIN_USER} on {admin} ~* &* +@all\n",
         // Contained, it also listens on loopback in the sandbox's own network
         // namespace, where only the sandbox's `exec` code can reach it
-        // ([`exec_url`]); else on no port.
-        // Its title still names its socket (as with no port), which is how
-        // its server is told apart from any other ([`find`]).
+        // ([`exec_url`]); else on no port. Its title names its socket either
+        // way (`proc-title-template`), which is how [`find`] tells it apart.
         tcp = if contained() { format!("port {EXEC_PORT}\nbind 127.0.0.1\n") } else { "port 0\n".into() },
         socket = socket.display(),
         data = data.display(),

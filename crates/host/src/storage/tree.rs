@@ -310,10 +310,15 @@ pub fn readable_by_all(root: &Path) -> io::Result<()> {
                     let file = openat(
                         dir.as_fd(),
                         name.as_c_str(),
-                        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        // Never waits on something swapped in since the stat.
+                        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
                         Mode::empty(),
                     )
                     .map_err(errno)?;
+                    let mode = fstat(file.as_fd()).map_err(errno)?.st_mode;
+                    if SFlag::from_bits_truncate(mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
+                        return Err(refused(&path, "it is not a regular file"));
+                    }
                     nix::sys::stat::fchmod(file.as_fd(), Mode::from_bits_truncate(0o644)).map_err(errno)?;
                 }
                 _ => return Err(refused(&path, "it is not a regular file")),

@@ -705,14 +705,19 @@ async fn describe(
     // stays, closed to connections (so no one changes it, and autovacuum leaves
     // it be): it is what an owner's CREATE DATABASE copies.
     admin.execute("DROP DATABASE IF EXISTS postgres").await?;
-    let present = admin.value("SELECT count(*)::text FROM pg_database WHERE datname = 'template0'").await?;
-    if present != "0" {
+    let present = |name: &'static str| {
+        let admin = &admin;
+        async move {
+            let sql = format!("SELECT count(*)::text FROM pg_catalog.pg_database WHERE datname = '{name}'");
+            admin.value(&sql).await.map(|n| n != "0")
+        }
+    };
+    if present("template0").await? {
         admin.execute("ALTER DATABASE template0 IS_TEMPLATE false").await?;
         admin.execute("DROP DATABASE template0").await?;
     }
     // (A golden promoted from a fork of one built before it kept template1 has none.)
-    let present = admin.value("SELECT count(*)::text FROM pg_database WHERE datname = 'template1'").await?;
-    if present != "0" {
+    if present("template1").await? {
         admin.execute("ALTER DATABASE template1 ALLOW_CONNECTIONS false").await?;
     }
     drop(admin);

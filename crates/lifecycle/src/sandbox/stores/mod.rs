@@ -79,7 +79,7 @@ impl Launch {
             ),
             false => None,
         };
-        Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
+        Launch::with(engine, sb, cgroups, network)
     }
 
     /// The launch of one server started again beside another of the
@@ -91,6 +91,15 @@ impl Launch {
             }
             false => None,
         };
+        Launch::with(engine, sb, cgroups, network)
+    }
+
+    fn with(
+        engine: &Engine,
+        sb: &Sandbox,
+        cgroups: Vec<CString>,
+        network: Option<Network>,
+    ) -> Result<Launch> {
         Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
     }
 }
