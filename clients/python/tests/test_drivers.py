@@ -397,6 +397,68 @@ def test_execs_redis_url_is_taken_as_it_is_by_redis_cli_redis_py_ioredis_and_nod
         daemon.cli("golden", "rm", "execcache", "--force")
 
 
+OVERSIZED_PROBE_JS = """
+const which = process.argv[2];
+const fs = require('fs');
+const tls = { ca: fs.readFileSync(process.env.AIRLOCK_CA) };
+const big = 'v'.repeat(9 * 1024 * 1024);
+(async () => {
+  let refused, value;
+  if (which === 'ioredis') {
+    const Redis = require('ioredis');
+    const r = new Redis(process.env.URL, { tls, maxRetriesPerRequest: 1 });
+    await r.set(which + '-big', big).catch((e) => { refused = e.message; });
+    value = await r.get('greeting');
+    r.disconnect();
+  } else {
+    const { createClient } = require('redis');
+    const r = createClient({ url: process.env.URL, socket: { tls: true, ca: tls.ca } });
+    r.on('error', () => {});
+    await r.connect();
+    await r.set(which + '-big', big).catch((e) => { refused = e.message; });
+    value = await r.get('greeting');
+    await r.disconnect();
+  }
+  console.log(JSON.stringify({ refused, value }));
+})().catch((e) => { console.error(which + ': ' + e.message); process.exit(1); });
+"""
+
+
+def test_a_command_over_the_redis_limit_is_an_error_each_client_reports_and_recovers_from(daemon, client):
+    """A value over the size limit gets an error reply through the router,
+    which redis-py, ioredis and node-redis each raise as the command's error,
+    and each goes on with its next command on a new connection."""
+    import redis
+
+    seed = daemon.home / "limit-cache.redis"
+    seed.write_text("SET greeting hi\n")
+    daemon.cli("golden", "create", "limitcache", "--redis-seed", str(seed))
+    sb = client.fork("limitcache", ttl="10m")
+    ca = str(daemon.home / "tls" / "ca.crt")
+    try:
+        r = redis.Redis.from_url(sb.redis_url, ssl_ca_certs=ca, ssl_cert_reqs="required")
+        with pytest.raises(redis.ResponseError) as refused:
+            r.set("py-big", b"v" * (9 << 20))
+        assert "command too large" in str(refused.value) and "8 MB" in str(refused.value)
+        assert r.get("greeting") == b"hi"
+        r.set("py-fits", b"v" * (7 << 20))
+        assert r.strlen("py-fits") == 7 << 20
+
+        probe = daemon.home / "oversized.js"
+        probe.write_text(OVERSIZED_PROBE_JS)
+        env = {**os.environ, "NODE_PATH": str(NODE_MODULES), "URL": sb.redis_url, "AIRLOCK_CA": ca}
+        for which in ("ioredis", "redis"):
+            done = subprocess.run(["node", str(probe), which], env=env, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
+            said = json.loads(done.stdout.strip().splitlines()[-1])
+            assert "command too large" in (said["refused"] or ""), (which, said)
+            assert said["value"] == "hi", (which, said)
+        assert r.exists("py-big", "ioredis-big", "redis-big") == 0
+    finally:
+        client.delete(sb)
+        daemon.cli("golden", "rm", "limitcache", "--force")
+
+
 def test_scratch_db_on_a_redis_only_golden_yields_a_redis_and_no_dsn(daemon, client):
     import redis
 

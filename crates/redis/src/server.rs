@@ -74,6 +74,13 @@ fn user_rules(read_only: bool) -> String {
     format!("-@all {AGENT_RULES} {extra}")
 }
 
+/// The most bytes one command may take, arguments and all: well under what
+/// a server lets its clients hold together (`maxmemory-clients`), so a
+/// command at the limit always fits. The server itself refuses any one
+/// argument over it (`proto-max-bulk-len`); the router refuses a whole
+/// command over it with an error reply.
+pub const MAX_COMMAND: u64 = 8 << 20;
+
 /// One server's settings: its memory ceiling and its users.
 pub struct Settings<'a> {
     /// `maxmemory`, in bytes.
@@ -108,6 +115,7 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
          save \"\"\nappendonly no\ndaemonize no\nprotected-mode no\nlogfile \"\"\nloglevel warning\n\
          maxmemory {max}\nmaxmemory-policy noeviction\nmaxclients 256\n\
          maxmemory-clients 32mb\nclient-output-buffer-limit normal 32mb 16mb 10\n\
+         proto-max-bulk-len {MAX_COMMAND}\n\
          enable-protected-configs no\nenable-debug-command no\nenable-module-command no\n\
          busy-reply-threshold 5000\n\
          user default off resetkeys resetchannels -@all\n\

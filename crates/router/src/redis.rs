@@ -11,6 +11,9 @@
 //! authentication gets a clear `-NOAUTH`; after three, the connection closes.
 //! An unknown sandbox, a sandbox without Redis and a wrong password get the
 //! same `-WRONGPASS`. Commands and passwords are never logged.
+//!
+//! Once authenticated, a session is relayed both ways ([`relay`]), and a
+//! command over [`commands::LIMIT`] is refused with an error reply.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +27,9 @@ use tokio::net::TcpStream;
 use super::Host;
 use airlock_core::events::EventKind;
 use airlock_lifecycle::sandbox::SandboxState;
+
+mod commands;
+mod relay;
 
 /// Arguments of a command read before authentication, at most.
 const MAX_ARGS: usize = 16;
@@ -204,7 +210,11 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     // A session does not outlive its sandbox's expiry either: the router cuts
     // it itself, as on the PostgreSQL port.
     tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut backend) => {}
+        ended = relay::relay(client, backend) => {
+            if let relay::Ended::Refused { size } = ended {
+                tracing::info!(sandbox = %sb.id, size, "a Redis command over the size limit was refused");
+            }
+        }
         () = super::session::expiry(&shared.host, &sb.id) => {}
     }
     shared.host.touch(&sb.id);

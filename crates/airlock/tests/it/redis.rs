@@ -1072,3 +1072,103 @@ fn without_its_daemon_the_redis_port_keeps_expiry_too() {
     assert!(said.starts_with("-WRONGPASS"), "{said}");
     d.spawn();
 }
+
+/// What a raw client connected to the router's Redis port at `addr`, as the
+/// sandbox named in `url`, reads back for `commands` sent at once, up to the
+/// server's end of stream.
+fn pipelined(addr: &str, url: &str, commands: &[Vec<u8>]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let auth = url.split_once("://").unwrap().1.rsplit_once('@').unwrap().0;
+    let (user, password) = auth.split_once(':').unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    let mut all = airlock_redis::resp::command(&["AUTH", user, password]);
+    for c in commands {
+        all.extend_from_slice(c);
+    }
+    // Written while the replies are read, as a pipelining client does.
+    let mut writer = tcp.try_clone().unwrap();
+    let sending = std::thread::spawn(move || {
+        let _ = writer.write_all(&all);
+        let _ = writer.shutdown(std::net::Shutdown::Write);
+    });
+    let mut replies = Vec::new();
+    let _ = tcp.read_to_end(&mut replies);
+    sending.join().unwrap();
+    replies
+}
+
+#[test]
+fn a_command_over_the_size_limit_gets_an_error_reply_in_its_place() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "sized");
+    let a = d.fork("sized", &[]);
+    let url = a["redis_url"].as_str().unwrap().to_owned();
+    let limit = airlock_redis::server::MAX_COMMAND as usize;
+    let cmd = |args: &[&[u8]]| airlock_redis::resp::command(args);
+    let set_of = |n: usize| cmd(&[b"SET", b"big", &vec![b'v'; n]]);
+    // The largest SET that fits: the command is the limit to the byte.
+    // (A value's length takes seven digits from 1,000,000 to past the limit.)
+    let fits = limit - (set_of(1_000_000).len() - 1_000_000);
+    assert_eq!(set_of(fits).len(), limit);
+
+    // At the limit: taken, and the session goes on.
+    let replies = pipelined(&d.redis_router, &url, &[set_of(fits), cmd(&[b"STRLEN", b"big"])]);
+    assert_eq!(String::from_utf8_lossy(&replies), format!("+OK\r\n+OK\r\n:{fits}\r\n"));
+
+    // One byte over: what came before is answered, then the error in the
+    // command's place, then the end; what came after is never run.
+    let replies = pipelined(
+        &d.redis_router,
+        &url,
+        &[cmd(&[b"SET", b"before", b"1"]), set_of(fits + 1), cmd(&[b"SET", b"after", b"1"])],
+    );
+    let text = String::from_utf8_lossy(&replies);
+    assert!(
+        text.starts_with("+OK\r\n+OK\r\n-ERR command too large: 8.0 MB, over the 8 MB")
+            && text.ends_with("The connection is closed.\r\n")
+            && text.matches("\r\n").count() == 3,
+        "{text}"
+    );
+    // Arguments each under the limit count together.
+    let half = vec![b'v'; limit / 2];
+    let replies = pipelined(&d.redis_router, &url, &[cmd(&[b"MSET", b"x", &half, b"y", &half])]);
+    assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large"), "{replies:?}");
+    // A 40 MB value, far over what the server's clients may hold together.
+    let replies = pipelined(&d.redis_router, &url, &[set_of(40 << 20)]);
+    assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large: 40.0 MB"));
+
+    assert_eq!(via_router(&url, &[], &["GET", "before"]), "1");
+    assert_eq!(via_router(&url, &[], &["EXISTS", "after", "x", "y"]), "0");
+    assert_eq!(
+        via_router(&url, &[], &["STRLEN", "big"]),
+        fits.to_string(),
+        "the refused SET changed nothing"
+    );
+
+    // redis-cli, with the value from its standard input, says the same.
+    let file = d.home.join("big-value");
+    std::fs::write(&file, vec![b'v'; limit]).unwrap();
+    let rest = url.split_once("://").unwrap().1;
+    let (auth, addr) = rest.rsplit_once('@').unwrap();
+    let (user, password) = auth.split_once(':').unwrap();
+    let (host, port) = addr.rsplit_once(':').unwrap();
+    let out = Command::new("sh")
+        .args([
+            "-c",
+            "redis-cli -h \"$1\" -p \"$2\" --user \"$3\" --no-auth-warning -x SET big < \"$4\"",
+            "sh",
+        ])
+        .args([host, port, user, file.to_str().unwrap()])
+        .env("REDISCLI_AUTH", password)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("ERR command too large"), "{said}");
+
+    // Redis itself refuses any one argument over the limit, for code inside
+    // the sandbox that reaches it without the router.
+    let dir = d.home.join("volume").join("sandboxes").join(a["id"].as_str().unwrap());
+    let conf = std::fs::read_to_string(dir.join("redis.conf")).unwrap_or_default();
+    assert!(conf.contains(&format!("proto-max-bulk-len {limit}")), "{conf}");
+}

@@ -1,0 +1,239 @@
+//! Where a client's command stream is, command by command: the router tells
+//! each command's size from its headers before the server reads it, so one
+//! over [`LIMIT`] is refused with an error reply the client can read. Redis
+//! itself would take it into its client memory and then close the
+//! connection, with no reply at all.
+//!
+//! Only headers are looked at: a bulk string's bytes are passed on as they
+//! come. A stream that is not RESP as the router understands it is passed on
+//! unjudged from there, for the server to refuse.
+
+/// The most bytes one command may take (headers, arguments and their line ends).
+pub const LIMIT: u64 = airlock_redis::server::MAX_COMMAND;
+
+/// The longest header line (`*N` or `$N` and its CRLF) the framer waits for.
+const MAX_HEADER: usize = 24;
+
+/// What the next bytes of the stream are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The next `n` bytes (at least one) are judged: pass them on.
+    Pass(usize),
+    /// A header line starts here and is not complete yet: keep these bytes
+    /// and read more before asking again.
+    Wait,
+    /// The bulk header of `n` bytes that starts here takes its command over
+    /// the limit, to `size` bytes in all. The framer goes on as if it had
+    /// been passed, so the rest of the command can be read and dropped.
+    Over { n: usize, size: u64 },
+}
+
+/// A client's command stream, between and inside commands.
+#[derive(Debug)]
+pub struct Commands {
+    at: At,
+    limit: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// The next byte starts a command.
+    Between,
+    /// Inside an inline command (words on one line), until its newline.
+    Inline,
+    /// Inside an array command, before the header of one of its `left` arguments.
+    Argument { left: u64, size: u64 },
+    /// Inside a bulk string: `bytes` remain (its CRLF included), then `left` arguments.
+    Bulk { bytes: u64, left: u64, size: u64 },
+    /// Past something the framer does not understand: all of it passes.
+    Unjudged,
+}
+
+impl Commands {
+    /// A stream that starts between commands, judged against `limit` bytes a command.
+    pub fn new(limit: u64) -> Self {
+        Self { at: At::Between, limit }
+    }
+
+    /// Whether the stream is between commands (a refused command has been read to its end).
+    pub fn between(&self) -> bool {
+        self.at == At::Between
+    }
+
+    /// Judges the start of `input` (not empty).
+    pub fn step(&mut self, input: &[u8]) -> Step {
+        debug_assert!(!input.is_empty());
+        match self.at {
+            At::Unjudged => Step::Pass(input.len()),
+            At::Inline => match input.iter().position(|&b| b == b'\n') {
+                Some(end) => {
+                    self.at = At::Between;
+                    Step::Pass(end + 1)
+                }
+                None => Step::Pass(input.len()),
+            },
+            At::Bulk { bytes, left, size } => {
+                let n = bytes.min(input.len() as u64);
+                self.at = if n == bytes {
+                    Self::after_argument(left, size)
+                } else {
+                    At::Bulk { bytes: bytes - n, left, size }
+                };
+                Step::Pass(n as usize)
+            }
+            At::Between if input[0] != b'*' => {
+                self.at = At::Inline;
+                self.step(input)
+            }
+            At::Between => match header(input, b'*') {
+                Header::Incomplete => Step::Wait,
+                Header::Bad => self.unjudged(input),
+                Header::Line { n, value } => {
+                    // `*0` and `*-1` are empty commands the server skips.
+                    self.at = if value > 0 {
+                        At::Argument { left: value as u64, size: n as u64 }
+                    } else {
+                        At::Between
+                    };
+                    Step::Pass(n)
+                }
+            },
+            At::Argument { left, size } => match header(input, b'$') {
+                Header::Incomplete => Step::Wait,
+                Header::Bad => self.unjudged(input),
+                Header::Line { value, .. } if value < 0 => self.unjudged(input),
+                Header::Line { n, value } => {
+                    let bytes = value as u64 + 2;
+                    let size = size + n as u64 + bytes;
+                    self.at = At::Bulk { bytes, left: left - 1, size };
+                    if size > self.limit {
+                        Step::Over { n, size }
+                    } else {
+                        Step::Pass(n)
+                    }
+                }
+            },
+        }
+    }
+
+    fn after_argument(left: u64, size: u64) -> At {
+        if left == 0 {
+            At::Between
+        } else {
+            At::Argument { left, size }
+        }
+    }
+
+    fn unjudged(&mut self, input: &[u8]) -> Step {
+        self.at = At::Unjudged;
+        Step::Pass(input.len())
+    }
+}
+
+/// A header line at the start of some input.
+enum Header {
+    Incomplete,
+    Bad,
+    /// `n` bytes long, CRLF included, giving `value`.
+    Line {
+        n: usize,
+        value: i64,
+    },
+}
+
+fn header(input: &[u8], kind: u8) -> Header {
+    if input[0] != kind {
+        return Header::Bad;
+    }
+    let Some(end) = input.iter().take(MAX_HEADER).position(|&b| b == b'\n') else {
+        return if input.len() < MAX_HEADER { Header::Incomplete } else { Header::Bad };
+    };
+    let digits = input[1..end].strip_suffix(b"\r").unwrap_or(&input[1..end]);
+    match std::str::from_utf8(digits).ok().and_then(|d| d.parse::<i64>().ok()) {
+        Some(value) => Header::Line { n: end + 1, value },
+        None => Header::Bad,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `stream` through a framer in pieces of `piece` bytes, as a relay
+    /// would; what passed, and the sizes of commands found over the limit
+    /// (their bytes dropped from the header on, to the command's end).
+    fn run(stream: &[u8], piece: usize, limit: u64) -> (Vec<u8>, Vec<u64>) {
+        let mut commands = Commands::new(limit);
+        let (mut passed, mut over, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        let mut dropping = false;
+        for chunk in stream.chunks(piece) {
+            held.extend_from_slice(chunk);
+            let mut at = 0;
+            while at < held.len() {
+                match commands.step(&held[at..]) {
+                    Step::Wait => break,
+                    Step::Pass(n) => {
+                        if !dropping {
+                            passed.extend_from_slice(&held[at..at + n]);
+                        }
+                        at += n;
+                    }
+                    Step::Over { n, size } => {
+                        over.push(size);
+                        dropping = true;
+                        at += n;
+                    }
+                }
+                if dropping && commands.between() {
+                    dropping = false;
+                }
+            }
+            held.drain(..at);
+        }
+        passed.extend_from_slice(&held);
+        (passed, over)
+    }
+
+    fn command(args: &[&[u8]]) -> Vec<u8> {
+        airlock_redis::resp::command(args)
+    }
+
+    #[test]
+    fn commands_under_the_limit_pass_whole_in_any_pieces() {
+        let mut stream = command(&[b"SET", b"k", &[b'v'; 1000]]);
+        stream.extend_from_slice(b"PING\r\n");
+        stream.extend_from_slice(b"*0\r\n");
+        stream.extend_from_slice(&command(&[b"GET", b"k"]));
+        for piece in [1, 2, 3, 7, 64, 5000] {
+            assert_eq!(run(&stream, piece, 2000), (stream.clone(), vec![]), "in pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn a_command_over_the_limit_is_dropped_from_its_first_header_over_it() {
+        let small = command(&[b"SET", b"a", b"1"]);
+        let big = command(&[b"MSET", b"x", &[b'v'; 600], b"y", &[b'v'; 600]]);
+        let stream = [small.clone(), big.clone(), small.clone()].concat();
+        for piece in [1, 5, 100, 10_000] {
+            let (passed, over) = run(&stream, piece, 1000);
+            // What precedes the header that goes over is passed; the relay
+            // then breaks the command at the server.
+            let before = big.len() - (b"$600\r\n".len() + 602);
+            assert_eq!(over, vec![big.len() as u64], "in pieces of {piece}");
+            assert_eq!(passed, [&small[..], &big[..before], &small[..]].concat(), "in pieces of {piece}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_resp_passes_unjudged() {
+        for stream in [
+            &b"*x\r\n$3\r\nGET\r\n"[..],
+            b"*2\r\n+OK\r\n",
+            b"*1\r\n$-1\r\n",
+            b"*99999999999999999999999999\r\n",
+        ] {
+            let (passed, over) = run(stream, 1, 10);
+            assert_eq!((passed.as_slice(), over), (stream, vec![]));
+        }
+    }
+}
