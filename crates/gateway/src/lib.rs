@@ -9,6 +9,7 @@
 //! themselves. Every call is an event; no output carries a connection string,
 //! host, port, socket path or password.
 
+pub mod changes;
 pub mod envelope;
 pub mod http;
 pub mod mcp;

@@ -85,10 +85,14 @@ pub fn specs() -> Vec<ToolSpec> {
             name: DESCRIBE_SCHEMA,
             description:
                 "Describe the database: tables with their columns, types, keys, indexes and row \
-                counts, then views, functions, sequences, types and extensions. Give `table` to see just one.",
+                counts, then views, functions, sequences, types and extensions. Give `table` to see just one, \
+                and `database` to describe another database of this task's (one its code created).",
             input_schema: json!({
                 "type": "object",
-                "properties": {"table": {"type": "string", "description": "A table or view name; omit for all."}},
+                "properties": {
+                    "table": {"type": "string", "description": "A table or view name; omit for all."},
+                    "database": {"type": "string", "description": "Another database of this task's; omit for its own."}
+                },
                 "additionalProperties": false
             }),
         },
@@ -100,7 +104,8 @@ pub fn specs() -> Vec<ToolSpec> {
         ToolSpec {
             name: CHANGES_SINCE_FORK,
             description: "Show what changed since the database was created (or last reset): schema \
-                objects added, dropped or altered, and per-table row counts then and now.",
+                objects added, dropped or altered, and per-table row counts then and now, in this task's \
+                database and in any other it created or dropped.",
             input_schema: no_input,
         },
         ToolSpec {
@@ -335,7 +340,8 @@ async fn dispatch(
         }
         DESCRIBE_SCHEMA => {
             let table = string_arg(&args, "table")?;
-            let schema = super::schema::describe(engine, key, table).await?;
+            let database = string_arg(&args, "database")?;
+            let schema = super::schema::describe(engine, key, table, database).await?;
             let text = envelope::wrap("The database schema:", schema.text.trim_end());
             Ok(ToolOutput { is_error: false, result: serde_json::to_value(&schema).expect("json"), text })
         }
@@ -349,7 +355,7 @@ async fn dispatch(
             Ok(ToolOutput { is_error: false, result, text })
         }
         CHANGES_SINCE_FORK => {
-            let changes = super::schema::changes(engine, key).await?;
+            let changes = super::changes::changes(engine, key).await?;
             let text = envelope::wrap("Changes since the database was created:", &changes.text());
             Ok(ToolOutput { is_error: false, result: serde_json::to_value(&changes).expect("json"), text })
         }

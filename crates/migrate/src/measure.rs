@@ -245,6 +245,7 @@ pub(crate) async fn measure(
     let counted = catalog::count_rows(
         &dir,
         sb.pid.unwrap_or_default(),
+        DATABASE,
         &now,
         FINAL_COUNT_PER_TABLE,
         FINAL_COUNT_BUDGET,

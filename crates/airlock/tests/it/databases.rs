@@ -145,9 +145,13 @@ fn a_promotion_keeps_the_databases_the_agent_created_and_forks_have_them() {
     let (id, agent) = (sb["id"].as_str().unwrap().to_owned(), dsn(&sb));
     sql(&agent, "CREATE DATABASE fixtures");
     sql(&in_database(&agent, &id, "fixtures"), "CREATE TABLE seeds (n int); INSERT INTO seeds VALUES (42)");
+    // One named as the default database a golden's build drops is kept too.
+    sql(&agent, "CREATE DATABASE postgres");
     d.ok(&["promote", &id, "--golden", "seeded"]);
     let a = d.fork("seeded", &[]);
     let (a_id, a_url) = (a["id"].as_str().unwrap().to_owned(), dsn(&a));
+    let listed = "SELECT string_agg(datname, ',' ORDER BY datname) FROM pg_database WHERE NOT datistemplate";
+    assert_eq!(sql(&a_url, listed), "app,fixtures,postgres");
     let fixtures = in_database(&a_url, &a_id, "fixtures");
     assert_eq!(sql(&fixtures, "SELECT n FROM seeds"), "42");
     assert_eq!(
@@ -182,4 +186,100 @@ fn branches_and_promotions_of_a_sandbox_that_made_no_database_create_databases()
     sql(&dsn(&fork), "CREATE DATABASE in_fork");
     let again = psql(&dsn(&fork), "CREATE DATABASE in_fork").unwrap_err();
     assert!(again.contains("already exists"), "{again}");
+}
+
+/// `POST /v1/sandboxes/{id}/tools/{tool}`: the status and the answer.
+fn tool(d: &Daemon, id: &str, name: &str, args: serde_json::Value) -> (u16, serde_json::Value) {
+    let (status, body) = d.api("POST", &format!("/v1/sandboxes/{id}/tools/{name}"), &args.to_string());
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}")))
+}
+
+/// The agent's tools see every database of the sandbox: describe_schema
+/// names the others and describes any one asked for, and changes_since_fork
+/// lists the databases created since the fork and what changed in those the
+/// golden holds.
+#[test]
+fn describe_schema_and_changes_since_fork_see_every_database_of_the_sandbox() {
+    use serde_json::json;
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (id, agent) = (sb["id"].as_str().unwrap().to_owned(), dsn(&sb));
+    sql(&agent, "CREATE DATABASE orders_test");
+    let test_db = in_database(&agent, &id, "orders_test");
+    sql(&test_db, "CREATE TABLE widgets (id int PRIMARY KEY, name text); INSERT INTO widgets SELECT g, 'w' FROM generate_series(1, 3) g");
+
+    let (status, own) = tool(&d, &id, "describe_schema", json!({}));
+    assert_eq!(status, 200, "{own}");
+    let result = &own["result"];
+    assert_eq!(result["database"], "app");
+    assert_eq!(result["databases"], json!(["app", "orders_test"]));
+    assert!(result["catalog"]["tables"].get("public.orders").is_some(), "{result}");
+    assert!(own["text"].as_str().unwrap().contains("The sandbox also holds: orders_test."), "{own}");
+
+    let (_, other) = tool(&d, &id, "describe_schema", json!({"database": "orders_test"}));
+    let result = &other["result"];
+    assert_eq!(result["database"], "orders_test", "{other}");
+    assert!(result["catalog"]["tables"].get("public.orders").is_none(), "{result}");
+    assert_eq!(result["rows"]["public.widgets"], json!({"rows": 3, "exact": true}), "{result}");
+    assert!(other["text"].as_str().unwrap().contains("widgets"), "{other}");
+    let (_, one) = tool(&d, &id, "describe_schema", json!({"database": "orders_test", "table": "widgets"}));
+    assert_eq!(one["result"]["catalog"]["tables"].as_object().unwrap().len(), 1, "{one}");
+    // A database that is not there, or is not the sandbox's to read, is the
+    // model's mistake: a tool error naming the databases there are.
+    for wrong in ["nosuch", "template1", "postgres"] {
+        let (status, refused) = tool(&d, &id, "describe_schema", json!({"database": wrong}));
+        assert_eq!(status, 200, "{refused}");
+        assert_eq!(refused["is_error"], true, "{refused}");
+        let said = refused["text"].as_str().unwrap();
+        assert!(said.contains("no database named") && said.contains("app, orders_test"), "{said}");
+    }
+
+    let (_, changes) = tool(&d, &id, "changes_since_fork", json!({}));
+    let result = &changes["result"];
+    assert_eq!(result["databases"].as_array().unwrap().len(), 1, "{result}");
+    let created = &result["databases"][0];
+    assert_eq!(
+        (created["name"].as_str(), created["change"].as_str()),
+        (Some("orders_test"), Some("created"))
+    );
+    assert_eq!(created["row_changes"][0]["table"], "widgets", "{created}");
+    assert_eq!(created["row_changes"][0]["rows"], 3, "{created}");
+    assert!(
+        result["schema_changes"].as_array().unwrap().is_empty(),
+        "the sandbox's own is unchanged: {result}"
+    );
+    let text = changes["text"].as_str().unwrap();
+    assert!(text.contains("Database orders_test: created, with 1 table."), "{text}");
+    assert!(text.contains("widgets: - -> 3 rows"), "{text}");
+
+    // A golden promoted with a database of the agent's records it, so a fork
+    // of it is compared there too: unchanged at first, then what changed.
+    d.ok(&["promote", &id, "--golden", "withtests"]);
+    let fork = d.fork("withtests", &[]);
+    let (fork_id, fork_url) = (fork["id"].as_str().unwrap().to_owned(), dsn(&fork));
+    let (_, fresh) = tool(&d, &fork_id, "changes_since_fork", json!({}));
+    assert!(fresh["result"].get("databases").is_none(), "{fresh}");
+    assert!(fresh["result"].get("caveats").is_none(), "{fresh}");
+    let kept = in_database(&fork_url, &fork_id, "orders_test");
+    sql(&kept, "DELETE FROM widgets WHERE id = 1; CREATE TABLE gadgets (id int)");
+    let (_, changed) = tool(&d, &fork_id, "changes_since_fork", json!({}));
+    let database = &changed["result"]["databases"][0];
+    assert_eq!(database["change"], "changed", "{changed}");
+    assert!(
+        database["schema_changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "gadgets" && c["change"] == "added"),
+        "{database}"
+    );
+    let widgets = database["row_changes"].as_array().unwrap().iter().find(|r| r["table"] == "widgets");
+    assert_eq!(widgets.map(|w| (w["golden_rows"].as_i64(), w["deleted"].as_i64())), Some((Some(3), Some(1))));
+    let text = changed["text"].as_str().unwrap();
+    assert!(text.contains("Database orders_test:\n  Schema: 1 changes"), "{text}");
+    // A reset puts it back as the golden holds it.
+    d.ok(&["reset", &fork_id]);
+    let (_, after) = tool(&d, &fork_id, "changes_since_fork", json!({}));
+    assert!(after["result"].get("databases").is_none(), "{after}");
 }

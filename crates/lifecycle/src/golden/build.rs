@@ -438,7 +438,7 @@ async fn load_and_describe(
         drop(admin);
         // The build's own work (VACUUM, ANALYZE) runs the agent's index
         // expressions, as the owner role: look for planted objects after it.
-        let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref()).await?;
+        let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref(), true).await?;
         // Whatever the agent left that could steer later sessions (the daemon's
         // admin sessions pin their own settings, but every fork's agent would
         // inherit it) is refused unless the caller says to keep it.
@@ -562,7 +562,7 @@ async fn load_and_describe(
     check_no_stored_settings(&admin, source).await?;
     drop(admin);
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
-    let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref()).await?;
+    let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref(), false).await?;
     let Some((dumped, imported, restore_seconds)) = pending else {
         return Ok((version, hash, Vec::new(), None));
     };
@@ -627,14 +627,22 @@ async fn check_no_stored_settings(admin: &Admin, source: &Source) -> Result<()> 
 }
 
 /// Freezes, analyses and checkpoints the application database, drops the
-/// default database; returns the server version and schema hash.
+/// default database (unless `promoted`: there a database of that name is one
+/// the agent made, kept like any other); returns the server version and
+/// schema hash.
 async fn describe(
     postgres: &Postgres<'_>,
     dir: &InstanceDir,
     postmaster: i32,
     owner_os_user: Option<&Identity>,
+    promoted: bool,
 ) -> Result<(String, String)> {
     let admin = Admin::connect(dir, DATABASE, postmaster).await?;
+    // Nothing connects to the default database, and its three hundred files
+    // would be cloned, and later unlinked, at every fork.
+    if !promoted {
+        admin.execute("DROP DATABASE IF EXISTS postgres").await?;
+    }
     // Frozen, analysed tuples mean forks never rewrite pages just to set hint
     // bits, so their blocks stay shared with the golden. VACUUM and ANALYZE
     // run the application's index expressions and statistics, which are the
@@ -694,17 +702,33 @@ async fn describe(
     // What the golden holds, kept so forks can be compared with it later.
     let catalog = airlock_postgres::catalog::read(admin.client()).await?;
     let unbounded = std::time::Duration::from_secs(24 * 3600);
-    let rows = airlock_postgres::catalog::count_rows(dir, postmaster, &catalog, unbounded, unbounded).await;
-    airlock_postgres::catalog::Snapshot { catalog, rows }.save(&dir.root)?;
-    // Forks then count rows inserted, updated and deleted from zero.
+    let rows =
+        airlock_postgres::catalog::count_rows(dir, postmaster, DATABASE, &catalog, unbounded, unbounded)
+            .await;
+    let mut snapshot = airlock_postgres::catalog::Snapshot { catalog, rows, ..Default::default() };
+    // Forks then count rows inserted, updated and deleted from zero, in
+    // each database (a promoted sandbox's agent may have made more).
     admin.execute("SELECT pg_catalog.pg_stat_reset()").await?;
+    for name in airlock_postgres::catalog::databases(admin.client()).await? {
+        if name == DATABASE {
+            continue;
+        }
+        let other = Admin::connect(dir, &name, postmaster).await?;
+        let catalog = airlock_postgres::catalog::read(other.client()).await?;
+        let rows =
+            airlock_postgres::catalog::count_rows(dir, postmaster, &name, &catalog, unbounded, unbounded)
+                .await;
+        other.execute("SELECT pg_catalog.pg_stat_reset()").await?;
+        snapshot
+            .databases
+            .insert(name, airlock_postgres::catalog::Snapshot { catalog, rows, ..Default::default() });
+    }
+    snapshot.save(&dir.root)?;
     admin.execute("CHECKPOINT").await?;
     let version = admin.value("SHOW server_version").await?;
-    // Nothing connects to the default database or to template0, and their six
-    // hundred files would be cloned, and later unlinked, at every fork. template1
-    // stays, closed to connections (so no one changes it, and autovacuum leaves
-    // it be): it is what an owner's CREATE DATABASE copies.
-    admin.execute("DROP DATABASE IF EXISTS postgres").await?;
+    // Nor to template0, which goes the same way. template1 stays, closed to
+    // connections (so no one changes it, and autovacuum leaves it be): it is
+    // what an owner's CREATE DATABASE copies.
     let present = |name: &'static str| {
         let admin = &admin;
         async move {

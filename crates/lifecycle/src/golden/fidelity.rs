@@ -193,7 +193,7 @@ mod tests {
         let mut rows = BTreeMap::new();
         rows.insert("app.orders".into(), RowCount { rows: orders, exact: true });
         rows.insert("app.audit".into(), RowCount { rows: 5, exact: true });
-        Snapshot { catalog: facts.catalog.clone(), rows }
+        Snapshot { catalog: facts.catalog.clone(), rows, ..Default::default() }
     }
 
     fn imported(version: &str) -> Imported {

@@ -94,6 +94,25 @@ pub struct Snapshot {
     pub catalog: Catalog,
     /// Each table's rows, by `schema.name`.
     pub rows: BTreeMap<String, RowCount>,
+    /// The same of each other database the golden holds (one a promoted
+    /// sandbox's agent created), by name. Empty in the records of goldens
+    /// built before Airlock read them, and of goldens with one database.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub databases: BTreeMap<String, Snapshot>,
+}
+
+/// The databases of a server a client may connect to (templates and
+/// databases closed to connections left out), by name.
+pub async fn databases(client: &tokio_postgres::Client) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            "SELECT datname::text FROM pg_catalog.pg_database
+              WHERE datallowconn AND NOT datistemplate ORDER BY datname",
+            &[],
+        )
+        .await
+        .map_err(query_error)?;
+    rows.iter().map(|r| r.cell(0)).collect()
 }
 
 /// The file a golden generation's snapshot is kept in.
@@ -475,6 +494,7 @@ pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
 pub async fn count_rows(
     dir: &airlock_core::layout::InstanceDir,
     postmaster: i32,
+    database: &str,
     catalog: &Catalog,
     per_table: Duration,
     budget: Duration,
@@ -482,7 +502,7 @@ pub async fn count_rows(
     let began = Instant::now();
     let estimates =
         || catalog.tables.iter().map(|(n, t)| (n.clone(), RowCount { rows: t.row_estimate, exact: false }));
-    let Ok(admin) = crate::admin::Admin::connect(dir, airlock_core::dsn::DATABASE, postmaster).await else {
+    let Ok(admin) = crate::admin::Admin::connect(dir, database, postmaster).await else {
         return estimates().collect();
     };
     let client = admin.client();

@@ -323,5 +323,32 @@ fn functions_the_planner_folds_never_run_as_a_superuser() {
         "42",
         "the reader read more than the agent may"
     );
+    // The same in a database the agent created and owns, which the catalog
+    // tools read too.
+    sql(&s.agent, "CREATE DATABASE baited");
+    let baited = s.agent.replacen(&format!("/{}?", s.id), &format!("/{}/baited?", s.id), 1);
+    sql(
+        &baited,
+        &format!(
+            "{plant}
+            CREATE TABLE public.bait (a bigint);
+            INSERT INTO public.bait VALUES (1);
+            CREATE INDEX ON public.bait (a) WHERE public.folded() = 1;
+            CREATE INDEX ON public.bait (public.folded(a));
+            CREATE STATISTICS bait_stats ON (public.folded(a)), a FROM public.bait;"
+        ),
+    );
+    for (tool, args) in
+        [("describe_schema", json!({"database": "baited"})), ("changes_since_fork", json!({}))]
+    {
+        let out = s.tool(tool, args);
+        assert!(!out.to_string().contains("CLIMBED-TO-SUPERUSER"), "{tool}: {out}");
+        assert!(out.to_string().contains("bait"), "{tool} read the table: {out}");
+    }
+    assert_ne!(
+        sql(&baited, "SELECT last_value FROM public.leak"),
+        "42",
+        "the reader read more than the agent may"
+    );
     s.untouched();
 }
