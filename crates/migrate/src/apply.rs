@@ -14,8 +14,6 @@ use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use tokio::sync::Notify;
-
 use super::probe::{self, Lock, Reading};
 use super::report::{
     Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RowsChanged, StatementReport, Validated,
@@ -27,8 +25,6 @@ use airlock_postgres::wire::{DbError, Session, TextRows};
 
 /// Longest statement text kept in a report.
 const SQL_IN_REPORT: usize = 2_000;
-/// How often locks are polled for statements outside a transaction and commands.
-const POLL: Duration = Duration::from_millis(5);
 
 /// What applying a candidate measured.
 #[derive(Debug, Default)]
@@ -479,11 +475,13 @@ fn failure(st: &Statement, error: DbError) -> Failure {
     Failure { line, sql: super::report::cut(&st.sql, SQL_IN_REPORT), error }
 }
 
-/// Applies SQL statements on `session` (the agent's), polling locks from `monitor`
-/// for statements that cannot run in a transaction.
+/// Applies SQL statements on `session` (the agent's), reading what it did
+/// from `monitor`, and sampling the locks of statements that cannot run in a
+/// transaction on the server `watched`.
 pub async fn apply_sql(
     session: &mut Session,
     monitor: &Admin,
+    watched: &super::sampler::Watched,
     statements: &[Statement],
     golden_rows: BTreeMap<String, i64>,
     statement_timeout: Duration,
@@ -578,15 +576,9 @@ pub async fn apply_sql(
                 }
             }
             Kind::NoTransaction if !in_txn => {
-                let stop = Notify::new();
-                let (ran, observed) = tokio::join!(
-                    async {
-                        let r = run(session, &st.sql, limit).await;
-                        stop.notify_one();
-                        r
-                    },
-                    poll_locks(monitor, pid, &stop)
-                );
+                let sampler = super::sampler::Sampler::start(watched, pid).await?;
+                let ran = run(session, &st.sql, limit).await;
+                let observed = sampler.finish().await;
                 let (out, took) = ran?;
                 if let Some(e) = outcome(&mut report, out, took) {
                     reports[index] = report;
@@ -673,39 +665,8 @@ pub async fn apply_sql(
     })
 }
 
-/// Polls `pg_locks` until `stop` is notified: relation locks granted to `pid`
-/// (or to any session but the monitor's when `pid` is 0), with when each was
-/// first and last seen.
-pub async fn poll_locks(monitor: &Admin, pid: i32, stop: &Notify) -> BTreeMap<Lock, (Instant, Instant)> {
-    let mut seen: BTreeMap<Lock, (Instant, Instant)> = BTreeMap::new();
-    let sql = "SELECT relation::int8, mode FROM pg_catalog.pg_locks
-               WHERE locktype = 'relation' AND granted AND pid <> pg_catalog.pg_backend_pid()
-                 AND ($1 = 0 OR pid = $1)";
-    loop {
-        let polled = monitor.client().query(sql, &[&pid]).await;
-        if let Err(e) = &polled {
-            tracing::warn!(error = %e, "polling the candidate's locks failed");
-        }
-        if let Ok(rows) = polled {
-            let now = Instant::now();
-            for row in rows {
-                let (Ok(relid), Ok(mode)) = (row.cell(0), row.cell(1)) else { continue };
-                let lock = Lock { relid, mode };
-                seen.entry(lock).and_modify(|e| e.1 = now).or_insert((now, now));
-            }
-        }
-        tokio::select! {
-            _ = stop.notified() => return seen,
-            _ = tokio::time::sleep(POLL) => {}
-        }
-    }
-}
-
 /// Polled locks on application relations, as reported.
-pub fn observed_locks(
-    seen: &BTreeMap<Lock, (Instant, Instant)>,
-    names: &BTreeMap<i64, (String, String)>,
-) -> Vec<LockHeld> {
+pub fn observed_locks(seen: &super::sampler::Seen, names: &BTreeMap<i64, (String, String)>) -> Vec<LockHeld> {
     seen.iter()
         .filter_map(|(lock, (first, last))| {
             let (relation, kind) = names.get(&lock.relid)?;
@@ -713,7 +674,7 @@ pub fn observed_locks(
                 relation: relation.clone(),
                 kind: probe::relation_kind(kind).to_owned(),
                 mode: probe::mode_name(&lock.mode),
-                held_ms: ms(last.duration_since(*first) + POLL),
+                held_ms: ms(last.duration_since(*first) + super::sampler::POLL),
                 blocking: probe::blocks_writes(&lock.mode),
                 observed: true,
                 estimated_ms: None,

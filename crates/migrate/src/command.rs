@@ -28,16 +28,14 @@ pub async fn run(
         timeout_seconds: Some(timeout.as_secs().clamp(1, 3600)),
         stdin: None,
     };
-    let stop = tokio::sync::Notify::new();
+    let watched = super::sampler::Watched {
+        dir: engine.layout.sandbox_instance(&sb.id),
+        postmaster: sb.pid.unwrap_or_default(),
+    };
+    let sampler = super::sampler::Sampler::start(&watched, 0).await?;
     let started = std::time::Instant::now();
-    let (ran, observed) = tokio::join!(
-        async {
-            let r = sandbox::exec::exec(engine, &sb.id, &request).await;
-            stop.notify_one();
-            r
-        },
-        apply::poll_locks(admin, 0, &stop)
-    );
+    let ran = sandbox::exec::exec(engine, &sb.id, &request).await;
+    let observed = sampler.finish().await;
     let ran = ran?;
     let took = started.elapsed();
     // Statistics reach the shared counters when a session ends: wait for the

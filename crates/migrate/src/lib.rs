@@ -25,6 +25,7 @@ pub mod render;
 pub mod report;
 mod request;
 pub mod rows;
+pub mod sampler;
 pub mod scale;
 pub mod seal;
 pub mod verify;

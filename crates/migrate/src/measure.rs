@@ -130,9 +130,14 @@ pub(crate) async fn measure(
                         images_before.clone(),
                         shape.clone(),
                     );
+                    let watched = super::sampler::Watched {
+                        dir: engine.layout.sandbox_instance(&sb.id),
+                        postmaster: sb.pid.unwrap_or_default(),
+                    };
                     let applied = apply::apply_sql(
                         &mut session,
                         &admin,
+                        &watched,
                         &statements,
                         golden_rows.clone(),
                         timeout,

@@ -193,15 +193,14 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
     assert_eq!(cic["statements"][0]["transaction"], "none");
     // (Its new index is briefly locked exclusively while it is created: nobody else can use it yet.)
     // Its table lock is found by sampling pg_locks every 5 ms during the
-    // statement (about 140 ms here). In the whole suite's run, at this test's
-    // place, the sampling has seen none in three runs out of three, where
-    // alone (and beside its neighbours) it sees it every time; until that is
-    // understood, a lock seen must be a non-blocking one, and none seen is
-    // told apart in the message.
+    // statement (about 140 ms here), on a thread of the sampler's own: on the
+    // daemon's runtime, other candidates' forks cloning files in place held
+    // the sampling up past the whole statement in the suite's run.
     let table_locks: Vec<&Value> =
         cic["statements"][0]["locks"].as_array().unwrap().iter().filter(|l| l["kind"] == "table").collect();
     assert!(
-        table_locks.iter().all(|l| l["blocking"] == false && l["observed"] == true),
+        !table_locks.is_empty()
+            && table_locks.iter().all(|l| l["blocking"] == false && l["observed"] == true),
         "{} table lock(s) seen: {cic}\n{}",
         table_locks.len(),
         d.log()
