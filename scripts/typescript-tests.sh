@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the TypeScript client (clients/typescript) and runs its tests against a
-# real daemon: its dependencies (TypeScript, openapi-typescript) come from npm's
-# registry as package-lock.json pins them, and are kept under its node_modules/.
+# real daemon: its development dependencies (TypeScript, openapi-typescript,
+# and the agent SDKs its tool shapes are tested with: ai, @openai/agents,
+# @anthropic-ai/sdk) come from npm's registry as package-lock.json pins them,
+# and are kept under its node_modules/. The package itself depends on none.
 set -euo pipefail
 cd "$(dirname "$0")/../clients/typescript"
 

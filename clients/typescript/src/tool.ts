@@ -6,8 +6,27 @@
 
 import type { Client, Sandbox, SqlResult, ToolOutput } from "./client.js";
 
-/** The JSON schema of `run_sql`'s input, as the daemon gives it. */
-export type InputSchema = Record<string, unknown>;
+/**
+ * The JSON schema of `run_sql`'s input, as the daemon gives it: an object
+ * whose every property is required and which takes no other (what OpenAI's
+ * strict mode and the Agents SDK need, and the Anthropic SDK takes).
+ */
+export type InputSchema = {
+  type: "object";
+  properties: Record<string, Record<string, unknown>>;
+  required: string[];
+  additionalProperties: false;
+  [key: string]: unknown;
+};
+
+/** Whether `schema` is an {@link InputSchema}. */
+function isInputSchema(schema: unknown): schema is InputSchema {
+  const s = schema as Partial<InputSchema> | null;
+  return (
+    typeof s === "object" && s !== null && s.type === "object" && s.additionalProperties === false &&
+    typeof s.properties === "object" && s.properties !== null && Array.isArray(s.required)
+  );
+}
 
 /** `run_sql` bound to one sandbox, in the shapes agent SDKs take. */
 export class SqlTool {
@@ -130,5 +149,8 @@ function refused(message: string, hint: string): ToolOutput {
 export async function sqlTool(client: Client, sandbox: string | Sandbox): Promise<SqlTool> {
   const spec = (await client.tools()).find((t) => t.name === "run_sql");
   if (!spec) throw new Error("the daemon offers no run_sql tool");
-  return new SqlTool(client, sandbox, spec.description, spec.input_schema as InputSchema);
+  if (!isInputSchema(spec.input_schema)) {
+    throw new Error(`the daemon's run_sql input schema is not a strict object schema: ${JSON.stringify(spec.input_schema)}`);
+  }
+  return new SqlTool(client, sandbox, spec.description, spec.input_schema);
 }
