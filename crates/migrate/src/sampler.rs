@@ -23,6 +23,8 @@ use airlock_postgres::cell::Cell;
 
 /// How often `pg_locks` is read.
 pub const POLL: Duration = Duration::from_millis(5);
+/// How long a sampler has to connect and take its first sample.
+const READY_WITHIN: Duration = Duration::from_secs(15);
 
 /// Locks seen, each with when it was first and last seen.
 pub type Seen = BTreeMap<Lock, (Instant, Instant)>;
@@ -73,14 +75,30 @@ impl Sampler {
                 });
             })
             .map_err(|e| Error::internal(format!("starting a lock sampler: {e}")))?;
-        ready.await.map_err(|_| Error::internal("the lock sampler ended before its first sample"))??;
-        Ok(Sampler { stop, done })
+        // From here the sampler stops when dropped, on every way out.
+        let sampler = Sampler { stop, done };
+        match tokio::time::timeout(READY_WITHIN, ready).await {
+            Ok(Ok(Ok(()))) => Ok(sampler),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(Error::internal("the lock sampler ended before its first sample")),
+            Err(_) => {
+                Err(Error::internal(format!("the lock sampler took no sample within {READY_WITHIN:?}")))
+            }
+        }
     }
 
     /// Stops sampling: the locks seen.
-    pub async fn finish(self) -> Seen {
+    pub async fn finish(mut self) -> Seen {
         self.stop.notify_one();
-        self.done.await.unwrap_or_default()
+        (&mut self.done).await.unwrap_or_default()
+    }
+}
+
+impl Drop for Sampler {
+    /// A sampler given up (its test cancelled mid-statement, say) stops too:
+    /// its thread and session end at its next sample.
+    fn drop(&mut self) {
+        self.stop.notify_one();
     }
 }
 
@@ -96,7 +114,12 @@ async fn poll(
                WHERE locktype = 'relation' AND granted AND pid <> pg_catalog.pg_backend_pid()
                  AND ($1 = 0 OR pid = $1)";
     loop {
-        let polled = admin.client().query(sql, &[&pid]).await;
+        // A poll stuck on a server that stopped answering ends with the sampler.
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&pid];
+        let polled = tokio::select! {
+            polled = admin.client().query(sql, &params) => polled,
+            _ = stop.notified() => return seen,
+        };
         if let Err(e) = &polled {
             tracing::warn!(error = %e, "polling a migration candidate's locks failed");
         }
