@@ -160,11 +160,19 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
     drop(own);
 
     let mut databases = Vec::new();
-    let others: Vec<&(String, bool)> = now.iter().filter(|(name, _)| name != DATABASE).collect();
+    // The golden's own first, then those created since the fork: names the
+    // agent picks cannot push a golden's database out of the comparison.
+    let mut others: Vec<&(String, bool)> = now.iter().filter(|(name, _)| name != DATABASE).collect();
+    others.sort_by_key(|(name, in_golden)| (!in_golden, name.clone()));
     if others.len() > MAX_DATABASES {
+        let skipped: Vec<&str> =
+            others[MAX_DATABASES..].iter().map(|(name, _)| name.as_str()).take(50).collect();
         caveats.push(format!(
-            "the sandbox holds {} other databases; only the first {MAX_DATABASES} by name are compared",
-            others.len()
+            "the sandbox holds {} other databases; {} of them were not compared: {}{}",
+            others.len(),
+            others.len() - MAX_DATABASES,
+            skipped.join(", "),
+            if others.len() - MAX_DATABASES > skipped.len() { ", ..." } else { "" }
         ));
     }
     for (name, in_golden) in others.into_iter().take(MAX_DATABASES) {
@@ -173,10 +181,25 @@ pub async fn changes(engine: &Engine, key: &str) -> Result<Changes> {
             caveats.push(unrecorded(name));
             continue;
         }
-        let session = admin(engine, &sb, name).await?;
-        let empty = Snapshot::default();
-        let (schema_changes, row_changes) =
-            compare(engine, &sb, &session, name, recorded.unwrap_or(&empty), &golden_pgdata).await?;
+        // One database that cannot be read (a lock held, dropped meanwhile)
+        // is said, and the others still compared.
+        let compared = async {
+            let session = admin(engine, &sb, name).await?;
+            let empty = Snapshot::default();
+            compare(engine, &sb, &session, name, recorded.unwrap_or(&empty), &golden_pgdata).await
+        }
+        .await;
+        let (schema_changes, row_changes) = match compared {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!(sandbox = %sb.id, database = %name, error = %e, "a database could not be compared");
+                caveats.push(format!(
+                    "database {name} could not be compared (a lock one of the sandbox's own sessions holds, \
+                     or it was dropped meanwhile): ask again"
+                ));
+                continue;
+            }
+        };
         let change = if recorded.is_some() { "changed" } else { "created" };
         if change == "changed" && schema_changes.is_empty() && row_changes.is_empty() {
             continue;

@@ -1138,6 +1138,20 @@ fn a_command_over_the_size_limit_gets_an_error_reply_in_its_place() {
     let replies = pipelined(&d.redis_router, &url, &[set_of(40 << 20)]);
     assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large: 40.0 MB"));
 
+    // A header Redis reads though it ends oddly (a CR and any byte) keeps
+    // the commands after it judged.
+    let mut odd = b"*1\r\n$4\rXPING\r\n".to_vec();
+    odd.extend_from_slice(&cmd(&[b"MSET", b"x", &half, b"y", &half]));
+    let replies = pipelined(&d.redis_router, &url, &[odd]);
+    let text = String::from_utf8_lossy(&replies);
+    assert!(text.starts_with("+OK\r\n+PONG\r\n-ERR command too large"), "{text}");
+    // A server held from answering (a client blocked in BLPOP) does not hold
+    // the router: the refusal comes all the same, and the session ends.
+    let began = std::time::Instant::now();
+    let replies = pipelined(&d.redis_router, &url, &[cmd(&[b"BLPOP", b"nothing", b"0"]), set_of(fits + 1)]);
+    assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large"), "{replies:?}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(30), "{:?}", began.elapsed());
+
     assert_eq!(via_router(&url, &[], &["GET", "before"]), "1");
     assert_eq!(via_router(&url, &[], &["EXISTS", "after", "x", "y"]), "0");
     assert_eq!(

@@ -5,13 +5,15 @@
 //! connection, with no reply at all.
 //!
 //! Only headers are looked at: a bulk string's bytes are passed on as they
-//! come. A stream that is not RESP as the router understands it is passed on
-//! unjudged from there, for the server to refuse.
+//! come. Headers are read exactly as Redis reads them, so the two never
+//! disagree on where a command ends; a stream Redis would refuse (and close)
+//! is passed on unjudged from there, for the server to refuse.
 
 /// The most bytes one command may take (headers, arguments and their line ends).
 pub const LIMIT: u64 = airlock_redis::server::MAX_COMMAND;
 
-/// The longest header line (`*N` or `$N` and its CRLF) the framer waits for.
+/// The longest header line (`*N` or `$N` and its CRLF) the framer waits for:
+/// room for any number `string2ll` reads.
 const MAX_HEADER: usize = 24;
 
 /// What the next bytes of the stream are.
@@ -65,7 +67,10 @@ impl Commands {
         debug_assert!(!input.is_empty());
         match self.at {
             At::Unjudged => Step::Pass(input.len()),
-            At::Inline => match input.iter().position(|&b| b == b'\n') {
+            // Redis looks for an inline command's end with `strchr`, which a
+            // NUL byte stops: it then waits for more, never for this line's end.
+            At::Inline => match input.iter().position(|&b| b == b'\n' || b == 0) {
+                Some(end) if input[end] == 0 => self.unjudged(input),
                 Some(end) => {
                     self.at = At::Between;
                     Step::Pass(end + 1)
@@ -88,6 +93,8 @@ impl Commands {
             At::Between => match header(input, b'*') {
                 Header::Incomplete => Step::Wait,
                 Header::Bad => self.unjudged(input),
+                // Past INT_MAX arguments Redis refuses the command.
+                Header::Line { value, .. } if value > i64::from(i32::MAX) => self.unjudged(input),
                 Header::Line { n, value } => {
                     // `*0` and `*-1` are empty commands the server skips.
                     self.at = if value > 0 {
@@ -134,25 +141,42 @@ impl Commands {
 enum Header {
     Incomplete,
     Bad,
-    /// `n` bytes long, CRLF included, giving `value`.
+    /// `n` bytes long, its line end included, giving `value`.
     Line {
         n: usize,
         value: i64,
     },
 }
 
+/// Reads a header as Redis 7 does (`processMultibulkBuffer`): the line ends
+/// at its first `\r`, and the byte after that is skipped unread, whatever it
+/// is; the number is read as `string2ll` reads it (an optional `-`, digits, no
+/// `+`, no leading zero). Where Redis would refuse the header (and close the
+/// connection) this says `Bad`; where it would read it, this reads the same.
 fn header(input: &[u8], kind: u8) -> Header {
     if input[0] != kind {
         return Header::Bad;
     }
-    let Some(end) = input.iter().take(MAX_HEADER).position(|&b| b == b'\n') else {
+    let Some(end) = input.iter().take(MAX_HEADER).position(|&b| b == b'\r') else {
         return if input.len() < MAX_HEADER { Header::Incomplete } else { Header::Bad };
     };
-    let digits = input[1..end].strip_suffix(b"\r").unwrap_or(&input[1..end]);
-    match std::str::from_utf8(digits).ok().and_then(|d| d.parse::<i64>().ok()) {
-        Some(value) => Header::Line { n: end + 1, value },
+    if end + 1 >= input.len() {
+        return Header::Incomplete;
+    }
+    match string2ll(&input[1..end]) {
+        Some(value) => Header::Line { n: end + 2, value },
         None => Header::Bad,
     }
+}
+
+/// A number as Redis's `string2ll` reads one; None where it refuses.
+fn string2ll(text: &[u8]) -> Option<i64> {
+    let digits = text.strip_prefix(b"-").unwrap_or(text);
+    let leading_zero = digits.len() > 1 && digits[0] == b'0';
+    if digits.is_empty() || leading_zero || !digits.iter().all(u8::is_ascii_digit) || text == b"-0" {
+        return None;
+    }
+    std::str::from_utf8(text).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -225,12 +249,40 @@ mod tests {
     }
 
     #[test]
+    fn headers_are_read_as_redis_reads_them() {
+        // Redis ends a header at its first CR and skips the next byte unread.
+        let odd_end = b"*1\r\n$4\rXPING\r\n";
+        let mut big = odd_end.to_vec();
+        big.extend_from_slice(&command(&[b"SET", b"k", &[b'v'; 600]]));
+        let (passed, over) = run(&big, 1, 100);
+        // The odd header is read, so the SET after it is still judged: refused.
+        assert_eq!(over, vec![big.len() as u64 - odd_end.len() as u64]);
+        assert_eq!(passed, [&odd_end[..], b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n"].concat());
+        for (text, read) in [
+            (&b"12"[..], Some(12)),
+            (b"0", Some(0)),
+            (b"-1", Some(-1)),
+            (b"+5", None),
+            (b"05", None),
+            (b"-0", None),
+            (b"", None),
+            (b"1 ", None),
+            (b"99999999999999999999", None),
+        ] {
+            assert_eq!(string2ll(text), read, "{text:?}");
+        }
+    }
+
+    #[test]
     fn what_is_not_resp_passes_unjudged() {
         for stream in [
             &b"*x\r\n$3\r\nGET\r\n"[..],
             b"*2\r\n+OK\r\n",
             b"*1\r\n$-1\r\n",
             b"*99999999999999999999999999\r\n",
+            b"*3000000000\r\n$1\r\nx\r\n",
+            b"*1\n$1\r\nx\r\n",
+            b"PI\0NG\n*1\r\n$1\r\nx\r\n",
         ] {
             let (passed, over) = run(stream, 1, 10);
             assert_eq!((passed.as_slice(), over), (stream, vec![]));

@@ -23,6 +23,9 @@ const BREAK: &[u8] = b"$-1\r\n";
 const BROKEN: &[u8] = b"-ERR Protocol error: invalid bulk length\r\n";
 /// How long a client has to finish sending a refused command.
 const DRAIN: Duration = Duration::from_secs(60);
+/// How long the server has, once a refused command is read, to answer what
+/// came before it and close.
+const REPLY_WAIT: Duration = Duration::from_secs(5);
 /// How long a closing session reads what its client sent after a refused
 /// command, so its reply is not lost to a reset.
 const LINGER: Duration = Duration::from_secs(1);
@@ -46,20 +49,31 @@ where
     let (mut client_rd, mut client_wr) = tokio::io::split(client);
     let (mut backend_rd, mut backend_wr) = tokio::io::split(backend);
     let refused = AtomicU64::new(0);
+    let is_refused = || refused.load(Ordering::SeqCst) != 0;
+    let mut answered = false;
     {
         let up = commands(&mut client_rd, &mut backend_wr, &refused);
         let down = replies(&mut backend_rd, &mut client_wr, &refused);
         tokio::pin!(up, down);
         tokio::select! {
-            r = &mut up => {
-                if r.is_ok() {
+            r = &mut up => match r {
+                Ok(()) if is_refused() => {
+                    // The server answers what came before, refuses BREAK and
+                    // closes, unless it is held (a client blocked in BLPOP,
+                    // an inline line it is still waiting for): then the
+                    // router stops waiting, and closes it.
+                    answered = tokio::time::timeout(REPLY_WAIT, &mut down).await.is_ok();
+                }
+                Ok(()) => {
                     let _ = down.await;
                 }
-            }
+                Err(_) => {}
+            },
             _ = &mut down => {
+                answered = true;
                 // The server is gone. Unless a refused command is still being
                 // read, so is the session.
-                if refused.load(Ordering::SeqCst) != 0 {
+                if is_refused() {
                     let _ = tokio::time::timeout(DRAIN, up).await;
                 }
             }
@@ -68,6 +82,11 @@ where
     match refused.load(Ordering::SeqCst) {
         0 => Ended::Closed,
         size => {
+            if !answered {
+                let _ = client_wr.write_all(refusal(size).as_bytes()).await;
+                let _ = client_wr.flush().await;
+                let _ = client_wr.shutdown().await;
+            }
             let mut rest = [0u8; 4096];
             let _ = tokio::time::timeout(LINGER, async {
                 while matches!(client_rd.read(&mut rest).await, Ok(n) if n > 0) {}
