@@ -388,6 +388,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/targets": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_targets"];
+        put?: never;
+        post: operations["add_target"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/targets/{name}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["show_target"];
+        put?: never;
+        post?: never;
+        delete: operations["remove_target"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tools": {
         parameters: {
             query?: never;
@@ -427,6 +459,16 @@ export interface components {
              * @default owner
              */
             mode: components["schemas"]["Mode"];
+        };
+        /** @description Body of `POST /v1/targets`. */
+        AddTarget: {
+            /**
+             * @description Its admin DSN (a `postgresql://` URL or key=value string, with libpq's
+             *     `sslmode` meanings); kept by the daemon alone and never given back.
+             */
+            dsn: string;
+            /** @description The target's name. */
+            name: string;
         };
         /** @description Where clients reach the router; what DSNs are built from. */
         Address: {
@@ -664,6 +706,34 @@ export interface components {
             /** @description The Ed25519 signature of [`Checkpoint::message`], base64. */
             signature: string;
         };
+        /** @description What registering a target found on its server. */
+        Checks: {
+            /**
+             * @description What a grant on this target cannot take away, each with how to close
+             *     it on the target.
+             */
+            cannot_take_away: string[];
+            /** @description The database it reaches. */
+            database: string;
+            /** @description The DSN with its password and other secrets taken out. */
+            dsn: string;
+            /** @description `server_version`, as the server says it. */
+            server_version: string;
+            /**
+             * Format: int32
+             * @description `server_version_num`.
+             */
+            server_version_num: number;
+            /**
+             * @description Whether that role is a superuser (it need not be: `CREATEROLE` and
+             *     `CREATE` on the database are enough).
+             */
+            superuser: boolean;
+            /** @description Whether the connection is encrypted. */
+            tls: boolean;
+            /** @description The role the DSN logs in as. */
+            user: string;
+        };
         /** @description Two sandboxes sharing what each must have alone. */
         Collision: {
             /** @description The two sandboxes, in order. */
@@ -846,7 +916,7 @@ export interface components {
          * @description The stable, documented kinds of failure.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "internal";
+        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "internal";
         /** @description One recorded event. */
         Event: {
             /** @description When it happened. */
@@ -880,7 +950,7 @@ export interface components {
          *     literals can fill their other fields with `..Default::default()`.)
          * @enum {string}
          */
-        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "collision" | "audit_gap" | "audit_repaired";
+        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "collision" | "audit_gap" | "audit_repaired";
         /**
          * @description What an import from a live database leaves out, as pg_dump's patterns
          *     (`orders`, `app.audit_*`, `archive`).
@@ -1663,6 +1733,15 @@ export interface components {
             sandboxes: {
                 [key: string]: number;
             };
+        };
+        /** @description A registered target, as every answer shows it (never with its DSN's secret). */
+        Target: {
+            /** @description When it was registered. */
+            added_at: components["schemas"]["Timestamp"];
+            /** @description What registering found. */
+            checks: components["schemas"]["Checks"];
+            /** @description Its name. */
+            name: string;
         };
         /** @description Body of `POST /v1/migrations/test`. */
         TestRequest: {
@@ -4625,6 +4704,420 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Stats"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_targets: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description every live target */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Target"][];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    add_target: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["AddTarget"];
+            };
+        };
+        responses: {
+            /** @description the target, checked and registered */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Target"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    show_target: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the target's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the target */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Target"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    remove_target: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the target's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the target, now forgotten with its DSN */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Target"];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

@@ -87,7 +87,8 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     }
 
     let shutdown = Arc::new(Notify::new());
-    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone(), metrics };
+    let live = airlock_live::Live::open(engine.clone())?;
+    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone(), metrics, live };
     // TCP first: a client that finds the unix socket answering may go on to use TCP.
     let tcp = match (listen.tcp, &listen.token) {
         (Some(addr), Some(_)) => Some((addr, tokio::net::TcpListener::bind(addr).await?)),

@@ -79,6 +79,14 @@ pub enum ErrorCode {
     /// The request ran past its deadline; the message says what became of
     /// the work.
     TimedOut,
+    /// No live target of that name.
+    TargetNotFound,
+    /// A live target of that name exists already.
+    TargetExists,
+    /// A live target cannot be reached with its DSN, or its role cannot do
+    /// what grants need (create roles, create a schema, grant); the message
+    /// says which.
+    TargetRefused,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -92,10 +100,12 @@ impl ErrorCode {
                 400
             }
             Unauthorized => 401,
-            GoldenNotFound | SandboxNotFound => 404,
-            GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused => 409,
+            GoldenNotFound | SandboxNotFound | TargetNotFound => 404,
+            GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused | TargetExists => {
+                409
+            }
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
-            | MigrationFailed => 422,
+            | MigrationFailed | TargetRefused => 422,
             CapacityExhausted | AuditUnavailable => 503,
             AuditBroken => 409,
             DiskFull => 507,
@@ -111,8 +121,8 @@ impl ErrorCode {
         match self {
             Internal => 1,
             InvalidRequest | InvalidArguments | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 3,
-            GoldenNotFound | SandboxNotFound => 4,
-            GoldenExists | NameTaken | GoldenInUse => 5,
+            GoldenNotFound | SandboxNotFound | TargetNotFound => 4,
+            GoldenExists | NameTaken | GoldenInUse | TargetExists => 5,
             CapacityExhausted => 6,
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing => 7,
             DataRootNotWritable | StorageFailed | PostgresFailed | RedisFailed => 8,
@@ -123,6 +133,7 @@ impl ErrorCode {
             AuditUnavailable => 14,
             AuditBroken => 15,
             TimedOut => 16,
+            TargetRefused => 17,
         }
     }
 

@@ -89,6 +89,10 @@ pub enum EventKind {
     /// A credential was handed out: a DSN, a Redis URL or an MCP URL (the
     /// detail has its fingerprint, never the secret).
     CredentialIssued,
+    /// A live target was registered (the detail has its checks, never its DSN).
+    TargetAdded,
+    /// A live target was forgotten.
+    TargetRemoved,
     /// Two sandboxes were found sharing an instance, a directory, a socket or
     /// an OS user.
     Collision,
@@ -126,6 +130,8 @@ impl EventKind {
             EventKind::MigrationTested => "migration_tested",
             EventKind::MigrationPromoted => "migration_promoted",
             EventKind::CredentialIssued => "credential_issued",
+            EventKind::TargetAdded => "target_added",
+            EventKind::TargetRemoved => "target_removed",
             EventKind::Collision => "collision",
             EventKind::AuditGap => "audit_gap",
             EventKind::AuditRepaired => "audit_repaired",

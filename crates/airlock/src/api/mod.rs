@@ -30,6 +30,7 @@ use airlock_listen::serve::Failure;
 use airlock_state::store::SandboxFilter;
 
 pub mod openapi;
+mod targets;
 
 use openapi::ApiErrors;
 
@@ -42,6 +43,8 @@ pub struct AppState {
     pub shutdown: Arc<Notify>,
     /// The fleet-health service (`/v1/stats`).
     pub metrics: Arc<airlock_telemetry::metrics::Metrics>,
+    /// The live-target service (`/v1/targets`).
+    pub live: Arc<airlock_live::Live>,
 }
 
 type ApiResult<T> = Result<Json<T>, Failure>;
@@ -94,6 +97,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(events))
         .routes(routes!(stats))
         .routes(routes!(audit_checkpoint))
+        .routes(routes!(targets::list_targets, targets::add_target))
+        .routes(routes!(targets::show_target, targets::remove_target))
         .split_for_parts();
     let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
     routes

@@ -31,6 +31,7 @@ use airlock_core::error::{Error, ErrorCode};
         (name = "tools", description = "The agent's tools, as the MCP gateway offers them"),
         (name = "migrations", description = "Candidate migrations tested on forks, and promoted"),
         (name = "events", description = "What happened, and why"),
+        (name = "targets", description = "Live databases Airlock mints grants on"),
     )
 )]
 pub struct ApiDoc;

@@ -105,6 +105,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         }
         Command::Bench(cmd) => super::bench::run(&cli, cmd).await,
         Command::Golden(cmd) => golden(&cli, cmd).await,
+        Command::Target(cmd) => super::target::run(&cli, cmd).await,
         Command::Fork(args) => fork(&cli, args).await,
         Command::Mcp(args) => mcp(&cli, args).await,
         Command::Migrate(MigrateCommand::Test(args)) => migrate_test(&cli, args).await,

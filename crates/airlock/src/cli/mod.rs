@@ -10,6 +10,7 @@ mod migrate;
 mod output;
 mod sandbox;
 mod serve;
+mod target;
 
 use std::path::PathBuf;
 
@@ -58,6 +59,9 @@ enum Command {
     /// Test candidate migrations on forks with real data; promote one behind guards.
     #[command(subcommand)]
     Migrate(MigrateCommand),
+    /// Register, list, show and forget live targets: real databases grants are minted on.
+    #[command(subcommand)]
+    Target(TargetCommand),
     /// Serve MCP on stdio with one sandbox for the session: tools run_sql,
     /// describe_schema, reset_database, changes_since_fork, test_migration. Deleted when the session ends.
     Mcp(McpArgs),
@@ -319,6 +323,33 @@ struct ServeArgs {
     /// ... and at least this often while records are written.
     #[arg(long, env = "AIRLOCK_AUDIT_CHECKPOINT_INTERVAL", default_value = "60s")]
     audit_checkpoint_interval: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum TargetCommand {
+    /// Register a live PostgreSQL: checks that its admin DSN can make roles and
+    /// a schema of each grant's own, and records its version. The DSN is kept
+    /// by the daemon alone and never shown again.
+    Add {
+        /// The target's name.
+        name: String,
+        /// The admin DSN: `-` to read it from standard input (the only way: a
+        /// DSN on the command line would be visible to `ps`).
+        #[arg(long = "from-url", value_name = "-")]
+        from_url: String,
+    },
+    /// List live targets.
+    Ls,
+    /// Show one live target.
+    Show {
+        /// The target's name.
+        name: String,
+    },
+    /// Forget a live target and its DSN.
+    Rm {
+        /// The target's name.
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -417,3 +417,48 @@ pub fn doctor(d: &Doctor) -> String {
     }
     out
 }
+
+/// Live targets as a table.
+pub fn targets(list: &[airlock_live::target::Target]) -> String {
+    if list.is_empty() {
+        return "no live targets".into();
+    }
+    let mut t = Table::new(&["NAME", "DATABASE", "USER", "VERSION", "TLS", "ADDED"]);
+    for target in list {
+        let c = &target.checks;
+        t.row(vec![
+            target.name.clone(),
+            c.database.clone(),
+            c.user.clone(),
+            c.server_version.clone(),
+            if c.tls { "yes".into() } else { "no".into() },
+            target.added_at.to_rfc3339(),
+        ]);
+    }
+    t.render()
+}
+
+/// One live target, as lines.
+pub fn target(t: &airlock_live::target::Target) -> String {
+    let c = &t.checks;
+    let mut lines = vec![
+        format!("live target {}", t.name),
+        format!("  dsn:      {} (its password is kept by the daemon alone)", c.dsn),
+        format!(
+            "  database: {} as {}{}",
+            c.database,
+            c.user,
+            if c.superuser { " (a superuser)" } else { "" }
+        ),
+        format!(
+            "  server:   PostgreSQL {}, {}",
+            c.server_version,
+            if c.tls { "over TLS" } else { "not encrypted" }
+        ),
+        format!("  added:    {}", t.added_at.to_rfc3339()),
+    ];
+    for gap in &c.cannot_take_away {
+        lines.push(format!("  note: {gap}"));
+    }
+    lines.join("\n")
+}

@@ -91,7 +91,7 @@ impl Drop for Production {
     }
 }
 
-fn newest_postgres_bin() -> PathBuf {
+pub(crate) fn newest_postgres_bin() -> PathBuf {
     let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .unwrap()
         .flatten()

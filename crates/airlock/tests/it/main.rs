@@ -15,6 +15,7 @@ mod gateway;
 mod goldens;
 mod imports;
 mod lifecycle;
+mod live;
 mod majors;
 mod metrics;
 mod migrate;
