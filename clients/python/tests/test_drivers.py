@@ -426,8 +426,8 @@ const big = 'v'.repeat(9 * 1024 * 1024);
 
 def test_a_command_over_the_redis_limit_is_an_error_each_client_reports_and_recovers_from(daemon, client):
     """A value over the size limit gets an error reply through the router,
-    which redis-py, ioredis and node-redis each raise as the command's error,
-    and each goes on with its next command on a new connection."""
+    in its place, which redis-py, ioredis and node-redis each raise as that
+    command's error; each goes on with its next command on the same session."""
     import redis
 
     seed = daemon.home / "limit-cache.redis"
@@ -440,6 +440,11 @@ def test_a_command_over_the_redis_limit_is_an_error_each_client_reports_and_reco
         with pytest.raises(redis.ResponseError) as refused:
             r.set("py-big", b"v" * (9 << 20))
         assert "command too large" in str(refused.value) and "8 MB" in str(refused.value)
+        assert "closed" not in str(refused.value)
+        r.execute_command("CLIENT", "SETNAME", "kept")
+        with pytest.raises(redis.ResponseError):
+            r.set("py-big", b"v" * (9 << 20))
+        assert r.execute_command("CLIENT", "GETNAME") == b"kept", "the same session"
         assert r.get("greeting") == b"hi"
         r.set("py-fits", b"v" * (7 << 20))
         assert r.strlen("py-fits") == 7 << 20

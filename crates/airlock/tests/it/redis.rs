@@ -1116,44 +1116,65 @@ fn a_command_over_the_size_limit_gets_an_error_reply_in_its_place() {
     let replies = pipelined(&d.redis_router, &url, &[set_of(fits), cmd(&[b"STRLEN", b"big"])]);
     assert_eq!(String::from_utf8_lossy(&replies), format!("+OK\r\n+OK\r\n:{fits}\r\n"));
 
-    // One byte over: what came before is answered, then the error in the
-    // command's place, then the end; what came after is never run.
+    // One byte over: refused in its place, in order, and the session goes
+    // on, in a transaction too (which the refusal aborts, as any error would).
     let replies = pipelined(
         &d.redis_router,
         &url,
-        &[cmd(&[b"SET", b"before", b"1"]), set_of(fits + 1), cmd(&[b"SET", b"after", b"1"])],
+        &[
+            cmd(&[b"SET", b"before", b"1"]),
+            set_of(fits + 1),
+            cmd(&[b"SET", b"after", b"1"]),
+            cmd(&[b"MULTI"]),
+            cmd(&[b"SET", b"in-multi", b"1"]),
+            set_of(fits + 1),
+            cmd(&[b"EXEC"]),
+        ],
     );
     let text = String::from_utf8_lossy(&replies);
-    assert!(
-        text.starts_with("+OK\r\n+OK\r\n-ERR command too large: 8.0 MB, over the 8 MB")
-            && text.ends_with("The connection is closed.\r\n")
-            && text.matches("\r\n").count() == 3,
-        "{text}"
-    );
-    // Arguments each under the limit count together.
+    let lines: Vec<&str> = text.split("\r\n").collect();
+    assert_eq!(lines.len(), 9, "{text}");
+    assert_eq!(&lines[..2], ["+OK", "+OK"], "{text}");
+    assert!(lines[2].starts_with("-ERR command too large: 8.0 MB, over the 8 MB"), "{text}");
+    assert!(!lines[2].contains("closed") && !text.contains("airlock-refused"), "{text}");
+    assert_eq!(&lines[3..6], ["+OK", "+OK", "+QUEUED"], "{text}");
+    assert!(lines[6].starts_with("-ERR command too large") && lines[7].starts_with("-EXECABORT"), "{text}");
+    // Several arguments, each on its way before the one that goes over:
+    // the command cannot be taken back, so the session ends with the error.
     let half = vec![b'v'; limit / 2];
     let replies = pipelined(&d.redis_router, &url, &[cmd(&[b"MSET", b"x", &half, b"y", &half])]);
-    assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large"), "{replies:?}");
+    let text = String::from_utf8_lossy(&replies);
+    assert!(
+        text.contains("-ERR command too large") && text.ends_with("The connection is closed.\r\n"),
+        "{text}"
+    );
     // A 40 MB value, far over what the server's clients may hold together.
-    let replies = pipelined(&d.redis_router, &url, &[set_of(40 << 20)]);
-    assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large: 40.0 MB"));
+    let replies = pipelined(&d.redis_router, &url, &[set_of(40 << 20), cmd(&[b"PING"])]);
+    let text = String::from_utf8_lossy(&replies);
+    assert!(text.contains("-ERR command too large: 40.0 MB") && text.ends_with("+PONG\r\n"), "{text}");
 
     // A header Redis reads though it ends oddly (a CR and any byte) keeps
     // the commands after it judged.
     let mut odd = b"*1\r\n$4\rXPING\r\n".to_vec();
-    odd.extend_from_slice(&cmd(&[b"MSET", b"x", &half, b"y", &half]));
+    odd.extend_from_slice(&set_of(fits + 1));
     let replies = pipelined(&d.redis_router, &url, &[odd]);
     let text = String::from_utf8_lossy(&replies);
     assert!(text.starts_with("+OK\r\n+PONG\r\n-ERR command too large"), "{text}");
     // A server held from answering (a client blocked in BLPOP) does not hold
-    // the router: the refusal comes all the same, and the session ends.
+    // the router: a command that broke the session is refused all the same,
+    // and the session ends.
     let began = std::time::Instant::now();
-    let replies = pipelined(&d.redis_router, &url, &[cmd(&[b"BLPOP", b"nothing", b"0"]), set_of(fits + 1)]);
+    let replies = pipelined(
+        &d.redis_router,
+        &url,
+        &[cmd(&[b"BLPOP", b"nothing", b"0"]), cmd(&[b"MSET", b"x", &half, b"y", &half])],
+    );
     assert!(String::from_utf8_lossy(&replies).contains("-ERR command too large"), "{replies:?}");
     assert!(began.elapsed() < std::time::Duration::from_secs(30), "{:?}", began.elapsed());
 
     assert_eq!(via_router(&url, &[], &["GET", "before"]), "1");
-    assert_eq!(via_router(&url, &[], &["EXISTS", "after", "x", "y"]), "0");
+    assert_eq!(via_router(&url, &[], &["GET", "after"]), "1", "what came after a refusal in place ran");
+    assert_eq!(via_router(&url, &[], &["EXISTS", "in-multi", "x", "y"]), "0");
     assert_eq!(
         via_router(&url, &[], &["STRLEN", "big"]),
         fits.to_string(),

@@ -21,6 +21,11 @@ const MAX_HEADER: usize = 24;
 pub enum Step {
     /// The next `n` bytes (at least one) are judged: pass them on.
     Pass(usize),
+    /// The array header of `n` bytes that starts here begins a command.
+    Start(usize),
+    /// The bulk header of `n` bytes that starts here announces an argument of
+    /// `bytes` bytes (its CRLF included), and its command is within the limit so far.
+    Argument { n: usize, bytes: u64 },
     /// A header line starts here and is not complete yet: keep these bytes
     /// and read more before asking again.
     Wait,
@@ -55,6 +60,11 @@ impl Commands {
     /// A stream that starts between commands, judged against `limit` bytes a command.
     pub fn new(limit: u64) -> Self {
         Self { at: At::Between, limit }
+    }
+
+    /// Whether the stream is still judged (not past something Redis refuses).
+    pub fn judging(&self) -> bool {
+        self.at != At::Unjudged
     }
 
     /// Whether the stream is between commands (a refused command has been read to its end).
@@ -97,12 +107,12 @@ impl Commands {
                 Header::Line { value, .. } if value > i64::from(i32::MAX) => self.unjudged(input),
                 Header::Line { n, value } => {
                     // `*0` and `*-1` are empty commands the server skips.
-                    self.at = if value > 0 {
-                        At::Argument { left: value as u64, size: n as u64 }
+                    if value > 0 {
+                        self.at = At::Argument { left: value as u64, size: n as u64 };
+                        Step::Start(n)
                     } else {
-                        At::Between
-                    };
-                    Step::Pass(n)
+                        Step::Pass(n)
+                    }
                 }
             },
             At::Argument { left, size } => match header(input, b'$') {
@@ -116,7 +126,7 @@ impl Commands {
                     if size > self.limit {
                         Step::Over { n, size }
                     } else {
-                        Step::Pass(n)
+                        Step::Argument { n, bytes }
                     }
                 }
             },
@@ -196,7 +206,7 @@ mod tests {
             while at < held.len() {
                 match commands.step(&held[at..]) {
                     Step::Wait => break,
-                    Step::Pass(n) => {
+                    Step::Pass(n) | Step::Start(n) | Step::Argument { n, .. } => {
                         if !dropping {
                             passed.extend_from_slice(&held[at..at + n]);
                         }
