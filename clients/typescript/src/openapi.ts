@@ -132,6 +132,38 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/grants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["list_grants"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/grants/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["show_grant"];
+        put?: never;
+        post?: never;
+        delete: operations["revoke_grant"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -415,6 +447,22 @@ export interface paths {
         put?: never;
         post?: never;
         delete: operations["remove_target"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/targets/{name}/grants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["mint_grant"];
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -916,7 +964,7 @@ export interface components {
          * @description The stable, documented kinds of failure.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "internal";
+        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "internal";
         /** @description One recorded event. */
         Event: {
             /** @description When it happened. */
@@ -950,7 +998,7 @@ export interface components {
          *     literals can fill their other fields with `..Default::default()`.)
          * @enum {string}
          */
-        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "collision" | "audit_gap" | "audit_repaired";
+        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "grant_minted" | "grant_ended" | "collision" | "audit_gap" | "audit_repaired";
         /**
          * @description What an import from a live database leaves out, as pg_dump's patterns
          *     (`orders`, `app.audit_*`, `archive`).
@@ -1112,6 +1160,79 @@ export interface components {
             sandboxes: number;
             /** @description Where its data comes from (redacted). */
             source: components["schemas"]["Source"];
+        };
+        /** @description A grant, as answers show it (never its credentials). */
+        Grant: {
+            /**
+             * @description What every role on the target has (through `PUBLIC`), so this one too,
+             *     each with how to close it on the target.
+             */
+            cannot_take_away: string[];
+            /**
+             * Format: int32
+             * @description See [`GrantRequest::connections`].
+             */
+            connections: number;
+            /** @description When it was minted. */
+            created_at: components["schemas"]["Timestamp"];
+            /** @description When it ends (the role's `VALID UNTIL`). */
+            expires_at: components["schemas"]["Timestamp"];
+            /** @description `gr-` and ten random characters: the user and database its DSN names. */
+            id: string;
+            /** @description Its role on the target. */
+            role: string;
+            /**
+             * @description The schema of its views, when it has a row filter (its search path
+             *     then); the tables' own schemas otherwise.
+             */
+            search_path: string[];
+            /**
+             * Format: int64
+             * @description See [`GrantRequest::statement_timeout_ms`]; also its
+             *     `idle_in_transaction_session_timeout`.
+             */
+            statement_timeout_ms: number;
+            /** @description What it may read, as the target names them (`schema.name`). */
+            tables: string[];
+            /** @description The target it is on. */
+            target: string;
+            /** @description Its row filter, if any. */
+            where?: string | null;
+        };
+        /** @description What `POST /v1/targets/{name}/grants` asks for. */
+        GrantRequest: {
+            /**
+             * Format: int32
+             * @description Sessions at once (default 4, at most 64).
+             */
+            connections?: number | null;
+            /** @description The schema of unqualified names (`public` if unset). */
+            schema?: string | null;
+            /**
+             * Format: int64
+             * @description Milliseconds a statement may run (default 10 000, at most an hour).
+             */
+            statement_timeout_ms?: number | null;
+            /** @description Tables (or views) to read: `schema.name`, or a name in `schema`. */
+            tables: string[];
+            /**
+             * Format: int64
+             * @description Seconds until the grant ends (default 120, at most the daemon's TTL ceiling).
+             */
+            ttl_seconds?: number | null;
+            /**
+             * @description A row filter, a SQL boolean expression over each table's columns
+             *     (`tenant_id = 42`): each table is then read through a view of it.
+             */
+            where?: string | null;
+        };
+        /** @description A grant as minted: the only answer that carries its DSN. */
+        Granted: components["schemas"]["Grant"] & {
+            /**
+             * @description Its DSN through the router: the grant's id as user and database, and a
+             *     password of the router's (not the role's on the target).
+             */
+            dsn: string;
         };
         /** @description A file a command candidate runs, by path and content hash. */
         HashedFile: {
@@ -2808,6 +2929,315 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Golden"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    list_grants: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description every live grant, without credentials */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"][];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    show_grant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the grant's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the grant, without credentials */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    revoke_grant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the grant's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the grant, now ended: its sessions cut, its role and views dropped */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Grant"];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
@@ -5118,6 +5548,114 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Target"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    mint_grant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the target's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["GrantRequest"];
+            };
+        };
+        responses: {
+            /** @description the grant, with its DSN through the router (given this once) */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Granted"];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

@@ -88,6 +88,7 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
 
     let shutdown = Arc::new(Notify::new());
     let live = airlock_live::Live::open(engine.clone())?;
+    airlock_live::watch::spawn(live.clone());
     let state = AppState { engine: engine.clone(), shutdown: shutdown.clone(), metrics, live };
     // TCP first: a client that finds the unix socket answering may go on to use TCP.
     let tcp = match (listen.tcp, &listen.token) {

@@ -87,6 +87,8 @@ pub enum ErrorCode {
     /// what grants need (create roles, create a schema, grant); the message
     /// says which.
     TargetRefused,
+    /// No live grant of that id (it may have ended).
+    GrantNotFound,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -100,7 +102,7 @@ impl ErrorCode {
                 400
             }
             Unauthorized => 401,
-            GoldenNotFound | SandboxNotFound | TargetNotFound => 404,
+            GoldenNotFound | SandboxNotFound | TargetNotFound | GrantNotFound => 404,
             GoldenExists | NameTaken | GoldenInUse | MigrationRefused | PromotionRefused | TargetExists => {
                 409
             }
@@ -121,7 +123,7 @@ impl ErrorCode {
         match self {
             Internal => 1,
             InvalidRequest | InvalidArguments | InvalidName | InvalidTtl | InvalidLabel | FileUnreadable => 3,
-            GoldenNotFound | SandboxNotFound | TargetNotFound => 4,
+            GoldenNotFound | SandboxNotFound | TargetNotFound | GrantNotFound => 4,
             GoldenExists | NameTaken | GoldenInUse | TargetExists => 5,
             CapacityExhausted => 6,
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing => 7,

@@ -93,6 +93,12 @@ pub enum EventKind {
     TargetAdded,
     /// A live target was forgotten.
     TargetRemoved,
+    /// A grant was minted on a live target (the detail has what it may read
+    /// and until when, never its credentials).
+    GrantMinted,
+    /// A grant ended: its role, sessions and views are gone from its target
+    /// (the reason says why: expired, revoked, orphaned).
+    GrantEnded,
     /// Two sandboxes were found sharing an instance, a directory, a socket or
     /// an OS user.
     Collision,
@@ -132,6 +138,8 @@ impl EventKind {
             EventKind::CredentialIssued => "credential_issued",
             EventKind::TargetAdded => "target_added",
             EventKind::TargetRemoved => "target_removed",
+            EventKind::GrantMinted => "grant_minted",
+            EventKind::GrantEnded => "grant_ended",
             EventKind::Collision => "collision",
             EventKind::AuditGap => "audit_gap",
             EventKind::AuditRepaired => "audit_repaired",

@@ -158,6 +158,11 @@ impl Layout {
     pub fn audit(&self) -> PathBuf {
         self.home.join("audit")
     }
+    /// Routes the router leads clients along to databases outside any
+    /// sandbox ([`crate::records::route`]), one file each, root's alone.
+    pub fn routes(&self) -> PathBuf {
+        self.home.join("routes")
+    }
     /// The lock the router process holds while it runs.
     pub fn router_lock(&self) -> PathBuf {
         self.home.join("router.lock")

@@ -31,9 +31,18 @@ pub fn fingerprint(bytes: impl AsRef<[u8]>) -> String {
 
 /// A short sandbox id such as `sb-k3v9q2mx7a`: 50 bits, unambiguous characters.
 pub fn sandbox_id() -> String {
+    format!("sb-{}", id_tail())
+}
+
+/// A short grant id such as `gr-k3v9q2mx7a`, in the same alphabet.
+pub fn grant_id() -> String {
+    format!("gr-{}", id_tail())
+}
+
+/// Ten characters of an id: 50 bits, unambiguous characters.
+fn id_tail() -> String {
     let bytes = random_bytes::<10>();
-    let tail: String = bytes.iter().map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char).collect();
-    format!("sb-{tail}")
+    bytes.iter().map(|b| ALPHABET[(*b as usize) % ALPHABET.len()] as char).collect()
 }
 
 /// A fresh password: 256 random bits, hex-encoded so it needs no quoting in a DSN.

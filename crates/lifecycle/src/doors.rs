@@ -39,12 +39,13 @@ pub struct Address {
 impl Address {
     /// A sandbox's DSN through the router.
     pub fn dsn(&self, sandbox: &str, password: &str) -> String {
+        self.dsn_as(airlock_core::dsn::AGENT_ROLE, sandbox, password)
+    }
+
+    /// A DSN through the router for `user` on `database` (a grant's id is both).
+    pub fn dsn_as(&self, user: &str, database: &str, password: &str) -> String {
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
-        let mut url = format!(
-            "postgresql://{}:{password}@{host}:{}/{sandbox}",
-            airlock_core::dsn::AGENT_ROLE,
-            self.port
-        );
+        let mut url = format!("postgresql://{user}:{password}@{host}:{}/{database}", self.port);
         match (self.tls, &self.ca) {
             (TlsMode::Off, _) => url.push_str("?sslmode=disable"),
             (_, Some(ca)) => {

@@ -6,9 +6,12 @@
 //! alone, since it holds the targets' admin DSNs) and depends on the core and
 //! the PostgreSQL engine only.
 
+pub mod grant;
 pub mod store;
 pub mod target;
+pub mod watch;
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use airlock_core::error::Result;
@@ -18,13 +21,36 @@ use airlock_lifecycle::engine::Engine;
 pub struct Live {
     store: Mutex<store::Store>,
     engine: Arc<Engine>,
+    /// Roles being minted, which reconciliation must not take for orphans.
+    minting: Arc<Mutex<HashSet<String>>>,
+}
+
+/// A role being minted, until dropped.
+struct Minting {
+    role: String,
+    set: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Drop for Minting {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.role);
+    }
 }
 
 impl Live {
     /// Opens the service's store in the engine's data root.
     pub fn open(engine: Arc<Engine>) -> Result<Arc<Live>> {
         let store = store::Store::open(&engine.layout.home().join("live.db"))?;
-        Ok(Arc::new(Live { store: Mutex::new(store), engine }))
+        Ok(Arc::new(Live { store: Mutex::new(store), engine, minting: Default::default() }))
+    }
+
+    fn minting(&self, role: &str) -> Minting {
+        self.minting.lock().unwrap_or_else(|p| p.into_inner()).insert(role.to_owned());
+        Minting { role: role.to_owned(), set: self.minting.clone() }
+    }
+
+    fn is_minting(&self, role: &str) -> bool {
+        self.minting.lock().unwrap_or_else(|p| p.into_inner()).contains(role)
     }
 
     fn store(&self) -> std::sync::MutexGuard<'_, store::Store> {

@@ -8,6 +8,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use airlock_core::clock::Timestamp;
 use airlock_core::error::Result;
 
+use super::grant::Grant;
 use super::target::{Checks, Target};
 
 const SCHEMA: &str = "
@@ -16,6 +17,13 @@ CREATE TABLE IF NOT EXISTS targets (
     dsn TEXT NOT NULL,
     added_at INTEGER NOT NULL,
     checks TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS grants (
+    id TEXT PRIMARY KEY,
+    target TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    ending INTEGER NOT NULL DEFAULT 0,
+    body TEXT NOT NULL
 );
 ";
 
@@ -74,6 +82,85 @@ impl Store {
     pub fn remove_target(&self, name: &str) -> Result<bool> {
         Ok(self.conn.execute("DELETE FROM targets WHERE name = ?1", [name])? == 1)
     }
+}
+
+impl Store {
+    /// Records a live grant (never its credentials: the router's route holds those).
+    pub fn add_grant(&self, grant: &Grant) -> Result<()> {
+        self.conn.execute(
+            "INSERT INTO grants (id, target, expires_at, body) VALUES (?1, ?2, ?3, ?4)",
+            params![
+                grant.id,
+                grant.target,
+                grant.expires_at.0,
+                serde_json::to_string(grant).expect("a grant serializes")
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every live grant, oldest first.
+    pub fn grants(&self) -> Result<Vec<Grant>> {
+        self.grants_where("1 = 1", [])
+    }
+
+    /// Grants past their expiry, and grants whose ending did not finish.
+    pub fn grants_to_end(&self, now: Timestamp) -> Result<Vec<(Grant, bool)>> {
+        let mut stmt =
+            self.conn.prepare("SELECT body, ending FROM grants WHERE expires_at <= ?1 OR ending = 1")?;
+        let rows = stmt.query_map([now.0], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?)))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (text, ending) = row?;
+            out.push((grant_of(&text)?, ending));
+        }
+        Ok(out)
+    }
+
+    /// The roles of every grant on record, those being ended included.
+    pub fn all_grant_roles(&self) -> Result<Vec<String>> {
+        let mut stmt = self.conn.prepare("SELECT body FROM grants")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(grant_of(&row?)?.role);
+        }
+        Ok(out)
+    }
+
+    /// One live grant.
+    pub fn grant(&self, id: &str) -> Result<Option<Grant>> {
+        Ok(self.grants_where("id = ?1", [id])?.pop())
+    }
+
+    /// Marks a grant as being ended (its route is gone).
+    pub fn mark_ending(&self, id: &str) -> Result<()> {
+        self.conn.execute("UPDATE grants SET ending = 1 WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Forgets an ended grant.
+    pub fn remove_grant(&self, id: &str) -> Result<()> {
+        self.conn.execute("DELETE FROM grants WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    fn grants_where<P: rusqlite::Params>(&self, filter: &str, params: P) -> Result<Vec<Grant>> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT body FROM grants WHERE {filter} AND ending = 0 ORDER BY rowid"))?;
+        let rows = stmt.query_map(params, |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(grant_of(&row?)?);
+        }
+        Ok(out)
+    }
+}
+
+fn grant_of(text: &str) -> Result<Grant> {
+    serde_json::from_str(text)
+        .map_err(|e| airlock_core::error::Error::internal(format!("a grant's record does not parse: {e}")))
 }
 
 fn target_of(row: &Row) -> rusqlite::Result<Target> {

@@ -63,7 +63,7 @@ pub struct Checks {
 /// How long a target has to accept a connection and log the role in.
 const CONNECT_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
-fn not_found(name: &str) -> Error {
+pub(crate) fn not_found(name: &str) -> Error {
     Error::new(
         ErrorCode::TargetNotFound,
         format!("no live target named {name:?}"),
@@ -136,10 +136,10 @@ fn exists(name: &str) -> Error {
     )
 }
 
-/// Connects with `dsn` and checks what grants need.
-async fn check(dsn: &str) -> Result<Checks> {
+/// A session on the target as its admin role, within [`CONNECT_WITHIN`].
+pub(crate) async fn admin(dsn: &str) -> Result<tokio_postgres::Client> {
     let hint = "check the DSN, that the server is up and reachable, and its sslmode";
-    let client = tokio::time::timeout(CONNECT_WITHIN, airlock_postgres::target::connect_to(dsn, "target"))
+    tokio::time::timeout(CONNECT_WITHIN, airlock_postgres::target::connect_to(dsn, "target"))
         .await
         .map_err(|_| {
             refused(
@@ -150,7 +150,12 @@ async fn check(dsn: &str) -> Result<Checks> {
                 hint,
             )
         })?
-        .map_err(|e| refused(e.message, hint))?;
+        .map_err(|e| refused(e.message, hint))
+}
+
+/// Connects with `dsn` and checks what grants need.
+async fn check(dsn: &str) -> Result<Checks> {
+    let client = admin(dsn).await?;
     let row = client
         .query_one(
             "SELECT current_user::text, current_database()::text, r.rolsuper, r.rolcreaterole,

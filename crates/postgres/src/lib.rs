@@ -16,6 +16,7 @@ pub mod jail;
 pub mod load;
 pub mod loader;
 pub mod majors;
+pub mod outbound;
 pub mod scram;
 pub mod socket;
 pub mod split;

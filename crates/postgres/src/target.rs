@@ -67,6 +67,18 @@ fn split_options(dsn: &str) -> (Vec<(String, String)>, String) {
     (options, kept.join(" "))
 }
 
+/// The options `dsn` carries (`sslmode`, `sslrootcert`…), as libpq reads them.
+pub fn options(dsn: &str) -> Vec<(String, String)> {
+    split_options(dsn).0
+}
+
+/// `dsn` without the file options tokio-postgres would refuse, and with
+/// `sslmode` as tokio-postgres knows it: for reading its host, port, user
+/// and database.
+pub fn without_file_options(dsn: &str) -> String {
+    split_options(dsn).1
+}
+
 fn tokio_mode(mode: &str) -> &str {
     match mode {
         "disable" | "allow" => "disable",
@@ -165,6 +177,40 @@ pub fn tls_endpoint(dsn: &str) -> Result<Option<TlsEndpoint>> {
         config: Arc::new(client_config(mode, get("sslrootcert"))?),
         keywords: keywords.join(" "),
     }))
+}
+
+/// Where a DSN leads and as whom: what opening a raw session needs.
+pub struct Server {
+    /// The TCP host.
+    pub host: String,
+    /// Its port.
+    pub port: u16,
+    /// The role.
+    pub user: String,
+    /// The database.
+    pub database: String,
+    /// The password.
+    pub password: String,
+    /// Its TLS, unless `sslmode` asks for none.
+    pub tls: Option<TlsEndpoint>,
+}
+
+/// The server `dsn` names over TCP.
+pub fn server(dsn: &str) -> Result<Server> {
+    let config: tokio_postgres::Config =
+        without_file_options(dsn).parse().map_err(|e| bad_dsn(format!("a DSN cannot be read: {e}")))?;
+    let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() else {
+        return Err(bad_dsn("a DSN names no TCP host".into()));
+    };
+    let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned()).unwrap_or_default();
+    Ok(Server {
+        host: host.clone(),
+        port: config.get_ports().first().copied().unwrap_or(5432),
+        user: config.get_user().unwrap_or_default().to_owned(),
+        database: config.get_dbname().unwrap_or_default().to_owned(),
+        password: text(config.get_password()),
+        tls: tls_endpoint(dsn)?,
+    })
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {

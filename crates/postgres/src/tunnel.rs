@@ -7,10 +7,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpStream, UnixListener, UnixStream};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
 
 use crate::target::TlsEndpoint;
 use crate::PgBin;
@@ -18,9 +17,6 @@ use airlock_core::error::{Error, ErrorCode, Result};
 
 /// The port in the socket's name (`.s.PGSQL.5432`); the socket is the tunnel's alone.
 const PORT: u16 = 5432;
-
-/// PostgreSQL's SSLRequest: length 8, code 80877103.
-const SSL_REQUEST: [u8; 8] = [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f];
 
 /// A listening tunnel; it stops, and its socket goes, when dropped.
 pub struct Tunnel {
@@ -79,30 +75,7 @@ impl Tunnel {
 /// Carries one client connection to the source: TLS when the server agrees,
 /// plaintext only if the DSN's `sslmode` (`prefer`) allows it.
 async fn relay(mut client: UnixStream, endpoint: &TlsEndpoint) -> std::io::Result<()> {
-    let connect = TcpStream::connect((endpoint.host.as_str(), endpoint.port));
-    let mut server = tokio::time::timeout(Duration::from_secs(15), connect).await.map_err(|_| {
-        std::io::Error::new(std::io::ErrorKind::TimedOut, "connecting to the source timed out")
-    })??;
-    server.set_nodelay(true)?;
-    server.write_all(&SSL_REQUEST).await?;
-    let mut answer = [0u8; 1];
-    server.read_exact(&mut answer).await?;
-    match answer[0] {
-        b'S' => {
-            let name = rustls::pki_types::ServerName::try_from(endpoint.host.clone())
-                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-            let mut tls =
-                tokio_rustls::TlsConnector::from(endpoint.config.clone()).connect(name, server).await?;
-            tokio::io::copy_bidirectional(&mut client, &mut tls).await?;
-            tls.shutdown().await
-        }
-        b'N' if endpoint.plaintext_allowed => {
-            tokio::io::copy_bidirectional(&mut client, &mut server).await?;
-            Ok(())
-        }
-        _ => Err(std::io::Error::new(
-            std::io::ErrorKind::ConnectionRefused,
-            "the source does not accept TLS, and its sslmode requires it",
-        )),
-    }
+    let mut server = crate::outbound::connect(&endpoint.host, endpoint.port, Some(endpoint)).await?;
+    tokio::io::copy_bidirectional(&mut client, &mut server).await?;
+    server.shutdown().await
 }

@@ -7,17 +7,18 @@
 use bytes::BytesMut;
 use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256};
 use postgres_protocol::message::frontend;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
 
 use super::protocol::{self, PacketError};
 
 const SCRAM_SHA_256: &str = "SCRAM-SHA-256";
 
-/// An established server session and what its client must be told.
-pub struct Backend {
+/// An established server session and what its client must be told: on a
+/// sandbox's socket, or (for a route) over TCP to a server outside.
+pub struct Backend<S = UnixStream> {
     /// The connection to the server, ready for a query.
-    pub stream: UnixStream,
+    pub stream: S,
     /// ParameterStatus values, in the order the server reported them.
     params: Vec<(String, String)>,
     /// The backend's pid and cancel key.
@@ -63,7 +64,11 @@ fn protocol_error(why: &str) -> LoginError {
 
 /// Sends `startup` on `stream` and answers the server's SCRAM challenge with
 /// `password` until it is ready for queries.
-pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result<Backend, LoginError> {
+pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: S,
+    startup: &[u8],
+    password: &str,
+) -> Result<Backend<S>, LoginError> {
     let mut server = BufReader::new(stream);
     // A postmaster that cannot fork answers before it reads the startup
     // packet, and closes: the write may fail where its answer is there to read.
@@ -91,7 +96,7 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
             (b'R', Some(10)) => {
                 let offered = m.body()[4..].split(|&b| b == 0).any(|mech| mech == SCRAM_SHA_256.as_bytes());
                 if !offered {
-                    return Err(protocol_error("the sandbox's server does not offer SCRAM-SHA-256"));
+                    return Err(protocol_error("the server does not offer SCRAM-SHA-256"));
                 }
                 let s = ScramSha256::new(password.as_bytes(), ChannelBinding::unsupported());
                 buf.clear();
@@ -110,7 +115,9 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
                 let s = scram.as_mut().ok_or_else(|| protocol_error("SASL out of order"))?;
                 s.finish(&m.body()[4..])?;
             }
-            (b'R', _) => return Err(protocol_error("the sandbox's server asked for another authentication")),
+            (b'R', _) => return Err(protocol_error(
+                "the server asked for an authentication other than SCRAM-SHA-256 (its pg_hba.conf method)",
+            )),
             (b'S', _) => match parameter(m.body()) {
                 Some((name, value)) if name == HANDSHAKE => handshake = Some(value),
                 Some(p) => set(&mut params, p),
@@ -133,7 +140,7 @@ pub async fn login(stream: UnixStream, startup: &[u8], password: &str) -> Result
     }
 }
 
-impl Backend {
+impl<S: AsyncRead + AsyncWrite + Unpin> Backend<S> {
     /// Applies settings to a session, in order, with `set_config`, which reads
     /// a value as a startup packet does (a list such as `search_path` stays a
     /// list): those equal to what the session was opened with are skipped.
@@ -218,7 +225,9 @@ impl Backend {
         out.extend_from_slice(&[b'Z', 0, 0, 0, 5, b'I']);
         out
     }
+}
 
+impl Backend<UnixStream> {
     /// Whether the server has closed the session or said something unasked (a
     /// session parked for later must be silent).
     pub fn is_gone(&self) -> bool {

@@ -18,6 +18,7 @@ pub mod process;
 pub mod protocol;
 mod redis;
 mod relay;
+mod route;
 mod scram;
 mod session;
 pub mod target;
@@ -86,6 +87,8 @@ struct Shared {
     parked: Arc<parked::Parked>,
     require_tls: bool,
     startup_timeout: Duration,
+    /// Routed sessions' backend keys, for their cancel requests.
+    routed: route::Keys,
 }
 
 /// Binds the router's port, with a clear error if it is taken.
@@ -154,6 +157,7 @@ pub fn serve(
         tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
         require_tls: config.tls == TlsMode::Required,
         startup_timeout: config.startup_timeout,
+        routed: route::Keys::default(),
     });
     tracing::info!(%bound, tls = ?config.tls, "router listening");
     let refusal = protocol::ErrorResponse::fatal(

@@ -26,7 +26,7 @@ use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
 use airlock_postgres::scram::Verifier;
 
 /// A client stream, plaintext or TLS.
-enum Client {
+pub(super) enum Client {
     Plain(TcpStream),
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
@@ -78,7 +78,11 @@ pub(super) async fn serve(
     let established =
         tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer, &mut slot)).await;
     // A client that has not finished its startup in time is simply dropped.
-    let Ok(Some((mut client, backend, open))) = established else { return };
+    let (mut client, backend, open) = match established {
+        Ok(Some(Established::Sandbox(client, backend, open))) => (client, backend, open),
+        Ok(Some(Established::Routed(routed))) => return super::route::serve(shared, routed).await,
+        _ => return,
+    };
     // When the client goes, whatever its backend is running is cancelled: a
     // dropped client's query must not run on (the backend then finds its
     // connection closed and ends). Harmless if the session ended normally.
@@ -235,22 +239,42 @@ fn refusal_hint(e: &PacketError) -> String {
     "connect with a PostgreSQL client (libpq, psql, a driver) using the sandbox's DSN".into()
 }
 
+/// What a client's startup ends in.
+enum Established {
+    /// A sandbox's client with its server session (its start not yet
+    /// replayed to the client).
+    Sandbox(Client, Backend, super::Open),
+    /// A route's client, authenticated (its session upstream is opened
+    /// outside the startup time: the upstream server answers on its own time).
+    Routed(super::route::Authenticated),
+}
+
+/// What a client proved it may reach.
+enum Arrived {
+    Sandbox(Authenticated),
+    Routed(super::route::Authenticated),
+}
+
 /// Everything up to an established session: the client authenticated and a
-/// server session ready for it (its start not yet replayed to the client).
+/// server session ready for it.
 async fn establish(
     shared: &Shared,
     tcp: TcpStream,
     peer: SocketAddr,
     slot: &mut airlock_listen::slots::Slot,
-) -> Option<(Client, Backend, super::Open)> {
+) -> Option<Established> {
     // Until the client proves it holds the credential, its slot is the first
     // to go when the router has none free: nothing it does before that can
     // hold a slot against anyone.
-    let authenticated = tokio::select! {
-        authenticated = authenticate(shared, tcp, peer) => authenticated?,
+    let arrived = tokio::select! {
+        arrived = authenticate(shared, tcp, peer) => arrived?,
         () = slot.given_up() => return None,
     };
     slot.marker().prove();
+    let authenticated = match arrived {
+        Arrived::Sandbox(a) => a,
+        Arrived::Routed(routed) => return Some(Established::Routed(routed)),
+    };
     let Authenticated { mut client, startup, target, sb, tls, mut phases, connection } = authenticated;
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
@@ -278,7 +302,7 @@ async fn establish(
                 refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
                 return None;
             }
-            Some((client, backend, open))
+            Some(Established::Sandbox(client, backend, open))
         }
         Err(message) => {
             let _ = client.write_all(&message).await;
@@ -306,7 +330,7 @@ struct Authenticated {
 /// A client's first contact up to its authentication: TLS, the startup
 /// message, the sandbox it names and the SCRAM exchange. None when it was
 /// refused or went away.
-async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Authenticated> {
+async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Arrived> {
     let began = Instant::now();
     let (mut client, mut startup, tls) = first_contact(shared, tcp).await?;
     let startup_ms = elapsed_ms(began);
@@ -318,6 +342,9 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         );
         refuse(&mut client, e).await;
         return None;
+    }
+    if super::route::names_a_route(&startup) {
+        return super::route::authenticate(shared, client, startup, peer, tls).await.map(Arrived::Routed);
     }
     let user = startup.user.as_str();
     // Only the agent role, or a sandbox's id standing for it. (The server gets
@@ -407,7 +434,7 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
         }
     }
     let connection = describe(&client, peer, bound);
-    Some(Authenticated { client, startup, target, sb, tls, phases, connection })
+    Some(Arrived::Sandbox(Authenticated { client, startup, target, sb, tls, phases, connection }))
 }
 
 /// How a client reached the router, for its session's `airlock.connection`:
@@ -658,6 +685,9 @@ async fn set_later(backend: &mut Backend, later: &[(String, String)]) -> Result<
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
 /// keys are dropped silently, as PostgreSQL does.
 async fn forward_cancel(shared: &Shared, key: &protocol::BackendKey) {
+    if super::route::forward_cancel(shared, key).await {
+        return;
+    }
     let host = &shared.host;
     let Some(owner) = host.connections.backend_owner(key) else { return };
     let Ok(user) = host.store().sandbox(&owner).and_then(|sb| host.sandbox_user(&sb)) else { return };

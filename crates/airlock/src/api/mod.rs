@@ -29,6 +29,7 @@ use airlock_lifecycle::sandbox::{self, ForkRequest};
 use airlock_listen::serve::Failure;
 use airlock_state::store::SandboxFilter;
 
+mod grants;
 pub mod openapi;
 mod targets;
 
@@ -99,6 +100,9 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(audit_checkpoint))
         .routes(routes!(targets::list_targets, targets::add_target))
         .routes(routes!(targets::show_target, targets::remove_target))
+        .routes(routes!(grants::mint_grant))
+        .routes(routes!(grants::list_grants))
+        .routes(routes!(grants::show_grant, grants::revoke_grant))
         .split_for_parts();
     let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
     routes

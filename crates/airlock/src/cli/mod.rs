@@ -6,6 +6,7 @@ mod bench;
 mod bench_audit;
 mod commands;
 mod golden;
+mod grant;
 mod migrate;
 mod output;
 mod sandbox;
@@ -62,6 +63,17 @@ enum Command {
     /// Register, list, show and forget live targets: real databases grants are minted on.
     #[command(subcommand)]
     Target(TargetCommand),
+    /// Mint a short-lived, read-only grant on a live target: a role of its own
+    /// there that may read only the named tables (and with --where, only those
+    /// rows), reached through the router. Prints its DSN, once.
+    Grant(GrantArgs),
+    /// List live grants.
+    Grants,
+    /// End a grant now: its sessions are cut, its role and views dropped.
+    Revoke {
+        /// The grant's id (`gr-…`).
+        id: String,
+    },
     /// Serve MCP on stdio with one sandbox for the session: tools run_sql,
     /// describe_schema, reset_database, changes_since_fork, test_migration. Deleted when the session ends.
     Mcp(McpArgs),
@@ -350,6 +362,32 @@ enum TargetCommand {
         /// The target's name.
         name: String,
     },
+}
+
+/// `airlock grant TARGET --tables ...`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct GrantArgs {
+    /// The live target's name.
+    pub target: String,
+    /// What it may read: `schema.table` (or a table in --schema), comma-separated or repeated.
+    #[arg(long, required = true, value_delimiter = ',')]
+    pub tables: Vec<String>,
+    /// The schema of bare table names (default public).
+    #[arg(long)]
+    pub schema: Option<String>,
+    /// A row filter over the tables' columns (`tenant_id = 42`): each table is
+    /// then read through a security-barrier view of the grant's own.
+    #[arg(long = "where", value_name = "EXPR")]
+    pub where_clause: Option<String>,
+    /// How long the grant lasts (default 2m).
+    #[arg(long)]
+    pub ttl: Option<String>,
+    /// How long one statement may run (default 10s); also the idle-in-transaction limit.
+    #[arg(long = "statement-timeout")]
+    pub statement_timeout: Option<String>,
+    /// Sessions at once (default 4).
+    #[arg(long)]
+    pub connections: Option<i32>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -462,3 +462,49 @@ pub fn target(t: &airlock_live::target::Target) -> String {
     }
     lines.join("\n")
 }
+
+/// A grant as minted: its DSN, what it may read, and what it cannot be kept from.
+pub fn granted(g: &airlock_live::grant::Granted) -> String {
+    let mut lines = vec![g.dsn.clone(), grant(&g.grant)];
+    lines.push("(the DSN is shown this once; `airlock revoke ID` ends the grant)".into());
+    lines.join("\n")
+}
+
+/// One grant, as lines.
+pub fn grant(g: &airlock_live::grant::Grant) -> String {
+    let mut lines = vec![
+        format!("grant {} on {} as role {}", g.id, g.target, g.role),
+        format!("  reads:    {}", g.tables.join(", ")),
+    ];
+    if let Some(w) = &g.where_clause {
+        lines.push(format!("  rows:     where {w} (through views in schema {})", g.search_path.join(", ")));
+    }
+    lines.push(format!(
+        "  limits:   statements {} ms, {} sessions, until {}",
+        g.statement_timeout_ms,
+        g.connections,
+        g.expires_at.to_rfc3339()
+    ));
+    for gap in &g.cannot_take_away {
+        lines.push(format!("  note: {gap}"));
+    }
+    lines.join("\n")
+}
+
+/// Live grants as a table.
+pub fn grants(list: &[airlock_live::grant::Grant]) -> String {
+    if list.is_empty() {
+        return "no live grants".into();
+    }
+    let mut t = Table::new(&["ID", "TARGET", "TABLES", "WHERE", "EXPIRES"]);
+    for g in list {
+        t.row(vec![
+            g.id.clone(),
+            g.target.clone(),
+            g.tables.join(","),
+            g.where_clause.clone().unwrap_or_else(|| "-".into()),
+            g.expires_at.to_rfc3339(),
+        ]);
+    }
+    t.render()
+}

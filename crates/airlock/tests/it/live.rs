@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use crate::harness::{sql, Daemon};
+use crate::harness::{psql, sql, Daemon};
 use crate::imports::{newest_postgres_bin, script, Production};
 
 /// A production server on loopback that takes TLS only, with a certificate
@@ -121,4 +121,235 @@ fn a_target_is_checked_when_added_and_its_dsn_never_shown_again() {
     let gone = d.cli(&["target", "show", "prod", "--json"]);
     assert_eq!((gone.code, error(&gone)["code"].as_str()), (4, Some("target_not_found")), "{gone:?}");
     assert!(d.ok(&["events", "--json"]).contains("target_removed"));
+}
+
+/// Production's data: two tenants' rows in a shared table, a table the grant
+/// does not name, a second schema; the admin role may grant on analytics.
+/// PUBLIC's temporary tables and large objects are taken away, as LIVE.md
+/// says to, so that what a grant refuses can all be seen.
+fn seed(prod: &Production) {
+    script(
+        &prod.dsn("prod"),
+        "CREATE SCHEMA analytics;
+         CREATE TABLE analytics.accounts (id int PRIMARY KEY, tenant_id int NOT NULL, name text);
+         INSERT INTO analytics.accounts SELECT g, CASE WHEN g % 2 = 0 THEN 42 ELSE 7 END, 'acct ' || g
+           FROM generate_series(1, 10) g;
+         CREATE TABLE analytics.usage_daily (tenant_id int, day date, events int);
+         INSERT INTO analytics.usage_daily VALUES (42, '2026-09-01', 5), (7, '2026-09-01', 900);
+         CREATE TABLE analytics.salaries (name text, amount int);
+         INSERT INTO analytics.salaries VALUES ('ceo', 1000000);
+         CREATE SCHEMA billing;
+         CREATE TABLE billing.invoices (tenant_id int, total numeric);
+         INSERT INTO billing.invoices VALUES (42, 10), (7, 20);
+         GRANT USAGE ON SCHEMA analytics TO ops WITH GRANT OPTION;
+         GRANT SELECT ON ALL TABLES IN SCHEMA analytics TO ops WITH GRANT OPTION;
+         REVOKE TEMPORARY ON DATABASE prod FROM PUBLIC;
+         REVOKE EXECUTE ON FUNCTION lo_create(oid), lo_creat(integer), lo_from_bytea(oid, bytea) FROM PUBLIC;",
+    );
+}
+
+/// psql running each statement as its own query; Ok(stdout) or Err(stderr).
+fn psql_each(dsn: &str, statements: &[&str]) -> Result<String, String> {
+    let (plain, password) = crate::harness::split_password(dsn);
+    let mut cmd = std::process::Command::new("psql");
+    cmd.arg(plain).args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1"]);
+    for s in statements {
+        cmd.args(["-c", s]);
+    }
+    let out = cmd.env("PGPASSWORD", password).env("PGCONNECT_TIMEOUT", "10").output().unwrap();
+    match out.status.success() {
+        true => Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned()),
+        false => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+    }
+}
+
+fn granted(d: &Daemon, args: &[&str]) -> Value {
+    let mut all = vec!["grant"];
+    all.extend_from_slice(args);
+    d.json(&all)
+}
+
+/// Roles and schemas of grants on the production server.
+fn grant_objects(prod: &Production) -> String {
+    sql(
+        &prod.dsn("prod"),
+        "SELECT coalesce(string_agg(n, ','), '') FROM (
+           SELECT rolname::text n FROM pg_roles WHERE rolname LIKE 'airlock_grant_%'
+           UNION ALL SELECT nspname::text FROM pg_namespace WHERE nspname LIKE 'airlock_grant_%') x",
+    )
+}
+
+#[test]
+fn a_grant_reads_only_what_it_names_for_as_long_as_it_lasts() {
+    let mut d = Daemon::start(&[]);
+    let (prod, port, ca) = production(&d, "grants");
+    seed(&prod);
+    let admin = format!(
+        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    assert_eq!(add(&d, "prod", &admin).code, 0);
+
+    // A tenant's rows of two tables, through views of the grant's own.
+    let g = granted(
+        &d,
+        &[
+            "prod",
+            "--tables",
+            "analytics.accounts,analytics.usage_daily",
+            "--where",
+            "tenant_id = 42",
+            "--ttl",
+            "5m",
+            "--statement-timeout",
+            "2s",
+        ],
+    );
+    let dsn = g["dsn"].as_str().unwrap().to_owned();
+    let id = g["id"].as_str().unwrap().to_owned();
+    assert!(
+        dsn.contains(&format!("{id}:")) && !dsn.contains(&port.to_string()) && !dsn.contains("ops"),
+        "{dsn}"
+    );
+    assert_eq!(g["tables"], serde_json::json!(["analytics.accounts", "analytics.usage_daily"]));
+    assert_eq!(g["cannot_take_away"], serde_json::json!([]), "{g}");
+    assert_eq!(sql(&dsn, "SELECT count(*), min(tenant_id), max(tenant_id) FROM accounts"), "5|42|42");
+    assert_eq!(sql(&dsn, "SELECT sum(events) FROM usage_daily"), "5");
+    assert!(sql(&dsn, "SELECT current_user").starts_with("airlock_grant_"));
+    // Through the router's TLS, whatever database the client names.
+    assert_eq!(sql(&dsn.replace(&format!("/{id}?"), "/postgres?"), "SELECT current_database()"), "prod");
+
+    // What it refuses, each in PostgreSQL's own words.
+    let refused = |statements: &[&str], says: &str| {
+        let e = psql_each(&dsn, statements).expect_err(&format!("{statements:?} was allowed"));
+        assert!(e.contains(says), "{statements:?}: {e}");
+    };
+    refused(&["SELECT * FROM analytics.accounts"], "permission denied for schema analytics");
+    refused(&["SELECT * FROM analytics.salaries"], "permission denied");
+    refused(&["SELECT * FROM billing.invoices"], "permission denied for schema billing");
+    refused(&["INSERT INTO accounts VALUES (99, 42, 'x')"], "permission denied for view accounts");
+    assert_eq!(sql(&dsn, "SHOW default_transaction_read_only"), "on");
+    refused(
+        &["SET default_transaction_read_only = off", "INSERT INTO accounts VALUES (99, 42, 'x')"],
+        "permission denied for view accounts",
+    );
+    refused(
+        &["COMMIT", "SET default_transaction_read_only = off", "DELETE FROM usage_daily"],
+        "permission denied for view usage_daily",
+    );
+    refused(
+        &["SET default_transaction_read_only = off", "CREATE TABLE public.x (i int)"],
+        "permission denied for schema public",
+    );
+    refused(
+        &["SET default_transaction_read_only = off", "CREATE TEMP TABLE t (i int)"],
+        "permission denied to create temporary tables",
+    );
+    refused(
+        &["SET default_transaction_read_only = off", "SELECT lo_create(0)"],
+        "permission denied for function lo_create",
+    );
+    refused(&["SELECT pg_read_file('/etc/passwd')"], "permission denied for function pg_read_file");
+    refused(&["SELECT * FROM pg_read_file('/etc/passwd') f"], "permission denied for function pg_read_file");
+    refused(&["COPY (SELECT 1) TO PROGRAM 'id'"], "pg_execute_server_program");
+    refused(&["SET ROLE ops"], "permission denied to set role");
+    // A runaway is cancelled at the grant's timeout, though the grantee set its own to 0.
+    let began = std::time::Instant::now();
+    refused(&["SET statement_timeout = 0", "SELECT pg_sleep(60)"], "canceling statement");
+    assert!(began.elapsed() < std::time::Duration::from_secs(20), "{:?}", began.elapsed());
+    // A filter that would end its WHERE, and a table that is not there, are refused before anything is made.
+    let bad = d.cli(&[
+        "grant",
+        "prod",
+        "--tables",
+        "analytics.accounts",
+        "--where",
+        "true) UNION SELECT * FROM analytics.salaries WHERE (true",
+        "--json",
+    ]);
+    assert_eq!((bad.code, error(&bad)["code"].as_str()), (3, Some("invalid_request")), "{bad:?}");
+    let missing = d.cli(&["grant", "prod", "--tables", "analytics.nope", "--json"]);
+    assert_eq!(error(&missing)["code"], "target_refused", "{missing:?}");
+    let none = d.cli(&["grant", "nowhere", "--tables", "t", "--json"]);
+    assert_eq!(error(&none)["code"], "target_not_found", "{none:?}");
+
+    // Revoking cuts a live session and leaves no role, schema or privilege behind.
+    let whole = granted(&d, &["prod", "--tables", "analytics.usage_daily", "--statement-timeout", "1m"]);
+    let whole_dsn = whole["dsn"].as_str().unwrap().to_owned();
+    assert_eq!(sql(&whole_dsn, "SELECT count(*) FROM analytics.usage_daily"), "2");
+    let held = crate::harness::spawn_psql(&whole_dsn, "SELECT pg_sleep(50)");
+    let role = whole["role"].as_str().unwrap().to_owned();
+    d.wait_for(std::time::Duration::from_secs(10), "the session to run", || {
+        sql(
+            &prod.dsn("prod"),
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE usename = '{role}' AND state = 'active'"),
+        ) == "1"
+    });
+    d.ok(&["revoke", whole["id"].as_str().unwrap()]);
+    let out = held.wait_with_output().unwrap();
+    assert!(!out.status.success(), "the session outlived its grant");
+    let acl = sql(
+        &prod.dsn("prod"),
+        &format!(
+            "SELECT (SELECT count(*) FROM pg_class WHERE relacl::text LIKE '%{role}%')
+                       + (SELECT count(*) FROM pg_namespace WHERE nspacl::text LIKE '%{role}%')
+                       + (SELECT count(*) FROM pg_roles WHERE rolname = '{role}')"
+        ),
+    );
+    assert_eq!(acl, "0");
+    let after = psql(&whole_dsn, "SELECT 1").unwrap_err();
+    assert!(after.contains("does not exist or has ended"), "{after}");
+
+    // The server itself refuses the role after VALID UNTIL, with the daemon gone.
+    let brief = granted(&d, &["prod", "--tables", "analytics.usage_daily", "--ttl", "4s"]);
+    let brief_id = brief["id"].as_str().unwrap().to_owned();
+    let route: Value =
+        serde_json::from_slice(&std::fs::read(d.home.join(format!("routes/{brief_id}.json"))).unwrap())
+            .unwrap();
+    let upstream = route["upstream"].as_str().unwrap().to_owned();
+    let direct = |sql: &str| {
+        let out = std::process::Command::new("psql")
+            .arg(&upstream)
+            .args(["-XtAc", sql])
+            .env("PGSSLROOTCERT", &ca)
+            .output()
+            .unwrap();
+        (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    assert!(direct("SELECT 1").0, "the role works before its expiry");
+    d.kill9();
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let (ok, said) = direct("SELECT 1");
+    assert!(!ok && said.contains("password authentication failed"), "{said}");
+    let expired = psql(brief["dsn"].as_str().unwrap(), "SELECT 1").unwrap_err();
+    assert!(expired.contains("does not exist or has ended"), "{expired}");
+
+    // A grant role and schema no grant owns (a crash between minting and
+    // recording) are dropped when the daemon comes back, as is the expired one.
+    let prefix = &role[..role.len() - 10];
+    let orphan = format!("{prefix}zzzzzzzzzz");
+    psql_each(
+        &admin,
+        &[
+            &format!("CREATE ROLE {orphan} LOGIN"),
+            &format!("CREATE SCHEMA {orphan}"),
+            &format!("CREATE VIEW {orphan}.v AS SELECT * FROM analytics.accounts"),
+            &format!("GRANT USAGE ON SCHEMA analytics TO {orphan}"),
+        ],
+    )
+    .unwrap();
+    d.spawn();
+    d.wait_for(std::time::Duration::from_secs(20), "orphans to be dropped", || {
+        let left = grant_objects(&prod);
+        // The first grant is still live.
+        left.split(',').filter(|n| !n.is_empty()).all(|n| n == g["role"].as_str().unwrap())
+    });
+    let events = d.ok(&["events", "--json"]);
+    assert!(
+        events.contains("\"orphaned\"") && events.contains("\"expired\"") && events.contains("grant_minted"),
+        "{events}"
+    );
+    let password = crate::harness::split_password(&dsn).1;
+    assert!(!events.contains(&password) && !d.logs().contains(&password), "a grant's password leaked");
+    assert_eq!(d.json(&["grants"]).as_array().unwrap().len(), 1);
 }

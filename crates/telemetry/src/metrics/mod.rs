@@ -403,6 +403,12 @@ impl Metrics {
             target.get_or_create(&labels(&[("golden", &golden.name)])).set(golden.pool_size);
         }
         registry.register("pool_members", "Started sandboxes waiting in a golden's warm pool", pooled);
+        let routes = airlock_core::records::route::ids(&engine.layout).len();
+        registry.register(
+            "grants_live",
+            "Grants on live targets that the router leads clients to now (their routes)",
+            gauge(routes as f64),
+        );
         registry.register("pool_target", "The warm-pool size a golden asks for", target);
         let used = airlock_lifecycle::sandbox::capacity::volume_used(engine);
         let free = airlock_lifecycle::sandbox::capacity::volume_free(engine);
