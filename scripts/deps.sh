@@ -3,6 +3,7 @@
 # manager: the PostgreSQL server, its client tools and its server headers (the
 # in-server guard is built against them), xfsprogs and btrfs-progs for
 # copy-on-write storage, Python 3 with venv for the Python client's tests, and
+# with pandas, matplotlib and psycopg2 as the executor's default image, and
 # with `test`, Java with pgjdbc and Node.js with npm for the router's driver tests,
 # PostGIS for the import tests and Prometheus for the metrics tests.
 # Safe to run again; it installs nothing that is already there.
@@ -33,6 +34,11 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 # (redis-cli comes with it).
 command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+# The executor's default image: the host's Python with pandas and matplotlib,
+# which code an agent writes against a grant reaches for first.
+/usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
+/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+/usr/bin/python3 -c 'import psycopg2' >/dev/null 2>&1 || need+=(python3-psycopg2)
 # `deps.sh test`: also the drivers the router is tested with, pgjdbc on Java and
 # node-postgres on Node.js.
 if [ "${1:-}" = test ]; then

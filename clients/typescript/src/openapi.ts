@@ -164,6 +164,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/grants/{id}/exec": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["exec_grant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/health": {
         parameters: {
             query?: never;
@@ -1027,6 +1043,16 @@ export interface components {
         ExecRequest: {
             /** @description The program and its arguments. */
             argv: string[];
+            /**
+             * @description Files to put in its working directory before it runs (at most 64,
+             *     64 MB together).
+             */
+            files?: components["schemas"]["FileIn"][];
+            /**
+             * @description Files to bring back from its working directory after it ends (paths
+             *     relative to it; at most 64 MB together).
+             */
+            get?: string[];
             /** @description Text for its standard input. */
             stdin?: string | null;
             /**
@@ -1047,6 +1073,8 @@ export interface components {
              * @description Its exit code; absent when a signal ended it.
              */
             exit_code?: number | null;
+            /** @description The files asked for, in the order asked. */
+            files?: components["schemas"]["FileOut"][];
             /** @description Standard error (at most [`OUTPUT_CAP`] bytes, lossily UTF-8). */
             stderr: string;
             /** @description Standard output (at most [`OUTPUT_CAP`] bytes, lossily UTF-8). */
@@ -1081,6 +1109,30 @@ export interface components {
             line: number;
             /** @description The statement. */
             sql: string;
+        };
+        /** @description A file to put in the workspace before the command runs. */
+        FileIn: {
+            /** @description Its contents, base64. */
+            content_base64: string;
+            /** @description Where, relative to the workspace (`job.py`, `data/in.csv`). */
+            path: string;
+        };
+        /** @description A file brought back from the workspace after the command ended. */
+        FileOut: {
+            /**
+             * Format: int64
+             * @description Its size in bytes (0 when missing).
+             */
+            bytes: number;
+            /** @description Its contents, base64; absent when it was not there or not brought back. */
+            content_base64?: string | null;
+            /**
+             * @description Why it was not brought back (not there, too large, not a regular file
+             *     of the command's own).
+             */
+            missing?: string | null;
+            /** @description Its path, as asked for. */
+            path: string;
         };
         /** @description What `POST /v1/sandboxes` answers: the fork, and its MCP endpoint when asked for. */
         ForkAnswer: components["schemas"]["Forked"] & {
@@ -3238,6 +3290,114 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Grant"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    exec_grant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the grant's id */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ExecRequest"];
+            };
+        };
+        responses: {
+            /** @description the command's exit code, output and files; the grant has ended */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ExecResult"];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

@@ -55,6 +55,22 @@ impl Network {
     pub fn try_clone(&self) -> std::io::Result<Network> {
         self.0.try_clone().map(Network)
     }
+
+    /// A TCP socket listening at `addr` inside this namespace (made on a
+    /// thread that joins it, so the socket belongs to it), for the daemon to
+    /// accept on from outside: the one address code inside can reach.
+    pub fn listen(&self, addr: std::net::SocketAddr) -> std::io::Result<std::net::TcpListener> {
+        let net = self.0.try_clone()?;
+        std::thread::spawn(move || {
+            use std::os::fd::AsFd;
+            nix::sched::setns(net.as_fd(), nix::sched::CloneFlags::CLONE_NEWNET)?;
+            let listener = std::net::TcpListener::bind(addr)?;
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        })
+        .join()
+        .map_err(|_| std::io::Error::other("listening in a network namespace panicked"))?
+    }
 }
 
 /// How a contained process gets its namespaces: new ones with a root of its
@@ -66,6 +82,9 @@ pub enum Enter<'a> {
     New(&'a View, Option<&'a Network>),
     /// A running server's namespaces, entered in this directory.
     Join(&'a Namespaces, &'a std::ffi::CStr),
+    /// As `New`, in the given network namespace, entered in this directory of
+    /// the view (an executor's workspace).
+    NewIn(&'a View, &'a Network, &'a std::ffi::CStr),
 }
 
 /// In the child, before exec: join the cgroups whose `cgroup.procs` files are
@@ -95,6 +114,13 @@ pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std
                 }
             }
             view.enter()?;
+        }
+        Enter::NewIn(view, Network(net), workdir) => {
+            use std::os::fd::AsFd;
+            nix::sched::setns(net.as_fd(), CloneFlags::CLONE_NEWNET)?;
+            nix::sched::unshare(CloneFlags::CLONE_NEWIPC | CloneFlags::CLONE_NEWNS)?;
+            view.enter()?;
+            nix::unistd::chdir(workdir)?;
         }
         Enter::Join(ns, workdir) => {
             use std::os::fd::AsFd;

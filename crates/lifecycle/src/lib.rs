@@ -10,6 +10,7 @@
 pub mod activity;
 pub mod doors;
 pub mod engine;
+pub mod executor;
 pub mod golden;
 pub mod sandbox;
 pub mod services;

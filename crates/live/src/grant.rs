@@ -305,7 +305,8 @@ impl Live {
         };
         let upstream = upstream_dsn(&dsn, &role, &upstream_password)?;
         let route = Route { id: id.clone(), upstream, verifier: route_verifier, expires_at };
-        let kept = route::write(&self.engine.layout, &route).and_then(|()| self.store().add_grant(&grant));
+        let kept = route::write(&self.engine.layout, &route)
+            .and_then(|()| self.store().add_grant(&grant, &client_password));
         if let Err(e) = kept {
             let _ = route::remove(&self.engine.layout, &id);
             let _ = end_on_target(&client, &role).await;

@@ -6,6 +6,7 @@
 //! alone, since it holds the targets' admin DSNs) and depends on the core and
 //! the PostgreSQL engine only.
 
+pub mod executor;
 pub mod grant;
 pub mod store;
 pub mod target;

@@ -41,6 +41,13 @@ impl Store {
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.execute_batch(SCHEMA)?;
+        // The credential a grant's executor connects with (the router's, not
+        // the role's); a store from before it had none.
+        if let Err(e) = conn.execute("ALTER TABLE grants ADD COLUMN password TEXT", []) {
+            if !e.to_string().contains("duplicate column") {
+                return Err(e.into());
+            }
+        }
         Ok(Store { conn })
     }
 
@@ -85,18 +92,29 @@ impl Store {
 }
 
 impl Store {
-    /// Records a live grant (never its credentials: the router's route holds those).
-    pub fn add_grant(&self, grant: &Grant) -> Result<()> {
+    /// Records a live grant, with the password its DSN carries (the router's,
+    /// which its executor connects with; the role's own is in its route only).
+    pub fn add_grant(&self, grant: &Grant, password: &str) -> Result<()> {
         self.conn.execute(
-            "INSERT INTO grants (id, target, expires_at, body) VALUES (?1, ?2, ?3, ?4)",
+            "INSERT INTO grants (id, target, expires_at, body, password) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![
                 grant.id,
                 grant.target,
                 grant.expires_at.0,
-                serde_json::to_string(grant).expect("a grant serializes")
+                serde_json::to_string(grant).expect("a grant serializes"),
+                password
             ],
         )?;
         Ok(())
+    }
+
+    /// The password a live grant's DSN carries, for its executor.
+    pub fn grant_password(&self, id: &str) -> Result<Option<String>> {
+        Ok(self
+            .conn
+            .query_row("SELECT password FROM grants WHERE id = ?1 AND ending = 0", [id], |r| r.get(0))
+            .optional()?
+            .flatten())
     }
 
     /// Every live grant, oldest first.

@@ -26,7 +26,7 @@ pub async fn run(
     let request = sandbox::ExecRequest {
         argv: vec!["bash".into(), "-c".into(), cmd.to_owned()],
         timeout_seconds: Some(timeout.as_secs().clamp(1, 3600)),
-        stdin: None,
+        ..Default::default()
     };
     let watched = super::sampler::Watched {
         dir: engine.layout.sandbox_instance(&sb.id),

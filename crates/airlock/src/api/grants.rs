@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::{body, detached, ApiErrors, ApiResult, AppState, Failure};
+use airlock_lifecycle::sandbox::{ExecRequest, ExecResult};
 use airlock_live::grant::{Grant, GrantRequest, Granted};
 
 #[utoipa::path(post, path = "/v1/targets/{name}/grants", tag = "targets", params(("name" = String, Path, description = "the target's name")), request_body = GrantRequest, responses((status = 201, description = "the grant, with its DSN through the router (given this once)", body = Granted), ApiErrors))]
@@ -36,4 +37,15 @@ pub(super) async fn show_grant(State(s): State<AppState>, Path(id): Path<String>
 pub(super) async fn revoke_grant(State(s): State<AppState>, Path(id): Path<String>) -> ApiResult<Grant> {
     let live = s.live.clone();
     Ok(Json(detached(async move { live.revoke(&id).await }).await?))
+}
+
+#[utoipa::path(post, path = "/v1/grants/{id}/exec", tag = "targets", params(("id" = String, Path, description = "the grant's id")), request_body = ExecRequest, responses((status = 200, description = "the command's exit code, output and files; the grant has ended", body = ExecResult), ApiErrors))]
+pub(super) async fn exec_grant(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    req: Result<Json<ExecRequest>, JsonRejection>,
+) -> ApiResult<ExecResult> {
+    let req = body(req)?;
+    let live = s.live.clone();
+    Ok(Json(detached(async move { live.exec(&id, &req).await }).await?))
 }

@@ -70,6 +70,9 @@ where
     tokio::spawn(airlock_core::events::DOOR.scope(airlock_core::events::Door::current(), work)).await?
 }
 
+/// The largest exec request: its files, base64, and the rest.
+const EXEC_BODY_LIMIT: usize = 96 << 20;
+
 /// The API's routes, each registered with its OpenAPI entry ([`openapi`]).
 pub fn router(state: AppState) -> Router {
     let (routes, document) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
@@ -84,7 +87,6 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(list_sandboxes, fork))
         .routes(routes!(show_sandbox, remove_sandbox))
         .routes(routes!(extend))
-        .routes(routes!(exec))
         .routes(routes!(reset))
         .routes(routes!(suspend))
         .routes(routes!(wake))
@@ -103,6 +105,13 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(grants::mint_grant))
         .routes(routes!(grants::list_grants))
         .routes(routes!(grants::show_grant, grants::revoke_grant))
+        // An exec carries files both ways (base64, 64 MB each way at most).
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(exec))
+                .routes(routes!(grants::exec_grant))
+                .layer(axum::extract::DefaultBodyLimit::max(EXEC_BODY_LIMIT)),
+        )
         .split_for_parts();
     let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
     routes

@@ -13,7 +13,7 @@ use airlock_core::validate;
 use airlock_host::storage;
 use airlock_lifecycle::engine::Doctor;
 use airlock_lifecycle::golden::Golden;
-use airlock_lifecycle::sandbox::{ExecRequest, ExecResult, Forked, Sandbox};
+use airlock_lifecycle::sandbox::{Forked, Sandbox};
 use airlock_listen::client::encode;
 
 use super::golden::*;
@@ -258,38 +258,8 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             psql(&sb, args)
         }
-        Command::Exec { id, timeout, command } => {
-            let timeout = humantime::parse_duration(timeout).map_err(|e| {
-                Error::new(
-                    ErrorCode::InvalidRequest,
-                    format!("invalid timeout {timeout:?}: {e}"),
-                    "give a duration such as 30s or 5m",
-                )
-            })?;
-            let req = ExecRequest {
-                argv: command.clone(),
-                timeout_seconds: Some(timeout.as_secs().max(1)),
-                stdin: None,
-            };
-            let result: ExecResult = cli
-                .client()?
-                .call(Method::POST, &format!("/v1/sandboxes/{}/exec", encode(id)), Some(&req))
-                .await?;
-            if json {
-                output::print(true, &result, String::new);
-            } else {
-                use std::io::Write;
-                output::write_stdout(result.stdout.as_bytes());
-                let _ = std::io::stderr().write_all(result.stderr.as_bytes());
-                if result.timed_out {
-                    eprintln!(
-                        "airlock: the command was killed after {}",
-                        humantime::format_duration(timeout)
-                    );
-                }
-            }
-            // Like `timeout(1)`: 124 when the time ran out, 137 when a signal ended it.
-            Ok(if result.timed_out { 124 } else { result.exit_code.unwrap_or(137) })
+        Command::Exec { id, grant, timeout, put, get, command } => {
+            super::exec::run(&cli, id.as_deref(), grant.as_deref(), timeout, put, get, command).await
         }
         Command::Events { sandbox, limit } => {
             let mut path = format!("/v1/events?limit={limit}");

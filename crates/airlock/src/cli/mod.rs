@@ -5,6 +5,7 @@ mod audit;
 mod bench;
 mod bench_audit;
 mod commands;
+mod exec;
 mod golden;
 mod grant;
 mod migrate;
@@ -160,13 +161,26 @@ enum Command {
         #[arg(last = true)]
         args: Vec<String>,
     },
-    /// Run a command inside a sandbox's boundary, with DATABASE_URL set.
+    /// Run a command inside a sandbox's boundary, with DATABASE_URL set; or,
+    /// with --grant, in a disposable executor whose only reachable address is
+    /// the grant (which ends with it).
     Exec {
-        /// Sandbox id or name.
-        id: String,
+        /// Sandbox id or name (none with --grant).
+        #[arg(required_unless_present = "grant", conflicts_with = "grant")]
+        id: Option<String>,
+        /// Run attached to this grant instead of a sandbox: DATABASE_URL reaches
+        /// it, and nothing else is reachable; the grant ends when the command does.
+        #[arg(long)]
+        grant: Option<String>,
         /// Kill it after this long.
         #[arg(long, default_value = "60s")]
         timeout: String,
+        /// Put a local file in the working directory first: LOCAL[:PATH] (repeatable).
+        #[arg(long = "put", value_name = "LOCAL[:PATH]")]
+        put: Vec<String>,
+        /// Bring a file back from the working directory after: PATH[:LOCAL] (repeatable).
+        #[arg(long = "get", value_name = "PATH[:LOCAL]")]
+        get: Vec<String>,
         /// The command and its arguments (after `--`).
         #[arg(last = true, required = true)]
         command: Vec<String>,

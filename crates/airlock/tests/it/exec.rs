@@ -151,3 +151,69 @@ fn exec_wakes_a_suspended_sandbox_and_keeps_it_from_idle_suspend() {
     assert_eq!(kinds.iter().filter(|k| *k == "woken").count(), 1, "{kinds:?}");
     assert_eq!(kinds.iter().filter(|k| *k == "suspended").count(), 1, "{kinds:?}");
 }
+
+#[test]
+fn files_go_in_and_come_back_and_a_link_left_in_the_workspace_leads_nowhere() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap();
+    let local = std::path::PathBuf::from(format!("/tmp/airlock-exec-files-{}", std::process::id()));
+    std::fs::create_dir_all(&local).unwrap();
+    let l = |name: &str| local.join(name).display().to_string();
+    std::fs::write(local.join("query.sql"), "SELECT count(*) FROM orders").unwrap();
+    let (put, get) =
+        (format!("{}:sql/query.sql", l("query.sql")), format!("out/count.txt:{}", l("count.txt")));
+    let out = d.cli(&[
+        "exec",
+        id,
+        "--put",
+        &put,
+        "--get",
+        &get,
+        "--",
+        "bash",
+        "-c",
+        "mkdir -p out && psql \"$DATABASE_URL\" -XtAf sql/query.sql > out/count.txt",
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    assert_eq!(std::fs::read_to_string(local.join("count.txt")).unwrap().trim(), "1000");
+
+    // The workspace outlives a run; what the agent plants there is refused.
+    let plant = d.cli(&[
+        "exec",
+        id,
+        "--",
+        "bash",
+        "-c",
+        "rm -rf out; ln -s /etc out; ln -s /etc/shadow pw; ln /etc/hostname hard 2>/dev/null; true",
+    ]);
+    assert_eq!(plant.code, 0, "{plant:?}");
+    let r = d.cli(&[
+        "exec",
+        id,
+        "--json",
+        "--get",
+        "out/shadow:/dev/null",
+        "--get",
+        "pw:/dev/null",
+        "--",
+        "true",
+    ]);
+    let r: Value = serde_json::from_str(&r.stdout).unwrap_or_else(|_| panic!("{r:?}"));
+    for f in r["files"].as_array().unwrap() {
+        assert!(f["content_base64"].is_null() && f["missing"].is_string(), "{r}");
+    }
+    let shadow = std::fs::read("/etc/shadow").unwrap();
+    std::fs::write(local.join("x"), "mine").unwrap();
+    let over_link = format!("{}:pw", l("x"));
+    let into_link = format!("{}:out/x", l("x"));
+    assert_eq!(d.cli(&["exec", id, "--put", &over_link, "--", "true"]).code, 0);
+    assert_eq!(std::fs::read("/etc/shadow").unwrap(), shadow, "a put went through a link");
+    let refused = d.cli(&["exec", id, "--put", &into_link, "--json", "--", "true"]);
+    assert_eq!(refused.code, 3, "{refused:?}");
+    assert!(!std::path::Path::new("/etc/x").exists());
+    let escape = d.cli(&["exec", id, "--get", "../../../etc/passwd", "--json", "--", "true"]);
+    assert_eq!(escape.code, 3, "{escape:?}");
+    std::fs::remove_dir_all(&local).unwrap();
+}

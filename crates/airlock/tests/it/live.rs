@@ -353,3 +353,176 @@ fn a_grant_reads_only_what_it_names_for_as_long_as_it_lasts() {
     assert!(!events.contains(&password) && !d.logs().contains(&password), "a grant's password leaked");
     assert_eq!(d.json(&["grants"]).as_array().unwrap().len(), 1);
 }
+
+/// What an agent writes for "chart this tenant's usage": pandas over
+/// DATABASE_URL, a matplotlib PNG and a CSV; and what it tries besides,
+/// reaching past its grant, and leaving a process behind.
+const JOB: &str = r#"
+import json, os, socket, subprocess, sys
+import pandas as pd, psycopg2
+import matplotlib.pyplot as plt
+
+target_port, router_port, home = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+with psycopg2.connect(os.environ["DATABASE_URL"]) as conn:
+    df = pd.read_sql("SELECT a.id, a.name, a.tenant_id, u.events FROM accounts a JOIN usage_daily u USING (tenant_id) ORDER BY a.id", conn)
+extra = pd.read_csv("in/extra.csv")
+os.makedirs("out", exist_ok=True)
+df.merge(extra, on="id", how="left").to_csv("out/summary.csv", index=False)
+df.plot.bar(x="name", y="events").get_figure().savefig("chart.png")
+
+def reach(host, port):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+def unix(path):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        return True
+    except OSError:
+        return False
+
+stray = subprocess.Popen(["sleep", "300"], start_new_session=True)
+print(json.dumps({
+    "rows": len(df), "tenants": sorted(set(df.tenant_id.tolist())),
+    "target": reach("127.0.0.1", target_port), "router": reach("127.0.0.1", router_port),
+    "internet": reach("1.1.1.1", 443), "api": unix(home + "/airlock.sock"), "home": os.path.exists(home),
+    "stray": stray.pid, "user": os.getuid(), "cwd": os.getcwd(),
+}))
+"#;
+
+#[test]
+fn an_executor_on_a_grant_reaches_only_the_grant_brings_files_back_and_leaves_nothing() {
+    let d = Daemon::start(&[]);
+    let (prod, port, ca) = production(&d, "executor");
+    seed(&prod);
+    let admin = format!(
+        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    assert_eq!(add(&d, "prod", &admin).code, 0);
+    let g = granted(
+        &d,
+        &["prod", "--tables", "analytics.accounts,analytics.usage_daily", "--where", "tenant_id = 42"],
+    );
+    let id = g["id"].as_str().unwrap().to_owned();
+    let local = PathBuf::from(format!("/tmp/airlock-executor-{}", std::process::id()));
+    std::fs::create_dir_all(&local).unwrap();
+    std::fs::write(local.join("job.py"), JOB).unwrap();
+    std::fs::write(local.join("extra.csv"), "id,note\n2,two\n4,four\n").unwrap();
+    let router_port = d.json(&["doctor"])["router"]["port"].as_u64().unwrap().to_string();
+    let home = d.home.display().to_string();
+    let l = |name: &str| local.join(name).display().to_string();
+    let (put_job, put_extra) =
+        (format!("{}:job.py", l("job.py")), format!("{}:in/extra.csv", l("extra.csv")));
+    let (get_chart, get_summary) =
+        (format!("chart.png:{}", l("chart.png")), format!("out/summary.csv:{}", l("summary.csv")));
+    let port_text = port.to_string();
+    let out = d.cli(&[
+        "exec",
+        "--grant",
+        &id,
+        "--timeout",
+        "90s",
+        "--put",
+        &put_job,
+        "--put",
+        &put_extra,
+        "--get",
+        &get_chart,
+        "--get",
+        &get_summary,
+        "--get",
+        "nothing.txt",
+        "--",
+        "python3",
+        "job.py",
+        &port_text,
+        &router_port,
+        &home,
+    ]);
+    assert_eq!(out.code, 0, "{out:?}");
+    let said: Value =
+        serde_json::from_str(out.stdout.trim().lines().last().unwrap()).unwrap_or_else(|_| panic!("{out:?}"));
+    // Its tenant's rows only, through the grant.
+    assert_eq!(
+        (said["rows"].as_i64(), said["tenants"].clone()),
+        (Some(5), serde_json::json!([42])),
+        "{said}"
+    );
+    // Nothing else is reachable.
+    for probe in ["target", "router", "internet", "api", "home"] {
+        assert_eq!(said[probe], false, "{probe} was reachable: {said}");
+    }
+    assert_ne!(said["user"], 0, "{said}");
+    assert_eq!(said["cwd"], "/work");
+    // The files came back; one that was never made is said to be missing.
+    assert!(std::fs::read(local.join("chart.png")).unwrap().starts_with(b"\x89PNG"));
+    let summary = std::fs::read_to_string(local.join("summary.csv")).unwrap();
+    assert!(summary.starts_with("id,name,tenant_id,events,note") && summary.contains("two"), "{summary}");
+    assert!(out.stderr.contains("nothing.txt was not brought back"), "{out:?}");
+    // Nothing is left: no process, no workspace, no grant.
+    let stray = said["stray"].as_i64().unwrap();
+    // Killed: gone, or a zombie its new parent has not reaped yet.
+    let state = std::fs::read_to_string(format!("/proc/{stray}/stat")).unwrap_or_default();
+    assert!(state.is_empty() || state.contains(") Z "), "a process outlived its executor: {state}");
+    let executors = std::fs::read_dir(d.home.join("executors")).map(|e| e.count()).unwrap_or(0);
+    assert_eq!(executors, 0, "a workspace was left");
+    assert!(!d.cgroups().iter().any(|c| c.contains("exec-")), "{:?}", d.cgroups());
+    assert_eq!(d.json(&["grants"]).as_array().unwrap().len(), 0);
+    assert_eq!(grant_objects(&prod), "");
+    let ended = psql(g["dsn"].as_str().unwrap(), "SELECT 1").unwrap_err();
+    assert!(ended.contains("does not exist or has ended"), "{ended}");
+    assert!(d.ok(&["events", "--json"]).contains("executor_ended"));
+
+    // A runaway is killed at its timeout, with its children; stderr comes back.
+    let g = granted(&d, &["prod", "--tables", "analytics.usage_daily"]);
+    let id = g["id"].as_str().unwrap();
+    let began = std::time::Instant::now();
+    let out = d.cli(&[
+        "exec",
+        "--grant",
+        id,
+        "--timeout",
+        "2s",
+        "--",
+        "sh",
+        "-c",
+        "echo oops >&2; sleep 301 & sleep 301",
+    ]);
+    assert_eq!(out.code, 124, "{out:?}");
+    assert!(out.stderr.contains("oops") && out.stderr.contains("killed after 2s"), "{out:?}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(sleepers("sleep\x00301\x00"), 0, "a sleeper outlived its executor");
+    // A path out of the workspace is refused before anything runs.
+    let g = granted(&d, &["prod", "--tables", "analytics.usage_daily"]);
+    let escape = d.cli(&[
+        "exec",
+        "--grant",
+        g["id"].as_str().unwrap(),
+        "--get",
+        "../../etc/shadow",
+        "--json",
+        "--",
+        "true",
+    ]);
+    assert_eq!(error(&escape)["code"], "invalid_request", "{escape:?}");
+    std::fs::remove_dir_all(&local).unwrap();
+}
+
+/// Processes whose command line is `cmdline` (NUL-separated, as /proc has it).
+fn sleepers(cmdline: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|e| std::fs::read(e.path().join("cmdline")).is_ok_and(|c| c == cmdline.as_bytes()))
+        .filter(|e| !std::fs::read_to_string(e.path().join("stat")).unwrap_or_default().contains(") Z "))
+        .count()
+}

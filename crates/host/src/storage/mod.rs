@@ -6,6 +6,7 @@
 //! every fork says so in a warning. On Btrfs with quotas on, each sandbox's
 //! directory is also a subvolume of its own with a hard limit ([`btrfs`]).
 
+pub mod beneath;
 pub mod btrfs;
 pub mod tree;
 pub mod volume;

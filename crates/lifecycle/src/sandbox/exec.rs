@@ -13,17 +13,17 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::io::AsyncReadExt;
 
 use crate::engine::Engine;
+use crate::executor::files::{self, FileIn, FileOut};
+use crate::executor::run;
 use crate::sandbox::{Sandbox, SandboxState};
 use airlock_core::error::{Error, ErrorCode, Result};
 
-/// Most bytes of stdout and of stderr returned; the rest is counted and dropped.
-pub const OUTPUT_CAP: usize = 1 << 20;
+pub use crate::executor::run::OUTPUT_CAP;
 
 /// A command to run in a sandbox.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecRequest {
     /// The program and its arguments.
     #[schema(min_items = 1)]
@@ -35,6 +35,14 @@ pub struct ExecRequest {
     /// Text for its standard input.
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Files to put in its working directory before it runs (at most 64,
+    /// 64 MB together).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<FileIn>,
+    /// Files to bring back from its working directory after it ends (paths
+    /// relative to it; at most 64 MB together).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub get: Vec<String>,
 }
 
 /// What a command did.
@@ -52,6 +60,9 @@ pub struct ExecResult {
     pub truncated: bool,
     /// Wall time, milliseconds.
     pub duration_ms: u64,
+    /// The files asked for, in the order asked.
+    #[serde(default)]
+    pub files: Vec<FileOut>,
 }
 
 fn invalid(message: impl Into<String>, hint: &str) -> Error {
@@ -70,6 +81,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     if !(1..=3600).contains(&timeout) {
         return Err(invalid(format!("a timeout of {timeout}s is out of range"), "give between 1s and 1h"));
     }
+    let put = files::check(&req.files, &req.get)?;
     let mut sb = engine.store().sandbox(key)?;
     if sb.state == SandboxState::Suspended {
         sb = super::wake(engine, &sb.id).await?;
@@ -97,6 +109,7 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     }
     airlock_host::storage::tree::private_dir(&workdir)?;
     user.own(&workdir)?;
+    files::put(&workdir, &put, &user)?;
     let mut cmd = tokio::process::Command::new(&req.argv[0]);
     cmd.args(&req.argv[1..])
         .current_dir(&workdir)
@@ -153,133 +166,37 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         }
     }
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| {
+    let child = cmd.spawn().map_err(|e| {
         invalid(
             format!("could not run {:?}: {e}", req.argv[0]),
             "check the program exists inside the sandbox's view (PATH is /usr/local/bin:/usr/bin:/bin)",
         )
     })?;
-    let group = child.id().map(|p| p as i32);
-    if let (Some(text), Some(mut stdin)) = (req.stdin.clone(), child.stdin.take()) {
-        tokio::spawn(async move {
-            use tokio::io::AsyncWriteExt;
-            let _ = stdin.write_all(text.as_bytes()).await;
-        });
-    }
-    let (out, out_task) = Capture::spawn(child.stdout.take());
-    let (err, err_task) = Capture::spawn(child.stderr.take());
-    let status = tokio::time::timeout(Duration::from_secs(timeout), child.wait()).await;
-    let timed_out = status.is_err();
-    if let Some(pgid) = group {
-        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
-    }
-    let status = match status {
-        Ok(s) => s.ok(),
-        Err(_) => child.wait().await.ok(),
+    let kill_rest = async {
+        if contained {
+            let left = || {
+                engine
+                    .cgroups
+                    .members(&sb.id)
+                    .into_iter()
+                    .any(|pid| airlock_core::process::owner(pid) == Some(user.uid.as_raw()))
+            };
+            run::kill_user(&user, left).await;
+        } else {
+            kill_strays(engine, &sb);
+        }
     };
-    if contained {
-        kill_user(engine, &sb, &user).await;
-    } else {
-        kill_strays(engine, &sb);
-    }
-    // With every writer dead the pipes end at once; should one be held anyway,
-    // the answer does not wait on it.
-    for mut task in [out_task, err_task] {
-        if tokio::time::timeout(OUTPUT_GRACE, &mut task).await.is_err() {
-            task.abort();
-            tracing::warn!(sandbox = %sb.id, "an exec's output stayed open after its processes were killed");
-        }
-    }
-    let (stdout, cut_out) = out.take();
-    let (stderr, cut_err) = err.take();
+    let ended = run::to_the_end(child, req.stdin.clone(), Duration::from_secs(timeout), kill_rest).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
     Ok(ExecResult {
-        exit_code: status.and_then(|s| s.code()),
-        timed_out,
-        stdout,
-        stderr,
-        truncated: cut_out || cut_err,
-        duration_ms: started.elapsed().as_millis() as u64,
+        exit_code: ended.exit_code,
+        timed_out: ended.timed_out,
+        stdout: ended.stdout,
+        stderr: ended.stderr,
+        truncated: ended.truncated,
+        duration_ms,
+        files: files::get(&workdir, &req.get, &user),
     })
-}
-
-/// How long output may stay open once the command's processes are dead.
-const OUTPUT_GRACE: Duration = Duration::from_secs(5);
-
-/// One output pipe read to its end in the background, at most [`OUTPUT_CAP`]
-/// bytes kept; what was read is there even if the end never comes.
-#[derive(Clone, Default)]
-struct Capture(std::sync::Arc<std::sync::Mutex<(Vec<u8>, bool)>>);
-
-impl Capture {
-    fn spawn<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
-        pipe: Option<R>,
-    ) -> (Capture, tokio::task::JoinHandle<()>) {
-        let capture = Capture::default();
-        let kept = capture.clone();
-        let task = tokio::spawn(async move {
-            let Some(mut pipe) = pipe else { return };
-            let mut buf = [0u8; 8192];
-            while let Ok(n @ 1..) = pipe.read(&mut buf).await {
-                let mut kept = kept.0.lock().unwrap_or_else(|p| p.into_inner());
-                let room = OUTPUT_CAP.saturating_sub(kept.0.len());
-                kept.0.extend_from_slice(&buf[..n.min(room)]);
-                kept.1 |= n > room;
-            }
-        });
-        (capture, task)
-    }
-
-    /// The text read so far, and whether some was cut at the cap.
-    fn take(&self) -> (String, bool) {
-        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        (String::from_utf8_lossy(&kept.0).into_owned(), kept.1)
-    }
-}
-
-/// Kills every process of the exec user, the sandbox's alone: a process that
-/// signals all it may (`kill(-1)`) as that user reaches each one, including
-/// those forked while it runs, which one pass over a process list would miss.
-/// Repeated until none is left in the sandbox's cgroups.
-async fn kill_user(engine: &Engine, sb: &Sandbox, user: &airlock_host::users::Identity) {
-    let (uid, gid) = (user.uid, user.gid);
-    for _ in 0..20 {
-        let killed = tokio::task::spawn_blocking(move || signal_all_as(uid, gid)).await;
-        if !matches!(killed, Ok(Ok(()))) {
-            tracing::warn!(sandbox = %sb.id, "could not run the exec user's killer");
-        }
-        let left = engine
-            .cgroups
-            .members(&sb.id)
-            .into_iter()
-            .any(|pid| airlock_core::process::owner(pid) == Some(uid.as_raw()));
-        if !left {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tracing::warn!(sandbox = %sb.id, "exec processes outlived twenty rounds of killing");
-}
-
-/// Forks a child that becomes `uid` and sends SIGKILL to every process it may
-/// signal (all of that user's but itself), then waits for it.
-fn signal_all_as(uid: nix::unistd::Uid, gid: nix::unistd::Gid) -> nix::Result<()> {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::{fork, ForkResult, Pid};
-    // SAFETY: the child makes only async-signal-safe system calls, then _exit.
-    match unsafe { fork() }? {
-        ForkResult::Child => {
-            let ok = nix::unistd::setgroups(&[]).is_ok()
-                && nix::unistd::setgid(gid).is_ok()
-                && nix::unistd::setuid(uid).is_ok()
-                && kill(Pid::from_raw(-1), Signal::SIGKILL).is_ok();
-            // SAFETY: leaving the forked child without running the parent's destructors.
-            unsafe { nix::libc::_exit(if ok { 0 } else { 1 }) }
-        }
-        ForkResult::Parent { child } => {
-            nix::sys::wait::waitpid(child, None)?;
-            Ok(())
-        }
-    }
 }
 
 /// Without root there is no exec user of its own to kill by: kills what an exec
