@@ -187,6 +187,28 @@ class Client:
         """The agent tools' names, descriptions and input schemas."""
         return self._call("GET", "/v1/tools")
 
+    # -- live targets --------------------------------------------------------------
+
+    def grant(self, target: str, tables, where=None, schema=None, ttl: Ttl = None, statement_timeout: Ttl = None, connections=None):
+        """Mints a short-lived, read-only grant on live target `target`: SELECT on
+        exactly `tables` (and, with `where`, only those rows), reached through the
+        router. Returns a `Grant` whose `dsn` is given this once."""
+        from .live import grant
+
+        return grant(self, target, tables, where=where, schema=schema, ttl=ttl, statement_timeout=statement_timeout, connections=connections)
+
+    def revoke(self, grant) -> None:
+        """Ends a grant now: its sessions are cut, its role dropped on the target."""
+        gid = grant if isinstance(grant, str) else grant.id
+        self._call("DELETE", f"/v1/grants/{quote(gid, safe='')}")
+
+    def exec_grant(self, grant, argv, files=None, get=(), timeout: Ttl = "60s", stdin=None):
+        """Runs a command in a disposable executor attached to `grant`; the grant
+        ends with it. Returns an `ExecResult` with the files asked for."""
+        from .live import exec_grant
+
+        return exec_grant(self, grant, argv, files=files, get=get, timeout=timeout, stdin=stdin)
+
     # -- transport -----------------------------------------------------------------
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
