@@ -85,3 +85,54 @@ def test_a_grant_and_its_executor_in_a_few_lines(client, production):
             raise RuntimeError("the harness failed")
     assert all(x["id"] != g.id for x in client._call("GET", "/v1/grants"))
     client._call("DELETE", "/v1/targets/pyprod")
+
+
+def test_mcp_on_a_live_target_reads_only_the_grant_and_runs_python_on_the_last_result(daemon, client, production):
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters, stdio_client
+
+    from conftest import BIN, assert_no_secrets
+
+    dsn = f"postgresql://ops:ops-pw-3f1@127.0.0.1:{production}/prod?sslmode=disable"
+    client._call("POST", "/v1/targets", {"name": "mcpprod", "dsn": dsn})
+    args = ["mcp", "--target", "mcpprod", "--tables", "analytics.accounts", "--where", "tenant_id = 42"]
+    params = StdioServerParameters(command=BIN, args=args, env=daemon.env)
+    text = lambda r: "\n".join(c.text for c in r.content if c.type == "text")
+
+    async def go():
+        async with stdio_client(params) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+                tools = sorted(t.name for t in (await session.list_tools()).tools)
+                assert tools == ["describe_schema", "run_python", "run_sql"]
+                r = await session.call_tool("describe_schema", {})
+                assert "accounts" in text(r) and "salaries" not in text(r) and "<untrusted-data-" in text(r), text(r)
+                r = await session.call_tool("run_sql", {"sql": "SELECT * FROM analytics.salaries"})
+                assert r.is_error and "permission denied" in text(r)
+                r = await session.call_tool("run_sql", {"sql": "SET default_transaction_read_only = off; DELETE FROM accounts"})
+                assert r.is_error and "permission denied" in text(r), text(r)
+                r = await session.call_tool("run_sql", {"sql": "SELECT id, tenant_id, name FROM accounts ORDER BY id"})
+                assert not r.is_error and '"row_count":5' in text(r) and "<untrusted-data-" in text(r), text(r)
+                assert_no_secrets(text(r), "ops-pw-3f1", str(production))
+                code = (
+                    "import pandas as pd\n"
+                    "df = pd.read_csv('result.csv')\n"
+                    "print(sorted(set(df.tenant_id)), len(df))\n"
+                    "df.plot.bar(x='name', y='id').get_figure().savefig('chart.png')\n"
+                )
+                r = await session.call_tool("run_python", {"code": code})
+                assert not r.is_error and "[42] 5" in text(r), text(r)
+                assert any(c.type == "image" and c.mime_type == "image/png" for c in r.content)
+                r = await session.call_tool("run_python", {"code": "raise SystemExit('no')", "x": 1})
+                assert r.is_error
+                grants = client._call("GET", "/v1/grants")
+                assert len(grants) == 1, grants  # the session's; run_python's ended with it
+
+    asyncio.run(go())
+    # The session's grant is revoked at its end.
+    deadline = __import__("time").time() + 10
+    while client._call("GET", "/v1/grants") and __import__("time").time() < deadline:
+        __import__("time").sleep(0.1)
+    assert client._call("GET", "/v1/grants") == []
+    client._call("DELETE", "/v1/targets/mcpprod")

@@ -24,6 +24,9 @@ enum Target {
     Token(Arc<Engine>),
     /// In `airlock mcp`: one sandbox, through the daemon's REST API.
     Daemon { client: Arc<Client>, sandbox: String, home: String },
+    /// In `airlock mcp --target`: one grant on a live target, through the
+    /// daemon's REST API.
+    Grant(Arc<super::stdio::OnGrant>),
 }
 
 /// An MCP server offering the agent tools for one sandbox.
@@ -50,8 +53,14 @@ impl Gateway {
         Gateway { target: Target::Daemon { client: Arc::new(client), sandbox, home } }
     }
 
+    /// `airlock mcp --target`'s server: every call goes to the session's grant.
+    pub fn for_grant(on: super::stdio::OnGrant) -> Gateway {
+        Gateway { target: Target::Grant(Arc::new(on)) }
+    }
+
     async fn run(&self, tool: &str, args: Value, parts: Option<&Parts>) -> Result<ToolOutput> {
         match &self.target {
+            Target::Grant(on) => on.call(tool, args).await,
             Target::Token(engine) => {
                 let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
                 let super::http::BoundSandbox(sandbox) = bound.ok_or_else(gone)?;
@@ -72,6 +81,7 @@ impl Gateway {
     /// tools of each are offered only when it has it.
     async fn stores(&self, parts: Option<&Parts>) -> (bool, bool) {
         match &self.target {
+            Target::Grant(_) => (true, false),
             Target::Token(engine) => {
                 let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
                 let Some(super::http::BoundSandbox(id)) = bound else { return (true, false) };
@@ -96,18 +106,16 @@ impl Gateway {
     fn scrub(&self, text: String) -> String {
         match &self.target {
             Target::Daemon { home, .. } if !home.is_empty() => text.replace(home.as_str(), "$AIRLOCK_HOME"),
+            Target::Grant(on) if !on.home.is_empty() => text.replace(on.home.as_str(), "$AIRLOCK_HOME"),
             _ => text,
         }
     }
 }
 
-/// The tools as MCP describes them: `run_redis` only for a task with a
-/// Redis, `run_sql` and `test_migration` only for one with a PostgreSQL.
-pub fn tool_list((postgres, redis): (bool, bool)) -> Vec<Tool> {
-    tools::specs()
+/// Tool specs as MCP describes them.
+fn listed(specs: Vec<tools::ToolSpec>) -> Vec<Tool> {
+    specs
         .into_iter()
-        .filter(|spec| redis || spec.name != tools::RUN_REDIS)
-        .filter(|spec| postgres || ![tools::RUN_SQL, tools::TEST_MIGRATION].contains(&spec.name))
         .map(|spec| {
             let schema = match spec.input_schema {
                 Value::Object(m) => m,
@@ -118,11 +126,27 @@ pub fn tool_list((postgres, redis): (bool, bool)) -> Vec<Tool> {
         .collect()
 }
 
+/// The tools as MCP describes them: `run_redis` only for a task with a
+/// Redis, `run_sql` and `test_migration` only for one with a PostgreSQL.
+pub fn tool_list((postgres, redis): (bool, bool)) -> Vec<Tool> {
+    listed(
+        tools::specs()
+            .into_iter()
+            .filter(|spec| redis || spec.name != tools::RUN_REDIS)
+            .filter(|spec| postgres || ![tools::RUN_SQL, tools::TEST_MIGRATION].contains(&spec.name))
+            .collect(),
+    )
+}
+
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
+        let instructions = match self.target {
+            Target::Grant(_) => super::grants::INSTRUCTIONS,
+            _ => INSTRUCTIONS,
+        };
         InitializeResult::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("airlock", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(instructions)
     }
 
     async fn list_tools(
@@ -130,6 +154,9 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> std::result::Result<ListToolsResult, ErrorData> {
+        if let Target::Grant(_) = self.target {
+            return Ok(ListToolsResult::with_all_items(listed(super::grants::specs())));
+        }
         let stores = self.stores(context.extensions.get::<Parts>()).await;
         Ok(ListToolsResult::with_all_items(tool_list(stores)))
     }
@@ -143,7 +170,14 @@ impl ServerHandler for Gateway {
         let parts = context.extensions.get::<Parts>();
         let result = match self.run(&request.name, args, parts).await {
             Ok(out) if out.is_error => CallToolResult::error(vec![ContentBlock::text(out.text)]),
-            Ok(out) => CallToolResult::success(vec![ContentBlock::text(out.text)]),
+            Ok(out) => {
+                let mut content = vec![ContentBlock::text(out.text)];
+                // A chart run_python made comes back as an image.
+                if let Some(png) = out.result.get("chart_png_base64").and_then(Value::as_str) {
+                    content.push(ContentBlock::image(png, "image/png"));
+                }
+                CallToolResult::success(content)
+            }
             Err(e) => CallToolResult::error(vec![ContentBlock::text(self.scrub(tools::error_text(&e)))]),
         };
         Ok(result.into())

@@ -85,8 +85,8 @@ pub struct Column {
     pub type_name: String,
 }
 
-/// Runs `sql` in a sandbox as its agent role.
-pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
+/// Refuses SQL no server could take: empty, with a NUL byte, or too long.
+fn check(sql: &str) -> Result<()> {
     if sql.trim().is_empty() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
@@ -108,6 +108,12 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
             "send smaller batches of statements",
         ));
     }
+    Ok(())
+}
+
+/// Runs `sql` in a sandbox as its agent role.
+pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
+    check(sql)?;
     let began = Instant::now();
     let (sb, _busy) = super::running(engine, key).await?;
     if !engine.layout.generation_has_postgres(&sb.golden, sb.generation) {
@@ -190,6 +196,59 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
     } else {
         session.close().await;
     }
+    Ok(collector.finish(&names, status, began))
+}
+
+/// Runs `sql` on a database outside any sandbox, over `dsn` (a grant's,
+/// through the router), with the caps of [`run`]; `deadline` bounds the whole
+/// call (the grant's own statement timeout acts first). One session per call.
+pub async fn run_through(dsn: &str, sql: &str, deadline: Duration) -> Result<SqlResult> {
+    check(sql)?;
+    let began = Instant::now();
+    let unreachable = |why: String| {
+        Error::new(
+            ErrorCode::TargetRefused,
+            format!("the grant's database could not be reached: {why}"),
+            "the grant may have ended; the harness must mint a new one",
+        )
+    };
+    let server = airlock_postgres::target::server(dsn)?;
+    let stream = airlock_postgres::outbound::connect(&server.host, server.port, server.tls.as_ref())
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut session = Session::connect(stream, &server.user, &server.password, &server.database)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut collector = Collector::default();
+    let status = match tokio::time::timeout(deadline, session.simple_query(sql, &mut collector)).await {
+        Ok(Ok(status)) => status,
+        Ok(Err(wire::WireError::Io(_))) => {
+            collector.error.get_or_insert_with(|| DbError {
+                sqlstate: "08006".into(),
+                message: "the session ended during the call (the grant ended, or its server cut it)".into(),
+                hint: Some("call again; if the grant has ended, the harness must mint a new one".into()),
+                ..Default::default()
+            });
+            return Ok(collector.finish(&Default::default(), b'I', began));
+        }
+        Ok(Err(e)) => return Err(unreachable(e.to_string())),
+        Err(_) => {
+            // The session goes with its statement: the server ends it when it
+            // next writes, and the grant's own timeout ends the statement.
+            collector.error = Some(DbError {
+                sqlstate: "57014".into(),
+                message: format!(
+                    "the statements ran longer than {} s in all and were cut",
+                    deadline.as_secs()
+                ),
+                hint: Some("run fewer or cheaper statements per call".into()),
+                ..Default::default()
+            });
+            return Ok(collector.finish(&Default::default(), b'I', began));
+        }
+    };
+    let names = type_names(&mut session, &collector.fields).await;
+    session.close().await;
     Ok(collector.finish(&names, status, began))
 }
 

@@ -336,6 +336,20 @@ impl Live {
         self.store().grant(id)?.ok_or_else(|| grant_not_found(id))
     }
 
+    /// A live grant's DSN through the router, for the daemon's own sessions
+    /// on it (the tools of `airlock mcp --target`); never given out again.
+    pub fn client_dsn(&self, id: &str) -> Result<String> {
+        let password = self.store().grant_password(id)?.ok_or_else(|| grant_not_found(id))?;
+        let address = self.engine.router.get().cloned().ok_or_else(|| {
+            Error::new(
+                ErrorCode::InvalidRequest,
+                "the router is off, and a grant is reached only through it",
+                "start the router",
+            )
+        })?;
+        Ok(address.dsn_as(id, id, &password))
+    }
+
     /// Ends a grant now: `airlock revoke ID`.
     pub async fn revoke(&self, id: &str) -> Result<Grant> {
         let grant = self.grant_of(id)?;

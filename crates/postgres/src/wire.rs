@@ -15,7 +15,6 @@ use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 /// The longest row message kept; a longer one is skipped unread and reported as such.
 pub const MAX_ROW_MESSAGE: usize = 8 << 20;
@@ -102,23 +101,29 @@ pub trait Sink {
     fn error(&mut self, error: DbError);
 }
 
+/// A connection a session runs on: an instance's socket, or a TCP (and TLS)
+/// connection to a server outside ([`crate::outbound`]).
+pub trait Duplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Duplex for T {}
+
 /// An open session as one role on one instance.
 pub struct Session {
-    stream: UnixStream,
+    stream: Box<dyn Duplex>,
     read: BytesMut,
     backend_key: Option<(i32, i32)>,
 }
 
 impl Session {
-    /// Opens a session on a connected instance socket, authenticating with
+    /// Opens a session on a connected stream (an instance socket, say), authenticating with
     /// SCRAM-SHA-256 (see [`crate::socket::connect_instance`] for the socket).
     pub async fn connect(
-        stream: UnixStream,
+        stream: impl Duplex + 'static,
         user: &str,
         password: &str,
         database: &str,
     ) -> Result<Session, WireError> {
-        let mut session = Session { stream, read: BytesMut::with_capacity(16 << 10), backend_key: None };
+        let mut session =
+            Session { stream: Box::new(stream), read: BytesMut::with_capacity(16 << 10), backend_key: None };
         let mut buf = BytesMut::new();
         let params = [
             ("user", user),

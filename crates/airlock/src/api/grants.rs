@@ -49,3 +49,42 @@ pub(super) async fn exec_grant(
     let live = s.live.clone();
     Ok(Json(detached(async move { live.exec(&id, &req).await }).await?))
 }
+
+#[utoipa::path(post, path = "/v1/grants/{id}/tools/{tool}", tag = "targets", params(("id" = String, Path, description = "the grant's id"), ("tool" = String, Path, description = "run_sql or describe_schema")), request_body(content = Option<Object>, description = "the tool's arguments (null for none)"), responses((status = 200, description = "the tool's answer, as on a fork", body = airlock_gateway::tools::ToolOutput), ApiErrors))]
+pub(super) async fn grant_tool(
+    State(s): State<AppState>,
+    Path((id, tool)): Path<(String, String)>,
+    args: Result<Json<serde_json::Value>, JsonRejection>,
+) -> ApiResult<airlock_gateway::tools::ToolOutput> {
+    let args = body(args)?;
+    let live = s.live.clone();
+    let engine = s.engine.clone();
+    Ok(Json(
+        detached(async move {
+            let grant = live.grant_of(&id)?;
+            let dsn = live.client_dsn(&id)?;
+            // The grant's own statement timeout ends a statement first.
+            let deadline = std::time::Duration::from_millis(grant.statement_timeout_ms as u64)
+                + std::time::Duration::from_secs(5);
+            let out = airlock_gateway::grants::call(&dsn, &tool, &args, deadline).await;
+            let mut detail = serde_json::json!({"grant": id, "target": grant.target, "tool": tool});
+            if let Some(sql) = args.get("sql").and_then(|v| v.as_str()) {
+                detail["statement"] = serde_json::json!(sql.chars().take(2000).collect::<String>());
+            }
+            match &out {
+                Ok(o) if o.is_error => detail["error"] = o.result.get("error").cloned().unwrap_or_default(),
+                Err(e) => {
+                    detail["error"] = serde_json::json!({"code": e.code.as_str(), "message": e.message})
+                }
+                Ok(_) => {}
+            }
+            engine.store().record_or_log(airlock_core::events::NewEvent {
+                kind: airlock_core::events::EventKind::ToolCall,
+                detail,
+                ..Default::default()
+            });
+            out
+        })
+        .await?,
+    ))
+}

@@ -105,6 +105,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(grants::mint_grant))
         .routes(routes!(grants::list_grants))
         .routes(routes!(grants::show_grant, grants::revoke_grant))
+        .routes(routes!(grants::grant_tool))
         // An exec carries files both ways (base64, 64 MB each way at most).
         .merge(
             OpenApiRouter::new()

@@ -660,8 +660,21 @@ struct MigratePromoteArgs {
 #[derive(Debug, Args)]
 struct McpArgs {
     /// The golden each session's sandbox is forked from.
-    #[arg(long)]
-    golden: String,
+    #[arg(long, required_unless_present = "target", conflicts_with = "target")]
+    golden: Option<String>,
+    /// Serve a live target instead, through a grant minted for the session
+    /// (and revoked at its end): run_sql, describe_schema and run_python.
+    #[arg(long, requires = "tables")]
+    target: Option<String>,
+    /// With --target: what the session's grant may read (schema.table, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    tables: Vec<String>,
+    /// With --target: a row filter for the grant (`tenant_id = 42`).
+    #[arg(long = "where", value_name = "EXPR", requires = "target")]
+    where_clause: Option<String>,
+    /// With --target: the schema of bare table names.
+    #[arg(long, requires = "target")]
+    schema: Option<String>,
     /// Access mode: owner (DDL and DML) or readonly.
     #[arg(long, default_value = "owner")]
     mode: String,

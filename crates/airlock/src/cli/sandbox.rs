@@ -76,14 +76,25 @@ pub(super) async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
 
 /// `airlock mcp`: one sandbox for one MCP session on stdio.
 pub(super) async fn mcp(cli: &Cli, args: &McpArgs) -> Result<i32> {
+    let home = cli.layout().home().display().to_string();
+    if let Some(target) = &args.target {
+        let request = airlock_live::grant::GrantRequest {
+            tables: args.tables.clone(),
+            schema: args.schema.clone(),
+            where_clause: args.where_clause.clone(),
+            ttl_seconds: Some(validate::parse_ttl(&args.ttl)?.as_secs().max(1) as i64),
+            ..Default::default()
+        };
+        let request = serde_json::to_value(&request).expect("a grant request serializes");
+        return airlock_gateway::stdio::serve_grant(cli.client()?, home, target.clone(), request).await;
+    }
     let req = ForkRequest {
-        golden: args.golden.clone(),
+        golden: args.golden.clone().unwrap_or_default(),
         ttl_seconds: Some(validate::parse_ttl(&args.ttl)?.as_secs().max(1) as i64),
         labels: validate::labels(&args.labels)?,
         access: Access { mode: Mode::parse(&args.mode)?, ..Default::default() },
         ..Default::default()
     };
-    let home = cli.layout().home().display().to_string();
     airlock_gateway::stdio::serve(cli.client()?, home, req).await
 }
 
