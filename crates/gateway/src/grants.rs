@@ -139,7 +139,16 @@ async fn run_sql(dsn: &str, args: &Value, deadline: Duration) -> Result<ToolOutp
 async fn describe(dsn: &str, args: &Value) -> Result<ToolOutput> {
     let map = arguments(args, &["table"])?;
     let wanted = string(map, "table")?;
-    let client = airlock_postgres::target::connect_to(dsn, "grant").await?;
+    // The connection's own error names the router's address: said to the
+    // model without it (the daemon's log has it).
+    let client = airlock_postgres::target::connect_to(dsn, "grant").await.map_err(|e| {
+        tracing::warn!(error = %e.message, "describe_schema could not reach a grant");
+        Error::new(
+            ErrorCode::TargetRefused,
+            "the grant's database could not be reached",
+            "the grant may have ended; the harness must mint a new one",
+        )
+    })?;
     let rows = client
         .query(
             "SELECT n.nspname::text, c.relname::text, a.attname::text,

@@ -205,10 +205,13 @@ pub async fn run(engine: &Engine, key: &str, sql: &str) -> Result<SqlResult> {
 pub async fn run_through(dsn: &str, sql: &str, deadline: Duration) -> Result<SqlResult> {
     check(sql)?;
     let began = Instant::now();
+    // What went wrong can name the router's address: the daemon's log has
+    // it, the model does not.
     let unreachable = |why: String| {
+        tracing::warn!(error = %why, "run_sql could not reach a grant");
         Error::new(
             ErrorCode::TargetRefused,
-            format!("the grant's database could not be reached: {why}"),
+            "the grant's database could not be reached",
             "the grant may have ended; the harness must mint a new one",
         )
     };
