@@ -5828,7 +5828,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description the target, now forgotten with its DSN */
+            /** @description the target, now forgotten with its DSN, its grants ended */
             200: {
                 headers: {
                     [name: string]: unknown;

@@ -236,9 +236,9 @@ impl Resolved {
 }
 
 /// The prefix of every grant role of this data root on a target: the data
-/// root's tag keeps another Airlock's grants on the same target apart.
+/// root's random mark keeps another Airlock's grants on the same target apart.
 pub(crate) fn role_prefix(live: &Live) -> String {
-    format!("airlock_grant_{}_", live.engine.layout.tag())
+    format!("airlock_grant_{}_", live.mark)
 }
 
 impl Live {
@@ -274,13 +274,23 @@ impl Live {
         let mut client = super::target::admin(&dsn).await?;
         let minted =
             tokio::time::timeout(TARGET_WITHIN, mint(&mut client, &role, &role_verifier, expires_at, &asked))
-                .await
-                .map_err(|_| {
-                    refused(
-                        format!("the target {target} did not finish minting within {TARGET_WITHIN:?}"),
-                        "try again",
-                    )
-                })?;
+                .await;
+        let minted = match minted {
+            Ok(m) => m,
+            Err(_) => {
+                // Its COMMIT may have reached the server: the role is ended
+                // on a session of its own (the one cut short is dropped, which
+                // rolls back what did not commit).
+                drop(client);
+                if let Ok(fresh) = super::target::admin(&dsn).await {
+                    let _ = tokio::time::timeout(TARGET_WITHIN, end_on_target(&fresh, &role)).await;
+                }
+                return Err(refused(
+                    format!("the target {target} did not finish minting within {TARGET_WITHIN:?}"),
+                    "try again",
+                ));
+            }
+        };
         let (tables, search_path, cannot_take_away) = match minted {
             Ok(m) => m,
             Err(e) => {
@@ -568,9 +578,7 @@ async fn mint(
         }
     };
     let path = search_path.iter().map(|s| ident(s)).collect::<Vec<_>>().join(", ");
-    tx.batch_execute(&format!("ALTER ROLE {r} SET search_path = {}", path.replace('\'', "''")))
-        .await
-        .map_err(sql)?;
+    tx.batch_execute(&format!("ALTER ROLE {r} SET search_path = {path}")).await.map_err(sql)?;
     // A grant the server took silently ("no privileges were granted") is no grant.
     for table in &resolved {
         let object = match &asked.where_clause {
@@ -603,6 +611,7 @@ async fn what_public_has(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<Str
             "SELECT current_database()::text,
                     pg_catalog.has_database_privilege('public', current_database(), 'TEMPORARY'),
                     pg_catalog.has_function_privilege('public', 'pg_catalog.lo_create(oid)', 'EXECUTE'),
+                    pg_catalog.current_setting('max_prepared_transactions')::int4,
                     ARRAY(SELECT n.nspname::text FROM pg_catalog.pg_namespace n
                            WHERE pg_catalog.has_schema_privilege('public', n.oid, 'CREATE')
                              AND n.nspname NOT LIKE 'pg\\_%' ORDER BY 1),
@@ -632,7 +641,15 @@ async fn what_public_has(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<Str
                 .to_owned(),
         );
     }
-    let schemas: Vec<String> = row.cell(3)?;
+    if row.cell::<i32>(3)? > 0 {
+        said.push(
+            "prepared transactions: any role may PREPARE TRANSACTION, and a prepared one outlives the session \
+             and the role (its locks held, vacuum held back) until someone commits or rolls it back; close it \
+             with max_prepared_transactions = 0, or watch pg_prepared_xacts"
+                .to_owned(),
+        );
+    }
+    let schemas: Vec<String> = row.cell(4)?;
     if !schemas.is_empty() {
         said.push(format!(
             "objects: every role may create them in schema {}; close it with REVOKE CREATE ON SCHEMA {} FROM PUBLIC",
@@ -640,7 +657,7 @@ async fn what_public_has(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<Str
             schemas.join(", ")
         ));
     }
-    let readable: Vec<String> = row.cell(4)?;
+    let readable: Vec<String> = row.cell(5)?;
     if !readable.is_empty() {
         let shown: Vec<&str> = readable.iter().take(5).map(String::as_str).collect();
         let more =
@@ -679,7 +696,7 @@ pub(crate) async fn end_on_target(client: &tokio_postgres::Client, role: &str) -
         loop {
             let left: i64 = client
                 .query_one(
-                    "SELECT count(pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity
+                    "SELECT pg_catalog.count(pg_catalog.pg_terminate_backend(pid)) FROM pg_catalog.pg_stat_activity
                       WHERE usename = $1 AND pid <> pg_catalog.pg_backend_pid()",
                     &[&role],
                 )

@@ -24,6 +24,8 @@ pub struct Live {
     engine: Arc<Engine>,
     /// Roles being minted, which reconciliation must not take for orphans.
     minting: Arc<Mutex<HashSet<String>>>,
+    /// This data root's mark in its grants' role names ([`store::Store::mark`]).
+    mark: String,
 }
 
 /// A role being minted, until dropped.
@@ -42,7 +44,8 @@ impl Live {
     /// Opens the service's store in the engine's data root.
     pub fn open(engine: Arc<Engine>) -> Result<Arc<Live>> {
         let store = store::Store::open(&engine.layout.home().join("live.db"))?;
-        Ok(Arc::new(Live { store: Mutex::new(store), engine, minting: Default::default() }))
+        let mark = store.mark()?;
+        Ok(Arc::new(Live { store: Mutex::new(store), engine, minting: Default::default(), mark }))
     }
 
     fn minting(&self, role: &str) -> Minting {

@@ -146,6 +146,29 @@ impl Store {
         Ok(out)
     }
 
+    /// Every grant on record on `target`, those being ended included.
+    pub fn grants_of_target(&self, target: &str) -> Result<Vec<Grant>> {
+        let mut stmt = self.conn.prepare("SELECT body FROM grants WHERE target = ?1")?;
+        let rows = stmt.query_map([target], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            out.push(grant_of(&row?)?);
+        }
+        Ok(out)
+    }
+
+    /// This data root's own mark on targets: random, made once, so that two
+    /// Airlocks on one target (two hosts with the same data root path) never
+    /// take each other's grants for orphans.
+    pub fn mark(&self) -> Result<String> {
+        self.conn
+            .execute_batch("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")?;
+        let made = airlock_core::secret::hex(&airlock_core::secret::random_bytes::<6>());
+        self.conn
+            .execute("INSERT INTO meta (key, value) VALUES ('mark', ?1) ON CONFLICT DO NOTHING", [made])?;
+        Ok(self.conn.query_row("SELECT value FROM meta WHERE key = 'mark'", [], |r| r.get(0))?)
+    }
+
     /// One live grant.
     pub fn grant(&self, id: &str) -> Result<Option<Grant>> {
         Ok(self.grants_where("id = ?1", [id])?.pop())

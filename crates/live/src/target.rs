@@ -113,9 +113,20 @@ impl Live {
         self.store().target(name)?.ok_or_else(|| not_found(name))
     }
 
-    /// Forgets a target and its DSN.
-    pub fn remove_target(&self, name: &str) -> Result<Target> {
+    /// Ends the target's grants, then forgets it and its DSN: a grant left
+    /// behind could never be ended on its target again.
+    pub async fn remove_target(&self, name: &str) -> Result<Target> {
         let target = self.target(name)?;
+        let grants: Vec<_> = self.store().grants_of_target(name)?;
+        for grant in grants {
+            self.end(&grant, "target_removed").await.map_err(|e| {
+                Error::new(
+                    ErrorCode::TargetRefused,
+                    format!("target {name} is kept: its grant {} could not be ended: {}", grant.id, e.message),
+                    "make the target reachable and remove it again; its grants' roles expire on it at their VALID UNTIL",
+                )
+            })?;
+        }
         if !self.store().remove_target(name)? {
             return Err(not_found(name));
         }
@@ -136,9 +147,23 @@ fn exists(name: &str) -> Error {
     )
 }
 
-/// A session on the target as its admin role, within [`CONNECT_WITHIN`].
+/// A session on the target as its admin role, within [`CONNECT_WITHIN`],
+/// whose names resolve in `pg_catalog` alone: a grantee may create functions
+/// and operators where `PUBLIC` may create (schema `public` before
+/// PostgreSQL 15), and none of them may stand in for one the daemon's queries
+/// call as the admin role (an operator `*(numeric, integer)` in `public`
+/// would, on the default search path).
 pub(crate) async fn admin(dsn: &str) -> Result<tokio_postgres::Client> {
     let hint = "check the DSN, that the server is up and reachable, and its sslmode";
+    let client = connect(dsn, hint).await?;
+    client
+        .batch_execute("SET search_path = pg_catalog, pg_temp")
+        .await
+        .map_err(|e| refused(format!("the target refused a setting: {e}"), hint))?;
+    Ok(client)
+}
+
+async fn connect(dsn: &str, hint: &str) -> Result<tokio_postgres::Client> {
     tokio::time::timeout(CONNECT_WITHIN, airlock_postgres::target::connect_to(dsn, "target"))
         .await
         .map_err(|_| {

@@ -28,6 +28,8 @@ const TICK: Duration = Duration::from_millis(500);
 const RECONCILE: Duration = Duration::from_secs(60);
 /// How often an ending that failed (its target unreachable) is tried again.
 const RETRY: Duration = Duration::from_secs(30);
+/// How long a cancelled statement may go on before its session is ended.
+const CANCEL_HEEDED_WITHIN: Duration = Duration::from_secs(2);
 /// What a statement may run past its grant's timeout before the watchdog
 /// cancels it (the server's own timeout, when the grantee kept it, acts first).
 const GRACE_MS: i64 = 250;
@@ -49,8 +51,9 @@ struct Watch {
     sessions: HashMap<String, tokio_postgres::Client>,
     reconciled: Option<Instant>,
     retried: Option<Instant>,
-    /// Statements already cancelled (pid, start), said once each.
-    cancelled: HashSet<(i32, i64)>,
+    /// Statements already cancelled (pid, start), and when: one still running
+    /// a while after (its code caught the cancel) has its session ended.
+    cancelled: HashMap<(i32, i64), Instant>,
 }
 
 impl Watch {
@@ -139,21 +142,32 @@ impl Watch {
                 (row.cell(3)?, row.cell(4)?, row.cell(5)?);
             let Some(grant) = grants.iter().find(|g| g.role == role) else { continue };
             let limit = grant.statement_timeout_ms + GRACE_MS;
-            let action = match state.as_str() {
-                "active" if running_ms > limit && self.cancelled.insert((pid, started)) => "cancelled",
+            let (action, reason) = match state.as_str() {
+                "active" if running_ms > limit => match self.cancelled.get(&(pid, started)) {
+                    None => {
+                        self.cancelled.insert((pid, started), Instant::now());
+                        ("cancelled", "grant_statement_timeout")
+                    }
+                    // A cancel is an error a PL/pgSQL block may catch and go
+                    // on; ending the session is not.
+                    Some(at) if at.elapsed() >= CANCEL_HEEDED_WITHIN => {
+                        ("terminated", "grant_statement_not_cancelled")
+                    }
+                    Some(_) => continue,
+                },
                 "idle in transaction" | "idle in transaction (aborted)" if in_state_ms > limit => {
-                    "terminated"
+                    ("terminated", "grant_idle_timeout")
                 }
                 _ => continue,
             };
             let function = if action == "cancelled" { "pg_cancel_backend" } else { "pg_terminate_backend" };
             let _ = client.execute(&format!("SELECT pg_catalog.{function}($1)"), &[&pid]).await;
-            acted.push((grant.id.clone(), action, pid, running_ms));
+            acted.push((grant.id.clone(), action, reason, pid, running_ms));
         }
-        for (id, action, pid, ms) in acted {
+        for (id, action, reason, pid, ms) in acted {
             live.engine.store().record_or_log(NewEvent {
                 kind: EventKind::Watchdog,
-                reason: Some(if action == "cancelled" { "grant_statement_timeout" } else { "grant_idle_timeout" }),
+                reason: Some(reason),
                 detail: serde_json::json!({"grant": id, "target": target, "action": action, "pid": pid, "ran_ms": ms}),
                 ..Default::default()
             });

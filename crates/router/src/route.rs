@@ -175,8 +175,23 @@ pub(super) async fn serve(shared: &Shared, authenticated: Authenticated) {
         }
         () = ended(shared, &route) => tracing::info!(grant = %route.id, "a routed session was cut: its grant ended"),
     }
-    if let Some(key) = &backend.key {
-        shared.routed.remove(key);
+    if let Some(key) = backend.key.clone() {
+        shared.routed.remove(&key);
+        // Whatever the session was running when its client went is cancelled,
+        // as on a sandbox: a dropped client's statement must not run on
+        // (harmless when it ended normally: the backend is gone or idle).
+        drop(backend);
+        cancel_upstream(&route, &key).await;
+    }
+}
+
+/// Sends a cancel request for `key` to the route's server.
+async fn cancel_upstream(route: &Route, key: &protocol::BackendKey) {
+    let Ok(server) = airlock_postgres::target::server(&route.upstream) else { return };
+    let connect = airlock_postgres::outbound::connect(&server.host, server.port, server.tls.as_ref());
+    if let Ok(Ok(mut upstream)) = tokio::time::timeout(Duration::from_secs(5), connect).await {
+        let _ = upstream.write_all(&key.cancel_request()).await;
+        let _ = upstream.shutdown().await;
     }
 }
 
@@ -196,10 +211,13 @@ async fn ended(shared: &Shared, route: &Route) {
 /// A session upstream as the route's role, on the route's database, with the
 /// client's settings. Errors are what the client is told.
 async fn open(route: &Route, startup: &Startup) -> Result<Backend<Outbound>, ErrorResponse> {
+    // What went wrong upstream (a certificate's name, a file, the server's
+    // own words) goes to the log, not to the client.
     let unreachable = |why: String| {
+        tracing::warn!(grant = %route.id, error = %why, "a grant's database could not be reached");
         refusal(
             "08006",
-            format!("the grant's database could not be reached: {why}"),
+            "the grant's database could not be reached".into(),
             "try again; if it persists, its target may be down (`airlock target show`)",
         )
     };
@@ -214,11 +232,12 @@ async fn open(route: &Route, startup: &Startup) -> Result<Backend<Outbound>, Err
         Ok(Ok(b)) => b,
         Ok(Err(LoginError::Refused { sqlstate, message })) => {
             let text = backend::field(&message[5..], b'M').unwrap_or_default();
+            tracing::warn!(grant = %route.id, %sqlstate, error = %text, "a grant's database refused a session");
             return Err(ErrorResponse {
                 code: sqlstate,
                 ..refusal(
                     "28000",
-                    format!("the grant's database refused the session: {text}"),
+                    "the grant's database refused the session".into(),
                     "the grant may have ended; ask for a new one",
                 )
             });
@@ -248,13 +267,8 @@ async fn open(route: &Route, startup: &Startup) -> Result<Backend<Outbound>, Err
 /// if no routed session has it.
 pub(super) async fn forward_cancel(shared: &Shared, key: &protocol::BackendKey) -> bool {
     let Some(id) = shared.routed.route_of(key) else { return false };
-    let Ok(Some(route)) = route::read(&shared.host.layout, &id) else { return true };
-    let Ok(server) = airlock_postgres::target::server(&route.upstream) else { return true };
-    if let Ok(mut upstream) =
-        airlock_postgres::outbound::connect(&server.host, server.port, server.tls.as_ref()).await
-    {
-        let _ = upstream.write_all(&key.cancel_request()).await;
-        let _ = upstream.shutdown().await;
+    if let Ok(Some(route)) = route::read(&shared.host.layout, &id) {
+        cancel_upstream(&route, key).await;
     }
     true
 }

@@ -31,7 +31,8 @@ pub(super) async fn show_target(State(s): State<AppState>, Path(name): Path<Stri
     Ok(Json(s.live.target(&name)?))
 }
 
-#[utoipa::path(delete, path = "/v1/targets/{name}", tag = "targets", params(("name" = String, Path, description = "the target's name")), responses((status = 200, description = "the target, now forgotten with its DSN", body = Target), ApiErrors))]
+#[utoipa::path(delete, path = "/v1/targets/{name}", tag = "targets", params(("name" = String, Path, description = "the target's name")), responses((status = 200, description = "the target, now forgotten with its DSN, its grants ended", body = Target), ApiErrors))]
 pub(super) async fn remove_target(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<Target> {
-    Ok(Json(s.live.remove_target(&name)?))
+    let live = s.live.clone();
+    Ok(Json(detached(async move { live.remove_target(&name).await }).await?))
 }

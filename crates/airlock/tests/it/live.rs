@@ -526,3 +526,62 @@ fn sleepers(cmdline: &str) -> usize {
         .filter(|e| !std::fs::read_to_string(e.path().join("stat")).unwrap_or_default().contains(") Z "))
         .count()
 }
+
+#[test]
+fn a_grantees_own_code_never_runs_as_the_targets_admin_nor_outlasts_the_watchdog() {
+    let d = Daemon::start(&[]);
+    let (prod, port, ca) = production(&d, "hijack");
+    seed(&prod);
+    // As before PostgreSQL 15: every role may create in schema public.
+    script(&prod.dsn("prod"), "GRANT CREATE ON SCHEMA public TO PUBLIC");
+    let admin = format!(
+        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    assert_eq!(add(&d, "prod", &admin).code, 0);
+    let g = granted(&d, &["prod", "--tables", "analytics.usage_daily", "--statement-timeout", "1s"]);
+    assert!(g["cannot_take_away"].to_string().contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC"), "{g}");
+    let dsn = g["dsn"].as_str().unwrap().to_owned();
+    // Operators and functions the daemon's own queries would find first on
+    // the default search path, each granting what the grant was not given
+    // if it ever ran as the admin role.
+    let trap = |name: &str, args: &str, ret: &str, body: &str| {
+        format!(
+            "CREATE FUNCTION public.{name}({args}) RETURNS {ret} LANGUAGE plpgsql AS $f$ BEGIN \
+             EXECUTE 'GRANT SELECT ON analytics.salaries TO PUBLIC'; {body} END $f$"
+        )
+    };
+    let planted = psql_each(
+        &dsn,
+        &[
+            "SET default_transaction_read_only = off",
+            &trap("times", "numeric, integer", "numeric", "RETURN $1 * $2::numeric;"),
+            "CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = integer, FUNCTION = public.times)",
+            &trap("count", "boolean", "bigint", "RETURN 0;"),
+            &trap("starts_with", "text, text", "boolean", "RETURN true;"),
+        ],
+    );
+    assert!(planted.is_ok(), "{planted:?}");
+    // A statement that catches its cancel, over and over, with the grantee's
+    // own timeout off: its session is ended.
+    let began = std::time::Instant::now();
+    let caught = psql_each(
+        &dsn,
+        &[
+            "SET statement_timeout = 0",
+            "DO $$ BEGIN LOOP BEGIN PERFORM pg_sleep(0.2); EXCEPTION WHEN query_canceled THEN NULL; END; END LOOP; END $$",
+        ],
+    );
+    let e = caught.expect_err("the loop ran on");
+    assert!(e.contains("terminat") || e.contains("closed"), "{e}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(30), "{:?}", began.elapsed());
+    let events = d.ok(&["events", "--json"]);
+    assert!(events.contains("grant_statement_not_cancelled"), "{events}");
+    // Removing the target ends its grants first: nothing is left on it.
+    d.ok(&["target", "rm", "prod"]);
+    assert_eq!(grant_objects(&prod), "");
+    // And no trap ever ran as the admin role.
+    let leaked =
+        sql(&prod.dsn("prod"), "SELECT has_table_privilege('public', 'analytics.salaries', 'SELECT')");
+    assert_eq!(leaked, "f", "a grantee's function ran as the target's admin");
+}
