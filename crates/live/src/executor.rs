@@ -30,6 +30,10 @@ use super::Live;
 const INSIDE: ([u8; 4], u16) = ([127, 0, 0, 1], 5432);
 /// The workspace, as code inside sees it.
 const WORKSPACE: &str = "/work";
+/// What the workspace holds at most: a tmpfs of this size, its pages charged
+/// to the memory of whoever wrote them (the run's cgroup), so a run fills
+/// neither the host's disk nor more than its own memory.
+const WORKSPACE_BYTES: u64 = 256 << 20;
 
 fn invalid(message: String, hint: &str) -> Error {
     Error::new(ErrorCode::InvalidRequest, message, hint)
@@ -50,6 +54,7 @@ impl Drop for Boundary<'_> {
             bridge.abort();
         }
         let engine = &self.live.engine;
+        let _ = nix::mount::umount2(&self.dir.join("work"), nix::mount::MntFlags::MNT_DETACH);
         engine.cgroups.remove(&self.holder);
         if let Err(e) = std::fs::remove_dir_all(&self.dir) {
             if e.kind() != std::io::ErrorKind::NotFound {
@@ -108,7 +113,15 @@ impl Live {
         };
         let work = dir.join("work");
         airlock_host::storage::tree::private_dir(&work)?;
-        user.own(&work)?;
+        let options = format!("size={WORKSPACE_BYTES},mode=0700,uid={},gid={}", user.uid, user.gid);
+        nix::mount::mount(
+            Some("tmpfs"),
+            &work,
+            Some("tmpfs"),
+            nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+            Some(options.as_str()),
+        )
+        .map_err(|e| Error::io("mounting the executor's workspace", &std::io::Error::from(e)))?;
         files::put(&work, &put, &user)?;
         let cgroups = engine
             .cgroups

@@ -283,7 +283,7 @@ impl Live {
                 // rolls back what did not commit).
                 drop(client);
                 if let Ok(fresh) = super::target::admin(&dsn).await {
-                    let _ = tokio::time::timeout(TARGET_WITHIN, end_on_target(&fresh, &role)).await;
+                    let _ = tokio::time::timeout(TARGET_WITHIN, end_on_target(&fresh, &dsn, &role)).await;
                 }
                 return Err(refused(
                     format!("the target {target} did not finish minting within {TARGET_WITHIN:?}"),
@@ -296,7 +296,7 @@ impl Live {
             Err(e) => {
                 // A transaction cut short leaves nothing; one that committed
                 // and then failed to answer is ended.
-                let _ = end_on_target(&client, &role).await;
+                let _ = end_on_target(&client, &dsn, &role).await;
                 return Err(e);
             }
         };
@@ -319,7 +319,7 @@ impl Live {
             .and_then(|()| self.store().add_grant(&grant, &client_password));
         if let Err(e) = kept {
             let _ = route::remove(&self.engine.layout, &id);
-            let _ = end_on_target(&client, &role).await;
+            let _ = end_on_target(&client, &dsn, &role).await;
             return Err(e);
         }
         drop(minting);
@@ -379,7 +379,7 @@ impl Live {
             let dsn =
                 self.store().dsn(&grant.target)?.ok_or_else(|| super::target::not_found(&grant.target))?;
             let client = super::target::admin(&dsn).await?;
-            tokio::time::timeout(TARGET_WITHIN * 2, end_on_target(&client, &grant.role)).await.map_err(
+            tokio::time::timeout(TARGET_WITHIN * 2, end_on_target(&client, &dsn, &grant.role)).await.map_err(
                 |_| refused(format!("the target {} did not drop the role in time", grant.target), ""),
             )?
         }
@@ -544,7 +544,10 @@ async fn mint(
         Some(filter) => {
             // The views are the admin role's, in a schema named as the role:
             // they read as their owner, and with security_barrier no function
-            // of the grantee's sees a row before the filter has.
+            // of the grantee's sees a row before the filter has. The filter is
+            // applied below an OFFSET 0, which no condition of the grantee's
+            // crosses: none can become an index condition on the table, whose
+            // "rows removed" would tell which values other rows hold.
             tx.batch_execute(&format!("CREATE SCHEMA {r}; GRANT USAGE ON SCHEMA {r} TO {r}"))
                 .await
                 .map_err(sql)?;
@@ -553,7 +556,8 @@ async fn mint(
                 let made = tx
                     .execute(
                         &format!(
-                            "CREATE VIEW {view} WITH (security_barrier) AS SELECT * FROM {} WHERE ({filter})",
+                            "CREATE VIEW {view} WITH (security_barrier) AS SELECT * FROM \
+                             (SELECT * FROM {} WHERE ({filter}) OFFSET 0) AS scoped",
                             table.qualified()
                         ),
                         &[],
@@ -674,8 +678,11 @@ async fn what_public_has(tx: &tokio_postgres::Transaction<'_>) -> Result<Vec<Str
 
 /// Ends `role` on the target: no new logins, its sessions terminated (and
 /// waited out), its views and schema dropped, what it was granted taken
-/// back, the role dropped. Nothing if it is gone already.
-pub(crate) async fn end_on_target(client: &tokio_postgres::Client, role: &str) -> Result<()> {
+/// back and what it made dropped, in every database of the server (a
+/// grantee that logged in elsewhere with a password of its own may have made
+/// objects there), the role dropped. Nothing if it is gone already. `dsn`
+/// is the target's admin DSN, for the other databases.
+pub(crate) async fn end_on_target(client: &tokio_postgres::Client, dsn: &str, role: &str) -> Result<()> {
     let sql = |e: tokio_postgres::Error| {
         refused(format!("the target refused: {}", airlock_postgres::admin::describe(&e)), "")
     };
@@ -711,6 +718,23 @@ pub(crate) async fn end_on_target(client: &tokio_postgres::Client, role: &str) -
     }
     client.batch_execute(&format!("DROP SCHEMA IF EXISTS {r} CASCADE")).await.map_err(sql)?;
     if exists {
+        let elsewhere = client
+            .query(
+                "SELECT DISTINCT d.datname::text FROM pg_catalog.pg_shdepend s
+                   JOIN pg_catalog.pg_database d ON d.oid = s.dbid
+                  WHERE s.refclassid = 'pg_catalog.pg_authid'::pg_catalog.regclass
+                    AND s.refobjid = (SELECT oid FROM pg_catalog.pg_roles WHERE rolname = $1)
+                    AND d.datname <> pg_catalog.current_database()",
+                &[&role],
+            )
+            .await
+            .map_err(sql)?;
+        for row in elsewhere {
+            let database: String = row.cell(0)?;
+            let other =
+                super::target::admin(&airlock_postgres::target::with_database(dsn, &database)).await?;
+            other.batch_execute(&format!("DROP OWNED BY {r}")).await.map_err(sql)?;
+        }
         client.batch_execute(&format!("DROP OWNED BY {r}; DROP ROLE IF EXISTS {r}")).await.map_err(sql)?;
     }
     Ok(())

@@ -45,6 +45,16 @@ impl Live {
     pub fn open(engine: Arc<Engine>) -> Result<Arc<Live>> {
         let store = store::Store::open(&engine.layout.home().join("live.db"))?;
         let mark = store.mark()?;
+        // No executor runs before the service opens: workspaces left by a
+        // daemon that died during a run go (their processes were killed and
+        // their uids given back by the daemon's reconciliation, which found
+        // their cgroups and leases belonging to no sandbox).
+        let executors = engine.layout.home().join("executors");
+        if let Err(e) = std::fs::remove_dir_all(&executors) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(dir = %executors.display(), error = %e, "executors' workspaces left by a crash could not be removed");
+            }
+        }
         Ok(Arc::new(Live { store: Mutex::new(store), engine, minting: Default::default(), mark }))
     }
 

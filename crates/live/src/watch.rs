@@ -28,6 +28,9 @@ const TICK: Duration = Duration::from_millis(500);
 const RECONCILE: Duration = Duration::from_secs(60);
 /// How often an ending that failed (its target unreachable) is tried again.
 const RETRY: Duration = Duration::from_secs(30);
+/// How old a session of a grant's role may be before it must be one the
+/// router opened (the router writes its pid down just after it logs in).
+const NOT_ROUTED_AFTER_MS: i64 = 2000;
 /// How long a cancelled statement may go on before its session is ended.
 const CANCEL_HEEDED_WITHIN: Duration = Duration::from_secs(2);
 /// What a statement may run past its grant's timeout before the watchdog
@@ -116,17 +119,21 @@ async fn session<'a>(
 
 impl Watch {
     /// Cancels statements past their grant's timeout; ends sessions idle in
-    /// a transaction past it.
+    /// a transaction past it, sessions that went on after a cancel, and any
+    /// session of a grant's role the router did not open (one on another
+    /// database, or a direct login with a password the grantee set itself,
+    /// which PostgreSQL lets every role do).
     async fn police(&mut self, live: &Live, target: &str, grants: &[&Grant]) -> Result<()> {
         let prefix = role_prefix(live);
+        let database = live.target(target)?.checks.database;
         let client = session(&mut self.sessions, live, target).await?;
         let rows = tokio::time::timeout(
             super::grant::TARGET_WITHIN,
             client.query(
-                "SELECT pid, usename::text, coalesce(state, ''),
-                        coalesce((extract(epoch FROM now() - query_start) * 1000)::int8, 0),
+                "SELECT pid, usename::text, coalesce(state, ''), coalesce(datname::text, ''),
                         coalesce((extract(epoch FROM now() - state_change) * 1000)::int8, 0),
-                        coalesce((extract(epoch FROM query_start) * 1000)::int8, 0)
+                        coalesce((extract(epoch FROM now() - backend_start) * 1000)::int8, 0),
+                        coalesce((extract(epoch FROM state_change) * 1000)::int8, 0)
                    FROM pg_catalog.pg_stat_activity
                   WHERE pg_catalog.starts_with(usename::text, $1) AND pid <> pg_catalog.pg_backend_pid()",
                 &[&prefix],
@@ -136,33 +143,49 @@ impl Watch {
         .map_err(|_| airlock_core::error::Error::internal("the target did not answer the watchdog"))?
         .map_err(|e| airlock_core::error::Error::internal(e.to_string()))?;
         let mut acted = Vec::new();
+        let mut routed: HashMap<String, Vec<i32>> = HashMap::new();
         for row in rows {
-            let (pid, role, state): (i32, String, String) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
-            let (running_ms, in_state_ms, started): (i64, i64, i64) =
-                (row.cell(3)?, row.cell(4)?, row.cell(5)?);
+            let (pid, role, state, datname): (i32, String, String, String) =
+                (row.cell(0)?, row.cell(1)?, row.cell(2)?, row.cell(3)?);
+            let (in_state_ms, age_ms, started): (i64, i64, i64) = (row.cell(4)?, row.cell(5)?, row.cell(6)?);
             let Some(grant) = grants.iter().find(|g| g.role == role) else { continue };
             let limit = grant.statement_timeout_ms + GRACE_MS;
-            let (action, reason) = match state.as_str() {
-                "active" if running_ms > limit => match self.cancelled.get(&(pid, started)) {
-                    None => {
-                        self.cancelled.insert((pid, started), Instant::now());
-                        ("cancelled", "grant_statement_timeout")
+            let pids = routed
+                .entry(grant.id.clone())
+                .or_insert_with(|| airlock_core::records::route::read_pids(&live.engine.layout, &grant.id));
+            let (action, reason) = if datname != database {
+                ("terminated", "grant_session_elsewhere")
+            } else if age_ms > NOT_ROUTED_AFTER_MS && !pids.contains(&pid) {
+                ("terminated", "grant_session_not_routed")
+            } else {
+                match state.as_str() {
+                    "idle" | "" => continue,
+                    s if s.starts_with("idle in transaction") => {
+                        if in_state_ms <= limit {
+                            continue;
+                        }
+                        ("terminated", "grant_idle_timeout")
                     }
-                    // A cancel is an error a PL/pgSQL block may catch and go
-                    // on; ending the session is not.
-                    Some(at) if at.elapsed() >= CANCEL_HEEDED_WITHIN => {
-                        ("terminated", "grant_statement_not_cancelled")
-                    }
-                    Some(_) => continue,
-                },
-                "idle in transaction" | "idle in transaction (aborted)" if in_state_ms > limit => {
-                    ("terminated", "grant_idle_timeout")
+                    // `active`, and a fastpath function call, which no
+                    // statement timeout covers.
+                    _ if in_state_ms > limit => match self.cancelled.get(&(pid, started)) {
+                        None => {
+                            self.cancelled.insert((pid, started), Instant::now());
+                            ("cancelled", "grant_statement_timeout")
+                        }
+                        // A cancel is an error a PL/pgSQL block may catch and
+                        // go on; ending the session is not.
+                        Some(at) if at.elapsed() >= CANCEL_HEEDED_WITHIN => {
+                            ("terminated", "grant_statement_not_cancelled")
+                        }
+                        Some(_) => continue,
+                    },
+                    _ => continue,
                 }
-                _ => continue,
             };
             let function = if action == "cancelled" { "pg_cancel_backend" } else { "pg_terminate_backend" };
             let _ = client.execute(&format!("SELECT pg_catalog.{function}($1)"), &[&pid]).await;
-            acted.push((grant.id.clone(), action, reason, pid, running_ms));
+            acted.push((grant.id.clone(), action, reason, pid, in_state_ms));
         }
         for (id, action, reason, pid, ms) in acted {
             live.engine.store().record_or_log(NewEvent {
@@ -182,6 +205,7 @@ impl Watch {
     /// grant owns.
     async fn reconcile(&mut self, live: &Live, target: &str) -> Result<()> {
         let prefix = role_prefix(live);
+        let dsn = live.store().dsn(target)?.ok_or_else(|| super::target::not_found(target))?;
         let client = session(&mut self.sessions, live, target).await?;
         let rows = client
             .query(
@@ -201,7 +225,7 @@ impl Watch {
             if minting || owned.contains(&role) {
                 continue;
             }
-            end_on_target(client, &role).await?;
+            end_on_target(client, &dsn, &role).await?;
             ended.push(role);
         }
         for role in ended {

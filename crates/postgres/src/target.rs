@@ -179,6 +179,26 @@ pub fn tls_endpoint(dsn: &str) -> Result<Option<TlsEndpoint>> {
     }))
 }
 
+/// `dsn` with its database replaced by `database`.
+pub fn with_database(dsn: &str, database: &str) -> String {
+    if let Some((scheme, rest)) = dsn.split_once("://") {
+        let (before_query, query) = match rest.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (rest, None),
+        };
+        let authority = before_query.split_once('/').map_or(before_query, |(a, _)| a);
+        let encoded: String = form_urlencoded::byte_serialize(database.as_bytes()).collect();
+        let mut out = format!("{scheme}://{authority}/{}", encoded.replace('+', "%20"));
+        if let Some(q) = query {
+            out.push('?');
+            out.push_str(q);
+        }
+        return out;
+    }
+    let quoted = database.replace('\\', "\\\\").replace('\'', "\\'");
+    format!("{dsn} dbname='{quoted}'")
+}
+
 /// Where a DSN leads and as whom: what opening a raw session needs.
 pub struct Server {
     /// The TCP host.
@@ -285,6 +305,19 @@ impl ServerCertVerifier for Unverified {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_dsns_database_is_replaced_and_nothing_else() {
+        assert_eq!(
+            super::with_database(
+                "postgresql://ops:pw@db:6432/prod?sslmode=verify-full&sslrootcert=/c.crt",
+                "post gres"
+            ),
+            "postgresql://ops:pw@db:6432/post%20gres?sslmode=verify-full&sslrootcert=/c.crt"
+        );
+        assert_eq!(super::with_database("postgresql://ops@db", "x"), "postgresql://ops@db/x");
+        assert_eq!(super::with_database("host=db dbname=prod", "o'x"), "host=db dbname=prod dbname='o\\'x'");
+    }
+
     use super::*;
 
     #[test]

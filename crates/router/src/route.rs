@@ -30,21 +30,41 @@ use airlock_postgres::scram::Verifier;
 /// How often a session looks whether its route is still there.
 const LOOK: Duration = Duration::from_secs(1);
 
-/// Routed sessions' backend keys, for their cancel requests.
+/// Routed sessions' backend keys, for their cancel requests; each route's
+/// backend pids are also written beside it
+/// ([`route::write_pids`]), so the daemon can end any session of the route's
+/// role that the router did not open (a grantee who changed its own password
+/// and logged in directly).
 #[derive(Default)]
 pub(super) struct Keys(Mutex<HashMap<protocol::BackendKey, String>>);
 
 impl Keys {
-    fn insert(&self, key: protocol::BackendKey, route: &str) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(key, route.to_owned());
+    fn insert(&self, layout: &airlock_core::layout::Layout, key: protocol::BackendKey, route: &str) {
+        let mut keys = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        keys.insert(key, route.to_owned());
+        write_pids(layout, &keys, route);
     }
 
-    fn remove(&self, key: &protocol::BackendKey) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(key);
+    fn remove(&self, layout: &airlock_core::layout::Layout, key: &protocol::BackendKey) {
+        let mut keys = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(route) = keys.remove(key) {
+            write_pids(layout, &keys, &route);
+        }
     }
 
     fn route_of(&self, key: &protocol::BackendKey) -> Option<String> {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned()
+    }
+}
+
+fn write_pids(
+    layout: &airlock_core::layout::Layout,
+    keys: &HashMap<protocol::BackendKey, String>,
+    route: &str,
+) {
+    let pids: Vec<i32> = keys.iter().filter(|(_, r)| *r == route).map(|(k, _)| k.pid).collect();
+    if let Err(e) = route::write_pids(layout, route, &pids) {
+        tracing::warn!(grant = %route, error = %e, "a route's sessions could not be written down");
     }
 }
 
@@ -159,7 +179,7 @@ pub(super) async fn serve(shared: &Shared, authenticated: Authenticated) {
     };
     record(shared, EventKind::Connected, &route.id, peer, tls);
     if let Some(key) = backend.key.clone() {
-        shared.routed.insert(key, &route.id);
+        shared.routed.insert(&shared.host.layout, key, &route.id);
     }
     let replay = backend.replay();
     let relay = async {
@@ -176,7 +196,7 @@ pub(super) async fn serve(shared: &Shared, authenticated: Authenticated) {
         () = ended(shared, &route) => tracing::info!(grant = %route.id, "a routed session was cut: its grant ended"),
     }
     if let Some(key) = backend.key.clone() {
-        shared.routed.remove(&key);
+        shared.routed.remove(&shared.host.layout, &key);
         // Whatever the session was running when its client went is cancelled,
         // as on a sandbox: a dropped client's statement must not run on
         // (harmless when it ended normally: the backend is gone or idle).

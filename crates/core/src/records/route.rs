@@ -75,10 +75,37 @@ pub fn read(layout: &Layout, id: &str) -> Result<Option<Route>> {
 
 /// Removes the route of `id` (nothing if there is none).
 pub fn remove(layout: &Layout, id: &str) -> Result<()> {
+    let _ = std::fs::remove_file(pids_path(layout, id));
     match std::fs::remove_file(path(layout, id)) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
         _ => Ok(()),
     }
+}
+
+fn pids_path(layout: &Layout, id: &str) -> std::path::PathBuf {
+    layout.routes().join(format!("{id}.pids"))
+}
+
+/// Writes down the upstream backend pids of the router's sessions on route
+/// `id` (the router's; the daemon reads them to tell its sessions from others).
+pub fn write_pids(layout: &Layout, id: &str, pids: &[i32]) -> Result<()> {
+    if !is_route_id(id) || !path(layout, id).exists() {
+        return Ok(());
+    }
+    let tmp = layout.routes().join(format!(".{id}.pids.tmp"));
+    let text: String = pids.iter().map(|p| format!("{p}\n")).collect();
+    let mut file =
+        std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    std::fs::rename(&tmp, pids_path(layout, id))?;
+    Ok(())
+}
+
+/// The upstream backend pids of the router's sessions on route `id`.
+pub fn read_pids(layout: &Layout, id: &str) -> Vec<i32> {
+    std::fs::read_to_string(pids_path(layout, id))
+        .map(|text| text.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
 }
 
 /// The ids of every route.
@@ -113,8 +140,12 @@ mod tests {
         assert_eq!(read(&layout, &id).unwrap().unwrap().upstream, route.upstream);
         assert_eq!(ids(&layout), vec![id.clone()]);
         assert!(read(&layout, "../../etc/passwd").unwrap().is_none());
+        write_pids(&layout, &id, &[12, 34]).unwrap();
+        assert_eq!(read_pids(&layout, &id), vec![12, 34]);
+        assert_eq!(ids(&layout), vec![id.clone()]);
         remove(&layout, &id).unwrap();
         remove(&layout, &id).unwrap();
+        assert!(read_pids(&layout, &id).is_empty());
         assert!(read(&layout, &id).unwrap().is_none());
         std::fs::remove_dir_all(home).unwrap();
     }
