@@ -18,8 +18,9 @@ rounds=${ROUNDS:-30}
 prod=$(mktemp -d /var/tmp/airlock-bench-prod.XXXXXX)
 port=7495
 stop_prod() { runuser -u nobody -- "$pgbin/pg_ctl" -D "$prod/data" -m immediate stop >/dev/null 2>&1 || true; rm -rf "$prod"; }
-trap 'bench_cleanup; stop_prod' EXIT
 bench_fresh_root
+# (after bench_fresh_root, whose own trap this one replaces)
+trap 'bench_cleanup; stop_prod' EXIT
 airlock daemon start >/dev/null 2>&1 || airlock ls >/dev/null
 chown nobody "$prod"
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
