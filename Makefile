@@ -17,7 +17,7 @@ test:
 	@scripts/test.sh
 
 ## bench: fork benchmarks against the baselines, then router, router authentication, pool, suspend,
-## mitosis-db and density (see docs/BENCHMARKS.md)
+## mitosis-db, density and live targets (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
@@ -29,6 +29,7 @@ bench: build
 	@scripts/bench-migrate.sh
 	@scripts/bench-promote.sh
 	@scripts/bench-density.sh
+	@scripts/bench-live.sh
 
 clean:
 	cargo clean
