@@ -6,7 +6,10 @@
 //! The daemon talks to its servers with a small RESP client of its own
 //! ([`resp`]), bounded like its PostgreSQL wire code.
 
+pub mod commands;
 pub mod golden;
 pub mod keyspace;
+pub mod loopback;
+pub mod relay;
 pub mod resp;
 pub mod server;

@@ -120,11 +120,12 @@ pub fn write_config(dir: &InstanceDir, settings: &Settings) -> Result<()> {
          busy-reply-threshold 5000\n\
          user default off resetkeys resetchannels -@all\n\
          user {ADMIN_USER} on {admin} ~* &* +@all\n",
-        // Contained, it also listens on loopback in the sandbox's own network
-        // namespace, where only the sandbox's `exec` code can reach it
-        // ([`exec_url`]); else on no port. Its title names its socket either
-        // way (`proc-title-template`), which is how [`find`] tells it apart.
-        tcp = if contained() { format!("port {EXEC_PORT}\nbind 127.0.0.1\n") } else { "port 0\n".into() },
+        // It listens on no port: `exec` code reaches it on loopback in the
+        // sandbox's own network namespace through the daemon
+        // ([`crate::loopback`]), which judges each command's size on the
+        // way as the router does. Its title names its socket
+        // (`proc-title-template`), which is how [`find`] tells it apart.
+        tcp = "port 0\n",
         socket = socket.display(),
         data = data.display(),
         max = settings.max_memory,
@@ -501,8 +502,8 @@ pub fn socket_url(dir: &InstanceDir, user: &str, password: &str) -> String {
     format!("unix://{user}:{password}@{}", dir.redis_socket().display())
 }
 
-/// The port a contained server listens on, on loopback in its sandbox's own
-/// network namespace.
+/// The port `exec` code reaches a contained server at, on loopback in its
+/// sandbox's own network namespace (the daemon's, [`crate::loopback`]).
 pub const EXEC_PORT: u16 = 6379;
 
 /// The URL `exec` code reaches the server of `dir` with, as `user`: a

@@ -13,7 +13,7 @@
 //! same `-WRONGPASS`. Commands and passwords are never logged.
 //!
 //! Once authenticated, a session is relayed both ways ([`relay`]), and a
-//! command over [`commands::LIMIT`] is refused with an error reply.
+//! command over [`airlock_redis::commands::LIMIT`] is refused with an error reply.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -28,8 +28,7 @@ use super::Host;
 use airlock_core::events::EventKind;
 use airlock_lifecycle::sandbox::SandboxState;
 
-mod commands;
-mod relay;
+use airlock_redis::relay;
 
 /// Arguments of a command read before authentication, at most.
 const MAX_ARGS: usize = 16;

@@ -122,8 +122,9 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     assert_eq!(ns(&pid), ns(&postmaster.to_string()), "the sandbox's PostgreSQL's");
     let postmaster_b = d.postmaster_of(id_b);
     assert_ne!(ns(&pid), ns(&postmaster_b.to_string()), "never another sandbox's");
-    assert!(redis(&url_a, &["CONFIG", "GET", "port"]).ends_with("6379"), "port 6379");
-    assert!(redis(&url_a, &["CONFIG", "GET", "bind"]).ends_with("127.0.0.1"), "on loopback");
+    // The server listens on no port: exec code reaches it through the
+    // daemon's door on loopback in the sandbox's network, below.
+    assert!(redis(&url_a, &["CONFIG", "GET", "port"]).ends_with("\n0"), "no port");
     let host_ports = Command::new("ss").args(["-ltnp"]).output().unwrap();
     assert!(
         !String::from_utf8_lossy(&host_ports.stdout).contains(&format!("pid={pid},")),
@@ -144,6 +145,15 @@ fn every_fork_gets_a_private_redis_from_its_goldens_key_space() {
     );
     let ran = d.exec(id_a, &script, "30s");
     assert_eq!(ran["stdout"].as_str().unwrap().trim(), "hello world\nhello world", "{ran}");
+    // Over the size limit inside exec: the same error reply as through the
+    // router, in the command's place (no broken pipe), and the server goes on.
+    let big = "head -c 9000000 /dev/zero | tr '\\0' a > big; \
+               redis-cli -u \"$REDIS_URL\" --no-auth-warning -x SET big < big; \
+               redis-cli -u \"$REDIS_URL\" --no-auth-warning PING";
+    let ran = d.exec(id_a, big, "60s");
+    let out = format!("{}{}", ran["stdout"].as_str().unwrap(), ran["stderr"].as_str().unwrap());
+    assert!(out.contains("command too large") && out.contains("PONG"), "{ran}");
+    assert!(!out.contains("Broken pipe") && !out.contains("reset by peer"), "{ran}");
 
     // Each sandbox's Redis counts as its own in the fleet's isolation measure.
     d.wait_for(std::time::Duration::from_secs(10), "the isolation check to see both", || {

@@ -149,6 +149,17 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
         (false, _) => None,
     };
     let contained = namespaces.is_some();
+    // Its Redis, if it has one, at 127.0.0.1:6379 in that network, through
+    // the daemon's door, which refuses a command over the limit with an
+    // error reply, as the router does.
+    let doors = engine.services.state::<super::redis_door::Doors>();
+    let _door = match (server, airlock_redis::server::configured(&instance)) {
+        (Some(pid), true) if contained => {
+            let network = airlock_host::contain::Network::of(pid)?;
+            doors.hold(&sb.id, &network, instance.redis_socket())
+        }
+        _ => None,
+    };
     if let Some(ns) = namespaces {
         let who = airlock_host::contain::Who::of(&user, None);
         let cgroups = engine.cgroups.procs_files(&sb.id);

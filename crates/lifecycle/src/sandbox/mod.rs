@@ -14,6 +14,7 @@ pub mod exec;
 pub mod headroom;
 mod idle;
 pub mod pool;
+mod redis_door;
 mod reset;
 pub mod session;
 

@@ -1,5 +1,5 @@
 //! An authenticated Redis session, relayed both ways: commands judged on
-//! their way to the server ([`super::commands`]), replies passed back as they
+//! their way to the server ([`crate::commands`]), replies passed back as they
 //! come.
 //!
 //! A command over the limit is never read by the server. Each command is
@@ -8,8 +8,9 @@
 //! One judged over the limit then is dropped whole, and the server is sent in
 //! its place a command of a name no server knows (with a nonce of the
 //! session's own), which it refuses in order, after every command before it
-//! and before every one after; the router puts its own error in place of
-//! that refusal, and the session goes on.
+//! and before every one after; the relay puts its own error in place of
+//! that refusal, and the session goes on. The router relays its Redis port
+//! with it, and `exec` the loopback address its code reaches Redis at.
 //!
 //! A command found over the limit only after part of it has gone on (several
 //! arguments, each under [`HOLD`], together over the limit) cannot be taken
@@ -27,7 +28,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::commands::{Commands, Step, LIMIT};
+use crate::commands::{Commands, Step, LIMIT};
 
 /// What the router sends the server in place of a command's header over the limit.
 const BREAK: &[u8] = b"$-1\r\n";
@@ -228,7 +229,7 @@ where
                     }
                     held.clear();
                     refusals.refuse_in_place(size);
-                    backend.write_all(&airlock_redis::resp::command(&[refusals.marker.as_str()])).await?;
+                    backend.write_all(&crate::resp::command(&[refusals.marker.as_str()])).await?;
                     mode = Mode::Dropping { broke: false };
                     start += k;
                     from = start;

@@ -10,7 +10,7 @@
 //! is passed on unjudged from there, for the server to refuse.
 
 /// The most bytes one command may take (headers, arguments and their line ends).
-pub const LIMIT: u64 = airlock_redis::server::MAX_COMMAND;
+pub const LIMIT: u64 = crate::server::MAX_COMMAND;
 
 /// The longest header line (`*N` or `$N` and its CRLF) the framer waits for:
 /// room for any number `string2ll` reads.
@@ -229,7 +229,7 @@ mod tests {
     }
 
     fn command(args: &[&[u8]]) -> Vec<u8> {
-        airlock_redis::resp::command(args)
+        crate::resp::command(args)
     }
 
     #[test]
