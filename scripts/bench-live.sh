@@ -43,8 +43,26 @@ GRANT SELECT ON analytics.accounts TO ops WITH GRANT OPTION;
 SQL
 dsn="postgresql://ops:bench-ops-pw@127.0.0.1:$port/prod?sslmode=require"
 echo "$dsn" | airlock target add prod --from-url - >/dev/null
+# Throughput through a grant against a plain connection: pgbench -S, in
+# alternating rounds, on pgbench's own tables granted whole.
+"$pgbin/pgbench" -h "$prod" -p "$port" -U postgres -i -s 10 -q prod >/dev/null 2>&1
+psql_prod -d prod -c "GRANT SELECT ON pgbench_accounts, pgbench_branches, pgbench_tellers TO ops WITH GRANT OPTION"
+clients=${CLIENTS:-4}
+seconds=${SECONDS_EACH:-10}
+grant_dsn=$(airlock grant prod --tables public.pgbench_accounts,public.pgbench_branches --ttl 10m --connections $((clients + 2)) --json | json '["dsn"]')
+tps() { PGPASSWORD=$2 "$pgbin/pgbench" -n -S -c "$clients" -j "$clients" -T "$seconds" "$1" 2>/dev/null | awk '/^tps/ {print int($3)}'; }
+split() { local rest=${1#postgresql://}; local pw=${rest%%@*}; pw=${pw#*:}; echo "$pw"; }
+plain_dsn="postgresql://ops@127.0.0.1:$port/prod?sslmode=require"
+routed_pw=$(split "$grant_dsn")
+routed_dsn="postgresql://$(echo "${grant_dsn#postgresql://}" | sed 's/:[^@]*@/@/')"
+throughput=""
+for round in 1 2 3; do
+  p=$(tps "$plain_dsn" bench-ops-pw); r=$(tps "$routed_dsn" "$routed_pw")
+  throughput="$throughput\n# round $round: pgbench -S -c $clients ${seconds}s: plain $p tps, through a grant $r tps"
+done
 {
   echo "# $(date -u +%FT%TZ) $(nproc) cores, $(free -g | awk '/Mem/ {print $2}') GiB, PostgreSQL $("$pgbin/postgres" --version | awk '{print $3}'), $rounds interleaved rounds"
   echo "# target over TLS (sslmode=require) on loopback; milliseconds"
   PYTHONPATH=clients/python/src /usr/bin/python3 scripts/bench_live.py "$dsn" "$rounds"
+  printf "$throughput\n"
 } | tee "$out/live.txt"
