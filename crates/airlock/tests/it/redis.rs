@@ -1217,3 +1217,40 @@ fn a_command_over_the_size_limit_gets_an_error_reply_in_its_place() {
     let conf = std::fs::read_to_string(dir.join("redis.conf")).unwrap_or_default();
     assert!(conf.contains(&format!("proto-max-bulk-len {limit}")), "{conf}");
 }
+
+#[test]
+fn a_flood_inside_exec_holds_a_bounded_share_of_the_daemons_descriptors() {
+    let d = Daemon::start(&[]);
+    golden_with_redis(&d, "cache");
+    let sb = d.fork("cache", &[]);
+    let id = sb["id"].as_str().unwrap();
+    let fds = || std::fs::read_dir(format!("/proc/{}/fd", d.pid())).unwrap().count();
+    let before = fds();
+    // 1000 connections held open to the loopback door while counting: the
+    // door relays at most 256 at once, and the server takes no more.
+    let flood = r#"python3 - <<'PY'
+import socket, time
+held = []
+for _ in range(1000):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", 6379))
+        held.append(s)
+    except OSError:
+        pass
+time.sleep(4)
+PY"#;
+    let child = d.spawn_cli_output(&["exec", id, "--timeout", "30s", "--", "bash", "-c", flood]);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    let during = fds();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        during < before + 2 * 256 + 64,
+        "the daemon held {during} descriptors, {before} before the flood"
+    );
+    // The daemon still answers, and the door still serves the next exec.
+    let ran = d.exec(id, "redis-cli -u \"$REDIS_URL\" --no-auth-warning PING", "30s");
+    assert_eq!(ran["stdout"].as_str().unwrap().trim(), "PONG", "{ran}");
+}
