@@ -36,12 +36,7 @@ pub fn specs() -> Vec<ToolSpec> {
                 separated by semicolons run in order; the last result set is returned (at most 200 rows \
                 and about 64 KB; the rest is counted) and kept for run_python. Errors come back with their \
                 SQLSTATE, message, detail, hint and position.",
-            input_schema: json!({
-                "type": "object",
-                "properties": {"sql": {"type": "string", "description": "One or more SQL statements."}},
-                "required": ["sql"],
-                "additionalProperties": false
-            }),
+            input_schema: super::tools::sql_input_schema(),
         },
         ToolSpec {
             name: DESCRIBE_SCHEMA,
@@ -122,17 +117,7 @@ async fn run_sql(dsn: &str, args: &Value, deadline: Duration) -> Result<ToolOutp
     let sql = string(map, "sql")?
         .ok_or_else(|| bad_argument("run_sql needs `sql`", "call run_sql with {\"sql\": \"SELECT ...\"}"))?;
     let result = super::sql::run_through(dsn, sql, deadline).await?;
-    let summary = match &result.error {
-        Some(e) => format!(
-            "The SQL failed with SQLSTATE {} after {} statement(s) had finished.",
-            e.sqlstate,
-            result.statements.len()
-        ),
-        None => result.statements.iter().map(|s| s.tag.as_str()).collect::<Vec<_>>().join("; "),
-    };
-    let value = serde_json::to_value(&result).expect("a result serializes");
-    let text = envelope::wrap(&summary, &serde_json::to_string(&value).expect("json"));
-    Ok(ToolOutput { is_error: result.error.is_some(), result: value, text })
+    Ok(super::tools::sql_output(&result))
 }
 
 /// The tables and views the grant may `SELECT`, with their columns.

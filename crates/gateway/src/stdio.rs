@@ -36,6 +36,27 @@ pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result
     drop(forked); // its DSN is not needed here
 
     let gateway = Gateway::for_sandbox(client.clone(), id.clone(), home);
+    until_ended(gateway, (&mut term, &mut int, &mut hup)).await;
+    let deleted: Result<serde_json::Value> =
+        client.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None::<&()>).await;
+    match &deleted {
+        Ok(_) => eprintln!("airlock mcp: session ended; sandbox {id} deleted"),
+        Err(e) => eprintln!("airlock mcp: session ended; deleting sandbox {id} failed ({e}); its TTL will"),
+    }
+    Ok(0)
+}
+
+/// Serves MCP on stdin/stdout until the session ends: end of input, or one
+/// of the signals (taken before the session's sandbox or grant was made, so
+/// that one arriving meanwhile is not lost).
+async fn until_ended(
+    gateway: Gateway,
+    (term, int, hup): (
+        &mut tokio::signal::unix::Signal,
+        &mut tokio::signal::unix::Signal,
+        &mut tokio::signal::unix::Signal,
+    ),
+) {
     let session = async {
         match gateway.serve(rmcp::transport::stdio()).await {
             Ok(running) => {
@@ -51,13 +72,6 @@ pub async fn serve(client: Client, home: String, request: ForkRequest) -> Result
         _ = int.recv() => {}
         _ = hup.recv() => {}
     }
-    let deleted: Result<serde_json::Value> =
-        client.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None::<&()>).await;
-    match &deleted {
-        Ok(_) => eprintln!("airlock mcp: session ended; sandbox {id} deleted"),
-        Err(e) => eprintln!("airlock mcp: session ended; deleting sandbox {id} failed ({e}); its TTL will"),
-    }
-    Ok(0)
 }
 
 /// `airlock mcp --target`'s session: one grant on a live target, minted for
@@ -208,20 +222,7 @@ pub async fn serve_grant(
         last: Default::default(),
     };
     let gateway = Gateway::for_grant(on);
-    let session = async {
-        match gateway.serve(rmcp::transport::stdio()).await {
-            Ok(running) => {
-                let _ = running.waiting().await;
-            }
-            Err(e) => eprintln!("airlock mcp: the session did not start: {e}"),
-        }
-    };
-    tokio::select! {
-        _ = session => {}
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-        _ = hup.recv() => {}
-    }
+    until_ended(gateway, (&mut term, &mut int, &mut hup)).await;
     let revoked: Result<serde_json::Value> =
         client.call(Method::DELETE, &format!("/v1/grants/{grant}"), None::<&()>).await;
     match &revoked {

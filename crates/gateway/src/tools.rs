@@ -57,12 +57,7 @@ pub fn specs() -> Vec<ToolSpec> {
                 semicolons run in order; each one's command tag is reported and the last result set is \
                 returned (at most 200 rows and about 64 KB; the rest is counted). Errors come back with \
                 their SQLSTATE, message, detail, hint and position.",
-            input_schema: json!({
-                "type": "object",
-                "properties": {"sql": {"type": "string", "description": "One or more SQL statements."}},
-                "required": ["sql"],
-                "additionalProperties": false
-            }),
+            input_schema: sql_input_schema(),
         },
         ToolSpec {
             name: RUN_REDIS,
@@ -147,6 +142,38 @@ impl Via {
             Via::McpHttp => airlock_core::events::Door::McpHttp,
         }
     }
+}
+
+/// `run_sql`'s input: one property, `sql` (on a fork and on a grant alike).
+pub fn sql_input_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {"sql": {"type": "string", "description": "One or more SQL statements."}},
+        "required": ["sql"],
+        "additionalProperties": false
+    })
+}
+
+/// `run_sql`'s answer: a summary of what ran, and the result inside the
+/// untrusted-data envelope.
+pub fn sql_output(result: &super::sql::SqlResult) -> ToolOutput {
+    let summary = match &result.error {
+        Some(e) => format!(
+            "The SQL failed with SQLSTATE {} after {} statement(s) had finished.",
+            e.sqlstate,
+            result.statements.len()
+        ),
+        None => {
+            let tags: Vec<&str> = result.statements.iter().map(|s| s.tag.as_str()).collect();
+            match &result.note {
+                Some(note) => format!("{} {note}", tags.join("; ")),
+                None => tags.join("; "),
+            }
+        }
+    };
+    let value = serde_json::to_value(result).expect("result serializes");
+    let text = envelope::wrap(&summary, &serde_json::to_string(&value).expect("json"));
+    ToolOutput { is_error: result.error.is_some(), result: value, text }
 }
 
 /// What a tool call returned.
@@ -295,23 +322,7 @@ async fn dispatch(
             let result = super::sql::run(engine, key, sql).await?;
             detail["ran"] = json!(result.statements.len());
             detail["rows"] = json!(result.row_count);
-            let summary = match &result.error {
-                Some(e) => format!(
-                    "The SQL failed with SQLSTATE {} after {} statement(s) had finished.",
-                    e.sqlstate,
-                    result.statements.len()
-                ),
-                None => {
-                    let tags: Vec<&str> = result.statements.iter().map(|s| s.tag.as_str()).collect();
-                    match &result.note {
-                        Some(note) => format!("{} {note}", tags.join("; ")),
-                        None => tags.join("; "),
-                    }
-                }
-            };
-            let value = serde_json::to_value(&result).expect("result serializes");
-            let text = envelope::wrap(&summary, &serde_json::to_string(&value).expect("json"));
-            Ok(ToolOutput { is_error: result.error.is_some(), result: value, text })
+            Ok(sql_output(&result))
         }
         RUN_REDIS => {
             let command: Vec<String> = match args.get("command") {

@@ -170,13 +170,7 @@ impl Live {
                  PATH is /usr/local/bin:/usr/bin:/bin)",
             )
         })?;
-        let kill_rest = run::kill_user(&user, || {
-            engine
-                .cgroups
-                .members(&holder)
-                .into_iter()
-                .any(|pid| airlock_core::process::owner(pid) == Some(user.uid.as_raw()))
-        });
+        let kill_rest = run::kill_user(&user, || run::left_in(&engine.cgroups, &holder, user.uid));
         let ended = run::to_the_end(child, req.stdin.clone(), Duration::from_secs(timeout), kill_rest).await;
         let duration_ms = started.elapsed().as_millis() as u64;
         let files = files::get(&work, &req.get, &user);
@@ -184,15 +178,7 @@ impl Live {
         if let Err(e) = self.end(&grant, "executor_ended").await {
             tracing::warn!(grant = %grant.id, error = %e.message, "ending a grant after its executor failed");
         }
-        Ok(ExecResult {
-            exit_code: ended.exit_code,
-            timed_out: ended.timed_out,
-            stdout: ended.stdout,
-            stderr: ended.stderr,
-            truncated: ended.truncated,
-            duration_ms,
-            files,
-        })
+        Ok(ExecResult::of(ended, duration_ms, files))
     }
 }
 

@@ -419,7 +419,7 @@ fn upstream_dsn(admin: &str, role: &str, password: &str) -> Result<String> {
         .parse()
         .map_err(|e| Error::internal(format!("the target's DSN no longer parses: {e}")))?;
     let mut keywords = vec![format!("user={role}"), format!("password={password}")];
-    let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let quote = airlock_postgres::target::keyword_value;
     if let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() {
         keywords.push(format!("host={}", quote(host)));
     }

@@ -156,7 +156,7 @@ pub fn tls_endpoint(dsn: &str) -> Result<Option<TlsEndpoint>> {
         plain.parse().map_err(|e| bad_dsn(format!("the source DSN cannot be read: {e}")))?;
     let Some(tokio_postgres::config::Host::Tcp(host)) = config.get_hosts().first() else { return Ok(None) };
     let port = config.get_ports().first().copied().unwrap_or(5432);
-    let quote = |v: &str| format!("'{}'", v.replace('\\', "\\\\").replace('\'', "\\'"));
+    let quote = keyword_value;
     let mut keywords = Vec::new();
     if let Some(user) = config.get_user() {
         keywords.push(format!("user={}", quote(user)));
@@ -179,6 +179,11 @@ pub fn tls_endpoint(dsn: &str) -> Result<Option<TlsEndpoint>> {
     }))
 }
 
+/// `value` quoted for a libpq `key='value'` connection string.
+pub fn keyword_value(value: &str) -> String {
+    format!("'{}'", value.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
 /// `dsn` with its database replaced by `database`.
 pub fn with_database(dsn: &str, database: &str) -> String {
     if let Some((scheme, rest)) = dsn.split_once("://") {
@@ -195,8 +200,7 @@ pub fn with_database(dsn: &str, database: &str) -> String {
         }
         return out;
     }
-    let quoted = database.replace('\\', "\\\\").replace('\'', "\\'");
-    format!("{dsn} dbname='{quoted}'")
+    format!("{dsn} dbname={}", keyword_value(database))
 }
 
 /// Where a DSN leads and as whom: what opening a raw session needs.

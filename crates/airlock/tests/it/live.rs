@@ -148,6 +148,23 @@ fn seed(prod: &Production) {
     );
 }
 
+/// A production server with [`seed`]'s data, and `extra` run on it as its
+/// superuser, registered as target `prod`; also its port, the CA's path and
+/// the admin DSN.
+fn registered(d: &Daemon, name: &str, extra: &str) -> (Production, u16, PathBuf, String) {
+    let (prod, port, ca) = production(d, name);
+    seed(&prod);
+    if !extra.is_empty() {
+        script(&prod.dsn("prod"), extra);
+    }
+    let admin = format!(
+        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
+        ca.display()
+    );
+    assert_eq!(add(d, "prod", &admin).code, 0);
+    (prod, port, ca, admin)
+}
+
 /// psql running each statement as its own query; Ok(stdout) or Err(stderr).
 fn psql_each(dsn: &str, statements: &[&str]) -> Result<String, String> {
     let (plain, password) = crate::harness::split_password(dsn);
@@ -182,13 +199,7 @@ fn grant_objects(prod: &Production) -> String {
 #[test]
 fn a_grant_reads_only_what_it_names_for_as_long_as_it_lasts() {
     let mut d = Daemon::start(&[]);
-    let (prod, port, ca) = production(&d, "grants");
-    seed(&prod);
-    let admin = format!(
-        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
-        ca.display()
-    );
-    assert_eq!(add(&d, "prod", &admin).code, 0);
+    let (prod, port, ca, admin) = registered(&d, "grants", "");
 
     // A tenant's rows of two tables, through views of the grant's own.
     let g = granted(
@@ -413,13 +424,7 @@ print(json.dumps({
 #[test]
 fn an_executor_on_a_grant_reaches_only_the_grant_brings_files_back_and_leaves_nothing() {
     let d = Daemon::start(&[]);
-    let (prod, port, ca) = production(&d, "executor");
-    seed(&prod);
-    let admin = format!(
-        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
-        ca.display()
-    );
-    assert_eq!(add(&d, "prod", &admin).code, 0);
+    let (prod, port, _, _) = registered(&d, "executor", "");
     let g = granted(
         &d,
         &["prod", "--tables", "analytics.accounts,analytics.usage_daily", "--where", "tenant_id = 42"],
@@ -557,15 +562,8 @@ fn sleepers(cmdline: &str) -> usize {
 #[test]
 fn a_grantees_own_code_never_runs_as_the_targets_admin_nor_outlasts_the_watchdog() {
     let d = Daemon::start(&[]);
-    let (prod, port, ca) = production(&d, "hijack");
-    seed(&prod);
     // As before PostgreSQL 15: every role may create in schema public.
-    script(&prod.dsn("prod"), "GRANT CREATE ON SCHEMA public TO PUBLIC");
-    let admin = format!(
-        "postgresql://ops:ops-secret-5c1d@localhost:{port}/prod?sslmode=verify-full&sslrootcert={}",
-        ca.display()
-    );
-    assert_eq!(add(&d, "prod", &admin).code, 0);
+    let (prod, port, _, _) = registered(&d, "hijack", "GRANT CREATE ON SCHEMA public TO PUBLIC");
     let g = granted(&d, &["prod", "--tables", "analytics.usage_daily", "--statement-timeout", "1s"]);
     assert!(g["cannot_take_away"].to_string().contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC"), "{g}");
     let dsn = g["dsn"].as_str().unwrap().to_owned();

@@ -107,6 +107,12 @@ impl Capture {
     }
 }
 
+/// Whether a process of `uid` is still in the cgroups of `id`: what
+/// [`kill_user`] asks after each round, for an executor of a sandbox or a grant.
+pub fn left_in(cgroups: &airlock_host::cgroup::Cgroups, id: &str, uid: nix::unistd::Uid) -> bool {
+    cgroups.members(id).into_iter().any(|pid| airlock_core::process::owner(pid) == Some(uid.as_raw()))
+}
+
 /// Kills every process of `user` (an executor's alone): a process that
 /// signals all it may (`kill(-1)`) as that user reaches each one, including
 /// those forked while it runs, which one pass over a process list would miss.

@@ -185,29 +185,29 @@ pub async fn exec(engine: &Engine, key: &str, req: &ExecRequest) -> Result<ExecR
     })?;
     let kill_rest = async {
         if contained {
-            let left = || {
-                engine
-                    .cgroups
-                    .members(&sb.id)
-                    .into_iter()
-                    .any(|pid| airlock_core::process::owner(pid) == Some(user.uid.as_raw()))
-            };
-            run::kill_user(&user, left).await;
+            run::kill_user(&user, || run::left_in(&engine.cgroups, &sb.id, user.uid)).await;
         } else {
             kill_strays(engine, &sb);
         }
     };
     let ended = run::to_the_end(child, req.stdin.clone(), Duration::from_secs(timeout), kill_rest).await;
     let duration_ms = started.elapsed().as_millis() as u64;
-    Ok(ExecResult {
-        exit_code: ended.exit_code,
-        timed_out: ended.timed_out,
-        stdout: ended.stdout,
-        stderr: ended.stderr,
-        truncated: ended.truncated,
-        duration_ms,
-        files: files::get(&workdir, &req.get, &user),
-    })
+    Ok(ExecResult::of(ended, duration_ms, files::get(&workdir, &req.get, &user)))
+}
+
+impl ExecResult {
+    /// The answer of a run that `ended`, with the files it brought back.
+    pub fn of(ended: run::Ended, duration_ms: u64, files: Vec<FileOut>) -> ExecResult {
+        ExecResult {
+            exit_code: ended.exit_code,
+            timed_out: ended.timed_out,
+            stdout: ended.stdout,
+            stderr: ended.stderr,
+            truncated: ended.truncated,
+            duration_ms,
+            files,
+        }
+    }
 }
 
 /// Without root there is no exec user of its own to kill by: kills what an exec
