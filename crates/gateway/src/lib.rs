@@ -11,6 +11,7 @@
 
 pub mod changes;
 pub mod envelope;
+pub mod grant_session;
 pub mod grants;
 pub mod http;
 pub mod mcp;

@@ -26,7 +26,7 @@ enum Target {
     Daemon { client: Arc<Client>, sandbox: String, home: String },
     /// In `airlock mcp --target`: one grant on a live target, through the
     /// daemon's REST API.
-    Grant(Arc<super::stdio::OnGrant>),
+    Grant(Arc<super::grant_session::OnGrant>),
 }
 
 /// An MCP server offering the agent tools for one sandbox.
@@ -54,7 +54,7 @@ impl Gateway {
     }
 
     /// `airlock mcp --target`'s server: every call goes to the session's grant.
-    pub fn for_grant(on: super::stdio::OnGrant) -> Gateway {
+    pub fn for_grant(on: super::grant_session::OnGrant) -> Gateway {
         Gateway { target: Target::Grant(Arc::new(on)) }
     }
 

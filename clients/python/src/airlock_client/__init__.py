@@ -17,7 +17,8 @@ For a live database, a read-only grant and an executor (see `live_grant`)::
 """
 
 from .client import AirlockError, Client, Sandbox
-from .live import ExecResult, Grant, live_grant
+from .grants import ExecResult, Grant
+from .live import live_grant
 from .scratch import scratch_db
 from .tool import SqlTool, sql_tool
 

@@ -6,25 +6,14 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import socket
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Optional, Union
 from urllib.parse import quote, urlparse
 
-Ttl = Union[int, float, str, None]
-
-
-class AirlockError(Exception):
-    """A failure the daemon reported, with its stable code, message and hint."""
-
-    def __init__(self, code: str, message: str, hint: str = "", status: int = 0):
-        super().__init__(f"{message} ({code}){': ' + hint if hint else ''}")
-        self.code = code
-        self.message = message
-        self.hint = hint
-        self.status = status
-
+from .durations import Ttl, ttl_seconds
+from .errors import AirlockError
+from .grants import ExecResult, Grant, exec_body, grant_body
 
 @dataclass
 class Sandbox:
@@ -60,23 +49,6 @@ class Sandbox:
             labels=dict(data.get("labels") or {}),
             name=data.get("name"),
         )
-
-
-_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def ttl_seconds(ttl: Ttl) -> Optional[int]:
-    """Seconds from an int, a float or a duration string such as "90s", "15m" or "1h30m"."""
-    if ttl is None:
-        return None
-    if isinstance(ttl, (int, float)):
-        if ttl <= 0:
-            raise AirlockError("invalid_ttl", f"a TTL of {ttl} is not positive", "give seconds > 0 or '15m'")
-        return max(1, int(ttl))
-    parts = re.findall(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)", ttl.strip())
-    if not parts or "".join(n + u for n, u in parts) != re.sub(r"\s", "", ttl):
-        raise AirlockError("invalid_ttl", f"cannot read the TTL {ttl!r}", "give seconds, or a duration such as 90s, 15m or 1h30m")
-    return max(1, int(sum(float(n) * _UNITS[u] for n, u in parts)))
 
 
 def _default_home() -> str:
@@ -189,25 +161,24 @@ class Client:
 
     # -- live targets --------------------------------------------------------------
 
-    def grant(self, target: str, tables, where=None, schema=None, ttl: Ttl = None, statement_timeout: Ttl = None, connections=None):
+    def grant(self, target: str, tables, where=None, schema=None, ttl: Ttl = None, statement_timeout: Ttl = None, connections=None) -> Grant:
         """Mints a short-lived, read-only grant on live target `target`: SELECT on
         exactly `tables` (and, with `where`, only those rows), reached through the
         router. Returns a `Grant` whose `dsn` is given this once."""
-        from .live import grant
-
-        return grant(self, target, tables, where=where, schema=schema, ttl=ttl, statement_timeout=statement_timeout, connections=connections)
+        body = grant_body(tables, where, schema, ttl, statement_timeout, connections)
+        return Grant.from_json(self._call("POST", f"/v1/targets/{quote(target, safe='')}/grants", body), self)
 
     def revoke(self, grant) -> None:
         """Ends a grant now: its sessions are cut, its role dropped on the target."""
         gid = grant if isinstance(grant, str) else grant.id
         self._call("DELETE", f"/v1/grants/{quote(gid, safe='')}")
 
-    def exec_grant(self, grant, argv, files=None, get=(), timeout: Ttl = "60s", stdin=None):
+    def exec_grant(self, grant, argv, files=None, get=(), timeout: Ttl = "60s", stdin=None) -> ExecResult:
         """Runs a command in a disposable executor attached to `grant`; the grant
         ends with it. Returns an `ExecResult` with the files asked for."""
-        from .live import exec_grant
-
-        return exec_grant(self, grant, argv, files=files, get=get, timeout=timeout, stdin=stdin)
+        gid = grant.id if isinstance(grant, Grant) else grant
+        body = exec_body(argv, files, get, timeout, stdin)
+        return ExecResult.from_json(self._call("POST", f"/v1/grants/{quote(gid, safe='')}/exec", body))
 
     # -- transport -----------------------------------------------------------------
 
