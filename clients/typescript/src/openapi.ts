@@ -420,6 +420,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/scans": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["scan_source"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/shutdown": {
         parameters: {
             query?: never;
@@ -834,6 +850,11 @@ export interface components {
              */
             total: number;
         };
+        /** @description One column rule. */
+        ColumnRule: components["schemas"]["Spec"] & {
+            /** @description `schema.table.column`; each part may be `*` or hold `*` (`*.*.email`, `public.*.phone*`). */
+            column: string;
+        };
         /** @description A request to make a golden: exactly one kind of source. */
         CreateGolden: {
             /**
@@ -842,6 +863,8 @@ export interface components {
              *     left out with a note in the fidelity report.
              */
             allow_extensions?: string[];
+            /** @description Columns (`schema.table.column`) the scan calls sensitive to keep as they are. */
+            allow_unmasked?: string[];
             /** @description Tables and schemas a `from_url` import leaves out. */
             exclude?: components["schemas"]["Exclusions"];
             /** @description A dump file to restore (absolute path). */
@@ -850,6 +873,7 @@ export interface components {
             from_url?: string | null;
             /** @description Parallel jobs for an import's dump and restore (default: the cores, 2 to 4). */
             jobs?: number | null;
+            mask?: components["schemas"]["MaskRules"] | null;
             /** @description The new golden's name. */
             name: string;
             /**
@@ -867,6 +891,13 @@ export interface components {
             schema?: string[];
             /** @description Seed files (absolute paths), run after the schema, in order. */
             seed?: string[];
+            /** @description Where a subset starts: `schema.table: SQL condition` (or `schema.table`). */
+            subset?: string[];
+            /**
+             * Format: double
+             * @description The share of the starting rows a subset keeps, above 0 and at most 100.
+             */
+            subset_percent?: number | null;
         };
         /** @description Every field of a PostgreSQL `ErrorResponse` worth showing a user. */
         DbError: {
@@ -996,7 +1027,7 @@ export interface components {
          * @description The stable, documented kinds of failure.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "internal";
+        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "mask_invalid" | "mask_unmasked" | "mask_leak" | "internal";
         /** @description One recorded event. */
         Event: {
             /** @description When it happened. */
@@ -1382,6 +1413,11 @@ export interface components {
             /** @description Running sessions checked. */
             sessions: number;
         };
+        /** @description A transformer for one path inside a `json` or `jsonb` value. */
+        JsonPathRule: components["schemas"]["Spec"] & {
+            /** @description Keys separated by dots; `*` is any key or array element (`address.street`, `contacts.*.email`). */
+            path: string;
+        };
         /** @description Percentiles of recent durations of one kind. */
         Latency: {
             /** @description Samples (the newest 2,000 at most). */
@@ -1403,6 +1439,31 @@ export interface components {
              * @description See `p50_ms`.
              */
             p99_ms: number;
+        };
+        /** @description The search for masked columns' source values in the rest of the golden. */
+        LeakSearch: {
+            /**
+             * Format: int64
+             * @description Columns searched for whole values (every row).
+             */
+            columns_searched: number;
+            /** @description Columns where one was found, with how many rows. */
+            found: string[];
+            /**
+             * Format: int64
+             * @description Source values also looked for inside text and JSON (a sample, the same every build).
+             */
+            sampled_for_substrings: number;
+            /**
+             * Format: int64
+             * @description Text and JSON columns searched for them.
+             */
+            text_columns_searched: number;
+            /**
+             * Format: int64
+             * @description How many distinct source values were looked for (whole values, 8 characters or more).
+             */
+            values: number;
         };
         /** @description Limits set on the agent's role. */
         Limits: {
@@ -1501,6 +1562,7 @@ export interface components {
              */
             generation: number;
             import?: components["schemas"]["Report"] | null;
+            masking?: components["schemas"]["MaskingRecord"] | null;
             /** @description The golden's name. */
             name: string;
             /**
@@ -1525,6 +1587,74 @@ export interface components {
             size_bytes: number;
             /** @description Where the data came from (redacted). */
             source: components["schemas"]["Source"];
+        };
+        /** @description A rules file: which columns are masked how, and references the schema does not declare. */
+        MaskRules: {
+            /** @description Column rules; the first that matches a column applies. */
+            columns?: components["schemas"]["ColumnRule"][];
+            /** @description Redis keys whose values are masked (string values, or fields of hashes). */
+            redis?: components["schemas"]["RedisRule"][];
+            /** @description References the schema does not declare, followed by a subset and by masking alike. */
+            references?: components["schemas"]["Reference"][];
+        };
+        /** @description One masked column in the report. */
+        MaskedColumn: {
+            /** @description Why it is masked: `rule` or `follows schema.table.column` (a reference to a masked column). */
+            because: string;
+            /** @description How the leak check was done on it (`every value`). */
+            checked: string;
+            /**
+             * Format: int64
+             * @description Rows whose masked value collided with another's in a unique or referenced
+             *     column and was drawn again.
+             */
+            collisions_resolved: number;
+            /** @description `schema.table.column`. */
+            column: string;
+            /**
+             * Format: int64
+             * @description Distinct source values it held.
+             */
+            distinct_values: number;
+            /**
+             * Format: int64
+             * @description Rows still holding a source value of this column (0 when the check passed).
+             */
+            leaks: number;
+            /** @description Its transformer, with parameters (`partial keep_last=4`). */
+            transform: string;
+        };
+        /**
+         * @description What a masked or subsetted golden's manifest says of it (the detail is in
+         *     its import report).
+         */
+        MaskingRecord: {
+            /** @description Masked columns and their transformers (`public.people.email: email`). */
+            columns: string[];
+            /** @description For a promoted golden: the golden whose masking its data carries. */
+            inherited_from?: string | null;
+            /** @description Whether the leak check found no source value of a masked column in the golden. */
+            leak_check_passed: boolean;
+            /** @description Masked Redis keys (`session:* [email]: email`). */
+            redis?: string[];
+            /** @description The subset it was cut to, if it was (`public.customers: ..., 2%`). */
+            subset?: string | null;
+        };
+        /** @description The proof a masked build gives: per column, and anywhere in the golden. */
+        MaskingReport: {
+            /** @description Columns the scan calls sensitive left unmasked on purpose (`--allow-unmasked`). */
+            allowed_unmasked?: string[];
+            /** @description Each masked column. */
+            columns: components["schemas"]["MaskedColumn"][];
+            /** @description Source values of masked columns looked for in every other column. */
+            elsewhere: components["schemas"]["LeakSearch"];
+            /** @description Whether no source value was found anywhere. */
+            passed: boolean;
+            /**
+             * Format: double
+             * @description Seconds spent masking and checking.
+             */
+            seconds: number;
         };
         /** @description Body of `POST /v1/migrations/promote`. */
         MigrationPromoteRequest: {
@@ -1658,6 +1788,13 @@ export interface components {
             /** @description Where it came from. */
             source: components["schemas"]["RedisSource"];
         };
+        /** @description Masking of a Redis part: keys matching `pattern`, their string value or the named hash fields. */
+        RedisRule: components["schemas"]["Spec"] & {
+            /** @description Hash fields to mask; none means the key's string value. */
+            fields?: string[];
+            /** @description A key pattern as `SCAN MATCH` takes it (`user:*`). */
+            pattern: string;
+        };
         /** @description Where a golden's Redis part comes from. */
         RedisSource: {
             /** @enum {string} */
@@ -1679,6 +1816,13 @@ export interface components {
             kind: "url";
             /** @description The server's URL. */
             url: string;
+        };
+        /** @description A reference the schema does not declare: `from` rows need `to` rows. */
+        Reference: {
+            /** @description The referencing columns, `schema.table(col, ...)`. */
+            from: string;
+            /** @description The referenced columns, `schema.table(col, ...)`. */
+            to: string;
         };
         /** @description The whole report of one `migrate test` run. */
         Report: {
@@ -1807,11 +1951,69 @@ export interface components {
          * @enum {string}
          */
         SandboxState: "creating" | "running" | "deleting" | "pooled" | "suspended" | "resetting";
+        /** @description What a scan found. */
+        ScanReport: {
+            /** @description The columns that hold personal data, with the rule proposed for each. */
+            columns: components["schemas"]["ScannedColumn"][];
+            /** @description A rules file (TOML) with those rules, for `golden create --mask`. */
+            rules: string;
+            /** @description Rows sampled per table at most. */
+            sample: number;
+            /**
+             * Format: double
+             * @description Seconds the scan took.
+             */
+            seconds: number;
+            /** @description Tables read. */
+            tables: number;
+        };
+        /** @description A scan of a live database. */
+        ScanRequest: {
+            /** @description The database to scan (read in one read-only transaction). */
+            from_url: string;
+            /** @description Rows sampled per table (default 200, at most 10000). */
+            sample?: number | null;
+        };
+        /** @description One column a scan found. */
+        ScannedColumn: {
+            /** @description What it holds (`email`, `card number`, `free text with personal data`...). */
+            class: string;
+            /** @description `schema.table.column`. */
+            column: string;
+            /** @description The rule proposed. */
+            proposed: components["schemas"]["Spec"];
+            /** @description Why the scan thinks so. */
+            reason: string;
+            /** @description Its type. */
+            type_name: string;
+        };
         /**
          * @description How bad a hazard is.
          * @enum {string}
          */
         Severity: "low" | "medium" | "high" | "critical";
+        /**
+         * @description How a golden's source is reshaped before anything of it is sealed: masked
+         *     columns, columns left unmasked on purpose, and a subset.
+         */
+        Shape: {
+            /**
+             * @description Columns (`schema.table.column`) the scan calls sensitive that are kept
+             *     as they are on purpose (`--allow-unmasked`).
+             */
+            allow_unmasked?: string[];
+            mask?: components["schemas"]["MaskRules"] | null;
+            /**
+             * @description The rows to start a subset from, `schema.table: SQL condition`
+             *     (`--subset`); none means every row.
+             */
+            subset?: string[];
+            /**
+             * Format: double
+             * @description The share of the starting rows to keep, 0 to 100 (`--subset-percent`).
+             */
+            subset_percent?: number | null;
+        };
         /** @description Where a golden's data comes from; kept so `golden refresh` can build again. */
         Source: {
             /** @enum {string} */
@@ -1834,6 +2036,8 @@ export interface components {
             jobs?: number | null;
             /** @enum {string} */
             kind: "url";
+            /** @description Masking and subset, applied before anything of the source is sealed. */
+            shape?: components["schemas"]["Shape"];
         } | {
             /**
              * @description Extensions installed although they can reach outside a fork
@@ -1846,6 +2050,8 @@ export interface components {
             kind: "dump";
             /** @description The dump file. */
             path: string;
+            /** @description Masking and subset, applied before anything of the dump is sealed. */
+            shape?: components["schemas"]["Shape"];
         } | {
             /** @enum {string} */
             kind: "redis_only";
@@ -1861,6 +2067,35 @@ export interface components {
             kind: "promoted";
             /** @description The sandbox it was taken from. */
             sandbox: string;
+        };
+        /** @description A transformer and its parameters. */
+        Spec: {
+            /**
+             * Format: double
+             * @description `noise`: the largest change, in the column's unit (days for dates).
+             */
+            bound?: number | null;
+            /** @description `sql`: an expression of `value` (the column's value), such as `lower(value)`. */
+            expression?: string | null;
+            /**
+             * Format: int32
+             * @description `partial`: how many characters at the end are kept.
+             */
+            keep_last?: number | null;
+            /**
+             * Format: int32
+             * @description `date_shift`: the largest shift in days (the whole column moves by one amount).
+             */
+            max_days?: number | null;
+            /** @description `json`: transformers for paths inside the document. */
+            paths?: components["schemas"]["JsonPathRule"][];
+            /**
+             * @description `email`, `name`, `phone`, `address`, `ip`, `uuid`, `hash`, `partial`,
+             *     `noise`, `date_shift`, `null`, `constant`, `redact`, `json` or `sql`.
+             */
+            transform: string;
+            /** @description `constant`: the value every row gets. */
+            value?: string | null;
         };
         /** @description Body of `POST /v1/sandboxes/{id}/sql`. */
         SqlRequest: {
@@ -1922,6 +2157,45 @@ export interface components {
             sandboxes: {
                 [key: string]: number;
             };
+        };
+        /** @description What a subset kept, per table. */
+        SubsetReport: {
+            /**
+             * Format: double
+             * @description The share of them kept, if one was asked.
+             */
+            percent?: number | null;
+            /**
+             * Format: int64
+             * @description Foreign keys (declared and from the rules file) checked in the golden, all of them holding.
+             */
+            references_checked: number;
+            /** @description The starting rows, as asked. */
+            roots: string[];
+            /**
+             * Format: double
+             * @description Seconds spent cutting.
+             */
+            seconds: number;
+            /** @description Every table: rows in the source, rows kept, and why. */
+            tables: components["schemas"]["SubsetTable"][];
+        };
+        /** @description One table of a subset. */
+        SubsetTable: {
+            /**
+             * Format: int64
+             * @description Rows kept.
+             */
+            kept_rows: number;
+            /**
+             * Format: int64
+             * @description Rows before the cut.
+             */
+            source_rows: number;
+            /** @description `schema.table`. */
+            table: string;
+            /** @description Why they were kept: starting rows, children of kept rows, parents kept rows need, or whole. */
+            why: string;
         };
         /** @description A registered target, as every answer shows it (never with its DSN's secret). */
         Target: {
@@ -5221,6 +5495,111 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Sandbox"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    scan_source: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ScanRequest"];
+            };
+        };
+        responses: {
+            /** @description the columns that hold personal data, and a rules file that masks them */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ScanReport"];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

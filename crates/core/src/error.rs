@@ -89,6 +89,16 @@ pub enum ErrorCode {
     TargetRefused,
     /// No live grant of that id (it may have ended).
     GrantNotFound,
+    /// A masking rule or subset cannot apply to the source as it is: a column
+    /// that is not there, a transformer that does not fit its type or its
+    /// constraints, a condition that does not run. Nothing was built.
+    MaskInvalid,
+    /// A column the scan calls sensitive has no masking rule; the message names
+    /// it. Nothing was built.
+    MaskUnmasked,
+    /// The leak check found a source value of a masked column in the golden;
+    /// the message names where (never the value). Nothing was built.
+    MaskLeak,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -107,7 +117,7 @@ impl ErrorCode {
                 409
             }
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
-            | MigrationFailed | TargetRefused => 422,
+            | MigrationFailed | TargetRefused | MaskInvalid | MaskUnmasked | MaskLeak => 422,
             CapacityExhausted | AuditUnavailable => 503,
             AuditBroken => 409,
             DiskFull => 507,
@@ -136,6 +146,7 @@ impl ErrorCode {
             AuditBroken => 15,
             TimedOut => 16,
             TargetRefused => 17,
+            MaskInvalid | MaskUnmasked | MaskLeak => 18,
         }
     }
 

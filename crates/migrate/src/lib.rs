@@ -232,7 +232,8 @@ async fn expected_catalog(engine: &Engine, req: &TestRequest) -> Result<Option<C
     // On the tested golden's major, so both catalogs read alike.
     let major = engine.store().golden(&req.golden)?.current().map(|m| m.major());
     let built =
-        airlock_lifecycle::golden::build_generation(engine, &name, 1, &source, false, major, None).await;
+        airlock_lifecycle::golden::build_generation(engine, &name, 1, &source, false, major, None, None)
+            .await;
     let dir = engine.layout.goldens().join(&name);
     let result = built.and_then(|_| Snapshot::load(&engine.layout.golden_generation(&name, 1)));
     let _ = std::fs::remove_dir_all(&dir);

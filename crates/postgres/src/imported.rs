@@ -47,6 +47,12 @@ pub struct Report {
     /// Whether the source's catalog and rows were compared (a live source), or
     /// only what a dump file says.
     pub compared: bool,
+    /// What masking did, and its leak check (a masked build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masking: Option<airlock_core::records::masking::MaskingReport>,
+    /// What a subset kept, per table (a subsetted build).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subset: Option<airlock_core::records::masking::SubsetReport>,
 }
 
 impl Report {

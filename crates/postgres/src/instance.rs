@@ -177,6 +177,31 @@ pub async fn initdb(
     Ok(())
 }
 
+/// Empties a cleanly stopped server's write-ahead log (`pg_resetwal`): its
+/// old segments, which hold every row version ever written (a masked
+/// golden's source values among them), are removed and one empty segment
+/// starts it again. Nothing is lost: a clean shutdown left nothing to replay.
+pub async fn reset_wal(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, owner: &Identity) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(bin.tool("pg_resetwal"));
+    cmd.arg("-D")
+        .arg(pgdata)
+        .env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null());
+    if daemon_user.is_root() {
+        cmd.uid(owner.uid.as_raw()).gid(owner.gid.as_raw());
+    }
+    let out = cmd.output().await?;
+    if !out.status.success() {
+        return Err(Error::postgres(format!(
+            "pg_resetwal failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
 /// What a sandbox's (or a build's) server sees of the host: the system trees,
 /// its own binaries and guard (read-only), its instance directory, and the
 /// private directories ([`airlock_host::rootfs`]). `exec` code joins this view.

@@ -8,6 +8,7 @@ use airlock_postgres::imported::Exclusions;
 
 use airlock_core::clock::Timestamp;
 use airlock_core::dsn;
+use airlock_core::records::masking::{MaskingRecord, Shape};
 
 /// Where a golden's data comes from; kept so `golden refresh` can build again.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -36,6 +37,9 @@ pub enum Source {
         /// (`--allow-extension`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         allow_extensions: Vec<String>,
+        /// Masking and subset, applied before anything of the source is sealed.
+        #[serde(default, skip_serializing_if = "Shape::is_empty")]
+        shape: Shape,
     },
     /// A pg_dump file, custom, tar or plain format.
     Dump {
@@ -49,6 +53,9 @@ pub enum Source {
         /// (`--allow-extension`).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         allow_extensions: Vec<String>,
+        /// Masking and subset, applied before anything of the dump is sealed.
+        #[serde(default, skip_serializing_if = "Shape::is_empty")]
+        shape: Shape,
     },
     /// No PostgreSQL part: the golden is its Redis part alone, and its forks
     /// run no PostgreSQL.
@@ -68,13 +75,22 @@ impl Source {
     /// The same source with any password removed, fit for manifests, events and output.
     pub fn redacted(&self) -> Source {
         match self {
-            Source::Url { dsn, exclude, jobs, allow_extensions } => Source::Url {
+            Source::Url { dsn, exclude, jobs, allow_extensions, shape } => Source::Url {
                 dsn: dsn::redact(dsn),
                 exclude: exclude.clone(),
                 jobs: *jobs,
                 allow_extensions: allow_extensions.clone(),
+                shape: shape.clone(),
             },
             other => other.clone(),
+        }
+    }
+
+    /// How a build from this source is masked and cut (nothing for most).
+    pub fn shape(&self) -> Option<&Shape> {
+        match self {
+            Source::Url { shape, .. } | Source::Dump { shape, .. } if !shape.is_empty() => Some(shape),
+            _ => None,
         }
     }
 
@@ -120,6 +136,10 @@ pub struct Manifest {
     /// The Redis part, when the golden has one: forks get a Redis of their own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis: Option<airlock_core::records::redis::RedisPart>,
+    /// For a masked or subsetted golden (or one promoted from a fork of one):
+    /// what was masked and cut, and whether the leak check passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masking: Option<MaskingRecord>,
 }
 
 impl Manifest {

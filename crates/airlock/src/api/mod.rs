@@ -80,6 +80,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(doctor))
         .routes(routes!(shutdown))
         .routes(routes!(list_goldens, create_golden))
+        .routes(routes!(scan_source))
         .routes(routes!(show_golden, remove_golden))
         .routes(routes!(refresh_golden))
         .routes(routes!(pool_golden))
@@ -240,6 +241,14 @@ async fn create_golden(
     let engine = s.engine.clone();
     let g = detached(async move { golden::create(&engine, &req).await }).await?;
     Ok((StatusCode::CREATED, Json(g)).into_response())
+}
+
+#[utoipa::path(post, path = "/v1/scans", tag = "goldens", request_body = golden::scan::ScanRequest, responses((status = 200, description = "the columns that hold personal data, and a rules file that masks them", body = golden::scan::ScanReport), ApiErrors))]
+async fn scan_source(
+    req: Result<Json<golden::scan::ScanRequest>, JsonRejection>,
+) -> Result<Json<golden::scan::ScanReport>, Failure> {
+    let req = body(req)?;
+    Ok(Json(detached(async move { golden::scan::scan(&req).await }).await?))
 }
 
 #[utoipa::path(get, path = "/v1/goldens/{name}", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "the golden and its generations", body = golden::Golden), ApiErrors))]

@@ -22,7 +22,8 @@ use airlock_core::error::{Error, ErrorCode};
                        daemon's unix socket ($AIRLOCK_HOME/airlock.sock) and, with --tcp, on TCP \
                        with `Authorization: Bearer TOKEN`. Errors are JSON {code, message, hint}."
     ),
-    components(schemas(Error, ErrorCode, airlock_gateway::tools::Via)),
+    // A JSON path rule refers back to the transformer spec: registered here, not followed.
+    components(schemas(Error, ErrorCode, airlock_gateway::tools::Via, airlock_core::records::masking::JsonPathRule)),
     modifiers(&BearerToken),
     tags(
         (name = "daemon", description = "Health, the host report and shutdown"),

@@ -14,6 +14,42 @@ use airlock_lifecycle::golden::{CreateGolden, Golden};
 use airlock_lifecycle::sandbox::BranchRequest;
 use airlock_listen::client::encode;
 
+/// A source's DSN from its flag: `-` reads stdin; one given on the command
+/// line with a password gets a warning (it shows in `ps`).
+fn source_dsn(value: &str) -> Result<String> {
+    if value == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text)?;
+        return Ok(text.trim().to_owned());
+    }
+    let from_env = std::env::var("AIRLOCK_FROM_URL").ok().as_deref() == Some(value);
+    if !from_env && airlock_core::dsn::password(value).is_some() {
+        eprintln!(
+            "warning: a password on the command line is visible to `ps` while this runs; \
+             use `--from-url -` (DSN on stdin) or AIRLOCK_FROM_URL instead"
+        );
+    }
+    Ok(value.to_owned())
+}
+
+/// A masking rules file, read and parsed here: the daemon gets its rules.
+fn rules_file(path: &std::path::Path) -> Result<airlock_core::records::masking::MaskRules> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::new(
+            ErrorCode::FileUnreadable,
+            format!("cannot read {}: {e}", path.display()),
+            "check the path",
+        )
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        Error::new(
+            ErrorCode::MaskInvalid,
+            format!("{} is not a masking rules file: {}", path.display(), e.to_string().trim()),
+            "write [[columns]] tables with `column` and `transform` (docs/MASKING.md); `airlock golden scan` proposes a file",
+        )
+    })
+}
+
 pub(super) fn absolute(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     paths
         .iter()
@@ -74,6 +110,10 @@ pub(super) async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             redis_seed,
             redis_rdb,
             redis_from_url,
+            mask,
+            allow_unmasked,
+            subset,
+            subset_percent,
         } => {
             validate::name("golden", name)?;
             let one = |p: &PathBuf| absolute(std::slice::from_ref(p)).map(|mut v| v.remove(0));
@@ -110,24 +150,8 @@ pub(super) async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 (_, _, Some(url)) => Some(airlock_core::records::redis::RedisSource::Url { url }),
                 _ => None,
             };
-            let from_url = match from_url.as_deref() {
-                Some("-") => {
-                    let mut text = String::new();
-                    std::io::stdin().read_to_string(&mut text)?;
-                    Some(text.trim().to_owned())
-                }
-                Some(dsn) => {
-                    let from_env = std::env::var("AIRLOCK_FROM_URL").ok().as_deref() == Some(dsn);
-                    if !from_env && airlock_core::dsn::password(dsn).is_some() {
-                        eprintln!(
-                            "warning: a password on the command line is visible to `ps` while this runs; \
-                             use `--from-url -` (DSN on stdin) or AIRLOCK_FROM_URL instead"
-                        );
-                    }
-                    Some(dsn.to_owned())
-                }
-                None => None,
-            };
+            let from_url = from_url.as_deref().map(source_dsn).transpose()?;
+            let mask = mask.as_deref().map(rules_file).transpose()?;
             let req = CreateGolden {
                 name: name.clone(),
                 schema: absolute(schema)?,
@@ -147,6 +171,10 @@ pub(super) async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
                 postgres: *postgres,
                 redis,
                 allow_extensions: allow_extension.clone(),
+                mask,
+                allow_unmasked: allow_unmasked.clone(),
+                subset: subset.clone(),
+                subset_percent: *subset_percent,
             };
             req.source()?;
             let spinner = output::spinner(json, format!("building golden {name}"));
@@ -156,6 +184,28 @@ pub(super) async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             spinner.finish_and_clear();
             let g = g?;
             output::print(json, &g, || output::golden(&g));
+            Ok(0)
+        }
+        GoldenCommand::Scan { from_url, sample, out } => {
+            let req = airlock_lifecycle::golden::scan::ScanRequest {
+                from_url: source_dsn(from_url)?,
+                sample: Some(*sample),
+            };
+            let spinner = output::spinner(json, "scanning the source".to_string());
+            let report: Result<airlock_lifecycle::golden::scan::ScanReport> =
+                client.call(Method::POST, "/v1/scans", Some(&req)).await;
+            spinner.finish_and_clear();
+            let report = report?;
+            if let Some(path) = out {
+                std::fs::write(path, &report.rules).map_err(|e| {
+                    Error::new(
+                        ErrorCode::FileUnreadable,
+                        format!("cannot write {}: {e}", path.display()),
+                        "check the path",
+                    )
+                })?;
+            }
+            output::print(json, &report, || output::scan(&report, out.is_some()));
             Ok(0)
         }
         GoldenCommand::Refresh { name } => {

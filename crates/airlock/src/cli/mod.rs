@@ -454,6 +454,33 @@ enum GoldenCommand {
         #[arg(long, value_name = "URL", env = "AIRLOCK_REDIS_FROM_URL", hide_env_values = true,
               conflicts_with_all = ["redis_seed", "redis_rdb"])]
         redis_from_url: Option<String>,
+        /// With --from-url or --from-dump: mask columns by this rules file (TOML; `golden scan`
+        /// proposes one). Values are masked before anything is sealed, with a key only the daemon keeps.
+        #[arg(long, value_name = "RULES.toml")]
+        mask: Option<PathBuf>,
+        /// With --mask: keep this column (`schema.table.column`) as it is although the scan calls it
+        /// sensitive (repeatable).
+        #[arg(long, value_name = "COLUMN", requires = "mask")]
+        allow_unmasked: Vec<String>,
+        /// Cut a subset starting from these rows: `schema.table: SQL condition` (repeatable); their
+        /// children and the parents those need come along.
+        #[arg(long, value_name = "TABLE[: CONDITION]")]
+        subset: Vec<String>,
+        /// With --subset: keep this share of the starting rows (above 0, at most 100).
+        #[arg(long, value_name = "PERCENT", requires = "subset")]
+        subset_percent: Option<f64>,
+    },
+    /// Find the columns of a live database that hold personal data, and propose masking rules.
+    Scan {
+        /// The database to scan; `-` reads the DSN from stdin, so its password stays out of `ps`.
+        #[arg(long, env = "AIRLOCK_FROM_URL", hide_env_values = true)]
+        from_url: String,
+        /// Rows sampled per table.
+        #[arg(long, default_value_t = 200)]
+        sample: usize,
+        /// Write the proposed rules file here (else it is printed).
+        #[arg(long, value_name = "RULES.toml")]
+        out: Option<PathBuf>,
     },
     /// Set how many started sandboxes (credentials bound at claim) the golden keeps ready.
     Pool {

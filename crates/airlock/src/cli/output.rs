@@ -242,6 +242,87 @@ pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
     for line in &r.imported.not_carried {
         out.push_str(&format!("not carried: {line}\n"));
     }
+    if let Some(m) = &r.masking {
+        out.push_str(&format!(
+            "masking: {} columns masked in {:.1}s; leak check {}\n",
+            m.columns.len(),
+            m.seconds,
+            if m.passed { "PASSED" } else { "FAILED" }
+        ));
+        let mut t =
+            Table::new(&["COLUMN", "TRANSFORM", "BECAUSE", "DISTINCT", "REDRAWN", "CHECKED", "LEAKS"]);
+        for c in &m.columns {
+            t.row(vec![
+                c.column.clone(),
+                c.transform.clone(),
+                c.because.clone(),
+                c.distinct_values.to_string(),
+                c.collisions_resolved.to_string(),
+                c.checked.clone(),
+                c.leaks.to_string(),
+            ]);
+        }
+        out.push_str(&t.render());
+        let e = &m.elsewhere;
+        out.push_str(&format!(
+            "leak search: {} source values looked for whole in {} columns (every row), {} sampled values inside {} text \
+             and JSON columns; found {}\n",
+            e.values,
+            e.columns_searched,
+            e.sampled_for_substrings,
+            e.text_columns_searched,
+            if e.found.is_empty() { "none".to_owned() } else { e.found.join("; ") }
+        ));
+        for c in &m.allowed_unmasked {
+            out.push_str(&format!("left unmasked on purpose: {c}\n"));
+        }
+    }
+    if let Some(s) = &r.subset {
+        out.push_str(&format!(
+            "subset: from {}{}; {} references checked, all holding ({:.1}s)\n",
+            s.roots.join("; "),
+            s.percent.map_or(String::new(), |p| format!(", {p}%")),
+            s.references_checked,
+            s.seconds
+        ));
+        let mut t = Table::new(&["TABLE", "SOURCE ROWS", "KEPT", "WHY"]);
+        for table in &s.tables {
+            t.row(vec![
+                table.table.clone(),
+                table.source_rows.to_string(),
+                table.kept_rows.to_string(),
+                table.why.clone(),
+            ]);
+        }
+        out.push_str(&t.render());
+    }
+    out
+}
+
+/// What `golden scan` found.
+pub fn scan(r: &airlock_lifecycle::golden::scan::ScanReport, written: bool) -> String {
+    let mut t = Table::new(&["COLUMN", "TYPE", "HOLDS", "PROPOSED", "WHY"]);
+    for c in &r.columns {
+        t.row(vec![
+            c.column.clone(),
+            c.type_name.clone(),
+            c.class.clone(),
+            c.proposed.transform.clone(),
+            c.reason.clone(),
+        ]);
+    }
+    let mut out = format!(
+        "{} columns of {} tables hold personal data ({} rows sampled per table at most, {:.1}s)\n",
+        r.columns.len(),
+        r.tables,
+        r.sample,
+        r.seconds
+    );
+    out.push_str(&t.render());
+    if !written {
+        out.push_str("\nproposed rules (pass --out FILE to write them):\n\n");
+        out.push_str(&r.rules);
+    }
     out
 }
 
@@ -267,6 +348,18 @@ pub fn golden(g: &Golden) -> String {
         ]);
     }
     out.push_str(&t.render());
+    if let Some(m) = g.current().and_then(|m| m.masking.as_ref()) {
+        out.push_str(&format!(
+            "\nMASKED: {} columns ({}), leak check {}{}{}\n",
+            m.columns.len(),
+            m.columns.join(", "),
+            if m.leak_check_passed { "passed" } else { "not run" },
+            m.subset.as_ref().map_or(String::new(), |s| format!("; subset of {s}")),
+            m.inherited_from.as_ref().map_or(String::new(), |f| format!("; promoted from a fork of {f}"))
+        ));
+    } else if g.current().is_some_and(|m| m.has_postgres()) {
+        out.push_str("\nnot masked: the golden holds its source's values\n");
+    }
     if let Some(redis) = g.current().and_then(|m| m.redis.as_ref()) {
         out.push_str(&format!(
             "\nredis: {} keys, {} in memory, RDB {}\n",

@@ -17,6 +17,7 @@ mod imports;
 mod lifecycle;
 mod live;
 mod majors;
+mod masking;
 mod metrics;
 mod migrate;
 mod migrate_code;

@@ -4,6 +4,7 @@
 //! what its engines found, so it lives above them: `airlock_state::golden`.)
 
 pub mod access;
+pub mod masking;
 pub mod redis;
 pub mod route;
 pub mod sandbox;

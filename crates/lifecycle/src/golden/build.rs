@@ -34,6 +34,7 @@ pub async fn build(
     allow_planted: bool,
     asked: Option<u32>,
     redis: Option<&airlock_core::records::redis::RedisSource>,
+    key: Option<&airlock_mask::Key>,
 ) -> Result<Manifest> {
     let postgres = match has_postgres(engine, source)? {
         true => Some(Postgres::choose(engine, source, asked).await?),
@@ -58,7 +59,8 @@ pub async fn build(
     };
     let mut result = match &postgres {
         Some(postgres) => {
-            build_in(engine, postgres, &builder, &dir, &work, (name, generation), source, allow_planted).await
+            build_in(engine, postgres, &builder, &dir, &work, (name, generation), source, allow_planted, key)
+                .await
         }
         None => without_postgres(&dir, (name, generation), source, &builder.user),
     };
@@ -175,6 +177,7 @@ fn without_postgres(
         planted: Vec::new(),
         import: None,
         redis: None,
+        masking: None,
     })
 }
 
@@ -277,6 +280,7 @@ async fn build_in(
     (name, generation): (&str, i64),
     source: &Source,
     allow_planted: bool,
+    key: Option<&airlock_mask::Key>,
 ) -> Result<Manifest> {
     let user = &builder.user;
     // The loader user reaches the server's socket to load the build's input.
@@ -308,7 +312,7 @@ async fn build_in(
         return Err(e);
     }
     let loaded =
-        load_and_describe(engine, postgres, dir, started.pid, work, name, source, allow_planted).await;
+        load_and_describe(engine, postgres, dir, started.pid, work, name, source, allow_planted, key).await;
     let (postgres_version, schema_hash, planted, import) = match loaded {
         Ok(v) => v,
         Err(e) => {
@@ -317,6 +321,12 @@ async fn build_in(
         }
     };
     started.stop_clean(dir).await?;
+    let masked = source.shape().is_some_and(|s| s.masks());
+    if masked {
+        // The write-ahead log holds every row version the build wrote, the
+        // source's values among them: only an empty one is sealed.
+        instance::reset_wal(&postgres.server.bin, &dir.pgdata(), &engine.daemon_user, user).await?;
+    }
     for leftover in [dir.log(), dir.hba_file(), dir.ident_file()] {
         let _ = std::fs::remove_file(leftover);
     }
@@ -334,6 +344,7 @@ async fn build_in(
         schema_hash,
         created_at: Timestamp::now(),
         source: source.redacted(),
+        masking: import.as_ref().and_then(masking_record),
         planted,
         import,
         redis: None,
@@ -341,6 +352,29 @@ async fn build_in(
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     std::fs::write(dir.root.join("manifest.json"), json)?;
     Ok(manifest)
+}
+
+/// What a masked or subsetted build's manifest says of it.
+fn masking_record(
+    report: &airlock_postgres::imported::Report,
+) -> Option<airlock_core::records::masking::MaskingRecord> {
+    if report.masking.is_none() && report.subset.is_none() {
+        return None;
+    }
+    Some(airlock_core::records::masking::MaskingRecord {
+        columns: report
+            .masking
+            .iter()
+            .flat_map(|m| &m.columns)
+            .map(|c| format!("{}: {}", c.column, c.transform))
+            .collect(),
+        leak_check_passed: report.masking.as_ref().is_some_and(|m| m.passed),
+        subset: report.subset.as_ref().map(|s| {
+            format!("{}{}", s.roots.join("; "), s.percent.map_or(String::new(), |p| format!(", {p}%")))
+        }),
+        redis: Vec::new(),
+        inherited_from: None,
+    })
 }
 
 /// Clones a running sandbox's data directory at one instant (its server paused
@@ -411,6 +445,7 @@ async fn load_and_describe(
     name: &str,
     source: &Source,
     allow_planted: bool,
+    key: Option<&airlock_mask::Key>,
 ) -> Result<Described> {
     if let Source::Promoted { sandbox, .. } = source {
         // No credential may live in a golden: what the agent owned goes to the
@@ -486,6 +521,8 @@ async fn load_and_describe(
         asked.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()).clamp(2, 4));
     let installed_build =
         (postgres.server.origin == "installed").then(|| engine.postgres.default_server().major);
+    let shaping = source.shape().map(|shape| crate::golden::shape::Shaping { shape, key });
+    let masked = source.shape().is_some_and(|s| s.masks());
     let restore = |loader, named| Restore {
         loader,
         named,
@@ -496,6 +533,8 @@ async fn load_and_describe(
         postmaster,
         jobs,
         progress: (&engine.builds, name),
+        shaping: shaping.as_ref(),
+        owner_os_user: engine.loader_user.as_ref(),
     };
     let loader_user = engine.loader_user.as_ref();
     // Tools `airlock postgres install` added keep their libraries beside them
@@ -517,14 +556,20 @@ async fn load_and_describe(
             }
         }
         Source::Url { dsn, exclude, .. } => {
-            let keep = engine.layout.imports().join(name);
+            // A dump kept for resuming holds the source's values: a masked
+            // build keeps it in its work area, removed whatever happens.
+            let keep = match masked {
+                true => work.join("source"),
+                false => engine.layout.imports().join(name),
+            };
             let dumped =
                 dump::dump(postgres.clients, dsn, exclude, &keep, jobs, (&engine.builds, name)).await?;
             let began = std::time::Instant::now();
             let loader = loader(Some(&dumped.archive))?;
             let named = dumped.archive.display().to_string();
-            let imported = restore(&loader, &named).run(&dumped.archive, Some(&dumped.facts)).await?;
-            pending = Some((Some((dumped, exclude)), imported, began.elapsed().as_secs_f64()));
+            let (imported, shaped) =
+                restore(&loader, &named).run(&dumped.archive, Some(&dumped.facts)).await?;
+            pending = Some((Some((dumped, exclude)), imported, shaped, began.elapsed().as_secs_f64()));
         }
         Source::Dump { path, .. } => {
             load::check_readable(path)?;
@@ -546,8 +591,14 @@ async fn load_and_describe(
                 };
                 let loader = loader(Some(&staged))?;
                 let named = path.display().to_string();
-                let imported = restore(&loader, &named).run(&staged, None).await?;
-                pending = Some((None, imported, began.elapsed().as_secs_f64()));
+                let (imported, shaped) = restore(&loader, &named).run(&staged, None).await?;
+                pending = Some((None, imported, shaped, began.elapsed().as_secs_f64()));
+            } else if source.shape().is_some() {
+                return Err(Error::new(
+                    ErrorCode::InvalidRequest,
+                    format!("{} is a plain SQL dump, which a build cannot mask or cut", path.display()),
+                    "take the dump with pg_dump --format=custom (or directory), or build with --from-url",
+                ));
             } else {
                 load::run_sql_file(&loader(None)?, path, ErrorCode::SourceFailed).await?;
             }
@@ -563,7 +614,14 @@ async fn load_and_describe(
     drop(admin);
     engine.builds.update(name, |p| p.phase = "freezing and describing".into());
     let (version, hash) = describe(postgres, dir, postmaster, engine.loader_user.as_ref(), false).await?;
-    let Some((dumped, imported, restore_seconds)) = pending else {
+    if masked {
+        // Statistics taken before masking (an autovacuum's ANALYZE of the
+        // restored data) may linger as dead rows of the statistics tables.
+        let admin = Admin::connect(dir, DATABASE, postmaster).await?;
+        crate::golden::shape::scrub_statistics(&admin).await?;
+        admin.execute("CHECKPOINT").await?;
+    }
+    let Some((dumped, imported, shaped, restore_seconds)) = pending else {
         return Ok((version, hash, Vec::new(), None));
     };
     let golden = airlock_postgres::catalog::Snapshot::load(&dir.root)?;
@@ -573,6 +631,12 @@ async fn load_and_describe(
     };
     report.restore_seconds = restore_seconds;
     report.jobs = jobs;
+    if shaped.subset.is_some() {
+        // A subset keeps fewer rows on purpose: its report says how many, and why.
+        report.row_differences.clear();
+    }
+    report.masking = shaped.masking;
+    report.subset = shaped.subset;
     if let Some((d, _)) = &dumped {
         let (source_major, golden_major) = (postgres.source_major.unwrap_or(0), postgres.server.major);
         if source_major != golden_major {

@@ -32,6 +32,7 @@ use tokio::io::AsyncBufReadExt;
 
 use crate::golden::archive::{self, TocEntry};
 use crate::golden::progress::Builds;
+use crate::golden::shape::Shaped;
 use crate::golden::source::SourceFacts;
 use airlock_core::dsn::{AGENT_ROLE, DATABASE, OWNER_ROLE};
 use airlock_core::error::{Error, ErrorCode, Result};
@@ -62,13 +63,17 @@ pub struct Restore<'a> {
     pub jobs: usize,
     /// Where progress is shown, and under which golden.
     pub progress: (&'a Builds, &'a str),
+    /// Masking and subset, run between the data and the indexes, when asked.
+    pub shaping: Option<&'a crate::golden::shape::Shaping<'a>>,
+    /// Who logs in as the owner role (for reshaping's owner sessions).
+    pub owner_os_user: Option<&'a airlock_host::users::Identity>,
 }
 
 impl Restore<'_> {
     /// Restores the archive at `path` (custom, tar or directory format).
     /// `facts` (a live source's) give role attributes, memberships and
     /// extension versions; without them roles get PostgreSQL's defaults.
-    pub async fn run(&self, path: &Path, facts: Option<&SourceFacts>) -> Result<Imported> {
+    pub async fn run(&self, path: &Path, facts: Option<&SourceFacts>) -> Result<(Imported, Shaped)> {
         self.phase("reading the dump", |_| {});
         let toc = archive::parse_toc(&self.tool_output(&["-l"], path).await?);
         if let Some(id) = archive::repeated_id(&toc) {
@@ -151,7 +156,27 @@ impl Restore<'_> {
         // untrusted languages, programs run by file_fdw) fails here.
         let list = self.list_file("rest", &kept)?;
         self.phase("restoring", |p| p.tables_done = 0);
-        self.restore(path, &list, self.jobs).await.map_err(|mut e| {
+        let mut shaped = Shaped::default();
+        let restored = match self.shaping {
+            None => self.restore(path, &list, self.jobs, &[]).await,
+            // Reshaping runs on the data alone: no index to keep up, no
+            // trigger or reference to fire; those come after, on what is left.
+            Some(shaping) => match self.restore(path, &list, self.jobs, &["pre-data", "data"]).await {
+                Ok(()) => {
+                    self.phase("masking and cutting", |_| {});
+                    let staging = crate::golden::shape::Staging {
+                        dir: self.dir,
+                        postmaster: self.postmaster,
+                        owner_os_user: self.owner_os_user,
+                    };
+                    shaped = shaping.run(&staging, &statements).await?;
+                    self.phase("indexing and checking references", |_| {});
+                    self.restore(path, &list, self.jobs, &["post-data"]).await
+                }
+                Err(e) => Err(e),
+            },
+        };
+        restored.map_err(|mut e| {
             if !imported.left_out_extensions.is_empty() {
                 e.hint = format!(
                     "the source uses extension{} {}, left out because {} can reach outside a fork: if the failure \
@@ -195,7 +220,7 @@ impl Restore<'_> {
                 .await?;
         }
         check_nothing_runs_as_a_superuser(&admin, &imported.roles).await?;
-        Ok(imported)
+        Ok((imported, shaped))
     }
 
     /// Gives each object the owner its dump names, as the admin. Only what the
@@ -528,10 +553,13 @@ impl Restore<'_> {
     /// its own (`--no-owner`: owners are set afterwards by
     /// [`Restore::set_owners`]); no statement of the archive can make its
     /// session a superuser's.
-    async fn restore(&self, path: &Path, list: &Path, jobs: usize) -> Result<()> {
+    async fn restore(&self, path: &Path, list: &Path, jobs: usize, sections: &[&str]) -> Result<()> {
         let mut cmd = self.loader.tool("pg_restore");
         cmd.args(["--exit-on-error", "--verbose", "--no-owner", "--dbname", DATABASE, "--use-list"])
             .arg(list);
+        for section in sections {
+            cmd.arg(format!("--section={section}"));
+        }
         if jobs > 1 {
             cmd.arg(format!("--jobs={jobs}"));
         }

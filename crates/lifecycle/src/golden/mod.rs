@@ -8,6 +8,8 @@ pub mod fidelity;
 pub mod import;
 
 pub mod progress;
+pub mod scan;
+pub mod shape;
 pub mod source;
 
 pub use airlock_postgres::imported::Exclusions;
@@ -70,9 +72,91 @@ pub struct CreateGolden {
     /// left out with a note in the fidelity report.
     #[serde(default)]
     pub allow_extensions: Vec<String>,
+    /// Masking rules (a rules file, as `--mask` reads it) for a `from_url` or
+    /// `from_dump` import: sensitive values are replaced before anything is sealed.
+    #[serde(default)]
+    pub mask: Option<airlock_core::records::masking::MaskRules>,
+    /// Columns (`schema.table.column`) the scan calls sensitive to keep as they are.
+    #[serde(default)]
+    pub allow_unmasked: Vec<String>,
+    /// Where a subset starts: `schema.table: SQL condition` (or `schema.table`).
+    #[serde(default)]
+    pub subset: Vec<String>,
+    /// The share of the starting rows a subset keeps, above 0 and at most 100.
+    #[serde(default)]
+    pub subset_percent: Option<f64>,
 }
 
 impl CreateGolden {
+    /// The masking and subset asked for, checked.
+    fn shape(&self) -> Result<airlock_core::records::masking::Shape> {
+        let shape = airlock_core::records::masking::Shape {
+            mask: self.mask.clone(),
+            allow_unmasked: self.allow_unmasked.clone(),
+            subset: self.subset.clone(),
+            subset_percent: self.subset_percent,
+        };
+        let invalid = |msg: String, hint: &str| Error::new(ErrorCode::MaskInvalid, msg, hint);
+        if !shape.is_empty() && self.from_url.is_none() && self.from_dump.is_none() {
+            return Err(invalid(
+                "masking and subsets apply to a --from-url or --from-dump import".into(),
+                "build from the live database (--from-url -) or from its dump (--from-dump FILE)",
+            ));
+        }
+        if !shape.allow_unmasked.is_empty() && shape.mask.is_none() {
+            return Err(invalid(
+                "--allow-unmasked was given without --mask".into(),
+                "give the rules file with --mask; an unmasked build keeps every column as it is anyway",
+            ));
+        }
+        if let Some(p) = shape.subset_percent {
+            if !(p > 0.0 && p <= 100.0) {
+                return Err(invalid(
+                    format!("--subset-percent {p} is not above 0 and at most 100"),
+                    "say, --subset-percent 2",
+                ));
+            }
+            if shape.subset.is_empty() {
+                return Err(invalid(
+                    "--subset-percent was given without --subset".into(),
+                    "name the table to start from: --subset 'schema.table' (and a condition after a colon, if any)",
+                ));
+            }
+        }
+        for root in &shape.subset {
+            shape::subset::parse_root(root)?;
+        }
+        if let Some(rules) = &shape.mask {
+            if rules.columns.is_empty() && rules.references.is_empty() {
+                return Err(invalid(
+                    "the rules file masks no column and adds no reference".into(),
+                    "add [[columns]] rules (`airlock golden scan --from-url -` proposes them)",
+                ));
+            }
+            if rules.columns.is_empty() && !shape.allow_unmasked.is_empty() {
+                return Err(invalid(
+                    "--allow-unmasked was given with a rules file that masks nothing".into(),
+                    "leave --allow-unmasked out, or add [[columns]] rules",
+                ));
+            }
+            for (i, rule) in rules.columns.iter().enumerate() {
+                airlock_mask::Transformer::compile(&rule.spec).map_err(|e| {
+                    invalid(
+                        format!("rule {} ({}): {e}", i + 1, rule.column),
+                        "fix the rule in the rules file",
+                    )
+                })?;
+            }
+            if !rules.redis.is_empty() && self.redis.is_none() {
+                return Err(invalid(
+                    "the rules file masks Redis keys, and the golden has no Redis part".into(),
+                    "give a Redis part (--redis-from-url, --redis-rdb, --redis-seed) or leave the [[redis]] rules out",
+                ));
+            }
+        }
+        Ok(shape)
+    }
+
     /// The one source this request names, checked.
     pub fn source(&self) -> Result<Source> {
         let files = !self.schema.is_empty() || !self.seed.is_empty();
@@ -135,6 +219,10 @@ impl CreateGolden {
                 return Err(invalid(&format!("{} is not an absolute path", path.display())));
             }
         }
+        if redis_only || files {
+            // Refused there: masking and subsets are for imports.
+            self.shape()?;
+        }
         Ok(if redis_only {
             Source::RedisOnly
         } else if let Some(dsn) = &self.from_url {
@@ -143,12 +231,14 @@ impl CreateGolden {
                 exclude: self.exclude.clone(),
                 jobs: self.jobs,
                 allow_extensions: self.allow_extensions.clone(),
+                shape: self.shape()?,
             }
         } else if let Some(path) = &self.from_dump {
             Source::Dump {
                 path: path.clone(),
                 jobs: self.jobs,
                 allow_extensions: self.allow_extensions.clone(),
+                shape: self.shape()?,
             }
         } else {
             Source::Files { schema: self.schema.clone(), seed: self.seed.clone() }
@@ -171,13 +261,20 @@ pub async fn create(engine: &Engine, req: &CreateGolden) -> Result<Golden> {
     let pool_size = req.pool_size.unwrap_or(engine.config.default_pool_size);
     check_pool_size(pool_size, engine)?;
     let started = std::time::Instant::now();
+    // A masked golden's key: made now, kept by the daemon, used again by every refresh.
+    let key = source.shape().filter(|s| s.masks()).map(|_| airlock_mask::Key::random());
     let manifest =
-        build::build(engine, &req.name, 1, &source, false, req.postgres, req.redis.as_ref()).await?;
+        build::build(engine, &req.name, 1, &source, false, req.postgres, req.redis.as_ref(), key.as_ref())
+            .await?;
     let mut store = engine.store();
     if let Err(e) = store
         .insert_golden(&manifest, &source)
         .and_then(|_| store.set_pool_size(&req.name, pool_size))
         .and_then(|_| store.set_redis_source(&req.name, req.redis.as_ref()))
+        .and_then(|_| match &key {
+            Some(k) => store.set_mask_key(&req.name, &k.to_hex()),
+            None => Ok(()),
+        })
     {
         let _ = store.delete_golden(&req.name);
         let _ = std::fs::remove_dir_all(engine.layout.goldens().join(&req.name));
@@ -226,7 +323,20 @@ pub async fn refresh(engine: &Engine, name: &str) -> Result<Golden> {
     // keeps a URL's password; the manifest's for goldens made before it did).
     let recorded = engine.store().golden_redis_source(name)?;
     let redis = recorded.or_else(|| current.and_then(|m| m.redis).map(|r| r.source));
-    let manifest = build::build(engine, name, next, &source, false, major, redis.as_ref()).await?;
+    // The same rules with the same key: the same source values mask alike.
+    let key = match source.shape().is_some_and(|s| s.masks()) {
+        true => {
+            let hex = engine.store().mask_key(name)?;
+            Some(hex.as_deref().and_then(airlock_mask::Key::from_hex).ok_or_else(|| {
+                Error::internal(format!(
+                    "golden {name:?} is masked, and its masking key is missing from the store"
+                ))
+            })?)
+        }
+        false => None,
+    };
+    let manifest =
+        build::build(engine, name, next, &source, false, major, redis.as_ref(), key.as_ref()).await?;
     {
         let mut store = engine.store();
         if let Err(e) = store.add_generation(&manifest) {
@@ -333,8 +443,20 @@ pub async fn promote(engine: &Engine, sandbox: &str, name: &str, allow_planted: 
         }
         false => None,
     };
-    let manifest =
-        build::build(engine, name, generation, &source, allow_planted, None, redis.as_ref()).await?;
+    let mut manifest =
+        build::build(engine, name, generation, &source, allow_planted, None, redis.as_ref(), None).await?;
+    // A fork of a masked golden holds masked data, and so does its promotion:
+    // it keeps the record of how (whatever the agent added since is the agent's).
+    if let Some(mut record) = forked_from.masking.clone() {
+        record.inherited_from.get_or_insert_with(|| format!("{} generation {}", sb.golden, sb.generation));
+        manifest.masking = Some(record);
+        let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
+        let path = engine.layout.golden_generation(name, generation).join("manifest.json");
+        if let Err(e) = std::fs::write(&path, json) {
+            let _ = std::fs::remove_dir_all(engine.layout.golden_generation(name, generation));
+            return Err(e.into());
+        }
+    }
     {
         let mut store = engine.store();
         let stored = match existing {

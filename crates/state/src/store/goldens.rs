@@ -81,6 +81,22 @@ impl Store {
         }
     }
 
+    /// Keeps a golden's masking key (hex), for its refreshes: the store is the
+    /// daemon's alone, and nothing else ever holds the key.
+    pub fn set_mask_key(&mut self, name: &str, key_hex: &str) -> Result<()> {
+        self.conn.execute("UPDATE goldens SET mask_key = ?2 WHERE name = ?1", params![name, key_hex])?;
+        Ok(())
+    }
+
+    /// A golden's masking key (hex), if it is masked.
+    pub fn mask_key(&self, name: &str) -> Result<Option<String>> {
+        let text: Option<Option<String>> = self
+            .conn
+            .query_row("SELECT mask_key FROM goldens WHERE name = ?1", [name], |r| r.get(0))
+            .optional()?;
+        text.ok_or_else(|| golden_not_found(name))
+    }
+
     /// The manifest of one generation of a golden.
     pub fn manifest(&self, name: &str, generation: i64) -> Result<Manifest> {
         let text: Option<String> = self

@@ -131,6 +131,7 @@ fn migrate(conn: &Connection) -> Result<()> {
         ("sandboxes", "verifier", "TEXT"),
         ("sandboxes", "active_at", "INTEGER"),
         ("goldens", "redis_source", "TEXT"),
+        ("goldens", "mask_key", "TEXT"),
         ("events", "door", "TEXT"),
         ("events", "audit_seq", "INTEGER"),
     ] {
