@@ -129,6 +129,7 @@ pub async fn build(
     promoted: Option<std::fs::File>,
     (user, cgroups): (&Identity, &[std::ffi::CString]),
     max_memory: u64,
+    masking: Option<&dyn crate::masking::ValueMask>,
 ) -> Result<RedisPart> {
     if let Some(path) = source.path().filter(|p| !p.is_absolute()) {
         return Err(Error::new(
@@ -188,6 +189,11 @@ pub async fn build(
                 load_commands(dir, path, opened, &loader_password).await?;
             }
             let mut admin = Admin::connect(dir).await?;
+            // Masked before the save below writes the only RDB the generation keeps.
+            let masked = match masking {
+                Some(m) => crate::masking::apply(&mut admin, m).await?,
+                None => Vec::new(),
+            };
             let (keys, memory_bytes) = admin.describe().await?;
             // A data set past a fork's ceiling would refuse every fork's first write.
             if memory_bytes > max_memory {
@@ -200,7 +206,7 @@ pub async fn build(
                 ));
             }
             admin.save().await?;
-            Ok::<_, Error>((keys, memory_bytes))
+            Ok::<_, Error>((keys, memory_bytes, masked))
         }
         .await;
         server::kill(pid).await;
@@ -211,9 +217,9 @@ pub async fn build(
         let _ = std::fs::remove_file(leftover);
     }
     let _ = std::fs::remove_dir_all(dir.socket_dir());
-    let (keys, memory_bytes) = built?;
+    let (keys, memory_bytes, masked) = built?;
     let rdb_bytes = std::fs::metadata(data.join("dump.rdb")).map(|m| m.len()).unwrap_or(0);
-    Ok(RedisPart { source: source.redacted(), keys, memory_bytes, rdb_bytes })
+    Ok(RedisPart { source: source.redacted(), keys, memory_bytes, rdb_bytes, masked })
 }
 
 /// Sends the commands of `file` (opened as `opened`) as the loader, in

@@ -10,6 +10,7 @@ pub mod commands;
 pub mod golden;
 pub mod keyspace;
 pub mod loopback;
+pub mod masking;
 pub mod relay;
 pub mod resp;
 pub mod server;

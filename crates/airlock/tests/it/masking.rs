@@ -577,3 +577,60 @@ fn a_subset_follows_references_both_ways_and_every_reference_holds() {
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("public.nope"), "{out:?}");
 }
+
+#[test]
+fn a_masked_redis_part_holds_masked_values_only_and_a_left_copy_fails_the_build() {
+    let prod = Production::start("redis");
+    script(&prod.dsn("postgres"), SOURCE);
+    let d = Daemon::start(&[]);
+    let source = prod.dsn("shop");
+    let redis_rules =
+        "\n[[redis]]\npattern = \"user:*\"\nfields = [\"email\", \"name\"]\ntransform = \"email\"\n\n\
+                       [[redis]]\npattern = \"session:*\"\ntransform = \"email\"\n";
+    let rules = write_rules(&d, "rules.toml", &format!("{RULES}{redis_rules}"));
+    let seed = |extra: &str| {
+        let path = d.home.join("cache.redis");
+        std::fs::write(
+            &path,
+            format!(
+                "HSET user:1 email jane.doe@corp.io name \"Jane Doe\" plan gold\nHSET user:2 email bob@corp.io plan free\n\
+                 SET session:abc jane.doe@corp.io\nSET session:def bob@corp.io\nSELECT 1\nSET session:xyz carol@corp.io\n{extra}"
+            ),
+        )
+        .unwrap();
+        path.display().to_string()
+    };
+    // A copy of a masked value under a key no rule reaches fails the build.
+    let leaky = seed("SET copy-of-email jane.doe@corp.io\n");
+    let out = d.cli_with(
+        &["golden", "create", "cache", "--from-url", "-", "--mask", &rules, "--redis-seed", &leaky, "--json"],
+        Some(&source),
+    );
+    assert_eq!(out.code, 18, "{out:?}");
+    assert!(out.stdout.contains("mask_leak") && !out.stdout.contains("jane.doe"), "{out:?}");
+    let clean = seed("");
+    let out = d.cli_with(
+        &["golden", "create", "cache", "--from-url", "-", "--mask", &rules, "--redis-seed", &clean, "--json"],
+        Some(&source),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let g: Value = serde_json::from_str(&out.stdout).unwrap();
+    let lines = g["generations"][0]["masking"]["redis"].as_array().unwrap().clone();
+    assert!(
+        lines.iter().any(|l| l.as_str().unwrap().starts_with("user:* [email, name]: email: 3 values")),
+        "{lines:?}"
+    );
+    let sb = d.fork("cache", &[]);
+    let url = sb["redis_socket_url"].as_str().unwrap();
+    let session = crate::redis::redis(url, &["GET", "session:abc"]);
+    assert!(session.contains("@example.") && session != "jane.doe@corp.io", "{session}");
+    assert_eq!(
+        crate::redis::redis(url, &["HGET", "user:1", "email"]),
+        session,
+        "the same value masks alike in every key"
+    );
+    assert_eq!(crate::redis::redis(url, &["HGET", "user:1", "plan"]), "gold", "other fields are kept");
+    assert!(!crate::redis::redis(url, &["HGET", "user:1", "name"]).contains("Jane"));
+    let other_db = crate::redis::redis(url, &["-n", "1", "GET", "session:xyz"]);
+    assert!(other_db.contains("@example.") && !other_db.contains("carol"), "{other_db}");
+}

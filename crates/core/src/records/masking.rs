@@ -32,7 +32,7 @@ impl Shape {
 
     /// Whether it masks (a rules file may hold only references, for a subset).
     pub fn masks(&self) -> bool {
-        self.mask.as_ref().is_some_and(|m| !m.columns.is_empty())
+        self.mask.as_ref().is_some_and(|m| !m.columns.is_empty() || !m.redis.is_empty())
     }
 }
 

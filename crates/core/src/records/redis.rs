@@ -84,4 +84,7 @@ pub struct RedisPart {
     pub memory_bytes: u64,
     /// The RDB file's size, in bytes.
     pub rdb_bytes: u64,
+    /// For a masked golden: each Redis rule and how many values it masked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub masked: Vec<String>,
 }

@@ -86,14 +86,29 @@ pub async fn build(
         let who = (&builder.user, &builder.cgroups[..]);
         // Whatever fails here, the build is finished below: its identity is
         // given back and its files removed.
-        let built = match promoted {
-            Ok(promoted) => airlock_redis::golden::build(&dir, redis, promoted, who, max_memory).await,
-            Err(e) => Err(e),
+        // A masked golden's Redis part is masked with the same key.
+        let masking = match (source.shape().and_then(|s| s.mask.as_ref()), key) {
+            (Some(rules), Some(key)) if !rules.redis.is_empty() => {
+                crate::golden::shape::redis::RedisMasking::compile(&rules.redis, key.clone()).map(Some)
+            }
+            _ => Ok(None),
+        };
+        let built = match (promoted, masking) {
+            (Ok(promoted), Ok(masking)) => {
+                let masking = masking.as_ref().map(|m| m as &dyn airlock_redis::masking::ValueMask);
+                airlock_redis::golden::build(&dir, redis, promoted, who, max_memory, masking).await
+            }
+            (Err(e), _) | (_, Err(e)) => Err(e),
         };
         match built {
             Ok(part) => {
                 if postgres.is_none() {
                     manifest.size_bytes = part.rdb_bytes;
+                }
+                if !part.masked.is_empty() {
+                    let record = manifest.masking.get_or_insert_with(Default::default);
+                    record.redis = part.masked.clone();
+                    record.leak_check_passed = true;
                 }
                 manifest.redis = Some(part);
                 let json = serde_json::to_vec_pretty(&*manifest).expect("manifest serializes");

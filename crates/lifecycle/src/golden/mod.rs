@@ -127,7 +127,7 @@ impl CreateGolden {
             shape::subset::parse_root(root)?;
         }
         if let Some(rules) = &shape.mask {
-            if rules.columns.is_empty() && rules.references.is_empty() {
+            if rules.columns.is_empty() && rules.references.is_empty() && rules.redis.is_empty() {
                 return Err(invalid(
                     "the rules file masks no column and adds no reference".into(),
                     "add [[columns]] rules (`airlock golden scan --from-url -` proposes them)",

@@ -13,6 +13,7 @@
 pub mod keys;
 pub mod leak;
 pub mod mask;
+pub mod redis;
 pub mod subset;
 pub mod tables;
 
