@@ -30,6 +30,7 @@ bench: build
 	@scripts/bench-promote.sh
 	@scripts/bench-density.sh
 	@scripts/bench-live.sh
+	@scripts/bench-masking.sh
 
 clean:
 	cargo clean

@@ -30,6 +30,10 @@ pub enum Class {
     BirthDate,
     /// Free text that quotes emails or phone numbers.
     FreeText,
+    /// Where someone is: coordinates.
+    Location,
+    /// Identifiers of a card, a vehicle or a device (security codes, plates, MAC addresses).
+    Identifier,
 }
 
 impl Class {
@@ -46,6 +50,8 @@ impl Class {
             Class::Ip => "IP address",
             Class::BirthDate => "date of birth",
             Class::FreeText => "free text with personal data",
+            Class::Location => "location",
+            Class::Identifier => "card, vehicle or device identifier",
         }
     }
 
@@ -59,7 +65,8 @@ impl Class {
             Class::Address => named("address"),
             Class::Ip => named("ip"),
             Class::Card | Class::Iban => Spec { keep_last: Some(4), ..named("partial") },
-            Class::NationalId | Class::FreeText => named("redact"),
+            Class::NationalId | Class::FreeText | Class::Identifier => named("redact"),
+            Class::Location => Spec { bound: Some(0.01), ..named("noise") },
             Class::BirthDate => Spec { bound: Some(30.0), ..named("noise") },
         }
     }
@@ -119,6 +126,8 @@ fn what(class: Class) -> &'static str {
         Class::Ip => "IP addresses",
         Class::Address => "street addresses",
         Class::BirthDate => "dates of birth",
+        Class::Location => "coordinates",
+        Class::Identifier => "identifiers",
     }
 }
 
@@ -155,7 +164,15 @@ pub fn by_name(table: &str, column: &str, ty: &ColumnType) -> Option<Class> {
     if has(&["phone", "mobile", "telephone", "tel", "cell", "fax", "msisdn", "phonenumber"]) {
         return text.then_some(Class::Phone);
     }
-    if has(&["ssn", "passport", "nino", "bsn", "personnummer", "nif", "nie"])
+    if has(&["lat", "lon", "lng", "latitude", "longitude", "geolocation", "coordinates"]) {
+        return Some(Class::Location);
+    }
+    if has(&["cvv", "cvc", "cvv2", "mac", "imei", "vin", "plate"])
+        || ["license_plate", "licence_plate", "mac_address", "device_id"].iter().any(|p| joined.contains(p))
+    {
+        return Some(Class::Identifier);
+    }
+    if has(&["ssn", "passport", "nino", "bsn", "personnummer", "nif", "nie", "dni", "curp", "aadhaar", "nhs"])
         || ["social_security", "national_id", "tax_id", "driver_license", "drivers_license", "id_number"]
             .iter()
             .any(|p| joined.contains(p))
@@ -172,10 +189,10 @@ pub fn by_name(table: &str, column: &str, ty: &ColumnType) -> Option<Class> {
     if has(&["ip", "ipaddr", "ipaddress"]) || joined.contains("remote_addr") {
         return text.then_some(Class::Ip);
     }
-    if has(&["birth", "dob", "birthday", "birthdate", "born"]) {
+    if has(&["birth", "dob", "birthday", "birthdate", "born", "geburtsdatum"]) {
         return Some(Class::BirthDate);
     }
-    if has(&["address", "street", "addr", "postcode", "postal", "zip", "zipcode"]) {
+    if has(&["address", "street", "addr", "postcode", "postal", "zip", "zipcode", "postleitzahl", "plz"]) {
         return text.then_some(Class::Address);
     }
     let person_table = tokens(table).iter().any(|w| {
@@ -218,6 +235,30 @@ pub fn by_name(table: &str, column: &str, ty: &ColumnType) -> Option<Class> {
     ]
     .contains(&joined.as_str())
         || (joined == "name" && person_table)
+        || ["recipient", "holder", "cardholder", "addressee", "beneficiary"].iter().any(|w| has(&[w]))
+        || (joined.ends_with("_name")
+            && [
+                "customer",
+                "client",
+                "contact",
+                "recipient",
+                "holder",
+                "account_holder",
+                "patient",
+                "employee",
+                "user",
+                "sender",
+                "owner",
+                "person",
+                "guest",
+                "passenger",
+                "driver",
+                "member",
+                "buyer",
+                "seller",
+            ]
+            .iter()
+            .any(|p| joined.strip_suffix("_name") == Some(*p)))
     {
         return text.then_some(Class::PersonName);
     }
@@ -622,6 +663,15 @@ mod tests {
         assert_eq!(by_name("t", "date_of_birth", &ColumnType::Date), Some(Class::BirthDate));
         assert_eq!(by_name("t", "shipping_address", &text()), Some(Class::Address));
         assert_eq!(by_name("t", "status", &text()), None);
+        assert_eq!(by_name("orders", "customer_name", &text()), Some(Class::PersonName));
+        assert_eq!(by_name("parcels", "recipient", &text()), Some(Class::PersonName));
+        assert_eq!(by_name("t", "dni", &text()), Some(Class::NationalId));
+        assert_eq!(by_name("t", "geburtsdatum", &ColumnType::Date), Some(Class::BirthDate));
+        assert_eq!(by_name("t", "postleitzahl", &text()), Some(Class::Address));
+        assert_eq!(by_name("t", "cvv", &text()), Some(Class::Identifier));
+        assert_eq!(by_name("t", "device_mac", &text()), Some(Class::Identifier));
+        assert_eq!(by_name("t", "lat", &ColumnType::Number), Some(Class::Location));
+        assert_eq!(by_name("products", "product_name", &text()), None);
     }
 
     #[test]

@@ -104,13 +104,19 @@ pub(crate) fn name(d: &mut Draw, source: &str) -> String {
 }
 
 /// Every digit drawn again, punctuation kept; a leading `+` keeps the digit
-/// after it (the country code's first) so the number reads as the same country's.
+/// after it (the country code's first) so the number reads as the same
+/// country's. Letters (an extension's name, an email address where a phone
+/// number should be) are drawn again too, so nothing of the source is kept.
 pub(crate) fn phone(d: &mut Draw, source: &str) -> String {
     let keep_first = source.trim_start().starts_with('+');
     let mut seen_digit = false;
     source
         .chars()
         .map(|c| {
+            if c.is_alphabetic() {
+                let letter = char::from(b'a' + d.below(26) as u8);
+                return if c.is_uppercase() { letter.to_ascii_uppercase() } else { letter };
+            }
             if !c.is_ascii_digit() {
                 return c;
             }
@@ -184,6 +190,8 @@ mod tests {
         let p = phone(&mut draw(3), "+44 (20) 7946-0958");
         assert_eq!(p.len(), "+44 (20) 7946-0958".len());
         assert!(p.starts_with("+4") && p.contains(" (") && p.contains('-'), "{p}");
+        let not_a_phone = phone(&mut draw(3), "buyer7@supplier.co.uk");
+        assert!(!not_a_phone.contains("buyer") && !not_a_phone.contains("supplier"), "{not_a_phone}");
         assert!(address(&mut draw(4), "1 High St, Leeds").contains(", "));
         assert!(ip(&mut draw(5), "192.168.1.7").parse::<std::net::Ipv4Addr>().is_ok());
         assert!(ip(&mut draw(5), "2001:db8::1").parse::<std::net::Ipv6Addr>().is_ok());

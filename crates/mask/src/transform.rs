@@ -146,8 +146,8 @@ impl Transformer {
             "noise" => {
                 unused(&["bound"])?;
                 let bound = spec.bound.ok_or("transform \"noise\" needs bound (say bound = 10)")?;
-                if !(bound.is_finite() && bound >= 1.0) {
-                    return Err(format!("noise bound {bound} is not a number of at least 1"));
+                if !(bound.is_finite() && bound > 0.0) {
+                    return Err(format!("noise bound {bound} is not a number above 0"));
                 }
                 return Ok(Transformer::Noise { bound });
             }

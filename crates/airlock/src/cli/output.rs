@@ -249,8 +249,16 @@ pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
             m.seconds,
             if m.passed { "PASSED" } else { "FAILED" }
         ));
-        let mut t =
-            Table::new(&["COLUMN", "TRANSFORM", "BECAUSE", "DISTINCT", "REDRAWN", "CHECKED", "LEAKS"]);
+        let mut t = Table::new(&[
+            "COLUMN",
+            "TRANSFORM",
+            "BECAUSE",
+            "DISTINCT",
+            "REDRAWN",
+            "KEPT",
+            "CHECKED",
+            "LEAKS",
+        ]);
         for c in &m.columns {
             t.row(vec![
                 c.column.clone(),
@@ -258,6 +266,7 @@ pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
                 c.because.clone(),
                 c.distinct_values.to_string(),
                 c.collisions_resolved.to_string(),
+                c.kept.to_string(),
                 c.checked.clone(),
                 c.leaks.to_string(),
             ]);
@@ -265,12 +274,10 @@ pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
         out.push_str(&t.render());
         let e = &m.elsewhere;
         out.push_str(&format!(
-            "leak search: {} source values looked for whole in {} columns (every row), {} sampled values inside {} text \
-             and JSON columns; found {}\n",
+            "leak search: {} source values looked for, whole or inside, in {} columns (every row, {}); found {}\n",
             e.values,
             e.columns_searched,
-            e.sampled_for_substrings,
-            e.text_columns_searched,
+            bytes(e.bytes_searched),
             if e.found.is_empty() { "none".to_owned() } else { e.found.join("; ") }
         ));
         for c in &m.allowed_unmasked {

@@ -634,3 +634,87 @@ fn a_masked_redis_part_holds_masked_values_only_and_a_left_copy_fails_the_build(
     let other_db = crate::redis::redis(url, &["-n", "1", "GET", "session:xyz"]);
     assert!(other_db.contains("@example.") && !other_db.contains("carol"), "{other_db}");
 }
+
+#[test]
+fn copies_inside_arrays_search_vectors_bytes_and_rare_notes_fail_the_build_and_errors_quote_no_row() {
+    let prod = Production::start("copies");
+    script(
+        &prod.dsn("postgres"),
+        r#"
+CREATE DATABASE copies;
+\c copies
+CREATE TABLE people (id serial PRIMARY KEY, email text NOT NULL UNIQUE, phone text);
+INSERT INTO people (email, phone) SELECT 'secret' || g || '@realcorp-mail.com', '+44 20 ' || (7946000 + g) FROM generate_series(1, 500) g;
+CREATE TABLE notes (id serial PRIMARY KEY, body text);
+INSERT INTO notes (body) SELECT 'nothing to see here' FROM generate_series(1, 5000);
+INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.com today');
+"#,
+    );
+    let d = Daemon::start(&[]);
+    let rules = write_rules(
+        &d,
+        "rules.toml",
+        "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"email\"\n\
+         [[columns]]\ncolumn = \"public.people.phone\"\ntransform = \"phone\"\n",
+    );
+    let build = |db: &str, name: &str, rules: &str| {
+        d.cli_with(
+            &["golden", "create", name, "--from-url", "-", "--mask", rules, "--json"],
+            Some(&prod.dsn(db)),
+        )
+    };
+    // One note in five thousand quotes an email: the scan's sample misses it,
+    // the leak check, which reads every row, does not.
+    let out = build("copies", "rare", &rules);
+    assert_eq!(out.code, 18, "{out:?}");
+    assert!(out.stdout.contains("mask_leak") && out.stdout.contains("public.notes.body: 1 rows"), "{out:?}");
+    assert!(!out.stdout.contains("realcorp"), "the error names the column, never the value: {out:?}");
+    // Copies in an array, a search vector, bytes and XML fail it too.
+    for (column, fill) in [
+        ("alt_emails text[]", "ARRAY[email, 'x']"),
+        ("search_doc tsvector", "to_tsvector('simple', email)"),
+        ("payload bytea", "convert_to(email, 'UTF8')"),
+        ("doc xml", "xmlelement(name contact, email)"),
+    ] {
+        let name = column.split(' ').next().unwrap();
+        script(
+            &prod.dsn("copies"),
+            &format!(
+                "DELETE FROM notes WHERE body LIKE '%realcorp%'; DROP TABLE IF EXISTS copy; \
+                 CREATE TABLE copy AS SELECT id, {fill} AS {name} FROM people; ALTER TABLE copy ALTER {name} TYPE {}",
+                column.split_once(' ').unwrap().1
+            ),
+        );
+        let out = build("copies", "copied", &rules);
+        assert_eq!(out.code, 18, "{column}: {out:?}");
+        assert!(out.stdout.contains(&format!("public.copy.{name}: 500 rows")), "{column}: {out:?}");
+    }
+    // A masked build's errors quote no row: a data error in an sql rule, and
+    // a failed restore (a check that needs the search path).
+    script(&prod.dsn("copies"), "DROP TABLE copy");
+    let sql_rule = write_rules(
+        &d,
+        "sql.toml",
+        "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"email\"\n\
+         [[columns]]\ncolumn = \"public.people.phone\"\ntransform = \"sql\"\n\
+         expression = \"(pg_catalog.regexp_replace(value, '[^0-9]', '', 'g'))::int::text\"\n",
+    );
+    let out = build("copies", "sqlerr", &sql_rule);
+    assert_eq!(out.code, 18, "{out:?}");
+    assert!(out.stdout.contains("out of range") && !out.stdout.contains("4420794"), "{out:?}");
+    script(
+        &prod.dsn("postgres"),
+        r#"
+CREATE DATABASE badcheck;
+\c badcheck
+CREATE FUNCTION email_domain(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$SELECT split_part(t, '@', 2)$$;
+CREATE FUNCTION email_ok(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$SELECT email_domain(t) <> ''$$;
+CREATE TABLE people (id serial PRIMARY KEY, email text NOT NULL UNIQUE CHECK (email_ok(email)), phone text);
+INSERT INTO people (email, phone) VALUES ('secret1@realcorp-mail.com', '+44 20 7946001');
+"#,
+    );
+    let out = build("badcheck", "badcheck", &rules);
+    assert_ne!(out.code, 0, "{out:?}");
+    assert!(!out.stdout.contains("realcorp") && !out.stdout.contains("7946001"), "{out:?}");
+    assert!(!d.log().contains("realcorp"), "nor does the daemon's log");
+}

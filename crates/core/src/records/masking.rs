@@ -170,24 +170,28 @@ pub struct MaskedColumn {
     /// Rows whose masked value collided with another's in a unique or referenced
     /// column and was drawn again.
     pub collisions_resolved: u64,
+    /// Distinct values kept as they were, having nothing in them the
+    /// transformer changes (`---` under `phone`, `infinity` under
+    /// `date_shift`, a document without the rule's paths).
+    #[serde(default)]
+    pub kept: u64,
     /// How the leak check was done on it (`every value`).
     pub checked: String,
     /// Rows still holding a source value of this column (0 when the check passed).
     pub leaks: u64,
 }
 
-/// The search for masked columns' source values in the rest of the golden.
+/// The search for masked columns' source values anywhere in the golden.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct LeakSearch {
-    /// How many distinct source values were looked for (whole values, 8 characters or more).
+    /// How many distinct source values were looked for (8 characters or more;
+    /// not those of `noise` and `date_shift` columns).
     pub values: u64,
-    /// Columns searched for whole values (every row).
+    /// Columns searched, every row (all but numbers, dates and times, and booleans).
     pub columns_searched: u64,
-    /// Source values also looked for inside text and JSON (a sample, the same every build).
-    pub sampled_for_substrings: u64,
-    /// Text and JSON columns searched for them.
-    pub text_columns_searched: u64,
-    /// Columns where one was found, with how many rows.
+    /// Bytes of column values read and searched.
+    pub bytes_searched: u64,
+    /// Columns where one was found, whole or inside, with how many rows.
     pub found: Vec<String>,
 }
 

@@ -127,7 +127,10 @@ pub fn plan(rules: &MaskRules, leaves: &[Leaf], keys: &Keys) -> Result<Plan> {
             let found = compiled
                 .iter_mut()
                 .find(|(p, _, _)| glob(&p[0], schema) && glob(&p[1], name) && glob(&p[2], &column.name));
-            if let Some((_, t, hits)) = found {
+            if let Some((parts, t, hits)) = found {
+                if column.generated && parts.iter().any(|p| p.contains('*')) {
+                    continue; // a pattern passes by what is computed from others
+                }
                 *hits += 1;
                 if column.generated {
                     return Err(invalid(
@@ -210,8 +213,12 @@ pub fn plan(rules: &MaskRules, leaves: &[Leaf], keys: &Keys) -> Result<Plan> {
                 ColumnType::Text { .. } | ColumnType::Other(_) => None,
                 _ => Some(column.type_sql.clone()),
             };
-            let kind =
-                normal_form.clone().unwrap_or_else(|| format!("{:?}", std::mem::discriminant(&column.ty)));
+            // citext compares without case, text with it: never one map for both.
+            let kind = match (&normal_form, &column.ty) {
+                (Some(ty), _) => ty.clone(),
+                (None, ColumnType::Text { fold_case, .. }) => format!("text fold_case={fold_case}"),
+                (None, other) => format!("{other:?}"),
+            };
             let id = format!("{}|{kind}", t.describe());
             let index = *domain_of.entry(id).or_insert_with(|| {
                 plan.domains.push(Domain {
@@ -224,16 +231,13 @@ pub fn plan(rules: &MaskRules, leaves: &[Leaf], keys: &Keys) -> Result<Plan> {
             });
             let d = &mut plan.domains[index];
             d.keyed |= keyed;
-            if let (
-                ColumnType::Text { max_chars, fold_case },
-                ColumnType::Text { max_chars: theirs, fold_case: folds },
-            ) = (&mut d.ty, &column.ty)
+            if let (ColumnType::Text { max_chars, .. }, ColumnType::Text { max_chars: theirs, .. }) =
+                (&mut d.ty, &column.ty)
             {
                 *max_chars = match (*max_chars, theirs) {
                     (Some(a), Some(b)) => Some(a.min(*b)),
                     (a, b) => a.or(*b),
                 };
-                *fold_case |= *folds;
             }
             plan.columns.push(Planned {
                 leaf: leaf_index,

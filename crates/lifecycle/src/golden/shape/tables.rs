@@ -93,13 +93,48 @@ pub fn failed(e: tokio_postgres::Error) -> airlock_core::error::Error {
 pub fn without_values(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => {
-            // `invalid input syntax for type integer: "..."` quotes the value after a colon.
-            let message = db.message().split(": \"").next().unwrap_or_default();
+            // A data error quotes the value it met (`value "..." is out of
+            // range`); only a syntax or naming error (class 42) quotes what
+            // the statement said, a name, which is kept.
+            let message = match db.code().code().starts_with("42") {
+                true => db.message().to_owned(),
+                false => without_quoted(db.message()),
+            };
             match db.constraint() {
                 Some(c) => format!("{}: {message} (constraint {c})", db.code().code()),
                 None => format!("{}: {message}", db.code().code()),
             }
         }
         None => e.to_string(),
+    }
+}
+
+/// `text` with every double-quoted part replaced by `"…"`.
+pub fn without_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut inside = false;
+    for c in text.chars() {
+        if c == '"' {
+            if !inside {
+                out.push_str("\"…");
+            } else {
+                out.push('"');
+            }
+            inside = !inside;
+        } else if !inside {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quoted_values_are_left_out() {
+        assert_eq!(
+            super::without_quoted("value \"44207946001\" is out of range for type integer"),
+            "value \"…\" is out of range for type integer"
+        );
     }
 }
