@@ -1440,28 +1440,24 @@ export interface components {
              */
             p99_ms: number;
         };
-        /** @description The search for masked columns' source values in the rest of the golden. */
+        /** @description The search for masked columns' source values anywhere in the golden. */
         LeakSearch: {
             /**
              * Format: int64
-             * @description Columns searched for whole values (every row).
+             * @description Bytes of column values read and searched.
+             */
+            bytes_searched: number;
+            /**
+             * Format: int64
+             * @description Columns searched, every row (all but numbers, dates and times, and booleans).
              */
             columns_searched: number;
-            /** @description Columns where one was found, with how many rows. */
+            /** @description Columns where one was found, whole or inside, with how many rows. */
             found: string[];
             /**
              * Format: int64
-             * @description Source values also looked for inside text and JSON (a sample, the same every build).
-             */
-            sampled_for_substrings: number;
-            /**
-             * Format: int64
-             * @description Text and JSON columns searched for them.
-             */
-            text_columns_searched: number;
-            /**
-             * Format: int64
-             * @description How many distinct source values were looked for (whole values, 8 characters or more).
+             * @description How many distinct source values were looked for (8 characters or more;
+             *     not those of `noise` and `date_shift` columns).
              */
             values: number;
         };
@@ -1616,6 +1612,13 @@ export interface components {
              * @description Distinct source values it held.
              */
             distinct_values: number;
+            /**
+             * Format: int64
+             * @description Distinct values kept as they were, having nothing in them the
+             *     transformer changes (`---` under `phone`, `infinity` under
+             *     `date_shift`, a document without the rule's paths).
+             */
+            kept?: number;
             /**
              * Format: int64
              * @description Rows still holding a source value of this column (0 when the check passed).
@@ -1775,6 +1778,8 @@ export interface components {
              * @description Keys, over every database.
              */
             keys: number;
+            /** @description For a masked golden: each Redis rule and how many values it masked. */
+            masked?: string[];
             /**
              * Format: int64
              * @description Memory the data set takes once loaded (`used_memory`), in bytes.
