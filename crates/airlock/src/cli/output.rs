@@ -244,9 +244,11 @@ pub fn import_report(r: &airlock_postgres::imported::Report) -> String {
     }
     if let Some(m) = &r.masking {
         out.push_str(&format!(
-            "masking: {} columns masked in {:.1}s; leak check {}\n",
+            "masking: {} columns masked in {:.1}s; {} unique keys and {} references holding on the masked values; leak check {}\n",
             m.columns.len(),
             m.seconds,
+            m.unique_keys_checked,
+            m.references_checked,
             if m.passed { "PASSED" } else { "FAILED" }
         ));
         let mut t = Table::new(&[

@@ -150,6 +150,14 @@ pub struct MaskingReport {
     /// Columns the scan calls sensitive left unmasked on purpose (`--allow-unmasked`).
     #[serde(default)]
     pub allowed_unmasked: Vec<String>,
+    /// Unique keys holding a masked column, each created (so checked) on the masked values.
+    #[serde(default)]
+    pub unique_keys_checked: u64,
+    /// References with a masked column at either end, each created (so
+    /// validated) on the masked values, or checked by the build when the rules
+    /// file declared it.
+    #[serde(default)]
+    pub references_checked: u64,
     /// Whether no source value was found anywhere.
     pub passed: bool,
     /// Seconds spent masking and checking.

@@ -112,6 +112,28 @@ impl Keys {
     }
 }
 
+impl Link {
+    /// The condition on a row `x` of the referencing table whose reference
+    /// finds no row in any of `parents` (the referenced table's tables that
+    /// hold rows, as SQL); a reference with a NULL in it needs none.
+    pub fn finds_no_row(&self, parents: &[&str]) -> String {
+        use airlock_postgres::catalog::quote_ident;
+        let present =
+            self.from.columns.iter().map(|c| format!("x.{} IS NOT NULL", quote_ident(c))).collect::<Vec<_>>();
+        let equal = self
+            .from
+            .columns
+            .iter()
+            .zip(&self.to.columns)
+            .map(|(a, b)| format!("y.{} = x.{}", quote_ident(b), quote_ident(a)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let missing: Vec<String> =
+            parents.iter().map(|p| format!("NOT EXISTS (SELECT 1 FROM ONLY {p} AS y WHERE {equal})")).collect();
+        format!("({} AND {})", present.join(" AND "), if missing.is_empty() { "true".into() } else { missing.join(" AND ") })
+    }
+}
+
 fn invalid(message: String) -> Error {
     Error::new(
         ErrorCode::MaskInvalid,

@@ -106,13 +106,46 @@ impl Shaping<'_> {
         }
         if let (true, Some(key)) = (self.shape.masks(), self.key) {
             let masked_at = std::time::Instant::now();
+            let masked = |c: &keys::Columns| {
+                plan.columns.iter().any(|p| leaves[p.leaf].named == c.table && c.columns.contains(&p.column))
+            };
+            // The rules file's references are no constraint of the server's:
+            // they are counted before and after, and must not lose a row.
+            let virtual_links: Vec<&keys::Link> =
+                keys.links.iter().filter(|l| !l.declared && (masked(&l.from) || masked(&l.to))).collect();
+            let mut before = Vec::new();
+            for link in &virtual_links {
+                before.push(orphans(&admin, &leaves, link).await?);
+            }
             let mut columns = mask::apply(&plan, &leaves, &admin, &owner, key).await?;
+            for (link, was) in virtual_links.iter().zip(before) {
+                let now = orphans(&admin, &leaves, link).await?;
+                if now > was {
+                    return Err(Error::new(
+                        ErrorCode::MaskInvalid,
+                        format!(
+                            "{} rows of {} lost the row of {} they reference once masked (the rules file's reference \
+                             {}({}) -> {}({}))",
+                            now - was,
+                            link.from.table,
+                            link.to.table,
+                            link.from.table,
+                            link.from.columns.join(", "),
+                            link.to.table,
+                            link.to.columns.join(", ")
+                        ),
+                        "give both ends the same rule, or one end only (the other follows it)",
+                    ));
+                }
+            }
             let elsewhere = leak::check(&plan, &leaves, &admin, &mut columns).await?;
             let passed = elsewhere.found.is_empty() && columns.iter().all(|c| c.leaks == 0);
             let report = MaskingReport {
                 columns,
                 elsewhere,
                 allowed_unmasked: self.shape.allow_unmasked.clone(),
+                unique_keys_checked: keys.unique.iter().filter(|u| masked(u)).count() as u64,
+                references_checked: keys.links.iter().filter(|l| masked(&l.from) || masked(&l.to)).count() as u64,
                 passed,
                 seconds: masked_at.elapsed().as_secs_f64(),
             };
@@ -161,6 +194,18 @@ impl Shaping<'_> {
         }
         Ok(shaped)
     }
+}
+
+/// Rows of `link`'s referencing table whose reference finds no row.
+async fn orphans(admin: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> Result<i64> {
+    use airlock_postgres::cell::Cell;
+    let parents: Vec<&str> = leaves.iter().filter(|l| l.named == link.to.table).map(|l| l.sql.as_str()).collect();
+    let mut total = 0;
+    for child in leaves.iter().filter(|l| l.named == link.from.table) {
+        let sql = format!("SELECT count(*) FROM ONLY {} AS x WHERE {}", child.sql, link.finds_no_row(&parents));
+        total += admin.client().query_one(&sql, &[]).await.map_err(tables::failed)?.cell::<i64>(0)?;
+    }
+    Ok(total)
 }
 
 /// Refuses a column the classifier calls personal that no rule masks (or a

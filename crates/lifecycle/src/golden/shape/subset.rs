@@ -348,34 +348,15 @@ pub async fn cut(
 
 /// The condition of a row of leaf `i` some of whose references lead to no row.
 fn orphaned(i: usize, edges: &[(usize, usize, &Link)], leaves: &[Leaf]) -> String {
-    // Per reference, the parent may be any leaf of the referenced table.
-    let mut by_link: Vec<(&Link, Vec<usize>)> = Vec::new();
+    // Per reference, the parent may be in any table of the referenced one.
+    let mut by_link: Vec<(&Link, Vec<&str>)> = Vec::new();
     for (_, p, link) in edges.iter().filter(|(c, _, _)| *c == i) {
         match by_link.iter_mut().find(|(l, _)| std::ptr::eq(*l, *link)) {
-            Some((_, parents)) => parents.push(*p),
-            None => by_link.push((link, vec![*p])),
+            Some((_, parents)) => parents.push(leaves[*p].sql.as_str()),
+            None => by_link.push((link, vec![leaves[*p].sql.as_str()])),
         }
     }
-    let mut any = Vec::new();
-    for (link, parents) in by_link {
-        let present =
-            link.from.columns.iter().map(|c| format!("x.{} IS NOT NULL", quote_ident(c))).collect::<Vec<_>>();
-        let missing = parents
-            .iter()
-            .map(|p| {
-                let equal = link
-                    .from
-                    .columns
-                    .iter()
-                    .zip(&link.to.columns)
-                    .map(|(a, b)| format!("y.{} = x.{}", quote_ident(b), quote_ident(a)))
-                    .collect::<Vec<_>>()
-                    .join(" AND ");
-                format!("NOT EXISTS (SELECT 1 FROM ONLY {} AS y WHERE {equal})", leaves[*p].sql)
-            })
-            .collect::<Vec<_>>();
-        any.push(format!("({} AND {})", present.join(" AND "), missing.join(" AND ")));
-    }
+    let any: Vec<String> = by_link.iter().map(|(link, parents)| link.finds_no_row(parents)).collect();
     if any.is_empty() {
         "false".into()
     } else {
