@@ -117,7 +117,8 @@ pub(crate) fn phone(d: &mut Draw, source: &str) -> String {
                 let letter = char::from(b'a' + d.below(26) as u8);
                 return if c.is_uppercase() { letter.to_ascii_uppercase() } else { letter };
             }
-            if !c.is_ascii_digit() {
+            // Digits of any script (`٠٥٥`) are drawn again, as ASCII digits.
+            if !c.is_numeric() {
                 return c;
             }
             let first = !seen_digit;
@@ -190,6 +191,7 @@ mod tests {
         let p = phone(&mut draw(3), "+44 (20) 7946-0958");
         assert_eq!(p.len(), "+44 (20) 7946-0958".len());
         assert!(p.starts_with("+4") && p.contains(" (") && p.contains('-'), "{p}");
+        assert!(!phone(&mut draw(3), "٠٥٥١٢٣٤٥٦٧").contains('٥'));
         let not_a_phone = phone(&mut draw(3), "buyer7@supplier.co.uk");
         assert!(!not_a_phone.contains("buyer") && !not_a_phone.contains("supplier"), "{not_a_phone}");
         assert!(address(&mut draw(4), "1 High St, Leeds").contains(", "));

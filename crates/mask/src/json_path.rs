@@ -41,6 +41,22 @@ pub(crate) fn apply(rules: &[(Vec<String>, Transformer)], key: &Key, text: &str,
     }
 }
 
+/// The values (strings and numbers, as text) at each rule's path in the
+/// document `text`: what masking replaces inside it, which the leak check
+/// looks for everywhere else.
+pub(crate) fn values_at(rules: &[(Vec<String>, Transformer)], text: &str) -> Vec<String> {
+    let Ok(mut doc) = serde_json::from_str::<Value>(text) else { return Vec::new() };
+    let mut out = Vec::new();
+    for (path, _) in rules {
+        visit(&mut doc, path, &mut |leaf| match leaf {
+            Value::String(s) => out.push(s.clone()),
+            Value::Number(n) => out.push(n.to_string()),
+            _ => {}
+        });
+    }
+    out
+}
+
 /// Calls `f` on every value at `path` under `node` (`*`: any key or element).
 fn visit(node: &mut Value, path: &[String], f: &mut dyn FnMut(&mut Value)) {
     let Some((head, rest)) = path.split_first() else {

@@ -252,6 +252,15 @@ impl Transformer {
         !matches!(self, Transformer::Null | Transformer::Constant(_) | Transformer::Redact)
     }
 
+    /// The values inside a source value this transformer replaces, when they
+    /// are not the whole value: a `json` rule's values at its paths.
+    pub fn inner_values(&self, value: &str) -> Vec<String> {
+        match self {
+            Transformer::Json(rules) => json_path::values_at(rules, value),
+            _ => Vec::new(),
+        }
+    }
+
     /// Why it cannot apply to a column of type `ty` that is `nullable` or not.
     pub fn fits(&self, ty: &ColumnType, nullable: bool) -> Result<(), String> {
         let ok = match self {

@@ -1,8 +1,9 @@
 //! Masking a golden's Redis part as it is built: the string values, or the
 //! named hash fields, of keys matching a rule's pattern are replaced in the
 //! build's own redis-server before it saves, so the RDB it writes holds
-//! masked values only. Then every value of every key is compared with the
-//! source values replaced: one left is a leak, and the build fails.
+//! masked values only. Then every key name, hash field and value of every
+//! type is searched for the source values replaced, whole or inside: one
+//! left is a leak, and the build fails.
 //!
 //! What a value becomes is decided above the engines ([`ValueMask`]), with
 //! the golden's key; this module only walks the keys.
@@ -89,38 +90,60 @@ pub async fn apply(admin: &mut Admin, masking: &dyn ValueMask) -> Result<Vec<Str
             }
         }
     }
-    // The check: no value anywhere is one that was replaced.
+    // The check: no key name, field or value of any type holds a value
+    // masking replaced, whole or inside, whatever its case.
+    let needles: Vec<String> = replaced
+        .iter()
+        .map(|v| String::from_utf8_lossy(v).to_lowercase())
+        .filter(|v| {
+            v.chars().count() >= 8
+                || v.chars().count() >= 6 && v.contains(['@', ' '])
+                || v.chars().count() >= 6 && v.contains(|c: char| c.is_ascii_digit())
+        })
+        .collect();
     let mut leaks = 0u64;
-    for db in &databases {
-        admin.call(&["SELECT", &db.to_string()]).await?;
-        for key in scan(admin, None).await? {
-            let kind = admin.call(&[b"TYPE".as_slice(), &key]).await?.text().unwrap_or_default();
-            let values: Vec<Vec<u8>> = match kind.as_str() {
-                "string" => match admin.call(&[b"GET".as_slice(), &key]).await? {
-                    Reply::Bulk(Some(v)) => vec![v],
-                    _ => vec![],
-                },
-                "hash" => match admin.call(&[b"HVALS".as_slice(), &key]).await? {
-                    Reply::Array(Some(items)) => items
-                        .into_iter()
-                        .filter_map(|r| match r {
-                            Reply::Bulk(Some(v)) => Some(v),
-                            _ => None,
-                        })
-                        .collect(),
-                    _ => vec![],
-                },
-                _ => vec![],
-            };
-            leaks += values.iter().filter(|v| replaced.contains(*v)).count() as u64;
+    if !needles.is_empty() {
+        let finder = aho_corasick::AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(&needles)
+            .map_err(|e| Error::internal(format!("building the Redis leak search failed: {e}")))?;
+        let holds = |bytes: &[u8]| {
+            let text = String::from_utf8_lossy(bytes);
+            match text.is_ascii() {
+                true => finder.is_match(text.as_ref()),
+                false => finder.is_match(&text.to_lowercase()),
+            }
+        };
+        for db in &databases {
+            admin.call(&["SELECT", &db.to_string()]).await?;
+            for key in scan(admin, None).await? {
+                let kind = admin.call(&[b"TYPE".as_slice(), &key]).await?.text().unwrap_or_default();
+                let read: Option<Vec<&[u8]>> = match kind.as_str() {
+                    "string" => Some(vec![b"GET".as_slice()]),
+                    "hash" => Some(vec![b"HGETALL".as_slice()]),
+                    "list" => Some(vec![b"LRANGE".as_slice(), b"0", b"-1"]),
+                    "set" => Some(vec![b"SMEMBERS".as_slice()]),
+                    "zset" => Some(vec![b"ZRANGE".as_slice(), b"0", b"-1"]),
+                    "stream" => Some(vec![b"XRANGE".as_slice(), b"-", b"+"]),
+                    _ => None,
+                };
+                let mut values = vec![key.clone()];
+                if let Some(mut args) = read {
+                    args.insert(1, &key);
+                    flatten(admin.call(&args).await?, &mut values);
+                }
+                if values.iter().any(|v| holds(v)) {
+                    leaks += 1;
+                }
+            }
         }
     }
     admin.call(&["SELECT", "0"]).await?;
     if leaks > 0 {
         return Err(Error::new(
             ErrorCode::MaskLeak,
-            format!("the leak check found {leaks} values of the Redis part that are source values masking replaced"),
-            "mask those keys too (a [[redis]] rule whose pattern reaches them); nothing was built",
+            format!("the leak check found {leaks} keys of the Redis part holding a source value masking replaced (in their name, a field or a value)"),
+            "mask those keys too (a [[redis]] rule whose pattern reaches them, or leave them out of the source); nothing was built",
         ));
     }
     Ok(counts
@@ -134,6 +157,16 @@ pub async fn apply(admin: &mut Admin, masking: &dyn ValueMask) -> Result<Vec<Str
             line
         })
         .collect())
+}
+
+/// Every bulk string in a reply, however nested (a stream's entries).
+fn flatten(reply: Reply, out: &mut Vec<Vec<u8>>) {
+    match reply {
+        Reply::Bulk(Some(b)) => out.push(b),
+        Reply::Array(Some(items)) => items.into_iter().for_each(|r| flatten(r, out)),
+        Reply::Status(s) | Reply::Error(s) => out.push(s.into_bytes()),
+        _ => {}
+    }
 }
 
 fn refused(reply: Reply) -> Result<()> {

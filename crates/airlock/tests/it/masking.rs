@@ -601,6 +601,31 @@ fn a_masked_redis_part_holds_masked_values_only_and_a_left_copy_fails_the_build(
         path.display().to_string()
     };
     // A copy of a masked value under a key no rule reaches fails the build.
+    for copy in [
+        "SET copy-of-email jane.doe@corp.io",
+        "SET seen:JANE.DOE@CORP.IO 1",
+        "LPUSH recent x jane.doe@corp.io",
+        "SET cache:1 \"{'e': 'jane.doe@corp.io'}\"",
+    ] {
+        let leaky = seed(&format!("{copy}\n"));
+        let out = d.cli_with(
+            &[
+                "golden",
+                "create",
+                "cache",
+                "--from-url",
+                "-",
+                "--mask",
+                &rules,
+                "--redis-seed",
+                &leaky,
+                "--json",
+            ],
+            Some(&source),
+        );
+        assert_eq!(out.code, 18, "{copy}: {out:?}");
+        assert!(out.stdout.contains("mask_leak") && !out.stdout.contains("jane.doe"), "{out:?}");
+    }
     let leaky = seed("SET copy-of-email jane.doe@corp.io\n");
     let out = d.cli_with(
         &["golden", "create", "cache", "--from-url", "-", "--mask", &rules, "--redis-seed", &leaky, "--json"],
@@ -675,6 +700,9 @@ INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.co
         ("search_doc tsvector", "to_tsvector('simple', email)"),
         ("payload bytea", "convert_to(email, 'UTF8')"),
         ("doc xml", "xmlelement(name contact, email)"),
+        ("link text", "'https://app.example/reset?email=' || replace(email, '@', '%40')"),
+        ("shout text", "upper(email)"),
+        ("escaped json", "('{\"e\": \"' || replace(email, '@', '\\u0040') || '\"}')::json"),
     ] {
         let name = column.split(' ').next().unwrap();
         script(
@@ -685,13 +713,34 @@ INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.co
                 column.split_once(' ').unwrap().1
             ),
         );
-        let out = build("copies", "copied", &rules);
+        // Left unmasked on purpose (where the scan would refuse it), the leak check is what stops it.
+        let allowed = format!("public.copy.{name}");
+        let out = d.cli_with(
+            &[
+                "golden",
+                "create",
+                "copied",
+                "--from-url",
+                "-",
+                "--mask",
+                &rules,
+                "--allow-unmasked",
+                &allowed,
+                "--json",
+            ],
+            Some(&prod.dsn("copies")),
+        );
         assert_eq!(out.code, 18, "{column}: {out:?}");
         assert!(out.stdout.contains(&format!("public.copy.{name}: 500 rows")), "{column}: {out:?}");
     }
+    // A large object holding one fails it too.
+    script(&prod.dsn("copies"), "DROP TABLE copy; SELECT lo_from_bytea(0, convert_to('note: ' || email, 'UTF8')) FROM people WHERE id = 9");
+    let out = build("copies", "copied", &rules);
+    assert_eq!(out.code, 18, "{out:?}");
+    assert!(out.stdout.contains("large object"), "{out:?}");
+    script(&prod.dsn("copies"), "SELECT lo_unlink(oid) FROM pg_largeobject_metadata");
     // A masked build's errors quote no row: a data error in an sql rule, and
-    // a failed restore (a check that needs the search path).
-    script(&prod.dsn("copies"), "DROP TABLE copy");
+    // a failed restore (a check whose function raises with the value).
     let sql_rule = write_rules(
         &d,
         "sql.toml",
@@ -707,14 +756,16 @@ INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.co
         r#"
 CREATE DATABASE badcheck;
 \c badcheck
-CREATE FUNCTION email_domain(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$SELECT split_part(t, '@', 2)$$;
-CREATE FUNCTION email_ok(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$SELECT email_domain(t) <> ''$$;
-CREATE TABLE people (id serial PRIMARY KEY, email text NOT NULL UNIQUE CHECK (email_ok(email)), phone text);
+CREATE FUNCTION email_ok(t text) RETURNS boolean LANGUAGE plpgsql AS $$ BEGIN
+  IF current_database() <> 'badcheck' THEN RAISE EXCEPTION 'email % rejected outside production', t; END IF;
+  RETURN true; END $$;
+CREATE TABLE people (id serial PRIMARY KEY, email text NOT NULL UNIQUE CHECK (public.email_ok(email)), phone text);
 INSERT INTO people (email, phone) VALUES ('secret1@realcorp-mail.com', '+44 20 7946001');
 "#,
     );
     let out = build("badcheck", "badcheck", &rules);
     assert_ne!(out.code, 0, "{out:?}");
+    assert!(out.stdout.contains("people"), "the error names the table: {out:?}");
     assert!(!out.stdout.contains("realcorp") && !out.stdout.contains("7946001"), "{out:?}");
     assert!(!d.log().contains("realcorp"), "nor does the daemon's log");
 }

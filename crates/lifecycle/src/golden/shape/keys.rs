@@ -128,9 +128,15 @@ impl Link {
             .map(|(a, b)| format!("y.{} = x.{}", quote_ident(b), quote_ident(a)))
             .collect::<Vec<_>>()
             .join(" AND ");
-        let missing: Vec<String> =
-            parents.iter().map(|p| format!("NOT EXISTS (SELECT 1 FROM ONLY {p} AS y WHERE {equal})")).collect();
-        format!("({} AND {})", present.join(" AND "), if missing.is_empty() { "true".into() } else { missing.join(" AND ") })
+        let missing: Vec<String> = parents
+            .iter()
+            .map(|p| format!("NOT EXISTS (SELECT 1 FROM ONLY {p} AS y WHERE {equal})"))
+            .collect();
+        format!(
+            "({} AND {})",
+            present.join(" AND "),
+            if missing.is_empty() { "true".into() } else { missing.join(" AND ") }
+        )
     }
 }
 

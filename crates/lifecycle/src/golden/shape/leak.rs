@@ -6,11 +6,14 @@
 //! 2. no column anywhere holds one of the masked columns' source values,
 //!    whole or inside its text (a ticket quoting an email address, an array
 //!    or a search vector holding one, a JSON document, bytes, XML): the
-//!    daemon reads every value of every column but numbers, dates, times and
-//!    booleans, and looks for all the source values at once (Aho-Corasick,
-//!    case-insensitive). Source values of 8 characters or more are looked
-//!    for, but not those of `noise` and `date_shift` columns, whose dates
-//!    and amounts other columns hold by right.
+//!    daemon reads every value of every column but dates, times and
+//!    booleans (and every large object), and looks for all the source values
+//!    at once (Aho-Corasick), whatever their case, with `%XX` escapes read and
+//!    `json` read as `jsonb` (so `\u0040` is `@`). The values inside JSON
+//!    documents a `json` rule replaced are looked for too. Source values of 8
+//!    characters or more (6 with an `@`, a digit or a space) are looked for,
+//!    but not those of `noise` and `date_shift` columns, whose dates and
+//!    amounts other columns hold by right.
 //!
 //! The source values are read from the maps in the staging server into the
 //! daemon's memory only; none is ever part of a statement's text.
@@ -71,9 +74,13 @@ pub async fn check(
     if identifying.is_empty() {
         return Ok(search);
     }
+    // Long enough to say something of someone: 8 characters, or 6 with an
+    // `@`, a digit or a space in them (`li@x.io`, `Ann Lee`).
+    let long_enough = "(length(src) >= 8 OR length(src) >= 6 AND src ~ '[@0-9 ]')";
     let sources = identifying
         .iter()
-        .map(|m| format!("SELECT src FROM {m} WHERE NOT kept AND length(src) >= 8"))
+        .map(|m| format!("SELECT src FROM {m} WHERE NOT kept AND {long_enough}"))
+        .chain(std::iter::once(format!("SELECT src FROM airlock_mask.inner AS i(src) WHERE {long_enough}")))
         .collect::<Vec<_>>()
         .join(" UNION ");
     let outputs = (0..plan.domains.len())
@@ -88,7 +95,8 @@ pub async fn check(
     let rows = c.query_raw(&sql, std::iter::empty::<&str>()).await.map_err(failed)?;
     futures_util::pin_mut!(rows);
     while let Some(row) = rows.try_next().await.map_err(failed)? {
-        needles.push(row.try_get(0).map_err(|e| Error::postgres(e.to_string()))?);
+        let v: String = row.try_get(0).map_err(|e| Error::postgres(e.to_string()))?;
+        needles.push(v.to_lowercase());
     }
     search.values = needles.len() as u64;
     if needles.is_empty() {
@@ -103,13 +111,15 @@ pub async fn check(
         let searched: Vec<(&str, String)> = leaf
             .columns
             .iter()
-            .filter(|col| !matches!(col.ty, ColumnType::Number | ColumnType::Date))
+            .filter(|col| col.ty != ColumnType::Date)
             .filter(|col| !NOT_SEARCHED.contains(&col.type_sql.as_str()) && !col.type_sql.starts_with("bit"))
             .map(|col| {
                 let q = quote_ident(&col.name);
-                // Bytes as text, printable ones as they are.
                 let text = match col.type_sql.as_str() {
+                    // Bytes as text, printable ones as they are.
                     "bytea" => format!("pg_catalog.encode({q}, 'escape')"),
+                    // `json` keeps its `\u0040` escapes as written; jsonb reads them.
+                    "json" => format!("{q}::jsonb::text"),
                     _ => format!("{q}::text"),
                 };
                 (col.name.as_str(), text)
@@ -132,7 +142,7 @@ pub async fn check(
                 let value: Option<&str> = row.try_get(i).map_err(|e| Error::postgres(e.to_string()))?;
                 if let Some(v) = value {
                     search.bytes_searched += v.len() as u64;
-                    if finder.is_match(v) {
+                    if holds(&finder, v) {
                         *hit += 1;
                     }
                 }
@@ -146,5 +156,73 @@ pub async fn check(
             }
         }
     }
+    // Large objects are data too.
+    let objects = c
+        .query_raw(
+            "SELECT l.oid::text, pg_catalog.encode(pg_catalog.lo_get(l.oid), 'escape') FROM pg_catalog.pg_largeobject_metadata l",
+            std::iter::empty::<&str>(),
+        )
+        .await
+        .map_err(failed)?;
+    futures_util::pin_mut!(objects);
+    while let Some(row) = objects.try_next().await.map_err(failed)? {
+        let (oid, data): (String, String) = (
+            row.try_get(0).map_err(|e| Error::postgres(e.to_string()))?,
+            row.try_get(1).map_err(|e| Error::postgres(e.to_string()))?,
+        );
+        search.bytes_searched += data.len() as u64;
+        if holds(&finder, &data) {
+            search.found.push(format!("large object {oid} holds a source value of a masked column"));
+        }
+    }
     Ok(search)
+}
+
+/// Whether `value` holds a needle (the needles are lower case): as it is,
+/// folded to lower case beyond ASCII, and with `%XX` escapes read.
+fn holds(finder: &AhoCorasick, value: &str) -> bool {
+    let plain = |v: &str| match v.is_ascii() {
+        true => finder.is_match(v),
+        false => finder.is_match(&v.to_lowercase()),
+    };
+    plain(value) || (value.contains('%') && plain(&percent_decoded(value)))
+}
+
+/// `%40` read as `@` (what a URL's query makes of an email address).
+fn percent_decoded(value: &str) -> String {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn copies_are_found_whatever_their_case_or_escapes() {
+        let finder = AhoCorasick::builder()
+            .ascii_case_insensitive(true)
+            .build(["zoë müller", "alice.cooper@example.org"])
+            .unwrap();
+        assert!(holds(&finder, "customer ZOË MÜLLER called"));
+        assert!(holds(&finder, "see /reset?email=alice.cooper%40example.org&x=1"));
+        assert!(holds(&finder, "ALICE.COOPER@EXAMPLE.ORG"));
+        assert!(!holds(&finder, "nothing here"));
+        assert_eq!(percent_decoded("a%2"), "a%2");
+    }
 }

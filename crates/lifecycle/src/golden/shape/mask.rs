@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use futures_util::{SinkExt, TryStreamExt};
 
 use super::keys::Keys;
-use super::tables::{failed, without_values, Leaf};
+use super::tables::{failed, without_values_strict, Leaf};
 use airlock_core::dsn::OWNER_ROLE;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::records::masking::{MaskRules, MaskedColumn};
@@ -278,6 +278,8 @@ pub async fn apply(
             ..Default::default()
         })
         .collect();
+    // The values a `json` rule replaces inside documents, for the leak check.
+    admin.execute("CREATE UNLOGGED TABLE airlock_mask.inner (v text NOT NULL)").await?;
     for (index, domain) in plan.domains.iter().enumerate() {
         let map = Domain::map(index);
         admin
@@ -319,12 +321,17 @@ pub async fn apply(
                 );
                 owner.client().batch_execute(&sql).await.map_err(|e| {
                     invalid(
-                        format!("the sql rule for {} failed: {}", p.named, without_values(&e)),
+                        format!("the sql rule for {} failed: {}", p.named, without_values_strict(&e)),
                         "fix the expression (it is an expression of `value`, the column's value) and build again",
                     )
                 })?;
             }
         } else {
+            let inner: BTreeSet<String> =
+                values.iter().flat_map(|v| domain.transformer.inner_values(v)).collect();
+            if !inner.is_empty() {
+                copy_rows(admin, "airlock_mask.inner (v)", inner.iter().map(|v| escape(v) + "\n")).await?;
+            }
             let (rows, collisions) = masked_values(domain, key, values, &members[0].1.named)?;
             for (i, _) in &members {
                 report[*i].collisions_resolved = collisions;
@@ -366,7 +373,7 @@ pub async fn apply(
         owner.client().batch_execute(&sql).await.map_err(|e| {
             Error::new(
                 ErrorCode::MaskInvalid,
-                format!("masking {} failed: {}", leaf.named, without_values(&e)),
+                format!("masking {} failed: {}", leaf.named, without_values_strict(&e)),
                 "a masked value broke one of the table's checks: give the column a transformer whose values the \
                  check takes (a constant, or an sql expression), and build again",
             )
@@ -453,36 +460,41 @@ fn masked_values(
     Ok((out, collisions))
 }
 
+/// A value in `COPY`'s text format.
+fn escape(s: &str) -> String {
+    let mut o = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '\\' => o.push_str("\\\\"),
+            '\t' => o.push_str("\\t"),
+            '\n' => o.push_str("\\n"),
+            '\r' => o.push_str("\\r"),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
 /// Writes a map with `COPY`: no value is ever part of a statement's text.
 async fn write_map(admin: &Admin, map: &str, rows: Vec<Mapped>) -> Result<()> {
-    let escape = |s: &str| {
-        let mut o = String::with_capacity(s.len());
-        for c in s.chars() {
-            match c {
-                '\\' => o.push_str("\\\\"),
-                '\t' => o.push_str("\\t"),
-                '\n' => o.push_str("\\n"),
-                '\r' => o.push_str("\\r"),
-                c => o.push(c),
-            }
-        }
-        o
-    };
+    let lines = rows.into_iter().map(|r| {
+        let dst = r.dst.as_deref().map_or_else(|| "\\N".to_owned(), escape);
+        format!("{}\t{dst}\t{}\n", escape(&r.src), if r.kept { "t" } else { "f" })
+    });
+    copy_rows(admin, &format!("{map} (src, dst, kept)"), lines).await
+}
+
+/// `COPY target FROM STDIN` of `lines` (each a whole row in text format), a megabyte at a time.
+async fn copy_rows(admin: &Admin, target: &str, lines: impl Iterator<Item = String>) -> Result<()> {
     let sink = admin
         .client()
-        .copy_in::<_, bytes::Bytes>(&format!("COPY {map} (src, dst, kept) FROM STDIN"))
+        .copy_in::<_, bytes::Bytes>(&format!("COPY {target} FROM STDIN"))
         .await
         .map_err(failed)?;
     futures_util::pin_mut!(sink);
     let mut chunk = String::new();
-    for r in rows {
-        chunk.push_str(&escape(&r.src));
-        chunk.push('\t');
-        match &r.dst {
-            Some(d) => chunk.push_str(&escape(d)),
-            None => chunk.push_str("\\N"),
-        }
-        chunk.push_str(if r.kept { "\tt\n" } else { "\tf\n" });
+    for line in lines {
+        chunk.push_str(&line);
         if chunk.len() > 1 << 20 {
             sink.send(bytes::Bytes::from(std::mem::take(&mut chunk))).await.map_err(failed)?;
         }

@@ -145,7 +145,8 @@ impl Shaping<'_> {
                 elsewhere,
                 allowed_unmasked: self.shape.allow_unmasked.clone(),
                 unique_keys_checked: keys.unique.iter().filter(|u| masked(u)).count() as u64,
-                references_checked: keys.links.iter().filter(|l| masked(&l.from) || masked(&l.to)).count() as u64,
+                references_checked: keys.links.iter().filter(|l| masked(&l.from) || masked(&l.to)).count()
+                    as u64,
                 passed,
                 seconds: masked_at.elapsed().as_secs_f64(),
             };
@@ -199,10 +200,12 @@ impl Shaping<'_> {
 /// Rows of `link`'s referencing table whose reference finds no row.
 async fn orphans(admin: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> Result<i64> {
     use airlock_postgres::cell::Cell;
-    let parents: Vec<&str> = leaves.iter().filter(|l| l.named == link.to.table).map(|l| l.sql.as_str()).collect();
+    let parents: Vec<&str> =
+        leaves.iter().filter(|l| l.named == link.to.table).map(|l| l.sql.as_str()).collect();
     let mut total = 0;
     for child in leaves.iter().filter(|l| l.named == link.from.table) {
-        let sql = format!("SELECT count(*) FROM ONLY {} AS x WHERE {}", child.sql, link.finds_no_row(&parents));
+        let sql =
+            format!("SELECT count(*) FROM ONLY {} AS x WHERE {}", child.sql, link.finds_no_row(&parents));
         total += admin.client().query_one(&sql, &[]).await.map_err(tables::failed)?.cell::<i64>(0)?;
     }
     Ok(total)

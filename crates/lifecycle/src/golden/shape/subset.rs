@@ -17,7 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::keys::{Keys, Link};
-use super::tables::{failed, without_values, Leaf};
+use super::tables::{failed, without_values_strict, Leaf};
 use airlock_core::dsn::OWNER_ROLE;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::records::masking::{SubsetReport, SubsetTable};
@@ -177,7 +177,7 @@ pub async fn cut(
             .client()
             .execute(&sql, &[])
             .await
-            .map_err(|e| invalid(format!("cutting the subset failed: {}", without_values(&e))))
+            .map_err(|e| invalid(format!("cutting the subset failed: {}", without_values_strict(&e))))
     };
     // 1. The starting rows.
     let share = percent.map_or(String::from("true"), |p| {
@@ -197,7 +197,7 @@ pub async fn cut(
                 invalid(format!(
                     "the --subset condition for {} failed: {}",
                     leaves[i].named,
-                    without_values(&e)
+                    without_values_strict(&e)
                 ))
             })?;
         }

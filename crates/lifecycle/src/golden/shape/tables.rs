@@ -109,6 +109,24 @@ pub fn without_values(e: &tokio_postgres::Error) -> String {
     }
 }
 
+/// What the server said of an expression it ran over source values (an
+/// `sql` rule, a subset's condition): its code and message with every quoted
+/// part left out, whatever the class (a cast to `regclass` names the value
+/// as a relation), and no message at all for one a function raised (`RAISE
+/// '%', value`).
+pub fn without_values_strict(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) if db.code().code().starts_with("P0") => {
+            format!(
+                "{}: a function raised an error (its message is left out: it can quote the value)",
+                db.code().code()
+            )
+        }
+        Some(db) => format!("{}: {}", db.code().code(), without_quoted(db.message())),
+        None => e.to_string(),
+    }
+}
+
 /// `text` with every double-quoted part replaced by `"…"`.
 pub fn without_quoted(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
