@@ -1654,10 +1654,22 @@ export interface components {
             /** @description Whether no source value was found anywhere. */
             passed: boolean;
             /**
+             * Format: int64
+             * @description References with a masked column at either end, each created (so
+             *     validated) on the masked values, or checked by the build when the rules
+             *     file declared it.
+             */
+            references_checked?: number;
+            /**
              * Format: double
              * @description Seconds spent masking and checking.
              */
             seconds: number;
+            /**
+             * Format: int64
+             * @description Unique keys holding a masked column, each created (so checked) on the masked values.
+             */
+            unique_keys_checked?: number;
         };
         /** @description Body of `POST /v1/migrations/promote`. */
         MigrationPromoteRequest: {
