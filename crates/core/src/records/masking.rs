@@ -160,8 +160,11 @@ pub struct MaskingReport {
     pub references_checked: u64,
     /// Whether no source value was found anywhere.
     pub passed: bool,
-    /// Seconds spent masking and checking.
+    /// Seconds spent masking and checking, all told.
     pub seconds: f64,
+    /// Of those, seconds spent on the leak check.
+    #[serde(default)]
+    pub leak_check_seconds: f64,
 }
 
 /// One masked column in the report.

@@ -102,11 +102,13 @@ pub async fn check(
     if needles.is_empty() {
         return Ok(search);
     }
+    let built = std::time::Instant::now();
     let finder = AhoCorasick::builder()
         .ascii_case_insensitive(true)
         .build(&needles)
         .map_err(|e| Error::internal(format!("building the leak search failed: {e}")))?;
     drop(needles);
+    tracing::info!(values = search.values, seconds = built.elapsed().as_secs_f64(), "leak search built");
     for leaf in leaves {
         let searched: Vec<(&str, String)> = leaf
             .columns

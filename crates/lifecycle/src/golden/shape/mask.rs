@@ -349,6 +349,7 @@ pub async fn apply(
         }
         admin.execute(&format!("CREATE INDEX ON {map} USING hash (dst); ANALYZE {map};")).await?;
     }
+    tracing::info!(domains = plan.domains.len(), "masking maps written; updating the tables");
     // One update per table, as the owner role: the table's checks run as
     // they would for the application, and no code of the dump runs as a superuser.
     let mut by_leaf: BTreeMap<usize, Vec<&Planned>> = BTreeMap::new();

@@ -138,7 +138,10 @@ impl Shaping<'_> {
                     ));
                 }
             }
+            let checked_at = std::time::Instant::now();
+            tracing::info!(seconds = masked_at.elapsed().as_secs_f64(), "masked; checking for leaks");
             let elsewhere = leak::check(&plan, &leaves, &admin, &mut columns).await?;
+            let leak_check_seconds = checked_at.elapsed().as_secs_f64();
             let passed = elsewhere.found.is_empty() && columns.iter().all(|c| c.leaks == 0);
             let report = MaskingReport {
                 columns,
@@ -149,6 +152,7 @@ impl Shaping<'_> {
                     as u64,
                 passed,
                 seconds: masked_at.elapsed().as_secs_f64(),
+                leak_check_seconds,
             };
             if !passed {
                 let mut places: Vec<String> = report
