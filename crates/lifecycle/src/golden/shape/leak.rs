@@ -8,7 +8,7 @@
 //!    or a search vector holding one, a JSON document, bytes, XML): the
 //!    daemon reads every value of every column but dates, times and
 //!    booleans (and every large object), and looks for all the source values
-//!    at once (Aho-Corasick), whatever their case, with `%XX` escapes read and
+//!    at once ([`Needles`]), whatever their case, with `%XX` escapes read and
 //!    `json` read as `jsonb` (so `\u0040` is `@`). The values inside JSON
 //!    documents a `json` rule replaced are looked for too. Source values of 8
 //!    characters or more (6 with an `@`, a digit or a space) are looked for,
@@ -18,10 +18,10 @@
 //! The source values are read from the maps in the staging server into the
 //! daemon's memory only; none is ever part of a statement's text.
 
-use aho_corasick::AhoCorasick;
 use futures_util::TryStreamExt;
 
 use super::mask::{Domain, Plan};
+use super::needles::Needles;
 use super::tables::{failed, Leaf};
 use airlock_core::error::{Error, Result};
 use airlock_core::records::masking::{LeakSearch, MaskedColumn};
@@ -95,19 +95,14 @@ pub async fn check(
     let rows = c.query_raw(&sql, std::iter::empty::<&str>()).await.map_err(failed)?;
     futures_util::pin_mut!(rows);
     while let Some(row) = rows.try_next().await.map_err(failed)? {
-        let v: String = row.try_get(0).map_err(|e| Error::postgres(e.to_string()))?;
-        needles.push(v.to_lowercase());
+        needles.push(row.try_get(0).map_err(|e| Error::postgres(e.to_string()))?);
     }
     search.values = needles.len() as u64;
     if needles.is_empty() {
         return Ok(search);
     }
     let built = std::time::Instant::now();
-    let finder = AhoCorasick::builder()
-        .ascii_case_insensitive(true)
-        .build(&needles)
-        .map_err(|e| Error::internal(format!("building the leak search failed: {e}")))?;
-    drop(needles);
+    let finder = Needles::new(needles);
     tracing::info!(values = search.values, seconds = built.elapsed().as_secs_f64(), "leak search built");
     for leaf in leaves {
         let searched: Vec<(&str, String)> = leaf
@@ -144,7 +139,7 @@ pub async fn check(
                 let value: Option<&str> = row.try_get(i).map_err(|e| Error::postgres(e.to_string()))?;
                 if let Some(v) = value {
                     search.bytes_searched += v.len() as u64;
-                    if holds(&finder, v) {
+                    if finder.found_in(v) {
                         *hit += 1;
                     }
                 }
@@ -173,58 +168,9 @@ pub async fn check(
             row.try_get(1).map_err(|e| Error::postgres(e.to_string()))?,
         );
         search.bytes_searched += data.len() as u64;
-        if holds(&finder, &data) {
+        if finder.found_in(&data) {
             search.found.push(format!("large object {oid} holds a source value of a masked column"));
         }
     }
     Ok(search)
-}
-
-/// Whether `value` holds a needle (the needles are lower case): as it is,
-/// folded to lower case beyond ASCII, and with `%XX` escapes read.
-fn holds(finder: &AhoCorasick, value: &str) -> bool {
-    let plain = |v: &str| match v.is_ascii() {
-        true => finder.is_match(v),
-        false => finder.is_match(&v.to_lowercase()),
-    };
-    plain(value) || (value.contains('%') && plain(&percent_decoded(value)))
-}
-
-/// `%40` read as `@` (what a URL's query makes of an email address).
-fn percent_decoded(value: &str) -> String {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match (bytes[i], bytes.get(i + 1).and_then(|b| hex(*b)), bytes.get(i + 2).and_then(|b| hex(*b))) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (b, _, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copies_are_found_whatever_their_case_or_escapes() {
-        let finder = AhoCorasick::builder()
-            .ascii_case_insensitive(true)
-            .build(["zoë müller", "alice.cooper@example.org"])
-            .unwrap();
-        assert!(holds(&finder, "customer ZOË MÜLLER called"));
-        assert!(holds(&finder, "see /reset?email=alice.cooper%40example.org&x=1"));
-        assert!(holds(&finder, "ALICE.COOPER@EXAMPLE.ORG"));
-        assert!(!holds(&finder, "nothing here"));
-        assert_eq!(percent_decoded("a%2"), "a%2");
-    }
 }

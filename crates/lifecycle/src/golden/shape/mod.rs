@@ -13,6 +13,7 @@
 pub mod keys;
 pub mod leak;
 pub mod mask;
+pub mod needles;
 pub mod redis;
 pub mod subset;
 pub mod tables;
