@@ -1651,6 +1651,11 @@ export interface components {
             columns: components["schemas"]["MaskedColumn"][];
             /** @description Source values of masked columns looked for in every other column. */
             elsewhere: components["schemas"]["LeakSearch"];
+            /**
+             * Format: double
+             * @description Of those, seconds spent on the leak check.
+             */
+            leak_check_seconds?: number;
             /** @description Whether no source value was found anywhere. */
             passed: boolean;
             /**
@@ -1662,7 +1667,7 @@ export interface components {
             references_checked?: number;
             /**
              * Format: double
-             * @description Seconds spent masking and checking.
+             * @description Seconds spent masking and checking, all told.
              */
             seconds: number;
             /**

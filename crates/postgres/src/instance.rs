@@ -153,28 +153,12 @@ pub async fn initdb(
     daemon_user: &Identity,
     instance_user: &Identity,
 ) -> Result<()> {
-    let mut cmd = tokio::process::Command::new(bin.tool("initdb"));
-    cmd.arg("-D")
-        .arg(pgdata)
-        .args(["-U", ADMIN_ROLE, "--auth-local=peer", "--auth-host=reject", "--no-locale"])
-        .args(["--encoding=UTF8", "--no-sync"])
-        // PostgreSQL 13's initdb has no --no-instructions (its output is discarded anyway).
-        .args(bin.major().filter(|m| *m >= 14).map(|_| "--no-instructions"))
-        .env_clear()
-        .env("PATH", "/usr/bin:/bin")
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null());
-    if daemon_user.is_root() {
-        cmd.uid(instance_user.uid.as_raw()).gid(instance_user.gid.as_raw());
-    }
-    let out = cmd.output().await?;
-    if !out.status.success() {
-        return Err(Error::postgres(format!(
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
+    let mut args =
+        vec!["--auth-local=peer", "--auth-host=reject", "--no-locale", "--encoding=UTF8", "--no-sync"];
+    // PostgreSQL 13's initdb has no --no-instructions (its output is discarded anyway).
+    args.extend(bin.major().filter(|m| *m >= 14).map(|_| "--no-instructions"));
+    let args: Vec<&str> = ["-U", ADMIN_ROLE].into_iter().chain(args).collect();
+    run_on_data_dir(bin, "initdb", pgdata, &args, (daemon_user, instance_user)).await
 }
 
 /// Empties a cleanly stopped server's write-ahead log (`pg_resetwal`): its
@@ -182,9 +166,22 @@ pub async fn initdb(
 /// golden's source values among them), are removed and one empty segment
 /// starts it again. Nothing is lost: a clean shutdown left nothing to replay.
 pub async fn reset_wal(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, owner: &Identity) -> Result<()> {
-    let mut cmd = tokio::process::Command::new(bin.tool("pg_resetwal"));
+    run_on_data_dir(bin, "pg_resetwal", pgdata, &[], (daemon_user, owner)).await
+}
+
+/// Runs PostgreSQL's `tool -D pgdata args...` as the data directory's owner
+/// (when the daemon is root), with a bare environment; its error output is the error.
+async fn run_on_data_dir(
+    bin: &PgBin,
+    tool: &str,
+    pgdata: &Path,
+    args: &[&str],
+    (daemon_user, owner): (&Identity, &Identity),
+) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(bin.tool(tool));
     cmd.arg("-D")
         .arg(pgdata)
+        .args(args)
         .env_clear()
         .env("PATH", "/usr/bin:/bin")
         .env("LC_ALL", "C")
@@ -195,7 +192,7 @@ pub async fn reset_wal(bin: &PgBin, pgdata: &Path, daemon_user: &Identity, owner
     let out = cmd.output().await?;
     if !out.status.success() {
         return Err(Error::postgres(format!(
-            "pg_resetwal failed: {}",
+            "{tool} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
