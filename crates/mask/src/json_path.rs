@@ -1,53 +1,56 @@
-//! Masking inside a JSON document: the values found at a rule's paths.
+//! Paths inside a JSON document: keys separated by dots, `*` for any key or
+//! array element. What becomes of the values found there is the caller's
+//! (the `json` transformer's rules).
 
 use serde_json::Value;
 
-use crate::key::Key;
-use crate::transform::{ColumnType, Output, Transformer};
+/// What becomes of one value found at a path.
+pub(crate) enum Leaf {
+    /// Left as it is.
+    Keep,
+    /// Replaced by JSON null.
+    Null,
+    /// Replaced by this text (a number again when the value was one and it reads as one).
+    Text(String),
+}
 
-/// The document `text` with every value at each rule's path masked;
-/// [`Output::Unchanged`] when no path is in it (or it is not JSON).
-pub(crate) fn apply(rules: &[(Vec<String>, Transformer)], key: &Key, text: &str, salt: u32) -> Output {
-    let Ok(mut doc) = serde_json::from_str::<Value>(text) else { return Output::Unchanged };
+/// The document `text` with each value (string or number) at `paths[i]`
+/// replaced as `f(i, value, is_number)` says; `None` when nothing changed
+/// (or it is not JSON).
+pub(crate) fn rewrite(
+    text: &str,
+    paths: &[&[String]],
+    f: &mut dyn FnMut(usize, &str, bool) -> Leaf,
+) -> Option<String> {
+    let mut doc = serde_json::from_str::<Value>(text).ok()?;
     let mut changed = false;
-    for (path, t) in rules {
+    for (i, path) in paths.iter().enumerate() {
         visit(&mut doc, path, &mut |leaf| {
-            let text = match leaf {
-                Value::String(s) => s.clone(),
-                Value::Number(n) => n.to_string(),
-                Value::Bool(_) | Value::Null | Value::Array(_) | Value::Object(_) => return,
+            let (text, number) = match leaf {
+                Value::String(s) => (s.clone(), false),
+                Value::Number(n) => (n.to_string(), true),
+                _ => return,
             };
-            let ty = match leaf {
-                Value::Number(_) => ColumnType::Number,
-                _ => ColumnType::Text { max_chars: None, fold_case: false },
+            let new = match f(i, &text, number) {
+                Leaf::Keep => return,
+                Leaf::Null => Value::Null,
+                Leaf::Text(v) if number => serde_json::from_str::<serde_json::Number>(&v)
+                    .map(Value::Number)
+                    .unwrap_or(Value::String(v)),
+                Leaf::Text(v) => Value::String(v),
             };
-            let masked = match t.apply(key, &text, salt, &ty) {
-                Some(Output::Value(v)) => match leaf {
-                    Value::Number(_) => serde_json::from_str::<serde_json::Number>(&v)
-                        .map(Value::Number)
-                        .unwrap_or(Value::String(v)),
-                    _ => Value::String(v),
-                },
-                Some(Output::Null) => Value::Null,
-                Some(Output::Unchanged) | None => return,
-            };
-            *leaf = masked;
+            *leaf = new;
             changed = true;
         });
     }
-    match changed {
-        true => Output::Value(doc.to_string()),
-        false => Output::Unchanged,
-    }
+    changed.then(|| doc.to_string())
 }
 
-/// The values (strings and numbers, as text) at each rule's path in the
-/// document `text`: what masking replaces inside it, which the leak check
-/// looks for everywhere else.
-pub(crate) fn values_at(rules: &[(Vec<String>, Transformer)], text: &str) -> Vec<String> {
+/// The values (strings and numbers, as text) at `paths` in the document `text`.
+pub(crate) fn values_at(text: &str, paths: &[&[String]]) -> Vec<String> {
     let Ok(mut doc) = serde_json::from_str::<Value>(text) else { return Vec::new() };
     let mut out = Vec::new();
-    for (path, _) in rules {
+    for path in paths {
         visit(&mut doc, path, &mut |leaf| match leaf {
             Value::String(s) => out.push(s.clone()),
             Value::Number(n) => out.push(n.to_string()),
@@ -86,16 +89,15 @@ mod tests {
 
     #[test]
     fn paths_reach_into_objects_and_arrays() {
-        let k = Key::random();
-        let rules = vec![
-            (vec!["address".into(), "street".into()], Transformer::Address),
-            (vec!["contacts".into(), "*".into(), "email".into()], Transformer::Email),
-        ];
+        let street = vec!["address".to_string(), "street".to_string()];
+        let emails = vec!["contacts".to_string(), "*".to_string(), "email".to_string()];
+        let paths: Vec<&[String]> = vec![&street, &emails];
         let doc = r#"{"address":{"street":"1 High St","city":"Leeds"},"contacts":[{"email":"a@b.io"},{"email":"c@d.io"}],"n":1}"#;
-        let Output::Value(out) = apply(&rules, &k, doc, 0) else { panic!() };
+        let out = rewrite(doc, &paths, &mut |i, v, _| Leaf::Text(format!("{i}:{}", v.len()))).unwrap();
         assert!(!out.contains("High St") && !out.contains("a@b.io") && !out.contains("c@d.io"), "{out}");
-        assert!(out.contains("Leeds") && out.contains("\"n\":1"), "{out}");
-        assert_eq!(apply(&rules, &k, r#"{"other":1}"#, 0), Output::Unchanged);
-        assert_eq!(apply(&rules, &k, "not json", 0), Output::Unchanged);
+        assert!(out.contains("Leeds") && out.contains("\"n\":1") && out.contains("\"1:6\""), "{out}");
+        assert_eq!(rewrite(r#"{"other":1}"#, &paths, &mut |_, _, _| Leaf::Null), None);
+        assert_eq!(rewrite("not json", &paths, &mut |_, _, _| Leaf::Null), None);
+        assert_eq!(values_at(doc, &paths), vec!["1 High St", "a@b.io", "c@d.io"]);
     }
 }

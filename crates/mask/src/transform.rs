@@ -256,7 +256,10 @@ impl Transformer {
     /// are not the whole value: a `json` rule's values at its paths.
     pub fn inner_values(&self, value: &str) -> Vec<String> {
         match self {
-            Transformer::Json(rules) => json_path::values_at(rules, value),
+            Transformer::Json(rules) => {
+                let paths: Vec<&[String]> = rules.iter().map(|(p, _)| p.as_slice()).collect();
+                json_path::values_at(value, &paths)
+            }
             _ => Vec::new(),
         }
     }
@@ -348,7 +351,21 @@ impl Transformer {
             Transformer::Null => return Some(Output::Null),
             Transformer::Constant(v) => v.clone(),
             Transformer::Redact => "[redacted]".into(),
-            Transformer::Json(rules) => return Some(json_path::apply(rules, key, value, salt)),
+            Transformer::Json(rules) => {
+                let paths: Vec<&[String]> = rules.iter().map(|(p, _)| p.as_slice()).collect();
+                let rewritten = json_path::rewrite(value, &paths, &mut |i, leaf, number| {
+                    let ty = match number {
+                        true => ColumnType::Number,
+                        false => ColumnType::Text { max_chars: None, fold_case: false },
+                    };
+                    match rules[i].1.apply(key, leaf, salt, &ty) {
+                        Some(Output::Value(v)) => json_path::Leaf::Text(v),
+                        Some(Output::Null) => json_path::Leaf::Null,
+                        Some(Output::Unchanged) | None => json_path::Leaf::Keep,
+                    }
+                });
+                return Some(rewritten.map_or(Output::Unchanged, Output::Value));
+            }
             Transformer::Sql(_) => return None,
         };
         Some(Output::Value(match ty {
@@ -543,6 +560,20 @@ mod tests {
         };
         assert_eq!(days(&b) - days(&a), 10, "one shift for the whole column keeps intervals");
         assert_ne!(a, "2024-05-01");
+    }
+
+    #[test]
+    fn json_rules_mask_inside_documents() {
+        let k = Key::random();
+        let t = Transformer::Json(vec![
+            (vec!["address".into(), "street".into()], Transformer::Address),
+            (vec!["contacts".into(), "*".into(), "email".into()], Transformer::Email),
+        ]);
+        let doc = r#"{"address":{"street":"1 High St","city":"Leeds"},"contacts":[{"email":"a@b.io"}]}"#;
+        let Some(Output::Value(out)) = t.apply(&k, doc, 0, &ColumnType::Json) else { panic!() };
+        assert!(!out.contains("High St") && !out.contains("a@b.io") && out.contains("Leeds"), "{out}");
+        assert_eq!(t.apply(&k, r#"{"x":1}"#, 0, &ColumnType::Json), Some(Output::Unchanged));
+        assert_eq!(t.inner_values(doc), vec!["1 High St", "a@b.io"]);
     }
 
     #[test]
