@@ -21,6 +21,14 @@ fn main() {
             continue;
         }
         let Some(include) = output(&pg_config, "--includedir-server") else { continue };
+        // Headers installed after a build without them make the next build
+        // look again (else the guard-less result would be kept).
+        let mut watched = Path::new(include.trim());
+        while !watched.exists() {
+            let Some(parent) = watched.parent() else { break };
+            watched = parent;
+        }
+        println!("cargo:rerun-if-changed={}", watched.display());
         if !Path::new(include.trim()).join("postgres.h").exists() {
             println!(
                 "cargo:warning=no server headers for PostgreSQL {major} (install postgresql-server-dev-{major}); \
