@@ -769,3 +769,49 @@ INSERT INTO people (email, phone) VALUES ('secret1@realcorp-mail.com', '+44 20 7
     assert!(!out.stdout.contains("realcorp") && !out.stdout.contains("7946001"), "{out:?}");
     assert!(!d.log().contains("realcorp"), "nor does the daemon's log");
 }
+
+#[test]
+fn a_cast_the_dump_defines_never_runs_as_a_superuser_while_masking_reads_values() {
+    // The dump defines a cast of its own type to text: the scan and the leak
+    // check cast every value to text, and the cast counts its calls and
+    // fails the build if it ever runs as a superuser.
+    let prod = Production::start("casts");
+    script(
+        &prod.dsn("postgres"),
+        r#"
+CREATE DATABASE casts;
+\c casts
+CREATE SEQUENCE cast_calls;
+CREATE TYPE mood AS ENUM ('calm', 'cross');
+CREATE FUNCTION mood_text(m mood) RETURNS text LANGUAGE plpgsql AS $$ BEGIN
+  PERFORM pg_catalog.nextval('public.cast_calls');
+  IF (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+    RAISE EXCEPTION 'the dump''s cast ran as a superuser';
+  END IF;
+  RETURN m::varchar; END $$;
+CREATE CAST (mood AS text) WITH FUNCTION mood_text(mood);
+CREATE TABLE people (id serial PRIMARY KEY, email text NOT NULL UNIQUE, mood mood);
+INSERT INTO people (email, mood) SELECT 'secret' || g || '@realcorp-mail.com', 'calm' FROM generate_series(1, 50) g;
+CREATE TABLE events (id serial PRIMARY KEY, actor text, mood mood);
+INSERT INTO events (actor, mood) SELECT email, mood FROM people;
+"#,
+    );
+    let d = Daemon::start(&[]);
+    let rules = write_rules(
+        &d,
+        "rules.toml",
+        "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"email\"\n\
+         [[references]]\nfrom = \"public.events(actor)\"\nto = \"public.people(email)\"\n",
+    );
+    let out = d.cli_with(
+        &["golden", "create", "casts", "--from-url", "-", "--mask", &rules, "--json"],
+        Some(&prod.dsn("casts")),
+    );
+    assert_eq!(out.code, 0, "{out:?}");
+    let fork = dsn(&d.fork("casts", &[]));
+    let calls: i64 = sql(&fork, "SELECT last_value FROM cast_calls WHERE is_called").parse().unwrap_or(0);
+    assert!(
+        calls > 1,
+        "the build cast the dump's type to text with the dump's cast ({calls} calls), as the owner role"
+    );
+}

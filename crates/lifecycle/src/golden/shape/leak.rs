@@ -34,14 +34,16 @@ use airlock_postgres::cell::Cell;
 const NOT_SEARCHED: &[&str] =
     &["boolean", "interval", "time without time zone", "time with time zone", "money", "oid", "pg_lsn"];
 
-/// Runs both searches, filling each column's `leaks` and `checked`.
+/// Runs both searches, filling each column's `leaks` and `checked`, in the
+/// owner role's session `owner` (every value is cast to text, and a cast may
+/// be the dump's own).
 pub async fn check(
     plan: &Plan,
     leaves: &[Leaf],
-    admin: &Admin,
+    owner: &Admin,
     columns: &mut [MaskedColumn],
 ) -> Result<LeakSearch> {
-    let c = admin.client();
+    let c = owner.client();
     // 1. Each masked column, every row.
     for (i, p) in plan.columns.iter().enumerate() {
         let leaf = &leaves[p.leaf];

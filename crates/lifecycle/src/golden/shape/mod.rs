@@ -10,6 +10,12 @@
 //! log reset once the server is stopped ([`scrub_statistics`], and the
 //! build's `reset_wal`).
 
+//! Whatever reads or compares the application's values here (a cast to
+//! text, an `=` of its types, a condition, a check) runs in the owner role's
+//! session, never the admin's: the dump may define casts and operators for
+//! its own types, and they must not run as a superuser. The admin only makes
+//! and fills Airlock's own tables (maps of text), counts rows and rewrites tables.
+
 pub mod keys;
 pub mod leak;
 pub mod mask;
@@ -84,7 +90,7 @@ impl Shaping<'_> {
             }
         }
         if self.shape.masks() {
-            unruled(&admin, &leaves, &plan, &self.shape.allow_unmasked).await?;
+            unruled(&owner, &leaves, &plan, &self.shape.allow_unmasked).await?;
         }
         admin
             .execute(&format!(
@@ -116,11 +122,11 @@ impl Shaping<'_> {
                 keys.links.iter().filter(|l| !l.declared && (masked(&l.from) || masked(&l.to))).collect();
             let mut before = Vec::new();
             for link in &virtual_links {
-                before.push(orphans(&admin, &leaves, link).await?);
+                before.push(orphans(&owner, &leaves, link).await?);
             }
             let mut columns = mask::apply(&plan, &leaves, &admin, &owner, key).await?;
             for (link, was) in virtual_links.iter().zip(before) {
-                let now = orphans(&admin, &leaves, link).await?;
+                let now = orphans(&owner, &leaves, link).await?;
                 if now > was {
                     return Err(Error::new(
                         ErrorCode::MaskInvalid,
@@ -141,7 +147,7 @@ impl Shaping<'_> {
             }
             let checked_at = std::time::Instant::now();
             tracing::info!(seconds = masked_at.elapsed().as_secs_f64(), "masked; checking for leaks");
-            let elsewhere = leak::check(&plan, &leaves, &admin, &mut columns).await?;
+            let elsewhere = leak::check(&plan, &leaves, &owner, &mut columns).await?;
             let leak_check_seconds = checked_at.elapsed().as_secs_f64();
             let passed = elsewhere.found.is_empty() && columns.iter().all(|c| c.leaks == 0);
             let report = MaskingReport {
@@ -203,7 +209,7 @@ impl Shaping<'_> {
 }
 
 /// Rows of `link`'s referencing table whose reference finds no row.
-async fn orphans(admin: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> Result<i64> {
+async fn orphans(owner: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> Result<i64> {
     use airlock_postgres::cell::Cell;
     let parents: Vec<&str> =
         leaves.iter().filter(|l| l.named == link.to.table).map(|l| l.sql.as_str()).collect();
@@ -211,7 +217,7 @@ async fn orphans(admin: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> R
     for child in leaves.iter().filter(|l| l.named == link.from.table) {
         let sql =
             format!("SELECT count(*) FROM ONLY {} AS x WHERE {}", child.sql, link.finds_no_row(&parents));
-        total += admin.client().query_one(&sql, &[]).await.map_err(tables::failed)?.cell::<i64>(0)?;
+        total += owner.client().query_one(&sql, &[]).await.map_err(tables::failed)?.cell::<i64>(0)?;
     }
     Ok(total)
 }
@@ -219,12 +225,12 @@ async fn orphans(admin: &Admin, leaves: &[tables::Leaf], link: &keys::Link) -> R
 /// Refuses a column the classifier calls personal that no rule masks (or a
 /// JSON path of a masked column no path rule reaches) and that is not allowed unmasked.
 async fn unruled(
-    admin: &Admin,
+    owner: &Admin,
     leaves: &[tables::Leaf],
     plan: &mask::Plan,
     allowed: &[String],
 ) -> Result<()> {
-    let found = crate::golden::scan::findings(admin.client(), leaves, 200).await?;
+    let found = crate::golden::scan::findings(owner.client(), leaves, 200).await?;
     let mut missing = Vec::new();
     for f in found {
         if allowed.contains(&f.column) {
