@@ -117,42 +117,12 @@ pub async fn cut(
         }
     }
     // Which tables each step reaches, from the shape of the references alone.
-    let mut down: BTreeSet<usize> = starts.iter().flat_map(|(l, _)| l.iter().copied()).collect();
-    loop {
-        let before = down.len();
-        for (c, p, _) in &edges {
-            if down.contains(p) {
-                down.insert(*c);
-            }
-        }
-        if down.len() == before {
-            break;
-        }
-    }
-    let mut reached = down.clone();
-    loop {
-        let before = reached.len();
-        for (c, p, _) in &edges {
-            if reached.contains(c) {
-                reached.insert(*p);
-            }
-        }
-        if reached.len() == before {
-            break;
-        }
-    }
-    let mut filtered: BTreeSet<usize> = BTreeSet::new();
-    loop {
-        let before = filtered.len();
-        for (c, p, _) in &edges {
-            if !reached.contains(c) && (reached.contains(p) || filtered.contains(p)) {
-                filtered.insert(*c);
-            }
-        }
-        if filtered.len() == before {
-            break;
-        }
-    }
+    let starting: BTreeSet<usize> = starts.iter().flat_map(|(l, _)| l.iter().copied()).collect();
+    let down = grow(starting, &edges, |c, p, set| set.contains(&p).then_some(c));
+    let reached = grow(down.clone(), &edges, |c, p, set| set.contains(&c).then_some(p));
+    let filtered = grow(BTreeSet::new(), &edges, |c, p, set| {
+        (!reached.contains(&c) && (reached.contains(&p) || set.contains(&p))).then_some(c)
+    });
     let mut source_rows = BTreeMap::new();
     for (i, leaf) in leaves.iter().enumerate() {
         let n: i64 = admin
@@ -344,6 +314,26 @@ pub async fn cut(
         references_checked: checked,
         seconds: began.elapsed().as_secs_f64(),
     })
+}
+
+/// `set` grown until no reference adds to it: `step(child, parent, set)`
+/// names the table a reference adds, if any.
+fn grow(
+    mut set: BTreeSet<usize>,
+    edges: &[(usize, usize, &Link)],
+    step: impl Fn(usize, usize, &BTreeSet<usize>) -> Option<usize>,
+) -> BTreeSet<usize> {
+    loop {
+        let before = set.len();
+        for (c, p, _) in edges {
+            if let Some(table) = step(*c, *p, &set) {
+                set.insert(table);
+            }
+        }
+        if set.len() == before {
+            return set;
+        }
+    }
 }
 
 /// The condition of a row of leaf `i` some of whose references lead to no row.
