@@ -163,6 +163,14 @@ fn files_holding(dir: &Path, needle: &[u8]) -> Vec<String> {
     found
 }
 
+/// `golden create NAME --from-url - ARGS... --json`, the source's DSN on stdin.
+fn create(d: &Daemon, name: &str, source: &str, args: &[&str]) -> crate::harness::Out {
+    let mut all = vec!["golden", "create", name, "--from-url", "-"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    d.cli_with(&all, Some(source))
+}
+
 fn write_rules(d: &Daemon, name: &str, text: &str) -> String {
     let path = d.home.join(name);
     std::fs::write(&path, text).unwrap();
@@ -213,10 +221,7 @@ fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() 
     assert!(paths.contains(&"address.street"), "{paths:?}");
     // The proposed rules file builds as it is (the scan's rules are rules).
     let proposed = write_rules(&d, "proposed.toml", scan["rules"].as_str().unwrap());
-    let out = d.cli_with(
-        &["golden", "create", "proposed", "--from-url", "-", "--mask", &proposed, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "proposed", &source, &["--mask", &proposed]);
     assert_eq!(out.code, 0, "the proposed rules build: {out:?}");
 
     // Without a rule for the tickets' free text, the build refuses and names it.
@@ -228,10 +233,7 @@ fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() 
             "column = \"public.products.title\"\ntransform = \"redact\"",
         ),
     );
-    let out = d.cli_with(
-        &["golden", "create", "leaky", "--from-url", "-", "--mask", &missing, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "leaky", &source, &["--mask", &missing]);
     assert_eq!(out.code, 18, "{out:?}");
     let err: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(err["error"]["code"], "mask_unmasked");
@@ -245,27 +247,12 @@ fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() 
         std::fs::read_dir(d.home.join("volume/staging")).map(|r| r.flatten().collect()).unwrap_or_default();
     assert!(staging.is_empty(), "the staging area is empty: {staging:?}");
     // Allowed on purpose, it builds; a typo in the allowance is refused.
-    let out = d.cli_with(
-        &[
-            "golden",
-            "create",
-            "leaky",
-            "--from-url",
-            "-",
-            "--mask",
-            &missing,
-            "--allow-unmasked",
-            "public.tickets.bdy",
-            "--json",
-        ],
-        Some(&source),
-    );
+    let out = create(&d, "leaky", &source, &["--mask", &missing, "--allow-unmasked", "public.tickets.bdy"]);
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("names no column"), "{out:?}");
     // A rule that cannot hold a unique column's values apart is refused before anything is built.
     let bad = write_rules(&d, "bad.toml", &RULES.replace("transform = \"phone\"", "transform = \"redact\""));
-    let out =
-        d.cli_with(&["golden", "create", "bad", "--from-url", "-", "--mask", &bad, "--json"], Some(&source));
+    let out = create(&d, "bad", &source, &["--mask", &bad]);
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("public.people.phone is in a unique key"), "{out:?}");
     let typo = write_rules(
@@ -273,8 +260,7 @@ fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() 
         "typo.toml",
         "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"shuffle\"\n",
     );
-    let out =
-        d.cli_with(&["golden", "create", "bad", "--from-url", "-", "--mask", &typo, "--json"], Some(&source));
+    let out = create(&d, "bad", &source, &["--mask", &typo]);
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("not a transformer"), "{out:?}");
 }
@@ -286,10 +272,7 @@ fn a_masked_golden_holds_no_source_value_joins_as_its_source_and_masks_alike_eac
     let d = Daemon::start(&[]);
     let source = prod.dsn("shop");
     let rules = write_rules(&d, "rules.toml", RULES);
-    let out = d.cli_with(
-        &["golden", "create", "masked", "--from-url", "-", "--mask", &rules, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "masked", &source, &["--mask", &rules]);
     assert_eq!(out.code, 0, "{out:?}");
     let g: Value = serde_json::from_str(&out.stdout).unwrap();
     let m = &g["generations"][0];
@@ -429,10 +412,7 @@ fn a_masked_golden_holds_no_source_value_joins_as_its_source_and_masks_alike_eac
     d.ok(&["golden", "refresh", "masked"]);
     let again = d.fork("masked", &[]);
     assert_eq!(sql(&dsn(&again), "SELECT email || phone || full_name FROM people WHERE id = 7"), first);
-    let out = d.cli_with(
-        &["golden", "create", "masked2", "--from-url", "-", "--mask", &rules, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "masked2", &source, &["--mask", &rules]);
     assert_eq!(out.code, 0, "{out:?}");
     let other = d.fork("masked2", &[]);
     let theirs = sql(&dsn(&other), "SELECT email FROM people WHERE id = 7");
@@ -456,22 +436,11 @@ fn a_subset_follows_references_both_ways_and_every_reference_holds() {
         "refs.toml",
         "[[references]]\nfrom = \"public.events(actor_email)\"\nto = \"public.people(email)\"\n",
     );
-    let out = d.cli_with(
-        &[
-            "golden",
-            "create",
-            "slice",
-            "--from-url",
-            "-",
-            "--mask",
-            &refs,
-            "--subset",
-            "public.people: id > 100",
-            "--subset-percent",
-            "2",
-            "--json",
-        ],
-        Some(&source),
+    let out = create(
+        &d,
+        "slice",
+        &source,
+        &["--mask", &refs, "--subset", "public.people: id > 100", "--subset-percent", "2"],
     );
     assert_eq!(out.code, 0, "{out:?}");
     let g: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -549,31 +518,17 @@ fn a_subset_follows_references_both_ways_and_every_reference_holds() {
     let max: i64 = sql(&fork, "SELECT max(id) FROM people").parse().unwrap();
     assert!(next > max);
     // The same subset every build of the same data.
-    let out = d.cli_with(
-        &[
-            "golden",
-            "create",
-            "slice2",
-            "--from-url",
-            "-",
-            "--mask",
-            &refs,
-            "--subset",
-            "public.people: id > 100",
-            "--subset-percent",
-            "2",
-            "--json",
-        ],
-        Some(&source),
+    let out = create(
+        &d,
+        "slice2",
+        &source,
+        &["--mask", &refs, "--subset", "public.people: id > 100", "--subset-percent", "2"],
     );
     assert_eq!(out.code, 0, "{out:?}");
     let other = d.fork("slice2", &[]);
     assert_eq!(sql(&dsn(&other), "SELECT string_agg(id::text, ',' ORDER BY id) FROM people"), ids);
     // A subset of a table the source lacks is refused, and so is a percent alone.
-    let out = d.cli_with(
-        &["golden", "create", "x", "--from-url", "-", "--subset", "public.nope", "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "x", &source, &["--subset", "public.nope"]);
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("public.nope"), "{out:?}");
 }
@@ -608,36 +563,16 @@ fn a_masked_redis_part_holds_masked_values_only_and_a_left_copy_fails_the_build(
         "SET cache:1 \"{'e': 'jane.doe@corp.io'}\"",
     ] {
         let leaky = seed(&format!("{copy}\n"));
-        let out = d.cli_with(
-            &[
-                "golden",
-                "create",
-                "cache",
-                "--from-url",
-                "-",
-                "--mask",
-                &rules,
-                "--redis-seed",
-                &leaky,
-                "--json",
-            ],
-            Some(&source),
-        );
+        let out = create(&d, "cache", &source, &["--mask", &rules, "--redis-seed", &leaky]);
         assert_eq!(out.code, 18, "{copy}: {out:?}");
         assert!(out.stdout.contains("mask_leak") && !out.stdout.contains("jane.doe"), "{out:?}");
     }
     let leaky = seed("SET copy-of-email jane.doe@corp.io\n");
-    let out = d.cli_with(
-        &["golden", "create", "cache", "--from-url", "-", "--mask", &rules, "--redis-seed", &leaky, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "cache", &source, &["--mask", &rules, "--redis-seed", &leaky]);
     assert_eq!(out.code, 18, "{out:?}");
     assert!(out.stdout.contains("mask_leak") && !out.stdout.contains("jane.doe"), "{out:?}");
     let clean = seed("");
-    let out = d.cli_with(
-        &["golden", "create", "cache", "--from-url", "-", "--mask", &rules, "--redis-seed", &clean, "--json"],
-        Some(&source),
-    );
+    let out = create(&d, "cache", &source, &["--mask", &rules, "--redis-seed", &clean]);
     assert_eq!(out.code, 0, "{out:?}");
     let g: Value = serde_json::from_str(&out.stdout).unwrap();
     let lines = g["generations"][0]["masking"]["redis"].as_array().unwrap().clone();
@@ -682,12 +617,7 @@ INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.co
         "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"email\"\n\
          [[columns]]\ncolumn = \"public.people.phone\"\ntransform = \"phone\"\n",
     );
-    let build = |db: &str, name: &str, rules: &str| {
-        d.cli_with(
-            &["golden", "create", name, "--from-url", "-", "--mask", rules, "--json"],
-            Some(&prod.dsn(db)),
-        )
-    };
+    let build = |db: &str, name: &str, rules: &str| create(&d, name, &prod.dsn(db), &["--mask", rules]);
     // One note in five thousand quotes an email: the scan's sample misses it,
     // the leak check, which reads every row, does not.
     let out = build("copies", "rare", &rules);
@@ -715,21 +645,8 @@ INSERT INTO notes (body) VALUES ('please write back to secret77@realcorp-mail.co
         );
         // Left unmasked on purpose (where the scan would refuse it), the leak check is what stops it.
         let allowed = format!("public.copy.{name}");
-        let out = d.cli_with(
-            &[
-                "golden",
-                "create",
-                "copied",
-                "--from-url",
-                "-",
-                "--mask",
-                &rules,
-                "--allow-unmasked",
-                &allowed,
-                "--json",
-            ],
-            Some(&prod.dsn("copies")),
-        );
+        let out =
+            create(&d, "copied", &prod.dsn("copies"), &["--mask", &rules, "--allow-unmasked", &allowed]);
         assert_eq!(out.code, 18, "{column}: {out:?}");
         assert!(out.stdout.contains(&format!("public.copy.{name}: 500 rows")), "{column}: {out:?}");
     }
@@ -803,10 +720,7 @@ INSERT INTO events (actor, mood) SELECT email, mood FROM people;
         "[[columns]]\ncolumn = \"public.people.email\"\ntransform = \"email\"\n\
          [[references]]\nfrom = \"public.events(actor)\"\nto = \"public.people(email)\"\n",
     );
-    let out = d.cli_with(
-        &["golden", "create", "casts", "--from-url", "-", "--mask", &rules, "--json"],
-        Some(&prod.dsn("casts")),
-    );
+    let out = create(&d, "casts", &prod.dsn("casts"), &["--mask", &rules]);
     assert_eq!(out.code, 0, "{out:?}");
     let fork = dsn(&d.fork("casts", &[]));
     let calls: i64 = sql(&fork, "SELECT last_value FROM cast_calls WHERE is_called").parse().unwrap_or(0);
