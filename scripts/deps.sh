@@ -52,6 +52,9 @@ if [ "${1:-}" = test ]; then
   # A real Prometheus scrapes the daemon in the metrics tests; promtool checks
   # the exposition and the shipped alerting rules.
   command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  # The cluster tests run a real etcd, and nodes in network namespaces (ip).
+  command -v etcd >/dev/null 2>&1 || need+=(etcd-server)
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
   command -v java >/dev/null 2>&1 || need+=(default-jre-headless)
   command -v node >/dev/null 2>&1 || need+=(nodejs)
   command -v npm >/dev/null 2>&1 || need+=(npm)
@@ -72,6 +75,8 @@ if [ ${#need[@]} -gt 0 ]; then
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop redis-server >/dev/null 2>&1 || true; fi
   # And its Prometheus package (tests start their own, on ports they pick).
   if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop prometheus prometheus-node-exporter >/dev/null 2>&1 || true; fi
+  # And its etcd package (the cluster tests start their own).
+  if command -v systemctl >/dev/null 2>&1; then $sudo systemctl stop etcd >/dev/null 2>&1 || true; fi
 fi
 # A server installed just now brings its headers' package name only now.
 for bin in /usr/lib/postgresql/*/bin/postgres; do

@@ -244,6 +244,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/nodes": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["nodes"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sandboxes": {
         parameters: {
             query?: never;
@@ -1027,7 +1043,7 @@ export interface components {
          * @description The stable, documented kinds of failure.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "mask_invalid" | "mask_unmasked" | "mask_leak" | "internal";
+        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "mask_invalid" | "mask_unmasked" | "mask_leak" | "cluster_unavailable" | "sandbox_lost" | "internal";
         /** @description One recorded event. */
         Event: {
             /** @description When it happened. */
@@ -1061,7 +1077,7 @@ export interface components {
          *     literals can fill their other fields with `..Default::default()`.)
          * @enum {string}
          */
-        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "grant_minted" | "grant_ended" | "collision" | "audit_gap" | "audit_repaired";
+        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "grant_minted" | "grant_ended" | "collision" | "audit_gap" | "audit_repaired" | "lost" | "reconciled";
         /**
          * @description What an import from a live database leaves out, as pg_dump's patterns
          *     (`orders`, `app.audit_*`, `archive`).
@@ -1196,6 +1212,12 @@ export interface components {
         ForkBody: components["schemas"]["ForkRequest"] & {
             /** @description Also mint a task-scoped MCP endpoint (`mcp_url` in the answer). */
             mcp?: boolean;
+            /** @description In a cluster: fork on this node only. */
+            node?: string | null;
+            /** @description In a cluster: fork only on a node carrying every one of these labels. */
+            node_labels?: {
+                [key: string]: string;
+            };
         };
         /** @description A request to fork a golden. */
         ForkRequest: {
@@ -1720,6 +1742,59 @@ export interface components {
          * @enum {string}
          */
         Mode: "owner" | "readonly";
+        /** @description One node, as it announces itself (under its lease) for placement and `airlock nodes`. */
+        NodeRecord: {
+            /** @description Where other nodes reach its API over mutual TLS (`serve --advertise`). */
+            advertise: string;
+            /**
+             * Format: int64
+             * @description Free space on its volume, in bytes.
+             */
+            free_disk_bytes: number;
+            /**
+             * Format: int64
+             * @description Memory the host has available, in bytes.
+             */
+            free_memory_bytes: number;
+            /** @description The goldens it holds: each one's generations, the current last. */
+            goldens: {
+                [key: string]: number[];
+            };
+            /** @description Its labels (`serve --node-label zone=a`), which forks may ask for. */
+            labels?: {
+                [key: string]: string;
+            };
+            /**
+             * Format: int64
+             * @description `--max-running`.
+             */
+            max_running: number;
+            /**
+             * Format: int64
+             * @description `--max-sandboxes`.
+             */
+            max_sandboxes: number;
+            /** @description Its name (`serve --node`). */
+            name: string;
+            /** @description Its router's PostgreSQL address, when its router is on. */
+            router?: string | null;
+            /**
+             * Format: int64
+             * @description Sandboxes whose servers run.
+             */
+            running: number;
+            /**
+             * Format: int64
+             * @description Sandboxes it holds, running or suspended (pool members included).
+             */
+            sandboxes: number;
+            /** @description `up`, or `lost` for a node whose lease expired while it still owns sandboxes. */
+            state?: string;
+            /** @description When it last said all this. */
+            updated_at: components["schemas"]["Timestamp"];
+            /** @description The daemon's version. */
+            version: string;
+        };
         /** @description One thing found. */
         Planted: {
             /** @description `setting`, `function`, `operator`, `relation` or `type`. */
@@ -1953,6 +2028,8 @@ export interface components {
             };
             /** @description Optional unique name among live sandboxes. */
             name?: string | null;
+            /** @description The cluster node that owns it (set only when the daemon is in a cluster). */
+            node?: string | null;
             /** @description The same over the Redis server's private unix socket. */
             redis_socket_url?: string | null;
             /**
@@ -1972,7 +2049,7 @@ export interface components {
          * @description Where a sandbox is in its life.
          * @enum {string}
          */
-        SandboxState: "creating" | "running" | "deleting" | "pooled" | "suspended" | "resetting";
+        SandboxState: "creating" | "running" | "deleting" | "pooled" | "suspended" | "resetting" | "lost";
         /** @description What a scan found. */
         ScanReport: {
             /** @description The columns that hold personal data, with the rule proposed for each. */
@@ -4132,6 +4209,107 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Report"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    nodes: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the cluster's nodes: this one, those whose lease holds, and lost ones that still own sandboxes */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NodeRecord"][];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

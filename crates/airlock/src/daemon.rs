@@ -26,6 +26,8 @@ pub struct Settings {
     pub gateway: Option<SocketAddr>,
     /// Where Prometheus metrics are served; `None` turns them off.
     pub metrics: Option<SocketAddr>,
+    /// The cluster this daemon is a node of; `None` for a lone daemon.
+    pub cluster: Option<airlock_cluster::Settings>,
 }
 
 /// Where the API listens besides its unix socket.
@@ -40,7 +42,7 @@ pub struct Listen {
 /// Runs the daemon until SIGTERM, SIGINT or `POST /v1/shutdown`. Sandboxes keep
 /// running after it exits; the next daemon picks them up.
 pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
-    let Settings { engine: config, router, gateway, metrics: metrics_addr } = settings;
+    let Settings { engine: config, router, gateway, metrics: metrics_addr, cluster } = settings;
     // Whatever the launcher left open stays with the daemon, never its children.
     airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(&config.home);
@@ -89,7 +91,31 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     let shutdown = Arc::new(Notify::new());
     let live = airlock_live::Live::open(engine.clone())?;
     airlock_live::watch::spawn(live.clone());
-    let state = AppState { engine: engine.clone(), shutdown: shutdown.clone(), metrics, live };
+    // A node joins once its own sandboxes are reconciled, so what it publishes is true.
+    let cluster = match cluster {
+        Some(settings) => {
+            let cluster = airlock_cluster::Cluster::join(engine.clone(), settings).await?;
+            airlock_cluster::membership::spawn(cluster.clone());
+            Some(cluster)
+        }
+        None => None,
+    };
+    let state = AppState {
+        engine: engine.clone(),
+        shutdown: shutdown.clone(),
+        metrics,
+        live,
+        cluster: cluster.clone(),
+    };
+    let peers = match &cluster {
+        Some(cluster) => {
+            let addr = resolve(&cluster.settings.advertise)?;
+            let listener = airlock_cluster::peer::PeerListener::bind(addr, cluster.server_config()?).await?;
+            tracing::info!(%addr, node = %cluster.name(), "serving the cluster's nodes (mutual TLS)");
+            Some(listener)
+        }
+        None => None,
+    };
     // TCP first: a client that finds the unix socket answering may go on to use TCP.
     let tcp = match (listen.tcp, &listen.token) {
         (Some(addr), Some(_)) => Some((addr, tokio::net::TcpListener::bind(addr).await?)),
@@ -133,12 +159,21 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     );
     let tcp_server = tcp.zip(listen.token).map(|((addr, tcp), token)| {
         tracing::info!(%addr, "serving the API on TCP (bearer token required)");
-        let app = api::router(state)
+        let app = api::router(state.clone())
             .layer(axum::middleware::from_fn_with_state(Arc::new(token), api::require_token));
         let signal = stopped_signal(stopped.clone());
         tokio::spawn(airlock_listen::serve::serve(tcp, app, airlock_listen::serve::Bounds::default(), signal))
     });
 
+    let peer_server = peers.map(|listener| {
+        let signal = stopped_signal(stopped.clone());
+        tokio::spawn(airlock_listen::serve::serve(
+            listener,
+            api::router(state.clone()),
+            airlock_listen::serve::Bounds::default(),
+            signal,
+        ))
+    });
     let unix_task = tokio::spawn(unix_server);
     stop.await;
     tracing::info!("stopping the API; sandboxes keep running");
@@ -147,11 +182,26 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     if let Some(t) = tcp_server {
         let _ = t.await;
     }
+    if let Some(t) = peer_server {
+        let _ = t.await;
+    }
     let _ = std::fs::remove_file(&socket);
     if let Some(traces) = traces {
         tokio::task::spawn_blocking(move || traces.shutdown()).await?;
     }
     Ok(())
+}
+
+/// The socket address of `--advertise` (`HOST:PORT`, a name resolved once).
+fn resolve(advertise: &str) -> Result<SocketAddr> {
+    use std::net::ToSocketAddrs;
+    advertise.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+        Error::new(
+            ErrorCode::InvalidArguments,
+            format!("--advertise {advertise:?} is not an address of this host"),
+            "give HOST:PORT, such as 10.0.0.2:7440",
+        )
+    })
 }
 
 /// Takes the data root's exclusive lock, so only one daemon serves it.

@@ -99,6 +99,12 @@ pub enum ErrorCode {
     /// The leak check found a source value of a masked column in the golden;
     /// the message names where (never the value). Nothing was built.
     MaskLeak,
+    /// The cluster cannot be relied on for this: the node has lost touch with
+    /// etcd (it takes no new work on stale state), or no node can take it.
+    ClusterUnavailable,
+    /// The sandbox's node stopped renewing its lease: the sandbox is `lost`
+    /// until that node returns and reconciles.
+    SandboxLost,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -118,7 +124,7 @@ impl ErrorCode {
             }
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
             | MigrationFailed | TargetRefused | MaskInvalid | MaskUnmasked | MaskLeak => 422,
-            CapacityExhausted | AuditUnavailable => 503,
+            CapacityExhausted | AuditUnavailable | ClusterUnavailable | SandboxLost => 503,
             AuditBroken => 409,
             DiskFull => 507,
             TimedOut => 504,
@@ -147,6 +153,7 @@ impl ErrorCode {
             TimedOut => 16,
             TargetRefused => 17,
             MaskInvalid | MaskUnmasked | MaskLeak => 18,
+            ClusterUnavailable | SandboxLost => 19,
         }
     }
 

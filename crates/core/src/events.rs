@@ -108,6 +108,12 @@ pub enum EventKind {
     /// A record the log found cut short (a write a crash interrupted) was
     /// closed; the detail says where.
     AuditRepaired,
+    /// A sandbox's cluster node stopped renewing its lease (the detail names
+    /// the node); recorded once, by the node that noticed first.
+    Lost,
+    /// A node back in its cluster found its sandbox again (kept running) or
+    /// removed the record of one that was gone (the detail says which).
+    Reconciled,
 }
 
 impl EventKind {
@@ -143,6 +149,8 @@ impl EventKind {
             EventKind::Collision => "collision",
             EventKind::AuditGap => "audit_gap",
             EventKind::AuditRepaired => "audit_repaired",
+            EventKind::Lost => "lost",
+            EventKind::Reconciled => "reconciled",
         }
     }
 }
@@ -190,6 +198,9 @@ pub enum Door {
     Router,
     /// The reaper: TTLs, idle suspends, dead servers, the watchdog.
     Reaper,
+    /// Another node of the cluster, forwarding a request it was asked (over
+    /// the node-to-node TLS link).
+    Peer,
     /// The daemon on its own: start-up reconciliation, the pool filler.
     Daemon,
 }
@@ -204,6 +215,7 @@ impl Door {
             Door::Router => "router",
             Door::Reaper => "reaper",
             Door::Daemon => "daemon",
+            Door::Peer => "peer",
         }
     }
 
@@ -279,6 +291,11 @@ pub struct NewEvent {
     /// The door it came through; the current task's ([`Door::current`]) if unset.
     pub door: Option<Door>,
 }
+
+/// The cluster node this daemon is, when it is one: every event it records
+/// names it (`detail.node`), so a record read from any node's log says which
+/// node acted. Set once, at start.
+pub static NODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Tool calls that ended, and those of them whose `tool_call` record was
 /// written: a call that ends without its record (cut short, say) shows in the

@@ -154,6 +154,10 @@ impl Layout {
     pub fn tls(&self) -> PathBuf {
         self.home.join("tls")
     }
+    /// The cluster's CA certificate, and this node's certificate and key (root's, 0700).
+    pub fn cluster(&self) -> PathBuf {
+        self.home.join("cluster")
+    }
     /// The audit log: segments, checkpoints and the signing key ([`airlock_state::audit`]).
     pub fn audit(&self) -> PathBuf {
         self.home.join("audit")

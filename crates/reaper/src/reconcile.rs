@@ -77,7 +77,9 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             continue;
         }
         match sb.state {
-            SandboxState::Creating | SandboxState::Deleting => {
+            // `lost` is only ever shown of another node's sandbox; a row in that
+            // state here would be a record no one can finish: an orphan.
+            SandboxState::Creating | SandboxState::Deleting | SandboxState::Lost => {
                 sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
                 done.orphans += 1;
             }

@@ -29,6 +29,7 @@ use airlock_lifecycle::sandbox::{self, ForkRequest};
 use airlock_listen::serve::Failure;
 use airlock_state::store::SandboxFilter;
 
+mod cluster;
 mod grants;
 pub mod openapi;
 mod targets;
@@ -46,6 +47,8 @@ pub struct AppState {
     pub metrics: Arc<airlock_telemetry::metrics::Metrics>,
     /// The live-target service (`/v1/targets`).
     pub live: Arc<airlock_live::Live>,
+    /// This node's cluster, when the daemon is one (`serve --cluster`).
+    pub cluster: Option<Arc<airlock_cluster::Cluster>>,
 }
 
 type ApiResult<T> = Result<Json<T>, Failure>;
@@ -107,6 +110,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(grants::list_grants))
         .routes(routes!(grants::show_grant, grants::revoke_grant))
         .routes(routes!(grants::grant_tool))
+        .routes(routes!(cluster::nodes))
         // An exec carries files both ways (base64, 64 MB each way at most).
         .merge(
             OpenApiRouter::new()
@@ -130,6 +134,7 @@ pub fn router(state: AppState) -> Router {
                 "see /openapi.json for the routes",
             ))
         })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), cluster::to_owner))
         .layer(axum::middleware::map_response(json_errors))
         .layer(axum::middleware::from_fn(door_of_request))
         .with_state(state)
@@ -140,6 +145,7 @@ pub fn router(state: AppState) -> Router {
 async fn door_of_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use airlock_core::events::{Door, DOOR};
     let door = match request.headers().get(airlock_listen::client::DOOR_HEADER).map(|v| v.as_bytes()) {
+        _ if request.headers().contains_key(airlock_cluster::peer::FORWARDED_BY) => Door::Peer,
         Some(b"mcp_stdio") => Door::McpStdio,
         _ => Door::Api,
     };
@@ -331,12 +337,24 @@ fn sandbox_filter(query: Option<String>) -> Result<SandboxFilter, Error> {
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("golden" = Option<String>, Query, description = "only sandboxes of this golden"), ("label" = Option<Vec<String>>, Query, description = "only sandboxes with this label, `key=value`; repeat for several")), responses((status = 200, description = "live sandboxes, without credentials", body = Vec<sandbox::Sandbox>), ApiErrors))]
 async fn list_sandboxes(
     State(s): State<AppState>,
+    headers: HeaderMap,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Vec<sandbox::Sandbox>> {
-    let filter = sandbox_filter(q)?;
+    let filter = sandbox_filter(q.clone())?;
     let list = s.engine.store().sandboxes(&filter)?;
     // A list never hands out credentials (`show` does, on record).
-    Ok(Json(list.into_iter().map(without_secrets).collect()))
+    let mut list: Vec<sandbox::Sandbox> = list.into_iter().map(without_secrets).collect();
+    if let Some(me) = &s.cluster {
+        list.iter_mut().for_each(|sb| sb.node = Some(me.name().to_owned()));
+    }
+    if let Some(cluster) = cluster::deciding(&s, &headers) {
+        let others = cluster.others(q.as_deref().unwrap_or("")).await?;
+        list.extend(others.into_iter().filter(|sb| {
+            filter.golden.as_ref().is_none_or(|g| &sb.golden == g)
+                && filter.labels.iter().all(|(k, v)| sb.labels.get(k) == Some(v))
+        }));
+    }
+    Ok(Json(list))
 }
 
 /// Body of `POST /v1/sandboxes`: the fork, and whether the gateway mints it
@@ -349,6 +367,12 @@ pub struct ForkBody {
     /// Also mint a task-scoped MCP endpoint (`mcp_url` in the answer).
     #[serde(default)]
     pub mcp: bool,
+    /// In a cluster: fork on this node only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// In a cluster: fork only on a node carrying every one of these labels.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub node_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// What `POST /v1/sandboxes` answers: the fork, and its MCP endpoint when asked for.
@@ -366,9 +390,41 @@ pub struct ForkAnswer {
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkBody, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = ForkAnswer), ApiErrors))]
 async fn fork(
     State(s): State<AppState>,
+    headers: HeaderMap,
     req: Result<Json<ForkBody>, JsonRejection>,
 ) -> Result<Response, Failure> {
-    let ForkBody { fork: req, mcp } = body(req)?;
+    let ForkBody { fork: req, mcp, node, node_labels } = body(req)?;
+    if let Some(cluster) = &s.cluster {
+        cluster.check_in_touch()?;
+    } else if node.is_some() || !node_labels.is_empty() {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            "--node and --node-label place forks in a cluster, and this daemon is not in one",
+            "leave them out, or start the daemon with --cluster (docs/CLUSTER.md)",
+        )
+        .into());
+    }
+    if let Some(cluster) = cluster::deciding(&s, &headers) {
+        if let Some(name) = &req.name {
+            if !matches!(cluster.owner(name).await?, airlock_cluster::Owner::Here) {
+                return Err(Error::new(
+                    ErrorCode::NameTaken,
+                    format!("a sandbox named {name:?} already lives in the cluster"),
+                    "pick another name, or delete that sandbox first",
+                )
+                .into());
+            }
+        }
+        let want = airlock_cluster::placement::Want { golden: req.golden.clone(), node, labels: node_labels };
+        if let airlock_cluster::placement::Choice::Node(peer) = cluster.place(&want).await? {
+            let body = ForkBody { fork: req, mcp, node: None, node_labels: Default::default() };
+            let body = serde_json::to_vec(&body).map_err(|e| Error::internal(e.to_string()))?;
+            let answer = cluster
+                .forward(&peer, "POST", "/v1/sandboxes", Some("application/json"), body.into())
+                .await?;
+            return Ok(cluster::relayed(answer));
+        }
+    }
     if mcp && airlock_gateway::http::base(&s.engine).is_none() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
@@ -403,6 +459,13 @@ async fn fork(
             return Err(e.into());
         }
     };
+    if let Some(cluster) = &s.cluster {
+        // Published before the answer, so any node finds the sandbox at once.
+        if let Err(e) = cluster.publish_now().await {
+            tracing::warn!(error = %e, "could not publish a new sandbox to the cluster");
+        }
+        answer.forked.sandbox.node = Some(cluster.name().to_owned());
+    }
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 

@@ -33,6 +33,7 @@ use airlock_core::error::{Error, ErrorCode};
         (name = "migrations", description = "Candidate migrations tested on forks, and promoted"),
         (name = "events", description = "What happened, and why"),
         (name = "targets", description = "Live databases Airlock mints grants on"),
+        (name = "cluster", description = "The nodes of a cluster this daemon is one of"),
     )
 )]
 pub struct ApiDoc;

@@ -104,6 +104,8 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             Ok(if up { 0 } else { ErrorCode::DaemonUnreachable.exit_code() })
         }
         Command::Bench(cmd) => super::bench::run(&cli, cmd).await,
+        Command::Nodes => super::cluster::nodes(&cli).await,
+        Command::Cluster(cmd) => super::cluster::run(&cli, cmd),
         Command::Golden(cmd) => golden(&cli, cmd).await,
         Command::Target(cmd) => super::target::run(&cli, cmd).await,
         Command::Grant(args) => super::grant::grant(&cli, args).await,

@@ -4,6 +4,7 @@
 mod audit;
 mod bench;
 mod bench_audit;
+mod cluster;
 mod commands;
 mod exec;
 mod golden;
@@ -211,6 +212,11 @@ enum Command {
     /// Control the daemon.
     #[command(subcommand)]
     Daemon(DaemonCommand),
+    /// List the cluster's nodes with their state and load.
+    Nodes,
+    /// Make the cluster's CA, and join tokens for its nodes.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -334,6 +340,25 @@ struct ServeArgs {
     /// password, then crosses the network in clear).
     #[arg(long, env = "AIRLOCK_PLAINTEXT_PUBLIC")]
     plaintext_public: bool,
+    /// Join the cluster coordinated by these etcd members (http://HOST:PORT,
+    /// comma-separated) as a node; needs --node and --advertise.
+    #[arg(long, env = "AIRLOCK_CLUSTER", requires_all = ["node", "advertise"])]
+    cluster: Option<String>,
+    /// This node's name in the cluster.
+    #[arg(long, env = "AIRLOCK_NODE", requires = "cluster")]
+    node: Option<String>,
+    /// Where the other nodes reach this node (HOST:PORT; mutual TLS under the cluster's CA).
+    #[arg(long, env = "AIRLOCK_ADVERTISE", requires = "cluster")]
+    advertise: Option<String>,
+    /// A label of this node forks may ask for with --node-label (key=value; repeatable).
+    #[arg(long = "node-label", requires = "cluster")]
+    node_labels: Vec<String>,
+    /// A join token file from `airlock cluster token` (read once; its files stay under cluster/).
+    #[arg(long, requires = "cluster")]
+    join: Option<PathBuf>,
+    /// How long this node's lease lives unrenewed: its sandboxes are reported lost this long after it stops.
+    #[arg(long, env = "AIRLOCK_LEASE_TTL", default_value = "10s")]
+    lease_ttl: String,
     /// Flush every audit record to disk before going on (survives a power cut).
     #[arg(long, env = "AIRLOCK_AUDIT_FSYNC")]
     audit_fsync: bool,
@@ -532,6 +557,12 @@ struct ForkArgs {
     golden: String,
     #[command(flatten)]
     placement: Placement,
+    /// In a cluster: fork on this node.
+    #[arg(long)]
+    node: Option<String>,
+    /// In a cluster: fork on a node with this label (key=value; repeatable, all must match).
+    #[arg(long = "node-label")]
+    node_labels: Vec<String>,
     /// Access mode of the credential: owner (DDL and DML) or readonly.
     #[arg(long, default_value = "owner")]
     mode: String,
@@ -739,6 +770,25 @@ enum PostgresCommand {
     },
     /// List the majors the daemon runs on, with their client tools.
     Ls,
+}
+
+#[derive(Debug, Subcommand)]
+enum ClusterCommand {
+    /// Make the cluster's certificate authority in $AIRLOCK_HOME/cluster (once, on one node).
+    Init,
+    /// Issue a node's certificate and print its join token (a secret: give it
+    /// to that node's `serve --join FILE` only).
+    Token {
+        /// The node's name (its `serve --node`).
+        #[arg(long)]
+        node: String,
+        /// The node's address (its `serve --advertise`).
+        #[arg(long)]
+        advertise: String,
+        /// Write the token to this file (created 0600) instead of stdout.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

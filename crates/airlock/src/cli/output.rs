@@ -128,15 +128,65 @@ pub fn sandboxes(list: &[Sandbox]) -> String {
     if list.is_empty() {
         return "no sandboxes".into();
     }
-    let mut t = Table::new(&["ID", "NAME", "GOLDEN", "STATE", "EXPIRES IN", "LABELS"]);
+    // A cluster's listing says each sandbox's node; a lone daemon's has none to say.
+    let clustered = list.iter().any(|sb| sb.node.is_some());
+    let mut heads = vec!["ID", "NAME", "GOLDEN", "STATE", "EXPIRES IN", "LABELS"];
+    if clustered {
+        heads.insert(4, "NODE");
+    }
+    let mut t = Table::new(&heads);
     for sb in list {
-        t.row(vec![
+        let mut row = vec![
             sb.id.clone(),
             sb.name.clone().unwrap_or_default(),
             format!("{}@{}", sb.golden, sb.generation),
             sb.state.as_str().into(),
             remaining(sb.expires_at),
             labels(sb),
+        ];
+        if clustered {
+            row.insert(4, sb.node.clone().unwrap_or_default());
+        }
+        t.row(row);
+    }
+    t.render()
+}
+
+/// The cluster's nodes, one a line.
+pub fn nodes(list: &[airlock_cluster::records::NodeRecord]) -> String {
+    let mut t = Table::new(&[
+        "NODE",
+        "STATE",
+        "ADDRESS",
+        "SANDBOXES",
+        "RUNNING",
+        "FREE MEMORY",
+        "FREE DISK",
+        "GOLDENS",
+        "LABELS",
+    ]);
+    for n in list {
+        let goldens = n
+            .goldens
+            .iter()
+            .map(|(g, gens)| format!("{g}@{}", gens.last().copied().unwrap_or(0)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let node_labels = n.labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",");
+        t.row(vec![
+            n.name.clone(),
+            n.state.clone(),
+            n.advertise.clone(),
+            if n.state == "up" {
+                format!("{}/{}", n.sandboxes, n.max_sandboxes)
+            } else {
+                n.sandboxes.to_string()
+            },
+            if n.state == "up" { format!("{}/{}", n.running, n.max_running) } else { String::new() },
+            if n.state == "up" { format!("{}M", n.free_memory_bytes >> 20) } else { String::new() },
+            if n.state == "up" { format!("{}M", n.free_disk_bytes >> 20) } else { String::new() },
+            goldens,
+            node_labels,
         ]);
     }
     t.render()

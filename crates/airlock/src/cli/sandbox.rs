@@ -68,7 +68,12 @@ pub(super) async fn fork(cli: &Cli, args: &ForkArgs) -> Result<i32> {
         wait_seconds: Some(validate::duration("--wait", &args.wait)?.as_secs() as i64),
         ..Default::default()
     };
-    let body = ForkBody { fork: req, mcp: args.mcp };
+    let body = ForkBody {
+        fork: req,
+        mcp: args.mcp,
+        node: args.node.clone(),
+        node_labels: validate::labels(&args.node_labels)?,
+    };
     let answer: ForkAnswer = cli.client()?.call(Method::POST, "/v1/sandboxes", Some(&body)).await?;
     print_forked(&answer, cli.json);
     Ok(0)

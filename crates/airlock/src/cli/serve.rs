@@ -198,9 +198,45 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             ));
         }
     }
-    let settings = daemon::Settings { engine: config, router, gateway, metrics };
+    let cluster = cluster_settings(cli, args)?;
+    let settings = daemon::Settings { engine: config, router, gateway, metrics, cluster };
     daemon::serve(settings, daemon::Listen { tcp: args.tcp, token }).await?;
     Ok(0)
+}
+
+/// The node's settings from `--cluster`, `--node`, `--advertise`; a join
+/// token given is installed first.
+fn cluster_settings(cli: &Cli, args: &ServeArgs) -> Result<Option<airlock_cluster::Settings>> {
+    let (Some(etcd), Some(node), Some(advertise)) = (&args.cluster, &args.node, &args.advertise) else {
+        return Ok(None);
+    };
+    validate::name("node", node)?;
+    airlock_cluster::ca::host_of(advertise)?;
+    let lease_ttl = validate::duration("--lease-ttl", &args.lease_ttl)?;
+    if !(std::time::Duration::from_secs(2)..=std::time::Duration::from_secs(300)).contains(&lease_ttl) {
+        return Err(Error::new(
+            ErrorCode::InvalidArguments,
+            "--lease-ttl is out of range",
+            "give between 2s and 5m: it is how long a stopped node goes unnoticed",
+        ));
+    }
+    if let Some(file) = &args.join {
+        let token = std::fs::read_to_string(file).map_err(|e| {
+            Error::new(
+                ErrorCode::FileUnreadable,
+                format!("the join token {} does not read: {e}", file.display()),
+                "give the file `airlock cluster token --out` wrote",
+            )
+        })?;
+        airlock_cluster::ca::join(&cli.layout().cluster(), &token, node)?;
+    }
+    Ok(Some(airlock_cluster::Settings {
+        etcd: etcd.clone(),
+        node: node.clone(),
+        advertise: advertise.clone(),
+        labels: validate::labels(&args.node_labels)?,
+        lease_ttl,
+    }))
 }
 
 /// The shortest bearer token the TCP API takes (an empty one would let anyone in).

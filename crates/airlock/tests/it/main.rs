@@ -6,6 +6,7 @@ mod harness;
 mod adversarial;
 mod api;
 mod audit;
+mod cluster;
 mod containment;
 mod crash;
 mod databases;

@@ -29,6 +29,9 @@ pub enum SandboxState {
     /// Being rebuilt from its golden by `reset`, keeping id, address and
     /// credential; a daemon that dies meanwhile completes the reset at start.
     Resetting,
+    /// Owned by a node of the cluster that stopped renewing its lease; only
+    /// ever shown by another node, never stored by the owner.
+    Lost,
 }
 
 impl SandboxState {
@@ -41,6 +44,7 @@ impl SandboxState {
             SandboxState::Pooled => "pooled",
             SandboxState::Suspended => "suspended",
             SandboxState::Resetting => "resetting",
+            SandboxState::Lost => "lost",
         }
     }
 
@@ -53,6 +57,7 @@ impl SandboxState {
             "pooled" => SandboxState::Pooled,
             "suspended" => SandboxState::Suspended,
             "resetting" => SandboxState::Resetting,
+            "lost" => SandboxState::Lost,
             _ => return None,
         })
     }
@@ -97,6 +102,9 @@ pub struct Sandbox {
     /// Seconds without a connection after which it is suspended; 0 never.
     #[serde(default)]
     pub idle_suspend_seconds: u64,
+    /// The cluster node that owns it (set only when the daemon is in a cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The postmaster's process id while running.
     #[serde(skip)]
     pub pid: Option<i32>,
@@ -149,6 +157,7 @@ impl Sandbox {
             expires_at: now.plus(ttl),
             access,
             idle_suspend_seconds: idle_suspend.as_secs(),
+            node: None,
             pid: None,
             uid: None,
             slot: None,

@@ -76,7 +76,7 @@ impl Store {
             golden,
             generation,
             reason: e.reason.map(str::to_owned),
-            detail: if e.detail.is_null() { serde_json::json!({}) } else { e.detail },
+            detail: with_node(if e.detail.is_null() { serde_json::json!({}) } else { e.detail }),
         }
     }
 
@@ -150,4 +150,12 @@ impl Store {
             .collect::<rusqlite::Result<_>>()?;
         Ok(rows)
     }
+}
+
+/// The detail with this daemon's cluster node named in it, when it is one.
+fn with_node(mut detail: serde_json::Value) -> serde_json::Value {
+    if let (Some(node), Some(fields)) = (airlock_core::events::NODE.get(), detail.as_object_mut()) {
+        fields.entry("node").or_insert_with(|| node.clone().into());
+    }
+    detail
 }

@@ -311,6 +311,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         labels: serde_json::from_str(&labels).unwrap_or_default(),
         created_at: Timestamp(r.get(6)?),
         expires_at: Timestamp(r.get(7)?),
+        node: None,
         pid: r.get(8)?,
         dsn: r.get(9)?,
         socket_dsn: None,

@@ -1,0 +1,439 @@
+//! A cluster on this machine: a real etcd, and three nodes, each a daemon in
+//! a network namespace of its own joined to the others by a bridge the test
+//! makes, each with its own data root and addresses.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::*;
+
+/// The lease TTL the nodes run with: short, so a lost node shows quickly.
+const LEASE: Duration = Duration::from_secs(3);
+
+/// A bridge, a namespace per node, and an etcd on the bridge; all removed on drop.
+struct Net {
+    bridge: String,
+    subnet: u32,
+    spaces: Vec<String>,
+    etcd: Option<Child>,
+    etcd_dir: PathBuf,
+    etcd_port: u16,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("ip runs");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl Net {
+    fn new(nodes: &[&str]) -> Net {
+        let subnet = 20 + (std::process::id() + counter()) % 200;
+        let bridge = format!("alb{subnet}");
+        let _ = Command::new("ip").args(["link", "del", &bridge]).output();
+        ip(&["link", "add", &bridge, "type", "bridge"]);
+        ip(&["addr", "add", &format!("10.231.{subnet}.1/24"), "dev", &bridge]);
+        ip(&["link", "set", &bridge, "up"]);
+        let mut spaces = Vec::new();
+        for (i, node) in nodes.iter().enumerate() {
+            let ns = format!("al{subnet}{node}");
+            let veth = format!("alv{subnet}{node}");
+            let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            ip(&["netns", "add", &ns]);
+            ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
+            ip(&["link", "set", &veth, "master", &bridge, "up"]);
+            ip(&["-n", &ns, "addr", "add", &format!("10.231.{subnet}.{}/24", 11 + i), "dev", "eth0"]);
+            ip(&["-n", &ns, "link", "set", "eth0", "up"]);
+            ip(&["-n", &ns, "link", "set", "lo", "up"]);
+            spaces.push(ns);
+        }
+        let etcd_dir = plain_base().join(format!("etcd-{}-{}", std::process::id(), counter()));
+        let mut net = Net { bridge, subnet, spaces, etcd: None, etcd_dir, etcd_port: 2379 };
+        net.start_etcd();
+        net
+    }
+
+    fn host(&self) -> String {
+        format!("10.231.{}.1", self.subnet)
+    }
+
+    /// The address node `i` advertises to its peers.
+    fn advertise(&self, i: usize) -> String {
+        format!("10.231.{}.{}:7440", self.subnet, 11 + i)
+    }
+
+    fn etcd_url(&self) -> String {
+        format!("http://{}:{}", self.host(), self.etcd_port)
+    }
+
+    fn start_etcd(&mut self) {
+        let client = self.etcd_url();
+        let peer = format!("http://127.0.0.1:{}", 23800 + self.subnet);
+        let child = Command::new("etcd")
+            .args(["--name", "t", "--data-dir"])
+            .arg(&self.etcd_dir)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("t={peer}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd runs (Debian's etcd-server)");
+        self.etcd = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let health = format!("{client}/health");
+        while !Command::new("curl")
+            .args(["-sf", "--max-time", "1", &health])
+            .output()
+            .unwrap()
+            .status
+            .success()
+        {
+            assert!(Instant::now() < deadline, "etcd did not answer at {client}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn stop_etcd(&mut self) {
+        if let Some(mut c) = self.etcd.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop_etcd();
+        for ns in &self.spaces {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+        let _ = Command::new("ip").args(["link", "del", &self.bridge]).output();
+        let _ = std::fs::remove_dir_all(&self.etcd_dir);
+    }
+}
+
+/// Runs the CLI on a data root with no daemon (cluster files only).
+fn offline(home: &Path, args: &[&str]) -> Value {
+    let out = Command::new(BIN).args(args).arg("--json").env("AIRLOCK_HOME", home).output().unwrap();
+    assert!(
+        out.status.success(),
+        "airlock {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A node's daemon, in its namespace, with its cluster flags.
+fn node(net: &Net, i: usize, name: &str, join: Option<&Path>, extra: &[&str]) -> Daemon {
+    let home = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home).unwrap();
+    node_at(net, i, name, home, join, extra)
+}
+
+fn node_at(net: &Net, i: usize, name: &str, home: PathBuf, join: Option<&Path>, extra: &[&str]) -> Daemon {
+    let mut args = vec![
+        "--cluster".to_string(),
+        net.etcd_url(),
+        "--node".into(),
+        name.into(),
+        "--advertise".into(),
+        net.advertise(i),
+        "--lease-ttl".into(),
+        format!("{}s", LEASE.as_secs()),
+        "--node-label".into(),
+        format!("zone={}", if i == 0 { "east" } else { "west" }),
+    ];
+    if let Some(token) = join {
+        args.push("--join".into());
+        args.push(token.to_str().unwrap().into());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut d = Daemon::unstarted(home, &args);
+    d.launch_script = Some(format!("exec ip netns exec {} \"$@\"", net.spaces[i]));
+    d.spawn();
+    d
+}
+
+fn names_of(list: &Value) -> Vec<(String, String, String)> {
+    let mut v: Vec<(String, String, String)> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                s["node"].as_str().unwrap_or("").to_owned(),
+                s["state"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// TLS to a node's peer port from the host, with curl: the status line, or the failure.
+fn curl_peer(net: &Net, i: usize, ca: &Path, identity: Option<(&Path, &Path)>) -> Result<String, String> {
+    let addr = net.advertise(i);
+    let host = addr.split(':').next().unwrap();
+    let mut cmd = Command::new("curl");
+    cmd.args(["-s", "--max-time", "5", "--cacert"]).arg(ca);
+    if let Some((cert, key)) = identity {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    cmd.arg(format!("https://{host}:7440/v1/health"));
+    let out = cmd.output().unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("curl exit {:?}", out.status.code()))
+    }
+}
+
+/// A token's certificate and key, written as files for curl.
+fn unpack_token(token_file: &Path, dir: &Path) -> (PathBuf, PathBuf) {
+    use base64::Engine;
+    let text = std::fs::read_to_string(token_file).unwrap();
+    let body = text.trim().strip_prefix("airlock-join-1.").unwrap();
+    let json: Value =
+        serde_json::from_slice(&base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(body).unwrap())
+            .unwrap();
+    let (cert, key) = (dir.join("peer.crt"), dir.join("peer.key"));
+    std::fs::write(&cert, json["cert"].as_str().unwrap()).unwrap();
+    std::fs::write(&key, json["key"].as_str().unwrap()).unwrap();
+    (cert, key)
+}
+
+#[test]
+fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_without_etcd() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let mut net = Net::new(&["a", "b", "c"]);
+    // The CA is made on a's data root; b and c join with tokens issued there.
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    let init = offline(&home_a, &["cluster", "init"]);
+    assert_eq!(init["fingerprint"].as_str().unwrap().len(), 64);
+    let tokens = home_a.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for (i, name) in [(1, "b"), (2, "c"), (0, "x")] {
+        let out = tokens.join(name);
+        offline(
+            &home_a,
+            &[
+                "cluster",
+                "token",
+                "--node",
+                name,
+                "--advertise",
+                &net.advertise(i),
+                "--out",
+                out.to_str().unwrap(),
+            ],
+        );
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "a token is a secret"
+        );
+    }
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &["--max-sandboxes", "1"]);
+    let b = node(&net, 1, "b", Some(&tokens.join("b")), &[]);
+    let c = node(&net, 2, "c", Some(&tokens.join("c")), &[]);
+    // A token is one node's: c's token does not make a node named d.
+    let mut d = Daemon::unstarted(
+        fresh_home(&cow_base().unwrap_or_else(plain_base)),
+        &[
+            "--cluster",
+            &net.etcd_url(),
+            "--node",
+            "d",
+            "--advertise",
+            &net.advertise(2),
+            "--join",
+            tokens.join("c").to_str().unwrap(),
+        ],
+    );
+    let refused = d.serve_fails();
+    assert!(refused.contains("node \"c\"'s, not \"d\"'s"), "{refused}");
+
+    // Node-to-node TLS: a peer must show a certificate of the cluster's CA.
+    let ca = home_a.join("cluster/ca.crt");
+    let (x_cert, x_key) = unpack_token(&tokens.join("x"), &tokens);
+    assert!(
+        curl_peer(&net, 1, &ca, Some((&x_cert, &x_key))).unwrap().contains("\"ok\":true"),
+        "a member's certificate is let in"
+    );
+    assert!(curl_peer(&net, 1, &ca, None).is_err(), "no client certificate: refused");
+    let foreign = plain_base().join(format!("foreign-{}-{}", std::process::id(), counter()));
+    std::fs::create_dir_all(&foreign).unwrap();
+    offline(&foreign, &["cluster", "init"]);
+    let foreign_token = foreign.join("t");
+    offline(
+        &foreign,
+        &[
+            "cluster",
+            "token",
+            "--node",
+            "b",
+            "--advertise",
+            &net.advertise(1),
+            "--out",
+            foreign_token.to_str().unwrap(),
+        ],
+    );
+    let (f_cert, f_key) = unpack_token(&foreign_token, &foreign);
+    assert!(
+        curl_peer(&net, 1, &ca, Some((&f_cert, &f_key))).is_err(),
+        "another CA's certificate, even named b: refused"
+    );
+    let _ = std::fs::remove_dir_all(&foreign);
+
+    // Goldens on a and b; c holds none, so what it is asked goes elsewhere.
+    a.shop("shop");
+    b.shop("shop");
+    let nodes = c.json(&["nodes"]);
+    let listed: Vec<(&str, &str)> = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| (n["name"].as_str().unwrap(), n["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(listed, vec![("a", "up"), ("b", "up"), ("c", "up")], "{nodes}");
+    c.wait_for(Duration::from_secs(10), "b to announce its golden", || {
+        c.json(&["nodes"])[1]["goldens"]["shop"].as_array().is_some_and(|g| !g.is_empty())
+    });
+    assert_eq!(nodes[0]["labels"]["zone"], "east");
+    assert!(
+        nodes[2]["free_memory_bytes"].as_u64().unwrap() > 0
+            && nodes[2]["free_disk_bytes"].as_u64().unwrap() > 0
+    );
+
+    // Placement: the first fork through a stays on a; a is then full, so the next lands on b.
+    let first = a.fork("shop", &["--name", "first"]);
+    assert_eq!(first["node"], "a", "{first}");
+    let second = a.fork("shop", &[]);
+    assert_eq!(second["node"], "b", "a fork through a full node lands on another: {second}");
+    let (first_id, second_id) =
+        (first["id"].as_str().unwrap().to_owned(), second["id"].as_str().unwrap().to_owned());
+    assert!(
+        second["dsn"].as_str().is_some_and(|d| d.contains(&second_id)),
+        "the answer comes back as if local"
+    );
+    let third = c.fork("shop", &["--node", "b", "--ttl", "1h"]);
+    assert_eq!(third["node"], "b");
+    let third_id = third["id"].as_str().unwrap().to_owned();
+    let (code, err) = c.fails(&["fork", "shop", "--node-label", "zone=north"]);
+    assert_eq!((code, err["code"].as_str().unwrap()), (19, "cluster_unavailable"), "{err}");
+    let (_, err) = c.fails(&["fork", "shop", "--name", "first"]);
+    assert_eq!(err["code"], "name_taken", "a name is the cluster's: {err}");
+
+    // Every node lists every sandbox, and answers for each one.
+    let from_c = names_of(&c.json(&["ls"]));
+    let mut want = vec![
+        (first_id.clone(), "a".to_string(), "running".to_string()),
+        (second_id.clone(), "b".into(), "running".into()),
+        (third_id.clone(), "b".into(), "running".into()),
+    ];
+    want.sort();
+    assert_eq!(from_c, want);
+    assert_eq!(names_of(&a.json(&["ls"])), want);
+    let shown = c.json(&["show", "first"]);
+    assert_eq!(shown["id"], first_id.as_str());
+    let (status, body) = c.api(
+        "POST",
+        &format!("/v1/sandboxes/{second_id}/sql"),
+        r#"{"sql":"DELETE FROM orders WHERE id <= 10"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = a.api(
+        "POST",
+        &format!("/v1/sandboxes/{second_id}/sql"),
+        r#"{"sql":"SELECT count(*) AS n FROM orders"}"#,
+    );
+    assert!(status == 200 && body.contains("990"), "the same sandbox from another node: {body}");
+    let extended = c.json(&["extend", &second_id, "--ttl", "2h"]);
+    assert_eq!(extended["id"], second_id.as_str());
+    let exec = c.exec(&second_id, "psql \"$DATABASE_URL\" -Atc 'SELECT count(*) FROM orders'", "30s");
+    assert_eq!(exec["stdout"].as_str().unwrap().trim(), "990", "{exec}");
+    c.ok(&["rm", &first_id]);
+    assert!(a.json(&["ls"]).as_array().unwrap().iter().all(|s| s["id"] != first_id.as_str()));
+    // b's records name the node that acted and the door a peer's request came through.
+    let events = b.json(&["events", "--sandbox", &second_id]);
+    let extend_event =
+        events.as_array().unwrap().iter().find(|e| e["kind"] == "extended").expect("an extended event");
+    assert_eq!(
+        (extend_event["door"].as_str(), extend_event["detail"]["node"].as_str()),
+        (Some("peer"), Some("b")),
+        "{extend_event}"
+    );
+
+    // b dies: within its lease TTL its sandboxes are lost, said once, and forks go elsewhere.
+    let mut b = b;
+    b.kill9();
+    let killed = Instant::now();
+    c.wait_for(LEASE + Duration::from_secs(3), "b's sandboxes to be reported lost", || {
+        names_of(&c.json(&["ls"])).iter().filter(|(_, n, s)| n == "b" && s == "lost").count() == 2
+    });
+    let took = killed.elapsed();
+    assert!(took <= LEASE + Duration::from_secs(3), "lost after {took:?}");
+    let (code, err) = c.fails(&["show", &second_id]);
+    assert_eq!((code, err["code"].as_str().unwrap()), (19, "sandbox_lost"), "{err}");
+    let nodes = a.json(&["nodes"]);
+    let b_node = nodes.as_array().unwrap().iter().find(|n| n["name"] == "b").unwrap();
+    assert_eq!((b_node["state"].as_str(), b_node["sandboxes"].as_u64()), (Some("lost"), Some(2)), "{nodes}");
+    let lost_events = || -> usize {
+        [&a, &c]
+            .iter()
+            .map(|n| {
+                n.json(&["events", "--sandbox", &second_id])
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|e| e["kind"] == "lost")
+                    .count()
+            })
+            .sum()
+    };
+    c.wait_for(Duration::from_secs(3), "a node to record the loss", || lost_events() > 0);
+    std::thread::sleep(LEASE / 2);
+    assert_eq!(lost_events(), 1, "one node says it, once");
+    let elsewhere = c.fork("shop", &[]);
+    assert_eq!(elsewhere["node"], "a", "{elsewhere}");
+
+    // b comes back: what it still holds is found again, running, with its TTL.
+    b.spawn();
+    c.wait_for(Duration::from_secs(15), "b's sandboxes to be back", || {
+        names_of(&c.json(&["ls"])).iter().filter(|(_, n, s)| n == "b" && s == "running").count() == 2
+    });
+    let back = b.json(&["events", "--sandbox", &third_id]);
+    assert!(
+        back.as_array().unwrap().iter().any(|e| e["kind"] == "reconciled" && e["detail"]["found"] == true),
+        "{back}"
+    );
+    let shown = c.json(&["show", &second_id]);
+    assert_eq!(shown["expires_at"], extended["expires_at"], "the TTL held through it");
+
+    // etcd gone: no node takes new work on a view that may be stale; nothing is lost.
+    net.stop_etcd();
+    a.wait_for(LEASE, "a to stop taking forks", || {
+        let out = a.cli(&["fork", "shop", "--json"]);
+        out.code == 19 && out.stdout.contains("cluster_unavailable")
+    });
+    net.start_etcd();
+    let before: Vec<String> = names_of(&c.json(&["ls"])).into_iter().map(|(id, _, _)| id).collect();
+    a.wait_for(Duration::from_secs(15), "a to take forks again", || {
+        a.cli(&["fork", "shop", "--json", "--node", "b"]).code == 0
+    });
+    let after: Vec<String> = names_of(&c.json(&["ls"])).into_iter().map(|(id, _, _)| id).collect();
+    assert!(before.iter().all(|id| after.contains(id)), "no sandbox lost: {before:?} → {after:?}");
+    assert!(names_of(&c.json(&["ls"])).iter().all(|(_, _, s)| s == "running"));
+    drop((a, b, c));
+}

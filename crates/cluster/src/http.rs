@@ -1,0 +1,81 @@
+//! One HTTP/1.1 exchange on a stream the caller opened: etcd's JSON gateway
+//! over TCP, and the node-to-node link over mutual TLS.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use airlock_core::error::{Error, ErrorCode, Result};
+
+/// What came back.
+#[derive(Debug)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// Its `content-type`, if it said one.
+    pub content_type: Option<String>,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+/// A request to send.
+pub struct Ask<'a> {
+    /// `GET`, `POST`, ...
+    pub method: &'a str,
+    /// The path and query.
+    pub path: &'a str,
+    /// Headers besides `host` and `content-type`.
+    pub headers: &'a [(&'a str, String)],
+    /// The body's `content-type`, when it has one.
+    pub content_type: Option<&'a str>,
+    /// The body (empty for none).
+    pub body: Bytes,
+}
+
+/// Sends `ask` on `io` and reads the whole answer, all within `limit`.
+pub async fn exchange<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Result<Answer>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let unreachable = |e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorCode::ClusterUnavailable,
+            format!("{whom} did not answer: {e}"),
+            "check that it runs and that this node reaches it",
+        )
+    };
+    let work = async {
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(&e))?;
+        let driver = tokio::spawn(connection);
+        let mut request =
+            hyper::Request::builder().method(ask.method).uri(ask.path).header("host", "airlock");
+        if let Some(kind) = ask.content_type {
+            request = request.header("content-type", kind);
+        }
+        for (name, value) in ask.headers {
+            request = request.header(*name, value.as_str());
+        }
+        let request = request
+            .body(Full::new(ask.body))
+            .map_err(|e| Error::internal(format!("a request to {whom} could not be made: {e}")))?;
+        let response = sender.send_request(request).await.map_err(|e| unreachable(&e))?;
+        let status = response.status().as_u16();
+        let content_type =
+            response.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let body = response.into_body().collect().await.map_err(|e| unreachable(&e))?.to_bytes();
+        drop(sender);
+        driver.abort();
+        Ok(Answer { status, content_type, body })
+    };
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(Error::new(
+            ErrorCode::ClusterUnavailable,
+            format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
+            "check that it runs and that this node reaches it",
+        ))
+    })
+}

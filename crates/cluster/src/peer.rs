@@ -1,0 +1,142 @@
+//! The node-to-node link: each node serves its API to its peers on
+//! `--advertise` over TLS 1.3, a client certificate from the cluster CA
+//! required; a request one node forwards to another goes over it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+use crate::http::{exchange, Answer, Ask};
+use crate::records::NodeRecord;
+use airlock_core::error::{Error, ErrorCode, Result};
+
+/// The header a forwarded request carries: the node that forwarded it. A
+/// request that has it is served where it arrives, never forwarded again.
+pub const FORWARDED_BY: &str = "x-airlock-forwarded-by";
+
+/// How long a peer has to finish its TLS handshake.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
+
+/// Handshakes under way at once; more wait in the listen backlog.
+const HANDSHAKES: usize = 64;
+
+/// Connections whose peer proved a certificate of the cluster's CA, for the
+/// API's HTTP server.
+pub struct PeerListener {
+    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl PeerListener {
+    /// Listens on `addr`; handshakes run beside each other, each within its limit.
+    pub async fn bind(addr: SocketAddr, config: Arc<rustls::ServerConfig>) -> Result<PeerListener> {
+        let listener = TcpListener::bind(addr).await.map_err(|e| {
+            Error::new(
+                ErrorCode::InvalidArguments,
+                format!("the node-to-node address {addr} cannot be had: {e}"),
+                "give --advertise an address of this host and a free port",
+            )
+        })?;
+        let local = listener.local_addr()?;
+        let (tx, accepted) = mpsc::channel(HANDSHAKES);
+        let acceptor = TlsAcceptor::from(config);
+        let room = Arc::new(Semaphore::new(HANDSHAKES));
+        tokio::spawn(async move {
+            loop {
+                let Ok(permit) = room.clone().acquire_owned().await else { return };
+                let (tcp, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the node-to-node listener could not accept");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let _permit = permit;
+                    let _ = tcp.set_nodelay(true);
+                    match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => tracing::warn!(%peer, error = %e, "refused a node-to-node connection"),
+                        Err(_) => tracing::warn!(%peer, "a node-to-node handshake took too long"),
+                    }
+                });
+            }
+        });
+        Ok(PeerListener { accepted, local })
+    }
+}
+
+impl axum::serve::Listener for PeerListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.accepted.recv().await {
+            Some(accepted) => accepted,
+            // The acceptor ended (its runtime is stopping): nothing more comes.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// This node as a client of its peers.
+pub struct Peers {
+    connector: TlsConnector,
+    /// This node's name, sent with what it forwards.
+    me: String,
+}
+
+impl Peers {
+    /// A client with this node's identity.
+    pub fn new(config: Arc<rustls::ClientConfig>, me: &str) -> Peers {
+        Peers { connector: TlsConnector::from(config), me: me.to_owned() }
+    }
+
+    /// Sends a request to `node`'s API and brings its answer back whatever its status.
+    pub async fn send(
+        &self,
+        node: &NodeRecord,
+        method: &str,
+        path: &str,
+        content_type: Option<&str>,
+        body: Bytes,
+        limit: Duration,
+    ) -> Result<Answer> {
+        let unreachable = |why: String| {
+            Error::new(
+                ErrorCode::ClusterUnavailable,
+                format!("node {} could not be reached at {}: {why}", node.name, node.advertise),
+                "check that its daemon runs and that this node reaches its --advertise address; `airlock nodes` lists the nodes",
+            )
+        };
+        let host = crate::ca::host_of(&node.advertise)?;
+        let server_name =
+            rustls::pki_types::ServerName::try_from(host).map_err(|e| unreachable(e.to_string()))?;
+        let tcp = tokio::time::timeout(HANDSHAKE_LIMIT, TcpStream::connect(&node.advertise))
+            .await
+            .map_err(|_| unreachable("no connection within 5s".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let tls = tokio::time::timeout(HANDSHAKE_LIMIT, self.connector.connect(server_name, tcp))
+            .await
+            .map_err(|_| unreachable("no TLS handshake within 5s".into()))?
+            .map_err(|e| unreachable(e.to_string()))?;
+        let headers = [(FORWARDED_BY, self.me.clone())];
+        let ask = Ask { method, path, headers: &headers, content_type, body };
+        exchange(tls, ask, limit, &format!("node {}", node.name)).await
+    }
+}
