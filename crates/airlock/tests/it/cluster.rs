@@ -18,9 +18,9 @@ struct Net {
     bridge: String,
     subnet: u32,
     spaces: Vec<String>,
-    etcd: Option<Child>,
+    /// Each etcd member's process while it runs.
+    etcd: Vec<Option<Child>>,
     etcd_dir: PathBuf,
-    etcd_port: u16,
 }
 
 fn ip(args: &[&str]) {
@@ -30,6 +30,11 @@ fn ip(args: &[&str]) {
 
 impl Net {
     fn new(nodes: &[&str]) -> Net {
+        Net::with_members(nodes, 1)
+    }
+
+    /// A net whose etcd has `members` members.
+    fn with_members(nodes: &[&str], members: usize) -> Net {
         let subnet = 20 + (std::process::id() + counter()) % 200;
         let bridge = format!("alb{subnet}");
         let _ = Command::new("ip").args(["link", "del", &bridge]).output();
@@ -50,8 +55,13 @@ impl Net {
             spaces.push(ns);
         }
         let etcd_dir = plain_base().join(format!("etcd-{}-{}", std::process::id(), counter()));
-        let mut net = Net { bridge, subnet, spaces, etcd: None, etcd_dir, etcd_port: 2379 };
-        net.start_etcd();
+        let mut net = Net { bridge, subnet, spaces, etcd: (0..members).map(|_| None).collect(), etcd_dir };
+        for k in 0..members {
+            net.start_member(k, false);
+        }
+        for k in 0..members {
+            net.wait_member(k);
+        }
         net
     }
 
@@ -64,26 +74,43 @@ impl Net {
         format!("10.231.{}.{}:7440", self.subnet, 11 + i)
     }
 
-    fn etcd_url(&self) -> String {
-        format!("http://{}:{}", self.host(), self.etcd_port)
+    /// Member `k`'s client URL.
+    fn member_url(&self, k: usize) -> String {
+        format!("http://{}:{}", self.host(), 2379 + 10 * k)
     }
 
-    fn start_etcd(&mut self) {
-        let client = self.etcd_url();
-        let peer = format!("http://127.0.0.1:{}", 23800 + self.subnet);
-        let child = Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
-            .arg(&self.etcd_dir)
+    /// Every member's client URL, as `--cluster` takes them.
+    fn etcd_url(&self) -> String {
+        (0..self.etcd.len()).map(|k| self.member_url(k)).collect::<Vec<_>>().join(",")
+    }
+
+    fn peer_url(&self, k: usize) -> String {
+        format!("http://127.0.0.1:{}", 23800 + 10 * self.subnet + k as u32)
+    }
+
+    /// Starts member `k` (again, keeping its data, when `again`).
+    fn start_member(&mut self, k: usize, again: bool) {
+        let client = self.member_url(k);
+        let peer = self.peer_url(k);
+        let initial =
+            (0..self.etcd.len()).map(|j| format!("m{j}={}", self.peer_url(j))).collect::<Vec<_>>().join(",");
+        let mut cmd = Command::new("etcd");
+        cmd.args(["--name", &format!("m{k}"), "--data-dir"])
+            .arg(self.etcd_dir.join(format!("m{k}")))
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("t={peer}")])
+            .args(["--initial-cluster", &initial, "--initial-cluster-token", &format!("t{}", self.subnet)])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd runs (Debian's etcd-server)");
-        self.etcd = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let health = format!("{client}/health");
+            .stderr(Stdio::null());
+        if again {
+            cmd.args(["--initial-cluster-state", "existing"]);
+        }
+        self.etcd[k] = Some(cmd.spawn().expect("etcd runs (Debian's etcd-server)"));
+    }
+
+    fn wait_member(&self, k: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let health = format!("{}/health", self.member_url(k));
         while !Command::new("curl")
             .args(["-sf", "--max-time", "1", &health])
             .output()
@@ -91,15 +118,42 @@ impl Net {
             .status
             .success()
         {
-            assert!(Instant::now() < deadline, "etcd did not answer at {client}");
+            assert!(Instant::now() < deadline, "etcd member {k} did not answer");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    fn stop_etcd(&mut self) {
-        if let Some(mut c) = self.etcd.take() {
+    fn stop_member(&mut self, k: usize) {
+        if let Some(mut c) = self.etcd[k].take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+
+    /// The member that leads now.
+    fn leader(&self) -> usize {
+        (0..self.etcd.len())
+            .find(|k| {
+                let url = format!("{}/v3/maintenance/status", self.member_url(*k));
+                let out = Command::new("curl")
+                    .args(["-s", "--max-time", "2", "-X", "POST", "-d", "{}", &url])
+                    .output()
+                    .unwrap();
+                let status: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+                status["leader"].is_string() && status["leader"] == status["header"]["member_id"]
+            })
+            .expect("a leader")
+    }
+
+    /// Starts a one-member etcd again, with its data.
+    fn start_etcd(&mut self) {
+        self.start_member(0, true);
+        self.wait_member(0);
+    }
+
+    fn stop_etcd(&mut self) {
+        for k in 0..self.etcd.len() {
+            self.stop_member(k);
         }
     }
 }
@@ -436,4 +490,75 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     assert!(before.iter().all(|id| after.contains(id)), "no sandbox lost: {before:?} → {after:?}");
     assert!(names_of(&c.json(&["ls"])).iter().all(|(_, _, s)| s == "running"));
     drop((a, b, c));
+}
+
+#[test]
+fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let mut net = Net::with_members(&["a", "b"], 3);
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let token = home_a.join("b.token");
+    offline(
+        &home_a,
+        &[
+            "cluster",
+            "token",
+            "--node",
+            "b",
+            "--advertise",
+            &net.advertise(1),
+            "--out",
+            token.to_str().unwrap(),
+        ],
+    );
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
+    let b = node(&net, 1, "b", Some(&token), &[]);
+    b.shop("shop");
+    let mut made = Vec::new();
+    for round in 0..6 {
+        if round == 2 {
+            // The leader goes while forks go on; the other two elect another.
+            let leader = net.leader();
+            net.stop_member(leader);
+        }
+        if round == 4 {
+            // Every member back: the one stopped rejoins with its data.
+            let stopped = (0..3).find(|k| net.etcd[*k].is_none()).unwrap();
+            net.start_member(stopped, true);
+            net.wait_member(stopped);
+        }
+        let started = Instant::now();
+        let forked = loop {
+            let out = a.cli(&["fork", "shop", "--json"]);
+            if out.code == 0 {
+                break serde_json::from_str::<Value>(&out.stdout).unwrap();
+            }
+            assert!(started.elapsed() < Duration::from_secs(15), "forks stopped for good: {out:?}");
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        assert_eq!(forked["node"], "b");
+        made.push(forked["id"].as_str().unwrap().to_owned());
+    }
+    // No node was counted lost, and every sandbox is listed, running, from both nodes.
+    std::thread::sleep(LEASE);
+    for n in [&a, &b] {
+        let listed = names_of(&n.json(&["ls"]));
+        assert_eq!(listed.len(), made.len(), "{listed:?}");
+        assert!(
+            listed.iter().all(|(id, node, state)| made.contains(id) && node == "b" && state == "running"),
+            "{listed:?}"
+        );
+        let nodes = n.json(&["nodes"]);
+        assert!(nodes.as_array().unwrap().iter().all(|n| n["state"] == "up"), "{nodes}");
+    }
+    let events = b.json(&["events", "--limit", "1000"]);
+    assert!(
+        !events.as_array().unwrap().iter().any(|e| e["kind"] == "lost" || e["kind"] == "reconciled"),
+        "{events}"
+    );
 }
