@@ -31,6 +31,7 @@ bench: build
 	@scripts/bench-density.sh
 	@scripts/bench-live.sh
 	@scripts/bench-masking.sh
+	@scripts/bench-cluster.sh
 
 clean:
 	cargo clean

@@ -66,6 +66,8 @@ pub struct Cluster {
     published: Mutex<BTreeMap<String, SandboxRecord>>,
     /// Serializes publishing (the loop's and a fork's).
     publishing: tokio::sync::Mutex<()>,
+    /// What the last look for lost sandboxes saw.
+    lost_watch: Mutex<membership::LostWatch>,
 }
 
 /// Where a request for one sandbox goes.
@@ -94,6 +96,7 @@ impl Cluster {
             in_touch: AtomicBool::new(false),
             published: Mutex::new(BTreeMap::new()),
             publishing: tokio::sync::Mutex::new(()),
+            lost_watch: Mutex::new(Default::default()),
         });
         let _ = airlock_core::events::NODE.set(cluster.settings.node.clone());
         if let Some(other) =

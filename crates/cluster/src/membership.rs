@@ -203,11 +203,38 @@ pub async fn sync(cluster: &Cluster, reconcile: bool) -> Result<()> {
     Ok(())
 }
 
+/// How often every sandbox record is read even when no node went.
+const FULL_SCAN_EVERY: Duration = Duration::from_secs(60);
+
+/// What the last look for lost sandboxes saw.
+#[derive(Default)]
+pub(crate) struct LostWatch {
+    /// The nodes up then.
+    up: BTreeSet<String>,
+    /// When every sandbox record was last read.
+    scanned: Option<Instant>,
+}
+
 /// Reports each sandbox whose node's lease expired, once across the cluster;
 /// withdraws the records of lost sandboxes a lease past their expiry (their
 /// node deletes them when it returns, its reaper's TTL being its own).
+///
+/// Every sandbox record is read only when a node this one saw up is gone,
+/// and once a minute besides (for records to withdraw, and losses it missed
+/// while it was itself away): a round costs one read of the nodes' records
+/// otherwise, whatever the number of sandboxes.
 async fn report_lost(cluster: &Cluster) -> Result<()> {
     let up: BTreeSet<String> = cluster.coordinator.nodes().await?.into_iter().map(|n| n.name).collect();
+    {
+        let watch = cluster.lost_watch.lock().unwrap_or_else(|p| p.into_inner());
+        let someone_gone = watch.up.iter().any(|n| !up.contains(n));
+        let recent = watch.scanned.is_some_and(|at| at.elapsed() < FULL_SCAN_EVERY);
+        if !someone_gone && recent {
+            drop(watch);
+            cluster.lost_watch.lock().unwrap_or_else(|p| p.into_inner()).up = up;
+            return Ok(());
+        }
+    }
     let now = Timestamp::now();
     let grace = cluster.settings.lease_ttl.as_millis() as i64;
     for placed in cluster.coordinator.placed().await? {
@@ -233,6 +260,8 @@ async fn report_lost(cluster: &Cluster) -> Result<()> {
             );
         }
     }
+    *cluster.lost_watch.lock().unwrap_or_else(|p| p.into_inner()) =
+        LostWatch { up, scanned: Some(Instant::now()) };
     Ok(())
 }
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Cross-node against local, in one run, on this host: two nodes (each a daemon
+# in a network namespace of its own on a bridge), one etcd. From node a's CLI,
+# interleaved: a fork placed on a (local) and one placed on b (forwarded over
+# the node-to-node TLS link), each to its first answer (a query through the
+# API of node a), then deleted; and `show` of a sandbox on a and of one on b.
+# Usage: scripts/bench-cluster.sh [PAIRS]   (as root; uses target/release/airlock)
+set -euo pipefail
+pairs=${1:-30}
+bin=$(realpath target/release/airlock)
+[ "$(id -u)" -eq 0 ] || { echo "needs root (network namespaces)" >&2; exit 1; }
+command -v etcd >/dev/null || { echo "needs etcd (apt-get install etcd-server)" >&2; exit 1; }
+n=$((200 + RANDOM % 50)); br=albench$n; work=$(mktemp -d /var/lib/airlock-bench-cluster.XXXX); chmod 0755 "$work"
+cleanup() {
+  for h in "$work"/a "$work"/b; do AIRLOCK_HOME=$h "$bin" daemon stop --with-router >/dev/null 2>&1 || true; done
+  sleep 1; pkill -f "$work" >/dev/null 2>&1 || true; kill "${etcd_pid:-0}" 2>/dev/null || true
+  ip netns del al${n}a 2>/dev/null || true; ip netns del al${n}b 2>/dev/null || true; ip link del "$br" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+ip link add "$br" type bridge; ip addr add 10.231.$n.1/24 dev "$br"; ip link set "$br" up
+i=11
+for node in a b; do
+  ip netns add al$n$node
+  ip link add alv$n$node type veth peer name eth0 netns al$n$node
+  ip link set alv$n$node master "$br" up
+  ip -n al$n$node addr add 10.231.$n.$i/24 dev eth0; ip -n al$n$node link set eth0 up; ip -n al$n$node link set lo up
+  i=$((i + 1))
+done
+etcd --name b --data-dir "$work/etcd" --listen-client-urls http://10.231.$n.1:2379 --advertise-client-urls http://10.231.$n.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2$n --initial-advertise-peer-urls http://127.0.0.1:2$n --initial-cluster b=http://127.0.0.1:2$n >/dev/null 2>&1 &
+etcd_pid=$!
+until curl -sf http://10.231.$n.1:2379/health >/dev/null; do sleep 0.1; done
+mkdir -p "$work/a" "$work/b"
+AIRLOCK_HOME=$work/a "$bin" cluster init >/dev/null
+AIRLOCK_HOME=$work/a "$bin" cluster token --node b --advertise 10.231.$n.12:7440 --out "$work/b.token" >/dev/null
+start() { # node ip-suffix extra...
+  local node=$1 ip=$2; shift 2
+  AIRLOCK_HOME=$work/$node AIRLOCK_ROUTER=127.0.0.1:0 AIRLOCK_REDIS_ROUTER=off AIRLOCK_GATEWAY=off \
+    setsid ip netns exec al$n$node "$bin" serve --cluster http://10.231.$n.1:2379 --node "$node" \
+    --advertise 10.231.$n.$ip:7440 "$@" >"$work/$node.log" 2>&1 &
+  until [ -S "$work/$node/airlock.sock" ]; do sleep 0.1; done
+}
+start a 11
+start b 12 --join "$work/b.token"
+printf 'CREATE TABLE orders (id int PRIMARY KEY, total numeric);\n' >"$work/schema.sql"
+printf 'INSERT INTO orders SELECT g, g FROM generate_series(1, 1000) g;\n' >"$work/seed.sql"
+for node in a b; do AIRLOCK_HOME=$work/$node "$bin" golden create shop --schema "$work/schema.sql" --seed "$work/seed.sql" >/dev/null; done
+sleep 3 # b's golden announced
+AIRLOCK_HOME=$work/a BIN=$bin PAIRS=$pairs python3 - <<'PY'
+import json, os, subprocess, time, statistics
+bin, pairs, home = os.environ["BIN"], int(os.environ["PAIRS"]), os.environ["AIRLOCK_HOME"]
+sock = home + "/airlock.sock"
+def cli(*args):
+    out = subprocess.run([bin, *args, "--json"], capture_output=True, text=True)
+    if out.returncode: raise SystemExit(f"airlock {args}: {out.stdout}{out.stderr}")
+    return json.loads(out.stdout) if out.stdout.strip() else None
+def sql(sid):
+    out = subprocess.run(["curl", "-sf", "--unix-socket", sock, "-X", "POST", "-H", "content-type: application/json",
+                          "-d", '{"sql":"SELECT count(*) FROM orders"}', f"http://x/v1/sandboxes/{sid}/sql"], capture_output=True, text=True)
+    if out.returncode or "1000" not in out.stdout: raise SystemExit(f"sql: {out.stdout}")
+def fork_to_answer(node):
+    t = time.perf_counter(); sb = cli("fork", "shop", "--node", node); sql(sb["id"]); took = time.perf_counter() - t
+    assert sb["node"] == node, sb
+    cli("rm", sb["id"]); return took
+keep = {n: cli("fork", "shop", "--node", n, "--ttl", "1h")["id"] for n in "ab"}
+def show(node):
+    t = time.perf_counter(); cli("show", keep[node]); return time.perf_counter() - t
+res = {k: [] for k in ["fork_local", "fork_cross", "show_local", "show_cross"]}
+for i in range(pairs + 2):
+    for kind, node in [("local", "a"), ("cross", "b")] if i % 2 == 0 else [("cross", "b"), ("local", "a")]:
+        f, s = fork_to_answer(node), show(node)
+        if i >= 2:  # two warm-up pairs
+            res["fork_" + kind].append(f); res["show_" + kind].append(s)
+def p(xs, q): xs = sorted(xs); return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+print(f"pairs: {pairs} (after 2 warm-up pairs), interleaved; times in ms")
+for k, xs in res.items():
+    print(f"{k:11} median {statistics.median(xs)*1000:7.1f}  p99 {p(xs, .99)*1000:7.1f}")
+ratio = [c / l for c, l in zip(res["fork_cross"], res["fork_local"])]
+print(f"cross/local fork to first answer, pair by pair: median {statistics.median(ratio):.2f}x")
+hop = [c - l for c, l in zip(res["show_cross"], res["show_local"])]
+print(f"the forwarding hop (show cross - show local): median {statistics.median(hop)*1000:.1f} ms")
+PY
