@@ -14,18 +14,13 @@ GOLDENS="imp-serial-1 imp-serial-2 imp-parallel-1 imp-parallel-2"
 source scripts/bench-lib.sh
 src=/var/lib/airlock-bench-import-src
 cleanup() {
-  [ -d "$src/data" ] && runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$src"
+  bench_source_stop
   bench_cleanup
 }
 trap cleanup EXIT
 cleanup
 airlock storage init --size 40G >/dev/null
-mkdir -p "$src" && chown airlock "$src"
-runuser -u airlock -- "$pgbin/initdb" -D "$src/data" -U postgres --auth=trust >/dev/null
-runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -l "$src/log" -w start \
-  -o "-k $src -c listen_addresses= -c port=5432 -c max_wal_size=4GB" >/dev/null
-"$pgbin/psql" -XqAt -h "$src" -U postgres -c "CREATE DATABASE source" postgres
+bench_source_start
 "$pgbin/pgbench" -q -i -s "$scale" -h "$src" -U postgres source >/dev/null 2>&1
 bytes=$("$pgbin/psql" -XqAt -h "$src" -U postgres -c "SELECT pg_database_size('source')" source)
 dsn="postgresql://postgres@/source?host=$src"

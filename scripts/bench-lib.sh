@@ -34,3 +34,18 @@ sandbox_pss_kb() {
   done
   echo "$total"
 }
+
+# A source PostgreSQL for imports, in $src (set by the script), run as the
+# airlock user on a private socket, with an empty database `source`; and its
+# clean-up, for the script's own cleanup.
+bench_source_stop() {
+  [ -d "$src/data" ] && runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$src"
+}
+bench_source_start() {
+  mkdir -p "$src" && chown airlock "$src"
+  runuser -u airlock -- "$pgbin/initdb" -D "$src/data" -U postgres --auth=trust >/dev/null
+  runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -l "$src/log" -w start \
+    -o "-k $src -c listen_addresses= -c port=5432 -c max_wal_size=4GB" >/dev/null
+  "$pgbin/psql" -XqAt -h "$src" -U postgres -c "CREATE DATABASE source" postgres
+}

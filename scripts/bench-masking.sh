@@ -17,19 +17,14 @@ GOLDENS="plain-1 plain-2 masked-1 masked-2 slice"
 source scripts/bench-lib.sh
 src=/var/lib/airlock-bench-masking-src
 cleanup() {
-  [ -d "$src/data" ] && runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$src"
+  bench_source_stop
   bench_cleanup
 }
 trap cleanup EXIT
 cleanup
 airlock storage init --size 40G >/dev/null
-mkdir -p "$src" && chown airlock "$src"
-runuser -u airlock -- "$pgbin/initdb" -D "$src/data" -U postgres --auth=trust >/dev/null
-runuser -u airlock -- "$pgbin/pg_ctl" -D "$src/data" -l "$src/log" -w start \
-  -o "-k $src -c listen_addresses= -c port=5432 -c max_wal_size=4GB" >/dev/null
+bench_source_start
 psql_src() { "$pgbin/psql" -XqAt -h "$src" -U postgres "$@" source; }
-"$pgbin/psql" -XqAt -h "$src" -U postgres -c "CREATE DATABASE source" postgres
 "$pgbin/pgbench" -q -i --foreign-keys -s "$scale" -h "$src" -U postgres source >/dev/null 2>&1
 psql_src -c "
 CREATE TABLE customers (id bigint PRIMARY KEY, email text NOT NULL UNIQUE, full_name text NOT NULL,

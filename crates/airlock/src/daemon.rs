@@ -110,7 +110,7 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     let peers = match &cluster {
         Some(cluster) => {
             let addr = resolve(&cluster.settings.advertise)?;
-            let listener = airlock_cluster::peer::PeerListener::bind(addr, cluster.server_config()?).await?;
+            let listener = airlock_cluster::peer::PeerListener::bind(addr, cluster.server_config()).await?;
             tracing::info!(%addr, node = %cluster.name(), "serving the cluster's nodes (mutual TLS)");
             Some(listener)
         }
@@ -167,9 +167,11 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
 
     let peer_server = peers.map(|listener| {
         let signal = stopped_signal(stopped.clone());
+        // Only here are requests marked as a peer's: served, never forwarded again.
+        let app = api::router(state.clone()).layer(axum::middleware::from_fn(api::cluster::from_peer));
         tokio::spawn(airlock_listen::serve::serve(
             listener,
-            api::router(state.clone()),
+            app,
             airlock_listen::serve::Bounds::default(),
             signal,
         ))

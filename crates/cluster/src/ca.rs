@@ -94,12 +94,17 @@ struct Token {
 /// Issues `node`'s certificate (naming it and `advertise`'s address) with
 /// the CA in `dir`; returns the join token, a secret.
 pub fn token(dir: &Path, node: &str, advertise: &str) -> Result<String> {
+    let token = issued(dir, node, advertise)?;
+    Ok(format!("{TOKEN_PREFIX}{}", B64.encode(serde_json::to_vec(&token).unwrap_or_default())))
+}
+
+/// `node`'s certificate and key, issued with the CA in `dir`.
+fn issued(dir: &Path, node: &str, advertise: &str) -> Result<Token> {
     let files = Files { dir: dir.to_owned() };
     let ca_pem = std::fs::read_to_string(files.ca_cert()).map_err(|_| no_ca(dir))?;
     let ca_key = std::fs::read_to_string(files.ca_key()).map_err(|_| no_ca(dir))?;
     let (cert, key) = issue(&ca_key, node, advertise)?;
-    let token = Token { node: node.to_owned(), ca: ca_pem, cert, key };
-    Ok(format!("{TOKEN_PREFIX}{}", B64.encode(serde_json::to_vec(&token).unwrap_or_default())))
+    Ok(Token { node: node.to_owned(), ca: ca_pem, cert, key })
 }
 
 fn no_ca(dir: &Path) -> Error {
@@ -164,6 +169,11 @@ pub fn join(dir: &Path, token: &str, node: &str) -> Result<()> {
             "give --node the name the token was issued for, or issue a token for this name",
         ));
     }
+    install(dir, &token)
+}
+
+/// Writes a token's files into `dir` (a CA certificate there must be the token's).
+fn install(dir: &Path, token: &Token) -> Result<()> {
     let files = Files { dir: dir.to_owned() };
     private_dir(dir)?;
     if files.ca_cert().exists() && std::fs::read_to_string(files.ca_cert())? != token.ca {
@@ -176,7 +186,7 @@ pub fn join(dir: &Path, token: &str, node: &str) -> Result<()> {
     write_private(&files.ca_cert(), token.ca.as_bytes())?;
     write_private(&files.node_key(), token.key.as_bytes())?;
     write_private(&files.node_cert(), token.cert.as_bytes())?;
-    write_private(&files.node_name(), node.as_bytes())?;
+    write_private(&files.node_name(), token.node.as_bytes())?;
     Ok(())
 }
 
@@ -193,8 +203,7 @@ impl Identity {
     pub fn load(dir: &Path, node: &str, advertise: &str) -> Result<Identity> {
         let files = Files { dir: dir.to_owned() };
         if !files.node_cert().exists() && files.ca_key().exists() {
-            let join_token = token(dir, node, advertise)?;
-            join(dir, &join_token, node)?;
+            install(dir, &issued(dir, node, advertise)?)?;
         }
         let missing = || {
             Error::new(
@@ -279,13 +288,5 @@ fn private_dir(dir: &Path) -> Result<()> {
 
 /// Writes a file only its owner reads, whole or not at all.
 fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(tmp, path)?;
-    Ok(())
+    Ok(airlock_host::storage::tree::write_private(path, bytes, 0o600)?)
 }

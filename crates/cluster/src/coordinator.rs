@@ -20,8 +20,6 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn lease(&self, ttl: Duration) -> Result<Lease>;
     /// Renews it; false once it has expired (the node must join again).
     async fn renew(&self, lease: Lease) -> Result<bool>;
-    /// Gives it up, and with it everything announced under it.
-    async fn release(&self, lease: Lease) -> Result<()>;
     /// Says what a node is and holds, under its lease.
     async fn announce(&self, lease: Lease, node: &NodeRecord) -> Result<()>;
     /// Every node whose lease holds.
@@ -100,10 +98,6 @@ impl Coordinator for EtcdCoordinator {
 
     async fn renew(&self, lease: Lease) -> Result<bool> {
         Ok(self.etcd.keep_alive(lease.0).await? > 0)
-    }
-
-    async fn release(&self, lease: Lease) -> Result<()> {
-        self.etcd.revoke(lease.0).await
     }
 
     async fn announce(&self, lease: Lease, node: &NodeRecord) -> Result<()> {

@@ -81,7 +81,6 @@ impl Etcd {
             let ask = Ask {
                 method: "POST",
                 path,
-                headers: &[],
                 content_type: Some("application/json"),
                 body: body.to_string().into(),
             };
@@ -120,11 +119,6 @@ impl Etcd {
     pub async fn keep_alive(&self, lease: i64) -> Result<i64> {
         let answer = self.call("/v3/lease/keepalive", json!({ "ID": lease.to_string() })).await?;
         Ok(int(&answer["result"]["TTL"]).unwrap_or(0))
-    }
-
-    /// Ends a lease now, and with it every key it holds.
-    pub async fn revoke(&self, lease: i64) -> Result<()> {
-        self.call("/v3/lease/revoke", json!({ "ID": lease.to_string() })).await.map(drop)
     }
 
     /// Sets `key`, bound to `lease` when given (it goes when the lease does).

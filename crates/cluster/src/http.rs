@@ -27,8 +27,6 @@ pub struct Ask<'a> {
     pub method: &'a str,
     /// The path and query.
     pub path: &'a str,
-    /// Headers besides `host` and `content-type`.
-    pub headers: &'a [(&'a str, String)],
     /// The body's `content-type`, when it has one.
     pub content_type: Option<&'a str>,
     /// The body (empty for none).
@@ -55,9 +53,6 @@ where
             hyper::Request::builder().method(ask.method).uri(ask.path).header("host", "airlock");
         if let Some(kind) = ask.content_type {
             request = request.header("content-type", kind);
-        }
-        for (name, value) in ask.headers {
-            request = request.header(*name, value.as_str());
         }
         let request = request
             .body(Full::new(ask.body))

@@ -58,6 +58,8 @@ pub struct Cluster {
     engine: Arc<Engine>,
     coordinator: Arc<dyn Coordinator>,
     peers: peer::Peers,
+    /// What this node's peer listener serves with.
+    server_config: Arc<rustls::ServerConfig>,
     /// The lease while it holds; None while the node (re)joins.
     lease: Mutex<Option<Lease>>,
     /// Whether the node is in touch with the coordinator (renewed recently).
@@ -88,7 +90,8 @@ impl Cluster {
         let identity = ca::Identity::load(&engine.layout.cluster(), &settings.node, &settings.advertise)?;
         let coordinator: Arc<dyn Coordinator> = Arc::new(coordinator::EtcdCoordinator::new(&settings.etcd)?);
         let cluster = Arc::new(Cluster {
-            peers: peer::Peers::new(identity.client_config()?, &settings.node),
+            peers: peer::Peers::new(identity.client_config()?),
+            server_config: identity.server_config()?,
             settings,
             engine,
             coordinator,
@@ -118,9 +121,8 @@ impl Cluster {
     }
 
     /// The TLS settings of this node's peer listener.
-    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
-        ca::Identity::load(&self.engine.layout.cluster(), &self.settings.node, &self.settings.advertise)?
-            .server_config()
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server_config.clone()
     }
 
     /// This node's name.
@@ -141,35 +143,28 @@ impl Cluster {
         ))
     }
 
-    /// Every node whose lease holds, this one as it is now, and nodes that
-    /// still own sandboxes but whose lease expired (state `lost`).
-    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+    /// Every node whose lease holds, with this one as it is now.
+    async fn up(&self) -> Result<Vec<NodeRecord>> {
         let mut nodes = self.coordinator.nodes().await?;
         let me = membership::describe(self);
         nodes.retain(|n| n.name != me.name);
         nodes.push(me);
+        Ok(nodes)
+    }
+
+    /// The nodes that are up, and those that still own sandboxes but whose
+    /// lease expired (state `lost`), by name.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let mut nodes = self.up().await?;
         let known: std::collections::BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let mut lost: BTreeMap<String, NodeRecord> = BTreeMap::new();
         for placed in self.coordinator.placed().await? {
             if placed.alive || known.contains(&placed.record.node) {
                 continue;
             }
-            let node = lost.entry(placed.record.node.clone()).or_insert_with(|| NodeRecord {
-                name: placed.record.node.clone(),
-                state: "lost".into(),
-                advertise: String::new(),
-                router: None,
-                labels: BTreeMap::new(),
-                running: 0,
-                sandboxes: 0,
-                max_sandboxes: 0,
-                max_running: 0,
-                free_memory_bytes: 0,
-                free_disk_bytes: 0,
-                goldens: BTreeMap::new(),
-                version: String::new(),
-                updated_at: placed.record.created_at,
-            });
+            let node = lost
+                .entry(placed.record.node.clone())
+                .or_insert_with(|| NodeRecord::lost(&placed.record.node, placed.record.created_at));
             node.sandboxes += 1;
         }
         nodes.extend(lost.into_values());
@@ -180,13 +175,17 @@ impl Cluster {
     /// Where a fork goes: this node, or a peer (see [`placement`]).
     pub async fn place(&self, want: &placement::Want) -> Result<placement::Choice> {
         self.check_in_touch()?;
-        let nodes = self.nodes().await?;
-        placement::choose(&nodes, want, &self.settings.node)
+        // The nodes' records only: placing a fork reads no sandbox record.
+        placement::choose(&self.up().await?, want, &self.settings.node)
     }
 
     /// Who holds the sandbox `key` (an id or a name).
     pub async fn owner(&self, key: &str) -> Result<Owner> {
-        if self.engine.store().sandbox(key).is_ok() {
+        // A key no id or name could be (a `/` would reach other records'
+        // keys) is never looked up in the coordinator: here answers it.
+        let plausible =
+            !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !plausible || self.engine.store().sandbox(key).is_ok() {
             return Ok(Owner::Here);
         }
         let Some(Placed { record, alive, .. }) = self.coordinator.find(key).await? else {
@@ -202,11 +201,6 @@ impl Cluster {
             Some(node) => Ok(Owner::Node(node)),
             None => Ok(Owner::Lost(record)),
         }
-    }
-
-    /// The peer named `name`, if its lease holds.
-    pub async fn peer(&self, name: &str) -> Result<Option<NodeRecord>> {
-        Ok(self.coordinator.nodes().await?.into_iter().find(|n| n.name == name))
     }
 
     /// Sends a request on to `node` (see [`peer::Peers::send`]).

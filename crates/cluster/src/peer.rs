@@ -16,9 +16,12 @@ use crate::http::{exchange, Answer, Ask};
 use crate::records::NodeRecord;
 use airlock_core::error::{Error, ErrorCode, Result};
 
-/// The header a forwarded request carries: the node that forwarded it. A
-/// request that has it is served where it arrives, never forwarded again.
-pub const FORWARDED_BY: &str = "x-airlock-forwarded-by";
+/// Marks a request that came in on the peer listener: another node
+/// forwarded it, so it is served where it arrives, never forwarded again.
+/// Only the peer listener's router sets it (a header would let any client of
+/// the daemon's other doors claim it).
+#[derive(Debug, Clone, Copy)]
+pub struct FromPeer;
 
 /// How long a peer has to finish its TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
@@ -96,14 +99,12 @@ impl axum::serve::Listener for PeerListener {
 /// This node as a client of its peers.
 pub struct Peers {
     connector: TlsConnector,
-    /// This node's name, sent with what it forwards.
-    me: String,
 }
 
 impl Peers {
     /// A client with this node's identity.
-    pub fn new(config: Arc<rustls::ClientConfig>, me: &str) -> Peers {
-        Peers { connector: TlsConnector::from(config), me: me.to_owned() }
+    pub fn new(config: Arc<rustls::ClientConfig>) -> Peers {
+        Peers { connector: TlsConnector::from(config) }
     }
 
     /// Sends a request to `node`'s API and brings its answer back whatever its status.
@@ -135,8 +136,7 @@ impl Peers {
             .await
             .map_err(|_| unreachable("no TLS handshake within 5s".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
-        let headers = [(FORWARDED_BY, self.me.clone())];
-        let ask = Ask { method, path, headers: &headers, content_type, body };
+        let ask = Ask { method, path, content_type, body };
         exchange(tls, ask, limit, &format!("node {}", node.name)).await
     }
 }

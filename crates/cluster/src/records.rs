@@ -49,6 +49,26 @@ fn up() -> String {
 }
 
 impl NodeRecord {
+    /// A node known only from the sandboxes it still owns: its lease expired.
+    pub fn lost(name: &str, since: Timestamp) -> NodeRecord {
+        NodeRecord {
+            name: name.to_owned(),
+            state: "lost".into(),
+            advertise: String::new(),
+            router: None,
+            labels: BTreeMap::new(),
+            running: 0,
+            sandboxes: 0,
+            max_sandboxes: 0,
+            max_running: 0,
+            free_memory_bytes: 0,
+            free_disk_bytes: 0,
+            goldens: BTreeMap::new(),
+            version: String::new(),
+            updated_at: since,
+        }
+    }
+
     /// Whether it can take one more fork now.
     pub fn has_room(&self) -> bool {
         self.sandboxes < self.max_sandboxes && self.running < self.max_running

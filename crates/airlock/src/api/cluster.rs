@@ -1,15 +1,16 @@
 //! The API in a cluster: `GET /v1/nodes`, forks placed on the node that
 //! should hold them, a sandbox's requests sent on to its owner, and listings
-//! that ask every node. A request another node forwarded
-//! ([`FORWARDED_BY`]) is served where it arrives, never forwarded again.
+//! that ask every node. A request that came in on the peer listener
+//! ([`FromPeer`], set there alone by [`from_peer`]) is served where it
+//! arrives, never forwarded again.
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::{ApiResult, AppState};
-use airlock_cluster::peer::FORWARDED_BY;
+use airlock_cluster::peer::FromPeer;
 use airlock_cluster::records::NodeRecord;
 use airlock_cluster::{Cluster, Owner};
 use airlock_core::error::{Error, ErrorCode};
@@ -17,8 +18,14 @@ use airlock_listen::serve::Failure;
 use std::sync::Arc;
 
 /// The cluster, unless this request came from a peer (then it is served here).
-pub(super) fn deciding<'a>(s: &'a AppState, headers: &HeaderMap) -> Option<&'a Arc<Cluster>> {
-    s.cluster.as_ref().filter(|_| !headers.contains_key(FORWARDED_BY))
+pub(super) fn deciding(s: &AppState, peer: Option<FromPeer>) -> Option<&Arc<Cluster>> {
+    s.cluster.as_ref().filter(|_| peer.is_none())
+}
+
+/// The peer listener's layer: every request on it was forwarded by a node.
+pub async fn from_peer(mut request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    request.extensions_mut().insert(FromPeer);
+    next.run(request).await
 }
 
 #[utoipa::path(get, path = "/v1/nodes", tag = "cluster", responses((status = 200, description = "the cluster's nodes: this one, those whose lease holds, and lost ones that still own sandboxes", body = Vec<NodeRecord>), ApiErrors))]
@@ -64,7 +71,7 @@ pub(super) async fn to_owner(
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let Some(cluster) = deciding(&s, request.headers()).cloned() else {
+    let Some(cluster) = deciding(&s, request.extensions().get::<FromPeer>().copied()).cloned() else {
         return next.run(request).await;
     };
     let path = request.uri().path().to_owned();

@@ -29,7 +29,7 @@ use airlock_lifecycle::sandbox::{self, ForkRequest};
 use airlock_listen::serve::Failure;
 use airlock_state::store::SandboxFilter;
 
-mod cluster;
+pub mod cluster;
 mod grants;
 pub mod openapi;
 mod targets;
@@ -145,7 +145,7 @@ pub fn router(state: AppState) -> Router {
 async fn door_of_request(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use airlock_core::events::{Door, DOOR};
     let door = match request.headers().get(airlock_listen::client::DOOR_HEADER).map(|v| v.as_bytes()) {
-        _ if request.headers().contains_key(airlock_cluster::peer::FORWARDED_BY) => Door::Peer,
+        _ if request.extensions().get::<airlock_cluster::peer::FromPeer>().is_some() => Door::Peer,
         Some(b"mcp_stdio") => Door::McpStdio,
         _ => Door::Api,
     };
@@ -337,7 +337,7 @@ fn sandbox_filter(query: Option<String>) -> Result<SandboxFilter, Error> {
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes", params(("golden" = Option<String>, Query, description = "only sandboxes of this golden"), ("label" = Option<Vec<String>>, Query, description = "only sandboxes with this label, `key=value`; repeat for several")), responses((status = 200, description = "live sandboxes, without credentials", body = Vec<sandbox::Sandbox>), ApiErrors))]
 async fn list_sandboxes(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    peer: Option<axum::Extension<airlock_cluster::peer::FromPeer>>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Vec<sandbox::Sandbox>> {
     let filter = sandbox_filter(q.clone())?;
@@ -347,7 +347,7 @@ async fn list_sandboxes(
     if let Some(me) = &s.cluster {
         list.iter_mut().for_each(|sb| sb.node = Some(me.name().to_owned()));
     }
-    if let Some(cluster) = cluster::deciding(&s, &headers) {
+    if let Some(cluster) = cluster::deciding(&s, peer.map(|p| p.0)) {
         let others = cluster.others(q.as_deref().unwrap_or("")).await?;
         list.extend(others.into_iter().filter(|sb| {
             filter.golden.as_ref().is_none_or(|g| &sb.golden == g)
@@ -390,7 +390,7 @@ pub struct ForkAnswer {
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes", request_body = ForkBody, responses((status = 201, description = "the new sandbox and its DSN (a secret)", body = ForkAnswer), ApiErrors))]
 async fn fork(
     State(s): State<AppState>,
-    headers: HeaderMap,
+    peer: Option<axum::Extension<airlock_cluster::peer::FromPeer>>,
     req: Result<Json<ForkBody>, JsonRejection>,
 ) -> Result<Response, Failure> {
     let ForkBody { fork: req, mcp, node, node_labels } = body(req)?;
@@ -404,7 +404,7 @@ async fn fork(
         )
         .into());
     }
-    if let Some(cluster) = cluster::deciding(&s, &headers) {
+    if let Some(cluster) = cluster::deciding(&s, peer.map(|p| p.0)) {
         if let Some(name) = &req.name {
             if !matches!(cluster.owner(name).await?, airlock_cluster::Owner::Here) {
                 return Err(Error::new(

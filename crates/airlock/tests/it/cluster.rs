@@ -181,6 +181,14 @@ fn offline(home: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Issues `node`'s join token with the CA in `home`, written to `out`.
+fn issue_token(home: &Path, node: &str, advertise: &str, out: &Path) {
+    offline(
+        home,
+        &["cluster", "token", "--node", node, "--advertise", advertise, "--out", out.to_str().unwrap()],
+    );
+}
+
 /// A node's daemon, in its namespace, with its cluster flags.
 fn node(net: &Net, i: usize, name: &str, join: Option<&Path>, extra: &[&str]) -> Daemon {
     let home = fresh_home(&cow_base().unwrap_or_else(plain_base));
@@ -278,19 +286,7 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     std::fs::create_dir_all(&tokens).unwrap();
     for (i, name) in [(1, "b"), (2, "c"), (0, "x")] {
         let out = tokens.join(name);
-        offline(
-            &home_a,
-            &[
-                "cluster",
-                "token",
-                "--node",
-                name,
-                "--advertise",
-                &net.advertise(i),
-                "--out",
-                out.to_str().unwrap(),
-            ],
-        );
+        issue_token(&home_a, name, &net.advertise(i), &out);
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(
             std::fs::metadata(&out).unwrap().permissions().mode() & 0o777,
@@ -330,19 +326,7 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     std::fs::create_dir_all(&foreign).unwrap();
     offline(&foreign, &["cluster", "init"]);
     let foreign_token = foreign.join("t");
-    offline(
-        &foreign,
-        &[
-            "cluster",
-            "token",
-            "--node",
-            "b",
-            "--advertise",
-            &net.advertise(1),
-            "--out",
-            foreign_token.to_str().unwrap(),
-        ],
-    );
+    issue_token(&foreign, "b", &net.advertise(1), &foreign_token);
     let (f_cert, f_key) = unpack_token(&foreign_token, &foreign);
     assert!(
         curl_peer(&net, 1, &ca, Some((&f_cert, &f_key))).is_err(),
@@ -399,6 +383,9 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     want.sort();
     assert_eq!(from_c, want);
     assert_eq!(names_of(&a.json(&["ls"])), want);
+    // A key no id or name could be is answered here, never looked up as a record's key.
+    let (status, body) = c.api("GET", "/v1/sandboxes/first%2F..%2F..%2Fnodes%2Fa", "");
+    assert!(status == 404 && body.contains("sandbox_not_found"), "{status} {body}");
     let shown = c.json(&["show", "first"]);
     assert_eq!(shown["id"], first_id.as_str());
     let (status, body) = c.api(
@@ -503,19 +490,7 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
     std::fs::create_dir_all(&home_a).unwrap();
     offline(&home_a, &["cluster", "init"]);
     let token = home_a.join("b.token");
-    offline(
-        &home_a,
-        &[
-            "cluster",
-            "token",
-            "--node",
-            "b",
-            "--advertise",
-            &net.advertise(1),
-            "--out",
-            token.to_str().unwrap(),
-        ],
-    );
+    issue_token(&home_a, "b", &net.advertise(1), &token);
     let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
     let b = node(&net, 1, "b", Some(&token), &[]);
     b.shop("shop");

@@ -177,12 +177,18 @@ fn write_rules(d: &Daemon, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
+/// A source server named `name` holding SOURCE's `shop` database, a daemon,
+/// and the DSN of `shop` (the server stops when its handle goes).
+fn shop_source(name: &str) -> (Production, Daemon, String) {
+    let prod = Production::start(name);
+    script(&prod.dsn("postgres"), SOURCE);
+    let source = prod.dsn("shop");
+    (prod, Daemon::start(&[]), source)
+}
+
 #[test]
 fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() {
-    let prod = Production::start("scan");
-    script(&prod.dsn("postgres"), SOURCE);
-    let d = Daemon::start(&[]);
-    let source = prod.dsn("shop");
+    let (_prod, d, source) = shop_source("scan");
     let out = d.cli_with(&["golden", "scan", "--from-url", "-", "--json"], Some(&source));
     assert_eq!(out.code, 0, "{out:?}");
     let scan: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -267,10 +273,7 @@ fn a_scan_finds_every_sensitive_column_and_a_build_refuses_one_without_a_rule() 
 
 #[test]
 fn a_masked_golden_holds_no_source_value_joins_as_its_source_and_masks_alike_each_build() {
-    let prod = Production::start("masked");
-    script(&prod.dsn("postgres"), SOURCE);
-    let d = Daemon::start(&[]);
-    let source = prod.dsn("shop");
+    let (_prod, d, source) = shop_source("masked");
     let rules = write_rules(&d, "rules.toml", RULES);
     let out = create(&d, "masked", &source, &["--mask", &rules]);
     assert_eq!(out.code, 0, "{out:?}");
@@ -426,10 +429,7 @@ fn a_masked_golden_holds_no_source_value_joins_as_its_source_and_masks_alike_eac
 
 #[test]
 fn a_subset_follows_references_both_ways_and_every_reference_holds() {
-    let prod = Production::start("subset");
-    script(&prod.dsn("postgres"), SOURCE);
-    let d = Daemon::start(&[]);
-    let source = prod.dsn("shop");
+    let (_prod, d, source) = shop_source("subset");
     // The rules file adds the reference the schema does not declare.
     let refs = write_rules(
         &d,
@@ -535,10 +535,7 @@ fn a_subset_follows_references_both_ways_and_every_reference_holds() {
 
 #[test]
 fn a_masked_redis_part_holds_masked_values_only_and_a_left_copy_fails_the_build() {
-    let prod = Production::start("redis");
-    script(&prod.dsn("postgres"), SOURCE);
-    let d = Daemon::start(&[]);
-    let source = prod.dsn("shop");
+    let (_prod, d, source) = shop_source("redis");
     let redis_rules =
         "\n[[redis]]\npattern = \"user:*\"\nfields = [\"email\", \"name\"]\ntransform = \"email\"\n\n\
                        [[redis]]\npattern = \"session:*\"\ntransform = \"email\"\n";
