@@ -4,6 +4,10 @@
 # interleaved: a fork placed on a (local) and one placed on b (forwarded over
 # the node-to-node TLS link), each to its first answer (a query through the
 # API of node a), then deleted; and `show` of a sandbox on a and of one on b.
+# Then, from b's host, connections to a sandbox on a: through b's router
+# (relayed to a's over the node-to-node link) against a DSN naming a's router
+# directly: psql's connect-and-query time (TLS verify-full), and pgbench
+# read-only transactions per second at 2 and 8 clients.
 # Usage: scripts/bench-cluster.sh [PAIRS]   (as root; uses target/release/airlock)
 set -euo pipefail
 pairs=${1:-30}
@@ -36,9 +40,9 @@ AIRLOCK_HOME=$work/a "$bin" cluster init >/dev/null
 AIRLOCK_HOME=$work/a "$bin" cluster token --node b --advertise 10.231.$n.12:7440 --out "$work/b.token" >/dev/null
 start() { # node ip-suffix extra...
   local node=$1 ip=$2; shift 2
-  AIRLOCK_HOME=$work/$node AIRLOCK_ROUTER=127.0.0.1:0 AIRLOCK_REDIS_ROUTER=off AIRLOCK_GATEWAY=off \
+  AIRLOCK_HOME=$work/$node AIRLOCK_ROUTER=0.0.0.0:7432 AIRLOCK_REDIS_ROUTER=off AIRLOCK_GATEWAY=off \
     setsid ip netns exec al$n$node "$bin" serve --cluster http://10.231.$n.1:2379 --node "$node" \
-    --advertise 10.231.$n.$ip:7440 "$@" >"$work/$node.log" 2>&1 &
+    --advertise 10.231.$n.$ip:7440 --router-host 10.231.$n.$ip "$@" >"$work/$node.log" 2>&1 &
   until [ -S "$work/$node/airlock.sock" ]; do sleep 0.1; done
 }
 start a 11
@@ -47,7 +51,7 @@ printf 'CREATE TABLE orders (id int PRIMARY KEY, total numeric);\n' >"$work/sche
 printf 'INSERT INTO orders SELECT g, g FROM generate_series(1, 1000) g;\n' >"$work/seed.sql"
 for node in a b; do AIRLOCK_HOME=$work/$node "$bin" golden create shop --schema "$work/schema.sql" --seed "$work/seed.sql" >/dev/null; done
 sleep 3 # b's golden announced
-AIRLOCK_HOME=$work/a BIN=$bin PAIRS=$pairs python3 - <<'PY'
+AIRLOCK_HOME=$work/a BIN=$bin PAIRS=$pairs NS_B=al${n}b WORK=$work python3 - <<'PY'
 import json, os, subprocess, time, statistics
 bin, pairs, home = os.environ["BIN"], int(os.environ["PAIRS"]), os.environ["AIRLOCK_HOME"]
 sock = home + "/airlock.sock"
@@ -80,4 +84,47 @@ ratio = [c / l for c, l in zip(res["fork_cross"], res["fork_local"])]
 print(f"cross/local fork to first answer, pair by pair: median {statistics.median(ratio):.2f}x")
 hop = [c - l for c, l in zip(res["show_cross"], res["show_local"])]
 print(f"the forwarding hop (show cross - show local): median {statistics.median(hop)*1000:.1f} ms")
+
+# Routed connections, from b's host, to the sandbox on a.
+ns_b, work = os.environ["NS_B"], os.environ["WORK"]
+the_dsn = subprocess.run([bin, "dsn", keep["a"]], capture_output=True, text=True, check=True).stdout.strip()
+userinfo, rest = the_dsn.split("@", 1)
+database = rest.split("/", 1)[1].split("?", 1)[0]
+password = userinfo.rsplit(":", 1)[1]
+direct_host = rest.split("/", 1)[0]
+b_host = json.loads(subprocess.run([bin, "nodes", "--json"], capture_output=True, text=True).stdout)[1]["router"]
+dsns = {
+    "direct": f"postgresql://airlock_agent@{direct_host}/{database}?sslmode=verify-full&sslrootcert={work}/a/tls/ca.crt",
+    "routed": f"postgresql://airlock_agent@{b_host}/{database}?sslmode=verify-full&sslrootcert={work}/b/tls/ca.crt",
+}
+env = dict(os.environ, PGPASSWORD=password)
+def connect(kind):
+    t = time.perf_counter()
+    out = subprocess.run(["ip", "netns", "exec", ns_b, "psql", dsns[kind], "-XtAc", "SELECT 1"], capture_output=True, text=True, env=env)
+    if out.returncode or out.stdout.strip() != "1": raise SystemExit(f"psql {kind}: {out.stderr}")
+    return time.perf_counter() - t
+conn = {"direct": [], "routed": []}
+for i in range(pairs + 2):
+    for kind in ["direct", "routed"] if i % 2 == 0 else ["routed", "direct"]:
+        took = connect(kind)
+        if i >= 2: conn[kind].append(took)
+print("connect + SELECT 1 with psql from b's host (TLS verify-full):")
+for k, xs in conn.items():
+    print(f"  {k:6} median {statistics.median(xs)*1000:7.1f}  p99 {p(xs, .99)*1000:7.1f}")
+ratio = [r / d for r, d in zip(conn["routed"], conn["direct"])]
+print(f"  routed/direct, pair by pair: median {statistics.median(ratio):.2f}x")
+script = f"{work}/point.sql"
+open(script, "w").write("\\set id random(1, 1000)\nSELECT total FROM orders WHERE id = :id;\n")
+def tps(kind, clients):
+    out = subprocess.run(["ip", "netns", "exec", ns_b, "pgbench", "-n", "-c", str(clients), "-j", "2", "-T", "8", "-f", script,
+                          dsns[kind].replace("verify-full", "require")], capture_output=True, text=True, env=env)
+    for line in out.stdout.splitlines():
+        if line.startswith("tps ="): return float(line.split()[2])
+    raise SystemExit(f"pgbench {kind}: {out.stdout}{out.stderr}")
+print("pgbench point reads (TLS) from b's host, transactions per second:")
+for clients in [2, 8]:
+    d, r = tps("direct", clients), tps("routed", clients)
+    d2 = tps("direct", clients)
+    d = (d + d2) / 2
+    print(f"  {clients} clients: direct {d:8.0f}  routed {r:8.0f}  routed/direct {r / d:.2f}")
 PY

@@ -598,6 +598,12 @@ export interface components {
              * @description The Redis front door's port, when it listens.
              */
             redis_port?: number | null;
+            /**
+             * Format: int32
+             * @description The relay port's, in a cluster: where other nodes' routers pass on
+             *     clients of this node's sandboxes.
+             */
+            relay_port?: number | null;
             /** @description Whether TLS is offered. */
             tls: components["schemas"]["TlsMode"];
         };
@@ -1776,6 +1782,11 @@ export interface components {
             max_sandboxes: number;
             /** @description Its name (`serve --node`). */
             name: string;
+            /**
+             * @description Its router's relay port (`HOST:PORT`, mutual TLS), where other nodes'
+             *     routers pass on clients of its sandboxes.
+             */
+            relay?: string | null;
             /** @description Its router's PostgreSQL address, when its router is on. */
             router?: string | null;
             /**

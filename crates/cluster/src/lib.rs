@@ -16,6 +16,7 @@
 
 pub mod ca;
 pub mod coordinator;
+pub mod directory;
 pub mod etcd;
 pub mod http;
 pub mod membership;
@@ -181,11 +182,7 @@ impl Cluster {
 
     /// Who holds the sandbox `key` (an id or a name).
     pub async fn owner(&self, key: &str) -> Result<Owner> {
-        // A key no id or name could be (a `/` would reach other records'
-        // keys) is never looked up in the coordinator: here answers it.
-        let plausible =
-            !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-        if !plausible || self.engine.store().sandbox(key).is_ok() {
+        if !plausible_key(key) || self.engine.store().sandbox(key).is_ok() {
             return Ok(Owner::Here);
         }
         let Some(Placed { record, alive, .. }) = self.coordinator.find(key).await? else {
@@ -275,6 +272,15 @@ impl Cluster {
     pub async fn publish_now(&self) -> Result<()> {
         membership::sync(self, false).await
     }
+}
+
+/// Whether `key` could be a sandbox's id or name. A key no id or name could
+/// be (a `/` would reach other records' keys) is never looked up in the
+/// coordinator.
+pub fn plausible_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 200
+        && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// The error a peer answered with, as this node answers it.

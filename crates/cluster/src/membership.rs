@@ -111,6 +111,10 @@ pub fn describe(cluster: &Cluster) -> NodeRecord {
         state: "up".into(),
         advertise: cluster.settings.advertise.clone(),
         router: engine.router.get().map(|a| format!("{}:{}", a.host, a.port)),
+        relay: engine.router.get().and_then(|a| a.relay_port).and_then(|port| {
+            let host = crate::ca::host_of(&cluster.settings.advertise).ok()?;
+            Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
+        }),
         labels: cluster.settings.labels.clone(),
         running: running as u64,
         sandboxes: all.len() as u64,

@@ -103,6 +103,7 @@ mod tests {
             state: "up".into(),
             advertise: format!("10.0.0.{}:7440", name.len()),
             router: None,
+            relay: None,
             labels: [("zone".to_string(), zone.to_string())].into(),
             running: sandboxes,
             sandboxes,

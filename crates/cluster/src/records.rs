@@ -21,6 +21,10 @@ pub struct NodeRecord {
     /// Its router's PostgreSQL address, when its router is on.
     #[serde(default)]
     pub router: Option<String>,
+    /// Its router's relay port (`HOST:PORT`, mutual TLS), where other nodes'
+    /// routers pass on clients of its sandboxes.
+    #[serde(default)]
+    pub relay: Option<String>,
     /// Its labels (`serve --node-label zone=a`), which forks may ask for.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -56,6 +60,7 @@ impl NodeRecord {
             state: "lost".into(),
             advertise: String::new(),
             router: None,
+            relay: None,
             labels: BTreeMap::new(),
             running: 0,
             sandboxes: 0,
@@ -108,6 +113,15 @@ pub struct SandboxRecord {
 }
 
 impl SandboxRecord {
+    /// The error for this sandbox while its node is lost.
+    pub fn lost(&self) -> airlock_core::error::Error {
+        airlock_core::error::Error::new(
+            airlock_core::error::ErrorCode::SandboxLost,
+            format!("sandbox {} is on node {}, which stopped renewing its cluster lease", self.id, self.node),
+            "it comes back if that node does (its TTL still holds there); `airlock nodes` shows the node's state",
+        )
+    }
+
     /// The record of a sandbox `node` owns.
     pub fn of(sb: &Sandbox, node: &str) -> SandboxRecord {
         SandboxRecord {

@@ -34,6 +34,10 @@ pub struct Address {
     /// The Redis front door's port, when it listens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis_port: Option<u16>,
+    /// The relay port's, in a cluster: where other nodes' routers pass on
+    /// clients of this node's sandboxes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_port: Option<u16>,
 }
 
 impl Address {

@@ -99,7 +99,8 @@ impl Host {
     /// Records a connection accepted (which counts as the sandbox's use) or
     /// refused, before the client hears its answer; `store` names a store
     /// other than PostgreSQL the client reached, `phases` how long each step
-    /// of the connection took (milliseconds, for its trace). An accepted connection whose
+    /// of the connection took (milliseconds, for its trace), `entry` the node
+    /// whose router passed the client on (in a cluster). An accepted connection whose
     /// record could not be written is an error: the client is refused.
     pub async fn record_connection(
         self: &Arc<Self>,
@@ -108,10 +109,14 @@ impl Host {
         (peer, tls): (SocketAddr, bool),
         store: Option<&str>,
         phases: serde_json::Value,
+        entry: Option<&str>,
     ) -> Result<()> {
         let mut detail = serde_json::json!({"client": peer.to_string(), "tls": tls, "phases": phases});
         if let Some(store) = store {
             detail["store"] = store.into();
+        }
+        if let Some(node) = entry {
+            detail["entry"] = node.into();
         }
         let event = NewEvent {
             kind,

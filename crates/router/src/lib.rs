@@ -12,12 +12,14 @@
 
 mod backend;
 pub mod connections;
+pub mod elsewhere;
 pub mod host;
 pub mod parked;
 pub mod process;
 pub mod protocol;
 mod redis;
 mod relay;
+mod relayed;
 mod route;
 mod scram;
 mod session;
@@ -26,6 +28,7 @@ pub mod tls;
 
 pub use airlock_lifecycle::doors::{Address, TlsMode};
 pub use connections::{Connections, Open};
+pub use elsewhere::{Directory, Relay, Remote};
 pub use host::Host;
 
 use std::net::SocketAddr;
@@ -56,6 +59,26 @@ pub struct RouterConfig {
     /// Where the Redis front door listens; `None` turns it off.
     #[serde(default)]
     pub redis_listen: Option<SocketAddr>,
+    /// In a cluster: where peer routers relay clients of this node's
+    /// sandboxes, and who this node is (see [`elsewhere`]).
+    #[serde(default)]
+    pub relay: Option<RelaySettings>,
+}
+
+/// A cluster node's router settings (`serve --cluster`): what its relay port
+/// and its directory need. The router reads none of it itself: the
+/// application makes a [`Relay`] of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RelaySettings {
+    /// Where the relay port listens.
+    pub listen: SocketAddr,
+    /// This node's name.
+    pub node: String,
+    /// Where this node's peers reach it (`serve --advertise`); its
+    /// certificate names the host.
+    pub advertise: String,
+    /// The coordinator's client URLs (`serve --cluster`).
+    pub coordinator: String,
 }
 
 impl Default for RouterConfig {
@@ -68,6 +91,7 @@ impl Default for RouterConfig {
             startup_timeout: Duration::from_secs(10),
             max_connections: 1000,
             redis_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_REDIS_PORT))),
+            relay: None,
         }
     }
 }
@@ -76,6 +100,8 @@ impl Default for RouterConfig {
 pub const DEFAULT_PORT: u16 = 7432;
 /// The Redis front door's default port.
 pub const DEFAULT_REDIS_PORT: u16 = 7434;
+/// The relay port's default, in a cluster.
+pub const DEFAULT_RELAY_PORT: u16 = 7441;
 
 /// What every connection task shares.
 struct Shared {
@@ -89,6 +115,8 @@ struct Shared {
     startup_timeout: Duration,
     /// Routed sessions' backend keys, for their cancel requests.
     routed: route::Keys,
+    /// In a cluster: the other nodes' routers, for clients of their sandboxes.
+    peers: Option<Arc<elsewhere::Peers>>,
 }
 
 /// Binds the router's port, with a clear error if it is taken.
@@ -105,13 +133,15 @@ pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
     })
 }
 
-/// Loads the TLS identity and serves `listener`, and `redis` for the Redis
-/// front door (in the router's own process); returns the address DSNs name.
+/// Loads the TLS identity and serves `listener`, `redis` for the Redis
+/// front door and `relay`'s port in a cluster (in the router's own process);
+/// returns the address DSNs name.
 pub fn serve(
     host: Arc<Host>,
     config: &RouterConfig,
     listener: TcpListener,
     redis: Option<TcpListener>,
+    relay: Option<Relay>,
 ) -> Result<Address> {
     let bound = listener.local_addr()?;
     let advertised = config.advertise.clone().unwrap_or_else(|| match bound.ip() {
@@ -126,20 +156,25 @@ pub fn serve(
         _ => Some(tls::identity(&host.layout.tls(), config.cert.as_ref(), &advertised)?),
     };
     let redis_port = redis.as_ref().and_then(|l| l.local_addr().ok()).map(|a| a.port());
+    let relay_port = relay.as_ref().and_then(|r| r.listener.local_addr().ok()).map(|a| a.port());
     let address = Address {
         host: advertised,
         port: bound.port(),
         tls: config.tls,
         ca: identity.as_ref().and_then(|i| i.ca.clone()),
         redis_port,
+        relay_port,
     };
+    let peers = relay.as_ref().map(|r| Arc::new(elsewhere::Peers::new(r)));
+    let redis_shared = Arc::new(redis::Shared {
+        host: host.clone(),
+        tls: identity.as_ref().map(|i| tokio_rustls::TlsAcceptor::from(i.config.clone())),
+        require_tls: config.tls == TlsMode::Required,
+        startup_timeout: config.startup_timeout,
+        peers: peers.clone(),
+    });
     if let Some(redis) = redis {
-        let shared = Arc::new(redis::Shared {
-            host: host.clone(),
-            tls: identity.as_ref().map(|i| tokio_rustls::TlsAcceptor::from(i.config.clone())),
-            require_tls: config.tls == TlsMode::Required,
-            startup_timeout: config.startup_timeout,
-        });
+        let shared = redis_shared.clone();
         tracing::info!(port = redis_port, "Redis router listening");
         let slots = airlock_listen::slots::Slots::new(config.max_connections);
         let refusal = b"-ERR too many connections to the Airlock router\r\n".to_vec();
@@ -158,7 +193,13 @@ pub fn serve(
         require_tls: config.tls == TlsMode::Required,
         startup_timeout: config.startup_timeout,
         routed: route::Keys::default(),
+        peers,
     });
+    if let Some(relay) = relay {
+        tracing::info!(port = relay_port, node = %relay.node, "relay port listening (mutual TLS)");
+        let slots = airlock_listen::slots::Slots::new(config.max_connections);
+        tokio::spawn(relayed::serve(shared.clone(), redis_shared, relay.listener, relay.acceptor, slots));
+    }
     tracing::info!(%bound, tls = ?config.tls, "router listening");
     let refusal = protocol::ErrorResponse::fatal(
         "53300",
@@ -226,6 +267,7 @@ mod tests {
             tls: TlsMode::Optional,
             ca: None,
             redis_port: None,
+            relay_port: None,
         };
         assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
         a.ca = Some("/var/lib/air lock/tls/ca.crt".into());

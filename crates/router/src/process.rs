@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Address, Host, RouterConfig};
+use super::{Address, Host, Relay, RelaySettings, RouterConfig};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::Layout;
 use airlock_lifecycle::engine::Engine;
@@ -52,9 +52,13 @@ struct State {
     address: Address,
 }
 
+/// What makes a cluster node's [`Relay`] of its settings and its bound relay port.
+pub type MakeRelay = dyn FnOnce(&Layout, &RelaySettings, tokio::net::TcpListener) -> Result<Relay>;
+
 /// Runs the router process for the data root at `home` with the settings in
 /// `spec_file`, until SIGTERM or SIGINT, or until the data root is removed.
-pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
+/// In a cluster, `make_relay` makes its relay of the settings.
+pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> Result<()> {
     airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(home);
     let spec: Spec = serde_json::from_slice(&std::fs::read(spec_file)?)
@@ -85,8 +89,12 @@ pub async fn run(home: &Path, spec_file: &Path) -> Result<()> {
         },
         None => None,
     };
+    let relay = match &spec.router.relay {
+        Some(settings) => Some(make_relay(&layout, settings, bind_soon(settings.listen).await?)?),
+        None => None,
+    };
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit.clone())?);
-    let address = super::serve(host, &spec.router, listener, redis)?;
+    let address = super::serve(host, &spec.router, listener, redis, relay)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
         &layout.router_state(),

@@ -179,6 +179,28 @@ impl Startup {
             .then(|| negotiate_protocol_version(self.version, &self.protocol_options))
     }
 
+    /// The startup message as the client sent it, in substance: its version
+    /// as asked, user, database, every setting, and its protocol options (by
+    /// name: none is recognised, so their values never mattered). What an
+    /// entry router passes on to the owner's, which reads it as its own
+    /// client's.
+    pub fn encode(&self) -> Vec<u8> {
+        let options = self.protocol_options.iter().map(|o| (o.as_str(), ""));
+        let mut body = self.version.to_be_bytes().to_vec();
+        for (k, v) in [("user", self.user.as_str()), ("database", self.database.as_str())]
+            .into_iter()
+            .chain(self.settings.iter().chain(&self.later).map(|(k, v)| (k.as_str(), v.as_str())))
+            .chain(options)
+        {
+            push_cstr(&mut body, k);
+            push_cstr(&mut body, v);
+        }
+        body.push(0);
+        let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+        out.extend_from_slice(&body);
+        out
+    }
+
     /// The message the sandbox's server gets: the settled version, `user` the
     /// role given (which the router has checked is the agent's), `database`
     /// `database`, then the allowed settings. Protocol options never reach it.
@@ -542,6 +564,21 @@ mod tests {
         let mut body = 196608i32.to_be_bytes().to_vec();
         body.extend_from_slice(params);
         packet(&body)
+    }
+
+    /// What an entry router passes on reads, at the owner's router, as the
+    /// startup the client sent.
+    #[tokio::test]
+    async fn a_startup_passed_on_reads_as_the_one_sent() {
+        let mut body = ((3i32 << 16) | 2).to_be_bytes().to_vec();
+        body.extend_from_slice(
+            b"user\0sb-ab12cd34ef\0database\0orders_test\0application_name\0pytest\0\
+              options\0-c search_path=app\0work_mem\08MB\0_pq_.x\0y\0\0",
+        );
+        let FirstPacket::Startup(sent) = read(&packet(&body)).await.unwrap() else { panic!() };
+        assert!(!sent.later.is_empty() && !sent.settings.is_empty(), "{sent:?}");
+        let FirstPacket::Startup(passed) = read(&sent.encode()).await.unwrap() else { panic!() };
+        assert_eq!(passed, sent);
     }
 
     /// What PostgreSQL answers a client asking for 3.2 and for protocol

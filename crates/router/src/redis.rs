@@ -47,6 +47,8 @@ pub struct Shared {
     pub require_tls: bool,
     /// How long a client has to authenticate.
     pub startup_timeout: Duration,
+    /// In a cluster: the other nodes' routers, for clients of their sandboxes.
+    pub(super) peers: Option<Arc<super::elsewhere::Peers>>,
 }
 
 const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is disabled.\r\n";
@@ -57,6 +59,23 @@ pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut slot: 
     let marker = slot.marker();
     tokio::select! {
         () = connection(shared, tcp, peer, &marker) => {}
+        () = slot.given_up() => {}
+    }
+}
+
+/// Serves a client another node's router relayed here (its TLS ended there),
+/// as its own.
+pub(super) async fn serve_relayed(
+    shared: &Shared,
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    header: super::elsewhere::Header,
+    mut slot: airlock_listen::slots::Slot,
+) {
+    let marker = slot.marker();
+    let deadline = Instant::now() + shared.startup_timeout;
+    let client_at = (header.peer, header.tls.is_some());
+    tokio::select! {
+        () = session(shared, BufStream::new(tls), deadline, client_at, &marker, Some(&header.node)) => {}
         () = slot.given_up() => {}
     }
 }
@@ -72,7 +91,9 @@ async fn connection(shared: &Shared, tcp: TcpStream, peer: SocketAddr, slot: &ai
     }
     match (first[0] == 0x16, &shared.tls) {
         (true, Some(tls)) => match tokio::time::timeout_at(deadline.into(), tls.accept(tcp)).await {
-            Ok(Ok(stream)) => session(shared, BufStream::new(stream), deadline, (peer, true), slot).await,
+            Ok(Ok(stream)) => {
+                session(shared, BufStream::new(stream), deadline, (peer, true), slot, None).await
+            }
             _ => tracing::debug!(%peer, "a Redis client's TLS handshake failed"),
         },
         (true, None) => {}
@@ -80,18 +101,20 @@ async fn connection(shared: &Shared, tcp: TcpStream, peer: SocketAddr, slot: &ai
             let mut tcp = tcp;
             let _ = tcp.write_all(b"-ERR this router takes TLS only: connect with rediss://\r\n").await;
         }
-        (false, _) => session(shared, BufStream::new(tcp), deadline, (peer, false), slot).await,
+        (false, _) => session(shared, BufStream::new(tcp), deadline, (peer, false), slot, None).await,
     }
 }
 
 /// Reads the client's first commands until one authenticates, then joins it
-/// to its sandbox's server. `client_at` is its address and whether it came by TLS.
+/// to its sandbox's server. `client_at` is its address and whether it came by
+/// TLS; `entry`, the node whose router passed it on, when another did.
 async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
     shared: &Shared,
     mut client: BufStream<S>,
     deadline: Instant,
     client_at: (SocketAddr, bool),
     slot: &airlock_listen::slots::Marker,
+    entry: Option<&str>,
 ) {
     for _ in 0..TRIES {
         let Ok(Ok(Some(args))) = tokio::time::timeout_at(deadline.into(), read_command(&mut client)).await
@@ -111,7 +134,16 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
             (_, Some((user, password))) => {
                 let user = String::from_utf8_lossy(&user).into_owned();
                 let password = String::from_utf8_lossy(&password).into_owned();
-                join(shared, client, (&user, &password), &args, client_at, slot).await;
+                // A sandbox this node does not hold may be another node's
+                // (never for a client relayed here: that would go round).
+                if let (Some(peers), None) = (&shared.peers, entry) {
+                    if shared.host.store().sandbox(&user).is_err() {
+                        if let Ok(Some(remote)) = peers.owner(&user).await {
+                            return pass_on(peers, client, &remote, &args, client_at, slot).await;
+                        }
+                    }
+                }
+                join(shared, client, (&user, &password), &args, (client_at, entry), slot).await;
                 return;
             }
             (b"QUIT", _) => {
@@ -130,6 +162,36 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
     }
 }
 
+/// Passes a client of another node's sandbox on to that node's router: its
+/// authenticating command, after the header saying how it came.
+async fn pass_on<S: AsyncRead + AsyncWrite + Unpin + Send>(
+    peers: &super::elsewhere::Peers,
+    mut client: BufStream<S>,
+    remote: &super::elsewhere::Remote,
+    command: &[Vec<u8>],
+    (peer, tls): (SocketAddr, bool),
+    slot: &airlock_listen::slots::Marker,
+) {
+    let tls = tls.then(|| "tls=yes".to_owned());
+    let header = peers.header(super::elsewhere::Door::Redis, peer, tls, None);
+    let dialed = async {
+        let mut owner = peers.dial(remote, &header).await?;
+        owner.write_all(&airlock_redis::resp::command(command)).await?;
+        owner.flush().await?;
+        std::io::Result::Ok(owner)
+    };
+    match dialed.await {
+        Ok(owner) => super::elsewhere::relay_redis(client, owner, || slot.prove()).await,
+        Err(e) => {
+            tracing::warn!(node = %remote.node, error = %e, "a Redis client could not be relayed to its sandbox's node");
+            let said =
+                format!("-ERR the sandbox is on node {}, which this router could not reach\r\n", remote.node);
+            let _ = client.write_all(said.as_bytes()).await;
+            let _ = client.flush().await;
+        }
+    }
+}
+
 /// Sends the authenticating command to the sandbox's server and relays both
 /// ways until either side closes. A connection its sandbox's server accepted,
 /// or refused the credential of, is an event (as on the PostgreSQL port).
@@ -138,7 +200,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     mut client: BufStream<S>,
     (user, password): (&str, &str),
     command: &[Vec<u8>],
-    client_at: (SocketAddr, bool),
+    (client_at, entry): ((SocketAddr, bool), Option<&str>),
     slot: &airlock_listen::slots::Marker,
 ) {
     let refuse = |mut client: BufStream<S>| async move {
@@ -159,7 +221,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         // Only a client holding the credential wakes a sandbox.
         let known = sb.verifier.as_deref().and_then(airlock_postgres::scram::Verifier::parse);
         if !known.is_some_and(|v| v.accepts(password)) {
-            record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
+            record(shared, &sb, EventKind::ConnectionRefused, client_at, entry).await;
             return refuse(client).await;
         }
         slot.prove();
@@ -190,7 +252,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
         _ => return,
     };
     if refused {
-        record(shared, &sb, EventKind::ConnectionRefused, client_at).await;
+        record(shared, &sb, EventKind::ConnectionRefused, client_at, entry).await;
         let mut line = Vec::new();
         let _ = (&mut backend).take(1024).read_until(b'\n', &mut line).await;
         let _ = client.write_all(&line).await;
@@ -201,7 +263,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     let _open = shared.host.connections.open(&sb.id);
     // The server's answer to AUTH is still unread: the client hears it only
     // once the connection is on record.
-    if !record(shared, &sb, EventKind::Connected, client_at).await {
+    if !record(shared, &sb, EventKind::Connected, client_at, entry).await {
         let _ = client.write_all(b"-ERR the audit log could not be written; nothing was granted\r\n").await;
         let _ = client.flush().await;
         return;
@@ -226,10 +288,11 @@ async fn record(
     sb: &airlock_lifecycle::sandbox::Sandbox,
     kind: EventKind,
     client_at: (SocketAddr, bool),
+    entry: Option<&str>,
 ) -> bool {
     let store =
         Some(airlock_lifecycle::sandbox::stores::StoreKind::name(&airlock_lifecycle::sandbox::stores::Redis));
-    match shared.host.record_connection(sb, kind, client_at, store, serde_json::json!({})).await {
+    match shared.host.record_connection(sb, kind, client_at, store, serde_json::json!({}), entry).await {
         Ok(()) => true,
         Err(e) => {
             tracing::error!(sandbox = %sb.id, error = %e, "a Redis connection's record could not be written");

@@ -14,6 +14,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::backend::{self, Backend, LoginError};
+use super::elsewhere::{Door, Header, RelayStream, Remote};
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
 use super::scram;
@@ -67,20 +68,59 @@ impl AsyncWrite for Client {
     }
 }
 
+/// How a client reached this router.
+enum Incoming {
+    /// On the router's own port.
+    Direct(TcpStream),
+    /// Through another node's router, on the relay port (its TLS ends there).
+    Relayed(Box<tokio_rustls::server::TlsStream<TcpStream>>, Header),
+}
+
 /// Serves one client until it or its sandbox hangs up.
 pub(super) async fn serve(
     shared: &Shared,
     tcp: TcpStream,
     peer: SocketAddr,
-    mut slot: airlock_listen::slots::Slot,
+    slot: airlock_listen::slots::Slot,
 ) {
     let _ = tcp.set_nodelay(true);
+    serve_incoming(shared, Incoming::Direct(tcp), peer, slot).await
+}
+
+/// Serves a client another node's router relayed here, as its own.
+pub(super) async fn serve_relayed(
+    shared: &Shared,
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    header: Header,
+    slot: airlock_listen::slots::Slot,
+) {
+    let peer = header.peer;
+    serve_incoming(shared, Incoming::Relayed(Box::new(tls), header), peer, slot).await
+}
+
+async fn serve_incoming(
+    shared: &Shared,
+    incoming: Incoming,
+    peer: SocketAddr,
+    mut slot: airlock_listen::slots::Slot,
+) {
+    let by = Instant::now() + shared.startup_timeout;
     let established =
-        tokio::time::timeout(shared.startup_timeout, establish(shared, tcp, peer, &mut slot)).await;
+        tokio::time::timeout(shared.startup_timeout, establish(shared, incoming, peer, &mut slot)).await;
     // A client that has not finished its startup in time is simply dropped.
     let (mut client, backend, open) = match established {
         Ok(Some(Established::Sandbox(client, backend, open))) => (client, backend, open),
         Ok(Some(Established::Routed(routed))) => return super::route::serve(shared, routed).await,
+        Ok(Some(Established::Elsewhere(client, owner, remote))) => {
+            let Some(peers) = &shared.peers else { return };
+            let marker = slot.marker();
+            tokio::select! {
+                () = peers.relay_postgres(client, owner, &remote, by, || marker.prove()) => {}
+                // Until the owner accepts it, its slot may go to another client.
+                () = slot.given_up() => {}
+            }
+            return;
+        }
         _ => return,
     };
     // When the client goes, whatever its backend is running is cancelled: a
@@ -153,6 +193,32 @@ async fn refuse(client: &mut Client, error: ErrorResponse) {
 async fn close(client: &mut Client) {
     let _ = client.flush().await;
     let _ = client.shutdown().await;
+}
+
+/// Reads a relayed client's startup message (its TLS was the entry router's);
+/// answers a cancel request. None when the client is done.
+async fn relayed_contact(
+    shared: &Shared,
+    tls: Box<tokio_rustls::server::TlsStream<TcpStream>>,
+) -> Option<(Client, Startup)> {
+    let mut client = Client::Tls(tls);
+    match protocol::read_first_packet(&mut client).await {
+        Ok(FirstPacket::Startup(startup)) => Some((client, startup)),
+        Ok(FirstPacket::Cancel(key)) => {
+            forward_cancel(shared, &key).await;
+            close(&mut client).await;
+            None
+        }
+        Ok(_) => {
+            let e = ErrorResponse::fatal("08P01", "a relayed client's first packet was not a startup", "");
+            refuse(&mut client, e).await;
+            None
+        }
+        Err(_) => {
+            close(&mut client).await;
+            None
+        }
+    }
 }
 
 /// Negotiates TLS (an `SSLRequest`, or a TLS handshake straight away) and reads
@@ -247,19 +313,24 @@ enum Established {
     /// A route's client, authenticated (its session upstream is opened
     /// outside the startup time: the upstream server answers on its own time).
     Routed(super::route::Authenticated),
+    /// A client of a sandbox another node holds, its startup passed on to
+    /// that node's router.
+    Elsewhere(Client, RelayStream, Remote),
 }
 
-/// What a client proved it may reach.
+/// What a client proved it may reach, or where it goes to prove it.
 enum Arrived {
     Sandbox(Authenticated),
     Routed(super::route::Authenticated),
+    /// Its sandbox is another node's: the client and its startup, with how it came.
+    Elsewhere(Client, Startup, Remote, Header),
 }
 
 /// Everything up to an established session: the client authenticated and a
 /// server session ready for it.
 async fn establish(
     shared: &Shared,
-    tcp: TcpStream,
+    incoming: Incoming,
     peer: SocketAddr,
     slot: &mut airlock_listen::slots::Slot,
 ) -> Option<Established> {
@@ -267,15 +338,21 @@ async fn establish(
     // to go when the router has none free: nothing it does before that can
     // hold a slot against anyone.
     let arrived = tokio::select! {
-        arrived = authenticate(shared, tcp, peer) => arrived?,
+        arrived = authenticate(shared, incoming, peer) => arrived?,
         () = slot.given_up() => return None,
     };
-    slot.marker().prove();
     let authenticated = match arrived {
         Arrived::Sandbox(a) => a,
-        Arrived::Routed(routed) => return Some(Established::Routed(routed)),
+        Arrived::Routed(routed) => {
+            slot.marker().prove();
+            return Some(Established::Routed(routed));
+        }
+        Arrived::Elsewhere(client, startup, remote, header) => {
+            return pass_on(shared, client, startup, remote, header).await;
+        }
     };
-    let Authenticated { mut client, startup, target, sb, tls, mut phases, connection } = authenticated;
+    slot.marker().prove();
+    let Authenticated { mut client, startup, target, sb, tls, mut phases, connection, entry } = authenticated;
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
@@ -297,7 +374,11 @@ async fn establish(
             // Waking, when it was suspended, is most of the server session's time.
             phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
             let connected = EventKind::Connected;
-            if let Err(e) = shared.host.record_connection(&sb, connected, (peer, tls), None, phases).await {
+            if let Err(e) = shared
+                .host
+                .record_connection(&sb, connected, (peer, tls), None, phases, entry.as_deref())
+                .await
+            {
                 tracing::error!(sandbox = %sb.id, error = %e, "a connection was refused: its record could not be written");
                 refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
                 return None;
@@ -325,14 +406,61 @@ struct Authenticated {
     phases: serde_json::Value,
     /// How it connected, for its session's `airlock.connection`.
     connection: String,
+    /// The node whose router passed it on, when another did.
+    entry: Option<String>,
+}
+
+/// Passes a client of another node's sandbox on to that node's router: its
+/// startup, after the header saying how it came.
+async fn pass_on(
+    shared: &Shared,
+    mut client: Client,
+    startup: Startup,
+    remote: Remote,
+    header: Header,
+) -> Option<Established> {
+    let peers = shared.peers.as_ref()?;
+    let dialed = async {
+        let mut owner = peers.dial(&remote, &header).await?;
+        owner.write_all(&startup.encode()).await?;
+        owner.flush().await?;
+        std::io::Result::Ok(owner)
+    };
+    match dialed.await {
+        Ok(owner) => Some(Established::Elsewhere(client, owner, remote)),
+        Err(e) => {
+            tracing::warn!(node = %remote.node, relay = %remote.relay, error = %e, "a client could not be relayed to its sandbox's node");
+            let e = ErrorResponse::fatal(
+                "08006",
+                format!(
+                    "sandbox \"{}\" is on node {}, which this router could not reach: {e}",
+                    shown(&startup.database),
+                    remote.node
+                ),
+                "try again; `airlock nodes` shows whether that node is up",
+            );
+            refuse(&mut client, e).await;
+            None
+        }
+    }
 }
 
 /// A client's first contact up to its authentication: TLS, the startup
 /// message, the sandbox it names and the SCRAM exchange. None when it was
-/// refused or went away.
-async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Option<Arrived> {
+/// refused or went away. A client of a sandbox another node holds stops at
+/// its startup.
+async fn authenticate(shared: &Shared, incoming: Incoming, peer: SocketAddr) -> Option<Arrived> {
     let began = Instant::now();
-    let (mut client, mut startup, tls) = first_contact(shared, tcp).await?;
+    let (mut client, mut startup, tls, relayed) = match incoming {
+        Incoming::Direct(tcp) => {
+            let (client, startup, tls) = first_contact(shared, tcp).await?;
+            (client, startup, tls, None)
+        }
+        Incoming::Relayed(tls, header) => {
+            let (client, startup) = relayed_contact(shared, tls).await?;
+            (client, startup, header.tls.is_some(), Some(header))
+        }
+    };
     let startup_ms = elapsed_ms(began);
     if shared.require_tls && !tls {
         let e = ErrorResponse::fatal(
@@ -381,6 +509,24 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             }
         },
     };
+    // A sandbox this node does not hold may be another node's (never for a
+    // client relayed here: that would go round).
+    if let (Some(peers), None) = (&shared.peers, &relayed) {
+        if shared.host.store().sandbox(&target.sandbox).is_err() {
+            match peers.owner(&target.sandbox).await {
+                Ok(Some(remote)) => {
+                    let binding = if tls { shared.end_point.as_deref() } else { None };
+                    let header = peers.header(Door::Postgres, peer, tls_of(&client), binding);
+                    return Some(Arrived::Elsewhere(client, startup, remote, header));
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    refuse(&mut client, e).await;
+                    return None;
+                }
+            }
+        }
+    }
     let sb = match lookup(shared, &target.sandbox) {
         Ok(sb) => sb,
         Err(e) => {
@@ -406,7 +552,13 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
                 return None;
             }
         };
-        let binding = if tls { shared.end_point.as_deref() } else { None };
+        // A relayed client saw the entry router's certificate: its binding.
+        let relayed_binding = relayed.as_ref().and_then(Header::binding);
+        let binding = match &relayed {
+            None if tls => shared.end_point.as_deref(),
+            None => None,
+            Some(_) => relayed_binding.as_deref(),
+        };
         let authenticating = Instant::now();
         let outcome = scram::authenticate(&mut client, &verifier, binding).await;
         phases =
@@ -415,7 +567,8 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             Ok(scram::Outcome::Authenticated { channel_bound }) => bound = channel_bound,
             Ok(scram::Outcome::Refused(e)) => {
                 let refused = EventKind::ConnectionRefused;
-                let _ = shared.host.record_connection(&sb, refused, (peer, tls), None, phases).await;
+                let entry = relayed.as_ref().map(|h| h.node.as_str());
+                let _ = shared.host.record_connection(&sb, refused, (peer, tls), None, phases, entry).await;
                 refuse(&mut client, e).await;
                 return None;
             }
@@ -433,28 +586,34 @@ async fn authenticate(shared: &Shared, tcp: TcpStream, peer: SocketAddr) -> Opti
             }
         }
     }
-    let connection = describe(&client, peer, bound);
-    Some(Arrived::Sandbox(Authenticated { client, startup, target, sb, tls, phases, connection }))
+    let connection = match &relayed {
+        None => describe(tls_of(&client), peer, bound),
+        Some(header) => {
+            format!("{} entry={}", describe(header.tls.clone(), peer, bound), header.node)
+        }
+    };
+    let entry = relayed.map(|h| h.node);
+    Some(Arrived::Sandbox(Authenticated { client, startup, target, sb, tls, phases, connection, entry }))
 }
 
 /// How a client reached the router, for its session's `airlock.connection`:
 /// its address, and its TLS version, cipher and channel binding.
-fn describe(client: &Client, peer: SocketAddr, bound: bool) -> String {
-    let tls = match client {
-        Client::Plain(_) => "tls=none".to_owned(),
-        Client::Tls(session) => {
-            let conn = session.get_ref().1;
-            let version = conn
-                .protocol_version()
-                .map(|v| format!("{v:?}").replace("TLSv1_", "TLSv1."))
-                .unwrap_or_else(|| "unknown".into());
-            let cipher =
-                conn.negotiated_cipher_suite().map(|c| format!("{:?}", c.suite())).unwrap_or_default();
-            format!("tls={version} cipher={cipher}")
-        }
-    };
+fn describe(tls: Option<String>, peer: SocketAddr, bound: bool) -> String {
+    let tls = tls.unwrap_or_else(|| "tls=none".to_owned());
     let binding = if bound { "tls-server-end-point" } else { "none" };
     format!("via=router client={peer} {tls} channel_binding={binding}")
+}
+
+/// A client's TLS version and cipher, when it came by TLS.
+fn tls_of(client: &Client) -> Option<String> {
+    let Client::Tls(session) = client else { return None };
+    let conn = session.get_ref().1;
+    let version = conn
+        .protocol_version()
+        .map(|v| format!("{v:?}").replace("TLSv1_", "TLSv1."))
+        .unwrap_or_else(|| "unknown".into());
+    let cipher = conn.negotiated_cipher_suite().map(|c| format!("{:?}", c.suite())).unwrap_or_default();
+    Some(format!("tls={version} cipher={cipher}"))
 }
 
 /// The newest protocol version the sandbox's server speaks, from its golden
@@ -687,6 +846,11 @@ async fn set_later(backend: &mut Backend, later: &[(String, String)]) -> Result<
 async fn forward_cancel(shared: &Shared, key: &protocol::BackendKey) {
     if super::route::forward_cancel(shared, key).await {
         return;
+    }
+    if let Some(peers) = &shared.peers {
+        if peers.cancel(key).await {
+            return;
+        }
     }
     let host = &shared.host;
     let Some(owner) = host.connections.backend_owner(key) else { return };

@@ -53,11 +53,7 @@ pub(super) fn relayed(answer: airlock_cluster::http::Answer) -> Response {
 
 /// The error for a sandbox whose node is lost.
 fn lost(record: &airlock_cluster::records::SandboxRecord) -> Failure {
-    Failure(Error::new(
-        ErrorCode::SandboxLost,
-        format!("sandbox {} is on node {}, which stopped renewing its cluster lease", record.id, record.node),
-        "it comes back if that node does (its TTL still holds there); `airlock nodes` shows the node's state",
-    ))
+    Failure(record.lost())
 }
 
 /// The largest request body sent on to a peer: an exec's files.

@@ -29,7 +29,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Serve(args) => serve(&cli, args).await,
         Command::Router { spec } => {
             init_logging();
-            airlock_router::process::run(cli.layout().home(), spec).await?;
+            airlock_router::process::run(cli.layout().home(), spec, Box::new(crate::relay::make)).await?;
             Ok(0)
         }
         Command::Storage(StorageCommand::Init { size, filesystem }) => {

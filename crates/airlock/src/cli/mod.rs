@@ -356,6 +356,11 @@ struct ServeArgs {
     /// A join token file from `airlock cluster token` (read once; its files stay under cluster/).
     #[arg(long, requires = "cluster")]
     join: Option<PathBuf>,
+    /// Where this node's router takes clients of its sandboxes that other nodes' routers
+    /// relay (HOST:PORT, mutual TLS under the cluster's CA; the --advertise host and port
+    /// 7441 if unset), or off.
+    #[arg(long, env = "AIRLOCK_RELAY", requires = "cluster")]
+    relay: Option<String>,
     /// How long this node's lease lives unrenewed: its sandboxes are reported lost this long after it stops.
     #[arg(long, env = "AIRLOCK_LEASE_TTL", default_value = "10s")]
     lease_ttl: String,

@@ -130,7 +130,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
              --gateway-public to accept connections from anyone who can reach that address",
         ));
     }
-    let router = airlock_router::RouterConfig {
+    let mut router = airlock_router::RouterConfig {
         listen: match args.router.as_str() {
             "off" => None,
             addr => Some(addr.parse().map_err(|_| {
@@ -161,6 +161,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
                 )
             })?),
         },
+        relay: None,
     };
     let public = |addr: &Option<std::net::SocketAddr>| addr.filter(|a| !a.ip().is_loopback());
     if let Some(addr) = public(&args.tcp).filter(|_| !args.tcp_public) {
@@ -199,6 +200,9 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         }
     }
     let cluster = cluster_settings(cli, args)?;
+    if let (Some(cluster), Some(_)) = (&cluster, router.listen) {
+        router.relay = relay_settings(cluster, args.relay.as_deref())?;
+    }
     let settings = daemon::Settings { engine: config, router, gateway, metrics, cluster };
     daemon::serve(settings, daemon::Listen { tcp: args.tcp, token }).await?;
     Ok(0)
@@ -236,6 +240,43 @@ fn cluster_settings(cli: &Cli, args: &ServeArgs) -> Result<Option<airlock_cluste
         advertise: advertise.clone(),
         labels: validate::labels(&args.node_labels)?,
         lease_ttl,
+    }))
+}
+
+/// The router's relay settings of a node: on the advertised host's port
+/// 7441 unless `--relay` says otherwise.
+fn relay_settings(
+    cluster: &airlock_cluster::Settings,
+    relay: Option<&str>,
+) -> Result<Option<airlock_router::RelaySettings>> {
+    let listen = match relay {
+        Some("off") => return Ok(None),
+        Some(addr) => addr.parse().map_err(|_| {
+            Error::new(
+                ErrorCode::InvalidArguments,
+                format!("--relay {addr:?} is not HOST:PORT"),
+                "give an address of this node such as 10.0.0.2:7441, or off",
+            )
+        })?,
+        None => {
+            use std::net::ToSocketAddrs;
+            let mut addr =
+                cluster.advertise.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::InvalidArguments,
+                        format!("--advertise {:?} does not resolve", cluster.advertise),
+                        "give an address of this node, or name the relay's with --relay HOST:PORT",
+                    )
+                })?;
+            addr.set_port(airlock_router::DEFAULT_RELAY_PORT);
+            addr
+        }
+    };
+    Ok(Some(airlock_router::RelaySettings {
+        listen,
+        node: cluster.node.clone(),
+        advertise: cluster.advertise.clone(),
+        coordinator: cluster.etcd.clone(),
     }))
 }
 

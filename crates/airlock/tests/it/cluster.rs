@@ -537,3 +537,170 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
         "{events}"
     );
 }
+
+/// A command run inside node `i`'s namespace.
+fn in_ns(net: &Net, i: usize, program: &str) -> Command {
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &net.spaces[i], program]);
+    cmd
+}
+
+/// psql in node `i`'s namespace: its answer, or what it said on failure.
+fn psql_in(net: &Net, i: usize, dsn: &str, sql: &str) -> Result<String, String> {
+    let (plain, password) = split_password(dsn);
+    let out = in_ns(net, i, "psql")
+        .arg(plain)
+        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .env("PGPASSWORD", password)
+        .env("PGCONNECT_TIMEOUT", "10")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// redis-cli in node `i`'s namespace, with `args` after the URL.
+fn redis_in(net: &Net, i: usize, url: &str, tls_ca: Option<&Path>, args: &[&str]) -> String {
+    let mut cmd = in_ns(net, i, "redis-cli");
+    cmd.args(["--no-auth-warning", "-u", url]);
+    if let Some(ca) = tls_ca {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
+    let out = cmd.args(args).stdin(Stdio::null()).output().unwrap();
+    format!("{}{}", String::from_utf8_lossy(&out.stdout).trim(), String::from_utf8_lossy(&out.stderr).trim())
+}
+
+/// `dsn` with its router's address and CA replaced by node `d`'s.
+fn through(dsn: &str, d: &Daemon) -> String {
+    let (userinfo, rest) = dsn.split_once('@').unwrap();
+    let (_, path) = rest.split_once('/').unwrap();
+    let (database, _) = path.split_once('?').unwrap();
+    let ca = d.home.join("tls/ca.crt");
+    format!("{userinfo}@{}/{database}?sslmode=verify-full&sslrootcert={}", d.router, ca.display())
+}
+
+#[test]
+fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_node() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new(&["a", "b"]);
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let token = home_a.join("token-b");
+    issue_token(&home_a, "b", &net.advertise(1), &token);
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
+    let b = node(&net, 1, "b", Some(&token), &[]);
+    crate::redis::golden_with_redis(&a, "cache");
+    let sb = a.fork("cache", &["--name", "relayed"]);
+    assert_eq!(sb["node"], "a", "{sb}");
+    let id = sb["id"].as_str().unwrap();
+    b.wait_for(Duration::from_secs(10), "b to see a's router relay", || {
+        b.json(&["nodes"])[0]["relay"].as_str().is_some_and(|r| r.ends_with(":7441"))
+    });
+
+    // psql on b's host, through b's router (TLS verified against b's CA), on a's sandbox.
+    let via_b = through(&dsn(&sb), &b);
+    let via_a = through(&dsn(&sb), &a);
+    let conn = psql_in(&net, 1, &via_b, "SELECT current_setting('airlock.connection')").unwrap();
+    assert!(conn.contains("entry=b"), "the owner knows the client came through b: {conn}");
+    assert!(
+        conn.contains("channel_binding=tls-server-end-point") && conn.contains("tls=TLSv1.3"),
+        "SCRAM-SHA-256-PLUS bound to b's certificate, which the client saw: {conn}"
+    );
+    psql_in(&net, 1, &via_b, "INSERT INTO t VALUES (42)").unwrap();
+    assert_eq!(psql_in(&net, 0, &via_a, "SELECT count(*) FROM t WHERE id = 42").unwrap(), "1");
+    // By name too, and with the sandbox as the user and a database inside it.
+    let by_name = via_b.replace(&format!("/{id}?"), "/relayed?");
+    assert_eq!(psql_in(&net, 1, &by_name, "SELECT 1").unwrap(), "1");
+    let (userinfo, rest) = via_b.split_once('@').unwrap();
+    let password = userinfo.rsplit_once(':').unwrap().1;
+    let as_user = format!("postgresql://{id}:{password}@{}", rest.replace(&format!("/{id}?"), "/postgres?"));
+    assert_eq!(psql_in(&net, 1, &as_user, "SELECT current_database()").unwrap(), "app");
+    // The owner authenticates: a wrong password is refused as on a's own port.
+    let wrong = via_b.replace(&format!(":{password}@"), ":not-the-password@");
+    let err = psql_in(&net, 1, &wrong, "SELECT 1").unwrap_err();
+    assert!(err.contains("password authentication failed"), "{err}");
+    let err = psql_in(&net, 1, &via_b.replace(id, "sb-zzzzzzzzzz"), "SELECT 1").unwrap_err();
+    assert!(err.contains("does not exist"), "{err}");
+    // Plaintext through b (the relay itself is mutual TLS).
+    let plain_b = via_b.split_once('?').unwrap().0.to_owned() + "?sslmode=disable";
+    assert_eq!(psql_in(&net, 1, &plain_b, "SELECT count(*) FROM t").unwrap(), "1");
+
+    // A cancel request sent to b stops the query on a.
+    let (plain, pw) = split_password(&plain_b);
+    let slow = in_ns(&net, 1, "psql")
+        .arg(plain)
+        .args(["-XtAc", "SELECT pg_sleep(30)"])
+        .env("PGPASSWORD", pw)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'";
+    while psql_in(&net, 0, &via_a, running).unwrap() != "1" {
+        assert!(Instant::now() < deadline, "the slow query never started");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let t = Instant::now();
+    assert!(Command::new("kill").args(["-INT", &slow.id().to_string()]).status().unwrap().success());
+    let out = slow.wait_with_output().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(10), "the cancel took {:?}", t.elapsed());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("canceling statement due to user request"),
+        "{out:?}"
+    );
+
+    // redis-cli through b's Redis port, plaintext and TLS.
+    let redis_b = b.redis_router.clone();
+    let url = format!("redis://{id}:{password}@{redis_b}");
+    assert_eq!(redis_in(&net, 1, &url, None, &["GET", "greeting"]), "hello world");
+    assert_eq!(redis_in(&net, 1, &url, None, &["SET", "from-b", "yes"]), "OK");
+    let tls_url = format!("rediss://{id}:{password}@{redis_b}");
+    let ca_b = b.home.join("tls/ca.crt");
+    assert_eq!(redis_in(&net, 1, &tls_url, Some(&ca_b), &["GET", "from-b"]), "yes");
+    let url_a = format!("redis://{id}:{password}@{}", a.redis_router);
+    assert_eq!(redis_in(&net, 0, &url_a, None, &["GET", "from-b"]), "yes", "b's write is on a's sandbox");
+    let wrong = format!("redis://{id}:nope@{redis_b}");
+    assert!(redis_in(&net, 1, &wrong, None, &["GET", "greeting"]).contains("WRONGPASS"));
+
+    // The relay port takes only a cluster member: no client certificate, or a
+    // plaintext header claiming anything, gets nothing.
+    let relay_a = net.advertise(0).replace(":7440", ":7441");
+    let out = Command::new("curl")
+        .args(["-s", "--max-time", "5", "--cacert"])
+        .arg(home_a.join("cluster/ca.crt"))
+        .arg(format!("https://{relay_a}/"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success() && out.stdout.is_empty(), "{out:?}");
+    use std::io::{Read, Write};
+    let mut raw = std::net::TcpStream::connect(&relay_a).unwrap();
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let forged = format!(
+        "AIRLOCK-RELAY-1 {{\"door\":\"postgres\",\"node\":\"b\",\"peer\":\"10.0.0.1:1\",\"tls\":\"tls=TLSv1.3\",\"end_point\":null}}\n"
+    );
+    raw.write_all(forged.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    let _ = raw.read_to_end(&mut answer);
+    assert!(answer.iter().all(|b| *b != b'R'), "a plaintext relay client got an answer: {answer:?}");
+    assert!(!answer.windows(4).any(|w| w == b"SCRA"), "{answer:?}");
+
+    // The owner recorded the relayed connections, naming the node they came through.
+    let events = a.json(&["events", "--sandbox", id]);
+    let relayed = events
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "connected")
+        .filter(|e| e["detail"]["entry"] == "b")
+        .count();
+    assert!(relayed >= 4, "{events}");
+}

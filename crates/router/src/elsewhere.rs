@@ -1,0 +1,358 @@
+//! Sandboxes another node of the cluster holds. Any node's router takes their
+//! clients and relays them, over mutual TLS under the cluster's CA, to the
+//! router of the node that holds the sandbox (its owner), which serves them as
+//! its own ([`super::relayed`]).
+//!
+//! The entry router reads only what names the sandbox (the startup packet, or
+//! Redis's `AUTH`). The client's TLS ends at the entry router; its
+//! authentication is the owner's: the startup and the SCRAM exchange go
+//! through untouched, after a [`Header`] saying how the client came (its
+//! address, its TLS, and the entry router's certificate binding, so that
+//! SCRAM-SHA-256-PLUS binds to the certificate the client saw). The owner
+//! believes the header because only a certificate of the cluster's CA opens
+//! its relay port, and a member is trusted with the whole cluster already.
+//! Neither the client's password nor the sandbox's verifier leaves the owner.
+//!
+//! The entry router reads the owner's first messages as they pass, for the
+//! session's backend key: a cancel request for it, which the client sends to
+//! the entry router, is passed to the owner.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::protocol::{self, BackendKey, ErrorResponse};
+use airlock_core::error::Result;
+
+/// How long a peer router has to connect and finish its TLS handshake.
+pub(super) const HANDSHAKE: Duration = Duration::from_secs(5);
+/// The longest [`Header`] line.
+pub(super) const MAX_HEADER: usize = 4096;
+/// What a relayed stream starts with, before its header's JSON.
+const MAGIC: &str = "AIRLOCK-RELAY-1 ";
+
+/// Where the sandboxes other nodes hold are: the cluster's directory, which
+/// the application provides (the router knows no coordinator).
+#[async_trait::async_trait]
+pub trait Directory: Send + Sync {
+    /// The node holding sandbox `key` (an id or a name) when another node
+    /// does; None when none does. An error (the owner lost, the directory out
+    /// of reach) is told to the client.
+    async fn owner(&self, key: &str) -> Result<Option<Remote>>;
+}
+
+/// Another node's router, as the directory names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    /// The node's name (and its certificate's).
+    pub node: String,
+    /// Where its router's relay port listens (`HOST:PORT`; the host is the
+    /// one its certificate names).
+    pub relay: String,
+}
+
+/// What a router in a cluster runs with: its relay port, the cluster's
+/// mutual TLS, and the directory.
+pub struct Relay {
+    /// This node's name, told to owners in each relayed client's header.
+    pub node: String,
+    /// The relay port, bound.
+    pub listener: TcpListener,
+    /// This node's certificate, and a cluster certificate required of every peer.
+    pub acceptor: tokio_rustls::TlsAcceptor,
+    /// This node's certificate for its peers, and the cluster's CA as the only root.
+    pub connector: tokio_rustls::TlsConnector,
+    /// Who holds what.
+    pub directory: Arc<dyn Directory>,
+}
+
+/// The entry side, shared by every client task.
+pub(super) struct Peers {
+    pub node: String,
+    pub connector: tokio_rustls::TlsConnector,
+    pub directory: Arc<dyn Directory>,
+    /// Relayed sessions' backend keys, and the relay port of the node each is on.
+    keys: Mutex<HashMap<BackendKey, String>>,
+}
+
+/// Which front door a relayed client came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum Door {
+    Postgres,
+    Redis,
+}
+
+/// How a relayed client came to the entry router.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Header {
+    /// Which port.
+    pub door: Door,
+    /// The entry router's node.
+    pub node: String,
+    /// The client's address.
+    pub peer: SocketAddr,
+    /// The client's TLS (version and cipher), when it came by TLS.
+    pub tls: Option<String>,
+    /// The entry router's certificate's `tls-server-end-point` binding, in hex.
+    pub end_point: Option<String>,
+}
+
+impl Header {
+    /// The header's line.
+    fn encode(&self) -> Vec<u8> {
+        let mut line = MAGIC.as_bytes().to_vec();
+        line.extend(serde_json::to_vec(self).expect("a header serializes"));
+        line.push(b'\n');
+        line
+    }
+
+    /// Reads a header line, byte by byte (what follows it is the client's).
+    pub async fn read<S: AsyncRead + Unpin>(stream: &mut S) -> std::io::Result<Header> {
+        let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
+        let mut line = Vec::with_capacity(256);
+        loop {
+            let b = stream.read_u8().await?;
+            if b == b'\n' {
+                break;
+            }
+            if line.len() >= MAX_HEADER {
+                return Err(bad("a relay header too long"));
+            }
+            line.push(b);
+        }
+        let json = line.strip_prefix(MAGIC.as_bytes()).ok_or_else(|| bad("not a relay header"))?;
+        serde_json::from_slice(json).map_err(|e| bad(&format!("a relay header that does not read: {e}")))
+    }
+
+    /// The binding's bytes.
+    pub fn binding(&self) -> Option<Vec<u8>> {
+        let hex = self.end_point.as_deref()?;
+        (0..hex.len())
+            .step_by(2)
+            .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+            .collect()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Peers {
+    pub fn new(relay: &Relay) -> Peers {
+        Peers {
+            node: relay.node.clone(),
+            connector: relay.connector.clone(),
+            directory: relay.directory.clone(),
+            keys: Mutex::default(),
+        }
+    }
+
+    /// The node holding `key`, if another does: None when none does; an
+    /// error to tell the client otherwise.
+    pub async fn owner(&self, key: &str) -> std::result::Result<Option<Remote>, ErrorResponse> {
+        self.directory.owner(key).await.map_err(|e| ErrorResponse::fatal("57P03", e.message, e.hint))
+    }
+
+    /// A stream to `remote`'s relay port, its header sent.
+    pub async fn dial(&self, remote: &Remote, header: &Header) -> std::io::Result<RelayStream> {
+        let late =
+            |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no {what} within 5s"));
+        let host = host_of(&remote.relay);
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+        let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(&remote.relay))
+            .await
+            .map_err(|_| late("connection"))??;
+        let _ = tcp.set_nodelay(true);
+        let mut tls = tokio::time::timeout(HANDSHAKE, self.connector.connect(name, tcp))
+            .await
+            .map_err(|_| late("TLS"))??;
+        tls.write_all(&header.encode()).await?;
+        Ok(tls)
+    }
+
+    /// A header for a client that came to this router.
+    pub fn header(
+        &self,
+        door: Door,
+        peer: SocketAddr,
+        tls: Option<String>,
+        end_point: Option<&[u8]>,
+    ) -> Header {
+        Header { door, node: self.node.clone(), peer, tls, end_point: end_point.map(hex) }
+    }
+
+    /// Passes a cancel request to the node whose session has this key; true
+    /// if one has.
+    pub async fn cancel(&self, key: &BackendKey) -> bool {
+        let relay = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned();
+        let Some(relay) = relay else { return false };
+        let remote = Remote { node: String::new(), relay };
+        let header = self.header(Door::Postgres, SocketAddr::from(([0, 0, 0, 0], 0)), None, None);
+        if let Ok(mut stream) = self.dial(&remote, &header).await {
+            let _ = stream.write_all(&key.cancel_request()).await;
+            let _ = stream.flush().await;
+            let _ = stream.shutdown().await;
+        }
+        true
+    }
+
+    /// Relays a PostgreSQL client (its startup read, and the same startup
+    /// already passed to the owner) until either side ends. The owner's
+    /// messages up to its first ReadyForQuery are read as they pass: its
+    /// AuthenticationOk proves the client (`proved`), and its backend key is
+    /// kept for cancel requests. `by` bounds that start.
+    pub async fn relay_postgres<C>(
+        &self,
+        client: C,
+        owner: RelayStream,
+        remote: &Remote,
+        by: Instant,
+        proved: impl FnOnce(),
+    ) where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
+        let (mut client_r, mut client_w) = tokio::io::split(client);
+        let (mut owner_r, mut owner_w) = tokio::io::split(owner);
+        let mut key = None;
+        let up = async {
+            let _ = tokio::io::copy(&mut client_r, &mut owner_w).await;
+            let _ = owner_w.shutdown().await;
+        };
+        let down = async {
+            let started = tokio::time::timeout_at(
+                by.into(),
+                self.start(&mut owner_r, &mut client_w, remote, &mut key, proved),
+            )
+            .await;
+            if matches!(started, Ok(Ok(true))) {
+                let _ = tokio::io::copy(&mut owner_r, &mut client_w).await;
+            }
+            let _ = client_w.flush().await;
+            let _ = client_w.shutdown().await;
+        };
+        {
+            tokio::pin!(down);
+            tokio::select! {
+                () = &mut down => {}
+                // The client went: the owner sees the end of its input and ends
+                // the session (cancelling what it ran), then closes.
+                () = up => { let _ = tokio::time::timeout(HANDSHAKE, down).await; }
+            }
+        }
+        if let Some(key) = key {
+            self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        }
+    }
+
+    /// Passes the owner's messages on until its first ReadyForQuery: true
+    /// then; false if the session ended before (a refusal, say).
+    async fn start<R, W>(
+        &self,
+        owner: &mut R,
+        client: &mut W,
+        remote: &Remote,
+        key: &mut Option<BackendKey>,
+        proved: impl FnOnce(),
+    ) -> std::io::Result<bool>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut proved = Some(proved);
+        loop {
+            let message = match protocol::read_server_message(owner).await {
+                Ok(m) => m,
+                Err(protocol::PacketError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Ok(false)
+                }
+                Err(e) => return Err(std::io::Error::other(e.to_string())),
+            };
+            client.write_all(&message.bytes).await?;
+            if message.auth_code() == Some(0) {
+                if let Some(proved) = proved.take() {
+                    proved();
+                }
+            }
+            if let Some(k) = message.backend_key() {
+                self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), remote.relay.clone());
+                *key = Some(k);
+            }
+            match message.tag {
+                b'Z' => {
+                    client.flush().await?;
+                    return Ok(true);
+                }
+                // Authentication asks the client: it must hear it now.
+                b'R' | b'v' => client.flush().await?,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// A stream to another node's relay port.
+pub(super) type RelayStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// The host of `HOST:PORT` (an IPv6 address without its brackets).
+fn host_of(addr: &str) -> &str {
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
+}
+
+/// Relays a Redis client (its authenticating command already passed to the
+/// owner) until either side ends; `proved` once the owner accepted it.
+pub(super) async fn relay_redis<C>(client: C, owner: RelayStream, proved: impl FnOnce())
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut owner = tokio::io::BufStream::new(owner);
+    let mut client = client;
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(Duration::from_secs(10), owner.read(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return,
+    }
+    if first[0] != b'-' {
+        proved();
+    }
+    if client.write_all(&first).await.is_err() {
+        return;
+    }
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut owner).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_header_reads_back_and_nothing_else_passes_for_one() {
+        let header = Header {
+            door: Door::Postgres,
+            node: "c".into(),
+            peer: "10.0.0.9:5555".parse().unwrap(),
+            tls: Some("tls=TLSv1.3".into()),
+            end_point: Some(hex(&[0, 1, 0xab, 0xff])),
+        };
+        let mut bytes = header.encode();
+        bytes.extend_from_slice(b"the client's bytes");
+        let mut stream = &bytes[..];
+        let read = Header::read(&mut stream).await.unwrap();
+        assert_eq!(read.binding(), Some(vec![0, 1, 0xab, 0xff]));
+        assert_eq!((read.node.as_str(), read.peer, read.door), ("c", header.peer, Door::Postgres));
+        assert_eq!(stream, b"the client's bytes", "the header's reader takes nothing after it");
+        for bad in [&b"GET / HTTP/1.1\n"[..], b"AIRLOCK-RELAY-1 {}\n", &[b'x'; MAX_HEADER + 10]] {
+            assert!(Header::read(&mut &bad[..]).await.is_err());
+        }
+        assert_eq!(host_of("[fd00::1]:7441"), "fd00::1");
+        assert_eq!(host_of("node-b.internal:7441"), "node-b.internal");
+    }
+}
