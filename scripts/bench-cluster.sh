@@ -7,7 +7,8 @@
 # Then, from b's host, connections to a sandbox on a: through b's router
 # (relayed to a's over the node-to-node link) against a DSN naming a's router
 # directly: psql's connect-and-query time (TLS verify-full), and pgbench
-# read-only transactions per second at 2 and 8 clients.
+# read-only transactions per second at 2 and 8 clients. Last, the replication
+# of a ~1.5 GB golden from a to b against copying and hashing its files.
 # Usage: scripts/bench-cluster.sh [PAIRS]   (as root; uses target/release/airlock)
 set -euo pipefail
 pairs=${1:-30}
@@ -127,4 +128,37 @@ for clients in [2, 8]:
     d2 = tps("direct", clients)
     d = (d + d2) / 2
     print(f"  {clients} clients: direct {d:8.0f}  routed {r:8.0f}  routed/direct {r / d:.2f}")
+PY
+
+# Replication of the ~1.5 GB golden (bench/seed-1500mb.sql) from a to b,
+# three rounds, each beside the two floors it stands on, measured in the same
+# round: a plain copy of the generation's files on the same disk (cp -a), and
+# hashing them (sha256sum). The golden is removed from b between rounds.
+echo "building the ~1.5 GB golden on a..."
+AIRLOCK_HOME=$work/a "$bin" golden create big --schema "$PWD/bench/schema.sql" --seed "$PWD/bench/seed-1500mb.sql" >/dev/null
+AIRLOCK_HOME=$work/a BIN=$bin WORK=$work python3 - <<'PY'
+import json, os, subprocess, time, statistics
+bin, work = os.environ["BIN"], os.environ["WORK"]
+gen = f"{work}/a/volume/goldens/big/1"
+def run(*args, home="a"):
+    out = subprocess.run(list(args), capture_output=True, text=True, env=dict(os.environ, AIRLOCK_HOME=f"{work}/{home}"))
+    if out.returncode: raise SystemExit(f"{args}: {out.stdout}{out.stderr}")
+    return out.stdout
+def timed(*args, home="a"):
+    t = time.perf_counter(); out = run(*args, home=home); return time.perf_counter() - t, out
+size = int(run("du", "-sb", "--exclude=files.json", gen).split()[0])
+res = {"cp -a (same disk)": [], "sha256sum": [], "golden replicate": []}
+for _ in range(3):
+    took, _ = timed("cp", "-a", gen, f"{work}/copy"); res["cp -a (same disk)"].append(took); run("rm", "-rf", f"{work}/copy")
+    took, _ = timed("sh", "-c", f"find {gen} -type f ! -name files.json -print0 | xargs -0 sha256sum > /dev/null"); res["sha256sum"].append(took)
+    took, out = timed(bin, "golden", "replicate", "big", "--nodes", "b", "--json")
+    fetched = json.loads(out)[0]
+    assert fetched["from"] == "a" and fetched["attempts"] == 1, fetched
+    res["golden replicate"].append(took)
+    run(bin, "golden", "rm", "big", home="b")
+print(f"replicating the {size / 1e9:.2f} GB golden from a to b (3 rounds; MB = 10^6 bytes):")
+for k, xs in res.items():
+    m = statistics.median(xs)
+    print(f"  {k:18} median {m:6.2f} s  {size / 1e6 / m:6.0f} MB/s")
+print(f"  replicate / cp -a: {statistics.median(res['golden replicate']) / statistics.median(res['cp -a (same disk)']):.2f}x the time")
 PY

@@ -132,6 +132,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/goldens/{name}/replicate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post: operations["replicate"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/grants": {
         parameters: {
             query?: never;
@@ -1049,7 +1065,7 @@ export interface components {
          * @description The stable, documented kinds of failure.
          * @enum {string}
          */
-        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "mask_invalid" | "mask_unmasked" | "mask_leak" | "cluster_unavailable" | "sandbox_lost" | "internal";
+        ErrorCode: "invalid_request" | "invalid_arguments" | "invalid_name" | "invalid_ttl" | "invalid_label" | "golden_not_found" | "sandbox_not_found" | "golden_exists" | "name_taken" | "golden_in_use" | "capacity_exhausted" | "seed_failed" | "source_failed" | "extension_missing" | "fidelity_failed" | "postgres_missing" | "file_unreadable" | "data_root_not_writable" | "storage_failed" | "postgres_failed" | "redis_failed" | "unauthorized" | "daemon_unreachable" | "migration_refused" | "migration_failed" | "promotion_refused" | "disk_full" | "audit_unavailable" | "audit_broken" | "timed_out" | "target_not_found" | "target_exists" | "target_refused" | "grant_not_found" | "mask_invalid" | "mask_unmasked" | "mask_leak" | "cluster_unavailable" | "sandbox_lost" | "replication_failed" | "internal";
         /** @description One recorded event. */
         Event: {
             /** @description When it happened. */
@@ -1083,7 +1099,7 @@ export interface components {
          *     literals can fill their other fields with `..Default::default()`.)
          * @enum {string}
          */
-        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "grant_minted" | "grant_ended" | "collision" | "audit_gap" | "audit_repaired" | "lost" | "reconciled";
+        EventKind: "created" | "ready" | "extended" | "deleted" | "golden_created" | "golden_refreshed" | "golden_deleted" | "golden_promoted" | "generation_pruned" | "golden_replicated" | "server_exited" | "disk_limit_exceeded" | "disk_reserve" | "reset" | "suspended" | "woken" | "tool_call" | "connected" | "connection_refused" | "watchdog" | "migration_tested" | "migration_promoted" | "credential_issued" | "target_added" | "target_removed" | "grant_minted" | "grant_ended" | "collision" | "audit_gap" | "audit_repaired" | "lost" | "reconciled";
         /**
          * @description What an import from a live database leaves out, as pg_dump's patterns
          *     (`orders`, `app.audit_*`, `archive`).
@@ -1178,6 +1194,42 @@ export interface components {
             line: number;
             /** @description The statement. */
             sql: string;
+        };
+        /** @description What a fetch did, for `airlock golden replicate`. */
+        Fetched: {
+            /** @description Whether the node held it already (nothing was sent). */
+            already: boolean;
+            /**
+             * Format: int32
+             * @description Tries it took (a refused transfer is tried again).
+             */
+            attempts: number;
+            /**
+             * Format: int64
+             * @description Bytes received.
+             */
+            bytes: number;
+            /** @description The node it came from (none when it was here already). */
+            from?: string | null;
+            /**
+             * Format: int64
+             * @description The generation.
+             */
+            generation: number;
+            /** @description The golden. */
+            golden: string;
+            /**
+             * Format: double
+             * @description Megabytes (10^6 bytes) a second.
+             */
+            mb_per_s: number;
+            /** @description The node that now holds the generation. */
+            node: string;
+            /**
+             * Format: double
+             * @description Seconds the transfer took, hashing and placing included.
+             */
+            seconds: number;
         };
         /** @description A file to put in the workspace before the command runs. */
         FileIn: {
@@ -1931,6 +1983,16 @@ export interface components {
             from: string;
             /** @description The referenced columns, `schema.table(col, ...)`. */
             to: string;
+        };
+        /** @description Body of `POST /v1/goldens/{name}/replicate`. */
+        ReplicateRequest: {
+            /**
+             * Format: int64
+             * @description The generation (the current one of the node it comes from if unset).
+             */
+            generation?: number | null;
+            /** @description The nodes that should hold it. */
+            nodes: string[];
         };
         /** @description The whole report of one `migrate test` run. */
         Report: {
@@ -3381,6 +3443,114 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Golden"];
+                };
+            };
+            /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the TCP listener's bearer token is missing or wrong */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description no such golden or sandbox */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description the work failed on its input: seed_failed, source_failed, migration_failed */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description timed_out: the request ran past its deadline */
+            504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom */
+            507: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    replicate: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description the golden's name */
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReplicateRequest"];
+            };
+        };
+        responses: {
+            /** @description what each node fetched (or held already), in the order asked */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Fetched"][];
                 };
             };
             /** @description the request was malformed (invalid_request, invalid_name, invalid_ttl, invalid_label, file_unreadable) */

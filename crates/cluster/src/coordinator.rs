@@ -35,6 +35,11 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn find(&self, key: &str) -> Result<Option<Placed>>;
     /// Marks a sandbox lost; true for the one caller that marked it first.
     async fn report_lost(&self, id: &str) -> Result<bool>;
+    /// Holds a sandbox name for a fork under way on `node`, under its lease;
+    /// false when any node holds the name (a sandbox's, or another claim).
+    async fn claim_name(&self, lease: Lease, name: &str, node: &str) -> Result<bool>;
+    /// Lets go of a claim `node` made that no sandbox took over (its fork failed).
+    async fn release_name(&self, name: &str, node: &str) -> Result<()>;
 }
 
 /// The coordinator on etcd: keys under `/airlock/v1/`.
@@ -43,7 +48,7 @@ pub trait Coordinator: Send + Sync + 'static {
 /// |---|---|---|
 /// | `nodes/NAME` | the node's record | the node's |
 /// | `live/ID` | the owner's name | the owner's |
-/// | `names/NAME` | the sandbox's id | the owner's |
+/// | `names/NAME` | the sandbox's id (`claimed-by:NODE` while its fork is under way) | the owner's (the claimer's) |
 /// | `placed/ID` | the sandbox's record | none |
 /// | `lost/ID` | the node that reported it | none |
 pub struct EtcdCoordinator {
@@ -154,6 +159,24 @@ impl Coordinator for EtcdCoordinator {
     }
 
     async fn report_lost(&self, id: &str) -> Result<bool> {
-        self.etcd.put_if_absent(&self.key("lost", id), b"").await
+        self.etcd.put_if_absent(&self.key("lost", id), b"", None).await
     }
+
+    async fn claim_name(&self, lease: Lease, name: &str, node: &str) -> Result<bool> {
+        self.etcd.put_if_absent(&self.key("names", name), claim(node).as_bytes(), Some(lease.0)).await
+    }
+
+    async fn release_name(&self, name: &str, node: &str) -> Result<()> {
+        let key = self.key("names", name);
+        if self.etcd.get(&key).await?.as_deref() == Some(claim(node).as_bytes()) {
+            self.etcd.delete(&key).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What `names/NAME` holds while a fork of that name is under way on `node`
+/// (its sandbox's id once published).
+fn claim(node: &str) -> String {
+    format!("claimed-by:{node}")
 }

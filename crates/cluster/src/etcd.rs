@@ -130,12 +130,17 @@ impl Etcd {
         self.call("/v3/kv/put", put).await.map(drop)
     }
 
-    /// Sets `key` only if it does not exist; whether it was set.
-    pub async fn put_if_absent(&self, key: &str, value: &[u8]) -> Result<bool> {
+    /// Sets `key` only if it does not exist (bound to `lease` when given);
+    /// whether it was set.
+    pub async fn put_if_absent(&self, key: &str, value: &[u8], lease: Option<i64>) -> Result<bool> {
         let k = B64.encode(key);
+        let mut put = json!({ "key": k, "value": B64.encode(value) });
+        if let Some(lease) = lease {
+            put["lease"] = lease.to_string().into();
+        }
         let txn = json!({
             "compare": [{ "key": k, "target": "CREATE", "create_revision": "0", "result": "EQUAL" }],
-            "success": [{ "request_put": { "key": k, "value": B64.encode(value) } }],
+            "success": [{ "request_put": put }],
         });
         Ok(self.call("/v3/kv/txn", txn).await?["succeeded"].as_bool().unwrap_or(false))
     }

@@ -33,6 +33,42 @@ pub struct Ask<'a> {
     pub body: Bytes,
 }
 
+/// Sends `ask` on `io`; the answer's status and its body, to be read as it
+/// comes (a golden's files). Its head must come within `limit`.
+pub async fn open<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Result<(u16, hyper::body::Incoming)>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let unreachable = |e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorCode::ClusterUnavailable,
+            format!("{whom} did not answer: {e}"),
+            "check that it runs and that this node reaches it",
+        )
+    };
+    let work = async {
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(&e))?;
+        // The connection is driven until the body has been read (or dropped).
+        tokio::spawn(connection);
+        let request = hyper::Request::builder()
+            .method(ask.method)
+            .uri(ask.path)
+            .header("host", "airlock")
+            .body(Full::new(ask.body))
+            .map_err(|e| Error::internal(format!("a request to {whom} could not be made: {e}")))?;
+        let response = sender.send_request(request).await.map_err(|e| unreachable(&e))?;
+        Ok((response.status().as_u16(), response.into_body()))
+    };
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
+        Err(Error::new(
+            ErrorCode::ClusterUnavailable,
+            format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
+            "check that it runs and that this node reaches it",
+        ))
+    })
+}
+
 /// Sends `ask` on `io` and reads the whole answer, all within `limit`.
 pub async fn exchange<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Result<Answer>
 where

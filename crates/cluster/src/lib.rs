@@ -23,6 +23,7 @@ pub mod membership;
 pub mod peer;
 pub mod placement;
 pub mod records;
+pub mod replicate;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +72,8 @@ pub struct Cluster {
     publishing: tokio::sync::Mutex<()>,
     /// What the last look for lost sandboxes saw.
     lost_watch: Mutex<membership::LostWatch>,
+    /// Goldens being fetched from other nodes.
+    fetching: replicate::Fetching,
 }
 
 /// Where a request for one sandbox goes.
@@ -101,6 +104,7 @@ impl Cluster {
             published: Mutex::new(BTreeMap::new()),
             publishing: tokio::sync::Mutex::new(()),
             lost_watch: Mutex::new(Default::default()),
+            fetching: Default::default(),
         });
         let _ = airlock_core::events::NODE.set(cluster.settings.node.clone());
         if let Some(other) =
@@ -265,6 +269,32 @@ impl Cluster {
             all.push(record.shown_as(SandboxState::Lost));
         }
         Ok(all)
+    }
+
+    /// Holds `name` for a fork this node is placing, so that no other node's
+    /// fork takes it meanwhile (`name_taken` if one has).
+    pub async fn claim_name(&self, name: &str) -> Result<()> {
+        let lease = membership::current(self)?;
+        if !self.coordinator.claim_name(lease, name, &self.settings.node).await? {
+            return Err(Error::new(
+                ErrorCode::NameTaken,
+                format!("a sandbox named {name:?} already lives in the cluster, or is being forked"),
+                "pick another name, or delete that sandbox first",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Lets go of a name this node claimed for a fork that failed.
+    pub async fn release_name(&self, name: &str) {
+        if let Err(e) = self.coordinator.release_name(name, &self.settings.node).await {
+            tracing::warn!(name, error = %e, "a claimed sandbox name could not be released; it goes with the lease");
+        }
+    }
+
+    /// Says what this node is and holds now, between rounds.
+    pub async fn announce_now(&self) -> Result<()> {
+        membership::announce_now(self).await
     }
 
     /// Publishes this node's sandboxes now (a fork does before it answers, so

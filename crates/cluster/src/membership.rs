@@ -72,7 +72,13 @@ async fn round(cluster: &Cluster) -> Result<()> {
     report_lost(cluster).await
 }
 
-fn current(cluster: &Cluster) -> Result<crate::coordinator::Lease> {
+/// Says what this node is and holds now, between rounds (a golden it just received).
+pub async fn announce_now(cluster: &Cluster) -> Result<()> {
+    let lease = current(cluster)?;
+    cluster.coordinator.announce(lease, &describe(cluster)).await
+}
+
+pub(crate) fn current(cluster: &Cluster) -> Result<crate::coordinator::Lease> {
     cluster.lease.lock().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| {
         Error::new(
             ErrorCode::ClusterUnavailable,

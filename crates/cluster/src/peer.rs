@@ -117,6 +117,26 @@ impl Peers {
         body: Bytes,
         limit: Duration,
     ) -> Result<Answer> {
+        let tls = self.dial(node).await?;
+        let ask = Ask { method, path, content_type, body };
+        exchange(tls, ask, limit, &format!("node {}", node.name)).await
+    }
+
+    /// Sends a `GET` to `node`'s API; its status and its body, to be read as
+    /// it comes. The head must come within `limit`.
+    pub async fn open(
+        &self,
+        node: &NodeRecord,
+        path: &str,
+        limit: Duration,
+    ) -> Result<(u16, hyper::body::Incoming)> {
+        let tls = self.dial(node).await?;
+        let ask = Ask { method: "GET", path, content_type: None, body: Bytes::new() };
+        crate::http::open(tls, ask, limit, &format!("node {}", node.name)).await
+    }
+
+    /// A mutually authenticated connection to `node`'s API.
+    async fn dial(&self, node: &NodeRecord) -> Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let unreachable = |why: String| {
             Error::new(
                 ErrorCode::ClusterUnavailable,
@@ -132,11 +152,9 @@ impl Peers {
             .map_err(|_| unreachable("no connection within 5s".into()))?
             .map_err(|e| unreachable(e.to_string()))?;
         let _ = tcp.set_nodelay(true);
-        let tls = tokio::time::timeout(HANDSHAKE_LIMIT, self.connector.connect(server_name, tcp))
+        tokio::time::timeout(HANDSHAKE_LIMIT, self.connector.connect(server_name, tcp))
             .await
             .map_err(|_| unreachable("no TLS handshake within 5s".into()))?
-            .map_err(|e| unreachable(e.to_string()))?;
-        let ask = Ask { method, path, content_type, body };
-        exchange(tls, ask, limit, &format!("node {}", node.name)).await
+            .map_err(|e| unreachable(e.to_string()))
     }
 }

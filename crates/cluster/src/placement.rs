@@ -1,6 +1,9 @@
-//! Where a fork goes: a node that holds the golden, has room, and meets the
-//! request's constraints; the least loaded of them, this node on a tie (a
-//! fork placed here needs no hop).
+//! Where a fork goes: a node that has room and meets the request's
+//! constraints, one that holds the golden first; the least loaded of them,
+//! this node on a tie (a fork placed here needs no hop). A node that does not
+//! hold the golden is chosen only when none that fits and has room does, and
+//! some node up holds it: it fetches the golden from that node at the fork
+//! ([`crate::replicate`]).
 
 use std::collections::BTreeMap;
 
@@ -53,13 +56,16 @@ pub fn choose(nodes: &[NodeRecord], want: &Want, me: &str) -> Result<Choice> {
         ));
     }
     let golden = want.golden.split('@').next().unwrap_or(&want.golden);
-    fit.retain(|n| n.holds(golden, None));
-    if fit.is_empty() {
+    if !nodes.iter().any(|n| n.state == "up" && n.holds(golden, None)) {
         return Err(Error::new(
             ErrorCode::GoldenNotFound,
-            format!("no node that fits holds golden {golden:?}"),
-            "build it on one of them (`airlock golden create`), or drop the --node and --node-label constraints",
+            format!("no node up holds golden {golden:?}"),
+            "build it on one node (`airlock golden create`); the others fetch it when a fork needs it",
         ));
+    }
+    // Holders with room first; any fitting node (which fetches the golden) else.
+    if fit.iter().any(|n| n.holds(golden, None) && n.has_room()) {
+        fit.retain(|n| n.holds(golden, None));
     }
     let with_room: Vec<&NodeRecord> = fit.iter().copied().filter(|n| n.has_room()).collect();
     if with_room.is_empty() {
@@ -150,5 +156,27 @@ mod tests {
         let want = Want { golden: "shop".into(), ..Default::default() };
         assert_eq!(chosen(choose(&full, &want, "a").unwrap()), "here");
         assert_eq!(choose(&full, &want, "c").unwrap_err().code, ErrorCode::CapacityExhausted);
+    }
+
+    #[test]
+    fn a_node_without_the_golden_is_chosen_only_when_no_holder_fits_with_room() {
+        let want = |node: Option<&str>| Want {
+            golden: "shop".into(),
+            node: node.map(Into::into),
+            ..Default::default()
+        };
+        // c is the least loaded, but a holds the golden and has room.
+        let nodes = [node("a", 2, 4, "x", &["shop"]), node("c", 0, 4, "y", &[])];
+        assert_eq!(chosen(choose(&nodes, &want(None), "a").unwrap()), "here");
+        // Asked for c, which fetches it from a at the fork.
+        assert_eq!(chosen(choose(&nodes, &want(Some("c")), "a").unwrap()), "c");
+        // The only holder is full: c takes it.
+        let nodes = [node("a", 4, 4, "x", &["shop"]), node("c", 0, 4, "y", &[])];
+        assert_eq!(chosen(choose(&nodes, &want(None), "a").unwrap()), "c");
+        // No node up holds it: nothing to fetch.
+        let mut lost = node("a", 0, 4, "x", &["shop"]);
+        lost.state = "lost".into();
+        let nodes = [lost, node("c", 0, 4, "y", &[])];
+        assert_eq!(choose(&nodes, &want(None), "c").unwrap_err().code, ErrorCode::GoldenNotFound);
     }
 }

@@ -105,6 +105,10 @@ pub enum ErrorCode {
     /// The sandbox's node stopped renewing its lease: the sandbox is `lost`
     /// until that node returns and reconciles.
     SandboxLost,
+    /// A golden generation copied from another node did not arrive whole: a
+    /// file's bytes did not match its recorded hash, or the stream was cut,
+    /// every try. Nothing was kept.
+    ReplicationFailed,
     /// Anything else: a bug or an unexpected host condition.
     Internal,
 }
@@ -125,6 +129,7 @@ impl ErrorCode {
             SeedFailed | SourceFailed | ExtensionMissing | FidelityFailed | PostgresMissing
             | MigrationFailed | TargetRefused | MaskInvalid | MaskUnmasked | MaskLeak => 422,
             CapacityExhausted | AuditUnavailable | ClusterUnavailable | SandboxLost => 503,
+            ReplicationFailed => 502,
             AuditBroken => 409,
             DiskFull => 507,
             TimedOut => 504,
@@ -153,7 +158,7 @@ impl ErrorCode {
             TimedOut => 16,
             TargetRefused => 17,
             MaskInvalid | MaskUnmasked | MaskLeak => 18,
-            ClusterUnavailable | SandboxLost => 19,
+            ClusterUnavailable | SandboxLost | ReplicationFailed => 19,
         }
     }
 

@@ -62,6 +62,9 @@ pub enum EventKind {
     GoldenPromoted,
     /// A generation no sandbox used was removed.
     GenerationPruned,
+    /// A golden generation was copied here from another node of the cluster,
+    /// every file checked against its recorded hash.
+    GoldenReplicated,
     /// A sandbox's server died on its own.
     ServerExited,
     /// A sandbox outgrew its disk allowance.
@@ -129,6 +132,7 @@ impl EventKind {
             EventKind::GoldenDeleted => "golden_deleted",
             EventKind::GoldenPromoted => "golden_promoted",
             EventKind::GenerationPruned => "generation_pruned",
+            EventKind::GoldenReplicated => "golden_replicated",
             EventKind::ServerExited => "server_exited",
             EventKind::DiskLimitExceeded => "disk_limit_exceeded",
             EventKind::DiskReserve => "disk_reserve",

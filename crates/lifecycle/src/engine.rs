@@ -488,6 +488,8 @@ pub enum GoldenWork {
     Remove,
     /// Removing the dump a failed import kept, once it expired.
     ExpireDump,
+    /// Receiving a generation from another node.
+    Replicate,
 }
 
 impl GoldenWork {
@@ -496,6 +498,7 @@ impl GoldenWork {
             GoldenWork::Build => "built",
             GoldenWork::Remove => "removed",
             GoldenWork::ExpireDump => "cleared of an expired import dump",
+            GoldenWork::Replicate => "replicated from another node",
         }
     }
 }

@@ -22,6 +22,16 @@ pub(super) fn deciding(s: &AppState, peer: Option<FromPeer>) -> Option<&Arc<Clus
     s.cluster.as_ref().filter(|_| peer.is_none())
 }
 
+/// Tells the cluster at once what this node holds after its goldens changed,
+/// so placement and replication see it before the next round.
+pub(super) async fn announce(s: &AppState) {
+    if let Some(cluster) = &s.cluster {
+        if let Err(e) = cluster.announce_now().await {
+            tracing::warn!(error = %e, "could not announce this node's goldens");
+        }
+    }
+}
+
 /// The peer listener's layer: every request on it was forwarded by a node.
 pub async fn from_peer(mut request: axum::extract::Request, next: axum::middleware::Next) -> Response {
     request.extensions_mut().insert(FromPeer);

@@ -32,6 +32,9 @@ use airlock_state::store::SandboxFilter;
 pub mod cluster;
 mod grants;
 pub mod openapi;
+mod replicas;
+
+pub use replicas::ReplicateRequest;
 mod targets;
 
 use openapi::ApiErrors;
@@ -111,6 +114,7 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(grants::show_grant, grants::revoke_grant))
         .routes(routes!(grants::grant_tool))
         .routes(routes!(cluster::nodes))
+        .routes(routes!(replicas::replicate))
         // An exec carries files both ways (base64, 64 MB each way at most).
         .merge(
             OpenApiRouter::new()
@@ -121,6 +125,9 @@ pub fn router(state: AppState) -> Router {
         .split_for_parts();
     let document = Arc::new(document.to_json().expect("the OpenAPI document serializes"));
     routes
+        // The node-to-node half of replication: for peers only, so not in the document.
+        .route("/v1/goldens/{name}/replica", get(replicas::offer))
+        .route("/v1/goldens/{name}/replica/files", get(replicas::files))
         .route(
             "/openapi.json",
             get(move || async move {
@@ -246,6 +253,7 @@ async fn create_golden(
     let req = body(req)?;
     let engine = s.engine.clone();
     let g = detached(async move { golden::create(&engine, &req).await }).await?;
+    cluster::announce(&s).await;
     Ok((StatusCode::CREATED, Json(g)).into_response())
 }
 
@@ -292,13 +300,17 @@ async fn remove_golden(
     Query(q): Query<RemoveQuery>,
 ) -> ApiResult<golden::Golden> {
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { golden::remove(&engine, &name, q.force).await }).await?))
+    let removed = detached(async move { golden::remove(&engine, &name, q.force).await }).await?;
+    cluster::announce(&s).await;
+    Ok(Json(removed))
 }
 
 #[utoipa::path(post, path = "/v1/goldens/{name}/refresh", tag = "goldens", params(("name" = String, Path, description = "the golden's name")), responses((status = 200, description = "the next generation is built and current", body = golden::Golden), ApiErrors))]
 async fn refresh_golden(State(s): State<AppState>, Path(name): Path<String>) -> ApiResult<golden::Golden> {
     let engine = s.engine.clone();
-    Ok(Json(detached(async move { golden::refresh(&engine, &name).await }).await?))
+    let refreshed = detached(async move { golden::refresh(&engine, &name).await }).await?;
+    cluster::announce(&s).await;
+    Ok(Json(refreshed))
 }
 
 /// Body of `POST /v1/goldens/{name}/pool`.
@@ -393,10 +405,10 @@ async fn fork(
     peer: Option<axum::Extension<airlock_cluster::peer::FromPeer>>,
     req: Result<Json<ForkBody>, JsonRejection>,
 ) -> Result<Response, Failure> {
-    let ForkBody { fork: req, mcp, node, node_labels } = body(req)?;
+    let fork_body = body(req)?;
     if let Some(cluster) = &s.cluster {
         cluster.check_in_touch()?;
-    } else if node.is_some() || !node_labels.is_empty() {
+    } else if fork_body.node.is_some() || !fork_body.node_labels.is_empty() {
         return Err(Error::new(
             ErrorCode::InvalidRequest,
             "--node and --node-label place forks in a cluster, and this daemon is not in one",
@@ -404,8 +416,12 @@ async fn fork(
         )
         .into());
     }
-    if let Some(cluster) = cluster::deciding(&s, peer.map(|p| p.0)) {
-        if let Some(name) = &req.name {
+    let peer = peer.map(|p| p.0);
+    // A name is the cluster's: held for this fork until its sandbox is
+    // published (or let go, if the fork fails), so two nodes' forks cannot
+    // both take it.
+    let claimed = match (cluster::deciding(&s, peer), &fork_body.fork.name) {
+        (Some(cluster), Some(name)) => {
             if !matches!(cluster.owner(name).await?, airlock_cluster::Owner::Here) {
                 return Err(Error::new(
                     ErrorCode::NameTaken,
@@ -414,7 +430,28 @@ async fn fork(
                 )
                 .into());
             }
+            cluster.claim_name(name).await?;
+            Some((cluster.clone(), name.clone()))
         }
+        _ => None,
+    };
+    let forked = fork_placed(&s, peer, fork_body).await;
+    if let Some((cluster, name)) = claimed {
+        if !forked.as_ref().is_ok_and(|r| r.status().is_success()) {
+            cluster.release_name(&name).await;
+        }
+    }
+    forked
+}
+
+/// A fork, placed (and sent on) in a cluster, or made here.
+async fn fork_placed(
+    s: &AppState,
+    peer: Option<airlock_cluster::peer::FromPeer>,
+    fork_body: ForkBody,
+) -> Result<Response, Failure> {
+    let ForkBody { fork: req, mcp, node, node_labels } = fork_body;
+    if let Some(cluster) = cluster::deciding(s, peer) {
         let want = airlock_cluster::placement::Want { golden: req.golden.clone(), node, labels: node_labels };
         if let airlock_cluster::placement::Choice::Node(peer) = cluster.place(&want).await? {
             let body = ForkBody { fork: req, mcp, node: None, node_labels: Default::default() };
@@ -423,6 +460,17 @@ async fn fork(
                 .forward(&peer, "POST", "/v1/sandboxes", Some("application/json"), body.into())
                 .await?;
             return Ok(cluster::relayed(answer));
+        }
+    }
+    if let Some(cluster) = &s.cluster {
+        // Placed here without the golden: fetched from a node that holds it first.
+        let (golden, generation) = match req.golden.split_once('@') {
+            Some((name, n)) => (name, n.parse().ok()),
+            None => (req.golden.as_str(), None),
+        };
+        if !cluster.holds(golden, generation) && validate::name("golden", golden).is_ok() {
+            let fetched = cluster.fetch_golden(golden, generation).await?;
+            tracing::info!(golden, generation = fetched.generation, from = ?fetched.from, "fetched a golden for a fork");
         }
     }
     if mcp && airlock_gateway::http::base(&s.engine).is_none() {
@@ -653,9 +701,10 @@ async fn promote(
 ) -> ApiResult<golden::Golden> {
     let req = body(req)?;
     let engine = s.engine.clone();
-    Ok(Json(
-        detached(async move { golden::promote(&engine, &id, &req.golden, req.allow_planted).await }).await?,
-    ))
+    let promoted =
+        detached(async move { golden::promote(&engine, &id, &req.golden, req.allow_planted).await }).await?;
+    cluster::announce(&s).await;
+    Ok(Json(promoted))
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", params(("id" = String, Path, description = "the sandbox's id or name")), request_body = sandbox::ExecRequest, responses((status = 200, description = "the command's exit code and output", body = sandbox::ExecResult), ApiErrors))]

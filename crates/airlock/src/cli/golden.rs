@@ -218,6 +218,17 @@ pub(super) async fn golden(cli: &Cli, cmd: &GoldenCommand) -> Result<i32> {
             output::print(json, &g, || output::golden(&g));
             Ok(0)
         }
+        GoldenCommand::Replicate { name, nodes, generation } => {
+            let spinner = output::spinner(json, format!("replicating {name} to {}", nodes.join(", ")));
+            let body = crate::api::ReplicateRequest { nodes: nodes.clone(), generation: *generation };
+            let path = format!("/v1/goldens/{}/replicate", encode(name));
+            let done: Result<Vec<airlock_cluster::replicate::Fetched>> =
+                client.call(Method::POST, &path, Some(&body)).await;
+            spinner.finish_and_clear();
+            let done = done?;
+            output::print(json, &done, || output::replicated(&done));
+            Ok(0)
+        }
         GoldenCommand::Pool { name, size } => {
             let body = crate::api::PoolRequest { size: *size };
             let g: Golden =

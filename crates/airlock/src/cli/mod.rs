@@ -525,6 +525,18 @@ enum GoldenCommand {
         /// The golden's name.
         name: String,
     },
+    /// In a cluster: copy a golden generation to other nodes, each file checked
+    /// against the hash recorded when it was built.
+    Replicate {
+        /// The golden's name.
+        name: String,
+        /// The nodes that should hold it (comma-separated, or repeated).
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// The generation (default: the current one of the node it comes from).
+        #[arg(long)]
+        generation: Option<i64>,
+    },
     /// List goldens.
     Ls,
     /// Show a golden and its generations.

@@ -385,6 +385,27 @@ pub fn scan(r: &airlock_lifecycle::golden::scan::ScanReport, written: bool) -> S
     out
 }
 
+/// What `golden replicate` did, one line per node.
+pub fn replicated(done: &[airlock_cluster::replicate::Fetched]) -> String {
+    let lines: Vec<String> = done
+        .iter()
+        .map(|f| match &f.from {
+            None => format!("{}: holds {} generation {} already", f.node, f.golden, f.generation),
+            Some(from) => format!(
+                "{}: {} generation {} from {from}, {:.1} MB in {:.1}s ({:.0} MB/s){}, every file checked",
+                f.node,
+                f.golden,
+                f.generation,
+                f.bytes as f64 / 1e6,
+                f.seconds,
+                f.mb_per_s,
+                if f.attempts > 1 { format!(", {} tries", f.attempts) } else { String::new() }
+            ),
+        })
+        .collect();
+    lines.join("\n")
+}
+
 /// One golden and its generations.
 pub fn golden(g: &Golden) -> String {
     let mut out = format!(

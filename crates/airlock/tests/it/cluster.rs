@@ -476,6 +476,24 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     let after: Vec<String> = names_of(&c.json(&["ls"])).into_iter().map(|(id, _, _)| id).collect();
     assert!(before.iter().all(|id| after.contains(id)), "no sandbox lost: {before:?} → {after:?}");
     assert!(names_of(&c.json(&["ls"])).iter().all(|(_, _, s)| s == "running"));
+
+    // Two nodes fork one name at the same moment: the name is claimed in etcd
+    // before either forks, so exactly one gets it.
+    for round in 0..3 {
+        let name = format!("racer-{round}");
+        let (on_b, on_c) = std::thread::scope(|scope| {
+            let on_b = scope.spawn(|| b.cli(&["fork", "shop", "--node", "b", "--name", &name, "--json"]));
+            let on_c = scope.spawn(|| c.cli(&["fork", "shop", "--node", "c", "--name", &name, "--json"]));
+            (on_b.join().unwrap(), on_c.join().unwrap())
+        });
+        let won: Vec<_> = [&on_b, &on_c].into_iter().filter(|o| o.code == 0).collect();
+        assert_eq!(won.len(), 1, "exactly one fork takes {name}: {on_b:?} {on_c:?}");
+        let lost = if on_b.code == 0 { &on_c } else { &on_b };
+        assert!(lost.stdout.contains("name_taken"), "{lost:?}");
+        let listed = a.json(&["ls"]);
+        let holders = listed.as_array().unwrap().iter().filter(|sb| sb["name"] == name.as_str()).count();
+        assert_eq!(holders, 1, "{listed}");
+    }
     drop((a, b, c));
 }
 
@@ -703,4 +721,151 @@ fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_no
         .filter(|e| e["detail"]["entry"] == "b")
         .count();
     assert!(relayed >= 4, "{events}");
+}
+
+/// Flips one byte in the middle of the largest file of a node's golden
+/// generation (as bit rot would); returns the file, to flip it back.
+fn flip_largest_file(home: &Path, golden: &str) -> PathBuf {
+    let inventory: Value = serde_json::from_slice(
+        &std::fs::read(home.join(format!("volume/goldens/{golden}/1/files.json"))).unwrap(),
+    )
+    .unwrap();
+    let largest = inventory["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "file")
+        .max_by_key(|e| e["size"].as_u64().unwrap())
+        .unwrap();
+    let path = home.join(format!("volume/goldens/{golden}/1")).join(largest["path"].as_str().unwrap());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x5a;
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+/// `.replica` staging directories left on a node.
+fn replica_leftovers(home: &Path) -> Vec<String> {
+    std::fs::read_dir(home.join("volume/staging"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".replica"))
+        .collect()
+}
+
+#[test]
+fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_and_refused_when_corrupt() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new(&["a", "b", "c"]);
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let tokens = home_a.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for (i, name) in [(1, "b"), (2, "c")] {
+        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
+    }
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
+    let b = node(&net, 1, "b", Some(&tokens.join("b")), &[]);
+    let c = node(&net, 2, "c", Some(&tokens.join("c")), &[]);
+
+    // A golden with a Redis part, built on a alone, replicated ahead of time to c.
+    crate::redis::golden_with_redis(&a, "cache");
+    let done = a.json(&["golden", "replicate", "cache", "--nodes", "c"]);
+    let first = &done[0];
+    assert_eq!((first["node"].as_str(), first["from"].as_str()), (Some("c"), Some("a")), "{done}");
+    assert_eq!((first["already"].as_bool(), first["attempts"].as_u64()), (Some(false), Some(1)), "{done}");
+    assert!(first["bytes"].as_u64().unwrap() > 1 << 20, "{done}");
+    let on_c = c.json(&["golden", "show", "cache"]);
+    let on_a = a.json(&["golden", "show", "cache"]);
+    assert_eq!(on_c["generations"][0]["schema_hash"], on_a["generations"][0]["schema_hash"]);
+    assert_eq!(on_c["generations"][0]["redis"]["keys"], 4, "{on_c}");
+    let replicated: Vec<Value> = c
+        .json(&["events"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "golden_replicated" && e["golden"] == "cache")
+        .cloned()
+        .collect();
+    assert_eq!(replicated.len(), 1, "{replicated:?}");
+    assert_eq!(replicated[0]["detail"]["from"], "a");
+    // Asked again: held already, nothing sent.
+    let again = c.json(&["golden", "replicate", "cache", "--nodes", "c"]);
+    assert_eq!(again[0]["already"], true, "{again}");
+    // c announces it, and a fork on c reads the data and the Redis keys.
+    c.wait_for(Duration::from_secs(10), "c to announce its golden", || {
+        a.json(&["nodes"])[2]["goldens"]["cache"].as_array().is_some_and(|g| !g.is_empty())
+    });
+    let sb = a.fork("cache", &["--node", "c"]);
+    assert_eq!(sb["node"], "c", "{sb}");
+    let via_c = through(&dsn(&sb), &c);
+    assert_eq!(psql_in(&net, 2, &via_c, "SELECT count(*) FROM t").unwrap(), "0");
+    let id = sb["id"].as_str().unwrap();
+    let password = split_password(&dsn(&sb)).1;
+    let url = format!("redis://{id}:{password}@{}", c.redis_router);
+    assert_eq!(redis_in(&net, 2, &url, None, &["GET", "greeting"]), "hello world");
+
+    // On demand: b holds no golden; a fork placed there fetches it first.
+    a.shop("shop");
+    let on_b = a.fork("shop", &["--node", "b"]);
+    assert_eq!(on_b["node"], "b", "{on_b}");
+    let kinds: Vec<String> = b
+        .json(&["events"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["golden"] == "shop")
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(kinds.contains(&"golden_replicated".to_string()), "{kinds:?}");
+    let via_b = through(&dsn(&on_b), &b);
+    assert_eq!(psql_in(&net, 1, &via_b, "SELECT count(*) FROM orders").unwrap(), "1000");
+
+    // a's copy rots. c's transfer from a (the least busy holder) is refused,
+    // and tried again from b, whose copy is whole.
+    b.wait_for(Duration::from_secs(10), "b to announce shop", || {
+        c.json(&["nodes"])[1]["goldens"]["shop"].as_array().is_some_and(|g| !g.is_empty())
+    });
+    let rotten = flip_largest_file(&home_a, "shop");
+    let done = c.json(&["golden", "replicate", "shop", "--nodes", "c"]);
+    assert_eq!((done[0]["from"].as_str(), done[0]["attempts"].as_u64()), (Some("b"), Some(2)), "{done}");
+    assert!(replica_leftovers(&c.home).is_empty());
+    assert_eq!(
+        psql_in(
+            &net,
+            2,
+            &through(&dsn(&c.fork("shop", &["--node", "c"])), &c),
+            "SELECT sum(total) FROM orders"
+        )
+        .unwrap(),
+        "750750.0"
+    );
+
+    // Both copies rot: every try is refused, and nothing is kept or published.
+    offline_rm_golden(&c, "shop");
+    flip_largest_file(&b.home, "shop");
+    let (code, err) = c.fails(&["golden", "replicate", "shop", "--nodes", "c"]);
+    assert_eq!((code, err["code"].as_str()), (19, Some("replication_failed")), "{err}");
+    let message = err["message"].as_str().unwrap();
+    assert!(message.contains("does not match its SHA-256") && message.contains("3 tries"), "{message}");
+    assert!(c.cli(&["golden", "show", "shop"]).code != 0, "a refused transfer published nothing");
+    assert!(replica_leftovers(&c.home).is_empty(), "{:?}", replica_leftovers(&c.home));
+    let _ = rotten;
+}
+
+/// Removes a golden from a node, after every sandbox of it in the cluster.
+fn offline_rm_golden(d: &Daemon, golden: &str) {
+    for sb in d.json(&["ls"]).as_array().unwrap() {
+        if sb["golden"] == golden {
+            d.ok(&["rm", sb["id"].as_str().unwrap()]);
+        }
+    }
+    d.ok(&["golden", "rm", golden]);
 }

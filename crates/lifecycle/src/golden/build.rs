@@ -149,6 +149,8 @@ pub async fn build(
                 storage::tree::readable_by_all(&template)?;
             }
         }
+        // Its files' hashes, which a copy on another node is checked against.
+        super::replica::write_inventory(&root)?;
         std::fs::create_dir_all(target.parent().expect("generation has a parent"))?;
         std::fs::rename(&root, &target)
     })();

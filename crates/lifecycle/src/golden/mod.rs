@@ -8,6 +8,7 @@ pub mod fidelity;
 pub mod import;
 
 pub mod progress;
+pub mod replica;
 pub mod scan;
 pub mod shape;
 pub mod source;

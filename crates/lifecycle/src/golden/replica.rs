@@ -1,0 +1,511 @@
+//! A golden generation copied from one node of a cluster to another.
+//!
+//! A generation never changes once built, so its files are listed once, with
+//! their sizes and SHA-256 hashes, when it is built: its [`Inventory`], kept
+//! beside its manifest (`files.json`; a generation built before inventories
+//! existed gets one the first time it is sent). A node that sends a
+//! generation sends its manifest and inventory first ([`Offer`]), then every
+//! file's bytes in the inventory's order ([`send_files`]). The node that
+//! receives it ([`Receiver`]) writes them into staging, hashes each file as
+//! it lands, and refuses the transfer at the first file whose bytes do not
+//! match, or at a stream cut short. It places the generation (in `goldens/`,
+//! and on record, so forks see it) only once every file is whole. A refused
+//! transfer leaves nothing behind.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::engine::Engine;
+use airlock_core::error::{Error, ErrorCode, Result};
+use airlock_core::events::{EventKind, NewEvent};
+use airlock_state::golden::{Manifest, Source};
+
+/// The inventory's file, in the generation's directory.
+pub const INVENTORY: &str = "files.json";
+/// How much of a file is read or written at a time.
+pub const CHUNK: usize = 256 * 1024;
+
+/// What one path in a generation is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// A directory.
+    Dir,
+    /// A regular file.
+    File,
+    /// A symbolic link.
+    Symlink,
+}
+
+/// One path in a generation.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Entry {
+    /// Its path inside the generation's directory.
+    pub path: String,
+    /// What it is.
+    pub kind: Kind,
+    /// Its permission bits.
+    pub mode: u32,
+    /// A file's size in bytes.
+    #[serde(default)]
+    pub size: u64,
+    /// A file's SHA-256, in hex.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sha256: String,
+    /// A link's target.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+}
+
+/// Every path of a generation, parents before what they hold.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Inventory {
+    /// The paths, in the order files are sent.
+    pub entries: Vec<Entry>,
+}
+
+impl Inventory {
+    /// The bytes of every file.
+    pub fn bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// The files, in order.
+    fn files(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().filter(|e| e.kind == Kind::File)
+    }
+}
+
+/// Lists and hashes the generation directory `root` (its own inventory file aside).
+pub fn take_inventory(root: &Path) -> std::io::Result<Inventory> {
+    let mut entries = Vec::new();
+    walk(root, Path::new(""), &mut entries)?;
+    Ok(Inventory { entries })
+}
+
+fn walk(root: &Path, relative: &Path, entries: &mut Vec<Entry>) -> std::io::Result<()> {
+    let mut names: Vec<_> = std::fs::read_dir(root.join(relative))?.collect::<std::io::Result<_>>()?;
+    names.sort_by_key(|e| e.file_name());
+    for dirent in names {
+        let path = relative.join(dirent.file_name());
+        if path == Path::new(INVENTORY) {
+            continue;
+        }
+        let shown = path.to_str().map(str::to_owned).ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display()))
+        })?;
+        let meta = std::fs::symlink_metadata(root.join(&path))?;
+        let mode = meta.mode() & 0o7777;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            entries.push(Entry {
+                path: shown,
+                kind: Kind::Dir,
+                mode,
+                size: 0,
+                sha256: String::new(),
+                target: None,
+            });
+            walk(root, &path, entries)?;
+        } else if kind.is_symlink() {
+            let target = std::fs::read_link(root.join(&path))?.to_string_lossy().into_owned();
+            entries.push(Entry {
+                path: shown,
+                kind: Kind::Symlink,
+                mode,
+                size: 0,
+                sha256: String::new(),
+                target: Some(target),
+            });
+        } else if kind.is_file() {
+            let mut file = airlock_host::storage::tree::open_read(&root.join(&path))?;
+            let mut hasher = Sha256::new();
+            let mut buf = vec![0u8; CHUNK];
+            let mut size = 0u64;
+            loop {
+                let n = file.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                hasher.update(&buf[..n]);
+                size += n as u64;
+            }
+            entries.push(Entry {
+                path: shown,
+                kind: Kind::File,
+                mode,
+                size,
+                sha256: hex(&hasher.finalize()),
+                target: None,
+            });
+        }
+        // Sockets and fifos are not part of a generation at rest.
+    }
+    Ok(())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes the inventory of the generation directory `root` beside its manifest.
+pub fn write_inventory(root: &Path) -> std::io::Result<Inventory> {
+    let inventory = take_inventory(root)?;
+    let json = serde_json::to_vec(&inventory).expect("an inventory serializes");
+    airlock_host::storage::tree::write_private(&root.join(INVENTORY), &json, 0o600)?;
+    Ok(inventory)
+}
+
+/// The inventory of golden `name`'s generation `generation`: the one kept
+/// beside its manifest, or one taken (and kept) now.
+pub fn inventory(engine: &Engine, name: &str, generation: i64) -> Result<Inventory> {
+    let root = engine.layout.golden_generation(name, generation);
+    if !root.is_dir() {
+        return Err(Error::new(
+            ErrorCode::GoldenNotFound,
+            format!("golden {name:?} has no generation {generation} on this node"),
+            "`airlock golden ls` lists the goldens and generations this node holds",
+        ));
+    }
+    let kept = std::fs::read(root.join(INVENTORY)).ok().and_then(|b| serde_json::from_slice(&b).ok());
+    match kept {
+        Some(inventory) => Ok(inventory),
+        None => write_inventory(&root).map_err(|e| Error::io(format!("listing {}", root.display()), &e)),
+    }
+}
+
+/// What a node sends before a generation's files.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Offer {
+    /// The generation's manifest.
+    #[schema(value_type = Object)]
+    pub manifest: Manifest,
+    /// Its golden's source, with no secret in it.
+    #[schema(value_type = Object)]
+    pub source: Source,
+    /// Its golden's warm pool size.
+    pub pool_size: i64,
+    /// Its files and their hashes.
+    pub inventory: Inventory,
+}
+
+/// The offer of golden `name`'s generation `generation` (its current one if None).
+pub fn offer(engine: &Engine, name: &str, generation: Option<i64>) -> Result<Offer> {
+    let golden = engine.store().golden(name)?;
+    let generation = generation.unwrap_or(golden.current_generation);
+    let manifest = engine.store().manifest(name, generation)?;
+    let inventory = inventory(engine, name, generation)?;
+    Ok(Offer { manifest, source: golden.source.redacted(), pool_size: golden.pool_size, inventory })
+}
+
+/// Reads the files of golden `name`'s generation `generation` in `inventory`'s
+/// order and hands their bytes to `send` (false from it stops). A file that
+/// is shorter than listed ends the stream early, which its receiver refuses.
+pub fn send_files(
+    engine: &Engine,
+    name: &str,
+    generation: i64,
+    inventory: &Inventory,
+    mut send: impl FnMut(Vec<u8>) -> bool,
+) -> std::io::Result<()> {
+    let root = engine.layout.golden_generation(name, generation);
+    for entry in inventory.files() {
+        let file = airlock_host::storage::tree::open_read(&root.join(&entry.path))?;
+        let mut file = file.take(entry.size);
+        let mut left = entry.size;
+        while left > 0 {
+            let mut buf = vec![0u8; CHUNK.min(left as usize)];
+            let n = file.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("{} is shorter than its inventory says", entry.path),
+                ));
+            }
+            buf.truncate(n);
+            left -= n as u64;
+            if !send(buf) {
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A transfer refused: the file whose bytes did not match, or why the
+/// stream did not fit the inventory.
+pub fn corrupt(name: &str, why: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorCode::ReplicationFailed,
+        format!("golden {name:?} did not arrive whole: {why}"),
+        "nothing was kept; try again, and if it persists, check the sending node's volume",
+    )
+}
+
+/// Whether a received inventory's path stays inside the generation: plain
+/// relative components only, and not the inventory's own file.
+fn receivable(path: &str) -> bool {
+    let p = Path::new(path);
+    !path.is_empty() && p != Path::new(INVENTORY) && p.components().all(|c| matches!(c, Component::Normal(_)))
+}
+
+/// A generation being received: written into staging, each file checked as
+/// it lands, placed only by [`Receiver::finish`]. Dropped unfinished, it
+/// removes what it wrote.
+pub struct Receiver {
+    engine: Arc<Engine>,
+    offer: Offer,
+    root: PathBuf,
+    /// Index into the inventory's entries of the file being written.
+    next: usize,
+    writing: Option<Writing>,
+    placed: bool,
+}
+
+/// The file being written.
+struct Writing {
+    entry: usize,
+    file: std::fs::File,
+    hasher: Sha256,
+    left: u64,
+}
+
+impl Receiver {
+    /// Checks `offer` and makes its staging directory, with every directory of
+    /// the generation in it.
+    pub fn start(engine: Arc<Engine>, offer: Offer) -> Result<Receiver> {
+        let name = offer.manifest.name.clone();
+        airlock_core::validate::name("golden", &name)?;
+        if let Some(bad) = offer.inventory.entries.iter().find(|e| !receivable(&e.path)) {
+            return Err(corrupt(&name, format!("its inventory names the path {:?}", bad.path)));
+        }
+        let needed = offer.inventory.bytes();
+        let free = nix::sys::statvfs::statvfs(&engine.layout.volume())
+            .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64)
+            .unwrap_or(u64::MAX);
+        if free < needed + (256 << 20) {
+            return Err(Error::new(
+                ErrorCode::DiskFull,
+                format!(
+                    "golden {name:?} needs {} MiB here and the volume has {} MiB free",
+                    needed >> 20,
+                    free >> 20
+                ),
+                "delete sandboxes or goldens this node no longer needs, or give its volume more space",
+            ));
+        }
+        let tag = airlock_core::secret::sandbox_id();
+        let root =
+            engine.layout.staging().join(format!("{name}-{}-{tag}.replica", offer.manifest.generation));
+        let shown = root.display().to_string();
+        let io = |e: std::io::Error| Error::io(format!("making {shown}"), &e);
+        std::fs::create_dir_all(engine.layout.staging()).map_err(io)?;
+        std::fs::create_dir(&root).map_err(io)?;
+        // From here on, dropping the receiver removes what it made.
+        let mut receiver = Receiver { engine, offer, root, next: 0, writing: None, placed: false };
+        std::fs::set_permissions(&receiver.root, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        for entry in receiver.offer.inventory.entries.iter().filter(|e| e.kind == Kind::Dir) {
+            std::fs::create_dir(receiver.root.join(&entry.path)).map_err(io)?;
+        }
+        receiver.open_next()?;
+        Ok(receiver)
+    }
+
+    /// The golden's name.
+    fn name(&self) -> &str {
+        &self.offer.manifest.name
+    }
+
+    /// Opens the next file of the inventory; files of no bytes are made whole at once.
+    fn open_next(&mut self) -> Result<()> {
+        while let Some(at) =
+            self.offer.inventory.entries[self.next..].iter().position(|e| e.kind == Kind::File)
+        {
+            let entry = self.next + at;
+            self.next = entry + 1;
+            let e = &self.offer.inventory.entries[entry];
+            let path = self.root.join(&e.path);
+            let made =
+                std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).and_then(
+                    |file| file.set_permissions(std::fs::Permissions::from_mode(e.mode)).map(|()| file),
+                );
+            let file = made.map_err(|err| Error::io(format!("writing {}", path.display()), &err))?;
+            self.writing = Some(Writing { entry, file, hasher: Sha256::new(), left: e.size });
+            if e.size > 0 {
+                return Ok(());
+            }
+            self.close_file()?;
+        }
+        Ok(())
+    }
+
+    /// Checks the file just written against its hash.
+    fn close_file(&mut self) -> Result<()> {
+        let Some(w) = self.writing.take() else { return Ok(()) };
+        let entry = &self.offer.inventory.entries[w.entry];
+        if hex(&w.hasher.finalize()) != entry.sha256 {
+            return Err(corrupt(self.name(), format!("{} does not match its SHA-256", entry.path)));
+        }
+        drop(w.file);
+        Ok(())
+    }
+
+    /// Takes the next bytes of the stream.
+    pub fn take(&mut self, mut bytes: &[u8]) -> Result<()> {
+        while !bytes.is_empty() {
+            let Some(w) = self.writing.as_mut() else {
+                return Err(corrupt(self.name(), "more bytes came than its inventory lists"));
+            };
+            let n = (w.left.min(bytes.len() as u64)) as usize;
+            w.file
+                .write_all(&bytes[..n])
+                .map_err(|e| Error::io(format!("writing into {}", self.root.display()), &e))?;
+            w.hasher.update(&bytes[..n]);
+            w.left -= n as u64;
+            bytes = &bytes[n..];
+            if w.left == 0 {
+                self.close_file()?;
+                self.open_next()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Places the generation once every file has come whole, and records it
+    /// (a `golden_replicated` event with `detail` added); returns its manifest.
+    pub fn finish(mut self, detail: serde_json::Value) -> Result<Manifest> {
+        if let Some(w) = &self.writing {
+            let path = &self.offer.inventory.entries[w.entry].path;
+            return Err(corrupt(self.name(), format!("the stream ended inside {path}")));
+        }
+        let io = |what: &str, e: std::io::Error| Error::io(what.to_owned(), &e);
+        for entry in &self.offer.inventory.entries {
+            let path = self.root.join(&entry.path);
+            if let (Kind::Symlink, Some(target)) = (entry.kind, &entry.target) {
+                std::os::unix::fs::symlink(target, &path).map_err(|e| io("making a link", e))?;
+            }
+        }
+        // Directories' modes last: a read-only one would have refused its files.
+        for entry in self.offer.inventory.entries.iter().rev().filter(|e| e.kind == Kind::Dir) {
+            std::fs::set_permissions(
+                self.root.join(&entry.path),
+                std::fs::Permissions::from_mode(entry.mode),
+            )
+            .map_err(|e| io("setting a directory's mode", e))?;
+        }
+        let inventory = serde_json::to_vec(&self.offer.inventory).expect("an inventory serializes");
+        airlock_host::storage::tree::write_private(&self.root.join(INVENTORY), &inventory, 0o600)
+            .map_err(|e| io("writing the inventory", e))?;
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("opening the generation", e))?;
+        let engine = self.engine.clone();
+        let manifest = self.offer.manifest.clone();
+        let (name, generation) = (manifest.name.clone(), manifest.generation);
+        let target = engine.layout.golden_generation(&name, generation);
+        std::fs::create_dir_all(target.parent().expect("a generation has a parent"))
+            .map_err(|e| io("making the golden's directory", e))?;
+        std::fs::rename(&self.root, &target).map_err(|e| io("placing the generation", e))?;
+        self.placed = true;
+        let recorded = {
+            let mut store = engine.store();
+            let known = store.golden(&name).ok();
+            let written = match &known {
+                None => store
+                    .insert_golden(&manifest, &self.offer.source)
+                    .and_then(|_| store.set_pool_size(&name, self.offer.pool_size)),
+                Some(g) if g.current_generation < generation => store.add_generation(&manifest),
+                Some(g) => Err(Error::new(
+                    ErrorCode::GoldenExists,
+                    format!(
+                        "golden {name:?} is at generation {} here, past {generation}",
+                        g.current_generation
+                    ),
+                    "replicate its current generation instead",
+                )),
+            };
+            let mut detail = detail;
+            detail["generation"] = generation.into();
+            detail["size_bytes"] = self.offer.inventory.bytes().into();
+            written.and_then(|_| {
+                store.record(NewEvent {
+                    kind: EventKind::GoldenReplicated,
+                    golden: Some(name.clone()),
+                    detail,
+                    ..Default::default()
+                })
+            })
+        };
+        if let Err(e) = recorded {
+            let mut store = engine.store();
+            if store
+                .golden(&name)
+                .is_ok_and(|g| g.generations.len() == 1 && g.current_generation == generation)
+            {
+                let _ = store.delete_golden(&name);
+            }
+            drop(store);
+            let _ = std::fs::remove_dir_all(&target);
+            return Err(e);
+        }
+        engine.pool.wanted.notify_one();
+        Ok(manifest)
+    }
+}
+
+impl Drop for Receiver {
+    fn drop(&mut self) {
+        if !self.placed {
+            let _ = std::fs::remove_dir_all(&self.root);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_inventory_lists_parents_first_and_hashes_each_file() {
+        let dir = std::env::temp_dir().join(format!("airlock-inventory-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("pgdata/base")).unwrap();
+        std::fs::write(dir.join("manifest.json"), b"{}").unwrap();
+        std::fs::write(dir.join("pgdata/base/1"), b"abc").unwrap();
+        std::fs::write(dir.join("pgdata/empty"), b"").unwrap();
+        std::os::unix::fs::symlink("base", dir.join("pgdata/link")).unwrap();
+        let inventory = write_inventory(&dir).unwrap();
+        let paths: Vec<(&str, Kind)> = inventory.entries.iter().map(|e| (e.path.as_str(), e.kind)).collect();
+        assert_eq!(
+            paths,
+            [
+                ("manifest.json", Kind::File),
+                ("pgdata", Kind::Dir),
+                ("pgdata/base", Kind::Dir),
+                ("pgdata/base/1", Kind::File),
+                ("pgdata/empty", Kind::File),
+                ("pgdata/link", Kind::Symlink),
+            ]
+        );
+        let abc = &inventory.entries[3];
+        assert_eq!(abc.sha256, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!((abc.size, inventory.bytes()), (3, 5));
+        // Taken again, its own file is not in it.
+        assert_eq!(take_inventory(&dir).unwrap(), inventory);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_received_inventory_names_only_paths_inside_the_generation() {
+        for good in ["manifest.json", "pgdata/base/1", "redis/dump.rdb"] {
+            assert!(receivable(good), "{good}");
+        }
+        for bad in ["", "files.json", "../etc/passwd", "/etc/passwd", "pgdata/../../x", "./pgdata"] {
+            assert!(!receivable(bad), "{bad}");
+        }
+    }
+}
