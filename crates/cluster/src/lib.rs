@@ -216,6 +216,18 @@ impl Cluster {
         self.peers.send(node, method, path, content_type, body, airlock_listen::serve::API_DEADLINE).await
     }
 
+    /// Asks every other node that is up for `path` (a `GET`), all at once;
+    /// each node's answer, or why it gave none.
+    pub async fn ask_others(&self, path: &str) -> Result<Vec<(NodeRecord, Result<http::Answer>)>> {
+        let peers: Vec<NodeRecord> =
+            self.coordinator.nodes().await?.into_iter().filter(|n| n.name != self.settings.node).collect();
+        let asks = peers.iter().map(|node| {
+            self.peers.send(node, "GET", path, None, bytes::Bytes::new(), Duration::from_secs(10))
+        });
+        let answers = futures_util::future::join_all(asks).await;
+        Ok(peers.into_iter().zip(answers).collect())
+    }
+
     /// The sandboxes every other node lists for `query`, and those of lost nodes.
     pub async fn others(&self, query: &str) -> Result<Vec<Sandbox>> {
         let path =

@@ -22,6 +22,40 @@ pub(super) fn deciding(s: &AppState, peer: Option<FromPeer>) -> Option<&Arc<Clus
     s.cluster.as_ref().filter(|_| peer.is_none())
 }
 
+/// Every node's events for the same query (each event names its node in
+/// `detail.node`), this node's among them: merged by time, oldest first, the
+/// newest `limit` kept. A node that does not answer is left out, and said so
+/// in the log.
+pub(super) async fn events_everywhere(
+    cluster: &Cluster,
+    here: Vec<airlock_core::events::Event>,
+    query: Option<&str>,
+    limit: usize,
+) -> Result<Vec<airlock_core::events::Event>, Failure> {
+    let path = match query {
+        Some(q) if !q.is_empty() => format!("/v1/events?{q}"),
+        _ => "/v1/events".to_owned(),
+    };
+    let mut all = here;
+    for (node, answer) in cluster.ask_others(&path).await? {
+        let listed = answer.and_then(|a| match a.status {
+            200 => serde_json::from_slice::<Vec<airlock_core::events::Event>>(&a.body).map_err(|e| {
+                Error::internal(format!("node {} listed events that do not read: {e}", node.name))
+            }),
+            _ => Err(airlock_cluster::peer_error(&node, &a)),
+        });
+        match listed {
+            Ok(events) => all.extend(events),
+            Err(e) => tracing::warn!(node = %node.name, error = %e, "a node's events could not be read"),
+        }
+    }
+    // Stable: each node's own order holds among events of the same millisecond.
+    all.sort_by_key(|e| e.at);
+    let extra = all.len().saturating_sub(limit);
+    all.drain(..extra);
+    Ok(all)
+}
+
 /// Tells the cluster at once what this node holds after its goldens changed,
 /// so placement and replication see it before the next round.
 pub(super) async fn announce(s: &AppState) {

@@ -731,12 +731,24 @@ struct EventsQuery {
 #[utoipa::path(get, path = "/v1/events", tag = "events", params(EventsQuery), responses((status = 200, description = "events, oldest first", body = Vec<airlock_core::events::Event>), ApiErrors))]
 async fn events(
     State(s): State<AppState>,
+    peer: Option<axum::Extension<airlock_cluster::peer::FromPeer>>,
+    RawQuery(raw): RawQuery,
     Query(q): Query<EventsQuery>,
 ) -> ApiResult<Vec<airlock_core::events::Event>> {
-    let store = s.engine.store();
-    // Accept a live sandbox's name as well as an id.
-    let id = q.sandbox.as_ref().map(|key| store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone()));
-    Ok(Json(store.events(id.as_deref(), q.limit.unwrap_or(1000).clamp(1, 100_000))?))
+    let limit = q.limit.unwrap_or(1000).clamp(1, 100_000);
+    let here = {
+        let store = s.engine.store();
+        // Accept a live sandbox's name as well as an id.
+        let id =
+            q.sandbox.as_ref().map(|key| store.sandbox(key).map(|sb| sb.id).unwrap_or_else(|_| key.clone()));
+        store.events(id.as_deref(), limit)?
+    };
+    match cluster::deciding(&s, peer.map(|p| p.0)) {
+        Some(cluster) => {
+            Ok(Json(cluster::events_everywhere(cluster, here, raw.as_deref(), limit as usize).await?))
+        }
+        None => Ok(Json(here)),
+    }
 }
 
 #[utoipa::path(get, path = "/v1/stats", tag = "events", responses((status = 200, description = "the five measures of fleet health", body = airlock_telemetry::metrics::stats::Stats), ApiErrors))]

@@ -415,6 +415,21 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
         (Some("peer"), Some("b")),
         "{extend_event}"
     );
+    // Any node reads them: c's listing is b's, each event naming b.
+    let from_c = c.json(&["events", "--sandbox", &second_id]);
+    let kinds: Vec<(&str, &str)> = from_c
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap(), e["detail"]["node"].as_str().unwrap_or("")))
+        .collect();
+    for kind in ["created", "ready", "extended"] {
+        assert!(kinds.contains(&(kind, "b")), "{kind} from c: {kinds:?}");
+    }
+    let all_from_a = a.json(&["events"]);
+    let nodes: std::collections::BTreeSet<&str> =
+        all_from_a.as_array().unwrap().iter().filter_map(|e| e["detail"]["node"].as_str()).collect();
+    assert!(nodes.contains("a") && nodes.contains("b"), "every node's events, from a: {nodes:?}");
 
     // b dies: within its lease TTL its sandboxes are lost, said once, and forks go elsewhere.
     let mut b = b;
@@ -430,22 +445,19 @@ fn three_nodes_place_forward_and_list_forks_report_a_lost_node_and_refuse_work_w
     let nodes = a.json(&["nodes"]);
     let b_node = nodes.as_array().unwrap().iter().find(|n| n["name"] == "b").unwrap();
     assert_eq!((b_node["state"].as_str(), b_node["sandboxes"].as_u64()), (Some("lost"), Some(2)), "{nodes}");
-    let lost_events = || -> usize {
-        [&a, &c]
+    // Any node's events are every node's (each names its own): a and c both
+    // list the one loss, whichever of them recorded it.
+    let lost_events = |n: &Daemon| -> usize {
+        n.json(&["events", "--sandbox", &second_id])
+            .as_array()
+            .unwrap()
             .iter()
-            .map(|n| {
-                n.json(&["events", "--sandbox", &second_id])
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|e| e["kind"] == "lost")
-                    .count()
-            })
-            .sum()
+            .filter(|e| e["kind"] == "lost")
+            .count()
     };
-    c.wait_for(Duration::from_secs(3), "a node to record the loss", || lost_events() > 0);
+    c.wait_for(Duration::from_secs(3), "a node to record the loss", || lost_events(&a) > 0);
     std::thread::sleep(LEASE / 2);
-    assert_eq!(lost_events(), 1, "one node says it, once");
+    assert_eq!((lost_events(&a), lost_events(&c)), (1, 1), "one node says it, once");
     let elsewhere = c.fork("shop", &[]);
     assert_eq!(elsewhere["node"], "a", "{elsewhere}");
 
