@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cross-node against local, in one run, on this host: two nodes (each a daemon
+# Cross-node against local, in one run, on this host: three nodes (each a daemon
 # in a network namespace of its own on a bridge), one etcd. From node a's CLI,
 # interleaved: a fork placed on a (local) and one placed on b (forwarded over
 # the node-to-node TLS link), each to its first answer (a query through the
@@ -7,8 +7,9 @@
 # Then, from b's host, connections to a sandbox on a: through b's router
 # (relayed to a's over the node-to-node link) against a DSN naming a's router
 # directly: psql's connect-and-query time (TLS verify-full), and pgbench
-# read-only transactions per second at 2 and 8 clients. Last, the replication
-# of a ~1.5 GB golden from a to b against copying and hashing its files.
+# read-only transactions per second at 2 and 8 clients. Then forks a second
+# through three nodes against one, and last the replication of a ~1.5 GB
+# golden from a to b against copying and hashing its files.
 # Usage: scripts/bench-cluster.sh [PAIRS]   (as root; uses target/release/airlock)
 set -euo pipefail
 pairs=${1:-30}
@@ -17,15 +18,15 @@ bin=$(realpath target/release/airlock)
 command -v etcd >/dev/null || { echo "needs etcd (apt-get install etcd-server)" >&2; exit 1; }
 n=$((200 + RANDOM % 50)); br=albench$n; work=$(mktemp -d /var/lib/airlock-bench-cluster.XXXX); chmod 0755 "$work"
 cleanup() {
-  for h in "$work"/a "$work"/b; do AIRLOCK_HOME=$h "$bin" daemon stop --with-router >/dev/null 2>&1 || true; done
+  for h in "$work"/a "$work"/b "$work"/c; do AIRLOCK_HOME=$h "$bin" daemon stop --with-router >/dev/null 2>&1 || true; done
   sleep 1; pkill -f "$work" >/dev/null 2>&1 || true; kill "${etcd_pid:-0}" 2>/dev/null || true
-  ip netns del al${n}a 2>/dev/null || true; ip netns del al${n}b 2>/dev/null || true; ip link del "$br" 2>/dev/null || true
+  for node in a b c; do ip netns del al$n$node 2>/dev/null || true; done; ip link del "$br" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 ip link add "$br" type bridge; ip addr add 10.231.$n.1/24 dev "$br"; ip link set "$br" up
 i=11
-for node in a b; do
+for node in a b c; do
   ip netns add al$n$node
   ip link add alv$n$node type veth peer name eth0 netns al$n$node
   ip link set alv$n$node master "$br" up
@@ -36,9 +37,10 @@ etcd --name b --data-dir "$work/etcd" --listen-client-urls http://10.231.$n.1:23
   --listen-peer-urls http://127.0.0.1:2$n --initial-advertise-peer-urls http://127.0.0.1:2$n --initial-cluster b=http://127.0.0.1:2$n >/dev/null 2>&1 &
 etcd_pid=$!
 until curl -sf http://10.231.$n.1:2379/health >/dev/null; do sleep 0.1; done
-mkdir -p "$work/a" "$work/b"
+mkdir -p "$work/a" "$work/b" "$work/c"
 AIRLOCK_HOME=$work/a "$bin" cluster init >/dev/null
 AIRLOCK_HOME=$work/a "$bin" cluster token --node b --advertise 10.231.$n.12:7440 --out "$work/b.token" >/dev/null
+AIRLOCK_HOME=$work/a "$bin" cluster token --node c --advertise 10.231.$n.13:7440 --out "$work/c.token" >/dev/null
 start() { # node ip-suffix extra...
   local node=$1 ip=$2; shift 2
   AIRLOCK_HOME=$work/$node AIRLOCK_ROUTER=0.0.0.0:7432 AIRLOCK_REDIS_ROUTER=off AIRLOCK_GATEWAY=off \
@@ -48,9 +50,10 @@ start() { # node ip-suffix extra...
 }
 start a 11
 start b 12 --join "$work/b.token"
+start c 13 --join "$work/c.token"
 printf 'CREATE TABLE orders (id int PRIMARY KEY, total numeric);\n' >"$work/schema.sql"
 printf 'INSERT INTO orders SELECT g, g FROM generate_series(1, 1000) g;\n' >"$work/seed.sql"
-for node in a b; do AIRLOCK_HOME=$work/$node "$bin" golden create shop --schema "$work/schema.sql" --seed "$work/seed.sql" >/dev/null; done
+for node in a b c; do AIRLOCK_HOME=$work/$node "$bin" golden create shop --schema "$work/schema.sql" --seed "$work/seed.sql" >/dev/null; done
 sleep 3 # b's golden announced
 AIRLOCK_HOME=$work/a BIN=$bin PAIRS=$pairs NS_B=al${n}b WORK=$work python3 - <<'PY'
 import json, os, subprocess, time, statistics
@@ -128,6 +131,48 @@ for clients in [2, 8]:
     d2 = tps("direct", clients)
     d = (d + d2) / 2
     print(f"  {clients} clients: direct {d:8.0f}  routed {r:8.0f}  routed/direct {r / d:.2f}")
+PY
+
+# Forks a second across three nodes: three workers, one through each node's
+# CLI, each forking (placed by the cluster), running a query through the API
+# and deleting, for 20 s; against the same three workers all on node a
+# (`--node a`), alternating, twice each. The host's two cores carry every node,
+# so CPU use is sampled from /proc/stat to show what bounds it.
+AIRLOCK_HOME=$work/a BIN=$bin WORK=$work python3 - <<'PY'
+import json, os, subprocess, threading, time, statistics
+bin, work = os.environ["BIN"], os.environ["WORK"]
+def cli(home, *args):
+    out = subprocess.run([bin, *args, "--json"], capture_output=True, text=True, env=dict(os.environ, AIRLOCK_HOME=f"{work}/{home}"))
+    return json.loads(out.stdout) if out.returncode == 0 and out.stdout.strip() else None
+def busy():
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    return sum(f) - f[3] - f[4], sum(f)
+def phase(homes, extra, seconds=20):
+    done, stop = [], time.time() + seconds
+    placed = {}
+    def worker(home):
+        while time.time() < stop:
+            sb = cli(home, "fork", "shop", "--ttl", "5m", *extra)
+            if sb is None: continue
+            placed[sb["node"]] = placed.get(sb["node"], 0) + 1
+            subprocess.run(["curl", "-sf", "--unix-socket", f"{work}/{home}/airlock.sock", "-X", "POST", "-H", "content-type: application/json",
+                            "-d", '{"sql":"SELECT 1"}', f"http://x/v1/sandboxes/{sb['id']}/sql"], capture_output=True)
+            cli(home, "rm", sb["id"]); done.append(1)
+    (b0, t0), start = busy(), time.perf_counter()
+    threads = [threading.Thread(target=worker, args=(h,)) for h in homes]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    (b1, t1), took = busy(), time.perf_counter() - start
+    return len(done) / took, (b1 - b0) / (t1 - t0), placed
+rates = {"three nodes": [], "node a alone": []}
+for _ in range(2):
+    for kind, homes, extra in [("three nodes", ["a", "b", "c"], []), ("node a alone", ["a", "a", "a"], ["--node", "a"])]:
+        rate, cpu, placed = phase(homes, extra)
+        rates[kind].append(rate)
+        print(f"  {kind:12} {rate:5.1f} forks/s (fork, query, delete)  CPU busy {cpu * 100:3.0f}%  placed {placed}")
+print("forks a second, 3 workers, 20 s each, 2 rounds (median):")
+for k, xs in rates.items(): print(f"  {k:12} {statistics.median(xs):5.1f}")
+print(f"  three nodes / node a alone: {statistics.median(rates['three nodes']) / statistics.median(rates['node a alone']):.2f}")
 PY
 
 # Replication of the ~1.5 GB golden (bench/seed-1500mb.sql) from a to b,

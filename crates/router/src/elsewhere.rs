@@ -27,6 +27,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::protocol::{self, BackendKey, ErrorResponse};
+use super::session::Client;
 use airlock_core::error::Result;
 
 /// How long a peer router has to connect and finish its TLS handshake.
@@ -208,91 +209,109 @@ impl Peers {
     /// already passed to the owner) until either side ends. The owner's
     /// messages up to its first ReadyForQuery are read as they pass: its
     /// AuthenticationOk proves the client (`proved`), and its backend key is
-    /// kept for cancel requests. `by` bounds that start.
-    pub async fn relay_postgres<C>(
+    /// kept for cancel requests. `by` bounds that start. The session then
+    /// goes on the threads a local session's relay uses ([`super::relay`]).
+    pub async fn relay_postgres(
         &self,
-        client: C,
-        owner: RelayStream,
+        mut client: Client,
+        mut owner: RelayStream,
         remote: &Remote,
         by: Instant,
         proved: impl FnOnce(),
-    ) where
-        C: AsyncRead + AsyncWrite + Unpin,
-    {
-        let (mut client_r, mut client_w) = tokio::io::split(client);
-        let (mut owner_r, mut owner_w) = tokio::io::split(owner);
+    ) {
         let mut key = None;
-        let up = async {
-            let _ = tokio::io::copy(&mut client_r, &mut owner_w).await;
-            let _ = owner_w.shutdown().await;
-        };
-        let down = async {
-            let started = tokio::time::timeout_at(
-                by.into(),
-                self.start(&mut owner_r, &mut client_w, remote, &mut key, proved),
-            )
-            .await;
-            if matches!(started, Ok(Ok(true))) {
-                let _ = tokio::io::copy(&mut owner_r, &mut client_w).await;
+        let started =
+            tokio::time::timeout_at(by.into(), self.start(&mut client, &mut owner, remote, &mut key, proved))
+                .await;
+        if matches!(started, Ok(Ok(true))) {
+            let entering = match client {
+                Client::Plain(tcp) => super::relay::Entering::Plain(tcp),
+                Client::Tls(tls) => {
+                    let (tcp, conn) = tls.into_inner();
+                    super::relay::Entering::Tls(tcp, conn)
+                }
+            };
+            // The client going ends the owner's session, which cancels what it ran.
+            if let Err(e) = super::relay::between(entering, owner, async {}).await {
+                tracing::debug!(error = %e, "a relayed session ended with an error");
             }
-            let _ = client_w.flush().await;
-            let _ = client_w.shutdown().await;
-        };
-        {
-            tokio::pin!(down);
-            tokio::select! {
-                () = &mut down => {}
-                // The client went: the owner sees the end of its input and ends
-                // the session (cancelling what it ran), then closes.
-                () = up => { let _ = tokio::time::timeout(HANDSHAKE, down).await; }
-            }
+        } else {
+            let _ = client.flush().await;
+            let _ = client.shutdown().await;
         }
         if let Some(key) = key {
             self.keys.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         }
     }
 
-    /// Passes the owner's messages on until its first ReadyForQuery: true
-    /// then; false if the session ended before (a refusal, say).
-    async fn start<R, W>(
+    /// Passes bytes both ways until the owner's first ReadyForQuery: true
+    /// then; false if either side ended before (a refusal, say). The owner's
+    /// messages are read whole as they pass; the client's bytes (its SCRAM
+    /// answers) are passed on as they come. Each read can be given up without
+    /// losing bytes, so the session can be handed over at that point.
+    async fn start(
         &self,
-        owner: &mut R,
-        client: &mut W,
+        client: &mut Client,
+        owner: &mut RelayStream,
         remote: &Remote,
         key: &mut Option<BackendKey>,
         proved: impl FnOnce(),
-    ) -> std::io::Result<bool>
-    where
-        R: AsyncRead + Unpin,
-        W: AsyncWrite + Unpin,
-    {
+    ) -> std::io::Result<bool> {
+        let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
         let mut proved = Some(proved);
+        let (mut down, mut up) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+        let mut from_owner: Vec<u8> = Vec::new();
         loop {
-            let message = match protocol::read_server_message(owner).await {
-                Ok(m) => m,
-                Err(protocol::PacketError::Io(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                    return Ok(false)
-                }
-                Err(e) => return Err(std::io::Error::other(e.to_string())),
-            };
-            client.write_all(&message.bytes).await?;
-            if message.auth_code() == Some(0) {
-                if let Some(proved) = proved.take() {
-                    proved();
-                }
-            }
-            if let Some(k) = message.backend_key() {
-                self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), remote.relay.clone());
-                *key = Some(k);
-            }
-            match message.tag {
-                b'Z' => {
+            tokio::select! {
+                read = owner.read(&mut down) => {
+                    let n = read?;
+                    if n == 0 {
+                        client.write_all(&from_owner).await?;
+                        return Ok(false);
+                    }
+                    from_owner.extend_from_slice(&down[..n]);
+                    let mut whole = 0;
+                    let mut ready = false;
+                    while from_owner.len() - whole >= 5 && !ready {
+                        let at = &from_owner[whole..];
+                        let len = i32::from_be_bytes([at[1], at[2], at[3], at[4]]);
+                        if !(4..=protocol::MAX_SERVER_STARTUP_MESSAGE as i32).contains(&len) {
+                            return Err(bad("the owner's router sent a message of no sensible length"));
+                        }
+                        if at.len() < 1 + len as usize {
+                            break;
+                        }
+                        let (tag, body) = (at[0], &at[5..1 + len as usize]);
+                        if tag == b'R' && body.get(..4) == Some(&[0, 0, 0, 0]) {
+                            if let Some(proved) = proved.take() {
+                                proved();
+                            }
+                        }
+                        if let Some(k) = (tag == b'K').then(|| BackendKey::read(body)).flatten() {
+                            self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), remote.relay.clone());
+                            *key = Some(k);
+                        }
+                        ready = tag == b'Z';
+                        whole += 1 + len as usize;
+                    }
+                    // Whole messages go on at once (authentication asks the
+                    // client); after ReadyForQuery, everything read.
+                    let upto = if ready { from_owner.len() } else { whole };
+                    client.write_all(&from_owner[..upto]).await?;
                     client.flush().await?;
-                    return Ok(true);
+                    from_owner.drain(..upto);
+                    if ready {
+                        return Ok(true);
+                    }
                 }
-                // Authentication asks the client: it must hear it now.
-                b'R' | b'v' => client.flush().await?,
-                _ => {}
+                read = client.read(&mut up) => {
+                    let n = read?;
+                    if n == 0 {
+                        return Ok(false);
+                    }
+                    owner.write_all(&up[..n]).await?;
+                    owner.flush().await?;
+                }
             }
         }
     }

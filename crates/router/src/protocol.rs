@@ -25,7 +25,7 @@ pub const MAX_STARTUP_PACKET: usize = 10_000;
 /// The longest password or SASL message accepted from a client.
 pub const MAX_AUTH_MESSAGE: usize = 64 * 1024;
 /// The longest message accepted from a server before the session is established.
-const MAX_SERVER_STARTUP_MESSAGE: usize = 1 << 20;
+pub const MAX_SERVER_STARTUP_MESSAGE: usize = 1 << 20;
 
 /// Protocol 3.0, the version every sandbox's server speaks.
 pub const PROTOCOL_3_0: i32 = 3 << 16;

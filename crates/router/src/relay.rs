@@ -99,15 +99,16 @@ pub async fn tls(
 ) -> std::io::Result<()> {
     let (tcp, conn) = session.into_inner();
     let (client, server) = blocking(tcp, server)?;
-    let conn = Arc::new(Mutex::new(conn));
+    let conn = Arc::new(Mutex::new(rustls::Connection::Server(conn)));
     let (client_r, server_w, conn_r) = (client.try_clone()?, server.try_clone()?, conn.clone());
     both_ways(
         move || {
-            let _ = decrypt_up(&conn_r, &client_r, &server_w);
+            let _ = open_records(&conn_r, &client_r, &server_w);
             let _ = server_w.shutdown(Shutdown::Write);
         },
         move || {
-            let _ = encrypt_down(&conn, &server, &client);
+            let sealing = Sealing { conn: &conn, tcp: &client };
+            let _ = pump_sealed(&server, &sealing);
             let _ = client.shutdown(Shutdown::Both);
         },
         client_gone,
@@ -115,26 +116,141 @@ pub async fn tls(
     .await
 }
 
-fn lock(conn: &Mutex<ServerConnection>) -> std::sync::MutexGuard<'_, ServerConnection> {
+/// A client of another node's sandbox, as the entry router hands it over once
+/// the owner has accepted it: plaintext or TLS.
+pub enum Entering {
+    /// A plaintext client.
+    Plain(TcpStream),
+    /// A TLS client: its socket and its rustls session.
+    Tls(TcpStream, ServerConnection),
+}
+
+/// Relays a client of another node's sandbox and the stream to that node's
+/// router (mutual TLS) until both directions end: the entry router's half of
+/// a relayed session, on the same threads as a local one.
+pub async fn between(
+    client: Entering,
+    owner: tokio_rustls::client::TlsStream<TcpStream>,
+    client_gone: impl std::future::Future<Output = ()>,
+) -> std::io::Result<()> {
+    let (owner_tcp, owner_conn) = owner.into_inner();
+    let owner_tcp = owner_tcp.into_std()?;
+    owner_tcp.set_nonblocking(false)?;
+    let owner_conn = Arc::new(Mutex::new(rustls::Connection::Client(owner_conn)));
+    let (owner_r, owner_conn_r) = (owner_tcp.try_clone()?, owner_conn.clone());
+    // The owner's side ends (its session over): say so to it, and close the client.
+    let (client_tcp, client_conn) = match client {
+        Entering::Plain(tcp) => (tcp.into_std()?, None),
+        Entering::Tls(tcp, conn) => {
+            (tcp.into_std()?, Some(Arc::new(Mutex::new(rustls::Connection::Server(conn)))))
+        }
+    };
+    client_tcp.set_nonblocking(false)?;
+    let (client_r, client_conn_r) = (client_tcp.try_clone()?, client_conn.clone());
+    both_ways(
+        move || {
+            let to_owner = Sealing { conn: &owner_conn, tcp: &owner_tcp };
+            let _ = match &client_conn_r {
+                Some(conn) => open_records(conn, &client_r, &to_owner),
+                None => pump_plain(&client_r, &to_owner),
+            };
+            to_owner.close();
+            let _ = owner_tcp.shutdown(Shutdown::Write);
+        },
+        move || {
+            let _ = match &client_conn {
+                Some(conn) => {
+                    let to_client = Sealing { conn, tcp: &client_tcp };
+                    let relayed = open_records(&owner_conn_r, &owner_r, &to_client);
+                    to_client.close();
+                    relayed
+                }
+                None => open_records(&owner_conn_r, &owner_r, &client_tcp),
+            };
+            let _ = client_tcp.shutdown(Shutdown::Both);
+        },
+        client_gone,
+    )
+    .await
+}
+
+fn lock(conn: &Mutex<rustls::Connection>) -> std::sync::MutexGuard<'_, rustls::Connection> {
     conn.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Client to server: read TLS records, decrypt, pass the plaintext on. Ends at
-/// the client's end of stream or close_notify.
-fn decrypt_up(
-    conn: &Mutex<ServerConnection>,
-    mut client: &std::net::TcpStream,
-    mut server: &std::os::unix::net::UnixStream,
+/// Plaintext written into a TLS session: encrypted, its records sent on its
+/// socket (written once the lock is let go).
+struct Sealing<'a> {
+    conn: &'a Mutex<rustls::Connection>,
+    tcp: &'a std::net::TcpStream,
+}
+
+impl Sealing<'_> {
+    /// Says nothing more comes (close_notify).
+    fn close(&self) {
+        let records = {
+            let mut c = lock(self.conn);
+            c.send_close_notify();
+            take_records(&mut c)
+        };
+        if let Ok(records) = records {
+            let _ = (&mut &*self.tcp).write_all(&records);
+        }
+    }
+}
+
+impl Write for &Sealing<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let records = {
+            let mut c = lock(self.conn);
+            c.writer().write_all(buf)?;
+            take_records(&mut c)?
+        };
+        (&mut &*self.tcp).write_all(&records)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Plaintext from `from` sealed into `to` until `from` ends, then a close_notify.
+fn pump_sealed(mut from: impl Read, to: &Sealing<'_>) -> std::io::Result<()> {
+    let copied = pump_plain(&mut from, to);
+    to.close();
+    copied
+}
+
+/// Copies plaintext from `from` to `to` until `from` ends.
+fn pump_plain(mut from: impl Read, mut to: impl Write) -> std::io::Result<()> {
+    let mut buf = vec![0u8; BUFFER];
+    loop {
+        let n = from.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        to.write_all(&buf[..n])?;
+    }
+}
+
+/// A TLS session's plaintext, passed on to `out`: read its records from
+/// `tcp`, decrypt, pass the plaintext on. Ends at the peer's end of stream or
+/// close_notify.
+fn open_records(
+    conn: &Mutex<rustls::Connection>,
+    mut tcp: &std::net::TcpStream,
+    mut out: impl Write,
 ) -> std::io::Result<()> {
     let mut records = vec![0u8; BUFFER];
     // Plaintext rustls already holds (read before the hand-over) goes first.
     let (plain, closed) = take_plaintext(&mut lock(conn))?;
-    server.write_all(&plain)?;
+    out.write_all(&plain)?;
     if closed {
         return Ok(());
     }
     loop {
-        let n = client.read(&mut records)?;
+        let n = tcp.read(&mut records)?;
         if n == 0 {
             return Ok(());
         }
@@ -150,8 +266,8 @@ fn decrypt_up(
                 // Alerts or key updates may need an answer.
                 (plain, closed, take_records(&mut c)?)
             };
-            client.write_all(&answer)?;
-            server.write_all(&plain)?;
+            tcp.write_all(&answer)?;
+            out.write_all(&plain)?;
             if closed {
                 return Ok(());
             }
@@ -159,8 +275,8 @@ fn decrypt_up(
     }
 }
 
-/// The plaintext rustls has decrypted, and whether the client sent close_notify.
-fn take_plaintext(c: &mut ServerConnection) -> std::io::Result<(Vec<u8>, bool)> {
+/// The plaintext rustls has decrypted, and whether the peer sent close_notify.
+fn take_plaintext(c: &mut rustls::Connection) -> std::io::Result<(Vec<u8>, bool)> {
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     loop {
@@ -176,36 +292,10 @@ fn take_plaintext(c: &mut ServerConnection) -> std::io::Result<(Vec<u8>, bool)> 
 /// The TLS records rustls has ready to send. Written to the network only after
 /// the lock is released: a thread blocked on a full socket while holding it could
 /// stall the other direction, and with it a client that is itself blocked writing.
-fn take_records(c: &mut ServerConnection) -> std::io::Result<Vec<u8>> {
+fn take_records(c: &mut rustls::Connection) -> std::io::Result<Vec<u8>> {
     let mut out = Vec::new();
     while c.wants_write() {
         c.write_tls(&mut out)?;
     }
     Ok(out)
-}
-
-/// Server to client: read plaintext, encrypt, send the records. Ends (with a
-/// close_notify) when the server's side ends.
-fn encrypt_down(
-    conn: &Mutex<ServerConnection>,
-    mut server: &std::os::unix::net::UnixStream,
-    mut client: &std::net::TcpStream,
-) -> std::io::Result<()> {
-    let mut buf = vec![0u8; BUFFER];
-    loop {
-        let n = server.read(&mut buf)?;
-        let records = {
-            let mut c = lock(conn);
-            if n == 0 {
-                c.send_close_notify();
-            } else {
-                c.writer().write_all(&buf[..n])?;
-            }
-            take_records(&mut c)?
-        };
-        client.write_all(&records)?;
-        if n == 0 {
-            return Ok(());
-        }
-    }
 }

@@ -68,6 +68,7 @@ impl utoipa::IntoResponses for ApiErrors {
             CapacityExhausted,
             DiskFull,
             TimedOut,
+            ReplicationFailed,
         ];
         all.into_iter()
             .map(|code| {
@@ -93,7 +94,8 @@ fn describe(status: u16) -> &'static str {
         409 => "a conflict: golden_exists, name_taken, golden_in_use, migration_refused, promotion_refused",
         422 => "the work failed on its input: seed_failed, source_failed, migration_failed",
         500 => "internal, storage_failed, postgres_failed, redis_failed or data_root_not_writable; the daemon log has details",
-        503 => "capacity_exhausted: the host is full",
+        502 => "replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept",
+        503 => "capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost",
         504 => "timed_out: the request ran past its deadline",
         507 => "disk_full: the volume or the sandbox's allowance is full, or it cannot promise another running sandbox its headroom",
         _ => "an error",

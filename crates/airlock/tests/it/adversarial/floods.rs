@@ -27,6 +27,22 @@ fn flood(addr: &str, count: usize, first: &[u8]) -> Vec<TcpStream> {
     held
 }
 
+/// Whether, within a few seconds, the far end has closed all but `kept` of
+/// `held` (the router closes the connections whose slots it gave away as it
+/// goes, so the last of them may still be closing when the flood ends).
+fn closes_all_but(held: &mut [TcpStream], kept: usize) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if closed(held) >= held.len().saturating_sub(kept) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// How many of `held` the far end has closed (a read that ends or fails at once).
 fn closed(held: &mut [TcpStream]) -> usize {
     held.iter_mut()
@@ -68,7 +84,7 @@ fn a_flood_from_the_owners_own_address_holds_no_router_slot_against_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     // The flood churned its own members out: most of them were closed.
-    assert!(closed(&mut held) >= held.len() - 24, "the flood kept more than the router's slots");
+    assert!(closes_all_but(&mut held, 24), "the flood kept more than the router's slots");
     s.untouched();
 }
 
@@ -109,7 +125,7 @@ fn a_flood_from_the_owners_own_address_holds_no_redis_slot_against_it() {
     let mut pong = [0u8; 7];
     working.read_exact(&mut pong).expect("the authenticated client keeps its connection");
     assert_eq!(&pong, b"+PONG\r\n");
-    assert!(closed(&mut held) >= held.len() - 16, "the flood kept more than the router's slots");
+    assert!(closes_all_but(&mut held, 16), "the flood kept more than the router's slots");
 }
 
 /// The gateway's `host:port` and the path of an MCP URL.
