@@ -69,6 +69,32 @@ where
     })
 }
 
+/// The HTTP request `ask` makes.
+pub fn request(ask: Ask<'_>, whom: &str) -> Result<hyper::Request<Full<Bytes>>> {
+    let mut request = hyper::Request::builder().method(ask.method).uri(ask.path).header("host", "airlock");
+    if let Some(kind) = ask.content_type {
+        request = request.header("content-type", kind);
+    }
+    request
+        .body(Full::new(ask.body))
+        .map_err(|e| Error::internal(format!("a request to {whom} could not be made: {e}")))
+}
+
+/// Reads a whole answer.
+pub async fn collect(response: hyper::Response<hyper::body::Incoming>, whom: &str) -> Result<Answer> {
+    let status = response.status().as_u16();
+    let content_type =
+        response.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let body = response.into_body().collect().await.map_err(|e| {
+        Error::new(
+            ErrorCode::ClusterUnavailable,
+            format!("{whom} did not answer: {e}"),
+            "check that it runs and that this node reaches it",
+        )
+    })?;
+    Ok(Answer { status, content_type, body: body.to_bytes() })
+}
+
 /// Sends `ask` on `io` and reads the whole answer, all within `limit`.
 pub async fn exchange<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Result<Answer>
 where
@@ -85,22 +111,11 @@ where
         let (mut sender, connection) =
             hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(&e))?;
         let driver = tokio::spawn(connection);
-        let mut request =
-            hyper::Request::builder().method(ask.method).uri(ask.path).header("host", "airlock");
-        if let Some(kind) = ask.content_type {
-            request = request.header("content-type", kind);
-        }
-        let request = request
-            .body(Full::new(ask.body))
-            .map_err(|e| Error::internal(format!("a request to {whom} could not be made: {e}")))?;
-        let response = sender.send_request(request).await.map_err(|e| unreachable(&e))?;
-        let status = response.status().as_u16();
-        let content_type =
-            response.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let body = response.into_body().collect().await.map_err(|e| unreachable(&e))?.to_bytes();
+        let response = sender.send_request(request(ask, whom)?).await.map_err(|e| unreachable(&e))?;
+        let answer = collect(response, whom).await;
         drop(sender);
         driver.abort();
-        Ok(Answer { status, content_type, body })
+        answer
     };
     tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
         Err(Error::new(

@@ -2,9 +2,10 @@
 //! `--advertise` over TLS 1.3, a client certificate from the cluster CA
 //! required; a request one node forwards to another goes over it.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
@@ -12,7 +13,7 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
-use crate::http::{exchange, Answer, Ask};
+use crate::http::{Answer, Ask};
 use crate::records::NodeRecord;
 use airlock_core::error::{Error, ErrorCode, Result};
 
@@ -96,15 +97,27 @@ impl axum::serve::Listener for PeerListener {
     }
 }
 
-/// This node as a client of its peers.
+/// How long a connection to a peer is kept open with no request on it: well
+/// under the peer's own wait for a next request, so it is never closed under
+/// a request just sent.
+const KEPT_IDLE: Duration = Duration::from_secs(4);
+/// Idle connections kept to one peer, at most.
+const KEPT_PER_PEER: usize = 8;
+
+/// An open HTTP/1.1 connection to a peer, ready for a request.
+type Sender = hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>>;
+
+/// This node as a client of its peers. Connections are kept open between
+/// requests (a new one costs a TCP connection and a TLS handshake).
 pub struct Peers {
     connector: TlsConnector,
+    idle: Mutex<HashMap<String, Vec<(Instant, Sender)>>>,
 }
 
 impl Peers {
     /// A client with this node's identity.
     pub fn new(config: Arc<rustls::ClientConfig>) -> Peers {
-        Peers { connector: TlsConnector::from(config) }
+        Peers { connector: TlsConnector::from(config), idle: Mutex::default() }
     }
 
     /// Sends a request to `node`'s API and brings its answer back whatever its status.
@@ -117,9 +130,78 @@ impl Peers {
         body: Bytes,
         limit: Duration,
     ) -> Result<Answer> {
-        let tls = self.dial(node).await?;
-        let ask = Ask { method, path, content_type, body };
-        exchange(tls, ask, limit, &format!("node {}", node.name)).await
+        let whom = format!("node {}", node.name);
+        let late = || {
+            Error::new(
+                ErrorCode::ClusterUnavailable,
+                format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
+                "check that it runs and that this node reaches it",
+            )
+        };
+        let broken = |e: &dyn std::fmt::Display| {
+            Error::new(
+                ErrorCode::ClusterUnavailable,
+                format!("{whom} did not answer: {e}"),
+                "check that it runs and that this node reaches it",
+            )
+        };
+        let mut request = crate::http::request(Ask { method, path, content_type, body }, &whom)?;
+        let work = async {
+            // A kept connection first. One closed meanwhile gives the request
+            // back unsent, and it goes on the next, or a new one.
+            while let Some(mut sender) = self.take_idle(&node.advertise) {
+                if sender.ready().await.is_err() {
+                    continue;
+                }
+                match sender.try_send_request(request).await {
+                    Ok(response) => {
+                        let answer = crate::http::collect(response, &whom).await?;
+                        self.keep(&node.advertise, sender);
+                        return Ok(answer);
+                    }
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => request = unsent,
+                        None => return Err(broken(&e.into_error())),
+                    },
+                }
+            }
+            let tls = self.dial(node).await?;
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+                    .await
+                    .map_err(|e| broken(&e))?;
+            tokio::spawn(connection);
+            let response = sender.send_request(request).await.map_err(|e| broken(&e))?;
+            let answer = crate::http::collect(response, &whom).await?;
+            self.keep(&node.advertise, sender);
+            Ok(answer)
+        };
+        tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(late()))
+    }
+
+    /// A kept connection to `address` that is still open, if there is one.
+    fn take_idle(&self, address: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = idle.get_mut(address)?;
+        while let Some((since, sender)) = kept.pop() {
+            if since.elapsed() < KEPT_IDLE && !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps a connection whose answer has been read, for the next request.
+    fn keep(&self, address: &str, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        let kept = idle.entry(address.to_owned()).or_default();
+        kept.retain(|(since, s)| since.elapsed() < KEPT_IDLE && !s.is_closed());
+        if kept.len() < KEPT_PER_PEER {
+            kept.push((Instant::now(), sender));
+        }
     }
 
     /// Sends a `GET` to `node`'s API; its status and its body, to be read as
