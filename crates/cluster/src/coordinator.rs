@@ -50,6 +50,7 @@ pub trait Coordinator: Send + Sync + 'static {
 /// | `live/ID` | the owner's name | the owner's |
 /// | `names/NAME` | the sandbox's id (`claimed-by:NODE` while its fork is under way) | the owner's (the claimer's) |
 /// | `placed/ID` | the sandbox's record | none |
+/// | `known/NAME` | the sandbox's id, for finding a lost sandbox by name | none |
 /// | `lost/ID` | the node that reported it | none |
 pub struct EtcdCoordinator {
     etcd: Etcd,
@@ -118,6 +119,7 @@ impl Coordinator for EtcdCoordinator {
         self.etcd.put(&self.key("live", &sandbox.id), sandbox.node.as_bytes(), Some(lease.0)).await?;
         if let Some(name) = &sandbox.name {
             self.etcd.put(&self.key("names", name), sandbox.id.as_bytes(), Some(lease.0)).await?;
+            self.etcd.put(&self.key("known", name), sandbox.id.as_bytes(), None).await?;
         }
         // Back under a lease: no longer lost.
         self.etcd.delete(&self.key("lost", &sandbox.id)).await
@@ -126,8 +128,10 @@ impl Coordinator for EtcdCoordinator {
     async fn withdraw(&self, sandbox: &SandboxRecord) -> Result<()> {
         if let Some(name) = &sandbox.name {
             // Only the name's own entry: another sandbox may have taken the name since.
-            if self.etcd.get(&self.key("names", name)).await?.as_deref() == Some(sandbox.id.as_bytes()) {
-                self.etcd.delete(&self.key("names", name)).await?;
+            for index in ["names", "known"] {
+                if self.etcd.get(&self.key(index, name)).await?.as_deref() == Some(sandbox.id.as_bytes()) {
+                    self.etcd.delete(&self.key(index, name)).await?;
+                }
             }
         }
         self.etcd.delete(&self.key("live", &sandbox.id)).await?;
@@ -152,10 +156,17 @@ impl Coordinator for EtcdCoordinator {
             return Ok(Some(found));
         }
         if let Some(id) = self.etcd.get(&self.key("names", key)).await? {
-            return self.placed_by_id(&String::from_utf8_lossy(&id)).await;
+            if let Some(found) = self.placed_by_id(&String::from_utf8_lossy(&id)).await? {
+                return Ok(Some(found));
+            }
         }
-        // A lost sandbox's name went with its owner's lease; its record keeps it.
-        Ok(self.placed().await?.into_iter().find(|p| p.record.name.as_deref() == Some(key)))
+        // A lost sandbox's name went with its owner's lease; the index under
+        // no lease keeps it. (Point reads only: a key no sandbox has, which
+        // any client can name to a router, costs three, never a scan.)
+        match self.etcd.get(&self.key("known", key)).await? {
+            Some(id) => self.placed_by_id(&String::from_utf8_lossy(&id)).await,
+            None => Ok(None),
+        }
     }
 
     async fn report_lost(&self, id: &str) -> Result<bool> {

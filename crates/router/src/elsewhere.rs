@@ -332,19 +332,28 @@ pub(super) async fn relay_redis<C>(client: C, owner: RelayStream, proved: impl F
 where
     C: AsyncRead + AsyncWrite + Unpin,
 {
+    use tokio::io::AsyncBufReadExt;
     let mut owner = tokio::io::BufStream::new(owner);
     let mut client = client;
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(Duration::from_secs(10), owner.read(&mut first)).await {
-        Ok(Ok(1)) => {}
-        _ => return,
-    }
-    if first[0] != b'-' {
-        proved();
-    }
-    if client.write_all(&first).await.is_err() {
+    let answered = tokio::time::timeout(Duration::from_secs(10), owner.fill_buf()).await;
+    let refused = match answered {
+        Ok(Ok(answer)) if !answer.is_empty() => answer[0] == b'-',
+        _ => {
+            let _ = client.write_all(b"-ERR the sandbox's node did not answer; try again\r\n").await;
+            let _ = client.flush().await;
+            return;
+        }
+    };
+    if refused {
+        // The owner's refusal, whole, then a clean close (as on the owner's own port).
+        let mut line = Vec::new();
+        let _ = (&mut owner).take(1024).read_until(b'\n', &mut line).await;
+        let _ = client.write_all(&line).await;
+        let _ = client.flush().await;
+        let _ = client.shutdown().await;
         return;
     }
+    proved();
     let _ = tokio::io::copy_bidirectional(&mut client, &mut owner).await;
 }
 

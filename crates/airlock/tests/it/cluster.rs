@@ -699,7 +699,8 @@ fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_no
     let url_a = format!("redis://{id}:{password}@{}", a.redis_router);
     assert_eq!(redis_in(&net, 0, &url_a, None, &["GET", "from-b"]), "yes", "b's write is on a's sandbox");
     let wrong = format!("redis://{id}:nope@{redis_b}");
-    assert!(redis_in(&net, 1, &wrong, None, &["GET", "greeting"]).contains("WRONGPASS"));
+    let refused = redis_in(&net, 1, &wrong, None, &["GET", "greeting"]);
+    assert!(refused.contains("WRONGPASS"), "{refused}");
 
     // The relay port takes only a cluster member: no client certificate, or a
     // plaintext header claiming anything, gets nothing.
