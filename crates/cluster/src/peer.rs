@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
@@ -27,7 +27,7 @@ pub struct FromPeer;
 /// How long a peer has to finish its TLS handshake.
 const HANDSHAKE_LIMIT: Duration = Duration::from_secs(5);
 
-/// Handshakes under way at once; more wait in the listen backlog.
+/// Handshakes under way at once; a newcomer beyond them takes the stalest one's place.
 const HANDSHAKES: usize = 64;
 
 /// Connections whose peer proved a certificate of the cluster's CA, for the
@@ -50,10 +50,13 @@ impl PeerListener {
         let local = listener.local_addr()?;
         let (tx, accepted) = mpsc::channel(HANDSHAKES);
         let acceptor = TlsAcceptor::from(config);
-        let room = Arc::new(Semaphore::new(HANDSHAKES));
+        // A connection holds a slot only until its handshake is done. When
+        // every slot is taken, a newcomer takes the one of the stalest
+        // handshake from the address holding most: connections that never
+        // finish theirs cannot keep a peer out (see `airlock_listen::slots`).
+        let slots = airlock_listen::slots::Slots::new(HANDSHAKES);
         tokio::spawn(async move {
             loop {
-                let Ok(permit) = room.clone().acquire_owned().await else { return };
                 let (tcp, peer) = match listener.accept().await {
                     Ok(accepted) => accepted,
                     Err(e) => {
@@ -62,16 +65,25 @@ impl PeerListener {
                         continue;
                     }
                 };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                let (acceptor, tx, slots) = (acceptor.clone(), tx.clone(), slots.clone());
                 tokio::spawn(async move {
-                    let _permit = permit;
+                    let Some(mut slot) = slots.take(Some(peer.ip()), std::time::Instant::now()).await else {
+                        return;
+                    };
                     let _ = tcp.set_nodelay(true);
-                    match tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp)).await {
+                    let handshake = tokio::time::timeout(HANDSHAKE_LIMIT, acceptor.accept(tcp));
+                    let done = tokio::select! {
+                        done = handshake => done,
+                        () = slot.given_up() => return,
+                    };
+                    drop(slot);
+                    match done {
                         Ok(Ok(tls)) => {
                             let _ = tx.send((tls, peer)).await;
                         }
-                        Ok(Err(e)) => tracing::warn!(%peer, error = %e, "refused a node-to-node connection"),
-                        Err(_) => tracing::warn!(%peer, "a node-to-node handshake took too long"),
+                        // Anyone who reaches the port can cause these: not worth a warning each.
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "refused a node-to-node connection"),
+                        Err(_) => tracing::debug!(%peer, "a node-to-node handshake took too long"),
                     }
                 });
             }

@@ -141,6 +141,16 @@ impl Header {
     }
 }
 
+/// What a client of a sandbox this router cannot reach now is told, before it
+/// has authenticated.
+pub(super) fn unreachable_now(key: &str) -> ErrorResponse {
+    ErrorResponse::fatal(
+        "57P03",
+        format!("sandbox \"{}\" cannot be reached through this router now", protocol::shown(key)),
+        "try again in a moment, or connect with the DSN its fork returned",
+    )
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -156,9 +166,14 @@ impl Peers {
     }
 
     /// The node holding `key`, if another does: None when none does; an
-    /// error to tell the client otherwise.
+    /// error to tell the client otherwise. The client has not authenticated
+    /// yet, so it is told that the sandbox cannot be reached now, not which
+    /// node holds it or where etcd is (the log has those).
     pub async fn owner(&self, key: &str) -> std::result::Result<Option<Remote>, ErrorResponse> {
-        self.directory.owner(key).await.map_err(|e| ErrorResponse::fatal("57P03", e.message, e.hint))
+        self.directory.owner(key).await.map_err(|e| {
+            tracing::warn!(sandbox = %protocol::shown(key), error = %e.message, "the owner of a sandbox could not be found");
+            unreachable_now(key)
+        })
     }
 
     /// A stream to `remote`'s relay port, its header sent.
@@ -354,7 +369,11 @@ where
         return;
     }
     proved();
+    // The owner ends a session without a close_notify at times: what was
+    // read before still reaches the client, flushed, before it is closed.
     let _ = tokio::io::copy_bidirectional(&mut client, &mut owner).await;
+    let _ = client.flush().await;
+    let _ = client.shutdown().await;
 }
 
 #[cfg(test)]

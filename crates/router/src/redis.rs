@@ -184,9 +184,9 @@ async fn pass_on<S: AsyncRead + AsyncWrite + Unpin + Send>(
         Ok(owner) => super::elsewhere::relay_redis(client, owner, || slot.prove()).await,
         Err(e) => {
             tracing::warn!(node = %remote.node, error = %e, "a Redis client could not be relayed to its sandbox's node");
-            let said =
-                format!("-ERR the sandbox is on node {}, which this router could not reach\r\n", remote.node);
-            let _ = client.write_all(said.as_bytes()).await;
+            let _ = client
+                .write_all(b"-ERR the sandbox cannot be reached through this router now; try again\r\n")
+                .await;
             let _ = client.flush().await;
         }
     }

@@ -32,14 +32,21 @@ pub(super) async fn serve(
         let (shared, redis, acceptor, slots) =
             (shared.clone(), redis.clone(), acceptor.clone(), slots.clone());
         tokio::spawn(async move {
-            let Some(slot) = slots.take(Some(peer.ip()), Instant::now()).await else { return };
+            let Some(mut slot) = slots.take(Some(peer.ip()), Instant::now()).await else { return };
             let _ = tcp.set_nodelay(true);
             let opened = async {
                 let mut tls = acceptor.accept(tcp).await.ok()?;
                 let header = Header::read(&mut tls).await.ok()?;
                 Some((tls, header))
             };
-            let Ok(Some((tls, header))) = tokio::time::timeout(HANDSHAKE, opened).await else {
+            // Until its handshake and header are done, a connection's slot
+            // goes to a newcomer when none is free: one with no cluster
+            // certificate cannot hold the port against members.
+            let opened = tokio::select! {
+                opened = tokio::time::timeout(HANDSHAKE, opened) => opened,
+                () = slot.given_up() => return,
+            };
+            let Ok(Some((tls, header))) = opened else {
                 tracing::debug!(%peer, "a relay connection without a cluster certificate or a header was closed");
                 return;
             };

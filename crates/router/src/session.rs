@@ -430,16 +430,7 @@ async fn pass_on(
         Ok(owner) => Some(Established::Elsewhere(client, owner, remote)),
         Err(e) => {
             tracing::warn!(node = %remote.node, relay = %remote.relay, error = %e, "a client could not be relayed to its sandbox's node");
-            let e = ErrorResponse::fatal(
-                "08006",
-                format!(
-                    "sandbox \"{}\" is on node {}, which this router could not reach: {e}",
-                    shown(&startup.database),
-                    remote.node
-                ),
-                "try again; `airlock nodes` shows whether that node is up",
-            );
-            refuse(&mut client, e).await;
+            refuse(&mut client, super::elsewhere::unreachable_now(&startup.database)).await;
             None
         }
     }

@@ -35,17 +35,29 @@ impl Net {
 
     /// A net whose etcd has `members` members.
     fn with_members(nodes: &[&str], members: usize) -> Net {
-        let subnet = 20 + (std::process::id() + counter()) % 200;
-        let bridge = format!("alb{subnet}");
-        let _ = Command::new("ip").args(["link", "del", &bridge]).output();
-        ip(&["link", "add", &bridge, "type", "bridge"]);
+        // A subnet is this test's once it has made the subnet's bridge: tests
+        // run at once in other processes, so one taken is passed over, never
+        // removed (a bridge left by a killed run just stays out of use).
+        let first = (std::process::id() + counter()) % 200;
+        let (subnet, bridge) = (0..200)
+            .map(|k| 20 + (first + k) % 200)
+            .map(|subnet| (subnet, format!("alb{subnet}")))
+            .find(|(_, bridge)| {
+                Command::new("ip")
+                    .args(["link", "add", bridge, "type", "bridge"])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .expect("a free subnet for the test's bridge");
         ip(&["addr", "add", &format!("10.231.{subnet}.1/24"), "dev", &bridge]);
         ip(&["link", "set", &bridge, "up"]);
         let mut spaces = Vec::new();
         for (i, node) in nodes.iter().enumerate() {
             let ns = format!("al{subnet}{node}");
             let veth = format!("alv{subnet}{node}");
+            // The subnet is ours: what a killed run left under its names goes.
             let _ = Command::new("ip").args(["netns", "del", &ns]).output();
+            let _ = Command::new("ip").args(["link", "del", &veth]).output();
             ip(&["netns", "add", &ns]);
             ip(&["link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns]);
             ip(&["link", "set", &veth, "master", &bridge, "up"]);
@@ -625,7 +637,8 @@ fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_no
     offline(&home_a, &["cluster", "init"]);
     let token = home_a.join("token-b");
     issue_token(&home_a, "b", &net.advertise(1), &token);
-    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
+    // Few router slots, so the idle flood below outnumbers them on the relay port too.
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &["--router-max-connections", "64"]);
     let b = node(&net, 1, "b", Some(&token), &[]);
     crate::redis::golden_with_redis(&a, "cache");
     let sb = a.fork("cache", &["--name", "relayed"]);
@@ -723,6 +736,29 @@ fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_no
     let _ = raw.read_to_end(&mut answer);
     assert!(answer.iter().all(|b| *b != b'R'), "a plaintext relay client got an answer: {answer:?}");
     assert!(!answer.windows(4).any(|w| w == b"SCRA"), "{answer:?}");
+
+    // Idle connections from one address, hundreds of them, with no
+    // certificate: they hold neither a's relay port nor its node-to-node
+    // port against the members.
+    let peer_a = net.advertise(0);
+    let mut idle = Vec::new();
+    for addr in [&relay_a, &peer_a] {
+        for _ in 0..150 {
+            if let Ok(c) =
+                std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(2))
+            {
+                idle.push(c);
+            }
+        }
+    }
+    assert!(idle.len() >= 250, "{} idle connections made", idle.len());
+    for round in 0..3 {
+        let t = Instant::now();
+        assert_eq!(psql_in(&net, 1, &via_b, "SELECT 1").unwrap(), "1", "round {round}: routed through b");
+        assert_eq!(b.json(&["show", id])["id"], id, "round {round}: forwarded to a");
+        assert!(t.elapsed() < Duration::from_secs(5), "round {round} waited {:?}", t.elapsed());
+    }
+    drop(idle);
 
     // The owner recorded the relayed connections, naming the node they came through.
     let events = a.json(&["events", "--sandbox", id]);

@@ -72,7 +72,8 @@ pub struct Inventory {
 impl Inventory {
     /// The bytes of every file.
     pub fn bytes(&self) -> u64 {
-        self.entries.iter().map(|e| e.size).sum()
+        // Sizes come from another node: a sum past 2^64 must not wrap into a small one.
+        self.entries.iter().fold(0u64, |sum, e| sum.saturating_add(e.size))
     }
 
     /// The files, in order.
@@ -254,6 +255,12 @@ fn receivable(path: &str) -> bool {
     !path.is_empty() && p != Path::new(INVENTORY) && p.components().all(|c| matches!(c, Component::Normal(_)))
 }
 
+/// A received mode without setuid, setgid or sticky bits: a generation's files
+/// and directories need none, and another node's say-so must not make one.
+fn plain_mode(mode: u32) -> u32 {
+    mode & 0o777
+}
+
 /// A generation being received: written into staging, each file checked as
 /// it lands, placed only by [`Receiver::finish`]. Dropped unfinished, it
 /// removes what it wrote.
@@ -283,6 +290,11 @@ impl Receiver {
         airlock_core::validate::name("golden", &name)?;
         if let Some(bad) = offer.inventory.entries.iter().find(|e| !receivable(&e.path)) {
             return Err(corrupt(&name, format!("its inventory names the path {:?}", bad.path)));
+        }
+        // A generation at rest holds no link (a fork refuses to clone one),
+        // so none is made here, wherever it would point.
+        if let Some(link) = offer.inventory.entries.iter().find(|e| e.kind == Kind::Symlink) {
+            return Err(corrupt(&name, format!("its inventory holds a symbolic link, {:?}", link.path)));
         }
         let needed = offer.inventory.bytes();
         let free = nix::sys::statvfs::statvfs(&engine.layout.volume())
@@ -332,7 +344,10 @@ impl Receiver {
             let path = self.root.join(&e.path);
             let made =
                 std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).and_then(
-                    |file| file.set_permissions(std::fs::Permissions::from_mode(e.mode)).map(|()| file),
+                    |file| {
+                        file.set_permissions(std::fs::Permissions::from_mode(plain_mode(e.mode)))
+                            .map(|()| file)
+                    },
                 );
             let file = made.map_err(|err| Error::io(format!("writing {}", path.display()), &err))?;
             self.writing = Some(Writing { entry, file, hasher: Sha256::new(), left: e.size });
@@ -384,24 +399,19 @@ impl Receiver {
             return Err(corrupt(self.name(), format!("the stream ended inside {path}")));
         }
         let io = |what: &str, e: std::io::Error| Error::io(what.to_owned(), &e);
-        for entry in &self.offer.inventory.entries {
-            let path = self.root.join(&entry.path);
-            if let (Kind::Symlink, Some(target)) = (entry.kind, &entry.target) {
-                std::os::unix::fs::symlink(target, &path).map_err(|e| io("making a link", e))?;
-            }
-        }
         // Directories' modes last: a read-only one would have refused its files.
         for entry in self.offer.inventory.entries.iter().rev().filter(|e| e.kind == Kind::Dir) {
             std::fs::set_permissions(
                 self.root.join(&entry.path),
-                std::fs::Permissions::from_mode(entry.mode),
+                std::fs::Permissions::from_mode(plain_mode(entry.mode)),
             )
             .map_err(|e| io("setting a directory's mode", e))?;
         }
         let inventory = serde_json::to_vec(&self.offer.inventory).expect("an inventory serializes");
         airlock_host::storage::tree::write_private(&self.root.join(INVENTORY), &inventory, 0o600)
             .map_err(|e| io("writing the inventory", e))?;
-        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o755))
+        // As a generation built here: its forks' servers pass through, nobody lists it.
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| io("opening the generation", e))?;
         let engine = self.engine.clone();
         let manifest = self.offer.manifest.clone();
@@ -507,5 +517,17 @@ mod tests {
         for bad in ["", "files.json", "../etc/passwd", "/etc/passwd", "pgdata/../../x", "./pgdata"] {
             assert!(!receivable(bad), "{bad}");
         }
+        assert_eq!(plain_mode(0o104755), 0o755, "no setuid");
+        assert_eq!(plain_mode(0o2770), 0o770, "no setgid");
+        assert_eq!(plain_mode(0o1777), 0o777, "no sticky bit");
+        let huge = Entry {
+            path: "x".into(),
+            kind: Kind::File,
+            mode: 0o600,
+            size: u64::MAX,
+            sha256: String::new(),
+            target: None,
+        };
+        assert_eq!(Inventory { entries: vec![huge.clone(), huge] }.bytes(), u64::MAX, "sizes never wrap");
     }
 }
