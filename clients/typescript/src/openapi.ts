@@ -2559,7 +2559,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2660,7 +2669,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2766,7 +2784,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2867,7 +2894,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -2972,7 +3008,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3076,7 +3121,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3183,7 +3237,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3291,7 +3354,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3395,7 +3467,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3499,7 +3580,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3607,7 +3697,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3708,7 +3807,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3812,7 +3920,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -3916,7 +4033,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4024,7 +4150,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4135,7 +4270,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4236,7 +4380,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4341,7 +4494,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4446,7 +4608,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4547,7 +4718,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4653,7 +4833,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4758,7 +4947,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4862,7 +5060,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -4966,7 +5173,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5074,7 +5290,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5182,7 +5407,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5290,7 +5524,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5398,7 +5641,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5502,7 +5754,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5610,7 +5871,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5714,7 +5984,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5828,7 +6107,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -5932,7 +6220,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6037,7 +6334,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6136,7 +6442,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6237,7 +6552,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6338,7 +6662,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6443,7 +6776,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6547,7 +6889,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6651,7 +7002,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6759,7 +7119,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
@@ -6860,7 +7229,16 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description capacity_exhausted: the host is full */
+            /** @description replication_failed: a golden fetched from another node of the cluster did not arrive whole; nothing was kept */
+            502: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description capacity_exhausted: the host is full; or, in a cluster, cluster_unavailable or sandbox_lost */
             503: {
                 headers: {
                     [name: string]: unknown;
