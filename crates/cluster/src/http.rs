@@ -33,40 +33,45 @@ pub struct Ask<'a> {
     pub body: Bytes,
 }
 
+/// The error for `whom` not answering: `e` says how.
+pub fn silent(whom: &str, e: &dyn std::fmt::Display) -> Error {
+    Error::new(
+        ErrorCode::ClusterUnavailable,
+        format!("{whom} did not answer: {e}"),
+        "check that it runs and that this node reaches it",
+    )
+}
+
+/// The error for `whom` not answering within `limit`.
+pub fn late(whom: &str, limit: Duration) -> Error {
+    Error::new(
+        ErrorCode::ClusterUnavailable,
+        format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
+        "check that it runs and that this node reaches it",
+    )
+}
+
+/// Sends `ask` on `io`; the answer, its body still to be read. The
+/// connection is driven until the body has been read (or dropped).
+async fn send<S>(io: S, ask: Ask<'_>, whom: &str) -> Result<hyper::Response<hyper::body::Incoming>>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| silent(whom, &e))?;
+    tokio::spawn(connection);
+    sender.send_request(request(ask, whom)?).await.map_err(|e| silent(whom, &e))
+}
+
 /// Sends `ask` on `io`; the answer's status and its body, to be read as it
 /// comes (a golden's files). Its head must come within `limit`.
 pub async fn open<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Result<(u16, hyper::body::Incoming)>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let unreachable = |e: &dyn std::fmt::Display| {
-        Error::new(
-            ErrorCode::ClusterUnavailable,
-            format!("{whom} did not answer: {e}"),
-            "check that it runs and that this node reaches it",
-        )
-    };
-    let work = async {
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(&e))?;
-        // The connection is driven until the body has been read (or dropped).
-        tokio::spawn(connection);
-        let request = hyper::Request::builder()
-            .method(ask.method)
-            .uri(ask.path)
-            .header("host", "airlock")
-            .body(Full::new(ask.body))
-            .map_err(|e| Error::internal(format!("a request to {whom} could not be made: {e}")))?;
-        let response = sender.send_request(request).await.map_err(|e| unreachable(&e))?;
-        Ok((response.status().as_u16(), response.into_body()))
-    };
-    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-        Err(Error::new(
-            ErrorCode::ClusterUnavailable,
-            format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
-            "check that it runs and that this node reaches it",
-        ))
-    })
+    let response =
+        tokio::time::timeout(limit, send(io, ask, whom)).await.map_err(|_| late(whom, limit))??;
+    Ok((response.status().as_u16(), response.into_body()))
 }
 
 /// The HTTP request `ask` makes.
@@ -85,13 +90,7 @@ pub async fn collect(response: hyper::Response<hyper::body::Incoming>, whom: &st
     let status = response.status().as_u16();
     let content_type =
         response.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let body = response.into_body().collect().await.map_err(|e| {
-        Error::new(
-            ErrorCode::ClusterUnavailable,
-            format!("{whom} did not answer: {e}"),
-            "check that it runs and that this node reaches it",
-        )
-    })?;
+    let body = response.into_body().collect().await.map_err(|e| silent(whom, &e))?;
     Ok(Answer { status, content_type, body: body.to_bytes() })
 }
 
@@ -100,28 +99,6 @@ pub async fn exchange<S>(io: S, ask: Ask<'_>, limit: Duration, whom: &str) -> Re
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let unreachable = |e: &dyn std::fmt::Display| {
-        Error::new(
-            ErrorCode::ClusterUnavailable,
-            format!("{whom} did not answer: {e}"),
-            "check that it runs and that this node reaches it",
-        )
-    };
-    let work = async {
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| unreachable(&e))?;
-        let driver = tokio::spawn(connection);
-        let response = sender.send_request(request(ask, whom)?).await.map_err(|e| unreachable(&e))?;
-        let answer = collect(response, whom).await;
-        drop(sender);
-        driver.abort();
-        answer
-    };
-    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| {
-        Err(Error::new(
-            ErrorCode::ClusterUnavailable,
-            format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
-            "check that it runs and that this node reaches it",
-        ))
-    })
+    let work = async { collect(send(io, ask, whom).await?, whom).await };
+    tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(late(whom, limit)))
 }

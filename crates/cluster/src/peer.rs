@@ -143,20 +143,7 @@ impl Peers {
         limit: Duration,
     ) -> Result<Answer> {
         let whom = format!("node {}", node.name);
-        let late = || {
-            Error::new(
-                ErrorCode::ClusterUnavailable,
-                format!("{whom} did not answer within {:.1}s", limit.as_secs_f64()),
-                "check that it runs and that this node reaches it",
-            )
-        };
-        let broken = |e: &dyn std::fmt::Display| {
-            Error::new(
-                ErrorCode::ClusterUnavailable,
-                format!("{whom} did not answer: {e}"),
-                "check that it runs and that this node reaches it",
-            )
-        };
+        let broken = |e: &dyn std::fmt::Display| crate::http::silent(&whom, e);
         let mut request = crate::http::request(Ask { method, path, content_type, body }, &whom)?;
         let work = async {
             // A kept connection first. One closed meanwhile gives the request
@@ -188,7 +175,7 @@ impl Peers {
             self.keep(&node.advertise, sender);
             Ok(answer)
         };
-        tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(late()))
+        tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(crate::http::late(&whom, limit)))
     }
 
     /// A kept connection to `address` that is still open, if there is one.

@@ -185,39 +185,35 @@ impl Startup {
     /// entry router passes on to the owner's, which reads it as its own
     /// client's.
     pub fn encode(&self) -> Vec<u8> {
+        let settings = self.settings.iter().chain(&self.later).map(|(k, v)| (k.as_str(), v.as_str()));
         let options = self.protocol_options.iter().map(|o| (o.as_str(), ""));
-        let mut body = self.version.to_be_bytes().to_vec();
-        for (k, v) in [("user", self.user.as_str()), ("database", self.database.as_str())]
-            .into_iter()
-            .chain(self.settings.iter().chain(&self.later).map(|(k, v)| (k.as_str(), v.as_str())))
-            .chain(options)
-        {
-            push_cstr(&mut body, k);
-            push_cstr(&mut body, v);
-        }
-        body.push(0);
-        let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
-        out.extend_from_slice(&body);
-        out
+        startup_message(self.version, (&self.user, &self.database), settings.chain(options))
     }
 
     /// The message the sandbox's server gets: the settled version, `user` the
     /// role given (which the router has checked is the agent's), `database`
     /// `database`, then the allowed settings. Protocol options never reach it.
     pub fn encode_for(&self, user: &str, database: &str) -> Vec<u8> {
-        let mut body = self.version.to_be_bytes().to_vec();
-        for (k, v) in [("user", user), ("database", database)]
-            .into_iter()
-            .chain(self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        {
-            push_cstr(&mut body, k);
-            push_cstr(&mut body, v);
-        }
-        body.push(0);
-        let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
-        out.extend_from_slice(&body);
-        out
+        let settings = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        startup_message(self.version, (user, database), settings)
     }
+}
+
+/// A startup message: `version`, then `user` and `database`, then `params`.
+fn startup_message<'a>(
+    version: i32,
+    (user, database): (&'a str, &'a str),
+    params: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Vec<u8> {
+    let mut body = version.to_be_bytes().to_vec();
+    for (k, v) in [("user", user), ("database", database)].into_iter().chain(params) {
+        push_cstr(&mut body, k);
+        push_cstr(&mut body, v);
+    }
+    body.push(0);
+    let mut out = ((body.len() + 4) as i32).to_be_bytes().to_vec();
+    out.extend_from_slice(&body);
+    out
 }
 
 /// Why a client's packet was refused.
