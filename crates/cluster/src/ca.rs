@@ -7,7 +7,6 @@
 //! node's certificate and packs it with its key and the CA certificate into
 //! a join token, a secret the new node's `serve --join FILE` installs once.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -136,17 +135,13 @@ fn issue(ca_key: &str, node: &str, advertise: &str) -> Result<(String, String)> 
 
 /// The host part of `HOST:PORT`.
 pub fn host_of(advertise: &str) -> Result<String> {
-    if let Ok(addr) = advertise.parse::<SocketAddr>() {
-        return Ok(addr.ip().to_string());
-    }
-    match advertise.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => Ok(host.to_owned()),
-        _ => Err(Error::new(
+    airlock_core::validate::host_of(advertise).map(str::to_owned).ok_or_else(|| {
+        Error::new(
             ErrorCode::InvalidArguments,
             format!("{advertise:?} is not HOST:PORT"),
             "give the address other nodes reach this node's API on, such as 10.0.0.2:7440",
-        )),
-    }
+        )
+    })
 }
 
 /// Installs a join token's files in `dir`, once; the token must be `node`'s.
@@ -272,7 +267,7 @@ impl Identity {
 
 fn fingerprint(der: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(der).iter().map(|b| format!("{b:02x}")).collect()
+    airlock_core::secret::hex(&sha2::Sha256::digest(der))
 }
 
 fn failed(e: rcgen::Error) -> Error {

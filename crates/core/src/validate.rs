@@ -202,8 +202,28 @@ impl Reserve {
     }
 }
 
+/// The host of `HOST:PORT` (an IPv6 address without its brackets); None if
+/// `addr` is not one.
+pub fn host_of(addr: &str) -> Option<&str> {
+    let (host, port) = addr.rsplit_once(':')?;
+    port.parse::<u16>().ok()?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    (!host.is_empty()).then_some(host)
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_address_has_its_host_without_brackets() {
+        use super::host_of;
+        assert_eq!(host_of("[fd00::1]:7441"), Some("fd00::1"));
+        assert_eq!(host_of("node-b.internal:7441"), Some("node-b.internal"));
+        assert_eq!(host_of("10.0.0.2:7440"), Some("10.0.0.2"));
+        for bad in ["10.0.0.2", ":7440", "host:port", "host:70000"] {
+            assert_eq!(host_of(bad), None, "{bad}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -29,6 +29,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::protocol::{self, BackendKey, ErrorResponse};
 use super::session::Client;
 use airlock_core::error::Result;
+use airlock_core::secret::{hex, unhex};
 
 /// How long a peer router has to connect and finish its TLS handshake.
 pub(super) const HANDSHAKE: Duration = Duration::from_secs(5);
@@ -133,11 +134,7 @@ impl Header {
 
     /// The binding's bytes.
     pub fn binding(&self) -> Option<Vec<u8>> {
-        let hex = self.end_point.as_deref()?;
-        (0..hex.len())
-            .step_by(2)
-            .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
-            .collect()
+        unhex(self.end_point.as_deref()?)
     }
 }
 
@@ -149,10 +146,6 @@ pub(super) fn unreachable_now(key: &str) -> ErrorResponse {
         format!("sandbox \"{}\" cannot be reached through this router now", protocol::shown(key)),
         "try again in a moment, or connect with the DSN its fork returned",
     )
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl Peers {
@@ -180,7 +173,12 @@ impl Peers {
     pub async fn dial(&self, remote: &Remote, header: &Header) -> std::io::Result<RelayStream> {
         let late =
             |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no {what} within 5s"));
-        let host = host_of(&remote.relay);
+        let host = airlock_core::validate::host_of(&remote.relay).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{:?} is not HOST:PORT", remote.relay),
+            )
+        })?;
         let name = rustls::pki_types::ServerName::try_from(host.to_owned())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(&remote.relay))
@@ -335,12 +333,6 @@ impl Peers {
 /// A stream to another node's relay port.
 pub(super) type RelayStream = tokio_rustls::client::TlsStream<TcpStream>;
 
-/// The host of `HOST:PORT` (an IPv6 address without its brackets).
-fn host_of(addr: &str) -> &str {
-    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
-    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
-}
-
 /// Relays a Redis client (its authenticating command already passed to the
 /// owner) until either side ends; `proved` once the owner accepted it.
 pub(super) async fn relay_redis<C>(client: C, owner: RelayStream, proved: impl FnOnce())
@@ -399,7 +391,5 @@ mod tests {
         for bad in [&b"GET / HTTP/1.1\n"[..], b"AIRLOCK-RELAY-1 {}\n", &[b'x'; MAX_HEADER + 10]] {
             assert!(Header::read(&mut &bad[..]).await.is_err());
         }
-        assert_eq!(host_of("[fd00::1]:7441"), "fd00::1");
-        assert_eq!(host_of("node-b.internal:7441"), "node-b.internal");
     }
 }

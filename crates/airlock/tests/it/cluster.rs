@@ -589,20 +589,7 @@ fn in_ns(net: &Net, i: usize, program: &str) -> Command {
 
 /// psql in node `i`'s namespace: its answer, or what it said on failure.
 fn psql_in(net: &Net, i: usize, dsn: &str, sql: &str) -> Result<String, String> {
-    let (plain, password) = split_password(dsn);
-    let out = in_ns(net, i, "psql")
-        .arg(plain)
-        .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .env("PGPASSWORD", password)
-        .env("PGCONNECT_TIMEOUT", "10")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
+    psql_by(in_ns(net, i, "psql"), dsn, sql)
 }
 
 /// redis-cli in node `i`'s namespace, with `args` after the URL.

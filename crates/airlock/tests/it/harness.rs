@@ -667,8 +667,14 @@ fn processes_mentioning(home: &Path) -> Vec<i32> {
 
 /// Runs SQL with psql over a DSN; Ok(stdout) or Err(stderr). The password goes by environment.
 pub fn psql(dsn: &str, sql: &str) -> Result<String, String> {
+    psql_by(Command::new("psql"), dsn, sql)
+}
+
+/// [`psql`] run by `psql`, a command that runs psql (inside a network
+/// namespace, say) with the arguments it is given.
+pub fn psql_by(mut psql: Command, dsn: &str, sql: &str) -> Result<String, String> {
     let (plain, password) = split_password(dsn);
-    let out = Command::new("psql")
+    let out = psql
         .arg(plain)
         .args(["-X", "-q", "-t", "-A", "-v", "ON_ERROR_STOP=1", "-c", sql])
         .env("PGPASSWORD", password)

@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 use crate::engine::Engine;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::{EventKind, NewEvent};
+use airlock_core::secret::hex;
 use airlock_state::golden::{Manifest, Source};
 
 /// The inventory's file, in the generation's directory.
@@ -82,76 +83,80 @@ impl Inventory {
     }
 }
 
-/// Lists and hashes the generation directory `root` (its own inventory file aside).
+/// Lists and hashes the generation directory `root` (its own inventory file
+/// aside), parents before what they hold, each directory's entries by name.
+///
+/// A promoted generation's tree is shaped by a sandbox's agent (a chain of
+/// thousands of directories costs it nothing), so the walk keeps its own
+/// stack on the heap and never recurses: no shape exhausts the daemon's
+/// stack. Links are listed as themselves, never followed, and a file is
+/// opened only as a regular file.
 pub fn take_inventory(root: &Path) -> std::io::Result<Inventory> {
     let mut entries = Vec::new();
-    walk(root, Path::new(""), &mut entries)?;
-    Ok(Inventory { entries })
-}
-
-fn walk(root: &Path, relative: &Path, entries: &mut Vec<Entry>) -> std::io::Result<()> {
-    let mut names: Vec<_> = std::fs::read_dir(root.join(relative))?.collect::<std::io::Result<_>>()?;
-    names.sort_by_key(|e| e.file_name());
-    for dirent in names {
-        let path = relative.join(dirent.file_name());
+    // Each directory being listed, with the names of it still to visit.
+    let mut open: Vec<(PathBuf, std::vec::IntoIter<std::ffi::OsString>)> =
+        vec![(PathBuf::new(), listed(root)?.into_iter())];
+    while let Some((dir, names)) = open.last_mut() {
+        let Some(name) = names.next() else {
+            open.pop();
+            continue;
+        };
+        let path = dir.join(name);
         if path == Path::new(INVENTORY) {
             continue;
         }
         let shown = path.to_str().map(str::to_owned).ok_or_else(|| {
             std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} is not UTF-8", path.display()))
         })?;
-        let meta = std::fs::symlink_metadata(root.join(&path))?;
-        let mode = meta.mode() & 0o7777;
+        let full = root.join(&path);
+        let meta = std::fs::symlink_metadata(&full)?;
+        let entry = |kind, size, sha256, target| Entry {
+            path: shown,
+            kind,
+            mode: meta.mode() & 0o7777,
+            size,
+            sha256,
+            target,
+        };
         let kind = meta.file_type();
         if kind.is_dir() {
-            entries.push(Entry {
-                path: shown,
-                kind: Kind::Dir,
-                mode,
-                size: 0,
-                sha256: String::new(),
-                target: None,
-            });
-            walk(root, &path, entries)?;
+            entries.push(entry(Kind::Dir, 0, String::new(), None));
+            let children = listed(&full)?;
+            open.push((path, children.into_iter()));
         } else if kind.is_symlink() {
-            let target = std::fs::read_link(root.join(&path))?.to_string_lossy().into_owned();
-            entries.push(Entry {
-                path: shown,
-                kind: Kind::Symlink,
-                mode,
-                size: 0,
-                sha256: String::new(),
-                target: Some(target),
-            });
+            let target = std::fs::read_link(&full)?.to_string_lossy().into_owned();
+            entries.push(entry(Kind::Symlink, 0, String::new(), Some(target)));
         } else if kind.is_file() {
-            let mut file = airlock_host::storage::tree::open_read(&root.join(&path))?;
-            let mut hasher = Sha256::new();
-            let mut buf = vec![0u8; CHUNK];
-            let mut size = 0u64;
-            loop {
-                let n = file.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hasher.update(&buf[..n]);
-                size += n as u64;
-            }
-            entries.push(Entry {
-                path: shown,
-                kind: Kind::File,
-                mode,
-                size,
-                sha256: hex(&hasher.finalize()),
-                target: None,
-            });
+            let (size, sha256) = hashed(&full)?;
+            entries.push(entry(Kind::File, size, sha256, None));
         }
         // Sockets and fifos are not part of a generation at rest.
     }
-    Ok(())
+    Ok(Inventory { entries })
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// The names in directory `dir`, sorted.
+fn listed(dir: &Path) -> std::io::Result<Vec<std::ffi::OsString>> {
+    let mut names: Vec<_> =
+        std::fs::read_dir(dir)?.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<_>>()?;
+    names.sort();
+    Ok(names)
+}
+
+/// A regular file's size and SHA-256 (hex), read never through a link.
+fn hashed(path: &Path) -> std::io::Result<(u64, String)> {
+    let mut file = airlock_host::storage::tree::open_read(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; CHUNK];
+    let mut size = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            return Ok((size, hex(&hasher.finalize())));
+        }
+        hasher.update(&buf[..n]);
+        size += n as u64;
+    }
 }
 
 /// Writes the inventory of the generation directory `root` beside its manifest.
@@ -506,6 +511,31 @@ mod tests {
         assert_eq!((abc.size, inventory.bytes()), (3, 5));
         // Taken again, its own file is not in it.
         assert_eq!(take_inventory(&dir).unwrap(), inventory);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A chain of directories a sandbox's agent could make before a promotion:
+    /// listed on a thread with a small stack, which a recursive walk would
+    /// overflow (aborting the daemon).
+    #[test]
+    fn a_deep_chain_of_directories_is_listed_without_exhausting_a_stack() {
+        let dir = std::env::temp_dir().join(format!("airlock-deep-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let depth = 1500;
+        let deepest: PathBuf =
+            std::iter::once(dir.clone()).chain((0..depth).map(|_| PathBuf::from("d"))).collect();
+        std::fs::create_dir_all(&deepest).unwrap();
+        std::fs::write(deepest.join("leaf"), b"x").unwrap();
+        let root = dir.clone();
+        let listed = std::thread::Builder::new()
+            .stack_size(64 * 1024)
+            .spawn(move || take_inventory(&root))
+            .unwrap()
+            .join()
+            .expect("the walk did not overflow its stack")
+            .unwrap();
+        assert_eq!(listed.entries.len(), depth + 1);
+        assert_eq!(listed.entries.last().map(|e| (e.kind, e.size)), Some((Kind::File, 1)));
         let _ = std::fs::remove_dir_all(&dir);
     }
 
