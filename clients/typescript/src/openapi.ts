@@ -744,6 +744,11 @@ export interface components {
             kind: string;
             /** @description Its name (the file name, or `exec-N`). */
             name: string;
+            /**
+             * @description In a cluster: the node it ran on (a test's candidates are spread
+             *     over the nodes that hold the golden).
+             */
+            node?: string | null;
             /** @description Worth knowing, but no reason to refuse it (`no_lock_timeout`). */
             notes?: components["schemas"]["Hazard"][];
             /**
@@ -2014,6 +2019,11 @@ export interface components {
              *     its presence on the target drift.
              */
             left_out?: components["schemas"]["Exclusions"];
+            /**
+             * @description In a cluster: the node whose daemon sealed the report, where
+             *     `migrate promote` runs (any node sends it there).
+             */
+            node?: string | null;
             /** @description Whether every candidate passed. */
             passed: boolean;
             /**

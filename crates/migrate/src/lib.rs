@@ -18,6 +18,7 @@ pub mod command;
 pub mod costs;
 pub mod hazards;
 mod measure;
+pub mod merge;
 pub mod parts;
 pub mod probe;
 pub mod promote;
@@ -54,6 +55,116 @@ fn invalid(message: impl Into<String>, hint: impl Into<String>) -> Error {
 /// Tests every candidate on its own fork; returns the report.
 pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     let began = std::time::Instant::now();
+    check(&req)?;
+    let golden = engine.store().golden(&req.golden)?;
+    let generation = golden.current_generation;
+    if golden.current().is_some_and(|m| !m.has_postgres()) {
+        return Err(invalid(
+            format!("golden {:?} has no PostgreSQL part to migrate", req.golden),
+            "test migrations against a golden made from PostgreSQL (--schema/--seed, --from-url or --from-dump)",
+        ));
+    }
+    let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
+    let costs = costs::costs_path(&engine.layout, &req.golden, generation)?;
+    let rows = rows::generation_path(&engine.layout, &req.golden, generation)?;
+    rows::prune(&engine.layout);
+    let run = rows::run_dir(&engine.layout);
+    let expected = expected_catalog(&engine, &req).await?;
+    let baseline = Arc::new(Baseline { snapshot, expected, costs, rows, run });
+    let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
+    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = tokio::task::JoinSet::new();
+    // The candidates' forks are recorded as coming through the test's own door.
+    let door = airlock_core::events::Door::current();
+    for (i, candidate) in req.candidates.iter().cloned().enumerate() {
+        let (engine, req, baseline, permits) =
+            (engine.clone(), req.clone(), baseline.clone(), permits.clone());
+        tasks.spawn(airlock_core::events::DOOR.scope(door, async move {
+            let _permit = permits.acquire_owned().await;
+            (i, test_one(&engine, &req, &candidate, &baseline).await)
+        }));
+    }
+    // Every candidate runs to its end (and deletes its fork) before any error is
+    // returned: leaving the others would abort them and leave their forks running.
+    let mut results: Vec<Option<CandidateReport>> = vec![None; req.candidates.len()];
+    let mut first_error = None;
+    while let Some(joined) = tasks.join_next().await {
+        match joined {
+            Ok((i, Ok(report))) => results[i] = Some(report),
+            Ok((_, Err(e))) => {
+                first_error.get_or_insert(e);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let node = airlock_core::events::NODE.get().cloned();
+    let mut candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
+    for c in &mut candidates {
+        c.node = node.clone();
+    }
+    let ranking = hazards::rank(&candidates);
+    let calibration = costs::kept(&baseline.costs).unwrap_or_default();
+    let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
+    let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
+    let mut report = Report {
+        golden: req.golden.clone(),
+        generation,
+        golden_catalog: baseline.snapshot.catalog.clone(),
+        left_out: match golden.current().map(|m| &m.source) {
+            Some(airlock_lifecycle::golden::Source::Url { exclude, .. }) => exclude.clone(),
+            _ => Default::default(),
+        },
+        passed: candidates.iter().all(|c| c.passed),
+        best,
+        ranking,
+        candidates,
+        scale,
+        rows: baseline
+            .rows
+            .strip_prefix(engine.layout.migration_rows())
+            .unwrap_or(&baseline.rows)
+            .display()
+            .to_string(),
+        node,
+        seal: String::new(),
+    };
+    seal::seal(&engine.layout, &mut report)?;
+    let summary: Vec<serde_json::Value> = report
+        .candidates
+        .iter()
+        .map(|c| {
+            // Statement timings (not their text) are kept for the trace of the test.
+            let statements: Vec<serde_json::Value> = c
+                .statements
+                .iter()
+                .take(500)
+                .map(|st| serde_json::json!({"line": st.line, "tag": st.tag, "ms": st.duration_ms}))
+                .collect();
+            serde_json::json!({"name": c.name, "sha256": c.sha256, "passed": c.passed,
+            "hazards": c.hazards.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>(),
+            "duration_ms": c.duration_ms, "statements": statements})
+        })
+        .collect();
+    engine.store().record(NewEvent {
+        kind: airlock_core::events::EventKind::MigrationTested,
+        sandbox: req.on_behalf_of.clone(),
+        golden: Some(req.golden.clone()),
+        detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best,
+            "test_ms": began.elapsed().as_secs_f64() * 1e3}),
+        ..Default::default()
+    })?;
+    Ok(report)
+}
+
+/// What makes a request untestable wherever it runs: no candidate or too
+/// many, a candidate that is not text or holds no statement, too many
+/// queries, two expected schemas.
+pub fn check(req: &TestRequest) -> Result<()> {
     if req.candidates.is_empty() || req.candidates.len() > MAX_CANDIDATES {
         return Err(invalid(
             format!("{} candidates given", req.candidates.len()),
@@ -103,104 +214,7 @@ pub async fn test(engine: Arc<Engine>, req: TestRequest) -> Result<Report> {
     if !req.expect_files.is_empty() && req.expect_golden.is_some() {
         return Err(invalid("both --expect and --expect-golden given", "compare with one expected schema"));
     }
-    let golden = engine.store().golden(&req.golden)?;
-    let generation = golden.current_generation;
-    if golden.current().is_some_and(|m| !m.has_postgres()) {
-        return Err(invalid(
-            format!("golden {:?} has no PostgreSQL part to migrate", req.golden),
-            "test migrations against a golden made from PostgreSQL (--schema/--seed, --from-url or --from-dump)",
-        ));
-    }
-    let snapshot = Snapshot::load(&engine.layout.golden_generation(&req.golden, generation))?;
-    let costs = costs::costs_path(&engine.layout, &req.golden, generation)?;
-    let rows = rows::generation_path(&engine.layout, &req.golden, generation)?;
-    rows::prune(&engine.layout);
-    let run = rows::run_dir(&engine.layout);
-    let expected = expected_catalog(&engine, &req).await?;
-    let baseline = Arc::new(Baseline { snapshot, expected, costs, rows, run });
-    let parallel = req.parallel.unwrap_or(4).clamp(1, MAX_CANDIDATES);
-    let permits = Arc::new(tokio::sync::Semaphore::new(parallel));
-    let mut tasks = tokio::task::JoinSet::new();
-    // The candidates' forks are recorded as coming through the test's own door.
-    let door = airlock_core::events::Door::current();
-    for (i, candidate) in req.candidates.iter().cloned().enumerate() {
-        let (engine, req, baseline, permits) =
-            (engine.clone(), req.clone(), baseline.clone(), permits.clone());
-        tasks.spawn(airlock_core::events::DOOR.scope(door, async move {
-            let _permit = permits.acquire_owned().await;
-            (i, test_one(&engine, &req, &candidate, &baseline).await)
-        }));
-    }
-    // Every candidate runs to its end (and deletes its fork) before any error is
-    // returned: leaving the others would abort them and leave their forks running.
-    let mut results: Vec<Option<CandidateReport>> = vec![None; req.candidates.len()];
-    let mut first_error = None;
-    while let Some(joined) = tasks.join_next().await {
-        match joined {
-            Ok((i, Ok(report))) => results[i] = Some(report),
-            Ok((_, Err(e))) => {
-                first_error.get_or_insert(e);
-            }
-            Err(e) => {
-                first_error.get_or_insert(e.into());
-            }
-        }
-    }
-    if let Some(e) = first_error {
-        return Err(e);
-    }
-    let candidates: Vec<CandidateReport> = results.into_iter().flatten().collect();
-    let ranking = hazards::rank(&candidates);
-    let calibration = costs::kept(&baseline.costs).unwrap_or_default();
-    let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
-    let best = ranking.first().filter(|n| candidates.iter().any(|c| &c.name == *n && c.passed)).cloned();
-    let mut report = Report {
-        golden: req.golden.clone(),
-        generation,
-        golden_catalog: baseline.snapshot.catalog.clone(),
-        left_out: match golden.current().map(|m| &m.source) {
-            Some(airlock_lifecycle::golden::Source::Url { exclude, .. }) => exclude.clone(),
-            _ => Default::default(),
-        },
-        passed: candidates.iter().all(|c| c.passed),
-        best,
-        ranking,
-        candidates,
-        scale,
-        rows: baseline
-            .rows
-            .strip_prefix(engine.layout.migration_rows())
-            .unwrap_or(&baseline.rows)
-            .display()
-            .to_string(),
-        seal: String::new(),
-    };
-    seal::seal(&engine.layout, &mut report)?;
-    let summary: Vec<serde_json::Value> = report
-        .candidates
-        .iter()
-        .map(|c| {
-            // Statement timings (not their text) are kept for the trace of the test.
-            let statements: Vec<serde_json::Value> = c
-                .statements
-                .iter()
-                .take(500)
-                .map(|st| serde_json::json!({"line": st.line, "tag": st.tag, "ms": st.duration_ms}))
-                .collect();
-            serde_json::json!({"name": c.name, "sha256": c.sha256, "passed": c.passed,
-            "hazards": c.hazards.iter().map(|h| h.kind.as_str()).collect::<Vec<_>>(),
-            "duration_ms": c.duration_ms, "statements": statements})
-        })
-        .collect();
-    engine.store().record(NewEvent {
-        kind: airlock_core::events::EventKind::MigrationTested,
-        sandbox: req.on_behalf_of.clone(),
-        golden: Some(req.golden.clone()),
-        detail: serde_json::json!({"generation": generation, "candidates": summary, "best": report.best,
-            "test_ms": began.elapsed().as_secs_f64() * 1e3}),
-        ..Default::default()
-    })?;
-    Ok(report)
+    Ok(())
 }
 
 /// What every candidate of a run is measured against: the golden
@@ -371,5 +385,6 @@ fn unmeasurable(candidate: &Candidate, e: &Error) -> CandidateReport {
         parts: vec![],
         session: Default::default(),
         duration_ms: 0.0,
+        node: None,
     }
 }

@@ -319,6 +319,7 @@ pub(crate) async fn measure(
         parts,
         session: applied.session,
         duration_ms: applied.duration_ms,
+        node: None,
     })
 }
 

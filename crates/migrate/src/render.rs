@@ -17,8 +17,9 @@ impl Report {
         ));
         for c in &self.candidates {
             out.push(String::new());
+            let on = c.node.as_deref().map(|n| format!(", on node {n}")).unwrap_or_default();
             out.push(format!(
-                "{} {} ({}, {:.0} ms, sha256 {})",
+                "{} {} ({}, {:.0} ms, sha256 {}{on})",
                 if c.passed { "PASS" } else { "FAIL" },
                 c.name,
                 c.kind,

@@ -38,6 +38,10 @@ pub struct Report {
     /// (`migration-rows/...`; see `airlock_migrate::rows`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub rows: String,
+    /// In a cluster: the node whose daemon sealed the report, where
+    /// `migrate promote` runs (any node sends it there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     /// The daemon's MAC over everything above: `migrate promote` reads no
     /// report whose seal does not match (see `airlock_migrate::seal`).
     #[serde(default)]
@@ -112,6 +116,10 @@ pub struct CandidateReport {
     pub parts: Vec<super::parts::PartRecord>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
+    /// In a cluster: the node it ran on (a test's candidates are spread
+    /// over the nodes that hold the golden).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// One statement as applied.

@@ -261,40 +261,64 @@ pub fn keep_run(path: &Path, record: &RunRecord) -> Result<()> {
 
 /// Reads a kept generation's rows.
 pub fn load_generation(path: &Path) -> Result<RowSet> {
-    let mut r = Reader::open(path)?;
-    let mut set = RowSet::new();
-    for _ in 0..r.count()? {
-        let table = r.string()?;
-        let mut rows = BTreeMap::new();
-        for _ in 0..r.count()? {
-            rows.insert(r.u64()?, r.u64()?);
-        }
-        set.insert(table, rows);
-    }
-    Ok(set)
+    Reader::open(path)?.generation()
 }
 
 /// Reads a kept candidate's changes.
 pub fn load_run(path: &Path) -> Result<RunRecord> {
-    let mut r = Reader::open(path)?;
-    let mut record = RunRecord::new();
-    for _ in 0..r.count()? {
-        let (from, to) = (r.u64()? as usize, r.u64()? as usize);
-        let mut changes = RowChanges::new();
-        for _ in 0..r.count()? {
-            let table = r.string()?;
-            let mut rows = BTreeMap::new();
-            for _ in 0..r.count()? {
-                let k = r.u64()?;
-                let present = r.byte()? == 1;
-                let d = r.u64()?;
-                rows.insert(k, present.then_some(d));
-            }
-            changes.insert(table, rows);
-        }
-        record.push((from, to, changes));
+    Reader::open(path)?.run()
+}
+
+/// The file a report names as a kept record (its `rows`, or a candidate's
+/// `row_record`), if `name` is one: `GOLDEN-GEN-HASH.rows`, or
+/// `runs/RUN/SHA256.changes`. Anything else (an absolute path, a `..`, a
+/// dot file) names no record: another node asks for records by these names
+/// and is answered from this directory alone.
+pub fn record_path(layout: &airlock_core::layout::Layout, name: &str) -> Result<PathBuf> {
+    let plain = |part: &str| {
+        !part.is_empty()
+            && part.len() <= 200
+            && !part.starts_with('.')
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let parts: Vec<&str> = name.split('/').collect();
+    let named = match parts.as_slice() {
+        [file] => file.ends_with(".rows") && plain(file),
+        ["runs", run, file] => plain(run) && plain(file) && file.ends_with(".changes"),
+        _ => false,
+    };
+    if !named {
+        return Err(Error::new(
+            ErrorCode::InvalidRequest,
+            format!("{name:?} names no kept row record"),
+            "ask for a report's `rows` or a candidate's `row_record` as the report gives it",
+        ));
     }
-    Ok(record)
+    Ok(layout.migration_rows().join(name))
+}
+
+/// Keeps a record another node made (`bytes`, read from that node under the
+/// same `name`), once it reads as one: a generation's rows are kept once, as
+/// [`keep_generation`] keeps them.
+pub fn keep_fetched(layout: &airlock_core::layout::Layout, name: &str, bytes: &[u8]) -> Result<()> {
+    let path = record_path(layout, name)?;
+    let generation = name.ends_with(".rows");
+    if generation && path.is_file() {
+        return Ok(());
+    }
+    let reads = if generation {
+        Reader::from(bytes.to_vec()).generation().map(drop)
+    } else {
+        Reader::from(bytes.to_vec()).run().map(drop)
+    };
+    reads
+        .map_err(|e| Error::internal(format!("a fetched row record {name} does not read: {}", e.message)))?;
+    // A run's records are named by a fresh run id: one kept already is
+    // another run's, never replaced.
+    if path.exists() {
+        return Err(Error::internal(format!("a row record {name} is kept here already")));
+    }
+    write_whole(&path, bytes)
 }
 
 /// Removes run records older than [`KEPT_FOR`].
@@ -340,7 +364,56 @@ impl Reader {
     fn open(path: &Path) -> Result<Reader> {
         let mut bytes = Vec::new();
         std::fs::File::open(path)?.read_to_end(&mut bytes)?;
-        Ok(Reader { bytes, at: 0 })
+        Ok(Reader::from(bytes))
+    }
+
+    fn from(bytes: Vec<u8>) -> Reader {
+        Reader { bytes, at: 0 }
+    }
+
+    /// A generation's rows, and nothing after them.
+    fn generation(mut self) -> Result<RowSet> {
+        let mut set = RowSet::new();
+        for _ in 0..self.count()? {
+            let table = self.string()?;
+            let mut rows = BTreeMap::new();
+            for _ in 0..self.count()? {
+                rows.insert(self.u64()?, self.u64()?);
+            }
+            set.insert(table, rows);
+        }
+        self.end()?;
+        Ok(set)
+    }
+
+    /// A candidate's changes, and nothing after them.
+    fn run(mut self) -> Result<RunRecord> {
+        let mut record = RunRecord::new();
+        for _ in 0..self.count()? {
+            let (from, to) = (self.u64()? as usize, self.u64()? as usize);
+            let mut changes = RowChanges::new();
+            for _ in 0..self.count()? {
+                let table = self.string()?;
+                let mut rows = BTreeMap::new();
+                for _ in 0..self.count()? {
+                    let k = self.u64()?;
+                    let present = self.byte()? == 1;
+                    let d = self.u64()?;
+                    rows.insert(k, present.then_some(d));
+                }
+                changes.insert(table, rows);
+            }
+            record.push((from, to, changes));
+        }
+        self.end()?;
+        Ok(record)
+    }
+
+    fn end(&self) -> Result<()> {
+        if self.at != self.bytes.len() {
+            return Err(Error::internal("a row record holds more than it counts"));
+        }
+        Ok(())
     }
 
     fn take(&mut self, n: usize) -> Result<&[u8]> {
@@ -420,6 +493,43 @@ mod tests {
         assert_eq!(load_run(&r).unwrap(), record);
         std::fs::write(&r, [1u8, 0, 0, 0, 0, 0, 0, 0, 9]).unwrap();
         assert!(load_run(&r).is_err(), "a short file is an error, not a panic");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn only_a_reports_record_names_are_kept_or_served() {
+        let layout = airlock_core::layout::Layout::new(std::path::PathBuf::from("/data"));
+        let home = layout.migration_rows();
+        for good in ["shop-1-0123456789abcdef.rows", "runs/sb-x1/ab12.changes"] {
+            assert_eq!(record_path(&layout, good).unwrap(), home.join(good));
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../migrate-report.key",
+            "runs/../../x.changes",
+            "runs/x/../y.changes",
+            "x.changes",
+            "runs/x/y.rows",
+            ".hidden.rows",
+            "runs/.x/y.changes",
+            "runs/x/y/z.changes",
+            "a b.rows",
+            "runs/x/y.changes/",
+        ] {
+            assert!(record_path(&layout, bad).is_err(), "{bad:?} must name no record");
+        }
+        let dir = std::env::temp_dir().join(format!("airlock-fetched-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let layout = airlock_core::layout::Layout::new(dir.clone());
+        let mut record = Vec::new();
+        put_u64(&mut record, 0);
+        keep_fetched(&layout, "runs/r1/a.changes", &record).unwrap();
+        assert_eq!(load_run(&layout.migration_rows().join("runs/r1/a.changes")).unwrap(), RunRecord::new());
+        assert!(keep_fetched(&layout, "runs/r1/a.changes", &record).is_err(), "never replaced");
+        record.push(0);
+        assert!(keep_fetched(&layout, "runs/r1/b.changes", &record).is_err(), "trailing bytes");
+        assert!(!layout.migration_rows().join("runs/r1/b.changes").exists());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

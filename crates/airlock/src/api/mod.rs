@@ -31,6 +31,7 @@ use airlock_state::store::SandboxFilter;
 
 pub mod cluster;
 mod grants;
+mod migrations;
 pub mod openapi;
 mod replicas;
 
@@ -102,8 +103,8 @@ pub fn router(state: AppState) -> Router {
         .routes(routes!(sql))
         .routes(routes!(call_tool))
         .routes(routes!(list_tools))
-        .routes(routes!(migrate_test))
-        .routes(routes!(migrate_promote))
+        .routes(routes!(migrations::migrate_test))
+        .routes(routes!(migrations::migrate_promote))
         .routes(routes!(events))
         .routes(routes!(stats))
         .routes(routes!(audit_checkpoint))
@@ -128,6 +129,7 @@ pub fn router(state: AppState) -> Router {
         // The node-to-node half of replication: for peers only, so not in the document.
         .route("/v1/goldens/{name}/replica", get(replicas::offer))
         .route("/v1/goldens/{name}/replica/files", get(replicas::files))
+        .route("/v1/migrations/rows", get(migrations::row_record))
         .route(
             "/openapi.json",
             get(move || async move {
@@ -566,26 +568,6 @@ async fn call_tool(
         detached(async move { airlock_gateway::tools::call(&engine, &id, &tool, &args, q.via).await })
             .await?,
     ))
-}
-
-#[utoipa::path(post, path = "/v1/migrations/test", tag = "migrations", request_body = airlock_migrate::TestRequest, responses((status = 200, description = "the report: a verdict per candidate, and a ranking", body = airlock_migrate::report::Report), ApiErrors))]
-async fn migrate_test(
-    State(s): State<AppState>,
-    req: Result<Json<airlock_migrate::TestRequest>, JsonRejection>,
-) -> ApiResult<airlock_migrate::report::Report> {
-    let req = body(req)?;
-    let engine = s.engine.clone();
-    Ok(Json(detached(async move { airlock_migrate::test(engine, req).await }).await?))
-}
-
-#[utoipa::path(post, path = "/v1/migrations/promote", tag = "migrations", request_body = airlock_migrate::promote::PromoteRequest, responses((status = 200, description = "the migration was applied", body = airlock_migrate::promote::Promoted), ApiErrors))]
-async fn migrate_promote(
-    State(s): State<AppState>,
-    req: Result<Json<airlock_migrate::promote::PromoteRequest>, JsonRejection>,
-) -> ApiResult<airlock_migrate::promote::Promoted> {
-    let req = body(req)?;
-    let engine = s.engine.clone();
-    Ok(Json(detached(async move { airlock_migrate::promote::promote(&engine, &req).await }).await?))
 }
 
 #[utoipa::path(get, path = "/v1/tools", tag = "tools", responses((status = 200, description = "the agent's tools and their input schemas", body = Vec<airlock_gateway::tools::ToolSpec>), ApiErrors))]

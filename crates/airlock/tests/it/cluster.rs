@@ -864,11 +864,13 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
     let via_b = through(&dsn(&on_b), &b);
     assert_eq!(psql_in(&net, 1, &via_b, "SELECT count(*) FROM orders").unwrap(), "1000");
 
-    // a's copy rots. c's transfer from a (the least busy holder) is refused,
-    // and tried again from b, whose copy is whole.
     b.wait_for(Duration::from_secs(10), "b to announce shop", || {
         c.json(&["nodes"])[1]["goldens"]["shop"].as_array().is_some_and(|g| !g.is_empty())
     });
+    migration_tests_spread_over_the_holders_and_promote_where_sealed(&a, &b, &c);
+
+    // a's copy rots. c's transfer from a (the least busy holder) is refused,
+    // and tried again from b, whose copy is whole.
     let rotten = flip_largest_file(&home_a, "shop");
     let done = c.json(&["golden", "replicate", "shop", "--nodes", "c"]);
     assert_eq!((done[0]["from"].as_str(), done[0]["attempts"].as_u64()), (Some("b"), Some(2)), "{done}");
@@ -894,6 +896,101 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
     assert!(c.cli(&["golden", "show", "shop"]).code != 0, "a refused transfer published nothing");
     assert!(replica_leftovers(&c.home).is_empty(), "{:?}", replica_leftovers(&c.home));
     let _ = rotten;
+}
+
+/// `migrate test` asked of c, which holds no `shop`: its candidates are
+/// spread over a and b, which do; the report is one, sealed by c; a promote
+/// asked of b is carried out by c, against the row records it kept from the
+/// node that tested the candidate.
+fn migration_tests_spread_over_the_holders_and_promote_where_sealed(a: &Daemon, b: &Daemon, c: &Daemon) {
+    let dir = c.home.join("candidates");
+    std::fs::create_dir_all(&dir).unwrap();
+    let files = [
+        ("add_note.sql", "ALTER TABLE orders ADD COLUMN note text;"),
+        ("pay_first.sql", "UPDATE orders SET status = 'paid' WHERE id <= 10;"),
+        ("drop_total.sql", "ALTER TABLE orders DROP COLUMN total;"),
+        ("index_status.sql", "CREATE INDEX orders_status ON orders (status);"),
+    ];
+    let mut args =
+        vec!["migrate".to_string(), "test".into(), "--golden".into(), "shop".into(), "--json".into()];
+    for (name, text) in files {
+        std::fs::write(dir.join(name), text).unwrap();
+        args.push(dir.join(name).to_str().unwrap().into());
+    }
+    let report_file = dir.join("report.json");
+    args.extend(["--report".into(), report_file.to_str().unwrap().into()]);
+    let out = c.cli(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    assert_eq!(out.code, 12, "one candidate fails: {out:?}\n{}", c.log());
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(report["node"], "c", "sealed by the node asked");
+    let candidates = report["candidates"].as_array().unwrap();
+    let names: Vec<&str> = candidates.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, files.iter().map(|f| f.0).collect::<Vec<_>>(), "in the order given");
+    let ran_on: std::collections::BTreeSet<&str> =
+        candidates.iter().map(|c| c["node"].as_str().unwrap()).collect();
+    assert_eq!(ran_on, ["a", "b"].into(), "spread over the holders: {report}");
+    let by_name = crate::migrate::by_name(&report);
+    assert_eq!(by_name["add_note.sql"]["passed"], true, "{report}");
+    assert_eq!(by_name["pay_first.sql"]["passed"], true, "{report}");
+    assert_eq!(by_name["drop_total.sql"]["passed"], false, "{report}");
+    assert_eq!(report["ranking"].as_array().unwrap().len(), 4);
+    assert_eq!(report["ranking"].as_array().unwrap().last().unwrap(), "drop_total.sql", "ranked as one run");
+    assert!(!by_name["pay_first.sql"]["row_record"].as_str().unwrap().is_empty());
+    // Each node records the candidates it ran, and c's events show them all.
+    let tested: Vec<Value> = c
+        .json(&["events"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "migration_tested")
+        .cloned()
+        .collect();
+    let nodes: std::collections::BTreeSet<&str> =
+        tested.iter().map(|e| e["detail"]["node"].as_str().unwrap()).collect();
+    assert_eq!(nodes, ["a", "b"].into(), "{tested:?}");
+    // The row records are the cluster's to read, on the peer port alone.
+    let name = by_name["pay_first.sql"]["row_record"].as_str().unwrap();
+    let (status, body) = b.api("GET", &format!("/v1/migrations/rows?name={}", name.replace('/', "%2F")), "");
+    assert_eq!(status, 401, "{body}");
+
+    // Promoted through b onto a clean copy: carried out by c, which sealed it.
+    let target_sb = a.fork("shop", &["--node", "a"]);
+    let target = target_sb["socket_dsn"].as_str().unwrap().to_owned();
+    let report_path = report_file.to_str().unwrap();
+    let pay_first = dir.join("pay_first.sql");
+    let (code, out) = crate::migrate::promote(b, report_path, &target, pay_first.to_str().unwrap(), &[]);
+    assert_eq!(code, 0, "{out}\n{}", c.log());
+    assert_eq!(sql(&target, "SELECT count(*) FROM orders WHERE id <= 10 AND status = 'paid'"), "10");
+    let promoted: Vec<Value> = c
+        .json(&["events"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "migration_promoted")
+        .cloned()
+        .collect();
+    assert_eq!(promoted.len(), 1, "{promoted:?}");
+    assert_eq!(promoted[0]["detail"]["node"], "c", "{promoted:?}");
+    // A report whose sealer is changed on the way goes to that node, whose
+    // key did not seal it: refused.
+    let mut edited: Value = serde_json::from_slice(&std::fs::read(&report_file).unwrap()).unwrap();
+    edited["node"] = "a".into();
+    let edited_file = dir.join("edited.json");
+    std::fs::write(&edited_file, edited.to_string()).unwrap();
+    let other = a.fork("shop", &["--node", "a"]);
+    let (code, out) = crate::migrate::promote(
+        b,
+        edited_file.to_str().unwrap(),
+        other["socket_dsn"].as_str().unwrap(),
+        pay_first.to_str().unwrap(),
+        &[],
+    );
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("seal"), "{out}");
+    // The targets go: what follows places by load.
+    for sb in [&other, &target_sb] {
+        b.ok(&["rm", sb["id"].as_str().unwrap()]);
+    }
 }
 
 /// Removes a golden from a node, after every sandbox of it in the cluster.
