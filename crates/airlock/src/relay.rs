@@ -28,6 +28,10 @@ pub fn make(layout: &Layout, settings: &RelaySettings, listener: tokio::net::Tcp
         listener,
         acceptor: tokio_rustls::TlsAcceptor::from(identity.server_config()?),
         connector: tokio_rustls::TlsConnector::from(identity.client_config()?),
-        directory: Arc::new(ClusterDirectory(Directory::open(&settings.coordinator, &settings.node)?)),
+        directory: Arc::new(ClusterDirectory(Directory::open(
+            &settings.coordinator,
+            &layout.cluster(),
+            &settings.node,
+        )?)),
     })
 }

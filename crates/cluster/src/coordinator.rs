@@ -58,9 +58,14 @@ pub struct EtcdCoordinator {
 }
 
 impl EtcdCoordinator {
-    /// A coordinator on the etcd members in `urls`.
-    pub fn new(urls: &str) -> Result<EtcdCoordinator> {
-        Ok(EtcdCoordinator { etcd: Etcd::new(urls, Duration::from_secs(2))?, prefix: "/airlock/v1/".into() })
+    /// A coordinator on the etcd members in `urls`, reached with the TLS
+    /// files kept in `cluster_dir` when they are `https://` ([`crate::etcd_tls`]).
+    pub fn new(urls: &str, cluster_dir: &std::path::Path) -> Result<EtcdCoordinator> {
+        let tls = crate::etcd_tls::load(cluster_dir)?;
+        Ok(EtcdCoordinator {
+            etcd: Etcd::new(urls, Duration::from_secs(2), tls)?,
+            prefix: "/airlock/v1/".into(),
+        })
     }
 
     fn key(&self, kind: &str, name: &str) -> String {

@@ -21,9 +21,10 @@ pub struct Directory {
 }
 
 impl Directory {
-    /// The directory of the coordinator at `urls`, for node `node`.
-    pub fn open(urls: &str, node: &str) -> Result<Directory> {
-        Ok(Directory::with(Arc::new(EtcdCoordinator::new(urls)?), node))
+    /// The directory of the coordinator at `urls` (reached with what the
+    /// node keeps in `cluster_dir`), for node `node`.
+    pub fn open(urls: &str, cluster_dir: &std::path::Path, node: &str) -> Result<Directory> {
+        Ok(Directory::with(Arc::new(EtcdCoordinator::new(urls, cluster_dir)?), node))
     }
 
     /// The directory of `coordinator`, for node `node`.

@@ -7,6 +7,7 @@
 //! or without a leader is passed over.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::STANDARD as B64;
@@ -24,26 +25,32 @@ pub struct Etcd {
     preferred: AtomicUsize,
     /// How long one call may take on one member.
     timeout: Duration,
+    /// TLS to every member (`https://` members), or none (`http://`).
+    tls: Option<tokio_rustls::TlsConnector>,
 }
 
 impl Etcd {
-    /// A client of the members in `urls` (`http://HOST:PORT`, comma-separated).
-    pub fn new(urls: &str, timeout: Duration) -> Result<Etcd> {
+    /// A client of the members in `urls` (`http://HOST:PORT`, or
+    /// `https://HOST:PORT` with `tls`; comma-separated).
+    pub fn new(urls: &str, timeout: Duration, tls: Option<Arc<rustls::ClientConfig>>) -> Result<Etcd> {
         let mut members = Vec::new();
+        let mut schemes = std::collections::BTreeSet::new();
         for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
-            let Some(rest) = url.strip_prefix("http://") else {
+            let Some((scheme, rest)) = url.split_once("://").filter(|(s, _)| matches!(*s, "http" | "https"))
+            else {
                 return Err(Error::new(
                     ErrorCode::InvalidArguments,
-                    format!("--cluster {url:?} is not an http:// etcd client URL"),
-                    "give etcd's client URLs, such as http://10.0.0.1:2379,http://10.0.0.2:2379 (etcd over TLS is not supported yet: reach it over a private network)",
+                    format!("--cluster {url:?} is not an http:// or https:// etcd client URL"),
+                    "give etcd's client URLs, such as https://10.0.0.1:2379,https://10.0.0.2:2379",
                 ));
             };
+            schemes.insert(scheme);
             let host = rest.trim_end_matches('/');
-            if host.is_empty() || host.contains('/') {
+            if airlock_core::validate::host_of(host).is_none() {
                 return Err(Error::new(
                     ErrorCode::InvalidArguments,
                     format!("--cluster {url:?} is not HOST:PORT"),
-                    "give etcd's client URLs, such as http://10.0.0.1:2379",
+                    "give etcd's client URLs, such as https://10.0.0.1:2379",
                 ));
             }
             members.push(host.to_owned());
@@ -52,10 +59,51 @@ impl Etcd {
             return Err(Error::new(
                 ErrorCode::InvalidArguments,
                 "--cluster names no etcd member",
-                "give etcd's client URLs, such as http://10.0.0.1:2379",
+                "give etcd's client URLs, such as https://10.0.0.1:2379",
             ));
         }
-        Ok(Etcd { members, preferred: AtomicUsize::new(0), timeout })
+        if schemes.len() > 1 {
+            return Err(Error::new(
+                ErrorCode::InvalidArguments,
+                "--cluster mixes http:// and https:// members",
+                "reach every member the same way: https:// (with --etcd-ca) for all",
+            ));
+        }
+        let tls = match (schemes.contains("https"), tls) {
+            (true, Some(config)) => Some(tokio_rustls::TlsConnector::from(config)),
+            (true, None) => {
+                return Err(Error::new(
+                    ErrorCode::InvalidArguments,
+                    "--cluster names https:// members, and no CA to check them against was given",
+                    "pass --etcd-ca with the CA that signed etcd's certificates (and --etcd-cert, --etcd-key when etcd asks for client certificates)",
+                ))
+            }
+            (false, _) => None,
+        };
+        Ok(Etcd { members, preferred: AtomicUsize::new(0), timeout, tls })
+    }
+
+    /// An `exchange` on a fresh connection to `member`, over TLS when the members are `https://`.
+    async fn on(&self, member: &str, ask: Ask<'_>) -> std::result::Result<crate::http::Answer, String> {
+        let connect = tokio::time::timeout(self.timeout, tokio::net::TcpStream::connect(member)).await;
+        let stream = match connect {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("{member}: {e}")),
+            Err(_) => return Err(format!("{member}: no connection within {:?}", self.timeout)),
+        };
+        let _ = stream.set_nodelay(true);
+        let whom = format!("etcd member {member}");
+        let Some(tls) = &self.tls else {
+            return exchange(stream, ask, self.timeout, &whom).await.map_err(|e| e.message);
+        };
+        let host = airlock_core::validate::host_of(member).unwrap_or(member).to_owned();
+        let name = rustls::pki_types::ServerName::try_from(host).map_err(|e| format!("{member}: {e}"))?;
+        let stream = match tokio::time::timeout(self.timeout, tls.connect(name, stream)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("{member}: TLS: {e}")),
+            Err(_) => return Err(format!("{member}: no TLS handshake within {:?}", self.timeout)),
+        };
+        exchange(stream, ask, self.timeout, &whom).await.map_err(|e| e.message)
     }
 
     /// One call, on the member that answered last and then on each other.
@@ -65,26 +113,13 @@ impl Etcd {
         for i in 0..self.members.len() {
             let at = (first + i) % self.members.len();
             let member = &self.members[at];
-            let connect = tokio::time::timeout(self.timeout, tokio::net::TcpStream::connect(member)).await;
-            let stream = match connect {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => {
-                    last = Some(format!("{member}: {e}"));
-                    continue;
-                }
-                Err(_) => {
-                    last = Some(format!("{member}: no connection within {:?}", self.timeout));
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
             let ask = Ask {
                 method: "POST",
                 path,
                 content_type: Some("application/json"),
                 body: body.to_string().into(),
             };
-            match exchange(stream, ask, self.timeout, &format!("etcd member {member}")).await {
+            match self.on(member, ask).await {
                 Ok(answer) if answer.status == 200 => {
                     self.preferred.store(at, Ordering::Relaxed);
                     return serde_json::from_slice(&answer.body)
@@ -97,13 +132,17 @@ impl Etcd {
                         String::from_utf8_lossy(&answer.body).trim()
                     ))
                 }
-                Err(e) => last = Some(e.message),
+                Err(e) => last = Some(e),
             }
         }
         Err(Error::new(
             ErrorCode::ClusterUnavailable,
             format!("no etcd member answered ({})", last.unwrap_or_default()),
-            "check that etcd runs and that this node reaches it (--cluster)",
+            if self.tls.is_some() {
+                "check that etcd runs and that this node reaches it (--cluster), that --etcd-ca signed etcd's certificate, and that etcd takes this node's --etcd-cert"
+            } else {
+                "check that etcd runs and that this node reaches it (--cluster)"
+            },
         ))
     }
 

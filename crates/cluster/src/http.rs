@@ -57,10 +57,37 @@ async fn send<S>(io: S, ask: Ask<'_>, whom: &str) -> Result<hyper::Response<hype
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| silent(whom, &e))?;
-    tokio::spawn(connection);
-    sender.send_request(request(ask, whom)?).await.map_err(|e| silent(whom, &e))
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| silent(whom, &chain(&e)))?;
+    let driving = tokio::spawn(connection);
+    match sender.send_request(request(ask, whom)?).await {
+        Ok(response) => Ok(response),
+        Err(e) => {
+            // The connection's own error says why, when it has one (a TLS
+            // alert from a server that refused this node's certificate, say);
+            // the request's says only that it was cut short.
+            let why = match tokio::time::timeout(Duration::from_millis(200), driving).await {
+                Ok(Ok(Err(broken))) => chain(&broken),
+                _ => chain(&e),
+            };
+            Err(silent(whom, &why))
+        }
+    }
+}
+
+/// An error and every error beneath it, as one line.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut under = e.source();
+    while let Some(cause) = under {
+        let said = cause.to_string();
+        if !text.contains(&said) {
+            text = format!("{text}: {said}");
+        }
+        under = cause.source();
+    }
+    text
 }
 
 /// Sends `ask` on `io`; the answer's status and its body, to be read as it

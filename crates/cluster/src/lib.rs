@@ -18,6 +18,7 @@ pub mod ca;
 pub mod coordinator;
 pub mod directory;
 pub mod etcd;
+pub mod etcd_tls;
 pub mod http;
 pub mod membership;
 pub mod peer;
@@ -92,7 +93,8 @@ impl Cluster {
     pub async fn join(engine: Arc<Engine>, settings: Settings) -> Result<Arc<Cluster>> {
         airlock_core::validate::name("node", &settings.node)?;
         let identity = ca::Identity::load(&engine.layout.cluster(), &settings.node, &settings.advertise)?;
-        let coordinator: Arc<dyn Coordinator> = Arc::new(coordinator::EtcdCoordinator::new(&settings.etcd)?);
+        let coordinator: Arc<dyn Coordinator> =
+            Arc::new(coordinator::EtcdCoordinator::new(&settings.etcd, &engine.layout.cluster())?);
         let cluster = Arc::new(Cluster {
             peers: peer::Peers::new(identity.client_config()?),
             server_config: identity.server_config()?,

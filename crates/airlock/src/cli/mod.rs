@@ -340,8 +340,8 @@ struct ServeArgs {
     /// password, then crosses the network in clear).
     #[arg(long, env = "AIRLOCK_PLAINTEXT_PUBLIC")]
     plaintext_public: bool,
-    /// Join the cluster coordinated by these etcd members (http://HOST:PORT,
-    /// comma-separated) as a node; needs --node and --advertise.
+    /// Join the cluster coordinated by these etcd members (https://HOST:PORT with
+    /// --etcd-ca, or http://HOST:PORT; comma-separated) as a node; needs --node and --advertise.
     #[arg(long, env = "AIRLOCK_CLUSTER", requires_all = ["node", "advertise"])]
     cluster: Option<String>,
     /// This node's name in the cluster.
@@ -353,6 +353,16 @@ struct ServeArgs {
     /// A label of this node forks may ask for with --node-label (key=value; repeatable).
     #[arg(long = "node-label", requires = "cluster")]
     node_labels: Vec<String>,
+    /// The CA certificate (PEM) that signed the https:// etcd members' certificates
+    /// (kept under cluster/, so later starts need it only to replace it).
+    #[arg(long, requires = "cluster")]
+    etcd_ca: Option<PathBuf>,
+    /// This node's client certificate (PEM) for an etcd that asks for one (--client-cert-auth).
+    #[arg(long, requires_all = ["etcd_ca", "etcd_key"])]
+    etcd_cert: Option<PathBuf>,
+    /// The key (PEM) of --etcd-cert.
+    #[arg(long, requires = "etcd_cert")]
+    etcd_key: Option<PathBuf>,
     /// A join token file from `airlock cluster token` (read once; its files stay under cluster/).
     #[arg(long, requires = "cluster")]
     join: Option<PathBuf>,

@@ -234,6 +234,24 @@ fn cluster_settings(cli: &Cli, args: &ServeArgs) -> Result<Option<airlock_cluste
         })?;
         airlock_cluster::ca::join(&cli.layout().cluster(), &token, node)?;
     }
+    if let Some(ca) = &args.etcd_ca {
+        if !etcd.trim_start().starts_with("https://") {
+            return Err(Error::new(
+                ErrorCode::InvalidArguments,
+                "--etcd-ca is given, and --cluster names http:// members",
+                "name etcd's members with https:// URLs",
+            ));
+        }
+        let client = args.etcd_cert.clone().zip(args.etcd_key.clone());
+        airlock_cluster::etcd_tls::install(
+            &cli.layout().cluster(),
+            &airlock_cluster::etcd_tls::Given { ca: ca.clone(), client },
+        )?;
+    }
+    // The members and the TLS they are reached with are checked before
+    // anything starts (the router reads etcd too).
+    let kept = airlock_cluster::etcd_tls::load(&cli.layout().cluster())?;
+    airlock_cluster::etcd::Etcd::new(etcd, std::time::Duration::from_secs(2), kept)?;
     Ok(Some(airlock_cluster::Settings {
         etcd: etcd.clone(),
         node: node.clone(),

@@ -21,6 +21,89 @@ struct Net {
     /// Each etcd member's process while it runs.
     etcd: Vec<Option<Child>>,
     etcd_dir: PathBuf,
+    /// With TLS: the directory of etcd's CA, its server certificate, and a
+    /// client certificate for the test's own calls ([`issue`]).
+    tls: Option<PathBuf>,
+}
+
+/// Runs openssl; panics with its output when it fails.
+fn openssl(args: &[&str]) {
+    let out = Command::new("openssl").args(args).output().expect("openssl runs");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A CA in `dir` (`ca.crt`, `ca.key`).
+fn make_ca(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=etcd test CA",
+        "-keyout",
+        key.to_str().unwrap(),
+        "-out",
+        crt.to_str().unwrap(),
+    ]);
+}
+
+/// A certificate `NAME.crt` (and `NAME.key`) in `out`, signed by the CA in
+/// `ca`: for a server at IP `ip`, or a client when `ip` is None. (etcd's
+/// JSON gateway calls etcd itself with the server's certificate, so that one
+/// is a client's too.)
+fn issue(ca: &Path, out: &Path, name: &str, ip: Option<&str>) -> (PathBuf, PathBuf) {
+    std::fs::create_dir_all(out).unwrap();
+    let (crt, key, csr, ext) = (
+        out.join(format!("{name}.crt")),
+        out.join(format!("{name}.key")),
+        out.join(format!("{name}.csr")),
+        out.join(format!("{name}.ext")),
+    );
+    let extensions = match ip {
+        Some(ip) => format!("subjectAltName=IP:{ip}\nextendedKeyUsage=serverAuth,clientAuth\n"),
+        None => "extendedKeyUsage=clientAuth\n".to_owned(),
+    };
+    std::fs::write(&ext, extensions).unwrap();
+    openssl(&[
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        &format!("/CN={name}"),
+        "-keyout",
+        key.to_str().unwrap(),
+        "-out",
+        csr.to_str().unwrap(),
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        csr.to_str().unwrap(),
+        "-CA",
+        ca.join("ca.crt").to_str().unwrap(),
+        "-CAkey",
+        ca.join("ca.key").to_str().unwrap(),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        ext.to_str().unwrap(),
+        "-out",
+        crt.to_str().unwrap(),
+    ]);
+    (crt, key)
 }
 
 fn ip(args: &[&str]) {
@@ -30,11 +113,12 @@ fn ip(args: &[&str]) {
 
 impl Net {
     fn new(nodes: &[&str]) -> Net {
-        Net::with_members(nodes, 1)
+        Net::with_members(nodes, 1, false)
     }
 
-    /// A net whose etcd has `members` members.
-    fn with_members(nodes: &[&str], members: usize) -> Net {
+    /// A net whose etcd has `members` members; served over TLS, with client
+    /// certificates required, when `tls`.
+    fn with_members(nodes: &[&str], members: usize, tls: bool) -> Net {
         // A subnet is this test's once it has made the subnet's bridge: tests
         // run at once in other processes, so one taken is passed over, never
         // removed (a bridge left by a killed run just stays out of use).
@@ -67,7 +151,15 @@ impl Net {
             spaces.push(ns);
         }
         let etcd_dir = plain_base().join(format!("etcd-{}-{}", std::process::id(), counter()));
-        let mut net = Net { bridge, subnet, spaces, etcd: (0..members).map(|_| None).collect(), etcd_dir };
+        let tls = tls.then(|| {
+            let dir = etcd_dir.join("tls");
+            make_ca(&dir);
+            issue(&dir, &dir, "server", Some(&format!("10.231.{subnet}.1")));
+            issue(&dir, &dir, "test", None);
+            dir
+        });
+        let mut net =
+            Net { bridge, subnet, spaces, etcd: (0..members).map(|_| None).collect(), etcd_dir, tls };
         for k in 0..members {
             net.start_member(k, false);
         }
@@ -88,7 +180,18 @@ impl Net {
 
     /// Member `k`'s client URL.
     fn member_url(&self, k: usize) -> String {
-        format!("http://{}:{}", self.host(), 2379 + 10 * k)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}:{}", self.host(), 2379 + 10 * k)
+    }
+
+    /// curl, with the test's own client certificate when etcd asks for one.
+    fn curl_etcd(&self) -> Command {
+        let mut curl = Command::new("curl");
+        if let Some(dir) = &self.tls {
+            curl.arg("--cacert").arg(dir.join("ca.crt"));
+            curl.arg("--cert").arg(dir.join("test.crt")).arg("--key").arg(dir.join("test.key"));
+        }
+        curl
     }
 
     /// Every member's client URL, as `--cluster` takes them.
@@ -117,19 +220,17 @@ impl Net {
         if again {
             cmd.args(["--initial-cluster-state", "existing"]);
         }
+        if let Some(dir) = &self.tls {
+            cmd.arg("--cert-file").arg(dir.join("server.crt")).arg("--key-file").arg(dir.join("server.key"));
+            cmd.arg("--client-cert-auth").arg("--trusted-ca-file").arg(dir.join("ca.crt"));
+        }
         self.etcd[k] = Some(cmd.spawn().expect("etcd runs (Debian's etcd-server)"));
     }
 
     fn wait_member(&self, k: usize) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let health = format!("{}/health", self.member_url(k));
-        while !Command::new("curl")
-            .args(["-sf", "--max-time", "1", &health])
-            .output()
-            .unwrap()
-            .status
-            .success()
-        {
+        while !self.curl_etcd().args(["-sf", "--max-time", "1", &health]).output().unwrap().status.success() {
             assert!(Instant::now() < deadline, "etcd member {k} did not answer");
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -147,7 +248,8 @@ impl Net {
         (0..self.etcd.len())
             .find(|k| {
                 let url = format!("{}/v3/maintenance/status", self.member_url(*k));
-                let out = Command::new("curl")
+                let out = self
+                    .curl_etcd()
                     .args(["-s", "--max-time", "2", "-X", "POST", "-d", "{}", &url])
                     .output()
                     .unwrap();
@@ -527,7 +629,7 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
         eprintln!("skipped: network namespaces need root");
         return;
     }
-    let mut net = Net::with_members(&["a", "b"], 3);
+    let mut net = Net::with_members(&["a", "b"], 3, false);
     let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
     std::fs::create_dir_all(&home_a).unwrap();
     offline(&home_a, &["cluster", "init"]);
@@ -578,6 +680,145 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
         !events.as_array().unwrap().iter().any(|e| e["kind"] == "lost" || e["kind"] == "reconciled"),
         "{events}"
     );
+}
+
+/// `airlock serve` for node `name` in node `i`'s namespace, which must fail;
+/// its output.
+fn serve_refused(net: &Net, i: usize, name: &str, home: &Path, cluster: &str, extra: &[&str]) -> String {
+    let mut cmd = in_ns(net, i, BIN);
+    cmd.args(["serve", "--cluster", cluster, "--node", name, "--advertise", &net.advertise(i)])
+        .args(extra)
+        .env("AIRLOCK_HOME", home)
+        .env("AIRLOCK_ROUTER", "127.0.0.1:0")
+        .env("AIRLOCK_REDIS_ROUTER", "127.0.0.1:0")
+        .env("AIRLOCK_GATEWAY", "127.0.0.1:0")
+        .stdin(Stdio::null());
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "the daemon started: {text}");
+    text
+}
+
+#[test]
+fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::with_members(&["a", "b", "c"], 1, true);
+    let tls = net.tls.clone().unwrap();
+    let certs = tls.join("nodes");
+    let ca = tls.join("ca.crt");
+    let flags = |name: &str| {
+        let (crt, key) = issue(&tls, &certs, name, None);
+        [
+            "--etcd-ca",
+            ca.to_str().unwrap(),
+            "--etcd-cert",
+            crt.to_str().unwrap(),
+            "--etcd-key",
+            key.to_str().unwrap(),
+        ]
+        .map(str::to_owned)
+    };
+    let as_strs = |v: &[String]| v.iter().map(|s| s.to_owned()).collect::<Vec<String>>();
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let tokens = home_a.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for (i, name) in [(1, "b"), (2, "c")] {
+        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
+    }
+    let (fa, fb) = (as_strs(&flags("a")), as_strs(&flags("b")));
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &fa.iter().map(String::as_str).collect::<Vec<_>>());
+    let b = node(&net, 1, "b", Some(&tokens.join("b")), &fb.iter().map(String::as_str).collect::<Vec<_>>());
+    // The files are kept for later starts and the router, root's alone.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let key = std::fs::metadata(home_a.join("cluster/etcd-client.key")).unwrap();
+        assert_eq!(key.permissions().mode() & 0o777, 0o600);
+    }
+    // Both nodes are in, a fork asked of b lands on a (the golden's holder),
+    // and b's router, which reads etcd too, reaches it.
+    a.shop("shop");
+    let nodes = b.json(&["nodes"]);
+    assert_eq!(nodes.as_array().unwrap().len(), 2, "{nodes}");
+    let sb = b.fork("shop", &[]);
+    assert_eq!(sb["node"], "a", "{sb}");
+    assert_eq!(psql_in(&net, 1, &through(&dsn(&sb), &b), "SELECT count(*) FROM orders").unwrap(), "1000");
+    // A later start needs no flags: what was kept is used.
+    let mut first_b = b;
+    first_b.kill9();
+    let b = node_at(&net, 1, "b", first_b.home.clone(), None, &[]);
+    let id = sb["id"].as_str().unwrap();
+    assert_eq!(b.json(&["show", id])["id"], id, "found on a through etcd");
+
+    // Refused, each with what was wrong; c joins with its token first.
+    let home_c = fresh_home(&plain_base());
+    let url = net.etcd_url();
+    let token_c = tokens.join("c");
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &["--join", token_c.to_str().unwrap()]);
+    assert!(out.contains("no CA to check them against") && out.contains("--etcd-ca"), "{out}");
+    // No client certificate: etcd asks for one.
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &["--etcd-ca", ca.to_str().unwrap()]);
+    assert!(out.contains("no etcd member answered"), "{out}");
+    // A client certificate of another CA.
+    let foreign = tls.join("foreign");
+    make_ca(&foreign);
+    let (f_crt, f_key) = issue(&foreign, &foreign, "c", None);
+    let out = serve_refused(
+        &net,
+        2,
+        "c",
+        &home_c,
+        &url,
+        &[
+            "--etcd-ca",
+            ca.to_str().unwrap(),
+            "--etcd-cert",
+            f_crt.to_str().unwrap(),
+            "--etcd-key",
+            f_key.to_str().unwrap(),
+        ],
+    );
+    assert!(out.contains("no etcd member answered"), "{out}");
+    // etcd's certificate checked against another CA: not etcd.
+    let (c_crt, c_key) = issue(&tls, &certs, "c", None);
+    let out = serve_refused(
+        &net,
+        2,
+        "c",
+        &home_c,
+        &url,
+        &[
+            "--etcd-ca",
+            foreign.join("ca.crt").to_str().unwrap(),
+            "--etcd-cert",
+            c_crt.to_str().unwrap(),
+            "--etcd-key",
+            c_key.to_str().unwrap(),
+        ],
+    );
+    assert!(out.contains("TLS") && out.contains("certificate"), "{out}");
+    // Plaintext to a TLS member, and files that are not PEM.
+    let plain = url.replace("https://", "http://");
+    let out = serve_refused(&net, 2, "c", &home_c, &plain, &[]);
+    assert!(out.contains("no etcd member answered"), "{out}");
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &["--etcd-ca", token_c.to_str().unwrap()]);
+    assert!(out.contains("--etcd-ca") && out.contains("does not read"), "{out}");
+    // With its own certificate, c joins.
+    let fc = [
+        "--etcd-ca",
+        ca.to_str().unwrap(),
+        "--etcd-cert",
+        c_crt.to_str().unwrap(),
+        "--etcd-key",
+        c_key.to_str().unwrap(),
+    ];
+    let c = node_at(&net, 2, "c", home_c.clone(), None, &fc);
+    assert_eq!(c.json(&["nodes"]).as_array().unwrap().len(), 3);
+    let _ = (a, b, first_b);
 }
 
 /// A command run inside node `i`'s namespace.
