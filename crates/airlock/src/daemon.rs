@@ -110,7 +110,9 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     let peers = match &cluster {
         Some(cluster) => {
             let addr = resolve(&cluster.settings.advertise)?;
-            let listener = airlock_cluster::peer::PeerListener::bind(addr, cluster.server_config()).await?;
+            let listener =
+                airlock_cluster::peer::PeerListener::bind(addr, cluster.server_config(), cluster.revoked())
+                    .await?;
             tracing::info!(%addr, node = %cluster.name(), "serving the cluster's nodes (mutual TLS)");
             Some(listener)
         }

@@ -23,6 +23,8 @@ impl airlock_router::Directory for ClusterDirectory {
 pub fn make(layout: &Layout, settings: &RelaySettings, listener: tokio::net::TcpListener) -> Result<Relay> {
     let identity =
         airlock_cluster::ca::Identity::load(&layout.cluster(), &settings.node, &settings.advertise)?;
+    // The node's daemon keeps the revoked list current; the router follows it.
+    identity.revoked().follow(std::time::Duration::from_secs(2));
     Ok(Relay {
         node: settings.node.clone(),
         listener,

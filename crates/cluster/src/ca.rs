@@ -102,8 +102,16 @@ fn issued(dir: &Path, node: &str, advertise: &str) -> Result<Token> {
     let files = Files { dir: dir.to_owned() };
     let ca_pem = std::fs::read_to_string(files.ca_cert()).map_err(|_| no_ca(dir))?;
     let ca_key = std::fs::read_to_string(files.ca_key()).map_err(|_| no_ca(dir))?;
-    let (cert, key) = issue(&ca_key, node, advertise)?;
+    let (cert, der, key) = issue(&ca_key, node, advertise)?;
+    crate::revoked::record_issued(dir, node, &der)?;
     Ok(Token { node: node.to_owned(), ca: ca_pem, cert, key })
+}
+
+/// Revokes every certificate the CA in `dir` issued to `node` (see [`crate::revoked`]).
+pub fn revoke(dir: &Path, node: &str) -> Result<crate::revoked::Revocation> {
+    let files = Files { dir: dir.to_owned() };
+    let key = std::fs::read_to_string(files.ca_key()).map_err(|_| no_ca(dir))?;
+    crate::revoked::revoke(dir, node, &key)
 }
 
 fn no_ca(dir: &Path) -> Error {
@@ -114,8 +122,8 @@ fn no_ca(dir: &Path) -> Error {
     )
 }
 
-/// A node certificate and key (PEM) signed by the CA.
-fn issue(ca_key: &str, node: &str, advertise: &str) -> Result<(String, String)> {
+/// A node certificate (PEM and DER) and its key (PEM), signed by the CA.
+fn issue(ca_key: &str, node: &str, advertise: &str) -> Result<(String, Vec<u8>, String)> {
     let ca_key = rcgen::KeyPair::from_pem(ca_key).map_err(failed)?;
     let issuer = rcgen::Issuer::new(ca_params()?, ca_key);
     let host = host_of(advertise)?;
@@ -130,7 +138,7 @@ fn issue(ca_key: &str, node: &str, advertise: &str) -> Result<(String, String)> 
         vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
     let key = rcgen::KeyPair::generate().map_err(failed)?;
     let cert = params.signed_by(&key, &issuer).map_err(failed)?;
-    Ok((cert.pem(), key.serialize_pem()))
+    Ok((cert.pem(), cert.der().to_vec(), key.serialize_pem()))
 }
 
 /// The host part of `HOST:PORT`.
@@ -190,6 +198,7 @@ pub struct Identity {
     roots: Arc<rustls::RootCertStore>,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
+    revoked: Arc<crate::revoked::Revoked>,
 }
 
 impl Identity {
@@ -229,7 +238,13 @@ impl Identity {
                 "a data root keeps its node name: start it with the --node it joined with",
             ));
         }
-        Ok(Identity { roots: Arc::new(roots), chain, key })
+        let revoked = crate::revoked::Revoked::load(dir)?;
+        Ok(Identity { roots: Arc::new(roots), chain, key, revoked })
+    }
+
+    /// The certificates this node refuses.
+    pub fn revoked(&self) -> Arc<crate::revoked::Revoked> {
+        self.revoked.clone()
     }
 
     fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -237,30 +252,43 @@ impl Identity {
     }
 
     /// What this node's peer listener serves with: its certificate, and a
-    /// client certificate the cluster CA signed required of every peer.
+    /// client certificate the cluster CA signed, and not revoked, required
+    /// of every peer. No session is resumed: each connection shows its
+    /// certificate, so a revoked one cannot come back through an old session.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
-        let verifier =
+        let inner =
             rustls::server::WebPkiClientVerifier::builder_with_provider(self.roots.clone(), Self::provider())
                 .build()
                 .map_err(|e| Error::internal(format!("the cluster's client verifier: {e}")))?;
-        let config = rustls::ServerConfig::builder_with_provider(Self::provider())
+        let verifier = Arc::new(crate::revoked::RefusingClients { inner, revoked: self.revoked.clone() });
+        let mut config = rustls::ServerConfig::builder_with_provider(Self::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| Error::internal(format!("TLS: {e}")))?
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| Error::internal(format!("the node's certificate: {e}")))?;
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(Arc::new(config))
     }
 
-    /// What this node connects to peers with: the cluster CA as the only root,
-    /// and its own certificate for them to check.
+    /// What this node connects to peers with: the cluster CA as the only root
+    /// (a revoked peer refused), its own certificate for them to check, and
+    /// no resumed session.
     pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>> {
-        let config = rustls::ClientConfig::builder_with_provider(Self::provider())
+        let inner =
+            rustls::client::WebPkiServerVerifier::builder_with_provider(self.roots.clone(), Self::provider())
+                .build()
+                .map_err(|e| Error::internal(format!("the cluster's server verifier: {e}")))?;
+        let verifier = Arc::new(crate::revoked::RefusingServers { inner, revoked: self.revoked.clone() });
+        let mut config = rustls::ClientConfig::builder_with_provider(Self::provider())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| Error::internal(format!("TLS: {e}")))?
-            .with_root_certificates(self.roots.clone())
+            .dangerous()
+            .with_custom_certificate_verifier(verifier)
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| Error::internal(format!("the node's certificate: {e}")))?;
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(config))
     }
 }

@@ -40,6 +40,11 @@ pub trait Coordinator: Send + Sync + 'static {
     async fn claim_name(&self, lease: Lease, name: &str, node: &str) -> Result<bool>;
     /// Lets go of a claim `node` made that no sandbox took over (its fork failed).
     async fn release_name(&self, name: &str, node: &str) -> Result<()>;
+    /// The cluster's revoked-certificate list as it travels (signed by the
+    /// CA: see [`crate::revoked`]), if one was put.
+    async fn revoked(&self) -> Result<Option<Vec<u8>>>;
+    /// Puts a newer revoked-certificate list.
+    async fn put_revoked(&self, signed: &[u8]) -> Result<()>;
 }
 
 /// The coordinator on etcd: keys under `/airlock/v1/`.
@@ -52,6 +57,7 @@ pub trait Coordinator: Send + Sync + 'static {
 /// | `placed/ID` | the sandbox's record | none |
 /// | `known/NAME` | the sandbox's id, for finding a lost sandbox by name | none |
 /// | `lost/ID` | the node that reported it | none |
+/// | `revoked` | the revoked node certificates, signed by the cluster CA | none |
 pub struct EtcdCoordinator {
     etcd: Etcd,
     prefix: String,
@@ -188,6 +194,14 @@ impl Coordinator for EtcdCoordinator {
             self.etcd.delete(&key).await?;
         }
         Ok(())
+    }
+
+    async fn revoked(&self) -> Result<Option<Vec<u8>>> {
+        self.etcd.get(&format!("{}revoked", self.prefix)).await
+    }
+
+    async fn put_revoked(&self, signed: &[u8]) -> Result<()> {
+        self.etcd.put(&format!("{}revoked", self.prefix), signed, None).await
     }
 }
 

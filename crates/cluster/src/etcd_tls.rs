@@ -98,21 +98,9 @@ pub fn install(dir: &Path, given: &Given) -> Result<()> {
 
 /// Writes `bytes` to `dir/name` whole, readable by root alone.
 fn keep(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
-    let written = file
-        .write_all(bytes)
-        .and_then(|_| file.sync_all())
-        .and_then(|_| std::fs::rename(&tmp, dir.join(name)));
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e.into());
-    }
-    Ok(())
+    Ok(airlock_host::storage::tree::write_private(&dir.join(name), bytes, 0o600)?)
 }
 
 /// The TLS configuration kept in `dir`, if any.

@@ -25,6 +25,7 @@ pub mod peer;
 pub mod placement;
 pub mod records;
 pub mod replicate;
+pub mod revoked;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -75,6 +76,8 @@ pub struct Cluster {
     lost_watch: Mutex<membership::LostWatch>,
     /// Goldens being fetched from other nodes.
     fetching: replicate::Fetching,
+    /// The node certificates this node refuses (its TLS configurations check them).
+    revoked: Arc<revoked::Revoked>,
 }
 
 /// Where a request for one sandbox goes.
@@ -97,6 +100,7 @@ impl Cluster {
             Arc::new(coordinator::EtcdCoordinator::new(&settings.etcd, &engine.layout.cluster())?);
         let cluster = Arc::new(Cluster {
             peers: peer::Peers::new(identity.client_config()?),
+            revoked: identity.revoked(),
             server_config: identity.server_config()?,
             settings,
             engine,
@@ -125,6 +129,11 @@ impl Cluster {
         }
         membership::rejoin(&cluster).await?;
         Ok(cluster)
+    }
+
+    /// The node certificates this node refuses.
+    pub fn revoked(&self) -> Arc<revoked::Revoked> {
+        self.revoked.clone()
     }
 
     /// The TLS settings of this node's peer listener.

@@ -69,7 +69,40 @@ async fn round(cluster: &Cluster) -> Result<()> {
     let lease = current(cluster)?;
     cluster.coordinator.announce(lease, &describe(cluster)).await?;
     sync(cluster, false).await?;
+    revocations(cluster).await?;
     report_lost(cluster).await
+}
+
+/// Brings the revoked-certificate list here and in the coordinator to the
+/// newer of the two: a list `cluster revoke` made here goes out, one made on
+/// the CA's node comes in. Each is taken only with the CA's signature.
+async fn revocations(cluster: &Cluster) -> Result<()> {
+    let revoked = cluster.revoked.clone();
+    tokio::task::spawn_blocking({
+        let revoked = revoked.clone();
+        move || revoked.reread()
+    })
+    .await
+    .map_err(|e| Error::internal(e.to_string()))??;
+    let there = cluster.coordinator.revoked().await?;
+    if let Some(signed) = &there {
+        match revoked.offer(signed) {
+            Ok(true) => {
+                tracing::info!(number = revoked.number(), "took a newer revoked list from the coordinator")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "the coordinator's revoked list is not the CA's; kept this node's")
+            }
+        }
+    }
+    let theirs = there.as_deref().and_then(|s| revoked.number_in(s)).unwrap_or(0);
+    if revoked.number() > theirs {
+        if let Some(signed) = revoked.signed() {
+            cluster.coordinator.put_revoked(&signed).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Says what this node is and holds now, between rounds (a golden it just received).

@@ -33,13 +33,67 @@ const HANDSHAKES: usize = 64;
 /// Connections whose peer proved a certificate of the cluster's CA, for the
 /// API's HTTP server.
 pub struct PeerListener {
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    accepted: mpsc::Receiver<(PeerStream, SocketAddr)>,
     local: SocketAddr,
 }
 
+/// A peer's connection, cut off at its next read once its certificate is
+/// revoked: a node kept out cannot go on through a connection it opened
+/// before (a kept-open one would otherwise serve it for as long as it
+/// sends requests).
+pub struct PeerStream {
+    tls: TlsStream<TcpStream>,
+    certificate: Vec<u8>,
+    revoked: Arc<crate::revoked::Revoked>,
+}
+
+impl tokio::io::AsyncRead for PeerStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.revoked.refuses(&self.certificate) {
+            let cut = std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                "the peer's certificate was revoked",
+            );
+            return std::task::Poll::Ready(Err(cut));
+        }
+        std::pin::Pin::new(&mut self.tls).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for PeerStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.tls).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.tls).poll_shutdown(cx)
+    }
+}
+
 impl PeerListener {
-    /// Listens on `addr`; handshakes run beside each other, each within its limit.
-    pub async fn bind(addr: SocketAddr, config: Arc<rustls::ServerConfig>) -> Result<PeerListener> {
+    /// Listens on `addr`; handshakes run beside each other, each within its
+    /// limit. A connection is cut off once `revoked` lists its certificate.
+    pub async fn bind(
+        addr: SocketAddr,
+        config: Arc<rustls::ServerConfig>,
+        revoked: Arc<crate::revoked::Revoked>,
+    ) -> Result<PeerListener> {
         let listener = TcpListener::bind(addr).await.map_err(|e| {
             Error::new(
                 ErrorCode::InvalidArguments,
@@ -65,7 +119,8 @@ impl PeerListener {
                         continue;
                     }
                 };
-                let (acceptor, tx, slots) = (acceptor.clone(), tx.clone(), slots.clone());
+                let (acceptor, tx, slots, revoked) =
+                    (acceptor.clone(), tx.clone(), slots.clone(), revoked.clone());
                 tokio::spawn(async move {
                     let Some(mut slot) = slots.take(Some(peer.ip()), std::time::Instant::now()).await else {
                         return;
@@ -79,7 +134,15 @@ impl PeerListener {
                     drop(slot);
                     match done {
                         Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
+                            // The handshake required a certificate: it is there.
+                            let certificate = tls
+                                .get_ref()
+                                .1
+                                .peer_certificates()
+                                .and_then(|c| c.first())
+                                .map(|c| c.to_vec())
+                                .unwrap_or_default();
+                            let _ = tx.send((PeerStream { tls, certificate, revoked }, peer)).await;
                         }
                         // Anyone who reaches the port can cause these: not worth a warning each.
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "refused a node-to-node connection"),
@@ -93,7 +156,7 @@ impl PeerListener {
 }
 
 impl axum::serve::Listener for PeerListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = PeerStream;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {

@@ -228,14 +228,25 @@ impl Peers {
         &self,
         mut client: Client,
         mut owner: RelayStream,
-        remote: &Remote,
+        (sandbox, remote): (&str, &Remote),
         by: Instant,
         proved: impl FnOnce(),
     ) {
         let mut key = None;
-        let started =
-            tokio::time::timeout_at(by.into(), self.start(&mut client, &mut owner, remote, &mut key, proved))
-                .await;
+        let mut answered = false;
+        let started = tokio::time::timeout_at(
+            by.into(),
+            self.start(&mut client, &mut owner, remote, (&mut key, &mut answered), proved),
+        )
+        .await;
+        if let Ok(Err(e)) = &started {
+            tracing::warn!(node = %remote.node, relay = %remote.relay, error = %e, "a relayed client's start failed");
+            // The owner never answered (its relay port refused this node, say):
+            // the client is told so, as when the owner cannot be dialled.
+            if !answered {
+                let _ = client.write_all(&unreachable_now(sandbox).encode()).await;
+            }
+        }
         if matches!(started, Ok(Ok(true))) {
             let entering = match client {
                 Client::Plain(tcp) => super::relay::Entering::Plain(tcp),
@@ -267,7 +278,7 @@ impl Peers {
         client: &mut Client,
         owner: &mut RelayStream,
         remote: &Remote,
-        key: &mut Option<BackendKey>,
+        (key, answered): (&mut Option<BackendKey>, &mut bool),
         proved: impl FnOnce(),
     ) -> std::io::Result<bool> {
         let bad = |why: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_owned());
@@ -279,6 +290,7 @@ impl Peers {
                 read = owner.read(&mut down) => {
                     let n = read?;
                     if n == 0 {
+                        *answered |= !from_owner.is_empty();
                         client.write_all(&from_owner).await?;
                         return Ok(false);
                     }
@@ -310,6 +322,7 @@ impl Peers {
                     // Whole messages go on at once (authentication asks the
                     // client); after ReadyForQuery, everything read.
                     let upto = if ready { from_owner.len() } else { whole };
+                    *answered |= upto > 0;
                     client.write_all(&from_owner[..upto]).await?;
                     client.flush().await?;
                     from_owner.drain(..upto);

@@ -111,11 +111,11 @@ async fn serve_incoming(
     let (mut client, backend, open) = match established {
         Ok(Some(Established::Sandbox(client, backend, open))) => (client, backend, open),
         Ok(Some(Established::Routed(routed))) => return super::route::serve(shared, routed).await,
-        Ok(Some(Established::Elsewhere(client, owner, remote))) => {
+        Ok(Some(Established::Elsewhere(client, owner, remote, sandbox))) => {
             let Some(peers) = &shared.peers else { return };
             let marker = slot.marker();
             tokio::select! {
-                () = peers.relay_postgres(client, owner, &remote, by, || marker.prove()) => {}
+                () = peers.relay_postgres(client, owner, (&sandbox, &remote), by, || marker.prove()) => {}
                 // Until the owner accepts it, its slot may go to another client.
                 () = slot.given_up() => {}
             }
@@ -313,9 +313,9 @@ enum Established {
     /// A route's client, authenticated (its session upstream is opened
     /// outside the startup time: the upstream server answers on its own time).
     Routed(super::route::Authenticated),
-    /// A client of a sandbox another node holds, its startup passed on to
-    /// that node's router.
-    Elsewhere(Client, RelayStream, Remote),
+    /// A client of a sandbox another node holds (the key it named), its
+    /// startup passed on to that node's router.
+    Elsewhere(Client, RelayStream, Remote, String),
 }
 
 /// What a client proved it may reach, or where it goes to prove it.
@@ -427,7 +427,7 @@ async fn pass_on(
         std::io::Result::Ok(owner)
     };
     match dialed.await {
-        Ok(owner) => Some(Established::Elsewhere(client, owner, remote)),
+        Ok(owner) => Some(Established::Elsewhere(client, owner, remote, startup.database.clone())),
         Err(e) => {
             tracing::warn!(node = %remote.node, relay = %remote.relay, error = %e, "a client could not be relayed to its sandbox's node");
             refuse(&mut client, super::elsewhere::unreachable_now(&startup.database)).await;

@@ -1,4 +1,4 @@
-//! `airlock nodes`, `airlock cluster init` and `airlock cluster token`.
+//! `airlock nodes`, `airlock cluster init`, `airlock cluster token` and `airlock cluster revoke`.
 
 use hyper::Method;
 
@@ -43,6 +43,18 @@ pub(super) fn run(cli: &Cli, cmd: &ClusterCommand) -> Result<i32> {
                     token.clone()
                 }),
             }
+        }
+        ClusterCommand::Revoke { node } => {
+            airlock_core::validate::name("node", node)?;
+            let done = airlock_cluster::ca::revoke(&dir, node)?;
+            output::print(cli.json, &done, || {
+                format!(
+                    "revoked {} certificate(s) of node {} (revoked list {}); this node's daemon puts the list in etcd at its next round, and every node refuses them once it has read it",
+                    done.certificates.len(),
+                    done.node,
+                    done.number
+                )
+            });
         }
     }
     Ok(0)

@@ -816,6 +816,12 @@ enum ClusterCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Revoke every certificate issued to a node (on the node that keeps the
+    /// CA): every node refuses it once the signed list reaches it through etcd.
+    Revoke {
+        /// The node's name.
+        node: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]

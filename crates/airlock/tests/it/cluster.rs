@@ -682,6 +682,100 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
     );
 }
 
+#[test]
+fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: network namespaces need root");
+        return;
+    }
+    let net = Net::new(&["a", "b", "c"]);
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let tokens = home_a.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for (i, name) in [(1, "b"), (2, "c")] {
+        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
+    }
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
+    let b = node(&net, 1, "b", Some(&tokens.join("b")), &[]);
+    let c = node(&net, 2, "c", Some(&tokens.join("c")), &[]);
+    let ca = home_a.join("cluster/ca.crt");
+    let (c_cert, c_key) = unpack_token(&tokens.join("c"), &tokens);
+    b.shop("shop");
+    let sb = b.fork("shop", &["--node", "b"]);
+    c.wait_for(Duration::from_secs(10), "c to see b's router relay", || {
+        c.json(&["nodes"])[1]["relay"].as_str().is_some_and(|r| r.ends_with(":7441"))
+    });
+    // Before: c's certificate is a member's everywhere.
+    for i in [0, 1] {
+        assert!(curl_peer(&net, i, &ca, Some((&c_cert, &c_key))).is_ok(), "node {i} lets c in");
+    }
+    assert_eq!(psql_in(&net, 2, &through(&dsn(&sb), &c), "SELECT count(*) FROM orders").unwrap(), "1000");
+    assert_eq!(c.json(&["show", sb["id"].as_str().unwrap()])["id"], sb["id"]);
+
+    // Revoked on the CA's node, with the daemon running there.
+    let (code, err) = a.fails(&["cluster", "revoke", "nobody"]);
+    assert_eq!((code, err["code"].as_str()), (3, Some("invalid_arguments")), "{err}");
+    assert!(err["message"].as_str().unwrap().contains("issued no certificate"), "{err}");
+    let done = a.json(&["cluster", "revoke", "c"]);
+    assert_eq!((done["node"].as_str(), done["number"].as_u64()), (Some("c"), Some(1)), "{done}");
+    assert_eq!(done["certificates"].as_array().unwrap().len(), 1);
+    // c asks b again and again, so its kept-open connection to b never
+    // goes idle: b cuts it off once b has the list, and refuses c from then on.
+    let id = sb["id"].as_str().unwrap();
+    c.wait_for(Duration::from_secs(15), "b to cut c off", || c.cli(&["show", id]).code != 0);
+    let (code, err) = c.fails(&["show", id]);
+    assert_eq!((code, err["code"].as_str()), (19, Some("cluster_unavailable")), "{err}");
+    // a takes it at its next round and puts it in etcd; b reads it there.
+    a.wait_for(Duration::from_secs(15), "a and b to refuse c's certificate", || {
+        [0, 1].iter().all(|i| curl_peer(&net, *i, &ca, Some((&c_cert, &c_key))).is_err())
+    });
+    // b's router, a process of its own, follows the list: c's router is refused on b's relay port.
+    b.wait_for(Duration::from_secs(10), "b's router to refuse c's relay", || {
+        psql_in(&net, 2, &through(&dsn(&sb), &c), "SELECT 1").is_err()
+    });
+    let err = psql_in(&net, 2, &through(&dsn(&sb), &c), "SELECT 1").unwrap_err();
+    assert!(err.contains("cannot be reached through this router now"), "{err}");
+    // A member not revoked still gets through.
+    assert_eq!(a.json(&["show", sb["id"].as_str().unwrap()])["id"], sb["id"]);
+    assert_eq!(psql_in(&net, 0, &through(&dsn(&sb), &a), "SELECT count(*) FROM orders").unwrap(), "1000");
+    // A list put back in etcd by hand that is not the CA's changes nothing.
+    let forged = serde_json::json!({"list": "e30=", "signature": "AAAA"}).to_string();
+    let key = base64_text("/airlock/v1/revoked");
+    let put = format!("{{\"key\":\"{key}\",\"value\":\"{}\"}}", base64_text(&forged));
+    let out = net
+        .curl_etcd()
+        .args(["-s", "-X", "POST", "-d", &put, &format!("{}/v3/kv/put", net.member_url(0))])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    std::thread::sleep(LEASE);
+    assert!(curl_peer(&net, 1, &ca, Some((&c_cert, &c_key))).is_err(), "still refused");
+    assert!(b.log().contains("not the CA's") || a.log().contains("not the CA's"), "the forgery is in a log");
+    // The node that keeps the CA puts its list back.
+    a.wait_for(Duration::from_secs(10), "a to put the CA's list back", || {
+        let out = net
+            .curl_etcd()
+            .args([
+                "-s",
+                "-X",
+                "POST",
+                "-d",
+                &format!("{{\"key\":\"{key}\"}}"),
+                &format!("{}/v3/kv/range", net.member_url(0)),
+            ])
+            .output()
+            .unwrap();
+        !String::from_utf8_lossy(&out.stdout).contains(&base64_text(&forged))
+    });
+}
+
+fn base64_text(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
 /// `airlock serve` for node `name` in node `i`'s namespace, which must fail;
 /// its output.
 fn serve_refused(net: &Net, i: usize, name: &str, home: &Path, cluster: &str, extra: &[&str]) -> String {
