@@ -101,7 +101,7 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     let reads_this_host = req.on_behalf_of.is_some()
         || !req.expect_files.is_empty()
         || req.candidates.iter().any(|c| c.exec.is_some());
-    if reads_this_host || req.candidates.len() < 2 && here.is_some() {
+    if reads_this_host || (req.candidates.len() < 2 && here.is_some()) {
         if here.is_none() {
             cluster.fetch_golden(&req.golden, None).await?;
         }
@@ -125,6 +125,13 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     holders.sort_by(|a, b| {
         load(a).total_cmp(&load(b)).then((a.name != me).cmp(&(b.name != me))).then(a.name.cmp(&b.name))
     });
+    if holders.is_empty() && here.is_none() {
+        return Err(Error::new(
+            ErrorCode::CapacityExhausted,
+            format!("every node that holds golden {:?} (generation {generation}) is full", req.golden),
+            "delete sandboxes on those nodes, or replicate the golden to another (`airlock golden replicate`)",
+        ));
+    }
     if holders.len() < 2 {
         return match holders.first() {
             Some(node) if node.name != me => {
