@@ -24,7 +24,8 @@ pub fn make(layout: &Layout, settings: &RelaySettings, listener: tokio::net::Tcp
     let identity =
         airlock_cluster::ca::Identity::load(&layout.cluster(), &settings.node, &settings.advertise)?;
     // The node's daemon keeps the revoked list current; the router follows it.
-    identity.revoked().follow(std::time::Duration::from_secs(2));
+    let revoked = identity.revoked();
+    revoked.follow(std::time::Duration::from_secs(2));
     Ok(Relay {
         node: settings.node.clone(),
         listener,
@@ -35,5 +36,6 @@ pub fn make(layout: &Layout, settings: &RelaySettings, listener: tokio::net::Tcp
             &layout.cluster(),
             &settings.node,
         )?)),
+        revoked: Arc::new(move |certificate: &[u8]| revoked.refuses(certificate)),
     })
 }

@@ -78,7 +78,7 @@ async fn round(cluster: &Cluster) -> Result<()> {
 /// the CA's node comes in. Each is taken only with the CA's signature.
 async fn revocations(cluster: &Cluster) -> Result<()> {
     let revoked = cluster.revoked.clone();
-    tokio::task::spawn_blocking({
+    let mut newer = tokio::task::spawn_blocking({
         let revoked = revoked.clone();
         move || revoked.reread()
     })
@@ -87,14 +87,16 @@ async fn revocations(cluster: &Cluster) -> Result<()> {
     let there = cluster.coordinator.revoked().await?;
     if let Some(signed) = &there {
         match revoked.offer(signed) {
-            Ok(true) => {
-                tracing::info!(number = revoked.number(), "took a newer revoked list from the coordinator")
-            }
-            Ok(false) => {}
+            Ok(taken) => newer |= taken,
             Err(e) => {
                 tracing::warn!(error = %e, "the coordinator's revoked list is not the CA's; kept this node's")
             }
         }
+    }
+    if newer {
+        // Connections kept open to peers were checked before: each shows
+        // its certificate again.
+        cluster.peers.forget_kept();
     }
     let theirs = there.as_deref().and_then(|s| revoked.number_in(s)).unwrap_or(0);
     if revoked.number() > theirs {

@@ -211,14 +211,17 @@ impl Peers {
         let work = async {
             // A kept connection first. One closed meanwhile gives the request
             // back unsent, and it goes on the next, or a new one.
-            while let Some(mut sender) = self.take_idle(&node.advertise) {
+            // Kept by the name dialled as well as the address: a connection
+            // made to one node is never used for a record naming another.
+            let key = format!("{}@{}", node.name, node.advertise);
+            while let Some(mut sender) = self.take_idle(&key) {
                 if sender.ready().await.is_err() {
                     continue;
                 }
                 match sender.try_send_request(request).await {
                     Ok(response) => {
                         let answer = crate::http::collect(response, &whom).await?;
-                        self.keep(&node.advertise, sender);
+                        self.keep(&key, sender);
                         return Ok(answer);
                     }
                     Err(mut e) => match e.take_message() {
@@ -235,10 +238,16 @@ impl Peers {
             tokio::spawn(connection);
             let response = sender.send_request(request).await.map_err(|e| broken(&e))?;
             let answer = crate::http::collect(response, &whom).await?;
-            self.keep(&node.advertise, sender);
+            self.keep(&key, sender);
             Ok(answer)
         };
         tokio::time::timeout(limit, work).await.unwrap_or_else(|_| Err(crate::http::late(&whom, limit)))
+    }
+
+    /// Closes every kept connection (certificates were revoked: the next
+    /// request to each peer shows its certificate again).
+    pub fn forget_kept(&self) {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 
     /// A kept connection to `address` that is still open, if there is one.
@@ -288,9 +297,11 @@ impl Peers {
                 "check that its daemon runs and that this node reaches its --advertise address; `airlock nodes` lists the nodes",
             )
         };
-        let host = crate::ca::host_of(&node.advertise)?;
-        let server_name =
-            rustls::pki_types::ServerName::try_from(host).map_err(|e| unreachable(e.to_string()))?;
+        // The node is checked by its name, which its certificate carries:
+        // a record that points one node's name at another's address (or a
+        // member's certificate served anywhere) does not pass for it.
+        let server_name = rustls::pki_types::ServerName::try_from(node.name.clone())
+            .map_err(|e| unreachable(e.to_string()))?;
         let tcp = tokio::time::timeout(HANDSHAKE_LIMIT, TcpStream::connect(&node.advertise))
             .await
             .map_err(|_| unreachable("no connection within 5s".into()))?

@@ -56,6 +56,8 @@ fn signed_bytes(list_b64: &str) -> Vec<u8> {
 /// Records, on the CA's node, that `cert` (DER) was issued to `node`.
 pub(crate) fn record_issued(dir: &Path, node: &str, cert: &[u8]) -> Result<()> {
     let path = dir.join(ISSUED);
+    // Tokens issued at once each add their certificate: one at a time.
+    let _held = exclusive(dir)?;
     let mut issued: BTreeMap<String, String> = match std::fs::read(&path) {
         Ok(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| Error::internal(format!("{} does not read: {e}", path.display())))?,
@@ -65,6 +67,14 @@ pub(crate) fn record_issued(dir: &Path, node: &str, cert: &[u8]) -> Result<()> {
     issued.insert(fingerprint(cert), node.to_owned());
     let bytes = serde_json::to_vec_pretty(&issued).map_err(|e| Error::internal(e.to_string()))?;
     Ok(airlock_host::storage::tree::write_private(&path, &bytes, 0o600)?)
+}
+
+/// The CA directory's lock, held while its records change.
+fn exclusive(dir: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(dir.join("ca.lock"))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| Error::internal(format!("locking {}: {e}", dir.display())))
 }
 
 /// What `cluster revoke` did.
@@ -82,6 +92,8 @@ pub struct Revocation {
 /// signed with the CA's key, kept in `dir` (the node's daemon puts it in
 /// etcd at its next round).
 pub fn revoke(dir: &Path, node: &str, ca_key_pem: &str) -> Result<Revocation> {
+    // Two revocations at once must not both take the same number.
+    let _held = exclusive(dir)?;
     let issued: BTreeMap<String, String> = std::fs::read(dir.join(ISSUED))
         .ok()
         .and_then(|b| serde_json::from_slice(&b).ok())
@@ -200,17 +212,18 @@ impl Revoked {
             return Ok(false);
         }
         airlock_host::storage::tree::write_private(&self.dir.join(FILE), bytes, 0o600)?;
-        self.take(list);
-        Ok(true)
+        Ok(self.take(list))
     }
 
-    fn take(&self, list: List) {
+    fn take(&self, list: List) -> bool {
         let mut held = self.held.write().expect("not poisoned");
-        if list.number > held.number {
-            let names: BTreeSet<&String> = list.certificates.values().collect();
-            tracing::warn!(number = list.number, nodes = ?names, "node certificates revoked");
-            *held = list;
+        if list.number <= held.number {
+            return false;
         }
+        let names: BTreeSet<&String> = list.certificates.values().collect();
+        tracing::warn!(number = list.number, nodes = ?names, "node certificates revoked");
+        *held = list;
+        true
     }
 
     /// The number of the list in `bytes`, if the CA signed it.
@@ -218,17 +231,18 @@ impl Revoked {
         verified(&self.ca, bytes).ok().map(|l| l.number)
     }
 
-    /// Reads the kept file again if it changed since it was last read.
-    pub(crate) fn reread(&self) -> Result<()> {
+    /// Reads the kept file again if it changed since it was last read;
+    /// whether a newer list was taken.
+    pub(crate) fn reread(&self) -> Result<bool> {
         let modified = std::fs::metadata(self.dir.join(FILE)).and_then(|m| m.modified()).ok();
         if modified.is_none() || *self.seen.read().expect("not poisoned") == modified {
-            return Ok(());
+            return Ok(false);
         }
         *self.seen.write().expect("not poisoned") = modified;
-        if let Some(list) = read_verified(&self.dir, &self.ca)? {
-            self.take(list);
+        match read_verified(&self.dir, &self.ca)? {
+            Some(list) => Ok(self.take(list)),
+            None => Ok(false),
         }
-        Ok(())
     }
 
     /// Follows the kept file (another process of the node keeps it current):

@@ -53,8 +53,7 @@ pub trait Directory: Send + Sync {
 pub struct Remote {
     /// The node's name (and its certificate's).
     pub node: String,
-    /// Where its router's relay port listens (`HOST:PORT`; the host is the
-    /// one its certificate names).
+    /// Where its router's relay port listens (`HOST:PORT`).
     pub relay: String,
 }
 
@@ -71,6 +70,9 @@ pub struct Relay {
     pub connector: tokio_rustls::TlsConnector,
     /// Who holds what.
     pub directory: Arc<dyn Directory>,
+    /// Whether a peer's certificate (DER) has been revoked since: a relayed
+    /// session that came with it is then cut off.
+    pub revoked: Arc<dyn Fn(&[u8]) -> bool + Send + Sync>,
 }
 
 /// The entry side, shared by every client task.
@@ -78,8 +80,8 @@ pub(super) struct Peers {
     pub node: String,
     pub connector: tokio_rustls::TlsConnector,
     pub directory: Arc<dyn Directory>,
-    /// Relayed sessions' backend keys, and the relay port of the node each is on.
-    keys: Mutex<HashMap<BackendKey, String>>,
+    /// Relayed sessions' backend keys, and the node each is on.
+    keys: Mutex<HashMap<BackendKey, Remote>>,
 }
 
 /// Which front door a relayed client came to.
@@ -173,13 +175,9 @@ impl Peers {
     pub async fn dial(&self, remote: &Remote, header: &Header) -> std::io::Result<RelayStream> {
         let late =
             |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no {what} within 5s"));
-        let host = airlock_core::validate::host_of(&remote.relay).ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                format!("{:?} is not HOST:PORT", remote.relay),
-            )
-        })?;
-        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+        // The owner is checked by its node's name, which its certificate
+        // carries: a record pointing the name at another member does not pass.
+        let name = rustls::pki_types::ServerName::try_from(remote.node.clone())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
         let tcp = tokio::time::timeout(HANDSHAKE, TcpStream::connect(&remote.relay))
             .await
@@ -206,9 +204,8 @@ impl Peers {
     /// Passes a cancel request to the node whose session has this key; true
     /// if one has.
     pub async fn cancel(&self, key: &BackendKey) -> bool {
-        let relay = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned();
-        let Some(relay) = relay else { return false };
-        let remote = Remote { node: String::new(), relay };
+        let remote = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned();
+        let Some(remote) = remote else { return false };
         let header = self.header(Door::Postgres, SocketAddr::from(([0, 0, 0, 0], 0)), None, None);
         if let Ok(mut stream) = self.dial(&remote, &header).await {
             let _ = stream.write_all(&key.cancel_request()).await;
@@ -313,7 +310,7 @@ impl Peers {
                             }
                         }
                         if let Some(k) = (tag == b'K').then(|| BackendKey::read(body)).flatten() {
-                            self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), remote.relay.clone());
+                            self.keys.lock().unwrap_or_else(|p| p.into_inner()).insert(k.clone(), remote.clone());
                             *key = Some(k);
                         }
                         ready = tag == b'Z';

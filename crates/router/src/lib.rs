@@ -198,7 +198,8 @@ pub fn serve(
     if let Some(relay) = relay {
         tracing::info!(port = relay_port, node = %relay.node, "relay port listening (mutual TLS)");
         let slots = airlock_listen::slots::Slots::new(config.max_connections);
-        tokio::spawn(relayed::serve(shared.clone(), redis_shared, relay.listener, relay.acceptor, slots));
+        let relayed = relayed::Port { acceptor: relay.acceptor, slots, revoked: relay.revoked };
+        tokio::spawn(relayed::serve(shared.clone(), redis_shared, relay.listener, relayed));
     }
     tracing::info!(%bound, tls = ?config.tls, "router listening");
     let refusal = protocol::ErrorResponse::fatal(

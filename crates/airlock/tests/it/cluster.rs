@@ -682,6 +682,33 @@ fn a_lost_etcd_leader_of_three_or_a_member_restart_during_forks_loses_no_sandbox
     );
 }
 
+/// Three nodes on `net`: a keeps the CA (in `home_a`), and b and c join
+/// with tokens issued there (kept in `tokens`).
+struct Three {
+    home_a: PathBuf,
+    tokens: PathBuf,
+    a: Daemon,
+    b: Daemon,
+    c: Daemon,
+}
+
+impl Three {
+    fn start(net: &Net) -> Three {
+        let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+        std::fs::create_dir_all(&home_a).unwrap();
+        offline(&home_a, &["cluster", "init"]);
+        let tokens = home_a.join("tokens");
+        std::fs::create_dir_all(&tokens).unwrap();
+        for (i, name) in [(1, "b"), (2, "c")] {
+            issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
+        }
+        let a = node_at(net, 0, "a", home_a.clone(), None, &[]);
+        let b = node(net, 1, "b", Some(&tokens.join("b")), &[]);
+        let c = node(net, 2, "c", Some(&tokens.join("c")), &[]);
+        Three { home_a, tokens, a, b, c }
+    }
+}
+
 #[test]
 fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     if !nix::unistd::geteuid().is_root() {
@@ -689,17 +716,7 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
         return;
     }
     let net = Net::new(&["a", "b", "c"]);
-    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
-    std::fs::create_dir_all(&home_a).unwrap();
-    offline(&home_a, &["cluster", "init"]);
-    let tokens = home_a.join("tokens");
-    std::fs::create_dir_all(&tokens).unwrap();
-    for (i, name) in [(1, "b"), (2, "c")] {
-        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
-    }
-    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
-    let b = node(&net, 1, "b", Some(&tokens.join("b")), &[]);
-    let c = node(&net, 2, "c", Some(&tokens.join("c")), &[]);
+    let Three { home_a, tokens, a, b, c } = Three::start(&net);
     let ca = home_a.join("cluster/ca.crt");
     let (c_cert, c_key) = unpack_token(&tokens.join("c"), &tokens);
     b.shop("shop");
@@ -713,6 +730,19 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     }
     assert_eq!(psql_in(&net, 2, &through(&dsn(&sb), &c), "SELECT count(*) FROM orders").unwrap(), "1000");
     assert_eq!(c.json(&["show", sb["id"].as_str().unwrap()])["id"], sb["id"]);
+
+    // A session relayed through c's router, open when c is revoked.
+    let (plain, pw) = split_password(&through(&dsn(&sb), &c));
+    let open = in_ns(&net, 2, "psql")
+        .arg(plain)
+        .args(["-XtAc", "SELECT pg_sleep(25)"])
+        .env("PGPASSWORD", pw)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
 
     // Revoked on the CA's node, with the daemon running there.
     let (code, err) = a.fails(&["cluster", "revoke", "nobody"]);
@@ -737,6 +767,11 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     });
     let err = psql_in(&net, 2, &through(&dsn(&sb), &c), "SELECT 1").unwrap_err();
     assert!(err.contains("cannot be reached through this router now"), "{err}");
+    // The session open before was cut off, before its query could end (it
+    // would succeed after 25 s, within the sandbox's statement timeout).
+    let ended = open.wait_with_output().unwrap();
+    assert!(!ended.status.success(), "{ended:?}");
+    assert!(began.elapsed() < Duration::from_secs(25), "cut off after {:?}", began.elapsed());
     // A member not revoked still gets through.
     assert_eq!(a.json(&["show", sb["id"].as_str().unwrap()])["id"], sb["id"]);
     assert_eq!(psql_in(&net, 0, &through(&dsn(&sb), &a), "SELECT count(*) FROM orders").unwrap(), "1000");
@@ -752,7 +787,9 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     assert!(out.status.success());
     std::thread::sleep(LEASE);
     assert!(curl_peer(&net, 1, &ca, Some((&c_cert, &c_key))).is_err(), "still refused");
-    assert!(b.log().contains("not the CA's") || a.log().contains("not the CA's"), "the forgery is in a log");
+    b.wait_for(Duration::from_secs(10), "the forgery to be in a log", || {
+        b.log().contains("not the CA's") || a.log().contains("not the CA's")
+    });
     // The node that keeps the CA puts its list back.
     a.wait_for(Duration::from_secs(10), "a to put the CA's list back", || {
         let out = net
@@ -1134,17 +1171,7 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
         return;
     }
     let net = Net::new(&["a", "b", "c"]);
-    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
-    std::fs::create_dir_all(&home_a).unwrap();
-    offline(&home_a, &["cluster", "init"]);
-    let tokens = home_a.join("tokens");
-    std::fs::create_dir_all(&tokens).unwrap();
-    for (i, name) in [(1, "b"), (2, "c")] {
-        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
-    }
-    let a = node_at(&net, 0, "a", home_a.clone(), None, &[]);
-    let b = node(&net, 1, "b", Some(&tokens.join("b")), &[]);
-    let c = node(&net, 2, "c", Some(&tokens.join("c")), &[]);
+    let Three { home_a, a, b, c, .. } = Three::start(&net);
 
     // A golden with a Redis part, built on a alone, replicated ahead of time to c.
     crate::redis::golden_with_redis(&a, "cache");
@@ -1202,7 +1229,7 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
     b.wait_for(Duration::from_secs(10), "b to announce shop", || {
         c.json(&["nodes"])[1]["goldens"]["shop"].as_array().is_some_and(|g| !g.is_empty())
     });
-    migration_tests_spread_over_the_holders_and_promote_where_sealed(&a, &b, &c);
+    migration_tests_spread_over_the_holders_and_promote_where_sealed(&net, &a, &b, &c);
 
     // a's copy rots. c's transfer from a (the least busy holder) is refused,
     // and tried again from b, whose copy is whole.
@@ -1237,7 +1264,12 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
 /// spread over a and b, which do; the report is one, sealed by c; a promote
 /// asked of b is carried out by c, against the row records it kept from the
 /// node that tested the candidate.
-fn migration_tests_spread_over_the_holders_and_promote_where_sealed(a: &Daemon, b: &Daemon, c: &Daemon) {
+fn migration_tests_spread_over_the_holders_and_promote_where_sealed(
+    net: &Net,
+    a: &Daemon,
+    b: &Daemon,
+    c: &Daemon,
+) {
     let dir = c.home.join("candidates");
     std::fs::create_dir_all(&dir).unwrap();
     let files = [
@@ -1322,6 +1354,51 @@ fn migration_tests_spread_over_the_holders_and_promote_where_sealed(a: &Daemon, 
     );
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("seal"), "{out}");
+    // A node record put in etcd by hand, naming a node "evil" at c's address:
+    // a report naming "evil" would have its promote (the target's password
+    // in it) sent there. c's certificate does not carry the name, so the
+    // handshake fails and nothing is sent.
+    let key = |name: &str| base64_text(&format!("/airlock/v1/nodes/{name}"));
+    let range = format!("{{\"key\":\"{}\"}}", key("c"));
+    let out = net
+        .curl_etcd()
+        .args(["-s", "-X", "POST", "-d", &range, &format!("{}/v3/kv/range", net.member_url(0))])
+        .output()
+        .unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let record = {
+        use base64::Engine;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(answer["kvs"][0]["value"].as_str().unwrap())
+            .unwrap();
+        let mut record: Value = serde_json::from_slice(&bytes).unwrap();
+        record["name"] = "evil".into();
+        record.to_string()
+    };
+    let put = format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", key("evil"), base64_text(&record));
+    let out = net
+        .curl_etcd()
+        .args(["-s", "-X", "POST", "-d", &put, &format!("{}/v3/kv/put", net.member_url(0))])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    edited["node"] = "evil".into();
+    std::fs::write(&edited_file, edited.to_string()).unwrap();
+    let (code, out) = crate::migrate::promote(
+        b,
+        edited_file.to_str().unwrap(),
+        other["socket_dsn"].as_str().unwrap(),
+        pay_first.to_str().unwrap(),
+        &[],
+    );
+    assert_eq!(code, 19, "{out}");
+    assert!(out.contains("evil") && out.contains("certificate"), "{out}");
+    assert!(!c.log().contains("migrations/promote"), "nothing reached c");
+    let delete = format!("{{\"key\":\"{}\"}}", key("evil"));
+    net.curl_etcd()
+        .args(["-s", "-X", "POST", "-d", &delete, &format!("{}/v3/kv/deleterange", net.member_url(0))])
+        .output()
+        .unwrap();
     // The targets go: what follows places by load.
     for sb in [&other, &target_sb] {
         b.ok(&["rm", sb["id"].as_str().unwrap()]);
