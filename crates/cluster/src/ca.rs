@@ -293,7 +293,8 @@ impl Identity {
     }
 }
 
-fn fingerprint(der: &[u8]) -> String {
+/// A certificate's SHA-256 over its DER, hex.
+pub(crate) fn fingerprint(der: &[u8]) -> String {
     use sha2::Digest;
     airlock_core::secret::hex(&sha2::Sha256::digest(der))
 }

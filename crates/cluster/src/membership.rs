@@ -84,10 +84,11 @@ async fn revocations(cluster: &Cluster) -> Result<()> {
     })
     .await
     .map_err(|e| Error::internal(e.to_string()))??;
-    let there = cluster.coordinator.revoked().await?;
-    if let Some(signed) = &there {
-        match revoked.offer(signed) {
-            Ok(taken) => newer |= taken,
+    // The coordinator's list, if it is the CA's (0: none, or a forgery).
+    let mut theirs = 0;
+    if let Some(signed) = cluster.coordinator.revoked().await? {
+        match revoked.offer(&signed) {
+            Ok((number, taken)) => (theirs, newer) = (number, newer || taken),
             Err(e) => {
                 tracing::warn!(error = %e, "the coordinator's revoked list is not the CA's; kept this node's")
             }
@@ -98,7 +99,6 @@ async fn revocations(cluster: &Cluster) -> Result<()> {
         // its certificate again.
         cluster.peers.forget_kept();
     }
-    let theirs = there.as_deref().and_then(|s| revoked.number_in(s)).unwrap_or(0);
     if revoked.number() > theirs {
         if let Some(signed) = revoked.signed() {
             cluster.coordinator.put_revoked(&signed).await?;

@@ -43,8 +43,13 @@ pub struct PeerListener {
 /// sends requests).
 pub struct PeerStream {
     tls: TlsStream<TcpStream>,
-    certificate: Vec<u8>,
+    /// The peer certificate's fingerprint, taken once at the handshake.
+    fingerprint: String,
     revoked: Arc<crate::revoked::Revoked>,
+    /// The revoked list's number when the certificate was last looked up
+    /// in it, and whether it was listed then: looked up again only when a
+    /// newer list is taken, never on every read.
+    checked: (u64, bool),
 }
 
 impl tokio::io::AsyncRead for PeerStream {
@@ -53,7 +58,11 @@ impl tokio::io::AsyncRead for PeerStream {
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        if self.revoked.refuses(&self.certificate) {
+        let number = self.revoked.number();
+        if number != self.checked.0 {
+            self.checked = (number, self.revoked.refuses_fingerprint(&self.fingerprint));
+        }
+        if self.checked.1 {
             let cut = std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 "the peer's certificate was revoked",
@@ -135,14 +144,16 @@ impl PeerListener {
                     match done {
                         Ok(Ok(tls)) => {
                             // The handshake required a certificate: it is there.
-                            let certificate = tls
+                            let fingerprint = tls
                                 .get_ref()
                                 .1
                                 .peer_certificates()
                                 .and_then(|c| c.first())
-                                .map(|c| c.to_vec())
+                                .map(|c| crate::ca::fingerprint(c))
                                 .unwrap_or_default();
-                            let _ = tx.send((PeerStream { tls, certificate, revoked }, peer)).await;
+                            // Looked up at the first read (a list may have come since the handshake).
+                            let stream = PeerStream { tls, fingerprint, revoked, checked: (0, false) };
+                            let _ = tx.send((stream, peer)).await;
                         }
                         // Anyone who reaches the port can cause these: not worth a warning each.
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "refused a node-to-node connection"),

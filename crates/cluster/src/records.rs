@@ -79,6 +79,11 @@ impl NodeRecord {
         self.sandboxes < self.max_sandboxes && self.running < self.max_running
     }
 
+    /// The generation of `golden` it holds as its current one (its list ends with it).
+    pub fn current(&self, golden: &str) -> Option<i64> {
+        self.goldens.get(golden).and_then(|gens| gens.last().copied())
+    }
+
     /// Whether it holds `golden` (at `generation`, or its current one when none is asked).
     pub fn holds(&self, golden: &str, generation: Option<i64>) -> bool {
         match (self.goldens.get(golden), generation) {

@@ -11,6 +11,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -44,10 +45,7 @@ struct Signed {
     signature: String,
 }
 
-fn fingerprint(der: &[u8]) -> String {
-    use sha2::Digest;
-    airlock_core::secret::hex(&sha2::Sha256::digest(der))
-}
+use crate::ca::fingerprint;
 
 fn signed_bytes(list_b64: &str) -> Vec<u8> {
     [DOMAIN, list_b64.as_bytes()].concat()
@@ -158,6 +156,8 @@ pub struct Revoked {
     dir: PathBuf,
     ca: CertificateDer<'static>,
     held: RwLock<List>,
+    /// The held list's number, read without the lock (connections check it on each read).
+    number: AtomicU64,
     /// The file's modification time when it was last read.
     seen: RwLock<Option<SystemTime>>,
 }
@@ -177,6 +177,7 @@ impl Revoked {
             dir: dir.to_owned(),
             ca,
             held: RwLock::new(List::default()),
+            number: AtomicU64::new(0),
             seen: RwLock::new(None),
         });
         revoked.reread()?;
@@ -185,12 +186,17 @@ impl Revoked {
 
     /// Whether the certificate `der` is revoked.
     pub fn refuses(&self, der: &[u8]) -> bool {
-        self.held.read().expect("not poisoned").certificates.contains_key(&fingerprint(der))
+        self.refuses_fingerprint(&fingerprint(der))
     }
 
-    /// The held list's number (0: none).
+    /// Whether the certificate of this SHA-256 fingerprint (hex) is revoked.
+    pub fn refuses_fingerprint(&self, fingerprint: &str) -> bool {
+        self.held.read().expect("not poisoned").certificates.contains_key(fingerprint)
+    }
+
+    /// The held list's number (0: none); it changes only when a newer list is taken.
     pub fn number(&self) -> u64 {
-        self.held.read().expect("not poisoned").number
+        self.number.load(Ordering::Acquire)
     }
 
     /// The held list as it travels, if there is one.
@@ -199,8 +205,8 @@ impl Revoked {
     }
 
     /// Takes the list in `bytes` if the CA signed it and it is newer than
-    /// the one held, and keeps it; whether it was taken.
-    pub fn offer(&self, bytes: &[u8]) -> Result<bool> {
+    /// the one held, and keeps it; its number, and whether it was taken.
+    pub fn offer(&self, bytes: &[u8]) -> Result<(u64, bool)> {
         let list = verified(&self.ca, bytes).map_err(|why| {
             Error::new(
                 ErrorCode::ClusterUnavailable,
@@ -208,11 +214,12 @@ impl Revoked {
                 "see the daemon log",
             )
         })?;
-        if list.number <= self.number() {
-            return Ok(false);
+        let number = list.number;
+        if number <= self.number() {
+            return Ok((number, false));
         }
         airlock_host::storage::tree::write_private(&self.dir.join(FILE), bytes, 0o600)?;
-        Ok(self.take(list))
+        Ok((number, self.take(list)))
     }
 
     fn take(&self, list: List) -> bool {
@@ -222,13 +229,9 @@ impl Revoked {
         }
         let names: BTreeSet<&String> = list.certificates.values().collect();
         tracing::warn!(number = list.number, nodes = ?names, "node certificates revoked");
+        self.number.store(list.number, Ordering::Release);
         *held = list;
         true
-    }
-
-    /// The number of the list in `bytes`, if the CA signed it.
-    pub fn number_in(&self, bytes: &[u8]) -> Option<u64> {
-        verified(&self.ca, bytes).ok().map(|l| l.number)
     }
 
     /// Reads the kept file again if it changed since it was last read;
@@ -394,14 +397,14 @@ mod tests {
 
         assert_eq!(revoke(&dir, "b", &key).unwrap().number, 1);
         let first = std::fs::read(dir.join(FILE)).unwrap();
-        assert!(there.offer(&first).unwrap());
+        assert!(there.offer(&first).unwrap().1);
         assert!(there.refuses(&b) && !there.refuses(&c));
         assert_eq!(revoke(&dir, "c", &key).unwrap().number, 2);
         let second = std::fs::read(dir.join(FILE)).unwrap();
-        assert!(there.offer(&second).unwrap());
+        assert!(there.offer(&second).unwrap().1);
         assert!(there.refuses(&b) && there.refuses(&c));
         // The older list, put back, lets nothing in again.
-        assert!(!there.offer(&first).unwrap());
+        assert_eq!(there.offer(&first).unwrap(), (1, false));
         assert!(there.refuses(&c));
         // A list with an entry taken out, its signature kept: refused.
         let mut signed: Signed = serde_json::from_slice(&second).unwrap();

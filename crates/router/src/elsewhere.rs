@@ -287,7 +287,6 @@ impl Peers {
                 read = owner.read(&mut down) => {
                     let n = read?;
                     if n == 0 {
-                        *answered |= !from_owner.is_empty();
                         client.write_all(&from_owner).await?;
                         return Ok(false);
                     }

@@ -83,11 +83,6 @@ async fn up_node(cluster: &Cluster, name: &str) -> Result<NodeRecord> {
     })
 }
 
-/// The generation a node would test: its current one of `golden`.
-fn current(node: &NodeRecord, golden: &str) -> Option<i64> {
-    node.goldens.get(golden).and_then(|gens| gens.last().copied())
-}
-
 /// Tests `req` in a cluster: spread over the nodes that hold the golden's
 /// current generation when it can be, else here.
 async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) -> Result<Report> {
@@ -109,7 +104,7 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     }
     let nodes = cluster.nodes().await?;
     let up = || nodes.iter().filter(|n| n.state == "up");
-    let Some(generation) = here.or_else(|| up().filter_map(|n| current(n, &req.golden)).max()) else {
+    let Some(generation) = here.or_else(|| up().filter_map(|n| n.current(&req.golden)).max()) else {
         return Err(Error::new(
             ErrorCode::GoldenNotFound,
             format!("no node up holds golden {:?}", req.golden),
@@ -118,7 +113,7 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     };
     let expected_too = |n: &NodeRecord| req.expect_golden.as_deref().is_none_or(|g| n.holds(g, None));
     let mut holders: Vec<&NodeRecord> = up()
-        .filter(|n| current(n, &req.golden) == Some(generation) && expected_too(n))
+        .filter(|n| n.current(&req.golden) == Some(generation) && expected_too(n))
         .filter(|n| n.has_room() || n.name == me)
         .collect();
     let load = |n: &NodeRecord| n.sandboxes as f64 / n.max_sandboxes.max(1) as f64;
@@ -132,15 +127,8 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
             "delete sandboxes on those nodes, or replicate the golden to another (`airlock golden replicate`)",
         ));
     }
-    if holders.len() < 2 {
-        return match holders.first() {
-            Some(node) if node.name != me => {
-                let indices = (0..req.candidates.len()).collect();
-                let part = on_peer(&engine, &cluster, node, &req, indices).await?;
-                airlock_migrate::merge::merge(&engine.layout, req.candidates.len(), vec![part])
-            }
-            _ => airlock_migrate::test(engine, req).await,
-        };
+    if holders.is_empty() {
+        return airlock_migrate::test(engine, req).await;
     }
     // Candidates dealt out in turn, the least loaded node first.
     let mut shares: Vec<Vec<usize>> = vec![Vec::new(); holders.len()];
@@ -150,25 +138,14 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     let runs = holders.iter().zip(shares).filter(|(_, share)| !share.is_empty()).map(|(node, indices)| {
         let (engine, cluster, req, holders) = (&engine, &cluster, &req, &holders);
         async move {
-            let tested = if node.name == *cluster.name() {
-                let part = share_of(req, &indices);
-                airlock_migrate::test(engine.clone(), part).await.map(|report| Part { indices: indices.clone(), report })
-            } else {
-                on_peer(engine, cluster, node, req, indices.clone()).await
-            };
-            match tested {
+            match test_share(engine, cluster, node, req, indices.clone()).await {
                 // A node that could not be reached: its share goes to another.
                 Err(e) if e.code == ErrorCode::ClusterUnavailable => {
                     let Some(other) = holders.iter().find(|n| n.name != node.name) else { return Err(e) };
                     tracing::warn!(node = %node.name, instead = %other.name, error = %e, "a migration test's share is tested on another node");
-                    if other.name == *cluster.name() {
-                        let report = airlock_migrate::test(engine.clone(), share_of(req, &indices)).await?;
-                        Ok(Part { indices, report })
-                    } else {
-                        on_peer(engine, cluster, other, req, indices).await
-                    }
+                    test_share(engine, cluster, other, req, indices).await
                 }
-                other => other,
+                tested => tested,
             }
         }
     });
@@ -190,6 +167,21 @@ async fn spread(engine: Arc<Engine>, cluster: Arc<Cluster>, req: TestRequest) ->
     tokio::task::spawn_blocking(move || airlock_migrate::merge::merge(&layout, total, parts))
         .await
         .map_err(|e| Error::internal(e.to_string()))?
+}
+
+/// Has `node` (this one, or a peer) test the candidates at `indices`.
+async fn test_share(
+    engine: &Arc<Engine>,
+    cluster: &Cluster,
+    node: &NodeRecord,
+    req: &TestRequest,
+    indices: Vec<usize>,
+) -> Result<Part> {
+    if node.name == cluster.name() {
+        let report = airlock_migrate::test(engine.clone(), share_of(req, &indices)).await?;
+        return Ok(Part { indices, report });
+    }
+    on_peer(engine, cluster, node, req, indices).await
 }
 
 /// The request for the candidates at `indices` alone.

@@ -732,15 +732,7 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     assert_eq!(c.json(&["show", sb["id"].as_str().unwrap()])["id"], sb["id"]);
 
     // A session relayed through c's router, open when c is revoked.
-    let (plain, pw) = split_password(&through(&dsn(&sb), &c));
-    let open = in_ns(&net, 2, "psql")
-        .arg(plain)
-        .args(["-XtAc", "SELECT pg_sleep(25)"])
-        .env("PGPASSWORD", pw)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let open = psql_started(&net, 2, &through(&dsn(&sb), &c), "SELECT pg_sleep(25)");
     let began = Instant::now();
     std::thread::sleep(Duration::from_millis(500));
 
@@ -830,6 +822,24 @@ fn serve_refused(net: &Net, i: usize, name: &str, home: &Path, cluster: &str, ex
     text
 }
 
+/// `serve`'s flags for etcd over TLS: the CA, and a client certificate and key.
+fn etcd_flags(ca: &Path, client: Option<(&Path, &Path)>) -> Vec<String> {
+    let mut flags = vec!["--etcd-ca".to_string(), ca.display().to_string()];
+    if let Some((cert, key)) = client {
+        flags.extend([
+            "--etcd-cert".into(),
+            cert.display().to_string(),
+            "--etcd-key".into(),
+            key.display().to_string(),
+        ]);
+    }
+    flags
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 #[test]
 fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     if !nix::unistd::geteuid().is_root() {
@@ -840,19 +850,6 @@ fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     let tls = net.tls.clone().unwrap();
     let certs = tls.join("nodes");
     let ca = tls.join("ca.crt");
-    let flags = |name: &str| {
-        let (crt, key) = issue(&tls, &certs, name, None);
-        [
-            "--etcd-ca",
-            ca.to_str().unwrap(),
-            "--etcd-cert",
-            crt.to_str().unwrap(),
-            "--etcd-key",
-            key.to_str().unwrap(),
-        ]
-        .map(str::to_owned)
-    };
-    let as_strs = |v: &[String]| v.iter().map(|s| s.to_owned()).collect::<Vec<String>>();
     let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
     std::fs::create_dir_all(&home_a).unwrap();
     offline(&home_a, &["cluster", "init"]);
@@ -861,9 +858,12 @@ fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     for (i, name) in [(1, "b"), (2, "c")] {
         issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
     }
-    let (fa, fb) = (as_strs(&flags("a")), as_strs(&flags("b")));
-    let a = node_at(&net, 0, "a", home_a.clone(), None, &fa.iter().map(String::as_str).collect::<Vec<_>>());
-    let b = node(&net, 1, "b", Some(&tokens.join("b")), &fb.iter().map(String::as_str).collect::<Vec<_>>());
+    let own = |name: &str| {
+        let (crt, key) = issue(&tls, &certs, name, None);
+        etcd_flags(&ca, Some((&crt, &key)))
+    };
+    let a = node_at(&net, 0, "a", home_a.clone(), None, &strs(&own("a")));
+    let b = node(&net, 1, "b", Some(&tokens.join("b")), &strs(&own("b")));
     // The files are kept for later starts and the router, root's alone.
     {
         use std::os::unix::fs::PermissionsExt;
@@ -892,45 +892,18 @@ fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     let out = serve_refused(&net, 2, "c", &home_c, &url, &["--join", token_c.to_str().unwrap()]);
     assert!(out.contains("no CA to check them against") && out.contains("--etcd-ca"), "{out}");
     // No client certificate: etcd asks for one.
-    let out = serve_refused(&net, 2, "c", &home_c, &url, &["--etcd-ca", ca.to_str().unwrap()]);
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &strs(&etcd_flags(&ca, None)));
     assert!(out.contains("no etcd member answered"), "{out}");
     // A client certificate of another CA.
     let foreign = tls.join("foreign");
     make_ca(&foreign);
     let (f_crt, f_key) = issue(&foreign, &foreign, "c", None);
-    let out = serve_refused(
-        &net,
-        2,
-        "c",
-        &home_c,
-        &url,
-        &[
-            "--etcd-ca",
-            ca.to_str().unwrap(),
-            "--etcd-cert",
-            f_crt.to_str().unwrap(),
-            "--etcd-key",
-            f_key.to_str().unwrap(),
-        ],
-    );
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &strs(&etcd_flags(&ca, Some((&f_crt, &f_key)))));
     assert!(out.contains("no etcd member answered"), "{out}");
     // etcd's certificate checked against another CA: not etcd.
     let (c_crt, c_key) = issue(&tls, &certs, "c", None);
-    let out = serve_refused(
-        &net,
-        2,
-        "c",
-        &home_c,
-        &url,
-        &[
-            "--etcd-ca",
-            foreign.join("ca.crt").to_str().unwrap(),
-            "--etcd-cert",
-            c_crt.to_str().unwrap(),
-            "--etcd-key",
-            c_key.to_str().unwrap(),
-        ],
-    );
+    let theirs = etcd_flags(&foreign.join("ca.crt"), Some((&c_crt, &c_key)));
+    let out = serve_refused(&net, 2, "c", &home_c, &url, &strs(&theirs));
     assert!(out.contains("TLS") && out.contains("certificate"), "{out}");
     // Plaintext to a TLS member, and files that are not PEM.
     let plain = url.replace("https://", "http://");
@@ -939,15 +912,7 @@ fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     let out = serve_refused(&net, 2, "c", &home_c, &url, &["--etcd-ca", token_c.to_str().unwrap()]);
     assert!(out.contains("--etcd-ca") && out.contains("does not read"), "{out}");
     // With its own certificate, c joins.
-    let fc = [
-        "--etcd-ca",
-        ca.to_str().unwrap(),
-        "--etcd-cert",
-        c_crt.to_str().unwrap(),
-        "--etcd-key",
-        c_key.to_str().unwrap(),
-    ];
-    let c = node_at(&net, 2, "c", home_c.clone(), None, &fc);
+    let c = node_at(&net, 2, "c", home_c.clone(), None, &strs(&etcd_flags(&ca, Some((&c_crt, &c_key)))));
     assert_eq!(c.json(&["nodes"]).as_array().unwrap().len(), 3);
     let _ = (a, b, first_b);
 }
@@ -957,6 +922,19 @@ fn in_ns(net: &Net, i: usize, program: &str) -> Command {
     let mut cmd = Command::new("ip");
     cmd.args(["netns", "exec", &net.spaces[i], program]);
     cmd
+}
+
+/// psql running `sql` in node `i`'s namespace, in the background.
+fn psql_started(net: &Net, i: usize, dsn: &str, sql: &str) -> Child {
+    let (plain, password) = split_password(dsn);
+    in_ns(net, i, "psql")
+        .arg(plain)
+        .args(["-XtAc", sql])
+        .env("PGPASSWORD", password)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 /// psql in node `i`'s namespace: its answer, or what it said on failure.
@@ -1036,15 +1014,7 @@ fn any_nodes_router_relays_psql_redis_cli_and_cancel_requests_to_the_sandboxs_no
     assert_eq!(psql_in(&net, 1, &plain_b, "SELECT count(*) FROM t").unwrap(), "1");
 
     // A cancel request sent to b stops the query on a.
-    let (plain, pw) = split_password(&plain_b);
-    let slow = in_ns(&net, 1, "psql")
-        .arg(plain)
-        .args(["-XtAc", "SELECT pg_sleep(30)"])
-        .env("PGPASSWORD", pw)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let slow = psql_started(&net, 1, &plain_b, "SELECT pg_sleep(30)");
     let deadline = Instant::now() + Duration::from_secs(10);
     let running = "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(30)'";
     while psql_in(&net, 0, &via_a, running).unwrap() != "1" {
