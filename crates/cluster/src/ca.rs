@@ -68,7 +68,7 @@ pub fn init(dir: &Path) -> Result<Initialized> {
     let ca = ca_params()?.self_signed(&key).map_err(failed)?;
     write_private(&files.ca_key(), key.serialize_pem().as_bytes())?;
     write_private(&files.ca_cert(), ca.pem().as_bytes())?;
-    Ok(Initialized { ca_cert: files.ca_cert(), fingerprint: fingerprint(ca.der()) })
+    Ok(Initialized { ca_cert: files.ca_cert(), fingerprint: crate::revoked::fingerprint(ca.der()) })
 }
 
 /// The CA's parameters: the same each time, so the key alone makes the issuer again.
@@ -111,7 +111,11 @@ fn issued(dir: &Path, node: &str, advertise: &str) -> Result<Token> {
 pub fn revoke(dir: &Path, node: &str) -> Result<crate::revoked::Revocation> {
     let files = Files { dir: dir.to_owned() };
     let key = std::fs::read_to_string(files.ca_key()).map_err(|_| no_ca(dir))?;
-    crate::revoked::revoke(dir, node, &key)
+    let pem = std::fs::read(files.ca_cert()).map_err(|_| no_ca(dir))?;
+    let ca = CertificateDer::from_pem_slice(&pem).map_err(|_| {
+        Error::internal(format!("the cluster CA certificate in {} does not read", dir.display()))
+    })?;
+    crate::revoked::revoke(dir, node, &ca, &key)
 }
 
 fn no_ca(dir: &Path) -> Error {
@@ -225,12 +229,14 @@ impl Identity {
             .collect::<std::result::Result<_, _>>()
             .map_err(|_| unreadable("certificate"))?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|_| unreadable("key"))?;
+        let cas: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&ca_pem)
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|_| unreadable("CA certificate"))?;
         let mut roots = rustls::RootCertStore::empty();
-        for ca in CertificateDer::pem_slice_iter(&ca_pem) {
-            roots
-                .add(ca.map_err(|_| unreadable("CA certificate"))?)
-                .map_err(|_| unreadable("CA certificate"))?;
+        for ca in &cas {
+            roots.add(ca.clone()).map_err(|_| unreadable("CA certificate"))?;
         }
+        let ca = cas.first().cloned().ok_or_else(|| unreadable("CA certificate"))?;
         if std::fs::read_to_string(files.node_name()).ok().as_deref() != Some(node) {
             return Err(Error::new(
                 ErrorCode::InvalidArguments,
@@ -238,7 +244,7 @@ impl Identity {
                 "a data root keeps its node name: start it with the --node it joined with",
             ));
         }
-        let revoked = crate::revoked::Revoked::load(dir)?;
+        let revoked = crate::revoked::Revoked::load(dir, ca)?;
         Ok(Identity { roots: Arc::new(roots), chain, key, revoked })
     }
 
@@ -291,12 +297,6 @@ impl Identity {
         config.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(config))
     }
-}
-
-/// A certificate's SHA-256 over its DER, hex.
-pub(crate) fn fingerprint(der: &[u8]) -> String {
-    use sha2::Digest;
-    airlock_core::secret::hex(&sha2::Sha256::digest(der))
 }
 
 fn failed(e: rcgen::Error) -> Error {

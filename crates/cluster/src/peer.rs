@@ -149,7 +149,7 @@ impl PeerListener {
                                 .1
                                 .peer_certificates()
                                 .and_then(|c| c.first())
-                                .map(|c| crate::ca::fingerprint(c))
+                                .map(|c| crate::revoked::fingerprint(c))
                                 .unwrap_or_default();
                             // Looked up at the first read (a list may have come since the handshake).
                             let stream = PeerStream { tls, fingerprint, revoked, checked: (0, false) };

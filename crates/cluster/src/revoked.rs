@@ -45,7 +45,11 @@ struct Signed {
     signature: String,
 }
 
-use crate::ca::fingerprint;
+/// A certificate's SHA-256 over its DER, hex: how a certificate is named here.
+pub(crate) fn fingerprint(der: &[u8]) -> String {
+    use sha2::Digest;
+    airlock_core::secret::hex(&sha2::Sha256::digest(der))
+}
 
 fn signed_bytes(list_b64: &str) -> Vec<u8> {
     [DOMAIN, list_b64.as_bytes()].concat()
@@ -86,10 +90,10 @@ pub struct Revocation {
     pub number: u64,
 }
 
-/// Revokes every certificate the CA in `dir` issued to `node`: a new list,
-/// signed with the CA's key, kept in `dir` (the node's daemon puts it in
-/// etcd at its next round).
-pub fn revoke(dir: &Path, node: &str, ca_key_pem: &str) -> Result<Revocation> {
+/// Revokes every certificate the CA in `dir` (`ca`, its key `ca_key_pem`)
+/// issued to `node`: a new list, signed with the CA's key, kept in `dir`
+/// (the node's daemon puts it in etcd at its next round).
+pub fn revoke(dir: &Path, node: &str, ca: &CertificateDer<'_>, ca_key_pem: &str) -> Result<Revocation> {
     // Two revocations at once must not both take the same number.
     let _held = exclusive(dir)?;
     let issued: BTreeMap<String, String> = std::fs::read(dir.join(ISSUED))
@@ -104,7 +108,7 @@ pub fn revoke(dir: &Path, node: &str, ca_key_pem: &str) -> Result<Revocation> {
             "name a node a token was issued for here (`airlock nodes` lists them)",
         ));
     }
-    let mut list = read_verified(dir, &ca_cert(dir)?)?.unwrap_or_default();
+    let mut list = read_verified(dir, ca)?.unwrap_or_default();
     list.number += 1;
     for f in &theirs {
         list.certificates.insert(f.clone(), node.to_owned());
@@ -118,15 +122,6 @@ pub fn revoke(dir: &Path, node: &str, ca_key_pem: &str) -> Result<Revocation> {
     let bytes = serde_json::to_vec(&signed).map_err(|e| Error::internal(e.to_string()))?;
     airlock_host::storage::tree::write_private(&dir.join(FILE), &bytes, 0o600)?;
     Ok(Revocation { node: node.to_owned(), certificates: theirs, number: list.number })
-}
-
-fn ca_cert(dir: &Path) -> Result<CertificateDer<'static>> {
-    use rustls::pki_types::pem::PemObject;
-    let pem = std::fs::read(dir.join("ca.crt")).map_err(|e| {
-        Error::internal(format!("the cluster CA certificate in {} does not read: {e}", dir.display()))
-    })?;
-    CertificateDer::from_pem_slice(&pem)
-        .map_err(|e| Error::internal(format!("the cluster CA certificate does not read: {e}")))
 }
 
 /// The list in `bytes`, if the CA (`ca`, DER) signed it.
@@ -170,9 +165,8 @@ impl std::fmt::Debug for Revoked {
 
 impl Revoked {
     /// The list kept in `dir` (none yet: nothing revoked), checked against
-    /// the CA certificate there.
-    pub fn load(dir: &Path) -> Result<Arc<Revoked>> {
-        let ca = ca_cert(dir)?;
+    /// the cluster's CA certificate `ca`.
+    pub fn load(dir: &Path, ca: CertificateDer<'static>) -> Result<Arc<Revoked>> {
         let revoked = Arc::new(Revoked {
             dir: dir.to_owned(),
             ca,
@@ -372,6 +366,11 @@ mod tests {
         dir
     }
 
+    fn ca_of(dir: &Path) -> CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject;
+        CertificateDer::from_pem_slice(&std::fs::read(dir.join("ca.crt")).unwrap()).unwrap()
+    }
+
     fn cert_of(token: &str) -> Vec<u8> {
         use rustls::pki_types::pem::PemObject;
         let body = token.strip_prefix("airlock-join-1.").unwrap();
@@ -392,14 +391,14 @@ mod tests {
         let _ = std::fs::remove_dir_all(&elsewhere);
         std::fs::create_dir_all(&elsewhere).unwrap();
         std::fs::copy(dir.join("ca.crt"), elsewhere.join("ca.crt")).unwrap();
-        let there = Revoked::load(&elsewhere).unwrap();
+        let there = Revoked::load(&elsewhere, ca_of(&elsewhere)).unwrap();
         assert!(!there.refuses(&b));
 
-        assert_eq!(revoke(&dir, "b", &key).unwrap().number, 1);
+        assert_eq!(revoke(&dir, "b", &ca_of(&dir), &key).unwrap().number, 1);
         let first = std::fs::read(dir.join(FILE)).unwrap();
         assert!(there.offer(&first).unwrap().1);
         assert!(there.refuses(&b) && !there.refuses(&c));
-        assert_eq!(revoke(&dir, "c", &key).unwrap().number, 2);
+        assert_eq!(revoke(&dir, "c", &ca_of(&dir), &key).unwrap().number, 2);
         let second = std::fs::read(dir.join(FILE)).unwrap();
         assert!(there.offer(&second).unwrap().1);
         assert!(there.refuses(&b) && there.refuses(&c));
@@ -418,12 +417,12 @@ mod tests {
         let other_key = std::fs::read_to_string(other.join("ca.key")).unwrap();
         crate::ca::token(&other, "x", "10.0.0.9:7440").unwrap();
         for _ in 0..3 {
-            revoke(&other, "x", &other_key).unwrap();
+            revoke(&other, "x", &ca_of(&other), &other_key).unwrap();
         }
         assert!(there.offer(&std::fs::read(other.join(FILE)).unwrap()).is_err());
         assert_eq!(there.number(), 2);
         // What was taken is kept, and read at the next start.
-        assert!(Revoked::load(&elsewhere).unwrap().refuses(&c));
+        assert!(Revoked::load(&elsewhere, ca_of(&elsewhere)).unwrap().refuses(&c));
         for d in [dir, other, elsewhere] {
             let _ = std::fs::remove_dir_all(d);
         }

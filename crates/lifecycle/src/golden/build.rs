@@ -150,7 +150,7 @@ pub async fn build(
             }
         }
         // Its files' hashes, which a copy on another node is checked against.
-        super::replica::write_inventory(&root)?;
+        super::inventory::write_inventory(&root)?;
         std::fs::create_dir_all(target.parent().expect("generation has a parent"))?;
         std::fs::rename(&root, &target)
     })();

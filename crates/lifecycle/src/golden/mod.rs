@@ -7,6 +7,7 @@ pub mod dump;
 pub mod fidelity;
 pub mod import;
 
+pub mod inventory;
 pub mod progress;
 pub mod replica;
 pub mod scan;
