@@ -1,12 +1,13 @@
 //! The host under Airlock: what the daemon asks of the operating system.
 //!
 //! Copy-on-write storage and its quotas ([`storage`]), OS identities and their
-//! host-wide leases ([`users`]), cgroup limits ([`cgroup`]), the seccomp filter
+//! host-wide leases ([`users`]), processes held by a pidfd ([`pidfd`]), cgroup limits ([`cgroup`]), the seccomp filter
 //! ([`seccomp`]) and the private root every contained process sees
 //! ([`rootfs`]). Nothing here knows what runs in a sandbox.
 
 pub mod cgroup;
 pub mod contain;
+pub mod pidfd;
 pub mod rootfs;
 pub mod seccomp;
 pub mod storage;

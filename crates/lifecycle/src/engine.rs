@@ -133,6 +133,10 @@ pub struct Engine {
     pub room: crate::sandbox::capacity::Room,
     /// The disk headroom promised to each running sandbox, where sandboxes have quotas.
     pub headroom: crate::sandbox::headroom::Headroom,
+    /// Woken when a sandbox's expiry may have come nearer (a new sandbox, a
+    /// claimed pool member, an extension): whoever keeps TTLs sleeps until the
+    /// nearest expiry it knows of, and looks again when this wakes it.
+    pub expiries: tokio::sync::Notify,
     /// Where the router listens, once it does.
     pub router: std::sync::OnceLock<crate::doors::Address>,
     /// The services registered with the engine: what they hear of sandboxes,
@@ -219,6 +223,7 @@ impl Engine {
             activity: Default::default(),
             room: Default::default(),
             headroom: Default::default(),
+            expiries: Default::default(),
             router: std::sync::OnceLock::new(),
             services: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
@@ -388,8 +393,9 @@ impl Engine {
                 settle(&store, sb).and_then(|()| store.insert_sandbox(sb, self.config.max_sandboxes))
             }
         };
-        if inserted.is_err() {
-            self.release_identity(sb);
+        match inserted {
+            Ok(()) => self.expiries.notify_one(),
+            Err(_) => self.release_identity(sb),
         }
         inserted
     }

@@ -18,6 +18,7 @@ use airlock_core::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::{contain, log_tail, Enter, Who};
+use airlock_host::pidfd::Pidfd;
 use airlock_host::rootfs::View;
 use airlock_host::users::Identity;
 
@@ -431,55 +432,50 @@ pub fn shut_down_cleanly(pgdata: &Path) -> bool {
 /// Stops a detached instance cleanly (fast shutdown: running sessions are
 /// ended, a checkpoint written), killing it if it has not exited in time.
 pub async fn stop(pid: i32, pgdata: &Path) {
-    if !is_postmaster_of(pid, pgdata) {
-        return;
-    }
-    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGINT);
-    if !exits_within(pid, Duration::from_secs(10)).await {
+    let Ok(Some(server)) = hold(pid, pgdata) else { return };
+    let _ = server.signal(Signal::SIGINT);
+    if !server.exits_within(Duration::from_secs(10)).await {
         let _ = kill(pid, pgdata).await;
     }
 }
 
-/// Waits, polling with a short back-off, until `pid` is gone; false if it is
-/// still there after `limit`.
-async fn exits_within(pid: i32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    let mut wait = Duration::from_micros(500);
-    while is_alive(pid) {
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(wait).await;
-        wait = (wait * 2).min(Duration::from_millis(10));
-    }
-    true
-}
-
 /// Stops an instance for good: immediate shutdown (which also removes its shared
 /// memory), then SIGKILL to the whole process group if it lingers. Safe to call
-/// on a pid that is gone or that belongs to someone else: it only signals a
-/// process whose command line names `pgdata`. Fails only when `/proc` cannot be
-/// read (out of descriptors, say), since then nobody can tell whether the server
-/// still runs, and a caller must not remove files under a live one.
+/// on a pid that is gone or that belongs to someone else: it only signals the
+/// process it holds by a pidfd, once that process's command line names
+/// `pgdata`. Its end is the pidfd's, so a server whose parent reaps it late
+/// (pid 1, for a server a previous daemon started) is not waited for. Fails
+/// only when `/proc` cannot be read (out of descriptors, say), since then
+/// nobody can tell whether the server still runs, and a caller must not
+/// remove files under a live one.
 pub async fn kill(pid: i32, pgdata: &Path) -> std::io::Result<()> {
-    if !serves_settled(pid, pgdata).await? {
+    let Some(server) = held_settled(pid, pgdata).await? else {
         remove_stale_shared_memory(pgdata);
         return Ok(());
-    }
-    let _ = signal::kill(Pid::from_raw(pid), Signal::SIGQUIT);
-    if !exits_within(pid, Duration::from_secs(2)).await {
+    };
+    let _ = server.signal(Signal::SIGQUIT);
+    if !server.exits_within(Duration::from_secs(2)).await {
+        // Still running, so not reaped: its pid (and group) is still its own.
         let _ = signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        exits_within(pid, Duration::from_secs(5)).await;
+        server.exits_within(Duration::from_secs(5)).await;
     }
     remove_stale_shared_memory(pgdata);
     Ok(())
 }
 
-/// `serves`, retried for a second while `/proc` cannot be read.
-async fn serves_settled(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
+/// The postmaster `pid` of `pgdata`, held by a pidfd; `None` when that pid is
+/// not (or no longer) such a server. Who it is is read only once it is held:
+/// read first, the pid could be used again before the pidfd was opened.
+fn hold(pid: i32, pgdata: &Path) -> std::io::Result<Option<Pidfd>> {
+    let Some(server) = Pidfd::open(pid)? else { return Ok(None) };
+    Ok(serves(pid, pgdata)?.then_some(server))
+}
+
+/// `hold`, retried for a second while `/proc` cannot be read.
+async fn held_settled(pid: i32, pgdata: &Path) -> std::io::Result<Option<Pidfd>> {
     let mut tries = 0;
     loop {
-        match serves(pid, pgdata) {
+        match hold(pid, pgdata) {
             Err(_) if tries < 20 => tries += 1,
             outcome => return outcome,
         }

@@ -1,4 +1,4 @@
-//! The lifecycle loop: deletes sandboxes whose TTL has passed, suspends idle
+//! The lifecycle loop: deletes sandboxes whose TTL has passed ([`ttl`]), suspends idle
 //! ones, stops the writer when the volume runs into its reserve ([`reserve`]),
 //! holds time and connection ceilings ([`watchdog`]), stops runaway Redis
 //! scripts ([`scripts`]), and at daemon start reconciles state, processes and
@@ -7,6 +7,7 @@
 mod reconcile;
 mod reserve;
 pub mod scripts;
+mod ttl;
 pub mod watchdog;
 
 pub use reconcile::{reconcile, Reconciled};
@@ -15,7 +16,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use airlock_core::clock::Timestamp;
 use airlock_core::events::DeleteReason;
 use airlock_core::events::{Door, NewEvent};
 use airlock_lifecycle::engine::Engine;
@@ -23,8 +23,8 @@ use airlock_lifecycle::sandbox::stores::{self, StoreKind};
 use airlock_lifecycle::sandbox::{self, SandboxState};
 use airlock_state::store::SandboxFilter;
 
-/// How often the reaper looks for expired sandboxes; with teardown this keeps
-/// deletion within about a second of expiry.
+/// How often the reaper's round runs: the disk reserve, dead servers,
+/// stalled teardowns and disk use (TTLs have a timer of their own, [`ttl`]).
 const TICK: Duration = Duration::from_millis(200);
 
 /// How often each sandbox's disk headroom is read and given again
@@ -47,8 +47,9 @@ where
     tokio::spawn(airlock_core::events::DOOR.scope(Door::Reaper, work))
 }
 
-/// Runs the TTL loop and the idle-suspend loop until the daemon exits.
+/// Runs the TTL timer, the idle-suspend loop and the reaper's round until the daemon exits.
 pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
+    spawn_as_reaper(ttl::keep(engine.clone()));
     if sandbox::headroom::Headroom::applies(&engine) {
         let balancing = engine.clone();
         spawn_as_reaper(async move {
@@ -95,25 +96,6 @@ pub fn spawn(engine: Arc<Engine>) -> tokio::task::JoinHandle<()> {
                     Ok(n) => tracing::info!(trimmed = n, kept = EVENTS_KEPT, "trimmed old events"),
                     Err(e) => tracing::warn!(error = %e, "could not trim old events"),
                 }
-            }
-            let expired = match engine.store().expired(Timestamp::now()) {
-                Ok(ids) => ids,
-                Err(e) => {
-                    tracing::error!(error = %e, "reaper could not read the store");
-                    continue;
-                }
-            };
-            for id in expired {
-                let engine = engine.clone();
-                // Each deletion runs on its own so one slow teardown delays no other.
-                spawn_as_reaper(async move {
-                    match sandbox::delete(&engine, &id, DeleteReason::Ttl).await {
-                        Ok(_) => tracing::info!(sandbox = %id, "expired and deleted"),
-                        Err(e) => {
-                            tracing::error!(sandbox = %id, error = %e, "could not delete expired sandbox")
-                        }
-                    }
-                });
             }
         }
     })

@@ -3,6 +3,9 @@
 //!
 //! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
 //! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
+//!   these teardowns are marked `deleting` at once and carried out after
+//!   reconciliation, in the background and a few at a time, so the API
+//!   answers whatever expired while the daemon was down;
 //! - a running or pooled server is continued (a branch's pause may have been cut
 //!   short) and must answer a query within five seconds, or it is started again;
 //! - a running sandbox whose process is gone (host restart) is started again; one
@@ -16,7 +19,10 @@
 
 use airlock_lifecycle::sandbox::stores;
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
+
+use futures_util::StreamExt;
 
 use serde::Serialize;
 use serde_json::json;
@@ -39,14 +45,52 @@ pub struct Reconciled {
     pub reset: usize,
     /// Running sandboxes whose server could not start, kept suspended.
     pub unstartable: usize,
-    /// Sandboxes deleted because their TTL passed.
+    /// Sandboxes whose TTL passed, being deleted in the background.
     pub expired: usize,
-    /// Half-made or unknown sandboxes, processes and directories removed.
+    /// Half-made or unknown sandboxes, processes and directories removed (or,
+    /// for sandboxes, being removed in the background).
     pub orphans: usize,
 }
 
+/// How many teardowns left by a stopped daemon run at once after a restart:
+/// each mostly waits on a server's exit and the filesystem, so a few overlap
+/// well without crowding out the sandboxes that are kept.
+const TEARDOWNS_AT_ONCE: usize = 8;
+
 /// Reconciles store, processes and directories; run once before serving.
-pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
+/// Sandboxes to delete are marked so and torn down after it returns, in the
+/// background (a teardown that fails is taken up again by the reaper).
+pub async fn reconcile(engine: &Arc<Engine>) -> Result<Reconciled> {
+    let mut teardowns = Vec::new();
+    let done = reconcile_deferring(engine, &mut teardowns).await?;
+    let engine = engine.clone();
+    // Recorded as reconciliation's, as they were when they ran before serving.
+    let door = airlock_core::events::Door::Daemon;
+    tokio::spawn(airlock_core::events::DOOR.scope(door, async move {
+        // Claimed before any starts, so the reaper does not take up the ones still queued.
+        let claimed: Vec<_> = teardowns
+            .iter()
+            .filter_map(|(sb, reason)| Some((engine.claim_teardown(&sb.id)?, sb, *reason)))
+            .collect();
+        futures_util::stream::iter(claimed)
+            .for_each_concurrent(TEARDOWNS_AT_ONCE, |(claim, sb, reason)| {
+                let engine = &engine;
+                async move {
+                    if let Err(e) = sandbox::teardown_claimed(engine, claim, sb, reason).await {
+                        tracing::error!(sandbox = %sb.id, error = %e, "could not delete a sandbox found at start; will try again");
+                    }
+                }
+            })
+            .await;
+    }));
+    Ok(done)
+}
+
+/// Everything of [`reconcile`] but the teardowns, which go to `teardowns`.
+async fn reconcile_deferring(
+    engine: &Engine,
+    teardowns: &mut Vec<(Sandbox, DeleteReason)>,
+) -> Result<Reconciled> {
     let mut done = Reconciled::default();
     let layout = &engine.layout;
 
@@ -72,7 +116,7 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
         if sb.is_migration_test_fork() && !matches!(sb.state, SandboxState::Creating | SandboxState::Deleting)
         {
             engine.store().begin_delete(&sb.id)?;
-            sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+            teardowns.push((sb, DeleteReason::Orphan));
             done.orphans += 1;
             continue;
         }
@@ -80,14 +124,14 @@ pub async fn reconcile(engine: &Engine) -> Result<Reconciled> {
             // `lost` is only ever shown of another node's sandbox; a row in that
             // state here would be a record no one can finish: an orphan.
             SandboxState::Creating | SandboxState::Deleting | SandboxState::Lost => {
-                sandbox::teardown(engine, &sb, DeleteReason::Orphan).await?;
+                teardowns.push((sb, DeleteReason::Orphan));
                 done.orphans += 1;
             }
             SandboxState::Running | SandboxState::Suspended | SandboxState::Resetting
                 if sb.expires_at <= now =>
             {
                 engine.store().begin_delete(&sb.id)?;
-                sandbox::teardown(engine, &sb, DeleteReason::Ttl).await?;
+                teardowns.push((sb, DeleteReason::Ttl));
                 done.expired += 1;
             }
             // Its server was stopped above if a crash interrupted the suspend.

@@ -349,22 +349,19 @@ pub async fn stop(dir: &InstanceDir) {
 }
 
 /// Stops the server whose pid is `pid` (if it is still `redis-server`) and its
-/// process group.
+/// process group. The server is held by a pidfd before it is looked at, and
+/// its end is the pidfd's: a zombie whose parent (pid 1, for a server an
+/// earlier daemon started) has not reaped it yet is not waited for.
 pub async fn kill(pid: i32) {
-    let alive = |pid: i32| {
-        std::fs::read(format!("/proc/{pid}/comm"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).trim().starts_with("redis-server"))
-    };
-    if pid <= 0 || !alive(pid) {
+    let Ok(Some(server)) = airlock_host::pidfd::Pidfd::open(pid) else { return };
+    let is_redis = std::fs::read(format!("/proc/{pid}/comm"))
+        .is_ok_and(|c| String::from_utf8_lossy(&c).trim().starts_with("redis-server"));
+    if !is_redis || server.exited() {
         return;
     }
+    // Held and not exited, so not reaped: the pid, and its group, are still its.
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    for _ in 0..100 {
-        if !alive(pid) {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server.exits_within(Duration::from_secs(2)).await;
 }
 
 /// Connects to the server of `dir`, within 5 s, and checks who listens: the

@@ -29,6 +29,13 @@ fn an_expired_sandbox_is_gone_within_about_a_second() {
     let deleted = last["at"].as_str().unwrap();
     let lag = parse_ms(deleted) - parse_ms(expires);
     assert!((0..1500).contains(&lag), "deleted {lag} ms after expiry");
+    // Its teardown began at its expiry or after, never before (a timer wakes it).
+    let began = parse_ms(deleted) - last["detail"]["delete_ms"].as_f64().unwrap().ceil() as i64;
+    assert!(
+        began >= parse_ms(expires) - 1,
+        "its deletion began {} ms before expiry",
+        parse_ms(expires) - began
+    );
 }
 
 fn parse_ms(rfc3339: &str) -> i64 {
@@ -48,6 +55,9 @@ fn sandboxes_outlive_a_daemon_crash_and_expired_ones_are_reaped_at_restart() {
     assert_eq!(sql(lives["socket_dsn"].as_str().unwrap(), "SELECT count(*) FROM orders"), "1000");
     assert_eq!(d.postmasters().len(), 2);
     d.spawn();
+    // The expired one is deleted in the background once the API answers.
+    let dies_id = dies["id"].as_str().unwrap().to_owned();
+    d.wait_for(Duration::from_secs(10), "the expired sandbox's deletion", || !d.ids().contains(&dies_id));
     let ids = d.ids();
     assert_eq!(ids, [lives["id"].as_str().unwrap()]);
     assert_eq!(d.postmasters().len(), 1);
@@ -55,6 +65,69 @@ fn sandboxes_outlive_a_daemon_crash_and_expired_ones_are_reaped_at_restart() {
     assert_eq!(sql(&dsn(&lives), "SELECT count(*) FROM orders"), "1000", "kept running, same credential");
     let events = d.json(&["events", "--sandbox", dies["id"].as_str().unwrap()]);
     assert_eq!(events.as_array().unwrap().last().unwrap()["reason"], "ttl");
+}
+
+/// A restart answers at once and deletes what expired while the daemon was
+/// down in the background, without waiting for anyone to reap the servers it
+/// stops: here nobody does, as under a pid 1 that reaps late.
+#[test]
+fn a_restart_deletes_what_expired_without_waiting_for_its_servers_to_be_reaped() {
+    // The killed daemon's servers come to this process, which never reaps them.
+    nix::sys::prctl::set_child_subreaper(true).unwrap();
+    let mut d = Daemon::start(&[]);
+    crate::redis::golden_with_redis(&d, "kv");
+    let lives = d.fork("kv", &["--ttl", "10m"]);
+    let dying: Vec<String> =
+        (0..4).map(|_| d.fork("kv", &["--ttl", "3s"])["id"].as_str().unwrap().to_owned()).collect();
+    let of_dying = |pid: &i32| {
+        let cmdline =
+            String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default())
+                .into_owned();
+        dying.iter().any(|id| cmdline.contains(id.as_str()))
+    };
+    let servers: Vec<i32> = d.postmasters().into_iter().chain(d.redis_servers()).filter(of_dying).collect();
+    assert_eq!(servers.len(), 2 * dying.len(), "each sandbox runs a postmaster and a redis-server");
+    d.kill9();
+    std::thread::sleep(Duration::from_millis(3500));
+    d.spawn();
+    // Answering, with no expired sandbox running any more: each is being deleted or gone.
+    for sb in d.json(&["ls"]).as_array().unwrap() {
+        if dying.iter().any(|id| sb["id"] == id.as_str()) {
+            assert_eq!(sb["state"], "deleting", "{sb}");
+        }
+    }
+    d.wait_for(Duration::from_secs(20), "the expired sandboxes' deletion", || {
+        d.ids() == [lives["id"].as_str().unwrap()]
+    });
+    for id in &dying {
+        let events = d.json(&["events", "--sandbox", id]);
+        let last = events.as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (last["kind"].as_str(), last["reason"].as_str()),
+            (Some("deleted"), Some("ttl")),
+            "{last}"
+        );
+        // A server's end is its pidfd's: no teardown waited out the two
+        // seconds a server that does not seem to exit is given.
+        let took = last["detail"]["delete_ms"].as_f64().unwrap();
+        assert!(took < 1000.0, "{id} took {took} ms to delete: {last}");
+    }
+    // Their servers ended and were never reaped: still zombies, children of this process.
+    let mut zombies = 0;
+    for pid in &servers {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
+            zombies += 1;
+        }
+    }
+    assert_eq!(zombies, servers.len(), "every stopped server left unreaped");
+    assert_eq!(sql(&dsn(&lives), "SELECT count(*) FROM t"), "0", "the kept sandbox answers");
+    // Reaped now, so nothing of this test lingers.
+    while let Ok(status) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG)) {
+        if status == nix::sys::wait::WaitStatus::StillAlive {
+            break;
+        }
+    }
 }
 
 #[test]

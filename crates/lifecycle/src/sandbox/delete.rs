@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::stores::{self, At, Stop};
 use super::{instance_dir, ms, Sandbox, SandboxState};
-use crate::engine::Engine;
+use crate::engine::{Engine, TeardownClaim};
 use crate::golden;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::{DeleteReason, NewEvent};
@@ -75,7 +75,18 @@ pub const RESUME_AFTER: Duration = Duration::from_secs(1);
 /// leaves the row `deleting`; the reaper, or the next `delete`, takes it up
 /// again. While one is under way another returns at once.
 pub async fn teardown(engine: &Engine, sb: &Sandbox, reason: DeleteReason) -> Result<()> {
-    let Some(_claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
+    let Some(claim) = engine.claim_teardown(&sb.id) else { return Ok(()) };
+    teardown_claimed(engine, claim, sb, reason).await
+}
+
+/// [`teardown`], its claim taken already (by a caller that queues teardowns
+/// and must keep others from taking them up meanwhile).
+pub async fn teardown_claimed(
+    engine: &Engine,
+    _claim: TeardownClaim<'_>,
+    sb: &Sandbox,
+    reason: DeleteReason,
+) -> Result<()> {
     let began = Instant::now();
     engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&sb.id);
     let dir = instance_dir(engine, &sb.id);

@@ -24,7 +24,7 @@ pub mod suspend;
 pub use airlock_core::records::access::{Access, Limits, Mode};
 pub use airlock_core::records::sandbox::{Sandbox, SandboxState, MIGRATION_TEST_LABEL};
 pub use branch::BranchRequest;
-pub use delete::{delete, kill_cgroup_members, teardown, RESUME_AFTER};
+pub use delete::{delete, kill_cgroup_members, teardown, teardown_claimed, RESUME_AFTER};
 pub use exec::{ExecRequest, ExecResult};
 pub use idle::suspend_idle;
 pub use reset::{rebuild, reset};
@@ -246,6 +246,9 @@ pub async fn fork(engine: &Engine, req: &ForkRequest) -> Result<Forked> {
     // else a cold fork, once there is room for it.
     let pooled = engine.store().claim_pooled(&sb)?;
     let claimed = pooled.is_some();
+    if claimed {
+        engine.expiries.notify_one();
+    }
     match pooled {
         Some(pooled) => sb = pooled,
         None => {
@@ -450,5 +453,6 @@ pub fn extend(engine: &Engine, key: &str, ttl_seconds: i64) -> Result<Sandbox> {
         store.set_expiry(&sb.id, sb.expires_at)?;
         return Err(e);
     }
+    engine.expiries.notify_one();
     store.sandbox(&sb.id)
 }

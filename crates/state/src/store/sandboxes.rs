@@ -294,6 +294,19 @@ impl Store {
         let ids = stmt.query_map([now.0], |r| r.get(0))?.collect::<rusqlite::Result<_>>()?;
         Ok(ids)
     }
+
+    /// The nearest expiry after `now` of a sandbox that will be running or
+    /// suspended (one being made or reset counts), if any: when the next
+    /// TTL comes due.
+    pub fn next_expiry(&self, now: Timestamp) -> Result<Option<Timestamp>> {
+        let at: Option<i64> = self.conn.query_row(
+            "SELECT min(expires_at) FROM sandboxes
+             WHERE expires_at > ?1 AND state IN ('creating', 'running', 'suspended', 'resetting')",
+            [now.0],
+            |r| r.get(0),
+        )?;
+        Ok(at.map(Timestamp))
+    }
 }
 
 const SELECT_SANDBOX: &str =

@@ -1,0 +1,65 @@
+//! TTLs kept by a timer: the reaper sleeps until the nearest expiry and
+//! starts that sandbox's deletion when it comes, rather than looking every so
+//! often; a new sandbox, a claimed pool member or an extension wakes it to
+//! look again (`Engine::expiries`).
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use airlock_core::clock::Timestamp;
+use airlock_core::events::DeleteReason;
+use airlock_lifecycle::engine::Engine;
+use airlock_lifecycle::sandbox;
+
+/// The longest the timer sleeps without looking: what a sandbox whose expiry
+/// came nearer without a wake-up (one whose fork finished after its TTL,
+/// say) or a deletion that failed waits at most.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
+
+/// Runs the timer until the daemon exits.
+pub(crate) async fn keep(engine: Arc<Engine>) {
+    // Sandboxes whose deletion this timer started and that has not ended:
+    // not started twice (one may wait for a suspend or a fork to finish).
+    let deleting: Arc<Mutex<HashSet<String>>> = Default::default();
+    loop {
+        let now = Timestamp::now();
+        let (expired, next) = {
+            let store = engine.store();
+            (store.expired(now), store.next_expiry(now))
+        };
+        match expired {
+            Ok(ids) => {
+                for id in ids {
+                    if !deleting.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone()) {
+                        continue;
+                    }
+                    let (engine, deleting) = (engine.clone(), deleting.clone());
+                    // Each deletion runs on its own so one slow teardown delays no other.
+                    crate::spawn_as_reaper(async move {
+                        match sandbox::delete(&engine, &id, DeleteReason::Ttl).await {
+                            Ok(_) => tracing::info!(sandbox = %id, "expired and deleted"),
+                            Err(e) => {
+                                tracing::error!(sandbox = %id, error = %e, "could not delete expired sandbox")
+                            }
+                        }
+                        deleting.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                    });
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "the TTL timer could not read the store"),
+        }
+        let until_next = match next {
+            Ok(Some(at)) => at.remaining(),
+            Ok(None) => LOOK_AGAIN,
+            Err(e) => {
+                tracing::error!(error = %e, "the TTL timer could not read the store");
+                LOOK_AGAIN
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(until_next.min(LOOK_AGAIN)) => {}
+            _ = engine.expiries.notified() => {}
+        }
+    }
+}
