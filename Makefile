@@ -17,7 +17,7 @@ test:
 	@scripts/test.sh
 
 ## bench: fork benchmarks against the baselines, then router, router authentication, pool, suspend,
-## mitosis-db, density, live targets, the cluster, restarts and TTLs (see docs/BENCHMARKS.md)
+## mitosis-db, density, live targets, the cluster, restarts and TTLs, client TLS (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
@@ -33,6 +33,7 @@ bench: build
 	@scripts/bench-masking.sh
 	@scripts/bench-cluster.sh
 	@scripts/bench-lifecycle.sh
+	@scripts/bench-client-tls.sh
 
 clean:
 	cargo clean

@@ -2,28 +2,20 @@
 //! (and, for a golden with a Redis part, the first `PING`: both at once),
 //! against the ways a user would otherwise get a fresh database, in one run.
 //!
-//! Baselines run on a scratch PostgreSQL instance with the same server settings
-//! as sandboxes, loaded from a dump of the same golden:
-//! - `template`: `CREATE DATABASE ... TEMPLATE` of a database holding the golden;
-//! - `pg_restore`: a new database, then `pg_restore` of the dump;
-//! - `initdb_seed`: initdb, start, then `pg_restore` of the dump.
+//! Baselines ([`super::bench_baselines`]) run one round after each fork, in
+//! turn with them.
 
-use std::path::Path;
-use std::process::Stdio;
 use std::time::Instant;
 
 use clap::Subcommand;
 use hyper::Method;
 use serde::Serialize;
 
+use super::bench_baselines::Baselines;
 use super::output::{self, Table};
 use super::Cli;
 use airlock_core::error::{Error, Result};
-use airlock_core::layout::InstanceDir;
-use airlock_host::users::Identity;
 use airlock_lifecycle::sandbox::{ForkRequest, Forked, Sandbox};
-use airlock_postgres::admin::Admin;
-use airlock_postgres::{self, instance, PgBin};
 
 /// Benchmarks.
 #[derive(Debug, Subcommand)]
@@ -143,7 +135,7 @@ pub(super) fn series(method: &str, mut ms: Vec<f64>) -> Series {
     }
 }
 
-fn elapsed_ms(t: Instant) -> f64 {
+pub(super) fn elapsed_ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
@@ -199,7 +191,7 @@ async fn auth_and_ping(
     Ok(())
 }
 
-async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
+pub(super) async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
     let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
         Error::postgres(format!("benchmark connection failed: {}", airlock_postgres::admin::describe(&e)))
     })?;
@@ -225,46 +217,50 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     let router = doctor.router.as_ref();
     let iterations = (*iterations).max(1);
     let req = ForkRequest { golden: golden.clone(), ttl_seconds: Some(600), ..Default::default() };
-    let bar = output::spinner(cli.json, format!("forking {golden} {iterations} times"));
-    // With a warm pool, each fork waits (off the clock) for the pool to hold a
-    // member, so the figure is a claim, not a cold fork after the pool ran dry.
     let golden_info: airlock_lifecycle::golden::Golden =
         client.call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY).await?;
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
-    // Baselines load the golden's PostgreSQL part; a Redis-only golden has none.
-    let mut has_postgres = true;
+    let runs = baseline_iterations.unwrap_or(iterations).max(1);
+    // (None for a Redis-only golden: the baselines load a PostgreSQL part.)
+    let mut baselines = match no_baselines {
+        false => {
+            let bar =
+                output::spinner(cli.json, format!("loading {golden} into the baselines' scratch servers"));
+            let prepared = Baselines::prepare(cli, &client, &req, &doctor).await;
+            bar.finish_and_clear();
+            prepared?
+        }
+        true => None,
+    };
+    let bar = output::spinner(
+        cli.json,
+        match &baselines {
+            Some(_) => format!("forking {golden} {iterations} times, each followed by a round of baselines"),
+            None => format!("forking {golden} {iterations} times"),
+        },
+    );
     let mut answer_ms = Vec::new();
     let mut floor_ms = Vec::new();
-    for _ in 0..iterations {
-        if pooled {
-            let deadline = Instant::now() + std::time::Duration::from_secs(60);
-            loop {
-                let g: airlock_lifecycle::golden::Golden = client
-                    .call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY)
-                    .await?;
-                if g.pooled >= g.pool_size || Instant::now() > deadline {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let mut timed = async {
+        for i in 0..iterations {
+            fork_once(
+                &client,
+                &req,
+                golden,
+                pooled,
+                router,
+                *via,
+                (&mut fork_ms, &mut answer_ms, &mut floor_ms),
+            )
+            .await?;
+            if let (Some(baselines), true) = (baselines.as_mut(), i < runs) {
+                baselines.round(i).await?;
             }
         }
-        let t = Instant::now();
-        let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
-        answer_ms.push(elapsed_ms(t));
-        // A sandbox of a Redis-only golden has no DSN, and no query to answer.
-        has_postgres = forked.sandbox.dsn.is_some();
-        let agent = has_postgres.then(|| agent_config(&forked.sandbox, router, *via)).transpose()?;
-        first_answers(&forked.sandbox, agent.as_ref(), *via).await?;
-        fork_ms.push(elapsed_ms(t));
-        // The floor: the same connection and query again, on a server already up.
-        let t = Instant::now();
-        first_answers(&forked.sandbox, agent.as_ref(), *via).await?;
-        floor_ms.push(elapsed_ms(t));
-        let _: Sandbox = client
-            .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
-            .await?;
+        Ok::<_, Error>(())
     }
+    .await;
     bar.finish_and_clear();
     let name = match (pooled, via) {
         (true, Via::Router) => "airlock_fork_from_pool",
@@ -272,18 +268,22 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         (true, Via::Socket) => "airlock_fork_from_pool_via_socket",
         (false, Via::Socket) => "airlock_fork_via_socket",
     };
-    let mut all = vec![
-        series(name, fork_ms),
-        series("  of which: API answer with the DSN", answer_ms),
-        series("  floor: a second connect + query", floor_ms),
-    ];
-    if !no_baselines && has_postgres {
-        let runs = baseline_iterations.unwrap_or(iterations).max(1);
-        let bar = output::spinner(cli.json, format!("running baselines ({runs} each)"));
-        let result = baselines(cli, &client, &req, runs).await;
-        bar.finish_and_clear();
-        all.extend(result?);
+    let mut all = vec![];
+    if let Some(baselines) = baselines.take() {
+        match baselines.finish().await {
+            Ok(series) => all.extend(series),
+            Err(e) => timed = timed.and(Err(e)),
+        }
     }
+    timed?;
+    all.splice(
+        0..0,
+        [
+            series(name, fork_ms),
+            series("  of which: API answer with the DSN", answer_ms),
+            series("  floor: a second connect + query", floor_ms),
+        ],
+    );
     let base = all[0].p50_ms;
     for s in &mut all {
         s.vs_airlock = (s.p50_ms / base * 100.0).round() / 100.0;
@@ -291,6 +291,47 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     let title = format!("golden {golden}: fork request to first query (and Redis PING) answered");
     report(cli, &title, serde_json::json!({"golden": golden}), &all, true);
     Ok(0)
+}
+
+/// One timed fork: to the API's answer, to the first answers, and the floor
+/// (the same connection and query again, on a server already up); then
+/// deleted. With a warm pool, it first waits (off the clock) for the pool to
+/// be full, so the figure is a claim, not a cold fork after the pool ran dry.
+async fn fork_once(
+    client: &airlock_listen::client::Client,
+    req: &ForkRequest,
+    golden: &str,
+    pooled: bool,
+    router: Option<&airlock_router::Address>,
+    via: Via,
+    (fork_ms, answer_ms, floor_ms): (&mut Vec<f64>, &mut Vec<f64>, &mut Vec<f64>),
+) -> Result<()> {
+    if pooled {
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let g: airlock_lifecycle::golden::Golden =
+                client.call(Method::GET, &format!("/v1/goldens/{golden}"), super::commands::NO_BODY).await?;
+            if g.pooled >= g.pool_size || Instant::now() > deadline {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+    let t = Instant::now();
+    let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
+    answer_ms.push(elapsed_ms(t));
+    // A sandbox of a Redis-only golden has no DSN, and no query to answer.
+    let agent =
+        forked.sandbox.dsn.is_some().then(|| agent_config(&forked.sandbox, router, via)).transpose()?;
+    first_answers(&forked.sandbox, agent.as_ref(), via).await?;
+    fork_ms.push(elapsed_ms(t));
+    let t = Instant::now();
+    first_answers(&forked.sandbox, agent.as_ref(), via).await?;
+    floor_ms.push(elapsed_ms(t));
+    let _: Sandbox = client
+        .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
+        .await?;
+    Ok(())
 }
 
 /// Prints series as a table (or JSON with `extra` fields), with a column comparing
@@ -407,138 +448,4 @@ async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
         false,
     );
     Ok(0)
-}
-
-/// A scratch instance for baselines, removed on drop of its directory.
-struct Scratch {
-    bin: PgBin,
-    me: Identity,
-    user: Identity,
-    root: std::path::PathBuf,
-}
-
-impl Scratch {
-    fn dir(&self, name: &str) -> InstanceDir {
-        InstanceDir { root: self.root.join(name) }
-    }
-
-    /// initdb + start; returns the running instance.
-    async fn up(&self, name: &str) -> Result<(InstanceDir, instance::Started)> {
-        let dir = self.dir(name);
-        instance::prepare_dir(&dir, &self.user, None)?;
-        airlock_host::storage::tree::private_dir(&dir.pgdata())?;
-        self.user.own(&dir.pgdata())?;
-        instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
-        let users = [self.me.name.as_str()];
-        instance::write_access_files(&dir, &users, &[])?;
-        let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None, None, None)?;
-        started.wait_ready(&dir).await?;
-        Ok((dir, started))
-    }
-
-    async fn restore(&self, dir: &InstanceDir, database: &str, dump: &Path) -> Result<()> {
-        let out = tokio::process::Command::new(self.bin.tool("pg_restore"))
-            .env_clear()
-            .env("PGHOST", dir.socket_dir())
-            .env("PGUSER", airlock_core::dsn::ADMIN_ROLE)
-            .args(["--no-owner", "--no-acl", "--exit-on-error", "--dbname", database])
-            .arg(dump)
-            .stdin(Stdio::null())
-            .output()
-            .await?;
-        if !out.status.success() {
-            return Err(Error::postgres(format!(
-                "pg_restore failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            )));
-        }
-        Ok(())
-    }
-}
-
-async fn baselines(
-    cli: &Cli,
-    client: &airlock_listen::client::Client,
-    req: &ForkRequest,
-    runs: usize,
-) -> Result<Vec<Series>> {
-    let me = Identity::current()?;
-    let user = Identity::for_instances(None)?;
-    let bin = PgBin::locate(std::env::var_os("AIRLOCK_PG_BIN").map(std::path::PathBuf::from).as_deref())?;
-    let root = cli.layout().volume().join(format!("bench-{}", airlock_core::secret::sandbox_id()));
-    airlock_host::storage::tree::private_dir(&root)?;
-    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o711))?;
-    let scratch = Scratch { bin, me, user, root: root.clone() };
-    let result = measure(&scratch, client, req, runs).await;
-    let _ = std::fs::remove_dir_all(&root);
-    result
-}
-
-async fn measure(
-    s: &Scratch,
-    client: &airlock_listen::client::Client,
-    req: &ForkRequest,
-    runs: usize,
-) -> Result<Vec<Series>> {
-    // A dump of the golden, taken from a sandbox with the agent's own credential.
-    let dump = s.root.join("golden.dump");
-    let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
-    let dsn = forked.sandbox.socket_dsn.clone().or(forked.sandbox.dsn.clone()).unwrap_or_default();
-    let passfile = s.root.join("pgpass");
-    airlock_core::dsn::write_passfile(&passfile, &airlock_core::dsn::password(&dsn).unwrap_or_default())?;
-    let out = tokio::process::Command::new(s.bin.tool("pg_dump"))
-        .env("PGPASSFILE", &passfile)
-        .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])
-        .arg(&dump)
-        .arg(airlock_core::dsn::redact(&dsn))
-        .output()
-        .await?;
-    let _: Sandbox = client
-        .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
-        .await?;
-    if !out.status.success() {
-        return Err(Error::postgres(format!(
-            "pg_dump of the golden failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-
-    let (dir, server) = s.up("server").await?;
-    let admin = Admin::connect(&dir, "postgres", server.pid).await?;
-    admin.execute("CREATE DATABASE tmpl").await?;
-    s.restore(&dir, "tmpl", &dump).await?;
-    admin.execute("VACUUM FREEZE").await.ok();
-    let mut cfg = instance::admin_config(&dir, "postgres");
-
-    let mut template = Vec::new();
-    let mut restore = Vec::new();
-    for i in 0..runs {
-        let t = Instant::now();
-        admin.execute(&format!("CREATE DATABASE t{i} TEMPLATE tmpl")).await?;
-        first_query(cfg.dbname(format!("t{i}"))).await?;
-        template.push(elapsed_ms(t));
-        admin.execute(&format!("DROP DATABASE t{i}")).await?;
-
-        let t = Instant::now();
-        admin.execute(&format!("CREATE DATABASE r{i}")).await?;
-        s.restore(&dir, &format!("r{i}"), &dump).await?;
-        first_query(cfg.dbname(format!("r{i}"))).await?;
-        restore.push(elapsed_ms(t));
-        admin.execute(&format!("DROP DATABASE r{i}")).await?;
-    }
-    drop(admin);
-    server.stop_clean(&dir).await?;
-
-    let mut fresh = Vec::new();
-    for i in 0..runs {
-        let t = Instant::now();
-        let (d, started) = s.up(&format!("fresh{i}")).await?;
-        Admin::connect(&d, "postgres", started.pid).await?.execute("CREATE DATABASE app").await?;
-        s.restore(&d, "app", &dump).await?;
-        first_query(&instance::admin_config(&d, "app")).await?;
-        fresh.push(elapsed_ms(t));
-        started.stop_clean(&d).await?;
-        let _ = std::fs::remove_dir_all(&d.root);
-    }
-    Ok(vec![series("template", template), series("pg_restore", restore), series("initdb_seed", fresh)])
 }

@@ -4,6 +4,7 @@
 mod audit;
 mod bench;
 mod bench_audit;
+mod bench_baselines;
 mod cluster;
 mod commands;
 mod exec;

@@ -452,3 +452,39 @@ fn a_sandbox_of_thousands_of_tables_branches_and_promotes() {
         "6000"
     );
 }
+
+/// `bench fork` times one round of each baseline after each of its forks (a
+/// PostgreSQL 18 clone among them when a server of 18 is installed), and
+/// leaves no sandbox, scratch directory or scratch server behind.
+#[test]
+fn bench_fork_times_each_baseline_after_each_fork_and_leaves_nothing() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let report = d.json(&["bench", "fork", "--golden", "shop", "--iterations", "2"]);
+    let runs = |method: &str| {
+        report["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["method"] == method)
+            .map(|s| s["runs"].clone())
+    };
+    for method in ["airlock_fork", "template", "pg_restore", "initdb_seed"] {
+        assert_eq!(runs(method), Some(2.into()), "{method}: {report}");
+    }
+    let doctor = d.json(&["doctor"]);
+    let has_18 = doctor["postgres_majors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["major"].as_u64().unwrap() >= 18 && m["problem"].is_null());
+    assert_eq!(runs("pg18_clone"), has_18.then(|| 2.into()), "{report}");
+    assert!(d.ids().is_empty(), "every fork was deleted");
+    let scratch: Vec<_> = std::fs::read_dir(d.home.join("volume"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("bench-"))
+        .collect();
+    assert!(scratch.is_empty(), "scratch directories left: {scratch:?}");
+    assert!(d.postmasters().is_empty(), "servers left: {:?}", d.postmasters());
+}
