@@ -95,9 +95,24 @@ pub enum Enter<'a> {
 /// root, so they come last. Only async-signal-safe system calls, and no
 /// allocation.
 pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std::io::Result<()> {
+    contain_at_gate(who, cgroups, None, enter)
+}
+
+/// [`contain`], waiting at a [`crate::gate::Gate`] once in its cgroups (the
+/// slow part of joining them done while the daemon finishes what the
+/// process needs), when given its pass.
+pub fn contain_at_gate(
+    who: Who,
+    cgroups: &[std::ffi::CString],
+    pass: Option<crate::gate::Pass>,
+    enter: Enter<'_>,
+) -> std::io::Result<()> {
     use nix::sched::CloneFlags;
     airlock_core::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
+    if let Some(pass) = pass {
+        pass.wait()?;
+    }
     match enter {
         Enter::New(view, network) => {
             match network {

@@ -7,6 +7,7 @@
 
 pub mod cgroup;
 pub mod contain;
+pub mod gate;
 pub mod pidfd;
 pub mod rootfs;
 pub mod seccomp;

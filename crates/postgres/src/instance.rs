@@ -17,7 +17,7 @@ use crate::bin::PgBin;
 use airlock_core::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
-use airlock_host::contain::{contain, log_tail, Enter, Who};
+use airlock_host::contain::{contain_at_gate, log_tail, Enter, Who};
 use airlock_host::pidfd::Pidfd;
 use airlock_host::rootfs::View;
 use airlock_host::users::Identity;
@@ -230,7 +230,8 @@ pub struct Started {
 /// whose `cgroup.procs` files are given and gets namespaces of its own
 /// ([`contain`]), in the sandbox's `network` namespace when one is given.
 /// `template`, a golden's template1, is given to the guard to copy from
-/// (bound read-only into the server's view when contained).
+/// (bound read-only into the server's view when contained). Behind `gate`,
+/// the server waits, in its cgroups, until the gate opens.
 #[allow(clippy::too_many_arguments)]
 pub fn start(
     bin: &PgBin,
@@ -241,8 +242,12 @@ pub fn start(
     guard: Option<&Path>,
     network: Option<&airlock_host::contain::Network>,
     template: Option<&Path>,
+    gate: Option<&airlock_host::gate::Gate>,
 ) -> Result<Started> {
     let log = airlock_host::storage::tree::open_log(&dir.log())?;
+    // Behind a gate, the child joins its cgroups and waits there for its
+    // files (a fork's clone) before anything reads them.
+    let pass = gate.map(|g| g.enlist()).transpose()?.flatten();
     let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
     cmd.arg("-D").arg(dir.pgdata());
     let major = bin.major().unwrap_or(0);
@@ -306,7 +311,12 @@ pub fn start(
         let network = network.map(|n| n.try_clone()).transpose()?;
         // SAFETY: only async-signal-safe system calls run between fork and exec.
         unsafe {
-            cmd.pre_exec(move || contain(who, &cgroups, Enter::New(&view, network.as_ref())));
+            cmd.pre_exec(move || contain_at_gate(who, &cgroups, pass, Enter::New(&view, network.as_ref())));
+        }
+    } else if let Some(pass) = pass {
+        // SAFETY: Pass::wait makes only async-signal-safe system calls.
+        unsafe {
+            cmd.pre_exec(move || pass.wait());
         }
     }
     let child = cmd

@@ -251,7 +251,7 @@ impl Scratch {
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         let users = [self.me.name.as_str()];
         instance::write_access_files(&dir, &users, &[])?;
-        let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None, None, None)?;
+        let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None, None, None, None)?;
         started.wait_ready(&dir).await?;
         Ok((dir, started))
     }

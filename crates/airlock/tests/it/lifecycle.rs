@@ -225,6 +225,31 @@ fn a_failed_fork_leaves_nothing() {
     let last = events.as_array().unwrap().last().unwrap().clone();
     assert_eq!(last["kind"], "deleted");
     assert_eq!(last["reason"], "failed");
+
+    // A clone that fails halfway, while the fork's server already waits in
+    // its cgroups for its files (at the gate): the server never runs, and
+    // nothing is left, no waiting process either.
+    d.shop("shop2");
+    let fifo = d.home.join("volume/goldens/shop2/1/pgdata/base/fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    let (exit, err) = d.fails(&["fork", "shop2"]);
+    assert_ne!(exit, 0, "{err}");
+    assert!(err["message"].as_str().unwrap().contains("refusing to clone"), "{err}");
+    assert!(d.ids().is_empty());
+    assert!(d.sandbox_dirs().is_empty());
+    assert!(d.postmasters().is_empty());
+    assert!(d.cgroups().is_empty(), "cgroups left: {:?}", d.cgroups());
+    let children =
+        std::fs::read_to_string(format!("/proc/{}/task/{}/children", d.pid(), d.pid())).unwrap_or_default();
+    for child in children.split_whitespace() {
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        assert!(
+            !String::from_utf8_lossy(&cmdline).contains("airlock serve"),
+            "a forked child of the daemon never ran its program: {child}"
+        );
+    }
+    std::fs::remove_file(&fifo).unwrap();
+    assert_eq!(sql(&dsn(&d.fork("shop2", &[])), "SELECT count(*) FROM orders"), "1000");
 }
 
 #[test]

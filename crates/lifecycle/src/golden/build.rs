@@ -322,8 +322,17 @@ async fn build_in(
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
-    let mut started =
-        instance::start(&postgres.server.bin, dir, user, loader_group, &builder.cgroups, None, None, None)?;
+    let mut started = instance::start(
+        &postgres.server.bin,
+        dir,
+        user,
+        loader_group,
+        &builder.cgroups,
+        None,
+        None,
+        None,
+        None,
+    )?;
     if let Err(e) = started.wait_ready(dir).await {
         let _ = instance::kill(started.pid, &dir.pgdata()).await;
         return Err(e);

@@ -43,6 +43,7 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::{DeleteReason, NewEvent};
 use airlock_core::layout::InstanceDir;
 use airlock_core::{secret, validate};
+use airlock_host::gate::{Gate, Opener};
 use airlock_postgres::admin::Admin;
 use airlock_postgres::instance;
 use stores::{At, Credential, Launch, Stop};
@@ -350,24 +351,49 @@ pub(crate) async fn bring_up(
     let stores = stores::of_generation(&golden_root);
     let t = Instant::now();
     let launch = Launch::of(engine, sb, Vec::new()).await?;
-    // Cloning is blocking file work done in place: moving it to another thread
-    // with block_in_place measured 10-15 ms slower per fork here.
     make_dir(engine, &dir)?;
     instance::prepare_dir(&dir, &launch.user, launch.group)?;
-    for store in &stores {
-        store.clone_from_golden(at, &golden_root)?;
-    }
-    steps.clone_ms = ms(t);
     let cgroups = engine
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    let launch = Launch { cgroups, ..launch };
-    for store in &stores {
-        store.configure(at, password)?;
-    }
-    // Every store starts at once; the sandbox is ready when all answer.
-    stores::start_all(&stores, at, &launch, Credential::Mint(password), steps).await
+    // The servers are spawned first and wait at a gate, in their cgroups,
+    // while the files are cloned: joining a cgroup can wait for the kernel
+    // (an RCU grace period on cgroup v1) as long as the clone takes, and the
+    // two waits overlap. Nothing of the server runs before the gate opens.
+    let gate = Gate::new().map_err(|e| Error::io("making a fork's gate", &e))?;
+    // Shut if this is given up before the gate is decided: no server waits on.
+    let _undecided = Opener(gate.clone());
+    let launch = Launch { cgroups, gate: Some(gate.clone()), ..launch };
+    let mut clone_ms = 0.0;
+    let files = async {
+        // Cloning is blocking file work done in place: moving it to another
+        // thread with block_in_place measured 10-15 ms slower per fork here.
+        let made = (|| {
+            for store in &stores {
+                store.clone_from_golden(at, &golden_root)?;
+            }
+            clone_ms = ms(t);
+            for store in &stores {
+                store.configure(at, password)?;
+            }
+            Ok::<_, Error>(())
+        })();
+        match made {
+            Ok(()) => gate.open(),
+            Err(_) => gate.shut(),
+        }
+        made
+    };
+    // Every store starts at once; the sandbox is ready when all answer. The
+    // start is polled first, so its spawns are under way before the clone
+    // blocks this thread.
+    let started = stores::start_all(&stores, at, &launch, Credential::Mint(password), steps);
+    let (started, files) = futures_util::future::join(started, files).await;
+    steps.clone_ms = clone_ms;
+    // A clone that failed explains a start that then could not go on.
+    files?;
+    started
 }
 
 /// Makes a sandbox's directory (a subvolume with its disk quota where the volume

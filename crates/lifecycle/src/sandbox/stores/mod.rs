@@ -17,6 +17,7 @@ use std::ffi::CString;
 use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::engine::Engine;
@@ -24,6 +25,7 @@ use crate::sandbox::{ms, Sandbox, Steps};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::Network;
+use airlock_host::gate::Gate;
 use airlock_host::users::Identity;
 
 pub use airlock_postgres::admin::Ending;
@@ -62,6 +64,11 @@ pub struct Launch {
     /// The network namespace the sandbox's servers share (when contained):
     /// `exec` code, which joins it, reaches each on loopback.
     pub network: Option<Network>,
+    /// For a new fork: the gate its servers wait at, in their cgroups, until
+    /// their files are cloned and configured (see `bring_up`). A store whose
+    /// server cannot be spawned before its files exist waits for it to open
+    /// ([`Gate::passed`]) before it starts.
+    pub gate: Option<Arc<Gate>>,
 }
 
 impl Launch {
@@ -100,7 +107,13 @@ impl Launch {
         cgroups: Vec<CString>,
         network: Option<Network>,
     ) -> Result<Launch> {
-        Ok(Launch { user: engine.sandbox_user(sb)?, group: engine.socket_group(sb), cgroups, network })
+        Ok(Launch {
+            user: engine.sandbox_user(sb)?,
+            group: engine.socket_group(sb),
+            cgroups,
+            network,
+            gate: None,
+        })
     }
 }
 

@@ -48,17 +48,49 @@ impl Postgres {
     async fn launch(&self, at: At<'_>, launch: &Launch, steps: &mut Steps) -> Result<(i32, Result<()>)> {
         let server = at.engine.server_for(&at.sb.golden, at.sb.generation)?;
         let t = Instant::now();
-        let mut started = instance::start(
-            &server.bin,
-            at.dir,
-            &launch.user,
-            launch.group,
-            &launch.cgroups,
-            Some(&server.guard),
-            launch.network.as_ref(),
-            template_of(at).as_deref(),
-        )?;
-        steps.start_ms = ms(t);
+        let mut started = match &launch.gate {
+            None => instance::start(
+                &server.bin,
+                at.dir,
+                &launch.user,
+                launch.group,
+                &launch.cgroups,
+                Some(&server.guard),
+                launch.network.as_ref(),
+                template_of(at).as_deref(),
+                None,
+            )?,
+            // The spawn returns only once the server runs its program, after
+            // the gate opens: it waits on a thread of its own while this task
+            // clones the files.
+            Some(gate) => {
+                let (bin, dir, user, group) =
+                    (server.bin.clone(), at.dir.clone(), launch.user.clone(), launch.group);
+                let cgroups = launch.cgroups.clone();
+                let guard = server.guard.clone();
+                let network = launch.network.as_ref().map(|n| n.try_clone()).transpose()?;
+                let template = template_of(at);
+                let gate = gate.clone();
+                tokio::task::spawn_blocking(move || {
+                    instance::start(
+                        &bin,
+                        &dir,
+                        &user,
+                        group,
+                        &cgroups,
+                        Some(&guard),
+                        network.as_ref(),
+                        template.as_deref(),
+                        Some(&gate),
+                    )
+                })
+                .await
+                .map_err(|e| Error::internal(format!("starting a server stopped: {e}")))??
+            }
+        };
+        // From the gate's opening, when it held the start back: the start's own part.
+        let began = launch.gate.as_ref().and_then(|g| g.opened_at()).map_or(t, |opened| opened.max(t));
+        steps.start_ms = ms(began);
         let t = Instant::now();
         let ready = started.wait_ready(at.dir).await;
         let pid = started.detach();

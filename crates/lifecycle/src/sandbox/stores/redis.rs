@@ -8,7 +8,7 @@ use std::path::Path;
 use super::{At, Credential, Held, Launch, Stop, StoreKind, HOLD_LIMIT};
 use crate::engine::Engine;
 use crate::sandbox::{Mode, Steps};
-use airlock_core::error::Result;
+use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_redis::server::{self, Admin};
 
@@ -57,7 +57,11 @@ impl StoreKind for Redis {
         _credential: Credential<'_>,
         _steps: &mut Steps,
     ) -> Result<Option<i32>> {
-        // Its credential is in the configuration `configure` wrote.
+        // Its credential is in the configuration `configure` wrote, and its
+        // spawn reads it: for a new fork, only once the gate says it is there.
+        if let Some(gate) = &launch.gate {
+            gate.passed().await.map_err(|e| Error::io("starting a sandbox's Redis", &e))?;
+        }
         server::start(at.dir, (&launch.user, launch.group), &launch.cgroups, launch.network.as_ref())
             .await
             .map(Some)

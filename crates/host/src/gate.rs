@@ -1,0 +1,207 @@
+//! A gate contained children wait at, between joining their cgroups and
+//! entering their namespaces, until the daemon says whether to go on.
+//!
+//! Joining a cgroup can be slow for no work of the child's own: on a cgroup
+//! v1 host, a write to `cgroup.procs` waits for an RCU grace period (5 to 30
+//! ms on a small virtual machine). A fork's server can join its cgroups
+//! while the daemon clones the files it will run on, and wait here until
+//! they are there: the two waits overlap instead of adding up.
+//!
+//! The children and the daemon share one pipe: each waiting child reads one
+//! byte, `g` to go on or `x` to give up (its spawn then fails). The daemon
+//! writes one byte per child that enlisted, so a child never depends on any
+//! other process closing its copy of the pipe. A child enlisted after the
+//! gate was decided does not wait at all, or is refused if it was shut.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// The gate, shared by the daemon's tasks that spawn children behind it.
+pub struct Gate {
+    read: OwnedFd,
+    write: OwnedFd,
+    state: Mutex<State>,
+    decided: tokio::sync::watch::Sender<Option<bool>>,
+}
+
+#[derive(Default)]
+struct State {
+    waiting: usize,
+    open: Option<bool>,
+    opened_at: Option<Instant>,
+}
+
+/// What one child waits on: the pipe's two ends, as raw descriptors (copied
+/// into the child by fork).
+#[derive(Clone, Copy, Debug)]
+pub struct Pass {
+    read: RawFd,
+    write: RawFd,
+}
+
+impl Gate {
+    /// A closed gate.
+    pub fn new() -> io::Result<Arc<Gate>> {
+        let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (decided, _) = tokio::sync::watch::channel(None);
+        Ok(Arc::new(Gate { read, write, state: Mutex::default(), decided }))
+    }
+
+    /// Enlists a child about to be spawned: what it waits on, `None` when the
+    /// gate is open already (it need not wait), or an error when it was shut.
+    pub fn enlist(&self) -> io::Result<Option<Pass>> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        match state.open {
+            Some(true) => Ok(None),
+            Some(false) => Err(shut()),
+            None => {
+                state.waiting += 1;
+                Ok(Some(Pass { read: self.read.as_raw_fd(), write: self.write.as_raw_fd() }))
+            }
+        }
+    }
+
+    /// Lets every child waiting, and any enlisted later, go on.
+    pub fn open(&self) {
+        self.decide(true);
+    }
+
+    /// Sends every child waiting away (their spawns fail), and refuses any
+    /// enlisted later. Nothing once the gate is decided.
+    pub fn shut(&self) {
+        self.decide(false);
+    }
+
+    fn decide(&self, go: bool) {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.open.is_some() {
+            return;
+        }
+        state.open = Some(go);
+        if go {
+            state.opened_at = Some(Instant::now());
+        }
+        let bytes = vec![if go { b'g' } else { b'x' }; state.waiting];
+        // One byte per waiting child; a pipe holds 64 KiB, so this never blocks.
+        let mut written = 0;
+        while written < bytes.len() {
+            match nix::unistd::write(&self.write, &bytes[written..]) {
+                Ok(n) => written += n,
+                Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "could not signal the children at a gate");
+                    break;
+                }
+            }
+        }
+        self.decided.send_replace(Some(go));
+    }
+
+    /// When the gate was opened, if it was.
+    pub fn opened_at(&self) -> Option<Instant> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).opened_at
+    }
+
+    /// Waits until the gate is decided (for work in the daemon that must come
+    /// after what the gate waits for); an error when it was shut.
+    pub async fn passed(&self) -> io::Result<()> {
+        let mut decided = self.decided.subscribe();
+        match decided.wait_for(Option::is_some).await.map(|d| *d) {
+            Ok(Some(true)) => Ok(()),
+            _ => Err(shut()),
+        }
+    }
+}
+
+/// Shuts a gate that is dropped undecided: a daemon task that failed (or was
+/// cancelled) before opening it never leaves a child waiting.
+pub struct Opener(pub Arc<Gate>);
+
+impl Drop for Opener {
+    fn drop(&mut self) {
+        self.0.shut();
+    }
+}
+
+impl Pass {
+    /// In the child, between fork and exec: waits for the daemon's word. Only
+    /// `close` and `read`, both async-signal-safe.
+    pub fn wait(self) -> io::Result<()> {
+        // The child's copy of the write end goes first: it is the daemon's to write.
+        let _ = nix::unistd::close(self.write);
+        let mut byte = [0u8; 1];
+        loop {
+            // SAFETY: a descriptor inherited from the daemon, read into a local buffer.
+            let n = unsafe { nix::libc::read(self.read, byte.as_mut_ptr().cast(), 1) };
+            match n {
+                1 if byte[0] == b'g' => return Ok(()),
+                -1 if io::Error::last_os_error().raw_os_error() == Some(nix::libc::EINTR) => {}
+                _ => return Err(shut()),
+            }
+        }
+    }
+}
+
+/// The error of a spawn sent away at a shut gate: `ECANCELED`, the one thing
+/// a child can tell its parent before exec.
+fn shut() -> io::Error {
+    io::Error::from_raw_os_error(nix::libc::ECANCELED)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+
+    fn spawn_behind(gate: &Gate) -> std::io::Result<std::process::Child> {
+        let pass = gate.enlist()?;
+        let mut cmd = Command::new("true");
+        // SAFETY: Pass::wait makes only async-signal-safe calls.
+        unsafe {
+            cmd.pre_exec(move || pass.map_or(Ok(()), Pass::wait));
+        }
+        cmd.spawn()
+    }
+
+    #[tokio::test]
+    async fn children_wait_until_the_gate_opens_and_each_goes_on() {
+        let gate = Gate::new().unwrap();
+        let spawning: Vec<_> = (0..3)
+            .map(|_| {
+                let gate = gate.clone();
+                std::thread::spawn(move || spawn_behind(&gate))
+            })
+            .collect();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(spawning.iter().all(|t| !t.is_finished()), "a spawn went on before the gate opened");
+        gate.open();
+        for t in spawning {
+            assert!(t.join().unwrap().unwrap().wait().unwrap().success());
+        }
+        gate.passed().await.unwrap();
+        // Enlisted once open: no wait.
+        assert!(spawn_behind(&gate).unwrap().wait().unwrap().success());
+        assert!(gate.opened_at().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_shut_gate_fails_every_spawn_behind_it() {
+        let gate = Gate::new().unwrap();
+        let waiting = {
+            let gate = gate.clone();
+            std::thread::spawn(move || spawn_behind(&gate))
+        };
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        drop(Opener(gate.clone()));
+        let err = waiting.join().unwrap().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(nix::libc::ECANCELED), "{err}");
+        assert!(spawn_behind(&gate).is_err(), "enlisted after it was shut");
+        assert!(gate.passed().await.is_err());
+        // Opening a shut gate changes nothing.
+        gate.open();
+        assert!(gate.opened_at().is_none());
+    }
+}
