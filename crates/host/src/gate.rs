@@ -34,11 +34,12 @@ struct State {
 }
 
 /// What one child waits on: the pipe's two ends, as raw descriptors (copied
-/// into the child by fork).
+/// into the child by fork), and the daemon's pid.
 #[derive(Clone, Copy, Debug)]
 pub struct Pass {
     read: RawFd,
     write: RawFd,
+    daemon: i32,
 }
 
 impl Gate {
@@ -58,7 +59,11 @@ impl Gate {
             Some(false) => Err(shut()),
             None => {
                 state.waiting += 1;
-                Ok(Some(Pass { read: self.read.as_raw_fd(), write: self.write.as_raw_fd() }))
+                Ok(Some(Pass {
+                    read: self.read.as_raw_fd(),
+                    write: self.write.as_raw_fd(),
+                    daemon: std::process::id() as i32,
+                }))
             }
         }
     }
@@ -126,18 +131,34 @@ impl Drop for Opener {
 }
 
 impl Pass {
-    /// In the child, between fork and exec: waits for the daemon's word. Only
-    /// `close` and `read`, both async-signal-safe.
+    /// In the child, between fork and exec: waits for the daemon's word.
+    /// Gives up when the daemon is gone (its parent is then another process):
+    /// the child holds copies of every descriptor the daemon had (another
+    /// gate's pipe, the data root's lock) until it runs its program, so no
+    /// end of file would ever come, and a child left waiting would keep the
+    /// next daemon from starting. Only `close`, `poll`, `read` and
+    /// `getppid`, all async-signal-safe.
     pub fn wait(self) -> io::Result<()> {
+        use nix::libc;
         // The child's copy of the write end goes first: it is the daemon's to write.
         let _ = nix::unistd::close(self.write);
         let mut byte = [0u8; 1];
         loop {
+            let mut ready = libc::pollfd { fd: self.read, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one pollfd on a descriptor inherited from the daemon.
+            let polled = unsafe { libc::poll(&mut ready, 1, 100) };
+            // SAFETY: getppid has no arguments and cannot fail.
+            if unsafe { libc::getppid() } != self.daemon {
+                return Err(shut());
+            }
+            if polled == 0 || (polled < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EINTR)) {
+                continue;
+            }
             // SAFETY: a descriptor inherited from the daemon, read into a local buffer.
-            let n = unsafe { nix::libc::read(self.read, byte.as_mut_ptr().cast(), 1) };
+            let n = unsafe { libc::read(self.read, byte.as_mut_ptr().cast(), 1) };
             match n {
                 1 if byte[0] == b'g' => return Ok(()),
-                -1 if io::Error::last_os_error().raw_os_error() == Some(nix::libc::EINTR) => {}
+                -1 if io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
                 _ => return Err(shut()),
             }
         }
@@ -185,6 +206,69 @@ mod tests {
         // Enlisted once open: no wait.
         assert!(spawn_behind(&gate).unwrap().wait().unwrap().success());
         assert!(gate.opened_at().is_some());
+    }
+
+    /// A child whose daemon dies while it waits gives up, though the pipe's
+    /// write end lives on (here in this process, the daemon's parent).
+    #[test]
+    fn a_child_whose_daemon_dies_gives_up() {
+        let gate = Gate::new().unwrap();
+        let (report_read, report_write) = nix::unistd::pipe().unwrap();
+        // SAFETY: the forked "daemon" makes one spawn and exits without unwinding.
+        match unsafe { nix::unistd::fork() }.unwrap() {
+            nix::unistd::ForkResult::Child => {
+                let pass = gate.enlist().unwrap();
+                let mut cmd = Command::new("sleep");
+                cmd.arg("0");
+                // SAFETY: Pass::wait makes only async-signal-safe calls.
+                unsafe {
+                    cmd.pre_exec(move || pass.map_or(Ok(()), Pass::wait));
+                }
+                // The spawn blocks until its child execs or fails; the
+                // "daemon" dies first, from a thread, without a word.
+                std::thread::spawn(|| {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    unsafe { nix::libc::_exit(0) };
+                });
+                let _ = cmd.spawn();
+                unsafe { nix::libc::_exit(0) };
+            }
+            nix::unistd::ForkResult::Parent { child } => {
+                drop(report_write);
+                nix::sys::wait::waitpid(child, None).unwrap();
+            }
+        }
+        // The waiting grandchild is this process's no more (nor its child's):
+        // find it by the pipe it holds and see it go.
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let mine = format!(
+            "pipe:[{}]",
+            std::fs::metadata(format!("/proc/self/fd/{}", gate.read.as_raw_fd()))
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+                .unwrap()
+        );
+        let holders = || {
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter(|p| {
+                    let pid = p.file_name().to_string_lossy().parse::<u32>().ok();
+                    pid.is_some_and(|pid| pid != std::process::id())
+                        && std::fs::read_dir(p.path().join("fd"))
+                            .map(|fds| {
+                                fds.flatten().any(|fd| {
+                                    std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == mine)
+                                })
+                            })
+                            .unwrap_or(false)
+                })
+                .count()
+        };
+        while holders() > 0 {
+            assert!(Instant::now() < deadline, "a child still waits at the gate of a dead daemon");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        drop(report_read);
     }
 
     #[tokio::test]

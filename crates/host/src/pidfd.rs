@@ -8,6 +8,11 @@
 //! process for the old one. A pidfd refers to one process for good: it
 //! reads as ready once that process has exited, reaped or not, and
 //! `pidfd_send_signal` through it fails rather than signal a stranger.
+//!
+//! Where the kernel gives no pidfd (before Linux 5.3, or a seccomp policy
+//! that refuses `pidfd_open`), the process is held by its pid alone and
+//! watched through `/proc` (a zombie counts as exited): the old way, with
+//! its small pid-reuse window.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -19,7 +24,8 @@ use nix::sys::signal::Signal;
 /// One process, held for as long as this value lives.
 #[derive(Debug)]
 pub struct Pidfd {
-    fd: OwnedFd,
+    /// `None` where the kernel gives no pidfd: then watched by pid.
+    fd: Option<OwnedFd>,
     pid: i32,
 }
 
@@ -37,13 +43,19 @@ impl Pidfd {
         if fd < 0 {
             let e = io::Error::last_os_error();
             return match e.raw_os_error() {
-                Some(libc::ESRCH) => Ok(None),
+                // No such process; or a thread's id, not a process's (and
+                // so not the server anyone asked about).
+                Some(libc::ESRCH) | Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(None),
+                // No pidfds here: watched by pid, if it lives.
+                Some(libc::ENOSYS) | Some(libc::EPERM) => {
+                    Ok(running_by_proc(pid).then_some(Pidfd { fd: None, pid }))
+                }
                 _ => Err(e),
             };
         }
         // SAFETY: the syscall returned a descriptor this process now owns.
         let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        Ok(Some(Pidfd { fd, pid }))
+        Ok(Some(Pidfd { fd: Some(fd), pid }))
     }
 
     /// The pid it was opened for.
@@ -53,7 +65,8 @@ impl Pidfd {
 
     /// Whether the process has exited (a zombie has).
     pub fn exited(&self) -> bool {
-        let mut poll = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        let Some(fd) = &self.fd else { return !running_by_proc(self.pid) };
+        let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one valid pollfd, no waiting.
         let n = unsafe { libc::poll(&mut poll, 1, 0) };
         n > 0 && poll.revents & (libc::POLLIN | libc::POLLHUP) != 0
@@ -62,11 +75,17 @@ impl Pidfd {
     /// Sends `signal` to this process and no other; a process that has exited
     /// is not signalled (and that is not an error).
     pub fn signal(&self, signal: Signal) -> io::Result<()> {
+        let Some(fd) = &self.fd else {
+            return match nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), signal) {
+                Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+                Err(e) => Err(e.into()),
+            };
+        };
         // SAFETY: a pidfd this value owns, a signal number, no siginfo, no flags.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_pidfd_send_signal,
-                self.fd.as_raw_fd(),
+                fd.as_raw_fd(),
                 signal as libc::c_int,
                 std::ptr::null::<libc::siginfo_t>(),
                 0,
@@ -82,12 +101,13 @@ impl Pidfd {
     }
 
     /// Waits until the process has exited, at most `limit`; whether it did.
-    /// The wait is the kernel's wake-up, not a poll of `/proc`.
+    /// The wait is the kernel's wake-up, not a poll of `/proc` (but where
+    /// there is no pidfd, or the runtime's reactor refuses it).
     pub async fn exits_within(&self, limit: Duration) -> bool {
         if self.exited() {
             return true;
         }
-        let registered = self.fd.try_clone().ok().and_then(|fd| {
+        let registered = self.fd.as_ref().and_then(|fd| fd.try_clone().ok()).and_then(|fd| {
             // SAFETY: the AsyncFd owns a descriptor of its own (a duplicate of
             // this pidfd), open until the AsyncFd drops it, and an OwnedFd's
             // raw descriptor never changes.
@@ -98,7 +118,7 @@ impl Pidfd {
         matches!(tokio::time::timeout(limit, ready.readable()).await, Ok(Ok(_))) || self.exited()
     }
 
-    /// The same wait without the reactor (outside a runtime's I/O driver).
+    /// The same wait by polling.
     async fn exited_by_polling(&self, limit: Duration) -> bool {
         let deadline = std::time::Instant::now() + limit;
         let mut wait = Duration::from_micros(500);
@@ -110,6 +130,18 @@ impl Pidfd {
             wait = (wait * 2).min(Duration::from_millis(10));
         }
         true
+    }
+}
+
+/// Whether `pid` is a process that has not exited (a zombie has), by
+/// `/proc`; "could not look" counts as running, so a waiter keeps waiting.
+fn running_by_proc(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+            !matches!(state, Some('Z') | Some('X') | None)
+        }
+        Err(e) => e.kind() != io::ErrorKind::NotFound,
     }
 }
 
@@ -141,6 +173,32 @@ mod tests {
         pidfd.signal(Signal::SIGTERM).unwrap();
         assert!(pidfd.exits_within(Duration::from_secs(5)).await);
         child.wait().unwrap();
+    }
+
+    #[tokio::test]
+    async fn without_a_pidfd_a_process_is_watched_by_its_pid() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let held = Pidfd { fd: None, pid: child.id() as i32 };
+        assert!(!held.exits_within(Duration::from_millis(30)).await);
+        held.signal(Signal::SIGKILL).unwrap();
+        assert!(held.exits_within(Duration::from_secs(5)).await, "a zombie counts as exited");
+        child.wait().unwrap();
+    }
+
+    #[test]
+    fn a_thread_is_not_a_process() {
+        let tid = std::thread::spawn(|| nix::unistd::gettid().as_raw()).join().unwrap();
+        // (The thread has ended; a live one's id is refused the same way.)
+        assert!(Pidfd::open(tid).unwrap().is_none());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let t = std::thread::spawn(move || {
+            tx.send(nix::unistd::gettid().as_raw()).unwrap();
+            let _ = stopped.recv();
+        });
+        assert!(Pidfd::open(rx.recv().unwrap()).unwrap().is_none(), "a live thread's id");
+        stop.send(()).unwrap();
+        t.join().unwrap();
     }
 
     #[test]

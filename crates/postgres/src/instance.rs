@@ -478,7 +478,8 @@ pub async fn kill(pid: i32, pgdata: &Path) -> std::io::Result<()> {
 /// read first, the pid could be used again before the pidfd was opened.
 fn hold(pid: i32, pgdata: &Path) -> std::io::Result<Option<Pidfd>> {
     let Some(server) = Pidfd::open(pid)? else { return Ok(None) };
-    Ok(serves(pid, pgdata)?.then_some(server))
+    // Still running once `/proc` was read: that was the held process's.
+    Ok((serves(pid, pgdata)? && !server.exited()).then_some(server))
 }
 
 /// `hold`, retried for a second while `/proc` cannot be read.

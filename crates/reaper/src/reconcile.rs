@@ -3,7 +3,8 @@
 //!
 //! - a sandbox half-made (`creating`) or half-deleted (`deleting`) is torn down (`orphan`);
 //! - a running sandbox whose TTL passed while the daemon was down is deleted (`ttl`);
-//!   these teardowns are marked `deleting` at once and carried out after
+//!   these sandboxes are marked `deleting` at once (whatever state they were
+//!   in, so the reaper takes up a teardown that fails) and torn down after
 //!   reconciliation, in the background and a few at a time, so the API
 //!   answers whatever expired while the daemon was down;
 //! - a running or pooled server is continued (a branch's pause may have been cut
@@ -115,7 +116,7 @@ async fn reconcile_deferring(
     for sb in rows {
         if sb.is_migration_test_fork() && !matches!(sb.state, SandboxState::Creating | SandboxState::Deleting)
         {
-            engine.store().begin_delete(&sb.id)?;
+            engine.store().mark_deleting(&sb.id)?;
             teardowns.push((sb, DeleteReason::Orphan));
             done.orphans += 1;
             continue;
@@ -124,13 +125,14 @@ async fn reconcile_deferring(
             // `lost` is only ever shown of another node's sandbox; a row in that
             // state here would be a record no one can finish: an orphan.
             SandboxState::Creating | SandboxState::Deleting | SandboxState::Lost => {
+                engine.store().mark_deleting(&sb.id)?;
                 teardowns.push((sb, DeleteReason::Orphan));
                 done.orphans += 1;
             }
             SandboxState::Running | SandboxState::Suspended | SandboxState::Resetting
                 if sb.expires_at <= now =>
             {
-                engine.store().begin_delete(&sb.id)?;
+                engine.store().mark_deleting(&sb.id)?;
                 teardowns.push((sb, DeleteReason::Ttl));
                 done.expired += 1;
             }

@@ -34,16 +34,19 @@ pub(crate) async fn keep(engine: Arc<Engine>) {
                     if !deleting.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone()) {
                         continue;
                     }
-                    let (engine, deleting) = (engine.clone(), deleting.clone());
+                    let engine = engine.clone();
+                    // Forgotten however the deletion ends, a panic included, so
+                    // the next look takes it up again if it is still due.
+                    let in_flight = InFlight { deleting: deleting.clone(), id: id.clone() };
                     // Each deletion runs on its own so one slow teardown delays no other.
                     crate::spawn_as_reaper(async move {
+                        let _in_flight = in_flight;
                         match sandbox::delete(&engine, &id, DeleteReason::Ttl).await {
                             Ok(_) => tracing::info!(sandbox = %id, "expired and deleted"),
                             Err(e) => {
                                 tracing::error!(sandbox = %id, error = %e, "could not delete expired sandbox")
                             }
                         }
-                        deleting.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
                     });
                 }
             }
@@ -61,5 +64,17 @@ pub(crate) async fn keep(engine: Arc<Engine>) {
             _ = tokio::time::sleep(until_next.min(LOOK_AGAIN)) => {}
             _ = engine.expiries.notified() => {}
         }
+    }
+}
+
+/// A deletion the timer started, forgotten when it ends.
+struct InFlight {
+    deleting: Arc<Mutex<HashSet<String>>>,
+    id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.deleting.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }

@@ -356,10 +356,11 @@ pub async fn kill(pid: i32) {
     let Ok(Some(server)) = airlock_host::pidfd::Pidfd::open(pid) else { return };
     let is_redis = std::fs::read(format!("/proc/{pid}/comm"))
         .is_ok_and(|c| String::from_utf8_lossy(&c).trim().starts_with("redis-server"));
-    if !is_redis || server.exited() {
+    if !is_redis {
         return;
     }
-    // Held and not exited, so not reaped: the pid, and its group, are still its.
+    // Held, so not reaped (a zombie keeps its pid): the pid, and its group,
+    // are still its, and the group may hold a child of its own (a BGSAVE's).
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     server.exits_within(Duration::from_secs(2)).await;
 }

@@ -153,6 +153,8 @@ impl Baselines {
                 tracing::warn!(error = %e, "a scratch server did not stop cleanly");
             }
         }
+        // Whatever else still runs there (a round's server cut short) first.
+        stop_scratch_servers(&root).await;
         let _ = std::fs::remove_dir_all(&root);
         let mut all = Vec::new();
         for (name, ms) in
@@ -185,17 +187,24 @@ async fn dump(
         return Ok(None);
     };
     let passfile = root.join("pgpass");
-    airlock_core::dsn::write_passfile(&passfile, &airlock_core::dsn::password(&dsn).unwrap_or_default())?;
-    let out = tokio::process::Command::new(bin.tool("pg_dump"))
-        .env("PGPASSFILE", &passfile)
-        .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])
-        .arg(&dump)
-        .arg(airlock_core::dsn::redact(&dsn))
-        .output()
-        .await?;
+    let written =
+        airlock_core::dsn::write_passfile(&passfile, &airlock_core::dsn::password(&dsn).unwrap_or_default());
+    let out = match written {
+        Ok(()) => tokio::process::Command::new(bin.tool("pg_dump"))
+            .env("PGPASSFILE", &passfile)
+            .args(["--format=custom", "--no-owner", "--no-acl", "--compress=0", "--file"])
+            .arg(&dump)
+            .arg(airlock_core::dsn::redact(&dsn))
+            .output()
+            .await
+            .map_err(Error::from),
+        Err(e) => Err(Error::from(e)),
+    };
+    // The sandbox goes whatever came of the dump.
     let _: Sandbox = client
         .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
         .await?;
+    let out = out?;
     if !out.status.success() {
         return Err(Error::postgres(format!(
             "pg_dump of the golden failed: {}",
@@ -252,7 +261,10 @@ impl Scratch {
         let users = [self.me.name.as_str()];
         instance::write_access_files(&dir, &users, &[])?;
         let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None, None, None, None)?;
-        started.wait_ready(&dir).await?;
+        if let Err(e) = started.wait_ready(&dir).await {
+            let _ = instance::kill(started.pid, &dir.pgdata()).await;
+            return Err(e);
+        }
         Ok((dir, started))
     }
 

@@ -153,7 +153,11 @@ fn kill_9_in_the_middle_of_forks_and_deletes_leaks_nothing() {
     }
     d.kill9();
     d.spawn();
-    // After reconciliation, state, processes and directories agree exactly.
+    // After reconciliation (and the teardowns it leaves to the background),
+    // state, processes and directories agree exactly.
+    d.wait_for(Duration::from_secs(20), "the teardowns reconciliation started", || {
+        d.json(&["ls"]).as_array().unwrap().iter().all(|sb| sb["state"] == "running")
+    });
     let ids = d.ids();
     let mut dirs = d.sandbox_dirs();
     dirs.sort();

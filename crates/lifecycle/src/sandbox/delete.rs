@@ -9,6 +9,7 @@ use super::stores::{self, At, Stop};
 use super::{instance_dir, ms, Sandbox, SandboxState};
 use crate::engine::{Engine, TeardownClaim};
 use crate::golden;
+use airlock_core::clock::Timestamp;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::{DeleteReason, NewEvent};
 
@@ -33,9 +34,29 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
                 // Not while a suspend or wake is stopping or starting its server.
                 let _op = engine.sandbox_lock(&sb.id).await;
                 let sb = engine.store().sandbox(&sb.id)?;
-                if engine.store().begin_delete(&sb.id)? {
+                // A TTL's deletion only while it is still due: an extension
+                // that came first wins.
+                let begun = match reason {
+                    DeleteReason::Ttl => engine.store().begin_expiry_delete(&sb.id, Timestamp::now())?,
+                    _ => engine.store().begin_delete(&sb.id)?,
+                };
+                if begun {
                     teardown(engine, &sb, reason).await?;
                     return Ok(sb);
+                }
+                if reason == DeleteReason::Ttl
+                    && matches!(sb.state, SandboxState::Running | SandboxState::Suspended)
+                    && sb.expires_at > Timestamp::now()
+                {
+                    return Err(Error::new(
+                        ErrorCode::InvalidTtl,
+                        format!(
+                            "sandbox {} is not due: its TTL was extended to {}",
+                            sb.id,
+                            sb.expires_at.to_rfc3339()
+                        ),
+                        "nothing to do; it is deleted when its new TTL passes",
+                    ));
                 }
             }
             // A teardown that failed left it; take it up (after a moment, so a

@@ -85,6 +85,24 @@ impl Store {
         Ok(n == 1)
     }
 
+    /// Moves a sandbox in any state to `deleting` (at start-up, for what is
+    /// to be torn down: a teardown that then fails is taken up again from
+    /// that state, as any other).
+    pub fn mark_deleting(&mut self, id: &str) -> Result<()> {
+        self.conn.execute("UPDATE sandboxes SET state = 'deleting' WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Moves a running or suspended sandbox whose TTL has passed by `now` to
+    /// `deleting`; false if it is not (its TTL was extended meanwhile, say).
+    pub fn begin_expiry_delete(&mut self, id: &str, now: Timestamp) -> Result<bool> {
+        let n = self.conn.execute(
+            "UPDATE sandboxes SET state = 'deleting' WHERE id = ?1 AND state IN ('running', 'suspended') AND expires_at <= ?2",
+            params![id, now.0],
+        )?;
+        Ok(n == 1)
+    }
+
     /// Moves a running or pooled sandbox whose server (`pid`) died to `deleting`;
     /// false if it changed meanwhile (suspended, deleted, restarted).
     pub fn begin_delete_dead(&mut self, id: &str, pid: Option<i32>) -> Result<bool> {
