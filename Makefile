@@ -34,6 +34,7 @@ bench: build
 	@scripts/bench-cluster.sh
 	@scripts/bench-lifecycle.sh
 	@scripts/bench-client-tls.sh
+	@scripts/bench-router-clients.sh
 
 clean:
 	cargo clean

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The router against the socket and PgBouncer, at several client counts, in
+# plaintext and TLS, in one run (as root): `pgbench -S` (scale 10) on one
+# sandbox of the 40 MB golden, each path in turn within each round, so a
+# load that comes and goes weighs on all alike.
+#
+# Paths:
+#   socket        the sandbox's own unix socket (the ceiling);
+#   router        the router's port, plaintext (sslmode=disable);
+#   router_tls    the router's port, TLS (sslmode=require);
+#   pgbouncer     PgBouncer (session pooling) on loopback in front of the
+#                 same socket, plaintext;
+#   pgbouncer_tls the same with client TLS (a throwaway self-signed key).
+# PgBouncer is installed when missing (apt). CLIENTS (default "2 8 28": an
+# agent role holds at most 30 connections, the sandbox's cap),
+# ROUNDS (default 3) and SECONDS_EACH (default 8) set the run.
+# Results go to bench/results/router-clients.txt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ "$(id -u)" -eq 0 ] || { echo "run as root (it makes a loop volume and runs servers as other users)" >&2; exit 1; }
+export AIRLOCK_ROUTER=127.0.0.1:7512 AIRLOCK_GATEWAY=127.0.0.1:7513 AIRLOCK_REDIS_ROUTER=127.0.0.1:7514
+export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-router-clients}
+GOLDENS="bench-40mb"
+source scripts/bench-lib.sh
+clients=${CLIENTS:-2 8 28}
+rounds=${ROUNDS:-3}
+seconds=${SECONDS_EACH:-8}
+command -v pgbouncer >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
+command -v setfacl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl >/dev/null
+work=$(mktemp -d /var/tmp/airlock-bench-router-clients.XXXXXX)
+chmod 755 "$work"
+bouncer=""
+trap '[ -n "$bouncer" ] && kill "$bouncer" 2>/dev/null; bench_cleanup; rm -rf "$work"' EXIT
+bench_fresh_root
+airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0 --connection-limit 30)
+id=$(echo "$sb" | json "['id']")
+socket=$(echo "$sb" | json "['socket_dsn']")
+routed=$(echo "$sb" | json "['dsn']")
+password=$(python3 -c 'import sys, urllib.parse as u; print(u.unquote(u.urlsplit(sys.argv[1]).password))' "$socket")
+run_dir=$AIRLOCK_HOME/volume/sandboxes/$id/run
+"$pgbin/pgbench" -i -s 10 -q "$socket" >/dev/null 2>&1
+
+# PgBouncer runs as the unprivileged `airlock` user (it refuses root), let
+# into this one throwaway sandbox's socket directory by an ACL.
+setfacl -m u:airlock:x "$AIRLOCK_HOME/volume/sandboxes/$id"
+setfacl -m u:airlock:rwx "$run_dir"
+setfacl -m u:airlock:rwx "$run_dir/.s.PGSQL.5432"
+openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
+  -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
+printf '"airlock_agent" "%s"\n' "$password" > "$work/userlist.txt"
+cat > "$work/pgbouncer.ini" <<EOF
+[databases]
+app = host=$run_dir port=5432 dbname=app
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = 7519
+unix_socket_dir =
+auth_type = scram-sha-256
+auth_file = $work/userlist.txt
+pool_mode = session
+; its server connections close once idle, so each path gets the sandbox's
+; 30 connections to itself
+server_idle_timeout = 1
+max_client_conn = 200
+default_pool_size = 40
+client_tls_sslmode = allow
+client_tls_key_file = $work/key.pem
+client_tls_cert_file = $work/cert.pem
+logfile = $work/pgbouncer.log
+pidfile = $work/pgbouncer.pid
+EOF
+chown -R airlock "$work"
+runuser -u airlock -- pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
+bouncer=$!
+sleep 1
+# The DSNs keep the password as the socket DSN spells it (URL-encoded).
+user_password=${socket#*://}; user_password=${user_password%%@*}
+plain_router="${routed%%\?*}?sslmode=disable"
+tls_router="${routed%%\?*}?sslmode=require"
+plain_bouncer="postgresql://$user_password@127.0.0.1:7519/app?sslmode=disable"
+tls_bouncer="postgresql://$user_password@127.0.0.1:7519/app?sslmode=require"
+declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer)
+paths="socket router router_tls pgbouncer pgbouncer_tls"
+for path in $paths; do
+  "$pgbin/pgbench" -n -S -c 1 -T 1 "${dsn[$path]}" >/dev/null 2>&1 || { echo "$path does not answer" >&2; exit 1; }
+done
+
+{
+  echo "# pgbench -S, scale 10, ${seconds} s per run, $rounds rounds; $(date -u +%FT%TZ), $(nproc) cores, $(uname -r), $(pgbouncer --version | head -1)"
+  echo "round,clients,path,tps"
+  for round in $(seq "$rounds"); do
+    for c in $clients; do
+      for path in $paths; do
+        sleep 2
+        tps=$("$pgbin/pgbench" -n -S -c "$c" -j "$(( c < 2 ? c : 2 ))" -T "$seconds" "${dsn[$path]}" 2>/dev/null | awk '/^tps/ {print $3}')
+        echo "$round,$c,$path,$tps"
+      done
+    done
+  done
+} | tee "$work/raw.csv"
+python3 - "$work/raw.csv" "$paths" <<'PY' | tee -a "$work/raw.csv"
+import statistics, sys
+rows = [l.strip().split(",") for l in open(sys.argv[1]) if l[0].isdigit()]
+paths = sys.argv[2].split()
+clients = sorted({int(r[1]) for r in rows})
+med = {(c, p): statistics.median(float(r[3]) for r in rows if int(r[1]) == c and r[2] == p) for c in clients for p in paths}
+print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls |")
+print("|---" * (len(paths) + 5) + "|")
+for c in clients:
+    s = med[(c, "socket")]
+    cells = " | ".join(f"{med[(c, p)]:,.0f}" for p in paths)
+    print(f"| {c} | {cells} | {med[(c,'router')]/s:.2f} | {med[(c,'router_tls')]/s:.2f} | "
+          f"{med[(c,'router')]/med[(c,'pgbouncer')]:.2f} | {med[(c,'router_tls')]/med[(c,'pgbouncer_tls')]:.2f} |")
+PY
+cp "$work/raw.csv" bench/results/router-clients.txt
