@@ -243,7 +243,7 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 /// The rustls configuration for `mode`: verifying against `root_file` (or the
 /// system bundle) for the verify modes, not verifying otherwise.
-fn client_config(mode: &str, root_file: Option<&str>) -> Result<rustls::ClientConfig> {
+pub fn client_config(mode: &str, root_file: Option<&str>) -> Result<rustls::ClientConfig> {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::internal(format!("TLS: {e}")))?;

@@ -34,7 +34,8 @@ pub enum BenchCommand {
         /// Skip the baselines.
         #[arg(long)]
         no_baselines: bool,
-        /// Where the first query goes: through the router (plaintext on loopback) or
+        /// Where the first query goes: through the router (plaintext on
+        /// loopback, or TLS checked against Airlock's CA, as the DSN says) or
         /// straight to the sandbox's socket.
         #[arg(long, value_enum, default_value = "router")]
         via: Via,
@@ -74,6 +75,9 @@ pub enum BenchCommand {
 pub enum Via {
     /// The router's TCP port.
     Router,
+    /// The router's TCP port with TLS, as a user's DSN connects
+    /// (`sslmode=verify-full` against Airlock's CA; `rediss://` for Redis).
+    RouterTls,
     /// The sandbox's private unix socket.
     Socket,
 }
@@ -144,9 +148,13 @@ pub(super) fn elapsed_ms(t: Instant) -> f64 {
 /// PostgreSQL (`agent`), and `AUTH` + `PING` when it has a Redis, by `via`.
 async fn first_answers(sb: &Sandbox, agent: Option<&tokio_postgres::Config>, via: Via) -> Result<()> {
     let sql = async {
-        match agent {
-            Some(agent) => first_query(agent).await,
-            None => Ok(()),
+        match (agent, via, sb.dsn.as_deref()) {
+            (Some(_), Via::RouterTls, Some(dsn)) => {
+                let client = airlock_postgres::target::connect(dsn).await?;
+                client.simple_query("SELECT 1").await.map_err(|e| Error::postgres(e.to_string())).map(drop)
+            }
+            (Some(agent), _, _) => first_query(agent).await,
+            (None, _, _) => Ok(()),
         }
     };
     let (sql, ping) = tokio::join!(sql, first_ping(sb, via));
@@ -156,7 +164,7 @@ async fn first_answers(sb: &Sandbox, agent: Option<&tokio_postgres::Config>, via
 /// `AUTH` and `PING` on a sandbox's Redis, through the router's Redis port
 /// (plaintext) or its socket; nothing when it has no Redis.
 async fn first_ping(sb: &Sandbox, via: Via) -> Result<()> {
-    let routed = sb.redis_url.as_deref().filter(|_| via == Via::Router);
+    let routed = sb.redis_url.as_deref().filter(|_| matches!(via, Via::Router | Via::RouterTls));
     let Some(url) = routed.or(sb.redis_socket_url.as_deref()) else { return Ok(()) };
     let bad = || Error::internal("a sandbox's Redis URL did not parse");
     let (scheme, rest) = url.split_once("://").ok_or_else(bad)?;
@@ -167,6 +175,24 @@ async fn first_ping(sb: &Sandbox, via: Via) -> Result<()> {
         "unix" => {
             auth_and_ping(tokio::net::UnixStream::connect(address).await.map_err(failed)?, user, password)
                 .await
+        }
+        _ if via == Via::RouterTls => {
+            // Checked against the CA the sandbox's DSN names, as a client given it would.
+            let ca = sb
+                .dsn
+                .as_deref()
+                .and_then(|d| d.split("sslrootcert=").nth(1))
+                .map(|c| c.split('&').next().unwrap_or(c));
+            let config = airlock_postgres::target::client_config("verify-full", ca)?;
+            let host = address.rsplit_once(':').map_or(address, |(h, _)| h).to_owned();
+            let name = rustls::pki_types::ServerName::try_from(host)
+                .map_err(|e| Error::internal(format!("the router's Redis address: {e}")))?;
+            let tcp = tokio::net::TcpStream::connect(address).await.map_err(failed)?;
+            let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .map_err(failed)?;
+            auth_and_ping(tls, user, password).await
         }
         _ => {
             auth_and_ping(tokio::net::TcpStream::connect(address).await.map_err(failed)?, user, password)
@@ -265,6 +291,8 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
     let name = match (pooled, via) {
         (true, Via::Router) => "airlock_fork_from_pool",
         (false, Via::Router) => "airlock_fork",
+        (true, Via::RouterTls) => "airlock_fork_from_pool_tls",
+        (false, Via::RouterTls) => "airlock_fork_tls",
         (true, Via::Socket) => "airlock_fork_from_pool_via_socket",
         (false, Via::Socket) => "airlock_fork_via_socket",
     };

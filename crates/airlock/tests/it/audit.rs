@@ -583,8 +583,13 @@ fn a_daemon_killed_mid_fork_or_down_past_a_ttl_leaves_a_complete_chain() {
         .clone();
     assert_eq!(gone["reason"], "ttl");
     assert_eq!(verify(&d.home, &[]).0, 0);
+    // The reap lag counts from expiry, across the restart (once the metrics,
+    // which follow the audit log, have read the deletion: it now runs after
+    // the API answers).
+    d.wait_for(Duration::from_secs(10), "the deletion to be counted", || {
+        d.json(&["stats"])["reaping"]["lag"]["count"] == 1
+    });
     let stats = d.json(&["stats"]);
-    // The reap lag counts from expiry, across the restart.
     let lag = &stats["reaping"]["lag"];
     assert_eq!(lag["count"], 1, "{stats}");
     assert!(lag["max_ms"].as_f64().unwrap() >= 2000.0, "{stats}");

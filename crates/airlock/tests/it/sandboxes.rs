@@ -479,6 +479,12 @@ fn bench_fork_times_each_baseline_after_each_fork_and_leaves_nothing() {
         .iter()
         .any(|m| m["major"].as_u64().unwrap() >= 18 && m["problem"].is_null());
     assert_eq!(runs("pg18_clone"), has_18.then(|| 2.into()), "{report}");
+    // As users connect: TLS checked against Airlock's CA, for PostgreSQL and Redis alike.
+    crate::redis::golden_with_redis(&d, "kv");
+    let tls = d.json(&["bench", "fork", "--golden", "kv", "--iterations", "2", "--via", "router-tls"]);
+    let methods: Vec<_> = tls["results"].as_array().unwrap().iter().map(|s| s["method"].clone()).collect();
+    assert_eq!(methods.first(), Some(&"airlock_fork_tls".into()), "{tls}");
+    assert_eq!(tls["results"][0]["runs"], 2, "{tls}");
     assert!(d.ids().is_empty(), "every fork was deleted");
     let scratch: Vec<_> = std::fs::read_dir(d.home.join("volume"))
         .unwrap()
