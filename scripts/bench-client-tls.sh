@@ -19,7 +19,7 @@ if ! "$old/bin/python" -c "import redis, psycopg; assert redis.__version__ == '$
   "$old/bin/pip" install --quiet --disable-pip-version-check "redis==$old_version" "psycopg[binary]" >&2
 fi
 work=$(mktemp -d /var/tmp/airlock-bench-client-tls.XXXXXX)
-trap 'bench_cleanup; rm -rf "$work"' EXIT
+trap 'bench_cleanup || true; rm -rf "$work"' EXIT
 bench_fresh_root
 printf 'CREATE TABLE t (id int);\n' > "$work/schema.sql"
 printf 'SET greeting hi\n' > "$work/seed.redis"

@@ -30,8 +30,8 @@ parts=${PARTS:-restart,ttl}
 new=$PWD/target/release/airlock
 work=$(mktemp -d /var/tmp/airlock-bench-lifecycle.XXXXXX)
 keeper=""
-stop_keeper() { [ -n "$keeper" ] && kill "$keeper" 2>/dev/null; keeper=""; }
-trap 'stop_keeper; bench_cleanup; rm -rf "$work"' EXIT
+stop_keeper() { if [ -n "$keeper" ]; then kill "$keeper" 2>/dev/null || true; fi; keeper=""; }
+trap 'stop_keeper; bench_cleanup || true; rm -rf "$work"' EXIT
 bin=$new
 airlock() { "$bin" "$@"; }
 printf 'CREATE TABLE t (id int);\n' > "$work/schema.sql"

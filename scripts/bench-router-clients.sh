@@ -29,8 +29,9 @@ command -v pgbouncer >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get instal
 command -v setfacl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl >/dev/null
 work=$(mktemp -d /var/tmp/airlock-bench-router-clients.XXXXXX)
 chmod 755 "$work"
-bouncer=""
-trap '[ -n "$bouncer" ] && kill "$bouncer" 2>/dev/null; bench_cleanup; rm -rf "$work"' EXIT
+# PgBouncer is stopped by its configuration's path: runuser, which starts
+# it, does not pass a signal on.
+trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; bench_cleanup || true; rm -rf "$work"' EXIT
 bench_fresh_root
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
 sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0 --connection-limit 30)
@@ -72,7 +73,6 @@ pidfile = $work/pgbouncer.pid
 EOF
 chown -R airlock "$work"
 runuser -u airlock -- pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
-bouncer=$!
 sleep 1
 # The DSNs keep the password as the socket DSN spells it (URL-encoded).
 user_password=${socket#*://}; user_password=${user_password%%@*}
