@@ -28,7 +28,7 @@ seconds=${SECONDS_EACH:-8}
 command -v pgbouncer >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
 command -v setfacl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl >/dev/null
 work=$(mktemp -d /var/tmp/airlock-bench-router-clients.XXXXXX)
-chmod 755 "$work"
+chmod 700 "$work"
 # PgBouncer is stopped by its configuration's path: runuser, which starts
 # it, does not pass a signal on.
 trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; bench_cleanup || true; rm -rf "$work"' EXIT
@@ -36,9 +36,16 @@ bench_fresh_root
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
 sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0 --connection-limit 30)
 id=$(echo "$sb" | json "['id']")
-socket=$(echo "$sb" | json "['socket_dsn']")
-routed=$(echo "$sb" | json "['dsn']")
-password=$(python3 -c 'import sys, urllib.parse as u; print(u.unquote(u.urlsplit(sys.argv[1]).password))' "$socket")
+# The sandbox's password goes to the clients in PGPASSWORD, never on a
+# command line (every local user can read those); the DSNs name the user alone.
+without_password() { python3 -c 'import json, sys, urllib.parse as u
+d = u.urlsplit(json.load(sys.stdin)[sys.argv[1]])
+user, host = d.netloc.rsplit("@", 1)
+print(d._replace(netloc=user.split(":", 1)[0] + "@" + host).geturl())' "$1" <<<"$sb"; }
+socket=$(without_password socket_dsn)
+routed=$(without_password dsn)
+PGPASSWORD=$(python3 -c 'import json, sys, urllib.parse as u; print(u.unquote(u.urlsplit(json.load(sys.stdin)["dsn"]).password))' <<<"$sb")
+export PGPASSWORD
 run_dir=$AIRLOCK_HOME/volume/sandboxes/$id/run
 "$pgbin/pgbench" -i -s 10 -q "$socket" >/dev/null 2>&1
 
@@ -49,7 +56,7 @@ setfacl -m u:airlock:rwx "$run_dir"
 setfacl -m u:airlock:rwx "$run_dir/.s.PGSQL.5432"
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
   -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
-printf '"airlock_agent" "%s"\n' "$password" > "$work/userlist.txt"
+(umask 077; printf '"airlock_agent" "%s"\n' "$PGPASSWORD" > "$work/userlist.txt")
 cat > "$work/pgbouncer.ini" <<EOF
 [databases]
 app = host=$run_dir port=5432 dbname=app
@@ -74,12 +81,10 @@ EOF
 chown -R airlock "$work"
 runuser -u airlock -- pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
 sleep 1
-# The DSNs keep the password as the socket DSN spells it (URL-encoded).
-user_password=${socket#*://}; user_password=${user_password%%@*}
 plain_router="${routed%%\?*}?sslmode=disable"
 tls_router="${routed%%\?*}?sslmode=require"
-plain_bouncer="postgresql://$user_password@127.0.0.1:7519/app?sslmode=disable"
-tls_bouncer="postgresql://$user_password@127.0.0.1:7519/app?sslmode=require"
+plain_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=disable"
+tls_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=require"
 declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer)
 paths="socket router router_tls pgbouncer pgbouncer_tls"
 for path in $paths; do

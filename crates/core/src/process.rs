@@ -7,6 +7,21 @@ pub fn parent(pid: i32) -> Option<i32> {
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// Whether process `pid` exists and has not exited (a zombie has), or an
+/// error when `/proc` could not be read: "could not look" is never "gone".
+pub fn running(pid: i32) -> std::io::Result<bool> {
+    let stat = match std::fs::read(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound || e.raw_os_error() == Some(nix::libc::ESRCH) => {
+            return Ok(false)
+        }
+        Err(e) => return Err(e),
+    };
+    let stat = String::from_utf8_lossy(&stat);
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
+    Ok(!matches!(state, Some('Z') | Some('X') | None))
+}
+
 /// The effective uid of process `pid`, from the owner of its `/proc` entry.
 pub fn owner(pid: i32) -> Option<u32> {
     use std::os::unix::fs::MetadataExt;

@@ -26,10 +26,11 @@ pub struct Gate {
     decided: tokio::sync::watch::Sender<Option<bool>>,
 }
 
+/// What the daemon's side counts; whether the gate is decided, and how, is
+/// the `decided` channel's value, changed under this state's lock.
 #[derive(Default)]
 struct State {
     waiting: usize,
-    open: Option<bool>,
     opened_at: Option<Instant>,
 }
 
@@ -54,7 +55,8 @@ impl Gate {
     /// gate is open already (it need not wait), or an error when it was shut.
     pub fn enlist(&self) -> io::Result<Option<Pass>> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        match state.open {
+        let decided = *self.decided.borrow();
+        match decided {
             Some(true) => Ok(None),
             Some(false) => Err(shut()),
             None => {
@@ -81,10 +83,9 @@ impl Gate {
 
     fn decide(&self, go: bool) {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if state.open.is_some() {
+        if self.decided.borrow().is_some() {
             return;
         }
-        state.open = Some(go);
         if go {
             state.opened_at = Some(Instant::now());
         }

@@ -58,11 +58,6 @@ impl Pidfd {
         Ok(Some(Pidfd { fd: Some(fd), pid }))
     }
 
-    /// The pid it was opened for.
-    pub fn pid(&self) -> i32 {
-        self.pid
-    }
-
     /// Whether the process has exited (a zombie has).
     pub fn exited(&self) -> bool {
         let Some(fd) = &self.fd else { return !running_by_proc(self.pid) };
@@ -133,16 +128,10 @@ impl Pidfd {
     }
 }
 
-/// Whether `pid` is a process that has not exited (a zombie has), by
-/// `/proc`; "could not look" counts as running, so a waiter keeps waiting.
+/// Whether `pid` is a process that has not exited, by `/proc`; "could not
+/// look" counts as running, so a waiter keeps waiting.
 fn running_by_proc(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
-            !matches!(state, Some('Z') | Some('X') | None)
-        }
-        Err(e) => e.kind() != io::ErrorKind::NotFound,
-    }
+    airlock_core::process::running(pid).unwrap_or(true)
 }
 
 #[cfg(test)]

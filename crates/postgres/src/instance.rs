@@ -497,7 +497,9 @@ async fn held_settled(pid: i32, pgdata: &Path) -> std::io::Result<Option<Pidfd>>
 /// Whether `pid` is a running (not zombie) postmaster serving `pgdata`, or an
 /// error when `/proc` could not be read: "could not look" is never "gone".
 pub fn serves(pid: i32, pgdata: &Path) -> std::io::Result<bool> {
-    Ok(pid > 0 && alive(pid)? && postmaster_data_dir(pid)?.as_deref() == Some(pgdata))
+    Ok(pid > 0
+        && airlock_core::process::running(pid)?
+        && postmaster_data_dir(pid)?.as_deref() == Some(pgdata))
 }
 
 /// `serves`, with "could not look" counted as "no": for callers that only ask
@@ -535,18 +537,10 @@ pub fn postmaster_data_dir(pid: i32) -> std::io::Result<Option<PathBuf>> {
     Ok(dir.map(PathBuf::from))
 }
 
-/// Whether a process exists and is not a zombie.
-fn alive(pid: i32) -> std::io::Result<bool> {
-    let Some(stat) = read_proc(pid, "stat")? else { return Ok(false) };
-    let stat = String::from_utf8_lossy(&stat);
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next());
-    Ok(!matches!(state, Some('Z') | Some('X') | None))
-}
-
 /// Whether a process exists and is not a zombie ("could not look" counts as yes,
 /// so a waiter keeps waiting rather than acting on a live process).
 pub fn is_alive(pid: i32) -> bool {
-    alive(pid).unwrap_or(true)
+    airlock_core::process::running(pid).unwrap_or(true)
 }
 
 /// After an instance died without shutting down, its small System V segment

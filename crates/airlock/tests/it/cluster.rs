@@ -184,6 +184,12 @@ impl Net {
         format!("{scheme}://{}:{}", self.host(), 2379 + 10 * k)
     }
 
+    /// A call of etcd's JSON gateway (`v3/kv/CALL`) on the first member, with `body`.
+    fn etcd(&self, call: &str, body: &str) -> std::process::Output {
+        let url = format!("{}/v3/kv/{call}", self.member_url(0));
+        self.curl_etcd().args(["-s", "-X", "POST", "-d", body, &url]).output().unwrap()
+    }
+
     /// curl, with the test's own client certificate when etcd asks for one.
     fn curl_etcd(&self) -> Command {
         let mut curl = Command::new("curl");
@@ -692,16 +698,23 @@ struct Three {
     c: Daemon,
 }
 
+/// Node a's data root, the cluster's CA made in it, and the join tokens it
+/// issued b and c (in `tokens/`, by name).
+fn ca_node_home(net: &Net) -> (PathBuf, PathBuf) {
+    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
+    std::fs::create_dir_all(&home_a).unwrap();
+    offline(&home_a, &["cluster", "init"]);
+    let tokens = home_a.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    for (i, name) in [(1, "b"), (2, "c")] {
+        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
+    }
+    (home_a, tokens)
+}
+
 impl Three {
     fn start(net: &Net) -> Three {
-        let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
-        std::fs::create_dir_all(&home_a).unwrap();
-        offline(&home_a, &["cluster", "init"]);
-        let tokens = home_a.join("tokens");
-        std::fs::create_dir_all(&tokens).unwrap();
-        for (i, name) in [(1, "b"), (2, "c")] {
-            issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
-        }
+        let (home_a, tokens) = ca_node_home(net);
         let a = node_at(net, 0, "a", home_a.clone(), None, &[]);
         let b = node(net, 1, "b", Some(&tokens.join("b")), &[]);
         let c = node(net, 2, "c", Some(&tokens.join("c")), &[]);
@@ -771,12 +784,7 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     let forged = serde_json::json!({"list": "e30=", "signature": "AAAA"}).to_string();
     let key = base64_text("/airlock/v1/revoked");
     let put = format!("{{\"key\":\"{key}\",\"value\":\"{}\"}}", base64_text(&forged));
-    let out = net
-        .curl_etcd()
-        .args(["-s", "-X", "POST", "-d", &put, &format!("{}/v3/kv/put", net.member_url(0))])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    assert!(net.etcd("put", &put).status.success());
     std::thread::sleep(LEASE);
     assert!(curl_peer(&net, 1, &ca, Some((&c_cert, &c_key))).is_err(), "still refused");
     b.wait_for(Duration::from_secs(10), "the forgery to be in a log", || {
@@ -784,18 +792,7 @@ fn a_revoked_node_certificate_is_refused_by_every_node_and_router() {
     });
     // The node that keeps the CA puts its list back.
     a.wait_for(Duration::from_secs(10), "a to put the CA's list back", || {
-        let out = net
-            .curl_etcd()
-            .args([
-                "-s",
-                "-X",
-                "POST",
-                "-d",
-                &format!("{{\"key\":\"{key}\"}}"),
-                &format!("{}/v3/kv/range", net.member_url(0)),
-            ])
-            .output()
-            .unwrap();
+        let out = net.etcd("range", &format!("{{\"key\":\"{key}\"}}"));
         !String::from_utf8_lossy(&out.stdout).contains(&base64_text(&forged))
     });
 }
@@ -850,14 +847,7 @@ fn etcd_over_tls_checks_etcds_certificate_and_shows_each_nodes_own() {
     let tls = net.tls.clone().unwrap();
     let certs = tls.join("nodes");
     let ca = tls.join("ca.crt");
-    let home_a = fresh_home(&cow_base().unwrap_or_else(plain_base));
-    std::fs::create_dir_all(&home_a).unwrap();
-    offline(&home_a, &["cluster", "init"]);
-    let tokens = home_a.join("tokens");
-    std::fs::create_dir_all(&tokens).unwrap();
-    for (i, name) in [(1, "b"), (2, "c")] {
-        issue_token(&home_a, name, &net.advertise(i), &tokens.join(name));
-    }
+    let (home_a, tokens) = ca_node_home(&net);
     let own = |name: &str| {
         let (crt, key) = issue(&tls, &certs, name, None);
         etcd_flags(&ca, Some((&crt, &key)))
@@ -926,15 +916,7 @@ fn in_ns(net: &Net, i: usize, program: &str) -> Command {
 
 /// psql running `sql` in node `i`'s namespace, in the background.
 fn psql_started(net: &Net, i: usize, dsn: &str, sql: &str) -> Child {
-    let (plain, password) = split_password(dsn);
-    in_ns(net, i, "psql")
-        .arg(plain)
-        .args(["-XtAc", sql])
-        .env("PGPASSWORD", password)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    crate::harness::spawn_psql_by(in_ns(net, i, "psql"), dsn, sql)
 }
 
 /// psql in node `i`'s namespace: its answer, or what it said on failure.
@@ -1315,13 +1297,16 @@ fn migration_tests_spread_over_the_holders_and_promote_where_sealed(
     let edited_file = dir.join("edited.json");
     std::fs::write(&edited_file, edited.to_string()).unwrap();
     let other = a.fork("shop", &["--node", "a"]);
-    let (code, out) = crate::migrate::promote(
-        b,
-        edited_file.to_str().unwrap(),
-        other["socket_dsn"].as_str().unwrap(),
-        pay_first.to_str().unwrap(),
-        &[],
-    );
+    let promote_edited = || {
+        crate::migrate::promote(
+            b,
+            edited_file.to_str().unwrap(),
+            other["socket_dsn"].as_str().unwrap(),
+            pay_first.to_str().unwrap(),
+            &[],
+        )
+    };
+    let (code, out) = promote_edited();
     assert_eq!(code, 10, "{out}");
     assert!(out.contains("seal"), "{out}");
     // A node record put in etcd by hand, naming a node "evil" at c's address:
@@ -1330,11 +1315,7 @@ fn migration_tests_spread_over_the_holders_and_promote_where_sealed(
     // handshake fails and nothing is sent.
     let key = |name: &str| base64_text(&format!("/airlock/v1/nodes/{name}"));
     let range = format!("{{\"key\":\"{}\"}}", key("c"));
-    let out = net
-        .curl_etcd()
-        .args(["-s", "-X", "POST", "-d", &range, &format!("{}/v3/kv/range", net.member_url(0))])
-        .output()
-        .unwrap();
+    let out = net.etcd("range", &range);
     let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
     let record = {
         use base64::Engine;
@@ -1346,29 +1327,15 @@ fn migration_tests_spread_over_the_holders_and_promote_where_sealed(
         record.to_string()
     };
     let put = format!("{{\"key\":\"{}\",\"value\":\"{}\"}}", key("evil"), base64_text(&record));
-    let out = net
-        .curl_etcd()
-        .args(["-s", "-X", "POST", "-d", &put, &format!("{}/v3/kv/put", net.member_url(0))])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    assert!(net.etcd("put", &put).status.success());
     edited["node"] = "evil".into();
     std::fs::write(&edited_file, edited.to_string()).unwrap();
-    let (code, out) = crate::migrate::promote(
-        b,
-        edited_file.to_str().unwrap(),
-        other["socket_dsn"].as_str().unwrap(),
-        pay_first.to_str().unwrap(),
-        &[],
-    );
+    let (code, out) = promote_edited();
     assert_eq!(code, 19, "{out}");
     assert!(out.contains("evil") && out.contains("certificate"), "{out}");
     assert!(!c.log().contains("migrations/promote"), "nothing reached c");
     let delete = format!("{{\"key\":\"{}\"}}", key("evil"));
-    net.curl_etcd()
-        .args(["-s", "-X", "POST", "-d", &delete, &format!("{}/v3/kv/deleterange", net.member_url(0))])
-        .output()
-        .unwrap();
+    net.etcd("deleterange", &delete);
     // The targets go: what follows places by load.
     for sb in [&other, &target_sb] {
         b.ok(&["rm", sb["id"].as_str().unwrap()]);

@@ -691,9 +691,13 @@ pub fn psql_by(mut psql: Command, dsn: &str, sql: &str) -> Result<String, String
 
 /// Starts psql running `sql` in the background (the password in its environment).
 pub fn spawn_psql(dsn: &str, sql: &str) -> std::process::Child {
+    spawn_psql_by(Command::new("psql"), dsn, sql)
+}
+
+/// [`spawn_psql`] with a command that runs psql (inside a namespace, say).
+pub fn spawn_psql_by(mut psql: Command, dsn: &str, sql: &str) -> std::process::Child {
     let (plain, password) = split_password(dsn);
-    Command::new("psql")
-        .arg(plain)
+    psql.arg(plain)
         .args(["-XtAc", sql])
         .env("PGPASSWORD", password)
         .stdout(Stdio::piped())

@@ -44,10 +44,7 @@ pub async fn delete(engine: &Engine, key: &str, reason: DeleteReason) -> Result<
                     teardown(engine, &sb, reason).await?;
                     return Ok(sb);
                 }
-                if reason == DeleteReason::Ttl
-                    && matches!(sb.state, SandboxState::Running | SandboxState::Suspended)
-                    && sb.expires_at > Timestamp::now()
-                {
+                if reason == DeleteReason::Ttl && sb.expires_at > Timestamp::now() {
                     return Err(Error::new(
                         ErrorCode::InvalidTtl,
                         format!(

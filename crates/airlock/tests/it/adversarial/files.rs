@@ -152,6 +152,43 @@ fn a_fifo_for_a_pid_file_cannot_hang_the_daemon() {
     s.untouched();
 }
 
+/// The pid file is the sandbox user's to write, and a deletion reads it for
+/// the server to stop: naming the daemon itself, one of the daemon's threads
+/// or pid 1 there stops none of them, and the deletion still ends.
+#[test]
+fn a_pid_file_naming_another_process_or_a_thread_never_stops_it_or_the_deletion() {
+    let s = Scene::new();
+    let daemon = s.d.pid();
+    let thread = std::fs::read_dir(format!("/proc/{daemon}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<i32>().ok())
+        .find(|tid| {
+            *tid != daemon
+                && std::fs::read_to_string(format!("/proc/{daemon}/task/{tid}/comm"))
+                    .is_ok_and(|c| c.trim() == "tokio-rt-worker")
+        })
+        .expect("the daemon has worker threads");
+    let mut planted = Vec::new();
+    for named in [daemon, thread, 1] {
+        let sb = s.d.fork("shop", &[]);
+        let id = sb["id"].as_str().unwrap().to_owned();
+        let pidfile = s.d.home.join("volume/sandboxes").join(&id).join("pgdata/postmaster.pid");
+        let text = std::fs::read_to_string(&pidfile).unwrap();
+        let rest = text.split_once('\n').unwrap().1;
+        std::fs::write(&pidfile, format!("{named}\n{rest}")).unwrap();
+        planted.push(id);
+    }
+    for id in &planted {
+        let out = s.d.cli(&["rm", id]);
+        assert_eq!(out.code, 0, "{id}: {out:?}");
+    }
+    assert!(planted.iter().all(|id| !s.d.ids().contains(id)), "every planted sandbox is gone");
+    assert!(std::path::Path::new(&format!("/proc/{thread}")).exists(), "the daemon's thread lives on");
+    assert!(s.d.json(&["doctor"])["version"].is_string(), "the daemon answers");
+    s.untouched();
+}
+
 #[test]
 fn what_exec_leaves_in_its_directory_is_never_followed_by_root() {
     let s = Scene::new();
