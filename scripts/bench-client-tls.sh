@@ -19,8 +19,9 @@ if ! "$old/bin/python" -c "import redis, psycopg; assert redis.__version__ == '$
   "$old/bin/pip" install --quiet --disable-pip-version-check "redis==$old_version" "psycopg[binary]" >&2
 fi
 work=$(mktemp -d /var/tmp/airlock-bench-client-tls.XXXXXX)
-trap 'bench_cleanup || true; rm -rf "$work"' EXIT
+# bench_fresh_root sets its own exit trap: this one, which includes it, comes after.
 bench_fresh_root
+trap 'bench_cleanup || true; rm -rf "$work"' EXIT
 printf 'CREATE TABLE t (id int);\n' > "$work/schema.sql"
 printf 'SET greeting hi\n' > "$work/seed.redis"
 airlock golden create kv --schema "$work/schema.sql" --redis-seed "$work/seed.redis" >/dev/null

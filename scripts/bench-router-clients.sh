@@ -10,7 +10,13 @@
 #   router_tls    the router's port, TLS (sslmode=require);
 #   pgbouncer     PgBouncer (session pooling) on loopback in front of the
 #                 same socket, plaintext;
-#   pgbouncer_tls the same with client TLS (a throwaway self-signed key).
+#   pgbouncer_tls the same with client TLS (a throwaway self-signed key);
+#   bare_socket   a bare PostgreSQL of the same major (no sandbox, no guard)
+#                 with the same data, on its unix socket;
+#   bare_tcp      the same server over loopback TCP: what a TCP client can get
+#                 at best, the floor for the router's port (a plaintext
+#                 router session is handed to its server, and so is TCP end to
+#                 end).
 # PgBouncer is installed when missing (apt). CLIENTS (default "2 8 28": an
 # agent role holds at most 30 connections, the sandbox's cap),
 # ROUNDS (default 3) and SECONDS_EACH (default 8) set the run.
@@ -31,8 +37,9 @@ work=$(mktemp -d /var/tmp/airlock-bench-router-clients.XXXXXX)
 chmod 700 "$work"
 # PgBouncer is stopped by its configuration's path: runuser, which starts
 # it, does not pass a signal on.
-trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; bench_cleanup || true; rm -rf "$work"' EXIT
+# bench_fresh_root sets its own exit trap: this one, which includes it, comes after.
 bench_fresh_root
+trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -m immediate stop >/dev/null 2>&1 || true; bench_cleanup || true; rm -rf "$work"' EXIT
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
 sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0 --connection-limit 30)
 id=$(echo "$sb" | json "['id']")
@@ -81,12 +88,21 @@ EOF
 chown -R airlock "$work"
 runuser -u airlock -- pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
 sleep 1
+# The bare server: trust on its own socket and loopback, for the floor alone.
+mkdir -p "$work/bare" && chown airlock "$work" "$work/bare"
+runuser -u airlock -- "$pgbin/initdb" -D "$work/bare/data" -U airlock_agent --auth=trust >/dev/null
+runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -l "$work/bare/log" -w start \
+  -o "-c listen_addresses=127.0.0.1 -p 7521 -c unix_socket_directories=$work/bare" >/dev/null
+"$pgbin/createdb" -h "$work/bare" -p 7521 -U airlock_agent app
+"$pgbin/pgbench" -i -s 10 -q -h "$work/bare" -p 7521 -U airlock_agent app >/dev/null 2>&1
 plain_router="${routed%%\?*}?sslmode=disable"
 tls_router="${routed%%\?*}?sslmode=require"
 plain_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=disable"
 tls_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=require"
-declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer)
-paths="socket router router_tls pgbouncer pgbouncer_tls"
+bare_socket="postgresql://airlock_agent@/app?host=$work/bare&port=7521"
+bare_tcp="postgresql://airlock_agent@127.0.0.1:7521/app?sslmode=disable"
+declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer [bare_socket]=$bare_socket [bare_tcp]=$bare_tcp)
+paths="socket router router_tls pgbouncer pgbouncer_tls bare_socket bare_tcp"
 for path in $paths; do
   "$pgbin/pgbench" -n -S -c 1 -T 1 "${dsn[$path]}" >/dev/null 2>&1 || { echo "$path does not answer" >&2; exit 1; }
 done
@@ -110,12 +126,13 @@ rows = [l.strip().split(",") for l in open(sys.argv[1]) if l[0].isdigit()]
 paths = sys.argv[2].split()
 clients = sorted({int(r[1]) for r in rows})
 med = {(c, p): statistics.median(float(r[3]) for r in rows if int(r[1]) == c and r[2] == p) for c in clients for p in paths}
-print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls |")
-print("|---" * (len(paths) + 5) + "|")
+print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls | bare_tcp / bare_socket (TCP's floor) |")
+print("|---" * (len(paths) + 6) + "|")
 for c in clients:
     s = med[(c, "socket")]
     cells = " | ".join(f"{med[(c, p)]:,.0f}" for p in paths)
     print(f"| {c} | {cells} | {med[(c,'router')]/s:.2f} | {med[(c,'router_tls')]/s:.2f} | "
-          f"{med[(c,'router')]/med[(c,'pgbouncer')]:.2f} | {med[(c,'router_tls')]/med[(c,'pgbouncer_tls')]:.2f} |")
+          f"{med[(c,'router')]/med[(c,'pgbouncer')]:.2f} | {med[(c,'router_tls')]/med[(c,'pgbouncer_tls')]:.2f} | "
+          f"{med[(c,'bare_tcp')]/med[(c,'bare_socket')]:.2f} |")
 PY
 cp "$work/raw.csv" bench/results/router-clients.txt

@@ -74,6 +74,8 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -93,11 +95,14 @@
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "optimizer/planner.h"
+#include "port/pg_bswap.h"
 #include "storage/proc.h"
 #include "tcop/utility.h"
 #include "utils/acl.h"
+#include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/guc_tables.h"
 #include "utils/syscache.h"
 #include "utils/timeout.h"
 #include "utils/timestamp.h"
@@ -132,13 +137,16 @@
 #endif
 
 /*
- * libpq/auth.h, which declares this hook, needs GSSAPI's headers on servers
- * built with it (Debian's are), which a host need not have: the hook as
- * PostgreSQL declares it, the port as an opaque struct.
+ * The connection headers include GSSAPI's and OpenSSL's on servers built with
+ * them (Debian's are), which a host need not have. Leaving both out changes
+ * nothing the guard reads: a Port's socket and startup options come before
+ * their fields, and a server built without GSSAPI keeps a pointer in its place.
  */
-typedef struct Port Port;
-typedef void (*ClientAuthentication_hook_type) (Port *, int);
-extern PGDLLIMPORT ClientAuthentication_hook_type ClientAuthentication_hook;
+#undef ENABLE_GSS
+#undef USE_OPENSSL
+#include "libpq/auth.h"
+#include "libpq/libpq.h"
+#include "libpq/pqformat.h"
 
 PG_MODULE_MAGIC;
 
@@ -496,7 +504,251 @@ materialize_template1(void)
 	close(lock);
 }
 
-/* A session that authenticated gets its handshake, reported to its client. */
+
+/*
+ * The hand-off. The router authenticates a plaintext client itself, then
+ * opens a session for it as the agent role with airlock.handoff=on in the
+ * startup packet. Once that session has authenticated, and before the server
+ * says anything more, the guard offers to take the client: a ParameterStatus
+ * "airlock.handoff" = "PID:KEY", the backend's cancel key in hex, for the
+ * router to pass the client's cancel requests on. The router answers with one
+ * message: the client's TCP socket (SCM_RIGHTS) and what airlock.connection is
+ * to say, which the guard sets with the handshake as the router would. The guard puts the client's socket in place of the
+ * router's; AuthenticationOk and everything after go to the client, and the
+ * session's bytes pass through no proxy. The router's connection stays open,
+ * unused, until the session ends, which is how the router sees it end.
+ *
+ * Nothing here is more than a client of the socket can do already: whoever
+ * connects with airlock.handoff=on gets the offer (their own session's key),
+ * can say how they connected (as a direct client may, with the handshake it
+ * is told) and can hand in only a TCP socket of their own to talk over.
+ */
+static bool handoff_setting = false;
+
+/* Longest wait for the router's answer to the offer. */
+#define HANDOFF_WAIT_MS 5000
+/* Longest airlock.connection text the router sends with the socket. */
+#define HANDOFF_TEXT_MAX 1024
+
+/* Whether the startup packet asked for the hand-off (airlock.handoff=on). */
+static bool
+handoff_asked(Port *port)
+{
+	ListCell   *cell;
+	bool		asked = false;
+
+	if (port == NULL)
+		return false;
+	cell = list_head(port->guc_options);
+	while (cell != NULL && lnext(port->guc_options, cell) != NULL)
+	{
+		const char *name = lfirst(cell);
+		const char *value = lfirst(lnext(port->guc_options, cell));
+
+		if (strcmp(name, "airlock.handoff") == 0)
+			asked = parse_bool(value, &asked) && asked;
+		cell = lnext(port->guc_options, lnext(port->guc_options, cell));
+	}
+	return asked;
+}
+
+/* Ends the session: the hand-off did not happen. */
+static void
+handoff_failed(const char *why)
+{
+	ereport(FATAL,
+			(errcode(ERRCODE_PROTOCOL_VIOLATION),
+			 errmsg("the router's hand-off of its client failed: %s", why)));
+}
+
+/* Sends the offer: this backend's pid and cancel key. */
+static void
+offer_handoff(void)
+{
+	StringInfoData message;
+	StringInfoData offer;
+#if PG_VERSION_NUM >= 180000
+	const uint8 *key = MyCancelKey;
+	int			key_length = MyCancelKeyLength;
+#else
+	uint8		key[4];
+	int			key_length = 4;
+	uint32		network = pg_hton32((uint32) MyCancelKey);
+
+	memcpy(key, &network, 4);
+#endif
+
+	initStringInfo(&offer);
+	appendStringInfo(&offer, "%d:", MyProcPid);
+	for (int i = 0; i < key_length; i++)
+		appendStringInfo(&offer, "%02x", key[i]);
+	pq_beginmessage(&message, 'S');
+	pq_sendbytes(&message, "airlock.handoff", strlen("airlock.handoff") + 1);
+	pq_sendbytes(&message, offer.data, offer.len + 1);
+	pq_endmessage(&message);
+	if (pq_flush() != 0)
+		handoff_failed("the offer could not be sent");
+	pfree(offer.data);
+}
+
+/*
+ * Receives the router's answer on `sock`: the client's socket, and the text
+ * (NUL-terminated into `text`). Returns the socket.
+ */
+static int
+receive_client(int sock, char *text)
+{
+	struct pollfd wait = {.fd = sock,.events = POLLIN};
+	char		control[CMSG_SPACE(sizeof(int))];
+	struct iovec data = {.iov_base = text,.iov_len = HANDOFF_TEXT_MAX};
+	struct msghdr message = {0};
+	struct cmsghdr *header;
+	ssize_t		got;
+	int			ready;
+	int			client;
+
+	do
+		ready = poll(&wait, 1, HANDOFF_WAIT_MS);
+	while (ready < 0 && errno == EINTR);
+	if (ready <= 0)
+		handoff_failed("no answer to the offer");
+	message.msg_iov = &data;
+	message.msg_iovlen = 1;
+	message.msg_control = control;
+	message.msg_controllen = sizeof(control);
+	do
+		got = recvmsg(sock, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	while (got < 0 && errno == EINTR);
+	header = CMSG_FIRSTHDR(&message);
+	if (got <= 0 || (message.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || header == NULL ||
+		header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS ||
+		header->cmsg_len != CMSG_LEN(sizeof(int)))
+	{
+		/* Whatever came, nothing received is kept open. */
+		for (header = CMSG_FIRSTHDR(&message); header != NULL; header = CMSG_NXTHDR(&message, header))
+			if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS)
+				for (size_t i = 0; i < (header->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+				{
+					int			fd;
+
+					memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
+					close(fd);
+				}
+		handoff_failed("the answer was not one socket and its text");
+	}
+	memcpy(&client, CMSG_DATA(header), sizeof(int));
+	if (got >= HANDOFF_TEXT_MAX || memchr(text, '\0', got) != NULL)
+	{
+		close(client);
+		handoff_failed("the answer's text is too long or holds a NUL");
+	}
+	text[got] = '\0';
+	return client;
+}
+
+/* Whether `fd` is a TCP stream: all the router ever hands in. */
+static bool
+is_tcp_stream(int fd)
+{
+	int			type = 0;
+	int			domain = 0;
+	socklen_t	length = sizeof(int);
+
+	if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM)
+		return false;
+	length = sizeof(int);
+	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) != 0)
+		return false;
+	return domain == AF_INET || domain == AF_INET6;
+}
+
+/*
+ * The backend waits on its client's socket through a wait set made at its
+ * start, which holds the socket that was there then: made again for the one
+ * there now, as the server makes it.
+ */
+static void
+watch_new_client(Port *port)
+{
+#ifndef FeBeWaitSetNEvents
+#define FeBeWaitSetNEvents 3
+#endif
+	FreeWaitEventSet(FeBeWaitSet);
+#if PG_VERSION_NUM >= 170000
+	FeBeWaitSet = CreateWaitEventSet(NULL, FeBeWaitSetNEvents);
+#else
+	FeBeWaitSet = CreateWaitEventSet(TopMemoryContext, FeBeWaitSetNEvents);
+#endif
+	AddWaitEventToSet(FeBeWaitSet, WL_SOCKET_WRITEABLE, port->sock, NULL, NULL);
+	AddWaitEventToSet(FeBeWaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(FeBeWaitSet, WL_POSTMASTER_DEATH, PGINVALID_SOCKET, NULL, NULL);
+}
+
+/*
+ * A handed-off session's handshake is never reported: its client is not the
+ * router. (airlock.handshake is reported at every session's start, whatever
+ * its value.)
+ */
+static void
+stop_reporting_handshake(void)
+{
+#if PG_VERSION_NUM >= 160000
+	struct config_generic *record = find_option("airlock.handshake", false, true, ERROR);
+
+	if (record != NULL)
+		record->flags &= ~GUC_REPORT;
+#else
+	struct config_generic **all = get_guc_variables();
+	int			count = GetNumConfigOptions();
+
+	for (int i = 0; i < count; i++)
+		if (strcmp(all[i]->name, "airlock.handshake") == 0)
+			all[i]->flags &= ~GUC_REPORT;
+#endif
+}
+
+/* Takes the router's client in place of the router (see above). */
+static void
+take_client(Port *port)
+{
+	char		text[HANDOFF_TEXT_MAX + 1];
+	int			client;
+	int			router;
+	char	   *connection;
+
+	offer_handoff();
+	client = receive_client(port->sock, text);
+	if (!is_tcp_stream(client))
+	{
+		close(client);
+		handoff_failed("what was handed in is not a TCP connection");
+	}
+	/* The router's connection stays open while the session lives, unused. */
+	if (!AcquireExternalFD())
+	{
+		close(client);
+		handoff_failed("no file descriptor left to keep the router's connection");
+	}
+	router = fcntl(port->sock, F_DUPFD_CLOEXEC, 3);
+	if (router < 0 || dup2(client, port->sock) < 0)
+	{
+		close(client);
+		handoff_failed("the client's connection could not be put in place");
+	}
+	close(client);
+	if (!pg_set_noblock(port->sock))
+		handoff_failed("the client's connection could not be made non-blocking");
+	watch_new_client(port);
+	stop_reporting_handshake();
+	connection = psprintf("%s:%s", handshake, text);
+	SetConfigOption("airlock.connection", connection, PGC_BACKEND, PGC_S_CLIENT);
+	pfree(connection);
+}
+
+/*
+ * A session that authenticated gets its handshake, reported to its client; one
+ * that asked for a hand-off takes its client's connection first.
+ */
 static void
 airlock_guard_client_auth(Port *port, int status)
 {
@@ -508,7 +760,11 @@ airlock_guard_client_auth(Port *port, int status)
 		return;
 	for (int i = 0; i < (int) sizeof(bytes); i++)
 		snprintf(handshake + 2 * i, 3, "%02x", bytes[i]);
-	SetConfigOption("airlock.handshake", handshake, PGC_INTERNAL, PGC_S_OVERRIDE);
+	/* A handed-off session's handshake is spent at once, never reported. */
+	if (handoff_asked(port))
+		take_client(port);
+	else
+		SetConfigOption("airlock.handshake", handshake, PGC_INTERNAL, PGC_S_OVERRIDE);
 }
 
 /*
@@ -759,6 +1015,11 @@ _PG_init(void)
 							   "Set by Airlock's router; empty for a session that did not come through it.",
 							   &connection_setting, "", PGC_USERSET, GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
 							   check_connection, NULL, NULL);
+	DefineCustomBoolVariable("airlock.handoff",
+							 "Whether this session's client was handed to it by Airlock's router.",
+							 "Asked for by the router in the startup packet; see the guard's source.",
+							 &handoff_setting, false, PGC_BACKEND, GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
+							 NULL, NULL, NULL);
 	DefineCustomStringVariable("airlock.template_source",
 							   "Where the golden's template1 files are, to copy at the first CREATE DATABASE.",
 							   "Set by Airlock when it starts the server.",

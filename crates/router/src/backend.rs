@@ -27,10 +27,17 @@ pub struct Backend<S = UnixStream> {
     /// lets the router, and no one else, say how the client connected. Never
     /// passed on to the client.
     handshake: Option<String>,
+    /// Whether the server offered to take the client (`airlock.handoff`, asked
+    /// for in the startup message): it waits for the client's socket, and has
+    /// sent nothing else.
+    pub offered: bool,
 }
 
 /// The setting the guard reports a session's handshake in.
 const HANDSHAKE: &str = "airlock.handshake";
+/// The setting the guard offers to take the client in, and the startup
+/// parameter that asks it to.
+pub const HANDOFF: &str = "airlock.handoff";
 
 /// Why a login did not give a session.
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +127,15 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
             )),
             (b'S', _) => match parameter(m.body()) {
                 Some((name, value)) if name == HANDSHAKE => handshake = Some(value),
+                Some((name, value)) if name == HANDOFF => {
+                    let key = offer(&value)
+                        .ok_or_else(|| protocol_error("the server's hand-off offer did not parse"))?;
+                    if !server.buffer().is_empty() {
+                        return Err(protocol_error("the server spoke after its hand-off offer"));
+                    }
+                    let stream = server.into_inner();
+                    return Ok(Backend { stream, params, key: Some(key), handshake, offered: true });
+                }
                 Some(p) => set(&mut params, p),
                 None => {}
             },
@@ -128,7 +144,7 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                 if !server.buffer().is_empty() {
                     return Err(protocol_error("the server spoke out of turn"));
                 }
-                return Ok(Backend { stream: server.into_inner(), params, key, handshake });
+                return Ok(Backend { stream: server.into_inner(), params, key, handshake, offered: false });
             }
             (b'E', _) => {
                 let sqlstate = field(m.body(), b'C').unwrap_or_default();
@@ -234,6 +250,21 @@ impl Backend<UnixStream> {
         let mut probe = [0u8; 1];
         !matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
     }
+}
+
+/// The backend's cancel key from the guard's hand-off offer, "PID:KEY" (the
+/// key in hex).
+fn offer(value: &str) -> Option<protocol::BackendKey> {
+    let (pid, hex) = value.split_once(':')?;
+    let pid = pid.parse().ok()?;
+    if hex.len() % 2 != 0 || !hex.is_ascii() {
+        return None;
+    }
+    let secret: Option<Vec<u8>> =
+        (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect();
+    let mut body = i32::to_be_bytes(pid).to_vec();
+    body.extend(secret?);
+    protocol::BackendKey::read(&body)
 }
 
 /// A ParameterStatus body's name and value.

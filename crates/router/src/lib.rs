@@ -13,6 +13,7 @@
 mod backend;
 pub mod connections;
 pub mod elsewhere;
+mod handoff;
 pub mod host;
 pub mod parked;
 pub mod process;

@@ -194,8 +194,14 @@ impl Startup {
     /// role given (which the router has checked is the agent's), `database`
     /// `database`, then the allowed settings. Protocol options never reach it.
     pub fn encode_for(&self, user: &str, database: &str) -> Vec<u8> {
+        self.encode_with(user, database, &[])
+    }
+
+    /// [`Startup::encode_for`], with Airlock's own `extra` parameters after the
+    /// client's settings (the router's, never a client's).
+    pub fn encode_with(&self, user: &str, database: &str, extra: &[(&str, &str)]) -> Vec<u8> {
         let settings = self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-        startup_message(self.version, (user, database), settings)
+        startup_message(self.version, (user, database), settings.chain(extra.iter().copied()))
     }
 }
 

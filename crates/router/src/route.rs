@@ -142,7 +142,9 @@ pub(super) async fn authenticate(
     };
     let binding = if tls { shared.end_point.as_deref() } else { None };
     match scram::authenticate(&mut client, &verifier, binding).await {
-        Ok(scram::Outcome::Authenticated { .. }) => {}
+        Ok(scram::Outcome::Authenticated { .. }) => {
+            client.write_all(&scram::authentication_ok()).await.ok()?
+        }
         Ok(scram::Outcome::Refused(e)) => {
             record(shared, EventKind::ConnectionRefused, &id, peer, tls);
             refuse(&mut client, e).await;

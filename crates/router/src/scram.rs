@@ -27,7 +27,9 @@ const OK: i32 = 0;
 
 /// How an authentication ended, when the client kept to the protocol.
 pub enum Outcome {
-    /// The proof was right; `AuthenticationOk` has been sent.
+    /// The proof was right; the SASL exchange is complete, and
+    /// `AuthenticationOk` is the caller's to send ([`authentication_ok`]), or
+    /// the server's that its client is handed to.
     Authenticated {
         /// Whether the exchange was bound to the TLS channel (SCRAM-SHA-256-PLUS).
         channel_bound: bool,
@@ -106,7 +108,7 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
     let server_signature = hmac(&verifier.server_key, auth_message.as_bytes());
     let last = format!("v={}", STANDARD.encode(server_signature));
-    send(client, &[auth(SASL_FINAL, last.as_bytes()), auth(OK, &[])]).await?;
+    send(client, &[auth(SASL_FINAL, last.as_bytes())]).await?;
     Ok(Outcome::Authenticated { channel_bound: first.bound })
 }
 
@@ -209,6 +211,11 @@ fn malformed(why: &str) -> PacketError {
 }
 
 /// An `R` (authentication request) message.
+/// The `AuthenticationOk` message that ends a client's authentication.
+pub fn authentication_ok() -> Vec<u8> {
+    auth(OK, &[])
+}
+
 fn auth(code: i32, data: &[u8]) -> Vec<u8> {
     let mut out = vec![b'R'];
     out.extend_from_slice(&((8 + data.len()) as i32).to_be_bytes());

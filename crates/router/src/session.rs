@@ -109,7 +109,10 @@ async fn serve_incoming(
         tokio::time::timeout(shared.startup_timeout, establish(shared, incoming, peer, &mut slot)).await;
     // A client that has not finished its startup in time is simply dropped.
     let (mut client, backend, open) = match established {
-        Ok(Some(Established::Sandbox(client, backend, open))) => (client, backend, open),
+        Ok(Some(Established::Sandbox(client, backend, open, connection))) if backend.offered => {
+            return handed_off(shared, client, backend, open, &connection).await
+        }
+        Ok(Some(Established::Sandbox(client, backend, open, _))) => (client, backend, open),
         Ok(Some(Established::Routed(routed))) => return super::route::serve(shared, routed).await,
         Ok(Some(Established::Elsewhere(client, owner, remote, sandbox))) => {
             let Some(peers) = &shared.peers else { return };
@@ -139,8 +142,10 @@ async fn serve_incoming(
         Client::Tls(tls) => tls.get_ref().0.as_fd().try_clone_to_owned().ok(),
     };
     let id = open.sandbox().to_owned();
-    // What the server told the session at its start, then the relay.
-    let replay = backend.replay();
+    // The end of the client's authentication, what the server told the
+    // session at its start, then the relay.
+    let mut replay = scram::authentication_ok();
+    replay.extend(backend.replay());
     let relay = async {
         client.write_all(&replay).await?;
         client.flush().await?;
@@ -164,6 +169,52 @@ async fn serve_incoming(
     }
     let (host, id) = (shared.host.clone(), open.sandbox().to_owned());
     drop(open);
+    let _ = tokio::task::spawn_blocking(move || host.touch(&id)).await;
+}
+
+/// Hands the client's own connection to the server session that offered to
+/// take it (`handoff.rs`), then waits for the session to end: cancelling what
+/// the backend runs when the client hangs up, cutting the session at the
+/// sandbox's expiry.
+async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: super::Open, connection: &str) {
+    let Client::Plain(tcp) = client else { return };
+    let cut = tcp.as_fd().try_clone_to_owned().ok();
+    if let Err(e) = super::handoff::hand(&backend.stream, &tcp, connection).await {
+        tracing::warn!(sandbox = %open.sandbox(), error = %e, "a client could not be handed to its session");
+        let e = ErrorResponse::fatal(
+            "08006",
+            format!("the router could not hand the connection to the sandbox's server: {e}"),
+            "try again; if it persists, see the router's log",
+        );
+        refuse(&mut Client::Plain(tcp), e).await;
+        return;
+    }
+    // The session's server holds the client now; the router's copy goes.
+    drop(tcp);
+    let id = open.sandbox().to_owned();
+    // A dropped client's query must not run on (as with a relayed session).
+    let client_gone = async {
+        if let (Some(fd), Some(key)) = (&cut, &backend.key) {
+            if super::handoff::hung_up(fd.as_fd()).await.is_ok() {
+                forward_cancel(shared, key).await;
+            }
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        () = super::handoff::ended(&backend.stream) => {}
+        () = client_gone => {}
+        () = expiry(&shared.host, &id) => {
+            if let Some(fd) = &cut {
+                let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            }
+            super::handoff::ended(&backend.stream).await
+        }
+    }
+    // The client's connection closes with the server's copy alone from here.
+    drop(cut);
+    drop(open);
+    let host = shared.host.clone();
     let _ = tokio::task::spawn_blocking(move || host.touch(&id)).await;
 }
 
@@ -308,8 +359,9 @@ fn refusal_hint(e: &PacketError) -> String {
 /// What a client's startup ends in.
 enum Established {
     /// A sandbox's client with its server session (its start not yet
-    /// replayed to the client).
-    Sandbox(Client, Backend, super::Open),
+    /// replayed to the client, or, when the server offered to take the
+    /// client, not yet handed to it) and its `airlock.connection` text.
+    Sandbox(Client, Backend, super::Open, String),
     /// A route's client, authenticated (its session upstream is opened
     /// outside the startup time: the upstream server answers on its own time).
     Routed(super::route::Authenticated),
@@ -353,6 +405,7 @@ async fn establish(
     };
     slot.marker().prove();
     let Authenticated { mut client, startup, target, sb, tls, mut phases, connection, entry } = authenticated;
+    let handoff = may_hand_off(&client, &startup, entry.is_some());
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
@@ -367,12 +420,13 @@ async fn establish(
         (Instant::now(), sb.state == airlock_lifecycle::sandbox::SandboxState::Suspended);
     // A few authenticated clients of one sandbox at a time open server sessions.
     let authenticating = shared.host.connections.authenticating(&sb.id).await;
-    let session = session_for(shared, sb, &startup, &target, &connection).await;
+    let session = session_for(shared, sb, &startup, &target, &connection, handoff).await;
     drop(authenticating);
     match session {
         Ok((sb, backend, open)) => {
             // Waking, when it was suspended, is most of the server session's time.
             phases[if suspended { "wake_ms" } else { "session_ms" }] = elapsed_ms(connecting).into();
+            phases["handoff"] = backend.offered.into();
             let connected = EventKind::Connected;
             if let Err(e) = shared
                 .host
@@ -383,7 +437,7 @@ async fn establish(
                 refuse(&mut client, ErrorResponse::fatal("53300", e.message, e.hint)).await;
                 return None;
             }
-            Some(Established::Sandbox(client, backend, open))
+            Some(Established::Sandbox(client, backend, open, connection))
         }
         Err(message) => {
             let _ = client.write_all(&message).await;
@@ -391,6 +445,13 @@ async fn establish(
             None
         }
     }
+}
+
+/// Whether a client's session may be handed its connection (`handoff.rs`): a
+/// plaintext client on this router's own port, with no setting the router
+/// must SET as the agent.
+fn may_hand_off(client: &Client, startup: &Startup, relayed: bool) -> bool {
+    matches!(client, Client::Plain(_)) && !relayed && startup.later.is_empty()
 }
 
 /// A client that proved it holds its sandbox's credential.
@@ -704,6 +765,7 @@ async fn session_for(
     startup: &Startup,
     target: &Target,
     connection: &str,
+    handoff: bool,
 ) -> Result<(Sandbox, Backend, super::Open), Vec<u8>> {
     let host = &shared.host;
     let id = sb.id.clone();
@@ -734,13 +796,23 @@ async fn session_for(
         let socket = host.layout.sandbox_instance(&sb.id).socket();
         let user = host.sandbox_user(&sb).map_err(|e| internal(e).encode())?;
         let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password).unwrap_or_default();
+        let asked: &[(&str, &str)] = match handoff {
+            true => &[(backend::HANDOFF, "on")],
+            false => &[],
+        };
         let attempt = async {
             let stream =
                 airlock_postgres::socket::connect_instance(&socket, Some(&user), sb.pid.unwrap_or_default())
                     .await?;
-            backend::login(stream, &startup.encode_for(AGENT_ROLE, &target.database), &password).await
+            backend::login(stream, &startup.encode_with(AGENT_ROLE, &target.database, asked), &password).await
         };
         match attempt.await {
+            Ok(backend) if backend.offered => {
+                if let Some(key) = backend.key.clone() {
+                    open.set_backend(key);
+                }
+                return Ok((sb, backend, open));
+            }
             Ok(mut backend) => {
                 // Airlock's own first, before anything the client asked for.
                 let mut later: Vec<_> = backend.connection_setting(connection).into_iter().collect();

@@ -118,6 +118,13 @@ fn sources_of_13_and_17_import_onto_their_majors_and_forks_of_six_majors_run_at_
     for (major, agent) in &forks {
         let version: u32 = sql(agent, "SHOW server_version_num").parse().unwrap();
         assert_eq!(version / 10000, *major, "{agent}");
+        // A plaintext client is handed to its server on every major.
+        let plain = format!("{}?sslmode=disable", agent.split('?').next().unwrap());
+        assert_eq!(sql(&plain, "SHOW airlock.handoff"), "on", "the hand-off on {major}");
+        assert_eq!(
+            sql(&plain, "SELECT count(*) FROM pg_roles WHERE rolsuper AND rolname = current_user"),
+            "0"
+        );
         let refused = psql(agent, "ALTER ROLE CURRENT_USER SET work_mem = '1MB'").unwrap_err();
         assert!(refused.contains("in an Airlock sandbox"), "the guard holds on {major}: {refused}");
         assert!(

@@ -96,6 +96,9 @@ fn a_cancel_request_reaches_the_right_sandbox() {
     d.shop("shop");
     let url = with_sslmode(&dsn(&d.fork("shop", &[])), "disable");
     let other = dsn(&d.fork("shop", &[]));
+    // A plaintext session holds its client itself (the router handed it over):
+    // its cancel requests still come through the router.
+    assert_eq!(sql(&url, "SHOW airlock.handoff"), "on");
     let slow = spawn_psql(&url, "SELECT pg_sleep(30)");
     // Wait until the query runs, then interrupt psql: it sends a cancel request.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -343,6 +346,8 @@ fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
     d.ok(&["suspend", asleep["id"].as_str().unwrap()]);
     let short = d.fork("shop", &["--ttl", "5s"]);
     let mut held = spawn_psql(&dsn(&short), "SELECT pg_sleep(60)");
+    // A plaintext session, which holds its client itself, is cut all the same.
+    let mut handed = spawn_psql(&with_sslmode(&dsn(&short), "disable"), "SELECT pg_sleep(60)");
     std::thread::sleep(Duration::from_millis(500));
     d.kill9();
     // Waking takes the daemon: the client is told so, not left hanging.
@@ -350,9 +355,11 @@ fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
     assert!(e.contains("daemon") && e.contains("suspended"), "{e}");
     // At its expiry the open session is cut and new clients are refused.
     let deadline = Instant::now() + Duration::from_secs(15);
-    while held.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "the session outlived its sandbox's expiry");
-        std::thread::sleep(Duration::from_millis(100));
+    for session in [&mut held, &mut handed] {
+        while session.try_wait().unwrap().is_none() {
+            assert!(Instant::now() < deadline, "the session outlived its sandbox's expiry");
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
     assert!(psql(&dsn(&short), "SELECT 1").unwrap_err().contains("has expired"));
     d.spawn();
@@ -432,4 +439,77 @@ fn a_session_can_tell_how_its_client_reached_the_router() {
         assert_eq!(owned, vec![vec![Some(String::new())]], "a setting's value ran as SQL");
     }
     // (A pool member's parked session is told too: `pool::forks_claim_from_the_pool_*`.)
+}
+
+/// A plaintext client is handed to its sandbox's server once the router has
+/// authenticated it: its bytes pass through no proxy, and every guarantee the
+/// router gave still holds. (Cancel requests: `a_cancel_request_reaches_the_right_sandbox`;
+/// the cut at expiry: `without_its_daemon_the_router_keeps_expiry_*`.)
+#[test]
+fn a_plaintext_client_is_handed_to_its_server_and_keeps_every_guarantee() {
+    use crate::wire::{startup_packet, Raw};
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &["--idle-suspend", "2s"]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let url = dsn(&sb);
+    let plain = with_sslmode(&url, "disable");
+    assert_eq!(sql(&plain, "SHOW airlock.handoff"), "on");
+    // TLS ends in the router, so a TLS session is relayed; so is one with a
+    // setting the router SETs as the agent.
+    assert_eq!(sql(&url, "SHOW airlock.handoff"), "off");
+    assert_eq!(sql(&format!("{plain}&options=-c%20work_mem%3D8MB"), "SHOW airlock.handoff"), "off");
+
+    // The agent, and nothing more.
+    let who = "SELECT current_user || ' ' || session_user || ' ' || rolsuper FROM pg_roles WHERE rolname = current_user";
+    assert_eq!(sql(&plain, who), "airlock_agent airlock_agent false");
+    for attempt in [
+        "SET ROLE airlock_admin",
+        "SET SESSION AUTHORIZATION airlock_admin",
+        "ALTER ROLE airlock_agent SUPERUSER",
+        "SELECT set_config('airlock.connection', 'via=router client=10.0.0.1:1 tls=TLSv1.3', false)",
+    ] {
+        assert!(psql(&plain, attempt).is_err(), "{attempt} was allowed in a handed-off session");
+    }
+    // Its handshake never reaches the client, and was spent on what the router said.
+    let (_, password) = split_password(&url);
+    let mut raw = Raw::connect(
+        &d.router,
+        &startup_packet(196608, &[("user", "airlock_agent"), ("database", &id)]),
+        &password,
+    )
+    .unwrap();
+    assert!(!raw.reported.iter().any(|p| p.contains("handshake")), "{:?}", raw.reported);
+    let said = raw
+        .query("SELECT current_setting('airlock.handoff'), current_setting('airlock.connection')")
+        .unwrap();
+    assert_eq!(said[0][0].as_deref(), Some("on"));
+    assert!(said[0][1].as_deref().unwrap().starts_with("via=router client=127.0.0.1:"), "{said:?}");
+
+    // No proxy in the way: with the router stopped, the session still answers.
+    let router = router_pid(&d);
+    assert!(Command::new("kill").args(["-STOP", &router.to_string()]).status().unwrap().success());
+    let answered = raw.query("SELECT 41 + 1");
+    assert!(Command::new("kill").args(["-CONT", &router.to_string()]).status().unwrap().success());
+    assert_eq!(answered.unwrap(), vec![vec![Some("42".to_owned())]]);
+
+    // Its connection is written down, as every connection is.
+    let handed_off = || {
+        crate::harness::lifecycle(&d.json(&["events", "--sandbox", &id]))
+            .into_iter()
+            .filter(|e| e["kind"] == "connected" && e["detail"]["phases"]["handoff"] == true)
+            .count()
+    };
+    d.wait_for(Duration::from_secs(10), "the handed-off sessions' events", || handed_off() >= 2);
+
+    // While a handed-off session is open the sandbox is in use, however quiet;
+    // once it ends the router sees it, and idle suspend follows.
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(d.json(&["show", &id])["state"], "running", "suspended under an open session");
+    drop(raw);
+    d.wait_for(Duration::from_secs(20), "idle suspend after the session ended", || {
+        d.json(&["show", &id])["state"] == "suspended"
+    });
+    // And it wakes for the next one, handed off again.
+    assert_eq!(sql(&plain, "SHOW airlock.handoff"), "on");
 }

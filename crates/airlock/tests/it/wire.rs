@@ -47,8 +47,14 @@ impl Raw {
     /// (SCRAM) if asked to; the session once the server is ready, or its refusal.
     pub fn connect(addr: &str, packet: &[u8], password: &str) -> Result<Raw, Refusal> {
         let mut stream = TcpStream::connect(addr).expect("router reachable");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         stream.write_all(packet).unwrap();
+        Raw::login(stream, password)
+    }
+
+    /// Answers the server on `stream`, whose startup packet has been sent,
+    /// until it is ready (or refuses).
+    pub fn login(stream: TcpStream, password: &str) -> Result<Raw, Refusal> {
+        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut raw = Raw { stream, backend_key: None, negotiated: None, reported: Vec::new() };
         let mut scram: Option<ScramSha256> = None;
         loop {

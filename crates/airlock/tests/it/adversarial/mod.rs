@@ -13,6 +13,7 @@ mod admin;
 mod answers;
 mod files;
 mod floods;
+mod handoff;
 mod host;
 mod leaks;
 mod limits;
