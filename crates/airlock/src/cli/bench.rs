@@ -9,9 +9,9 @@ use std::time::Instant;
 
 use clap::Subcommand;
 use hyper::Method;
-use serde::Serialize;
 
 use super::bench_baselines::Baselines;
+use super::bench_series::{elapsed_ms, first_query, series, Series};
 use super::output::{self, Table};
 use super::Cli;
 use airlock_core::error::{Error, Result};
@@ -105,45 +105,6 @@ fn agent_config(
     Ok(config)
 }
 
-/// Timings of one method, in milliseconds.
-#[derive(Debug, Serialize)]
-pub struct Series {
-    /// `airlock_fork`, `template`, `pg_restore` or `initdb_seed`.
-    pub method: String,
-    /// Number of runs.
-    pub runs: usize,
-    /// Median.
-    pub p50_ms: f64,
-    /// 99th percentile (nearest rank).
-    pub p99_ms: f64,
-    /// Fastest.
-    pub min_ms: f64,
-    /// Slowest.
-    pub max_ms: f64,
-    /// This method's median over Airlock's.
-    pub vs_airlock: f64,
-}
-
-/// The percentiles of `ms` as the series of `method`.
-pub(super) fn series(method: &str, mut ms: Vec<f64>) -> Series {
-    ms.sort_by(|a, b| a.total_cmp(b));
-    let rank = |p: f64| ms[((p * ms.len() as f64).ceil() as usize).clamp(1, ms.len()) - 1];
-    Series {
-        method: method.into(),
-        runs: ms.len(),
-        p50_ms: rank(0.5),
-        p99_ms: rank(0.99),
-        min_ms: ms[0],
-        max_ms: ms[ms.len() - 1],
-        vs_airlock: 1.0,
-    }
-}
-
-pub(super) fn elapsed_ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1000.0
-}
-
-/// Connects with a DSN and runs `SELECT 1`.
 /// A new sandbox's first answers, asked at once: `SELECT 1` when it has a
 /// PostgreSQL (`agent`), and `AUTH` + `PING` when it has a Redis, by `via`.
 async fn first_answers(sb: &Sandbox, agent: Option<&tokio_postgres::Config>, via: Via) -> Result<()> {
@@ -214,15 +175,6 @@ async fn auth_and_ping(
             other => return Err(Error::internal(format!("the sandbox's Redis answered {other:?}"))),
         }
     }
-    Ok(())
-}
-
-pub(super) async fn first_query(config: &tokio_postgres::Config) -> Result<()> {
-    let (client, conn) = config.connect(tokio_postgres::NoTls).await.map_err(|e| {
-        Error::postgres(format!("benchmark connection failed: {}", airlock_postgres::admin::describe(&e)))
-    })?;
-    tokio::spawn(conn);
-    client.simple_query("SELECT 1").await.map_err(|e| Error::postgres(e.to_string()))?;
     Ok(())
 }
 

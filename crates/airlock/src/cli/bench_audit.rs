@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 use serde_json::json;
 
-use super::bench::{series, Series};
+use super::bench_series::{series, Series};
 use super::output::{self, Table};
 use super::Cli;
 use airlock_core::error::{Error, Result};

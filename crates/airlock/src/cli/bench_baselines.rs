@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use hyper::Method;
 
-use super::bench::{elapsed_ms, first_query, series, Series};
+use super::bench_series::{elapsed_ms, first_query, series, Series};
 use super::Cli;
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;

@@ -5,6 +5,7 @@ mod audit;
 mod bench;
 mod bench_audit;
 mod bench_baselines;
+mod bench_series;
 mod cluster;
 mod commands;
 mod exec;
