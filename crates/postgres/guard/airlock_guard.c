@@ -524,11 +524,25 @@ materialize_template1(void)
  * is told) and can hand in only a TCP socket of their own to talk over.
  */
 static bool handoff_setting = false;
+/* Whether this session took its client (what SHOW airlock.handoff says). */
+static bool handoff_taken = false;
 
-/* Longest wait for the router's answer to the offer. */
-#define HANDOFF_WAIT_MS 5000
+/*
+ * Longest wait for the router's answer to the offer (which follows its write
+ * of the connection's event): within the server's authentication_timeout
+ * (10 s in a sandbox), which would end the session without a word, so that
+ * the one who asked hears why.
+ */
+#define HANDOFF_WAIT_MS 8000
 /* Longest airlock.connection text the router sends with the socket. */
 #define HANDOFF_TEXT_MAX 1024
+
+/* SHOW airlock.handoff: whether this session took its client, not whether it was asked to. */
+static const char *
+show_handoff(void)
+{
+	return handoff_taken ? "on" : "off";
+}
 
 /* Whether the startup packet asked for the hand-off (airlock.handoff=on). */
 static bool
@@ -599,41 +613,60 @@ static int
 receive_client(int sock, char *text)
 {
 	struct pollfd wait = {.fd = sock,.events = POLLIN};
-	char		control[CMSG_SPACE(sizeof(int))];
+	/* Aligned for a cmsghdr; room for one descriptor only. */
+	union
+	{
+		char		buffer[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	}			control;
 	struct iovec data = {.iov_base = text,.iov_len = HANDOFF_TEXT_MAX};
 	struct msghdr message = {0};
 	struct cmsghdr *header;
+	TimestampTz deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), HANDOFF_WAIT_MS);
 	ssize_t		got;
-	int			ready;
 	int			client;
 
-	do
-		ready = poll(&wait, 1, HANDOFF_WAIT_MS);
-	while (ready < 0 && errno == EINTR);
-	if (ready <= 0)
-		handoff_failed("no answer to the offer");
+	/* Waits a second at a time, so a shutdown or the authentication timeout ends it. */
+	for (;;)
+	{
+		long		left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), deadline);
+		int			ready;
+
+		CHECK_FOR_INTERRUPTS();
+		if (left <= 0)
+			handoff_failed("no answer to the offer");
+		ready = poll(&wait, 1, (int) Min(left, 1000));
+		if (ready > 0)
+			break;
+		if (ready < 0 && errno != EINTR)
+			handoff_failed("waiting for the answer failed");
+	}
+	memset(&control, 0, sizeof(control));
 	message.msg_iov = &data;
 	message.msg_iovlen = 1;
-	message.msg_control = control;
-	message.msg_controllen = sizeof(control);
+	message.msg_control = control.buffer;
+	message.msg_controllen = sizeof(control.buffer);
 	do
 		got = recvmsg(sock, &message, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	while (got < 0 && errno == EINTR);
+	if (got <= 0)
+		handoff_failed("the connection ended before the answer");
 	header = CMSG_FIRSTHDR(&message);
-	if (got <= 0 || (message.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) != 0 || header == NULL ||
+	if ((message.msg_flags & MSG_CTRUNC) != 0 || header == NULL ||
 		header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS ||
 		header->cmsg_len != CMSG_LEN(sizeof(int)))
 	{
-		/* Whatever came, nothing received is kept open. */
-		for (header = CMSG_FIRSTHDR(&message); header != NULL; header = CMSG_NXTHDR(&message, header))
-			if (header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS)
-				for (size_t i = 0; i < (header->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-				{
-					int			fd;
-
-					memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof(int));
-					close(fd);
-				}
+		/*
+		 * Whatever came, nothing received is kept open. The buffer holds one
+		 * descriptor at most (the kernel closes any more, and says so with
+		 * MSG_CTRUNC).
+		 */
+		if (header != NULL && header->cmsg_level == SOL_SOCKET && header->cmsg_type == SCM_RIGHTS &&
+			header->cmsg_len == CMSG_LEN(sizeof(int)))
+		{
+			memcpy(&client, CMSG_DATA(header), sizeof(int));
+			close(client);
+		}
 		handoff_failed("the answer was not one socket and its text");
 	}
 	memcpy(&client, CMSG_DATA(header), sizeof(int));
@@ -670,18 +703,22 @@ is_tcp_stream(int fd)
 static void
 watch_new_client(Port *port)
 {
+	WaitEventSet *made;
+
 #ifndef FeBeWaitSetNEvents
 #define FeBeWaitSetNEvents 3
 #endif
-	FreeWaitEventSet(FeBeWaitSet);
+	/* Made whole before the old one goes, so an error leaves the old in place. */
 #if PG_VERSION_NUM >= 170000
-	FeBeWaitSet = CreateWaitEventSet(NULL, FeBeWaitSetNEvents);
+	made = CreateWaitEventSet(NULL, FeBeWaitSetNEvents);
 #else
-	FeBeWaitSet = CreateWaitEventSet(TopMemoryContext, FeBeWaitSetNEvents);
+	made = CreateWaitEventSet(TopMemoryContext, FeBeWaitSetNEvents);
 #endif
-	AddWaitEventToSet(FeBeWaitSet, WL_SOCKET_WRITEABLE, port->sock, NULL, NULL);
-	AddWaitEventToSet(FeBeWaitSet, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
-	AddWaitEventToSet(FeBeWaitSet, WL_POSTMASTER_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	AddWaitEventToSet(made, WL_SOCKET_WRITEABLE, port->sock, NULL, NULL);
+	AddWaitEventToSet(made, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+	AddWaitEventToSet(made, WL_POSTMASTER_DEATH, PGINVALID_SOCKET, NULL, NULL);
+	FreeWaitEventSet(FeBeWaitSet);
+	FeBeWaitSet = made;
 }
 
 /*
@@ -716,6 +753,13 @@ take_client(Port *port)
 	int			router;
 	char	   *connection;
 
+	/* Nothing of the router's may be left unread: it would be lost. */
+#if PG_VERSION_NUM >= 170000
+	if (pq_buffer_remaining_data() > 0)
+#else
+	if (pq_buffer_has_data())
+#endif
+		handoff_failed("the router spoke before the offer");
 	offer_handoff();
 	client = receive_client(port->sock, text);
 	if (!is_tcp_stream(client))
@@ -740,8 +784,10 @@ take_client(Port *port)
 		handoff_failed("the client's connection could not be made non-blocking");
 	watch_new_client(port);
 	stop_reporting_handshake();
+	handoff_taken = true;
+	/* As the router would SET it: RESET blanks it. */
 	connection = psprintf("%s:%s", handshake, text);
-	SetConfigOption("airlock.connection", connection, PGC_BACKEND, PGC_S_CLIENT);
+	SetConfigOption("airlock.connection", connection, PGC_USERSET, PGC_S_SESSION);
 	pfree(connection);
 }
 
@@ -1019,7 +1065,7 @@ _PG_init(void)
 							 "Whether this session's client was handed to it by Airlock's router.",
 							 "Asked for by the router in the startup packet; see the guard's source.",
 							 &handoff_setting, false, PGC_BACKEND, GUC_NOT_IN_SAMPLE | GUC_DISALLOW_IN_FILE,
-							 NULL, NULL, NULL);
+							 NULL, NULL, show_handoff);
 	DefineCustomStringVariable("airlock.template_source",
 							   "Where the golden's template1 files are, to copy at the first CREATE DATABASE.",
 							   "Set by Airlock when it starts the server.",

@@ -89,6 +89,8 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     let (mut params, mut key, mut handshake) = (Vec::new(), None, None);
     let mut buf = BytesMut::new();
     let mut first = true;
+    // Whether the server proved it knows the password (SCRAM's last message).
+    let mut server_proved = false;
     loop {
         let m = match first {
             true => match protocol::read_first_server_answer(&mut server).await? {
@@ -121,13 +123,14 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
             (b'R', Some(12)) => {
                 let s = scram.as_mut().ok_or_else(|| protocol_error("SASL out of order"))?;
                 s.finish(&m.body()[4..])?;
+                server_proved = true;
             }
             (b'R', _) => return Err(protocol_error(
                 "the server asked for an authentication other than SCRAM-SHA-256 (its pg_hba.conf method)",
             )),
             (b'S', _) => match parameter(m.body()) {
                 Some((name, value)) if name == HANDSHAKE => handshake = Some(value),
-                Some((name, value)) if name == HANDOFF => {
+                Some((name, value)) if name == HANDOFF && server_proved => {
                     let key = offer(&value)
                         .ok_or_else(|| protocol_error("the server's hand-off offer did not parse"))?;
                     if !server.buffer().is_empty() {

@@ -61,19 +61,29 @@ pub(super) async fn hand(server: &UnixStream, client: &TcpStream, connection: &s
     Ok(())
 }
 
+/// Longest of what a server may say on the router's connection after the
+/// hand-off is kept (an `ErrorResponse` saying why it did not take the client).
+const SAID_MAX: usize = 8192;
+
 /// Resolves when the handed-off session has ended: its server closed the
-/// connection the client was handed over (it never writes there again).
-pub(super) async fn ended(server: &UnixStream) {
-    let mut buf = [0u8; 64];
+/// connection the client was handed over. Returns what the server wrote there
+/// first, if anything: once it has taken the client it never writes there, so
+/// anything is its refusal of the hand-off.
+pub(super) async fn ended(server: &UnixStream) -> Vec<u8> {
+    let mut said = Vec::new();
+    let mut buf = [0u8; 1024];
     loop {
         if server.readable().await.is_err() {
-            return;
+            return said;
         }
         match server.try_read(&mut buf) {
-            Ok(0) => return,
-            Ok(_) => {}
+            Ok(0) => return said,
+            Ok(n) => {
+                let room = SAID_MAX.saturating_sub(said.len());
+                said.extend_from_slice(&buf[..n.min(room)]);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(_) => return,
+            Err(_) => return said,
         }
     }
 }

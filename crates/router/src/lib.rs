@@ -64,6 +64,14 @@ pub struct RouterConfig {
     /// sandboxes, and who this node is (see [`elsewhere`]).
     #[serde(default)]
     pub relay: Option<RelaySettings>,
+    /// Whether a plaintext client is handed to its server session
+    /// (`handoff.rs`) rather than relayed.
+    #[serde(default = "handoff_by_default")]
+    pub handoff: bool,
+}
+
+fn handoff_by_default() -> bool {
+    true
 }
 
 /// A cluster node's router settings (`serve --cluster`): what its relay port
@@ -93,6 +101,7 @@ impl Default for RouterConfig {
             max_connections: 1000,
             redis_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_REDIS_PORT))),
             relay: None,
+            handoff: true,
         }
     }
 }
@@ -114,6 +123,8 @@ struct Shared {
     parked: Arc<parked::Parked>,
     require_tls: bool,
     startup_timeout: Duration,
+    /// Whether plaintext clients are handed to their server sessions.
+    handoff: bool,
     /// Routed sessions' backend keys, for their cancel requests.
     routed: route::Keys,
     /// In a cluster: the other nodes' routers, for clients of their sandboxes.
@@ -193,6 +204,7 @@ pub fn serve(
         tls: identity.map(|i| tokio_rustls::TlsAcceptor::from(i.config)),
         require_tls: config.tls == TlsMode::Required,
         startup_timeout: config.startup_timeout,
+        handoff: config.handoff,
         routed: route::Keys::default(),
         peers,
     });

@@ -210,12 +210,12 @@ fn malformed(why: &str) -> PacketError {
     PacketError::Invalid(format!("malformed SCRAM message: {why}"))
 }
 
-/// An `R` (authentication request) message.
 /// The `AuthenticationOk` message that ends a client's authentication.
 pub fn authentication_ok() -> Vec<u8> {
     auth(OK, &[])
 }
 
+/// An `R` (authentication request) message.
 fn auth(code: i32, data: &[u8]) -> Vec<u8> {
     let mut out = vec![b'R'];
     out.extend_from_slice(&((8 + data.len()) as i32).to_be_bytes());

@@ -178,7 +178,20 @@ async fn serve_incoming(
 /// sandbox's expiry.
 async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: super::Open, connection: &str) {
     let Client::Plain(tcp) = client else { return };
-    let cut = tcp.as_fd().try_clone_to_owned().ok();
+    // Without its own copy of the client's socket the router could neither
+    // cut the session at expiry nor see the client go: no hand-off then.
+    let cut = match tcp.as_fd().try_clone_to_owned() {
+        Ok(cut) => cut,
+        Err(e) => {
+            let e = ErrorResponse::fatal(
+                "53300",
+                format!("the router is out of file descriptors: {e}"),
+                "try again; if it persists, raise the router's open-file limit",
+            );
+            refuse(&mut Client::Plain(tcp), e).await;
+            return;
+        }
+    };
     if let Err(e) = super::handoff::hand(&backend.stream, &tcp, connection).await {
         tracing::warn!(sandbox = %open.sandbox(), error = %e, "a client could not be handed to its session");
         let e = ErrorResponse::fatal(
@@ -194,22 +207,33 @@ async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: sup
     let id = open.sandbox().to_owned();
     // A dropped client's query must not run on (as with a relayed session).
     let client_gone = async {
-        if let (Some(fd), Some(key)) = (&cut, &backend.key) {
-            if super::handoff::hung_up(fd.as_fd()).await.is_ok() {
+        if let Some(key) = &backend.key {
+            if super::handoff::hung_up(cut.as_fd()).await.is_ok() {
                 forward_cancel(shared, key).await;
             }
         }
         std::future::pending::<()>().await
     };
-    tokio::select! {
-        () = super::handoff::ended(&backend.stream) => {}
-        () = client_gone => {}
+    let said = tokio::select! {
+        said = super::handoff::ended(&backend.stream) => said,
+        () = client_gone => Vec::new(),
         () = expiry(&shared.host, &id) => {
-            if let Some(fd) = &cut {
-                let _ = nix::sys::socket::shutdown(fd.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            let _ = nix::sys::socket::shutdown(cut.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+            // What the backend runs ends too, as a relayed session's does.
+            if let Some(key) = &backend.key {
+                forward_cancel(shared, key).await;
             }
             super::handoff::ended(&backend.stream).await
         }
+    };
+    // Anything the server said on the router's connection is why it did not
+    // take the client (it never writes there once it has): the client hears it.
+    if !said.is_empty() {
+        tracing::warn!(sandbox = %id, "a session's server refused its hand-off");
+        let mut client = std::fs::File::from(cut);
+        let _ = std::io::Write::write_all(&mut client, &said);
+        drop(open);
+        return;
     }
     // The client's connection closes with the server's copy alone from here.
     drop(cut);
@@ -405,7 +429,7 @@ async fn establish(
     };
     slot.marker().prove();
     let Authenticated { mut client, startup, target, sb, tls, mut phases, connection, entry } = authenticated;
-    let handoff = may_hand_off(&client, &startup, entry.is_some());
+    let handoff = shared.handoff && may_hand_off(&client, &startup, entry.is_some());
     // Said only to a client that proved it holds the credential.
     if !shared.host.layout.generation_has_postgres(&sb.golden, sb.generation) {
         let e = ErrorResponse::fatal(
@@ -807,6 +831,14 @@ async fn session_for(
             backend::login(stream, &startup.encode_with(AGENT_ROLE, &target.database, asked), &password).await
         };
         match attempt.await {
+            Ok(backend) if backend.offered && !handoff => {
+                return Err(ErrorResponse::fatal(
+                    "08P01",
+                    "the sandbox's server offered a hand-off that was not asked for",
+                    "try again; if it persists, see the daemon's log",
+                )
+                .encode());
+            }
             Ok(backend) if backend.offered => {
                 if let Some(key) = backend.key.clone() {
                     open.set_backend(key);

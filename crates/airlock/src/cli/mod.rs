@@ -224,6 +224,15 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
+/// Whether the router hands plaintext clients to their servers' sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Handoff {
+    /// Hand them over (the default).
+    On,
+    /// Relay every session.
+    Off,
+}
+
 #[derive(Debug, Args)]
 struct ServeArgs {
     /// Also serve the API on this TCP address (needs a token).
@@ -321,6 +330,10 @@ struct ServeArgs {
     /// Client connections the router holds open at once.
     #[arg(long, env = "AIRLOCK_ROUTER_MAX_CONNECTIONS", default_value_t = 1000)]
     router_max_connections: usize,
+    /// Hand a plaintext client's connection to its sandbox's server once the
+    /// router has authenticated it (on), or relay every session (off).
+    #[arg(long, env = "AIRLOCK_ROUTER_HANDOFF", value_enum, default_value = "on")]
+    router_handoff: Handoff,
     /// Serve Prometheus metrics on this address (HOST:PORT, port 0 for a free one) at /metrics.
     #[arg(long, env = "AIRLOCK_METRICS")]
     metrics: Option<std::net::SocketAddr>,

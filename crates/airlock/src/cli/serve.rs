@@ -151,6 +151,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         },
         startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,
         max_connections: args.router_max_connections.max(1),
+        handoff: args.router_handoff == super::Handoff::On,
         redis_listen: match args.redis_router.as_str() {
             "off" => None,
             addr => Some(addr.parse().map_err(|_| {

@@ -346,8 +346,12 @@ fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
     d.ok(&["suspend", asleep["id"].as_str().unwrap()]);
     let short = d.fork("shop", &["--ttl", "5s"]);
     let mut held = spawn_psql(&dsn(&short), "SELECT pg_sleep(60)");
-    // A plaintext session, which holds its client itself, is cut all the same.
-    let mut handed = spawn_psql(&with_sslmode(&dsn(&short), "disable"), "SELECT pg_sleep(60)");
+    // A plaintext session, which holds its client itself, is cut all the same,
+    // and its query cancelled, though it turned off the server's own check.
+    let mut handed = spawn_psql(
+        &with_sslmode(&dsn(&short), "disable"),
+        "SET client_connection_check_interval = 0; SELECT pg_sleep(60)",
+    );
     std::thread::sleep(Duration::from_millis(500));
     d.kill9();
     // Waking takes the daemon: the client is told so, not left hanging.
@@ -362,6 +366,19 @@ fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
         }
     }
     assert!(psql(&dsn(&short), "SELECT 1").unwrap_err().contains("has expired"));
+    let running = || {
+        std::fs::read_dir("/proc").unwrap().flatten().any(|p| {
+            std::fs::read(p.path().join("cmdline")).is_ok_and(|c| {
+                String::from_utf8_lossy(&c).contains("airlock_agent")
+                    && String::from_utf8_lossy(&c).contains("SELECT")
+            })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while running() {
+        assert!(Instant::now() < deadline, "a cut session's query ran on");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     d.spawn();
 }
 
@@ -459,6 +476,12 @@ fn a_plaintext_client_is_handed_to_its_server_and_keeps_every_guarantee() {
     // setting the router SETs as the agent.
     assert_eq!(sql(&url, "SHOW airlock.handoff"), "off");
     assert_eq!(sql(&format!("{plain}&options=-c%20work_mem%3D8MB"), "SHOW airlock.handoff"), "off");
+    // It says what happened, not what was asked: on the private socket, asked
+    // for in options (never read as a request), it is off.
+    let asked = format!("{}&options=-c%20airlock.handoff%3Don", sb["socket_dsn"].as_str().unwrap());
+    assert_eq!(sql(&asked, "SHOW airlock.handoff"), "off");
+    // airlock.connection is the router's, and RESET blanks it, as in a relayed session.
+    assert_eq!(sql(&plain, "RESET airlock.connection; SHOW airlock.connection"), "");
 
     // The agent, and nothing more.
     let who = "SELECT current_user || ' ' || session_user || ' ' || rolsuper FROM pg_roles WHERE rolname = current_user";
@@ -512,4 +535,10 @@ fn a_plaintext_client_is_handed_to_its_server_and_keeps_every_guarantee() {
     });
     // And it wakes for the next one, handed off again.
     assert_eq!(sql(&plain, "SHOW airlock.handoff"), "on");
+
+    // An operator may have every session relayed.
+    let relaying = Daemon::start(&["--router-handoff", "off"]);
+    relaying.shop("shop");
+    let plain = with_sslmode(&dsn(&relaying.fork("shop", &[])), "disable");
+    assert_eq!(sql(&plain, "SHOW airlock.handoff"), "off");
 }

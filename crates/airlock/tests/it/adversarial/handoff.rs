@@ -42,6 +42,16 @@ fn message(stream: &mut UnixStream) -> (u8, Vec<u8>) {
 /// Opens a session on the sandbox's socket asking for the hand-off, logs in
 /// and reads up to the guard's offer: the stream, and the offer's value.
 fn asked_for_a_handoff(s: &Scene) -> (UnixStream, String) {
+    asked_for_a_handoff_then(s, &[]).expect("the offer")
+}
+
+/// Sent as `extra`: leave once the last SCRAM message is sent, the server's
+/// answer and offer unread, so the close resets the connection under it.
+const LEAVE_UNREAD: &[u8] = b"leave";
+
+/// The same, sending `extra` with the last SCRAM message; the session's error
+/// when it ended before an offer ("left" for [`LEAVE_UNREAD`]).
+fn asked_for_a_handoff_then(s: &Scene, extra: &[u8]) -> Result<(UnixStream, String), String> {
     let mut stream = UnixStream::connect(socket_path(&s.agent_socket)).expect("the sandbox's socket");
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let packet =
@@ -61,6 +71,12 @@ fn asked_for_a_handoff(s: &Scene) -> (UnixStream, String) {
                 let sc = scram.as_mut().unwrap();
                 sc.update(&body[4..]).unwrap();
                 frontend::sasl_response(sc.message(), &mut buf).unwrap();
+                if extra == LEAVE_UNREAD {
+                    stream.write_all(&buf).unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    return Err("left".into());
+                }
+                buf.extend_from_slice(extra);
             }
             (b'R', Some(12)) => scram.as_mut().unwrap().finish(&body[4..]).unwrap(),
             (b'R', Some(0)) => panic!("AuthenticationOk before the offer"),
@@ -68,8 +84,9 @@ fn asked_for_a_handoff(s: &Scene) -> (UnixStream, String) {
                 let mut parts = body.split(|b| *b == 0);
                 let (name, value) = (parts.next().unwrap(), parts.next().unwrap());
                 assert_eq!(name, b"airlock.handoff", "the first thing after SASL is the offer");
-                return (stream, String::from_utf8(value.to_vec()).unwrap());
+                return Ok((stream, String::from_utf8(value.to_vec()).unwrap()));
             }
+            (b'E', _) => return Err(String::from_utf8_lossy(&body).into_owned()),
             other => panic!("unexpected {other:?} before the offer"),
         }
         if !buf.is_empty() {
@@ -132,7 +149,27 @@ fn a_handoff_asked_for_by_anyone_else_gives_nothing_more_than_their_own_session(
     let (stream, _) = asked_for_a_handoff(&s);
     let waited = Instant::now();
     assert!(ended_with(stream).contains("no answer to the offer"));
-    assert!(waited.elapsed() < Duration::from_secs(15));
+    assert!(waited.elapsed() < Duration::from_secs(10), "{:?}", waited.elapsed());
+
+    // Bytes sent ahead of the offer are not lost in a buffer: the session ends.
+    let pipelined = b"Q\0\0\0\rSELECT 1;\0";
+    match asked_for_a_handoff_then(&s, pipelined) {
+        Err(error) => assert!(error.contains("spoke before the offer"), "{error}"),
+        Ok((stream, _)) => {
+            let error = ended_with(stream);
+            assert!(error.contains("hand-off of its client failed"), "{error}");
+        }
+    }
+
+    // A client that goes before the offer is read (its connection reset under
+    // the waiting backend) ends that session alone: the server does not crash.
+    let started = sql(&s.agent, "SELECT pg_postmaster_start_time()");
+    for _ in 0..5 {
+        let left = asked_for_a_handoff_then(&s, LEAVE_UNREAD);
+        assert_eq!(left.err().as_deref(), Some("left"));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(sql(&s.agent, "SELECT pg_postmaster_start_time()"), started, "the server restarted");
 
     // A TCP connection of one's own: the session goes on over it, as the
     // agent, saying what it was told but through no router.
