@@ -17,7 +17,8 @@ test:
 	@scripts/test.sh
 
 ## bench: fork benchmarks against the baselines, then router, router authentication, pool, suspend,
-## mitosis-db, density, live targets, the cluster, restarts and TTLs, client TLS (see docs/BENCHMARKS.md)
+## mitosis-db, density, live targets, the cluster, restarts and TTLs, client TLS, the router at 2-28
+## clients, sustained cold forks (see docs/BENCHMARKS.md)
 bench: build
 	@scripts/bench.sh
 	@scripts/bench-router.sh
@@ -35,6 +36,7 @@ bench: build
 	@scripts/bench-lifecycle.sh
 	@scripts/bench-client-tls.sh
 	@scripts/bench-router-clients.sh
+	@scripts/bench-churn.sh
 
 clean:
 	cargo clean
