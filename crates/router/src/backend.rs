@@ -291,3 +291,32 @@ pub fn field(body: &[u8], code: u8) -> Option<String> {
         .find(|f| f.first() == Some(&code))
         .map(|f| String::from_utf8_lossy(&f[1..]).into_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::offer;
+
+    #[test]
+    fn an_offer_is_a_pid_and_a_key_of_4_to_256_bytes_in_hex_and_nothing_else() {
+        let key = offer("4242:0a0b0c0d").expect("a 3.0 key");
+        assert_eq!((key.pid, key.secret.as_slice()), (4242, &[10u8, 11, 12, 13][..]));
+        let long = format!("7:{}", "ab".repeat(32));
+        assert_eq!(offer(&long).expect("a 3.2 key").secret.len(), 32);
+        for wrong in [
+            "",
+            "4242",
+            "4242:",
+            "x:0a0b0c0d",
+            "4242:0a0b0c",
+            "4242:0a0b0c0",
+            "4242:0a0b0c0g",
+            "4242:0a0b0c0d:handshake",
+            "4242:é0b0c0d",
+        ] {
+            assert!(offer(wrong).is_none(), "{wrong:?} was taken");
+        }
+        // Protocol 3.2 allows keys up to 256 bytes (PostgreSQL 18 makes 32).
+        assert!(offer(&format!("7:{}", "ab".repeat(256))).is_some());
+        assert!(offer(&format!("7:{}", "ab".repeat(257))).is_none(), "a key longer than 256 bytes");
+    }
+}
