@@ -178,30 +178,26 @@ async fn serve_incoming(
 /// sandbox's expiry.
 async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: super::Open, connection: &str) {
     let Client::Plain(tcp) = client else { return };
-    // Without its own copy of the client's socket the router could neither
-    // cut the session at expiry nor see the client go: no hand-off then.
-    let cut = match tcp.as_fd().try_clone_to_owned() {
+    // The router keeps a copy of the client's socket (to cut the session at
+    // expiry and to see the client go): without one, no hand-off.
+    let handed = async {
+        let cut = tcp.as_fd().try_clone_to_owned()?;
+        super::handoff::hand(&backend.stream, &tcp, connection).await?;
+        std::io::Result::Ok(cut)
+    };
+    let cut = match handed.await {
         Ok(cut) => cut,
         Err(e) => {
+            tracing::warn!(sandbox = %open.sandbox(), error = %e, "a client could not be handed to its session");
             let e = ErrorResponse::fatal(
-                "53300",
-                format!("the router is out of file descriptors: {e}"),
-                "try again; if it persists, raise the router's open-file limit",
+                "08006",
+                format!("the router could not hand the connection to the sandbox's server: {e}"),
+                "try again; if it persists, see the router's log",
             );
             refuse(&mut Client::Plain(tcp), e).await;
             return;
         }
     };
-    if let Err(e) = super::handoff::hand(&backend.stream, &tcp, connection).await {
-        tracing::warn!(sandbox = %open.sandbox(), error = %e, "a client could not be handed to its session");
-        let e = ErrorResponse::fatal(
-            "08006",
-            format!("the router could not hand the connection to the sandbox's server: {e}"),
-            "try again; if it persists, see the router's log",
-        );
-        refuse(&mut Client::Plain(tcp), e).await;
-        return;
-    }
     // The session's server holds the client now; the router's copy goes.
     drop(tcp);
     let id = open.sandbox().to_owned();
