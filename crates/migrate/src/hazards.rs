@@ -641,17 +641,51 @@ pub fn human_ms(ms: f64) -> String {
     }
 }
 
-/// Candidate names from best to worst: passing ones by time, then failing ones by
-/// their worst hazard, then by how many hazards they have.
+/// Candidate names from best to worst, by a rule that reads only what the
+/// verdict rests on, never a measured time, so the same files rank the same
+/// on an idle machine or a busy one:
+/// 1. passing before failing;
+/// 2. by their hazards' severities, worst first, compared one by one (one
+///    `high` is worse than any number of `medium`s; of two with the same
+///    worst, the one with fewer or milder others is better);
+/// 3. by how long production would be blocked, estimated at production size
+///    ([`blocked_ms`]);
+/// 4. by how many notes they have (no `lock_timeout`, say);
+/// 5. by name.
 pub fn rank(candidates: &[CandidateReport]) -> Vec<String> {
-    let mut order: Vec<&CandidateReport> = candidates.iter().collect();
-    order.sort_by(|a, b| {
-        let worst = |c: &CandidateReport| c.hazards.first().map(|h| h.severity);
-        (!a.passed, worst(a), a.hazards.len())
-            .cmp(&(!b.passed, worst(b), b.hazards.len()))
-            .then(a.duration_ms.total_cmp(&b.duration_ms))
+    // Each candidate's severities, worst first: compared as lists, the one
+    // whose first difference is milder, or that ends sooner, comes first.
+    let mut order: Vec<(&CandidateReport, Vec<Severity>, f64)> = candidates
+        .iter()
+        .map(|c| {
+            let mut severities: Vec<Severity> = c.hazards.iter().map(|h| h.severity).collect();
+            severities.sort_by(|a, b| b.cmp(a));
+            (c, severities, blocked_ms(c))
+        })
+        .collect();
+    order.sort_by(|(a, a_severities, a_blocked), (b, b_severities, b_blocked)| {
+        (!a.passed)
+            .cmp(&!b.passed)
+            .then_with(|| a_severities.cmp(b_severities))
+            .then(a_blocked.total_cmp(b_blocked))
+            .then(a.notes.len().cmp(&b.notes.len()))
+            .then_with(|| a.name.cmp(&b.name))
     });
-    order.into_iter().map(|c| c.name.clone()).collect()
+    order.into_iter().map(|(c, _, _)| c.name.clone()).collect()
+}
+
+/// How long a candidate would block production, estimated at production
+/// size: for each of its transactions, the longest estimate of a lock that
+/// blocks others, summed. Statements a ROLLBACK undid still held their
+/// locks, so they count.
+pub fn blocked_ms(c: &CandidateReport) -> f64 {
+    let mut longest: BTreeMap<usize, f64> = BTreeMap::new();
+    for s in &c.statements {
+        let most = s.locks.iter().filter(|l| l.blocking).filter_map(|l| l.estimated_ms).fold(0.0, f64::max);
+        let entry = longest.entry(s.txn).or_insert(0.0);
+        *entry = entry.max(most);
+    }
+    round(longest.values().sum())
 }
 
 #[cfg(test)]
@@ -678,5 +712,73 @@ mod tests {
         ] {
             assert!(!super::widens(before, after), "{before} -> {after}");
         }
+    }
+
+    /// A candidate with hazards of `severities`, `notes` notes, a lock
+    /// estimated at `estimate` ms, and a measured time of `measured` ms.
+    fn candidate(
+        name: &str,
+        severities: &[&str],
+        notes: usize,
+        estimate: f64,
+        measured: f64,
+    ) -> super::CandidateReport {
+        let hazard = |severity: &&str| serde_json::json!({"kind": "k", "severity": severity, "message": "m"});
+        serde_json::from_value(serde_json::json!({
+            "name": name, "sha256": "", "kind": "sql",
+            "passed": severities.iter().all(|s| *s == "low"),
+            "hazards": severities.iter().map(hazard).collect::<Vec<_>>(),
+            "notes": (0..notes).map(|_| hazard(&"low")).collect::<Vec<_>>(),
+            "statements": [{
+                "line": 1, "sql": "", "txn": 1, "transaction": "implicit", "duration_ms": measured,
+                "locks": [{"relation": "public.t", "kind": "table", "mode": "ACCESS EXCLUSIVE",
+                           "held_ms": measured, "blocking": true, "estimated_ms": estimate}],
+                "rewrites": [], "rows": [], "dropped": []
+            }],
+            "assertions": [], "changes": [], "drift": [], "duration_ms": measured
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn candidates_rank_by_severities_then_estimates_then_notes_never_by_measured_time() {
+        let candidates = [
+            candidate("fast_but_careless.sql", &[], 1, 10.0, 1.0),
+            candidate("careful.sql", &[], 0, 10.0, 900.0),
+            candidate("blocks_longer.sql", &[], 0, 50.0, 2.0),
+            candidate("one_low.sql", &["low"], 0, 0.0, 1.0),
+            candidate("high_and_low.sql", &["high", "low"], 0, 0.0, 1.0),
+            candidate("high.sql", &["high"], 0, 0.0, 1.0),
+            candidate("three_medium.sql", &["medium", "medium", "medium"], 0, 0.0, 1.0),
+            candidate("critical.sql", &["critical"], 0, 0.0, 1.0),
+        ];
+        let expected = [
+            "careful.sql",
+            "fast_but_careless.sql",
+            "blocks_longer.sql",
+            "one_low.sql",
+            "three_medium.sql",
+            "high.sql",
+            "high_and_low.sql",
+            "critical.sql",
+        ];
+        assert_eq!(super::rank(&candidates), expected);
+        // Given in any order, with any measured times: the same ranking.
+        let mut again: Vec<_> = candidates.iter().rev().cloned().collect();
+        for (i, c) in again.iter_mut().enumerate() {
+            c.duration_ms = (i * 1000) as f64;
+            c.statements[0].duration_ms = c.duration_ms;
+        }
+        assert_eq!(super::rank(&again), expected);
+        // Two transactions block twice; a longer lock in one transaction counts once.
+        let mut two = candidate("two.sql", &[], 0, 10.0, 1.0);
+        let mut second = two.statements[0].clone();
+        second.txn = 2;
+        second.locks[0].estimated_ms = Some(5.0);
+        two.statements.push(second.clone());
+        second.txn = 1;
+        second.locks[0].estimated_ms = Some(3.0);
+        two.statements.push(second);
+        assert_eq!(super::blocked_ms(&two), 15.0);
     }
 }

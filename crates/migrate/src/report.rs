@@ -25,8 +25,9 @@ pub struct Report {
     /// The best passing candidate, if any passed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best: Option<String>,
-    /// Candidates from best to worst: passing ones by time, then failing ones by
-    /// their worst hazard.
+    /// Candidates from best to worst, by the rule of `hazards::rank`: passing
+    /// first, then by their hazards' severities, the estimated time they block
+    /// production, their notes and their names; never by a measured time.
     pub ranking: Vec<String>,
     /// Each candidate's result, in the order given.
     pub candidates: Vec<CandidateReport>,

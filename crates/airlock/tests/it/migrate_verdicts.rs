@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::process::{Child, Command};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::harness::sql;
 use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, promote, test};
@@ -272,6 +272,9 @@ fn the_same_file_gets_the_same_verdict_on_an_idle_or_a_busy_machine() {
                  UPDATE users SET score = score + 1;\nCOMMIT;",
             ),
             ("delete.sql", "DELETE FROM orders WHERE id % 2 = 0;"),
+            // Twins that pass: the careless one is applied faster, the careful one ranks first.
+            ("twin_careless.sql", "ALTER TABLE users ADD COLUMN nick text;"),
+            ("twin_careful.sql", "SET lock_timeout = '2s';\nALTER TABLE users ADD COLUMN nick text;"),
         ],
     );
     let mut idle = path_strs(&paths);
@@ -287,10 +290,21 @@ fn the_same_file_gets_the_same_verdict_on_an_idle_or_a_busy_machine() {
         args.extend(["--parallel", "4", "--max-lock", "20ms"]);
         test(&d, &args).1
     };
+    let (busy_ranking, busy_best) = (busy["ranking"].clone(), busy["best"].clone());
     let busy = verdicts(&busy);
     for (name, verdict) in &calm {
         assert_eq!(Some(verdict), busy.get(name), "{name} judged differently under load");
     }
+    // The ranking is a rule over the verdicts, not the times: the same under load.
+    assert_eq!(first["ranking"], busy_ranking, "ranked differently under load");
+    assert_eq!(
+        (&first["best"], &busy_best),
+        (&json!("twin_careful.sql"), &json!("twin_careful.sql")),
+        "{first}"
+    );
+    let ranking: Vec<&str> =
+        first["ranking"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert_eq!(ranking[..2], ["twin_careful.sql", "twin_careless.sql"], "{ranking:?}");
     // Measured times did differ; the verdicts did not rest on them.
     assert!(kinds_of(&first).values().any(|k| k.contains(&"long_lock".to_owned())), "{first}");
 }
