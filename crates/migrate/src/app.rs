@@ -33,22 +33,22 @@ pub struct QueryPlan {
     /// The query (its first 300 characters).
     pub sql: String,
     /// The planner's total cost before.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub before: Option<f64>,
     /// And after.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub after: Option<f64>,
     /// How it reads its tables before (`Index Scan on orders`...).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub access_before: Vec<String>,
     /// And after.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub access_after: Vec<String>,
     /// PostgreSQL's error planning it before, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub error_before: Option<String>,
     /// And after.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub error_after: Option<String>,
 }
 
@@ -289,7 +289,7 @@ pub struct WorkloadQuery {
     /// Runs that failed (the first error is kept).
     pub errors: usize,
     /// The first error.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub error: Option<String>,
 }
 

@@ -28,6 +28,7 @@ mod request;
 pub mod rows;
 pub mod sampler;
 pub mod scale;
+pub mod schema;
 pub mod seal;
 pub mod verify;
 

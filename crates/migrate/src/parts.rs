@@ -56,14 +56,14 @@ pub struct PartRecord {
     #[schema(value_type = Vec<Object>)]
     pub changes: Vec<Change>,
     /// The sequences it set back.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    #[serde(default)]
     pub sequences_set_back: BTreeSet<String>,
     /// How far it moved sequences forward.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub sequences_advanced: BTreeMap<String, i64>,
     /// How many rows it changed, per table compared (which ones, and how,
     /// are in the test's row record: see [`super::rows`]).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(default)]
     pub changed_rows: BTreeMap<String, usize>,
 }
 

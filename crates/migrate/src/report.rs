@@ -18,12 +18,12 @@ pub struct Report {
     pub golden_catalog: Catalog,
     /// What the golden's import left out on purpose: promote does not call
     /// its presence on the target drift.
-    #[serde(default, skip_serializing_if = "airlock_lifecycle::golden::Exclusions::is_empty")]
+    #[serde(default)]
     pub left_out: airlock_lifecycle::golden::Exclusions,
     /// Whether every candidate passed.
     pub passed: bool,
     /// The best passing candidate, if any passed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub best: Option<String>,
     /// Candidates from best to worst, by the rule of `hazards::rank`: passing
     /// first, then by their hazards' severities, the estimated time they block
@@ -33,15 +33,14 @@ pub struct Report {
     pub candidates: Vec<CandidateReport>,
     /// The table sizes and per-row costs the estimates are made with.
     #[serde(default)]
-    #[schema(value_type = Object)]
     pub scale: super::scale::Scale,
     /// The golden generation's rows, as the daemon keeps them for promote
     /// (`migration-rows/...`; see `airlock_migrate::rows`).
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     pub rows: String,
     /// In a cluster: the node whose daemon sealed the report, where
     /// `migrate promote` runs (any node sends it there).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub node: Option<String>,
     /// The daemon's MAC over everything above: `migrate promote` reads no
     /// report whose seal does not match (see `airlock_migrate::seal`).
@@ -63,23 +62,23 @@ pub struct CandidateReport {
     /// What makes it risky, most severe first.
     pub hazards: Vec<Hazard>,
     /// Worth knowing, but no reason to refuse it (`no_lock_timeout`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub notes: Vec<Hazard>,
     /// The application's queries planned before and after it (`--app-queries`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub queries: Vec<super::app::QueryPlan>,
     /// What a concurrent workload felt while it ran (`--workload`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
     pub workload: Option<super::app::WorkloadReport>,
     /// Each statement as applied (SQL candidates).
     pub statements: Vec<StatementReport>,
     /// The failure that stopped it, if one did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub failure: Option<Failure>,
     /// What a command candidate printed and how it ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub exec: Option<ExecOutcome>,
     /// The assertion queries after it.
     pub assertions: Vec<Assertion>,
@@ -91,35 +90,35 @@ pub struct CandidateReport {
     pub drift: Vec<Change>,
     /// Sequences it set back (`setval`, `RESTART`): promote expects the same
     /// on the target, and no other.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    #[serde(default)]
     pub sequences_set_back: std::collections::BTreeSet<String>,
     /// How far it moved sequences forward: promote refuses one moved much
     /// further on the target.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default)]
     pub sequences_advanced: std::collections::BTreeMap<String, i64>,
     /// For each table of at most `verify::ROWS_COMPARED` rows that it
     /// touched: how many rows it changed. Which ones, and to what, are in its
     /// row record, which promote holds the target's rows to.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default)]
     pub changed_rows: std::collections::BTreeMap<String, usize>,
     /// Its row record in the daemon's data root (`migration-rows/...`), part
     /// by part (see `airlock_migrate::rows`); empty when none was kept.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[serde(default)]
     pub row_record: String,
     /// The session settings its statements ran with (time zone, date style,
     /// the schemas names resolved in...): promote runs them with the same.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default)]
     pub session: std::collections::BTreeMap<String, String>,
     /// For a file that runs in parts: what each part did, which promote
     /// holds that part to on the target.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     #[schema(value_type = Vec<Object>)]
     pub parts: Vec<super::parts::PartRecord>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
     /// In a cluster: the node it ran on (a test's candidates are spread
     /// over the nodes that hold the golden).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub node: Option<String>,
 }
 
@@ -134,7 +133,7 @@ pub struct StatementReport {
     #[serde(default)]
     pub txn: usize,
     /// PostgreSQL's command tag.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub tag: Option<String>,
     /// `implicit` (its own transaction), `explicit` (inside the file's BEGIN),
     /// or `none` (cannot run in a transaction, such as CREATE INDEX CONCURRENTLY).
@@ -150,16 +149,16 @@ pub struct StatementReport {
     /// Objects it dropped: the ones named, and what a CASCADE reached.
     pub dropped: Vec<Dropped>,
     /// Rows it read per table (scans and index fetches), from the server's counters.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[serde(default)]
     pub scanned: std::collections::BTreeMap<String, i64>,
     /// Indexes it built.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub indexes_built: Vec<IndexBuilt>,
     /// Constraints it checked against every existing row.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(default)]
     pub validated: Vec<Validated>,
     /// Whether a later ROLLBACK undid it.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub rolled_back: bool,
 }
 
@@ -179,12 +178,12 @@ pub struct LockHeld {
     pub blocking: bool,
     /// Whether it was seen by polling (commands, statements outside a transaction)
     /// rather than read exactly.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub observed: bool,
     /// How long it would be held at production size (or the golden's, without
     /// production statistics), from the rows worked under it and the golden's
     /// per-row costs, milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub estimated_ms: Option<f64>,
 }
 
@@ -211,11 +210,11 @@ pub struct Validated {
     /// The table whose rows were checked.
     pub table: String,
     /// For a foreign key, the table it references (also locked).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub references: Option<String>,
     /// Whether it was validated (`VALIDATE CONSTRAINT`) while the transaction
     /// held a write-blocking lock on the table from an earlier statement.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub under_lock: bool,
 }
 
@@ -242,7 +241,7 @@ pub struct RowsChanged {
     /// Rows deleted (TRUNCATE included).
     pub deleted: i64,
     /// Whether it was truncated.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(default)]
     pub truncated: bool,
 }
 
@@ -289,7 +288,7 @@ pub struct Assertion {
     /// Whether it returned true, or no rows.
     pub passed: bool,
     /// What it returned or the error, when it did not pass.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub detail: Option<String>,
 }
 
@@ -331,13 +330,13 @@ pub struct Hazard {
     /// What happened, in a sentence.
     pub message: String,
     /// The line of the statement that did it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub line: Option<usize>,
     /// A safer way to the same result, where there is one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub suggestion: Option<String>,
     /// Estimated time at production size (or the golden's), milliseconds.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub estimated_ms: Option<f64>,
 }
 

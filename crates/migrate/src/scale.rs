@@ -138,16 +138,16 @@ impl Sizes {
 pub struct Scale {
     /// `production` (sizes from `--production-stats`) or `golden`.
     pub source: Sizes,
-    /// Where production sizes came from, when they did.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// Where production sizes came from; empty when they did not.
+    #[serde(default)]
     pub production_source: String,
     /// Per-row costs on the golden.
     pub costs: Costs,
     /// The golden's tables.
     #[schema(value_type = Object)]
     pub golden: BTreeMap<String, TableSize>,
-    /// Production's tables, when given.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Production's tables; empty when not given.
+    #[serde(default)]
     #[schema(value_type = Object)]
     pub production: BTreeMap<String, TableSize>,
 }

@@ -64,16 +64,16 @@ pub struct DbError {
     /// The primary message.
     pub message: String,
     /// More about the error.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub detail: Option<String>,
     /// What to do about it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub hint: Option<String>,
     /// The 1-based character position in the query text where the error was found.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub position: Option<u32>,
     /// The call stack (PL/pgSQL) or the internal query context.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub context: Option<String>,
 }
 

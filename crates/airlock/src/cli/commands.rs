@@ -116,6 +116,11 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
         Command::Migrate(MigrateCommand::Test(args)) => migrate_test(&cli, args).await,
         Command::Migrate(MigrateCommand::Promote(args)) => migrate_promote(&cli, args).await,
         Command::Migrate(MigrateCommand::Stats(args)) => migrate_stats(args).await,
+        Command::Migrate(MigrateCommand::Schema) => {
+            let schema = airlock_migrate::schema::report_schema();
+            println!("{}", serde_json::to_string_pretty(&schema).expect("a schema serializes"));
+            Ok(0)
+        }
         Command::Ls { golden, labels } => {
             validate::labels(labels)?;
             let mut query = Vec::new();

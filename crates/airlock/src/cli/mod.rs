@@ -648,6 +648,9 @@ enum MigrateCommand {
     /// Print a database's table sizes (from pg_class, never its rows) as the
     /// JSON `migrate test --production-stats FILE` reads.
     Stats(MigrateStatsArgs),
+    /// Print the JSON Schema of the report `migrate test --json` writes
+    /// (kept in the repository as docs/migration-report.schema.json).
+    Schema,
 }
 
 #[derive(Debug, Args)]

@@ -1186,7 +1186,15 @@ fn goldens_are_replicated_checked_against_their_hashes_fetched_at_a_first_fork_a
     migration_tests_spread_over_the_holders_and_promote_where_sealed(&net, &a, &b, &c);
 
     // a's copy rots. c's transfer from a (the least busy holder) is refused,
-    // and tried again from b, whose copy is whole.
+    // and tried again from b, whose copy is whole. The migration tests' forks
+    // on a are gone once a has said so at a round of its own.
+    c.wait_for(Duration::from_secs(15), "a to announce fewer running sandboxes than b", || {
+        let nodes = c.json(&["nodes"]);
+        let running = |name: &str| {
+            nodes.as_array().unwrap().iter().find(|n| n["name"] == name).and_then(|n| n["running"].as_u64())
+        };
+        matches!((running("a"), running("b")), (Some(on_a), Some(on_b)) if on_a < on_b)
+    });
     let rotten = flip_largest_file(&home_a, "shop");
     let done = c.json(&["golden", "replicate", "shop", "--nodes", "c"]);
     assert_eq!((done[0]["from"].as_str(), done[0]["attempts"].as_u64()), (Some("b"), Some(2)), "{done}");
