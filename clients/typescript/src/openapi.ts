@@ -789,7 +789,7 @@ export interface components {
             /** @description Each statement as applied (SQL candidates). */
             statements: components["schemas"]["StatementReport"][];
             /** @description What a concurrent workload felt while it ran (`--workload`). */
-            workload?: Record<string, never>;
+            workload?: Record<string, never> | null;
         };
         /** @description The limits one sandbox gets. */
         CgroupLimits: {
@@ -897,6 +897,45 @@ export interface components {
         ColumnRule: components["schemas"]["Spec"] & {
             /** @description `schema.table.column`; each part may be `*` or hold `*` (`*.*.email`, `public.*.phone*`). */
             column: string;
+        };
+        /** @description Per-row costs measured on a fork of the golden, microseconds per row. */
+        Costs: {
+            /**
+             * Format: double
+             * @description Updating a row in place.
+             */
+            change_us: number;
+            /**
+             * Format: double
+             * @description Indexing a row (a scan and a sort).
+             */
+            index_us: number;
+            /**
+             * Format: double
+             * @description Checking a row against another table (what a foreign key's validation does).
+             */
+            join_us?: number;
+            /**
+             * Format: int64
+             * @description The row width measured with, bytes.
+             */
+            row_bytes: number;
+            /**
+             * Format: int64
+             * @description Rows measured with.
+             */
+            rows: number;
+            /**
+             * Format: double
+             * @description Reading a row in a sequential scan and testing it (what a CHECK or
+             *     NOT NULL validation, or a filtered query, does).
+             */
+            scan_us: number;
+            /**
+             * Format: double
+             * @description Writing a row into a new table (what a rewrite does).
+             */
+            write_us: number;
         };
         /** @description A request to make a golden: exactly one kind of source. */
         CreateGolden: {
@@ -2027,8 +2066,9 @@ export interface components {
             /** @description Whether every candidate passed. */
             passed: boolean;
             /**
-             * @description Candidates from best to worst: passing ones by time, then failing ones by
-             *     their worst hazard.
+             * @description Candidates from best to worst, by the rule of `hazards::rank`: passing
+             *     first, then by their hazards' severities, the estimated time they block
+             *     production, their notes and their names; never by a measured time.
              */
             ranking: string[];
             /**
@@ -2037,7 +2077,7 @@ export interface components {
              */
             rows?: string;
             /** @description The table sizes and per-row costs the estimates are made with. */
-            scale?: Record<string, never>;
+            scale?: components["schemas"]["Scale"];
             /**
              * @description The daemon's MAC over everything above: `migrate promote` reads no
              *     report whose seal does not match (see `airlock_migrate::seal`).
@@ -2133,6 +2173,19 @@ export interface components {
          * @enum {string}
          */
         SandboxState: "creating" | "running" | "deleting" | "pooled" | "suspended" | "resetting" | "lost";
+        /** @description What the estimates of one run are made with. */
+        Scale: {
+            /** @description Per-row costs on the golden. */
+            costs: components["schemas"]["Costs"];
+            /** @description The golden's tables. */
+            golden: Record<string, never>;
+            /** @description Production's tables; empty when not given. */
+            production?: Record<string, never>;
+            /** @description Where production sizes came from; empty when they did not. */
+            production_source?: string;
+            /** @description `production` (sizes from `--production-stats`) or `golden`. */
+            source: components["schemas"]["Sizes"];
+        };
         /** @description What a scan found. */
         ScanReport: {
             /** @description The columns that hold personal data, with the rule proposed for each. */
@@ -2196,6 +2249,11 @@ export interface components {
              */
             subset_percent?: number | null;
         };
+        /**
+         * @description Whose table sizes the estimates take.
+         * @enum {string}
+         */
+        Sizes: "golden" | "production";
         /** @description Where a golden's data comes from; kept so `golden refresh` can build again. */
         Source: {
             /** @enum {string} */
