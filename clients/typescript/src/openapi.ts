@@ -2086,7 +2086,9 @@ export interface components {
         };
         /** @description A table rewritten. */
         Rewrite: {
-            /** @description Why, from PostgreSQL's `table_rewrite` event (or `truncated`). */
+            /** @description Why, as stable names: each has its own safer form, or none. */
+            causes?: components["schemas"]["RewriteCause"][];
+            /** @description Why, in words, from PostgreSQL's `table_rewrite` event or the statement. */
             reason: string;
             /**
              * Format: int64
@@ -2096,6 +2098,11 @@ export interface components {
             /** @description `schema.name`. */
             table: string;
         };
+        /**
+         * @description What made PostgreSQL write a table anew.
+         * @enum {string}
+         */
+        RewriteCause: "volatile_default" | "type_change" | "persistence" | "access_method" | "vacuum_full" | "cluster" | "tablespace" | "refresh" | "other";
         /** @description Rows changed in one table. */
         RowsChanged: {
             /**

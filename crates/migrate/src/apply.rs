@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::probe::{self, Lock, Reading};
 use super::report::{
-    Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RowsChanged, StatementReport, Validated,
+    Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RewriteCause, RowsChanged, StatementReport, Validated,
 };
 use airlock_core::error::{Error, Result};
 use airlock_postgres::admin::Admin;
@@ -88,8 +88,8 @@ struct Tracker {
     txn: usize,
     /// Constraints known so far, and whether each was validated.
     constraints: BTreeMap<i64, bool>,
-    /// NOT NULL columns per table, as last read.
-    not_null: BTreeMap<i64, i64>,
+    /// NOT NULL columns and all columns per table, as last read.
+    not_null: BTreeMap<i64, (i64, i64)>,
     /// The first name each relation was seen under: a table renamed, worked on
     /// and renamed back is still reported (and sized) as the table it is.
     first_names: BTreeMap<i64, String>,
@@ -156,7 +156,7 @@ impl Tracker {
         self.see(&r.relations);
         for rel in &r.relations {
             self.filenodes.insert(rel.relid, rel.filenode);
-            self.not_null.insert(rel.relid, rel.not_null);
+            self.not_null.insert(rel.relid, (rel.not_null, rel.columns));
         }
         self.constraints = r.constraints.iter().map(|c| (c.oid, c.validated)).collect();
     }
@@ -218,7 +218,12 @@ impl Tracker {
                 _ => self.name(w.relid),
             };
             let rows = self.rows.get(&table).copied().unwrap_or(0);
-            report.rewrites.push(Rewrite { table, reason: probe::rewrite_reason(w.reason), rows });
+            report.rewrites.push(Rewrite {
+                table,
+                reason: probe::rewrite_reason(w.reason),
+                causes: RewriteCause::from_bits(w.reason),
+                rows,
+            });
             rewritten.insert(w.relid);
             self.after_rewrite = self.after_rewrite.max(w.id);
         }
@@ -238,12 +243,13 @@ impl Tracker {
                     });
                     self.rows.insert(name, 0);
                 } else {
-                    let reason = if tag.is_empty() {
-                        "its storage was replaced (TRUNCATE, VACUUM FULL or CLUSTER)".to_owned()
-                    } else {
-                        "its storage was rebuilt (VACUUM FULL, CLUSTER or similar)".to_owned()
-                    };
-                    report.rewrites.push(Rewrite { table: name, reason, rows });
+                    let (cause, reason) = RewriteCause::from_tag(tag);
+                    report.rewrites.push(Rewrite {
+                        table: name,
+                        reason: reason.into(),
+                        causes: vec![cause],
+                        rows,
+                    });
                 }
             }
         }
@@ -271,6 +277,15 @@ impl Tracker {
             // (A counter can read lower after DDL rebuilds the table's cache entry: never below nothing.)
             let [ins, upd, del, read] = std::array::from_fn(|i| (now[i] - before[i]).max(0));
             let table = self.name(s.relid);
+            // A rewrite or an index build reads each row of its table once,
+            // whatever the counters say (a rewrite's index builds read the
+            // new heap again): its rows are counted as its own work.
+            let rebuilt = report.rewrites.iter().any(|w| w.table == table)
+                || report.indexes_built.iter().any(|b| b.table == table);
+            let read = match self.rows.get(&table) {
+                Some(rows) if rebuilt => read.min(*rows),
+                _ => read,
+            };
             if read > 0 {
                 report.scanned.insert(table.clone(), read);
             }
@@ -286,17 +301,21 @@ impl Tracker {
                 truncated: false,
             });
         }
-        // SET NOT NULL checks every row; a column added NOT NULL with a
-        // constant default does not (and reads nothing), so only a column that
-        // became NOT NULL while its table was read counts.
+        // SET NOT NULL checks every row; a column added NOT NULL does not
+        // (with a constant default it reads nothing, with a volatile one the
+        // rewrite writes each row checked), so only a column that was there
+        // before and became NOT NULL while its table was read counts.
         for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "p") {
-            let before = self.not_null.insert(rel.relid, rel.not_null);
+            let before = self.not_null.insert(rel.relid, (rel.not_null, rel.columns));
             let name = self.name(rel.relid);
             let read = report.scanned.get(&name).is_some_and(|n| *n > 0);
-            if read && before.is_some_and(|n| n < rel.not_null) {
+            let rewritten = report.rewrites.iter().any(|w| w.table == name);
+            let Some((not_null, columns)) = before else { continue };
+            let became = rel.not_null - not_null - (rel.columns - columns).max(0);
+            if read && !rewritten && became > 0 {
                 report.validated.push(Validated {
                     kind: "not null".into(),
-                    name: format!("{} more NOT NULL column(s)", rel.not_null - before.unwrap_or(0)),
+                    name: format!("{became} more NOT NULL column(s)"),
                     table: name,
                     references: None,
                     under_lock: false,

@@ -52,14 +52,16 @@ pub struct Verdict {
     pub notes: Vec<Hazard>,
 }
 
-/// The work each table saw in one statement (an index build counts the
-/// golden's rows of its table).
+/// The work each table saw in one statement, each row counted once for
+/// what was done to it: an index build counts the golden's rows of its
+/// table, a rewrite the rows it wrote (its reading of them is part of it),
+/// and a TRUNCATE nothing per row (it swaps the table's files).
 fn work<'a>(s: &'a StatementReport, golden: &BTreeMap<String, i64>) -> BTreeMap<&'a str, Work> {
     let mut out: BTreeMap<&str, Work> = BTreeMap::new();
     for (table, n) in &s.scanned {
         out.entry(table).or_default().scanned += n;
     }
-    for r in &s.rows {
+    for r in s.rows.iter().filter(|r| !r.truncated) {
         out.entry(&r.table).or_default().changed += r.inserted + r.updated + r.deleted;
     }
     for w in &s.rewrites {
@@ -70,6 +72,9 @@ fn work<'a>(s: &'a StatementReport, golden: &BTreeMap<String, i64>) -> BTreeMap<
     }
     for v in s.validated.iter().filter(|v| v.kind == "foreign key") {
         out.entry(&v.table).or_default().joined += golden.get(&v.table).copied().unwrap_or(0);
+    }
+    for w in out.values_mut().filter(|w| w.rewritten > 0 || w.indexed > 0) {
+        w.scanned = 0;
     }
     out
 }
@@ -275,13 +280,15 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
     let scale = e.scale;
     let line = Some(s.line).filter(|l| *l > 0);
     for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
-        let what = if r.truncated { "truncates" } else { "deletes" };
-        let mut h = Hazard::new(
-            "rows_deleted",
-            Severity::High,
-            format!("{what} {} rows of {}", r.deleted, r.table),
-            line,
-        );
+        let message = if r.truncated {
+            format!(
+                "truncates {}: its {} rows are gone (its files are swapped for empty ones, so no row is deleted one by one)",
+                r.table, r.deleted
+            )
+        } else {
+            format!("deletes {} rows of {}", r.deleted, r.table)
+        };
+        let mut h = Hazard::new("rows_deleted", Severity::High, message, line);
         // The statement's whole work on the table: the rows it read to find them too.
         let w = work.get(r.table.as_str()).copied().unwrap_or_default();
         h.estimated_ms = Some(round(scale.estimate_ms(&r.table, &w)));
@@ -291,14 +298,21 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
         let mut h = Hazard::new(
             "table_rewrite",
             e.sized(&w.table),
-            format!("rewrites {} ({}) under ACCESS EXCLUSIVE: {}", w.table, e.size_words(&w.table), w.reason),
+            format!(
+                "rewrites {} ({}) while its {} wait: {}",
+                w.table,
+                e.size_words(&w.table),
+                super::locks::what_waits(s, &w.table),
+                w.reason
+            ),
             line,
         );
         h.estimated_ms =
             Some(round(scale.estimate_ms(&w.table, &Work { rewritten: w.rows, ..Default::default() })));
-        h.suggestion = Some(
-            "add a new column, backfill it in batches and switch over; for a volatile default, add the column without it and set it afterwards".into(),
-        );
+        // Each cause's own safer form; none where there is none.
+        let mut forms: Vec<&str> = w.causes.iter().filter_map(|c| c.safer_form()).collect();
+        forms.dedup();
+        h.suggestion = (!forms.is_empty()).then(|| forms.join("; "));
         v.hazards.push(h);
     }
     // Indexes built under one statement's lock, per table (REINDEX TABLE builds them all).
@@ -313,9 +327,10 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
             "blocking_index_build",
             e.sized(table),
             format!(
-                "builds {what} {} on {table} ({}) while writes to it wait (a SHARE lock or stronger, for the whole build)",
+                "builds {what} {} on {table} ({}) while its {} wait, for the whole build",
                 indexes.join(", "),
-                e.size_words(table)
+                e.size_words(table),
+                super::locks::what_waits(s, table)
             ),
             line,
         );
@@ -344,15 +359,21 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                 "commit the NOT VALID constraint first; VALIDATE CONSTRAINT in a transaction of its own lets writes go on",
             ),
             "not null" => (
-                format!("SET NOT NULL checks every row of {} ({}) under ACCESS EXCLUSIVE", c.table, e.size_words(&c.table)),
+                format!(
+                    "SET NOT NULL checks every row of {} ({}) while its {} wait",
+                    c.table,
+                    e.size_words(&c.table),
+                    super::locks::what_waits(s, &c.table)
+                ),
                 "add CHECK (col IS NOT NULL) NOT VALID, VALIDATE CONSTRAINT it in a later transaction, then SET NOT NULL (PostgreSQL 12+ uses the check and skips the scan)",
             ),
             kind => (
                 format!(
-                    "adds {kind} {} and checks every row of {} ({}) while writes wait{}",
+                    "adds {kind} {} and checks every row of {} ({}) while its {} wait{}",
                     c.name,
                     c.table,
                     e.size_words(&c.table),
+                    super::locks::what_waits(s, &c.table),
                     c.references.as_deref().map(|r| format!(" (and writes to {r})")).unwrap_or_default()
                 ),
                 "add it NOT VALID (no scan, a brief lock), then ALTER TABLE ... VALIDATE CONSTRAINT in its own transaction (writes go on meanwhile)",
@@ -416,8 +437,17 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
         } else {
             String::new()
         };
+        // A row two statements touch counts for each: said so when the sum
+        // is more than the tables hold.
+        let tables: BTreeSet<&str> = after.iter().flat_map(|(_, w)| w.keys().copied()).collect();
+        let held: i64 = tables.iter().map(|t| e.golden_rows(t)).sum();
+        let again = if worked > held {
+            format!(" (the tables hold {held}: rows worked by more than one statement count once for each)")
+        } else {
+            String::new()
+        };
         format!(
-            "while line(s) {} read or write {worked} rows{production} in the same transaction",
+            "while line(s) {} read or write {worked} rows{production} in the same transaction{again}",
             lines.join(", ")
         )
     } else {

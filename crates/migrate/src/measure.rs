@@ -205,6 +205,7 @@ pub(crate) async fn measure(
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
+    super::locks::drop_subsumed(&mut applied.statements);
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,

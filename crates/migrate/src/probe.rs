@@ -72,7 +72,9 @@ pub fn install_sql() -> String {
                              'table', i.indrelid::int8, 'valid', i.indisvalid,
                              'not_null', (SELECT count(*) FROM pg_attribute a
                                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attnotnull
-                                            AND NOT a.attisdropped))), '[]')
+                                            AND NOT a.attisdropped),
+                             'columns', (SELECT count(*) FROM pg_attribute a
+                                         WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped))), '[]')
                            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                            LEFT JOIN pg_index i ON i.indexrelid = c.oid
                            WHERE c.relkind IN ('r', 'p', 'i', 'm', 'S')
@@ -221,6 +223,9 @@ pub struct Relation {
     /// Columns declared NOT NULL.
     #[serde(default)]
     pub not_null: i64,
+    /// Columns it has (dropped ones left out).
+    #[serde(default)]
+    pub columns: i64,
 }
 
 /// Row counts of one table in the current transaction.

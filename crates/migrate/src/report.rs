@@ -223,10 +223,85 @@ pub struct Validated {
 pub struct Rewrite {
     /// `schema.name`.
     pub table: String,
-    /// Why, from PostgreSQL's `table_rewrite` event (or `truncated`).
+    /// Why, in words, from PostgreSQL's `table_rewrite` event or the statement.
     pub reason: String,
+    /// Why, as stable names: each has its own safer form, or none.
+    #[serde(default)]
+    pub causes: Vec<RewriteCause>,
     /// Rows it held.
     pub rows: i64,
+}
+
+/// What made PostgreSQL write a table anew.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RewriteCause {
+    /// A column added with a volatile default (or an identity, a stored generated column).
+    VolatileDefault,
+    /// A column's type changed in a way its stored values do not survive.
+    TypeChange,
+    /// `SET LOGGED` or `SET UNLOGGED`.
+    Persistence,
+    /// `SET ACCESS METHOD`.
+    AccessMethod,
+    /// `VACUUM FULL`.
+    VacuumFull,
+    /// `CLUSTER`.
+    Cluster,
+    /// `SET TABLESPACE`.
+    Tablespace,
+    /// `REFRESH MATERIALIZED VIEW` without `CONCURRENTLY`.
+    Refresh,
+    /// Something else replaced its storage.
+    Other,
+}
+
+impl RewriteCause {
+    /// The causes PostgreSQL's `table_rewrite` reason bits name.
+    pub fn from_bits(bits: i32) -> Vec<RewriteCause> {
+        let named = [
+            (1, RewriteCause::Persistence),
+            (2, RewriteCause::VolatileDefault),
+            (4, RewriteCause::TypeChange),
+            (8, RewriteCause::AccessMethod),
+        ];
+        let causes: Vec<RewriteCause> =
+            named.iter().filter(|(bit, _)| bits & bit != 0).map(|(_, cause)| *cause).collect();
+        if causes.is_empty() {
+            vec![RewriteCause::Other]
+        } else {
+            causes
+        }
+    }
+
+    /// What replaced a table's storage without a `table_rewrite` event,
+    /// from the statement's command tag, and that in words.
+    pub fn from_tag(tag: &str) -> (RewriteCause, &'static str) {
+        match tag {
+            "VACUUM" => (RewriteCause::VacuumFull, "VACUUM FULL wrote it anew"),
+            "CLUSTER" => (RewriteCause::Cluster, "CLUSTER wrote it anew in an index's order"),
+            "ALTER TABLE" => (RewriteCause::Tablespace, "its files were moved (SET TABLESPACE)"),
+            "REFRESH MATERIALIZED VIEW" => {
+                (RewriteCause::Refresh, "REFRESH MATERIALIZED VIEW replaced its rows")
+            }
+            "" => (RewriteCause::Other, "its storage was replaced (TRUNCATE, VACUUM FULL or CLUSTER)"),
+            _ => (RewriteCause::Other, "its storage was rebuilt"),
+        }
+    }
+
+    /// The safer way to the same end, where there is one: none is better
+    /// than advice that does not fit.
+    pub fn safer_form(self) -> Option<&'static str> {
+        Some(match self {
+            RewriteCause::VolatileDefault => "add the column without the volatile default (a constant one needs no rewrite), fill existing rows in batches, then SET DEFAULT for new rows",
+            RewriteCause::TypeChange => "add a column of the new type, fill it in batches, switch the application over and drop the old one (some changes need no rewrite: varchar(n) to a longer varchar or to text, numeric to more precision)",
+            RewriteCause::VacuumFull => "plain VACUUM makes the space reusable without blocking reads or writes; to give it back to the operating system with only brief locks, use pg_repack",
+            RewriteCause::Cluster => "pg_repack --order-by writes the table in an index's order with only brief locks",
+            RewriteCause::Tablespace => "pg_repack --tablespace moves the table with only brief locks",
+            RewriteCause::Refresh => "REFRESH MATERIALIZED VIEW CONCURRENTLY lets reads go on (it needs a unique index on the view, and a view already populated)",
+            RewriteCause::Persistence | RewriteCause::AccessMethod | RewriteCause::Other => return None,
+        })
+    }
 }
 
 /// Rows changed in one table.

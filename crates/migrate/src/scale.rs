@@ -168,9 +168,10 @@ pub struct Work {
 }
 
 impl Work {
-    /// Rows worked through, in all (a row checked against another table is also read).
+    /// Rows worked through, each once: a row read and then changed, or read
+    /// and checked against another table, is one row worked.
     pub fn rows(&self) -> i64 {
-        self.scanned.max(self.joined) + self.changed + self.rewritten + self.indexed
+        self.scanned.max(self.joined).max(self.changed) + self.rewritten + self.indexed
     }
 }
 

@@ -22,6 +22,7 @@ mod masking;
 mod metrics;
 mod migrate;
 mod migrate_code;
+mod migrate_lines;
 mod migrate_verdicts;
 mod pool;
 mod redis;

@@ -1,0 +1,168 @@
+//! Every line of a migration report could be true: numbers from the work each
+//! statement really did, hazards that fit the statement, advice for the cause
+//! at hand (or none), and locks that say what waits.
+
+use serde_json::Value;
+
+use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, test};
+
+/// The golden's rows per table (see `migrate::SEED`).
+const ORDERS: i64 = 100_000;
+const USERS: i64 = 20_000;
+
+fn hazard<'a>(c: &'a Value, kind: &str) -> &'a Value {
+    c["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}: {c}"))
+}
+
+fn message(c: &Value, kind: &str) -> String {
+    hazard(c, kind)["message"].as_str().unwrap().to_owned()
+}
+
+/// Every number in `text`, commas and all.
+fn numbers(text: &str) -> Vec<i64> {
+    text.split(|ch: char| !ch.is_ascii_digit() && ch != ',')
+        .filter_map(|w| w.replace(',', "").parse().ok())
+        .collect()
+}
+
+#[test]
+fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            ("truncate.sql", "TRUNCATE orders;"),
+            ("delete_all.sql", "DELETE FROM orders;"),
+            ("index.sql", "CREATE INDEX orders_total ON orders (total);"),
+            // (orders' columns are all a view's: users' score is retyped.)
+            ("retype.sql", "ALTER TABLE users ALTER COLUMN score TYPE bigint;"),
+            ("volatile_not_null.sql", "ALTER TABLE orders ADD COLUMN stamp timestamptz NOT NULL DEFAULT clock_timestamp();"),
+            ("constant_not_null.sql", "ALTER TABLE orders ADD COLUMN flag int NOT NULL DEFAULT 1;"),
+            ("vacuum_full.sql", "VACUUM FULL orders;"),
+            ("cluster.sql", "CLUSTER orders USING orders_pkey;"),
+            ("unlogged.sql", "ALTER TABLE orders SET UNLOGGED;"),
+            ("check.sql", "ALTER TABLE orders ADD CONSTRAINT total_nonneg CHECK (total >= 0);"),
+            ("fk.sql", "ALTER TABLE orders ADD CONSTRAINT orders_user_again FOREIGN KEY (user_id) REFERENCES users (id);"),
+            ("update_all.sql", "BEGIN;\nALTER TABLE users ADD COLUMN gift boolean;\nUPDATE users SET gift = false;\nCOMMIT;"),
+        ],
+    );
+    let mut args = path_strs(&paths);
+    args.extend(["--max-lock", "20ms"]);
+    let (_, report) = test(&d, &args);
+    let c = by_name(&report);
+
+    // No count a statement reports is more than its table holds.
+    for (name, candidate) in &c {
+        for s in candidate["statements"].as_array().unwrap() {
+            for (table, n) in s["scanned"].as_object().unwrap() {
+                let most = if table.ends_with(".users") { USERS } else { ORDERS };
+                assert!(n.as_i64().unwrap() <= most, "{name} reads {n} rows of {table}: {s}");
+            }
+            for w in s["rewrites"].as_array().unwrap() {
+                assert!(w["rows"].as_i64().unwrap() <= ORDERS, "{name}: {w}");
+            }
+            // A lock another lock of the statement makes redundant is not listed.
+            let locks: Vec<(&str, &str)> = s["locks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|l| (l["relation"].as_str().unwrap(), l["mode"].as_str().unwrap()))
+                .collect();
+            for (relation, mode) in &locks {
+                if *mode != "ACCESS EXCLUSIVE" {
+                    assert!(
+                        !locks.contains(&(relation, "ACCESS EXCLUSIVE")),
+                        "{name}: {mode} beside ACCESS EXCLUSIVE: {locks:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    // A TRUNCATE swaps files: its estimate is not a row-by-row delete's, and
+    // its brief lock is no long_lock.
+    let truncate = &c["truncate.sql"];
+    let said = message(truncate, "rows_deleted");
+    assert!(said.contains("truncates public.orders") && numbers(&said) == [ORDERS], "{said}");
+    let deleting = hazard(&c["delete_all.sql"], "rows_deleted")["estimated_ms"].as_f64().unwrap();
+    let truncating = hazard(truncate, "rows_deleted")["estimated_ms"].as_f64().unwrap();
+    assert!(truncating * 10.0 <= deleting, "truncate est. {truncating} ms, delete est. {deleting} ms");
+    assert!(!hazard_kinds(truncate).contains(&"long_lock"), "{truncate}");
+
+    // An index build reads its table once; a SHARE lock lets reads go on.
+    let index = &c["index.sql"];
+    assert_eq!(index["statements"][0]["scanned"]["public.orders"].as_i64().unwrap_or(0) <= ORDERS, true);
+    let said = message(index, "blocking_index_build");
+    assert!(said.contains("while its writes wait"), "{said}");
+
+    // Each rewrite cause gets its own safer form, or none.
+    let rewrite = |name: &str, table: &str| {
+        let h = hazard(&c[name], "table_rewrite");
+        let causes = &c[name]["statements"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["rewrites"].as_array().unwrap().clone())
+            .find(|w| w["table"] == table)
+            .unwrap_or_else(|| panic!("{name} rewrote nothing: {}", c[name]))["causes"];
+        (
+            h["message"].as_str().unwrap().to_owned(),
+            h["suggestion"].as_str().map(str::to_owned),
+            causes.clone(),
+        )
+    };
+    for (name, table, cause, advice) in [
+        ("retype.sql", "public.users", "type_change", Some("new type")),
+        ("volatile_not_null.sql", "public.orders", "volatile_default", Some("without the volatile default")),
+        ("vacuum_full.sql", "public.orders", "vacuum_full", Some("plain VACUUM")),
+        ("cluster.sql", "public.orders", "cluster", Some("--order-by")),
+        ("unlogged.sql", "public.orders", "persistence", None),
+    ] {
+        let (said, suggestion, causes) = rewrite(name, table);
+        assert_eq!(causes, serde_json::json!([cause]), "{name}");
+        assert!(said.contains("while its reads and writes wait"), "{name}: {said}");
+        assert!(numbers(&said).iter().all(|n| *n <= ORDERS), "{name}: {said}");
+        match (advice, &suggestion) {
+            (Some(words), Some(s)) => {
+                assert!(s.contains(words), "{name}: {s}");
+                assert!(cause == "volatile_default" || !s.contains("volatile"), "{name}: {s}");
+            }
+            (None, None) => {}
+            _ => panic!("{name}: advice {suggestion:?}, expected {advice:?}"),
+        }
+    }
+
+    // A column added NOT NULL has no rows to check: the rewrite, or nothing.
+    assert!(
+        !hazard_kinds(&c["volatile_not_null.sql"]).contains(&"constraint_validation"),
+        "{}",
+        c["volatile_not_null.sql"]
+    );
+    assert!(
+        !hazard_kinds(&c["constant_not_null.sql"]).contains(&"constraint_validation"),
+        "{}",
+        c["constant_not_null.sql"]
+    );
+    assert!(
+        !hazard_kinds(&c["constant_not_null.sql"]).contains(&"table_rewrite"),
+        "{}",
+        c["constant_not_null.sql"]
+    );
+
+    // What waits: ADD CHECK holds ACCESS EXCLUSIVE (reads wait too); a foreign
+    // key SHARE ROW EXCLUSIVE (writes only).
+    let said = message(&c["check.sql"], "constraint_validation");
+    assert!(said.contains("while its reads and writes wait"), "{said}");
+    let said = message(&c["fk.sql"], "constraint_validation");
+    assert!(said.contains("while its writes wait") && !said.contains("reads"), "{said}");
+
+    // An UPDATE reads and writes each row once: 20,000 rows worked, not 40,000.
+    let said = message(&c["update_all.sql"], "long_lock");
+    assert!(said.contains(&format!("read or write {USERS} rows")), "{said}");
+    assert!(numbers(&said).iter().all(|n| *n <= USERS), "{said}");
+}
