@@ -65,6 +65,16 @@ pub fn by_name(report: &Value) -> BTreeMap<String, Value> {
         .collect()
 }
 
+/// Candidate `c`'s hazard of `kind`; fails the test if it has none.
+pub fn hazard<'a>(c: &'a Value, kind: &str) -> &'a Value {
+    c["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}: {c}"))
+}
+
 pub fn hazard_kinds(c: &Value) -> Vec<&str> {
     c["hazards"].as_array().unwrap().iter().map(|h| h["kind"].as_str().unwrap()).collect()
 }

@@ -4,20 +4,11 @@
 
 use serde_json::Value;
 
-use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, test};
+use crate::migrate::{by_name, daemon, files, hazard, hazard_kinds, path_strs, test};
 
 /// The golden's rows per table (see `migrate::SEED`).
 const ORDERS: i64 = 100_000;
 const USERS: i64 = 20_000;
-
-fn hazard<'a>(c: &'a Value, kind: &str) -> &'a Value {
-    c["hazards"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind}: {c}"))
-}
 
 fn message(c: &Value, kind: &str) -> String {
     hazard(c, kind)["message"].as_str().unwrap().to_owned()

@@ -9,22 +9,13 @@ use std::process::{Child, Command};
 use serde_json::{json, Value};
 
 use crate::harness::sql;
-use crate::migrate::{by_name, daemon, files, hazard_kinds, path_strs, promote, test};
+use crate::migrate::{by_name, daemon, files, hazard, hazard_kinds, path_strs, promote, test};
 
 fn kinds_of(report: &Value) -> BTreeMap<String, Vec<String>> {
     by_name(report)
         .into_iter()
         .map(|(name, c)| (name, hazard_kinds(&c).into_iter().map(str::to_owned).collect()))
         .collect()
-}
-
-fn hazard<'a>(c: &'a Value, kind: &str) -> &'a Value {
-    c["hazards"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["kind"] == kind)
-        .unwrap_or_else(|| panic!("no {kind}: {c}"))
 }
 
 const APP_QUERIES: &str = "SELECT id, nickname FROM users WHERE id = $1;
