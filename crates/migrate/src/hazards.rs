@@ -9,7 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::report::{Assertion, CandidateReport, Failure, Hazard, LockHeld, Severity, StatementReport};
+use super::report::{
+    Assertion, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
+};
 use super::scale::{Scale, Sizes, Work};
 use airlock_postgres::catalog::diff::Change;
 use airlock_postgres::catalog::Catalog;
@@ -154,6 +156,7 @@ pub fn assess(e: &Evidence) -> Verdict {
         }
     }
     compatibility(e, &mut v);
+    super::integrity::integrity_hazards(e, &mut v);
     if let Some(sql) = e.sql {
         lock_timeout_note(sql, &blocking_tables, &mut v);
     }
@@ -163,17 +166,17 @@ pub fn assess(e: &Evidence) -> Verdict {
 
 impl Evidence<'_> {
     /// The golden's rows of a table.
-    fn golden_rows(&self, table: &str) -> i64 {
+    pub(crate) fn golden_rows(&self, table: &str) -> i64 {
         self.rows_before.get(table).copied().unwrap_or(0)
     }
 
     /// A golden table with rows: where blocking and losing data matter.
-    fn has_rows(&self, table: &str) -> bool {
+    pub(crate) fn has_rows(&self, table: &str) -> bool {
         self.golden_rows(table) > 0 || self.scale.size(table).rows > 0 && self.rows_before.contains_key(table)
     }
 
     /// High for a big table, medium otherwise.
-    fn sized(&self, table: &str) -> Severity {
+    pub(crate) fn sized(&self, table: &str) -> Severity {
         if self.scale.big(table) {
             Severity::High
         } else {
@@ -182,7 +185,7 @@ impl Evidence<'_> {
     }
 
     /// A table's size in words: `20000 rows in the golden`.
-    fn size_words(&self, table: &str) -> String {
+    pub(crate) fn size_words(&self, table: &str) -> String {
         format!("{} rows {}", self.scale.size(table).rows, self.scale.source.place())
     }
 }
@@ -294,21 +297,40 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
         h.estimated_ms = Some(round(scale.estimate_ms(&r.table, &w)));
         v.hazards.push(h);
     }
-    for w in s.rewrites.iter().filter(|w| w.rows > 0 && e.rows_before.contains_key(&w.table)) {
+    for w in s.rewrites.iter() {
+        // A materialized view's refresh writes what its query now returns,
+        // and takes as long as that query and the writing: the statement's
+        // whole work.
+        let refresh = w.causes.contains(&RewriteCause::Refresh);
+        let rows = if refresh {
+            w.rows.max(s.rows.iter().filter(|r| r.table == w.table).map(|r| r.inserted).sum())
+        } else {
+            w.rows
+        };
+        if rows == 0 || !(refresh || e.rows_before.contains_key(&w.table)) {
+            continue;
+        }
         let mut h = Hazard::new(
             "table_rewrite",
             e.sized(&w.table),
             format!(
                 "rewrites {} ({}) while its {} wait: {}",
                 w.table,
-                e.size_words(&w.table),
+                if refresh && e.scale.size(&w.table).rows == 0 {
+                    format!("{rows} rows written by the refresh")
+                } else {
+                    e.size_words(&w.table)
+                },
                 super::locks::what_waits(s, &w.table),
                 w.reason
             ),
             line,
         );
-        h.estimated_ms =
-            Some(round(scale.estimate_ms(&w.table, &Work { rewritten: w.rows, ..Default::default() })));
+        h.estimated_ms = Some(round(if refresh {
+            work.iter().map(|(t, w)| scale.estimate_ms(t, w)).sum()
+        } else {
+            scale.estimate_ms(&w.table, &Work { rewritten: rows, ..Default::default() })
+        }));
         // Each cause's own safer form; none where there is none.
         let mut forms: Vec<&str> = w.causes.iter().filter_map(|c| c.safer_form()).collect();
         forms.dedup();

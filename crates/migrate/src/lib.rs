@@ -17,6 +17,7 @@ pub mod code;
 pub mod command;
 pub mod costs;
 pub mod hazards;
+mod integrity;
 pub mod locks;
 mod measure;
 pub mod merge;

@@ -398,7 +398,9 @@ impl Severity {
 pub struct Hazard {
     /// A stable kind, named by `migrate promote --allow-hazard`: `failed`,
     /// `fails_on_data`, `assertion_failed`, `schema_drift`, `table_dropped`,
-    /// `column_dropped`, `cascade`, `rows_deleted`, `table_rewrite`, `long_lock`.
+    /// `column_dropped`, `cascade`, `rows_deleted`, `table_rewrite`, `long_lock`,
+    /// `integrity_removed`, `key_index_dropped`, `durability` and the others
+    /// docs/MIGRATIONS.md lists.
     pub kind: String,
     /// How bad it is.
     pub severity: Severity,

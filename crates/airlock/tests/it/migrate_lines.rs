@@ -157,3 +157,83 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
     assert!(said.contains(&format!("read or write {USERS} rows")), "{said}");
     assert!(numbers(&said).iter().all(|n| *n <= USERS), "{said}");
 }
+
+#[test]
+fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            ("drop_fk.sql", "ALTER TABLE orders DROP CONSTRAINT orders_user_id_fkey;"),
+            ("drop_not_null.sql", "ALTER TABLE users ALTER COLUMN email DROP NOT NULL;"),
+            ("drop_index.sql", "DROP INDEX orders_user;"),
+            (
+                "replace_index.sql",
+                "CREATE INDEX orders_user_total ON orders (user_id, total);\nDROP INDEX orders_user;",
+            ),
+            ("rename_index.sql", "ALTER INDEX orders_user RENAME TO orders_by_user;"),
+            ("unlogged.sql", "ALTER TABLE orders SET UNLOGGED;"),
+            ("unlogged_copy.sql", "CREATE UNLOGGED TABLE orders_copy AS SELECT * FROM orders;"),
+        ],
+    );
+    let (_, report) = test(&d, &path_strs(&paths));
+    let c = by_name(&report);
+
+    let said = message(&c["drop_fk.sql"], "integrity_removed");
+    assert!(said.contains("orders_user_id_fkey") && said.contains("point at public.users rows"), "{said}");
+    assert_eq!(hazard(&c["drop_fk.sql"], "integrity_removed")["severity"], "high");
+    assert_eq!(hazard(&c["drop_fk.sql"], "integrity_removed")["line"], 1);
+    let said = message(&c["drop_not_null.sql"], "integrity_removed");
+    assert!(said.contains("public.users.email"), "{said}");
+
+    // The only index behind orders' key to users: each delete of a user reads all of orders.
+    let said = message(&c["drop_index.sql"], "key_index_dropped");
+    assert!(said.contains("orders_user_id_fkey") && said.contains(&format!("{ORDERS} rows")), "{said}");
+    assert!(said.contains("find the rows to delete with it"), "{said}"); // ON DELETE CASCADE
+                                                                         // Another index serving the key, or the same index under a new name, takes nothing away.
+    for name in ["replace_index.sql", "rename_index.sql"] {
+        let kinds = hazard_kinds(&c[name]);
+        assert!(
+            !kinds.contains(&"key_index_dropped") && !kinds.contains(&"integrity_removed"),
+            "{name}: {kinds:?}"
+        );
+    }
+
+    let said = message(&c["unlogged.sql"], "durability");
+    assert!(said.contains("public.orders") && said.contains("crash"), "{said}");
+    let said = message(&c["unlogged_copy.sql"], "durability");
+    assert!(said.contains(&format!("copies {ORDERS} rows")), "{said}");
+
+    // A materialized view refreshed without CONCURRENTLY: its readers wait,
+    // and the safer form says what CONCURRENTLY needs.
+    d.golden(
+        "views",
+        "CREATE TABLE sales (id int PRIMARY KEY, region int NOT NULL, amount int NOT NULL);
+         CREATE MATERIALIZED VIEW region_totals AS SELECT region, sum(amount) AS total FROM sales GROUP BY region;
+         CREATE UNIQUE INDEX region_totals_region ON region_totals (region);",
+        "INSERT INTO sales SELECT g, g % 5000, g % 100 FROM generate_series(1, 50000) g;
+         REFRESH MATERIALIZED VIEW region_totals;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("refresh.sql", "REFRESH MATERIALIZED VIEW region_totals;"),
+            ("refresh_concurrently.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY region_totals;"),
+        ],
+    );
+    let mut args = vec!["migrate", "test", "--golden", "views", "--json"];
+    args.extend(path_strs(&paths));
+    let out = d.cli(&args);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let c = by_name(&report);
+    let refresh = hazard(&c["refresh.sql"], "table_rewrite");
+    let said = refresh["message"].as_str().unwrap();
+    assert!(said.contains("public.region_totals") && said.contains("reads and writes wait"), "{said}");
+    assert!(refresh["estimated_ms"].as_f64().is_some(), "{refresh}");
+    assert!(refresh["suggestion"].as_str().unwrap().contains("unique index"), "{refresh}");
+    assert!(
+        !hazard_kinds(&c["refresh_concurrently.sql"]).contains(&"table_rewrite"),
+        "{}",
+        c["refresh_concurrently.sql"]
+    );
+}

@@ -1,0 +1,303 @@
+//! What a candidate takes away that kept data right, safe or quick to find:
+//! a constraint dropped (`integrity_removed`), an index dropped that was the
+//! only one behind a foreign key (`key_index_dropped`), and a table's rows
+//! left to a crash (`durability`).
+//!
+//! Read from the golden's schema and the schema after the candidate, so a
+//! constraint or index dropped and made again the same (under any name)
+//! takes nothing away.
+
+use super::hazards::{Evidence, Verdict};
+use super::report::{Hazard, RewriteCause, Severity};
+use airlock_postgres::catalog::Table;
+
+/// The hazards of what the candidate took away from the golden's tables
+/// that are still there (a table dropped whole has its own).
+pub(crate) fn integrity_hazards(e: &Evidence, v: &mut Verdict) {
+    for (name, before) in &e.before.tables {
+        let Some(after) = e.after.tables.get(name) else { continue };
+        constraints_dropped(e, name, before, after, v);
+        not_null_dropped(e, name, before, after, v);
+        key_indexes_dropped(e, name, before, after, v);
+    }
+    durability(e, v);
+}
+
+/// Tables whose rows the candidate leaves without WAL: `SET UNLOGGED` on a
+/// table with rows, and `CREATE UNLOGGED TABLE ... AS` of existing rows. A
+/// crash empties an unlogged table, and replicas never see its rows.
+fn durability(e: &Evidence, v: &mut Verdict) {
+    for s in e.statements.iter().filter(|s| !s.rolled_back) {
+        let sql = s.sql.to_ascii_lowercase();
+        let line = Some(s.line).filter(|l| *l > 0);
+        if sql.contains("set unlogged") {
+            for w in s
+                .rewrites
+                .iter()
+                .filter(|w| w.causes.contains(&RewriteCause::Persistence) && e.has_rows(&w.table))
+            {
+                v.hazards.push(Hazard::new(
+                    "durability",
+                    Severity::High,
+                    format!(
+                        "SET UNLOGGED: {} ({}) is written without WAL from now on: a crash empties it and replicas never see its rows, until it is SET LOGGED again",
+                        w.table,
+                        e.size_words(&w.table)
+                    ),
+                    line,
+                ));
+            }
+        }
+        if sql.contains("create unlogged table") && sql.contains(" as ") {
+            for r in s.rows.iter().filter(|r| r.inserted > 0) {
+                v.hazards.push(Hazard::new(
+                    "durability",
+                    Severity::Medium,
+                    format!(
+                        "CREATE UNLOGGED TABLE ... AS copies {} rows into {}, which is written without WAL: a crash empties it and replicas never see it",
+                        r.inserted, r.table
+                    ),
+                    line,
+                ));
+            }
+        }
+    }
+}
+
+/// Constraints of the golden's table gone after the candidate, other than
+/// ones kept under another name or that went with their columns.
+fn constraints_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
+    let columns: Vec<&str> = after.columns.iter().map(|c| c.name.as_str()).collect();
+    for (constraint, definition) in &before.constraints {
+        if after.constraints.contains_key(constraint) || after.constraints.values().any(|d| d == definition) {
+            continue;
+        }
+        // A constraint on a dropped column went with it: column_dropped says so.
+        let on = key_columns(definition);
+        if on.iter().any(|c| !columns.contains(&c.as_str())) {
+            continue;
+        }
+        let (severity, lost) = if definition.starts_with("FOREIGN KEY") {
+            let target = definition.split(" REFERENCES ").nth(1).unwrap_or("another table");
+            let target = target.split('(').next().unwrap_or(target).trim();
+            (
+                Severity::High,
+                format!("rows of {table} may now point at {target} rows that do not exist, and deleting those is no longer refused or cascaded"),
+            )
+        } else if definition.starts_with("PRIMARY KEY") || definition.starts_with("UNIQUE") {
+            (Severity::High, format!("rows of {table} with the same ({}) may now be written", on.join(", ")))
+        } else if let Some(check) = definition.strip_prefix("CHECK ") {
+            (Severity::Medium, format!("rows of {table} for which {check} is false may now be written"))
+        } else {
+            (Severity::Medium, format!("what it held of {table}'s rows is no longer checked"))
+        };
+        let line = line_naming(e, constraint);
+        let mut h = Hazard::new(
+            "integrity_removed",
+            severity,
+            format!("drops constraint {constraint} of {table} ({definition}): {lost}"),
+            line,
+        );
+        h.suggestion = Some(
+            "keep the constraint; if it must change, add the new one (NOT VALID, then VALIDATE) before dropping the old".into(),
+        );
+        v.hazards.push(h);
+    }
+}
+
+/// Columns of the golden's table that were NOT NULL and are no longer.
+fn not_null_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
+    for column in after.columns.iter().filter(|c| c.nullable) {
+        if before.columns.iter().any(|b| b.name == column.name && !b.nullable) {
+            let line = e
+                .statements
+                .iter()
+                .find(|s| {
+                    let sql = s.sql.to_ascii_lowercase();
+                    !s.rolled_back
+                        && sql.contains("drop not null")
+                        && sql.contains(&column.name.to_ascii_lowercase())
+                })
+                .map(|s| s.line)
+                .filter(|l| *l > 0);
+            v.hazards.push(Hazard::new(
+                "integrity_removed",
+                Severity::Medium,
+                format!(
+                    "drops NOT NULL from {table}.{}: rows without a {} may now be written",
+                    column.name, column.name
+                ),
+                line,
+            ));
+        }
+    }
+}
+
+/// Indexes of the golden's table gone after the candidate that were the only
+/// ones a foreign key of the table could use: each check of that key from
+/// the table it references (a delete there, a change of its key) and each
+/// join by it now reads the whole table. A unique index dropped takes its
+/// uniqueness with it.
+fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
+    for (index, definition) in &before.indexes {
+        let kept = after.indexes.contains_key(index)
+            || after.indexes.values().any(|d| same_index(d, definition))
+            // An index of a primary key or unique constraint: integrity_removed says so.
+            || before.constraints.contains_key(index);
+        if kept {
+            continue;
+        }
+        let line = line_naming(e, index);
+        let leading = index_columns(definition);
+        if definition.starts_with("CREATE UNIQUE INDEX") && !leading.is_empty() {
+            v.hazards.push(Hazard::new(
+                "integrity_removed",
+                Severity::High,
+                format!(
+                    "drops unique index {index} of {table}: rows with the same ({}) may now be written",
+                    leading.join(", ")
+                ),
+                line,
+            ));
+        }
+        for (key, fk) in after.constraints.iter().filter(|(_, d)| d.starts_with("FOREIGN KEY")) {
+            let on = key_columns(fk);
+            let served = |columns: &[String]| {
+                !on.is_empty() && columns.len() >= on.len() && columns[..on.len()] == on[..]
+            };
+            if !served(&leading) || after.indexes.values().any(|d| served(&index_columns(d))) {
+                continue;
+            }
+            let target = fk.split(" REFERENCES ").nth(1).unwrap_or("");
+            let target = target.split('(').next().unwrap_or(target).trim();
+            let on_delete = if fk.contains("ON DELETE CASCADE") {
+                "find the rows to delete with it"
+            } else if fk.contains("ON DELETE SET NULL") || fk.contains("ON DELETE SET DEFAULT") {
+                "find the rows to change"
+            } else {
+                "check that no row still points at it"
+            };
+            let mut h = Hazard::new(
+                "key_index_dropped",
+                e.sized(table),
+                format!(
+                    "drops index {index}, the only one of {table} on ({}) behind foreign key {key} to {target}: \
+                     each delete of a {target} row now reads all of {table} ({}) to {on_delete}, \
+                     and each lookup or join of {table} by ({}) reads it all too",
+                    on.join(", "),
+                    e.size_words(table),
+                    on.join(", ")
+                ),
+                line,
+            );
+            h.suggestion = Some(format!(
+                "keep an index on {table} ({}): drop this one only after another that starts with those columns exists",
+                on.join(", ")
+            ));
+            v.hazards.push(h);
+        }
+    }
+}
+
+/// The line of the first statement that names `name`, if one does.
+fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
+    let name = name.to_ascii_lowercase();
+    e.statements
+        .iter()
+        .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(&name))
+        .map(|s| s.line)
+        .filter(|l| *l > 0)
+}
+
+/// The columns a key constraint's definition names first:
+/// `FOREIGN KEY (a, b) REFERENCES ...`, `PRIMARY KEY (a)`, `UNIQUE (a, b)`.
+fn key_columns(definition: &str) -> Vec<String> {
+    let keyed = ["FOREIGN KEY (", "PRIMARY KEY (", "UNIQUE ("];
+    let Some(rest) = keyed.iter().find_map(|k| definition.strip_prefix(k)) else { return vec![] };
+    rest.split(')').next().map(column_list).unwrap_or_default()
+}
+
+/// The leading columns of a `CREATE INDEX` statement, up to the first
+/// expression (an expression's index serves no key).
+fn index_columns(definition: &str) -> Vec<String> {
+    let Some(start) =
+        definition.find(" USING ").and_then(|at| definition[at..].find('(').map(|p| at + p + 1))
+    else {
+        return vec![];
+    };
+    let mut depth = 0;
+    let mut end = definition.len();
+    for (i, ch) in definition[start..].char_indices() {
+        match ch {
+            '(' => depth += 1,
+            ')' if depth == 0 => {
+                end = start + i;
+                break;
+            }
+            ')' => depth -= 1,
+            _ => {}
+        }
+    }
+    let mut columns = Vec::new();
+    for part in definition[start..end].split(',') {
+        // `col`, `col DESC`, `col text_pattern_ops`: the column is the first word;
+        // an expression ends the columns a key could use.
+        let word = part.split_whitespace().next().unwrap_or("");
+        if word.is_empty() || word.contains('(') {
+            break;
+        }
+        columns.push(unquote(word));
+    }
+    columns
+}
+
+/// `a, "B c"` as its column names.
+fn column_list(text: &str) -> Vec<String> {
+    text.split(',').map(|c| unquote(c.trim())).filter(|c| !c.is_empty()).collect()
+}
+
+fn unquote(word: &str) -> String {
+    word.strip_prefix('"').and_then(|w| w.strip_suffix('"')).unwrap_or(word).replace("\"\"", "\"")
+}
+
+/// Two `CREATE INDEX` statements that differ only in the index's name.
+fn same_index(a: &str, b: &str) -> bool {
+    let body = |d: &str| d.split_once(" ON ").map(|(_, rest)| rest.to_owned());
+    let unique = |d: &str| d.starts_with("CREATE UNIQUE");
+    unique(a) == unique(b) && body(a).is_some() && body(a) == body(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_indexes_are_read_from_their_definitions() {
+        assert_eq!(key_columns("FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE"), ["user_id"]);
+        assert_eq!(key_columns("PRIMARY KEY (tenant_id, \"Id\")"), ["tenant_id", "Id"]);
+        assert!(key_columns("CHECK ((total >= (0)::numeric))").is_empty());
+        assert_eq!(
+            index_columns("CREATE INDEX orders_user ON public.orders USING btree (user_id)"),
+            ["user_id"]
+        );
+        assert_eq!(
+            index_columns(
+                "CREATE INDEX o ON public.orders USING btree (user_id DESC, total) WHERE (total > 0)"
+            ),
+            ["user_id", "total"]
+        );
+        assert!(index_columns("CREATE INDEX o ON public.orders USING btree (lower(note))").is_empty());
+        assert_eq!(
+            index_columns("CREATE INDEX o ON public.orders USING btree (user_id, lower(note))"),
+            ["user_id"]
+        );
+        assert!(same_index(
+            "CREATE INDEX a ON public.orders USING btree (user_id)",
+            "CREATE INDEX b ON public.orders USING btree (user_id)"
+        ));
+        assert!(!same_index(
+            "CREATE UNIQUE INDEX a ON public.orders USING btree (user_id)",
+            "CREATE INDEX b ON public.orders USING btree (user_id)"
+        ));
+    }
+}
