@@ -88,8 +88,8 @@ struct Tracker {
     txn: usize,
     /// Constraints known so far, and whether each was validated.
     constraints: BTreeMap<i64, bool>,
-    /// NOT NULL columns and all columns per table, as last read.
-    not_null: BTreeMap<i64, (i64, i64)>,
+    /// The numbers of each table's NOT NULL columns and of all its columns, as last read.
+    not_null: BTreeMap<i64, (Vec<i64>, Vec<i64>)>,
     /// The first name each relation was seen under: a table renamed, worked on
     /// and renamed back is still reported (and sized) as the table it is.
     first_names: BTreeMap<i64, String>,
@@ -156,7 +156,7 @@ impl Tracker {
         self.see(&r.relations);
         for rel in &r.relations {
             self.filenodes.insert(rel.relid, rel.filenode);
-            self.not_null.insert(rel.relid, (rel.not_null, rel.columns));
+            self.not_null.insert(rel.relid, (rel.not_null.clone(), rel.columns.clone()));
         }
         self.constraints = r.constraints.iter().map(|c| (c.oid, c.validated)).collect();
     }
@@ -306,12 +306,13 @@ impl Tracker {
         // rewrite writes each row checked), so only a column that was there
         // before and became NOT NULL while its table was read counts.
         for rel in r.relations.iter().filter(|rel| rel.kind == "r" || rel.kind == "p") {
-            let before = self.not_null.insert(rel.relid, (rel.not_null, rel.columns));
+            let before = self.not_null.insert(rel.relid, (rel.not_null.clone(), rel.columns.clone()));
             let name = self.name(rel.relid);
             let read = report.scanned.get(&name).is_some_and(|n| *n > 0);
             let rewritten = report.rewrites.iter().any(|w| w.table == name);
             let Some((not_null, columns)) = before else { continue };
-            let became = rel.not_null - not_null - (rel.columns - columns).max(0);
+            // Columns there before that are NOT NULL now and were not.
+            let became = rel.not_null.iter().filter(|n| columns.contains(n) && !not_null.contains(n)).count();
             if read && !rewritten && became > 0 {
                 report.validated.push(Validated {
                     kind: "not null".into(),

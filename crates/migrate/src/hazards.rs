@@ -313,15 +313,16 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
         let mut h = Hazard::new(
             "table_rewrite",
             e.sized(&w.table),
+            // Every rewrite holds ACCESS EXCLUSIVE (a VACUUM FULL's may be
+            // too quick for the lock sampler to see).
             format!(
-                "rewrites {} ({}) while its {} wait: {}",
+                "rewrites {} ({}) while its reads and writes wait: {}",
                 w.table,
                 if refresh && e.scale.size(&w.table).rows == 0 {
                     format!("{rows} rows written by the refresh")
                 } else {
                     e.size_words(&w.table)
                 },
-                super::locks::what_waits(s, &w.table),
                 w.reason
             ),
             line,
@@ -331,8 +332,18 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
         } else {
             scale.estimate_ms(&w.table, &Work { rewritten: rows, ..Default::default() })
         }));
-        // Each cause's own safer form; none where there is none.
-        let mut forms: Vec<&str> = w.causes.iter().filter_map(|c| c.safer_form()).collect();
+        // Each cause's own safer form; none where there is none. PostgreSQL
+        // gives an identity or a stored generated column the volatile
+        // default's reason, and SET EXPRESSION the type change's: neither
+        // form fits them.
+        let sql = s.sql.to_ascii_lowercase();
+        let unfit = |c: &RewriteCause| match c {
+            RewriteCause::VolatileDefault => sql.contains("generated") || sql.contains("identity"),
+            RewriteCause::TypeChange => sql.contains("set expression"),
+            _ => false,
+        };
+        let mut forms: Vec<&str> =
+            w.causes.iter().filter(|c| !unfit(c)).filter_map(|c| c.safer_form()).collect();
         forms.dedup();
         h.suggestion = (!forms.is_empty()).then(|| forms.join("; "));
         v.hazards.push(h);
@@ -352,7 +363,13 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                 "builds {what} {} on {table} ({}) while its {} wait, for the whole build",
                 indexes.join(", "),
                 e.size_words(table),
-                super::locks::what_waits(s, table)
+                // REINDEX holds ACCESS EXCLUSIVE on the index itself, which
+                // every query planning on the table waits for.
+                if s.tag.as_deref().is_some_and(|t| t.starts_with("REINDEX")) {
+                    "reads and writes"
+                } else {
+                    super::locks::what_waits(s, table)
+                }
             ),
             line,
         );
@@ -459,11 +476,15 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
         } else {
             String::new()
         };
-        // A row two statements touch counts for each: said so when the sum
-        // is more than the tables hold.
-        let tables: BTreeSet<&str> = after.iter().flat_map(|(_, w)| w.keys().copied()).collect();
-        let held: i64 = tables.iter().map(|t| e.golden_rows(t)).sum();
-        let again = if worked > held {
+        // A row two statements touch counts for each: said so when a table
+        // is worked by more than one statement and the sum is more than
+        // the tables hold.
+        let mut statements_on: BTreeMap<&str, usize> = BTreeMap::new();
+        for table in after.iter().flat_map(|(_, w)| w.keys().copied()) {
+            *statements_on.entry(table).or_default() += 1;
+        }
+        let held: i64 = statements_on.keys().map(|t| e.golden_rows(t)).sum();
+        let again = if worked > held && statements_on.values().any(|n| *n > 1) {
             format!(" (the tables hold {held}: rows worked by more than one statement count once for each)")
         } else {
             String::new()

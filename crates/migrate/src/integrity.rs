@@ -65,24 +65,36 @@ fn durability(e: &Evidence, v: &mut Verdict) {
 }
 
 /// Constraints of the golden's table gone after the candidate, other than
-/// ones kept under another name or that went with their columns.
+/// ones kept (under another name, made again `NOT VALID`, or replaced by an
+/// equal key or a unique index on the same columns) or that went with a
+/// dropped column.
 fn constraints_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
-    let columns: Vec<&str> = after.columns.iter().map(|c| c.name.as_str()).collect();
+    let dropped_columns: Vec<&str> = before
+        .columns
+        .iter()
+        .filter(|b| !after.columns.iter().any(|a| a.name == b.name))
+        .map(|b| b.name.as_str())
+        .collect();
     for (constraint, definition) in &before.constraints {
-        if after.constraints.contains_key(constraint) || after.constraints.values().any(|d| d == definition) {
+        // PostgreSQL 18 names NOT NULL as a constraint: not_null_dropped says so.
+        if definition.starts_with("NOT NULL")
+            || after.constraints.contains_key(constraint)
+            || kept(definition, after)
+        {
             continue;
         }
         // A constraint on a dropped column went with it: column_dropped says so.
-        let on = key_columns(definition);
-        if on.iter().any(|c| !columns.contains(&c.as_str())) {
+        if dropped_columns.iter().any(|c| names_word(definition, c)) {
             continue;
         }
+        let on = key_columns(definition);
         let (severity, lost) = if definition.starts_with("FOREIGN KEY") {
-            let target = definition.split(" REFERENCES ").nth(1).unwrap_or("another table");
-            let target = target.split('(').next().unwrap_or(target).trim();
             (
                 Severity::High,
-                format!("rows of {table} may now point at {target} rows that do not exist, and deleting those is no longer refused or cascaded"),
+                format!(
+                    "rows of {table} may now point at {} rows that do not exist, and deleting those is no longer refused or cascaded",
+                    fk_target(definition)
+                ),
             )
         } else if definition.starts_with("PRIMARY KEY") || definition.starts_with("UNIQUE") {
             (Severity::High, format!("rows of {table} with the same ({}) may now be written", on.join(", ")))
@@ -103,6 +115,54 @@ fn constraints_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
         );
         v.hazards.push(h);
     }
+}
+
+/// Whether what constraint `definition` held still holds after: the same
+/// definition (made again `NOT VALID` counts), a foreign key on the same
+/// columns to the same table, or a key or a unique index on the same columns.
+fn kept(definition: &str, after: &Table) -> bool {
+    let valid = |d: &str| d.strip_suffix(" NOT VALID").unwrap_or(d).to_owned();
+    if after.constraints.values().any(|d| valid(d) == valid(definition)) {
+        return true;
+    }
+    let on = sorted(key_columns(definition));
+    if on.is_empty() {
+        return false;
+    }
+    if definition.starts_with("FOREIGN KEY") {
+        return after.constraints.values().any(|d| {
+            d.starts_with("FOREIGN KEY")
+                && sorted(key_columns(d)) == on
+                && fk_target(d) == fk_target(definition)
+        });
+    }
+    let unique_constraint = |d: &String| {
+        (d.starts_with("PRIMARY KEY") || d.starts_with("UNIQUE")) && sorted(key_columns(d)) == on
+    };
+    let unique_index = |d: &String| {
+        d.starts_with("CREATE UNIQUE INDEX") && !d.contains(" WHERE ") && sorted(index_columns(d)) == on
+    };
+    after.constraints.values().any(unique_constraint) || after.indexes.values().any(unique_index)
+}
+
+/// The table a foreign key's definition references.
+fn fk_target(definition: &str) -> &str {
+    let target = definition.split(" REFERENCES ").nth(1).unwrap_or("another table");
+    target.split('(').next().unwrap_or(target).trim()
+}
+
+fn sorted(mut columns: Vec<String>) -> Vec<String> {
+    columns.sort();
+    columns
+}
+
+/// Whether `text` names `word` as a whole identifier.
+fn names_word(text: &str, word: &str) -> bool {
+    let is_part = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices(word).any(|(at, _)| {
+        !text[..at].chars().next_back().is_some_and(is_part)
+            && !text[at + word.len()..].chars().next().is_some_and(is_part)
+    })
 }
 
 /// Columns of the golden's table that were NOT NULL and are no longer.
@@ -140,16 +200,25 @@ fn not_null_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v:
 /// uniqueness with it.
 fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
     for (index, definition) in &before.indexes {
-        let kept = after.indexes.contains_key(index)
-            || after.indexes.values().any(|d| same_index(d, definition))
-            // An index of a primary key or unique constraint: integrity_removed says so.
+        // Kept: the same index under any name (one of the same name made
+        // otherwise is not). An index of a key constraint: integrity_removed
+        // says so.
+        let kept = after.indexes.values().any(|d| same_index(d, definition))
             || before.constraints.contains_key(index);
         if kept {
             continue;
         }
         let line = line_naming(e, index);
         let leading = index_columns(definition);
-        if definition.starts_with("CREATE UNIQUE INDEX") && !leading.is_empty() {
+        let still_unique = after.indexes.values().any(|d| {
+            d.starts_with("CREATE UNIQUE INDEX")
+                && !d.contains(" WHERE ")
+                && sorted(index_columns(d)) == sorted(leading.clone())
+        }) || after.constraints.values().any(|d| {
+            (d.starts_with("PRIMARY KEY") || d.starts_with("UNIQUE"))
+                && sorted(key_columns(d)) == sorted(leading.clone())
+        });
+        if definition.starts_with("CREATE UNIQUE INDEX") && !leading.is_empty() && !still_unique {
             v.hazards.push(Hazard::new(
                 "integrity_removed",
                 Severity::High,
@@ -168,8 +237,7 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
             if !served(&leading) || after.indexes.values().any(|d| served(&index_columns(d))) {
                 continue;
             }
-            let target = fk.split(" REFERENCES ").nth(1).unwrap_or("");
-            let target = target.split('(').next().unwrap_or(target).trim();
+            let target = fk_target(fk);
             let on_delete = if fk.contains("ON DELETE CASCADE") {
                 "find the rows to delete with it"
             } else if fk.contains("ON DELETE SET NULL") || fk.contains("ON DELETE SET DEFAULT") {
@@ -204,7 +272,7 @@ fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
     let name = name.to_ascii_lowercase();
     e.statements
         .iter()
-        .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(&name))
+        .find(|s| !s.rolled_back && names_word(&s.sql.to_ascii_lowercase(), &name))
         .map(|s| s.line)
         .filter(|l| *l > 0)
 }
@@ -212,7 +280,7 @@ fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
 /// The columns a key constraint's definition names first:
 /// `FOREIGN KEY (a, b) REFERENCES ...`, `PRIMARY KEY (a)`, `UNIQUE (a, b)`.
 fn key_columns(definition: &str) -> Vec<String> {
-    let keyed = ["FOREIGN KEY (", "PRIMARY KEY (", "UNIQUE ("];
+    let keyed = ["FOREIGN KEY (", "PRIMARY KEY (", "UNIQUE NULLS NOT DISTINCT (", "UNIQUE ("];
     let Some(rest) = keyed.iter().find_map(|k| definition.strip_prefix(k)) else { return vec![] };
     rest.split(')').next().map(column_list).unwrap_or_default()
 }
@@ -262,9 +330,35 @@ fn unquote(word: &str) -> String {
 
 /// Two `CREATE INDEX` statements that differ only in the index's name.
 fn same_index(a: &str, b: &str) -> bool {
-    let body = |d: &str| d.split_once(" ON ").map(|(_, rest)| rest.to_owned());
-    let unique = |d: &str| d.starts_with("CREATE UNIQUE");
-    unique(a) == unique(b) && body(a).is_some() && body(a) == body(b)
+    let unique = |d: &str| d.starts_with("CREATE UNIQUE INDEX ");
+    unique(a) == unique(b) && index_body(a).is_some() && index_body(a) == index_body(b)
+}
+
+/// What follows `CREATE [UNIQUE] INDEX name ON `: the name may be quoted,
+/// and hold anything.
+fn index_body(definition: &str) -> Option<&str> {
+    let rest = definition
+        .strip_prefix("CREATE UNIQUE INDEX ")
+        .or_else(|| definition.strip_prefix("CREATE INDEX "))?;
+    let after_name = if let Some(quoted) = rest.strip_prefix('"') {
+        // A quote inside a quoted name is doubled.
+        let mut chars = quoted.char_indices().peekable();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            if c == '"' {
+                if chars.peek().is_some_and(|(_, n)| *n == '"') {
+                    chars.next();
+                } else {
+                    end = Some(i + 1);
+                    break;
+                }
+            }
+        }
+        &quoted[end?..]
+    } else {
+        &rest[rest.find(' ')?..]
+    };
+    after_name.strip_prefix(" ON ")
 }
 
 #[cfg(test)]
@@ -299,5 +393,46 @@ mod tests {
             "CREATE UNIQUE INDEX a ON public.orders USING btree (user_id)",
             "CREATE INDEX b ON public.orders USING btree (user_id)"
         ));
+        // A quoted name may hold " ON " and quotes.
+        assert!(same_index(
+            "CREATE INDEX \"by user ON \"\"x\" ON public.orders USING btree (user_id)",
+            "CREATE INDEX plain ON public.orders USING btree (user_id)"
+        ));
+        assert_eq!(key_columns("UNIQUE NULLS NOT DISTINCT (email)"), ["email"]);
+        assert!(names_word("CHECK ((total >= (0)::numeric))", "total"));
+        assert!(!names_word("CHECK ((subtotal >= (0)::numeric))", "total"));
+        assert!(!names_word("alter table orders drop constraint fix_total", "ix"));
+    }
+
+    fn table(constraints: &[(&str, &str)], indexes: &[(&str, &str)]) -> Table {
+        Table {
+            constraints: constraints.iter().map(|(n, d)| (n.to_string(), d.to_string())).collect(),
+            indexes: indexes.iter().map(|(n, d)| (n.to_string(), d.to_string())).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_constraint_made_again_or_replaced_by_an_equal_key_is_kept() {
+        let fk = "FOREIGN KEY (user_id) REFERENCES public.users(id) ON DELETE CASCADE";
+        // Made again NOT VALID, under another name.
+        let again = table(&[("fk2", &format!("{fk} NOT VALID"))], &[]);
+        assert!(kept(fk, &again));
+        // Another foreign key on the same columns to the same table.
+        let other = table(&[("fk3", "FOREIGN KEY (user_id) REFERENCES public.users(id)")], &[]);
+        assert!(kept(fk, &other));
+        let elsewhere = table(&[("fk4", "FOREIGN KEY (user_id) REFERENCES public.accounts(id)")], &[]);
+        assert!(!kept(fk, &elsewhere));
+        // A unique constraint replaced by a unique index on the same columns, in any order.
+        let unique = "UNIQUE (tenant_id, email)";
+        let index =
+            table(&[], &[("u", "CREATE UNIQUE INDEX u ON public.users USING btree (email, tenant_id)")]);
+        assert!(kept(unique, &index));
+        let partial = table(
+            &[],
+            &[("u", "CREATE UNIQUE INDEX u ON public.users USING btree (email, tenant_id) WHERE (x)")],
+        );
+        assert!(!kept(unique, &partial));
+        assert!(!kept("CHECK ((total >= (0)::numeric))", &table(&[], &[])));
     }
 }

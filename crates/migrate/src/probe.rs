@@ -70,10 +70,10 @@ pub fn install_sql() -> String {
              'relations', (SELECT coalesce(json_agg(json_build_object('relid', c.oid::int8,
                              'name', quote_ident(n.nspname) || '.' || quote_ident(c.relname), 'kind', c.relkind, 'filenode', c.relfilenode::int8,
                              'table', i.indrelid::int8, 'valid', i.indisvalid,
-                             'not_null', (SELECT count(*) FROM pg_attribute a
+                             'not_null', (SELECT coalesce(array_agg(a.attnum::int8), '{{}}') FROM pg_attribute a
                                           WHERE a.attrelid = c.oid AND a.attnum > 0 AND a.attnotnull
                                             AND NOT a.attisdropped),
-                             'columns', (SELECT count(*) FROM pg_attribute a
+                             'columns', (SELECT coalesce(array_agg(a.attnum::int8), '{{}}') FROM pg_attribute a
                                          WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped))), '[]')
                            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
                            LEFT JOIN pg_index i ON i.indexrelid = c.oid
@@ -220,12 +220,12 @@ pub struct Relation {
     /// For an index: whether it is valid (a failed concurrent build leaves it not).
     #[serde(default)]
     pub valid: Option<bool>,
-    /// Columns declared NOT NULL.
+    /// The numbers of its columns declared NOT NULL.
     #[serde(default)]
-    pub not_null: i64,
-    /// Columns it has (dropped ones left out).
+    pub not_null: Vec<i64>,
+    /// The numbers of the columns it has (dropped ones left out).
     #[serde(default)]
-    pub columns: i64,
+    pub columns: Vec<i64>,
 }
 
 /// Row counts of one table in the current transaction.

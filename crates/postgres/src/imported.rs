@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Report {
     /// The source's `server_version`, when it was a live database.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_version: Option<String>,
     /// A note when the golden runs another PostgreSQL major than its source:
     /// forks, and migrations tested on them, run on the golden's.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub major_note: Option<String>,
     /// Whether the dump was kept from an earlier build that failed after it.
     pub resumed: bool,
@@ -31,13 +31,13 @@ pub struct Report {
     /// Rows in the golden's tables.
     pub rows: i64,
     /// Tables whose row counts differ: `table: source -> golden`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub row_differences: Vec<String>,
     /// Catalog differences from the source to the golden, one line each.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub catalog_differences: Vec<String>,
     /// Extensions whose version differs: `name: source -> golden`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub extension_differences: Vec<String>,
     /// Roles, extensions and what was not carried.
     pub imported: Imported,
@@ -48,10 +48,10 @@ pub struct Report {
     /// only what a dump file says.
     pub compared: bool,
     /// What masking did, and its leak check (a masked build).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masking: Option<airlock_core::records::masking::MaskingReport>,
     /// What a subset kept, per table (a subsetted build).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subset: Option<airlock_core::records::masking::SubsetReport>,
 }
 
@@ -93,7 +93,7 @@ pub struct Imported {
     pub extensions: Vec<Extension>,
     /// Extensions of the source left out, because they can reach outside a
     /// fork ([`airlock_postgres::extensions`]).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub left_out_extensions: Vec<String>,
     /// The tables (`schema.name`) the archive's table of contents lists.
     #[serde(skip)]

@@ -30,6 +30,7 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
             ("truncate.sql", "TRUNCATE orders;"),
             ("delete_all.sql", "DELETE FROM orders;"),
             ("index.sql", "CREATE INDEX orders_total ON orders (total);"),
+            ("reindex.sql", "REINDEX INDEX orders_user;"),
             // (orders' columns are all a view's: users' score is retyped.)
             ("retype.sql", "ALTER TABLE users ALTER COLUMN score TYPE bigint;"),
             ("volatile_not_null.sql", "ALTER TABLE orders ADD COLUMN stamp timestamptz NOT NULL DEFAULT clock_timestamp();"),
@@ -90,6 +91,9 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
     assert_eq!(index["statements"][0]["scanned"]["public.orders"].as_i64().unwrap_or(0) <= ORDERS, true);
     let said = message(index, "blocking_index_build");
     assert!(said.contains("while its writes wait"), "{said}");
+    // REINDEX locks the index itself, which every query planning on the table waits for.
+    let said = message(&c["reindex.sql"], "blocking_index_build");
+    assert!(said.contains("while its reads and writes wait"), "{said}");
 
     // Each rewrite cause gets its own safer form, or none.
     let rewrite = |name: &str, table: &str| {
@@ -172,6 +176,12 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "CREATE INDEX orders_user_total ON orders (user_id, total);\nDROP INDEX orders_user;",
             ),
             ("rename_index.sql", "ALTER INDEX orders_user RENAME TO orders_by_user;"),
+            // The constraint made again NOT VALID before the old one goes: nothing is taken away.
+            (
+                "replace_fk.sql",
+                "ALTER TABLE orders ADD CONSTRAINT orders_user_fk2 FOREIGN KEY (user_id) REFERENCES users (id) \
+                 ON DELETE CASCADE NOT VALID;\nALTER TABLE orders DROP CONSTRAINT orders_user_id_fkey;",
+            ),
             ("unlogged.sql", "ALTER TABLE orders SET UNLOGGED;"),
             ("unlogged_copy.sql", "CREATE UNLOGGED TABLE orders_copy AS SELECT * FROM orders;"),
         ],
@@ -191,7 +201,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
     assert!(said.contains("orders_user_id_fkey") && said.contains(&format!("{ORDERS} rows")), "{said}");
     assert!(said.contains("find the rows to delete with it"), "{said}"); // ON DELETE CASCADE
                                                                          // Another index serving the key, or the same index under a new name, takes nothing away.
-    for name in ["replace_index.sql", "rename_index.sql"] {
+    for name in ["replace_index.sql", "rename_index.sql", "replace_fk.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
             !kinds.contains(&"key_index_dropped") && !kinds.contains(&"integrity_removed"),
