@@ -29,6 +29,11 @@ fn restart_clean(d: &mut Daemon) {
 /// Every listed sandbox answers within [`ANSWER`] and nothing is left over:
 /// one server per running sandbox, one directory per sandbox, no stopped process.
 fn assert_consistent(d: &Daemon, dsns: &std::collections::HashMap<String, String>) {
+    // What the restart found half-made or expired is torn down in the
+    // background: the state to check is the one after.
+    d.wait_for(Duration::from_secs(60), "the restart's deletions to end", || {
+        !d.json(&["ls"]).as_array().unwrap().iter().any(|sb| sb["state"] == "deleting")
+    });
     let listed = d.json(&["ls"]);
     let listed = listed.as_array().unwrap();
     let mut running = 0;
@@ -201,9 +206,18 @@ fn killed_at_random_under_mixed_load_the_daemon_restarts_to_sandboxes_that_answe
         d.kill9();
         d.spawn();
         // What the clients made meanwhile is listed now; learn their DSNs.
-        dsns.retain(|id, _| d.ids().contains(id));
-        for sb in d.json(&["ls"]).as_array().unwrap() {
-            let id = sb["id"].as_str().unwrap();
+        // One the restart found half-made is `deleting`, torn down in the
+        // background, and may be gone by the time it is asked about.
+        let listed = d.json(&["ls"]);
+        let live: Vec<&str> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|sb| sb["state"] != "deleting")
+            .map(|sb| sb["id"].as_str().unwrap())
+            .collect();
+        dsns.retain(|id, _| live.contains(&id.as_str()));
+        for id in live {
             if !dsns.contains_key(id) {
                 dsns.insert(id.to_owned(), d.ok(&["dsn", id]).trim().to_owned());
             }
