@@ -136,13 +136,19 @@ fn kept(definition: &str, after: &Table) -> bool {
                 && fk_target(d) == fk_target(definition)
         });
     }
-    let unique_constraint = |d: &String| {
+    unique_on(after, &on)
+}
+
+/// Whether a key constraint, or a non-partial unique index, of `table`
+/// holds exactly the columns `on` (sorted) unique.
+fn unique_on(table: &Table, on: &[String]) -> bool {
+    let constraint = |d: &String| {
         (d.starts_with("PRIMARY KEY") || d.starts_with("UNIQUE")) && sorted(key_columns(d)) == on
     };
-    let unique_index = |d: &String| {
+    let index = |d: &String| {
         d.starts_with("CREATE UNIQUE INDEX") && !d.contains(" WHERE ") && sorted(index_columns(d)) == on
     };
-    after.constraints.values().any(unique_constraint) || after.indexes.values().any(unique_index)
+    table.constraints.values().any(constraint) || table.indexes.values().any(index)
 }
 
 /// The table a foreign key's definition references.
@@ -210,14 +216,7 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
         }
         let line = line_naming(e, index);
         let leading = index_columns(definition);
-        let still_unique = after.indexes.values().any(|d| {
-            d.starts_with("CREATE UNIQUE INDEX")
-                && !d.contains(" WHERE ")
-                && sorted(index_columns(d)) == sorted(leading.clone())
-        }) || after.constraints.values().any(|d| {
-            (d.starts_with("PRIMARY KEY") || d.starts_with("UNIQUE"))
-                && sorted(key_columns(d)) == sorted(leading.clone())
-        });
+        let still_unique = unique_on(after, &sorted(leading.clone()));
         if definition.starts_with("CREATE UNIQUE INDEX") && !leading.is_empty() && !still_unique {
             v.hazards.push(Hazard::new(
                 "integrity_removed",
