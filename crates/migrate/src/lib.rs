@@ -21,6 +21,7 @@ mod integrity;
 pub mod locks;
 mod measure;
 pub mod merge;
+mod overwrite;
 pub mod parts;
 pub mod probe;
 pub mod promote;

@@ -99,6 +99,13 @@ pub(crate) async fn measure(
     let images_before =
         verify::row_images(admin.client(), verify::Reading::AsReader, &shape, &compared, None).await?;
     rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
+    // The values of the columns it sets or retypes, to say which it overwrote.
+    let written_columns = match candidate.sql.as_deref().map(airlock_postgres::split::split) {
+        Some(Ok(statements)) => super::overwrite::targets(&statements, &snapshot.catalog, &compared),
+        _ => vec![],
+    };
+    let values_before =
+        super::overwrite::read(admin.client(), &written_columns, &shape, &snapshot.catalog).await?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
@@ -202,6 +209,7 @@ pub(crate) async fn measure(
         }
         None => String::new(),
     };
+    let values_after = super::overwrite::read(admin.client(), &written_columns, &shape, &now).await?;
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
@@ -224,6 +232,13 @@ pub(crate) async fn measure(
     let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after);
     found.extend(plan_hazards);
+    found.extend(super::overwrite::hazards(
+        &written_columns,
+        &values_before,
+        &values_after,
+        &golden_rows,
+        &shape,
+    ));
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
         let mut h = report::Hazard::new(
             "invalid_index",

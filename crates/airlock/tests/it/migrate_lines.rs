@@ -2,7 +2,7 @@
 //! statement really did, hazards that fit the statement, advice for the cause
 //! at hand (or none), and locks that say what waits.
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::migrate::{by_name, daemon, files, hazard, hazard_kinds, path_strs, test};
 
@@ -199,8 +199,9 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
     // The only index behind orders' key to users: each delete of a user reads all of orders.
     let said = message(&c["drop_index.sql"], "key_index_dropped");
     assert!(said.contains("orders_user_id_fkey") && said.contains(&format!("{ORDERS} rows")), "{said}");
-    assert!(said.contains("find the rows to delete with it"), "{said}"); // ON DELETE CASCADE
-                                                                         // Another index serving the key, or the same index under a new name, takes nothing away.
+    // (ON DELETE CASCADE)
+    assert!(said.contains("find the rows to delete with it"), "{said}");
+    // Another index serving the key, or the same index under a new name, takes nothing away.
     for name in ["replace_index.sql", "rename_index.sql", "replace_fk.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
@@ -246,4 +247,57 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "{}",
         c["refresh_concurrently.sql"]
     );
+}
+
+#[test]
+fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
+    let d = daemon();
+    let paths = files(
+        &d,
+        &[
+            // users' tenant_id is 1 + id % 10: 2,000 users each.
+            ("retenant.sql", "SELECT 1;\nUPDATE users SET tenant_id = 1 WHERE tenant_id = 2;"),
+            ("forget_nicknames.sql", "UPDATE users u SET nickname = NULL;"),
+            (
+                "in_a_do_block.sql",
+                "DO $$ BEGIN UPDATE users SET tenant_id = 3 WHERE tenant_id IN (4, 5); END $$;",
+            ),
+            ("retype_using.sql", "ALTER TABLE users ALTER COLUMN tenant_id TYPE int USING 1;"),
+            // Changes that can be read backwards, or too few rows.
+            ("upper.sql", "UPDATE users SET email = upper(email);"),
+            ("bump.sql", "UPDATE orders SET total = total + 1;"),
+            ("backfill.sql", "UPDATE orders SET note = 'n' || id;"),
+            ("few.sql", "UPDATE users SET tenant_id = 1 WHERE id <= 40;"),
+        ],
+    );
+    let (_, report) = test(&d, &path_strs(&paths));
+    let c = by_name(&report);
+
+    let h = hazard(&c["retenant.sql"], "values_overwritten");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "2,000 of the 20,000 rows of users lost their tenant_id: 2,000 had tenant_id '2', now '1'"
+        ),
+        "{said}"
+    );
+    assert!(h["suggestion"].as_str().unwrap().contains("SELECT id, tenant_id FROM users"), "{h}");
+
+    // Every third user has no nickname: the other 13,334 lost theirs.
+    let said = message(&c["forget_nicknames.sql"], "values_overwritten");
+    assert!(
+        said.starts_with("13,334 of the 20,000 rows of users lost their nickname: 13,334 had other values"),
+        "{said}"
+    );
+    assert!(said.contains("now NULL") && said.contains("13,334 distinct values became 1"), "{said}");
+
+    let said = message(&c["in_a_do_block.sql"], "values_overwritten");
+    assert!(said.starts_with("4,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
+    let said = message(&c["retype_using.sql"], "values_overwritten");
+    assert!(said.starts_with("18,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
+
+    for name in ["upper.sql", "bump.sql", "backfill.sql", "few.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
 }

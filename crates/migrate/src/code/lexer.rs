@@ -3,7 +3,7 @@
 
 /// A token of SQL, as the lexer sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Token {
+pub(crate) enum Token {
     /// An unquoted word, lowercased.
     Word(String),
     /// A quoted identifier, as written inside its quotes.
@@ -73,7 +73,7 @@ pub(super) fn unescape_u(raw: &str) -> String {
 }
 
 /// The tokens of one statement.
-pub(super) fn tokens(sql: &str) -> Vec<Token> {
+pub(crate) fn tokens(sql: &str) -> Vec<Token> {
     let bytes = sql.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;

@@ -40,7 +40,7 @@ pub struct Opaque {
     pub why: String,
 }
 
-mod lexer;
+pub(crate) mod lexer;
 #[cfg(test)]
 mod tests;
 mod words;

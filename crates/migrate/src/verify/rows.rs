@@ -79,6 +79,11 @@ pub fn golden_shape(catalog: &Catalog) -> Shape {
 }
 
 impl Shape {
+    /// The golden's primary key of `table`, as its columns' quoted names.
+    pub fn key(&self, table: &str) -> Option<&str> {
+        self.keys.get(table).map(String::as_str)
+    }
+
     /// Whether column `column` (by name) of `table` is one whose values a
     /// default fills by clock or chance: the golden's such columns, and those
     /// the migration adds that fill so (`fills_now`: a clock or chance
@@ -156,6 +161,34 @@ pub(super) fn digest_of(columns: &[String], empty: &str) -> String {
     // (An array, not concat_ws: a table may have more columns than a function
     // takes arguments; NULL elements are left out.)
     format!("pg_catalog.md5(pg_catalog.array_to_string(ARRAY[{}]::text[], ','))", named.join(", "))
+}
+
+/// Each row of `table` as two texts, `key` and `value` (SQL expressions over
+/// the row `t`), at most `most` rows, read by the reader's function from an
+/// admin session whose reading settings are pinned.
+pub(crate) async fn read_as_reader(
+    client: &tokio_postgres::Client,
+    grant_each: bool,
+    table: &str,
+    key: &str,
+    value: &str,
+    most: i64,
+) -> Result<Vec<tokio_postgres::Row>> {
+    // In a transaction of its own, rolled back: nothing the candidate's code
+    // might set in it outlives the read.
+    client.batch_execute("BEGIN").await.map_err(pg_error)?;
+    if grant_each {
+        client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await.map_err(pg_error)?;
+    }
+    let rows = client
+        .query(
+            "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)",
+            &[&table, &key, &value, &most],
+        )
+        .await
+        .map_err(pg_error)?;
+    client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
+    Ok(rows)
 }
 
 pub(super) async fn row_images_pinned(
@@ -238,26 +271,7 @@ pub(super) async fn row_images_pinned(
                 .query(&format!("SELECT {key}, {both} FROM {table} t LIMIT {most}"), &[])
                 .await
                 .map_err(pg_error)?,
-            Reading::AsReader => {
-                // In a transaction of its own, rolled back: nothing the
-                // candidate's code might set in it outlives the read.
-                client.batch_execute("BEGIN").await.map_err(pg_error)?;
-                if grant_each {
-                    client
-                        .batch_execute(&airlock_postgres::catalog::reader_grant(&table))
-                        .await
-                        .map_err(pg_error)?;
-                }
-                let rows = client
-                    .query(
-                        "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)",
-                        &[&table, &key, &both, &most],
-                    )
-                    .await
-                    .map_err(pg_error)?;
-                client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
-                rows
-            }
+            Reading::AsReader => read_as_reader(client, grant_each, &table, &key, &both, most).await?,
         };
         if rows.len() as i64 > ROWS_READ_MOST {
             return Err(airlock_core::error::Error::new(

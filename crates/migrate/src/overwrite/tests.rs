@@ -1,0 +1,139 @@
+use super::*;
+use airlock_postgres::catalog::{Column, Table};
+
+fn catalog() -> Catalog {
+    let mut c = Catalog::default();
+    for (name, columns) in [
+        ("public.customers", &["id", "tier", "name", "Score"][..]),
+        ("billing.customers", &["id", "plan"][..]),
+        ("public.orders", &["id", "total"][..]),
+    ] {
+        let columns = columns.iter().map(|n| Column { name: (*n).into(), ..Column::default() }).collect();
+        c.tables.insert(name.into(), Table { columns, ..Table::default() });
+    }
+    c
+}
+
+fn targets_of(sql: &str) -> Vec<(String, Vec<String>)> {
+    let c = catalog();
+    let tables = c.tables.keys().cloned().collect();
+    let statements = airlock_postgres::split::split(sql).unwrap();
+    targets(&statements, &c, &tables).into_iter().map(|t| (t.table, t.columns)).collect()
+}
+
+fn owned(t: &str, cs: &[&str]) -> (String, Vec<String>) {
+    (t.into(), cs.iter().map(|c| (*c).into()).collect())
+}
+
+#[test]
+fn the_columns_an_update_sets_are_read_from_any_form_of_it() {
+    assert_eq!(targets_of("UPDATE customers SET tier = 'standard'"), [owned("public.customers", &["tier"])]);
+    assert_eq!(
+        targets_of("update only customers as c set name = upper(c.name), \"Score\" = f(1, 2) where c.id > 3"),
+        [owned("public.customers", &["name", "Score"])]
+    );
+    assert_eq!(
+        targets_of("UPDATE customers c SET (tier, name) = (SELECT 'a', 'b'), id = id FROM orders o WHERE o.id = c.id"),
+        [owned("public.customers", &["id", "tier", "name"])]
+    );
+    assert_eq!(
+        targets_of("UPDATE billing.customers SET plan = NULL"),
+        [owned("billing.customers", &["plan"])]
+    );
+    // In a function's or a DO block's body too.
+    assert_eq!(
+        targets_of("DO $$ BEGIN UPDATE customers SET tier = 'x'; END $$"),
+        [owned("public.customers", &["tier"])]
+    );
+    assert_eq!(
+        targets_of("ALTER TABLE orders ALTER COLUMN total TYPE int, ALTER id SET DATA TYPE bigint, ALTER COLUMN total SET DEFAULT 0"),
+        [owned("public.orders", &["id", "total"])]
+    );
+    // Nothing that sets no golden column: a row lock, an upsert, an unknown table or column.
+    assert!(targets_of("SELECT * FROM customers FOR UPDATE").is_empty());
+    assert!(
+        targets_of("INSERT INTO customers VALUES (1) ON CONFLICT (id) DO UPDATE SET tier = 'x'").is_empty()
+    );
+    assert!(targets_of("UPDATE nowhere SET tier = 'x'").is_empty());
+    assert!(targets_of("UPDATE customers SET added_later = 1").is_empty());
+    assert!(targets_of("ALTER TABLE orders ALTER COLUMN total SET NOT NULL").is_empty());
+}
+
+#[test]
+fn records_are_read_as_record_out_writes_them() {
+    assert_eq!(record_fields("(enterprise)"), [Some("enterprise".to_owned())]);
+    assert_eq!(record_fields("()"), [None]);
+    assert_eq!(record_fields("(\"\")"), [Some(String::new())]);
+    assert_eq!(
+        record_fields(r#"(1,"a, ""b"" \\c",)"#),
+        [Some("1".to_owned()), Some(r#"a, "b" \c"#.to_owned()), None]
+    );
+}
+
+fn values(rows: &[(i64, Option<&str>)]) -> Values {
+    Values {
+        columns: vec!["tier".into()],
+        rows: rows.iter().map(|(k, v)| (format!("({k})"), vec![v.map(str::to_owned)])).collect(),
+    }
+}
+
+#[test]
+fn a_value_is_lost_when_its_row_now_holds_what_rows_of_another_value_hold() {
+    // 20 enterprise rows set to standard, beside 80 that were standard already.
+    let before: Vec<(i64, Option<&str>)> =
+        (0..100).map(|i| (i, Some(if i < 20 { "enterprise" } else { "standard" }))).collect();
+    let after: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, Some("standard"))).collect();
+    let l = lost(&values(&before), &values(&after), "tier").unwrap();
+    assert_eq!((l.changed, l.lost, l.distinct), (20, 20, (1, 1)));
+    assert_eq!(l.into, [(Some("standard".into()), 20, vec![(Some("enterprise".into()), 20)])]);
+
+    // Read backwards, nothing is lost: a renamed value, a NULL filled in.
+    let renamed: Vec<(i64, Option<&str>)> =
+        before.iter().map(|(k, v)| (*k, if *v == Some("enterprise") { Some("gold") } else { *v })).collect();
+    assert_eq!(lost(&values(&before), &values(&renamed), "tier").unwrap().lost, 0);
+    let empty: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, None)).collect();
+    let filled: Vec<(i64, Option<&str>)> =
+        (0..100).map(|i| (i, Some(if i % 2 == 0 { "a" } else { "b" }))).collect();
+    assert_eq!(lost(&values(&empty), &values(&filled), "tier").unwrap().lost, 0);
+
+    // Every value put to NULL: each row that held one lost it.
+    let l = lost(&values(&filled), &values(&empty), "tier").unwrap();
+    assert_eq!((l.lost, l.distinct), (100, (2, 1)));
+}
+
+#[test]
+fn a_hazard_needs_a_thousand_rows_or_a_tenth_of_the_table() {
+    assert!(enough(1_000, 1_000_000));
+    assert!(!enough(999, 1_000_000));
+    assert!(enough(2_000, 20_000));
+    assert!(!enough(49, 100));
+    assert!(enough(50, 500));
+    assert!(!enough(50, 501));
+}
+
+#[test]
+fn the_message_names_the_column_the_rows_and_the_values() {
+    let before: Vec<(i64, Option<&str>)> =
+        (0..20_000).map(|i| (i, Some(if i < 2_000 { "enterprise" } else { "standard" }))).collect();
+    let after: Vec<(i64, Option<&str>)> = (0..20_000).map(|i| (i, Some("standard"))).collect();
+    let t = Target { table: "public.customers".into(), columns: vec!["tier".into()], line: 3 };
+    let (b, a) = (
+        BTreeMap::from([(t.table.clone(), values(&before))]),
+        BTreeMap::from([(t.table.clone(), values(&after))]),
+    );
+    let rows = BTreeMap::from([(t.table.clone(), 20_000)]);
+    let h = hazards(&[t], &b, &a, &rows, &Shape::default());
+    assert_eq!(h.len(), 1);
+    assert_eq!(h[0].kind, "values_overwritten");
+    assert_eq!(h[0].line, Some(3));
+    assert!(
+        h[0].message.starts_with("2,000 of the 20,000 rows of customers lost their tier: 2,000 had tier 'enterprise', now 'standard'"),
+        "{}",
+        h[0].message
+    );
+    assert!(h[0]
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .contains("CREATE TABLE customers_tier_before AS SELECT id, tier"));
+}
