@@ -728,9 +728,9 @@ export interface components {
                 [key: string]: number;
             };
             /** @description Its resulting schema against the golden's. */
-            changes: Record<string, never>[];
+            changes: components["schemas"]["Change"][];
             /** @description Its resulting schema against the expected one; empty when it matches or none was given. */
-            drift: Record<string, never>[];
+            drift: components["schemas"]["Change"][];
             /**
              * Format: double
              * @description Time applying the candidate (statements and their measurements), milliseconds.
@@ -829,6 +829,23 @@ export interface components {
                 pids: string;
             };
         } | "unavailable";
+        /** @description One difference between two catalogs. */
+        Change: {
+            /** @description Its definition after, when it exists. */
+            after?: string | null;
+            /** @description Its definition before, when it existed. */
+            before?: string | null;
+            /** @description `added`, `dropped` or `changed`. */
+            change: string;
+            /** @description Its name; a table's parts are `table.part`. */
+            name: string;
+            /**
+             * @description `table`, `column`, `constraint`, `index`, `trigger`, `view`, `function`,
+             *     `sequence`, `type` or `extension`; empty for the other entries, whose
+             *     name says what they are (`rule r on table orders`).
+             */
+            object: string;
+        };
         /** @description A signed statement of the chain's head. */
         Checkpoint: {
             /** @description When it was signed. */

@@ -83,10 +83,8 @@ pub struct CandidateReport {
     /// The assertion queries after it.
     pub assertions: Vec<Assertion>,
     /// Its resulting schema against the golden's.
-    #[schema(value_type = Vec<Object>)]
     pub changes: Vec<Change>,
     /// Its resulting schema against the expected one; empty when it matches or none was given.
-    #[schema(value_type = Vec<Object>)]
     pub drift: Vec<Change>,
     /// Sequences it set back (`setval`, `RESTART`): promote expects the same
     /// on the target, and no other.

@@ -8,7 +8,7 @@ use super::objects::Entry;
 use super::{short_name, Catalog, Column};
 
 /// One difference between two catalogs.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Change {
     /// `table`, `column`, `constraint`, `index`, `trigger`, `view`, `function`,
     /// `sequence`, `type` or `extension`; empty for the other entries, whose
@@ -19,10 +19,10 @@ pub struct Change {
     /// `added`, `dropped` or `changed`.
     pub change: String,
     /// Its definition before, when it existed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub before: Option<String>,
     /// Its definition after, when it exists.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub after: Option<String>,
 }
 
