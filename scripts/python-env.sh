@@ -7,8 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 venv=target/python
-if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import mcp, airlock_client, psycopg, asyncpg, redis, async_timeout, django, jsonschema' 2>/dev/null; then
-  echo "setting up $venv (pytest, mcp, psycopg, asyncpg, redis, async-timeout, django, jsonschema, airlock-client)" >&2
+if [ ! -x "$venv/bin/pytest" ] || ! "$venv/bin/python" -c 'import mcp, airlock_client, psycopg, asyncpg, redis, async_timeout, django, jsonschema, PIL' 2>/dev/null; then
+  echo "setting up $venv (pytest, mcp, psycopg, asyncpg, redis, async-timeout, django, jsonschema, pillow, airlock-client)" >&2
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -e "clients/python[test]" >&2
 fi

@@ -17,6 +17,7 @@ pub mod code;
 pub mod command;
 pub mod costs;
 pub mod hazards;
+pub mod html;
 mod integrity;
 pub mod locks;
 mod measure;

@@ -125,18 +125,24 @@ pub(super) async fn migrate_test(cli: &Cli, args: &MigrateTestArgs) -> Result<i3
         cli.client()?.call(Method::POST, "/v1/migrations/test", Some(&req)).await;
     spinner.finish_and_clear();
     let report = report?;
-    if let Some(path) = &args.report {
-        let json = serde_json::to_vec_pretty(&report).expect("report serializes");
-        std::fs::write(path, json).map_err(|e| {
-            let message = format!("cannot write the report {}: {e}", path.display());
-            Error::new(ErrorCode::FileUnreadable, message, "check the path")
-        })?;
-    }
     // A candidate's SQL is shown whole: control and bidirectional characters in
     // it are escaped, so it cannot move a terminal's cursor or hide what it says.
     let shown = |text: String| text.lines().map(output::printable).collect::<Vec<_>>().join("\n");
+    let write = |path: &std::path::Path, bytes: Vec<u8>| {
+        std::fs::write(path, bytes).map_err(|e| {
+            let message = format!("cannot write the report {}: {e}", path.display());
+            Error::new(ErrorCode::FileUnreadable, message, "check the path")
+        })
+    };
+    if let Some(path) = &args.report {
+        write(path, serde_json::to_vec_pretty(&report).expect("report serializes"))?;
+    }
+    if let Some(path) = &args.html {
+        write(path, (shown(report.html()) + "\n").into_bytes())?;
+    }
     match format {
         "markdown" => output::line(&shown(report.markdown())),
+        "html" => output::line(&shown(report.html())),
         "sarif" => {
             output::line(&serde_json::to_string_pretty(&report.sarif(&paths)).expect("sarif serializes"))
         }

@@ -702,12 +702,16 @@ struct MigrateTestArgs {
     #[arg(long, default_value_t = 4)]
     workload_clients: usize,
     /// How to print the report: text, json, markdown (for a pull-request
-    /// comment) or sarif (for code scanning).
-    #[arg(long, value_parser = ["text", "json", "markdown", "sarif"])]
+    /// comment), sarif (for code scanning) or html (one page to look at).
+    #[arg(long, value_parser = ["text", "json", "markdown", "sarif", "html"])]
     format: Option<String>,
     /// Also write the JSON report to this file (for `migrate promote`).
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Also write the HTML report to this file, whatever `--format` prints
+    /// (a CI job's artifact beside its Markdown comment).
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
