@@ -38,4 +38,10 @@ scripts/typescript-tests.sh || status=$?
 
 # The REST API against its generated OpenAPI document (schemathesis, bounded).
 scripts/api-contract.sh || status=$?
+
+# What a CI job keeps beside its log: the HTML migration report the browser
+# test opened, and its screenshot.
+if [ -d target/artifacts ]; then
+  echo "artifacts (the HTML migration report and its screenshot): $(ls -d target/artifacts/* | tr '\n' ' ')"
+fi
 exit $status
