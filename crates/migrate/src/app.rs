@@ -19,6 +19,7 @@ use super::report::{Hazard, Severity};
 use airlock_core::error::Result;
 use airlock_lifecycle::engine::Engine;
 use airlock_lifecycle::sandbox::Sandbox;
+use airlock_postgres::catalog::split_qualified;
 use airlock_postgres::wire::{Session, TextRows};
 
 /// Most application queries planned per candidate.
@@ -133,9 +134,12 @@ async fn plan(session: &mut Session, sql: &str) -> Planned {
 }
 
 fn collect_access(node: &serde_json::Value, out: &mut Vec<String>) {
-    if let (Some(kind), Some(rel)) = (node["Node Type"].as_str(), node["Relation Name"].as_str()) {
-        let index = node["Index Name"].as_str().map(|i| format!(" using {i}")).unwrap_or_default();
-        out.push(format!("{kind} on {rel}{index}"));
+    let index = node["Index Name"].as_str().map(|i| format!(" using {i}")).unwrap_or_default();
+    match (node["Node Type"].as_str(), node["Relation Name"].as_str()) {
+        (Some(kind), Some(rel)) => out.push(format!("{kind} on {rel}{index}")),
+        // A bitmap index scan names its index, not its table (its heap scan does).
+        (Some(kind), None) if !index.is_empty() => out.push(format!("{kind}{index}")),
+        _ => {}
     }
     for child in node["Plans"].as_array().into_iter().flatten() {
         collect_access(child, out);
@@ -157,14 +161,79 @@ pub async fn plan_all(engine: &Engine, sb: &Sandbox, queries: &[String]) -> Resu
     Ok(out)
 }
 
+/// What a plan regression is told with: the golden's rows per table, and
+/// the indexes the candidate dropped with the lines that dropped them.
+#[derive(Debug, Default)]
+pub struct Context<'a> {
+    /// The golden's rows per table, by `schema.name`.
+    pub rows: Option<&'a BTreeMap<String, i64>>,
+    /// Indexes dropped (`schema.name`) and the line of the statement that dropped each.
+    pub dropped_indexes: Vec<(String, usize)>,
+}
+
+impl Context<'_> {
+    /// The indexes `statements` dropped, with their lines.
+    pub fn dropped_by(statements: &[super::report::StatementReport]) -> Vec<(String, usize)> {
+        statements
+            .iter()
+            .filter(|s| !s.rolled_back)
+            .flat_map(|s| {
+                s.dropped.iter().filter(|d| d.object_type == "index").map(|d| (d.identity.clone(), s.line))
+            })
+            .collect()
+    }
+
+    /// Why a query plans costlier: the indexes it used that are gone (and
+    /// where they went), and the tables it now reads whole.
+    fn why(&self, before: &[String], after: &[String]) -> Vec<String> {
+        let used = |access: &[String]| -> Vec<String> {
+            access.iter().filter_map(|a| a.split(" using ").nth(1)).map(str::to_owned).collect()
+        };
+        let (was, now) = (used(before), used(after));
+        let mut out = Vec::new();
+        for index in was.iter().filter(|i| !now.contains(i)) {
+            let dropped = self.dropped_indexes.iter().find(|(d, _)| split_qualified(d).1 == *index);
+            out.push(match dropped {
+                Some((_, line)) => format!("it used index {index}, which line {line} drops"),
+                None => format!("it no longer uses index {index}"),
+            });
+        }
+        for table in
+            after.iter().filter(|a| !before.contains(a)).filter_map(|a| a.strip_prefix("Seq Scan on "))
+        {
+            let rows = self.rows.and_then(|rows| {
+                let mut named = rows.iter().filter(|(t, _)| split_qualified(t).1 == table);
+                match (named.next(), named.next()) {
+                    (Some((_, n)), None) => Some(*n),
+                    _ => None,
+                }
+            });
+            out.push(match rows {
+                Some(n) => format!("now each run reads all {n} rows of {table}"),
+                None => format!("now each run reads all of {table}"),
+            });
+        }
+        out
+    }
+
+    /// The line that dropped an index one of `access` used.
+    fn line(&self, access: &[String]) -> Option<usize> {
+        access.iter().filter_map(|a| a.split(" using ").nth(1)).find_map(|index| {
+            self.dropped_indexes.iter().find(|(d, _)| split_qualified(d).1 == index).map(|(_, l)| *l)
+        })
+    }
+}
+
 /// Pairs the plans before and after, and the hazards they show.
 pub fn compare(
     queries: &[String],
     before: Vec<Planned>,
     after: Vec<Planned>,
+    context: &Context,
 ) -> (Vec<QueryPlan>, Vec<Hazard>) {
     let mut plans = Vec::new();
     let (mut broken, mut slower) = (Vec::new(), Vec::new());
+    let mut line = None;
     for ((sql, b), a) in queries.iter().zip(before).zip(after) {
         let short = super::report::cut(&one_line(sql), 300);
         let mut p = QueryPlan {
@@ -192,7 +261,10 @@ pub fn compare(
                 } else {
                     String::new()
                 };
-                slower.push(format!("{} (cost {b:.0} -> {a:.0}{how})", super::report::cut(&short, 80)));
+                let why = context.why(&p.access_before, &p.access_after);
+                let why = if why.is_empty() { String::new() } else { format!("; {}", why.join("; ")) };
+                line = line.or(context.line(&p.access_before));
+                slower.push(format!("{} (cost {b:.0} -> {a:.0}{how}{why})", super::report::cut(&short, 80)));
             }
             _ => {}
         }
@@ -222,7 +294,7 @@ pub fn compare(
                 slower.len(),
                 some_of(&slower)
             ),
-            None,
+            line,
         );
         h.suggestion = Some("keep (or recreate) the index these queries used".into());
         hazards.push(h);
@@ -511,10 +583,26 @@ mod tests {
             Err("column \"b\" does not exist".into()),
             Ok((6.0, vec![])),
         ];
-        let (plans, hazards) = compare(&q, before, after);
+        let (plans, hazards) = compare(&q, before, after, &Context::default());
         assert_eq!(plans.len(), 3);
         let kinds: Vec<&str> = hazards.iter().map(|h| h.kind.as_str()).collect();
         assert_eq!(kinds, ["breaks_queries", "plan_regression"]);
         assert!(hazards[1].message.contains("Index Scan on t -> Seq Scan on t"));
+    }
+
+    #[test]
+    fn a_regression_names_the_index_gone_and_the_rows_now_read() {
+        let q = vec!["SELECT * FROM t WHERE a = $1".to_owned()];
+        let before = vec![Ok((8.0, vec!["Index Scan on t using t_a".into()]))];
+        let after = vec![Ok((1800.0, vec!["Seq Scan on t".into()]))];
+        let rows = BTreeMap::from([("public.t".to_owned(), 40_000)]);
+        let context = Context { rows: Some(&rows), dropped_indexes: vec![("public.t_a".into(), 3)] };
+        let (_, hazards) = compare(&q, before, after, &context);
+        let said = &hazards[0].message;
+        assert!(
+            said.contains("it used index t_a, which line 3 drops; now each run reads all 40000 rows of t"),
+            "{said}"
+        );
+        assert_eq!(hazards[0].line, Some(3));
     }
 }

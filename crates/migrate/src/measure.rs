@@ -230,7 +230,11 @@ pub(crate) async fn measure(
     let mut found = verdict.hazards;
     found.extend(code::hazard(candidate, &snapshot.catalog));
     let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
-    let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after);
+    let context = app::Context {
+        rows: Some(&golden_rows),
+        dropped_indexes: app::Context::dropped_by(&applied.statements),
+    };
+    let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after, &context);
     found.extend(plan_hazards);
     found.extend(super::overwrite::hazards(
         &written_columns,

@@ -41,6 +41,10 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
             ("check.sql", "ALTER TABLE orders ADD CONSTRAINT total_nonneg CHECK (total >= 0);"),
             ("fk.sql", "ALTER TABLE orders ADD CONSTRAINT orders_user_again FOREIGN KEY (user_id) REFERENCES users (id);"),
             ("update_all.sql", "BEGIN;\nALTER TABLE users ADD COLUMN gift boolean;\nUPDATE users SET gift = false;\nCOMMIT;"),
+            ("delete_most.sql", "DELETE FROM orders WHERE id <= 60000;"),
+            ("update_most.sql", "UPDATE orders SET note = 'checked' WHERE id <= 70000;"),
+            ("drop_table.sql", "DROP TABLE orders CASCADE;"),
+            ("drop_column.sql", "ALTER TABLE users DROP COLUMN nickname;"),
         ],
     );
     let mut args = path_strs(&paths);
@@ -155,6 +159,41 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
     assert!(said.contains("while its reads and writes wait"), "{said}");
     let said = message(&c["fk.sql"], "constraint_validation");
     assert!(said.contains("while its writes wait") && !said.contains("reads"), "{said}");
+
+    // Every count in every message is one the tables could hold (a
+    // percentage, a line number or a size is never more either).
+    for (name, candidate) in &c {
+        for h in candidate["hazards"].as_array().unwrap().iter().chain(candidate["notes"].as_array().unwrap())
+        {
+            let said = h["message"].as_str().unwrap();
+            assert!(numbers(said).iter().all(|n| *n <= ORDERS), "{name}: {said}");
+        }
+    }
+    // Each count is what the statement did, against what the table held.
+    let said = message(&c["delete_most.sql"], "mass_delete");
+    assert!(
+        said.starts_with(&format!("deletes 60000 of the {ORDERS} rows of public.orders (60%)")),
+        "{said}"
+    );
+    let said = message(&c["delete_most.sql"], "rows_deleted");
+    assert!(numbers(&said).contains(&60_000) && !numbers(&said).contains(&(ORDERS - 60_000)), "{said}");
+    let said = message(&c["update_most.sql"], "mass_update");
+    assert!(
+        said.starts_with(&format!("updates 70000 of the {ORDERS} rows of public.orders (70%)")),
+        "{said}"
+    );
+    assert!(
+        !hazard_kinds(&c["update_most.sql"]).contains(&"values_overwritten"),
+        "NULLs filled in lose nothing"
+    );
+    let said = message(&c["drop_table.sql"], "table_dropped");
+    assert_eq!(said, format!("drops table public.orders holding {ORDERS} rows"));
+    let said = message(&c["drop_column.sql"], "column_dropped");
+    assert!(said.contains(&format!("from a table with {USERS} rows")), "{said}");
+    let said = message(&c["index.sql"], "blocking_index_build");
+    assert!(said.contains(&format!("({ORDERS} rows in the golden)")), "{said}");
+    let said = message(&c["check.sql"], "constraint_validation");
+    assert!(numbers(&said).contains(&ORDERS), "{said}");
 
     // An UPDATE reads and writes each row once: 20,000 rows worked, not 40,000.
     let said = message(&c["update_all.sql"], "long_lock");

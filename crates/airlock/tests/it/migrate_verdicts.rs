@@ -187,8 +187,17 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         .as_str()
         .unwrap()
         .contains("column public.users.nickname is gone"));
+    // Which index the lookup used, where it went, and what it reads now.
     let slower = hazard(&c["drop_index.sql"], "plan_regression");
-    assert!(slower["message"].as_str().unwrap().contains("Seq Scan on orders"), "{slower}");
+    let said = slower["message"].as_str().unwrap();
+    assert!(said.contains("Seq Scan on orders"), "{slower}");
+    assert!(
+        said.contains(
+            "it used index orders_user, which line 1 drops; now each run reads all 100000 rows of orders"
+        ),
+        "{said}"
+    );
+    assert_eq!(slower["line"], 1, "{slower}");
     let plans = c["drop_index.sql"]["queries"].as_array().unwrap();
     assert_eq!(plans.len(), 3);
     // A failed concurrent build leaves its index INVALID.
