@@ -157,6 +157,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     }
     compatibility(e, &mut v);
     super::integrity::integrity_hazards(e, &mut v);
+    super::access::access_hazards(e, &mut v);
     if let Some(sql) = e.sql {
         lock_timeout_note(sql, &blocking_tables, &mut v);
     }

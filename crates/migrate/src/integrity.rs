@@ -267,7 +267,7 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
 }
 
 /// The line of the first statement that names `name`, if one does.
-fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
+pub(crate) fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
     let name = name.to_ascii_lowercase();
     e.statements
         .iter()

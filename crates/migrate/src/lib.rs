@@ -10,6 +10,7 @@
 //! size. `app` plans the application's queries before and after and runs a
 //! workload beside the candidate.
 
+mod access;
 pub mod agent;
 pub mod app;
 pub mod apply;

@@ -210,6 +210,8 @@ pub(crate) async fn measure(
         None => String::new(),
     };
     let values_after = super::overwrite::read(admin.client(), &written_columns, &shape, &now).await?;
+    let keepers = super::overwrite::keepers(&written_columns, &shape, &snapshot.catalog, &now);
+    let values_kept = super::overwrite::read_wanted(admin.client(), &keepers, &now).await?;
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
@@ -236,13 +238,17 @@ pub(crate) async fn measure(
     };
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after, &context);
     found.extend(plan_hazards);
-    found.extend(super::overwrite::hazards(
+    let (overwritten, kept) = super::overwrite::hazards(
         &written_columns,
         &values_before,
         &values_after,
+        &values_kept,
         &golden_rows,
         &shape,
-    ));
+    );
+    found.extend(overwritten);
+    let mut notes = verdict.notes;
+    notes.extend(kept);
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
         let mut h = report::Hazard::new(
             "invalid_index",
@@ -323,7 +329,7 @@ pub(crate) async fn measure(
         kind: if candidate.sql.is_some() { "sql" } else { "exec" }.into(),
         passed: found.is_empty(),
         hazards: found,
-        notes: verdict.notes,
+        notes,
         queries,
         workload,
         statements: applied.statements,

@@ -245,6 +245,17 @@ pub struct Values {
     pub rows: HashMap<String, Vec<Option<String>>>,
 }
 
+/// Columns of one table to read by a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted {
+    /// `schema.name`.
+    pub table: String,
+    /// The key's columns, quoted, as the golden's key names them.
+    pub key: String,
+    /// The columns, unquoted.
+    pub columns: Vec<String>,
+}
+
 /// Reads `targets`' columns that `catalog` (the schema at the time) still
 /// has, keyed by the golden's key (tables without one, or without its
 /// columns now, are left out), from an admin session through the reader.
@@ -254,43 +265,86 @@ pub async fn read(
     shape: &Shape,
     catalog: &Catalog,
 ) -> Result<BTreeMap<String, Values>> {
+    let wanted: Vec<Wanted> = targets
+        .iter()
+        .filter_map(|t| {
+            let key = shape.key(&t.table)?;
+            Some(Wanted { table: t.table.clone(), key: key.to_owned(), columns: t.columns.clone() })
+        })
+        .collect();
+    read_wanted(client, &wanted, catalog).await
+}
+
+/// Where the candidate may have kept the values it overwrote, in `now` (the
+/// schema after it): columns it added to a target's table, and tables it
+/// made that have the target's key columns.
+pub fn keepers(targets: &[Target], shape: &Shape, golden: &Catalog, now: &Catalog) -> Vec<Wanted> {
+    let mut out: Vec<Wanted> = Vec::new();
+    for t in targets {
+        let Some(key) = shape.key(&t.table) else { continue };
+        let keyed = key_columns(key);
+        let (Some(was), Some(is)) = (golden.tables.get(&t.table), now.tables.get(&t.table)) else { continue };
+        let added: Vec<String> = is
+            .columns
+            .iter()
+            .filter(|c| !was.columns.iter().any(|w| w.name == c.name))
+            .map(|c| c.name.clone())
+            .collect();
+        if !added.is_empty() {
+            out.push(Wanted { table: t.table.clone(), key: key.to_owned(), columns: added });
+        }
+        for (table, made) in now.tables.iter().filter(|(name, _)| !golden.tables.contains_key(*name)) {
+            let has_key = keyed.iter().all(|k| made.columns.iter().any(|c| &c.name == k));
+            if has_key && !out.iter().any(|w| &w.table == table) {
+                let columns = made
+                    .columns
+                    .iter()
+                    .filter(|c| !keyed.contains(&c.name))
+                    .map(|c| c.name.clone())
+                    .collect();
+                out.push(Wanted { table: table.clone(), key: key.to_owned(), columns });
+            }
+        }
+    }
+    out
+}
+
+/// Reads each of `wanted` whose key's columns and columns `catalog` has
+/// (those it has not are left out), by the reader's function.
+pub async fn read_wanted(
+    client: &tokio_postgres::Client,
+    wanted: &[Wanted],
+    catalog: &Catalog,
+) -> Result<BTreeMap<String, Values>> {
     let mut out = BTreeMap::new();
-    if targets.is_empty() {
+    if wanted.is_empty() {
         return Ok(out);
     }
     let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
     let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
     let read = async {
-        for t in targets {
-            let (Some(key), Some(now)) = (shape.key(&t.table), catalog.tables.get(&t.table)) else {
-                continue;
-            };
-            if !key_columns(key).iter().all(|k| now.columns.iter().any(|c| &c.name == k)) {
+        for w in wanted {
+            let Some(now) = catalog.tables.get(&w.table) else { continue };
+            let has = |name: &String| now.columns.iter().any(|c| &c.name == name);
+            if !key_columns(&w.key).iter().all(has) {
                 continue;
             }
-            let columns: Vec<String> =
-                t.columns.iter().filter(|c| now.columns.iter().any(|n| &n.name == *c)).cloned().collect();
+            let columns: Vec<String> = w.columns.iter().filter(|c| has(c)).cloned().collect();
             if columns.is_empty() {
                 continue;
             }
             let fields: Vec<String> = columns.iter().map(|c| format!("t.{}", quote_ident(c))).collect();
             let value = format!("ROW({})", fields.join(", "));
             let most = super::verify::ROWS_READ_MOST + 1;
-            let rows = super::verify::read_as_reader(
-                client,
-                grant_each,
-                &t.table,
-                &format!("ROW({key})"),
-                &value,
-                most,
-            )
-            .await?;
-            let mut values = Values { columns: columns.clone(), rows: HashMap::with_capacity(rows.len()) };
+            let key = format!("ROW({})", w.key);
+            let rows =
+                super::verify::read_as_reader(client, grant_each, &w.table, &key, &value, most).await?;
+            let mut values = Values { columns, rows: HashMap::with_capacity(rows.len()) };
             for r in rows {
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
                 values.rows.insert(k, record_fields(&v));
             }
-            out.insert(t.table.clone(), values);
+            out.insert(w.table.clone(), values);
         }
         Ok(out)
     }
@@ -368,28 +422,32 @@ pub struct Lost {
     /// By new value, most rows first: the rows that lost their value to it
     /// and the old values they held (a few, most common first).
     pub into: Vec<(Option<String>, usize, Vec<(Option<String>, usize)>)>,
+    /// The keys of the rows that lost their value.
+    pub keys: Vec<String>,
 }
 
 /// What `column` lost between `before` and `after`.
 pub fn lost(before: &Values, after: &Values, column: &str) -> Option<Lost> {
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
-    let pairs: Vec<(&Option<String>, &Option<String>)> =
-        before.rows.iter().filter_map(|(k, b)| Some((&b[was_at], &after.rows.get(k)?[now_at]))).collect();
+    let pairs: Vec<(&String, &Option<String>, &Option<String>)> =
+        before.rows.iter().filter_map(|(k, b)| Some((k, &b[was_at], &after.rows.get(k)?[now_at]))).collect();
     // Every old value behind each new value.
     let mut sources: HashMap<&Option<String>, BTreeSet<&Option<String>>> = HashMap::new();
-    for (was, now) in &pairs {
+    for (_, was, now) in &pairs {
         sources.entry(now).or_default().insert(was);
     }
     let mut changed = 0;
+    let mut keys = Vec::new();
     let mut into: HashMap<&Option<String>, HashMap<&Option<String>, usize>> = HashMap::new();
-    for (was, now) in &pairs {
+    for (key, was, now) in &pairs {
         if was == now {
             continue;
         }
         changed += 1;
         if was.is_some() && sources[now].len() > 1 {
             *into.entry(now).or_default().entry(was).or_default() += 1;
+            keys.push((*key).clone());
         }
     }
     let lost: usize = into.values().flat_map(|w| w.values()).sum();
@@ -408,7 +466,7 @@ pub fn lost(before: &Values, after: &Values, column: &str) -> Option<Lost> {
     into.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let distinct = (olds.len(), into.len());
     into.truncate(3);
-    Some(Lost { changed, lost, distinct, into })
+    Some(Lost { changed, lost, distinct, into, keys })
 }
 
 /// Whether `lost` rows of a table of `rows` are enough for a hazard.
@@ -416,16 +474,35 @@ pub fn enough(lost: usize, rows: i64) -> bool {
     lost >= ROWS_LOST || (lost >= SHARE_FLOOR && lost as f64 >= SHARE_OF_TABLE * rows as f64)
 }
 
+/// Where `kept` holds, for every key in `keys`, the value `before` had in
+/// `column`: `table.column`.
+fn kept_in(
+    keys: &[String],
+    before: &Values,
+    column: &str,
+    kept: &BTreeMap<String, Values>,
+) -> Option<String> {
+    let at = before.columns.iter().position(|c| c == column)?;
+    kept.iter().find_map(|(table, k)| {
+        let holds =
+            |i: usize| keys.iter().all(|key| Some(&before.rows[key][at]) == k.rows.get(key).map(|r| &r[i]));
+        let i = (0..k.columns.len()).find(|i| holds(*i))?;
+        Some(format!("{}.{}", airlock_postgres::catalog::short_name(table), written(&k.columns[i])))
+    })
+}
+
 /// `values_overwritten` hazards for `targets`, from their values before the
-/// candidate and after it.
+/// candidate and after it; and notes for those whose every old value the
+/// candidate kept (in `kept`: see [`keepers`]).
 pub fn hazards(
     targets: &[Target],
     before: &BTreeMap<String, Values>,
     after: &BTreeMap<String, Values>,
+    kept: &BTreeMap<String, Values>,
     rows_before: &BTreeMap<String, i64>,
     shape: &Shape,
-) -> Vec<Hazard> {
-    let mut out = Vec::new();
+) -> (Vec<Hazard>, Vec<Hazard>) {
+    let (mut out, mut notes) = (Vec::new(), Vec::new());
     for t in targets {
         let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
         let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
@@ -434,6 +511,20 @@ pub fn hazards(
             let groups: Vec<String> =
                 l.into.iter().map(|(now, n, was)| group(column, *n, now, was)).collect();
             let table = airlock_postgres::catalog::short_name(&t.table);
+            if let Some(place) = kept_in(&l.keys, b, column, kept) {
+                notes.push(Hazard::new(
+                    "values_overwritten",
+                    Severity::Low,
+                    format!(
+                        "{} of the {} rows of {table} lost their {column} ({}), and the migration kept every old value in {place}",
+                        count(l.lost),
+                        count(rows as usize),
+                        groups.join("; ")
+                    ),
+                    Some(t.line).filter(|l| *l > 0),
+                ));
+                continue;
+            }
             let mut h = Hazard::new(
                 "values_overwritten",
                 Severity::High,
@@ -457,7 +548,7 @@ pub fn hazards(
             out.push(h);
         }
     }
-    out
+    (out, notes)
 }
 
 fn group(column: &str, n: usize, now: &Option<String>, was: &[(Option<String>, usize)]) -> String {

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Value};
 
+use crate::harness::Daemon;
 use crate::migrate::{by_name, daemon, files, hazard, hazard_kinds, path_strs, test};
 
 /// The golden's rows per table (see `migrate::SEED`).
@@ -302,6 +303,17 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
                 "DO $$ BEGIN UPDATE users SET tenant_id = 3 WHERE tenant_id IN (4, 5); END $$;",
             ),
             ("retype_using.sql", "ALTER TABLE users ALTER COLUMN tenant_id TYPE int USING 1;"),
+            // The old values kept first, as the safer form says: a note, not a hazard.
+            (
+                "kept_first.sql",
+                "CREATE TABLE users_tenant_id_before AS SELECT id, tenant_id FROM users;\n\
+                 UPDATE users SET tenant_id = 1 WHERE tenant_id = 2;",
+            ),
+            (
+                "kept_in_a_column.sql",
+                "ALTER TABLE users ADD COLUMN tenant_was int;\nUPDATE users SET tenant_was = tenant_id WHERE tenant_id = 2;\n\
+                 UPDATE users SET tenant_id = 1 WHERE tenant_id = 2;",
+            ),
             // Changes that can be read backwards, or too few rows.
             ("upper.sql", "UPDATE users SET email = upper(email);"),
             ("bump.sql", "UPDATE orders SET total = total + 1;"),
@@ -336,7 +348,80 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
     let said = message(&c["retype_using.sql"], "values_overwritten");
     assert!(said.starts_with("18,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
 
+    for (name, place) in
+        [("kept_first.sql", "users_tenant_id_before.tenant_id"), ("kept_in_a_column.sql", "users.tenant_was")]
+    {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+        let note = c[name]["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "values_overwritten");
+        let said =
+            note.unwrap_or_else(|| panic!("{name}: no note: {}", c[name]))["message"].as_str().unwrap();
+        assert!(said.starts_with("2,000 of the 20,000 rows of users lost their tenant_id"), "{name}: {said}");
+        assert!(said.ends_with(&format!("kept every old value in {place}")), "{name}: {said}");
+    }
     for name in ["upper.sql", "bump.sql", "backfill.sql", "few.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
+}
+
+#[test]
+fn what_a_migration_opens_up_or_switches_off_is_named() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "guarded",
+        "CREATE TABLE accounts (id int PRIMARY KEY, tenant int NOT NULL, balance int NOT NULL, touched timestamptz);
+         ALTER TABLE accounts ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY tenant_rows ON accounts USING (tenant = 1);
+         CREATE POLICY no_negative ON accounts AS RESTRICTIVE USING (balance >= 0);
+         CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.touched := now(); RETURN NEW; END $$;
+         CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION touch();",
+        "INSERT INTO accounts SELECT g, g % 5, g, NULL FROM generate_series(1, 5000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("rls_off.sql", "ALTER TABLE accounts DISABLE ROW LEVEL SECURITY;"),
+            ("drop_restrictive.sql", "SELECT 1;\nDROP POLICY no_negative ON accounts;"),
+            ("grant_public.sql", "GRANT SELECT, UPDATE ON accounts TO PUBLIC;"),
+            ("drop_trigger.sql", "DROP TRIGGER accounts_touch ON accounts;"),
+            ("disable_trigger.sql", "ALTER TABLE accounts DISABLE TRIGGER accounts_touch;"),
+            // Nothing opened up: a permissive policy dropped narrows what roles
+            // see, a trigger renamed still runs, a column added is just that.
+            ("drop_permissive.sql", "DROP POLICY tenant_rows ON accounts;"),
+            ("rename_trigger.sql", "ALTER TRIGGER accounts_touch ON accounts RENAME TO accounts_touched;"),
+            ("add_column.sql", "ALTER TABLE accounts ADD COLUMN note text;"),
+        ],
+    );
+    let mut args = vec!["migrate", "test", "--golden", "guarded", "--json"];
+    args.extend(path_strs(&paths));
+    let out = d.cli(&args);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let c = by_name(&report);
+
+    let h = hazard(&c["rls_off.sql"], "access_widened");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("turns row-level security off on public.accounts"), "{said}");
+    assert!(said.contains("no_negative, tenant_rows") && said.contains("all its 5000 rows"), "{said}");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
+    let h = hazard(&c["drop_restrictive.sql"], "access_widened");
+    assert!(
+        h["message"].as_str().unwrap().starts_with("drops restrictive policy no_negative on public.accounts"),
+        "{h}"
+    );
+    assert_eq!(h["line"], 2, "{h}");
+    let said = message(&c["grant_public.sql"], "access_widened");
+    assert!(said.starts_with("grants SELECT, UPDATE on table public.accounts to PUBLIC"), "{said}");
+    let said = message(&c["drop_trigger.sql"], "trigger_removed");
+    assert!(
+        said.starts_with("drops trigger accounts_touch on public.accounts") && said.contains("touch()"),
+        "{said}"
+    );
+    let said = message(&c["disable_trigger.sql"], "trigger_removed");
+    assert!(said.contains("accounts_touch") && said.contains("(disabled)"), "{said}");
+    for name in ["drop_permissive.sql", "rename_trigger.sql", "add_column.sql"] {
+        let kinds = hazard_kinds(&c[name]);
+        assert!(
+            !kinds.contains(&"access_widened") && !kinds.contains(&"trigger_removed"),
+            "{name}: {kinds:?}"
+        );
     }
 }

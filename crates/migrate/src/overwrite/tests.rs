@@ -122,8 +122,8 @@ fn the_message_names_the_column_the_rows_and_the_values() {
         BTreeMap::from([(t.table.clone(), values(&after))]),
     );
     let rows = BTreeMap::from([(t.table.clone(), 20_000)]);
-    let h = hazards(&[t], &b, &a, &rows, &Shape::default());
-    assert_eq!(h.len(), 1);
+    let (h, notes) = hazards(&[t], &b, &a, &BTreeMap::new(), &rows, &Shape::default());
+    assert_eq!((h.len(), notes.len()), (1, 0));
     assert_eq!(h[0].kind, "values_overwritten");
     assert_eq!(h[0].line, Some(3));
     assert!(
@@ -136,4 +136,33 @@ fn the_message_names_the_column_the_rows_and_the_values() {
         .as_deref()
         .unwrap()
         .contains("CREATE TABLE customers_tier_before AS SELECT id, tier"));
+}
+
+#[test]
+fn values_kept_elsewhere_by_the_migration_are_a_note() {
+    let before: Vec<(i64, Option<&str>)> =
+        (0..2_000).map(|i| (i, Some(if i < 500 { "enterprise" } else { "standard" }))).collect();
+    let after: Vec<(i64, Option<&str>)> = (0..2_000).map(|i| (i, Some("standard"))).collect();
+    let t = Target { table: "public.customers".into(), columns: vec!["tier".into()], line: 2 };
+    let (b, a) = (
+        BTreeMap::from([(t.table.clone(), values(&before))]),
+        BTreeMap::from([(t.table.clone(), values(&after))]),
+    );
+    let rows = BTreeMap::from([(t.table.clone(), 2_000)]);
+    // A copy of the enterprise rows' keys and tiers, in a column named otherwise.
+    let mut copy = values(&before[..500]);
+    copy.columns = vec!["old_tier".into()];
+    let kept = BTreeMap::from([("public.tiers_before".to_owned(), copy.clone())]);
+    let (h, notes) = hazards(std::slice::from_ref(&t), &b, &a, &kept, &rows, &Shape::default());
+    assert!(h.is_empty(), "{h:?}");
+    assert!(
+        notes[0].message.ends_with("kept every old value in tiers_before.old_tier"),
+        "{}",
+        notes[0].message
+    );
+    // One row missing from the copy: not kept.
+    copy.rows.remove("(7)");
+    let kept = BTreeMap::from([("public.tiers_before".to_owned(), copy)]);
+    let (h, notes) = hazards(&[t], &b, &a, &kept, &rows, &Shape::default());
+    assert_eq!((h.len(), notes.len()), (1, 0));
 }

@@ -1,0 +1,207 @@
+//! What a candidate opens up or switches off on the golden's tables: row
+//! security turned off, a restrictive policy dropped, privileges granted
+//! (`access_widened`), and a trigger dropped or disabled (`trigger_removed`).
+//!
+//! Read from the catalog's entries before and after (`Catalog::objects`:
+//! each table's properties with its grants and row-security switches, each
+//! policy, each trigger's state), so whatever statement did it, in whatever
+//! spelling or function body, the result is what is judged.
+
+use std::collections::BTreeMap;
+
+use super::hazards::{Evidence, Verdict};
+use super::integrity::line_naming;
+use super::report::{Hazard, Severity};
+use airlock_postgres::catalog::objects::Entry;
+use airlock_postgres::catalog::short_name;
+
+/// The hazards of what the candidate opened up or switched off.
+pub(crate) fn access_hazards(e: &Evidence, v: &mut Verdict) {
+    let (Some(before), Some(after)) = (e.before.objects.as_ref(), e.after.objects.as_ref()) else { return };
+    row_security(e, before, after, v);
+    grants(e, before, after, v);
+    triggers(e, before, after, v);
+}
+
+/// The table a `table NAME` object names, as the catalog keys it.
+fn table_of<'a>(e: &'a Evidence, object: &str) -> Option<&'a String> {
+    let name = object.strip_prefix("table ")?;
+    e.before.tables.keys().find(|k| k.as_str() == name || short_name(k) == name)
+}
+
+/// Row security switched off, or no longer forced, on a golden table that is
+/// still there; a restrictive policy dropped from one.
+fn row_security(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    for (key, was) in before {
+        let Some(object) = key.strip_prefix("properties of table ") else { continue };
+        let object = format!("table {object}");
+        let Some(now) = after.get(key) else { continue };
+        let Some(table) = table_of(e, &object) else { continue };
+        let policies: Vec<&str> = before
+            .keys()
+            .filter_map(|k| k.strip_prefix("policy ")?.strip_suffix(&format!(" on {object}")))
+            .collect();
+        let line = line_naming(e, short_name(table));
+        if has(was, "row security on") && !has(now, "row security on") {
+            let mut h = Hazard::new(
+                "access_widened",
+                Severity::High,
+                format!(
+                    "turns row-level security off on {table}: its {} ({}) no longer limit what roles read or write, so every role granted the table sees all its {} rows",
+                    if policies.len() == 1 { "policy" } else { "policies" },
+                    if policies.is_empty() { "none yet".to_owned() } else { policies.join(", ") },
+                    e.golden_rows(table)
+                ),
+                line,
+            );
+            h.suggestion = Some(format!(
+                "keep ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; change a policy instead of switching them all off"
+            ));
+            v.hazards.push(h);
+        } else if has(was, "row security forced") && !has(now, "row security forced") {
+            v.hazards.push(Hazard::new(
+                "access_widened",
+                Severity::Medium,
+                format!("no longer forces row-level security on {table}: its owner now reads and writes every row, whatever its policies say"),
+                line,
+            ));
+        }
+        for policy in &policies {
+            let name = format!("policy {policy} on {object}");
+            let Some(definition) = before.get(&name).map(|p| p.definition.as_str()) else { continue };
+            if definition.starts_with("restrictive") && !after.contains_key(&name) {
+                v.hazards.push(Hazard::new(
+                    "access_widened",
+                    Severity::High,
+                    format!("drops restrictive policy {policy} on {table} ({definition}): the rows it kept from every role are theirs to see again"),
+                    line_naming(e, policy).or(line),
+                ));
+            }
+        }
+    }
+}
+
+fn has(entry: &Entry, part: &str) -> bool {
+    entry.definition.split("; ").any(|p| p == part)
+}
+
+/// The privileges a grant list (`grants alice=r/owner,=a/owner`) gives,
+/// by grantee (`PUBLIC` for the empty one).
+fn granted(entry: &Entry) -> BTreeMap<String, String> {
+    let Some(list) = entry.definition.split("; ").find_map(|p| p.strip_prefix("grants ")) else {
+        return BTreeMap::new();
+    };
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    for item in list.split(',') {
+        let Some((grantee, rest)) = item.split_once('=') else { continue };
+        let privileges = rest.split('/').next().unwrap_or_default().replace('*', "");
+        let grantee =
+            if grantee.is_empty() { "PUBLIC".to_owned() } else { grantee.trim_matches('"').to_owned() };
+        out.entry(grantee).or_default().push_str(&privileges);
+    }
+    out
+}
+
+/// A privilege letter of an ACL item in words.
+fn privilege(letter: char) -> &'static str {
+    match letter {
+        'r' => "SELECT",
+        'a' => "INSERT",
+        'w' => "UPDATE",
+        'd' => "DELETE",
+        'D' => "TRUNCATE",
+        'x' => "REFERENCES",
+        't' => "TRIGGER",
+        'X' => "EXECUTE",
+        'U' => "USAGE",
+        'C' => "CREATE",
+        'c' => "CONNECT",
+        'T' => "TEMPORARY",
+        's' => "SET",
+        'A' => "ALTER SYSTEM",
+        'm' => "MAINTAIN",
+        _ => "a privilege",
+    }
+}
+
+/// Privileges a golden object's grants gained, grantee by grantee.
+fn grants(e: &Evidence, before: &BTreeMap<String, Entry>, after: &BTreeMap<String, Entry>, v: &mut Verdict) {
+    for (key, was) in before {
+        let Some(object) = key.strip_prefix("properties of ") else { continue };
+        let Some(now) = after.get(key) else { continue };
+        let (was, now) = (granted(was), granted(now));
+        for (grantee, privileges) in &now {
+            let had = was.get(grantee).map(String::as_str).unwrap_or_default();
+            let mut gained: Vec<&str> =
+                privileges.chars().filter(|p| !had.contains(*p)).map(privilege).collect();
+            gained.dedup();
+            if gained.is_empty() {
+                continue;
+            }
+            let public = grantee == "PUBLIC";
+            let mut h = Hazard::new(
+                "access_widened",
+                if public { Severity::High } else { Severity::Medium },
+                format!(
+                    "grants {} on {object} to {grantee}{}",
+                    gained.join(", "),
+                    if public { ": every role, those made later included" } else { "" }
+                ),
+                line_naming(e, "grant"),
+            );
+            if public {
+                h.suggestion = Some("grant to the role that needs it, not PUBLIC".into());
+            }
+            v.hazards.push(h);
+        }
+    }
+}
+
+/// Triggers of golden tables still there that were dropped (and not made
+/// again the same under any name) or switched off.
+fn triggers(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    for (table, was) in &e.before.tables {
+        let Some(now) = e.after.tables.get(table) else { continue };
+        for (name, definition) in &was.triggers {
+            // The same trigger made again under another name takes nothing away.
+            let unnamed = definition.replacen(name.as_str(), "", 1);
+            let again = now.triggers.iter().any(|(n, d)| d.replacen(n.as_str(), "", 1) == unnamed);
+            if now.triggers.contains_key(name) || again {
+                continue;
+            }
+            let mut h = Hazard::new(
+                "trigger_removed",
+                Severity::Medium,
+                format!("drops trigger {name} on {table}: what it did no longer happens ({definition})"),
+                line_naming(e, name),
+            );
+            h.suggestion =
+                Some("if its work moves elsewhere, say where in the migration; otherwise keep it".into());
+            v.hazards.push(h);
+        }
+    }
+    for (key, was) in before {
+        let Some(trigger) = key.strip_prefix("state of trigger ") else { continue };
+        let Some(now) = after.get(key) else { continue };
+        let on = |state: &str| matches!(state, "enabled" | "always");
+        if on(&was.definition) && !on(&now.definition) {
+            let name = trigger.split(" on ").next().unwrap_or(trigger);
+            v.hazards.push(Hazard::new(
+                "trigger_removed",
+                Severity::Medium,
+                format!("switches trigger {trigger} off ({}): what it did no longer happens", now.definition),
+                line_naming(e, name),
+            ));
+        }
+    }
+}
