@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use airlock_core::error::Result;
 use airlock_postgres::catalog::{quote_ident, split_qualified, Catalog};
-use airlock_postgres::cell::Cell;
+use airlock_postgres::cell::Cell as _;
 use airlock_postgres::split::Statement;
 
 use super::code::lexer::{tokens, Token};
@@ -235,14 +235,52 @@ fn resolve(name: &[String], catalog: &Catalog) -> Option<String> {
     }
 }
 
-/// One table's targeted columns, by row key: each value as its type's output
-/// function writes it (`None` for NULL).
+/// One value read: a digest of the text its type's output function writes,
+/// which is what values are compared by, and the start of that text, which
+/// is all a message shows (`None` for NULL). A value the candidate wrote
+/// can be as long as it likes; the daemon holds no more of it than this.
+#[derive(Debug, Clone, Eq)]
+pub struct Cell {
+    /// MD5 of the value's text.
+    pub digest: String,
+    /// The first [`SHOWN_MOST`] characters of its text; `None` for NULL.
+    pub shown: Option<String>,
+}
+
+impl PartialEq for Cell {
+    fn eq(&self, other: &Cell) -> bool {
+        self.digest == other.digest
+    }
+}
+
+impl std::hash::Hash for Cell {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.digest.hash(state)
+    }
+}
+
+impl Ord for Cell {
+    fn cmp(&self, other: &Cell) -> std::cmp::Ordering {
+        (&self.shown, &self.digest).cmp(&(&other.shown, &other.digest))
+    }
+}
+
+impl PartialOrd for Cell {
+    fn partial_cmp(&self, other: &Cell) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The most characters of a value's text read for a message.
+pub const SHOWN_MOST: usize = 200;
+
+/// One table's targeted columns, by row key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Values {
     /// The columns read, in order.
     pub columns: Vec<String>,
     /// Each row's values, by its key.
-    pub rows: HashMap<String, Vec<Option<String>>>,
+    pub rows: HashMap<String, Vec<Cell>>,
 }
 
 /// Columns of one table to read by a key.
@@ -333,7 +371,14 @@ pub async fn read_wanted(
             if columns.is_empty() {
                 continue;
             }
-            let fields: Vec<String> = columns.iter().map(|c| format!("t.{}", quote_ident(c))).collect();
+            // Each column as its digest and the start of its text.
+            let fields: Vec<String> = columns
+                .iter()
+                .map(|c| {
+                    let text = format!("ROW(t.{})::text", quote_ident(c));
+                    format!("pg_catalog.md5({text}), pg_catalog.left({text}, {SHOWN_MOST})")
+                })
+                .collect();
             let value = format!("ROW({})", fields.join(", "));
             let most = super::verify::ROWS_READ_MOST + 1;
             let key = format!("ROW({})", w.key);
@@ -342,7 +387,15 @@ pub async fn read_wanted(
             let mut values = Values { columns, rows: HashMap::with_capacity(rows.len()) };
             for r in rows {
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
-                values.rows.insert(k, record_fields(&v));
+                let fields = record_fields(&v);
+                let cells = fields
+                    .chunks(2)
+                    .map(|pair| Cell {
+                        digest: pair[0].clone().unwrap_or_default(),
+                        shown: pair.get(1).cloned().flatten().and_then(|t| record_fields(&t).swap_remove(0)),
+                    })
+                    .collect();
+                values.rows.insert(k, cells);
             }
             out.insert(w.table.clone(), values);
         }
@@ -381,7 +434,9 @@ fn written(name: &str) -> String {
 /// The fields of a record as `record_out` writes it: `(a,"b c",)`, an empty
 /// field being NULL.
 pub fn record_fields(text: &str) -> Vec<Option<String>> {
-    let inner = text.strip_prefix('(').and_then(|t| t.strip_suffix(')')).unwrap_or(text);
+    // (A record cut short has lost its closing parenthesis.)
+    let inner = text.strip_prefix('(').unwrap_or(text);
+    let inner = inner.strip_suffix(')').unwrap_or(inner);
     let mut out = Vec::new();
     let mut field = String::new();
     let mut quoted = false;
@@ -430,37 +485,37 @@ pub struct Lost {
 pub fn lost(before: &Values, after: &Values, column: &str) -> Option<Lost> {
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
-    let pairs: Vec<(&String, &Option<String>, &Option<String>)> =
+    let pairs: Vec<(&String, &Cell, &Cell)> =
         before.rows.iter().filter_map(|(k, b)| Some((k, &b[was_at], &after.rows.get(k)?[now_at]))).collect();
     // Every old value behind each new value.
-    let mut sources: HashMap<&Option<String>, BTreeSet<&Option<String>>> = HashMap::new();
+    let mut sources: HashMap<&Cell, BTreeSet<&Cell>> = HashMap::new();
     for (_, was, now) in &pairs {
         sources.entry(now).or_default().insert(was);
     }
     let mut changed = 0;
     let mut keys = Vec::new();
-    let mut into: HashMap<&Option<String>, HashMap<&Option<String>, usize>> = HashMap::new();
+    let mut into: HashMap<&Cell, HashMap<&Cell, usize>> = HashMap::new();
     for (key, was, now) in &pairs {
         if was == now {
             continue;
         }
         changed += 1;
-        if was.is_some() && sources[now].len() > 1 {
+        if was.shown.is_some() && sources[now].len() > 1 {
             *into.entry(now).or_default().entry(was).or_default() += 1;
             keys.push((*key).clone());
         }
     }
     let lost: usize = into.values().flat_map(|w| w.values()).sum();
-    let olds: BTreeSet<&Option<String>> = into.values().flat_map(|w| w.keys().copied()).collect();
+    let olds: BTreeSet<&Cell> = into.values().flat_map(|w| w.keys().copied()).collect();
     let mut into: Vec<(Option<String>, usize, Vec<(Option<String>, usize)>)> = into
         .into_iter()
         .map(|(now, was)| {
             let n = was.values().sum();
             let mut was: Vec<(Option<String>, usize)> =
-                was.into_iter().map(|(v, n)| (v.clone(), n)).collect();
+                was.into_iter().map(|(v, n)| (v.shown.clone(), n)).collect();
             was.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             was.truncate(3);
-            (now.clone(), n, was)
+            (now.shown.clone(), n, was)
         })
         .collect();
     into.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));

@@ -314,6 +314,8 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
                 "ALTER TABLE users ADD COLUMN tenant_was int;\nUPDATE users SET tenant_was = tenant_id WHERE tenant_id = 2;\n\
                  UPDATE users SET tenant_id = 1 WHERE tenant_id = 2;",
             ),
+            // Values of any length are told by their digest and shown cut short.
+            ("long_values.sql", "UPDATE users SET nickname = repeat('x', 10000) WHERE tenant_id = 2;"),
             // Changes that can be read backwards, or too few rows.
             ("upper.sql", "UPDATE users SET email = upper(email);"),
             ("bump.sql", "UPDATE orders SET total = total + 1;"),
@@ -347,6 +349,9 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
     assert!(said.starts_with("4,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
     let said = message(&c["retype_using.sql"], "values_overwritten");
     assert!(said.starts_with("18,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
+
+    let said = message(&c["long_values.sql"], "values_overwritten");
+    assert!(said.contains(&format!("now '{}...'", "x".repeat(40))) && said.len() < 1_000, "{said}");
 
     for (name, place) in
         [("kept_first.sql", "users_tenant_id_before.tenant_id"), ("kept_in_a_column.sql", "users.tenant_was")]
