@@ -15,6 +15,14 @@ fn message(c: &Value, kind: &str) -> String {
     hazard(c, kind)["message"].as_str().unwrap().to_owned()
 }
 
+/// The report of `migrate test --json` of `paths` on golden `golden`.
+fn test_on(d: &Daemon, golden: &str, paths: &[std::path::PathBuf]) -> Value {
+    let mut args = vec!["migrate", "test", "--golden", golden, "--json"];
+    args.extend(path_strs(paths));
+    let out = d.cli(&args);
+    serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+}
+
 /// Every number in `text`, commas and all.
 fn numbers(text: &str) -> Vec<i64> {
     text.split(|ch: char| !ch.is_ascii_digit() && ch != ',')
@@ -272,11 +280,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
             ("refresh_concurrently.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY region_totals;"),
         ],
     );
-    let mut args = vec!["migrate", "test", "--golden", "views", "--json"];
-    args.extend(path_strs(&paths));
-    let out = d.cli(&args);
-    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-    let c = by_name(&report);
+    let c = by_name(&test_on(&d, "views", &paths));
     let refresh = hazard(&c["refresh.sql"], "table_rewrite");
     let said = refresh["message"].as_str().unwrap();
     assert!(said.contains("public.region_totals") && said.contains("reads and writes wait"), "{said}");
@@ -396,11 +400,7 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
             ("add_column.sql", "ALTER TABLE accounts ADD COLUMN note text;"),
         ],
     );
-    let mut args = vec!["migrate", "test", "--golden", "guarded", "--json"];
-    args.extend(path_strs(&paths));
-    let out = d.cli(&args);
-    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
-    let c = by_name(&report);
+    let c = by_name(&test_on(&d, "guarded", &paths));
 
     let h = hazard(&c["rls_off.sql"], "access_widened");
     let said = h["message"].as_str().unwrap();
