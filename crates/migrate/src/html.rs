@@ -113,6 +113,19 @@ fn candidate(i: usize, c: &CandidateReport) -> Markup {
             h3 { "Hazards" }
             @if c.hazards.is_empty() && c.notes.is_empty() { p { "None." } }
             ul.hazards { @for h in c.hazards.iter().chain(&c.notes) { (hazard(h)) } }
+            @if let Some(x) = &c.exec {
+                h3 { "Command" }
+                p {
+                    @match x.exit_code { Some(code) => { "exited with " (code) }, None => { "killed" } }
+                    @if x.timed_out { " (timed out)" }
+                }
+                @if !x.stdout.is_empty() { h4 { "standard output (its end)" } pre { (x.stdout) } }
+                @if !x.stderr.is_empty() { h4 { "standard error (its end)" } pre { (x.stderr) } }
+            }
+            @if !c.assertions.is_empty() {
+                h3 { "Assertions" }
+                ul { @for a in &c.assertions { li { @if a.passed { "holds: " } @else { strong { "fails: " } } code { (a.sql) } @if let Some(d) = &a.detail { " (" (d) ")" } } } }
+            }
             h3 { "Lock timeline" }
             (timeline(&c.statements))
             h3 { "Statements" }

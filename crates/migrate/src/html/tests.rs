@@ -17,6 +17,17 @@ fn nothing_a_candidate_wrote_becomes_markup() {
     if let Some(lock) = c.statements.iter_mut().flat_map(|s| &mut s.locks).next() {
         lock.relation = format!("public.\"{HOSTILE}\"");
     }
+    c.exec = Some(super::super::report::ExecOutcome {
+        exit_code: Some(1),
+        timed_out: false,
+        stdout: HOSTILE.into(),
+        stderr: HOSTILE.into(),
+    });
+    c.assertions.push(super::super::report::Assertion {
+        sql: HOSTILE.into(),
+        passed: false,
+        detail: Some(HOSTILE.into()),
+    });
     let page = report.html();
     for tag in ["<script", "<img", "onerror=\""] {
         assert!(!page.contains(tag), "{tag} made it through: {page}");
