@@ -71,17 +71,71 @@ fn row_security(
                 line,
             ));
         }
-        for policy in &policies {
-            let name = format!("policy {policy} on {object}");
-            let Some(definition) = before.get(&name).map(|p| p.definition.as_str()) else { continue };
-            if definition.starts_with("restrictive") && !after.contains_key(&name) {
+        policies_changed(e, (before, after), (&object, table), &policies, has(now, "row security on"), v);
+    }
+}
+
+/// A golden table's policies changed: a restrictive one dropped or made
+/// permissive (access widened), a permissive one added (widened), any one's
+/// condition or roles changed (`policy_changed`: it may widen or narrow). A
+/// policy renamed, or dropped and made again the same, is none of these.
+fn policies_changed(
+    e: &Evidence,
+    (before, after): (&BTreeMap<String, Entry>, &BTreeMap<String, Entry>),
+    (object, table): (&str, &String),
+    policies: &[&str],
+    row_security: bool,
+    v: &mut Verdict,
+) {
+    let suffix = format!(" on {object}");
+    let of = |entries: &BTreeMap<String, Entry>| -> BTreeMap<String, String> {
+        entries
+            .iter()
+            .filter_map(|(k, p)| {
+                Some((k.strip_prefix("policy ")?.strip_suffix(&suffix)?.to_owned(), p.definition.clone()))
+            })
+            .collect()
+    };
+    let (was, now) = (of(before), of(after));
+    let line = |policy: &str| line_naming(e, policy).or_else(|| line_naming(e, "policy"));
+    for policy in policies {
+        let definition = &was[*policy];
+        match now.get(*policy) {
+            Some(d) if d == definition => {}
+            Some(d) if definition.starts_with("restrictive") && d.starts_with("permissive") => {
                 v.hazards.push(Hazard::new(
                     "access_widened",
                     Severity::High,
-                    format!("drops restrictive policy {policy} on {table} ({definition}): the rows it kept from every role are theirs to see again"),
-                    line_naming(e, policy).or(line),
-                ));
+                    format!("makes restrictive policy {policy} on {table} permissive ({d}): the rows it kept from every role are theirs to see again"),
+                    line(policy),
+                ))
             }
+            Some(d) => v.hazards.push(Hazard::new(
+                "policy_changed",
+                Severity::Medium,
+                format!("changes policy {policy} on {table}: was {definition}, now {d}: check it lets no role read or write more than it should"),
+                line(policy),
+            )),
+            // Renamed, or made again the same under another name.
+            None if now.iter().any(|(n, d)| d == definition && !was.contains_key(n)) => {}
+            None if definition.starts_with("restrictive") => v.hazards.push(Hazard::new(
+                "access_widened",
+                Severity::High,
+                format!("drops restrictive policy {policy} on {table} ({definition}): the rows it kept from every role are theirs to see again"),
+                line(policy),
+            )),
+            None => {}
+        }
+    }
+    for (policy, definition) in now.iter().filter(|(n, _)| !was.contains_key(*n)) {
+        let renamed = was.iter().any(|(n, d)| d == definition && !now.contains_key(n));
+        if definition.starts_with("permissive") && !renamed && row_security {
+            v.hazards.push(Hazard::new(
+                "access_widened",
+                Severity::Medium,
+                format!("adds permissive policy {policy} on {table} ({definition}): the roles it names may now read or write rows no other policy let them"),
+                line(policy),
+            ));
         }
     }
 }
@@ -132,7 +186,8 @@ fn privilege(letter: char) -> &'static str {
 /// Privileges a golden object's grants gained, grantee by grantee.
 fn grants(e: &Evidence, before: &BTreeMap<String, Entry>, after: &BTreeMap<String, Entry>, v: &mut Verdict) {
     for (key, was) in before {
-        let Some(object) = key.strip_prefix("properties of ") else { continue };
+        // A relation's, column's, function's or type's properties, or a schema.
+        let object = key.strip_prefix("properties of ").unwrap_or(key);
         let Some(now) = after.get(key) else { continue };
         let (was, now) = (granted(was), granted(now));
         for (grantee, privileges) in &now {
@@ -173,10 +228,34 @@ fn triggers(
     for (table, was) in &e.before.tables {
         let Some(now) = e.after.tables.get(table) else { continue };
         for (name, definition) in &was.triggers {
-            // The same trigger made again under another name takes nothing away.
+            // Switched on: a trigger's state is its own entry.
+            let enabled = |n: &str| {
+                let key = format!("state of trigger {n} on ");
+                after
+                    .iter()
+                    .find(|(k, _)| k.starts_with(&key))
+                    .is_none_or(|(_, state)| matches!(state.definition.as_str(), "enabled" | "always"))
+            };
+            match now.triggers.get(name) {
+                Some(d) if d == definition => {}
+                Some(d) => v.hazards.push(Hazard::new(
+                    "trigger_changed",
+                    Severity::Medium,
+                    format!("changes trigger {name} on {table}: was {definition}, now {d}: check it still does its work when it should"),
+                    line_naming(e, name),
+                )),
+                None => {}
+            }
+            if now.triggers.contains_key(name) {
+                function_replaced(e, table, name, definition, v);
+                continue;
+            }
+            // The same trigger made again under another name, and on, takes nothing away.
             let unnamed = definition.replacen(name.as_str(), "", 1);
-            let again = now.triggers.iter().any(|(n, d)| d.replacen(n.as_str(), "", 1) == unnamed);
-            if now.triggers.contains_key(name) || again {
+            let again =
+                now.triggers.iter().any(|(n, d)| d.replacen(n.as_str(), "", 1) == unnamed && enabled(n));
+            if again {
+                function_replaced(e, table, name, definition, v);
                 continue;
             }
             let mut h = Hazard::new(
@@ -201,6 +280,34 @@ fn triggers(
                 Severity::Medium,
                 format!("switches trigger {trigger} off ({}): what it did no longer happens", now.definition),
                 line_naming(e, name),
+            ));
+        }
+    }
+}
+
+/// The function a golden trigger runs, replaced by the candidate: what the
+/// trigger does changed, though the trigger did not.
+fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str, v: &mut Verdict) {
+    let Some(call) = definition
+        .split("EXECUTE FUNCTION ")
+        .nth(1)
+        .or_else(|| definition.split("EXECUTE PROCEDURE ").nth(1))
+    else {
+        return;
+    };
+    let function = call.split('(').next().unwrap_or_default().trim();
+    let name = |key: &str| key.split('(').next().unwrap_or_default().to_owned();
+    let matches = |key: &String| {
+        let k = name(key);
+        k == function || short_name(&k) == function || k.rsplit('.').next() == Some(function)
+    };
+    for (key, was) in e.before.functions.iter().filter(|(k, _)| matches(k)) {
+        if e.after.functions.get(key).is_some_and(|now| now != was) {
+            v.hazards.push(Hazard::new(
+                "trigger_changed",
+                Severity::Medium,
+                format!("replaces function {key}, which trigger {trigger} on {table} runs: what the trigger does on each write changed"),
+                line_naming(e, function.rsplit('.').next().unwrap_or(function)),
             ));
         }
     }

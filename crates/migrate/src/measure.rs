@@ -210,8 +210,11 @@ pub(crate) async fn measure(
         None => String::new(),
     };
     let values_after = super::overwrite::read(admin.client(), &written_columns, &shape, &now).await?;
-    let keepers = super::overwrite::keepers(&written_columns, &shape, &snapshot.catalog, &now);
-    let values_kept = super::overwrite::read_wanted(admin.client(), &keepers, &now).await?;
+    let losses = super::overwrite::losses(&written_columns, &values_before, &values_after, &golden_rows);
+    // Where it may have kept what it overwrote: read only for a loss, and
+    // only as far as a loss needs.
+    let keepers = super::overwrite::keepers(&losses, &shape, &snapshot.catalog, &now);
+    let values_kept = super::overwrite::read_wanted(admin.client(), &keepers, &now, true).await?;
     let changes = catalog::diff::diff(&snapshot.catalog, &now);
     let drift = expected.as_ref().map(|e| catalog::diff::diff(e, &now)).unwrap_or_default();
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
@@ -238,14 +241,7 @@ pub(crate) async fn measure(
     };
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after, &context);
     found.extend(plan_hazards);
-    let (overwritten, kept) = super::overwrite::hazards(
-        &written_columns,
-        &values_before,
-        &values_after,
-        &values_kept,
-        &golden_rows,
-        &shape,
-    );
+    let (overwritten, kept) = super::overwrite::report(&losses, &values_before, &values_kept, &shape);
     found.extend(overwritten);
     let mut notes = verdict.notes;
     notes.extend(kept);

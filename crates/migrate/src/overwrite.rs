@@ -20,9 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use airlock_core::error::Result;
 use airlock_postgres::catalog::{quote_ident, split_qualified, Catalog};
 use airlock_postgres::cell::Cell as _;
-use airlock_postgres::split::Statement;
 
-use super::code::lexer::{tokens, Token};
 use super::report::{Hazard, Severity};
 use super::verify::Shape;
 
@@ -36,204 +34,8 @@ pub const SHARE_FLOOR: usize = 50;
 /// The longest value a message quotes.
 const QUOTED_MOST: usize = 40;
 
-/// A golden table's columns a candidate may overwrite.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// `schema.name`, as the catalog names it.
-    pub table: String,
-    /// Its columns, unquoted, in the golden's order.
-    pub columns: Vec<String>,
-    /// The line of the first statement that names them.
-    pub line: usize,
-}
-
-/// The columns `statements` set by `UPDATE` or convert by `ALTER COLUMN ...
-/// TYPE`, of tables in `tables` (the golden's, keyed and small enough to
-/// read).
-pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<String>) -> Vec<Target> {
-    let mut found: BTreeMap<String, Target> = BTreeMap::new();
-    for st in statements {
-        for (name, columns) in named(&tokens(&st.sql)) {
-            let Some(table) = resolve(&name, catalog).filter(|t| tables.contains(t)) else { continue };
-            let golden = &catalog.tables[&table];
-            let t = found.entry(table.clone()).or_insert(Target { table, columns: vec![], line: st.line });
-            for c in golden.columns.iter().filter(|c| columns.contains(&c.name)) {
-                if !t.columns.contains(&c.name) {
-                    t.columns.push(c.name.clone());
-                }
-            }
-        }
-    }
-    found.into_values().filter(|t| !t.columns.is_empty()).collect()
-}
-
-/// A name as written (`[schema, name]` or `[name]`) and the columns set.
-type Named = (Vec<String>, BTreeSet<String>);
-
-/// The tables and columns one statement's tokens update or retype, and those
-/// of every constant in it (a function's or a `DO` block's body).
-fn named(said: &[Token]) -> Vec<Named> {
-    let mut out = Vec::new();
-    for (i, t) in said.iter().enumerate() {
-        match t {
-            Token::Word(w) if w == "update" => out.extend(update(&said[i + 1..])),
-            Token::Word(w) if w == "alter" && word(said.get(i + 1), "table") => {
-                out.extend(alter_types(&said[i + 2..]))
-            }
-            Token::Constant(body) => {
-                let lower = body.to_ascii_lowercase();
-                if lower.contains("update") || lower.contains("type") {
-                    out.extend(named(&tokens(body)));
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
-
-fn word(t: Option<&Token>, w: &str) -> bool {
-    matches!(t, Some(Token::Word(x)) if x == w)
-}
-
-fn ident(t: Option<&Token>) -> Option<String> {
-    match t {
-        Some(Token::Word(w)) | Some(Token::Quoted(w)) => Some(w.clone()),
-        _ => None,
-    }
-}
-
-/// A possibly qualified name at the start of `tokens`, and how many tokens it took.
-fn name(tokens: &[Token]) -> Option<(Vec<String>, usize)> {
-    let first = ident(tokens.first())?;
-    if tokens.get(1) == Some(&Token::Other('.')) {
-        let second = ident(tokens.get(2))?;
-        return Some((vec![first, second], 3));
-    }
-    Some((vec![first], 1))
-}
-
-/// `[ONLY] name [*] [[AS] alias] SET column = ..., (a, b) = ...`.
-fn update(rest: &[Token]) -> Option<Named> {
-    let mut i = usize::from(word(rest.first(), "only"));
-    let (table, took) = name(&rest[i..])?;
-    i += took;
-    if rest.get(i) == Some(&Token::Other('*')) {
-        i += 1;
-    }
-    if word(rest.get(i), "as") {
-        i += 1;
-    }
-    if !word(rest.get(i), "set") {
-        i += 1;
-    }
-    if !word(rest.get(i), "set") {
-        return None;
-    }
-    i += 1;
-    let mut columns = BTreeSet::new();
-    let mut depth = 0usize;
-    let mut item_start = true;
-    while let Some(t) = rest.get(i) {
-        match t {
-            Token::Other('(') if item_start && depth == 0 => {
-                // `(a, b) = ...`: every name up to the closing parenthesis.
-                i += 1;
-                while let Some(t) = rest.get(i) {
-                    match t {
-                        Token::Other(')') => break,
-                        t => columns.extend(ident(Some(t))),
-                    }
-                    i += 1;
-                }
-                item_start = false;
-            }
-            Token::Other('(') | Token::Other('[') => depth += 1,
-            Token::Other(')') | Token::Other(']') => {
-                if depth == 0 {
-                    break;
-                }
-                depth -= 1;
-            }
-            Token::Other(',') if depth == 0 => {
-                item_start = true;
-                i += 1;
-                continue;
-            }
-            Token::Word(w) if depth == 0 && ["from", "where", "returning"].contains(&w.as_str()) => break,
-            Token::Other(';') => break,
-            t if item_start => {
-                columns.extend(ident(Some(t)));
-                item_start = false;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    Some((table, columns))
-}
-
-/// `[IF EXISTS] [ONLY] name ... ALTER [COLUMN] c [SET DATA] TYPE ...`.
-fn alter_types(rest: &[Token]) -> Option<Named> {
-    let mut i = 0;
-    if word(rest.first(), "if") && word(rest.get(1), "exists") {
-        i = 2;
-    }
-    if word(rest.get(i), "only") {
-        i += 1;
-    }
-    let (table, took) = name(&rest[i..])?;
-    i += took;
-    let mut columns = BTreeSet::new();
-    while i < rest.len() {
-        if word(rest.get(i), "alter") {
-            let mut j = i + 1;
-            if word(rest.get(j), "column") {
-                j += 1;
-            }
-            if let Some(column) = ident(rest.get(j)) {
-                let at = j + 1;
-                let retyped = word(rest.get(at), "type")
-                    || (word(rest.get(at), "set")
-                        && word(rest.get(at + 1), "data")
-                        && word(rest.get(at + 2), "type"));
-                if retyped {
-                    columns.insert(column);
-                }
-            }
-        }
-        i += 1;
-    }
-    Some((table, columns))
-}
-
-/// The golden table a name written in the candidate means: a qualified
-/// name's own, an unqualified one's in `public` first, else the only table
-/// of that name.
-fn resolve(name: &[String], catalog: &Catalog) -> Option<String> {
-    let unquoted: Vec<(String, String)> = catalog.tables.keys().map(|k| split_qualified(k)).collect();
-    let keys: Vec<&String> = catalog.tables.keys().collect();
-    let matching = |schema: Option<&str>, table: &str| -> Vec<usize> {
-        unquoted
-            .iter()
-            .enumerate()
-            .filter(|(_, (s, t))| t == table && schema.is_none_or(|want| s == want))
-            .map(|(i, _)| i)
-            .collect()
-    };
-    let found = match name {
-        [schema, table] => matching(Some(schema), table),
-        [table] => match matching(Some("public"), table).as_slice() {
-            [one] => vec![*one],
-            _ => matching(None, table),
-        },
-        _ => vec![],
-    };
-    match found.as_slice() {
-        [one] => Some(keys[*one].clone()),
-        _ => None,
-    }
-}
+mod targets;
+pub use targets::{targets, Target};
 
 /// One value read: a digest of the text its type's output function writes,
 /// which is what values are compared by, and the start of that text, which
@@ -292,7 +94,16 @@ pub struct Wanted {
     pub key: String,
     /// The columns, unquoted.
     pub columns: Vec<String>,
+    /// Read no more rows than this; a table that holds more is left out.
+    pub most: i64,
+    /// Whether only each value's digest is wanted (to compare, not to show).
+    pub digests_only: bool,
 }
+
+/// How long one read may take. A candidate can make values that are cheap
+/// to write and dear to read (a default of a long string, stored once);
+/// past this the read fails rather than hold the test up.
+pub const READ_TIMEOUT_MS: u64 = 60_000;
 
 /// Reads `targets`' columns that `catalog` (the schema at the time) still
 /// has, keyed by the golden's key (tables without one, or without its
@@ -307,40 +118,54 @@ pub async fn read(
         .iter()
         .filter_map(|t| {
             let key = shape.key(&t.table)?;
-            Some(Wanted { table: t.table.clone(), key: key.to_owned(), columns: t.columns.clone() })
+            Some(Wanted {
+                table: t.table.clone(),
+                key: key.to_owned(),
+                columns: t.columns.clone(),
+                most: super::verify::ROWS_READ_MOST,
+                digests_only: false,
+            })
         })
         .collect();
-    read_wanted(client, &wanted, catalog).await
+    read_wanted(client, &wanted, catalog, false).await
 }
 
-/// Where the candidate may have kept the values it overwrote, in `now` (the
-/// schema after it): columns it added to a target's table, and tables it
-/// made that have the target's key columns.
-pub fn keepers(targets: &[Target], shape: &Shape, golden: &Catalog, now: &Catalog) -> Vec<Wanted> {
+/// Where the candidate may have kept the values `losses` lost, in `now`
+/// (the schema after it): columns it added to the loss's table, and tables
+/// it made that have the table's key columns; of each, only columns of the
+/// lost column's type or name, and no more rows than the table held.
+pub fn keepers(losses: &[Loss], shape: &Shape, golden: &Catalog, now: &Catalog) -> Vec<Wanted> {
     let mut out: Vec<Wanted> = Vec::new();
-    for t in targets {
-        let Some(key) = shape.key(&t.table) else { continue };
+    for loss in losses {
+        let Some(key) = shape.key(&loss.table) else { continue };
         let keyed = key_columns(key);
-        let (Some(was), Some(is)) = (golden.tables.get(&t.table), now.tables.get(&t.table)) else { continue };
-        let added: Vec<String> = is
-            .columns
-            .iter()
-            .filter(|c| !was.columns.iter().any(|w| w.name == c.name))
-            .map(|c| c.name.clone())
-            .collect();
-        if !added.is_empty() {
-            out.push(Wanted { table: t.table.clone(), key: key.to_owned(), columns: added });
-        }
+        let (Some(was), Some(is)) = (golden.tables.get(&loss.table), now.tables.get(&loss.table)) else {
+            continue;
+        };
+        let Some(lost) = was.columns.iter().find(|c| c.name == loss.column) else { continue };
+        let alike =
+            |c: &&airlock_postgres::catalog::Column| c.type_name == lost.type_name || c.name == lost.name;
+        let mut places: Vec<(&String, Vec<String>)> = Vec::new();
+        let added = is.columns.iter().filter(|c| !was.columns.iter().any(|w| w.name == c.name)).filter(alike);
+        places.push((&loss.table, added.map(|c| c.name.clone()).collect()));
         for (table, made) in now.tables.iter().filter(|(name, _)| !golden.tables.contains_key(*name)) {
-            let has_key = keyed.iter().all(|k| made.columns.iter().any(|c| &c.name == k));
-            if has_key && !out.iter().any(|w| &w.table == table) {
-                let columns = made
+            if keyed.iter().all(|k| made.columns.iter().any(|c| &c.name == k)) {
+                let columns = made.columns.iter().filter(|c| !keyed.contains(&c.name)).filter(alike);
+                places.push((table, columns.map(|c| c.name.clone()).collect()));
+            }
+        }
+        for (table, columns) in places.into_iter().filter(|(_, c)| !c.is_empty()) {
+            match out.iter_mut().find(|w| &w.table == table) {
+                Some(w) => w
                     .columns
-                    .iter()
-                    .filter(|c| !keyed.contains(&c.name))
-                    .map(|c| c.name.clone())
-                    .collect();
-                out.push(Wanted { table: table.clone(), key: key.to_owned(), columns });
+                    .extend(columns.into_iter().filter(|c| !w.columns.contains(c)).collect::<Vec<_>>()),
+                None => out.push(Wanted {
+                    table: table.clone(),
+                    key: key.to_owned(),
+                    columns,
+                    most: loss.rows.max(0) + 1,
+                    digests_only: true,
+                }),
             }
         }
     }
@@ -348,11 +173,14 @@ pub fn keepers(targets: &[Target], shape: &Shape, golden: &Catalog, now: &Catalo
 }
 
 /// Reads each of `wanted` whose key's columns and columns `catalog` has
-/// (those it has not are left out), by the reader's function.
+/// (those it has not are left out), by the reader's function. With
+/// `best_effort`, a table whose read fails, or that holds more rows than it
+/// is wanted for, is left out; otherwise a failure is the whole read's.
 pub async fn read_wanted(
     client: &tokio_postgres::Client,
     wanted: &[Wanted],
     catalog: &Catalog,
+    best_effort: bool,
 ) -> Result<BTreeMap<String, Values>> {
     let mut out = BTreeMap::new();
     if wanted.is_empty() {
@@ -376,14 +204,34 @@ pub async fn read_wanted(
                 .iter()
                 .map(|c| {
                     let text = format!("ROW(t.{})::text", quote_ident(c));
-                    format!("pg_catalog.md5({text}), pg_catalog.left({text}, {SHOWN_MOST})")
+                    match w.digests_only {
+                        true => format!("pg_catalog.md5({text}), NULL"),
+                        false => format!("pg_catalog.md5({text}), pg_catalog.left({text}, {SHOWN_MOST})"),
+                    }
                 })
                 .collect();
             let value = format!("ROW({})", fields.join(", "));
-            let most = super::verify::ROWS_READ_MOST + 1;
             let key = format!("ROW({})", w.key);
-            let rows =
-                super::verify::read_as_reader(client, grant_each, &w.table, &key, &value, most).await?;
+            let timeout = Some(READ_TIMEOUT_MS);
+            let rows = match super::verify::read_as_reader(
+                client,
+                grant_each,
+                &w.table,
+                &key,
+                &value,
+                w.most + 1,
+                timeout,
+            )
+            .await
+            {
+                Ok(rows) if best_effort && rows.len() as i64 > w.most => continue,
+                Ok(rows) => rows,
+                Err(_) if best_effort => {
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let mut values = Values { columns, rows: HashMap::with_capacity(rows.len()) };
             for r in rows {
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
@@ -481,15 +329,23 @@ pub struct Lost {
     pub keys: Vec<String>,
 }
 
-/// What `column` lost between `before` and `after`.
-pub fn lost(before: &Values, after: &Values, column: &str) -> Option<Lost> {
+/// What `column` lost between `before` and `after`. A column whose new
+/// values are computed from its old ones (`from_itself`) and are not all
+/// one value loses only where two old values of changed rows became one:
+/// `qty + 1` on half the rows meets the other half's values, but can be
+/// undone.
+pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) -> Option<Lost> {
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
     let pairs: Vec<(&String, &Cell, &Cell)> =
         before.rows.iter().filter_map(|(k, b)| Some((k, &b[was_at], &after.rows.get(k)?[now_at]))).collect();
-    // Every old value behind each new value.
+    let new_values: BTreeSet<&Cell> =
+        pairs.iter().filter(|(_, was, now)| was != now).map(|(_, _, now)| *now).collect();
+    let among_changed = from_itself && new_values.len() > 1;
+    // Every old value behind each new value (of changed rows only, when the
+    // change can be undone from the values themselves).
     let mut sources: HashMap<&Cell, BTreeSet<&Cell>> = HashMap::new();
-    for (_, was, now) in &pairs {
+    for (_, was, now) in pairs.iter().filter(|(_, was, now)| !among_changed || was != now) {
         sources.entry(now).or_default().insert(was);
     }
     let mut changed = 0;
@@ -529,6 +385,44 @@ pub fn enough(lost: usize, rows: i64) -> bool {
     lost >= ROWS_LOST || (lost >= SHARE_FLOOR && lost as f64 >= SHARE_OF_TABLE * rows as f64)
 }
 
+/// A column that lost enough values for a hazard.
+#[derive(Debug, Clone)]
+pub struct Loss {
+    /// Its table, `schema.name`.
+    pub table: String,
+    /// The column.
+    pub column: String,
+    /// The line of the first statement that names it.
+    pub line: usize,
+    /// The rows its table held.
+    pub rows: i64,
+    /// What it lost.
+    pub lost: Lost,
+}
+
+/// The columns of `targets` that lost enough of their values, from their
+/// values before the candidate and after it.
+pub fn losses(
+    targets: &[Target],
+    before: &BTreeMap<String, Values>,
+    after: &BTreeMap<String, Values>,
+    rows_before: &BTreeMap<String, i64>,
+) -> Vec<Loss> {
+    let mut out = Vec::new();
+    for t in targets {
+        let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
+        let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
+        for column in &t.columns {
+            let from_itself = t.from_itself.contains(column);
+            let Some(lost) = lost(b, a, column, from_itself).filter(|l| enough(l.lost, rows)) else {
+                continue;
+            };
+            out.push(Loss { table: t.table.clone(), column: column.clone(), line: t.line, rows, lost });
+        }
+    }
+    out
+}
+
 /// Where `kept` holds, for every key in `keys`, the value `before` had in
 /// `column`: `table.column`.
 fn kept_in(
@@ -546,62 +440,55 @@ fn kept_in(
     })
 }
 
-/// `values_overwritten` hazards for `targets`, from their values before the
-/// candidate and after it; and notes for those whose every old value the
-/// candidate kept (in `kept`: see [`keepers`]).
-pub fn hazards(
-    targets: &[Target],
+/// `values_overwritten` hazards for `losses`, and notes for those whose
+/// every old value the candidate kept (in `kept`: see [`keepers`]).
+pub fn report(
+    losses: &[Loss],
     before: &BTreeMap<String, Values>,
-    after: &BTreeMap<String, Values>,
     kept: &BTreeMap<String, Values>,
-    rows_before: &BTreeMap<String, i64>,
     shape: &Shape,
 ) -> (Vec<Hazard>, Vec<Hazard>) {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
-    for t in targets {
-        let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
-        let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
-        for column in &t.columns {
-            let Some(l) = lost(b, a, column).filter(|l| enough(l.lost, rows)) else { continue };
-            let groups: Vec<String> =
-                l.into.iter().map(|(now, n, was)| group(column, *n, now, was)).collect();
-            let table = airlock_postgres::catalog::short_name(&t.table);
-            if let Some(place) = kept_in(&l.keys, b, column, kept) {
-                notes.push(Hazard::new(
-                    "values_overwritten",
-                    Severity::Low,
-                    format!(
-                        "{} of the {} rows of {table} lost their {column} ({}), and the migration kept every old value in {place}",
-                        count(l.lost),
-                        count(rows as usize),
-                        groups.join("; ")
-                    ),
-                    Some(t.line).filter(|l| *l > 0),
-                ));
-                continue;
-            }
-            let mut h = Hazard::new(
+    for loss in losses {
+        let (l, column, rows) = (&loss.lost, &loss.column, loss.rows);
+        let groups: Vec<String> = l.into.iter().map(|(now, n, was)| group(column, *n, now, was)).collect();
+        let table = airlock_postgres::catalog::short_name(&loss.table);
+        let line = Some(loss.line).filter(|l| *l > 0);
+        if let Some(place) = before.get(&loss.table).and_then(|b| kept_in(&l.keys, b, column, kept)) {
+            notes.push(Hazard::new(
                 "values_overwritten",
-                Severity::High,
+                Severity::Low,
                 format!(
-                    "{} of the {} rows of {table} lost their {column}: {}{}; {} distinct values became {}, and what they were is not kept anywhere",
+                    "{} of the {} rows of {table} lost their {column} ({}), and the migration kept every old value in {place}",
                     count(l.lost),
                     count(rows as usize),
-                    groups.join("; "),
-                    if l.into.len() < l.distinct.1 { "; ..." } else { "" },
-                    count(l.distinct.0),
-                    count(l.distinct.1),
+                    groups.join("; ")
                 ),
-                Some(t.line).filter(|l| *l > 0),
-            );
-            let key = shape.key(&t.table).unwrap_or("id");
-            h.suggestion = Some(format!(
-                "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {key}, {} FROM {table}), or write the new values to a new column; batching does not bring them back",
-                written(&format!("{}_{column}_before", split_qualified(&t.table).1)),
-                written(column),
+                line,
             ));
-            out.push(h);
+            continue;
         }
+        let mut h = Hazard::new(
+            "values_overwritten",
+            Severity::High,
+            format!(
+                "{} of the {} rows of {table} lost their {column}: {}{}; {} distinct values became {}, and what they were is not kept anywhere",
+                count(l.lost),
+                count(rows as usize),
+                groups.join("; "),
+                if l.into.len() < l.distinct.1 { "; ..." } else { "" },
+                count(l.distinct.0),
+                count(l.distinct.1),
+            ),
+            line,
+        );
+        let key = shape.key(&loss.table).unwrap_or("id");
+        h.suggestion = Some(format!(
+            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {key}, {} FROM {table}), or write the new values to a new column; batching does not bring them back",
+            written(&format!("{}_{column}_before", split_qualified(&loss.table).1)),
+            written(column),
+        ));
+        out.push(h);
     }
     (out, notes)
 }

@@ -296,9 +296,16 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
 #[test]
 fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
     let d = daemon();
+    // An UPDATE inside thousands of nested dollar quotes: read eight deep, no further.
+    let mut deep = "update users set tenant_id = 1".to_owned();
+    for i in 0..5_000 {
+        deep = format!("$d{i}${deep}$d{i}$");
+    }
+    let deep = format!("SELECT length({deep});");
     let paths = files(
         &d,
         &[
+            ("deep.sql", &deep),
             // users' tenant_id is 1 + id % 10: 2,000 users each.
             ("retenant.sql", "SELECT 1;\nUPDATE users SET tenant_id = 1 WHERE tenant_id = 2;"),
             ("forget_nicknames.sql", "UPDATE users u SET nickname = NULL;"),
@@ -318,6 +325,21 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
                 "ALTER TABLE users ADD COLUMN tenant_was int;\nUPDATE users SET tenant_was = tenant_id WHERE tenant_id = 2;\n\
                  UPDATE users SET tenant_id = 1 WHERE tenant_id = 2;",
             ),
+            // The UPDATE SET of a MERGE or an upsert, and an UPDATE through a view.
+            (
+                "merge.sql",
+                "MERGE INTO users u USING (SELECT id FROM users WHERE tenant_id = 2) s ON s.id = u.id\n\
+                 WHEN MATCHED THEN UPDATE SET tenant_id = 1;",
+            ),
+            (
+                "upsert.sql",
+                "INSERT INTO users (id, tenant_id, email) SELECT id, 1, email FROM users WHERE tenant_id = 2\n\
+                 ON CONFLICT (id) DO UPDATE SET tenant_id = excluded.tenant_id;",
+            ),
+            ("through_a_view.sql", "UPDATE big_orders SET total = 600;"),
+            // Computed from itself, on half the rows: it meets the other
+            // half's values, but can be undone.
+            ("bump_half.sql", "UPDATE orders SET total = total + 1 WHERE id % 2 = 0;"),
             // Values of any length are told by their digest and shown cut short.
             ("long_values.sql", "UPDATE users SET nickname = repeat('x', 10000) WHERE tenant_id = 2;"),
             // Changes that can be read backwards, or too few rows.
@@ -367,7 +389,14 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
         assert!(said.starts_with("2,000 of the 20,000 rows of users lost their tenant_id"), "{name}: {said}");
         assert!(said.ends_with(&format!("kept every old value in {place}")), "{name}: {said}");
     }
-    for name in ["upper.sql", "bump.sql", "backfill.sql", "few.sql"] {
+    for name in ["merge.sql", "upsert.sql"] {
+        let said = message(&c[name], "values_overwritten");
+        assert!(said.starts_with("2,000 of the 20,000 rows of users lost their tenant_id"), "{name}: {said}");
+    }
+    let said = message(&c["through_a_view.sql"], "values_overwritten");
+    assert!(said.contains("rows of orders lost their total"), "{said}");
+
+    for name in ["deep.sql", "upper.sql", "bump.sql", "bump_half.sql", "backfill.sql", "few.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
 }
@@ -382,7 +411,8 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
          CREATE POLICY tenant_rows ON accounts USING (tenant = 1);
          CREATE POLICY no_negative ON accounts AS RESTRICTIVE USING (balance >= 0);
          CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.touched := now(); RETURN NEW; END $$;
-         CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION touch();",
+         CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION touch();
+         CREATE SCHEMA private;",
         "INSERT INTO accounts SELECT g, g % 5, g, NULL FROM generate_series(1, 5000) g;",
     );
     let paths = files(
@@ -393,9 +423,31 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
             ("grant_public.sql", "GRANT SELECT, UPDATE ON accounts TO PUBLIC;"),
             ("drop_trigger.sql", "DROP TRIGGER accounts_touch ON accounts;"),
             ("disable_trigger.sql", "ALTER TABLE accounts DISABLE TRIGGER accounts_touch;"),
-            // Nothing opened up: a permissive policy dropped narrows what roles
+            ("loosen_restrictive.sql", "ALTER POLICY no_negative ON accounts USING (true);"),
+            (
+                "restrictive_to_permissive.sql",
+                "DROP POLICY no_negative ON accounts;\nCREATE POLICY no_negative ON accounts USING (balance >= 0);",
+            ),
+            ("add_permissive.sql", "CREATE POLICY everyone ON accounts USING (true);"),
+            ("schema_grant.sql", "GRANT USAGE ON SCHEMA private TO PUBLIC;"),
+            (
+                "trigger_when_false.sql",
+                "DROP TRIGGER accounts_touch ON accounts;\n\
+                 CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW WHEN (false) EXECUTE FUNCTION touch();",
+            ),
+            (
+                "copy_then_disable.sql",
+                "CREATE TRIGGER accounts_touch2 BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION touch();\n\
+                 DROP TRIGGER accounts_touch ON accounts;\nALTER TABLE accounts DISABLE TRIGGER accounts_touch2;",
+            ),
+            (
+                "empty_function.sql",
+                "CREATE OR REPLACE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;",
+            ),
+            // Nothing opened up: a policy renamed; a permissive policy dropped narrows what roles
             // see, a trigger renamed still runs, a column added is just that.
             ("drop_permissive.sql", "DROP POLICY tenant_rows ON accounts;"),
+            ("rename_restrictive.sql", "ALTER POLICY no_negative ON accounts RENAME TO no_negative_balance;"),
             ("rename_trigger.sql", "ALTER TRIGGER accounts_touch ON accounts RENAME TO accounts_touched;"),
             ("add_column.sql", "ALTER TABLE accounts ADD COLUMN note text;"),
         ],
@@ -422,10 +474,40 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
     );
     let said = message(&c["disable_trigger.sql"], "trigger_removed");
     assert!(said.contains("accounts_touch") && said.contains("(disabled)"), "{said}");
-    for name in ["drop_permissive.sql", "rename_trigger.sql", "add_column.sql"] {
+    let said = message(&c["loosen_restrictive.sql"], "policy_changed");
+    assert!(
+        said.starts_with("changes policy no_negative on public.accounts") && said.contains("(true)"),
+        "{said}"
+    );
+    let said = message(&c["restrictive_to_permissive.sql"], "access_widened");
+    assert!(said.starts_with("makes restrictive policy no_negative on public.accounts permissive"), "{said}");
+    let h = hazard(&c["add_permissive.sql"], "access_widened");
+    assert!(
+        h["message"].as_str().unwrap().starts_with("adds permissive policy everyone on public.accounts"),
+        "{h}"
+    );
+    assert_eq!(h["severity"], "medium");
+    let said = message(&c["schema_grant.sql"], "access_widened");
+    assert!(said.starts_with("grants USAGE on schema private to PUBLIC"), "{said}");
+    let said = message(&c["trigger_when_false.sql"], "trigger_changed");
+    assert!(
+        said.starts_with("changes trigger accounts_touch on public.accounts")
+            && said.contains("WHEN (false)"),
+        "{said}"
+    );
+    assert!(
+        hazard_kinds(&c["copy_then_disable.sql"]).contains(&"trigger_removed"),
+        "{}",
+        c["copy_then_disable.sql"]
+    );
+    let said = message(&c["empty_function.sql"], "trigger_changed");
+    assert!(said.contains("touch()") && said.contains("accounts_touch"), "{said}");
+    for name in ["drop_permissive.sql", "rename_restrictive.sql", "rename_trigger.sql", "add_column.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
-            !kinds.contains(&"access_widened") && !kinds.contains(&"trigger_removed"),
+            ["access_widened", "policy_changed", "trigger_removed", "trigger_changed"]
+                .iter()
+                .all(|k| !kinds.contains(k)),
             "{name}: {kinds:?}"
         );
     }

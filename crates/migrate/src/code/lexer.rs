@@ -172,7 +172,14 @@ pub(crate) fn tokens(sql: &str) -> Vec<Token> {
                     }
                 }
             }
-            b'$' if !out.last().is_some_and(|t| matches!(t, Token::Word(_))) => {
+            // A `$` right after an identifier's character is part of it (the
+            // identifier arm takes those); anywhere else it may open a
+            // dollar quote, after a keyword too (`DO $$`, `SELECT $q$`).
+            b'$' if i == 0
+                || !(bytes[i - 1].is_ascii_alphanumeric()
+                    || bytes[i - 1] == b'_'
+                    || bytes[i - 1] >= 0x80) =>
+            {
                 match airlock_postgres::split::dollar_tag(&sql[i..]) {
                     Some(tag) => {
                         let body = i + tag.len();

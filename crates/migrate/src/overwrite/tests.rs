@@ -34,7 +34,7 @@ fn the_columns_an_update_sets_are_read_from_any_form_of_it() {
     );
     assert_eq!(
         targets_of("UPDATE customers c SET (tier, name) = (SELECT 'a', 'b'), id = id FROM orders o WHERE o.id = c.id"),
-        [owned("public.customers", &["id", "tier", "name"])]
+        [owned("billing.customers", &["id"]), owned("public.customers", &["id", "tier", "name"])]
     );
     assert_eq!(
         targets_of("UPDATE billing.customers SET plan = NULL"),
@@ -49,14 +49,74 @@ fn the_columns_an_update_sets_are_read_from_any_form_of_it() {
         targets_of("ALTER TABLE orders ALTER COLUMN total TYPE int, ALTER id SET DATA TYPE bigint, ALTER COLUMN total SET DEFAULT 0"),
         [owned("public.orders", &["id", "total"])]
     );
-    // Nothing that sets no golden column: a row lock, an upsert, an unknown table or column.
+    // Nothing that sets no golden column: a row lock, a column added later,
+    // a retype that only sets a property.
     assert!(targets_of("SELECT * FROM customers FOR UPDATE").is_empty());
-    assert!(
-        targets_of("INSERT INTO customers VALUES (1) ON CONFLICT (id) DO UPDATE SET tier = 'x'").is_empty()
-    );
-    assert!(targets_of("UPDATE nowhere SET tier = 'x'").is_empty());
     assert!(targets_of("UPDATE customers SET added_later = 1").is_empty());
     assert!(targets_of("ALTER TABLE orders ALTER COLUMN total SET NOT NULL").is_empty());
+    // json to jsonb writes the same values another way; with USING, it is a retype like any.
+    assert!(targets_of("ALTER TABLE orders ALTER COLUMN total TYPE jsonb").is_empty());
+    assert_eq!(
+        targets_of("ALTER TABLE orders ALTER COLUMN total TYPE jsonb USING '{}'"),
+        [owned("public.orders", &["total"])]
+    );
+}
+
+#[test]
+fn an_update_the_name_does_not_pin_down_reads_every_table_with_the_column() {
+    // The UPDATE SET of a MERGE or an upsert writes the table named after INTO.
+    assert_eq!(
+        targets_of(
+            "MERGE INTO customers c USING orders o ON o.id = c.id WHEN MATCHED THEN UPDATE SET tier = 'x'"
+        ),
+        [owned("public.customers", &["tier"])]
+    );
+    assert_eq!(
+        targets_of("INSERT INTO customers VALUES (1) ON CONFLICT (id) DO UPDATE SET tier = excluded.tier"),
+        [owned("public.customers", &["tier"])]
+    );
+    // A view, a table renamed on the way, a name a search path decides:
+    // every golden table with the column, in every schema.
+    assert_eq!(targets_of("UPDATE customer_tiers SET tier = 'x'"), [owned("public.customers", &["tier"])]);
+    assert_eq!(
+        targets_of("UPDATE customers SET id = 1"),
+        [owned("billing.customers", &["id"]), owned("public.customers", &["id"])]
+    );
+}
+
+#[test]
+fn constants_nested_deep_are_read_so_far_and_no_further() {
+    let mut sql = "update customers set tier = 'x'".to_owned();
+    for i in 0..5_000 {
+        sql = format!("$q{i}${sql}$q{i}$");
+    }
+    // No overflow, however deep; eight levels are read.
+    assert!(targets_of(&format!("SELECT length({sql})")).is_empty());
+    let mut sql = "update customers set tier = 'x'".to_owned();
+    for i in 0..8 {
+        sql = format!("$q{i}${sql}$q{i}$");
+    }
+    assert_eq!(targets_of(&format!("SELECT {sql}")), [owned("public.customers", &["tier"])]);
+}
+
+#[test]
+fn a_column_computed_from_itself_is_told_apart() {
+    let c = catalog();
+    let tables = c.tables.keys().cloned().collect();
+    let from_itself = |sql: &str| {
+        let statements = airlock_postgres::split::split(sql).unwrap();
+        targets(&statements, &c, &tables)[0].from_itself.iter().cloned().collect::<Vec<String>>()
+    };
+    assert_eq!(from_itself("UPDATE orders SET total = total + 1, id = 7"), ["total"]);
+    assert_eq!(from_itself("UPDATE orders SET (total, id) = (round(total), 1)"), ["total"]);
+    assert!(from_itself(
+        "INSERT INTO orders VALUES (1) ON CONFLICT (id) DO UPDATE SET total = excluded.total"
+    )
+    .is_empty());
+    assert_eq!(from_itself("ALTER TABLE orders ALTER COLUMN total TYPE int"), ["total"]);
+    assert!(from_itself("ALTER TABLE orders ALTER COLUMN total TYPE int USING 0").is_empty());
+    // Set from itself in one statement and not in another: not from itself.
+    assert!(from_itself("UPDATE orders SET total = total * 2; UPDATE orders SET total = 0").is_empty());
 }
 
 #[test]
@@ -90,21 +150,42 @@ fn a_value_is_lost_when_its_row_now_holds_what_rows_of_another_value_hold() {
     let before: Vec<(i64, Option<&str>)> =
         (0..100).map(|i| (i, Some(if i < 20 { "enterprise" } else { "standard" }))).collect();
     let after: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, Some("standard"))).collect();
-    let l = lost(&values(&before), &values(&after), "tier").unwrap();
+    let l = lost(&values(&before), &values(&after), "tier", false).unwrap();
     assert_eq!((l.changed, l.lost, l.distinct), (20, 20, (1, 1)));
     assert_eq!(l.into, [(Some("standard".into()), 20, vec![(Some("enterprise".into()), 20)])]);
 
     // Read backwards, nothing is lost: a renamed value, a NULL filled in.
     let renamed: Vec<(i64, Option<&str>)> =
         before.iter().map(|(k, v)| (*k, if *v == Some("enterprise") { Some("gold") } else { *v })).collect();
-    assert_eq!(lost(&values(&before), &values(&renamed), "tier").unwrap().lost, 0);
+    assert_eq!(lost(&values(&before), &values(&renamed), "tier", false).unwrap().lost, 0);
     let empty: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, None)).collect();
     let filled: Vec<(i64, Option<&str>)> =
         (0..100).map(|i| (i, Some(if i % 2 == 0 { "a" } else { "b" }))).collect();
-    assert_eq!(lost(&values(&empty), &values(&filled), "tier").unwrap().lost, 0);
+    assert_eq!(lost(&values(&empty), &values(&filled), "tier", false).unwrap().lost, 0);
+
+    // Computed from itself: qty + 1 on half the rows meets the other half's
+    // values, but can be undone; rounding two values into one cannot.
+    let qty: Vec<(i64, Option<&str>)> =
+        (0..100).map(|i| (i, Some(["1", "2", "3", "4"][i as usize % 4]))).collect();
+    let bumped: Vec<(i64, Option<&str>)> = qty
+        .iter()
+        .map(|(k, v)| (*k, if k % 2 == 0 { Some(["2", "3", "4", "5"][*k as usize % 4]) } else { *v }))
+        .collect();
+    assert_eq!(lost(&values(&qty), &values(&bumped), "tier", true).unwrap().lost, 0);
+    assert!(lost(&values(&qty), &values(&bumped), "tier", false).unwrap().lost > 0);
+    let rounded: Vec<(i64, Option<&str>)> =
+        qty.iter().map(|(k, v)| (*k, if *v == Some("2") { Some("1") } else { *v })).collect();
+    let halved: Vec<(i64, Option<&str>)> =
+        qty.iter().map(|(k, _)| (*k, Some(if k % 4 < 2 { "1" } else { "2" }))).collect();
+    assert_eq!(
+        lost(&values(&qty), &values(&rounded), "tier", true).unwrap().lost,
+        25,
+        "one value, like a constant"
+    );
+    assert_eq!(lost(&values(&qty), &values(&halved), "tier", true).unwrap().lost, 50);
 
     // Every value put to NULL: each row that held one lost it.
-    let l = lost(&values(&filled), &values(&empty), "tier").unwrap();
+    let l = lost(&values(&filled), &values(&empty), "tier", false).unwrap();
     assert_eq!((l.lost, l.distinct), (100, (2, 1)));
 }
 
@@ -123,13 +204,18 @@ fn the_message_names_the_column_the_rows_and_the_values() {
     let before: Vec<(i64, Option<&str>)> =
         (0..20_000).map(|i| (i, Some(if i < 2_000 { "enterprise" } else { "standard" }))).collect();
     let after: Vec<(i64, Option<&str>)> = (0..20_000).map(|i| (i, Some("standard"))).collect();
-    let t = Target { table: "public.customers".into(), columns: vec!["tier".into()], line: 3 };
+    let t = Target {
+        table: "public.customers".into(),
+        columns: vec!["tier".into()],
+        from_itself: BTreeSet::new(),
+        line: 3,
+    };
     let (b, a) = (
         BTreeMap::from([(t.table.clone(), values(&before))]),
         BTreeMap::from([(t.table.clone(), values(&after))]),
     );
     let rows = BTreeMap::from([(t.table.clone(), 20_000)]);
-    let (h, notes) = hazards(&[t], &b, &a, &BTreeMap::new(), &rows, &Shape::default());
+    let (h, notes) = report(&losses(&[t], &b, &a, &rows), &b, &BTreeMap::new(), &Shape::default());
     assert_eq!((h.len(), notes.len()), (1, 0));
     assert_eq!(h[0].kind, "values_overwritten");
     assert_eq!(h[0].line, Some(3));
@@ -150,7 +236,12 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
     let before: Vec<(i64, Option<&str>)> =
         (0..2_000).map(|i| (i, Some(if i < 500 { "enterprise" } else { "standard" }))).collect();
     let after: Vec<(i64, Option<&str>)> = (0..2_000).map(|i| (i, Some("standard"))).collect();
-    let t = Target { table: "public.customers".into(), columns: vec!["tier".into()], line: 2 };
+    let t = Target {
+        table: "public.customers".into(),
+        columns: vec!["tier".into()],
+        from_itself: BTreeSet::new(),
+        line: 2,
+    };
     let (b, a) = (
         BTreeMap::from([(t.table.clone(), values(&before))]),
         BTreeMap::from([(t.table.clone(), values(&after))]),
@@ -160,7 +251,7 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
     let mut copy = values(&before[..500]);
     copy.columns = vec!["old_tier".into()];
     let kept = BTreeMap::from([("public.tiers_before".to_owned(), copy.clone())]);
-    let (h, notes) = hazards(std::slice::from_ref(&t), &b, &a, &kept, &rows, &Shape::default());
+    let (h, notes) = report(&losses(std::slice::from_ref(&t), &b, &a, &rows), &b, &kept, &Shape::default());
     assert!(h.is_empty(), "{h:?}");
     assert!(
         notes[0].message.ends_with("kept every old value in tiers_before.old_tier"),
@@ -170,6 +261,6 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
     // One row missing from the copy: not kept.
     copy.rows.remove("(7)");
     let kept = BTreeMap::from([("public.tiers_before".to_owned(), copy)]);
-    let (h, notes) = hazards(&[t], &b, &a, &kept, &rows, &Shape::default());
+    let (h, notes) = report(&losses(&[t], &b, &a, &rows), &b, &kept, &Shape::default());
     assert_eq!((h.len(), notes.len()), (1, 0));
 }

@@ -173,10 +173,14 @@ pub(crate) async fn read_as_reader(
     key: &str,
     value: &str,
     most: i64,
+    timeout_ms: Option<u64>,
 ) -> Result<Vec<tokio_postgres::Row>> {
     // In a transaction of its own, rolled back: nothing the candidate's code
     // might set in it outlives the read.
     client.batch_execute("BEGIN").await.map_err(pg_error)?;
+    if let Some(ms) = timeout_ms {
+        client.batch_execute(&format!("SET LOCAL statement_timeout = {ms}")).await.map_err(pg_error)?;
+    }
     if grant_each {
         client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await.map_err(pg_error)?;
     }
@@ -271,7 +275,7 @@ pub(super) async fn row_images_pinned(
                 .query(&format!("SELECT {key}, {both} FROM {table} t LIMIT {most}"), &[])
                 .await
                 .map_err(pg_error)?,
-            Reading::AsReader => read_as_reader(client, grant_each, &table, &key, &both, most).await?,
+            Reading::AsReader => read_as_reader(client, grant_each, &table, &key, &both, most, None).await?,
         };
         if rows.len() as i64 > ROWS_READ_MOST {
             return Err(airlock_core::error::Error::new(

@@ -1,0 +1,299 @@
+//! Which golden columns a candidate's text may overwrite: those an `UPDATE`
+//! sets (also the `UPDATE SET` of a `MERGE` or of `INSERT ... ON CONFLICT`)
+//! and those an `ALTER COLUMN ... TYPE` converts, in its statements and in the
+//! bodies of the functions and `DO` blocks it holds.
+//!
+//! A name that does not resolve to one golden table (a view, a table renamed
+//! on the way, a name a search path decides) is not trusted: the columns it
+//! sets are read in every golden table that has them.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use airlock_postgres::catalog::{split_qualified, Catalog};
+use airlock_postgres::split::Statement;
+
+use crate::code::lexer::{tokens, Token};
+
+/// How deep constants inside constants are read (a `DO` block inside a
+/// function body is two); deeper ones are not, so no file can make the
+/// reading recurse without end.
+const NESTING_MOST: usize = 8;
+
+/// A golden table's columns a candidate may overwrite.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `schema.name`, as the catalog names it.
+    pub table: String,
+    /// Its columns, unquoted, in the golden's order.
+    pub columns: Vec<String>,
+    /// Those of `columns` whose every new value is computed from its own old
+    /// value (`qty = qty + 1`, a retype without `USING` a constant): such a
+    /// change loses a value only where it maps two old values to one.
+    pub from_itself: BTreeSet<String>,
+    /// The line of the first statement that names them.
+    pub line: usize,
+}
+
+/// A name as written (`[schema, name]` or `[name]`; empty when the statement
+/// does not say) and the columns set, each with whether its new value is
+/// computed from itself.
+type Named = (Vec<String>, BTreeMap<String, bool>);
+
+/// The columns `statements` set or retype, of tables in `tables` (the
+/// golden's, keyed and small enough to read).
+pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<String>) -> Vec<Target> {
+    let mut found: BTreeMap<String, Target> = BTreeMap::new();
+    for st in statements {
+        for (name, columns) in named(&st.sql) {
+            let resolved = resolve(&name, catalog);
+            let candidates: Vec<&String> = match &resolved {
+                Some(tables) => tables.iter().collect(),
+                // Not one golden table: every one with such a column.
+                None => catalog
+                    .tables
+                    .iter()
+                    .filter(|(_, t)| t.columns.iter().any(|c| columns.contains_key(&c.name)))
+                    .map(|(k, _)| k)
+                    .collect(),
+            };
+            for table in candidates.into_iter().filter(|t| tables.contains(*t)) {
+                let golden = &catalog.tables[table];
+                let t = found.entry(table.clone()).or_insert_with(|| Target {
+                    table: table.clone(),
+                    columns: vec![],
+                    from_itself: BTreeSet::new(),
+                    line: st.line,
+                });
+                for c in golden.columns.iter() {
+                    let Some(itself) = columns.get(&c.name) else { continue };
+                    if !t.columns.contains(&c.name) {
+                        t.columns.push(c.name.clone());
+                        if *itself {
+                            t.from_itself.insert(c.name.clone());
+                        }
+                    } else if !itself {
+                        t.from_itself.remove(&c.name);
+                    }
+                }
+            }
+        }
+    }
+    found.into_values().filter(|t| !t.columns.is_empty()).collect()
+}
+
+/// What one statement's text sets or retypes, and every constant in it, to
+/// [`NESTING_MOST`] levels.
+fn named(sql: &str) -> Vec<Named> {
+    let mut out = Vec::new();
+    let mut pending = vec![(tokens(sql), 0usize)];
+    while let Some((said, depth)) = pending.pop() {
+        // The table a bare `UPDATE SET` (of MERGE or ON CONFLICT) writes.
+        let mut into: Vec<String> = vec![];
+        for (i, t) in said.iter().enumerate() {
+            match t {
+                Token::Word(w) if w == "into" => {
+                    if let Some((name, _)) = name(&said[i + 1..]) {
+                        into = name;
+                    }
+                }
+                Token::Word(w) if w == "update" && word(said.get(i + 1), "set") => {
+                    out.extend(set_list(&said[i + 2..]).map(|columns| (into.clone(), columns)))
+                }
+                Token::Word(w) if w == "update" => out.extend(update(&said[i + 1..])),
+                Token::Word(w) if w == "alter" && word(said.get(i + 1), "table") => {
+                    out.extend(alter_types(&said[i + 2..]))
+                }
+                Token::Constant(body) if depth < NESTING_MOST => {
+                    let lower = body.to_ascii_lowercase();
+                    if lower.contains("update") || lower.contains("type") {
+                        pending.push((tokens(body), depth + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+fn word(t: Option<&Token>, w: &str) -> bool {
+    matches!(t, Some(Token::Word(x)) if x == w)
+}
+
+fn ident(t: Option<&Token>) -> Option<String> {
+    match t {
+        Some(Token::Word(w)) | Some(Token::Quoted(w)) => Some(w.clone()),
+        _ => None,
+    }
+}
+
+/// A possibly qualified name at the start of `tokens`, and how many tokens it took.
+fn name(tokens: &[Token]) -> Option<(Vec<String>, usize)> {
+    let first = ident(tokens.first())?;
+    if tokens.get(1) == Some(&Token::Other('.')) {
+        let second = ident(tokens.get(2))?;
+        return Some((vec![first, second], 3));
+    }
+    Some((vec![first], 1))
+}
+
+/// `[ONLY] name [*] [[AS] alias] SET ...`.
+fn update(rest: &[Token]) -> Option<Named> {
+    let mut i = usize::from(word(rest.first(), "only"));
+    let (table, took) = name(&rest[i..])?;
+    i += took;
+    if rest.get(i) == Some(&Token::Other('*')) {
+        i += 1;
+    }
+    if word(rest.get(i), "as") {
+        i += 1;
+    }
+    if !word(rest.get(i), "set") {
+        i += 1;
+    }
+    if !word(rest.get(i), "set") {
+        return None;
+    }
+    Some((table, set_list(&rest[i + 1..])?))
+}
+
+/// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and whether
+/// its expression names the column itself.
+fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
+    let mut columns = BTreeMap::new();
+    let mut i = 0;
+    loop {
+        // The column(s) this item sets.
+        let mut set = Vec::new();
+        let tuple = rest.get(i) == Some(&Token::Other('('));
+        if tuple {
+            i += 1;
+            while let Some(t) = rest.get(i) {
+                i += 1;
+                match t {
+                    Token::Other(')') => break,
+                    t => set.extend(ident(Some(t))),
+                }
+            }
+        } else {
+            set.extend(ident(rest.get(i)));
+        }
+        // Its expression: to a comma, a clause or the end, at depth zero.
+        let (mut depth, mut expression) = (0usize, Vec::new());
+        let mut more = false;
+        while let Some(t) = rest.get(i) {
+            match t {
+                Token::Other('(') | Token::Other('[') => depth += 1,
+                Token::Other(')') | Token::Other(']') if depth == 0 => break,
+                Token::Other(')') | Token::Other(']') => depth -= 1,
+                Token::Other(',') if depth == 0 => {
+                    more = true;
+                    i += 1;
+                    break;
+                }
+                Token::Other(';') => break,
+                Token::Word(w)
+                    if depth == 0 && ["from", "where", "returning", "when", "on"].contains(&w.as_str()) =>
+                {
+                    break
+                }
+                _ => {}
+            }
+            // `excluded.c` is the row proposed for insertion, not the old one.
+            let proposed = i >= 2 && rest[i - 1] == Token::Other('.') && word(rest.get(i - 2), "excluded");
+            if !proposed {
+                expression.extend(ident(Some(t)));
+            }
+            i += 1;
+        }
+        // (The column's own name first, in `c = ...`, is not its use.)
+        let own = usize::from(!tuple);
+        for column in &set {
+            columns.insert(column.clone(), expression.iter().skip(own).any(|w| w == column));
+        }
+        if !more {
+            break;
+        }
+    }
+    Some(columns).filter(|c| !c.is_empty())
+}
+
+/// `[IF EXISTS] [ONLY] name ... ALTER [COLUMN] c [SET DATA] TYPE t [USING e]`.
+/// A retype converts each value from itself, unless `USING` says otherwise;
+/// `json` to `jsonb` without `USING` changes how values are written, not
+/// what they say, and is left out.
+fn alter_types(rest: &[Token]) -> Option<Named> {
+    let mut i = 0;
+    if word(rest.first(), "if") && word(rest.get(1), "exists") {
+        i = 2;
+    }
+    if word(rest.get(i), "only") {
+        i += 1;
+    }
+    let (table, took) = name(&rest[i..])?;
+    i += took;
+    let mut columns = BTreeMap::new();
+    while i < rest.len() {
+        if word(rest.get(i), "alter") {
+            let mut j = i + 1;
+            if word(rest.get(j), "column") {
+                j += 1;
+            }
+            if let Some(column) = ident(rest.get(j)) {
+                let mut at = j + 1;
+                if word(rest.get(at), "set") && word(rest.get(at + 1), "data") {
+                    at += 2;
+                }
+                if word(rest.get(at), "type") {
+                    // The subcommand runs to a comma at depth zero.
+                    let (mut depth, mut k, mut using) = (0usize, at + 1, None);
+                    while let Some(t) = rest.get(k) {
+                        match t {
+                            Token::Other('(') => depth += 1,
+                            Token::Other(')') => depth = depth.saturating_sub(1),
+                            Token::Other(',') if depth == 0 => break,
+                            Token::Word(w) if w == "using" && depth == 0 => using = Some(k),
+                            _ => {}
+                        }
+                        k += 1;
+                    }
+                    match using {
+                        Some(u) => {
+                            let itself =
+                                rest[u + 1..k].iter().any(|t| ident(Some(t)).as_ref() == Some(&column));
+                            columns.insert(column, itself);
+                        }
+                        None if word(rest.get(at + 1), "jsonb") => {}
+                        None => {
+                            columns.insert(column, true);
+                        }
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    Some((table, columns))
+}
+
+/// The golden tables a name written in the candidate may mean: a qualified
+/// name's own; for an unqualified one, every table of that name in any
+/// schema (a search path decides which). `None` when there is none, or the
+/// statement named no table.
+fn resolve(name: &[String], catalog: &Catalog) -> Option<Vec<String>> {
+    let (schema, table) = match name {
+        [schema, table] => (Some(schema.as_str()), table.as_str()),
+        [table] => (None, table.as_str()),
+        _ => return None,
+    };
+    let found: Vec<String> = catalog
+        .tables
+        .keys()
+        .filter(|k| {
+            let (s, t) = split_qualified(k);
+            t == table && schema.is_none_or(|want| s == want)
+        })
+        .cloned()
+        .collect();
+    Some(found).filter(|f| !f.is_empty())
+}
