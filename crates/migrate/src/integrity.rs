@@ -152,7 +152,7 @@ fn unique_on(table: &Table, on: &[String]) -> bool {
 }
 
 /// The table a foreign key's definition references.
-fn fk_target(definition: &str) -> &str {
+pub(crate) fn fk_target(definition: &str) -> &str {
     let target = definition.split(" REFERENCES ").nth(1).unwrap_or("another table");
     target.split('(').next().unwrap_or(target).trim()
 }
@@ -278,7 +278,7 @@ pub(crate) fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
 
 /// The columns a key constraint's definition names first:
 /// `FOREIGN KEY (a, b) REFERENCES ...`, `PRIMARY KEY (a)`, `UNIQUE (a, b)`.
-fn key_columns(definition: &str) -> Vec<String> {
+pub(crate) fn key_columns(definition: &str) -> Vec<String> {
     let keyed = ["FOREIGN KEY (", "PRIMARY KEY (", "UNIQUE NULLS NOT DISTINCT (", "UNIQUE ("];
     let Some(rest) = keyed.iter().find_map(|k| definition.strip_prefix(k)) else { return vec![] };
     rest.split(')').next().map(column_list).unwrap_or_default()

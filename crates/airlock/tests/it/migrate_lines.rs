@@ -340,6 +340,13 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
             // Computed from itself, on half the rows: it meets the other
             // half's values, but can be undone.
             ("bump_half.sql", "UPDATE orders SET total = total + 1 WHERE id % 2 = 0;"),
+            // A CASE that names the column picks rows; it is not the column
+            // computed from itself, whatever one odd row does.
+            (
+                "case_trick.sql",
+                "UPDATE users SET tenant_id = (CASE WHEN id = 1 THEN 3 WHEN tenant_id = 2 THEN 1 END)\n\
+                 WHERE tenant_id = 2 OR id = 1;",
+            ),
             // Values of any length are told by their digest and shown cut short.
             ("long_values.sql", "UPDATE users SET nickname = repeat('x', 10000) WHERE tenant_id = 2;"),
             // Changes that can be read backwards, or too few rows.
@@ -393,12 +400,27 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
         let said = message(&c[name], "values_overwritten");
         assert!(said.starts_with("2,000 of the 20,000 rows of users lost their tenant_id"), "{name}: {said}");
     }
+    let said = message(&c["case_trick.sql"], "values_overwritten");
+    assert!(said.starts_with("2,000 of the 20,000 rows of users lost their tenant_id"), "{said}");
     let said = message(&c["through_a_view.sql"], "values_overwritten");
     assert!(said.contains("rows of orders lost their total"), "{said}");
 
     for name in ["deep.sql", "upper.sql", "bump.sql", "bump_half.sql", "backfill.sql", "few.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
+
+    // Keys changed where a foreign key sets NULL: the referencing rows lose their values.
+    d.golden(
+        "keyed",
+        "CREATE TABLE kinds (id int PRIMARY KEY);
+         CREATE TABLE items (id int PRIMARY KEY, kind int REFERENCES kinds ON UPDATE SET NULL);",
+        "INSERT INTO kinds SELECT g FROM generate_series(1, 10) g;
+         INSERT INTO items SELECT g, 1 + g % 10 FROM generate_series(1, 5000) g;",
+    );
+    let paths = files(&d, &[("renumber.sql", "UPDATE kinds SET id = id + 100 WHERE id <= 5;")]);
+    let c = by_name(&test_on(&d, "keyed", &paths));
+    let said = message(&c["renumber.sql"], "values_overwritten");
+    assert!(said.starts_with("2,500 of the 5,000 rows of items lost their kind"), "{said}");
 }
 
 #[test]

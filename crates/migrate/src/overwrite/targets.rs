@@ -78,7 +78,79 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
             }
         }
     }
+    set_null_by_keys(statements, catalog, tables, &mut found);
     found.into_values().filter(|t| !t.columns.is_empty()).collect()
+}
+
+/// Foreign-key columns a change of their referenced table's rows sets to
+/// NULL or their default (`ON UPDATE SET NULL`, `ON DELETE SET DEFAULT`...):
+/// their values go though no statement names them. Read for every table
+/// whose referenced table the file updates or deletes from.
+fn set_null_by_keys(
+    statements: &[Statement],
+    catalog: &Catalog,
+    tables: &BTreeSet<String>,
+    found: &mut BTreeMap<String, Target>,
+) {
+    for st in statements {
+        let touched: Vec<String> =
+            touched(&st.sql).iter().filter_map(|name| resolve(name, catalog)).flatten().collect();
+        if touched.is_empty() {
+            continue;
+        }
+        for (table, t) in catalog.tables.iter().filter(|(name, _)| tables.contains(*name)) {
+            for definition in t.constraints.values().filter(|d| d.starts_with("FOREIGN KEY (")) {
+                let nulls = definition.contains(" SET NULL") || definition.contains(" SET DEFAULT");
+                let parent = crate::integrity::fk_target(definition);
+                let parent: Vec<String> = parent.split('.').map(|p| p.trim_matches('"').to_owned()).collect();
+                let refers = resolve(&parent, catalog).is_some_and(|p| p.iter().any(|p| touched.contains(p)));
+                if !nulls || !refers {
+                    continue;
+                }
+                let target = found.entry(table.clone()).or_insert_with(|| Target {
+                    table: table.clone(),
+                    columns: vec![],
+                    from_itself: BTreeSet::new(),
+                    line: st.line,
+                });
+                for column in crate::integrity::key_columns(definition) {
+                    if !target.columns.contains(&column) {
+                        target.columns.push(column.clone());
+                    }
+                    target.from_itself.remove(&column);
+                }
+            }
+        }
+    }
+}
+
+/// The tables a statement's text updates or deletes from (to eight
+/// constants deep, as [`named`]).
+fn touched(sql: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut pending = vec![(tokens(sql), 0usize)];
+    while let Some((said, depth)) = pending.pop() {
+        for (i, t) in said.iter().enumerate() {
+            match t {
+                Token::Word(w) if w == "update" => {
+                    let only = usize::from(word(said.get(i + 1), "only"));
+                    out.extend(name(&said[i + 1 + only..]).map(|(n, _)| n));
+                }
+                Token::Word(w) if w == "delete" && word(said.get(i + 1), "from") => {
+                    let only = usize::from(word(said.get(i + 2), "only"));
+                    out.extend(name(&said[i + 2 + only..]).map(|(n, _)| n));
+                }
+                Token::Constant(body) if depth < NESTING_MOST => {
+                    let lower = body.to_ascii_lowercase();
+                    if lower.contains("update") || lower.contains("delete") {
+                        pending.push((tokens(body), depth + 1));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
 }
 
 /// What one statement's text sets or retypes, and every constant in it, to
@@ -157,8 +229,47 @@ fn update(rest: &[Token]) -> Option<Named> {
     Some((table, set_list(&rest[i + 1..])?))
 }
 
+/// Words that begin another statement: a SET list or an ALTER TABLE ends
+/// before one, whatever its depth, so each token is read by one list and
+/// reading a file takes time in proportion to its length.
+const STATEMENT_WORDS: &[&str] = &["update", "alter", "merge", "insert", "delete", "create", "drop"];
+
+/// Functions that compute a value from one value alone and keep it
+/// distinct enough to be undone, or merge values where they do (which the
+/// loss rule then sees among the changed rows themselves).
+const OWN_VALUE_FUNCTIONS: &[&str] = &[
+    "round", "trunc", "floor", "ceil", "ceiling", "abs", "lower", "upper", "btrim", "trim", "ltrim", "rtrim",
+];
+
+/// Whether an expression computes a column from its own value alone: the
+/// column, numbers and string constants, arithmetic and concatenation,
+/// casts, and [`OWN_VALUE_FUNCTIONS`]. A `CASE`, a comparison, another
+/// column or any other function can pick which rows get which value, and
+/// is not.
+fn own_value(expression: &[Token], column: &str) -> bool {
+    let mut uses = false;
+    for (i, t) in expression.iter().enumerate() {
+        let cast = i >= 1 && expression[i - 1] == Token::Other(':');
+        let ok = match t {
+            Token::Word(w) | Token::Quoted(w) if w == column => {
+                uses = true;
+                true
+            }
+            Token::Word(w) => cast || OWN_VALUE_FUNCTIONS.contains(&w.as_str()),
+            Token::Constant(_) => true,
+            // (A comma here separates a function's arguments.)
+            Token::Other(c) => "0+-*/%|().:,".contains(*c),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+    }
+    uses
+}
+
 /// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and whether
-/// its expression names the column itself.
+/// its expression computes it from its own value alone ([`own_value`]).
 fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
     let mut columns = BTreeMap::new();
     let mut i = 0;
@@ -181,6 +292,8 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
         // Its expression: to a comma, a clause or the end, at depth zero.
         let (mut depth, mut expression) = (0usize, Vec::new());
         let mut more = false;
+        // (After the column's own name and its `=`.)
+        let start = i + usize::from(!tuple) + 1;
         while let Some(t) = rest.get(i) {
             match t {
                 Token::Other('(') | Token::Other('[') => depth += 1,
@@ -192,6 +305,7 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
                     break;
                 }
                 Token::Other(';') => break,
+                Token::Word(w) if STATEMENT_WORDS.contains(&w.as_str()) => break,
                 Token::Word(w)
                     if depth == 0 && ["from", "where", "returning", "when", "on"].contains(&w.as_str()) =>
                 {
@@ -199,17 +313,14 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
                 }
                 _ => {}
             }
-            // `excluded.c` is the row proposed for insertion, not the old one.
-            let proposed = i >= 2 && rest[i - 1] == Token::Other('.') && word(rest.get(i - 2), "excluded");
-            if !proposed {
-                expression.extend(ident(Some(t)));
+            if i >= start {
+                expression.push(t.clone());
             }
             i += 1;
         }
-        // (The column's own name first, in `c = ...`, is not its use.)
-        let own = usize::from(!tuple);
         for column in &set {
-            columns.insert(column.clone(), expression.iter().skip(own).any(|w| w == column));
+            // A tuple's expression sets several columns: none from itself alone.
+            columns.insert(column.clone(), !tuple && own_value(&expression, column));
         }
         if !more {
             break;
@@ -234,6 +345,10 @@ fn alter_types(rest: &[Token]) -> Option<Named> {
     i += took;
     let mut columns = BTreeMap::new();
     while i < rest.len() {
+        // Another statement's ALTER TABLE (in a function body, say) is its own.
+        if rest[i] == Token::Other(';') || (word(rest.get(i), "alter") && word(rest.get(i + 1), "table")) {
+            break;
+        }
         if word(rest.get(i), "alter") {
             let mut j = i + 1;
             if word(rest.get(j), "column") {
@@ -252,6 +367,8 @@ fn alter_types(rest: &[Token]) -> Option<Named> {
                             Token::Other('(') => depth += 1,
                             Token::Other(')') => depth = depth.saturating_sub(1),
                             Token::Other(',') if depth == 0 => break,
+                            Token::Other(';') => break,
+                            Token::Word(w) if w == "alter" => break,
                             Token::Word(w) if w == "using" && depth == 0 => using = Some(k),
                             _ => {}
                         }
