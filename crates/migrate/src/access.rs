@@ -20,7 +20,168 @@ pub(crate) fn access_hazards(e: &Evidence, v: &mut Verdict) {
     let (Some(before), Some(after)) = (e.before.objects.as_ref(), e.after.objects.as_ref()) else { return };
     row_security(e, before, after, v);
     grants(e, before, after, v);
+    default_privileges(e, before, after, v);
+    views_over_row_security(e, before, after, v);
+    definer_functions(e, after, v);
     triggers(e, before, after, v);
+}
+
+/// Grantees of an entry other than its owner (`owner X` in its definition).
+fn others_granted(entry: &Entry) -> Vec<String> {
+    let owner = entry.definition.split("; ").find_map(|p| p.strip_prefix("owner ")).unwrap_or_default();
+    let owner = owner.trim_matches('"');
+    granted(entry).into_keys().filter(|g| g != owner).collect()
+}
+
+/// `ALTER DEFAULT PRIVILEGES` that grants more on objects made later.
+fn default_privileges(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    for (key, now) in after.iter().filter(|(k, _)| k.starts_with("default privileges")) {
+        let acl = |entry: Option<&Entry>| -> BTreeMap<String, String> {
+            let Some(entry) = entry else { return BTreeMap::new() };
+            let list = entry.definition.trim_matches(|c| c == '{' || c == '}');
+            granted(&Entry { definition: format!("grants {list}"), property: true })
+        };
+        let (was, is) = (acl(before.get(key)), acl(Some(now)));
+        // The role's own privileges on what it makes are written out too.
+        let owner =
+            key.rsplit("belonging to role ").next().unwrap_or_default().split(' ').next().unwrap_or_default();
+        for (grantee, privileges) in is.iter().filter(|(g, _)| g.as_str() != owner) {
+            let had = was.get(grantee).map(String::as_str).unwrap_or_default();
+            let mut gained: Vec<&str> =
+                privileges.chars().filter(|p| !had.contains(*p)).map(privilege).collect();
+            gained.dedup();
+            if gained.is_empty() {
+                continue;
+            }
+            let public = grantee == "PUBLIC";
+            v.hazards.push(Hazard::new(
+                "access_widened",
+                if public { Severity::High } else { Severity::Medium },
+                format!(
+                    "{key} now grant {} to {grantee}: every such object made from now on is open to it",
+                    gained.join(", ")
+                ),
+                line_naming(e, "default"),
+            ));
+        }
+    }
+}
+
+/// A view or materialized view the candidate made (or redefined) over a
+/// golden table whose rows row security limits, readable by roles other
+/// than its owner: a view reads its tables as its owner, so they see every
+/// row, unless it is `security_invoker`.
+fn views_over_row_security(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    let guarded: Vec<&String> = e
+        .before
+        .tables
+        .keys()
+        .filter(|t| {
+            before.iter().any(|(k, p)| {
+                k.strip_prefix("properties of table ").is_some_and(|n| n == t.as_str() || n == short_name(t))
+                    && has(p, "row security on")
+            })
+        })
+        .collect();
+    if guarded.is_empty() {
+        return;
+    }
+    for (view, definition) in e.after.views.iter().filter(|(name, d)| e.before.views.get(*name) != Some(*d)) {
+        let over: Vec<&&String> = guarded
+            .iter()
+            .filter(|t| {
+                let (schema, name) = airlock_postgres::catalog::split_qualified(t);
+                super::integrity::names_word(&definition.to_ascii_lowercase(), &name.to_ascii_lowercase())
+                    || definition.contains(&format!("{schema}.{name}"))
+            })
+            .collect();
+        if over.is_empty() {
+            continue;
+        }
+        let properties = after.iter().find(|(k, _)| {
+            (k.starts_with("properties of view ") || k.starts_with("properties of materialized view "))
+                && (k.ends_with(&format!(" {view}")) || k.ends_with(&format!(" {}", short_name(view))))
+        });
+        let Some((_, properties)) = properties else { continue };
+        let invoker = properties.definition.contains("security_invoker=true")
+            || properties.definition.contains("security_invoker=on");
+        let readers = others_granted(properties);
+        if invoker || readers.is_empty() {
+            continue;
+        }
+        let tables: Vec<&str> = over.iter().map(|t| t.as_str()).collect();
+        let mut h = Hazard::new(
+            "access_widened",
+            Severity::High,
+            format!(
+                "view {view} reads {} with its owner's rights, not its readers' (row security applies as to its owner, not at all if it owns the table), and {} may read it",
+                tables.join(", "),
+                readers.join(", ")
+            ),
+            line_naming(e, short_name(view)),
+        );
+        h.suggestion = Some(format!(
+            "CREATE VIEW {view} WITH (security_invoker = true) AS ..., so its readers' policies apply"
+        ));
+        v.hazards.push(h);
+    }
+}
+
+/// Functions the candidate made `SECURITY DEFINER` that roles other than
+/// their owner may call (PUBLIC may, unless revoked): each runs with its
+/// owner's privileges, row security's bypass included, for every caller.
+fn definer_functions(e: &Evidence, after: &BTreeMap<String, Entry>, v: &mut Verdict) {
+    for s in e.statements.iter().filter(|s| !s.rolled_back) {
+        let sql = s.sql.to_ascii_lowercase();
+        let flat = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+        if !flat.contains("security definer") || !flat.contains("function") {
+            continue;
+        }
+        for (function, _) in e.after.functions.iter().filter(|(f, _)| !e.before.functions.contains_key(*f)) {
+            let name = function.split('(').next().unwrap_or(function);
+            let bare = name.rsplit('.').next().unwrap_or(name).to_ascii_lowercase();
+            if !super::integrity::names_word(&sql, &bare) {
+                continue;
+            }
+            let properties = after.iter().find(|(k, _)| {
+                k.strip_prefix("properties of function ")
+                    .or_else(|| k.strip_prefix("properties of procedure "))
+                    .is_some_and(|f| {
+                        f.split('(').next().is_some_and(|n| {
+                            n == name || n == short_name(name) || n.rsplit('.').next() == Some(bare.as_str())
+                        })
+                    })
+            });
+            let Some((_, properties)) = properties else { continue };
+            let callers = others_granted(properties);
+            if callers.is_empty() {
+                continue;
+            }
+            let mut h = Hazard::new(
+                "access_widened",
+                if callers.iter().any(|c| c == "PUBLIC") { Severity::High } else { Severity::Medium },
+                format!(
+                    "function {function} is SECURITY DEFINER and {} may call it: it runs with its owner's privileges, past row security, for every caller",
+                    callers.join(", ")
+                ),
+                Some(s.line).filter(|l| *l > 0),
+            );
+            h.suggestion = Some(format!(
+                "REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC, and grant it to the role that needs it"
+            ));
+            v.hazards.push(h);
+        }
+    }
 }
 
 /// The table a `table NAME` object names, as the catalog keys it.

@@ -163,7 +163,7 @@ fn sorted(mut columns: Vec<String>) -> Vec<String> {
 }
 
 /// Whether `text` names `word` as a whole identifier.
-fn names_word(text: &str, word: &str) -> bool {
+pub(crate) fn names_word(text: &str, word: &str) -> bool {
     let is_part = |c: char| c.is_ascii_alphanumeric() || c == '_';
     text.match_indices(word).any(|(at, _)| {
         !text[..at].chars().next_back().is_some_and(is_part)

@@ -466,6 +466,26 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
                 "empty_function.sql",
                 "CREATE OR REPLACE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;",
             ),
+            // Access opened through objects the candidate makes.
+            (
+                "view_leak.sql",
+                "CREATE VIEW all_accounts AS SELECT * FROM accounts;\nGRANT SELECT ON all_accounts TO PUBLIC;",
+            ),
+            (
+                "definer.sql",
+                "CREATE FUNCTION leak() RETURNS SETOF accounts LANGUAGE sql SECURITY DEFINER AS 'SELECT * FROM accounts';",
+            ),
+            ("default_privileges.sql", "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC;"),
+            (
+                "invoker_view.sql",
+                "CREATE VIEW mine WITH (security_invoker = true) AS SELECT * FROM accounts;\n\
+                 GRANT SELECT ON mine TO PUBLIC;",
+            ),
+            (
+                "definer_revoked.sql",
+                "CREATE FUNCTION leak() RETURNS SETOF accounts LANGUAGE sql SECURITY DEFINER AS 'SELECT * FROM accounts';\n\
+                 REVOKE EXECUTE ON FUNCTION leak() FROM PUBLIC;",
+            ),
             // Nothing opened up: a policy renamed; a permissive policy dropped narrows what roles
             // see, a trigger renamed still runs, a column added is just that.
             ("drop_permissive.sql", "DROP POLICY tenant_rows ON accounts;"),
@@ -524,7 +544,26 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
     );
     let said = message(&c["empty_function.sql"], "trigger_changed");
     assert!(said.contains("touch()") && said.contains("accounts_touch"), "{said}");
-    for name in ["drop_permissive.sql", "rename_restrictive.sql", "rename_trigger.sql", "add_column.sql"] {
+    let said = message(&c["view_leak.sql"], "access_widened");
+    assert!(
+        said.starts_with("view public.all_accounts reads public.accounts") && said.contains("PUBLIC"),
+        "{said}"
+    );
+    let said = message(&c["definer.sql"], "access_widened");
+    assert!(
+        said.contains("leak()") && said.contains("SECURITY DEFINER") && said.contains("PUBLIC"),
+        "{said}"
+    );
+    let said = message(&c["default_privileges.sql"], "access_widened");
+    assert!(said.starts_with("default privileges") && said.contains("SELECT to PUBLIC"), "{said}");
+    for name in [
+        "invoker_view.sql",
+        "definer_revoked.sql",
+        "drop_permissive.sql",
+        "rename_restrictive.sql",
+        "rename_trigger.sql",
+        "add_column.sql",
+    ] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
             ["access_widened", "policy_changed", "trigger_removed", "trigger_changed"]
