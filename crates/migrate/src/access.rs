@@ -50,14 +50,7 @@ fn default_privileges(
         // The role's own privileges on what it makes are written out too.
         let owner =
             key.rsplit("belonging to role ").next().unwrap_or_default().split(' ').next().unwrap_or_default();
-        for (grantee, privileges) in is.iter().filter(|(g, _)| g.as_str() != owner) {
-            let had = was.get(grantee).map(String::as_str).unwrap_or_default();
-            let mut gained: Vec<&str> =
-                privileges.chars().filter(|p| !had.contains(*p)).map(privilege).collect();
-            gained.dedup();
-            if gained.is_empty() {
-                continue;
-            }
+        for (grantee, gained) in gains(&was, &is).into_iter().filter(|(g, _)| g.as_str() != owner) {
             let public = grantee == "PUBLIC";
             v.hazards.push(Hazard::new(
                 "access_widened",
@@ -322,6 +315,23 @@ fn granted(entry: &Entry) -> BTreeMap<String, String> {
     out
 }
 
+/// Each grantee of `now` with the privileges, in words, that it did not
+/// hold in `was`.
+fn gains<'a>(
+    was: &BTreeMap<String, String>,
+    now: &'a BTreeMap<String, String>,
+) -> Vec<(&'a String, Vec<&'static str>)> {
+    now.iter()
+        .filter_map(|(grantee, privileges)| {
+            let had = was.get(grantee).map(String::as_str).unwrap_or_default();
+            let mut gained: Vec<&str> =
+                privileges.chars().filter(|p| !had.contains(*p)).map(privilege).collect();
+            gained.dedup();
+            Some((grantee, gained)).filter(|(_, g)| !g.is_empty())
+        })
+        .collect()
+}
+
 /// A privilege letter of an ACL item in words.
 fn privilege(letter: char) -> &'static str {
     match letter {
@@ -350,15 +360,7 @@ fn grants(e: &Evidence, before: &BTreeMap<String, Entry>, after: &BTreeMap<Strin
         // A relation's, column's, function's or type's properties, or a schema.
         let object = key.strip_prefix("properties of ").unwrap_or(key);
         let Some(now) = after.get(key) else { continue };
-        let (was, now) = (granted(was), granted(now));
-        for (grantee, privileges) in &now {
-            let had = was.get(grantee).map(String::as_str).unwrap_or_default();
-            let mut gained: Vec<&str> =
-                privileges.chars().filter(|p| !had.contains(*p)).map(privilege).collect();
-            gained.dedup();
-            if gained.is_empty() {
-                continue;
-            }
+        for (grantee, gained) in gains(&granted(was), &granted(now)) {
             let public = grantee == "PUBLIC";
             let mut h = Hazard::new(
                 "access_widened",

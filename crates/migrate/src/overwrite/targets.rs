@@ -124,41 +124,48 @@ fn set_null_by_keys(
     }
 }
 
-/// The tables a statement's text updates or deletes from (to eight
-/// constants deep, as [`named`]).
+/// The tables a statement's text updates or deletes from.
 fn touched(sql: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
-    let mut pending = vec![(tokens(sql), 0usize)];
-    while let Some((said, depth)) = pending.pop() {
+    for said in token_lists(sql, &["update", "delete"]) {
         for (i, t) in said.iter().enumerate() {
-            match t {
-                Token::Word(w) if w == "update" => {
-                    let only = usize::from(word(said.get(i + 1), "only"));
-                    out.extend(name(&said[i + 1 + only..]).map(|(n, _)| n));
-                }
-                Token::Word(w) if w == "delete" && word(said.get(i + 1), "from") => {
-                    let only = usize::from(word(said.get(i + 2), "only"));
-                    out.extend(name(&said[i + 2 + only..]).map(|(n, _)| n));
-                }
-                Token::Constant(body) if depth < NESTING_MOST => {
-                    let lower = body.to_ascii_lowercase();
-                    if lower.contains("update") || lower.contains("delete") {
-                        pending.push((tokens(body), depth + 1));
-                    }
-                }
-                _ => {}
-            }
+            let after = match t {
+                Token::Word(w) if w == "update" => i + 1,
+                Token::Word(w) if w == "delete" && word(said.get(i + 1), "from") => i + 2,
+                _ => continue,
+            };
+            let only = usize::from(word(said.get(after), "only"));
+            out.extend(name(&said[after + only..]).map(|(n, _)| n));
         }
     }
     out
 }
 
-/// What one statement's text sets or retypes, and every constant in it, to
-/// [`NESTING_MOST`] levels.
-fn named(sql: &str) -> Vec<Named> {
+/// The tokens of a statement, and of every constant in it (a function's or
+/// a `DO` block's body) whose text holds one of `words`, to [`NESTING_MOST`]
+/// levels: each text is read once, and no file can make reading recurse
+/// without end.
+fn token_lists(sql: &str, words: &[&str]) -> Vec<Vec<Token>> {
     let mut out = Vec::new();
     let mut pending = vec![(tokens(sql), 0usize)];
     while let Some((said, depth)) = pending.pop() {
+        for t in &said {
+            if let Token::Constant(body) = t {
+                let lower = body.to_ascii_lowercase();
+                if depth < NESTING_MOST && words.iter().any(|w| lower.contains(w)) {
+                    pending.push((tokens(body), depth + 1));
+                }
+            }
+        }
+        out.push(said);
+    }
+    out
+}
+
+/// What one statement's text sets or retypes, and every constant in it.
+fn named(sql: &str) -> Vec<Named> {
+    let mut out = Vec::new();
+    for said in token_lists(sql, &["update", "type"]) {
         // The table a bare `UPDATE SET` (of MERGE or ON CONFLICT) writes.
         let mut into: Vec<String> = vec![];
         for (i, t) in said.iter().enumerate() {
@@ -174,12 +181,6 @@ fn named(sql: &str) -> Vec<Named> {
                 Token::Word(w) if w == "update" => out.extend(update(&said[i + 1..])),
                 Token::Word(w) if w == "alter" && word(said.get(i + 1), "table") => {
                     out.extend(alter_types(&said[i + 2..]))
-                }
-                Token::Constant(body) if depth < NESTING_MOST => {
-                    let lower = body.to_ascii_lowercase();
-                    if lower.contains("update") || lower.contains("type") {
-                        pending.push((tokens(body), depth + 1));
-                    }
                 }
                 _ => {}
             }
