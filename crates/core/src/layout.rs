@@ -216,6 +216,16 @@ impl InstanceDir {
     pub fn ident_file(&self) -> PathBuf {
         self.root.join("pg_ident.conf")
     }
+    /// The user database the server resolves peers' uids in (root's): the
+    /// host's, with names for a sandbox's leased uids, which have none there.
+    pub fn passwd_file(&self) -> PathBuf {
+        self.root.join("passwd")
+    }
+    /// In a golden generation: the statements its agent role was made with
+    /// (none in a golden made before goldens held one).
+    pub fn agent_role_file(&self) -> PathBuf {
+        self.root.join("agent-role.sql")
+    }
     /// The working directory `airlock exec` commands start in (the instance user's).
     pub fn exec_dir(&self) -> PathBuf {
         self.root.join("exec")

@@ -342,6 +342,16 @@ impl Engine {
         vec![self.daemon_user.name.as_str()]
     }
 
+    /// The OS users that log in to a sandbox's server as its agent role, by
+    /// peer: its server's (the router and the gateway connect as it), its
+    /// exec user's, and the daemon's (a socket DSN used on the host).
+    pub fn agent_os_users(&self, sb: &Sandbox) -> Result<Vec<Identity>> {
+        let mut users = vec![self.sandbox_user(sb)?, self.exec_user(sb)?, self.daemon_user.clone()];
+        users.sort_by_key(|u| u.uid.as_raw());
+        users.dedup_by_key(|u| u.uid.as_raw());
+        Ok(users)
+    }
+
     /// The OS user a sandbox runs as: its own leased uid when root, so no
     /// instance can read or signal a neighbour's (of any data root on the host);
     /// otherwise the daemon's own user.

@@ -129,24 +129,22 @@ impl Admin {
         row.cell::<String>(0)
     }
 
-    /// Creates the agent role with a fresh password, its access mode and limits.
-    /// Only the SCRAM verifier is sent, so the password itself never reaches the
-    /// server or its log.
-    pub async fn mint_agent(&self, password: &str, access: &Access) -> Result<()> {
-        let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
-        self.execute(&access.create_role_sql(Some(&verifier))).await
+    /// Makes the agent role for `access` in a fresh fork, in place of the one
+    /// its golden holds, if any (made for the default access, with no
+    /// sessions yet). It logs in by peer: no password is sent or kept.
+    pub async fn mint_agent(&self, access: &Access) -> Result<()> {
+        self.execute(&format!("DROP ROLE IF EXISTS {AGENT_ROLE}; {}", access.create_role_sql())).await
     }
 
     /// Makes the agent role again with other access (a pool member, made with
     /// the default, claimed by a fork that asks for another): its sessions, the
     /// router's parked one among them, are ended first.
-    pub async fn remake_agent(&self, password: &str, access: &Access) -> Result<()> {
-        let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
+    pub async fn remake_agent(&self, access: &Access) -> Result<()> {
         self.execute(&format!(
             "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
               WHERE usename = '{AGENT_ROLE}';
              DROP ROLE {AGENT_ROLE}; {}",
-            access.create_role_sql(Some(&verifier))
+            access.create_role_sql()
         ))
         .await
     }
@@ -198,8 +196,9 @@ impl Admin {
         Ok(pids.len())
     }
 
-    /// Sets the agent's password back to the daemon's (only the daemon's own
-    /// connections use it: the router, the gateway, `exec`).
+    /// Sets the agent's password back to the daemon's, for a server started
+    /// before the agent logged in by peer (whose access rules still ask the
+    /// router, the gateway and `exec` for it).
     pub async fn restore_agent_password(&self, password: &str) -> Result<()> {
         let verifier = crate::scram::verifier(password, crate::scram::AGENT_ITERATIONS);
         self.execute(&format!("ALTER ROLE {AGENT_ROLE} LOGIN PASSWORD '{verifier}' VALID UNTIL 'infinity'"))

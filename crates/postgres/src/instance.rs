@@ -14,7 +14,7 @@ use nix::sys::signal::{self, Signal};
 use nix::unistd::Pid;
 
 use crate::bin::PgBin;
-use airlock_core::dsn::{ADMIN_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
+use airlock_core::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE, SOCKET_PORT};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::{contain_at_gate, log_tail, Enter, Who};
@@ -53,39 +53,94 @@ const SETTINGS: &[(&str, &str, u32)] = &[
     ("authentication_timeout", "10s", 13),
 ];
 
-/// Who may connect and how: the admin role only by peer authentication from the
-/// daemon's OS user (no superuser password exists), everyone else by SCRAM, to
-/// the application database or one an agent created, never to a template or
-/// `postgres`. A golden's build also lets its loader OS
-/// users (`owner_os_users`) in as the owner role, which loads what the build is
-/// made of: a session that logged in as a non-superuser can never become one
-/// (`SET ROLE` and `SET SESSION AUTHORIZATION` need a superuser session).
-fn hba(admin_os_users: &[&str], owner_os_users: &[&str]) -> (String, String) {
+/// Who may connect and how, all by peer authentication (the OS user the
+/// kernel vouches for on the socket; no password is held by the server):
+/// - the admin role from the daemon's OS user only (no superuser password exists);
+/// - the agent role from [`Peers::agent`]: the sandbox's own OS users (the
+///   router and the gateway connect as its server's, `exec` code runs as its
+///   second) and the daemon's (a socket DSN used on the host);
+/// - during a golden's build, the owner role from its loader OS users, which
+///   load what the build is made of: a session that logged in as a
+///   non-superuser can never become one (`SET ROLE` and `SET SESSION
+///   AUTHORIZATION` need a superuser session).
+///
+/// Nobody reaches a template or `postgres`. Without agent peers (a build, a
+/// bare server for a benchmark) other roles log in by SCRAM; with them, no
+/// other role logs in at all.
+fn hba(peers: &Peers<'_>) -> (String, String) {
     let mut hba = format!("# written by airlock at every start\nlocal all {ADMIN_ROLE} peer map=airlock\n");
-    if !owner_os_users.is_empty() {
+    if !peers.owner.is_empty() {
         hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
     }
     hba.push_str("local template0,template1,postgres all reject\n");
-    hba.push_str("local all all scram-sha-256\n");
-    let mut ident = String::from("# written by airlock at every start\n");
-    for user in admin_os_users {
-        ident.push_str(&format!("airlock {user} {ADMIN_ROLE}\n"));
+    match peers.agent.is_empty() {
+        true => hba.push_str("local all all scram-sha-256\n"),
+        false => hba.push_str(&format!("local all {AGENT_ROLE} peer map=airlock\nlocal all all reject\n")),
     }
-    for user in owner_os_users {
-        ident.push_str(&format!("airlock {user} {OWNER_ROLE}\n"));
+    let mut ident = String::from("# written by airlock at every start\n");
+    for (users, role) in [(peers.admin, ADMIN_ROLE), (peers.owner, OWNER_ROLE)] {
+        for user in users {
+            ident.push_str(&format!("airlock {user} {role}\n"));
+        }
+    }
+    for user in peers.agent {
+        ident.push_str(&format!("airlock {} {AGENT_ROLE}\n", peer_name(user)));
     }
     (hba, ident)
+}
+
+/// The OS users that log in to a server by peer, each as one role.
+#[derive(Default)]
+pub struct Peers<'a> {
+    /// As the admin role (names: the daemon's own user).
+    pub admin: &'a [&'a str],
+    /// As the agent role.
+    pub agent: &'a [Identity],
+    /// As the owner role (names: a golden build's loaders).
+    pub owner: &'a [&'a str],
+}
+
+/// The name a peer has inside the server's view: its host name, or for a
+/// leased uid (no host entry) one the instance's own user database gives it.
+fn peer_name(user: &Identity) -> String {
+    match nix::unistd::User::from_uid(user.uid) {
+        Ok(Some(host)) => host.name,
+        _ => format!("airlock-{}", user.uid),
+    }
 }
 
 /// Writes the access files of an instance beside its data directory, in the
 /// root-owned instance directory: the server reads them (`hba_file`,
 /// `ident_file`) but neither it nor anything running as its user can change
-/// them. `owner_os_users` for a golden's build only (see [`hba`]).
-pub fn write_access_files(dir: &InstanceDir, admin_os_users: &[&str], owner_os_users: &[&str]) -> Result<()> {
-    let (hba, ident) = hba(admin_os_users, owner_os_users);
+/// them. Peers with no host user entry (a sandbox's leased uids) get one in
+/// the instance's own `passwd`, which its server's view puts at `/etc/passwd`,
+/// since peer authentication needs a user name for the uid.
+pub fn write_access_files(dir: &InstanceDir, peers: &Peers<'_>) -> Result<()> {
+    let (hba, ident) = hba(peers);
     for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
         airlock_host::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
     }
+    let unnamed: Vec<&Identity> =
+        peers.agent.iter().filter(|u| !matches!(nix::unistd::User::from_uid(u.uid), Ok(Some(_)))).collect();
+    if unnamed.is_empty() {
+        match std::fs::remove_file(dir.passwd_file()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => return Ok(()),
+        }
+    }
+    let mut passwd = std::fs::read_to_string("/etc/passwd")?;
+    if !passwd.is_empty() && !passwd.ends_with('\n') {
+        passwd.push('\n');
+    }
+    for user in unnamed {
+        passwd.push_str(&format!(
+            "{}:x:{}:{}:airlock sandbox:/nonexistent:/usr/sbin/nologin\n",
+            peer_name(user),
+            user.uid,
+            user.gid
+        ));
+    }
+    airlock_host::storage::tree::write_private(&dir.passwd_file(), passwd.as_bytes(), 0o644)?;
     Ok(())
 }
 
@@ -137,7 +192,7 @@ pub fn prepare_dir(dir: &InstanceDir, user: &Identity, socket_group: Option<nix:
         nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
     )
     .map_err(std::io::Error::from)?;
-    for name in ["postgres.log", "pg_hba.conf", "pg_ident.conf"] {
+    for name in ["postgres.log", "pg_hba.conf", "pg_ident.conf", "passwd"] {
         let path = dir.root.join(name);
         if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
             std::fs::remove_file(&path)?;
@@ -214,6 +269,11 @@ pub fn server_view(bin: &PgBin, dir: &InstanceDir, guard: Option<&Path>) -> Resu
         view.bind(lib, lib, false)?;
     }
     view.bind(&dir.root, &dir.root, true)?;
+    // Over the host's, so peers' leased uids have names (see write_access_files).
+    let passwd = dir.passwd_file();
+    if passwd.is_file() {
+        view.bind(&passwd, Path::new("/etc/passwd"), false)?;
+    }
     Ok(view)
 }
 

@@ -1,5 +1,6 @@
 //! A server session the router opens as the agent role, on the sandbox's private
-//! socket: logged in with the password the daemon holds (SCRAM, as a client),
+//! socket: logged in by peer, as the sandbox's own OS user (or, on a server
+//! started before that, with the password the daemon holds, SCRAM as a client),
 //! ready for queries, with what its client must be told (ParameterStatus,
 //! BackendKeyData) kept so it can be replayed to a client authenticated by the
 //! router, then or later.
@@ -69,8 +70,8 @@ fn protocol_error(why: &str) -> LoginError {
     LoginError::Broken(PacketError::Invalid(why.to_owned()))
 }
 
-/// Sends `startup` on `stream` and answers the server's SCRAM challenge with
-/// `password` until it is ready for queries.
+/// Sends `startup` on `stream` and, if the server asks, answers its SCRAM
+/// challenge with `password`, until it is ready for queries.
 pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     stream: S,
     startup: &[u8],
@@ -89,7 +90,11 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
     let (mut params, mut key, mut handshake) = (Vec::new(), None, None);
     let mut buf = BytesMut::new();
     let mut first = true;
-    // Whether the server proved it knows the password (SCRAM's last message).
+    // Whether the server proved it knows the password (SCRAM's last message),
+    // where it asked for one (a server started before the agent logged in by
+    // peer). By peer, the server is known by the socket's listener, checked to
+    // be the sandbox's postmaster before this, and it offers the hand-off only
+    // once it has authenticated the session.
     let mut server_proved = false;
     loop {
         let m = match first {
@@ -101,6 +106,9 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
         };
         first = false;
         match (m.tag, m.auth_code()) {
+            (b'R', Some(0)) if scram.is_some() && !server_proved => {
+                return Err(protocol_error("the server ended SCRAM without proving it knows the password"))
+            }
             (b'R', Some(0)) => {}
             (b'R', Some(10)) => {
                 let offered = m.body()[4..].split(|&b| b == 0).any(|mech| mech == SCRAM_SHA_256.as_bytes());
@@ -126,11 +134,11 @@ pub async fn login<S: AsyncRead + AsyncWrite + Unpin>(
                 server_proved = true;
             }
             (b'R', _) => return Err(protocol_error(
-                "the server asked for an authentication other than SCRAM-SHA-256 (its pg_hba.conf method)",
+                "the server asked for an authentication other than peer or SCRAM-SHA-256 (its pg_hba.conf method)",
             )),
             (b'S', _) => match parameter(m.body()) {
                 Some((name, value)) if name == HANDSHAKE => handshake = Some(value),
-                Some((name, value)) if name == HANDOFF && server_proved => {
+                Some((name, value)) if name == HANDOFF && (scram.is_none() || server_proved) => {
                     let key = offer(&value)
                         .ok_or_else(|| protocol_error("the server's hand-off offer did not parse"))?;
                     if !server.buffer().is_empty() {

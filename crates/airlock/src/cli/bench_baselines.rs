@@ -259,7 +259,7 @@ impl Scratch {
         self.user.own(&dir.pgdata())?;
         instance::initdb(&self.bin, &dir.pgdata(), &self.me, &self.user).await?;
         let users = [self.me.name.as_str()];
-        instance::write_access_files(&dir, &users, &[])?;
+        instance::write_access_files(&dir, &instance::Peers { admin: &users, ..Default::default() })?;
         let mut started = instance::start(&self.bin, &dir, &self.user, None, &[], None, None, None, None)?;
         if let Err(e) = started.wait_ready(&dir).await {
             let _ = instance::kill(started.pid, &dir.pgdata()).await;

@@ -146,24 +146,20 @@ impl Access {
         Ok(())
     }
 
-    /// The statements that create the agent role for this access, given the
-    /// password's SCRAM verifier; without one the role cannot log in (a pool
-    /// member's, until a claim gives it a password). Run by the admin in the
-    /// application database.
-    pub fn create_role_sql(&self, verifier: Option<&str>) -> String {
+    /// The statements that create the agent role for this access, its mode
+    /// and limits. It logs in by peer authentication from the sandbox's own OS
+    /// users, so the server holds no password for it. Run by the admin in the
+    /// application database (or in a golden's, for the default access, so
+    /// that a fork that asks for it has nothing to make).
+    pub fn create_role_sql(&self) -> String {
         let l = &self.limits;
-        let login = match verifier {
-            Some(v) => format!("LOGIN PASSWORD '{v}'"),
-            None => "NOLOGIN".to_owned(),
-        };
-        let verifier = login;
         let attrs = "NOSUPERUSER NOCREATEROLE NOREPLICATION NOBYPASSRLS";
         let mut sql = match self.mode {
             // An owner may create databases of its own (test runners do); the
             // in-server guard keeps them its own, and the sandbox's own
             // database out of its reach.
             Mode::Owner => format!(
-                "CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {OWNER_ROLE} {attrs} CREATEDB CONNECTION LIMIT {};",
+                "CREATE ROLE {AGENT_ROLE} LOGIN IN ROLE {OWNER_ROLE} {attrs} CREATEDB CONNECTION LIMIT {};",
                 l.connection_limit
             ),
             Mode::Readonly => format!(
@@ -172,7 +168,7 @@ impl Access {
                      CREATE ROLE {READ_ONLY_ROLE} NOLOGIN;
                    END IF;
                  END $$;
-                 CREATE ROLE {AGENT_ROLE} {verifier} IN ROLE {READ_ONLY_ROLE} {attrs} NOCREATEDB CONNECTION LIMIT {};
+                 CREATE ROLE {AGENT_ROLE} LOGIN IN ROLE {READ_ONLY_ROLE} {attrs} NOCREATEDB CONNECTION LIMIT {};
                  DO $$ DECLARE d text; BEGIN
                    FOR d IN SELECT datname FROM pg_catalog.pg_database WHERE datallowconn LOOP
                      EXECUTE format('REVOKE TEMPORARY ON DATABASE %I FROM PUBLIC', d);
@@ -227,10 +223,10 @@ mod tests {
     fn modes_parse_and_shape_the_role() {
         assert_eq!(Mode::parse("readonly").unwrap(), Mode::Readonly);
         assert!(Mode::parse("admin").is_err());
-        let owner = Access::default().create_role_sql(Some("SCRAM"));
+        let owner = Access::default().create_role_sql();
         assert!(owner.contains("IN ROLE airlock_owner") && owner.contains("statement_timeout = '30000ms'"));
-        let ro = Access { mode: Mode::Readonly, ..Default::default() }.create_role_sql(Some("SCRAM"));
-        assert!(Access::default().create_role_sql(None).contains("NOLOGIN"));
+        let ro = Access { mode: Mode::Readonly, ..Default::default() }.create_role_sql();
+        assert!(owner.contains(" LOGIN ") && !owner.contains("PASSWORD"));
         assert!(ro.contains("IN ROLE airlock_readonly") && !ro.contains("IN ROLE airlock_owner"));
         assert!(ro.contains("default_transaction_read_only = on"));
     }

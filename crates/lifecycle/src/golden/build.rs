@@ -318,7 +318,10 @@ async fn build_in(
         Some(loader) => vec![loader.name.as_str()],
         None => vec![engine.daemon_user.name.as_str()],
     };
-    instance::write_access_files(dir, &engine.admin_os_users(), &loaders)?;
+    instance::write_access_files(
+        dir,
+        &instance::Peers { admin: &engine.admin_os_users(), owner: &loaders, ..Default::default() },
+    )?;
 
     // The build is the operator's own act on trusted input: no guard, so a
     // schema may set database defaults while its owner role still owns it.
@@ -346,6 +349,11 @@ async fn build_in(
             return Err(e);
         }
     };
+    // After the golden is described, so nothing read of it sees the role.
+    if let Err(e) = premake_agent(dir, started.pid).await {
+        let _ = instance::kill(started.pid, &dir.pgdata()).await;
+        return Err(e);
+    }
     started.stop_clean(dir).await?;
     let masked = source.shape().is_some_and(|s| s.masks());
     if masked {
@@ -378,6 +386,21 @@ async fn build_in(
     let json = serde_json::to_vec_pretty(&manifest).expect("manifest serializes");
     std::fs::write(dir.root.join("manifest.json"), json)?;
     Ok(manifest)
+}
+
+/// Makes the agent role for the default access in the golden, and notes the
+/// statements beside it, so that a fork that asks for that access starts with
+/// its role made. It holds no credential: the agent logs in by peer, from the
+/// fork's own OS users, which only the fork's access files name.
+async fn premake_agent(dir: &InstanceDir, postmaster: i32) -> Result<()> {
+    let access = airlock_core::records::access::Access::default();
+    Admin::connect(dir, DATABASE, postmaster).await?.mint_agent(&access).await?;
+    airlock_host::storage::tree::write_private(
+        &dir.agent_role_file(),
+        access.create_role_sql().as_bytes(),
+        0o644,
+    )?;
+    Ok(())
 }
 
 /// What a masked or subsetted build's manifest says of it.

@@ -45,17 +45,26 @@ fn asked_for_a_handoff(s: &Scene) -> (UnixStream, String) {
     asked_for_a_handoff_then(s, &[]).expect("the offer")
 }
 
-/// Sent as `extra`: leave once the last SCRAM message is sent, the server's
-/// answer and offer unread, so the close resets the connection under it.
+/// Sent as `extra`: leave once the login is sent (the startup packet, which
+/// peer authentication takes as it is, or the last SCRAM message), the
+/// server's answer and offer unread, so the close resets the connection under it.
 const LEAVE_UNREAD: &[u8] = b"leave";
 
-/// The same, sending `extra` with the last SCRAM message; the session's error
+/// The same, sending `extra` right behind the login (the startup packet, or
+/// the last SCRAM message where the server asks for one); the session's error
 /// when it ended before an offer ("left" for [`LEAVE_UNREAD`]).
 fn asked_for_a_handoff_then(s: &Scene, extra: &[u8]) -> Result<(UnixStream, String), String> {
     let mut stream = UnixStream::connect(socket_path(&s.agent_socket)).expect("the sandbox's socket");
     stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    let packet =
+    let mut packet =
         startup_packet(196608, &[("user", "airlock_agent"), ("database", "app"), ("airlock.handoff", "on")]);
+    // This test runs as the daemon's user, which logs in as the agent by peer.
+    if extra == LEAVE_UNREAD {
+        stream.write_all(&packet).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        return Err("left".into());
+    }
+    packet.extend_from_slice(extra);
     stream.write_all(&packet).unwrap();
     let mut scram: Option<ScramSha256> = None;
     loop {
@@ -71,19 +80,13 @@ fn asked_for_a_handoff_then(s: &Scene, extra: &[u8]) -> Result<(UnixStream, Stri
                 let sc = scram.as_mut().unwrap();
                 sc.update(&body[4..]).unwrap();
                 frontend::sasl_response(sc.message(), &mut buf).unwrap();
-                if extra == LEAVE_UNREAD {
-                    stream.write_all(&buf).unwrap();
-                    std::thread::sleep(Duration::from_millis(100));
-                    return Err("left".into());
-                }
-                buf.extend_from_slice(extra);
             }
             (b'R', Some(12)) => scram.as_mut().unwrap().finish(&body[4..]).unwrap(),
             (b'R', Some(0)) => panic!("AuthenticationOk before the offer"),
             (b'S', _) => {
                 let mut parts = body.split(|b| *b == 0);
                 let (name, value) = (parts.next().unwrap(), parts.next().unwrap());
-                assert_eq!(name, b"airlock.handoff", "the first thing after SASL is the offer");
+                assert_eq!(name, b"airlock.handoff", "the first thing after authentication is the offer");
                 return Ok((stream, String::from_utf8(value.to_vec()).unwrap()));
             }
             (b'E', _) => return Err(String::from_utf8_lossy(&body).into_owned()),

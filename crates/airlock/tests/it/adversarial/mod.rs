@@ -3,7 +3,8 @@
 //! neighbour sandbox and the golden are untouched. One file per class of
 //! attack: SQL the server refuses (here), the router's front door (`router`),
 //! the daemon's admin work on what the agent planted (`admin`), root's file
-//! work on the sandbox's files (`files`), limits (`limits`), read-only mode
+//! work on the sandbox's files (`files`), limits (`limits`), who may log in to
+//! the sandbox's server (`logins`), read-only mode
 //! (`readonly`), what leaks or outlives a tenant (`leaks`), what is shared
 //! with the whole host, the daemon included (`host`), what the daemon
 //! reports about a sandbox (`reports`), and what agent code sees of the host
@@ -17,6 +18,7 @@ mod handoff;
 mod host;
 mod leaks;
 mod limits;
+mod logins;
 mod readonly;
 mod reports;
 mod router;

@@ -120,11 +120,12 @@ impl Launch {
 /// What a store does about the agent's credential when it starts.
 #[derive(Clone, Copy)]
 pub enum Credential<'a> {
-    /// New data (a fork, a reset, a pool member): make the agent's role with
-    /// this password and the sandbox's access.
+    /// New data (a fork, a reset, a pool member): the agent's credential is
+    /// this password, and its role has the sandbox's access (PostgreSQL's
+    /// logs in by peer and holds no password; Redis's user holds it).
     Mint(&'a str),
-    /// A copy of another sandbox's data (a branch): the role is there, with the
-    /// source's password; give it this one.
+    /// A copy of another sandbox's data (a branch): the role is there, as the
+    /// source had it; the credential becomes this one.
     Rebind(&'a str),
     /// The sandbox's own data started again (a wake, a restart): as it was.
     Kept,

@@ -31,6 +31,23 @@ fn candidates(at: At<'_>) -> impl Iterator<Item = i32> {
     at.sb.pid.into_iter().chain(postmaster_pid(at.dir))
 }
 
+/// Writes a sandbox server's access files: the agent role by peer from the
+/// sandbox's own OS users and the daemon's, never by a password.
+fn write_access_files(at: At<'_>) -> Result<()> {
+    let agent = at.engine.agent_os_users(at.sb)?;
+    let admin = at.engine.admin_os_users();
+    instance::write_access_files(at.dir, &instance::Peers { admin: &admin, agent: &agent, owner: &[] })
+}
+
+/// Whether the fork's golden holds the agent role its access asks for, made
+/// by the same statements this daemon would run.
+fn premade(at: At<'_>) -> bool {
+    let golden = InstanceDir { root: at.engine.layout.golden_generation(&at.sb.golden, at.sb.generation) };
+    let file = golden.agent_role_file();
+    airlock_host::storage::tree::read_small(&file, 64 * 1024)
+        .is_ok_and(|made| made == at.sb.access.create_role_sql())
+}
+
 /// template1's directory in a data directory.
 pub const TEMPLATE1: &str = "base/1";
 
@@ -114,7 +131,7 @@ impl Postgres {
         }
         instance::remove_stale_shared_memory(&pgdata);
         let _ = std::fs::remove_file(pgdata.join("postmaster.pid"));
-        instance::write_access_files(at.dir, &at.engine.admin_os_users(), &[])
+        Ok(())
     }
 }
 
@@ -153,8 +170,10 @@ impl StoreKind for Postgres {
         )
     }
 
-    fn configure(&self, at: At<'_>, _password: &str) -> Result<()> {
-        instance::write_access_files(at.dir, &at.engine.admin_os_users(), &[])
+    fn configure(&self, _at: At<'_>, _password: &str) -> Result<()> {
+        // The access files are written before the server is spawned (see
+        // `start`): its view, composed then, holds their user database.
+        Ok(())
     }
 
     async fn start(
@@ -167,20 +186,22 @@ impl StoreKind for Postgres {
         if let Credential::Kept = credential {
             self.clear_leftovers(at).await?;
         }
+        write_access_files(at)?;
         let (pid, ready) = self.launch(at, launch, steps).await?;
         let bound = async {
             ready?;
             let t = Instant::now();
             match credential {
-                Credential::Mint(password) => {
-                    Admin::connect(at.dir, DATABASE, pid).await?.mint_agent(password, &at.sb.access).await?
-                }
-                Credential::Rebind(password) => {
-                    Admin::connect(at.dir, DATABASE, pid).await?.restore_agent_password(password).await?
+                // The golden's own agent role, made for this access: nothing
+                // to do, and no session of the admin's on the fork's clock.
+                Credential::Mint(_) if premade(at) => return Ok(pid),
+                Credential::Mint(_) => {
+                    Admin::connect(at.dir, DATABASE, pid).await?.mint_agent(&at.sb.access).await?
                 }
                 // Ready is not enough: at a full disk a server can start and
-                // then refuse every session.
-                Credential::Kept => {
+                // then refuse every session. A copy's agent role is its
+                // source's; it logs in by peer, so there is no password to bind.
+                Credential::Rebind(_) | Credential::Kept => {
                     return admin::answers(at.dir, pid, admin::ANSWER_TIMEOUT).await.map(|()| pid)
                 }
             }
@@ -275,20 +296,20 @@ impl StoreKind for Postgres {
         }
     }
 
-    async fn claim(&self, at: At<'_>, password: &str, fresh: bool, changed: bool) -> Result<()> {
+    async fn claim(&self, at: At<'_>, _password: &str, _fresh: bool, changed: bool) -> Result<()> {
         let kept = at.engine.pool.admins.lock().unwrap_or_else(|p| p.into_inner()).remove(&at.sb.id);
         if !changed {
+            return Ok(());
+        }
+        // The agent logs in by peer: a fresh password binds nothing here.
+        if at.sb.access == Access::default() {
             return Ok(());
         }
         let admin = match kept {
             Some(admin) => admin,
             None => Admin::connect(at.dir, DATABASE, at.sb.pid.unwrap_or_default()).await?,
         };
-        match at.sb.access == Access::default() {
-            true if fresh => admin.restore_agent_password(password).await,
-            true => Ok(()),
-            false => admin.remake_agent(password, &at.sb.access).await,
-        }
+        admin.remake_agent(&at.sb.access).await
     }
 
     async fn warm(&self, at: At<'_>) -> Result<()> {
