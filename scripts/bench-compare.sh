@@ -6,6 +6,10 @@
 #
 #   scripts/bench-compare.sh OLD_BINARY NEW_BINARY [ROUNDS]
 #
+# With SEPARATE_GOLDENS=1, each build forks a golden it made itself
+# (bench-40mb-a, bench-40mb-b), for a change in what a golden holds; the
+# other build's golden keeps no pool meanwhile.
+#
 # Each round runs both builds in turn (A then B, then B then A in the next
 # round, so neither always goes first); results go to
 # bench/results/compare.txt, with the medians and p99 of every round and the
@@ -24,7 +28,19 @@ current=$new
 source scripts/bench-lib.sh
 airlock() { "$current" "$@"; }
 bench_fresh_root
-airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+make_golden() {
+  airlock golden create "$1" --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
+  airlock golden pool "$1" --size 0 >/dev/null
+}
+if [ "${SEPARATE_GOLDENS:-0}" = 1 ]; then
+  make_golden bench-40mb-b
+  current=$old
+  airlock daemon stop --with-router >/dev/null 2>&1 || true
+  airlock doctor >/dev/null
+  make_golden bench-40mb-a
+else
+  make_golden bench-40mb
+fi
 
 # Stops the daemon and its router, so the next build starts its own.
 switch_to() {
@@ -35,12 +51,13 @@ switch_to() {
 
 # One build's figures: cold forks, the floor, pooled forks, pgbench -S through the router.
 measure() {
-  local name=$1
-  cold=$(airlock bench fork --golden bench-40mb --iterations 30 --no-baselines --json)
-  airlock golden pool bench-40mb --size 4 >/dev/null
-  pooled=$(airlock bench fork --golden bench-40mb --iterations 30 --no-baselines --json)
-  airlock golden pool bench-40mb --size 0 >/dev/null
-  sb=$(airlock fork bench-40mb --json --ttl 1h --idle-suspend 0)
+  local name=$1 golden=bench-40mb
+  if [ "${SEPARATE_GOLDENS:-0}" = 1 ]; then golden=bench-40mb-$(echo "${name##*-}" | tr AB ab); fi
+  cold=$(airlock bench fork --golden "$golden" --iterations 30 --no-baselines --json)
+  airlock golden pool "$golden" --size 4 >/dev/null
+  pooled=$(airlock bench fork --golden "$golden" --iterations 30 --no-baselines --json)
+  airlock golden pool "$golden" --size 0 >/dev/null
+  sb=$(airlock fork "$golden" --json --ttl 1h --idle-suspend 0)
   routed=$(echo "$sb" | json "['dsn']")
   socket=$(echo "$sb" | json "['socket_dsn']")
   "$pgbin/pgbench" -i -s 10 -q "$socket" >/dev/null 2>&1

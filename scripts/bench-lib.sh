@@ -1,8 +1,9 @@
 # Shared by the benchmark scripts (sourced, not run): the CLI, JSON fields, and a
 # fresh data root on its own XFS volume that is removed again on exit. A script
 # sets AIRLOCK_HOME and GOLDENS (the goldens it builds) before sourcing this.
+# AIRLOCK_BIN runs another build of Airlock (default: this tree's release build).
 
-airlock() { ./target/release/airlock "$@"; }
+airlock() { "${AIRLOCK_BIN:-./target/release/airlock}" "$@"; }
 json() { python3 -c "import json,sys; print(json.load(sys.stdin)$1)"; }
 pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
 out=bench/results
