@@ -2,7 +2,7 @@
 
 use crate::cell::Cell;
 use crate::instance::admin_config;
-use airlock_core::dsn::AGENT_ROLE;
+use airlock_core::dsn::{ADMIN_ROLE, AGENT_ROLE};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_core::records::access::Access;
@@ -129,22 +129,19 @@ impl Admin {
         row.cell::<String>(0)
     }
 
-    /// Makes the agent role for `access` in a fresh fork, in place of the one
-    /// its golden holds, if any (made for the default access, with no
-    /// sessions yet). It logs in by peer: no password is sent or kept.
-    pub async fn mint_agent(&self, access: &Access) -> Result<()> {
-        self.execute(&format!("DROP ROLE IF EXISTS {AGENT_ROLE}; {}", access.create_role_sql())).await
-    }
-
-    /// Makes the agent role again with other access (a pool member, made with
-    /// the default, claimed by a fork that asks for another): its sessions, the
-    /// router's parked one among them, are ended first.
-    pub async fn remake_agent(&self, access: &Access) -> Result<()> {
+    /// Makes the agent role for `access` in place of the one the server
+    /// holds, if any (a golden's, made for the default access; a pool
+    /// member's), then ends every client session of any role but the new
+    /// agent's and the admin's: one opened as the old role before the new one
+    /// was committed (the parked session of a pool member, say) keeps none of
+    /// its access. The role logs in by peer: no password is sent or kept.
+    pub async fn make_agent(&self, access: &Access) -> Result<()> {
+        self.execute(&format!("DROP ROLE IF EXISTS {AGENT_ROLE}; {}", access.create_role_sql())).await?;
         self.execute(&format!(
             "SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
-              WHERE usename = '{AGENT_ROLE}';
-             DROP ROLE {AGENT_ROLE}; {}",
-            access.create_role_sql()
+              WHERE backend_type = 'client backend' AND pid <> pg_catalog.pg_backend_pid()
+                AND usesysid <> ALL (SELECT oid FROM pg_catalog.pg_roles
+                                     WHERE rolname IN ('{AGENT_ROLE}', '{ADMIN_ROLE}'))"
         ))
         .await
     }

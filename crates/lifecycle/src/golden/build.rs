@@ -394,7 +394,7 @@ async fn build_in(
 /// fork's own OS users, which only the fork's access files name.
 async fn premake_agent(dir: &InstanceDir, postmaster: i32) -> Result<()> {
     let access = airlock_core::records::access::Access::default();
-    Admin::connect(dir, DATABASE, postmaster).await?.mint_agent(&access).await?;
+    Admin::connect(dir, DATABASE, postmaster).await?.make_agent(&access).await?;
     airlock_host::storage::tree::write_private(
         &dir.agent_role_file(),
         access.create_role_sql().as_bytes(),

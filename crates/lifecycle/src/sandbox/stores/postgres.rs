@@ -196,7 +196,7 @@ impl StoreKind for Postgres {
                 // to do, and no session of the admin's on the fork's clock.
                 Credential::Mint(_) if premade(at) => return Ok(pid),
                 Credential::Mint(_) => {
-                    Admin::connect(at.dir, DATABASE, pid).await?.mint_agent(&at.sb.access).await?
+                    Admin::connect(at.dir, DATABASE, pid).await?.make_agent(&at.sb.access).await?
                 }
                 // Ready is not enough: at a full disk a server can start and
                 // then refuse every session. A copy's agent role is its
@@ -309,7 +309,7 @@ impl StoreKind for Postgres {
             Some(admin) => admin,
             None => Admin::connect(at.dir, DATABASE, at.sb.pid.unwrap_or_default()).await?,
         };
-        admin.remake_agent(&at.sb.access).await
+        admin.make_agent(&at.sb.access).await
     }
 
     async fn warm(&self, at: At<'_>) -> Result<()> {
