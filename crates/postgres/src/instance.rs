@@ -459,12 +459,15 @@ impl Started {
     }
 }
 
-/// Ends the backends of the server `postmaster` that are still authenticating
-/// (their process title says so), which hold connection slots without having
-/// proven anything: used when the admin finds every slot taken. Returns how
-/// many were signalled.
+/// Ends the backends of the server `postmaster` that have not logged in,
+/// which hold connection slots without having proven anything: those still
+/// authenticating (their process title says so) and those still waiting for
+/// their startup packet (their title is not yet their own: a forked backend
+/// keeps the postmaster's until it has read one). Used when the admin finds
+/// every slot taken. Returns how many were signalled.
 pub fn end_unauthenticated(postmaster: i32) -> usize {
     let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let Ok(own) = std::fs::read(format!("/proc/{postmaster}/cmdline")) else { return 0 };
     let mut ended = 0;
     for pid in procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()) {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
@@ -473,7 +476,9 @@ pub fn end_unauthenticated(postmaster: i32) -> usize {
             continue;
         }
         let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&title).trim_end_matches('\0').ends_with(" authentication") {
+        let authenticating =
+            String::from_utf8_lossy(&title).trim_end_matches('\0').ends_with(" authentication");
+        if authenticating || title == own {
             let _ = signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
             ended += 1;
         }

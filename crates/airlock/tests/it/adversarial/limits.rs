@@ -168,8 +168,11 @@ fn the_connection_limit_holds() {
     s.untouched();
 }
 
-/// Exec code that opens the sandbox's own socket `n` times, sends a startup
-/// packet on each and never answers the password challenge, holding them 25 s.
+/// Exec code that opens the sandbox's own socket `n` times and sends on each
+/// only the first bytes of a startup packet, holding them 25 s: each backend
+/// waits for the rest, holding a slot of the postmaster's without having said
+/// who it is. (The agent logs in by peer, so a whole startup packet would be
+/// a session at once, under the role's connection limit.)
 const UNANSWERED: &str = r#"
 import os, socket, struct, sys, time, urllib.parse
 url = urllib.parse.urlparse(os.environ["DATABASE_URL"])
@@ -180,7 +183,7 @@ for _ in range(int(sys.argv[1])):
     s = socket.socket(socket.AF_UNIX)
     try:
         s.connect(host + "/.s.PGSQL.5432")
-        s.sendall(struct.pack("!i", len(body) + 4) + body)
+        s.sendall(struct.pack("!i", len(body) + 4) + body[:6])
         held.append(s)
     except OSError:
         pass
@@ -192,7 +195,7 @@ time.sleep(25)
 fn the_daemon_reaches_a_server_whose_slots_are_all_held_by_unauthenticated_clients() {
     let s = super::Scene::new();
     let flood = std::process::Command::new(crate::harness::BIN)
-        .args(["exec", &s.id, "--timeout", "40s", "--", "python3", "-c", UNANSWERED, "60"])
+        .args(["exec", &s.id, "--timeout", "40s", "--", "python3", "-c", UNANSWERED, "140"])
         .env("AIRLOCK_HOME", &s.d.home)
         .env("AIRLOCK_ROUTER", &s.d.router)
         .env("AIRLOCK_REDIS_ROUTER", &s.d.redis_router)
@@ -201,8 +204,9 @@ fn the_daemon_reaches_a_server_whose_slots_are_all_held_by_unauthenticated_clien
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_secs(3));
-    // Every slot is taken before authentication; the daemon's admin session ends
-    // those backends and gets in.
+    // Every child slot of the postmaster is taken before a startup packet
+    // (2 x its 62 processes, with 40 connections); the daemon's admin session
+    // ends those backends and gets in.
     let described = s.tool("describe_schema", serde_json::json!({}));
     assert!(described["text"].as_str().is_some_and(|t| t.contains("orders")), "{described}");
     assert!(s.d.log().contains("ended the backends still authenticating"), "the sweep ran");

@@ -237,16 +237,31 @@ fn connecting_to_another_database_or_sandbox_with_a_guessed_name_fails() {
     // The agent's own password does not open the neighbour, through the router or its socket.
     let err = psql(&s.agent.replace(&agent_id, &neighbour_id), "SELECT 1").unwrap_err();
     assert!(err.contains("password authentication failed"), "{err}");
+    // Nor does the agent's own OS identity (its exec user's, which its code
+    // runs as) with that password open the neighbour's socket: its directory
+    // is closed to it, and were it open, the neighbour's server knows no such
+    // user (the agent logs in by peer, from its own sandbox's users alone).
     let (_, pw) = crate::harness::split_password(&s.agent);
     let neighbour_socket = s.agent_socket.replace(&agent_id, &neighbour_id);
     let (neighbour_socket, _) = crate::harness::split_password(&neighbour_socket);
-    let out = std::process::Command::new("psql")
-        .arg(&neighbour_socket)
-        .args(["-XtAc", "SELECT 1"])
-        .env("PGPASSWORD", pw)
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
+    let group_of = |id: &str| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(s.d.home.join("volume/sandboxes").join(id).join("run")).unwrap().gid()
+    };
+    let (exec_user, neighbours_group) = (group_of(&agent_id), group_of(&neighbour_id));
+    for (gid, refused) in [(exec_user, "Permission denied"), (neighbours_group, "authentication failed")] {
+        let out = std::process::Command::new("setpriv")
+            .args([format!("--reuid={exec_user}"), format!("--regid={gid}"), "--clear-groups".into()])
+            .args(["psql", &neighbour_socket, "-XtAc", "SELECT 1"])
+            .env("PGPASSWORD", &pw)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(refused),
+            "as the agent's exec user, group {gid}: {err}"
+        );
+    }
     // The admin role is not reachable through the router, with or without a password.
     let admin = s.agent.replace("airlock_agent:", "airlock_admin:");
     let err = psql(&admin, "SELECT 1").unwrap_err();
