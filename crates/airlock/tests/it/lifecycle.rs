@@ -402,3 +402,47 @@ fn racing_operations_on_one_sandbox_end_clearly_and_leak_nothing() {
     drop(d);
     let _ = std::fs::remove_dir_all(&leases);
 }
+
+/// The golden's relation cache init files, by the directory under `pgdata` that holds each.
+fn relcache_files(pgdata: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    let mut dirs = vec![pgdata.join("global")];
+    dirs.extend(std::fs::read_dir(pgdata.join("base")).unwrap().flatten().map(|e| e.path()));
+    for dir in dirs {
+        for name in ["pg_internal.init", "pg_internal.init.kept"] {
+            if let Ok(bytes) = std::fs::read(dir.join(name)) {
+                let at = dir.strip_prefix(pgdata).unwrap().join(name);
+                found.push((at.display().to_string(), bytes));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
+#[test]
+fn a_fork_starts_with_the_goldens_relation_cache_files_which_postgresql_removes_at_every_start() {
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let golden = relcache_files(&d.home.join("volume/goldens/shop/1/pgdata"));
+    assert!(
+        golden.iter().any(|(at, _)| at.starts_with("global/"))
+            && golden.iter().any(|(at, _)| at.starts_with("base/")),
+        "the golden holds the files its last session wrote: {:?}",
+        golden.iter().map(|(at, _)| at).collect::<Vec<_>>()
+    );
+    for access in [&[][..], &["--mode", "readonly"][..]] {
+        let forked = d.fork("shop", access);
+        let pgdata = d.home.join("volume/sandboxes").join(forked["id"].as_str().unwrap()).join("pgdata");
+        // Before any session: the very files, under their own names, none kept aside.
+        assert_eq!(relcache_files(&pgdata), golden, "{access:?}");
+        assert_eq!(sql(&dsn(&forked), "SELECT count(*) FROM orders"), "1000");
+    }
+    // A restart of a sandbox's own data starts as PostgreSQL does.
+    let forked = d.fork("shop", &[]);
+    let id = forked["id"].as_str().unwrap();
+    sql(&dsn(&forked), "CREATE TABLE later (x int)");
+    d.ok(&["suspend", id]);
+    d.ok(&["wake", id]);
+    assert_eq!(sql(&dsn(&forked), "SELECT count(*) FROM later"), "0");
+}

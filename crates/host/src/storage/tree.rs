@@ -98,6 +98,37 @@ pub fn open_dir_path(path: &Path) -> io::Result<File> {
     Ok(File::from(dir))
 }
 
+/// Renames `from` to `to` inside the directory at `dir`, and inside each of
+/// its subdirectories when `in_each` (one level down): directories opened one
+/// component at a time, never through a link, and neither name followed, so
+/// nothing outside those directories is touched whoever owns them. How many
+/// were renamed (a directory without `from` is skipped).
+pub fn rename_in(dir: &Path, from: &CStr, to: &CStr, in_each: bool) -> io::Result<usize> {
+    let top = OwnedFd::from(open_dir_path(dir)?);
+    let mut dirs = Vec::new();
+    if in_each {
+        for name in names(&top)? {
+            match open_dir(&top, &name) {
+                Ok(sub) => dirs.push(sub),
+                // Not a directory (or a link): nothing to rename in.
+                Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOTDIR | nix::libc::ELOOP)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    } else {
+        dirs.push(top);
+    }
+    let mut renamed = 0;
+    for d in &dirs {
+        match nix::fcntl::renameat(d, from, d, to) {
+            Ok(()) => renamed += 1,
+            Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    Ok(renamed)
+}
+
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }

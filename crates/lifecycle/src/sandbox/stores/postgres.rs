@@ -167,7 +167,12 @@ impl StoreKind for Postgres {
             at.engine.daemon_user.uid,
             &what,
             &[TEMPLATE1],
-        )
+        )?;
+        // Nothing has run on these files yet; a failure costs only speed.
+        if let Err(e) = instance::keep_relcache_init(to) {
+            tracing::warn!(sandbox = %at.sb.id, error = %e, "could not keep the golden's relation cache files");
+        }
+        Ok(())
     }
 
     fn configure(&self, _at: At<'_>, _password: &str) -> Result<()> {
@@ -190,6 +195,12 @@ impl StoreKind for Postgres {
         let (pid, ready) = self.launch(at, launch, steps).await?;
         let bound = async {
             ready?;
+            // Before any session, the admin's too: the first reads them.
+            if let Credential::Mint(_) = credential {
+                if let Err(e) = instance::restore_relcache_init(&at.dir.pgdata()) {
+                    tracing::warn!(sandbox = %at.sb.id, error = %e, "could not restore the relation cache files");
+                }
+            }
             let t = Instant::now();
             match credential {
                 // The golden's own agent role, made for this access: nothing
