@@ -472,6 +472,12 @@ const RELCACHE_INIT_KEPT: &std::ffi::CStr = c"pg_internal.init.kept";
 /// them instead of building the cache from the catalogs (about 4 ms, on the
 /// first query's clock). Only for files no server has run on yet.
 pub fn keep_relcache_init(pgdata: &Path) -> std::io::Result<usize> {
+    // A kept file the golden itself holds (from a sandbox whose own restore
+    // failed, then promoted) describes older catalogs: it goes first, so only
+    // what the golden's server wrote is put back.
+    use airlock_host::storage::tree::remove_in;
+    remove_in(&pgdata.join("global"), RELCACHE_INIT_KEPT, false)?;
+    remove_in(&pgdata.join("base"), RELCACHE_INIT_KEPT, true)?;
     relcache_init_named(pgdata, RELCACHE_INIT, RELCACHE_INIT_KEPT)
 }
 

@@ -431,6 +431,12 @@ fn a_fork_starts_with_the_goldens_relation_cache_files_which_postgresql_removes_
         "the golden holds the files its last session wrote: {:?}",
         golden.iter().map(|(at, _)| at).collect::<Vec<_>>()
     );
+    // A kept file the golden itself carries (a sandbox whose restore failed,
+    // promoted) describes other catalogs: it is never what a fork reads.
+    let golden_pgdata = d.home.join("volume/goldens/shop/1/pgdata");
+    for (at, _) in &golden {
+        std::fs::write(golden_pgdata.join(format!("{at}.kept")), b"stale").unwrap();
+    }
     for access in [&[][..], &["--mode", "readonly"][..]] {
         let forked = d.fork("shop", access);
         let pgdata = d.home.join("volume/sandboxes").join(forked["id"].as_str().unwrap()).join("pgdata");

@@ -98,28 +98,32 @@ pub fn open_dir_path(path: &Path) -> io::Result<File> {
     Ok(File::from(dir))
 }
 
-/// Renames `from` to `to` inside the directory at `dir`, and inside each of
-/// its subdirectories when `in_each` (one level down): directories opened one
-/// component at a time, never through a link, and neither name followed, so
+/// The directory at `dir`, or with `in_each` each of its subdirectories (one
+/// level down), opened one component at a time, never through a link.
+fn dirs_in(dir: &Path, in_each: bool) -> io::Result<Vec<OwnedFd>> {
+    let top = OwnedFd::from(open_dir_path(dir)?);
+    if !in_each {
+        return Ok(vec![top]);
+    }
+    let mut dirs = Vec::new();
+    for name in names(&top)? {
+        match open_dir(&top, &name) {
+            Ok(sub) => dirs.push(sub),
+            // Not a directory (or a link): nothing in it.
+            Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOTDIR | nix::libc::ELOOP)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(dirs)
+}
+
+/// Renames `from` to `to` inside the directory at `dir`, or inside each of its
+/// subdirectories when `in_each` ([`dirs_in`]); neither name is followed, so
 /// nothing outside those directories is touched whoever owns them. How many
 /// were renamed (a directory without `from` is skipped).
 pub fn rename_in(dir: &Path, from: &CStr, to: &CStr, in_each: bool) -> io::Result<usize> {
-    let top = OwnedFd::from(open_dir_path(dir)?);
-    let mut dirs = Vec::new();
-    if in_each {
-        for name in names(&top)? {
-            match open_dir(&top, &name) {
-                Ok(sub) => dirs.push(sub),
-                // Not a directory (or a link): nothing to rename in.
-                Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOTDIR | nix::libc::ELOOP)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    } else {
-        dirs.push(top);
-    }
     let mut renamed = 0;
-    for d in &dirs {
+    for d in &dirs_in(dir, in_each)? {
         match nix::fcntl::renameat(d, from, d, to) {
             Ok(()) => renamed += 1,
             Err(nix::errno::Errno::ENOENT) => {}
@@ -127,6 +131,18 @@ pub fn rename_in(dir: &Path, from: &CStr, to: &CStr, in_each: bool) -> io::Resul
         }
     }
     Ok(renamed)
+}
+
+/// Removes the file (or link, never followed) `name` inside the directory at
+/// `dir`, or inside each of its subdirectories when `in_each` ([`dirs_in`]).
+pub fn remove_in(dir: &Path, name: &CStr, in_each: bool) -> io::Result<()> {
+    for d in &dirs_in(dir, in_each)? {
+        match nix::unistd::unlinkat(d, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(errno(e)),
+        }
+    }
+    Ok(())
 }
 
 fn cpath(path: &Path) -> io::Result<CString> {
