@@ -67,7 +67,7 @@ const SETTINGS: &[(&str, &str, u32)] = &[
 /// Nobody reaches a template or `postgres`. Without agent peers (a build, a
 /// bare server for a benchmark) other roles log in by SCRAM; with them, no
 /// other role logs in at all.
-fn hba(peers: &Peers<'_>) -> (String, String) {
+fn hba(peers: &Peers<'_>, agents: &[(String, bool)]) -> (String, String) {
     let mut hba = format!("# written by airlock at every start\nlocal all {ADMIN_ROLE} peer map=airlock\n");
     if !peers.owner.is_empty() {
         hba.push_str(&format!("local {DATABASE} {OWNER_ROLE} peer map=airlock\n"));
@@ -83,8 +83,8 @@ fn hba(peers: &Peers<'_>) -> (String, String) {
             ident.push_str(&format!("airlock {user} {role}\n"));
         }
     }
-    for user in peers.agent {
-        ident.push_str(&format!("airlock {} {AGENT_ROLE}\n", peer_name(user)));
+    for (name, _) in agents {
+        ident.push_str(&format!("airlock {name} {AGENT_ROLE}\n"));
     }
     (hba, ident)
 }
@@ -100,12 +100,13 @@ pub struct Peers<'a> {
     pub owner: &'a [&'a str],
 }
 
-/// The name a peer has inside the server's view: its host name, or for a
-/// leased uid (no host entry) one the instance's own user database gives it.
-fn peer_name(user: &Identity) -> String {
+/// The name a peer has inside the server's view, and whether the host gave
+/// it: its host name, or for a leased uid (no host entry) one the instance's
+/// own user database gives it.
+fn peer_name(user: &Identity) -> (String, bool) {
     match nix::unistd::User::from_uid(user.uid) {
-        Ok(Some(host)) => host.name,
-        _ => format!("airlock-{}", user.uid),
+        Ok(Some(host)) => (host.name, true),
+        _ => (format!("airlock-{}", user.uid), false),
     }
 }
 
@@ -116,12 +117,18 @@ fn peer_name(user: &Identity) -> String {
 /// the instance's own `passwd`, which its server's view puts at `/etc/passwd`,
 /// since peer authentication needs a user name for the uid.
 pub fn write_access_files(dir: &InstanceDir, peers: &Peers<'_>) -> Result<()> {
-    let (hba, ident) = hba(peers);
+    // One lookup each: a leased uid is missed by every user database the host has.
+    let agents: Vec<(String, bool)> = peers.agent.iter().map(peer_name).collect();
+    let (hba, ident) = hba(peers, &agents);
     for (path, text) in [(dir.hba_file(), hba), (dir.ident_file(), ident)] {
         airlock_host::storage::tree::write_private(&path, text.as_bytes(), 0o644)?;
     }
-    let unnamed: Vec<&Identity> =
-        peers.agent.iter().filter(|u| !matches!(nix::unistd::User::from_uid(u.uid), Ok(Some(_)))).collect();
+    let unnamed: Vec<(&String, &Identity)> = agents
+        .iter()
+        .zip(peers.agent)
+        .filter(|((_, host), _)| !host)
+        .map(|((name, _), user)| (name, user))
+        .collect();
     if unnamed.is_empty() {
         match std::fs::remove_file(dir.passwd_file()) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
@@ -132,12 +139,10 @@ pub fn write_access_files(dir: &InstanceDir, peers: &Peers<'_>) -> Result<()> {
     if !passwd.is_empty() && !passwd.ends_with('\n') {
         passwd.push('\n');
     }
-    for user in unnamed {
+    for (name, user) in unnamed {
         passwd.push_str(&format!(
-            "{}:x:{}:{}:airlock sandbox:/nonexistent:/usr/sbin/nologin\n",
-            peer_name(user),
-            user.uid,
-            user.gid
+            "{name}:x:{}:{}:airlock sandbox:/nonexistent:/usr/sbin/nologin\n",
+            user.uid, user.gid
         ));
     }
     airlock_host::storage::tree::write_private(&dir.passwd_file(), passwd.as_bytes(), 0o644)?;

@@ -585,6 +585,32 @@ mod tests {
     }
 
     #[test]
+    fn renames_and_removals_in_a_tree_follow_no_link() {
+        let base = scratch("rename");
+        let (tree, outside) = (base.join("tree"), base.join("outside"));
+        for dir in [tree.join("global"), tree.join("base/5"), outside.clone()] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        std::fs::write(outside.join("a"), "outside").unwrap();
+        std::fs::write(tree.join("base/5/a"), "inside").unwrap();
+        // A subdirectory that is a link elsewhere, and a name that is a link.
+        std::os::unix::fs::symlink(&outside, tree.join("base/6")).unwrap();
+        std::os::unix::fs::symlink(outside.join("a"), tree.join("global/a")).unwrap();
+        assert_eq!(rename_in(&tree.join("base"), c"a", c"b", true).unwrap(), 1);
+        assert_eq!(std::fs::read_to_string(tree.join("base/5/b")).unwrap(), "inside");
+        assert!(outside.join("a").is_file() && !outside.join("b").exists(), "renamed through a link");
+        assert_eq!(rename_in(&tree.join("global"), c"a", c"b", false).unwrap(), 1);
+        assert!(tree.join("global/b").symlink_metadata().unwrap().file_type().is_symlink());
+        remove_in(&tree.join("global"), c"b", false).unwrap();
+        assert_eq!(std::fs::read_to_string(outside.join("a")).unwrap(), "outside", "removed through a link");
+        // The directory itself reached through a link is refused.
+        std::os::unix::fs::symlink(&outside, base.join("via")).unwrap();
+        assert!(rename_in(&base.join("via"), c"a", c"b", false).is_err());
+        assert!(outside.join("a").is_file());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
     fn copies_a_tree_and_skips_what_it_is_told() {
         let base = scratch("copy");
         assert_eq!(clone_tree(&base.join("src"), &base.join("dst"), &copying()).unwrap(), 2);

@@ -17,6 +17,11 @@ use crate::harness::{psql, sql, Daemon};
 /// psql on the sandbox's socket as `role`, run as `uid`:`gid` (with no other
 /// groups) when given, else as the test's own user (root, the daemon's).
 fn login(s: &Scene, role: &str, as_user: Option<(u32, u32)>) -> Result<String, String> {
+    login_and_run(s, role, as_user, "SELECT current_user")
+}
+
+/// The same, running `sql`: its output, or psql's error.
+fn login_and_run(s: &Scene, role: &str, as_user: Option<(u32, u32)>, sql: &str) -> Result<String, String> {
     let run = s.d.home.join("volume/sandboxes").join(&s.id).join("run");
     let mut cmd = match as_user {
         Some((uid, gid)) => {
@@ -34,7 +39,7 @@ fn login(s: &Scene, role: &str, as_user: Option<(u32, u32)>) -> Result<String, S
     let out = cmd
         .args(["-X", "-tA", "-h"])
         .arg(&run)
-        .args(["-U", role, "-d", "app", "-c", "SELECT current_user"])
+        .args(["-U", role, "-d", "app", "-c", sql])
         .env("PGPASSWORD", &s.password)
         .env("PGCONNECT_TIMEOUT", "10")
         .output()
@@ -57,24 +62,14 @@ fn socket_owner(s: &Scene) -> (u32, u32) {
 fn the_agent_logs_in_by_peer_from_its_own_sandbox_alone_and_the_server_holds_no_password() {
     let s = Scene::new();
     // The server holds nothing to log in with.
-    assert_eq!(
-        login(&s, "airlock_admin", None).map(|_| ()),
-        Ok(()),
-        "the daemon's user logs in as the admin by peer"
+    // The daemon's user logs in as the admin by peer, and finds no password.
+    let with_password = login_and_run(
+        &s,
+        "airlock_admin",
+        None,
+        "SELECT count(*) FROM pg_authid WHERE rolpassword IS NOT NULL",
     );
-    let run = s.d.home.join("volume/sandboxes").join(&s.id).join("run");
-    let out = Command::new("psql")
-        .args(["-X", "-tA", "-h"])
-        .arg(&run)
-        .args(["-U", "airlock_admin", "-d", "app", "-c"])
-        .arg("SELECT count(*) FROM pg_authid WHERE rolpassword IS NOT NULL")
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "0",
-        "a role in the server has a password: {out:?}"
-    );
+    assert_eq!(with_password.as_deref(), Ok("0"), "a role in the server has a password");
 
     // The router (as the sandbox's server user), the socket DSN (as the
     // daemon's user) and exec code (as the exec user) are the agent.
