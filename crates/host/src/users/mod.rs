@@ -23,6 +23,8 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use airlock_core::error::{Error, ErrorCode, Result};
 
+pub mod survey;
+
 /// An OS user that processes run as and files belong to.
 #[derive(Debug, Clone)]
 pub struct Identity {
@@ -190,6 +192,8 @@ pub struct Leases {
     dir: PathBuf,
     range: UidRange,
     home: PathBuf,
+    /// Where a uid's files could outlive its sandbox ([`survey`]).
+    shared: Vec<PathBuf>,
 }
 
 /// One lease as read back from its file.
@@ -209,7 +213,8 @@ impl Leases {
         std::fs::create_dir_all(dir)?;
         std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let home = home.canonicalize().unwrap_or_else(|_| home.to_path_buf());
-        Ok(Leases { dir: dir.to_path_buf(), range, home })
+        let shared = crate::rootfs::PRIVATE_TMP.iter().map(PathBuf::from).collect();
+        Ok(Leases { dir: dir.to_path_buf(), range, home, shared })
     }
 
     /// The range leases come from.
@@ -223,15 +228,25 @@ impl Leases {
 
     /// Leases a free pair of uids to `sandbox`; returns the first (even offset),
     /// the second is the next number. Starts at a random point of the range so a
-    /// free pair is usually found at the first try however many are held.
+    /// free pair is usually found at the first try however many are held. A
+    /// pair is free when no lease, passwd or group entry holds it, nothing in
+    /// the host's shared directories belongs to it, and it is not quarantined
+    /// since its last release ([`survey`]). When none is, the shared
+    /// directories are surveyed afresh (which lifts quarantines) and leases of
+    /// data roots that are gone are reclaimed, and the range is tried again.
     pub fn take(&self, sandbox: &str) -> Result<u32> {
         let pairs = self.range.count / 2;
-        let owners = owners_of_shared_files();
         for attempt in 0..2 {
+            if attempt == 1 {
+                self.reclaim_abandoned();
+            }
+            let owners = survey::owners(&self.shared, &self.dir, attempt == 1);
             let start = u32::from_le_bytes(airlock_core::secret::random_bytes::<4>()) % pairs.max(1);
             for i in 0..pairs {
                 let uid = self.range.first + 2 * ((start + i) % pairs);
-                if [uid, uid + 1].iter().any(|id| taken_on_host(*id) || owners.contains(id)) {
+                if [uid, uid + 1].iter().any(|id| taken_on_host(*id) || owners.contains(id))
+                    || self.quarantined(uid)
+                {
                     continue;
                 }
                 match self.create(uid, sandbox) {
@@ -240,15 +255,17 @@ impl Leases {
                     Err(e) => return Err(e.into()),
                 }
             }
-            if attempt == 0 && self.reclaim_abandoned() == 0 {
-                break;
-            }
         }
         Err(Error::new(
             ErrorCode::CapacityExhausted,
             format!("every sandbox identity of uids {}-{} is leased", self.range.first, self.range.last()),
             "delete sandboxes you no longer need, or give the daemons a larger --uid-range",
         ))
+    }
+
+    /// Whether `uid` was released and no survey has vouched for it since.
+    fn quarantined(&self, uid: u32) -> bool {
+        std::fs::symlink_metadata(survey::tombstone(&self.dir, uid)).is_ok()
     }
 
     fn create(&self, uid: u32, sandbox: &str) -> std::io::Result<()> {
@@ -275,9 +292,14 @@ impl Leases {
         }
     }
 
-    /// Gives `uid` back, if `sandbox` of this data root holds it.
+    /// Gives `uid` back, if `sandbox` of this data root holds it, into
+    /// quarantine: it is leased again only once a survey begun after this has
+    /// found nothing of it. Where the tombstone cannot be made, the lease is
+    /// kept (the uid is lost to the range rather than given back unchecked).
     pub fn release(&self, uid: u32, sandbox: &str) {
-        if self.read(uid).is_some_and(|l| l.home == self.home && l.sandbox == sandbox) {
+        if self.read(uid).is_some_and(|l| l.home == self.home && l.sandbox == sandbox)
+            && std::fs::write(survey::tombstone(&self.dir, uid), b"").is_ok()
+        {
             let _ = std::fs::remove_file(self.path(uid));
         }
     }
@@ -306,55 +328,19 @@ impl Leases {
         self.all().into_iter().filter(|l| l.home == self.home).collect()
     }
 
-    /// Removes leases whose data root is gone (no state store left); returns how many.
+    /// Gives back, into quarantine as [`Leases::release`] does, leases whose
+    /// data root is gone (no state store left); returns how many.
     pub fn reclaim_abandoned(&self) -> usize {
         let mut freed = 0;
         for lease in self.all() {
-            if !lease.home.join("state.db").exists() {
+            if !lease.home.join("state.db").exists()
+                && std::fs::write(survey::tombstone(&self.dir, lease.uid), b"").is_ok()
+            {
                 let _ = std::fs::remove_file(self.path(lease.uid));
                 freed += 1;
             }
         }
         freed
-    }
-}
-
-/// Who owns something in the host's directories every user may write (the
-/// places a sandbox's file could outlive it, had it ever reached them: a
-/// contained process sees only private copies). A uid found there is not
-/// leased again, so no tenant finds a predecessor's file as its own. The walk
-/// goes [`SHARED_DEPTH`] directories deep, stays on each directory's own
-/// filesystem, follows no link and reads at most [`SHARED_ENTRIES`] entries
-/// (it runs on the fork path: these directories hold little on a host).
-fn owners_of_shared_files() -> std::collections::HashSet<u32> {
-    let mut owners = std::collections::HashSet::new();
-    let mut budget = SHARED_ENTRIES;
-    for dir in crate::rootfs::PRIVATE_TMP {
-        walk_owners(Path::new(dir), SHARED_DEPTH, &mut budget, &mut owners);
-    }
-    owners
-}
-
-/// How deep [`owners_of_shared_files`] looks.
-const SHARED_DEPTH: usize = 6;
-/// How many entries it reads at most, in all.
-const SHARED_ENTRIES: usize = 20_000;
-
-/// Adds the owner of every entry under `dir` (not `dir` itself) to `owners`.
-fn walk_owners(dir: &Path, depth: usize, budget: &mut usize, owners: &mut std::collections::HashSet<u32>) {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(top) = std::fs::symlink_metadata(dir) else { return };
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        if *budget == 0 {
-            return;
-        }
-        *budget -= 1;
-        let Ok(meta) = entry.metadata() else { continue };
-        owners.insert(meta.uid());
-        if depth > 1 && meta.is_dir() && meta.dev() == top.dev() {
-            walk_owners(&entry.path(), depth - 1, budget, owners);
-        }
     }
 }
 
@@ -415,6 +401,41 @@ mod tests {
                 && (reclaimed - range.first).is_multiple_of(2)
         );
         assert_eq!(a.mine().len(), 22);
+        std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn a_released_uid_is_leased_again_only_once_a_survey_begun_after_its_release_finds_nothing_of_it() {
+        assert!(nix::unistd::geteuid().is_root(), "this test gives files to other uids: run it as root");
+        let (dir, home) = scratch("quarantine");
+        let shared = dir.with_file_name("shared");
+        std::fs::create_dir_all(shared.join("deep")).unwrap();
+        let mut leases = Leases::open(&dir, UidRange { first: 3_200_000_000, count: 4 }, &home).unwrap();
+        leases.shared = vec![shared.clone()];
+        // Quarantined while another pair is free: the other pair is leased.
+        let a = leases.take("sb-a").unwrap();
+        leases.release(a, "sb-a");
+        assert!(survey::tombstone(&dir, a).exists());
+        let b = leases.take("sb-b").unwrap();
+        assert_ne!(a, b, "a released uid was leased again before any survey vouched for it");
+        // With the range otherwise full, a fresh survey is made; a file the
+        // released pair's exec uid left in a shared directory keeps it out.
+        let left = shared.join("deep/left-behind");
+        std::fs::write(&left, b"x").unwrap();
+        std::os::unix::fs::chown(&left, Some(a + 1), Some(a + 1)).unwrap();
+        assert_eq!(leases.take("sb-c").unwrap_err().code, ErrorCode::CapacityExhausted);
+        assert!(
+            survey::tombstone(&dir, a).exists(),
+            "a survey that found the uid's file lifted its quarantine"
+        );
+        // Once nothing of it is left, the next survey lifts the quarantine.
+        std::fs::remove_file(&left).unwrap();
+        assert_eq!(leases.take("sb-c").unwrap(), a);
+        assert!(!survey::tombstone(&dir, a).exists());
+        // A data root that is gone gives its leases back into quarantine too.
+        std::fs::remove_file(home.join("state.db")).unwrap();
+        assert_eq!(leases.reclaim_abandoned(), 2);
+        assert!(survey::tombstone(&dir, a).exists() && survey::tombstone(&dir, b).exists());
         std::fs::remove_dir_all(dir.parent().unwrap()).unwrap();
     }
 
