@@ -118,7 +118,11 @@ pub fn delete_subvolumes(path: &Path) -> io::Result<bool> {
 }
 
 fn delete_nested(dir: &std::os::fd::OwnedFd) -> io::Result<()> {
-    for name in super::tree::names(dir)? {
+    for (name, listed) in super::tree::entries(dir)? {
+        // Only a directory can be (or hold) a subvolume.
+        if listed.is_some_and(|t| t != nix::dir::Type::Directory) {
+            continue;
+        }
         let Ok(child) = super::tree::open_dir(dir, &name) else { continue };
         delete_nested(&child)?;
         if is_subvolume_top(&child)? {

@@ -152,6 +152,13 @@ fn cpath(path: &Path) -> io::Result<CString> {
 /// The names in a directory, without `.` and `..`.
 /// The names in a directory, without `.` and `..`.
 pub(super) fn names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
+    Ok(entries(dir)?.into_iter().map(|(name, _)| name).collect())
+}
+
+/// The names in `dir` with the type its listing gives (`None` where the
+/// filesystem does not say). A hint only, for skipping work: whatever is
+/// opened by it is still opened with the checks its kind needs.
+pub(super) fn entries(dir: &OwnedFd) -> io::Result<Vec<(CString, Option<nix::dir::Type>)>> {
     let fresh = open_dir(dir, c".")?;
     let mut listing = nix::dir::Dir::from_fd(fresh).map_err(errno)?;
     let mut out = Vec::new();
@@ -159,7 +166,7 @@ pub(super) fn names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
         let entry = entry.map_err(errno)?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
-            out.push(name.to_owned());
+            out.push((name.to_owned(), entry.file_type()));
         }
     }
     Ok(out)
@@ -234,15 +241,24 @@ fn make_dirs(
     if spec.hollow.iter().any(|h| Path::new(h) == relative) {
         return Ok(());
     }
-    for name in names(&from)? {
+    for (name, listed) in entries(&from)? {
         if spec.skip.iter().any(|s| s.as_bytes() == name.as_bytes())
             || (top && !spec.only.is_empty() && !spec.only.iter().any(|s| s.as_bytes() == name.as_bytes()))
         {
             continue;
         }
         let path = shown.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
-        let entry = fstatat(from.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
-        match SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits()) {
+        // A file the listing calls regular is not looked at here: its clone
+        // opens it without following a link and refuses all but a regular file.
+        let kind = match listed {
+            Some(nix::dir::Type::File) => SFlag::S_IFREG,
+            _ => {
+                let entry =
+                    fstatat(from.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
+                SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits())
+            }
+        };
+        match kind {
             SFlag::S_IFDIR => {
                 let subvolume = top && spec.subvolumes.iter().any(|s| s.as_bytes() == name.as_bytes());
                 if subvolume {
@@ -290,6 +306,8 @@ fn clone_file(job: &FileJob, spec: &CloneSpec<'_>) -> io::Result<()> {
     .map_err(errno)?;
     match spec.contents {
         // SAFETY: both descriptors are open for the duration of the call.
+        // An empty file (a sixth of a data directory's) has nothing to share.
+        Contents::Reflink if stat.st_size == 0 => {}
         Contents::Reflink => {
             unsafe { ficlone(dst.as_raw_fd(), src.as_raw_fd() as _) }.map(|_| ()).map_err(errno)?
         }
