@@ -17,6 +17,9 @@
 #                 at best, the floor for the router's port (a plaintext
 #                 router session is handed to its server, and so is TCP end to
 #                 end).
+#   bare_tls      the same server over loopback TCP with its own TLS
+#                 (sslmode=require, the same key): what a TLS client can get
+#                 at best with no relay at all, the floor for router_tls.
 # PgBouncer is installed when missing (apt). CLIENTS (default "2 8 28": an
 # agent role holds at most 30 connections, the sandbox's cap),
 # ROUNDS (default 3) and SECONDS_EACH (default 8) set the run.
@@ -32,7 +35,6 @@ clients=${CLIENTS:-2 8 28}
 rounds=${ROUNDS:-3}
 seconds=${SECONDS_EACH:-8}
 command -v pgbouncer >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q pgbouncer >/dev/null
-command -v setfacl >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q acl >/dev/null
 work=$(mktemp -d /var/tmp/airlock-bench-router-clients.XXXXXX)
 chmod 700 "$work"
 # PgBouncer is stopped by its configuration's path: runuser, which starts
@@ -56,11 +58,10 @@ export PGPASSWORD
 run_dir=$AIRLOCK_HOME/volume/sandboxes/$id/run
 "$pgbin/pgbench" -i -s 10 -q "$socket" >/dev/null 2>&1
 
-# PgBouncer runs as the unprivileged `airlock` user (it refuses root), let
-# into this one throwaway sandbox's socket directory by an ACL.
-setfacl -m u:airlock:x "$AIRLOCK_HOME/volume/sandboxes/$id"
-setfacl -m u:airlock:rwx "$run_dir"
-setfacl -m u:airlock:rwx "$run_dir/.s.PGSQL.5432"
+# PgBouncer runs as the sandbox's second uid, the one `exec` code runs as
+# (it refuses root): the sandbox's socket lets its group in, and its server
+# lets that uid log in as the agent by peer authentication.
+exec_uid=$(( $(stat -c %u "$AIRLOCK_HOME/volume/sandboxes/$id/pgdata") + 1 ))
 openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost \
   -keyout "$work/key.pem" -out "$work/cert.pem" >/dev/null 2>&1
 (umask 077; printf '"airlock_agent" "%s"\n' "$PGPASSWORD" > "$work/userlist.txt")
@@ -85,14 +86,17 @@ client_tls_cert_file = $work/cert.pem
 logfile = $work/pgbouncer.log
 pidfile = $work/pgbouncer.pid
 EOF
-chown -R airlock "$work"
-runuser -u airlock -- pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
+chown -R "$exec_uid:$exec_uid" "$work"
+chmod 711 "$work"
+setpriv --reuid="$exec_uid" --regid="$exec_uid" --clear-groups pgbouncer "$work/pgbouncer.ini" >/dev/null 2>&1 &
 sleep 1
 # The bare server: trust on its own socket and loopback, for the floor alone.
-mkdir -p "$work/bare" && chown airlock "$work" "$work/bare"
+mkdir -p "$work/bare" && chown airlock "$work/bare"
 runuser -u airlock -- "$pgbin/initdb" -D "$work/bare/data" -U airlock_agent --auth=trust >/dev/null
+install -o airlock -m 0600 "$work/key.pem" "$work/bare/key.pem"
+install -o airlock -m 0644 "$work/cert.pem" "$work/bare/cert.pem"
 runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -l "$work/bare/log" -w start \
-  -o "-c listen_addresses=127.0.0.1 -p 7521 -c unix_socket_directories=$work/bare" >/dev/null
+  -o "-c listen_addresses=127.0.0.1 -p 7521 -c unix_socket_directories=$work/bare -c ssl=on -c ssl_cert_file=$work/bare/cert.pem -c ssl_key_file=$work/bare/key.pem" >/dev/null
 "$pgbin/createdb" -h "$work/bare" -p 7521 -U airlock_agent app
 "$pgbin/pgbench" -i -s 10 -q -h "$work/bare" -p 7521 -U airlock_agent app >/dev/null 2>&1
 plain_router="${routed%%\?*}?sslmode=disable"
@@ -101,8 +105,9 @@ plain_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=disable"
 tls_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=require"
 bare_socket="postgresql://airlock_agent@/app?host=$work/bare&port=7521"
 bare_tcp="postgresql://airlock_agent@127.0.0.1:7521/app?sslmode=disable"
-declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer [bare_socket]=$bare_socket [bare_tcp]=$bare_tcp)
-paths="socket router router_tls pgbouncer pgbouncer_tls bare_socket bare_tcp"
+bare_tls="postgresql://airlock_agent@127.0.0.1:7521/app?sslmode=require"
+declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer [bare_socket]=$bare_socket [bare_tcp]=$bare_tcp [bare_tls]=$bare_tls)
+paths="socket router router_tls pgbouncer pgbouncer_tls bare_socket bare_tcp bare_tls"
 for path in $paths; do
   "$pgbin/pgbench" -n -S -c 1 -T 1 "${dsn[$path]}" >/dev/null 2>&1 || { echo "$path does not answer" >&2; exit 1; }
 done
@@ -126,13 +131,14 @@ rows = [l.strip().split(",") for l in open(sys.argv[1]) if l[0].isdigit()]
 paths = sys.argv[2].split()
 clients = sorted({int(r[1]) for r in rows})
 med = {(c, p): statistics.median(float(r[3]) for r in rows if int(r[1]) == c and r[2] == p) for c in clients for p in paths}
-print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls | bare_tcp / bare_socket (TCP's floor) |")
-print("|---" * (len(paths) + 6) + "|")
+print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls | bare_tcp / bare_socket (TCP's floor) | bare_tls / bare_socket (TLS's floor) | router_tls / bare_tls |")
+print("|---" * (len(paths) + 8) + "|")
 for c in clients:
     s = med[(c, "socket")]
     cells = " | ".join(f"{med[(c, p)]:,.0f}" for p in paths)
     print(f"| {c} | {cells} | {med[(c,'router')]/s:.2f} | {med[(c,'router_tls')]/s:.2f} | "
           f"{med[(c,'router')]/med[(c,'pgbouncer')]:.2f} | {med[(c,'router_tls')]/med[(c,'pgbouncer_tls')]:.2f} | "
-          f"{med[(c,'bare_tcp')]/med[(c,'bare_socket')]:.2f} |")
+          f"{med[(c,'bare_tcp')]/med[(c,'bare_socket')]:.2f} | {med[(c,'bare_tls')]/med[(c,'bare_socket')]:.2f} | "
+          f"{med[(c,'router_tls')]/med[(c,'bare_tls')]:.2f} |")
 PY
 cp "$work/raw.csv" bench/results/router-clients.txt
