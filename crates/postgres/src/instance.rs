@@ -469,32 +469,26 @@ const RELCACHE_INIT: &std::ffi::CStr = c"pg_internal.init";
 /// The same file, kept across a start under this name.
 const RELCACHE_INIT_KEPT: &std::ffi::CStr = c"pg_internal.init.kept";
 
-/// Keeps a fresh clone's relation cache init files (the golden's) across its
-/// server's start, under another name: PostgreSQL removes them at every start
-/// in case a crash left them stale, but a clone of a golden that shut down
-/// cleanly holds the very catalogs they describe. Put back by
+/// How a fork's clone keeps the golden's relation cache init files across its
+/// server's start: made under another name (PostgreSQL removes them at every
+/// start in case a crash left them stale, but a clone of a golden that shut
+/// down cleanly holds the very catalogs they describe), while a kept file the
+/// golden itself holds (from a sandbox whose own restore failed, then
+/// promoted, so describing older catalogs) is not taken. Put back by
 /// [`restore_relcache_init`] once the server is ready, the first session reads
 /// them instead of building the cache from the catalogs (about 4 ms, on the
-/// first query's clock). Only for files no server has run on yet.
-pub fn keep_relcache_init(pgdata: &Path) -> std::io::Result<usize> {
-    // A kept file the golden itself holds (from a sandbox whose own restore
-    // failed, then promoted) describes older catalogs: it goes first, so only
-    // what the golden's server wrote is put back.
-    use airlock_host::storage::tree::remove_in;
-    remove_in(&pgdata.join("global"), RELCACHE_INIT_KEPT, false)?;
-    remove_in(&pgdata.join("base"), RELCACHE_INIT_KEPT, true)?;
-    relcache_init_named(pgdata, RELCACHE_INIT, RELCACHE_INIT_KEPT)
-}
+/// first query's clock).
+pub const RELCACHE_KEPT_AT_CLONE: (&str, &str) = ("pg_internal.init", "pg_internal.init.kept");
+/// What a fork's clone leaves out: [`RELCACHE_KEPT_AT_CLONE`]'s stale files.
+pub const RELCACHE_NOT_CLONED: &str = "pg_internal.init.kept";
 
 /// Puts kept init files back under their own name (a file the server wrote
 /// meanwhile, from the same catalogs, is replaced).
 pub fn restore_relcache_init(pgdata: &Path) -> std::io::Result<usize> {
-    relcache_init_named(pgdata, RELCACHE_INIT_KEPT, RELCACHE_INIT)
-}
-
-fn relcache_init_named(pgdata: &Path, from: &std::ffi::CStr, to: &std::ffi::CStr) -> std::io::Result<usize> {
     use airlock_host::storage::tree::rename_in;
-    Ok(rename_in(&pgdata.join("global"), from, to, false)? + rename_in(&pgdata.join("base"), from, to, true)?)
+    let (kept, own) = (RELCACHE_INIT_KEPT, RELCACHE_INIT);
+    Ok(rename_in(&pgdata.join("global"), kept, own, false)?
+        + rename_in(&pgdata.join("base"), kept, own, true)?)
 }
 
 /// Ends the backends of the server `postmaster` that have not logged in,

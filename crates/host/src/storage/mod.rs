@@ -51,6 +51,19 @@ pub struct Cloner {
 /// Files that belong to a running server and must not be cloned.
 const SKIP: &[&str] = &["postmaster.pid", "postmaster.opts"];
 
+/// How a clone departs from a whole copy ([`Cloner::clone_shaped`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shape<'a> {
+    /// Directories (paths from the top) made empty.
+    pub hollow: &'a [&'a str],
+    /// Directories (paths from the top) whose files are left for later.
+    pub deferred: &'a [&'a str],
+    /// Files made under another name wherever they appear: `(name, new name)`.
+    pub renamed: &'a [(&'a str, &'a str)],
+    /// Names skipped wherever they appear (besides a running server's lock files).
+    pub skip: &'a [&'a str],
+}
+
 /// What a data directory holds besides its configuration: what is taken from a
 /// live sandbox (for a branch or a promotion), whose configuration files,
 /// signal files and anything else its server's user put there are left behind.
@@ -125,20 +138,29 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
-        self.clone_tree_hollow(src, dst, owner, source_owner, &[])
+        tree::clone_tree(src, dst, &self.spec(owner, source_owner, &[]))
     }
 
-    /// [`Cloner::clone_tree`], leaving the directories `hollow` names (paths
-    /// from the top) empty.
-    pub fn clone_tree_hollow(
+    /// [`Cloner::clone_tree`] shaped by `shape`: some directories left empty,
+    /// the files of others left for the caller to finish, some files made
+    /// under other names.
+    pub fn clone_shaped(
         &self,
         src: &Path,
         dst: &Path,
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
-        hollow: &[&str],
-    ) -> std::io::Result<u64> {
-        tree::clone_tree(src, dst, &tree::CloneSpec { hollow, ..self.spec(owner, source_owner, &[]) })
+        shape: &Shape<'_>,
+    ) -> std::io::Result<(u64, tree::Deferred)> {
+        let skip: Vec<&str> = SKIP.iter().chain(shape.skip).copied().collect();
+        let spec = tree::CloneSpec {
+            hollow: shape.hollow,
+            deferred: shape.deferred,
+            renamed: shape.renamed,
+            skip: &skip,
+            ..self.spec(owner, source_owner, &[])
+        };
+        tree::clone_tree_deferring(src, dst, &spec)
     }
 
     /// How this volume clones: reflinks where it can, WAL in a subvolume of its
@@ -163,6 +185,8 @@ impl Cloner {
             subvolumes,
             subvolume_limit: WAL_LIMIT,
             hollow: &[],
+            deferred: &[],
+            renamed: &[],
         }
     }
 

@@ -57,6 +57,11 @@ pub struct CloneSpec<'a> {
     /// Directories (paths from the top, such as `base/1`) made empty: their
     /// contents are not taken.
     pub hollow: &'a [&'a str],
+    /// Directories (paths from the top, such as `base`) whose files are left
+    /// for later ([`clone_tree_deferring`]); the directories themselves are made.
+    pub deferred: &'a [&'a str],
+    /// Files made under another name wherever they appear: `(name, new name)`.
+    pub renamed: &'a [(&'a str, &'a str)],
 }
 
 fn refused(path: &Path, what: &str) -> io::Error {
@@ -133,23 +138,10 @@ pub fn rename_in(dir: &Path, from: &CStr, to: &CStr, in_each: bool) -> io::Resul
     Ok(renamed)
 }
 
-/// Removes the file (or link, never followed) `name` inside the directory at
-/// `dir`, or inside each of its subdirectories when `in_each` ([`dirs_in`]).
-pub fn remove_in(dir: &Path, name: &CStr, in_each: bool) -> io::Result<()> {
-    for d in &dirs_in(dir, in_each)? {
-        match nix::unistd::unlinkat(d, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
-            Ok(()) | Err(nix::errno::Errno::ENOENT) => {}
-            Err(e) => return Err(errno(e)),
-        }
-    }
-    Ok(())
-}
-
 fn cpath(path: &Path) -> io::Result<CString> {
     CString::new(path.as_os_str().as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))
 }
 
-/// The names in a directory, without `.` and `..`.
 /// The names in a directory, without `.` and `..`.
 pub(super) fn names(dir: &OwnedFd) -> io::Result<Vec<CString>> {
     Ok(entries(dir)?.into_iter().map(|(name, _)| name).collect())
@@ -177,13 +169,53 @@ struct FileJob {
     from: Arc<OwnedFd>,
     to: Arc<OwnedFd>,
     name: CString,
+    /// The name it is made under ([`CloneSpec::renamed`]), usually `name`.
+    made_as: CString,
     shown: PathBuf,
+}
+
+/// The files of a clone left for later ([`CloneSpec::deferred`]): their
+/// directories exist, held open, and the files are not made yet.
+pub struct Deferred {
+    jobs: Vec<FileJob>,
+    contents: Contents,
+    owner: Option<Identity>,
+    source_owner: Option<Uid>,
+}
+
+impl Deferred {
+    /// Clones the files left for later; returns how many.
+    pub fn finish(self) -> io::Result<u64> {
+        let spec = CloneSpec {
+            contents: self.contents,
+            owner: self.owner.as_ref(),
+            source_owner: self.source_owner,
+            skip: &[],
+            only: &[],
+            subvolumes: &[],
+            subvolume_limit: u64::MAX,
+            hollow: &[],
+            deferred: &[],
+            renamed: &[],
+        };
+        clone_files(&self.jobs, &spec)?;
+        Ok(self.jobs.len() as u64)
+    }
 }
 
 /// Clones the tree at `src` into the new directory `dst`; returns the number of
 /// files. Fails closed on anything but directories and regular files, and removes
 /// what it made of `dst` on any failure.
 pub fn clone_tree(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u64> {
+    let (made, later) = clone_tree_deferring(src, dst, spec)?;
+    Ok(made + later.finish()?)
+}
+
+/// [`clone_tree`], but the files under [`CloneSpec::deferred`] are left for
+/// the caller to finish (a fork's server starts meanwhile, since it reads
+/// none of them before its first session). A failure here removes what was
+/// made; a failure to finish leaves the tree to the caller to remove.
+pub fn clone_tree_deferring(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<(u64, Deferred)> {
     std::fs::create_dir(dst)?;
     let result = clone_into(src, dst, spec);
     if result.is_err() {
@@ -192,14 +224,30 @@ pub fn clone_tree(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u6
     result
 }
 
-fn clone_into(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u64> {
+fn clone_into(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<(u64, Deferred)> {
     let from = open_dir(nix::fcntl::AT_FDCWD, &cpath(src)?)?;
     let to = open_dir(nix::fcntl::AT_FDCWD, &cpath(dst)?)?;
     // Directories first, in order so parents exist; then the files, which take
     // most of the time (creating an inode costs more than the reflink itself),
     // spread over the cores.
-    let mut files = Vec::new();
-    make_dirs(Arc::new(from), Arc::new(to), (src.to_path_buf(), Path::new("")), spec, true, &mut files)?;
+    let (mut files, mut later) = (Vec::new(), Vec::new());
+    let found = Found { now: &mut files, later: &mut later };
+    make_dirs(Arc::new(from), Arc::new(to), (src.to_path_buf(), Path::new("")), spec, (true, false), found)?;
+    clone_files(&files, spec)?;
+    let later = Deferred {
+        jobs: later,
+        contents: spec.contents,
+        owner: spec.owner.cloned(),
+        source_owner: spec.source_owner,
+    };
+    Ok((files.len() as u64, later))
+}
+
+/// Clones `files`, spread over the cores.
+fn clone_files(files: &[FileJob], spec: &CloneSpec<'_>) -> io::Result<()> {
+    if files.is_empty() {
+        return Ok(());
+    }
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 4);
     let chunk = files.len().div_ceil(workers).max(1);
     std::thread::scope(|scope| {
@@ -208,8 +256,13 @@ fn clone_into(src: &Path, dst: &Path, spec: &CloneSpec<'_>) -> io::Result<u64> {
             .map(|part| scope.spawn(move || part.iter().try_for_each(|job| clone_file(job, spec))))
             .collect();
         handles.into_iter().try_for_each(|h| h.join().expect("clone worker panicked"))
-    })?;
-    Ok(files.len() as u64)
+    })
+}
+
+/// Where [`make_dirs`] puts the files it finds: cloned now, or left for later.
+struct Found<'f> {
+    now: &'f mut Vec<FileJob>,
+    later: &'f mut Vec<FileJob>,
 }
 
 fn check_owner(stat: &nix::sys::stat::FileStat, spec: &CloneSpec<'_>, shown: &Path) -> io::Result<()> {
@@ -231,9 +284,10 @@ fn make_dirs(
     to: Arc<OwnedFd>,
     (shown, relative): (PathBuf, &Path),
     spec: &CloneSpec<'_>,
-    top: bool,
-    files: &mut Vec<FileJob>,
+    (top, deferring): (bool, bool),
+    found: Found<'_>,
 ) -> io::Result<()> {
+    let deferring = deferring || spec.deferred.iter().any(|d| Path::new(d) == relative);
     let stat = fstat(from.as_fd()).map_err(errno)?;
     check_owner(&stat, spec, &shown)?;
     nix::sys::stat::fchmod(to.as_fd(), Mode::from_bits_truncate(stat.st_mode & 0o7777)).map_err(errno)?;
@@ -273,9 +327,29 @@ fn make_dirs(
                     super::btrfs::limit_at(child_to.as_fd(), spec.subvolume_limit)?;
                 }
                 let child = relative.join(std::ffi::OsStr::from_bytes(name.as_bytes()));
-                make_dirs(Arc::new(child_from), Arc::new(child_to), (path, &child), spec, false, files)?;
+                let found = Found { now: &mut *found.now, later: &mut *found.later };
+                make_dirs(
+                    Arc::new(child_from),
+                    Arc::new(child_to),
+                    (path, &child),
+                    spec,
+                    (false, deferring),
+                    found,
+                )?;
             }
-            SFlag::S_IFREG => files.push(FileJob { from: from.clone(), to: to.clone(), name, shown: path }),
+            SFlag::S_IFREG => {
+                let made_as = match spec.renamed.iter().find(|(old, _)| old.as_bytes() == name.as_bytes()) {
+                    Some((_, new)) => {
+                        CString::new(*new).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+                    }
+                    None => name.clone(),
+                };
+                let job = FileJob { from: from.clone(), to: to.clone(), name, made_as, shown: path };
+                match deferring {
+                    true => found.later.push(job),
+                    false => found.now.push(job),
+                }
+            }
             SFlag::S_IFLNK => return Err(refused(&path, "it is a symbolic link")),
             _ => return Err(refused(&path, "it is not a regular file")),
         }
@@ -299,7 +373,7 @@ fn clone_file(job: &FileJob, spec: &CloneSpec<'_>) -> io::Result<()> {
     check_owner(&stat, spec, &job.shown)?;
     let dst = openat(
         job.to.as_fd(),
-        job.name.as_c_str(),
+        job.made_as.as_c_str(),
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
         Mode::from_bits_truncate(stat.st_mode & 0o7777),
     )
@@ -599,11 +673,13 @@ mod tests {
             subvolumes: &[],
             subvolume_limit: u64::MAX,
             hollow: &[],
+            deferred: &[],
+            renamed: &[],
         }
     }
 
     #[test]
-    fn renames_and_removals_in_a_tree_follow_no_link() {
+    fn renames_in_a_tree_follow_no_link() {
         let base = scratch("rename");
         let (tree, outside) = (base.join("tree"), base.join("outside"));
         for dir in [tree.join("global"), tree.join("base/5"), outside.clone()] {
@@ -619,8 +695,7 @@ mod tests {
         assert!(outside.join("a").is_file() && !outside.join("b").exists(), "renamed through a link");
         assert_eq!(rename_in(&tree.join("global"), c"a", c"b", false).unwrap(), 1);
         assert!(tree.join("global/b").symlink_metadata().unwrap().file_type().is_symlink());
-        remove_in(&tree.join("global"), c"b", false).unwrap();
-        assert_eq!(std::fs::read_to_string(outside.join("a")).unwrap(), "outside", "removed through a link");
+        assert_eq!(std::fs::read_to_string(outside.join("a")).unwrap(), "outside");
         // The directory itself reached through a link is refused.
         std::os::unix::fs::symlink(&outside, base.join("via")).unwrap();
         assert!(rename_in(&base.join("via"), c"a", c"b", false).is_err());

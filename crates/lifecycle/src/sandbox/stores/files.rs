@@ -9,6 +9,7 @@ use super::{At, Credential, Held, Launch, Stop, StoreKind};
 use crate::sandbox::Steps;
 use airlock_core::error::Result;
 use airlock_core::layout::InstanceDir;
+use airlock_host::storage::tree::Deferred;
 
 /// Files in the sandbox's own directory, owned by its `exec` user.
 pub struct Files;
@@ -49,10 +50,11 @@ impl StoreKind for Files {
         true
     }
 
-    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
+    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<Option<Deferred>> {
         let user = at.engine.exec_user(at.sb)?;
         let (from, to) = (files_dir(golden_root), files_dir(&at.dir.root));
-        super::clone_owned(at.engine, (&from, &to), &user, at.engine.daemon_user.uid, "a golden's files")
+        super::clone_owned(at.engine, (&from, &to), &user, at.engine.daemon_user.uid, "a golden's files")?;
+        Ok(None)
     }
 
     fn configure(&self, _at: At<'_>, _password: &str) -> Result<()> {

@@ -26,6 +26,7 @@ use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::Network;
 use airlock_host::gate::Gate;
+use airlock_host::storage::{tree::Deferred, Shape};
 use airlock_host::users::Identity;
 
 pub use airlock_postgres::admin::Ending;
@@ -178,8 +179,11 @@ pub trait StoreKind: Send + Sync {
     /// again from what it last saved; else the sandbox is lost with it.
     fn restarts_alone(&self) -> bool;
 
-    /// Clones the golden generation's part (`golden_root`) into a new or reset sandbox.
-    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()>;
+    /// Clones the golden generation's part (`golden_root`) into a new or reset
+    /// sandbox; returns files left to clone while its server starts (files no
+    /// process reads before the sandbox's first session), which the caller
+    /// finishes before any session is opened.
+    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<Option<Deferred>>;
 
     /// Binds new data to the sandbox before it first starts: its access
     /// files or configuration, with the agent's `password`.
@@ -398,22 +402,24 @@ fn clone_owned(
     source_uid: nix::unistd::Uid,
     what: &str,
 ) -> Result<()> {
-    clone_owned_hollow(engine, (from, to), owner, source_uid, what, &[])
+    let later = clone_owned_shaped(engine, (from, to), owner, source_uid, what, &Shape::default())?;
+    later.finish().map(drop).map_err(|e| Error::io(format!("cloning {what}"), &e))
 }
 
-/// [`clone_owned`], leaving the directories `hollow` names empty.
-fn clone_owned_hollow(
+/// [`clone_owned`] shaped by `shape` ([`Shape`]); returns the files it left
+/// for later.
+fn clone_owned_shaped(
     engine: &Engine,
     (from, to): (&Path, &Path),
     owner: &Identity,
     source_uid: nix::unistd::Uid,
     what: &str,
-    hollow: &[&str],
-) -> Result<()> {
+    shape: &Shape<'_>,
+) -> Result<Deferred> {
     engine
         .cloner
-        .clone_tree_hollow(from, to, Some(owner), Some(source_uid), hollow)
-        .map(drop)
+        .clone_shaped(from, to, Some(owner), Some(source_uid), shape)
+        .map(|(_, later)| later)
         .map_err(|e| Error::io(format!("cloning {what}"), &e))
 }
 

@@ -12,6 +12,7 @@ use crate::sandbox::{ms, Access, Steps};
 use airlock_core::dsn::DATABASE;
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
+use airlock_host::storage::{tree::Deferred, Shape};
 use airlock_postgres::admin::{self, Admin};
 use airlock_postgres::instance;
 
@@ -153,26 +154,30 @@ impl StoreKind for Postgres {
         false
     }
 
-    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
+    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<Option<Deferred>> {
         let golden = golden_root.join("pgdata");
         let user = at.engine.sandbox_user(at.sb)?;
         let what = golden.display().to_string();
-        // template1 is not cloned: the guard copies it into place from the
-        // golden's at the first CREATE DATABASE that needs it.
+        let shape = Shape {
+            // Not cloned: the guard copies it into place from the golden's at
+            // the first CREATE DATABASE that needs it.
+            hollow: &[TEMPLATE1],
+            // Read by no process of the server before a session opens (a
+            // clean shutdown's start recovers nothing): cloned while it starts.
+            deferred: &["base"],
+            renamed: &[instance::RELCACHE_KEPT_AT_CLONE],
+            skip: &[instance::RELCACHE_NOT_CLONED],
+        };
         let (from, to) = (&golden, &at.dir.pgdata());
-        super::clone_owned_hollow(
+        let later = super::clone_owned_shaped(
             at.engine,
             (from, to),
             &user,
             at.engine.daemon_user.uid,
             &what,
-            &[TEMPLATE1],
+            &shape,
         )?;
-        // Nothing has run on these files yet; a failure costs only speed.
-        if let Err(e) = instance::keep_relcache_init(to) {
-            tracing::warn!(sandbox = %at.sb.id, error = %e, "could not keep the golden's relation cache files");
-        }
-        Ok(())
+        Ok(Some(later))
     }
 
     fn configure(&self, _at: At<'_>, _password: &str) -> Result<()> {

@@ -10,6 +10,7 @@ use crate::engine::Engine;
 use crate::sandbox::{Mode, Steps};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
+use airlock_host::storage::tree::Deferred;
 use airlock_redis::server::{self, Admin};
 
 /// A Redis server on the sandbox's private socket ([`airlock_redis`]).
@@ -33,10 +34,17 @@ impl StoreKind for Redis {
         true
     }
 
-    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<()> {
+    fn clone_from_golden(&self, at: At<'_>, golden_root: &Path) -> Result<Option<Deferred>> {
         let user = at.engine.sandbox_user(at.sb)?;
         let (from, to) = (golden_root.join("redis"), at.dir.redis_dir());
-        super::clone_owned(at.engine, (&from, &to), &user, at.engine.daemon_user.uid, "a golden's Redis part")
+        super::clone_owned(
+            at.engine,
+            (&from, &to),
+            &user,
+            at.engine.daemon_user.uid,
+            "a golden's Redis part",
+        )?;
+        Ok(None)
     }
 
     fn configure(&self, at: At<'_>, password: &str) -> Result<()> {
