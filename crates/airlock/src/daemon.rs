@@ -12,6 +12,7 @@ use crate::api::{self, AppState};
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::layout::prepare_home;
 use airlock_core::layout::Layout;
+use airlock_host::users::place::LeasePlace;
 use airlock_lifecycle::engine::{Config, Engine};
 use airlock_reaper as reaper;
 
@@ -20,6 +21,8 @@ use airlock_reaper as reaper;
 pub struct Settings {
     /// The engine's (and so the lifecycle's) settings.
     pub engine: Config,
+    /// The lease directory and uid range given, if any ([`LeasePlace`]).
+    pub leases: LeasesGiven,
     /// The PostgreSQL and Redis router.
     pub router: airlock_router::RouterConfig,
     /// Where the MCP gateway listens; `None` turns it off.
@@ -28,6 +31,16 @@ pub struct Settings {
     pub metrics: Option<SocketAddr>,
     /// The cluster this daemon is a node of; `None` for a lone daemon.
     pub cluster: Option<airlock_cluster::Settings>,
+}
+
+/// The lease directory and uid range `serve` was given; what is not given is
+/// the data root's recorded place ([`LeasePlace`]), or the default.
+#[derive(Debug, Clone, Default)]
+pub struct LeasesGiven {
+    /// `--lease-dir`.
+    pub dir: Option<std::path::PathBuf>,
+    /// `--uid-range`.
+    pub uid_range: Option<airlock_host::users::UidRange>,
 }
 
 /// Where the API listens besides its unix socket.
@@ -42,12 +55,15 @@ pub struct Listen {
 /// Runs the daemon until SIGTERM, SIGINT or `POST /v1/shutdown`. Sandboxes keep
 /// running after it exits; the next daemon picks them up.
 pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
-    let Settings { engine: config, router, gateway, metrics: metrics_addr, cluster } = settings;
+    let Settings { engine: mut config, leases, router, gateway, metrics: metrics_addr, cluster } = settings;
     // Whatever the launcher left open stays with the daemon, never its children.
     airlock_core::descriptors::close_on_exec_from_3()?;
     let layout = Layout::new(&config.home);
     prepare_home(layout.home())?;
     let _lock = lock(&layout)?;
+    let occupied = std::fs::read_dir(layout.sandboxes()).is_ok_and(|mut d| d.next().is_some());
+    let place = LeasePlace::settle(&layout.lease_place(), leases.dir, leases.uid_range, occupied)?;
+    (config.lease_dir, config.uid_range) = (place.lease_dir, place.uid_range);
     airlock_core::descriptors::raise_descriptor_limit();
     // A dead daemon's listening socket can outlive it for a moment in a child that
     // has not yet called exec; unlink its path now, so no client queues up on it

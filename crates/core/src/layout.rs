@@ -87,6 +87,11 @@ impl Layout {
         self.home.join("migration-rows")
     }
 
+    /// Where this data root's sandboxes lease their uids, as first served.
+    pub fn lease_place(&self) -> PathBuf {
+        self.home.join("lease-place.json")
+    }
+
     /// The embedded state store.
     pub fn state_db(&self) -> PathBuf {
         self.home.join("state.db")

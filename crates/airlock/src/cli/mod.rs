@@ -250,13 +250,16 @@ struct ServeArgs {
     /// Unprivileged OS user goldens are built as when running as root (created if missing).
     #[arg(long, env = "AIRLOCK_INSTANCE_USER")]
     instance_user: Option<String>,
-    /// Uids sandboxes run as when root (FIRST-LAST), leased host-wide so no two
-    /// sandboxes of any data root share one.
-    #[arg(long, env = "AIRLOCK_UID_RANGE", default_value = "1000000000-1000065535")]
-    uid_range: String,
-    /// Where the host-wide uid leases are kept (every daemon on a host must share it).
-    #[arg(long, env = "AIRLOCK_LEASE_DIR", default_value = airlock_host::users::DEFAULT_LEASE_DIR)]
-    lease_dir: PathBuf,
+    /// Uids sandboxes run as when root (FIRST-LAST; default
+    /// 1000000000-1000065535), leased host-wide so no two sandboxes of any data
+    /// root share one. Recorded at a data root's first serve and kept after.
+    #[arg(long, env = "AIRLOCK_UID_RANGE")]
+    uid_range: Option<String>,
+    /// Where the host-wide uid leases are kept (every daemon on a host must
+    /// share it; default /var/lib/airlock-identities). Recorded at a data
+    /// root's first serve and kept after.
+    #[arg(long, env = "AIRLOCK_LEASE_DIR")]
+    lease_dir: Option<PathBuf>,
     /// PostgreSQL bin directory (default: newest /usr/lib/postgresql/*/bin).
     #[arg(long, env = "AIRLOCK_PG_BIN")]
     pg_bin: Option<PathBuf>,

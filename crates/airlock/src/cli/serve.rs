@@ -31,8 +31,11 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         ));
     }
     config.instance_user = args.instance_user.clone();
-    config.uid_range = airlock_host::users::UidRange::parse(&args.uid_range)?;
-    config.lease_dir = args.lease_dir.clone();
+    // Settled under the data root's lock, against what it recorded.
+    let leases = daemon::LeasesGiven {
+        dir: args.lease_dir.clone(),
+        uid_range: args.uid_range.as_deref().map(airlock_host::users::UidRange::parse).transpose()?,
+    };
     config.default_pool_size = args.pool_size;
     if args.pool_size < 0 || args.pool_size as usize > args.max_sandboxes {
         return Err(Error::new(
@@ -204,7 +207,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
     if let (Some(cluster), Some(_)) = (&cluster, router.listen) {
         router.relay = relay_settings(cluster, args.relay.as_deref())?;
     }
-    let settings = daemon::Settings { engine: config, router, gateway, metrics, cluster };
+    let settings = daemon::Settings { engine: config, leases, router, gateway, metrics, cluster };
     daemon::serve(settings, daemon::Listen { tcp: args.tcp, token }).await?;
     Ok(0)
 }

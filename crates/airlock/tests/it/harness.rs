@@ -652,7 +652,7 @@ fn redis_servers_under(home: &Path) -> Vec<i32> {
 }
 
 /// Airlock daemons whose environment names this data root.
-fn processes_mentioning(home: &Path) -> Vec<i32> {
+pub fn processes_mentioning(home: &Path) -> Vec<i32> {
     let needle = format!("AIRLOCK_HOME={}", home.display());
     pids()
         .into_iter()

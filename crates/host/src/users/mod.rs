@@ -23,6 +23,7 @@ use nix::unistd::{Gid, Group, Uid, User};
 
 use airlock_core::error::{Error, ErrorCode, Result};
 
+pub mod place;
 pub mod survey;
 
 /// An OS user that processes run as and files belong to.

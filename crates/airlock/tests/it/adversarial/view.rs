@@ -204,3 +204,50 @@ fn a_uid_whose_file_outlived_its_sandbox_is_not_leased_again() {
     drop(d);
     let _ = std::fs::remove_dir_all(&leases);
 }
+
+#[test]
+fn a_daemon_a_command_starts_by_itself_leases_where_its_data_root_always_has() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let first = 1_000_080_000 + 8 * (std::process::id() % 1000);
+    let range = format!("{first}-{}", first + 7);
+    let leases = crate::harness::fresh_home(&crate::harness::plain_base());
+    let mut d = Daemon::start(&["--uid-range", &range, "--lease-dir", leases.to_str().unwrap()]);
+    d.shop("shop");
+    let uid_of = |d: &Daemon, id: &str| -> u32 {
+        std::fs::metadata(d.home.join("volume/sandboxes").join(id).join("pgdata")).unwrap().uid()
+    };
+    let a = d.fork("shop", &[]);
+    d.kill9();
+    // The next command finds no daemon and starts one itself, with none of
+    // the flags: it leases where the data root always has, so no daemon of
+    // that lease directory can hand out the same uid.
+    let b = d.fork("shop", &[]);
+    for sb in [&a, &b] {
+        let uid = uid_of(&d, sb["id"].as_str().unwrap());
+        assert!((first..=first + 7).contains(&uid), "uid {uid} is outside {range}");
+        assert!(leases.join(uid.to_string()).is_file(), "uid {uid} is not leased in {}", leases.display());
+    }
+    // Given another place while sandboxes hold uids of this one, a daemon refuses to start.
+    for pid in crate::harness::processes_mentioning(&d.home) {
+        if std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.ends_with(b" serve\0") || c.ends_with(b"\0serve\0"))
+        {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    d.wait_for(std::time::Duration::from_secs(10), "the daemon the command started to end", || {
+        std::os::unix::net::UnixStream::connect(d.socket()).is_err()
+    });
+    d.args = vec!["--uid-range".into(), format!("{}-{}", first + 8, first + 15)];
+    let refused = d.serve_fails();
+    assert!(
+        refused.contains("lease their uids in") && refused.contains(leases.to_str().unwrap()),
+        "{refused}"
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&leases);
+}
