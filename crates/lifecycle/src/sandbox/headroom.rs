@@ -340,7 +340,7 @@ impl Headroom {
             + readings
                 .iter()
                 .filter(|r| r.live && !r.build)
-                .map(|r| r.wal.map_or(WAL_LIMIT, |w| w.headroom()))
+                .map(|r| r.wal.map_or(WAL_LIMIT, |w| may_write(w, WAL_LIMIT)))
                 .sum::<u64>();
         let floor = floor(engine);
         let mut plans: Vec<Plan> = Vec::new();
@@ -349,7 +349,12 @@ impl Headroom {
                 continue;
             }
             let charged = r.data.charged();
-            let has = r.data.headroom();
+            let has = may_write(r.data, first_promise(engine));
+            if r.data.limit == u64::MAX {
+                // Being made: its maker sets its limit.
+                promised = promised.saturating_add(has);
+                continue;
+            }
             // Wrote since the last reading, or used up half of its floor. A
             // build is a writer until it ends: it writes in bursts, and a
             // limit lowered between two would fail it.
@@ -554,4 +559,31 @@ pub fn check_volume(engine: &Engine) -> Result<Vec<String>> {
         ));
     }
     Ok(warnings)
+}
+
+/// What a subvolume may still write: its headroom, or, when it has no limit
+/// yet (it is being made, and its maker sets one a moment later), what it is
+/// about to be promised. Counted as unlimited, one such reading would make
+/// the volume look promised many times over and take every writer's room back.
+fn may_write(usage: Usage, about_to_get: u64) -> u64 {
+    match usage.limit {
+        u64::MAX => about_to_get.saturating_sub(usage.charged()),
+        _ => usage.headroom(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subvolume_being_made_promises_what_it_is_about_to_get_not_the_whole_volume() {
+        let made = Usage { exclusive: 10 << 20, reserved: 0, reserved_data: 0, limit: 74 << 20 };
+        assert_eq!(may_write(made, 1 << 30), 64 << 20, "a limited one may write its headroom");
+        let being_made = Usage { limit: u64::MAX, ..made };
+        assert_eq!(may_write(being_made, WAL_LIMIT), WAL_LIMIT - (10 << 20));
+        // Summed with its neighbours', it leaves room to spare.
+        let promised: u64 = [made, being_made].iter().map(|u| may_write(*u, WAL_LIMIT)).sum();
+        assert!(promised < 1 << 30, "{promised}");
+    }
 }
