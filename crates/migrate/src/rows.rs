@@ -314,8 +314,10 @@ pub fn keep_fetched(layout: &airlock_core::layout::Layout, name: &str, bytes: &[
     reads
         .map_err(|e| Error::internal(format!("a fetched row record {name} does not read: {}", e.message)))?;
     // A run's records are named by a fresh run id: one kept already is
-    // another run's, never replaced.
-    if path.exists() {
+    // another run's, never replaced. A generation's may have been kept
+    // meanwhile from another node (shares fetched at once): the same rows,
+    // read and checked like these, so either copy does.
+    if path.exists() && !generation {
         return Err(Error::internal(format!("a row record {name} is kept here already")));
     }
     write_whole(&path, bytes)
