@@ -153,7 +153,12 @@ fn a_migration_test_cut_by_a_crash_leaves_no_fork_and_its_client_is_told() {
     assert_eq!(cut.code, 9, "{cut:?}");
     assert!(cut.stderr.contains("stopped before it answered"), "{cut:?}");
     restart_clean(&mut d);
-    assert_eq!(d.ids(), [keep["id"].as_str().unwrap()], "the test's fork is gone at start, not at its TTL");
+    // Torn down in the background once the API answers: within a minute, not
+    // at its TTL (the default, 15 minutes).
+    let kept = [keep["id"].as_str().unwrap().to_owned()];
+    d.wait_for(Duration::from_secs(60), "the test's fork to be gone at start, not at its TTL", || {
+        d.ids() == kept
+    });
     let events = d.json(&["events", "--limit", "200"]);
     let orphaned =
         events.as_array().unwrap().iter().any(|e| e["kind"] == "deleted" && e["reason"] == "orphan");
