@@ -464,11 +464,6 @@ impl Started {
     }
 }
 
-/// The relation cache's init file, which PostgreSQL removes at every start.
-const RELCACHE_INIT: &std::ffi::CStr = c"pg_internal.init";
-/// The same file, kept across a start under this name.
-const RELCACHE_INIT_KEPT: &std::ffi::CStr = c"pg_internal.init.kept";
-
 /// How a fork's clone keeps the golden's relation cache init files across its
 /// server's start: made under another name (PostgreSQL removes them at every
 /// start in case a crash left them stale, but a clone of a golden that shut
@@ -480,13 +475,15 @@ const RELCACHE_INIT_KEPT: &std::ffi::CStr = c"pg_internal.init.kept";
 /// first query's clock).
 pub const RELCACHE_KEPT_AT_CLONE: (&str, &str) = ("pg_internal.init", "pg_internal.init.kept");
 /// What a fork's clone leaves out: [`RELCACHE_KEPT_AT_CLONE`]'s stale files.
-pub const RELCACHE_NOT_CLONED: &str = "pg_internal.init.kept";
+pub const RELCACHE_NOT_CLONED: &str = RELCACHE_KEPT_AT_CLONE.1;
 
 /// Puts kept init files back under their own name (a file the server wrote
 /// meanwhile, from the same catalogs, is replaced).
 pub fn restore_relcache_init(pgdata: &Path) -> std::io::Result<usize> {
     use airlock_host::storage::tree::rename_in;
-    let (kept, own) = (RELCACHE_INIT_KEPT, RELCACHE_INIT);
+    let name = |n: &str| std::ffi::CString::new(n).expect("no NUL in a constant name");
+    let (own, kept) = (name(RELCACHE_KEPT_AT_CLONE.0), name(RELCACHE_KEPT_AT_CLONE.1));
+    let (kept, own) = (kept.as_c_str(), own.as_c_str());
     Ok(rename_in(&pgdata.join("global"), kept, own, false)?
         + rename_in(&pgdata.join("base"), kept, own, true)?)
 }

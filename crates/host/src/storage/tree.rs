@@ -186,10 +186,23 @@ pub struct Deferred {
 impl Deferred {
     /// Clones the files left for later; returns how many.
     pub fn finish(self) -> io::Result<u64> {
-        let spec = CloneSpec {
-            contents: self.contents,
-            owner: self.owner.as_ref(),
-            source_owner: self.source_owner,
+        clone_files(&self.jobs, &CloneSpec::files(self.contents, self.owner.as_ref(), self.source_owner))?;
+        Ok(self.jobs.len() as u64)
+    }
+}
+
+impl<'a> CloneSpec<'a> {
+    /// A spec that takes everything as it is: how contents reach the new
+    /// tree, who it belongs to, who the source must belong to.
+    pub fn files(
+        contents: Contents,
+        owner: Option<&'a Identity>,
+        source_owner: Option<Uid>,
+    ) -> CloneSpec<'a> {
+        CloneSpec {
+            contents,
+            owner,
+            source_owner,
             skip: &[],
             only: &[],
             subvolumes: &[],
@@ -197,9 +210,7 @@ impl Deferred {
             hollow: &[],
             deferred: &[],
             renamed: &[],
-        };
-        clone_files(&self.jobs, &spec)?;
-        Ok(self.jobs.len() as u64)
+        }
     }
 }
 
@@ -379,9 +390,9 @@ fn clone_file(job: &FileJob, spec: &CloneSpec<'_>) -> io::Result<()> {
     )
     .map_err(errno)?;
     match spec.contents {
-        // SAFETY: both descriptors are open for the duration of the call.
         // An empty file (a sixth of a data directory's) has nothing to share.
         Contents::Reflink if stat.st_size == 0 => {}
+        // SAFETY: both descriptors are open for the duration of the call.
         Contents::Reflink => {
             unsafe { ficlone(dst.as_raw_fd(), src.as_raw_fd() as _) }.map(|_| ()).map_err(errno)?
         }
@@ -664,18 +675,7 @@ mod tests {
     }
 
     fn copying() -> CloneSpec<'static> {
-        CloneSpec {
-            contents: Contents::Copy,
-            owner: None,
-            source_owner: None,
-            skip: &["postmaster.pid"],
-            only: &[],
-            subvolumes: &[],
-            subvolume_limit: u64::MAX,
-            hollow: &[],
-            deferred: &[],
-            renamed: &[],
-        }
+        CloneSpec { skip: &["postmaster.pid"], ..CloneSpec::files(Contents::Copy, None, None) }
     }
 
     #[test]
