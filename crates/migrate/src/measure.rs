@@ -99,13 +99,26 @@ pub(crate) async fn measure(
     let images_before =
         verify::row_images(admin.client(), verify::Reading::AsReader, &shape, &compared, None).await?;
     rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
-    // The values of the columns it sets or retypes, to say which it overwrote.
+    // The values of the columns it sets or retypes, to say which it
+    // overwrote: row by row where a key pairs them, else by counts.
+    let countable: std::collections::BTreeSet<String> = golden_rows
+        .iter()
+        .filter(|(_, rows)| **rows <= verify::ROWS_READ_MOST)
+        .map(|(table, _)| table.clone())
+        .collect();
     let written_columns = match candidate.sql.as_deref().map(airlock_postgres::split::split) {
-        Some(Ok(statements)) => super::overwrite::targets(&statements, &snapshot.catalog, &compared),
+        Some(Ok(statements)) => super::overwrite::targets(&statements, &snapshot.catalog, &countable),
         _ => vec![],
     };
+    let (written_columns, counted_columns) = super::overwrite::by_pairing(written_columns, &shape, &compared);
+    let golden_key = |table: &str| shape.key(table).map(str::to_owned);
     let values_before =
-        super::overwrite::read(admin.client(), &written_columns, &shape, &snapshot.catalog).await?;
+        super::overwrite::read(admin.client(), &written_columns, &golden_key, &snapshot.catalog).await?;
+    let counts_before =
+        super::overwrite::counts::read(admin.client(), &counted_columns, &snapshot.catalog).await?;
+    // Read again at the end under the names they have then.
+    let written_ids =
+        super::overwrite::names::ids(admin.client(), &[&written_columns, &counted_columns]).await?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
@@ -209,8 +222,20 @@ pub(crate) async fn measure(
         }
         None => String::new(),
     };
-    let values_after = super::overwrite::read(admin.client(), &written_columns, &shape, &now).await?;
-    let losses = super::overwrite::losses(&written_columns, &values_before, &values_after, &golden_rows);
+    let followed = super::overwrite::names::follow(admin.client(), &written_columns, &written_ids).await?;
+    let key_now = |table: &str| followed.golden_table(table).and_then(|t| shape.key(t)).map(str::to_owned);
+    let values_after = super::overwrite::read(admin.client(), &followed.now, &key_now, &now).await?;
+    let values_after = followed.values_back(values_after);
+    let mut losses = super::overwrite::losses(&written_columns, &values_before, &values_after, &golden_rows);
+    let followed = super::overwrite::names::follow(admin.client(), &counted_columns, &written_ids).await?;
+    let counts_after = super::overwrite::counts::read(admin.client(), &followed.now, &now).await?;
+    let counts_after = followed.counts_back(counts_after);
+    losses.extend(super::overwrite::counted_losses(
+        &counted_columns,
+        &counts_before,
+        &counts_after,
+        &golden_rows,
+    ));
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.
     let keepers = super::overwrite::keepers(&losses, &shape, &snapshot.catalog, &now);

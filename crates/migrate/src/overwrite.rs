@@ -10,6 +10,10 @@
 //! backwards (`price * 1.1`, `upper(email)`, a `NULL` filled in) loses
 //! nothing, whatever it rewrote.
 //!
+//! Rows no key pairs (a table without one, an `UPDATE` that sets the key
+//! too, a table too big to read row by row) are compared by the count of
+//! each value instead ([`counts`]).
+//!
 //! Which columns to read comes from the candidate's text (its statements and
 //! the bodies of the functions and `DO` blocks it holds); the values are read
 //! through the reader's function, as text of the types' output functions, so
@@ -34,6 +38,8 @@ pub const SHARE_FLOOR: usize = 50;
 /// The longest value a message quotes.
 const QUOTED_MOST: usize = 40;
 
+pub mod counts;
+pub mod names;
 mod targets;
 pub use targets::{targets, Target};
 
@@ -105,22 +111,36 @@ pub struct Wanted {
 /// past this the read fails rather than hold the test up.
 pub const READ_TIMEOUT_MS: u64 = 60_000;
 
+/// Splits `targets` into those read row by row and paired by the golden's
+/// key (tables of `pairable` with a key the candidate does not set), and
+/// those compared by counts ([`counts`]).
+pub fn by_pairing(
+    targets: Vec<Target>,
+    shape: &Shape,
+    pairable: &BTreeSet<String>,
+) -> (Vec<Target>, Vec<Target>) {
+    targets.into_iter().partition(|t| {
+        let key = shape.key(&t.table).map(key_columns);
+        pairable.contains(&t.table) && key.is_some_and(|k| !k.iter().any(|c| t.columns.contains(c)))
+    })
+}
+
 /// Reads `targets`' columns that `catalog` (the schema at the time) still
-/// has, keyed by the golden's key (tables without one, or without its
-/// columns now, are left out), from an admin session through the reader.
+/// has, keyed by the golden's key (`key_of` a table; tables without one, or
+/// without its columns now, are left out), from an admin session through the reader.
 pub async fn read(
     client: &tokio_postgres::Client,
     targets: &[Target],
-    shape: &Shape,
+    key_of: &(dyn Fn(&str) -> Option<String> + Sync),
     catalog: &Catalog,
 ) -> Result<BTreeMap<String, Values>> {
     let wanted: Vec<Wanted> = targets
         .iter()
         .filter_map(|t| {
-            let key = shape.key(&t.table)?;
+            let key = key_of(&t.table)?;
             Some(Wanted {
                 table: t.table.clone(),
-                key: key.to_owned(),
+                key,
                 columns: t.columns.clone(),
                 most: super::verify::ROWS_READ_MOST,
                 digests_only: false,
@@ -187,8 +207,7 @@ pub async fn read_wanted(
         return Ok(out);
     }
     let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
-    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
-    let read = async {
+    pinned(client, async {
         for w in wanted {
             let Some(now) = catalog.tables.get(&w.table) else { continue };
             let has = |name: &String| now.columns.iter().any(|c| &c.name == name);
@@ -248,8 +267,18 @@ pub async fn read_wanted(
             out.insert(w.table.clone(), values);
         }
         Ok(out)
-    }
-    .await;
+    })
+    .await
+}
+
+/// Runs `read` with the session's reading settings pinned, and restores
+/// them after; a read that failed part way is rolled back first.
+async fn pinned<T>(
+    client: &tokio_postgres::Client,
+    read: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
+    let read = read.await;
     if read.is_err() {
         let _ = client.batch_execute("ROLLBACK").await;
     }
@@ -398,6 +427,8 @@ pub struct Loss {
     pub rows: i64,
     /// What it lost.
     pub lost: Lost,
+    /// Whether its rows were paired by key (else told by counts).
+    pub paired: bool,
 }
 
 /// The columns of `targets` that lost enough of their values, from their
@@ -417,7 +448,44 @@ pub fn losses(
             let Some(lost) = lost(b, a, column, from_itself).filter(|l| enough(l.lost, rows)) else {
                 continue;
             };
-            out.push(Loss { table: t.table.clone(), column: column.clone(), line: t.line, rows, lost });
+            out.push(Loss {
+                table: t.table.clone(),
+                column: column.clone(),
+                line: t.line,
+                rows,
+                lost,
+                paired: true,
+            });
+        }
+    }
+    out
+}
+
+/// The columns of `targets` (compared by counts) that lost enough of their
+/// values for a hazard.
+pub fn counted_losses(
+    targets: &[Target],
+    before: &BTreeMap<String, counts::Counts>,
+    after: &BTreeMap<String, counts::Counts>,
+    rows_before: &BTreeMap<String, i64>,
+) -> Vec<Loss> {
+    let mut out = Vec::new();
+    for t in targets {
+        let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
+        for column in t.columns.iter().filter(|c| !t.from_itself.contains(*c)) {
+            let (Some(was), Some(now)) = (b.get(column), a.get(column)) else { continue };
+            let rows = rows_before.get(&t.table).copied().unwrap_or_else(|| was.values().sum());
+            let lost = counts::lost(was, now);
+            if enough(lost.lost, rows) {
+                out.push(Loss {
+                    table: t.table.clone(),
+                    column: column.clone(),
+                    line: t.line,
+                    rows,
+                    lost,
+                    paired: false,
+                });
+            }
         }
     }
     out
@@ -431,6 +499,9 @@ fn kept_in(
     column: &str,
     kept: &BTreeMap<String, Values>,
 ) -> Option<String> {
+    if keys.is_empty() {
+        return None;
+    }
     let at = before.columns.iter().position(|c| c == column)?;
     kept.iter().find_map(|(table, k)| {
         let holds =
@@ -472,9 +543,10 @@ pub fn report(
             "values_overwritten",
             Severity::High,
             format!(
-                "{} of the {} rows of {table} lost their {column}: {}{}; {} distinct values became {}, and what they were is not kept anywhere",
+                "{} of the {} rows of {table} lost their {column}{}: {}{}; {} distinct values became {}, and what they were is not kept anywhere",
                 count(l.lost),
                 count(rows as usize),
+                if loss.paired { "" } else { " (told by how many rows hold each value: no key pairs its rows here)" },
                 groups.join("; "),
                 if l.into.len() < l.distinct.1 { "; ..." } else { "" },
                 count(l.distinct.0),
@@ -482,11 +554,14 @@ pub fn report(
             ),
             line,
         );
-        let key = shape.key(&loss.table).unwrap_or("id");
+        // Without a key, only whole rows say which row held what.
+        let kept = match (shape.key(&loss.table), loss.paired) {
+            (None, false) => "*".to_owned(),
+            (key, _) => format!("{}, {}", key.unwrap_or("id"), written(column)),
+        };
         h.suggestion = Some(format!(
-            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {key}, {} FROM {table}), or write the new values to a new column; batching does not bring them back",
+            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {kept} FROM {table}), or write the new values to a new column; batching does not bring them back",
             written(&format!("{}_{column}_before", split_qualified(&loss.table).1)),
-            written(column),
         ));
         out.push(h);
     }

@@ -424,6 +424,75 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
 }
 
 #[test]
+fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "unkeyed",
+        "CREATE TABLE events (kind text NOT NULL, at int NOT NULL, payload text);
+         CREATE TABLE customers (id int PRIMARY KEY, tier text NOT NULL, email text);",
+        "INSERT INTO events SELECT CASE WHEN g % 4 = 0 THEN 'error' ELSE 'info' END, g, 'p' || g
+           FROM generate_series(1, 8000) g;
+         INSERT INTO customers SELECT g, CASE WHEN g % 10 = 0 THEN 'enterprise' ELSE 'standard' END, 'c' || g
+           FROM generate_series(1, 20000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            // A table without a primary key.
+            ("unkeyed.sql", "UPDATE events SET kind = 'info';"),
+            ("unkeyed_null.sql", "SELECT 1;\nUPDATE events SET payload = NULL WHERE at <= 3000;"),
+            // The key set in the same statement: no row pairs with its old self.
+            ("rekeyed.sql", "UPDATE customers SET id = id + 1000000, tier = 'standard';"),
+            // Overwritten, then renamed (the column and its table).
+            (
+                "renamed_after.sql",
+                "UPDATE customers SET tier = 'standard';\nALTER TABLE customers RENAME COLUMN tier TO plan;\n\
+                 ALTER TABLE customers RENAME TO clients;",
+            ),
+            ("unkeyed_renamed_after.sql", "UPDATE events SET kind = 'info';\nALTER TABLE events RENAME kind TO level;"),
+            // Controls: read backwards, from itself, deleted, or the key alone.
+            ("unkeyed_upper.sql", "UPDATE events SET payload = upper(payload);"),
+            ("unkeyed_bump.sql", "UPDATE events SET at = at + 1;"),
+            ("unkeyed_delete.sql", "DELETE FROM events WHERE kind = 'error';"),
+            ("rekeyed_only.sql", "UPDATE customers SET id = id + 1000000;"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "unkeyed", &paths));
+    let h = hazard(&c["unkeyed.sql"], "values_overwritten");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "2,000 of the 8,000 rows of events lost their kind (told by how many rows hold each value: no key pairs its rows here): 2,000 had kind 'error', now 'info'"
+        ),
+        "{said}"
+    );
+    assert!(h["suggestion"].as_str().unwrap().contains("AS SELECT * FROM events"), "{h}");
+    let h = hazard(&c["unkeyed_null.sql"], "values_overwritten");
+    assert_eq!(h["line"], json!(2), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("3,000 of the 8,000 rows of events lost their payload"), "{said}");
+    assert!(said.contains("now NULL") && said.contains("3,000 distinct values became 1"), "{said}");
+    let said = message(&c["rekeyed.sql"], "values_overwritten");
+    assert!(
+        said.starts_with(
+            "2,000 of the 20,000 rows of customers lost their tier (told by how many rows hold each value"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("2,000 had tier 'enterprise', now 'standard'"), "{said}");
+    let said = message(&c["renamed_after.sql"], "values_overwritten");
+    assert!(
+        said.starts_with("2,000 of the 20,000 rows of customers lost their tier: 2,000 had tier 'enterprise', now 'standard'"),
+        "{said}"
+    );
+    let said = message(&c["unkeyed_renamed_after.sql"], "values_overwritten");
+    assert!(said.starts_with("2,000 of the 8,000 rows of events lost their kind (told by"), "{said}");
+    for name in ["unkeyed_upper.sql", "unkeyed_bump.sql", "unkeyed_delete.sql", "rekeyed_only.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
+}
+
+#[test]
 fn what_a_migration_opens_up_or_switches_off_is_named() {
     let d = Daemon::start(&[]);
     d.golden(

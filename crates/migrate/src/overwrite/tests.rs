@@ -308,3 +308,81 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
     let (h, notes) = report(&losses(&[t], &b, &a, &rows), &b, &kept, &Shape::default());
     assert_eq!((h.len(), notes.len()), (1, 0));
 }
+
+fn counted(values: &[(Option<&str>, i64)]) -> std::collections::HashMap<Cell, i64> {
+    values.iter().map(|(v, n)| (Cell { digest: format!("{v:?}"), shown: v.map(str::to_owned) }, *n)).collect()
+}
+
+#[test]
+fn without_pairs_a_value_is_lost_when_its_rows_joined_a_value_held_before_or_many_became_few() {
+    // 2,000 enterprise rows became standard, beside 18,000 standard already.
+    let tiers = counted(&[(Some("enterprise"), 2_000), (Some("standard"), 18_000)]);
+    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 20_000)]));
+    assert_eq!((l.changed, l.lost, l.distinct), (2_000, 2_000, (1, 1)));
+    assert_eq!(l.into, [(Some("standard".into()), 2_000, vec![(Some("enterprise".into()), 2_000)])]);
+    assert!(l.keys.is_empty());
+
+    // Three values set to NULL (none was NULL): many became one.
+    let three = counted(&[(Some("a"), 10), (Some("b"), 20), (Some("c"), 30)]);
+    let l = counts::lost(&three, &counted(&[(None, 60)]));
+    assert_eq!((l.lost, l.distinct), (60, (3, 1)));
+
+    // Renamed one for one, NULLs filled in, rows deleted or added: nothing lost.
+    let renamed = counted(&[(Some("A"), 10), (Some("B"), 20), (Some("C"), 30)]);
+    assert_eq!(counts::lost(&three, &renamed).lost, 0);
+    let filled = counts::lost(&counted(&[(None, 50), (Some("x"), 50)]), &counted(&[(Some("x"), 100)]));
+    assert_eq!(filled.lost, 0);
+    assert_eq!(counts::lost(&three, &counted(&[(Some("c"), 30)])).lost, 0);
+    assert_eq!(counts::lost(&three, &counted(&[(Some("a"), 110), (Some("b"), 20), (Some("c"), 30)])).lost, 0);
+
+    // Rows deleted and others made anew with a value already held: as many
+    // as left lost their values, no more.
+    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 25_000)]));
+    assert_eq!(l.lost, 2_000);
+    assert!(l.into.iter().all(|(_, n, was)| *n <= 2_000 && was.iter().all(|(_, m)| *m <= 2_000)), "{l:?}");
+}
+
+#[test]
+fn a_loss_told_by_counts_says_so_and_a_table_without_a_key_is_kept_whole() {
+    let t = Target {
+        table: "public.events".into(),
+        columns: vec!["kind".into()],
+        from_itself: BTreeSet::new(),
+        line: 1,
+    };
+    let before = BTreeMap::from([(
+        t.table.clone(),
+        counts::Counts::from([(
+            "kind".to_owned(),
+            counted(&[(Some("error"), 2_000), (Some("info"), 6_000)]),
+        )]),
+    )]);
+    let after = BTreeMap::from([(
+        t.table.clone(),
+        counts::Counts::from([("kind".to_owned(), counted(&[(Some("info"), 8_000)]))]),
+    )]);
+    let rows = BTreeMap::from([(t.table.clone(), 8_000)]);
+    let losses = counted_losses(std::slice::from_ref(&t), &before, &after, &rows);
+    let (h, notes) = report(&losses, &BTreeMap::new(), &BTreeMap::new(), &Shape::default());
+    assert_eq!((h.len(), notes.len()), (1, 0));
+    assert!(
+        h[0].message.starts_with(
+            "2,000 of the 8,000 rows of events lost their kind (told by how many rows hold each value: no key pairs its rows here): 2,000 had kind 'error', now 'info'"
+        ),
+        "{}",
+        h[0].message
+    );
+    assert!(h[0]
+        .suggestion
+        .as_deref()
+        .unwrap()
+        .contains("CREATE TABLE events_kind_before AS SELECT * FROM events"));
+    // A column computed from itself is not judged by counts.
+    let mut bumped = t.clone();
+    bumped.from_itself.insert("kind".into());
+    assert!(counted_losses(&[bumped], &before, &after, &rows).is_empty());
+    // Without a key to pair by, a target is counted.
+    let (paired, by_counts) =
+        by_pairing(vec![t], &Shape::default(), &BTreeSet::from(["public.events".into()]));
+    assert_eq!((paired.len(), by_counts.len()), (0, 1));
+}

@@ -175,8 +175,20 @@ pub(crate) async fn read_as_reader(
     most: i64,
     timeout_ms: Option<u64>,
 ) -> Result<Vec<tokio_postgres::Row>> {
-    // In a transaction of its own, rolled back: nothing the candidate's code
-    // might set in it outlives the read.
+    let query = "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)";
+    as_reader(client, (grant_each, table, timeout_ms), query, &[&table, &key, &value, &most]).await
+}
+
+/// Runs `query` (a call of one of the reader's functions on `table`) in a
+/// transaction of its own that grants the reader `table` (with
+/// `grant_each`) and is rolled back, so nothing the candidate's code might
+/// set in it outlives the read; under `timeout_ms` when given.
+pub(crate) async fn as_reader(
+    client: &tokio_postgres::Client,
+    (grant_each, table, timeout_ms): (bool, &str, Option<u64>),
+    query: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>> {
     client.batch_execute("BEGIN").await.map_err(pg_error)?;
     if let Some(ms) = timeout_ms {
         client.batch_execute(&format!("SET LOCAL statement_timeout = {ms}")).await.map_err(pg_error)?;
@@ -184,13 +196,7 @@ pub(crate) async fn read_as_reader(
     if grant_each {
         client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await.map_err(pg_error)?;
     }
-    let rows = client
-        .query(
-            "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, $4)",
-            &[&table, &key, &value, &most],
-        )
-        .await
-        .map_err(pg_error)?;
+    let rows = client.query(query, params).await.map_err(pg_error)?;
     client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
     Ok(rows)
 }

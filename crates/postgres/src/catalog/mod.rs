@@ -451,7 +451,23 @@ const READER_SQL: &str = "
         END IF;
       END $$;
     ALTER FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) OWNER TO airlock_reader;
-    REVOKE ALL ON FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) FROM PUBLIC;";
+    REVOKE ALL ON FUNCTION pg_airlock.row_image(pg_catalog.regclass, text, text, bigint) FROM PUBLIC;
+    -- Each distinct value of one expression (from a quoted column name), as
+    -- its digest, the start of its text and how many rows hold it: how a
+    -- migration test compares a column whose rows no key pairs.
+    CREATE OR REPLACE FUNCTION pg_airlock.value_counts(relation pg_catalog.regclass, value text, shown integer, most bigint)
+      RETURNS TABLE (d text, s text, n bigint)
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+      BEGIN
+        RETURN QUERY EXECUTE pg_catalog.format(
+          'SELECT pg_catalog.md5(v), pg_catalog.left(pg_catalog.min(v), %s), pg_catalog.count(*) FROM (SELECT (%s)::text AS v FROM %s t) s GROUP BY 1 LIMIT %s',
+          shown, value, relation, most);
+        IF pg_catalog.to_regclass(relation::text) IS DISTINCT FROM relation THEN
+          RAISE EXCEPTION 'relation % changed while it was read', relation;
+        END IF;
+      END $$;
+    ALTER FUNCTION pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint) OWNER TO airlock_reader;
+    REVOKE ALL ON FUNCTION pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint) FROM PUBLIC;";
 
 /// What lets the reader read one table (its schema, then the table), granted
 /// in the read's own transaction and rolled back with it.
@@ -469,6 +485,7 @@ pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
             "SELECT coalesce((SELECT p.prosrc LIKE '%TABLESAMPLE%' FROM pg_catalog.pg_proc p
                                WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
                     AND pg_catalog.to_regprocedure('pg_airlock.row_image(pg_catalog.regclass, text, text, bigint)') IS NOT NULL
+                    AND pg_catalog.to_regprocedure('pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint)') IS NOT NULL
                     AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')
                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
                                       JOIN pg_catalog.pg_roles r ON r.oid = m.member

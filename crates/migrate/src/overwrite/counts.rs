@@ -1,0 +1,122 @@
+//! Values compared by how many rows hold each, for columns whose rows no key
+//! pairs: a table without a primary key, an `UPDATE` that also sets the key
+//! (`SET id = id + 1000000, tier = 'standard'`), a table too big to read row
+//! by row. The server counts; the daemon holds one entry per distinct value.
+//!
+//! Without pairs, which row went where is unknown, so the rule is the pairs'
+//! rule read from the counts: rows left their values (counts that fell) and
+//! joined values other rows already held (counts that rose on a value held
+//! before), or many old values went into fewer new ones. Rows that joined
+//! new values one for one (`upper(email)`) are taken as renamed, not lost,
+//! as are rows that were `NULL`. A column computed from itself (`qty + 1`)
+//! is not judged here: shifted counts cannot tell a bump from a merge.
+
+use std::collections::{BTreeMap, HashMap};
+
+use airlock_core::error::Result;
+use airlock_postgres::catalog::{quote_ident, Catalog};
+use airlock_postgres::cell::Cell as _;
+
+use super::{Cell, Lost, Target, READ_TIMEOUT_MS, SHOWN_MOST};
+
+/// The most distinct values a column may hold to be counted: past this its
+/// counts are not read (and the column is not judged).
+pub const DISTINCT_MOST: i64 = 200_000;
+
+/// One table's counted columns: each column's rows by value.
+pub type Counts = BTreeMap<String, HashMap<Cell, i64>>;
+
+/// Reads the counts of `targets`' columns (those `from_itself` left out)
+/// that `catalog` (the schema at the time) still has, through the reader's
+/// function. A column of more than [`DISTINCT_MOST`] values is left out.
+pub async fn read(
+    client: &tokio_postgres::Client,
+    targets: &[Target],
+    catalog: &Catalog,
+) -> Result<BTreeMap<String, Counts>> {
+    let mut out = BTreeMap::new();
+    let wanted: Vec<(&Target, Vec<&String>)> = targets
+        .iter()
+        .filter_map(|t| {
+            let now = catalog.tables.get(&t.table)?;
+            let columns = t
+                .columns
+                .iter()
+                .filter(|c| !t.from_itself.contains(*c) && now.columns.iter().any(|n| &n.name == *c))
+                .collect::<Vec<_>>();
+            Some((t, columns)).filter(|(_, c)| !c.is_empty())
+        })
+        .collect();
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
+    super::pinned(client, async {
+        for (t, columns) in wanted {
+            let mut counts = Counts::new();
+            for column in columns {
+                let value = format!("ROW(t.{})", quote_ident(column));
+                let (shown, most) = (SHOWN_MOST as i32, DISTINCT_MOST + 1);
+                let rows = super::super::verify::as_reader(
+                    client,
+                    (grant_each, &t.table, Some(READ_TIMEOUT_MS)),
+                    "SELECT d, s, n FROM pg_airlock.value_counts($1::text::pg_catalog.regclass, $2, $3, $4)",
+                    &[&t.table, &value, &shown, &most],
+                )
+                .await?;
+                if rows.len() as i64 > DISTINCT_MOST {
+                    continue;
+                }
+                let mut by_value = HashMap::with_capacity(rows.len());
+                for r in rows {
+                    let (digest, text, n): (String, String, i64) = (r.cell(0)?, r.cell(1)?, r.cell(2)?);
+                    let shown = super::record_fields(&text).swap_remove(0);
+                    by_value.insert(Cell { digest, shown }, n);
+                }
+                counts.insert(column.clone(), by_value);
+            }
+            out.insert(t.table.clone(), counts);
+        }
+        Ok(out)
+    })
+    .await
+}
+
+/// What a column lost, from its counts before and after (see the module's
+/// rule). No keys are known, so none are given.
+pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>) -> Lost {
+    let held = |m: &HashMap<Cell, i64>, v: &Cell| m.get(v).copied().unwrap_or(0);
+    // Values rows left (NULL aside: a row that held nothing lost nothing).
+    let mut left: Vec<(&Cell, i64)> = before
+        .iter()
+        .filter(|(v, _)| v.shown.is_some())
+        .map(|(v, n)| (v, n - held(after, v)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let (mut onto_held, mut onto_new): (Vec<(&Cell, i64)>, Vec<(&Cell, i64)>) = after
+        .iter()
+        .map(|(v, n)| (v, n - held(before, v)))
+        .filter(|(_, n)| *n > 0)
+        .partition(|(v, _)| held(before, v) > 0);
+    // Fewer new values than old ones left: some of them merged.
+    if onto_new.len() < left.len() {
+        onto_held.append(&mut onto_new);
+    }
+    let changed: i64 = left.iter().map(|(_, n)| n).sum();
+    let lost = changed.min(onto_held.iter().map(|(_, n)| n).sum());
+    let by_count = |a: &(&Cell, i64), b: &(&Cell, i64)| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0));
+    left.sort_by(by_count);
+    onto_held.sort_by(by_count);
+    let distinct = (left.len(), onto_held.len());
+    let was: Vec<(Option<String>, i64)> = left.iter().take(3).map(|(v, n)| (v.shown.clone(), *n)).collect();
+    let into = onto_held
+        .iter()
+        .take(3)
+        .map(|(now, n)| {
+            let n = (*n).min(lost);
+            let was = was.iter().map(|(v, m)| (v.clone(), (*m).min(n) as usize)).collect();
+            (now.shown.clone(), n as usize, was)
+        })
+        .collect();
+    Lost { changed: changed as usize, lost: lost as usize, distinct, into, keys: vec![] }
+}
