@@ -464,13 +464,53 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
         let k = name(key);
         k == function || short_name(&k) == function || k.rsplit('.').next() == Some(function)
     };
+    let mut unchanged: Vec<&String> = Vec::new();
     for (key, was) in e.before.functions.iter().filter(|(k, _)| matches(k)) {
-        if e.after.functions.get(key).is_some_and(|now| now != was) {
-            v.hazards.push(Hazard::new(
+        match e.after.functions.get(key) {
+            Some(now) if now != was => v.hazards.push(Hazard::new(
                 "trigger_changed",
                 Severity::Medium,
                 format!("replaces function {key}, which trigger {trigger} on {table} runs: what the trigger does on each write changed"),
                 line_naming(e, function.rsplit('.').next().unwrap_or(function)),
+            )),
+            Some(_) => unchanged.push(key),
+            None => {}
+        }
+    }
+    called_replaced(e, (table, trigger), unchanged, v);
+}
+
+/// Functions down the chain from a trigger's own (`from`, unchanged): those
+/// its body names, and theirs, replaced or dropped by the candidate. Only
+/// unchanged functions are walked, since their bodies now are the golden's.
+fn called_replaced(e: &Evidence, (table, trigger): (&str, &str), from: Vec<&String>, v: &mut Verdict) {
+    let mut seen: std::collections::BTreeSet<&String> = from.iter().copied().collect();
+    let mut walk = from;
+    while let Some(caller) = walk.pop() {
+        for callee in e.calls.get(caller).into_iter().flatten() {
+            let Some(was) = e.before.functions.get(callee) else { continue };
+            if !seen.insert(callee) {
+                continue;
+            }
+            let named = callee.split('(').next().unwrap_or(callee);
+            let line = line_naming(e, named.rsplit('.').next().unwrap_or(named));
+            let what = match e.after.functions.get(callee) {
+                Some(now) if now == was => {
+                    walk.push(callee);
+                    continue;
+                }
+                Some(_) => "replaces",
+                None => "drops",
+            };
+            let effect = match what {
+                "drops" => "every write that fires the trigger now fails when it gets there",
+                _ => "what the trigger does on each write changed",
+            };
+            v.hazards.push(Hazard::new(
+                "trigger_changed",
+                Severity::Medium,
+                format!("{what} function {callee}, which {caller} names, down the chain trigger {trigger} on {table} runs: {effect}"),
+                line,
             ));
         }
     }

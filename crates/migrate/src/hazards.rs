@@ -43,6 +43,8 @@ pub struct Evidence<'a> {
     pub max_lock_ms: f64,
     /// The SQL file's text (none for a command).
     pub sql: Option<&'a str>,
+    /// The golden functions each function's body names, read after it.
+    pub calls: &'a super::calls::Calls,
 }
 
 /// Hazards (any one fails the candidate) and notes (worth knowing).
@@ -158,6 +160,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     compatibility(e, &mut v);
     super::integrity::integrity_hazards(e, &mut v);
     super::access::access_hazards(e, &mut v);
+    super::reached::reached_hazards(e, &mut v);
     if let Some(sql) = e.sql {
         lock_timeout_note(sql, &blocking_tables, &mut v);
     }

@@ -19,6 +19,7 @@ pub(crate) fn integrity_hazards(e: &Evidence, v: &mut Verdict) {
         constraints_dropped(e, name, before, after, v);
         not_null_dropped(e, name, before, after, v);
         key_indexes_dropped(e, name, before, after, v);
+        super::constraint_changes::constraints_changed(e, name, before, after, v);
     }
     durability(e, v);
 }
@@ -157,7 +158,7 @@ pub(crate) fn fk_target(definition: &str) -> &str {
     target.split('(').next().unwrap_or(target).trim()
 }
 
-fn sorted(mut columns: Vec<String>) -> Vec<String> {
+pub(crate) fn sorted(mut columns: Vec<String>) -> Vec<String> {
     columns.sort();
     columns
 }

@@ -245,6 +245,7 @@ pub(crate) async fn measure(
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
     super::locks::drop_subsumed(&mut applied.statements);
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
+    let calls = super::calls::read(admin.client(), &snapshot.catalog, &now).await?;
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,
         failure: applied.failure.as_ref(),
@@ -256,6 +257,7 @@ pub(crate) async fn measure(
         scale: &scale,
         max_lock_ms: threshold,
         sql: candidate.sql.as_deref(),
+        calls: &calls,
     });
     let mut found = verdict.hazards;
     found.extend(code::hazard(candidate, &snapshot.catalog));

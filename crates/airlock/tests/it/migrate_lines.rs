@@ -493,6 +493,144 @@ fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
 }
 
 #[test]
+fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "functions",
+        "CREATE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(t) $$;
+         CREATE FUNCTION valid_email(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT position('@' in t) > 1 $$;
+         CREATE FUNCTION stamp() RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'v1'; END $$;
+         CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.note := stamp(); RETURN NEW; END $$;
+         CREATE TABLE users (id int PRIMARY KEY, email text CHECK (valid_email(email)), note text);
+         CREATE UNIQUE INDEX users_email ON users (norm(email));
+         CREATE TRIGGER users_audit BEFORE INSERT OR UPDATE ON users FOR EACH ROW EXECUTE FUNCTION audit_row();",
+        "INSERT INTO users (id, email) SELECT g, 'u' || g || '@x' FROM generate_series(1, 1000) g;",
+    );
+    let norm =
+        "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT t $$;";
+    let stamp =
+        "CREATE OR REPLACE FUNCTION stamp() RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'v2'; END $$;";
+    let reindexed = format!("{norm}\nREINDEX INDEX users_email;");
+    let paths = files(
+        &d,
+        &[
+            ("replace_norm.sql", norm),
+            (
+                "replace_valid.sql",
+                "SELECT 1;\nCREATE OR REPLACE FUNCTION valid_email(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;",
+            ),
+            ("replace_stamp.sql", stamp),
+            ("drop_stamp.sql", "DROP FUNCTION stamp();"),
+            // Controls: the index made again after, a new function, the same body again.
+            ("reindexed.sql", reindexed.as_str()),
+            ("new_function.sql", "CREATE FUNCTION other() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;"),
+            (
+                "same_body.sql",
+                "CREATE OR REPLACE FUNCTION stamp() RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'v1'; END $$;",
+            ),
+        ],
+    );
+    let c = by_name(&test_on(&d, "functions", &paths));
+    let h = hazard(&c["replace_norm.sql"], "function_replaced");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("replaces function public.norm(t text), which index users_email on public.users runs: its entries were computed by the old body"), "{said}");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
+    assert!(h["suggestion"].as_str().unwrap().contains("REINDEX INDEX CONCURRENTLY users_email"), "{h}");
+    let h = hazard(&c["replace_valid.sql"], "function_replaced");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("replaces function public.valid_email(t text), which CHECK constraint users_email_check on public.users runs"), "{said}");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+    let said = message(&c["replace_stamp.sql"], "trigger_changed");
+    assert!(
+        said.starts_with("replaces function public.stamp(), which public.audit_row() names, down the chain trigger users_audit on public.users runs"),
+        "{said}"
+    );
+    let said = message(&c["drop_stamp.sql"], "trigger_changed");
+    assert!(said.starts_with("drops function public.stamp()") && said.contains("now fails"), "{said}");
+    for name in ["reindexed.sql", "new_function.sql", "same_body.sql"] {
+        let kinds = hazard_kinds(&c[name]);
+        assert!(
+            !kinds.contains(&"function_replaced") && !kinds.contains(&"trigger_changed"),
+            "{name}: {kinds:?}"
+        );
+    }
+}
+
+#[test]
+fn a_constraint_made_again_to_hold_otherwise_is_named() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "kinds",
+        "CREATE TABLE kinds (id int PRIMARY KEY);
+         CREATE TABLE items (id int PRIMARY KEY, kind int REFERENCES kinds, qty int CHECK (qty > 0));",
+        "INSERT INTO kinds SELECT g FROM generate_series(1, 10) g;
+         INSERT INTO items SELECT g, 1 + g % 10, 1 + g % 7 FROM generate_series(1, 2000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            (
+                "cascade.sql",
+                "ALTER TABLE items DROP CONSTRAINT items_kind_fkey,\n\
+                 ADD CONSTRAINT items_kind_fkey FOREIGN KEY (kind) REFERENCES kinds ON DELETE CASCADE;",
+            ),
+            (
+                "cascade_renamed.sql",
+                "ALTER TABLE items DROP CONSTRAINT items_kind_fkey;\n\
+                 ALTER TABLE items ADD CONSTRAINT items_kind_cascades FOREIGN KEY (kind) REFERENCES kinds ON DELETE CASCADE;",
+            ),
+            (
+                "loosen_check.sql",
+                "ALTER TABLE items DROP CONSTRAINT items_qty_check, ADD CONSTRAINT items_qty_check CHECK (qty > -100);",
+            ),
+            // Controls: the same made again NOT VALID and validated; a new constraint.
+            (
+                "same_again.sql",
+                "ALTER TABLE items DROP CONSTRAINT items_qty_check, ADD CONSTRAINT items_qty_check CHECK (qty > 0) NOT VALID;\n\
+                 ALTER TABLE items VALIDATE CONSTRAINT items_qty_check;",
+            ),
+            ("new_check.sql", "ALTER TABLE items ADD CONSTRAINT items_id_positive CHECK (id > 0);"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "kinds", &paths));
+    let h = hazard(&c["cascade.sql"], "integrity_changed");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("changes constraint items_kind_fkey of public.items: was FOREIGN KEY (kind)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("ON DELETE CASCADE: deleting a row of") && said.ends_with("where it was refused"),
+        "{said}"
+    );
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
+    assert!(h["suggestion"].as_str().unwrap().contains("ON DELETE as it was (NO ACTION)"), "{h}");
+    let h = hazard(&c["cascade_renamed.sql"], "integrity_changed");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("replaces constraint items_kind_fkey of public.items")
+            && said.contains("with items_kind_cascades"),
+        "{said}"
+    );
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
+    assert!(
+        !hazard_kinds(&c["cascade_renamed.sql"]).contains(&"integrity_removed"),
+        "{}",
+        c["cascade_renamed.sql"]
+    );
+    let h = hazard(&c["loosen_check.sql"], "integrity_changed");
+    assert!(h["message"].as_str().unwrap().ends_with("rows the old check refused may now be written"), "{h}");
+    assert_eq!(h["severity"], json!("medium"), "{h}");
+    for name in ["same_again.sql", "new_check.sql"] {
+        let kinds = hazard_kinds(&c[name]);
+        assert!(
+            !kinds.contains(&"integrity_changed") && !kinds.contains(&"integrity_removed"),
+            "{name}: {kinds:?}"
+        );
+    }
+}
+
+#[test]
 fn what_a_migration_opens_up_or_switches_off_is_named() {
     let d = Daemon::start(&[]);
     d.golden(

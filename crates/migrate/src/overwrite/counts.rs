@@ -19,8 +19,10 @@ use airlock_postgres::cell::Cell as _;
 
 use super::{Cell, Lost, Target, READ_TIMEOUT_MS, SHOWN_MOST};
 
-/// The most distinct values a column may hold to be counted: past this its
-/// counts are not read (and the column is not judged).
+/// The most distinct values one read holds, all its columns together (a
+/// candidate can make as many as it writes rows, each up to [`SHOWN_MOST`]
+/// characters long): a column that would pass it is not read, and not
+/// judged.
 pub const DISTINCT_MOST: i64 = 200_000;
 
 /// One table's counted columns: each column's rows by value.
@@ -28,7 +30,8 @@ pub type Counts = BTreeMap<String, HashMap<Cell, i64>>;
 
 /// Reads the counts of `targets`' columns (those `from_itself` left out)
 /// that `catalog` (the schema at the time) still has, through the reader's
-/// function. A column of more than [`DISTINCT_MOST`] values is left out.
+/// function. A column whose values would take the read past
+/// [`DISTINCT_MOST`] is left out.
 pub async fn read(
     client: &tokio_postgres::Client,
     targets: &[Target],
@@ -52,11 +55,12 @@ pub async fn read(
     }
     let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
     super::pinned(client, async {
+        let mut room = DISTINCT_MOST;
         for (t, columns) in wanted {
             let mut counts = Counts::new();
             for column in columns {
                 let value = format!("ROW(t.{})", quote_ident(column));
-                let (shown, most) = (SHOWN_MOST as i32, DISTINCT_MOST + 1);
+                let (shown, most) = (SHOWN_MOST as i32, room + 1);
                 let rows = super::super::verify::as_reader(
                     client,
                     (grant_each, &t.table, Some(READ_TIMEOUT_MS)),
@@ -64,9 +68,10 @@ pub async fn read(
                     &[&t.table, &value, &shown, &most],
                 )
                 .await?;
-                if rows.len() as i64 > DISTINCT_MOST {
+                if rows.len() as i64 > room {
                     continue;
                 }
+                room -= rows.len() as i64;
                 let mut by_value = HashMap::with_capacity(rows.len());
                 for r in rows {
                     let (digest, text, n): (String, String, i64) = (r.cell(0)?, r.cell(1)?, r.cell(2)?);

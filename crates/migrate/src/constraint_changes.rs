@@ -1,0 +1,133 @@
+//! Constraints of a golden table that are still there but hold otherwise
+//! (`integrity_changed`): made again under their own name with another
+//! definition (a looser `CHECK`), or a foreign key replaced by one on the
+//! same columns and table whose actions differ (`ON DELETE CASCADE`, where
+//! deleting a referenced row used to be refused). Nothing is dropped, so
+//! `integrity_removed` stays quiet, yet what the data is kept to changed.
+
+use super::hazards::{Evidence, Verdict};
+use super::integrity::{fk_target, key_columns, line_naming, sorted};
+use super::report::{Hazard, Severity};
+use airlock_postgres::catalog::Table;
+
+/// The `integrity_changed` hazards of table `table`, `before` and `after`.
+pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
+    for (name, was) in before.constraints.iter().filter(|(_, d)| !d.starts_with("NOT NULL")) {
+        // The same definition anywhere (made again NOT VALID too) holds what it held.
+        if after.constraints.values().any(|d| valid(d) == valid(was)) {
+            continue;
+        }
+        let now = match after.constraints.get_key_value(name) {
+            Some(now) => now,
+            // Dropped: reported as removed, unless a foreign key on the same
+            // columns to the same table took its place.
+            None if was.starts_with("FOREIGN KEY") => {
+                let on = sorted(key_columns(was));
+                let same_key = |d: &String| {
+                    d.starts_with("FOREIGN KEY")
+                        && sorted(key_columns(d)) == on
+                        && fk_target(d) == fk_target(was)
+                };
+                match after.constraints.iter().find(|(_, d)| same_key(d)) {
+                    Some(now) => now,
+                    None => continue,
+                }
+            }
+            None => continue,
+        };
+        v.hazards.push(changed(e, table, (name, was), now));
+    }
+}
+
+fn changed(
+    e: &Evidence,
+    table: &str,
+    (name, was): (&String, &String),
+    (new_name, now): (&String, &String),
+) -> Hazard {
+    let line = line_naming(e, new_name).or_else(|| line_naming(e, name));
+    let what = match new_name == name {
+        true => format!("changes constraint {name} of {table}: was {was}, now {now}"),
+        false => format!("replaces constraint {name} of {table} ({was}) with {new_name} ({now})"),
+    };
+    if was.starts_with("FOREIGN KEY") && now.starts_with("FOREIGN KEY") {
+        let target = fk_target(was);
+        let (deletes_was, deletes_now) = (action(was, "ON DELETE"), action(now, "ON DELETE"));
+        if deletes_now != deletes_was {
+            if let Some(does) = reaches_rows(deletes_now) {
+                let mut h = Hazard::new(
+                    "integrity_changed",
+                    Severity::High,
+                    format!(
+                        "{what}: deleting a row of {target} now {does} the rows of {table} that point at it, where it {}",
+                        was_word(deletes_was)
+                    ),
+                    line,
+                );
+                h.suggestion = Some(format!(
+                    "keep the foreign key's ON DELETE as it was ({deletes_was}), and delete or detach the rows of {table} explicitly where that is meant"
+                ));
+                return h;
+            }
+        }
+    }
+    let what_held = if was.starts_with("CHECK") {
+        "rows the old check refused may now be written"
+    } else {
+        "what the old definition held of its rows may no longer hold"
+    };
+    let mut h = Hazard::new("integrity_changed", Severity::Medium, format!("{what}: {what_held}"), line);
+    h.suggestion =
+        Some("if the new definition is meant, say why in the migration; otherwise keep the old one".into());
+    h
+}
+
+/// A foreign key's action for `on` (`ON DELETE`, `ON UPDATE`): what
+/// `pg_get_constraintdef` writes after it, `NO ACTION` when it writes none.
+fn action<'a>(definition: &'a str, on: &str) -> &'a str {
+    let Some(rest) = definition.split(&format!("{on} ")).nth(1) else { return "NO ACTION" };
+    ["SET DEFAULT", "SET NULL", "NO ACTION", "CASCADE", "RESTRICT"]
+        .into_iter()
+        .find(|a| rest.starts_with(a))
+        .map_or("NO ACTION", |a| &rest[..a.len()])
+}
+
+/// What a delete action does to referencing rows, for one that does anything.
+fn reaches_rows(action: &str) -> Option<&'static str> {
+    match action {
+        "CASCADE" => Some("deletes"),
+        "SET NULL" => Some("sets to NULL the key of"),
+        "SET DEFAULT" => Some("sets to its default the key of"),
+        _ => None,
+    }
+}
+
+/// What a delete of a referenced row did under `action`.
+fn was_word(action: &str) -> &'static str {
+    match action {
+        "CASCADE" => "deleted them",
+        "SET NULL" => "set their key to NULL",
+        "SET DEFAULT" => "set their key to its default",
+        _ => "was refused",
+    }
+}
+
+fn valid(definition: &str) -> &str {
+    definition.strip_suffix(" NOT VALID").unwrap_or(definition)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_foreign_keys_actions_are_read_from_its_definition() {
+        let d = "FOREIGN KEY (kind) REFERENCES kinds(id) ON UPDATE CASCADE ON DELETE SET NULL";
+        assert_eq!((action(d, "ON DELETE"), action(d, "ON UPDATE")), ("SET NULL", "CASCADE"));
+        assert_eq!(action("FOREIGN KEY (kind) REFERENCES kinds(id)", "ON DELETE"), "NO ACTION");
+        assert_eq!(
+            action("FOREIGN KEY (k) REFERENCES t(id) ON DELETE SET NULL (k)", "ON DELETE"),
+            "SET NULL"
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! Golden functions the candidate replaced (or dropped), reached from what
+//! guards or derives the data: a `CHECK` constraint, an index's expression
+//! or predicate, a policy, a column's default or generation expression.
+//! `CREATE OR REPLACE FUNCTION` keeps the function's identity, so every one
+//! of those goes on running it, now with the new body, and nothing is
+//! checked or computed again: an index's entries were made by the old body,
+//! rows a check let in were judged by it. The same holds down the chain,
+//! for functions those functions name ([`super::calls`]). Triggers are
+//! judged with the rest of what a trigger does ([`super::access`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::calls::words;
+use super::hazards::{Evidence, Verdict};
+use super::integrity::line_naming;
+use super::report::{Hazard, Severity};
+use airlock_postgres::catalog::split_qualified;
+
+/// What runs a function, as a message names it, and what a new body does to it.
+struct User {
+    /// `CHECK constraint price_positive on public.items`.
+    what: String,
+    /// Its definition, read for the functions it names.
+    definition: String,
+    severity: Severity,
+    effect: &'static str,
+    suggestion: Option<String>,
+    /// Its own name, and the words of a statement that makes it judge or
+    /// compute everything again (`reindex`): such a statement naming it
+    /// after the function was replaced puts it right.
+    redone_by: Option<(String, &'static [&'static str])>,
+}
+
+/// Whether a statement after line `after` names `name` with one of `words`.
+fn redone(e: &Evidence, after: Option<usize>, (name, words): &(String, &[&str])) -> bool {
+    let name = name.to_ascii_lowercase();
+    e.statements.iter().filter(|s| !s.rolled_back && Some(s.line) > after).any(|s| {
+        let sql = s.sql.to_ascii_lowercase();
+        super::integrity::names_word(&sql, &name) && words.iter().any(|w| sql.contains(w))
+    })
+}
+
+/// `function_replaced` hazards for golden objects of `e` still there after
+/// the candidate whose functions (or theirs) it replaced or dropped.
+pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
+    let by_name = functions_by_name(e);
+    for user in users(e) {
+        let words = words(&user.definition);
+        let named: Vec<&String> = by_name
+            .iter()
+            .filter(|(name, _)| words.contains(*name))
+            .flat_map(|(_, keys)| keys.clone())
+            .collect();
+        if let Some((function, via, what)) = first_changed(e, named) {
+            let through = match via {
+                Some(caller) => format!("which {caller} names, down the chain"),
+                None => "which".to_owned(),
+            };
+            let short = function.split('(').next().unwrap_or(function);
+            let line = line_naming(e, short.rsplit('.').next().unwrap_or(short));
+            if user.redone_by.as_ref().is_some_and(|r| redone(e, line, r)) {
+                continue;
+            }
+            let mut h = Hazard::new(
+                "function_replaced",
+                user.severity,
+                format!("{what} function {function}, {through} {} runs: {}", user.what, user.effect),
+                line,
+            );
+            h.suggestion = user.suggestion;
+            v.hazards.push(h);
+        }
+    }
+}
+
+/// The golden's functions by the name a definition calls them by, lowercased.
+fn functions_by_name<'a>(e: &'a Evidence) -> BTreeMap<String, Vec<&'a String>> {
+    let mut out: BTreeMap<String, Vec<&String>> = BTreeMap::new();
+    for key in e.before.functions.keys() {
+        let name = split_qualified(key.split('(').next().unwrap_or_default()).1.to_lowercase();
+        out.entry(name).or_default().push(key);
+    }
+    out
+}
+
+/// The first of `named`, or of the functions down their chains, that the
+/// candidate replaced or dropped: the function, the function that names it
+/// (none when `named` holds it) and what befell it. Only unchanged
+/// functions are walked, since their bodies now are the golden's.
+fn first_changed<'a>(
+    e: &'a Evidence,
+    named: Vec<&'a String>,
+) -> Option<(&'a String, Option<&'a String>, &'static str)> {
+    let mut seen: BTreeSet<&String> = BTreeSet::new();
+    let mut walk: Vec<(&String, Option<&String>)> = named.into_iter().map(|k| (k, None)).collect();
+    walk.reverse();
+    while let Some((function, via)) = walk.pop() {
+        if !seen.insert(function) {
+            continue;
+        }
+        let Some(was) = e.before.functions.get(function) else { continue };
+        match e.after.functions.get(function) {
+            Some(now) if now == was => {
+                let called = e.calls.get(function).into_iter().flatten();
+                walk.extend(called.filter(|c| !seen.contains(c)).map(|c| (c, Some(function))));
+            }
+            Some(_) => return Some((function, via, "replaces")),
+            // A function an object names itself cannot be dropped without
+            // the object (which is reported as gone); one down the chain can.
+            None if via.is_some() => return Some((function, via, "drops")),
+            None => {}
+        }
+    }
+    None
+}
+
+/// The golden's objects that run functions, still there after the candidate.
+fn users(e: &Evidence) -> Vec<User> {
+    let mut out = Vec::new();
+    for (name, table) in &e.before.tables {
+        let Some(now) = e.after.tables.get(name) else { continue };
+        for (constraint, definition) in table.constraints.iter().filter(|(_, d)| d.starts_with("CHECK")) {
+            if now.constraints.get(constraint) != Some(definition) {
+                continue;
+            }
+            out.push(User {
+                what: format!("CHECK constraint {constraint} on {name}"),
+                definition: definition.clone(),
+                severity: Severity::Medium,
+                effect: "the rows already there were judged by the old body and are not judged again, and what it lets in from now on changed",
+                suggestion: Some(format!(
+                    "to judge every row by the new body, drop the constraint and add it again NOT VALID, then VALIDATE CONSTRAINT {constraint}"
+                )),
+                redone_by: Some((constraint.clone(), &["add constraint", "validate constraint"])),
+            });
+        }
+        for (index, definition) in &table.indexes {
+            if now.indexes.get(index) != Some(definition) {
+                continue;
+            }
+            out.push(User {
+                what: format!("index {index} on {name}"),
+                definition: definition.clone(),
+                severity: Severity::High,
+                effect: "its entries were computed by the old body, so lookups through it can miss rows, and a unique index can let duplicates in",
+                suggestion: Some(format!("REINDEX INDEX CONCURRENTLY {index} right after, or give the new body a new name")),
+                redone_by: Some((index.clone(), &["reindex", "create"])),
+            });
+        }
+        for column in &table.columns {
+            let Some(default) = &column.default else { continue };
+            let same =
+                now.columns.iter().any(|c| c.name == column.name && c.default.as_ref() == Some(default));
+            if !same {
+                continue;
+            }
+            out.push(User {
+                what: format!("the default or generation expression of {name}.{}", column.name),
+                definition: default.clone(),
+                severity: Severity::Medium,
+                effect: "rows written from now on get values the old body would not have given (stored generated values already there keep the old body's)",
+                suggestion: None,
+                redone_by: None,
+            });
+        }
+    }
+    let policies = e.before.objects.iter().flatten().filter(|(k, _)| k.starts_with("policy "));
+    for (policy, entry) in policies {
+        let still = e.after.objects.as_ref().and_then(|o| o.get(policy)).is_some_and(|now| now == entry);
+        if still {
+            out.push(User {
+                what: policy.clone(),
+                definition: entry.definition.clone(),
+                severity: Severity::High,
+                effect: "which rows each role may see or write changed with it",
+                suggestion: None,
+                redone_by: None,
+            });
+        }
+    }
+    out
+}
