@@ -35,8 +35,41 @@ pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, aft
             }
             None => continue,
         };
+        // A rename (of a column, or of the table a key references) rewrites
+        // the definition and changes nothing it holds.
+        if shape(e, table, was) == shape(e, table, now.1) {
+            continue;
+        }
         v.hazards.push(changed(e, table, (name, was), now));
     }
+}
+
+/// A definition with every name a rename could change in it put as `$`:
+/// the columns of `table` and of the tables it references, before and
+/// after, and the tables renamed away or in.
+fn shape(e: &Evidence, table: &str, definition: &str) -> String {
+    let mut names: std::collections::BTreeSet<&str> = std::collections::BTreeSet::new();
+    let tables = [Some(table), definition.starts_with("FOREIGN KEY").then(|| fk_target(definition))];
+    for catalog in [e.before, e.after] {
+        for t in tables.iter().flatten().filter_map(|t| catalog.tables.get(*t)) {
+            names.extend(t.columns.iter().map(|c| c.name.as_str()));
+        }
+    }
+    let renamed = e.before.tables.keys().filter(|t| !e.after.tables.contains_key(*t));
+    let renamed = renamed.chain(e.after.tables.keys().filter(|t| !e.before.tables.contains_key(*t)));
+    names.extend(renamed.map(|t| t.rsplit('.').next().unwrap_or(t)));
+    let mut out = String::with_capacity(definition.len());
+    let mut word = String::new();
+    for c in definition.chars().chain(std::iter::once(' ')) {
+        if c.is_alphanumeric() || c == '_' || c == '$' {
+            word.push(c);
+            continue;
+        }
+        out.push_str(if names.contains(word.as_str()) { "$" } else { &word });
+        word.clear();
+        out.push(c);
+    }
+    valid(&out).to_owned()
 }
 
 fn changed(

@@ -118,7 +118,8 @@ pub(crate) async fn measure(
         super::overwrite::counts::read(admin.client(), &counted_columns, &snapshot.catalog).await?;
     // Read again at the end under the names they have then.
     let written_ids =
-        super::overwrite::names::ids(admin.client(), &[&written_columns, &counted_columns]).await?;
+        super::overwrite::names::ids(admin.client(), &[&written_columns, &counted_columns], &golden_key)
+            .await?;
     let activity_before = activity_by_relid(&admin).await?;
     let plans_before = app::plan_all(engine, sb, &req.app_queries).await?;
     let mut unmeasured = Vec::new();
@@ -223,7 +224,10 @@ pub(crate) async fn measure(
         None => String::new(),
     };
     let followed = super::overwrite::names::follow(admin.client(), &written_columns, &written_ids).await?;
-    let key_now = |table: &str| followed.golden_table(table).and_then(|t| shape.key(t)).map(str::to_owned);
+    let key_now = |table: &str| {
+        let key = followed.golden_table(table).and_then(|t| shape.key(t))?;
+        Some(followed.key_now(table, key))
+    };
     let values_after = super::overwrite::read(admin.client(), &followed.now, &key_now, &now).await?;
     let values_after = followed.values_back(values_after);
     let mut losses = super::overwrite::losses(&written_columns, &values_before, &values_after, &golden_rows);

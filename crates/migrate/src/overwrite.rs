@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use airlock_core::error::Result;
-use airlock_postgres::catalog::{quote_ident, split_qualified, Catalog};
+use airlock_postgres::catalog::{quote_ident, split_qualified, Catalog, Table};
 use airlock_postgres::cell::Cell as _;
 
 use super::report::{Hazard, Severity};
@@ -106,10 +106,33 @@ pub struct Wanted {
     pub digests_only: bool,
 }
 
-/// How long one read may take. A candidate can make values that are cheap
-/// to write and dear to read (a default of a long string, stored once);
-/// past this the read fails rather than hold the test up.
+/// How long one read of values (before the candidate, after it, or of where
+/// it kept them) may take, all its tables and columns together. A candidate
+/// can make values that are cheap to write and dear to read (a default of a
+/// long string, stored once; an index predicate that sleeps for the
+/// reader): past this the read fails rather than hold the test up.
 pub const READ_TIMEOUT_MS: u64 = 60_000;
+
+/// What is left of a read's [`READ_TIMEOUT_MS`].
+pub(crate) struct Budget(std::time::Instant);
+
+impl Budget {
+    /// A read's budget, from now.
+    pub(crate) fn start() -> Budget {
+        Budget(std::time::Instant::now())
+    }
+
+    /// The milliseconds left, or an error once none are.
+    pub(crate) fn left(&self) -> Result<u64> {
+        match READ_TIMEOUT_MS.saturating_sub(self.0.elapsed().as_millis() as u64) {
+            0 => Err(airlock_core::error::Error::postgres(format!(
+                "reading the values the migration overwrote took more than {} s",
+                READ_TIMEOUT_MS / 1000
+            ))),
+            left => Ok(left),
+        }
+    }
+}
 
 /// Splits `targets` into those read row by row and paired by the golden's
 /// key (tables of `pairable` with a key the candidate does not set), and
@@ -165,23 +188,22 @@ pub fn keepers(losses: &[Loss], shape: &Shape, golden: &Catalog, now: &Catalog) 
         let Some(lost) = was.columns.iter().find(|c| c.name == loss.column) else { continue };
         let alike =
             |c: &&airlock_postgres::catalog::Column| c.type_name == lost.type_name || c.name == lost.name;
-        let mut places: Vec<(&String, Vec<String>)> = Vec::new();
+        let mut places: Vec<(&String, String, Vec<String>)> = Vec::new();
         let added = is.columns.iter().filter(|c| !was.columns.iter().any(|w| w.name == c.name)).filter(alike);
-        places.push((&loss.table, added.map(|c| c.name.clone()).collect()));
+        places.push((&loss.table, key.to_owned(), added.map(|c| c.name.clone()).collect()));
         for (table, made) in now.tables.iter().filter(|(name, _)| !golden.tables.contains_key(*name)) {
-            if keyed.iter().all(|k| made.columns.iter().any(|c| &c.name == k)) {
-                let columns = made.columns.iter().filter(|c| !keyed.contains(&c.name)).filter(alike);
-                places.push((table, columns.map(|c| c.name.clone()).collect()));
-            }
+            let Some(key_there) = key_in(&keyed, was, made) else { continue };
+            let columns = made.columns.iter().filter(|c| !key_there.contains(&c.name)).filter(alike);
+            places.push((table, key_of_columns(&key_there), columns.map(|c| c.name.clone()).collect()));
         }
-        for (table, columns) in places.into_iter().filter(|(_, c)| !c.is_empty()) {
+        for (table, key, columns) in places.into_iter().filter(|(_, _, c)| !c.is_empty()) {
             match out.iter_mut().find(|w| &w.table == table) {
                 Some(w) => w
                     .columns
                     .extend(columns.into_iter().filter(|c| !w.columns.contains(c)).collect::<Vec<_>>()),
                 None => out.push(Wanted {
                     table: table.clone(),
-                    key: key.to_owned(),
+                    key,
                     columns,
                     most: loss.rows.max(0) + 1,
                     digests_only: true,
@@ -190,6 +212,36 @@ pub fn keepers(losses: &[Loss], shape: &Shape, golden: &Catalog, now: &Catalog) 
         }
     }
     out
+}
+
+/// The columns of a table the candidate made (`made`) that hold the golden
+/// table's (`was`) key `keyed`: the same names, or, for a key of one column,
+/// the one column of its type (`CREATE TABLE tiers_before AS SELECT id AS
+/// customer_id, tier ...`); of several such, the one whose name holds the
+/// key's name.
+fn key_in(keyed: &[String], was: &Table, made: &Table) -> Option<Vec<String>> {
+    if keyed.iter().all(|k| made.columns.iter().any(|c| &c.name == k)) {
+        return Some(keyed.to_vec());
+    }
+    let [one] = keyed else { return None };
+    let kind = &was.columns.iter().find(|c| &c.name == one)?.type_name;
+    let alike: Vec<&String> = made.columns.iter().filter(|c| &c.type_name == kind).map(|c| &c.name).collect();
+    let chosen = match alike.as_slice() {
+        [only] => *only,
+        _ => {
+            let named: Vec<&&String> = alike.iter().filter(|n| n.contains(one.as_str())).collect();
+            match named.as_slice() {
+                [only] => **only,
+                _ => return None,
+            }
+        }
+    };
+    Some(vec![chosen.clone()])
+}
+
+/// A key's columns as [`Shape`] writes them: quoted, joined by `, `.
+fn key_of_columns(columns: &[String]) -> String {
+    columns.iter().map(|c| quote_ident(c)).collect::<Vec<_>>().join(", ")
 }
 
 /// Reads each of `wanted` whose key's columns and columns `catalog` has
@@ -207,6 +259,7 @@ pub async fn read_wanted(
         return Ok(out);
     }
     let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
+    let budget = Budget::start();
     pinned(client, async {
         for w in wanted {
             let Some(now) = catalog.tables.get(&w.table) else { continue };
@@ -230,8 +283,12 @@ pub async fn read_wanted(
                 })
                 .collect();
             let value = format!("ROW({})", fields.join(", "));
-            let key = format!("ROW({})", w.key);
-            let timeout = Some(READ_TIMEOUT_MS);
+            let key = super::verify::bounded_key(&format!("ROW({})::text", w.key));
+            let timeout = match budget.left() {
+                Ok(left) => Some(left),
+                Err(_) if best_effort => break,
+                Err(e) => return Err(e),
+            };
             let rows = match super::verify::read_as_reader(
                 client,
                 grant_each,
@@ -472,11 +529,13 @@ pub fn counted_losses(
     let mut out = Vec::new();
     for t in targets {
         let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
-        for column in t.columns.iter().filter(|c| !t.from_itself.contains(*c)) {
+        for column in &t.columns {
             let (Some(was), Some(now)) = (b.get(column), a.get(column)) else { continue };
             let rows = rows_before.get(&t.table).copied().unwrap_or_else(|| was.values().sum());
             let lost = counts::lost(was, now);
-            if enough(lost.lost, rows) {
+            // Computed from itself, only a collapse tells a loss from a shift.
+            let collapsed = lost.distinct.1 * 2 <= lost.distinct.0;
+            if enough(lost.lost, rows) && (collapsed || !t.from_itself.contains(column)) {
                 out.push(Loss {
                     table: t.table.clone(),
                     column: column.clone(),

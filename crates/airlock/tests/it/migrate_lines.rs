@@ -450,6 +450,19 @@ fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
                  ALTER TABLE customers RENAME TO clients;",
             ),
             ("unkeyed_renamed_after.sql", "UPDATE events SET kind = 'info';\nALTER TABLE events RENAME kind TO level;"),
+            // Its key column renamed after: still paired.
+            (
+                "key_renamed_after.sql",
+                "UPDATE customers SET tier = 'standard';\nALTER TABLE customers RENAME COLUMN id TO customer_id;",
+            ),
+            // Computed from itself, but 8,000 values became one.
+            ("collapsed.sql", "UPDATE events SET at = at * 0 + 1;"),
+            // Kept first, under another name for the key: a note.
+            (
+                "kept_by_another_key.sql",
+                "CREATE TABLE tiers_before AS SELECT id AS customer_id, tier AS old_tier FROM customers;\n\
+                 UPDATE customers SET tier = 'standard';",
+            ),
             // Controls: read backwards, from itself, deleted, or the key alone.
             ("unkeyed_upper.sql", "UPDATE events SET payload = upper(payload);"),
             ("unkeyed_bump.sql", "UPDATE events SET at = at + 1;"),
@@ -485,6 +498,18 @@ fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
         said.starts_with("2,000 of the 20,000 rows of customers lost their tier: 2,000 had tier 'enterprise', now 'standard'"),
         "{said}"
     );
+    let said = message(&c["key_renamed_after.sql"], "values_overwritten");
+    assert!(
+        said.starts_with("2,000 of the 20,000 rows of customers lost their tier: 2,000 had tier"),
+        "{said}"
+    );
+    let said = message(&c["collapsed.sql"], "values_overwritten");
+    assert!(said.starts_with("7,999 of the 8,000 rows of events lost their at (told by"), "{said}");
+    let kept = &c["kept_by_another_key.sql"];
+    assert!(!hazard_kinds(kept).contains(&"values_overwritten"), "{kept}");
+    let note = kept["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "values_overwritten");
+    let said = note.unwrap_or_else(|| panic!("no note: {kept}"))["message"].as_str().unwrap();
+    assert!(said.ends_with("kept every old value in tiers_before.old_tier"), "{said}");
     let said = message(&c["unkeyed_renamed_after.sql"], "values_overwritten");
     assert!(said.starts_with("2,000 of the 8,000 rows of events lost their kind (told by"), "{said}");
     for name in ["unkeyed_upper.sql", "unkeyed_bump.sql", "unkeyed_delete.sql", "rekeyed_only.sql"] {
@@ -590,6 +615,12 @@ fn a_constraint_made_again_to_hold_otherwise_is_named() {
                  ALTER TABLE items VALIDATE CONSTRAINT items_qty_check;",
             ),
             ("new_check.sql", "ALTER TABLE items ADD CONSTRAINT items_id_positive CHECK (id > 0);"),
+            // Renames rewrite definitions and change nothing they hold.
+            (
+                "renames.sql",
+                "ALTER TABLE items RENAME COLUMN qty TO quantity;\nALTER TABLE items RENAME COLUMN id TO item_id;\n\
+                 ALTER TABLE kinds RENAME COLUMN id TO kind_id;\nALTER TABLE kinds RENAME TO categories;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "kinds", &paths));
@@ -621,13 +652,47 @@ fn a_constraint_made_again_to_hold_otherwise_is_named() {
     let h = hazard(&c["loosen_check.sql"], "integrity_changed");
     assert!(h["message"].as_str().unwrap().ends_with("rows the old check refused may now be written"), "{h}");
     assert_eq!(h["severity"], json!("medium"), "{h}");
-    for name in ["same_again.sql", "new_check.sql"] {
+    for name in ["same_again.sql", "new_check.sql", "renames.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
             !kinds.contains(&"integrity_changed") && !kinds.contains(&"integrity_removed"),
             "{name}: {kinds:?}"
         );
     }
+}
+
+/// The daemon's peak resident memory, in kB.
+fn peak_memory_kb(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn keys_a_candidate_makes_a_megabyte_long_are_held_by_their_digest() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "textkeys",
+        "CREATE TABLE t (id text PRIMARY KEY, tier text NOT NULL);",
+        "INSERT INTO t SELECT 'k' || g, CASE WHEN g % 2 = 0 THEN 'a' ELSE 'b' END FROM generate_series(1, 2000) g;",
+    );
+    let paths = files(
+        &d,
+        &[(
+            "bloat.sql",
+            "ALTER TABLE t DROP CONSTRAINT t_pkey;\n\
+             CREATE FUNCTION bloat() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.id := NEW.id || repeat('x', 1000000); RETURN NEW; END $$;\n\
+             CREATE TRIGGER bloat BEFORE UPDATE ON t FOR EACH ROW EXECUTE FUNCTION bloat();\n\
+             UPDATE t SET tier = 'a';",
+        )],
+    );
+    let before = peak_memory_kb(d.pid());
+    let c = by_name(&test_on(&d, "textkeys", &paths));
+    assert!(c["bloat.sql"]["hazards"].as_array().is_some_and(|h| !h.is_empty()), "{}", c["bloat.sql"]);
+    // 2,000 keys of a megabyte each are 2 GB of text: held whole, the
+    // daemon's peak grew by several times that.
+    let grown = peak_memory_kb(d.pid()).saturating_sub(before);
+    assert!(grown < 300_000, "the daemon's peak memory grew by {grown} kB");
 }
 
 #[test]

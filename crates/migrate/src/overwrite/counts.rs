@@ -9,7 +9,9 @@
 //! before), or many old values went into fewer new ones. Rows that joined
 //! new values one for one (`upper(email)`) are taken as renamed, not lost,
 //! as are rows that were `NULL`. A column computed from itself (`qty + 1`)
-//! is not judged here: shifted counts cannot tell a bump from a merge.
+//! is judged only where its values collapsed, to half as many or fewer
+//! (`amount * 0 + 1`, `kind::char(1)`): shifted counts cannot tell a bump
+//! from a merge.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -17,7 +19,7 @@ use airlock_core::error::Result;
 use airlock_postgres::catalog::{quote_ident, Catalog};
 use airlock_postgres::cell::Cell as _;
 
-use super::{Cell, Lost, Target, READ_TIMEOUT_MS, SHOWN_MOST};
+use super::{Cell, Lost, Target, SHOWN_MOST};
 
 /// The most distinct values one read holds, all its columns together (a
 /// candidate can make as many as it writes rows, each up to [`SHOWN_MOST`]
@@ -28,8 +30,7 @@ pub const DISTINCT_MOST: i64 = 200_000;
 /// One table's counted columns: each column's rows by value.
 pub type Counts = BTreeMap<String, HashMap<Cell, i64>>;
 
-/// Reads the counts of `targets`' columns (those `from_itself` left out)
-/// that `catalog` (the schema at the time) still has, through the reader's
+/// Reads the counts of `targets`' columns that `catalog` (the schema at the time) still has, through the reader's
 /// function. A column whose values would take the read past
 /// [`DISTINCT_MOST`] is left out.
 pub async fn read(
@@ -42,11 +43,12 @@ pub async fn read(
         .iter()
         .filter_map(|t| {
             let now = catalog.tables.get(&t.table)?;
-            let columns = t
-                .columns
-                .iter()
-                .filter(|c| !t.from_itself.contains(*c) && now.columns.iter().any(|n| &n.name == *c))
-                .collect::<Vec<_>>();
+            // Columns computed from themselves last: they are judged only
+            // where they collapsed, and a key renumbered holds as many
+            // values as rows.
+            let mut columns =
+                t.columns.iter().filter(|c| now.columns.iter().any(|n| &n.name == *c)).collect::<Vec<_>>();
+            columns.sort_by_key(|c| t.from_itself.contains(*c));
             Some((t, columns)).filter(|(_, c)| !c.is_empty())
         })
         .collect();
@@ -54,6 +56,7 @@ pub async fn read(
         return Ok(out);
     }
     let grant_each = airlock_postgres::catalog::ensure_reader(client).await?;
+    let budget = super::Budget::start();
     super::pinned(client, async {
         let mut room = DISTINCT_MOST;
         for (t, columns) in wanted {
@@ -63,7 +66,7 @@ pub async fn read(
                 let (shown, most) = (SHOWN_MOST as i32, room + 1);
                 let rows = super::super::verify::as_reader(
                     client,
-                    (grant_each, &t.table, Some(READ_TIMEOUT_MS)),
+                    (grant_each, &t.table, Some(budget.left()?)),
                     "SELECT d, s, n FROM pg_airlock.value_counts($1::text::pg_catalog.regclass, $2, $3, $4)",
                     &[&t.table, &value, &shown, &most],
                 )

@@ -30,18 +30,25 @@ fn pg_error(e: tokio_postgres::Error) -> Error {
     Error::postgres(airlock_postgres::admin::describe(&e))
 }
 
-/// Reads the identities of `targets`' tables and columns, from an admin
-/// session (catalogs only; no table is read).
-pub async fn ids(client: &tokio_postgres::Client, targets: &[&[Target]]) -> Result<Ids> {
+/// Reads the identities of `targets`' tables and columns, and of the
+/// columns of each table's golden key (`key_of`), from an admin session
+/// (catalogs only; no table is read).
+pub async fn ids(
+    client: &tokio_postgres::Client,
+    targets: &[&[Target]],
+    key_of: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Ids> {
     let mut out = BTreeMap::new();
     for t in targets.iter().flat_map(|ts| ts.iter()) {
+        let mut columns = t.columns.clone();
+        columns.extend(key_of(&t.table).map(|k| super::key_columns(&k)).unwrap_or_default());
         let rows = client
             .query(
                 "SELECT a.attrelid::oid, a.attname::text, a.attnum
                    FROM pg_catalog.pg_attribute a
                   WHERE a.attrelid = pg_catalog.to_regclass($1)
                     AND a.attname::text = ANY ($2) AND a.attnum > 0 AND NOT a.attisdropped",
-                &[&t.table, &t.columns],
+                &[&t.table, &columns],
             )
             .await
             .map_err(pg_error)?;
@@ -85,6 +92,12 @@ pub async fn follow(client: &tokio_postgres::Client, targets: &[Target], ids: &I
         let mut now = Target { table: table_now.clone(), columns: vec![], ..t.clone() };
         now.from_itself.clear();
         let (_, back) = out.back.entry(table_now).or_insert_with(|| (t.table.clone(), BTreeMap::new()));
+        // Every column known by number (the key's too) is followed.
+        for (column, number) in known.into_iter().flat_map(|(_, numbers)| numbers) {
+            if let Some(name) = names_now.get(number) {
+                back.insert(name.clone(), column.clone());
+            }
+        }
         for column in &t.columns {
             let number = known.and_then(|(_, numbers)| numbers.get(column));
             let name = number.and_then(|n| names_now.get(n)).unwrap_or(column);
@@ -103,6 +116,19 @@ impl Followed {
     /// The golden's name of a table named so now.
     pub fn golden_table(&self, table: &str) -> Option<&str> {
         self.back.get(table).map(|(golden, _)| golden.as_str())
+    }
+
+    /// The golden's key `key` of the table named `table` now, under the
+    /// names its columns have now (a key column renamed is followed too).
+    pub fn key_now(&self, table: &str, key: &str) -> String {
+        let Some((_, columns)) = self.back.get(table) else { return key.to_owned() };
+        let now = |golden: &String| columns.iter().find(|(_, g)| *g == golden).map(|(n, _)| n.clone());
+        let keyed = super::key_columns(key);
+        keyed
+            .iter()
+            .map(|k| airlock_postgres::catalog::quote_ident(&now(k).unwrap_or_else(|| k.clone())))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The golden's names of a table and column named so now.

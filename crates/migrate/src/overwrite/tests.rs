@@ -377,10 +377,18 @@ fn a_loss_told_by_counts_says_so_and_a_table_without_a_key_is_kept_whole() {
         .as_deref()
         .unwrap()
         .contains("CREATE TABLE events_kind_before AS SELECT * FROM events"));
-    // A column computed from itself is not judged by counts.
+    // A column computed from itself is judged by counts only where it collapsed.
     let mut bumped = t.clone();
     bumped.from_itself.insert("kind".into());
-    assert!(counted_losses(&[bumped], &before, &after, &rows).is_empty());
+    assert!(counted_losses(std::slice::from_ref(&bumped), &before, &after, &rows).is_empty());
+    let five = counted(&[(Some("1"), 2_000), (Some("2"), 2_000), (Some("3"), 2_000), (Some("4"), 2_000)]);
+    let shifted = counted(&[(Some("2"), 2_000), (Some("3"), 2_000), (Some("4"), 2_000), (Some("5"), 2_000)]);
+    let one = counted(&[(Some("1"), 8_000)]);
+    let counts_of = |c| BTreeMap::from([(t.table.clone(), counts::Counts::from([("kind".to_owned(), c)]))]);
+    let lost =
+        |a| counted_losses(std::slice::from_ref(&bumped), &counts_of(five.clone()), &counts_of(a), &rows);
+    assert!(lost(shifted).is_empty());
+    assert_eq!(lost(one)[0].lost.lost, 6_000);
     // Without a key to pair by, a target is counted.
     let (paired, by_counts) =
         by_pairing(vec![t], &Shape::default(), &BTreeSet::from(["public.events".into()]));
