@@ -46,11 +46,16 @@ pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
     let by_name = functions_by_name(e);
     for user in users(e) {
         let words = words(&user.definition);
-        let named: Vec<&String> = by_name
+        let mut named: Vec<&String> = by_name
             .iter()
             .filter(|(name, _)| words.contains(*name))
             .flat_map(|(_, keys)| keys.clone())
             .collect();
+        // Functions run through the application's own operators.
+        let symbols = operator_symbols(&user.definition);
+        named.extend(
+            e.calls.operators.iter().filter(|(o, _)| symbols.contains(o.as_str())).flat_map(|(_, f)| f),
+        );
         if let Some((function, via, what)) = first_changed(e, named) {
             let through = match via {
                 Some(caller) => format!("which {caller} names, down the chain"),
@@ -71,6 +76,11 @@ pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
             v.hazards.push(h);
         }
     }
+}
+
+/// The runs of operator characters in a definition (`>>>`, `@@`).
+fn operator_symbols(definition: &str) -> BTreeSet<&str> {
+    definition.split(|c: char| !"+-*/<>=~!@#%^&|`?".contains(c)).filter(|s| !s.is_empty()).collect()
 }
 
 /// The golden's functions by the name a definition calls them by, lowercased.
@@ -163,6 +173,17 @@ fn users(e: &Evidence) -> Vec<User> {
                 redone_by: None,
             });
         }
+    }
+    // Domains' checks as they stand now (a dropped one is not a user).
+    for (what, definition) in &e.calls.domain_checks {
+        out.push(User {
+            what: what.clone(),
+            definition: definition.clone(),
+            severity: Severity::Medium,
+            effect: "the values already there were judged by the old body and are not judged again, and what it lets in from now on changed",
+            suggestion: None,
+            redone_by: None,
+        });
     }
     let policies = e.before.objects.iter().flatten().filter(|(k, _)| k.starts_with("policy "));
     for (policy, entry) in policies {

@@ -528,8 +528,14 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
          CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.note := stamp(); RETURN NEW; END $$;
          CREATE TABLE users (id int PRIMARY KEY, email text CHECK (valid_email(email)), note text);
          CREATE UNIQUE INDEX users_email ON users (norm(email));
-         CREATE TRIGGER users_audit BEFORE INSERT OR UPDATE ON users FOR EACH ROW EXECUTE FUNCTION audit_row();",
-        "INSERT INTO users (id, email) SELECT g, 'u' || g || '@x' FROM generate_series(1, 1000) g;",
+         CREATE TRIGGER users_audit BEFORE INSERT OR UPDATE ON users FOR EACH ROW EXECUTE FUNCTION audit_row();
+         CREATE FUNCTION gt_fn(a int, b int) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT a > b $$;
+         CREATE OPERATOR >>> (LEFTARG = int, RIGHTARG = int, FUNCTION = gt_fn);
+         CREATE FUNCTION okv(v int) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT v > 0 $$;
+         CREATE DOMAIN okint AS int CHECK (okv(VALUE));
+         CREATE TABLE amounts (id int PRIMARY KEY, amount int CHECK (amount >>> 0), qty okint);",
+        "INSERT INTO users (id, email) SELECT g, 'u' || g || '@x' FROM generate_series(1, 1000) g;
+         INSERT INTO amounts SELECT g, g, g FROM generate_series(1, 100) g;",
     );
     let norm =
         "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT t $$;";
@@ -545,6 +551,15 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
                 "SELECT 1;\nCREATE OR REPLACE FUNCTION valid_email(t text) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;",
             ),
             ("replace_stamp.sql", stamp),
+            // Behind an operator, and under a domain's check.
+            (
+                "replace_operator.sql",
+                "CREATE OR REPLACE FUNCTION gt_fn(a int, b int) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;",
+            ),
+            (
+                "replace_domain_check.sql",
+                "CREATE OR REPLACE FUNCTION okv(v int) RETURNS boolean LANGUAGE sql IMMUTABLE AS $$ SELECT true $$;",
+            ),
             ("drop_stamp.sql", "DROP FUNCTION stamp();"),
             // Controls: the index made again after, a new function, the same body again.
             ("reindexed.sql", reindexed.as_str()),
@@ -565,6 +580,16 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
     let said = h["message"].as_str().unwrap();
     assert!(said.starts_with("replaces function public.valid_email(t text), which CHECK constraint users_email_check on public.users runs"), "{said}");
     assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+    let said = message(&c["replace_operator.sql"], "function_replaced");
+    assert!(
+        said.starts_with("replaces function public.gt_fn(a integer, b integer), which CHECK constraint amounts_amount_check on public.amounts runs"),
+        "{said}"
+    );
+    let said = message(&c["replace_domain_check.sql"], "function_replaced");
+    assert!(
+        said.starts_with("replaces function public.okv(v integer), which CHECK constraint okint_check of domain public.okint runs"),
+        "{said}"
+    );
     let said = message(&c["replace_stamp.sql"], "trigger_changed");
     assert!(
         said.starts_with("replaces function public.stamp(), which public.audit_row() names, down the chain trigger users_audit on public.users runs"),
