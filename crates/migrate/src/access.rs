@@ -481,37 +481,23 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
 }
 
 /// Functions down the chain from a trigger's own (`from`, unchanged): those
-/// its body names, and theirs, replaced or dropped by the candidate. Only
-/// unchanged functions are walked, since their bodies now are the golden's.
+/// its body names, and theirs, replaced or dropped by the candidate.
 fn called_replaced(e: &Evidence, (table, trigger): (&str, &str), from: Vec<&String>, v: &mut Verdict) {
-    let mut seen: std::collections::BTreeSet<&String> = from.iter().copied().collect();
-    let mut walk = from;
-    while let Some(caller) = walk.pop() {
-        for callee in e.calls.get(caller).into_iter().flatten() {
-            let Some(was) = e.before.functions.get(callee) else { continue };
-            if !seen.insert(callee) {
-                continue;
-            }
-            let named = callee.split('(').next().unwrap_or(callee);
-            let line = line_naming(e, named.rsplit('.').next().unwrap_or(named));
-            let what = match e.after.functions.get(callee) {
-                Some(now) if now == was => {
-                    walk.push(callee);
-                    continue;
-                }
-                Some(_) => "replaces",
-                None => "drops",
-            };
-            let effect = match what {
-                "drops" => "every write that fires the trigger now fails when it gets there",
-                _ => "what the trigger does on each write changed",
-            };
-            v.hazards.push(Hazard::new(
-                "trigger_changed",
-                Severity::Medium,
-                format!("{what} function {callee}, which {caller} names, down the chain trigger {trigger} on {table} runs: {effect}"),
-                line,
-            ));
-        }
+    for changed in super::calls::changed_down(e.calls, (e.before, e.after), from) {
+        let (callee, caller) = (changed.function, changed.via.map_or("", String::as_str));
+        let named = callee.split('(').next().unwrap_or(callee);
+        let effect = match changed.dropped {
+            true => "every write that fires the trigger now fails when it gets there",
+            false => "what the trigger does on each write changed",
+        };
+        v.hazards.push(Hazard::new(
+            "trigger_changed",
+            Severity::Medium,
+            format!(
+                "{} function {callee}, which {caller} names, down the chain trigger {trigger} on {table} runs: {effect}",
+                changed.verb()
+            ),
+            line_naming(e, named.rsplit('.').next().unwrap_or(named)),
+        ));
     }
 }

@@ -52,16 +52,20 @@ const FUNCTION_KEY: &str = "pg_catalog.quote_ident(n.nspname) || '.' || pg_catal
 pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catalog) -> Result<Calls> {
     let failed = |e: tokio_postgres::Error| Error::postgres(airlock_postgres::admin::describe(&e));
     let mut out = Calls::default();
+    // Only what stands on the golden's own functions and types is read: the
+    // golden bounds it, whatever the candidate made.
+    let golden_functions: Vec<&String> = golden.functions.keys().collect();
+    let golden_types: Vec<&String> = golden.types.keys().collect();
     let operators = client
         .query(
             &format!(
                 "SELECT o.oprname::text, {FUNCTION_KEY}
                    FROM pg_catalog.pg_operator o JOIN pg_catalog.pg_namespace o_n ON o_n.oid = o.oprnamespace
                    JOIN pg_catalog.pg_proc p ON p.oid = o.oprcode JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
-                  WHERE {}",
+                  WHERE {} AND {FUNCTION_KEY} = ANY ($1)",
                 SYSTEM_SCHEMAS.replace("n.nspname", "o_n.nspname")
             ),
-            &[],
+            &[&golden_functions],
         )
         .await
         .map_err(failed)?;
@@ -74,12 +78,13 @@ pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catal
             &format!(
                 "SELECT 'CHECK constraint ' || pg_catalog.quote_ident(c.conname) || ' of domain '
                           || pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(t.typname),
-                        pg_catalog.pg_get_constraintdef(c.oid)
+                        pg_catalog.left(pg_catalog.pg_get_constraintdef(c.oid), {BODY_READ_MOST})
                    FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_type t ON t.oid = c.contypid
                    JOIN pg_catalog.pg_namespace n ON n.oid = t.typnamespace
-                  WHERE c.contype = 'c' AND {SYSTEM_SCHEMAS}"
+                  WHERE c.contype = 'c' AND {SYSTEM_SCHEMAS}
+                    AND pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(t.typname) = ANY ($1)"
             ),
-            &[],
+            &[&golden_types],
         )
         .await
         .map_err(failed)?;
@@ -99,7 +104,7 @@ pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catal
     let rows = client
         .query(
             &format!(
-                "SELECT f.key, p.proname::text, pg_catalog.left(p.prosrc, {BODY_READ_MOST})
+                "SELECT f.key, pg_catalog.left(p.prosrc, {BODY_READ_MOST})
                    FROM (SELECT p.oid, {FUNCTION_KEY} AS key
                            FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
                           WHERE {SYSTEM_SCHEMAS}) f
@@ -110,28 +115,13 @@ pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catal
         )
         .await
         .map_err(failed)?;
-    let mut bodies: Vec<(String, BTreeSet<String>)> = Vec::with_capacity(rows.len());
-    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    let by_name = by_name(golden);
     for r in rows {
         // A function dropped while it is read has no arguments to print.
-        let (Some(key), name, body): (Option<String>, String, Option<String>) =
-            (r.cell(0)?, r.cell(1)?, r.cell(2)?)
-        else {
+        let (Some(key), body): (Option<String>, Option<String>) = (r.cell(0)?, r.cell(1)?) else {
             continue;
         };
-        names.insert(key.clone(), name.to_lowercase());
-        bodies.push((key, words(body.as_deref().unwrap_or_default())));
-    }
-    // The golden's functions by the name a body calls them by.
-    let mut by_name: BTreeMap<String, Vec<&String>> = BTreeMap::new();
-    for key in golden.functions.keys() {
-        let name = names
-            .get(key)
-            .cloned()
-            .unwrap_or_else(|| split_qualified(key.split('(').next().unwrap_or_default()).1.to_lowercase());
-        by_name.entry(name).or_default().push(key);
-    }
-    for (key, words) in bodies {
+        let words = words(body.as_deref().unwrap_or_default());
         let called: BTreeSet<String> = by_name
             .iter()
             .filter(|(name, _)| words.contains(*name))
@@ -143,6 +133,71 @@ pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catal
         }
     }
     Ok(out)
+}
+
+/// `catalog`'s functions by the name a body or a definition calls them by,
+/// lowercased.
+pub fn by_name(catalog: &Catalog) -> BTreeMap<String, Vec<&String>> {
+    let mut out: BTreeMap<String, Vec<&String>> = BTreeMap::new();
+    for key in catalog.functions.keys() {
+        let name = split_qualified(key.split('(').next().unwrap_or_default()).1.to_lowercase();
+        out.entry(name).or_default().push(key);
+    }
+    out
+}
+
+/// A golden function the candidate replaced or dropped, found down a chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Changed<'a> {
+    /// The function.
+    pub function: &'a String,
+    /// The function whose body names it; none where the chain began with it.
+    pub via: Option<&'a String>,
+    /// Whether it was dropped (else replaced).
+    pub dropped: bool,
+}
+
+impl Changed<'_> {
+    /// What befell it, as a message says: `replaces` or `drops`.
+    pub fn verb(&self) -> &'static str {
+        if self.dropped {
+            "drops"
+        } else {
+            "replaces"
+        }
+    }
+}
+
+/// The functions of `from`, and those down their chains, that the candidate
+/// replaced or dropped (`before` the golden's catalog, `after` the one after
+/// it), in the order found. Only unchanged functions are walked, since
+/// their bodies now are the golden's. A function `from` holds cannot be
+/// dropped without what names it (which is reported as gone), so only one
+/// down a chain is reported as dropped.
+pub fn changed_down<'a>(
+    calls: &'a Calls,
+    (before, after): (&'a Catalog, &'a Catalog),
+    from: Vec<&'a String>,
+) -> Vec<Changed<'a>> {
+    let mut out = Vec::new();
+    let mut seen: BTreeSet<&String> = BTreeSet::new();
+    let mut walk: Vec<(&String, Option<&String>)> = from.into_iter().rev().map(|k| (k, None)).collect();
+    while let Some((function, via)) = walk.pop() {
+        if !seen.insert(function) {
+            continue;
+        }
+        let Some(was) = before.functions.get(function) else { continue };
+        match after.functions.get(function) {
+            Some(now) if now == was => {
+                let called = calls.get(function).into_iter().flatten().rev();
+                walk.extend(called.filter(|c| !seen.contains(c)).map(|c| (c, Some(function))));
+            }
+            Some(_) => out.push(Changed { function, via, dropped: false }),
+            None if via.is_some() => out.push(Changed { function, via, dropped: true }),
+            None => {}
+        }
+    }
+    out
 }
 
 /// The words of a body, lowercased: runs of letters, digits, `_` and `$`.

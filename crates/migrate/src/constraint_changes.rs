@@ -6,7 +6,7 @@
 //! `integrity_removed` stays quiet, yet what the data is kept to changed.
 
 use super::hazards::{Evidence, Verdict};
-use super::integrity::{fk_target, key_columns, line_naming, sorted};
+use super::integrity::{fk_target, line_naming, same_foreign_key, valid};
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::Table;
 
@@ -21,19 +21,10 @@ pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, aft
             Some(now) => now,
             // Dropped: reported as removed, unless a foreign key on the same
             // columns to the same table took its place.
-            None if was.starts_with("FOREIGN KEY") => {
-                let on = sorted(key_columns(was));
-                let same_key = |d: &String| {
-                    d.starts_with("FOREIGN KEY")
-                        && sorted(key_columns(d)) == on
-                        && fk_target(d) == fk_target(was)
-                };
-                match after.constraints.iter().find(|(_, d)| same_key(d)) {
-                    Some(now) => now,
-                    None => continue,
-                }
-            }
-            None => continue,
+            None => match after.constraints.iter().find(|(_, d)| same_foreign_key(d, was)) {
+                Some(now) => now,
+                None => continue,
+            },
         };
         // A rename (of a column, or of the table a key references) rewrites
         // the definition and changes nothing it holds.
@@ -143,10 +134,6 @@ fn was_word(action: &str) -> &'static str {
         "SET DEFAULT" => "set their key to its default",
         _ => "was refused",
     }
-}
-
-fn valid(definition: &str) -> &str {
-    definition.strip_suffix(" NOT VALID").unwrap_or(definition)
 }
 
 #[cfg(test)]

@@ -122,7 +122,6 @@ fn constraints_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
 /// definition (made again `NOT VALID` counts), a foreign key on the same
 /// columns to the same table, or a key or a unique index on the same columns.
 fn kept(definition: &str, after: &Table) -> bool {
-    let valid = |d: &str| d.strip_suffix(" NOT VALID").unwrap_or(d).to_owned();
     if after.constraints.values().any(|d| valid(d) == valid(definition)) {
         return true;
     }
@@ -131,13 +130,23 @@ fn kept(definition: &str, after: &Table) -> bool {
         return false;
     }
     if definition.starts_with("FOREIGN KEY") {
-        return after.constraints.values().any(|d| {
-            d.starts_with("FOREIGN KEY")
-                && sorted(key_columns(d)) == on
-                && fk_target(d) == fk_target(definition)
-        });
+        return after.constraints.values().any(|d| same_foreign_key(d, definition));
     }
     unique_on(after, &on)
+}
+
+/// A constraint's definition, made again `NOT VALID` or not.
+pub(crate) fn valid(definition: &str) -> &str {
+    definition.strip_suffix(" NOT VALID").unwrap_or(definition)
+}
+
+/// Whether `a` and `b` are foreign keys on the same columns to the same
+/// table (whatever their actions).
+pub(crate) fn same_foreign_key(a: &str, b: &str) -> bool {
+    a.starts_with("FOREIGN KEY")
+        && b.starts_with("FOREIGN KEY")
+        && sorted(key_columns(a)) == sorted(key_columns(b))
+        && fk_target(a) == fk_target(b)
 }
 
 /// Whether a key constraint, or a non-partial unique index, of `table`
@@ -158,7 +167,7 @@ pub(crate) fn fk_target(definition: &str) -> &str {
     target.split('(').next().unwrap_or(target).trim()
 }
 
-pub(crate) fn sorted(mut columns: Vec<String>) -> Vec<String> {
+fn sorted(mut columns: Vec<String>) -> Vec<String> {
     columns.sort();
     columns
 }

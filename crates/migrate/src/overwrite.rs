@@ -488,6 +488,13 @@ pub struct Loss {
     pub paired: bool,
 }
 
+impl Loss {
+    /// `column` of target `t`, a table of `rows`, that lost `lost`.
+    fn of(t: &Target, column: &str, rows: i64, lost: Lost, paired: bool) -> Loss {
+        Loss { table: t.table.clone(), column: column.to_owned(), line: t.line, rows, lost, paired }
+    }
+}
+
 /// The columns of `targets` that lost enough of their values, from their
 /// values before the candidate and after it.
 pub fn losses(
@@ -505,14 +512,7 @@ pub fn losses(
             let Some(lost) = lost(b, a, column, from_itself).filter(|l| enough(l.lost, rows)) else {
                 continue;
             };
-            out.push(Loss {
-                table: t.table.clone(),
-                column: column.clone(),
-                line: t.line,
-                rows,
-                lost,
-                paired: true,
-            });
+            out.push(Loss::of(t, column, rows, lost, true));
         }
     }
     out
@@ -536,14 +536,7 @@ pub fn counted_losses(
             // Computed from itself, only a collapse tells a loss from a shift.
             let collapsed = lost.distinct.1 * 2 <= lost.distinct.0;
             if enough(lost.lost, rows) && (collapsed || !t.from_itself.contains(column)) {
-                out.push(Loss {
-                    table: t.table.clone(),
-                    column: column.clone(),
-                    line: t.line,
-                    rows,
-                    lost,
-                    paired: false,
-                });
+                out.push(Loss::of(t, column, rows, lost, false));
             }
         }
     }

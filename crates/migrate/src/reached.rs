@@ -8,13 +8,12 @@
 //! for functions those functions name ([`super::calls`]). Triggers are
 //! judged with the rest of what a trigger does ([`super::access`]).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use super::calls::words;
+use super::calls::{by_name, changed_down, words, Changed};
 use super::hazards::{Evidence, Verdict};
 use super::integrity::line_naming;
 use super::report::{Hazard, Severity};
-use airlock_postgres::catalog::split_qualified;
 
 /// What runs a function, as a message names it, and what a new body does to it.
 struct User {
@@ -43,7 +42,7 @@ fn redone(e: &Evidence, after: Option<usize>, (name, words): &(String, &[&str]))
 /// `function_replaced` hazards for golden objects of `e` still there after
 /// the candidate whose functions (or theirs) it replaced or dropped.
 pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
-    let by_name = functions_by_name(e);
+    let by_name = by_name(e.before);
     for user in users(e) {
         let words = words(&user.definition);
         let mut named: Vec<&String> = by_name
@@ -56,7 +55,8 @@ pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
         named.extend(
             e.calls.operators.iter().filter(|(o, _)| symbols.contains(o.as_str())).flat_map(|(_, f)| f),
         );
-        if let Some((function, via, what)) = first_changed(e, named) {
+        if let Some(first) = changed_down(e.calls, (e.before, e.after), named).into_iter().next() {
+            let (Changed { function, via, .. }, what) = (first, first.verb());
             let through = match via {
                 Some(caller) => format!("which {caller} names, down the chain"),
                 None => "which".to_owned(),
@@ -81,47 +81,6 @@ pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
 /// The runs of operator characters in a definition (`>>>`, `@@`).
 fn operator_symbols(definition: &str) -> BTreeSet<&str> {
     definition.split(|c: char| !"+-*/<>=~!@#%^&|`?".contains(c)).filter(|s| !s.is_empty()).collect()
-}
-
-/// The golden's functions by the name a definition calls them by, lowercased.
-fn functions_by_name<'a>(e: &'a Evidence) -> BTreeMap<String, Vec<&'a String>> {
-    let mut out: BTreeMap<String, Vec<&String>> = BTreeMap::new();
-    for key in e.before.functions.keys() {
-        let name = split_qualified(key.split('(').next().unwrap_or_default()).1.to_lowercase();
-        out.entry(name).or_default().push(key);
-    }
-    out
-}
-
-/// The first of `named`, or of the functions down their chains, that the
-/// candidate replaced or dropped: the function, the function that names it
-/// (none when `named` holds it) and what befell it. Only unchanged
-/// functions are walked, since their bodies now are the golden's.
-fn first_changed<'a>(
-    e: &'a Evidence,
-    named: Vec<&'a String>,
-) -> Option<(&'a String, Option<&'a String>, &'static str)> {
-    let mut seen: BTreeSet<&String> = BTreeSet::new();
-    let mut walk: Vec<(&String, Option<&String>)> = named.into_iter().map(|k| (k, None)).collect();
-    walk.reverse();
-    while let Some((function, via)) = walk.pop() {
-        if !seen.insert(function) {
-            continue;
-        }
-        let Some(was) = e.before.functions.get(function) else { continue };
-        match e.after.functions.get(function) {
-            Some(now) if now == was => {
-                let called = e.calls.get(function).into_iter().flatten();
-                walk.extend(called.filter(|c| !seen.contains(c)).map(|c| (c, Some(function))));
-            }
-            Some(_) => return Some((function, via, "replaces")),
-            // A function an object names itself cannot be dropped without
-            // the object (which is reported as gone); one down the chain can.
-            None if via.is_some() => return Some((function, via, "drops")),
-            None => {}
-        }
-    }
-    None
 }
 
 /// The golden's objects that run functions, still there after the candidate.
