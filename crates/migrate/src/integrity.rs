@@ -1,7 +1,7 @@
 //! What a candidate takes away that kept data right, safe or quick to find:
 //! a constraint dropped (`integrity_removed`), an index dropped that was the
-//! only one behind a foreign key (`key_index_dropped`), and a table's rows
-//! left to a crash (`durability`).
+//! only one behind a foreign key (`key_index_dropped`), a domain's checks
+//! (`domains`), and a table's rows left to a crash (`durability`).
 //!
 //! Read from the golden's schema and the schema after the candidate, so a
 //! constraint or index dropped and made again the same (under any name)
@@ -21,6 +21,7 @@ pub(crate) fn integrity_hazards(e: &Evidence, v: &mut Verdict) {
         key_indexes_dropped(e, name, before, after, v);
         super::constraint_changes::constraints_changed(e, name, before, after, v);
     }
+    super::domains::domains_loosened(e, v);
     durability(e, v);
 }
 

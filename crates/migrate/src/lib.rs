@@ -19,6 +19,7 @@ pub mod code;
 pub mod command;
 mod constraint_changes;
 pub mod costs;
+mod domains;
 pub mod hazards;
 pub mod html;
 mod integrity;

@@ -686,6 +686,95 @@ fn a_constraint_made_again_to_hold_otherwise_is_named() {
     }
 }
 
+#[test]
+fn what_a_domain_held_its_columns_to_and_loses_is_named_with_the_columns() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "domains",
+        "CREATE DOMAIN qty AS int NOT NULL CONSTRAINT qty_positive CHECK (VALUE > 0);
+         CREATE DOMAIN code AS text CONSTRAINT \"code; shape\" CHECK (VALUE ~ '^[A-Z]{3}$' AND VALUE <> 'A; B');
+         CREATE TABLE items (id int PRIMARY KEY, qty qty, code code);
+         CREATE TABLE stock (id int PRIMARY KEY, on_hand qty);",
+        "INSERT INTO items SELECT g, 1 + g % 7, 'ABC' FROM generate_series(1, 500) g;
+         INSERT INTO stock SELECT g, g FROM generate_series(1, 100) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("drop_check.sql", "SELECT 1;\nALTER DOMAIN qty DROP CONSTRAINT qty_positive;"),
+            ("drop_not_null.sql", "ALTER DOMAIN qty DROP NOT NULL;"),
+            (
+                "loosen.sql",
+                "ALTER DOMAIN code DROP CONSTRAINT \"code; shape\";\n\
+                 ALTER DOMAIN code ADD CONSTRAINT \"code; shape\" CHECK (VALUE ~ '^[A-Z]+$');",
+            ),
+            ("off_domain.sql", "ALTER TABLE stock ALTER COLUMN on_hand TYPE int;"),
+            // Controls: a rename; the check made again NOT VALID under another
+            // name, then validated; a column given another domain that holds the same.
+            ("rename.sql", "ALTER DOMAIN qty RENAME TO quantity;"),
+            (
+                "again.sql",
+                "ALTER DOMAIN qty ADD CONSTRAINT qty_above_zero CHECK (VALUE > 0) NOT VALID;\n\
+                 ALTER DOMAIN qty DROP CONSTRAINT qty_positive;\nALTER DOMAIN qty VALIDATE CONSTRAINT qty_above_zero;",
+            ),
+            (
+                "same_domain.sql",
+                "CREATE DOMAIN amount AS int NOT NULL CHECK (VALUE > 0);\n\
+                 ALTER TABLE stock ALTER COLUMN on_hand TYPE amount;",
+            ),
+        ],
+    );
+    let c = by_name(&test_on(&d, "domains", &paths));
+    let h = hazard(&c["drop_check.sql"], "integrity_removed");
+    assert_eq!(
+        h["message"],
+        json!(
+            "drops constraint qty_positive of domain public.qty (CHECK ((VALUE > 0))): values for which it is false \
+             may now be written into public.items.qty, public.stock.on_hand"
+        ),
+        "{h}"
+    );
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+    assert!(h["suggestion"].as_str().unwrap().contains("NOT VALID, then VALIDATE"), "{h}");
+    let h = hazard(&c["drop_not_null.sql"], "integrity_removed");
+    assert_eq!(
+        h["message"],
+        json!("drops NOT NULL from domain public.qty: NULL may now be written into public.items.qty, public.stock.on_hand"),
+        "{h}"
+    );
+    assert_eq!(h["line"], json!(1), "{h}");
+    // The check's name and literal hold "; ".
+    let h = hazard(&c["loosen.sql"], "integrity_changed");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("changes constraint code; shape of domain public.code: was CHECK"), "{said}");
+    assert!(
+        said.contains("'A; B'") && said.ends_with("for every value written into public.items.code"),
+        "{said}"
+    );
+    let h = hazard(&c["off_domain.sql"], "integrity_removed");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("public.stock.on_hand now of type integer, not domain public.qty"), "{said}");
+    assert_eq!(
+        c["off_domain.sql"]["hazards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["kind"] == "integrity_removed")
+            .count(),
+        2,
+        "NOT NULL and the CHECK: {}",
+        c["off_domain.sql"]
+    );
+    for name in ["rename.sql", "again.sql", "same_domain.sql"] {
+        let kinds = hazard_kinds(&c[name]);
+        assert!(
+            !kinds.contains(&"integrity_changed") && !kinds.contains(&"integrity_removed"),
+            "{name}: {kinds:?} {}",
+            c[name]
+        );
+    }
+}
+
 /// The daemon's peak resident memory, in kB.
 fn peak_memory_kb(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();

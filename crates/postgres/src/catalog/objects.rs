@@ -116,6 +116,20 @@ fn queries() -> Vec<String> {
             acl("t.typacl", 'T', "t.typowner"),
             own("pg_type", "t.oid")
         ),
+        // What a domain holds its values to: NOT NULL, its default and its
+        // CHECK constraints by name (NOT NULL is read from the type alone,
+        // since PostgreSQL 17 also records it as a constraint). A property of
+        // the type, so a golden recorded before this was read shows no change.
+        format!(
+            "SELECT 'constraints of ' || pg_describe_object('pg_type'::regclass, t.oid, 0),
+                    concat_ws('; ', CASE WHEN t.typnotnull THEN 'not null' END, 'default ' || t.typdefault,
+                        (SELECT string_agg('constraint ' || quote_ident(k.conname) || ' ' || pg_get_constraintdef(k.oid),
+                                           '; ' ORDER BY k.conname)
+                           FROM pg_constraint k WHERE k.contypid = t.oid AND k.contype = 'c')),
+                    true
+             FROM pg_type t WHERE t.typnamespace IN {APP} AND t.typtype = 'd' AND {}",
+            own("pg_type", "t.oid")
+        ),
         // Sequences' parameters; triggers switched off or on.
         "SELECT 'parameters of ' || pg_describe_object('pg_class'::regclass, s.seqrelid, 0),
                 concat_ws(' ', 'start', s.seqstart, 'increment', s.seqincrement, 'min', s.seqmin, 'max', s.seqmax,
