@@ -687,6 +687,55 @@ fn a_constraint_made_again_to_hold_otherwise_is_named() {
 }
 
 #[test]
+fn values_overwritten_under_a_new_name_or_by_a_trigger_the_file_makes_are_named() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "renamed",
+        "CREATE TABLE customers (id int PRIMARY KEY, tier text NOT NULL, name text, version int NOT NULL DEFAULT 1,
+                                 touched timestamptz);",
+        "INSERT INTO customers SELECT g, CASE WHEN g % 4 = 0 THEN 'enterprise' ELSE 'standard' END, 'c' || g, 1 + g % 5,
+                '2020-01-01'::timestamptz + g * interval '1 minute'
+           FROM generate_series(1, 8000) g;",
+    );
+    let trigger = |body: &str| {
+        format!(
+            "CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$\nBEGIN\n  {body}\n  RETURN NEW;\nEND $$;\n\
+             CREATE TRIGGER customers_stamp BEFORE UPDATE ON customers FOR EACH ROW EXECUTE FUNCTION stamp();\n\
+             UPDATE customers SET name = upper(name) WHERE id % 4 = 0;"
+        )
+    };
+    let paths = files(
+        &d,
+        &[
+            (
+                "rename_dance.sql",
+                "ALTER TABLE customers RENAME COLUMN tier TO plan;\n\
+                 UPDATE customers SET plan = 'standard' WHERE plan = 'enterprise';\n\
+                 ALTER TABLE customers RENAME COLUMN plan TO tier;",
+            ),
+            ("trigger.sql", &trigger("NEW.tier := 'standard';")),
+            // Controls: a trigger stamping the time, one bumping a version.
+            ("touch.sql", &trigger("NEW.touched := now();")),
+            ("bump.sql", &trigger("NEW.version := OLD.version + 1;")),
+        ],
+    );
+    let c = by_name(&test_on(&d, "renamed", &paths));
+    for name in ["rename_dance.sql", "trigger.sql"] {
+        let h = hazard(&c[name], "values_overwritten");
+        assert!(
+            h["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("2,000 of the 8,000 rows of customers lost their tier: 2,000 had tier 'enterprise', now 'standard'"),
+            "{name}: {h}"
+        );
+    }
+    for name in ["touch.sql", "bump.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
+}
+
+#[test]
 fn what_a_domain_held_its_columns_to_and_loses_is_named_with_the_columns() {
     let d = Daemon::start(&[]);
     d.golden(

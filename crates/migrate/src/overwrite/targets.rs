@@ -43,9 +43,10 @@ type Named = (Vec<String>, BTreeMap<String, bool>);
 /// golden's, keyed and small enough to read).
 pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<String>) -> Vec<Target> {
     let mut found: BTreeMap<String, Target> = BTreeMap::new();
+    let mut renames = Renames::default();
     for st in statements {
         for (name, columns) in named(&st.sql) {
-            let resolved = resolve(&name, catalog);
+            let resolved = renames.table(&name).or_else(|| resolve(&name, catalog));
             let candidates: Vec<&String> = match &resolved {
                 Some(tables) => tables.iter().collect(),
                 // Not one golden table: every one with such a column.
@@ -64,8 +65,11 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                     from_itself: BTreeSet::new(),
                     line: st.line,
                 });
+                // Set under the name an earlier statement gave the column.
+                let columns: BTreeMap<&str, bool> =
+                    columns.iter().map(|(c, itself)| (renames.column(table, c), *itself)).collect();
                 for c in golden.columns.iter() {
-                    let Some(itself) = columns.get(&c.name) else { continue };
+                    let Some(itself) = columns.get(c.name.as_str()) else { continue };
                     if !t.columns.contains(&c.name) {
                         t.columns.push(c.name.clone());
                         if *itself {
@@ -77,6 +81,7 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                 }
             }
         }
+        renames.read(&st.sql, catalog);
     }
     set_null_by_keys(statements, catalog, tables, &mut found);
     found.into_values().filter(|t| !t.columns.is_empty()).collect()
@@ -165,7 +170,12 @@ fn token_lists(sql: &str, words: &[&str]) -> Vec<Vec<Token>> {
 /// What one statement's text sets or retypes, and every constant in it.
 fn named(sql: &str) -> Vec<Named> {
     let mut out = Vec::new();
-    for said in token_lists(sql, &["update", "type"]) {
+    for said in token_lists(sql, &["update", "type", "new"]) {
+        // A trigger's function setting a column of the row it writes.
+        let assigned = assignments(&said);
+        if !assigned.is_empty() {
+            out.push((vec![], assigned));
+        }
         // The table a bare `UPDATE SET` (of MERGE or ON CONFLICT) writes.
         let mut into: Vec<String> = vec![];
         for (i, t) in said.iter().enumerate() {
@@ -187,6 +197,134 @@ fn named(sql: &str) -> Vec<Named> {
         }
     }
     out
+}
+
+/// Functions whose value is the time of the change: a trigger stamping the
+/// row with one keeps a record, and overwrites nothing anyone would keep.
+const CLOCK: &[&str] = &[
+    "now",
+    "current_timestamp",
+    "clock_timestamp",
+    "statement_timestamp",
+    "transaction_timestamp",
+    "localtimestamp",
+    "current_date",
+    "current_time",
+    "localtime",
+];
+
+/// `NEW.column := expr;` (or `=`) in a trigger function's body: each column
+/// set, and whether from its own value alone (`NEW.version := OLD.version +
+/// 1`). A row stamped with the clock is left out.
+fn assignments(said: &[Token]) -> BTreeMap<String, bool> {
+    let mut out = BTreeMap::new();
+    for (i, t) in said.iter().enumerate() {
+        let starts = i == 0
+            || matches!(&said[i - 1], Token::Other(';'))
+            || matches!(&said[i - 1], Token::Word(w) if ["begin", "then", "else", "loop"].contains(&w.as_str()));
+        if !starts || !word(Some(t), "new") || said.get(i + 1) != Some(&Token::Other('.')) {
+            continue;
+        }
+        let Some(column) = ident(said.get(i + 2)) else { continue };
+        let mut at = i + 3;
+        if said.get(at) == Some(&Token::Other(':')) {
+            at += 1;
+        }
+        if said.get(at) != Some(&Token::Other('=')) {
+            continue;
+        }
+        // To the statement's end, or a word that begins another (so each
+        // token is read by one expression, and a file in proportion to its length).
+        let ends = |t: &Token| {
+            *t == Token::Other(';')
+                || matches!(t, Token::Word(w) if ["begin", "then", "else", "loop", "end"].contains(&w.as_str()))
+        };
+        let end = said[at..].iter().position(ends).map_or(said.len(), |p| at + p);
+        // `OLD.x` and `NEW.x` read as `x`.
+        let mut expression: Vec<Token> = Vec::new();
+        let mut k = at + 1;
+        while k < end {
+            let row = word(said.get(k), "old") || word(said.get(k), "new");
+            if row && said.get(k + 1) == Some(&Token::Other('.')) {
+                k += 2;
+                continue;
+            }
+            expression.push(said[k].clone());
+            k += 1;
+        }
+        let clock = expression.iter().any(|t| matches!(t, Token::Word(w) if CLOCK.contains(&w.as_str())));
+        if clock {
+            continue;
+        }
+        let itself = own_value(&expression, &column);
+        let entry = out.entry(column).or_insert(itself);
+        *entry = *entry && itself;
+    }
+    out
+}
+
+/// The names an earlier statement of the file gave the golden's tables and
+/// columns (`ALTER TABLE ... RENAME [COLUMN] a TO b`), so a later `UPDATE`
+/// under the new names sets the golden's columns all the same.
+#[derive(Default)]
+struct Renames {
+    /// A table's name now (as written, unqualified) to the golden tables it may be.
+    tables: BTreeMap<String, Vec<String>>,
+    /// A golden table's column's name now to the golden's name.
+    columns: BTreeMap<(String, String), String>,
+}
+
+impl Renames {
+    /// The golden tables `name` now means, if a rename made it.
+    fn table(&self, name: &[String]) -> Option<Vec<String>> {
+        self.tables.get(name.last()?).cloned()
+    }
+
+    /// The golden's name of the column of `table` now called `column`.
+    fn column<'a>(&'a self, table: &str, column: &'a str) -> &'a str {
+        self.columns.get(&(table.to_owned(), column.to_owned())).map_or(column, String::as_str)
+    }
+
+    /// Takes the renames of one statement.
+    fn read(&mut self, sql: &str, catalog: &Catalog) {
+        let said = tokens(sql);
+        if !word(said.first(), "alter") || !word(said.get(1), "table") {
+            return;
+        }
+        let mut at = 2;
+        if word(said.get(at), "if") && word(said.get(at + 1), "exists") {
+            at += 2;
+        }
+        if word(said.get(at), "only") {
+            at += 1;
+        }
+        let Some((name, took)) = name(&said[at..]) else { return };
+        let Some(tables) = self.table(&name).or_else(|| resolve(&name, catalog)) else { return };
+        at += took;
+        if !word(said.get(at), "rename") {
+            return;
+        }
+        at += 1;
+        if word(said.get(at), "to") {
+            if let Some(new) = ident(said.get(at + 1)) {
+                self.tables.remove(name.last().expect("a name has a part"));
+                self.tables.insert(new, tables);
+            }
+            return;
+        }
+        if word(said.get(at), "column") {
+            at += 1;
+        }
+        let (Some(old), true, Some(new)) =
+            (ident(said.get(at)), word(said.get(at + 1), "to"), ident(said.get(at + 2)))
+        else {
+            return;
+        };
+        for table in tables {
+            let golden = self.columns.remove(&(table.clone(), old.clone())).unwrap_or(old.clone());
+            self.columns.insert((table, new.clone()), golden);
+        }
+    }
 }
 
 fn word(t: Option<&Token>, w: &str) -> bool {

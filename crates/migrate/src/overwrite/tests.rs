@@ -107,6 +107,8 @@ fn reading_a_file_takes_time_in_proportion_to_its_length() {
     assert!(targets_of(&updates).is_empty());
     let alters = format!("SELECT length('{}')", "alter table orders alter total type int ".repeat(10_000));
     assert_eq!(targets_of(&alters), [owned("public.orders", &["total"])]);
+    let assigned = format!("SELECT length('{}')", "then new.total = 1 ".repeat(25_000));
+    assert_eq!(targets_of(&assigned), [owned("public.orders", &["total"])]);
 }
 
 #[test]
@@ -393,4 +395,50 @@ fn a_loss_told_by_counts_says_so_and_a_table_without_a_key_is_kept_whole() {
     let (paired, by_counts) =
         by_pairing(vec![t], &Shape::default(), &BTreeSet::from(["public.events".into()]));
     assert_eq!((paired.len(), by_counts.len()), (0, 1));
+}
+
+#[test]
+fn an_update_under_names_an_earlier_statement_gave_sets_the_golden_columns() {
+    assert_eq!(
+        targets_of(
+            "ALTER TABLE customers RENAME COLUMN tier TO plan;\nUPDATE customers SET plan = 'standard';\n\
+             ALTER TABLE customers RENAME COLUMN plan TO tier;"
+        ),
+        [owned("public.customers", &["tier"])]
+    );
+    assert_eq!(
+        targets_of(
+            "ALTER TABLE public.customers RENAME TO clients;\nALTER TABLE clients RENAME tier TO level;\n\
+             ALTER TABLE clients RENAME COLUMN level TO grade;\nUPDATE clients SET grade = NULL, name = 'x';"
+        ),
+        [owned("public.customers", &["tier", "name"])]
+    );
+    // A column renamed away leaves its old name to whatever takes it.
+    assert!(targets_of("ALTER TABLE orders RENAME COLUMN total TO amount;\nUPDATE orders SET id = id")
+        .iter()
+        .all(|(_, c)| !c.contains(&"total".to_string())));
+}
+
+#[test]
+fn a_trigger_function_setting_a_column_of_its_row_targets_it() {
+    let trigger = |body: &str| {
+        format!(
+            "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN {body} RETURN NEW; END $$;\n\
+             CREATE TRIGGER t BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION f();"
+        )
+    };
+    assert_eq!(targets_of(&trigger("NEW.total := 0;")), [owned("public.orders", &["total"])]);
+    assert_eq!(
+        targets_of(&trigger("IF NEW.id > 5 THEN NEW.tier = 'standard'; END IF;")),
+        [owned("public.customers", &["tier"])]
+    );
+    // A comparison is no assignment; a clock stamp overwrites nothing anyone keeps.
+    assert!(targets_of(&trigger("IF NEW.total = OLD.total THEN RETURN NULL; END IF;")).is_empty());
+    assert!(targets_of(&trigger("NEW.total := now();")).is_empty());
+    // A bump of its own value is computed from itself.
+    let c = catalog();
+    let tables = c.tables.keys().cloned().collect();
+    let statements = airlock_postgres::split::split(&trigger("NEW.total := OLD.total + 1;")).unwrap();
+    let found = targets(&statements, &c, &tables);
+    assert_eq!(found[0].from_itself.iter().collect::<Vec<_>>(), ["total"]);
 }
