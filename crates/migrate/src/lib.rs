@@ -293,6 +293,11 @@ impl Drop for TestFork {
     }
 }
 
+/// How long one statement of a candidate may run.
+fn statement_timeout(req: &TestRequest) -> Duration {
+    Duration::from_millis(req.statement_timeout_ms.unwrap_or(300_000).clamp(1_000, 3_600_000))
+}
+
 /// Forks, measures, verifies and judges one candidate; the fork is always deleted.
 async fn test_one(
     engine: &Arc<Engine>,
@@ -300,7 +305,33 @@ async fn test_one(
     candidate: &Candidate,
     baseline: &Baseline,
 ) -> Result<CandidateReport> {
-    let timeout = Duration::from_millis(req.statement_timeout_ms.unwrap_or(300_000).clamp(1_000, 3_600_000));
+    let timeout = statement_timeout(req);
+    let (made, sb) = test_fork(engine, req).await?;
+    airlock_core::crashpoint::reached("migrate.forked");
+    let busy = engine.activity.open(&sb.id);
+    let measured = {
+        use futures_util::FutureExt;
+        std::panic::AssertUnwindSafe(measure(engine, req, candidate, baseline, &sb, timeout))
+            .catch_unwind()
+            .await
+    };
+    drop(busy);
+    made.delete().await;
+    let result = measured.unwrap_or_else(|panic| {
+        let what = airlock_listen::serve::panic_message(&panic);
+        tracing::error!(sandbox = %sb.id, panic = %what, "measuring a migration candidate panicked");
+        Err(Error::internal(format!("measuring it failed unexpectedly ({what})")))
+    });
+    // A candidate that breaks the measuring (it changed role, say) fails on
+    // its own; the others' reports stand.
+    Ok(result.unwrap_or_else(|e| unmeasurable(candidate, &e)))
+}
+
+/// A fork of the test's golden for one candidate (or, made only when a
+/// candidate's values must be read as they were before it ran, a second one
+/// nothing runs on), deleted when the returned [`TestFork`] is.
+async fn test_fork(engine: &Arc<Engine>, req: &TestRequest) -> Result<(TestFork, sandbox::Sandbox)> {
+    let timeout = statement_timeout(req);
     let mut access = Access {
         mode: Mode::Owner,
         limits: Limits { statement_timeout_ms: timeout.as_millis() as u64, ..Default::default() },
@@ -342,27 +373,7 @@ async fn test_one(
             Ok::<_, Error>((TestFork { engine, id: Some(sb.id.clone()) }, sb))
         }))
     };
-    let (made, sb) = forking
-        .await
-        .map_err(|e| Error::internal(format!("making a migration test's fork failed ({e})")))??;
-    airlock_core::crashpoint::reached("migrate.forked");
-    let busy = engine.activity.open(&sb.id);
-    let measured = {
-        use futures_util::FutureExt;
-        std::panic::AssertUnwindSafe(measure(engine, req, candidate, baseline, &sb, timeout))
-            .catch_unwind()
-            .await
-    };
-    drop(busy);
-    made.delete().await;
-    let result = measured.unwrap_or_else(|panic| {
-        let what = airlock_listen::serve::panic_message(&panic);
-        tracing::error!(sandbox = %sb.id, panic = %what, "measuring a migration candidate panicked");
-        Err(Error::internal(format!("measuring it failed unexpectedly ({what})")))
-    });
-    // A candidate that breaks the measuring (it changed role, say) fails on
-    // its own; the others' reports stand.
-    Ok(result.unwrap_or_else(|e| unmeasurable(candidate, &e)))
+    forking.await.map_err(|e| Error::internal(format!("making a migration test's fork failed ({e})")))?
 }
 
 /// The report of a candidate whose test could not be completed.

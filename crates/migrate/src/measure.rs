@@ -58,6 +58,65 @@ pub(crate) async fn unmeasured_changes(
     Ok(out)
 }
 
+/// What the candidate overwrote in the columns of `unnamed`
+/// ([`super::overwrite::unnamed`]): their values before, read on a second
+/// fork of the test fork's own golden generation, and the losses against
+/// their values now on the test's fork. Nothing when the golden has moved
+/// on to another generation meanwhile (the second fork would not hold what
+/// the first did).
+#[allow(clippy::too_many_arguments)]
+async fn unnamed_losses(
+    engine: &std::sync::Arc<Engine>,
+    req: &TestRequest,
+    sb: &Sandbox,
+    admin: &Admin,
+    unnamed: super::overwrite::unnamed::Unnamed,
+    (shape, compared): (&verify::Shape, &std::collections::BTreeSet<String>),
+    snapshot: &Snapshot,
+    now: &catalog::Catalog,
+) -> Result<(BTreeMap<String, super::overwrite::Values>, Vec<super::overwrite::Loss>)> {
+    use super::overwrite::{counted_losses, counts, losses, names, read};
+    // Tables no statement names: row by row within the budget, else by
+    // counts. Other columns of tables a statement names: row by row only.
+    let rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    let (whole, mut counted) = super::overwrite::by_pairing(unnamed.whole, shape, compared);
+    let (rest, _) = super::overwrite::by_pairing(unnamed.rest, shape, compared);
+    let rest_tables: std::collections::BTreeSet<String> = rest.iter().map(|t| t.table.clone()).collect();
+    let (paired, too_wide) =
+        super::overwrite::unnamed::within_budget(whole.into_iter().chain(rest).collect(), &rows);
+    counted.extend(too_wide.into_iter().filter(|t| !rest_tables.contains(&t.table)));
+    let golden_key = |table: &str| shape.key(table).map(str::to_owned);
+    let (pristine, second) = super::test_fork(engine, req).await?;
+    let before = async {
+        if second.generation != sb.generation {
+            return Ok(None);
+        }
+        let dir = engine.layout.sandbox_instance(&second.id);
+        let other = Admin::connect(&dir, DATABASE, second.pid.unwrap_or_default()).await?;
+        let values = read(other.client(), &paired, &golden_key, &snapshot.catalog).await?;
+        let counts = counts::read(other.client(), &counted, &snapshot.catalog).await?;
+        // A fork's tables and columns have the golden's OIDs and numbers.
+        let ids = names::ids(other.client(), &[&paired, &counted], &golden_key).await?;
+        Ok::<_, Error>(Some((values, counts, ids)))
+    }
+    .await;
+    pristine.delete().await;
+    let Some((values_before, counts_before, ids)) = before? else {
+        return Ok((BTreeMap::new(), vec![]));
+    };
+    let followed = names::follow(admin.client(), &paired, &ids).await?;
+    let key_now = |table: &str| {
+        let key = followed.golden_table(table).and_then(|t| shape.key(t))?;
+        Some(followed.key_now(table, key))
+    };
+    let values_after = followed.values_back(read(admin.client(), &followed.now, &key_now, now).await?);
+    let mut found = losses(&paired, &values_before, &values_after, &rows);
+    let followed = names::follow(admin.client(), &counted, &ids).await?;
+    let counts_after = followed.counts_back(counts::read(admin.client(), &followed.now, now).await?);
+    found.extend(counted_losses(&counted, &counts_before, &counts_after, &rows));
+    Ok((values_before, found))
+}
+
 /// Each user table's counters of rows inserted, updated and deleted, with its
 /// name now, by OID (a table renamed during the run is still the same table).
 pub(crate) async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64; 3])>> {
@@ -74,7 +133,7 @@ pub(crate) async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (St
 }
 
 pub(crate) async fn measure(
-    engine: &Engine,
+    engine: &std::sync::Arc<Engine>,
     req: &TestRequest,
     candidate: &Candidate,
     baseline: &Baseline,
@@ -240,6 +299,28 @@ pub(crate) async fn measure(
         &counts_after,
         &golden_rows,
     ));
+    // Tables whose rows it updated though no statement names their columns.
+    let mut values_before = values_before;
+    let unnamed = super::overwrite::unnamed::targets(
+        &applied.statements,
+        &[&written_columns, &counted_columns],
+        &snapshot.catalog,
+        &countable,
+        &golden_rows,
+    );
+    if !unnamed.whole.is_empty() || !unnamed.rest.is_empty() {
+        let (before, found) =
+            unnamed_losses(engine, req, sb, &admin, unnamed, (&shape, &compared), snapshot, &now).await?;
+        for (table, values) in before {
+            match values_before.get_mut(&table) {
+                Some(named) => named.merge(values),
+                None => {
+                    values_before.insert(table, values);
+                }
+            }
+        }
+        losses.extend(found);
+    }
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.
     let keepers = super::overwrite::keepers(&losses, &shape, &snapshot.catalog, &now);

@@ -41,6 +41,7 @@ const QUOTED_MOST: usize = 40;
 pub mod counts;
 pub mod names;
 mod targets;
+pub mod unnamed;
 pub use targets::{targets, Target};
 
 /// One value read: a digest of the text its type's output function writes,
@@ -89,6 +90,18 @@ pub struct Values {
     pub columns: Vec<String>,
     /// Each row's values, by its key.
     pub rows: HashMap<String, Vec<Cell>>,
+}
+
+impl Values {
+    /// Adds `other`'s columns (of the same table, read by the same key) to
+    /// these; a row `other` lacks holds nothing in them.
+    pub fn merge(&mut self, mut other: Values) {
+        let empty = vec![Cell { digest: String::new(), shown: None }; other.columns.len()];
+        for (key, cells) in self.rows.iter_mut() {
+            cells.extend(other.rows.remove(key).unwrap_or_else(|| empty.clone()));
+        }
+        self.columns.append(&mut other.columns);
+    }
 }
 
 /// Columns of one table to read by a key.
@@ -486,12 +499,22 @@ pub struct Loss {
     pub lost: Lost,
     /// Whether its rows were paired by key (else told by counts).
     pub paired: bool,
+    /// Whether a statement names the column ([`Target::named`]).
+    pub named: bool,
 }
 
 impl Loss {
     /// `column` of target `t`, a table of `rows`, that lost `lost`.
     fn of(t: &Target, column: &str, rows: i64, lost: Lost, paired: bool) -> Loss {
-        Loss { table: t.table.clone(), column: column.to_owned(), line: t.line, rows, lost, paired }
+        Loss {
+            table: t.table.clone(),
+            column: column.to_owned(),
+            line: t.line,
+            rows,
+            lost,
+            paired,
+            named: t.named,
+        }
     }
 }
 
@@ -598,7 +621,12 @@ pub fn report(
                 "{} of the {} rows of {table} lost their {column}{}: {}{}; {} distinct values became {}, and what they were is not kept anywhere",
                 count(l.lost),
                 count(rows as usize),
-                if loss.paired { "" } else { " (told by how many rows hold each value: no key pairs its rows here)" },
+                match (loss.named, loss.paired) {
+                    (true, true) => "",
+                    (true, false) => " (told by how many rows hold each value: no key pairs its rows here)",
+                    (false, true) => " (no statement names the column: it was set through a view, a rule, a trigger or a name made as the file ran)",
+                    (false, false) => " (no statement names the column: it was set through a view, a rule, a trigger or a name made as the file ran; told by how many rows hold each value)",
+                },
                 groups.join("; "),
                 if l.into.len() < l.distinct.1 { "; ..." } else { "" },
                 count(l.distinct.0),

@@ -714,9 +714,42 @@ fn values_overwritten_under_a_new_name_or_by_a_trigger_the_file_makes_are_named(
                  ALTER TABLE customers RENAME COLUMN plan TO tier;",
             ),
             ("trigger.sql", &trigger("NEW.tier := 'standard';")),
-            // Controls: a trigger stamping the time, one bumping a version.
+            // No statement names the column: through a view renaming it, or
+            // an UPDATE whose names are made as it runs.
+            (
+                "view.sql",
+                "CREATE VIEW plans AS SELECT id, tier AS plan FROM customers;
+                 UPDATE plans SET plan = 'standard' WHERE plan = 'enterprise';",
+            ),
+            // A decoy: an UPDATE of another column of the same table.
+            (
+                "decoy.sql",
+                "CREATE VIEW plans AS SELECT id, tier AS plan FROM customers;\nUPDATE customers SET name = upper(name);\n\
+                 UPDATE plans SET plan = 'standard' WHERE plan = 'enterprise';",
+            ),
+            (
+                "execute.sql",
+                "DO $$ BEGIN
+  EXECUTE format('UPDATE %I SET %I = %L WHERE %I = %L', 'customers', 'tier', 'standard', 'tier', 'enterprise');
+END $$;",
+            ),
+            // Controls: a trigger stamping the time, one bumping a version;
+            // unnamed, a bump and a change read backwards through a view.
             ("touch.sql", &trigger("NEW.touched := now();")),
             ("bump.sql", &trigger("NEW.version := OLD.version + 1;")),
+            (
+                "execute_bump.sql",
+                "DO $$ BEGIN EXECUTE 'UPDATE customers SET version = version + 1 WHERE id % 4 = 0'; END $$;",
+            ),
+            (
+                "view_bump.sql",
+                "CREATE VIEW versions AS SELECT id, version AS v FROM customers;\nUPDATE versions SET v = v + 1 WHERE id % 4 = 0;",
+            ),
+            (
+                "view_upper.sql",
+                "CREATE VIEW labels AS SELECT id, name AS label FROM customers;
+UPDATE labels SET label = upper(label);",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "renamed", &paths));
@@ -730,9 +763,39 @@ fn values_overwritten_under_a_new_name_or_by_a_trigger_the_file_makes_are_named(
             "{name}: {h}"
         );
     }
-    for name in ["touch.sql", "bump.sql"] {
+    for (name, line) in [("view.sql", 2), ("execute.sql", 1), ("decoy.sql", 2)] {
+        let h = hazard(&c[name], "values_overwritten");
+        assert_eq!(
+            h["message"].as_str().unwrap().split(": 2,000 had").next(),
+            Some(
+                "2,000 of the 8,000 rows of customers lost their tier (no statement names the column: \
+                 it was set through a view, a rule, a trigger or a name made as the file ran)"
+            ),
+            "{name}: {h}"
+        );
+        assert_eq!(h["line"], json!(line), "{name}: {h}");
+        assert_eq!(
+            hazard_kinds(&c[name]).iter().filter(|k| **k == "values_overwritten").count(),
+            1,
+            "{name}"
+        );
+    }
+    for name in ["touch.sql", "bump.sql", "execute_bump.sql", "view_bump.sql", "view_upper.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
+    // A command has no text at all.
+    let out = d.cli(&[
+        "migrate",
+        "test",
+        "--golden",
+        "renamed",
+        "--json",
+        "--exec",
+        "psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c \"UPDATE customers SET tier = 'standard'\"",
+    ]);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"));
+    let h = hazard(&report["candidates"][0], "values_overwritten");
+    assert!(h["message"].as_str().unwrap().contains("lost their tier (no statement names the column"), "{h}");
 }
 
 #[test]

@@ -30,8 +30,13 @@ pub struct Target {
     /// value (`qty = qty + 1`, a retype without `USING` a constant): such a
     /// change loses a value only where it maps two old values to one.
     pub from_itself: BTreeSet<String>,
-    /// The line of the first statement that names them.
+    /// The line of the first statement that names them (or, where none
+    /// does, that updated the table's rows).
     pub line: usize,
+    /// Whether a statement names them; else they are all the table's
+    /// columns, compared because its rows were updated out of the text's
+    /// sight ([`super::unnamed`]).
+    pub named: bool,
 }
 
 /// A name as written (`[schema, name]` or `[name]`; empty when the statement
@@ -64,6 +69,7 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                     columns: vec![],
                     from_itself: BTreeSet::new(),
                     line: st.line,
+                    named: true,
                 });
                 // Set under the name an earlier statement gave the column.
                 let columns: BTreeMap<&str, bool> =
@@ -117,6 +123,7 @@ fn set_null_by_keys(
                     columns: vec![],
                     from_itself: BTreeSet::new(),
                     line: st.line,
+                    named: true,
                 });
                 for column in crate::integrity::key_columns(definition) {
                     if !target.columns.contains(&column) {
@@ -213,6 +220,28 @@ const CLOCK: &[&str] = &[
     "localtime",
 ];
 
+/// Whether an expression is the clock's time alone (`now()`,
+/// `current_timestamp`, `now() AT TIME ZONE 'utc'`, `now()::date`): a
+/// column set to it stamps the row with the change, whatever it held.
+fn stamps_the_clock(expression: &[Token]) -> bool {
+    let clock = |t: &Token| matches!(t, Token::Word(w) if CLOCK.contains(&w.as_str()));
+    expression.iter().any(clock)
+        && made_of(expression, |t, cast| match t {
+            Token::Word(w) => {
+                clock(t) || cast || ["at", "time", "zone", "with", "without"].contains(&w.as_str())
+            }
+            Token::Constant(_) => true,
+            Token::Other(c) => "():.0123456789".contains(*c),
+            _ => false,
+        })
+}
+
+/// Whether every token of `expression` is `allowed` (told whether it
+/// follows `:`, as a cast's type does).
+fn made_of(expression: &[Token], allowed: impl Fn(&Token, bool) -> bool) -> bool {
+    expression.iter().enumerate().all(|(i, t)| allowed(t, i >= 1 && expression[i - 1] == Token::Other(':')))
+}
+
 /// `NEW.column := expr;` (or `=`) in a trigger function's body: each column
 /// set, and whether from its own value alone (`NEW.version := OLD.version +
 /// 1`). A row stamped with the clock is left out.
@@ -252,8 +281,7 @@ fn assignments(said: &[Token]) -> BTreeMap<String, bool> {
             expression.push(said[k].clone());
             k += 1;
         }
-        let clock = expression.iter().any(|t| matches!(t, Token::Word(w) if CLOCK.contains(&w.as_str())));
-        if clock {
+        if stamps_the_clock(&expression) {
             continue;
         }
         let itself = own_value(&expression, &column);
@@ -386,25 +414,16 @@ const OWN_VALUE_FUNCTIONS: &[&str] = &[
 /// column or any other function can pick which rows get which value, and
 /// is not.
 fn own_value(expression: &[Token], column: &str) -> bool {
-    let mut uses = false;
-    for (i, t) in expression.iter().enumerate() {
-        let cast = i >= 1 && expression[i - 1] == Token::Other(':');
-        let ok = match t {
-            Token::Word(w) | Token::Quoted(w) if w == column => {
-                uses = true;
-                true
-            }
+    let itself = |t: &Token| matches!(t, Token::Word(w) | Token::Quoted(w) if w == column);
+    expression.iter().any(itself)
+        && made_of(expression, |t, cast| match t {
+            _ if itself(t) => true,
             Token::Word(w) => cast || OWN_VALUE_FUNCTIONS.contains(&w.as_str()),
             Token::Constant(_) => true,
             // (A comma here separates a function's arguments.)
             Token::Other(c) => "0+-*/%|().:,".contains(*c),
             _ => false,
-        };
-        if !ok {
-            return false;
-        }
-    }
-    uses
+        })
 }
 
 /// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and whether

@@ -255,6 +255,7 @@ fn the_message_names_the_column_the_rows_and_the_values() {
         columns: vec!["tier".into()],
         from_itself: BTreeSet::new(),
         line: 3,
+        named: true,
     };
     let (b, a) = (
         BTreeMap::from([(t.table.clone(), values(&before))]),
@@ -287,6 +288,7 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
         columns: vec!["tier".into()],
         from_itself: BTreeSet::new(),
         line: 2,
+        named: true,
     };
     let (b, a) = (
         BTreeMap::from([(t.table.clone(), values(&before))]),
@@ -351,6 +353,7 @@ fn a_loss_told_by_counts_says_so_and_a_table_without_a_key_is_kept_whole() {
         columns: vec!["kind".into()],
         from_itself: BTreeSet::new(),
         line: 1,
+        named: true,
     };
     let before = BTreeMap::from([(
         t.table.clone(),
@@ -435,6 +438,17 @@ fn a_trigger_function_setting_a_column_of_its_row_targets_it() {
     // A comparison is no assignment; a clock stamp overwrites nothing anyone keeps.
     assert!(targets_of(&trigger("IF NEW.total = OLD.total THEN RETURN NULL; END IF;")).is_empty());
     assert!(targets_of(&trigger("NEW.total := now();")).is_empty());
+    assert_eq!(
+        targets_of(&trigger("NEW.total := CASE WHEN now() > '2020-01-01' THEN 0 END;")),
+        [owned("public.orders", &["total"])]
+    );
+    // A trigger stamping the row keeps a record of the change; an UPDATE
+    // setting the clock's time on rows that held other times overwrites them.
+    assert!(targets_of(&trigger("NEW.total := now() AT TIME ZONE 'utc';")).is_empty());
+    assert_eq!(
+        targets_of("UPDATE orders SET total = current_timestamp::date"),
+        [owned("public.orders", &["total"])]
+    );
     // A bump of its own value is computed from itself.
     let c = catalog();
     let tables = c.tables.keys().cloned().collect();

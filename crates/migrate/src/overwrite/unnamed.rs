@@ -1,0 +1,153 @@
+//! Columns a file overwrote though no statement of it names them: an
+//! `UPDATE` through a view that renames them, one whose names are made as
+//! the file runs (`EXECUTE format('UPDATE %I SET %I = ...')`), a rule, the
+//! golden's own triggers, or a command candidate, which has no text at all.
+//!
+//! What was read before the file ran came from its text, so here the text
+//! has nothing to say. The server's counters do: a golden table whose rows
+//! the file updated, enough of them for a hazard, has every column no
+//! statement names compared (where a statement names some, only as far as
+//! they can be read row by row: a decoy `UPDATE` of one column does not
+//! hide another). Their values before are read
+//! on a second fork of the same golden generation, which nothing has run
+//! on, made only then; after, on the test's fork, followed through renames.
+//!
+//! Which column the file meant to set is unknown, so each is judged as if
+//! computed from its own value (a bump of a version column loses nothing),
+//! and columns of dates and times are left out: a trigger stamping the time
+//! of the change keeps a record, and overwrites nothing anyone would keep.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use airlock_postgres::catalog::Catalog;
+
+use super::{enough, Target};
+use crate::report::StatementReport;
+
+/// Whether values of `type_name` are dates or times.
+/// (The catalog qualifies every type outside `pg_catalog`, so a bare name
+/// is a built-in one.)
+fn of_the_clock(type_name: &str) -> bool {
+    let t = type_name.trim_end_matches("[]");
+    ["date", "time", "interval"].contains(&t)
+        || ["timestamp", "time ", "time(", "interval"].iter().any(|p| t.starts_with(p))
+}
+
+/// The columns to compare, by whether a statement names a column of their table.
+#[derive(Debug, Default)]
+pub struct Unnamed {
+    /// Every column of tables no statement names a column of.
+    pub whole: Vec<Target>,
+    /// The columns no statement names of tables where one names others: a
+    /// decoy `UPDATE` of one column beside an overwrite of another no
+    /// statement names. Read only row by row, within [`CELLS_MOST`].
+    pub rest: Vec<Target>,
+}
+
+/// The columns (but those of the clock, the golden key, or that a default
+/// fills by clock or chance) that no target of `named` holds, of each
+/// golden table of `countable` whose rows `statements` updated, enough for
+/// a hazard.
+pub fn targets(
+    statements: &[StatementReport],
+    named: &[&[Target]],
+    catalog: &Catalog,
+    countable: &BTreeSet<String>,
+    rows_before: &BTreeMap<String, i64>,
+) -> Unnamed {
+    let mut set: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for t in named.iter().flat_map(|ts| ts.iter()) {
+        set.entry(t.table.as_str()).or_default().extend(t.columns.iter().map(String::as_str));
+    }
+    // Rows updated by table (a row updated twice counts twice: this only
+    // decides what to read), and the line of the first statement that did.
+    let mut updated: BTreeMap<&str, (i64, usize)> = BTreeMap::new();
+    for s in statements.iter().filter(|s| !s.rolled_back) {
+        for r in s.rows.iter().filter(|r| r.updated > 0) {
+            updated.entry(r.table.as_str()).or_insert((0, s.line)).0 += r.updated;
+        }
+    }
+    let mut out = Unnamed::default();
+    for (table, (n, line)) in updated {
+        let (Some(rows), Some(golden)) = (rows_before.get(table).copied(), catalog.tables.get(table)) else {
+            continue;
+        };
+        if !countable.contains(table) || !enough(n.min(rows).max(0) as usize, rows) {
+            continue;
+        }
+        // (Its key pairs the rows: a key renumbered is no value lost.)
+        let key: Vec<String> = golden
+            .constraints
+            .values()
+            .find(|d| d.starts_with("PRIMARY KEY"))
+            .map(|d| crate::integrity::key_columns(d))
+            .unwrap_or_default();
+        let already = set.get(table);
+        let columns: Vec<String> = golden
+            .columns
+            .iter()
+            .filter(|c| !of_the_clock(&c.type_name) && !key.contains(&c.name))
+            .filter(|c| !c.default.as_deref().is_some_and(crate::code::fills_by_chance))
+            .filter(|c| !already.is_some_and(|a| a.contains(c.name.as_str())))
+            .map(|c| c.name.clone())
+            .collect();
+        if columns.is_empty() {
+            continue;
+        }
+        let target = Target {
+            table: table.to_owned(),
+            from_itself: columns.iter().cloned().collect(),
+            columns,
+            line,
+            named: false,
+        };
+        match already {
+            Some(_) => out.rest.push(target),
+            None => out.whole.push(target),
+        }
+    }
+    out
+}
+
+/// The most values read row by row for these columns, all tables together,
+/// before and after each: a row's value is held as its digest and up to
+/// [`super::SHOWN_MOST`] characters, so a read of every column of a wide
+/// table must stop somewhere. Tables past it are compared by counts, whose
+/// reads hold one entry per distinct value ([`super::counts::DISTINCT_MOST`]).
+pub const CELLS_MOST: i64 = 400_000;
+
+/// `paired` split into those read row by row within [`CELLS_MOST`] (in
+/// order) and those past it.
+pub fn within_budget(paired: Vec<Target>, rows_before: &BTreeMap<String, i64>) -> (Vec<Target>, Vec<Target>) {
+    let mut room = CELLS_MOST;
+    paired.into_iter().partition(|t| {
+        let rows = rows_before.get(&t.table).copied().unwrap_or(i64::MAX / 2);
+        let cells = rows.saturating_mul(t.columns.len() as i64);
+        let fits = cells <= room;
+        if fits {
+            room -= cells;
+        }
+        fits
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_and_times_are_told_from_other_types() {
+        for t in [
+            "timestamp with time zone",
+            "timestamp(3) without time zone",
+            "date",
+            "time without time zone",
+            "interval",
+        ] {
+            assert!(of_the_clock(t), "{t}");
+        }
+        for t in ["text", "integer", "public.timestamps", "datetime_text", "character varying(20)"] {
+            assert!(!of_the_clock(t), "{t}");
+        }
+    }
+}
