@@ -58,6 +58,20 @@ pub(crate) async fn unmeasured_changes(
     Ok(out)
 }
 
+/// The server's time now, as the reader writes a timestamp (`YYYY-MM-DD
+/// HH:MM:SS`, UTC).
+async fn clock(admin: &Admin) -> Result<String> {
+    let row = admin
+        .client()
+        .query_one(
+            "SELECT pg_catalog.to_char(pg_catalog.clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')",
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+    row.cell(0)
+}
+
 /// What the candidate overwrote in the columns of `unnamed`
 /// ([`super::overwrite::unnamed`]): their values before, read on a second
 /// fork of the test fork's own golden generation, and the losses against
@@ -144,6 +158,7 @@ pub(crate) async fn measure(
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
+    let began = clock(&admin).await?;
     // Costs are measured on a fork nothing has run on yet, before the probe exists.
     let calibration = costs::calibration(costs, admin.client(), &golden_rows).await?;
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
@@ -309,8 +324,18 @@ pub(crate) async fn measure(
         &golden_rows,
     );
     if !unnamed.whole.is_empty() || !unnamed.rest.is_empty() {
+        let window = (began.as_str(), clock(&admin).await?);
         let (before, found) =
             unnamed_losses(engine, req, sb, &admin, unnamed, (&shape, &compared), snapshot, &now).await?;
+        // A column of the clock every changed row of which now holds the time it ran in: a stamp.
+        let type_of = |table: &str, column: &str| {
+            let t = snapshot.catalog.tables.get(table)?;
+            t.columns.iter().find(|c| c.name == column).map(|c| c.type_name.clone())
+        };
+        let found = found.into_iter().filter(|l| {
+            let type_name = type_of(&l.table, &l.column).unwrap_or_default();
+            !super::overwrite::unnamed::stamped(l, &type_name, (window.0, &window.1))
+        });
         for (table, values) in before {
             match values_before.get_mut(&table) {
                 Some(named) => named.merge(values),

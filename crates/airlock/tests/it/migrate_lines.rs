@@ -721,6 +721,12 @@ fn values_overwritten_under_a_new_name_or_by_a_trigger_the_file_makes_are_named(
                 "CREATE VIEW plans AS SELECT id, tier AS plan FROM customers;
                  UPDATE plans SET plan = 'standard' WHERE plan = 'enterprise';",
             ),
+            // A time, but not the clock's.
+            (
+                "view_time.sql",
+                "CREATE VIEW stamps AS SELECT id, touched AS t FROM customers;\n\
+                 UPDATE stamps SET t = '2000-01-01' WHERE id % 4 = 0;",
+            ),
             // A decoy: an UPDATE of another column of the same table.
             (
                 "decoy.sql",
@@ -780,6 +786,12 @@ UPDATE labels SET label = upper(label);",
             "{name}"
         );
     }
+    let said = message(&c["view_time.sql"], "values_overwritten");
+    assert!(
+        said.starts_with("2,000 of the 8,000 rows of customers lost their touched (no statement names"),
+        "{said}"
+    );
+    assert!(said.contains("now '2000-01-01 00:00:00+00'"), "{said}");
     for name in ["touch.sql", "bump.sql", "execute_bump.sql", "view_bump.sql", "view_upper.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }

@@ -14,8 +14,9 @@
 //!
 //! Which column the file meant to set is unknown, so each is judged as if
 //! computed from its own value (a bump of a version column loses nothing),
-//! and columns of dates and times are left out: a trigger stamping the time
-//! of the change keeps a record, and overwrites nothing anyone would keep.
+//! and a column of dates or times that every changed row now holds the time
+//! the file ran in is left out ([`stamped`]): a trigger stamping the time of
+//! the change keeps a record, and overwrites nothing anyone would keep.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -23,6 +24,23 @@ use airlock_postgres::catalog::Catalog;
 
 use super::{enough, Target};
 use crate::report::StatementReport;
+
+/// Whether `loss`, of a column of `type_name`, put in every row it changed
+/// the time the file ran in (between `window`'s two times, as the reader
+/// writes them: `YYYY-MM-DD HH:MM:SS`, in UTC): a stamp of the change.
+pub fn stamped(loss: &super::Loss, type_name: &str, window: (&str, &str)) -> bool {
+    let l = &loss.lost;
+    of_the_clock(type_name)
+        && l.distinct.1 <= l.into.len()
+        && l.into.iter().all(|(now, _, _)| now.as_deref().is_some_and(|v| within(v, window)))
+}
+
+/// Whether a timestamp's or a date's text lies within `window`, to the second or the day.
+fn within(value: &str, (from, to): (&str, &str)) -> bool {
+    let n = if value.as_bytes().get(10) == Some(&b' ') { 19 } else { 10 };
+    let (Some(v), Some(from), Some(to)) = (value.get(..n), from.get(..n), to.get(..n)) else { return false };
+    from <= v && v <= to
+}
 
 /// Whether values of `type_name` are dates or times.
 /// (The catalog qualifies every type outside `pg_catalog`, so a bare name
@@ -44,7 +62,7 @@ pub struct Unnamed {
     pub rest: Vec<Target>,
 }
 
-/// The columns (but those of the clock, the golden key, or that a default
+/// The columns (but those of the golden key, or that a default
 /// fills by clock or chance) that no target of `named` holds, of each
 /// golden table of `countable` whose rows `statements` updated, enough for
 /// a hazard.
@@ -86,7 +104,7 @@ pub fn targets(
         let columns: Vec<String> = golden
             .columns
             .iter()
-            .filter(|c| !of_the_clock(&c.type_name) && !key.contains(&c.name))
+            .filter(|c| !key.contains(&c.name))
             .filter(|c| !c.default.as_deref().is_some_and(crate::code::fills_by_chance))
             .filter(|c| !already.is_some_and(|a| a.contains(c.name.as_str())))
             .map(|c| c.name.clone())
@@ -149,5 +167,12 @@ mod tests {
         for t in ["text", "integer", "public.timestamps", "datetime_text", "character varying(20)"] {
             assert!(!of_the_clock(t), "{t}");
         }
+        let window = ("2026-12-06 01:02:03", "2026-12-06 01:02:09");
+        assert!(within("2026-12-06 01:02:05.123+00", window));
+        assert!(within("2026-12-06 01:02:09.999+00", window));
+        assert!(within("2026-12-06", window));
+        assert!(!within("2026-12-06 01:02:10+00", window));
+        assert!(!within("2020-01-01", window));
+        assert!(!within("01:02:05", window));
     }
 }
