@@ -50,8 +50,9 @@ pub use targets::{targets, Target};
 /// can be as long as it likes; the daemon holds no more of it than this.
 #[derive(Debug, Clone, Eq)]
 pub struct Cell {
-    /// MD5 of the value's text.
-    pub digest: String,
+    /// MD5 of the value's text, as a number (16 bytes, where its hex
+    /// took a string's 56).
+    pub digest: u128,
     /// The first [`SHOWN_MOST`] characters of its text; `None` for NULL.
     pub shown: Option<String>,
 }
@@ -80,8 +81,20 @@ impl PartialOrd for Cell {
     }
 }
 
-/// The most characters of a value's text read for a message.
-pub const SHOWN_MOST: usize = 200;
+/// The most characters of a value's text read for a message, which quotes
+/// [`QUOTED_MOST`] of them: enough more to tell that a value is longer, and
+/// no more, since each row's value is held before and after.
+pub const SHOWN_MOST: usize = 64;
+
+/// A value's MD5 (as the server writes it, in hex) as a number; any other
+/// text by a digest of its own.
+pub fn digest_of(hex: &str) -> u128 {
+    u128::from_str_radix(hex, 16).unwrap_or_else(|_| {
+        use sha2::Digest;
+        let d = sha2::Sha256::digest(hex.as_bytes());
+        u128::from_le_bytes(d[..16].try_into().expect("sixteen bytes"))
+    })
+}
 
 /// One table's targeted columns, by row key.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,7 +109,7 @@ impl Values {
     /// Adds `other`'s columns (of the same table, read by the same key) to
     /// these; a row `other` lacks holds nothing in them.
     pub fn merge(&mut self, mut other: Values) {
-        let empty = vec![Cell { digest: String::new(), shown: None }; other.columns.len()];
+        let empty = vec![Cell { digest: 0, shown: None }; other.columns.len()];
         for (key, cells) in self.rows.iter_mut() {
             cells.extend(other.rows.remove(key).unwrap_or_else(|| empty.clone()));
         }
@@ -328,7 +341,7 @@ pub async fn read_wanted(
                 let cells = fields
                     .chunks(2)
                     .map(|pair| Cell {
-                        digest: pair[0].clone().unwrap_or_default(),
+                        digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
                         shown: pair.get(1).cloned().flatten().and_then(|t| record_fields(&t).swap_remove(0)),
                     })
                     .collect();

@@ -79,7 +79,7 @@ pub async fn read(
                 for r in rows {
                     let (digest, text, n): (String, String, i64) = (r.cell(0)?, r.cell(1)?, r.cell(2)?);
                     let shown = super::record_fields(&text).swap_remove(0);
-                    by_value.insert(Cell { digest, shown }, n);
+                    by_value.insert(Cell { digest: super::digest_of(&digest), shown }, n);
                 }
                 counts.insert(column.clone(), by_value);
             }

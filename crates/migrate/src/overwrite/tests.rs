@@ -184,7 +184,10 @@ fn values(rows: &[(i64, Option<&str>)]) -> Values {
         rows: rows
             .iter()
             .map(|(k, v)| {
-                (format!("({k})"), vec![Cell { digest: format!("{v:?}"), shown: v.map(str::to_owned) }])
+                (
+                    format!("({k})"),
+                    vec![Cell { digest: digest_of(&format!("{v:?}")), shown: v.map(str::to_owned) }],
+                )
             })
             .collect(),
     }
@@ -314,7 +317,10 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
 }
 
 fn counted(values: &[(Option<&str>, i64)]) -> std::collections::HashMap<Cell, i64> {
-    values.iter().map(|(v, n)| (Cell { digest: format!("{v:?}"), shown: v.map(str::to_owned) }, *n)).collect()
+    values
+        .iter()
+        .map(|(v, n)| (Cell { digest: digest_of(&format!("{v:?}")), shown: v.map(str::to_owned) }, *n))
+        .collect()
 }
 
 #[test]
