@@ -39,6 +39,7 @@ pub mod sampler;
 pub mod scale;
 pub mod schema;
 pub mod seal;
+mod second_fork;
 pub mod verify;
 
 use std::sync::Arc;

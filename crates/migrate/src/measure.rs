@@ -58,79 +58,6 @@ pub(crate) async fn unmeasured_changes(
     Ok(out)
 }
 
-/// The server's time now, as the reader writes a timestamp (`YYYY-MM-DD
-/// HH:MM:SS`, UTC).
-async fn clock(admin: &Admin) -> Result<String> {
-    let row = admin
-        .client()
-        .query_one(
-            "SELECT pg_catalog.to_char(pg_catalog.clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS')",
-            &[],
-        )
-        .await
-        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
-    row.cell(0)
-}
-
-/// What the candidate overwrote in the columns of `unnamed`
-/// ([`super::overwrite::unnamed`]): their values before, read on a second
-/// fork of the test fork's own golden generation, and the losses against
-/// their values now on the test's fork. Nothing when the golden has moved
-/// on to another generation meanwhile (the second fork would not hold what
-/// the first did).
-#[allow(clippy::too_many_arguments)]
-async fn unnamed_losses(
-    engine: &std::sync::Arc<Engine>,
-    req: &TestRequest,
-    sb: &Sandbox,
-    admin: &Admin,
-    unnamed: super::overwrite::unnamed::Unnamed,
-    (shape, compared): (&verify::Shape, &std::collections::BTreeSet<String>),
-    snapshot: &Snapshot,
-    now: &catalog::Catalog,
-) -> Result<(BTreeMap<String, super::overwrite::Values>, Vec<super::overwrite::Loss>)> {
-    use super::overwrite::{counted_losses, counts, losses, names, read};
-    // Tables no statement names: row by row within the budget, else by
-    // counts. Other columns of tables a statement names: row by row only.
-    let rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
-    let (whole, mut counted) = super::overwrite::by_pairing(unnamed.whole, shape, compared);
-    let (rest, _) = super::overwrite::by_pairing(unnamed.rest, shape, compared);
-    let rest_tables: std::collections::BTreeSet<String> = rest.iter().map(|t| t.table.clone()).collect();
-    let (paired, too_wide) =
-        super::overwrite::unnamed::within_budget(whole.into_iter().chain(rest).collect(), &rows);
-    counted.extend(too_wide.into_iter().filter(|t| !rest_tables.contains(&t.table)));
-    let golden_key = |table: &str| shape.key(table).map(str::to_owned);
-    let (pristine, second) = super::test_fork(engine, req).await?;
-    let before = async {
-        if second.generation != sb.generation {
-            return Ok(None);
-        }
-        let dir = engine.layout.sandbox_instance(&second.id);
-        let other = Admin::connect(&dir, DATABASE, second.pid.unwrap_or_default()).await?;
-        let values = read(other.client(), &paired, &golden_key, &snapshot.catalog).await?;
-        let counts = counts::read(other.client(), &counted, &snapshot.catalog).await?;
-        // A fork's tables and columns have the golden's OIDs and numbers.
-        let ids = names::ids(other.client(), &[&paired, &counted], &golden_key).await?;
-        Ok::<_, Error>(Some((values, counts, ids)))
-    }
-    .await;
-    pristine.delete().await;
-    let Some((values_before, counts_before, ids)) = before? else {
-        return Ok((BTreeMap::new(), vec![]));
-    };
-    let followed = names::follow(admin.client(), &paired, &ids).await?;
-    let key_now = |table: &str| {
-        let key = followed.golden_table(table).and_then(|t| shape.key(t))?;
-        Some(followed.key_now(table, key))
-    };
-    let values_after = followed.values_back(read(admin.client(), &followed.now, &key_now, now).await?);
-    let mut found = losses(&paired, &values_before, &values_after, &rows);
-    let followed = names::follow(admin.client(), &counted, &ids).await?;
-    let counts_after = followed.counts_back(counts::read(admin.client(), &followed.now, now).await?);
-    found.extend(counted_losses(&counted, &counts_before, &counts_after, &rows));
-    Ok((values_before, found))
-}
-
 /// Each user table's counters of rows inserted, updated and deleted, with its
 /// name now, by OID (a table renamed during the run is still the same table).
 pub(crate) async fn activity_by_relid(admin: &Admin) -> Result<BTreeMap<i64, (String, [i64; 3])>> {
@@ -158,7 +85,7 @@ pub(crate) async fn measure(
     let dir = engine.layout.sandbox_instance(&sb.id);
     let admin = Admin::connect(&dir, DATABASE, sb.pid.unwrap_or_default()).await?;
     let golden_rows: BTreeMap<String, i64> = snapshot.rows.iter().map(|(k, v)| (k.clone(), v.rows)).collect();
-    let began = clock(&admin).await?;
+    let began = second_fork::clock(&admin).await?;
     // Costs are measured on a fork nothing has run on yet, before the probe exists.
     let calibration = costs::calibration(costs, admin.client(), &golden_rows).await?;
     let scale = scale::Scale::new(&calibration, req.production_stats.as_ref());
@@ -324,18 +251,16 @@ pub(crate) async fn measure(
         &golden_rows,
     );
     if !unnamed.whole.is_empty() || !unnamed.rest.is_empty() {
-        let window = (began.as_str(), clock(&admin).await?);
-        let (before, found) =
-            unnamed_losses(engine, req, sb, &admin, unnamed, (&shape, &compared), snapshot, &now).await?;
-        // A column of the clock every changed row of which now holds the time it ran in: a stamp.
-        let type_of = |table: &str, column: &str| {
-            let t = snapshot.catalog.tables.get(table)?;
-            t.columns.iter().find(|c| c.name == column).map(|c| c.type_name.clone())
+        let window = second_fork::Window::now(&admin, &began).await?;
+        let fork = second_fork::Reading {
+            engine,
+            req,
+            first: sb,
+            admin: &admin,
+            shape: &shape,
+            compared: &compared,
         };
-        let found = found.into_iter().filter(|l| {
-            let type_name = type_of(&l.table, &l.column).unwrap_or_default();
-            !super::overwrite::unnamed::stamped(l, &type_name, (window.0, &window.1))
-        });
+        let (before, found) = fork.unnamed_losses(unnamed, snapshot, &now, &window).await?;
         for (table, values) in before {
             match values_before.get_mut(&table) {
                 Some(named) => named.merge(values),

@@ -57,6 +57,18 @@ pub struct Cell {
     pub shown: Option<String>,
 }
 
+/// The digest of NULL's text as a one-field record (`()`), which is how
+/// every read writes a value.
+pub const NULL_DIGEST: u128 = 0xbcd8b0c2eb1fce714eab6cef0d771acc;
+
+impl Cell {
+    /// Whether the value is NULL (told by its digest, so a read of digests
+    /// alone tells it too).
+    pub fn is_null(&self) -> bool {
+        self.digest == NULL_DIGEST
+    }
+}
+
 impl PartialEq for Cell {
     fn eq(&self, other: &Cell) -> bool {
         self.digest == other.digest
@@ -197,6 +209,31 @@ pub async fn read(
         })
         .collect();
     read_wanted(client, &wanted, catalog, false).await
+}
+
+/// Reads the digests alone (no text) of `targets`' columns, as [`read`]
+/// does, at most `most(table)` rows of each: a table holding more now is
+/// left out, as is one whose read fails.
+pub async fn read_digests(
+    client: &tokio_postgres::Client,
+    targets: &[Target],
+    key_of: &(dyn Fn(&str) -> Option<String> + Sync),
+    catalog: &Catalog,
+    most: &(dyn Fn(&str) -> i64 + Sync),
+) -> Result<BTreeMap<String, Values>> {
+    let wanted: Vec<Wanted> = targets
+        .iter()
+        .filter_map(|t| {
+            Some(Wanted {
+                table: t.table.clone(),
+                key: key_of(&t.table)?,
+                columns: t.columns.clone(),
+                most: most(&t.table),
+                digests_only: true,
+            })
+        })
+        .collect();
+    read_wanted(client, &wanted, catalog, true).await
 }
 
 /// Where the candidate may have kept the values `losses` lost, in `now`
@@ -468,7 +505,7 @@ pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) ->
             continue;
         }
         changed += 1;
-        if was.shown.is_some() && sources[now].len() > 1 {
+        if !was.is_null() && sources[now].len() > 1 {
             *into.entry(now).or_default().entry(was).or_default() += 1;
             keys.push((*key).clone());
         }
@@ -570,8 +607,15 @@ pub fn counted_losses(
             let rows = rows_before.get(&t.table).copied().unwrap_or_else(|| was.values().sum());
             let lost = counts::lost(was, now);
             // Computed from itself, only a collapse tells a loss from a shift.
+            // A column no statement names is judged by whether it holds fewer
+            // values than it did (a merge), whatever rows the file added.
             let collapsed = lost.distinct.1 * 2 <= lost.distinct.0;
-            if enough(lost.lost, rows) && (collapsed || !t.from_itself.contains(column)) {
+            let fewer = counts::distinct(now) < counts::distinct(was);
+            let judged = match t.named {
+                true => collapsed || !t.from_itself.contains(column),
+                false => fewer,
+            };
+            if enough(lost.lost, rows) && judged {
                 out.push(Loss::of(t, column, rows, lost, false));
             }
         }

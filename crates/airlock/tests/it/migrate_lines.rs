@@ -727,6 +727,18 @@ fn values_overwritten_under_a_new_name_or_by_a_trigger_the_file_makes_are_named(
                 "CREATE VIEW stamps AS SELECT id, touched AS t FROM customers;\n\
                  UPDATE stamps SET t = '2000-01-01' WHERE id % 4 = 0;",
             ),
+            // Grown past twice its rows first, or its key set through the view too: by counts.
+            (
+                "grown.sql",
+                "INSERT INTO customers SELECT g, 'standard', 'n' || g, 1, NULL FROM generate_series(100001, 130000) g;\n\
+                 CREATE VIEW plans AS SELECT id, tier AS plan FROM customers;\n\
+                 UPDATE plans SET plan = 'standard' WHERE plan = 'enterprise';",
+            ),
+            (
+                "rekeyed_view.sql",
+                "CREATE VIEW labels AS SELECT id AS ident, name AS label FROM customers;\n\
+                 UPDATE labels SET ident = ident + 100000, label = 'x';",
+            ),
             // A decoy: an UPDATE of another column of the same table.
             (
                 "decoy.sql",
@@ -785,6 +797,14 @@ UPDATE labels SET label = upper(label);",
             1,
             "{name}"
         );
+    }
+    for (name, column) in [("grown.sql", "tier"), ("rekeyed_view.sql", "name")] {
+        let said = message(&c[name], "values_overwritten");
+        assert!(
+            said.contains(&format!("lost their {column} (no statement names the column")),
+            "{name}: {said}"
+        );
+        assert!(said.contains("told by how many rows hold each value"), "{name}: {said}");
     }
     let said = message(&c["view_time.sql"], "values_overwritten");
     assert!(
@@ -897,6 +917,36 @@ fn what_a_domain_held_its_columns_to_and_loses_is_named_with_the_columns() {
             c[name]
         );
     }
+
+    // A domain made over another holds both; a composite type's field is a place too.
+    d.golden(
+        "layered",
+        "CREATE DOMAIN base AS int NOT NULL CHECK (VALUE > 0);
+         CREATE DOMAIN capped AS base CHECK (VALUE < 1000);
+         CREATE TYPE lineitem AS (q base, note text);
+         CREATE TABLE stock (id int PRIMARY KEY, on_hand base, lim capped, last lineitem);",
+        "INSERT INTO stock SELECT g, g, g, ROW(g, 'n')::lineitem FROM generate_series(1, 100) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("drop_base.sql", "ALTER DOMAIN base DROP CONSTRAINT base_check;"),
+            // Controls: a column moved to a domain that holds more.
+            ("tighter.sql", "ALTER TABLE stock ALTER COLUMN on_hand TYPE capped;"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "layered", &paths));
+    let h = hazard(&c["drop_base.sql"], "integrity_removed");
+    assert_eq!(
+        h["message"],
+        json!(
+            "drops constraint base_check of domain public.base (CHECK ((VALUE > 0))): values for which it is false \
+             may now be written into public.stock.on_hand, public.stock.lim, public.stock.last.q"
+        ),
+        "{h}"
+    );
+    let kinds = hazard_kinds(&c["tighter.sql"]);
+    assert!(!kinds.contains(&"integrity_removed"), "{kinds:?} {}", c["tighter.sql"]);
 }
 
 /// The daemon's peak resident memory, in kB.

@@ -30,6 +30,11 @@ pub const DISTINCT_MOST: i64 = 200_000;
 /// One table's counted columns: each column's rows by value.
 pub type Counts = BTreeMap<String, HashMap<Cell, i64>>;
 
+/// How many values (not NULL) one column's counts hold.
+pub fn distinct(counts: &HashMap<Cell, i64>) -> usize {
+    counts.iter().filter(|(v, n)| !v.is_null() && **n > 0).count()
+}
+
 /// Reads the counts of `targets`' columns that `catalog` (the schema at the time) still has, through the reader's
 /// function. A column whose values would take the read past
 /// [`DISTINCT_MOST`] is left out.

@@ -476,6 +476,11 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
             }
             i += 1;
         }
+        if !tuple && stamps_the_clock(&expression) {
+            // A stamp of the change's time (`updated_at = now()`): a record
+            // kept, as a trigger keeps it, not a value overwritten.
+            set.clear();
+        }
         for column in &set {
             // A tuple's expression sets several columns: none from itself alone.
             columns.insert(column.clone(), !tuple && own_value(&expression, column));

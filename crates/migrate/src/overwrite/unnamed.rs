@@ -8,15 +8,17 @@
 //! the file updated, enough of them for a hazard, has every column no
 //! statement names compared (where a statement names some, only as far as
 //! they can be read row by row: a decoy `UPDATE` of one column does not
-//! hide another). Their values before are read
-//! on a second fork of the same golden generation, which nothing has run
-//! on, made only then; after, on the test's fork, followed through renames.
+//! hide another). Their values before are read on a second fork of the
+//! same golden generation, which nothing has run on, made only then
+//! (`second_fork.rs`); after, on the test's fork, followed through renames.
 //!
 //! Which column the file meant to set is unknown, so each is judged as if
-//! computed from its own value (a bump of a version column loses nothing),
-//! and a column of dates or times that every changed row now holds the time
-//! the file ran in is left out ([`stamped`]): a trigger stamping the time of
-//! the change keeps a record, and overwrites nothing anyone would keep.
+//! computed from its own value: a bump of a version column loses nothing,
+//! and neither does a shuffle of values among rows (from the values alone
+//! the two cannot be told apart), only a merge of many values into fewer.
+//! A column of timestamps that every changed row now holds the time the
+//! file ran in is left out ([`stamped`]): a trigger stamping the time of the
+//! change keeps a record, and overwrites nothing anyone would keep.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,30 +27,34 @@ use airlock_postgres::catalog::Catalog;
 use super::{enough, Target};
 use crate::report::StatementReport;
 
-/// Whether `loss`, of a column of `type_name`, put in every row it changed
-/// the time the file ran in (between `window`'s two times, as the reader
-/// writes them: `YYYY-MM-DD HH:MM:SS`, in UTC): a stamp of the change.
-pub fn stamped(loss: &super::Loss, type_name: &str, window: (&str, &str)) -> bool {
+/// Whether `loss`, of a column of timestamps (`type_name`), put in every
+/// row it changed the time the file ran in, to the second, as the reader
+/// writes it (`YYYY-MM-DD HH:MM:SS`): between `utc`'s two times for a time
+/// with a zone, between `any_zone`'s (fourteen hours wider each way) for
+/// one without, which a session in another zone writes in its own. A stamp
+/// of the change. (A date is not judged so: a day is too wide a window, and
+/// today's date written as a literal would pass for a stamp.)
+pub fn stamped(loss: &super::Loss, type_name: &str, utc: (&str, &str), any_zone: (&str, &str)) -> bool {
+    let t = type_name.trim_end_matches("[]");
+    let window = match (t.starts_with("timestamp"), t.ends_with("without time zone")) {
+        (false, _) => return false,
+        (true, true) => any_zone,
+        (true, false) => utc,
+    };
     let l = &loss.lost;
-    of_the_clock(type_name)
-        && l.distinct.1 <= l.into.len()
+    l.distinct.1 <= l.into.len()
         && l.into.iter().all(|(now, _, _)| now.as_deref().is_some_and(|v| within(v, window)))
 }
 
-/// Whether a timestamp's or a date's text lies within `window`, to the second or the day.
+/// Whether a timestamp's text lies within `window`, to the second.
 fn within(value: &str, (from, to): (&str, &str)) -> bool {
-    let n = if value.as_bytes().get(10) == Some(&b' ') { 19 } else { 10 };
-    let (Some(v), Some(from), Some(to)) = (value.get(..n), from.get(..n), to.get(..n)) else { return false };
+    if value.as_bytes().get(10) != Some(&b' ') {
+        return false;
+    }
+    let (Some(v), Some(from), Some(to)) = (value.get(..19), from.get(..19), to.get(..19)) else {
+        return false;
+    };
     from <= v && v <= to
-}
-
-/// Whether values of `type_name` are dates or times.
-/// (The catalog qualifies every type outside `pg_catalog`, so a bare name
-/// is a built-in one.)
-fn of_the_clock(type_name: &str) -> bool {
-    let t = type_name.trim_end_matches("[]");
-    ["date", "time", "interval"].contains(&t)
-        || ["timestamp", "time ", "time(", "interval"].iter().any(|p| t.starts_with(p))
 }
 
 /// The columns to compare, by whether a statement names a column of their table.
@@ -128,11 +134,11 @@ pub fn targets(
 }
 
 /// The most values read row by row for these columns, all tables together,
-/// before and after each: a row's value is held as its digest and up to
-/// [`super::SHOWN_MOST`] characters, so a read of every column of a wide
+/// before and after each: each is held as its 16-byte digest first (the text
+/// only of columns that lost values), but a read of every column of a wide
 /// table must stop somewhere. Tables past it are compared by counts, whose
 /// reads hold one entry per distinct value ([`super::counts::DISTINCT_MOST`]).
-pub const CELLS_MOST: i64 = 400_000;
+pub const CELLS_MOST: i64 = 1_500_000;
 
 /// `paired` split into those read row by row within [`CELLS_MOST`] (in
 /// order) and those past it.
@@ -154,23 +160,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn dates_and_times_are_told_from_other_types() {
-        for t in [
-            "timestamp with time zone",
-            "timestamp(3) without time zone",
-            "date",
-            "time without time zone",
-            "interval",
-        ] {
-            assert!(of_the_clock(t), "{t}");
-        }
-        for t in ["text", "integer", "public.timestamps", "datetime_text", "character varying(20)"] {
-            assert!(!of_the_clock(t), "{t}");
-        }
+    fn a_stamp_is_a_time_within_the_run_to_the_second() {
         let window = ("2026-12-06 01:02:03", "2026-12-06 01:02:09");
         assert!(within("2026-12-06 01:02:05.123+00", window));
         assert!(within("2026-12-06 01:02:09.999+00", window));
-        assert!(within("2026-12-06", window));
+        assert!(!within("2026-12-06", window));
         assert!(!within("2026-12-06 01:02:10+00", window));
         assert!(!within("2020-01-01", window));
         assert!(!within("01:02:05", window));
