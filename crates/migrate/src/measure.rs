@@ -184,6 +184,17 @@ pub(crate) async fn measure(
     };
     let (applied, workload) = tokio::join!(applying, workload);
     let (mut applied, exec): (apply::Applied, Option<ExecOutcome>) = applied?;
+    // Tables whose rows it updated though no statement names their columns:
+    // their second fork is made while the reads below run.
+    let unnamed = super::overwrite::unnamed::targets(
+        &applied.statements,
+        &[&written_columns, &counted_columns],
+        &snapshot.catalog,
+        &countable,
+        &golden_rows,
+    );
+    let second =
+        (!unnamed.whole.is_empty() || !unnamed.rest.is_empty()).then(|| second_fork::make(engine, req));
     let assertions =
         if applied.failure.is_none() { assert_all(engine, sb, &req.assertions).await? } else { vec![] };
     let now = catalog::read(admin.client()).await?;
@@ -241,26 +252,12 @@ pub(crate) async fn measure(
         &counts_after,
         &golden_rows,
     ));
-    // Tables whose rows it updated though no statement names their columns.
     let mut values_before = values_before;
-    let unnamed = super::overwrite::unnamed::targets(
-        &applied.statements,
-        &[&written_columns, &counted_columns],
-        &snapshot.catalog,
-        &countable,
-        &golden_rows,
-    );
-    if !unnamed.whole.is_empty() || !unnamed.rest.is_empty() {
+    if let Some(second) = second {
         let window = second_fork::Window::now(&admin, &began).await?;
-        let fork = second_fork::Reading {
-            engine,
-            req,
-            first: sb,
-            admin: &admin,
-            shape: &shape,
-            compared: &compared,
-        };
-        let (before, found) = fork.unnamed_losses(unnamed, snapshot, &now, &window).await?;
+        let fork =
+            second_fork::Reading { engine, first: sb, admin: &admin, shape: &shape, compared: &compared };
+        let (before, found) = fork.unnamed_losses(second, unnamed, snapshot, &now, &window).await?;
         for (table, values) in before {
             match values_before.get_mut(&table) {
                 Some(named) => named.merge(values),

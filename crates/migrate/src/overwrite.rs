@@ -98,6 +98,16 @@ impl PartialOrd for Cell {
 /// no more, since each row's value is held before and after.
 pub const SHOWN_MOST: usize = 64;
 
+/// A value read as [`Reading::Hash`]: its 64-bit hash (never
+/// [`NULL_DIGEST`], which is wider), or NULL for an empty field.
+fn hashed(field: &str) -> Cell {
+    let digest = match field.parse::<i64>() {
+        Ok(h) => h as u64 as u128,
+        Err(_) => NULL_DIGEST,
+    };
+    Cell { digest, shown: None }
+}
+
 /// A value's MD5 (as the server writes it, in hex) as a number; any other
 /// text by a digest of its own.
 pub fn digest_of(hex: &str) -> u128 {
@@ -140,8 +150,21 @@ pub struct Wanted {
     pub columns: Vec<String>,
     /// Read no more rows than this; a table that holds more is left out.
     pub most: i64,
-    /// Whether only each value's digest is wanted (to compare, not to show).
-    pub digests_only: bool,
+    /// How each value is read.
+    pub reading: Reading,
+}
+
+/// How a value is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reading {
+    /// Its MD5 and the start of its text, for a message.
+    Shown,
+    /// Its MD5 alone, to compare with a value read [`Reading::Shown`].
+    Digest,
+    /// A 64-bit hash alone (several times cheaper for the server than an
+    /// MD5), to compare only with values read so by the same server build,
+    /// and NULL told apart: which columns of a wide table lost values.
+    Hash,
 }
 
 /// How long one read of values (before the candidate, after it, or of where
@@ -204,7 +227,7 @@ pub async fn read(
                 key,
                 columns: t.columns.clone(),
                 most: super::verify::ROWS_READ_MOST,
-                digests_only: false,
+                reading: Reading::Shown,
             })
         })
         .collect();
@@ -229,7 +252,7 @@ pub async fn read_digests(
                 key: key_of(&t.table)?,
                 columns: t.columns.clone(),
                 most: most(&t.table),
-                digests_only: true,
+                reading: Reading::Hash,
             })
         })
         .collect();
@@ -269,7 +292,7 @@ pub fn keepers(losses: &[Loss], shape: &Shape, golden: &Catalog, now: &Catalog) 
                     key,
                     columns,
                     most: loss.rows.max(0) + 1,
-                    digests_only: true,
+                    reading: Reading::Digest,
                 }),
             }
         }
@@ -334,18 +357,28 @@ pub async fn read_wanted(
             if columns.is_empty() {
                 continue;
             }
-            // Each column as its digest and the start of its text.
+            // Each column as its digest and the start of its text; or as
+            // its hash, empty for NULL, all joined by commas.
             let fields: Vec<String> = columns
                 .iter()
                 .map(|c| {
                     let text = format!("ROW(t.{})::text", quote_ident(c));
-                    match w.digests_only {
-                        true => format!("pg_catalog.md5({text}), NULL"),
-                        false => format!("pg_catalog.md5({text}), pg_catalog.left({text}, {SHOWN_MOST})"),
+                    match w.reading {
+                        Reading::Digest => format!("pg_catalog.md5({text}), NULL"),
+                        Reading::Shown => format!("pg_catalog.md5({text}), pg_catalog.left({text}, {SHOWN_MOST})"),
+                        Reading::Hash => format!(
+                            "CASE WHEN t.{} IS NULL THEN '' ELSE pg_catalog.hashtextextended({text}, 0)::text END",
+                            quote_ident(c)
+                        ),
                     }
                 })
                 .collect();
-            let value = format!("ROW({})", fields.join(", "));
+            let value = match w.reading {
+                // (An array, not concat_ws: a table may have more columns
+                // than a function takes arguments.)
+                Reading::Hash => format!("pg_catalog.array_to_string(ARRAY[{}]::text[], ',')", fields.join(", ")),
+                _ => format!("ROW({})", fields.join(", ")),
+            };
             let key = super::verify::bounded_key(&format!("ROW({})::text", w.key));
             let timeout = match budget.left() {
                 Ok(left) => Some(left),
@@ -374,14 +407,16 @@ pub async fn read_wanted(
             let mut values = Values { columns, rows: HashMap::with_capacity(rows.len()) };
             for r in rows {
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
-                let fields = record_fields(&v);
-                let cells = fields
-                    .chunks(2)
-                    .map(|pair| Cell {
-                        digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
-                        shown: pair.get(1).cloned().flatten().and_then(|t| record_fields(&t).swap_remove(0)),
-                    })
-                    .collect();
+                let cells = match w.reading {
+                    Reading::Hash => v.split(',').map(hashed).collect(),
+                    _ => record_fields(&v)
+                        .chunks(2)
+                        .map(|pair| Cell {
+                            digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
+                            shown: pair.get(1).cloned().flatten().and_then(|t| record_fields(&t).swap_remove(0)),
+                        })
+                        .collect(),
+                };
                 values.rows.insert(k, cells);
             }
             out.insert(w.table.clone(), values);
@@ -488,6 +523,10 @@ pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) ->
     let now_at = after.columns.iter().position(|c| c == column)?;
     let pairs: Vec<(&String, &Cell, &Cell)> =
         before.rows.iter().filter_map(|(k, b)| Some((k, &b[was_at], &after.rows.get(k)?[now_at]))).collect();
+    // (Most columns of a wide table read whole are left as they were.)
+    if pairs.iter().all(|(_, was, now)| was == now) {
+        return None;
+    }
     let new_values: BTreeSet<&Cell> =
         pairs.iter().filter(|(_, was, now)| was != now).map(|(_, _, now)| *now).collect();
     let among_changed = from_itself && new_values.len() > 1;

@@ -73,10 +73,20 @@ impl Window {
     }
 }
 
+/// A second fork being made, on a task of its own (so a test given up
+/// meanwhile still ends with it deleted, never half-made).
+pub(crate) type Making = tokio::task::JoinHandle<Result<(super::TestFork, Sandbox)>>;
+
+/// Starts making a second fork of the test's golden.
+pub(crate) fn make(engine: &Arc<Engine>, req: &TestRequest) -> Making {
+    let (engine, req) = (engine.clone(), req.clone());
+    let door = airlock_core::events::Door::current();
+    tokio::spawn(airlock_core::events::DOOR.scope(door, async move { super::test_fork(&engine, &req).await }))
+}
+
 /// What reading on a second fork needs of the test.
 pub(crate) struct Reading<'a> {
     pub engine: &'a Arc<Engine>,
-    pub req: &'a TestRequest,
     /// The test's own fork, the candidate run on it.
     pub first: &'a Sandbox,
     /// An admin session on it.
@@ -95,6 +105,7 @@ impl Reading<'_> {
     /// not hold what the first did).
     pub(crate) async fn unnamed_losses(
         &self,
+        making: Making,
         unnamed: Unnamed,
         snapshot: &Snapshot,
         now: &Catalog,
@@ -108,7 +119,9 @@ impl Reading<'_> {
         let rest_tables: BTreeSet<String> = rest.iter().map(|t| t.table.clone()).collect();
         let (paired, too_wide) = unnamed::within_budget(whole.into_iter().chain(rest).collect(), &rows);
         counted.extend(too_wide.into_iter().filter(|t| !rest_tables.contains(&t.table)));
-        let (pristine, second) = super::test_fork(self.engine, self.req).await?;
+        let (pristine, second) = making
+            .await
+            .map_err(|e| Error::internal(format!("making a migration test's second fork failed ({e})")))??;
         let read = async {
             if second.generation != self.first.generation {
                 return Ok(None);

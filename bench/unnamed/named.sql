@@ -1,0 +1,1 @@
+UPDATE customers SET tier = 'standard' WHERE tier = 'enterprise';

@@ -1,0 +1,1 @@
+UPDATE plans SET plan = 'standard' WHERE plan = 'enterprise';
