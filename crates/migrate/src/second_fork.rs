@@ -3,9 +3,10 @@
 //! candidate has run and shown that it updated columns no statement names
 //! ([`super::overwrite::unnamed`]).
 //!
-//! Every such column is read first as digests alone (16 bytes a value), so a
-//! wide table costs little; only the columns that lost values are read again
-//! with their text, for the message. A table the candidate grew past twice
+//! Every such column is read first as a 64-bit hash alone (cheaper for the
+//! server than an MD5, and 16 bytes a value here), so a wide table costs
+//! little; only the columns that lost values are read again with their
+//! text, for the message. A table the candidate grew past twice
 //! its golden rows is compared by counts instead, so the daemon never holds
 //! rows in proportion to what the candidate wrote.
 
@@ -147,7 +148,7 @@ impl Reading<'_> {
         Ok((before, found))
     }
 
-    /// Reads `paired` (digests first, then the text of the columns that lost
+    /// Reads `paired` (hashes first, then the text of the columns that lost
     /// values) and `counted` on `other` (the second fork) and on the test's
     /// fork, and judges them.
     async fn read_both(

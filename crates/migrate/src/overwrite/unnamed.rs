@@ -134,7 +134,7 @@ pub fn targets(
 }
 
 /// The most values read row by row for these columns, all tables together,
-/// before and after each: each is held as its 16-byte digest first (the text
+/// before and after each: each is held as a 64-bit hash first (the text
 /// only of columns that lost values), but a read of every column of a wide
 /// table must stop somewhere. Tables past it are compared by counts, whose
 /// reads hold one entry per distinct value ([`super::counts::DISTINCT_MOST`]).
