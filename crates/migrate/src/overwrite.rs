@@ -234,15 +234,15 @@ pub async fn read(
     read_wanted(client, &wanted, catalog, false).await
 }
 
-/// Reads the digests alone (no text) of `targets`' columns, as [`read`]
-/// does, at most `most(table)` rows of each: a table holding more now is
-/// left out, as is one whose read fails.
-pub async fn read_digests(
+/// Reads `targets`' columns as [`read`] does, each value as `reading` says,
+/// at most `most(table)` rows of each: a table holding more now is left
+/// out, as is one whose read fails.
+pub async fn read_bounded(
     client: &tokio_postgres::Client,
     targets: &[Target],
     key_of: &(dyn Fn(&str) -> Option<String> + Sync),
     catalog: &Catalog,
-    most: &(dyn Fn(&str) -> i64 + Sync),
+    (most, reading): (&(dyn Fn(&str) -> i64 + Sync), Reading),
 ) -> Result<BTreeMap<String, Values>> {
     let wanted: Vec<Wanted> = targets
         .iter()
@@ -252,7 +252,7 @@ pub async fn read_digests(
                 key: key_of(&t.table)?,
                 columns: t.columns.clone(),
                 most: most(&t.table),
-                reading: Reading::Hash,
+                reading,
             })
         })
         .collect();

@@ -22,7 +22,9 @@ use airlock_postgres::catalog::{Catalog, Snapshot};
 use airlock_postgres::cell::Cell as _;
 
 use super::overwrite::unnamed::{self, Unnamed};
-use super::overwrite::{by_pairing, counted_losses, counts, losses, names, read, read_digests};
+use super::overwrite::{
+    by_pairing, counted_losses, counts, losses, names, read, read_bounded, Reading as Read,
+};
 use super::overwrite::{Loss, Target, Values};
 use super::verify::Shape;
 use super::TestRequest;
@@ -164,7 +166,8 @@ impl Reading<'_> {
         let ids = names::ids(other.client(), &[&paired, &counted], &golden_key).await?;
         let golden_rows = |table: &str| rows.get(table).copied().unwrap_or(0) + 1;
         let before =
-            read_digests(other.client(), &paired, &golden_key, &snapshot.catalog, &golden_rows).await?;
+            read_bounded(other.client(), &paired, &golden_key, &snapshot.catalog, (&golden_rows, Read::Hash))
+                .await?;
         let followed = names::follow(self.admin.client(), &paired, &ids).await?;
         let key_now = |table: &str| {
             let key = followed.golden_table(table).and_then(|t| self.shape.key(t))?;
@@ -176,8 +179,9 @@ impl Reading<'_> {
             let golden = followed.golden_table(table).unwrap_or(table);
             rows.get(golden).copied().unwrap_or(0) * 2 + 1_000
         };
-        let after = followed
-            .values_back(read_digests(self.admin.client(), &followed.now, &key_now, now, &grown).await?);
+        let after = followed.values_back(
+            read_bounded(self.admin.client(), &followed.now, &key_now, now, (&grown, Read::Hash)).await?,
+        );
         // A table left out of either read (grown past the bound), or whose
         // rows its key no longer pairs (the key set through a view too), is
         // counted.

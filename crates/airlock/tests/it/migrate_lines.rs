@@ -468,9 +468,22 @@ fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
             ("unkeyed_bump.sql", "UPDATE events SET at = at + 1;"),
             ("unkeyed_delete.sql", "DELETE FROM events WHERE kind = 'error';"),
             ("rekeyed_only.sql", "UPDATE customers SET id = id + 1000000;"),
+            // Grown past twice its rows first: the read after is bounded, and the table counted.
+            (
+                "grown.sql",
+                "INSERT INTO customers SELECT g, 'standard', 'n' || g FROM generate_series(100001, 130000) g;\n\
+                 UPDATE customers SET tier = 'standard';",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "unkeyed", &paths));
+    let said = message(&c["grown.sql"], "values_overwritten");
+    assert!(
+        said.starts_with(
+            "2,000 of the 20,000 rows of customers lost their tier (told by how many rows hold each value"
+        ),
+        "{said}"
+    );
     let h = hazard(&c["unkeyed.sql"], "values_overwritten");
     let said = h["message"].as_str().unwrap();
     assert!(

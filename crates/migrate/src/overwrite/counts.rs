@@ -30,6 +30,19 @@ pub const DISTINCT_MOST: i64 = 200_000;
 /// One table's counted columns: each column's rows by value.
 pub type Counts = BTreeMap<String, HashMap<Cell, i64>>;
 
+/// The counts of values read row by row: each column's rows by value.
+pub fn of_values(values: &super::Values) -> Counts {
+    let mut out = Counts::new();
+    for (i, column) in values.columns.iter().enumerate() {
+        let mut by_value: HashMap<Cell, i64> = HashMap::new();
+        for row in values.rows.values() {
+            *by_value.entry(row[i].clone()).or_default() += 1;
+        }
+        out.insert(column.clone(), by_value);
+    }
+    out
+}
+
 /// How many values (not NULL) one column's counts hold.
 pub fn distinct(counts: &HashMap<Cell, i64>) -> usize {
     counts.iter().filter(|(v, n)| !v.is_null() && **n > 0).count()
