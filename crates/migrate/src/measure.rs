@@ -236,10 +236,7 @@ pub(crate) async fn measure(
         None => String::new(),
     };
     let followed = super::overwrite::names::follow(admin.client(), &written_columns, &written_ids).await?;
-    let key_now = |table: &str| {
-        let key = followed.golden_table(table).and_then(|t| shape.key(t))?;
-        Some(followed.key_now(table, key))
-    };
+    let key_now = followed.keys_now(&shape);
     // At most twice the golden's rows and a thousand more: past that the
     // rows the candidate made would be what the daemon holds, and the table
     // is compared by counts, its counts before taken from its values.

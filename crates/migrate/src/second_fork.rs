@@ -169,10 +169,7 @@ impl Reading<'_> {
             read_bounded(other.client(), &paired, &golden_key, &snapshot.catalog, (&golden_rows, Read::Hash))
                 .await?;
         let followed = names::follow(self.admin.client(), &paired, &ids).await?;
-        let key_now = |table: &str| {
-            let key = followed.golden_table(table).and_then(|t| self.shape.key(t))?;
-            Some(followed.key_now(table, key))
-        };
+        let key_now = followed.keys_now(self.shape);
         // Twice the golden's rows and a thousand more at most: past that the
         // rows the candidate made would be what the daemon holds.
         let grown = |table: &str| {
@@ -204,10 +201,7 @@ impl Reading<'_> {
         let lost: Vec<Target> = lost_columns.into_values().collect();
         let values_before = read(other.client(), &lost, &golden_key, &snapshot.catalog).await?;
         let followed = names::follow(self.admin.client(), &lost, &ids).await?;
-        let key_now = |table: &str| {
-            let key = followed.golden_table(table).and_then(|t| self.shape.key(t))?;
-            Some(followed.key_now(table, key))
-        };
+        let key_now = followed.keys_now(self.shape);
         let values_after =
             followed.values_back(read(self.admin.client(), &followed.now, &key_now, now).await?);
         let mut found = losses(&lost, &values_before, &values_after, rows);

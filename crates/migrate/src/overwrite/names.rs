@@ -118,6 +118,17 @@ impl Followed {
         self.back.get(table).map(|(golden, _)| golden.as_str())
     }
 
+    /// The key of each table under its name now, as `shape` (the golden's) keys it.
+    pub fn keys_now<'a>(
+        &'a self,
+        shape: &'a crate::verify::Shape,
+    ) -> impl Fn(&str) -> Option<String> + Sync + 'a {
+        move |table| {
+            let key = self.golden_table(table).and_then(|t| shape.key(t))?;
+            Some(self.key_now(table, key))
+        }
+    }
+
     /// The golden's key `key` of the table named `table` now, under the
     /// names its columns have now (a key column renamed is followed too).
     pub fn key_now(&self, table: &str, key: &str) -> String {
