@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The router's Redis port against an older build's (as root): redis-benchmark
-# GET and SET through each, plaintext, TLS and pipelined (16 commands a
-# write, the case the router's command framing works hardest at), in
-# alternating rounds on one small sandbox each, with the sandbox's own socket
-# as the baseline of the same round. BASE is the older build's binary.
+# The router's Redis port (as root): redis-benchmark GET and SET through it,
+# plaintext, TLS and pipelined (16 commands a write, the case the router's
+# command framing works hardest at), on one small sandbox a round, with the
+# sandbox's own socket as the baseline of the same round. Each round also
+# runs a bare redis-server (no sandbox, no router) on its unix socket and on
+# loopback TCP: their ratio is what TCP itself costs against a unix socket on
+# this host, the floor for any client of a TCP port. BASE, if set, is an
+# older build's binary, run in alternating rounds with this one.
 # Results go to bench/results/redis-relay.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root (it makes a loop volume and runs servers as other users)" >&2; exit 1; }
-: "${BASE:?set BASE to an older airlock binary}"
+BASE=${BASE:-}
 export AIRLOCK_ROUTER=127.0.0.1:7482 AIRLOCK_GATEWAY=127.0.0.1:7483 AIRLOCK_REDIS_ROUTER=127.0.0.1:7484
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-relay}
 GOLDENS="kv"
@@ -17,7 +20,8 @@ rounds=${ROUNDS:-3}
 requests=${REQUESTS:-100000}
 new=$PWD/target/release/airlock
 work=$(mktemp -d /var/tmp/airlock-bench-relay.XXXXXX)
-trap 'bench_cleanup; rm -rf "$work"' EXIT
+bare_stop() { redis-cli -s "$work/bare.sock" shutdown nosave >/dev/null 2>&1 || true; }
+trap 'bench_cleanup; bare_stop; rm -rf "$work"' EXIT
 printf 'SET greeting hi\n' > "$work/seed.redis"
 host=${AIRLOCK_REDIS_ROUTER%:*}; port=${AIRLOCK_REDIS_ROUTER#*:}
 bin=$new
@@ -44,30 +48,50 @@ round() {
   rb -h "$host" -p "$port" --tls --cacert "$AIRLOCK_HOME/tls/ca.crt" | sed "s/^/\"$name\",\"router_tls\",/"
   rb -h "$host" -p "$port" -P 16 | sed "s/^/\"$name\",\"router_pipelined\",/"
   bench_cleanup
+  # The bare server, with no password (nothing else reaches its loopback
+  # port during the round, and it is shut down right after).
+  redis-server --port 7485 --bind 127.0.0.1 --unixsocket "$work/bare.sock" --save '' --appendonly no \
+    --dir "$work" --daemonize yes --logfile "$work/bare.log" >/dev/null
+  until redis-cli -s "$work/bare.sock" ping >/dev/null 2>&1; do sleep 0.05; done
+  redis-cli -s "$work/bare.sock" set greeting hi >/dev/null
+  local rbare='redis-benchmark -t get,set -n '"$requests"' -c 50 --csv'
+  $rbare -s "$work/bare.sock" 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_socket\",/"
+  $rbare -h 127.0.0.1 -p 7485 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_tcp\",/"
+  bare_stop
 }
 
 {
-  echo "# The router's Redis port, this build against BASE ($BASE): $rounds alternating rounds, $requests requests, 50 clients"
+  echo "# The router's Redis port${BASE:+, this build against BASE ($BASE)}: $rounds rounds, $requests requests, 50 clients"
   echo "# $(date -u +%FT%TZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(redis-server --version | cut -d' ' -f3)"
   echo '"build","path","test","rps","avg_ms","min_ms","p50_ms","p95_ms","p99_ms","max_ms"'
   for _ in $(seq "$rounds"); do
-    round "$BASE" base
+    if [ -n "$BASE" ]; then round "$BASE" base; fi
     round "$new" new
   done
 } | tee "$work/raw.csv"
 python3 - "$work/raw.csv" <<'PY' | tee -a "$work/raw.csv"
 import csv, statistics, sys
 rows = [r for r in csv.reader(open(sys.argv[1])) if r and not r[0].startswith("#") and r[0] != "build"]
-print("### medians over the rounds: requests/s (p50 / p99 ms), and new/base")
-for path in ("socket", "router", "router_tls", "router_pipelined"):
+builds = [b for b in ("base", "new") if any(r[0] == b for r in rows)]
+print("### medians over the rounds: requests/s (p50 / p99 ms)" + (", and new/base" if len(builds) == 2 else ""))
+rps = {}
+for path in ("socket", "router", "router_tls", "router_pipelined", "bare_socket", "bare_tcp"):
     for test in ("SET", "GET"):
-        got = {}
-        for build in ("base", "new"):
+        line = f"{path:17} {test}:"
+        for build in builds:
             sel = [r for r in rows if r[0] == build and r[1] == path and r[2] == test]
-            got[build] = (statistics.median(float(r[3]) for r in sel),
-                          statistics.median(float(r[6]) for r in sel),
-                          statistics.median(float(r[8]) for r in sel))
-        b, n = got["base"], got["new"]
-        print(f"{path:17} {test}: base {b[0]:9.0f} ({b[1]:.2f} / {b[2]:.2f})  new {n[0]:9.0f} ({n[1]:.2f} / {n[2]:.2f})  ratio {n[0] / b[0]:.3f}")
+            got = (statistics.median(float(r[3]) for r in sel),
+                   statistics.median(float(r[6]) for r in sel),
+                   statistics.median(float(r[8]) for r in sel))
+            rps[build, path, test] = got[0]
+            line += f"  {build} {got[0]:9.0f} ({got[1]:.2f} / {got[2]:.2f})"
+        if len(builds) == 2:
+            line += f"  ratio {rps['new', path, test] / rps['base', path, test]:.3f}"
+        print(line)
+print("### this build: the router against the sandbox's socket, and TCP's own floor (bare TCP / bare socket)")
+for test in ("SET", "GET"):
+    r = lambda p: rps["new", p, test]
+    print(f"{test}: router / socket {r('router') / r('socket'):.2f}, router TLS / socket {r('router_tls') / r('socket'):.2f}, "
+          f"TCP's floor {r('bare_tcp') / r('bare_socket'):.2f}, router / bare TCP {r('router') / r('bare_tcp'):.2f}")
 PY
 cp "$work/raw.csv" bench/results/redis-relay.txt
