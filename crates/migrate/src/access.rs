@@ -225,8 +225,66 @@ fn row_security(
                 line,
             ));
         }
+        row_security_narrowed(e, (was, now), (after, &object, table), v);
         policies_changed(e, (before, after), (&object, table), &policies, has(now, "row security on"), v);
     }
+}
+
+/// Row security switched on, or forced, on a golden table: roles now see only
+/// the rows its permissive policies let them (none, where it has none), its
+/// owner too once forced. Nothing changes for a superuser or a role with
+/// BYPASSRLS.
+fn row_security_narrowed(
+    e: &Evidence,
+    (was, now): (&Entry, &Entry),
+    (after, object, table): (&BTreeMap<String, Entry>, &str, &String),
+    v: &mut Verdict,
+) {
+    let on = !has(was, "row security on") && has(now, "row security on");
+    let forced =
+        has(now, "row security on") && !has(was, "row security forced") && has(now, "row security forced");
+    if !(on || forced) || !e.has_rows(table) {
+        return;
+    }
+    let permissive: Vec<&str> = after
+        .iter()
+        .filter(|(_, p)| p.definition.starts_with("permissive"))
+        .filter_map(|(k, _)| k.strip_prefix("policy ")?.strip_suffix(&format!(" on {object}")))
+        .collect();
+    let who = match (on, forced) {
+        (_, true) => "every role, its owner included,",
+        _ => "every role but its owner",
+    };
+    let (severity, what) = match permissive.is_empty() {
+        true => (
+            Severity::High,
+            format!(
+                "with no permissive policy: {who} now reads none of its {} rows and writes none",
+                e.golden_rows(table)
+            ),
+        ),
+        false => (
+            Severity::Medium,
+            format!(
+                "{who} now reads and writes only the rows its permissive {} ({}) let it",
+                if permissive.len() == 1 { "policy" } else { "policies" },
+                permissive.join(", ")
+            ),
+        ),
+    };
+    let mut h = Hazard::new(
+        "access_narrowed",
+        severity,
+        format!(
+            "{} {table} {what} (superusers and BYPASSRLS roles aside)",
+            if forced { "forces row-level security on" } else { "turns row-level security on for" }
+        ),
+        line_naming(e, short_name(table)),
+    );
+    h.suggestion = Some(format!(
+        "create the policies the application's roles need (CREATE POLICY ... ON {table}) in the same migration, before row-level security is turned on"
+    ));
+    v.hazards.push(h);
 }
 
 /// A golden table's policies changed: a restrictive one dropped or made

@@ -180,6 +180,13 @@ impl Tracker {
         let table_name = |t: &Tracker, relid: i64| t.names.contains_key(&relid).then(|| t.name(relid));
         for rel in r.relations.iter().filter(|rel| rel.kind == "i" && !self.names.contains_key(&rel.relid)) {
             let Some(table) = rel.table.and_then(|t| table_name(self, t)) else { continue };
+            // An index a rewrite of its table made again under its own name
+            // (a type change rebuilds the indexes on the column) is part of
+            // the rewrite, under its lock: not a build of its own.
+            let rewritten = r.probe.rewrites.iter().any(|w| Some(w.relid) == rel.table);
+            if rewritten && self.names.values().any(|(name, kind)| kind == "i" && *name == rel.name) {
+                continue;
+            }
             report.indexes_built.push(IndexBuilt {
                 index: rel.name.clone(),
                 table,
@@ -195,7 +202,12 @@ impl Tracker {
             let under_lock = before == Some(false)
                 && c.validated
                 && self.txn_locks.keys().any(|l| l.relid == c.relid && probe::blocks_writes(&l.mode));
-            if (before.is_none() && c.validated) || under_lock {
+            // A check made in a statement that rewrites its table (a type
+            // change makes the table's checks again) is checked row by row
+            // by the rewrite itself: no scan of its own, and its lock is the
+            // rewrite's.
+            let rides_rewrite = c.kind != "f" && r.probe.rewrites.iter().any(|w| w.relid == c.relid);
+            if ((before.is_none() && c.validated) || under_lock) && !rides_rewrite {
                 report.validated.push(Validated {
                     kind: if c.kind == "f" { "foreign key" } else { "check" }.into(),
                     name: c.name.clone(),

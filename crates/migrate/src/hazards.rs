@@ -149,7 +149,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     let mut locked = BTreeSet::new();
     for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
         drop_hazards(e, s, &mut v);
-        statement_hazards(e, s, &works[i], &mut v);
+        statement_hazards(e, i, &works[i], &mut v);
         for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && e.has_rows(&l.relation)) {
             blocking_tables.insert(l.relation.as_str());
             if locked.insert((s.txn, l.relation.as_str())) {
@@ -283,7 +283,8 @@ fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
 }
 
 /// Rows deleted, rewrites, index builds and validations of one statement.
-fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Work>, v: &mut Verdict) {
+fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mut Verdict) {
+    let s = &e.statements[i];
     let scale = e.scale;
     let line = Some(s.line).filter(|l| *l > 0);
     for r in s.rows.iter().filter(|r| r.deleted > 0 && e.rows_before.contains_key(&r.table)) {
@@ -327,7 +328,7 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                 } else {
                     e.size_words(&w.table)
                 },
-                w.reason
+                added_column_reason(&s.sql, &w.reason)
             ),
             line,
         );
@@ -372,7 +373,7 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                 if s.tag.as_deref().is_some_and(|t| t.starts_with("REINDEX")) {
                     "reads and writes"
                 } else {
-                    super::locks::what_waits(s, table)
+                    super::locks::what_waits(e.statements, i, table)
                 }
             ),
             line,
@@ -406,7 +407,7 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                     "SET NOT NULL checks every row of {} ({}) while its {} wait",
                     c.table,
                     e.size_words(&c.table),
-                    super::locks::what_waits(s, &c.table)
+                    super::locks::what_waits(e.statements, i, &c.table)
                 ),
                 "add CHECK (col IS NOT NULL) NOT VALID, VALIDATE CONSTRAINT it in a later transaction, then SET NOT NULL (PostgreSQL 12+ uses the check and skips the scan)",
             ),
@@ -416,7 +417,7 @@ fn statement_hazards(e: &Evidence, s: &StatementReport, work: &BTreeMap<&str, Wo
                     c.name,
                     c.table,
                     e.size_words(&c.table),
-                    super::locks::what_waits(s, &c.table),
+                    super::locks::what_waits(e.statements, i, &c.table),
                     c.references.as_deref().map(|r| format!(" (and writes to {r})")).unwrap_or_default()
                 ),
                 "add it NOT VALID (no scan, a brief lock), then ALTER TABLE ... VALIDATE CONSTRAINT in its own transaction (writes go on meanwhile)",
@@ -655,6 +656,8 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
     for name in e.before.views.keys().filter(|n| !e.after.views.contains_key(*n)) {
         found.push(format!("view {name} is gone (dropped or renamed)"));
     }
+    found.extend(super::old_code::breaks(e.before, e.after));
+    v.notes.extend(super::old_code::defaults_changed(e.before, e.after));
     if found.is_empty() {
         return;
     }
@@ -673,6 +676,22 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         "expand, then contract: add the new column or table beside the old one, write both, move the code over, and drop the old one in a later release".into(),
     );
     v.hazards.push(h);
+}
+
+/// A rewrite's reason as the statement's text tells it: PostgreSQL gives a
+/// stored generated column and an identity added to a table with rows the
+/// volatile default's reason, though neither is one.
+fn added_column_reason(sql: &str, reason: &str) -> String {
+    const VOLATILE: &str = "a column was added with a volatile default";
+    let sql = sql.to_ascii_lowercase();
+    let instead = if sql.contains("generated") && sql.contains("stored") {
+        "a stored generated column was added, computed for every row"
+    } else if sql.contains("identity") {
+        "an identity column was added, numbered for every row"
+    } else {
+        VOLATILE
+    };
+    reason.replace(VOLATILE, instead)
 }
 
 /// Whether a type change only widens what a column holds, so code written for

@@ -26,6 +26,7 @@ mod integrity;
 pub mod locks;
 mod measure;
 pub mod merge;
+mod old_code;
 mod overwrite;
 pub mod parts;
 pub mod probe;
@@ -40,6 +41,7 @@ pub mod scale;
 pub mod schema;
 pub mod seal;
 mod second_fork;
+mod set_back;
 pub mod verify;
 
 use std::sync::Arc;

@@ -67,10 +67,14 @@ pub fn drop_subsumed(statements: &mut [StatementReport]) {
     }
 }
 
-/// What waits while statement `s` holds its locks on `table`: `reads and
-/// writes`, or `writes`.
-pub fn what_waits(s: &StatementReport, table: &str) -> &'static str {
-    if s.locks.iter().any(|l| l.relation == table && blocks_reads(&l.mode)) {
+/// What waits while statement `i` of `statements` runs on `table`, by the
+/// locks its transaction holds then: `reads and writes`, or `writes`.
+pub fn what_waits(statements: &[StatementReport], i: usize, table: &str) -> &'static str {
+    // Locks are listed on the statement that took them, and held to the end
+    // of its transaction: an earlier statement of the same one may hold it.
+    let txn = statements[i].txn;
+    let held: Vec<&StatementReport> = statements[..=i].iter().filter(|s| s.txn == txn).collect();
+    if held.iter().flat_map(|s| &s.locks).any(|l| l.relation == table && blocks_reads(&l.mode)) {
         "reads and writes"
     } else {
         "writes"

@@ -309,6 +309,12 @@ pub(crate) async fn measure(
         calls: &calls,
     });
     let mut found = verdict.hazards;
+    // Sequences it set back, and those it made: where either now gives
+    // values its column holds.
+    let mut moved: Vec<String> = sequences_set_back.iter().cloned().collect();
+    moved.extend(sequences_after.keys().filter(|name| !sequences_before.contains_key(*name)).cloned());
+    let behind = verify::behind(admin.client(), &moved).await?;
+    found.extend(super::set_back::hazards(&behind, &applied.statements));
     found.extend(code::hazard(candidate, &snapshot.catalog));
     let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
     let context = app::Context {
@@ -333,15 +339,25 @@ pub(crate) async fn measure(
     }
     // The server's own counters, read once the session is gone, against the sum
     // of what the measurements saw: anything more ran out of their sight.
+    // A statement that fails is measured by nothing (its transaction is
+    // aborted), and what it wrote before failing is undone with it: after a
+    // failure, rows beyond the measurements are most likely its own.
     for (table, [inserted, updated, deleted]) in &unmeasured {
-        found.push(report::Hazard::new(
-            "unmeasured_changes",
-            report::Severity::Critical,
-            format!(
-                "{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw (work done at commit, or out of sight)"
-            ),
-            None,
-        ));
+        let counted = format!("{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw");
+        match &applied.failure {
+            None => found.push(report::Hazard::new(
+                "unmeasured_changes",
+                report::Severity::Critical,
+                format!("{counted} (work done at commit, or out of sight)"),
+                None,
+            )),
+            Some(f) => notes.push(report::Hazard::new(
+                "unmeasured_changes",
+                report::Severity::Low,
+                format!("{counted}: most likely written by the statement that failed before it failed, and undone with it"),
+                Some(f.line).filter(|l| *l > 0),
+            )),
+        }
     }
     // The measurements follow each statement; whatever else removed rows (work
     // at commit that escaped them, say) still shows in the final counts.

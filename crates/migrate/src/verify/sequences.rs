@@ -62,7 +62,8 @@ pub(super) async fn restore_sequences_pinned(
 
 /// The column a sequence belongs to (`serial`, identity, `OWNED BY`), as
 /// `table.column`, and the largest value it holds; None for a sequence of
-/// no column, or an empty one.
+/// no integer column of a table, or an empty one. Only such a column is
+/// read, with `pg_catalog`'s own `max`, so no function of the file's runs.
 pub(super) async fn owned_column_max(
     client: &tokio_postgres::Client,
     sequence: &str,
@@ -77,7 +78,9 @@ pub(super) async fn owned_column_max(
                JOIN pg_catalog.pg_attribute a ON a.attrelid = d.refobjid AND a.attnum = d.refobjsubid
               WHERE d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
                 AND d.objid = $1::text::pg_catalog.regclass AND d.deptype IN ('a', 'i')
-                AND d.refobjsubid > 0
+                AND d.refobjsubid > 0 AND c.relkind IN ('r', 'p')
+                AND a.atttypid IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                                   'pg_catalog.int8'::pg_catalog.regtype)
               LIMIT 1",
             &[&sequence],
         )
@@ -86,7 +89,7 @@ pub(super) async fn owned_column_max(
     let Some(owner) = owner else { return Ok(None) };
     let (table, column): (String, String) = (owner.cell(0)?, owner.cell(1)?);
     let max: Option<i64> = client
-        .query_one(&format!("SELECT max({column})::bigint FROM {table}"), &[])
+        .query_one(&format!("SELECT pg_catalog.max({column})::pg_catalog.int8 FROM {table}"), &[])
         .await
         .map_err(pg_error)?
         .cell(0)?;
@@ -155,3 +158,84 @@ pub fn set_back(
 /// Tables of at most this many rows have their rows compared between the
 /// test and the target (see [`super::rows`]).
 pub const ROWS_COMPARED: i64 = 100_000;
+
+/// A column whose next values a sequence gives, with the rows that already
+/// hold one of those values: what an insert leaving the column out meets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behind {
+    /// The sequence, as `pg_sequences` names it.
+    pub sequence: String,
+    /// The column it gives values to, `table.column`.
+    pub column: String,
+    /// The value it hands out next.
+    pub next: i64,
+    /// The largest value the column holds.
+    pub max: i64,
+    /// How many rows hold a value at or past `next`.
+    pub ahead: i64,
+    /// Whether a unique index of the column alone refuses a repeated value.
+    pub unique: bool,
+}
+
+/// Of `sequences`, those whose next value is one that a column they give
+/// values to (by its default, its identity or `OWNED BY`) already holds.
+/// Only integer columns of tables are read, each with `pg_catalog`'s own
+/// aggregates and operators, so no function of the candidate's runs here.
+pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Result<Vec<Behind>> {
+    let mut out = Vec::new();
+    for sequence in sequences {
+        let Some(next) = next_value(client, sequence).await? else { continue };
+        let columns = client
+            .query(
+                "SELECT DISTINCT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+                        pg_catalog.quote_ident(a.attname),
+                        EXISTS (SELECT 1 FROM pg_catalog.pg_index i
+                                 WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1
+                                   AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
+                   FROM pg_catalog.pg_depend d
+                   LEFT JOIN pg_catalog.pg_attrdef ad
+                          ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND ad.oid = d.objid
+                   JOIN pg_catalog.pg_class c
+                     ON c.oid = CASE WHEN ad.oid IS NULL THEN d.refobjid ELSE ad.adrelid END
+                   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                   JOIN pg_catalog.pg_attribute a
+                     ON a.attrelid = c.oid AND a.attnum = CASE WHEN ad.oid IS NULL THEN d.refobjsubid ELSE ad.adnum END
+                  WHERE c.relkind IN ('r', 'p') AND NOT a.attisdropped
+                    AND a.atttypid IN ('pg_catalog.int2'::pg_catalog.regtype, 'pg_catalog.int4'::pg_catalog.regtype,
+                                       'pg_catalog.int8'::pg_catalog.regtype)
+                    AND ((ad.oid IS NOT NULL AND d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                          AND d.refobjid = $1::text::pg_catalog.regclass)
+                      OR (ad.oid IS NULL AND d.classid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                          AND d.objid = $1::text::pg_catalog.regclass AND d.deptype IN ('a', 'i')
+                          AND d.refobjsubid > 0))",
+                &[sequence],
+            )
+            .await
+            .map_err(pg_error)?;
+        for row in columns {
+            let (table, column, unique): (String, String, bool) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
+            let held = client
+                .query_one(
+                    &format!(
+                        "SELECT pg_catalog.count(*), pg_catalog.max({column})::pg_catalog.int8 FROM {table}
+                          WHERE {column} OPERATOR(pg_catalog.>=) $1::pg_catalog.int8"
+                    ),
+                    &[&next],
+                )
+                .await
+                .map_err(pg_error)?;
+            let (ahead, max): (i64, Option<i64>) = (held.cell(0)?, held.cell(1)?);
+            if let Some(max) = max.filter(|_| ahead > 0) {
+                out.push(Behind {
+                    sequence: sequence.clone(),
+                    column: format!("{table}.{column}"),
+                    next,
+                    max,
+                    ahead,
+                    unique,
+                });
+            }
+        }
+    }
+    Ok(out)
+}

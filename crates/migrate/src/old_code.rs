@@ -1,0 +1,127 @@
+//! What the application's running code meets after the candidate besides a
+//! name or a type it knew gone: a default its inserts leave a column to,
+//! and the labels of an enum it writes and compares with.
+
+use std::collections::BTreeSet;
+
+use airlock_postgres::catalog::Catalog;
+
+use super::report::{Hazard, Severity};
+
+/// How the old code breaks on the golden's tables and types, one phrase
+/// each, for `breaks_compatibility`: a default (or identity) gone from a
+/// column (its inserts that leave the column out now fail, or write NULL),
+/// and an enum label gone (renamed or dropped: writing it fails, and a
+/// comparison with it is an error).
+pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<String> {
+    let mut found = Vec::new();
+    for (name, table) in &before.tables {
+        let Some(now) = after.tables.get(name) else { continue };
+        for col in &table.columns {
+            let (Some(was), Some(c)) = (&col.default, now.columns.iter().find(|c| c.name == col.name)) else {
+                continue;
+            };
+            // A stored generated column is not written by inserts at all.
+            if c.default.is_some() || was.ends_with(") stored") {
+                continue;
+            }
+            found.push(match c.nullable {
+                false => format!(
+                    "inserts into {name} that leave out {} now fail: its default ({was}) is gone and it is NOT NULL",
+                    col.name
+                ),
+                true => format!(
+                    "inserts into {name} that leave out {} now write NULL: its default ({was}) is gone",
+                    col.name
+                ),
+            });
+        }
+    }
+    for (name, was) in &before.types {
+        let Some(now) = after.types.get(name) else { continue };
+        let (Some(was), Some(now)) = (enum_labels(was), enum_labels(now)) else { continue };
+        let now: BTreeSet<&String> = now.iter().collect();
+        let gone: Vec<String> = was.iter().filter(|l| !now.contains(l)).map(|l| quoted(l)).collect();
+        if !gone.is_empty() {
+            found.push(format!(
+                "enum {name} no longer has {} {} (renamed or dropped): code that writes or compares with {} fails",
+                if gone.len() == 1 { "the value" } else { "the values" },
+                gone.join(", "),
+                if gone.len() == 1 { "it" } else { "them" },
+            ));
+        }
+    }
+    found
+}
+
+/// Notes for defaults the candidate changed on the golden's columns: the old
+/// code's inserts that leave the column out now write another value, which
+/// no error will ever show.
+pub fn defaults_changed(before: &Catalog, after: &Catalog) -> Vec<Hazard> {
+    let mut out = Vec::new();
+    for (name, table) in &before.tables {
+        let Some(now) = after.tables.get(name) else { continue };
+        for col in &table.columns {
+            let Some(c) = now.columns.iter().find(|c| c.name == col.name) else { continue };
+            let (Some(was), Some(is)) = (&col.default, &c.default) else { continue };
+            // A type change spells the same default with another cast.
+            if was == is || c.type_name != col.type_name || is.contains("nextval(") {
+                continue;
+            }
+            out.push(Hazard::new(
+                "default_changed",
+                Severity::Low,
+                format!(
+                    "the default of {name}.{} changes from {was} to {is}: inserts that leave it out now write the new value, the running code's included",
+                    col.name
+                ),
+                None,
+            ));
+        }
+    }
+    out
+}
+
+/// The labels of an enum as the catalog records it (`enum ('a', 'b')`),
+/// or None for any other type.
+fn enum_labels(record: &str) -> Option<Vec<String>> {
+    let inner = record.strip_prefix("enum (")?.strip_suffix(')')?;
+    let mut labels = Vec::new();
+    let mut chars = inner.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\'' {
+            continue;
+        }
+        let mut label = String::new();
+        loop {
+            match chars.next() {
+                Some('\'') if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                    label.push('\'');
+                }
+                Some('\'') | None => break,
+                Some(ch) => label.push(ch),
+            }
+        }
+        labels.push(label);
+    }
+    Some(labels)
+}
+
+fn quoted(label: &str) -> String {
+    format!("'{}'", label.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_labels_are_read_with_quotes_and_commas_inside() {
+        assert_eq!(
+            enum_labels("enum ('a', 'it''s', 'x, y')"),
+            Some(vec!["a".to_owned(), "it's".to_owned(), "x, y".to_owned()])
+        );
+        assert_eq!(enum_labels("domain over integer"), None);
+    }
+}
