@@ -6,7 +6,7 @@
 //! `integrity_removed` stays quiet, yet what the data is kept to changed.
 
 use super::hazards::{Evidence, Verdict};
-use super::integrity::{fk_target, line_naming, same_foreign_key, valid};
+use super::integrity::{fk_target, key_columns, line_naming, same_foreign_key, valid};
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::Table;
 
@@ -31,7 +31,7 @@ pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, aft
         if shape(e, table, was) == shape(e, table, now.1) {
             continue;
         }
-        v.hazards.push(changed(e, table, (name, was), now));
+        v.hazards.push(changed(e, (table, after), (name, was), now));
     }
 }
 
@@ -65,7 +65,7 @@ fn shape(e: &Evidence, table: &str, definition: &str) -> String {
 
 fn changed(
     e: &Evidence,
-    table: &str,
+    (table, after): (&str, &Table),
     (name, was): (&String, &String),
     (new_name, now): (&String, &String),
 ) -> Hazard {
@@ -77,6 +77,33 @@ fn changed(
     if was.starts_with("FOREIGN KEY") && now.starts_with("FOREIGN KEY") {
         let target = fk_target(was);
         let (deletes_was, deletes_now) = (action(was, "ON DELETE"), action(now, "ON DELETE"));
+        // SET NULL on a NOT NULL key cannot be done: the delete fails.
+        let not_null: Vec<String> = key_columns(now)
+            .into_iter()
+            .filter(|k| after.columns.iter().any(|c| c.name == *k && !c.nullable))
+            .collect();
+        let fails = deletes_now == "SET NULL" && !not_null.is_empty();
+        let worked = reaches_rows(deletes_was).is_some();
+        if deletes_now != deletes_was && (fails || (worked && reaches_rows(deletes_now).is_none())) {
+            let why = match fails {
+                true => format!("ON DELETE SET NULL cannot empty its NOT NULL {}", not_null.join(", ")),
+                false => format!("the key is now {deletes_now}"),
+            };
+            let mut h = Hazard::new(
+                "integrity_changed",
+                if worked { Severity::High } else { Severity::Medium },
+                format!(
+                    "{what}: deleting a row of {target} that rows of {table} point at now fails ({why}), where it {}",
+                    was_word(deletes_was)
+                ),
+                line,
+            );
+            h.suggestion = Some(match fails {
+                true => format!("make the key's columns nullable first, or keep ON DELETE as it was ({deletes_was})"),
+                false => format!("keep the foreign key's ON DELETE as it was ({deletes_was}), or delete the rows of {table} first wherever the application deletes from {target}"),
+            });
+            return h;
+        }
         if deletes_now != deletes_was {
             if let Some(does) = reaches_rows(deletes_now) {
                 let mut h = Hazard::new(

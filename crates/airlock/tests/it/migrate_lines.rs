@@ -1163,12 +1163,16 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
          CREATE INDEX items_qty ON items (qty);
          CREATE TABLE legacy (id int PRIMARY KEY, name text);
          CREATE TABLE notes (id int PRIMARY KEY, owner text);
-         CREATE POLICY own ON notes USING (owner = current_user);",
+         CREATE POLICY own ON notes USING (owner = current_user);
+         CREATE TABLE parents (id int PRIMARY KEY);
+         CREATE TABLE children (id int PRIMARY KEY, parent int NOT NULL REFERENCES parents ON DELETE CASCADE);",
         "INSERT INTO invoices (state) SELECT (ARRAY['open', 'cancelled', 'done']::state[])[1 + g % 3]
            FROM generate_series(1, 2000) g;
          INSERT INTO items (qty) SELECT 1 + g % 5 FROM generate_series(1, 2000) g;
          INSERT INTO legacy SELECT g, 'n' FROM generate_series(1, 500) g;
-         INSERT INTO notes SELECT g, 'someone' FROM generate_series(1, 300) g;",
+         INSERT INTO notes SELECT g, 'someone' FROM generate_series(1, 300) g;
+         INSERT INTO parents SELECT g FROM generate_series(1, 100) g;
+         INSERT INTO children SELECT g, 1 + g % 100 FROM generate_series(1, 1000) g;",
     );
     let paths = files(
         &d,
@@ -1202,6 +1206,16 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
             ("rls_no_policy.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY;"),
             ("rls_forced.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"),
             ("rls_policy.sql", "ALTER TABLE notes ENABLE ROW LEVEL SECURITY;"),
+            (
+                "no_cascade.sql",
+                "ALTER TABLE children DROP CONSTRAINT children_parent_fkey,\n\
+                 ADD CONSTRAINT children_parent_fkey FOREIGN KEY (parent) REFERENCES parents;",
+            ),
+            (
+                "set_null.sql",
+                "ALTER TABLE children DROP CONSTRAINT children_parent_fkey,\n\
+                 ADD CONSTRAINT children_parent_fkey FOREIGN KEY (parent) REFERENCES parents ON DELETE SET NULL;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "numbers", &paths));
@@ -1311,4 +1325,20 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
     let (severity, said, _) = narrowed("rls_policy.sql");
     assert_eq!(severity, "medium");
     assert!(said.ends_with("every role but its owner now reads and writes only the rows its permissive policy (own) let it (superusers and BYPASSRLS roles aside)"), "{said}");
+
+    // Deletes that cascaded now fail.
+    for (name, why) in [
+        ("no_cascade.sql", "(the key is now NO ACTION), where it deleted them"),
+        ("set_null.sql", "(ON DELETE SET NULL cannot empty its NOT NULL parent), where it deleted them"),
+    ] {
+        let h = hazard(&c[name], "integrity_changed");
+        let said = h["message"].as_str().unwrap();
+        assert!(
+            said.contains("deleting a row of")
+                && said.contains("that rows of public.children point at now fails"),
+            "{said}"
+        );
+        assert!(said.ends_with(why), "{name}: {said}");
+        assert_eq!(h["severity"], json!("high"), "{h}");
+    }
 }
