@@ -97,10 +97,17 @@ pub fn estimate_locks(statements: &mut [StatementReport], scale: &Scale, golden:
             .zip(&per_statement[i..])
             .take_while(|(s, _)| s.txn == txn)
             .fold(0.0, |a, (_, ms)| a + ms);
-        for l in statements[i].locks.iter_mut().filter(|l| l.blocking && l.kind == "table") {
+        for l in statements[i].locks.iter_mut().filter(|l| l.blocking && holds_rows(l)) {
             l.estimated_ms = Some(round(until));
         }
     }
+}
+
+/// Whether a lock keeps the application from rows: on a table, or on a
+/// materialized view when its readers wait (no one but a refresh writes to
+/// one, so a lock that stops only writes keeps no one waiting there).
+pub(crate) fn holds_rows(l: &LockHeld) -> bool {
+    l.kind == "table" || (l.kind == "materialized view" && super::locks::blocks_reads(&l.mode))
 }
 
 /// Everything a candidate did that a production database, or the application
@@ -150,7 +157,11 @@ pub fn assess(e: &Evidence) -> Verdict {
     for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
         drop_hazards(e, s, &mut v);
         statement_hazards(e, i, &works[i], &mut v);
-        for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table" && e.has_rows(&l.relation)) {
+        for l in s
+            .locks
+            .iter()
+            .filter(|l| l.blocking && holds_rows(l) && (e.has_rows(&l.relation) || l.kind != "table"))
+        {
             blocking_tables.insert(l.relation.as_str());
             if locked.insert((s.txn, l.relation.as_str())) {
                 lock_hazard(e, i, l, &works, &mut v);
@@ -307,11 +318,7 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
         // and takes as long as that query and the writing: the statement's
         // whole work.
         let refresh = w.causes.contains(&RewriteCause::Refresh);
-        let rows = if refresh {
-            w.rows.max(s.rows.iter().filter(|r| r.table == w.table).map(|r| r.inserted).sum())
-        } else {
-            w.rows
-        };
+        let rows = s.rewritten_rows(w);
         if rows == 0 || !(refresh || e.rows_before.contains_key(&w.table)) {
             continue;
         }
@@ -635,32 +642,44 @@ fn changes_something(s: &StatementReport) -> bool {
 
 /// Renames, drops and type changes the application's running code would trip on.
 fn compatibility(e: &Evidence, v: &mut Verdict) {
-    let mut found = Vec::new();
+    // Each way it breaks, with the names a statement doing it would say.
+    let mut found: Vec<(String, Vec<String>)> = Vec::new();
     for (name, table) in &e.before.tables {
+        let short = airlock_postgres::catalog::short_name(name).to_owned();
         let Some(now) = e.after.tables.get(name) else {
-            found.push(format!("table {name} is gone (dropped or renamed)"));
+            found.push((format!("table {name} is gone (dropped or renamed)"), vec![short]));
             continue;
         };
         for col in &table.columns {
+            let names = vec![short.clone(), col.name.clone()];
             match now.columns.iter().find(|c| c.name == col.name) {
-                None => found.push(format!("column {name}.{} is gone (dropped or renamed)", col.name)),
+                None => {
+                    found.push((format!("column {name}.{} is gone (dropped or renamed)", col.name), names))
+                }
                 Some(c) if c.type_name != col.type_name && !widens(&col.type_name, &c.type_name) => found
-                    .push(format!(
-                        "column {name}.{} changes type {} -> {}",
-                        col.name, col.type_name, c.type_name
+                    .push((
+                        format!(
+                            "column {name}.{} changes type {} -> {}",
+                            col.name, col.type_name, c.type_name
+                        ),
+                        names,
                     )),
                 _ => {}
             }
         }
     }
     for name in e.before.views.keys().filter(|n| !e.after.views.contains_key(*n)) {
-        found.push(format!("view {name} is gone (dropped or renamed)"));
+        let short = airlock_postgres::catalog::short_name(name).to_owned();
+        found.push((format!("view {name} is gone (dropped or renamed)"), vec![short]));
     }
     found.extend(super::old_code::breaks(e.before, e.after));
     v.notes.extend(super::old_code::defaults_changed(e.before, e.after));
     if found.is_empty() {
         return;
     }
+    // The first statement that names what the first of them names.
+    let line = found.iter().filter_map(|(_, names)| line_naming_all(e, names)).min();
+    let found: Vec<String> = found.into_iter().map(|(phrase, _)| phrase).collect();
     let shown: Vec<&str> = found.iter().take(5).map(String::as_str).collect();
     let more = if found.len() > 5 { format!(" and {} more", found.len() - 5) } else { String::new() };
     let mut h = Hazard::new(
@@ -670,7 +689,7 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
             "the application still running the old code breaks until it is redeployed: {}{more}",
             shown.join("; ")
         ),
-        None,
+        line,
     );
     h.suggestion = Some(
         "expand, then contract: add the new column or table beside the old one, write both, move the code over, and drop the old one in a later release".into(),
@@ -692,6 +711,19 @@ fn added_column_reason(sql: &str, reason: &str) -> String {
         VOLATILE
     };
     reason.replace(VOLATILE, instead)
+}
+
+/// The line of the first statement that names every one of `names`.
+fn line_naming_all(e: &Evidence, names: &[String]) -> Option<usize> {
+    let names: Vec<String> = names.iter().map(|n| n.to_ascii_lowercase()).collect();
+    e.statements
+        .iter()
+        .find(|s| {
+            let sql = s.sql.to_ascii_lowercase();
+            !s.rolled_back && names.iter().all(|n| super::integrity::names_word(&sql, n))
+        })
+        .map(|s| s.line)
+        .filter(|l| *l > 0)
 }
 
 /// Whether a type change only widens what a column holds, so code written for

@@ -4,16 +4,17 @@
 
 use std::collections::BTreeSet;
 
-use airlock_postgres::catalog::Catalog;
+use airlock_postgres::catalog::{short_name, Catalog};
 
 use super::report::{Hazard, Severity};
 
 /// How the old code breaks on the golden's tables and types, one phrase
-/// each, for `breaks_compatibility`: a default (or identity) gone from a
+/// each with the names a statement doing it would say, for
+/// `breaks_compatibility`: a default (or identity) gone from a
 /// column (its inserts that leave the column out now fail, or write NULL),
 /// and an enum label gone (renamed or dropped: writing it fails, and a
 /// comparison with it is an error).
-pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<String> {
+pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<(String, Vec<String>)> {
     let mut found = Vec::new();
     for (name, table) in &before.tables {
         let Some(now) = after.tables.get(name) else { continue };
@@ -25,7 +26,7 @@ pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<String> {
             if c.default.is_some() || was.ends_with(") stored") {
                 continue;
             }
-            found.push(match c.nullable {
+            let phrase = match c.nullable {
                 false => format!(
                     "inserts into {name} that leave out {} now fail: its default ({was}) is gone and it is NOT NULL",
                     col.name
@@ -34,7 +35,8 @@ pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<String> {
                     "inserts into {name} that leave out {} now write NULL: its default ({was}) is gone",
                     col.name
                 ),
-            });
+            };
+            found.push((phrase, vec![short_name(name).to_owned(), col.name.clone()]));
         }
     }
     for (name, was) in &before.types {
@@ -42,13 +44,14 @@ pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<String> {
         let (Some(was), Some(now)) = (enum_labels(was), enum_labels(now)) else { continue };
         let now: BTreeSet<&String> = now.iter().collect();
         let gone: Vec<String> = was.iter().filter(|l| !now.contains(l)).map(|l| quoted(l)).collect();
-        if !gone.is_empty() {
-            found.push(format!(
+        if let Some(first) = was.iter().find(|l| !now.contains(l)) {
+            let phrase = format!(
                 "enum {name} no longer has {} {} (renamed or dropped): code that writes or compares with {} fails",
                 if gone.len() == 1 { "the value" } else { "the values" },
                 gone.join(", "),
                 if gone.len() == 1 { "it" } else { "them" },
-            ));
+            );
+            found.push((phrase, vec![first.clone()]));
         }
     }
     found

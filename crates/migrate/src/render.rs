@@ -49,7 +49,7 @@ impl Report {
                     if s.rolled_back { " (rolled back)" } else { "" }
                 ));
                 out.extend(wrap(&s.sql, 90).into_iter().map(|l| format!("             {l}")));
-                for l in s.locks.iter().filter(|l| l.blocking && l.kind == "table") {
+                for l in s.locks.iter().filter(|l| l.blocking && super::hazards::holds_rows(l)) {
                     let estimate =
                         l.estimated_ms.map(|ms| format!(", est. {}", human_ms(ms))).unwrap_or_default();
                     out.push(format!(
@@ -58,7 +58,12 @@ impl Report {
                     ));
                 }
                 for r in &s.rewrites {
-                    out.push(format!("             rewrote {} ({} rows): {}", r.table, r.rows, r.reason));
+                    out.push(format!(
+                        "             rewrote {} ({} rows): {}",
+                        r.table,
+                        s.rewritten_rows(r),
+                        r.reason
+                    ));
                 }
                 for b in &s.indexes_built {
                     out.push(format!(

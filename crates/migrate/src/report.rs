@@ -230,6 +230,18 @@ pub struct Rewrite {
     pub rows: i64,
 }
 
+impl StatementReport {
+    /// The rows rewrite `w` of this statement wrote: the rows its table held,
+    /// or for a materialized view's refresh (whose rows no table counter
+    /// holds before), what the refresh inserted.
+    pub fn rewritten_rows(&self, w: &Rewrite) -> i64 {
+        match w.causes.contains(&RewriteCause::Refresh) {
+            true => w.rows.max(self.rows.iter().filter(|r| r.table == w.table).map(|r| r.inserted).sum()),
+            false => w.rows,
+        }
+    }
+}
+
 /// What made PostgreSQL write a table anew.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]

@@ -286,11 +286,16 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
     assert!(said.contains("public.region_totals") && said.contains("reads and writes wait"), "{said}");
     assert!(refresh["estimated_ms"].as_f64().is_some(), "{refresh}");
     assert!(refresh["suggestion"].as_str().unwrap().contains("unique index"), "{refresh}");
+    // Its readers queue behind the lock it waits for: lock_timeout is worth setting.
+    let notes: Vec<&str> =
+        c["refresh.sql"]["notes"].as_array().unwrap().iter().map(|n| n["kind"].as_str().unwrap()).collect();
+    assert!(notes.contains(&"no_lock_timeout"), "{notes:?} {}", c["refresh.sql"]["statements"]);
     assert!(
         !hazard_kinds(&c["refresh_concurrently.sql"]).contains(&"table_rewrite"),
         "{}",
         c["refresh_concurrently.sql"]
     );
+    assert_eq!(c["refresh_concurrently.sql"]["notes"], json!([]), "{}", c["refresh_concurrently.sql"]);
 }
 
 #[test]
@@ -1259,6 +1264,8 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
     let said = message(&c["drop_default.sql"], "breaks_compatibility");
     assert!(said.contains("inserts into public.invoices that leave out number now fail: its default (nextval('public.invoice_no'::regclass)) is gone and it is NOT NULL"), "{said}");
     assert!(said.contains("inserts into public.invoices that leave out id now fail: its default (generated always as identity) is gone"), "{said}");
+    assert_eq!(hazard(&c["drop_default.sql"], "breaks_compatibility")["line"], json!(1));
+    assert_eq!(hazard(&c["enum_rename.sql"], "breaks_compatibility")["line"], json!(1));
     let said = message(&c["enum_rename.sql"], "breaks_compatibility");
     assert!(
         said.contains("enum public.state no longer has the value 'cancelled' (renamed or dropped)"),
