@@ -155,6 +155,41 @@ pub fn set_back(
         .collect()
 }
 
+/// How many rows of `table` hold a value of `column` at or past `bound`, and
+/// the largest value it holds: one row of the reader's `row_image`, whose
+/// two expressions are aggregates of `pg_catalog`'s, in a transaction rolled
+/// back (with the reader's SELECT on the table granted in it). None when the
+/// read fails (the table gone, its read past 60 s).
+async fn held_past(
+    client: &tokio_postgres::Client,
+    (table, column): (&str, &str),
+    bound: i64,
+    grant_each: bool,
+) -> Result<Option<(i64, Option<i64>)>> {
+    client.batch_execute("BEGIN; SET LOCAL statement_timeout = 60000").await.map_err(pg_error)?;
+    let read = async {
+        if grant_each {
+            client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await?;
+        }
+        let ahead = format!(
+            "pg_catalog.count(*) FILTER (WHERE {column} OPERATOR(pg_catalog.>=) {bound}::pg_catalog.int8)"
+        );
+        let max = format!("pg_catalog.max({column})::pg_catalog.int8");
+        client
+            .query_one(
+                "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, 1)",
+                &[&table, &ahead, &max],
+            )
+            .await
+    }
+    .await;
+    client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
+    let Ok(row) = read else { return Ok(None) };
+    let (ahead, max): (Option<String>, Option<String>) = (row.cell(0)?, row.cell(1)?);
+    let ahead = ahead.and_then(|a| a.parse().ok()).unwrap_or(0);
+    Ok(Some((ahead, max.and_then(|m| m.parse().ok()))))
+}
+
 /// Tables of at most this many rows have their rows compared between the
 /// test and the target (see [`super::rows`]).
 pub const ROWS_COMPARED: i64 = 100_000;
@@ -178,11 +213,18 @@ pub struct Behind {
 }
 
 /// Of `sequences`, those whose next value is one that a column they give
-/// values to (by its default, its identity or `OWNED BY`) already holds.
-/// Only integer columns of tables are read, each with `pg_catalog`'s own
-/// aggregates and operators, so no function of the candidate's runs here.
+/// values to (by its default, its identity or `OWNED BY`) already holds, on
+/// a test's fork: the admin finds the columns in the catalog, and the
+/// columns (integer columns of tables) are read through the reader's
+/// function, as the reader, never by the admin itself (planning a query
+/// on a table runs its indexes' predicates, which the candidate wrote).
 pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Result<Vec<Behind>> {
     let mut out = Vec::new();
+    if sequences.is_empty() {
+        return Ok(out);
+    }
+    // As the final counts do: without the reader, nothing is read.
+    let Ok(grant_each) = airlock_postgres::catalog::ensure_reader(client).await else { return Ok(out) };
     for sequence in sequences {
         let Some(next) = next_value(client, sequence).await? else { continue };
         let columns = client
@@ -214,17 +256,9 @@ pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Re
             .map_err(pg_error)?;
         for row in columns {
             let (table, column, unique): (String, String, bool) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
-            let held = client
-                .query_one(
-                    &format!(
-                        "SELECT pg_catalog.count(*), pg_catalog.max({column})::pg_catalog.int8 FROM {table}
-                          WHERE {column} OPERATOR(pg_catalog.>=) $1::pg_catalog.int8"
-                    ),
-                    &[&next],
-                )
-                .await
-                .map_err(pg_error)?;
-            let (ahead, max): (i64, Option<i64>) = (held.cell(0)?, held.cell(1)?);
+            let Some((ahead, max)) = held_past(client, (&table, &column), next, grant_each).await? else {
+                continue;
+            };
             if let Some(max) = max.filter(|_| ahead > 0) {
                 out.push(Behind {
                     sequence: sequence.clone(),

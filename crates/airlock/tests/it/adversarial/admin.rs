@@ -296,11 +296,18 @@ fn functions_the_planner_folds_never_run_as_a_superuser() {
         CREATE INDEX bait_partial ON public.orders (id) WHERE public.folded() = 1;
         CREATE INDEX bait_expression ON public.orders (public.folded(id::bigint));
         CREATE STATISTICS bait_stats ON (public.folded(id::bigint)), id FROM public.orders;
-        UPDATE public.orders SET id = id WHERE id = 1;"
+        UPDATE public.orders SET id = id WHERE id = 1;
+        -- A sequence behind the ids a table holds: the report reads the
+        -- column's values past its next one.
+        CREATE TABLE public.baited (id int PRIMARY KEY);
+        INSERT INTO public.baited SELECT pg_catalog.generate_series(1, 100);
+        CREATE INDEX bait_sequenced ON public.baited (id) WHERE public.folded() = 1;
+        CREATE SEQUENCE public.bait_ids OWNED BY public.baited.id;"
     );
     let tested = s.tool("test_migration", json!({ "sql": candidate }));
     assert!(!tested.to_string().contains("CLIMBED-TO-SUPERUSER"), "{tested}");
     assert!(tested["result"].is_object(), "the test answered: {tested}");
+    assert!(tested.to_string().contains("sequence_behind"), "the sequence's column was read: {tested}");
     // The same planted in the agent's own sandbox, read by the catalog tools.
     sql(
         &s.agent,
