@@ -259,14 +259,14 @@ fn row_security_narrowed(
         true => (
             Severity::High,
             format!(
-                "with no permissive policy: {who} now reads none of its {} rows and writes none",
+                " with no permissive policy: {who} now reads none of its {} rows and writes none",
                 e.golden_rows(table)
             ),
         ),
         false => (
             Severity::Medium,
             format!(
-                "{who} now reads and writes only the rows its permissive {} ({}) let it",
+                ": {who} now reads and writes only the rows its permissive {} ({}) let it",
                 if permissive.len() == 1 { "policy" } else { "policies" },
                 permissive.join(", ")
             ),
@@ -276,7 +276,7 @@ fn row_security_narrowed(
         "access_narrowed",
         severity,
         format!(
-            "{} {table} {what} (superusers and BYPASSRLS roles aside)",
+            "{} {table}{what} (superusers and BYPASSRLS roles aside)",
             if forced { "forces row-level security on" } else { "turns row-level security on for" }
         ),
         line_naming(e, short_name(table)),

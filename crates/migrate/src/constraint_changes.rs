@@ -89,13 +89,19 @@ fn changed(
                 true => format!("ON DELETE SET NULL cannot empty its NOT NULL {}", not_null.join(", ")),
                 false => format!("the key is now {deletes_now}"),
             };
-            let mut h = Hazard::new(
-                "integrity_changed",
-                if worked { Severity::High } else { Severity::Medium },
-                format!(
+            let message = match worked {
+                true => format!(
                     "{what}: deleting a row of {target} that rows of {table} point at now fails ({why}), where it {}",
                     was_word(deletes_was)
                 ),
+                false => format!(
+                    "{what}: deleting a row of {target} that rows of {table} point at still fails ({why}), as it was refused before"
+                ),
+            };
+            let mut h = Hazard::new(
+                "integrity_changed",
+                if worked { Severity::High } else { Severity::Medium },
+                message,
                 line,
             );
             h.suggestion = Some(match fails {

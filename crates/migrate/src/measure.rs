@@ -341,10 +341,16 @@ pub(crate) async fn measure(
     // of what the measurements saw: anything more ran out of their sight.
     // A statement that fails is measured by nothing (its transaction is
     // aborted), and what it wrote before failing is undone with it: after a
-    // failure, rows beyond the measurements are most likely its own.
+    // failure, rows beyond the measurements of a table the failing statement
+    // names are most likely its own. Those of any other table are not: a
+    // failure later in the file hides nothing done at a commit before it.
     for (table, [inserted, updated, deleted]) in &unmeasured {
         let counted = format!("{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw");
-        match &applied.failure {
+        let named_by_failing = applied.failure.as_ref().filter(|f| {
+            let short = airlock_postgres::catalog::short_name(table).trim_matches('"').to_ascii_lowercase();
+            super::integrity::names_word(&f.sql.to_ascii_lowercase(), &short)
+        });
+        match named_by_failing {
             None => found.push(report::Hazard::new(
                 "unmeasured_changes",
                 report::Severity::Critical,

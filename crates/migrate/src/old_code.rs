@@ -66,20 +66,26 @@ pub fn defaults_changed(before: &Catalog, after: &Catalog) -> Vec<Hazard> {
         let Some(now) = after.tables.get(name) else { continue };
         for col in &table.columns {
             let Some(c) = now.columns.iter().find(|c| c.name == col.name) else { continue };
-            let (Some(was), Some(is)) = (&col.default, &c.default) else { continue };
-            // A type change spells the same default with another cast.
-            if was == is || c.type_name != col.type_name || is.contains("nextval(") {
+            let Some(is) = &c.default else { continue };
+            // A type change spells the same default with another cast; a
+            // sequence's is sequence_behind's to judge; an identity is not
+            // a value.
+            if c.type_name != col.type_name || is.contains("nextval(") || is.starts_with("generated ") {
                 continue;
             }
-            out.push(Hazard::new(
-                "default_changed",
-                Severity::Low,
-                format!(
+            let message = match &col.default {
+                Some(was) if was == is => continue,
+                Some(was) => format!(
                     "the default of {name}.{} changes from {was} to {is}: inserts that leave it out now write the new value, the running code's included",
                     col.name
                 ),
-                None,
-            ));
+                None => format!(
+                    "{name}.{} now defaults to {is}: inserts that leave it out now write it, the running code's included, where they wrote NULL{}",
+                    col.name,
+                    if col.nullable { "" } else { " (or failed, as it is NOT NULL)" }
+                ),
+            };
+            out.push(Hazard::new("default_changed", Severity::Low, message, None));
         }
     }
     out

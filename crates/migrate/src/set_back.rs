@@ -8,49 +8,50 @@
 use super::report::{Hazard, Severity, StatementReport};
 use super::verify::Behind;
 
-/// One hazard per column a sequence now gives values it already holds.
+/// One hazard per column a sequence now gives values it already holds, or
+/// whose values could not be read to tell.
 pub fn hazards(behind: &[Behind], statements: &[StatementReport]) -> Vec<Hazard> {
-    behind
-        .iter()
-        .map(|b| {
-            let short = |name: &str| name.rsplit('.').next().unwrap_or(name).trim_matches('"').to_ascii_lowercase();
-            let (sequence, table) = (short(&b.sequence), short(b.column.rsplit_once('.').map_or("", |(t, _)| t)));
-            // The last statement naming the sequence (its setval or RESTART),
-            // else the last naming the table (its new default).
-            let line = [sequence.as_str(), table.as_str()].iter().find_map(|name| {
-                statements
-                    .iter()
-                    .rev()
-                    .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(name))
-                    .map(|s| s.line)
-                    .filter(|l| *l > 0)
-            });
-            let (severity, outcome) = match b.unique {
-                true => (Severity::High, "fail with a duplicate key error"),
-                false => (Severity::Medium, "repeat a value another row holds"),
-            };
-            let mut h = Hazard::new(
-                "sequence_behind",
-                severity,
-                format!(
-                    "sequence {} hands out {} next, but {} already holds values up to {}: the next inserts that take {} from it {outcome} ({} rows hold a value at or past {})",
-                    b.sequence,
-                    b.next,
-                    b.column,
-                    b.max,
-                    b.column.rsplit_once('.').map_or(b.column.as_str(), |(_, c)| c),
-                    b.ahead,
-                    b.next,
-                ),
-                line,
-            );
-            h.suggestion = Some(format!(
-                "start it past what the column holds: SELECT setval('{}', (SELECT max({}) FROM {}))",
-                b.sequence.replace('\'', "''"),
-                b.column.rsplit_once('.').map_or("", |(_, c)| c),
-                b.column.rsplit_once('.').map_or("", |(t, _)| t),
-            ));
-            h
-        })
-        .collect()
+    behind.iter().map(|b| hazard(b, statements)).collect()
+}
+
+fn hazard(b: &Behind, statements: &[StatementReport]) -> Hazard {
+    let unquoted = |name: &str| {
+        let last = airlock_postgres::catalog::split_qualified(name).1;
+        last.to_ascii_lowercase()
+    };
+    let (sequence, table) = (unquoted(&b.sequence), unquoted(&b.table));
+    // The last statement naming the sequence (its setval or RESTART), else
+    // the last naming the table (its new default).
+    let line = [sequence.as_str(), table.as_str()].iter().find_map(|name| {
+        statements
+            .iter()
+            .rev()
+            .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(name))
+            .map(|s| s.line)
+            .filter(|l| *l > 0)
+    });
+    let (severity, outcome) = match b.unique {
+        true => (Severity::High, "fail with a duplicate key error"),
+        false => (Severity::Medium, "repeat a value another row holds"),
+    };
+    let (past, reach) = if b.descending { ("at or below", "down to") } else { ("at or past", "up to") };
+    let message = match &b.held {
+        Ok((ahead, far)) => format!(
+            "sequence {} hands out {} next, but {}.{} already holds values {reach} {far}: the next inserts that take {} from it {outcome} ({ahead} rows hold a value {past} {})",
+            b.sequence, b.next, b.table, b.column, b.column, b.next,
+        ),
+        Err(error) => format!(
+            "sequence {} hands out {} next, and {}.{} could not be read to tell whether its rows hold values {past} it ({error}): inserts that take {} from it may {outcome}",
+            b.sequence, b.next, b.table, b.column, b.column,
+        ),
+    };
+    let mut h = Hazard::new("sequence_behind", severity, message, line);
+    let (extreme, whole) = if b.descending { ("min", "below") } else { ("max", "past") };
+    h.suggestion = Some(format!(
+        "start it {whole} what the column holds: SELECT setval('{}', (SELECT {extreme}({}) FROM {}))",
+        b.sequence.replace('\'', "''"),
+        b.column,
+        b.table,
+    ));
+    h
 }

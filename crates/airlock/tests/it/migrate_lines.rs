@@ -1211,6 +1211,30 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
             ("rls_no_policy.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY;"),
             ("rls_forced.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"),
             ("rls_policy.sql", "ALTER TABLE notes ENABLE ROW LEVEL SECURITY;"),
+            // The candidate's function refuses the reader: not read is not clear.
+            (
+                "unreadable.sql",
+                "CREATE FUNCTION public.refuse(i int) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$\n\
+                 BEGIN IF current_user = 'airlock_reader' THEN RAISE EXCEPTION 'not for you'; END IF; RETURN i; END $$;\n\
+                 CREATE TABLE bt (id bigserial PRIMARY KEY, v int NOT NULL);\n\
+                 INSERT INTO bt (v) SELECT generate_series(1, 500);\n\
+                 CREATE INDEX bt_refusing ON bt (v) WHERE public.refuse(1) > 0;\n\
+                 SELECT setval('bt_id_seq', 3);",
+            ),
+            (
+                "odd_names.sql",
+                "CREATE TABLE \"od.d\" (\"c\"\"ol.1\" serial PRIMARY KEY);\n\
+                 INSERT INTO \"od.d\" SELECT generate_series(1, 300);\n\
+                 SELECT setval(pg_get_serial_sequence('\"od.d\"', 'c\"ol.1'), 1);",
+            ),
+            (
+                "descending.sql",
+                "CREATE SEQUENCE down INCREMENT -1 MINVALUE -1000 MAXVALUE 0 START 0;\n\
+                 CREATE TABLE dt (id int PRIMARY KEY DEFAULT nextval('down'));\n\
+                 INSERT INTO dt SELECT -g FROM generate_series(0, 99) g;\n\
+                 SELECT setval('down', -5);",
+            ),
+            ("default_added.sql", "ALTER TABLE legacy ALTER COLUMN name SET DEFAULT 'n';"),
             (
                 "no_cascade.sql",
                 "ALTER TABLE children DROP CONSTRAINT children_parent_fkey,\n\
@@ -1332,6 +1356,34 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
     let (severity, said, _) = narrowed("rls_policy.sql");
     assert_eq!(severity, "medium");
     assert!(said.ends_with("every role but its owner now reads and writes only the rows its permissive policy (own) let it (superusers and BYPASSRLS roles aside)"), "{said}");
+
+    let (severity, _, said) = behind("unreadable.sql");
+    assert_eq!(severity, "high");
+    assert!(said.contains("public.bt.id could not be read to tell whether its rows hold values at or past it (P0001: not for you)"), "{said}");
+    let (_, _, said) = behind("odd_names.sql");
+    assert!(said.contains("but public.\"od.d\".\"c\"\"ol.1\" already holds values up to 300: the next inserts that take \"c\"\"ol.1\" from it"), "{said}");
+    let (_, _, said) = behind("descending.sql");
+    assert!(
+        said.starts_with(
+            "sequence public.down hands out -6 next, but public.dt.id already holds values down to -99"
+        ),
+        "{said}"
+    );
+    assert!(said.ends_with("(94 rows hold a value at or below -6)"), "{said}");
+    let note =
+        c["default_added.sql"]["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "default_changed");
+    let note = note.unwrap_or_else(|| panic!("{}", c["default_added.sql"]))["message"].as_str().unwrap();
+    assert!(
+        note.starts_with(
+            "public.legacy.name now defaults to 'n'::text: inserts that leave it out now write it"
+        ),
+        "{note}"
+    );
+    let (_, said, _) = narrowed("rls_policy.sql");
+    assert!(
+        said.starts_with("turns row-level security on for public.notes: every role but its owner"),
+        "{said}"
+    );
 
     // Deletes that cascaded now fail.
     for (name, why) in [

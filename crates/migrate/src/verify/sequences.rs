@@ -155,41 +155,6 @@ pub fn set_back(
         .collect()
 }
 
-/// How many rows of `table` hold a value of `column` at or past `bound`, and
-/// the largest value it holds: one row of the reader's `row_image`, whose
-/// two expressions are aggregates of `pg_catalog`'s, in a transaction rolled
-/// back (with the reader's SELECT on the table granted in it). None when the
-/// read fails (the table gone, its read past 60 s).
-async fn held_past(
-    client: &tokio_postgres::Client,
-    (table, column): (&str, &str),
-    bound: i64,
-    grant_each: bool,
-) -> Result<Option<(i64, Option<i64>)>> {
-    client.batch_execute("BEGIN; SET LOCAL statement_timeout = 60000").await.map_err(pg_error)?;
-    let read = async {
-        if grant_each {
-            client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await?;
-        }
-        let ahead = format!(
-            "pg_catalog.count(*) FILTER (WHERE {column} OPERATOR(pg_catalog.>=) {bound}::pg_catalog.int8)"
-        );
-        let max = format!("pg_catalog.max({column})::pg_catalog.int8");
-        client
-            .query_one(
-                "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, 1)",
-                &[&table, &ahead, &max],
-            )
-            .await
-    }
-    .await;
-    client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
-    let Ok(row) = read else { return Ok(None) };
-    let (ahead, max): (Option<String>, Option<String>) = (row.cell(0)?, row.cell(1)?);
-    let ahead = ahead.and_then(|a| a.parse().ok()).unwrap_or(0);
-    Ok(Some((ahead, max.and_then(|m| m.parse().ok()))))
-}
-
 /// Tables of at most this many rows have their rows compared between the
 /// test and the target (see [`super::rows`]).
 pub const ROWS_COMPARED: i64 = 100_000;
@@ -200,24 +165,31 @@ pub const ROWS_COMPARED: i64 = 100_000;
 pub struct Behind {
     /// The sequence, as `pg_sequences` names it.
     pub sequence: String,
-    /// The column it gives values to, `table.column`.
+    /// The table of the column it gives values to, quoted as SQL.
+    pub table: String,
+    /// The column, quoted as SQL.
     pub column: String,
     /// The value it hands out next.
     pub next: i64,
-    /// The largest value the column holds.
-    pub max: i64,
-    /// How many rows hold a value at or past `next`.
-    pub ahead: i64,
+    /// Whether it counts down (a negative increment): its next values are
+    /// those at or below `next`.
+    pub descending: bool,
+    /// What the column holds in the sequence's way: how many rows hold a
+    /// value at or past `next`, and the farthest value; None when the
+    /// reading failed (its error), which the report says rather than
+    /// taking the sequence to be clear.
+    pub held: std::result::Result<(i64, i64), String>,
     /// Whether a unique index of the column alone refuses a repeated value.
     pub unique: bool,
 }
 
 /// Of `sequences`, those whose next value is one that a column they give
 /// values to (by its default, its identity or `OWNED BY`) already holds, on
-/// a test's fork: the admin finds the columns in the catalog, and the
-/// columns (integer columns of tables) are read through the reader's
-/// function, as the reader, never by the admin itself (planning a query
-/// on a table runs its indexes' predicates, which the candidate wrote).
+/// a test's fork, and those whose column could not be read: the admin finds
+/// the columns in the catalog, and the columns (integer columns of tables)
+/// are read through the reader's function, as the reader, never by the
+/// admin itself (planning a query on a table runs its indexes' predicates,
+/// which the candidate wrote).
 pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Result<Vec<Behind>> {
     let mut out = Vec::new();
     if sequences.is_empty() {
@@ -227,6 +199,14 @@ pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Re
     let Ok(grant_each) = airlock_postgres::catalog::ensure_reader(client).await else { return Ok(out) };
     for sequence in sequences {
         let Some(next) = next_value(client, sequence).await? else { continue };
+        let descending = client
+            .query_one(
+                "SELECT seqincrement < 0 FROM pg_catalog.pg_sequence WHERE seqrelid = $1::text::pg_catalog.regclass",
+                &[sequence],
+            )
+            .await
+            .map_err(pg_error)?
+            .cell::<bool>(0)?;
         let columns = client
             .query(
                 "SELECT DISTINCT pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
@@ -256,20 +236,55 @@ pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Re
             .map_err(pg_error)?;
         for row in columns {
             let (table, column, unique): (String, String, bool) = (row.cell(0)?, row.cell(1)?, row.cell(2)?);
-            let Some((ahead, max)) = held_past(client, (&table, &column), next, grant_each).await? else {
+            let held = held_past(client, (&table, &column), (next, descending), grant_each).await?;
+            // Clear: no row holds a value the sequence will hand out.
+            if matches!(held, Ok((0, _))) {
                 continue;
-            };
-            if let Some(max) = max.filter(|_| ahead > 0) {
-                out.push(Behind {
-                    sequence: sequence.clone(),
-                    column: format!("{table}.{column}"),
-                    next,
-                    max,
-                    ahead,
-                    unique,
-                });
             }
+            out.push(Behind { sequence: sequence.clone(), table, column, next, descending, held, unique });
         }
     }
     Ok(out)
+}
+
+/// How many rows of `table` hold a value of `column` at or past `next` in
+/// the sequence's direction, and the farthest such value: one row of the
+/// reader's `row_image`, whose two expressions are aggregates of
+/// `pg_catalog`'s, in a transaction rolled back (with the reader's SELECT on
+/// the table granted in it). The error, when the reading fails: code of the
+/// candidate's that the reading ran (a predicate the planner folds) may
+/// raise it, and a failure must not read as a sequence that is clear.
+async fn held_past(
+    client: &tokio_postgres::Client,
+    (table, column): (&str, &str),
+    (next, descending): (i64, bool),
+    grant_each: bool,
+) -> Result<std::result::Result<(i64, i64), String>> {
+    client.batch_execute("BEGIN; SET LOCAL statement_timeout = 60000").await.map_err(pg_error)?;
+    let (op, farthest) = if descending { ("<=", "min") } else { (">=", "max") };
+    let read = async {
+        if grant_each {
+            client.batch_execute(&airlock_postgres::catalog::reader_grant(table)).await?;
+        }
+        let ahead =
+            format!("pg_catalog.count(*) FILTER (WHERE {column} OPERATOR(pg_catalog.{op}) {next}::pg_catalog.int8)");
+        let far = format!(
+            "pg_catalog.{farthest}({column}) FILTER (WHERE {column} OPERATOR(pg_catalog.{op}) {next}::pg_catalog.int8)"
+        );
+        client
+            .query_one(
+                "SELECT k, d FROM pg_airlock.row_image($1::text::pg_catalog.regclass, $2, $3, 1)",
+                &[&table, &ahead, &far],
+            )
+            .await
+    }
+    .await;
+    client.batch_execute("ROLLBACK").await.map_err(pg_error)?;
+    let row = match read {
+        Ok(row) => row,
+        Err(e) => return Ok(Err(airlock_postgres::admin::describe(&e))),
+    };
+    let (ahead, far): (Option<String>, Option<String>) = (row.cell(0)?, row.cell(1)?);
+    let ahead = ahead.and_then(|a| a.parse().ok()).unwrap_or(0);
+    Ok(Ok((ahead, far.and_then(|m| m.parse().ok()).unwrap_or(next))))
 }
