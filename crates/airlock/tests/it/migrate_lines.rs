@@ -1235,6 +1235,14 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
                  SELECT setval('down', -5);",
             ),
             ("default_added.sql", "ALTER TABLE legacy ALTER COLUMN name SET DEFAULT 'n';"),
+            // A parent's key leaves out its children's rows: they repeat, not fail.
+            (
+                "inherited.sql",
+                "CREATE TABLE parent_ids (id serial PRIMARY KEY);\n\
+                 CREATE TABLE child_ids () INHERITS (parent_ids);\n\
+                 INSERT INTO child_ids SELECT generate_series(1, 200);\n\
+                 SELECT setval('parent_ids_id_seq', 5);",
+            ),
             (
                 "no_cascade.sql",
                 "ALTER TABLE children DROP CONSTRAINT children_parent_fkey,\n\
@@ -1370,6 +1378,26 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
         "{said}"
     );
     assert!(said.ends_with("(94 rows hold a value at or below -6)"), "{said}");
+    // The parent's column (whose reading counts the child's rows) and the
+    // child's own, whose default is the same sequence.
+    let inherited: Vec<&Value> = c["inherited.sql"]["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["kind"] == "sequence_behind")
+        .collect();
+    assert_eq!(inherited.len(), 2, "{}", c["inherited.sql"]);
+    let parent =
+        inherited.iter().find(|h| h["message"].as_str().unwrap().contains("but public.parent_ids.id"));
+    let parent = parent.unwrap_or_else(|| panic!("{}", c["inherited.sql"]));
+    assert_eq!(parent["severity"], json!("medium"), "{parent}");
+    assert!(
+        parent["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("repeat a value another row holds (195 rows hold a value at or past 6)"),
+        "{parent}"
+    );
     let note =
         c["default_added.sql"]["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "default_changed");
     let note = note.unwrap_or_else(|| panic!("{}", c["default_added.sql"]))["message"].as_str().unwrap();

@@ -214,6 +214,10 @@ pub async fn behind(client: &tokio_postgres::Client, sequences: &[String]) -> Re
                         EXISTS (SELECT 1 FROM pg_catalog.pg_index i
                                  WHERE i.indrelid = c.oid AND i.indisunique AND i.indnkeyatts = 1
                                    AND i.indkey[0] = a.attnum AND i.indpred IS NULL AND i.indexprs IS NULL)
+                          -- A table's unique index leaves out its inheritance
+                          -- children's rows, which the reading counts.
+                          AND NOT (c.relkind = 'r' AND EXISTS (SELECT 1 FROM pg_catalog.pg_inherits h
+                                                                WHERE h.inhparent = c.oid))
                    FROM pg_catalog.pg_depend d
                    LEFT JOIN pg_catalog.pg_attrdef ad
                           ON d.classid = 'pg_catalog.pg_attrdef'::pg_catalog.regclass AND ad.oid = d.objid
