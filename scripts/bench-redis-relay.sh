@@ -20,7 +20,12 @@ rounds=${ROUNDS:-3}
 requests=${REQUESTS:-100000}
 new=$PWD/target/release/airlock
 work=$(mktemp -d /var/tmp/airlock-bench-relay.XXXXXX)
-bare_stop() { redis-cli -s "$work/bare.sock" shutdown nosave >/dev/null 2>&1 || true; }
+# The bare server runs as the unprivileged airlock user, in a directory of
+# its own, with a throwaway password: a root Redis open on loopback would be
+# anyone's to write files with while the round runs.
+bare_pass=$(head -c 24 /dev/urandom | base64 | tr -d '/+=')
+export REDISCLI_AUTH=$bare_pass
+bare_stop() { redis-cli -s "$work/bare/bare.sock" shutdown nosave >/dev/null 2>&1 || true; }
 trap 'bench_cleanup; bare_stop; rm -rf "$work"' EXIT
 printf 'SET greeting hi\n' > "$work/seed.redis"
 host=${AIRLOCK_REDIS_ROUTER%:*}; port=${AIRLOCK_REDIS_ROUTER#*:}
@@ -48,14 +53,17 @@ round() {
   rb -h "$host" -p "$port" --tls --cacert "$AIRLOCK_HOME/tls/ca.crt" | sed "s/^/\"$name\",\"router_tls\",/"
   rb -h "$host" -p "$port" -P 16 | sed "s/^/\"$name\",\"router_pipelined\",/"
   bench_cleanup
-  # The bare server, with no password (nothing else reaches its loopback
-  # port during the round, and it is shut down right after).
-  redis-server --port 7485 --bind 127.0.0.1 --unixsocket "$work/bare.sock" --save '' --appendonly no \
-    --dir "$work" --daemonize yes --logfile "$work/bare.log" >/dev/null
-  until redis-cli -s "$work/bare.sock" ping >/dev/null 2>&1; do sleep 0.05; done
-  redis-cli -s "$work/bare.sock" set greeting hi >/dev/null
-  local rbare='redis-benchmark -t get,set -n '"$requests"' -c 50 --csv'
-  $rbare -s "$work/bare.sock" 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_socket\",/"
+  # The bare server (its password goes on redis-benchmark's command line,
+  # as the sandbox's does above: it dies with the round).
+  install -d -o airlock -m 700 "$work/bare"
+  chmod 711 "$work"
+  runuser -u airlock -- redis-server --port 7485 --bind 127.0.0.1 --unixsocket "$work/bare/bare.sock" \
+    --requirepass "$bare_pass" --save '' --appendonly no --dir "$work/bare" --daemonize yes \
+    --logfile "$work/bare/bare.log" >/dev/null
+  until redis-cli -s "$work/bare/bare.sock" ping >/dev/null 2>&1; do sleep 0.05; done
+  redis-cli -s "$work/bare/bare.sock" set greeting hi >/dev/null
+  local rbare='redis-benchmark -a '"$bare_pass"' -t get,set -n '"$requests"' -c 50 --csv'
+  $rbare -s "$work/bare/bare.sock" 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_socket\",/"
   $rbare -h 127.0.0.1 -p 7485 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_tcp\",/"
   bare_stop
 }

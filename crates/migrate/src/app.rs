@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use super::hazards::human_ms;
-use super::report::{Hazard, Severity};
+use super::report::{human_ms, Hazard, Severity};
+pub use super::report::{QueryPlan, WorkloadQuery, WorkloadReport};
 use airlock_core::error::Result;
 use airlock_lifecycle::engine::Engine;
 use airlock_lifecycle::sandbox::Sandbox;
@@ -27,31 +27,6 @@ pub const MAX_QUERIES: usize = 500;
 /// A plan this many times costlier (and at least `REGRESSION_MIN_COST` more) is a regression.
 const REGRESSION_RATIO: f64 = 10.0;
 const REGRESSION_MIN_COST: f64 = 100.0;
-
-/// One application query, planned before and after the candidate.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct QueryPlan {
-    /// The query (its first 300 characters).
-    pub sql: String,
-    /// The planner's total cost before.
-    #[serde(default)]
-    pub before: Option<f64>,
-    /// And after.
-    #[serde(default)]
-    pub after: Option<f64>,
-    /// How it reads its tables before (`Index Scan on orders`...).
-    #[serde(default)]
-    pub access_before: Vec<String>,
-    /// And after.
-    #[serde(default)]
-    pub access_after: Vec<String>,
-    /// PostgreSQL's error planning it before, if any.
-    #[serde(default)]
-    pub error_before: Option<String>,
-    /// And after.
-    #[serde(default)]
-    pub error_after: Option<String>,
-}
 
 /// A plan, or why there is none.
 type Planned = std::result::Result<(f64, Vec<String>), String>;
@@ -328,41 +303,6 @@ pub struct WorkloadSpec {
     /// Sessions at once (default 4, at most 8).
     #[serde(default)]
     pub clients: Option<usize>,
-}
-
-/// What the workload felt while the candidate ran.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct WorkloadReport {
-    /// Sessions it ran.
-    pub clients: usize,
-    /// How long it ran (the candidate's run), milliseconds.
-    pub duration_ms: f64,
-    /// Each query's latencies.
-    pub queries: Vec<WorkloadQuery>,
-    /// The waits worth knowing, in sentences ("reads of public.orders waited up to 2.3 s").
-    pub summary: Vec<String>,
-}
-
-/// One workload query's latencies while the candidate ran.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct WorkloadQuery {
-    /// What it is: `read of public.orders`, or the query's text.
-    pub label: String,
-    /// `read` or `write`.
-    pub kind: String,
-    /// Times it ran.
-    pub runs: usize,
-    /// Median latency, milliseconds.
-    pub p50_ms: f64,
-    /// 95th percentile.
-    pub p95_ms: f64,
-    /// Longest (the longest it was blocked).
-    pub max_ms: f64,
-    /// Runs that failed (the first error is kept).
-    pub errors: usize,
-    /// The first error.
-    #[serde(default)]
-    pub error: Option<String>,
 }
 
 /// A latency past which a query counts as having waited.

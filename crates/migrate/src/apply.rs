@@ -232,7 +232,7 @@ impl Tracker {
             let rows = self.rows.get(&table).copied().unwrap_or(0);
             report.rewrites.push(Rewrite {
                 table,
-                reason: probe::rewrite_reason(w.reason),
+                reason: probe::rewrite_reason(w.reason, &report.sql),
                 causes: RewriteCause::from_bits(w.reason),
                 rows,
             });

@@ -9,6 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::report::human_ms;
 use super::report::{
     Assertion, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
 };
@@ -335,7 +336,7 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
                 } else {
                     e.size_words(&w.table)
                 },
-                added_column_reason(&s.sql, &w.reason)
+                w.reason
             ),
             line,
         );
@@ -678,7 +679,7 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         return;
     }
     // The first statement that names what the first of them names.
-    let line = found.iter().filter_map(|(_, names)| line_naming_all(e, names)).min();
+    let line = found.iter().filter_map(|(_, names)| super::integrity::line_naming_all(e, names)).min();
     let found: Vec<String> = found.into_iter().map(|(phrase, _)| phrase).collect();
     let shown: Vec<&str> = found.iter().take(5).map(String::as_str).collect();
     let more = if found.len() > 5 { format!(" and {} more", found.len() - 5) } else { String::new() };
@@ -695,35 +696,6 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         "expand, then contract: add the new column or table beside the old one, write both, move the code over, and drop the old one in a later release".into(),
     );
     v.hazards.push(h);
-}
-
-/// A rewrite's reason as the statement's text tells it: PostgreSQL gives a
-/// stored generated column and an identity added to a table with rows the
-/// volatile default's reason, though neither is one.
-fn added_column_reason(sql: &str, reason: &str) -> String {
-    const VOLATILE: &str = "a column was added with a volatile default";
-    let sql = sql.to_ascii_lowercase();
-    let instead = if sql.contains("generated") && sql.contains("stored") {
-        "a stored generated column was added, computed for every row"
-    } else if sql.contains("identity") {
-        "an identity column was added, numbered for every row"
-    } else {
-        VOLATILE
-    };
-    reason.replace(VOLATILE, instead)
-}
-
-/// The line of the first statement that names every one of `names`.
-fn line_naming_all(e: &Evidence, names: &[String]) -> Option<usize> {
-    let names: Vec<String> = names.iter().map(|n| n.to_ascii_lowercase()).collect();
-    e.statements
-        .iter()
-        .find(|s| {
-            let sql = s.sql.to_ascii_lowercase();
-            !s.rolled_back && names.iter().all(|n| super::integrity::names_word(&sql, n))
-        })
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
 }
 
 /// Whether a type change only widens what a column holds, so code written for
@@ -754,19 +726,6 @@ fn widens(before: &str, after: &str) -> bool {
 
 fn round(ms: f64) -> f64 {
     (ms * 10.0).round() / 10.0
-}
-
-/// A duration for people: `850 ms`, `2.3 s`, `4.1 min`.
-pub fn human_ms(ms: f64) -> String {
-    if ms < 1_000.0 {
-        format!("{ms:.0} ms")
-    } else if ms < 10_000.0 {
-        format!("{:.2} s", ms / 1e3)
-    } else if ms < 60_000.0 {
-        format!("{:.1} s", ms / 1e3)
-    } else {
-        format!("{:.1} min", ms / 60e3)
-    }
 }
 
 /// Candidate names from best to worst, by a rule that reads only what the

@@ -11,8 +11,8 @@
 
 use maud::{html, Markup, PreEscaped, DOCTYPE};
 
-use super::hazards::human_ms;
 use super::locks::blocks_reads;
+use super::report::human_ms;
 use super::report::{cut, rows_by_table, CandidateReport, Hazard, LockHeld, Report, StatementReport};
 
 /// The page's style: fixed text, no part of it from a report.

@@ -279,10 +279,19 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
 
 /// The line of the first statement that names `name`, if one does.
 pub(crate) fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
-    let name = name.to_ascii_lowercase();
+    line_naming_all(e, &[name])
+}
+
+/// The line of the first statement (not rolled back) that names every one
+/// of `names` as a word.
+pub(crate) fn line_naming_all(e: &Evidence, names: &[impl AsRef<str>]) -> Option<usize> {
+    let names: Vec<String> = names.iter().map(|n| n.as_ref().to_ascii_lowercase()).collect();
     e.statements
         .iter()
-        .find(|s| !s.rolled_back && names_word(&s.sql.to_ascii_lowercase(), &name))
+        .find(|s| {
+            let sql = s.sql.to_ascii_lowercase();
+            !s.rolled_back && names.iter().all(|n| names_word(&sql, n))
+        })
         .map(|s| s.line)
         .filter(|l| *l > 0)
 }

@@ -73,8 +73,8 @@ pub fn what_waits(statements: &[StatementReport], i: usize, table: &str) -> &'st
     // Locks are listed on the statement that took them, and held to the end
     // of its transaction: an earlier statement of the same one may hold it.
     let txn = statements[i].txn;
-    let held: Vec<&StatementReport> = statements[..=i].iter().filter(|s| s.txn == txn).collect();
-    if held.iter().flat_map(|s| &s.locks).any(|l| l.relation == table && blocks_reads(&l.mode)) {
+    let held = statements[..=i].iter().filter(|s| s.txn == txn).flat_map(|s| &s.locks);
+    if held.into_iter().any(|l| l.relation == table && blocks_reads(&l.mode)) {
         "reads and writes"
     } else {
         "writes"

@@ -43,15 +43,16 @@ pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<(String, Vec<String>)> {
         let Some(now) = after.types.get(name) else { continue };
         let (Some(was), Some(now)) = (enum_labels(was), enum_labels(now)) else { continue };
         let now: BTreeSet<&String> = now.iter().collect();
-        let gone: Vec<String> = was.iter().filter(|l| !now.contains(l)).map(|l| quoted(l)).collect();
-        if let Some(first) = was.iter().find(|l| !now.contains(l)) {
+        let gone: Vec<&String> = was.iter().filter(|l| !now.contains(l)).collect();
+        if let Some(first) = gone.first() {
+            let quoted: Vec<String> = gone.iter().map(|l| quoted(l)).collect();
             let phrase = format!(
                 "enum {name} no longer has {} {} (renamed or dropped): code that writes or compares with {} fails",
                 if gone.len() == 1 { "the value" } else { "the values" },
-                gone.join(", "),
+                quoted.join(", "),
                 if gone.len() == 1 { "it" } else { "them" },
             );
-            found.push((phrase, vec![first.clone()]));
+            found.push((phrase, vec![(*first).clone()]));
         }
     }
     found

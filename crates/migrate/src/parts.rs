@@ -10,12 +10,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde::{Deserialize, Serialize};
-
+pub use super::report::PartRecord;
 use super::report::{rows_by_table, StatementReport};
 use super::verify::{self, RowImage};
 use airlock_core::error::Result;
-use airlock_postgres::catalog::diff::Change;
 use airlock_postgres::catalog::Catalog;
 use airlock_postgres::split::{self, Kind, Statement};
 
@@ -42,29 +40,6 @@ pub struct Part {
     pub opening: Opening,
     /// Whether its last statement is the file's `COMMIT` (else promote's).
     pub file_commits: bool,
-}
-
-/// What one part of a file run in parts did in its test: what promote holds
-/// that part to on the target.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PartRecord {
-    /// Its first statement's index.
-    pub from: usize,
-    /// One past its last statement's index.
-    pub to: usize,
-    /// The catalog changes it made.
-    #[schema(value_type = Vec<Object>)]
-    pub changes: Vec<Change>,
-    /// The sequences it set back.
-    #[serde(default)]
-    pub sequences_set_back: BTreeSet<String>,
-    /// How far it moved sequences forward.
-    #[serde(default)]
-    pub sequences_advanced: BTreeMap<String, i64>,
-    /// How many rows it changed, per table compared (which ones, and how,
-    /// are in the test's row record: see [`super::rows`]).
-    #[serde(default)]
-    pub changed_rows: BTreeMap<String, usize>,
 }
 
 /// Whether every statement can share one transaction: the file then runs whole.

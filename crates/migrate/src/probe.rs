@@ -244,14 +244,24 @@ pub struct RowStats {
     pub scanned: i64,
 }
 
-/// PostgreSQL's table-rewrite reason bits, in words.
-pub fn rewrite_reason(bits: i32) -> String {
+/// PostgreSQL's table-rewrite reason bits, in words, as statement `sql`
+/// tells them: PostgreSQL gives a stored generated column and an identity
+/// added to a table with rows the volatile default's bit, though neither is
+/// one.
+pub fn rewrite_reason(bits: i32, sql: &str) -> String {
     let mut why = Vec::new();
     if bits & 1 != 0 {
         why.push("its persistence changed (SET LOGGED/UNLOGGED)");
     }
     if bits & 2 != 0 {
-        why.push("a column was added with a volatile default");
+        let sql = sql.to_ascii_lowercase();
+        why.push(if sql.contains("generated") && sql.contains("stored") {
+            "a stored generated column was added, computed for every row"
+        } else if sql.contains("identity") {
+            "an identity column was added, numbered for every row"
+        } else {
+            "a column was added with a volatile default"
+        });
     }
     if bits & 4 != 0 {
         why.push("a column's type changed");
@@ -300,7 +310,7 @@ mod tests {
     fn modes_and_reasons_read_well() {
         assert_eq!(super::mode_name("AccessExclusiveLock"), "ACCESS EXCLUSIVE");
         assert_eq!(super::mode_name("RowExclusiveLock"), "ROW EXCLUSIVE");
-        assert!(super::rewrite_reason(4).contains("type changed"));
+        assert!(super::rewrite_reason(4, "").contains("type changed"));
         assert!(super::blocks_writes("ShareLock") && !super::blocks_writes("RowExclusiveLock"));
     }
 }

@@ -1,7 +1,7 @@
 //! The report rendered for people and tools: text for a terminal, Markdown for
 //! a pull-request comment, SARIF for code scanning.
 
-use super::hazards::human_ms;
+use super::report::human_ms;
 use super::report::{cut, Report, Severity};
 
 impl Report {

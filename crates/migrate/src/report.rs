@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use airlock_postgres::catalog::diff::Change;
 use airlock_postgres::catalog::Catalog;
 use airlock_postgres::wire::DbError;
@@ -67,11 +69,11 @@ pub struct CandidateReport {
     /// The application's queries planned before and after it (`--app-queries`).
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
-    pub queries: Vec<super::app::QueryPlan>,
+    pub queries: Vec<QueryPlan>,
     /// What a concurrent workload felt while it ran (`--workload`).
     #[serde(default)]
     #[schema(value_type = Option<Object>)]
-    pub workload: Option<super::app::WorkloadReport>,
+    pub workload: Option<WorkloadReport>,
     /// Each statement as applied (SQL candidates).
     pub statements: Vec<StatementReport>,
     /// The failure that stopped it, if one did.
@@ -111,7 +113,7 @@ pub struct CandidateReport {
     /// holds that part to on the target.
     #[serde(default)]
     #[schema(value_type = Vec<Object>)]
-    pub parts: Vec<super::parts::PartRecord>,
+    pub parts: Vec<PartRecord>,
     /// Time applying the candidate (statements and their measurements), milliseconds.
     pub duration_ms: f64,
     /// In a cluster: the node it ran on (a test's candidates are spread
@@ -467,5 +469,101 @@ pub fn cut(text: &str, max: usize) -> String {
     match text.char_indices().nth(max) {
         Some((i, _)) => format!("{}…", &text[..i]),
         None => text.to_owned(),
+    }
+}
+
+/// One application query, planned before and after the candidate.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct QueryPlan {
+    /// The query (its first 300 characters).
+    pub sql: String,
+    /// The planner's total cost before.
+    #[serde(default)]
+    pub before: Option<f64>,
+    /// And after.
+    #[serde(default)]
+    pub after: Option<f64>,
+    /// How it reads its tables before (`Index Scan on orders`...).
+    #[serde(default)]
+    pub access_before: Vec<String>,
+    /// And after.
+    #[serde(default)]
+    pub access_after: Vec<String>,
+    /// PostgreSQL's error planning it before, if any.
+    #[serde(default)]
+    pub error_before: Option<String>,
+    /// And after.
+    #[serde(default)]
+    pub error_after: Option<String>,
+}
+
+/// What the workload felt while the candidate ran.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WorkloadReport {
+    /// Sessions it ran.
+    pub clients: usize,
+    /// How long it ran (the candidate's run), milliseconds.
+    pub duration_ms: f64,
+    /// Each query's latencies.
+    pub queries: Vec<WorkloadQuery>,
+    /// The waits worth knowing, in sentences ("reads of public.orders waited up to 2.3 s").
+    pub summary: Vec<String>,
+}
+
+/// One workload query's latencies while the candidate ran.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct WorkloadQuery {
+    /// What it is: `read of public.orders`, or the query's text.
+    pub label: String,
+    /// `read` or `write`.
+    pub kind: String,
+    /// Times it ran.
+    pub runs: usize,
+    /// Median latency, milliseconds.
+    pub p50_ms: f64,
+    /// 95th percentile.
+    pub p95_ms: f64,
+    /// Longest (the longest it was blocked).
+    pub max_ms: f64,
+    /// Runs that failed (the first error is kept).
+    pub errors: usize,
+    /// The first error.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// What one part of a file run in parts did in its test: what promote holds
+/// that part to on the target.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PartRecord {
+    /// Its first statement's index.
+    pub from: usize,
+    /// One past its last statement's index.
+    pub to: usize,
+    /// The catalog changes it made.
+    #[schema(value_type = Vec<Object>)]
+    pub changes: Vec<Change>,
+    /// The sequences it set back.
+    #[serde(default)]
+    pub sequences_set_back: BTreeSet<String>,
+    /// How far it moved sequences forward.
+    #[serde(default)]
+    pub sequences_advanced: BTreeMap<String, i64>,
+    /// How many rows it changed, per table compared (which ones, and how,
+    /// are in the test's row record: see [`super::rows`]).
+    #[serde(default)]
+    pub changed_rows: BTreeMap<String, usize>,
+}
+
+/// A duration for people: `850 ms`, `2.3 s`, `4.1 min`.
+pub fn human_ms(ms: f64) -> String {
+    if ms < 1_000.0 {
+        format!("{ms:.0} ms")
+    } else if ms < 10_000.0 {
+        format!("{:.2} s", ms / 1e3)
+    } else if ms < 60_000.0 {
+        format!("{:.1} s", ms / 1e3)
+    } else {
+        format!("{:.1} min", ms / 60e3)
     }
 }
