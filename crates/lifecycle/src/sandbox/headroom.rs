@@ -514,8 +514,9 @@ pub fn no_room(engine: &Engine) -> Error {
             "the volume cannot promise another running sandbox its {} MiB of disk headroom and WAL",
             need >> 20
         ),
-        "delete or suspend sandboxes you no longer need, wait (--wait) for room, lower --disk-headroom, \
-         or give the volume more space",
+        "delete or suspend sandboxes you no longer need, wait (--wait 60s) for room (a deleted sandbox's \
+         space comes back as the filesystem frees it, which takes seconds for a sandbox of many files), \
+         lower --disk-headroom, or give the volume more space",
     )
 }
 
