@@ -93,6 +93,7 @@ pub(crate) async fn measure(
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
+    let left_before = verify::values_left(admin.client()).await?;
     // Which rows it changes, and to what, for promote to compare with the
     // target's (a workload beside it writes none: its writes are planned).
     let compared = compared_tables(&snapshot);
@@ -285,6 +286,7 @@ pub(crate) async fn measure(
         }
         losses.extend(found);
     }
+    super::overwrite::place_at_writes(&mut losses, &applied.statements);
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.
     let keepers = super::overwrite::keepers(&losses, &shape, &snapshot.catalog, &now);
@@ -315,6 +317,8 @@ pub(crate) async fn measure(
     moved.extend(sequences_after.keys().filter(|name| !sequences_before.contains_key(*name)).cloned());
     let behind = verify::behind(admin.client(), &moved).await?;
     found.extend(super::set_back::hazards(&behind, &applied.statements));
+    let run_out = verify::run_out(&left_before, &verify::values_left(admin.client()).await?);
+    found.extend(super::set_back::run_out(&run_out, &applied.statements));
     found.extend(code::hazard(candidate, &snapshot.catalog));
     let plans_after = app::plan_all(engine, sb, &req.app_queries).await?;
     let context = app::Context {

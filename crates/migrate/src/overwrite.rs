@@ -25,7 +25,7 @@ use airlock_core::error::Result;
 use airlock_postgres::catalog::{quote_ident, split_qualified, Catalog, Table};
 use airlock_postgres::cell::Cell as _;
 
-use super::report::{Hazard, Severity};
+use super::report::{Hazard, Severity, StatementReport};
 use super::verify::Shape;
 
 /// Rows that must lose their value, at least, for a hazard: this many, or
@@ -34,7 +34,7 @@ pub const ROWS_LOST: usize = 1_000;
 /// The share of a table's rows whose values lost make a hazard.
 pub const SHARE_OF_TABLE: f64 = 0.1;
 /// The fewest rows [`SHARE_OF_TABLE`] counts on a small table.
-pub const SHARE_FLOOR: usize = 50;
+pub const SHARE_FLOOR: usize = 20;
 /// The longest value a message quotes.
 const QUOTED_MOST: usize = 40;
 
@@ -603,6 +603,26 @@ impl Loss {
             lost,
             paired,
             named: t.named,
+        }
+    }
+}
+
+/// Puts each loss at the first statement that updated its table, where the
+/// statement that names the column wrote none of its rows (a function's
+/// body, a trigger made earlier): the line says where the values went.
+pub fn place_at_writes(losses: &mut [Loss], statements: &[StatementReport]) {
+    let updated = |st: &StatementReport, table: &str| {
+        !st.rolled_back && st.rows.iter().any(|r| r.table == table && r.updated > 0)
+    };
+    let wrote = |st: &StatementReport, table: &str| {
+        st.rows.iter().any(|r| r.table == table) || st.rewrites.iter().any(|w| w.table == table)
+    };
+    for loss in losses.iter_mut() {
+        if statements.iter().any(|st| st.line == loss.line && wrote(st, &loss.table)) {
+            continue;
+        }
+        if let Some(st) = statements.iter().find(|st| updated(st, &loss.table)) {
+            loss.line = st.line;
         }
     }
 }

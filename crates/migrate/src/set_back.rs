@@ -3,7 +3,11 @@
 //! sequence made the default of a column that already has rows. Every
 //! insert that leaves the column to its default then takes a value a row
 //! already holds: a duplicate key error where the column is unique, two
-//! rows with one id where it is not.
+//! rows with one id where it is not. And sequences a migration brings to
+//! the end of their range (`setval` to the top, a `MAXVALUE` lowered): every
+//! insert that takes a value from one then fails.
+
+use std::collections::BTreeMap;
 
 use super::report::{Hazard, Severity, StatementReport};
 use super::verify::Behind;
@@ -14,22 +18,59 @@ pub fn hazards(behind: &[Behind], statements: &[StatementReport]) -> Vec<Hazard>
     behind.iter().map(|b| hazard(b, statements)).collect()
 }
 
-fn hazard(b: &Behind, statements: &[StatementReport]) -> Hazard {
-    let unquoted = |name: &str| {
-        let last = airlock_postgres::catalog::split_qualified(name).1;
-        last.to_ascii_lowercase()
-    };
-    let (sequence, table) = (unquoted(&b.sequence), unquoted(&b.table));
-    // The last statement naming the sequence (its setval or RESTART), else
-    // the last naming the table (its new default).
-    let line = [sequence.as_str(), table.as_str()].iter().find_map(|name| {
+/// `sequence_exhausted` hazards: one per sequence the file left at its end
+/// (every insert that takes a value from it fails) or near it.
+pub fn run_out(left: &BTreeMap<String, i64>, statements: &[StatementReport]) -> Vec<Hazard> {
+    left.iter()
+        .map(|(sequence, left)| {
+            let line = last_naming(statements, &[sequence]);
+            let mut h = if *left == 0 {
+                Hazard::new(
+                    "sequence_exhausted",
+                    Severity::High,
+                    format!(
+                        "sequence {sequence} has no value left (it does not cycle): every insert that takes a value from it now fails with \"reached maximum value\" (or minimum, counting down)"
+                    ),
+                    line,
+                )
+            } else {
+                Hazard::new(
+                    "sequence_exhausted",
+                    Severity::Medium,
+                    format!(
+                        "sequence {sequence} has only {left} {} left (it does not cycle): inserts that take a value from it fail once {} handed out",
+                        if *left == 1 { "value" } else { "values" },
+                        if *left == 1 { "it is" } else { "they are" },
+                    ),
+                    line,
+                )
+            };
+            h.suggestion = Some(format!(
+                "leave the sequence its range: ALTER SEQUENCE {sequence} NO MAXVALUE (or set it past the column's largest value with setval)"
+            ));
+            h
+        })
+        .collect()
+}
+
+/// The line of the last statement (not rolled back) whose text names one of
+/// `names` (as written last in a qualified name, any case), tried in order.
+fn last_naming(statements: &[StatementReport], names: &[&str]) -> Option<usize> {
+    names.iter().find_map(|name| {
+        let name = airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase();
         statements
             .iter()
             .rev()
-            .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(name))
+            .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(&name))
             .map(|s| s.line)
             .filter(|l| *l > 0)
-    });
+    })
+}
+
+fn hazard(b: &Behind, statements: &[StatementReport]) -> Hazard {
+    // The last statement naming the sequence (its setval or RESTART), else
+    // the last naming the table (its new default).
+    let line = last_naming(statements, &[&b.sequence, &b.table]);
     let (severity, outcome) = match b.unique {
         true => (Severity::High, "fail with a duplicate key error"),
         false => (Severity::Medium, "repeat a value another row holds"),

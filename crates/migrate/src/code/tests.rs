@@ -57,6 +57,9 @@ fn plain_ddl_and_dml_are_transparent() {
         "INSERT INTO users (note) VALUES ('done now'), ('today''s')",
         "ALTER TABLE users ADD COLUMN day date NOT NULL DEFAULT 'today'",
         "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
+        // What a setval does is seen on the fork (sequence_behind, sequence_exhausted).
+        "SELECT setval('users_id_seq', 9223372036854775807)",
+        "SELECT setval('users_id_seq', (SELECT max(id) FROM users))",
         "UPDATE users SET since = date'2020-01-01' WHERE note = E'it''s \\' done'",
         "CREATE TYPE mood AS ENUM ('sad', 'ok')",
         "ALTER TABLE users ADD COLUMN \"user\" text",
@@ -146,7 +149,6 @@ fn code_that_can_look_around_is_opaque() {
         ("SELECT lo_unlink(16400)", "lo_unlink()"),
         ("CREATE OPERATOR === (LEFTARG = int, RIGHTARG = int, FUNCTION = rotate_keys)", "operator that runs rotate_keys"),
         ("CREATE FUNCTION h(int, int) RETURNS int LANGUAGE sql AS 'SELECT 1'; CREATE AGGREGATE a(int) (SFUNC = h, STYPE = int)", "aggregate that runs h"),
-        ("SELECT setval('users_id_seq', 9223372036854775807)", "setval()"),
         ("CREATE FUNCTION is_prod(users) RETURNS bool LANGUAGE sql AS $$SELECT true$$; UPDATE users u SET a = 1 WHERE u.is_prod", "names is_prod"),
         ("UPDATE users u SET a = 1 WHERE u.rotate_keys > 0", "names rotate_keys"),
         ("DELETE FROM users WHERE getpgusername() = 'app'", "getpgusername()"),

@@ -48,7 +48,6 @@ pub(super) const ENVIRONMENT_FUNCTIONS: &[&str] = &[
     "nextval",
     "currval",
     "lastval",
-    "setval",
     "getpgusername",
     "row_security_active",
     "shobj_description",

@@ -235,9 +235,10 @@ fn a_hazard_needs_a_thousand_rows_or_a_tenth_of_the_table() {
     assert!(enough(1_000, 1_000_000));
     assert!(!enough(999, 1_000_000));
     assert!(enough(2_000, 20_000));
-    assert!(!enough(49, 100));
-    assert!(enough(50, 500));
-    assert!(!enough(50, 501));
+    assert!(!enough(19, 100));
+    assert!(enough(20, 200));
+    assert!(!enough(20, 201));
+    assert!(enough(40, 40));
 }
 
 #[test]

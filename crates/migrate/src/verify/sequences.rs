@@ -96,6 +96,43 @@ pub(super) async fn owned_column_max(
     Ok(max.map(|m| (format!("{table}.{column}"), m)))
 }
 
+/// How many values each sequence that has handed out one (and does not
+/// cycle) has left before `nextval` fails at its bound: computed in numeric,
+/// so a sequence set to the top of `bigint` reads 0, never an overflow.
+pub async fn values_left(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(sequencename),
+                    pg_catalog.floor(CASE WHEN increment_by > 0
+                                          THEN (max_value::pg_catalog.numeric - last_value) / increment_by
+                                          ELSE (last_value::pg_catalog.numeric - min_value) / (-increment_by) END)::pg_catalog.int8
+               FROM pg_catalog.pg_sequences
+              WHERE NOT cycle AND last_value IS NOT NULL
+                AND schemaname NOT IN ('pg_catalog', 'information_schema') AND schemaname NOT LIKE 'airlock%'",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+}
+
+/// A sequence with fewer than this many values left is close to its end.
+pub const FEW_VALUES_LEFT: i64 = 1_000;
+
+/// Sequences the file brought to their end, or near it: fewer than
+/// [`FEW_VALUES_LEFT`] values left after, where before there were more (or
+/// it had handed out none), with what is left. A sequence already near its
+/// end in the golden is not the file's doing.
+pub fn run_out(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+    after
+        .iter()
+        .filter(|(name, left)| {
+            **left < FEW_VALUES_LEFT && before.get(*name).is_none_or(|was| *was >= FEW_VALUES_LEFT)
+        })
+        .map(|(name, left)| (name.clone(), *left))
+        .collect()
+}
+
 /// The value sequence `name` hands out next (None when it cannot be read).
 pub(super) async fn next_value(client: &tokio_postgres::Client, name: &str) -> Result<Option<i64>> {
     let row = client
