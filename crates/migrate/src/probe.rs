@@ -25,6 +25,24 @@ use airlock_core::dsn::{AGENT_ROLE, OWNER_ROLE};
 /// The schema everything lives in.
 pub const SCHEMA: &str = "pg_airlock_probe";
 
+/// The rows a table's scans read, from a row of `pg_stat_xact_user_tables`:
+/// its sequential scans' rows and the heap rows its index scans fetched, or,
+/// where more, the index entries they returned (an index-only scan fetches
+/// no heap row, so only its index counts it), those no more than the table
+/// holds: the planner's own probes of an index's ends return entries too.
+const SCANNED_XACT: &str = "greatest(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0),
+      least(coalesce(seq_tup_read, 0)
+              + (SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(x.indexrelid)), 0)::int8
+                   FROM pg_index x WHERE x.indrelid = relid),
+            (SELECT greatest(c.reltuples, 0)::int8 FROM pg_class c WHERE c.oid = relid)))";
+
+/// [`SCANNED_XACT`] for a row of `pg_stat_user_tables`, since the fork.
+const SCANNED_CUMULATIVE: &str = "greatest(coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0),
+      least(coalesce(seq_tup_read, 0)
+              + (SELECT coalesce(sum(pg_stat_get_tuples_returned(x.indexrelid)), 0)::int8
+                   FROM pg_index x WHERE x.indrelid = relid),
+            (SELECT greatest(c.reltuples, 0)::int8 FROM pg_class c WHERE c.oid = relid)))";
+
 /// Installs the machinery (run as the admin role).
 pub fn install_sql() -> String {
     format!(
@@ -88,16 +106,16 @@ pub fn install_sql() -> String {
              'rows', CASE WHEN cumulative
                        THEN (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
                                'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del,
-                               'scanned', coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]') FROM pg_stat_user_tables)
+                               'scanned', {SCANNED_CUMULATIVE})), '[]') FROM pg_stat_user_tables)
                        ELSE (SELECT coalesce(json_agg(json_build_object('relid', relid::int8,
                                'ins', n_tup_ins, 'upd', n_tup_upd, 'del', n_tup_del,
-                               'scanned', coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]') FROM pg_stat_xact_user_tables)
+                               'scanned', {SCANNED_XACT})), '[]') FROM pg_stat_xact_user_tables)
                      END
            )::text $$;
          CREATE FUNCTION {SCHEMA}.transaction_rows() RETURNS text
            LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
            SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del,
-                                    coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0))), '[]')::text
+                                    {SCANNED_XACT})), '[]')::text
            FROM pg_stat_xact_user_tables $$;
          REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
          REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;

@@ -54,6 +54,12 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
             ("update_most.sql", "UPDATE orders SET note = 'checked' WHERE id <= 70000;"),
             ("drop_table.sql", "DROP TABLE orders CASCADE;"),
             ("drop_column.sql", "ALTER TABLE users DROP COLUMN nickname;"),
+            // Rows read from an index alone (the golden is vacuumed: no heap fetch).
+            (
+                "index_only.sql",
+                "BEGIN;\nSET LOCAL enable_seqscan = off;\nSET LOCAL enable_bitmapscan = off;\n\
+                 LOCK TABLE orders IN ACCESS EXCLUSIVE MODE;\nSELECT count(*) FROM orders WHERE id > 0;\nCOMMIT;",
+            ),
         ],
     );
     let mut args = path_strs(&paths);
@@ -208,6 +214,14 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
     let said = message(&c["update_all.sql"], "long_lock");
     assert!(said.contains(&format!("read or write {USERS} rows")), "{said}");
     assert!(numbers(&said).iter().all(|n| *n <= USERS), "{said}");
+
+    // An index-only scan's rows count, though it fetches none from the table.
+    let index_only = &c["index_only.sql"];
+    let select = index_only["statements"].as_array().unwrap().iter().find(|s| s["line"] == json!(5));
+    let select = select.unwrap_or_else(|| panic!("{index_only}"));
+    assert_eq!(select["scanned"]["public.orders"], json!(ORDERS), "{select}");
+    let said = message(index_only, "long_lock");
+    assert!(said.contains(&format!("while line(s) 5 read or write {ORDERS} rows")), "{said}");
 }
 
 #[test]
