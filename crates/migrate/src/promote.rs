@@ -337,7 +337,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             let before = verify::Before::read(&client, &shape, &compared).await?;
             for s in within {
                 if let Err(e) = run(s.sql.clone()).await {
-                    return Err(undone(&client, &before, failed(s, e, kept)).await);
+                    return Err(undone(&client, &before, advanced, failed(s, e, kept)).await);
                 }
                 kept = true;
             }
@@ -347,7 +347,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                     seen.found,
                     ", where nothing can be undone: what it did stays, and nothing after it ran",
                 );
-                return Err(undone(&client, &before, e).await);
+                return Err(undone(&client, &before, advanced, e).await);
             }
             catalog_before = seen.catalog;
         } else {
@@ -376,7 +376,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
             for s in body {
                 if let Err(e) = run(s.sql.clone()).await {
                     let _ = run("ROLLBACK".into()).await;
-                    return Err(undone(&client, &before, failed(s, e, kept)).await);
+                    return Err(undone(&client, &before, advanced, failed(s, e, kept)).await);
                 }
             }
             // Before anything is kept, the target must have seen what the test
@@ -405,7 +405,7 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
                 Ok(catalog) => catalog_before = catalog,
                 Err(e) => {
                     let _ = run("ROLLBACK".into()).await;
-                    return Err(undone(&client, &before, e).await);
+                    return Err(undone(&client, &before, advanced, e).await);
                 }
             }
             match close.first() {
@@ -440,12 +440,18 @@ pub async fn promote(engine: &Engine, req: &PromoteRequest) -> Result<Promoted> 
     Ok(promoted)
 }
 
-/// `e`, once what a rollback leaves is seen to: sequences set back are put
-/// back where they were, and what stays (sequences advanced, an INVALID
-/// index) is said.
-async fn undone(client: &tokio_postgres::Client, before: &verify::Before, mut e: Error) -> Error {
+/// `e`, once what a rollback leaves is seen to: sequences set back, or moved
+/// forward further than `tested` (the test's advances) allows, are put back
+/// where they were, and what stays (sequences advanced, an INVALID index) is
+/// said.
+async fn undone(
+    client: &tokio_postgres::Client,
+    before: &verify::Before,
+    tested: &std::collections::BTreeMap<String, i64>,
+    mut e: Error,
+) -> Error {
     let mut said = Vec::new();
-    match verify::restore_sequences(client, before).await {
+    match verify::restore_sequences(client, before, tested).await {
         Ok(restored) if !restored.is_empty() => {
             said.push(format!("sequences put back where they were: {}", restored.join(", ")))
         }

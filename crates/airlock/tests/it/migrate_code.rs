@@ -485,23 +485,15 @@ fn plain_sql_that_acts_on_a_sign_of_the_test_is_refused_by_what_it_does_to_rows(
         );
         assert_eq!(state(), before, "{name} rolled back");
     }
-    // A sequence set by what it finds, or a function of the file reached as
-    // a column of its row: code, which needs a person before anything runs.
-    let coded = [
-        (
-            "sequence.sql",
-            format!(
-                "SELECT setval('users_id_seq', CASE WHEN {grown} THEN 9223372036854775806 ELSE 20010 END);\n"
-            ),
-        ),
-        (
-            "attribute.sql",
-            format!(
-                "CREATE FUNCTION grown(users) RETURNS boolean LANGUAGE sql AS $$ SELECT {grown} $$;\n\
+    // A function of the file reached as a column of its row: code, which
+    // needs a person before anything runs.
+    let coded = [(
+        "attribute.sql",
+        format!(
+            "CREATE FUNCTION grown(users) RETURNS boolean LANGUAGE sql AS $$ SELECT {grown} $$;\n\
                  UPDATE users u SET score = 5 WHERE u.grown AND id <= 10;\n"
-            ),
         ),
-    ];
+    )];
     let borrowed: Vec<(&str, &str)> = coded.iter().map(|(n, t)| (*n, t.as_str())).collect();
     let coded_paths = files(&d, &borrowed);
     let coded_report = d.home.join("coded.json");
@@ -514,6 +506,22 @@ fn plain_sql_that_acts_on_a_sign_of_the_test_is_refused_by_what_it_does_to_rows(
         assert_eq!(code, 10, "{name}: {out}");
         assert!(out.contains("--allow-code"), "{name}: {out}");
     }
+    // A sequence set by what it finds is plain SQL too: its test sets it
+    // where its column is clear, and the target's, set far past, is refused
+    // by how far it moved.
+    let set_by_count = format!(
+        "SELECT setval('users_id_seq', CASE WHEN {grown} THEN 9223372036854775806 ELSE 20010 END);\n"
+    );
+    let sequence_paths = files(&d, &[("sequence.sql", set_by_count.as_str())]);
+    let sequence_report = d.home.join("sequence.json");
+    let (_, report) =
+        test(&d, &[sequence_paths[0].to_str().unwrap(), "--report", sequence_report.to_str().unwrap()]);
+    assert_eq!(hazard_kinds(&by_name(&report)["sequence.sql"]), Vec::<&str>::new(), "{report}");
+    let (code, out) =
+        promote(&d, sequence_report.to_str().unwrap(), &target, sequence_paths[0].to_str().unwrap(), &[]);
+    assert_eq!(code, 10, "{out}");
+    assert!(out.contains("sequence public.users_id_seq moved forward by"), "{out}");
+    assert!(out.contains("sequences put back where they were: public.users_id_seq"), "{out}");
     assert_eq!(sql(&target, "SELECT last_value < 100000 FROM users_id_seq"), "t");
     let allowed = accept("faithful.sql");
     let allowed: Vec<&str> = allowed.iter().map(String::as_str).collect();

@@ -23,11 +23,18 @@ pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
     rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
 }
 
-/// Puts back every sequence set back since `before` (after a rollback:
-/// `setval` is not undone by one); the sequences it put back.
-pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before) -> Result<Vec<String>> {
+/// Puts back every sequence set back since `before`, and every one moved
+/// forward further than its test moved it allows (`tested`, as
+/// [`advance_allowed`] reads it), after a rollback: `setval` is not undone
+/// by one, and a sequence left at the end of its range stops every insert.
+/// The sequences it put back.
+pub async fn restore_sequences(
+    client: &tokio_postgres::Client,
+    before: &Before,
+    tested: &BTreeMap<String, i64>,
+) -> Result<Vec<String>> {
     let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
-    let restored = restore_sequences_pinned(client, before).await?;
+    let restored = restore_sequences_pinned(client, before, tested).await?;
     pinned.restore(client).await?;
     Ok(restored)
 }
@@ -35,8 +42,15 @@ pub async fn restore_sequences(client: &tokio_postgres::Client, before: &Before)
 pub(super) async fn restore_sequences_pinned(
     client: &tokio_postgres::Client,
     before: &Before,
+    tested: &BTreeMap<String, i64>,
 ) -> Result<Vec<String>> {
-    let moved = set_back(&before.sequences, &sequences(client).await?);
+    let now = sequences(client).await?;
+    let mut moved = set_back(&before.sequences, &now);
+    for (name, by) in advanced(&before.sequences, &now) {
+        if by > advance_allowed(tested.get(&name).copied().unwrap_or(0)) {
+            moved.insert(name);
+        }
+    }
     let mut restored = Vec::new();
     // Whatever the file made of this session (a read-only default), the
     // putting back writes.
