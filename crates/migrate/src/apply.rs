@@ -335,8 +335,15 @@ impl Tracker {
                 });
             }
         }
-        let originals: Vec<String> =
-            r.probe.dropped.iter().filter(|d| d.original).filter_map(|d| d.identity.clone()).collect();
+        // (What a dropped schema held is no part of it: its tables, views and
+        // functions went by the CASCADE, each reported.)
+        let originals: Vec<String> = r
+            .probe
+            .dropped
+            .iter()
+            .filter(|d| d.original && d.object_type != "schema")
+            .filter_map(|d| d.identity.clone())
+            .collect();
         for d in r.probe.dropped {
             self.after_drop = self.after_drop.max(d.id);
             // What a CASCADE reached beyond the named object's own parts (a

@@ -260,35 +260,34 @@ fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
 fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
     let line = Some(s.line).filter(|l| *l > 0);
     for d in &s.dropped {
-        match (d.object_type.as_str(), d.cascade) {
-            (_, true) => v.hazards.push(Hazard::new(
+        // Rows lost are named as such, whether the statement named their
+        // table or a CASCADE (of a schema, a type) reached it.
+        let by = if d.cascade { " (reached by the CASCADE)" } else { "" };
+        let table_of_column = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
+        match d.object_type.as_str() {
+            "table" if e.has_rows(&d.identity) => v.hazards.push(Hazard::new(
+                "table_dropped",
+                Severity::Critical,
+                format!("drops table {} holding {} rows{by}", d.identity, e.golden_rows(&d.identity)),
+                line,
+            )),
+            // A column of a table this run made held nothing anyone kept.
+            "table column" if e.has_rows(table_of_column) => v.hazards.push(Hazard::new(
+                "column_dropped",
+                Severity::High,
+                format!(
+                    "drops column {} from a table with {} rows{by}",
+                    d.identity,
+                    e.golden_rows(table_of_column)
+                ),
+                line,
+            )),
+            _ if d.cascade => v.hazards.push(Hazard::new(
                 "cascade",
                 Severity::High,
                 format!("CASCADE also dropped {} {}", d.object_type, d.identity),
                 line,
             )),
-            ("table", false) if e.has_rows(&d.identity) => v.hazards.push(Hazard::new(
-                "table_dropped",
-                Severity::Critical,
-                format!("drops table {} holding {} rows", d.identity, e.golden_rows(&d.identity)),
-                line,
-            )),
-            ("table column", false) => {
-                let table = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
-                // A column of a table this run made held nothing anyone kept.
-                if e.has_rows(table) {
-                    v.hazards.push(Hazard::new(
-                        "column_dropped",
-                        Severity::High,
-                        format!(
-                            "drops column {} from a table with {} rows",
-                            d.identity,
-                            e.golden_rows(table)
-                        ),
-                        line,
-                    ));
-                }
-            }
             _ => {}
         }
     }
@@ -669,9 +668,17 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
             }
         }
     }
-    for name in e.before.views.keys().filter(|n| !e.after.views.contains_key(*n)) {
+    for (name, definition) in &e.before.views {
         let short = airlock_postgres::catalog::short_name(name).to_owned();
-        found.push((format!("view {name} is gone (dropped or renamed)"), vec![short]));
+        match e.after.views.get(name) {
+            None => found.push((format!("view {name} is gone (dropped or renamed)"), vec![short])),
+            // Its callers may now get other columns or other rows.
+            Some(now) if now != definition => found.push((
+                format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
+                vec![short],
+            )),
+            Some(_) => {}
+        }
     }
     found.extend(super::old_code::breaks(e.before, e.after));
     v.notes.extend(super::old_code::defaults_changed(e.before, e.after));
@@ -679,7 +686,24 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         return;
     }
     // The first statement that names what the first of them names.
-    let line = found.iter().filter_map(|(_, names)| super::integrity::line_naming_all(e, names)).min();
+    // (Else the first that dropped one: a schema's CASCADE names none.)
+    let line =
+        found.iter().filter_map(|(_, names)| super::integrity::line_naming_all(e, names)).min().or_else(
+            || {
+                let dropped_one = |s: &&StatementReport| {
+                    s.dropped.iter().any(|d| {
+                        let short = airlock_postgres::catalog::short_name(&d.identity);
+                        found.iter().any(|(_, names)| names.first().is_some_and(|n| n.as_str() == short))
+                    })
+                };
+                e.statements
+                    .iter()
+                    .filter(|s| !s.rolled_back)
+                    .find(dropped_one)
+                    .map(|s| s.line)
+                    .filter(|l| *l > 0)
+            },
+        );
     let found: Vec<String> = found.into_iter().map(|(phrase, _)| phrase).collect();
     let shown: Vec<&str> = found.iter().take(5).map(String::as_str).collect();
     let more = if found.len() > 5 { format!(" and {} more", found.len() - 5) } else { String::new() };

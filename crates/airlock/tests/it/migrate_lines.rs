@@ -283,8 +283,12 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "views",
         "CREATE TABLE sales (id int PRIMARY KEY, region int NOT NULL, amount int NOT NULL);
          CREATE MATERIALIZED VIEW region_totals AS SELECT region, sum(amount) AS total FROM sales GROUP BY region;
-         CREATE UNIQUE INDEX region_totals_region ON region_totals (region);",
+         CREATE UNIQUE INDEX region_totals_region ON region_totals (region);
+         CREATE VIEW big_sales AS SELECT id, region, amount FROM sales WHERE amount > 90;
+         CREATE SCHEMA billing;
+         CREATE TABLE billing.ledger (id int PRIMARY KEY, amount int NOT NULL);",
         "INSERT INTO sales SELECT g, g % 5000, g % 100 FROM generate_series(1, 50000) g;
+         INSERT INTO billing.ledger SELECT g, g FROM generate_series(1, 300) g;
          REFRESH MATERIALIZED VIEW region_totals;",
     );
     let paths = files(
@@ -292,9 +296,31 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         &[
             ("refresh.sql", "REFRESH MATERIALIZED VIEW region_totals;"),
             ("refresh_concurrently.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY region_totals;"),
+            // A schema's CASCADE names none of the tables it drops.
+            ("drop_schema.sql", "-- billing moves to its own database\nDROP SCHEMA billing CASCADE;"),
+            // A view made again without its filter: same columns, other rows.
+            (
+                "view_unfiltered.sql",
+                "CREATE OR REPLACE VIEW big_sales AS SELECT id, region, amount FROM sales;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "views", &paths));
+    let dropped = hazard(&c["drop_schema.sql"], "table_dropped");
+    assert_eq!(
+        (&dropped["severity"], &dropped["line"], &dropped["message"]),
+        (
+            &json!("critical"),
+            &json!(2),
+            &json!("drops table billing.ledger holding 300 rows (reached by the CASCADE)")
+        ),
+        "{dropped}"
+    );
+    let broken = hazard(&c["drop_schema.sql"], "breaks_compatibility");
+    assert_eq!(broken["line"], json!(2), "{broken}");
+    let said = message(&c["view_unfiltered.sql"], "breaks_compatibility");
+    assert!(said.contains("view public.big_sales is defined otherwise"), "{said}");
+    assert_eq!(hazard(&c["view_unfiltered.sql"], "breaks_compatibility")["line"], json!(1));
     let refresh = hazard(&c["refresh.sql"], "table_rewrite");
     let said = refresh["message"].as_str().unwrap();
     assert!(said.contains("public.region_totals") && said.contains("reads and writes wait"), "{said}");
