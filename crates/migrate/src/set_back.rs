@@ -36,9 +36,9 @@ pub fn run_out(left: &BTreeMap<String, i64>, statements: &[StatementReport]) -> 
             } else {
                 Hazard::new(
                     "sequence_exhausted",
-                    Severity::Medium,
+                    Severity::High,
                     format!(
-                        "sequence {sequence} has only {left} {} left (it does not cycle): inserts that take a value from it fail once {} handed out",
+                        "sequence {sequence} has only {left} {} left (it does not cycle): inserts that take a value from it fail once {} handed out, sooner on a database further ahead than the golden",
                         if *left == 1 { "value" } else { "values" },
                         if *left == 1 { "it is" } else { "they are" },
                     ),

@@ -1225,6 +1225,7 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
         &d,
         &[
             ("restart.sql", "-- a new year\nALTER SEQUENCE invoice_no RESTART WITH 100;"),
+            ("restart_forward.sql", "ALTER SEQUENCE invoice_no RESTART WITH 5000;"),
             ("setval.sql", "SELECT setval('items_id_seq', 10);"),
             // Sequences brought to the end of their range, or near it.
             ("to_the_top.sql", "SELECT setval('items_id_seq', 2147483647);"),
@@ -1399,12 +1400,17 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
     // tells the fork apart.
     assert_eq!(c["past_the_top.sql"]["passed"], json!(true), "{}", c["past_the_top.sql"]);
     assert!(c["past_the_top.sql"]["hazards"].as_array().unwrap().is_empty(), "{}", c["past_the_top.sql"]);
+    // A restart is set back only where it is behind where the sequence stood.
+    assert_eq!(c["restart.sql"]["sequences_set_back"], json!(["public.invoice_no"]));
+    let forward = &c["restart_forward.sql"];
+    assert_eq!((&forward["passed"], &forward["sequences_set_back"]), (&json!(true), &json!([])), "{forward}");
+    assert_eq!(forward["sequences_advanced"]["public.invoice_no"], json!(5000 - 1 - 2099), "{forward}");
     let h = hazard(&c["to_the_top.sql"], "sequence_exhausted");
     assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
     assert!(h["message"].as_str().unwrap().starts_with("sequence public.items_id_seq has no value left (it does not cycle): every insert that takes a value from it now fails"), "{h}");
     assert_eq!(hazard_kinds(&c["to_the_top.sql"]), vec!["sequence_exhausted"], "{}", c["to_the_top.sql"]);
     let h = hazard(&c["max_lowered.sql"], "sequence_exhausted");
-    assert_eq!(h["severity"], json!("medium"), "{h}");
+    assert_eq!(h["severity"], json!("high"), "{h}");
     assert!(
         h["message"].as_str().unwrap().starts_with("sequence public.invoice_no has only 401 values left"),
         "{h}"

@@ -8,8 +8,10 @@ use airlock_postgres::cell::Cell;
 
 use super::*;
 
-/// Each sequence's position (`None` before its first `nextval`, or where the
-/// session may not read it).
+/// Each sequence's position: the last value it handed out, or, before its
+/// first `nextval` (new, or just restarted), the one before the value it
+/// hands out next, so a `RESTART` forward reads as a move forward. `None`
+/// where the session may not read it.
 pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<String, Option<i64>>> {
     let rows = client
         .query(
@@ -20,7 +22,27 @@ pub async fn sequences(client: &tokio_postgres::Client) -> Result<BTreeMap<Strin
         )
         .await
         .map_err(pg_error)?;
-    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let (name, last): (String, Option<i64>) = (row.cell(0)?, row.cell(1)?);
+        let position = match last {
+            Some(last) => Some(last),
+            None => before_next(client, &name).await,
+        };
+        out.insert(name, position);
+    }
+    Ok(out)
+}
+
+/// For a sequence that has not handed out its next value yet: that value
+/// less one step (None when it cannot be read).
+async fn before_next(client: &tokio_postgres::Client, name: &str) -> Option<i64> {
+    let sql = format!(
+        "SELECT CASE WHEN s.is_called THEN NULL
+                     ELSE (s.last_value::pg_catalog.numeric - q.seqincrement)::pg_catalog.int8 END
+           FROM {name} s, pg_catalog.pg_sequence q WHERE q.seqrelid = $1::text::pg_catalog.regclass"
+    );
+    client.query_one(&sql, &[&name]).await.ok().and_then(|row| row.cell::<Option<i64>>(0).ok().flatten())
 }
 
 /// Puts back every sequence set back since `before`, and every one moved
@@ -111,15 +133,18 @@ pub(super) async fn owned_column_max(
 }
 
 /// How many values each sequence that has handed out one (and does not
-/// cycle) has left before `nextval` fails at its bound: computed in numeric,
-/// so a sequence set to the top of `bigint` reads 0, never an overflow.
-pub async fn values_left(client: &tokio_postgres::Client) -> Result<BTreeMap<String, i64>> {
+/// cycle) has left before `nextval` fails at its bound, and how many it has
+/// handed out since its start: computed in numeric, so a sequence set to the
+/// top of `bigint` reads 0, never an overflow.
+pub async fn values_left(client: &tokio_postgres::Client) -> Result<BTreeMap<String, (i64, i64)>> {
     let rows = client
         .query(
             "SELECT pg_catalog.quote_ident(schemaname) || '.' || pg_catalog.quote_ident(sequencename),
                     pg_catalog.floor(CASE WHEN increment_by > 0
                                           THEN (max_value::pg_catalog.numeric - last_value) / increment_by
-                                          ELSE (last_value::pg_catalog.numeric - min_value) / (-increment_by) END)::pg_catalog.int8
+                                          ELSE (last_value::pg_catalog.numeric - min_value) / (-increment_by) END)::pg_catalog.int8,
+                    LEAST(pg_catalog.abs((last_value::pg_catalog.numeric - start_value) / increment_by),
+                                     9223372036854775807)::pg_catalog.int8
                FROM pg_catalog.pg_sequences
               WHERE NOT cycle AND last_value IS NOT NULL
                 AND schemaname NOT IN ('pg_catalog', 'information_schema') AND schemaname NOT LIKE 'airlock%'",
@@ -127,23 +152,29 @@ pub async fn values_left(client: &tokio_postgres::Client) -> Result<BTreeMap<Str
         )
         .await
         .map_err(pg_error)?;
-    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+    rows.into_iter().map(|r| Ok((r.cell(0)?, (r.cell(1)?, r.cell(2)?)))).collect()
 }
 
-/// A sequence with fewer than this many values left is close to its end.
+/// A sequence is close to its end with fewer values left than this, or
+/// than a tenth of those it has handed out.
 pub const FEW_VALUES_LEFT: i64 = 1_000;
 
-/// Sequences the file brought to their end, or near it: fewer than
-/// [`FEW_VALUES_LEFT`] values left after, where before there were more (or
-/// it had handed out none), with what is left. A sequence already near its
-/// end in the golden is not the file's doing.
-pub fn run_out(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> BTreeMap<String, i64> {
+/// Whether `(left, handed_out)` is close to the end (see [`FEW_VALUES_LEFT`]).
+fn near_the_end((left, handed_out): (i64, i64)) -> bool {
+    left < FEW_VALUES_LEFT.max(handed_out / 10)
+}
+
+/// Sequences the file brought to their end, or near it, with the values
+/// they have left. A sequence already near its end in the golden is not the
+/// file's doing.
+pub fn run_out(
+    before: &BTreeMap<String, (i64, i64)>,
+    after: &BTreeMap<String, (i64, i64)>,
+) -> BTreeMap<String, i64> {
     after
         .iter()
-        .filter(|(name, left)| {
-            **left < FEW_VALUES_LEFT && before.get(*name).is_none_or(|was| *was >= FEW_VALUES_LEFT)
-        })
-        .map(|(name, left)| (name.clone(), *left))
+        .filter(|(name, now)| near_the_end(**now) && !before.get(*name).is_some_and(|was| near_the_end(*was)))
+        .map(|(name, (left, _))| (name.clone(), *left))
         .collect()
 }
 
@@ -174,7 +205,7 @@ pub fn advanced(
         .filter_map(|(name, now)| {
             let moved = match (before.get(name).copied().flatten(), *now) {
                 (Some(was), Some(now)) if now > was => now.saturating_sub(was),
-                (None, Some(now)) => now,
+                (None, Some(now)) if now > 0 => now,
                 _ => return None,
             };
             Some((name.clone(), moved))
