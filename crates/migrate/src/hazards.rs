@@ -387,14 +387,7 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
         );
         let rows = e.golden_rows(table) * indexes.len() as i64;
         h.estimated_ms = Some(round(scale.estimate_ms(table, &Work { indexed: rows, ..Default::default() })));
-        let tag = s.tag.as_deref().unwrap_or_default();
-        h.suggestion = Some(if tag == "ALTER TABLE" {
-            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX".into()
-        } else if tag == "REINDEX" {
-            "REINDEX ... CONCURRENTLY, outside a transaction".into()
-        } else {
-            "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail".into()
-        });
+        h.suggestion = index_build_safer_form(s).map(str::to_owned);
         v.hazards.push(h);
     }
     for c in s.validated.iter().filter(|c| e.has_rows(&c.table)) {
@@ -439,6 +432,63 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
         h.estimated_ms = Some(round(scale.estimate_ms(&c.table, &work)));
         h.suggestion = Some(suggestion.into());
         v.hazards.push(h);
+    }
+    attach_scans(e, i, v);
+}
+
+/// `ATTACH PARTITION` reads every row of the table it attaches (unless a
+/// CHECK already proves the bounds) and of a DEFAULT partition (for rows
+/// that now belong to the new one), under its locks: a validation like a
+/// constraint's.
+fn attach_scans(e: &Evidence, i: usize, v: &mut Verdict) {
+    let s = &e.statements[i];
+    let sql = s.sql.to_ascii_lowercase();
+    let has = |word: &str| crate::integrity::names_word(&sql, word);
+    if s.tag.as_deref() != Some("ALTER TABLE") || !has("attach") || !has("partition") {
+        return;
+    }
+    let line = Some(s.line).filter(|l| *l > 0);
+    for (table, rows) in s.scanned.iter().filter(|(t, n)| **n > 0 && e.has_rows(t)) {
+        let mut h = Hazard::new(
+            "constraint_validation",
+            e.sized(table),
+            format!(
+                "attaching a partition checks every row of {table} ({}) against the partition's bounds while its {} wait",
+                e.size_words(table),
+                super::locks::what_waits(e.statements, i, table)
+            ),
+            line,
+        );
+        h.estimated_ms =
+            Some(round(e.scale.estimate_ms(table, &Work { scanned: *rows, ..Default::default() })));
+        h.suggestion = Some(
+            "add a CHECK matching the partition's bounds to the table first (NOT VALID, then VALIDATE in its own transaction): ATTACH then skips its scan; a DEFAULT partition is read for rows of the new one whatever is done, so keep it small".into(),
+        );
+        v.hazards.push(h);
+    }
+}
+
+/// The safer form of what built indexes under a blocking lock, by what the
+/// statement is; none where there is none (an exclusion constraint, a
+/// column's type or collation changed, whose indexes are rebuilt).
+fn index_build_safer_form(s: &StatementReport) -> Option<&'static str> {
+    let sql = s.sql.to_ascii_lowercase();
+    let has = |word: &str| crate::integrity::names_word(&sql, word);
+    match s.tag.as_deref().unwrap_or_default() {
+        "REINDEX" => Some("REINDEX ... CONCURRENTLY, outside a transaction"),
+        "ALTER TABLE" if has("attach") && has("partition") => Some(
+            "build the parent's indexes on the table first with CREATE INDEX CONCURRENTLY (ATTACH adopts a matching one), \
+             and add a CHECK matching the partition's bounds (NOT VALID, then VALIDATE) so ATTACH skips its scan",
+        ),
+        "ALTER TABLE" if has("exclude") => None,
+        "ALTER TABLE" if has("unique") || has("primary") => Some(
+            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX",
+        ),
+        "ALTER TABLE" if has("type") || has("collate") => None,
+        "ALTER TABLE" => None,
+        _ => Some(
+            "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail",
+        ),
     }
 }
 
@@ -521,10 +571,12 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
         line,
     );
     h.estimated_ms = Some(estimate);
-    h.suggestion = Some(
+    // Work after it in its transaction can move out; a statement long on
+    // its own has its own hazard's safer form.
+    h.suggestion = (held_over_work || !code.is_empty()).then(|| {
         "commit the locking statement in a short transaction of its own, and do the work after it in batches"
-            .into(),
-    );
+            .into()
+    });
     v.hazards.push(h);
 }
 

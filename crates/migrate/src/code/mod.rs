@@ -87,11 +87,15 @@ pub const OPAQUE_CODE: &str = "opaque_code";
 /// Every opaque statement of `statements`, against the golden's `catalog`.
 pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
     let mut functions: BTreeSet<String> = catalog.functions.keys().map(|k| function_name(k)).collect();
-    let triggered: BTreeSet<String> = catalog
+    // Tables with triggers, and the events they fire on.
+    let triggered: BTreeMap<String, BTreeSet<String>> = catalog
         .tables
         .iter()
         .filter(|(_, t)| !t.triggers.is_empty())
-        .map(|(name, _)| airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase())
+        .map(|(name, t)| {
+            let events = t.triggers.values().flat_map(|def| trigger_events(&tokens(def))).collect();
+            (airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase(), events)
+        })
         .collect();
     // Tables whose defaults, checks or index expressions call a function the
     // database holds run it on every write; views that call one, on every read.
@@ -152,7 +156,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         if let Some(table) =
             name.strip_prefix("rule ").and_then(|r| r.split_once(" on table ")).map(|(_, t)| t)
         {
-            triggered.insert(unqualified(table));
+            triggered.insert(unqualified(table), ANY_EVENT.iter().map(|e| e.to_string()).collect());
         }
     }
     // Casts and operators the golden holds run their functions wherever they
@@ -195,7 +199,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         }
         seen
     };
-    let mut triggered_here: BTreeSet<String> = BTreeSet::new();
+    let mut triggered_here: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     // Columns the file adds with a default that fills them by clock or chance.
     let mut filled_here: BTreeSet<String> = BTreeSet::new();
     let mut rules = false;
@@ -212,6 +216,36 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             })
             .collect();
         let definition_statement = matches!(words.first(), Some(&("create" | "alter")));
+        // Whether the statement reads rows through views and row policies:
+        // a query, a write, code, or a table made from a query. DDL about a
+        // table (a column added, a comment, a grant, a policy) reads none.
+        let runs_queries = match words.first() {
+            Some(&("create")) => {
+                words.iter().any(|w| matches!(*w, "table" | "materialized"))
+                    && tokens.iter().any(|t| matches!(t, Token::Word(w) if w == "select"))
+            }
+            Some(w) => matches!(
+                *w,
+                "select"
+                    | "insert"
+                    | "update"
+                    | "delete"
+                    | "merge"
+                    | "with"
+                    | "copy"
+                    | "table"
+                    | "values"
+                    | "do"
+                    | "call"
+                    | "execute"
+                    | "explain"
+                    | "refresh"
+                    | "declare"
+                    | "fetch"
+                    | "prepare"
+            ),
+            None => false,
+        };
         if definition_statement {
             for (i, t) in tokens.iter().enumerate() {
                 if matches!(t, Token::Word(w) if TIME_WORDS.contains(&w.as_str())) && defaulted(&tokens, i) {
@@ -232,7 +266,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             ["create", "or", "replace", "trigger", ..] | ["create", "trigger" | "constraint", ..] => {
                 if let Some(table) = word_after(&tokens, "on") {
-                    triggered_here.insert(table);
+                    triggered_here.entry(table).or_default().extend(trigger_events(&tokens));
                 }
                 continue;
             }
@@ -298,14 +332,22 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         };
         // An extension's name is not a catalog read.
         let about_extensions = matches!(words.as_slice(), [_, "extension", ..] | [_, _, "extension", ..]);
-        for (table, carried) in written_tables(&tokens) {
+        // A table's triggers that fire on `events` (any, for a table a
+        // foreign key carries the write to).
+        let fires = |table: &str, events: &[&str]| {
+            [triggered.get(table), triggered_here.get(table)]
+                .into_iter()
+                .flatten()
+                .any(|on| events.iter().any(|e| on.contains(*e)))
+        };
+        for (table, carried, events) in written_tables(&tokens) {
             let reaches = if carried { reached(&table) } else { BTreeSet::from([table.clone()]) };
-            let coded = reaches.into_iter().find(|t| {
-                triggered.contains(t) || triggered_here.contains(t) || coded_tables.contains_key(t)
-            });
+            let coded = reaches
+                .into_iter()
+                .find(|t| (t != &table && fires(t, ANY_EVENT)) || coded_tables.contains_key(t));
             if let Some(t) = coded.filter(|t| *t != table) {
                 why(format!("writes {table}, whose foreign keys carry the write to {t}, whose triggers, rules or defaults run code"));
-            } else if triggered.contains(&table) || triggered_here.contains(&table) {
+            } else if fires(&table, events) {
                 why(format!("writes {table}, whose triggers or rules run code"));
             } else if rules {
                 why(format!("writes {table} after the file made a rule (code in place of the write)"));
@@ -392,7 +434,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
             if cast_types.contains(&name) {
                 why(format!("names type {name}, which a cast the database holds turns into code"));
-            } else if let Some((what, f)) = coded_views.get(&name).filter(|_| !called) {
+            } else if let Some((what, f)) = coded_views.get(&name).filter(|_| !called && runs_queries) {
                 let how = if *what == "view" { "view {name}, which" } else { "{name}, whose row policies" };
                 why(format!("reads {}", how.replace("{name}", &name))
                     + &format!(" read {f}, which differs where it runs"));
@@ -656,13 +698,46 @@ fn defined_name(tokens: &[Token]) -> Option<String> {
     }
 }
 
+/// Every trigger event, and a rule's (which acts on any write).
+const ANY_EVENT: &[&str] = &["insert", "update", "delete", "truncate"];
+
+/// The events a `CREATE TRIGGER` fires on: the words between its timing
+/// (`BEFORE`, `AFTER`, `INSTEAD OF`) and its `ON` (`UPDATE OF a, b` is an
+/// update); every event where the text does not say.
+fn trigger_events(tokens: &[Token]) -> BTreeSet<String> {
+    let words: Vec<&str> = tokens
+        .iter()
+        .filter_map(|t| match t {
+            Token::Word(w) => Some(w.as_str()),
+            _ => None,
+        })
+        .collect();
+    let from = words.iter().position(|w| matches!(*w, "before" | "after" | "instead"));
+    let to = from.and_then(|f| words[f..].iter().position(|w| *w == "on").map(|p| f + p));
+    let found: BTreeSet<String> = match (from, to) {
+        (Some(f), Some(t)) => {
+            words[f..t].iter().filter(|w| ANY_EVENT.contains(w)).map(|w| w.to_string()).collect()
+        }
+        _ => BTreeSet::new(),
+    };
+    if found.is_empty() {
+        return ANY_EVENT.iter().map(|e| e.to_string()).collect();
+    }
+    found
+}
+
 /// Every table a statement may write (unqualified, lowercased): after each
 /// `INSERT INTO`, `UPDATE`, `DELETE FROM` and `MERGE INTO` (data-modifying
 /// `WITH` parts included), and a `COPY` or `TRUNCATE`'s table; with whether
-/// the write changes or removes rows (which foreign keys may carry on).
-fn written_tables(tokens: &[Token]) -> Vec<(String, bool)> {
+/// the write changes or removes rows (which foreign keys may carry on), and
+/// the trigger events it fires (an `INSERT ... ON CONFLICT DO UPDATE` an
+/// update's too, a `MERGE` any).
+fn written_tables(tokens: &[Token]) -> Vec<(String, bool, &'static [&'static str])> {
     let mut out = Vec::new();
     let first = tokens.iter().position(|t| matches!(t, Token::Word(_)));
+    let upserts = tokens
+        .windows(2)
+        .any(|w| matches!(w, [Token::Word(a), Token::Word(b)] if a == "do" && b == "update"));
     for (i, t) in tokens.iter().enumerate() {
         let Token::Word(w) = t else { continue };
         let next_is = |word: &str| matches!(tokens.get(i + 1), Some(Token::Word(n)) if n == word);
@@ -678,8 +753,16 @@ fn written_tables(tokens: &[Token]) -> Vec<(String, bool)> {
             rest = &rest[1..];
         }
         if let Some(name) = name_at(rest) {
+            let events: &'static [&'static str] = match w.as_str() {
+                "insert" if upserts => &["insert", "update"],
+                "insert" | "copy" => &["insert"],
+                "update" => &["update"],
+                "delete" => &["delete"],
+                "truncate" => &["truncate"],
+                _ => ANY_EVENT,
+            };
             // An INSERT or COPY adds rows, which no foreign key carries further.
-            out.push((name, !matches!(w.as_str(), "insert" | "copy")));
+            out.push((name, !matches!(w.as_str(), "insert" | "copy"), events));
         }
     }
     out

@@ -15,6 +15,8 @@ fn why(sql: &str) -> Vec<String> {
             "public.audited": {"kind": "table", "columns": [], "constraints": {}, "indexes": {},
                                 "triggers": {"log": "CREATE TRIGGER log ..."}},
             "public.users": {"kind": "table", "columns": [], "constraints": {}, "indexes": {}, "triggers": {}},
+            "public.on_update_only": {"kind": "table", "columns": [], "constraints": {}, "indexes": {},
+                                       "triggers": {"t": "CREATE TRIGGER t BEFORE UPDATE OF a ON public.on_update_only FOR EACH ROW EXECUTE FUNCTION f()"}},
             "public.scored": {"kind": "table", "columns": [{"name": "s", "type": "int", "nullable": true,
                                "default": "rotate_keys(1)"}], "constraints": {}, "indexes": {}, "triggers": {}},
             "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
@@ -57,6 +59,12 @@ fn plain_ddl_and_dml_are_transparent() {
         "INSERT INTO users (note) VALUES ('done now'), ('today''s')",
         "ALTER TABLE users ADD COLUMN day date NOT NULL DEFAULT 'today'",
         "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
+        // Statements about a table read none of its rows through its policies,
+        // and an insert fires no trigger that fires on updates alone.
+        "ALTER TABLE notes ADD COLUMN category text",
+        "COMMENT ON TABLE notes IS 'tenant documents'",
+        "CREATE POLICY open ON notes FOR SELECT USING (true)",
+        "INSERT INTO on_update_only VALUES (1)",
         // What a setval does is seen on the fork (sequence_behind, sequence_exhausted).
         "SELECT setval('users_id_seq', 9223372036854775807)",
         "SELECT setval('users_id_seq', (SELECT max(id) FROM users))",
@@ -199,6 +207,10 @@ fn code_that_can_look_around_is_opaque() {
         ("INSERT INTO users SELECT a FROM who", "view who, which read current_setting"),
         ("DELETE FROM users WHERE id IN (SELECT id FROM notes)", "notes, whose row policies read current_user"),
         ("UPDATE notes SET body = 'x'", "writes notes, whose row policies read current_user"),
+        ("UPDATE on_update_only SET a = 1", "writes on_update_only, whose triggers or rules run code"),
+        ("INSERT INTO on_update_only VALUES (1) ON CONFLICT (a) DO UPDATE SET a = 2", "whose triggers or rules run code"),
+        ("MERGE INTO on_update_only t USING users u ON t.a = u.id WHEN MATCHED THEN DELETE", "whose triggers or rules run code"),
+        ("CREATE TABLE copy AS SELECT * FROM notes", "notes, whose row policies read current_user"),
     ];
     for (sql, said) in cases {
         let got = why(sql);
