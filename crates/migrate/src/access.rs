@@ -1,6 +1,7 @@
 //! What a candidate opens up or switches off on the golden's tables: row
 //! security turned off, a restrictive policy dropped, privileges granted
-//! (`access_widened`), and a trigger dropped or disabled (`trigger_removed`).
+//! (`access_widened`), privileges revoked or row security turned on
+//! (`access_narrowed`), and a trigger dropped or disabled (`trigger_removed`).
 //!
 //! Read from the catalog's entries before and after (`Catalog::objects`:
 //! each table's properties with its grants and row-security switches, each
@@ -20,6 +21,7 @@ pub(crate) fn access_hazards(e: &Evidence, v: &mut Verdict) {
     let (Some(before), Some(after)) = (e.before.objects.as_ref(), e.after.objects.as_ref()) else { return };
     row_security(e, before, after, v);
     grants(e, before, after, v);
+    grants_lost(e, before, after, v);
     default_privileges(e, before, after, v);
     views_over_row_security(e, before, after, v);
     definer_functions(e, after, v);
@@ -28,8 +30,7 @@ pub(crate) fn access_hazards(e: &Evidence, v: &mut Verdict) {
 
 /// Grantees of an entry other than its owner (`owner X` in its definition).
 fn others_granted(entry: &Entry) -> Vec<String> {
-    let owner = entry.definition.split("; ").find_map(|p| p.strip_prefix("owner ")).unwrap_or_default();
-    let owner = owner.trim_matches('"');
+    let owner = owner(entry);
     granted(entry).into_keys().filter(|g| g != owner).collect()
 }
 
@@ -433,6 +434,58 @@ fn grants(e: &Evidence, before: &BTreeMap<String, Entry>, after: &BTreeMap<Strin
             if public {
                 h.suggestion = Some("grant to the role that needs it, not PUBLIC".into());
             }
+            v.hazards.push(h);
+        }
+    }
+}
+
+/// The owner an entry names (`owner X`), unquoted.
+fn owner(entry: &Entry) -> &str {
+    entry.definition.split("; ").find_map(|p| p.strip_prefix("owner ")).unwrap_or_default().trim_matches('"')
+}
+
+/// Privileges a golden object's grants lost, grantee by grantee
+/// (`access_narrowed`): high for `PUBLIC`, every role without a grant of
+/// its own. The owners before and after (an owner changed changes whose
+/// privileges the list spells out) and the fork's own roles are left out.
+fn grants_lost(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    for (key, was) in before {
+        let object = key.strip_prefix("properties of ").unwrap_or(key);
+        let Some(now) = after.get(key) else { continue };
+        let owners = [owner(was), owner(now)];
+        for (grantee, lost) in gains(&granted(now), &granted(was)) {
+            if owners.contains(&grantee.as_str()) || grantee.starts_with("airlock_") {
+                continue;
+            }
+            let public = grantee == "PUBLIC";
+            let reach = if object.starts_with("schema ") && lost.contains(&"USAGE") {
+                ", so they can no longer reach any table, view or function in it"
+            } else {
+                ""
+            };
+            let mut h = Hazard::new(
+                "access_narrowed",
+                if public { Severity::High } else { Severity::Medium },
+                format!(
+                    "revokes {} on {object} from {grantee}{}{reach}",
+                    lost.join(", "),
+                    if public {
+                        ": every role but its owner and those granted it by name loses it"
+                    } else {
+                        ""
+                    }
+                ),
+                line_naming(e, "revoke").or_else(|| line_naming(e, "grant")),
+            );
+            h.suggestion = Some(format!(
+                "grant {} to the roles that still need it before revoking it from {grantee}",
+                lost.join(", ")
+            ));
             v.hazards.push(h);
         }
     }

@@ -1090,6 +1090,7 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
             ),
             ("add_permissive.sql", "CREATE POLICY everyone ON accounts USING (true);"),
             ("schema_grant.sql", "GRANT USAGE ON SCHEMA private TO PUBLIC;"),
+            ("schema_revoke.sql", "-- lock it down\nREVOKE ALL ON SCHEMA public FROM PUBLIC;"),
             (
                 "trigger_when_false.sql",
                 "DROP TRIGGER accounts_touch ON accounts;\n\
@@ -1169,6 +1170,22 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
     assert_eq!(h["severity"], "medium");
     let said = message(&c["schema_grant.sql"], "access_widened");
     assert!(said.starts_with("grants USAGE on schema private to PUBLIC"), "{said}");
+    let revoked = hazard(&c["schema_revoke.sql"], "access_narrowed");
+    assert_eq!((&revoked["severity"], &revoked["line"]), (&json!("high"), &json!(2)), "{revoked}");
+    assert!(
+        revoked["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("revokes USAGE on schema public from PUBLIC: every role but its owner"),
+        "{revoked}"
+    );
+    assert!(
+        revoked["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("so they can no longer reach any table, view or function in it"),
+        "{revoked}"
+    );
     let said = message(&c["trigger_when_false.sql"], "trigger_changed");
     assert!(
         said.starts_with("changes trigger accounts_touch on public.accounts")
