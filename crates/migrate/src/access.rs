@@ -1,7 +1,8 @@
 //! What a candidate opens up or switches off on the golden's tables: row
 //! security turned off, a restrictive policy dropped, privileges granted
 //! (`access_widened`), privileges revoked or row security turned on
-//! (`access_narrowed`), and a trigger dropped or disabled (`trigger_removed`).
+//! (`access_narrowed`), a trigger dropped or disabled (`trigger_removed`),
+//! and one added (`trigger_added`).
 //!
 //! Read from the catalog's entries before and after (`Catalog::objects`:
 //! each table's properties with its grants and row-security switches, each
@@ -323,6 +324,24 @@ fn policies_changed(
                     line(policy),
                 ))
             }
+            Some(d)
+                if definition.starts_with("restrictive")
+                    && d.starts_with("restrictive")
+                    && d.contains(" using (true)") =>
+            {
+                v.hazards.push(Hazard::new(
+                    "access_widened",
+                    Severity::High,
+                    format!("makes restrictive policy {policy} on {table} let every row through ({d}): the rows it kept from every role are theirs to see again"),
+                    line(policy),
+                ))
+            }
+            Some(d) if lets_every_row(d) && !lets_every_row(definition) => v.hazards.push(Hazard::new(
+                "access_widened",
+                Severity::High,
+                format!("changes policy {policy} on {table} to let every row through (was {definition}, now {d}): the roles it names ({}) may now read all of its {} rows", to_whom(d), e.golden_rows(table)),
+                line(policy),
+            )),
             Some(d) => v.hazards.push(Hazard::new(
                 "policy_changed",
                 Severity::Medium,
@@ -343,14 +362,29 @@ fn policies_changed(
     for (policy, definition) in now.iter().filter(|(n, _)| !was.contains_key(*n)) {
         let renamed = was.iter().any(|(n, d)| d == definition && !now.contains_key(n));
         if definition.starts_with("permissive") && !renamed && row_security {
-            v.hazards.push(Hazard::new(
-                "access_widened",
-                Severity::Medium,
-                format!("adds permissive policy {policy} on {table} ({definition}): the roles it names may now read or write rows no other policy let them"),
-                line(policy),
-            ));
+            let message = match lets_every_row(definition) {
+                true => format!(
+                    "adds permissive policy {policy} on {table} ({definition}): the roles it names ({}) may now read every one of its {} rows, whatever the other policies keep from them",
+                    to_whom(definition),
+                    e.golden_rows(table)
+                ),
+                false => format!("adds permissive policy {policy} on {table} ({definition}): the roles it names may now read or write rows no other policy let them"),
+            };
+            let severity = if lets_every_row(definition) { Severity::High } else { Severity::Medium };
+            v.hazards.push(Hazard::new("access_widened", severity, message, line(policy)));
         }
     }
+}
+
+/// Whether a permissive policy's definition (`permissive for select to
+/// public using (true)`) lets every row through.
+fn lets_every_row(definition: &str) -> bool {
+    definition.starts_with("permissive") && definition.contains(" using (true)")
+}
+
+/// The roles a policy's definition names (`... to a, b using ...`).
+fn to_whom(definition: &str) -> &str {
+    definition.split(" to ").nth(1).and_then(|rest| rest.split(" using ").next()).unwrap_or("public")
 }
 
 fn has(entry: &Entry, part: &str) -> bool {
@@ -541,6 +575,25 @@ fn triggers(
             h.suggestion =
                 Some("if its work moves elsewhere, say where in the migration; otherwise keep it".into());
             v.hazards.push(h);
+        }
+    }
+    // Triggers added to golden tables (not one made again under a new name):
+    // the application's writes now run them too.
+    for (table, was) in &e.before.tables {
+        let Some(now) = e.after.tables.get(table) else { continue };
+        let old: Vec<String> = was.triggers.iter().map(|(n, d)| d.replacen(n.as_str(), "", 1)).collect();
+        for (name, definition) in now.triggers.iter().filter(|(n, _)| !was.triggers.contains_key(*n)) {
+            if old.contains(&definition.replacen(name.as_str(), "", 1)) {
+                continue;
+            }
+            v.hazards.push(Hazard::new(
+                "trigger_added",
+                Severity::Medium,
+                format!(
+                    "adds trigger {name} on {table}: the application's writes to it now run it too ({definition}), and whatever it writes, locks or refuses with them"
+                ),
+                line_naming(e, name),
+            ));
         }
     }
     for (key, was) in before {

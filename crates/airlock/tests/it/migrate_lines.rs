@@ -1092,6 +1092,11 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
             ("schema_grant.sql", "GRANT USAGE ON SCHEMA private TO PUBLIC;"),
             ("schema_revoke.sql", "-- lock it down\nREVOKE ALL ON SCHEMA public FROM PUBLIC;"),
             (
+                "new_trigger.sql",
+                "CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;\n\
+                 CREATE TRIGGER accounts_stamp AFTER INSERT ON accounts FOR EACH ROW EXECUTE FUNCTION stamp();",
+            ),
+            (
                 "trigger_when_false.sql",
                 "DROP TRIGGER accounts_touch ON accounts;\n\
                  CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW WHEN (false) EXECUTE FUNCTION touch();",
@@ -1155,9 +1160,9 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
     );
     let said = message(&c["disable_trigger.sql"], "trigger_removed");
     assert!(said.contains("accounts_touch") && said.contains("(disabled)"), "{said}");
-    let said = message(&c["loosen_restrictive.sql"], "policy_changed");
+    let said = message(&c["loosen_restrictive.sql"], "access_widened");
     assert!(
-        said.starts_with("changes policy no_negative on public.accounts") && said.contains("(true)"),
+        said.starts_with("makes restrictive policy no_negative on public.accounts let every row through"),
         "{said}"
     );
     let said = message(&c["restrictive_to_permissive.sql"], "access_widened");
@@ -1167,9 +1172,25 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
         h["message"].as_str().unwrap().starts_with("adds permissive policy everyone on public.accounts"),
         "{h}"
     );
-    assert_eq!(h["severity"], "medium");
+    // USING (true): every row, to every role it names.
+    assert!(h["message"].as_str().unwrap().contains("may now read every one of its 5000 rows"), "{h}");
+    assert_eq!(h["severity"], "high");
     let said = message(&c["schema_grant.sql"], "access_widened");
     assert!(said.starts_with("grants USAGE on schema private to PUBLIC"), "{said}");
+    let added = hazard(&c["new_trigger.sql"], "trigger_added");
+    assert_eq!((&added["severity"], &added["line"]), (&json!("medium"), &json!(2)), "{added}");
+    assert!(
+        added["message"].as_str().unwrap().starts_with(
+            "adds trigger accounts_stamp on public.accounts: the application's writes to it now run it too"
+        ),
+        "{added}"
+    );
+    // A copy of a golden trigger under a new name adds nothing.
+    assert!(
+        !hazard_kinds(&c["copy_then_disable.sql"]).contains(&"trigger_added"),
+        "{}",
+        c["copy_then_disable.sql"]
+    );
     let revoked = hazard(&c["schema_revoke.sql"], "access_narrowed");
     assert_eq!((&revoked["severity"], &revoked["line"]), (&json!("high"), &json!(2)), "{revoked}");
     assert!(
