@@ -220,7 +220,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
         // a query, a write, code, or a table made from a query. DDL about a
         // table (a column added, a comment, a grant, a policy) reads none.
         let runs_queries = match words.first() {
-            Some(&("create")) => {
+            Some(&"create") => {
                 words.iter().any(|w| matches!(*w, "table" | "materialized"))
                     && tokens.iter().any(|t| matches!(t, Token::Word(w) if w == "select"))
             }
