@@ -434,6 +434,54 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
         v.hazards.push(h);
     }
     attach_scans(e, i, v);
+    detached(e, s, v);
+}
+
+/// `DETACH PARTITION`: the partition's rows stay, but no longer read as
+/// its parent's: every query of the parent loses them.
+fn detached(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
+    let sql = s.sql.to_ascii_lowercase();
+    if s.tag.as_deref() != Some("ALTER TABLE") {
+        return;
+    }
+    let Some(at) = sql.find("detach partition") else { return };
+    let name: String = sql[at + "detach partition".len()..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '"' | '$'))
+        .filter(|c| *c != '"')
+        .collect();
+    let parent: String = sql
+        .strip_prefix("alter table")
+        .map(|rest| rest.trim_start().trim_start_matches("only ").trim_start())
+        .unwrap_or_default()
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '"' | '$'))
+        .filter(|c| *c != '"')
+        .collect();
+    let Some(partition) = e
+        .rows_before
+        .keys()
+        .find(|t| t.as_str() == name || airlock_postgres::catalog::split_qualified(t).1 == name)
+    else {
+        return;
+    };
+    let rows = e.golden_rows(partition);
+    if rows == 0 {
+        return;
+    }
+    let mut h = Hazard::new(
+        "rows_deleted",
+        Severity::High,
+        format!(
+            "detaches partition {partition} from {parent}: its {rows} rows stay in it, but no query of {parent} reads them any more"
+        ),
+        Some(s.line).filter(|l| *l > 0),
+    );
+    h.suggestion = Some(format!(
+        "detach only a partition no query of {parent} needs any more, and say where its rows are read from now"
+    ));
+    v.hazards.push(h);
 }
 
 /// `ATTACH PARTITION` reads every row of the table it attaches (unless a

@@ -289,10 +289,12 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
          CREATE TABLE billing.ledger (id int PRIMARY KEY, amount int NOT NULL);
          CREATE TABLE readings (id int NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
          CREATE INDEX readings_id ON readings (id);
-         CREATE TABLE readings_2025 (id int NOT NULL, at date NOT NULL);",
+         CREATE TABLE readings_2025 (id int NOT NULL, at date NOT NULL);
+         CREATE TABLE readings_2024 PARTITION OF readings FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');",
         "INSERT INTO sales SELECT g, g % 5000, g % 100 FROM generate_series(1, 50000) g;
          INSERT INTO billing.ledger SELECT g, g FROM generate_series(1, 300) g;
          INSERT INTO readings_2025 SELECT g, date '2025-01-01' + g % 365 FROM generate_series(1, 3000) g;
+         INSERT INTO readings SELECT g, date '2024-01-01' + g % 365 FROM generate_series(1, 500) g;
          REFRESH MATERIALIZED VIEW region_totals;",
     );
     let paths = files(
@@ -306,6 +308,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "attach.sql",
                 "ALTER TABLE readings ATTACH PARTITION readings_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');",
             ),
+            ("detach.sql", "ALTER TABLE readings DETACH PARTITION readings_2024;"),
             // A view made again without its filter: same columns, other rows.
             (
                 "view_unfiltered.sql",
@@ -338,6 +341,8 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "{scan}"
     );
     assert!(scan["suggestion"].as_str().unwrap().contains("ATTACH then skips its scan"), "{scan}");
+    let said = message(&c["detach.sql"], "rows_deleted");
+    assert_eq!(said, "detaches partition public.readings_2024 from readings: its 500 rows stay in it, but no query of readings reads them any more");
     let said = message(&c["view_unfiltered.sql"], "breaks_compatibility");
     assert!(said.contains("view public.big_sales is defined otherwise"), "{said}");
     assert_eq!(hazard(&c["view_unfiltered.sql"], "breaks_compatibility")["line"], json!(1));
