@@ -594,8 +594,11 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
             *statements_on.entry(table).or_default() += 1;
         }
         let held: i64 = statements_on.keys().map(|t| e.golden_rows(t)).sum();
-        let again = if worked > held && statements_on.values().any(|n| *n > 1) {
-            format!(" (the tables hold {held}: rows worked by more than one statement count once for each)")
+        let again = if worked > held {
+            format!(
+                " (the tables held {held}: rows it added count too, and a row read more than once, by a join, a foreign key's lookups{}, counts each time)",
+                if statements_on.values().any(|n| *n > 1) { " or more than one statement" } else { "" }
+            )
         } else {
             String::new()
         };
