@@ -335,8 +335,9 @@ impl Tracker {
                 });
             }
         }
-        // (What a dropped schema held is no part of it: its tables, views and
-        // functions went by the CASCADE, each reported.)
+        // (A dropped schema's tables went by the CASCADE, each reported;
+        // the rest it held, its sequences, functions and types, are its
+        // parts.)
         let originals: Vec<String> = r
             .probe
             .dropped
@@ -344,12 +345,21 @@ impl Tracker {
             .filter(|d| d.original && d.object_type != "schema")
             .filter_map(|d| d.identity.clone())
             .collect();
+        let schemas: Vec<String> = r
+            .probe
+            .dropped
+            .iter()
+            .filter(|d| d.original && d.object_type == "schema")
+            .filter_map(|d| d.identity.clone())
+            .collect();
         for d in r.probe.dropped {
             self.after_drop = self.after_drop.max(d.id);
             // What a CASCADE reached beyond the named object's own parts (a
             // dropped column's check, a table's defaults reach it by a normal
             // dependency too, but went with it whatever the statement said).
-            let own = d.identity.as_deref().is_some_and(|i| own_part(i, &originals));
+            let own = d.identity.as_deref().is_some_and(|i| {
+                own_part(i, &originals) || (d.object_type != "table" && held_by(i, &schemas))
+            });
             let cascade = !d.original && d.normal && !own;
             // A view's own rewrite rule goes with the view; it says nothing more.
             let view_rule = d.object_type == "rule"
@@ -417,6 +427,15 @@ impl Tracker {
 /// Whether a dropped object belongs to one the statement named: a table's own
 /// columns, constraints, defaults, triggers, rules, policies and row type (a
 /// column named: its table's constraints and defaults).
+/// Whether a dropped object's identity places it in one of `schemas` (its
+/// name, or a default's `for schema.table.column`).
+fn held_by(identity: &str, schemas: &[String]) -> bool {
+    schemas.iter().any(|schema| {
+        let prefix = format!("{schema}.");
+        identity.starts_with(&prefix) || identity.starts_with(&format!("for {prefix}"))
+    })
+}
+
 fn own_part(identity: &str, originals: &[String]) -> bool {
     originals.iter().any(|o| {
         let o = o.as_str();

@@ -451,10 +451,12 @@ fn detached(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
         .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '"' | '$'))
         .filter(|c| *c != '"')
         .collect();
-    let parent: String = sql
-        .strip_prefix("alter table")
-        .map(|rest| rest.trim_start().trim_start_matches("only ").trim_start())
-        .unwrap_or_default()
+    // The table altered: after ALTER TABLE (past comments), IF EXISTS and ONLY.
+    let mut rest = sql.find("alter table").map_or("", |at| &sql[at + "alter table".len()..]).trim_start();
+    for word in ["if exists", "only"] {
+        rest = rest.strip_prefix(word).unwrap_or(rest).trim_start();
+    }
+    let parent: String = rest
         .chars()
         .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | '.' | '"' | '$'))
         .filter(|c| *c != '"')
