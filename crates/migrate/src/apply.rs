@@ -352,15 +352,23 @@ impl Tracker {
             .filter(|d| d.original && d.object_type == "schema")
             .filter_map(|d| d.identity.clone())
             .collect();
+        // Every table that went, the partitions of a dropped partitioned
+        // table too (they go by an automatic dependency): their defaults,
+        // constraints and indexes are their own parts.
+        let mut parts_of = originals.clone();
+        parts_of.extend(
+            r.probe.dropped.iter().filter(|d| d.object_type == "table").filter_map(|d| d.identity.clone()),
+        );
         for d in r.probe.dropped {
             self.after_drop = self.after_drop.max(d.id);
             // What a CASCADE reached beyond the named object's own parts (a
             // dropped column's check, a table's defaults reach it by a normal
-            // dependency too, but went with it whatever the statement said).
-            let own = d.identity.as_deref().is_some_and(|i| {
-                own_part(i, &originals) || (d.object_type != "table" && held_by(i, &schemas))
-            });
-            let cascade = !d.original && d.normal && !own;
+            // dependency too, but went with it whatever the statement said),
+            // and every table that went with another (a partition).
+            let table = d.object_type == "table";
+            let own = !table
+                && d.identity.as_deref().is_some_and(|i| own_part(i, &parts_of) || held_by(i, &schemas));
+            let cascade = !d.original && (d.normal || table) && !own;
             // A view's own rewrite rule goes with the view; it says nothing more.
             let view_rule = d.object_type == "rule"
                 && d.identity.as_deref().is_some_and(|i| i.starts_with("\"_RETURN\""));

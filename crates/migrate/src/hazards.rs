@@ -262,7 +262,13 @@ fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
     for d in &s.dropped {
         // Rows lost are named as such, whether the statement named their
         // table or a CASCADE (of a schema, a type) reached it.
-        let by = if d.cascade { " (reached by the CASCADE)" } else { "" };
+        let by = match d.cascade {
+            false => "",
+            true if super::integrity::names_word(&s.sql.to_ascii_lowercase(), "cascade") => {
+                " (reached by the CASCADE)"
+            }
+            true => " (a partition of the table dropped, which goes with it)",
+        };
         let table_of_column = d.identity.rsplit_once('.').map_or(d.identity.as_str(), |(t, _)| t);
         match d.object_type.as_str() {
             "table" if e.has_rows(&d.identity) => v.hazards.push(Hazard::new(

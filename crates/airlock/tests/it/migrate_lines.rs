@@ -308,6 +308,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "attach.sql",
                 "ALTER TABLE readings ATTACH PARTITION readings_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');",
             ),
+            ("drop_partitioned.sql", "DROP TABLE readings;"),
             ("detach.sql", "-- 2024 goes to the archive\nALTER TABLE IF EXISTS readings DETACH PARTITION readings_2024;"),
             // A view made again without its filter: same columns, other rows.
             (
@@ -344,6 +345,14 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "{scan}"
     );
     assert!(scan["suggestion"].as_str().unwrap().contains("ATTACH then skips its scan"), "{scan}");
+    // A partitioned table's rows are its partitions': they go with it.
+    let dropped = hazard(&c["drop_partitioned.sql"], "table_dropped");
+    assert_eq!(
+        (&dropped["severity"], &dropped["message"]),
+        (&json!("critical"), &json!("drops table public.readings_2024 holding 500 rows (a partition of the table dropped, which goes with it)")),
+        "{dropped}"
+    );
+    assert!(!hazard_kinds(&c["drop_partitioned.sql"]).contains(&"cascade"), "{}", c["drop_partitioned.sql"]);
     let said = message(&c["detach.sql"], "rows_deleted");
     assert_eq!(said, "detaches partition public.readings_2024 from readings: its 500 rows stay in it, but no query of readings reads them any more");
     let said = message(&c["view_unfiltered.sql"], "breaks_compatibility");
