@@ -11,7 +11,7 @@ use airlock_postgres::catalog::{self, Snapshot};
 use airlock_postgres::cell::Cell;
 use airlock_postgres::wire::TextRows;
 use report::{Assertion, CandidateReport, ExecOutcome};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use crate::*;
@@ -103,7 +103,16 @@ pub(crate) async fn measure(
     rows::keep_generation(&baseline.rows, &rows::set_of(&images_before))?;
     // The values of the columns it sets or retypes, to say which it
     // overwrote: row by row where a key pairs them, else by counts.
-    let countable: std::collections::BTreeSet<String> = golden_rows
+    // A partitioned table's rows are its partitions': read (or not) as many,
+    // an overwrite through it told against them, and not again partition by
+    // partition.
+    let roots = super::overwrite::names::partition_roots(admin.client()).await?;
+    let mut with_roots = golden_rows.clone();
+    for (leaf, root) in &roots {
+        *with_roots.entry(root.clone()).or_default() += golden_rows.get(leaf).copied().unwrap_or(0);
+    }
+    let golden_rows_of_losses = &with_roots;
+    let countable: std::collections::BTreeSet<String> = with_roots
         .iter()
         .filter(|(_, rows)| **rows <= verify::ROWS_READ_MOST)
         .map(|(table, _)| table.clone())
@@ -243,7 +252,7 @@ pub(crate) async fn measure(
     // is compared by counts, its counts before taken from its values.
     let grown = |table: &str| {
         let golden = followed.golden_table(table).unwrap_or(table);
-        golden_rows.get(golden).copied().unwrap_or(0) * 2 + 1_000
+        golden_rows_of_losses.get(golden).copied().unwrap_or(0) * 2 + 1_000
     };
     let values_after = super::overwrite::read_bounded(
         admin.client(),
@@ -254,7 +263,8 @@ pub(crate) async fn measure(
     )
     .await?;
     let values_after = followed.values_back(values_after);
-    let mut losses = super::overwrite::losses(&written_columns, &values_before, &values_after, &golden_rows);
+    let mut losses =
+        super::overwrite::losses(&written_columns, &values_before, &values_after, golden_rows_of_losses);
     let (mut counted_columns, mut counts_before) = (counted_columns, counts_before);
     for t in written_columns.iter().filter(|t| !values_after.contains_key(&t.table)) {
         let Some(before) = values_before.get(&t.table) else { continue };
@@ -268,7 +278,7 @@ pub(crate) async fn measure(
         &counted_columns,
         &counts_before,
         &counts_after,
-        &golden_rows,
+        golden_rows_of_losses,
     ));
     let mut values_before = values_before;
     if let Some(second) = second {
@@ -286,6 +296,14 @@ pub(crate) async fn measure(
         }
         losses.extend(found);
     }
+    let through_root: BTreeSet<(String, String)> =
+        losses.iter().filter(|l| l.named).map(|l| (l.table.clone(), l.column.clone())).collect();
+    losses.retain(|l| {
+        l.named
+            || !roots
+                .get(&l.table)
+                .is_some_and(|root| through_root.contains(&(root.clone(), l.column.clone())))
+    });
     super::overwrite::place_at_writes(&mut losses, &applied.statements);
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.

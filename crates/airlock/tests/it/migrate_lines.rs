@@ -309,6 +309,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "ALTER TABLE readings ATTACH PARTITION readings_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');",
             ),
             ("drop_partitioned.sql", "DROP TABLE readings;"),
+            ("overwrite_partitioned.sql", "UPDATE readings SET id = 0;"),
             ("detach.sql", "-- 2024 goes to the archive\nALTER TABLE IF EXISTS readings DETACH PARTITION readings_2024;"),
             // A view made again without its filter: same columns, other rows.
             (
@@ -353,6 +354,19 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "{dropped}"
     );
     assert!(!hazard_kinds(&c["drop_partitioned.sql"]).contains(&"cascade"), "{}", c["drop_partitioned.sql"]);
+    // Values overwritten through a partitioned table: told once, against its partitions' rows.
+    let lost: Vec<&Value> = c["overwrite_partitioned.sql"]["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["kind"] == "values_overwritten")
+        .collect();
+    assert_eq!(lost.len(), 1, "{}", c["overwrite_partitioned.sql"]);
+    assert!(
+        lost[0]["message"].as_str().unwrap().starts_with("500 of the 500 rows of readings lost their id"),
+        "{}",
+        lost[0]
+    );
     let said = message(&c["detach.sql"], "rows_deleted");
     assert_eq!(said, "detaches partition public.readings_2024 from readings: its 500 rows stay in it, but no query of readings reads them any more");
     let said = message(&c["view_unfiltered.sql"], "breaks_compatibility");

@@ -30,6 +30,27 @@ fn pg_error(e: tokio_postgres::Error) -> Error {
     Error::postgres(airlock_postgres::admin::describe(&e))
 }
 
+/// Each partition (a leaf) of a partitioned table of the golden's, with
+/// the table at the top of its tree, as `schema.name` quoted as the catalog
+/// quotes names (catalogs only; no table is read).
+pub async fn partition_roots(client: &tokio_postgres::Client) -> Result<BTreeMap<String, String>> {
+    let rows = client
+        .query(
+            "SELECT pg_catalog.quote_ident(rn.nspname) || '.' || pg_catalog.quote_ident(r.relname),
+                    pg_catalog.quote_ident(ln.nspname) || '.' || pg_catalog.quote_ident(l.relname)
+               FROM pg_catalog.pg_class r
+               JOIN pg_catalog.pg_namespace rn ON rn.oid = r.relnamespace
+               CROSS JOIN LATERAL pg_catalog.pg_partition_tree(r.oid) t
+               JOIN pg_catalog.pg_class l ON l.oid = t.relid
+               JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
+              WHERE r.relkind = 'p' AND NOT r.relispartition AND t.isleaf",
+            &[],
+        )
+        .await
+        .map_err(pg_error)?;
+    rows.into_iter().map(|r| Ok((r.cell(1)?, r.cell(0)?))).collect()
+}
+
 /// Reads the identities of `targets`' tables and columns, and of the
 /// columns of each table's golden key (`key_of`), from an admin session
 /// (catalogs only; no table is read).
