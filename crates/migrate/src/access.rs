@@ -631,7 +631,7 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
     let mut unchanged: Vec<&String> = Vec::new();
     for (key, was) in e.before.functions.iter().filter(|(k, _)| matches(k)) {
         match e.after.functions.get(key) {
-            Some(now) if now != was => v.hazards.push(Hazard::new(
+            Some(now) if now != was && !super::calls::only_hints_changed(e.statements, key) => v.hazards.push(Hazard::new(
                 "trigger_changed",
                 Severity::Medium,
                 format!("replaces function {key}, which trigger {trigger} on {table} runs: what the trigger does on each write changed"),
@@ -647,7 +647,11 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
 /// Functions down the chain from a trigger's own (`from`, unchanged): those
 /// its body names, and theirs, replaced or dropped by the candidate.
 fn called_replaced(e: &Evidence, (table, trigger): (&str, &str), from: Vec<&String>, v: &mut Verdict) {
-    for changed in super::calls::changed_down(e.calls, (e.before, e.after), from) {
+    let changed = super::calls::changed_down(e.calls, (e.before, e.after), from);
+    for changed in changed
+        .into_iter()
+        .filter(|c| c.dropped || !super::calls::only_hints_changed(e.statements, c.function))
+    {
         let (callee, caller) = (changed.function, changed.via.map_or("", String::as_str));
         let named = callee.split('(').next().unwrap_or(callee);
         let effect = match changed.dropped {

@@ -200,6 +200,43 @@ pub fn changed_down<'a>(
     out
 }
 
+/// Whether the function `key` (`schema.name(args)`) changed only in what
+/// cannot change what it returns: every statement of `statements` naming
+/// it is an `ALTER FUNCTION` (or `PROCEDURE`, `ROUTINE`) of its planner
+/// hints, owner, name or dependencies (`PARALLEL`, `COST`, `ROWS`,
+/// `SUPPORT`, `LEAKPROOF`, `OWNER TO`...), and none makes it again. A
+/// setting (`SET search_path`), its security, strictness or volatility can
+/// change what it does, and a change no statement names (a `DO` block's)
+/// is not known to be harmless.
+pub(crate) fn only_hints_changed(statements: &[crate::report::StatementReport], key: &str) -> bool {
+    let head = key.split('(').next().unwrap_or(key);
+    let name = head.rsplit('.').next().unwrap_or(head).trim_matches('"').to_ascii_lowercase();
+    let naming: Vec<String> = statements
+        .iter()
+        .filter(|s| !s.rolled_back)
+        .map(|s| s.sql.to_ascii_lowercase())
+        .filter(|sql| words(sql).contains(&name))
+        .collect();
+    const CHANGES_WHAT_IT_DOES: &[&str] = &[
+        "set",
+        "reset",
+        "security",
+        "strict",
+        "called",
+        "immutable",
+        "stable",
+        "volatile",
+        "definer",
+        "invoker",
+    ];
+    !naming.is_empty()
+        && naming.iter().all(|sql| {
+            let w: Vec<&str> = sql.split_whitespace().take(2).collect();
+            matches!(w.as_slice(), ["alter", "function" | "procedure" | "routine"])
+                && !words(sql).iter().any(|word| CHANGES_WHAT_IT_DOES.contains(&word.as_str()))
+        })
+}
+
 /// The words of a body, lowercased: runs of letters, digits, `_` and `$`.
 pub(crate) fn words(body: &str) -> BTreeSet<String> {
     body.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '$'))

@@ -677,9 +677,14 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
                 "same_body.sql",
                 "CREATE OR REPLACE FUNCTION stamp() RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'v1'; END $$;",
             ),
+            // Planner hints change nothing a function returns; a setting can.
+            ("hints.sql", "ALTER FUNCTION norm(text) PARALLEL SAFE COST 5;\nALTER FUNCTION stamp() PARALLEL SAFE;"),
+            ("setting.sql", "ALTER FUNCTION norm(text) SET search_path = pg_catalog, pg_temp;"),
         ],
     );
     let c = by_name(&test_on(&d, "functions", &paths));
+    let said = message(&c["setting.sql"], "function_replaced");
+    assert!(said.contains("public.norm(t text), which index users_email"), "{said}");
     let h = hazard(&c["replace_norm.sql"], "function_replaced");
     let said = h["message"].as_str().unwrap();
     assert!(said.starts_with("replaces function public.norm(t text), which index users_email on public.users runs: its entries were computed by the old body"), "{said}");
@@ -706,7 +711,7 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
     );
     let said = message(&c["drop_stamp.sql"], "trigger_changed");
     assert!(said.starts_with("drops function public.stamp()") && said.contains("now fails"), "{said}");
-    for name in ["reindexed.sql", "new_function.sql", "same_body.sql"] {
+    for name in ["reindexed.sql", "new_function.sql", "same_body.sql", "hints.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
             !kinds.contains(&"function_replaced") && !kinds.contains(&"trigger_changed"),
