@@ -309,6 +309,12 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "ALTER TABLE readings ATTACH PARTITION readings_2025 FOR VALUES FROM ('2025-01-01') TO ('2026-01-01');",
             ),
             ("drop_partitioned.sql", "DROP TABLE readings;"),
+            // A schema the file made for its own work, dropped with it: nothing of the golden's.
+            (
+                "own_schema.sql",
+                "CREATE SCHEMA etl_tmp;\nCREATE TABLE etl_tmp.plan_map (a int);\n\
+                 INSERT INTO etl_tmp.plan_map VALUES (1);\nDROP SCHEMA etl_tmp CASCADE;",
+            ),
             ("overwrite_partitioned.sql", "UPDATE readings SET id = 0;"),
             ("detach.sql", "-- 2024 goes to the archive\nALTER TABLE IF EXISTS readings DETACH PARTITION readings_2024;"),
             // A view made again without its filter: same columns, other rows.
@@ -354,6 +360,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
         "{dropped}"
     );
     assert!(!hazard_kinds(&c["drop_partitioned.sql"]).contains(&"cascade"), "{}", c["drop_partitioned.sql"]);
+    assert_eq!(c["own_schema.sql"]["hazards"], json!([]), "{}", c["own_schema.sql"]);
     // Values overwritten through a partitioned table: told once, against its partitions' rows.
     let lost: Vec<&Value> = c["overwrite_partitioned.sql"]["hazards"]
         .as_array()

@@ -270,6 +270,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 }
                 continue;
             }
+            // A policy's conditions run when rows are read (its table's
+            // readers are judged for that), and an enum's labels are names:
+            // making either runs nothing.
+            ["create" | "alter", "policy", ..] | ["create", "type", _, "as", "enum", ..] => continue,
             ["create", "or", "replace", "rule", ..] | ["create", "rule", ..] => {
                 rules = true;
                 continue;
@@ -459,7 +463,11 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             } else if matches!(token, Token::Word(_)) && ENVIRONMENT_KEYWORDS.contains(&name.as_str()) {
                 // Called or not: CURRENT_TIMESTAMP(6) is the clock too.
                 why(format!("reads {}", name.to_ascii_uppercase()));
-            } else if !called && !about_extensions && reads_the_server(&name, tokens.get(i + 1)) {
+            } else if !called
+                && !about_extensions
+                && runs_queries
+                && reads_the_server(&name, tokens.get(i + 1))
+            {
                 why(format!("reads {name}, which shows the server, not the data"));
             }
         }

@@ -65,6 +65,10 @@ fn plain_ddl_and_dml_are_transparent() {
         "COMMENT ON TABLE notes IS 'tenant documents'",
         "CREATE POLICY open ON notes FOR SELECT USING (true)",
         "INSERT INTO on_update_only VALUES (1)",
+        "CREATE POLICY tenant ON notes USING (owner = current_setting('app.tenant', true))",
+        "ALTER POLICY tenant ON notes USING (owner = current_user)",
+        "CREATE TYPE delivery AS ENUM ('today', 'tomorrow', 'later')",
+        "ALTER TABLE users ADD COLUMN pg_version text",
         // What a setval does is seen on the fork (sequence_behind, sequence_exhausted).
         "SELECT setval('users_id_seq', 9223372036854775807)",
         "SELECT setval('users_id_seq', (SELECT max(id) FROM users))",
