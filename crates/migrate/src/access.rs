@@ -228,7 +228,10 @@ fn row_security(
             ));
         }
         row_security_narrowed(e, (was, now), (after, &object, table), v);
-        policies_changed(e, (before, after), (&object, table), &policies, has(now, "row security on"), v);
+        // A policy added where row security was off widens nothing: every
+        // role granted the table read all of it before.
+        let limited = has(was, "row security on") && has(now, "row security on");
+        policies_changed(e, (before, after), (&object, table), &policies, limited, v);
     }
 }
 
@@ -368,7 +371,16 @@ fn policies_changed(
                     to_whom(definition),
                     e.golden_rows(table)
                 ),
-                false => format!("adds permissive policy {policy} on {table} ({definition}): the roles it names may now read or write rows no other policy let them"),
+                false => format!(
+                    "adds permissive policy {policy} on {table} ({definition}): the roles it names may now {} rows no other policy let them",
+                    match definition.split(" to ").next().unwrap_or_default() {
+                        "permissive for insert" => "insert",
+                        "permissive for update" => "update",
+                        "permissive for delete" => "delete",
+                        "permissive for select" => "read",
+                        _ => "read or write",
+                    }
+                ),
             };
             let severity = if lets_every_row(definition) { Severity::High } else { Severity::Medium };
             v.hazards.push(Hazard::new("access_widened", severity, message, line(policy)));

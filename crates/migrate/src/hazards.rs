@@ -791,8 +791,9 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         let short = airlock_postgres::catalog::short_name(name).to_owned();
         match e.after.views.get(name) {
             None => found.push((format!("view {name} is gone (dropped or renamed)"), vec![short])),
-            // Its callers may now get other columns or other rows.
-            Some(now) if now != definition => found.push((
+            // Its callers may now get other columns or other rows (not where
+            // it only gained columns at the end: the expand step).
+            Some(now) if now != definition && !only_appends_columns(definition, now) => found.push((
                 format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
                 vec![short],
             )),
@@ -839,6 +840,21 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         "expand, then contract: add the new column or table beside the old one, write both, move the code over, and drop the old one in a later release".into(),
     );
     v.hazards.push(h);
+}
+
+/// Whether a view's new definition (as `pg_get_viewdef` prints it) only
+/// adds columns after the old ones, reading the same rows the same way.
+fn only_appends_columns(was: &str, now: &str) -> bool {
+    let split = |d: &str| d.find("\n   FROM ").map(|at| (d[..at].trim_end().to_owned(), d[at..].to_owned()));
+    match (split(was), split(now)) {
+        (Some((old_columns, old_rest)), Some((new_columns, new_rest))) => {
+            old_rest == new_rest
+                && new_columns.len() > old_columns.len()
+                && new_columns.starts_with(&old_columns)
+                && new_columns[old_columns.len()..].starts_with(',')
+        }
+        _ => false,
+    }
 }
 
 /// Whether a type change only widens what a column holds, so code written for

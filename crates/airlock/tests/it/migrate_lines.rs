@@ -317,6 +317,11 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
             ),
             ("overwrite_partitioned.sql", "UPDATE readings SET id = 0;"),
             ("detach.sql", "-- 2024 goes to the archive\nALTER TABLE IF EXISTS readings DETACH PARTITION readings_2024;"),
+            // A view that only gains a column at the end: the expand step, no break.
+            (
+                "view_appended.sql",
+                "CREATE OR REPLACE VIEW big_sales AS SELECT id, region, amount, amount * 2 AS doubled FROM sales WHERE amount > 90;",
+            ),
             // A view made again without its filter: same columns, other rows.
             (
                 "view_unfiltered.sql",
@@ -361,6 +366,7 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
     );
     assert!(!hazard_kinds(&c["drop_partitioned.sql"]).contains(&"cascade"), "{}", c["drop_partitioned.sql"]);
     assert_eq!(c["own_schema.sql"]["hazards"], json!([]), "{}", c["own_schema.sql"]);
+    assert_eq!(c["view_appended.sql"]["hazards"], json!([]), "{}", c["view_appended.sql"]);
     // Values overwritten through a partitioned table: told once, against its partitions' rows.
     let lost: Vec<&Value> = c["overwrite_partitioned.sql"]["hazards"]
         .as_array()
