@@ -284,7 +284,9 @@ fn row_security_narrowed(
             "{} {table}{what} (superusers and BYPASSRLS roles aside)",
             if forced { "forces row-level security on" } else { "turns row-level security on for" }
         ),
-        line_naming(e, short_name(table)),
+        // The statement that switches it (its policies may come first).
+        super::integrity::line_naming_all(e, &[short_name(table), "security"])
+            .or_else(|| line_naming(e, short_name(table))),
     );
     h.suggestion = Some(format!(
         "create the policies the application's roles need (CREATE POLICY ... ON {table}) in the same migration, before row-level security is turned on"

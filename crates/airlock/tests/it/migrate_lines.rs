@@ -1121,8 +1121,10 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
          CREATE POLICY no_negative ON accounts AS RESTRICTIVE USING (balance >= 0);
          CREATE FUNCTION touch() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.touched := now(); RETURN NEW; END $$;
          CREATE TRIGGER accounts_touch BEFORE UPDATE ON accounts FOR EACH ROW EXECUTE FUNCTION touch();
-         CREATE SCHEMA private;",
-        "INSERT INTO accounts SELECT g, g % 5, g, NULL FROM generate_series(1, 5000) g;",
+         CREATE SCHEMA private;
+         CREATE TABLE memos (id int PRIMARY KEY, tenant int NOT NULL);",
+        "INSERT INTO accounts SELECT g, g % 5, g, NULL FROM generate_series(1, 5000) g;
+         INSERT INTO memos SELECT g, g % 3 FROM generate_series(1, 300) g;",
     );
     let paths = files(
         &d,
@@ -1140,6 +1142,11 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
             ("add_permissive.sql", "CREATE POLICY everyone ON accounts USING (true);"),
             ("schema_grant.sql", "GRANT USAGE ON SCHEMA private TO PUBLIC;"),
             ("schema_revoke.sql", "-- lock it down\nREVOKE ALL ON SCHEMA public FROM PUBLIC;"),
+            // Policies first, then row security on: access only narrows.
+            (
+                "policy_then_rls.sql",
+                "CREATE POLICY memos_tenant ON memos USING (tenant = 1);\nALTER TABLE memos ENABLE ROW LEVEL SECURITY;",
+            ),
             (
                 "new_trigger.sql",
                 "CREATE FUNCTION stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END $$;\n\
@@ -1239,6 +1246,17 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
         !hazard_kinds(&c["copy_then_disable.sql"]).contains(&"trigger_added"),
         "{}",
         c["copy_then_disable.sql"]
+    );
+    let narrowed_memos = hazard(&c["policy_then_rls.sql"], "access_narrowed");
+    assert_eq!(
+        (&narrowed_memos["severity"], &narrowed_memos["line"]),
+        (&json!("medium"), &json!(2)),
+        "{narrowed_memos}"
+    );
+    assert!(
+        !hazard_kinds(&c["policy_then_rls.sql"]).contains(&"access_widened"),
+        "{}",
+        c["policy_then_rls.sql"]
     );
     let revoked = hazard(&c["schema_revoke.sql"], "access_narrowed");
     assert_eq!((&revoked["severity"], &revoked["line"]), (&json!("high"), &json!(2)), "{revoked}");
