@@ -573,9 +573,8 @@ fn triggers(
                 continue;
             }
             // The same trigger made again under another name, and on, takes nothing away.
-            let unnamed = definition.replacen(name.as_str(), "", 1);
-            let again =
-                now.triggers.iter().any(|(n, d)| d.replacen(n.as_str(), "", 1) == unnamed && enabled(n));
+            let unnamed = without_name(name, definition);
+            let again = now.triggers.iter().any(|(n, d)| without_name(n, d) == unnamed && enabled(n));
             if again {
                 function_replaced(e, table, name, definition, v);
                 continue;
@@ -595,9 +594,9 @@ fn triggers(
     // the application's writes now run them too.
     for (table, was) in &e.before.tables {
         let Some(now) = e.after.tables.get(table) else { continue };
-        let old: Vec<String> = was.triggers.iter().map(|(n, d)| d.replacen(n.as_str(), "", 1)).collect();
+        let old: Vec<String> = was.triggers.iter().map(|(n, d)| without_name(n, d)).collect();
         for (name, definition) in now.triggers.iter().filter(|(n, _)| !was.triggers.contains_key(*n)) {
-            if old.contains(&definition.replacen(name.as_str(), "", 1)) {
+            if old.contains(&without_name(name, definition)) {
                 continue;
             }
             v.hazards.push(Hazard::new(
@@ -626,6 +625,12 @@ fn triggers(
     }
 }
 
+/// A trigger's definition without its name: the same trigger made again
+/// under another name reads the same.
+fn without_name(name: &str, definition: &str) -> String {
+    definition.replacen(name, "", 1)
+}
+
 /// The function a golden trigger runs, replaced by the candidate: what the
 /// trigger does changed, though the trigger did not.
 fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str, v: &mut Verdict) {
@@ -645,7 +650,7 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
     let mut unchanged: Vec<&String> = Vec::new();
     for (key, was) in e.before.functions.iter().filter(|(k, _)| matches(k)) {
         match e.after.functions.get(key) {
-            Some(now) if now != was && !super::calls::only_hints_changed(e.statements, key) => v.hazards.push(Hazard::new(
+            Some(now) if !e.calls.unchanged(key, was, now) => v.hazards.push(Hazard::new(
                 "trigger_changed",
                 Severity::Medium,
                 format!("replaces function {key}, which trigger {trigger} on {table} runs: what the trigger does on each write changed"),
@@ -661,11 +666,7 @@ fn function_replaced(e: &Evidence, table: &str, trigger: &str, definition: &str,
 /// Functions down the chain from a trigger's own (`from`, unchanged): those
 /// its body names, and theirs, replaced or dropped by the candidate.
 fn called_replaced(e: &Evidence, (table, trigger): (&str, &str), from: Vec<&String>, v: &mut Verdict) {
-    let changed = super::calls::changed_down(e.calls, (e.before, e.after), from);
-    for changed in changed
-        .into_iter()
-        .filter(|c| c.dropped || !super::calls::only_hints_changed(e.statements, c.function))
-    {
+    for changed in super::calls::changed_down(e.calls, (e.before, e.after), from) {
         let (callee, caller) = (changed.function, changed.via.map_or("", String::as_str));
         let named = callee.split('(').next().unwrap_or(callee);
         let effect = match changed.dropped {

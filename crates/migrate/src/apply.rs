@@ -338,27 +338,20 @@ impl Tracker {
         // (A dropped schema's tables went by the CASCADE, each reported;
         // the rest it held, its sequences, functions and types, are its
         // parts.)
-        let originals: Vec<String> = r
+        // Whose parts went with them: what the statement named, and every
+        // table that went (the partitions of a dropped partitioned table go
+        // by an automatic dependency) with its defaults, constraints and
+        // indexes.
+        let (schemas, parts_of): (Vec<&probe::DropLog>, Vec<&probe::DropLog>) = r
             .probe
             .dropped
             .iter()
-            .filter(|d| d.original && d.object_type != "schema")
-            .filter_map(|d| d.identity.clone())
-            .collect();
-        let schemas: Vec<String> = r
-            .probe
-            .dropped
-            .iter()
-            .filter(|d| d.original && d.object_type == "schema")
-            .filter_map(|d| d.identity.clone())
-            .collect();
-        // Every table that went, the partitions of a dropped partitioned
-        // table too (they go by an automatic dependency): their defaults,
-        // constraints and indexes are their own parts.
-        let mut parts_of = originals.clone();
-        parts_of.extend(
-            r.probe.dropped.iter().filter(|d| d.object_type == "table").filter_map(|d| d.identity.clone()),
-        );
+            .filter(|d| d.original || d.object_type == "table")
+            .partition(|d| d.original && d.object_type == "schema");
+        let identities = |logs: Vec<&probe::DropLog>| -> Vec<String> {
+            logs.into_iter().filter_map(|d| d.identity.clone()).collect()
+        };
+        let (schemas, parts_of) = (identities(schemas), identities(parts_of));
         for d in r.probe.dropped {
             self.after_drop = self.after_drop.max(d.id);
             // What a CASCADE reached beyond the named object's own parts (a
@@ -432,9 +425,6 @@ impl Tracker {
     }
 }
 
-/// Whether a dropped object belongs to one the statement named: a table's own
-/// columns, constraints, defaults, triggers, rules, policies and row type (a
-/// column named: its table's constraints and defaults).
 /// Whether a dropped object's identity places it in one of `schemas` (its
 /// name, or a default's `for schema.table.column`).
 fn held_by(identity: &str, schemas: &[String]) -> bool {
@@ -444,6 +434,9 @@ fn held_by(identity: &str, schemas: &[String]) -> bool {
     })
 }
 
+/// Whether a dropped object belongs to one the statement named: a table's own
+/// columns, constraints, defaults, triggers, rules, policies and row type (a
+/// column named: its table's constraints and defaults).
 fn own_part(identity: &str, originals: &[String]) -> bool {
     originals.iter().any(|o| {
         let o = o.as_str();

@@ -29,9 +29,20 @@ pub struct Calls {
     /// The application's domains' CHECK constraints now: what each is
     /// (`CHECK constraint c of domain public.d`) and its definition.
     pub domain_checks: Vec<(String, String)>,
+    /// The golden's functions whose [`behaviours`] are the same after the
+    /// candidate as before, though their definition may print otherwise
+    /// (`ALTER FUNCTION ... PARALLEL SAFE`): unchanged, for what runs them.
+    pub same_behaviour: BTreeSet<String>,
 }
 
 impl Calls {
+    /// Whether the candidate left `function` (a golden function's key) as
+    /// it was (`was` and `now`: its catalog entries), or changed only what
+    /// cannot change what it does.
+    pub fn unchanged(&self, function: &str, was: &str, now: &str) -> bool {
+        was == now || self.same_behaviour.contains(function)
+    }
+
     /// The golden functions `function`'s body names.
     pub fn get(&self, function: &str) -> Option<&BTreeSet<String>> {
         self.functions.get(function)
@@ -48,10 +59,20 @@ const FUNCTION_KEY: &str = "pg_catalog.quote_ident(n.nspname) || '.' || pg_catal
 /// for each, the functions of `golden` its body names. Only those: a
 /// changed function is judged as changed, not walked, and no function the
 /// candidate made is read, so the golden bounds what is read. Also the
-/// functions behind the application's operators, and its domains' checks.
-pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catalog) -> Result<Calls> {
+/// functions behind the application's operators, and its domains' checks;
+/// and which functions' behaviours, read before the candidate as `before`,
+/// are the same now.
+pub async fn read(
+    client: &tokio_postgres::Client,
+    golden: &Catalog,
+    now: &Catalog,
+    before: &BTreeMap<String, String>,
+) -> Result<Calls> {
     let failed = |e: tokio_postgres::Error| Error::postgres(airlock_postgres::admin::describe(&e));
     let mut out = Calls::default();
+    let after = behaviours(client).await?;
+    out.same_behaviour =
+        before.iter().filter(|(k, b)| after.get(*k) == Some(*b)).map(|(k, _)| k.clone()).collect();
     // Only what stands on the golden's own functions and types is read: the
     // golden bounds it, whatever the candidate made.
     let golden_functions: Vec<&String> = golden.functions.keys().collect();
@@ -95,7 +116,7 @@ pub async fn read(client: &tokio_postgres::Client, golden: &Catalog, now: &Catal
     let unchanged: Vec<&String> = golden
         .functions
         .iter()
-        .filter(|(k, was)| now.functions.get(*k) == Some(*was))
+        .filter(|(k, was)| now.functions.get(*k).is_some_and(|is| out.unchanged(k, was, is)))
         .map(|(k, _)| k)
         .collect();
     if unchanged.is_empty() {
@@ -188,7 +209,7 @@ pub fn changed_down<'a>(
         }
         let Some(was) = before.functions.get(function) else { continue };
         match after.functions.get(function) {
-            Some(now) if now == was => {
+            Some(now) if calls.unchanged(function, was, now) => {
                 let called = calls.get(function).into_iter().flatten().rev();
                 walk.extend(called.filter(|c| !seen.contains(c)).map(|c| (c, Some(function))));
             }
@@ -200,41 +221,27 @@ pub fn changed_down<'a>(
     out
 }
 
-/// Whether the function `key` (`schema.name(args)`) changed only in what
-/// cannot change what it returns: every statement of `statements` naming
-/// it is an `ALTER FUNCTION` (or `PROCEDURE`, `ROUTINE`) of its planner
-/// hints, owner, name or dependencies (`PARALLEL`, `COST`, `ROWS`,
-/// `SUPPORT`, `LEAKPROOF`, `OWNER TO`...), and none makes it again. A
-/// setting (`SET search_path`), its security, strictness or volatility can
-/// change what it does, and a change no statement names (a `DO` block's)
-/// is not known to be harmless.
-pub(crate) fn only_hints_changed(statements: &[crate::report::StatementReport], key: &str) -> bool {
-    let head = key.split('(').next().unwrap_or(key);
-    let name = head.rsplit('.').next().unwrap_or(head).trim_matches('"').to_ascii_lowercase();
-    let naming: Vec<String> = statements
-        .iter()
-        .filter(|s| !s.rolled_back)
-        .map(|s| s.sql.to_ascii_lowercase())
-        .filter(|sql| words(sql).contains(&name))
-        .collect();
-    const CHANGES_WHAT_IT_DOES: &[&str] = &[
-        "set",
-        "reset",
-        "security",
-        "strict",
-        "called",
-        "immutable",
-        "stable",
-        "volatile",
-        "definer",
-        "invoker",
-    ];
-    !naming.is_empty()
-        && naming.iter().all(|sql| {
-            let w: Vec<&str> = sql.split_whitespace().take(2).collect();
-            matches!(w.as_slice(), ["alter", "function" | "procedure" | "routine"])
-                && !words(sql).iter().any(|word| CHANGES_WHAT_IT_DOES.contains(&word.as_str()))
-        })
+/// Each function's behaviour, by its key: a digest of its `pg_proc` row
+/// without what cannot change what it returns or does (`PARALLEL`, `COST`,
+/// `ROWS`, `LEAKPROOF`, its support function, its grants). Read from the
+/// catalog before the candidate runs and after, so a function whose hints
+/// alone changed is told from one replaced whatever statement did it (a
+/// rename swap, a `DO` block's dynamic SQL).
+pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<String, String>> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT {FUNCTION_KEY},
+                        pg_catalog.md5((pg_catalog.to_jsonb(p) - 'oid' - 'proparallel' - 'procost' - 'prorows'
+                                        - 'proleakproof' - 'prosupport' - 'proacl')::text)
+                   FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                  WHERE {SYSTEM_SCHEMAS}"
+            ),
+            &[],
+        )
+        .await
+        .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
+    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
 }
 
 /// The words of a body, lowercased: runs of letters, digits, `_` and `$`.

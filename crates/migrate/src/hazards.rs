@@ -9,9 +9,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::report::human_ms;
 use super::report::{
-    Assertion, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
+    human_ms, Assertion, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
 };
 use super::scale::{Scale, Sizes, Work};
 use airlock_postgres::catalog::diff::Change;

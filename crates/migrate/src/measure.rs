@@ -11,7 +11,7 @@ use airlock_postgres::catalog::{self, Snapshot};
 use airlock_postgres::cell::Cell;
 use airlock_postgres::wire::TextRows;
 use report::{Assertion, CandidateReport, ExecOutcome};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::*;
@@ -94,6 +94,7 @@ pub(crate) async fn measure(
     let invalid_before = invalid_indexes(&admin).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
     let left_before = verify::values_left(admin.client()).await?;
+    let behaviours_before = super::calls::behaviours(admin.client()).await?;
     // Which rows it changes, and to what, for promote to compare with the
     // target's (a workload beside it writes none: its writes are planned).
     let compared = compared_tables(&snapshot);
@@ -107,12 +108,11 @@ pub(crate) async fn measure(
     // an overwrite through it told against them, and not again partition by
     // partition.
     let roots = super::overwrite::names::partition_roots(admin.client()).await?;
-    let mut with_roots = golden_rows.clone();
+    let mut rows_with_roots = golden_rows.clone();
     for (leaf, root) in &roots {
-        *with_roots.entry(root.clone()).or_default() += golden_rows.get(leaf).copied().unwrap_or(0);
+        *rows_with_roots.entry(root.clone()).or_default() += golden_rows.get(leaf).copied().unwrap_or(0);
     }
-    let golden_rows_of_losses = &with_roots;
-    let countable: std::collections::BTreeSet<String> = with_roots
+    let countable: std::collections::BTreeSet<String> = rows_with_roots
         .iter()
         .filter(|(_, rows)| **rows <= verify::ROWS_READ_MOST)
         .map(|(table, _)| table.clone())
@@ -252,7 +252,7 @@ pub(crate) async fn measure(
     // is compared by counts, its counts before taken from its values.
     let grown = |table: &str| {
         let golden = followed.golden_table(table).unwrap_or(table);
-        golden_rows_of_losses.get(golden).copied().unwrap_or(0) * 2 + 1_000
+        rows_with_roots.get(golden).copied().unwrap_or(0) * 2 + 1_000
     };
     let values_after = super::overwrite::read_bounded(
         admin.client(),
@@ -264,7 +264,7 @@ pub(crate) async fn measure(
     .await?;
     let values_after = followed.values_back(values_after);
     let mut losses =
-        super::overwrite::losses(&written_columns, &values_before, &values_after, golden_rows_of_losses);
+        super::overwrite::losses(&written_columns, &values_before, &values_after, &rows_with_roots);
     let (mut counted_columns, mut counts_before) = (counted_columns, counts_before);
     for t in written_columns.iter().filter(|t| !values_after.contains_key(&t.table)) {
         let Some(before) = values_before.get(&t.table) else { continue };
@@ -278,7 +278,7 @@ pub(crate) async fn measure(
         &counted_columns,
         &counts_before,
         &counts_after,
-        golden_rows_of_losses,
+        &rows_with_roots,
     ));
     let mut values_before = values_before;
     if let Some(second) = second {
@@ -296,14 +296,7 @@ pub(crate) async fn measure(
         }
         losses.extend(found);
     }
-    let through_root: BTreeSet<(String, String)> =
-        losses.iter().filter(|l| l.named).map(|l| (l.table.clone(), l.column.clone())).collect();
-    losses.retain(|l| {
-        l.named
-            || !roots
-                .get(&l.table)
-                .is_some_and(|root| through_root.contains(&(root.clone(), l.column.clone())))
-    });
+    super::overwrite::told_through_roots(&mut losses, &roots);
     super::overwrite::place_at_writes(&mut losses, &applied.statements);
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.
@@ -314,7 +307,7 @@ pub(crate) async fn measure(
     let threshold = req.lock_threshold_ms.unwrap_or(1_000) as f64;
     super::locks::drop_subsumed(&mut applied.statements);
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
-    let calls = super::calls::read(admin.client(), &snapshot.catalog, &now).await?;
+    let calls = super::calls::read(admin.client(), &snapshot.catalog, &now, &behaviours_before).await?;
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,
         failure: applied.failure.as_ref(),

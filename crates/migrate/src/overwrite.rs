@@ -607,6 +607,18 @@ impl Loss {
     }
 }
 
+/// Drops the losses a partition's column shows (found without a statement
+/// naming it) where the same column of the partitioned table at the top of
+/// its tree (`roots`, by partition) lost its values by name: one loss, told
+/// through the table the statement named.
+pub fn told_through_roots(losses: &mut Vec<Loss>, roots: &BTreeMap<String, String>) {
+    let named: BTreeSet<(String, String)> =
+        losses.iter().filter(|l| l.named).map(|l| (l.table.clone(), l.column.clone())).collect();
+    losses.retain(|l| {
+        l.named || !roots.get(&l.table).is_some_and(|root| named.contains(&(root.clone(), l.column.clone())))
+    });
+}
+
 /// Puts each loss at the first statement that updated its table, where the
 /// statement that names the column wrote none of its rows (a function's
 /// body, a trigger made earlier): the line says where the values went.

@@ -55,10 +55,7 @@ pub fn reached_hazards(e: &Evidence, v: &mut Verdict) {
         named.extend(
             e.calls.operators.iter().filter(|(o, _)| symbols.contains(o.as_str())).flat_map(|(_, f)| f),
         );
-        let changed = changed_down(e.calls, (e.before, e.after), named)
-            .into_iter()
-            .filter(|c| c.dropped || !super::calls::only_hints_changed(e.statements, c.function));
-        if let Some(first) = changed.into_iter().next() {
+        if let Some(first) = changed_down(e.calls, (e.before, e.after), named).into_iter().next() {
             let (Changed { function, via, .. }, what) = (first, first.verb());
             let through = match via {
                 Some(caller) => format!("which {caller} names, down the chain"),

@@ -23,28 +23,19 @@ pub fn hazards(behind: &[Behind], statements: &[StatementReport]) -> Vec<Hazard>
 pub fn run_out(left: &BTreeMap<String, i64>, statements: &[StatementReport]) -> Vec<Hazard> {
     left.iter()
         .map(|(sequence, left)| {
-            let line = last_naming(statements, &[sequence]);
-            let mut h = if *left == 0 {
-                Hazard::new(
-                    "sequence_exhausted",
-                    Severity::High,
-                    format!(
-                        "sequence {sequence} has no value left (it does not cycle): every insert that takes a value from it now fails with \"reached maximum value\" (or minimum, counting down)"
-                    ),
-                    line,
-                )
-            } else {
-                Hazard::new(
-                    "sequence_exhausted",
-                    Severity::High,
-                    format!(
-                        "sequence {sequence} has only {left} {} left (it does not cycle): inserts that take a value from it fail once {} handed out, sooner on a database further ahead than the golden",
-                        if *left == 1 { "value" } else { "values" },
-                        if *left == 1 { "it is" } else { "they are" },
-                    ),
-                    line,
-                )
+            let message = match left {
+                0 => format!(
+                    "sequence {sequence} has no value left (it does not cycle): every insert that takes a value from it now fails with \"reached maximum value\" (or minimum, counting down)"
+                ),
+                1 => format!(
+                    "sequence {sequence} has only 1 value left (it does not cycle): inserts that take a value from it fail once it is handed out, sooner on a database further ahead than the golden"
+                ),
+                _ => format!(
+                    "sequence {sequence} has only {left} values left (it does not cycle): inserts that take a value from it fail once they are handed out, sooner on a database further ahead than the golden"
+                ),
             };
+            let mut h =
+                Hazard::new("sequence_exhausted", Severity::High, message, last_naming(statements, &[sequence]));
             h.suggestion = Some(format!(
                 "leave the sequence its range: ALTER SEQUENCE {sequence} NO MAXVALUE (or set it past the column's largest value with setval)"
             ));

@@ -693,9 +693,25 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
             // Planner hints change nothing a function returns; a setting can.
             ("hints.sql", "ALTER FUNCTION norm(text) PARALLEL SAFE COST 5;\nALTER FUNCTION stamp() PARALLEL SAFE;"),
             ("setting.sql", "ALTER FUNCTION norm(text) SET search_path = pg_catalog, pg_temp;"),
+            // A body replaced where the text shows only hints and renames: a
+            // swap by names, and dynamic SQL beside a PARALLEL SAFE.
+            (
+                "swap.sql",
+                "CREATE FUNCTION stamp2() RETURNS text LANGUAGE plpgsql AS $$ BEGIN RETURN 'v2'; END $$;\n\
+                 ALTER FUNCTION stamp() RENAME TO stamp_old;\nALTER FUNCTION stamp2() RENAME TO stamp;",
+            ),
+            (
+                "hidden.sql",
+                "DO $$ BEGIN EXECUTE 'CREATE OR REPLACE FUNCTION st' || 'amp() RETURNS text LANGUAGE plpgsql AS '\n\
+                 || quote_literal('BEGIN RETURN ''v3''; END'); END $$;\nALTER FUNCTION stamp() PARALLEL SAFE;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "functions", &paths));
+    for name in ["swap.sql", "hidden.sql"] {
+        let said = message(&c[name], "trigger_changed");
+        assert!(said.starts_with("replaces function public.stamp()"), "{name}: {said}");
+    }
     let said = message(&c["setting.sql"], "function_replaced");
     assert!(said.contains("public.norm(t text), which index users_email"), "{said}");
     let h = hazard(&c["replace_norm.sql"], "function_replaced");
