@@ -25,6 +25,7 @@ pub(crate) fn access_hazards(e: &Evidence, v: &mut Verdict) {
     grants_lost(e, before, after, v);
     default_privileges(e, before, after, v);
     views_over_row_security(e, before, after, v);
+    views_over_unreadable(e, before, after, v);
     definer_functions(e, after, v);
     triggers(e, before, after, v);
 }
@@ -129,6 +130,87 @@ fn views_over_row_security(
             "CREATE VIEW {view} WITH (security_invoker = true) AS ..., so its readers' policies apply"
         ));
         v.hazards.push(h);
+    }
+}
+
+/// The properties entry of view `view` (or materialized view) in `entries`.
+fn view_properties<'a>(entries: &'a BTreeMap<String, Entry>, view: &str) -> Option<&'a Entry> {
+    entries.iter().find_map(|(k, p)| {
+        ((k.starts_with("properties of view ") || k.starts_with("properties of materialized view "))
+            && (k.ends_with(&format!(" {view}")) || k.ends_with(&format!(" {}", short_name(view)))))
+        .then_some(p)
+    })
+}
+
+/// Views new or redefined (not `security_invoker`) that roles may read
+/// although they could not read a golden table the view reads: the view
+/// reads it with its owner's rights, so they now see what it shows of it.
+/// Tables under row security are [`views_over_row_security`]'s.
+fn views_over_unreadable(
+    e: &Evidence,
+    before: &BTreeMap<String, Entry>,
+    after: &BTreeMap<String, Entry>,
+    v: &mut Verdict,
+) {
+    // Golden tables and who could read them (PUBLIC for everyone).
+    let readable: Vec<(&String, Vec<String>)> = e
+        .before
+        .tables
+        .keys()
+        .filter_map(|t| {
+            let (_, p) = before.iter().find(|(k, _)| {
+                k.strip_prefix("properties of table ").is_some_and(|n| n == t.as_str() || n == short_name(t))
+            })?;
+            if has(p, "row security on") {
+                return None;
+            }
+            let readers =
+                granted(p).into_iter().filter(|(_, privileges)| privileges.contains('r')).map(|(g, _)| g);
+            Some((t, readers.chain([owner(p).to_owned()]).collect()))
+        })
+        .collect();
+    for (view, definition) in e.after.views.iter().filter(|(name, d)| e.before.views.get(*name) != Some(*d)) {
+        let Some(properties) = view_properties(after, view) else { continue };
+        if properties.definition.contains("security_invoker=true")
+            || properties.definition.contains("security_invoker=on")
+        {
+            continue;
+        }
+        // Readers who could read the view before (a view redefined) gain nothing new by its grant.
+        let had = view_properties(before, view).map(others_granted).unwrap_or_default();
+        let lowered = definition.to_ascii_lowercase();
+        for reader in others_granted(properties).into_iter().filter(|r| !had.contains(r)) {
+            let unreadable: Vec<&str> = readable
+                .iter()
+                .filter(|(t, readers)| {
+                    let (schema, name) = airlock_postgres::catalog::split_qualified(t);
+                    let read = super::integrity::names_word(&lowered, &name.to_ascii_lowercase())
+                        || definition.contains(&format!("{schema}.{name}"));
+                    read && !readers.iter().any(|r| *r == reader || r == "PUBLIC")
+                })
+                .map(|(t, _)| t.as_str())
+                .collect();
+            if unreadable.is_empty() {
+                continue;
+            }
+            let who = if reader == "PUBLIC" { "every role (PUBLIC)".to_owned() } else { reader.clone() };
+            let mut h = Hazard::new(
+                "access_widened",
+                Severity::Medium,
+                format!(
+                    "view {view} reads {} with its owner's rights, and {who} may read the view though not {}: what the view shows of {} is open to {who}",
+                    unreadable.join(", "),
+                    if unreadable.len() == 1 { "that table" } else { "those tables" },
+                    if unreadable.len() == 1 { "it" } else { "them" },
+                ),
+                line_naming(e, short_name(view)),
+            );
+            h.suggestion = Some(format!(
+                "CREATE VIEW {view} WITH (security_invoker = true) AS ..., so its readers need the table's own grant, or grant the view only to roles that may read {}",
+                unreadable.join(", ")
+            ));
+            v.hazards.push(h);
+        }
     }
 }
 
@@ -467,7 +549,15 @@ fn grants(e: &Evidence, before: &BTreeMap<String, Entry>, after: &BTreeMap<Strin
         // A relation's, column's, function's or type's properties, or a schema.
         let object = key.strip_prefix("properties of ").unwrap_or(key);
         let Some(now) = after.get(key) else { continue };
-        for (grantee, gained) in gains(&granted(was), &granted(now)) {
+        let was = granted(was);
+        // What PUBLIC held, every role held: granting it by name adds nothing.
+        let everyone: Vec<&str> =
+            was.get("PUBLIC").map(|p| p.chars().map(privilege).collect()).unwrap_or_default();
+        for (grantee, mut gained) in gains(&was, &granted(now)) {
+            gained.retain(|p| !everyone.contains(p));
+            if gained.is_empty() {
+                continue;
+            }
             let public = grantee == "PUBLIC";
             let mut h = Hazard::new(
                 "access_widened",

@@ -549,6 +549,12 @@ pub async fn apply_sql(
     let limit = statement_timeout + Duration::from_secs(10);
     let began = Instant::now();
     let mut t = Tracker::new(golden_rows);
+    // As the golden's owner, as a migration runs as its target's owner: what
+    // the file makes is then owned as the golden's objects are (a sequence
+    // made OWNED BY one of their columns must share its table's owner). The
+    // agent is a member of that role, so the file could take it itself; a
+    // sandbox whose agent is not stays the agent.
+    run(session, &format!("SET ROLE {}", airlock_core::dsn::OWNER_ROLE), limit).await?;
     let first = reading(session, &t, limit).await?;
     t.know(&first);
     let (pid_rows, _) = run(session, "SELECT pg_catalog.pg_backend_pid()", limit).await?;

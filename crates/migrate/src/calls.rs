@@ -66,13 +66,16 @@ pub async fn read(
     client: &tokio_postgres::Client,
     golden: &Catalog,
     now: &Catalog,
-    before: &BTreeMap<String, String>,
+    before: &BTreeMap<String, Behaviour>,
 ) -> Result<Calls> {
     let failed = |e: tokio_postgres::Error| Error::postgres(airlock_postgres::admin::describe(&e));
     let mut out = Calls::default();
     let after = behaviours(client).await?;
-    out.same_behaviour =
-        before.iter().filter(|(k, b)| after.get(*k) == Some(*b)).map(|(k, _)| k.clone()).collect();
+    out.same_behaviour = before
+        .iter()
+        .filter(|(k, b)| after.get(*k).is_some_and(|a| a.same_as(b)))
+        .map(|(k, _)| k.clone())
+        .collect();
     // Only what stands on the golden's own functions and types is read: the
     // golden bounds it, whatever the candidate made.
     let golden_functions: Vec<&String> = golden.functions.keys().collect();
@@ -221,27 +224,95 @@ pub fn changed_down<'a>(
     out
 }
 
-/// Each function's behaviour, by its key: a digest of its `pg_proc` row
-/// without what cannot change what it returns or does (`PARALLEL`, `COST`,
-/// `ROWS`, `LEAKPROOF`, its support function, its grants). Read from the
-/// catalog before the candidate runs and after, so a function whose hints
-/// alone changed is told from one replaced whatever statement did it (a
-/// rename swap, a `DO` block's dynamic SQL).
-pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<String, String>> {
+/// What a function does, as far as its `pg_proc` row tells: see [`behaviours`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Behaviour {
+    /// A digest of the row without what cannot change what it returns or
+    /// does (`PARALLEL`, `COST`, `ROWS`, `LEAKPROOF`, its support function,
+    /// its grants) and without its settings.
+    digest: String,
+    /// Its settings but `search_path`, in order.
+    settings: Option<String>,
+    /// Its own `search_path` setting, if it has one.
+    path: Option<String>,
+    /// Whether, under that `search_path`, every name its body holds that
+    /// names an object of the database's own schemas (a table, a function,
+    /// a type) names one in a single schema, on the path, with no built-in
+    /// of the same name: so pinning the path resolves each the same.
+    resolves: bool,
+}
+
+impl Behaviour {
+    /// Whether a function that behaved as `was` behaves the same as `self`:
+    /// the same but for a `search_path` pinned to one that resolves every
+    /// name of its body to the one object it could mean (hardening, which
+    /// changes nothing it does).
+    pub fn same_as(&self, was: &Behaviour) -> bool {
+        self.digest == was.digest
+            && self.settings == was.settings
+            && (self.path == was.path || (self.resolves && (was.path.is_none() || was.resolves)))
+    }
+}
+
+/// Each function's [`Behaviour`], by its key. Read from the catalog before
+/// the candidate runs and after, so a function whose hints alone changed is
+/// told from one replaced whatever statement did it (a rename swap, a `DO`
+/// block's dynamic SQL).
+pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<String, Behaviour>> {
     let rows = client
         .query(
             &format!(
                 "SELECT {FUNCTION_KEY},
                         pg_catalog.md5((pg_catalog.to_jsonb(p) - 'oid' - 'proparallel' - 'procost' - 'prorows'
-                                        - 'proleakproof' - 'prosupport' - 'proacl')::text)
+                                        - 'proleakproof' - 'prosupport' - 'proacl' - 'proconfig')::text),
+                        (SELECT pg_catalog.array_agg(c ORDER BY o)::text
+                           FROM pg_catalog.unnest(p.proconfig) WITH ORDINALITY AS s(c, o)
+                          WHERE c NOT LIKE 'search_path=%'),
+                        path.value,
+                        path.value IS NOT NULL AND NOT EXISTS (
+                          SELECT FROM (SELECT DISTINCT w
+                                         FROM pg_catalog.regexp_split_to_table(pg_catalog.lower(p.prosrc),
+                                                                               '[^[:alnum:]_$]+') AS w) AS words
+                          CROSS JOIN LATERAL (
+                            SELECT pg_catalog.array_agg(DISTINCT ns.nspname::text)
+                                     FILTER (WHERE ns.nspname <> 'pg_catalog') AS held,
+                                   pg_catalog.bool_or(ns.nspname = 'pg_catalog') AS builtin
+                              FROM (SELECT relnamespace AS nsp FROM pg_catalog.pg_class WHERE relname = words.w
+                                    UNION ALL
+                                    SELECT pronamespace FROM pg_catalog.pg_proc WHERE proname = words.w
+                                    UNION ALL
+                                    SELECT typnamespace FROM pg_catalog.pg_type WHERE typname = words.w) AS o
+                              JOIN pg_catalog.pg_namespace ns ON ns.oid = o.nsp
+                             WHERE ns.nspname <> 'information_schema'
+                               AND ns.nspname !~ '^pg_(toast|temp_)') AS h
+                          WHERE h.held IS NOT NULL
+                            AND (pg_catalog.cardinality(h.held) > 1 OR h.builtin
+                                 OR NOT h.held[1] = ANY (path.schemas)))
                    FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+                   LEFT JOIN LATERAL (
+                     SELECT c AS value,
+                            ARRAY(SELECT pg_catalog.btrim(pg_catalog.btrim(e), '\"')
+                                    FROM pg_catalog.regexp_split_to_table(pg_catalog.substr(c, 13), ',') AS e)
+                              AS schemas
+                       FROM pg_catalog.unnest(p.proconfig) AS c
+                      WHERE c LIKE 'search_path=%') AS path ON true
                   WHERE {SYSTEM_SCHEMAS}"
             ),
             &[],
         )
         .await
         .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
-    rows.into_iter().map(|r| Ok((r.cell(0)?, r.cell(1)?))).collect()
+    rows.into_iter()
+        .map(|r| {
+            let behaviour = Behaviour {
+                digest: r.cell(1)?,
+                settings: r.cell(2)?,
+                path: r.cell(3)?,
+                resolves: r.cell(4)?,
+            };
+            Ok((r.cell(0)?, behaviour))
+        })
+        .collect()
 }
 
 /// The words of a body, lowercased: runs of letters, digits, `_` and `$`.

@@ -152,7 +152,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     // Each statement's work per table, worked out once.
     let works: Vec<BTreeMap<&str, Work>> = e.statements.iter().map(|s| work(s, e.rows_before)).collect();
     mass_hazards(e, &works, &mut v);
-    let mut blocking_tables = BTreeSet::new();
+    let mut blocking_tables = Vec::new();
     let mut locked = BTreeSet::new();
     for (i, s) in e.statements.iter().enumerate().filter(|(_, s)| !s.rolled_back) {
         drop_hazards(e, s, &mut v);
@@ -162,7 +162,7 @@ pub fn assess(e: &Evidence) -> Verdict {
             .iter()
             .filter(|l| l.blocking && holds_rows(l) && (e.has_rows(&l.relation) || l.kind != "table"))
         {
-            blocking_tables.insert(l.relation.as_str());
+            blocking_tables.push((i, l.relation.as_str()));
             if locked.insert((s.txn, l.relation.as_str())) {
                 lock_hazard(e, i, l, &works, &mut v);
             }
@@ -172,8 +172,8 @@ pub fn assess(e: &Evidence) -> Verdict {
     super::integrity::integrity_hazards(e, &mut v);
     super::access::access_hazards(e, &mut v);
     super::reached::reached_hazards(e, &mut v);
-    if let Some(sql) = e.sql {
-        lock_timeout_note(sql, &blocking_tables, &mut v);
+    if e.sql.is_some() {
+        v.notes.extend(super::lock_timeout::note(&e.statements, &blocking_tables));
     }
     v.hazards.sort_by_key(|h| std::cmp::Reverse(h.severity));
     v
@@ -201,7 +201,7 @@ impl Evidence<'_> {
 
     /// A table's size in words: `20000 rows in the golden`.
     pub(crate) fn size_words(&self, table: &str) -> String {
-        format!("{} rows {}", self.scale.size(table).rows, self.scale.source.place())
+        format!("{} {}", super::report::rows(self.scale.size(table).rows), self.scale.source.place())
     }
 }
 
@@ -273,7 +273,11 @@ fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
             "table" if e.has_rows(&d.identity) => v.hazards.push(Hazard::new(
                 "table_dropped",
                 Severity::Critical,
-                format!("drops table {} holding {} rows{by}", d.identity, e.golden_rows(&d.identity)),
+                format!(
+                    "drops table {} holding {}{by}",
+                    d.identity,
+                    super::report::rows(e.golden_rows(&d.identity))
+                ),
                 line,
             )),
             // A column of a table this run made held nothing anyone kept.
@@ -281,9 +285,9 @@ fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
                 "column_dropped",
                 Severity::High,
                 format!(
-                    "drops column {} from a table with {} rows{by}",
+                    "drops column {} from a table with {}{by}",
                     d.identity,
-                    e.golden_rows(table_of_column)
+                    super::report::rows(e.golden_rows(table_of_column))
                 ),
                 line,
             )),
@@ -314,7 +318,7 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
                 r.table, r.deleted
             )
         } else {
-            format!("deletes {} rows of {}", r.deleted, r.table)
+            format!("deletes {} of {}", super::report::rows(r.deleted), r.table)
         };
         let mut h = Hazard::new("rows_deleted", Severity::High, message, line);
         // The statement's whole work on the table: the rows it read to find them too.
@@ -568,7 +572,7 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
     // index-only scan. Running any under the lock is certain.
     let code: Vec<String> = after
         .iter()
-        .filter(|(t, _)| t.tag.as_deref().is_some_and(runs_code))
+        .filter(|(t, _)| t.tag.as_deref().is_some_and(runs_code) && !counted_query(t))
         .map(|(t, _)| {
             // The command, not its tag's row count (`SELECT 1`).
             let command = t.tag.as_deref().unwrap_or_default().split_whitespace().next().unwrap_or_default();
@@ -644,24 +648,6 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
             .into()
     });
     v.hazards.push(h);
-}
-
-/// The note for a file that takes write-blocking locks and sets no lock_timeout.
-fn lock_timeout_note(sql: &str, blocking_tables: &BTreeSet<&str>, v: &mut Verdict) {
-    if !blocking_tables.is_empty() && !sql.to_ascii_lowercase().contains("lock_timeout") {
-        let tables: Vec<&str> = blocking_tables.iter().copied().take(5).collect();
-        let mut h = Hazard::new(
-            "no_lock_timeout",
-            Severity::Low,
-            format!(
-                "the file takes write-blocking locks on {} and sets no lock_timeout: waiting behind a long query, it would block every query queued behind it",
-                tables.join(", ")
-            ),
-            None,
-        );
-        h.suggestion = Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
-        v.notes.push(h);
-    }
 }
 
 /// Rows updated and deleted per transaction and golden table, and whether
@@ -744,6 +730,53 @@ fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
 }
 
 /// Whether a command tag is a query or code whose running time no row count bounds.
+/// Built-ins whose time is the rows they read (which the counters see) or
+/// nothing: a query that calls no other function takes the time of its
+/// reads, which the estimate already holds.
+const COUNTED_BUILTINS: &[&str] = &[
+    "setval",
+    "nextval",
+    "currval",
+    "pg_get_serial_sequence",
+    "set_config",
+    "current_setting",
+    "max",
+    "min",
+    "count",
+    "sum",
+    "avg",
+    "coalesce",
+    "greatest",
+    "least",
+    "nullif",
+    "lower",
+    "upper",
+];
+
+/// Keywords a parenthesis follows that are not a function's name.
+const SQL_BEFORE_PARENTHESES: &[&str] = &[
+    "select", "from", "join", "in", "exists", "as", "where", "and", "or", "not", "on", "any", "all", "some",
+    "values", "lateral", "over", "filter", "when", "then", "else", "cast", "by", "with", "using",
+];
+
+/// Whether a statement is a `SELECT` calling only [`COUNTED_BUILTINS`], whose
+/// time under a lock is the rows it reads, counted with the rest.
+fn counted_query(s: &StatementReport) -> bool {
+    use super::code::lexer::{tokens, Token};
+    if !s.tag.as_deref().is_some_and(|t| t.starts_with("SELECT")) {
+        return false;
+    }
+    let t = tokens(&s.sql);
+    t.windows(2).all(|w| match w {
+        // A keyword before a parenthesis is no call (`IN (`, `FROM (`, `AS (`).
+        [Token::Word(f), Token::Other('(')] if SQL_BEFORE_PARENTHESES.contains(&f.as_str()) => true,
+        [Token::Word(f) | Token::Quoted(f), Token::Other('(')] => {
+            COUNTED_BUILTINS.contains(&f.to_ascii_lowercase().as_str())
+        }
+        _ => true,
+    })
+}
+
 fn runs_code(tag: &str) -> bool {
     ["SELECT", "DO", "CALL", "COPY", "EXPLAIN", "FETCH", "EXECUTE"]
         .iter()

@@ -746,7 +746,7 @@ pub fn report(
             "values_overwritten",
             Severity::High,
             format!(
-                "{} of the {} rows of {table} lost their {column}{}: {}{}; {} distinct {} became {}, and what they were is not kept anywhere",
+                "{} of the {} rows of {table} lost their {column}{}: {}{}; {}, and what they were is not kept anywhere",
                 count(l.lost),
                 count(rows as usize),
                 match (loss.named, loss.paired, shape.key(&loss.table).is_some()) {
@@ -758,9 +758,7 @@ pub fn report(
                 },
                 groups.join("; "),
                 if l.into.len() < l.distinct.1 { "; ..." } else { "" },
-                count(l.distinct.0),
-                if l.distinct.0 == 1 { "value" } else { "values" },
-                count(l.distinct.1),
+                merged(l.distinct),
             ),
             line,
         );
@@ -776,6 +774,18 @@ pub fn report(
         out.push(h);
     }
     (out, notes)
+}
+
+/// How the distinct values merged: fewer after, or as many, each now one
+/// that other rows already held (`'10003'` padded to `'000010003'`, which
+/// another row held: the two rows can no longer be told apart).
+fn merged((was, now): (usize, usize)) -> String {
+    let values = |n: usize| if n == 1 { "value" } else { "values" };
+    if was > now {
+        format!("{} distinct {} became {}", count(was), values(was), count(now))
+    } else {
+        format!("{} distinct {} became {} that other rows already held", count(was), values(was), values(now))
+    }
 }
 
 fn group(column: &str, n: usize, now: &Option<String>, was: &[(Option<String>, usize)]) -> String {

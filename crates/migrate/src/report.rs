@@ -123,7 +123,7 @@ pub struct CandidateReport {
 }
 
 /// One statement as applied.
-#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StatementReport {
     /// The line it starts on.
     pub line: usize,
@@ -565,5 +565,14 @@ pub fn human_ms(ms: f64) -> String {
         format!("{:.1} s", ms / 1e3)
     } else {
         format!("{:.1} min", ms / 60e3)
+    }
+}
+
+/// A count of rows in words: `1 row`, `20000 rows`.
+pub fn rows(n: i64) -> String {
+    if n == 1 {
+        "1 row".into()
+    } else {
+        format!("{n} rows")
     }
 }

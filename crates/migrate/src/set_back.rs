@@ -69,8 +69,10 @@ fn hazard(b: &Behind, statements: &[StatementReport]) -> Hazard {
     let (past, reach) = if b.descending { ("at or below", "down to") } else { ("at or past", "up to") };
     let message = match &b.held {
         Ok((ahead, far)) => format!(
-            "sequence {} hands out {} next, but {}.{} already holds values {reach} {far}: the next inserts that take {} from it {outcome} ({ahead} rows hold a value {past} {})",
-            b.sequence, b.next, b.table, b.column, b.column, b.next,
+            "sequence {} hands out {} next, but {}.{} already holds values {reach} {far}: the next inserts that take {} from it {outcome} ({} a value {past} {})",
+            b.sequence, b.next, b.table, b.column, b.column,
+            if *ahead == 1 { "1 row holds".to_string() } else { format!("{ahead} rows hold") },
+            b.next,
         ),
         Err(error) => format!(
             "sequence {} hands out {} next, and {}.{} could not be read to tell whether its rows hold values {past} it ({error}): inserts that take {} from it may {outcome}",

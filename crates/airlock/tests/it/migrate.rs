@@ -124,7 +124,7 @@ fn each_candidate_is_measured_on_its_own_fork_of_real_data() {
                 "BEGIN;\nALTER TABLE users ADD COLUMN plan text;\nUPDATE users SET plan = 'free' WHERE id % 2 = 0;\nCOMMIT;\n\
                  CREATE INDEX CONCURRENTLY users_plan ON users (plan);",
             ),
-            ("late_error.sql", "ALTER TABLE users ADD COLUMN a int;\n\nSELECT 1;\nALTER TABLE users ADD COLUMN a int;"),
+            ("late_error.sql", "ALTER TABLE users ADD COLUMN a int;\n\nSELECT pg_sleep(0.01);\nALTER TABLE users ADD COLUMN a int;"),
         ],
     );
     // Long locks over --max-lock are judged in migrate_verdicts.rs.

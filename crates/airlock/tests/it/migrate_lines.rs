@@ -60,6 +60,11 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
                 "BEGIN;\nSET LOCAL enable_seqscan = off;\nSET LOCAL enable_bitmapscan = off;\n\
                  LOCK TABLE orders IN ACCESS EXCLUSIVE MODE;\nSELECT count(*) FROM orders WHERE id > 0;\nCOMMIT;",
             ),
+            // A query under the lock whose time is the one row it reads.
+            (
+                "setval_after_ddl.sql",
+                "ALTER TABLE users ADD COLUMN nick text;\nSELECT setval('users_id_seq', (SELECT max(id) FROM users));",
+            ),
         ],
     );
     let mut args = path_strs(&paths);
@@ -222,6 +227,8 @@ fn every_number_and_every_piece_of_advice_fits_what_the_statement_did() {
     assert_eq!(select["scanned"]["public.orders"], json!(ORDERS), "{select}");
     let said = message(index_only, "long_lock");
     assert!(said.contains(&format!("while line(s) 5 read or write {ORDERS} rows")), "{said}");
+    let quick = &c["setval_after_ddl.sql"];
+    assert!(!hazard_kinds(quick).contains(&"long_lock"), "{quick}");
 }
 
 #[test]
@@ -692,7 +699,15 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
             ),
             // Planner hints change nothing a function returns; a setting can.
             ("hints.sql", "ALTER FUNCTION norm(text) PARALLEL SAFE COST 5;\nALTER FUNCTION stamp() PARALLEL SAFE;"),
-            ("setting.sql", "ALTER FUNCTION norm(text) SET search_path = pg_catalog, pg_temp;"),
+            ("setting.sql", "ALTER FUNCTION norm(text) SET DateStyle = 'German';"),
+            // A search path pinned to one that finds every name of the body
+            // where it was found (hardening), and one that finds stamp() no more.
+            (
+                "pinned.sql",
+                "ALTER FUNCTION norm(text) SET search_path = pg_catalog, pg_temp;
+                 ALTER FUNCTION audit_row() SET search_path = public, pg_temp;",
+            ),
+            ("pinned_away.sql", "ALTER FUNCTION audit_row() SET search_path = pg_catalog, pg_temp;"),
             // A body replaced where the text shows only hints and renames: a
             // swap by names, and dynamic SQL beside a PARALLEL SAFE.
             (
@@ -714,6 +729,8 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
     }
     let said = message(&c["setting.sql"], "function_replaced");
     assert!(said.contains("public.norm(t text), which index users_email"), "{said}");
+    let said = message(&c["pinned_away.sql"], "trigger_changed");
+    assert!(said.starts_with("replaces function public.audit_row(), which trigger users_audit"), "{said}");
     let h = hazard(&c["replace_norm.sql"], "function_replaced");
     let said = h["message"].as_str().unwrap();
     assert!(said.starts_with("replaces function public.norm(t text), which index users_email on public.users runs: its entries were computed by the old body"), "{said}");
@@ -740,7 +757,7 @@ fn a_function_replaced_under_an_index_a_check_or_a_triggers_chain_is_named() {
     );
     let said = message(&c["drop_stamp.sql"], "trigger_changed");
     assert!(said.starts_with("drops function public.stamp()") && said.contains("now fails"), "{said}");
-    for name in ["reindexed.sql", "new_function.sql", "same_body.sql", "hints.sql"] {
+    for name in ["reindexed.sql", "new_function.sql", "same_body.sql", "hints.sql", "pinned.sql"] {
         let kinds = hazard_kinds(&c[name]);
         assert!(
             !kinds.contains(&"function_replaced") && !kinds.contains(&"trigger_changed"),
@@ -1192,6 +1209,23 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
                 "CREATE FUNCTION leak() RETURNS SETOF accounts LANGUAGE sql SECURITY DEFINER AS 'SELECT * FROM accounts';",
             ),
             ("default_privileges.sql", "ALTER DEFAULT PRIVILEGES GRANT SELECT ON TABLES TO PUBLIC;"),
+            // A view over a table PUBLIC cannot read, granted to PUBLIC.
+            (
+                "view_over_unreadable.sql",
+                "CREATE VIEW memo_tenants AS SELECT DISTINCT tenant FROM memos;
+GRANT SELECT ON memo_tenants TO PUBLIC;",
+            ),
+            (
+                "invoker_over_unreadable.sql",
+                "CREATE VIEW memo_list WITH (security_invoker = true) AS SELECT * FROM memos;
+                 GRANT SELECT ON memo_list TO PUBLIC;",
+            ),
+            // Granted by name what PUBLIC already holds: nothing opens.
+            (
+                "granted_what_public_holds.sql",
+                "GRANT USAGE ON SCHEMA public TO airlock_agent;
+GRANT EXECUTE ON FUNCTION touch() TO airlock_agent;",
+            ),
             (
                 "invoker_view.sql",
                 "CREATE VIEW mine WITH (security_invoker = true) AS SELECT * FROM accounts;\n\
@@ -1315,7 +1349,17 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
     );
     let said = message(&c["default_privileges.sql"], "access_widened");
     assert!(said.starts_with("default privileges") && said.contains("SELECT to PUBLIC"), "{said}");
+    let h = hazard(&c["view_over_unreadable.sql"], "access_widened");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(1)), "{h}");
+    assert!(
+        h["message"].as_str().unwrap().starts_with(
+            "view public.memo_tenants reads public.memos with its owner's rights, and every role (PUBLIC) may read the view though not that table"
+        ),
+        "{h}"
+    );
     for name in [
+        "invoker_over_unreadable.sql",
+        "granted_what_public_holds.sql",
         "invoker_view.sql",
         "definer_revoked.sql",
         "drop_permissive.sql",
@@ -1406,6 +1450,15 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
                  ALTER TABLE legacy ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY (START WITH 501);",
             ),
             ("enum_add.sql", "ALTER TYPE state ADD VALUE 'archived';"),
+            // A sequence made OWNED BY a golden table's column runs as on the
+            // target, where the table's owner runs the file; one value behind.
+            (
+                "owned_by.sql",
+                "ALTER TABLE plans ADD COLUMN plan_no int UNIQUE;
+UPDATE plans SET plan_no = 1000 + id;
+                 CREATE SEQUENCE plans_plan_no_seq START 1040 OWNED BY plans.plan_no;
+                 ALTER TABLE plans ALTER COLUMN plan_no SET DEFAULT nextval('plans_plan_no_seq');",
+            ),
             ("rls_no_policy.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY;"),
             ("rls_forced.sql", "ALTER TABLE legacy ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;"),
             ("rls_policy.sql", "ALTER TABLE notes ENABLE ROW LEVEL SECURITY;"),
@@ -1476,6 +1529,10 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
     assert!(said.starts_with("sequence public.items_id_seq hands out 11 next, but public.items.id already holds values up to 2000"), "{said}");
     assert!(said.ends_with("(1990 rows hold a value at or past 11)"), "{said}");
     assert_eq!((severity.as_str(), line), ("high", json!(1)));
+    let (severity, line, said) = behind("owned_by.sql");
+    assert!(said.starts_with("sequence public.plans_plan_no_seq hands out 1040 next"), "{said}");
+    assert!(said.ends_with("(1 row holds a value at or past 1040)"), "{said}");
+    assert_eq!((severity.as_str(), line), ("high", json!(4)));
     let (severity, _, said) = behind("not_unique.sql");
     assert!(said.contains("public.invoices.note already holds values up to 2000"), "{said}");
     assert!(

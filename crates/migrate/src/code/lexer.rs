@@ -13,7 +13,9 @@ pub(crate) enum Token {
     /// A Unicode-escaped identifier (`U&"\\0070g_class"`), whose name the
     /// lexer does not decode.
     Escaped,
-    /// Anything else: one character of punctuation, or a number.
+    /// A number, as written (`0`, `1.5`, `5s` when a unit follows at once).
+    Number(String),
+    /// Anything else: one character of punctuation.
     Other(char),
 }
 
@@ -207,10 +209,11 @@ pub(crate) fn tokens(sql: &str) -> Vec<Token> {
             }
             c if c.is_ascii_whitespace() => i += 1,
             c if c.is_ascii_digit() => {
+                let start = i;
                 while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'.') {
                     i += 1;
                 }
-                out.push(Token::Other('0'));
+                out.push(Token::Number(sql[start..i].to_ascii_lowercase()));
             }
             _ => {
                 out.push(Token::Other(c as char));

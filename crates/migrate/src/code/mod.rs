@@ -383,7 +383,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                     continue;
                 }
                 Token::Word(name) | Token::Quoted(name) => name,
-                Token::Other(_) => continue,
+                Token::Other(_) | Token::Number(_) => continue,
             };
             let before = |back: usize| i.checked_sub(back).and_then(|j| tokens.get(j));
             // A quoted name is the system column or type only as written in lower case.
@@ -405,8 +405,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                         || matches!(tokens.get(i + 1), Some(Token::Constant(_))))
                 {
                     why(format!("casts to {word}, a number no two servers share"));
-                } else if LEXER_SETTINGS.contains(&word) {
-                    why(format!("names {word}, which changes how what follows is read"));
+                } else if let Some((_, read_by)) = LEXER_SETTINGS.iter().find(|(s, _)| *s == word) {
+                    if !sets_to(&words, &tokens, i, read_by) {
+                        why(format!("names {word}, which changes how what follows is read"));
+                    }
                 } else if word == "tablesample" {
                     why("samples rows by chance (TABLESAMPLE)".into());
                 } else if word == "user"
@@ -454,7 +456,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 && name.starts_with("pg_sleep")
                 && matches!(
                     tokens.get(i + 2..i + 4),
-                    Some([Token::Other('0') | Token::Constant(_), Token::Other(')')])
+                    Some([Token::Number(_) | Token::Constant(_), Token::Other(')')])
                 )
             {
                 // A fixed wait decides nothing (what it waits for is read).
@@ -474,6 +476,22 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
     }
     out.dedup();
     out
+}
+
+/// Whether the statement is `SET name = value` (or `TO`) for the setting
+/// named at `i`, with a value among `values`: a setting made to what it
+/// already is.
+fn sets_to(words: &[&str], tokens: &[Token], i: usize, values: &[&str]) -> bool {
+    let value = match (words.first(), tokens.get(i + 1)) {
+        (Some(&"set"), Some(Token::Other('='))) => tokens.get(i + 2),
+        (Some(&"set"), Some(Token::Word(to))) if to == "to" => tokens.get(i + 2),
+        _ => None,
+    };
+    let value = match value {
+        Some(Token::Word(v) | Token::Constant(v) | Token::Number(v)) => v.to_ascii_lowercase(),
+        _ => return false,
+    };
+    i <= 2 && tokens.iter().skip(i + 3).all(|t| *t == Token::Other(';')) && values.contains(&value.as_str())
 }
 
 /// Whether a name (not called) is one of the catalogs or views that show
@@ -687,8 +705,10 @@ fn defaulted(tokens: &[Token], i: usize) -> bool {
                     return false;
                 }
             }
-            Token::Other(':' | '+' | '-' | '*' | '/' | '0' | '.') | Token::Constant(_) | Token::Quoted(_) => {
-            }
+            Token::Other(':' | '+' | '-' | '*' | '/' | '.')
+            | Token::Number(_)
+            | Token::Constant(_)
+            | Token::Quoted(_) => {}
             _ => return false,
         }
     }

@@ -99,6 +99,12 @@ fn plain_ddl_and_dml_are_transparent() {
         "UPDATE posts SET body = 'right now', tags = '{news,today-ish}', meta = '{\"when\": \"soon\"}'",
         // A file that runs whole is one transaction under test as on promote.
         "SET LOCAL search_path = scratch; UPDATE orders SET amount = 0",
+        // The schema's own sequence behind a column, a setting made as SET
+        // makes it, and a dump's preamble setting what the lexer reads by.
+        "SELECT setval(pg_get_serial_sequence('public.customers', 'id'), coalesce(max(id), 1)) FROM customers",
+        "SELECT set_config('lock_timeout', '3s', false)",
+        "SET standard_conforming_strings = on; SET client_encoding = 'UTF8'",
+        "SET escape_string_warning = off",
     ] {
         assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
     }
@@ -150,6 +156,9 @@ fn code_that_can_look_around_is_opaque() {
         ("INSERT INTO users SELECT 1 ON CONFLICT (id) DO UPDATE SET a = 2; DELETE FROM ONLY public.audited", "audited"),
         ("UPDATE users SET n = 1 WHERE EXISTS (SELECT FROM U&\"\\0070g_namespace\")", "Unicode-escaped"),
         ("SET standard_conforming_strings = off", "standard_conforming_strings"),
+        ("SET standard_conforming_strings TO 'off'", "standard_conforming_strings"),
+        ("SET backslash_quote = on", "backslash_quote"),
+        ("SELECT set_config('search_path', current_setting('search_path') || ', x', false)", "current_setting()"),
         ("DELETE FROM users WHERE created < 'now'", "'now'"),
         ("DELETE FROM users WHERE day = 'Tomorrow'::date", "'tomorrow'"),
         ("DELETE FROM users TABLESAMPLE BERNOULLI (50)", "TABLESAMPLE"),

@@ -12,7 +12,6 @@ pub(super) const ENVIRONMENT_FUNCTIONS: &[&str] = &[
     "current_schema",
     "current_schemas",
     "current_setting",
-    "set_config",
     "current_query",
     "current_user",
     "session_user",
@@ -66,10 +65,17 @@ pub(super) const ENVIRONMENT_FUNCTIONS: &[&str] = &[
 pub(super) const ENVIRONMENT_PREFIXES: &[&str] =
     &["pg_", "to_reg", "has_", "txid_", "obj_description", "col_description", "lo_"];
 
-/// Built-ins under those prefixes that read nothing of where they run. (A
-/// sleep is not one: how long a migration holds its locks is an effect.)
-pub(super) const HARMLESS: &[&str] =
-    &["pg_advisory_xact_lock", "pg_advisory_lock", "pg_advisory_unlock", "pg_typeof"];
+/// Built-ins under those prefixes that read nothing of where they run, or
+/// only the schema a test fork shares with its target (the sequence behind
+/// a column). (A sleep is not one: how long a migration holds its locks is
+/// an effect.)
+pub(super) const HARMLESS: &[&str] = &[
+    "pg_advisory_xact_lock",
+    "pg_advisory_lock",
+    "pg_advisory_unlock",
+    "pg_typeof",
+    "pg_get_serial_sequence",
+];
 
 /// Ends of built-ins' names that read the database whole: its schemas, its
 /// name, every table (`database_to_xmlschema`, `table_to_xml_and_xmlschema`).
@@ -172,9 +178,10 @@ pub(super) const INTERNAL_TYPES: &[&str] = &[
 ];
 
 /// Settings that change how the rest of the file is read (a string's
-/// backslashes), so no lexer can follow it past them.
-pub(super) const LEXER_SETTINGS: &[&str] =
-    &["standard_conforming_strings", "backslash_quote", "escape_string_warning"];
+/// backslashes), so no lexer can follow it past them, with the value the
+/// lexer reads by (which setting them to changes nothing).
+pub(super) const LEXER_SETTINGS: &[(&str, &[&str])] =
+    &[("standard_conforming_strings", &["on", "true", "1", "yes"]), ("backslash_quote", &["safe_encoding"])];
 
 /// Statements that make an object run a function named inside them, without
 /// the `name(` of a call: an operator, a cast, an aggregate, a type's I/O.

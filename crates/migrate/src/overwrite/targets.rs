@@ -230,8 +230,8 @@ fn stamps_the_clock(expression: &[Token]) -> bool {
             Token::Word(w) => {
                 clock(t) || cast || ["at", "time", "zone", "with", "without"].contains(&w.as_str())
             }
-            Token::Constant(_) => true,
-            Token::Other(c) => "():.0123456789".contains(*c),
+            Token::Constant(_) | Token::Number(_) => true,
+            Token::Other(c) => "():.".contains(*c),
             _ => false,
         })
 }
@@ -419,9 +419,9 @@ fn own_value(expression: &[Token], column: &str) -> bool {
         && made_of(expression, |t, cast| match t {
             _ if itself(t) => true,
             Token::Word(w) => cast || OWN_VALUE_FUNCTIONS.contains(&w.as_str()),
-            Token::Constant(_) => true,
+            Token::Constant(_) | Token::Number(_) => true,
             // (A comma here separates a function's arguments.)
-            Token::Other(c) => "0+-*/%|().:,".contains(*c),
+            Token::Other(c) => "+-*/%|().:,".contains(*c),
             _ => false,
         })
 }

@@ -101,19 +101,22 @@ pub(super) fn tested_table_rows(catalog: &Catalog, table: &str) -> f64 {
 
 /// Changes as comparable lines: what changed, and its definition with owners,
 /// grantors and the grants' holders that are owners written `OWNER`; the
-/// default privileges of `runner` (the session that ran the migration) are
-/// written as `RUNNER`'s.
-pub(super) fn entries(changes: &[Change], runner: &str) -> BTreeSet<String> {
+/// default privileges of `runners` (the roles the session that ran the
+/// migration ran as) are written as `RUNNER`'s.
+pub(super) fn entries(changes: &[Change], runners: &[&str]) -> BTreeSet<String> {
     // (PostgreSQL quotes a role's name where it must.)
-    let runs = [runner.to_owned(), airlock_postgres::catalog::quote_ident(runner)]
-        .map(|r| format!("belonging to role {r}"));
+    let runs: Vec<(&str, String)> = runners
+        .iter()
+        .flat_map(|r| [(*r, r.to_string()), (*r, airlock_postgres::catalog::quote_ident(r))])
+        .map(|(r, written)| (r, format!("belonging to role {written}")))
+        .collect();
     changes
         .iter()
         .map(|c| {
             let mut definition = c.after.as_deref().map(without_owners).unwrap_or_default();
             let mut name = c.name.clone();
-            let by_runner = runs.iter().find(|runs| name.ends_with(runs.as_str()));
-            if let Some(runs) = by_runner.filter(|_| name.starts_with("default privileges ")) {
+            let by_runner = runs.iter().find(|(_, runs)| name.ends_with(runs.as_str()));
+            if let Some((runner, runs)) = by_runner.filter(|_| name.starts_with("default privileges ")) {
                 name = format!("{}belonging to role RUNNER", &name[..name.len() - runs.len()]);
                 definition = renamed(&definition, runner, "RUNNER");
             }

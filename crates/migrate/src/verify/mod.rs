@@ -410,7 +410,7 @@ async fn surprises_pinned(
         let test = seen.get(table.as_str()).copied().unwrap_or_default();
         for (i, what) in ["inserted into", "updated in", "deleted from"].iter().enumerate() {
             if did[i] > 0 && test[i] == 0 {
-                out.push(format!("{} rows {what} {table}", did[i]));
+                out.push(format!("{} {what} {table}", crate::report::rows(did[i])));
                 continue;
             }
             // Updates and deletes: the share of the table, here against there.
@@ -447,11 +447,12 @@ async fn surprises_pinned(
     out.extend(schemas_named_for_roles(client, &made).await?);
     out.extend(shadowed_under_stored_paths(client, &made).await?);
     // Default privileges a statement gives without FOR ROLE belong to the
-    // role that runs it: the agent's under test, the target session's here.
+    // role that runs it: the golden's owner's under test (or the agent's,
+    // where the agent could not take the owner's role), the target session's here.
     let runner: String =
         client.query_one("SELECT pg_catalog.session_user()::text", &[]).await.map_err(pg_error)?.cell(0)?;
-    let here = entries(&made, &runner);
-    let there = entries(changes, airlock_core::dsn::AGENT_ROLE);
+    let here = entries(&made, &[&runner]);
+    let there = entries(changes, &[airlock_core::dsn::OWNER_ROLE, airlock_core::dsn::AGENT_ROLE]);
     for extra in here.difference(&there).take(5) {
         out.push(format!("{extra} (not so in the test)"));
     }

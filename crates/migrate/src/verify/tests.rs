@@ -11,10 +11,10 @@ fn default_privileges_of_whoever_ran_the_file_are_alike() {
         before: None,
         after: Some(format!("{{=r/{role},{role}=arwdDxt/{role}}}")),
     };
-    let test = entries(&[change("airlock_agent")], "airlock_agent");
-    assert_eq!(test, entries(&[change("app_owner")], "app_owner"));
+    let test = entries(&[change("airlock_agent")], &["airlock_owner", "airlock_agent"]);
+    assert_eq!(test, entries(&[change("app_owner")], &["app_owner"]));
     // Another role's, named by FOR ROLE, stays that role's.
-    assert_ne!(test, entries(&[change("app_owner")], "app_admin"));
+    assert_ne!(test, entries(&[change("app_owner")], &["app_admin"]));
 }
 
 #[test]

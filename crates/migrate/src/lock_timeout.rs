@@ -1,0 +1,195 @@
+//! Whether a file's write-blocking locks are taken under a `lock_timeout`:
+//! the `no_lock_timeout` note.
+//!
+//! A file guards its locks by setting one before it takes them: `SET
+//! lock_timeout`, `SET LOCAL` (to the end of its transaction) or
+//! `set_config('lock_timeout', ...)`. A timeout of 0, `DEFAULT` or a `RESET`
+//! is no guard: the statement then waits behind a long query for as long as
+//! it runs, and every query queued behind it waits too. Read from the
+//! statements' tokens (so a comment naming the setting guards nothing), in
+//! the order they ran.
+
+use std::collections::BTreeSet;
+
+use super::code::lexer::{tokens, Token};
+use super::report::{Hazard, Severity, StatementReport};
+
+/// What a statement does to the session's `lock_timeout`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Setting {
+    /// Sets it for the session: `true` when to a limit, `false` when to none.
+    Session(bool),
+    /// Sets it to the end of the open transaction (`SET LOCAL`,
+    /// `set_config(..., true)`).
+    Local(bool),
+}
+
+/// The setting a statement's text makes, if it makes one.
+fn setting(sql: &str) -> Option<Setting> {
+    let t = tokens(sql);
+    let word = |i: usize| match t.get(i) {
+        Some(Token::Word(w)) => Some(w.as_str()),
+        _ => None,
+    };
+    if word(0) == Some("reset") && word(1) == Some("lock_timeout") {
+        return Some(Setting::Session(false));
+    }
+    if word(0) == Some("set") {
+        let (local, at) = match word(1) {
+            Some("local") => (true, 2),
+            Some("session") => (false, 2),
+            _ => (false, 1),
+        };
+        if word(at) != Some("lock_timeout") {
+            return None;
+        }
+        let value = match t.get(at + 1) {
+            Some(Token::Other('=')) => t.get(at + 2),
+            Some(Token::Word(to)) if to == "to" => t.get(at + 2),
+            _ => None,
+        };
+        let limited = value.is_some_and(limits);
+        return Some(if local { Setting::Local(limited) } else { Setting::Session(limited) });
+    }
+    // set_config('lock_timeout', value, is_local), anywhere in the statement.
+    (0..t.len()).find_map(|j| match t.get(j..j + 7)? {
+        [Token::Word(f), Token::Other('('), Token::Constant(name), Token::Other(','), value, Token::Other(','), local]
+            if f == "set_config" && name.eq_ignore_ascii_case("lock_timeout") =>
+        {
+            let local = match local {
+                Token::Word(w) => w == "true",
+                Token::Constant(c) => ["t", "true", "on", "1"].contains(&c.to_ascii_lowercase().as_str()),
+                _ => false,
+            };
+            Some(if local { Setting::Local(limits(value)) } else { Setting::Session(limits(value)) })
+        }
+        _ => None,
+    })
+}
+
+/// Whether a value given to `lock_timeout` is a limit: a number above 0, with
+/// or without a unit, bare or quoted (`0`, `'0s'` and `DEFAULT` are none).
+fn limits(value: &Token) -> bool {
+    let text = match value {
+        Token::Number(n) => n.as_str(),
+        Token::Constant(c) => c.trim(),
+        _ => return false,
+    };
+    let digits: String = text.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    digits.parse::<f64>().is_ok_and(|n| n > 0.0)
+}
+
+/// The tables of `blocking` (statement index, table) whose lock was taken
+/// with no `lock_timeout` in force, and whether the file set one to none
+/// (0 or its default) before any of them.
+fn unguarded<'a>(statements: &[StatementReport], blocking: &[(usize, &'a str)]) -> (BTreeSet<&'a str>, bool) {
+    let mut session = false;
+    let mut local: Option<(usize, bool)> = None;
+    let mut set_to_none = false;
+    let mut out = BTreeSet::new();
+    for (i, s) in statements.iter().enumerate() {
+        let in_force = match local {
+            Some((txn, limited)) if txn == s.txn => limited,
+            _ => session,
+        };
+        if !in_force {
+            out.extend(blocking.iter().filter(|(at, _)| *at == i).map(|(_, t)| *t));
+        }
+        match setting(&s.sql) {
+            Some(Setting::Session(limited)) => {
+                session = limited;
+                // A session setting made inside a transaction also holds to its end.
+                local = None;
+                set_to_none |= !limited;
+            }
+            Some(Setting::Local(limited)) => {
+                local = Some((s.txn, limited));
+                set_to_none |= !limited;
+            }
+            None => {}
+        }
+    }
+    (out, set_to_none)
+}
+
+/// The note for a file that takes write-blocking locks with no
+/// `lock_timeout` in force; `blocking` holds each such lock's statement
+/// index and table.
+pub(crate) fn note(statements: &[StatementReport], blocking: &[(usize, &str)]) -> Option<Hazard> {
+    let (tables, set_to_none) = unguarded(statements, blocking);
+    if tables.is_empty() {
+        return None;
+    }
+    let named: Vec<&str> = tables.iter().copied().take(5).collect();
+    let how = if set_to_none {
+        "with lock_timeout at 0 (no limit)"
+    } else {
+        "with no lock_timeout set before them"
+    };
+    let mut h = Hazard::new(
+        "no_lock_timeout",
+        Severity::Low,
+        format!(
+            "the file takes write-blocking locks on {} {how}: waiting behind a long query, it would block every query queued behind it",
+            named.join(", ")
+        ),
+        None,
+    );
+    h.suggestion = Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
+    Some(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn statement(sql: &str, txn: usize) -> StatementReport {
+        StatementReport { sql: sql.into(), txn, ..Default::default() }
+    }
+
+    #[test]
+    fn reads_each_way_of_setting_it() {
+        assert_eq!(setting("SET lock_timeout = '3s'"), Some(Setting::Session(true)));
+        assert_eq!(setting("set lock_timeout to 3000"), Some(Setting::Session(true)));
+        assert_eq!(setting("SET SESSION lock_timeout = 5s"), Some(Setting::Session(true)));
+        assert_eq!(setting("SET LOCAL lock_timeout = '2s'"), Some(Setting::Local(true)));
+        assert_eq!(setting("SET lock_timeout = 0"), Some(Setting::Session(false)));
+        assert_eq!(setting("SET lock_timeout = '0'"), Some(Setting::Session(false)));
+        assert_eq!(setting("SET lock_timeout TO DEFAULT"), Some(Setting::Session(false)));
+        assert_eq!(setting("RESET lock_timeout"), Some(Setting::Session(false)));
+        assert_eq!(setting("SELECT set_config('lock_timeout', '3s', false)"), Some(Setting::Session(true)));
+        assert_eq!(
+            setting("SELECT pg_catalog.set_config('lock_timeout', '3s', true)"),
+            Some(Setting::Local(true))
+        );
+        assert_eq!(setting("SELECT set_config('lock_timeout', '0', false)"), Some(Setting::Session(false)));
+        assert_eq!(setting("-- SET lock_timeout = '3s'\nALTER TABLE t ADD c int"), None);
+        assert_eq!(setting("SET statement_timeout = '3s'"), None);
+    }
+
+    #[test]
+    fn a_lock_is_guarded_only_by_a_limit_in_force_when_it_is_taken() {
+        let file = [
+            statement("ALTER TABLE a ADD c int", 1),
+            statement("SET lock_timeout = '3s'", 2),
+            statement("ALTER TABLE b ADD c int", 3),
+            statement("SET lock_timeout = 0", 4),
+            statement("ALTER TABLE c ADD c int", 5),
+        ];
+        let (tables, none) = unguarded(&file, &[(0, "a"), (2, "b"), (4, "c")]);
+        assert_eq!(tables, BTreeSet::from(["a", "c"]));
+        assert!(none);
+    }
+
+    #[test]
+    fn set_local_ends_with_its_transaction() {
+        let file = [
+            statement("SET LOCAL lock_timeout = '3s'", 1),
+            statement("ALTER TABLE a ADD c int", 1),
+            statement("ALTER TABLE b ADD c int", 2),
+        ];
+        let (tables, none) = unguarded(&file, &[(1, "a"), (2, "b")]);
+        assert_eq!(tables, BTreeSet::from(["b"]));
+        assert!(!none);
+    }
+}
