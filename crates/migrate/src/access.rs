@@ -448,7 +448,12 @@ fn policies_changed(
     }
     for (policy, definition) in now.iter().filter(|(n, _)| !was.contains_key(*n)) {
         let renamed = was.iter().any(|(n, d)| d == definition && !now.contains_key(n));
-        if definition.starts_with("permissive") && !renamed && row_security {
+        let kept = was.iter().filter(|(n, d)| now.get(*n) == Some(*d)).map(|(_, d)| d.as_str());
+        if definition.starts_with("permissive")
+            && !renamed
+            && row_security
+            && !super::policies::adds_nothing(definition, kept)
+        {
             let message = match lets_every_row(definition) {
                 true => format!(
                     "adds permissive policy {policy} on {table} ({definition}): the roles it names ({}) may now read every one of its {} rows, whatever the other policies keep from them",

@@ -45,6 +45,9 @@ pub struct Evidence<'a> {
     pub sql: Option<&'a str>,
     /// The golden functions each function's body names, read after it.
     pub calls: &'a super::calls::Calls,
+    /// Golden views defined otherwise that show the same rows on the fork
+    /// as their old definition, and how many ([`super::view_rows`]).
+    pub views_same_rows: &'a BTreeMap<String, i64>,
 }
 
 /// Hazards (any one fails the candidate) and notes (worth knowing).
@@ -825,11 +828,35 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
             None => found.push((format!("view {name} is gone (dropped or renamed)"), vec![short])),
             // Its callers may now get other columns or other rows (not where
             // it only gained columns at the end: the expand step).
-            Some(now) if now != definition && !only_appends_columns(definition, now) => found.push((
-                format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
-                vec![short],
-            )),
+            Some(now) if redefined(definition, now) => match e.views_same_rows.get(name) {
+                Some(rows) => v.notes.push(Hazard::new(
+                    "breaks_compatibility",
+                    Severity::Low,
+                    format!(
+                        "view {name} is defined otherwise, but shows the same columns and the same {} as before on the golden's data: rows the golden does not hold may still differ",
+                        super::report::rows(*rows)
+                    ),
+                    super::integrity::line_naming_all(e, std::slice::from_ref(&short)),
+                )),
+                None => found.push((
+                    format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
+                    vec![short],
+                )),
+            },
             Some(_) => {}
+        }
+    }
+    // A sequence gone that no statement dropped was renamed or moved: the
+    // defaults that take from it follow it, but code naming it does not.
+    let dropped: BTreeSet<&str> =
+        e.statements.iter().flat_map(|s| s.dropped.iter().map(|d| d.identity.as_str())).collect();
+    for name in e.before.sequences.keys().filter(|n| !e.after.sequences.contains_key(*n)) {
+        if !dropped.contains(name.as_str()) {
+            let short = airlock_postgres::catalog::short_name(name).to_owned();
+            found.push((
+                format!("sequence {name} is gone (renamed or moved): code that names it (nextval('{short}'), setval, currval) fails, though the defaults that take from it follow it"),
+                vec![short],
+            ));
         }
     }
     found.extend(super::old_code::breaks(e.before, e.after));
@@ -876,6 +903,12 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
 
 /// Whether a view's new definition (as `pg_get_viewdef` prints it) only
 /// adds columns after the old ones, reading the same rows the same way.
+/// Whether a view's definition changed in a way its callers may see: not
+/// where it only gained columns at the end (the expand step).
+pub(crate) fn redefined(was: &str, now: &str) -> bool {
+    now != was && !only_appends_columns(was, now)
+}
+
 fn only_appends_columns(was: &str, now: &str) -> bool {
     let split = |d: &str| d.find("\n   FROM ").map(|at| (d[..at].trim_end().to_owned(), d[at..].to_owned()));
     match (split(was), split(now)) {

@@ -30,6 +30,7 @@ pub mod merge;
 mod old_code;
 mod overwrite;
 pub mod parts;
+mod policies;
 pub mod probe;
 pub mod promote;
 mod reached;
@@ -44,6 +45,7 @@ pub mod seal;
 mod second_fork;
 mod set_back;
 pub mod verify;
+mod view_rows;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -308,6 +308,8 @@ pub(crate) async fn measure(
     super::locks::drop_subsumed(&mut applied.statements);
     hazards::estimate_locks(&mut applied.statements, &scale, &golden_rows);
     let calls = super::calls::read(admin.client(), &snapshot.catalog, &now, &behaviours_before).await?;
+    let views_same_rows =
+        super::view_rows::same_rows(engine, sb, (&snapshot.catalog, &now), hazards::redefined).await?;
     let verdict = hazards::assess(&hazards::Evidence {
         statements: &applied.statements,
         failure: applied.failure.as_ref(),
@@ -320,6 +322,7 @@ pub(crate) async fn measure(
         max_lock_ms: threshold,
         sql: candidate.sql.as_deref(),
         calls: &calls,
+        views_same_rows: &views_same_rows,
     });
     let mut found = verdict.hazards;
     // Sequences it set back, and those it made: where either now gives

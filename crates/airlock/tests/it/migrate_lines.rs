@@ -329,6 +329,20 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
                 "view_appended.sql",
                 "CREATE OR REPLACE VIEW big_sales AS SELECT id, region, amount, amount * 2 AS doubled FROM sales WHERE amount > 90;",
             ),
+            // A view restyled, and one renamed with another in its place over it:
+            // the same columns and rows (a note). One whose column is renamed is a break.
+            (
+                "view_restyled.sql",
+                "CREATE OR REPLACE VIEW big_sales AS SELECT s.id, s.region, s.amount FROM sales AS s WHERE NOT s.amount <= 90;",
+            ),
+            (
+                "view_renamed_compat.sql",
+                "ALTER VIEW big_sales RENAME TO large_sales;\nCREATE VIEW big_sales AS SELECT id, region, amount FROM large_sales;",
+            ),
+            (
+                "view_column_renamed.sql",
+                "DROP VIEW big_sales;\nCREATE VIEW big_sales AS SELECT id, region, amount AS total FROM sales WHERE amount > 90;",
+            ),
             // A view made again without its filter: same columns, other rows.
             (
                 "view_unfiltered.sql",
@@ -392,6 +406,19 @@ fn what_a_migration_takes_away_is_named_with_what_it_guarded() {
     let said = message(&c["view_unfiltered.sql"], "breaks_compatibility");
     assert!(said.contains("view public.big_sales is defined otherwise"), "{said}");
     assert_eq!(hazard(&c["view_unfiltered.sql"], "breaks_compatibility")["line"], json!(1));
+    for name in ["view_restyled.sql", "view_renamed_compat.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"breaks_compatibility"), "{name}: {}", c[name]);
+        let note = c[name]["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "breaks_compatibility");
+        let said = note.unwrap_or_else(|| panic!("{name}: {}", c[name]))["message"].as_str().unwrap();
+        assert!(
+            said.starts_with(
+                "view public.big_sales is defined otherwise, but shows the same columns and the same"
+            ),
+            "{said}"
+        );
+    }
+    let said = message(&c["view_column_renamed.sql"], "breaks_compatibility");
+    assert!(said.contains("view public.big_sales is defined otherwise"), "{said}");
     let refresh = hazard(&c["refresh.sql"], "table_rewrite");
     let said = refresh["message"].as_str().unwrap();
     assert!(said.contains("public.region_totals") && said.contains("reads and writes wait"), "{said}");
@@ -1220,6 +1247,8 @@ GRANT SELECT ON memo_tenants TO PUBLIC;",
                 "CREATE VIEW memo_list WITH (security_invoker = true) AS SELECT * FROM memos;
                  GRANT SELECT ON memo_list TO PUBLIC;",
             ),
+            // An INSERT policy spelling out what the FOR ALL policy's check holds.
+            ("insert_policy_same.sql", "CREATE POLICY tenant_insert ON accounts FOR INSERT WITH CHECK (tenant = 1);"),
             // Granted by name what PUBLIC already holds: nothing opens.
             (
                 "granted_what_public_holds.sql",
@@ -1360,6 +1389,7 @@ GRANT EXECUTE ON FUNCTION touch() TO airlock_agent;",
     for name in [
         "invoker_over_unreadable.sql",
         "granted_what_public_holds.sql",
+        "insert_policy_same.sql",
         "invoker_view.sql",
         "definer_revoked.sql",
         "drop_permissive.sql",
@@ -1432,6 +1462,7 @@ fn sequences_left_behind_defaults_gone_enum_values_renamed_and_what_a_rewrite_do
                 "ALTER TABLE invoices ALTER COLUMN number DROP DEFAULT;\nALTER TABLE invoices ALTER COLUMN id DROP IDENTITY;",
             ),
             ("enum_rename.sql", "ALTER TYPE state RENAME VALUE 'cancelled' TO 'canceled';"),
+            ("sequence_rename.sql", "-- clearer name\nALTER SEQUENCE note_no RENAME TO note_number;"),
             ("always.sql", "-- ids are ours\nALTER TABLE bt_plain ALTER COLUMN id SET GENERATED ALWAYS;"),
             ("new_default.sql", "ALTER TABLE invoices ALTER COLUMN state SET DEFAULT 'done';"),
             ("retype.sql", "ALTER TABLE items ALTER COLUMN qty TYPE bigint;"),
@@ -1529,6 +1560,12 @@ UPDATE plans SET plan_no = 1000 + id;
     assert!(said.starts_with("sequence public.items_id_seq hands out 11 next, but public.items.id already holds values up to 2000"), "{said}");
     assert!(said.ends_with("(1990 rows hold a value at or past 11)"), "{said}");
     assert_eq!((severity.as_str(), line), ("high", json!(1)));
+    let renamed = hazard(&c["sequence_rename.sql"], "breaks_compatibility");
+    assert_eq!(renamed["line"], json!(2), "{renamed}");
+    assert!(
+        renamed["message"].as_str().unwrap().contains("sequence public.note_no is gone (renamed or moved): code that names it (nextval('note_no'), setval, currval) fails"),
+        "{renamed}"
+    );
     let (severity, line, said) = behind("owned_by.sql");
     assert!(said.starts_with("sequence public.plans_plan_no_seq hands out 1040 next"), "{said}");
     assert!(said.ends_with("(1 row holds a value at or past 1040)"), "{said}");
