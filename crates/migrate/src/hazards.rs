@@ -175,6 +175,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     super::integrity::integrity_hazards(e, &mut v);
     super::access::access_hazards(e, &mut v);
     super::reached::reached_hazards(e, &mut v);
+    v.notes.extend(super::shadowed::notes(e));
     if e.sql.is_some() {
         v.notes.extend(super::lock_timeout::note(&e.statements, &blocking_tables));
     }

@@ -44,6 +44,7 @@ pub mod schema;
 pub mod seal;
 mod second_fork;
 mod set_back;
+mod shadowed;
 pub mod verify;
 mod view_rows;
 

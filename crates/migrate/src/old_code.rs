@@ -55,6 +55,10 @@ pub fn breaks(before: &Catalog, after: &Catalog) -> Vec<(String, Vec<String>)> {
     }
     for (name, was) in &before.types {
         let Some(now) = after.types.get(name) else { continue };
+        if let Some(phrase) = composite_changed(name, was, now) {
+            found.push((phrase, vec![short_name(name).to_owned()]));
+            continue;
+        }
         let (Some(was), Some(now)) = (enum_labels(was), enum_labels(now)) else { continue };
         let now: BTreeSet<&String> = now.iter().collect();
         let gone: Vec<&String> = was.iter().filter(|l| !now.contains(l)).collect();
@@ -106,6 +110,27 @@ pub fn defaults_changed(before: &Catalog, after: &Catalog) -> Vec<Hazard> {
     out
 }
 
+/// How a composite type's attributes changed (`composite (street text,
+/// city text)` as the catalog records it), if they did: a row of its old
+/// attributes cast to it (`ROW(...)::address`), or code that reads one
+/// gone, fails. Attributes only added say so.
+fn composite_changed(name: &str, was: &str, now: &str) -> Option<String> {
+    let inner = |r: &str| r.strip_prefix("composite (")?.strip_suffix(')').map(str::to_owned);
+    let (was, now) = (inner(was)?, inner(now)?);
+    if was == now {
+        return None;
+    }
+    Some(match now.strip_prefix(&format!("{was}, ")) {
+        Some(added) => format!(
+            "composite type {name} gains {added}: a row of its old attributes cast to it (ROW(...)::{}) now fails with too few columns",
+            short_name(name)
+        ),
+        None => format!(
+            "composite type {name}'s attributes change from ({was}) to ({now}): code that builds it from its old attributes or reads one by name may fail"
+        ),
+    })
+}
+
 /// The labels of an enum as the catalog records it (`enum ('a', 'b')`),
 /// or None for any other type.
 fn enum_labels(record: &str) -> Option<Vec<String>> {
@@ -147,5 +172,20 @@ mod tests {
             Some(vec!["a".to_owned(), "it's".to_owned(), "x, y".to_owned()])
         );
         assert_eq!(enum_labels("domain over integer"), None);
+    }
+
+    #[test]
+    fn a_composite_type_gaining_or_changing_attributes_is_told() {
+        let was = "composite (street text, city text)";
+        let said = composite_changed(
+            "public.address",
+            was,
+            "composite (street text, city text, country character(2))",
+        );
+        assert!(said.unwrap().starts_with("composite type public.address gains country character(2)"));
+        let said = composite_changed("public.address", was, "composite (street text, town text)");
+        assert!(said.unwrap().contains("change from (street text, city text) to (street text, town text)"));
+        assert_eq!(composite_changed("public.address", was, was), None);
+        assert_eq!(composite_changed("public.mood", "enum ('a')", "enum ('a', 'b')"), None);
     }
 }
