@@ -5,7 +5,10 @@
 //! lock_timeout`, `SET LOCAL` (to the end of its transaction) or
 //! `set_config('lock_timeout', ...)`. A timeout of 0, `DEFAULT` or a `RESET`
 //! is no guard: the statement then waits behind a long query for as long as
-//! it runs, and every query queued behind it waits too. Read from the
+//! it runs, and every query queued behind it waits too. `LOCK ... NOWAIT`
+//! guards its tables to the end of its transaction: it never queues, and
+//! once it holds them nothing after it in the transaction waits for them.
+//! Read from the
 //! statements' tokens (so a comment naming the setting guards nothing), in
 //! the order they ran.
 
@@ -67,6 +70,35 @@ fn setting(sql: &str) -> Option<Setting> {
     })
 }
 
+/// The tables (unqualified, lowercased) a `LOCK ... NOWAIT` statement locks.
+fn locked_nowait(sql: &str) -> Vec<String> {
+    let t = tokens(sql);
+    let is = |i: usize, w: &str| matches!(t.get(i), Some(Token::Word(x)) if x == w);
+    if !is(0, "lock") || !t.iter().any(|x| matches!(x, Token::Word(w) if w == "nowait")) {
+        return vec![];
+    }
+    let mut names = Vec::new();
+    let mut last: Option<String> = None;
+    for token in t.iter().skip(1) {
+        match token {
+            Token::Word(w)
+                if ["table", "only"].contains(&w.as_str()) && last.is_none() && names.is_empty() => {}
+            Token::Word(w) if w == "in" || w == "nowait" => break,
+            Token::Word(w) => last = Some(w.clone()),
+            Token::Quoted(q) => last = Some(q.to_lowercase()),
+            Token::Other(',') => names.extend(last.take()),
+            _ => {}
+        }
+    }
+    names.extend(last);
+    names
+}
+
+/// A relation's name without its schema, lowercased.
+fn unqualified(name: &str) -> String {
+    airlock_postgres::catalog::split_qualified(name).1.to_lowercase()
+}
+
 /// Whether a value given to `lock_timeout` is a limit: a number above 0, with
 /// or without a unit, bare or quoted (`0`, `'0s'` and `DEFAULT` are none).
 fn limits(value: &Token) -> bool {
@@ -86,14 +118,21 @@ fn unguarded<'a>(statements: &[StatementReport], blocking: &[(usize, &'a str)]) 
     let mut session = false;
     let mut local: Option<(usize, bool)> = None;
     let mut set_to_none = false;
+    let mut nowait: BTreeSet<(usize, String)> = BTreeSet::new();
     let mut out = BTreeSet::new();
     for (i, s) in statements.iter().enumerate() {
         let in_force = match local {
             Some((txn, limited)) if txn == s.txn => limited,
             _ => session,
         };
+        nowait.extend(locked_nowait(&s.sql).into_iter().map(|t| (s.txn, t)));
         if !in_force {
-            out.extend(blocking.iter().filter(|(at, _)| *at == i).map(|(_, t)| *t));
+            out.extend(
+                blocking
+                    .iter()
+                    .filter(|(at, t)| *at == i && !nowait.contains(&(s.txn, unqualified(t))))
+                    .map(|(_, t)| *t),
+            );
         }
         match setting(&s.sql) {
             Some(Setting::Session(limited)) => {
@@ -179,6 +218,27 @@ mod tests {
         let (tables, none) = unguarded(&file, &[(0, "a"), (2, "b"), (4, "c")]);
         assert_eq!(tables, BTreeSet::from(["a", "c"]));
         assert!(none);
+    }
+
+    #[test]
+    fn lock_nowait_guards_its_tables_to_the_end_of_its_transaction() {
+        assert_eq!(locked_nowait("LOCK TABLE products IN ACCESS EXCLUSIVE MODE NOWAIT"), ["products"]);
+        assert_eq!(locked_nowait("lock only public.a, \"B\" nowait"), ["a", "b"]);
+        assert!(locked_nowait("LOCK TABLE products IN ACCESS EXCLUSIVE MODE").is_empty());
+        let file = [
+            statement("BEGIN", 1),
+            statement("LOCK TABLE products IN ACCESS EXCLUSIVE MODE NOWAIT", 1),
+            statement("ALTER TABLE products ADD c int", 1),
+            statement("ALTER TABLE orders ADD c int", 1),
+            statement("COMMIT", 1),
+            statement("ALTER TABLE products ADD d int", 2),
+        ];
+        let blocking =
+            [(1, "public.products"), (2, "public.products"), (3, "public.orders"), (5, "public.products")];
+        let (tables, _) = unguarded(&file, &blocking);
+        assert_eq!(tables, BTreeSet::from(["public.orders", "public.products"]));
+        let (tables, _) = unguarded(&file[..5], &blocking[..3]);
+        assert_eq!(tables, BTreeSet::from(["public.orders"]));
     }
 
     #[test]
