@@ -187,6 +187,12 @@ impl Tracker {
             if rewritten && self.names.values().any(|(name, kind)| kind == "i" && *name == rel.name) {
                 continue;
             }
+            // One made again on the storage of an index it replaces (a type
+            // change that needs no rebuild, `varchar` to `text`, keeps the
+            // index's files under a new OID) built nothing.
+            if self.filenodes.iter().any(|(relid, f)| *f == rel.filenode && *relid != rel.relid) {
+                continue;
+            }
             report.indexes_built.push(IndexBuilt {
                 index: rel.name.clone(),
                 table,

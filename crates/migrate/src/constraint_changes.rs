@@ -31,6 +31,15 @@ pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, aft
         if shape(e, table, was) == shape(e, table, now.1) {
             continue;
         }
+        // A column's type changed: the definition is written again with
+        // casts for it (`price >= 0` becomes `price >= (0)::numeric`).
+        let retyped = after
+            .columns
+            .iter()
+            .any(|c| before.columns.iter().any(|b| b.name == c.name && b.type_name != c.type_name));
+        if retyped && uncast(&shape(e, table, was)) == uncast(&shape(e, table, now.1)) {
+            continue;
+        }
         v.hazards.push(changed(e, (table, after), (name, was), now));
     }
 }
@@ -61,6 +70,57 @@ fn shape(e: &Evidence, table: &str, definition: &str) -> String {
         out.push(c);
     }
     valid(&out).to_owned()
+}
+
+/// A definition without its casts (`::numeric`, `::character varying(20)`,
+/// `::text[]`) and with the parentheses they leave around a lone constant
+/// (`(0)`) taken off: how it reads whatever the column's type.
+fn uncast(definition: &str) -> String {
+    const MORE: &[&str] = &[" varying", " precision", " with time zone", " without time zone"];
+    let mut out = String::with_capacity(definition.len());
+    let mut rest = definition;
+    while let Some(at) = rest.find("::") {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + 2..];
+        let name = rest
+            .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == '"' || c == '.'))
+            .unwrap_or(rest.len());
+        rest = &rest[name..];
+        while let Some(more) = MORE.iter().find(|m| rest.starts_with(**m)) {
+            rest = &rest[more.len()..];
+        }
+        if rest.starts_with('(') {
+            rest = rest.find(')').map_or("", |end| &rest[end + 1..]);
+        }
+        while let Some(r) = rest.strip_prefix("[]") {
+            rest = r;
+        }
+    }
+    out.push_str(rest);
+    // `(0)` and `('x')` left by the casts: a lone constant in parentheses.
+    let mut bare = String::with_capacity(out.len());
+    let mut chars = out.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c == '(' {
+            if let Some(end) = out[i + 1..].find(')') {
+                let inside = &out[i + 1..i + 1 + end];
+                let constant = !inside.is_empty()
+                    && (inside.trim_start_matches('-').chars().all(|c| c.is_ascii_digit() || c == '.')
+                        || (inside.starts_with('\'')
+                            && inside.ends_with('\'')
+                            && !inside[1..inside.len() - 1].contains('\'')));
+                if constant {
+                    bare.push_str(inside);
+                    while chars.peek().is_some_and(|(j, _)| *j <= i + 1 + end) {
+                        chars.next();
+                    }
+                    continue;
+                }
+            }
+        }
+        bare.push(c);
+    }
+    bare
 }
 
 fn changed(
@@ -172,6 +232,22 @@ fn was_word(action: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn casts_a_type_change_writes_into_a_definition_are_read_past() {
+        assert_eq!(uncast("CHECK ((price >= (0)::numeric))"), uncast("CHECK ((price >= 0))"));
+        assert_eq!(uncast("CHECK (((code)::text <> ''::text))"), "CHECK (((code) <> ''))");
+        assert_eq!(
+            uncast("CHECK ((name)::character varying(20) <> 'x'::character varying)"),
+            "CHECK ((name) <> 'x')"
+        );
+        assert_eq!(
+            uncast("CHECK ((at > '2020-01-01 00:00:00'::timestamp without time zone))"),
+            "CHECK ((at > '2020-01-01 00:00:00'))"
+        );
+        assert_ne!(uncast("CHECK ((price >= (0)::numeric))"), uncast("CHECK ((price >= 1))"));
+        assert_eq!(uncast("CHECK ((tags <> '{}'::text[]))"), "CHECK ((tags <> '{}'))");
+    }
 
     #[test]
     fn a_foreign_keys_actions_are_read_from_its_definition() {

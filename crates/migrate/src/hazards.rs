@@ -165,7 +165,10 @@ pub fn assess(e: &Evidence) -> Verdict {
             .iter()
             .filter(|l| l.blocking && holds_rows(l) && (e.has_rows(&l.relation) || l.kind != "table"))
         {
-            blocking_tables.push((i, l.relation.as_str()));
+            // (The file's own new tables wait for no one's queries.)
+            if e.before.tables.contains_key(&l.relation) || e.before.views.contains_key(&l.relation) {
+                blocking_tables.push((i, l.relation.as_str()));
+            }
             if locked.insert((s.txn, l.relation.as_str())) {
                 lock_hazard(e, i, l, &works, &mut v);
             }

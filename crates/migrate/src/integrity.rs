@@ -283,17 +283,38 @@ pub(crate) fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
 }
 
 /// The line of the first statement (not rolled back) that names every one
-/// of `names` as a word.
+/// of `names` as a word, outside its comments (a comment naming a table is
+/// not the statement that changes it).
 pub(crate) fn line_naming_all(e: &Evidence, names: &[impl AsRef<str>]) -> Option<usize> {
     let names: Vec<String> = names.iter().map(|n| n.as_ref().to_ascii_lowercase()).collect();
     e.statements
         .iter()
-        .find(|s| {
-            let sql = s.sql.to_ascii_lowercase();
-            !s.rolled_back && names.iter().all(|n| names_word(&sql, n))
-        })
+        .find(|s| !s.rolled_back && names.iter().all(|n| names_word(&without_comments(&s.sql), n)))
         .map(|s| s.line)
         .filter(|l| *l > 0)
+}
+
+/// A statement's text as its tokens, lowercased, without its comments: words,
+/// names, constants and punctuation (a qualified name kept whole, `a.b`).
+fn without_comments(sql: &str) -> String {
+    use super::code::lexer::{tokens, Token};
+    let mut out = String::new();
+    let mut glued = false;
+    for t in tokens(sql) {
+        let (text, glue) = match &t {
+            Token::Word(w) | Token::Quoted(w) | Token::Constant(w) | Token::Number(w) => {
+                (w.to_ascii_lowercase(), false)
+            }
+            Token::Other(c) => (c.to_string(), *c == '.'),
+            Token::Escaped => (String::new(), false),
+        };
+        if !out.is_empty() && !glued && !glue {
+            out.push(' ');
+        }
+        out.push_str(&text);
+        glued = glue;
+    }
+    out
 }
 
 /// The columns a key constraint's definition names first:

@@ -784,7 +784,8 @@ fn merged((was, now): (usize, usize)) -> String {
     if was > now {
         format!("{} distinct {} became {}", count(was), values(was), count(now))
     } else {
-        format!("{} distinct {} became {} that other rows already held", count(was), values(was), values(now))
+        let into = if was == 1 { "one" } else { "values" };
+        format!("{} distinct {} became {into} that other rows already held", count(was), values(was))
     }
 }
 
