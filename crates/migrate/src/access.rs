@@ -429,6 +429,12 @@ fn policies_changed(
                 format!("changes policy {policy} on {table} to let every row through (was {definition}, now {d}): the roles it names ({}) may now read all of its {} rows", to_whom(d), e.golden_rows(table)),
                 line(policy),
             )),
+            Some(d) if super::policies::widened_by_or(definition, d) => v.hazards.push(Hazard::new(
+                "access_widened",
+                Severity::High,
+                format!("widens policy {policy} on {table} with an alternative (was {definition}, now {d}): every row it let through, and now also those its new alternative lets through, to the roles it names ({})", to_whom(d)),
+                line(policy),
+            )),
             Some(d) => v.hazards.push(Hazard::new(
                 "policy_changed",
                 Severity::Medium,

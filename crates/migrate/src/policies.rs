@@ -67,6 +67,22 @@ pub(crate) fn adds_nothing<'a>(added: &str, mut kept: impl Iterator<Item = &'a s
     kept.any(|k| Policy::read(k).is_some_and(|k| added.within(&k)))
 }
 
+/// Whether policy `now` (a definition) is policy `was` with its condition
+/// (`USING`) widened by an alternative: the old condition still whole
+/// inside the new, joined to more by `OR` and to nothing more by `AND`
+/// (`USING (current_setting('app.tenant', true) IS NULL OR tenant = ...)`),
+/// so every row it let through and more.
+pub(crate) fn widened_by_or(was: &str, now: &str) -> bool {
+    let (Some(was), Some(now)) = (Policy::read(was), Policy::read(now)) else { return false };
+    let (Some(old), Some(new)) = (was.using, now.using) else { return false };
+    let inner = old.strip_prefix('(').and_then(|o| o.strip_suffix(')')).unwrap_or(old);
+    let count = |text: &str, word: &str| text.matches(word).count();
+    new != old
+        && new.contains(inner)
+        && count(new, " OR ") > count(old, " OR ")
+        && count(new, " AND ") <= count(old, " AND ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,6 +104,18 @@ mod tests {
         );
         let p = Policy::read("permissive for insert to alice,bob with check ((a = 1))").unwrap();
         assert_eq!((p.roles, p.using, p.check), (vec!["alice", "bob"], None, Some("((a = 1))")));
+    }
+
+    #[test]
+    fn a_condition_given_an_alternative_is_widened() {
+        // As the catalog writes them: `using (` around pg_get_expr's own parentheses.
+        let tenant = "(tenant = (current_setting('app.tenant'::text, true))::bigint)";
+        let was = format!("permissive for all to public using ({tenant})");
+        let unset = format!("permissive for all to public using (((current_setting('app.tenant'::text, true) IS NULL) OR {tenant}))");
+        assert!(widened_by_or(&was, &unset));
+        let narrower = format!("permissive for all to public using (({tenant} AND (NOT archived)))");
+        assert!(!widened_by_or(&was, &narrower));
+        assert!(!widened_by_or(&was, "permissive for all to public using ((owner = CURRENT_USER))"));
     }
 
     #[test]

@@ -1217,6 +1217,10 @@ fn what_a_migration_opens_up_or_switches_off_is_named() {
                 "DROP POLICY no_negative ON accounts;\nCREATE POLICY no_negative ON accounts USING (balance >= 0);",
             ),
             ("add_permissive.sql", "CREATE POLICY everyone ON accounts USING (true);"),
+            (
+                "policy_or.sql",
+                "ALTER POLICY tenant_rows ON accounts USING (tenant = 1 OR current_setting('app.all', true) = 'on');",
+            ),
             ("schema_grant.sql", "GRANT USAGE ON SCHEMA private TO PUBLIC;"),
             ("schema_revoke.sql", "-- lock it down\nREVOKE ALL ON SCHEMA public FROM PUBLIC;"),
             // Policies first, then row security on: access only narrows.
@@ -1327,6 +1331,15 @@ GRANT EXECUTE ON FUNCTION touch() TO airlock_agent;",
     // USING (true): every row, to every role it names.
     assert!(h["message"].as_str().unwrap().contains("may now read every one of its 5000 rows"), "{h}");
     assert_eq!(h["severity"], "high");
+    let h = hazard(&c["policy_or.sql"], "access_widened");
+    assert_eq!(h["severity"], "high", "{h}");
+    assert!(
+        h["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("widens policy tenant_rows on public.accounts with an alternative"),
+        "{h}"
+    );
     let said = message(&c["schema_grant.sql"], "access_widened");
     assert!(said.starts_with("grants USAGE on schema private to PUBLIC"), "{said}");
     let added = hazard(&c["new_trigger.sql"], "trigger_added");
