@@ -436,11 +436,13 @@ fn a_workload_feels_a_blocking_index_build_and_not_a_concurrent_one() {
     assert_eq!(hazard_kinds(&report["candidates"][0]), ["blocking_index_build", "long_lock"]);
 
     // A candidate that ends its own session stops the workload beside it too.
+    // (It runs as the golden's owner role, which may not end the agent's
+    // session: it puts its role back first.)
     let dies = files(
         &d,
         &[(
             "dies.sql",
-            "ALTER TABLE users ADD COLUMN q int;\nSELECT pg_terminate_backend(pg_backend_pid());",
+            "ALTER TABLE users ADD COLUMN q int;\nRESET ROLE;\nSELECT pg_terminate_backend(pg_backend_pid());",
         )],
     );
     let (code, report) = test(&d, &[dies[0].to_str().unwrap(), "--workload", "default"]);
