@@ -82,37 +82,19 @@ fn views_over_row_security(
         .before
         .tables
         .keys()
-        .filter(|t| {
-            before.iter().any(|(k, p)| {
-                k.strip_prefix("properties of table ").is_some_and(|n| n == t.as_str() || n == short_name(t))
-                    && has(p, "row security on")
-            })
-        })
+        .filter(|t| table_properties(before, t).is_some_and(|p| has(p, "row security on")))
         .collect();
     if guarded.is_empty() {
         return;
     }
     for (view, definition) in e.after.views.iter().filter(|(name, d)| e.before.views.get(*name) != Some(*d)) {
-        let over: Vec<&&String> = guarded
-            .iter()
-            .filter(|t| {
-                let (schema, name) = airlock_postgres::catalog::split_qualified(t);
-                super::integrity::names_word(&definition.to_ascii_lowercase(), &name.to_ascii_lowercase())
-                    || definition.contains(&format!("{schema}.{name}"))
-            })
-            .collect();
+        let over: Vec<&&String> = guarded.iter().filter(|t| reads_table(definition, t)).collect();
         if over.is_empty() {
             continue;
         }
-        let properties = after.iter().find(|(k, _)| {
-            (k.starts_with("properties of view ") || k.starts_with("properties of materialized view "))
-                && (k.ends_with(&format!(" {view}")) || k.ends_with(&format!(" {}", short_name(view))))
-        });
-        let Some((_, properties)) = properties else { continue };
-        let invoker = properties.definition.contains("security_invoker=true")
-            || properties.definition.contains("security_invoker=on");
+        let Some(properties) = view_properties(after, view) else { continue };
         let readers = others_granted(properties);
-        if invoker || readers.is_empty() {
+        if invoker(properties) || readers.is_empty() {
             continue;
         }
         let tables: Vec<&str> = over.iter().map(|t| t.as_str()).collect();
@@ -133,13 +115,32 @@ fn views_over_row_security(
     }
 }
 
+/// The properties entry of table `table` in `entries` (under its
+/// qualified name or, as the catalog may write it, its short one).
+fn table_properties<'a>(entries: &'a BTreeMap<String, Entry>, table: &str) -> Option<&'a Entry> {
+    [table, short_name(table)].into_iter().find_map(|n| entries.get(&format!("properties of table {n}")))
+}
+
 /// The properties entry of view `view` (or materialized view) in `entries`.
 fn view_properties<'a>(entries: &'a BTreeMap<String, Entry>, view: &str) -> Option<&'a Entry> {
-    entries.iter().find_map(|(k, p)| {
-        ((k.starts_with("properties of view ") || k.starts_with("properties of materialized view "))
-            && (k.ends_with(&format!(" {view}")) || k.ends_with(&format!(" {}", short_name(view)))))
-        .then_some(p)
-    })
+    ["view", "materialized view"]
+        .into_iter()
+        .flat_map(|kind| [view, short_name(view)].map(|n| format!("properties of {kind} {n}")))
+        .find_map(|key| entries.get(&key))
+}
+
+/// Whether a view's properties say it runs as its reader (`security_invoker`).
+fn invoker(properties: &Entry) -> bool {
+    properties.definition.contains("security_invoker=true")
+        || properties.definition.contains("security_invoker=on")
+}
+
+/// Whether a view's definition reads table `table` (by its name as a word,
+/// or qualified).
+fn reads_table(definition: &str, table: &str) -> bool {
+    let (schema, name) = airlock_postgres::catalog::split_qualified(table);
+    super::integrity::names_word(&definition.to_ascii_lowercase(), &name.to_ascii_lowercase())
+        || definition.contains(&format!("{schema}.{name}"))
 }
 
 /// Views new or redefined (not `security_invoker`) that roles may read
@@ -152,15 +153,18 @@ fn views_over_unreadable(
     after: &BTreeMap<String, Entry>,
     v: &mut Verdict,
 ) {
+    let changed: Vec<(&String, &String)> =
+        e.after.views.iter().filter(|(name, d)| e.before.views.get(*name) != Some(*d)).collect();
+    if changed.is_empty() {
+        return;
+    }
     // Golden tables and who could read them (PUBLIC for everyone).
     let readable: Vec<(&String, Vec<String>)> = e
         .before
         .tables
         .keys()
         .filter_map(|t| {
-            let (_, p) = before.iter().find(|(k, _)| {
-                k.strip_prefix("properties of table ").is_some_and(|n| n == t.as_str() || n == short_name(t))
-            })?;
+            let p = table_properties(before, t)?;
             if has(p, "row security on") {
                 return None;
             }
@@ -169,25 +173,16 @@ fn views_over_unreadable(
             Some((t, readers.chain([owner(p).to_owned()]).collect()))
         })
         .collect();
-    for (view, definition) in e.after.views.iter().filter(|(name, d)| e.before.views.get(*name) != Some(*d)) {
-        let Some(properties) = view_properties(after, view) else { continue };
-        if properties.definition.contains("security_invoker=true")
-            || properties.definition.contains("security_invoker=on")
-        {
-            continue;
-        }
+    for (view, definition) in changed {
+        let Some(properties) = view_properties(after, view).filter(|p| !invoker(p)) else { continue };
         // Readers who could read the view before (a view redefined) gain nothing new by its grant.
         let had = view_properties(before, view).map(others_granted).unwrap_or_default();
-        let lowered = definition.to_ascii_lowercase();
+        let read: Vec<&(&String, Vec<String>)> =
+            readable.iter().filter(|(t, _)| reads_table(definition, t)).collect();
         for reader in others_granted(properties).into_iter().filter(|r| !had.contains(r)) {
-            let unreadable: Vec<&str> = readable
+            let unreadable: Vec<&str> = read
                 .iter()
-                .filter(|(t, readers)| {
-                    let (schema, name) = airlock_postgres::catalog::split_qualified(t);
-                    let read = super::integrity::names_word(&lowered, &name.to_ascii_lowercase())
-                        || definition.contains(&format!("{schema}.{name}"));
-                    read && !readers.iter().any(|r| *r == reader || r == "PUBLIC")
-                })
+                .filter(|(_, readers)| !readers.iter().any(|r| *r == reader || r == "PUBLIC"))
                 .map(|(t, _)| t.as_str())
                 .collect();
             if unreadable.is_empty() {

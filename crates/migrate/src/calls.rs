@@ -70,7 +70,7 @@ pub async fn read(
 ) -> Result<Calls> {
     let failed = |e: tokio_postgres::Error| Error::postgres(airlock_postgres::admin::describe(&e));
     let mut out = Calls::default();
-    let after = behaviours(client).await?;
+    let after = behaviours(client, golden).await?;
     out.same_behaviour = before
         .iter()
         .filter(|(k, b)| after.get(*k).is_some_and(|a| a.same_as(b)))
@@ -254,11 +254,17 @@ impl Behaviour {
     }
 }
 
-/// Each function's [`Behaviour`], by its key. Read from the catalog before
-/// the candidate runs and after, so a function whose hints alone changed is
-/// told from one replaced whatever statement did it (a rename swap, a `DO`
-/// block's dynamic SQL).
-pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<String, Behaviour>> {
+/// Each of `golden`'s functions' [`Behaviour`], by its key. Read from the
+/// catalog before the candidate runs and after, so a function whose hints
+/// alone changed is told from one replaced whatever statement did it (a
+/// rename swap, a `DO` block's dynamic SQL). Only the golden's functions,
+/// and the first [`BODY_READ_MOST`] characters of a body, are read: what
+/// the candidate made does not set how much the admin reads.
+pub async fn behaviours(
+    client: &tokio_postgres::Client,
+    golden: &Catalog,
+) -> Result<BTreeMap<String, Behaviour>> {
+    let keys: Vec<&String> = golden.functions.keys().collect();
     let rows = client
         .query(
             &format!(
@@ -271,8 +277,9 @@ pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<Stri
                         path.value,
                         path.value IS NOT NULL AND NOT EXISTS (
                           SELECT FROM (SELECT DISTINCT w
-                                         FROM pg_catalog.regexp_split_to_table(pg_catalog.lower(p.prosrc),
-                                                                               '[^[:alnum:]_$]+') AS w) AS words
+                                         FROM pg_catalog.regexp_split_to_table(
+                                                pg_catalog.lower(pg_catalog.left(p.prosrc, {BODY_READ_MOST})),
+                                                '[^[:alnum:]_$]+') AS w) AS words
                           CROSS JOIN LATERAL (
                             SELECT pg_catalog.array_agg(DISTINCT ns.nspname::text)
                                      FILTER (WHERE ns.nspname <> 'pg_catalog') AS held,
@@ -296,9 +303,9 @@ pub async fn behaviours(client: &tokio_postgres::Client) -> Result<BTreeMap<Stri
                               AS schemas
                        FROM pg_catalog.unnest(p.proconfig) AS c
                       WHERE c LIKE 'search_path=%') AS path ON true
-                  WHERE {SYSTEM_SCHEMAS}"
+                  WHERE {SYSTEM_SCHEMAS} AND {FUNCTION_KEY} = ANY($1::text[])"
             ),
-            &[],
+            &[&keys],
         )
         .await
         .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;

@@ -12,6 +12,12 @@ use airlock_postgres::catalog::Table;
 
 /// The `integrity_changed` hazards of table `table`, `before` and `after`.
 pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, after: &Table, v: &mut Verdict) {
+    // A column's type changed: definitions are written again with casts for
+    // it (`price >= 0` becomes `price >= (0)::numeric`).
+    let retyped = after
+        .columns
+        .iter()
+        .any(|c| before.columns.iter().any(|b| b.name == c.name && b.type_name != c.type_name));
     for (name, was) in before.constraints.iter().filter(|(_, d)| !d.starts_with("NOT NULL")) {
         // The same definition anywhere (made again NOT VALID too) holds what it held.
         if after.constraints.values().any(|d| valid(d) == valid(was)) {
@@ -28,16 +34,8 @@ pub(crate) fn constraints_changed(e: &Evidence, table: &str, before: &Table, aft
         };
         // A rename (of a column, or of the table a key references) rewrites
         // the definition and changes nothing it holds.
-        if shape(e, table, was) == shape(e, table, now.1) {
-            continue;
-        }
-        // A column's type changed: the definition is written again with
-        // casts for it (`price >= 0` becomes `price >= (0)::numeric`).
-        let retyped = after
-            .columns
-            .iter()
-            .any(|c| before.columns.iter().any(|b| b.name == c.name && b.type_name != c.type_name));
-        if retyped && uncast(&shape(e, table, was)) == uncast(&shape(e, table, now.1)) {
+        let (was_shape, now_shape) = (shape(e, table, was), shape(e, table, now.1));
+        if was_shape == now_shape || (retyped && uncast(&was_shape) == uncast(&now_shape)) {
             continue;
         }
         v.hazards.push(changed(e, (table, after), (name, was), now));

@@ -739,7 +739,6 @@ fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
     v.hazards.push(h);
 }
 
-/// Whether a command tag is a query or code whose running time no row count bounds.
 /// Built-ins whose time is the rows they read (which the counters see) or
 /// nothing: a query that calls no other function takes the time of its
 /// reads, which the estimate already holds.
@@ -787,6 +786,7 @@ fn counted_query(s: &StatementReport) -> bool {
     })
 }
 
+/// Whether a command tag is a query or code whose running time no row count bounds.
 fn runs_code(tag: &str) -> bool {
     ["SELECT", "DO", "CALL", "COPY", "EXPLAIN", "FETCH", "EXECUTE"]
         .iter()
@@ -843,7 +843,7 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
                         "view {name} is defined otherwise, but shows the same columns and the same {} as before on the golden's data: rows the golden does not hold may still differ",
                         super::report::rows(*rows)
                     ),
-                    super::integrity::line_naming_all(e, std::slice::from_ref(&short)),
+                    super::integrity::line_naming(e, &short),
                 )),
                 None => found.push((
                     format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
@@ -908,14 +908,14 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
     v.hazards.push(h);
 }
 
-/// Whether a view's new definition (as `pg_get_viewdef` prints it) only
-/// adds columns after the old ones, reading the same rows the same way.
 /// Whether a view's definition changed in a way its callers may see: not
 /// where it only gained columns at the end (the expand step).
 pub(crate) fn redefined(was: &str, now: &str) -> bool {
     now != was && !only_appends_columns(was, now)
 }
 
+/// Whether a view's new definition (as `pg_get_viewdef` prints it) only
+/// adds columns after the old ones, reading the same rows the same way.
 fn only_appends_columns(was: &str, now: &str) -> bool {
     let split = |d: &str| d.find("\n   FROM ").map(|at| (d[..at].trim_end().to_owned(), d[at..].to_owned()));
     match (split(was), split(now)) {

@@ -289,7 +289,12 @@ pub(crate) fn line_naming_all(e: &Evidence, names: &[impl AsRef<str>]) -> Option
     let names: Vec<String> = names.iter().map(|n| n.as_ref().to_ascii_lowercase()).collect();
     e.statements
         .iter()
-        .find(|s| !s.rolled_back && names.iter().all(|n| names_word(&without_comments(&s.sql), n)))
+        .find(|s| {
+            !s.rolled_back && {
+                let sql = without_comments(&s.sql);
+                names.iter().all(|n| names_word(&sql, n))
+            }
+        })
         .map(|s| s.line)
         .filter(|l| *l > 0)
 }

@@ -94,7 +94,7 @@ pub(crate) async fn measure(
     let invalid_before = invalid_indexes(&admin).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
     let left_before = verify::values_left(admin.client()).await?;
-    let behaviours_before = super::calls::behaviours(admin.client()).await?;
+    let behaviours_before = super::calls::behaviours(admin.client(), &snapshot.catalog).await?;
     // Which rows it changes, and to what, for promote to compare with the
     // target's (a workload beside it writes none: its writes are planned).
     let compared = compared_tables(&snapshot);
