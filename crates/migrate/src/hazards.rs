@@ -571,8 +571,20 @@ fn lock_hazard(e: &Evidence, i: usize, l: &LockHeld, works: &[BTreeMap<&str, Wor
     let (s, scale) = (&e.statements[i], e.scale);
     let line = Some(s.line).filter(|l| *l > 0);
     // Work the rest of the transaction does while the lock stays held.
-    let after: Vec<(&StatementReport, &BTreeMap<&str, Work>)> =
-        e.statements[i + 1..].iter().zip(&works[i + 1..]).take_while(|(t, _)| t.txn == s.txn).collect();
+    // A statement that would take as strong a lock on the table itself (a
+    // rewrite, an index build under SHARE) would make the same sessions wait
+    // for its work alone: its own hazard tells that, and holding the lock
+    // already adds nothing to it.
+    let locks_alone = |t: &StatementReport| {
+        t.rewrites.iter().any(|w| w.table == l.relation)
+            || t.locks.iter().any(|m| m.relation == l.relation && super::locks::subsumes(&m.mode, &l.mode))
+    };
+    let after: Vec<(&StatementReport, &BTreeMap<&str, Work>)> = e.statements[i + 1..]
+        .iter()
+        .zip(&works[i + 1..])
+        .take_while(|(t, _)| t.txn == s.txn)
+        .filter(|(t, _)| !locks_alone(t))
+        .collect();
     let rows = |w: &BTreeMap<&str, Work>| w.values().map(Work::rows).sum::<i64>();
     let worked: i64 = after.iter().map(|(_, w)| rows(w)).sum();
     let estimate = l.estimated_ms.unwrap_or(0.0);

@@ -301,7 +301,7 @@ pub(crate) fn line_naming_all(e: &Evidence, names: &[impl AsRef<str>]) -> Option
 
 /// A statement's text as its tokens, lowercased, without its comments: words,
 /// names, constants and punctuation (a qualified name kept whole, `a.b`).
-fn without_comments(sql: &str) -> String {
+pub(crate) fn without_comments(sql: &str) -> String {
     use super::code::lexer::{tokens, Token};
     let mut out = String::new();
     let mut glued = false;

@@ -25,6 +25,7 @@ pub mod html;
 mod integrity;
 mod lock_timeout;
 pub mod locks;
+mod matview_keys;
 mod measure;
 pub mod merge;
 mod old_code;

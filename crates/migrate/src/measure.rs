@@ -2,6 +2,7 @@
 //! and rewrites are read, then the counts, catalogs, assertions and row
 //! images its report is made of.
 
+use super::overwrite::json_parts;
 use airlock_core::dsn::DATABASE;
 use airlock_core::error::{Error, Result};
 use airlock_lifecycle::engine::Engine;
@@ -92,6 +93,7 @@ pub(crate) async fn measure(
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
+    let matview_keys_before = super::matview_keys::read(admin.client()).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
     let left_before = verify::values_left(admin.client()).await?;
     let behaviours_before = super::calls::behaviours(admin.client(), &snapshot.catalog).await?;
@@ -127,6 +129,17 @@ pub(crate) async fn measure(
         super::overwrite::read(admin.client(), &written_columns, &golden_key, &snapshot.catalog).await?;
     let counts_before =
         super::overwrite::counts::read(admin.client(), &counted_columns, &snapshot.catalog).await?;
+    // Its JSON columns, also as their documents' parts: a key stripped from
+    // every document leaves each unlike the others, yet its values are gone.
+    let json_columns = json_parts::targets(&written_columns, &snapshot.catalog, &rows_with_roots);
+    let parts_before = super::overwrite::read_bounded(
+        admin.client(),
+        &json_columns,
+        &golden_key,
+        &snapshot.catalog,
+        (&|_| json_parts::ROWS_MOST, super::overwrite::Reading::Parts),
+    )
+    .await?;
     // Read again at the end under the names they have then.
     let written_ids =
         super::overwrite::names::ids(admin.client(), &[&written_columns, &counted_columns], &golden_key)
@@ -298,6 +311,25 @@ pub(crate) async fn measure(
     }
     super::overwrite::told_through_roots(&mut losses, &roots);
     super::overwrite::place_at_writes(&mut losses, &applied.statements);
+    let followed = super::overwrite::names::follow(admin.client(), &json_columns, &written_ids).await?;
+    let parts_after = super::overwrite::read_bounded(
+        admin.client(),
+        &followed.now,
+        &followed.keys_now(&shape),
+        &now,
+        (&grown, super::overwrite::Reading::Parts),
+    )
+    .await?;
+    let parts_after = followed.values_back(parts_after);
+    let part_losses =
+        json_parts::losses(&json_columns, &parts_before, &parts_after, &rows_with_roots, &losses);
+    let parts_kept = super::overwrite::read_wanted(
+        admin.client(),
+        &json_parts::keepers(&part_losses, &shape, &snapshot.catalog, &now),
+        &now,
+        true,
+    )
+    .await?;
     // Where it may have kept what it overwrote: read only for a loss, and
     // only as far as a loss needs.
     let keepers = super::overwrite::keepers(&losses, &shape, &snapshot.catalog, &now);
@@ -345,6 +377,17 @@ pub(crate) async fn measure(
     found.extend(overwritten);
     let mut notes = verdict.notes;
     notes.extend(kept);
+    let (overwritten, kept) = json_parts::report(&part_losses, &parts_kept, &shape);
+    found.extend(overwritten);
+    notes.extend(kept);
+    let views_now: Vec<&String> = now.views.keys().collect();
+    let matview_keys_after = super::matview_keys::read(admin.client()).await?;
+    found.extend(super::matview_keys::hazards(
+        &matview_keys_before,
+        &matview_keys_after,
+        &views_now,
+        &applied.statements,
+    ));
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
         let mut h = report::Hazard::new(
             "invalid_index",

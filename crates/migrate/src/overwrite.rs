@@ -39,6 +39,7 @@ pub const SHARE_FLOOR: usize = 20;
 const QUOTED_MOST: usize = 40;
 
 pub mod counts;
+pub mod json_parts;
 pub mod names;
 mod targets;
 pub mod unnamed;
@@ -165,6 +166,9 @@ pub enum Reading {
     /// MD5), to compare only with values read so by the same server build,
     /// and NULL told apart: which columns of a wide table lost values.
     Hash,
+    /// Its MD5 and, as JSON, the value's parts ([`json_parts::read_parts`]):
+    /// what a document lost though it stayed unlike every other.
+    Parts,
 }
 
 /// How long one read of values (before the candidate, after it, or of where
@@ -266,38 +270,59 @@ pub async fn read_bounded(
 pub fn keepers(losses: &[Loss], shape: &Shape, golden: &Catalog, now: &Catalog) -> Vec<Wanted> {
     let mut out: Vec<Wanted> = Vec::new();
     for loss in losses {
-        let Some(key) = shape.key(&loss.table) else { continue };
-        let keyed = key_columns(key);
-        let (Some(was), Some(is)) = (golden.tables.get(&loss.table), now.tables.get(&loss.table)) else {
+        let Some(lost) =
+            golden.tables.get(&loss.table).and_then(|t| t.columns.iter().find(|c| c.name == loss.column))
+        else {
             continue;
         };
-        let Some(lost) = was.columns.iter().find(|c| c.name == loss.column) else { continue };
         let alike =
-            |c: &&airlock_postgres::catalog::Column| c.type_name == lost.type_name || c.name == lost.name;
-        let mut places: Vec<(&String, String, Vec<String>)> = Vec::new();
-        let added = is.columns.iter().filter(|c| !was.columns.iter().any(|w| w.name == c.name)).filter(alike);
-        places.push((&loss.table, key.to_owned(), added.map(|c| c.name.clone()).collect()));
-        for (table, made) in now.tables.iter().filter(|(name, _)| !golden.tables.contains_key(*name)) {
-            let Some(key_there) = key_in(&keyed, was, made) else { continue };
-            let columns = made.columns.iter().filter(|c| !key_there.contains(&c.name)).filter(alike);
-            places.push((table, key_of_columns(&key_there), columns.map(|c| c.name.clone()).collect()));
-        }
-        for (table, key, columns) in places.into_iter().filter(|(_, _, c)| !c.is_empty()) {
-            match out.iter_mut().find(|w| &w.table == table) {
-                Some(w) => w
-                    .columns
-                    .extend(columns.into_iter().filter(|c| !w.columns.contains(c)).collect::<Vec<_>>()),
-                None => out.push(Wanted {
-                    table: table.clone(),
-                    key,
-                    columns,
-                    most: loss.rows.max(0) + 1,
-                    reading: Reading::Digest,
-                }),
-            }
-        }
+            |c: &airlock_postgres::catalog::Column| c.type_name == lost.type_name || c.name == lost.name;
+        let places = keeping_places(&loss.table, shape, golden, now, &alike);
+        gather(&mut out, places, loss.rows.max(0) + 1, Reading::Digest);
     }
     out
+}
+
+/// Where a candidate may have kept what it took from `table`: the columns
+/// it added to it, and the columns beside the key of tables it made that
+/// hold the table's key (see [`key_in`]), of those only the `alike` ones;
+/// each place as its table, its key's columns and its columns.
+fn keeping_places(
+    table: &str,
+    shape: &Shape,
+    golden: &Catalog,
+    now: &Catalog,
+    alike: &dyn Fn(&airlock_postgres::catalog::Column) -> bool,
+) -> Vec<(String, String, Vec<String>)> {
+    let Some(key) = shape.key(table) else { return vec![] };
+    let keyed = key_columns(key);
+    let (Some(was), Some(is)) = (golden.tables.get(table), now.tables.get(table)) else {
+        return vec![];
+    };
+    let added = is.columns.iter().filter(|c| !was.columns.iter().any(|w| w.name == c.name) && alike(c));
+    let mut places =
+        vec![(table.to_owned(), key.to_owned(), added.map(|c| c.name.clone()).collect::<Vec<_>>())];
+    for (name, made) in now.tables.iter().filter(|(name, _)| !golden.tables.contains_key(*name)) {
+        let Some(key_there) = key_in(&keyed, was, made) else { continue };
+        let columns = made.columns.iter().filter(|c| !key_there.contains(&c.name) && alike(c));
+        places.push((name.clone(), key_of_columns(&key_there), columns.map(|c| c.name.clone()).collect()));
+    }
+    places.retain(|(_, _, columns)| !columns.is_empty());
+    places
+}
+
+/// Adds `places` to `out`, as reads of at most `most` rows each: a table
+/// already there gains the columns it lacks.
+fn gather(out: &mut Vec<Wanted>, places: Vec<(String, String, Vec<String>)>, most: i64, reading: Reading) {
+    for (table, key, columns) in places {
+        match out.iter_mut().find(|w| w.table == table) {
+            Some(w) => {
+                let more: Vec<String> = columns.into_iter().filter(|c| !w.columns.contains(c)).collect();
+                w.columns.extend(more);
+            }
+            None => out.push(Wanted { table, key, columns, most, reading }),
+        }
+    }
 }
 
 /// The columns of a table the candidate made (`made`) that hold the golden
@@ -370,6 +395,9 @@ pub async fn read_wanted(
                             "CASE WHEN t.{} IS NULL THEN '' ELSE pg_catalog.hashtextextended({text}, 0)::text END",
                             quote_ident(c)
                         ),
+                        Reading::Parts => {
+                            format!("pg_catalog.md5({text}), {}", json_parts::read_parts(&format!("t.{}", quote_ident(c))))
+                        }
                     }
                 })
                 .collect();
@@ -409,6 +437,13 @@ pub async fn read_wanted(
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
                 let cells = match w.reading {
                     Reading::Hash => v.split(',').map(hashed).collect(),
+                    Reading::Parts => record_fields(&v)
+                        .chunks(2)
+                        .map(|pair| Cell {
+                            digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
+                            shown: pair.get(1).cloned().flatten(),
+                        })
+                        .collect(),
                     _ => record_fields(&v)
                         .chunks(2)
                         .map(|pair| Cell {

@@ -44,16 +44,21 @@ pub fn run_out(left: &BTreeMap<String, i64>, statements: &[StatementReport]) -> 
         .collect()
 }
 
-/// The line of the last statement (not rolled back) whose text names one of
-/// `names` (as written last in a qualified name, any case), tried in order.
+/// The line of the last statement (not rolled back) whose text, comments
+/// left out, names one of `names` (as written last in a qualified name, any
+/// case), tried in order. A `DROP SEQUENCE` is not one: a sequence of the
+/// same name that hands out values now was made by a later statement
+/// (`ADD GENERATED ... AS IDENTITY` names its table, not its sequence).
 fn last_naming(statements: &[StatementReport], names: &[&str]) -> Option<usize> {
+    let texts: Vec<String> = statements.iter().map(|s| crate::integrity::without_comments(&s.sql)).collect();
     names.iter().find_map(|name| {
         let name = airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase();
         statements
             .iter()
+            .zip(&texts)
             .rev()
-            .find(|s| !s.rolled_back && s.sql.to_ascii_lowercase().contains(&name))
-            .map(|s| s.line)
+            .find(|(s, text)| !s.rolled_back && text.contains(&name) && !text.starts_with("drop sequence"))
+            .map(|(s, _)| s.line)
             .filter(|l| *l > 0)
     })
 }

@@ -584,6 +584,171 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
 }
 
 #[test]
+fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
+    let d = daemon();
+    // Every document is unlike every other before and after, so only its
+    // parts tell what went: a login every fifth event (1,000 of 5,000).
+    d.golden(
+        "documents",
+        "CREATE TABLE events (id int PRIMARY KEY, kind text NOT NULL, payload jsonb NOT NULL, extra json);",
+        "INSERT INTO events
+         SELECT g, CASE WHEN g % 5 = 0 THEN 'login' ELSE 'view' END,
+                jsonb_build_object('ip', '10.' || (g / 256) || '.' || (g % 256) || '.1', 'ua', 'agent ' || (g % 7),
+                                   'v', 1, 'ref', NULL,
+                                   'meta', jsonb_build_object('ip', '172.16.' || (g % 200) || '.' || (g / 200), 'ok', true)),
+                json_build_object('token', md5(g::text), 'n', g)
+           FROM generate_series(1, 5000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("strip_ip.sql", "-- privacy: stop keeping IP addresses\nUPDATE events SET payload = payload - 'ip' WHERE kind = 'login';"),
+            ("mask_nested.sql", "UPDATE events SET payload = jsonb_set(payload, '{meta,ip}', '\"0.0.0.0\"');"),
+            ("json_token.sql", "UPDATE events SET extra = (extra::jsonb - 'token')::json;"),
+            (
+                "kept_first.sql",
+                "CREATE TABLE login_ips AS SELECT id AS event_id, payload->>'ip' AS ip FROM events WHERE kind = 'login';\n\
+                 UPDATE events SET payload = payload - 'ip' WHERE kind = 'login';",
+            ),
+            // Moved, added, a key of one value or a null dropped: nothing lost.
+            (
+                "renamed_key.sql",
+                "UPDATE events SET payload = (payload - 'ip') || jsonb_build_object('client_ip', payload->'ip');",
+            ),
+            ("added_key.sql", "UPDATE events SET payload = payload || '{\"source\": \"web\"}';"),
+            ("constant_dropped.sql", "UPDATE events SET payload = payload - 'v' - 'ref';"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "documents", &paths));
+
+    let h = hazard(&c["strip_ip.sql"], "values_overwritten");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("1,000 of the 5,000 rows of events lost part of their payload: 1,000 held payload->'ip' (such as '10."),
+        "{said}"
+    );
+    assert!(said.contains("1,000 distinct values), now gone; what they held is not kept anywhere"), "{said}");
+    assert!(h["suggestion"].as_str().unwrap().contains("SELECT id, payload FROM events"), "{h}");
+    let kinds = hazard_kinds(&c["strip_ip.sql"]);
+    assert_eq!(kinds.iter().filter(|k| **k == "values_overwritten").count(), 1, "{}", c["strip_ip.sql"]);
+
+    let said = message(&c["mask_nested.sql"], "values_overwritten");
+    assert!(
+        said.starts_with(
+            "5,000 of the 5,000 rows of events lost part of their payload: 5,000 held payload->'meta'->'ip'"
+        ),
+        "{said}"
+    );
+    assert!(said.ends_with("now '0.0.0.0'; what they held is not kept anywhere"), "{said}");
+    let said = message(&c["json_token.sql"], "values_overwritten");
+    assert!(
+        said.starts_with(
+            "5,000 of the 5,000 rows of events lost part of their extra: 5,000 held extra->'token'"
+        ),
+        "{said}"
+    );
+
+    assert!(!hazard_kinds(&c["kept_first.sql"]).contains(&"values_overwritten"), "{}", c["kept_first.sql"]);
+    let note =
+        c["kept_first.sql"]["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "values_overwritten");
+    let said =
+        note.unwrap_or_else(|| panic!("no note: {}", c["kept_first.sql"]))["message"].as_str().unwrap();
+    assert!(said.starts_with("1,000 of the 5,000 rows of events lost part of their payload"), "{said}");
+    assert!(said.ends_with("kept every value it took in login_ips.ip"), "{said}");
+
+    for name in ["renamed_key.sql", "added_key.sql", "constant_dropped.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
+}
+
+#[test]
+fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_missed() {
+    let d = daemon();
+    d.golden(
+        "tickets",
+        "CREATE TABLE tickets (id bigserial PRIMARY KEY, state text NOT NULL, opened date NOT NULL,
+                               priority text NOT NULL DEFAULT 'normal');
+         CREATE MATERIALIZED VIEW daily AS SELECT opened, state, count(*) AS n FROM tickets GROUP BY 1, 2;
+         CREATE UNIQUE INDEX daily_key ON daily (opened, state);",
+        "INSERT INTO tickets (state, opened, priority)
+         SELECT (ARRAY['open', 'closed', 'stale'])[1 + g % 3], date '2026-01-01' + g % 90,
+                (ARRAY['low', 'normal', 'urgent'])[1 + g % 3]
+           FROM generate_series(1, 3000) g;
+         REFRESH MATERIALIZED VIEW daily;",
+    );
+    let paths = files(
+        &d,
+        &[
+            // The values go at the retype, not at the DROP DEFAULT that names the column first.
+            (
+                "retype_using.sql",
+                "-- fold 'urgent' into 'normal'\nALTER TABLE tickets ALTER COLUMN priority DROP DEFAULT;\n\
+                 ALTER TABLE tickets ALTER COLUMN priority TYPE varchar(10)\n  USING (CASE WHEN priority = 'urgent' THEN 'normal' ELSE priority END);\n\
+                 ALTER TABLE tickets ALTER COLUMN priority SET DEFAULT 'normal';",
+            ),
+            // The identity's new sequence hands out 1: said at the statement that made it.
+            (
+                "identity.sql",
+                "BEGIN;\nALTER TABLE tickets ALTER COLUMN id DROP DEFAULT;\nDROP SEQUENCE tickets_id_seq;\n\
+                 ALTER TABLE tickets ALTER COLUMN id ADD GENERATED BY DEFAULT AS IDENTITY;\nCOMMIT;",
+            ),
+            (
+                "redefined.sql",
+                "DROP MATERIALIZED VIEW daily;\n\
+                 CREATE MATERIALIZED VIEW daily AS SELECT opened, state, count(*) AS n FROM tickets WHERE state <> 'stale' GROUP BY 1, 2;",
+            ),
+            (
+                "redefined_with_key.sql",
+                "DROP MATERIALIZED VIEW daily;\n\
+                 CREATE MATERIALIZED VIEW daily AS SELECT opened, state, count(*) AS n FROM tickets WHERE state <> 'stale' GROUP BY 1, 2;\n\
+                 CREATE UNIQUE INDEX daily_key ON daily (opened, state);",
+            ),
+            ("key_dropped.sql", "SELECT 1;\nDROP INDEX daily_key;"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "tickets", &paths));
+
+    let h = hazard(&c["retype_using.sql"], "values_overwritten");
+    assert_eq!(h["line"], json!(3), "{h}");
+    assert!(
+        h["message"].as_str().unwrap().starts_with("1,000 of the 3,000 rows of tickets lost their priority"),
+        "{h}"
+    );
+    assert_eq!(hazard(&c["retype_using.sql"], "table_rewrite")["line"], json!(3));
+    // The DROP DEFAULT's lock held over the retype adds nothing to the
+    // retype's own: one lock hazard, the rewrite's.
+    assert!(!hazard_kinds(&c["retype_using.sql"]).contains(&"long_lock"), "{}", c["retype_using.sql"]);
+
+    let h = hazard(&c["identity.sql"], "sequence_behind");
+    assert_eq!(h["line"], json!(4), "{h}");
+
+    let h = hazard(&c["redefined.sql"], "integrity_removed");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
+    assert_eq!(
+        h["message"],
+        json!(
+            "materialized view public.daily no longer has unique index daily_key on (opened, state): \
+               REFRESH MATERIALIZED VIEW CONCURRENTLY on it now fails, and a refresh without \
+               CONCURRENTLY blocks every reader of the view while it runs"
+        )
+    );
+    assert!(
+        h["suggestion"]
+            .as_str()
+            .unwrap()
+            .contains("CREATE UNIQUE INDEX daily_key ON public.daily (opened, state)"),
+        "{h}"
+    );
+    assert_eq!(hazard(&c["key_dropped.sql"], "integrity_removed")["line"], json!(2));
+    assert!(
+        !hazard_kinds(&c["redefined_with_key.sql"]).contains(&"integrity_removed"),
+        "{}",
+        c["redefined_with_key.sql"]
+    );
+}
+
+#[test]
 fn values_overwritten_where_no_key_pairs_the_rows_are_told_by_counts() {
     let d = Daemon::start(&[]);
     d.golden(

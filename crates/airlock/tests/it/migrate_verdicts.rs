@@ -78,7 +78,8 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
             "BEGIN;\nALTER TABLE users ADD COLUMN plan text;\nUPDATE users SET plan = 'free' WHERE id % 4 = 0;\nCOMMIT;",
         ),
         ("retype.sql", "ALTER TABLE users ALTER COLUMN score TYPE text;"),
-        // Renamed, rewritten and renamed back: still the golden's orders.
+        // Renamed, rewritten and renamed back: still the golden's orders. The rename's lock held
+        // over the rewrite adds nothing to the rewrite's own: one hazard, the rewrite's.
         (
             "rename_around.sql",
             "ALTER TABLE orders RENAME TO orders_tmp;\nALTER TABLE orders_tmp ADD COLUMN public_ref uuid DEFAULT gen_random_uuid();\n\
@@ -141,7 +142,7 @@ fn the_hazards_linters_catch_and_the_fixes_found_in_use() {
         ("retype.sql", vec!["table_rewrite", "breaks_compatibility"]),
         ("savepoint.sql", vec![]),
         ("set_role.sql", vec![]),
-        ("rename_around.sql", vec!["long_lock", "table_rewrite"]),
+        ("rename_around.sql", vec!["table_rewrite"]),
         ("sleep_under_lock.sql", vec!["long_lock"]),
         ("split_update.sql", vec!["mass_update"]),
         ("chain.sql", vec!["long_lock"]),

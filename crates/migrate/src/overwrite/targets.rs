@@ -50,7 +50,7 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
     let mut found: BTreeMap<String, Target> = BTreeMap::new();
     let mut renames = Renames::default();
     for st in statements {
-        for (name, columns) in named(&st.sql) {
+        for (name, columns) in named(&st.sql).into_iter().filter(|(_, columns)| !columns.is_empty()) {
             let resolved = renames.table(&name).or_else(|| resolve(&name, catalog));
             let candidates: Vec<&String> = match &resolved {
                 Some(tables) => tables.iter().collect(),
