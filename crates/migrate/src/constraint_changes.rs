@@ -6,7 +6,7 @@
 //! `integrity_removed` stays quiet, yet what the data is kept to changed.
 
 use super::hazards::{Evidence, Verdict};
-use super::integrity::{fk_target, key_columns, line_naming, same_foreign_key, valid};
+use super::integrity::{fk_target, key_columns, line_naming, line_naming_table, same_foreign_key, valid};
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::Table;
 
@@ -127,11 +127,33 @@ fn changed(
     (name, was): (&String, &String),
     (new_name, now): (&String, &String),
 ) -> Hazard {
-    let line = line_naming(e, new_name).or_else(|| line_naming(e, name));
+    // A foreign key carried along by a rename of the table it points at
+    // names neither: the statement that names the table it points at now.
+    let line = line_naming(e, new_name)
+        .or_else(|| line_naming(e, name))
+        .or_else(|| now.starts_with("FOREIGN KEY").then(|| line_naming_table(e, fk_target(now))).flatten());
     let what = match new_name == name {
         true => format!("changes constraint {name} of {table}: was {was}, now {now}"),
         false => format!("replaces constraint {name} of {table} ({was}) with {new_name} ({now})"),
     };
+    if was.starts_with("FOREIGN KEY") && now.starts_with("FOREIGN KEY") && fk_target(was) != fk_target(now) {
+        let (target, target_now) = (fk_target(was), fk_target(now));
+        let mut h = Hazard::new(
+            "integrity_changed",
+            Severity::High,
+            format!(
+                "{what}: rows of {table} must now point at rows of {target_now}, not of {target}: \
+                 writing a row of {table} that points at a {target} row {target_now} does not hold \
+                 (one made after this) now fails, and deleting a row of {target} no longer checks {table}"
+            ),
+            line,
+        );
+        h.suggestion = Some(format!(
+            "point the foreign key at {target} again in the same migration (DROP CONSTRAINT, then ADD CONSTRAINT ... REFERENCES {target} NOT VALID and VALIDATE CONSTRAINT): \
+             renaming a table moves the foreign keys that point at it along with it"
+        ));
+        return h;
+    }
     if was.starts_with("FOREIGN KEY") && now.starts_with("FOREIGN KEY") {
         let target = fk_target(was);
         let (deletes_was, deletes_now) = (action(was, "ON DELETE"), action(now, "ON DELETE"));

@@ -105,7 +105,11 @@ fn constraints_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
         } else {
             (Severity::Medium, format!("what it held of {table}'s rows is no longer checked"))
         };
-        let line = line_naming(e, constraint);
+        // Named, else dropped along (a CASCADE), else gone with its table's
+        // name to another table (a copy swapped in, which lacks it).
+        let line = line_naming(e, constraint)
+            .or_else(|| line_dropping(e, constraint))
+            .or_else(|| line_naming_table(e, table));
         let mut h = Hazard::new(
             "integrity_removed",
             severity,
@@ -275,6 +279,23 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
             v.hazards.push(h);
         }
     }
+}
+
+/// The line of the first statement (not rolled back) that dropped an
+/// object named `name`, naming it or through a `CASCADE`.
+pub(crate) fn line_dropping(e: &Evidence, name: &str) -> Option<usize> {
+    e.statements
+        .iter()
+        .find(|s| !s.rolled_back && s.dropped.iter().any(|d| d.identity.split(' ').next() == Some(name)))
+        .map(|s| s.line)
+        .filter(|l| *l > 0)
+}
+
+/// The line of the first statement that names table `qualified` (`schema.name`),
+/// by its name alone as a search path finds it, or qualified.
+pub(crate) fn line_naming_table(e: &Evidence, qualified: &str) -> Option<usize> {
+    let (_, name) = airlock_postgres::catalog::split_qualified(qualified);
+    line_naming(e, &name).or_else(|| line_naming(e, qualified))
 }
 
 /// The line of the first statement that names `name`, if one does.

@@ -44,6 +44,7 @@ pub mod scale;
 pub mod schema;
 pub mod seal;
 mod second_fork;
+mod sequence_owners;
 mod set_back;
 mod shadowed;
 pub mod verify;

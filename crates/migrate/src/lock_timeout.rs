@@ -112,14 +112,19 @@ fn limits(value: &Token) -> bool {
 }
 
 /// The tables of `blocking` (statement index, table) whose lock was taken
-/// with no `lock_timeout` in force, and whether the file set one to none
-/// (0 or its default) before any of them.
-fn unguarded<'a>(statements: &[StatementReport], blocking: &[(usize, &'a str)]) -> (BTreeSet<&'a str>, bool) {
+/// with no `lock_timeout` in force, the first statement that took one so,
+/// and whether the file set one to none (0 or its default) before any of
+/// them.
+fn unguarded<'a>(
+    statements: &[StatementReport],
+    blocking: &[(usize, &'a str)],
+) -> (BTreeSet<&'a str>, Option<usize>, bool) {
     let mut session = false;
     let mut local: Option<(usize, bool)> = None;
     let mut set_to_none = false;
     let mut nowait: BTreeSet<(usize, String)> = BTreeSet::new();
     let mut out = BTreeSet::new();
+    let mut first = None;
     for (i, s) in statements.iter().enumerate() {
         let in_force = match local {
             Some((txn, limited)) if txn == s.txn => limited,
@@ -127,12 +132,15 @@ fn unguarded<'a>(statements: &[StatementReport], blocking: &[(usize, &'a str)]) 
         };
         nowait.extend(locked_nowait(&s.sql).into_iter().map(|t| (s.txn, t)));
         if !in_force {
-            out.extend(
-                blocking
-                    .iter()
-                    .filter(|(at, t)| *at == i && !nowait.contains(&(s.txn, unqualified(t))))
-                    .map(|(_, t)| *t),
-            );
+            let taken: Vec<&str> = blocking
+                .iter()
+                .filter(|(at, t)| *at == i && !nowait.contains(&(s.txn, unqualified(t))))
+                .map(|(_, t)| *t)
+                .collect();
+            if !taken.is_empty() {
+                first = first.or(Some(i));
+            }
+            out.extend(taken);
         }
         match setting(&s.sql) {
             Some(Setting::Session(limited)) => {
@@ -148,14 +156,14 @@ fn unguarded<'a>(statements: &[StatementReport], blocking: &[(usize, &'a str)]) 
             None => {}
         }
     }
-    (out, set_to_none)
+    (out, first, set_to_none)
 }
 
 /// The note for a file that takes write-blocking locks with no
 /// `lock_timeout` in force; `blocking` holds each such lock's statement
 /// index and table.
 pub(crate) fn note(statements: &[StatementReport], blocking: &[(usize, &str)]) -> Option<Hazard> {
-    let (tables, set_to_none) = unguarded(statements, blocking);
+    let (tables, first, set_to_none) = unguarded(statements, blocking);
     if tables.is_empty() {
         return None;
     }
@@ -172,7 +180,7 @@ pub(crate) fn note(statements: &[StatementReport], blocking: &[(usize, &str)]) -
             "the file takes write-blocking locks on {} {how}: waiting behind a long query, it would block every query queued behind it",
             named.join(", ")
         ),
-        None,
+        first.map(|i| statements[i].line).filter(|l| *l > 0),
     );
     h.suggestion = Some("SET lock_timeout = '5s' at the top (migrate promote sets one itself)".into());
     Some(h)
@@ -215,8 +223,9 @@ mod tests {
             statement("SET lock_timeout = 0", 4),
             statement("ALTER TABLE c ADD c int", 5),
         ];
-        let (tables, none) = unguarded(&file, &[(0, "a"), (2, "b"), (4, "c")]);
+        let (tables, first, none) = unguarded(&file, &[(0, "a"), (2, "b"), (4, "c")]);
         assert_eq!(tables, BTreeSet::from(["a", "c"]));
+        assert_eq!(first, Some(0));
         assert!(none);
     }
 
@@ -235,9 +244,10 @@ mod tests {
         ];
         let blocking =
             [(1, "public.products"), (2, "public.products"), (3, "public.orders"), (5, "public.products")];
-        let (tables, _) = unguarded(&file, &blocking);
+        let (tables, first, _) = unguarded(&file, &blocking);
         assert_eq!(tables, BTreeSet::from(["public.orders", "public.products"]));
-        let (tables, _) = unguarded(&file[..5], &blocking[..3]);
+        assert_eq!(first, Some(3));
+        let (tables, _, _) = unguarded(&file[..5], &blocking[..3]);
         assert_eq!(tables, BTreeSet::from(["public.orders"]));
     }
 
@@ -248,8 +258,9 @@ mod tests {
             statement("ALTER TABLE a ADD c int", 1),
             statement("ALTER TABLE b ADD c int", 2),
         ];
-        let (tables, none) = unguarded(&file, &[(1, "a"), (2, "b")]);
+        let (tables, first, none) = unguarded(&file, &[(1, "a"), (2, "b")]);
         assert_eq!(tables, BTreeSet::from(["b"]));
+        assert_eq!(first, Some(2));
         assert!(!none);
     }
 }

@@ -94,6 +94,7 @@ pub(crate) async fn measure(
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
     let matview_keys_before = super::matview_keys::read(admin.client()).await?;
+    let borrowed_before = super::sequence_owners::read(admin.client()).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
     let left_before = verify::values_left(admin.client()).await?;
     let behaviours_before = super::calls::behaviours(admin.client(), &snapshot.catalog).await?;
@@ -388,6 +389,8 @@ pub(crate) async fn measure(
         &views_now,
         &applied.statements,
     ));
+    let borrowed_after = super::sequence_owners::read(admin.client()).await?;
+    found.extend(super::sequence_owners::hazards(&borrowed_before, &borrowed_after, &applied.statements));
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {
         let mut h = report::Hazard::new(
             "invalid_index",

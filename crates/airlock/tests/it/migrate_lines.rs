@@ -669,12 +669,17 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
         "tickets",
         "CREATE TABLE tickets (id bigserial PRIMARY KEY, state text NOT NULL, opened date NOT NULL,
                                priority text NOT NULL DEFAULT 'normal');
+         CREATE FUNCTION known_priority(text) RETURNS boolean LANGUAGE sql IMMUTABLE
+           AS $$ SELECT $1 IN ('low', 'normal', 'urgent') $$;
+         ALTER TABLE tickets ADD CONSTRAINT tickets_priority_known CHECK (known_priority(priority));
+         CREATE TABLE comments (id serial PRIMARY KEY, ticket_id bigint NOT NULL REFERENCES tickets, body text);
          CREATE MATERIALIZED VIEW daily AS SELECT opened, state, count(*) AS n FROM tickets GROUP BY 1, 2;
          CREATE UNIQUE INDEX daily_key ON daily (opened, state);",
         "INSERT INTO tickets (state, opened, priority)
          SELECT (ARRAY['open', 'closed', 'stale'])[1 + g % 3], date '2026-01-01' + g % 90,
                 (ARRAY['low', 'normal', 'urgent'])[1 + g % 3]
            FROM generate_series(1, 3000) g;
+         INSERT INTO comments (ticket_id, body) SELECT g, 'seen' FROM generate_series(1, 3000, 6) g;
          REFRESH MATERIALIZED VIEW daily;",
     );
     let paths = files(
@@ -705,6 +710,22 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
                  CREATE UNIQUE INDEX daily_key ON daily (opened, state);",
             ),
             ("key_dropped.sql", "SELECT 1;\nDROP INDEX daily_key;"),
+            // A partition or an inheritance child calls its parent's sequence by design.
+            (
+                "children.sql",
+                "CREATE TABLE hits (id bigserial, at date NOT NULL, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);\n\
+                 CREATE TABLE hits_2026 PARTITION OF hits FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');\n\
+                 CREATE TABLE tickets_archived () INHERITS (tickets);",
+            ),
+            // A check dropped by a CASCADE: told at the statement that cascaded.
+            ("cascade.sql", "SELECT 1;\nDROP FUNCTION known_priority(text) CASCADE;"),
+            // A copy swapped in by renames: the foreign key pointing at the
+            // table follows it to its new name, and the copy calls its sequence.
+            (
+                "copy_and_swap.sql",
+                "CREATE TABLE tickets_new (LIKE tickets INCLUDING ALL);\nINSERT INTO tickets_new SELECT * FROM tickets;\n\
+                 ALTER TABLE tickets RENAME TO tickets_old;\nALTER TABLE tickets_new RENAME TO tickets;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "tickets", &paths));
@@ -745,6 +766,35 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
         !hazard_kinds(&c["redefined_with_key.sql"]).contains(&"integrity_removed"),
         "{}",
         c["redefined_with_key.sql"]
+    );
+
+    assert!(!hazard_kinds(&c["children.sql"]).contains(&"sequence_owned_elsewhere"), "{}", c["children.sql"]);
+
+    let h = hazard(&c["cascade.sql"], "integrity_removed");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+
+    let swap = &c["copy_and_swap.sql"];
+    let h = hazard(swap, "integrity_changed");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(3)), "{h}");
+    assert!(
+        h["message"].as_str().unwrap().contains(
+            "rows of public.comments must now point at rows of public.tickets_old, not of public.tickets"
+        ),
+        "{h}"
+    );
+    let h = hazard(swap, "sequence_owned_elsewhere");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(3)), "{h}");
+    assert_eq!(
+        h["message"],
+        json!("public.tickets.id takes its default from sequence public.tickets_id_seq, which belongs to public.tickets_old.id: \
+               dropping public.tickets_old drops the sequence with it, and then every insert into public.tickets that takes the default fails")
+    );
+    assert!(
+        h["suggestion"]
+            .as_str()
+            .unwrap()
+            .ends_with("ALTER SEQUENCE public.tickets_id_seq OWNED BY public.tickets.id"),
+        "{h}"
     );
 }
 
