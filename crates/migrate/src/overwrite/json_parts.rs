@@ -19,35 +19,30 @@ use crate::report::{Hazard, Severity};
 use crate::verify::Shape;
 
 /// The most parts read of one document; one with more is not judged.
-const PARTS_MOST: usize = 200;
+const PARTS_MOST: usize = 64;
+/// The most characters of one document's parts as read: one whose parts
+/// write more is not judged. With [`ROWS_MOST`], what the daemon holds of a
+/// table's documents stays in bounds whatever the candidate wrote.
+const PARTS_TEXT_MOST: usize = 2_000;
 /// How deep into nested objects parts are read; an object deeper is one part.
 const DEPTH_MOST: usize = 8;
 /// The most characters of a part's text read for a message.
 const PART_SHOWN_MOST: usize = 40;
+/// The longest key a path holds as written; a longer one by its digest.
+const KEY_MOST: usize = 40;
 /// The most rows of a table whose documents are read as parts.
-pub const ROWS_MOST: i64 = 200_000;
+pub const ROWS_MOST: i64 = 100_000;
 
 /// An SQL expression of `column` (of row `t`) as its parts, as JSON: an
 /// array of `[path, hash, start of text]`, the hash `null` for a JSON
-/// `null`; `NULL` for a document of more than [`PARTS_MOST`] parts. A
-/// string's text is its characters without quotes, so a part copied into a
-/// `text` column is found by its hash there (`to_jsonb` makes any column's
-/// value a document).
+/// `null`; `NULL` for a document of more than [`PARTS_MOST`] parts or
+/// [`PARTS_TEXT_MOST`] characters of them. A string's text is its
+/// characters without quotes, so a part copied into a `text` column is
+/// found by its hash there (`to_jsonb` makes any column's value a document).
 pub fn read_parts(column: &str) -> String {
     let is = |what: &str| format!("pg_catalog.jsonb_typeof(e.v) OPERATOR(pg_catalog.=) '{what}'");
     format!(
-        "(SELECT CASE WHEN pg_catalog.count(*) OPERATOR(pg_catalog.>) {PARTS_MOST} THEN NULL \
-                 ELSE pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(e.p, \
-                        CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END, \
-                        pg_catalog.left(e.x, {PART_SHOWN_MOST}))) END \
-            FROM (WITH RECURSIVE e(p, v, d) AS ( \
-                    SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0 \
-                    UNION ALL \
-                    SELECT e.p OPERATOR(pg_catalog.||) j.key, j.value, e.d OPERATOR(pg_catalog.+) 1 \
-                      FROM e, pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j) \
-                  SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k, \
-                         CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x \
-                    FROM e WHERE NOT {object} OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e)",
+        "(SELECT CASE WHEN s.n OPERATOR(pg_catalog.>) {PARTS_MOST}                         OR pg_catalog.length(s.a::text) OPERATOR(pg_catalog.>) {PARTS_TEXT_MOST} THEN NULL ELSE s.a END             FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(e.p,                            CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END,                            pg_catalog.left(e.x, {PART_SHOWN_MOST}))) AS a                     FROM (WITH RECURSIVE e(p, v, d) AS (                             SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0                             UNION ALL                             SELECT e.p OPERATOR(pg_catalog.||) CASE WHEN pg_catalog.length(j.key) OPERATOR(pg_catalog.>) {KEY_MOST}                                      THEN 'md5:' OPERATOR(pg_catalog.||) pg_catalog.md5(j.key) ELSE j.key END,                                    j.value, e.d OPERATOR(pg_catalog.+) 1                               FROM e, pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j)                           SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k,                                  CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x                             FROM e WHERE NOT {object} OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
         object = is("object"),
         string = is("string"),
     )
