@@ -23,8 +23,17 @@ pub async fn run(
     timeout: Duration,
 ) -> Result<(apply::Applied, Option<ExecOutcome>)> {
     let before = apply::admin_reading(admin).await?;
+    // Its sessions start as the golden's owner role, as a SQL candidate's
+    // do (a migration runs as its target's owner): `PGOPTIONS`, read by
+    // libpq and node-postgres, sets the role at login.
     let request = sandbox::ExecRequest {
-        argv: vec!["bash".into(), "-c".into(), cmd.to_owned()],
+        argv: vec![
+            "env".into(),
+            format!("PGOPTIONS=-c role={}", airlock_core::dsn::OWNER_ROLE),
+            "bash".into(),
+            "-c".into(),
+            cmd.to_owned(),
+        ],
         timeout_seconds: Some(timeout.as_secs().clamp(1, 3600)),
         ..Default::default()
     };

@@ -288,6 +288,9 @@ fn commands_expectations_and_assertions() {
             "psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -c 'DELETE FROM orders WHERE id <= 10' -c 'ALTER TABLE users ADD COLUMN plan text'",
             "--exec",
             "echo migrating; exit 3",
+            // As the golden's owner, as a SQL candidate runs: a sequence owned by a golden column.
+            "--exec",
+            "psql \"$DATABASE_URL\" -v ON_ERROR_STOP=1 -Atc 'SELECT current_user' -c 'CREATE SEQUENCE users_no_seq OWNED BY users.id'",
             "--expect",
             paths[1].to_str().unwrap(),
             "--assert",
@@ -313,6 +316,9 @@ fn commands_expectations_and_assertions() {
     let broken = &c["exec-3"];
     assert_eq!(hazard_kinds(broken)[0], "failed");
     assert!(broken["exec"]["stdout"].as_str().unwrap().contains("migrating"));
+    let owned = &c["exec-4"];
+    assert_eq!(owned["exec"]["exit_code"], 0, "{owned}");
+    assert!(owned["exec"]["stdout"].as_str().unwrap().starts_with("airlock_owner"), "{owned}");
 
     // Matching a golden's schema, and an assertion that fails.
     let (_, report) = test(
