@@ -154,7 +154,7 @@ pub fn losses(
             if already.iter().any(|l| l.table == t.table && &l.column == column) {
                 continue;
             }
-            let Some(loss) = column_losses(b, a, column) else { continue };
+            let Some(loss) = column_losses(b, a, column, t.from_itself.contains(column)) else { continue };
             if super::enough(loss.lost, rows) {
                 out.push(PartLoss {
                     table: t.table.clone(),
@@ -170,8 +170,12 @@ pub fn losses(
 }
 
 /// What `column` lost between `before` and `after`, its table and line
-/// left for the caller.
-fn column_losses(before: &Values, after: &Values, column: &str) -> Option<PartLoss> {
+/// left for the caller. As for a whole value ([`super::lost`]): where the
+/// column is computed from itself (`payload - 'ip'`, `jsonb_set(payload,
+/// ...)`) and a path's changed rows now hold more than one value there
+/// (a counter bumped in some rows), only the changed rows' old values
+/// count, since the change can be undone.
+fn column_losses(before: &Values, after: &Values, column: &str, from_itself: bool) -> Option<PartLoss> {
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
     let parsed: Vec<(&String, Vec<Part>, Option<Vec<Part>>)> = before
@@ -216,9 +220,27 @@ fn column_losses(before: &Values, after: &Values, column: &str) -> Option<PartLo
             }
         }
     }
+    // Of the changed rows alone, by path: the old values behind each new
+    // value, and how many new values there are.
+    let mut among_changed: HashMap<(&[String], Now), HashSet<i64>> = HashMap::new();
+    let mut new_values: HashMap<&[String], HashSet<Now>> = HashMap::new();
+    for c in &changed {
+        among_changed.entry((&c.was.path, c.now)).or_default().extend(c.was.hash);
+        new_values.entry(&c.was.path).or_default().insert(c.now);
+    }
     // Lost where the new value hides which old value a row held.
-    let lost: Vec<&Changed> =
-        changed.iter().filter(|c| sources[&(c.was.path.as_slice(), c.now)].len() > 1).collect();
+    let lost: Vec<&Changed> = changed
+        .iter()
+        .filter(|c| {
+            let at = (c.was.path.as_slice(), c.now);
+            let shifted = from_itself && new_values[c.was.path.as_slice()].len() > 1;
+            if shifted {
+                among_changed[&at].len() > 1
+            } else {
+                sources[&at].len() > 1
+            }
+        })
+        .collect();
     let mut taken: HashMap<String, Vec<i64>> = HashMap::new();
     for c in &lost {
         taken.entry(c.key.to_owned()).or_default().extend(c.was.hash);
