@@ -14,7 +14,7 @@ use airlock_postgres::cell::Cell as _;
 
 use crate::report::{Hazard, Severity, StatementReport};
 
-/// By materialized view (`schema.name`): its unique indexes that a
+/// By materialized view (`schema.name`, every one): its unique indexes that a
 /// concurrent refresh can use (on columns only, with no `WHERE`), by name,
 /// each with its columns.
 pub type Keys = BTreeMap<String, BTreeMap<String, String>>;
@@ -30,12 +30,12 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Keys> {
                         (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY k.ord)
                            FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
                            JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attnum OPERATOR(pg_catalog.=) k.attnum)
-                   FROM pg_catalog.pg_index i
-                   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.indrelid
-                   JOIN pg_catalog.pg_class ic ON ic.oid OPERATOR(pg_catalog.=) i.indexrelid
+                   FROM pg_catalog.pg_class c
                    JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                  WHERE c.relkind OPERATOR(pg_catalog.=) 'm' AND i.indisunique AND i.indisvalid
-                    AND i.indpred IS NULL AND i.indexprs IS NULL AND {}",
+                   LEFT JOIN pg_catalog.pg_index i ON i.indrelid OPERATOR(pg_catalog.=) c.oid AND i.indisunique AND i.indisvalid
+                        AND i.indpred IS NULL AND i.indexprs IS NULL
+                   LEFT JOIN pg_catalog.pg_class ic ON ic.oid OPERATOR(pg_catalog.=) i.indexrelid
+                  WHERE c.relkind OPERATOR(pg_catalog.=) 'm' AND {}",
                 airlock_postgres::catalog::SYSTEM_SCHEMAS
             ),
             &[],
@@ -44,24 +44,23 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Keys> {
         .map_err(|e| Error::postgres(airlock_postgres::admin::describe(&e)))?;
     let mut out = Keys::new();
     for r in rows {
-        let columns: Option<String> = r.cell(2)?;
-        out.entry(r.cell(0)?).or_default().insert(r.cell(1)?, columns.unwrap_or_default());
+        let keys = out.entry(r.cell(0)?).or_default();
+        // (A view without such an index is listed with none.)
+        if let Some(index) = r.cell::<Option<String>>(1)? {
+            keys.insert(index, r.cell::<Option<String>>(2)?.unwrap_or_default());
+        }
     }
     Ok(out)
 }
 
 /// An `integrity_removed` hazard for each materialized view that had a
-/// unique index a concurrent refresh can use before the candidate, is there
-/// after it, and has none now (a view dropped for good is told otherwise).
-pub fn hazards(
-    before: &Keys,
-    after: &Keys,
-    views_after: &[&String],
-    statements: &[StatementReport],
-) -> Vec<Hazard> {
+/// unique index a concurrent refresh can use before the candidate, is one
+/// after it, and has none now (a view dropped for good, or made a plain
+/// view, is told otherwise).
+pub fn hazards(before: &Keys, after: &Keys, statements: &[StatementReport]) -> Vec<Hazard> {
     let mut out = Vec::new();
     for (view, indexes) in before {
-        if !views_after.contains(&view) || after.get(view).is_some_and(|now| !now.is_empty()) {
+        if after.get(view).is_none_or(|now| !now.is_empty()) {
             continue;
         }
         let Some((index, columns)) = indexes.iter().next() else { continue };

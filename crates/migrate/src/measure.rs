@@ -322,8 +322,9 @@ pub(crate) async fn measure(
     )
     .await?;
     let parts_after = followed.values_back(parts_after);
-    let part_losses =
+    let mut part_losses =
         json_parts::losses(&json_columns, &parts_before, &parts_after, &rows_with_roots, &losses);
+    json_parts::place(&mut part_losses, &applied.statements);
     let parts_kept = super::overwrite::read_wanted(
         admin.client(),
         &json_parts::keepers(&part_losses, &shape, &snapshot.catalog, &now),
@@ -381,12 +382,10 @@ pub(crate) async fn measure(
     let (overwritten, kept) = json_parts::report(&part_losses, &parts_kept, &shape);
     found.extend(overwritten);
     notes.extend(kept);
-    let views_now: Vec<&String> = now.views.keys().collect();
     let matview_keys_after = super::matview_keys::read(admin.client()).await?;
     found.extend(super::matview_keys::hazards(
         &matview_keys_before,
         &matview_keys_after,
-        &views_now,
         &applied.statements,
     ));
     let borrowed_after = super::sequence_owners::read(admin.client()).await?;

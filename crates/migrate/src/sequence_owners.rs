@@ -87,7 +87,12 @@ pub fn hazards(
         .difference(before)
         .map(|b| {
             let (owner, owner_column) = &b.owner;
-            let line = line_naming(statements, owner).or_else(|| line_naming(statements, &b.table));
+            // The statement that gave the sequence its owner, else the one
+            // that made the column's table (a `LIKE ... INCLUDING ALL` copies
+            // the default), else the one that named the owner last.
+            let line = naming(statements.iter().rev(), &b.sequence)
+                .or_else(|| naming(statements.iter(), &b.table))
+                .or_else(|| naming(statements.iter().rev(), owner));
             let mut h = Hazard::new(
                 "sequence_owned_elsewhere",
                 Severity::Medium,
@@ -107,14 +112,11 @@ pub fn hazards(
         .collect()
 }
 
-/// The line of the last statement (not rolled back) that names table
-/// `qualified` by its name alone, outside its comments: the one that made it
-/// what it is now (a rename, say).
-fn line_naming(statements: &[StatementReport], qualified: &str) -> Option<usize> {
+/// The line of the first of `statements` (in the order given), not rolled
+/// back, that names `qualified` by its name alone, outside its comments.
+fn naming<'a>(mut statements: impl Iterator<Item = &'a StatementReport>, qualified: &str) -> Option<usize> {
     let name = airlock_postgres::catalog::split_qualified(qualified).1.to_ascii_lowercase();
     statements
-        .iter()
-        .rev()
         .find(|s| {
             !s.rolled_back && crate::integrity::names_word(&crate::integrity::without_comments(&s.sql), &name)
         })

@@ -610,6 +610,29 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
                 "CREATE TABLE login_ips AS SELECT id AS event_id, payload->>'ip' AS ip FROM events WHERE kind = 'login';\n\
                  UPDATE events SET payload = payload - 'ip' WHERE kind = 'login';",
             ),
+            // Kept for a fifth of the rows only: the rest is said to be lost.
+            (
+                "kept_some.sql",
+                "CREATE TABLE login_ips AS SELECT id, payload->>'ip' AS ip FROM events WHERE kind = 'login';\n\
+                 UPDATE events SET payload = payload - 'ip';",
+            ),
+            // Told at the statement that wrote the documents last.
+            (
+                "wrap_then_strip.sql",
+                "UPDATE events SET payload = jsonb_build_object('inner', payload);\n\
+                 UPDATE events SET payload = payload #- '{inner,ip}';",
+            ),
+            // Made too large or too deep to compare part by part: said so,
+            // neither taken as lost whole nor let through.
+            (
+                "padded.sql",
+                "UPDATE events SET payload = (payload - 'ip') || (SELECT jsonb_object_agg('k' || g, g) FROM generate_series(1, 100) g)\n\
+                 WHERE kind = 'login';",
+            ),
+            (
+                "wrapped_deep.sql",
+                "UPDATE events SET payload = (repeat('{\"w\": ', 20) || payload::text || repeat('}', 20))::jsonb;",
+            ),
             // Moved, added, a key of one value or a null dropped: nothing lost.
             (
                 "renamed_key.sql",
@@ -657,6 +680,35 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
     assert!(said.starts_with("1,000 of the 5,000 rows of events lost part of their payload"), "{said}");
     assert!(said.ends_with("kept every value it took in login_ips.ip"), "{said}");
 
+    let h = hazard(&c["kept_some.sql"], "values_overwritten");
+    assert_eq!(h["severity"], json!("high"), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(said.starts_with("5,000 of the 5,000 rows of events lost part of their payload"), "{said}");
+    assert!(
+        said.ends_with(
+            "the migration kept those of 1,000 rows in login_ips.ip; the other 4,000 are not kept anywhere"
+        ),
+        "{said}"
+    );
+    let h = hazard(&c["wrap_then_strip.sql"], "values_overwritten");
+    assert_eq!(h["line"], json!(2), "{h}");
+    assert!(h["message"].as_str().unwrap().contains("held payload->'ip'"), "{h}");
+    for (name, rows) in [("padded.sql", "1,000"), ("wrapped_deep.sql", "5,000")] {
+        let found: Vec<&Value> = c[name]["hazards"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|h| h["kind"] == "values_overwritten")
+            .collect();
+        assert_eq!(found.len(), 1, "{name}: {}", c[name]);
+        assert_eq!(found[0]["severity"], json!("medium"), "{name}: {}", found[0]);
+        let said = found[0]["message"].as_str().unwrap();
+        assert!(
+            said.starts_with(&format!("{rows} of the 5,000 rows of events had their payload rewritten into documents too large or deep"))
+                && said.ends_with("what they lost is not known"),
+            "{name}: {said}"
+        );
+    }
     for name in ["renamed_key.sql", "added_key.sql", "constant_dropped.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
@@ -710,6 +762,12 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
                  CREATE UNIQUE INDEX daily_key ON daily (opened, state);",
             ),
             ("key_dropped.sql", "SELECT 1;\nDROP INDEX daily_key;"),
+            // Made a plain view: it has no indexes to lose (breaks_compatibility tells of it).
+            (
+                "plain_view.sql",
+                "DROP MATERIALIZED VIEW daily;\n\
+                 CREATE VIEW daily AS SELECT opened, state, count(*) AS n FROM tickets GROUP BY 1, 2;",
+            ),
             // A partition or an inheritance child calls its parent's sequence by design.
             (
                 "children.sql",
@@ -769,6 +827,7 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
     );
 
     assert!(!hazard_kinds(&c["children.sql"]).contains(&"sequence_owned_elsewhere"), "{}", c["children.sql"]);
+    assert!(!hazard_kinds(&c["plain_view.sql"]).contains(&"integrity_removed"), "{}", c["plain_view.sql"]);
 
     let h = hazard(&c["cascade.sql"], "integrity_removed");
     assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
@@ -782,8 +841,9 @@ fn a_hazard_falls_on_the_statement_that_did_it_and_a_materialized_views_key_is_m
         ),
         "{h}"
     );
+    // At the copy: LIKE ... INCLUDING ALL brought the old table's default.
     let h = hazard(swap, "sequence_owned_elsewhere");
-    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(3)), "{h}");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(1)), "{h}");
     assert_eq!(
         h["message"],
         json!("public.tickets.id takes its default from sequence public.tickets_id_seq, which belongs to public.tickets_old.id: \

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use airlock_postgres::catalog::{short_name, Catalog};
 
 use super::{count, gather, keeping_places, Loss, Reading, Target, Values, Wanted};
-use crate::report::{Hazard, Severity};
+use crate::report::{Hazard, Severity, StatementReport};
 use crate::verify::Shape;
 
 /// The most parts read of one document; one with more is not judged.
@@ -24,8 +24,8 @@ const PARTS_MOST: usize = 64;
 /// write more is not judged. With [`ROWS_MOST`], what the daemon holds of a
 /// table's documents stays in bounds whatever the candidate wrote.
 const PARTS_TEXT_MOST: usize = 2_000;
-/// How deep into nested objects parts are read; an object deeper is one part.
-const DEPTH_MOST: usize = 8;
+/// How deep into nested objects parts are read; a document deeper is not judged.
+const DEPTH_MOST: usize = 16;
 /// The most characters of a part's text read for a message.
 const PART_SHOWN_MOST: usize = 40;
 /// The longest key a path holds as written; a longer one by its digest.
@@ -35,17 +35,56 @@ pub const ROWS_MOST: i64 = 100_000;
 
 /// An SQL expression of `column` (of row `t`) as its parts, as JSON: an
 /// array of `[path, hash, start of text]`, the hash `null` for a JSON
-/// `null`; `NULL` for a document of more than [`PARTS_MOST`] parts or
-/// [`PARTS_TEXT_MOST`] characters of them. A string's text is its
+/// `null` (`[]` for SQL `NULL`); the string [`UNJUDGED`] for a document of
+/// more than [`PARTS_MOST`] parts, [`PARTS_TEXT_MOST`] characters of them,
+/// or objects deeper than [`DEPTH_MOST`]. A string's text is its
 /// characters without quotes, so a part copied into a `text` column is
 /// found by its hash there (`to_jsonb` makes any column's value a document).
 pub fn read_parts(column: &str) -> String {
     let is = |what: &str| format!("pg_catalog.jsonb_typeof(e.v) OPERATOR(pg_catalog.=) '{what}'");
     format!(
-        "(SELECT CASE WHEN s.n OPERATOR(pg_catalog.>) {PARTS_MOST}                         OR pg_catalog.length(s.a::text) OPERATOR(pg_catalog.>) {PARTS_TEXT_MOST} THEN NULL ELSE s.a END             FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(e.p,                            CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END,                            pg_catalog.left(e.x, {PART_SHOWN_MOST}))) AS a                     FROM (WITH RECURSIVE e(p, v, d) AS (                             SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0                             UNION ALL                             SELECT e.p OPERATOR(pg_catalog.||) CASE WHEN pg_catalog.length(j.key) OPERATOR(pg_catalog.>) {KEY_MOST}                                      THEN 'md5:' OPERATOR(pg_catalog.||) pg_catalog.md5(j.key) ELSE j.key END,                                    j.value, e.d OPERATOR(pg_catalog.+) 1                               FROM e, pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j)                           SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k,                                  CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x                             FROM e WHERE NOT {object} OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
+        "(SELECT CASE WHEN s.n OPERATOR(pg_catalog.>) {PARTS_MOST} OR s.deep \
+                        OR pg_catalog.length(s.a::text) OPERATOR(pg_catalog.>) {PARTS_TEXT_MOST} \
+                      THEN '\"{UNJUDGED}\"'::pg_catalog.jsonb \
+                      ELSE COALESCE(s.a, '[]'::pg_catalog.jsonb) END \
+            FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.bool_or(e.k OPERATOR(pg_catalog.=) 'object') AS deep, \
+                         pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(e.p, \
+                           CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END, \
+                           pg_catalog.left(e.x, {PART_SHOWN_MOST}))) AS a \
+                    FROM (WITH RECURSIVE e(p, v, d) AS ( \
+                            SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0 \
+                            UNION ALL \
+                            SELECT e.p OPERATOR(pg_catalog.||) CASE WHEN pg_catalog.length(j.key) OPERATOR(pg_catalog.>) {KEY_MOST} \
+                                     THEN 'md5:' OPERATOR(pg_catalog.||) pg_catalog.md5(j.key) ELSE j.key END, \
+                                   j.value, e.d OPERATOR(pg_catalog.+) 1 \
+                              FROM e, pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j) \
+                          SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k, \
+                                 CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x \
+                            FROM e WHERE NOT {object} OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
         object = is("object"),
         string = is("string"),
     )
+}
+
+/// What [`read_parts`] writes for a document it does not judge.
+const UNJUDGED: &str = "unjudged";
+
+/// A document as [`read_parts`] read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Read {
+    /// Its parts.
+    Parts(Vec<Part>),
+    /// Too many parts, too long or too deep to compare part by part.
+    Unjudged,
+}
+
+/// The document [`read_parts`] wrote; `None` where nothing was read.
+fn read_of(text: Option<&str>) -> Option<Read> {
+    let text = text?;
+    if serde_json::from_str::<String>(text).is_ok_and(|s| s == UNJUDGED) {
+        return Some(Read::Unjudged);
+    }
+    serde_json::from_str(text).ok().map(Read::Parts)
 }
 
 /// One part of a document.
@@ -61,7 +100,10 @@ pub struct Part {
 
 /// The parts [`read_parts`] wrote; `None` for a document not judged.
 pub fn parts_of(text: Option<&str>) -> Option<Vec<Part>> {
-    serde_json::from_str(text?).ok()
+    match read_of(text)? {
+        Read::Parts(parts) => Some(parts),
+        Read::Unjudged => None,
+    }
 }
 
 /// The `json` and `jsonb` columns of `targets`, of tables of at most
@@ -113,6 +155,9 @@ pub struct PartLoss {
     pub rows: i64,
     /// Rows that lost a part.
     pub lost: usize,
+    /// Rows rewritten into documents too large or deep to compare part by
+    /// part ([`read_parts`]): what they lost is not known.
+    pub unjudged: usize,
     /// By path, most rows first.
     pub paths: Vec<PathLost>,
     /// The hashes of the values each row lost, by the row's key.
@@ -155,7 +200,7 @@ pub fn losses(
                 continue;
             }
             let Some(loss) = column_losses(b, a, column, t.from_itself.contains(column)) else { continue };
-            if super::enough(loss.lost, rows) {
+            if super::enough(loss.lost, rows) || super::enough(loss.unjudged, rows) {
                 out.push(PartLoss {
                     table: t.table.clone(),
                     column: column.clone(),
@@ -178,6 +223,7 @@ pub fn losses(
 fn column_losses(before: &Values, after: &Values, column: &str, from_itself: bool) -> Option<PartLoss> {
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
+    let mut unjudged = 0;
     let parsed: Vec<(&String, Vec<Part>, Option<Vec<Part>>)> = before
         .rows
         .iter()
@@ -185,11 +231,21 @@ fn column_losses(before: &Values, after: &Values, column: &str, from_itself: boo
             let (was, now) = (&cells[was_at], &after.rows.get(key)?[now_at]);
             let parts = parts_of(was.shown.as_deref())?;
             // (A document left as it was needs no second reading.)
-            let now = if was == now { None } else { Some(parts_of(now.shown.as_deref())?) };
+            let now = match was == now {
+                true => None,
+                false => match read_of(now.shown.as_deref())? {
+                    Read::Parts(now) => Some(now),
+                    // Made too large or deep to judge: said so, not taken as whole.
+                    Read::Unjudged => {
+                        unjudged += 1;
+                        return None;
+                    }
+                },
+            };
             Some((key, parts, now))
         })
         .collect();
-    if parsed.iter().all(|(_, _, now)| now.is_none()) {
+    if unjudged == 0 && parsed.iter().all(|(_, _, now)| now.is_none()) {
         return None;
     }
     // Every old value behind each path's new value, of every row read.
@@ -284,9 +340,27 @@ fn column_losses(before: &Values, after: &Values, column: &str, from_itself: boo
         line: 0,
         rows: 0,
         lost: taken.len(),
+        unjudged,
         paths,
         taken,
     })
+}
+
+/// Puts each loss at the last statement that updated its table's rows and
+/// names its column: parts go at the statement that wrote the documents
+/// last (a strip after a wrap), not at the first that named the column.
+pub fn place(losses: &mut [PartLoss], statements: &[StatementReport]) {
+    for loss in losses.iter_mut() {
+        let column = loss.column.to_ascii_lowercase();
+        let wrote = statements.iter().rev().find(|st| {
+            !st.rolled_back
+                && st.rows.iter().any(|r| r.table == loss.table && r.updated > 0)
+                && crate::integrity::names_word(&crate::integrity::without_comments(&st.sql), &column)
+        });
+        if let Some(st) = wrote.filter(|st| st.line > 0) {
+            loss.line = st.line;
+        }
+    }
 }
 
 /// A path as SQL reaches it: `payload->'meta'->'ip'` (the document itself
@@ -312,20 +386,29 @@ pub fn keepers(losses: &[PartLoss], shape: &Shape, golden: &Catalog, now: &Catal
     out
 }
 
-/// Where `kept` (read as [`keepers`] says) holds every value `loss` took,
-/// each row's in one place: `table.column`.
-fn kept_in(loss: &PartLoss, kept: &BTreeMap<String, Values>) -> Option<String> {
-    kept.iter().find_map(|(table, values)| {
-        let holds = |i: usize| {
-            loss.taken.iter().all(|(key, hashes)| {
-                let parts = values.rows.get(key).and_then(|r| parts_of(r[i].shown.as_deref()));
-                let held: HashSet<i64> = parts.unwrap_or_default().iter().filter_map(|p| p.hash).collect();
-                hashes.iter().all(|h| held.contains(h))
-            })
-        };
-        let i = (0..values.columns.len()).find(|i| holds(*i))?;
-        Some(format!("{}.{}", short_name(table), super::written(&values.columns[i])))
-    })
+/// The place in `kept` (read as [`keepers`] says) that holds every value
+/// `loss` took from the most rows, each row's in one column: `table.column`
+/// and how many rows it keeps.
+fn kept_in(loss: &PartLoss, kept: &BTreeMap<String, Values>) -> Option<(String, usize)> {
+    let mut best: Option<(String, usize)> = None;
+    for (table, values) in kept {
+        for (i, column) in values.columns.iter().enumerate() {
+            let holds = loss
+                .taken
+                .iter()
+                .filter(|(key, hashes)| {
+                    let parts = values.rows.get(*key).and_then(|r| parts_of(r[i].shown.as_deref()));
+                    let held: HashSet<i64> =
+                        parts.unwrap_or_default().iter().filter_map(|p| p.hash).collect();
+                    hashes.iter().all(|h| held.contains(h))
+                })
+                .count();
+            if holds > 0 && best.as_ref().is_none_or(|(_, n)| holds > *n) {
+                best = Some((format!("{}.{}", short_name(table), super::written(column)), holds));
+            }
+        }
+    }
+    best
 }
 
 /// `values_overwritten` hazards for `losses`, and notes for those whose
@@ -339,6 +422,24 @@ pub fn report(
     for loss in losses {
         let table = short_name(&loss.table);
         let line = Some(loss.line).filter(|l| *l > 0);
+        let rows = loss.rows.max(0) as usize;
+        if super::enough(loss.unjudged, loss.rows) {
+            out.push(Hazard::new(
+                "values_overwritten",
+                Severity::Medium,
+                format!(
+                    "{} of the {} rows of {table} had their {} rewritten into documents too large or deep to compare part by part \
+                     (more than {PARTS_MOST} values, {PARTS_TEXT_MOST} characters of them, or {DEPTH_MOST} objects deep): what they lost is not known",
+                    count(loss.unjudged),
+                    count(rows),
+                    loss.column
+                ),
+                line,
+            ));
+        }
+        if !super::enough(loss.lost, loss.rows) {
+            continue;
+        }
         let mut groups: Vec<String> = loss.paths.iter().take(3).map(group).collect();
         if loss.paths.len() > 3 {
             groups.push(format!("and {} more paths", loss.paths.len() - 3));
@@ -346,16 +447,26 @@ pub fn report(
         let lead = format!(
             "{} of the {} rows of {table} lost part of their {}",
             count(loss.lost),
-            count(loss.rows.max(0) as usize),
+            count(rows),
             loss.column
         );
-        if let Some(place) = kept_in(loss, kept) {
-            let said =
-                format!("{lead}: {}; the migration kept every value it took in {place}", groups.join("; "));
+        let kept = kept_in(loss, kept);
+        let not_kept = loss.lost - kept.as_ref().map_or(0, |(_, n)| *n);
+        if let Some((place, _)) = kept.as_ref().filter(|_| !super::enough(not_kept, loss.rows)) {
+            let all = if not_kept == 0 { "every value it took" } else { "nearly every value it took" };
+            let said = format!("{lead}: {}; the migration kept {all} in {place}", groups.join("; "));
             notes.push(Hazard::new("values_overwritten", Severity::Low, said, line));
             continue;
         }
-        let said = format!("{lead}: {}; what they held is not kept anywhere", groups.join("; "));
+        let where_kept = match &kept {
+            Some((place, n)) => format!(
+                "the migration kept those of {} rows in {place}; the other {} are not kept anywhere",
+                count(*n),
+                count(not_kept)
+            ),
+            None => "what they held is not kept anywhere".to_owned(),
+        };
+        let said = format!("{lead}: {}; {where_kept}", groups.join("; "));
         let mut h = Hazard::new("values_overwritten", Severity::High, said, line);
         h.suggestion = Some(format!(
             "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {}, {} FROM {table}); batching does not bring them back",
