@@ -292,6 +292,10 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
                 words.iter().take(2).map(|w| w.to_ascii_uppercase()).collect::<Vec<_>>().join(" ")
             )),
             ["notify" | "listen", ..] => why("NOTIFY speaks to whatever listens on the target".into()),
+            // A limit on waiting changes how long the file may wait, not what
+            // it does: put back to the target's own, it says nothing of the data.
+            ["reset", setting] if WAIT_LIMITS.contains(setting) => continue,
+            ["set", setting, ..] | ["set", "local" | "session", setting, ..] if WAIT_LIMITS.contains(setting) => continue,
             ["reset", ..] | ["discard", ..] => why(
                 "puts settings back to what the target's role and database keep, not what the test ran with"
                     .into(),
@@ -727,6 +731,10 @@ fn defined_name(tokens: &[Token]) -> Option<String> {
 }
 
 /// Every trigger event, and a rule's (which acts on any write).
+/// Settings that only bound how long a statement or a wait may take.
+const WAIT_LIMITS: &[&str] =
+    &["lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout", "idle_session_timeout"];
+
 const ANY_EVENT: &[&str] = &["insert", "update", "delete", "truncate"];
 
 /// The events a `CREATE TRIGGER` fires on: the words between its timing
