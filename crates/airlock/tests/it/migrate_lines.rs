@@ -639,6 +639,7 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
                 "UPDATE events SET payload = (payload - 'ip') || jsonb_build_object('client_ip', payload->'ip');",
             ),
             ("added_key.sql", "UPDATE events SET payload = payload || '{\"source\": \"web\"}';"),
+            ("in_arrays.sql", "UPDATE events SET payload = jsonb_build_array(1, jsonb_build_array(payload));"),
             ("constant_dropped.sql", "UPDATE events SET payload = payload - 'v' - 'ref';"),
         ],
     );
@@ -709,7 +710,7 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
             "{name}: {said}"
         );
     }
-    for name in ["renamed_key.sql", "added_key.sql", "constant_dropped.sql"] {
+    for name in ["renamed_key.sql", "added_key.sql", "in_arrays.sql", "constant_dropped.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
 }

@@ -24,7 +24,8 @@ const PARTS_MOST: usize = 64;
 /// write more is not judged. With [`ROWS_MOST`], what the daemon holds of a
 /// table's documents stays in bounds whatever the candidate wrote.
 const PARTS_TEXT_MOST: usize = 2_000;
-/// How deep into nested objects parts are read; a document deeper is not judged.
+/// How deep into nested objects and arrays parts are read; a document
+/// deeper is not judged.
 const DEPTH_MOST: usize = 16;
 /// The most characters of a part's text read for a message.
 const PART_SHOWN_MOST: usize = 40;
@@ -33,11 +34,12 @@ const KEY_MOST: usize = 40;
 /// The most rows of a table whose documents are read as parts.
 pub const ROWS_MOST: i64 = 100_000;
 
-/// An SQL expression of `column` (of row `t`) as its parts, as JSON: an
-/// array of `[path, hash, start of text]`, the hash `null` for a JSON
+/// An SQL expression of `column` (of row `t`) as its parts (the values in
+/// it that are neither objects nor arrays; an array's elements by their
+/// index, `[0]`), as JSON: an array of `[path, hash, start of text]`, the hash `null` for a JSON
 /// `null` (`[]` for SQL `NULL`); the string [`UNJUDGED`] for a document of
 /// more than [`PARTS_MOST`] parts, [`PARTS_TEXT_MOST`] characters of them,
-/// or objects deeper than [`DEPTH_MOST`]. A string's text is its
+/// or objects and arrays deeper than [`DEPTH_MOST`]. A string's text is its
 /// characters without quotes, so a part copied into a `text` column is
 /// found by its hash there (`to_jsonb` makes any column's value a document).
 pub fn read_parts(column: &str) -> String {
@@ -47,21 +49,28 @@ pub fn read_parts(column: &str) -> String {
                         OR pg_catalog.length(s.a::text) OPERATOR(pg_catalog.>) {PARTS_TEXT_MOST} \
                       THEN '\"{UNJUDGED}\"'::pg_catalog.jsonb \
                       ELSE COALESCE(s.a, '[]'::pg_catalog.jsonb) END \
-            FROM (SELECT pg_catalog.count(*) AS n, pg_catalog.bool_or(e.k OPERATOR(pg_catalog.=) 'object') AS deep, \
+            FROM (SELECT pg_catalog.count(*) AS n, \
+                         pg_catalog.bool_or(e.k OPERATOR(pg_catalog.=) ANY (ARRAY['object', 'array'])) AS deep, \
                          pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(e.p, \
                            CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END, \
                            pg_catalog.left(e.x, {PART_SHOWN_MOST}))) AS a \
                     FROM (WITH RECURSIVE e(p, v, d) AS ( \
                             SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0 \
                             UNION ALL \
-                            SELECT e.p OPERATOR(pg_catalog.||) CASE WHEN pg_catalog.length(j.key) OPERATOR(pg_catalog.>) {KEY_MOST} \
-                                     THEN 'md5:' OPERATOR(pg_catalog.||) pg_catalog.md5(j.key) ELSE j.key END, \
-                                   j.value, e.d OPERATOR(pg_catalog.+) 1 \
-                              FROM e, pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j) \
+                            SELECT e.p OPERATOR(pg_catalog.||) c.k, c.v, e.d OPERATOR(pg_catalog.+) 1 \
+                              FROM e, LATERAL ( \
+                                SELECT CASE WHEN pg_catalog.length(j.key) OPERATOR(pg_catalog.>) {KEY_MOST} \
+                                         THEN 'md5:' OPERATOR(pg_catalog.||) pg_catalog.md5(j.key) ELSE j.key END AS k, j.value AS v \
+                                  FROM pg_catalog.jsonb_each(CASE WHEN {object} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) j \
+                                UNION ALL \
+                                SELECT '[' OPERATOR(pg_catalog.||) (a.i OPERATOR(pg_catalog.-) 1)::text OPERATOR(pg_catalog.||) ']', a.x \
+                                  FROM pg_catalog.jsonb_array_elements(CASE WHEN {array} AND e.d OPERATOR(pg_catalog.<) {DEPTH_MOST} THEN e.v END) \
+                                       WITH ORDINALITY AS a(x, i)) c) \
                           SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k, \
                                  CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x \
-                            FROM e WHERE NOT {object} OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
+                            FROM e WHERE NOT ({object} OR {array}) OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
         object = is("object"),
+        array = is("array"),
         string = is("string"),
     )
 }
@@ -368,7 +377,12 @@ pub fn place(losses: &mut [PartLoss], statements: &[StatementReport]) {
 fn path_of(column: &str, path: &[String]) -> String {
     let mut out = super::written(column);
     for key in path {
-        out.push_str(&format!("->'{}'", key.replace('\'', "''")));
+        let index =
+            key.strip_prefix('[').and_then(|k| k.strip_suffix(']')).filter(|i| i.parse::<u64>().is_ok());
+        match index {
+            Some(i) => out.push_str(&format!("->{i}")),
+            None => out.push_str(&format!("->'{}'", key.replace('\'', "''"))),
+        }
     }
     out
 }
@@ -429,7 +443,7 @@ pub fn report(
                 Severity::Medium,
                 format!(
                     "{} of the {} rows of {table} had their {} rewritten into documents too large or deep to compare part by part \
-                     (more than {PARTS_MOST} values, {PARTS_TEXT_MOST} characters of them, or {DEPTH_MOST} objects deep): what they lost is not known",
+                     (more than {PARTS_MOST} values, {PARTS_TEXT_MOST} characters of them, or {DEPTH_MOST} objects or arrays deep): what they lost is not known",
                     count(loss.unjudged),
                     count(rows),
                     loss.column

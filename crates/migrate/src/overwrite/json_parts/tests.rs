@@ -155,3 +155,11 @@ fn a_counter_bumped_in_some_rows_can_be_undone_but_not_when_set_from_elsewhere()
     // held (all but the one bumped past every odd row's value).
     assert_eq!(column_losses(&b, &a, "payload", false).map_or(0, |l| l.lost), 29);
 }
+
+#[test]
+fn a_path_is_written_as_sql_reaches_it() {
+    let path = |keys: &[&str]| path_of("payload", &keys.iter().map(|k| k.to_string()).collect::<Vec<_>>());
+    assert_eq!(path(&["meta", "ip"]), "payload->'meta'->'ip'");
+    assert_eq!(path(&["hops", "[2]", "it's"]), "payload->'hops'->2->'it''s'");
+    assert_eq!(path(&["[x]"]), "payload->'[x]'");
+}
