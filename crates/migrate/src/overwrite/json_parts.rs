@@ -42,6 +42,9 @@ pub const ROWS_MOST: i64 = 100_000;
 /// or objects and arrays deeper than [`DEPTH_MOST`]. A string's text is its
 /// characters without quotes, so a part copied into a `text` column is
 /// found by its hash there (`to_jsonb` makes any column's value a document).
+/// The walk stops at the part past the most, since a recursive query is
+/// run only as far as it is read: a document of a million values costs no
+/// more to find too large than one of 65.
 pub fn read_parts(column: &str) -> String {
     let is = |what: &str| format!("pg_catalog.jsonb_typeof(e.v) OPERATOR(pg_catalog.=) '{what}'");
     format!(
@@ -68,7 +71,9 @@ pub fn read_parts(column: &str) -> String {
                                        WITH ORDINALITY AS a(x, i)) c) \
                           SELECT e.p, pg_catalog.jsonb_typeof(e.v) AS k, \
                                  CASE WHEN {string} THEN e.v OPERATOR(pg_catalog.#>>) '{{}}' ELSE e.v::text END AS x \
-                            FROM e WHERE NOT ({object} OR {array}) OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST}) e) s)",
+                            FROM e WHERE NOT ({object} OR {array}) OR e.d OPERATOR(pg_catalog.=) {DEPTH_MOST} \
+                           LIMIT {past}) e) s)",
+        past = PARTS_MOST + 1,
         object = is("object"),
         array = is("array"),
         string = is("string"),
@@ -443,10 +448,11 @@ pub fn report(
                 Severity::Medium,
                 format!(
                     "{} of the {} rows of {table} had their {} rewritten into documents too large or deep to compare part by part \
-                     (more than {PARTS_MOST} values, {PARTS_TEXT_MOST} characters of them, or {DEPTH_MOST} objects or arrays deep): what they lost is not known",
+                     (more than {PARTS_MOST} values, {} characters of them, or {DEPTH_MOST} objects or arrays deep): what they lost is not known",
                     count(loss.unjudged),
                     count(rows),
-                    loss.column
+                    loss.column,
+                    count(PARTS_TEXT_MOST),
                 ),
                 line,
             ));
