@@ -281,6 +281,20 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
     }
 }
 
+/// The line of the first of `statements` (in the order given), not rolled
+/// back, that names `qualified` by its last part as a word, outside its
+/// comments.
+pub(crate) fn naming<'a>(
+    mut statements: impl Iterator<Item = &'a super::report::StatementReport>,
+    qualified: &str,
+) -> Option<usize> {
+    let name = airlock_postgres::catalog::split_qualified(qualified).1.to_ascii_lowercase();
+    statements
+        .find(|s| !s.rolled_back && names_word(&without_comments(&s.sql), &name))
+        .map(|s| s.line)
+        .filter(|l| *l > 0)
+}
+
 /// The line of the first statement (not rolled back) that dropped an
 /// object named `name`, naming it or through a `CASCADE`.
 pub(crate) fn line_dropping(e: &Evidence, name: &str) -> Option<usize> {

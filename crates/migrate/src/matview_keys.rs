@@ -64,8 +64,8 @@ pub fn hazards(before: &Keys, after: &Keys, statements: &[StatementReport]) -> V
             continue;
         }
         let Some((index, columns)) = indexes.iter().next() else { continue };
-        let name = airlock_postgres::catalog::split_qualified(view).1;
-        let line = line_naming(statements, index).or_else(|| line_naming(statements, &name));
+        let naming = |name: &str| crate::integrity::naming(statements.iter(), name);
+        let line = naming(index).or_else(|| naming(view));
         let mut h = Hazard::new(
             "integrity_removed",
             Severity::High,
@@ -82,17 +82,4 @@ pub fn hazards(before: &Keys, after: &Keys, statements: &[StatementReport]) -> V
         out.push(h);
     }
     out
-}
-
-/// The line of the first statement (not rolled back) that names `name` as
-/// a word outside its comments.
-fn line_naming(statements: &[StatementReport], name: &str) -> Option<usize> {
-    let name = name.to_ascii_lowercase();
-    statements
-        .iter()
-        .find(|s| {
-            !s.rolled_back && crate::integrity::names_word(&crate::integrity::without_comments(&s.sql), &name)
-        })
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
 }

@@ -396,7 +396,9 @@ pub async fn read_wanted(
                             quote_ident(c)
                         ),
                         Reading::Parts => {
-                            format!("pg_catalog.md5({text}), {}", json_parts::read_parts(&format!("t.{}", quote_ident(c))))
+                            let type_name = now.columns.iter().find(|col| &col.name == c).map(|col| col.type_name.as_str());
+                            let parts = json_parts::read_parts(&format!("t.{}", quote_ident(c)), type_name.unwrap_or_default());
+                            format!("pg_catalog.md5({text}), {parts}")
                         }
                     }
                 })
@@ -437,18 +439,16 @@ pub async fn read_wanted(
                 let (k, v): (String, String) = (r.cell(0)?, r.cell(1)?);
                 let cells = match w.reading {
                     Reading::Hash => v.split(',').map(hashed).collect(),
-                    Reading::Parts => record_fields(&v)
-                        .chunks(2)
-                        .map(|pair| Cell {
-                            digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
-                            shown: pair.get(1).cloned().flatten(),
-                        })
-                        .collect(),
+                    // A digest and what is shown: a value's start is itself
+                    // a one-field record; a document's parts are their JSON.
                     _ => record_fields(&v)
                         .chunks(2)
                         .map(|pair| Cell {
                             digest: pair[0].as_deref().map(digest_of).unwrap_or_default(),
-                            shown: pair.get(1).cloned().flatten().and_then(|t| record_fields(&t).swap_remove(0)),
+                            shown: pair.get(1).cloned().flatten().and_then(|t| match w.reading {
+                                Reading::Parts => Some(t),
+                                _ => record_fields(&t).swap_remove(0),
+                            }),
                         })
                         .collect(),
                 };

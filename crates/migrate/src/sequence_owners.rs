@@ -90,9 +90,9 @@ pub fn hazards(
             // The statement that gave the sequence its owner, else the one
             // that made the column's table (a `LIKE ... INCLUDING ALL` copies
             // the default), else the one that named the owner last.
-            let line = naming(statements.iter().rev(), &b.sequence)
-                .or_else(|| naming(statements.iter(), &b.table))
-                .or_else(|| naming(statements.iter().rev(), owner));
+            let line = crate::integrity::naming(statements.iter().rev(), &b.sequence)
+                .or_else(|| crate::integrity::naming(statements.iter(), &b.table))
+                .or_else(|| crate::integrity::naming(statements.iter().rev(), owner));
             let mut h = Hazard::new(
                 "sequence_owned_elsewhere",
                 Severity::Medium,
@@ -110,16 +110,4 @@ pub fn hazards(
             h
         })
         .collect()
-}
-
-/// The line of the first of `statements` (in the order given), not rolled
-/// back, that names `qualified` by its name alone, outside its comments.
-fn naming<'a>(mut statements: impl Iterator<Item = &'a StatementReport>, qualified: &str) -> Option<usize> {
-    let name = airlock_postgres::catalog::split_qualified(qualified).1.to_ascii_lowercase();
-    statements
-        .find(|s| {
-            !s.rolled_back && crate::integrity::names_word(&crate::integrity::without_comments(&s.sql), &name)
-        })
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
 }

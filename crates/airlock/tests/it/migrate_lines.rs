@@ -610,6 +610,17 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
                 "CREATE TABLE login_ips AS SELECT id AS event_id, payload->>'ip' AS ip FROM events WHERE kind = 'login';\n\
                  UPDATE events SET payload = payload - 'ip' WHERE kind = 'login';",
             ),
+            // Kept in a type of its own whose cast to json would give the IP
+            // back: reading runs no code of the candidate's, so no cast is
+            // called and the range's own text is not the IP.
+            (
+                "kept_behind_a_cast.sql",
+                "CREATE TYPE ip_span AS RANGE (subtype = text);\n\
+                 CREATE FUNCTION ip_span_json(ip_span) RETURNS json LANGUAGE sql IMMUTABLE AS $$ SELECT to_json(lower($1)) $$;\n\
+                 CREATE CAST (ip_span AS json) WITH FUNCTION ip_span_json(ip_span);\n\
+                 CREATE TABLE login_ips AS SELECT id, ip_span(payload->>'ip', payload->>'ip', '[]') AS ip FROM events WHERE kind = 'login';\n\
+                 UPDATE events SET payload = payload - 'ip' WHERE kind = 'login';",
+            ),
             // Kept for a fifth of the rows only: the rest is said to be lost.
             (
                 "kept_some.sql",
@@ -681,6 +692,9 @@ fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
     assert!(said.starts_with("1,000 of the 5,000 rows of events lost part of their payload"), "{said}");
     assert!(said.ends_with("kept every value it took in login_ips.ip"), "{said}");
 
+    let h = hazard(&c["kept_behind_a_cast.sql"], "values_overwritten");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(5)), "{h}");
+    assert!(h["message"].as_str().unwrap().ends_with("what they held is not kept anywhere"), "{h}");
     let h = hazard(&c["kept_some.sql"], "values_overwritten");
     assert_eq!(h["severity"], json!("high"), "{h}");
     let said = h["message"].as_str().unwrap();

@@ -730,11 +730,11 @@ fn defined_name(tokens: &[Token]) -> Option<String> {
     }
 }
 
-/// Every trigger event, and a rule's (which acts on any write).
 /// Settings that only bound how long a statement or a wait may take.
 const WAIT_LIMITS: &[&str] =
     &["lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout", "idle_session_timeout"];
 
+/// Every trigger event, and a rule's (which acts on any write).
 const ANY_EVENT: &[&str] = &["insert", "update", "delete", "truncate"];
 
 /// The events a `CREATE TRIGGER` fires on: the words between its timing

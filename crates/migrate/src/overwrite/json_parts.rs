@@ -41,11 +41,13 @@ pub const ROWS_MOST: i64 = 100_000;
 /// more than [`PARTS_MOST`] parts, [`PARTS_TEXT_MOST`] characters of them,
 /// or objects and arrays deeper than [`DEPTH_MOST`]. A string's text is its
 /// characters without quotes, so a part copied into a `text` column is
-/// found by its hash there (`to_jsonb` makes any column's value a document).
+/// found by its hash there (any other column's value is read as a
+/// document of one string: [`as_document`]).
 /// The walk stops at the part past the most, since a recursive query is
 /// run only as far as it is read: a document of a million values costs no
 /// more to find too large than one of 65.
-pub fn read_parts(column: &str) -> String {
+pub fn read_parts(column: &str, type_name: &str) -> String {
+    let document = as_document(column, type_name);
     let is = |what: &str| format!("pg_catalog.jsonb_typeof(e.v) OPERATOR(pg_catalog.=) '{what}'");
     format!(
         "(SELECT CASE WHEN s.n OPERATOR(pg_catalog.>) {PARTS_MOST} OR s.deep \
@@ -58,7 +60,7 @@ pub fn read_parts(column: &str) -> String {
                            CASE WHEN e.k OPERATOR(pg_catalog.=) 'null' THEN NULL ELSE pg_catalog.hashtextextended(e.x, 0) END, \
                            pg_catalog.left(e.x, {PART_SHOWN_MOST}))) AS a \
                     FROM (WITH RECURSIVE e(p, v, d) AS ( \
-                            SELECT ARRAY[]::text[], pg_catalog.to_jsonb({column}), 0 \
+                            SELECT ARRAY[]::text[], {document}, 0 \
                             UNION ALL \
                             SELECT e.p OPERATOR(pg_catalog.||) c.k, c.v, e.d OPERATOR(pg_catalog.+) 1 \
                               FROM e, LATERAL ( \
@@ -78,6 +80,23 @@ pub fn read_parts(column: &str) -> String {
         array = is("array"),
         string = is("string"),
     )
+}
+
+/// `column` (of type `type_name`, as the catalog writes it under the pinned
+/// search path) as a `jsonb` document. A `json` or `jsonb` value is its own;
+/// any other is the text its type's output function writes (`format`'s
+/// `%s`), as one JSON string. Never `to_jsonb` of it, nor a cast: a type
+/// the candidate made can carry a cast to `json` that `to_jsonb` would
+/// call, running the candidate's code in the admin's session.
+fn as_document(column: &str, type_name: &str) -> String {
+    match type_name {
+        "jsonb" => column.to_owned(),
+        // (A cast between two built-in types, which no candidate can own.)
+        "json" => format!("({column})::pg_catalog.jsonb"),
+        _ => format!(
+            "CASE WHEN {column} IS NULL THEN NULL ELSE pg_catalog.to_jsonb(pg_catalog.format('%s', {column})) END"
+        ),
+    }
 }
 
 /// What [`read_parts`] writes for a document it does not judge.

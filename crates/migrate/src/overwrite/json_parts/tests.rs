@@ -133,10 +133,15 @@ fn a_document_not_judged_or_unchanged_is_left_out() {
 
 #[test]
 fn the_parts_read_is_one_expression_of_the_column_given() {
-    let sql = read_parts("t.\"Payload\"");
+    let sql = read_parts("t.\"Payload\"", "jsonb");
     assert!(sql.starts_with("(SELECT") && sql.ends_with(')'), "{sql}");
-    assert!(sql.contains("pg_catalog.to_jsonb(t.\"Payload\")") && sql.contains("'{}'"), "{sql}");
+    assert!(sql.contains("SELECT ARRAY[]::text[], t.\"Payload\", 0") && sql.contains("'{}'"), "{sql}");
     assert_eq!(sql.matches('(').count(), sql.matches(')').count());
+    // Never through to_jsonb or a cast of a type a candidate may have made.
+    assert!(read_parts("t.p", "json").contains("(t.p)::pg_catalog.jsonb"));
+    let other = read_parts("t.ip", "public.ip_box");
+    assert!(other.contains("pg_catalog.to_jsonb(pg_catalog.format('%s', t.ip))"), "{other}");
+    assert!(!other.contains("to_jsonb(t.ip)") && !other.contains("t.ip::"), "{other}");
 }
 
 #[test]
