@@ -2,7 +2,8 @@
 # Sustained cold forks (as root): `airlock bench churn` (fork, first query
 # through the router, delete, again) from 1, 2 and 4 clients at once on the
 # 40 MB golden, with the host's CPU time over each run, so each cycle's CPU
-# cost is read beside its rate. No pool: every fork is cold.
+# cost is read beside its rate (with what the kernel does after the run for
+# the run's deletions). No pool: every fork is cold.
 # CLIENTS (default "1 2 4") and SECONDS_EACH (default 20) set the run.
 # Results go to bench/results/churn.txt.
 set -euo pipefail
@@ -23,6 +24,13 @@ busy_ms() {
   awk -v hz="$(getconf CLK_TCK)" '/^cpu / {print ($2 + $3 + $4 + $7 + $8 + $9) * 1000 / hz; exit}' /proc/stat
 }
 
+# Waits until the kernel has finished dropping deleted Btrfs subvolumes: its
+# cleaner thread does that after the deletion returns, so a run that stopped
+# counting at its last cycle would leave that CPU out.
+settled() {
+  while [ -n "$(btrfs subvolume list -d "$AIRLOCK_HOME/volume" 2>/dev/null)" ]; do sleep 0.2; done
+}
+
 {
   echo "# airlock bench churn, ${seconds} s per client count, bench-40mb, cold forks; $(date -u +%FT%TZ), $(nproc) cores, $(uname -r)"
   echo "clients,cycles_per_second,cycle_p50_ms,cycle_p99_ms,cpu_ms_per_cycle"
@@ -30,6 +38,7 @@ busy_ms() {
     sleep 2
     before=$(busy_ms)
     out=$(airlock bench churn --golden bench-40mb --duration "${seconds}s" --clients "$c" --json)
+    settled
     after=$(busy_ms)
     CHURN_JSON=$out python3 - "$c" "$before" "$after" <<'PY'
 import json, os, sys

@@ -588,6 +588,12 @@ fn a_golden_build_is_held_to_a_promise_like_a_sandbox() {
 
 /// The WAL limit Btrfs holds for `path` under the volume (its `max_excl`).
 fn wal_limit(volume: &std::path::Path, path: &str) -> String {
+    qgroup_column(volume, path, 4)
+}
+
+/// Column `column` of `btrfs qgroup show -re --raw`'s line for `path` under
+/// the volume (2: what it owns, 4: its limit on that).
+fn qgroup_column(volume: &std::path::Path, path: &str, column: usize) -> String {
     let out = std::process::Command::new("btrfs")
         .args(["qgroup", "show", "-re", "--raw"])
         .arg(volume)
@@ -595,7 +601,7 @@ fn wal_limit(volume: &std::path::Path, path: &str) -> String {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     let line = text.lines().find(|l| l.ends_with(path)).unwrap_or_else(|| panic!("no {path} in {text}"));
-    line.split_whitespace().nth(4).unwrap().to_owned()
+    line.split_whitespace().nth(column).unwrap().to_owned()
 }
 
 /// A sandbox's server user owns its data directory, so it can put a link
@@ -661,4 +667,153 @@ fn a_migration_test_on_a_sandboxs_behalf_writes_within_what_it_has_left() {
     );
     assert!(status == 507 || body.contains("disk_full"), "{status} {body}");
     d.wait_for(Duration::from_secs(20), "the tests' forks to go", || d.ids() == [id.clone()]);
+}
+
+/// The subvolume (tree) id of `path`.
+fn tree_id(path: &std::path::Path) -> String {
+    let out =
+        std::process::Command::new("btrfs").args(["inspect-internal", "rootid"]).arg(path).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// What the subvolume `path` (under the volume) owns now, in bytes.
+fn owned(volume: &std::path::Path, path: &str) -> u64 {
+    qgroup_column(volume, path, 2).parse().unwrap()
+}
+
+/// The names in the volume's stock of empty subvolumes, once none is
+/// still being emptied.
+fn stocked(d: &Daemon, volume: &std::path::Path) -> Vec<String> {
+    let names = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(volume.join(".stock"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    d.wait_for(Duration::from_secs(30), "the stock to be emptied", || {
+        !names().iter().any(|n| n.starts_with("emptying."))
+    });
+    names()
+}
+
+/// A deleted sandbox's subvolumes are emptied and kept for later forks
+/// instead of deleted (each deletion made the kernel commit a transaction).
+/// The fork that takes one finds nothing of the sandbox before it and its
+/// whole allowance; forks at once never share one; a sandbox whose
+/// subvolume's top was marked is deleted, not kept.
+#[test]
+fn a_subvolume_used_again_holds_nothing_of_its_last_sandbox_and_is_never_shared() {
+    let Some(d) = on_volume("btrfs", "3G", &["--disk-limit", "300M"]) else { return };
+    d.shop("shop");
+    let volume = d.home.join("volume");
+    let stock = volume.join(".stock");
+    let a = d.fork("shop", &[]);
+    let a_id = a["id"].as_str().unwrap().to_owned();
+    let a_dir = volume.join("sandboxes").join(&a_id);
+    sql(&dsn(&a), "CREATE TABLE secret AS SELECT 'a-secret' AS s, repeat('x', 900) AS pad FROM generate_series(1, 60000)");
+    let wrote = d.exec(
+        &a_id,
+        "echo a-was-here > marker && mkdir -p deep/a/b && echo x > deep/a/b/f && ln -s / rootlink",
+        "30s",
+    );
+    assert_eq!(wrote["exit_code"], 0, "{wrote}");
+    let _ = std::process::Command::new("sync").arg("-f").arg(&volume).status();
+    let a_trees = (tree_id(&a_dir), tree_id(&a_dir.join("pgdata/pg_wal")));
+    assert!(owned(&volume, &format!("sandboxes/{a_id}")) > 40 << 20, "A owns what it wrote");
+    d.ok(&["rm", &a_id]);
+    assert!(!a_dir.exists());
+    let kept = stocked(&d, &volume);
+    assert_eq!(kept.iter().filter(|n| n.starts_with("sandbox.")).count(), 1, "{kept:?}");
+    assert_eq!(kept.iter().filter(|n| n.starts_with("wal.")).count(), 1, "{kept:?}");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&stock).unwrap().permissions().mode() & 0o777, 0o700);
+    for name in &kept {
+        assert_eq!(std::fs::read_dir(stock.join(name)).unwrap().count(), 0, "{name} is empty");
+    }
+    // Once the kernel has counted A's writes gone, the next fork takes A's.
+    let settled = || kept.iter().all(|n| owned(&volume, &format!(".stock/{n}")) <= 16 << 10);
+    d.wait_for(Duration::from_secs(40), "the stock to settle", settled);
+    let b = d.fork("shop", &[]);
+    let b_id = b["id"].as_str().unwrap().to_owned();
+    let b_dir = volume.join("sandboxes").join(&b_id);
+    assert_eq!((tree_id(&b_dir), tree_id(&b_dir.join("pgdata/pg_wal"))), a_trees, "B took A's subvolumes");
+    assert!(stocked(&d, &volume).is_empty());
+    let mut left: Vec<String> = std::fs::read_dir(&b_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert!(!left.iter().any(|n| ["marker", "deep", "rootlink"].contains(&n.as_str())), "{left:?}");
+    let seen = d.exec(&b_id, "ls -a; cat marker 2>&1", "30s");
+    assert!(!seen["stdout"].as_str().unwrap().contains("a-was-here"), "{seen}");
+    assert_eq!(sql(&dsn(&b), "SELECT count(*) FROM pg_class WHERE relname = 'secret'"), "0");
+    assert_eq!(sql(&dsn(&b), "SELECT count(*) FROM orders"), "1000");
+    assert!(owned(&volume, &format!("sandboxes/{b_id}")) < 8 << 20, "B starts with its whole allowance");
+    assert_ne!(wal_limit(&volume, &format!("sandboxes/{b_id}/pgdata/pg_wal")), "none", "B's WAL is limited");
+    let b_meta = std::fs::metadata(&b_dir).unwrap();
+    assert_eq!(
+        (b_meta.permissions().mode() & 0o7777, std::os::unix::fs::MetadataExt::uid(&b_meta)),
+        (0o711, 0)
+    );
+
+    // Four deleted, then four forks at once: four subvolumes, none shared.
+    let four: Vec<String> = (0..4).map(|_| d.fork("shop", &[])["id"].as_str().unwrap().to_owned()).collect();
+    for id in &four {
+        d.ok(&["rm", id]);
+    }
+    d.wait_for(Duration::from_secs(40), "the stock to settle", || {
+        stocked(&d, &volume).iter().all(|n| owned(&volume, &format!(".stock/{n}")) <= 16 << 10)
+    });
+    let forks: Vec<_> = (0..4).map(|_| d.spawn_cli_output(&["fork", "shop", "--json"])).collect();
+    let mut trees = vec![tree_id(&b_dir), tree_id(&b_dir.join("pgdata/pg_wal"))];
+    for fork in forks {
+        let out = fork.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let sb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let dir = volume.join("sandboxes").join(sb["id"].as_str().unwrap());
+        trees.extend([tree_id(&dir), tree_id(&dir.join("pgdata/pg_wal"))]);
+        assert_eq!(sql(&dsn(&sb), "SELECT count(*) FROM orders"), "1000");
+    }
+    let distinct: std::collections::HashSet<_> = trees.iter().collect();
+    assert_eq!(distinct.len(), trees.len(), "{trees:?}");
+
+    // A fork right after a writer's deletion, before the kernel has counted
+    // its writes gone, still starts with its whole allowance.
+    let e = d.fork("shop", &[]);
+    sql(&dsn(&e), "CREATE TABLE big AS SELECT repeat('x', 900) AS pad FROM generate_series(1, 60000)");
+    let _ = std::process::Command::new("sync").arg("-f").arg(&volume).status();
+    d.ok(&["rm", e["id"].as_str().unwrap()]);
+    let f = d.fork("shop", &[]);
+    let f_id = f["id"].as_str().unwrap();
+    assert!(owned(&volume, &format!("sandboxes/{f_id}")) < 8 << 20, "F starts with its whole allowance");
+    // A reset keeps its old WAL's subvolume too, and takes one.
+    sql(&dsn(&f), "CREATE TABLE gone (n int)");
+    let f_wal = volume.join("sandboxes").join(f_id).join("pgdata/pg_wal");
+    let old_wal = tree_id(&f_wal);
+    d.ok(&["reset", f_id]);
+    assert_eq!(sql(&dsn(&f), "SELECT count(*) FROM pg_class WHERE relname = 'gone'"), "0");
+    assert_eq!(sql(&dsn(&f), "SELECT count(*) FROM orders"), "1000");
+    assert_ne!(tree_id(&f_wal), old_wal);
+    let kept: Vec<String> = stocked(&d, &volume)
+        .iter()
+        .filter(|n| n.starts_with("wal."))
+        .map(|n| tree_id(&stock.join(n)))
+        .collect();
+    assert!(kept.contains(&old_wal), "the old WAL subvolume is kept: {old_wal} not in {kept:?}");
+
+    // A sandbox whose WAL top carries an attribute is deleted, not kept.
+    let before = stocked(&d, &volume).len();
+    let wal = b_dir.join("pgdata/pg_wal");
+    let set = std::process::Command::new("python3")
+        .args(["-c", "import os, sys; os.setxattr(sys.argv[1], 'user.mark', b'1')"])
+        .arg(&wal)
+        .status()
+        .unwrap();
+    assert!(set.success());
+    d.ok(&["rm", &b_id]);
+    assert_eq!(stocked(&d, &volume).len(), before, "the marked sandbox is deleted whole");
+    assert!(!b_dir.exists());
 }

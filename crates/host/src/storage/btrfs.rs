@@ -75,7 +75,7 @@ const QUOTA_ENABLE: u64 = 1;
 const QUOTA_ENABLE_SIMPLE: u64 = 4;
 const LIMIT_MAX_EXCLUSIVE: u64 = 1 << 1;
 /// The inode number of every subvolume's top directory (`BTRFS_FIRST_FREE_OBJECTID`).
-const SUBVOLUME_TOP_INODE: u64 = 256;
+pub(super) const SUBVOLUME_TOP_INODE: u64 = 256;
 
 fn errno(e: nix::errno::Errno) -> io::Error {
     io::Error::from(e)

@@ -8,6 +8,7 @@
 
 pub mod beneath;
 pub mod btrfs;
+pub mod stock;
 pub mod tree;
 pub mod volume;
 
@@ -46,6 +47,8 @@ pub const COPY_WARNING: &str = "the data root is not on a copy-on-write filesyst
 pub struct Cloner {
     backend: Backend,
     filesystem: String,
+    /// Empty subvolumes to use again, where sandboxes get subvolumes.
+    stock: Option<std::sync::Arc<stock::Stock>>,
 }
 
 /// Files that belong to a running server and must not be cloned.
@@ -108,12 +111,21 @@ impl Cloner {
             true => Backend::Reflink,
             false => Backend::Copy,
         };
-        Ok(Cloner { backend, filesystem })
+        let stock = match backend {
+            Backend::Subvolume => stock::Stock::open(volume)
+                .inspect_err(
+                    |e| tracing::warn!(error = %e, "no stock of subvolumes: each is deleted and made anew"),
+                )
+                .ok()
+                .map(std::sync::Arc::new),
+            _ => None,
+        };
+        Ok(Cloner { backend, filesystem, stock })
     }
 
     /// A cloner that always copies (for tests of the fallback).
     pub fn copying(volume: &Path) -> Cloner {
-        Cloner { backend: Backend::Copy, filesystem: filesystem_name(volume) }
+        Cloner { backend: Backend::Copy, filesystem: filesystem_name(volume), stock: None }
     }
 
     /// The method in use.
@@ -166,7 +178,7 @@ impl Cloner {
     /// How this volume clones: reflinks where it can, WAL in a subvolume of its
     /// own where sandboxes have quotas.
     fn spec<'a>(
-        &self,
+        &'a self,
         owner: Option<&'a Identity>,
         source_owner: Option<nix::unistd::Uid>,
         only: &'a [&'a str],
@@ -184,6 +196,7 @@ impl Cloner {
             only,
             subvolumes,
             subvolume_limit: WAL_LIMIT,
+            stock: self.stock.as_deref(),
             hollow: &[],
             deferred: &[],
             renamed: &[],
@@ -227,7 +240,10 @@ impl Cloner {
     /// volume's reserve bounds it.)
     pub fn make_sandbox_dir(&self, path: &Path) -> std::io::Result<()> {
         match self.backend {
-            Backend::Subvolume => btrfs::create_subvolume(path),
+            Backend::Subvolume => match &self.stock {
+                Some(stock) if stock.take_sandbox(path)? => Ok(()),
+                _ => btrfs::create_subvolume(path),
+            },
             _ => fs::create_dir(path),
         }
     }
@@ -293,6 +309,36 @@ impl Cloner {
             }
         }
         unreachable!("the loop returns")
+    }
+
+    /// Removes a deleted sandbox's directory, whose processes have all
+    /// ended: where sandboxes get subvolumes, they are emptied and kept for
+    /// the next forks ([`stock`]), else (or when that fails) removed as
+    /// [`Cloner::remove_tree`] does.
+    pub fn discard_sandbox_dir(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(stock) = &self.stock {
+            self.unlimit(path);
+            match stock.put_sandbox(path) {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), error = %e, "a sandbox's subvolume was not kept")
+                }
+            }
+        }
+        self.remove_tree(path)
+    }
+
+    /// Removes a data directory for a reset (its server has stopped): its
+    /// WAL's subvolume, where it has one, goes to the [`stock`] for later
+    /// forks; the rest as [`Cloner::remove_tree`] does.
+    pub fn remove_data_dir(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(stock) = &self.stock {
+            self.unlimit(path);
+            if let Err(e) = stock.put_wal(path) {
+                tracing::debug!(path = %path.display(), error = %e, "a WAL subvolume was not kept");
+            }
+        }
+        self.remove_tree(path)
     }
 
     fn remove_once(&self, path: &Path) -> std::io::Result<()> {

@@ -54,6 +54,8 @@ pub struct CloneSpec<'a> {
     pub subvolumes: &'a [&'a str],
     /// What each of those may own ([`super::WAL_LIMIT`]).
     pub subvolume_limit: u64,
+    /// Where those subvolumes are taken from before one is made.
+    pub stock: Option<&'a super::stock::Stock>,
     /// Directories (paths from the top, such as `base/1`) made empty: their
     /// contents are not taken.
     pub hollow: &'a [&'a str],
@@ -207,6 +209,7 @@ impl<'a> CloneSpec<'a> {
             only: &[],
             subvolumes: &[],
             subvolume_limit: u64::MAX,
+            stock: None,
             hollow: &[],
             deferred: &[],
             renamed: &[],
@@ -327,7 +330,15 @@ fn make_dirs(
             SFlag::S_IFDIR => {
                 let subvolume = top && spec.subvolumes.iter().any(|s| s.as_bytes() == name.as_bytes());
                 if subvolume {
-                    super::btrfs::create_subvolume_at(to.as_fd(), name.as_bytes())?;
+                    let taken = spec.stock.is_some_and(|stock| {
+                        stock.take(super::stock::Kind::Wal, to.as_fd(), &name).unwrap_or_else(|e| {
+                            tracing::debug!(error = %e, "no WAL subvolume was taken from the stock");
+                            false
+                        })
+                    });
+                    if !taken {
+                        super::btrfs::create_subvolume_at(to.as_fd(), name.as_bytes())?;
+                    }
                 } else {
                     mkdirat(to.as_fd(), name.as_c_str(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
                 }

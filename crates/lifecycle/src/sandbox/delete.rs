@@ -113,7 +113,7 @@ pub async fn teardown_claimed(
         store.stop(At { engine, sb, dir: &dir }, Stop::Now).await?;
     }
     kill_cgroup_members(engine, &sb.id).await;
-    if let Err(e) = engine.cloner.remove_tree(&dir.root) {
+    if let Err(e) = engine.cloner.discard_sandbox_dir(&dir.root) {
         if e.kind() != std::io::ErrorKind::NotFound {
             return Err(Error::io(format!("removing {}", dir.root.display()), &e));
         }

@@ -338,7 +338,10 @@ impl StoreKind for Postgres {
     }
 
     fn remove_data(&self, at: At<'_>) -> Result<()> {
-        super::remove_tree(at.engine, &at.dir.pgdata())
+        at.engine.cloner.remove_data_dir(&at.dir.pgdata()).or_else(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Ok(()),
+            _ => Err(Error::io(format!("removing {}", at.dir.pgdata().display()), &e)),
+        })
     }
 
     async fn clients(&self, at: At<'_>) -> Option<u64> {

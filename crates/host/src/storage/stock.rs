@@ -1,0 +1,422 @@
+//! A stock of empty Btrfs subvolumes, used again instead of deleted.
+//!
+//! On a volume with quotas, the kernel commits a transaction for every
+//! subvolume it drops, to bring quota groups up to date before removing the
+//! dropped one's. A cold fork's cycle dropped two (the sandbox's directory and
+//! its WAL's), and those commits took about a third of the host's CPU under
+//! churn, in the kernel's cleaner thread, which fell further behind the longer
+//! the churn went on. A deleted sandbox's subvolumes are instead emptied and
+//! put here, and the next fork takes them.
+//!
+//! What holds:
+//! - **Taken once.** A fork takes a subvolume by renaming it out of the stock
+//!   (`RENAME_NOREPLACE`): of two forks after the same one, one rename fails
+//!   and that fork takes another or makes a new one.
+//! - **Empty, and nothing else of its sandbox.** A subvolume is put only after
+//!   its sandbox's processes have ended, and only if its top carries no
+//!   extended attribute and no inode flag (a no-copy-on-write flag would be
+//!   inherited by the next sandbox's files). It is moved into the stock (a
+//!   directory only root enters) under a name no fork takes, emptied there
+//!   in the background, and only then renamed to be taken. Anything that
+//!   fails, and it is deleted whole as before.
+//! - **Its count settled.** What the last sandbox wrote keeps counting
+//!   against a subvolume's quota group until the kernel's next commit. A
+//!   subvolume is taken only once its group owns no more than an empty one
+//!   does, so no sandbox starts with less than its whole allowance, or learns
+//!   how much its predecessor wrote. A put asks for a commit, in the
+//!   background, at most once a second ([`COMMIT_EVERY`]): under churn one
+//!   commit a second in place of one per deleted subvolume.
+//! - **Bounded.** At most [`MOST`] of each kind are kept; more are deleted.
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use nix::fcntl::{renameat2, AtFlags, RenameFlags};
+use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
+use nix::unistd::{unlinkat, UnlinkatFlags};
+
+use super::btrfs::{Qgroup, SUBVOLUME_TOP_INODE};
+use super::tree::{names, open_dir, open_dir_path};
+
+/// The name a subvolume has in the stock while it is being emptied.
+const EMPTYING: &str = "emptying.";
+
+/// How many subvolumes of each kind the stock keeps.
+pub const MOST: usize = 64;
+
+/// How often a put may ask the kernel to commit, so that what was emptied
+/// settles.
+pub const COMMIT_EVERY: Duration = Duration::from_secs(1);
+
+/// What an empty subvolume's quota group owns (its top directory's tree
+/// block); one that owns more has not settled yet.
+const SETTLED_BYTES: u64 = 16 << 10;
+
+/// Which subvolume of a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A sandbox's directory.
+    Sandbox,
+    /// Its server's WAL (`pgdata/pg_wal`).
+    Wal,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Kind::Sandbox => "sandbox.",
+            Kind::Wal => "wal.",
+        }
+    }
+}
+
+/// The stock of one volume: a root-only directory at its top.
+#[derive(Debug, Clone)]
+pub struct Stock {
+    dir: PathBuf,
+    commits: std::sync::Arc<Mutex<Commits>>,
+}
+
+/// When the stock last asked for a commit, and whether one is due.
+#[derive(Debug, Default)]
+struct Commits {
+    last: Option<Instant>,
+    scheduled: bool,
+}
+
+nix::ioctl_read!(start_sync, 0x94, 24, u64);
+
+fn errno(e: nix::errno::Errno) -> io::Error {
+    io::Error::from(e)
+}
+
+impl Stock {
+    /// The stock of the Btrfs volume at `volume` (made if missing, root's only).
+    pub fn open(volume: &Path) -> io::Result<Stock> {
+        let dir = volume.join(".stock");
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let held = open_dir_path(&dir)?;
+        nix::sys::stat::fchmod(held.as_fd(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
+        nix::unistd::fchown(held.as_fd(), Some(0.into()), Some(0.into())).map_err(errno)?;
+        let stock = Stock { dir, commits: Default::default() };
+        // Left half-emptied by a daemon that stopped: finished in the background.
+        let left: Vec<CString> = names(&OwnedFd::from(held))?
+            .into_iter()
+            .filter(|n| n.to_bytes().starts_with(EMPTYING.as_bytes()))
+            .collect();
+        stock.finish_later(left);
+        Ok(stock)
+    }
+
+    /// Where it is.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The names of the stock's subvolumes of `kind`, oldest first.
+    fn listing(&self, held: &OwnedFd, kind: Kind) -> io::Result<Vec<CString>> {
+        let mut found: Vec<CString> =
+            names(held)?.into_iter().filter(|n| n.to_bytes().starts_with(kind.prefix().as_bytes())).collect();
+        found.sort();
+        Ok(found)
+    }
+
+    /// How many of `kind` it holds.
+    pub fn count(&self, kind: Kind) -> io::Result<usize> {
+        let held = OwnedFd::from(open_dir_path(&self.dir)?);
+        Ok(self.listing(&held, kind)?.len())
+    }
+
+    /// Takes a settled subvolume of `kind` and makes it `name` in `parent`;
+    /// false when the stock has none (the caller makes a new one). Fails with
+    /// `AlreadyExists` when `name` does.
+    pub fn take(&self, kind: Kind, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
+        let held = OwnedFd::from(open_dir_path(&self.dir)?);
+        let mut unsettled = false;
+        for entry in self.listing(&held, kind)? {
+            let path = self.dir.join(std::ffi::OsStr::from_bytes(entry.as_bytes()));
+            if !Qgroup::of(&path).and_then(|q| q.usage()).is_ok_and(|u| u.charged() <= SETTLED_BYTES) {
+                unsettled = true;
+                continue;
+            }
+            match renameat2(&held, entry.as_c_str(), parent, name, RenameFlags::RENAME_NOREPLACE) {
+                Ok(()) => return Ok(true),
+                // Another fork took it first.
+                Err(nix::errno::Errno::ENOENT) => continue,
+                Err(e) => return Err(errno(e)),
+            }
+        }
+        if unsettled {
+            self.commit_soon(&held);
+        }
+        Ok(false)
+    }
+
+    /// Moves the subvolume `name` in `parent` into the stock to be emptied
+    /// ([`Stock::finish`]); returns its name there. Fails, leaving it where
+    /// it is, when it is not a subvolume's top, carries an attribute or a
+    /// flag, or the stock holds enough of `kind`.
+    fn set_aside(
+        &self,
+        held: &OwnedFd,
+        kind: Kind,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+    ) -> io::Result<CString> {
+        let emptying = format!("{EMPTYING}{}", kind.prefix());
+        let holds = names(held)?
+            .iter()
+            .filter(|n| {
+                n.to_bytes().starts_with(kind.prefix().as_bytes())
+                    || n.to_bytes().starts_with(emptying.as_bytes())
+            })
+            .count();
+        if holds >= MOST {
+            return Err(io::Error::other("the stock holds enough"));
+        }
+        let top = open_dir(parent, name)?;
+        if fstat(top.as_fd()).map_err(errno)?.st_ino != SUBVOLUME_TOP_INODE {
+            return Err(io::Error::other("not the top of a subvolume"));
+        }
+        if !plain(&top)? {
+            return Err(io::Error::other("its top carries an extended attribute or an inode flag"));
+        }
+        let stamp = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let aside = CString::new(format!("{emptying}{:020}", stamp.as_nanos()))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+        renameat2(parent, name, held, aside.as_c_str(), RenameFlags::RENAME_NOREPLACE).map_err(errno)?;
+        Ok(aside)
+    }
+
+    /// Empties a subvolume set aside and makes it one to take; deletes it
+    /// whole if it cannot be emptied.
+    fn finish(&self, aside: &CStr) {
+        let emptied = open_dir_path(&self.dir).map(OwnedFd::from).and_then(|held| {
+            empty(open_dir(&held, aside)?)?;
+            let ready = &aside.to_bytes()[EMPTYING.len()..];
+            let ready = CString::new(ready).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            renameat2(&held, aside, &held, ready.as_c_str(), RenameFlags::RENAME_NOREPLACE).map_err(errno)?;
+            self.commit_soon(&held);
+            Ok(())
+        });
+        if let Err(e) = emptied {
+            let path = self.dir.join(std::ffi::OsStr::from_bytes(aside.to_bytes()));
+            tracing::debug!(subvolume = %path.display(), error = %e, "a subvolume set aside was not emptied; deleting it");
+            if let Err(e) = super::btrfs::delete_subvolumes(&path) {
+                tracing::warn!(subvolume = %path.display(), error = %e, "a subvolume set aside could not be deleted");
+            }
+        }
+    }
+
+    /// Puts a deleted sandbox's directory `path`, and its WAL's subvolume,
+    /// in the stock: both are moved there at once and emptied in the
+    /// background, so the deletion waits for neither. On failure whatever is
+    /// left at `path` is the caller's to delete.
+    pub fn put_sandbox(&self, path: &Path) -> io::Result<()> {
+        let held = OwnedFd::from(open_dir_path(&self.dir)?);
+        let (parent, name) = parent_and_name(path)?;
+        let mut aside = Vec::new();
+        let moved = (|| {
+            aside.extend(self.set_aside_wal(&held, &path.join("pgdata"))?);
+            aside.push(self.set_aside(&held, Kind::Sandbox, parent.as_fd(), &name)?);
+            Ok(())
+        })();
+        self.finish_later(aside);
+        moved
+    }
+
+    /// Puts the WAL subvolume of the data directory `pgdata` (being removed
+    /// for a reset) in the stock, emptied in the background; the rest of
+    /// `pgdata` is the caller's to remove.
+    pub fn put_wal(&self, pgdata: &Path) -> io::Result<()> {
+        let held = OwnedFd::from(open_dir_path(&self.dir)?);
+        let aside = self.set_aside_wal(&held, pgdata)?;
+        self.finish_later(aside.into_iter().collect());
+        Ok(())
+    }
+
+    /// Sets aside `pgdata/pg_wal` if it is a subvolume's top (never through
+    /// a link its server user put there).
+    fn set_aside_wal(&self, held: &OwnedFd, pgdata: &Path) -> io::Result<Option<CString>> {
+        let pgdata = match open_dir_path(pgdata) {
+            Ok(dir) => dir,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let wal = open_dir(pgdata.as_fd(), c"pg_wal");
+        if !wal.is_ok_and(|w| fstat(w.as_fd()).is_ok_and(|s| s.st_ino == SUBVOLUME_TOP_INODE)) {
+            return Ok(None);
+        }
+        self.set_aside(held, Kind::Wal, pgdata.as_fd(), c"pg_wal").map(Some)
+    }
+
+    /// Empties what was set aside, in a thread of its own.
+    fn finish_later(&self, aside: Vec<CString>) {
+        if !aside.is_empty() {
+            let stock = self.clone();
+            std::thread::spawn(move || aside.iter().for_each(|a| stock.finish(a)));
+        }
+    }
+
+    /// Takes a settled sandbox directory from the stock and makes it `path`,
+    /// as a new subvolume would be (root's, mode 0755); false when there is none.
+    pub fn take_sandbox(&self, path: &Path) -> io::Result<bool> {
+        let (parent, name) = parent_and_name(path)?;
+        if !self.take(Kind::Sandbox, parent.as_fd(), &name)? {
+            return Ok(false);
+        }
+        let top = open_dir(parent.as_fd(), &name)?;
+        nix::unistd::fchown(top.as_fd(), Some(0.into()), Some(0.into())).map_err(errno)?;
+        nix::sys::stat::fchmod(top.as_fd(), Mode::from_bits_truncate(0o755)).map_err(errno)?;
+        Ok(true)
+    }
+
+    /// Asks the kernel to commit its transaction in the background, at most
+    /// once per [`COMMIT_EVERY`]: at once, or from a thread at the end of the
+    /// current period, so what was emptied meanwhile settles within it too.
+    fn commit_soon(&self, held: &OwnedFd) {
+        let mut commits = self.commits.lock().unwrap_or_else(|p| p.into_inner());
+        if commits.scheduled {
+            return;
+        }
+        let wait = commits.last.map_or(Duration::ZERO, |t| COMMIT_EVERY.saturating_sub(t.elapsed()));
+        if wait.is_zero() {
+            commits.last = Some(Instant::now());
+            start_commit(held.as_fd());
+            return;
+        }
+        commits.scheduled = true;
+        let (shared, dir) = (self.commits.clone(), self.dir.clone());
+        std::thread::spawn(move || {
+            std::thread::sleep(wait);
+            let mut commits = shared.lock().unwrap_or_else(|p| p.into_inner());
+            (commits.scheduled, commits.last) = (false, Some(Instant::now()));
+            if let Ok(held) = open_dir_path(&dir) {
+                start_commit(held.as_fd());
+            }
+        });
+    }
+}
+
+/// Starts a commit of the volume's current transaction, not waiting for it.
+fn start_commit(dir: BorrowedFd<'_>) {
+    let mut transaction = 0u64;
+    // SAFETY: BTRFS_IOC_START_SYNC writes one u64, which lives for the call.
+    if let Err(e) = unsafe { start_sync(dir.as_raw_fd(), &mut transaction) } {
+        tracing::debug!(error = %e, "the stock could not ask for a commit");
+    }
+}
+
+/// `path`'s parent, held, and its last component.
+fn parent_and_name(path: &Path) -> io::Result<(std::fs::File, CString)> {
+    let parent = path.parent().ok_or_else(|| io::Error::other("a subvolume needs a parent"))?;
+    let name = path.file_name().ok_or_else(|| io::Error::other("a subvolume needs a name"))?;
+    let name = CString::new(name.as_bytes()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    Ok((open_dir_path(parent)?, name))
+}
+
+/// Whether a directory carries no extended attribute and no inode flag.
+fn plain(dir: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: a size query: no buffer is written.
+    let listed = unsafe { nix::libc::flistxattr(dir.as_raw_fd(), std::ptr::null_mut(), 0) };
+    if listed < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut flags: nix::libc::c_long = 0;
+    // SAFETY: FS_IOC_GETFLAGS writes at most a long, which lives for the call.
+    if unsafe { nix::libc::ioctl(dir.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(listed == 0 && flags == 0)
+}
+
+/// `FS_IOC_GETFLAGS`: `_IOR('f', 1, long)`.
+const FS_IOC_GETFLAGS: nix::libc::Ioctl =
+    nix::request_code_read!(b'f', 1, std::mem::size_of::<nix::libc::c_long>());
+
+/// How deep a tree [`empty`] goes before giving up (each level holds a
+/// descriptor); a deeper one's subvolume is deleted whole instead.
+const DEPTH_MOST: usize = 128;
+
+/// Removes everything in the directory `top`, by descriptor (no link is
+/// followed) and without recursion; fails on a tree deeper than
+/// [`DEPTH_MOST`].
+fn empty(top: OwnedFd) -> io::Result<()> {
+    // Each directory being emptied, its name in the one below it on the
+    // stack, and its entries not yet removed.
+    let left = names(&top)?;
+    let mut stack: Vec<(OwnedFd, CString, Vec<CString>)> = vec![(top, CString::default(), left)];
+    while let Some((dir, name, mut left)) = stack.pop() {
+        let Some(entry) = left.pop() else {
+            if let Some((parent, _, _)) = stack.last() {
+                unlinkat(parent, name.as_c_str(), UnlinkatFlags::RemoveDir).map_err(errno)?;
+            }
+            continue;
+        };
+        let stat = fstatat(&dir, entry.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
+        let is_dir = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR;
+        let child = match is_dir {
+            true => Some(open_dir(&dir, &entry)?),
+            false => {
+                unlinkat(&dir, entry.as_c_str(), UnlinkatFlags::NoRemoveDir).map_err(errno)?;
+                None
+            }
+        };
+        stack.push((dir, name, left));
+        if let Some(child) = child {
+            if stack.len() >= DEPTH_MOST {
+                return Err(io::Error::other("a tree too deep to empty"));
+            }
+            let inside = names(&child)?;
+            stack.push((child, entry, inside));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Emptying follows no link, leaves what a link points at, removes
+    /// whatever kind of entry it meets, and gives up (for a deletion of the
+    /// whole subvolume) on a tree deeper than it holds descriptors for.
+    #[test]
+    fn emptying_follows_no_link_and_gives_up_past_its_depth() {
+        let base = std::env::temp_dir().join(format!("airlock-stock-empty-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (top, outside) = (base.join("top"), base.join("outside"));
+        std::fs::create_dir_all(top.join("a/b")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("kept"), "outside").unwrap();
+        std::fs::write(top.join("a/b/file"), "inside").unwrap();
+        std::os::unix::fs::symlink(&outside, top.join("link-to-dir")).unwrap();
+        std::os::unix::fs::symlink(outside.join("kept"), top.join("a/link-to-file")).unwrap();
+        nix::unistd::mkfifo(&top.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        let nest = |levels: usize| {
+            let mut dir = open_dir_path(&top).map(OwnedFd::from).unwrap();
+            nix::sys::stat::mkdirat(&dir, c"d", Mode::from_bits_truncate(0o700)).unwrap();
+            for _ in 0..levels {
+                dir = open_dir(&dir, c"d").unwrap();
+                nix::sys::stat::mkdirat(&dir, c"d", Mode::from_bits_truncate(0o700)).unwrap();
+            }
+        };
+        nest(DEPTH_MOST - 3);
+        empty(OwnedFd::from(open_dir_path(&top).unwrap())).unwrap();
+        assert_eq!(std::fs::read_dir(&top).unwrap().count(), 0);
+        assert_eq!(std::fs::read_to_string(outside.join("kept")).unwrap(), "outside");
+        nest(DEPTH_MOST + 10);
+        let deep = empty(OwnedFd::from(open_dir_path(&top).unwrap()));
+        assert!(deep.is_err_and(|e| e.to_string().contains("too deep")));
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+}
