@@ -817,3 +817,33 @@ fn a_subvolume_used_again_holds_nothing_of_its_last_sandbox_and_is_never_shared(
     assert_eq!(stocked(&d, &volume).len(), before, "the marked sandbox is deleted whole");
     assert!(!b_dir.exists());
 }
+
+/// A sandbox's code can make a tree far deeper than a recursion's stack
+/// holds (a daemon that removed it by recursion aborted, and again at every
+/// start while it was left to empty): it is removed whole, and the daemon
+/// goes on serving.
+#[test]
+fn a_tree_thirty_thousand_levels_deep_is_removed_and_the_daemon_goes_on() {
+    let Some(d) = on_volume("btrfs", "3G", &[]) else { return };
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let deep = "import os\nfor i in range(30000):\n    os.mkdir(\"d\"); os.chdir(\"d\")\nopen(\"f\", \"w\").write(\"x\")";
+    let made = d.exec(&id, &format!("printf '{deep}' | python3 - && echo MADE"), "120s");
+    assert!(made["stdout"].as_str().unwrap().contains("MADE"), "{made}");
+    d.ok(&["rm", &id]);
+    let volume = d.home.join("volume");
+    assert!(!volume.join("sandboxes").join(&id).exists());
+    let names = |dir: std::path::PathBuf| -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    d.wait_for(Duration::from_secs(60), "the stock to empty it", || {
+        !names(volume.join(".stock")).iter().any(|n| n.starts_with("emptying."))
+    });
+    let next = d.fork("shop", &[]);
+    assert_eq!(sql(&dsn(&next), "SELECT count(*) FROM orders"), "1000");
+    assert!(d.log().lines().all(|l| !l.contains("overflowed its stack")));
+}

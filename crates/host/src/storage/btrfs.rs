@@ -101,7 +101,12 @@ pub fn create_subvolume_at(parent: BorrowedFd<'_>, name: &[u8]) -> io::Result<()
 /// file is unlinked one by one, so nothing is charged to the subvolume's own
 /// quota group (at its limit, Btrfs refuses even the metadata a file-by-file
 /// removal needs, and releases its reservations only at a later commit).
-/// Directories are opened from their parents without following links.
+/// Directories are opened from their parents without following links, and
+/// walked without recursion to [`NESTED_DEPTH`] levels: Airlock makes nested
+/// subvolumes (a WAL's) two levels down, and a sandbox's processes cannot
+/// make any. A subvolume that still holds one the walk did not reach (moved
+/// deeper by its owner) is emptied file by file ([`super::tree::empty_tree`],
+/// any depth) and then deleted.
 pub fn delete_subvolumes(path: &Path) -> io::Result<bool> {
     let name = path.file_name().ok_or_else(|| io::Error::other("a tree to delete needs a name"))?;
     let parent =
@@ -109,28 +114,60 @@ pub fn delete_subvolumes(path: &Path) -> io::Result<bool> {
     let name = std::ffi::CString::new(name.as_bytes()).map_err(|_| io::Error::other("bad name"))?;
     let top = super::tree::open_dir(&parent, &name)?;
     delete_nested(&top)?;
-    if is_subvolume_top(&top)? {
-        drop(top);
-        destroy_at(parent.as_fd(), name.as_bytes())?;
-        return Ok(true);
+    if !is_subvolume_top(&top)? {
+        return Ok(false);
     }
-    Ok(false)
+    match destroy_at(parent.as_fd(), name.as_bytes()) {
+        Err(e) if e.raw_os_error() == Some(nix::libc::ENOTEMPTY) => {
+            super::tree::empty_tree(&top)?;
+            drop(top);
+            destroy_at(parent.as_fd(), name.as_bytes())?;
+        }
+        done => done?,
+    }
+    Ok(true)
 }
 
-fn delete_nested(dir: &std::os::fd::OwnedFd) -> io::Result<()> {
-    for (name, listed) in super::tree::entries(dir)? {
+/// How deep [`delete_subvolumes`] looks for nested subvolumes.
+const NESTED_DEPTH: usize = 16;
+
+/// Deletes the subvolumes below `top` to [`NESTED_DEPTH`] levels, deepest
+/// first, reading each directory as a stream (a directory of millions of
+/// names costs no memory).
+fn delete_nested(top: &std::os::fd::OwnedFd) -> io::Result<()> {
+    let listing = |dir: &std::os::fd::OwnedFd| -> io::Result<nix::dir::OwningIter> {
+        Ok(nix::dir::Dir::from_fd(super::tree::open_dir(dir, c".")?).map_err(errno)?.into_iter())
+    };
+    // Each directory walked, its name in the one before it, and its listing.
+    let mut stack = vec![(super::tree::open_dir(top, c".")?, std::ffi::CString::default(), listing(top)?)];
+    loop {
+        let depth = stack.len();
+        let Some((dir, _, entries)) = stack.last_mut() else { break };
+        let next = entries.next().transpose().map_err(errno)?;
+        let Some(entry) = next else {
+            let (child, name, _) = stack.pop().expect("a level");
+            if let Some((parent, _, _)) = stack.last() {
+                if is_subvolume_top(&child)? {
+                    drop(child);
+                    destroy_at(parent.as_fd(), name.as_bytes()).inspect_err(|e| {
+                        tracing::debug!(subvolume = ?name, error = %e, "a nested subvolume was not deleted");
+                    })?;
+                }
+            }
+            continue;
+        };
+        let name = entry.file_name();
         // Only a directory can be (or hold) a subvolume.
-        if listed.is_some_and(|t| t != nix::dir::Type::Directory) {
+        let listed = entry.file_type();
+        if name == c"." || name == c".." || listed.is_some_and(|t| t != nix::dir::Type::Directory) {
             continue;
         }
-        let Ok(child) = super::tree::open_dir(dir, &name) else { continue };
-        delete_nested(&child)?;
-        if is_subvolume_top(&child)? {
-            drop(child);
-            destroy_at(dir.as_fd(), name.as_bytes()).inspect_err(|e| {
-                tracing::debug!(subvolume = ?name, error = %e, "a nested subvolume was not deleted");
-            })?;
+        if depth > NESTED_DEPTH {
+            continue;
         }
+        let Ok(child) = super::tree::open_dir(&*dir, name) else { continue };
+        let inside = listing(&child)?;
+        stack.push((child, name.to_owned(), inside));
     }
     Ok(())
 }
@@ -269,6 +306,11 @@ impl Qgroup {
         let hex = airlock_core::secret::hex(&info.fsid);
         let uuid = format!("{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..]);
         Ok(Qgroup { dir: Path::new("/sys/fs/btrfs").join(uuid).join("qgroups").join(format!("0_{tree}")) })
+    }
+
+    /// Where the kernel shows its filesystem (`/sys/fs/btrfs/<uuid>`).
+    pub fn filesystem_dir(&self) -> &Path {
+        self.dir.parent().and_then(Path::parent).unwrap_or(&self.dir)
     }
 
     /// What it holds and may hold, now.

@@ -345,7 +345,9 @@ impl Cloner {
         if self.backend == Backend::Subvolume && btrfs::delete_subvolumes(path)? {
             return Ok(());
         }
-        fs::remove_dir_all(path)
+        // (Not std's remove_dir_all, a recursion a sandbox's user could make
+        // as deep as to overflow the daemon's stack.)
+        tree::remove_tree(path)
     }
 
     /// Whether sandboxes get a hard disk quota here.

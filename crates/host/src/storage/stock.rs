@@ -15,30 +15,32 @@
 //! - **Empty, and nothing else of its sandbox.** A subvolume is put only after
 //!   its sandbox's processes have ended, and only if its top carries no
 //!   extended attribute and no inode flag (a no-copy-on-write flag would be
-//!   inherited by the next sandbox's files). It is moved into the stock (a
-//!   directory only root enters) under a name no fork takes, emptied there
-//!   in the background, and only then renamed to be taken. Anything that
-//!   fails, and it is deleted whole as before.
+//!   inherited by the next sandbox's files) and no subvolume flag (a
+//!   read-only one would fail every fork that took it). It is moved into the
+//!   stock (a directory only root enters) under a name no fork takes,
+//!   emptied there by one background thread, a tree at a time, whatever its
+//!   depth or width ([`super::tree::empty_tree`]), and only then renamed to
+//!   be taken. Anything that fails, and it is deleted whole as before.
 //! - **Its count settled.** What the last sandbox wrote keeps counting
 //!   against a subvolume's quota group until the kernel's next commit. A
 //!   subvolume is taken only once its group owns no more than an empty one
-//!   does, so no sandbox starts with less than its whole allowance, or learns
+//!   does (one tree block of the volume's size), so no sandbox starts with less than its whole allowance, or learns
 //!   how much its predecessor wrote. A put asks for a commit, in the
 //!   background, at most once a second ([`COMMIT_EVERY`]): under churn one
 //!   commit a second in place of one per deleted subvolume.
-//! - **Bounded.** At most [`MOST`] of each kind are kept; more are deleted.
+//! - **Bounded.** At most [`MOST`] of each kind are kept, counted and added
+//!   under one lock; more are deleted.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use nix::fcntl::{renameat2, AtFlags, RenameFlags};
-use nix::sys::stat::{fstat, fstatat, Mode, SFlag};
-use nix::unistd::{unlinkat, UnlinkatFlags};
+use nix::fcntl::{renameat2, RenameFlags};
+use nix::sys::stat::{fstat, Mode};
 
 use super::btrfs::{Qgroup, SUBVOLUME_TOP_INODE};
 use super::tree::{names, open_dir, open_dir_path};
@@ -52,10 +54,6 @@ pub const MOST: usize = 64;
 /// How often a put may ask the kernel to commit, so that what was emptied
 /// settles.
 pub const COMMIT_EVERY: Duration = Duration::from_secs(1);
-
-/// What an empty subvolume's quota group owns (its top directory's tree
-/// block); one that owns more has not settled yet.
-const SETTLED_BYTES: u64 = 16 << 10;
 
 /// Which subvolume of a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,7 +77,13 @@ impl Kind {
 #[derive(Debug, Clone)]
 pub struct Stock {
     dir: PathBuf,
-    commits: std::sync::Arc<Mutex<Commits>>,
+    commits: Arc<Mutex<Commits>>,
+    /// Held while a put counts what the stock holds and adds to it.
+    puts: Arc<Mutex<()>>,
+    /// To the one thread that empties what is set aside, in turn.
+    emptier: std::sync::mpsc::Sender<CString>,
+    /// What an empty subvolume's quota group owns here: one tree block.
+    settled_bytes: u64,
 }
 
 /// When the stock last asked for a commit, and whether one is due.
@@ -107,8 +111,17 @@ impl Stock {
         let held = open_dir_path(&dir)?;
         nix::sys::stat::fchmod(held.as_fd(), Mode::from_bits_truncate(0o700)).map_err(errno)?;
         nix::unistd::fchown(held.as_fd(), Some(0.into()), Some(0.into())).map_err(errno)?;
-        let stock = Stock { dir, commits: Default::default() };
-        // Left half-emptied by a daemon that stopped: finished in the background.
+        let (emptier, queue) = std::sync::mpsc::channel::<CString>();
+        let settled_bytes = node_size(&dir).unwrap_or(16 << 10);
+        let stock =
+            Stock { dir, commits: Default::default(), puts: Default::default(), emptier, settled_bytes };
+        let worker = stock.clone();
+        std::thread::Builder::new().name("airlock-stock".into()).spawn(move || {
+            while let Ok(aside) = queue.recv() {
+                worker.finish(&aside);
+            }
+        })?;
+        // Left half-emptied by a daemon that stopped: finished first.
         let left: Vec<CString> = names(&OwnedFd::from(held))?
             .into_iter()
             .filter(|n| n.to_bytes().starts_with(EMPTYING.as_bytes()))
@@ -144,7 +157,7 @@ impl Stock {
         let mut unsettled = false;
         for entry in self.listing(&held, kind)? {
             let path = self.dir.join(std::ffi::OsStr::from_bytes(entry.as_bytes()));
-            if !Qgroup::of(&path).and_then(|q| q.usage()).is_ok_and(|u| u.charged() <= SETTLED_BYTES) {
+            if !Qgroup::of(&path).and_then(|q| q.usage()).is_ok_and(|u| u.charged() <= self.settled_bytes) {
                 unsettled = true;
                 continue;
             }
@@ -172,6 +185,7 @@ impl Stock {
         parent: BorrowedFd<'_>,
         name: &CStr,
     ) -> io::Result<CString> {
+        let _counting = self.puts.lock().unwrap_or_else(|p| p.into_inner());
         let emptying = format!("{EMPTYING}{}", kind.prefix());
         let holds = names(held)?
             .iter()
@@ -201,7 +215,7 @@ impl Stock {
     /// whole if it cannot be emptied.
     fn finish(&self, aside: &CStr) {
         let emptied = open_dir_path(&self.dir).map(OwnedFd::from).and_then(|held| {
-            empty(open_dir(&held, aside)?)?;
+            super::tree::empty_tree(&open_dir(&held, aside)?)?;
             let ready = &aside.to_bytes()[EMPTYING.len()..];
             let ready = CString::new(ready).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
             renameat2(&held, aside, &held, ready.as_c_str(), RenameFlags::RENAME_NOREPLACE).map_err(errno)?;
@@ -261,9 +275,9 @@ impl Stock {
 
     /// Empties what was set aside, in a thread of its own.
     fn finish_later(&self, aside: Vec<CString>) {
-        if !aside.is_empty() {
-            let stock = self.clone();
-            std::thread::spawn(move || aside.iter().for_each(|a| stock.finish(a)));
+        for a in aside {
+            // The emptier lives as long as the process.
+            let _ = self.emptier.send(a);
         }
     }
 
@@ -324,7 +338,8 @@ fn parent_and_name(path: &Path) -> io::Result<(std::fs::File, CString)> {
     Ok((open_dir_path(parent)?, name))
 }
 
-/// Whether a directory carries no extended attribute and no inode flag.
+/// Whether a subvolume's top carries no extended attribute, no inode flag
+/// and no subvolume flag (read-only: the next fork could write nothing).
 fn plain(dir: &OwnedFd) -> io::Result<bool> {
     // SAFETY: a size query: no buffer is written.
     let listed = unsafe { nix::libc::flistxattr(dir.as_raw_fd(), std::ptr::null_mut(), 0) };
@@ -336,87 +351,22 @@ fn plain(dir: &OwnedFd) -> io::Result<bool> {
     if unsafe { nix::libc::ioctl(dir.as_raw_fd(), FS_IOC_GETFLAGS, &mut flags) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(listed == 0 && flags == 0)
+    let mut subvolume_flags = 0u64;
+    // SAFETY: BTRFS_IOC_SUBVOL_GETFLAGS writes one u64, which lives for the call.
+    unsafe { subvol_getflags(dir.as_raw_fd(), &mut subvolume_flags) }.map_err(errno)?;
+    Ok(listed == 0 && flags == 0 && subvolume_flags == 0)
+}
+
+nix::ioctl_read!(subvol_getflags, 0x94, 25, u64);
+
+/// The volume's metadata block size: what an empty subvolume's quota group
+/// owns (its one tree block).
+fn node_size(stock: &Path) -> Option<u64> {
+    let group = Qgroup::of(stock.parent()?).ok()?;
+    let text = std::fs::read_to_string(group.filesystem_dir().join("nodesize")).ok()?;
+    text.trim().parse().ok()
 }
 
 /// `FS_IOC_GETFLAGS`: `_IOR('f', 1, long)`.
 const FS_IOC_GETFLAGS: nix::libc::Ioctl =
     nix::request_code_read!(b'f', 1, std::mem::size_of::<nix::libc::c_long>());
-
-/// How deep a tree [`empty`] goes before giving up (each level holds a
-/// descriptor); a deeper one's subvolume is deleted whole instead.
-const DEPTH_MOST: usize = 128;
-
-/// Removes everything in the directory `top`, by descriptor (no link is
-/// followed) and without recursion; fails on a tree deeper than
-/// [`DEPTH_MOST`].
-fn empty(top: OwnedFd) -> io::Result<()> {
-    // Each directory being emptied, its name in the one below it on the
-    // stack, and its entries not yet removed.
-    let left = names(&top)?;
-    let mut stack: Vec<(OwnedFd, CString, Vec<CString>)> = vec![(top, CString::default(), left)];
-    while let Some((dir, name, mut left)) = stack.pop() {
-        let Some(entry) = left.pop() else {
-            if let Some((parent, _, _)) = stack.last() {
-                unlinkat(parent, name.as_c_str(), UnlinkatFlags::RemoveDir).map_err(errno)?;
-            }
-            continue;
-        };
-        let stat = fstatat(&dir, entry.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
-        let is_dir = SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR;
-        let child = match is_dir {
-            true => Some(open_dir(&dir, &entry)?),
-            false => {
-                unlinkat(&dir, entry.as_c_str(), UnlinkatFlags::NoRemoveDir).map_err(errno)?;
-                None
-            }
-        };
-        stack.push((dir, name, left));
-        if let Some(child) = child {
-            if stack.len() >= DEPTH_MOST {
-                return Err(io::Error::other("a tree too deep to empty"));
-            }
-            let inside = names(&child)?;
-            stack.push((child, entry, inside));
-        }
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Emptying follows no link, leaves what a link points at, removes
-    /// whatever kind of entry it meets, and gives up (for a deletion of the
-    /// whole subvolume) on a tree deeper than it holds descriptors for.
-    #[test]
-    fn emptying_follows_no_link_and_gives_up_past_its_depth() {
-        let base = std::env::temp_dir().join(format!("airlock-stock-empty-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&base);
-        let (top, outside) = (base.join("top"), base.join("outside"));
-        std::fs::create_dir_all(top.join("a/b")).unwrap();
-        std::fs::create_dir_all(&outside).unwrap();
-        std::fs::write(outside.join("kept"), "outside").unwrap();
-        std::fs::write(top.join("a/b/file"), "inside").unwrap();
-        std::os::unix::fs::symlink(&outside, top.join("link-to-dir")).unwrap();
-        std::os::unix::fs::symlink(outside.join("kept"), top.join("a/link-to-file")).unwrap();
-        nix::unistd::mkfifo(&top.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
-        let nest = |levels: usize| {
-            let mut dir = open_dir_path(&top).map(OwnedFd::from).unwrap();
-            nix::sys::stat::mkdirat(&dir, c"d", Mode::from_bits_truncate(0o700)).unwrap();
-            for _ in 0..levels {
-                dir = open_dir(&dir, c"d").unwrap();
-                nix::sys::stat::mkdirat(&dir, c"d", Mode::from_bits_truncate(0o700)).unwrap();
-            }
-        };
-        nest(DEPTH_MOST - 3);
-        empty(OwnedFd::from(open_dir_path(&top).unwrap())).unwrap();
-        assert_eq!(std::fs::read_dir(&top).unwrap().count(), 0);
-        assert_eq!(std::fs::read_to_string(outside.join("kept")).unwrap(), "outside");
-        nest(DEPTH_MOST + 10);
-        let deep = empty(OwnedFd::from(open_dir_path(&top).unwrap()));
-        assert!(deep.is_err_and(|e| e.to_string().contains("too deep")));
-        std::fs::remove_dir_all(&base).unwrap();
-    }
-}

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use nix::fcntl::{openat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, Mode, SFlag};
-use nix::unistd::{fchown, Uid};
+use nix::unistd::{fchown, unlinkat, Uid, UnlinkatFlags};
 
 use crate::users::Identity;
 
@@ -536,20 +536,102 @@ fn sum(root: &Path, of: impl Fn(&nix::sys::stat::FileStat) -> u64) -> u64 {
     }
 }
 
-/// Empties a directory the caller reached safely (its parent is root's), removing
-/// entries by name relative to it: a link inside is removed, never followed.
-pub fn empty_dir(path: &Path) -> io::Result<()> {
-    let dir = open_dir(nix::fcntl::AT_FDCWD, &cpath(path)?)?;
-    for name in names(&dir)? {
-        let entry = fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
-        if SFlag::from_bits_truncate(entry.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFDIR {
-            std::fs::remove_dir_all(path.join(std::ffi::OsStr::from_bytes(name.as_bytes())))?;
-        } else {
-            nix::unistd::unlinkat(dir.as_fd(), name.as_c_str(), nix::unistd::UnlinkatFlags::NoRemoveDir)
-                .map_err(errno)?;
+/// How deep [`empty_tree`] goes before it moves a directory up to the top.
+const EMPTY_DEPTH: usize = 64;
+/// How many names [`empty_tree`] reads from a directory at a time.
+const EMPTY_BATCH: usize = 256;
+
+/// Removes everything in the directory `top`, by descriptor (a link is
+/// removed, never followed), without recursion, holding at most
+/// [`EMPTY_DEPTH`] descriptors and [`EMPTY_BATCH`] names a level whatever
+/// the tree's depth or width: a directory deeper than that is moved up into
+/// `top` under a new name and emptied from there. (A sandbox's user can make
+/// a tree 30,000 levels deep or a directory of millions of names; a
+/// recursion overflowed the daemon's stack on the one, a listing read whole
+/// took gigabytes on the other.) An empty Btrfs subvolume inside is removed
+/// like a directory.
+pub fn empty_tree(top: &OwnedFd) -> io::Result<()> {
+    // Each directory being emptied, its name in the one before it, and the
+    // names read from it and not yet removed.
+    let mut stack: Vec<(OwnedFd, CString, Vec<CString>)> =
+        vec![(open_dir(top, c".")?, CString::default(), vec![])];
+    let mut moved = 0u64;
+    while let Some(level) = stack.len().checked_sub(1) {
+        let Some(entry) = stack[level].2.pop() else {
+            let batch = first_names(&stack[level].0, EMPTY_BATCH)?;
+            if !batch.is_empty() {
+                stack[level].2 = batch;
+                continue;
+            }
+            let (_, name, _) = stack.pop().expect("a level");
+            if let Some((parent, _, _)) = stack.last() {
+                unlinkat(parent, name.as_c_str(), UnlinkatFlags::RemoveDir).map_err(errno)?;
+            }
+            continue;
+        };
+        let dir = &stack[level].0;
+        let stat = fstatat(dir, entry.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW).map_err(errno)?;
+        if SFlag::from_bits_truncate(stat.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFDIR {
+            unlinkat(dir, entry.as_c_str(), UnlinkatFlags::NoRemoveDir).map_err(errno)?;
+            continue;
+        }
+        if stack.len() < EMPTY_DEPTH {
+            let child = open_dir(dir, &entry)?;
+            stack.push((child, entry, vec![]));
+            continue;
+        }
+        // Too deep: moved up, found again when the top is listed next.
+        loop {
+            let up = CString::new(format!(".deep-{moved}")).expect("no NUL");
+            moved += 1;
+            let flags = nix::fcntl::RenameFlags::RENAME_NOREPLACE;
+            match nix::fcntl::renameat2(dir, entry.as_c_str(), &stack[0].0, up.as_c_str(), flags) {
+                Err(nix::errno::Errno::EEXIST) => continue,
+                done => break done.map_err(errno)?,
+            }
         }
     }
     Ok(())
+}
+
+/// Up to `most` names in `dir`, without `.` and `..`.
+fn first_names(dir: &OwnedFd, most: usize) -> io::Result<Vec<CString>> {
+    let mut listing = nix::dir::Dir::from_fd(open_dir(dir, c".")?).map_err(errno)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let name = entry.map_err(errno)?.file_name().to_owned();
+        if name.as_c_str() != c"." && name.as_c_str() != c".." {
+            names.push(name);
+            if names.len() >= most {
+                break;
+            }
+        }
+    }
+    Ok(names)
+}
+
+/// Removes the tree at `path` (not a link), whatever its depth or width
+/// ([`empty_tree`]); Btrfs subvolumes inside are removed when empty.
+pub fn remove_tree(path: &Path) -> io::Result<()> {
+    let parent = path.parent().ok_or_else(|| refused(path, "it has no parent"))?;
+    let name = CString::new(path.file_name().ok_or_else(|| refused(path, "it has no name"))?.as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    let parent = OwnedFd::from(open_dir_path(parent)?);
+    let top = match open_dir(&parent, &name) {
+        Err(e) if matches!(e.raw_os_error(), Some(nix::libc::ENOTDIR | nix::libc::ELOOP)) => {
+            return unlinkat(&parent, name.as_c_str(), UnlinkatFlags::NoRemoveDir).map_err(errno);
+        }
+        opened => opened?,
+    };
+    empty_tree(&top)?;
+    unlinkat(&parent, name.as_c_str(), UnlinkatFlags::RemoveDir).map_err(errno)
+}
+
+/// Empties a directory the caller reached safely (its parent is root's), removing
+/// entries by name relative to it: a link inside is removed, never followed
+/// ([`empty_tree`]).
+pub fn empty_dir(path: &Path) -> io::Result<()> {
+    empty_tree(&open_dir(nix::fcntl::AT_FDCWD, &cpath(path)?)?)
 }
 
 /// Opens a file that must be a regular file and not a link, without blocking
@@ -826,6 +908,50 @@ mod tests {
         empty_dir(&base.join("src")).unwrap();
         assert_eq!(std::fs::read_dir(base.join("src")).unwrap().count(), 0);
         assert!(outside.join("keep").exists());
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    /// Emptying follows no link, leaves what a link points at, removes
+    /// whatever kind of entry it meets, and empties a tree far deeper than
+    /// the descriptors it holds and a directory far wider than a batch.
+    #[test]
+    fn emptying_a_tree_follows_no_link_and_holds_on_any_depth_or_width() {
+        let base = std::env::temp_dir().join(format!("airlock-empty-tree-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let (top, outside) = (base.join("top"), base.join("outside"));
+        std::fs::create_dir_all(top.join("a/b")).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("kept"), "outside").unwrap();
+        std::fs::write(top.join("a/b/file"), "inside").unwrap();
+        std::os::unix::fs::symlink(&outside, top.join("link-to-dir")).unwrap();
+        std::os::unix::fs::symlink(outside.join("kept"), top.join("a/link-to-file")).unwrap();
+        nix::unistd::mkfifo(&top.join("fifo"), Mode::from_bits_truncate(0o600)).unwrap();
+        for i in 0..3 * EMPTY_BATCH {
+            std::fs::write(top.join("a").join(format!("f{i}")), "").unwrap();
+        }
+        // 20,000 levels, made by descriptor (a path that long is refused);
+        // a recursion of one frame a level overflowed a thread's stack.
+        let mut dir = OwnedFd::from(open_dir_path(&top).unwrap());
+        for _ in 0..20_000 {
+            mkdirat(&dir, c"d", Mode::from_bits_truncate(0o700)).unwrap();
+            dir = open_dir(&dir, c"d").unwrap();
+        }
+        std::fs::write(format!("/proc/self/fd/{}/deepest", dir.as_raw_fd()), "x").unwrap();
+        drop(dir);
+        let held = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn({
+                let top = top.clone();
+                move || empty_tree(&OwnedFd::from(open_dir_path(&top).unwrap()))
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        held.unwrap();
+        assert_eq!(std::fs::read_dir(&top).unwrap().count(), 0);
+        assert_eq!(std::fs::read_to_string(outside.join("kept")).unwrap(), "outside");
+        remove_tree(&top).unwrap();
+        assert!(!top.exists());
         std::fs::remove_dir_all(&base).unwrap();
     }
 }

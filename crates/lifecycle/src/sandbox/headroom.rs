@@ -236,6 +236,12 @@ impl Headroom {
         ledger.charged.remove(id);
     }
 
+    /// Forgets where a sandbox's quota groups are, for a reset that gave it
+    /// another WAL subvolume (its old one may be another sandbox's next).
+    pub fn regroup(&self, id: &str) {
+        self.ledger.lock().unwrap_or_else(|p| p.into_inner()).groups.remove(id);
+    }
+
     /// Forgets a sandbox that is gone.
     pub fn forget(&self, id: &str) {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());

@@ -76,6 +76,7 @@ pub async fn rebuild(engine: &Engine, sb: &Sandbox, began: Instant, after_crash:
         for store in &stores {
             store.remove_data(At { engine, sb, dir: &dir })?;
         }
+        engine.headroom.regroup(&sb.id);
         engine.headroom.limit_new(engine, &dir.root)?;
         bring_up(engine, sb, &password, &mut steps).await
     }
