@@ -149,13 +149,28 @@ impl Stock {
         Ok(self.listing(&held, kind)?.len())
     }
 
-    /// Takes a settled subvolume of `kind` and makes it `name` in `parent`;
+    /// Takes a settled subvolume of `kind`, from a random place in the
+    /// stock, and makes it `name` in `parent`;
     /// false when the stock has none (the caller makes a new one). Fails with
     /// `AlreadyExists` when `name` does.
     pub fn take(&self, kind: Kind, parent: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
         let held = OwnedFd::from(open_dir_path(&self.dir)?);
         let mut unsettled = false;
-        for entry in self.listing(&held, kind)? {
+        // From a point no sandbox can foresee: which earlier sandbox's
+        // subvolume a fork takes is not for a sandbox to aim at (a subvolume
+        // keeps its inode counter, a few bits two sandboxes could pass).
+        let mut listing = self.listing(&held, kind)?;
+        let start = match listing.len() {
+            0 => 0,
+            n => {
+                (std::hash::BuildHasher::hash_one(
+                    &std::collections::hash_map::RandomState::new(),
+                    Instant::now(),
+                ) % n as u64) as usize
+            }
+        };
+        listing.rotate_left(start);
+        for entry in listing {
             let path = self.dir.join(std::ffi::OsStr::from_bytes(entry.as_bytes()));
             if !Qgroup::of(&path).and_then(|q| q.usage()).is_ok_and(|u| u.charged() <= self.settled_bytes) {
                 unsettled = true;
