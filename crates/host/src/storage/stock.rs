@@ -130,23 +130,12 @@ impl Stock {
         Ok(stock)
     }
 
-    /// Where it is.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// The names of the stock's subvolumes of `kind`, oldest first.
     fn listing(&self, held: &OwnedFd, kind: Kind) -> io::Result<Vec<CString>> {
         let mut found: Vec<CString> =
             names(held)?.into_iter().filter(|n| n.to_bytes().starts_with(kind.prefix().as_bytes())).collect();
         found.sort();
         Ok(found)
-    }
-
-    /// How many of `kind` it holds.
-    pub fn count(&self, kind: Kind) -> io::Result<usize> {
-        let held = OwnedFd::from(open_dir_path(&self.dir)?);
-        Ok(self.listing(&held, kind)?.len())
     }
 
     /// Takes a settled subvolume of `kind`, from a random place in the
