@@ -151,13 +151,38 @@ pub fn contain_at_gate(
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let open_files = OPEN_FILES.min(getrlimit(Resource::RLIMIT_NOFILE)?.1);
     setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)?;
-    match who.group {
-        Some(group) => nix::unistd::setgroups(&[group])?,
-        None => nix::unistd::setgroups(&[])?,
-    }
-    nix::unistd::setgid(who.gid)?;
-    nix::unistd::setuid(who.uid)?;
+    become_user(&who)?;
     crate::seccomp::confine(who.filter)
+}
+
+/// Takes `who`'s groups and ids by raw system calls, for this process alone:
+/// glibc's wrappers set them on every thread of the process they take
+/// themselves to be in, and for a child sharing the daemon's memory
+/// ([`crate::spawn`]) would walk the daemon's thread list, mark its threads
+/// and take its thread-list lock.
+pub(crate) fn become_user(who: &Who) -> std::io::Result<()> {
+    use nix::libc;
+    let groups = who.group.map(|g| [g.as_raw()]);
+    let (count, list) = match &groups {
+        Some(one) => (1usize, one.as_ptr()),
+        None => (0usize, std::ptr::null()),
+    };
+    let done = |rc: libc::c_long| match rc {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    };
+    // SAFETY: raw set*id calls with a valid group list of `count` entries,
+    // each made only once the one before it succeeded.
+    unsafe {
+        done(libc::syscall(libc::SYS_setgroups, count, list))?;
+        done(libc::syscall(libc::SYS_setgid, who.gid.as_raw()))?;
+        done(libc::syscall(libc::SYS_setuid, who.uid.as_raw()))?;
+        // Not dumpable, whatever `fs.suid_dumpable` says, so no process of
+        // `who`'s can trace this one before it runs its program: a child that
+        // shares the daemon's memory ([`crate::spawn`]) shares that flag too.
+        done(libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) as libc::c_long)?;
+    }
+    Ok(())
 }
 
 /// Who a contained process becomes: a user, its group, at most one

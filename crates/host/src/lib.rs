@@ -2,8 +2,8 @@
 //!
 //! Copy-on-write storage and its quotas ([`storage`]), OS identities and their
 //! host-wide leases ([`users`]), processes held by a pidfd ([`pidfd`]), cgroup limits ([`cgroup`]), the seccomp filter
-//! ([`seccomp`]) and the private root every contained process sees
-//! ([`rootfs`]). Nothing here knows what runs in a sandbox.
+//! ([`seccomp`]), the private root every contained process sees
+//! ([`rootfs`]) and files' writes told as they happen ([`watch`]). Nothing here knows what runs in a sandbox.
 
 pub mod cgroup;
 pub mod contain;
@@ -11,5 +11,7 @@ pub mod gate;
 pub mod pidfd;
 pub mod rootfs;
 pub mod seccomp;
+pub mod spawn;
 pub mod storage;
 pub mod users;
+pub mod watch;

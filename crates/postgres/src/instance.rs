@@ -47,6 +47,10 @@ const SETTINGS: &[(&str, &str, u32)] = &[
     ("session_preload_libraries", "", 13),
     ("local_preload_libraries", "", 13),
     ("archive_mode", "off", 13),
+    // No logical replication launcher: a sandbox has no subscription (none is
+    // carried into a golden, and only a superuser makes one), and the process
+    // cost each start a fork, its set-up and its exit.
+    ("max_logical_replication_workers", "0", 13),
     // A client that went away mid-query is noticed within a second.
     ("client_connection_check_interval", "1s", 14),
     // A backend holds a connection slot while it authenticates: not for long.
@@ -286,7 +290,7 @@ pub fn server_view(bin: &PgBin, dir: &InstanceDir, guard: Option<&Path>) -> Resu
 pub struct Started {
     /// The postmaster's pid (also its process group id).
     pub pid: i32,
-    child: tokio::process::Child,
+    child: airlock_host::spawn::Child,
 }
 
 /// Starts `postgres` on `dir` as `user`, in its own process group, logging to
@@ -313,7 +317,7 @@ pub fn start(
     // Behind a gate, the child joins its cgroups and waits there for its
     // files (a fork's clone) before anything reads them.
     let pass = gate.map(|g| g.enlist()).transpose()?.flatten();
-    let mut cmd = tokio::process::Command::new(bin.tool("postgres"));
+    let mut cmd = airlock_host::spawn::Command::new(bin.tool("postgres"));
     cmd.arg("-D").arg(dir.pgdata());
     let major = bin.major().unwrap_or(0);
     for (k, v, _) in SETTINGS.iter().filter(|(_, _, since)| major >= *since) {
@@ -358,36 +362,27 @@ pub fn start(
         cmd.arg("-c").arg(format!("unix_socket_group={group}"));
         cmd.arg("-c").arg("unix_socket_permissions=0770");
     }
-    cmd.env_clear()
-        .env("LC_ALL", "C")
+    cmd.env("LC_ALL", "C")
         .env("PATH", "/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0)
-        .kill_on_drop(false);
-    if nix::unistd::geteuid().is_root() {
+        .stdio(None, Some(log.try_clone()?.into()), Some(log.into()))
+        .process_group();
+    let spawned = if nix::unistd::geteuid().is_root() {
         let who = Who::of(user, socket_group);
-        let cgroups = cgroups.to_vec();
         let mut view = server_view(bin, dir, guard_path)?;
         if let Some(template) = template {
             view.bind(template, Path::new(TEMPLATE_INSIDE), false)?;
         }
         let network = network.map(|n| n.try_clone()).transpose()?;
-        // SAFETY: only async-signal-safe system calls run between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || contain_at_gate(who, &cgroups, pass, Enter::New(&view, network.as_ref())));
-        }
-    } else if let Some(pass) = pass {
-        // SAFETY: Pass::wait makes only async-signal-safe system calls.
-        unsafe {
-            cmd.pre_exec(move || pass.wait());
-        }
-    }
-    let child = cmd
-        .spawn()
+        // SAFETY: containment makes only system calls on the child itself,
+        // and allocates nothing.
+        unsafe { cmd.spawn(&mut || contain_at_gate(who, cgroups, pass, Enter::New(&view, network.as_ref()))) }
+    } else {
+        // SAFETY: Pass::wait makes only system calls on the child itself.
+        unsafe { cmd.spawn(&mut || pass.map_or(Ok(()), |pass| pass.wait())) }
+    };
+    let child = spawned
         .map_err(|e| Error::postgres(format!("could not start postgres for {}: {e}", dir.root.display())))?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    let pid = child.id();
     Ok(Started { pid, child })
 }
 
@@ -409,10 +404,15 @@ fn setting_path(path: &Path) -> Result<String> {
 }
 
 impl Started {
-    /// Waits until the server says it is ready to accept connections, polling its
-    /// `postmaster.pid` with a 1 ms back-off; fails with the log's tail if it exits.
+    /// Waits until the server says it is ready to accept connections, on its
+    /// `postmaster.pid`: read again each time the kernel tells of a write to
+    /// it (the line turns `ready` the moment the postmaster can take
+    /// sessions), and at least every 10 ms; fails with the log's tail if the
+    /// server exits first.
     pub async fn wait_ready(&mut self, dir: &InstanceDir) -> Result<()> {
-        let pidfile = dir.pgdata().join("postmaster.pid");
+        let pgdata = dir.pgdata();
+        let pidfile = pgdata.join("postmaster.pid");
+        let watch = airlock_host::watch::FileWatch::new(&pgdata, std::ffi::OsStr::new("postmaster.pid"));
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
             if let Ok(text) = airlock_host::storage::tree::read_small(&pidfile, 4096) {
@@ -432,7 +432,13 @@ impl Started {
                     &log_tail(&dir.log()),
                 ));
             }
-            tokio::time::sleep(Duration::from_millis(1)).await;
+            match &watch {
+                Ok(watch) => {
+                    watch.written(Duration::from_millis(10)).await;
+                }
+                // No inotify (out of instances, say): read it every millisecond.
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
         }
     }
 

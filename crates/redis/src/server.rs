@@ -5,9 +5,7 @@
 //! the admin (`airlock`, whose password only root can read) and at most one
 //! other, the agent or a build's loader, under [`AGENT_RULES`].
 
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -200,45 +198,40 @@ pub async fn start(
         std::fs::set_permissions(dir.redis_conf(), std::os::unix::fs::PermissionsExt::from_mode(0o640))?;
     }
     let file_limit = file_limit(dir)?;
-    let mut cmd = std::process::Command::new(binary()?);
+    let mut cmd = airlock_host::spawn::Command::new(binary()?);
     cmd.arg(InstanceDir { root: inside(dir) }.redis_conf())
-        .env_clear()
         .env("PATH", "/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .process_group(0);
-    if nix::unistd::geteuid().is_root() {
+        .stdio(None, Some(log.try_clone()?.into()), Some(log.into()))
+        .process_group();
+    let spawned = if nix::unistd::geteuid().is_root() {
         // The socket is made in the server's primary group: with a socket
         // group (`exec` code's), that one, so `exec` reaches it as it reaches
         // PostgreSQL's.
         let primary = Identity { gid: group.unwrap_or(user.gid), ..user.clone() };
         let who = airlock_host::contain::Who::of(&primary, group);
-        let cgroups = cgroups.to_vec();
         let view = view(dir)?;
         let network = network.map(|n| n.try_clone()).transpose()?;
-        // SAFETY: only async-signal-safe system calls run between fork and exec.
+        // SAFETY: containment and the file bound make only system calls on
+        // the child itself, and allocate nothing.
         unsafe {
-            cmd.pre_exec(move || {
+            cmd.spawn(&mut || {
                 let enter = airlock_host::contain::Enter::New(&view, network.as_ref());
-                airlock_host::contain::contain(who, &cgroups, enter)?;
+                airlock_host::contain::contain(who, cgroups, enter)?;
                 bound_files(file_limit)
-            });
+            })
         }
     } else {
-        // SAFETY: only async-signal-safe system calls run between fork and exec.
-        unsafe {
-            cmd.pre_exec(move || bound_files(file_limit));
-        }
-    }
-    let mut child = tokio::process::Command::from(cmd).kill_on_drop(false).spawn().map_err(|e| {
+        // SAFETY: as above.
+        unsafe { cmd.spawn(&mut || bound_files(file_limit)) }
+    };
+    let mut child = spawned.map_err(|e| {
         Error::new(
-            ErrorCode::PostgresFailed,
+            ErrorCode::RedisFailed,
             format!("could not start redis-server: {e}"),
             "see `airlock doctor`",
         )
     })?;
-    let pid = child.id().map(|p| p as i32).unwrap_or(0);
+    let pid = child.id();
     let began = std::time::Instant::now();
     loop {
         if let Ok(Some(status)) = child.try_wait() {
