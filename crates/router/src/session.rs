@@ -776,6 +776,10 @@ async fn running(shared: &Shared, mut sb: Sandbox) -> Result<Sandbox, ErrorRespo
     }
 }
 
+/// How long a client's session is looked for while its sandbox's server is
+/// between states (shutting down for a suspend or reset, not yet up).
+const TRANSITION_WAIT: Duration = Duration::from_secs(2);
+
 /// A server session for an authenticated client: the sandbox's parked one if it
 /// has one (its first client after a claim), else one opened now with the
 /// client's settings. Errors are the messages to send the client.
@@ -790,7 +794,11 @@ async fn session_for(
     let host = &shared.host;
     let id = sb.id.clone();
     let mut known = Some(sb);
-    let (mut restored, mut broken, mut unstarted) = (false, 0, 0);
+    let (mut restored, mut unstarted) = (false, 0);
+    // A server between a suspend and a wake, or shutting down for a reset,
+    // is looked for again until then: a suspend's shutdown checkpoint on a
+    // loaded host can outlast the 100 ms that twenty tries of 5 ms gave it.
+    let look_again_until = Instant::now() + TRANSITION_WAIT;
     loop {
         let last = match known.take() {
             Some(sb) => sb,
@@ -863,8 +871,9 @@ async fn session_for(
             }
             // The server is shutting down (a suspend began after the lookup) or
             // not yet up: look again, and wait for it or wake it, a few times.
-            Err(LoginError::Refused { sqlstate, .. }) if sqlstate == "57P03" && broken < 20 => {
-                broken += 1;
+            Err(LoginError::Refused { sqlstate, .. })
+                if sqlstate == "57P03" && Instant::now() < look_again_until =>
+            {
                 drop(open);
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -886,8 +895,7 @@ async fn session_for(
                 .encode());
             }
             // Suspended, reset or deleted since the lookup: look again, a few times.
-            Err(LoginError::Broken(e)) if broken < 20 => {
-                broken += 1;
+            Err(LoginError::Broken(e)) if Instant::now() < look_again_until => {
                 tracing::debug!(sandbox = %sb.id, error = %e, "opening a server session failed; retrying");
                 drop(open);
                 tokio::time::sleep(Duration::from_millis(5)).await;
