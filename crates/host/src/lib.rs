@@ -15,3 +15,12 @@ pub mod spawn;
 pub mod storage;
 pub mod users;
 pub mod watch;
+
+/// A new, empty directory of a test's own under the temporary directory.
+#[cfg(test)]
+fn test_dir(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("airlock-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir(&dir).unwrap();
+    dir
+}

@@ -24,7 +24,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
@@ -140,19 +140,10 @@ impl Command {
         // Each source above the standard three, so no source is one of the
         // targets another `dup2` overwrites first (a daemon started with them
         // closed opens files there).
-        let sources = [&self.stdin, &self.stdout, &self.stderr].map(|fd| {
-            let fd = fd.as_ref().map_or(null.as_raw_fd(), |fd| fd.as_raw_fd());
-            nix::fcntl::fcntl(
-                // SAFETY: a descriptor owned by this command or `null`, open for the call.
-                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) },
-                nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3),
-            )
-        });
-        let sources = sources
-            .into_iter()
-            // SAFETY: F_DUPFD_CLOEXEC made a new descriptor this process now owns.
-            .map(|fd| fd.map(|raw| unsafe { OwnedFd::from_raw_fd(raw) }))
-            .collect::<nix::Result<Vec<OwnedFd>>>()?;
+        // (`try_clone_to_owned` duplicates to the lowest free descriptor from 3.)
+        let sources = [&self.stdin, &self.stdout, &self.stderr]
+            .map(|fd| fd.as_ref().map_or(null.as_fd(), |fd| fd.as_fd()).try_clone_to_owned());
+        let sources = sources.into_iter().collect::<io::Result<Vec<OwnedFd>>>()?;
         let stdio = [0, 1, 2].map(|i| sources[i].as_raw_fd());
         let argv: Vec<*const libc::c_char> =
             self.args.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
@@ -443,9 +434,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_program_runs_with_only_what_it_was_given_and_its_status_is_read() {
-        let dir = std::env::temp_dir().join(format!("airlock-spawn-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        let dir = crate::test_dir("spawn");
         let out = std::fs::File::create(dir.join("out")).unwrap();
         let mut cmd = Command::new("/bin/sh");
         cmd.arg("-c")
@@ -502,9 +491,7 @@ mod tests {
         let before = ids_of_every_thread();
         assert!(before.len() > 1, "the test runs with threads besides this one");
         assert!(before.iter().all(|ids| ids == &before[0]), "{before:?}");
-        let dir = std::env::temp_dir().join(format!("airlock-spawn-user-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        let dir = crate::test_dir("spawn-user");
         let out = std::fs::File::create(dir.join("out")).unwrap();
         let who = crate::contain::Who::of(
             &crate::users::Identity {

@@ -97,9 +97,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_write_to_the_file_is_told_and_other_files_are_not() {
-        let dir = std::env::temp_dir().join(format!("airlock-watch-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir(&dir).unwrap();
+        let dir = crate::test_dir("watch");
         let watch = FileWatch::new(&dir, OsStr::new("status")).unwrap();
         std::fs::write(dir.join("other"), b"x").unwrap();
         assert!(!watch.written(Duration::from_millis(50)).await, "another file's write was told");
