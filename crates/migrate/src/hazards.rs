@@ -510,33 +510,49 @@ fn detached(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
 }
 
 /// `ATTACH PARTITION` reads every row of the table it attaches (unless a
-/// CHECK already proves the bounds) and of a DEFAULT partition (for rows
-/// that now belong to the new one), under its locks: a validation like a
-/// constraint's.
+/// CHECK already proves the bounds), and it or `CREATE TABLE ... PARTITION
+/// OF` reads every row of a DEFAULT partition (for rows that belong to the
+/// new one, unless a CHECK of the DEFAULT partition already excludes them),
+/// under their locks: a validation like a constraint's.
 fn attach_scans(e: &Evidence, i: usize, v: &mut Verdict) {
     let s = &e.statements[i];
-    let sql = s.sql.to_ascii_lowercase();
+    let sql = crate::integrity::without_comments(&s.sql);
     let has = |word: &str| crate::integrity::names_word(&sql, word);
-    if s.tag.as_deref() != Some("ALTER TABLE") || !has("attach") || !has("partition") {
+    let attach = s.tag.as_deref() == Some("ALTER TABLE") && has("attach") && has("partition");
+    let create = s.tag.as_deref() == Some("CREATE TABLE") && sql.contains("partition of");
+    if !attach && !create {
         return;
     }
     let line = Some(s.line).filter(|l| *l > 0);
     for (table, rows) in s.scanned.iter().filter(|(t, n)| **n > 0 && e.has_rows(t)) {
-        let mut h = Hazard::new(
-            "constraint_validation",
-            e.sized(table),
-            format!(
-                "attaching a partition checks every row of {table} ({}) against the partition's bounds while its {} wait",
-                e.size_words(table),
-                super::locks::what_waits(e.statements, i, table)
+        // The table attached is the one the statement names; any other it
+        // read is the DEFAULT partition.
+        let (_, bare) = airlock_postgres::catalog::split_qualified(table);
+        let attached = attach && (has(&bare.to_ascii_lowercase()) || has(&table.to_ascii_lowercase()));
+        let waits = super::locks::what_waits(e.statements, i, table);
+        let (message, suggestion) = match attached {
+            true => (
+                format!(
+                    "attaching a partition checks every row of {table} ({}) against the partition's bounds while its {waits} wait",
+                    e.size_words(table)
+                ),
+                "add a CHECK matching the partition's bounds to the table first (NOT VALID, then VALIDATE in its own transaction): ATTACH then skips its scan".to_owned(),
             ),
-            line,
-        );
+            false => (
+                format!(
+                    "{} checks every row of the DEFAULT partition {table} ({}) for rows that belong to the new partition while its {waits} wait",
+                    if attach { "attaching a partition" } else { "making a partition" },
+                    e.size_words(table)
+                ),
+                format!(
+                    "add a CHECK to {table} that excludes the new partition's bounds first (NOT VALID, then VALIDATE in its own transaction): the scan of the DEFAULT partition is then skipped"
+                ),
+            ),
+        };
+        let mut h = Hazard::new("constraint_validation", e.sized(table), message, line);
         h.estimated_ms =
             Some(round(e.scale.estimate_ms(table, &Work { scanned: *rows, ..Default::default() })));
-        h.suggestion = Some(
-            "add a CHECK matching the partition's bounds to the table first (NOT VALID, then VALIDATE in its own transaction): ATTACH then skips its scan; a DEFAULT partition is read for rows of the new one whatever is done, so keep it small".into(),
-        );
+        h.suggestion = Some(suggestion);
         v.hazards.push(h);
     }
 }

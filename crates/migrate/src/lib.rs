@@ -25,7 +25,7 @@ pub mod html;
 mod integrity;
 mod lock_timeout;
 pub mod locks;
-mod matview_keys;
+mod matviews;
 mod measure;
 pub mod merge;
 mod old_code;

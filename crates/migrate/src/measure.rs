@@ -93,7 +93,7 @@ pub(crate) async fn measure(
     admin.execute(&probe::install_sql()).await?;
     let planted_before = catalog::planted::read(admin.client()).await?;
     let invalid_before = invalid_indexes(&admin).await?;
-    let matview_keys_before = super::matview_keys::read(admin.client()).await?;
+    let matviews_before = super::matviews::read(admin.client()).await?;
     let borrowed_before = super::sequence_owners::read(admin.client()).await?;
     let sequences_before = verify::sequences(admin.client()).await?;
     let left_before = verify::values_left(admin.client()).await?;
@@ -279,6 +279,18 @@ pub(crate) async fn measure(
     let values_after = followed.values_back(values_after);
     let mut losses =
         super::overwrite::losses(&written_columns, &values_before, &values_after, &rows_with_roots);
+    // A new type that cannot hold the old values is what lost them, though
+    // rounding may also have made some rows alike: one loss, told so.
+    let narrowed = super::overwrite::narrowed::losses(
+        admin.client(),
+        &written_columns,
+        (&values_before, &values_after),
+        (&snapshot.catalog, &now),
+        &rows_with_roots,
+    )
+    .await;
+    losses.retain(|l| !narrowed.iter().any(|n| (&n.table, &n.column) == (&l.table, &l.column)));
+    losses.extend(narrowed);
     let (mut counted_columns, mut counts_before) = (counted_columns, counts_before);
     for t in written_columns.iter().filter(|t| !values_after.contains_key(&t.table)) {
         let Some(before) = values_before.get(&t.table) else { continue };
@@ -382,12 +394,9 @@ pub(crate) async fn measure(
     let (overwritten, kept) = json_parts::report(&part_losses, &parts_kept, &shape);
     found.extend(overwritten);
     notes.extend(kept);
-    let matview_keys_after = super::matview_keys::read(admin.client()).await?;
-    found.extend(super::matview_keys::hazards(
-        &matview_keys_before,
-        &matview_keys_after,
-        &applied.statements,
-    ));
+    let matviews_after = super::matviews::read(admin.client()).await?;
+    found.extend(super::matviews::keys_lost(&matviews_before, &matviews_after, &applied.statements));
+    found.extend(super::matviews::left_empty(&matviews_before, &matviews_after, &applied.statements));
     let borrowed_after = super::sequence_owners::read(admin.client()).await?;
     found.extend(super::sequence_owners::hazards(&borrowed_before, &borrowed_after, &applied.statements));
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {

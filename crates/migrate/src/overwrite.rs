@@ -41,6 +41,7 @@ const QUOTED_MOST: usize = 40;
 pub mod counts;
 pub mod json_parts;
 pub mod names;
+pub mod narrowed;
 mod targets;
 pub mod unnamed;
 pub use targets::{targets, Target};
@@ -625,6 +626,9 @@ pub struct Loss {
     pub paired: bool,
     /// Whether a statement names the column ([`Target::named`]).
     pub named: bool,
+    /// Its old and new type, where it lost its values to a new type that
+    /// cannot hold them ([`narrowed`]) rather than by rows becoming alike.
+    pub narrowed: Option<(String, String)>,
 }
 
 impl Loss {
@@ -638,6 +642,7 @@ impl Loss {
             lost,
             paired,
             named: t.named,
+            narrowed: None,
         }
     }
 }
@@ -775,6 +780,28 @@ pub fn report(
                 ),
                 line,
             ));
+            continue;
+        }
+        if let Some((old, new)) = &loss.narrowed {
+            let mut h = Hazard::new(
+                "values_overwritten",
+                Severity::High,
+                format!(
+                    "{} of the {} rows of {table} lost their {column} to its new type, which cannot hold them ({old} -> {new}): {}{}; what they were is not kept anywhere",
+                    count(l.lost),
+                    count(rows as usize),
+                    groups.join("; "),
+                    if l.into.len() < l.distinct.1 { "; ..." } else { "" },
+                ),
+                line,
+            );
+            h.suggestion = Some(format!(
+                "choose a type that holds every value the column holds (a wider precision or scale, the time kept), or keep the old values first, in the same migration (CREATE TABLE {} AS SELECT {}, {} FROM {table})",
+                written(&format!("{}_{column}_before", split_qualified(&loss.table).1)),
+                shape.key(&loss.table).unwrap_or("id"),
+                written(column),
+            ));
+            out.push(h);
             continue;
         }
         let mut h = Hazard::new(

@@ -2115,3 +2115,157 @@ UPDATE plans SET plan_no = 1000 + id;
         assert_eq!(h["severity"], json!("high"), "{h}");
     }
 }
+
+#[test]
+fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_named() {
+    let d = Daemon::start(&[]);
+    d.golden(
+        "ledger",
+        "CREATE TABLE accounts (id bigserial PRIMARY KEY, balance numeric(12,2) NOT NULL, opened timestamp NOT NULL,
+                                ratio double precision NOT NULL, cents int NOT NULL, kind text NOT NULL);
+         CREATE MATERIALIZED VIEW daily AS SELECT kind, count(*) AS n FROM accounts GROUP BY 1;
+         CREATE UNIQUE INDEX daily_key ON daily (kind);
+         CREATE TABLE events (id int NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
+         CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
+         CREATE TABLE events_other PARTITION OF events DEFAULT;",
+        "INSERT INTO accounts (balance, opened, ratio, cents, kind)
+           SELECT (g % 1000) + 0.37, timestamp '2026-01-01' + g * interval '7 minutes', g / 7.0, g, 'k' || g % 5
+             FROM generate_series(1, 3000) g;
+         REFRESH MATERIALIZED VIEW daily;
+         INSERT INTO events SELECT g, date '2026-01-01' + g % 730 FROM generate_series(1, 3000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            ("rounded.sql", "ALTER TABLE accounts ALTER COLUMN balance TYPE numeric(12,0);"),
+            ("day_only.sql", "SELECT 1;\nALTER TABLE accounts ALTER COLUMN opened TYPE date;"),
+            ("whole_ratio.sql", "ALTER TABLE accounts ALTER COLUMN ratio TYPE integer;"),
+            (
+                "kept_first.sql",
+                "CREATE TABLE accounts_balance_before AS SELECT id, balance FROM accounts;\n\
+                 ALTER TABLE accounts ALTER COLUMN balance TYPE numeric(12,0);",
+            ),
+            // Types that hold every old value: nothing is lost.
+            ("wider.sql", "ALTER TABLE accounts ALTER COLUMN balance TYPE numeric(14,2);"),
+            ("bigger.sql", "ALTER TABLE accounts ALTER COLUMN cents TYPE bigint;"),
+            ("dollars.sql", "ALTER TABLE accounts ALTER COLUMN cents TYPE numeric(12,2) USING cents / 100.0;"),
+            ("exact_ratio.sql", "ALTER TABLE accounts ALTER COLUMN ratio TYPE numeric;"),
+            ("with_zone.sql", "ALTER TABLE accounts ALTER COLUMN opened TYPE timestamptz;"),
+            ("as_text.sql", "ALTER TABLE accounts ALTER COLUMN balance TYPE text;"),
+            // The view: made again without data, refreshed without data, and controls.
+            (
+                "made_empty.sql",
+                "DROP MATERIALIZED VIEW daily;\n\
+                 CREATE MATERIALIZED VIEW daily AS SELECT kind, count(*) AS n, sum(balance) AS total\n  FROM accounts GROUP BY 1\n  WITH NO DATA;\n\
+                 CREATE UNIQUE INDEX daily_key ON daily (kind);",
+            ),
+            ("emptied.sql", "SELECT 1;\nREFRESH MATERIALIZED VIEW daily WITH NO DATA;"),
+            (
+                "made_full.sql",
+                "DROP MATERIALIZED VIEW daily;\n\
+                 CREATE MATERIALIZED VIEW daily AS SELECT kind, count(*) AS n FROM accounts GROUP BY 1 WITH NO DATA;\n\
+                 CREATE UNIQUE INDEX daily_key ON daily (kind);\nREFRESH MATERIALIZED VIEW daily;",
+            ),
+            ("refreshed.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY daily;"),
+            // A new partition beside a DEFAULT one reads the DEFAULT one for
+            // its rows, as ATTACH does, unless a CHECK already excludes them.
+            (
+                "new_partition.sql",
+                "CREATE TABLE events_2030 PARTITION OF events FOR VALUES FROM ('2030-01-01') TO ('2031-01-01');",
+            ),
+            (
+                "new_partition_checked.sql",
+                "ALTER TABLE events_other ADD CONSTRAINT events_other_before_2030 CHECK (at < '2030-01-01') NOT VALID;\n\
+                 ALTER TABLE events_other VALIDATE CONSTRAINT events_other_before_2030;\n\
+                 CREATE TABLE events_2030 PARTITION OF events FOR VALUES FROM ('2030-01-01') TO ('2031-01-01');",
+            ),
+        ],
+    );
+    let c = by_name(&test_on(&d, "ledger", &paths));
+
+    let h = hazard(&c["rounded.sql"], "values_overwritten");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(1)), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "3,000 of the 3,000 rows of accounts lost their balance to its new type, which cannot hold them \
+             (numeric(12,2) -> numeric(12,0)): 3 had balance '"
+        ),
+        "{said}"
+    );
+    assert!(
+        said.contains("3 had balance '1.37', now '1'")
+            && said.ends_with("what they were is not kept anywhere"),
+        "{said}"
+    );
+    assert!(numbers(said).iter().all(|n| *n <= 3_000), "{said}");
+    assert!(
+        h["suggestion"]
+            .as_str()
+            .unwrap()
+            .contains("CREATE TABLE accounts_balance_before AS SELECT id, balance FROM accounts"),
+        "{h}"
+    );
+    // One loss for the column, told by its type, not again as values made alike.
+    assert_eq!(hazard_kinds(&c["rounded.sql"]).iter().filter(|k| **k == "values_overwritten").count(), 1);
+
+    let h = hazard(&c["day_only.sql"], "values_overwritten");
+    assert_eq!(h["line"], json!(2), "{h}");
+    assert!(
+        h["message"].as_str().unwrap().contains(
+            "lost their opened to its new type, which cannot hold them (timestamp without time zone -> date)"
+        ),
+        "{h}"
+    );
+    let said = message(&c["whole_ratio.sql"], "values_overwritten");
+    assert!(said.contains("(double precision -> integer)") && said.contains("now '1'"), "{said}");
+
+    let notes = c["kept_first.sql"]["notes"].as_array().unwrap();
+    assert!(!hazard_kinds(&c["kept_first.sql"]).contains(&"values_overwritten"), "{}", c["kept_first.sql"]);
+    assert!(
+        notes.iter().any(|n| n["kind"] == "values_overwritten"
+            && n["message"]
+                .as_str()
+                .unwrap()
+                .ends_with("kept every old value in accounts_balance_before.balance")),
+        "{notes:?}"
+    );
+    for held in ["wider.sql", "bigger.sql", "dollars.sql", "exact_ratio.sql", "with_zone.sql", "as_text.sql"]
+    {
+        assert!(!hazard_kinds(&c[held]).contains(&"values_overwritten"), "{held}: {}", c[held]);
+    }
+
+    let h = hazard(&c["made_empty.sql"], "matview_unpopulated");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
+    assert_eq!(
+        h["message"],
+        json!(
+            "materialized view public.daily is left without data: every query that reads it fails \
+             (\"materialized view has not been populated\") until a REFRESH MATERIALIZED VIEW without \
+             CONCURRENTLY fills it, and that refresh blocks every reader of the view while it runs"
+        )
+    );
+    assert!(h["suggestion"].as_str().unwrap().ends_with("REFRESH MATERIALIZED VIEW public.daily"), "{h}");
+    assert_eq!(hazard(&c["emptied.sql"], "matview_unpopulated")["line"], json!(2));
+    for full in ["made_full.sql", "refreshed.sql", "rounded.sql"] {
+        assert!(!hazard_kinds(&c[full]).contains(&"matview_unpopulated"), "{full}: {}", c[full]);
+    }
+
+    let h = hazard(&c["new_partition.sql"], "constraint_validation");
+    assert_eq!(
+        h["message"],
+        json!("making a partition checks every row of the DEFAULT partition public.events_other (1460 rows in the golden) \
+               for rows that belong to the new partition while its reads and writes wait"),
+        "{h}"
+    );
+    assert!(h["suggestion"].as_str().unwrap().contains("that excludes the new partition's bounds"), "{h}");
+    // (Its VALIDATE, in the file's one transaction, is told as such; the
+    // new partition reads nothing.)
+    let checked = &c["new_partition_checked.sql"];
+    let at_creation = checked["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|h| h["kind"] == "constraint_validation" && h["line"] == json!(3));
+    assert!(!at_creation, "{checked}");
+}
