@@ -2127,12 +2127,16 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
          CREATE UNIQUE INDEX daily_key ON daily (kind);
          CREATE TABLE events (id int NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
          CREATE TABLE events_2026 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');
-         CREATE TABLE events_other PARTITION OF events DEFAULT;",
+         CREATE TABLE events_other PARTITION OF events DEFAULT;
+         CREATE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(btrim(t)) $$;
+         CREATE TABLE tags (id int PRIMARY KEY, name text NOT NULL CHECK (norm(name) <> ''));
+         CREATE UNIQUE INDEX tags_norm ON tags (norm(name));",
         "INSERT INTO accounts (balance, opened, ratio, cents, kind)
            SELECT (g % 1000) + 0.37, timestamp '2026-01-01' + g * interval '7 minutes', g / 7.0, g, 'k' || g % 5
              FROM generate_series(1, 3000) g;
          REFRESH MATERIALIZED VIEW daily;
-         INSERT INTO events SELECT g, date '2026-01-01' + g % 730 FROM generate_series(1, 3000) g;",
+         INSERT INTO events SELECT g, date '2026-01-01' + g % 730 FROM generate_series(1, 3000) g;
+         INSERT INTO tags SELECT g, 'Tag ' || g FROM generate_series(1, 100) g;",
     );
     let paths = files(
         &d,
@@ -2167,6 +2171,14 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
                  CREATE UNIQUE INDEX daily_key ON daily (kind);\nREFRESH MATERIALIZED VIEW daily;",
             ),
             ("refreshed.sql", "REFRESH MATERIALIZED VIEW CONCURRENTLY daily;"),
+            // A golden function of plain SQL under a check and an index runs
+            // no code a test could tell from production; replaced, it does.
+            ("plain_function.sql", "INSERT INTO tags VALUES (101, ' New tag ');\nUPDATE tags SET name = upper(name) WHERE id <= 10;"),
+            (
+                "replaced_function.sql",
+                "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(btrim(t)) || current_user $$;\n\
+                 INSERT INTO tags VALUES (101, 'New tag');",
+            ),
             // A new partition beside a DEFAULT one reads the DEFAULT one for
             // its rows, as ATTACH does, unless a CHECK already excludes them.
             (
@@ -2268,4 +2280,8 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
         .iter()
         .any(|h| h["kind"] == "constraint_validation" && h["line"] == json!(3));
     assert!(!at_creation, "{checked}");
+
+    assert!(!hazard_kinds(&c["plain_function.sql"]).contains(&"opaque_code"), "{}", c["plain_function.sql"]);
+    let said = message(&c["replaced_function.sql"], "opaque_code");
+    assert!(said.contains("line 2: writes tags, whose defaults, checks or indexes run norm()"), "{said}");
 }

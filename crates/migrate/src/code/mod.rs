@@ -86,7 +86,61 @@ pub const OPAQUE_CODE: &str = "opaque_code";
 
 /// Every opaque statement of `statements`, against the golden's `catalog`.
 pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
-    let mut functions: BTreeSet<String> = catalog.functions.keys().map(|k| function_name(k)).collect();
+    let mut plain = plain_functions(catalog);
+    // A function the file makes, replaces or alters (its settings, its
+    // owner) is its code, whatever the golden's was: an index that runs
+    // the golden's `norm()` runs the new body once it is replaced.
+    for st in statements {
+        let tokens = tokens(&st.sql);
+        let words: Vec<&str> = tokens
+            .iter()
+            .filter_map(|t| match t {
+                Token::Word(w) => Some(w.as_str()),
+                _ => None,
+            })
+            .take(4)
+            .collect();
+        let about_routine = match words.as_slice() {
+            ["create", "or", "replace", kind, ..] | ["create" | "alter", kind, ..] => {
+                matches!(*kind, "function" | "procedure" | "routine" | "aggregate")
+            }
+            _ => false,
+        };
+        if about_routine {
+            for t in &tokens {
+                if let Token::Word(w) | Token::Quoted(w) = t {
+                    plain.remove(&w.to_ascii_lowercase());
+                }
+            }
+        }
+    }
+    opaque_with(statements, catalog, &plain)
+}
+
+/// The names of the golden's functions that run nothing a test could tell
+/// from production: every function of the name is written in SQL (its body
+/// in the catalog, vouched for by its digest, which promote finds the same
+/// on the target or refuses), and its body is plain SQL by this module's
+/// own rule, calling no function the database holds. Such a function does
+/// what the file's own statements would: computes from its arguments and
+/// the data, which promote's row check compares.
+fn plain_functions(catalog: &Catalog) -> BTreeSet<String> {
+    let Some(bodies) = &catalog.sql_bodies else { return BTreeSet::new() };
+    let mut plain: BTreeMap<String, bool> = BTreeMap::new();
+    for key in catalog.functions.keys() {
+        let is_plain = bodies.get(key).is_some_and(|body| {
+            airlock_postgres::split::split(body)
+                .is_ok_and(|statements| opaque_with(&statements, catalog, &BTreeSet::new()).is_empty())
+        });
+        *plain.entry(function_name(key)).or_insert(true) &= is_plain;
+    }
+    plain.into_iter().filter(|(_, p)| *p).map(|(name, _)| name).collect()
+}
+
+/// [`opaque`], with the golden's functions named in `plain` taken as plain SQL.
+fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<String>) -> Vec<Opaque> {
+    let mut functions: BTreeSet<String> =
+        catalog.functions.keys().map(|k| function_name(k)).filter(|f| !plain.contains(f)).collect();
     // Tables with triggers, and the events they fire on.
     let triggered: BTreeMap<String, BTreeSet<String>> = catalog
         .tables

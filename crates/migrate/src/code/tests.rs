@@ -234,3 +234,68 @@ fn code_that_can_look_around_is_opaque() {
         assert!(got.iter().any(|w| w.contains(said)), "{sql}: {got:?}");
     }
 }
+
+/// Why `sql` is opaque against a golden whose functions written in SQL
+/// keep their bodies (`bodies`: false leaves them out, as a golden built
+/// before they were read).
+fn why_with_bodies(sql: &str, bodies: bool) -> Vec<String> {
+    let mut catalog: Catalog = serde_json::from_value(serde_json::json!({
+        "tables": {
+            "public.normed": {"kind": "table", "columns": [], "constraints": {}, "triggers": {},
+                              "indexes": {"normed_name": "CREATE INDEX normed_name ON public.normed USING btree (public.norm(name))"}},
+            "public.stamped": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
+                               "constraints": {"c": "CHECK ((public.stamp(name) IS NOT NULL))"}}
+        },
+        "views": {},
+        "functions": {"public.norm(text)": "a", "public.stamp(text)": "b", "public.chain(text)": "c",
+                      "public.mixed(integer)": "d", "public.mixed(text)": "e"},
+        "sequences": {}, "types": {}, "extensions": {}
+    }))
+    .unwrap();
+    if bodies {
+        catalog.sql_bodies = Some(
+            [
+                ("public.norm(text)", "SELECT lower($1)"),
+                ("public.stamp(text)", "SELECT $1 || now()"),
+                ("public.chain(text)", "SELECT norm($1)"),
+                ("public.mixed(integer)", "SELECT $1 + 1"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        );
+    }
+    let statements = airlock_postgres::split::split(sql).unwrap();
+    opaque(&statements, &catalog).into_iter().map(|o| o.why).collect()
+}
+
+#[test]
+fn a_golden_function_of_plain_sql_runs_no_code_a_test_could_tell_from_production() {
+    for sql in
+        ["INSERT INTO normed (name) VALUES ('A')", "SELECT norm('A')", "UPDATE normed SET name = norm(name)"]
+    {
+        assert_eq!(why_with_bodies(sql, true), Vec::<String>::new(), "{sql}");
+        // A golden recorded without the bodies: opaque, as before.
+        assert!(!why_with_bodies(sql, false).is_empty(), "{sql}");
+    }
+    for (sql, said) in [
+        // Its body reads the clock.
+        ("INSERT INTO stamped (name) VALUES ('A')", "writes stamped, whose defaults, checks or indexes run stamp()"),
+        // Its body calls code the database holds.
+        ("SELECT chain('a')", "calls chain()"),
+        // One of its overloads is not written in SQL.
+        ("SELECT mixed(1)", "calls mixed()"),
+        // Replaced or altered by the file: its code is the file's now.
+        (
+            "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql AS $$ SELECT t || now() $$;\nINSERT INTO normed (name) VALUES ('A')",
+            "writes normed, whose defaults, checks or indexes run norm()",
+        ),
+        (
+            "ALTER FUNCTION norm(text) SET search_path = elsewhere;\nINSERT INTO normed (name) VALUES ('A')",
+            "writes normed, whose defaults, checks or indexes run norm()",
+        ),
+    ] {
+        let why = why_with_bodies(sql, true);
+        assert!(why.iter().any(|w| w.starts_with(said)), "{sql}: {why:?}");
+    }
+}

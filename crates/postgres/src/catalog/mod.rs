@@ -38,12 +38,23 @@ pub struct Catalog {
     pub types: BTreeMap<String, String>,
     /// Installed extensions: their versions.
     pub extensions: BTreeMap<String, String>,
+    /// The bodies of functions written in SQL (`LANGUAGE sql`, not `BEGIN
+    /// ATOMIC`, at most [`SQL_BODY_MOST`] bytes), by the same names as
+    /// [`Catalog::functions`], whose digests vouch for them: what a
+    /// migration's check reads to tell a function that only computes from
+    /// its arguments and the data from code that looks around. Absent in the
+    /// records of goldens built before Airlock read them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sql_bodies: Option<BTreeMap<String, String>>,
     /// Every other entry the agent can make or change (rules, policies,
     /// grants, options, comments, casts, operators...: [`objects`]) by name.
     /// Absent in the records of goldens built before Airlock read them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub objects: Option<BTreeMap<String, objects::Entry>>,
 }
+
+/// The longest body of a function written in SQL that [`Catalog::sql_bodies`] keeps.
+pub const SQL_BODY_MOST: usize = 8192;
 
 /// One table.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -327,8 +338,11 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
             &format!(
                 "SELECT pg_catalog.quote_ident(n.nspname), pg_catalog.quote_ident(p.proname), pg_get_function_identity_arguments(p.oid),
                         coalesce(pg_get_function_result(p.oid), 'procedure'),
-                        CASE WHEN p.prokind IN ('f', 'p') THEN md5(pg_get_functiondef(p.oid)) ELSE '' END
+                        CASE WHEN p.prokind IN ('f', 'p') THEN md5(pg_get_functiondef(p.oid)) ELSE '' END,
+                        CASE WHEN l.lanname = 'sql' AND p.prokind = 'f' AND octet_length(p.prosrc) BETWEEN 1 AND {SQL_BODY_MOST}
+                             THEN p.prosrc END
                  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                 JOIN pg_language l ON l.oid = p.prolang
                  WHERE {SYSTEM_SCHEMAS} AND {}",
                 not_from_extension("pg_proc", "p.oid")
             ),
@@ -344,8 +358,13 @@ pub async fn read(client: &tokio_postgres::Client) -> Result<Catalog> {
             continue;
         };
         let name = format!("{}({arguments})", qualified(r.cell(0)?, r.cell(1)?));
+        if let Some(sql) = r.cell::<Option<String>>(5)? {
+            catalog.sql_bodies.get_or_insert_with(BTreeMap::new).insert(name.clone(), sql);
+        }
         catalog.functions.insert(name, format!("returns {result} [{body}]"));
     }
+    // (Read, even when none is written in SQL: an empty map says so.)
+    catalog.sql_bodies.get_or_insert_with(BTreeMap::new);
     let sequences = client
         .query("SELECT pg_catalog.quote_ident(schemaname), pg_catalog.quote_ident(sequencename), data_type::regtype::text FROM pg_sequences", &[])
         .await
