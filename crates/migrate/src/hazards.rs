@@ -410,7 +410,7 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
         );
         let rows = e.golden_rows(table) * indexes.len() as i64;
         h.estimated_ms = Some(round(scale.estimate_ms(table, &Work { indexed: rows, ..Default::default() })));
-        h.suggestion = index_build_safer_form(s).map(str::to_owned);
+        h.suggestion = index_build_safer_form(e, s);
         v.hazards.push(h);
     }
     for c in s.validated.iter().filter(|c| e.has_rows(&c.table)) {
@@ -560,25 +560,52 @@ fn attach_scans(e: &Evidence, i: usize, v: &mut Verdict) {
 /// The safer form of what built indexes under a blocking lock, by what the
 /// statement is; none where there is none (an exclusion constraint, a
 /// column's type or collation changed, whose indexes are rebuilt).
-fn index_build_safer_form(s: &StatementReport) -> Option<&'static str> {
+fn index_build_safer_form(e: &Evidence, s: &StatementReport) -> Option<String> {
     let sql = s.sql.to_ascii_lowercase();
     let has = |word: &str| crate::integrity::names_word(&sql, word);
-    match s.tag.as_deref().unwrap_or_default() {
-        "REINDEX" => Some("REINDEX ... CONCURRENTLY, outside a transaction"),
-        "ALTER TABLE" if has("attach") && has("partition") => Some(
+    let form = match s.tag.as_deref().unwrap_or_default() {
+        "REINDEX" => "REINDEX ... CONCURRENTLY, outside a transaction",
+        "ALTER TABLE" if has("attach") && has("partition") => {
             "build the parent's indexes on the table first with CREATE INDEX CONCURRENTLY (ATTACH adopts a matching one), \
-             and add a CHECK matching the partition's bounds (NOT VALID, then VALIDATE) so ATTACH skips its scan",
-        ),
-        "ALTER TABLE" if has("exclude") => None,
-        "ALTER TABLE" if has("unique") || has("primary") => Some(
-            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX",
-        ),
-        "ALTER TABLE" if has("type") || has("collate") => None,
-        "ALTER TABLE" => None,
-        _ => Some(
-            "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail",
-        ),
-    }
+             and add a CHECK matching the partition's bounds (NOT VALID, then VALIDATE) so ATTACH skips its scan"
+        }
+        "ALTER TABLE" if has("exclude") => return None,
+        "ALTER TABLE" if has("unique") || has("primary") => {
+            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX"
+        }
+        "ALTER TABLE" => return None,
+        // A partitioned table's own index cannot be built CONCURRENTLY.
+        "CREATE INDEX" => match partitioned_indexed(e, s) {
+            Some(parent) => {
+                return Some(format!(
+                    "CREATE INDEX ... ON ONLY {parent} (made at once, invalid until every partition has its own), \
+                     then for each partition CREATE INDEX CONCURRENTLY on it and ALTER INDEX <the parent's index> ATTACH PARTITION <its index>: \
+                     a partitioned table's own index cannot be built CONCURRENTLY"
+                ))
+            }
+            None => "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail",
+        },
+        _ => "CREATE INDEX CONCURRENTLY, alone outside a transaction, with a check for an INVALID index should it fail",
+    };
+    Some(form.to_owned())
+}
+
+/// The partitioned table (`schema.name`) a `CREATE INDEX` statement builds
+/// its index on, if it is one: the name after its `ON` (and `ONLY`), as a
+/// search path finds it or qualified.
+fn partitioned_indexed(e: &Evidence, s: &StatementReport) -> Option<String> {
+    let sql = crate::integrity::without_comments(&s.sql);
+    let words: Vec<&str> = sql.split(' ').collect();
+    let at = words.iter().position(|w| *w == "on")?;
+    let named = words[at + 1..].iter().find(|w| **w != "only")?.trim_matches('"');
+    e.before
+        .tables
+        .iter()
+        .find(|(name, t)| {
+            t.kind == "partitioned table"
+                && (name.as_str() == named || airlock_postgres::catalog::split_qualified(name).1 == named)
+        })
+        .map(|(name, _)| name.clone())
 }
 
 /// A write-blocking lock statement `i` took, judged by what the rest of its

@@ -2179,6 +2179,17 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
                 "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(btrim(t)) || current_user $$;\n\
                  INSERT INTO tags VALUES (101, 'New tag');",
             ),
+            // A partitioned table's index: no CONCURRENTLY for it, so its
+            // safer form is one partition at a time.
+            ("parent_index.sql", "CREATE INDEX events_id ON events (id);"),
+            (
+                "parent_index_by_partition.sql",
+                "CREATE INDEX events_id ON ONLY events (id);\n\
+                 CREATE INDEX CONCURRENTLY events_2026_id ON events_2026 (id);\n\
+                 ALTER INDEX events_id ATTACH PARTITION events_2026_id;\n\
+                 CREATE INDEX CONCURRENTLY events_other_id ON events_other (id);\n\
+                 ALTER INDEX events_id ATTACH PARTITION events_other_id;",
+            ),
             // A new partition beside a DEFAULT one reads the DEFAULT one for
             // its rows, as ATTACH does, unless a CHECK already excludes them.
             (
@@ -2284,4 +2295,23 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
     assert!(!hazard_kinds(&c["plain_function.sql"]).contains(&"opaque_code"), "{}", c["plain_function.sql"]);
     let said = message(&c["replaced_function.sql"], "opaque_code");
     assert!(said.contains("line 2: writes tags, whose defaults, checks or indexes run norm()"), "{said}");
+
+    let builds: Vec<&Value> = c["parent_index.sql"]["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["kind"] == "blocking_index_build")
+        .collect();
+    assert_eq!(builds.len(), 2, "{}", c["parent_index.sql"]);
+    for h in builds {
+        assert!(
+            h["suggestion"]
+                .as_str()
+                .unwrap()
+                .starts_with("CREATE INDEX ... ON ONLY public.events (made at once"),
+            "{h}"
+        );
+    }
+    let by_partition = &c["parent_index_by_partition.sql"];
+    assert!(!hazard_kinds(by_partition).contains(&"blocking_index_build"), "{by_partition}");
 }
