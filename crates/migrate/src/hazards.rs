@@ -570,12 +570,18 @@ fn index_build_safer_form(e: &Evidence, s: &StatementReport) -> Option<String> {
              and add a CHECK matching the partition's bounds (NOT VALID, then VALIDATE) so ATTACH skips its scan"
         }
         "ALTER TABLE" if has("exclude") => return None,
-        "ALTER TABLE" if has("unique") || has("primary") => {
-            "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX"
-        }
+        "ALTER TABLE" if has("unique") || has("primary") => match partitioned_named(e, s, "table") {
+            Some(parent) => {
+                return Some(format!(
+                    "for each partition of {parent}, CREATE UNIQUE INDEX CONCURRENTLY on it, then ALTER TABLE <the partition> ADD CONSTRAINT ... USING INDEX; \
+                     the key added to {parent} then adopts them and builds nothing (a partitioned table refuses USING INDEX itself)"
+                ))
+            }
+            None => "CREATE UNIQUE INDEX CONCURRENTLY first (outside a transaction), then ADD CONSTRAINT ... USING INDEX",
+        },
         "ALTER TABLE" => return None,
         // A partitioned table's own index cannot be built CONCURRENTLY.
-        "CREATE INDEX" => match partitioned_indexed(e, s) {
+        "CREATE INDEX" => match partitioned_named(e, s, "on") {
             Some(parent) => {
                 return Some(format!(
                     "CREATE INDEX ... ON ONLY {parent} (made at once, invalid until every partition has its own), \
@@ -590,14 +596,15 @@ fn index_build_safer_form(e: &Evidence, s: &StatementReport) -> Option<String> {
     Some(form.to_owned())
 }
 
-/// The partitioned table (`schema.name`) a `CREATE INDEX` statement builds
-/// its index on, if it is one: the name after its `ON` (and `ONLY`), as a
-/// search path finds it or qualified.
-fn partitioned_indexed(e: &Evidence, s: &StatementReport) -> Option<String> {
+/// The partitioned table (`schema.name`) statement `s` names after its
+/// first `anchor` word (`on` for `CREATE INDEX`, `table` for `ALTER
+/// TABLE`; `ONLY`, `IF EXISTS` passed over), if it is one, as a search path
+/// finds it or qualified.
+fn partitioned_named(e: &Evidence, s: &StatementReport, anchor: &str) -> Option<String> {
     let sql = crate::integrity::without_comments(&s.sql);
     let words: Vec<&str> = sql.split(' ').collect();
-    let at = words.iter().position(|w| *w == "on")?;
-    let named = words[at + 1..].iter().find(|w| **w != "only")?.trim_matches('"');
+    let at = words.iter().position(|w| *w == anchor)?;
+    let named = words[at + 1..].iter().find(|w| !matches!(**w, "only" | "if" | "exists"))?.trim_matches('"');
     e.before
         .tables
         .iter()

@@ -2182,6 +2182,7 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
             // A partitioned table's index: no CONCURRENTLY for it, so its
             // safer form is one partition at a time.
             ("parent_index.sql", "CREATE INDEX events_id ON events (id);"),
+            ("parent_key.sql", "ALTER TABLE events ADD PRIMARY KEY (id, at);"),
             (
                 "parent_index_by_partition.sql",
                 "CREATE INDEX events_id ON ONLY events (id);\n\
@@ -2314,4 +2315,12 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
     }
     let by_partition = &c["parent_index_by_partition.sql"];
     assert!(!hazard_kinds(by_partition).contains(&"blocking_index_build"), "{by_partition}");
+    let h = hazard(&c["parent_key.sql"], "blocking_index_build");
+    assert!(
+        h["suggestion"]
+            .as_str()
+            .unwrap()
+            .starts_with("for each partition of public.events, CREATE UNIQUE INDEX CONCURRENTLY on it"),
+        "{h}"
+    );
 }
