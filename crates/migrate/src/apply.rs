@@ -501,6 +501,23 @@ async fn baseline_rows(session: &mut Session, t: &mut Tracker, limit: Duration) 
     Ok(())
 }
 
+/// The session's cumulative row counters per table, once its own are
+/// flushed into them: `None` where the server cannot be asked to flush
+/// (before PostgreSQL 15).
+async fn flushed_rows(session: &mut Session, limit: Duration) -> Result<Option<BTreeMap<i64, [i64; 4]>>> {
+    let (out, _) = run(session, &probe::flush_rows_sql(), limit).await?;
+    if out.error.is_some() || out.value() != Some("t") {
+        return Ok(None);
+    }
+    // (The flush happened as the session went idle after that statement.)
+    let (out, _) = run(session, &probe::reading_sql(0, 0, true), limit).await?;
+    let r: probe::Reading = match out.value().map(serde_json::from_str) {
+        Some(Ok(r)) if out.error.is_none() => r,
+        _ => return Ok(None),
+    };
+    Ok(Some(r.rows.into_iter().map(|s| (s.relid, [s.ins, s.upd, s.del, s.scanned])).collect()))
+}
+
 fn statement_report(st: &Statement, txn: usize, transaction: &str) -> StatementReport {
     StatementReport {
         line: st.line,
@@ -647,6 +664,10 @@ pub async fn apply_sql(
                 }
             }
             Kind::NoTransaction if !in_txn => {
+                // Outside a transaction block its rows (a DO block's that
+                // commits each batch) are told by the cumulative counters,
+                // flushed before it and after it, where the server can.
+                let cumulative = flushed_rows(session, limit).await?.map(|rows| t.txn_rows = rows).is_some();
                 let sampler = super::sampler::Sampler::start(watched, pid).await?;
                 let ran = run(session, &st.sql, limit).await;
                 let observed = sampler.finish().await;
@@ -657,7 +678,22 @@ pub async fn apply_sql(
                     break;
                 }
                 let mut r = reading(session, &t, limit).await?;
-                r.rows.clear(); // counters outside a transaction are not this statement's
+                match flushed_rows(session, limit).await?.filter(|_| cumulative) {
+                    Some(rows) => {
+                        r.rows = rows
+                            .into_iter()
+                            .map(|(relid, [ins, upd, del, scanned])| probe::RowStats {
+                                relid,
+                                ins,
+                                upd,
+                                del,
+                                scanned,
+                            })
+                            .collect()
+                    }
+                    // Counters outside a transaction are not this statement's.
+                    None => r.rows.clear(),
+                }
                 let tag = report.tag.clone().unwrap_or_default();
                 t.absorb(r, index, started, &tag, &mut report);
                 t.txn_locks.clear();

@@ -738,7 +738,11 @@ struct Mass {
 /// is as heavy split over several statements of one transaction as in one.
 fn mass_changes<'a>(e: &'a Evidence, works: &[BTreeMap<&str, Work>]) -> BTreeMap<(usize, &'a str), Mass> {
     let mut out: BTreeMap<(usize, &str), Mass> = BTreeMap::new();
-    for (s, work) in e.statements.iter().zip(works).filter(|(s, _)| !s.rolled_back) {
+    // A statement run outside a transaction block (a DO block that commits
+    // each batch) ends its own transactions: how many rows each holds is
+    // not seen, and batching is what it is for.
+    let in_transaction = |s: &StatementReport| !s.rolled_back && s.transaction != "none";
+    for (s, work) in e.statements.iter().zip(works).filter(|(s, _)| in_transaction(s)) {
         for r in s.rows.iter().filter(|r| e.rows_before.contains_key(&r.table) && !r.truncated) {
             if r.updated + r.deleted == 0 {
                 continue;

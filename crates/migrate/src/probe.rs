@@ -117,10 +117,20 @@ pub fn install_sql() -> String {
            SELECT coalesce(json_agg(json_build_array(relid::int8, n_tup_ins, n_tup_upd, n_tup_del,
                                     {SCANNED_XACT})), '[]')::text
            FROM pg_stat_xact_user_tables $$;
+         CREATE FUNCTION {SCHEMA}.flush_rows() RETURNS boolean
+           LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+           BEGIN
+             IF pg_catalog.current_setting('server_version_num')::pg_catalog.int4 OPERATOR(pg_catalog.<) 150000 THEN
+               RETURN false;
+             END IF;
+             EXECUTE 'SELECT pg_catalog.pg_stat_force_next_flush()';
+             RETURN true;
+           END $$;
          REVOKE ALL ON SCHEMA {SCHEMA} FROM PUBLIC;
          REVOKE ALL ON ALL FUNCTIONS IN SCHEMA {SCHEMA} FROM PUBLIC;
          GRANT USAGE ON SCHEMA {SCHEMA} TO {AGENT_ROLE}, {OWNER_ROLE};
-         GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint, boolean), {SCHEMA}.transaction_rows()
+         GRANT EXECUTE ON FUNCTION {SCHEMA}.reading(bigint, bigint, boolean), {SCHEMA}.transaction_rows(),
+           {SCHEMA}.flush_rows()
            TO {AGENT_ROLE}, {OWNER_ROLE};"
     )
 }
@@ -132,6 +142,13 @@ pub fn install_sql() -> String {
 /// built).
 pub fn reading_sql(after_rewrite: i64, after_drop: i64, cumulative: bool) -> String {
     format!("SELECT {SCHEMA}.reading({after_rewrite}::pg_catalog.int8, {after_drop}::pg_catalog.int8, {cumulative})")
+}
+
+/// Asks the session to flush its row counters into the cumulative ones as
+/// it goes idle after this statement (PostgreSQL 15 and later; `false`
+/// before, whose counters reach the cumulative ones only in their own time).
+pub fn flush_rows_sql() -> String {
+    format!("SELECT {SCHEMA}.flush_rows()")
 }
 
 /// The open transaction's row counters per table, as JSON `[[relid, ins, upd, del], ...]`.

@@ -261,8 +261,19 @@ pub fn kind(sql: &str) -> Kind {
         ["vacuum", ..] | ["alter", "system", ..] | ["discard", "all", ..] => Kind::NoTransaction,
         ["create", "database", ..] | ["drop", "database", ..] => Kind::NoTransaction,
         ["create", "tablespace", ..] | ["drop", "tablespace", ..] => Kind::NoTransaction,
+        // A procedure, or a DO block that ends its own transactions (a
+        // batched backfill's COMMIT per batch), can do so only outside a
+        // transaction block, as psql runs it.
+        ["call", ..] => Kind::NoTransaction,
+        ["do", ..] if names_transaction_control(&head) => Kind::NoTransaction,
         _ => Kind::Plain,
     }
+}
+
+/// Whether `text` (lowercased) holds the word `commit` or `rollback`: in a
+/// `DO` block's body, a transaction it ends itself.
+fn names_transaction_control(text: &str) -> bool {
+    text.split(|c: char| !c.is_ascii_alphanumeric() && c != '_').any(|w| w == "commit" || w == "rollback")
 }
 
 /// Whether `sql` is a `COPY ... TO STDOUT`: rows sent to the client, which
@@ -348,5 +359,13 @@ mod tests {
         assert_eq!(kind("CREATE INDEX i ON t (x)"), Kind::Plain);
         assert_eq!(kind("VACUUM ANALYZE t"), Kind::NoTransaction);
         assert_eq!(kind("DISCARD ALL"), Kind::NoTransaction);
+        // Code that ends its own transactions runs outside a block, as psql runs it.
+        assert_eq!(kind("CALL backfill(1000)"), Kind::NoTransaction);
+        assert_eq!(
+            kind("DO $$ BEGIN FOR i IN 1..3 LOOP UPDATE t SET a = 1 WHERE id = i; COMMIT; END LOOP; END $$"),
+            Kind::NoTransaction
+        );
+        assert_eq!(kind("do $$ begin rollback; end $$"), Kind::NoTransaction);
+        assert_eq!(kind("DO $$ BEGIN UPDATE t SET committed = true; END $$"), Kind::Plain);
     }
 }

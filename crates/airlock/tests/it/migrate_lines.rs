@@ -2191,6 +2191,15 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
                  CREATE INDEX CONCURRENTLY events_other_id ON events_other (id);\n\
                  ALTER INDEX events_id ATTACH PARTITION events_other_id;",
             ),
+            // A DO block that commits each batch runs outside a transaction
+            // block, as psql runs it: it works, and is told as code.
+            (
+                "batched.sql",
+                "ALTER TABLE accounts ADD COLUMN kind_upper text;\n\
+                 DO $$\nDECLARE lo bigint := 0;\nBEGIN\n  WHILE lo < 3000 LOOP\n\
+                 UPDATE accounts SET kind_upper = upper(kind) WHERE id > lo AND id <= lo + 500;\n    COMMIT;\n\
+                 lo := lo + 500;\n  END LOOP;\nEND $$;",
+            ),
             // A new partition beside a DEFAULT one reads the DEFAULT one for
             // its rows, as ATTACH does, unless a CHECK already excludes them.
             (
@@ -2323,4 +2332,8 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
             .starts_with("for each partition of public.events, CREATE UNIQUE INDEX CONCURRENTLY on it"),
         "{h}"
     );
+    let batched = &c["batched.sql"];
+    assert_eq!(hazard_kinds(batched), vec!["opaque_code"], "{batched}");
+    assert!(batched["failure"].is_null(), "{batched}");
+    assert_eq!(batched["changed_rows"]["public.accounts"], json!(3000), "{batched}");
 }
