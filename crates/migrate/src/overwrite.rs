@@ -785,7 +785,7 @@ pub fn report(
         if let Some((old, new)) = &loss.narrowed {
             let mut h = Hazard::new(
                 "values_overwritten",
-                Severity::High,
+                if enough(l.lost, rows) { Severity::High } else { Severity::Medium },
                 format!(
                     "{} of the {} rows of {table} lost their {column} to its new type, which cannot hold them ({old} -> {new}): {}{}; what they were is not kept anywhere",
                     count(l.lost),

@@ -2122,7 +2122,8 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
     d.golden(
         "ledger",
         "CREATE TABLE accounts (id bigserial PRIMARY KEY, balance numeric(12,2) NOT NULL, opened timestamp NOT NULL,
-                                ratio double precision NOT NULL, cents int NOT NULL, kind text NOT NULL);
+                                ratio double precision NOT NULL, cents int NOT NULL, kind text NOT NULL,
+                                holder varchar(200) NOT NULL);
          CREATE MATERIALIZED VIEW daily AS SELECT kind, count(*) AS n FROM accounts GROUP BY 1;
          CREATE UNIQUE INDEX daily_key ON daily (kind);
          CREATE TABLE events (id int NOT NULL, at date NOT NULL) PARTITION BY RANGE (at);
@@ -2131,8 +2132,9 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
          CREATE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(btrim(t)) $$;
          CREATE TABLE tags (id int PRIMARY KEY, name text NOT NULL CHECK (norm(name) <> ''));
          CREATE UNIQUE INDEX tags_norm ON tags (norm(name));",
-        "INSERT INTO accounts (balance, opened, ratio, cents, kind)
-           SELECT (g % 1000) + 0.37, timestamp '2026-01-01' + g * interval '7 minutes', g / 7.0, g, 'k' || g % 5
+        "INSERT INTO accounts (balance, opened, ratio, cents, kind, holder)
+           SELECT (g % 1000) + 0.37, timestamp '2026-01-01' + g * interval '7 minutes', g / 7.0, g, 'k' || g % 5,
+                  CASE WHEN g % 100 = 0 THEN 'Holder ' || g || ' ' || repeat('of a very long name ', 5) ELSE 'Holder ' || g END
              FROM generate_series(1, 3000) g;
          REFRESH MATERIALIZED VIEW daily;
          INSERT INTO events SELECT g, date '2026-01-01' + g % 730 FROM generate_series(1, 3000) g;
@@ -2144,6 +2146,9 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
             ("rounded.sql", "ALTER TABLE accounts ALTER COLUMN balance TYPE numeric(12,0);"),
             ("day_only.sql", "SELECT 1;\nALTER TABLE accounts ALTER COLUMN opened TYPE date;"),
             ("whole_ratio.sql", "ALTER TABLE accounts ALTER COLUMN ratio TYPE integer;"),
+            // 30 of 3,000 names cut short: few, but a type change is not meant to change any.
+            ("short_names.sql", "ALTER TABLE accounts ALTER COLUMN holder TYPE varchar(50) USING left(holder, 50);"),
+            ("names_fit.sql", "ALTER TABLE accounts ALTER COLUMN holder TYPE varchar(150);"),
             (
                 "kept_first.sql",
                 "CREATE TABLE accounts_balance_before AS SELECT id, balance FROM accounts;\n\
@@ -2336,4 +2341,15 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
     assert_eq!(hazard_kinds(batched), vec!["opaque_code"], "{batched}");
     assert!(batched["failure"].is_null(), "{batched}");
     assert_eq!(batched["changed_rows"]["public.accounts"], json!(3000), "{batched}");
+    let h = hazard(&c["short_names.sql"], "values_overwritten");
+    assert_eq!(h["severity"], json!("medium"), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with(
+            "30 of the 3,000 rows of accounts lost their holder to its new type, which cannot hold them \
+             (character varying(200) -> character varying(50)): 1 had holder 'Holder 100 of a very long name of a very"
+        ),
+        "{said}"
+    );
+    assert!(!hazard_kinds(&c["names_fit.sql"]).contains(&"values_overwritten"), "{}", c["names_fit.sql"]);
 }

@@ -8,7 +8,8 @@
 //! to it and back, is it still the value it was? That asks nothing of how
 //! the file converted (`USING amount / 100.0` from cents into a type that
 //! holds every cent loses nothing), only whether the new type can hold what
-//! the column held. A column that held text is not judged: reading text as
+//! the column held. A column that held text is judged only into another
+//! text type (`varchar(50)`, which cuts longer names short): reading text as
 //! a number or a date is a reinterpretation, and its spelling (`'007'`,
 //! `'2026-1-1'`) would not come back. A float promises so many significant
 //! digits (15 for `double precision`): a value that comes back within them
@@ -23,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use airlock_postgres::catalog::Catalog;
 use airlock_postgres::cell::Cell as _;
 
-use super::{enough, Loss, Lost, Target, Values};
+use super::{Loss, Lost, Target, Values};
 
 /// Types named by SQL keywords, which the grammar maps to `pg_catalog`'s
 /// own whatever the search path; each may carry a modifier.
@@ -47,7 +48,7 @@ const KEYWORD_TYPES: &[&str] = &[
 /// Types named by plain names, qualified here with `pg_catalog`.
 const PLAIN_TYPES: &[&str] = &["text", "date", "uuid", "inet", "cidr"];
 
-/// Types whose values are text: a column of one is not judged.
+/// Types whose values are text: a column of one is judged only into another.
 const TEXT_TYPES: &[&str] = &["text", "character varying", "character"];
 
 /// The float types, each with the significant digits it promises
@@ -96,7 +97,7 @@ fn retyped(
             };
             let (Some(old), Some(new)) = (type_of(was), type_of(is)) else { continue };
             let judged = match (own_type(&old), own_type(&new)) {
-                (Some((_, base)), Some(_)) => !TEXT_TYPES.contains(&base),
+                (Some((_, was)), Some((_, is))) => !TEXT_TYPES.contains(&was) || TEXT_TYPES.contains(&is),
                 _ => false,
             };
             if old != new && judged {
@@ -110,6 +111,17 @@ fn retyped(
 /// A value's text, where what was read of it is the whole of it.
 fn whole(v: &Option<String>) -> Option<&str> {
     v.as_deref().filter(|s| s.chars().count() < WHOLE_BELOW)
+}
+
+/// What of a value is taken through the round trip: the whole of it; or,
+/// for text into a shorter text type, its start alone when that is all
+/// that was read, since a start the new type cuts short is a whole value it
+/// cuts short too.
+fn taken<'a>(v: &'a Option<String>, from_text: bool) -> Option<&'a str> {
+    match from_text {
+        true => v.as_deref(),
+        false => whole(v),
+    }
 }
 
 /// The old values (as their text) among `values` that do not come back
@@ -151,7 +163,7 @@ async fn not_held(
 }
 
 /// The columns of `targets` (paired by key: `before` and `after`, by the
-/// golden's names) that lost enough of their values to a new type that
+/// golden's names) that lost any of their values to a new type that
 /// cannot hold them. `golden` and `now` are the schemas before and after.
 pub async fn losses(
     client: &tokio_postgres::Client,
@@ -171,13 +183,16 @@ pub async fn losses(
             else {
                 continue;
             };
-            let distinct: BTreeSet<&str> = b.rows.values().filter_map(|r| whole(&r[was_at].shown)).collect();
+            let from_text = own_type(old).is_some_and(|(_, base)| TEXT_TYPES.contains(&base));
+            let distinct: BTreeSet<&str> =
+                b.rows.values().filter_map(|r| taken(&r[was_at].shown, from_text)).collect();
             let values: Vec<&str> = distinct.into_iter().collect();
             let Some(changed) = not_held(client, &values, (old, new)).await else { continue };
             let mut lost = Lost { changed: 0, lost: 0, distinct: (0, 0), into: vec![], keys: vec![] };
             let mut into: BTreeMap<Option<String>, BTreeMap<Option<String>, usize>> = BTreeMap::new();
             for (key, row) in &b.rows {
-                let Some(was) = whole(&row[was_at].shown).filter(|v| changed.contains_key(*v)) else {
+                let Some(was) = taken(&row[was_at].shown, from_text).filter(|v| changed.contains_key(*v))
+                else {
                     continue;
                 };
                 let now = a.rows.get(key).and_then(|r| r[now_at].shown.clone());
@@ -202,7 +217,9 @@ pub async fn losses(
             groups.truncate(3);
             lost.into = groups;
             let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
-            if enough(lost.lost, rows) {
+            // A type change is not meant to change values: any it loses is
+            // a hazard (high once enough are, as for an overwrite).
+            if lost.lost > 0 {
                 let mut loss = Loss::of(t, column, rows, lost, true);
                 loss.narrowed = Some((old.clone(), new.clone()));
                 out.push(loss);
