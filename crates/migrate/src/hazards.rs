@@ -453,7 +453,17 @@ fn statement_hazards(e: &Evidence, i: usize, work: &BTreeMap<&str, Work>, v: &mu
             _ => Work { scanned: rows, ..Default::default() },
         };
         h.estimated_ms = Some(round(scale.estimate_ms(&c.table, &work)));
-        h.suggestion = Some(suggestion.into());
+        // A foreign key added to a partitioned table is checked on each
+        // partition; the parent itself refuses NOT VALID (before PostgreSQL 18).
+        let parent = partitioned_named(e, s, "table").filter(|_| c.kind == "foreign key" && !c.under_lock);
+        h.suggestion = Some(match parent {
+            Some(parent) => format!(
+                "for each partition of {parent}, add the foreign key NOT VALID, then VALIDATE CONSTRAINT it in its own transaction \
+                 (writes go on meanwhile); the same key added to {parent} then adopts them without a scan \
+                 (a partitioned table refuses NOT VALID foreign keys before PostgreSQL 18)"
+            ),
+            None => suggestion.into(),
+        });
         v.hazards.push(h);
     }
     attach_scans(e, i, v);

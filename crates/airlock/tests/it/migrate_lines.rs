@@ -2188,6 +2188,7 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
             // safer form is one partition at a time.
             ("parent_index.sql", "CREATE INDEX events_id ON events (id);"),
             ("parent_key.sql", "ALTER TABLE events ADD PRIMARY KEY (id, at);"),
+            ("parent_foreign_key.sql", "ALTER TABLE events ADD CONSTRAINT events_account FOREIGN KEY (id) REFERENCES accounts (id);"),
             (
                 "parent_index_by_partition.sql",
                 "CREATE INDEX events_id ON ONLY events (id);\n\
@@ -2352,4 +2353,20 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
         "{said}"
     );
     assert!(!hazard_kinds(&c["names_fit.sql"]).contains(&"values_overwritten"), "{}", c["names_fit.sql"]);
+    let checks: Vec<&Value> = c["parent_foreign_key.sql"]["hazards"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["kind"] == "constraint_validation")
+        .collect();
+    assert_eq!(checks.len(), 2, "{}", c["parent_foreign_key.sql"]);
+    for h in checks {
+        assert!(
+            h["suggestion"]
+                .as_str()
+                .unwrap()
+                .starts_with("for each partition of public.events, add the foreign key NOT VALID"),
+            "{h}"
+        );
+    }
 }
