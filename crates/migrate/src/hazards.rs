@@ -176,6 +176,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     }
     compatibility(e, &mut v);
     super::integrity::integrity_hazards(e, &mut v);
+    super::keys_off::hazards(e, &mut v);
     super::access::access_hazards(e, &mut v);
     super::reached::reached_hazards(e, &mut v);
     v.notes.extend(super::shadowed::notes(e));

@@ -23,6 +23,7 @@ mod domains;
 pub mod hazards;
 pub mod html;
 mod integrity;
+mod keys_off;
 mod lock_timeout;
 pub mod locks;
 mod matviews;

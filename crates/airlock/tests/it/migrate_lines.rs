@@ -2131,14 +2131,16 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
          CREATE TABLE events_other PARTITION OF events DEFAULT;
          CREATE FUNCTION norm(t text) RETURNS text LANGUAGE sql IMMUTABLE AS $$ SELECT lower(btrim(t)) $$;
          CREATE TABLE tags (id int PRIMARY KEY, name text NOT NULL CHECK (norm(name) <> ''));
-         CREATE UNIQUE INDEX tags_norm ON tags (norm(name));",
+         CREATE UNIQUE INDEX tags_norm ON tags (norm(name));
+         CREATE TABLE notes (id int PRIMARY KEY, account_id bigint NOT NULL REFERENCES accounts (id));",
         "INSERT INTO accounts (balance, opened, ratio, cents, kind, holder)
            SELECT (g % 1000) + 0.37, timestamp '2026-01-01' + g * interval '7 minutes', g / 7.0, g, 'k' || g % 5,
                   CASE WHEN g % 100 = 0 THEN 'Holder ' || g || ' ' || repeat('of a very long name ', 5) ELSE 'Holder ' || g END
              FROM generate_series(1, 3000) g;
          REFRESH MATERIALIZED VIEW daily;
          INSERT INTO events SELECT g, date '2026-01-01' + g % 730 FROM generate_series(1, 3000) g;
-         INSERT INTO tags SELECT g, 'Tag ' || g FROM generate_series(1, 100) g;",
+         INSERT INTO tags SELECT g, 'Tag ' || g FROM generate_series(1, 100) g;
+         INSERT INTO notes SELECT g, g FROM generate_series(1, 100) g;",
     );
     let paths = files(
         &d,
@@ -2206,6 +2208,15 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
                  UPDATE accounts SET kind_upper = upper(kind) WHERE id > lo AND id <= lo + 500;\n    COMMIT;\n\
                  lo := lo + 500;\n  END LOOP;\nEND $$;",
             ),
+            // Foreign keys' checks switched off: only a superuser may, so the
+            // test is refused, and says what it would have left unchecked.
+            (
+                "keys_off.sql",
+                "BEGIN;\nALTER TABLE accounts DISABLE TRIGGER ALL;\nDELETE FROM accounts WHERE id <= 10;\n\
+                 ALTER TABLE accounts ENABLE TRIGGER ALL;\nCOMMIT;",
+            ),
+            ("replica_role.sql", "SET session_replication_role = replica;\nDELETE FROM accounts WHERE id <= 10;"),
+            ("own_triggers_off.sql", "ALTER TABLE accounts DISABLE TRIGGER USER;\nALTER TABLE accounts ENABLE TRIGGER USER;"),
             // A new partition beside a DEFAULT one reads the DEFAULT one for
             // its rows, as ATTACH does, unless a CHECK already excludes them.
             (
@@ -2369,4 +2380,20 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
             "{h}"
         );
     }
+    let h = hazard(&c["keys_off.sql"], "integrity_removed");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("switches off every trigger of public.accounts until it is enabled again, the checks of its foreign keys among them (notes.notes_account_id_fkey)")
+            && said.ends_with("refused under test, where the migration is not a superuser's, so what the rest of the file leaves then was not measured"),
+        "{said}"
+    );
+    assert!(hazard(&c["keys_off.sql"], "failed")["message"].as_str().unwrap().contains("system trigger"));
+    let said = message(&c["replica_role.sql"], "integrity_removed");
+    assert!(said.starts_with("sets session_replication_role to replica"), "{said}");
+    assert!(
+        !hazard_kinds(&c["own_triggers_off.sql"]).contains(&"integrity_removed"),
+        "{}",
+        c["own_triggers_off.sql"]
+    );
 }
