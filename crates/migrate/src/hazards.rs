@@ -897,8 +897,13 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
                 Some(c) if c.type_name != col.type_name && !widens(&col.type_name, &c.type_name) => found
                     .push((
                         format!(
-                            "column {name}.{} changes type {} -> {}",
-                            col.name, col.type_name, c.type_name
+                            "column {name}.{} changes type {} -> {}{}",
+                            col.name,
+                            col.type_name,
+                            c.type_name,
+                            old_code_meets(&col.type_name, &c.type_name)
+                                .map(|what| format!(" ({what})"))
+                                .unwrap_or_default()
                         ),
                         names,
                     )),
@@ -1003,6 +1008,33 @@ fn only_appends_columns(was: &str, now: &str) -> bool {
                 && new_columns[old_columns.len()..].starts_with(',')
         }
         _ => false,
+    }
+}
+
+/// What the old code meets where a type change narrows a column within its
+/// kind, rather than a type it cannot use: numbers rounded or refused,
+/// strings refused past a length, times read in another way.
+fn old_code_meets(before: &str, after: &str) -> Option<&'static str> {
+    let base = |t: &str| {
+        let (head, rest) = t.split_once('(').unwrap_or((t, ""));
+        format!("{}{}", head.trim(), rest.split_once(')').map_or("", |(_, r)| r))
+    };
+    const NUMBERS: &[&str] = &["smallint", "integer", "bigint", "numeric", "real", "double precision"];
+    const STRINGS: &[&str] = &["text", "character varying", "character"];
+    match (base(before).as_str(), base(after).as_str()) {
+        (b, a) if NUMBERS.contains(&b) && NUMBERS.contains(&a) => {
+            Some("its writes are rounded to what the new type holds, or refused past its range, with no error to say so when rounded")
+        }
+        (b, a) if STRINGS.contains(&b) && STRINGS.contains(&a) => {
+            Some("its writes longer than the new type allows now fail")
+        }
+        ("timestamp with time zone", "timestamp without time zone") => {
+            Some("its times are now kept without a zone: a time written from a session in another TimeZone is kept as that session's local time")
+        }
+        ("timestamp without time zone", "timestamp with time zone") => {
+            Some("its times are now read with a zone: each session's TimeZone decides which instant a time it writes without one is")
+        }
+        _ => None,
     }
 }
 

@@ -2396,4 +2396,10 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
         "{}",
         c["own_triggers_off.sql"]
     );
+    // What the old code meets: rounding, not a break.
+    let said = message(&c["rounded.sql"], "breaks_compatibility");
+    assert!(
+        said.ends_with("changes type numeric(12,2) -> numeric(12,0) (its writes are rounded to what the new type holds, or refused past its range, with no error to say so when rounded)"),
+        "{said}"
+    );
 }
