@@ -30,6 +30,7 @@ mod matviews;
 mod measure;
 pub mod merge;
 mod old_code;
+mod orphans;
 mod overwrite;
 pub mod parts;
 mod policies;

@@ -397,6 +397,7 @@ pub(crate) async fn measure(
     let matviews_after = super::matviews::read(admin.client()).await?;
     found.extend(super::matviews::keys_lost(&matviews_before, &matviews_after, &applied.statements));
     found.extend(super::matviews::left_empty(&matviews_before, &matviews_after, &applied.statements));
+    found.extend(super::orphans::hazards(admin.client(), &snapshot.catalog, &applied.statements).await?);
     let borrowed_after = super::sequence_owners::read(admin.client()).await?;
     found.extend(super::sequence_owners::hazards(&borrowed_before, &borrowed_after, &applied.statements));
     for index in invalid_indexes(&admin).await?.difference(&invalid_before) {

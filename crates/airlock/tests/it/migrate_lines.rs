@@ -2216,6 +2216,18 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
                  ALTER TABLE accounts ENABLE TRIGGER ALL;\nCOMMIT;",
             ),
             ("replica_role.sql", "SET session_replication_role = replica;\nDELETE FROM accounts WHERE id <= 10;"),
+            // A key made again NOT VALID over rows that now point at nothing.
+            (
+                "key_over_orphans.sql",
+                "ALTER TABLE notes DROP CONSTRAINT notes_account_id_fkey;\nDELETE FROM accounts WHERE id <= 10;\n\
+                 ALTER TABLE notes ADD CONSTRAINT notes_account_id_fkey FOREIGN KEY (account_id) REFERENCES accounts (id) NOT VALID;",
+            ),
+            (
+                "key_validated.sql",
+                "ALTER TABLE notes DROP CONSTRAINT notes_account_id_fkey;\n\
+                 ALTER TABLE notes ADD CONSTRAINT notes_account_id_fkey FOREIGN KEY (account_id) REFERENCES accounts (id) NOT VALID;\n\
+                 ALTER TABLE notes VALIDATE CONSTRAINT notes_account_id_fkey;",
+            ),
             ("own_triggers_off.sql", "ALTER TABLE accounts DISABLE TRIGGER USER;\nALTER TABLE accounts ENABLE TRIGGER USER;"),
             // A new partition beside a DEFAULT one reads the DEFAULT one for
             // its rows, as ATTACH does, unless a CHECK already excludes them.
@@ -2402,4 +2414,13 @@ fn values_a_new_type_cannot_hold_and_a_materialized_view_left_without_data_are_n
         said.ends_with("changes type numeric(12,2) -> numeric(12,0) (its writes are rounded to what the new type holds, or refused past its range, with no error to say so when rounded)"),
         "{said}"
     );
+    let h = hazard(&c["key_over_orphans.sql"], "integrity_removed");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(3)), "{h}");
+    assert_eq!(
+        h["message"],
+        json!("foreign key notes_account_id_fkey of public.notes is NOT VALID now, where it was checked, and 10 rows of public.notes \
+               point at no row of public.accounts: the key holds only for new writes, and what it guarded is broken")
+    );
+    let validated = &c["key_validated.sql"];
+    assert!(!hazard_kinds(validated).contains(&"integrity_removed"), "{validated}");
 }

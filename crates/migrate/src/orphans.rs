@@ -1,0 +1,145 @@
+//! Rows a foreign key left `NOT VALID` does not hold: a file that drops a
+//! key, deletes the rows it protected, and adds the key again `NOT VALID`
+//! keeps the key in name, and every row that now points at nothing stays.
+//! Nothing fails (a `NOT VALID` key checks only new writes), so the rows
+//! are counted on the fork after the file: each such key's rows whose
+//! columns are all set and match no row of the table it points at.
+//!
+//! The count compares keys of PostgreSQL's own types alone, with
+//! `OPERATOR(pg_catalog.=)`, from the admin session with its reading
+//! settings pinned: no operator, function or policy of the candidate's runs.
+
+use airlock_postgres::catalog::{quote_ident, Catalog};
+use airlock_postgres::cell::Cell as _;
+
+use super::report::{Hazard, Severity, StatementReport};
+
+/// How long counting one key's rows may take.
+const COUNT_TIMEOUT_MS: u64 = 20_000;
+
+/// One `NOT VALID` foreign key.
+struct Key {
+    name: String,
+    table: String,
+    columns: Vec<String>,
+    parent: String,
+    parent_columns: Vec<String>,
+}
+
+/// Every `NOT VALID` foreign key whose columns are all of PostgreSQL's own types.
+async fn not_valid(client: &tokio_postgres::Client) -> Result<Vec<Key>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            &format!(
+                "SELECT k.conname::pg_catalog.text,
+                        pg_catalog.quote_ident(n.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(c.relname),
+                        (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY u.o) FROM pg_catalog.unnest(k.conkey) WITH ORDINALITY AS u(n, o)
+                           JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) k.conrelid AND a.attnum OPERATOR(pg_catalog.=) u.n),
+                        pg_catalog.quote_ident(pn.nspname) OPERATOR(pg_catalog.||) '.' OPERATOR(pg_catalog.||) pg_catalog.quote_ident(p.relname),
+                        (SELECT pg_catalog.array_agg(a.attname::pg_catalog.text ORDER BY u.o) FROM pg_catalog.unnest(k.confkey) WITH ORDINALITY AS u(n, o)
+                           JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) k.confrelid AND a.attnum OPERATOR(pg_catalog.=) u.n)
+                   FROM pg_catalog.pg_constraint k
+                   JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) k.conrelid
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                   JOIN pg_catalog.pg_class p ON p.oid OPERATOR(pg_catalog.=) k.confrelid
+                   JOIN pg_catalog.pg_namespace pn ON pn.oid OPERATOR(pg_catalog.=) p.relnamespace
+                  WHERE k.contype OPERATOR(pg_catalog.=) 'f' AND NOT k.convalidated AND k.conparentid OPERATOR(pg_catalog.=) 0
+                    AND {}
+                    AND NOT EXISTS (SELECT FROM pg_catalog.pg_attribute a
+                                     WHERE a.attrelid OPERATOR(pg_catalog.=) k.conrelid
+                                       AND a.attnum OPERATOR(pg_catalog.=) ANY (k.conkey)
+                                       AND a.atttypid OPERATOR(pg_catalog.>=) 16384)",
+                airlock_postgres::catalog::SYSTEM_SCHEMAS
+            ),
+            &[],
+        )
+        .await?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (Ok(name), Ok(table), Ok(Some(columns)), Ok(parent), Ok(Some(parent_columns))) = (
+            r.cell(0),
+            r.cell(1),
+            r.cell::<Option<Vec<String>>>(2),
+            r.cell(3),
+            r.cell::<Option<Vec<String>>>(4),
+        ) else {
+            continue;
+        };
+        if columns.len() == parent_columns.len() {
+            out.push(Key { name, table, columns, parent, parent_columns });
+        }
+    }
+    Ok(out)
+}
+
+/// The rows of `k`'s table that point at nothing.
+async fn count(client: &tokio_postgres::Client, k: &Key) -> Option<i64> {
+    let set: Vec<String> = k.columns.iter().map(|c| format!("c.{} IS NOT NULL", quote_ident(c))).collect();
+    let matched: Vec<String> = k
+        .columns
+        .iter()
+        .zip(&k.parent_columns)
+        .map(|(c, p)| format!("p.{} OPERATOR(pg_catalog.=) c.{}", quote_ident(p), quote_ident(c)))
+        .collect();
+    let sql = format!(
+        "SELECT pg_catalog.count(*) FROM {} c WHERE {} AND NOT EXISTS (SELECT FROM {} p WHERE {})",
+        k.table,
+        set.join(" AND "),
+        k.parent,
+        matched.join(" AND ")
+    );
+    client.batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")).await.ok()?;
+    let n = client.query_one(&sql, &[]).await.ok().and_then(|r| r.cell::<i64>(0).ok());
+    let _ = client.batch_execute(if n.is_some() { "COMMIT" } else { "ROLLBACK" }).await;
+    n
+}
+
+/// An `integrity_removed` hazard for each `NOT VALID` foreign key of a
+/// golden table that rows break after the candidate: high where the golden
+/// held the key on the same columns checked (the file made it again over
+/// rows that break it), medium otherwise (its `VALIDATE` will fail).
+pub async fn hazards(
+    client: &tokio_postgres::Client,
+    golden: &Catalog,
+    statements: &[StatementReport],
+) -> airlock_core::error::Result<Vec<Hazard>> {
+    let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
+    let keys = not_valid(client).await;
+    let mut out = Vec::new();
+    for k in keys.iter().flatten() {
+        let Some(was) = golden.tables.get(&k.table) else { continue };
+        let Some(n) = count(client, k).await.filter(|n| *n > 0) else { continue };
+        let checked_before = was.constraints.values().any(|d| {
+            d.starts_with("FOREIGN KEY (")
+                && !d.ends_with("NOT VALID")
+                && super::integrity::key_columns(d) == k.columns
+        });
+        let line = super::integrity::naming(statements.iter().rev(), &k.name);
+        let rows = if n == 1 { "row" } else { "rows" };
+        let (severity, message) = match checked_before {
+            true => (
+                Severity::High,
+                format!(
+                    "foreign key {} of {} is NOT VALID now, where it was checked, and {n} {rows} of {} point at no row of {}: \
+                     the key holds only for new writes, and what it guarded is broken",
+                    k.name, k.table, k.table, k.parent
+                ),
+            ),
+            false => (
+                Severity::Medium,
+                format!(
+                    "foreign key {} of {} is NOT VALID, and {n} {rows} of {} point at no row of {}: its VALIDATE CONSTRAINT will fail",
+                    k.name, k.table, k.table, k.parent
+                ),
+            ),
+        };
+        let mut h = Hazard::new("integrity_removed", severity, message, line);
+        h.suggestion = Some(format!(
+            "delete or mend the rows that point at nothing (or delete the rows they point at with the key still checked, ON DELETE as it was), then VALIDATE CONSTRAINT {}",
+            k.name
+        ));
+        out.push(h);
+    }
+    pinned.restore(client).await?;
+    Ok(out)
+}
