@@ -227,27 +227,40 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
         .filter_map(|(name, _)| name.strip_prefix("operator ")?.split_once('(').map(|(op, _)| op.to_owned()))
         .filter(|op| !op.is_empty() && op.chars().all(|c| c.is_ascii_punctuation()))
         .collect();
-    // Which tables a write reaches through foreign keys that act on it.
-    let mut cascades: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    // Which tables a write reaches through foreign keys that act on it, and
+    // as what, by parent: (the write to the parent, the child, the write the
+    // action makes there). A cascaded delete deletes; SET NULL, SET DEFAULT
+    // and a cascaded update update. An update of a parent carries nothing
+    // through a key that acts only on delete.
+    type Carried = (&'static str, String, &'static str);
+    let mut cascades: BTreeMap<String, Vec<Carried>> = BTreeMap::new();
     for (name, t) in &catalog.tables {
         for definition in t.constraints.values() {
             let toks = tokens(definition);
-            let acts = toks.windows(3).any(|w| {
-                matches!(w, [Token::Word(on), Token::Word(event), Token::Word(action)]
-                    if on == "on" && (event == "update" || event == "delete") && (action == "cascade" || action == "set"))
-            });
-            if let Some(parent) = word_after(&toks, "references").filter(|_| acts) {
-                cascades.entry(parent).or_default().insert(unqualified(name));
+            let Some(parent) = word_after(&toks, "references") else { continue };
+            for w in toks.windows(3) {
+                let [Token::Word(on), Token::Word(event), Token::Word(action)] = w else { continue };
+                if on != "on" || !(action == "cascade" || action == "set") {
+                    continue;
+                }
+                let (on_event, makes) = match (event.as_str(), action.as_str()) {
+                    ("delete", "cascade") => ("delete", "delete"),
+                    ("delete", _) => ("delete", "update"),
+                    ("update", _) => ("update", "update"),
+                    _ => continue,
+                };
+                cascades.entry(parent.clone()).or_default().push((on_event, unqualified(name), makes));
             }
         }
     }
-    let reached = |table: &str| {
-        let mut seen: BTreeSet<String> = BTreeSet::from([table.to_owned()]);
-        let mut next = vec![table.to_owned()];
-        while let Some(t) = next.pop() {
-            for child in cascades.get(&t).into_iter().flatten() {
-                if seen.insert(child.clone()) {
-                    next.push(child.clone());
+    let reached = |table: &str, events: &'static [&'static str]| {
+        let mut seen: BTreeSet<(String, &'static str)> =
+            events.iter().map(|e| (table.to_owned(), *e)).collect();
+        let mut next: Vec<(String, &'static str)> = seen.iter().cloned().collect();
+        while let Some((t, event)) = next.pop() {
+            for (on, child, makes) in cascades.get(&t).into_iter().flatten() {
+                if *on == event && seen.insert((child.clone(), makes)) {
+                    next.push((child.clone(), makes));
                 }
             }
         }
@@ -403,10 +416,14 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 .any(|on| events.iter().any(|e| on.contains(*e)))
         };
         for (table, carried, events) in written_tables(&tokens) {
-            let reaches = if carried { reached(&table) } else { BTreeSet::from([table.clone()]) };
+            let reaches = match carried {
+                true => reached(&table, events),
+                false => events.iter().map(|e| (table.clone(), *e)).collect(),
+            };
             let coded = reaches
                 .into_iter()
-                .find(|t| (t != &table && fires(t, ANY_EVENT)) || coded_tables.contains_key(t));
+                .find(|(t, event)| (t != &table && fires(t, &[event])) || coded_tables.contains_key(t))
+                .map(|(t, _)| t);
             if let Some(t) = coded.filter(|t| *t != table) {
                 why(format!("writes {table}, whose foreign keys carry the write to {t}, whose triggers, rules or defaults run code"));
             } else if fires(&table, events) {

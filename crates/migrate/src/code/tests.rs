@@ -23,7 +23,7 @@ fn why(sql: &str) -> Vec<String> {
                                "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}},
             "public.kv": {"kind": "table", "columns": [], "indexes": {}, "triggers": {}, "constraints": {}},
             "public.owned": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
-                             "constraints": {"o": "FOREIGN KEY (k) REFERENCES kv(k) ON UPDATE CASCADE"}},
+                             "constraints": {"o": "FOREIGN KEY (k) REFERENCES kv(k) ON UPDATE CASCADE ON DELETE CASCADE"}},
             "public.child": {"kind": "table", "columns": [], "indexes": {}, "triggers": {"t": "CREATE TRIGGER t ..."},
                              "constraints": {"o": "FOREIGN KEY (k) REFERENCES owned(k) ON DELETE SET NULL"}}
         },
@@ -153,7 +153,8 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE users SET v = 'no'\n'w'::timestamptz::text", "'now'"),
         ("UPDATE users SET v = \"xmin\"::text || \"ctid\"::text", "xmin"),
         ("UPDATE users SET v = 'users'::\"regclass\"::int", "regclass"),
-        ("UPDATE kv SET k = 'beta' WHERE k = 'b'", "carry the write to child"),
+        // A delete cascades to owned, whose delete sets child's key NULL: an update, which its trigger fires on.
+        ("DELETE FROM kv WHERE k = 'b'", "carry the write to child"),
         ("UPDATE flags SET on_ = false", "triggers or rules"),
         ("UPDATE users SET v = (CAST(v AS tag_t)).label", "type tag_t"),
         ("UPDATE users SET v = v ## 'x'", "operator ##"),
@@ -232,6 +233,12 @@ fn code_that_can_look_around_is_opaque() {
     for (sql, said) in cases {
         let got = why(sql);
         assert!(got.iter().any(|w| w.contains(said)), "{sql}: {got:?}");
+    }
+    // An update carries only through keys that act on update: owned's
+    // update reaches no further (child's key acts on delete alone).
+    for sql in ["UPDATE owned SET v = 1 WHERE k = 'b'", "UPDATE kv SET v = 'x' WHERE k = 'b'"] {
+        let got = why(sql);
+        assert!(!got.iter().any(|w| w.contains("carry the write")), "{sql}: {got:?}");
     }
 }
 
