@@ -32,6 +32,7 @@ pub mod merge;
 mod old_code;
 mod orphans;
 mod overwrite;
+mod partitions;
 pub mod parts;
 mod policies;
 pub mod probe;

@@ -464,6 +464,7 @@ pub(crate) async fn measure(
             ));
         }
     }
+    super::partitions::fold(&mut found, &roots, &golden_rows);
     found.sort_by_key(|h| std::cmp::Reverse(h.severity));
     // Objects named like PostgreSQL's own can take the place of a built-in in
     // other sessions (an overload that matches better, a search path with the

@@ -5,17 +5,20 @@
 //! are counted on the fork after the file: each such key's rows whose
 //! columns are all set and match no row of the table it points at.
 //!
-//! The count compares keys of PostgreSQL's own types alone, with
-//! `OPERATOR(pg_catalog.=)`, from the admin session with its reading
-//! settings pinned: no operator, function or policy of the candidate's runs.
+//! The count is the reader's (`pg_airlock.orphan_count`), never the
+//! admin's: planning any query of a candidate's table can run code it put
+//! there (a partial index's predicate), so it runs with the reader's rights
+//! alone, in a transaction rolled back after it, on keys of PostgreSQL's own
+//! types compared with `OPERATOR(pg_catalog.=)`, all keys within one budget.
+//! A count that fails or runs out of time is said, not dropped.
 
-use airlock_postgres::catalog::{quote_ident, Catalog};
+use airlock_postgres::catalog::Catalog;
 use airlock_postgres::cell::Cell as _;
 
 use super::report::{Hazard, Severity, StatementReport};
 
-/// How long counting one key's rows may take.
-const COUNT_TIMEOUT_MS: u64 = 20_000;
+/// How long counting every key's rows may take, all keys together.
+const COUNT_BUDGET_MS: u64 = 20_000;
 
 /// One `NOT VALID` foreign key.
 struct Key {
@@ -72,26 +75,24 @@ async fn not_valid(client: &tokio_postgres::Client) -> Result<Vec<Key>, tokio_po
     Ok(out)
 }
 
-/// The rows of `k`'s table that point at nothing.
-async fn count(client: &tokio_postgres::Client, k: &Key) -> Option<i64> {
-    let set: Vec<String> = k.columns.iter().map(|c| format!("c.{} IS NOT NULL", quote_ident(c))).collect();
-    let matched: Vec<String> = k
-        .columns
-        .iter()
-        .zip(&k.parent_columns)
-        .map(|(c, p)| format!("p.{} OPERATOR(pg_catalog.=) c.{}", quote_ident(p), quote_ident(c)))
-        .collect();
-    let sql = format!(
-        "SELECT pg_catalog.count(*) FROM {} c WHERE {} AND NOT EXISTS (SELECT FROM {} p WHERE {})",
-        k.table,
-        set.join(" AND "),
-        k.parent,
-        matched.join(" AND ")
+/// The rows of `k`'s table that point at nothing, counted by the reader
+/// (never the admin: planning a query of the table can run code the
+/// candidate put in its indexes), in a transaction rolled back after it,
+/// within `timeout_ms`.
+async fn count(client: &tokio_postgres::Client, k: &Key, timeout_ms: u64) -> Option<i64> {
+    let grants = format!(
+        "{}; {}",
+        airlock_postgres::catalog::reader_grant(&k.table),
+        airlock_postgres::catalog::reader_grant(&k.parent)
     );
-    client.batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {COUNT_TIMEOUT_MS}")).await.ok()?;
-    let n = client.query_one(&sql, &[]).await.ok().and_then(|r| r.cell::<i64>(0).ok());
-    let _ = client.batch_execute(if n.is_some() { "COMMIT" } else { "ROLLBACK" }).await;
-    n
+    let query = "SELECT pg_airlock.orphan_count($1::text::pg_catalog.regclass, $2, $3::text::pg_catalog.regclass, $4)";
+    let counted = async {
+        client.batch_execute(&format!("BEGIN; SET LOCAL statement_timeout = {timeout_ms}; {grants}")).await?;
+        client.query_one(query, &[&k.table, &k.columns, &k.parent, &k.parent_columns]).await
+    }
+    .await;
+    let _ = client.batch_execute("ROLLBACK").await;
+    counted.ok().and_then(|r| r.cell::<i64>(0).ok())
 }
 
 /// An `integrity_removed` hazard for each `NOT VALID` foreign key of a
@@ -103,18 +104,42 @@ pub async fn hazards(
     golden: &Catalog,
     statements: &[StatementReport],
 ) -> airlock_core::error::Result<Vec<Hazard>> {
+    airlock_postgres::catalog::ensure_reader(client).await?;
     let pinned = airlock_postgres::catalog::Pinned::pin(client).await?;
     let keys = not_valid(client).await;
+    let began = std::time::Instant::now();
     let mut out = Vec::new();
     for k in keys.iter().flatten() {
         let Some(was) = golden.tables.get(&k.table) else { continue };
-        let Some(n) = count(client, k).await.filter(|n| *n > 0) else { continue };
+        let left = COUNT_BUDGET_MS.saturating_sub(began.elapsed().as_millis() as u64);
+        let line = super::integrity::naming(statements.iter().rev(), &k.name);
+        // A count that fails or runs out of time is said, not dropped: a
+        // candidate could make counting slow to hide what it broke.
+        let Some(n) = (if left > 0 { count(client, k, left).await } else { None }) else {
+            out.push(Hazard::new(
+                "integrity_removed",
+                Severity::Medium,
+                format!(
+                    "foreign key {} of {} is NOT VALID, and whether rows of {} point at no row of {} could not be counted \
+                     (it failed, or all such counts took more than {} s): its VALIDATE CONSTRAINT may fail",
+                    k.name,
+                    k.table,
+                    k.table,
+                    k.parent,
+                    COUNT_BUDGET_MS / 1000
+                ),
+                line,
+            ));
+            continue;
+        };
+        if n == 0 {
+            continue;
+        }
         let checked_before = was.constraints.values().any(|d| {
             d.starts_with("FOREIGN KEY (")
                 && !d.ends_with("NOT VALID")
                 && super::integrity::key_columns(d) == k.columns
         });
-        let line = super::integrity::naming(statements.iter().rev(), &k.name);
         let rows = if n == 1 { "row" } else { "rows" };
         let (severity, message) = match checked_before {
             true => (

@@ -141,6 +141,13 @@ fn plain_functions(catalog: &Catalog) -> BTreeSet<String> {
 fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<String>) -> Vec<Opaque> {
     let mut functions: BTreeSet<String> =
         catalog.functions.keys().map(|k| function_name(k)).filter(|f| !plain.contains(f)).collect();
+    // Sequences, read as relations (`SELECT last_value FROM s`): their
+    // position differs where the file runs. The file's own join them.
+    let mut sequences: BTreeSet<String> = catalog
+        .sequences
+        .keys()
+        .map(|k| airlock_postgres::catalog::split_qualified(k).1.to_ascii_lowercase())
+        .collect();
     // Tables with triggers, and the events they fire on.
     let triggered: BTreeMap<String, BTreeSet<String>> = catalog
         .tables
@@ -320,6 +327,19 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 }
             }
         }
+        if words.first() == Some(&"create") && words.contains(&"sequence") {
+            let named = tokens.iter().skip_while(|t| !matches!(t, Token::Word(w) if w == "sequence")).skip(1);
+            let named: Vec<&Token> = named
+                .filter(|t| !matches!(t, Token::Word(w) if w == "if" || w == "not" || w == "exists"))
+                .collect();
+            let last = named
+                .iter()
+                .take_while(|t| matches!(t, Token::Word(_) | Token::Quoted(_) | Token::Other('.')))
+                .last();
+            if let Some(Token::Word(n) | Token::Quoted(n)) = last {
+                sequences.insert(n.to_ascii_lowercase());
+            }
+        }
         match words.as_slice() {
             ["do", ..] => why("a DO block (code that can look where it runs)".into()),
             ["call", ..] => why("CALL runs a procedure".into()),
@@ -461,6 +481,14 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 Token::Other(_) | Token::Number(_) => continue,
             };
             let before = |back: usize| i.checked_sub(back).and_then(|j| tokens.get(j));
+            let after_from =
+                |back: usize| matches!(before(back), Some(Token::Word(w)) if w == "from" || w == "join");
+            let as_relation =
+                after_from(1) || (matches!(before(1), Some(Token::Other('.'))) && after_from(3));
+            if as_relation && sequences.contains(&name.to_ascii_lowercase()) {
+                why(format!("reads sequence {name} as a table, whose position differs where it runs"));
+                continue;
+            }
             // A quoted name is the system column or type only as written in lower case.
             let exact = match token {
                 Token::Word(_) => true,

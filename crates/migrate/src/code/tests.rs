@@ -37,7 +37,7 @@ fn why(sql: &str) -> Vec<String> {
             "operator ##(text,text)": {"definition": "digest x"},
             "operator class public.c for access method btree": {"definition": "digest y"}
         }, "functions": {"public.rotate_keys(integer)": "x", "app.\"Mixed\"()": "y"},
-        "sequences": {}, "types": {}, "extensions": {}
+        "sequences": {"public.users_id_seq": "bigint"}, "types": {}, "extensions": {}
     }))
     .unwrap();
     let statements = airlock_postgres::split::split(sql).unwrap();
@@ -229,6 +229,9 @@ fn code_that_can_look_around_is_opaque() {
         ("INSERT INTO on_update_only VALUES (1) ON CONFLICT (a) DO UPDATE SET a = 2", "whose triggers or rules run code"),
         ("MERGE INTO on_update_only t USING users u ON t.a = u.id WHEN MATCHED THEN DELETE", "whose triggers or rules run code"),
         ("CREATE TABLE copy AS SELECT * FROM notes", "notes, whose row policies read current_user"),
+        // A sequence read as a table: its position differs where it runs.
+        ("INSERT INTO users (v) SELECT last_value FROM public.users_id_seq", "reads sequence users_id_seq as a table"),
+        ("CREATE SEQUENCE s2;\nSELECT is_called FROM s2", "reads sequence s2 as a table"),
     ];
     for (sql, said) in cases {
         let got = why(sql);

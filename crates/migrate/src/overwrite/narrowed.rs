@@ -125,41 +125,54 @@ fn taken<'a>(v: &'a Option<String>, from_text: bool) -> Option<&'a str> {
 }
 
 /// The old values (as their text) among `values` that do not come back
-/// the same from `new`, as `old`, each with the value it comes back as.
-/// `None` where the round trip cannot be made (a value the new type does
-/// not take as it is: the file converted with `USING`).
+/// the same from `new`, as `old`, each with the value it comes back as
+/// (`None` for one the new type refuses: out of its range). `None` where
+/// the round trip could not be made at all.
 async fn not_held(
     client: &tokio_postgres::Client,
     values: &[&str],
     (old, new): (&str, &str),
-) -> Option<HashMap<String, String>> {
+) -> Option<HashMap<String, Option<String>>> {
     let (old, base) = own_type(old)?;
     let (new, _) = own_type(new)?;
-    let back = format!("((v::{old})::{new})::{old}");
+    // Each value alone, so one the new type refuses (an overflow the file's
+    // USING never met) is lost, not a failure of the whole read: a function
+    // of the admin session's own, dropped after.
+    let function = format!(
+        "CREATE OR REPLACE FUNCTION pg_temp.airlock_round_trip(v pg_catalog.text) RETURNS pg_catalog.text
+           LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $round_trip$
+           BEGIN RETURN (((v::{old})::{new})::{old})::pg_catalog.text;
+           EXCEPTION WHEN others THEN RETURN NULL; END $round_trip$"
+    );
     let held = match FLOAT_DIGITS.iter().find(|(f, _)| *f == base) {
         // A float promises so many digits and no more: beyond them its
         // text is noise that no other type need keep. (Operators written
         // OPERATOR(...) share one precedence: the product is bracketed.)
         Some((_, digits)) => format!(
-            "pg_catalog.abs(({back})::pg_catalog.float8 OPERATOR(pg_catalog.-) (v::{old})::pg_catalog.float8)
+            "pg_catalog.abs(b::pg_catalog.float8 OPERATOR(pg_catalog.-) (v::{old})::pg_catalog.float8)
                OPERATOR(pg_catalog.<=) (pg_catalog.abs((v::{old})::pg_catalog.float8) OPERATOR(pg_catalog.*) 1e-{}::pg_catalog.float8)",
             digits - 1
         ),
-        None => format!("({back})::pg_catalog.text OPERATOR(pg_catalog.=) (v::{old})::pg_catalog.text"),
+        None => format!("b OPERATOR(pg_catalog.=) (v::{old})::pg_catalog.text"),
     };
     let sql = format!(
-        "SELECT v, ({back})::pg_catalog.text FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u(v) WHERE NOT ({held})"
+        "SELECT v, b FROM (SELECT v, pg_temp.airlock_round_trip(v) AS b FROM pg_catalog.unnest($1::pg_catalog.text[]) AS u(v)) r
+          WHERE b IS NULL OR NOT ({held})"
     );
     let values: Vec<String> = values.iter().map(|v| (*v).to_owned()).collect();
     let rows = super::pinned(client, async {
-        client
-            .query(&sql, &[&values])
-            .await
-            .map_err(|e| airlock_core::error::Error::postgres(airlock_postgres::admin::describe(&e)))
+        let describe = |e: tokio_postgres::Error| {
+            airlock_core::error::Error::postgres(airlock_postgres::admin::describe(&e))
+        };
+        client.batch_execute(&function).await.map_err(describe)?;
+        let rows = client.query(&sql, &[&values]).await.map_err(describe);
+        let _ =
+            client.batch_execute("DROP FUNCTION IF EXISTS pg_temp.airlock_round_trip(pg_catalog.text)").await;
+        rows
     })
     .await
     .ok()?;
-    rows.iter().map(|r| Some((r.cell(0).ok()?, r.cell(1).ok()?))).collect()
+    rows.iter().map(|r| Some((r.cell(0).ok()?, r.cell::<Option<String>>(1).ok()?))).collect()
 }
 
 /// The columns of `targets` (paired by key: `before` and `after`, by the

@@ -486,7 +486,30 @@ const READER_SQL: &str = "
         END IF;
       END $$;
     ALTER FUNCTION pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint) OWNER TO airlock_reader;
-    REVOKE ALL ON FUNCTION pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint) FROM PUBLIC;";
+    REVOKE ALL ON FUNCTION pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint) FROM PUBLIC;
+    -- The rows of `relation` whose columns `keys` are all set and match no
+    -- row of `parent` on its columns `parent_keys`: what a foreign key left
+    -- NOT VALID does not hold. Keys of PostgreSQL's own types, compared with
+    -- its own operator (the caller checks the types).
+    CREATE OR REPLACE FUNCTION pg_airlock.orphan_count(relation pg_catalog.regclass, keys text[],
+                                                       parent pg_catalog.regclass, parent_keys text[])
+      RETURNS bigint
+      LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+      DECLARE
+        n bigint;
+        set_ text;
+        matched text;
+      BEGIN
+        SELECT pg_catalog.string_agg(pg_catalog.format('c.%I IS NOT NULL', k), ' AND '),
+               pg_catalog.string_agg(pg_catalog.format('p.%I OPERATOR(pg_catalog.=) c.%I', parent_keys[o], k), ' AND ')
+          INTO set_, matched
+          FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(k, o);
+        EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s c WHERE %s AND NOT EXISTS (SELECT FROM %s p WHERE %s)',
+                                  relation, set_, parent, matched) INTO n;
+        RETURN n;
+      END $$;
+    ALTER FUNCTION pg_airlock.orphan_count(pg_catalog.regclass, text[], pg_catalog.regclass, text[]) OWNER TO airlock_reader;
+    REVOKE ALL ON FUNCTION pg_airlock.orphan_count(pg_catalog.regclass, text[], pg_catalog.regclass, text[]) FROM PUBLIC;";
 
 /// What lets the reader read one table (its schema, then the table), granted
 /// in the read's own transaction and rolled back with it.
@@ -505,6 +528,7 @@ pub async fn ensure_reader(client: &tokio_postgres::Client) -> Result<bool> {
                                WHERE p.oid = pg_catalog.to_regprocedure('pg_airlock.count_rows(pg_catalog.regclass)')), false)
                     AND pg_catalog.to_regprocedure('pg_airlock.row_image(pg_catalog.regclass, text, text, bigint)') IS NOT NULL
                     AND pg_catalog.to_regprocedure('pg_airlock.value_counts(pg_catalog.regclass, text, integer, bigint)') IS NOT NULL
+                    AND pg_catalog.to_regprocedure('pg_airlock.orphan_count(pg_catalog.regclass, text[], pg_catalog.regclass, text[])') IS NOT NULL
                     AND (SELECT rolbypassrls FROM pg_catalog.pg_roles WHERE rolname = 'airlock_reader')
                     AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_auth_members m
                                       JOIN pg_catalog.pg_roles r ON r.oid = m.member
