@@ -672,11 +672,7 @@ pub async fn apply_sql(
                 let ran = run(session, &st.sql, limit).await;
                 let observed = sampler.finish().await;
                 let (out, took) = ran?;
-                if let Some(e) = outcome(&mut report, out, took) {
-                    reports[index] = report;
-                    stopped = Some(failure(st, e));
-                    break;
-                }
+                let failed = outcome(&mut report, out, took);
                 let mut r = reading(session, &t, limit).await?;
                 match flushed_rows(session, limit).await?.filter(|_| cumulative) {
                     Some(rows) => {
@@ -699,6 +695,12 @@ pub async fn apply_sql(
                 t.txn_locks.clear();
                 t.txn_statements.clear();
                 report.locks = observed_locks(&observed, &t.reported_names());
+                // What it committed before it failed is kept, and its own.
+                if let Some(e) = failed {
+                    reports[index] = report;
+                    stopped = Some(failure(st, e));
+                    break;
+                }
             }
             _ => {
                 if opens {

@@ -796,24 +796,54 @@ fn partial_commit(e: &Evidence, f: &Failure, v: &mut Verdict) {
         .filter(|s| !s.rolled_back && s.txn != failed.txn && changes_something(s))
         .map(|s| s.line)
         .collect();
-    if kept.is_empty() {
+    // A statement run outside a transaction block (a DO block that commits
+    // each batch) keeps what it committed before it failed.
+    let itself = failed.transaction == "none" && !failed.rows.is_empty();
+    if kept.is_empty() && !itself {
         return;
     }
     let lines: Vec<String> = kept.iter().take(10).map(|l| l.to_string()).collect();
-    let mut h = Hazard::new(
-        "partial_commit",
-        Severity::High,
-        format!(
+    let message = match (kept.is_empty(), itself) {
+        (true, _) => format!(
+            "line {} failed after committing part of its own work ({}): the database is left half-migrated",
+            f.line,
+            rows_words(failed)
+        ),
+        (false, true) => format!(
+            "line {} failed after committing part of its own work ({}), and after the statement(s) at line {} had already committed: the database is left half-migrated",
+            f.line,
+            rows_words(failed),
+            lines.join(", ")
+        ),
+        (false, false) => format!(
             "line {} failed after the statement(s) at line {} had already committed: the database is left half-migrated",
             f.line,
             lines.join(", ")
         ),
-        Some(f.line),
-    );
+    };
+    let mut h = Hazard::new("partial_commit", Severity::High, message, Some(f.line));
     h.suggestion = Some(
         "let it run in one transaction: no COMMIT inside it, and nothing that cannot run in one (promote then runs it whole, and a failure leaves nothing behind)".into(),
     );
     v.hazards.push(h);
+}
+
+/// What a statement's rows were: `3000 rows of public.accounts updated`.
+fn rows_words(s: &StatementReport) -> String {
+    let said: Vec<String> = s
+        .rows
+        .iter()
+        .map(|r| {
+            let mut did = Vec::new();
+            for (n, what) in [(r.inserted, "inserted"), (r.updated, "updated"), (r.deleted, "deleted")] {
+                if n > 0 {
+                    did.push(format!("{n} {what}"));
+                }
+            }
+            format!("rows of {}: {}", r.table, did.join(", "))
+        })
+        .collect();
+    said.join("; ")
 }
 
 /// Built-ins whose time is the rows they read (which the counters see) or
