@@ -506,6 +506,10 @@ const READER_SQL: &str = "
           FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(k, o);
         EXECUTE pg_catalog.format('SELECT pg_catalog.count(*) FROM %s c WHERE %s AND NOT EXISTS (SELECT FROM %s p WHERE %s)',
                                   relation, set_, parent, matched) INTO n;
+        IF pg_catalog.to_regclass(relation::text) IS DISTINCT FROM relation
+           OR pg_catalog.to_regclass(parent::text) IS DISTINCT FROM parent THEN
+          RAISE EXCEPTION 'relation % or % changed while it was read', relation, parent;
+        END IF;
         RETURN n;
       END $$;
     ALTER FUNCTION pg_airlock.orphan_count(pg_catalog.regclass, text[], pg_catalog.regclass, text[]) OWNER TO airlock_reader;
