@@ -15,32 +15,35 @@ use super::report::Hazard;
 /// `rows` is the golden's rows per table.
 pub fn fold(hazards: &mut Vec<Hazard>, roots: &BTreeMap<String, String>, rows: &BTreeMap<String, i64>) {
     // The partition each hazard is about: the one its message names.
-    let about = |h: &Hazard| {
-        roots
-            .keys()
-            .filter(|leaf| crate::integrity::names_word(&h.message, leaf))
-            .max_by_key(|leaf| leaf.len())
-            .cloned()
-    };
+    let leaves: Vec<Option<String>> = hazards
+        .iter()
+        .map(|h| {
+            roots
+                .keys()
+                .filter(|leaf| crate::integrity::names_word(&h.message, leaf))
+                .max_by_key(|leaf| leaf.len())
+                .cloned()
+        })
+        .collect();
     let mut first: BTreeMap<(String, Option<usize>, String, Option<String>, String), usize> = BTreeMap::new();
     let mut folded: Vec<Vec<String>> = vec![Vec::new(); hazards.len()];
     let mut gone = vec![false; hazards.len()];
-    for i in 0..hazards.len() {
-        let Some(leaf) = about(&hazards[i]) else { continue };
+    for (i, leaf) in leaves.iter().enumerate() {
+        let Some(leaf) = leaf else { continue };
         let h = &hazards[i];
         let key = (
             h.kind.clone(),
             h.line,
             h.severity.as_str().to_owned(),
             h.suggestion.clone(),
-            roots[&leaf].clone(),
+            roots[leaf].clone(),
         );
         match first.get(&key) {
             None => {
                 first.insert(key, i);
             }
             Some(&at) => {
-                folded[at].push(leaf);
+                folded[at].push(leaf.clone());
                 gone[i] = true;
                 let ms = hazards[i].estimated_ms;
                 if let (Some(total), Some(ms)) = (hazards[at].estimated_ms.as_mut(), ms) {
@@ -55,7 +58,7 @@ pub fn fold(hazards: &mut Vec<Hazard>, roots: &BTreeMap<String, String>, rows: &
             continue;
         }
         let root = &key.4;
-        let leaf = about(&hazards[*at]).unwrap_or_default();
+        let leaf = leaves[*at].clone().unwrap_or_default();
         let total: i64 = others.iter().chain([&leaf]).map(|t| rows.get(t).copied().unwrap_or(0)).sum();
         let names: Vec<String> = others
             .iter()

@@ -124,15 +124,32 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
 /// own rule, calling no function the database holds. Such a function does
 /// what the file's own statements would: computes from its arguments and
 /// the data, which promote's row check compares.
+///
+/// Every body is judged in one pass, so the catalog is read for it once,
+/// not once a function (a golden of thousands of functions would otherwise
+/// cost thousands of readings). Each body's statements carry its number as
+/// their line, which tells the bodies apart in what is found. What one body
+/// sets going for the next (a rule it makes, a function it defines) can only
+/// make the next opaque, never plain.
 fn plain_functions(catalog: &Catalog) -> BTreeSet<String> {
     let Some(bodies) = &catalog.sql_bodies else { return BTreeSet::new() };
+    let keys: Vec<&String> = bodies.keys().collect();
+    let mut statements = Vec::new();
+    let mut opaque_bodies = BTreeSet::new();
+    for (i, key) in keys.iter().enumerate() {
+        match airlock_postgres::split::split(&bodies[*key]) {
+            Ok(body) => statements.extend(body.into_iter().map(|s| Statement { line: i + 1, ..s })),
+            Err(_) => {
+                opaque_bodies.insert(i + 1);
+            }
+        }
+    }
+    opaque_bodies.extend(opaque_with(&statements, catalog, &BTreeSet::new()).into_iter().map(|o| o.line));
+    let plain_keys: BTreeSet<&String> =
+        keys.iter().enumerate().filter(|(i, _)| !opaque_bodies.contains(&(i + 1))).map(|(_, k)| *k).collect();
     let mut plain: BTreeMap<String, bool> = BTreeMap::new();
     for key in catalog.functions.keys() {
-        let is_plain = bodies.get(key).is_some_and(|body| {
-            airlock_postgres::split::split(body)
-                .is_ok_and(|statements| opaque_with(&statements, catalog, &BTreeSet::new()).is_empty())
-        });
-        *plain.entry(function_name(key)).or_insert(true) &= is_plain;
+        *plain.entry(function_name(key)).or_insert(true) &= plain_keys.contains(key);
     }
     plain.into_iter().filter(|(_, p)| *p).map(|(name, _)| name).collect()
 }
