@@ -10,6 +10,12 @@
 //! backwards (`price * 1.1`, `upper(email)`, a `NULL` filled in) loses
 //! nothing, whatever it rewrote.
 //!
+//! A value made without the old one (`slug = lower(name)`, from the row's
+//! other columns alone) or cut from it (`date_trunc('day', at)`) keeps
+//! nothing a rule could read back, so a row whose new value no other row
+//! holds lost its value too ([`Discard`]); a relabel many rows share
+//! (`'done'` to `'archived'`) still reads backwards.
+//!
 //! Rows no key pairs (a table without one, an `UPDATE` that sets the key
 //! too, a table too big to read row by row) are compared by the count of
 //! each value instead ([`counts`]).
@@ -44,7 +50,7 @@ pub mod names;
 pub mod narrowed;
 mod targets;
 pub mod unnamed;
-pub use targets::{targets, Target};
+pub use targets::{targets, Discard, Target};
 
 /// One value read: a digest of the text its type's output function writes,
 /// which is what values are compared by, and the start of that text, which
@@ -542,6 +548,9 @@ pub struct Lost {
     pub lost: usize,
     /// Distinct values the lost rows held, and hold now.
     pub distinct: (usize, usize),
+    /// Of `lost`, the rows whose new value no other row holds: lost only
+    /// because it was made discarding the old one ([`Discard`]).
+    pub alone: usize,
     /// By new value, most rows first: the rows that lost their value to it
     /// and the old values they held (a few, most common first).
     pub into: Vec<(Option<String>, usize, Vec<(Option<String>, usize)>)>,
@@ -549,12 +558,27 @@ pub struct Lost {
     pub keys: Vec<String>,
 }
 
-/// What `column` lost between `before` and `after`. A column whose new
-/// values are computed from its old ones (`from_itself`) and are not all
-/// one value loses only where two old values of changed rows became one:
-/// `qty + 1` on half the rows meets the other half's values, but can be
-/// undone.
-pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) -> Option<Lost> {
+/// How a file made a column's new values, for [`lost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Making {
+    /// From its old value alone: loses only where two old values of changed
+    /// rows became one (`qty + 1` on half the rows meets the other half's
+    /// values, but can be undone).
+    Itself,
+    /// Discarding the old value ([`Discard`]): loses also where a row's new
+    /// value is its own, held by no other row (`slug = lower(name)`). A
+    /// relabel that many rows share (`status = 'archived'` on the rows that
+    /// were `'done'`) can still be read backwards, and loses nothing.
+    Discarding,
+    /// Any other way: loses where rows with other old values now hold the
+    /// same value.
+    Mixed,
+}
+
+/// What `column` lost between `before` and `after`, by how its new values
+/// were made.
+pub fn lost(before: &Values, after: &Values, column: &str, making: Making) -> Option<Lost> {
+    let from_itself = making == Making::Itself;
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
     let pairs: Vec<(&String, &Cell, &Cell)> =
@@ -572,7 +596,11 @@ pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) ->
     for (_, was, now) in pairs.iter().filter(|(_, was, now)| !among_changed || was != now) {
         sources.entry(now).or_default().insert(was);
     }
-    let mut changed = 0;
+    let mut holders: HashMap<&Cell, usize> = HashMap::new();
+    for (_, _, now) in &pairs {
+        *holders.entry(now).or_default() += 1;
+    }
+    let (mut changed, mut alone) = (0, 0);
     let mut keys = Vec::new();
     let mut into: HashMap<&Cell, HashMap<&Cell, usize>> = HashMap::new();
     for (key, was, now) in &pairs {
@@ -580,9 +608,12 @@ pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) ->
             continue;
         }
         changed += 1;
-        if !was.is_null() && sources[now].len() > 1 {
+        let merged = sources[now].len() > 1;
+        let own = making == Making::Discarding && holders[now] == 1;
+        if !was.is_null() && (merged || own) {
             *into.entry(now).or_default().entry(was).or_default() += 1;
             keys.push((*key).clone());
+            alone += usize::from(!merged);
         }
     }
     let lost: usize = into.values().flat_map(|w| w.values()).sum();
@@ -601,7 +632,7 @@ pub fn lost(before: &Values, after: &Values, column: &str, from_itself: bool) ->
     into.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     let distinct = (olds.len(), into.len());
     into.truncate(3);
-    Some(Lost { changed, lost, distinct, into, keys })
+    Some(Lost { changed, lost, distinct, alone, into, keys })
 }
 
 /// Whether `lost` rows of a table of `rows` are enough for a hazard.
@@ -629,6 +660,8 @@ pub struct Loss {
     /// Its old and new type, where it lost its values to a new type that
     /// cannot hold them ([`narrowed`]) rather than by rows becoming alike.
     pub narrowed: Option<(String, String)>,
+    /// How its new values discarded the old ones, where they did.
+    pub discard: Option<Discard>,
 }
 
 impl Loss {
@@ -643,6 +676,7 @@ impl Loss {
             paired,
             named: t.named,
             narrowed: None,
+            discard: t.discards.get(column).cloned(),
         }
     }
 }
@@ -692,8 +726,7 @@ pub fn losses(
         let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
         let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
         for column in &t.columns {
-            let from_itself = t.from_itself.contains(column);
-            let Some(lost) = lost(b, a, column, from_itself).filter(|l| enough(l.lost, rows)) else {
+            let Some(lost) = lost(b, a, column, t.making(column)).filter(|l| enough(l.lost, rows)) else {
                 continue;
             };
             out.push(Loss::of(t, column, rows, lost, true));
@@ -716,7 +749,7 @@ pub fn counted_losses(
         for column in &t.columns {
             let (Some(was), Some(now)) = (b.get(column), a.get(column)) else { continue };
             let rows = rows_before.get(&t.table).copied().unwrap_or_else(|| was.values().sum());
-            let lost = counts::lost(was, now);
+            let lost = counts::lost(was, now, t.making(column));
             // Computed from itself, only a collapse tells a loss from a shift.
             // A column no statement names is judged by whether it holds fewer
             // values than it did (a merge), whatever rows the file added.
@@ -804,9 +837,14 @@ pub fn report(
             out.push(h);
             continue;
         }
+        // Replaced one for one from other columns, and too few rows for a
+        // hazard without those: perhaps a column that only ever holds what
+        // the others give, computed again.
+        let recomputed =
+            loss.discard == Some(Discard::Others) && !enough(l.lost - l.alone, rows) && l.alone > 0;
         let mut h = Hazard::new(
             "values_overwritten",
-            Severity::High,
+            if recomputed { Severity::Medium } else { Severity::High },
             format!(
                 "{} of the {} rows of {table} lost their {column}{}: {}{}; {}, and what they were is not kept anywhere",
                 count(l.lost),
@@ -820,7 +858,7 @@ pub fn report(
                 },
                 groups.join("; "),
                 if l.into.len() < l.distinct.1 { "; ..." } else { "" },
-                merged(l.distinct),
+                how_lost(l, loss.discard.as_ref()),
             ),
             line,
         );
@@ -830,12 +868,36 @@ pub fn report(
             (key, _) => format!("{}, {}", key.unwrap_or("id"), written(column)),
         };
         h.suggestion = Some(format!(
-            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {kept} FROM {table}), or write the new values to a new column; batching does not bring them back",
+            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {kept} FROM {table}), or write the new values to a new column; batching does not bring them back{}",
             written(&format!("{}_{column}_before", split_qualified(&loss.table).1)),
+            if recomputed {
+                format!(" (if {column} only ever holds what the row's other columns give, it can be computed again the old way, and nothing is lost)")
+            } else {
+                String::new()
+            },
         ));
         out.push(h);
     }
     (out, notes)
+}
+
+/// How the rows lost their values: merged into values other rows hold
+/// ([`merged`]), or each replaced by one of its own that keeps nothing of
+/// the old ([`Discard`]), or both.
+fn how_lost(l: &Lost, discard: Option<&Discard>) -> String {
+    let alone = match discard {
+        _ if l.alone == 0 => return merged(l.distinct),
+        Some(Discard::Cut(function)) => format!("{function} kept only part of"),
+        _ => "a value computed from the row's other columns, one no other row holds, replaced".to_owned(),
+    };
+    match l.alone == l.lost {
+        true => format!("{alone} each of them"),
+        false => format!(
+            "{} took values that rows with other values hold too, and {alone} each of the other {}",
+            count(l.lost - l.alone),
+            count(l.alone)
+        ),
+    }
 }
 
 /// How the distinct values merged: fewer after, or as many, each now one

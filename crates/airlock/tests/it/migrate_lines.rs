@@ -584,6 +584,92 @@ fn what_an_update_overwrites_is_named_with_the_values_it_replaced() {
 }
 
 #[test]
+fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
+    let d = Daemon::start(&[]);
+    // Each product on a day of its own, with a slug made from its id.
+    d.golden(
+        "shop",
+        "CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, slug text NOT NULL UNIQUE,
+                                price numeric(10,2) NOT NULL, made timestamp NOT NULL, status text NOT NULL);",
+        "INSERT INTO products SELECT g, 'Product ' || g, 'p-' || g, (g % 500) + 0.99,
+                timestamp '2020-01-01' + g * interval '1 day 7 minutes', (ARRAY['done', 'open', 'held'])[1 + g % 3]
+           FROM generate_series(1, 3000) g;",
+    );
+    let paths = files(
+        &d,
+        &[
+            // New values no other row holds, computed from other columns:
+            // the merge rule sees nothing, yet every old slug is gone.
+            ("slugs.sql", "SELECT 1;\nUPDATE products SET slug = lower(replace(name, ' ', '-'));"),
+            ("prices_from_ids.sql", "UPDATE products SET price = id / 100.0;"),
+            // The time of day cut off, every row still on a day of its own.
+            ("days.sql", "UPDATE products SET made = date_trunc('day', made);"),
+            (
+                "kept_first.sql",
+                "CREATE TABLE products_slug_before AS SELECT id, slug FROM products;\n\
+                                UPDATE products SET slug = lower(replace(name, ' ', '-'));",
+            ),
+            // Controls: a relabel that 1,000 rows share reads backwards; the
+            // same slugs made again change nothing; values another table
+            // brings (a FROM) are judged by whether they merge.
+            ("relabel.sql", "UPDATE products SET status = 'archived' WHERE status = 'done';"),
+            ("same_slugs.sql", "UPDATE products SET slug = 'p-' || id;"),
+            (
+                "from_staging.sql",
+                "CREATE TABLE staging AS SELECT id, price * 2 AS price FROM products;\n\
+                 UPDATE products p SET price = s.price FROM staging s WHERE s.id = p.id;",
+            ),
+            ("price_rise.sql", "UPDATE products SET price = round(price * 1.1, 2);"),
+        ],
+    );
+    let c = by_name(&test_on(&d, "shop", &paths));
+
+    let h = hazard(&c["slugs.sql"], "values_overwritten");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+    let said = h["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("3,000 of the 3,000 rows of products lost their slug: 1 had slug 'p-"),
+        "{said}"
+    );
+    assert!(said.contains("', now 'product-"), "{said}");
+    assert!(
+        said.ends_with(
+            "; ...; a value computed from the row's other columns, one no other row holds, replaced each of them, \
+             and what they were is not kept anywhere"
+        ),
+        "{said}"
+    );
+    assert!(numbers(said).iter().all(|n| *n <= 3_000), "{said}");
+    assert!(
+        h["suggestion"].as_str().unwrap().contains("CREATE TABLE products_slug_before AS SELECT id, slug"),
+        "{h}"
+    );
+    let said = message(&c["prices_from_ids.sql"], "values_overwritten");
+    assert!(said.starts_with("3,000 of the 3,000 rows of products lost their price"), "{said}");
+
+    let h = hazard(&c["days.sql"], "values_overwritten");
+    assert_eq!(h["severity"], json!("high"), "{h}");
+    let said = h["message"].as_str().unwrap();
+    // (Products 1,440 and 2,880 were made at midnight: nothing to cut.)
+    assert!(
+        said.starts_with("2,998 of the 3,000 rows of products lost their made: 1 had made '2020-"),
+        "{said}"
+    );
+    assert!(said.contains("; date_trunc kept only part of each of them, and what they were"), "{said}");
+
+    let kept = &c["kept_first.sql"];
+    assert!(!hazard_kinds(kept).contains(&"values_overwritten"), "{kept}");
+    assert!(
+        kept["notes"].as_array().unwrap().iter().any(|n| n["kind"] == "values_overwritten"
+            && n["message"].as_str().unwrap().ends_with("kept every old value in products_slug_before.slug")),
+        "{kept}"
+    );
+    for name in ["relabel.sql", "same_slugs.sql", "from_staging.sql", "price_rise.sql"] {
+        assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
+    }
+}
+
+#[test]
 fn what_an_update_takes_out_of_json_documents_is_named_by_its_path() {
     let d = daemon();
     // Every document is unlike every other before and after, so only its

@@ -109,8 +109,9 @@ pub async fn read(
 }
 
 /// What a column lost, from its counts before and after (see the module's
-/// rule). No keys are known, so none are given.
-pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>) -> Lost {
+/// rule), by how its new values were made. No keys are known, so none are
+/// given.
+pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>, making: super::Making) -> Lost {
     let held = |m: &HashMap<Cell, i64>, v: &Cell| m.get(v).copied().unwrap_or(0);
     // Values rows left (NULL aside: a row that held nothing lost nothing).
     let mut left: Vec<(&Cell, i64)> = before
@@ -125,8 +126,16 @@ pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>) -> Lost {
         .filter(|(_, n)| *n > 0)
         .partition(|(v, _)| held(before, v) > 0);
     // Fewer new values than old ones left: some of them merged.
+    let mut alone = 0;
     if onto_new.len() < left.len() {
         onto_held.append(&mut onto_new);
+    } else if making == super::Making::Discarding {
+        // Made discarding the old values, a new value one row holds is
+        // that row's old value gone (what a relabel of many rows is not).
+        let own: Vec<(&Cell, i64)> =
+            onto_new.into_iter().filter(|(v, n)| *n == 1 && held(after, v) == 1).collect();
+        alone = own.len() as i64;
+        onto_held.extend(own);
     }
     let changed: i64 = left.iter().map(|(_, n)| n).sum();
     let lost = changed.min(onto_held.iter().map(|(_, n)| n).sum());
@@ -144,5 +153,6 @@ pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>) -> Lost {
             (now.shown.clone(), n as usize, was)
         })
         .collect();
-    Lost { changed: changed as usize, lost: lost as usize, distinct, into, keys: vec![] }
+    let alone = alone.min(lost) as usize;
+    Lost { changed: changed as usize, lost: lost as usize, distinct, alone, into, keys: vec![] }
 }

@@ -112,6 +112,7 @@ pub async fn follow(client: &tokio_postgres::Client, targets: &[Target], ids: &I
         let table_now = table_now.unwrap_or_else(|| t.table.clone());
         let mut now = Target { table: table_now.clone(), columns: vec![], ..t.clone() };
         now.from_itself.clear();
+        now.discards.clear();
         let (_, back) = out.back.entry(table_now).or_insert_with(|| (t.table.clone(), BTreeMap::new()));
         // Every column known by number (the key's too) is followed.
         for (column, number) in known.into_iter().flat_map(|(_, numbers)| numbers) {
@@ -125,6 +126,9 @@ pub async fn follow(client: &tokio_postgres::Client, targets: &[Target], ids: &I
             now.columns.push(name.clone());
             if t.from_itself.contains(column) {
                 now.from_itself.insert(name.clone());
+            }
+            if let Some(discard) = t.discards.get(column) {
+                now.discards.insert(name.clone(), discard.clone());
             }
             back.insert(name.clone(), column.clone());
         }

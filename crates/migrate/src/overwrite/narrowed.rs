@@ -201,7 +201,8 @@ pub async fn losses(
                 b.rows.values().filter_map(|r| taken(&r[was_at].shown, from_text)).collect();
             let values: Vec<&str> = distinct.into_iter().collect();
             let Some(changed) = not_held(client, &values, (old, new)).await else { continue };
-            let mut lost = Lost { changed: 0, lost: 0, distinct: (0, 0), into: vec![], keys: vec![] };
+            let mut lost =
+                Lost { changed: 0, lost: 0, distinct: (0, 0), alone: 0, into: vec![], keys: vec![] };
             let mut into: BTreeMap<Option<String>, BTreeMap<Option<String>, usize>> = BTreeMap::new();
             for (key, row) in &b.rows {
                 let Some(was) = taken(&row[was_at].shown, from_text).filter(|v| changed.contains_key(*v))

@@ -30,6 +30,10 @@ pub struct Target {
     /// value (`qty = qty + 1`, a retype without `USING` a constant): such a
     /// change loses a value only where it maps two old values to one.
     pub from_itself: BTreeSet<String>,
+    /// Those of `columns` whose every new value keeps nothing of the old one
+    /// that a rule could give back: computed from the row's other columns
+    /// alone, or the old value cut to a part ([`Discard`]).
+    pub discards: BTreeMap<String, Discard>,
     /// The line of the first statement that names them (or, where none
     /// does, that updated the table's rows).
     pub line: usize,
@@ -39,10 +43,47 @@ pub struct Target {
     pub named: bool,
 }
 
+impl Target {
+    /// How the file made `column`'s new values, for the loss rule.
+    pub fn making(&self, column: &str) -> super::Making {
+        if self.from_itself.contains(column) {
+            super::Making::Itself
+        } else if self.discards.contains_key(column) {
+            super::Making::Discarding
+        } else {
+            super::Making::Mixed
+        }
+    }
+}
+
+/// How a column's new value keeps nothing of its old one, so that a row
+/// whose new value no other row holds lost its value all the same (the
+/// merge rule sees no loss there).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Discard {
+    /// Computed from the row's other columns and constants alone, never its
+    /// own value (`slug = lower(name)`, `price = id / 100.0`).
+    Others,
+    /// Its own value cut to a part by the named function
+    /// (`date_trunc('day', at)`, `round(price)`, `left(name, 50)`).
+    Cut(String),
+}
+
+/// How one statement computes a column's new values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Made {
+    /// From its own value alone ([`own_value`]).
+    Itself,
+    /// Keeping nothing of the old value ([`Discard`]).
+    Discarding(Discard),
+    /// Any other way: values from another table's rows, a `CASE` over the
+    /// column, the column among others.
+    Mixed,
+}
+
 /// A name as written (`[schema, name]` or `[name]`; empty when the statement
-/// does not say) and the columns set, each with whether its new value is
-/// computed from itself.
-type Named = (Vec<String>, BTreeMap<String, bool>);
+/// does not say) and the columns set, each with how its new value is made.
+type Named = (Vec<String>, BTreeMap<String, Made>);
 
 /// The columns `statements` set or retype, of tables in `tables` (the
 /// golden's, keyed and small enough to read).
@@ -68,21 +109,31 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                     table: table.clone(),
                     columns: vec![],
                     from_itself: BTreeSet::new(),
+                    discards: BTreeMap::new(),
                     line: st.line,
                     named: true,
                 });
                 // Set under the name an earlier statement gave the column.
-                let columns: BTreeMap<&str, bool> =
-                    columns.iter().map(|(c, itself)| (renames.column(table, c), *itself)).collect();
+                let columns: BTreeMap<&str, &Made> =
+                    columns.iter().map(|(c, made)| (renames.column(table, c), made)).collect();
                 for c in golden.columns.iter() {
-                    let Some(itself) = columns.get(c.name.as_str()) else { continue };
+                    let Some(made) = columns.get(c.name.as_str()) else { continue };
                     if !t.columns.contains(&c.name) {
                         t.columns.push(c.name.clone());
-                        if *itself {
-                            t.from_itself.insert(c.name.clone());
+                        match made {
+                            Made::Itself => drop(t.from_itself.insert(c.name.clone())),
+                            Made::Discarding(d) => drop(t.discards.insert(c.name.clone(), d.clone())),
+                            Made::Mixed => {}
                         }
-                    } else if !itself {
+                        continue;
+                    }
+                    // Set again, another way: only the merge rule holds for
+                    // both (a bump after a cut can be undone, the cut not).
+                    if **made != Made::Itself {
                         t.from_itself.remove(&c.name);
+                    }
+                    if !matches!(made, Made::Discarding(_)) {
+                        t.discards.remove(&c.name);
                     }
                 }
             }
@@ -122,6 +173,7 @@ fn set_null_by_keys(
                     table: table.clone(),
                     columns: vec![],
                     from_itself: BTreeSet::new(),
+                    discards: BTreeMap::new(),
                     line: st.line,
                     named: true,
                 });
@@ -130,6 +182,7 @@ fn set_null_by_keys(
                         target.columns.push(column.clone());
                     }
                     target.from_itself.remove(&column);
+                    target.discards.remove(&column);
                 }
             }
         }
@@ -192,9 +245,10 @@ fn named(sql: &str) -> Vec<Named> {
                         into = name;
                     }
                 }
-                Token::Word(w) if w == "update" && word(said.get(i + 1), "set") => {
-                    out.extend(set_list(&said[i + 2..]).map(|columns| (into.clone(), columns)))
-                }
+                // Its values come from the rows offered (a MERGE's source,
+                // `excluded`), not from the row's own columns alone.
+                Token::Word(w) if w == "update" && word(said.get(i + 1), "set") => out
+                    .extend(set_list(&said[i + 2..]).map(|columns| (into.clone(), from_elsewhere(columns)))),
                 Token::Word(w) if w == "update" => out.extend(update(&said[i + 1..])),
                 Token::Word(w) if w == "alter" && word(said.get(i + 1), "table") => {
                     out.extend(alter_types(&said[i + 2..]))
@@ -243,9 +297,9 @@ fn made_of(expression: &[Token], allowed: impl Fn(&Token, bool) -> bool) -> bool
 }
 
 /// `NEW.column := expr;` (or `=`) in a trigger function's body: each column
-/// set, and whether from its own value alone (`NEW.version := OLD.version +
-/// 1`). A row stamped with the clock is left out.
-fn assignments(said: &[Token]) -> BTreeMap<String, bool> {
+/// set, and how its value is made ([`made`]: `NEW.version := OLD.version + 1`
+/// is from itself). A row stamped with the clock is left out.
+fn assignments(said: &[Token]) -> BTreeMap<String, Made> {
     let mut out = BTreeMap::new();
     for (i, t) in said.iter().enumerate() {
         let starts = i == 0
@@ -284,9 +338,11 @@ fn assignments(said: &[Token]) -> BTreeMap<String, bool> {
         if stamps_the_clock(&expression) {
             continue;
         }
-        let itself = own_value(&expression, &column);
-        let entry = out.entry(column).or_insert(itself);
-        *entry = *entry && itself;
+        let made = made(&expression, &column);
+        match out.get(&column) {
+            Some(before) if *before != made => drop(out.insert(column, Made::Mixed)),
+            _ => drop(out.insert(column, made)),
+        }
     }
     out
 }
@@ -426,9 +482,9 @@ fn own_value(expression: &[Token], column: &str) -> bool {
         })
 }
 
-/// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and whether
-/// its expression computes it from its own value alone ([`own_value`]).
-fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
+/// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and how its
+/// expression makes its value ([`made`]).
+fn set_list(rest: &[Token]) -> Option<BTreeMap<String, Made>> {
     let mut columns = BTreeMap::new();
     let mut i = 0;
     loop {
@@ -447,6 +503,8 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
         } else {
             set.extend(ident(rest.get(i)));
         }
+        // `c[1] = ...`, `c.field = ...`: a part of the value set, the rest kept.
+        let part = !tuple && rest.get(i + 1) != Some(&Token::Other('='));
         // Its expression: to a comma, a clause or the end, at depth zero.
         let (mut depth, mut expression) = (0usize, Vec::new());
         let mut more = false;
@@ -454,6 +512,9 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
         let start = i + usize::from(!tuple) + 1;
         while let Some(t) = rest.get(i) {
             match t {
+                // (A CASE's WHEN is not a MERGE's.)
+                Token::Word(w) if w == "case" => depth += 1,
+                Token::Word(w) if w == "end" && depth > 0 => depth -= 1,
                 Token::Other('(') | Token::Other('[') => depth += 1,
                 Token::Other(')') | Token::Other(']') if depth == 0 => break,
                 Token::Other(')') | Token::Other(']') => depth -= 1,
@@ -483,13 +544,98 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, bool>> {
         }
         for column in &set {
             // A tuple's expression sets several columns: none from itself alone.
-            columns.insert(column.clone(), !tuple && own_value(&expression, column));
+            columns
+                .insert(column.clone(), if tuple || part { Made::Mixed } else { made(&expression, column) });
         }
         if !more {
+            // `UPDATE ... SET ... FROM other`: the values may be another
+            // table's rows, not the row's own columns.
+            if word(rest.get(i), "from") {
+                return Some(from_elsewhere(columns)).filter(|c| !c.is_empty());
+            }
             break;
         }
     }
     Some(columns).filter(|c| !c.is_empty())
+}
+
+/// Columns whose values may come from rows other than their own (a
+/// `FROM`, a `MERGE`'s source, `excluded`): none is computed from the row's
+/// other columns alone, so none discards by that rule.
+fn from_elsewhere(mut columns: BTreeMap<String, Made>) -> BTreeMap<String, Made> {
+    for made in columns.values_mut() {
+        if *made == Made::Discarding(Discard::Others) {
+            *made = Made::Mixed;
+        }
+    }
+    columns
+}
+
+/// Functions that keep a part of a value and drop the rest: applied to a
+/// column alone (`date_trunc('day', created_at)`, `left(name, 50)`), each
+/// changed value lost what they dropped, whether or not it met another.
+const CUTTING_FUNCTIONS: &[&str] = &[
+    "date_trunc",
+    "round",
+    "trunc",
+    "floor",
+    "ceil",
+    "ceiling",
+    "left",
+    "substr",
+    "substring",
+    "split_part",
+];
+
+/// How `expression` computes `column`'s new value: a cut of the column
+/// alone ([`cut_by`]), from its own value alone ([`own_value`]), from the
+/// row's other columns and constants alone (no subquery, no `excluded`), or
+/// otherwise.
+fn made(expression: &[Token], column: &str) -> Made {
+    if let Some(function) = cut_by(expression, column) {
+        return Made::Discarding(Discard::Cut(function));
+    }
+    if own_value(expression, column) {
+        return Made::Itself;
+    }
+    let reads_itself =
+        expression.iter().any(|t| matches!(t, Token::Word(w) | Token::Quoted(w) if w == column));
+    let elsewhere =
+        expression.iter().any(|t| matches!(t, Token::Word(w) if w == "select" || w == "excluded"));
+    match reads_itself || elsewhere || expression.is_empty() {
+        true => Made::Mixed,
+        false => Made::Discarding(Discard::Others),
+    }
+}
+
+/// The function of [`CUTTING_FUNCTIONS`] that `expression` applies to
+/// `column` alone, with constants for its other arguments and perhaps a
+/// cast after: `round(price)`, `date_trunc('day', at)::date`,
+/// `substring(name from 1 for 50)`. Arithmetic inside (`round(price * 1.1,
+/// 2)`) makes a value of the column's own, not a cut of it.
+fn cut_by(expression: &[Token], column: &str) -> Option<String> {
+    let Some(Token::Word(function)) = expression.first() else { return None };
+    if !CUTTING_FUNCTIONS.contains(&function.as_str()) || expression.get(1) != Some(&Token::Other('(')) {
+        return None;
+    }
+    let close = expression.iter().position(|t| *t == Token::Other(')'))?;
+    let (arguments, after) = (&expression[2..close], &expression[close + 1..]);
+    let itself = |t: &Token| matches!(t, Token::Word(w) | Token::Quoted(w) if w == column);
+    let arguments_fit = arguments.iter().filter(|t| itself(t)).count() == 1
+        && made_of(arguments, |t, cast| match t {
+            _ if itself(t) => true,
+            Token::Word(w) => cast || w == "from" || w == "for",
+            Token::Constant(_) | Token::Number(_) => true,
+            Token::Other(c) => ",:-".contains(*c),
+            _ => false,
+        });
+    // Only a cast may follow: `::date`, `::numeric(12, 2)`.
+    let cast_after = after.is_empty()
+        || (after.starts_with(&[Token::Other(':'), Token::Other(':')])
+            && made_of(&after[2..], |t, _| {
+                matches!(t, Token::Word(_) | Token::Number(_) | Token::Other('(' | ')' | ','))
+            }));
+    (arguments_fit && cast_after).then(|| function.clone())
 }
 
 /// `[IF EXISTS] [ONLY] name ... ALTER [COLUMN] c [SET DATA] TYPE t [USING e]`.
@@ -539,13 +685,20 @@ fn alter_types(rest: &[Token]) -> Option<Named> {
                     }
                     match using {
                         Some(u) => {
-                            let itself =
-                                rest[u + 1..k].iter().any(|t| ident(Some(t)).as_ref() == Some(&column));
-                            columns.insert(column, itself);
+                            // What a type cannot hold is judged by `narrowed`;
+                            // here, whether `USING` reads the value at all.
+                            let expression = &rest[u + 1..k];
+                            let itself = expression.iter().any(|t| ident(Some(t)).as_ref() == Some(&column));
+                            let made = match (itself, made(expression, &column)) {
+                                (true, cut @ Made::Discarding(Discard::Cut(_))) => cut,
+                                (true, _) => Made::Itself,
+                                (false, made) => made,
+                            };
+                            columns.insert(column, made);
                         }
                         None if word(rest.get(at + 1), "jsonb") => {}
                         None => {
-                            columns.insert(column, true);
+                            columns.insert(column, Made::Itself);
                         }
                     }
                 }

@@ -191,18 +191,18 @@ fn a_value_is_lost_when_its_row_now_holds_what_rows_of_another_value_hold() {
     let before: Vec<(i64, Option<&str>)> =
         (0..100).map(|i| (i, Some(if i < 20 { "enterprise" } else { "standard" }))).collect();
     let after: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, Some("standard"))).collect();
-    let l = lost(&values(&before), &values(&after), "tier", false).unwrap();
+    let l = lost(&values(&before), &values(&after), "tier", Making::Mixed).unwrap();
     assert_eq!((l.changed, l.lost, l.distinct), (20, 20, (1, 1)));
     assert_eq!(l.into, [(Some("standard".into()), 20, vec![(Some("enterprise".into()), 20)])]);
 
     // Read backwards, nothing is lost: a renamed value, a NULL filled in.
     let renamed: Vec<(i64, Option<&str>)> =
         before.iter().map(|(k, v)| (*k, if *v == Some("enterprise") { Some("gold") } else { *v })).collect();
-    assert_eq!(lost(&values(&before), &values(&renamed), "tier", false).unwrap().lost, 0);
+    assert_eq!(lost(&values(&before), &values(&renamed), "tier", Making::Mixed).unwrap().lost, 0);
     let empty: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, None)).collect();
     let filled: Vec<(i64, Option<&str>)> =
         (0..100).map(|i| (i, Some(if i % 2 == 0 { "a" } else { "b" }))).collect();
-    assert_eq!(lost(&values(&empty), &values(&filled), "tier", false).unwrap().lost, 0);
+    assert_eq!(lost(&values(&empty), &values(&filled), "tier", Making::Mixed).unwrap().lost, 0);
 
     // Computed from itself: qty + 1 on half the rows meets the other half's
     // values, but can be undone; rounding two values into one cannot.
@@ -212,21 +212,21 @@ fn a_value_is_lost_when_its_row_now_holds_what_rows_of_another_value_hold() {
         .iter()
         .map(|(k, v)| (*k, if k % 2 == 0 { Some(["2", "3", "4", "5"][*k as usize % 4]) } else { *v }))
         .collect();
-    assert_eq!(lost(&values(&qty), &values(&bumped), "tier", true).unwrap().lost, 0);
-    assert!(lost(&values(&qty), &values(&bumped), "tier", false).unwrap().lost > 0);
+    assert_eq!(lost(&values(&qty), &values(&bumped), "tier", Making::Itself).unwrap().lost, 0);
+    assert!(lost(&values(&qty), &values(&bumped), "tier", Making::Mixed).unwrap().lost > 0);
     let rounded: Vec<(i64, Option<&str>)> =
         qty.iter().map(|(k, v)| (*k, if *v == Some("2") { Some("1") } else { *v })).collect();
     let halved: Vec<(i64, Option<&str>)> =
         qty.iter().map(|(k, _)| (*k, Some(if k % 4 < 2 { "1" } else { "2" }))).collect();
     assert_eq!(
-        lost(&values(&qty), &values(&rounded), "tier", true).unwrap().lost,
+        lost(&values(&qty), &values(&rounded), "tier", Making::Itself).unwrap().lost,
         25,
         "one value, like a constant"
     );
-    assert_eq!(lost(&values(&qty), &values(&halved), "tier", true).unwrap().lost, 50);
+    assert_eq!(lost(&values(&qty), &values(&halved), "tier", Making::Itself).unwrap().lost, 50);
 
     // Every value put to NULL: each row that held one lost it.
-    let l = lost(&values(&filled), &values(&empty), "tier", false).unwrap();
+    let l = lost(&values(&filled), &values(&empty), "tier", Making::Mixed).unwrap();
     assert_eq!((l.lost, l.distinct), (100, (2, 1)));
 }
 
@@ -250,6 +250,7 @@ fn the_message_names_the_column_the_rows_and_the_values() {
         table: "public.customers".into(),
         columns: vec!["tier".into()],
         from_itself: BTreeSet::new(),
+        discards: BTreeMap::new(),
         line: 3,
         named: true,
     };
@@ -283,6 +284,7 @@ fn values_kept_elsewhere_by_the_migration_are_a_note() {
         table: "public.customers".into(),
         columns: vec!["tier".into()],
         from_itself: BTreeSet::new(),
+        discards: BTreeMap::new(),
         line: 2,
         named: true,
     };
@@ -317,27 +319,32 @@ fn counted(values: &[(Option<&str>, i64)]) -> std::collections::HashMap<Cell, i6
 fn without_pairs_a_value_is_lost_when_its_rows_joined_a_value_held_before_or_many_became_few() {
     // 2,000 enterprise rows became standard, beside 18,000 standard already.
     let tiers = counted(&[(Some("enterprise"), 2_000), (Some("standard"), 18_000)]);
-    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 20_000)]));
+    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 20_000)]), Making::Mixed);
     assert_eq!((l.changed, l.lost, l.distinct), (2_000, 2_000, (1, 1)));
     assert_eq!(l.into, [(Some("standard".into()), 2_000, vec![(Some("enterprise".into()), 2_000)])]);
     assert!(l.keys.is_empty());
 
     // Three values set to NULL (none was NULL): many became one.
     let three = counted(&[(Some("a"), 10), (Some("b"), 20), (Some("c"), 30)]);
-    let l = counts::lost(&three, &counted(&[(None, 60)]));
+    let l = counts::lost(&three, &counted(&[(None, 60)]), Making::Mixed);
     assert_eq!((l.lost, l.distinct), (60, (3, 1)));
 
     // Renamed one for one, NULLs filled in, rows deleted or added: nothing lost.
     let renamed = counted(&[(Some("A"), 10), (Some("B"), 20), (Some("C"), 30)]);
-    assert_eq!(counts::lost(&three, &renamed).lost, 0);
-    let filled = counts::lost(&counted(&[(None, 50), (Some("x"), 50)]), &counted(&[(Some("x"), 100)]));
+    assert_eq!(counts::lost(&three, &renamed, Making::Mixed).lost, 0);
+    let filled =
+        counts::lost(&counted(&[(None, 50), (Some("x"), 50)]), &counted(&[(Some("x"), 100)]), Making::Mixed);
     assert_eq!(filled.lost, 0);
-    assert_eq!(counts::lost(&three, &counted(&[(Some("c"), 30)])).lost, 0);
-    assert_eq!(counts::lost(&three, &counted(&[(Some("a"), 110), (Some("b"), 20), (Some("c"), 30)])).lost, 0);
+    assert_eq!(counts::lost(&three, &counted(&[(Some("c"), 30)]), Making::Mixed).lost, 0);
+    assert_eq!(
+        counts::lost(&three, &counted(&[(Some("a"), 110), (Some("b"), 20), (Some("c"), 30)]), Making::Mixed)
+            .lost,
+        0
+    );
 
     // Rows deleted and others made anew with a value already held: as many
     // as left lost their values, no more.
-    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 25_000)]));
+    let l = counts::lost(&tiers, &counted(&[(Some("standard"), 25_000)]), Making::Mixed);
     assert_eq!(l.lost, 2_000);
     assert!(l.into.iter().all(|(_, n, was)| *n <= 2_000 && was.iter().all(|(_, m)| *m <= 2_000)), "{l:?}");
 }
@@ -348,6 +355,7 @@ fn a_loss_told_by_counts_says_so_and_a_table_without_a_key_is_kept_whole() {
         table: "public.events".into(),
         columns: vec!["kind".into()],
         from_itself: BTreeSet::new(),
+        discards: BTreeMap::new(),
         line: 1,
         named: true,
     };
@@ -457,4 +465,150 @@ fn a_trigger_function_setting_a_column_of_its_row_targets_it() {
 /// A value read with its text (`None`: NULL).
 fn cell(v: Option<&str>) -> Cell {
     Cell { digest: v.map_or(NULL_DIGEST, digest_of), shown: v.map(str::to_owned) }
+}
+
+#[test]
+fn a_value_computed_without_the_old_one_or_cut_from_it_discards_it() {
+    let c = catalog();
+    let tables = c.tables.keys().cloned().collect();
+    let discards = |sql: &str| {
+        let statements = airlock_postgres::split::split(sql).unwrap();
+        targets(&statements, &c, &tables)[0].discards.clone().into_iter().collect::<Vec<(String, Discard)>>()
+    };
+    let others = |c: &str| vec![(c.to_owned(), Discard::Others)];
+    let cut = |c: &str, f: &str| vec![(c.to_owned(), Discard::Cut(f.into()))];
+    // From the row's other columns and constants alone.
+    assert_eq!(
+        discards("UPDATE customers SET name = lower(regexp_replace(tier, '\\s+', '-', 'g'))"),
+        others("name")
+    );
+    assert_eq!(discards("UPDATE orders SET total = id / 100.0"), others("total"));
+    assert_eq!(discards("UPDATE customers SET tier = 'standard' WHERE tier = 'enterprise'"), others("tier"));
+    assert_eq!(discards("ALTER TABLE orders ALTER COLUMN total TYPE numeric USING id * 2"), others("total"));
+    assert_eq!(
+        discards(
+            "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.name := upper(NEW.tier); RETURN NEW; END $$;\n\
+             CREATE TRIGGER t BEFORE UPDATE ON customers FOR EACH ROW EXECUTE FUNCTION f();"
+        ),
+        others("name")
+    );
+    // Its own value cut to a part.
+    assert_eq!(discards("UPDATE orders SET total = date_trunc('day', total)"), cut("total", "date_trunc"));
+    assert_eq!(discards("UPDATE orders SET total = round(total)::int"), cut("total", "round"));
+    assert_eq!(
+        discards("UPDATE customers SET name = substring(name from 1 for 50)"),
+        cut("name", "substring")
+    );
+    assert_eq!(
+        discards("ALTER TABLE customers ALTER COLUMN name TYPE text USING left(name, 3)"),
+        cut("name", "left")
+    );
+    // Neither: arithmetic inside a cut, the value's own part, values from
+    // other rows (a FROM, a subquery, the rows an upsert or MERGE offers), a
+    // CASE over the column, two statements setting it two ways.
+    for sql in [
+        "UPDATE orders SET total = round(total * 1.1, 2)",
+        "UPDATE orders SET total = total + id",
+        "UPDATE customers SET name[1] = 'x'",
+        "UPDATE orders o SET total = s.total FROM staging s WHERE s.id = o.id",
+        "UPDATE orders o SET total = (SELECT sum(id) FROM customers c WHERE c.id = o.id)",
+        "INSERT INTO orders VALUES (1) ON CONFLICT (id) DO UPDATE SET total = excluded.total",
+        "MERGE INTO orders o USING staging s ON s.id = o.id WHEN MATCHED THEN UPDATE SET total = 7",
+        "UPDATE customers SET tier = CASE WHEN tier = 'a' THEN 'b' ELSE tier END",
+        "UPDATE orders SET total = id * 2; UPDATE orders SET total = total + 1",
+    ] {
+        assert_eq!(discards(sql), [], "{sql}");
+    }
+}
+
+#[test]
+fn a_value_replaced_by_one_no_other_row_holds_is_lost_when_made_discarding_it() {
+    // prices set from the key: every row its own new value, none alike.
+    let before: Vec<(i64, Option<&str>)> =
+        (0..100).map(|i| (i, Some(["9.99", "4.50", "12.00"][i as usize % 3]))).collect();
+    let numbers: Vec<String> = (0..100).map(|i| format!("{i}.01")).collect();
+    let after: Vec<(i64, Option<&str>)> = (0..100).map(|i| (i, Some(numbers[i as usize].as_str()))).collect();
+    let l = lost(&values(&before), &values(&after), "tier", Making::Discarding).unwrap();
+    assert_eq!((l.changed, l.lost, l.alone), (100, 100, 100));
+    // The merge rule alone sees nothing there.
+    assert_eq!(lost(&values(&before), &values(&after), "tier", Making::Mixed).unwrap().lost, 0);
+    // A relabel that many rows share can be read backwards: 'done' ->
+    // 'archived', whatever made it; a NULL filled in loses nothing either.
+    let statuses: Vec<(i64, Option<&str>)> = (0..100)
+        .map(|i| (i, if i < 10 { None } else { Some(if i < 60 { "done" } else { "open" }) }))
+        .collect();
+    let archived: Vec<(i64, Option<&str>)> = statuses
+        .iter()
+        .map(|(k, v)| {
+            (
+                *k,
+                if *v == Some("done") {
+                    Some("archived")
+                } else if v.is_none() {
+                    Some(["a", "b"][*k as usize % 2])
+                } else {
+                    *v
+                },
+            )
+        })
+        .collect();
+    assert_eq!(lost(&values(&statuses), &values(&archived), "tier", Making::Discarding).unwrap().lost, 0);
+    // Some merged, some alone: both counted, and told apart.
+    let half: Vec<(i64, Option<&str>)> =
+        (0..100).map(|i| (i, Some(if i < 50 { "same" } else { numbers[i as usize].as_str() }))).collect();
+    let l = lost(&values(&before), &values(&half), "tier", Making::Discarding).unwrap();
+    assert_eq!((l.lost, l.alone), (100, 50));
+
+    // By counts, where no key pairs the rows: new values one row each.
+    let was = counts::of_values(&values(&before)).remove("tier").unwrap();
+    let now = counts::of_values(&values(&after)).remove("tier").unwrap();
+    let l = counts::lost(&was, &now, Making::Discarding);
+    assert_eq!((l.lost, l.alone), (100, 100));
+    assert_eq!(counts::lost(&was, &now, Making::Mixed).lost, 0);
+    let relabelled = counts::of_values(&values(&archived)).remove("tier").unwrap();
+    let statuses = counts::of_values(&values(&statuses)).remove("tier").unwrap();
+    assert_eq!(counts::lost(&statuses, &relabelled, Making::Discarding).lost, 0);
+}
+
+#[test]
+fn a_one_for_one_replacement_is_told_as_such_and_a_cut_is_high() {
+    let before: Vec<(i64, Option<&str>)> =
+        (0..2_000).map(|i| (i, Some(["blue-shirt-1", "red-hat-2"][i as usize % 2]))).collect();
+    let slugs: Vec<String> = (0..2_000).map(|i| format!("item-{i}")).collect();
+    let after: Vec<(i64, Option<&str>)> = (0..2_000).map(|i| (i, Some(slugs[i as usize].as_str()))).collect();
+    let target = |discard: Discard| Target {
+        table: "public.customers".into(),
+        columns: vec!["tier".into()],
+        from_itself: BTreeSet::new(),
+        discards: BTreeMap::from([("tier".to_owned(), discard)]),
+        line: 4,
+        named: true,
+    };
+    let (b, a) = (
+        BTreeMap::from([("public.customers".to_owned(), values(&before))]),
+        BTreeMap::from([("public.customers".to_owned(), values(&after))]),
+    );
+    let rows = BTreeMap::from([("public.customers".to_owned(), 2_000)]);
+    let told = |t: Target| {
+        let (h, notes) = report(&losses(&[t], &b, &a, &rows), &b, &BTreeMap::new(), &Shape::default());
+        assert!(notes.is_empty());
+        assert_eq!(h.len(), 1);
+        h.into_iter().next().unwrap()
+    };
+    let h = told(target(Discard::Others));
+    assert_eq!(h.severity, Severity::Medium);
+    assert!(
+        h.message.starts_with("2,000 of the 2,000 rows of customers lost their tier: 1 had tier "),
+        "{}",
+        h.message
+    );
+    assert!(
+        h.message.ends_with("; ...; a value computed from the row's other columns, one no other row holds, replaced each of them, and what they were is not kept anywhere"),
+        "{}",
+        h.message
+    );
+    assert!(h.suggestion.unwrap().contains("it can be computed again the old way"));
+    let h = told(target(Discard::Cut("left".into())));
+    assert_eq!(h.severity, Severity::High);
+    assert!(h.message.contains("; left kept only part of each of them, and what they were"), "{}", h.message);
 }

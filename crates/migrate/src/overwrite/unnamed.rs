@@ -121,6 +121,7 @@ pub fn targets(
         let target = Target {
             table: table.to_owned(),
             from_itself: columns.iter().cloned().collect(),
+            discards: Default::default(),
             columns,
             line,
             named: false,
