@@ -48,6 +48,9 @@ pub struct Evidence<'a> {
     /// Golden views defined otherwise that show the same rows on the fork
     /// as their old definition, and how many ([`super::view_rows`]).
     pub views_same_rows: &'a BTreeMap<String, i64>,
+    /// Each partition of the golden's, to the partitioned table at the top
+    /// of its tree.
+    pub roots: &'a BTreeMap<String, String>,
 }
 
 /// Hazards (any one fails the candidate) and notes (worth knowing).
@@ -181,7 +184,7 @@ pub fn assess(e: &Evidence) -> Verdict {
     super::reached::reached_hazards(e, &mut v);
     v.notes.extend(super::shadowed::notes(e));
     if e.sql.is_some() {
-        v.notes.extend(super::lock_timeout::note(&e.statements, &blocking_tables));
+        v.notes.extend(super::lock_timeout::note(&e.statements, &blocking_tables, e.roots));
     }
     v.hazards.sort_by_key(|h| std::cmp::Reverse(h.severity));
     v
@@ -908,6 +911,20 @@ fn changes_something(s: &StatementReport) -> bool {
         .any(|t| tag.starts_with(t))
 }
 
+/// Whether `column` of partition `table` changed as the same column of the
+/// partitioned table at the top of its tree did (both gone, or both given
+/// the same type): a change to a partitioned table's column is made to its
+/// partitions', and is told once, for the table the application names.
+fn follows_its_root(e: &Evidence, table: &str, column: &str) -> bool {
+    let Some(root) = e.roots.get(table) else { return false };
+    let column_of = |c: &Catalog, t: &str| {
+        c.tables.get(t).and_then(|t| t.columns.iter().find(|c| c.name == column)).map(|c| c.type_name.clone())
+    };
+    let (was, now) = (column_of(e.before, table), column_of(e.after, table));
+    let (root_was, root_now) = (column_of(e.before, root), column_of(e.after, root));
+    e.after.tables.contains_key(table) && root_was == was && root_now == now && was != now
+}
+
 /// Renames, drops and type changes the application's running code would trip on.
 fn compatibility(e: &Evidence, v: &mut Verdict) {
     // Each way it breaks, with the names a statement doing it would say.
@@ -920,6 +937,9 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
         };
         for col in &table.columns {
             let names = vec![short.clone(), col.name.clone()];
+            if follows_its_root(e, name, &col.name) {
+                continue;
+            }
             match now.columns.iter().find(|c| c.name == col.name) {
                 None => {
                     found.push((format!("column {name}.{} is gone (dropped or renamed)", col.name), names))

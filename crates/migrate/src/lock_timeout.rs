@@ -161,13 +161,34 @@ fn unguarded<'a>(
 
 /// The note for a file that takes write-blocking locks with no
 /// `lock_timeout` in force; `blocking` holds each such lock's statement
-/// index and table.
-pub(crate) fn note(statements: &[StatementReport], blocking: &[(usize, &str)]) -> Option<Hazard> {
+/// index and table. A partition is named by the partitioned table at the
+/// top of its tree (`roots`), once.
+pub(crate) fn note(
+    statements: &[StatementReport],
+    blocking: &[(usize, &str)],
+    roots: &std::collections::BTreeMap<String, String>,
+) -> Option<Hazard> {
     let (tables, first, set_to_none) = unguarded(statements, blocking);
     if tables.is_empty() {
         return None;
     }
-    let named: Vec<&str> = tables.iter().copied().take(5).collect();
+    // Each table, and whether it stands for partitions of its own.
+    let mut by_root: Vec<(&str, bool)> = Vec::new();
+    for table in tables {
+        let (name, partition) = roots.get(table).map_or((table, false), |root| (root.as_str(), true));
+        match by_root.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, any)) => *any |= partition,
+            None => by_root.push((name, partition)),
+        }
+    }
+    let named: Vec<String> = by_root
+        .iter()
+        .take(5)
+        .map(|(name, partitions)| match partitions {
+            true => format!("{name} (its partitions)"),
+            false => (*name).to_owned(),
+        })
+        .collect();
     let how = if set_to_none {
         "with lock_timeout at 0 (no limit)"
     } else {
@@ -227,6 +248,25 @@ mod tests {
         assert_eq!(tables, BTreeSet::from(["a", "c"]));
         assert_eq!(first, Some(0));
         assert!(none);
+    }
+
+    #[test]
+    fn partitions_are_named_by_their_partitioned_table_once() {
+        let file =
+            [statement("ALTER TABLE events ADD c int", 1), statement("ALTER TABLE orders ADD c int", 1)];
+        let roots = std::collections::BTreeMap::from([
+            ("public.events_1".to_owned(), "public.events".to_owned()),
+            ("public.events_2".to_owned(), "public.events".to_owned()),
+        ]);
+        let blocking =
+            [(0, "public.events"), (0, "public.events_1"), (0, "public.events_2"), (1, "public.orders")];
+        let said = note(&file, &blocking, &roots).unwrap().message;
+        assert!(
+            said.starts_with(
+                "the file takes write-blocking locks on public.events (its partitions), public.orders with"
+            ),
+            "{said}"
+        );
     }
 
     #[test]

@@ -369,6 +369,7 @@ pub(crate) async fn measure(
         sql: candidate.sql.as_deref(),
         calls: &calls,
         views_same_rows: &views_same_rows,
+        roots: &roots,
     });
     let mut found = verdict.hazards;
     // Sequences it set back, and those it made: where either now gives

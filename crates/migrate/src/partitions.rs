@@ -4,7 +4,9 @@
 //! judged as its own; a statement on a table of twelve partitions would
 //! read as twelve hazards with no total. Those alike (the same kind, line,
 //! severity and safer form) whose tables are partitions of one table are
-//! told once, by the first, with the others and their rows added.
+//! told once, by the first, with the others and their rows added (their
+//! times too, but for a lock held to the end of a transaction, which is
+//! held on all of them at once).
 
 use std::collections::BTreeMap;
 
@@ -46,17 +48,22 @@ pub fn fold(hazards: &mut Vec<Hazard>, roots: &BTreeMap<String, String>, rows: &
                 folded[at].push(leaf.clone());
                 gone[i] = true;
                 let ms = hazards[i].estimated_ms;
+                let held = hazards[at].kind == "long_lock";
                 if let (Some(total), Some(ms)) = (hazards[at].estimated_ms.as_mut(), ms) {
-                    *total = ((*total + ms) * 10.0).round() / 10.0;
+                    // Work is done partition after partition, and adds up; a
+                    // lock held to the end of a transaction is held on every
+                    // partition at once, for the longest of them.
+                    *total = if held { total.max(ms) } else { ((*total + ms) * 10.0).round() / 10.0 };
                 }
             }
         }
     }
     for (key, at) in &first {
-        let others = &folded[*at];
+        let mut others = folded[*at].clone();
         if others.is_empty() {
             continue;
         }
+        others.sort();
         let root = &key.4;
         let leaf = leaves[*at].clone().unwrap_or_default();
         let total: i64 = others.iter().chain([&leaf]).map(|t| rows.get(t).copied().unwrap_or(0)).sum();
@@ -83,4 +90,47 @@ pub fn fold(hazards: &mut Vec<Hazard>, roots: &BTreeMap<String, String>, rows: &
         i += 1;
         !gone[i - 1]
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Severity;
+
+    fn hazard(kind: &str, table: &str, ms: f64) -> Hazard {
+        let mut h = Hazard::new(kind, Severity::High, format!("holds a lock on {table}"), Some(2));
+        h.estimated_ms = Some(ms);
+        h
+    }
+
+    #[test]
+    fn work_adds_up_over_partitions_and_a_lock_held_on_all_at_once_does_not() {
+        let roots: BTreeMap<String, String> = ["c", "a", "b"]
+            .iter()
+            .map(|p| (format!("public.events_{p}"), "public.events".to_owned()))
+            .collect();
+        let rows: BTreeMap<String, i64> = roots.keys().map(|p| (p.clone(), 10)).collect();
+        let mut locks = vec![
+            hazard("long_lock", "public.events_c", 300.0),
+            hazard("long_lock", "public.events_b", 378.0),
+            hazard("long_lock", "public.events_a", 350.0),
+        ];
+        fold(&mut locks, &roots, &rows);
+        assert_eq!(locks.len(), 1);
+        assert_eq!(locks[0].estimated_ms, Some(378.0));
+        // The others in order of their names.
+        assert!(
+            locks[0].message.ends_with(
+                "; the same for 2 more partitions of public.events: events_a (10 rows), events_b (10 rows) (3 partitions, 30 rows in the golden, in all)"
+            ),
+            "{}",
+            locks[0].message
+        );
+        let mut rewrites = vec![
+            hazard("table_rewrite", "public.events_a", 100.0),
+            hazard("table_rewrite", "public.events_b", 50.5),
+        ];
+        fold(&mut rewrites, &roots, &rows);
+        assert_eq!(rewrites[0].estimated_ms, Some(150.5));
+    }
 }

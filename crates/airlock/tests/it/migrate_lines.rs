@@ -2277,6 +2277,9 @@ fn types_views_partitions_keys_and_batches_are_told_as_they_are() {
             // A partitioned table's index: no CONCURRENTLY for it, so its
             // safer form is one partition at a time.
             ("parent_index.sql", "CREATE INDEX events_id ON events (id);"),
+            // A partitioned table's column retyped: its partitions' follow,
+            // and are told through it.
+            ("parent_retype.sql", "ALTER TABLE events ALTER COLUMN id TYPE text;"),
             ("parent_key.sql", "ALTER TABLE events ADD PRIMARY KEY (id, at);"),
             ("parent_foreign_key.sql", "ALTER TABLE events ADD CONSTRAINT events_account FOREIGN KEY (id) REFERENCES accounts (id);"),
             (
@@ -2467,6 +2470,16 @@ fn types_views_partitions_keys_and_batches_are_told_as_they_are() {
             "{h}"
         );
     }
+    let retyped = &c["parent_retype.sql"];
+    let said = message(retyped, "breaks_compatibility");
+    assert!(said.contains("column public.events.id changes type integer -> text"), "{said}");
+    assert!(!said.contains("events_2026") && !said.contains("events_other"), "{said}");
+    let note = retyped["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "no_lock_timeout");
+    let said = note.unwrap_or_else(|| panic!("{retyped}"))["message"].as_str().unwrap();
+    assert!(
+        said.starts_with("the file takes write-blocking locks on public.events (its partitions) with"),
+        "{said}"
+    );
     let by_partition = &c["parent_index_by_partition.sql"];
     assert!(!hazard_kinds(by_partition).contains(&"blocking_index_build"), "{by_partition}");
     let h = hazard(&c["parent_key.sql"], "blocking_index_build");
