@@ -662,6 +662,8 @@ pub struct Loss {
     pub narrowed: Option<(String, String)>,
     /// How its new values discarded the old ones, where they did.
     pub discard: Option<Discard>,
+    /// How the file made its new values.
+    pub making: Making,
 }
 
 impl Loss {
@@ -677,6 +679,7 @@ impl Loss {
             named: t.named,
             narrowed: None,
             discard: t.discards.get(column).cloned(),
+            making: t.making(column),
         }
     }
 }
@@ -862,6 +865,12 @@ pub fn report(
             ),
             line,
         );
+        // Made from what the rule cannot read back or rule out (another
+        // table's rows, a CASE), more rows may have changed than merged:
+        // not counted as lost, but not to be taken for unchanged either.
+        if loss.making == Making::Mixed && l.changed > l.lost && loss.paired {
+            h.message.push_str(&format!("; {} rows changed their {column} in all", count(l.changed)));
+        }
         // Without a key, only whole rows say which row held what.
         let kept = match (shape.key(&loss.table), loss.paired) {
             (None, false) => "*".to_owned(),

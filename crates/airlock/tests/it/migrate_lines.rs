@@ -620,6 +620,13 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
                  UPDATE products p SET price = s.price FROM staging s WHERE s.id = p.id;",
             ),
             ("price_rise.sql", "UPDATE products SET price = round(price * 1.1, 2);"),
+            // Half the prices merged into one, the other half changed one
+            // for one from another table: the message says both.
+            (
+                "half_merged.sql",
+                "CREATE TABLE fix AS SELECT id, CASE WHEN id % 2 = 0 THEN 1.00 ELSE id END AS price FROM products;\n\
+                 UPDATE products p SET price = f.price FROM fix f WHERE f.id = p.id;",
+            ),
         ],
     );
     let c = by_name(&test_on(&d, "shop", &paths));
@@ -656,6 +663,14 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
         "{said}"
     );
     assert!(said.contains("; date_trunc kept only part of each of them, and what they were"), "{said}");
+
+    let said = message(&c["half_merged.sql"], "values_overwritten");
+    // (Product 1 is now 1.00 too.)
+    assert!(
+        said.starts_with("1,501 of the 3,000 rows of products lost their price: 1,501 had other values"),
+        "{said}"
+    );
+    assert!(said.ends_with("; 3,000 rows changed their price in all"), "{said}");
 
     let kept = &c["kept_first.sql"];
     assert!(!hazard_kinds(kept).contains(&"values_overwritten"), "{kept}");
