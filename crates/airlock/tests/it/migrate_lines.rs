@@ -2314,6 +2314,13 @@ fn types_views_partitions_keys_and_batches_are_told_as_they_are() {
                  UPDATE accounts SET kind_upper = upper(kind) WHERE id > lo AND id <= lo + 500;\n    COMMIT;\n\
                  lo := lo + 500;\n  END LOOP;\nEND $$;",
             ),
+            (
+                "batched_whole.sql",
+                "ALTER TABLE accounts ADD COLUMN kind_upper text;\n\
+                 DO $$\nDECLARE lo bigint := 0; hi bigint;\nBEGIN\n  SELECT max(id) INTO hi FROM accounts;\n  WHILE lo < hi LOOP\n\
+                 UPDATE accounts SET kind_upper = upper(kind) WHERE id > lo AND id <= lo + 500;\n\
+                 lo := lo + 500;\n  END LOOP;\n  RAISE NOTICE 'filled % rows', hi;\nEND $$;",
+            ),
             // Foreign keys' checks switched off: only a superuser may, so the
             // test is refused, and says what it would have left unchecked.
             (
@@ -2507,6 +2514,13 @@ fn types_views_partitions_keys_and_batches_are_told_as_they_are() {
     );
     let batched = &c["batched.sql"];
     assert_eq!(hazard_kinds(batched), vec!["opaque_code"], "{batched}");
+    assert!(
+        message(batched, "opaque_code").contains("line 2: a DO block that commits as it goes"),
+        "{batched}"
+    );
+    // The same block run whole, in the file's transaction: what it runs is plain.
+    let whole = &c["batched_whole.sql"];
+    assert!(!hazard_kinds(whole).contains(&"opaque_code"), "{whole}");
     assert!(batched["failure"].is_null(), "{batched}");
     assert_eq!(batched["changed_rows"]["public.accounts"], json!(3000), "{batched}");
     let h = hazard(&c["short_names.sql"], "values_overwritten");

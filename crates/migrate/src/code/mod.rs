@@ -6,7 +6,9 @@
 //! looks around tells nothing of what that code does on the target. Such code
 //! is found here from the file's tokens, read the way PostgreSQL's lexer
 //! reads them (quotes, dollar quotes, nested comments, `E''` and `U&''`
-//! escapes): a `DO` block, `CALL`, a prepared statement; a function the
+//! escapes): a `DO` block past plain PL/pgSQL or that commits as it goes
+//! (a plain one is judged by what it runs: [`blocks`]), `CALL`, a prepared
+//! statement; a function the
 //! database or the file defines, called (`f(row)`) or merely named (`row.f`
 //! is the same call; so is an operator's, a cast's or an aggregate's use), or
 //! run by a trigger, rule, default, check or index of a table the file
@@ -40,6 +42,7 @@ pub struct Opaque {
     pub why: String,
 }
 
+mod blocks;
 pub(crate) mod lexer;
 #[cfg(test)]
 mod tests;
@@ -114,7 +117,34 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
         }
     }
-    opaque_with(statements, catalog, &plain)
+    opaque_with(&blocks_read(statements), catalog, &plain)
+}
+
+/// Whether the runner runs `sql` outside a transaction block.
+fn outside_transactions(sql: &str) -> bool {
+    airlock_postgres::split::kind(sql) == airlock_postgres::split::Kind::NoTransaction
+}
+
+/// `statements`, with each `DO` block whose body is plain PL/pgSQL and
+/// never commits ([`blocks`]) replaced by what it runs, at its line: such a
+/// block does what those statements would, inside the file's transaction,
+/// which promote checks before it commits. A block that commits as it
+/// goes stays, beside what it runs: what it commits is checked only after.
+fn blocks_read(statements: &[Statement]) -> Vec<Statement> {
+    let mut out = Vec::with_capacity(statements.len());
+    for st in statements {
+        let Some(block) = blocks::read(&tokens(&st.sql)) else {
+            out.push(st.clone());
+            continue;
+        };
+        // Run outside a transaction block (as the runner decides it, by any
+        // `COMMIT` or `ROLLBACK` in its text), it is checked only after.
+        if block.commits || outside_transactions(&st.sql) {
+            out.push(st.clone());
+        }
+        out.extend(block.parts.into_iter().map(|sql| Statement { sql, line: st.line }));
+    }
+    out
 }
 
 /// The names of the golden's functions that run nothing a test could tell
@@ -358,7 +388,12 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
             }
         }
         match words.as_slice() {
-            ["do", ..] => why("a DO block (code that can look where it runs)".into()),
+            ["do", ..] => why(match blocks::read(&tokens) {
+                Some(block) if block.commits || outside_transactions(&st.sql) => {
+                    "a DO block that commits as it goes (what it commits is checked only after it is kept)".into()
+                }
+                _ => "a DO block (code that can look where it runs)".into(),
+            }),
             ["call", ..] => why("CALL runs a procedure".into()),
             ["execute", ..] | ["prepare", ..] => why("a prepared statement (SQL kept as text)".into()),
             ["create", "or", "replace", "function" | "procedure", ..]

@@ -117,8 +117,8 @@ fn plain_ddl_and_dml_are_transparent() {
 #[test]
 fn code_that_can_look_around_is_opaque() {
     let cases = [
-        ("DO $$ BEGIN UPDATE users SET email = 'x'; END $$", "DO block"),
-        ("do language plpgsql 'begin null; end'", "DO block"),
+        ("DO $$ BEGIN EXECUTE 'UPDATE users SET email = ''x'''; END $$", "DO block"),
+        ("do language plpgsql 'begin null'", "DO block"),
         ("CALL reset_all()", "CALL"),
         ("PREPARE p AS DELETE FROM users; EXECUTE p", "prepared"),
         ("UPDATE users SET email = 'x' WHERE current_database() = 'prod'", "current_database()"),
@@ -196,7 +196,7 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE accounts SET t = (jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"now\"}')).paid_until", "reads the time"),
         ("ALTER TABLE users ADD COLUMN a boolean DEFAULT ((jsonb_populate_record(NULL::accounts, '{\"paid_until\": \"NoW\"}')).paid_until > '2026-12-03')", "reads the time"),
         ("UPDATE users SET r = '(1,x,today)'::users", "reads the time"),
-        ("-- note\rDO $$ BEGIN NULL; END $$", "DO block"),
+        ("-- note\rDO $$ BEGIN NULL; EXCEPTION WHEN others THEN NULL; END $$", "DO block"),
         ("UPDATE kv SET v = 'a' -- tidy\rWHERE now() > '2026-01-01'", "now()"),
         ("DROP DATABASE IF EXISTS shop_staging", "acts on the server beyond this database"),
         ("ALTER DATABASE shop CONNECTION LIMIT 0", "acts on the server beyond this database"),
@@ -307,5 +307,67 @@ fn a_golden_function_of_plain_sql_runs_no_code_a_test_could_tell_from_production
     ] {
         let why = why_with_bodies(sql, true);
         assert!(why.iter().any(|w| w.starts_with(said)), "{sql}: {why:?}");
+    }
+}
+
+#[test]
+fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
+    // Plain: its statements and expressions are judged as the file's own.
+    for sql in [
+        "DO $$ BEGIN UPDATE users SET email = 'x'; END $$",
+        "do language plpgsql 'begin null; end'",
+        "DO $$ BEGIN NULL; END $$ LANGUAGE plpgsql",
+        "DO $$ BEGIN FOR i IN 1..150 LOOP UPDATE users SET score = score + 1 WHERE id = 15000 + i; END LOOP; END $$",
+        "DO $$\nDECLARE\n  lo bigint := 0;\n  hi bigint;\n  n int DEFAULT 2000;\nBEGIN\n  SELECT max(id) INTO STRICT hi FROM users;\n\
+           WHILE lo < hi LOOP\n    UPDATE users SET email = lower(email) WHERE id > lo AND id <= lo + n;\n    lo := lo + n;\n  END LOOP;\n\
+           IF hi > 10 THEN RAISE NOTICE 'done % rows', hi; ELSIF hi = 0 THEN RETURN; ELSE NULL; END IF;\nEND $$;",
+        "DO $$ DECLARE r record; n int; BEGIN FOR r IN SELECT id FROM users LOOP PERFORM r.id; END LOOP;\n\
+           FOR i IN REVERSE 10 .. 1 BY 2 LOOP INSERT INTO users VALUES (i); EXIT WHEN i < 3; END LOOP;\n\
+           GET DIAGNOSTICS n = ROW_COUNT; BEGIN DELETE FROM users WHERE k = n; END; END $$",
+    ] {
+        assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
+    }
+    // What it runs is judged: the clock, a catalog, a function the database holds, a trigger.
+    for (sql, said) in [
+        ("DO $$ DECLARE t timestamptz := now(); BEGIN NULL; END $$", "now()"),
+        ("DO $$ DECLARE s regnamespace := 'pg_airlock_probe'; BEGIN NULL; END $$", "regnamespace"),
+        (
+            "DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'p') THEN DELETE FROM users; END IF; END $$",
+            "pg_namespace",
+        ),
+        ("DO $$ BEGIN RAISE NOTICE '%', current_user; END $$", "CURRENT_USER"),
+        ("DO $$ BEGIN FOR i IN 1 .. rotate_keys(1) LOOP NULL; END LOOP; END $$", "rotate_keys"),
+        ("DO $$ BEGIN UPDATE audited SET a = 1; END $$", "trigger"),
+        ("DO $$ DECLARE n int; BEGIN SELECT count(*) INTO n FROM users WHERE random() < 0.5; END $$", "random()"),
+    ] {
+        let found = why(sql);
+        assert!(found.iter().any(|w| w.contains(said)), "{sql}: {found:?}");
+    }
+    // A block that commits as it goes is code a person reads: what it
+    // commits is checked only after it is kept.
+    let found = why(
+        "DO $$ DECLARE lo int := 0; BEGIN WHILE lo < 10 LOOP UPDATE users SET email = 'x' WHERE id = lo; COMMIT; lo := lo + 1; END LOOP; END $$",
+    );
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].contains("a DO block that commits as it goes"), "{found:?}");
+    // Run outside a transaction block as the runner decides it (the word
+    // anywhere in it), it is judged so too.
+    let found = why("DO $$ BEGIN RAISE NOTICE 'nothing to commit'; END $$");
+    assert!(found.iter().any(|w| w.contains("a DO block that commits as it goes")), "{found:?}");
+    // Anything past plain PL/pgSQL leaves the block opaque as a whole.
+    for sql in [
+        "DO $$ BEGIN EXECUTE format('UPDATE %I SET a = 1', 'users'); END $$",
+        "DO $$ DECLARE c CURSOR FOR SELECT 1; BEGIN OPEN c; END $$",
+        "DO $$ BEGIN CASE WHEN true THEN NULL; END CASE; END $$",
+        "DO $$ <<outer>> BEGIN NULL; END $$",
+        "DO $$ BEGIN CALL p(); END $$",
+        "DO $$ BEGIN SET search_path = x; END $$",
+        "DO $$ BEGIN ALTER TABLE users ADD COLUMN a int; END $$",
+        "DO $$ BEGIN RAISE EXCEPTION USING MESSAGE = 'x'; END $$",
+        "DO LANGUAGE plperl $$ 1 $$",
+        "DO $$ BEGIN NULL; $$",
+    ] {
+        let found = why(sql);
+        assert!(found.iter().any(|w| w.contains("a DO block (code")), "{sql}: {found:?}");
     }
 }

@@ -1,0 +1,340 @@
+//! A `DO` block read as what it runs: the SQL statements in its body and
+//! the expressions its declarations, conditions, loops and assignments
+//! compute, each of which the classifier then judges as it judges the
+//! file's own statements.
+//!
+//! Only the plain shape of PL/pgSQL is read: declarations of variables,
+//! `IF`/`ELSIF`/`ELSE`, `LOOP`, `WHILE`, `FOR` over a range of integers or a
+//! query, `EXIT`/`CONTINUE [WHEN]`, assignments, `PERFORM`, `RAISE` with a
+//! format and arguments, `GET DIAGNOSTICS ... = ROW_COUNT`, `NULL`,
+//! `RETURN`, nested `BEGIN ... END`, `COMMIT`/`ROLLBACK`, and queries and
+//! writes (`SELECT ... INTO`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`,
+//! `WITH`). Anything else (`EXECUTE`, a cursor, an exception handler, a
+//! `CASE` statement, a label, another language) leaves the block unread,
+//! and so opaque: the reading errs toward opaque, as the classifier does.
+
+use super::lexer::{tokens, Token};
+
+/// A `DO` block's body, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Block {
+    /// What it runs, as SQL statements to judge: its statements, and
+    /// `SELECT expr` for each expression it computes.
+    pub parts: Vec<String>,
+    /// Whether it commits or rolls back as it goes: what it commits then
+    /// escapes any check made before its end.
+    pub commits: bool,
+}
+
+/// Levels a `RAISE` may name.
+const RAISE_LEVELS: &[&str] = &["debug", "log", "info", "notice", "warning", "exception"];
+
+/// `DO [LANGUAGE plpgsql] 'body' [LANGUAGE plpgsql]`, read; `None` where the
+/// statement is not such a block or its body is not plain ([`Block`]).
+pub(super) fn read(statement: &[Token]) -> Option<Block> {
+    let [Token::Word(first), rest @ ..] = statement else { return None };
+    if first != "do" {
+        return None;
+    }
+    let plpgsql =
+        |t: &[Token]| matches!(t, [Token::Word(l), Token::Word(n)] if l == "language" && n == "plpgsql");
+    let body = match rest {
+        [Token::Constant(body)] => body,
+        [Token::Constant(body), language @ ..] | [language @ .., Token::Constant(body)]
+            if plpgsql(language) =>
+        {
+            body
+        }
+        _ => return None,
+    };
+    let said = tokens(body);
+    let mut block = Block { parts: Vec::new(), commits: false };
+    let mut at = 0;
+    if word(said.first(), "declare") {
+        let begin = said.iter().position(|t| word(Some(t), "begin"))?;
+        for declaration in split(&said[1..begin]) {
+            declared(declaration, &mut block)?;
+        }
+        at = begin;
+    }
+    if !word(said.get(at), "begin") || said.iter().any(|t| matches!(t, Token::Escaped)) {
+        return None;
+    }
+    let statements = split(&said[at + 1..]);
+    // The last is the block's own END (a `;` after it is allowed).
+    let (last, inner) = match statements.split_last() {
+        Some((last, inner)) if last.is_empty() => inner.split_last()?,
+        other => other?,
+    };
+    if !matches!(last, [Token::Word(end)] if end == "end") {
+        return None;
+    }
+    for statement in inner {
+        plain_statement(statement, &mut block)?;
+    }
+    Some(block)
+}
+
+/// `name [CONSTANT] type [NOT NULL] [:= | = | DEFAULT expr]`: its expression.
+fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
+    if declaration.is_empty() {
+        return Some(());
+    }
+    if !matches!(declaration.first(), Some(Token::Word(_))) {
+        return None;
+    }
+    if declaration
+        .iter()
+        .any(|t| matches!(t, Token::Word(w) if w == "cursor" || w == "alias" || w == "refcursor"))
+    {
+        return None;
+    }
+    let assigned =
+        declaration.windows(2).position(|w| w == [Token::Other(':'), Token::Other('=')]).map(|i| i + 2);
+    let defaulted =
+        declaration.iter().position(|t| word(Some(t), "default") || *t == Token::Other('=')).map(|i| i + 1);
+    if let Some(from) = assigned.or(defaulted) {
+        block.parts.push(select(&declaration[from..])?);
+    }
+    // Its type, which a value is cast to when assigned (`regclass` reads
+    // the catalog): judged as a cast.
+    let start = 1 + usize::from(word(declaration.get(1), "constant"));
+    let end = declaration[start..]
+        .iter()
+        .position(|t| {
+            matches!(t, Token::Word(w) if w == "default" || w == "not")
+                || *t == Token::Other(':')
+                || *t == Token::Other('=')
+        })
+        .map_or(declaration.len(), |p| start + p);
+    let mut cast = vec![Token::Word("null".into()), Token::Other(':'), Token::Other(':')];
+    cast.extend_from_slice(declaration.get(start..end).filter(|t| !t.is_empty())?);
+    block.parts.push(select(&cast)?);
+    Some(())
+}
+
+/// One statement of the body, its control words peeled off the front.
+fn plain_statement(mut statement: &[Token], block: &mut Block) -> Option<()> {
+    loop {
+        let Some(Token::Word(first)) = statement.first() else { break };
+        match first.as_str() {
+            "if" | "elsif" => {
+                let then = position(statement, "then")?;
+                block.parts.push(select(&statement[1..then])?);
+                statement = &statement[then + 1..];
+            }
+            "while" => {
+                let body = position(statement, "loop")?;
+                block.parts.push(select(&statement[1..body])?);
+                statement = &statement[body + 1..];
+            }
+            "for" => {
+                let body = position(statement, "loop")?;
+                let (Some(Token::Word(_)), true) = (statement.get(1), word(statement.get(2), "in")) else {
+                    return None;
+                };
+                block.parts.push(looped_over(&statement[3..body])?);
+                statement = &statement[body + 1..];
+            }
+            "loop" | "else" | "begin" => statement = &statement[1..],
+            _ => break,
+        }
+    }
+    let words: Vec<&str> = statement
+        .iter()
+        .map(|t| match t {
+            Token::Word(w) => w.as_str(),
+            _ => "",
+        })
+        .collect();
+    match words.as_slice() {
+        [] | ["null"] | ["return"] | ["end"] | ["end", "if" | "loop"] => {}
+        ["commit" | "rollback", rest @ ..]
+            if matches!(rest, [] | ["and", "chain"] | ["and", "no", "chain"]) =>
+        {
+            block.commits = true
+        }
+        ["exit" | "continue", ..] => {
+            if let Some(when) = position(statement, "when") {
+                block.parts.push(select(&statement[when + 1..])?);
+            } else if statement.len() > 1 {
+                return None;
+            }
+        }
+        ["raise", ..] => raised(&statement[1..], block)?,
+        ["perform", ..] => block.parts.push(select(&statement[1..])?),
+        ["get", "diagnostics", _, "", "row_count"] if statement[3] == Token::Other('=') => {}
+        ["select" | "insert" | "update" | "delete" | "merge" | "with", ..] => {
+            block.parts.push(text(&without_into(statement))?)
+        }
+        [_, ..] => {
+            // `name := expr` (or `=`).
+            let from = match statement {
+                [Token::Word(_), Token::Other(':'), Token::Other('='), ..] => 3,
+                [Token::Word(_), Token::Other('='), ..] => 2,
+                _ => return None,
+            };
+            block.parts.push(select(&statement[from..])?);
+        }
+    }
+    Some(())
+}
+
+/// `RAISE [level] 'format' [, expr ...]` (or a bare `RAISE`): its arguments.
+fn raised(mut rest: &[Token], block: &mut Block) -> Option<()> {
+    if matches!(rest.first(), Some(Token::Word(l)) if RAISE_LEVELS.contains(&l.as_str())) {
+        rest = &rest[1..];
+    }
+    match rest {
+        [] => Some(()),
+        [Token::Constant(_)] => Some(()),
+        [Token::Constant(_), Token::Other(','), arguments @ ..] => {
+            if arguments.iter().any(|t| word(Some(t), "using")) {
+                return None;
+            }
+            block.parts.push(select(arguments)?);
+            Some(())
+        }
+        _ => None,
+    }
+}
+
+/// What `FOR v IN ... LOOP` runs over: a range of integers (`1 .. n [BY
+/// step]`, `REVERSE` too), judged as its bounds, or a query.
+fn looped_over(over: &[Token]) -> Option<String> {
+    let over = if word(over.first(), "reverse") { &over[1..] } else { over };
+    // The lexer reads `1..n` as one number: its dots apart.
+    let over: Vec<Token> = over
+        .iter()
+        .flat_map(|t| match t {
+            Token::Number(n) if n.contains("..") => {
+                let (low, high) = n.split_once("..").expect("it holds two dots");
+                let mut apart: Vec<Token> = Vec::new();
+                apart.extend((!low.is_empty()).then(|| Token::Number(low.to_owned())));
+                apart.extend([Token::Other('.'), Token::Other('.')]);
+                apart.extend((!high.is_empty()).then(|| Token::Number(high.to_owned())));
+                apart
+            }
+            t => vec![t.clone()],
+        })
+        .collect();
+    let over = over.as_slice();
+    if let Some(dots) = over.windows(2).position(|w| w == [Token::Other('.'), Token::Other('.')]) {
+        let mut bounds: Vec<Token> = over[..dots].to_vec();
+        bounds.push(Token::Other(','));
+        for t in &over[dots + 2..] {
+            bounds.push(if word(Some(t), "by") { Token::Other(',') } else { t.clone() });
+        }
+        return select(&bounds);
+    }
+    match over.first() {
+        Some(Token::Word(w)) if w == "select" || w == "with" => text(over),
+        _ => None,
+    }
+}
+
+/// `SELECT ... INTO [STRICT] a, b ...` and `... RETURNING ... INTO a`
+/// without their `INTO` targets, which are the block's variables (the
+/// `INTO` of `INSERT INTO` and `MERGE INTO` is kept).
+fn without_into(statement: &[Token]) -> Vec<Token> {
+    let mut out = Vec::with_capacity(statement.len());
+    let mut i = 0;
+    while i < statement.len() {
+        let into = word(statement.get(i), "into")
+            && !matches!(out.last(), Some(Token::Word(w)) if w == "insert" || w == "merge");
+        if !into {
+            out.push(statement[i].clone());
+            i += 1;
+            continue;
+        }
+        i += 1;
+        if word(statement.get(i), "strict") {
+            i += 1;
+        }
+        // Targets: names, dotted or not, separated by commas.
+        while matches!(statement.get(i), Some(Token::Word(_) | Token::Quoted(_))) {
+            i += 1;
+            while statement.get(i) == Some(&Token::Other('.')) && statement.get(i + 1).is_some() {
+                i += 2;
+            }
+            if statement.get(i) != Some(&Token::Other(',')) {
+                break;
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// `SELECT` of an expression, as text.
+fn select(expression: &[Token]) -> Option<String> {
+    if expression.is_empty() {
+        return None;
+    }
+    let mut said = vec![Token::Word("select".into())];
+    said.extend_from_slice(expression);
+    text(&said)
+}
+
+/// Tokens written back as SQL that reads as the same tokens: constants
+/// dollar-quoted under a tag their text does not hold, identifiers quoted.
+fn text(said: &[Token]) -> Option<String> {
+    let mut out = String::new();
+    for t in said {
+        match t {
+            Token::Word(w) | Token::Number(w) => out.push_str(w),
+            Token::Quoted(q) => {
+                out.push('"');
+                out.push_str(&q.replace('"', "\"\""));
+                out.push('"');
+            }
+            Token::Constant(c) => {
+                let tag = (0..).map(|n| format!("$c{n}$")).find(|tag| !c.contains(tag.as_str()))?;
+                out.push_str(&tag);
+                out.push_str(c);
+                out.push_str(&tag);
+            }
+            Token::Escaped => return None,
+            Token::Other(c) => out.push(*c),
+        }
+        out.push(' ');
+    }
+    Some(out)
+}
+
+/// `tokens` split at each `;` outside parentheses.
+fn split(said: &[Token]) -> Vec<&[Token]> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0usize, 0);
+    for (i, t) in said.iter().enumerate() {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') => depth = depth.saturating_sub(1),
+            Token::Other(';') if depth == 0 => {
+                out.push(&said[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&said[start..]);
+    out
+}
+
+/// Where the word `w` first stands in `said` outside parentheses.
+fn position(said: &[Token], w: &str) -> Option<usize> {
+    let mut depth = 0usize;
+    for (i, t) in said.iter().enumerate() {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') => depth = depth.saturating_sub(1),
+            Token::Word(x) if depth == 0 && x == w => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+fn word(t: Option<&Token>, w: &str) -> bool {
+    matches!(t, Some(Token::Word(x)) if x == w)
+}
