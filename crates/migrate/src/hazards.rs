@@ -230,16 +230,15 @@ fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
         };
         let share = |n: i64| (n as f64 / e.golden_rows(table).max(1) as f64).min(1.0) * 100.0;
         if m.most_deleted {
+            let rows = e.golden_rows(table);
+            let deletes = match m.deleted > rows {
+                false => format!("deletes {} of the {rows} rows of {table} ({:.0}%)", m.deleted, share(m.deleted)),
+                true => format!("deletes {} rows of {table}, more than the {rows} it held (rows the file added count too)", m.deleted),
+            };
             let mut h = Hazard::new(
                 "mass_delete",
                 Severity::High,
-                format!(
-                    "deletes {} of the {} rows of {table} ({:.0}%) {within} ({})",
-                    m.deleted,
-                    e.golden_rows(table),
-                    share(m.deleted),
-                    e.size_words(table)
-                ),
+                format!("{deletes} {within} ({})", e.size_words(table)),
                 at,
             );
             h.suggestion = Some("delete in batches (DELETE ... WHERE id IN (SELECT id ... LIMIT 10000)), each committed, so locks and WAL stay small, or make sure the data really should go".into());
@@ -247,14 +246,22 @@ fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
             v.hazards.push(h);
         }
         if m.most_updated {
+            // Statements of one transaction that update the same rows (or
+            // rows the file added) make more row updates than the table
+            // holds: said as such, never as more rows than there are.
+            let rows = e.golden_rows(table);
+            let updates = match m.updated > rows {
+                false => format!("updates {} of the {rows} rows of {table} ({:.0}%)", m.updated, share(m.updated)),
+                true => format!(
+                    "makes {} row updates to the {rows} rows of {table} (rows updated more than once, or rows the file added, count again)",
+                    m.updated
+                ),
+            };
             let mut h = Hazard::new(
                 "mass_update",
                 e.sized(table),
                 format!(
-                    "updates {} of the {} rows of {table} ({:.0}%) {within}: every row locked and rewritten before the commit ({})",
-                    m.updated,
-                    e.golden_rows(table),
-                    share(m.updated),
+                    "{updates} {within}: every row locked and rewritten before the commit ({})",
                     e.size_words(table)
                 ),
                 at,

@@ -334,8 +334,10 @@ pub(crate) async fn measure(
     )
     .await?;
     let parts_after = followed.values_back(parts_after);
+    let whole_losses: Vec<super::overwrite::Loss> =
+        losses.iter().filter(|l| super::overwrite::enough(l.lost.lost, l.rows)).cloned().collect();
     let mut part_losses =
-        json_parts::losses(&json_columns, &parts_before, &parts_after, &rows_with_roots, &losses);
+        json_parts::losses(&json_columns, &parts_before, &parts_after, &rows_with_roots, &whole_losses);
     json_parts::place(&mut part_losses, &applied.statements);
     let parts_kept = super::overwrite::read_wanted(
         admin.client(),
@@ -388,6 +390,16 @@ pub(crate) async fn measure(
     };
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after, &context);
     found.extend(plan_hazards);
+    // A golden column the file set to another's old values keeps them too
+    // (two columns swapped): the table's own columns after are searched as
+    // well as the places the file made.
+    let mut values_kept = values_kept;
+    for (table, after) in &values_after {
+        match values_kept.get_mut(table) {
+            Some(kept) => kept.merge(after.clone()),
+            None => drop(values_kept.insert(table.clone(), after.clone())),
+        }
+    }
     let (overwritten, kept) = super::overwrite::report(&losses, &values_before, &values_kept, &shape);
     found.extend(overwritten);
     let mut notes = verdict.notes;

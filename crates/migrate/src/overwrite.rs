@@ -635,6 +635,12 @@ pub fn lost(before: &Values, after: &Values, column: &str, making: Making) -> Op
     Some(Lost { changed, lost, distinct, alone, into, keys })
 }
 
+/// Whether `lost` rows are enough to be told at all: fewer than enough
+/// for a hazard ([`enough`]) make a note.
+pub fn noted(lost: usize) -> bool {
+    lost >= SHARE_FLOOR
+}
+
 /// Whether `lost` rows of a table of `rows` are enough for a hazard.
 pub fn enough(lost: usize, rows: i64) -> bool {
     lost >= ROWS_LOST || (lost >= SHARE_FLOOR && lost as f64 >= SHARE_OF_TABLE * rows as f64)
@@ -716,8 +722,8 @@ pub fn place_at_writes(losses: &mut [Loss], statements: &[StatementReport]) {
     }
 }
 
-/// The columns of `targets` that lost enough of their values, from their
-/// values before the candidate and after it.
+/// The columns of `targets` that lost enough of their values to be told
+/// ([`noted`]), from their values before the candidate and after it.
 pub fn losses(
     targets: &[Target],
     before: &BTreeMap<String, Values>,
@@ -729,7 +735,7 @@ pub fn losses(
         let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
         let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
         for column in &t.columns {
-            let Some(lost) = lost(b, a, column, t.making(column)).filter(|l| enough(l.lost, rows)) else {
+            let Some(lost) = lost(b, a, column, t.making(column)).filter(|l| noted(l.lost)) else {
                 continue;
             };
             out.push(Loss::of(t, column, rows, lost, true));
@@ -762,7 +768,7 @@ pub fn counted_losses(
                 true => collapsed || !t.from_itself.contains(column),
                 false => fewer,
             };
-            if enough(lost.lost, rows) && judged {
+            if noted(lost.lost) && judged {
                 out.push(Loss::of(t, column, rows, lost, false));
             }
         }
@@ -840,14 +846,11 @@ pub fn report(
             out.push(h);
             continue;
         }
-        // Replaced one for one from other columns, and too few rows for a
-        // hazard without those: perhaps a column that only ever holds what
-        // the others give, computed again.
-        let recomputed =
-            loss.discard == Some(Discard::Others) && !enough(l.lost - l.alone, rows) && l.alone > 0;
+        // Too few rows for a hazard: told, as a note.
+        let small = !enough(l.lost, rows);
         let mut h = Hazard::new(
             "values_overwritten",
-            if recomputed { Severity::Medium } else { Severity::High },
+            if small { Severity::Low } else { Severity::High },
             format!(
                 "{} of the {} rows of {table} lost their {column}{}: {}{}; {}, and what they were is not kept anywhere",
                 count(l.lost),
@@ -877,15 +880,18 @@ pub fn report(
             (key, _) => format!("{}, {}", key.unwrap_or("id"), written(column)),
         };
         h.suggestion = Some(format!(
-            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {kept} FROM {table}), or write the new values to a new column; batching does not bring them back{}",
+            "if the old values matter, keep them first, in the same migration (CREATE TABLE {} AS SELECT {kept} FROM {table}), or write the new values to a new column; batching does not bring them back",
             written(&format!("{}_{column}_before", split_qualified(&loss.table).1)),
-            if recomputed {
-                format!(" (if {column} only ever holds what the row's other columns give, it can be computed again the old way, and nothing is lost)")
-            } else {
-                String::new()
-            },
         ));
-        out.push(h);
+        if small {
+            h.message.push_str(&format!(
+                " (fewer than {} rows and a tenth of the table: a note, not a hazard)",
+                count(ROWS_LOST)
+            ));
+            notes.push(h);
+        } else {
+            out.push(h);
+        }
     }
     (out, notes)
 }
@@ -896,7 +902,13 @@ pub fn report(
 fn how_lost(l: &Lost, discard: Option<&Discard>) -> String {
     let alone = match discard {
         _ if l.alone == 0 => return merged(l.distinct),
+        Some(Discard::Cut(function)) if targets::HASHING_FUNCTIONS.contains(&function.as_str()) => {
+            format!("{function} kept only a hash of")
+        }
         Some(Discard::Cut(function)) => format!("{function} kept only part of"),
+        Some(Discard::Elsewhere) => {
+            "a value from other rows or tables, one no other row holds, replaced".to_owned()
+        }
         _ => "a value computed from the row's other columns, one no other row holds, replaced".to_owned(),
     };
     match l.alone == l.lost {

@@ -190,7 +190,10 @@ impl Reading<'_> {
         };
         counted.extend(paired.iter().filter(unpaired).cloned());
         let mut lost_columns: BTreeMap<String, Target> = BTreeMap::new();
-        for l in losses(&paired, &before, &after, rows) {
+        for l in losses(&paired, &before, &after, rows)
+            .into_iter()
+            .filter(|l| super::overwrite::enough(l.lost.lost, l.rows))
+        {
             let t = paired.iter().find(|t| t.table == l.table).expect("a loss is of a target");
             let entry = lost_columns
                 .entry(l.table.clone())
@@ -205,10 +208,16 @@ impl Reading<'_> {
         let values_after =
             followed.values_back(read(self.admin.client(), &followed.now, &key_now, now).await?);
         let mut found = losses(&lost, &values_before, &values_after, rows);
+        // (Columns no statement names are told only past a hazard's bounds.)
+        found.retain(|l| super::overwrite::enough(l.lost.lost, l.rows));
         let counts_before = counts::read(other.client(), &counted, &snapshot.catalog).await?;
         let followed = names::follow(self.admin.client(), &counted, &ids).await?;
         let counts_after = followed.counts_back(counts::read(self.admin.client(), &followed.now, now).await?);
-        found.extend(counted_losses(&counted, &counts_before, &counts_after, rows));
+        found.extend(
+            counted_losses(&counted, &counts_before, &counts_after, rows)
+                .into_iter()
+                .filter(|l| super::overwrite::enough(l.lost.lost, l.rows)),
+        );
         Ok((values_before, found))
     }
 }

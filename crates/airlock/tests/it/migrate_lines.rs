@@ -609,16 +609,26 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
                 "CREATE TABLE products_slug_before AS SELECT id, slug FROM products;\n\
                                 UPDATE products SET slug = lower(replace(name, ' ', '-'));",
             ),
-            // Controls: a relabel that 1,000 rows share reads backwards; the
-            // same slugs made again change nothing; values another table
-            // brings (a FROM) are judged by whether they merge.
-            ("relabel.sql", "UPDATE products SET status = 'archived' WHERE status = 'done';"),
-            ("same_slugs.sql", "UPDATE products SET slug = 'p-' || id;"),
+            // Values another table brings (a FROM) replace the old ones too.
             (
                 "from_staging.sql",
-                "CREATE TABLE staging AS SELECT id, price * 2 AS price FROM products;\n\
+                "CREATE TABLE staging AS SELECT id, id * 7 + 1000 AS price FROM products;\n\
                  UPDATE products p SET price = s.price FROM staging s WHERE s.id = p.id;",
             ),
+            // A decoy that sets nothing first hides nothing.
+            (
+                "decoy.sql",
+                "UPDATE products SET slug = slug || '' WHERE false;\nUPDATE products SET slug = lower(replace(name, ' ', '-'));",
+            ),
+            // Too few rows for a hazard: a note.
+            ("few.sql", "UPDATE products SET slug = lower(replace(name, ' ', '-')) WHERE id <= 100;"),
+            // Two columns swapped: every value is still in the other.
+            ("swap.sql", "UPDATE products SET name = slug, slug = name;"),
+            // Controls: a relabel that 1,000 rows share reads backwards; the
+            // same slugs made again change nothing; a rise computed from
+            // the price itself reads backwards.
+            ("relabel.sql", "UPDATE products SET status = 'archived' WHERE status = 'done';"),
+            ("same_slugs.sql", "UPDATE products SET slug = 'p-' || id;"),
             ("price_rise.sql", "UPDATE products SET price = round(price * 1.1, 2);"),
             // Half the prices merged into one, the other half changed one
             // for one from another table: the message says both.
@@ -632,7 +642,7 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
     let c = by_name(&test_on(&d, "shop", &paths));
 
     let h = hazard(&c["slugs.sql"], "values_overwritten");
-    assert_eq!((&h["severity"], &h["line"]), (&json!("medium"), &json!(2)), "{h}");
+    assert_eq!((&h["severity"], &h["line"]), (&json!("high"), &json!(2)), "{h}");
     let said = h["message"].as_str().unwrap();
     assert!(
         said.starts_with("3,000 of the 3,000 rows of products lost their slug: 1 had slug 'p-"),
@@ -667,10 +677,44 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
     let said = message(&c["half_merged.sql"], "values_overwritten");
     // (Product 1 is now 1.00 too.)
     assert!(
-        said.starts_with("1,501 of the 3,000 rows of products lost their price: 1,501 had other values"),
+        said.starts_with("3,000 of the 3,000 rows of products lost their price: 1,501 had other values"),
         "{said}"
     );
-    assert!(said.ends_with("; 3,000 rows changed their price in all"), "{said}");
+    assert!(
+        said.contains(
+            "; 1,501 took values that rows with other values hold too, and a value from other rows or tables, \
+             one no other row holds, replaced each of the other 1,499, and what they were"
+        ),
+        "{said}"
+    );
+    let said = message(&c["from_staging.sql"], "values_overwritten");
+    assert!(said.starts_with("3,000 of the 3,000 rows of products lost their price"), "{said}");
+    assert!(
+        said.contains("; a value from other rows or tables, one no other row holds, replaced each of them"),
+        "{said}"
+    );
+    let said = message(&c["decoy.sql"], "values_overwritten");
+    assert!(said.starts_with("3,000 of the 3,000 rows of products lost their slug"), "{said}");
+    let few = &c["few.sql"];
+    assert!(!hazard_kinds(few).contains(&"values_overwritten"), "{few}");
+    let note = few["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "values_overwritten");
+    let said = note.unwrap_or_else(|| panic!("{few}"))["message"].as_str().unwrap();
+    assert!(said.starts_with("100 of the 3,000 rows of products lost their slug"), "{said}");
+    assert!(
+        said.ends_with("(fewer than 1,000 rows and a tenth of the table: a note, not a hazard)"),
+        "{said}"
+    );
+    let swap = &c["swap.sql"];
+    assert!(!hazard_kinds(swap).contains(&"values_overwritten"), "{swap}");
+    let kept: Vec<&str> = swap["notes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["kind"] == "values_overwritten")
+        .map(|n| n["message"].as_str().unwrap())
+        .collect();
+    assert!(kept.iter().any(|m| m.ends_with("kept every old value in products.name")), "{kept:?}");
+    assert!(kept.iter().any(|m| m.ends_with("kept every old value in products.slug")), "{kept:?}");
 
     let kept = &c["kept_first.sql"];
     assert!(!hazard_kinds(kept).contains(&"values_overwritten"), "{kept}");
@@ -679,7 +723,7 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
             && n["message"].as_str().unwrap().ends_with("kept every old value in products_slug_before.slug")),
         "{kept}"
     );
-    for name in ["relabel.sql", "same_slugs.sql", "from_staging.sql", "price_rise.sql"] {
+    for name in ["relabel.sql", "same_slugs.sql", "price_rise.sql"] {
         assert!(!hazard_kinds(&c[name]).contains(&"values_overwritten"), "{name}: {}", c[name]);
     }
 }

@@ -64,9 +64,13 @@ pub enum Discard {
     /// Computed from the row's other columns and constants alone, never its
     /// own value (`slug = lower(name)`, `price = id / 100.0`).
     Others,
-    /// Its own value cut to a part by the named function
-    /// (`date_trunc('day', at)`, `round(price)`, `left(name, 50)`).
+    /// Its own value cut to a part, or hashed, by the named function
+    /// (`date_trunc('day', at)`, `round(price)`, `left(name, 50)`,
+    /// `md5(phone)`).
     Cut(String),
+    /// Values from other rows or tables, never its own (`UPDATE ... FROM`,
+    /// a subquery, the rows an upsert or a `MERGE` offers).
+    Elsewhere,
 }
 
 /// How one statement computes a column's new values.
@@ -127,13 +131,15 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                         }
                         continue;
                     }
-                    // Set again, another way: only the merge rule holds for
-                    // both (a bump after a cut can be undone, the cut not).
+                    // Set again, another way: from itself only if every
+                    // statement computes it so; discarding if any statement
+                    // discards, since its rows lost their values whatever
+                    // another statement did (one that sets nothing, too).
                     if **made != Made::Itself {
                         t.from_itself.remove(&c.name);
                     }
-                    if !matches!(made, Made::Discarding(_)) {
-                        t.discards.remove(&c.name);
+                    if let Made::Discarding(d) = made {
+                        t.discards.entry(c.name.clone()).or_insert_with(|| d.clone());
                     }
                 }
             }
@@ -236,19 +242,22 @@ fn named(sql: &str) -> Vec<Named> {
         if !assigned.is_empty() {
             out.push((vec![], assigned));
         }
-        // The table a bare `UPDATE SET` (of MERGE or ON CONFLICT) writes.
-        let mut into: Vec<String> = vec![];
+        // The table a bare `UPDATE SET` (of MERGE or ON CONFLICT) writes,
+        // and the names its row goes by there (its own, its alias).
+        let (mut into, mut own): (Vec<String>, Vec<String>) = (vec![], vec![]);
         for (i, t) in said.iter().enumerate() {
             match t {
                 Token::Word(w) if w == "into" => {
-                    if let Some((name, _)) = name(&said[i + 1..]) {
+                    if let Some((name, took)) = name(&said[i + 1..]) {
+                        own = row_names(&name, &said[i + 1 + took..]);
                         into = name;
                     }
                 }
                 // Its values come from the rows offered (a MERGE's source,
                 // `excluded`), not from the row's own columns alone.
-                Token::Word(w) if w == "update" && word(said.get(i + 1), "set") => out
-                    .extend(set_list(&said[i + 2..]).map(|columns| (into.clone(), from_elsewhere(columns)))),
+                Token::Word(w) if w == "update" && word(said.get(i + 1), "set") => out.extend(
+                    set_list(&said[i + 2..], &own).map(|columns| (into.clone(), from_elsewhere(columns))),
+                ),
                 Token::Word(w) if w == "update" => out.extend(update(&said[i + 1..])),
                 Token::Word(w) if w == "alter" && word(said.get(i + 1), "table") => {
                     out.extend(alter_types(&said[i + 2..]))
@@ -338,7 +347,7 @@ fn assignments(said: &[Token]) -> BTreeMap<String, Made> {
         if stamps_the_clock(&expression) {
             continue;
         }
-        let made = made(&expression, &column);
+        let made = made(&expression, &column, &[]);
         match out.get(&column) {
             Some(before) if *before != made => drop(out.insert(column, Made::Mixed)),
             _ => drop(out.insert(column, made)),
@@ -443,13 +452,30 @@ fn update(rest: &[Token]) -> Option<Named> {
     if word(rest.get(i), "as") {
         i += 1;
     }
+    let own = row_names(&table, &rest[i..]);
     if !word(rest.get(i), "set") {
         i += 1;
     }
     if !word(rest.get(i), "set") {
         return None;
     }
-    Some((table, set_list(&rest[i + 1..])?))
+    Some((table, set_list(&rest[i + 1..], &own)?))
+}
+
+/// The names a statement's target row goes by, for telling its own columns
+/// from another row's (`o.total` against `s.total`): its table's name, and
+/// the alias after it (`[AS] alias`), if any.
+fn row_names(table: &[String], after: &[Token]) -> Vec<String> {
+    let mut own: Vec<String> = table.last().cloned().into_iter().collect();
+    let after = if word(after.first(), "as") { &after[1..] } else { after };
+    if let Some(Token::Word(alias) | Token::Quoted(alias)) = after.first() {
+        const NOT_ALIASES: &[&str] =
+            &["set", "using", "values", "select", "default", "overriding", "on", "where"];
+        if !NOT_ALIASES.contains(&alias.as_str()) {
+            own.push(alias.clone());
+        }
+    }
+    own
 }
 
 /// Words that begin another statement: a SET list or an ALTER TABLE ends
@@ -484,7 +510,7 @@ fn own_value(expression: &[Token], column: &str) -> bool {
 
 /// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and how its
 /// expression makes its value ([`made`]).
-fn set_list(rest: &[Token]) -> Option<BTreeMap<String, Made>> {
+fn set_list(rest: &[Token], own: &[String]) -> Option<BTreeMap<String, Made>> {
     let mut columns = BTreeMap::new();
     let mut i = 0;
     loop {
@@ -544,8 +570,10 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, Made>> {
         }
         for column in &set {
             // A tuple's expression sets several columns: none from itself alone.
-            columns
-                .insert(column.clone(), if tuple || part { Made::Mixed } else { made(&expression, column) });
+            columns.insert(
+                column.clone(),
+                if tuple || part { Made::Mixed } else { made(&expression, column, own) },
+            );
         }
         if !more {
             // `UPDATE ... SET ... FROM other`: the values may be another
@@ -560,12 +588,12 @@ fn set_list(rest: &[Token]) -> Option<BTreeMap<String, Made>> {
 }
 
 /// Columns whose values may come from rows other than their own (a
-/// `FROM`, a `MERGE`'s source, `excluded`): none is computed from the row's
-/// other columns alone, so none discards by that rule.
+/// `FROM`, a `MERGE`'s source, `excluded`): those that do not read their
+/// own value take values from elsewhere.
 fn from_elsewhere(mut columns: BTreeMap<String, Made>) -> BTreeMap<String, Made> {
     for made in columns.values_mut() {
         if *made == Made::Discarding(Discard::Others) {
-            *made = Made::Mixed;
+            *made = Made::Discarding(Discard::Elsewhere);
         }
     }
     columns
@@ -585,26 +613,48 @@ const CUTTING_FUNCTIONS: &[&str] = &[
     "substr",
     "substring",
     "split_part",
+    "md5",
+    "sha224",
+    "sha256",
+    "sha384",
+    "sha512",
+    "digest",
+    "hashtext",
+    "crypt",
 ];
+
+/// Those of [`CUTTING_FUNCTIONS`] that keep a hash of the value, not a part.
+pub const HASHING_FUNCTIONS: &[&str] =
+    &["md5", "sha224", "sha256", "sha384", "sha512", "digest", "hashtext", "crypt"];
 
 /// How `expression` computes `column`'s new value: a cut of the column
 /// alone ([`cut_by`]), from its own value alone ([`own_value`]), from the
-/// row's other columns and constants alone (no subquery, no `excluded`), or
-/// otherwise.
-fn made(expression: &[Token], column: &str) -> Made {
+/// row's other columns and constants alone, from other rows (a subquery,
+/// `excluded`) without its own value, or otherwise. `own` names the row
+/// (its table, its alias): `x.column` for another `x` is another row's
+/// (none given: any is taken for its own).
+fn made(expression: &[Token], column: &str, own: &[String]) -> Made {
     if let Some(function) = cut_by(expression, column) {
         return Made::Discarding(Discard::Cut(function));
     }
     if own_value(expression, column) {
         return Made::Itself;
     }
-    let reads_itself =
-        expression.iter().any(|t| matches!(t, Token::Word(w) | Token::Quoted(w) if w == column));
+    let reads_itself = expression.iter().enumerate().any(|(i, t)| {
+        let named = matches!(t, Token::Word(w) | Token::Quoted(w) if w == column);
+        let qualifier =
+            match (i.checked_sub(2).map(|q| &expression[q]), i.checked_sub(1).map(|d| &expression[d])) {
+                (Some(Token::Word(q) | Token::Quoted(q)), Some(Token::Other('.'))) => Some(q),
+                _ => None,
+            };
+        named && qualifier.is_none_or(|q| own.is_empty() || own.contains(q))
+    });
     let elsewhere =
         expression.iter().any(|t| matches!(t, Token::Word(w) if w == "select" || w == "excluded"));
-    match reads_itself || elsewhere || expression.is_empty() {
-        true => Made::Mixed,
-        false => Made::Discarding(Discard::Others),
+    match (reads_itself || expression.is_empty(), elsewhere) {
+        (true, _) => Made::Mixed,
+        (false, true) => Made::Discarding(Discard::Elsewhere),
+        (false, false) => Made::Discarding(Discard::Others),
     }
 }
 
@@ -689,7 +739,7 @@ fn alter_types(rest: &[Token]) -> Option<Named> {
                             // here, whether `USING` reads the value at all.
                             let expression = &rest[u + 1..k];
                             let itself = expression.iter().any(|t| ident(Some(t)).as_ref() == Some(&column));
-                            let made = match (itself, made(expression, &column)) {
+                            let made = match (itself, made(expression, &column, &[])) {
                                 (true, cut @ Made::Discarding(Discard::Cut(_))) => cut,
                                 (true, _) => Made::Itself,
                                 (false, made) => made,

@@ -503,19 +503,36 @@ fn a_value_computed_without_the_old_one_or_cut_from_it_discards_it() {
         discards("ALTER TABLE customers ALTER COLUMN name TYPE text USING left(name, 3)"),
         cut("name", "left")
     );
-    // Neither: arithmetic inside a cut, the value's own part, values from
-    // other rows (a FROM, a subquery, the rows an upsert or MERGE offers), a
-    // CASE over the column, two statements setting it two ways.
+    assert_eq!(discards("UPDATE customers SET tier = md5(tier)"), cut("tier", "md5"));
+    // Values from other rows, without its own: a FROM, a subquery, the rows
+    // an upsert or a MERGE offers.
+    let elsewhere = vec![("total".to_owned(), Discard::Elsewhere)];
     for sql in [
-        "UPDATE orders SET total = round(total * 1.1, 2)",
-        "UPDATE orders SET total = total + id",
-        "UPDATE customers SET name[1] = 'x'",
         "UPDATE orders o SET total = s.total FROM staging s WHERE s.id = o.id",
         "UPDATE orders o SET total = (SELECT sum(id) FROM customers c WHERE c.id = o.id)",
         "INSERT INTO orders VALUES (1) ON CONFLICT (id) DO UPDATE SET total = excluded.total",
         "MERGE INTO orders o USING staging s ON s.id = o.id WHEN MATCHED THEN UPDATE SET total = 7",
+    ] {
+        assert_eq!(discards(sql), elsewhere, "{sql}");
+    }
+    // Set two ways, one discarding: discarding, whatever the other did (a
+    // decoy that sets nothing first hides nothing).
+    assert_eq!(
+        discards("UPDATE orders SET total = total || '' WHERE false; UPDATE orders SET total = id * 2"),
+        others("total")
+    );
+    assert_eq!(
+        discards("UPDATE orders SET total = id * 2; UPDATE orders SET total = total + 1"),
+        others("total")
+    );
+    // Neither: arithmetic inside a cut, the value's own part, its own value
+    // with others (FROM or not), a CASE over the column.
+    for sql in [
+        "UPDATE orders SET total = round(total * 1.1, 2)",
+        "UPDATE orders SET total = total + id",
+        "UPDATE customers SET name[1] = 'x'",
+        "UPDATE orders o SET total = o.total + s.total FROM staging s WHERE s.id = o.id",
         "UPDATE customers SET tier = CASE WHEN tier = 'a' THEN 'b' ELSE tier END",
-        "UPDATE orders SET total = id * 2; UPDATE orders SET total = total + 1",
     ] {
         assert_eq!(discards(sql), [], "{sql}");
     }
@@ -596,7 +613,7 @@ fn a_one_for_one_replacement_is_told_as_such_and_a_cut_is_high() {
         h.into_iter().next().unwrap()
     };
     let h = told(target(Discard::Others));
-    assert_eq!(h.severity, Severity::Medium);
+    assert_eq!(h.severity, Severity::High);
     assert!(
         h.message.starts_with("2,000 of the 2,000 rows of customers lost their tier: 1 had tier "),
         "{}",
@@ -607,8 +624,37 @@ fn a_one_for_one_replacement_is_told_as_such_and_a_cut_is_high() {
         "{}",
         h.message
     );
-    assert!(h.suggestion.unwrap().contains("it can be computed again the old way"));
     let h = told(target(Discard::Cut("left".into())));
     assert_eq!(h.severity, Severity::High);
     assert!(h.message.contains("; left kept only part of each of them, and what they were"), "{}", h.message);
+    let h = told(target(Discard::Cut("md5".into())));
+    assert!(h.message.contains("; md5 kept only a hash of each of them"), "{}", h.message);
+    let h = told(target(Discard::Elsewhere));
+    assert!(
+        h.message
+            .contains("; a value from other rows or tables, one no other row holds, replaced each of them"),
+        "{}",
+        h.message
+    );
+    // Too few for a hazard: a note that says so.
+    let few: Vec<(i64, Option<&str>)> = (0..2_000)
+        .map(|i| (i, if i < 600 { Some(slugs[i as usize].as_str()) } else { before[i as usize].1 }))
+        .collect();
+    let a = BTreeMap::from([("public.customers".to_owned(), values(&few))]);
+    let rows = BTreeMap::from([("public.customers".to_owned(), 20_000)]);
+    let (h, notes) =
+        report(&losses(&[target(Discard::Others)], &b, &a, &rows), &b, &BTreeMap::new(), &Shape::default());
+    assert!(h.is_empty(), "{h:?}");
+    assert_eq!(notes.len(), 1);
+    assert_eq!(notes[0].severity, Severity::Low);
+    assert!(
+        notes[0].message.starts_with("600 of the 20,000 rows of customers lost their tier"),
+        "{}",
+        notes[0].message
+    );
+    assert!(
+        notes[0].message.ends_with("(fewer than 1,000 rows and a tenth of the table: a note, not a hazard)"),
+        "{}",
+        notes[0].message
+    );
 }
