@@ -640,15 +640,7 @@ fn made(expression: &[Token], column: &str, own: &[String]) -> Made {
     if own_value(expression, column) {
         return Made::Itself;
     }
-    let reads_itself = expression.iter().enumerate().any(|(i, t)| {
-        let named = matches!(t, Token::Word(w) | Token::Quoted(w) if w == column);
-        let qualifier =
-            match (i.checked_sub(2).map(|q| &expression[q]), i.checked_sub(1).map(|d| &expression[d])) {
-                (Some(Token::Word(q) | Token::Quoted(q)), Some(Token::Other('.'))) => Some(q),
-                _ => None,
-            };
-        named && qualifier.is_none_or(|q| own.is_empty() || own.contains(q))
-    });
+    let reads_itself = reads(expression, column, own);
     let elsewhere =
         expression.iter().any(|t| matches!(t, Token::Word(w) if w == "select" || w == "excluded"));
     match (reads_itself || expression.is_empty(), elsewhere) {
@@ -656,6 +648,54 @@ fn made(expression: &[Token], column: &str, own: &[String]) -> Made {
         (false, true) => Made::Discarding(Discard::Elsewhere),
         (false, false) => Made::Discarding(Discard::Others),
     }
+}
+
+/// Whether `expression` reads `column`'s own value in a way that can shape
+/// its new value: not another row's `x.column` (see [`made`]), not
+/// `column * 0`, and not as the last fallback of a `coalesce` whose
+/// earlier arguments do not read it (`coalesce(deleted_at, created_at)`
+/// replaces it wherever `deleted_at` holds a value).
+fn reads(expression: &[Token], column: &str, own: &[String]) -> bool {
+    let zero = |t: Option<&Token>| matches!(t, Some(Token::Number(n)) if n.trim_start_matches('0').trim_start_matches('.').trim_start_matches('0').is_empty());
+    let star = |t: Option<&Token>| t == Some(&Token::Other('*'));
+    let at = |i: usize| -> bool {
+        let named = matches!(&expression[i], Token::Word(w) | Token::Quoted(w) if w == column);
+        let qualifier =
+            match (i.checked_sub(2).map(|q| &expression[q]), i.checked_sub(1).map(|d| &expression[d])) {
+                (Some(Token::Word(q) | Token::Quoted(q)), Some(Token::Other('.'))) => Some(q),
+                _ => None,
+            };
+        let start = if qualifier.is_some() { i - 2 } else { i };
+        let times_zero = (star(expression.get(i + 1)) && zero(expression.get(i + 2)))
+            || (start >= 2 && star(expression.get(start - 1)) && zero(expression.get(start - 2)));
+        named && !times_zero && qualifier.is_none_or(|q| own.is_empty() || own.contains(q))
+    };
+    let read: Vec<usize> = (0..expression.len()).filter(|i| at(*i)).collect();
+    // `coalesce(a, ..., column)`: the column read only as its last argument.
+    if let ([Token::Word(f), Token::Other('('), inner @ .., Token::Other(')')], Some(&last)) =
+        (expression, read.last())
+    {
+        let mut depth = 0usize;
+        let last_comma = inner
+            .iter()
+            .enumerate()
+            .filter_map(|(k, t)| {
+                match t {
+                    Token::Other('(') => depth += 1,
+                    Token::Other(')') => depth = depth.saturating_sub(1),
+                    Token::Other(',') if depth == 0 => return Some(k + 2),
+                    _ => {}
+                }
+                None
+            })
+            .last();
+        let only_last = last_comma
+            .is_some_and(|c| read.iter().all(|r| *r > c) && expression.len() - 1 - c <= 4 && last > c);
+        if f == "coalesce" && only_last {
+            return false;
+        }
+    }
+    !read.is_empty()
 }
 
 /// The function of [`CUTTING_FUNCTIONS`] that `expression` applies to

@@ -485,6 +485,14 @@ fn a_value_computed_without_the_old_one_or_cut_from_it_discards_it() {
     assert_eq!(discards("UPDATE orders SET total = id / 100.0"), others("total"));
     assert_eq!(discards("UPDATE customers SET tier = 'standard' WHERE tier = 'enterprise'"), others("tier"));
     assert_eq!(discards("ALTER TABLE orders ALTER COLUMN total TYPE numeric USING id * 2"), others("total"));
+    // Read only where it cannot shape the value: times zero, or as the last
+    // fallback of a coalesce (replaced wherever the others hold a value).
+    assert_eq!(discards("UPDATE orders SET total = total * 0 + 1000 + id"), others("total"));
+    assert_eq!(discards("UPDATE customers SET name = coalesce(tier, name)"), others("name"));
+    assert_eq!(
+        discards("UPDATE customers c SET name = coalesce((SELECT max(o.id) FROM orders o WHERE o.id = c.id), c.name)"),
+        vec![("name".to_owned(), Discard::Elsewhere)]
+    );
     assert_eq!(
         discards(
             "CREATE FUNCTION f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.name := upper(NEW.tier); RETURN NEW; END $$;\n\
@@ -533,6 +541,8 @@ fn a_value_computed_without_the_old_one_or_cut_from_it_discards_it() {
         "UPDATE customers SET name[1] = 'x'",
         "UPDATE orders o SET total = o.total + s.total FROM staging s WHERE s.id = o.id",
         "UPDATE customers SET tier = CASE WHEN tier = 'a' THEN 'b' ELSE tier END",
+        "UPDATE customers SET name = coalesce(name, tier)",
+        "UPDATE orders SET total = total * 10 + id",
     ] {
         assert_eq!(discards(sql), [], "{sql}");
     }
