@@ -719,8 +719,12 @@ fn cut_by(expression: &[Token], column: &str) -> Option<String> {
             Token::Other(c) => ",:-".contains(*c),
             _ => false,
         });
-    // Only a cast may follow: `::date`, `::numeric(12, 2)`.
+    // Only a cast may follow (`::date`, `::numeric(12, 2)`), or constants
+    // joined on (`md5(email) || '@anon.invalid'`), which add nothing of it.
+    let joined = after.len() >= 3
+        && after.chunks(3).all(|c| matches!(c, [Token::Other('|'), Token::Other('|'), Token::Constant(_)]));
     let cast_after = after.is_empty()
+        || joined
         || (after.starts_with(&[Token::Other(':'), Token::Other(':')])
             && made_of(&after[2..], |t, _| {
                 matches!(t, Token::Word(_) | Token::Number(_) | Token::Other('(' | ')' | ','))

@@ -512,6 +512,7 @@ fn a_value_computed_without_the_old_one_or_cut_from_it_discards_it() {
         cut("name", "left")
     );
     assert_eq!(discards("UPDATE customers SET tier = md5(tier)"), cut("tier", "md5"));
+    assert_eq!(discards("UPDATE customers SET tier = md5(tier) || '@anon.invalid'"), cut("tier", "md5"));
     // Values from other rows, without its own: a FROM, a subquery, the rows
     // an upsert or a MERGE offers.
     let elsewhere = vec![("total".to_owned(), Discard::Elsewhere)];
