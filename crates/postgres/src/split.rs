@@ -196,10 +196,9 @@ pub fn dollar_tag(s: &str) -> Option<&str> {
     let rest = &s[1..];
     let end = rest.find('$')?;
     let tag = &rest[..end];
-    let valid = tag
-        .chars()
-        .enumerate()
-        .all(|(k, ch)| ch == '_' || ch.is_alphabetic() || (k > 0 && ch.is_ascii_digit()));
+    let valid = tag.chars().enumerate().all(|(k, ch)| {
+        ch == '_' || ch.is_ascii_alphabetic() || !ch.is_ascii() || (k > 0 && ch.is_ascii_digit())
+    });
     valid.then(|| &s[..end + 2])
 }
 
@@ -291,6 +290,19 @@ mod tests {
 
     fn texts(sql: &str) -> Vec<(String, usize)> {
         split(sql).unwrap().into_iter().map(|s| (s.sql, s.line)).collect()
+    }
+
+    #[test]
+    fn dollar_tags_are_read_as_postgresql_reads_them() {
+        assert_eq!(dollar_tag("$q$ x $q$"), Some("$q$"));
+        assert_eq!(dollar_tag("$$ x $$"), Some("$$"));
+        // Any character past ASCII is a letter to PostgreSQL's lexer.
+        assert_eq!(dollar_tag("$€$'$€$"), Some("$€$"));
+        assert_eq!(dollar_tag("$1$"), None);
+        assert_eq!(dollar_tag("$a-b$"), None);
+        let texts: Vec<String> =
+            split("SELECT $€$;'$€$; SELECT 2").unwrap().into_iter().map(|s| s.sql).collect();
+        assert_eq!(texts, ["SELECT $€$;'$€$", "SELECT 2"]);
     }
 
     #[test]

@@ -622,6 +622,15 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
             ),
             // Too few rows for a hazard: a note.
             ("few.sql", "UPDATE products SET slug = lower(replace(name, ' ', '-')) WHERE id <= 100;"),
+            // A copy kept in a column the file adds, then dropped: the values
+            // are lost, and the dropped column is the file's own, no golden loss.
+            (
+                "copy_dropped.sql",
+                "ALTER TABLE products ADD COLUMN old_slug text;\nUPDATE products SET old_slug = slug;\n\
+                 UPDATE products SET slug = lower(replace(name, ' ', '-'));\nALTER TABLE products DROP COLUMN old_slug;",
+            ),
+            // A golden column renamed, then dropped, is still the golden's.
+            ("renamed_dropped.sql", "ALTER TABLE products RENAME COLUMN status TO state;\nALTER TABLE products DROP COLUMN state;"),
             // Two columns swapped: every value is still in the other.
             ("swap.sql", "UPDATE products SET name = slug, slug = name;"),
             // Controls: a relabel that 1,000 rows share reads backwards; the
@@ -695,6 +704,15 @@ fn values_replaced_one_for_one_or_cut_are_lost_and_a_relabel_is_not() {
     );
     let said = message(&c["decoy.sql"], "values_overwritten");
     assert!(said.starts_with("3,000 of the 3,000 rows of products lost their slug"), "{said}");
+    let dropped = &c["copy_dropped.sql"];
+    assert!(
+        message(dropped, "values_overwritten")
+            .starts_with("3,000 of the 3,000 rows of products lost their slug"),
+        "{dropped}"
+    );
+    assert!(!hazard_kinds(dropped).contains(&"column_dropped"), "{dropped}");
+    let said = message(&c["renamed_dropped.sql"], "column_dropped");
+    assert!(said.starts_with("drops column public.products."), "{said}");
     let few = &c["few.sql"];
     assert!(!hazard_kinds(few).contains(&"values_overwritten"), "{few}");
     let note = few["notes"].as_array().unwrap().iter().find(|n| n["kind"] == "values_overwritten");

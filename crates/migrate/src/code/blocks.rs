@@ -26,6 +26,9 @@ pub(super) struct Block {
     pub commits: bool,
 }
 
+/// Types a text assigned to a variable is read into by the clock's rules.
+const TIME_TYPES: &[&str] = &["date", "time", "timetz", "timestamp", "timestamptz", "interval", "abstime"];
+
 /// Levels a `RAISE` may name.
 const RAISE_LEVELS: &[&str] = &["debug", "log", "info", "notice", "warning", "exception"];
 
@@ -89,11 +92,22 @@ fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
     {
         return None;
     }
-    let assigned =
-        declaration.windows(2).position(|w| w == [Token::Other(':'), Token::Other('=')]).map(|i| i + 2);
-    let defaulted =
-        declaration.iter().position(|t| word(Some(t), "default") || *t == Token::Other('=')).map(|i| i + 1);
-    if let Some(from) = assigned.or(defaulted) {
+    // Its default: after the first `:=`, `=` or DEFAULT outside parentheses
+    // (a `:=` inside is a named argument of the default's own call).
+    let mut depth = 0usize;
+    let from = declaration.iter().enumerate().find_map(|(i, t)| {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') => depth = depth.saturating_sub(1),
+            _ if depth > 0 => {}
+            Token::Other(':') if declaration.get(i + 1) == Some(&Token::Other('=')) => return Some(i + 2),
+            Token::Other('=') => return Some(i + 1),
+            Token::Word(w) if w == "default" => return Some(i + 1),
+            _ => {}
+        }
+        None
+    });
+    if let Some(from) = from {
         block.parts.push(select(&declaration[from..])?);
     }
     // Its type, which a value is cast to when assigned (`regclass` reads
@@ -107,8 +121,16 @@ fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
                 || *t == Token::Other('=')
         })
         .map_or(declaration.len(), |p| start + p);
+    let declared_type = declaration.get(start..end).filter(|t| !t.is_empty())?;
+    // A type copied from a column (`%TYPE`, which may be a catalog's), or
+    // a time, whose every assignment converts text by the clock's rules
+    // (`d := 'to' || 'day'`) with no cast to see: not plain.
+    let time = |t: &Token| matches!(t, Token::Word(w) if TIME_TYPES.contains(&w.as_str()));
+    if declared_type.iter().any(|t| *t == Token::Other('%') || time(t)) {
+        return None;
+    }
     let mut cast = vec![Token::Word("null".into()), Token::Other(':'), Token::Other(':')];
-    cast.extend_from_slice(declaration.get(start..end).filter(|t| !t.is_empty())?);
+    cast.extend_from_slice(declared_type);
     block.parts.push(select(&cast)?);
     Some(())
 }

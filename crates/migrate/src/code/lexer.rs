@@ -76,6 +76,17 @@ pub(super) fn unescape_u(raw: &str) -> String {
 
 /// The tokens of one statement.
 pub(crate) fn tokens(sql: &str) -> Vec<Token> {
+    lex(sql, false)
+}
+
+/// [`tokens`], with dollar-quoted constants in the case they are written
+/// in: a body read again as code (a `DO` block's) must keep its own dollar
+/// quotes' tags apart, as PostgreSQL does (`$X$` is not `$x$`).
+pub(crate) fn tokens_keeping_case(sql: &str) -> Vec<Token> {
+    lex(sql, true)
+}
+
+fn lex(sql: &str, keep_case: bool) -> Vec<Token> {
     let bytes = sql.as_bytes();
     let mut out = Vec::new();
     let mut i = 0;
@@ -186,7 +197,12 @@ pub(crate) fn tokens(sql: &str) -> Vec<Token> {
                     Some(tag) => {
                         let body = i + tag.len();
                         let end = sql[body..].find(tag).map_or(bytes.len(), |e| body + e);
-                        out.push(Token::Constant(sql[body..end].to_ascii_lowercase()));
+                        let text = &sql[body..end];
+                        out.push(Token::Constant(if keep_case {
+                            text.to_owned()
+                        } else {
+                            text.to_ascii_lowercase()
+                        }));
                         i = (end + tag.len()).min(bytes.len());
                     }
                     None => {

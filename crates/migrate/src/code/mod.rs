@@ -133,7 +133,7 @@ fn outside_transactions(sql: &str) -> bool {
 fn blocks_read(statements: &[Statement]) -> Vec<Statement> {
     let mut out = Vec::with_capacity(statements.len());
     for st in statements {
-        let Some(block) = blocks::read(&tokens(&st.sql)) else {
+        let Some(block) = blocks::read(&lexer::tokens_keeping_case(&st.sql)) else {
             out.push(st.clone());
             continue;
         };
@@ -388,7 +388,7 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
             }
         }
         match words.as_slice() {
-            ["do", ..] => why(match blocks::read(&tokens) {
+            ["do", ..] => why(match blocks::read(&lexer::tokens_keeping_case(&st.sql)) {
                 Some(block) if block.commits || outside_transactions(&st.sql) => {
                     "a DO block that commits as it goes (what it commits is checked only after it is kept)".into()
                 }
@@ -578,6 +578,33 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
             }
             let name = name.to_ascii_lowercase();
             let called = matches!(tokens.get(i + 1), Some(Token::Other('(')));
+            if name == "uescape" {
+                why("a Unicode escape with an escape character of its own (UESCAPE), which this check does not read".into());
+                continue;
+            }
+            // set_config(name, value, local): a setting named as text, set to
+            // a constant. One that changes how the rest is read, a value of
+            // NULL (the target's own setting put back) or one computed as it
+            // runs is code.
+            if name == "set_config" && called {
+                let constant = |t: Option<&Token>| matches!(t, Some(Token::Constant(_) | Token::Number(_)));
+                match (tokens.get(i + 2), tokens.get(i + 3), tokens.get(i + 4), tokens.get(i + 5)) {
+                    (Some(Token::Constant(setting)), Some(Token::Other(',')), value, Some(Token::Other(',')))
+                        if constant(value) =>
+                    {
+                        let setting = setting.trim();
+                        let to = match value {
+                            Some(Token::Constant(v) | Token::Number(v)) => v.trim(),
+                            _ => "",
+                        };
+                        if LEXER_SETTINGS.iter().any(|(s, read_by)| *s == setting && !read_by.contains(&to)) {
+                            why(format!("sets {setting}, which changes how what follows is read"));
+                        }
+                    }
+                    _ => why("set_config with a name or value it computes or leaves NULL, which may put back the target's own setting".into()),
+                }
+                continue;
+            }
             if matches!(token, Token::Word(_))
                 && casts_computed_text_to_time(&tokens, i, definition_statement)
             {

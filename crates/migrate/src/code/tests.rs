@@ -329,7 +329,7 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
     }
     // What it runs is judged: the clock, a catalog, a function the database holds, a trigger.
     for (sql, said) in [
-        ("DO $$ DECLARE t timestamptz := now(); BEGIN NULL; END $$", "now()"),
+        ("DO $$ DECLARE t text := now()::text; BEGIN NULL; END $$", "now()"),
         ("DO $$ DECLARE s regnamespace := 'pg_airlock_probe'; BEGIN NULL; END $$", "regnamespace"),
         (
             "DO $$ BEGIN IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'p') THEN DELETE FROM users; END IF; END $$",
@@ -370,4 +370,68 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         let found = why(sql);
         assert!(found.iter().any(|w| w.contains("a DO block (code")), "{sql}: {found:?}");
     }
+}
+
+#[test]
+fn do_blocks_that_tell_the_test_apart_another_way_are_opaque() {
+    // Each inserts one row here and another on production.
+    let payload = "INSERT INTO users (email) VALUES (who);";
+    for (sql, why_said) in [
+        // A named argument's := in a declaration's default.
+        (
+            format!(
+                "DO $$ DECLARE live boolean DEFAULT pg_catalog.to_regnamespace('p') IS NULL AND make_interval(days := 0) IS NOT NULL;\n\
+                 who text := 'a'; BEGIN IF live THEN who := 'b'; END IF; {payload} END $$;"
+            ),
+            "to_regnamespace",
+        ),
+        // Dollar quotes whose tags differ only in case, or are not letters.
+        (
+            format!(
+                "DO $do$ DECLARE who text := 'a'; BEGIN PERFORM $X$ $x$ $X$;\n\
+                 IF to_regnamespace('p') IS NULL THEN who := 'b'; END IF; PERFORM $x$ $X$ $x$; {payload} END $do$;"
+            ),
+            "to_regnamespace",
+        ),
+        (
+            format!(
+                "DO $do$ DECLARE who text := 'a'; BEGIN PERFORM $€$'$€$;\n\
+                 IF to_regnamespace($n$p$n$) IS NULL THEN who := 'b'; END IF; PERFORM $€$'$€$; {payload} END $do$;"
+            ),
+            "to_regnamespace",
+        ),
+        // Strings read another way once standard_conforming_strings is off.
+        ("SELECT set_config('standard_conforming_strings', 'off', true)".to_owned(), "standard_conforming_strings"),
+        // A setting put back to the target's own, through set_config.
+        (
+            format!(
+                "DO $$ DECLARE who text := 'a'; BEGIN IF set_config('application_name', NULL, true) IS DISTINCT FROM 'x' THEN who := 'b'; END IF; {payload} END $$;"
+            ),
+            "set_config",
+        ),
+        // Text assigned to a date variable, read by the clock's rules.
+        (
+            format!("DO $$ DECLARE d date; who text := 'a'; BEGIN d := concat('to', 'day'); {payload} END $$;"),
+            "DO block (code",
+        ),
+        // 'today' spelt with an escape character of its own.
+        ("UPDATE users SET email = U&'!0074oday' UESCAPE '!'".to_owned(), "UESCAPE"),
+        // A variable of a catalog column's type.
+        (
+            format!("DO $$ DECLARE f pg_type.typinput%TYPE := 'seed'; who text := 'a'; BEGIN {payload} END $$;"),
+            "DO block (code",
+        ),
+        // Privileges written out with the bootstrap superuser's name.
+        (
+            format!(
+                "DO $$ DECLARE who text := 'a'; BEGIN IF strpos(acldefault('r', 10)::text, 'airlock') = 0 THEN who := 'b'; END IF; {payload} END $$;"
+            ),
+            "acldefault",
+        ),
+    ] {
+        let found = why(&sql);
+        assert!(found.iter().any(|w| w.contains(why_said)), "{sql}: {found:?}");
+    }
+    // The lexer's own settings set to what it reads by, and a plain setting, are not code.
+    assert_eq!(why("SELECT set_config('standard_conforming_strings', 'on', false)"), Vec::<String>::new());
 }
