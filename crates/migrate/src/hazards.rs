@@ -278,10 +278,9 @@ fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
 /// of that name (`ADD [COLUMN] [IF NOT EXISTS] name`). A golden column
 /// renamed by the file and then dropped is still the golden's loss.
 fn added_by_the_file(e: &Evidence, table: &str, identity: &str) -> bool {
-    use super::code::lexer::{tokens, Token};
+    use super::code::lexer::{tokens, word, Token};
     let column = identity.rsplit_once('.').map_or(identity, |(_, c)| c).trim_matches('"');
     let golden = e.before.tables.get(table).is_some_and(|t| t.columns.iter().any(|c| c.name == column));
-    let word = |t: Option<&Token>, w: &str| matches!(t, Some(Token::Word(x)) if x == w);
     let adds = |said: &[Token]| {
         said.iter().enumerate().any(|(i, t)| {
             if !word(Some(t), "add") {

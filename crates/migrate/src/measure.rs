@@ -391,16 +391,10 @@ pub(crate) async fn measure(
     let (queries, plan_hazards) = app::compare(&req.app_queries, plans_before, plans_after, &context);
     found.extend(plan_hazards);
     // A golden column the file set to another's old values keeps them too
-    // (two columns swapped): the table's own columns after are searched as
+    // (two columns swapped): the tables' own columns after are searched as
     // well as the places the file made.
-    let mut values_kept = values_kept;
-    for (table, after) in &values_after {
-        match values_kept.get_mut(table) {
-            Some(kept) => kept.merge(after.clone()),
-            None => drop(values_kept.insert(table.clone(), after.clone())),
-        }
-    }
-    let (overwritten, kept) = super::overwrite::report(&losses, &values_before, &values_kept, &shape);
+    let (overwritten, kept) =
+        super::overwrite::report(&losses, &values_before, &[&values_kept, &values_after], &shape);
     found.extend(overwritten);
     let mut notes = verdict.notes;
     notes.extend(kept);

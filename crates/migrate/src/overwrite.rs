@@ -558,8 +558,9 @@ pub struct Lost {
     pub keys: Vec<String>,
 }
 
-/// How a file made a column's new values, for [`lost`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How a file made a column's new values (one statement's, or all of
+/// them together), which decides what a change loses ([`lost`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Making {
     /// From its old value alone: loses only where two old values of changed
     /// rows became one (`qty + 1` on half the rows meets the other half's
@@ -569,7 +570,7 @@ pub enum Making {
     /// value is its own, held by no other row (`slug = lower(name)`). A
     /// relabel that many rows share (`status = 'archived'` on the rows that
     /// were `'done'`) can still be read backwards, and loses nothing.
-    Discarding,
+    Discarding(Discard),
     /// Any other way: loses where rows with other old values now hold the
     /// same value.
     Mixed,
@@ -577,8 +578,8 @@ pub enum Making {
 
 /// What `column` lost between `before` and `after`, by how its new values
 /// were made.
-pub fn lost(before: &Values, after: &Values, column: &str, making: Making) -> Option<Lost> {
-    let from_itself = making == Making::Itself;
+pub fn lost(before: &Values, after: &Values, column: &str, making: &Making) -> Option<Lost> {
+    let from_itself = *making == Making::Itself;
     let was_at = before.columns.iter().position(|c| c == column)?;
     let now_at = after.columns.iter().position(|c| c == column)?;
     let pairs: Vec<(&String, &Cell, &Cell)> =
@@ -609,7 +610,7 @@ pub fn lost(before: &Values, after: &Values, column: &str, making: Making) -> Op
         }
         changed += 1;
         let merged = sources[now].len() > 1;
-        let own = making == Making::Discarding && holders[now] == 1;
+        let own = matches!(making, Making::Discarding(_)) && holders[now] == 1;
         if !was.is_null() && (merged || own) {
             *into.entry(now).or_default().entry(was).or_default() += 1;
             keys.push((*key).clone());
@@ -666,8 +667,6 @@ pub struct Loss {
     /// Its old and new type, where it lost its values to a new type that
     /// cannot hold them ([`narrowed`]) rather than by rows becoming alike.
     pub narrowed: Option<(String, String)>,
-    /// How its new values discarded the old ones, where they did.
-    pub discard: Option<Discard>,
     /// How the file made its new values.
     pub making: Making,
 }
@@ -684,7 +683,6 @@ impl Loss {
             paired,
             named: t.named,
             narrowed: None,
-            discard: t.discards.get(column).cloned(),
             making: t.making(column),
         }
     }
@@ -735,7 +733,7 @@ pub fn losses(
         let (Some(b), Some(a)) = (before.get(&t.table), after.get(&t.table)) else { continue };
         let rows = rows_before.get(&t.table).copied().unwrap_or(b.rows.len() as i64);
         for column in &t.columns {
-            let Some(lost) = lost(b, a, column, t.making(column)).filter(|l| noted(l.lost)) else {
+            let Some(lost) = lost(b, a, column, &t.making(column)).filter(|l| noted(l.lost)) else {
                 continue;
             };
             out.push(Loss::of(t, column, rows, lost, true));
@@ -758,7 +756,7 @@ pub fn counted_losses(
         for column in &t.columns {
             let (Some(was), Some(now)) = (b.get(column), a.get(column)) else { continue };
             let rows = rows_before.get(&t.table).copied().unwrap_or_else(|| was.values().sum());
-            let lost = counts::lost(was, now, t.making(column));
+            let lost = counts::lost(was, now, &t.making(column));
             // Computed from itself, only a collapse tells a loss from a shift.
             // A column no statement names is judged by whether it holds fewer
             // values than it did (a merge), whatever rows the file added.
@@ -782,13 +780,13 @@ fn kept_in(
     keys: &[String],
     before: &Values,
     column: &str,
-    kept: &BTreeMap<String, Values>,
+    kept: &[&BTreeMap<String, Values>],
 ) -> Option<String> {
     if keys.is_empty() {
         return None;
     }
     let at = before.columns.iter().position(|c| c == column)?;
-    kept.iter().find_map(|(table, k)| {
+    kept.iter().flat_map(|places| places.iter()).find_map(|(table, k)| {
         let holds =
             |i: usize| keys.iter().all(|key| Some(&before.rows[key][at]) == k.rows.get(key).map(|r| &r[i]));
         let i = (0..k.columns.len()).find(|i| holds(*i))?;
@@ -797,11 +795,13 @@ fn kept_in(
 }
 
 /// `values_overwritten` hazards for `losses`, and notes for those whose
-/// every old value the candidate kept (in `kept`: see [`keepers`]).
+/// every old value the candidate kept in one of the places of `kept` (the
+/// places it made, see [`keepers`]; the golden tables' columns after it,
+/// where two columns swapped keep each other's).
 pub fn report(
     losses: &[Loss],
     before: &BTreeMap<String, Values>,
-    kept: &BTreeMap<String, Values>,
+    kept: &[&BTreeMap<String, Values>],
     shape: &Shape,
 ) -> (Vec<Hazard>, Vec<Hazard>) {
     let (mut out, mut notes) = (Vec::new(), Vec::new());
@@ -864,7 +864,7 @@ pub fn report(
                 },
                 groups.join("; "),
                 if l.into.len() < l.distinct.1 { "; ..." } else { "" },
-                how_lost(l, loss.discard.as_ref()),
+                how_lost(l, &loss.making),
             ),
             line,
         );
@@ -899,14 +899,16 @@ pub fn report(
 /// How the rows lost their values: merged into values other rows hold
 /// ([`merged`]), or each replaced by one of its own that keeps nothing of
 /// the old ([`Discard`]), or both.
-fn how_lost(l: &Lost, discard: Option<&Discard>) -> String {
-    let alone = match discard {
+fn how_lost(l: &Lost, making: &Making) -> String {
+    let alone = match making {
         _ if l.alone == 0 => return merged(l.distinct),
-        Some(Discard::Cut(function)) if targets::HASHING_FUNCTIONS.contains(&function.as_str()) => {
+        Making::Discarding(Discard::Cut(function))
+            if targets::HASHING_FUNCTIONS.contains(&function.as_str()) =>
+        {
             format!("{function} kept only a hash of")
         }
-        Some(Discard::Cut(function)) => format!("{function} kept only part of"),
-        Some(Discard::Elsewhere) => {
+        Making::Discarding(Discard::Cut(function)) => format!("{function} kept only part of"),
+        Making::Discarding(Discard::Elsewhere) => {
             "a value from other rows or tables, one no other row holds, replaced".to_owned()
         }
         _ => "a value computed from the row's other columns, one no other row holds, replaced".to_owned(),

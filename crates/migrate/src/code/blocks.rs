@@ -13,7 +13,7 @@
 //! `CASE` statement, a label, another language) leaves the block unread,
 //! and so opaque: the reading errs toward opaque, as the classifier does.
 
-use super::lexer::{tokens, Token};
+use super::lexer::{tokens, word, Token};
 
 /// A `DO` block's body, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -355,8 +355,4 @@ fn position(said: &[Token], w: &str) -> Option<usize> {
         }
     }
     None
-}
-
-fn word(t: Option<&Token>, w: &str) -> bool {
-    matches!(t, Some(Token::Word(x)) if x == w)
 }

@@ -19,6 +19,11 @@ pub(crate) enum Token {
     Other(char),
 }
 
+/// Whether `t` is the unquoted word `w` (given lowercased).
+pub(crate) fn word(t: Option<&Token>, w: &str) -> bool {
+    matches!(t, Some(Token::Word(x)) if x == w)
+}
+
 /// An `E'...'` constant's text with its backslash escapes read: `\n` and
 /// the like, octal `\164`, hex `\x74`, `\u0074` and `\U00000074`.
 pub(super) fn unescape_e(raw: &str) -> String {

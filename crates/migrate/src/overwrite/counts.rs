@@ -111,7 +111,7 @@ pub async fn read(
 /// What a column lost, from its counts before and after (see the module's
 /// rule), by how its new values were made. No keys are known, so none are
 /// given.
-pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>, making: super::Making) -> Lost {
+pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>, making: &super::Making) -> Lost {
     let held = |m: &HashMap<Cell, i64>, v: &Cell| m.get(v).copied().unwrap_or(0);
     // Values rows left (NULL aside: a row that held nothing lost nothing).
     let mut left: Vec<(&Cell, i64)> = before
@@ -129,7 +129,7 @@ pub fn lost(before: &HashMap<Cell, i64>, after: &HashMap<Cell, i64>, making: sup
     let mut alone = 0;
     if onto_new.len() < left.len() {
         onto_held.append(&mut onto_new);
-    } else if making == super::Making::Discarding {
+    } else if matches!(making, super::Making::Discarding(_)) {
         // Made discarding the old values, a new value one row holds is
         // that row's old value gone (what a relabel of many rows is not).
         let own: Vec<(&Cell, i64)> =

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use airlock_postgres::catalog::{split_qualified, Catalog};
 use airlock_postgres::split::Statement;
 
-use crate::code::lexer::{tokens, Token};
+use super::Making;
+use crate::code::lexer::{tokens, word, Token};
 
 /// How deep constants inside constants are read (a `DO` block inside a
 /// function body is two); deeper ones are not, so no file can make the
@@ -45,13 +46,11 @@ pub struct Target {
 
 impl Target {
     /// How the file made `column`'s new values, for the loss rule.
-    pub fn making(&self, column: &str) -> super::Making {
-        if self.from_itself.contains(column) {
-            super::Making::Itself
-        } else if self.discards.contains_key(column) {
-            super::Making::Discarding
-        } else {
-            super::Making::Mixed
+    pub fn making(&self, column: &str) -> Making {
+        match self.discards.get(column) {
+            _ if self.from_itself.contains(column) => Making::Itself,
+            Some(discard) => Making::Discarding(discard.clone()),
+            None => Making::Mixed,
         }
     }
 }
@@ -73,21 +72,9 @@ pub enum Discard {
     Elsewhere,
 }
 
-/// How one statement computes a column's new values.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Made {
-    /// From its own value alone ([`own_value`]).
-    Itself,
-    /// Keeping nothing of the old value ([`Discard`]).
-    Discarding(Discard),
-    /// Any other way: values from another table's rows, a `CASE` over the
-    /// column, the column among others.
-    Mixed,
-}
-
 /// A name as written (`[schema, name]` or `[name]`; empty when the statement
 /// does not say) and the columns set, each with how its new value is made.
-type Named = (Vec<String>, BTreeMap<String, Made>);
+type Named = (Vec<String>, BTreeMap<String, Making>);
 
 /// The columns `statements` set or retype, of tables in `tables` (the
 /// golden's, keyed and small enough to read).
@@ -118,16 +105,16 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                     named: true,
                 });
                 // Set under the name an earlier statement gave the column.
-                let columns: BTreeMap<&str, &Made> =
+                let columns: BTreeMap<&str, &Making> =
                     columns.iter().map(|(c, made)| (renames.column(table, c), made)).collect();
                 for c in golden.columns.iter() {
                     let Some(made) = columns.get(c.name.as_str()) else { continue };
                     if !t.columns.contains(&c.name) {
                         t.columns.push(c.name.clone());
                         match made {
-                            Made::Itself => drop(t.from_itself.insert(c.name.clone())),
-                            Made::Discarding(d) => drop(t.discards.insert(c.name.clone(), d.clone())),
-                            Made::Mixed => {}
+                            Making::Itself => drop(t.from_itself.insert(c.name.clone())),
+                            Making::Discarding(d) => drop(t.discards.insert(c.name.clone(), d.clone())),
+                            Making::Mixed => {}
                         }
                         continue;
                     }
@@ -135,10 +122,10 @@ pub fn targets(statements: &[Statement], catalog: &Catalog, tables: &BTreeSet<St
                     // statement computes it so; discarding if any statement
                     // discards, since its rows lost their values whatever
                     // another statement did (one that sets nothing, too).
-                    if **made != Made::Itself {
+                    if **made != Making::Itself {
                         t.from_itself.remove(&c.name);
                     }
-                    if let Made::Discarding(d) = made {
+                    if let Making::Discarding(d) = made {
                         t.discards.entry(c.name.clone()).or_insert_with(|| d.clone());
                     }
                 }
@@ -308,7 +295,7 @@ fn made_of(expression: &[Token], allowed: impl Fn(&Token, bool) -> bool) -> bool
 /// `NEW.column := expr;` (or `=`) in a trigger function's body: each column
 /// set, and how its value is made ([`made`]: `NEW.version := OLD.version + 1`
 /// is from itself). A row stamped with the clock is left out.
-fn assignments(said: &[Token]) -> BTreeMap<String, Made> {
+fn assignments(said: &[Token]) -> BTreeMap<String, Making> {
     let mut out = BTreeMap::new();
     for (i, t) in said.iter().enumerate() {
         let starts = i == 0
@@ -349,7 +336,7 @@ fn assignments(said: &[Token]) -> BTreeMap<String, Made> {
         }
         let made = made(&expression, &column, &[]);
         match out.get(&column) {
-            Some(before) if *before != made => drop(out.insert(column, Made::Mixed)),
+            Some(before) if *before != made => drop(out.insert(column, Making::Mixed)),
             _ => drop(out.insert(column, made)),
         }
     }
@@ -418,10 +405,6 @@ impl Renames {
             self.columns.insert((table, new.clone()), golden);
         }
     }
-}
-
-fn word(t: Option<&Token>, w: &str) -> bool {
-    matches!(t, Some(Token::Word(x)) if x == w)
 }
 
 fn ident(t: Option<&Token>) -> Option<String> {
@@ -510,7 +493,7 @@ fn own_value(expression: &[Token], column: &str) -> bool {
 
 /// `column = expr, (a, b) = (...), c[1] = ...`: each column set, and how its
 /// expression makes its value ([`made`]).
-fn set_list(rest: &[Token], own: &[String]) -> Option<BTreeMap<String, Made>> {
+fn set_list(rest: &[Token], own: &[String]) -> Option<BTreeMap<String, Making>> {
     let mut columns = BTreeMap::new();
     let mut i = 0;
     loop {
@@ -572,7 +555,7 @@ fn set_list(rest: &[Token], own: &[String]) -> Option<BTreeMap<String, Made>> {
             // A tuple's expression sets several columns: none from itself alone.
             columns.insert(
                 column.clone(),
-                if tuple || part { Made::Mixed } else { made(&expression, column, own) },
+                if tuple || part { Making::Mixed } else { made(&expression, column, own) },
             );
         }
         if !more {
@@ -590,10 +573,10 @@ fn set_list(rest: &[Token], own: &[String]) -> Option<BTreeMap<String, Made>> {
 /// Columns whose values may come from rows other than their own (a
 /// `FROM`, a `MERGE`'s source, `excluded`): those that do not read their
 /// own value take values from elsewhere.
-fn from_elsewhere(mut columns: BTreeMap<String, Made>) -> BTreeMap<String, Made> {
+fn from_elsewhere(mut columns: BTreeMap<String, Making>) -> BTreeMap<String, Making> {
     for made in columns.values_mut() {
-        if *made == Made::Discarding(Discard::Others) {
-            *made = Made::Discarding(Discard::Elsewhere);
+        if *made == Making::Discarding(Discard::Others) {
+            *made = Making::Discarding(Discard::Elsewhere);
         }
     }
     columns
@@ -633,20 +616,20 @@ pub const HASHING_FUNCTIONS: &[&str] =
 /// `excluded`) without its own value, or otherwise. `own` names the row
 /// (its table, its alias): `x.column` for another `x` is another row's
 /// (none given: any is taken for its own).
-fn made(expression: &[Token], column: &str, own: &[String]) -> Made {
+fn made(expression: &[Token], column: &str, own: &[String]) -> Making {
     if let Some(function) = cut_by(expression, column) {
-        return Made::Discarding(Discard::Cut(function));
+        return Making::Discarding(Discard::Cut(function));
     }
     if own_value(expression, column) {
-        return Made::Itself;
+        return Making::Itself;
     }
     let reads_itself = reads(expression, column, own);
     let elsewhere =
         expression.iter().any(|t| matches!(t, Token::Word(w) if w == "select" || w == "excluded"));
     match (reads_itself || expression.is_empty(), elsewhere) {
-        (true, _) => Made::Mixed,
-        (false, true) => Made::Discarding(Discard::Elsewhere),
-        (false, false) => Made::Discarding(Discard::Others),
+        (true, _) => Making::Mixed,
+        (false, true) => Making::Discarding(Discard::Elsewhere),
+        (false, false) => Making::Discarding(Discard::Others),
     }
 }
 
@@ -784,15 +767,15 @@ fn alter_types(rest: &[Token]) -> Option<Named> {
                             let expression = &rest[u + 1..k];
                             let itself = expression.iter().any(|t| ident(Some(t)).as_ref() == Some(&column));
                             let made = match (itself, made(expression, &column, &[])) {
-                                (true, cut @ Made::Discarding(Discard::Cut(_))) => cut,
-                                (true, _) => Made::Itself,
+                                (true, cut @ Making::Discarding(Discard::Cut(_))) => cut,
+                                (true, _) => Making::Itself,
                                 (false, made) => made,
                             };
                             columns.insert(column, made);
                         }
                         None if word(rest.get(at + 1), "jsonb") => {}
                         None => {
-                            columns.insert(column, Made::Itself);
+                            columns.insert(column, Making::Itself);
                         }
                     }
                 }
