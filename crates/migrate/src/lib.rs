@@ -328,12 +328,14 @@ async fn test_one(
             .await
     };
     drop(busy);
-    made.delete().await;
     let result = measured.unwrap_or_else(|panic| {
         let what = airlock_listen::serve::panic_message(&panic);
         tracing::error!(sandbox = %sb.id, panic = %what, "measuring a migration candidate panicked");
         Err(Error::internal(format!("measuring it failed unexpectedly ({what})")))
     });
+    // Read before the fork (and its log) is deleted.
+    let result = result.map_err(|e| out_of_disk(engine, &sb, e));
+    made.delete().await;
     // A candidate that breaks the measuring (it changed role, say) fails on
     // its own; the others' reports stand.
     Ok(result.unwrap_or_else(|e| unmeasurable(candidate, &e)))
@@ -386,6 +388,32 @@ async fn test_fork(engine: &Arc<Engine>, req: &TestRequest) -> Result<(TestFork,
         }))
     };
     forking.await.map_err(|e| Error::internal(format!("making a migration test's fork failed ({e})")))?
+}
+
+/// A failure of a fork whose server stopped on a full disk or allowance
+/// (a write of the WAL that fails is a PANIC, so the session ends with no
+/// error of its own) as `disk_full`, saying so; any other error as it is.
+/// The log's lines are not shown: they name the host's paths.
+fn out_of_disk(engine: &Engine, sb: &sandbox::Sandbox, e: Error) -> Error {
+    if e.code != ErrorCode::PostgresFailed {
+        return e;
+    }
+    let log = engine.layout.sandbox_instance(&sb.id).log();
+    let tail = airlock_host::storage::tree::read_tail(&log, 16 << 10).unwrap_or_default();
+    let stopped = |l: &&str| l.contains("PANIC:");
+    let words = airlock_core::error::DISK_FULL_WORDS;
+    match tail.lines().filter(stopped).find_map(|l| words.iter().find(|w| l.contains(*w))) {
+        Some(word) => Error::new(
+            ErrorCode::DiskFull,
+            format!(
+                "the test's fork ran out of its disk quota ({word}) and its server stopped: {}",
+                e.message
+            ),
+            "the candidate writes more than the fork may hold: test with a larger disk limit, or \
+             on a sandbox's behalf, drop what the sandbox no longer needs first",
+        ),
+        None => e,
+    }
 }
 
 /// The report of a candidate whose test could not be completed.
