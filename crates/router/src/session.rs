@@ -853,11 +853,23 @@ async fn session_for(
                 // Airlock's own first, before anything the client asked for.
                 let mut later: Vec<_> = backend.connection_setting(connection).into_iter().collect();
                 later.extend(startup.later.iter().cloned());
-                set_later(&mut backend, &later).await?;
-                if let Some(key) = backend.key.clone() {
-                    open.set_backend(key);
+                match backend.apply(&later, &[]).await {
+                    Ok(()) => {
+                        if let Some(key) = backend.key.clone() {
+                            open.set_backend(key);
+                        }
+                        return Ok((sb, backend, open));
+                    }
+                    // A session the server ended before the client heard of
+                    // it (its server stopping for a suspend the lookup did not
+                    // see yet) is opened again, as a failed login is.
+                    Err(LoginError::Broken(e)) if Instant::now() < look_again_until => {
+                        tracing::debug!(sandbox = %sb.id, error = %e, "a new server session ended; retrying");
+                        drop(open);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => return Err(later_refused(e)),
                 }
-                return Ok((sb, backend, open));
             }
             // The role's password inside the server is not the one the daemon
             // holds: put it back (as the admin) and try once more. Access is the
@@ -913,14 +925,14 @@ async fn session_for(
     }
 }
 
-/// SETs, as the agent, the startup settings the router did not put in the
-/// server's startup message. One the agent may not set (a superuser's, one
-/// fixed at server start, an unknown one) ends the connection with the
-/// server's own words, which name it.
-async fn set_later(backend: &mut Backend, later: &[(String, String)]) -> Result<(), Vec<u8>> {
-    let refused = match backend.apply(later, &[]).await {
-        Ok(()) => return Ok(()),
-        Err(LoginError::Refused { sqlstate, message }) => {
+/// What the client hears when the startup settings the router did not put in
+/// the server's startup message (SET as the agent once the session is open)
+/// fail: one the agent may not set (a superuser's, one fixed at server start,
+/// an unknown one) ends the connection with the server's own words, which
+/// name it.
+fn later_refused(e: LoginError) -> Vec<u8> {
+    let refused = match e {
+        LoginError::Refused { sqlstate, message } => {
             let text = backend::field(&message[5..], b'M').unwrap_or_default();
             ErrorResponse {
                 code: sqlstate,
@@ -933,11 +945,9 @@ async fn set_later(backend: &mut Backend, later: &[(String, String)]) -> Result<
                 )
             }
         }
-        Err(e) => {
-            ErrorResponse::fatal("08006", format!("the sandbox's server did not answer: {e}"), "try again")
-        }
+        e => ErrorResponse::fatal("08006", format!("the sandbox's server did not answer: {e}"), "try again"),
     };
-    Err(refused.encode())
+    refused.encode()
 }
 
 /// Passes a cancel request to the sandbox whose backend has this key; unknown
