@@ -50,6 +50,7 @@ mod second_fork;
 mod sequence_owners;
 mod set_back;
 mod shadowed;
+mod stopped;
 pub mod verify;
 mod view_rows;
 
@@ -400,9 +401,7 @@ fn out_of_disk(engine: &Engine, sb: &sandbox::Sandbox, e: Error) -> Error {
     }
     let log = engine.layout.sandbox_instance(&sb.id).log();
     let tail = airlock_host::storage::tree::read_tail(&log, 16 << 10).unwrap_or_default();
-    let stopped = |l: &&str| l.contains("PANIC:");
-    let words = airlock_core::error::DISK_FULL_WORDS;
-    match tail.lines().filter(stopped).find_map(|l| words.iter().find(|w| l.contains(*w))) {
+    match stopped::on_full_disk(&tail) {
         Some(word) => Error::new(
             ErrorCode::DiskFull,
             format!(
