@@ -4,14 +4,15 @@
 //! file's own statements.
 //!
 //! Only the plain shape of PL/pgSQL is read: declarations of variables,
-//! `IF`/`ELSIF`/`ELSE`, `LOOP`, `WHILE`, `FOR` over a range of integers or a
-//! query, `EXIT`/`CONTINUE [WHEN]`, assignments, `PERFORM`, `RAISE` with a
-//! format and arguments, `GET DIAGNOSTICS ... = ROW_COUNT`, `NULL`,
+//! `IF`/`ELSIF`/`ELSEIF`/`ELSE`, `LOOP`, `WHILE`, `FOR` over a range of
+//! integers or a query, `FOREACH ... IN ARRAY`, labels, `EXIT`/`CONTINUE
+//! [label] [WHEN]`, assignments, `PERFORM`, `ASSERT`, `RAISE` with a format,
+//! arguments and `USING` options, `GET DIAGNOSTICS ... = ROW_COUNT`, `NULL`,
 //! `RETURN`, nested `BEGIN ... END`, `COMMIT`/`ROLLBACK`, and queries and
 //! writes (`SELECT ... INTO`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`,
 //! `WITH`). Anything else (`EXECUTE`, a cursor, an exception handler, a
-//! `CASE` statement, a label, another language) leaves the block unread,
-//! and so opaque: the reading errs toward opaque, as the classifier does.
+//! `CASE` statement, another language) leaves the block unread, and so
+//! opaque: the reading errs toward opaque, as the classifier does.
 
 use super::lexer::{tokens, word, Token};
 
@@ -32,6 +33,10 @@ const TIME_TYPES: &[&str] = &["date", "time", "timetz", "timestamp", "timestampt
 /// Levels a `RAISE` may name.
 const RAISE_LEVELS: &[&str] = &["debug", "log", "info", "notice", "warning", "exception"];
 
+/// Options a `RAISE ... USING` may set, each to an expression.
+const RAISE_OPTIONS: &[&str] =
+    &["message", "detail", "hint", "errcode", "column", "constraint", "datatype", "table", "schema"];
+
 /// `DO [LANGUAGE plpgsql] 'body' [LANGUAGE plpgsql]`, read; `None` where the
 /// statement is not such a block or its body is not plain ([`Block`]).
 pub(super) fn read(statement: &[Token]) -> Option<Block> {
@@ -51,6 +56,7 @@ pub(super) fn read(statement: &[Token]) -> Option<Block> {
         _ => return None,
     };
     let said = tokens(body);
+    let said = unlabelled(&said);
     let mut block = Block { parts: Vec::new(), commits: false };
     let mut at = 0;
     if word(said.first(), "declare") {
@@ -69,7 +75,8 @@ pub(super) fn read(statement: &[Token]) -> Option<Block> {
         Some((last, inner)) if last.is_empty() => inner.split_last()?,
         other => other?,
     };
-    if !matches!(last, [Token::Word(end)] if end == "end") {
+    // (`END label` closes a labelled block.)
+    if !matches!(last, [Token::Word(end)] | [Token::Word(end), Token::Word(_)] if end == "end") {
         return None;
     }
     for statement in inner {
@@ -138,9 +145,10 @@ fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
 /// One statement of the body, its control words peeled off the front.
 fn plain_statement(mut statement: &[Token], block: &mut Block) -> Option<()> {
     loop {
+        statement = unlabelled(statement);
         let Some(Token::Word(first)) = statement.first() else { break };
         match first.as_str() {
-            "if" | "elsif" => {
+            "if" | "elsif" | "elseif" => {
                 let then = position(statement, "then")?;
                 block.parts.push(select(&statement[1..then])?);
                 statement = &statement[then + 1..];
@@ -158,34 +166,48 @@ fn plain_statement(mut statement: &[Token], block: &mut Block) -> Option<()> {
                 block.parts.push(looped_over(&statement[3..body])?);
                 statement = &statement[body + 1..];
             }
+            // `FOREACH v [SLICE n] IN ARRAY expr LOOP`: the array's expression.
+            "foreach" => {
+                let body = position(statement, "loop")?;
+                let array = position(statement, "array")?;
+                let header: Vec<&str> = statement[..array].iter().map(word_of).collect();
+                if !matches!(header.as_slice(), ["foreach", _, "in"] | ["foreach", _, "slice", _, "in"]) {
+                    return None;
+                }
+                block.parts.push(select(statement.get(array + 1..body)?)?);
+                statement = &statement[body + 1..];
+            }
             "loop" | "else" | "begin" => statement = &statement[1..],
             _ => break,
         }
     }
-    let words: Vec<&str> = statement
-        .iter()
-        .map(|t| match t {
-            Token::Word(w) => w.as_str(),
-            _ => "",
-        })
-        .collect();
+    let words: Vec<&str> = statement.iter().map(word_of).collect();
     match words.as_slice() {
-        [] | ["null"] | ["return"] | ["end"] | ["end", "if" | "loop"] => {}
+        [] | ["null"] | ["return"] | ["end"] | ["end", "if"] => {}
+        // The end of a loop or of a nested block, perhaps with its label.
+        ["end", "loop"] | ["end", "loop", _] | ["end", _]
+            if statement.iter().all(|t| matches!(t, Token::Word(_))) => {}
         ["commit" | "rollback", rest @ ..]
             if matches!(rest, [] | ["and", "chain"] | ["and", "no", "chain"]) =>
         {
             block.commits = true
         }
         ["exit" | "continue", ..] => {
-            if let Some(when) = position(statement, "when") {
-                block.parts.push(select(&statement[when + 1..])?);
-            } else if statement.len() > 1 {
-                return None;
+            // Its label, if it names one.
+            let from = if matches!(words.get(1), Some(&w) if !w.is_empty() && w != "when") { 2 } else { 1 };
+            match statement.get(from..) {
+                Some([]) => {}
+                Some([Token::Word(when), condition @ ..]) if when == "when" => {
+                    block.parts.push(select(condition)?)
+                }
+                _ => return None,
             }
         }
         ["raise", ..] => raised(&statement[1..], block)?,
         ["perform", ..] => block.parts.push(select(&statement[1..])?),
-        ["get", "diagnostics", _, "", "row_count"] if statement[3] == Token::Other('=') => {}
+        // `ASSERT condition [, message]`: both computed.
+        ["assert", ..] => block.parts.push(select(&statement[1..])?),
+        ["get", "diagnostics" | "current", ..] => diagnostics(statement)?,
         ["select" | "insert" | "update" | "delete" | "merge" | "with", ..] => {
             block.parts.push(text(&without_into(statement))?)
         }
@@ -202,22 +224,71 @@ fn plain_statement(mut statement: &[Token], block: &mut Block) -> Option<()> {
     Some(())
 }
 
-/// `RAISE [level] 'format' [, expr ...]` (or a bare `RAISE`): its arguments.
+/// `RAISE [level] 'format' [, expr ...] [USING option = expr, ...]`, or a
+/// condition's name or `SQLSTATE 'code'` in place of the format, or a bare
+/// `RAISE`: its arguments and options' expressions.
 fn raised(mut rest: &[Token], block: &mut Block) -> Option<()> {
     if matches!(rest.first(), Some(Token::Word(l)) if RAISE_LEVELS.contains(&l.as_str())) {
         rest = &rest[1..];
     }
-    match rest {
-        [] => Some(()),
-        [Token::Constant(_)] => Some(()),
-        [Token::Constant(_), Token::Other(','), arguments @ ..] => {
-            if arguments.iter().any(|t| word(Some(t), "using")) {
-                return None;
+    let (head, options) = match position(rest, "using") {
+        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+        None => (rest, None),
+    };
+    match head {
+        [] | [Token::Constant(_)] => {}
+        [Token::Word(w), Token::Constant(_)] if w == "sqlstate" => {}
+        [Token::Word(condition)] if condition != "sqlstate" => {}
+        [Token::Constant(_), Token::Other(','), arguments @ ..] => block.parts.push(select(arguments)?),
+        _ => return None,
+    }
+    for option in options.map(|o| split_on(o, ',')).unwrap_or_default() {
+        match option {
+            [Token::Word(name), Token::Other('='), value @ ..] if RAISE_OPTIONS.contains(&name.as_str()) => {
+                block.parts.push(select(value)?)
             }
-            block.parts.push(select(arguments)?);
-            Some(())
+            [Token::Word(name), Token::Other(':'), Token::Other('='), value @ ..]
+                if RAISE_OPTIONS.contains(&name.as_str()) =>
+            {
+                block.parts.push(select(value)?)
+            }
+            _ => return None,
         }
-        _ => None,
+    }
+    Some(())
+}
+
+/// `GET [CURRENT] DIAGNOSTICS v = ROW_COUNT [, ...]` (`:=` too): only the
+/// row count, which the block's own statements made, is read.
+fn diagnostics(statement: &[Token]) -> Option<()> {
+    let from = if word(statement.get(1), "current") { 3 } else { 2 };
+    if !word(statement.get(from - 1), "diagnostics") {
+        return None;
+    }
+    let items = split_on(statement.get(from..)?, ',');
+    let row_count = |item: &[Token]| match item {
+        [Token::Word(_), Token::Other('='), Token::Word(r)] => r == "row_count",
+        [Token::Word(_), Token::Other(':'), Token::Other('='), Token::Word(r)] => r == "row_count",
+        _ => false,
+    };
+    items.iter().all(|item| row_count(item)).then_some(())
+}
+
+/// `said` without a `<<label>>` in front.
+fn unlabelled(said: &[Token]) -> &[Token] {
+    match said {
+        [Token::Other('<'), Token::Other('<'), Token::Word(_), Token::Other('>'), Token::Other('>'), rest @ ..] => {
+            rest
+        }
+        _ => said,
+    }
+}
+
+/// A token's word, or nothing.
+fn word_of(t: &Token) -> &str {
+    match t {
+        Token::Word(w) => w.as_str(),
+        _ => "",
     }
 }
 
@@ -249,10 +320,29 @@ fn looped_over(over: &[Token]) -> Option<String> {
         }
         return select(&bounds);
     }
-    match over.first() {
-        Some(Token::Word(w)) if w == "select" || w == "with" => text(over),
+    // A query, perhaps in parentheses.
+    let query = match over {
+        [Token::Other('('), inner @ .., Token::Other(')')] if balanced(inner) => inner,
+        _ => over,
+    };
+    match query.first() {
+        Some(Token::Word(w)) if w == "select" || w == "with" => text(query),
         _ => None,
     }
+}
+
+/// Whether every parenthesis in `said` closes one opened before it in `said`.
+fn balanced(said: &[Token]) -> bool {
+    let mut depth = 0usize;
+    for t in said {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') if depth == 0 => return false,
+            Token::Other(')') => depth -= 1,
+            _ => {}
+        }
+    }
+    depth == 0
 }
 
 /// `SELECT ... INTO [STRICT] a, b ...` and `... RETURNING ... INTO a`
@@ -326,13 +416,18 @@ fn text(said: &[Token]) -> Option<String> {
 
 /// `tokens` split at each `;` outside parentheses.
 fn split(said: &[Token]) -> Vec<&[Token]> {
+    split_on(said, ';')
+}
+
+/// `tokens` split at each `separator` outside parentheses.
+fn split_on(said: &[Token], separator: char) -> Vec<&[Token]> {
     let mut out = Vec::new();
     let (mut depth, mut start) = (0usize, 0);
     for (i, t) in said.iter().enumerate() {
         match t {
             Token::Other('(') => depth += 1,
             Token::Other(')') => depth = depth.saturating_sub(1),
-            Token::Other(';') if depth == 0 => {
+            Token::Other(c) if *c == separator && depth == 0 => {
                 out.push(&said[start..i]);
                 start = i + 1;
             }

@@ -324,6 +324,14 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         "DO $$ DECLARE r record; n int; BEGIN FOR r IN SELECT id FROM users LOOP PERFORM r.id; END LOOP;\n\
            FOR i IN REVERSE 10 .. 1 BY 2 LOOP INSERT INTO users VALUES (i); EXIT WHEN i < 3; END LOOP;\n\
            GET DIAGNOSTICS n = ROW_COUNT; BEGIN DELETE FROM users WHERE k = n; END; END $$",
+        // Labels, ELSEIF, FOREACH, ASSERT, RAISE ... USING, GET DIAGNOSTICS with := and a query in parentheses.
+        "DO $$ <<outer>> DECLARE n int; ids int[] := ARRAY[1, 2]; i int; BEGIN\n\
+           <<rows>> FOR i IN (SELECT id FROM users ORDER BY id) LOOP EXIT rows WHEN i > 10; CONTINUE rows; END LOOP rows;\n\
+           FOREACH i IN ARRAY ids LOOP DELETE FROM users WHERE id = i; END LOOP;\n\
+           GET CURRENT DIAGNOSTICS n := ROW_COUNT; ASSERT n >= 0, 'no rows';\n\
+           IF n > 1 THEN NULL; ELSEIF n = 1 THEN RAISE NOTICE 'one' USING HINT = 'h', DETAIL := 'd'; END IF;\n\
+           <<inner>> BEGIN RAISE EXCEPTION USING MESSAGE = 'x', ERRCODE = 'P0001'; END inner; RAISE unique_violation;\n\
+           RAISE SQLSTATE '22012'; EXIT outer; END outer $$",
     ] {
         assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
     }
@@ -339,6 +347,17 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         ("DO $$ BEGIN FOR i IN 1 .. rotate_keys(1) LOOP NULL; END LOOP; END $$", "rotate_keys"),
         ("DO $$ BEGIN UPDATE audited SET a = 1; END $$", "trigger"),
         ("DO $$ DECLARE n int; BEGIN SELECT count(*) INTO n FROM users WHERE random() < 0.5; END $$", "random()"),
+        ("DO $$ BEGIN RAISE NOTICE 'x' USING DETAIL = now()::text; END $$", "now()"),
+        ("DO $$ BEGIN ASSERT random() < 2; END $$", "random()"),
+        (
+            "DO $$ DECLARE s text; BEGIN FOREACH s IN ARRAY (SELECT array_agg(nspname::text) FROM pg_catalog.pg_namespace) LOOP NULL; END LOOP; END $$",
+            "pg_namespace",
+        ),
+        (
+            "DO $$ DECLARE r record; BEGIN FOR r IN (SELECT nspname FROM pg_catalog.pg_namespace) LOOP DELETE FROM users; END LOOP; END $$",
+            "pg_namespace",
+        ),
+        ("DO $$ BEGIN <<l>> LOOP EXIT l WHEN clock_timestamp() > '2030-01-01'; END LOOP l; END $$", "clock_timestamp"),
     ] {
         let found = why(sql);
         assert!(found.iter().any(|w| w.contains(said)), "{sql}: {found:?}");
@@ -359,11 +378,14 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         "DO $$ BEGIN EXECUTE format('UPDATE %I SET a = 1', 'users'); END $$",
         "DO $$ DECLARE c CURSOR FOR SELECT 1; BEGIN OPEN c; END $$",
         "DO $$ BEGIN CASE WHEN true THEN NULL; END CASE; END $$",
-        "DO $$ <<outer>> BEGIN NULL; END $$",
+        "DO $$ BEGIN GET STACKED DIAGNOSTICS n = MESSAGE_TEXT; END $$",
+        "DO $$ BEGIN GET DIAGNOSTICS n = PG_CONTEXT; END $$",
+        "DO $$ BEGIN RAISE NOTICE 'x' USING SOMETHING = 1; END $$",
+        "DO $$ BEGIN EXIT (SELECT 1); END $$",
+        "DO $$ DECLARE r record; BEGIN FOR r IN (SELECT 1) UNION (SELECT 2) LOOP NULL; END LOOP; END $$",
         "DO $$ BEGIN CALL p(); END $$",
         "DO $$ BEGIN SET search_path = x; END $$",
         "DO $$ BEGIN ALTER TABLE users ADD COLUMN a int; END $$",
-        "DO $$ BEGIN RAISE EXCEPTION USING MESSAGE = 'x'; END $$",
         "DO LANGUAGE plperl $$ 1 $$",
         "DO $$ BEGIN NULL; $$",
     ] {
