@@ -6,13 +6,16 @@
 //! Only the plain shape of PL/pgSQL is read: declarations of variables,
 //! `IF`/`ELSIF`/`ELSEIF`/`ELSE`, `LOOP`, `WHILE`, `FOR` over a range of
 //! integers or a query, `FOREACH ... IN ARRAY`, labels, `EXIT`/`CONTINUE
-//! [label] [WHEN]`, assignments, `PERFORM`, `ASSERT`, `RAISE` with a format,
+//! [label] [WHEN]`, assignments, `PERFORM`, `RAISE` with a format,
 //! arguments and `USING` options, `GET DIAGNOSTICS ... = ROW_COUNT`, `NULL`,
 //! `RETURN`, nested `BEGIN ... END`, `COMMIT`/`ROLLBACK`, and queries and
 //! writes (`SELECT ... INTO`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`,
-//! `WITH`). Anything else (`EXECUTE`, a cursor, an exception handler, a
-//! `CASE` statement, another language) leaves the block unread, and so
-//! opaque: the reading errs toward opaque, as the classifier does.
+//! `WITH`), with variables of plain types ([`PLAIN_TYPES`]). Anything else
+//! (`EXECUTE`, a cursor, an exception handler, a `CASE` statement, `ASSERT`,
+//! which runs only where `plpgsql.check_asserts` is on, a variable of
+//! another type, a cast into a time of anything but a constant, another
+//! language) leaves the block unread, and so opaque: the reading errs toward
+//! opaque, as the classifier does.
 
 use super::lexer::{tokens, word, Token};
 
@@ -27,8 +30,56 @@ pub(super) struct Block {
     pub commits: bool,
 }
 
-/// Types a text assigned to a variable is read into by the clock's rules.
-const TIME_TYPES: &[&str] = &["date", "time", "timetz", "timestamp", "timestamptz", "interval", "abstime"];
+/// The words of the types a variable may have in a plain block: numbers,
+/// text, truth values, identifiers, bytes, JSON and records, and arrays of
+/// them. Text assigned to one is never read by the clock's rules (as it is
+/// for a date, a range of times, a domain over one or a row holding one).
+const PLAIN_TYPES: &[&str] = &[
+    "int",
+    "integer",
+    "int2",
+    "int4",
+    "int8",
+    "smallint",
+    "bigint",
+    "numeric",
+    "decimal",
+    "real",
+    "float4",
+    "float8",
+    "double",
+    "precision",
+    "text",
+    "varchar",
+    "character",
+    "varying",
+    "char",
+    "bool",
+    "boolean",
+    "uuid",
+    "bytea",
+    "json",
+    "jsonb",
+    "record",
+];
+
+/// Types text is read into by the clock's rules (`'now'`, `'today'`), and
+/// ranges of them, by the names a cast may give them.
+const TIME_TYPES: &[&str] = &[
+    "date",
+    "time",
+    "timetz",
+    "timestamp",
+    "timestamptz",
+    "interval",
+    "abstime",
+    "daterange",
+    "tsrange",
+    "tstzrange",
+    "datemultirange",
+    "tsmultirange",
+    "tstzmultirange",
+];
 
 /// Levels a `RAISE` may name.
 const RAISE_LEVELS: &[&str] = &["debug", "log", "info", "notice", "warning", "exception"];
@@ -66,7 +117,10 @@ pub(super) fn read(statement: &[Token]) -> Option<Block> {
         }
         at = begin;
     }
-    if !word(said.get(at), "begin") || said.iter().any(|t| matches!(t, Token::Escaped)) {
+    if !word(said.get(at), "begin")
+        || said.iter().any(|t| matches!(t, Token::Escaped))
+        || casts_into_time(said)
+    {
         return None;
     }
     let statements = split(&said[at + 1..]);
@@ -129,11 +183,16 @@ fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
         })
         .map_or(declaration.len(), |p| start + p);
     let declared_type = declaration.get(start..end).filter(|t| !t.is_empty())?;
-    // A type copied from a column (`%TYPE`, which may be a catalog's), or
-    // a time, whose every assignment converts text by the clock's rules
-    // (`d := 'to' || 'day'`) with no cast to see: not plain.
-    let time = |t: &Token| matches!(t, Token::Word(w) if TIME_TYPES.contains(&w.as_str()));
-    if declared_type.iter().any(|t| *t == Token::Other('%') || time(t)) {
+    // Any other type (a time, whose every assignment converts text by the
+    // clock's rules, `d := 'to' || 'day'`, with no cast to see; a domain or
+    // a row type that may hold one; one copied with `%TYPE`): not plain.
+    let plain = |t: &Token| match t {
+        Token::Word(w) => PLAIN_TYPES.contains(&w.as_str()),
+        Token::Number(_) => true,
+        Token::Other(c) => matches!(c, '(' | ')' | ',' | '[' | ']'),
+        _ => false,
+    };
+    if !declared_type.iter().all(plain) {
         return None;
     }
     let mut cast = vec![Token::Word("null".into()), Token::Other(':'), Token::Other(':')];
@@ -205,8 +264,6 @@ fn plain_statement(mut statement: &[Token], block: &mut Block) -> Option<()> {
         }
         ["raise", ..] => raised(&statement[1..], block)?,
         ["perform", ..] => block.parts.push(select(&statement[1..])?),
-        // `ASSERT condition [, message]`: both computed.
-        ["assert", ..] => block.parts.push(select(&statement[1..])?),
         ["get", "diagnostics" | "current", ..] => diagnostics(statement)?,
         ["select" | "insert" | "update" | "delete" | "merge" | "with", ..] => {
             block.parts.push(text(&without_into(statement))?)
@@ -272,6 +329,28 @@ fn diagnostics(statement: &[Token]) -> Option<()> {
         _ => false,
     };
     items.iter().all(|item| row_count(item)).then_some(())
+}
+
+/// Whether the body casts anything but a constant into a time type
+/// (`::date`, `CAST (... AS date)`, `date(...)`): a variable's text may be
+/// `now` however it was computed, which a cast of a name does not show.
+fn casts_into_time(said: &[Token]) -> bool {
+    let time = |t: &Token| match t {
+        Token::Word(w) | Token::Quoted(w) => {
+            TIME_TYPES.contains(&w.trim_start_matches('_').to_ascii_lowercase().as_str())
+        }
+        _ => false,
+    };
+    (0..said.len()).filter(|&k| time(&said[k])).any(|k| {
+        // `pg_catalog.date` is the same type.
+        let at = if k >= 2 && said[k - 1] == Token::Other('.') { k - 2 } else { k };
+        let before = |n: usize| at.checked_sub(n).and_then(|j| said.get(j));
+        let cast = before(1) == Some(&Token::Other(':')) && before(2) == Some(&Token::Other(':'));
+        let constant_operand = matches!(before(3), Some(Token::Constant(_)))
+            && !matches!(before(4), Some(Token::Other(':' | '.' | ']' | ')')));
+        let called = said.get(k + 1) == Some(&Token::Other('('));
+        (cast && !constant_operand) || word(before(1), "as") || called
+    })
 }
 
 /// `said` without a `<<label>>` in front.

@@ -722,10 +722,20 @@ fn casts_computed_text_to_time(tokens: &[Token], i: usize, definition: bool) -> 
     if !TIME_TYPES.contains(&t.as_str()) {
         return false;
     }
-    let operand_computed = |end: usize| -> bool {
-        // The operand ends at `end` (exclusive): a parenthesised group or a
-        // call, found back from its `)`.
+    /// Whether the operand ending at `end` (exclusive) is computed: a
+    /// parenthesised group or a call, found back from its `)`.
+    fn operand_computed(tokens: &[Token], end: usize) -> bool {
         match tokens.get(end.wrapping_sub(1)) {
+            // An element of an array or a slice of one: what it holds may be computed.
+            Some(Token::Other(']')) => true,
+            // A cast of a cast (`concat('no', 'w')::text::timestamptz`): the first one's operand.
+            Some(Token::Word(_))
+                if end >= 3
+                    && tokens[end - 3] == Token::Other(':')
+                    && tokens[end - 2] == Token::Other(':') =>
+            {
+                operand_computed(tokens, end - 3)
+            }
             Some(Token::Other(')')) => {
                 let mut depth = 0;
                 let mut j = end - 1;
@@ -752,9 +762,9 @@ fn casts_computed_text_to_time(tokens: &[Token], i: usize, definition: bool) -> 
             }
             _ => false,
         }
-    };
+    }
     match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1))) {
-        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(i - 2),
+        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2),
         (_, Some(Token::Word(w))) if w == "as" => {
             // CAST ( operand AS type ): the operand is all between.
             let open = tokens[..i].iter().rposition(|t| matches!(t, Token::Word(w) if w == "cast"));
