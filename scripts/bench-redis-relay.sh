@@ -6,7 +6,8 @@
 # runs a bare redis-server (no sandbox, no router) on its unix socket and on
 # loopback TCP: their ratio is what TCP itself costs against a unix socket on
 # this host, the floor for any client of a TCP port. BASE, if set, is an
-# older build's binary, run in alternating rounds with this one.
+# older build's binary, run in alternating rounds with this one. CLIENTS
+# (default 50) is how many clients redis-benchmark runs.
 # Results go to bench/results/redis-relay.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,7 @@ GOLDENS="kv"
 source scripts/bench-lib.sh
 rounds=${ROUNDS:-3}
 requests=${REQUESTS:-100000}
+clients=${CLIENTS:-50}
 new=$PWD/target/release/airlock
 work=$(mktemp -d /var/tmp/airlock-bench-relay.XXXXXX)
 # The bare server runs as the unprivileged airlock user, in a directory of
@@ -47,7 +49,7 @@ round() {
   # throwaway sandbox's, deleted with the root right after.
   password=${routed#*://"$id":}; password=${password%@*}
   socket=$(echo "$sb" | json '["redis_socket_url"]'); socket=${socket#*@}
-  rb() { redis-benchmark --user "$id" -a "$password" -t get,set -n "$requests" -c 50 --csv "$@" 2>/dev/null | tail -n +2; }
+  rb() { redis-benchmark --user "$id" -a "$password" -t get,set -n "$requests" -c "$clients" --csv "$@" 2>/dev/null | tail -n +2; }
   rb -s "$socket" | sed "s/^/\"$name\",\"socket\",/"
   rb -h "$host" -p "$port" | sed "s/^/\"$name\",\"router\",/"
   rb -h "$host" -p "$port" --tls --cacert "$AIRLOCK_HOME/tls/ca.crt" | sed "s/^/\"$name\",\"router_tls\",/"
@@ -62,14 +64,14 @@ round() {
     --logfile "$work/bare/bare.log" >/dev/null
   until redis-cli -s "$work/bare/bare.sock" ping >/dev/null 2>&1; do sleep 0.05; done
   redis-cli -s "$work/bare/bare.sock" set greeting hi >/dev/null
-  local rbare='redis-benchmark -a '"$bare_pass"' -t get,set -n '"$requests"' -c 50 --csv'
+  local rbare='redis-benchmark -a '"$bare_pass"' -t get,set -n '"$requests"' -c '"$clients"' --csv'
   $rbare -s "$work/bare/bare.sock" 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_socket\",/"
   $rbare -h 127.0.0.1 -p 7485 2>/dev/null | tail -n +2 | sed "s/^/\"$name\",\"bare_tcp\",/"
   bare_stop
 }
 
 {
-  echo "# The router's Redis port${BASE:+, this build against BASE ($BASE)}: $rounds rounds, $requests requests, 50 clients"
+  echo "# The router's Redis port${BASE:+, this build against BASE ($BASE)}: $rounds rounds, $requests requests, $clients clients"
   echo "# $(date -u +%FT%TZ), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -r), $(redis-server --version | cut -d' ' -f3)"
   echo '"build","path","test","rps","avg_ms","min_ms","p50_ms","p95_ms","p99_ms","max_ms"'
   for _ in $(seq "$rounds"); do
