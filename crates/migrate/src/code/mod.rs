@@ -269,6 +269,16 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
     }
     // Casts and operators the golden holds run their functions wherever they
     // are used, with no `name(` to see.
+    // Tables, and composite, domain and range types, that hold a time: text
+    // cast into one (`concat('(1,x,to', 'day)')::users`) reads its time by
+    // the clock's rules.
+    let time_rows: BTreeSet<String> = catalog
+        .tables
+        .iter()
+        .filter(|(_, t)| t.columns.iter().any(|c| names_a_time(&c.type_name)))
+        .map(|(name, _)| unqualified(name))
+        .chain(catalog.types.iter().filter(|(_, d)| names_a_time(d)).map(|(name, _)| unqualified(name)))
+        .collect();
     let cast_types: BTreeSet<String> = objects
         .iter()
         .filter(|(_, def)| def.starts_with("via ") && !def.starts_with("via  "))
@@ -606,9 +616,16 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 continue;
             }
             if matches!(token, Token::Word(_))
-                && casts_computed_text_to_time(&tokens, i, definition_statement)
+                && casts_computed_text_to_time(&tokens, i, definition_statement, &time_rows)
             {
                 why(format!("casts text it computes to {name}: text can be the clock ('now')"));
+                continue;
+            }
+            if RECORD_MAKERS.contains(&name.as_str()) && makes_times_of_computed_text(&tokens, i, &time_rows)
+            {
+                why(format!(
+                    "turns text it computes into a time through {name}, by the time's own rules: text can be the clock ('now')"
+                ));
                 continue;
             }
             if matches!(token, Token::Word(_)) && writes_filled_column(&tokens, i, &filled_here) {
@@ -717,9 +734,17 @@ fn joined_constants(tokens: &[Token], i: usize) -> String {
 /// however it is spelled (`concat('no', 'w')::timestamptz`), which no
 /// reading of constants sees. A constant (read on its own), a column, or a
 /// function that makes a time from numbers is not computed.
-fn casts_computed_text_to_time(tokens: &[Token], i: usize, definition: bool) -> bool {
+fn casts_computed_text_to_time(
+    tokens: &[Token],
+    i: usize,
+    definition: bool,
+    time_rows: &BTreeSet<String>,
+) -> bool {
     let Some(Token::Word(t)) = tokens.get(i) else { return false };
-    if !TIME_TYPES.contains(&t.as_str()) {
+    // A row type that holds a time, by the `::` form only (its name stands
+    // after `AS` and before `(` in much else).
+    let after_colons = i >= 2 && tokens[i - 2] == Token::Other(':') && tokens[i - 1] == Token::Other(':');
+    if !TIME_TYPES.contains(&t.as_str()) && !(time_rows.contains(t) && after_colons) {
         return false;
     }
     /// Whether the operand ending at `end` (exclusive) is computed: a
@@ -785,6 +810,44 @@ fn casts_computed_text_to_time(tokens: &[Token], i: usize, definition: bool) -> 
         // type's precision: `timestamp(0)`).
         _ => !definition && matches!(tokens.get(i + 1), Some(Token::Other('('))),
     }
+}
+
+/// Whether a type's name as `format_type` spells it (or a composite's
+/// fields, a domain's base, a range's subtype) holds a date or time.
+fn names_a_time(type_name: &str) -> bool {
+    type_name.to_ascii_lowercase().split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| {
+        TIME_TYPES.contains(&w.trim_start_matches('_')) || TIME_RANGES.contains(&w.trim_start_matches('_'))
+    })
+}
+
+/// Whether the call of a JSON or hstore record maker at `i` takes text it
+/// computes (a call or a join in its arguments) and makes a time of it: a
+/// time type in its column definitions, or a row type that holds one.
+fn makes_times_of_computed_text(tokens: &[Token], i: usize, time_rows: &BTreeSet<String>) -> bool {
+    if tokens.get(i + 1) != Some(&Token::Other('(')) {
+        return false;
+    }
+    let mut depth = 0usize;
+    let close = tokens[i + 1..].iter().position(|t| {
+        match t {
+            Token::Other('(') => depth += 1,
+            Token::Other(')') => depth -= 1,
+            _ => {}
+        }
+        depth == 0
+    });
+    let Some(close) = close.map(|c| i + 1 + c) else { return true };
+    let arguments = &tokens[i + 2..close];
+    let computed = arguments.iter().any(|t| *t == Token::Other('('))
+        || arguments.windows(2).any(|w| w == [Token::Other('|'), Token::Other('|')]);
+    let time = |t: &Token| match t {
+        Token::Word(w) | Token::Quoted(w) => {
+            let w = w.to_ascii_lowercase();
+            TIME_TYPES.contains(&w.as_str()) || TIME_RANGES.contains(&w.as_str()) || time_rows.contains(&w)
+        }
+        _ => false,
+    };
+    computed && tokens[i + 2..].iter().any(time)
 }
 
 /// The column a default at `i` belongs to in a definition: the first name

@@ -22,6 +22,8 @@ fn why(sql: &str) -> Vec<String> {
             "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
                                "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}},
             "public.kv": {"kind": "table", "columns": [], "indexes": {}, "triggers": {}, "constraints": {}},
+            "public.stamped": {"kind": "table", "columns": [{"name": "at", "type": "timestamp with time zone", "nullable": true}],
+                               "indexes": {}, "triggers": {}, "constraints": {}},
             "public.owned": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
                              "constraints": {"o": "FOREIGN KEY (k) REFERENCES kv(k) ON UPDATE CASCADE ON DELETE CASCADE"}},
             "public.child": {"kind": "table", "columns": [], "indexes": {}, "triggers": {"t": "CREATE TRIGGER t ..."},
@@ -58,6 +60,11 @@ fn plain_ddl_and_dml_are_transparent() {
         "CREATE EXTENSION IF NOT EXISTS pg_trgm",
         "INSERT INTO users (note) VALUES ('done now'), ('today''s')",
         "ALTER TABLE users ADD COLUMN day date NOT NULL DEFAULT 'today'",
+        // A table that holds a time, named as one, and records made of the data's own JSON.
+        "INSERT INTO stamped (at) VALUES ('2020-01-01'); SELECT (s).at FROM stamped s",
+        "UPDATE users SET at = x.at FROM jsonb_to_recordset(users.doc) AS x(at timestamptz)",
+        "UPDATE users SET n = (jsonb_populate_record(NULL::stamped, users.doc)).at IS NULL",
+        "SELECT * FROM jsonb_to_record(jsonb_build_object('n', 1)) AS x(n int)",
         "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
         // Statements about a table read none of its rows through its policies,
         // and an insert fires no trigger that fires on updates alone.
@@ -219,6 +226,17 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE users SET at = reverse('won')::timestamptz", "casts text it computes"),
         ("UPDATE users SET at = concat('no', 'w')::text::timestamptz", "casts text it computes to timestamptz"),
         ("UPDATE users SET at = (ARRAY[concat('no', 'w')]::timestamptz[])[1]", "casts text it computes to timestamptz"),
+        // Into a row type that holds a time, or a record made of JSON with one.
+        ("UPDATE users SET at = (concat('(to', 'day)')::stamped).at", "casts text it computes to stamped"),
+        (
+            "UPDATE users SET day = (SELECT d FROM jsonb_to_record(jsonb_build_object('d', concat('to', 'day'))) AS x(d date))",
+            "through jsonb_to_record",
+        ),
+        (
+            "INSERT INTO stamped SELECT * FROM jsonb_populate_record(NULL::stamped, jsonb_build_object('at', concat('no', 'w')))",
+            "through jsonb_populate_record",
+        ),
+        ("SELECT * FROM json_to_recordset('[{\"r\": \"[' || 'now,)\"}]') AS x(r tstzrange)", "through json_to_recordset"),
         ("UPDATE users SET d = CAST(translate('xoday', 'x', 't') AS date)", "casts text it computes to date"),
         ("UPDATE users SET d = date(format('%sday', 'to'))", "casts text it computes to date"),
         ("UPDATE users SET d = ('{\"a\": \"now\"}'::jsonb ->> 'a')::date", "casts text it computes to date"),

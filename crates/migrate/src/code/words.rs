@@ -173,6 +173,24 @@ pub(super) const SYSTEM_COLUMNS: &[&str] = &["ctid", "xmin", "xmax", "cmin", "cm
 /// Types text becomes the clock in (`'now'::timestamptz`, `'today'::date`).
 pub(super) const TIME_TYPES: &[&str] = &["date", "timestamp", "timestamptz", "time", "timetz"];
 
+/// Ranges of times, whose bounds text becomes the clock in (`'[now,)'`).
+pub(super) const TIME_RANGES: &[&str] =
+    &["daterange", "tsrange", "tstzrange", "datemultirange", "tsmultirange", "tstzmultirange"];
+
+/// Functions that make rows of JSON or hstore text, each field by its
+/// type's input rules (a time's read `now` as the clock).
+pub(super) const RECORD_MAKERS: &[&str] = &[
+    "json_to_record",
+    "jsonb_to_record",
+    "json_to_recordset",
+    "jsonb_to_recordset",
+    "json_populate_record",
+    "jsonb_populate_record",
+    "json_populate_recordset",
+    "jsonb_populate_recordset",
+    "populate_record",
+];
+
 /// Functions that make a time from numbers or a time, never from words such
 /// as `now`: a cast of what they return reads no clock.
 pub(super) const TIME_MAKERS: &[&str] = &[
