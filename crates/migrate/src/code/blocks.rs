@@ -13,9 +13,11 @@
 //! `WITH`), with variables of plain types ([`PLAIN_TYPES`]). Anything else
 //! (`EXECUTE`, a cursor, an exception handler, a `CASE` statement, `ASSERT`,
 //! which runs only where `plpgsql.check_asserts` is on, a variable of
-//! another type, a cast into a time of anything but a constant, another
-//! language) leaves the block unread, and so opaque: the reading errs toward
+//! another type, a cast of a variable into a type that may read the clock,
+//! another language) leaves the block unread, and so opaque: the reading errs toward
 //! opaque, as the classifier does.
+
+use std::collections::BTreeSet;
 
 use super::lexer::{tokens, word, Token};
 
@@ -61,17 +63,17 @@ const PLAIN_TYPES: &[&str] = &[
     "json",
     "jsonb",
     "record",
+    "interval",
 ];
 
 /// Types text is read into by the clock's rules (`'now'`, `'today'`), and
-/// ranges of them, by the names a cast may give them.
+/// ranges of them, by the names a call may give them.
 const TIME_TYPES: &[&str] = &[
     "date",
     "time",
     "timetz",
     "timestamp",
     "timestamptz",
-    "interval",
     "abstime",
     "daterange",
     "tsrange",
@@ -119,7 +121,7 @@ pub(super) fn read(statement: &[Token]) -> Option<Block> {
     }
     if !word(said.get(at), "begin")
         || said.iter().any(|t| matches!(t, Token::Escaped))
-        || casts_into_time(said)
+        || casts_variables(said, &variables(said, at))
     {
         return None;
     }
@@ -331,26 +333,130 @@ fn diagnostics(statement: &[Token]) -> Option<()> {
     items.iter().all(|item| row_count(item)).then_some(())
 }
 
-/// Whether the body casts anything but a constant into a time type
-/// (`::date`, `CAST (... AS date)`, `date(...)`): a variable's text may be
-/// `now` however it was computed, which a cast of a name does not show.
-fn casts_into_time(said: &[Token]) -> bool {
-    let time = |t: &Token| match t {
-        Token::Word(w) | Token::Quoted(w) => {
-            TIME_TYPES.contains(&w.trim_start_matches('_').to_ascii_lowercase().as_str())
+/// The block's variables: those it declares (before `begin`, at `at`) and
+/// its loops' (`FOR v IN`, `FOREACH v`).
+fn variables(said: &[Token], at: usize) -> BTreeSet<String> {
+    let declared = split(said.get(1..at).unwrap_or_default()).into_iter().filter_map(|d| match d.first() {
+        Some(Token::Word(name)) => Some(name.clone()),
+        _ => None,
+    });
+    let looped = said.windows(3).filter_map(|w| match w {
+        [Token::Word(f), Token::Word(v), Token::Word(i)] if f == "for" && i == "in" => Some(v.clone()),
+        [Token::Word(f), Token::Word(v), _] if f == "foreach" => Some(v.clone()),
+        _ => None,
+    });
+    declared.chain(looped).collect()
+}
+
+/// Where the group that `said[open]` opens closes (its last token, or the end).
+fn closing(said: &[Token], open: usize) -> usize {
+    let mut depth = 0usize;
+    for (j, t) in said.iter().enumerate().skip(open) {
+        match t {
+            Token::Other('(' | '[') => depth += 1,
+            Token::Other(')' | ']') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => {}
         }
+    }
+    said.len().saturating_sub(1)
+}
+
+/// Where the group that `said[close]` closes opens.
+fn opening(said: &[Token], close: usize) -> usize {
+    let mut depth = 0usize;
+    for j in (0..=close).rev() {
+        match said[j] {
+            Token::Other(')' | ']') => depth += 1,
+            Token::Other('(' | '[') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return j;
+                }
+            }
+            _ => {}
+        }
+    }
+    0
+}
+
+/// Whether the body casts a value made of its variables into a type whose
+/// input may read the clock (any but the plain ones: `v::date`, `CAST (v AS
+/// users)`, `date(v)`): a variable's text may be `now` however it was
+/// computed, which a cast of a name does not show. Casts of columns and
+/// constants are judged as the file's own are.
+fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
+    let variable = |t: &Token| matches!(t, Token::Word(w) if variables.contains(w));
+    let plain = |t: &Token| match t {
+        Token::Word(w) => PLAIN_TYPES.contains(&w.as_str()),
+        Token::Number(_) => true,
+        Token::Other(c) => matches!(c, '(' | ')' | ',' | '[' | ']' | '.'),
         _ => false,
     };
-    (0..said.len()).filter(|&k| time(&said[k])).any(|k| {
-        // `pg_catalog.date` is the same type.
-        let at = if k >= 2 && said[k - 1] == Token::Other('.') { k - 2 } else { k };
-        let before = |n: usize| at.checked_sub(n).and_then(|j| said.get(j));
-        let cast = before(1) == Some(&Token::Other(':')) && before(2) == Some(&Token::Other(':'));
-        let constant_operand = matches!(before(3), Some(Token::Constant(_)))
-            && !matches!(before(4), Some(Token::Other(':' | '.' | ']' | ')')));
-        let called = said.get(k + 1) == Some(&Token::Other('('));
-        (cast && !constant_operand) || word(before(1), "as") || called
-    })
+    // The type a cast names from `k`: words (a schema's too, quoted or
+    // not), precision and array brackets.
+    let cast_type = |k: usize| -> &[Token] {
+        let typed = |t: &Token| {
+            matches!(
+                t,
+                Token::Word(_)
+                    | Token::Quoted(_)
+                    | Token::Number(_)
+                    | Token::Other('.' | '[' | ']' | '(' | ')' | ',')
+            )
+        };
+        let n = said
+            .get(k..)
+            .unwrap_or_default()
+            .iter()
+            .position(|t| !typed(t))
+            .unwrap_or(said.len().saturating_sub(k));
+        said.get(k..k + n).unwrap_or_default()
+    };
+    let into_other = |ty: &[Token]| !ty.is_empty() && !ty.iter().all(plain);
+    for k in 0..said.len() {
+        // `operand::type`: the operand's variables, back through a chain of casts.
+        if k > 0 && said[k] == Token::Other(':') && said.get(k + 1) == Some(&Token::Other(':')) {
+            let mut end = k - 1;
+            while end >= 3
+                && matches!(said[end], Token::Word(_) | Token::Quoted(_))
+                && said[end - 1] == Token::Other(':')
+                && said[end - 2] == Token::Other(':')
+            {
+                end -= 3;
+            }
+            let operand = match said[end] {
+                Token::Other(')' | ']') => &said[opening(said, end)..=end],
+                _ => &said[end..=end],
+            };
+            if operand.iter().any(variable) && into_other(cast_type(k + 2)) {
+                return true;
+            }
+        }
+        // `CAST (operand AS type)`.
+        if word(said.get(k), "cast") && said.get(k + 1) == Some(&Token::Other('(')) {
+            let inner = &said[k + 2..closing(said, k + 1).max(k + 2)];
+            if let Some(a) = inner.iter().rposition(|t| word(Some(t), "as")) {
+                if inner[..a].iter().any(variable) && into_other(&inner[a + 1..]) {
+                    return true;
+                }
+            }
+        }
+        // `date(operand)`: a time type called as a function.
+        if let (Token::Word(w) | Token::Quoted(w), Some(Token::Other('('))) = (&said[k], said.get(k + 1)) {
+            if TIME_TYPES.contains(&w.trim_start_matches('_').to_ascii_lowercase().as_str()) {
+                let inner = &said[k + 2..closing(said, k + 1).max(k + 2)];
+                if inner.iter().any(variable) {
+                    return true;
+                }
+            }
+        }
+    }
+    false
 }
 
 /// `said` without a `<<label>>` in front.

@@ -615,7 +615,7 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 }
                 continue;
             }
-            if matches!(token, Token::Word(_))
+            if matches!(token, Token::Word(_) | Token::Quoted(_))
                 && casts_computed_text_to_time(&tokens, i, definition_statement, &time_rows)
             {
                 why(format!("casts text it computes to {name}: text can be the clock ('now')"));
@@ -740,11 +740,19 @@ fn casts_computed_text_to_time(
     definition: bool,
     time_rows: &BTreeSet<String>,
 ) -> bool {
-    let Some(Token::Word(t)) = tokens.get(i) else { return false };
+    let Some(Token::Word(t) | Token::Quoted(t)) = tokens.get(i) else { return false };
+    let named_at = i;
+    // A qualified name (`pg_catalog.date`, `public.users`) is cast to as
+    // its last part.
+    let i = match (tokens.get(i.wrapping_sub(1)), tokens.get(i.wrapping_sub(2))) {
+        (Some(Token::Other('.')), Some(Token::Word(_) | Token::Quoted(_))) => i - 2,
+        _ => i,
+    };
     // A row type that holds a time, by the `::` form only (its name stands
     // after `AS` and before `(` in much else).
     let after_colons = i >= 2 && tokens[i - 2] == Token::Other(':') && tokens[i - 1] == Token::Other(':');
-    if !TIME_TYPES.contains(&t.as_str()) && !(time_rows.contains(t) && after_colons) {
+    let time = TIME_TYPES.contains(&t.as_str()) || TIME_RANGES.contains(&t.as_str());
+    if !time && !(time_rows.contains(t) && after_colons) {
         return false;
     }
     /// Whether the operand ending at `end` (exclusive) is computed: a
@@ -808,7 +816,7 @@ fn casts_computed_text_to_time(
         }
         // `timestamptz(...)` called as a function (in a definition, a
         // type's precision: `timestamp(0)`).
-        _ => !definition && matches!(tokens.get(i + 1), Some(Token::Other('('))),
+        _ => !definition && matches!(tokens.get(named_at + 1), Some(Token::Other('('))),
     }
 }
 
@@ -822,22 +830,28 @@ fn names_a_time(type_name: &str) -> bool {
 
 /// Whether the call of a JSON or hstore record maker at `i` takes text it
 /// computes (a call or a join in its arguments) and makes a time of it: a
-/// time type in its column definitions, or a row type that holds one.
+/// time type in the column definitions after it (`AS x(d date)`), or a row
+/// type that holds one as its first argument (`NULL::users`).
 fn makes_times_of_computed_text(tokens: &[Token], i: usize, time_rows: &BTreeSet<String>) -> bool {
     if tokens.get(i + 1) != Some(&Token::Other('(')) {
         return false;
     }
-    let mut depth = 0usize;
-    let close = tokens[i + 1..].iter().position(|t| {
-        match t {
-            Token::Other('(') => depth += 1,
-            Token::Other(')') => depth -= 1,
-            _ => {}
-        }
-        depth == 0
-    });
-    let Some(close) = close.map(|c| i + 1 + c) else { return true };
-    let arguments = &tokens[i + 2..close];
+    let group_end = |open: usize| {
+        let mut depth = 0usize;
+        tokens[open..]
+            .iter()
+            .position(|t| {
+                match t {
+                    Token::Other('(') => depth += 1,
+                    Token::Other(')') => depth = depth.saturating_sub(1),
+                    _ => {}
+                }
+                depth == 0
+            })
+            .map_or(tokens.len(), |p| open + p)
+    };
+    let close = group_end(i + 1);
+    let arguments = tokens.get(i + 2..close).unwrap_or_default();
     let computed = arguments.iter().any(|t| *t == Token::Other('('))
         || arguments.windows(2).any(|w| w == [Token::Other('|'), Token::Other('|')]);
     let time = |t: &Token| match t {
@@ -847,7 +861,17 @@ fn makes_times_of_computed_text(tokens: &[Token], i: usize, time_rows: &BTreeSet
         }
         _ => false,
     };
-    computed && tokens[i + 2..].iter().any(time)
+    // The row type it fills: its first argument.
+    let first = arguments.iter().position(|t| *t == Token::Other(',')).map_or(arguments, |c| &arguments[..c]);
+    // The column definitions: `[AS] [alias] (name type, ...)`, each type
+    // after its name.
+    let defined = (close + 1..(close + 4).min(tokens.len()))
+        .find(|&j| tokens[j] == Token::Other('('))
+        .is_some_and(|open| {
+            let defs = tokens.get(open + 1..group_end(open)).unwrap_or_default();
+            defs.split(|t| *t == Token::Other(',')).any(|def| def.iter().skip(1).any(time))
+        });
+    computed && (first.iter().any(time) || defined)
 }
 
 /// The column a default at `i` belongs to in a definition: the first name

@@ -65,6 +65,7 @@ fn plain_ddl_and_dml_are_transparent() {
         "UPDATE users SET at = x.at FROM jsonb_to_recordset(users.doc) AS x(at timestamptz)",
         "UPDATE users SET n = (jsonb_populate_record(NULL::stamped, users.doc)).at IS NULL",
         "SELECT * FROM jsonb_to_record(jsonb_build_object('n', 1)) AS x(n int)",
+        "SELECT x.date FROM jsonb_to_record(users.doc || '{}') AS x(n int, date text) JOIN stamped ON true",
         "ALTER TABLE users ADD COLUMN n bigint DEFAULT nextval('users_n_seq')",
         // Statements about a table read none of its rows through its policies,
         // and an insert fires no trigger that fires on updates alone.
@@ -228,6 +229,11 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE users SET at = (ARRAY[concat('no', 'w')]::timestamptz[])[1]", "casts text it computes to timestamptz"),
         // Into a row type that holds a time, or a record made of JSON with one.
         ("UPDATE users SET at = (concat('(to', 'day)')::stamped).at", "casts text it computes to stamped"),
+        ("UPDATE users SET at = (concat('(to', 'day)')::public.\"stamped\").at", "casts text it computes to stamped"),
+        ("UPDATE users SET day = concat('to', 'day')::\"date\"", "casts text it computes to date"),
+        ("UPDATE users SET day = CAST(concat('to', 'day') AS pg_catalog.date)", "casts text it computes to date"),
+        ("UPDATE users SET day = pg_catalog.date(concat('to', 'day'))", "casts text it computes to date"),
+        ("UPDATE users SET r = concat('[no', 'w,)')::tstzrange", "casts text it computes to tstzrange"),
         (
             "UPDATE users SET day = (SELECT d FROM jsonb_to_record(jsonb_build_object('d', concat('to', 'day'))) AS x(d date))",
             "through jsonb_to_record",
@@ -352,6 +358,9 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
            IF n > 1 THEN NULL; ELSEIF n = 1 THEN RAISE NOTICE 'one' USING HINT = 'h', DETAIL := 'd'; END IF;\n\
            <<inner>> BEGIN RAISE EXCEPTION USING MESSAGE = 'x', ERRCODE = 'P0001'; END inner; RAISE unique_violation;\n\
            RAISE SQLSTATE '22012'; EXIT outer; END outer $$",
+        // Columns and constants cast into times, and a variable into an interval or text.
+        "DO $$ DECLARE n int := 3; BEGIN UPDATE users SET day = created_at::date, at = (n || ' days')::interval + created_at\n\
+           WHERE created_at < '2020-01-01'::date AND CAST(created_at AS date) > '2019-01-01' AND n::text <> ''; END $$",
     ] {
         assert_eq!(why(sql), Vec::<String>::new(), "{sql}");
     }
@@ -420,6 +429,8 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         "DO $$ DECLARE s text; BEGIN FOREACH s IN ARRAY ARRAY[concat('to', 'day')] LOOP UPDATE users SET day = s::pg_catalog.date; END LOOP; END $$",
         "DO $$ DECLARE s text; BEGIN SELECT concat('no', 'w') INTO s; UPDATE users SET at = CAST(s AS timestamptz); END $$",
         "DO $$ DECLARE s text := 'x'; BEGIN UPDATE users SET day = date(s); END $$",
+        "DO $$ DECLARE v text := concat('(yester', 'day)'); BEGIN UPDATE users SET at = (v::stamped).at; END $$",
+        "DO $$ DECLARE v text := concat('to', 'day'); BEGIN UPDATE users SET day = (v || '')::text::\"date\"; END $$",
         "DO $$ BEGIN NULL; $$",
     ] {
         let found = why(sql);
