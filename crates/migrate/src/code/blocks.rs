@@ -431,6 +431,8 @@ fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
             }
             let operand = match said[end] {
                 Token::Other(')' | ']') => &said[opening(said, end)..=end],
+                // A record's field (`r.t`) is its record's.
+                _ if end >= 2 && said[end - 1] == Token::Other('.') => &said[end - 2..=end],
                 _ => &said[end..=end],
             };
             if operand.iter().any(variable) && into_other(cast_type(k + 2)) {

@@ -430,6 +430,7 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         "DO $$ DECLARE s text; BEGIN SELECT concat('no', 'w') INTO s; UPDATE users SET at = CAST(s AS timestamptz); END $$",
         "DO $$ DECLARE s text := 'x'; BEGIN UPDATE users SET day = date(s); END $$",
         "DO $$ DECLARE v text := concat('(yester', 'day)'); BEGIN UPDATE users SET at = (v::stamped).at; END $$",
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT concat('to', 'day') AS t LOOP UPDATE users SET day = r.t::date; END LOOP; END $$",
         "DO $$ DECLARE v text := concat('to', 'day'); BEGIN UPDATE users SET day = (v || '')::text::\"date\"; END $$",
         "DO $$ BEGIN NULL; $$",
     ] {
