@@ -19,7 +19,8 @@
 
 use std::collections::BTreeSet;
 
-use super::lexer::{tokens, word, Token};
+use super::lexer::{closing, tokens, word, Token};
+use super::words::is_time_type;
 
 /// A `DO` block's body, read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,23 +65,6 @@ const PLAIN_TYPES: &[&str] = &[
     "jsonb",
     "record",
     "interval",
-];
-
-/// Types text is read into by the clock's rules (`'now'`, `'today'`), and
-/// ranges of them, by the names a call may give them.
-const TIME_TYPES: &[&str] = &[
-    "date",
-    "time",
-    "timetz",
-    "timestamp",
-    "timestamptz",
-    "abstime",
-    "daterange",
-    "tsrange",
-    "tstzrange",
-    "datemultirange",
-    "tsmultirange",
-    "tstzmultirange",
 ];
 
 /// Levels a `RAISE` may name.
@@ -188,13 +172,7 @@ fn declared(declaration: &[Token], block: &mut Block) -> Option<()> {
     // Any other type (a time, whose every assignment converts text by the
     // clock's rules, `d := 'to' || 'day'`, with no cast to see; a domain or
     // a row type that may hold one; one copied with `%TYPE`): not plain.
-    let plain = |t: &Token| match t {
-        Token::Word(w) => PLAIN_TYPES.contains(&w.as_str()),
-        Token::Number(_) => true,
-        Token::Other(c) => matches!(c, '(' | ')' | ',' | '[' | ']'),
-        _ => false,
-    };
-    if !declared_type.iter().all(plain) {
+    if !declared_type.iter().all(plain_type) {
         return None;
     }
     let mut cast = vec![Token::Word("null".into()), Token::Other(':'), Token::Other(':')];
@@ -348,24 +326,6 @@ fn variables(said: &[Token], at: usize) -> BTreeSet<String> {
     declared.chain(looped).collect()
 }
 
-/// Where the group that `said[open]` opens closes (its last token, or the end).
-fn closing(said: &[Token], open: usize) -> usize {
-    let mut depth = 0usize;
-    for (j, t) in said.iter().enumerate().skip(open) {
-        match t {
-            Token::Other('(' | '[') => depth += 1,
-            Token::Other(')' | ']') => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    return j;
-                }
-            }
-            _ => {}
-        }
-    }
-    said.len().saturating_sub(1)
-}
-
 /// Where the group that `said[close]` closes opens.
 fn opening(said: &[Token], close: usize) -> usize {
     let mut depth = 0usize;
@@ -391,12 +351,8 @@ fn opening(said: &[Token], close: usize) -> usize {
 /// constants are judged as the file's own are.
 fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
     let variable = |t: &Token| matches!(t, Token::Word(w) if variables.contains(w));
-    let plain = |t: &Token| match t {
-        Token::Word(w) => PLAIN_TYPES.contains(&w.as_str()),
-        Token::Number(_) => true,
-        Token::Other(c) => matches!(c, '(' | ')' | ',' | '[' | ']' | '.'),
-        _ => false,
-    };
+    // The tokens inside a call or `CAST (...)` from `open`, its `(`.
+    let inside = |open: usize| &said[open + 1..closing(said, open).unwrap_or(said.len()).max(open + 1)];
     // The type a cast names from `k`: words (a schema's too, quoted or
     // not), precision and array brackets.
     let cast_type = |k: usize| -> &[Token] {
@@ -417,7 +373,7 @@ fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
             .unwrap_or(said.len().saturating_sub(k));
         said.get(k..k + n).unwrap_or_default()
     };
-    let into_other = |ty: &[Token]| !ty.is_empty() && !ty.iter().all(plain);
+    let into_other = |ty: &[Token]| !ty.is_empty() && !ty.iter().all(plain_type);
     for k in 0..said.len() {
         // `operand::type`: the operand's variables, back through a chain of casts.
         if k > 0 && said[k] == Token::Other(':') && said.get(k + 1) == Some(&Token::Other(':')) {
@@ -441,7 +397,7 @@ fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
         }
         // `CAST (operand AS type)`.
         if word(said.get(k), "cast") && said.get(k + 1) == Some(&Token::Other('(')) {
-            let inner = &said[k + 2..closing(said, k + 1).max(k + 2)];
+            let inner = inside(k + 1);
             if let Some(a) = inner.iter().rposition(|t| word(Some(t), "as")) {
                 if inner[..a].iter().any(variable) && into_other(&inner[a + 1..]) {
                     return true;
@@ -450,15 +406,23 @@ fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
         }
         // `date(operand)`: a time type called as a function.
         if let (Token::Word(w) | Token::Quoted(w), Some(Token::Other('('))) = (&said[k], said.get(k + 1)) {
-            if TIME_TYPES.contains(&w.trim_start_matches('_').to_ascii_lowercase().as_str()) {
-                let inner = &said[k + 2..closing(said, k + 1).max(k + 2)];
-                if inner.iter().any(variable) {
-                    return true;
-                }
+            if is_time_type(&w.to_ascii_lowercase()) && inside(k + 1).iter().any(variable) {
+                return true;
             }
         }
     }
     false
+}
+
+/// Whether `t` may stand in a plain type's name ([`PLAIN_TYPES`]), its
+/// precision or its array brackets.
+fn plain_type(t: &Token) -> bool {
+    match t {
+        Token::Word(w) => PLAIN_TYPES.contains(&w.as_str()),
+        Token::Number(_) => true,
+        Token::Other(c) => matches!(c, '(' | ')' | ',' | '[' | ']' | '.'),
+        _ => false,
+    }
 }
 
 /// `said` without a `<<label>>` in front.
@@ -509,27 +473,16 @@ fn looped_over(over: &[Token]) -> Option<String> {
     }
     // A query, perhaps in parentheses.
     let query = match over {
-        [Token::Other('('), inner @ .., Token::Other(')')] if balanced(inner) => inner,
+        // (Only where its first parenthesis closes at its end.)
+        [Token::Other('('), inner @ .., Token::Other(')')] if closing(over, 0) == Some(over.len() - 1) => {
+            inner
+        }
         _ => over,
     };
     match query.first() {
         Some(Token::Word(w)) if w == "select" || w == "with" => text(query),
         _ => None,
     }
-}
-
-/// Whether every parenthesis in `said` closes one opened before it in `said`.
-fn balanced(said: &[Token]) -> bool {
-    let mut depth = 0usize;
-    for t in said {
-        match t {
-            Token::Other('(') => depth += 1,
-            Token::Other(')') if depth == 0 => return false,
-            Token::Other(')') => depth -= 1,
-            _ => {}
-        }
-    }
-    depth == 0
 }
 
 /// `SELECT ... INTO [STRICT] a, b ...` and `... RETURNING ... INTO a`

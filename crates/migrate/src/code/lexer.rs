@@ -24,6 +24,24 @@ pub(crate) fn word(t: Option<&Token>, w: &str) -> bool {
     matches!(t, Some(Token::Word(x)) if x == w)
 }
 
+/// Where the group that `said[open]` (a `(` or `[`) opens is closed, if it is.
+pub(crate) fn closing(said: &[Token], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (j, t) in said.iter().enumerate().skip(open) {
+        match t {
+            Token::Other('(' | '[') => depth += 1,
+            Token::Other(')' | ']') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(j);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
 /// An `E'...'` constant's text with its backslash escapes read: `\n` and
 /// the like, octal `\164`, hex `\x74`, `\u0074` and `\U00000074`.
 pub(super) fn unescape_e(raw: &str) -> String {

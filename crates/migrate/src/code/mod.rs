@@ -267,8 +267,6 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
             triggered.insert(unqualified(table), ANY_EVENT.iter().map(|e| e.to_string()).collect());
         }
     }
-    // Casts and operators the golden holds run their functions wherever they
-    // are used, with no `name(` to see.
     // Tables, and composite, domain and range types, that hold a time: text
     // cast into one (`concat('(1,x,to', 'day)')::users`) reads its time by
     // the clock's rules.
@@ -279,6 +277,8 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
         .map(|(name, _)| unqualified(name))
         .chain(catalog.types.iter().filter(|(_, d)| names_a_time(d)).map(|(name, _)| unqualified(name)))
         .collect();
+    // Casts and operators the golden holds run their functions wherever they
+    // are used, with no `name(` to see.
     let cast_types: BTreeSet<String> = objects
         .iter()
         .filter(|(_, def)| def.starts_with("via ") && !def.starts_with("via  "))
@@ -751,8 +751,7 @@ fn casts_computed_text_to_time(
     // A row type that holds a time, by the `::` form only (its name stands
     // after `AS` and before `(` in much else).
     let after_colons = i >= 2 && tokens[i - 2] == Token::Other(':') && tokens[i - 1] == Token::Other(':');
-    let time = TIME_TYPES.contains(&t.as_str()) || TIME_RANGES.contains(&t.as_str());
-    if !time && !(time_rows.contains(t) && after_colons) {
+    if !is_time_type(t) && !(time_rows.contains(t) && after_colons) {
         return false;
     }
     /// Whether the operand ending at `end` (exclusive) is computed: a
@@ -823,9 +822,7 @@ fn casts_computed_text_to_time(
 /// Whether a type's name as `format_type` spells it (or a composite's
 /// fields, a domain's base, a range's subtype) holds a date or time.
 fn names_a_time(type_name: &str) -> bool {
-    type_name.to_ascii_lowercase().split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(|w| {
-        TIME_TYPES.contains(&w.trim_start_matches('_')) || TIME_RANGES.contains(&w.trim_start_matches('_'))
-    })
+    type_name.to_ascii_lowercase().split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).any(is_time_type)
 }
 
 /// Whether the call of a JSON or hstore record maker at `i` takes text it
@@ -836,20 +833,7 @@ fn makes_times_of_computed_text(tokens: &[Token], i: usize, time_rows: &BTreeSet
     if tokens.get(i + 1) != Some(&Token::Other('(')) {
         return false;
     }
-    let group_end = |open: usize| {
-        let mut depth = 0usize;
-        tokens[open..]
-            .iter()
-            .position(|t| {
-                match t {
-                    Token::Other('(') => depth += 1,
-                    Token::Other(')') => depth = depth.saturating_sub(1),
-                    _ => {}
-                }
-                depth == 0
-            })
-            .map_or(tokens.len(), |p| open + p)
-    };
+    let group_end = |open: usize| lexer::closing(tokens, open).unwrap_or(tokens.len());
     let close = group_end(i + 1);
     let arguments = tokens.get(i + 2..close).unwrap_or_default();
     let computed = arguments.iter().any(|t| *t == Token::Other('('))
@@ -857,7 +841,7 @@ fn makes_times_of_computed_text(tokens: &[Token], i: usize, time_rows: &BTreeSet
     let time = |t: &Token| match t {
         Token::Word(w) | Token::Quoted(w) => {
             let w = w.to_ascii_lowercase();
-            TIME_TYPES.contains(&w.as_str()) || TIME_RANGES.contains(&w.as_str()) || time_rows.contains(&w)
+            is_time_type(&w) || time_rows.contains(&w)
         }
         _ => false,
     };

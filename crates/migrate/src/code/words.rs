@@ -177,6 +177,13 @@ pub(super) const TIME_TYPES: &[&str] = &["date", "timestamp", "timestamptz", "ti
 pub(super) const TIME_RANGES: &[&str] =
     &["daterange", "tsrange", "tstzrange", "datemultirange", "tsmultirange", "tstzmultirange"];
 
+/// Whether `name` (lowercased; an array's `_` prefix allowed) is a time
+/// type or a range of times: a type whose input reads `now` as the clock.
+pub(super) fn is_time_type(name: &str) -> bool {
+    let name = name.trim_start_matches('_');
+    TIME_TYPES.contains(&name) || TIME_RANGES.contains(&name)
+}
+
 /// Functions that make rows of JSON or hstore text, each field by its
 /// type's input rules (a time's read `now` as the clock).
 pub(super) const RECORD_MAKERS: &[&str] = &[
