@@ -809,6 +809,21 @@ export interface components {
              */
             pids: number;
         };
+        /** @description Where the host stands on cheap cgroup moves. */
+        CgroupMoves: {
+            /** @description The cgroup2 mount. */
+            mount: string;
+            /** @enum {string} */
+            state: "favored";
+        } | {
+            /** @description The cgroup2 mount. */
+            mount: string;
+            /** @enum {string} */
+            state: "waiting";
+        } | {
+            /** @enum {string} */
+            state: "no_hierarchy";
+        };
         /** @description Which cgroup layout the host has. */
         Cgroups: {
             /** @description The unified hierarchy, with the memory, pids and cpu controllers. */
@@ -1020,6 +1035,7 @@ export interface components {
         Doctor: {
             /** @description The limits each sandbox gets when cgroups are available. */
             cgroup_limits: components["schemas"]["CgroupLimits"];
+            cgroup_moves?: components["schemas"]["CgroupMoves"] | null;
             /** @description The cgroup layout used for limits. */
             cgroups: components["schemas"]["Cgroups"];
             /** @description The daemon's OS user. */

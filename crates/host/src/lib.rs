@@ -1,11 +1,12 @@
 //! The host under Airlock: what the daemon asks of the operating system.
 //!
 //! Copy-on-write storage and its quotas ([`storage`]), OS identities and their
-//! host-wide leases ([`users`]), processes held by a pidfd ([`pidfd`]), cgroup limits ([`cgroup`]), the seccomp filter
+//! host-wide leases ([`users`]), processes held by a pidfd ([`pidfd`]), cgroup limits ([`cgroup`]) and moves into them that do not wait ([`cgroup_moves`]), the seccomp filter
 //! ([`seccomp`]), the private root every contained process sees
 //! ([`rootfs`]) and files' writes told as they happen ([`watch`]). Nothing here knows what runs in a sandbox.
 
 pub mod cgroup;
+pub mod cgroup_moves;
 pub mod contain;
 pub mod gate;
 pub mod pidfd;

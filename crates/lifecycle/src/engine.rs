@@ -45,6 +45,10 @@ pub struct Config {
     pub force_copy: bool,
     /// Memory, pids and CPU weight of each sandbox (applied where cgroups are available).
     pub cgroup_limits: CgroupLimits,
+    /// Set `favordynmods` on the host's cgroup2 mount at start (as root), so a
+    /// server's move into its cgroups does not wait on the kernel
+    /// ([`airlock_host::cgroup_moves`]).
+    pub favor_cgroup_moves: bool,
     /// How far a sandbox's files may grow beyond its golden before it is deleted.
     pub disk_limit_bytes: u64,
     /// Where sandboxes have quotas: what every running sandbox can always
@@ -85,6 +89,7 @@ impl Config {
             pg_root: airlock_postgres::majors::default_root(),
             force_copy: false,
             cgroup_limits: CgroupLimits::default(),
+            favor_cgroup_moves: true,
             disk_limit_bytes: 10 << 30,
             disk_headroom_bytes: 64 << 20,
             default_pool_size: 0,
@@ -148,6 +153,22 @@ pub struct Engine {
     golden_work: Mutex<std::collections::HashMap<String, GoldenWork>>,
 }
 
+/// Makes the host's moves into cgroups cheap where they are not, and says
+/// what it did: a daemon that changes a host-wide mount says so.
+fn favor_cgroup_moves() {
+    use airlock_host::cgroup_moves::{self, CgroupMoves};
+    let before = cgroup_moves::state();
+    match cgroup_moves::favor() {
+        Ok(CgroupMoves::Favored { mount }) if !matches!(before, CgroupMoves::Favored { .. }) => {
+            tracing::info!(mount = %mount.display(), "set favordynmods on the host's cgroup2 mount: a server's move into its cgroups no longer waits for the kernel (--favor-cgroup-moves off leaves the host as it is)");
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "could not set favordynmods on the host's cgroup2 mount: each cold fork waits for the kernel to move its server into its cgroups")
+        }
+    }
+}
+
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     std::fs::create_dir_all(path)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
@@ -207,6 +228,9 @@ impl Engine {
             false => None,
         };
         let cgroups = Cgroups::detect(&layout.tag());
+        if root && cgroups.available() && config.favor_cgroup_moves {
+            favor_cgroup_moves();
+        }
         Ok(Engine {
             config,
             layout,
@@ -459,6 +483,14 @@ impl Engine {
             );
         } else if !self.cgroups.available() {
             warnings.push("no usable cgroups (v2 with memory, pids and cpu, or v1): sandboxes run without memory, pids and CPU limits".into());
+        } else if let airlock_host::cgroup_moves::CgroupMoves::Waiting { mount } =
+            airlock_host::cgroup_moves::state()
+        {
+            warnings.push(format!(
+                "{} lacks favordynmods: each cold fork waits 5-15 ms for the kernel to move its server into its cgroups \
+                 (serve with --favor-cgroup-moves on, or remount it with that option)",
+                mount.display()
+            ));
         }
         Doctor {
             version: env!("CARGO_PKG_VERSION").into(),
@@ -477,6 +509,7 @@ impl Engine {
             network_namespaces: root,
             cgroups: self.cgroups.clone(),
             cgroup_limits: self.config.cgroup_limits,
+            cgroup_moves: (root && self.cgroups.available()).then(airlock_host::cgroup_moves::state),
             disk_limit_bytes: self.config.disk_limit_bytes,
             max_sandboxes: self.config.max_sandboxes,
             max_running: self.config.max_running,
@@ -570,6 +603,9 @@ pub struct Doctor {
     pub cgroups: Cgroups,
     /// The limits each sandbox gets when cgroups are available.
     pub cgroup_limits: CgroupLimits,
+    /// Whether a server's move into its cgroups waits on the kernel (root only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup_moves: Option<airlock_host::cgroup_moves::CgroupMoves>,
     /// How far a sandbox may grow beyond its golden, bytes.
     pub disk_limit_bytes: u64,
     /// The sandbox limit.

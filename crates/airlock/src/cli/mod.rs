@@ -224,12 +224,12 @@ enum Command {
     Bench(bench::BenchCommand),
 }
 
-/// Whether the router hands plaintext clients to their servers' sessions.
+/// A behaviour of the daemon turned on or off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Handoff {
-    /// Hand them over (the default).
+pub enum Switch {
+    /// On.
     On,
-    /// Relay every session.
+    /// Off.
     Off,
 }
 
@@ -286,6 +286,12 @@ struct ServeArgs {
     /// cannot promise it (with a WAL's 128M).
     #[arg(long, env = "AIRLOCK_DISK_HEADROOM", default_value = "64M")]
     disk_headroom: String,
+    /// As root, set `favordynmods` on the host's cgroup2 mount at start (on), so
+    /// a fork's server moves into its cgroups without waiting on the kernel
+    /// (5-15 ms a cold fork); forks and exits host-wide take a lock more, and
+    /// on recent kernels that stays until reboot. Off leaves the host as it is.
+    #[arg(long, env = "AIRLOCK_FAVOR_CGROUP_MOVES", value_enum, default_value = "on")]
+    favor_cgroup_moves: Switch,
     /// Copy data directories even where reflinks work (`copy`), or probe (`auto`).
     #[arg(long, env = "AIRLOCK_STORAGE", default_value = "auto")]
     storage: String,
@@ -336,7 +342,7 @@ struct ServeArgs {
     /// Hand a plaintext client's connection to its sandbox's server once the
     /// router has authenticated it (on), or relay every session (off).
     #[arg(long, env = "AIRLOCK_ROUTER_HANDOFF", value_enum, default_value = "on")]
-    router_handoff: Handoff,
+    router_handoff: Switch,
     /// Serve Prometheus metrics on this address (HOST:PORT, port 0 for a free one) at /metrics.
     #[arg(long, env = "AIRLOCK_METRICS")]
     metrics: Option<std::net::SocketAddr>,

@@ -90,6 +90,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
             ))
         }
     };
+    config.favor_cgroup_moves = args.favor_cgroup_moves == super::Switch::On;
     config.max_running = args.max_running;
     config.max_disk_bytes = args.max_disk.as_deref().map(validate::bytes).transpose()?;
     config.disk_reserve = validate::Reserve::parse(&args.disk_reserve)?;
@@ -154,7 +155,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         },
         startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,
         max_connections: args.router_max_connections.max(1),
-        handoff: args.router_handoff == super::Handoff::On,
+        handoff: args.router_handoff == super::Switch::On,
         redis_listen: match args.redis_router.as_str() {
             "off" => None,
             addr => Some(addr.parse().map_err(|_| {

@@ -207,6 +207,74 @@ fn each_sandbox_runs_as_its_own_user_and_cannot_read_a_neighbours_files() {
     assert_eq!(sql(&dsn(&c), "SELECT count(*) FROM orders"), "1000");
 }
 
+/// The cgroup2 line of this host's mountinfo: its mount point, its own
+/// options and its hierarchy's options.
+fn cgroup2_mount() -> Option<(String, String, std::collections::BTreeSet<String>)> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    mountinfo.lines().find_map(|line| {
+        let (mine, theirs) = line.split_once(" - ")?;
+        let theirs: Vec<&str> = theirs.split(' ').collect();
+        let mine: Vec<&str> = mine.split(' ').collect();
+        (theirs[0] == "cgroup2").then(|| {
+            (mine[4].to_owned(), mine[5].to_owned(), theirs[2].split(',').map(str::to_owned).collect())
+        })
+    })
+}
+
+/// A daemon started as root makes moves into cgroups cheap (`favordynmods`
+/// on the host's cgroup2 mount), with every other option of that mount kept;
+/// told not to, it leaves the mount alone. (Other tests' daemons may set the
+/// option meanwhile, so the "off" daemon is judged by what it says it did.)
+#[test]
+fn a_daemon_favors_cgroup_moves_unless_told_not_to() {
+    assert!(nix::unistd::geteuid().is_root(), "this test remounts the host's cgroup2: run it as root");
+    let Some((point, mount_options, super_options)) = cgroup2_mount() else {
+        let d = Daemon::start(&[]);
+        assert_eq!(d.json(&["doctor"])["cgroup_moves"]["state"], "no_hierarchy");
+        return;
+    };
+    // Take the option off, keeping the rest (the kernel keeps its cheaper
+    // lock until reboot; only the option goes).
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT;
+    for (name, flag) in [
+        ("nosuid", MsFlags::MS_NOSUID),
+        ("nodev", MsFlags::MS_NODEV),
+        ("noexec", MsFlags::MS_NOEXEC),
+        ("relatime", MsFlags::MS_RELATIME),
+        ("ro", MsFlags::MS_RDONLY),
+    ] {
+        if mount_options.split(',').any(|o| o == name) {
+            flags |= flag;
+        }
+    }
+    let kept: Vec<&str> = super_options
+        .iter()
+        .map(String::as_str)
+        .filter(|o| !matches!(*o, "rw" | "ro" | "favordynmods"))
+        .collect();
+    nix::mount::mount(None::<&str>, point.as_str(), None::<&str>, flags, Some(kept.join(",").as_str()))
+        .unwrap();
+    assert!(!cgroup2_mount().unwrap().2.contains("favordynmods"));
+
+    let off = Daemon::start(&["--favor-cgroup-moves", "off"]);
+    assert!(!off.log().contains("set favordynmods"), "{}", off.log());
+    let doctor = off.json(&["doctor"]);
+    assert!(["waiting", "favored"].contains(&doctor["cgroup_moves"]["state"].as_str().unwrap()), "{doctor}");
+    drop(off);
+
+    let on = Daemon::start(&[]);
+    let (point_now, options_now, super_now) = cgroup2_mount().unwrap();
+    assert_eq!((point_now, options_now), (point.clone(), mount_options));
+    let mut expected = super_options.clone();
+    expected.insert("favordynmods".into());
+    assert_eq!(super_now, expected);
+    let doctor = on.json(&["doctor"]);
+    assert_eq!(doctor["cgroup_moves"]["state"], "favored", "{doctor}");
+    assert_eq!(doctor["cgroup_moves"]["mount"], point.as_str(), "{doctor}");
+    assert!(!doctor["warnings"].to_string().contains("favordynmods"), "{doctor}");
+}
+
 #[test]
 fn cgroup_limits_contain_a_memory_hog_to_its_own_sandbox() {
     if !nix::unistd::geteuid().is_root() {
