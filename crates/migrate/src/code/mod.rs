@@ -787,6 +787,13 @@ fn casts_computed_text_to_time(
                     }
                     j -= 1;
                 }
+                let called = matches!(tokens.get(j.wrapping_sub(1)), Some(Token::Word(_) | Token::Quoted(_)));
+                // A column read in parentheses (`(created_at AT TIME ZONE
+                // 'UTC')`, `(payload->>'at')`) is the data's, which promote
+                // compares: no code computes it.
+                if !called && reads_a_column(&tokens[j + 1..end - 1]) {
+                    return false;
+                }
                 // A time made from numbers, or the clock read outright (which
                 // is judged as such), is no text.
                 !matches!(tokens.get(j.wrapping_sub(1)), Some(Token::Word(f))
@@ -803,21 +810,85 @@ fn casts_computed_text_to_time(
             match open {
                 Some(c) if matches!(tokens.get(c + 1), Some(Token::Other('('))) => {
                     let inner = &tokens[c + 2..i - 1];
-                    !matches!(
-                        inner,
-                        [Token::Constant(_)]
-                            | [Token::Word(_)]
-                            | [Token::Word(_), Token::Other('.'), Token::Word(_)]
-                    ) && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
+                    !matches!(inner, [Token::Constant(_)])
+                        && !reads_a_column(inner)
+                        && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
                 }
                 _ => false,
             }
         }
         // `timestamptz(...)` called as a function (in a definition, a
-        // type's precision: `timestamp(0)`).
-        _ => !definition && matches!(tokens.get(named_at + 1), Some(Token::Other('('))),
+        // type's precision: `timestamp(0)`), on anything but a column
+        // (`date(created_at)` is `created_at::date`).
+        _ => {
+            !definition
+                && matches!(tokens.get(named_at + 1), Some(Token::Other('(')))
+                && !lexer::closing(tokens, named_at + 1)
+                    .is_some_and(|close| reads_a_column(&tokens[named_at + 2..close]))
+        }
     }
 }
+
+/// Whether `tokens` are a column read as the data holds it, which no code
+/// computes: its name (`created_at`, `t.created_at`, quoted or not), then
+/// steps into its JSON by constant keys (`->`, `->>`, `#>`, `#>>`) and a
+/// time zone given as a constant (`AT TIME ZONE 'UTC'`). A word that is a
+/// value of the server's, not a column (`current_user`, `current_date`,
+/// `null`), is none.
+fn reads_a_column(tokens: &[Token]) -> bool {
+    let name = |t: Option<&Token>| match t {
+        Some(Token::Quoted(_)) => true,
+        Some(Token::Word(w)) => {
+            !SERVER_VALUES.contains(&w.as_str())
+                && !TIME_WORDS.contains(&w.as_str())
+                && !environment_function(w)
+        }
+        _ => false,
+    };
+    if !name(tokens.first()) {
+        return false;
+    }
+    let mut i = 1;
+    while tokens.get(i) == Some(&Token::Other('.')) && name(tokens.get(i + 1)) {
+        i += 2;
+    }
+    let key = |t: Option<&Token>| matches!(t, Some(Token::Constant(_) | Token::Number(_)));
+    let op = |at: usize, symbol: &str| {
+        symbol.chars().enumerate().all(|(k, c)| tokens.get(at + k) == Some(&Token::Other(c)))
+    };
+    loop {
+        if i == tokens.len() {
+            return true;
+        }
+        let step = ["->>", "#>>", "->", "#>"].iter().find(|s| op(i, s)).map(|s| s.len());
+        match step {
+            Some(n) if key(tokens.get(i + n)) => i += n + 1,
+            _ if lexer::word(tokens.get(i), "at")
+                && lexer::word(tokens.get(i + 1), "time")
+                && lexer::word(tokens.get(i + 2), "zone")
+                && matches!(tokens.get(i + 3), Some(Token::Constant(_))) =>
+            {
+                i += 4
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// Words PostgreSQL reads as a value of its own where a column could stand.
+const SERVER_VALUES: &[&str] = &[
+    "user",
+    "current_user",
+    "session_user",
+    "current_role",
+    "current_catalog",
+    "current_schema",
+    "system_user",
+    "null",
+    "true",
+    "false",
+    "default",
+];
 
 /// Whether a type's name as `format_type` spells it (or a composite's
 /// fields, a domain's base, a range's subtype) holds a date or time.

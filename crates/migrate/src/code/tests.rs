@@ -102,6 +102,10 @@ fn plain_ddl_and_dml_are_transparent() {
         "SELECT pg_sleep(2); SELECT pg_sleep('0.5')",
         "UPDATE users SET day = created_at::date, t = '2025-01-01'::timestamptz, u = date_trunc('day', created_at)::date",
         "UPDATE users SET d = CAST(created_at AS date), e = CAST('2025-01-01' AS date), f = to_date(s, 'YYYY')::date",
+        // A column read into a time, however written: the data's, not code.
+        "UPDATE users SET day = date(created_at), d = pg_catalog.date(u.\"Created\"), e = date(created_at AT TIME ZONE 'UTC')",
+        "UPDATE users SET day = (created_at AT TIME ZONE 'UTC')::date, at = (payload->>'ts')::timestamptz",
+        "UPDATE users SET at = (u.payload #>> '{a,b}')::timestamptz, d = CAST(payload -> 'x' ->> 0 AS date)",
         "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
         "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
         "UPDATE posts SET body = 'right now', tags = '{news,today-ish}', meta = '{\"when\": \"soon\"}'",
@@ -234,6 +238,14 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE users SET day = CAST(concat('to', 'day') AS pg_catalog.date)", "casts text it computes to date"),
         ("UPDATE users SET day = pg_catalog.date(concat('to', 'day'))", "casts text it computes to date"),
         ("UPDATE users SET r = concat('[no', 'w,)')::tstzrange", "casts text it computes to tstzrange"),
+        // Not a column: text made or a value of the server's.
+        ("UPDATE users SET day = date(concat('to', 'day'))", "casts text it computes to date"),
+        ("UPDATE users SET day = date(created_at || '')", "casts text it computes to date"),
+        ("UPDATE users SET day = (current_user)::date", "casts text it computes to date"),
+        ("UPDATE users SET day = date(session_user)", "casts text it computes to date"),
+        ("UPDATE users SET at = (payload->>concat('t', 's'))::timestamptz", "casts text it computes to timestamptz"),
+        ("UPDATE users SET at = (s AT TIME ZONE zone)::date", "casts text it computes to date"),
+        ("UPDATE users SET at = CAST(lower(s) AS date)", "casts text it computes to date"),
         (
             "UPDATE users SET day = (SELECT d FROM jsonb_to_record(jsonb_build_object('d', concat('to', 'day'))) AS x(d date))",
             "through jsonb_to_record",
