@@ -314,13 +314,16 @@ fn diagnostics(statement: &[Token]) -> Option<()> {
 /// The block's variables: those it declares (before `begin`, at `at`) and
 /// its loops' (`FOR v IN`, `FOREACH v`).
 fn variables(said: &[Token], at: usize) -> BTreeSet<String> {
+    // Quoted or not: PL/pgSQL reads `"v"` as `v`'s name.
     let declared = split(said.get(1..at).unwrap_or_default()).into_iter().filter_map(|d| match d.first() {
-        Some(Token::Word(name)) => Some(name.clone()),
+        Some(Token::Word(name) | Token::Quoted(name)) => Some(name.clone()),
         _ => None,
     });
     let looped = said.windows(3).filter_map(|w| match w {
-        [Token::Word(f), Token::Word(v), Token::Word(i)] if f == "for" && i == "in" => Some(v.clone()),
-        [Token::Word(f), Token::Word(v), _] if f == "foreach" => Some(v.clone()),
+        [Token::Word(f), Token::Word(v) | Token::Quoted(v), Token::Word(i)] if f == "for" && i == "in" => {
+            Some(v.clone())
+        }
+        [Token::Word(f), Token::Word(v) | Token::Quoted(v), _] if f == "foreach" => Some(v.clone()),
         _ => None,
     });
     declared.chain(looped).collect()
@@ -350,7 +353,8 @@ fn opening(said: &[Token], close: usize) -> usize {
 /// computed, which a cast of a name does not show. Casts of columns and
 /// constants are judged as the file's own are.
 fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
-    let variable = |t: &Token| matches!(t, Token::Word(w) if variables.contains(w));
+    // A variable quoted (`"v"`, `"label"."v"`) is the same variable.
+    let variable = |t: &Token| matches!(t, Token::Word(w) | Token::Quoted(w) if variables.contains(w));
     // The tokens inside a call or `CAST (...)` from `open`, its `(`.
     let inside = |open: usize| &said[open + 1..closing(said, open).unwrap_or(said.len()).max(open + 1)];
     // The type a cast names from `k`: words (a schema's too, quoted or

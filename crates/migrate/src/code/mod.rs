@@ -277,6 +277,18 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
         .map(|(name, _)| unqualified(name))
         .chain(catalog.types.iter().filter(|(_, d)| names_a_time(d)).map(|(name, _)| unqualified(name)))
         .collect();
+    // Columns that hold a time of day: given a zone (`AT TIME ZONE`, a cast
+    // into `timetz`), one takes its offset from the date it runs on.
+    let days_clock: BTreeSet<String> = catalog
+        .tables
+        .values()
+        .flat_map(|t| &t.columns)
+        .filter(|c| {
+            let ty = c.type_name.to_ascii_lowercase();
+            ty.starts_with("time") && !ty.starts_with("timestamp")
+        })
+        .map(|c| c.name.clone())
+        .collect();
     // Casts and operators the golden holds run their functions wherever they
     // are used, with no `name(` to see.
     let cast_types: BTreeSet<String> = objects
@@ -615,6 +627,12 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 }
                 continue;
             }
+            if let Some(column) = zones_a_time_of_day(&tokens, i, &days_clock) {
+                why(format!(
+                    "gives {column}, a time of day, a time zone, whose offset PostgreSQL takes from the date it runs on"
+                ));
+                continue;
+            }
             if matches!(token, Token::Word(_) | Token::Quoted(_))
                 && casts_computed_text_to_time(&tokens, i, definition_statement, &time_rows)
             {
@@ -756,7 +774,7 @@ fn casts_computed_text_to_time(
     }
     /// Whether the operand ending at `end` (exclusive) is computed: a
     /// parenthesised group or a call, found back from its `)`.
-    fn operand_computed(tokens: &[Token], end: usize) -> bool {
+    fn operand_computed(tokens: &[Token], end: usize, target: &str) -> bool {
         match tokens.get(end.wrapping_sub(1)) {
             // An element of an array or a slice of one: what it holds may be computed.
             Some(Token::Other(']')) => true,
@@ -766,7 +784,7 @@ fn casts_computed_text_to_time(
                     && tokens[end - 3] == Token::Other(':')
                     && tokens[end - 2] == Token::Other(':') =>
             {
-                operand_computed(tokens, end - 3)
+                operand_computed(tokens, end - 3, target)
             }
             Some(Token::Other(')')) => {
                 let mut depth = 0;
@@ -787,11 +805,16 @@ fn casts_computed_text_to_time(
                     }
                     j -= 1;
                 }
-                let called = matches!(tokens.get(j.wrapping_sub(1)), Some(Token::Word(_) | Token::Quoted(_)));
+                // A group after a keyword (`SELECT (...)`, `WHERE (...)`), not a call.
+                let called = match tokens.get(j.wrapping_sub(1)) {
+                    Some(Token::Word(w)) => !BEFORE_A_GROUP.contains(&w.as_str()),
+                    Some(Token::Quoted(_)) => true,
+                    _ => false,
+                };
                 // A column read in parentheses (`(created_at AT TIME ZONE
                 // 'UTC')`, `(payload->>'at')`) is the data's, which promote
                 // compares: no code computes it.
-                if !called && reads_a_column(&tokens[j + 1..end - 1]) {
+                if !called && reads_a_column(&tokens[j + 1..end - 1], target) {
                     return false;
                 }
                 // A time made from numbers, or the clock read outright (which
@@ -803,7 +826,7 @@ fn casts_computed_text_to_time(
         }
     }
     match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1))) {
-        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2),
+        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2, t),
         (_, Some(Token::Word(w))) if w == "as" => {
             // CAST ( operand AS type ): the operand is all between.
             let open = tokens[..i].iter().rposition(|t| matches!(t, Token::Word(w) if w == "cast"));
@@ -811,7 +834,7 @@ fn casts_computed_text_to_time(
                 Some(c) if matches!(tokens.get(c + 1), Some(Token::Other('('))) => {
                     let inner = &tokens[c + 2..i - 1];
                     !matches!(inner, [Token::Constant(_)])
-                        && !reads_a_column(inner)
+                        && !reads_a_column(inner, t)
                         && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
                 }
                 _ => false,
@@ -824,18 +847,61 @@ fn casts_computed_text_to_time(
             !definition
                 && matches!(tokens.get(named_at + 1), Some(Token::Other('(')))
                 && !lexer::closing(tokens, named_at + 1)
-                    .is_some_and(|close| reads_a_column(&tokens[named_at + 2..close]))
+                    .is_some_and(|close| reads_a_column(&tokens[named_at + 2..close], t))
         }
     }
 }
 
-/// Whether `tokens` are a column read as the data holds it, which no code
-/// computes: its name (`created_at`, `t.created_at`, quoted or not), then
-/// steps into its JSON by constant keys (`->`, `->>`, `#>`, `#>>`) and a
-/// time zone given as a constant (`AT TIME ZONE 'UTC'`). A word that is a
-/// value of the server's, not a column (`current_user`, `current_date`,
-/// `null`), is none.
-fn reads_a_column(tokens: &[Token]) -> bool {
+/// The golden column holding a time of day that the word at `i` gives a
+/// zone: `column AT TIME ZONE ...`, `column::timetz`, `CAST(column AS
+/// timetz)`, `timetz(column)` (a table's or alias's name before it or not).
+fn zones_a_time_of_day(tokens: &[Token], i: usize, days_clock: &BTreeSet<String>) -> Option<String> {
+    let column = |t: Option<&Token>| match t {
+        Some(Token::Word(w) | Token::Quoted(w)) if days_clock.contains(w) => Some(w.clone()),
+        _ => None,
+    };
+    let zone = lexer::word(tokens.get(i), "at")
+        && lexer::word(tokens.get(i + 1), "time")
+        && lexer::word(tokens.get(i + 2), "zone");
+    if zone {
+        return column(tokens.get(i.wrapping_sub(1)));
+    }
+    let timetz = lexer::word(tokens.get(i), "timetz")
+        || (lexer::word(tokens.get(i), "time")
+            && lexer::word(tokens.get(i + 1), "with")
+            && lexer::word(tokens.get(i + 2), "time"));
+    if !timetz {
+        return None;
+    }
+    match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1)), tokens.get(i + 1)) {
+        (Some(Token::Other(':')), Some(Token::Other(':')), _) => column(tokens.get(i.wrapping_sub(3))),
+        (_, Some(Token::Word(w)), _) if w == "as" => column(tokens.get(i.wrapping_sub(2))),
+        (_, _, Some(Token::Other('('))) => {
+            column(tokens.get(i + 2)).filter(|_| tokens.get(i + 3) == Some(&Token::Other(')')))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `tokens`, cast into `target`, are a column read as the data
+/// holds it, which no code computes: its name (`created_at`,
+/// `t.created_at`, quoted or not), in parentheses or not, then steps into
+/// its JSON by constant keys (`->`, `->>`, `#>`, `#>>`), casts into a date
+/// or timestamp, and a time zone named outright (`AT TIME ZONE 'UTC'`,
+/// `'Europe/Paris'`). Not a word that is a value of the server's
+/// (`current_user`, `current_date`, `null`); not a zone that is a setting
+/// (`'localtime'`, the host's; an abbreviation, read by
+/// `timezone_abbreviations`); and no zone at all into a time of day
+/// (`time`, `timetz`), whose zone's offset PostgreSQL takes from the date
+/// it runs on.
+fn reads_a_column(tokens: &[Token], target: &str) -> bool {
+    let mut tokens = tokens;
+    while let [Token::Other('('), inner @ .., Token::Other(')')] = tokens {
+        if lexer::closing(tokens, 0) != Some(tokens.len() - 1) {
+            break;
+        }
+        tokens = inner;
+    }
     let name = |t: Option<&Token>| match t {
         Some(Token::Quoted(_)) => true,
         Some(Token::Word(w)) => {
@@ -852,7 +918,7 @@ fn reads_a_column(tokens: &[Token]) -> bool {
     while tokens.get(i) == Some(&Token::Other('.')) && name(tokens.get(i + 1)) {
         i += 2;
     }
-    let key = |t: Option<&Token>| matches!(t, Some(Token::Constant(_) | Token::Number(_)));
+    let of_day = matches!(target, "time" | "timetz");
     let op = |at: usize, symbol: &str| {
         symbol.chars().enumerate().all(|(k, c)| tokens.get(at + k) == Some(&Token::Other(c)))
     };
@@ -860,20 +926,72 @@ fn reads_a_column(tokens: &[Token]) -> bool {
         if i == tokens.len() {
             return true;
         }
-        let step = ["->>", "#>>", "->", "#>"].iter().find(|s| op(i, s)).map(|s| s.len());
-        match step {
-            Some(n) if key(tokens.get(i + n)) => i += n + 1,
-            _ if lexer::word(tokens.get(i), "at")
-                && lexer::word(tokens.get(i + 1), "time")
-                && lexer::word(tokens.get(i + 2), "zone")
-                && matches!(tokens.get(i + 3), Some(Token::Constant(_))) =>
-            {
-                i += 4
+        if let Some(n) = ["->>", "#>>", "->", "#>"].iter().find(|s| op(i, s)).map(|s| s.len()) {
+            i += n;
+            if tokens.get(i) == Some(&Token::Other('-')) {
+                i += 1;
             }
-            _ => return false,
+            if !matches!(tokens.get(i), Some(Token::Constant(_) | Token::Number(_))) {
+                return false;
+            }
+            i += 1;
+        } else if op(i, "::")
+            && matches!(tokens.get(i + 2), Some(Token::Word(w)) if matches!(w.as_str(), "date" | "timestamp" | "timestamptz"))
+        {
+            i += 3;
+        } else if lexer::word(tokens.get(i), "at")
+            && lexer::word(tokens.get(i + 1), "time")
+            && lexer::word(tokens.get(i + 2), "zone")
+            && !of_day
+            && matches!(tokens.get(i + 3), Some(Token::Constant(zone)) if named_outright(zone))
+        {
+            i += 4;
+        } else {
+            return false;
         }
     }
 }
+
+/// Whether a time zone's name says its rules itself: UTC, or a region's
+/// (`Europe/Paris`). Not `localtime` (the host's own zone) nor an
+/// abbreviation (`EST`, read by the `timezone_abbreviations` setting).
+fn named_outright(zone: &str) -> bool {
+    let zone = zone.trim();
+    matches!(zone.to_ascii_uppercase().as_str(), "UTC" | "GMT" | "Z" | "ETC/UTC")
+        || (zone.contains('/')
+            && !zone.contains("..")
+            && !zone.to_ascii_lowercase().contains("localtime")
+            && zone.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '+')))
+}
+
+/// Words after which a `(` opens a group of an expression, not a call.
+const BEFORE_A_GROUP: &[&str] = &[
+    "select",
+    "where",
+    "and",
+    "or",
+    "not",
+    "then",
+    "else",
+    "when",
+    "by",
+    "returning",
+    "having",
+    "on",
+    "case",
+    "return",
+    "distinct",
+    "in",
+    "using",
+    "set",
+    "values",
+    "is",
+    "between",
+    "like",
+    "ilike",
+    "with",
+    "as",
+];
 
 /// Words PostgreSQL reads as a value of its own where a column could stand.
 const SERVER_VALUES: &[&str] = &[

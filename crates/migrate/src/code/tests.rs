@@ -22,6 +22,10 @@ fn why(sql: &str) -> Vec<String> {
             "public.checked": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
                                "constraints": {"c": "CHECK (public.rotate_keys(a) > 0)"}},
             "public.kv": {"kind": "table", "columns": [], "indexes": {}, "triggers": {}, "constraints": {}},
+            "public.clocked": {"kind": "table", "columns": [
+                {"name": "t", "type": "time without time zone", "nullable": true, "default": null},
+                {"name": "ttz", "type": "time with time zone", "nullable": true, "default": null}],
+                "constraints": {}, "indexes": {}, "triggers": {}},
             "public.stamped": {"kind": "table", "columns": [{"name": "at", "type": "timestamp with time zone", "nullable": true}],
                                "indexes": {}, "triggers": {}, "constraints": {}},
             "public.owned": {"kind": "table", "columns": [], "indexes": {}, "triggers": {},
@@ -106,6 +110,14 @@ fn plain_ddl_and_dml_are_transparent() {
         "UPDATE users SET day = date(created_at), d = pg_catalog.date(u.\"Created\"), e = date(created_at AT TIME ZONE 'UTC')",
         "UPDATE users SET day = (created_at AT TIME ZONE 'UTC')::date, at = (payload->>'ts')::timestamptz",
         "UPDATE users SET at = (u.payload #>> '{a,b}')::timestamptz, d = CAST(payload -> 'x' ->> 0 AS date)",
+        "UPDATE users SET d = (created_at AT TIME ZONE 'Europe/Paris')::date, e = (payload -> -1 ->> 'ts')::date",
+        // ... wherever the cast stands, and through parentheses or a cast into a time.
+        "SELECT (created_at)::date FROM users GROUP BY (created_at AT TIME ZONE 'UTC')::date",
+        "INSERT INTO days (d) SELECT (payload->>'ts')::date FROM users WHERE a AND (o.payload->>'d')::date = users.d",
+        "DELETE FROM users WHERE (payload->>'ts')::timestamptz < '2020-01-01' RETURNING (payload->>'ts')::date",
+        "UPDATE users SET d = CASE WHEN a THEN (payload->>'d')::date ELSE (created_at AT TIME ZONE 'UTC')::date END",
+        "UPDATE users SET d = date(created_at::timestamp), e = (created_at::timestamptz AT TIME ZONE 'UTC')::date",
+        "UPDATE users SET d = ((payload->>'ts'))::date, e = CAST((payload->>'ts') AS date)",
         "ALTER TABLE users ALTER COLUMN at TYPE timestamp(0), ADD COLUMN d date",
         "BEGIN; SET LOCAL lock_timeout = '1s'; ALTER TABLE users ADD COLUMN e int; COMMIT;",
         "UPDATE posts SET body = 'right now', tags = '{news,today-ish}', meta = '{\"when\": \"soon\"}'",
@@ -246,6 +258,17 @@ fn code_that_can_look_around_is_opaque() {
         ("UPDATE users SET at = (payload->>concat('t', 's'))::timestamptz", "casts text it computes to timestamptz"),
         ("UPDATE users SET at = (s AT TIME ZONE zone)::date", "casts text it computes to date"),
         ("UPDATE users SET at = CAST(lower(s) AS date)", "casts text it computes to date"),
+        // A zone that is a setting, or a zone given to a time of day.
+        ("UPDATE users SET d = (created_at AT TIME ZONE 'localtime')::date", "casts text it computes to date"),
+        ("UPDATE users SET d = (created_at AT TIME ZONE 'EST')::date", "casts text it computes to date"),
+        ("UPDATE users SET t2 = (created_at AT TIME ZONE 'UTC')::time", "casts text it computes to time"),
+        ("UPDATE users SET t2 = CAST(ttz AT TIME ZONE 'America/New_York' AS time)", "casts text it computes to time"),
+        ("UPDATE clocked SET t2 = ttz AT TIME ZONE 'America/New_York'", "gives ttz, a time of day, a time zone"),
+        ("UPDATE clocked SET t2 = (t AT TIME ZONE 'UTC')::time", "gives t, a time of day, a time zone"),
+        ("UPDATE clocked SET t2 = timetz(t)", "gives t, a time of day, a time zone"),
+        ("UPDATE clocked SET t2 = c.t::timetz FROM clocked c", "gives t, a time of day, a time zone"),
+        ("UPDATE clocked SET t2 = CAST(t AS time with time zone)", "gives t, a time of day, a time zone"),
+        ("UPDATE users SET at = (SELECT (c.t)::date FROM (SELECT concat('to', 'day') AS t) c WHERE (now()) IS NOT NULL)", "now()"),
         (
             "UPDATE users SET day = (SELECT d FROM jsonb_to_record(jsonb_build_object('d', concat('to', 'day'))) AS x(d date))",
             "through jsonb_to_record",
@@ -444,6 +467,13 @@ fn a_do_block_of_plain_plpgsql_is_what_it_runs() {
         "DO $$ DECLARE v text := concat('(yester', 'day)'); BEGIN UPDATE users SET at = (v::stamped).at; END $$",
         "DO $$ DECLARE r record; BEGIN FOR r IN SELECT concat('to', 'day') AS t LOOP UPDATE users SET day = r.t::date; END LOOP; END $$",
         "DO $$ DECLARE v text := concat('to', 'day'); BEGIN UPDATE users SET day = (v || '')::text::\"date\"; END $$",
+        // Quoted, a variable is the same variable.
+        "DO $$ DECLARE v text := concat('no','w'); BEGIN UPDATE users SET at = CAST(\"v\" AS timestamptz); END $$",
+        "DO $$ DECLARE v text := concat('no','w'); BEGIN UPDATE users SET d = date(\"v\"); END $$",
+        "DO $$ DECLARE j jsonb := jsonb_build_object('ts', concat('no','w')); BEGIN UPDATE users SET at = (\"j\"->>'ts')::timestamptz; END $$",
+        "DO $$ DECLARE r record; BEGIN FOR r IN SELECT concat('no','w') AS t LOOP UPDATE users SET at = (\"r\".t)::timestamptz; END LOOP; END $$",
+        "DO $$ <<b>> DECLARE v text := concat('no','w'); BEGIN UPDATE users SET d = date(\"b\".\"v\"); END $$",
+        "DO $$ DECLARE \"V\" text := concat('no','w'); BEGIN UPDATE users SET d = date(\"V\"); END $$",
         "DO $$ BEGIN NULL; $$",
     ] {
         let found = why(sql);
