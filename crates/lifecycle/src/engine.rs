@@ -162,6 +162,11 @@ fn favor_cgroup_moves() {
         Ok(CgroupMoves::Favored { mount }) if !matches!(before, CgroupMoves::Favored { .. }) => {
             tracing::info!(mount = %mount.display(), "set favordynmods on the host's cgroup2 mount: a server's move into its cgroups no longer waits for the kernel (--favor-cgroup-moves off leaves the host as it is)");
         }
+        // Remounted, yet not set: the kernel applies the option only from the
+        // host's own cgroup namespace (a daemon in a container is not there).
+        Ok(CgroupMoves::Waiting { mount }) => {
+            tracing::warn!(mount = %mount.display(), "the host's cgroup2 mount kept no favordynmods (set it from the host's cgroup namespace): each cold fork waits for the kernel to move its server into its cgroups")
+        }
         Ok(_) => {}
         Err(e) => {
             tracing::warn!(error = %e, "could not set favordynmods on the host's cgroup2 mount: each cold fork waits for the kernel to move its server into its cgroups")
