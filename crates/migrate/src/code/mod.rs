@@ -117,7 +117,7 @@ pub fn opaque(statements: &[Statement], catalog: &Catalog) -> Vec<Opaque> {
             }
         }
     }
-    opaque_with(&blocks_read(statements), catalog, &plain)
+    opaque_with(&blocks_read(statements), catalog, &plain, true)
 }
 
 /// Whether the runner runs `sql` outside a transaction block.
@@ -174,7 +174,9 @@ fn plain_functions(catalog: &Catalog) -> BTreeSet<String> {
             }
         }
     }
-    opaque_bodies.extend(opaque_with(&statements, catalog, &BTreeSet::new()).into_iter().map(|o| o.line));
+    // In a body a name may be a parameter, whose text the caller computes.
+    opaque_bodies
+        .extend(opaque_with(&statements, catalog, &BTreeSet::new(), false).into_iter().map(|o| o.line));
     let plain_keys: BTreeSet<&String> =
         keys.iter().enumerate().filter(|(i, _)| !opaque_bodies.contains(&(i + 1))).map(|(_, k)| *k).collect();
     let mut plain: BTreeMap<String, bool> = BTreeMap::new();
@@ -184,8 +186,14 @@ fn plain_functions(catalog: &Catalog) -> BTreeSet<String> {
     plain.into_iter().filter(|(_, p)| *p).map(|(name, _)| name).collect()
 }
 
-/// [`opaque`], with the golden's functions named in `plain` taken as plain SQL.
-fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<String>) -> Vec<Opaque> {
+/// [`opaque`], with the golden's functions named in `plain` taken as plain
+/// SQL; `names_are_columns` where no name can be a function's parameter.
+fn opaque_with(
+    statements: &[Statement],
+    catalog: &Catalog,
+    plain: &BTreeSet<String>,
+    names_are_columns: bool,
+) -> Vec<Opaque> {
     let mut functions: BTreeSet<String> =
         catalog.functions.keys().map(|k| function_name(k)).filter(|f| !plain.contains(f)).collect();
     // Sequences, read as relations (`SELECT last_value FROM s`): their
@@ -634,7 +642,13 @@ fn opaque_with(statements: &[Statement], catalog: &Catalog, plain: &BTreeSet<Str
                 continue;
             }
             if matches!(token, Token::Word(_) | Token::Quoted(_))
-                && casts_computed_text_to_time(&tokens, i, definition_statement, &time_rows)
+                && casts_computed_text_to_time(
+                    &tokens,
+                    i,
+                    definition_statement,
+                    names_are_columns,
+                    &time_rows,
+                )
             {
                 why(format!("casts text it computes to {name}: text can be the clock ('now')"));
                 continue;
@@ -756,8 +770,12 @@ fn casts_computed_text_to_time(
     tokens: &[Token],
     i: usize,
     definition: bool,
+    names_are_columns: bool,
     time_rows: &BTreeSet<String>,
 ) -> bool {
+    // In a function's body, a name may be a parameter: only the bare forms
+    // (`p::date`, `CAST(p AS date)`) pass there, as they always have.
+    let column = |operand: &[Token], target: &str| names_are_columns && reads_a_column(operand, target);
     let Some(Token::Word(t) | Token::Quoted(t)) = tokens.get(i) else { return false };
     let named_at = i;
     // A qualified name (`pg_catalog.date`, `public.users`) is cast to as
@@ -774,7 +792,12 @@ fn casts_computed_text_to_time(
     }
     /// Whether the operand ending at `end` (exclusive) is computed: a
     /// parenthesised group or a call, found back from its `)`.
-    fn operand_computed(tokens: &[Token], end: usize, target: &str) -> bool {
+    fn operand_computed(
+        tokens: &[Token],
+        end: usize,
+        target: &str,
+        column: &dyn Fn(&[Token], &str) -> bool,
+    ) -> bool {
         match tokens.get(end.wrapping_sub(1)) {
             // An element of an array or a slice of one: what it holds may be computed.
             Some(Token::Other(']')) => true,
@@ -784,7 +807,7 @@ fn casts_computed_text_to_time(
                     && tokens[end - 3] == Token::Other(':')
                     && tokens[end - 2] == Token::Other(':') =>
             {
-                operand_computed(tokens, end - 3, target)
+                operand_computed(tokens, end - 3, target, column)
             }
             Some(Token::Other(')')) => {
                 let mut depth = 0;
@@ -814,7 +837,7 @@ fn casts_computed_text_to_time(
                 // A column read in parentheses (`(created_at AT TIME ZONE
                 // 'UTC')`, `(payload->>'at')`) is the data's, which promote
                 // compares: no code computes it.
-                if !called && reads_a_column(&tokens[j + 1..end - 1], target) {
+                if !called && column(&tokens[j + 1..end - 1], target) {
                     return false;
                 }
                 // A time made from numbers, or the clock read outright (which
@@ -826,7 +849,7 @@ fn casts_computed_text_to_time(
         }
     }
     match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1))) {
-        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2, t),
+        (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2, t, &column),
         (_, Some(Token::Word(w))) if w == "as" => {
             // CAST ( operand AS type ): the operand is all between.
             let open = tokens[..i].iter().rposition(|t| matches!(t, Token::Word(w) if w == "cast"));
@@ -834,7 +857,12 @@ fn casts_computed_text_to_time(
                 Some(c) if matches!(tokens.get(c + 1), Some(Token::Other('('))) => {
                     let inner = &tokens[c + 2..i - 1];
                     !matches!(inner, [Token::Constant(_)])
-                        && !reads_a_column(inner, t)
+                        && !column(inner, t)
+                        && !(!names_are_columns
+                            && matches!(
+                                inner,
+                                [Token::Word(_)] | [Token::Word(_), Token::Other('.'), Token::Word(_)]
+                            ))
                         && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
                 }
                 _ => false,
@@ -847,7 +875,7 @@ fn casts_computed_text_to_time(
             !definition
                 && matches!(tokens.get(named_at + 1), Some(Token::Other('(')))
                 && !lexer::closing(tokens, named_at + 1)
-                    .is_some_and(|close| reads_a_column(&tokens[named_at + 2..close], t))
+                    .is_some_and(|close| column(&tokens[named_at + 2..close], t))
         }
     }
 }

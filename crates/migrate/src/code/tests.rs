@@ -319,7 +319,8 @@ fn why_with_bodies(sql: &str, bodies: bool) -> Vec<String> {
         },
         "views": {},
         "functions": {"public.norm(text)": "a", "public.stamp(text)": "b", "public.chain(text)": "c",
-                      "public.mixed(integer)": "d", "public.mixed(text)": "e"},
+                      "public.mixed(integer)": "d", "public.mixed(text)": "e",
+                      "public.day_of(text)": "f", "public.at_of(jsonb)": "g"},
         "sequences": {}, "types": {}, "extensions": {}
     }))
     .unwrap();
@@ -330,6 +331,9 @@ fn why_with_bodies(sql: &str, bodies: bool) -> Vec<String> {
                 ("public.stamp(text)", "SELECT $1 || now()"),
                 ("public.chain(text)", "SELECT norm($1)"),
                 ("public.mixed(integer)", "SELECT $1 + 1"),
+                // A parameter's name reads like a column's, but its text is the caller's.
+                ("public.day_of(text)", "SELECT date(p)"),
+                ("public.at_of(jsonb)", "SELECT (p->>'ts')::timestamptz"),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -356,6 +360,9 @@ fn a_golden_function_of_plain_sql_runs_no_code_a_test_could_tell_from_production
         ("SELECT chain('a')", "calls chain()"),
         // One of its overloads is not written in SQL.
         ("SELECT mixed(1)", "calls mixed()"),
+        // Its body casts a parameter into a time.
+        ("SELECT day_of(concat('to', 'day'))", "calls day_of()"),
+        ("SELECT at_of(jsonb_build_object('ts', concat('no', 'w')))", "calls at_of()"),
         // Replaced or altered by the file: its code is the file's now.
         (
             "CREATE OR REPLACE FUNCTION norm(t text) RETURNS text LANGUAGE sql AS $$ SELECT t || now() $$;\nINSERT INTO normed (name) VALUES ('A')",
