@@ -851,10 +851,23 @@ fn casts_computed_text_to_time(
     match (tokens.get(i.wrapping_sub(2)), tokens.get(i.wrapping_sub(1))) {
         (Some(Token::Other(':')), Some(Token::Other(':'))) => operand_computed(tokens, i - 2, t, &column),
         (_, Some(Token::Word(w))) if w == "as" => {
-            // CAST ( operand AS type ): the operand is all between.
-            let open = tokens[..i].iter().rposition(|t| matches!(t, Token::Word(w) if w == "cast"));
-            match open {
-                Some(c) if matches!(tokens.get(c + 1), Some(Token::Other('('))) => {
+            // CAST ( operand AS type ): the operand is all between, from the
+            // group that holds this `AS` (not a `cast` named as an alias in it).
+            let mut depth = 0usize;
+            let open = (0..i.saturating_sub(1)).rev().find(|&j| match tokens[j] {
+                Token::Other(')') => {
+                    depth += 1;
+                    false
+                }
+                Token::Other('(') if depth == 0 => true,
+                Token::Other('(') => {
+                    depth -= 1;
+                    false
+                }
+                _ => false,
+            });
+            match open.and_then(|o| o.checked_sub(1)) {
+                Some(c) if lexer::word(tokens.get(c), "cast") => {
                     let inner = &tokens[c + 2..i - 1];
                     !matches!(inner, [Token::Constant(_)])
                         && !column(inner, t)
@@ -872,10 +885,18 @@ fn casts_computed_text_to_time(
         // type's precision: `timestamp(0)`), on anything but a column
         // (`date(created_at)` is `created_at::date`).
         _ => {
-            !definition
-                && matches!(tokens.get(named_at + 1), Some(Token::Other('(')))
-                && !lexer::closing(tokens, named_at + 1)
-                    .is_some_and(|close| column(&tokens[named_at + 2..close], t))
+            let Some(close) = lexer::closing(tokens, named_at + 1)
+                .filter(|_| tokens.get(named_at + 1) == Some(&Token::Other('(')))
+            else {
+                return false;
+            };
+            let arguments = &tokens[named_at + 2..close];
+            // A type's precision (`timestamp(0)`, in a definition or a cast), not a call.
+            let precision = matches!(arguments, [Token::Number(_)]);
+            // A time made from numbers, or the clock read outright (judged as such).
+            let made = matches!(arguments.first(), Some(Token::Word(f))
+                if TIME_MAKERS.contains(&f.as_str()) || TIME_WORDS.contains(&f.as_str()));
+            !precision && !made && !(definition && arguments.is_empty()) && !column(arguments, t)
         }
     }
 }
@@ -1126,12 +1147,23 @@ fn reads_the_clock(text: &str) -> bool {
                 TIME_CONSTANTS.contains(w)
                     || ["am", "pm", "utc", "gmt", "z", "at", "allballs"].contains(w)
                     || w.chars().all(|c| c.is_ascii_digit() || ":.+-/".contains(c))
+                    // A zone after it: `'today EST'`, `'tomorrow Europe/Berlin'`.
+                    || ZONE_ABBREVIATIONS.contains(w)
+                    || (w.contains('/') && w.chars().all(|c| c.is_ascii_alphanumeric() || "/_+-".contains(c)))
             })
     };
     alone(text)
         || (text.trim_start().starts_with(['{', '[', '('])
             && text.split(['{', '}', '[', ']', '(', ')', ',', ':', '"', '\\']).any(|piece| alone(piece)))
 }
+
+/// Time zones' abbreviations PostgreSQL reads by default, as a special
+/// date's zone (`'today EST'`).
+const ZONE_ABBREVIATIONS: &[&str] = &[
+    "est", "edt", "cst", "cdt", "mst", "mdt", "pst", "pdt", "akst", "akdt", "hst", "ast", "adt", "nst",
+    "ndt", "cet", "cest", "eet", "eest", "wet", "west", "bst", "ist", "msk", "jst", "kst", "hkt", "sgt",
+    "aest", "aedt", "acst", "acdt", "awst", "nzst", "nzdt", "sast", "ut",
+];
 
 /// Whether the token at `i` is part of a column's default in a definition
 /// that only computes a value from the clock or chance (`ADD COLUMN at
