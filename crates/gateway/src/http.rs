@@ -59,11 +59,6 @@ fn digest(token: &str) -> String {
     airlock_core::secret::hex(&Sha256::digest(token.as_bytes()))
 }
 
-/// The sandbox a gateway request's token is bound to, put in the request's
-/// extensions by the token check for the tool handler to read.
-#[derive(Debug, Clone)]
-pub struct BoundSandbox(pub String);
-
 /// The token in a gateway path (`/mcp/TOKEN`).
 fn token_of(path: &str) -> Option<&str> {
     path.strip_prefix("/mcp/").filter(|t| !t.is_empty() && !t.contains('/'))
@@ -180,7 +175,8 @@ impl Drop for AtWork {
 /// Answers 429 to a sandbox's request past its [`IN_FLIGHT_PER_SANDBOX`]; the
 /// count covers the request until its answer is written.
 async fn its_share(State(in_flight): State<Arc<InFlight>>, request: Request, next: Next) -> Response {
-    let sandbox = request.extensions().get::<BoundSandbox>().map(|b| b.0.clone()).unwrap_or_default();
+    let sandbox =
+        request.extensions().get::<super::mcp::BoundSandbox>().map(|b| b.0.clone()).unwrap_or_default();
     let Some(at_work) = in_flight.begin(&sandbox) else {
         let message = format!(
             "this sandbox already has {IN_FLIGHT_PER_SANDBOX} requests at work on the gateway; wait for one to answer"
@@ -202,7 +198,7 @@ async fn its_share(State(in_flight): State<Arc<InFlight>>, request: Request, nex
 async fn known_token(State(engine): State<Arc<Engine>>, mut request: Request, next: Next) -> Response {
     match token_of(request.uri().path()).and_then(|t| sandbox_for(&engine, t).ok()) {
         Some(sandbox) => {
-            request.extensions_mut().insert(BoundSandbox(sandbox));
+            request.extensions_mut().insert(super::mcp::BoundSandbox(sandbox));
             next.run(request).await
         }
         None => StatusCode::NOT_FOUND.into_response(),

@@ -17,6 +17,12 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_lifecycle::engine::Engine;
 use airlock_listen::client::Client;
 
+/// The sandbox a gateway request's token is bound to, put in the request's
+/// extensions by the transport's token check (`http.rs`) for the tool
+/// handler here to read.
+#[derive(Debug, Clone)]
+pub struct BoundSandbox(pub String);
+
 /// Which sandbox a tool call goes to, and how.
 #[derive(Clone)]
 enum Target {
@@ -62,8 +68,8 @@ impl Gateway {
         match &self.target {
             Target::Grant(on) => on.call(tool, args).await,
             Target::Token(engine) => {
-                let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
-                let super::http::BoundSandbox(sandbox) = bound.ok_or_else(gone)?;
+                let bound = parts.and_then(|p| p.extensions.get::<BoundSandbox>());
+                let BoundSandbox(sandbox) = bound.ok_or_else(gone)?;
                 tools::call(engine, sandbox, tool, &args, tools::Via::McpHttp).await
             }
             Target::Daemon { client, sandbox, .. } => {
@@ -83,8 +89,8 @@ impl Gateway {
         match &self.target {
             Target::Grant(_) => (true, false),
             Target::Token(engine) => {
-                let bound = parts.and_then(|p| p.extensions.get::<super::http::BoundSandbox>());
-                let Some(super::http::BoundSandbox(id)) = bound else { return (true, false) };
+                let bound = parts.and_then(|p| p.extensions.get::<BoundSandbox>());
+                let Some(BoundSandbox(id)) = bound else { return (true, false) };
                 let postgres = engine
                     .store()
                     .sandbox(id)

@@ -8,6 +8,7 @@
 
 pub mod beneath;
 pub mod btrfs;
+pub mod clone;
 pub mod stock;
 pub mod tree;
 pub mod volume;
@@ -102,7 +103,7 @@ impl Cloner {
         let _ = fs::remove_file(&src);
         let _ = fs::remove_file(&dst);
         fs::write(&src, b"airlock reflink probe")?;
-        let cloned = tree::reflink_file(&src, &dst).is_ok();
+        let cloned = clone::reflink_file(&src, &dst).is_ok();
         let _ = fs::remove_file(&src);
         let _ = fs::remove_file(&dst);
         let filesystem = filesystem_name(volume);
@@ -150,7 +151,7 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
-        tree::clone_tree(src, dst, &self.spec(owner, source_owner, &[]))
+        clone::clone_tree(src, dst, &self.spec(owner, source_owner, &[]))
     }
 
     /// [`Cloner::clone_tree`] shaped by `shape`: some directories left empty,
@@ -163,16 +164,16 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
         shape: &Shape<'_>,
-    ) -> std::io::Result<(u64, tree::Deferred)> {
+    ) -> std::io::Result<(u64, clone::Deferred)> {
         let skip: Vec<&str> = SKIP.iter().chain(shape.skip).copied().collect();
-        let spec = tree::CloneSpec {
+        let spec = clone::CloneSpec {
             hollow: shape.hollow,
             deferred: shape.deferred,
             renamed: shape.renamed,
             skip: &skip,
             ..self.spec(owner, source_owner, &[])
         };
-        tree::clone_tree_deferring(src, dst, &spec)
+        clone::clone_tree_deferring(src, dst, &spec)
     }
 
     /// How this volume clones: reflinks where it can, WAL in a subvolume of its
@@ -182,13 +183,13 @@ impl Cloner {
         owner: Option<&'a Identity>,
         source_owner: Option<nix::unistd::Uid>,
         only: &'a [&'a str],
-    ) -> tree::CloneSpec<'a> {
+    ) -> clone::CloneSpec<'a> {
         let (contents, subvolumes): (_, &[&str]) = match self.backend {
-            Backend::Reflink => (tree::Contents::Reflink, &[]),
-            Backend::Subvolume => (tree::Contents::Reflink, &["pg_wal"]),
-            Backend::Copy => (tree::Contents::Copy, &[]),
+            Backend::Reflink => (clone::Contents::Reflink, &[]),
+            Backend::Subvolume => (clone::Contents::Reflink, &["pg_wal"]),
+            Backend::Copy => (clone::Contents::Copy, &[]),
         };
-        tree::CloneSpec {
+        clone::CloneSpec {
             contents,
             owner,
             source_owner,
@@ -216,7 +217,7 @@ impl Cloner {
         owner: Option<&Identity>,
         source_owner: Option<nix::unistd::Uid>,
     ) -> std::io::Result<u64> {
-        let files = tree::clone_tree(src, dst, &self.spec(owner, source_owner, DATA_ENTRIES))?;
+        let files = clone::clone_tree(src, dst, &self.spec(owner, source_owner, DATA_ENTRIES))?;
         let configured = CONFIG_FILES.iter().try_for_each(|name| {
             let text = std::fs::read(config.join(name)).unwrap_or_default();
             tree::write_new(&dst.join(name), &text, 0o600, owner)

@@ -9,7 +9,7 @@ use super::{At, Credential, Held, Launch, Stop, StoreKind};
 use crate::sandbox::Steps;
 use airlock_core::error::Result;
 use airlock_core::layout::InstanceDir;
-use airlock_host::storage::tree::Deferred;
+use airlock_host::storage::clone::Deferred;
 
 /// Files in the sandbox's own directory, owned by its `exec` user.
 pub struct Files;

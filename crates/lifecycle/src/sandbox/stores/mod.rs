@@ -26,7 +26,7 @@ use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::Network;
 use airlock_host::gate::Gate;
-use airlock_host::storage::{tree::Deferred, Shape};
+use airlock_host::storage::{clone::Deferred, Shape};
 use airlock_host::users::Identity;
 
 pub use airlock_postgres::admin::Ending;

@@ -12,7 +12,7 @@ use crate::sandbox::{ms, Access, Steps};
 use airlock_core::dsn::DATABASE;
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
-use airlock_host::storage::{tree::Deferred, Shape};
+use airlock_host::storage::{clone::Deferred, Shape};
 use airlock_postgres::admin::{self, Admin};
 use airlock_postgres::instance;
 

@@ -10,7 +10,7 @@ use crate::engine::Engine;
 use crate::sandbox::{Mode, Steps};
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
-use airlock_host::storage::tree::Deferred;
+use airlock_host::storage::clone::Deferred;
 use airlock_redis::server::{self, Admin};
 
 /// A Redis server on the sandbox's private socket ([`airlock_redis`]).
