@@ -36,6 +36,9 @@ pub enum Target {
     },
 }
 
+/// The body of a request that sends none ([`Client::call`]).
+pub const NO_BODY: Option<&()> = None;
+
 /// A client of one daemon.
 #[derive(Debug, Clone)]
 pub struct Client {

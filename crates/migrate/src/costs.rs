@@ -11,7 +11,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
-use super::scale::{TableSize, STATS_SQL};
+use super::sizes::{TableSize, STATS_SQL};
 use airlock_core::error::{Error, Result};
 
 /// Per-row costs measured on a fork of the golden, microseconds per row.

@@ -50,6 +50,7 @@ mod second_fork;
 mod sequence_owners;
 mod set_back;
 mod shadowed;
+pub mod sizes;
 mod stopped;
 pub mod verify;
 mod view_rows;

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use super::client::Client;
 use super::protocol::{self, BackendKey, ErrorResponse};
-use super::session::Client;
 use airlock_core::error::Result;
 use airlock_core::secret::{hex, unhex};
 

@@ -11,6 +11,7 @@
 //! at most [`RouterConfig::max_connections`] connections are open at once.
 
 mod backend;
+mod client;
 pub mod connections;
 pub mod elsewhere;
 mod handoff;

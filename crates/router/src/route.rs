@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
 
 use super::backend::{self, Backend, LoginError};
+use super::client::Client;
 use super::protocol::{self, ErrorResponse, PacketError, Startup};
 use super::scram;
-use super::session::Client;
 use super::Shared;
 use airlock_core::clock::Timestamp;
 use airlock_core::events::{EventKind, NewEvent};

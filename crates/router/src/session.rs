@@ -6,14 +6,13 @@
 
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
-use std::pin::Pin;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::backend::{self, Backend, LoginError};
+use super::client::Client;
 use super::elsewhere::{Door, Header, RelayStream, Remote};
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
@@ -25,48 +24,6 @@ use airlock_core::error::ErrorCode;
 use airlock_core::events::EventKind;
 use airlock_lifecycle::sandbox::{self, Sandbox, SandboxState};
 use airlock_postgres::scram::Verifier;
-
-/// A client stream, plaintext or TLS.
-pub(super) enum Client {
-    Plain(TcpStream),
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
-}
-
-impl AsyncRead for Client {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Client::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Client::Tls(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Client {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            Client::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Client::Tls(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Client::Plain(s) => Pin::new(s).poll_flush(cx),
-            Client::Tls(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            Client::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Client::Tls(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
 
 /// How a client reached this router.
 enum Incoming {

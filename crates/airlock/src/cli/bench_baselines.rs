@@ -183,7 +183,7 @@ async fn dump(
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
     let Some(dsn) = forked.sandbox.socket_dsn.clone().or(forked.sandbox.dsn.clone()) else {
         let path = format!("/v1/sandboxes/{}", forked.sandbox.id);
-        let _: Sandbox = client.call(Method::DELETE, &path, super::commands::NO_BODY).await?;
+        let _: Sandbox = client.call(Method::DELETE, &path, airlock_listen::client::NO_BODY).await?;
         return Ok(None);
     };
     let passfile = root.join("pgpass");
@@ -202,7 +202,11 @@ async fn dump(
     };
     // The sandbox goes whatever came of the dump.
     let _: Sandbox = client
-        .call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), super::commands::NO_BODY)
+        .call(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{}", forked.sandbox.id),
+            airlock_listen::client::NO_BODY,
+        )
         .await?;
     let out = out?;
     if !out.status.success() {

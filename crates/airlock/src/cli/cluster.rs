@@ -9,7 +9,7 @@ use airlock_core::error::Result;
 /// `airlock nodes`: the cluster's nodes with their state and load.
 pub(super) async fn nodes(cli: &Cli) -> Result<i32> {
     let list: Vec<NodeRecord> =
-        cli.client()?.call(Method::GET, "/v1/nodes", super::commands::NO_BODY).await?;
+        cli.client()?.call(Method::GET, "/v1/nodes", airlock_listen::client::NO_BODY).await?;
     output::print(cli.json, &list, || output::nodes(&list));
     Ok(0)
 }

@@ -20,8 +20,7 @@ use super::golden::*;
 use super::migrate::*;
 use super::sandbox::*;
 use super::serve::*;
-
-pub(super) const NO_BODY: Option<&()> = None;
+use airlock_listen::client::NO_BODY;
 
 pub(super) async fn run(cli: Cli) -> Result<i32> {
     let json = cli.json;
