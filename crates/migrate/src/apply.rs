@@ -18,6 +18,7 @@ use super::probe::{self, Lock, Reading};
 use super::report::{
     Dropped, Failure, IndexBuilt, LockHeld, Rewrite, RewriteCause, RowsChanged, StatementReport, Validated,
 };
+use super::verify::DEFERRED_ROUNDS;
 use airlock_core::error::{Error, Result};
 use airlock_postgres::admin::Admin;
 use airlock_postgres::split::{self, Kind, Statement};
@@ -832,9 +833,6 @@ async fn run_deferred(session: &mut Session, limit: Duration) -> Result<Option<D
         ..Default::default()
     }))
 }
-
-/// How many times deferred work may defer more before the test gives up on it.
-pub(super) const DEFERRED_ROUNDS: usize = 20;
 
 /// Rows inserted, updated and deleted so far in the session's open transaction,
 /// over every table. Summed here, not in SQL: an operator in the agent's

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 pub use super::report::PartRecord;
 use super::report::{rows_by_table, StatementReport};
-use super::verify::{self, RowImage};
+use super::rows::RowImage;
+use super::verify;
 use airlock_core::error::Result;
 use airlock_postgres::catalog::Catalog;
 use airlock_postgres::split::{self, Kind, Statement};

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::parts;
 use super::report::Report;
 use super::verify;
+use super::verify::pg_error;
 use super::Candidate;
 use airlock_core::dsn::redact;
 use airlock_core::error::{Error, ErrorCode, Result};
@@ -466,13 +467,4 @@ async fn undone(
         e.message = format!("{} ({})", e.message, said.join("; "));
     }
     e
-}
-
-/// A target's refusal, as `migration_failed`.
-pub(super) fn pg_error(e: tokio_postgres::Error) -> Error {
-    Error::new(
-        ErrorCode::MigrationFailed,
-        airlock_postgres::admin::describe(&e),
-        "the target refused; nothing was applied",
-    )
 }

@@ -25,7 +25,6 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest;
 
-use super::verify::RowImage;
 use airlock_core::error::{Error, ErrorCode, Result};
 
 /// Each row of each table: its key's hash and its contents' hash.
@@ -44,6 +43,47 @@ pub const KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(30 * 24
 fn hash(text: &str) -> u64 {
     let d = sha2::Sha256::digest(text.as_bytes());
     u64::from_le_bytes(d[..8].try_into().expect("eight bytes"))
+}
+
+/// Each row of a table by its key, as a digest of its columns that are not
+/// NULL, each by its name: a column added changes no row until a value is put
+/// in it, one dropped changes those that held a value, and the digest does
+/// not depend on the columns' order, so a test's images and a target's read
+/// alike whatever each added first. Values are read through their types'
+/// output functions (`ROW(v)::text`), never a cast a database could define,
+/// so reading runs no code of theirs.
+///
+/// A row's key is the golden's primary key (kept whatever a migration does to
+/// the constraint meanwhile), else the table's own, else its contents (rows
+/// alike counted one by one). Columns whose default reads the clock or chance
+/// (`DEFAULT now()`, `DEFAULT gen_random_uuid()`), whose values differ
+/// between any two copies once a default fills them, are digested apart
+/// ([`RowImage::rows`]'s second part), so that a fill is not a difference but
+/// a later change of their values is.
+#[derive(Debug, Clone, Default)]
+pub struct RowImage {
+    /// Each row's digest, and its clock-filled columns' digest, by its key.
+    rows: BTreeMap<String, (String, String)>,
+    /// The clock-filled columns, by name.
+    filled: Vec<String>,
+}
+
+impl RowImage {
+    /// An image of `rows` (each row's digest and its clock-filled columns'
+    /// digest, by its key), with the clock-filled columns named.
+    pub(crate) fn new(rows: BTreeMap<String, (String, String)>, filled: Vec<String>) -> RowImage {
+        RowImage { rows, filled }
+    }
+
+    /// Each row's digest and its clock-filled columns' digest, by its key.
+    pub fn rows(&self) -> &BTreeMap<String, (String, String)> {
+        &self.rows
+    }
+
+    /// The columns whose default fills them by clock or chance.
+    pub fn filled(&self) -> &[String] {
+        &self.filled
+    }
 }
 
 /// The rows of `images`, hashed: each key with its contents (the columns a

@@ -954,7 +954,8 @@ fn reads_a_column(tokens: &[Token], target: &str) -> bool {
     let name = |t: Option<&Token>| match t {
         Some(Token::Quoted(_)) => true,
         Some(Token::Word(w)) => {
-            !SERVER_VALUES.contains(&w.as_str())
+            !ENVIRONMENT_KEYWORDS.contains(&w.as_str())
+                && !LITERAL_WORDS.contains(&w.as_str())
                 && !TIME_WORDS.contains(&w.as_str())
                 && !environment_function(w)
         }
@@ -1012,50 +1013,6 @@ fn named_outright(zone: &str) -> bool {
             && !zone.to_ascii_lowercase().contains("localtime")
             && zone.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '+')))
 }
-
-/// Words after which a `(` opens a group of an expression, not a call.
-const BEFORE_A_GROUP: &[&str] = &[
-    "select",
-    "where",
-    "and",
-    "or",
-    "not",
-    "then",
-    "else",
-    "when",
-    "by",
-    "returning",
-    "having",
-    "on",
-    "case",
-    "return",
-    "distinct",
-    "in",
-    "using",
-    "set",
-    "values",
-    "is",
-    "between",
-    "like",
-    "ilike",
-    "with",
-    "as",
-];
-
-/// Words PostgreSQL reads as a value of its own where a column could stand.
-const SERVER_VALUES: &[&str] = &[
-    "user",
-    "current_user",
-    "session_user",
-    "current_role",
-    "current_catalog",
-    "current_schema",
-    "system_user",
-    "null",
-    "true",
-    "false",
-    "default",
-];
 
 /// Whether a type's name as `format_type` spells it (or a composite's
 /// fields, a domain's base, a range's subtype) holds a date or time.
@@ -1156,14 +1113,6 @@ fn reads_the_clock(text: &str) -> bool {
         || (text.trim_start().starts_with(['{', '[', '('])
             && text.split(['{', '}', '[', ']', '(', ')', ',', ':', '"', '\\']).any(|piece| alone(piece)))
 }
-
-/// Time zones' abbreviations PostgreSQL reads by default, as a special
-/// date's zone (`'today EST'`).
-const ZONE_ABBREVIATIONS: &[&str] = &[
-    "est", "edt", "cst", "cdt", "mst", "mdt", "pst", "pdt", "akst", "akdt", "hst", "ast", "adt", "nst",
-    "ndt", "cet", "cest", "eet", "eest", "wet", "west", "bst", "ist", "msk", "jst", "kst", "hkt", "sgt",
-    "aest", "aedt", "acst", "acdt", "awst", "nzst", "nzdt", "sast", "ut",
-];
 
 /// Whether the token at `i` is part of a column's default in a definition
 /// that only computes a value from the clock or chance (`ADD COLUMN at

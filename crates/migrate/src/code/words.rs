@@ -287,3 +287,44 @@ pub(super) const ENVIRONMENT_RELATION_PREFIXES: &[&str] = &[
     "pg_rewrite",
     "information_schema",
 ];
+
+/// Words after which a `(` opens a group of an expression, not a call.
+pub(super) const BEFORE_A_GROUP: &[&str] = &[
+    "select",
+    "where",
+    "and",
+    "or",
+    "not",
+    "then",
+    "else",
+    "when",
+    "by",
+    "returning",
+    "having",
+    "on",
+    "case",
+    "return",
+    "distinct",
+    "in",
+    "using",
+    "set",
+    "values",
+    "is",
+    "between",
+    "like",
+    "ilike",
+    "with",
+    "as",
+];
+
+/// Words that are values of their own where a column could stand (beside
+/// [`ENVIRONMENT_KEYWORDS`]).
+pub(super) const LITERAL_WORDS: &[&str] = &["null", "true", "false", "default"];
+
+/// Time zones' abbreviations PostgreSQL reads by default, as a special
+/// date's zone (`'today EST'`).
+pub(super) const ZONE_ABBREVIATIONS: &[&str] = &[
+    "est", "edt", "cst", "cdt", "mst", "mdt", "pst", "pdt", "akst", "akdt", "hst", "ast", "adt", "nst",
+    "ndt", "cet", "cest", "eet", "eest", "wet", "west", "bst", "ist", "msk", "jst", "kst", "hkt", "sgt",
+    "aest", "aedt", "acst", "acdt", "awst", "nzst", "nzdt", "sast", "ut",
+];

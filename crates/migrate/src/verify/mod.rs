@@ -16,9 +16,9 @@
 use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::promote::pg_error;
 use super::report::StatementReport;
-use airlock_core::error::Result;
+pub use crate::rows::RowImage;
+use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_postgres::catalog::diff::Change;
 use airlock_postgres::catalog::Catalog;
 
@@ -250,7 +250,7 @@ async fn cluster_state(client: &tokio_postgres::Client) -> Result<BTreeSet<Strin
 /// test's own `apply::run_deferred`); the error the commit would raise, if any.
 pub async fn settle_deferred(client: &tokio_postgres::Client) -> Result<Option<String>> {
     let mut changed = xact_activity(client).await?;
-    for _ in 0..super::apply::DEFERRED_ROUNDS {
+    for _ in 0..DEFERRED_ROUNDS {
         if let Err(e) = client.batch_execute("SET CONSTRAINTS ALL IMMEDIATE").await {
             return Ok(Some(airlock_postgres::admin::describe(&e)));
         }
@@ -567,3 +567,15 @@ async fn shadowed_under_stored_paths(
     }
     Ok(out)
 }
+
+/// A target's refusal, as `migration_failed`.
+pub(crate) fn pg_error(e: tokio_postgres::Error) -> Error {
+    Error::new(
+        ErrorCode::MigrationFailed,
+        airlock_postgres::admin::describe(&e),
+        "the target refused; nothing was applied",
+    )
+}
+
+/// How many times deferred work may defer more before the test gives up on it.
+pub(crate) const DEFERRED_ROUNDS: usize = 20;

@@ -9,41 +9,6 @@ use airlock_postgres::cell::Cell;
 
 use super::*;
 
-/// Each row of a table by its key, as a digest of its columns that are not
-/// NULL, each by its name: a column added changes no row until a value is put
-/// in it, one dropped changes those that held a value, and the digest does
-/// not depend on the columns' order, so a test's images and a target's read
-/// alike whatever each added first. Values are read through their types'
-/// output functions (`ROW(v)::text`), never a cast a database could define,
-/// so reading runs no code of theirs.
-///
-/// A row's key is the golden's primary key (kept whatever a migration does to
-/// the constraint meanwhile), else the table's own, else its contents (rows
-/// alike counted one by one). Columns whose default reads the clock or chance
-/// (`DEFAULT now()`, `DEFAULT gen_random_uuid()`), whose values differ
-/// between any two copies once a default fills them, are digested apart
-/// ([`RowImage::rows`]'s second part), so that a fill is not a difference but
-/// a later change of their values is.
-#[derive(Debug, Clone, Default)]
-pub struct RowImage {
-    /// Each row's digest, and its clock-filled columns' digest, by its key.
-    rows: BTreeMap<String, (String, String)>,
-    /// The clock-filled columns, by name.
-    filled: Vec<String>,
-}
-
-impl RowImage {
-    /// Each row's digest and its clock-filled columns' digest, by its key.
-    pub fn rows(&self) -> &BTreeMap<String, (String, String)> {
-        &self.rows
-    }
-
-    /// The columns whose default fills them by clock or chance.
-    pub fn filled(&self) -> &[String] {
-        &self.filled
-    }
-}
-
 /// The longest key text a read keeps as it is: a longer one (the candidate
 /// can make its keys as long as it likes, and every row's key is held) is
 /// kept as `md5:` and its digest.
@@ -317,7 +282,7 @@ pub(super) async fn row_images_pinned(
             *seen += 1;
             image.insert(k, (d, f));
         }
-        out.insert(table, RowImage { rows: image, filled });
+        out.insert(table, RowImage::new(image, filled));
     }
     Ok(out)
 }
