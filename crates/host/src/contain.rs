@@ -98,10 +98,9 @@ pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std
     contain_at_gate(who, cgroups, None, enter)
 }
 
-/// [`contain`], then, when given its pass, waiting at a
-/// [`crate::gate::Gate`] with nothing left to do but exec: every step of its
-/// containment is done while the daemon finishes what the process needs (a
-/// fork's clone), and none of them reads what the daemon is still making.
+/// [`contain`], waiting at a [`crate::gate::Gate`] once in its cgroups (the
+/// slow part of joining them done while the daemon finishes what the
+/// process needs), when given its pass.
 pub fn contain_at_gate(
     who: Who,
     cgroups: &[std::ffi::CString],
@@ -111,6 +110,9 @@ pub fn contain_at_gate(
     use nix::sched::CloneFlags;
     airlock_core::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
+    if let Some(pass) = pass {
+        pass.wait()?;
+    }
     match enter {
         Enter::New(view, network) => {
             match network {
@@ -150,14 +152,7 @@ pub fn contain_at_gate(
     let open_files = OPEN_FILES.min(getrlimit(Resource::RLIMIT_NOFILE)?.1);
     setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)?;
     become_user(&who)?;
-    crate::seccomp::confine(who.filter)?;
-    // Last: waiting needs only poll, read, close and getppid, which the
-    // filter allows, and the process is its user's already, not dumpable,
-    // so no process of that user can look into it while it waits.
-    match pass {
-        Some(pass) => pass.wait(),
-        None => Ok(()),
-    }
+    crate::seccomp::confine(who.filter)
 }
 
 /// Takes `who`'s groups and ids by raw system calls, for this process alone:

@@ -1,11 +1,11 @@
-//! A gate contained children wait at, once contained and about to exec,
-//! until the daemon says whether to go on.
+//! A gate contained children wait at, between joining their cgroups and
+//! entering their namespaces, until the daemon says whether to go on.
 //!
-//! A fork's server can join its cgroups (which can wait for an RCU grace
-//! period of the kernel's, 5 to 30 ms, where moves are not favored:
-//! [`crate::cgroup_moves`]), get its namespaces and mounts, its user and its
-//! system-call filter while the daemon clones the files it will run on, and
-//! wait here until they are there: the work overlaps instead of adding up.
+//! Joining a cgroup can be slow for no work of the child's own: a write to
+//! `cgroup.procs` waits for an RCU grace period (5 to 30 ms on a small
+//! virtual machine) where moves are not favored ([`crate::cgroup_moves`]). A fork's server can join its cgroups
+//! while the daemon clones the files it will run on, and wait here until
+//! they are there: the two waits overlap instead of adding up.
 //!
 //! The children and the daemon share one pipe: each waiting child reads one
 //! byte, `g` to go on or `x` to give up (its spawn then fails). The daemon
@@ -132,7 +132,7 @@ impl Drop for Opener {
 }
 
 impl Pass {
-    /// In the child, just before exec: waits for the daemon's word.
+    /// In the child, between fork and exec: waits for the daemon's word.
     /// Gives up when the daemon is gone (its parent is then another process):
     /// the child holds copies of every descriptor the daemon had (another
     /// gate's pipe, the data root's lock) until it runs its program, so no
