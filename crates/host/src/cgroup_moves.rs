@@ -13,8 +13,11 @@
 //! Airlock's limits use. On recent kernels (6.18 here) the per-process lock it
 //! brings stays until the next boot, even if the option is taken off again.
 //!
-//! The option is set by remounting the cgroup2 mount with the options it
-//! already has and this one; nothing else of the mount changes.
+//! The option is set by remounting the cgroup2 mount under `/sys/fs/cgroup`
+//! (a path only root controls) with the options it already has and this
+//! one; nothing else of the mount changes. A mount that is read-only where
+//! its hierarchy is not (or the reverse) is left alone: a remount's
+//! read-only flag is the hierarchy's, for every mount of it on the host.
 
 use std::path::PathBuf;
 
@@ -34,7 +37,7 @@ pub enum CgroupMoves {
         #[schema(value_type = String)]
         mount: PathBuf,
     },
-    /// No cgroup2 hierarchy is mounted, so the option cannot be set.
+    /// No cgroup2 hierarchy is mounted under `/sys/fs/cgroup`, so the option is not set.
     NoHierarchy,
 }
 
@@ -59,6 +62,7 @@ pub fn favor() -> std::io::Result<CgroupMoves> {
     if mount.has_option("favordynmods") {
         return Ok(CgroupMoves::Favored { mount: mount.point });
     }
+    mount.read_only_alike()?;
     let (flags, data) = mount.remount_with("favordynmods");
     nix::mount::mount(None::<&str>, &mount.point, None::<&str>, flags, Some(data.as_str())).map_err(|e| {
         std::io::Error::other(format!("remounting {} with favordynmods: {e}", mount.point.display()))
@@ -77,10 +81,17 @@ struct Cgroup2Mount {
 }
 
 impl Cgroup2Mount {
-    /// The first cgroup2 mount in a mountinfo text. Each line is `id parent
-    /// dev root point options [optional fields...] - type source super-options`.
+    /// The first cgroup2 mount under `/sys/fs/cgroup` in a mountinfo text
+    /// (one elsewhere may be under a directory a user can change, and the
+    /// remount looks its path up again). Each line is `id parent dev root
+    /// point options [optional fields...] - type source super-options`.
     fn find(mountinfo: &str) -> Option<Cgroup2Mount> {
-        mountinfo.lines().find_map(|line| {
+        Self::all(mountinfo).find(|m| m.point.starts_with("/sys/fs/cgroup"))
+    }
+
+    /// Every cgroup2 mount in a mountinfo text, in order.
+    fn all(mountinfo: &str) -> impl Iterator<Item = Cgroup2Mount> + '_ {
+        mountinfo.lines().filter_map(|line| {
             let (mine, theirs) = line.split_once(" - ")?;
             let mut theirs = theirs.split(' ');
             if theirs.next()? != "cgroup2" {
@@ -97,6 +108,21 @@ impl Cgroup2Mount {
                 super_options: list(super_options),
             })
         })
+    }
+
+    /// An error where the mount is read-only and its hierarchy is not, or
+    /// the reverse: a remount's read-only flag would be the hierarchy's, for
+    /// every mount of it on the host.
+    fn read_only_alike(&self) -> std::io::Result<()> {
+        let read_only = |options: &[String]| options.iter().any(|o| o == "ro");
+        if read_only(&self.mount_options) == read_only(&self.super_options) {
+            return Ok(());
+        }
+        Err(std::io::Error::other(format!(
+            "{} is read-only where its hierarchy is not (or the reverse): a remount would change that for every mount \
+             of the hierarchy, so it is left alone",
+            self.point.display()
+        )))
     }
 
     fn has_option(&self, option: &str) -> bool {
@@ -182,6 +208,17 @@ mod tests {
     }
 
     #[test]
+    fn a_mount_read_only_unlike_its_hierarchy_is_left_alone() {
+        let read_only_view =
+            HYBRID.replace("/sys/fs/cgroup/unified rw,nosuid", "/sys/fs/cgroup/unified ro,nosuid");
+        let err = Cgroup2Mount::find(&read_only_view).unwrap().read_only_alike().unwrap_err();
+        assert!(err.to_string().contains("left alone"), "{err}");
+        let read_only_hierarchy = HYBRID.replace("cgroup2 rw,nsdelegate", "cgroup2 ro,nsdelegate");
+        assert!(Cgroup2Mount::find(&read_only_hierarchy).unwrap().read_only_alike().is_err());
+        assert!(Cgroup2Mount::find(HYBRID).unwrap().read_only_alike().is_ok());
+    }
+
+    #[test]
     fn a_remount_keeps_every_option_it_had() {
         let (flags, data) = Cgroup2Mount::find(HYBRID).unwrap().remount_with("favordynmods");
         assert_eq!(
@@ -196,9 +233,12 @@ mod tests {
     }
 
     #[test]
-    fn escaped_mount_points_are_read_back() {
+    fn escaped_mount_points_are_read_back_and_only_one_under_sys_fs_cgroup_is_taken() {
         let line = "32 31 0:27 / /mnt/c\\040g\\134x rw,relatime - cgroup2 none rw\n";
-        assert_eq!(Cgroup2Mount::find(line).unwrap().point, PathBuf::from("/mnt/c g\\x"));
+        assert_eq!(Cgroup2Mount::all(line).next().unwrap().point, PathBuf::from("/mnt/c g\\x"));
+        assert_eq!(Cgroup2Mount::find(line), None);
+        let both = format!("{line}{V2}");
+        assert_eq!(Cgroup2Mount::find(&both).unwrap().point, PathBuf::from("/sys/fs/cgroup"));
         assert_eq!(unescape("a\\04"), "a\\04");
     }
 
