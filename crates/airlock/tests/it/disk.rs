@@ -70,11 +70,17 @@ fn a_sandbox_filling_its_quota_gets_its_own_error_while_a_neighbour_keeps_commit
     // write that reaches the limit in the middle of a block.
     // Or the daemon stopped its server at its own limit first (kept
     // suspended, as below), which ends its session.
-    let stopped_at_its_limit = err.contains("crash of another server process")
-        && d.log().contains(&format!(
-            "stopped at a full disk; kept suspended sandbox={}",
-            filler["id"].as_str().unwrap()
-        ));
+    // The reaper says so once it has seen the server gone, which can be a
+    // moment after the session ended.
+    let stopped_at_its_limit = err.contains("crash of another server process") && {
+        let said =
+            format!("stopped at a full disk; kept suspended sandbox={}", filler["id"].as_str().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !d.log().contains(&said) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        d.log().contains(&said)
+    };
     assert!(
         err.contains("Disk quota exceeded") || err.contains("Check free disk space") || stopped_at_its_limit,
         "the filler's own error: {err}\n{}",
