@@ -51,23 +51,21 @@ pub fn state() -> CgroupMoves {
     }
 }
 
-/// Sets `favordynmods` on the cgroup2 mount where it is not yet (root only);
-/// what it found or made. An error says why the kernel refused (a kernel
-/// older than 6.0 knows no such option).
-pub fn favor() -> std::io::Result<CgroupMoves> {
+/// Sets `favordynmods` on the cgroup2 mount where it is not yet (root only):
+/// how the host stands after the remount, or `None` where there was nothing
+/// to do (set already, or no cgroup2 mount). An error says why it was not
+/// tried or why the kernel refused (one older than 6.0 knows no such option).
+pub fn favor() -> std::io::Result<Option<CgroupMoves>> {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo")?;
-    let Some(mount) = Cgroup2Mount::find(&mountinfo) else {
-        return Ok(CgroupMoves::NoHierarchy);
+    let Some(mount) = Cgroup2Mount::find(&mountinfo).filter(|m| !m.has_option("favordynmods")) else {
+        return Ok(None);
     };
-    if mount.has_option("favordynmods") {
-        return Ok(CgroupMoves::Favored { mount: mount.point });
-    }
     mount.read_only_alike()?;
     let (flags, data) = mount.remount_with("favordynmods");
     nix::mount::mount(None::<&str>, &mount.point, None::<&str>, flags, Some(data.as_str())).map_err(|e| {
         std::io::Error::other(format!("remounting {} with favordynmods: {e}", mount.point.display()))
     })?;
-    Ok(state())
+    Ok(Some(state()))
 }
 
 /// The cgroup2 mount as `/proc/self/mountinfo` tells it.
@@ -249,10 +247,12 @@ mod tests {
         assert!(nix::unistd::geteuid().is_root(), "this test remounts the host's cgroup2: run it as root");
         let before = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
         let Some(was) = Cgroup2Mount::find(&before) else {
-            assert_eq!(favor().unwrap(), CgroupMoves::NoHierarchy);
+            assert_eq!(favor().unwrap(), None);
+            assert_eq!(state(), CgroupMoves::NoHierarchy);
             return;
         };
-        assert_eq!(favor().unwrap(), CgroupMoves::Favored { mount: was.point.clone() });
+        favor().unwrap();
+        assert_eq!(state(), CgroupMoves::Favored { mount: was.point.clone() });
         let now = Cgroup2Mount::find(&std::fs::read_to_string("/proc/self/mountinfo").unwrap()).unwrap();
         assert_eq!(now.mount_options, was.mount_options);
         // (The kernel prints the hierarchy's options in an order of its own.)
@@ -261,6 +261,6 @@ mod tests {
         expected.insert("favordynmods".into());
         assert_eq!(set(&now.super_options), expected);
         // Once set, nothing more is done.
-        assert_eq!(favor().unwrap(), state());
+        assert_eq!(favor().unwrap(), None);
     }
 }

@@ -157,14 +157,13 @@ pub struct Engine {
 /// what it did: a daemon that changes a host-wide mount says so.
 fn favor_cgroup_moves() {
     use airlock_host::cgroup_moves::{self, CgroupMoves};
-    let before = cgroup_moves::state();
     match cgroup_moves::favor() {
-        Ok(CgroupMoves::Favored { mount }) if !matches!(before, CgroupMoves::Favored { .. }) => {
+        Ok(Some(CgroupMoves::Favored { mount })) => {
             tracing::info!(mount = %mount.display(), "set favordynmods on the host's cgroup2 mount: a server's move into its cgroups no longer waits for the kernel (--favor-cgroup-moves off leaves the host as it is)");
         }
         // Remounted, yet not set: the kernel applies the option only from the
         // host's own cgroup namespace (a daemon in a container is not there).
-        Ok(CgroupMoves::Waiting { mount }) => {
+        Ok(Some(CgroupMoves::Waiting { mount })) => {
             tracing::warn!(mount = %mount.display(), "the host's cgroup2 mount kept no favordynmods (set it from the host's cgroup namespace): each cold fork waits for the kernel to move its server into its cgroups")
         }
         Ok(_) => {}
@@ -480,6 +479,7 @@ impl Engine {
         let mut warnings = self.fork_warnings();
         warnings.extend(crate::sandbox::headroom::check_volume(self).unwrap_or_else(|e| vec![e.message]));
         let root = self.daemon_user.is_root();
+        let cgroup_moves = (root && self.cgroups.available()).then(airlock_host::cgroup_moves::state);
         if !root {
             warnings.push(
                 "the daemon is not root: sandboxes run as the daemon's own user in the host's network namespace, \
@@ -488,9 +488,7 @@ impl Engine {
             );
         } else if !self.cgroups.available() {
             warnings.push("no usable cgroups (v2 with memory, pids and cpu, or v1): sandboxes run without memory, pids and CPU limits".into());
-        } else if let airlock_host::cgroup_moves::CgroupMoves::Waiting { mount } =
-            airlock_host::cgroup_moves::state()
-        {
+        } else if let Some(airlock_host::cgroup_moves::CgroupMoves::Waiting { mount }) = &cgroup_moves {
             warnings.push(format!(
                 "{} lacks favordynmods: each cold fork waits 5-15 ms for the kernel to move its server into its cgroups \
                  (serve with --favor-cgroup-moves on, or remount it with that option)",
@@ -514,7 +512,7 @@ impl Engine {
             network_namespaces: root,
             cgroups: self.cgroups.clone(),
             cgroup_limits: self.config.cgroup_limits,
-            cgroup_moves: (root && self.cgroups.available()).then(airlock_host::cgroup_moves::state),
+            cgroup_moves,
             disk_limit_bytes: self.config.disk_limit_bytes,
             max_sandboxes: self.config.max_sandboxes,
             max_running: self.config.max_running,

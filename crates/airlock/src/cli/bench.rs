@@ -10,6 +10,8 @@ use std::time::Instant;
 use clap::Subcommand;
 use hyper::Method;
 
+use airlock_listen::client::NO_BODY;
+
 use super::bench_baselines::Baselines;
 use super::bench_series::{elapsed_ms, first_query, series, Series};
 use super::output::{self, Table};
@@ -190,13 +192,12 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         BenchCommand::Audit { rounds } => return super::bench_audit::run(cli, *rounds),
     };
     let client = cli.client()?;
-    let doctor: airlock_lifecycle::engine::Doctor =
-        client.call(Method::GET, "/v1/doctor", airlock_listen::client::NO_BODY).await?;
+    let doctor: airlock_lifecycle::engine::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let router = doctor.router.as_ref();
     let iterations = (*iterations).max(1);
     let req = ForkRequest { golden: golden.clone(), ttl_seconds: Some(600), ..Default::default() };
     let golden_info: airlock_lifecycle::golden::Golden =
-        client.call(Method::GET, &format!("/v1/goldens/{golden}"), airlock_listen::client::NO_BODY).await?;
+        client.call(Method::GET, &format!("/v1/goldens/{golden}"), NO_BODY).await?;
     let pooled = golden_info.pool_size > 0;
     let mut fork_ms = Vec::new();
     let runs = baseline_iterations.unwrap_or(iterations).max(1);
@@ -289,9 +290,8 @@ async fn fork_once(
     if pooled {
         let deadline = Instant::now() + std::time::Duration::from_secs(60);
         loop {
-            let g: airlock_lifecycle::golden::Golden = client
-                .call(Method::GET, &format!("/v1/goldens/{golden}"), airlock_listen::client::NO_BODY)
-                .await?;
+            let g: airlock_lifecycle::golden::Golden =
+                client.call(Method::GET, &format!("/v1/goldens/{golden}"), NO_BODY).await?;
             if g.pooled >= g.pool_size || Instant::now() > deadline {
                 break;
             }
@@ -309,13 +309,8 @@ async fn fork_once(
     let t = Instant::now();
     first_answers(&forked.sandbox, agent.as_ref(), via).await?;
     floor_ms.push(elapsed_ms(t));
-    let _: Sandbox = client
-        .call(
-            Method::DELETE,
-            &format!("/v1/sandboxes/{}", forked.sandbox.id),
-            airlock_listen::client::NO_BODY,
-        )
-        .await?;
+    let _: Sandbox =
+        client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), NO_BODY).await?;
     Ok(())
 }
 
@@ -355,8 +350,7 @@ fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series], comp
 async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Result<i32> {
     let duration = airlock_core::validate::duration("--duration", duration)?;
     let client = std::sync::Arc::new(cli.client()?);
-    let doctor: airlock_lifecycle::engine::Doctor =
-        client.call(Method::GET, "/v1/doctor", airlock_listen::client::NO_BODY).await?;
+    let doctor: airlock_lifecycle::engine::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let router = std::sync::Arc::new(doctor.router);
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
     let bar = output::spinner(
@@ -374,7 +368,7 @@ async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Resul
                 let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
                 first_query(&agent_config(&forked.sandbox, router.as_ref().as_ref(), Via::Router)?).await?;
                 let path = format!("/v1/sandboxes/{}", forked.sandbox.id);
-                let _: Sandbox = client.call(Method::DELETE, &path, airlock_listen::client::NO_BODY).await?;
+                let _: Sandbox = client.call(Method::DELETE, &path, NO_BODY).await?;
                 cycles.push(elapsed_ms(t));
             }
             Ok::<_, Error>(cycles)
@@ -404,8 +398,7 @@ async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Resul
 /// answer (the wake included), against the same connection to it running.
 async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
     let client = cli.client()?;
-    let doctor: airlock_lifecycle::engine::Doctor =
-        client.call(Method::GET, "/v1/doctor", airlock_listen::client::NO_BODY).await?;
+    let doctor: airlock_lifecycle::engine::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     let config = agent_config(&forked.sandbox, doctor.router.as_ref(), Via::Router)?;
@@ -413,8 +406,7 @@ async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
     let bar = output::spinner(cli.json, format!("waking a sandbox of {golden} {iterations} times"));
     let (mut woken, mut running) = (Vec::new(), Vec::new());
     for _ in 0..iterations.max(1) {
-        let _: Sandbox =
-            client.call(Method::POST, &format!("{path}/suspend"), airlock_listen::client::NO_BODY).await?;
+        let _: Sandbox = client.call(Method::POST, &format!("{path}/suspend"), NO_BODY).await?;
         let t = Instant::now();
         first_query(&config).await?;
         woken.push(elapsed_ms(t));
@@ -422,7 +414,7 @@ async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
         first_query(&config).await?;
         running.push(elapsed_ms(t));
     }
-    let _: Sandbox = client.call(Method::DELETE, &path, airlock_listen::client::NO_BODY).await?;
+    let _: Sandbox = client.call(Method::DELETE, &path, NO_BODY).await?;
     bar.finish_and_clear();
     let all = [series("connect_to_suspended", woken), series("connect_to_running", running)];
     report(

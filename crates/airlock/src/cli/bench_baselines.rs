@@ -18,6 +18,8 @@ use std::time::Instant;
 
 use hyper::Method;
 
+use airlock_listen::client::NO_BODY;
+
 use super::bench_series::{elapsed_ms, first_query, series, Series};
 use super::Cli;
 use airlock_core::error::{Error, Result};
@@ -183,7 +185,7 @@ async fn dump(
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(req)).await?;
     let Some(dsn) = forked.sandbox.socket_dsn.clone().or(forked.sandbox.dsn.clone()) else {
         let path = format!("/v1/sandboxes/{}", forked.sandbox.id);
-        let _: Sandbox = client.call(Method::DELETE, &path, airlock_listen::client::NO_BODY).await?;
+        let _: Sandbox = client.call(Method::DELETE, &path, NO_BODY).await?;
         return Ok(None);
     };
     let passfile = root.join("pgpass");
@@ -201,13 +203,8 @@ async fn dump(
         Err(e) => Err(Error::from(e)),
     };
     // The sandbox goes whatever came of the dump.
-    let _: Sandbox = client
-        .call(
-            Method::DELETE,
-            &format!("/v1/sandboxes/{}", forked.sandbox.id),
-            airlock_listen::client::NO_BODY,
-        )
-        .await?;
+    let _: Sandbox =
+        client.call(Method::DELETE, &format!("/v1/sandboxes/{}", forked.sandbox.id), NO_BODY).await?;
     let out = out?;
     if !out.status.success() {
         return Err(Error::postgres(format!(

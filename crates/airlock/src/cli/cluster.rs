@@ -2,14 +2,15 @@
 
 use hyper::Method;
 
+use airlock_listen::client::NO_BODY;
+
 use super::{output, Cli, ClusterCommand};
 use airlock_cluster::records::NodeRecord;
 use airlock_core::error::Result;
 
 /// `airlock nodes`: the cluster's nodes with their state and load.
 pub(super) async fn nodes(cli: &Cli) -> Result<i32> {
-    let list: Vec<NodeRecord> =
-        cli.client()?.call(Method::GET, "/v1/nodes", airlock_listen::client::NO_BODY).await?;
+    let list: Vec<NodeRecord> = cli.client()?.call(Method::GET, "/v1/nodes", NO_BODY).await?;
     output::print(cli.json, &list, || output::nodes(&list));
     Ok(0)
 }

@@ -11,8 +11,7 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::validate;
 use airlock_lifecycle::golden::{CreateGolden, Golden};
 use airlock_lifecycle::sandbox::BranchRequest;
-use airlock_listen::client::encode;
-use airlock_listen::client::NO_BODY;
+use airlock_listen::client::{encode, NO_BODY};
 
 /// A source's DSN from its flag: `-` reads stdin; one given on the command
 /// line with a password gets a warning (it shows in `ps`).

@@ -6,8 +6,7 @@ use hyper::Method;
 use super::output;
 use super::{Cli, GrantArgs};
 use airlock_core::error::Result;
-use airlock_listen::client::encode;
-use airlock_listen::client::NO_BODY;
+use airlock_listen::client::{encode, NO_BODY};
 use airlock_live::grant::{Grant, GrantRequest, Granted};
 
 pub(super) async fn grant(cli: &Cli, args: &GrantArgs) -> Result<i32> {

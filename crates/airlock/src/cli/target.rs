@@ -7,8 +7,7 @@ use hyper::Method;
 use super::output;
 use super::{Cli, TargetCommand};
 use airlock_core::error::{Error, ErrorCode, Result};
-use airlock_listen::client::encode;
-use airlock_listen::client::NO_BODY;
+use airlock_listen::client::{encode, NO_BODY};
 use airlock_live::target::Target;
 
 pub(super) async fn run(cli: &Cli, cmd: &TargetCommand) -> Result<i32> {

@@ -19,7 +19,7 @@
 
 use std::collections::BTreeSet;
 
-use super::lexer::{closing, tokens, word, Token};
+use super::lexer::{closing, opening, tokens, word, Token};
 use super::words::is_time_type;
 
 /// A `DO` block's body, read.
@@ -329,24 +329,6 @@ fn variables(said: &[Token], at: usize) -> BTreeSet<String> {
     declared.chain(looped).collect()
 }
 
-/// Where the group that `said[close]` closes opens.
-fn opening(said: &[Token], close: usize) -> usize {
-    let mut depth = 0usize;
-    for j in (0..=close).rev() {
-        match said[j] {
-            Token::Other(')' | ']') => depth += 1,
-            Token::Other('(' | '[') => {
-                depth = depth.saturating_sub(1);
-                if depth == 0 {
-                    return j;
-                }
-            }
-            _ => {}
-        }
-    }
-    0
-}
-
 /// Whether the body casts a value made of its variables into a type whose
 /// input may read the clock (any but the plain ones: `v::date`, `CAST (v AS
 /// users)`, `date(v)`): a variable's text may be `now` however it was
@@ -390,7 +372,7 @@ fn casts_variables(said: &[Token], variables: &BTreeSet<String>) -> bool {
                 end -= 3;
             }
             let operand = match said[end] {
-                Token::Other(')' | ']') => &said[opening(said, end)..=end],
+                Token::Other(')' | ']') => &said[opening(said, end).unwrap_or(0)..=end],
                 // A record's field (`r.t`) is its record's.
                 _ if end >= 2 && said[end - 1] == Token::Other('.') => &said[end - 2..=end],
                 _ => &said[end..=end],

@@ -42,6 +42,43 @@ pub(crate) fn closing(said: &[Token], open: usize) -> Option<usize> {
     None
 }
 
+/// Where the group that `said[close]` (a `)` or `]`) closes opens, if it does.
+pub(crate) fn opening(said: &[Token], close: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for j in (0..=close).rev() {
+        match said[j] {
+            Token::Other(')' | ']') => depth += 1,
+            Token::Other('(' | '[') => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(j);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The `(` of the innermost group that holds the token at `at`, if any.
+pub(crate) fn enclosing(said: &[Token], at: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for j in (0..at).rev() {
+        match said[j] {
+            Token::Other(')') => depth += 1,
+            Token::Other('(') if depth == 0 => return Some(j),
+            Token::Other('(') => depth -= 1,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Whether `said` has `AT TIME ZONE` from `at`.
+pub(crate) fn at_time_zone(said: &[Token], at: usize) -> bool {
+    word(said.get(at), "at") && word(said.get(at + 1), "time") && word(said.get(at + 2), "zone")
+}
+
 /// An `E'...'` constant's text with its backslash escapes read: `\n` and
 /// the like, octal `\164`, hex `\x74`, `\u0074` and `\U00000074`.
 pub(super) fn unescape_e(raw: &str) -> String {

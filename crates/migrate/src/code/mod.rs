@@ -810,24 +810,7 @@ fn casts_computed_text_to_time(
                 operand_computed(tokens, end - 3, target, column)
             }
             Some(Token::Other(')')) => {
-                let mut depth = 0;
-                let mut j = end - 1;
-                loop {
-                    match tokens[j] {
-                        Token::Other(')') => depth += 1,
-                        Token::Other('(') => {
-                            depth -= 1;
-                            if depth == 0 {
-                                break;
-                            }
-                        }
-                        _ => {}
-                    }
-                    if j == 0 {
-                        return true;
-                    }
-                    j -= 1;
-                }
+                let Some(j) = lexer::opening(tokens, end - 1) else { return true };
                 // A group after a keyword (`SELECT (...)`, `WHERE (...)`), not a call.
                 let called = match tokens.get(j.wrapping_sub(1)) {
                     Some(Token::Word(w)) => !BEFORE_A_GROUP.contains(&w.as_str()),
@@ -853,29 +836,17 @@ fn casts_computed_text_to_time(
         (_, Some(Token::Word(w))) if w == "as" => {
             // CAST ( operand AS type ): the operand is all between, from the
             // group that holds this `AS` (not a `cast` named as an alias in it).
-            let mut depth = 0usize;
-            let open = (0..i.saturating_sub(1)).rev().find(|&j| match tokens[j] {
-                Token::Other(')') => {
-                    depth += 1;
-                    false
-                }
-                Token::Other('(') if depth == 0 => true,
-                Token::Other('(') => {
-                    depth -= 1;
-                    false
-                }
-                _ => false,
-            });
-            match open.and_then(|o| o.checked_sub(1)) {
+            match lexer::enclosing(tokens, i - 1).and_then(|o| o.checked_sub(1)) {
                 Some(c) if lexer::word(tokens.get(c), "cast") => {
                     let inner = &tokens[c + 2..i - 1];
+                    // In a function's body only a bare name passes, as it always has.
+                    let bare = matches!(
+                        inner,
+                        [Token::Word(_)] | [Token::Word(_), Token::Other('.'), Token::Word(_)]
+                    );
+                    let data = column(inner, t) || (bare && !names_are_columns);
                     !matches!(inner, [Token::Constant(_)])
-                        && !column(inner, t)
-                        && !(!names_are_columns
-                            && matches!(
-                                inner,
-                                [Token::Word(_)] | [Token::Word(_), Token::Other('.'), Token::Word(_)]
-                            ))
+                        && !data
                         && !matches!(inner.first(), Some(Token::Word(f)) if TIME_MAKERS.contains(&f.as_str()))
                 }
                 _ => false,
@@ -909,10 +880,7 @@ fn zones_a_time_of_day(tokens: &[Token], i: usize, days_clock: &BTreeSet<String>
         Some(Token::Word(w) | Token::Quoted(w)) if days_clock.contains(w) => Some(w.clone()),
         _ => None,
     };
-    let zone = lexer::word(tokens.get(i), "at")
-        && lexer::word(tokens.get(i + 1), "time")
-        && lexer::word(tokens.get(i + 2), "zone");
-    if zone {
+    if lexer::at_time_zone(tokens, i) {
         return column(tokens.get(i.wrapping_sub(1)));
     }
     let timetz = lexer::word(tokens.get(i), "timetz")
@@ -989,9 +957,7 @@ fn reads_a_column(tokens: &[Token], target: &str) -> bool {
             && matches!(tokens.get(i + 2), Some(Token::Word(w)) if matches!(w.as_str(), "date" | "timestamp" | "timestamptz"))
         {
             i += 3;
-        } else if lexer::word(tokens.get(i), "at")
-            && lexer::word(tokens.get(i + 1), "time")
-            && lexer::word(tokens.get(i + 2), "zone")
+        } else if lexer::at_time_zone(tokens, i)
             && !of_day
             && matches!(tokens.get(i + 3), Some(Token::Constant(zone)) if named_outright(zone))
         {

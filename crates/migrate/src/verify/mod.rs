@@ -17,7 +17,7 @@ use airlock_postgres::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::report::StatementReport;
-pub use crate::rows::RowImage;
+use crate::rows::RowImage;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_postgres::catalog::diff::Change;
 use airlock_postgres::catalog::Catalog;
