@@ -73,7 +73,7 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
     // The services the lifecycle tells of sandbox changes, and the migration
     // airlock the gateway's test_migration tool reaches through it.
     airlock_gateway::register(&engine);
-    engine.services.perform_migrations(Arc::new(airlock_migrate::agent::ForAgents));
+    engine.services.perform_migrations(Arc::new(airlock_migrate::agent::ForAgents::new(&engine)));
     // A volume that could not give one sandbox its headroom is refused now.
     airlock_lifecycle::sandbox::headroom::check_volume(&engine)?;
     let counted_from = airlock_telemetry::metrics::Start::now(&engine);

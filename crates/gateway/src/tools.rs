@@ -401,7 +401,7 @@ async fn dispatch(
                     "wait for its report, then test the next migration",
                 )
             })?;
-            let tested = engine.services.migrations()?.test(engine.clone(), &sb, sql).await?;
+            let tested = engine.services.migrations()?.test(&sb, sql).await?;
             let mut value = tested.report;
             // The golden's whole catalog is there for promote, not for the model.
             if let Some(o) = value.as_object_mut() {

@@ -8,6 +8,7 @@
 //! tell it what they hold through [`services`]; nothing here names one of them.
 
 pub mod activity;
+pub mod doctor;
 pub mod doors;
 pub mod engine;
 pub mod executor;

@@ -18,8 +18,6 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::records::sandbox::Sandbox;
 
-use crate::engine::Engine;
-
 /// What happened to a sandbox's server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -48,8 +46,9 @@ pub trait SandboxWatcher: Send + Sync {
 #[async_trait::async_trait]
 pub trait AgentMigrations: Send + Sync {
     /// Tests `sql` with the sandbox's statement timeout; the report comes back
-    /// whole ([`TestedMigration`]).
-    async fn test(&self, engine: Arc<Engine>, sandbox: &Sandbox, sql: &str) -> Result<TestedMigration>;
+    /// whole ([`TestedMigration`]). The implementation holds the engine it
+    /// tests on, so the engine, which holds it, is named by neither.
+    async fn test(&self, sandbox: &Sandbox, sql: &str) -> Result<TestedMigration>;
 }
 
 /// A finished migration test, as the service that asked for it shows it.

@@ -2,9 +2,9 @@
 //! agent's `test_migration` tool call runs, through whichever service took the
 //! call. The daemon registers it at start.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-use airlock_core::error::Result;
+use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::records::sandbox::Sandbox;
 use airlock_lifecycle::engine::Engine;
 use airlock_lifecycle::services::{AgentMigrations, TestedMigration};
@@ -12,11 +12,28 @@ use airlock_lifecycle::services::{AgentMigrations, TestedMigration};
 use crate::{Candidate, TestRequest};
 
 /// Tests an agent's migration against the golden its sandbox was forked from.
-pub struct ForAgents;
+pub struct ForAgents {
+    /// The engine it tests on: weak, since the engine holds this.
+    engine: Weak<Engine>,
+}
+
+impl ForAgents {
+    /// What tests agents' migrations on `engine`.
+    pub fn new(engine: &Arc<Engine>) -> ForAgents {
+        ForAgents { engine: Arc::downgrade(engine) }
+    }
+}
 
 #[async_trait::async_trait]
 impl AgentMigrations for ForAgents {
-    async fn test(&self, engine: Arc<Engine>, sb: &Sandbox, sql: &str) -> Result<TestedMigration> {
+    async fn test(&self, sb: &Sandbox, sql: &str) -> Result<TestedMigration> {
+        let engine = self.engine.upgrade().ok_or_else(|| {
+            Error::new(
+                ErrorCode::Internal,
+                "the daemon is shutting down",
+                "test the migration once it runs again",
+            )
+        })?;
         let request = TestRequest {
             golden: sb.golden.clone(),
             candidates: vec![Candidate {

@@ -22,7 +22,7 @@ use serde_json::json;
 
 use airlock_core::events::NewEvent;
 use airlock_lifecycle::engine::Engine;
-use airlock_lifecycle::sandbox::capacity::{reserve_bytes, volume_free};
+use airlock_lifecycle::sandbox::volume::{reserve_bytes, volume_free};
 use airlock_lifecycle::sandbox::{suspend, SandboxState, SuspendReason};
 use airlock_state::store::SandboxFilter;
 

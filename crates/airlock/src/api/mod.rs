@@ -229,8 +229,8 @@ async fn health() -> Json<Health> {
     Json(Health { ok: true, version: env!("CARGO_PKG_VERSION").into() })
 }
 
-#[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = airlock_lifecycle::engine::Doctor), ApiErrors))]
-async fn doctor(State(s): State<AppState>) -> Json<airlock_lifecycle::engine::Doctor> {
+#[utoipa::path(get, path = "/v1/doctor", tag = "daemon", responses((status = 200, description = "what the host can do", body = airlock_lifecycle::doctor::Doctor), ApiErrors))]
+async fn doctor(State(s): State<AppState>) -> Json<airlock_lifecycle::doctor::Doctor> {
     let mut doctor = s.engine.doctor();
     doctor.gateway = airlock_gateway::http::base(&s.engine);
     Json(doctor)

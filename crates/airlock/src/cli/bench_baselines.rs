@@ -55,7 +55,7 @@ impl Baselines {
         cli: &Cli,
         client: &airlock_listen::client::Client,
         req: &ForkRequest,
-        doctor: &airlock_lifecycle::engine::Doctor,
+        doctor: &airlock_lifecycle::doctor::Doctor,
     ) -> Result<Option<Baselines>> {
         let me = Identity::current()?;
         let user = Identity::for_instances(None)?;
@@ -217,7 +217,7 @@ async fn dump(
 
 /// The newest installed server of 18 or newer that can be used, with the
 /// client tools its restores need (when its own directory has none).
-fn anchor_server(doctor: &airlock_lifecycle::engine::Doctor) -> Option<(PgBin, Option<PgBin>)> {
+fn anchor_server(doctor: &airlock_lifecycle::doctor::Doctor) -> Option<(PgBin, Option<PgBin>)> {
     let major = doctor
         .postgres_majors
         .iter()

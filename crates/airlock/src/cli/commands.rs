@@ -11,7 +11,7 @@ use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::Event;
 use airlock_core::validate;
 use airlock_host::storage;
-use airlock_lifecycle::engine::Doctor;
+use airlock_lifecycle::doctor::Doctor;
 use airlock_lifecycle::golden::Golden;
 use airlock_lifecycle::sandbox::{Forked, Sandbox};
 use airlock_listen::client::encode;

@@ -8,7 +8,7 @@ use serde::Serialize;
 use airlock_core::clock::Timestamp;
 use airlock_core::error::Error;
 use airlock_core::events::Event;
-use airlock_lifecycle::engine::Doctor;
+use airlock_lifecycle::doctor::Doctor;
 use airlock_lifecycle::golden::Golden;
 use airlock_lifecycle::sandbox::Sandbox;
 

@@ -9,24 +9,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::MutexGuard;
 
 use super::suspend::{suspend, SuspendReason};
+use super::volume::{reserve_bytes, volume_free, volume_used};
 use super::SandboxState;
 use crate::engine::Engine;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_core::events::DeleteReason;
 use airlock_state::store::SandboxFilter;
-
-/// The queue forks and wakes wait in for room: tokio's mutex, whose waiters
-/// are served first in, first out; what wakes the queue when a sandbox is
-/// deleted or suspended; and how many in it wait for room to be freed.
-#[derive(Default)]
-pub struct Room {
-    /// Held by the fork or wake whose turn it is.
-    pub admission: tokio::sync::Mutex<()>,
-    /// Notified when room is freed.
-    pub freed: tokio::sync::Notify,
-    /// Forks and wakes in the queue waiting for room to be freed.
-    pub waiting: std::sync::atomic::AtomicUsize,
-}
 
 /// What the caller is about to add.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -192,31 +180,6 @@ fn full(engine: &Engine, why: &str) -> Error {
             c.max_running, c.max_sandboxes
         ),
     )
-}
-
-/// Bytes in use on the copy-on-write volume (shared reflinked blocks count once).
-pub fn volume_used(engine: &Engine) -> u64 {
-    match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
-        Ok(s) => s.blocks().saturating_sub(s.blocks_free()) * s.fragment_size(),
-        Err(_) => 0,
-    }
-}
-
-/// Bytes free on the copy-on-write volume (for unprivileged writers).
-pub fn volume_free(engine: &Engine) -> u64 {
-    match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
-        Ok(s) => s.blocks_available() * s.fragment_size(),
-        Err(_) => u64::MAX,
-    }
-}
-
-/// The free space the volume keeps in reserve, in bytes.
-pub fn reserve_bytes(engine: &Engine) -> u64 {
-    let size = match nix::sys::statvfs::statvfs(&engine.layout.volume()) {
-        Ok(s) => s.blocks() * s.fragment_size(),
-        Err(_) => 0,
-    };
-    engine.config.disk_reserve.of(size)
 }
 
 /// Deletes the oldest warm-pool member of any golden (the pool refills when there

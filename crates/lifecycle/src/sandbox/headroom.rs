@@ -27,10 +27,10 @@
 //! promised nothing. Promises are the kernel's limits, so they hold whether
 //! the daemon runs or not.
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
+pub use crate::engine::kept::Headroom;
+use crate::engine::kept::{Groups, Ledger};
 use crate::engine::Engine;
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_host::storage::btrfs::{Qgroup, Usage};
@@ -38,34 +38,6 @@ use airlock_host::storage::WAL_LIMIT;
 use airlock_state::store::SandboxFilter;
 
 use super::SandboxState;
-
-/// The promises made, between two readings of the volume.
-#[derive(Default)]
-pub struct Headroom {
-    ledger: Mutex<Ledger>,
-}
-
-#[derive(Default)]
-struct Ledger {
-    /// Bytes of the volume (less its reserve) nobody was promised at the
-    /// last reading, less what was promised since; `None` before the first.
-    unpromised: Option<u64>,
-    /// Each sandbox's quota groups, found once.
-    groups: HashMap<String, Groups>,
-    /// What each running sandbox's data was charged at the last reading.
-    charged: HashMap<String, u64>,
-    /// When an over-promise was last said in the log.
-    warned: Option<std::time::Instant>,
-    /// The golden builds under way: each one's staging directory and quota
-    /// group.
-    builds: HashMap<PathBuf, Qgroup>,
-    /// The builds a reading found at their limit (a failed build is told
-    /// `disk_full` by this even once its limit has moved again).
-    spent_builds: std::collections::HashSet<PathBuf>,
-    /// Sandboxes whose allowance is not `--disk-limit`: a migration test's
-    /// fork on a sandbox's behalf gets what is left of that sandbox's.
-    allowances: HashMap<String, u64>,
-}
 
 /// A golden build's claim on the volume; given back (its limit lifted, so
 /// the golden it becomes is never limited) when dropped.
@@ -111,12 +83,6 @@ struct Plan {
     wrote: bool,
     /// What it may still write after the balance.
     give: u64,
-}
-
-#[derive(Clone)]
-struct Groups {
-    data: Qgroup,
-    wal: Option<Qgroup>,
 }
 
 /// One sandbox (or golden build) at a reading.
@@ -332,7 +298,7 @@ impl Headroom {
         }
         let Ok(stat) = nix::sys::statvfs::statvfs(&engine.layout.volume()) else { return };
         let free = stat.blocks_available() * stat.fragment_size();
-        let reserve = super::capacity::reserve_bytes(engine);
+        let reserve = super::volume::reserve_bytes(engine);
         // Buffered writes not yet on disk will take the volume's space too.
         let pending: u64 =
             readings.iter().map(|r| r.data.reserved_data + r.wal.map_or(0, |w| w.reserved_data)).sum();
@@ -532,7 +498,7 @@ pub fn check_volume(engine: &Engine) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
     let Ok(stat) = nix::sys::statvfs::statvfs(&engine.layout.volume()) else { return Ok(warnings) };
     let size = stat.blocks() * stat.fragment_size();
-    let room = size.saturating_sub(super::capacity::reserve_bytes(engine));
+    let room = size.saturating_sub(super::volume::reserve_bytes(engine));
     let limit = engine.config.disk_limit_bytes;
     if !Headroom::applies(engine) {
         warnings.push(format!(

@@ -20,6 +20,8 @@ pub mod session;
 
 pub mod stores;
 pub mod suspend;
+pub mod volume;
+mod wake;
 
 pub use airlock_core::records::access::{Access, Limits, Mode};
 pub use airlock_core::records::sandbox::{Sandbox, SandboxState, MIGRATION_TEST_LABEL};
@@ -28,7 +30,8 @@ pub use delete::{delete, kill_cgroup_members, teardown, teardown_claimed, RESUME
 pub use exec::{ExecRequest, ExecResult};
 pub use idle::suspend_idle;
 pub use reset::{rebuild, reset};
-pub use suspend::{suspend, wake, SuspendReason};
+pub use suspend::{suspend, SuspendReason};
+pub use wake::wake;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -15,17 +15,7 @@ use crate::golden::Golden;
 use crate::sandbox::{self, Access, Sandbox, SandboxState, Steps};
 use airlock_core::error::{ErrorCode, Result};
 use airlock_core::events::DeleteReason;
-use airlock_postgres::admin::Admin;
 use airlock_state::store::SandboxFilter;
-
-/// The pool's own state, kept on the engine.
-#[derive(Default)]
-pub struct Pool {
-    /// Wakes the filler (a claim took a member, a pool size or generation changed).
-    pub wanted: tokio::sync::Notify,
-    /// Admin sessions kept open on members, so a claim only has to make the role.
-    pub admins: std::sync::Mutex<std::collections::HashMap<String, Admin>>,
-}
 
 /// How often the filler looks even when nothing woke it.
 const TICK: Duration = Duration::from_millis(500);
