@@ -11,8 +11,8 @@
 
 use std::collections::BTreeMap;
 
-use super::hazards::{Evidence, Verdict};
-use super::integrity::line_naming;
+use super::evidence::{Evidence, Verdict};
+use super::lines::line_naming;
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::objects::Entry;
 use airlock_postgres::catalog::short_name;
@@ -139,7 +139,7 @@ fn invoker(properties: &Entry) -> bool {
 /// or qualified).
 fn reads_table(definition: &str, table: &str) -> bool {
     let (schema, name) = airlock_postgres::catalog::split_qualified(table);
-    super::integrity::names_word(&definition.to_ascii_lowercase(), &name.to_ascii_lowercase())
+    super::lines::names_word(&definition.to_ascii_lowercase(), &name.to_ascii_lowercase())
         || definition.contains(&format!("{schema}.{name}"))
 }
 
@@ -222,7 +222,7 @@ fn definer_functions(e: &Evidence, after: &BTreeMap<String, Entry>, v: &mut Verd
         for (function, _) in e.after.functions.iter().filter(|(f, _)| !e.before.functions.contains_key(*f)) {
             let name = function.split('(').next().unwrap_or(function);
             let bare = name.rsplit('.').next().unwrap_or(name).to_ascii_lowercase();
-            if !super::integrity::names_word(&sql, &bare) {
+            if !super::lines::names_word(&sql, &bare) {
                 continue;
             }
             let properties = after.iter().find(|(k, _)| {
@@ -362,7 +362,7 @@ fn row_security_narrowed(
             if forced { "forces row-level security on" } else { "turns row-level security on for" }
         ),
         // The statement that switches it (its policies may come first).
-        super::integrity::line_naming_all(e, &[short_name(table), "security"])
+        super::lines::line_naming_all(e, &[short_name(table), "security"])
             .or_else(|| line_naming(e, short_name(table))),
     );
     h.suggestion = Some(format!(

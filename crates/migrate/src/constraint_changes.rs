@@ -5,8 +5,9 @@
 //! deleting a referenced row used to be refused). Nothing is dropped, so
 //! `integrity_removed` stays quiet, yet what the data is kept to changed.
 
-use super::hazards::{Evidence, Verdict};
-use super::integrity::{fk_target, key_columns, line_naming, line_naming_table, same_foreign_key, valid};
+use super::definitions::{fk_target, key_columns, same_foreign_key, valid};
+use super::evidence::{Evidence, Verdict};
+use super::lines::{line_naming, line_naming_table};
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::Table;
 

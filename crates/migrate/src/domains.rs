@@ -12,8 +12,9 @@
 
 use std::collections::BTreeMap;
 
-use super::hazards::{Evidence, Verdict};
-use super::integrity::{line_naming, valid};
+use super::definitions::valid;
+use super::evidence::{Evidence, Verdict};
+use super::lines::line_naming;
 use super::report::{Hazard, Severity};
 use airlock_postgres::catalog::Catalog;
 
@@ -279,7 +280,7 @@ fn statement_line(e: &Evidence, words: &[&str], name: &str) -> Option<usize> {
         .filter(|s| !s.rolled_back)
         .find(|s| {
             let sql = s.sql.to_ascii_lowercase();
-            words.iter().all(|w| sql.contains(w)) && super::integrity::names_word(&sql, &name)
+            words.iter().all(|w| sql.contains(w)) && super::lines::names_word(&sql, &name)
         })
         .map(|s| s.line)
         .filter(|l| *l > 0)

@@ -9,8 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+pub use super::evidence::{Evidence, Verdict};
 use super::report::{
-    human_ms, Assertion, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
+    human_ms, CandidateReport, Failure, Hazard, LockHeld, RewriteCause, Severity, StatementReport,
 };
 use super::scale::{Scale, Sizes, Work};
 use airlock_postgres::catalog::diff::Change;
@@ -20,47 +21,6 @@ use airlock_postgres::catalog::Catalog;
 const MOST: f64 = 0.5;
 /// Tables smaller than this (rows, at production size) are not worth batching for.
 const MASS_MIN_ROWS: i64 = 1_000;
-
-/// Everything a candidate's judgement rests on.
-pub struct Evidence<'a> {
-    /// Its statements as applied.
-    pub statements: &'a [StatementReport],
-    /// The failure that stopped it.
-    pub failure: Option<&'a Failure>,
-    /// Its assertions.
-    pub assertions: &'a [Assertion],
-    /// The differences from the expected schema.
-    pub drift: &'a [Change],
-    /// The golden's rows per table.
-    pub rows_before: &'a BTreeMap<String, i64>,
-    /// The golden's schema, and the schema after the candidate.
-    pub before: &'a Catalog,
-    /// The schema after the candidate.
-    pub after: &'a Catalog,
-    /// Table sizes and per-row costs.
-    pub scale: &'a Scale,
-    /// A blocking lock estimated to be held longer than this is `long_lock`, milliseconds.
-    pub max_lock_ms: f64,
-    /// The SQL file's text (none for a command).
-    pub sql: Option<&'a str>,
-    /// The golden functions each function's body names, read after it.
-    pub calls: &'a super::calls::Calls,
-    /// Golden views defined otherwise that show the same rows on the fork
-    /// as their old definition, and how many ([`super::view_rows`]).
-    pub views_same_rows: &'a BTreeMap<String, i64>,
-    /// Each partition of the golden's, to the partitioned table at the top
-    /// of its tree.
-    pub roots: &'a BTreeMap<String, String>,
-}
-
-/// Hazards (any one fails the candidate) and notes (worth knowing).
-#[derive(Debug, Default)]
-pub struct Verdict {
-    /// Most severe first.
-    pub hazards: Vec<Hazard>,
-    /// No reason to refuse it.
-    pub notes: Vec<Hazard>,
-}
 
 /// The work each table saw in one statement, each row counted once for
 /// what was done to it: an index build counts the golden's rows of its
@@ -190,32 +150,6 @@ pub fn assess(e: &Evidence) -> Verdict {
     v
 }
 
-impl Evidence<'_> {
-    /// The golden's rows of a table.
-    pub(crate) fn golden_rows(&self, table: &str) -> i64 {
-        self.rows_before.get(table).copied().unwrap_or(0)
-    }
-
-    /// A golden table with rows: where blocking and losing data matter.
-    pub(crate) fn has_rows(&self, table: &str) -> bool {
-        self.golden_rows(table) > 0 || self.scale.size(table).rows > 0 && self.rows_before.contains_key(table)
-    }
-
-    /// High for a big table, medium otherwise.
-    pub(crate) fn sized(&self, table: &str) -> Severity {
-        if self.scale.big(table) {
-            Severity::High
-        } else {
-            Severity::Medium
-        }
-    }
-
-    /// A table's size in words: `20000 rows in the golden`.
-    pub(crate) fn size_words(&self, table: &str) -> String {
-        format!("{} {}", super::report::rows(self.scale.size(table).rows), self.scale.source.place())
-    }
-}
-
 /// Most of a table updated or deleted in one transaction.
 fn mass_hazards(e: &Evidence, works: &[BTreeMap<&str, Work>], v: &mut Verdict) {
     let scale = e.scale;
@@ -307,7 +241,7 @@ fn drop_hazards(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
         // table or a CASCADE (of a schema, a type) reached it.
         let by = match d.cascade {
             false => "",
-            true if super::integrity::names_word(&s.sql.to_ascii_lowercase(), "cascade") => {
+            true if super::lines::names_word(&s.sql.to_ascii_lowercase(), "cascade") => {
                 " (reached by the CASCADE)"
             }
             true => " (a partition of the table dropped, which goes with it)",
@@ -566,8 +500,8 @@ fn detached(e: &Evidence, s: &StatementReport, v: &mut Verdict) {
 /// under their locks: a validation like a constraint's.
 fn attach_scans(e: &Evidence, i: usize, v: &mut Verdict) {
     let s = &e.statements[i];
-    let sql = crate::integrity::without_comments(&s.sql);
-    let has = |word: &str| crate::integrity::names_word(&sql, word);
+    let sql = crate::lines::without_comments(&s.sql);
+    let has = |word: &str| crate::lines::names_word(&sql, word);
     let attach = s.tag.as_deref() == Some("ALTER TABLE") && has("attach") && has("partition");
     let create = s.tag.as_deref() == Some("CREATE TABLE") && sql.contains("partition of");
     if !attach && !create {
@@ -612,7 +546,7 @@ fn attach_scans(e: &Evidence, i: usize, v: &mut Verdict) {
 /// column's type or collation changed, whose indexes are rebuilt).
 fn index_build_safer_form(e: &Evidence, s: &StatementReport) -> Option<String> {
     let sql = s.sql.to_ascii_lowercase();
-    let has = |word: &str| crate::integrity::names_word(&sql, word);
+    let has = |word: &str| crate::lines::names_word(&sql, word);
     let form = match s.tag.as_deref().unwrap_or_default() {
         "REINDEX" => "REINDEX ... CONCURRENTLY, outside a transaction",
         "ALTER TABLE" if has("attach") && has("partition") => {
@@ -651,7 +585,7 @@ fn index_build_safer_form(e: &Evidence, s: &StatementReport) -> Option<String> {
 /// TABLE`; `ONLY`, `IF EXISTS` passed over), if it is one, as a search path
 /// finds it or qualified.
 fn partitioned_named(e: &Evidence, s: &StatementReport, anchor: &str) -> Option<String> {
-    let sql = crate::integrity::without_comments(&s.sql);
+    let sql = crate::lines::without_comments(&s.sql);
     let words: Vec<&str> = sql.split(' ').collect();
     let at = words.iter().position(|w| *w == anchor)?;
     let named = words[at + 1..].iter().find(|w| !matches!(**w, "only" | "if" | "exists"))?.trim_matches('"');
@@ -1011,7 +945,7 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
                         "view {name} is defined otherwise, but shows the same columns and the same {} as before on the golden's data: rows the golden does not hold may still differ",
                         super::report::rows(*rows)
                     ),
-                    super::integrity::line_naming(e, &short),
+                    super::lines::line_naming(e, &short),
                 )),
                 None => found.push((
                     format!("view {name} is defined otherwise: what its callers read, its columns or its rows, may differ"),
@@ -1042,22 +976,20 @@ fn compatibility(e: &Evidence, v: &mut Verdict) {
     // The first statement that names what the first of them names.
     // (Else the first that dropped one: a schema's CASCADE names none.)
     let line =
-        found.iter().filter_map(|(_, names)| super::integrity::line_naming_all(e, names)).min().or_else(
-            || {
-                let dropped_one = |s: &&StatementReport| {
-                    s.dropped.iter().any(|d| {
-                        let short = airlock_postgres::catalog::short_name(&d.identity);
-                        found.iter().any(|(_, names)| names.first().is_some_and(|n| n.as_str() == short))
-                    })
-                };
-                e.statements
-                    .iter()
-                    .filter(|s| !s.rolled_back)
-                    .find(dropped_one)
-                    .map(|s| s.line)
-                    .filter(|l| *l > 0)
-            },
-        );
+        found.iter().filter_map(|(_, names)| super::lines::line_naming_all(e, names)).min().or_else(|| {
+            let dropped_one = |s: &&StatementReport| {
+                s.dropped.iter().any(|d| {
+                    let short = airlock_postgres::catalog::short_name(&d.identity);
+                    found.iter().any(|(_, names)| names.first().is_some_and(|n| n.as_str() == short))
+                })
+            };
+            e.statements
+                .iter()
+                .filter(|s| !s.rolled_back)
+                .find(dropped_one)
+                .map(|s| s.line)
+                .filter(|l| *l > 0)
+        });
     let found: Vec<String> = found.into_iter().map(|(phrase, _)| phrase).collect();
     let shown: Vec<&str> = found.iter().take(5).map(String::as_str).collect();
     let more = if found.len() > 5 { format!(" and {} more", found.len() - 5) } else { String::new() };

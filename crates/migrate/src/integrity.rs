@@ -7,7 +7,11 @@
 //! constraint or index dropped and made again the same (under any name)
 //! takes nothing away.
 
-use super::hazards::{Evidence, Verdict};
+use super::definitions::{
+    fk_target, index_columns, key_columns, same_foreign_key, same_index, sorted, valid,
+};
+use super::evidence::{Evidence, Verdict};
+use super::lines::{line_dropping, line_naming, line_naming_table, names_word};
 use super::report::{Hazard, RewriteCause, Severity};
 use airlock_postgres::catalog::Table;
 
@@ -140,20 +144,6 @@ fn kept(definition: &str, after: &Table) -> bool {
     unique_on(after, &on)
 }
 
-/// A constraint's definition, made again `NOT VALID` or not.
-pub(crate) fn valid(definition: &str) -> &str {
-    definition.strip_suffix(" NOT VALID").unwrap_or(definition)
-}
-
-/// Whether `a` and `b` are foreign keys on the same columns to the same
-/// table (whatever their actions).
-pub(crate) fn same_foreign_key(a: &str, b: &str) -> bool {
-    a.starts_with("FOREIGN KEY")
-        && b.starts_with("FOREIGN KEY")
-        && sorted(key_columns(a)) == sorted(key_columns(b))
-        && fk_target(a) == fk_target(b)
-}
-
 /// Whether a key constraint, or a non-partial unique index, of `table`
 /// holds exactly the columns `on` (sorted) unique.
 fn unique_on(table: &Table, on: &[String]) -> bool {
@@ -164,26 +154,6 @@ fn unique_on(table: &Table, on: &[String]) -> bool {
         d.starts_with("CREATE UNIQUE INDEX") && !d.contains(" WHERE ") && sorted(index_columns(d)) == on
     };
     table.constraints.values().any(constraint) || table.indexes.values().any(index)
-}
-
-/// The table a foreign key's definition references.
-pub(crate) fn fk_target(definition: &str) -> &str {
-    let target = definition.split(" REFERENCES ").nth(1).unwrap_or("another table");
-    target.split('(').next().unwrap_or(target).trim()
-}
-
-fn sorted(mut columns: Vec<String>) -> Vec<String> {
-    columns.sort();
-    columns
-}
-
-/// Whether `text` names `word` as a whole identifier.
-pub(crate) fn names_word(text: &str, word: &str) -> bool {
-    let is_part = |c: char| c.is_ascii_alphanumeric() || c == '_';
-    text.match_indices(word).any(|(at, _)| {
-        !text[..at].chars().next_back().is_some_and(is_part)
-            && !text[at + word.len()..].chars().next().is_some_and(is_part)
-    })
 }
 
 /// Columns of the golden's table that were NOT NULL and are no longer.
@@ -281,208 +251,9 @@ fn key_indexes_dropped(e: &Evidence, table: &str, before: &Table, after: &Table,
     }
 }
 
-/// The line of the first of `statements` (in the order given), not rolled
-/// back, that names `qualified` by its last part as a word, outside its
-/// comments.
-pub(crate) fn naming<'a>(
-    mut statements: impl Iterator<Item = &'a super::report::StatementReport>,
-    qualified: &str,
-) -> Option<usize> {
-    let name = airlock_postgres::catalog::split_qualified(qualified).1.to_ascii_lowercase();
-    statements
-        .find(|s| !s.rolled_back && names_word(&without_comments(&s.sql), &name))
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
-}
-
-/// The line of the first statement (not rolled back) that dropped an
-/// object named `name`, naming it or through a `CASCADE`.
-pub(crate) fn line_dropping(e: &Evidence, name: &str) -> Option<usize> {
-    e.statements
-        .iter()
-        .find(|s| !s.rolled_back && s.dropped.iter().any(|d| d.identity.split(' ').next() == Some(name)))
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
-}
-
-/// The line of the first statement that names table `qualified` (`schema.name`),
-/// by its name alone as a search path finds it, or qualified.
-pub(crate) fn line_naming_table(e: &Evidence, qualified: &str) -> Option<usize> {
-    let (_, name) = airlock_postgres::catalog::split_qualified(qualified);
-    line_naming(e, &name).or_else(|| line_naming(e, qualified))
-}
-
-/// The line of the first statement that names `name`, if one does.
-pub(crate) fn line_naming(e: &Evidence, name: &str) -> Option<usize> {
-    line_naming_all(e, &[name])
-}
-
-/// The line of the first statement (not rolled back) that names every one
-/// of `names` as a word, outside its comments (a comment naming a table is
-/// not the statement that changes it).
-pub(crate) fn line_naming_all(e: &Evidence, names: &[impl AsRef<str>]) -> Option<usize> {
-    let names: Vec<String> = names.iter().map(|n| n.as_ref().to_ascii_lowercase()).collect();
-    e.statements
-        .iter()
-        .find(|s| {
-            !s.rolled_back && {
-                let sql = without_comments(&s.sql);
-                names.iter().all(|n| names_word(&sql, n))
-            }
-        })
-        .map(|s| s.line)
-        .filter(|l| *l > 0)
-}
-
-/// A statement's text as its tokens, lowercased, without its comments: words,
-/// names, constants and punctuation (a qualified name kept whole, `a.b`).
-pub(crate) fn without_comments(sql: &str) -> String {
-    use super::code::lexer::{tokens, Token};
-    let mut out = String::new();
-    let mut glued = false;
-    for t in tokens(sql) {
-        let (text, glue) = match &t {
-            Token::Word(w) | Token::Quoted(w) | Token::Constant(w) | Token::Number(w) => {
-                (w.to_ascii_lowercase(), false)
-            }
-            Token::Other(c) => (c.to_string(), *c == '.'),
-            Token::Escaped => (String::new(), false),
-        };
-        if !out.is_empty() && !glued && !glue {
-            out.push(' ');
-        }
-        out.push_str(&text);
-        glued = glue;
-    }
-    out
-}
-
-/// The columns a key constraint's definition names first:
-/// `FOREIGN KEY (a, b) REFERENCES ...`, `PRIMARY KEY (a)`, `UNIQUE (a, b)`.
-pub(crate) fn key_columns(definition: &str) -> Vec<String> {
-    let keyed = ["FOREIGN KEY (", "PRIMARY KEY (", "UNIQUE NULLS NOT DISTINCT (", "UNIQUE ("];
-    let Some(rest) = keyed.iter().find_map(|k| definition.strip_prefix(k)) else { return vec![] };
-    rest.split(')').next().map(column_list).unwrap_or_default()
-}
-
-/// The leading columns of a `CREATE INDEX` statement, up to the first
-/// expression (an expression's index serves no key).
-fn index_columns(definition: &str) -> Vec<String> {
-    let Some(start) =
-        definition.find(" USING ").and_then(|at| definition[at..].find('(').map(|p| at + p + 1))
-    else {
-        return vec![];
-    };
-    let mut depth = 0;
-    let mut end = definition.len();
-    for (i, ch) in definition[start..].char_indices() {
-        match ch {
-            '(' => depth += 1,
-            ')' if depth == 0 => {
-                end = start + i;
-                break;
-            }
-            ')' => depth -= 1,
-            _ => {}
-        }
-    }
-    let mut columns = Vec::new();
-    for part in definition[start..end].split(',') {
-        // `col`, `col DESC`, `col text_pattern_ops`: the column is the first word;
-        // an expression ends the columns a key could use.
-        let word = part.split_whitespace().next().unwrap_or("");
-        if word.is_empty() || word.contains('(') {
-            break;
-        }
-        columns.push(unquote(word));
-    }
-    columns
-}
-
-/// `a, "B c"` as its column names.
-fn column_list(text: &str) -> Vec<String> {
-    text.split(',').map(|c| unquote(c.trim())).filter(|c| !c.is_empty()).collect()
-}
-
-fn unquote(word: &str) -> String {
-    word.strip_prefix('"').and_then(|w| w.strip_suffix('"')).unwrap_or(word).replace("\"\"", "\"")
-}
-
-/// Two `CREATE INDEX` statements that differ only in the index's name.
-fn same_index(a: &str, b: &str) -> bool {
-    let unique = |d: &str| d.starts_with("CREATE UNIQUE INDEX ");
-    unique(a) == unique(b) && index_body(a).is_some() && index_body(a) == index_body(b)
-}
-
-/// What follows `CREATE [UNIQUE] INDEX name ON `: the name may be quoted,
-/// and hold anything.
-fn index_body(definition: &str) -> Option<&str> {
-    let rest = definition
-        .strip_prefix("CREATE UNIQUE INDEX ")
-        .or_else(|| definition.strip_prefix("CREATE INDEX "))?;
-    let after_name = if let Some(quoted) = rest.strip_prefix('"') {
-        // A quote inside a quoted name is doubled.
-        let mut chars = quoted.char_indices().peekable();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            if c == '"' {
-                if chars.peek().is_some_and(|(_, n)| *n == '"') {
-                    chars.next();
-                } else {
-                    end = Some(i + 1);
-                    break;
-                }
-            }
-        }
-        &quoted[end?..]
-    } else {
-        &rest[rest.find(' ')?..]
-    };
-    after_name.strip_prefix(" ON ")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_and_indexes_are_read_from_their_definitions() {
-        assert_eq!(key_columns("FOREIGN KEY (user_id) REFERENCES users(id) ON DELETE CASCADE"), ["user_id"]);
-        assert_eq!(key_columns("PRIMARY KEY (tenant_id, \"Id\")"), ["tenant_id", "Id"]);
-        assert!(key_columns("CHECK ((total >= (0)::numeric))").is_empty());
-        assert_eq!(
-            index_columns("CREATE INDEX orders_user ON public.orders USING btree (user_id)"),
-            ["user_id"]
-        );
-        assert_eq!(
-            index_columns(
-                "CREATE INDEX o ON public.orders USING btree (user_id DESC, total) WHERE (total > 0)"
-            ),
-            ["user_id", "total"]
-        );
-        assert!(index_columns("CREATE INDEX o ON public.orders USING btree (lower(note))").is_empty());
-        assert_eq!(
-            index_columns("CREATE INDEX o ON public.orders USING btree (user_id, lower(note))"),
-            ["user_id"]
-        );
-        assert!(same_index(
-            "CREATE INDEX a ON public.orders USING btree (user_id)",
-            "CREATE INDEX b ON public.orders USING btree (user_id)"
-        ));
-        assert!(!same_index(
-            "CREATE UNIQUE INDEX a ON public.orders USING btree (user_id)",
-            "CREATE INDEX b ON public.orders USING btree (user_id)"
-        ));
-        // A quoted name may hold " ON " and quotes.
-        assert!(same_index(
-            "CREATE INDEX \"by user ON \"\"x\" ON public.orders USING btree (user_id)",
-            "CREATE INDEX plain ON public.orders USING btree (user_id)"
-        ));
-        assert_eq!(key_columns("UNIQUE NULLS NOT DISTINCT (email)"), ["email"]);
-        assert!(names_word("CHECK ((total >= (0)::numeric))", "total"));
-        assert!(!names_word("CHECK ((subtotal >= (0)::numeric))", "total"));
-        assert!(!names_word("alter table orders drop constraint fix_total", "ix"));
-    }
 
     fn table(constraints: &[(&str, &str)], indexes: &[(&str, &str)]) -> Table {
         Table {

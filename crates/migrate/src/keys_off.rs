@@ -8,8 +8,8 @@
 
 use airlock_postgres::catalog::{split_qualified, Catalog};
 
-use super::hazards::{Evidence, Verdict};
-use super::integrity::without_comments;
+use super::evidence::{Evidence, Verdict};
+use super::lines::without_comments;
 use super::report::{Hazard, Severity};
 
 /// An `integrity_removed` hazard for each statement that switches foreign

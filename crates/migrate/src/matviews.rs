@@ -77,7 +77,7 @@ pub fn keys_lost(before: &Views, after: &Views, statements: &[StatementReport]) 
             continue;
         }
         let Some((index, columns)) = was.keys.iter().next() else { continue };
-        let naming = |name: &str| crate::integrity::naming(statements.iter(), name);
+        let naming = |name: &str| crate::lines::naming(statements.iter(), name);
         let line = naming(index).or_else(|| naming(view));
         let mut h = Hazard::new(
             "integrity_removed",
@@ -110,10 +110,10 @@ pub fn left_empty(before: &Views, after: &Views, statements: &[StatementReport])
         }
         let name = airlock_postgres::catalog::split_qualified(view).1.to_ascii_lowercase();
         let naming = |s: &&StatementReport| {
-            !s.rolled_back && crate::integrity::names_word(&crate::integrity::without_comments(&s.sql), &name)
+            !s.rolled_back && crate::lines::names_word(&crate::lines::without_comments(&s.sql), &name)
         };
         let says_no_data =
-            |s: &&StatementReport| crate::integrity::without_comments(&s.sql).contains("with no data");
+            |s: &&StatementReport| crate::lines::without_comments(&s.sql).contains("with no data");
         let line = statements
             .iter()
             .rev()

@@ -428,7 +428,7 @@ pub(crate) async fn measure(
         let counted = format!("{table}: {inserted} rows inserted, {updated} updated and {deleted} deleted that no statement's measurement saw");
         let named_by_failing = applied.failure.as_ref().filter(|f| {
             let short = airlock_postgres::catalog::short_name(table).trim_matches('"').to_ascii_lowercase();
-            super::integrity::names_word(&f.sql.to_ascii_lowercase(), &short)
+            super::lines::names_word(&f.sql.to_ascii_lowercase(), &short)
         });
         match named_by_failing {
             None => found.push(report::Hazard::new(

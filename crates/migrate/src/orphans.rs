@@ -112,7 +112,7 @@ pub async fn hazards(
     for k in keys.iter().flatten() {
         let Some(was) = golden.tables.get(&k.table) else { continue };
         let left = COUNT_BUDGET_MS.saturating_sub(began.elapsed().as_millis() as u64);
-        let line = super::integrity::naming(statements.iter().rev(), &k.name);
+        let line = super::lines::naming(statements.iter().rev(), &k.name);
         // A count that fails or runs out of time is said, not dropped: a
         // candidate could make counting slow to hide what it broke.
         let Some(n) = (if left > 0 { count(client, k, left).await } else { None }) else {
@@ -138,7 +138,7 @@ pub async fn hazards(
         let checked_before = was.constraints.values().any(|d| {
             d.starts_with("FOREIGN KEY (")
                 && !d.ends_with("NOT VALID")
-                && super::integrity::key_columns(d) == k.columns
+                && super::definitions::key_columns(d) == k.columns
         });
         let rows = if n == 1 { "row" } else { "rows" };
         let (severity, message) = match checked_before {

@@ -22,7 +22,7 @@ pub fn fold(hazards: &mut Vec<Hazard>, roots: &BTreeMap<String, String>, rows: &
         .map(|h| {
             roots
                 .keys()
-                .filter(|leaf| crate::integrity::names_word(&h.message, leaf))
+                .filter(|leaf| crate::lines::names_word(&h.message, leaf))
                 .max_by_key(|leaf| leaf.len())
                 .cloned()
         })

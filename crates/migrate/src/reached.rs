@@ -11,8 +11,8 @@
 use std::collections::BTreeSet;
 
 use super::calls::{by_name, changed_down, words, Changed};
-use super::hazards::{Evidence, Verdict};
-use super::integrity::line_naming;
+use super::evidence::{Evidence, Verdict};
+use super::lines::line_naming;
 use super::report::{Hazard, Severity};
 
 /// What runs a function, as a message names it, and what a new body does to it.
@@ -35,7 +35,7 @@ fn redone(e: &Evidence, after: Option<usize>, (name, words): &(String, &[&str]))
     let name = name.to_ascii_lowercase();
     e.statements.iter().filter(|s| !s.rolled_back && Some(s.line) > after).any(|s| {
         let sql = s.sql.to_ascii_lowercase();
-        super::integrity::names_word(&sql, &name) && words.iter().any(|w| sql.contains(w))
+        super::lines::names_word(&sql, &name) && words.iter().any(|w| sql.contains(w))
     })
 }
 

@@ -90,9 +90,9 @@ pub fn hazards(
             // The statement that gave the sequence its owner, else the one
             // that made the column's table (a `LIKE ... INCLUDING ALL` copies
             // the default), else the one that named the owner last.
-            let line = crate::integrity::naming(statements.iter().rev(), &b.sequence)
-                .or_else(|| crate::integrity::naming(statements.iter(), &b.table))
-                .or_else(|| crate::integrity::naming(statements.iter().rev(), owner));
+            let line = crate::lines::naming(statements.iter().rev(), &b.sequence)
+                .or_else(|| crate::lines::naming(statements.iter(), &b.table))
+                .or_else(|| crate::lines::naming(statements.iter().rev(), owner));
             let mut h = Hazard::new(
                 "sequence_owned_elsewhere",
                 Severity::Medium,

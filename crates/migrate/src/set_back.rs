@@ -50,7 +50,7 @@ pub fn run_out(left: &BTreeMap<String, i64>, statements: &[StatementReport]) -> 
 /// same name that hands out values now was made by a later statement
 /// (`ADD GENERATED ... AS IDENTITY` names its table, not its sequence).
 fn last_naming(statements: &[StatementReport], names: &[&str]) -> Option<usize> {
-    let texts: Vec<String> = statements.iter().map(|s| crate::integrity::without_comments(&s.sql)).collect();
+    let texts: Vec<String> = statements.iter().map(|s| crate::lines::without_comments(&s.sql)).collect();
     names.iter().find_map(|name| {
         let name = airlock_postgres::catalog::split_qualified(name).1.to_ascii_lowercase();
         statements

@@ -9,8 +9,8 @@
 
 use airlock_postgres::catalog::{short_name, split_qualified};
 
-use super::hazards::Evidence;
-use super::integrity::line_naming;
+use super::evidence::Evidence;
+use super::lines::line_naming;
 use super::report::{Hazard, Severity};
 
 /// A note for each table or view the candidate made whose name a golden

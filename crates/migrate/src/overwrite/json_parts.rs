@@ -388,7 +388,7 @@ pub fn place(losses: &mut [PartLoss], statements: &[StatementReport]) {
         let wrote = statements.iter().rev().find(|st| {
             !st.rolled_back
                 && st.rows.iter().any(|r| r.table == loss.table && r.updated > 0)
-                && crate::integrity::names_word(&crate::integrity::without_comments(&st.sql), &column)
+                && crate::lines::names_word(&crate::lines::without_comments(&st.sql), &column)
         });
         if let Some(st) = wrote.filter(|st| st.line > 0) {
             loss.line = st.line;

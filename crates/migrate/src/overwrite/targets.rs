@@ -156,7 +156,7 @@ fn set_null_by_keys(
         for (table, t) in catalog.tables.iter().filter(|(name, _)| tables.contains(*name)) {
             for definition in t.constraints.values().filter(|d| d.starts_with("FOREIGN KEY (")) {
                 let nulls = definition.contains(" SET NULL") || definition.contains(" SET DEFAULT");
-                let parent = crate::integrity::fk_target(definition);
+                let parent = crate::definitions::fk_target(definition);
                 let parent: Vec<String> = parent.split('.').map(|p| p.trim_matches('"').to_owned()).collect();
                 let refers = resolve(&parent, catalog).is_some_and(|p| p.iter().any(|p| touched.contains(p)));
                 if !nulls || !refers {
@@ -170,7 +170,7 @@ fn set_null_by_keys(
                     line: st.line,
                     named: true,
                 });
-                for column in crate::integrity::key_columns(definition) {
+                for column in crate::definitions::key_columns(definition) {
                     if !target.columns.contains(&column) {
                         target.columns.push(column.clone());
                     }

@@ -104,7 +104,7 @@ pub fn targets(
             .constraints
             .values()
             .find(|d| d.starts_with("PRIMARY KEY"))
-            .map(|d| crate::integrity::key_columns(d))
+            .map(|d| crate::definitions::key_columns(d))
             .unwrap_or_default();
         let already = set.get(table);
         let columns: Vec<String> = golden
