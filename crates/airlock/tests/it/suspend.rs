@@ -274,3 +274,44 @@ fn a_reset_or_a_suspend_tells_each_connected_client_why_its_session_ended() {
     let own = String::from_utf8_lossy(&held.wait_with_output().unwrap().stderr).into_owned();
     assert!(own.contains("terminating connection due to administrator command"), "{own}");
 }
+
+#[test]
+fn the_servers_processes_end_after_postgresqls_own_clean_up_so_statistics_outlive_a_session_and_a_suspend() {
+    // The guard ends each of the server's processes once PostgreSQL's own
+    // clean-up is done, before the libraries' exit handlers. What that
+    // clean-up writes must still be written: a session's statistics when it
+    // ends, and the server's when a clean suspend stops it (the checkpointer
+    // writes them as it exits).
+    let d = Daemon::start(&[]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let (sid, url) = (id(&sb), dsn(&sb));
+    sql(&url, "CREATE TABLE counted (x int)");
+    sql(&url, "INSERT INTO counted SELECT generate_series(1, 123)");
+    let inserted = "SELECT n_tup_ins FROM pg_stat_user_tables WHERE relname = 'counted'";
+    // Each `sql` is a session of its own: the insert's counts reached the
+    // server's statistics when its session ended.
+    assert_eq!(sql(&url, inserted), "123");
+    let pid = d.postmaster_of(&sid);
+    d.ok(&["suspend", &sid]);
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists(), "the server stopped");
+    d.ok(&["wake", &sid]);
+    assert_ne!(d.postmaster_of(&sid), pid, "a new server");
+    assert_eq!(sql(&url, inserted), "123", "statistics written at the clean stop were read at the start");
+    // A session ended by another (an administrator's command, exit code 1)
+    // ends alone: no crash, so the server's other sessions go on.
+    let ended = spawn_psql(&url, "SELECT pg_sleep(60)");
+    let going_on = spawn_psql(&url, "SELECT pg_sleep(3), 'still here'");
+    let running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(%'";
+    while sql(&url, running) != "2" {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let server = d.postmaster_of(&sid);
+    sql(&url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'");
+    let ended = ended.wait_with_output().unwrap();
+    assert!(String::from_utf8_lossy(&ended.stderr).contains("administrator command"), "{ended:?}");
+    let going_on = going_on.wait_with_output().unwrap();
+    assert!(going_on.status.success(), "{going_on:?}");
+    assert!(String::from_utf8_lossy(&going_on.stdout).contains("still here"), "{going_on:?}");
+    assert_eq!(d.postmaster_of(&sid), server);
+}
