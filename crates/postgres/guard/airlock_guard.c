@@ -79,6 +79,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/file.h>
@@ -1037,23 +1038,31 @@ airlock_guard_object_access(ObjectAccessType access, Oid classId, Oid objectId,
 
 /*
  * Ends a process of the server that is exiting through proc_exit, once every
- * clean-up PostgreSQL asked for has run (proc_exit_inprogress). What would run
- * after it are the libraries' own exit handlers: OpenSSL's clean-up
- * (pg_strong_random set OpenSSL up at the postmaster's start) and every linked
- * library's destructors, which free memory the kernel is about to take back
- * and, in a forked process, first copy the pages they touch: about 1 ms and
- * 300 page faults a process, on every connection's end and on the start-up
- * process's, which a server's start waits for. Registered in the postmaster
- * after those handlers, so it runs before them in every process forked from
- * it. A process that calls exit() by another road (not through proc_exit)
- * goes on as before: PostgreSQL's own atexit callback cleans up, then this
- * ends it, or the libraries' handlers run.
+ * clean-up PostgreSQL asked for has run. What would run after it are the
+ * libraries' own exit handlers: OpenSSL's clean-up (pg_strong_random set
+ * OpenSSL up at the postmaster's start) and every linked library's
+ * destructors, which free memory the kernel is about to take back and, in a
+ * forked process, first copy the pages they touch: about 1 ms and 300 page
+ * faults a process, on every connection's end and on the start-up process's,
+ * which a server's start waits for. Registered in the postmaster after those
+ * handlers, so it runs before them in every process forked from it.
+ *
+ * It ends nothing while the shared-memory clean-up is still under way
+ * (shmem_exit_inprogress): an exit() from inside one of those callbacks (an
+ * extension's, an interpreter's teardown) then goes on to PostgreSQL's own
+ * atexit callback, which runs what is left (ProcKill among it), as before.
+ * A process that calls exit() outside proc_exit is left alone too: the
+ * handlers run as they always did. stdio is flushed first, as exit() would
+ * (a value `postgres -C` printed to a pipe, a collector's last line).
  */
 static void
 end_after_cleanup(int status, void *arg)
 {
-	if (proc_exit_inprogress)
+	if (proc_exit_inprogress && !shmem_exit_inprogress)
+	{
+		fflush(NULL);
 		_exit(status);
+	}
 }
 
 void
