@@ -22,7 +22,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use sha2::{Digest, Sha256};
 
-use super::mcp::Gateway;
+use super::mcp::{BoundSandbox, Gateway};
 use airlock_core::error::{Error, ErrorCode, Result};
 use airlock_lifecycle::engine::Engine;
 
@@ -175,8 +175,7 @@ impl Drop for AtWork {
 /// Answers 429 to a sandbox's request past its [`IN_FLIGHT_PER_SANDBOX`]; the
 /// count covers the request until its answer is written.
 async fn its_share(State(in_flight): State<Arc<InFlight>>, request: Request, next: Next) -> Response {
-    let sandbox =
-        request.extensions().get::<super::mcp::BoundSandbox>().map(|b| b.0.clone()).unwrap_or_default();
+    let sandbox = request.extensions().get::<BoundSandbox>().map(|b| b.0.clone()).unwrap_or_default();
     let Some(at_work) = in_flight.begin(&sandbox) else {
         let message = format!(
             "this sandbox already has {IN_FLIGHT_PER_SANDBOX} requests at work on the gateway; wait for one to answer"
@@ -198,7 +197,7 @@ async fn its_share(State(in_flight): State<Arc<InFlight>>, request: Request, nex
 async fn known_token(State(engine): State<Arc<Engine>>, mut request: Request, next: Next) -> Response {
     match token_of(request.uri().path()).and_then(|t| sandbox_for(&engine, t).ok()) {
         Some(sandbox) => {
-            request.extensions_mut().insert(super::mcp::BoundSandbox(sandbox));
+            request.extensions_mut().insert(BoundSandbox(sandbox));
             next.run(request).await
         }
         None => StatusCode::NOT_FOUND.into_response(),

@@ -3,9 +3,10 @@
 //!
 //! Joining a cgroup can be slow for no work of the child's own: a write to
 //! `cgroup.procs` waits for an RCU grace period (5 to 30 ms on a small
-//! virtual machine) where moves are not favored ([`crate::cgroup_moves`]). A fork's server can join its cgroups
-//! while the daemon clones the files it will run on, and wait here until
-//! they are there: the two waits overlap instead of adding up.
+//! virtual machine) where moves are not favored ([`crate::cgroup_moves`]).
+//! A fork's server can join its cgroups while the daemon clones the files it
+//! will run on, and wait here until they are there: the two waits overlap
+//! instead of adding up.
 //!
 //! The children and the daemon share one pipe: each waiting child reads one
 //! byte, `g` to go on or `x` to give up (its spawn then fails). The daemon

@@ -52,7 +52,7 @@ impl Engine {
             max_sandboxes: self.config.max_sandboxes,
             max_running: self.config.max_running,
             max_disk_bytes: self.config.max_disk_bytes,
-            disk_reserve_bytes: volume::reserve_bytes(self),
+            disk_reserve_bytes: volume::Space::of(self).reserve,
             disk_quota_per_sandbox: self.cloner.hard_quota(),
             disk_headroom_bytes: self.config.disk_headroom_bytes,
             disk_unpromised_bytes: self.headroom.unpromised(),

@@ -170,7 +170,7 @@ fn watch_servers(engine: &Arc<Engine>) {
         // WAL's, say, under a bulk load) is kept so too: the agent learns
         // what happened and a reset or wake gives it back.
         let log = engine.layout.sandbox(&sb.id).join("postgres.log");
-        let volume_full = airlock_lifecycle::sandbox::volume::volume_free(engine) < VOLUME_FULL_BELOW
+        let volume_full = airlock_lifecycle::sandbox::volume::Space::of(engine).free < VOLUME_FULL_BELOW
             || engine.headroom.at_its_limit(engine, &sb.id);
         if sb.state == SandboxState::Running && volume_full {
             if engine.store().suspend_dead(&sb.id, sb.pid).unwrap_or(false) {

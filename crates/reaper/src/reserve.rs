@@ -22,7 +22,7 @@ use serde_json::json;
 
 use airlock_core::events::NewEvent;
 use airlock_lifecycle::engine::Engine;
-use airlock_lifecycle::sandbox::volume::{reserve_bytes, volume_free};
+use airlock_lifecycle::sandbox::volume::Space;
 use airlock_lifecycle::sandbox::{suspend, SandboxState, SuspendReason};
 use airlock_state::store::SandboxFilter;
 
@@ -49,7 +49,7 @@ impl Watch {
         if airlock_lifecycle::sandbox::headroom::Headroom::applies(engine) {
             return;
         }
-        let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
+        let Space { free, reserve, .. } = Space::of(engine);
         if reserve == 0 || free >= reserve.saturating_mul(NEAR) {
             self.written.clear();
             return;

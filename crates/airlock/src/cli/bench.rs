@@ -10,6 +10,7 @@ use std::time::Instant;
 use clap::Subcommand;
 use hyper::Method;
 
+use airlock_lifecycle::doctor::Doctor;
 use airlock_listen::client::NO_BODY;
 
 use super::bench_baselines::Baselines;
@@ -192,7 +193,7 @@ pub(super) async fn run(cli: &Cli, cmd: &BenchCommand) -> Result<i32> {
         BenchCommand::Audit { rounds } => return super::bench_audit::run(cli, *rounds),
     };
     let client = cli.client()?;
-    let doctor: airlock_lifecycle::doctor::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
+    let doctor: Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let router = doctor.router.as_ref();
     let iterations = (*iterations).max(1);
     let req = ForkRequest { golden: golden.clone(), ttl_seconds: Some(600), ..Default::default() };
@@ -350,7 +351,7 @@ fn report(cli: &Cli, title: &str, extra: serde_json::Value, all: &[Series], comp
 async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Result<i32> {
     let duration = airlock_core::validate::duration("--duration", duration)?;
     let client = std::sync::Arc::new(cli.client()?);
-    let doctor: airlock_lifecycle::doctor::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
+    let doctor: Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let router = std::sync::Arc::new(doctor.router);
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
     let bar = output::spinner(
@@ -398,7 +399,7 @@ async fn churn(cli: &Cli, golden: &str, duration: &str, clients: usize) -> Resul
 /// answer (the wake included), against the same connection to it running.
 async fn wake(cli: &Cli, golden: &str, iterations: usize) -> Result<i32> {
     let client = cli.client()?;
-    let doctor: airlock_lifecycle::doctor::Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
+    let doctor: Doctor = client.call(Method::GET, "/v1/doctor", NO_BODY).await?;
     let req = ForkRequest { golden: golden.to_owned(), ttl_seconds: Some(600), ..Default::default() };
     let forked: Forked = client.call(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     let config = agent_config(&forked.sandbox, doctor.router.as_ref(), Via::Router)?;

@@ -13,6 +13,13 @@ fn id(v: &serde_json::Value) -> String {
     v["id"].as_str().unwrap().to_owned()
 }
 
+/// Waits until `count` (a query counting sessions) says `n`.
+fn until_sessions(url: &str, count: &str, n: &str) {
+    while sql(url, count) != n {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_suspended_sandbox_keeps_its_data_address_and_credential_and_wakes_on_connect() {
     let d = Daemon::start(&[]);
@@ -245,9 +252,7 @@ fn a_reset_or_a_suspend_tells_each_connected_client_why_its_session_ended() {
         "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)' AND state = 'active'";
     let cut_by = |command: &str| {
         let held = crate::harness::spawn_psql(&agent, "SELECT pg_sleep(60)");
-        while sql(&agent, running) != "1" {
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until_sessions(&agent, running, "1");
         d.json(&[command, &id]);
         let out = held.wait_with_output().unwrap();
         String::from_utf8_lossy(&out.stderr).into_owned()
@@ -267,9 +272,7 @@ fn a_reset_or_a_suspend_tells_each_connected_client_why_its_session_ended() {
     // Woken by the next connection; the agent ending its own session gets
     // PostgreSQL's message (the reasons are the daemon's alone).
     let held = crate::harness::spawn_psql(&agent, "SELECT pg_sleep(60)");
-    while sql(&agent, running) != "1" {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_sessions(&agent, running, "1");
     sql(&agent, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'");
     let own = String::from_utf8_lossy(&held.wait_with_output().unwrap().stderr).into_owned();
     assert!(own.contains("terminating connection due to administrator command"), "{own}");
@@ -303,9 +306,7 @@ fn the_servers_processes_end_after_postgresqls_own_clean_up_so_statistics_outliv
     let ended = spawn_psql(&url, "SELECT pg_sleep(60)");
     let going_on = spawn_psql(&url, "SELECT pg_sleep(3), 'still here'");
     let running = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep(%'";
-    while sql(&url, running) != "2" {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    until_sessions(&url, running, "2");
     let server = d.postmaster_of(&sid);
     sql(&url, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = 'SELECT pg_sleep(60)'");
     let ended = ended.wait_with_output().unwrap();

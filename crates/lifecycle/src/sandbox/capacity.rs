@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::MutexGuard;
 
 use super::suspend::{suspend, SuspendReason};
-use super::volume::{reserve_bytes, volume_free, volume_used};
+use super::volume::Space;
 use super::SandboxState;
 use crate::engine::Engine;
 use airlock_core::error::{Error, ErrorCode, Result};
@@ -125,7 +125,7 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
             code: ErrorCode::CapacityExhausted,
         }));
     }
-    let (free, reserve) = (volume_free(engine), reserve_bytes(engine));
+    let Space { used, free, reserve, .. } = Space::of(engine);
     if free < reserve {
         return Ok(Some(NoRoom {
             message: format!(
@@ -137,7 +137,6 @@ fn room(engine: &Engine, need: Need) -> Result<Option<NoRoom>> {
         }));
     }
     if let Some(max) = c.max_disk_bytes {
-        let used = volume_used(engine);
         if used >= max {
             return Ok(Some(NoRoom {
                 message: format!("the volume holds {used} bytes, the limit is {max}"),

@@ -37,6 +37,7 @@ use airlock_host::storage::btrfs::{Qgroup, Usage};
 use airlock_host::storage::WAL_LIMIT;
 use airlock_state::store::SandboxFilter;
 
+use super::volume::Space;
 use super::SandboxState;
 
 /// A golden build's claim on the volume; given back (its limit lifted, so
@@ -296,9 +297,7 @@ impl Headroom {
                 groups: Groups { data: group, wal: None },
             });
         }
-        let Ok(stat) = nix::sys::statvfs::statvfs(&engine.layout.volume()) else { return };
-        let free = stat.blocks_available() * stat.fragment_size();
-        let reserve = super::volume::reserve_bytes(engine);
+        let Some(Space { free, reserve, .. }) = Space::read(engine) else { return };
         // Buffered writes not yet on disk will take the volume's space too.
         let pending: u64 =
             readings.iter().map(|r| r.data.reserved_data + r.wal.map_or(0, |w| w.reserved_data)).sum();
@@ -496,9 +495,8 @@ pub fn no_room(engine: &Engine) -> Error {
 /// plainly when one sandbox's allowance is more than the volume can hold.
 pub fn check_volume(engine: &Engine) -> Result<Vec<String>> {
     let mut warnings = Vec::new();
-    let Ok(stat) = nix::sys::statvfs::statvfs(&engine.layout.volume()) else { return Ok(warnings) };
-    let size = stat.blocks() * stat.fragment_size();
-    let room = size.saturating_sub(super::volume::reserve_bytes(engine));
+    let Some(Space { size, reserve, .. }) = Space::read(engine) else { return Ok(warnings) };
+    let room = size.saturating_sub(reserve);
     let limit = engine.config.disk_limit_bytes;
     if !Headroom::applies(engine) {
         warnings.push(format!(

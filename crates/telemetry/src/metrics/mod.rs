@@ -410,8 +410,8 @@ impl Metrics {
             gauge(routes as f64),
         );
         registry.register("pool_target", "The warm-pool size a golden asks for", target);
-        let used = airlock_lifecycle::sandbox::volume::volume_used(engine);
-        let free = airlock_lifecycle::sandbox::volume::volume_free(engine);
+        let airlock_lifecycle::sandbox::volume::Space { used, free, .. } =
+            airlock_lifecycle::sandbox::volume::Space::of(engine);
         registry.register("volume_used_bytes", "Bytes used on the copy-on-write volume", gauge(used as f64));
         registry.register("volume_free_bytes", "Bytes free on the copy-on-write volume", gauge(free as f64));
         let mut out = String::new();
