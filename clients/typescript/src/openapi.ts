@@ -620,6 +620,11 @@ export interface components {
              *     clients of this node's sandboxes.
              */
             relay_port?: number | null;
+            /**
+             * @description The directory of the router's unix socket (`.s.PGSQL.<port>`), when
+             *     it has one.
+             */
+            socket_dir?: string | null;
             /** @description Whether TLS is offered. */
             tls: components["schemas"]["TlsMode"];
         };
@@ -2202,6 +2207,11 @@ export interface components {
              *     TLS): the sandbox's id as the user, its password.
              */
             redis_url?: string | null;
+            /**
+             * @description The same credential on the router's unix socket, when the router has
+             *     one (`serve --router-socket`): for clients on this host, any user.
+             */
+            router_socket_dsn?: string | null;
             /**
              * @description The same credential over the sandbox's private unix socket (for tools on
              *     this host that bypass the router).

@@ -38,6 +38,11 @@ pub struct Address {
     /// clients of this node's sandboxes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub relay_port: Option<u16>,
+    /// The directory of the router's unix socket (`.s.PGSQL.<port>`), when
+    /// it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>)]
+    pub socket_dir: Option<PathBuf>,
 }
 
 impl Address {
@@ -58,6 +63,17 @@ impl Address {
             (_, None) => url.push_str("?sslmode=require"),
         }
         url
+    }
+
+    /// A sandbox's DSN on the router's unix socket, when it has one.
+    pub fn socket_dsn(&self, sandbox: &str, password: &str) -> Option<String> {
+        let dir = self.socket_dir.as_deref()?;
+        Some(format!(
+            "postgresql://{}:{password}@/{sandbox}?host={}&port={}",
+            airlock_core::dsn::AGENT_ROLE,
+            percent_encode_path(dir),
+            self.port
+        ))
     }
 
     /// A sandbox's Redis URL through the router: `rediss://` when TLS is on

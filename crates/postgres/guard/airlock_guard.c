@@ -519,7 +519,8 @@ materialize_template1(void)
  * says anything more, the guard offers to take the client: a ParameterStatus
  * "airlock.handoff" = "PID:KEY", the backend's cancel key in hex, for the
  * router to pass the client's cancel requests on. The router answers with one
- * message: the client's TCP socket (SCM_RIGHTS) and what airlock.connection is
+ * message: the client's socket (SCM_RIGHTS: TCP, or unix for a client of the
+ * router's own unix socket) and what airlock.connection is
  * to say, which the guard sets with the handshake as the router would. The guard puts the client's socket in place of the
  * router's; AuthenticationOk and everything after go to the client, and the
  * session's bytes pass through no proxy. The router's connection stays open,
@@ -528,7 +529,7 @@ materialize_template1(void)
  * Nothing here is more than a client of the socket can do already: whoever
  * connects with airlock.handoff=on gets the offer (their own session's key),
  * can say how they connected (as a direct client may, with the handshake it
- * is told) and can hand in only a TCP socket of their own to talk over.
+ * is told) and can hand in only a stream socket of their own to talk over.
  */
 static bool handoff_setting = false;
 /* Whether this session took its client (what SHOW airlock.handoff says). */
@@ -686,9 +687,13 @@ receive_client(int sock, char *text)
 	return client;
 }
 
-/* Whether `fd` is a TCP stream: all the router ever hands in. */
+/*
+ * Whether `fd` is a stream socket, TCP or unix: all the router ever hands in.
+ * (Not a file, a pipe or a datagram socket, which the server's socket calls
+ * would fail on in ways it does not expect.)
+ */
 static bool
-is_tcp_stream(int fd)
+is_stream_socket(int fd)
 {
 	int			type = 0;
 	int			domain = 0;
@@ -699,7 +704,7 @@ is_tcp_stream(int fd)
 	length = sizeof(int);
 	if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &length) != 0)
 		return false;
-	return domain == AF_INET || domain == AF_INET6;
+	return domain == AF_INET || domain == AF_INET6 || domain == AF_UNIX;
 }
 
 /*
@@ -769,10 +774,10 @@ take_client(Port *port)
 		handoff_failed("the router spoke before the offer");
 	offer_handoff();
 	client = receive_client(port->sock, text);
-	if (!is_tcp_stream(client))
+	if (!is_stream_socket(client))
 	{
 		close(client);
-		handoff_failed("what was handed in is not a TCP connection");
+		handoff_failed("what was handed in is not a stream socket");
 	}
 	/* The router's connection stays open while the session lives, unused. */
 	if (!AcquireExternalFD())

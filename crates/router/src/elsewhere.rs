@@ -18,7 +18,6 @@
 //! the entry router, is passed to the owner.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -27,6 +26,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::client::Client;
+use super::peer::Peer;
 use super::protocol::{self, BackendKey, ErrorResponse};
 use airlock_core::error::Result;
 use airlock_core::secret::{hex, unhex};
@@ -99,8 +99,8 @@ pub(super) struct Header {
     pub door: Door,
     /// The entry router's node.
     pub node: String,
-    /// The client's address.
-    pub peer: SocketAddr,
+    /// Where the client connected from.
+    pub peer: Peer,
     /// The client's TLS (version and cipher), when it came by TLS.
     pub tls: Option<String>,
     /// The entry router's certificate's `tls-server-end-point` binding, in hex.
@@ -191,13 +191,7 @@ impl Peers {
     }
 
     /// A header for a client that came to this router.
-    pub fn header(
-        &self,
-        door: Door,
-        peer: SocketAddr,
-        tls: Option<String>,
-        end_point: Option<&[u8]>,
-    ) -> Header {
+    pub fn header(&self, door: Door, peer: Peer, tls: Option<String>, end_point: Option<&[u8]>) -> Header {
         Header { door, node: self.node.clone(), peer, tls, end_point: end_point.map(hex) }
     }
 
@@ -206,7 +200,7 @@ impl Peers {
     pub async fn cancel(&self, key: &BackendKey) -> bool {
         let remote = self.keys.lock().unwrap_or_else(|p| p.into_inner()).get(key).cloned();
         let Some(remote) = remote else { return false };
-        let header = self.header(Door::Postgres, SocketAddr::from(([0, 0, 0, 0], 0)), None, None);
+        let header = self.header(Door::Postgres, Peer::none(), None, None);
         if let Ok(mut stream) = self.dial(&remote, &header).await {
             let _ = stream.write_all(&key.cancel_request()).await;
             let _ = stream.flush().await;
@@ -246,7 +240,7 @@ impl Peers {
         }
         if matches!(started, Ok(Ok(true))) {
             let entering = match client {
-                Client::Plain(tcp) => super::relay::Entering::Plain(tcp),
+                Client::Plain(plain) => super::relay::Entering::Plain(plain),
                 Client::Tls(tls) => {
                     let (tcp, conn) = tls.into_inner();
                     super::relay::Entering::Tls(tcp, conn)

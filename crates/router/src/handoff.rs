@@ -6,9 +6,10 @@
 //! session has authenticated, and before it says anything more, the in-server
 //! guard offers to take the client: a ParameterStatus `airlock.handoff` with
 //! the backend's cancel key ([`super::backend`] reads it). The router answers
-//! with one message on the session's unix connection: the client's TCP socket
-//! (`SCM_RIGHTS`) and what `airlock.connection` is to say. From then on the
-//! backend speaks to the client directly, starting with `AuthenticationOk`.
+//! with one message on the session's unix connection: the client's socket
+//! (`SCM_RIGHTS`; TCP, or unix for a client of the router's own socket) and
+//! what `airlock.connection` is to say. From then on the backend speaks to
+//! the client directly, starting with `AuthenticationOk`.
 //!
 //! The router keeps what it needs to keep its guarantees: the unix connection,
 //! never read or written again, which the server closes when the session ends
@@ -18,10 +19,10 @@
 //! relay does); and the backend's key, so the client's cancel requests still
 //! reach it.
 //!
-//! Only a plaintext client on the router's own port is handed off: TLS ends in
-//! the router, a cluster's relayed client arrives over the relay's TLS, and
-//! settings the router must SET as the agent need the router in the session
-//! first.
+//! Only a plaintext client on the router's own port or socket is handed off:
+//! TLS ends in the router, a cluster's relayed client arrives over the relay's
+//! TLS, and settings the router must SET as the agent need the router in the
+//! session first.
 
 use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -30,14 +31,18 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 
 /// Longest `airlock.connection` text the guard takes with the socket.
 const TEXT_MAX: usize = 1023;
 
 /// Gives `client`'s socket to the server session on `server`, which offered to
 /// take it, with `connection` for its `airlock.connection`.
-pub(super) async fn hand(server: &UnixStream, client: &TcpStream, connection: &str) -> std::io::Result<()> {
+pub(super) async fn hand(
+    server: &UnixStream,
+    client: BorrowedFd<'_>,
+    connection: &str,
+) -> std::io::Result<()> {
     if connection.len() > TEXT_MAX || connection.contains('\0') {
         return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "connection text too long"));
     }

@@ -6,7 +6,6 @@
 //! Nothing here changes a sandbox's lifecycle: the router asks the daemon for
 //! that over its API, and waits out a daemon that is restarting.
 
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -106,7 +105,7 @@ impl Host {
         self: &Arc<Self>,
         sb: &Sandbox,
         kind: EventKind,
-        (peer, tls): (SocketAddr, bool),
+        (peer, tls): (super::peer::Peer, bool),
         store: Option<&str>,
         phases: serde_json::Value,
         entry: Option<&str>,

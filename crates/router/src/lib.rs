@@ -1,14 +1,16 @@
 //! The router: one TCP port speaking the PostgreSQL wire protocol in front of
-//! every sandbox (and another, when asked, speaking Redis's: `redis.rs`). It reads a client's startup packet, picks the sandbox from the
-//! database name (its id or name), authenticates the client itself with SCRAM
-//! (channel-bound on TLS) against the verifier the daemon minted, wakes the
-//! sandbox if it is suspended, and joins the client to a server session on the
-//! sandbox's private socket: one opened ahead for a warm-pool member, or a new
-//! one.
+//! every sandbox (and, when asked, a unix socket for the host's own clients:
+//! `local.rs`; and another port speaking Redis's: `redis.rs`). It reads a
+//! client's startup packet, picks the sandbox from the database name (its id
+//! or name), authenticates the client itself with SCRAM (channel-bound on
+//! TLS) against the verifier the daemon minted, wakes the sandbox if it is
+//! suspended, and joins the client to a server session on the sandbox's
+//! private socket: one opened ahead for a warm-pool member, or a new one.
 //!
-//! It never logs a password or a message body. Each client is bounded: its startup must finish
-//! within [`RouterConfig::startup_timeout`], its packets are size-limited, and
-//! at most [`RouterConfig::max_connections`] connections are open at once.
+//! It never logs a password or a message body. Each client is bounded: its
+//! startup must finish within [`RouterConfig::startup_timeout`], its packets
+//! are size-limited, and at most [`RouterConfig::max_connections`]
+//! connections are open at once.
 
 mod backend;
 mod client;
@@ -16,7 +18,9 @@ pub mod connections;
 pub mod elsewhere;
 mod handoff;
 pub mod host;
+pub mod local;
 pub mod parked;
+pub mod peer;
 pub mod process;
 pub mod protocol;
 mod redis;
@@ -32,14 +36,16 @@ pub use airlock_lifecycle::doors::{Address, TlsMode};
 pub use connections::{Connections, Open};
 pub use elsewhere::{Directory, Relay, Remote};
 pub use host::Host;
+pub use peer::Peer;
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 use airlock_core::error::{Error, ErrorCode, Result};
 
@@ -69,6 +75,11 @@ pub struct RouterConfig {
     /// (`handoff.rs`) rather than relayed.
     #[serde(default = "handoff_by_default")]
     pub handoff: bool,
+    /// A directory where the router also listens on a unix socket,
+    /// `.s.PGSQL.<port>` as PostgreSQL names its own, for clients on this
+    /// host; `None` for none.
+    #[serde(default)]
+    pub socket_dir: Option<PathBuf>,
 }
 
 fn handoff_by_default() -> bool {
@@ -103,6 +114,7 @@ impl Default for RouterConfig {
             redis_listen: Some(SocketAddr::from(([127, 0, 0, 1], DEFAULT_REDIS_PORT))),
             relay: None,
             handoff: true,
+            socket_dir: None,
         }
     }
 }
@@ -146,13 +158,13 @@ pub async fn bind(listen: SocketAddr) -> Result<TcpListener> {
     })
 }
 
-/// Loads the TLS identity and serves `listener`, `redis` for the Redis
-/// front door and `relay`'s port in a cluster (in the router's own process);
-/// returns the address DSNs name.
+/// Loads the TLS identity and serves `listener`, `local` for the host's own
+/// clients, `redis` for the Redis front door and `relay`'s port in a cluster
+/// (in the router's own process); returns the address DSNs name.
 pub fn serve(
     host: Arc<Host>,
     config: &RouterConfig,
-    listener: TcpListener,
+    (listener, local): (TcpListener, Option<UnixListener>),
     redis: Option<TcpListener>,
     relay: Option<Relay>,
 ) -> Result<Address> {
@@ -177,6 +189,7 @@ pub fn serve(
         ca: identity.as_ref().and_then(|i| i.ca.clone()),
         redis_port,
         relay_port,
+        socket_dir: local.as_ref().and(config.socket_dir.clone()),
     };
     let peers = relay.as_ref().map(|r| Arc::new(elsewhere::Peers::new(r)));
     let redis_shared = Arc::new(redis::Shared {
@@ -222,12 +235,49 @@ pub fn serve(
         "close idle connections, or raise `airlock serve --router-max-connections`",
     )
     .encode();
+    // The port and the socket share the router's connection slots.
     let slots = airlock_listen::slots::Slots::new(config.max_connections);
+    if let Some(local) = local {
+        let path = local.local_addr().ok().and_then(|a| a.as_pathname().map(|p| p.display().to_string()));
+        tracing::info!(socket = path.as_deref().unwrap_or("?"), "router listening on its unix socket");
+        let shared = shared.clone();
+        tokio::spawn(accept_loop(local, slots.clone(), refusal.clone(), move |unix, peer, slot| {
+            let shared = shared.clone();
+            async move { session::serve(&shared, client::Plain::Local(unix), peer, slot).await }
+        }));
+    }
     tokio::spawn(accept_loop(listener, slots, refusal, move |tcp, peer, slot| {
         let shared = shared.clone();
-        async move { session::serve(&shared, tcp, peer, slot).await }
+        async move { session::serve(&shared, client::Plain::Tcp(tcp), peer, slot).await }
     }));
     Ok(address)
+}
+
+/// A listener the router takes clients from: a TCP port or a unix socket.
+pub(crate) trait Accept: Send + 'static {
+    /// A client's connection.
+    type Stream: tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// The next client, and where it connected from.
+    fn next(&self) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, Peer)>> + Send;
+}
+
+impl Accept for TcpListener {
+    type Stream = tokio::net::TcpStream;
+
+    async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (tcp, addr) = self.accept().await?;
+        Ok((tcp, Peer::Tcp(addr)))
+    }
+}
+
+impl Accept for UnixListener {
+    type Stream = tokio::net::UnixStream;
+
+    async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (unix, _) = self.accept().await?;
+        let cred = unix.peer_cred()?;
+        Ok((unix, Peer::Local { uid: cred.uid(), pid: cred.pid() }))
+    }
 }
 
 /// Accepts clients on `listener` for as long as the router runs, `serve`ing
@@ -235,19 +285,20 @@ pub fn serve(
 /// one of the stalest client not yet authenticated (see [`airlock_listen::slots`]); when
 /// every slot is held by an authenticated session, it gets `refusal` and is
 /// closed.
-pub(crate) async fn accept_loop<F, Fut>(
-    listener: TcpListener,
+pub(crate) async fn accept_loop<L, F, Fut>(
+    listener: L,
     slots: Arc<airlock_listen::slots::Slots>,
-    refusal: Vec<u8>,
+    refusal: impl Into<Arc<[u8]>>,
     serve: F,
 ) where
-    F: Fn(tokio::net::TcpStream, SocketAddr, airlock_listen::slots::Slot) -> Fut + Send + Sync + 'static,
+    L: Accept,
+    F: Fn(L::Stream, Peer, airlock_listen::slots::Slot) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let refusal: Arc<[u8]> = refusal.into();
     let serve = Arc::new(serve);
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let (tcp, peer) = match listener.next().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of descriptors, usually: back off rather than spin.
@@ -259,7 +310,7 @@ pub(crate) async fn accept_loop<F, Fut>(
         let (slots, refusal, serve) = (slots.clone(), refusal.clone(), serve.clone());
         let arrived = std::time::Instant::now();
         tokio::spawn(async move {
-            match slots.take(Some(peer.ip()), arrived).await {
+            match slots.take(peer.ip(), arrived).await {
                 Some(slot) => serve(tcp, peer, slot).await,
                 None => {
                     let mut tcp = tcp;
@@ -283,6 +334,7 @@ mod tests {
             ca: None,
             redis_port: None,
             relay_port: None,
+            socket_dir: None,
         };
         assert_eq!(a.dsn("sb-1", "pw"), "postgresql://airlock_agent:pw@127.0.0.1:7432/sb-1?sslmode=require");
         a.ca = Some("/var/lib/air lock/tls/ca.crt".into());
@@ -293,5 +345,11 @@ mod tests {
         a.host = "::1".into();
         a.tls = TlsMode::Off;
         assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
+        assert_eq!(a.socket_dsn("x", "pw"), None, "no socket, no DSN for it");
+        a.socket_dir = Some("/run/air lock".into());
+        assert_eq!(
+            a.socket_dsn("x", "pw").unwrap(),
+            "postgresql://airlock_agent:pw@/x?host=/run/air%20lock&port=7432"
+        );
     }
 }

@@ -76,6 +76,12 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
     let listen =
         spec.router.listen.ok_or_else(|| Error::internal("the router was started with --router off"))?;
     let listener = bind_soon(listen).await?;
+    let port = listener.local_addr()?.port();
+    let local = match &spec.router.socket_dir {
+        Some(dir) => Some(super::local::bind(dir, port)?),
+        None => None,
+    };
+    let socket = spec.router.socket_dir.as_deref().map(|dir| super::local::socket_path(dir, port));
     // The Redis front door is a second port: one that cannot be had (another
     // data root's router holds the default) leaves Redis to the sockets, said
     // in the log, rather than failing PostgreSQL's.
@@ -94,7 +100,7 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         None => None,
     };
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit.clone())?);
-    let address = super::serve(host, &spec.router, listener, redis, relay)?;
+    let address = super::serve(host, &spec.router, (listener, local), redis, relay)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
         &layout.router_state(),
@@ -113,6 +119,9 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         _ = home_gone => tracing::info!("the data root is gone; router stopping"),
     }
     let _ = std::fs::remove_file(layout.router_state());
+    if let Some(socket) = socket {
+        let _ = std::fs::remove_file(socket);
+    }
     drop(lock);
     Ok(())
 }

@@ -15,7 +15,7 @@
 //! Once authenticated, a session is relayed both ways ([`relay`]), and a
 //! command over [`airlock_redis::commands::LIMIT`] is refused with an error reply.
 
-use std::net::SocketAddr;
+use super::peer::Peer;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,7 @@ const WRONGPASS: &[u8] = b"-WRONGPASS invalid username-password pair or user is 
 
 /// Serves one client in its router slot, which it gives up when told to
 /// until its credential is accepted (see [`airlock_listen::slots`]).
-pub async fn serve(shared: &Shared, tcp: TcpStream, peer: SocketAddr, mut slot: airlock_listen::slots::Slot) {
+pub async fn serve(shared: &Shared, tcp: TcpStream, peer: Peer, mut slot: airlock_listen::slots::Slot) {
     let marker = slot.marker();
     tokio::select! {
         () = connection(shared, tcp, peer, &marker) => {}
@@ -81,7 +81,7 @@ pub(super) async fn serve_relayed(
 }
 
 /// One client: TLS or not, then its session.
-async fn connection(shared: &Shared, tcp: TcpStream, peer: SocketAddr, slot: &airlock_listen::slots::Marker) {
+async fn connection(shared: &Shared, tcp: TcpStream, peer: Peer, slot: &airlock_listen::slots::Marker) {
     let _ = tcp.set_nodelay(true);
     let deadline = Instant::now() + shared.startup_timeout;
     let mut first = [0u8; 1];
@@ -112,7 +112,7 @@ async fn session<S: AsyncRead + AsyncWrite + Unpin + Send>(
     shared: &Shared,
     mut client: BufStream<S>,
     deadline: Instant,
-    client_at: (SocketAddr, bool),
+    client_at: (Peer, bool),
     slot: &airlock_listen::slots::Marker,
     entry: Option<&str>,
 ) {
@@ -169,7 +169,7 @@ async fn pass_on<S: AsyncRead + AsyncWrite + Unpin + Send>(
     mut client: BufStream<S>,
     remote: &super::elsewhere::Remote,
     command: &[Vec<u8>],
-    (peer, tls): (SocketAddr, bool),
+    (peer, tls): (Peer, bool),
     slot: &airlock_listen::slots::Marker,
 ) {
     let tls = tls.then(|| "tls=yes".to_owned());
@@ -200,7 +200,7 @@ async fn join<S: AsyncRead + AsyncWrite + Unpin + Send>(
     mut client: BufStream<S>,
     (user, password): (&str, &str),
     command: &[Vec<u8>],
-    (client_at, entry): ((SocketAddr, bool), Option<&str>),
+    (client_at, entry): ((Peer, bool), Option<&str>),
     slot: &airlock_listen::slots::Marker,
 ) {
     let refuse = |mut client: BufStream<S>| async move {
@@ -287,7 +287,7 @@ async fn record(
     shared: &Shared,
     sb: &airlock_lifecycle::sandbox::Sandbox,
     kind: EventKind,
-    client_at: (SocketAddr, bool),
+    client_at: (Peer, bool),
     entry: Option<&str>,
 ) -> bool {
     let store =

@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 use rustls::ServerConnection;
 use tokio::net::{TcpStream, UnixStream};
 
+use super::client::Plain;
+
 /// Stack size of a relay thread: it only ever holds one buffer.
 const STACK: usize = 64 * 1024;
 /// The copy buffer of each direction: large results move in fewer wakeups.
@@ -35,16 +37,71 @@ fn pump(mut from: impl Read, mut to: impl Write, close: impl FnOnce()) {
     close();
 }
 
+/// A client's (or another node's) socket as the relay's threads use it:
+/// blocking, TCP or unix.
+enum Socket {
+    Tcp(std::net::TcpStream),
+    Local(std::os::unix::net::UnixStream),
+}
+
+impl Socket {
+    fn try_clone(&self) -> std::io::Result<Socket> {
+        Ok(match self {
+            Socket::Tcp(s) => Socket::Tcp(s.try_clone()?),
+            Socket::Local(s) => Socket::Local(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> std::io::Result<()> {
+        match self {
+            Socket::Tcp(s) => s.shutdown(how),
+            Socket::Local(s) => s.shutdown(how),
+        }
+    }
+}
+
+impl Read for &Socket {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match *self {
+            Socket::Tcp(s) => (&mut &*s).read(buf),
+            Socket::Local(s) => (&mut &*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Socket {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match *self {
+            Socket::Tcp(s) => (&mut &*s).write(buf),
+            Socket::Local(s) => (&mut &*s).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Plain {
+    /// The same socket, blocking, for the relay's threads.
+    fn blocking(self) -> std::io::Result<Socket> {
+        let socket = match self {
+            Plain::Tcp(s) => Socket::Tcp(s.into_std()?),
+            Plain::Local(s) => Socket::Local(s.into_std()?),
+        };
+        match &socket {
+            Socket::Tcp(s) => s.set_nonblocking(false)?,
+            Socket::Local(s) => s.set_nonblocking(false)?,
+        }
+        Ok(socket)
+    }
+}
+
 /// Blocking copies of both ends of a session.
-fn blocking(
-    client: TcpStream,
-    server: UnixStream,
-) -> std::io::Result<(std::net::TcpStream, std::os::unix::net::UnixStream)> {
-    let client = client.into_std()?;
+fn blocking(client: Plain, server: UnixStream) -> std::io::Result<(Socket, std::os::unix::net::UnixStream)> {
     let server = server.into_std()?;
-    client.set_nonblocking(false)?;
     server.set_nonblocking(false)?;
-    Ok((client, server))
+    Ok((client.blocking()?, server))
 }
 
 /// Runs the two directions on their own threads and waits for both to end;
@@ -73,7 +130,7 @@ async fn both_ways(
 
 /// Relays a plaintext client and its sandbox's server until both directions end.
 pub async fn plain(
-    client: TcpStream,
+    client: Plain,
     server: UnixStream,
     client_gone: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
@@ -98,7 +155,7 @@ pub async fn tls(
     client_gone: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (tcp, conn) = session.into_inner();
-    let (client, server) = blocking(tcp, server)?;
+    let (client, server) = blocking(Plain::Tcp(tcp), server)?;
     let conn = Arc::new(Mutex::new(rustls::Connection::Server(conn)));
     let (client_r, server_w, conn_r) = (client.try_clone()?, server.try_clone()?, conn.clone());
     both_ways(
@@ -120,7 +177,7 @@ pub async fn tls(
 /// the owner has accepted it: plaintext or TLS.
 pub enum Entering {
     /// A plaintext client.
-    Plain(TcpStream),
+    Plain(Plain),
     /// A TLS client: its socket and its rustls session.
     Tls(TcpStream, ServerConnection),
 }
@@ -134,18 +191,16 @@ pub async fn between(
     client_gone: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
     let (owner_tcp, owner_conn) = owner.into_inner();
-    let owner_tcp = owner_tcp.into_std()?;
-    owner_tcp.set_nonblocking(false)?;
+    let owner_tcp = Plain::Tcp(owner_tcp).blocking()?;
     let owner_conn = Arc::new(Mutex::new(rustls::Connection::Client(owner_conn)));
     let (owner_r, owner_conn_r) = (owner_tcp.try_clone()?, owner_conn.clone());
     // The owner's side ends (its session over): say so to it, and close the client.
     let (client_tcp, client_conn) = match client {
-        Entering::Plain(tcp) => (tcp.into_std()?, None),
+        Entering::Plain(plain) => (plain.blocking()?, None),
         Entering::Tls(tcp, conn) => {
-            (tcp.into_std()?, Some(Arc::new(Mutex::new(rustls::Connection::Server(conn)))))
+            (Plain::Tcp(tcp).blocking()?, Some(Arc::new(Mutex::new(rustls::Connection::Server(conn)))))
         }
     };
-    client_tcp.set_nonblocking(false)?;
     let (client_r, client_conn_r) = (client_tcp.try_clone()?, client_conn.clone());
     both_ways(
         move || {
@@ -182,7 +237,7 @@ fn lock(conn: &Mutex<rustls::Connection>) -> std::sync::MutexGuard<'_, rustls::C
 /// socket (written once the lock is let go).
 struct Sealing<'a> {
     conn: &'a Mutex<rustls::Connection>,
-    tcp: &'a std::net::TcpStream,
+    tcp: &'a Socket,
 }
 
 impl Sealing<'_> {
@@ -239,7 +294,7 @@ fn pump_plain(mut from: impl Read, mut to: impl Write) -> std::io::Result<()> {
 /// close_notify.
 fn open_records(
     conn: &Mutex<rustls::Connection>,
-    mut tcp: &std::net::TcpStream,
+    mut tcp: &Socket,
     mut out: impl Write,
 ) -> std::io::Result<()> {
     let mut records = vec![0u8; BUFFER];

@@ -9,8 +9,8 @@
 //! names; and its session is cut when the route expires or is removed (a
 //! revoke), even while the daemon is away.
 
+use super::peer::Peer;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -73,7 +73,7 @@ pub(super) struct Authenticated {
     client: Client,
     startup: Startup,
     route: Route,
-    peer: SocketAddr,
+    peer: Peer,
     tls: bool,
 }
 
@@ -98,7 +98,7 @@ pub(super) async fn authenticate(
     shared: &Shared,
     mut client: Client,
     mut startup: Startup,
-    peer: SocketAddr,
+    peer: Peer,
     tls: bool,
 ) -> Option<Authenticated> {
     let id = if route::is_route_id(&startup.user) { startup.user.clone() } else { startup.database.clone() };
@@ -160,7 +160,7 @@ pub(super) async fn authenticate(
     Some(Authenticated { client, startup, route, peer, tls })
 }
 
-fn record(shared: &Shared, kind: EventKind, id: &str, peer: SocketAddr, tls: bool) {
+fn record(shared: &Shared, kind: EventKind, id: &str, peer: Peer, tls: bool) {
     shared.host.store().record_or_log(NewEvent {
         kind,
         detail: serde_json::json!({"grant": id, "store": "grant", "client": peer.to_string(), "tls": tls}),

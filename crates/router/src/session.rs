@@ -4,7 +4,6 @@
 //! replay what the server told it, then pass bytes both ways until either side
 //! closes.
 
-use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
@@ -12,8 +11,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
 use super::backend::{self, Backend, LoginError};
-use super::client::Client;
+use super::client::{Client, Plain};
 use super::elsewhere::{Door, Header, RelayStream, Remote};
+use super::peer::Peer;
 use super::protocol::{self, shown, ErrorResponse, FirstPacket, PacketError, Startup};
 use super::relay;
 use super::scram;
@@ -27,21 +27,18 @@ use airlock_postgres::scram::Verifier;
 
 /// How a client reached this router.
 enum Incoming {
-    /// On the router's own port.
-    Direct(TcpStream),
+    /// On the router's own port, or its unix socket.
+    Direct(Plain),
     /// Through another node's router, on the relay port (its TLS ends there).
     Relayed(Box<tokio_rustls::server::TlsStream<TcpStream>>, Header),
 }
 
 /// Serves one client until it or its sandbox hangs up.
-pub(super) async fn serve(
-    shared: &Shared,
-    tcp: TcpStream,
-    peer: SocketAddr,
-    slot: airlock_listen::slots::Slot,
-) {
-    let _ = tcp.set_nodelay(true);
-    serve_incoming(shared, Incoming::Direct(tcp), peer, slot).await
+pub(super) async fn serve(shared: &Shared, plain: Plain, peer: Peer, slot: airlock_listen::slots::Slot) {
+    if let Plain::Tcp(tcp) = &plain {
+        let _ = tcp.set_nodelay(true);
+    }
+    serve_incoming(shared, Incoming::Direct(plain), peer, slot).await
 }
 
 /// Serves a client another node's router relayed here, as its own.
@@ -58,7 +55,7 @@ pub(super) async fn serve_relayed(
 async fn serve_incoming(
     shared: &Shared,
     incoming: Incoming,
-    peer: SocketAddr,
+    peer: Peer,
     mut slot: airlock_listen::slots::Slot,
 ) {
     let by = Instant::now() + shared.startup_timeout;
@@ -94,10 +91,7 @@ async fn serve_incoming(
     };
     // A session does not outlive its sandbox's expiry, even while the daemon,
     // which deletes the sandbox then, is away: the router cuts it itself.
-    let cut = match &client {
-        Client::Plain(tcp) => tcp.as_fd().try_clone_to_owned().ok(),
-        Client::Tls(tls) => tls.get_ref().0.as_fd().try_clone_to_owned().ok(),
-    };
+    let cut = client.socket().try_clone_to_owned().ok();
     let id = open.sandbox().to_owned();
     // The end of the client's authentication, what the server told the
     // session at its start, then the relay.
@@ -107,7 +101,7 @@ async fn serve_incoming(
         client.write_all(&replay).await?;
         client.flush().await?;
         match client {
-            Client::Plain(tcp) => relay::plain(tcp, backend.stream, client_gone).await,
+            Client::Plain(plain) => relay::plain(plain, backend.stream, client_gone).await,
             Client::Tls(tls) => relay::tls(*tls, backend.stream, client_gone).await,
         }
     };
@@ -134,12 +128,12 @@ async fn serve_incoming(
 /// the backend runs when the client hangs up, cutting the session at the
 /// sandbox's expiry.
 async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: super::Open, connection: &str) {
-    let Client::Plain(tcp) = client else { return };
+    let Client::Plain(plain) = client else { return };
     // The router keeps a copy of the client's socket (to cut the session at
     // expiry and to see the client go): without one, no hand-off.
     let handed = async {
-        let cut = tcp.as_fd().try_clone_to_owned()?;
-        super::handoff::hand(&backend.stream, &tcp, connection).await?;
+        let cut = plain.as_fd().try_clone_to_owned()?;
+        super::handoff::hand(&backend.stream, plain.as_fd(), connection).await?;
         std::io::Result::Ok(cut)
     };
     let cut = match handed.await {
@@ -151,12 +145,12 @@ async fn handed_off(shared: &Shared, client: Client, backend: Backend, open: sup
                 format!("the router could not hand the connection to the sandbox's server: {e}"),
                 "try again; if it persists, see the router's log",
             );
-            refuse(&mut Client::Plain(tcp), e).await;
+            refuse(&mut Client::Plain(plain), e).await;
             return;
         }
     };
     // The session's server holds the client now; the router's copy goes.
-    drop(tcp);
+    drop(plain);
     let id = open.sandbox().to_owned();
     // A dropped client's query must not run on (as with a relayed session).
     let client_gone = async {
@@ -251,15 +245,15 @@ async fn relayed_contact(
 
 /// Negotiates TLS (an `SSLRequest`, or a TLS handshake straight away) and reads
 /// the startup message; answers a cancel request. None when the client is done.
-async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Startup, bool)> {
-    let mut client = Client::Plain(tcp);
+async fn first_contact(shared: &Shared, plain: Plain) -> Option<(Client, Startup, bool)> {
+    let mut client = Client::Plain(plain);
     let mut tls = false;
     // PostgreSQL 17's `sslnegotiation=direct`: a ClientHello instead of an
     // SSLRequest (a TLS handshake record begins with 22).
-    if let (Some(acceptor), Client::Plain(tcp)) = (&shared.tls, &client) {
+    if let (Some(acceptor), Client::Plain(Plain::Tcp(tcp))) = (&shared.tls, &client) {
         let mut first = [0u8; 1];
         if tcp.peek(&mut first).await.ok()? == 1 && first[0] == 0x16 {
-            let Client::Plain(tcp) = client else { unreachable!() };
+            let Client::Plain(Plain::Tcp(tcp)) = client else { unreachable!() };
             let session = acceptor.accept(tcp).await.ok()?;
             client = Client::Tls(Box::new(session));
             let Client::Tls(session) = &client else { unreachable!() };
@@ -278,7 +272,7 @@ async fn first_contact(shared: &Shared, tcp: TcpStream) -> Option<(Client, Start
     loop {
         match protocol::read_first_packet(&mut client).await {
             Ok(FirstPacket::SslRequest) if !tls => match (&shared.tls, client) {
-                (Some(acceptor), Client::Plain(mut tcp)) => {
+                (Some(acceptor), Client::Plain(Plain::Tcp(mut tcp))) => {
                     tcp.write_all(b"S").await.ok()?;
                     client = Client::Tls(Box::new(acceptor.accept(tcp).await.ok()?));
                     tls = true;
@@ -360,7 +354,7 @@ enum Arrived {
 async fn establish(
     shared: &Shared,
     incoming: Incoming,
-    peer: SocketAddr,
+    peer: Peer,
     slot: &mut airlock_listen::slots::Slot,
 ) -> Option<Established> {
     // Until the client proves it holds the credential, its slot is the first
@@ -478,11 +472,11 @@ async fn pass_on(
 /// message, the sandbox it names and the SCRAM exchange. None when it was
 /// refused or went away. A client of a sandbox another node holds stops at
 /// its startup.
-async fn authenticate(shared: &Shared, incoming: Incoming, peer: SocketAddr) -> Option<Arrived> {
+async fn authenticate(shared: &Shared, incoming: Incoming, peer: Peer) -> Option<Arrived> {
     let began = Instant::now();
     let (mut client, mut startup, tls, relayed) = match incoming {
-        Incoming::Direct(tcp) => {
-            let (client, startup, tls) = first_contact(shared, tcp).await?;
+        Incoming::Direct(plain) => {
+            let (client, startup, tls) = first_contact(shared, plain).await?;
             (client, startup, tls, None)
         }
         Incoming::Relayed(tls, header) => {
@@ -491,7 +485,11 @@ async fn authenticate(shared: &Shared, incoming: Incoming, peer: SocketAddr) -> 
         }
     };
     let startup_ms = elapsed_ms(began);
-    if shared.require_tls && !tls {
+    // A local client's connection never leaves its host (and a relayed one's
+    // crossed between nodes over the relay's mutual TLS): TLS is not asked of
+    // it, as PostgreSQL asks none on its own unix socket.
+    let local = matches!(peer, Peer::Local { .. });
+    if shared.require_tls && !tls && !local {
         let e = ErrorResponse::fatal(
             "28000",
             "the Airlock router accepts only TLS connections",
@@ -627,7 +625,7 @@ async fn authenticate(shared: &Shared, incoming: Incoming, peer: SocketAddr) -> 
 
 /// How a client reached the router, for its session's `airlock.connection`:
 /// its address, and its TLS version, cipher and channel binding.
-fn describe(tls: Option<String>, peer: SocketAddr, bound: bool) -> String {
+fn describe(tls: Option<String>, peer: Peer, bound: bool) -> String {
     let tls = tls.unwrap_or_else(|| "tls=none".to_owned());
     let binding = if bound { "tls-server-end-point" } else { "none" };
     format!("via=router client={peer} {tls} channel_binding={binding}")

@@ -20,7 +20,9 @@ class Sandbox:
     """A forked sandbox. `dsn`, `redis_url` and `mcp_url` are secrets: keep them in the harness.
 
     `redis_url` (through the router) and `redis_socket_url` (its private socket)
-    are set when the golden has a Redis part; `dsn` is None when it has only that."""
+    are set when the golden has a Redis part; `dsn` is None when it has only that.
+    `router_socket_dsn` is set when the router also listens on a unix socket
+    (`airlock serve --router-socket DIR`), for clients on the daemon's host."""
 
     id: str
     golden: str
@@ -28,6 +30,7 @@ class Sandbox:
     state: str
     dsn: Optional[str] = field(default=None, repr=False)
     socket_dsn: Optional[str] = field(default=None, repr=False)
+    router_socket_dsn: Optional[str] = field(default=None, repr=False)
     mcp_url: Optional[str] = field(default=None, repr=False)
     redis_url: Optional[str] = field(default=None, repr=False)
     redis_socket_url: Optional[str] = field(default=None, repr=False)
@@ -43,6 +46,7 @@ class Sandbox:
             state=data["state"],
             dsn=data.get("dsn"),
             socket_dsn=data.get("socket_dsn"),
+            router_socket_dsn=data.get("router_socket_dsn"),
             mcp_url=data.get("mcp_url"),
             redis_url=data.get("redis_url"),
             redis_socket_url=data.get("redis_socket_url"),

@@ -597,12 +597,8 @@ where
 }
 
 /// A sandbox with its connection strings left out.
-fn without_secrets(mut sb: sandbox::Sandbox) -> sandbox::Sandbox {
-    sb.dsn = None;
-    sb.socket_dsn = None;
-    sb.redis_url = None;
-    sb.redis_socket_url = None;
-    sb
+fn without_secrets(sb: sandbox::Sandbox) -> sandbox::Sandbox {
+    sb.without_credentials()
 }
 
 /// Body of `POST /v1/sandboxes/{id}/extend`.

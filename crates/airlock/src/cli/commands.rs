@@ -131,27 +131,15 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 .client()?
                 .call(Method::GET, &format!("/v1/sandboxes?{}", query.join("&")), NO_BODY)
                 .await?;
-            let list: Vec<Sandbox> = list
-                .into_iter()
-                .map(|mut s| {
-                    s.dsn = None;
-                    s.socket_dsn = None;
-                    s.redis_url = None;
-                    s.redis_socket_url = None;
-                    s
-                })
-                .collect();
+            let list: Vec<Sandbox> = list.into_iter().map(Sandbox::without_credentials).collect();
             output::print(json, &list, || output::sandboxes(&list));
             Ok(0)
         }
         Command::Show { id } => {
-            let mut sb: Sandbox =
+            let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             // The credential is printed only when asked for (`airlock dsn`).
-            sb.dsn = None;
-            sb.socket_dsn = None;
-            sb.redis_url = None;
-            sb.redis_socket_url = None;
+            let sb = sb.without_credentials();
             output::print(json, &sb, || output::sandbox(&sb));
             Ok(0)
         }
@@ -234,7 +222,7 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
             output::print(json, &sb, || format!("{} now expires at {}", sb.id, sb.expires_at.to_rfc3339()));
             Ok(0)
         }
-        Command::Dsn { id, socket, redis } => {
+        Command::Dsn { id, socket, router_socket, redis } => {
             let sb: Sandbox =
                 cli.client()?.call(Method::GET, &format!("/v1/sandboxes/{}", encode(id)), NO_BODY).await?;
             let dsn = if *redis {
@@ -248,6 +236,14 @@ pub(super) async fn run(cli: Cli) -> Result<i32> {
                 })?)
             } else if *socket {
                 sb.socket_dsn.clone().or(sb.dsn.clone())
+            } else if *router_socket {
+                Some(sb.router_socket_dsn.clone().ok_or_else(|| {
+                    Error::new(
+                        ErrorCode::InvalidRequest,
+                        "the router has no unix socket",
+                        "start the daemon with `airlock serve --router-socket DIR`, or connect with `airlock dsn ID`",
+                    )
+                })?)
             } else {
                 sb.dsn.clone()
             };

@@ -150,8 +150,12 @@ enum Command {
         /// Sandbox id or name.
         id: String,
         /// The private unix-socket DSN (for tools on this host) instead of the router's.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "router_socket")]
         socket: bool,
+        /// The DSN on the router's unix socket (`serve --router-socket`), for
+        /// clients on this host of any user.
+        #[arg(long, conflicts_with = "redis")]
+        router_socket: bool,
         /// The sandbox's Redis URL instead (through the router; with --socket, its private socket).
         #[arg(long)]
         redis: bool,
@@ -343,6 +347,10 @@ struct ServeArgs {
     /// router has authenticated it (on), or relay every session (off).
     #[arg(long, env = "AIRLOCK_ROUTER_HANDOFF", value_enum, default_value = "on")]
     router_handoff: Switch,
+    /// Also listen on a unix socket in this directory (`.s.PGSQL.<router
+    /// port>`), for clients on this host: `psql "host=DIR port=PORT ..."`.
+    #[arg(long, env = "AIRLOCK_ROUTER_SOCKET")]
+    router_socket: Option<PathBuf>,
     /// Serve Prometheus metrics on this address (HOST:PORT, port 0 for a free one) at /metrics.
     #[arg(long, env = "AIRLOCK_METRICS")]
     metrics: Option<std::net::SocketAddr>,

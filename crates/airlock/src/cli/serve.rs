@@ -156,6 +156,7 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         startup_timeout: validate::duration("--router-startup-timeout", &args.router_startup_timeout)?,
         max_connections: args.router_max_connections.max(1),
         handoff: args.router_handoff == super::Switch::On,
+        socket_dir: args.router_socket.clone(),
         redis_listen: match args.redis_router.as_str() {
             "off" => None,
             addr => Some(addr.parse().map_err(|_| {
@@ -168,6 +169,9 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         },
         relay: None,
     };
+    if let (Some(dir), Some(_)) = (&router.socket_dir, &router.listen) {
+        airlock_router::local::prepare(dir)?;
+    }
     let public = |addr: &Option<std::net::SocketAddr>| addr.filter(|a| !a.ip().is_loopback());
     if let Some(addr) = public(&args.tcp).filter(|_| !args.tcp_public) {
         return Err(Error::new(

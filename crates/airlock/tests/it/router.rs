@@ -542,3 +542,139 @@ fn a_plaintext_client_is_handed_to_its_server_and_keeps_every_guarantee() {
     let plain = with_sslmode(&dsn(&relaying.fork("shop", &[])), "disable");
     assert_eq!(sql(&plain, "SHOW airlock.handoff"), "off");
 }
+
+#[test]
+fn the_routers_unix_socket_serves_any_local_user_with_the_credential_and_every_guarantee() {
+    let dir = std::env::temp_dir().join(format!("airlock-router-socket-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // TLS is required on the port; a local client's connection never leaves the host.
+    let d = Daemon::start(&["--tls", "required", "--router-socket", dir.to_str().unwrap()]);
+    d.shop("shop");
+    let sb = d.fork("shop", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let port = d.router.rsplit_once(':').unwrap().1;
+    // The fork's answer names it, with the same credential; `airlock dsn`
+    // prints it when asked, and a listing or a `show` never.
+    let local = sb["router_socket_dsn"].as_str().expect("router_socket_dsn").to_owned();
+    assert_eq!(split_password(&local).1, split_password(&dsn(&sb)).1);
+    assert_eq!(
+        local,
+        format!("{}@/{id}?host={}&port={port}", local.split_once('@').unwrap().0, dir.display())
+    );
+    assert_eq!(d.ok(&["dsn", &id, "--router-socket"]).trim(), local);
+    for listing in [d.ok(&["ls", "--json"]), d.ok(&["show", &id, "--json"])] {
+        assert!(
+            !listing.contains("router_socket_dsn") && !listing.contains(&split_password(&local).1),
+            "{listing}"
+        );
+    }
+    let issued = d.json(&["events", "--sandbox", &id]);
+    let forms = issued.as_array().unwrap().iter().find(|e| e["kind"] == "credential_issued").unwrap()
+        ["detail"]["forms"]
+        .clone();
+    assert!(forms.as_array().unwrap().iter().any(|f| f == "router_socket_dsn"), "{forms}");
+    let socket = dir.join(format!(".s.PGSQL.{port}"));
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o777, "any local user may connect: the credential admits");
+
+    // Handed to its server: the session runs over a unix socket end to end.
+    assert_eq!(sql(&local, "SHOW airlock.handoff"), "on");
+    assert_eq!(sql(&local, "SELECT count(*) FROM orders"), "1000");
+    let connection = sql(&local, "SHOW airlock.connection");
+    assert!(connection.starts_with("via=router client=local:uid=0,pid="), "{connection}");
+    // The agent, and nothing more.
+    let who = "SELECT current_user || ' ' || session_user || ' ' || rolsuper FROM pg_roles WHERE rolname = current_user";
+    assert_eq!(sql(&local, who), "airlock_agent airlock_agent false");
+    for attempt in ["SET ROLE airlock_admin", "SET SESSION AUTHORIZATION airlock_admin"] {
+        assert!(psql(&local, attempt).is_err(), "{attempt} was allowed");
+    }
+    // The credential is checked as on the port: a wrong one, or another role, is refused.
+    let (base, password) = split_password(&local);
+    let wrong = local.replacen(&password, "not-the-password", 1);
+    let err = psql(&wrong, "SELECT 1").unwrap_err();
+    assert!(err.contains("password authentication failed"), "{err}");
+    for role in ["airlock_admin", "postgres"] {
+        let err = psql(&local.replacen("airlock_agent:", &format!("{role}:"), 1), "SELECT 1").unwrap_err();
+        assert!(err.contains("cannot connect through the router"), "{role}: {err}");
+    }
+    assert!(base.contains(&id), "{base}");
+    // A setting the router SETs as the agent: relayed over the socket instead.
+    let relayed = format!("{local}&options=-c%20work_mem%3D8MB");
+    assert_eq!(
+        sql(&relayed, "SELECT current_setting('airlock.handoff') || ' ' || current_setting('work_mem')"),
+        "off 8MB"
+    );
+
+    // Another user of the host, with the credential, is served and written down as who it is.
+    let nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "psql", &base])
+        .args(["-XtAc", "SELECT current_user"])
+        .env("PGPASSWORD", &password)
+        .output()
+        .unwrap();
+    assert!(nobody.status.success(), "{nobody:?}");
+    assert_eq!(String::from_utf8_lossy(&nobody.stdout).trim(), "airlock_agent");
+
+    // Cancel requests reach a handed-off session of the socket.
+    let slow = spawn_psql(&local, "SELECT pg_sleep(30)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sql(&local, "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT pg_sleep%'") != "1" {
+        assert!(Instant::now() < deadline, "the slow query never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(Command::new("kill").args(["-INT", &slow.id().to_string()]).status().unwrap().success());
+    let out = slow.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("canceling statement due to user request"),
+        "{out:?}"
+    );
+
+    // Every connection is on record with the local user it came from, and refusals too.
+    d.wait_for(Duration::from_secs(10), "the socket's connections on record", || {
+        let events = d.json(&["events", "--sandbox", &id]);
+        let clients = |kind: &str| -> Vec<String> {
+            events
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["kind"] == kind)
+                .filter_map(|e| e["detail"]["client"].as_str().map(str::to_owned))
+                .collect()
+        };
+        let connected = clients("connected");
+        connected.iter().any(|c| c.starts_with("local:uid=0,pid="))
+            && connected.iter().any(|c| c.starts_with("local:uid=65534,pid="))
+            && clients("connection_refused").iter().any(|c| c.starts_with("local:uid=0"))
+    });
+    let log = d.log();
+    assert!(!log.contains(&password), "the credential reached the log");
+
+    // A daemon without the socket says so when asked for its DSN.
+    drop(d);
+    let plain = Daemon::start(&[]);
+    plain.shop("shop");
+    let other = plain.fork("shop", &[]);
+    assert!(other.get("router_socket_dsn").is_none(), "{other}");
+    let (code, err) = plain.fails(&["dsn", other["id"].as_str().unwrap(), "--router-socket"]);
+    assert_eq!((code, err["code"].as_str()), (3, Some("invalid_request")), "{err}");
+    assert!(err["hint"].as_str().unwrap().contains("--router-socket"), "{err}");
+    drop(plain);
+    // A directory others may write, or a relative one, is refused at start.
+    let open = std::env::temp_dir().join(format!("airlock-router-socket-open-{}", std::process::id()));
+    std::fs::create_dir_all(&open).unwrap();
+    std::fs::set_permissions(&open, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let mut refused = Daemon::unstarted(
+        crate::harness::fresh_home(&std::env::temp_dir()),
+        &["--router-socket", open.to_str().unwrap()],
+    );
+    let said = refused.serve_fails();
+    assert!(said.contains("writable by no one else") && said.contains("--router-socket"), "{said}");
+    let said = Daemon::unstarted(
+        crate::harness::fresh_home(&std::env::temp_dir()),
+        &["--router-socket", "relative/dir"],
+    )
+    .serve_fails();
+    assert!(said.contains("absolute path"), "{said}");
+    let _ = std::fs::remove_dir_all(&open);
+    let _ = std::fs::remove_dir_all(&dir);
+}

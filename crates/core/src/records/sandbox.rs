@@ -81,6 +81,10 @@ pub struct Sandbox {
     /// this host that bypass the router).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket_dsn: Option<String>,
+    /// The same credential on the router's unix socket, when the router has
+    /// one (`serve --router-socket`): for clients on this host, any user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_socket_dsn: Option<String>,
     /// Its Redis through the router, when its golden has one (`rediss://` with
     /// TLS): the sandbox's id as the user, its password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -125,6 +129,17 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
+    /// The same sandbox with every form of its credential left out: what a
+    /// listing or a `show` gives.
+    pub fn without_credentials(mut self) -> Sandbox {
+        self.dsn = None;
+        self.socket_dsn = None;
+        self.router_socket_dsn = None;
+        self.redis_url = None;
+        self.redis_socket_url = None;
+        self
+    }
+
     /// Whether a migration test made it (and deletes it when the test ends).
     pub fn is_migration_test_fork(&self) -> bool {
         let (key, value) = MIGRATION_TEST_LABEL;
@@ -149,6 +164,7 @@ impl Sandbox {
             generation,
             dsn: None,
             socket_dsn: None,
+            router_socket_dsn: None,
             redis_url: None,
             redis_socket_url: None,
             state: SandboxState::Creating,

@@ -321,7 +321,9 @@ impl Engine {
             sb.dsn = None;
         }
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
-            sb.dsn = Some(router.dsn(&sb.id, &password.unwrap_or_default()));
+            let password = password.unwrap_or_default();
+            sb.dsn = Some(router.dsn(&sb.id, &password));
+            sb.router_socket_dsn = router.socket_dsn(&sb.id, &password);
             sb.socket_dsn = Some(socket);
         }
         sb
@@ -339,6 +341,7 @@ impl Engine {
         let forms: Vec<&str> = [
             ("dsn", sb.dsn.is_some()),
             ("socket_dsn", sb.socket_dsn.is_some()),
+            ("router_socket_dsn", sb.router_socket_dsn.is_some()),
             ("redis_url", sb.redis_url.is_some() || sb.redis_socket_url.is_some()),
         ]
         .into_iter()

@@ -346,6 +346,7 @@ fn sandbox_from_row(r: &Row) -> rusqlite::Result<Sandbox> {
         pid: r.get(8)?,
         dsn: r.get(9)?,
         socket_dsn: None,
+        router_socket_dsn: None,
         redis_url: None,
         redis_socket_url: None,
         access: serde_json::from_str(&r.get::<_, String>(10)?).unwrap_or_default(),

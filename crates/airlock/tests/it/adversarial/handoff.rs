@@ -2,13 +2,13 @@
 //! router: a client of the sandbox's own socket that opens its session with
 //! `airlock.handoff=on`, then answers the guard's offer with the wrong things
 //! or with nothing. Each ends that session alone, with a clear error; what the
-//! guard accepts (a TCP connection of the client's own) gives it its own
-//! session, as the agent, and nothing more.
+//! guard accepts (a TCP or unix stream connection of the client's own) gives
+//! it its own session, as the agent, and nothing more.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -126,15 +126,16 @@ fn a_handoff_asked_for_by_anyone_else_gives_nothing_more_than_their_own_session(
     );
     drop(stream);
 
-    // Anything but one TCP connection ends the session, saying why.
+    // Anything but one stream connection ends the session, saying why.
     let (r, w) = nix::unistd::pipe().unwrap();
     let (a, b) = UnixStream::pair().unwrap();
+    let (datagram, _) = UnixDatagram::pair().unwrap();
     let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let wrong: [(&str, &[u8], Vec<RawFd>, &str); 5] = [
         ("text alone", b"via=me", vec![], "not one socket and its text"),
-        ("a pipe", b"via=me", vec![r.as_raw_fd()], "not a TCP connection"),
-        ("a unix socket", b"via=me", vec![a.as_raw_fd()], "not a TCP connection"),
-        ("a UDP socket", b"via=me", vec![udp.as_raw_fd()], "not a TCP connection"),
+        ("a pipe", b"via=me", vec![r.as_raw_fd()], "not a stream socket"),
+        ("a unix datagram socket", b"via=me", vec![datagram.as_raw_fd()], "not a stream socket"),
+        ("a UDP socket", b"via=me", vec![udp.as_raw_fd()], "not a stream socket"),
         ("two sockets", b"via=me", vec![a.as_raw_fd(), b.as_raw_fd()], "not one socket and its text"),
     ];
     for (what, text, fds, said) in wrong {
@@ -190,6 +191,32 @@ fn a_handoff_asked_for_by_anyone_else_gives_nothing_more_than_their_own_session(
     }
     drop(session);
     drop(stream);
+    // A unix connection of one's own (as the router hands in a client of its
+    // own socket): the same, as the agent.
+    let (mine, mut theirs) = UnixStream::pair().unwrap();
+    let (stream, _) = asked_for_a_handoff(&s);
+    answer(&stream, b"via=router client=local:uid=0", &[mine.as_raw_fd()]);
+    drop(mine);
+    theirs.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    assert_eq!(
+        message(&mut theirs),
+        (b'R', vec![0, 0, 0, 0]),
+        "AuthenticationOk on the handed-in connection"
+    );
+    while message(&mut theirs).0 != b'Z' {}
+    let query = b"SELECT current_user || ' ' || current_setting('is_superuser')\0";
+    theirs.write_all(&[b'Q']).unwrap();
+    theirs.write_all(&(query.len() as i32 + 4).to_be_bytes()).unwrap();
+    theirs.write_all(query).unwrap();
+    let row = loop {
+        match message(&mut theirs) {
+            (b'D', body) => break String::from_utf8_lossy(&body[6..]).into_owned(),
+            (b'E', body) => panic!("{}", String::from_utf8_lossy(&body)),
+            _ => {}
+        }
+    };
+    assert_eq!(row, "airlock_agent off");
+    drop((theirs, stream));
     // Through all of it, the sandbox served everyone else.
     assert_eq!(sql(&s.agent, "SELECT count(*) FROM orders"), "1000");
     s.untouched();
