@@ -8,6 +8,9 @@
 #   socket        the sandbox's own unix socket (the ceiling);
 #   router        the router's port, plaintext (sslmode=disable);
 #   router_tls    the router's port, TLS (sslmode=require);
+#   router_unix   the router's unix socket (`serve --router-socket`), for
+#                 clients on the host: a session handed to its server runs
+#                 over a unix socket end to end;
 #   pgbouncer     PgBouncer (session pooling) on loopback in front of the
 #                 same socket, plaintext;
 #   pgbouncer_tls the same with client TLS (a throwaway self-signed key);
@@ -29,6 +32,7 @@ cd "$(dirname "$0")/.."
 [ "$(id -u)" -eq 0 ] || { echo "run as root (it makes a loop volume and runs servers as other users)" >&2; exit 1; }
 export AIRLOCK_ROUTER=127.0.0.1:7512 AIRLOCK_GATEWAY=127.0.0.1:7513 AIRLOCK_REDIS_ROUTER=127.0.0.1:7514
 export AIRLOCK_HOME=${AIRLOCK_BENCH_HOME:-/var/lib/airlock-bench-router-clients}
+export AIRLOCK_ROUTER_SOCKET=/run/airlock-bench-router-clients
 GOLDENS="bench-40mb"
 source scripts/bench-lib.sh
 clients=${CLIENTS:-2 8 28}
@@ -41,7 +45,7 @@ chmod 700 "$work"
 # it, does not pass a signal on.
 # bench_fresh_root sets its own exit trap: this one, which includes it, comes after.
 bench_fresh_root
-trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -m immediate stop >/dev/null 2>&1 || true; bench_cleanup || true; rm -rf "$work"' EXIT
+trap 'pkill -f "pgbouncer $work/pgbouncer.ini" 2>/dev/null || true; runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -m immediate stop >/dev/null 2>&1 || true; bench_cleanup || true; rm -rf "$work" "$AIRLOCK_ROUTER_SOCKET"' EXIT
 airlock golden create bench-40mb --schema bench/schema.sql --seed bench/seed-40mb.sql >/dev/null
 sb=$(airlock fork bench-40mb --json --ttl 2h --idle-suspend 0 --connection-limit 30)
 id=$(echo "$sb" | json "['id']")
@@ -101,13 +105,14 @@ runuser -u airlock -- "$pgbin/pg_ctl" -D "$work/bare/data" -l "$work/bare/log" -
 "$pgbin/pgbench" -i -s 10 -q -h "$work/bare" -p 7521 -U airlock_agent app >/dev/null 2>&1
 plain_router="${routed%%\?*}?sslmode=disable"
 tls_router="${routed%%\?*}?sslmode=require"
+unix_router="postgresql://airlock_agent@/$id?host=$AIRLOCK_ROUTER_SOCKET&port=${AIRLOCK_ROUTER##*:}"
 plain_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=disable"
 tls_bouncer="postgresql://airlock_agent@127.0.0.1:7519/app?sslmode=require"
 bare_socket="postgresql://airlock_agent@/app?host=$work/bare&port=7521"
 bare_tcp="postgresql://airlock_agent@127.0.0.1:7521/app?sslmode=disable"
 bare_tls="postgresql://airlock_agent@127.0.0.1:7521/app?sslmode=require"
-declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer [bare_socket]=$bare_socket [bare_tcp]=$bare_tcp [bare_tls]=$bare_tls)
-paths="socket router router_tls pgbouncer pgbouncer_tls bare_socket bare_tcp bare_tls"
+declare -A dsn=([socket]=$socket [router]=$plain_router [router_tls]=$tls_router [router_unix]=$unix_router [pgbouncer]=$plain_bouncer [pgbouncer_tls]=$tls_bouncer [bare_socket]=$bare_socket [bare_tcp]=$bare_tcp [bare_tls]=$bare_tls)
+paths="socket router router_tls router_unix pgbouncer pgbouncer_tls bare_socket bare_tcp bare_tls"
 for path in $paths; do
   "$pgbin/pgbench" -n -S -c 1 -T 1 "${dsn[$path]}" >/dev/null 2>&1 || { echo "$path does not answer" >&2; exit 1; }
 done
@@ -131,12 +136,12 @@ rows = [l.strip().split(",") for l in open(sys.argv[1]) if l[0].isdigit()]
 paths = sys.argv[2].split()
 clients = sorted({int(r[1]) for r in rows})
 med = {(c, p): statistics.median(float(r[3]) for r in rows if int(r[1]) == c and r[2] == p) for c in clients for p in paths}
-print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router / pgbouncer | router_tls / pgbouncer_tls | bare_tcp / bare_socket (TCP's floor) | bare_tls / bare_socket (TLS's floor) | router_tls / bare_tls |")
-print("|---" * (len(paths) + 8) + "|")
+print("\n| clients | " + " | ".join(paths) + " | router / socket | router_tls / socket | router_unix / socket | router / pgbouncer | router_tls / pgbouncer_tls | bare_tcp / bare_socket (TCP's floor) | bare_tls / bare_socket (TLS's floor) | router_tls / bare_tls |")
+print("|---" * (len(paths) + 9) + "|")
 for c in clients:
     s = med[(c, "socket")]
     cells = " | ".join(f"{med[(c, p)]:,.0f}" for p in paths)
-    print(f"| {c} | {cells} | {med[(c,'router')]/s:.2f} | {med[(c,'router_tls')]/s:.2f} | "
+    print(f"| {c} | {cells} | {med[(c,'router')]/s:.2f} | {med[(c,'router_tls')]/s:.2f} | {med[(c,'router_unix')]/s:.2f} | "
           f"{med[(c,'router')]/med[(c,'pgbouncer')]:.2f} | {med[(c,'router_tls')]/med[(c,'pgbouncer_tls')]:.2f} | "
           f"{med[(c,'bare_tcp')]/med[(c,'bare_socket')]:.2f} | {med[(c,'bare_tls')]/med[(c,'bare_socket')]:.2f} | "
           f"{med[(c,'router_tls')]/med[(c,'bare_tls')]:.2f} |")
