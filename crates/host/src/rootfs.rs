@@ -38,6 +38,12 @@ const SYSTEM_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "l
 /// would outlive its tenant): each view gets empty private ones instead.
 pub const PRIVATE_TMP: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];
 
+/// The host's trees every contained process sees (read-only, but a unix
+/// socket there could be connected to): `/etc` and the system trees.
+pub fn seen_by_every_view() -> Vec<PathBuf> {
+    std::iter::once("etc").chain(SYSTEM_DIRS.iter().copied()).map(|name| Path::new("/").join(name)).collect()
+}
+
 /// Whether `path` lies where a view has a private directory of its own, so a
 /// contained process could not see it.
 pub fn under_private_dir(path: &Path) -> Option<&'static str> {

@@ -274,9 +274,15 @@ impl Accept for UnixListener {
     type Stream = tokio::net::UnixStream;
 
     async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
-        let (unix, _) = self.accept().await?;
-        let cred = unix.peer_cred()?;
-        Ok((unix, Peer::Local { uid: cred.uid(), pid: cred.pid() }))
+        loop {
+            let (unix, _) = self.accept().await?;
+            // A client the kernel names no user for is not served (never
+            // seen on Linux); the others are not held up by it.
+            match unix.peer_cred() {
+                Ok(cred) => return Ok((unix, Peer::Local { uid: cred.uid(), pid: cred.pid() })),
+                Err(e) => tracing::warn!(error = %e, "a client of the router's socket has no credentials"),
+            }
+        }
     }
 }
 

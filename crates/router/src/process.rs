@@ -76,12 +76,18 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
     let listen =
         spec.router.listen.ok_or_else(|| Error::internal("the router was started with --router off"))?;
     let listener = bind_soon(listen).await?;
+    // The unix socket is a second way in: one that cannot be had (another
+    // router holds it, say) leaves the port serving, said in the log, and
+    // no sandbox's answer names a socket.
     let port = listener.local_addr()?.port();
-    let local = match &spec.router.socket_dir {
-        Some(dir) => Some(super::local::bind(dir, port)?),
-        None => None,
+    let (local, socket) = match spec.router.socket_dir.as_deref().map(|dir| super::local::bind(dir, port)) {
+        Some(Ok((listener, bound))) => (Some(listener), Some(bound)),
+        Some(Err(e)) => {
+            tracing::warn!(error = %e.message, "the router's unix socket is off");
+            (None, None)
+        }
+        None => (None, None),
     };
-    let socket = spec.router.socket_dir.as_deref().map(|dir| super::local::socket_path(dir, port));
     // The Redis front door is a second port: one that cannot be had (another
     // data root's router holds the default) leaves Redis to the sockets, said
     // in the log, rather than failing PostgreSQL's.
@@ -119,9 +125,9 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         _ = home_gone => tracing::info!("the data root is gone; router stopping"),
     }
     let _ = std::fs::remove_file(layout.router_state());
-    if let Some(socket) = socket {
-        let _ = std::fs::remove_file(socket);
-    }
+    // The socket and its lock go first: a router started once this one's
+    // lock is free finds the socket free too.
+    drop(socket);
     drop(lock);
     Ok(())
 }

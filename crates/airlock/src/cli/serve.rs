@@ -1,5 +1,7 @@
 //! `airlock serve`: the daemon's settings from its flags, checked before it starts.
 
+use std::path::Path;
+
 use super::{Cli, ServeArgs};
 use crate::daemon;
 use airlock_core::error::{Error, ErrorCode, Result};
@@ -170,6 +172,14 @@ pub(super) async fn serve(cli: &Cli, args: &ServeArgs) -> Result<i32> {
         relay: None,
     };
     if let (Some(dir), Some(_)) = (&router.socket_dir, &router.listen) {
+        // Not where a sandbox's processes see: the system trees, the
+        // PostgreSQL trees its server is run from, the data root.
+        let mut seen = airlock_host::rootfs::seen_by_every_view();
+        seen.extend([cli.layout().home().to_owned(), config.pg_root.clone()]);
+        seen.extend(
+            config.pg_bin.as_deref().and_then(Path::parent).and_then(Path::parent).map(Path::to_owned),
+        );
+        airlock_router::local::check_unseen(dir, &seen)?;
         airlock_router::local::prepare(dir)?;
     }
     let public = |addr: &Option<std::net::SocketAddr>| addr.filter(|a| !a.ip().is_loopback());

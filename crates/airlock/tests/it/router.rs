@@ -629,6 +629,17 @@ fn the_routers_unix_socket_serves_any_local_user_with_the_credential_and_every_g
         "{out:?}"
     );
 
+    // A router killed outright leaves its socket's file behind; the one the
+    // daemon starts in its place takes the lock and replaces it.
+    let killed = router_pid(&d);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), nix::sys::signal::Signal::SIGKILL).unwrap();
+    d.wait_for(Duration::from_secs(20), "a new router serving the socket", || {
+        std::fs::read(d.home.join("router.json")).is_ok()
+            && router_pid(&d) != killed
+            && psql(&local, "SELECT 1").is_ok_and(|one| one == "1")
+    });
+    assert_eq!(sql(&local, "SHOW airlock.handoff"), "on");
+
     // Every connection is on record with the local user it came from, and refusals too.
     d.wait_for(Duration::from_secs(10), "the socket's connections on record", || {
         let events = d.json(&["events", "--sandbox", &id]);
@@ -675,6 +686,14 @@ fn the_routers_unix_socket_serves_any_local_user_with_the_credential_and_every_g
     )
     .serve_fails();
     assert!(said.contains("absolute path"), "{said}");
+    // Nor where a sandbox's processes see (a socket is reached by its path),
+    // and nothing is made there.
+    let seen = format!("/etc/airlock-router-socket-{}", std::process::id());
+    let said =
+        Daemon::unstarted(crate::harness::fresh_home(&std::env::temp_dir()), &["--router-socket", &seen])
+            .serve_fails();
+    assert!(said.contains("sandboxes see /etc"), "{said}");
+    assert!(!std::path::Path::new(&seen).exists());
     let _ = std::fs::remove_dir_all(&open);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -43,16 +43,18 @@ fn fork_prints_only_the_dsn_and_json_has_the_documented_fields() {
     assert_eq!(v["labels"]["team"], "evals");
 
     // docs/CLI.md lists exactly what `fork --json` gives (the Redis fields
-    // only for a golden with Redis, which this is not).
+    // only for a golden with Redis, which this is not, and the router's
+    // socket's DSN only when it has one, which this daemon's has not: see
+    // router.rs).
     let cli = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/CLI.md")).unwrap();
     let row = cli.lines().find(|l| l.starts_with("| `fork GOLDEN")).expect("the fork row");
     let listed = row.split("`--json` gives `").nth(1).unwrap().split('`').next().unwrap();
     let listed: std::collections::BTreeSet<&str> = listed.split(", ").collect();
     let given: std::collections::BTreeSet<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-    let redis_only = ["redis_url", "redis_socket_url"];
+    let sometimes = ["redis_url", "redis_socket_url", "router_socket_dsn"];
     assert!(given.iter().all(|k| listed.contains(k)), "undocumented: {:?}", given.difference(&listed));
     assert!(
-        listed.iter().all(|k| given.contains(k) || redis_only.contains(k)),
+        listed.iter().all(|k| given.contains(k) || sometimes.contains(k)),
         "documented but not given: {:?}",
         listed.difference(&given)
     );
