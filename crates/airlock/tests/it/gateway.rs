@@ -375,16 +375,21 @@ fn a_tool_call_cut_by_a_suspend_or_reset_says_so_and_is_never_a_server_error() {
     let d = Daemon::start(&[]);
     d.shop("shop");
     let id = d.fork("shop", &["--name", "kept"])["id"].as_str().unwrap().to_owned();
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let answered = std::sync::Arc::new(AtomicUsize::new(0));
     let callers: Vec<_> = (0..2)
         .map(|_| {
-            let (socket, stop) = (d.socket(), stop.clone());
+            let (socket, stop, answered) = (d.socket(), stop.clone(), answered.clone());
             std::thread::spawn(move || {
                 let mut answers = Vec::new();
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     let mut s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
                     let (status, body) =
                         http(&mut s, "POST", "/v1/sandboxes/kept/tools/describe_schema", "", "{}");
+                    if status == 200 {
+                        answered.fetch_add(1, Ordering::Relaxed);
+                    }
                     answers.push((status, body));
                 }
                 answers
@@ -398,7 +403,13 @@ fn a_tool_call_cut_by_a_suspend_or_reset_says_so_and_is_never_a_server_error() {
         };
         std::thread::sleep(std::time::Duration::from_millis(150));
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Once the suspends and resets stop, calls are answered again (a loaded
+    // host may take the whole of the rounds to wake the sandbox each time).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while answered.load(Ordering::Relaxed) < 6 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
     let answers: Vec<(u16, String)> = callers.into_iter().flat_map(|c| c.join().unwrap()).collect();
     assert!(answers.iter().filter(|(s, _)| *s == 200).count() >= 6, "too few calls answered: {answers:?}");
     for (status, body) in &answers {
