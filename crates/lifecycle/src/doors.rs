@@ -66,7 +66,7 @@ impl Address {
     }
 
     /// A sandbox's DSN on the router's unix socket, when it has one.
-    pub fn socket_dsn(&self, sandbox: &str, password: &str) -> Option<String> {
+    pub fn router_socket_dsn(&self, sandbox: &str, password: &str) -> Option<String> {
         let dir = self.socket_dir.as_deref()?;
         Some(format!(
             "postgresql://{}:{password}@/{sandbox}?host={}&port={}",

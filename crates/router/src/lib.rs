@@ -351,10 +351,10 @@ mod tests {
         a.host = "::1".into();
         a.tls = TlsMode::Off;
         assert_eq!(a.dsn("x", "pw"), "postgresql://airlock_agent:pw@[::1]:7432/x?sslmode=disable");
-        assert_eq!(a.socket_dsn("x", "pw"), None, "no socket, no DSN for it");
+        assert_eq!(a.router_socket_dsn("x", "pw"), None, "no socket, no DSN for it");
         a.socket_dir = Some("/run/air lock".into());
         assert_eq!(
-            a.socket_dsn("x", "pw").unwrap(),
+            a.router_socket_dsn("x", "pw").unwrap(),
             "postgresql://airlock_agent:pw@/x?host=/run/air%20lock&port=7432"
         );
     }

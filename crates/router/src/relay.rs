@@ -85,15 +85,18 @@ impl Write for &Socket {
 impl Plain {
     /// The same socket, blocking, for the relay's threads.
     fn blocking(self) -> std::io::Result<Socket> {
-        let socket = match self {
-            Plain::Tcp(s) => Socket::Tcp(s.into_std()?),
-            Plain::Local(s) => Socket::Local(s.into_std()?),
-        };
-        match &socket {
-            Socket::Tcp(s) => s.set_nonblocking(false)?,
-            Socket::Local(s) => s.set_nonblocking(false)?,
-        }
-        Ok(socket)
+        Ok(match self {
+            Plain::Tcp(s) => {
+                let s = s.into_std()?;
+                s.set_nonblocking(false)?;
+                Socket::Tcp(s)
+            }
+            Plain::Local(s) => {
+                let s = s.into_std()?;
+                s.set_nonblocking(false)?;
+                Socket::Local(s)
+            }
+        })
     }
 }
 
@@ -164,7 +167,7 @@ pub async fn tls(
             let _ = server_w.shutdown(Shutdown::Write);
         },
         move || {
-            let sealing = Sealing { conn: &conn, tcp: &client };
+            let sealing = Sealing { conn: &conn, socket: &client };
             let _ = pump_sealed(&server, &sealing);
             let _ = client.shutdown(Shutdown::Both);
         },
@@ -204,7 +207,7 @@ pub async fn between(
     let (client_r, client_conn_r) = (client_tcp.try_clone()?, client_conn.clone());
     both_ways(
         move || {
-            let to_owner = Sealing { conn: &owner_conn, tcp: &owner_tcp };
+            let to_owner = Sealing { conn: &owner_conn, socket: &owner_tcp };
             let _ = match &client_conn_r {
                 Some(conn) => open_records(conn, &client_r, &to_owner),
                 None => pump_plain(&client_r, &to_owner),
@@ -215,7 +218,7 @@ pub async fn between(
         move || {
             let _ = match &client_conn {
                 Some(conn) => {
-                    let to_client = Sealing { conn, tcp: &client_tcp };
+                    let to_client = Sealing { conn, socket: &client_tcp };
                     let relayed = open_records(&owner_conn_r, &owner_r, &to_client);
                     to_client.close();
                     relayed
@@ -237,7 +240,7 @@ fn lock(conn: &Mutex<rustls::Connection>) -> std::sync::MutexGuard<'_, rustls::C
 /// socket (written once the lock is let go).
 struct Sealing<'a> {
     conn: &'a Mutex<rustls::Connection>,
-    tcp: &'a Socket,
+    socket: &'a Socket,
 }
 
 impl Sealing<'_> {
@@ -249,7 +252,7 @@ impl Sealing<'_> {
             take_records(&mut c)
         };
         if let Ok(records) = records {
-            let _ = (&mut &*self.tcp).write_all(&records);
+            let _ = (&mut &*self.socket).write_all(&records);
         }
     }
 }
@@ -261,7 +264,7 @@ impl Write for &Sealing<'_> {
             c.writer().write_all(buf)?;
             take_records(&mut c)?
         };
-        (&mut &*self.tcp).write_all(&records)?;
+        (&mut &*self.socket).write_all(&records)?;
         Ok(buf.len())
     }
 

@@ -323,7 +323,7 @@ impl Engine {
         if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
             let password = password.unwrap_or_default();
             sb.dsn = Some(router.dsn(&sb.id, &password));
-            sb.router_socket_dsn = router.socket_dsn(&sb.id, &password);
+            sb.router_socket_dsn = router.router_socket_dsn(&sb.id, &password);
             sb.socket_dsn = Some(socket);
         }
         sb
