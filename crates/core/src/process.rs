@@ -30,10 +30,25 @@ pub fn owner(pid: i32) -> Option<u32> {
 
 /// Takes an exclusive lock on the file at `path` (made if missing) without
 /// waiting: Some while this process holds it, None if another process does.
+///
+/// The file is this process's user's alone (0600, made so or made so again):
+/// `flock` needs only a descriptor, read-only will do, so a lock file others
+/// can open is one any of them can take and hold until the next process
+/// that needs it gives up. A link is never followed.
 pub fn try_lock_file(
     path: &std::path::Path,
 ) -> crate::error::Result<Option<nix::fcntl::Flock<std::fs::File>>> {
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(path)?;
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    if std::os::unix::fs::MetadataExt::mode(&file.metadata()?) & 0o077 != 0 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),

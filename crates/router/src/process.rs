@@ -232,15 +232,30 @@ pub async fn stop_running(layout: &Layout) -> Result<bool> {
     }
 }
 
-/// SIGTERM, then SIGKILL after 5 s; returns when the lock is free.
+/// SIGTERM, then SIGKILL after 5 s; returns when the lock is free, or once
+/// the process is gone while something else still holds the lock (said in
+/// the log: no process is signalled again, nor waited on for ever).
 async fn stop(layout: &Layout, pid: u32) {
     use nix::sys::signal::{kill, Signal};
     let pid = nix::unistd::Pid::from_raw(pid as i32);
     let _ = kill(pid, Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(5);
+    let mut killed = false;
     while matches!(try_lock(layout), Ok(None)) {
-        if Instant::now() > deadline {
+        let gone = kill(pid, None).is_err();
+        if gone || Instant::now() > deadline + Duration::from_secs(5) {
+            // Gone, or past its SIGKILL: the lock was another's, or the process
+            // is stuck in the kernel.
+            if matches!(try_lock(layout), Ok(None)) {
+                tracing::warn!(pid = pid.as_raw(), gone, lock = %layout.router_lock().display(),
+                    "the router's lock is held by a process that is not the router this data root names; \
+                     not waiting for it");
+            }
+            return;
+        }
+        if Instant::now() > deadline && !killed {
             let _ = kill(pid, Signal::SIGKILL);
+            killed = true;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -252,7 +267,11 @@ async fn stop(layout: &Layout, pid: u32) {
 async fn launch(layout: &Layout, spec: &Spec) -> Result<Address> {
     let spec_file = layout.home().join("router.spec.json");
     super::tls::write_private(&spec_file, &serde_json::to_vec_pretty(spec).expect("spec serializes"))?;
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(layout.daemon_log())?;
+    // The daemon's log is root's alone (it names every sandbox); made so here
+    // when the router is the first to write it.
+    let log =
+        std::os::unix::fs::OpenOptionsExt::mode(std::fs::OpenOptions::new().create(true).append(true), 0o600)
+            .open(layout.daemon_log())?;
     let exe = std::env::current_exe()?;
     let mut command = std::process::Command::new(exe);
     command

@@ -338,6 +338,31 @@ fn sessions_through_the_router_outlive_daemon_restarts() {
     assert!(psql(&url, "SELECT 1").is_err());
 }
 
+/// The router's lock held by a process that is not the router the data root
+/// names (that one died, and another took the lock): stopping it ends at
+/// once, and signals nobody again and again.
+#[test]
+fn stopping_a_router_whose_lock_another_process_holds_ends() {
+    let mut d = Daemon::start(&[]);
+    let router = router_pid(&d);
+    // No daemon to start another router.
+    d.kill9();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(router), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let lock_path = d.home.join("router.lock");
+    let mut held = None;
+    d.wait_for(Duration::from_secs(10), "the dead router's lock", || {
+        let file = std::fs::File::open(&lock_path).unwrap();
+        held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok();
+        held.is_some()
+    });
+    assert!(d.home.join("router.json").exists(), "the dead router's state is left");
+    let t = Instant::now();
+    let stopped = d.json(&["daemon", "stop", "--with-router"]);
+    assert!(t.elapsed() < Duration::from_secs(20), "stopping waited {:?}", t.elapsed());
+    assert_eq!(stopped["stopped"], false, "{stopped}");
+    drop(held);
+}
+
 #[test]
 fn without_its_daemon_the_router_keeps_expiry_and_says_why_it_cannot_wake() {
     let mut d = Daemon::start(&[]);
@@ -576,6 +601,25 @@ fn the_routers_unix_socket_serves_any_local_user_with_the_credential_and_every_g
     let socket = dir.join(format!(".s.PGSQL.{port}"));
     let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&socket).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o777, "any local user may connect: the credential admits");
+    // The locks (the socket's, the router's, the daemon's) and the daemon's
+    // log are root's alone: a user who could open a lock could take it and
+    // hold it, and keep the next router from its socket or its port.
+    let lock = dir.join(format!(".s.PGSQL.{port}.lock"));
+    for private in
+        [lock.clone(), d.home.join("router.lock"), d.home.join("daemon.lock"), d.home.join("daemon.log")]
+    {
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&private).unwrap().permissions());
+        assert_eq!(mode & 0o777, 0o600, "{}", private.display());
+    }
+    let opened = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+        .arg("import os, sys; os.open(sys.argv[1], os.O_RDONLY)")
+        .arg(&lock)
+        .output()
+        .unwrap();
+    assert!(!opened.status.success(), "another user opened the socket's lock");
+    assert!(String::from_utf8_lossy(&opened.stderr).contains("PermissionError"), "{opened:?}");
 
     // Handed to its server: the session runs over a unix socket end to end.
     assert_eq!(sql(&local, "SHOW airlock.handoff"), "on");
