@@ -98,19 +98,21 @@ pub fn contain(who: Who, cgroups: &[std::ffi::CString], enter: Enter<'_>) -> std
     contain_at_gate(who, cgroups, None, enter)
 }
 
-/// [`contain`], waiting at a [`crate::gate::Gate`] once in its cgroups (the
-/// slow part of joining them done while the daemon finishes what the
-/// process needs), when given its pass.
+/// [`contain`] behind a [`crate::gate::Gate`], when given its pass: waiting
+/// once in its cgroups (the slow part of joining them done while the daemon
+/// finishes what the process needs), or with the gate's descriptor handed
+/// to its program, which waits in itself (its loading done meanwhile too).
 pub fn contain_at_gate(
     who: Who,
     cgroups: &[std::ffi::CString],
-    pass: Option<crate::gate::Pass>,
+    waiting: Option<crate::gate::Waiting>,
     enter: Enter<'_>,
 ) -> std::io::Result<()> {
+    use crate::gate::Waiting;
     use nix::sched::CloneFlags;
     airlock_core::descriptors::close_on_exec_from_3()?;
     crate::cgroup::join(cgroups)?;
-    if let Some(pass) = pass {
+    if let Some(Waiting::BeforeExec(pass)) = waiting {
         pass.wait()?;
     }
     match enter {
@@ -152,6 +154,10 @@ pub fn contain_at_gate(
     let open_files = OPEN_FILES.min(getrlimit(Resource::RLIMIT_NOFILE)?.1);
     setrlimit(Resource::RLIMIT_NOFILE, open_files, open_files)?;
     become_user(&who)?;
+    // Last, since the gate's descriptor may take the place of one used above.
+    if let Some(Waiting::InProgram(pass)) = waiting {
+        pass.hand_over()?;
+    }
     crate::seccomp::confine(who.filter)
 }
 

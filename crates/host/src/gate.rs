@@ -8,8 +8,14 @@
 //! will run on, and wait here until they are there: the two waits overlap
 //! instead of adding up.
 //!
+//! A child waits either before it runs its program ([`Pass::wait`]) or in
+//! it, before the program's own code runs ([`Pass::hand_over`]: a fork's
+//! PostgreSQL server, whose in-server guard the child preloads, so the
+//! loader's linking of the server's libraries overlaps the clone too).
+//!
 //! The children and the daemon share one pipe: each waiting child reads one
-//! byte, `g` to go on or `x` to give up (its spawn then fails). The daemon
+//! byte, `g` to go on or `x` to give up (its spawn then fails, or its program
+//! exits). The daemon
 //! writes one byte per child that enlisted, so a child never depends on any
 //! other process closing its copy of the pipe. A child enlisted after the
 //! gate was decided does not wait at all, or is refused if it was shut.
@@ -132,7 +138,51 @@ impl Drop for Opener {
     }
 }
 
+/// Where a contained child waits at its gate.
+#[derive(Clone, Copy, Debug)]
+pub enum Waiting {
+    /// Before it enters its namespaces ([`Pass::wait`]).
+    BeforeExec(Pass),
+    /// In its program, which preloads a library that waits ([`Pass::hand_over`]).
+    InProgram(Pass),
+}
+
+/// The descriptor a program waiting in itself ([`Pass::hand_over`]) reads its
+/// gate's word from.
+pub const PROGRAM_FD: RawFd = 3;
+
+/// The variable that names [`PROGRAM_FD`] to the library that waits in the
+/// program (the in-server guard's constructor).
+pub const PROGRAM_FD_VARIABLE: &str = "AIRLOCK_GATE_FD";
+
 impl Pass {
+    /// In the child, as the last step before exec: hands the pipe's read end
+    /// to the program as [`PROGRAM_FD`], for a library it preloads to wait on
+    /// before the program's own code runs. The program is mapped and linked
+    /// while the daemon clones its files. Once it runs its program the child
+    /// holds no other descriptor of the daemon's, so the daemon's end closing
+    /// (it died) is an end of file, and no `getppid` watch is needed. Only
+    /// `close`, `dup2` and `fcntl`, all async-signal-safe; call it after
+    /// everything that uses a descriptor of its own, which it may replace.
+    pub fn hand_over(self) -> io::Result<()> {
+        use nix::libc;
+        let done = |rc: libc::c_int| match rc {
+            -1 => Err(io::Error::last_os_error()),
+            _ => Ok(()),
+        };
+        // SAFETY: descriptors inherited from the daemon, in the child's own table.
+        unsafe {
+            if self.write != PROGRAM_FD {
+                let _ = libc::close(self.write);
+            }
+            match self.read == PROGRAM_FD {
+                // dup2 onto itself keeps close-on-exec set.
+                true => done(libc::fcntl(PROGRAM_FD, libc::F_SETFD, 0)),
+                false => done(libc::dup2(self.read, PROGRAM_FD)),
+            }
+        }
+    }
+
     /// In the child, between fork and exec: waits for the daemon's word.
     /// Gives up when the daemon is gone (its parent is then another process):
     /// the child holds copies of every descriptor the daemon had (another

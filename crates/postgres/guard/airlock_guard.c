@@ -1070,6 +1070,38 @@ end_after_cleanup(int status, void *arg)
 	}
 }
 
+/*
+ * A fork's server is started while the daemon still clones its files, and
+ * waits here for them: the daemon preloads this library (LD_PRELOAD) and
+ * hands the server one end of its gate's pipe as the descriptor named by
+ * AIRLOCK_GATE_FD. The dynamic loader has mapped and linked the server's
+ * forty-odd libraries by then (more CPU than the rest of its start-up), so
+ * that work overlaps the clone; PostgreSQL's own code, which reads the data
+ * directory, has not run. One byte 'g' lets it go on; anything else (the
+ * daemon gave the fork up, or died and closed its end) ends it. The
+ * variables go first, so nothing the server starts inherits them.
+ */
+static void __attribute__((constructor))
+wait_at_gate(void)
+{
+	const char *named = getenv("AIRLOCK_GATE_FD");
+	char		word = 0;
+	ssize_t		n;
+	int			fd;
+
+	if (named == NULL)
+		return;
+	fd = atoi(named);
+	unsetenv("AIRLOCK_GATE_FD");
+	unsetenv("LD_PRELOAD");
+	do
+		n = read(fd, &word, 1);
+	while (n < 0 && errno == EINTR);
+	close(fd);
+	if (n != 1 || word != 'g')
+		_exit(3);
+}
+
 void
 _PG_init(void)
 {

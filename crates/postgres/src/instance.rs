@@ -18,6 +18,7 @@ use airlock_core::dsn::{ADMIN_ROLE, AGENT_ROLE, DATABASE, OWNER_ROLE, SOCKET_POR
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
 use airlock_host::contain::{contain_at_gate, log_tail, Enter, Who};
+use airlock_host::gate::Waiting;
 use airlock_host::pidfd::Pidfd;
 use airlock_host::rootfs::View;
 use airlock_host::users::Identity;
@@ -314,9 +315,18 @@ pub fn start(
     gate: Option<&airlock_host::gate::Gate>,
 ) -> Result<Started> {
     let log = airlock_host::storage::tree::open_log(&dir.log())?;
-    // Behind a gate, the child joins its cgroups and waits there for its
-    // files (a fork's clone) before anything reads them.
+    // Behind a gate, the server waits for its files (a fork's clone) before
+    // anything reads them: contained and with its guard, in the server's
+    // program once it is loaded and linked (the guard, preloaded, waits
+    // before PostgreSQL's own code runs); else in the child, before exec.
     let pass = gate.map(|g| g.enlist()).transpose()?.flatten();
+    let contained = nix::unistd::geteuid().is_root();
+    let preloadable =
+        |p: &Path| p.to_str().is_some_and(|p| !p.contains(|c: char| c == ':' || c.is_whitespace()));
+    let waiting = pass.map(|pass| match (contained, guard) {
+        (true, Some(guard)) if preloadable(guard) => Waiting::InProgram(pass),
+        _ => Waiting::BeforeExec(pass),
+    });
     let mut cmd = airlock_host::spawn::Command::new(bin.tool("postgres"));
     cmd.arg("-D").arg(dir.pgdata());
     let major = bin.major().unwrap_or(0);
@@ -353,7 +363,6 @@ pub fn start(
     if guard_path.is_none() {
         cmd.arg("-c").arg("autovacuum=off");
     }
-    let contained = nix::unistd::geteuid().is_root();
     if let Some(template) = template {
         let seen = if contained { Path::new(TEMPLATE_INSIDE) } else { template };
         cmd.arg("-c").arg(format!("airlock.template_source={}", setting_path(seen)?));
@@ -366,7 +375,12 @@ pub fn start(
         .env("PATH", "/usr/bin:/bin")
         .stdio(None, Some(log.try_clone()?.into()), Some(log.into()))
         .process_group();
-    let spawned = if nix::unistd::geteuid().is_root() {
+    if let (Some(Waiting::InProgram(_)), Some(guard)) = (waiting, guard_path) {
+        // The server's view has the guard at the same path.
+        cmd.env("LD_PRELOAD", guard)
+            .env(airlock_host::gate::PROGRAM_FD_VARIABLE, airlock_host::gate::PROGRAM_FD.to_string());
+    }
+    let spawned = if contained {
         let who = Who::of(user, socket_group);
         let mut view = server_view(bin, dir, guard_path)?;
         if let Some(template) = template {
@@ -375,7 +389,9 @@ pub fn start(
         let network = network.map(|n| n.try_clone()).transpose()?;
         // SAFETY: containment makes only system calls on the child itself,
         // and allocates nothing.
-        unsafe { cmd.spawn(&mut || contain_at_gate(who, cgroups, pass, Enter::New(&view, network.as_ref()))) }
+        unsafe {
+            cmd.spawn(&mut || contain_at_gate(who, cgroups, waiting, Enter::New(&view, network.as_ref())))
+        }
     } else {
         // SAFETY: Pass::wait makes only system calls on the child itself.
         unsafe { cmd.spawn(&mut || pass.map_or(Ok(()), |pass| pass.wait())) }
@@ -695,4 +711,126 @@ pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config
         .options(ADMIN_SESSION_OPTIONS)
         .connect_timeout(Duration::from_secs(10));
     config
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use airlock_host::gate::Gate;
+    use std::sync::Arc;
+
+    /// A contained server behind a gate runs its program at once (the spawn
+    /// returns with the gate still shut) and waits in it, its libraries
+    /// loaded, before PostgreSQL's own code reads anything: no pid file until
+    /// the gate opens, then ready, with no descriptor of the gate's left. At a
+    /// gate shut instead, it ends without ever starting.
+    #[tokio::test]
+    async fn a_server_behind_a_gate_runs_its_program_and_waits_in_it_until_the_gate_opens() {
+        use std::os::unix::fs::PermissionsExt;
+        assert!(nix::unistd::geteuid().is_root(), "this test starts a contained server: run it as root");
+        let bin = PgBin::locate(None).expect("a PostgreSQL server");
+        let scratch = PathBuf::from(format!("/var/lib/airlock-unit-gate-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir_all(&scratch).unwrap();
+        std::fs::set_permissions(&scratch, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let nobody = Identity { name: "nobody".into(), uid: 65534.into(), gid: 65534.into() };
+        let dir = InstanceDir { root: scratch.join("instance") };
+        prepare_dir(&dir, &nobody, None).unwrap();
+        std::fs::create_dir(dir.pgdata()).unwrap();
+        std::os::unix::fs::chown(dir.pgdata(), Some(65534), Some(65534)).unwrap();
+        std::fs::set_permissions(dir.pgdata(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        initdb(&bin, &dir.pgdata(), &Identity::current().unwrap(), &nobody).await.unwrap();
+        write_access_files(&dir, &Peers::default()).unwrap();
+        let guard =
+            crate::guard::for_major(&scratch.join("guard"), bin.major().unwrap(), None, None).unwrap();
+        let pid_file = dir.pgdata().join("postmaster.pid");
+        // A failed assertion leaves no server running.
+        struct Leftovers(std::sync::Mutex<Vec<i32>>);
+        impl Drop for Leftovers {
+            fn drop(&mut self) {
+                for pid in self.0.lock().unwrap().iter() {
+                    let _ = signal::killpg(Pid::from_raw(*pid), Signal::SIGKILL);
+                }
+            }
+        }
+        let leftovers = Leftovers(Default::default());
+
+        let spawn_behind = |gate: &Arc<Gate>| {
+            let (bin, dir, guard, gate) = (bin.clone(), dir.clone(), guard.clone(), gate.clone());
+            let nobody = nobody.clone();
+            std::thread::spawn(move || {
+                start(&bin, &dir, &nobody, None, &[], Some(&guard), None, None, Some(&gate))
+            })
+        };
+        let returned = |spawning: &std::thread::JoinHandle<_>| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !spawning.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            spawning.is_finished()
+        };
+
+        let pipes = |pid: &str| -> std::collections::HashSet<String> {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .unwrap()
+                .flatten()
+                .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+                .map(|l| l.to_string_lossy().into_owned())
+                .filter(|l| l.starts_with("pipe:"))
+                .collect()
+        };
+        let before = pipes("self");
+        let gate = Gate::new().unwrap();
+        let gates_pipe: Vec<String> = pipes("self").difference(&before).cloned().collect();
+        assert_eq!(gates_pipe.len(), 1, "{gates_pipe:?}");
+        let spawning = spawn_behind(&gate);
+        assert!(returned(&spawning), "the spawn waited for the gate: the server did not run its program");
+        let mut started = spawning.join().unwrap().unwrap();
+        leftovers.0.lock().unwrap().push(started.pid);
+        let exe = std::fs::read_link(format!("/proc/{}/exe", started.pid)).unwrap();
+        assert_eq!(exe, bin.tool("postgres").canonicalize().unwrap(), "the server runs its program");
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(started.child.try_wait().unwrap().is_none(), "the server ended at a closed gate");
+        assert!(!pid_file.exists(), "PostgreSQL's own code ran before the gate opened");
+        gate.open();
+        started.wait_ready(&dir).await.unwrap();
+        assert!(
+            !pipes(&started.pid.to_string()).contains(&gates_pipe[0]),
+            "the gate's descriptor outlived the wait"
+        );
+        let environ = std::fs::read(format!("/proc/{}/environ", started.pid)).unwrap();
+        assert!(
+            String::from_utf8_lossy(&environ).contains("AIRLOCK_GATE_FD"),
+            "the server was not handed the gate"
+        );
+        kill(started.pid, &dir.pgdata()).await.unwrap();
+        let _ = started.child.wait().await;
+        let _ = std::fs::remove_file(&pid_file);
+
+        // A gate shut: the server ends before PostgreSQL's code runs.
+        let gate = Gate::new().unwrap();
+        let spawning = spawn_behind(&gate);
+        assert!(returned(&spawning));
+        let mut started = spawning.join().unwrap().unwrap();
+        leftovers.0.lock().unwrap().push(started.pid);
+        gate.shut();
+        let status =
+            tokio::time::timeout(Duration::from_secs(10), started.child.wait()).await.unwrap().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::into_raw(status) >> 8, 3, "{status:?}");
+        assert!(!pid_file.exists(), "a server behind a shut gate started");
+
+        // The daemon gone (its end of the pipe closed) while the server
+        // waits: it ends too, never left waiting.
+        let gate = Gate::new().unwrap();
+        let spawning = spawn_behind(&gate);
+        assert!(returned(&spawning));
+        let mut started = spawning.join().unwrap().unwrap();
+        leftovers.0.lock().unwrap().push(started.pid);
+        drop(gate);
+        let status =
+            tokio::time::timeout(Duration::from_secs(10), started.child.wait()).await.unwrap().unwrap();
+        assert_eq!(std::os::unix::process::ExitStatusExt::into_raw(status) >> 8, 3, "{status:?}");
+        assert!(!pid_file.exists(), "a server whose gate went away started");
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
 }

@@ -78,9 +78,9 @@ impl Postgres {
                 template_of(at).as_deref(),
                 None,
             )?,
-            // The spawn returns only once the server runs its program, after
-            // the gate opens: it waits on a thread of its own while this task
-            // clones the files.
+            // The spawn returns once the server runs its program, which then
+            // waits for the gate (or, uncontained, once the gate opens): on a
+            // thread of its own while this task clones the files.
             Some(gate) => {
                 let (bin, dir, user, group) =
                     (server.bin.clone(), at.dir.clone(), launch.user.clone(), launch.group);
@@ -106,13 +106,15 @@ impl Postgres {
                 .map_err(|e| Error::internal(format!("starting a server stopped: {e}")))??
             }
         };
-        // From the gate's opening, when it held the start back: the start's own part.
-        let began = launch.gate.as_ref().and_then(|g| g.opened_at()).map_or(t, |opened| opened.max(t));
-        steps.start_ms = ms(began);
+        // The start's own part: from the gate's opening when it held the
+        // spawn back, else the containment and the exec.
+        let opened = || launch.gate.as_ref().and_then(|g| g.opened_at());
+        steps.start_ms = ms(opened().map_or(t, |opened| opened.max(t)));
         let t = Instant::now();
         let ready = started.wait_ready(at.dir).await;
         let pid = started.detach();
-        steps.ready_ms = ms(t);
+        // From the gate's opening when the server waited for it in its program.
+        steps.ready_ms = ms(opened().map_or(t, |opened| opened.max(t)));
         Ok((pid, ready))
     }
 
