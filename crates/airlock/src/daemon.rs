@@ -86,7 +86,7 @@ pub async fn serve(settings: Settings, listen: Listen) -> Result<()> {
         tracing::warn!("{w}");
     }
     if let Some(address) = airlock_router::process::supervise(engine.clone(), router.clone()).await? {
-        let _ = engine.router.set(address);
+        engine.router.set(address);
     }
     if let Some(addr) = gateway {
         let advertise = router.advertise.clone();

@@ -57,7 +57,7 @@ impl Engine {
             disk_headroom_bytes: self.config.disk_headroom_bytes,
             disk_unpromised_bytes: self.headroom.unpromised(),
             default_idle_suspend_seconds: self.config.default_idle_suspend.as_secs(),
-            router: self.router.get().cloned(),
+            router: self.router.get(),
             gateway: None,
             default_ttl_seconds: self.config.default_ttl.as_secs(),
             max_ttl_seconds: self.config.max_ttl.as_secs(),

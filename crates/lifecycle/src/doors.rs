@@ -45,6 +45,25 @@ pub struct Address {
     pub socket_dir: Option<PathBuf>,
 }
 
+/// Where the router listens, once it does: set when it starts, and again
+/// when a router started in its place listens otherwise (a port picked
+/// afresh, a unix socket it could not have), so no credential is handed out
+/// in a form that no longer reaches it.
+#[derive(Debug, Default)]
+pub struct RouterAddress(std::sync::RwLock<Option<Address>>);
+
+impl RouterAddress {
+    /// The router's address, if it listens.
+    pub fn get(&self) -> Option<Address> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records where the router listens now.
+    pub fn set(&self, address: Address) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(address);
+    }
+}
+
 impl Address {
     /// A sandbox's DSN through the router.
     pub fn dsn(&self, sandbox: &str, password: &str) -> String {

@@ -94,7 +94,7 @@ impl Live {
                 "run `airlock serve` as root",
             ));
         };
-        let router = engine.router.get().cloned().ok_or_else(|| {
+        let router = engine.router.get().ok_or_else(|| {
             invalid("the router is off, and a grant is reached only through it".into(), "start the router")
         })?;
         let holder = format!(

@@ -246,7 +246,7 @@ impl Live {
     pub async fn grant(&self, target: &str, req: &GrantRequest) -> Result<Granted> {
         let asked = check_request(req, self.engine.config.max_ttl)?;
         let dsn = self.store().dsn(target)?.ok_or_else(|| super::target::not_found(target))?;
-        let address = self.engine.router.get().cloned().ok_or_else(|| {
+        let address = self.engine.router.get().ok_or_else(|| {
             Error::new(
                 ErrorCode::InvalidRequest,
                 "the router is off, and a grant is reached only through it",
@@ -350,7 +350,7 @@ impl Live {
     /// on it (the tools of `airlock mcp --target`); never given out again.
     pub fn client_dsn(&self, id: &str) -> Result<String> {
         let password = self.store().grant_password(id)?.ok_or_else(|| grant_not_found(id))?;
-        let address = self.engine.router.get().cloned().ok_or_else(|| {
+        let address = self.engine.router.get().ok_or_else(|| {
             Error::new(
                 ErrorCode::InvalidRequest,
                 "the router is off, and a grant is reached only through it",

@@ -174,20 +174,24 @@ pub async fn supervise(engine: Arc<Engine>, router: RouterConfig) -> Result<Opti
         }
         None => launch(&layout, &spec).await?,
     };
-    tokio::spawn(watch(layout, spec));
+    tokio::spawn(watch(engine, spec));
     Ok(Some(address))
 }
 
-/// Starts the router again whenever it is found not running.
-async fn watch(layout: Layout, spec: Spec) {
+/// Starts the router again whenever it is found not running, and records
+/// where the new one listens (its port, its unix socket) for the forms
+/// credentials are handed out in.
+async fn watch(engine: Arc<Engine>, spec: Spec) {
+    let layout = engine.layout.clone();
     loop {
         tokio::time::sleep(WATCH).await;
         match running(&layout) {
             Ok(Some(_)) => {}
             Ok(None) => {
                 tracing::warn!("the router is not running; starting it again");
-                if let Err(e) = launch(&layout, &spec).await {
-                    tracing::warn!(error = %e, "starting the router failed");
+                match launch(&layout, &spec).await {
+                    Ok(address) => engine.router.set(address),
+                    Err(e) => tracing::warn!(error = %e, "starting the router failed"),
                 }
             }
             Err(e) => tracing::debug!(error = %e, "checking the router failed"),

@@ -704,6 +704,27 @@ fn the_routers_unix_socket_serves_any_local_user_with_the_credential_and_every_g
     let log = d.log();
     assert!(!log.contains(&password), "the credential reached the log");
 
+    // A router started in a killed one's place that cannot have the socket
+    // (its lock held, here by this test) serves its port alone, and the
+    // daemon stops handing out the socket's DSN.
+    let killed = router_pid(&d);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(killed), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let mut held = None;
+    d.wait_for(Duration::from_secs(10), "the killed router's socket lock", || {
+        let file = std::fs::File::open(&lock).unwrap();
+        held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).ok();
+        held.is_some()
+    });
+    d.wait_for(Duration::from_secs(20), "a new router without the socket", || {
+        std::fs::read(d.home.join("router.json")).is_ok()
+            && router_pid(&d) != killed
+            && psql(&dsn(&sb), "SELECT 1").is_ok_and(|one| one == "1")
+            && d.cli(&["dsn", &id, "--router-socket"]).code == 3
+    });
+    assert!(d.log().contains("unix socket is off"), "{}", d.log());
+    assert!(d.fork("shop", &[]).get("router_socket_dsn").is_none());
+    drop(held);
+
     // A daemon without the socket says so when asked for its DSN.
     drop(d);
     let plain = Daemon::start(&[]);

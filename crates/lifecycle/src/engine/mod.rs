@@ -143,7 +143,7 @@ pub struct Engine {
     /// nearest expiry it knows of, and looks again when this wakes it.
     pub expiries: tokio::sync::Notify,
     /// Where the router listens, once it does.
-    pub router: std::sync::OnceLock<crate::doors::Address>,
+    pub router: crate::doors::RouterAddress,
     /// The services registered with the engine: what they hear of sandboxes,
     /// what they perform for each other, and their own state.
     pub services: crate::services::Services,
@@ -252,7 +252,7 @@ impl Engine {
             room: Default::default(),
             headroom: Default::default(),
             expiries: Default::default(),
-            router: std::sync::OnceLock::new(),
+            router: Default::default(),
             services: Default::default(),
             sandbox_ops: Mutex::new(HashMap::new()),
             tearing_down: Mutex::new(HashSet::new()),
