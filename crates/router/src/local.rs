@@ -114,12 +114,19 @@ pub fn prepare(dir: &Path) -> Result<()> {
         )))
     };
     dir.ancestors().skip(1).try_for_each(on_the_way)?;
-    if !dir.exists() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(dir)
-            .map_err(|e| refused(format!("it could not be made: {e}")))?;
+    // What is missing is made one directory at a time, each by a `mkdir`
+    // that follows no link at its own name: one that someone else put there
+    // meanwhile (in a sticky directory such as /tmp, a link to /etc) is
+    // refused, never made through.
+    let missing: Vec<&Path> = dir.ancestors().take_while(|p| std::fs::symlink_metadata(p).is_err()).collect();
+    for path in missing.into_iter().rev() {
+        match std::fs::DirBuilder::new().mode(0o755).create(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(refused(format!("{} appeared while it was being made", path.display())));
+            }
+            Err(e) => return Err(refused(format!("{} could not be made: {e}", path.display()))),
+        }
     }
     let meta = std::fs::symlink_metadata(dir).map_err(|e| refused(e.to_string()))?;
     if !meta.is_dir() {
@@ -248,6 +255,12 @@ mod tests {
         // Below a sticky one, as /tmp is: fine.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
         prepare(&open.join("mine")).unwrap();
+        // Two levels missing: each made, the daemon's own, 0755.
+        prepare(&open.join("two/levels")).unwrap();
+        for made in [open.join("two"), open.join("two/levels")] {
+            let meta = std::fs::symlink_metadata(&made).unwrap();
+            assert!(meta.is_dir() && meta.mode() & 0o7777 == 0o755, "{}", made.display());
+        }
         let link = scratch("link");
         let target = scratch("target");
         std::fs::create_dir(&target).unwrap();
