@@ -1079,7 +1079,10 @@ end_after_cleanup(int status, void *arg)
  * that work overlaps the clone; PostgreSQL's own code, which reads the data
  * directory, has not run. One byte 'g' lets it go on; anything else (the
  * daemon gave the fork up, or died and closed its end) ends it. The
- * variables go first, so nothing the server starts inherits them.
+ * variables go first, so nothing the server starts inherits them. Were the
+ * preload to fail (the loader says so and goes on), this would run when
+ * shared_preload_libraries loads the guard: the server would have read its
+ * settings and pg_control by then, but still nothing of base/.
  */
 static void __attribute__((constructor))
 wait_at_gate(void)
