@@ -37,9 +37,12 @@ fn main() {
             continue;
         }
         let library = out.join(format!("airlock_guard_{major}.so"));
+        // Linked to bind every symbol at load (`-z now`): preloaded, as a
+        // fork's server loads it, a function the server lacks fails the
+        // server's start rather than the first backend that calls it.
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let status = Command::new(&cc)
-            .args(["-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-I"])
+            .args(["-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-Wl,-z,now", "-I"])
             .arg(include.trim())
             .arg("-o")
             .arg(&library)

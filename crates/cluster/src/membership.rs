@@ -147,12 +147,13 @@ pub fn describe(cluster: &Cluster) -> NodeRecord {
     };
     let running =
         all.iter().filter(|s| !matches!(s.state, SandboxState::Suspended | SandboxState::Deleting)).count();
+    let address = engine.router.get();
     NodeRecord {
         name: cluster.settings.node.clone(),
         state: "up".into(),
         advertise: cluster.settings.advertise.clone(),
-        router: engine.router.get().map(|a| format!("{}:{}", a.host, a.port)),
-        relay: engine.router.get().and_then(|a| a.relay_port).and_then(|port| {
+        router: address.as_ref().map(|a| format!("{}:{}", a.host, a.port)),
+        relay: address.as_ref().and_then(|a| a.relay_port).and_then(|port| {
             let host = crate::ca::host_of(&cluster.settings.advertise).ok()?;
             Some(if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") })
         }),

@@ -1,5 +1,5 @@
-//! A gate contained children wait at, between joining their cgroups and
-//! entering their namespaces, until the daemon says whether to go on.
+//! A gate contained children wait at until the daemon says whether to go
+//! on: once in their cgroups, before they run their program or in it.
 //!
 //! Joining a cgroup can be slow for no work of the child's own: a write to
 //! `cgroup.procs` waits for an RCU grace period (5 to 30 ms on a small
@@ -10,8 +10,9 @@
 //!
 //! A child waits either before it runs its program ([`Pass::wait`]) or in
 //! it, before the program's own code runs ([`Pass::hand_over`]: a fork's
-//! PostgreSQL server, whose in-server guard the child preloads, so the
-//! loader's linking of the server's libraries overlaps the clone too).
+//! contained PostgreSQL server, whose in-server guard the child preloads, so
+//! the loader's linking of the server's libraries, and their constructors,
+//! run while the daemon clones; the server's own code runs only after).
 //!
 //! The children and the daemon share one pipe: each waiting child reads one
 //! byte, `g` to go on or `x` to give up (its spawn then fails, or its program
@@ -154,6 +155,11 @@ pub const PROGRAM_FD: RawFd = 3;
 /// The variable that names [`PROGRAM_FD`] to the library that waits in the
 /// program (the in-server guard's constructor).
 pub const PROGRAM_FD_VARIABLE: &str = "AIRLOCK_GATE_FD";
+
+/// The variable that names the daemon's pid to that library: a program
+/// whose parent is another by the time it has the daemon's word (the
+/// daemon died just after giving it) does not go on.
+pub const PARENT_VARIABLE: &str = "AIRLOCK_GATE_PARENT";
 
 impl Pass {
     /// In the child, as the last step before exec: hands the pipe's read end

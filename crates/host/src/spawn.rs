@@ -33,6 +33,10 @@ use nix::libc;
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
+/// The lowest descriptor the child's error pipe may have: below it are those
+/// a child may be handed by number.
+const FIRST_UNGIVEN_FD: RawFd = 10;
+
 /// How much stack the child gets (mapped on demand; only what it touches
 /// costs anything), below a guard page.
 const STACK: usize = 256 << 10;
@@ -152,7 +156,15 @@ impl Command {
         // The child's error, 4 bytes on a close-on-exec pipe: nothing once it
         // runs its program (its end closes at exec), or the error that
         // stopped it.
-        let (error_read, error_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        let (error_read, low) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+        // Above the descriptors a child is handed by number (a gate's, 3), so
+        // no step before exec puts another in its place and loses the error.
+        // The first copy goes at once: an end left open here would keep the
+        // read below from ever seeing the child's exec.
+        let high = nix::fcntl::fcntl(&low, nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(FIRST_UNGIVEN_FD))?;
+        drop(low);
+        // SAFETY: a new descriptor, owned here alone.
+        let error_write = unsafe { OwnedFd::from_raw_fd(high) };
         let shared = Shared {
             program: self.program.as_ptr(),
             argv: argv.as_ptr(),

@@ -1078,30 +1078,42 @@ end_after_cleanup(int status, void *arg)
  * forty-odd libraries by then (more CPU than the rest of its start-up), so
  * that work overlaps the clone; PostgreSQL's own code, which reads the data
  * directory, has not run. One byte 'g' lets it go on; anything else (the
- * daemon gave the fork up, or died and closed its end) ends it. The
- * variables go first, so nothing the server starts inherits them. Were the
- * preload to fail (the loader says so and goes on), this would run when
- * shared_preload_libraries loads the guard: the server would have read its
- * settings and pg_control by then, but still nothing of base/.
+ * daemon gave the fork up, or died and closed its end) ends it, as does a
+ * parent that is no longer the daemon named in AIRLOCK_GATE_PARENT (it died
+ * after its word, perhaps before the clone was done). The variables go
+ * first, so nothing the server starts inherits them.
+ *
+ * Run from shared_preload_libraries instead (the preload failed: the loader
+ * says so and goes on), PostgreSQL has already read files the clone may not
+ * have finished: the server ends rather than wait there.
  */
 static void __attribute__((constructor))
 wait_at_gate(void)
 {
 	const char *named = getenv("AIRLOCK_GATE_FD");
+	const char *parent = getenv("AIRLOCK_GATE_PARENT");
 	char		word = 0;
 	ssize_t		n;
 	int			fd;
+	long		daemon;
 
 	if (named == NULL)
 		return;
+	if (process_shared_preload_libraries_in_progress)
+	{
+		fprintf(stderr, "airlock_guard: the server was not held at its gate (the guard was not preloaded); stopping\n");
+		_exit(3);
+	}
 	fd = atoi(named);
+	daemon = parent ? atol(parent) : 0;
 	unsetenv("AIRLOCK_GATE_FD");
+	unsetenv("AIRLOCK_GATE_PARENT");
 	unsetenv("LD_PRELOAD");
 	do
 		n = read(fd, &word, 1);
 	while (n < 0 && errno == EINTR);
 	close(fd);
-	if (n != 1 || word != 'g')
+	if (n != 1 || word != 'g' || (daemon != 0 && (long) getppid() != daemon))
 		_exit(3);
 }
 

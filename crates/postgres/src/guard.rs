@@ -85,7 +85,7 @@ pub fn compile(include: &Path, out: &Path) -> Result<()> {
         .write_all(SOURCE.as_bytes())?;
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let result = std::process::Command::new(&cc)
-        .args(["-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-I"])
+        .args(["-O2", "-Wall", "-Werror", "-fPIC", "-shared", "-Wl,-z,now", "-I"])
         .arg(include)
         .arg("-o")
         .arg(out)

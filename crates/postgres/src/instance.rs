@@ -321,8 +321,10 @@ pub fn start(
     // before PostgreSQL's own code runs); else in the child, before exec.
     let pass = gate.map(|g| g.enlist()).transpose()?.flatten();
     let contained = nix::unistd::geteuid().is_root();
-    let preloadable =
-        |p: &Path| p.to_str().is_some_and(|p| !p.contains(|c: char| c == ':' || c.is_whitespace()));
+    // LD_PRELOAD splits on `:` and spaces and expands `$ORIGIN` and the like.
+    let preloadable = |p: &Path| {
+        p.to_str().is_some_and(|p| !p.contains(|c: char| c == ':' || c == '$' || c.is_whitespace()))
+    };
     let waiting = pass.map(|pass| match (contained, guard) {
         (true, Some(guard)) if preloadable(guard) => Waiting::InProgram(pass),
         _ => Waiting::BeforeExec(pass),
@@ -378,7 +380,8 @@ pub fn start(
     if let (Some(Waiting::InProgram(_)), Some(guard)) = (waiting, guard_path) {
         // The server's view has the guard at the same path.
         cmd.env("LD_PRELOAD", guard)
-            .env(airlock_host::gate::PROGRAM_FD_VARIABLE, airlock_host::gate::PROGRAM_FD.to_string());
+            .env(airlock_host::gate::PROGRAM_FD_VARIABLE, airlock_host::gate::PROGRAM_FD.to_string())
+            .env(airlock_host::gate::PARENT_VARIABLE, std::process::id().to_string());
     }
     let spawned = if contained {
         let who = Who::of(user, socket_group);
@@ -717,6 +720,7 @@ pub fn admin_config(dir: &InstanceDir, database: &str) -> tokio_postgres::Config
 mod tests {
     use super::*;
     use airlock_host::gate::Gate;
+    use std::os::unix::process::CommandExt;
     use std::sync::Arc;
 
     /// A contained server behind a gate runs its program at once (the spawn
@@ -831,6 +835,27 @@ mod tests {
             tokio::time::timeout(Duration::from_secs(10), started.child.wait()).await.unwrap().unwrap();
         assert_eq!(std::os::unix::process::ExitStatusExt::into_raw(status) >> 8, 3, "{status:?}");
         assert!(!pid_file.exists(), "a server whose gate went away started");
+
+        // A server told of a gate whose guard was not preloaded (the loader
+        // ignored it) ends when shared_preload_libraries loads the guard,
+        // rather than wait there, late.
+        let late = std::process::Command::new(bin.tool("postgres"))
+            .arg("-D")
+            .arg(dir.pgdata())
+            .args(["-c", "listen_addresses="])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.socket_dir().display()))
+            .arg("-c")
+            .arg(format!("shared_preload_libraries={}", guard.display()))
+            .env_clear()
+            .env(airlock_host::gate::PROGRAM_FD_VARIABLE, "3")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        assert_eq!(late.status.code(), Some(3), "{late:?}");
+        assert!(String::from_utf8_lossy(&late.stderr).contains("not held at its gate"), "{late:?}");
+        let _ = std::fs::remove_file(&pid_file);
         let _ = std::fs::remove_dir_all(&scratch);
     }
 }

@@ -118,10 +118,15 @@ pub fn prepare(dir: &Path) -> Result<()> {
     // that follows no link at its own name: one that someone else put there
     // meanwhile (in a sticky directory such as /tmp, a link to /etc) is
     // refused, never made through.
-    let missing: Vec<&Path> = dir.ancestors().take_while(|p| std::fs::symlink_metadata(p).is_err()).collect();
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|p| std::fs::symlink_metadata(p).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound))
+        .collect();
     for path in missing.into_iter().rev() {
         match std::fs::DirBuilder::new().mode(0o755).create(path) {
-            Ok(()) => {}
+            // 0755 whatever the umask: every local user reaches the socket.
+            Ok(()) => std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))
+                .map_err(|e| refused(format!("{} could not be made open to all: {e}", path.display())))?,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(refused(format!("{} appeared while it was being made", path.display())));
             }

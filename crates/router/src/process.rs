@@ -241,6 +241,14 @@ pub async fn stop_running(layout: &Layout) -> Result<bool> {
 /// the log: no process is signalled again, nor waited on for ever).
 async fn stop(layout: &Layout, pid: u32) {
     use nix::sys::signal::{kill, Signal};
+    if !is_this_roots_router(layout, pid) {
+        // Gone, and its pid perhaps another process's now: nobody is signalled.
+        if matches!(try_lock(layout), Ok(None)) {
+            tracing::warn!(pid, lock = %layout.router_lock().display(),
+                "the router this data root names is gone, and its lock is held by another process; not waiting for it");
+        }
+        return;
+    }
     let pid = nix::unistd::Pid::from_raw(pid as i32);
     let _ = kill(pid, Signal::SIGTERM);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -257,7 +265,7 @@ async fn stop(layout: &Layout, pid: u32) {
             }
             return;
         }
-        if Instant::now() > deadline && !killed {
+        if Instant::now() > deadline && !killed && is_this_roots_router(layout, pid.as_raw() as u32) {
             let _ = kill(pid, Signal::SIGKILL);
             killed = true;
         }
@@ -265,11 +273,30 @@ async fn stop(layout: &Layout, pid: u32) {
     }
 }
 
+/// Whether process `pid` is a router of this data root (`airlock router
+/// --spec <root>/router.spec.json`), so a pid a gone router left in its
+/// state, and another process took since, is never signalled.
+fn is_this_roots_router(layout: &Layout, pid: u32) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let spec = std::fs::canonicalize(spec_file(layout)).ok();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    args.windows(3).any(|w| {
+        let named = Path::new(std::ffi::OsStr::from_bytes(w[2]));
+        w[0] == b"router" && w[1] == b"--spec" && spec.is_some() && std::fs::canonicalize(named).ok() == spec
+    })
+}
+
+/// The file a router of this data root reads its settings from.
+fn spec_file(layout: &Layout) -> std::path::PathBuf {
+    layout.home().join("router.spec.json")
+}
+
 /// Starts `airlock router` in a session of its own (so no signal for the
 /// daemon's process group reaches it), logging where the daemon logs, and
 /// waits until it listens.
 async fn launch(layout: &Layout, spec: &Spec) -> Result<Address> {
-    let spec_file = layout.home().join("router.spec.json");
+    let spec_file = spec_file(layout);
     super::tls::write_private(&spec_file, &serde_json::to_vec_pretty(spec).expect("spec serializes"))?;
     // The daemon's log is root's alone (it names every sandbox); made so here
     // when the router is the first to write it.

@@ -312,15 +312,18 @@ impl Engine {
     fn present(&self, mut sb: Sandbox) -> Sandbox {
         let password = sb.dsn.as_deref().and_then(airlock_core::dsn::password);
         let dir = self.layout.sandbox_instance(&sb.id);
+        // One reading of the router's address for every form, so none of them
+        // comes from a router started in its place meanwhile.
+        let router = self.router.get();
         if let (Some(password), true) = (&password, airlock_redis::server::configured(&dir)) {
             sb.redis_socket_url = Some(airlock_redis::server::socket_url(&dir, &sb.id, password));
-            sb.redis_url = self.router.get().and_then(|r| r.redis_url(&sb.id, password));
+            sb.redis_url = router.as_ref().and_then(|r| r.redis_url(&sb.id, password));
         }
         // With no PostgreSQL, the stored DSN only holds the credential.
         if !self.layout.generation_has_postgres(&sb.golden, sb.generation) {
             sb.dsn = None;
         }
-        if let (Some(router), Some(socket)) = (self.router.get(), sb.dsn.take()) {
+        if let (Some(router), Some(socket)) = (router, sb.dsn.take()) {
             let password = password.unwrap_or_default();
             sb.dsn = Some(router.dsn(&sb.id, &password));
             sb.router_socket_dsn = router.router_socket_dsn(&sb.id, &password);

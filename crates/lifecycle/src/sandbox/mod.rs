@@ -125,7 +125,12 @@ impl Steps {
 }
 
 pub(crate) fn ms(since: Instant) -> f64 {
-    (since.elapsed().as_secs_f64() * 1e6).round() / 1e3
+    millis(since.elapsed())
+}
+
+/// A duration in milliseconds, to the microsecond, as a fork's steps are given.
+pub(crate) fn millis(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e6).round() / 1e3
 }
 
 /// Checks a new sandbox's name, labels and TTL; returns the TTL to use.
@@ -360,10 +365,11 @@ pub(crate) async fn bring_up(
         .cgroups
         .create(&sb.id, &engine.config.cgroup_limits)
         .map_err(|e| Error::io(format!("making the cgroups of {}", sb.id), &e))?;
-    // The servers are spawned first and wait at a gate, in their cgroups,
-    // while the files are cloned: joining a cgroup can wait for the kernel
-    // (an RCU grace period on cgroup v1) as long as the clone takes, and the
-    // two waits overlap. Nothing of the server runs before the gate opens.
+    // The servers are spawned first and wait at a gate while the files are
+    // cloned: a contained PostgreSQL server in its own program, once the
+    // loader has linked it (its libraries' constructors run too), else
+    // before exec, in its cgroups. The server's own code runs only once the
+    // gate opens.
     let gate = Gate::new().map_err(|e| Error::io("making a fork's gate", &e))?;
     // Shut if this is given up before the gate is decided: no server waits on.
     let _undecided = Opener(gate.clone());

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use super::{At, Credential, Ending, Held, Launch, Stop, StoreKind};
 use crate::engine::Engine;
-use crate::sandbox::{ms, Access, Steps};
+use crate::sandbox::{millis, ms, Access, Steps};
 use airlock_core::dsn::DATABASE;
 use airlock_core::error::{Error, Result};
 use airlock_core::layout::InstanceDir;
@@ -66,18 +66,21 @@ impl Postgres {
     async fn launch(&self, at: At<'_>, launch: &Launch, steps: &mut Steps) -> Result<(i32, Result<()>)> {
         let server = at.engine.server_for(&at.sb.golden, at.sb.generation)?;
         let t = Instant::now();
-        let mut started = match &launch.gate {
-            None => instance::start(
-                &server.bin,
-                at.dir,
-                &launch.user,
-                launch.group,
-                &launch.cgroups,
-                Some(&server.guard),
-                launch.network.as_ref(),
-                template_of(at).as_deref(),
-                None,
-            )?,
+        let (mut started, exec_at) = match &launch.gate {
+            None => (
+                instance::start(
+                    &server.bin,
+                    at.dir,
+                    &launch.user,
+                    launch.group,
+                    &launch.cgroups,
+                    Some(&server.guard),
+                    launch.network.as_ref(),
+                    template_of(at).as_deref(),
+                    None,
+                )?,
+                Instant::now(),
+            ),
             // The spawn returns once the server runs its program, which then
             // waits for the gate (or, uncontained, once the gate opens): on a
             // thread of its own while this task clones the files.
@@ -89,6 +92,8 @@ impl Postgres {
                 let network = launch.network.as_ref().map(|n| n.try_clone()).transpose()?;
                 let template = template_of(at);
                 let gate = gate.clone();
+                // This task resumes only once the clone is done (it has no
+                // await point), so the exec's moment is taken on the thread.
                 tokio::task::spawn_blocking(move || {
                     instance::start(
                         &bin,
@@ -101,20 +106,23 @@ impl Postgres {
                         template.as_deref(),
                         Some(&gate),
                     )
+                    .map(|started| (started, Instant::now()))
                 })
                 .await
                 .map_err(|e| Error::internal(format!("starting a server stopped: {e}")))??
             }
         };
-        // The start's own part: from the gate's opening when it held the
-        // spawn back, else the containment and the exec.
-        let opened = || launch.gate.as_ref().and_then(|g| g.opened_at());
-        steps.start_ms = ms(opened().map_or(t, |opened| opened.max(t)));
-        let t = Instant::now();
+        let opened = launch.gate.as_ref().and_then(|g| g.opened_at());
+        // The start: the containment and the exec, from the spawn or, when
+        // the gate held the spawn back, from its opening.
+        let began = opened.filter(|o| *o <= exec_at).map_or(t, |o| o.max(t));
+        steps.start_ms = millis(exec_at.saturating_duration_since(began));
         let ready = started.wait_ready(at.dir).await;
         let pid = started.detach();
-        // From the gate's opening when the server waited for it in its program.
-        steps.ready_ms = ms(opened().map_or(t, |opened| opened.max(t)));
+        // Ready: from the moment the server could go on, its program running
+        // and its gate open, to `ready`.
+        let could_go_on = opened.map_or(exec_at, |o| o.max(exec_at));
+        steps.ready_ms = millis(Instant::now().saturating_duration_since(could_go_on));
         Ok((pid, ready))
     }
 
