@@ -237,53 +237,46 @@ pub async fn stop_running(layout: &Layout) -> Result<bool> {
 }
 
 /// SIGTERM, then SIGKILL after 5 s; returns when the lock is free, or once
-/// the process is gone while something else still holds the lock (said in
-/// the log: no process is signalled again, nor waited on for ever).
+/// `pid` is no longer this data root's router (gone, and its pid perhaps
+/// another process's now) while something else holds the lock, or 5 s after
+/// the SIGKILL: said in the log, and nobody else is ever signalled.
 async fn stop(layout: &Layout, pid: u32) {
     use nix::sys::signal::{kill, Signal};
-    if !is_this_roots_router(layout, pid) {
-        // Gone, and its pid perhaps another process's now: nobody is signalled.
-        if matches!(try_lock(layout), Ok(None)) {
-            tracing::warn!(pid, lock = %layout.router_lock().display(),
-                "the router this data root names is gone, and its lock is held by another process; not waiting for it");
-        }
-        return;
-    }
-    let pid = nix::unistd::Pid::from_raw(pid as i32);
-    let _ = kill(pid, Signal::SIGTERM);
+    let spec = std::fs::canonicalize(spec_file(layout)).ok();
     let deadline = Instant::now() + Duration::from_secs(5);
-    let mut killed = false;
+    let (mut signalled, mut not_it) = (None, 0);
     while matches!(try_lock(layout), Ok(None)) {
-        let gone = kill(pid, None).is_err();
-        if gone || Instant::now() > deadline + Duration::from_secs(5) {
-            // Gone, or past its SIGKILL: the lock was another's, or the process
-            // is stuck in the kernel.
-            if matches!(try_lock(layout), Ok(None)) {
-                tracing::warn!(pid = pid.as_raw(), gone, lock = %layout.router_lock().display(),
-                    "the router's lock is held by a process that is not the router this data root names; \
-                     not waiting for it");
-            }
+        let late = Instant::now() > deadline;
+        // Twice in a row: an exiting router loses its command line a moment
+        // before it lets go of its lock.
+        not_it = if is_this_roots_router(spec.as_deref(), pid) { 0 } else { not_it + 1 };
+        if not_it > 1 || Instant::now() > deadline + Duration::from_secs(5) {
+            tracing::warn!(pid, lock = %layout.router_lock().display(),
+                "the router's lock is held by a process that is not the router this data root names; \
+                 not waiting for it");
             return;
         }
-        if Instant::now() > deadline && !killed && is_this_roots_router(layout, pid.as_raw() as u32) {
-            let _ = kill(pid, Signal::SIGKILL);
-            killed = true;
+        let signal = if late { Signal::SIGKILL } else { Signal::SIGTERM };
+        if not_it == 0 && signalled != Some(signal) {
+            let _ = kill(nix::unistd::Pid::from_raw(pid as i32), signal);
+            signalled = Some(signal);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
 /// Whether process `pid` is a router of this data root (`airlock router
-/// --spec <root>/router.spec.json`), so a pid a gone router left in its
-/// state, and another process took since, is never signalled.
-fn is_this_roots_router(layout: &Layout, pid: u32) -> bool {
+/// --spec SPEC`, `spec` its settings file resolved), so a pid a gone router
+/// left in its state, and another process took since, is never signalled.
+fn is_this_roots_router(spec: Option<&Path>, pid: u32) -> bool {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
-    let spec = std::fs::canonicalize(spec_file(layout)).ok();
+    let (Some(spec), Ok(cmdline)) = (spec, std::fs::read(format!("/proc/{pid}/cmdline"))) else {
+        return false;
+    };
     let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
     args.windows(3).any(|w| {
         let named = Path::new(std::ffi::OsStr::from_bytes(w[2]));
-        w[0] == b"router" && w[1] == b"--spec" && spec.is_some() && std::fs::canonicalize(named).ok() == spec
+        w[0] == b"router" && w[1] == b"--spec" && std::fs::canonicalize(named).is_ok_and(|n| n == spec)
     })
 }
 
