@@ -227,15 +227,25 @@ fn a_cold_fork_on_a_host_full_of_pool_members_takes_a_pool_members_place() {
     d.shop("shop");
     d.shop("other");
     d.ok(&["golden", "pool", "shop", "--size", "2"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while d.json(&["golden", "show", "shop"])["pooled"] != 2 {
-        assert!(Instant::now() < deadline, "the pool did not fill");
-        std::thread::sleep(Duration::from_millis(100));
+    // Three times over, since the pool's filler (woken by the member given up)
+    // could take the room freed before the fork records its own row: the
+    // limit must hold whichever comes first.
+    for _ in 0..3 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while d.json(&["golden", "show", "shop"])["pooled"] != 2 {
+            assert!(Instant::now() < deadline, "the pool did not fill");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let sb = d.fork("other", &[]);
+        assert_eq!(sql(&dsn(&sb), "SELECT count(*) FROM orders"), "1000");
+        assert_eq!(d.json(&["golden", "show", "shop"])["pooled"], 1);
+        assert_eq!(d.postmasters().len(), 2);
+        // The filler's next looks (every 500 ms) find the host full.
+        std::thread::sleep(Duration::from_millis(1200));
+        assert_eq!(d.json(&["golden", "show", "shop"])["pooled"], 1);
+        assert_eq!(d.postmasters().len(), 2, "{}", d.log());
+        d.ok(&["rm", &id(&sb)]);
     }
-    let sb = d.fork("other", &[]);
-    assert_eq!(sql(&dsn(&sb), "SELECT count(*) FROM orders"), "1000");
-    assert_eq!(d.json(&["golden", "show", "shop"])["pooled"], 1);
-    assert_eq!(d.postmasters().len(), 2);
 }
 
 /// A reset or a suspend ends the sessions connected through the router with

@@ -99,11 +99,20 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         Duration::ZERO,
     );
     // The pool takes only free room: it never suspends a sandbox or queues.
+    // It counts and records its member within an admission's turn, as a fork
+    // does, so room a fork has just freed (by giving up a pool member) is not
+    // taken by a new member between the fork's admission and its row.
+    let busy = || airlock_core::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", "");
+    let Ok(turn) = engine.room.admission.try_lock() else { return Err(busy()) };
+    if engine.room.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+        return Err(busy());
+    }
     let (all, running) = engine.store().counts()?;
     if running >= engine.config.max_running || all >= engine.config.max_sandboxes {
-        return Err(airlock_core::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", ""));
+        return Err(busy());
     }
     engine.insert_sandbox(&mut sb, |_, _| Ok(()))?;
+    drop(turn);
     let mut steps = Steps::default();
     // The member's credential is made now, off any fork's path, and bound to a
     // fork when one claims the member; until then no client can use it (the
