@@ -29,6 +29,8 @@ pub struct Host {
     /// Open connections per sandbox, and backend keys for cancel requests.
     pub connections: Connections,
     store: Mutex<Store>,
+    /// Refusals recorded one by one within a budget, the rest counted.
+    refusals: super::refusals::Refusals,
     root: bool,
     instance_user: Identity,
     daemon: airlock_listen::client::Client,
@@ -50,6 +52,7 @@ impl Host {
             layout,
             connections: Connections::default(),
             store: Mutex::new(store),
+            refusals: Default::default(),
             root: nix::unistd::geteuid().is_root(),
             instance_user,
         })
@@ -125,6 +128,9 @@ impl Host {
             door: Some(airlock_core::events::Door::Router),
             ..Default::default()
         };
+        if kind == EventKind::ConnectionRefused && !self.refusals.admit(&sb.id, &event) {
+            return Ok(());
+        }
         let host = self.clone();
         let (id, used) = (sb.id.clone(), kind == EventKind::Connected);
         tokio::task::spawn_blocking(move || {
@@ -140,5 +146,32 @@ impl Host {
         .map_err(|e| {
             airlock_core::error::Error::internal(format!("recording a router connection failed: {e}"))
         })?
+    }
+
+    /// Records a refusal that names no sandbox (a grant's, say) under `name`,
+    /// within the same budget as a sandbox's.
+    pub fn record_refused(&self, name: &str, event: NewEvent) {
+        if self.refusals.admit(name, &event) {
+            self.store().record_or_log(event);
+        }
+    }
+
+    /// Records, as each window of refusals closes, what it counted; until the
+    /// router stops.
+    pub async fn keep_refusals(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let host = self.clone();
+            let _ = tokio::task::spawn_blocking(move || host.record_counted_refusals(false)).await;
+        }
+    }
+
+    /// Records the summaries of the refusals counted in a window that has run
+    /// its course, or in the current one whatever its age if `now` (the router
+    /// is stopping).
+    pub fn record_counted_refusals(&self, now: bool) {
+        for summary in self.refusals.close(Instant::now(), now) {
+            self.store().record_or_log(summary);
+        }
     }
 }

@@ -24,6 +24,7 @@ pub mod peer;
 pub mod process;
 pub mod protocol;
 mod redis;
+pub mod refusals;
 mod relay;
 mod relayed;
 mod route;
@@ -211,6 +212,7 @@ pub fn serve(
     }
     let parked = Arc::new(parked::Parked::default());
     tokio::spawn(parked.clone().keep(host.clone()));
+    tokio::spawn(host.clone().keep_refusals());
     let shared = Arc::new(Shared {
         host,
         end_point: identity.as_ref().and_then(|i| i.end_point.clone()),

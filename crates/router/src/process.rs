@@ -106,7 +106,7 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         None => None,
     };
     let host = Arc::new(Host::open(layout.clone(), spec.instance_user.as_deref(), spec.audit.clone())?);
-    let address = super::serve(host, &spec.router, (listener, local), redis, relay)?;
+    let address = super::serve(host.clone(), &spec.router, (listener, local), redis, relay)?;
     let state = State { pid: std::process::id(), spec, address };
     super::tls::write_private(
         &layout.router_state(),
@@ -124,6 +124,9 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         _ = tokio::signal::ctrl_c() => tracing::info!("router stopping"),
         _ = home_gone => tracing::info!("the data root is gone; router stopping"),
     }
+    // What was counted and not yet recorded is recorded now, whatever the
+    // window's age: every refusal stays on record.
+    host.record_counted_refusals(true);
     let _ = std::fs::remove_file(layout.router_state());
     // The socket and its lock go first: a router started once this one's
     // lock is free finds the socket free too.

@@ -161,11 +161,15 @@ pub(super) async fn authenticate(
 }
 
 fn record(shared: &Shared, kind: EventKind, id: &str, peer: Peer, tls: bool) {
-    shared.host.store().record_or_log(NewEvent {
+    let event = NewEvent {
         kind,
         detail: serde_json::json!({"grant": id, "store": "grant", "client": peer.to_string(), "tls": tls}),
         ..Default::default()
-    });
+    };
+    match kind {
+        EventKind::ConnectionRefused => shared.host.record_refused(id, event),
+        _ => shared.host.store().record_or_log(event),
+    }
 }
 
 /// Opens the authenticated client's session upstream and relays until either

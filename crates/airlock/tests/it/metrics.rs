@@ -14,12 +14,12 @@ use crate::harness::{dsn, http, split_password, sql, Daemon};
 
 const RULES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/prometheus/airlock-rules.yml");
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 /// One GET over HTTP/1.0; the status and body.
-fn get(addr: &str, path: &str, headers: &str) -> (u16, String) {
+pub(crate) fn get(addr: &str, path: &str, headers: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     http(&mut stream, "GET", path, headers, "")

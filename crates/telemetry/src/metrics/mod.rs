@@ -203,7 +203,11 @@ impl Metrics {
             "connected" | "connection_refused" => {
                 let outcome = if r.kind == "connected" { "accepted" } else { "refused" };
                 let store = detail.get("store").and_then(|v| v.as_str()).unwrap_or("postgres");
-                self.connections.get_or_create(&labels(&[("outcome", outcome), ("store", store)])).inc();
+                // A router's summary of refusals it counted stands for that many.
+                let many = detail.get("refusals").and_then(|v| v.as_u64()).unwrap_or(1);
+                self.connections
+                    .get_or_create(&labels(&[("outcome", outcome), ("store", store)]))
+                    .inc_by(many);
             }
             "migration_tested" => {
                 for c in detail.get("candidates").and_then(|v| v.as_array()).into_iter().flatten() {

@@ -198,3 +198,83 @@ fn the_gateway_gives_idle_slots_to_newcomers_and_one_sandbox_a_share_of_the_rest
     assert!(refused >= 4, "one sandbox had more than its share at work: {statuses:?}");
     assert!(statuses.iter().all(|&s| s == 200 || s == 429), "{statuses:?}");
 }
+
+/// Wrong passwords as fast as a client can send them, on the router's Redis
+/// and PostgreSQL ports, by someone who knows only the sandbox's name: the
+/// audit log records the first few one by one and then one record a window
+/// that counts the rest, so it grows by a bounded number of records however
+/// many come, while every refusal is still counted (in the log and in the
+/// metrics) and the owner's own connections are recorded as ever.
+#[test]
+fn a_flood_of_wrong_passwords_is_counted_in_the_audit_log_not_written_one_by_one() {
+    let metrics = format!("127.0.0.1:{}", crate::metrics::free_port());
+    let d = Daemon::start(&["--metrics", &metrics]);
+    crate::redis::golden_with_redis(&d, "cache");
+    let sb = d.fork("cache", &[]);
+    let id = sb["id"].as_str().unwrap().to_owned();
+    let (redis_tries, psql_tries) = (400, 40);
+    for n in 0..redis_tries {
+        let mut c = TcpStream::connect(&d.redis_router).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(format!("AUTH {id} wrong{n}\r\n").as_bytes()).unwrap();
+        let mut answer = [0u8; 10];
+        c.read_exact(&mut answer).unwrap();
+        assert_eq!(&answer, b"-WRONGPASS", "try {n}");
+    }
+    let (agent, _) = crate::harness::split_password(&crate::harness::dsn(&sb));
+    let wrong = agent.replace("airlock_agent@", "airlock_agent:wrong@");
+    let tries = std::process::Command::new("sh")
+        .args(["-c", &format!("seq {psql_tries} | xargs -P4 -I{{}} psql '{wrong}' -Atc 'SELECT 1' 2>&1")])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&tries.stdout);
+    assert_eq!(said.matches("password authentication failed").count(), psql_tries, "{said}");
+    // The owner gets in, on record.
+    let owner = crate::harness::dsn(&sb);
+    assert_eq!(crate::harness::sql(&owner, "SELECT 1"), "1");
+    let refused = || -> Vec<serde_json::Value> {
+        let events = d.json(&["events", "--sandbox", &id, "--limit", "100000"]);
+        events.as_array().unwrap().iter().filter(|e| e["kind"] == "connection_refused").cloned().collect()
+    };
+    let counted = |records: &[serde_json::Value]| -> u64 {
+        records.iter().map(|e| e["detail"]["refusals"].as_u64().unwrap_or(1)).sum()
+    };
+    // Windows close every 10 s; the last one's record comes then.
+    d.wait_for(Duration::from_secs(30), "every refusal counted", || {
+        counted(&refused()) == (redis_tries + psql_tries) as u64
+    });
+    let records = refused();
+    assert!(
+        records.len() >= 10 && records.len() <= 40,
+        "{} records for {} refusals: {records:#?}",
+        records.len(),
+        redis_tries + psql_tries
+    );
+    let summaries: Vec<_> = records.iter().filter(|e| e["detail"]["refusals"].is_u64()).collect();
+    assert!(!summaries.is_empty());
+    for s in &summaries {
+        assert!(s["detail"]["first_at"].is_string() && s["detail"]["client"].is_string(), "{s}");
+        let said = s.to_string();
+        assert!(!said.contains("wrong"), "a password reached the log: {said}");
+    }
+    let kinds: Vec<String> = d
+        .json(&["events", "--sandbox", &id])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(kinds.iter().any(|k| k == "connected"), "the owner's connection is not on record: {kinds:?}");
+    // The metrics count each refusal once.
+    d.wait_for(Duration::from_secs(10), "the metrics to count every refusal", || {
+        let text = crate::metrics::get(&metrics, "/metrics", "").1;
+        let refused: f64 = text
+            .lines()
+            .filter(|l| {
+                l.starts_with("airlock_router_connections_total{") && l.contains("outcome=\"refused\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        refused == (redis_tries + psql_tries) as f64
+    });
+}
