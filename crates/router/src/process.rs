@@ -132,6 +132,8 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
     // lock is free finds the socket free too.
     drop(socket);
     drop(lock);
+    // And what was counted meanwhile (the accept loops run until the process ends).
+    host.record_counted_refusals(true);
     Ok(())
 }
 

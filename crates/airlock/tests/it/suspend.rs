@@ -227,9 +227,10 @@ fn a_cold_fork_on_a_host_full_of_pool_members_takes_a_pool_members_place() {
     d.shop("shop");
     d.shop("other");
     d.ok(&["golden", "pool", "shop", "--size", "2"]);
-    // Three times over, since the pool's filler (woken by the member given up)
+    // Three times over, since the pool's filler (which looks every 500 ms)
     // could take the room freed before the fork records its own row: the
-    // limit must hold whichever comes first.
+    // limit must hold whichever comes first. (It held only by luck before the
+    // filler took an admission's turn; a run here caught it once in a while.)
     for _ in 0..3 {
         let deadline = Instant::now() + Duration::from_secs(30);
         while d.json(&["golden", "show", "shop"])["pooled"] != 2 {

@@ -99,14 +99,14 @@ async fn build_one(engine: &Engine, golden: &Golden) -> Result<()> {
         Duration::ZERO,
     );
     // The pool takes only free room: it never suspends a sandbox or queues.
-    // It counts and records its member within an admission's turn, as a fork
-    // does, so room a fork has just freed (by giving up a pool member) is not
-    // taken by a new member between the fork's admission and its row.
+    // It counts and records its member within an admission's turn (taken
+    // only if free), so room a fork or a wake was admitted to (a fork's by
+    // giving up a pool member, say) is not taken by a new member before the
+    // fork's row is recorded or the woken server is up. (The disk's checks
+    // and promise a fork's admission makes are not made here: see
+    // `capacity::room`.)
     let busy = || airlock_core::error::Error::new(ErrorCode::CapacityExhausted, "the host is full", "");
     let Ok(turn) = engine.room.admission.try_lock() else { return Err(busy()) };
-    if engine.room.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-        return Err(busy());
-    }
     let (all, running) = engine.store().counts()?;
     if running >= engine.config.max_running || all >= engine.config.max_sandboxes {
         return Err(busy());

@@ -198,6 +198,10 @@ where
             let store = d.get("store").and_then(Value::as_str).unwrap_or("postgres").to_owned();
             attrs.push(KeyValue::new("airlock.store", store));
             attrs.push(KeyValue::new("airlock.tls", d.get("tls").and_then(Value::as_bool).unwrap_or(false)));
+            // A router's summary of the refusals it counted rather than recorded.
+            if let Some(many) = d.get("refusals").and_then(Value::as_i64) {
+                attrs.push(KeyValue::new("airlock.refusals", many));
+            }
             let start = since(end, total);
             let connection = open(tracer, "router_connection".into(), start, attrs, &root);
             steps(tracer, &connection, start, end, &list);
