@@ -167,10 +167,12 @@ impl Host {
     }
 
     /// Records the summaries of the refusals counted in a window that has run
-    /// its course, or in the current one whatever its age if `now` (the router
-    /// is stopping).
-    pub fn record_counted_refusals(&self, now: bool) {
-        for summary in self.refusals.close(Instant::now(), now) {
+    /// its course, or, if `stopping` (the router is), in the current one
+    /// whatever its age, and every refusal on its own from then on.
+    pub fn record_counted_refusals(&self, stopping: bool) {
+        let summaries =
+            if stopping { self.refusals.close_for_good() } else { self.refusals.close(Instant::now()) };
+        for summary in summaries {
             self.store().record_or_log(summary);
         }
     }

@@ -125,15 +125,14 @@ pub async fn run(home: &Path, spec_file: &Path, make_relay: Box<MakeRelay>) -> R
         _ = home_gone => tracing::info!("the data root is gone; router stopping"),
     }
     // What was counted and not yet recorded is recorded now, whatever the
-    // window's age: every refusal stays on record.
+    // window's age, and any refusal from now on as it comes: every refusal
+    // stays on record.
     host.record_counted_refusals(true);
     let _ = std::fs::remove_file(layout.router_state());
     // The socket and its lock go first: a router started once this one's
     // lock is free finds the socket free too.
     drop(socket);
     drop(lock);
-    // And what was counted meanwhile (the accept loops run until the process ends).
-    host.record_counted_refusals(true);
     Ok(())
 }
 

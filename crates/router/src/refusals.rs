@@ -3,19 +3,23 @@
 //! own), and each refusal was one record in the audit log: a loop of wrong
 //! passwords grew the log without bound, one record per attempt.
 //!
-//! Now refusals are tallied per name and store (PostgreSQL, Redis, a grant) in
-//! windows of [`WINDOW`]. In each window a tally's first refusal is always
-//! recorded one by one, and the next ones up to [`PER_NAME`] while the router
-//! has recorded fewer than [`IN_ALL`] in the window; the rest are counted. When
-//! the window closes, each tally with a count gets one `connection_refused`
-//! record that stands for them: how many (`detail.refusals`), the first and
-//! the last (`first_at`, `last_at`) and where they came from (`sources`: up to
-//! [`SOURCES`] addresses, without the port, or local uids, each with its count;
-//! `other_sources` counts the rest). Every refusal is still on record, and the
-//! log grows by at most `IN_ALL` records and two per tally in a window,
-//! however fast the refusals come.
+//! Now refusals are tallied per name, store (PostgreSQL, Redis, a grant), TLS
+//! or not and entry node, in windows of [`WINDOW`]. In each window a tally's
+//! first refusal is always recorded one by one, and its next ones, up to
+//! [`PER_NAME`] in all, while the router has recorded fewer than [`IN_ALL`] in
+//! the window; the rest are counted. When the window closes, each tally with a
+//! count gets one `connection_refused` record that stands for them: how many
+//! (`detail.refusals`), the first and the last (`first_at`, `last_at`), and
+//! where they came from: `sources`, the busiest [`SOURCES`] (an IPv4 address, an
+//! IPv6 /64, a local uid) with the refusals surely theirs, and `other_sources`,
+//! the rest. The busiest are kept by the Space-Saving method over [`TRACKED`]
+//! counters, so decoys tried first cannot push out a source that made more
+//! than one in [`SOURCES`] of the tally's refusals. Every refusal is still on
+//! record, and the log grows by at most `IN_ALL` records and two per tally in
+//! a window, however fast the refusals come.
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -25,15 +29,18 @@ use airlock_core::events::NewEvent;
 /// How long a window runs before what it counted is recorded.
 pub const WINDOW: Duration = Duration::from_secs(10);
 
-/// Refusals of one name and store recorded one by one in a window.
+/// Refusals of one tally recorded one by one in a window, its first included.
 pub const PER_NAME: u32 = 10;
 
-/// Refusals recorded one by one in a window, among all names, beyond each
+/// Refusals recorded one by one in a window, among all tallies, beyond each
 /// tally's first (which is always recorded).
 pub const IN_ALL: u32 = 100;
 
-/// Sources a summary names, each with its count.
+/// Sources a summary names, the busiest.
 pub const SOURCES: usize = 16;
+
+/// Sources a tally keeps a count of while it counts.
+pub const TRACKED: usize = 64;
 
 /// The router's budget of refusals recorded one by one, and what it counted.
 #[derive(Default)]
@@ -46,7 +53,19 @@ struct Ledger {
     /// When the current window opened; none before the first refusal.
     opened: Option<Instant>,
     recorded: u32,
-    tallies: HashMap<(String, String), Tally>,
+    tallies: HashMap<Key, Tally>,
+    /// The router is stopping: nothing is counted any more, each refusal is
+    /// recorded on its own, since no window will close.
+    stopping: bool,
+}
+
+/// What a tally's refusals share.
+#[derive(PartialEq, Eq, Hash)]
+struct Key {
+    name: String,
+    store: String,
+    tls: bool,
+    entry: Option<String>,
 }
 
 #[derive(Default)]
@@ -55,21 +74,36 @@ struct Tally {
     counted: u64,
     first_at: Option<Timestamp>,
     last_at: Option<Timestamp>,
-    sources: BTreeMap<String, u64>,
-    other_sources: u64,
+    sources: HashMap<String, Count>,
     /// The last counted refusal's record, the summary's model.
     last: Option<NewEvent>,
+}
+
+/// A source's count, and how much of it may be the sources it took the place
+/// of (Space-Saving's overestimate).
+struct Count {
+    count: u64,
+    over: u64,
 }
 
 impl Refusals {
     /// Whether the refusal of `name` that `event` records is written now;
     /// false if it is counted instead, for the window's summary.
     pub fn admit(&self, name: &str, event: &NewEvent) -> bool {
-        let store = event.detail.get("store").and_then(|s| s.as_str()).unwrap_or("postgres").to_owned();
+        let text = |k: &str| event.detail.get(k).and_then(|v| v.as_str()).map(str::to_owned);
+        let key = Key {
+            name: name.to_owned(),
+            store: text("store").unwrap_or_else(|| "postgres".into()),
+            tls: event.detail.get("tls").and_then(|v| v.as_bool()).unwrap_or(false),
+            entry: text("entry"),
+        };
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        if ledger.stopping {
+            return true;
+        }
         ledger.opened.get_or_insert_with(Instant::now);
         let all = ledger.recorded;
-        let tally = ledger.tallies.entry((name.to_owned(), store)).or_default();
+        let tally = ledger.tallies.entry(key).or_default();
         if tally.recorded == 0 || (tally.recorded < PER_NAME && all < IN_ALL) {
             tally.recorded += 1;
             ledger.recorded += 1;
@@ -79,50 +113,76 @@ impl Refusals {
         tally.counted += 1;
         tally.first_at.get_or_insert(now);
         tally.last_at = Some(now);
-        let client = event.detail.get("client").and_then(|c| c.as_str()).unwrap_or("unknown");
-        let from = source(client);
-        let room = tally.sources.len() < SOURCES;
-        match tally.sources.get_mut(&from) {
-            Some(n) => *n += 1,
-            None if room => {
-                tally.sources.insert(from, 1);
-            }
-            None => tally.other_sources += 1,
-        }
+        tally.count_source(source(&text("client").unwrap_or_else(|| "unknown".into())));
         tally.last = Some(event.clone());
         false
     }
 
-    /// Closes the window if it has run [`WINDOW`] by `now` (or whatever its
-    /// age if `force`, as the router stops): the summaries to record, one per
-    /// tally with refusals counted.
-    pub fn close(&self, now: Instant, force: bool) -> Vec<NewEvent> {
+    /// Closes the window if it has run [`WINDOW`] by `now`: the summaries to
+    /// record, one per tally with refusals counted.
+    pub fn close(&self, now: Instant) -> Vec<NewEvent> {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         match ledger.opened {
-            Some(opened) if force || now.duration_since(opened) >= WINDOW => {}
+            Some(opened) if now.duration_since(opened) >= WINDOW => {}
             _ => return Vec::new(),
         }
         let closed = std::mem::take(&mut *ledger);
         closed.tallies.into_values().filter_map(Tally::summary).collect()
     }
+
+    /// Closes the window whatever its age, as the router stops, and counts
+    /// nothing from then on: the summaries to record.
+    pub fn close_for_good(&self) -> Vec<NewEvent> {
+        let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
+        let closed = std::mem::take(&mut *ledger);
+        ledger.stopping = true;
+        closed.tallies.into_values().filter_map(Tally::summary).collect()
+    }
 }
 
-/// Where a refusal came from, as a summary counts it: a TCP client's address
-/// without its port (each connection has another), a local client's uid
+/// Where a refusal came from, as a summary counts it: a TCP client's IPv4
+/// address or IPv6 /64 without its port (each connection has another port,
+/// and one holder of a /64 has all its addresses), a local client's uid
 /// without its pid.
 fn source(client: &str) -> String {
-    match client.parse::<std::net::SocketAddr>() {
-        Ok(addr) => addr.ip().to_string(),
+    match client.parse::<SocketAddr>().map(|a| a.ip()) {
+        Ok(IpAddr::V4(v4)) => v4.to_string(),
+        Ok(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{}/64", Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+        },
         Err(_) => client.split(",pid=").next().unwrap_or(client).to_owned(),
     }
 }
 
 impl Tally {
+    /// Counts a refusal from `from`: a source new to a full tally takes the
+    /// place of the least counted, with its count (Space-Saving).
+    fn count_source(&mut self, from: String) {
+        if let Some(c) = self.sources.get_mut(&from) {
+            c.count += 1;
+            return;
+        }
+        if self.sources.len() >= TRACKED {
+            let least = self.sources.iter().min_by_key(|(_, c)| c.count).map(|(k, c)| (k.clone(), c.count));
+            if let Some((least, min)) = least {
+                self.sources.remove(&least);
+                self.sources.insert(from, Count { count: min + 1, over: min });
+                return;
+            }
+        }
+        self.sources.insert(from, Count { count: 1, over: 0 });
+    }
+
     fn summary(self) -> Option<NewEvent> {
         let mut event = self.last?;
         let mut detail = serde_json::Map::new();
-        // What names the tally (its store, grant, TLS, entry node); the last
-        // attempt's address and steps would stand for none of the others.
+        // What the tally's refusals share (its store, grant, TLS, entry
+        // node); the last attempt's address and steps would stand for none
+        // of the others.
         if let Some(kept) = event.detail.as_object() {
             for (k, v) in kept {
                 if !matches!(k.as_str(), "client" | "phases") {
@@ -130,12 +190,17 @@ impl Tally {
                 }
             }
         }
+        let mut ranked: Vec<_> = self.sources.into_iter().collect();
+        ranked.sort_by(|(a, x), (b, y)| y.count.cmp(&x.count).then_with(|| a.cmp(b)));
+        let named: BTreeMap<String, u64> =
+            ranked.into_iter().take(SOURCES).map(|(k, c)| (k, c.count - c.over)).collect();
+        let other = self.counted.saturating_sub(named.values().sum());
         detail.insert("refusals".into(), self.counted.into());
         let at = |t: Option<Timestamp>| t.unwrap_or_else(Timestamp::now).to_rfc3339();
         detail.insert("first_at".into(), at(self.first_at).into());
         detail.insert("last_at".into(), at(self.last_at).into());
-        detail.insert("sources".into(), serde_json::to_value(self.sources).expect("a map of counts"));
-        detail.insert("other_sources".into(), self.other_sources.into());
+        detail.insert("sources".into(), serde_json::to_value(named).expect("a map of counts"));
+        detail.insert("other_sources".into(), other.into());
         event.detail = detail.into();
         Some(event)
     }
@@ -168,8 +233,8 @@ mod tests {
         // Another store of the same name, and another name, have budgets of their own.
         assert!(r.admit("a", &refused("10.0.0.2:5000", Some("redis"))));
         assert!(r.admit("b", &refused("10.0.0.2:5001", None)));
-        assert!(r.close(Instant::now(), false).is_empty(), "the window closed early");
-        let summaries = r.close(Instant::now() + WINDOW, false);
+        assert!(r.close(Instant::now()).is_empty(), "the window closed early");
+        let summaries = r.close(Instant::now() + WINDOW);
         assert_eq!(summaries.len(), 1, "{summaries:?}");
         let s = &summaries[0];
         assert_eq!(s.kind, EventKind::ConnectionRefused);
@@ -181,7 +246,7 @@ mod tests {
         assert!(s.detail["first_at"].is_string() && s.detail["last_at"].is_string(), "{}", s.detail);
         // A new window, a new budget; nothing left to sum up.
         assert!(r.admit("a", &refused("10.0.0.1:1", None)));
-        assert!(r.close(Instant::now(), true).is_empty());
+        assert!(r.close_for_good().is_empty());
     }
 
     #[test]
@@ -196,7 +261,7 @@ mod tests {
         // ...and a victim's first refusal is still recorded on its own, its second counted.
         assert!(r.admit("victim", &refused("10.0.0.7:1", None)));
         assert!(!r.admit("victim", &refused("10.0.0.7:2", None)));
-        let summaries = r.close(Instant::now(), true);
+        let summaries = r.close_for_good();
         let counted: u64 = summaries.iter().map(|s| s.detail["refusals"].as_u64().unwrap()).sum();
         assert_eq!(counted, 10 * 20 - u64::from(IN_ALL) + 1);
     }
@@ -205,13 +270,13 @@ mod tests {
     fn a_summary_names_a_bounded_number_of_sources_and_counts_the_rest() {
         let r = Refusals::default();
         r.admit("a", &refused("local:uid=7,pid=1", None));
-        for n in 0..(SOURCES + 40) {
-            r.admit("a", &refused(&format!("[fd00::{n:x}]:99"), None));
+        for n in 0..(TRACKED + 40) {
+            r.admit("a", &refused(&format!("[fd00:{n:x}::1]:99"), None));
         }
         for pid in 2..6 {
             r.admit("a", &refused(&format!("local:uid=7,pid={pid}"), None));
         }
-        let s = &r.close(Instant::now(), true)[0];
+        let s = &r.close_for_good()[0];
         let sources = s.detail["sources"].as_object().unwrap();
         assert_eq!(sources.len(), SOURCES);
         let named: u64 = sources.values().map(|v| v.as_u64().unwrap()).sum();
@@ -219,5 +284,55 @@ mod tests {
             named + s.detail["other_sources"].as_u64().unwrap(),
             s.detail["refusals"].as_u64().unwrap()
         );
+        // A local client is counted by its uid, whatever its pid.
+        assert_eq!(sources.get("local:uid=7").and_then(|v| v.as_u64()), Some(4), "{sources:?}");
+    }
+
+    #[test]
+    fn decoys_tried_first_cannot_push_the_busiest_source_out_of_a_summary() {
+        let r = Refusals::default();
+        for n in 0..200 {
+            r.admit("a", &refused(&format!("10.1.{}.{}:1", n / 250, n % 250 + 1), None));
+        }
+        for n in 0..500 {
+            r.admit("a", &refused(&format!("127.66.66.67:{n}"), None));
+        }
+        // Addresses of one IPv6 /64 are one source.
+        for n in 0..100 {
+            r.admit("a", &refused(&format!("[2001:db8:0:1::{n:x}]:443"), None));
+        }
+        let s = &r.close_for_good()[0];
+        assert!(s.detail["sources"]["127.66.66.67"].as_u64().unwrap() >= 500 - 200, "{}", s.detail);
+        assert!(s.detail["sources"]["2001:db8:0:1::/64"].as_u64().unwrap() >= 1, "{}", s.detail);
+    }
+
+    #[test]
+    fn tls_and_plaintext_refusals_are_summed_up_apart() {
+        let r = Refusals::default();
+        for n in 0..30 {
+            let mut e = refused(&format!("10.0.0.1:{n}"), None);
+            e.detail["tls"] = true.into();
+            r.admit("a", &e);
+        }
+        for n in 0..30 {
+            r.admit("a", &refused(&format!("10.0.0.1:{n}"), None));
+        }
+        let summaries = r.close_for_good();
+        let by_tls: BTreeMap<bool, u64> = summaries
+            .iter()
+            .map(|s| (s.detail["tls"].as_bool().unwrap(), s.detail["refusals"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(by_tls, BTreeMap::from([(false, 20), (true, 20)]));
+    }
+
+    #[test]
+    fn once_the_router_is_stopping_each_refusal_is_recorded_on_its_own() {
+        let r = Refusals::default();
+        for _ in 0..30 {
+            r.admit("a", &refused("10.0.0.1:1", None));
+        }
+        assert_eq!(r.close_for_good().len(), 1);
+        assert!((0..30).all(|_| r.admit("a", &refused("10.0.0.1:1", None))));
+        assert!(r.close_for_good().is_empty());
     }
 }
