@@ -15,9 +15,9 @@
 //! theirs, and `other_sources`, the refusals not surely from a named source.
 //! Counts are kept by the Space-Saving method over [`TRACKED`] counters, so
 //! any source that made more than one in [`SOURCES`] of the tally's refusals
-//! is named, however many decoys came first or in between. Every refusal is still on
-//! record, and the log grows by at most `IN_ALL` records and two per tally in
-//! a window, however fast the refusals come.
+//! is named, however many decoys came first or in between. Every refusal is
+//! still on record, and the log grows by at most `IN_ALL` records and two per
+//! tally in a window, however fast the refusals come.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -37,7 +37,7 @@ pub const PER_NAME: u32 = 10;
 /// tally's refusals are counted (its first is recorded all the same).
 pub const IN_ALL: u32 = 100;
 
-/// Sources a summary names, the busiest.
+/// Sources a summary names, those with the highest counts.
 pub const SOURCES: usize = 16;
 
 /// Sources a tally keeps a count of while it counts.
@@ -76,8 +76,10 @@ struct Tally {
     first_at: Option<Timestamp>,
     last_at: Option<Timestamp>,
     sources: HashMap<String, Count>,
-    /// The last counted refusal's record, the summary's model.
-    last: Option<NewEvent>,
+    /// The first counted refusal's record, the summary's model: what it keeps
+    /// of it (the sandbox, store, grant, TLS, entry) is the same for the
+    /// whole tally.
+    model: Option<NewEvent>,
 }
 
 /// A source's count, and how much of it may be the sources it took the place
@@ -115,7 +117,7 @@ impl Refusals {
         tally.first_at.get_or_insert(now);
         tally.last_at = Some(now);
         tally.count_source(source(&text("client").unwrap_or_else(|| "unknown".into())));
-        tally.last = Some(event.clone());
+        tally.model.get_or_insert_with(|| event.clone());
         false
     }
 
@@ -127,19 +129,24 @@ impl Refusals {
             Some(opened) if now.duration_since(opened) >= WINDOW => {}
             _ => return Vec::new(),
         }
-        ledger.opened = None;
-        ledger.recorded = 0;
-        std::mem::take(&mut ledger.tallies).into_values().filter_map(Tally::summary).collect()
+        ledger.summaries()
     }
 
     /// Closes the window whatever its age, as the router stops, and counts
     /// nothing from then on: the summaries to record.
     pub fn close_for_good(&self) -> Vec<NewEvent> {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
-        ledger.opened = None;
-        ledger.recorded = 0;
         ledger.stopping = true;
-        std::mem::take(&mut ledger.tallies).into_values().filter_map(Tally::summary).collect()
+        ledger.summaries()
+    }
+}
+
+impl Ledger {
+    /// Ends the window: the summaries of what it counted.
+    fn summaries(&mut self) -> Vec<NewEvent> {
+        self.opened = None;
+        self.recorded = 0;
+        std::mem::take(&mut self.tallies).into_values().filter_map(Tally::summary).collect()
     }
 }
 
@@ -181,11 +188,11 @@ impl Tally {
     }
 
     fn summary(self) -> Option<NewEvent> {
-        let mut event = self.last?;
+        let mut event = self.model?;
         let mut detail = serde_json::Map::new();
         // What the tally's refusals share (its store, grant, TLS, entry
-        // node); the last attempt's address and steps would stand for none
-        // of the others.
+        // node); one attempt's address and steps would stand for none of
+        // the others.
         if let Some(kept) = event.detail.as_object() {
             for (k, v) in kept {
                 if !matches!(k.as_str(), "client" | "phases") {

@@ -204,7 +204,8 @@ impl Metrics {
                 let outcome = if r.kind == "connected" { "accepted" } else { "refused" };
                 let store = detail.get("store").and_then(|v| v.as_str()).unwrap_or("postgres");
                 // A router's summary of refusals it counted stands for that many.
-                let many = detail.get("refusals").and_then(|v| v.as_u64()).unwrap_or(1);
+                let summed = detail.get("refusals").and_then(|v| v.as_u64()).filter(|_| outcome == "refused");
+                let many = summed.unwrap_or(1);
                 self.connections
                     .get_or_create(&labels(&[("outcome", outcome), ("store", store)]))
                     .inc_by(many);
